@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of megactx from Debian's packages.
+# Idempotent: packages already present are skipped by apt-get.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  nlohmann-json3-dev libpcre2-dev libopenblas-dev libboost-dev
+  libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
+  python3 python3-jinja2 python3-numpy python3-requests
+)
+# Node.js with npm (end-to-end tests drive the server with the official openai client).
+# Some images ship Node.js from another source whose nodejs conflicts with Debian's npm.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all dependencies present"

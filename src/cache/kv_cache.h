@@ -1,0 +1,90 @@
+// PagedKvCache: the device memory of the two caches a DSA model keeps, in
+// pages of `page_size` (64) tokens. A token's physical place is its *slot*:
+// slot = page * page_size + offset_in_page.
+//
+//  * The latent cache: one entry per token for every attention layer (and the
+//    MTP layer): [c_kv (kv_lora_rank) | k_rope (qk_rope_head_dim)], never the
+//    expanded K/V.
+//  * The indexer-key cache: one key (index_head_dim) per token, only for layers
+//    that run an indexer (full layers and the MTP layer). Shared (IndexShare)
+//    layers get no indexer pool at all.
+//
+// Per-token byte layouts (per layer):
+//   latent  F32 : (kv_lora + rope) x f32                       = 2304 B for 512+64
+//           BF16: (kv_lora + rope) x bf16                      = 1152 B
+//           FP8 : kv_lora x e4m3 | kv_lora/128 x f32 scale | rope x bf16 = 656 B
+//   indexer F32 : index_head_dim x f32                          = 512 B for 128
+//           BF16: index_head_dim x bf16                         = 256 B
+//           FP8 : index_head_dim x e4m3 | 1 x f32 scale         = 132 B
+// FP8 scales are amax / 448 per 128-element group (1 when the group is zero);
+// the rope part stays bf16 because RoPE'd keys need the precision.
+//
+// Storage: pools[layer_slot] is one array [num_pages * page_size, bytes_per_token].
+// Prefill and decode read the same layout the same way, so scoring a sequence
+// by prefill and by decode gives the same logprobs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace megactx {
+
+enum class KvDType : uint8_t { F32, BF16, FP8 };
+
+struct KvCacheSpec {
+  int64_t num_pages = 0;
+  int64_t page_size = 64;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t index_head_dim = 0;
+  std::vector<int64_t> latent_layers;   // layer ids with a latent pool (MTP layer = num_hidden_layers)
+  std::vector<int64_t> indexer_layers;  // layer ids with an indexer-key pool
+  KvDType dtype = KvDType::BF16;
+  Device device = Device::CPU;
+
+  int64_t latent_bytes_per_token() const;
+  int64_t indexer_bytes_per_token() const;
+  // Bytes for one page across every pool.
+  int64_t bytes_per_page() const;
+};
+
+class PagedKvCache {
+ public:
+  // Host storage; the CUDA backend allocates device storage through its own
+  // factory and hands the pointers in with from_storage().
+  explicit PagedKvCache(KvCacheSpec spec);
+  PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools, std::vector<Tensor> indexer_pools);
+
+  const KvCacheSpec& spec() const { return spec_; }
+  bool has_latent(int64_t layer) const;
+  bool has_indexer(int64_t layer) const;
+
+  // Raw entries (host pointers only when spec().device == CPU).
+  std::byte* latent_entry(int64_t layer, int64_t slot);
+  std::byte* indexer_entry(int64_t layer, int64_t slot);
+  const Tensor& latent_pool(int64_t layer) const;
+  const Tensor& indexer_pool(int64_t layer) const;
+
+  // Host encode/decode of one token (CPU backend and tests).
+  void write_latent(int64_t layer, int64_t slot, const float* c_kv, const float* k_rope);
+  void read_latent(int64_t layer, int64_t slot, float* c_kv, float* k_rope) const;
+  void write_indexer_key(int64_t layer, int64_t slot, const float* key);
+  void read_indexer_key(int64_t layer, int64_t slot, float* key) const;
+
+  // Copies page `source` to page `destination` in every pool (copy-on-write of
+  // a shared partial page, host-tier swap-in).
+  void copy_page(int64_t source, int64_t destination);
+
+ private:
+  KvCacheSpec spec_;
+  std::vector<int64_t> latent_index_;   // layer -> pool index or -1
+  std::vector<int64_t> indexer_index_;  // layer -> pool index or -1
+  std::vector<Tensor> latent_pools_;
+  std::vector<Tensor> indexer_pools_;
+};
+
+}  // namespace megactx

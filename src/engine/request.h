@@ -1,0 +1,73 @@
+// What a client asks of the engine and what the engine streams back. The HTTP
+// layer translates OpenAI and SGLang-native JSON into GenerationRequest and
+// RequestUpdate back into JSON; the engine never sees HTTP.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megactx {
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;
+  int64_t top_k = -1;  // -1 = off
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  std::optional<uint64_t> seed;  // reproducible sampling when set
+  int64_t max_new_tokens = 128;
+  int64_t min_new_tokens = 0;
+  std::vector<std::string> stop;          // stop strings (matched across token boundaries)
+  std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  bool include_stop_str_in_output = false;
+};
+
+struct GenerationRequest {
+  std::string rid;  // unique; the engine makes one when empty
+  std::vector<int32_t> input_ids;
+  SamplingParams sampling;
+  bool return_logprob = false;
+  int64_t top_logprobs_num = 0;
+  // Input-token logprobs (scoring) from this prompt position on; -1 = none.
+  int64_t logprob_start_len = -1;
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs_num alternatives
+};
+
+// One update per engine step that produced something for the request, and a
+// last one with finish != None. Text is the newly completed UTF-8 text.
+struct RequestUpdate {
+  std::string rid;
+  std::vector<int32_t> new_token_ids;
+  std::string new_text;
+  std::vector<TokenLogprob> new_logprobs;       // parallel to new_token_ids when asked
+  std::vector<TokenLogprob> input_logprobs;     // once, in the first update, when asked
+  FinishReason finish = FinishReason::None;
+  std::string finish_detail;                    // matched stop string / token, or error text
+  std::optional<int32_t> matched_stop_token;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  // Speculative decoding counters (0 without MTP).
+  int64_t spec_accept_token_num = 0;
+  int64_t spec_draft_token_num = 0;
+  int64_t spec_verify_ct = 0;
+};
+
+// Called on the engine thread; must be quick (hand off to the I/O thread).
+using UpdateCallback = std::function<void(const RequestUpdate&)>;
+
+}  // namespace megactx

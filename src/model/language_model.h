@@ -1,0 +1,49 @@
+// LanguageModel: what the engine runs. One forward over a batch of sequences,
+// each appending new tokens to its pages of the PagedKvCache and asking for
+// logits at some of them. The same call serves prefill (many new tokens),
+// chunked prefill (a chunk at a later start), decode (one new token) and
+// speculative verification (1 + k new tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "core/tensor.h"
+#include "io/model_config.h"
+
+namespace megactx {
+
+struct SequenceInput {
+  std::span<const int32_t> tokens;      // [n] new tokens, at positions [start_position, start_position + n)
+  int64_t start_position = 0;           // tokens of this sequence already in the cache
+  std::span<const int32_t> page_table;  // pages covering positions [0, start_position + n)
+  int64_t logits_from = -1;             // logits for new tokens [logits_from, n); -1 means n - 1 only
+};
+
+struct ForwardBatch {
+  std::vector<SequenceInput> sequences;
+  bool want_hidden_states = false;  // the MTP head needs the last layer's hidden states
+};
+
+struct ForwardOutput {
+  // [rows, vocab] float32; rows are the requested positions, sequence by
+  // sequence in batch order. On the CUDA backend it stays on the device.
+  Tensor logits;
+  // [total new tokens, hidden] (before the final norm) when asked for.
+  Tensor hidden_states;
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Device device() const = 0;
+  // Appends every sequence's new tokens to the cache and returns their logits.
+  virtual ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) = 0;
+};
+
+}  // namespace megactx
