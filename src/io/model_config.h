@@ -26,11 +26,12 @@ struct RopeParameters {
 };
 
 struct QuantizationConfig {
-  std::string quant_method;           // "fp8" or empty when the checkpoint is not quantized
+  std::string quant_method;  // "fp8" or empty when the checkpoint is not quantized
   std::string fmt = "e4m3";
   std::vector<int64_t> weight_block_size;  // e.g. {128, 128}
   std::string activation_scheme = "dynamic";
   std::vector<std::string> modules_to_not_convert;
+  std::string scale_fmt;  // DeepSeek-V3.2: "ue8m0" (power-of-two scales); empty when absent
 };
 
 enum class IndexerType : uint8_t { Full, Shared };
@@ -92,6 +93,9 @@ struct ModelConfig {
   std::vector<MlpType> mlp_layer_types;  // resolved, one per decoder layer
   std::string scoring_func = "sigmoid";
   std::string topk_method = "noaux_tc";
+  // Dense/MoE pattern of the MTP layers (model.layers.{num_hidden_layers + k}.*):
+  // like HF's rule, layers at or past first_k_dense_replace are MoE.
+  bool mtp_layer_is_moe() const { return num_hidden_layers >= first_k_dense_replace; }
 
   // ---- MTP ----
   int64_t num_nextn_predict_layers = 0;
