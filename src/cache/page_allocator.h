@@ -1,0 +1,40 @@
+// PageAllocator: hands out KV pages (64-token units shared by every pool, so
+// one page id covers the latent and the indexer caches of all layers) and
+// counts who holds each page. Holders are requests (their page tables) and the
+// prefix cache (one reference per tree node); a page returns to the free list
+// when its last holder releases it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace megactx {
+
+class PageAllocator {
+ public:
+  explicit PageAllocator(int64_t num_pages);
+
+  int64_t num_pages() const { return static_cast<int64_t>(ref_counts_.size()); }
+  int64_t num_free() const { return static_cast<int64_t>(free_pages_.size()); }
+  int64_t num_used() const { return num_pages() - num_free(); }
+
+  // A free page with reference count 1, or nothing when none is free.
+  std::optional<int32_t> allocate();
+  void add_ref(int32_t page);
+  // Drops one reference; the page is free again at zero.
+  void release(int32_t page);
+  int32_t ref_count(int32_t page) const;
+
+  // Throws megactx::Error unless every page's count equals `expected[page]`
+  // and the free list holds exactly the pages with count 0, each once.
+  void check_integrity(const std::vector<int32_t>& expected) const;
+
+ private:
+  void check_page(int32_t page) const;
+
+  std::vector<int32_t> ref_counts_;  // [num_pages]
+  std::vector<int32_t> free_pages_;  // a stack; the lowest ids come out first
+};
+
+}  // namespace megactx
