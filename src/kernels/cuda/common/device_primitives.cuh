@@ -1,0 +1,104 @@
+// Small device-side building blocks shared by the DSA kernels (indexer, top-k,
+// sparse MLA): asynchronous copies, tensor-core fragments, fp8 conversion and
+// the order-preserving float -> uint32 map used by radix selection.
+// Only for .cu files (sm_90a).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+// ---- cp.async (16-byte global -> shared, bypassing L1) ----------------------
+__device__ __forceinline__ void cp_async_16(void* shared_destination, const void* global_source) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global_source));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// ---- Tensor-core MMA (mma.sync, fp32 accumulate) -----------------------------
+// D[16x8] += A[16x32] * B[32x8], e4m3 operands. Fragment layout (g = lane/4,
+// t = lane%4): a0 (row g, k 4t..4t+3), a1 (row g+8, same k), a2 (row g,
+// k 16+4t..), a3 (row g+8, k 16+4t..); b0 (k 4t.., col g), b1 (k 16+4t.., col g);
+// c0,c1 (row g, cols 2t,2t+1), c2,c3 (row g+8, cols 2t,2t+1).
+__device__ __forceinline__ void mma_e4m3_16x8x32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D[16x8] += A[16x16] * B[16x8], bf16 operands (same fragment roles, pairs of
+// bf16 per register: a0 (row g, k 2t,2t+1), a1 (row g+8), a2 (row g, k 2t+8..),
+// a3 (row g+8, k 2t+8..); b0 (k 2t,2t+1, col g), b1 (k 2t+8.., col g)).
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l supplies the address of row
+// (l % 8) of matrix (l / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* shared_row) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+// Same, each matrix transposed on the way (rows of memory become columns).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* shared_row) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// ---- fp8 e4m3 ---------------------------------------------------------------
+__device__ __forceinline__ float e4m3_to_float(uint8_t bits) {
+  __nv_fp8_e4m3 value;
+  value.__x = bits;
+  return static_cast<float>(value);
+}
+// Four packed e4m3 (little-endian in a word) -> four floats.
+__device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float (&out)[4]) {
+  const __half2_raw low =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
+  const __half2_raw high =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&low));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&high));
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
+__device__ __forceinline__ uint8_t float_to_e4m3(float value) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// ---- Radix order ---------------------------------------------------------------
+// Monotone map: a > b as floats  <=>  ordered(a) > ordered(b) as unsigned.
+__device__ __forceinline__ uint32_t float_to_ordered(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+}  // namespace megactx::cuda

@@ -1,0 +1,56 @@
+// Sparse MLA attention over the fp8 latent cache, absorbed form.
+//
+// For each query row (a decode token, an MTP verification token or a prefill
+// token) and head h, over the row's selected cache slots j (top-k, -1 = none):
+//   logit[h, j] = softmax_scale * (q[h, :512] . c_kv[j] + q[h, 512:] . k_rope[j])
+//   out[h, :]   = sum_j softmax(logit[h, :])_j * c_kv[j]       (512 wide)
+//   lse[h]      = log sum_j exp(logit[h, j])                   (natural log)
+// c_kv is dequantised from the 656-byte entries (kv_cache.h): 512 e4m3 times
+// the fp32 scale of its 128-group, k_rope bf16. A row with no valid slot gives
+// out = 0 and lse = -inf. q is q_nope already multiplied by W_UK (absorbed),
+// followed by the roped q_pe; the caller applies W_UV to `out`.
+//
+// Decode and prefill are the same kernel: rows are independent, each with its
+// own slots. Long rows are split over keys (num_splits) into fp32 partial
+// states that a merge kernel combines with their log-sum-exps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/dsa_layout.h"
+
+namespace megactx::cuda {
+
+inline constexpr int kSparseMlaHeadBlock = 64;  // heads per CTA; heads must be a multiple
+inline constexpr int kSparseMlaKeyBlock = 32;   // keys per inner step
+inline constexpr int kSparseMlaQueryDim = kLatentRank + kLatentRope;  // 576
+
+struct SparseMlaParams {
+  const uint16_t* q = nullptr;       // [rows, heads, 576] bf16
+  const int32_t* slots = nullptr;    // [rows, top_k] physical cache slots, -1 = padding
+  const uint8_t* kv_pool = nullptr;  // [num_slots, 656] latent cache of this layer
+  uint16_t* out = nullptr;           // [rows, heads, 512] bf16
+  float* lse = nullptr;              // [rows, heads]
+  // Split-K partial states, used when num_splits > 1:
+  float* partial_out = nullptr;  // [rows, num_splits, heads, 512]
+  float* partial_lse = nullptr;  // [rows, num_splits, heads]
+  int rows = 0;
+  int heads = 0;  // 64 (GLM-5.x) or 128 (DeepSeek-V3.2); any multiple of 64
+  int top_k = 0;
+  int num_splits = 1;  // 1..ceil(top_k / 32)
+  float softmax_scale = 0;
+};
+
+// Splits that fill `multiprocessors` SMs for this many rows x head blocks.
+int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessors);
+
+// Validates (megactx::Error) and launches on `stream` (attention + merge).
+void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
+
+namespace detail {
+void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
+}
+
+}  // namespace megactx::cuda

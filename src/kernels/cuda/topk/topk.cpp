@@ -1,0 +1,23 @@
+// Parameter checks for the radix top-k (host side: formats messages).
+#include "kernels/cuda/topk/topk.h"
+
+#include "core/error.h"
+
+namespace megactx::cuda {
+
+void radix_topk(const TopkParams& params, cudaStream_t stream) {
+  MEGACTX_CHECK(params.top_k >= 1, "top-k: k must be positive, got {}", params.top_k);
+  MEGACTX_CHECK(params.rows >= 0, "top-k: negative row count {}", params.rows);
+  MEGACTX_CHECK(params.max_visible >= 0 && params.score_stride >= params.max_visible,
+                "top-k: score_stride {} < max_visible {}", params.score_stride, params.max_visible);
+  MEGACTX_CHECK(params.block_table_stride * int64_t{kPageTokens} >= params.max_visible,
+                "top-k: block table of {} pages cannot hold {} keys", params.block_table_stride,
+                params.max_visible);
+  if (params.rows > 0)
+    MEGACTX_CHECK(params.scores && params.row_visible && params.row_request && params.block_table &&
+                      params.out_slots && params.histogram && params.row_state,
+                  "top-k: a required pointer is null");
+  detail::launch_radix_topk(params, stream);
+}
+
+}  // namespace megactx::cuda

@@ -1,0 +1,53 @@
+// Top-k selection of indexer scores into physical cache slots, on the GPU.
+//
+// A multi-CTA radix select: every pass spreads one row's scores over many CTAs
+// (kTopkChunk scores each); each CTA builds a shared-memory histogram of the
+// next digit of the candidates still tied with the threshold prefix, adds it
+// to the row's global histogram, and the last CTA to finish (a ticket counter)
+// picks the digit where the k-th largest lies. Digits are 12, 12 and 8 bits of
+// the order-preserving uint32 image of the score, so after three passes the
+// exact k-th value is known; a collect pass then writes the positions above it
+// and as many equal ones as are still needed (ties: any of them) as physical
+// slots (block_table[p / 64] * 64 + p % 64). Rows with at most k visible keys
+// take them all in one pass; slots past min(k, visible) are -1.
+//
+// The workspace (histograms, counters) must be zero before the first call; the
+// kernels leave it zero again, so the calls can be replayed in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/dsa_layout.h"
+
+namespace megactx::cuda {
+
+inline constexpr int kTopkChunk = 8192;  // scores per CTA in each pass
+inline constexpr int kTopkHistogramBins = 4096;
+inline constexpr int kTopkRowState = 8;  // int32 counters per row
+
+struct TopkParams {
+  const float* scores = nullptr;  // [rows, score_stride]; entries p < row_visible[row] are read
+  int64_t score_stride = 0;
+  const int32_t* row_visible = nullptr;  // [rows]
+  const int32_t* row_request = nullptr;  // [rows] request whose block table maps positions to slots
+  const int32_t* block_table = nullptr;  // [num_requests, block_table_stride]
+  int block_table_stride = 0;
+  int rows = 0;
+  int top_k = 0;
+  int max_visible = 0;           // >= every row_visible; sizes the grid
+  int32_t* out_slots = nullptr;  // [rows, top_k] out: physical slots, -1 padding
+  // Workspace (zeroed once with cudaMemset; left zeroed):
+  uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
+  int32_t* row_state = nullptr;   // [rows, kTopkRowState]
+};
+
+// Validates (megactx::Error) and launches the four passes on `stream`.
+void radix_topk(const TopkParams& params, cudaStream_t stream);
+
+namespace detail {
+void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
+}
+
+}  // namespace megactx::cuda
