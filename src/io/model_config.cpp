@@ -128,7 +128,11 @@ void resolve_indexer_schedule(const JsonFields& fields, const Defaults& defaults
       source = "index_topk_pattern";
     }
   }
-  if (source.empty()) {
+  if (config.model_type == ModelType::DeepseekV32) {
+    // DeepseekV32Config reads none of the schedule knobs: every layer runs its indexer.
+    names.assign(layers, "full");
+    source = "model_type";
+  } else if (source.empty()) {
     for (size_t i = 0; i < layers; ++i) {
       const int64_t shifted =
           std::max<int64_t>(static_cast<int64_t>(i) - config.index_skip_topk_offset + 1, 0);

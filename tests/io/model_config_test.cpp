@@ -101,6 +101,13 @@ TEST(ModelConfig, DeepseekV32Shape) {
   EXPECT_EQ(config.eos_token_ids, (std::vector<int64_t>{1}));
   EXPECT_EQ(config.full_indexer_layers().size(), 61u);  // every layer runs its indexer
   EXPECT_EQ(config.torch_dtype, "bfloat16");
+
+  // DeepseekV32Config ignores the GLM schedule knobs: still every layer full.
+  auto json = fixture_json("deepseek_v32.json");
+  json["index_topk_freq"] = 4;
+  json["index_skip_topk_offset"] = 3;
+  json["index_topk_pattern"] = std::string(61, 'S').replace(0, 1, "F");
+  EXPECT_EQ(parse(json).full_indexer_layers().size(), 61u);
 }
 
 TEST(ModelConfig, HfDefaultsWhenFieldsAreAbsent) {
