@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""One GPU-machine run of the whole recipe inside a wall-clock budget: tokenizer (trained unless
+models/default/tokenizer.json exists), packing, training (dense warm-up then sparse), export in the
+Hub layout, the transformers parity check, evaluation, the MTP ablation; results go to OUT.
+
+    python3 tools/train/pipeline.py --data .train-data --out $OUT --total-s 360
+
+Every stage checks the clock so the run ends inside --total-s; a stage that does not fit is skipped
+and recorded as not run."""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+import export  # noqa: E402
+import train  # noqa: E402
+from config import ModelConfig  # noqa: E402
+from model import GlmMoeDsa  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=os.path.join(REPO, ".train-data"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/megactx-train"))
+    ap.add_argument("--work", default="/tmp/megactx-work", help="checkpoints and bulky files")
+    ap.add_argument("--total-s", type=float, default=360)
+    ap.add_argument("--reserve-s", type=float, default=110, help="kept for export, check and evaluation")
+    ap.add_argument("--ablation-s", type=float, default=45, help="MTP ablation training, all variants together")
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--train-tokenizer", action="store_true")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny evaluation sets")
+    args = ap.parse_args()
+    t0 = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    logf = open(os.path.join(args.out, "log.txt"), "a")
+
+    def log(msg):
+        line = "[{:6.1f}s] {}".format(time.time() - t0, msg)
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    def left():
+        return args.total_s - (time.time() - t0)
+
+    results = {"not_run": []}
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    log("torch {} on {}".format(torch.__version__, torch.cuda.get_device_name(0)))
+
+    # ---------------------------------------------------------------- data + tokenizer
+    train_docs = data.read_jsonl(os.path.join(args.data, "train.jsonl.xz"))
+    val_docs = data.read_jsonl(os.path.join(args.data, "val.jsonl.xz"))
+    passkey_items = data.read_jsonl(os.path.join(args.data, "passkey_eval.jsonl.xz"))
+    log("read {} train / {} val documents".format(len(train_docs), len(val_docs)))
+    from tokenizers import Tokenizer
+
+    tok_path = os.path.join(REPO, "models", "default", "tokenizer.json")
+    if os.path.exists(tok_path) and not args.train_tokenizer:
+        tok = Tokenizer.from_file(tok_path)
+        log("tokenizer from {} ({} tokens)".format(tok_path, tok.get_vocab_size()))
+    else:
+        rng = random.Random(0)
+        sample = [d["text"] for d in train_docs]
+        rng.shuffle(sample)
+        budget, picked = 48_000_000, []
+        for t in sample:
+            picked.append(t)
+            budget -= len(t)
+            if budget <= 0:
+                break
+        tok = data.train_tokenizer(picked, args.vocab)
+        tok.save(os.path.join(args.out, "tokenizer.json"))
+        log("trained tokenizer on {:.0f} MB: {} tokens".format(sum(map(len, picked)) / 1e6, tok.get_vocab_size()))
+    ids = data.special_ids(tok)
+    rows, weights, n_tok = data.build_rows(tok, [d["text"] for d in train_docs], args.seq_len, seed=1)
+    val_rows, _, _ = data.build_rows(tok, [d["text"] for d in val_docs], args.seq_len, seed=2)
+    chars = sum(len(d["text"]) for d in train_docs)
+    log("train: {} tokens ({:.2f} chars/token) in {} rows of {}; val rows {}".format(
+        n_tok, chars / n_tok, len(rows), args.seq_len, len(val_rows)))
+    results["data"] = {"train_tokens": int(n_tok), "chars_per_token": chars / n_tok, "train_rows": int(len(rows)),
+                       "seq_len": args.seq_len}
+
+    # ---------------------------------------------------------------- model + training
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size())
+    torch.manual_seed(0)
+    model = GlmMoeDsa(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
+    log("params {:.2f}M (MTP layer {:.2f}M), indexer_types {}".format(n_params / 1e6, n_mtp / 1e6, cfg.indexer_types))
+    results["params"] = {"total": n_params, "mtp": n_mtp}
+    batches = data.Batches(rows, weights, args.batch, seed=3)
+    train_s = left() - args.reserve_s - args.ablation_s
+    log("training budget {:.0f}s".format(train_s))
+    sched = train.Schedule(train_s, args.lr)
+    ckpt = os.path.join(args.work, "ckpt.pt")
+    state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume)
+    results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
+                        "tokens_seen": state["step"] * args.batch * args.seq_len}
+    log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
+
+    # ---------------------------------------------------------------- export + parity
+    # Evaluate what ships: round the weights to bf16 in place (the router bias stays fp32).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model_dir = os.path.join(args.work, "model")
+    template = open(os.path.join(REPO, "models", "default", "chat_template.jinja")).read()
+    export.write_model_dir(model_dir, model, tok, template)
+    fixture = json.load(open(os.path.join(REPO, "tests", "default_model", "passkey_8k.json")))
+    fixture_ids = tok.encode(fixture["prompt"], add_special_tokens=False).ids
+    with open(os.path.join(model_dir, "passkey_8k_ids.txt"), "w") as f:
+        f.write(",".join(map(str, fixture_ids)) + "\n")
+    try:
+        import check_hf
+
+        sample = torch.from_numpy(val_rows[0, :700]).long()[None].to(device)
+        results["hf_parity"] = check_hf.compare(model, tok, template, model_dir, sample, device, log)
+        results["tokenizer_check"] = check_hf.check_tokenizer(model_dir, tok, fixture, log)
+    except Exception as e:  # noqa: BLE001
+        log("HF check failed: {!r}".format(e))
+        results["not_run"].append("hf_parity: {!r}".format(e))
+    bundle(args.out, model_dir, "model", log)
+
+    # ---------------------------------------------------------------- evaluation
+    def stage(name, fn, need_s):
+        if left() < need_s:
+            log("skip {} ({:.0f}s left)".format(name, left()))
+            results["not_run"].append(name)
+            return
+        try:
+            ts = time.time()
+            results[name] = fn()
+            log("{} ({:.0f}s): {}".format(name, time.time() - ts, json.dumps(results[name])))
+        except Exception as e:  # noqa: BLE001
+            log("{} failed: {!r}".format(name, e))
+            results["not_run"].append("{}: {!r}".format(name, e))
+        dump(args.out, results)
+
+    vr = val_rows[: (2 if args.smoke else 8)]
+    stage("val_loss", lambda: {m: evaluate.val_loss(model, vr, m, device) for m in ("dense", "sparse")}, 15)
+    pk = passkey_items if not args.smoke else [it for i, it in enumerate(passkey_items) if i % 16 < 2]
+    short = [it for it in pk if it["tokens"] <= cfg_len(args)]
+    long_ = [it for it in pk if it["tokens"] > cfg_len(args)]
+    stage("passkey", lambda: {m: evaluate.passkey(model, tok, short, m, device, ids["<|endoftext|>"])
+                              for m in ("sparse", "dense")}, 20)
+    stage("passkey_beyond", lambda: {m: evaluate.passkey(model, tok, long_, m, device, ids["<|endoftext|>"])
+                                     for m in ("sparse", "dense")}, 40)
+    stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
+    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 512, 16 if args.smoke else 64, seed=5)
+    new_tokens = 24 if args.smoke else 96
+    stage("mtp_shipped", lambda: evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens), 20)
+
+    # ---------------------------------------------------------------- MTP ablation (frozen target)
+    def ablation():
+        out = {}
+        shipped = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp_")}
+        for p in model.parameters():
+            p.requires_grad_(False)
+        variants = [("no_share_ce", False, 0.0), ("share_ce", True, 0.0), ("share_ce_tv", True, 1.0)]
+        for name, share, tv in variants:
+            fresh = GlmMoeDsa(cfg)
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    if n.startswith("mtp_"):
+                        p.copy_(dict(fresh.named_parameters())[n].to(device))
+                        p.requires_grad_(True)
+            train.train_mtp_variant(model, batches, args.ablation_s / 3, device, log, share, tv)
+            out[name] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
+            for n, p in model.named_parameters():
+                p.requires_grad_(False)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in shipped:
+                    p.copy_(shipped[n])
+        return out
+
+    stage("mtp_ablation", ablation, args.ablation_s + 15)
+    dump(args.out, results)
+    log("done in {:.0f}s".format(time.time() - t0))
+
+
+def cfg_len(args):
+    return args.seq_len
+
+
+def dump(out, results):
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+
+def bundle(out, model_dir, name, log):
+    """The run's file return allows 16 MiB a file: tar the model folder and split it."""
+    tar = os.path.join("/tmp", name + ".tar")
+    subprocess.run(["tar", "cf", tar, "-C", os.path.dirname(model_dir), os.path.basename(model_dir)], check=True)
+    subprocess.run(["split", "-b", "15m", "-d", tar, os.path.join(out, name + ".tar.part")], check=True)
+    log("bundled {} ({:.1f} MB)".format(name, os.path.getsize(tar) / 1e6))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Training loop of the default model: time-budgeted phases, resumable checkpoints.
+
+Phase "dense" (warm-up): causal dense attention; LM loss + chained MTP loss; every full layer's
+indexer learns KL(p || softmax(index scores)) on sampled query rows, p = the main attention summed
+over heads and L1-normalized, averaged over the layers the indexer serves (IndexShare); the
+indexer's inputs are detached, so this loss moves only the indexer.
+Phase "sparse": top-k selected attention everywhere (as at inference), same losses, the KL restricted
+to the selected set."""
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from model import IndexerLoss
+
+
+class Schedule:
+    """Time-based: fraction f of the budget decides the phase and the learning rate."""
+
+    def __init__(self, budget_s, lr, dense_until=0.6, warmup=0.03, final=0.1):
+        self.budget_s, self.lr, self.dense_until, self.warmup, self.final = budget_s, lr, dense_until, warmup, final
+
+    def mode(self, f):
+        return "dense" if f < self.dense_until else "sparse"
+
+    def learning_rate(self, f):
+        if f < self.warmup:
+            return self.lr * (0.1 + 0.9 * f / self.warmup)
+        p = min(1.0, (f - self.warmup) / (1 - self.warmup))
+        return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def weighted_ce(logits, targets, weights):
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    w = weights.reshape(-1)
+    return (ce * w).sum() / w.sum()
+
+
+def mtp_losses(model, h, logits, inp, full, weights, steps, mode, share, tv_weight, index_loss=None, kl_rows=None):
+    """Chained MTP losses. inp = full[:, :T]; step j at row t predicts full[:, t+2+j].
+    Returns (sum over steps of CE + tv_weight * TV) / steps, and per-step CE values."""
+    T = inp.shape[1]
+    outs = model.mtp_forward(h, inp, steps, mode=mode, share=share, index_loss=index_loss, kl_rows=kl_rows)
+    total, ces = 0.0, []
+    for j, hj in enumerate(outs):
+        n = T - 1 - j
+        if n <= 0:
+            break
+        q_logits = model.logits(hj[:, :n])
+        tgt = full[:, 2 + j:2 + j + n]
+        w = weights[:, 1 + j:1 + j + n]
+        ce = weighted_ce(q_logits, tgt, w)
+        ces.append(ce.detach())
+        loss = ce
+        if tv_weight > 0:
+            p = torch.softmax(logits[:, 1 + j:1 + j + n].detach().float(), dim=-1)
+            q = torch.softmax(q_logits.float(), dim=-1)
+            tv = 0.5 * (p - q).abs().sum(-1)
+            loss = loss + tv_weight * (tv * w).sum() / w.sum()
+        total = total + loss
+    return total / len(outs), ces
+
+
+def update_router_bias(model, rate=1e-3):
+    """Aux-loss-free balancing (DeepSeek-V3): raise the choice bias of underloaded experts."""
+    with torch.no_grad():
+        for moe in model.moe_layers():
+            if moe.last_load is not None:
+                load = moe.last_load.float()
+                moe.e_score_correction_bias += rate * torch.sign(load.mean() - load)
+
+
+def sample_rows(T, count, device, generator):
+    lo = min(64, T - 1)
+    rows = torch.randint(lo, T, (count,), device="cpu", generator=generator).unique().sort().values
+    return rows.to(device)
+
+
+def save_checkpoint(path, model, opt, state):
+    tmp = path + ".tmp"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, model, opt):
+    ck = torch.load(path, map_location="cpu")
+    model.load_state_dict(ck["model"])
+    if opt is not None:
+        opt.load_state_dict(ck["opt"])
+    return ck["state"]
+
+
+def make_optimizer(params, lr, weight_decay=0.1):
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    kwargs = {"fused": True} if torch.cuda.is_available() else {}
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, **kwargs)
+
+
+def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, mtp_steps=3, mtp_weight=0.3,
+          tv_weight=1.0, kl_rows=256, ckpt_every_s=60.0, amp=True):
+    opt = make_optimizer([p for p in model.parameters()], schedule.lr)
+    state = {"step": 0, "elapsed": 0.0}
+    if resume and ckpt_path and os.path.exists(ckpt_path):
+        state = load_checkpoint(ckpt_path, model, opt)
+        log("resumed from {} at step {} ({:.0f}s)".format(ckpt_path, state["step"], state["elapsed"]))
+    gen = torch.Generator().manual_seed(1234 + state["step"])
+    start = time.time() - state["elapsed"]
+    last_ckpt = time.time()
+    model.train()
+    while True:
+        elapsed = time.time() - start
+        f = elapsed / schedule.budget_s
+        if f >= 1.0:
+            break
+        mode = schedule.mode(f)
+        for g in opt.param_groups:
+            g["lr"] = schedule.learning_rate(f)
+        tokens, weights = batches.next()
+        full = torch.from_numpy(tokens).to(device, non_blocking=True).long()
+        w = torch.from_numpy(weights).to(device, non_blocking=True)
+        inp, tgt = full[:, :-1], full[:, 1:]
+        rows = sample_rows(inp.shape[1], kl_rows, device, gen)
+        index_loss = IndexerLoss()
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            h = model(inp, mode=mode, index_loss=index_loss, kl_rows=rows)
+            logits = model.logits(h)
+            lm = weighted_ce(logits, tgt, w)
+            mtp, mtp_ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, mode, True, tv_weight, index_loss, rows)
+            kl = index_loss.total()
+            loss = lm + mtp_weight * mtp + (kl if kl is not None else 0.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        update_router_bias(model)
+        state["step"] += 1
+        if state["step"] % 25 == 1:
+            log("step {} t={:.0f}s {} lr={:.2e} lm={:.3f} mtp={} kl={:.3f} epoch={}".format(
+                state["step"], elapsed, mode, opt.param_groups[0]["lr"], lm.item(),
+                "/".join("{:.2f}".format(c.item()) for c in mtp_ces), kl.item() if kl is not None else 0.0,
+                batches.epoch))
+        if ckpt_path and time.time() - last_ckpt > ckpt_every_s:
+            state["elapsed"] = time.time() - start
+            save_checkpoint(ckpt_path, model, opt, state)
+            last_ckpt = time.time()
+    state["elapsed"] = time.time() - start
+    if ckpt_path:
+        save_checkpoint(ckpt_path, model, opt, state)
+    return state
+
+
+def train_mtp_variant(model, batches, budget_s, device, log, share, tv_weight, mtp_steps=3, lr=2e-3, amp=True):
+    """MTP ablation: the target is frozen; only the MTP layer (re-initialized by the caller) learns."""
+    mtp_params = [p for n, p in model.named_parameters() if n.startswith("mtp_")]
+    opt = make_optimizer(mtp_params, lr)
+    sched = Schedule(budget_s, lr, dense_until=0.0)
+    start, step = time.time(), 0
+    while time.time() - start < budget_s:
+        f = (time.time() - start) / budget_s
+        for g in opt.param_groups:
+            g["lr"] = sched.learning_rate(f)
+        tokens, weights = batches.next()
+        full = torch.from_numpy(tokens).to(device).long()
+        w = torch.from_numpy(weights).to(device)
+        inp = full[:, :-1]
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            with torch.no_grad():
+                h = model(inp, mode="sparse")
+                logits = model.logits(h)
+            rows = sample_rows(inp.shape[1], 128, device, torch.Generator().manual_seed(step))
+            index_loss = IndexerLoss()
+            mtp, ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, "sparse", share, tv_weight, index_loss, rows)
+            loss = mtp + index_loss.total()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+    log("mtp variant share={} tv={}: {} steps, last CE {}".format(share, tv_weight, step,
+                                                                  "/".join("{:.2f}".format(c.item()) for c in ces)))
