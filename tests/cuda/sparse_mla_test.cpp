@@ -1,0 +1,124 @@
+// GPU sparse MLA (decode and prefill shapes) against the fp32 reference on
+// fresh random fp8 latent caches, with padded, holed and empty rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "dsa_test_support.h"
+#include "kernels/cuda/sparse_mla/sparse_mla.h"
+
+namespace megactx::test {
+namespace {
+
+constexpr int kQueryDim = reference::kLatentRankDim + reference::kLatentRopeDim;
+constexpr int kRank = reference::kLatentRankDim;
+
+struct MlaCase {
+  int rows = 6, heads = 64, top_k = 2048, num_splits = 1;
+  int64_t num_slots = 5000;
+  uint32_t seed = 1;
+};
+
+void run_case(const MlaCase& c) {
+  SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
+               std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits));
+  std::mt19937 rng(c.seed);
+  const std::vector<uint8_t> pool = random_latent_pool(c.num_slots, rng);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> q(static_cast<size_t>(c.rows) * c.heads * kQueryDim);
+  std::vector<float> q_values(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = float_to_bf16(normal(rng));
+    q_values[i] = bf16_to_float(q[i]);
+  }
+  std::vector<int32_t> slots(static_cast<size_t>(c.rows) * c.top_k);
+  for (int row = 0; row < c.rows; ++row) {
+    int valid = c.top_k;
+    if (row % 3 == 1) valid = 1 + static_cast<int>(rng() % c.top_k);  // fewer visible than k
+    if (row == c.rows - 1) valid = 0;                                 // an empty row
+    for (int j = 0; j < c.top_k; ++j)
+      slots[static_cast<size_t>(row) * c.top_k + j] = j < valid ? static_cast<int32_t>(rng() % c.num_slots) : -1;
+    if (row % 3 == 2)  // holes in the middle
+      for (int j = 5; j < c.top_k; j += 11) slots[static_cast<size_t>(row) * c.top_k + j] = -1;
+  }
+  DeviceBuffer<uint8_t> device_pool(pool);
+  DeviceBuffer<uint16_t> device_q(q), device_out(static_cast<size_t>(c.rows) * c.heads * kRank);
+  DeviceBuffer<int32_t> device_slots(slots);
+  DeviceBuffer<float> device_lse(static_cast<size_t>(c.rows) * c.heads);
+  DeviceBuffer<float> partial_out(static_cast<size_t>(c.rows) * c.num_splits * c.heads * kRank);
+  DeviceBuffer<float> partial_lse(static_cast<size_t>(c.rows) * c.num_splits * c.heads);
+  device_out.fill_bytes(0xff);  // NaN until written
+  device_lse.fill_bytes(0xff);
+  cuda::SparseMlaParams params;
+  params.q = device_q.get();
+  params.slots = device_slots.get();
+  params.kv_pool = device_pool.get();
+  params.out = device_out.get();
+  params.lse = device_lse.get();
+  params.partial_out = partial_out.get();
+  params.partial_lse = partial_lse.get();
+  params.rows = c.rows;
+  params.heads = c.heads;
+  params.top_k = c.top_k;
+  params.num_splits = c.num_splits;
+  params.softmax_scale = 1.f / std::sqrt(256.f);
+  cuda::sparse_mla_attention(params, nullptr);
+  const auto out = device_out.download();
+  const auto lse = device_lse.download();
+
+  std::vector<float> expected_out(static_cast<size_t>(c.heads) * kRank), expected_lse(c.heads);
+  double worst = 0;
+  for (int row = 0; row < c.rows; ++row) {
+    reference::sparse_mla_reference(q_values.data() + static_cast<size_t>(row) * c.heads * kQueryDim, c.heads,
+                                    slots.data() + static_cast<size_t>(row) * c.top_k, c.top_k, pool.data(),
+                                    params.softmax_scale, expected_out.data(), expected_lse.data());
+    for (int h = 0; h < c.heads; ++h) {
+      const size_t base = (static_cast<size_t>(row) * c.heads + h) * kRank;
+      const float got_lse = lse[static_cast<size_t>(row) * c.heads + h];
+      if (std::isinf(expected_lse[h])) {
+        ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "row " << row << " head " << h;
+        for (int i = 0; i < kRank; ++i) ASSERT_EQ(bf16_to_float(out[base + i]), 0.f);
+        continue;
+      }
+      ASSERT_NEAR(got_lse, expected_lse[h], 2e-2) << "row " << row << " head " << h;
+      double error = 0, norm = 0;
+      for (int i = 0; i < kRank; ++i) {
+        const double got = bf16_to_float(out[base + i]);
+        ASSERT_FALSE(std::isnan(got)) << "row " << row << " head " << h << " dim " << i;
+        const double want = expected_out[static_cast<size_t>(h) * kRank + i];
+        error += (got - want) * (got - want);
+        norm += want * want;
+      }
+      const double relative = std::sqrt(error / std::max(norm, 1e-30));
+      worst = std::max(worst, relative);
+      ASSERT_LT(relative, 2e-2) << "row " << row << " head " << h;
+    }
+  }
+  ::testing::Test::RecordProperty("worst_relative_error", std::to_string(worst));
+}
+
+TEST(SparseMla, DecodeBatchTwoTokensSixtyFourHeads) { run_case({6, 64, 2048, 1, 5000, 1}); }
+TEST(SparseMla, DecodeOneHundredTwentyEightHeadsSplit) { run_case({4, 128, 2048, 7, 9000, 2}); }
+TEST(SparseMla, DecodeManySplitsSingleRow) { run_case({2, 64, 2048, 64, 3000, 3}); }
+TEST(SparseMla, DefaultSplitsFillTheGpu) {
+  const int splits = cuda::sparse_mla_default_splits(3, 64, 2048, 132);
+  EXPECT_GE(splits, 2);
+  run_case({3, 64, 2048, splits, 4000, 4});
+}
+TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) { run_case({40, 64, 500, 1, 2000, 5}); }
+TEST(SparseMla, PrefillSplitOddK) { run_case({7, 64, 1000, 3, 2000, 6}); }
+
+TEST(SparseMla, RejectsBadShapes) {
+  cuda::SparseMlaParams params;
+  params.heads = 48;
+  params.top_k = 64;
+  params.softmax_scale = 1;
+  EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
+  params.heads = 64;
+  params.num_splits = 3;  // 64 slots are 2 blocks
+  EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace megactx::test
