@@ -1,0 +1,227 @@
+#include "engine/cpu_sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace megactx {
+
+namespace {
+
+constexpr double kGreedyTemperature = 1e-5;  // SGLang/vLLM treat smaller as greedy
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Order of "better" tokens: higher value first, lower id on ties.
+struct BetterFirst {
+  const float* values;
+  bool operator()(int32_t a, int32_t b) const {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  }
+};
+
+}  // namespace
+
+double sampling_uniform(uint64_t seed, uint64_t draw_index) {
+  const uint64_t bits = splitmix64(splitmix64(seed) ^ (draw_index * 0xD1B54A32D192ED03ull));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+bool is_greedy(const SamplingParams& params) {
+  return params.temperature < kGreedyTemperature || params.top_k == 1;
+}
+
+int32_t argmax(std::span<const float> values) {
+  int32_t best = 0;
+  for (size_t i = 1; i < values.size(); ++i) {
+    if (values[i] > values[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+void log_softmax(std::span<const float> logits, std::span<float> out) {
+  float max_value = -std::numeric_limits<float>::infinity();
+  for (const float x : logits) max_value = std::max(max_value, x);
+  double sum = 0.0;
+  for (const float x : logits) sum += std::exp(static_cast<double>(x - max_value));
+  const float log_sum = static_cast<float>(std::log(sum)) + max_value;
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_sum;
+}
+
+std::vector<std::pair<int32_t, float>> top_entries(std::span<const float> values, int64_t n) {
+  const size_t count = std::min(static_cast<size_t>(std::max<int64_t>(n, 0)), values.size());
+  std::vector<int32_t> ids(values.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count), ids.end(),
+                    BetterFirst{values.data()});
+  std::vector<std::pair<int32_t, float>> top;
+  top.reserve(count);
+  for (size_t i = 0; i < count; ++i) top.emplace_back(ids[i], values[static_cast<size_t>(ids[i])]);
+  return top;
+}
+
+void apply_penalties(const SamplingRow& row, std::span<float> logits) {
+  const SamplingParams& params = *row.params;
+  const auto vocab = static_cast<int32_t>(logits.size());
+  auto penalize_repetition = [&](int32_t token) {
+    float& x = logits[static_cast<size_t>(token)];
+    x = x > 0.0f ? x / static_cast<float>(params.repetition_penalty)
+                 : x * static_cast<float>(params.repetition_penalty);
+  };
+  if (params.repetition_penalty != 1.0) {
+    // A token in both prompt and output is penalized once.
+    for (const int32_t token : row.prompt_tokens) {
+      if (token >= 0 && token < vocab) penalize_repetition(token);
+    }
+    if (row.output_counts != nullptr) {
+      for (const auto& [token, count] : *row.output_counts) {
+        if (token < 0 || token >= vocab) continue;
+        if (!std::binary_search(row.prompt_tokens.begin(), row.prompt_tokens.end(), token)) {
+          penalize_repetition(token);
+        }
+      }
+    }
+  }
+  if ((params.frequency_penalty != 0.0 || params.presence_penalty != 0.0) &&
+      row.output_counts != nullptr) {
+    for (const auto& [token, count] : *row.output_counts) {
+      if (token < 0 || token >= vocab || count <= 0) continue;
+      logits[static_cast<size_t>(token)] -=
+          static_cast<float>(params.frequency_penalty * count + params.presence_penalty);
+    }
+  }
+  for (const int32_t token : row.masked_tokens) {
+    if (token >= 0 && token < vocab) {
+      logits[static_cast<size_t>(token)] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+std::vector<float> sampling_distribution(const SamplingParams& params,
+                                         std::span<const float> logits) {
+  const size_t vocab = logits.size();
+  std::vector<float> probs(vocab);
+  const auto inverse_temperature = static_cast<float>(1.0 / params.temperature);
+  float max_value = -std::numeric_limits<float>::infinity();
+  for (const float x : logits) max_value = std::max(max_value, x);
+  double sum = 0.0;
+  for (size_t i = 0; i < vocab; ++i) {
+    probs[i] = std::exp((logits[i] - max_value) * inverse_temperature);
+    sum += probs[i];
+  }
+  const auto normalize = [&](double total) {
+    const auto scale = static_cast<float>(1.0 / total);
+    for (float& p : probs) p *= scale;
+  };
+  normalize(sum);
+
+  // Candidates in (probability desc, id asc) order, only as far as needed.
+  std::vector<int32_t> order;
+  const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
+  const bool use_top_p = params.top_p < 1.0;
+  if (use_top_k || use_top_p) {
+    order.resize(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    size_t keep = vocab;
+    if (use_top_k) {
+      keep = static_cast<size_t>(params.top_k);
+      std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep - 1),
+                       order.end(), BetterFirst{probs.data()});
+      for (size_t i = keep; i < vocab; ++i) probs[static_cast<size_t>(order[i])] = 0.0f;
+      order.resize(keep);
+      double kept = 0.0;
+      for (const int32_t id : order) kept += probs[static_cast<size_t>(id)];
+      normalize(kept);
+    }
+    if (use_top_p) {
+      std::sort(order.begin(), order.end(), BetterFirst{probs.data()});
+      double before = 0.0;
+      double kept = 0.0;
+      for (const int32_t id : order) {
+        float& p = probs[static_cast<size_t>(id)];
+        if (before > params.top_p) {
+          p = 0.0f;
+        } else {
+          before += p;
+          kept += p;
+        }
+      }
+      normalize(kept);
+    }
+  }
+  if (params.min_p > 0.0) {
+    float max_prob = 0.0f;
+    for (const float p : probs) max_prob = std::max(max_prob, p);
+    const auto threshold = static_cast<float>(params.min_p) * max_prob;
+    double kept = 0.0;
+    for (float& p : probs) {
+      if (p < threshold) p = 0.0f;
+      kept += p;
+    }
+    normalize(kept);
+  }
+  return probs;
+}
+
+void CpuSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows,
+                        std::span<SampleResult> results) {
+  MEGACTX_CHECK(
+      logits.device() == Device::CPU && logits.dtype() == DType::F32 && logits.rank() == 2,
+      "CPU sampler needs host float32 logits [rows, vocab], got {}", shape_string(logits.shape()));
+  MEGACTX_CHECK(results.size() >= rows.size(), "sampler: {} results for {} rows", results.size(),
+                rows.size());
+  const auto vocab = static_cast<size_t>(logits.dim(1));
+  std::vector<float> work(vocab);
+  std::vector<float> log_probs;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SamplingRow& row = rows[r];
+    const SamplingParams& params = *row.params;
+    MEGACTX_CHECK(row.logits_row >= 0 && row.logits_row < logits.dim(0),
+                  "sampler: logits row {} of {}", row.logits_row, logits.dim(0));
+    std::span<const float> raw(logits.data<float>() + static_cast<size_t>(row.logits_row) * vocab,
+                               vocab);
+    std::copy(raw.begin(), raw.end(), work.begin());
+    apply_penalties(row, work);
+    SampleResult& result = results[r];
+    if (is_greedy(params)) {
+      result.token = argmax(work);
+    } else {
+      const std::vector<float> probs = sampling_distribution(params, work);
+      const double u = sampling_uniform(row.seed, row.draw_index);
+      double total = 0.0;
+      for (const float p : probs) total += p;
+      const double target = u * total;
+      double cumulative = 0.0;
+      int32_t chosen = -1;
+      int32_t last_nonzero = 0;
+      for (size_t i = 0; i < vocab; ++i) {
+        if (probs[i] <= 0.0f) continue;
+        last_nonzero = static_cast<int32_t>(i);
+        cumulative += probs[i];
+        if (cumulative > target) {
+          chosen = static_cast<int32_t>(i);
+          break;
+        }
+      }
+      // Rounding can leave target == total; the last kept token then wins.
+      result.token = chosen >= 0 ? chosen : last_nonzero;
+    }
+    result.top.clear();
+    if (row.want_logprob || row.top_logprobs > 0) {
+      log_probs.resize(vocab);
+      log_softmax(raw, log_probs);
+      result.logprob = log_probs[static_cast<size_t>(result.token)];
+      if (row.top_logprobs > 0) result.top = top_entries(log_probs, row.top_logprobs);
+    }
+  }
+}
+
+}  // namespace megactx

@@ -1,0 +1,537 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "engine/cpu_sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megactx {
+
+namespace {
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+bool uses_penalties(const SamplingParams& params) {
+  return params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 ||
+         params.presence_penalty != 0.0;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(EngineConfig config, std::unique_ptr<LanguageModel> model,
+                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                       GenerationDefaults defaults) {
+  MEGACTX_CHECK(model != nullptr, "engine: no model");
+  MEGACTX_CHECK(tokenizer != nullptr, "engine: no tokenizer");
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(config), std::move(model), std::move(tokenizer), std::move(defaults)));
+  if (engine->config_.run_thread) {
+    engine->thread_ = std::thread([raw = engine.get()] { raw->thread_main(); });
+  }
+  return engine;
+}
+
+Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
+               std::shared_ptr<const Tokenizer> tokenizer, GenerationDefaults defaults)
+    : config_(std::move(config)),
+      model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      defaults_(std::move(defaults)) {
+  const ModelConfig& model_config = model_->config();
+  MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
+                config_.speculative_steps);
+  capacity_ = plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes,
+                               config_.page_size, config_.speculative_steps > 0);
+  capacity_.spec.device = model_->device();
+  spdlog::info("{}", capacity_.summary());
+  int64_t context =
+      config_.context_length > 0 ? config_.context_length : model_config.max_position_embeddings;
+  if (context <= 0) context = capacity_.max_tokens;
+  max_total_tokens_ = std::min(context, capacity_.max_tokens);
+  vocab_size_ = model_config.vocab_size;
+  MEGACTX_CHECK(vocab_size_ > 0, "model config has no vocab_size");
+
+  cache_ = config_.make_kv_cache ? config_.make_kv_cache(capacity_.spec)
+                                 : std::make_unique<PagedKvCache>(capacity_.spec);
+  allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages);
+  prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size);
+  SchedulerConfig scheduler_config;
+  scheduler_config.max_running_requests = config_.max_running_requests;
+  scheduler_config.max_prefill_tokens = config_.max_prefill_tokens;
+  scheduler_config.page_size = config_.page_size;
+  scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
+  scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
+  sampler_ = std::make_unique<CpuSampler>();
+  update_stats();
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    stopping_ = true;
+  }
+  inbox_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whoever still waits gets a final update.
+  std::lock_guard lock(engine_mutex_);
+  process_commands();
+  std::vector<RequestState*> left;
+  for (auto& [rid, request] : requests_) left.push_back(request.get());
+  for (RequestState* request : left) finish(*request, FinishReason::Abort, "engine shut down");
+  deliver_updates();
+}
+
+void Engine::set_sampler(std::unique_ptr<Sampler> sampler) {
+  std::lock_guard lock(engine_mutex_);
+  sampler_ = std::move(sampler);
+}
+
+std::string Engine::validate(const GenerationRequest& request) const {
+  const SamplingParams& s = request.sampling;
+  const auto prompt = static_cast<int64_t>(request.input_ids.size());
+  if (prompt == 0) return "the prompt is empty";
+  for (const int32_t id : request.input_ids) {
+    if (id < 0 || id >= vocab_size_) {
+      return fmt::format("input token id {} is outside the vocabulary [0, {})", id, vocab_size_);
+    }
+  }
+  const int64_t context = config_.context_length > 0 ? config_.context_length
+                                                     : model_->config().max_position_embeddings;
+  const int64_t needed = prompt + (s.max_new_tokens > 0 ? 1 : 0);
+  if (context > 0 && needed > context) {
+    return fmt::format(
+        "the input ({} tokens) is longer than the model's context length ({} tokens)", prompt,
+        context);
+  }
+  if (needed > capacity_.max_tokens) {
+    return fmt::format("the input ({} tokens) is longer than the KV cache capacity ({} tokens)",
+                       prompt, capacity_.max_tokens);
+  }
+  if (!(s.temperature >= 0.0))
+    return fmt::format("temperature must be >= 0, got {}", s.temperature);
+  if (!(s.top_p > 0.0 && s.top_p <= 1.0))
+    return fmt::format("top_p must be in (0, 1], got {}", s.top_p);
+  if (s.top_k == 0 || s.top_k < -1) return fmt::format("top_k must be -1 or >= 1, got {}", s.top_k);
+  if (!(s.min_p >= 0.0 && s.min_p <= 1.0))
+    return fmt::format("min_p must be in [0, 1], got {}", s.min_p);
+  if (!(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0)) {
+    return fmt::format("repetition_penalty must be in (0, 2], got {}", s.repetition_penalty);
+  }
+  if (!(s.frequency_penalty >= -2.0 && s.frequency_penalty <= 2.0)) {
+    return fmt::format("frequency_penalty must be in [-2, 2], got {}", s.frequency_penalty);
+  }
+  if (!(s.presence_penalty >= -2.0 && s.presence_penalty <= 2.0)) {
+    return fmt::format("presence_penalty must be in [-2, 2], got {}", s.presence_penalty);
+  }
+  if (s.max_new_tokens < 0)
+    return fmt::format("max_new_tokens must be >= 0, got {}", s.max_new_tokens);
+  if (s.min_new_tokens < 0 || s.min_new_tokens > s.max_new_tokens) {
+    return fmt::format("min_new_tokens must be in [0, max_new_tokens], got {}", s.min_new_tokens);
+  }
+  if (request.top_logprobs_num < 0 || request.top_logprobs_num > vocab_size_) {
+    return fmt::format("top_logprobs_num must be in [0, {}], got {}", vocab_size_,
+                       request.top_logprobs_num);
+  }
+  if (request.logprob_start_len < -1 || request.logprob_start_len >= prompt) {
+    return fmt::format("logprob_start_len must be -1 or in [0, {}), got {}", prompt,
+                       request.logprob_start_len);
+  }
+  return {};
+}
+
+void Engine::submit(GenerationRequest request, UpdateCallback on_update) {
+  if (request.rid.empty()) request.rid = fmt::format("req-{}", rid_counter_.fetch_add(1));
+  std::string error = validate(request);
+  if (error.empty()) {
+    std::lock_guard lock(inbox_mutex_);
+    if (stopping_) {
+      error = "the engine is shutting down";
+    } else if (!live_rids_.insert(request.rid).second) {
+      error = fmt::format("request id '{}' is already in use", request.rid);
+    } else {
+      inbox_.push_back(Submit{std::move(request), std::move(on_update)});
+    }
+  }
+  if (!error.empty()) {
+    RequestUpdate update;
+    update.rid = request.rid;
+    update.finish = FinishReason::Error;
+    update.finish_detail = std::move(error);
+    update.prompt_tokens = static_cast<int64_t>(request.input_ids.size());
+    if (on_update) on_update(update);
+    return;
+  }
+  inbox_cv_.notify_one();
+}
+
+void Engine::push_command(Command command) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    inbox_.push_back(std::move(command));
+  }
+  inbox_cv_.notify_one();
+}
+
+bool Engine::abort(const std::string& rid) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    if (rid.empty() || !live_rids_.contains(rid)) return false;
+    inbox_.push_back(Abort{rid});
+  }
+  inbox_cv_.notify_one();
+  return true;
+}
+
+void Engine::abort_all() {
+  push_command(Abort{});
+}
+
+bool Engine::flush_cache() {
+  std::lock_guard lock(engine_mutex_);
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    if (!live_rids_.empty()) return false;
+  }
+  prefix_cache_->flush();
+  update_stats();
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+int64_t Engine::num_preemptions() const {
+  std::lock_guard lock(engine_mutex_);
+  return scheduler_->num_preemptions();
+}
+
+void Engine::check_integrity() const {
+  std::lock_guard lock(engine_mutex_);
+  scheduler_->check_integrity();
+  MEGACTX_CHECK(requests_.size() == scheduler_->running().size() + scheduler_->waiting().size(),
+                "integrity: {} live requests but {} running + {} waiting", requests_.size(),
+                scheduler_->running().size(), scheduler_->waiting().size());
+}
+
+void Engine::thread_main() {
+  while (true) {
+    {
+      std::unique_lock lock(inbox_mutex_);
+      inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !live_rids_.empty(); });
+      if (stopping_) return;
+    }
+    std::lock_guard lock(engine_mutex_);
+    step_locked();
+  }
+}
+
+bool Engine::step() {
+  MEGACTX_CHECK(!config_.run_thread, "Engine::step() is for engines without their own thread");
+  std::lock_guard lock(engine_mutex_);
+  return step_locked();
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+bool Engine::step_locked() {
+  bool worked = false;
+  try {
+    process_commands();
+    if (!scheduler_->running().empty() || !scheduler_->waiting().empty()) {
+      scheduler_->schedule(plan_);
+      if (!plan_.empty()) {
+        run_plan();
+        worked = true;
+      }
+    }
+  } catch (const std::exception& error) {
+    // A failed forward leaves the cache contents of this step undefined:
+    // every request in flight ends with the error; the engine stays usable.
+    spdlog::error("engine step failed: {}", error.what());
+    std::vector<RequestState*> all;
+    for (auto& [rid, request] : requests_) all.push_back(request.get());
+    for (RequestState* request : all) finish(*request, FinishReason::Error, error.what());
+    worked = true;
+  }
+  deliver_updates();
+  if (config_.check_integrity_every_step) {
+    scheduler_->check_integrity();
+  }
+  update_stats();
+  return worked || !requests_.empty();
+}
+
+void Engine::process_commands() {
+  std::deque<Command> commands;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    commands.swap(inbox_);
+  }
+  for (Command& command : commands) {
+    if (auto* submit = std::get_if<Submit>(&command)) {
+      start_request(std::move(*submit));
+    } else {
+      const std::string& rid = std::get<Abort>(command).rid;
+      if (rid.empty()) {
+        std::vector<RequestState*> all;
+        for (auto& [id, request] : requests_) all.push_back(request.get());
+        for (RequestState* request : all) abort_request(*request);
+      } else if (auto it = requests_.find(rid); it != requests_.end()) {
+        abort_request(*it->second);
+      }
+    }
+  }
+}
+
+void Engine::start_request(Submit submit) {
+  auto state = std::make_unique<RequestState>();
+  RequestState& request = *state;
+  request.request = std::move(submit.request);
+  request.callback = std::move(submit.callback);
+  request.arrival = next_arrival_++;
+  request.tokens = request.request.input_ids;
+  request.prompt_len = static_cast<int64_t>(request.tokens.size());
+  request.max_total_tokens = max_total_tokens_;
+  const SamplingParams& sampling = request.request.sampling;
+  if (sampling.seed) {
+    request.seed = *sampling.seed;
+  } else {
+    static thread_local std::mt19937_64 generator{std::random_device{}()};
+    request.seed = generator();
+  }
+  if (sampling.repetition_penalty != 1.0) {
+    request.prompt_distinct = request.tokens;
+    std::sort(request.prompt_distinct.begin(), request.prompt_distinct.end());
+    request.prompt_distinct.erase(
+        std::unique(request.prompt_distinct.begin(), request.prompt_distinct.end()),
+        request.prompt_distinct.end());
+  }
+  if (sampling.min_new_tokens > 0) {
+    if (!sampling.ignore_eos) request.min_tokens_mask = defaults_.eos_token_ids;
+    for (const int32_t id : sampling.stop_token_ids) request.min_tokens_mask.push_back(id);
+  }
+  request.stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output);
+  const std::string rid = request.request.rid;
+  scheduler_->enqueue(&request);
+  requests_.emplace(rid, std::move(state));
+}
+
+void Engine::abort_request(RequestState& request) {
+  finish(request, FinishReason::Abort, "aborted");
+}
+
+RequestUpdate& Engine::update_of(RequestState& request) {
+  if (!request.has_update) {
+    request.has_update = true;
+    request.update = RequestUpdate{};
+    request.update.rid = request.request.rid;
+    updated_.push_back(&request);
+  }
+  return request.update;
+}
+
+void Engine::run_plan() {
+  const std::vector<ScheduledChunk>& chunks = plan_.chunks;
+  batch_.sequences.resize(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& chunk = chunks[i];
+    const RequestState& request = *chunk.request;
+    SequenceInput& input = batch_.sequences[i];
+    input.tokens = std::span<const int32_t>(request.tokens.data() + chunk.start,
+                                            static_cast<size_t>(chunk.count));
+    input.start_position = chunk.start;
+    input.page_table = std::span<const int32_t>(request.page_table);
+    input.logits_from = chunk.logits_from;
+  }
+  ForwardOutput output = model_->forward(batch_, *cache_);
+  scheduler_->commit(plan_);
+  process_outputs(output.logits);
+}
+
+void Engine::process_outputs(const Tensor& logits) {
+  sampling_rows_.clear();
+  sampling_requests_.clear();
+  std::vector<float> log_probs;
+  int64_t row = 0;
+  for (const ScheduledChunk& chunk : plan_.chunks) {
+    RequestState& request = *chunk.request;
+    const int64_t rows = chunk.logits_from >= 0 ? chunk.count - chunk.logits_from : 1;
+    const int64_t first_position =
+        chunk.logits_from >= 0 ? chunk.start + chunk.logits_from : chunk.start + chunk.count - 1;
+    const int64_t end = chunk.start + chunk.count;
+    if (request.wants_input_logprobs()) {
+      // Row at position q scores prompt token q + 1.
+      const int64_t first_scored = std::max<int64_t>(request.request.logprob_start_len, 1);
+      const auto vocab = static_cast<size_t>(logits.dim(1));
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t scored = first_position + j + 1;
+        if (scored < first_scored || scored >= request.prompt_len) continue;
+        std::span<const float> raw(logits.data<float>() + static_cast<size_t>(row + j) * vocab,
+                                   vocab);
+        log_probs.resize(vocab);
+        log_softmax(raw, log_probs);
+        TokenLogprob entry;
+        entry.token_id = request.tokens[static_cast<size_t>(scored)];
+        entry.logprob = log_probs[static_cast<size_t>(entry.token_id)];
+        if (request.request.top_logprobs_num > 0) {
+          entry.top = top_entries(log_probs, request.request.top_logprobs_num);
+        }
+        request.input_logprobs.push_back(std::move(entry));
+      }
+      if (end >= request.prompt_len) {
+        // The first prompt token has no logprob (nothing precedes it): NaN,
+        // which the HTTP layer writes as null like SGLang.
+        RequestUpdate& update = update_of(request);
+        if (request.request.logprob_start_len == 0) {
+          TokenLogprob first;
+          first.token_id = request.tokens[0];
+          first.logprob = std::numeric_limits<float>::quiet_NaN();
+          update.input_logprobs.push_back(first);
+        }
+        for (auto& entry : request.input_logprobs)
+          update.input_logprobs.push_back(std::move(entry));
+        request.input_logprobs.clear();
+        request.input_logprobs_done = true;
+      }
+    }
+    if (chunk.samples) {
+      SamplingRow sampling_row;
+      sampling_row.logits_row = row + rows - 1;
+      sampling_row.params = &request.request.sampling;
+      if (uses_penalties(request.request.sampling))
+        sampling_row.output_counts = &request.output_counts;
+      sampling_row.prompt_tokens = request.prompt_distinct;
+      if (request.num_generated() < request.request.sampling.min_new_tokens) {
+        sampling_row.masked_tokens = request.min_tokens_mask;
+      }
+      sampling_row.seed = request.seed;
+      sampling_row.draw_index = static_cast<uint64_t>(request.num_generated());
+      sampling_row.want_logprob = request.request.return_logprob;
+      sampling_row.top_logprobs =
+          request.request.return_logprob ? request.request.top_logprobs_num : 0;
+      sampling_rows_.push_back(sampling_row);
+      sampling_requests_.push_back(&request);
+    } else if (end == static_cast<int64_t>(request.tokens.size()) &&
+               request.num_generated() >= request.request.sampling.max_new_tokens) {
+      // Scoring (max_new_tokens 0): the prefill was all it asked for.
+      finish(request, FinishReason::Length);
+    }
+    row += rows;
+  }
+  if (!sampling_rows_.empty()) {
+    samples_.resize(sampling_rows_.size());
+    sampler_->sample(logits, sampling_rows_, samples_);
+    for (size_t i = 0; i < sampling_rows_.size(); ++i) {
+      append_token(*sampling_requests_[i], samples_[i]);
+    }
+  }
+}
+
+void Engine::append_token(RequestState& request, const SampleResult& sample) {
+  const SamplingParams& sampling = request.request.sampling;
+  const int32_t token = sample.token;
+  request.tokens.push_back(token);
+  RequestUpdate& update = update_of(request);
+  update.new_token_ids.push_back(token);
+  if (request.request.return_logprob) {
+    update.new_logprobs.push_back(TokenLogprob{token, sample.logprob, sample.top});
+  }
+  if (uses_penalties(sampling)) ++request.output_counts[token];
+  const int64_t generated = request.num_generated();
+  const bool checks_stop = generated >= sampling.min_new_tokens;
+  if (checks_stop) {
+    const bool eos = !sampling.ignore_eos && contains(defaults_.eos_token_ids, token);
+    if (eos || contains(sampling.stop_token_ids, token)) {
+      update.matched_stop_token = token;
+      finish(request, FinishReason::Stop, tokenizer_->id_to_token(token));
+      return;
+    }
+  }
+  std::string bytes;
+  if (!(sampling.skip_special_tokens && tokenizer_->is_special(token))) {
+    bytes = tokenizer_->token_bytes(token);
+  }
+  std::string text = request.utf8.push(bytes);
+  if (checks_stop && request.stop.active()) {
+    StopStringMatcher::Result result = request.stop.push(text);
+    update.new_text += result.text;
+    if (result.stopped) {
+      finish(request, FinishReason::Stop, result.matched, /*release_held_text=*/false);
+      return;
+    }
+  } else {
+    update.new_text += text;
+  }
+  if (generated >= sampling.max_new_tokens ||
+      static_cast<int64_t>(request.tokens.size()) >= request.max_total_tokens) {
+    finish(request, FinishReason::Length);
+  }
+}
+
+void Engine::finish(RequestState& request, FinishReason reason, std::string detail,
+                    bool release_held_text) {
+  if (request.phase == RequestPhase::Finished) return;
+  RequestUpdate& update = update_of(request);
+  if (release_held_text) {
+    // Nothing stops the text now: release what was held back.
+    update.new_text += request.stop.push(request.utf8.flush()).text;
+    update.new_text += request.stop.flush();
+  }
+  update.finish = reason;
+  update.finish_detail = std::move(detail);
+  scheduler_->remove(&request);
+  auto it = requests_.find(request.request.rid);
+  finished_.push_back(std::move(it->second));
+  requests_.erase(it);
+}
+
+void Engine::deliver_updates() {
+  for (RequestState* request : updated_) {
+    RequestUpdate& update = request->update;
+    update.prompt_tokens = request->prompt_len;
+    update.completion_tokens = request->num_generated();
+    update.cached_tokens = request->cached_tokens;
+    request->has_update = false;
+    if (update.finish != FinishReason::None) {
+      std::lock_guard lock(inbox_mutex_);
+      live_rids_.erase(request->request.rid);
+    }
+    if (request->callback) {
+      try {
+        request->callback(update);
+      } catch (const std::exception& error) {
+        spdlog::error("update callback of request {} threw: {}", request->request.rid,
+                      error.what());
+      }
+    }
+  }
+  updated_.clear();
+  finished_.clear();
+}
+
+void Engine::update_stats() {
+  EngineStats stats;
+  stats.running_requests = static_cast<int64_t>(scheduler_->running().size());
+  stats.waiting_requests = static_cast<int64_t>(scheduler_->waiting().size());
+  stats.kv_pages_total = allocator_->num_pages();
+  stats.kv_pages_used = allocator_->num_used();
+  stats.max_context_tokens = max_total_tokens_;
+  stats.prefix_cache_queries = prefix_cache_->queried_tokens();
+  stats.prefix_cache_hits = prefix_cache_->hit_tokens();
+  std::lock_guard lock(stats_mutex_);
+  stats_ = stats;
+}
+
+}  // namespace megactx

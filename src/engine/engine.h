@@ -1,0 +1,133 @@
+// Engine: the serving core behind EngineApi. It owns the model, the paged KV
+// cache, the page allocator, the prefix cache, the scheduler and the sampler,
+// and runs steps (schedule -> one forward over the mixed batch -> sample ->
+// stop checks -> updates) on its own thread while there is work. Tests turn
+// the thread off (EngineConfig::run_thread = false) and call step().
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <variant>
+
+#include "cache/page_allocator.h"
+#include "cache/prefix_cache.h"
+#include "engine/engine_api.h"
+#include "engine/engine_config.h"
+#include "engine/kv_capacity.h"
+#include "engine/request_state.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/language_model.h"
+
+namespace megactx {
+
+class Engine : public EngineApi {
+ public:
+  static std::unique_ptr<Engine> create(EngineConfig config, std::unique_ptr<LanguageModel> model,
+                                        std::shared_ptr<const Tokenizer> tokenizer,
+                                        GenerationDefaults defaults);
+  ~Engine() override;
+
+  void submit(GenerationRequest request, UpdateCallback on_update) override;
+  bool abort(const std::string& rid) override;
+  void abort_all() override;
+  bool flush_cache() override;
+  EngineStats stats() const override;
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  const ModelConfig& model_config() const override { return model_->config(); }
+  int64_t max_context_tokens() const override { return max_total_tokens_; }
+
+  // One step: takes queued submits/aborts, schedules, runs the model, delivers
+  // updates (callbacks on the calling thread). Returns false when there was
+  // nothing to do. Only without the engine thread.
+  bool step();
+  // Runs steps until no request is left (tests, the `generate` command).
+  void run_until_idle();
+  // Throws megactx::Error on a broken cache/scheduler invariant.
+  void check_integrity() const;
+
+  const KvCapacityPlan& capacity() const { return capacity_; }
+  const GenerationDefaults& generation_defaults() const { return defaults_; }
+  int64_t num_preemptions() const;
+  // Replaces the CPU sampler (the CUDA backend brings its own).
+  void set_sampler(std::unique_ptr<Sampler> sampler);
+
+ private:
+  struct Submit {
+    GenerationRequest request;
+    UpdateCallback callback;
+  };
+  struct Abort {
+    std::string rid;  // empty: abort all
+  };
+  using Command = std::variant<Submit, Abort>;
+
+  Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
+         std::shared_ptr<const Tokenizer> tokenizer, GenerationDefaults defaults);
+
+  // Empty when the request is valid, else the error text.
+  std::string validate(const GenerationRequest& request) const;
+  void push_command(Command command);
+  void thread_main();
+  bool step_locked();
+  void process_commands();
+  void start_request(Submit submit);
+  void abort_request(RequestState& request);
+  void run_plan();
+  void process_outputs(const Tensor& logits);
+  void append_token(RequestState& request, const SampleResult& sample);
+  // Ends a request: last update, pages back (full ones stay in the prefix
+  // cache). Text held back for stop strings is released unless a stop string matched.
+  void finish(RequestState& request, FinishReason reason, std::string detail = {},
+              bool release_held_text = true);
+  void deliver_updates();
+  void update_stats();
+  RequestUpdate& update_of(RequestState& request);
+
+  EngineConfig config_;
+  std::unique_ptr<LanguageModel> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  GenerationDefaults defaults_;
+  KvCapacityPlan capacity_;
+  int64_t max_total_tokens_ = 0;
+  int64_t vocab_size_ = 0;
+
+  // ---- engine-thread state (engine_mutex_) ----
+  mutable std::mutex engine_mutex_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<PageAllocator> allocator_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
+  std::vector<RequestState*> updated_;                   // requests with an update this step
+  std::vector<std::unique_ptr<RequestState>> finished_;  // freed after delivery
+  StepPlan plan_;
+  ForwardBatch batch_;
+  std::vector<SamplingRow> sampling_rows_;
+  std::vector<RequestState*> sampling_requests_;
+  std::vector<SampleResult> samples_;
+  uint64_t next_arrival_ = 0;
+
+  // ---- shared with other threads (inbox_mutex_) ----
+  mutable std::mutex inbox_mutex_;
+  std::condition_variable inbox_cv_;
+  std::deque<Command> inbox_;
+  std::unordered_set<std::string> live_rids_;  // submitted and not finished
+  bool stopping_ = false;
+  std::atomic<uint64_t> rid_counter_{0};
+
+  mutable std::mutex stats_mutex_;
+  EngineStats stats_;
+
+  std::thread thread_;
+};
+
+}  // namespace megactx

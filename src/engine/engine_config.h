@@ -1,0 +1,56 @@
+// EngineConfig: the runtime choices of a serving engine (ModelConfig holds the
+// checkpoint's). GenerationDefaults: what generation_config.json adds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/kv_cache.h"
+
+namespace megactx {
+
+struct EngineConfig {
+  int64_t max_running_requests = 256;
+  // Per-step budget of prefill tokens (SGLang's chunked_prefill_size): long
+  // prompts are split into chunks of at most this many tokens; decode tokens
+  // of running requests do not count against it.
+  int64_t max_prefill_tokens = 8192;
+  int64_t kv_memory_bytes = int64_t{4} << 30;  // --kv-memory, all pools together
+  KvDType kv_dtype = KvDType::BF16;
+  int64_t context_length = 0;  // 0: the model's max_position_embeddings
+  int64_t page_size = 64;
+  // MTP draft steps (issue 8); > 0 adds the MTP layer's pools. Verification
+  // steps append 1 + k tokens per request and roll back; the scheduler
+  // reserves pages for them.
+  int64_t speculative_steps = 0;
+  bool enable_prefix_cache = true;
+  // Start the engine thread. Tests leave it off and drive step() themselves.
+  bool run_thread = true;
+  // Run check_integrity() after every step (tests, debugging).
+  bool check_integrity_every_step = false;
+  // Builds the cache storage (the CUDA backend allocates device pools);
+  // default: host pools through PagedKvCache(spec).
+  std::function<std::unique_ptr<PagedKvCache>(const KvCacheSpec&)> make_kv_cache;
+};
+
+struct GenerationDefaults {
+  // Ids that end generation unless ignore_eos (config.json and
+  // generation_config.json eos_token_id, merged).
+  std::vector<int32_t> eos_token_ids;
+  // Sampling defaults of generation_config.json; the HTTP layer applies them
+  // to fields a request leaves unset.
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+};
+
+// Reads DIR/generation_config.json when present and merges the eos ids of
+// `config_eos_ids`. A malformed file is a megactx::Error.
+GenerationDefaults load_generation_defaults(const std::string& model_dir,
+                                            const std::vector<int64_t>& config_eos_ids);
+
+}  // namespace megactx

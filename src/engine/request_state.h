@@ -1,0 +1,55 @@
+// RequestState: everything the engine tracks for one request between submit
+// and its final update. Owned by the Engine; the Scheduler holds pointers.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/prefix_cache.h"
+#include "engine/request.h"
+#include "engine/stop_strings.h"
+
+namespace megactx {
+
+enum class RequestPhase : uint8_t { Waiting, Running, Finished };
+
+struct RequestState {
+  GenerationRequest request;
+  UpdateCallback callback;
+  uint64_t arrival = 0;  // submission order
+
+  // ---- sequence and cache (scheduler) ----
+  // Prompt then generated tokens. The KV cache holds tokens[0, num_computed);
+  // page_table[i] covers positions [i * page_size, (i + 1) * page_size).
+  std::vector<int32_t> tokens;
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;
+  std::vector<int32_t> page_table;
+  PrefixCache::Node* prefix_node = nullptr;  // deepest tree node this request locks; null = none
+  int64_t max_total_tokens = 0;              // min(context, KV capacity)
+  RequestPhase phase = RequestPhase::Waiting;
+  int64_t admit_order = 0;  // larger = admitted later = preempted first
+  int64_t preemptions = 0;
+
+  // ---- output processing (engine) ----
+  uint64_t seed = 0;
+  std::unordered_map<int32_t, int32_t> output_counts;  // only with penalties
+  std::vector<int32_t> prompt_distinct;                // sorted; only with repetition penalty
+  std::vector<int32_t> min_tokens_mask;                // eos + stop ids (min_new_tokens)
+  Utf8Assembler utf8;
+  StopStringMatcher stop;
+  int64_t cached_tokens = 0;  // prefix-cache hit of the first admission
+  bool admitted_once = false;
+  bool input_logprobs_done = false;
+  std::vector<TokenLogprob> input_logprobs;  // collected over prefill chunks
+  RequestUpdate update;                      // what this step produced
+  bool has_update = false;
+
+  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  bool wants_input_logprobs() const {
+    return request.return_logprob && request.logprob_start_len >= 0 && !input_logprobs_done;
+  }
+};
+
+}  // namespace megactx

@@ -1,0 +1,69 @@
+// Sampler: turns one logits row per sequence into the next token. The CPU
+// implementation is cpu_sampler.h; a CUDA one implements the same interface
+// over device logits.
+//
+// Semantics (vLLM / SGLang):
+//  * penalties on the raw logits: repetition (HF/vLLM: tokens of prompt and
+//    output; logit / p when positive, * p otherwise), frequency (minus f times
+//    the count in the output), presence (minus p once for tokens in the output);
+//  * while fewer than min_new_tokens were generated, eos and stop ids are masked;
+//  * temperature < 1e-5 or top_k == 1: greedy (argmax, lowest id on ties);
+//  * otherwise softmax(logits / T), then top_k, then top_p over the
+//    renormalised top-k (keep a token while the mass before it is <= top_p),
+//    then min_p (keep p >= min_p * p_max), then one draw by inverse CDF over
+//    the kept tokens in id order (no sort needed when no top_p is set).
+//  * logprobs: log_softmax of the *unmodified* model logits (before penalties,
+//    temperature and masks), as SGLang returns them with
+//    SGLANG_RETURN_ORIGINAL_LOGPROB=1 and vLLM with its default raw_logprobs
+//    mode. RL trainers compare against these. (SGLang's default applies the
+//    temperature first; we do not.)
+//  * randomness: the uniform of output token i of a request is a hash of
+//    (seed, i), so a seeded request gives the same tokens in any batch, after
+//    preemption, and on any backend that uses the same draw.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "engine/request.h"
+
+namespace megactx {
+
+struct SamplingRow {
+  int64_t logits_row = 0;  // which row of the logits tensor
+  const SamplingParams* params = nullptr;
+  // Output token counts (frequency/presence/repetition penalties); may be null
+  // when no penalty is set.
+  const std::unordered_map<int32_t, int32_t>* output_counts = nullptr;
+  // Distinct prompt tokens (repetition penalty); may be empty otherwise.
+  std::span<const int32_t> prompt_tokens;
+  // Ids masked while min_new_tokens is not reached (eos + stop ids); empty otherwise.
+  std::span<const int32_t> masked_tokens;
+  uint64_t seed = 0;
+  uint64_t draw_index = 0;  // number of tokens the request generated before this one
+  bool want_logprob = false;
+  int64_t top_logprobs = 0;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;                        // under the unmodified distribution
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
+};
+
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  // logits: [rows, vocab] float32 (host for the CPU sampler); results[i] for rows[i].
+  virtual void sample(const Tensor& logits, std::span<const SamplingRow> rows,
+                      std::span<SampleResult> results) = 0;
+};
+
+// The uniform in [0, 1) used for draw `draw_index` of a request seeded `seed`.
+double sampling_uniform(uint64_t seed, uint64_t draw_index);
+
+}  // namespace megactx

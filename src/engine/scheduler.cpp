@@ -1,0 +1,254 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace megactx {
+
+Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator, PrefixCache& prefix_cache)
+    : config_(config),
+      page_size_(config.page_size),
+      allocator_(allocator),
+      prefix_cache_(prefix_cache) {
+  MEGACTX_CHECK(config.max_running_requests > 0, "max_running_requests must be positive, got {}",
+                config.max_running_requests);
+  MEGACTX_CHECK(config.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
+                config.max_prefill_tokens);
+  MEGACTX_CHECK(page_size_ == prefix_cache.page_size(),
+                "scheduler and prefix cache page sizes differ");
+}
+
+void Scheduler::enqueue(RequestState* request) {
+  request->phase = RequestPhase::Waiting;
+  waiting_.push_back(request);
+}
+
+int64_t Scheduler::available_pages() const {
+  return allocator_.num_free() + prefix_cache_.evictable_pages();
+}
+
+bool Scheduler::reserve_pages(RequestState& request, int64_t tokens) {
+  const int64_t needed = pages_for(tokens);
+  while (static_cast<int64_t>(request.page_table.size()) < needed) {
+    std::optional<int32_t> page = allocator_.allocate();
+    if (!page) {
+      const int64_t missing = needed - static_cast<int64_t>(request.page_table.size());
+      if (prefix_cache_.evict(missing) == 0) return false;
+      continue;
+    }
+    request.page_table.push_back(*page);
+  }
+  return true;
+}
+
+void Scheduler::release_pages(RequestState& request) {
+  if (request.prefix_node == nullptr) {
+    MEGACTX_CHECK(request.page_table.empty(), "request {} holds pages without a prefix node",
+                  request.request.rid);
+    return;
+  }
+  const int64_t full_pages = request.num_computed / page_size_;
+  if (config_.enable_prefix_cache && full_pages > PrefixCache::depth(request.prefix_node)) {
+    request.prefix_node =
+        prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
+  }
+  prefix_cache_.unlock(request.prefix_node);
+  for (const int32_t page : request.page_table) allocator_.release(page);
+  request.page_table.clear();
+  request.prefix_node = nullptr;
+  request.num_computed = 0;
+}
+
+void Scheduler::attach_prefix(RequestState& request) {
+  // At least the last token is computed (its logits give the next token);
+  // input logprobs need the logits of the token before the first scored one.
+  int64_t limit = static_cast<int64_t>(request.tokens.size()) - 1;
+  if (request.wants_input_logprobs()) {
+    limit = std::min(limit, std::max<int64_t>(request.request.logprob_start_len - 1, 0));
+  }
+  if (!config_.enable_prefix_cache || limit < page_size_) {
+    request.prefix_node = prefix_cache_.root();
+    request.num_computed = 0;
+    return;
+  }
+  PrefixCache::Match match = prefix_cache_.match(
+      std::span<const int32_t>(request.tokens.data(), static_cast<size_t>(limit)));
+  request.page_table = std::move(match.pages);
+  request.prefix_node = match.node;
+  request.num_computed = match.tokens;
+}
+
+void Scheduler::plan_chunk(RequestState& request, int64_t count, StepPlan& plan) {
+  ScheduledChunk chunk;
+  chunk.request = &request;
+  chunk.start = request.num_computed;
+  chunk.count = count;
+  const int64_t end = chunk.start + count;
+  const int64_t total = static_cast<int64_t>(request.tokens.size());
+  chunk.samples = end == total && request.num_generated() < request.request.sampling.max_new_tokens;
+  if (request.wants_input_logprobs()) {
+    // Scored positions q in [max(s, 1), prompt_len) need the logits of q - 1.
+    const int64_t first = std::max<int64_t>(request.request.logprob_start_len, 1) - 1;
+    const int64_t last = request.prompt_len - 2;
+    const int64_t low = std::max(first, chunk.start);
+    const int64_t high = std::min(last, end - 1);
+    if (low <= high) chunk.logits_from = low - chunk.start;
+  }
+  plan.chunks.push_back(chunk);
+}
+
+void Scheduler::preempt(RequestState* victim) {
+  release_pages(*victim);
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  victim->phase = RequestPhase::Waiting;
+  // Input logprobs restart with the recomputation.
+  if (!victim->input_logprobs_done) victim->input_logprobs.clear();
+  ++victim->preemptions;
+  ++preemptions_;
+  waiting_.push_front(victim);
+}
+
+void Scheduler::schedule(StepPlan& plan) {
+  plan.chunks.clear();
+  plan.preempted.clear();
+  plan.prefill_tokens = 0;
+  plan.decode_tokens = 0;
+  int64_t budget = config_.max_prefill_tokens;
+
+  // (1) Running requests, oldest first; victims are taken from the back.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    RequestState* request = running_[i];
+    const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
+    if (remaining <= 0) continue;
+    const bool decode = remaining == 1;
+    const int64_t count = decode ? 1 : std::min(remaining, budget);
+    if (count == 0) continue;
+    bool preempted_self = false;
+    while (!reserve_pages(*request, request->num_computed + count)) {
+      RequestState* victim = running_.back();
+      // Cannot happen: submit() caps every request at the KV capacity.
+      MEGACTX_CHECK(running_.size() > 1, "request {} does not fit in the KV cache alone",
+                    request->request.rid);
+      plan.preempted.push_back(victim);
+      preempt(victim);
+      if (victim == request) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    plan_chunk(*request, count, plan);
+    if (decode) {
+      plan.decode_tokens += count;
+    } else {
+      plan.prefill_tokens += count;
+      budget -= count;
+    }
+  }
+
+  // (2) Admission, FIFO, while the budget, the batch limit and the pages allow.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_running_requests) {
+    RequestState* request = waiting_.front();
+    if (request->prefix_node == nullptr) attach_prefix(*request);
+    const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
+    const int64_t count = std::min(remaining, budget);
+    const int64_t needed =
+        pages_for(request->num_computed + count) - static_cast<int64_t>(request->page_table.size());
+    // Keep a page of headroom per running request so decodes rarely preempt.
+    const int64_t headroom = static_cast<int64_t>(running_.size());
+    const bool fits = running_.empty() || needed + headroom <= available_pages();
+    if (!fits || !reserve_pages(*request, request->num_computed + count)) {
+      release_pages(*request);
+      break;
+    }
+    waiting_.pop_front();
+    request->phase = RequestPhase::Running;
+    request->admit_order = next_admit_order_++;
+    if (!request->admitted_once) {
+      request->admitted_once = true;
+      request->cached_tokens = request->num_computed;
+    }
+    running_.push_back(request);
+    plan_chunk(*request, count, plan);
+    plan.prefill_tokens += count;
+    budget -= count;
+  }
+}
+
+void Scheduler::commit(const StepPlan& plan) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    RequestState& request = *chunk.request;
+    request.num_computed = chunk.start + chunk.count;
+    if (!config_.enable_prefix_cache) continue;
+    const int64_t full_pages = request.num_computed / page_size_;
+    if (full_pages > PrefixCache::depth(request.prefix_node)) {
+      request.prefix_node =
+          prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
+    }
+  }
+}
+
+void Scheduler::remove(RequestState* request) {
+  release_pages(*request);
+  if (auto it = std::find(running_.begin(), running_.end(), request); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), request); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+  request->phase = RequestPhase::Finished;
+}
+
+void Scheduler::check_integrity() const {
+  std::vector<int32_t> holders(static_cast<size_t>(allocator_.num_pages()), 0);
+  std::unordered_map<const PrefixCache::Node*, int64_t> locks;
+  std::unordered_map<const RequestState*, int> seen;
+  MEGACTX_CHECK(static_cast<int64_t>(running_.size()) <= config_.max_running_requests,
+                "integrity: {} running requests over the limit {}", running_.size(),
+                config_.max_running_requests);
+  for (const RequestState* request : running_) {
+    MEGACTX_CHECK(++seen[request] == 1, "integrity: request {} scheduled twice",
+                  request->request.rid);
+    MEGACTX_CHECK(request->phase == RequestPhase::Running,
+                  "integrity: running request {} in phase {}", request->request.rid,
+                  static_cast<int>(request->phase));
+    MEGACTX_CHECK(request->prefix_node != nullptr,
+                  "integrity: running request {} has no prefix node", request->request.rid);
+    MEGACTX_CHECK(
+        request->num_computed <= static_cast<int64_t>(request->tokens.size()) &&
+            static_cast<int64_t>(request->page_table.size()) >= pages_for(request->num_computed),
+        "integrity: request {} computed {} of {} tokens with {} pages", request->request.rid,
+        request->num_computed, request->tokens.size(), request->page_table.size());
+    const std::vector<int32_t> path = prefix_cache_.path_pages(request->prefix_node);
+    MEGACTX_CHECK(path.size() <= request->page_table.size() &&
+                      std::equal(path.begin(), path.end(), request->page_table.begin()) &&
+                      static_cast<int64_t>(path.size()) * page_size_ <= request->num_computed,
+                  "integrity: request {} page table disagrees with its cached prefix",
+                  request->request.rid);
+    for (const int32_t page : request->page_table) {
+      MEGACTX_CHECK(page >= 0 && page < allocator_.num_pages(), "integrity: bad page {}", page);
+      ++holders[static_cast<size_t>(page)];
+    }
+    ++locks[request->prefix_node];
+  }
+  for (const RequestState* request : waiting_) {
+    MEGACTX_CHECK(++seen[request] == 1, "integrity: request {} queued twice", request->request.rid);
+    MEGACTX_CHECK(request->phase == RequestPhase::Waiting && request->page_table.empty() &&
+                      request->prefix_node == nullptr && request->num_computed == 0,
+                  "integrity: waiting request {} holds cache state", request->request.rid);
+  }
+  const std::vector<int32_t> request_holders = holders;
+  prefix_cache_.check_integrity(holders, locks);
+  for (size_t page = 0; page < holders.size(); ++page) {
+    const bool in_tree = holders[page] > request_holders[page];
+    MEGACTX_CHECK(in_tree || request_holders[page] <= 1,
+                  "integrity: private KV page {} is in {} page tables", page,
+                  request_holders[page]);
+  }
+  allocator_.check_integrity(holders);
+}
+
+}  // namespace megactx

@@ -1,0 +1,92 @@
+// Scheduler: continuous batching over the paged KV cache.
+//
+// Every step: (1) every running request gets its tokens: decode requests one
+// (1 + k when verifying k drafts), requests still prefilling the next chunk
+// within the step's prefill budget; a request that needs a page it cannot get
+// (after evicting unlocked prefix-cache pages) preempts the most recently
+// admitted running request (recompute: its pages are cached and freed, and it
+// goes back to the front of the queue with its generated tokens as prompt
+// continuation). (2) Waiting requests are admitted in FIFO order while the
+// prefill budget, max_running_requests and the free pages allow, starting
+// from their longest cached prefix.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "cache/page_allocator.h"
+#include "cache/prefix_cache.h"
+#include "engine/request_state.h"
+
+namespace megactx {
+
+struct SchedulerConfig {
+  int64_t max_running_requests = 256;
+  int64_t max_prefill_tokens = 8192;
+  int64_t page_size = 64;
+  bool enable_prefix_cache = true;
+};
+
+struct ScheduledChunk {
+  RequestState* request = nullptr;
+  int64_t start = 0;         // first new position (== tokens already in the cache)
+  int64_t count = 0;         // new tokens
+  int64_t logits_from = -1;  // as SequenceInput::logits_from
+  bool samples = false;      // the chunk reaches the end of the sequence: sample the next token
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<RequestState*> preempted;  // this step, already requeued
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, PageAllocator& allocator, PrefixCache& prefix_cache);
+
+  void enqueue(RequestState* request);
+  // Plans one step and reserves its pages. Leaves running requests in `plan`
+  // order; call commit() after the forward pass.
+  void schedule(StepPlan& plan);
+  // After the forward: advances num_computed and shares newly full pages.
+  void commit(const StepPlan& plan);
+  // Takes a finished or aborted request out (its full pages stay cached).
+  void remove(RequestState* request);
+
+  const std::vector<RequestState*>& running() const { return running_; }
+  const std::deque<RequestState*>& waiting() const { return waiting_; }
+  int64_t num_preemptions() const { return preemptions_; }
+  // Pages that could be had now: free plus evictable.
+  int64_t available_pages() const;
+
+  // Throws megactx::Error on any broken invariant of the allocator, the
+  // prefix cache and the request page tables.
+  void check_integrity() const;
+
+ private:
+  int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
+  // Grows request's page table to cover `tokens` positions; false when no
+  // page can be freed (nothing to evict).
+  bool reserve_pages(RequestState& request, int64_t tokens);
+  // Caches the full pages, frees the request's pages and unlocks its path.
+  void release_pages(RequestState& request);
+  void preempt(RequestState* victim);
+  void plan_chunk(RequestState& request, int64_t count, StepPlan& plan);
+  // Starts a waiting request from its longest cached prefix.
+  void attach_prefix(RequestState& request);
+
+  SchedulerConfig config_;
+  int64_t page_size_;
+  PageAllocator& allocator_;
+  PrefixCache& prefix_cache_;
+  std::vector<RequestState*> running_;  // admission order
+  std::deque<RequestState*> waiting_;
+  int64_t next_admit_order_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace megactx
