@@ -1,0 +1,1 @@
+megactx_add_fuzzer(model_config LIBS megactx_io megactx_core)

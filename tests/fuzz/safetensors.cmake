@@ -1,0 +1,1 @@
+megactx_add_fuzzer(safetensors LIBS megactx_io megactx_core)
