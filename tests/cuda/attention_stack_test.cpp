@@ -23,7 +23,8 @@ TEST(AttentionStack, GlmScheduleHasTwentyOneFullLayers) {
   for (int i = 0; i < 78; ++i)
     if (full[i]) layers.push_back(i);
   ASSERT_EQ(layers.size(), 21u);
-  EXPECT_EQ(std::vector<int>(layers.begin(), layers.begin() + 5), (std::vector<int>{0, 1, 2, 6, 10}));
+  EXPECT_EQ(std::vector<int>(layers.begin(), layers.begin() + 5),
+            (std::vector<int>{0, 1, 2, 6, 10}));
   EXPECT_EQ(layers.back(), 74);
   const auto every = cuda::index_share_schedule(61, 1, 0);
   EXPECT_EQ(std::count(every.begin(), every.end(), true), 61);
@@ -56,7 +57,8 @@ TEST(AttentionStack, SharedLayersReuseTheFullLayersSlots) {
     HostLayer& h = host[l];
     if (full[l]) {
       h.indexer_pool = random_indexer_pool(layout.num_pages, rng);
-      random_fp8_queries(static_cast<size_t>(rows) * index_heads * 128, rng, h.indexer_q8, h.indexer_q);
+      random_fp8_queries(static_cast<size_t>(rows) * index_heads * 128, rng, h.indexer_q8,
+                         h.indexer_q);
       h.indexer_weights.resize(static_cast<size_t>(rows) * index_heads);
       for (float& w : h.indexer_weights) w = normal(rng) * 1e-3f;
     }
@@ -97,7 +99,8 @@ TEST(AttentionStack, SharedLayersReuseTheFullLayersSlots) {
   DeviceBuffer<int32_t> table(layout.block_table), request(row_request), visible(row_visible);
   DeviceBuffer<float> scores(static_cast<size_t>(rows) * max_visible);
   DeviceBuffer<uint32_t> histogram(static_cast<size_t>(rows) * cuda::kTopkHistogramBins);
-  DeviceBuffer<int32_t> state(static_cast<size_t>(rows) * cuda::kTopkRowState), slots(static_cast<size_t>(rows) * top_k);
+  DeviceBuffer<int32_t> state(static_cast<size_t>(rows) * cuda::kTopkRowState),
+      slots(static_cast<size_t>(rows) * top_k);
   histogram.fill_bytes(0);
   state.fill_bytes(0);
   const int splits = 3;
@@ -136,22 +139,26 @@ TEST(AttentionStack, SharedLayersReuseTheFullLayersSlots) {
     SCOPED_TRACE("layer " + std::to_string(l));
     if (full[l])
       for (int row = 0; row < rows; ++row) {
-        const int32_t* row_table = layout.block_table.data() + row_request[row] * layout.block_table_stride;
+        const int32_t* row_table =
+            layout.block_table.data() + row_request[row] * layout.block_table_stride;
         std::vector<float> row_scores(row_visible[row]);
-        reference::indexer_scores_reference(host[l].indexer_q.data() + static_cast<size_t>(row) * index_heads * 128,
-                                            host[l].indexer_weights.data() + static_cast<size_t>(row) * index_heads,
-                                            index_heads, host[l].indexer_pool.data(), row_table, row_visible[row],
-                                            row_scores.data());
-        current[row] = reference::topk_slots_reference(row_scores.data(), row_visible[row], top_k, row_table);
+        reference::indexer_scores_reference(
+            host[l].indexer_q.data() + static_cast<size_t>(row) * index_heads * 128,
+            host[l].indexer_weights.data() + static_cast<size_t>(row) * index_heads, index_heads,
+            host[l].indexer_pool.data(), row_table, row_visible[row], row_scores.data());
+        current[row] =
+            reference::topk_slots_reference(row_scores.data(), row_visible[row], top_k, row_table);
       }
     const auto out = device[l].out.download();
     const auto lse = device[l].lse.download();
     for (int row = 0; row < rows; ++row) {
-      reference::sparse_mla_reference(host[l].q_values.data() + static_cast<size_t>(row) * heads * kQueryDim, heads,
-                                      current[row].data(), top_k, host[l].latent_pool.data(), shape.softmax_scale,
-                                      expected_out.data(), expected_lse.data());
+      reference::sparse_mla_reference(
+          host[l].q_values.data() + static_cast<size_t>(row) * heads * kQueryDim, heads,
+          current[row].data(), top_k, host[l].latent_pool.data(), shape.softmax_scale,
+          expected_out.data(), expected_lse.data());
       for (int h = 0; h < heads; ++h) {
-        ASSERT_NEAR(lse[static_cast<size_t>(row) * heads + h], expected_lse[h], 2e-2) << "row " << row;
+        ASSERT_NEAR(lse[static_cast<size_t>(row) * heads + h], expected_lse[h], 2e-2)
+            << "row " << row;
         double error = 0, norm = 0;
         for (int i = 0; i < kRank; ++i) {
           const double got = bf16_to_float(out[(static_cast<size_t>(row) * heads + h) * kRank + i]);

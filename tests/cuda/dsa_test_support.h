@@ -39,7 +39,8 @@ class DeviceBuffer {
   T* get() const { return data_; }
   size_t size() const { return count_; }
   void upload(const std::vector<T>& host) {
-    MEGACTX_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);
@@ -47,7 +48,9 @@ class DeviceBuffer {
     MEGACTX_CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
-  void fill_bytes(int value) { MEGACTX_CUDA_CHECK(cudaMemset(data_, value, std::max<size_t>(count_, 1) * sizeof(T))); }
+  void fill_bytes(int value) {
+    MEGACTX_CUDA_CHECK(cudaMemset(data_, value, std::max<size_t>(count_, 1) * sizeof(T)));
+  }
 
  private:
   T* data_ = nullptr;
@@ -75,7 +78,8 @@ inline PagedLayout make_paged_layout(const std::vector<int64_t>& lengths, std::m
   layout.block_table.assign(lengths.size() * most, -7);  // unused entries are never read
   size_t next = 0;
   for (size_t r = 0; r < lengths.size(); ++r)
-    for (int64_t p = 0; p < (lengths[r] + 63) / 64; ++p) layout.block_table[r * most + p] = pages[next++];
+    for (int64_t p = 0; p < (lengths[r] + 63) / 64; ++p)
+      layout.block_table[r * most + p] = pages[next++];
   return layout;
 }
 
@@ -87,7 +91,8 @@ inline std::vector<uint8_t> random_indexer_pool(int64_t num_pages, std::mt19937&
   for (int64_t slot = 0; slot < num_pages * 64; ++slot) {
     const float spread = 0.5f + static_cast<float>(rng() % 100) / 50.f;  // per-key scale varies
     for (float& v : key) v = normal(rng) * spread;
-    reference::encode_indexer_key_fp8(key.data(), pool.data() + slot * reference::kIndexerEntryBytes);
+    reference::encode_indexer_key_fp8(key.data(),
+                                      pool.data() + slot * reference::kIndexerEntryBytes);
   }
   return pool;
 }
@@ -100,13 +105,15 @@ inline std::vector<uint8_t> random_latent_pool(int64_t num_slots, std::mt19937& 
   for (int64_t slot = 0; slot < num_slots; ++slot) {
     for (float& v : c_kv) v = normal(rng);
     for (float& v : k_rope) v = normal(rng);
-    reference::encode_latent_fp8(c_kv.data(), k_rope.data(), pool.data() + slot * reference::kLatentEntryBytes);
+    reference::encode_latent_fp8(c_kv.data(), k_rope.data(),
+                                 pool.data() + slot * reference::kLatentEntryBytes);
   }
   return pool;
 }
 
 // Random e4m3 queries (no NaN codes) and their float values.
-inline void random_fp8_queries(size_t count, std::mt19937& rng, std::vector<uint8_t>& bytes, std::vector<float>& values) {
+inline void random_fp8_queries(size_t count, std::mt19937& rng, std::vector<uint8_t>& bytes,
+                               std::vector<float>& values) {
   std::normal_distribution<float> normal(0.f, 100.f);
   bytes.resize(count);
   values.resize(count);

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <unordered_set>
 
-#include "dsa_test_support.h"
 #include "core/error.h"
+#include "dsa_test_support.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/topk/topk.h"
 
@@ -16,6 +16,11 @@ namespace megactx::test {
 namespace {
 
 using reference::kIndexerDim;
+
+// Scores are compared relative to the row's largest |score|: fp8 tensor-core
+// dot products accumulate with reduced internal precision (about 2^-14 of the
+// magnitude on Hopper), far below the O(1) error of a wrong key or head.
+constexpr float kScoreTolerance = 2e-3f;
 
 // One indexer problem: requests of given lengths, rows_per_group causal rows each.
 struct IndexerProblem {
@@ -62,7 +67,9 @@ struct IndexerProblem {
     weights.resize(static_cast<size_t>(rows) * heads);
     for (float& w : weights) w = normal(rng);
   }
-  const int32_t* table(int row) const { return layout.block_table.data() + row_request[row] * layout.block_table_stride; }
+  const int32_t* table(int row) const {
+    return layout.block_table.data() + row_request[row] * layout.block_table_stride;
+  }
 };
 
 struct DeviceIndexer {
@@ -128,11 +135,14 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
   // One position directly (the reference function walks positions from 0).
   std::vector<float> key(kIndexerDim);
   const int64_t slot = reference::position_to_slot(problem.table(row), position);
-  reference::decode_indexer_key_fp8(problem.pool.data() + slot * reference::kIndexerEntryBytes, key.data());
+  reference::decode_indexer_key_fp8(problem.pool.data() + slot * reference::kIndexerEntryBytes,
+                                    key.data());
   for (int h = 0; h < problem.heads; ++h) {
     float dot = 0.f;
     for (int i = 0; i < kIndexerDim; ++i)
-      dot += problem.query_values[(static_cast<size_t>(row) * problem.heads + h) * kIndexerDim + i] * key[i];
+      dot +=
+          problem.query_values[(static_cast<size_t>(row) * problem.heads + h) * kIndexerDim + i] *
+          key[i];
     score += problem.weights[static_cast<size_t>(row) * problem.heads + h] * std::max(dot, 0.f);
   }
   return score;
@@ -140,8 +150,8 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
 
 // Checks that `slots` [top_k] is a valid top-k of `scores` [visible]: right
 // count, distinct visible positions, every score above the k-th taken, -1 after.
-void expect_valid_topk(const float* scores, int64_t visible, int top_k, const int32_t* table, int64_t num_pages,
-                       const int32_t* slots, const std::string& what) {
+void expect_valid_topk(const float* scores, int64_t visible, int top_k, const int32_t* table,
+                       int64_t num_pages, const int32_t* slots, const std::string& what) {
   const int64_t taken = std::min<int64_t>(top_k, visible);
   std::vector<int64_t> logical_page(static_cast<size_t>(num_pages), -1);
   for (int64_t p = 0; p < (visible + 63) / 64; ++p) logical_page[table[p]] = p;
@@ -158,7 +168,8 @@ void expect_valid_topk(const float* scores, int64_t visible, int top_k, const in
     ASSERT_TRUE(seen.insert(position).second) << what << " position " << position << " twice";
     chosen.push_back(scores[position]);
   }
-  for (int i = static_cast<int>(taken); i < top_k; ++i) ASSERT_EQ(slots[i], -1) << what << " padding " << i;
+  for (int i = static_cast<int>(taken); i < top_k; ++i)
+    ASSERT_EQ(slots[i], -1) << what << " padding " << i;
   if (taken == 0 || taken == visible) return;
   std::vector<float> all(scores, scores + visible);
   std::nth_element(all.begin(), all.begin() + (taken - 1), all.end(), std::greater<float>());
@@ -186,28 +197,31 @@ void run_and_check(IndexerProblem& problem, uint32_t seed, bool check_all_scores
     std::vector<float> expected(static_cast<size_t>(visible));
     reference::indexer_scores_reference(
         problem.query_values.data() + static_cast<size_t>(row) * problem.heads * kIndexerDim,
-        problem.weights.data() + static_cast<size_t>(row) * problem.heads, problem.heads, problem.pool.data(),
-        problem.table(row), visible, expected.data());
+        problem.weights.data() + static_cast<size_t>(row) * problem.heads, problem.heads,
+        problem.pool.data(), problem.table(row), visible, expected.data());
     float largest = 1e-30f;
     for (float e : expected) largest = std::max(largest, std::fabs(e));
     for (int64_t p = 0; p < visible && check_all_scores; ++p)
-      ASSERT_NEAR(row_scores[p], expected[p], 1e-5f * largest + 1e-5f * std::fabs(expected[p]))
+      ASSERT_NEAR(row_scores[p], expected[p], kScoreTolerance * largest)
           << "row " << row << " position " << p;
     for (int64_t p = visible; p < problem.score_stride; ++p)
-      ASSERT_TRUE(std::isnan(row_scores[p])) << "row " << row << " wrote past its visible keys at " << p;
-    expect_valid_topk(row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
-                      slots.data() + static_cast<size_t>(row) * problem.top_k, "row " + std::to_string(row));
+      ASSERT_TRUE(std::isnan(row_scores[p]))
+          << "row " << row << " wrote past its visible keys at " << p;
+    expect_valid_topk(
+        row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
+        slots.data() + static_cast<size_t>(row) * problem.top_k, "row " + std::to_string(row));
     // The selection is also a top-k of the reference scores, up to rounding at the threshold.
     if (visible > problem.top_k) {
       std::vector<float> sorted = expected;
-      std::nth_element(sorted.begin(), sorted.begin() + (problem.top_k - 1), sorted.end(), std::greater<float>());
+      std::nth_element(sorted.begin(), sorted.begin() + (problem.top_k - 1), sorted.end(),
+                       std::greater<float>());
       const float kth = sorted[problem.top_k - 1];
       std::vector<int64_t> logical(static_cast<size_t>(problem.layout.num_pages), -1);
       for (int64_t p = 0; p < (visible + 63) / 64; ++p) logical[problem.table(row)[p]] = p;
       for (int i = 0; i < problem.top_k; ++i) {
         const int32_t slot = slots[static_cast<size_t>(row) * problem.top_k + i];
         const int64_t position = logical[slot / 64] * 64 + slot % 64;
-        ASSERT_GE(expected[position], kth - 1e-4f * largest) << "row " << row;
+        ASSERT_GE(expected[position], kth - 2 * kScoreTolerance * largest) << "row " << row;
       }
     }
   }
@@ -219,7 +233,8 @@ TEST(IndexerTopk, QueryQuantisationMatchesReference) {
   std::vector<uint16_t> queries(rows * heads * kIndexerDim);
   std::normal_distribution<float> normal(0.f, 2.f);
   for (uint16_t& q : queries) q = float_to_bf16(normal(rng));
-  for (int i = 0; i < kIndexerDim; ++i) queries[2 * kIndexerDim + i] = 0;  // an all-zero head: scale 1
+  for (int i = 0; i < kIndexerDim; ++i)
+    queries[2 * kIndexerDim + i] = 0;  // an all-zero head: scale 1
   std::vector<float> head_weights(rows * heads);
   for (float& w : head_weights) w = normal(rng);
   DeviceBuffer<uint16_t> device_queries(queries);
@@ -241,10 +256,11 @@ TEST(IndexerTopk, QueryQuantisationMatchesReference) {
   for (int item = 0; item < rows * heads; ++item) {
     for (int i = 0; i < kIndexerDim; ++i) query[i] = bf16_to_float(queries[item * kIndexerDim + i]);
     float expected_weight = 0.f;
-    reference::quantize_indexer_query(query.data(), head_weights[item], params.softmax_scale, expected_q8.data(),
-                                      &expected_weight);
+    reference::quantize_indexer_query(query.data(), head_weights[item], params.softmax_scale,
+                                      expected_q8.data(), &expected_weight);
     EXPECT_FLOAT_EQ(weights[item], expected_weight) << item;
-    for (int i = 0; i < kIndexerDim; ++i) ASSERT_EQ(q8[item * kIndexerDim + i], expected_q8[i]) << item << " " << i;
+    for (int i = 0; i < kIndexerDim; ++i)
+      ASSERT_EQ(q8[item * kIndexerDim + i], expected_q8[i]) << item << " " << i;
   }
 }
 
@@ -299,9 +315,9 @@ TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
   cuda::radix_topk(device.topk_params(problem), nullptr);  // the workspace is left reusable
   const auto slots = device.slots.download();
   for (int row = 0; row < problem.rows; ++row)
-    expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row], problem.top_k,
-                      problem.table(row), problem.layout.num_pages, slots.data() + row * problem.top_k,
-                      "tie row " + std::to_string(row));
+    expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
+                      problem.top_k, problem.table(row), problem.layout.num_pages,
+                      slots.data() + row * problem.top_k, "tie row " + std::to_string(row));
 }
 
 TEST(IndexerTopk, OneMillionKeys) {
@@ -320,13 +336,19 @@ TEST(IndexerTopk, OneMillionKeys) {
     // Scores at random positions and at both ends (index arithmetic past 2^20 * 132 bytes).
     std::vector<int64_t> positions = {0, 1, 63, 64, visible - 65, visible - 2, visible - 1};
     for (int i = 0; i < 3000; ++i) positions.push_back(static_cast<int64_t>(rng() % visible));
+    std::vector<float> expected;
+    float largest = 1e-30f;
     for (int64_t p : positions) {
-      const float expected = reference_score(problem, row, p);
-      ASSERT_NEAR(row_scores[p], expected, 1e-4f * (1.f + std::fabs(expected))) << "row " << row << " position " << p;
+      expected.push_back(reference_score(problem, row, p));
+      largest = std::max(largest, std::fabs(expected.back()));
     }
+    for (size_t i = 0; i < positions.size(); ++i)
+      ASSERT_NEAR(row_scores[positions[i]], expected[i], kScoreTolerance * largest)
+          << "row " << row << " position " << positions[i];
     for (int64_t p = visible; p < problem.score_stride; ++p) ASSERT_TRUE(std::isnan(row_scores[p]));
-    expect_valid_topk(row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
-                      slots.data() + static_cast<size_t>(row) * problem.top_k, "1M row " + std::to_string(row));
+    expect_valid_topk(
+        row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
+        slots.data() + static_cast<size_t>(row) * problem.top_k, "1M row " + std::to_string(row));
   }
 }
 

@@ -38,7 +38,8 @@ void run_case(const MlaCase& c) {
     if (row % 3 == 1) valid = 1 + static_cast<int>(rng() % c.top_k);  // fewer visible than k
     if (row == c.rows - 1) valid = 0;                                 // an empty row
     for (int j = 0; j < c.top_k; ++j)
-      slots[static_cast<size_t>(row) * c.top_k + j] = j < valid ? static_cast<int32_t>(rng() % c.num_slots) : -1;
+      slots[static_cast<size_t>(row) * c.top_k + j] =
+          j < valid ? static_cast<int32_t>(rng() % c.num_slots) : -1;
     if (row % 3 == 2)  // holes in the middle
       for (int j = 5; j < c.top_k; j += 11) slots[static_cast<size_t>(row) * c.top_k + j] = -1;
   }
@@ -70,9 +71,10 @@ void run_case(const MlaCase& c) {
   std::vector<float> expected_out(static_cast<size_t>(c.heads) * kRank), expected_lse(c.heads);
   double worst = 0;
   for (int row = 0; row < c.rows; ++row) {
-    reference::sparse_mla_reference(q_values.data() + static_cast<size_t>(row) * c.heads * kQueryDim, c.heads,
-                                    slots.data() + static_cast<size_t>(row) * c.top_k, c.top_k, pool.data(),
-                                    params.softmax_scale, expected_out.data(), expected_lse.data());
+    reference::sparse_mla_reference(
+        q_values.data() + static_cast<size_t>(row) * c.heads * kQueryDim, c.heads,
+        slots.data() + static_cast<size_t>(row) * c.top_k, c.top_k, pool.data(),
+        params.softmax_scale, expected_out.data(), expected_lse.data());
     for (int h = 0; h < c.heads; ++h) {
       const size_t base = (static_cast<size_t>(row) * c.heads + h) * kRank;
       const float got_lse = lse[static_cast<size_t>(row) * c.heads + h];
@@ -98,16 +100,26 @@ void run_case(const MlaCase& c) {
   ::testing::Test::RecordProperty("worst_relative_error", std::to_string(worst));
 }
 
-TEST(SparseMla, DecodeBatchTwoTokensSixtyFourHeads) { run_case({6, 64, 2048, 1, 5000, 1}); }
-TEST(SparseMla, DecodeOneHundredTwentyEightHeadsSplit) { run_case({4, 128, 2048, 7, 9000, 2}); }
-TEST(SparseMla, DecodeManySplitsSingleRow) { run_case({2, 64, 2048, 64, 3000, 3}); }
+TEST(SparseMla, DecodeBatchTwoTokensSixtyFourHeads) {
+  run_case({6, 64, 2048, 1, 5000, 1});
+}
+TEST(SparseMla, DecodeOneHundredTwentyEightHeadsSplit) {
+  run_case({4, 128, 2048, 7, 9000, 2});
+}
+TEST(SparseMla, DecodeManySplitsSingleRow) {
+  run_case({2, 64, 2048, 64, 3000, 3});
+}
 TEST(SparseMla, DefaultSplitsFillTheGpu) {
   const int splits = cuda::sparse_mla_default_splits(3, 64, 2048, 132);
   EXPECT_GE(splits, 2);
   run_case({3, 64, 2048, splits, 4000, 4});
 }
-TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) { run_case({40, 64, 500, 1, 2000, 5}); }
-TEST(SparseMla, PrefillSplitOddK) { run_case({7, 64, 1000, 3, 2000, 6}); }
+TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) {
+  run_case({40, 64, 500, 1, 2000, 5});
+}
+TEST(SparseMla, PrefillSplitOddK) {
+  run_case({7, 64, 1000, 3, 2000, 6});
+}
 
 TEST(SparseMla, RejectsBadShapes) {
   cuda::SparseMlaParams params;

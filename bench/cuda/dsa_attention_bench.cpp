@@ -1,0 +1,540 @@
+// Benchmark of the million-token kernels on a GLM-5.2-shaped attention stack
+// (64 heads, kv_lora 512, rope 64, indexer 32 x 128, top-k 2048, 78 layers,
+// IndexShare freq 4 / offset 3: 21 full layers) with a synthesised fp8 KV
+// cache at 8K..1M tokens. Every number is printed beside the ceilings measured
+// in the same run (device-to-device copy, cuBLAS bf16 GEMM).
+//
+//   dsa_attention_bench [--quick] [--max-context N]
+//
+// Times are medians of CUDA-graph replays (events); a graph holds the kernel
+// for every layer that has its own cache (21 or 78 distinct pools), so
+// nothing is served from L2 that would not be in a real decode step.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/synthetic_cache.h"
+#include "kernels/cuda/indexer/indexer.h"
+#include "kernels/cuda/sparse_mla/attention_stack.h"
+#include "kernels/cuda/sparse_mla/sparse_mla.h"
+#include "kernels/cuda/topk/topk.h"
+
+using namespace megactx::cuda;
+
+namespace {
+
+constexpr int kLayers = 78, kHeads = 64, kIndexHeads = 32, kTopK = 2048;
+constexpr int kFreq = 4, kOffset = 3;
+
+template <typename T>
+T* device_alloc(size_t count) {
+  T* pointer = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
+  return pointer;
+}
+
+// Median time in ms of `body` captured once into a CUDA graph and replayed.
+double graph_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps) {
+  body();  // outside capture: first-launch set-up (function attributes)
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MEGACTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  MEGACTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MEGACTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
+    MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  MEGACTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MEGACTX_CUDA_CHECK(cudaGraphDestroy(graph));
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Median of plain stream launches (for long runs where graphs add nothing).
+double stream_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps) {
+  cudaEvent_t start, stop;
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
+  body();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
+    body();
+    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Ceilings {
+  double copy_gbs = 0;     // (read + write) bytes / s, device-to-device
+  double bf16_tflops = 0;  // cuBLAS bf16 GEMM 8192^3
+};
+
+Ceilings measure_ceilings(cudaStream_t stream) {
+  Ceilings c;
+  const size_t bytes = size_t{2} << 30;
+  uint8_t* a = device_alloc<uint8_t>(bytes);
+  uint8_t* b = device_alloc<uint8_t>(bytes);
+  MEGACTX_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
+  const double copy_ms = stream_median_ms(
+      stream,
+      [&] { MEGACTX_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); },
+      10);
+  c.copy_gbs = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
+  MEGACTX_CUDA_CHECK(cudaFree(a));
+  MEGACTX_CUDA_CHECK(cudaFree(b));
+
+  const int n = 8192;
+  uint16_t* x = device_alloc<uint16_t>(size_t{n} * n);
+  uint16_t* y = device_alloc<uint16_t>(size_t{n} * n);
+  uint16_t* z = device_alloc<uint16_t>(size_t{n} * n);
+  fill_random_bf16(x, int64_t{n} * n, 1.f, 1, stream);
+  fill_random_bf16(y, int64_t{n} * n, 1.f, 2, stream);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return c;
+  cublasSetStream(handle, stream);
+  const float one = 1.f, zero = 0.f;
+  const double gemm_ms = stream_median_ms(
+      stream,
+      [&] {
+        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, x, CUDA_R_16BF, n, y,
+                     CUDA_R_16BF, n, &zero, z, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+      },
+      10);
+  c.bf16_tflops = 2.0 * n * n * double(n) / (gemm_ms * 1e-3) / 1e12;
+  cublasDestroy(handle);
+  MEGACTX_CUDA_CHECK(cudaFree(x));
+  MEGACTX_CUDA_CHECK(cudaFree(y));
+  MEGACTX_CUDA_CHECK(cudaFree(z));
+  return c;
+}
+
+// Everything a decode step reads: 78 latent pools, 78 indexer pools (the
+// all-full comparison needs them; IndexShare uses 21), per-layer queries.
+struct Stack {
+  int64_t max_tokens = 0;
+  std::vector<uint8_t*> latent, indexer;
+  std::vector<bool> share_schedule, all_full;
+  // Per layer, for up to kMaxRows query rows:
+  static constexpr int kMaxRows = 128;
+  static constexpr int kMaxSelectRows = 1024;  // prefill chunks of the top-k workspace
+  std::vector<uint16_t*> q, out;
+  std::vector<float*> lse, indexer_weights;
+  std::vector<uint8_t*> indexer_q;
+  // One request spanning max_tokens over shuffled pages; extra rows reuse it.
+  int32_t* block_table = nullptr;
+  int block_table_stride = 0;
+  int32_t* row_request = nullptr;
+  int32_t* row_visible = nullptr;
+  // Workspace
+  float* scores = nullptr;
+  int64_t score_stride = 0;
+  uint32_t* histogram = nullptr;
+  int32_t* row_state = nullptr;
+  int32_t* slots = nullptr;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  int max_splits = 64;
+};
+
+Stack build_stack(int64_t max_tokens, cudaStream_t stream) {
+  Stack s;
+  s.max_tokens = max_tokens;
+  const int64_t pages = (max_tokens + 63) / 64;
+  const int64_t slots = pages * 64;
+  s.share_schedule = index_share_schedule(kLayers, kFreq, kOffset);
+  s.all_full.assign(kLayers, true);
+  for (int l = 0; l < kLayers; ++l) {
+    s.latent.push_back(device_alloc<uint8_t>(size_t(slots) * kLatentBytes));
+    fill_synthetic_latent_pool(s.latent.back(), slots, 100 + l, stream);
+    s.indexer.push_back(device_alloc<uint8_t>(size_t(slots) * kIndexerKeyBytes));
+    fill_synthetic_indexer_pool(s.indexer.back(), slots, 200 + l, stream);
+    s.q.push_back(
+        device_alloc<uint16_t>(size_t(Stack::kMaxRows) * kHeads * 2 * 576));  // room for 128 heads
+    fill_random_bf16(s.q.back(), int64_t(Stack::kMaxRows) * kHeads * 2 * 576, 1.f, 300 + l, stream);
+    s.out.push_back(device_alloc<uint16_t>(size_t(Stack::kMaxRows) * kHeads * 2 * 512));
+    s.lse.push_back(device_alloc<float>(size_t(Stack::kMaxRows) * kHeads * 2));
+    s.indexer_q.push_back(device_alloc<uint8_t>(size_t(Stack::kMaxRows) * kIndexHeads * 128));
+    fill_random_fp8(s.indexer_q.back(), int64_t(Stack::kMaxRows) * kIndexHeads * 128, 400 + l,
+                    stream);
+    s.indexer_weights.push_back(device_alloc<float>(size_t(Stack::kMaxRows) * kIndexHeads));
+    fill_random_f32(s.indexer_weights.back(), int64_t(Stack::kMaxRows) * kIndexHeads, -1e-3f, 1e-3f,
+                    500 + l, stream);
+  }
+  std::vector<int32_t> table(pages);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  s.block_table_stride = static_cast<int>(pages);
+  s.block_table = device_alloc<int32_t>(pages);
+  MEGACTX_CUDA_CHECK(cudaMemcpy(s.block_table, table.data(), pages * 4, cudaMemcpyHostToDevice));
+  s.row_request = device_alloc<int32_t>(Stack::kMaxRows);
+  MEGACTX_CUDA_CHECK(cudaMemset(s.row_request, 0, Stack::kMaxRows * 4));
+  s.row_visible = device_alloc<int32_t>(Stack::kMaxRows);
+  s.score_stride = slots;
+  s.scores = device_alloc<float>(size_t(8) * slots);  // up to 8 indexer rows
+  s.histogram = device_alloc<uint32_t>(size_t(Stack::kMaxSelectRows) * kTopkHistogramBins);
+  s.row_state = device_alloc<int32_t>(size_t(Stack::kMaxSelectRows) * kTopkRowState);
+  MEGACTX_CUDA_CHECK(
+      cudaMemset(s.histogram, 0, size_t(Stack::kMaxSelectRows) * kTopkHistogramBins * 4));
+  MEGACTX_CUDA_CHECK(cudaMemset(s.row_state, 0, size_t(Stack::kMaxSelectRows) * kTopkRowState * 4));
+  s.slots = device_alloc<int32_t>(size_t(Stack::kMaxRows) * kTopK);
+  s.partial_out =
+      device_alloc<float>(size_t(Stack::kMaxRows) * 2 * kHeads * 512 * 4);  // rows*splits <= 512
+  s.partial_lse = device_alloc<float>(size_t(Stack::kMaxRows) * 2 * kHeads * 4);
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return s;
+}
+
+void set_rows_visible(Stack& s, int rows, int64_t context) {
+  std::vector<int32_t> visible(rows);
+  for (int r = 0; r < rows; ++r) visible[r] = static_cast<int32_t>(context - rows + 1 + r);
+  MEGACTX_CUDA_CHECK(cudaMemcpy(s.row_visible, visible.data(), rows * 4, cudaMemcpyHostToDevice));
+}
+
+IndexerScoreParams score_params(const Stack& s, int layer, int rows, int64_t context) {
+  IndexerScoreParams p;
+  p.queries = s.indexer_q[layer];
+  p.weights = s.indexer_weights[layer];
+  p.key_pool = s.indexer[layer];
+  p.block_table = s.block_table;
+  p.block_table_stride = s.block_table_stride;
+  p.row_request = s.row_request;
+  p.row_visible = s.row_visible;
+  p.scores = s.scores;
+  p.score_stride = s.score_stride;
+  p.rows = rows;
+  p.heads = kIndexHeads;
+  p.rows_per_group = rows;
+  p.max_visible = static_cast<int>(context);
+  return p;
+}
+
+TopkParams topk_params(const Stack& s, int rows, int64_t context) {
+  TopkParams p;
+  p.scores = s.scores;
+  p.score_stride = s.score_stride;
+  p.row_visible = s.row_visible;
+  p.row_request = s.row_request;
+  p.block_table = s.block_table;
+  p.block_table_stride = s.block_table_stride;
+  p.rows = rows;
+  p.top_k = kTopK;
+  p.max_visible = static_cast<int>(context);
+  p.out_slots = s.slots;
+  p.histogram = s.histogram;
+  p.row_state = s.row_state;
+  return p;
+}
+
+void print_rule() {
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int64_t max_context = 1 << 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--max-context") && i + 1 < argc) max_context = std::atoll(argv[++i]);
+  }
+  const int reps = quick ? 5 : 15;
+  try {
+    cudaStream_t stream;
+    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaDeviceProp props{};
+    MEGACTX_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
+    const Ceilings ceil = measure_ceilings(stream);
+    std::printf("# DSA attention benchmark (%s, %d SMs)\n\n", props.name,
+                props.multiProcessorCount);
+    std::printf(
+        "ceilings measured in this run: D2D copy %.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 "
+        "%.0f TFLOP/s\n",
+        ceil.copy_gbs, ceil.bf16_tflops);
+    const double bw = ceil.copy_gbs * 1e9;  // bytes/s
+
+    std::vector<int64_t> contexts;
+    for (int64_t c : {8192LL, 32768LL, 131072LL, 524288LL, 1048576LL})
+      if (c <= max_context) contexts.push_back(c);
+    Stack s = build_stack(contexts.back(), stream);
+    std::vector<int> full_layers;
+    for (int l = 0; l < kLayers; ++l)
+      if (s.share_schedule[l]) full_layers.push_back(l);
+
+    // ---- 1. Indexer + top-k, decode ------------------------------------------------
+    std::printf("\n## Indexer + top-k decode (batch 1, per layer, %zu layers' caches rotated)\n\n",
+                full_layers.size());
+    std::printf(
+        "| context | q tokens | score us | top-k us | both us | key bytes MB | byte floor us | "
+        "both / floor | score TFLOP/s | key GB/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t context : contexts)
+      for (int tokens : {1, 2}) {
+        set_rows_visible(s, tokens, context);
+        const double n = double(full_layers.size());
+        const double score_ms = graph_median_ms(
+                                    stream,
+                                    [&] {
+                                      for (int l : full_layers)
+                                        indexer_scores(score_params(s, l, tokens, context), stream);
+                                    },
+                                    reps) /
+                                n;
+        const double topk_ms = graph_median_ms(
+                                   stream,
+                                   [&] {
+                                     for (size_t i = 0; i < full_layers.size(); ++i)
+                                       radix_topk(topk_params(s, tokens, context), stream);
+                                   },
+                                   reps) /
+                               n;
+        const double both_ms = graph_median_ms(
+                                   stream,
+                                   [&] {
+                                     for (int l : full_layers) {
+                                       indexer_scores(score_params(s, l, tokens, context), stream);
+                                       radix_topk(topk_params(s, tokens, context), stream);
+                                     }
+                                   },
+                                   reps) /
+                               n;
+        const double key_bytes = double(context) * kIndexerKeyBytes;
+        const double floor_us = key_bytes / bw * 1e6;
+        const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
+        std::printf("| %lldK | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f |\n",
+                    (long long)(context / 1024), tokens, score_ms * 1e3, topk_ms * 1e3,
+                    both_ms * 1e3, key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
+                    flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
+      }
+
+    // ---- 2. Sparse MLA decode --------------------------------------------------------
+    std::printf(
+        "\n## Sparse MLA decode (top-k 2048, random slots over %lldK tokens, %d layers "
+        "rotated)\n\n",
+        (long long)(contexts.back() / 1024), kLayers);
+    std::printf(
+        "| batch x tokens | heads | splits | us/layer | bytes MB | FLOP G | TFLOP/s | GB/s | byte "
+        "floor us | FLOP floor us | time / max(floor) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    struct MlaShape {
+      int batch, tokens, heads;
+    };
+    for (MlaShape shape : {MlaShape{64, 2, 64}, MlaShape{64, 2, 128}, MlaShape{1, 1, 64},
+                           MlaShape{1, 2, 64}, MlaShape{16, 2, 64}}) {
+      const int rows = shape.batch * shape.tokens;
+      fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
+      const int splits =
+          std::min(sparse_mla_default_splits(rows, shape.heads, kTopK, props.multiProcessorCount),
+                   (2 * Stack::kMaxRows) / rows);
+      auto params_for = [&](int layer) {
+        SparseMlaParams p;
+        p.q = s.q[layer];
+        p.slots = s.slots;
+        p.kv_pool = s.latent[layer];
+        p.out = s.out[layer];
+        p.lse = s.lse[layer];
+        p.partial_out = s.partial_out;
+        p.partial_lse = s.partial_lse;
+        p.rows = rows;
+        p.heads = shape.heads;
+        p.top_k = kTopK;
+        p.num_splits = splits;
+        p.softmax_scale = 1.f / std::sqrt(256.f);
+        return p;
+      };
+      const double ms = graph_median_ms(
+                            stream,
+                            [&] {
+                              for (int l = 0; l < kLayers; ++l)
+                                sparse_mla_attention(params_for(l), stream);
+                            },
+                            reps) /
+                        kLayers;
+      const double bytes =
+          double(rows) * kTopK * kLatentBytes + double(rows) * shape.heads * (576 + 512) * 2;
+      const double flops = 2.0 * rows * shape.heads * double(kTopK) * (576 + 512);
+      const double byte_floor = bytes / bw * 1e6,
+                   flop_floor = flops / (ceil.bf16_tflops * 1e12) * 1e6;
+      std::printf("| %dx%d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.2fx |\n",
+                  shape.batch, shape.tokens, shape.heads, splits, ms * 1e3, bytes / 1e6,
+                  flops / 1e9, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, byte_floor,
+                  flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
+    }
+
+    // ---- 3. Decode step, attention side: IndexShare vs indexer on every layer ----------
+    std::printf(
+        "\n## Decode step, attention side (batch 1, 1 token, 78 layers; projections excluded)\n\n");
+    std::printf(
+        "| context | IndexShare ms | all-full ms | speed-up | IndexShare byte floor ms | ratio | "
+        "GLM-5.2 GFLOP/token all-full | IndexShare | FLOP ratio |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t context : contexts) {
+      set_rows_visible(s, 1, context);
+      AttentionStackShape shape;
+      shape.rows = 1;
+      shape.rows_per_group = 1;
+      shape.heads = kHeads;
+      shape.index_heads = kIndexHeads;
+      shape.top_k = kTopK;
+      shape.num_splits = sparse_mla_default_splits(1, kHeads, kTopK, props.multiProcessorCount);
+      shape.softmax_scale = 1.f / std::sqrt(256.f);
+      shape.block_table = s.block_table;
+      shape.block_table_stride = s.block_table_stride;
+      shape.row_request = s.row_request;
+      shape.row_visible = s.row_visible;
+      shape.max_visible = static_cast<int>(context);
+      AttentionStackWorkspace workspace{s.scores, s.score_stride, s.histogram,  s.row_state,
+                                        s.slots,  s.partial_out,  s.partial_lse};
+      std::vector<AttentionLayerBuffers> layers(kLayers);
+      for (int l = 0; l < kLayers; ++l)
+        layers[l] = {s.indexer_q[l], s.indexer_weights[l], s.indexer[l],
+                     s.q[l],         s.latent[l],          s.out[l],
+                     s.lse[l]};
+      auto shared_layers = layers;
+      for (int l = 0; l < kLayers; ++l)
+        if (!s.share_schedule[l])
+          shared_layers[l].indexer_pool = shared_layers[l].indexer_queries = nullptr,
+          shared_layers[l].indexer_weights = nullptr;
+      const double share_ms = graph_median_ms(
+          stream,
+          [&] { run_attention_stack(shape, s.share_schedule, shared_layers, workspace, stream); },
+          reps);
+      const double full_ms = graph_median_ms(
+          stream, [&] { run_attention_stack(shape, s.all_full, layers, workspace, stream); }, reps);
+      const double share_bytes = double(full_layers.size()) * context * kIndexerKeyBytes +
+                                 double(kLayers) * kTopK * kLatentBytes;
+      const double floor_ms = share_bytes / bw * 1e3;
+      // Whole-model per-token FLOPs of the real GLM-5.2: ~80 GFLOP of weights
+      // (40B active parameters) + sparse attention + indexer scoring.
+      const double weights = 80e9;
+      const double attention = double(kLayers) * 2.0 * kHeads * kTopK * (576 + 512);
+      const double indexer_layer = 2.0 * kIndexHeads * 128 * double(context);
+      const double all_full = weights + attention + kLayers * indexer_layer;
+      const double shared = weights + attention + double(full_layers.size()) * indexer_layer;
+      std::printf("| %lldK | %.3f | %.3f | %.2fx | %.3f | %.2fx | %.0f | %.0f | %.2fx |\n",
+                  (long long)(context / 1024), share_ms, full_ms, full_ms / share_ms, floor_ms,
+                  share_ms / floor_ms, all_full / 1e9, shared / 1e9, all_full / shared);
+    }
+
+    // ---- 4. Prefill throughput ----------------------------------------------------------
+    std::printf("\n## Prefill, one layer (causal, every prompt token gets its own top-k 2048)\n\n");
+    std::printf(
+        "| prompt | indexer+top-k ms | tokens/s | indexer TFLOP/s | sparse MLA ms | tokens/s | MLA "
+        "TFLOP/s |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (int64_t prompt : {32768LL, 131072LL}) {
+      if (prompt > s.max_tokens || (quick && prompt > 32768)) continue;
+      // Indexer: groups of 8 prompt rows; a chunk of rows shares the scores
+      // workspace [chunk_rows, prompt] (8M floats), then is selected.
+      const int64_t fit = (8 * s.score_stride) / prompt / 8 * 8;
+      const int chunk_rows = static_cast<int>(std::min<int64_t>(Stack::kMaxSelectRows, fit));
+      std::vector<int32_t> visible(prompt);
+      for (int64_t p = 0; p < prompt; ++p) visible[p] = static_cast<int32_t>(p + 1);
+      int32_t* all_visible = device_alloc<int32_t>(prompt);
+      int32_t* all_request = device_alloc<int32_t>(prompt);
+      MEGACTX_CUDA_CHECK(
+          cudaMemcpy(all_visible, visible.data(), prompt * 4, cudaMemcpyHostToDevice));
+      MEGACTX_CUDA_CHECK(cudaMemset(all_request, 0, prompt * 4));
+      uint8_t* prompt_q = device_alloc<uint8_t>(size_t(prompt) * kIndexHeads * 128);
+      float* prompt_w = device_alloc<float>(size_t(prompt) * kIndexHeads);
+      fill_random_fp8(prompt_q, int64_t(prompt) * kIndexHeads * 128, 11, stream);
+      fill_random_f32(prompt_w, int64_t(prompt) * kIndexHeads, -1e-3f, 1e-3f, 12, stream);
+      int32_t* prompt_slots = device_alloc<int32_t>(size_t(prompt) * kTopK);
+      const double indexer_ms = stream_median_ms(
+          stream,
+          [&] {
+            for (int64_t row0 = 0; row0 < prompt; row0 += chunk_rows) {
+              IndexerScoreParams p = score_params(s, 0, chunk_rows, row0 + chunk_rows);
+              p.queries = prompt_q + row0 * kIndexHeads * 128;
+              p.weights = prompt_w + row0 * kIndexHeads;
+              p.row_request = all_request + row0;
+              p.row_visible = all_visible + row0;
+              p.rows_per_group = 8;
+              p.score_stride = prompt;
+              indexer_scores(p, stream);
+              TopkParams t = topk_params(s, chunk_rows, row0 + chunk_rows);
+              t.row_visible = all_visible + row0;
+              t.row_request = all_request + row0;
+              t.out_slots = prompt_slots + row0 * kTopK;
+              t.score_stride = prompt;
+              radix_topk(t, stream);
+            }
+          },
+          quick ? 1 : 2);
+      const double indexer_flops = 2.0 * kIndexHeads * 128 * (double(prompt) * (prompt + 1) / 2);
+      // Sparse MLA: every prompt row over 2048 random slots, chunks of 256 rows
+      // (the per-layer q/out buffers hold 128 rows x 128 heads).
+      fill_random_slots(prompt_slots, int64_t(prompt) * kTopK, prompt, 13, stream);
+      const int mla_chunk = 2 * Stack::kMaxRows;
+      const double mla_ms = stream_median_ms(
+          stream,
+          [&] {
+            for (int64_t row0 = 0; row0 < prompt; row0 += mla_chunk) {
+              SparseMlaParams p;
+              p.q = s.q[0];
+              p.slots = prompt_slots + row0 * kTopK;
+              p.kv_pool = s.latent[0];
+              p.out = s.out[0];
+              p.lse = s.lse[0];
+              p.rows = mla_chunk;
+              p.heads = kHeads;
+              p.top_k = kTopK;
+              p.num_splits = 1;
+              p.softmax_scale = 1.f / std::sqrt(256.f);
+              sparse_mla_attention(p, stream);
+            }
+          },
+          quick ? 1 : 2);
+      const double mla_flops = 2.0 * double(prompt) * kHeads * kTopK * (576 + 512);
+      std::printf("| %lldK | %.1f | %.0f | %.0f | %.1f | %.0f | %.0f |\n",
+                  (long long)(prompt / 1024), indexer_ms, prompt / (indexer_ms * 1e-3),
+                  indexer_flops / (indexer_ms * 1e-3) / 1e12, mla_ms, prompt / (mla_ms * 1e-3),
+                  mla_flops / (mla_ms * 1e-3) / 1e12);
+      MEGACTX_CUDA_CHECK(cudaFree(all_visible));
+      MEGACTX_CUDA_CHECK(cudaFree(all_request));
+      MEGACTX_CUDA_CHECK(cudaFree(prompt_q));
+      MEGACTX_CUDA_CHECK(cudaFree(prompt_w));
+      MEGACTX_CUDA_CHECK(cudaFree(prompt_slots));
+    }
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+    print_rule();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "dsa_attention_bench: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
