@@ -25,10 +25,12 @@ class Tokenizer {
   // recognized (as HF does with split_special_tokens=false). Invalid UTF-8 is
   // never a crash: bytes are encoded as the byte-level alphabet maps them.
   // add_special_tokens applies the post-processor (BOS etc.) when the file has one.
-  virtual std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const = 0;
+  virtual std::vector<TokenId> encode(std::string_view text,
+                                      bool add_special_tokens = false) const = 0;
   // Ids -> text (ByteLevel decoder). Invalid UTF-8 produced by the ids is
   // replaced by U+FFFD as HF does.
-  virtual std::string decode(const std::vector<TokenId>& ids, bool skip_special_tokens = false) const = 0;
+  virtual std::string decode(const std::vector<TokenId>& ids,
+                             bool skip_special_tokens = false) const = 0;
 
   virtual int64_t vocab_size() const = 0;  // including added tokens
   virtual std::optional<TokenId> token_to_id(std::string_view token) const = 0;
