@@ -18,10 +18,11 @@
 namespace megactx {
 
 struct SequenceInput {
-  std::span<const int32_t> tokens;      // [n] new tokens, at positions [start_position, start_position + n)
-  int64_t start_position = 0;           // tokens of this sequence already in the cache
+  std::span<const int32_t>
+      tokens;                  // [n] new tokens, at positions [start_position, start_position + n)
+  int64_t start_position = 0;  // tokens of this sequence already in the cache
   std::span<const int32_t> page_table;  // pages covering positions [0, start_position + n)
-  int64_t logits_from = -1;             // logits for new tokens [logits_from, n); -1 means n - 1 only
+  int64_t logits_from = -1;  // logits for new tokens [logits_from, n); -1 means n - 1 only
 };
 
 struct ForwardBatch {

@@ -1,0 +1,86 @@
+#include "kernels/cpu/sparse_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/dense_ops.h"
+#include "kernels/reference/sparse_attention.h"
+
+namespace megactx::cpu {
+
+void indexer_topk(const IndexerTopkArgs& a) {
+  // Queries in blocks so the [block * heads, keys] logit matrix stays bounded.
+  const int64_t block = std::max<int64_t>(
+      1, std::min<int64_t>(64, (1 << 22) / std::max<int64_t>(1, a.heads * a.keys_count)));
+  std::vector<float> logits;
+  for (int64_t q0 = 0; q0 < a.queries; q0 += block) {
+    const int64_t nq = std::min(block, a.queries - q0);
+    int64_t max_visible = 0;
+    for (int64_t i = q0; i < q0 + nq; ++i) max_visible = std::max(max_visible, a.visible[i]);
+    logits.resize(static_cast<size_t>(nq * a.heads * max_visible));
+    // [nq * heads, max_visible] = q . keys^T
+    linear(a.q + q0 * a.heads * a.dim, nq * a.heads, a.dim, a.keys, max_visible, logits.data());
+    ThreadPool::global().parallel_for(nq, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t query = q0 + i;
+        const int64_t n = a.visible[query];
+        scores.assign(static_cast<size_t>(n), 0.0f);
+        for (int64_t h = 0; h < a.heads; ++h) {
+          const float w = a.weights[query * a.heads + h];
+          const float* row = logits.data() + (i * a.heads + h) * max_visible;
+          for (int64_t s = 0; s < n; ++s) {
+            const float v = row[s] * a.scale;
+            if (v > 0.0f) scores[s] += w * v;
+          }
+        }
+        int32_t* out = a.indices + query * a.topk;
+        const int64_t count = reference::topk_indices(scores.data(), n, a.topk, out);
+        std::fill(out + count, out + a.topk, -1);
+        a.counts[query] = count;
+      }
+    });
+  }
+}
+
+void mla_attention(const MlaAttentionArgs& a) {
+  const int64_t row = a.kv_lora + a.rope;
+  ThreadPool::global().parallel_for(a.queries * a.heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> logits;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t query = item / a.heads;
+      const int64_t head = item % a.heads;
+      const float* ql = a.q_latent + (query * a.heads + head) * a.kv_lora;
+      const float* qr = a.q_rope + (query * a.heads + head) * a.rope;
+      const int32_t* selected = a.indices + query * a.index_stride;
+      const int64_t count = a.counts[query];
+      float* out = a.out + (query * a.heads + head) * a.kv_lora;
+      std::fill(out, out + a.kv_lora, 0.0f);
+      if (count == 0) continue;
+      logits.resize(static_cast<size_t>(count));
+      float max_logit = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < count; ++j) {
+        const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < a.kv_lora; ++d) dot += ql[d] * entry[d];
+        for (int64_t d = 0; d < a.rope; ++d) dot += qr[d] * entry[a.kv_lora + d];
+        logits[j] = dot * a.scale;
+        max_logit = std::max(max_logit, logits[j]);
+      }
+      float denominator = 0.0f;
+      for (int64_t j = 0; j < count; ++j) {
+        const float p = std::exp(logits[j] - max_logit);
+        denominator += p;
+        const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
+        for (int64_t d = 0; d < a.kv_lora; ++d) out[d] += p * entry[d];
+      }
+      const float inv = 1.0f / denominator;
+      for (int64_t d = 0; d < a.kv_lora; ++d) out[d] *= inv;
+    }
+  });
+}
+
+}  // namespace megactx::cpu

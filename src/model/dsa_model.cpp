@@ -1,0 +1,393 @@
+#include "model/dsa_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace megactx {
+namespace {
+
+// HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps, not
+// config.rms_norm_eps; the indexer's key LayerNorm uses 1e-6 too.
+constexpr float kLatentNormEps = 1e-6f;
+constexpr float kIndexerNormEps = 1e-6f;
+
+void add_into(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+// Per-forward bookkeeping: where each sequence's new tokens sit in the batch,
+// their positions and RoPE tables, and the top-k that travels from a full
+// layer to the shared layers after it.
+struct DsaModel::Step {
+  struct Sequence {
+    int64_t offset = 0;  // first row of this sequence in the batch
+    int64_t count = 0;   // new tokens
+    int64_t start = 0;   // tokens already cached
+    std::span<const int32_t> pages;
+    std::vector<int32_t> topk;    // [count, index_topk] positions, increasing, tail -1
+    std::vector<int64_t> counts;  // [count]
+    bool has_topk = false;
+    int64_t context() const { return start + count; }
+  };
+  std::vector<Sequence> sequences;
+  int64_t tokens = 0;
+  int64_t page_size = 64;
+  std::vector<int64_t> positions;  // [tokens]
+  std::vector<float> cos, sin;     // [tokens, rope / 2]
+
+  int64_t slot(const Sequence& s, int64_t position) const {
+    return static_cast<int64_t>(s.pages[position / page_size]) * page_size + position % page_size;
+  }
+};
+
+DsaModel::DsaModel(ModelConfig config, DsaWeights weights, std::unique_ptr<Backend> backend,
+                   DsaModelOptions options)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      backend_(std::move(backend)),
+      rope_(make_rope_table(config_)),
+      softmax_scale_(attention_softmax_scale(config_)),
+      index_topk_(options.index_topk_override.value_or(config_.index_topk)) {
+  MEGACTX_CHECK(index_topk_ > 0, "index_topk must be positive, got {}", index_topk_);
+  MEGACTX_CHECK(config_.num_hidden_layers > 0 && config_.layer_runs_indexer(0),
+                "layer 0 must run its indexer (a shared layer needs an earlier full layer)");
+}
+
+void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
+  const KvCacheSpec& spec = cache.spec();
+  MEGACTX_CHECK(spec.device == Device::CPU, "the {} backend needs a host KV cache",
+                backend_->name());
+  MEGACTX_CHECK(spec.kv_lora_rank == config_.kv_lora_rank &&
+                    spec.qk_rope_head_dim == config_.qk_rope_head_dim,
+                "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
+                spec.qk_rope_head_dim, config_.kv_lora_rank, config_.qk_rope_head_dim);
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    MEGACTX_CHECK(cache.has_latent(layer), "KV cache has no latent pool for layer {}", layer);
+    if (config_.layer_runs_indexer(layer)) {
+      MEGACTX_CHECK(cache.has_indexer(layer), "KV cache has no indexer pool for full layer {}",
+                    layer);
+      MEGACTX_CHECK(spec.index_head_dim == config_.index_head_dim,
+                    "KV cache index_head_dim {} != model {}", spec.index_head_dim,
+                    config_.index_head_dim);
+    }
+  }
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceInput& in = batch.sequences[s];
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    MEGACTX_CHECK(n > 0, "sequence {}: no new tokens", s);
+    MEGACTX_CHECK(in.start_position >= 0, "sequence {}: negative start_position", s);
+    const int64_t pages_needed = (in.start_position + n + spec.page_size - 1) / spec.page_size;
+    MEGACTX_CHECK(static_cast<int64_t>(in.page_table.size()) >= pages_needed,
+                  "sequence {}: {} pages given, positions [0, {}) need {}", s, in.page_table.size(),
+                  in.start_position + n, pages_needed);
+    for (int64_t p = 0; p < pages_needed; ++p) {
+      MEGACTX_CHECK(in.page_table[p] >= 0 && in.page_table[p] < spec.num_pages,
+                    "sequence {}: page {} outside the cache's {} pages", s, in.page_table[p],
+                    spec.num_pages);
+    }
+    MEGACTX_CHECK(in.logits_from >= -1 && in.logits_from < n,
+                  "sequence {}: logits_from {} outside [-1, {})", s, in.logits_from, n);
+    for (int32_t token : in.tokens) {
+      MEGACTX_CHECK(token >= 0 && token < config_.vocab_size,
+                    "sequence {}: token id {} outside [0, {})", s, token, config_.vocab_size);
+    }
+  }
+}
+
+ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
+  check_batch(batch, cache);
+  const int64_t hidden = config_.hidden_size;
+  Step step;
+  step.page_size = cache.spec().page_size;
+  for (const SequenceInput& in : batch.sequences) {
+    Step::Sequence s;
+    s.offset = step.tokens;
+    s.count = static_cast<int64_t>(in.tokens.size());
+    s.start = in.start_position;
+    s.pages = in.page_table;
+    for (int64_t i = 0; i < s.count; ++i) step.positions.push_back(s.start + i);
+    step.tokens += s.count;
+    step.sequences.push_back(std::move(s));
+  }
+  const int64_t n = step.tokens;
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  step.cos.resize(static_cast<size_t>(n * half));
+  step.sin.resize(static_cast<size_t>(n * half));
+  rope_.fill(step.positions.data(), n, step.cos.data(), step.sin.data());
+
+  // x: [n, hidden] residual stream, starting from the embeddings.
+  std::vector<float> x(static_cast<size_t>(n * hidden));
+  int64_t row = 0;
+  for (const SequenceInput& in : batch.sequences) {
+    for (int32_t token : in.tokens) {
+      std::memcpy(x.data() + row * hidden, weights_.embed.data<float>() + token * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+      ++row;
+    }
+  }
+  std::vector<float> h(x.size()), branch(x.size());
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    const LayerWeights& w = weights_.layers[layer];
+    backend_->rmsnorm(x.data(), n, hidden, hidden, w.input_norm.data<float>(), eps, h.data(),
+                      hidden);
+    attention(layer, h.data(), step, cache, branch.data());
+    add_into(x.data(), branch.data(), n * hidden);
+    backend_->rmsnorm(x.data(), n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(),
+                      hidden);
+    if (w.is_moe) {
+      moe(w.moe, h.data(), n, branch.data());
+    } else {
+      mlp(w.dense, h.data(), n, branch.data());
+    }
+    add_into(x.data(), branch.data(), n * hidden);
+  }
+
+  ForwardOutput output;
+  if (batch.want_hidden_states) {
+    output.hidden_states = Tensor::empty({n, hidden});
+    std::memcpy(output.hidden_states.data<float>(), x.data(), x.size() * sizeof(float));
+  }
+  // Rows that want logits, sequence by sequence.
+  std::vector<int64_t> rows;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const int64_t from = batch.sequences[s].logits_from < 0 ? step.sequences[s].count - 1
+                                                            : batch.sequences[s].logits_from;
+    for (int64_t i = from; i < step.sequences[s].count; ++i) {
+      rows.push_back(step.sequences[s].offset + i);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(rows.size());
+  std::vector<float> normed(static_cast<size_t>(m * hidden));
+  for (int64_t i = 0; i < m; ++i) {
+    backend_->rmsnorm(x.data() + rows[i] * hidden, 1, hidden, hidden,
+                      weights_.final_norm.data<float>(), eps, normed.data() + i * hidden, hidden);
+  }
+  output.logits = Tensor::empty({m, config_.vocab_size});
+  backend_->linear(normed.data(), m, hidden, weights_.lm_head.data<float>(), config_.vocab_size,
+                   output.logits.data<float>());
+  return output;
+}
+
+void DsaModel::attention(int64_t layer, const float* h, Step& step, PagedKvCache& cache,
+                         float* out) {
+  const AttentionWeights& w = weights_.layers[layer].attention;
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t nope = config_.qk_nope_head_dim;
+  const int64_t rope = config_.qk_rope_head_dim;
+  const int64_t qk = nope + rope;
+  const int64_t lora = config_.kv_lora_rank;
+  const int64_t value = config_.v_head_dim;
+  const int64_t entry = lora + rope;
+
+  // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
+  std::vector<float> q(static_cast<size_t>(n * heads * qk));
+  std::vector<float> q_resid;
+  if (config_.q_lora_rank) {
+    const int64_t q_lora = *config_.q_lora_rank;
+    q_resid.resize(static_cast<size_t>(n * q_lora));
+    backend_->linear(h, n, hidden, w.q_a.data<float>(), q_lora, q_resid.data());
+    backend_->rmsnorm(q_resid.data(), n, q_lora, q_lora, w.q_a_norm.data<float>(), kLatentNormEps,
+                      q_resid.data(), q_lora);
+    backend_->linear(q_resid.data(), n, q_lora, w.q_b.data<float>(), heads * qk, q.data());
+  } else {
+    backend_->linear(h, n, hidden, w.q_b.data<float>(), heads * qk, q.data());
+  }
+  backend_->rope(q.data() + nope, n, heads, heads * qk, qk, rope, step.cos.data(), step.sin.data(),
+                 config_.rope_interleave);
+
+  // kv: [n, c_kv (lora) | k_rope (rope)] -> normed latent and rotated key, into the cache.
+  std::vector<float> kv(static_cast<size_t>(n * entry));
+  backend_->linear(h, n, hidden, w.kv_a.data<float>(), entry, kv.data());
+  backend_->rmsnorm(kv.data(), n, lora, entry, w.kv_a_norm.data<float>(), kLatentNormEps, kv.data(),
+                    entry);
+  backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
+                 config_.rope_interleave);
+  for (const Step::Sequence& s : step.sequences) {
+    for (int64_t i = 0; i < s.count; ++i) {
+      const float* e = kv.data() + (s.offset + i) * entry;
+      cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
+    }
+  }
+
+  if (w.has_indexer) {
+    indexer(layer, h, q_resid.data(), step, cache);
+  }
+
+  // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
+  std::vector<float> q_latent(static_cast<size_t>(n * heads * lora));
+  std::vector<float> q_rope(static_cast<size_t>(n * heads * rope));
+  for (int64_t head = 0; head < heads; ++head) {
+    backend_->linear(q.data() + head * qk, n, nope, heads * qk,
+                     w.w_uk_t.data<float>() + head * lora * nope, lora,
+                     q_latent.data() + head * lora, heads * lora);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t head = 0; head < heads; ++head) {
+      std::memcpy(q_rope.data() + (t * heads + head) * rope,
+                  q.data() + (t * heads + head) * qk + nope,
+                  static_cast<size_t>(rope) * sizeof(float));
+    }
+  }
+
+  // Sparse attention, per sequence, over latents read back from the cache
+  // (prefill and decode read the same layout the same way).
+  std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
+  std::vector<float> latents;
+  for (Step::Sequence& s : step.sequences) {
+    MEGACTX_CHECK(s.has_topk, "layer {}: no top-k to share (no full layer before it)", layer);
+    const int64_t context = s.context();
+    latents.resize(static_cast<size_t>(context * entry));
+    for (int64_t p = 0; p < context; ++p) {
+      float* e = latents.data() + p * entry;
+      cache.read_latent(layer, step.slot(s, p), e, e + lora);
+    }
+    MlaAttentionOp op;
+    op.q_latent = q_latent.data() + s.offset * heads * lora;
+    op.q_rope = q_rope.data() + s.offset * heads * rope;
+    op.latents = latents.data();
+    op.indices = s.topk.data();
+    op.counts = s.counts.data();
+    op.index_stride = index_topk_;
+    op.queries = s.count;
+    op.heads = heads;
+    op.kv_lora = lora;
+    op.rope = rope;
+    op.scale = softmax_scale_;
+    op.out = o_latent.data() + s.offset * heads * lora;
+    backend_->mla_attention(op);
+  }
+
+  // Expand: o[t, head] = o_latent[t, head] . W_UV[head]^T -> [n, heads * value]; then o_proj.
+  std::vector<float> o(static_cast<size_t>(n * heads * value));
+  for (int64_t head = 0; head < heads; ++head) {
+    backend_->linear(o_latent.data() + head * lora, n, lora, heads * lora,
+                     w.w_uv.data<float>() + head * value * lora, value, o.data() + head * value,
+                     heads * value);
+  }
+  backend_->linear(o.data(), n, heads * value, w.o.data<float>(), hidden, out);
+}
+
+void DsaModel::indexer(int64_t layer, const float* h, const float* q_resid, Step& step,
+                       PagedKvCache& cache) {
+  const IndexerWeights& w = weights_.layers[layer].attention.indexer;
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t heads = config_.index_n_heads;
+  const int64_t dim = config_.index_head_dim;
+  const int64_t rope = config_.qk_rope_head_dim;
+  const int64_t q_lora = *config_.q_lora_rank;
+  const bool interleaved = config_.indexer_rope_interleave;
+
+  // Heads are [rope | nope] (rope first, unlike MLA).
+  std::vector<float> q(static_cast<size_t>(n * heads * dim));
+  backend_->linear(q_resid, n, q_lora, w.wq_b.data<float>(), heads * dim, q.data());
+  backend_->rope(q.data(), n, heads, heads * dim, dim, rope, step.cos.data(), step.sin.data(),
+                 interleaved);
+  std::vector<float> k_raw(static_cast<size_t>(n * dim)), k(static_cast<size_t>(n * dim));
+  backend_->linear(h, n, hidden, w.wk.data<float>(), dim, k_raw.data());
+  backend_->layernorm(k_raw.data(), n, dim, w.k_norm_weight.data<float>(),
+                      w.k_norm_bias.data<float>(), kIndexerNormEps, k.data());
+  backend_->rope(k.data(), n, 1, dim, 0, rope, step.cos.data(), step.sin.data(), interleaved);
+  std::vector<float> weights(static_cast<size_t>(n * heads));
+  backend_->linear(h, n, hidden, w.weights_proj.data<float>(), heads, weights.data());
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
+  for (float& value : weights) value *= head_scale;
+
+  std::vector<float> keys;
+  std::vector<int64_t> visible;
+  for (Step::Sequence& s : step.sequences) {
+    for (int64_t i = 0; i < s.count; ++i) {
+      cache.write_indexer_key(layer, step.slot(s, s.start + i), k.data() + (s.offset + i) * dim);
+    }
+    const int64_t context = s.context();
+    keys.resize(static_cast<size_t>(context * dim));
+    for (int64_t p = 0; p < context; ++p) {
+      cache.read_indexer_key(layer, step.slot(s, p), keys.data() + p * dim);
+    }
+    visible.resize(static_cast<size_t>(s.count));
+    for (int64_t i = 0; i < s.count; ++i) visible[i] = s.start + i + 1;  // causal
+    s.topk.assign(static_cast<size_t>(s.count * index_topk_), -1);
+    s.counts.assign(static_cast<size_t>(s.count), 0);
+    IndexerTopkOp op;
+    op.q = q.data() + s.offset * heads * dim;
+    op.weights = weights.data() + s.offset * heads;
+    op.keys = keys.data();
+    op.visible = visible.data();
+    op.queries = s.count;
+    op.heads = heads;
+    op.dim = dim;
+    op.keys_count = context;
+    op.topk = index_topk_;
+    op.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    op.indices = s.topk.data();
+    op.counts = s.counts.data();
+    backend_->indexer_topk(op);
+    s.has_topk = true;
+  }
+}
+
+void DsaModel::mlp(const MlpWeights& w, const float* h, int64_t rows, float* out) {
+  const int64_t hidden = config_.hidden_size;
+  const int64_t inter = w.intermediate;
+  std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter));
+  std::vector<float> act(static_cast<size_t>(rows * inter));
+  backend_->linear(h, rows, hidden, w.gate_up.data<float>(), 2 * inter, gate_up.data());
+  backend_->silu_mul(gate_up.data(), gate_up.data() + inter, rows, inter, 2 * inter, act.data());
+  backend_->linear(act.data(), rows, inter, w.down.data<float>(), hidden, out);
+}
+
+void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out) {
+  const int64_t hidden = config_.hidden_size;
+  const int64_t experts = config_.n_routed_experts;
+  const int64_t top_k = config_.num_experts_per_tok;
+  // Router in fp32: logits [rows, experts] -> ids/weights [rows, top_k].
+  std::vector<float> logits(static_cast<size_t>(rows * experts));
+  backend_->linear(h, rows, hidden, w.router.data<float>(), experts, logits.data());
+  std::vector<int32_t> ids(static_cast<size_t>(rows * top_k));
+  std::vector<float> gates(static_cast<size_t>(rows * top_k));
+  RouterParams params{
+      experts, config_.n_group,        config_.topk_group,
+      top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
+  backend_->moe_route(logits.data(), w.bias.data<float>(), rows, params, ids.data(), gates.data());
+
+  std::fill(out, out + rows * hidden, 0.0f);
+  // Group the (token, weight) pairs by expert, then one GEMM chain per expert.
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < top_k; ++j)
+      assigned[ids[r * top_k + j]].push_back({r, gates[r * top_k + j]});
+  }
+  std::vector<float> input, result;
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto& list = assigned[e];
+    if (list.empty()) continue;
+    const int64_t m = static_cast<int64_t>(list.size());
+    input.resize(static_cast<size_t>(m * hidden));
+    result.resize(static_cast<size_t>(m * hidden));
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(input.data() + i * hidden, h + list[i].first * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+    }
+    mlp(w.experts[e], input.data(), m, result.data());
+    for (int64_t i = 0; i < m; ++i) {
+      float* target = out + list[i].first * hidden;
+      const float* source = result.data() + i * hidden;
+      for (int64_t d = 0; d < hidden; ++d) target[d] += list[i].second * source[d];
+    }
+  }
+  if (config_.n_shared_experts > 0) {
+    result.resize(static_cast<size_t>(rows * hidden));
+    mlp(w.shared, h, rows, result.data());
+    add_into(out, result.data(), rows * hidden);
+  }
+}
+
+}  // namespace megactx

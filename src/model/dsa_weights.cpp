@@ -1,0 +1,128 @@
+#include "model/dsa_weights.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace megactx {
+namespace {
+
+MlpWeights load_mlp(WeightSource& source, const std::string& prefix, int64_t hidden,
+                    int64_t intermediate) {
+  MlpWeights mlp;
+  mlp.intermediate = intermediate;
+  const Tensor gate = source.get(prefix + "gate_proj.weight", {intermediate, hidden});
+  const Tensor up = source.get(prefix + "up_proj.weight", {intermediate, hidden});
+  mlp.gate_up = Tensor::empty({2 * intermediate, hidden});
+  std::memcpy(mlp.gate_up.data<float>(), gate.data<float>(), gate.nbytes());
+  std::memcpy(mlp.gate_up.data<float>() + gate.numel(), up.data<float>(), up.nbytes());
+  mlp.down = source.get(prefix + "down_proj.weight", {hidden, intermediate});
+  return mlp;
+}
+
+AttentionWeights load_attention(const ModelConfig& c, WeightSource& source,
+                                const std::string& prefix, bool has_indexer) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t lora = c.kv_lora_rank;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t value = c.v_head_dim;
+  AttentionWeights a;
+  if (c.q_lora_rank) {
+    const int64_t q = *c.q_lora_rank;
+    a.q_a = source.get(prefix + "q_a_proj.weight", {q, hidden});
+    a.q_a_norm = source.get(prefix + "q_a_layernorm.weight", {q});
+    a.q_b = source.get(prefix + "q_b_proj.weight", {heads * c.qk_head_dim(), q});
+  } else {
+    a.q_b = source.get(prefix + "q_proj.weight", {heads * c.qk_head_dim(), hidden});
+  }
+  a.kv_a = source.get(prefix + "kv_a_proj_with_mqa.weight", {lora + c.qk_rope_head_dim, hidden});
+  a.kv_a_norm = source.get(prefix + "kv_a_layernorm.weight", {lora});
+  // kv_b_proj: [Nh * (Dn + Dv), L]; head h owns rows [h (Dn + Dv), (h + 1)(Dn + Dv)):
+  // first Dn rows W_UK[h] (key nope), then Dv rows W_UV[h] (value).
+  const Tensor kv_b = source.get(prefix + "kv_b_proj.weight", {heads * (nope + value), lora});
+  a.w_uk_t = Tensor::empty({heads, lora, nope});
+  a.w_uv = Tensor::empty({heads, value, lora});
+  const float* src = kv_b.data<float>();
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* block = src + h * (nope + value) * lora;
+    float* uk = a.w_uk_t.data<float>() + h * lora * nope;
+    for (int64_t d = 0; d < nope; ++d)
+      for (int64_t l = 0; l < lora; ++l) uk[l * nope + d] = block[d * lora + l];
+    std::memcpy(a.w_uv.data<float>() + h * value * lora, block + nope * lora,
+                static_cast<size_t>(value * lora) * sizeof(float));
+  }
+  a.o = source.get(prefix + "o_proj.weight", {hidden, heads * value});
+  a.has_indexer = has_indexer;
+  if (has_indexer) {
+    MEGACTX_CHECK(c.q_lora_rank.has_value(), "the DSA indexer needs q_lora_rank");
+    const std::string p = prefix + "indexer.";
+    const int64_t dim = c.index_head_dim;
+    a.indexer.wq_b = source.get(p + "wq_b.weight", {c.index_n_heads * dim, *c.q_lora_rank});
+    a.indexer.wk = source.get(p + "wk.weight", {dim, hidden});
+    a.indexer.k_norm_weight = source.get(p + "k_norm.weight", {dim});
+    a.indexer.k_norm_bias = source.get(p + "k_norm.bias", {dim});
+    a.indexer.weights_proj = source.get(p + "weights_proj.weight", {c.index_n_heads, hidden});
+  }
+  return a;
+}
+
+}  // namespace
+
+DsaWeights load_dsa_weights(const ModelConfig& c, WeightSource& source) {
+  MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
+  MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
+  MEGACTX_CHECK(c.scoring_func == "sigmoid", "scoring_func '{}' is not supported (sigmoid)",
+                c.scoring_func);
+  DsaWeights w;
+  const int64_t hidden = c.hidden_size;
+  w.embed = source.get("model.embed_tokens.weight", {c.vocab_size, hidden});
+  w.final_norm = source.get("model.norm.weight", {hidden});
+  if (c.tie_word_embeddings && !source.has("lm_head.weight")) {
+    w.lm_head = w.embed;
+  } else {
+    w.lm_head = source.get("lm_head.weight", {c.vocab_size, hidden});
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string prefix = fmt::format("model.layers.{}.", i);
+    LayerWeights layer;
+    layer.input_norm = source.get(prefix + "input_layernorm.weight", {hidden});
+    layer.post_norm = source.get(prefix + "post_attention_layernorm.weight", {hidden});
+    layer.attention = load_attention(c, source, prefix + "self_attn.", c.layer_runs_indexer(i));
+    layer.is_moe = c.layer_is_moe(i);
+    if (layer.is_moe) {
+      const int64_t experts = c.n_routed_experts;
+      MEGACTX_CHECK(experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= experts,
+                    "MoE layer {}: n_routed_experts {} / num_experts_per_tok {}", i, experts,
+                    c.num_experts_per_tok);
+      MEGACTX_CHECK(c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 &&
+                        c.topk_group <= c.n_group,
+                    "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group,
+                    c.topk_group, experts);
+      layer.moe.router = source.get(prefix + "mlp.gate.weight", {experts, hidden});
+      const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
+      layer.moe.bias = source.has(bias) ? source.get(bias, {experts}) : Tensor::zeros({experts});
+      for (int64_t e = 0; e < experts; ++e) {
+        layer.moe.experts.push_back(load_mlp(source, fmt::format("{}mlp.experts.{}.", prefix, e),
+                                             hidden, c.moe_intermediate_size));
+      }
+      if (c.n_shared_experts > 0) {
+        layer.moe.shared = load_mlp(source, prefix + "mlp.shared_experts.", hidden,
+                                    c.moe_intermediate_size * c.n_shared_experts);
+      }
+    } else {
+      layer.dense = load_mlp(source, prefix + "mlp.", hidden, c.intermediate_size);
+    }
+    w.layers.push_back(std::move(layer));
+  }
+  std::vector<std::string> mtp;
+  for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {
+    mtp.push_back(fmt::format("model.layers.{}.", c.num_hidden_layers + i));
+  }
+  source.check_all_used(mtp);
+  return w;
+}
+
+}  // namespace megactx

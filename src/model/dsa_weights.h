@@ -1,0 +1,70 @@
+// The float32 weights of a DSA decoder (glm_moe_dsa / deepseek_v32), loaded
+// by Hub tensor name and checked shape. Shapes use the ModelConfig names:
+// H hidden, Nh heads, L kv_lora_rank, R qk_rope_head_dim, Dn qk_nope_head_dim,
+// Dv v_head_dim, Q q_lora_rank, HI/DI indexer heads/dim.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/model_config.h"
+#include "model/weight_source.h"
+
+namespace megactx {
+
+struct MlpWeights {
+  Tensor gate_up;  // [2I, H]: gate rows then up rows (one GEMM for both)
+  Tensor down;     // [H, I]
+  int64_t intermediate = 0;
+};
+
+struct IndexerWeights {
+  Tensor wq_b;           // [HI * DI, Q]
+  Tensor wk;             // [DI, H]
+  Tensor k_norm_weight;  // [DI]
+  Tensor k_norm_bias;    // [DI]
+  Tensor weights_proj;   // [HI, H]
+};
+
+struct AttentionWeights {
+  Tensor q_a;        // [Q, H]
+  Tensor q_a_norm;   // [Q]
+  Tensor q_b;        // [Nh * (Dn + R), Q]; q_proj [Nh * (Dn + R), H] when there is no q_lora
+  Tensor kv_a;       // [L + R, H]
+  Tensor kv_a_norm;  // [L]
+  Tensor w_uk_t;     // [Nh, L, Dn]: kv_b_proj's key half, transposed per head (absorbs q_nope)
+  Tensor w_uv;       // [Nh, Dv, L]: kv_b_proj's value half (expands the latent output)
+  Tensor o;          // [H, Nh * Dv]
+  bool has_indexer = false;
+  IndexerWeights indexer;
+};
+
+struct MoeWeights {
+  Tensor router;  // [E, H]
+  Tensor bias;    // [E] e_score_correction_bias
+  std::vector<MlpWeights> experts;
+  MlpWeights shared;  // n_shared_experts * moe_intermediate wide
+};
+
+struct LayerWeights {
+  Tensor input_norm;  // [H]
+  Tensor post_norm;   // [H]
+  AttentionWeights attention;
+  bool is_moe = false;
+  MlpWeights dense;
+  MoeWeights moe;
+};
+
+struct DsaWeights {
+  Tensor embed;       // [V, H]
+  Tensor final_norm;  // [H]
+  Tensor lm_head;     // [V, H]
+  std::vector<LayerWeights> layers;
+};
+
+// Loads every weight the config implies; then checks that the source holds
+// nothing else (MTP layers model.layers.{num_hidden_layers + i}.* are allowed).
+DsaWeights load_dsa_weights(const ModelConfig& config, WeightSource& source);
+
+}  // namespace megactx

@@ -1,0 +1,83 @@
+#include "model/model_loader.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/architectures.h"
+
+namespace megactx {
+namespace {
+
+std::unique_ptr<Backend> make_backend(const ModelLoadOptions& options) {
+  if (options.device == Device::CUDA) {
+    fail("--device cuda: the CUDA model backend is not built yet; use --device cpu");
+  }
+  if (options.cpu_backend == "cpu") return make_cpu_backend();
+  if (options.cpu_backend == "reference") return make_reference_backend();
+  fail("unknown CPU backend '{}' (cpu or reference)", options.cpu_backend);
+}
+
+std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& weights,
+                                     const ModelLoadOptions& options) {
+  DsaModelOptions model_options;
+  model_options.index_topk_override = options.index_topk_override;
+  switch (config.model_type) {
+    case ModelType::GlmMoeDsa:
+      return build_glm_moe_dsa(config, weights, make_backend(options), model_options);
+    case ModelType::DeepseekV32:
+      return build_deepseek_v32(config, weights, make_backend(options), model_options);
+  }
+  fail("unsupported model_type '{}'", config.model_type_name);
+}
+
+}  // namespace
+
+std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
+                                                   const ModelLoadOptions& options) {
+  if (options.random_weights) {
+    ModelConfig config;
+    if (std::filesystem::is_regular_file(model_dir)) {
+      std::ifstream file(model_dir);
+      MEGACTX_CHECK(file.good(), "cannot read config file '{}'", model_dir);
+      std::stringstream text;
+      text << file.rdbuf();
+      config = parse_model_config(text.str());
+    } else {
+      config = load_model_config(model_dir);
+    }
+    auto weights = make_random_weights(options.seed);
+    return build(config, *weights, options);
+  }
+  const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
+  auto weights = make_checkpoint_weights(*checkpoint);
+  // The weights are float32 copies, so the checkpoint can close afterwards.
+  return build(checkpoint->config(), *weights, options);
+}
+
+KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
+                               int64_t page_size) {
+  KvCacheSpec spec;
+  spec.num_pages = num_pages;
+  spec.page_size = page_size;
+  spec.kv_lora_rank = config.kv_lora_rank;
+  spec.qk_rope_head_dim = config.qk_rope_head_dim;
+  spec.index_head_dim = config.index_head_dim;
+  spec.dtype = dtype;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    spec.latent_layers.push_back(layer);
+    if (config.layer_runs_indexer(layer)) spec.indexer_layers.push_back(layer);
+  }
+  return spec;
+}
+
+KvDType parse_kv_dtype(const std::string& name) {
+  if (name == "f32") return KvDType::F32;
+  if (name == "bf16") return KvDType::BF16;
+  if (name == "fp8") return KvDType::FP8;
+  fail("unknown KV dtype '{}' (f32, bf16 or fp8)", name);
+}
+
+}  // namespace megactx

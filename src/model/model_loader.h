@@ -1,0 +1,40 @@
+// Building a LanguageModel from a Hugging Face model directory (or from a
+// config.json with random weights, for benchmarks), and the KV cache spec
+// that fits it. The serving engine calls these.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cache/kv_cache.h"
+#include "model/language_model.h"
+
+namespace megactx {
+
+struct ModelLoadOptions {
+  Device device = Device::CPU;
+  // "cpu" (OpenBLAS + thread pool) or "reference" (plain loops, the oracle).
+  std::string cpu_backend = "cpu";
+  // The KV dtype the caller intends to use (a hint; the cache decides).
+  KvDType kv_dtype = KvDType::BF16;
+  // Random weights from `model_dir`'s config.json (model_dir may also name the
+  // config file itself); nothing else is read.
+  bool random_weights = false;
+  uint64_t seed = 0;
+  // Tests: replaces config.index_topk (>= the context length attends densely).
+  std::optional<int64_t> index_topk_override;
+};
+
+std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
+                                                   const ModelLoadOptions& options);
+
+// Latent pools for every decoder layer, indexer pools for the full layers.
+KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
+                               int64_t page_size = 64);
+
+// "f32" | "bf16" | "fp8"; anything else is an Error.
+KvDType parse_kv_dtype(const std::string& name);
+
+}  // namespace megactx
