@@ -1,0 +1,46 @@
+// The HTTP endpoints, one file each (openai_chat.cpp, openai_completions.cpp,
+// openai_models.cpp, native_generate.cpp, native_admin.cpp, metrics_endpoint.cpp),
+// and the table that routes to them (routes.cpp).
+#pragma once
+
+#include <memory>
+
+#include "server/http_types.h"
+#include "server/router.h"
+#include "server/server_state.h"
+
+namespace megactx::server {
+
+void handle_chat_completions(ServerState& state, const HttpRequest& request,
+                             std::shared_ptr<ResponseChannel> channel);
+void handle_completions(ServerState& state, const HttpRequest& request,
+                        std::shared_ptr<ResponseChannel> channel);
+void handle_models(ServerState& state, const HttpRequest& request,
+                   std::shared_ptr<ResponseChannel> channel);
+void handle_generate(ServerState& state, const HttpRequest& request,
+                     std::shared_ptr<ResponseChannel> channel);
+void handle_abort_request(ServerState& state, const HttpRequest& request,
+                          std::shared_ptr<ResponseChannel> channel);
+void handle_flush_cache(ServerState& state, const HttpRequest& request,
+                        std::shared_ptr<ResponseChannel> channel);
+void handle_health(ServerState& state, const HttpRequest& request,
+                   std::shared_ptr<ResponseChannel> channel);
+void handle_health_generate(ServerState& state, const HttpRequest& request,
+                            std::shared_ptr<ResponseChannel> channel);
+void handle_model_info(ServerState& state, const HttpRequest& request,
+                       std::shared_ptr<ResponseChannel> channel);
+void handle_server_info(ServerState& state, const HttpRequest& request,
+                        std::shared_ptr<ResponseChannel> channel);
+void handle_metrics(ServerState& state, const HttpRequest& request,
+                    std::shared_ptr<ResponseChannel> channel);
+
+// Every route of the server (OpenAI, native, metrics) bound to `state`.
+Router make_router(ServerState& state);
+
+// A JSON response with status 200 (or `status`).
+HttpResponse json_response(const nlohmann::json& body, int status = 200);
+
+// Current UNIX time in seconds (OpenAI's `created`).
+int64_t unix_time_seconds();
+
+}  // namespace megactx::server

@@ -1,0 +1,33 @@
+// The running totals of one engine request: text, ids, logprobs, counters and
+// how it finished. Every endpoint adds engine updates here and formats the
+// result in its own dialect.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace megactx::server {
+
+struct GenerationOutput {
+  std::string text;
+  std::vector<int32_t> output_ids;
+  std::vector<TokenLogprob> output_logprobs;
+  std::vector<TokenLogprob> input_logprobs;
+  FinishReason finish = FinishReason::None;
+  std::string finish_detail;
+  std::optional<int32_t> matched_stop_token;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t spec_accept_token_num = 0;
+  int64_t spec_draft_token_num = 0;
+  int64_t spec_verify_ct = 0;
+
+  void add(const RequestUpdate& update);
+  bool finished() const { return finish != FinishReason::None; }
+};
+
+}  // namespace megactx::server

@@ -1,0 +1,157 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/request.h"
+
+namespace megactx::server {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), bucket_counts_(upper_bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  size_t bucket =
+      std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin();
+  std::lock_guard lock(mutex_);
+  ++bucket_counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard lock(mutex_);
+  return count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::lock_guard lock(mutex_);
+  std::string out = fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < upper_bounds_.size(); ++i) {
+    cumulative += bucket_counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, upper_bounds_[i], cumulative);
+  }
+  cumulative += bucket_counts_.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
+  out += fmt::format("{}_sum {}\n{}_count {}\n", name, sum_, name, count_);
+  return out;
+}
+
+ServerMetrics::ServerMetrics()
+    : time_to_first_token({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                           2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+      time_per_output_token({0.0005, 0.001, 0.0025, 0.005, 0.01,  0.015, 0.02,
+                             0.025,  0.03,  0.04,   0.05,  0.075, 0.1,   0.15,
+                             0.2,    0.3,   0.4,    0.5,   0.75,  1.0,   2.5}),
+      end_to_end_latency({0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0,
+                          300.0, 600.0}) {}
+
+namespace {
+
+std::string scalar(const std::string& name, const std::string& type, const std::string& help,
+                   double value) {
+  return fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+}
+
+}  // namespace
+
+std::string ServerMetrics::render(const EngineStats& stats) const {
+  std::string out;
+  out += time_to_first_token.render("megactx_time_to_first_token_seconds",
+                                    "Time from request arrival to its first output token.");
+  out += time_per_output_token.render("megactx_time_per_output_token_seconds",
+                                      "Mean time between output tokens of a finished request.");
+  out += end_to_end_latency.render("megactx_e2e_request_latency_seconds",
+                                   "Time from request arrival to its last update.");
+  out += scalar("megactx_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+                static_cast<double>(prompt_tokens.load()));
+  out += scalar("megactx_generation_tokens_total", "counter", "Generated tokens.",
+                static_cast<double>(generated_tokens.load()));
+  out += scalar("megactx_cached_tokens_total", "counter",
+                "Prompt tokens served from the prefix cache.",
+                static_cast<double>(cached_tokens.load()));
+  out += scalar("megactx_requests_finished_total", "counter", "Requests that finished normally.",
+                static_cast<double>(requests_finished.load()));
+  out += scalar("megactx_requests_aborted_total", "counter",
+                "Requests aborted (client gone or /abort_request).",
+                static_cast<double>(requests_aborted.load()));
+  out += scalar("megactx_requests_failed_total", "counter", "Requests the engine rejected.",
+                static_cast<double>(requests_failed.load()));
+  out += scalar("megactx_http_errors_total", "counter", "Error responses sent.",
+                static_cast<double>(http_errors.load()));
+  out += scalar("megactx_num_running_reqs", "gauge", "Requests in the running batch.",
+                static_cast<double>(stats.running_requests));
+  out += scalar("megactx_num_waiting_reqs", "gauge", "Requests waiting for admission.",
+                static_cast<double>(stats.waiting_requests));
+  out += scalar("megactx_kv_pages_used", "gauge", "KV cache pages in use (64 tokens each).",
+                static_cast<double>(stats.kv_pages_used));
+  out += scalar("megactx_kv_pages_total", "gauge", "KV cache pages in the pool.",
+                static_cast<double>(stats.kv_pages_total));
+  out += scalar("megactx_kv_usage_ratio", "gauge", "Fraction of KV pages in use.",
+                stats.kv_pages_total > 0 ? static_cast<double>(stats.kv_pages_used) /
+                                               static_cast<double>(stats.kv_pages_total)
+                                         : 0.0);
+  out += scalar("megactx_max_context_tokens", "gauge", "Longest context a request may have.",
+                static_cast<double>(stats.max_context_tokens));
+  out += scalar("megactx_prefix_cache_query_tokens_total", "counter",
+                "Prompt tokens looked up in the prefix cache.",
+                static_cast<double>(stats.prefix_cache_queries));
+  out += scalar("megactx_prefix_cache_hit_tokens_total", "counter",
+                "Prompt tokens found in the prefix cache.",
+                static_cast<double>(stats.prefix_cache_hits));
+  out += scalar("megactx_prefix_cache_hit_rate", "gauge",
+                "Prefix-cache hit tokens / query tokens since start.",
+                stats.prefix_cache_queries > 0 ? static_cast<double>(stats.prefix_cache_hits) /
+                                                     static_cast<double>(stats.prefix_cache_queries)
+                                               : 0.0);
+  out += scalar("megactx_spec_accepted_tokens_total", "counter",
+                "Draft tokens accepted by speculative verification.",
+                static_cast<double>(stats.spec_accepted_tokens));
+  out += scalar("megactx_spec_verify_steps_total", "counter", "Speculative verification steps.",
+                static_cast<double>(stats.spec_verify_steps));
+  // Tokens committed per verification step: the accepted drafts plus the one
+  // token every step produces itself (0 without speculative decoding).
+  out +=
+      scalar("megactx_spec_accept_length", "gauge",
+             "Mean tokens per speculative verification step (accepted drafts + 1).",
+             stats.spec_verify_steps > 0 ? 1.0 + static_cast<double>(stats.spec_accepted_tokens) /
+                                                     static_cast<double>(stats.spec_verify_steps)
+                                         : 0.0);
+  return out;
+}
+
+RequestTimer::RequestTimer(ServerMetrics& metrics) : metrics_(metrics), submitted_(Clock::now()) {}
+
+void RequestTimer::observe(const RequestUpdate& update) {
+  auto now = Clock::now();
+  auto seconds = [](Clock::duration duration) {
+    return std::chrono::duration<double>(duration).count();
+  };
+  if (!saw_first_token_ && !update.new_token_ids.empty()) {
+    saw_first_token_ = true;
+    first_token_ = now;
+    metrics_.time_to_first_token.observe(seconds(now - submitted_));
+  }
+  metrics_.generated_tokens += update.new_token_ids.size();
+  if (update.finish == FinishReason::None) return;
+  metrics_.end_to_end_latency.observe(seconds(now - submitted_));
+  if (saw_first_token_ && update.completion_tokens >= 2)
+    metrics_.time_per_output_token.observe(seconds(now - first_token_) /
+                                           static_cast<double>(update.completion_tokens - 1));
+  metrics_.prompt_tokens += static_cast<uint64_t>(std::max<int64_t>(0, update.prompt_tokens));
+  metrics_.cached_tokens += static_cast<uint64_t>(std::max<int64_t>(0, update.cached_tokens));
+  switch (update.finish) {
+    case FinishReason::Abort:
+      ++metrics_.requests_aborted;
+      break;
+    case FinishReason::Error:
+      ++metrics_.requests_failed;
+      break;
+    default:
+      ++metrics_.requests_finished;
+  }
+}
+
+}  // namespace megactx::server

@@ -1,0 +1,275 @@
+// POST /generate as SGLang serves it (python/sglang/srt/managers/io_struct.py
+// GenerateReqInput, entrypoints/http_server.py): `text` or `input_ids`, single
+// or batch; per-item `sampling_params`, `rid`, `return_logprob`,
+// `logprob_start_len`, `top_logprobs_num`; `stream` sends SSE chunks whose
+// `text` and `output_ids` are cumulative, then "data: [DONE]".
+#include <chrono>
+#include <mutex>
+
+#include "server/api_error.h"
+#include "server/endpoints.h"
+#include "server/generation_output.h"
+#include "server/json_text.h"
+#include "server/logprob_json.h"
+#include "server/prompt_limits.h"
+#include "server/request_fields.h"
+#include "server/sampling_json.h"
+#include "server/sse.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megactx::server {
+
+namespace {
+
+struct GenerateItem {
+  GenerationRequest request;
+  GenerationOutput output;
+  bool return_text_in_logprobs = false;
+};
+
+nlohmann::json finish_reason_json(const GenerationOutput& output) {
+  switch (output.finish) {
+    case FinishReason::None:
+      return nullptr;
+    case FinishReason::Stop: {
+      nlohmann::json reason = {{"type", "stop"}};
+      if (output.matched_stop_token)
+        reason["matched"] = *output.matched_stop_token;
+      else if (!output.finish_detail.empty())
+        reason["matched"] = sanitize_utf8(output.finish_detail);
+      else
+        reason["matched"] = nullptr;
+      return reason;
+    }
+    case FinishReason::Length:
+      return {{"type", "length"}, {"length", output.completion_tokens}};
+    case FinishReason::Abort:
+      return {{"type", "abort"},
+              {"message", output.finish_detail.empty() ? "aborted" : output.finish_detail}};
+    case FinishReason::Error:
+      return {{"type", "abort"}, {"message", output.finish_detail}, {"status_code", 400}};
+  }
+  return nullptr;
+}
+
+struct GenerateJob {
+  ServerState& state;
+  std::shared_ptr<ResponseChannel> channel;
+  bool stream = false;
+  bool batch = false;
+  std::vector<GenerateItem> items;
+  std::mutex mutex;
+  size_t remaining = 0;
+  bool stream_started = false;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  GenerateJob(ServerState& state_in, std::shared_ptr<ResponseChannel> channel_in)
+      : state(state_in), channel(std::move(channel_in)) {}
+
+  nlohmann::json item_json(size_t index) const {
+    const GenerateItem& item = items[index];
+    const GenerationOutput& out = item.output;
+    const Tokenizer& tokenizer = state.engine().tokenizer();
+    nlohmann::json meta = {
+        {"id", item.request.rid},
+        {"finish_reason", finish_reason_json(out)},
+        {"prompt_tokens", out.prompt_tokens > 0
+                              ? out.prompt_tokens
+                              : static_cast<int64_t>(item.request.input_ids.size())},
+        {"completion_tokens", out.completion_tokens},
+        {"cached_tokens", out.cached_tokens},
+        {"spec_accept_token_num", out.spec_accept_token_num},
+        {"spec_draft_token_num", out.spec_draft_token_num},
+        {"spec_verify_ct", out.spec_verify_ct}};
+    if (item.request.return_logprob) {
+      auto input = align_input_logprobs(out.input_logprobs, item.request.input_ids,
+                                        item.request.logprob_start_len);
+      bool with_text = item.return_text_in_logprobs;
+      meta["input_token_logprobs"] = sglang_token_logprobs(tokenizer, input, with_text);
+      meta["output_token_logprobs"] =
+          sglang_token_logprobs(tokenizer, out.output_logprobs, with_text);
+      if (item.request.top_logprobs_num > 0) {
+        meta["input_top_logprobs"] = sglang_top_logprobs(tokenizer, input, with_text);
+        meta["output_top_logprobs"] =
+            sglang_top_logprobs(tokenizer, out.output_logprobs, with_text);
+      }
+    }
+    if (out.finished())
+      meta["e2e_latency"] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    nlohmann::json result = {{"text", sanitize_utf8(out.text)},
+                             {"output_ids", out.output_ids},
+                             {"meta_info", std::move(meta)}};
+    if (batch && stream) result["index"] = index;
+    return result;
+  }
+
+  void on_update(size_t index, const RequestUpdate& update) {
+    std::lock_guard lock(mutex);
+    GenerateItem& item = items[index];
+    item.output.add(update);
+    bool finished_now = update.finish != FinishReason::None;
+    if (finished_now) --remaining;
+
+    if (stream) {
+      if (!stream_started) {
+        // An error before anything was sent still gets a proper HTTP status.
+        if (finished_now && update.finish == FinishReason::Error && !batch) {
+          channel->respond(error_response(400, update.finish_detail));
+          return;
+        }
+        channel->begin_stream(200, kEventStreamType);
+        stream_started = true;
+      }
+      if (finished_now && update.finish == FinishReason::Error)
+        channel->write(sse_event(error_json(400, update.finish_detail)));
+      else
+        channel->write(sse_event(item_json(index)));
+      if (remaining == 0) {
+        channel->write(sse_done());
+        channel->end_stream();
+      }
+      return;
+    }
+    if (remaining > 0) return;
+    for (const auto& other : items)
+      if (other.output.finish == FinishReason::Error) {
+        channel->respond(error_response(400, other.output.finish_detail));
+        return;
+      }
+    if (!batch) {
+      channel->respond(json_response(item_json(0)));
+      return;
+    }
+    nlohmann::json all = nlohmann::json::array();
+    for (size_t i = 0; i < items.size(); ++i) all.push_back(item_json(i));
+    channel->respond(json_response(all));
+  }
+};
+
+// A per-item field: in a batch, a list gives one value per prompt and a
+// scalar applies to all.
+const nlohmann::json* item_field(const nlohmann::json& body, const std::string& name, size_t index,
+                                 size_t batch_size, bool batch, bool list_is_scalar = false) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  if (batch && it->is_array() && !list_is_scalar) {
+    if (it->size() != batch_size)
+      throw_invalid(name, "'" + name + "' has " + std::to_string(it->size()) +
+                              " entries for a batch of " + std::to_string(batch_size));
+    return &(*it)[index];
+  }
+  return &*it;
+}
+
+}  // namespace
+
+void handle_generate(ServerState& state, const HttpRequest& request,
+                     std::shared_ptr<ResponseChannel> channel) {
+  nlohmann::json body = parse_request_json(request.body);
+  bool has_text = has_field(body, "text"), has_ids = has_field(body, "input_ids");
+  if (has_text == has_ids) throw_invalid("text", "give exactly one of 'text' or 'input_ids'");
+  const Tokenizer& tokenizer = state.engine().tokenizer();
+
+  std::vector<std::vector<int32_t>> prompts;
+  bool batch = false;
+  if (has_text) {
+    const auto& text = body["text"];
+    // SGLang tokenizes `text` with the tokenizer's defaults (special tokens added).
+    if (text.is_string()) {
+      prompts.push_back(tokenizer.encode(text.get<std::string>(), true));
+    } else if (text.is_array() && !text.empty()) {
+      batch = true;
+      for (const auto& item : text) {
+        if (!item.is_string())
+          throw_invalid("text", "'text' must be a string or a list of strings");
+        prompts.push_back(tokenizer.encode(item.get<std::string>(), true));
+      }
+    } else {
+      throw_invalid("text", "'text' must be a string or a non-empty list of strings");
+    }
+  } else {
+    const auto& ids = body["input_ids"];
+    if (!ids.is_array() || ids.empty())
+      throw_invalid("input_ids", "'input_ids' must be a non-empty list of token ids (or of lists)");
+    if (ids[0].is_array()) {
+      batch = true;
+      for (const auto& item : ids) prompts.push_back(get_token_list(item, "input_ids"));
+    } else {
+      prompts.push_back(get_token_list(ids, "input_ids"));
+    }
+  }
+  int64_t vocab = tokenizer.vocab_size();
+  for (const auto& prompt : prompts) {
+    if (prompt.empty()) throw_invalid(has_text ? "text" : "input_ids", "a prompt is empty");
+    for (int32_t id : prompt)
+      if (vocab > 0 && id >= vocab)
+        throw_invalid("input_ids", "token id " + std::to_string(id) +
+                                       " is not in the vocabulary (size " + std::to_string(vocab) +
+                                       ")");
+  }
+  bool stream = get_bool(body, "stream").value_or(false);
+  bool with_text = get_bool(body, "return_text_in_logprobs").value_or(false);
+
+  auto job = std::make_shared<GenerateJob>(state, channel);
+  job->stream = stream;
+  job->batch = batch;
+  size_t count = prompts.size();
+  job->items.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    GenerateItem& item = job->items[i];
+    GenerationRequest& generation = item.request;
+    generation.input_ids = std::move(prompts[i]);
+    if (auto* params = item_field(body, "sampling_params", i, count, batch))
+      generation.sampling = parse_sglang_sampling(*params);
+    if (auto* rid = item_field(body, "rid", i, count, batch)) {
+      if (!rid->is_string()) throw_invalid("rid", "'rid' must be a string (or a list of strings)");
+      generation.rid = rid->get<std::string>();
+    } else {
+      generation.rid = state.new_id("");
+    }
+    if (auto* value = item_field(body, "return_logprob", i, count, batch)) {
+      if (!value->is_boolean())
+        throw_invalid("return_logprob", "'return_logprob' must be a boolean");
+      generation.return_logprob = value->get<bool>();
+    }
+    if (auto* value = item_field(body, "logprob_start_len", i, count, batch)) {
+      if (!value->is_number_integer())
+        throw_invalid("logprob_start_len", "'logprob_start_len' must be an integer");
+      generation.logprob_start_len = value->get<int64_t>();
+      if (generation.logprob_start_len < -1 ||
+          generation.logprob_start_len > static_cast<int64_t>(generation.input_ids.size()))
+        throw_invalid("logprob_start_len", "'logprob_start_len' must be in [-1, prompt length]");
+    }
+    if (auto* value = item_field(body, "top_logprobs_num", i, count, batch)) {
+      if (!value->is_number_integer() || value->get<int64_t>() < 0)
+        throw_invalid("top_logprobs_num", "'top_logprobs_num' must be a non-negative integer");
+      generation.top_logprobs_num = value->get<int64_t>();
+    }
+    // SGLang returns input logprobs only from logprob_start_len on; by default
+    // it starts at the end of the prompt (no input logprobs) for generation.
+    if (!generation.return_logprob) generation.logprob_start_len = -1;
+    int64_t max_new = resolve_max_new_tokens(
+        static_cast<int64_t>(generation.input_ids.size()), generation.sampling.max_new_tokens,
+        state.engine().max_context_tokens(), /*clamp=*/true, "max_new_tokens");
+    generation.sampling.max_new_tokens = max_new;
+    item.return_text_in_logprobs = with_text;
+  }
+  for (size_t i = 0; i < count; ++i)
+    for (size_t j = i + 1; j < count; ++j)
+      if (job->items[i].request.rid == job->items[j].request.rid)
+        throw_invalid("rid", "duplicate rid '" + job->items[i].request.rid + "' in one batch");
+  state.check_capacity();
+
+  job->remaining = count;
+  std::vector<std::string> rids;
+  for (const auto& item : job->items) rids.push_back(item.request.rid);
+  channel->on_disconnect([&state, rids] {
+    for (const auto& rid : rids) state.engine().abort(rid);
+  });
+  for (size_t i = 0; i < count; ++i)
+    state.submit(job->items[i].request,
+                 [job, i](const RequestUpdate& update) { job->on_update(i, update); });
+}
+
+}  // namespace megactx::server

@@ -1,0 +1,322 @@
+// POST /v1/chat/completions: the model's chat template renders the messages
+// (and tools), the engine generates, and the OutputParser splits the output
+// into content, reasoning_content and tool_calls — whole, or as streamed
+// deltas: a role chunk, content/reasoning/tool-call deltas, a finish chunk
+// per choice, a usage chunk when stream_options.include_usage, then [DONE].
+#include <mutex>
+
+#include "io/model_config.h"
+#include "server/api_error.h"
+#include "server/endpoints.h"
+#include "server/generation_output.h"
+#include "server/json_text.h"
+#include "server/logprob_json.h"
+#include "server/openai_common.h"
+#include "server/prompt_limits.h"
+#include "server/request_fields.h"
+#include "server/sampling_json.h"
+#include "server/sse.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/output_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megactx::server {
+
+namespace {
+
+void validate_messages(const nlohmann::json& body) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    throw_invalid("messages", "'messages' must be a non-empty list");
+  for (const auto& message : body["messages"]) {
+    if (!message.is_object() || !message.contains("role") || !message["role"].is_string())
+      throw_invalid("messages", "every message must be an object with a string 'role'");
+    const std::string role = message["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+        role != "developer")
+      throw_invalid("messages", "unknown message role '" + role + "'");
+    if (message.contains("content") && !message["content"].is_null() &&
+        !message["content"].is_string() && !message["content"].is_array())
+      throw_invalid("messages", "message 'content' must be a string, a list of parts or null");
+  }
+}
+
+// Applies tool_choice to the tools the template sees: "none" drops them,
+// a named choice keeps only that function. Returns the tools to render.
+nlohmann::json select_tools(const nlohmann::json& body) {
+  nlohmann::json tools = nlohmann::json::array();
+  if (has_field(body, "tools")) {
+    if (!body["tools"].is_array()) throw_invalid("tools", "'tools' must be a list");
+    for (const auto& tool : body["tools"]) {
+      if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
+          !tool["function"].is_object() || !tool["function"].contains("name") ||
+          !tool["function"]["name"].is_string())
+        throw_invalid("tools",
+                      "every tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      tools.push_back(tool);
+    }
+  }
+  if (!has_field(body, "tool_choice")) return tools;
+  const auto& choice = body["tool_choice"];
+  if (choice.is_string()) {
+    std::string mode = choice.get<std::string>();
+    if (mode == "none") return nlohmann::json::array();
+    if (mode == "auto") return tools;
+    if (mode == "required") {
+      if (tools.empty()) throw_invalid("tool_choice", "tool_choice 'required' needs 'tools'");
+      return tools;
+    }
+    throw_invalid("tool_choice", "'tool_choice' must be none, auto, required or a named function");
+  }
+  if (choice.is_object() && choice.value("type", "") == "function" && choice.contains("function") &&
+      choice["function"].is_object() && choice["function"].contains("name") &&
+      choice["function"]["name"].is_string()) {
+    std::string name = choice["function"]["name"].get<std::string>();
+    for (const auto& tool : tools)
+      if (tool["function"]["name"] == name) return nlohmann::json::array({tool});
+    throw_invalid("tool_choice", "tool_choice names '" + name + "', which is not in 'tools'");
+  }
+  throw_invalid("tool_choice", "'tool_choice' must be none, auto, required or a named function");
+}
+
+nlohmann::json delta_json(const ParsedDelta& delta) {
+  nlohmann::json out = nlohmann::json::object();
+  if (!delta.content.empty()) out["content"] = sanitize_utf8(delta.content);
+  if (!delta.reasoning_content.empty())
+    out["reasoning_content"] = sanitize_utf8(delta.reasoning_content);
+  if (!delta.tool_calls.empty()) {
+    nlohmann::json calls = nlohmann::json::array();
+    for (const auto& call : delta.tool_calls) {
+      nlohmann::json item = {{"index", call.index},
+                             {"function", {{"arguments", sanitize_utf8(call.arguments)}}}};
+      if (!call.id.empty()) {
+        item["id"] = call.id;
+        item["type"] = "function";
+        item["function"]["name"] = call.name;
+      }
+      calls.push_back(std::move(item));
+    }
+    out["tool_calls"] = std::move(calls);
+  }
+  return out;
+}
+
+struct ChatChoice {
+  GenerationRequest request;
+  GenerationOutput output;
+  std::unique_ptr<OutputParser> parser;  // streaming only
+  bool sent_role = false;
+  bool made_tool_calls = false;
+};
+
+struct ChatJob {
+  ServerState& state;
+  std::shared_ptr<ResponseChannel> channel;
+  std::string id;
+  int64_t created = unix_time_seconds();
+  bool stream = false, include_usage = false, logprobs = false;
+  int64_t top_logprobs = 0;
+  OutputParserOptions parser_options;
+  std::vector<ChatChoice> choices;
+  std::mutex mutex;
+  size_t remaining = 0;
+  bool stream_started = false;
+
+  ChatJob(ServerState& state_in, std::shared_ptr<ResponseChannel> channel_in)
+      : state(state_in), channel(std::move(channel_in)) {}
+
+  const Tokenizer& tokenizer() const { return state.engine().tokenizer(); }
+
+  std::vector<const GenerationOutput*> outputs() const {
+    std::vector<const GenerationOutput*> out;
+    for (const auto& choice : choices) out.push_back(&choice.output);
+    return out;
+  }
+
+  nlohmann::json chunk(size_t index, nlohmann::json delta, nlohmann::json logprobs_json,
+                       nlohmann::json finish) const {
+    nlohmann::json choice = {{"index", index},
+                             {"delta", std::move(delta)},
+                             {"logprobs", std::move(logprobs_json)},
+                             {"finish_reason", std::move(finish)}};
+    nlohmann::json out = {{"id", id},
+                          {"object", "chat.completion.chunk"},
+                          {"created", created},
+                          {"model", state.config().served_model_name},
+                          {"choices", nlohmann::json::array({std::move(choice)})}};
+    if (include_usage) out["usage"] = nullptr;
+    return out;
+  }
+
+  void on_update(size_t index, const RequestUpdate& update) {
+    std::lock_guard lock(mutex);
+    ChatChoice& choice = choices[index];
+    choice.output.add(update);
+    bool finished_now = update.finish != FinishReason::None;
+    if (finished_now) --remaining;
+    if (stream) return stream_update(index, update, finished_now);
+    if (remaining > 0) return;
+    for (const auto& other : choices)
+      if (other.output.finish == FinishReason::Error)
+        return channel->respond(error_response(400, other.output.finish_detail));
+    nlohmann::json list = nlohmann::json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const ChatChoice& c = choices[i];
+      ParsedMessage parsed = parse_output(c.output.text, parser_options);
+      bool made_calls = !parsed.tool_calls.empty();
+      nlohmann::json message = {
+          {"role", "assistant"},
+          {"content", parsed.content.empty() && made_calls
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json(sanitize_utf8(parsed.content))},
+          {"reasoning_content", parsed.reasoning_content.empty()
+                                    ? nlohmann::json(nullptr)
+                                    : nlohmann::json(sanitize_utf8(parsed.reasoning_content))}};
+      if (made_calls) message["tool_calls"] = parsed.tool_calls;
+      nlohmann::json logprobs_json = nullptr;
+      if (logprobs)
+        logprobs_json = {
+            {"content", chat_logprob_entries(tokenizer(), c.output.output_logprobs, top_logprobs)}};
+      list.push_back({{"index", i},
+                      {"message", std::move(message)},
+                      {"logprobs", std::move(logprobs_json)},
+                      {"finish_reason", openai_finish_reason(c.output, made_calls)},
+                      {"matched_stop", matched_stop_json(c.output)}});
+    }
+    channel->respond(json_response({{"id", id},
+                                    {"object", "chat.completion"},
+                                    {"created", created},
+                                    {"model", state.config().served_model_name},
+                                    {"choices", std::move(list)},
+                                    {"usage", usage_json(outputs(), choices.size())}}));
+  }
+
+  void stream_update(size_t index, const RequestUpdate& update, bool finished_now) {
+    ChatChoice& choice = choices[index];
+    if (!stream_started) {
+      if (finished_now && update.finish == FinishReason::Error && choices.size() == 1)
+        return channel->respond(error_response(400, update.finish_detail));
+      channel->begin_stream(200, kEventStreamType);
+      stream_started = true;
+    }
+    if (finished_now && update.finish == FinishReason::Error) {
+      channel->write(sse_event(error_json(400, update.finish_detail)));
+    } else {
+      if (!choice.sent_role) {
+        choice.sent_role = true;
+        channel->write(
+            sse_event(chunk(index, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)));
+      }
+      ParsedDelta delta = choice.parser->push(update.new_text);
+      if (finished_now) {
+        ParsedDelta rest = choice.parser->finish();
+        delta.content += rest.content;
+        delta.reasoning_content += rest.reasoning_content;
+        delta.tool_calls.insert(delta.tool_calls.end(), rest.tool_calls.begin(),
+                                rest.tool_calls.end());
+      }
+      if (!delta.tool_calls.empty()) choice.made_tool_calls = true;
+      nlohmann::json logprobs_json = nullptr;
+      if (logprobs && !update.new_logprobs.empty())
+        logprobs_json = {
+            {"content", chat_logprob_entries(tokenizer(), update.new_logprobs, top_logprobs)}};
+      if (!delta.empty() || !logprobs_json.is_null())
+        channel->write(
+            sse_event(chunk(index, delta_json(delta), std::move(logprobs_json), nullptr)));
+      if (finished_now)
+        channel->write(
+            sse_event(chunk(index, nlohmann::json::object(), nullptr,
+                            openai_finish_reason(choice.output, choice.made_tool_calls))));
+    }
+    if (remaining > 0) return;
+    if (include_usage) {
+      nlohmann::json last = {{"id", id},
+                             {"object", "chat.completion.chunk"},
+                             {"created", created},
+                             {"model", state.config().served_model_name},
+                             {"choices", nlohmann::json::array()},
+                             {"usage", usage_json(outputs(), choices.size())}};
+      channel->write(sse_event(last));
+    }
+    channel->write(sse_done());
+    channel->end_stream();
+  }
+};
+
+}  // namespace
+
+void handle_chat_completions(ServerState& state, const HttpRequest& request,
+                             std::shared_ptr<ResponseChannel> channel) {
+  nlohmann::json body = parse_request_json(request.body);
+  check_model_name(state, body);
+  validate_messages(body);
+  const ChatSetup& chat = state.chat();
+  if (!chat.chat_template)
+    throw ApiError(400, "this model has no chat template; use /v1/completions or /generate");
+  if (has_field(body, "chat_template_kwargs") && !body["chat_template_kwargs"].is_object())
+    throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  if (has_field(body, "response_format")) {
+    const auto& format = body["response_format"];
+    if (!format.is_object() || format.value("type", "") != "text")
+      throw_invalid("response_format", "only response_format {\"type\": \"text\"} is supported");
+  }
+
+  nlohmann::json tools = select_tools(body);
+  nlohmann::json template_request = body;
+  if (tools.empty())
+    template_request.erase("tools");
+  else
+    template_request["tools"] = tools;
+  std::string prompt =
+      chat.chat_template->render(chat_template_context(template_request, chat.special_tokens));
+  const Tokenizer& tokenizer = state.engine().tokenizer();
+  std::vector<int32_t> ids = tokenizer.encode(prompt, false);
+
+  auto job = std::make_shared<ChatJob>(state, channel);
+  job->id = state.new_id("chatcmpl-");
+  job->stream = get_bool(body, "stream").value_or(false);
+  job->include_usage = parse_include_usage(body, job->stream);
+  job->logprobs = get_bool(body, "logprobs").value_or(false);
+  if (auto top = get_integer(body, "top_logprobs")) {
+    check_range("top_logprobs", static_cast<double>(*top), 0, 20);
+    if (*top > 0 && !job->logprobs)
+      throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    job->top_logprobs = *top;
+  }
+  size_t n = static_cast<size_t>(parse_choice_count(body));
+  OpenAiSampling sampling = parse_openai_sampling(body);
+  int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), sampling.max_tokens,
+                                           state.engine().max_context_tokens(), false,
+                                           sampling.max_tokens ? "max_tokens" : "messages");
+  if (max_new == 0) throw_invalid("max_tokens", "'max_tokens' must be at least 1");
+
+  job->parser_options.format = chat.tool_call_format;
+  job->parser_options.tools = tools;
+  job->parser_options.parse_tool_calls = !tools.empty();
+  job->parser_options.parse_reasoning = true;
+  job->parser_options.starts_in_reasoning = prompt_opens_reasoning(prompt);
+
+  for (size_t k = 0; k < n; ++k) {
+    ChatChoice choice;
+    choice.request.rid = job->id + "-" + std::to_string(k);
+    choice.request.input_ids = ids;
+    choice.request.sampling = sampling.params;
+    choice.request.sampling.max_new_tokens = max_new;
+    if (sampling.params.seed) choice.request.sampling.seed = *sampling.params.seed + k;
+    choice.request.return_logprob = job->logprobs;
+    choice.request.top_logprobs_num = job->top_logprobs;
+    if (job->stream) choice.parser = std::make_unique<OutputParser>(job->parser_options);
+    job->choices.push_back(std::move(choice));
+  }
+  state.check_capacity();
+  job->remaining = n;
+  std::vector<std::string> rids;
+  for (const auto& choice : job->choices) rids.push_back(choice.request.rid);
+  channel->on_disconnect([&state, rids] {
+    for (const auto& rid : rids) state.engine().abort(rid);
+  });
+  for (size_t i = 0; i < n; ++i)
+    state.submit(job->choices[i].request,
+                 [job, i](const RequestUpdate& update) { job->on_update(i, update); });
+}
+
+}  // namespace megactx::server

@@ -1,0 +1,48 @@
+#include <chrono>
+
+#include "server/endpoints.h"
+#include "server/json_text.h"
+
+namespace megactx::server {
+
+HttpResponse json_response(const nlohmann::json& body, int status) {
+  HttpResponse response;
+  response.status = status;
+  response.body = dump_json(body);
+  return response;
+}
+
+int64_t unix_time_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Router make_router(ServerState& state) {
+  Router router;
+  router.set_api_key(state.config().api_key);
+  auto bind = [&state](void (*handler)(ServerState&, const HttpRequest&,
+                                       std::shared_ptr<ResponseChannel>)) {
+    return [&state, handler](const HttpRequest& request, std::shared_ptr<ResponseChannel> channel) {
+      handler(state, request, std::move(channel));
+    };
+  };
+  // OpenAI-compatible.
+  router.add("POST", "/v1/chat/completions", bind(handle_chat_completions));
+  router.add("POST", "/v1/completions", bind(handle_completions));
+  router.add("GET", "/v1/models", bind(handle_models));
+  // SGLang-compatible native API.
+  router.add("POST", "/generate", bind(handle_generate));
+  router.add("POST", "/abort_request", bind(handle_abort_request));
+  router.add("POST", "/flush_cache", bind(handle_flush_cache));
+  router.add("GET", "/flush_cache", bind(handle_flush_cache));
+  router.add("GET", "/get_model_info", bind(handle_model_info));
+  router.add("GET", "/get_server_info", bind(handle_server_info));
+  router.add("GET", "/health_generate", bind(handle_health_generate));
+  // Liveness and scraping stay open so probes need no key.
+  router.add("GET", "/health", bind(handle_health), /*requires_auth=*/false);
+  router.add("GET", "/metrics", bind(handle_metrics), /*requires_auth=*/false);
+  return router;
+}
+
+}  // namespace megactx::server

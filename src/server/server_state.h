@@ -1,0 +1,64 @@
+// What every endpoint shares: the engine, the chat setup, the metrics, the
+// server's configuration and a small worker pool. Engine callbacks arrive on
+// the engine thread and must return at once, so each request's updates are
+// re-posted, in order, to a strand of the worker pool where the JSON is built.
+#pragma once
+
+#include <boost/asio/thread_pool.hpp>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/engine_api.h"
+#include "server/chat_setup.h"
+#include "server/metrics.h"
+
+namespace megactx::server {
+
+struct ServerConfig {
+  std::string served_model_name = "default";
+  std::string model_path;
+  std::string api_key;                  // empty: no authentication
+  int64_t max_waiting_requests = 4096;  // more waiting requests: 503
+  int worker_threads = 2;
+  nlohmann::json server_info = nlohmann::json::object();  // extra fields for /get_server_info
+};
+
+class ServerState {
+ public:
+  ServerState(EngineApi& engine, ServerConfig config, ChatSetup chat);
+  ~ServerState();
+
+  EngineApi& engine() { return engine_; }
+  const ServerConfig& config() const { return config_; }
+  const ChatSetup& chat() const { return chat_; }
+  ServerMetrics& metrics() { return metrics_; }
+
+  // "chatcmpl-<hex>" etc.: unique within this process and across restarts.
+  std::string new_id(const std::string& prefix);
+  // Throws ApiError 503 when the engine's queue is full.
+  void check_capacity() const;
+
+  // Submits to the engine; `on_update` runs on a worker strand, in order, one
+  // call per engine update, the last one with finish != None. Exceptions in
+  // `on_update` are logged, never propagated into the engine.
+  void submit(GenerationRequest request, std::function<void(const RequestUpdate&)> on_update);
+
+  // Waits until every posted update has been handled (tests, shutdown).
+  void drain();
+
+ private:
+  EngineApi& engine_;
+  ServerConfig config_;
+  ChatSetup chat_;
+  ServerMetrics metrics_;
+  std::atomic<uint64_t> next_id_{0};
+  uint64_t id_salt_;
+  std::optional<boost::asio::thread_pool> workers_;
+};
+
+}  // namespace megactx::server
