@@ -192,7 +192,7 @@ void Scheduler::commit(const StepPlan& plan) {
 }
 
 void Scheduler::remove(RequestState* request) {
-  release_pages(*request);
+  // Out of the queues first: even if releasing fails the request is gone.
   if (auto it = std::find(running_.begin(), running_.end(), request); it != running_.end()) {
     running_.erase(it);
   }
@@ -200,6 +200,7 @@ void Scheduler::remove(RequestState* request) {
     waiting_.erase(it);
   }
   request->phase = RequestPhase::Finished;
+  release_pages(*request);
 }
 
 void Scheduler::check_integrity() const {

@@ -1,0 +1,193 @@
+// The CPU sampler's transforms against hand-computed values (vLLM/SGLang
+// semantics as documented in engine/sampler.h) and its randomness.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/cpu_sampler.h"
+
+namespace megactx {
+namespace {
+
+std::vector<float> log_of(std::vector<double> probs) {
+  std::vector<float> logits;
+  for (const double p : probs) logits.push_back(static_cast<float>(std::log(p)));
+  return logits;
+}
+
+void expect_probs(const std::vector<float>& actual, const std::vector<double>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i] == 0.0) {
+      EXPECT_EQ(actual[i], 0.0f) << "token " << i << " must be masked exactly";
+    } else {
+      EXPECT_NEAR(actual[i], expected[i], 1e-6) << "token " << i;
+    }
+  }
+}
+
+SamplingParams params(double temperature = 1.0) {
+  SamplingParams p;
+  p.temperature = temperature;
+  return p;
+}
+
+TEST(Sampler, TemperatureScalesTheSoftmax) {
+  SamplingParams p = params(2.0);
+  const std::vector<float> logits = {0.0f, 2.0f, 4.0f};
+  const double z = 1 + std::exp(1.0) + std::exp(2.0);
+  expect_probs(sampling_distribution(p, logits), {1 / z, std::exp(1.0) / z, std::exp(2.0) / z});
+}
+
+TEST(Sampler, TopKKeepsExactlyKTokensAndRenormalizes) {
+  SamplingParams p = params();
+  p.top_k = 2;
+  const std::vector<float> logits = {1, 2, 3, 4, 5};
+  const double z = std::exp(4.0) + std::exp(5.0);
+  expect_probs(sampling_distribution(p, logits), {0, 0, 0, std::exp(4.0) / z, std::exp(5.0) / z});
+  // Ties: the lower id wins the last place.
+  p.top_k = 1 + 1;
+  expect_probs(sampling_distribution(p, std::vector<float>{3, 3, 3}), {0.5, 0.5, 0});
+}
+
+TEST(Sampler, TopPKeepsTokensWhileTheMassBeforeThemIsWithinP) {
+  SamplingParams p = params();
+  p.top_p = 0.7;  // 0.5 (mass before 0), 0.3 (before 0.5); 0.15 has 0.8 before it
+  expect_probs(sampling_distribution(p, log_of({0.15, 0.5, 0.05, 0.3})),
+               {0, 0.5 / 0.8, 0, 0.3 / 0.8});
+  p.top_p = 0.4;  // only the best token
+  expect_probs(sampling_distribution(p, log_of({0.15, 0.5, 0.05, 0.3})), {0, 1, 0, 0});
+}
+
+TEST(Sampler, MinPIsRelativeToTheBestToken) {
+  SamplingParams p = params();
+  p.min_p = 0.2;  // threshold 0.1
+  expect_probs(sampling_distribution(p, log_of({0.5, 0.3, 0.15, 0.05})),
+               {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0});
+}
+
+TEST(Sampler, TopKThenTopPThenMinP) {
+  SamplingParams p = params();
+  p.top_k = 3;    // [0.4 0.3 0.2] -> [4/9 3/9 2/9]
+  p.top_p = 0.6;  // keeps 4/9 and 3/9 (4/9 before it)
+  expect_probs(sampling_distribution(p, log_of({0.1, 0.2, 0.3, 0.4})), {0, 0, 3 / 7.0, 4 / 7.0});
+  p.min_p = 0.8;  // 3/7 < 0.8 * 4/7
+  expect_probs(sampling_distribution(p, log_of({0.1, 0.2, 0.3, 0.4})), {0, 0, 0, 1});
+}
+
+TEST(Sampler, PenaltiesMatchHandComputedValues) {
+  SamplingParams p = params();
+  p.repetition_penalty = 2.0;
+  p.frequency_penalty = 0.5;
+  p.presence_penalty = 0.25;
+  std::unordered_map<int32_t, int32_t> counts = {{1, 2}, {3, 1}};
+  std::vector<int32_t> prompt = {0, 3};
+  SamplingRow row;
+  row.params = &p;
+  row.output_counts = &counts;
+  row.prompt_tokens = prompt;
+  std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  apply_penalties(row, logits);
+  // 0: prompt, positive -> 2/2. 1: output x2, negative -> -1*2 - (0.5*2 + 0.25).
+  // 2: untouched. 3: prompt and output once -> 3/2 - (0.5 + 0.25). 4: untouched.
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);
+  EXPECT_FLOAT_EQ(logits[1], -3.25f);
+  EXPECT_FLOAT_EQ(logits[2], 0.5f);
+  EXPECT_FLOAT_EQ(logits[3], 0.75f);
+  EXPECT_FLOAT_EQ(logits[4], 1.0f);
+}
+
+TEST(Sampler, MaskedTokensCannotBeSampled) {
+  SamplingParams p = params(0.0);
+  std::vector<int32_t> masked = {2};
+  SamplingRow row;
+  row.params = &p;
+  row.masked_tokens = masked;
+  Tensor logits = Tensor::zeros({1, 3});
+  logits.data<float>()[2] = 10.0f;
+  logits.data<float>()[1] = 1.0f;
+  CpuSampler sampler;
+  std::vector<SampleResult> results(1);
+  sampler.sample(logits, {&row, 1}, results);
+  EXPECT_EQ(results[0].token, 1);
+}
+
+TEST(Sampler, GreedyTakesTheLowestIdOnTies) {
+  SamplingParams p = params(0.0);
+  SamplingRow row;
+  row.params = &p;
+  Tensor logits = Tensor::zeros({1, 4});
+  logits.data<float>()[1] = 5.0f;
+  logits.data<float>()[3] = 5.0f;
+  CpuSampler sampler;
+  std::vector<SampleResult> results(1);
+  sampler.sample(logits, {&row, 1}, results);
+  EXPECT_EQ(results[0].token, 1);
+}
+
+TEST(Sampler, LogprobsComeFromTheUnmodifiedDistribution) {
+  SamplingParams p = params(0.5);
+  p.top_k = 2;
+  p.repetition_penalty = 1.5;
+  std::unordered_map<int32_t, int32_t> counts = {{0, 1}};
+  SamplingRow row;
+  row.params = &p;
+  row.output_counts = &counts;
+  row.want_logprob = true;
+  row.top_logprobs = 3;
+  row.seed = 5;
+  const std::vector<float> raw = {1.0f, 2.0f, 0.5f, -1.0f};
+  Tensor logits = Tensor::zeros({1, 4});
+  std::copy(raw.begin(), raw.end(), logits.data<float>());
+  CpuSampler sampler;
+  std::vector<SampleResult> results(1);
+  sampler.sample(logits, {&row, 1}, results);
+  double z = 0;
+  for (const float x : raw) z += std::exp(x);
+  const auto expected = [&](int32_t id) { return raw[static_cast<size_t>(id)] - std::log(z); };
+  EXPECT_NEAR(results[0].logprob, expected(results[0].token), 1e-5);
+  ASSERT_EQ(results[0].top.size(), 3u);
+  EXPECT_EQ(results[0].top[0].first, 1);
+  EXPECT_EQ(results[0].top[1].first, 0);
+  EXPECT_EQ(results[0].top[2].first, 2);
+  EXPECT_NEAR(results[0].top[0].second, expected(1), 1e-5);
+}
+
+TEST(Sampler, SeededDrawsAreReproducibleAndFollowTheDistribution) {
+  SamplingParams p = params();
+  const std::vector<double> probs = {0.1, 0.2, 0.3, 0.4};
+  const std::vector<float> raw = log_of(probs);
+  Tensor logits = Tensor::zeros({2, 4});
+  std::copy(raw.begin(), raw.end(), logits.data<float>());
+  std::copy(raw.begin(), raw.end(), logits.data<float>() + 4);
+  CpuSampler sampler;
+  std::map<int32_t, int> counts;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) {
+    SamplingRow rows[2];
+    rows[0].params = rows[1].params = &p;
+    rows[0].seed = 42;
+    rows[0].draw_index = static_cast<uint64_t>(i);
+    rows[0].logits_row = 0;
+    rows[1] = rows[0];  // same seed and index in another row of the batch
+    rows[1].logits_row = 1;
+    std::vector<SampleResult> results(2);
+    sampler.sample(logits, rows, results);
+    EXPECT_EQ(results[0].token, results[1].token);
+    ++counts[results[0].token];
+  }
+  // Chi-square with 3 degrees of freedom; fixed seeds make the outcome
+  // deterministic, 16.27 is the 0.999 quantile for a fair sampler.
+  double chi2 = 0;
+  for (int id = 0; id < 4; ++id) {
+    const double expected = draws * probs[static_cast<size_t>(id)];
+    chi2 += (counts[id] - expected) * (counts[id] - expected) / expected;
+  }
+  EXPECT_LT(chi2, 16.27);
+  EXPECT_NE(sampling_uniform(1, 0), sampling_uniform(2, 0));
+  EXPECT_EQ(sampling_uniform(7, 3), sampling_uniform(7, 3));
+}
+
+}  // namespace
+}  // namespace megactx
