@@ -23,7 +23,9 @@ class Tokenizer {
 
   // Text -> ids. Special added tokens that appear literally in the text are
   // recognized (as HF does with split_special_tokens=false). Invalid UTF-8 is
-  // never a crash: bytes are encoded as the byte-level alphabet maps them.
+  // never a crash: HF only takes valid str, so each maximal ill-formed byte
+  // sequence is first replaced by U+FFFD (as Python's
+  // bytes.decode("utf-8", "replace") does) and that text is encoded.
   // add_special_tokens applies the post-processor (BOS etc.) when the file has one.
   virtual std::vector<TokenId> encode(std::string_view text,
                                       bool add_special_tokens = false) const = 0;
