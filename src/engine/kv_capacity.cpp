@@ -18,13 +18,6 @@ const char* kv_dtype_name(KvDType dtype) {
   return "?";
 }
 
-KvDType parse_kv_dtype(const std::string& name) {
-  if (name == "bf16") return KvDType::BF16;
-  if (name == "fp8") return KvDType::FP8;
-  if (name == "f32" || name == "fp32") return KvDType::F32;
-  fail("unknown KV dtype '{}' (expected bf16, fp8 or f32)", name);
-}
-
 std::string KvCapacityPlan::summary() const {
   return fmt::format(
       "KV cache: {} pages x {} tokens = {} tokens max; {} latent + {} indexer pools ({}), "

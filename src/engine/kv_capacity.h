@@ -26,7 +26,7 @@ struct KvCapacityPlan {
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
                                 int64_t page_size, bool with_mtp_layer);
 
+// "f32" | "bf16" | "fp8" (parse_kv_dtype is in model/model_loader.h).
 const char* kv_dtype_name(KvDType dtype);
-KvDType parse_kv_dtype(const std::string& name);  // "bf16" | "fp8" | "f32"
 
 }  // namespace megactx
