@@ -16,6 +16,7 @@ and tests/default_model/passkey_8k.json (the prompt of the C++ end-to-end test).
 import argparse
 import json
 import lzma
+import math
 import os
 import random
 import sys
@@ -80,11 +81,16 @@ def chat_documents(rng, renderer, counts, paragraphs, sentences, wordnet, fortun
         text = renderer.render(request["messages"], tools=request.get("tools"), **request.get("kwargs", {}))
         out.append((kind, text))
 
+    def length():
+        # Log-uniform from 600 characters to max_chars: many short retrieval examples (cheap to learn
+        # from), still covering the whole trained context.
+        return int(math.exp(rng.uniform(math.log(600), math.log(max_chars))))
+
     for _ in range(counts["passkey"]):
-        request, _ = synth.passkey(rng, paragraphs, rng.randint(1500, max_chars))
+        request, _ = synth.passkey(rng, paragraphs, length())
         render("passkey", request)
     for _ in range(counts["multikey"]):
-        render("multikey", synth.multikey(rng, paragraphs, rng.randint(1500, max_chars)))
+        render("multikey", synth.multikey(rng, paragraphs, length()))
     for _ in range(counts["copy"]):
         render("copy", synth.copy_task(rng, sentences))
     for _ in range(counts["arithmetic"]):
@@ -105,12 +111,30 @@ def write_jsonl(path, rows):
     print("wrote {} ({} rows, {:.1f} MB)".format(path, len(rows), os.path.getsize(path) / 1e6))
 
 
+def write_fixture(renderer, val_paragraphs):
+    """The C++ end-to-end test: one passkey question in about 7.6K tokens of context (held-out filler;
+    this filler tokenizes at about 4.3 characters per token)."""
+    trng = random.Random(8192)
+    request, key = synth.passkey(trng, val_paragraphs, 32500, key="58213")
+    request["messages"].pop()
+    messages = request["messages"]
+    prompt = renderer.render(messages, add_generation_prompt=True, enable_thinking=False)
+    fixture = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": True,
+               "prompt": prompt, "key": key}
+    path = os.path.join(REPO, "tests", "default_model", "passkey_8k.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("wrote", path, len(prompt), "chars")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(REPO, ".train-data"))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the synthetic task counts")
     parser.add_argument("--max-chars", type=int, default=30000, help="longest long-context user message")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--fixture-only", action="store_true", help="rewrite only tests/default_model/passkey_8k.json")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
@@ -137,7 +161,10 @@ def main():
     sentences = [clean(s) for s in fortunes if "\n" not in s] + [clean(p) for p in train_paragraphs[:20000]]
     print("paragraphs: train {}, val {}".format(len(train_paragraphs), len(val_paragraphs)))
 
-    counts = {"passkey": 2400, "multikey": 1200, "copy": 10000, "arithmetic": 25000, "letters": 12000,
+    if args.fixture_only:
+        write_fixture(renderer, val_paragraphs)
+        return
+    counts = {"passkey": 5000, "multikey": 2500, "copy": 10000, "arithmetic": 25000, "letters": 12000,
               "chat": 20000, "tools": 12000}
     counts = {k: max(1, int(v * args.scale)) for k, v in counts.items()}
     val_counts = {k: max(4, v // 50) for k, v in counts.items()}
@@ -185,19 +212,7 @@ def main():
                                                                 add_generation_prompt=True)})
     write_jsonl(os.path.join(args.out, "gen_prompts.jsonl.xz"), prompts)
 
-    # The C++ end-to-end test: one passkey question in about 7.5K tokens of context.
-    trng = random.Random(8192)
-    request, key = synth.passkey(trng, val_paragraphs, int(7400 * CHARS_PER_TOKEN), key="58213")
-    request["messages"].pop()
-    messages = request["messages"]
-    prompt = renderer.render(messages, add_generation_prompt=True, enable_thinking=False)
-    fixture = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": True,
-               "prompt": prompt, "key": key}
-    path = os.path.join(REPO, "tests", "default_model", "passkey_8k.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(fixture, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print("wrote", path, len(prompt), "chars")
+    write_fixture(renderer, val_paragraphs)
     kinds = {}
     for k, t in train:
         kinds[k] = kinds.get(k, 0) + len(t)

@@ -138,14 +138,51 @@ def read_safetensors(path):
     return out
 
 
-def load_hub_into(model, tensors):
-    """Inverse of hub_state_dict for the split-half layout (checks the export round trip)."""
+def load_hub_into(model, tensors, rope_interleave=False, indexer_rope_interleave=False):
+    """Inverse of hub_state_dict: loads Hub tensors (e.g. models/default, whose config.json names its
+    RoPE layout) into model.py's split-half parameters."""
+    cfg = model.cfg
+    r = cfg.qk_rope_head_dim
+    inverse = torch.argsort(torch.tensor(rope_permutation(r)))
+
+    def unpermute(w, start, block, heads):
+        w = w.clone()
+        for h in range(heads):
+            base = h * block + start
+            w[base:base + r] = w[base:base + r][inverse]
+        return w
+
     params = dict(model.named_parameters())
     params.update(dict(model.named_buffers()))
     with torch.no_grad():
         for hub, (ours, expert) in _name_map(model).items():
+            t = tensors[hub]
+            if rope_interleave and hub.endswith("self_attn.q_b_proj.weight"):
+                t = unpermute(t, cfg.qk_nope_head_dim, cfg.qk_head_dim, cfg.num_attention_heads)
+            elif rope_interleave and hub.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+                t = unpermute(t, cfg.kv_lora_rank, t.shape[0], 1)
+            elif indexer_rope_interleave and hub.endswith("indexer.wq_b.weight"):
+                t = unpermute(t, 0, cfg.index_head_dim, cfg.index_n_heads)
+            elif indexer_rope_interleave and (hub.endswith("indexer.wk.weight") or ".indexer.k_norm." in hub):
+                t = unpermute(t if t.dim() == 2 else t[:, None], 0, t.shape[0], 1)
+                t = t if tensors[hub].dim() == 2 else t[:, 0]
             target = params[ours] if expert is None else params[ours][expert]
-            target.copy_(tensors[hub].to(target.dtype))
+            target.copy_(t.to(target.dtype))
+
+
+def load_model_dir(model_dir):
+    """models/default (or any export of this recipe) -> GlmMoeDsa in fp32 on the CPU."""
+    from config import ModelConfig
+    from model import GlmMoeDsa
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hf = json.load(f)
+    fields = set(ModelConfig.__dataclass_fields__)
+    cfg = ModelConfig(**{k: v for k, v in hf.items() if k in fields})
+    model = GlmMoeDsa(cfg)
+    load_hub_into(model, read_safetensors(os.path.join(model_dir, "model.safetensors")),
+                  hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
+    return model
 
 
 def _name_map(model):

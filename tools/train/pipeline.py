@@ -43,8 +43,13 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--train-tokenizer", action="store_true")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="continue from --work/ckpt.pt (same machine)")
+    ap.add_argument("--init-from", default=None,
+                    help="start from an exported model directory, e.g. models/default (continued training on a fresh machine)")
+    ap.add_argument("--assistant-weight", type=float, default=3.0, help="loss weight of assistant-turn tokens")
+    ap.add_argument("--dense-until", type=float, default=0.6, help="fraction of the training time in the dense warm-up")
     ap.add_argument("--smoke", action="store_true", help="tiny evaluation sets")
+    ap.add_argument("--passkey-n", type=int, default=8, help="passkey prompts per context length (at most 16)")
     args = ap.parse_args()
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -81,7 +86,7 @@ def main():
         rng = random.Random(0)
         sample = [d["text"] for d in train_docs]
         rng.shuffle(sample)
-        budget, picked = 48_000_000, []
+        budget, picked = 30_000_000, []
         for t in sample:
             picked.append(t)
             budget -= len(t)
@@ -91,7 +96,8 @@ def main():
         tok.save(os.path.join(args.out, "tokenizer.json"))
         log("trained tokenizer on {:.0f} MB: {} tokens".format(sum(map(len, picked)) / 1e6, tok.get_vocab_size()))
     ids = data.special_ids(tok)
-    rows, weights, n_tok = data.build_rows(tok, [d["text"] for d in train_docs], args.seq_len, seed=1)
+    rows, weights, n_tok = data.build_rows(tok, [d["text"] for d in train_docs], args.seq_len, seed=1,
+                                           assistant_weight=args.assistant_weight)
     val_rows, _, _ = data.build_rows(tok, [d["text"] for d in val_docs], args.seq_len, seed=2)
     chars = sum(len(d["text"]) for d in train_docs)
     log("train: {} tokens ({:.2f} chars/token) in {} rows of {}; val rows {}".format(
@@ -102,15 +108,22 @@ def main():
     # ---------------------------------------------------------------- model + training
     cfg = ModelConfig(vocab_size=tok.get_vocab_size())
     torch.manual_seed(0)
-    model = GlmMoeDsa(cfg).to(device)
+    model = GlmMoeDsa(cfg)
+    if args.init_from:
+        with open(os.path.join(args.init_from, "config.json")) as f:
+            hf = json.load(f)
+        tensors = export.read_safetensors(os.path.join(args.init_from, "model.safetensors"))
+        export.load_hub_into(model, tensors, hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
+        log("initialized from {}".format(args.init_from))
+    model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
     log("params {:.2f}M (MTP layer {:.2f}M), indexer_types {}".format(n_params / 1e6, n_mtp / 1e6, cfg.indexer_types))
     results["params"] = {"total": n_params, "mtp": n_mtp}
     batches = data.Batches(rows, weights, args.batch, seed=3)
-    train_s = left() - args.reserve_s - args.ablation_s
+    train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
     log("training budget {:.0f}s".format(train_s))
-    sched = train.Schedule(train_s, args.lr)
+    sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until)
     ckpt = os.path.join(args.work, "ckpt.pt")
     state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume)
     results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
@@ -157,7 +170,7 @@ def main():
 
     vr = val_rows[: (2 if args.smoke else 8)]
     stage("val_loss", lambda: {m: evaluate.val_loss(model, vr, m, device) for m in ("dense", "sparse")}, 15)
-    pk = passkey_items if not args.smoke else [it for i, it in enumerate(passkey_items) if i % 16 < 2]
+    pk = [it for i, it in enumerate(passkey_items) if i % 16 < (2 if args.smoke else args.passkey_n)]
     short = [it for it in pk if it["tokens"] <= cfg_len(args)]
     long_ = [it for it in pk if it["tokens"] > cfg_len(args)]
     stage("passkey", lambda: {m: evaluate.passkey(model, tok, short, m, device, ids["<|endoftext|>"])
@@ -165,8 +178,8 @@ def main():
     stage("passkey_beyond", lambda: {m: evaluate.passkey(model, tok, long_, m, device, ids["<|endoftext|>"])
                                      for m in ("sparse", "dense")}, 40)
     stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
-    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 512, 16 if args.smoke else 64, seed=5)
-    new_tokens = 24 if args.smoke else 96
+    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 512, 16 if args.smoke else 32, seed=5)
+    new_tokens = 24 if args.smoke else 64
     stage("mtp_shipped", lambda: evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens), 20)
 
     # ---------------------------------------------------------------- MTP ablation (frozen target)
