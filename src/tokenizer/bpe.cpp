@@ -121,7 +121,8 @@ BpeModel::BpeModel(const json& model) {
     if (!value.is_number_integer())
       fail("tokenizer.json: vocab id of '{}' is not an integer", token);
     const int64_t id = value.get<int64_t>();
-    if (id < 0 || id >= (int64_t{1} << 30))
+    // Ids are dense in real files; a bound keeps a bad file from allocating gigabytes.
+    if (id < 0 || id >= static_cast<int64_t>(16 * vocab.size() + 65536))
       fail("tokenizer.json: vocab id {} of '{}' is out of range", id, token);
     vocab_[token] = static_cast<TokenId>(id);
     if (static_cast<size_t>(id) >= id_to_token_.size()) {

@@ -16,14 +16,15 @@ namespace {
 using json = nlohmann::json;
 
 // Decoders that keep bytes as the ByteLevel decoder does; the rest are refused.
-bool parse_decoder(const json& spec) {
+bool parse_decoder(const json& spec, int depth = 0) {
   if (spec.is_null()) return false;
+  if (depth > 32) fail("tokenizer.json: decoder Sequences nest too deeply");
   const std::string type = json_string(spec, "type", "decoder");
   if (type == "ByteLevel") return true;
   if (type == "Sequence") {
     bool byte_level = false;
     for (const auto& step : json_array(spec, "decoders", "Sequence decoder"))
-      byte_level = parse_decoder(step) || byte_level;
+      byte_level = parse_decoder(step, depth + 1) || byte_level;
     return byte_level;
   }
   fail("tokenizer.json: unsupported decoder type '{}'", type);

@@ -84,13 +84,16 @@ class ReplaceNormalizer final : public Normalizer {
   std::string content_;
 };
 
-std::unique_ptr<Normalizer> make(const json& spec) {
+constexpr int kMaxNesting = 32;  // real files nest once; bounds recursion on bad input
+
+std::unique_ptr<Normalizer> make(const json& spec, int depth) {
   if (spec.is_null()) return nullptr;
+  if (depth > kMaxNesting) fail("tokenizer.json: normalizer Sequences nest too deeply");
   const std::string type = json_string(spec, "type", "normalizer");
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> steps;
     for (const auto& step : json_array(spec, "normalizers", "Sequence normalizer"))
-      if (auto made = make(step)) steps.push_back(std::move(made));
+      if (auto made = make(step, depth + 1)) steps.push_back(std::move(made));
     if (steps.empty()) return nullptr;
     if (steps.size() == 1) return std::move(steps[0]);
     return std::make_unique<SequenceNormalizer>(std::move(steps));
@@ -108,7 +111,7 @@ std::unique_ptr<Normalizer> make(const json& spec) {
 }  // namespace
 
 std::unique_ptr<Normalizer> make_normalizer(const json& spec) {
-  return make(spec);
+  return make(spec, 0);
 }
 
 }  // namespace megactx

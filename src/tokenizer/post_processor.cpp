@@ -49,8 +49,11 @@ void cls_sep(const json& spec, PostProcessor& out) {
   }
 }
 
-void apply(const json& spec, PostProcessor& out) {
+constexpr int kMaxNesting = 32;  // real files nest once; bounds recursion on bad input
+
+void apply(const json& spec, PostProcessor& out, int depth) {
   if (spec.is_null()) return;
+  if (depth > kMaxNesting) fail("tokenizer.json: post_processor Sequences nest too deeply");
   const std::string type = json_string(spec, "type", "post_processor");
   if (type == "TemplateProcessing") {
     template_processing(spec, out);
@@ -60,7 +63,7 @@ void apply(const json& spec, PostProcessor& out) {
     // Each processor wraps the result of the previous one.
     for (const auto& step : json_array(spec, "processors", "Sequence post_processor")) {
       PostProcessor inner;
-      apply(step, inner);
+      apply(step, inner, depth + 1);
       out.prefix.insert(out.prefix.begin(), inner.prefix.begin(), inner.prefix.end());
       out.suffix.insert(out.suffix.end(), inner.suffix.begin(), inner.suffix.end());
     }
@@ -73,7 +76,7 @@ void apply(const json& spec, PostProcessor& out) {
 
 PostProcessor make_post_processor(const json& spec) {
   PostProcessor out;
-  apply(spec, out);
+  apply(spec, out, 0);
   return out;
 }
 

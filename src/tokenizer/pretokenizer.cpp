@@ -16,6 +16,8 @@ namespace {
 using Offsets = std::pair<size_t, size_t>;
 using json = nlohmann::json;
 
+constexpr int kMaxNesting = 32;  // real files nest once; bounds recursion on bad input
+
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 Behavior parse_behavior(const std::string& name) {
@@ -174,13 +176,14 @@ class SequencePreTokenizer final : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 
-std::unique_ptr<PreTokenizer> make_step(const json& spec, bool last, bool* raw_bytes) {
+std::unique_ptr<PreTokenizer> make_step(const json& spec, bool last, bool* raw_bytes, int depth) {
+  if (depth > kMaxNesting) fail("tokenizer.json: pre_tokenizer Sequences nest too deeply");
   const std::string type = json_string(spec, "type", "pre_tokenizer");
   if (type == "Sequence") {
     const json& list = json_array(spec, "pretokenizers", "Sequence pre_tokenizer");
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list.size(); ++i)
-      steps.push_back(make_step(list[i], last && i + 1 == list.size(), raw_bytes));
+      steps.push_back(make_step(list[i], last && i + 1 == list.size(), raw_bytes, depth + 1));
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
   }
   if (type == "Split") {
@@ -209,7 +212,7 @@ std::unique_ptr<PreTokenizer> make_step(const json& spec, bool last, bool* raw_b
 PreTokenizerPipeline make_pre_tokenizer(const json& spec) {
   PreTokenizerPipeline pipeline;
   if (spec.is_null()) return pipeline;
-  pipeline.root = make_step(spec, true, &pipeline.output_raw_bytes);
+  pipeline.root = make_step(spec, true, &pipeline.output_raw_bytes, 0);
   return pipeline;
 }
 

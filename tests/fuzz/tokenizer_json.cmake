@@ -1,0 +1,1 @@
+megactx_add_fuzzer(tokenizer_json LIBS megactx_tokenizer megactx_core)
