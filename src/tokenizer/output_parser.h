@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,6 +44,9 @@ struct OutputParserOptions {
   bool parse_reasoning = true;
   bool starts_in_reasoning = false;  // the prompt ended inside <think>
   bool parse_tool_calls = true;
+  // Tool call ids are "call_" + 24 letters/digits drawn from a generator seeded
+  // with this value; 0 seeds it randomly (tests set it to compare runs).
+  uint64_t tool_call_id_seed = 0;
 };
 
 class OutputParser {
