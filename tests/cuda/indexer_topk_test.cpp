@@ -183,11 +183,27 @@ void expect_valid_topk(const float* scores, int64_t visible, int top_k, const in
   EXPECT_EQ(chosen_above, above) << what;
 }
 
+void check_engine(IndexerProblem& problem, DeviceIndexer& device, bool bulk_copies,
+                  bool check_all_scores);
+
+// Scores and selects with both page-copy engines (TMA bulk copies, cp.async).
 void run_and_check(IndexerProblem& problem, uint32_t seed, bool check_all_scores = true) {
   std::mt19937 rng(seed);
   problem.build(rng);
   DeviceIndexer device(problem);
-  cuda::indexer_scores(device.score_params(problem), nullptr);
+  for (bool bulk_copies : {true, false}) {
+    SCOPED_TRACE(bulk_copies ? "bulk copies" : "cp.async");
+    device.scores.fill_bytes(0xff);
+    device.slots.fill_bytes(0x5a);
+    check_engine(problem, device, bulk_copies, check_all_scores);
+  }
+}
+
+void check_engine(IndexerProblem& problem, DeviceIndexer& device, bool bulk_copies,
+                  bool check_all_scores) {
+  cuda::IndexerScoreParams params = device.score_params(problem);
+  params.bulk_copies = bulk_copies;
+  cuda::indexer_scores(params, nullptr);
   cuda::radix_topk(device.topk_params(problem), nullptr);
   const std::vector<float> scores = device.scores.download();
   const std::vector<int32_t> slots = device.slots.download();
@@ -297,11 +313,13 @@ TEST(IndexerTopk, PrefillRowsEachWithTheirOwnLength) {
   run_and_check(prefill, 52);
 }
 
-TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
-  std::mt19937 rng(61);
+// Rows of at most kTopkSmallRow keys use the one-CTA select, longer batches the
+// multi-CTA passes: ties are checked on both.
+void check_ties(const std::vector<int64_t>& lengths, uint32_t seed) {
+  std::mt19937 rng(seed);
   IndexerProblem problem;
   problem.top_k = 2048;
-  problem.lengths = {10000, 4097, 300000};
+  problem.lengths = lengths;
   problem.build(rng);
   DeviceIndexer device(problem);
   // Scores from a tiny set of values: thousands of ties at the threshold.
@@ -320,35 +338,54 @@ TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
                       slots.data() + row * problem.top_k, "tie row " + std::to_string(row));
 }
 
+TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
+  check_ties({10000, 4097, 300000}, 61);  // multi-CTA passes
+  check_ties({10000, 4097, 30000}, 62);   // one CTA per row
+}
+
+TEST(IndexerTopk, LongBatchUsesTheMultiBlockSelectForEveryRow) {
+  IndexerProblem problem;
+  problem.rows_per_group = 2;
+  problem.lengths = {2, 2047, 2049, 40000, 70001};
+  run_and_check(problem, 63);
+}
+
 TEST(IndexerTopk, OneMillionKeys) {
   IndexerProblem problem;
   problem.lengths = {1048576, 1048576 - 37};
   std::mt19937 rng(71);
   problem.build(rng, /*fast_pool=*/true);
   DeviceIndexer device(problem);
-  cuda::indexer_scores(device.score_params(problem), nullptr);
-  cuda::radix_topk(device.topk_params(problem), nullptr);
-  const auto scores = device.scores.download();
-  const auto slots = device.slots.download();
-  for (int row = 0; row < problem.rows; ++row) {
-    const float* row_scores = scores.data() + static_cast<size_t>(row) * problem.score_stride;
-    const int64_t visible = problem.row_visible[row];
-    // Scores at random positions and at both ends (index arithmetic past 2^20 * 132 bytes).
-    std::vector<int64_t> positions = {0, 1, 63, 64, visible - 65, visible - 2, visible - 1};
-    for (int i = 0; i < 3000; ++i) positions.push_back(static_cast<int64_t>(rng() % visible));
-    std::vector<float> expected;
-    float largest = 1e-30f;
-    for (int64_t p : positions) {
-      expected.push_back(reference_score(problem, row, p));
-      largest = std::max(largest, std::fabs(expected.back()));
+  for (bool bulk_copies : {true, false}) {
+    SCOPED_TRACE(bulk_copies ? "bulk copies" : "cp.async");
+    device.scores.fill_bytes(0xff);
+    cuda::IndexerScoreParams params = device.score_params(problem);
+    params.bulk_copies = bulk_copies;
+    cuda::indexer_scores(params, nullptr);
+    cuda::radix_topk(device.topk_params(problem), nullptr);
+    const auto scores = device.scores.download();
+    const auto slots = device.slots.download();
+    for (int row = 0; row < problem.rows; ++row) {
+      const float* row_scores = scores.data() + static_cast<size_t>(row) * problem.score_stride;
+      const int64_t visible = problem.row_visible[row];
+      // Scores at random positions and at both ends (index arithmetic past 2^20 * 132 bytes).
+      std::vector<int64_t> positions = {0, 1, 63, 64, visible - 65, visible - 2, visible - 1};
+      for (int i = 0; i < 3000; ++i) positions.push_back(static_cast<int64_t>(rng() % visible));
+      std::vector<float> expected;
+      float largest = 1e-30f;
+      for (int64_t p : positions) {
+        expected.push_back(reference_score(problem, row, p));
+        largest = std::max(largest, std::fabs(expected.back()));
+      }
+      for (size_t i = 0; i < positions.size(); ++i)
+        ASSERT_NEAR(row_scores[positions[i]], expected[i], kScoreTolerance * largest)
+            << "row " << row << " position " << positions[i];
+      for (int64_t p = visible; p < problem.score_stride; ++p)
+        ASSERT_TRUE(std::isnan(row_scores[p]));
+      expect_valid_topk(
+          row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
+          slots.data() + static_cast<size_t>(row) * problem.top_k, "1M row " + std::to_string(row));
     }
-    for (size_t i = 0; i < positions.size(); ++i)
-      ASSERT_NEAR(row_scores[positions[i]], expected[i], kScoreTolerance * largest)
-          << "row " << row << " position " << positions[i];
-    for (int64_t p = visible; p < problem.score_stride; ++p) ASSERT_TRUE(std::isnan(row_scores[p]));
-    expect_valid_topk(
-        row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
-        slots.data() + static_cast<size_t>(row) * problem.top_k, "1M row " + std::to_string(row));
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -22,6 +23,52 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int Pending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// ---- Bulk copies (TMA engine, 1-D, no tensor map) completing on an mbarrier ----
+// One request moves a whole contiguous block (a multiple of 16 bytes), so few
+// requests keep many bytes in flight (cp.async needs one per 16 bytes).
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)),
+               "r"(arrivals));
+}
+// Makes initialised barriers visible to the copy engine (then __syncthreads).
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+}
+// Arrives once and announces `bytes` more bytes of transactions for this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, unsigned bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
+      "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy_to_shared(void* destination, const void* source,
+                                                    unsigned bytes, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(shared_address(destination)),
+      "l"(source), "r"(bytes), "r"(shared_address(barrier))
+      : "memory");
+}
+// Spins until the barrier's phase with parity `phase` has completed; a copy
+// that never lands traps (a launch error) instead of hanging the GPU.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, unsigned phase) {
+  unsigned done = 0;
+  long long spins = 0;
+  do {
+    if (++spins > (1ll << 26)) __trap();
+    asm volatile(
+        "{\n .reg .pred ready;\n mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n "
+        "selp.u32 %0, 1, 0, "
+        "ready;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(phase)
+        : "memory");
+  } while (!done);
 }
 
 // ---- Tensor-core MMA (mma.sync, fp32 accumulate) -----------------------------
@@ -45,6 +92,16 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (
                                                  uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Same shape with f16 operands (e4m3 converts to f16 exactly, in one instruction).
+__device__ __forceinline__ void mma_f16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -85,6 +142,23 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float (&out)[4]) 
   out[2] = b.x;
   out[3] = b.y;
 }
+// Four packed e4m3 times `scale` -> two f16 pairs (exact conversion, one f16 rounding).
+__device__ __forceinline__ void e4m3x4_scaled_to_half2(uint32_t word, __half2 scale, uint32_t& low,
+                                                       uint32_t& high) {
+  const __half2_raw a =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
+  const __half2_raw b =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
+  const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&a), scale);
+  const __half2 y = __hmul2(*reinterpret_cast<const __half2*>(&b), scale);
+  low = *reinterpret_cast<const uint32_t*>(&x);
+  high = *reinterpret_cast<const uint32_t*>(&y);
+}
+__device__ __forceinline__ uint32_t pack_half2(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
 __device__ __forceinline__ uint8_t float_to_e4m3(float value) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
 }

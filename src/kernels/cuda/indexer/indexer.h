@@ -36,6 +36,9 @@ struct IndexerScoreParams {
   int rows_per_group = 1;  // 1..8; rows % rows_per_group == 0
   int block_table_stride = 0;
   int max_visible = 0;  // >= every row_visible; sizes the grid (up to 1,048,576 and beyond)
+  // How pages reach shared memory: TMA bulk copies (one request per 8448-byte
+  // page) or cp.async (one per 16 bytes). Both are tested; the benchmark times both.
+  bool bulk_copies = true;
 };
 
 // Quantises bf16 indexer queries to e4m3 per (row, head) (scale = amax / 448)

@@ -1,9 +1,10 @@
 // Indexer scoring kernel: fp8 tensor cores over the paged indexer-key cache.
 //
-// Work split: grid.y = groups of rows_per_group rows of one request, grid.x =
-// chunks of kChunkPages pages of that request's keys. A CTA copies its pages
-// (64 keys x 132 B each, contiguous in the pool) into shared memory with
-// cp.async, then each warp scores n-tiles of 8 keys for one row:
+// Work split: grid.y = groups of rows_per_group rows of one request; grid.x =
+// CTAs per group (two resident per SM in total), each streaming chunks of
+// kStagePages pages (64 keys x 132 B each, contiguous in the pool) through a
+// kStages-deep cp.async pipeline into shared memory. Each warp scores n-tiles
+// of 8 keys for one row:
 //   acc[head, key] = q8[row, head, :] . k8[key, :]      (mma m16n8k32 e4m3)
 //   score[key]     = key_scale * sum_head w[head] * relu(acc[head, key])
 // The 128-dim dot product is summed in a permuted k order so that each thread
@@ -12,47 +13,26 @@
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/indexer/indexer.h"
 
+#include <algorithm>
+
 namespace megactx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunkPages = 8;
+constexpr int kStagePages = 4;  // pages per pipeline stage (one "chunk")
+constexpr int kStages = 3;      // chunks in flight per CTA
 constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448, a multiple of 16
+constexpr int kSharedBytes = kStages * kStagePages * kPageBytes;
 
-// Waits until at most `pending` of this thread's cp.async groups are in flight.
-__device__ __forceinline__ void wait_pages(int pending) {
-  switch (pending) {
-    case 0:
-      cp_async_wait<0>();
-      break;
-    case 1:
-      cp_async_wait<1>();
-      break;
-    case 2:
-      cp_async_wait<2>();
-      break;
-    case 3:
-      cp_async_wait<3>();
-      break;
-    case 4:
-      cp_async_wait<4>();
-      break;
-    case 5:
-      cp_async_wait<5>();
-      break;
-    case 6:
-      cp_async_wait<6>();
-      break;
-    default:
-      cp_async_wait<7>();
-      break;
-  }
-}
-
-template <int MTiles>  // heads / 16
-__global__ void __launch_bounds__(kThreads) indexer_scores_kernel(IndexerScoreParams p) {
-  extern __shared__ __align__(16) uint8_t pages_shared[];  // [kChunkPages][64 keys][132 B]
+// Bulk: pages arrive by TMA bulk copies (one request per page, issued by one
+// thread, completing on a per-stage mbarrier); otherwise by cp.async (one
+// request per 16 bytes from every thread).
+template <int MTiles, bool Bulk>  // MTiles = heads / 16
+__global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
+    indexer_scores_kernel(IndexerScoreParams p) {
+  extern __shared__ __align__(16) uint8_t pages_shared[];  // [kStages][kStagePages][64 keys][132 B]
+  __shared__ uint64_t stage_full[kStages];  // Bulk: completes when a stage's pages landed
   const int rows_per_group = p.rows_per_group;
   const int row0 = blockIdx.y * rows_per_group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,25 +41,67 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_kernel(IndexerScorePa
   int group_visible = 0;
   for (int i = 0; i < rows_per_group; ++i)
     group_visible = max(group_visible, p.row_visible[row0 + i]);
-  const int64_t first_page = static_cast<int64_t>(blockIdx.x) * kChunkPages;
   const int64_t pages_visible =
       (static_cast<int64_t>(group_visible) + kPageTokens - 1) / kPageTokens;
-  if (first_page >= pages_visible) return;
-  const int pages =
-      static_cast<int>(min(static_cast<int64_t>(kChunkPages), pages_visible - first_page));
+  const int64_t chunks = (pages_visible + kStagePages - 1) / kStagePages;
+  if (blockIdx.x >= chunks) return;
   const int32_t* table =
       p.block_table + static_cast<int64_t>(p.row_request[row0]) * p.block_table_stride;
 
-  // One commit group per page slot (empty ones too) so wait_pages counts uniformly.
-  for (int i = 0; i < kChunkPages; ++i) {
-    if (i < pages) {
-      const uint8_t* source = p.key_pool + static_cast<int64_t>(table[first_page + i]) * kPageBytes;
-      uint8_t* destination = pages_shared + i * kPageBytes;
-      for (int piece = threadIdx.x; piece < kPageBytes / 16; piece += kThreads)
-        cp_async_16(destination + piece * 16, source + piece * 16);
+  if (Bulk) {
+    if (threadIdx.x == 0) {
+      for (int stage = 0; stage < kStages; ++stage) mbarrier_init(&stage_full[stage], 1);
+      mbarrier_init_fence();
     }
-    cp_async_commit();
+    __syncthreads();
   }
+
+  // This CTA streams chunks blockIdx.x, blockIdx.x + gridDim.x, ... through a
+  // kStages-deep cp.async pipeline: one commit group per chunk (empty past the
+  // end). Page ids are read one step before their copies are issued, so the
+  // block-table latency hides behind a chunk of compute.
+  auto load_page_ids = [&](int64_t step, int32_t(&ids)[kStagePages]) {
+    const int64_t chunk = blockIdx.x + step * gridDim.x;
+#pragma unroll
+    for (int i = 0; i < kStagePages; ++i) {
+      const int64_t page = chunk * kStagePages + i;
+      ids[i] =
+          (!Bulk || threadIdx.x == 0) && chunk < chunks && page < pages_visible ? table[page] : -1;
+    }
+  };
+  auto issue = [&](const int32_t(&ids)[kStagePages], int stage) {
+    if constexpr (Bulk) {
+      if (threadIdx.x != 0) return;
+      unsigned bytes = 0;
+#pragma unroll
+      for (int i = 0; i < kStagePages; ++i) bytes += ids[i] >= 0 ? kPageBytes : 0;
+      if (bytes == 0) return;  // past the end: never waited for
+      mbarrier_arrive_expect_bytes(&stage_full[stage], bytes);
+#pragma unroll
+      for (int i = 0; i < kStagePages; ++i)
+        if (ids[i] >= 0)
+          bulk_copy_to_shared(pages_shared + (stage * kStagePages + i) * kPageBytes,
+                              p.key_pool + static_cast<int64_t>(ids[i]) * kPageBytes, kPageBytes,
+                              &stage_full[stage]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kStagePages; ++i) {
+        if (ids[i] < 0) continue;
+        const uint8_t* source = p.key_pool + static_cast<int64_t>(ids[i]) * kPageBytes;
+        uint8_t* destination = pages_shared + (stage * kStagePages + i) * kPageBytes;
+        for (int piece = threadIdx.x; piece < kPageBytes / 16; piece += kThreads)
+          cp_async_16(destination + piece * 16, source + piece * 16);
+      }
+      cp_async_commit();
+    }
+  };
+  int32_t next_ids[kStagePages];
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    load_page_ids(stage, next_ids);
+    issue(next_ids, stage);
+  }
+  load_page_ids(kStages - 1, next_ids);
 
   // Warps per row: 8 for one row, 4 for two, 2 for 3..4, 1 for 5..8.
   const int warps_per_row = rows_per_group >= kWarps ? 1 : kWarps / rows_per_group;
@@ -112,48 +134,72 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_kernel(IndexerScorePa
   }
   float* row_scores = p.scores + static_cast<int64_t>(row) * p.score_stride;
 
-  for (int i = 0; i < pages; ++i) {
-    wait_pages(kChunkPages - 1 - i);
-    __syncthreads();  // every thread's copies of page i have landed
+  const int64_t steps = (chunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  for (int64_t step = 0; step < steps; ++step) {
+    if constexpr (Bulk)
+      mbarrier_wait(&stage_full[step % kStages], static_cast<unsigned>((step / kStages) & 1));
+    else
+      cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk `step` has landed; the stage of step - 1 is free again
+    issue(next_ids, static_cast<int>((step + kStages - 1) % kStages));
+    load_page_ids(step + kStages, next_ids);
     if (!has_row) continue;
-    const uint8_t* page = pages_shared + i * kPageBytes;
-    const int64_t page_position = (first_page + i) * kPageTokens;
-    for (int tile = sub_warp; tile < kPageTokens / 8; tile += warps_per_row) {
-      const int64_t tile_position = page_position + tile * 8;
-      if (tile_position >= visible) break;  // uniform across the warp
-      const uint8_t* key = page + (tile * 8 + g) * kIndexerKeyBytes + t * 32;
-      uint32_t b[8];
+    const int64_t chunk = blockIdx.x + step * gridDim.x;
+    const uint8_t* stage_pages =
+        pages_shared + static_cast<int>(step % kStages) * kStagePages * kPageBytes;
+    // The chunk's 32 n-tiles of 8 keys (pages are contiguous in the stage);
+    // a warp takes two at a time so that their MMA chains overlap.
+    constexpr int kTiles = kStagePages * kPageTokens / 8;
+    const int64_t chunk_position = chunk * kStagePages * kPageTokens;
+    for (int first = sub_warp; first < kTiles; first += 2 * warps_per_row) {
+      if (chunk_position + first * 8 >= visible) break;  // uniform across the warp
+      const int tiles[2] = {first, first + warps_per_row};
+      float score[2][2];  // [tile][key 2t or 2t+1], partial over heads
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        b[2 * s] = *reinterpret_cast<const uint32_t*>(key + s * 8);
-        b[2 * s + 1] = *reinterpret_cast<const uint32_t*>(key + s * 8 + 4);
+      for (int u = 0; u < 2; ++u) {
+        // A second tile past the chunk is computed on stale data and not stored.
+        const uint8_t* key =
+            stage_pages + (min(tiles[u], kTiles - 1) * 8 + g) * kIndexerKeyBytes + t * 32;
+        uint32_t b[8];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          b[2 * s] = *reinterpret_cast<const uint32_t*>(key + s * 8);
+          b[2 * s + 1] = *reinterpret_cast<const uint32_t*>(key + s * 8 + 4);
+        }
+        score[u][0] = score[u][1] = 0.f;
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt) {
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) mma_e4m3_16x8x32(c, a[mt][s], b[2 * s], b[2 * s + 1]);
+          score[u][0] += weight[mt][0] * fmaxf(c[0], 0.f) + weight[mt][1] * fmaxf(c[2], 0.f);
+          score[u][1] += weight[mt][0] * fmaxf(c[1], 0.f) + weight[mt][1] * fmaxf(c[3], 0.f);
+        }
       }
-      float score0 = 0.f, score1 = 0.f;  // keys 2t and 2t+1 of the tile, partial over heads
 #pragma unroll
-      for (int mt = 0; mt < MTiles; ++mt) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int mask = 4; mask < 32; mask <<= 1)  // sum over g: the heads
 #pragma unroll
-        for (int s = 0; s < 4; ++s) mma_e4m3_16x8x32(c, a[mt][s], b[2 * s], b[2 * s + 1]);
-        score0 += weight[mt][0] * fmaxf(c[0], 0.f) + weight[mt][1] * fmaxf(c[2], 0.f);
-        score1 += weight[mt][0] * fmaxf(c[1], 0.f) + weight[mt][1] * fmaxf(c[3], 0.f);
-      }
-#pragma unroll
-      for (int mask = 4; mask < 32; mask <<= 1) {  // sum over g: the heads
-        score0 += __shfl_xor_sync(0xffffffffu, score0, mask);
-        score1 += __shfl_xor_sync(0xffffffffu, score1, mask);
-      }
+        for (int u = 0; u < 2; ++u) {
+          score[u][0] += __shfl_xor_sync(0xffffffffu, score[u][0], mask);
+          score[u][1] += __shfl_xor_sync(0xffffffffu, score[u][1], mask);
+        }
       if (g == 0) {
-        const int local = tile * 8 + 2 * t;
-        const float scale0 =
-            *reinterpret_cast<const float*>(page + local * kIndexerKeyBytes + kIndexerHeadDim);
-        const float scale1 = *reinterpret_cast<const float*>(page + (local + 1) * kIndexerKeyBytes +
-                                                             kIndexerHeadDim);
-        const int64_t position = tile_position + 2 * t;
-        if (position < visible) row_scores[position] = score0 * scale0;
-        if (position + 1 < visible) row_scores[position + 1] = score1 * scale1;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (tiles[u] >= kTiles) continue;
+          const int local = tiles[u] * 8 + 2 * t;  // key index within the chunk
+          const float scale0 = *reinterpret_cast<const float*>(
+              stage_pages + local * kIndexerKeyBytes + kIndexerHeadDim);
+          const float scale1 = *reinterpret_cast<const float*>(
+              stage_pages + (local + 1) * kIndexerKeyBytes + kIndexerHeadDim);
+          const int64_t position = chunk_position + local;
+          if (position < visible) row_scores[position] = score[u][0] * scale0;
+          if (position + 1 < visible) row_scores[position + 1] = score[u][1] * scale1;
+        }
       }
     }
   }
+  if constexpr (!Bulk) cp_async_wait<0>();  // leave no copy in flight into freed shared memory
 }
 
 // One warp per (row, head): amax over 128 values, e4m3 with scale amax / 448.
@@ -181,18 +227,33 @@ __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
   if (lane == 0) p.weights[item] = p.head_weights[item] * scale * p.softmax_scale;
 }
 
-template <int MTiles>
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }();
+  return count;
+}
+
+template <int MTiles, bool Bulk>
 void launch_scores(const IndexerScoreParams& params, cudaStream_t stream) {
-  constexpr int shared_bytes = kChunkPages * kPageBytes;
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-        indexer_scores_kernel<MTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel<MTiles, Bulk>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kSharedBytes));
     return true;
   }();
   (void)configured;
-  const int64_t chunk_keys = static_cast<int64_t>(kChunkPages) * kPageTokens;
-  const unsigned chunks = static_cast<unsigned>((params.max_visible + chunk_keys - 1) / chunk_keys);
+  const int64_t chunk_keys = static_cast<int64_t>(kStagePages) * kPageTokens;
+  const int64_t chunks = (params.max_visible + chunk_keys - 1) / chunk_keys;
   const int64_t groups = params.rows / params.rows_per_group;
+  // Two resident CTAs per SM; each group gets an equal share of them, and each
+  // CTA streams its chunks through the pipeline.
+  const int64_t resident = 2 * static_cast<int64_t>(multiprocessor_count());
+  const unsigned ctas_per_group = static_cast<unsigned>(
+      std::min<int64_t>(chunks, std::max<int64_t>(1, (resident + groups - 1) / groups)));
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t first = 0; first < groups; first += kMaxGridY) {
     IndexerScoreParams part = params;
@@ -202,9 +263,10 @@ void launch_scores(const IndexerScoreParams& params, cudaStream_t stream) {
     part.row_request += row0;
     part.row_visible += row0;
     part.scores += row0 * params.score_stride;
-    const unsigned count = static_cast<unsigned>(min(kMaxGridY, groups - first));
+    const unsigned count = static_cast<unsigned>(std::min(kMaxGridY, groups - first));
     part.rows = static_cast<int>(count) * params.rows_per_group;
-    indexer_scores_kernel<MTiles><<<dim3(chunks, count), kThreads, shared_bytes, stream>>>(part);
+    indexer_scores_kernel<MTiles, Bulk>
+        <<<dim3(ctas_per_group, count), kThreads, kSharedBytes, stream>>>(part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -216,9 +278,11 @@ namespace detail {
 void launch_indexer_scores(const IndexerScoreParams& params, cudaStream_t stream) {
   if (params.rows == 0 || params.max_visible == 0) return;
   if (params.heads == 32)
-    launch_scores<2>(params, stream);
+    params.bulk_copies ? launch_scores<2, true>(params, stream)
+                       : launch_scores<2, false>(params, stream);
   else
-    launch_scores<4>(params, stream);
+    params.bulk_copies ? launch_scores<4, true>(params, stream)
+                       : launch_scores<4, false>(params, stream);
 }
 
 void launch_quantize_indexer_queries(const QuantizeIndexerParams& params, cudaStream_t stream) {

@@ -10,7 +10,7 @@ namespace megactx::cuda {
 int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessors) {
   const int64_t ctas = std::max<int64_t>(1, int64_t{rows} * (heads / kSparseMlaHeadBlock));
   const int blocks = std::max(1, (top_k + kSparseMlaKeyBlock - 1) / kSparseMlaKeyBlock);
-  const int most = std::max(1, blocks / 4);  // keep at least 128 slots per split
+  const int most = std::max(1, blocks / 2);  // keep at least 64 slots per split
   const int64_t wanted = std::max<int64_t>(1, multiprocessors / ctas);
   return static_cast<int>(std::min<int64_t>(most, wanted));
 }

@@ -1,11 +1,17 @@
-// Sparse MLA attention kernel (bf16 tensor cores, fp32 softmax state) and the
+// Sparse MLA attention kernel (f16 tensor cores, fp32 softmax state) and the
 // split merge. One CTA = one query row x 64 heads x one split of its slots.
 //
 // Per block of 32 slots:
-//   1. gather + dequantise the 32 latent entries into K[32][576] bf16 (smem);
+//   1. dequantise the block's 32 raw latent entries (fetched by cp.async one
+//      block ahead into a staging buffer; slot ids two blocks ahead) into
+//      K[32][576] f16;
 //   2. S[64 heads][32] = Q[64][576] . K^T      warp w: heads 16*(w%4).., keys 16*(w/4)..
-//   3. online softmax per head row (4 threads per row), P bf16 in smem;
+//   3. online softmax per head row (4 threads per row), P f16 in smem;
 //   4. O[64][512] += P[64][32] . K[:, :512]    warp w: heads 16*(w%4).., dims 256*(w/4)..
+// Operands are f16: e4m3 converts to f16 exactly in one instruction (bf16 would
+// need a float round trip per element, which made the dequantisation cost more
+// than the MMAs), the group scale is one f16 multiply, and Q is stored times
+// 2^-6 (folded back into the softmax scale) so |q| up to 4e6 fits f16.
 // K doubles as V (MLA: the value is the latent itself), read transposed by
 // ldmatrix.trans. Row strides are padded by 16 bytes so that ldmatrix rows
 // fall in distinct banks.
@@ -20,21 +26,25 @@ constexpr int kThreads = 256;
 constexpr int kHeads = kSparseMlaHeadBlock;  // 64
 constexpr int kKeys = kSparseMlaKeyBlock;    // 32
 constexpr int kDim = kSparseMlaQueryDim;     // 576
-constexpr int kStride = kDim + 8;            // bf16 per Q/K row in smem
+constexpr int kStride = kDim + 8;            // f16 per Q/K row in smem
 constexpr int kScoreStride = kKeys + 1;      // fp32 per S row
-constexpr int kProbStride = kKeys + 8;       // bf16 per P row
+constexpr int kProbStride = kKeys + 8;       // f16 per P row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kQueryPrescale = 1.f / 64.f;
+
+constexpr int kEntryPieces = kLatentBytes / 16;  // 41 16-byte pieces per entry
 
 struct SharedLayout {
-  __nv_bfloat16 q[kHeads * kStride];
-  __nv_bfloat16 k[kKeys * kStride];
+  __half q[kHeads * kStride];
+  __half k[kKeys * kStride];
+  uint8_t raw[2][kKeys * kLatentBytes];  // staged fp8 entries of the next block
+  int32_t slot_ids[3][kKeys];            // slot ids of blocks j, j+1, j+2
   float s[kHeads * kScoreStride];
-  __nv_bfloat16 prob[kHeads * kProbStride];
+  __half prob[kHeads * kProbStride];
   float row_max[kHeads];
   float row_sum[kHeads];
   float row_factor[kHeads];
-  int valid[kKeys];
 };
 
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams p) {
@@ -49,19 +59,64 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
   const int blocks_per_split = (total_blocks + p.num_splits - 1) / p.num_splits;
   const int key_begin = split * blocks_per_split * kKeys;
   const int key_end = min(p.top_k, key_begin + blocks_per_split * kKeys);
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
-  // Q block [64 heads][576] -> smem, 16-byte pieces.
+  const int32_t* row_slots = p.slots + row * p.top_k;
+  // Slot ids of the block starting at key0, one per thread of warp 0 (-1 past
+  // the split); read a block ahead of their smem store to hide the latency.
+  auto read_slot_id = [&](int key0) -> int32_t {
+    return tid < kKeys && key0 + tid < key_end ? row_slots[key0 + tid] : -1;
+  };
+  // Raw entries of the block whose ids are in slot_ids[buffer] -> raw[stage].
+  auto fetch_entries = [&](int buffer, int stage) {
+    for (int piece = tid; piece < kKeys * kEntryPieces; piece += kThreads) {
+      const int key = piece / kEntryPieces, offset = (piece % kEntryPieces) * 16;
+      const int32_t slot = sh.slot_ids[buffer][key];
+      if (slot >= 0)
+        cp_async_16(&sh.raw[stage][key * kLatentBytes + offset],
+                    p.kv_pool + static_cast<int64_t>(slot) * kLatentBytes + offset);
+    }
+    cp_async_commit();
+  };
+
+  // Q block [64 heads][576] bf16 -> f16 * 2^-6 in smem: 18 pieces of 16 bytes
+  // per thread, loaded in two batches so that the loads overlap.
   const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-  for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
-    const int head = i / (kDim / 8), piece = i % (kDim / 8);
-    *reinterpret_cast<uint4*>(&sh.q[head * kStride + piece * 8]) =
-        *reinterpret_cast<const uint4*>(q_source + head * kDim + piece * 8);
+  constexpr int kQueryPieces = kHeads * (kDim / 8) / kThreads;  // 18
+  static_assert(kHeads * (kDim / 8) % kThreads == 0 && kQueryPieces % 2 == 0);
+#pragma unroll
+  for (int batch = 0; batch < 2; ++batch) {
+    uint4 raw[kQueryPieces / 2];
+#pragma unroll
+    for (int r = 0; r < kQueryPieces / 2; ++r) {
+      const int i = tid + (batch * kQueryPieces / 2 + r) * kThreads;
+      raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
+                                               (i % (kDim / 8)) * 8);
+    }
+#pragma unroll
+    for (int r = 0; r < kQueryPieces / 2; ++r) {
+      const int i = tid + (batch * kQueryPieces / 2 + r) * kThreads;
+      const uint32_t words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+      uint32_t packed[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        packed[w] = pack_half2(__uint_as_float(words[w] << 16) * kQueryPrescale,
+                               __uint_as_float(words[w] & 0xffff0000u) * kQueryPrescale);
+      *reinterpret_cast<uint4*>(&sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
   }
   if (tid < kHeads) {
     sh.row_max[tid] = -INFINITY;
     sh.row_sum[tid] = 0.f;
   }
+  if (tid < kKeys) {
+    sh.slot_ids[0][tid] = read_slot_id(key_begin);
+    sh.slot_ids[1][tid] = read_slot_id(key_begin + kKeys);
+  }
+  int32_t pending_slot = read_slot_id(key_begin + 2 * kKeys);
+  __syncthreads();
+  fetch_entries(0, 0);
   const int m_tile = warp % 4;  // heads 16*m_tile .. +16 in both GEMMs
   const int n_half = warp / 4;  // S: keys 16*n_half..; O: dims 256*n_half..
   float acc[32][4];
@@ -69,35 +124,48 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
   for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   __syncthreads();
 
-  const int32_t* row_slots = p.slots + row * p.top_k;
-  for (int key0 = key_begin; key0 < key_end; key0 += kKeys) {
-    // 1. Gather: thread -> (key tid/8, eighth tid%8): 64 latent values + 8 rope values.
+  int block = 0;
+  for (int key0 = key_begin; key0 < key_end; key0 += kKeys, ++block) {
+    // Prefetch: entries of block + 1, ids of block + 2 (read last iteration) to
+    // smem, ids of block + 3 into a register.
+    __syncthreads();
+    fetch_entries((block + 1) % 3, (block + 1) % 2);
+    if (tid < kKeys) sh.slot_ids[(block + 2) % 3][tid] = pending_slot;
+    pending_slot = read_slot_id(key0 + 3 * kKeys);
+    cp_async_wait<1>();  // this thread's copies of this block (and Q) have landed
+    __syncthreads();
+
+    // 1. Dequantise: thread -> (key tid/8, eighth tid%8): 64 latent values + 8 rope values.
     {
       const int key = tid / 8, part = tid % 8;
-      const int32_t slot = key0 + key < key_end ? row_slots[key0 + key] : -1;
-      __nv_bfloat16* destination = &sh.k[key * kStride];
+      const int32_t slot = sh.slot_ids[block % 3][key];
+      __half* destination = &sh.k[key * kStride];
       if (slot >= 0) {
-        const uint8_t* entry = p.kv_pool + static_cast<int64_t>(slot) * kLatentBytes;
-        const float scale =
-            *reinterpret_cast<const float*>(entry + kLatentScaleOffset + (part / 2) * 4);
+        const uint8_t* entry = &sh.raw[block % 2][key * kLatentBytes];
+        const __half2 scale = __float2half2_rn(
+            *reinterpret_cast<const float*>(entry + kLatentScaleOffset + (part / 2) * 4));
 #pragma unroll
         for (int piece = 0; piece < 4; ++piece) {
           const uint4 bytes = *reinterpret_cast<const uint4*>(entry + part * 64 + piece * 16);
           const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
           uint32_t packed[8];
 #pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            float values[4];
-            e4m3x4_to_float(words[w], values);
-            packed[2 * w] = pack_bf16x2(values[0] * scale, values[1] * scale);
-            packed[2 * w + 1] = pack_bf16x2(values[2] * scale, values[3] * scale);
-          }
+          for (int w = 0; w < 4; ++w)
+            e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
           uint4* out = reinterpret_cast<uint4*>(destination + part * 64 + piece * 16);
           out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
           out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
         }
+        // Rope: 8 bf16 -> 8 f16.
+        const uint4 rope = *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + part * 16);
+        const uint32_t rope_words[4] = {rope.x, rope.y, rope.z, rope.w};
+        uint32_t rope_half[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          rope_half[w] = pack_half2(__uint_as_float(rope_words[w] << 16),
+                                    __uint_as_float(rope_words[w] & 0xffff0000u));
         *reinterpret_cast<uint4*>(destination + kLatentRank + part * 8) =
-            *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + part * 16);
+            make_uint4(rope_half[0], rope_half[1], rope_half[2], rope_half[3]);
       } else {
         const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -105,28 +173,28 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
           *reinterpret_cast<uint4*>(destination + part * 64 + piece * 8) = zero;
         *reinterpret_cast<uint4*>(destination + kLatentRank + part * 8) = zero;
       }
-      if (part == 0) sh.valid[key] = slot >= 0;
     }
     __syncthreads();
 
     // 2. S = Q K^T for 16 heads x 16 keys per warp, k = 576 in 36 steps.
     {
       float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const __nv_bfloat16* a_row = &sh.q[(m_tile * 16 + lane % 16) * kStride + (lane / 16) * 8];
-      const __nv_bfloat16* b_row =
+      const __half* a_row = &sh.q[(m_tile * 16 + lane % 16) * kStride + (lane / 16) * 8];
+      const __half* b_row =
           &sh.k[(n_half * 16 + lane % 8 + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8];
 #pragma unroll 4
       for (int ks = 0; ks < kDim / 16; ++ks) {
         uint32_t a[4], b[4];
         ldmatrix_x4(a, a_row + ks * 16);
         ldmatrix_x4(b, b_row + ks * 16);
-        mma_bf16_16x8x16(s_acc[0], a, b[0], b[1]);
-        mma_bf16_16x8x16(s_acc[1], a, b[2], b[3]);
+        mma_f16_16x8x16(s_acc[0], a, b[0], b[1]);
+        mma_f16_16x8x16(s_acc[1], a, b[2], b[3]);
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int key = n_half * 16 + nt * 8 + 2 * t;
-        const bool valid0 = sh.valid[key], valid1 = sh.valid[key + 1];
+        const bool valid0 = sh.slot_ids[block % 3][key] >= 0,
+                   valid1 = sh.slot_ids[block % 3][key + 1] >= 0;
         float* s_low = &sh.s[(m_tile * 16 + g) * kScoreStride + key];
         float* s_high = s_low + 8 * kScoreStride;
         s_low[0] = valid0 ? s_acc[nt][0] * scale_log2 : -INFINITY;
@@ -150,6 +218,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float old_max = sh.row_max[head];
+      const float old_sum = sh.row_sum[head];
+      __syncwarp();  // every lane has read the row state before lane quarter 0 rewrites it
       const float new_max = fmaxf(old_max, block_max);
       const bool empty = new_max == -INFINITY;  // nothing valid yet: avoid inf - inf
       float sum = 0.f;
@@ -159,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
         const float p0 = empty ? 0.f : exp2f(values[i] - new_max);
         const float p1 = empty ? 0.f : exp2f(values[i + 1] - new_max);
         sum += p0 + p1;
-        packed[i / 2] = pack_bf16x2(p0, p1);
+        packed[i / 2] = pack_half2(p0, p1);
       }
       *reinterpret_cast<uint4*>(&sh.prob[head * kProbStride + quarter * 8]) =
           make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -168,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
       if (quarter == 0) {
         const float factor = empty ? 1.f : exp2f(old_max - new_max);
         sh.row_max[head] = new_max;
-        sh.row_sum[head] = sh.row_sum[head] * factor + sum;
+        sh.row_sum[head] = old_sum * factor + sum;
         sh.row_factor[head] = factor;
       }
     }
@@ -190,19 +260,20 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
         uint32_t a[4];
         ldmatrix_x4(a,
                     &sh.prob[(m_tile * 16 + lane % 16) * kProbStride + ks * 16 + (lane / 16) * 8]);
-        const __nv_bfloat16* v_row = &sh.k[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
-                                           n_half * 256 + (lane / 16) * 8];
+        const __half* v_row = &sh.k[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
+                                    n_half * 256 + (lane / 16) * 8];
 #pragma unroll
         for (int np = 0; np < 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_row + np * 16);
-          mma_bf16_16x8x16(acc[2 * np], a, b[0], b[1]);
-          mma_bf16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+          mma_f16_16x8x16(acc[2 * np], a, b[0], b[1]);
+          mma_f16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
         }
       }
     }
-    __syncthreads();  // K, S and P are rewritten by the next block
   }
+  cp_async_wait<0>();
+  __syncthreads();
 
   // Finalise: normalise, then write the output (one split) or a partial state.
   const int head_low = m_tile * 16 + g, head_high = head_low + 8;

@@ -131,12 +131,109 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
   if (is_last && threadIdx.x < kTopkRowState) state[threadIdx.x] = 0;
 }
 
+// Rows of at most kTopkSmallRow scores: one CTA per row keeps the row's
+// ordered keys in shared memory and runs the same three digit passes and the
+// collect there, in one launch.
+constexpr int kSmallThreads = 1024;
+
+__global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
+  extern __shared__ uint32_t keys[];  // [visible] ordered images of the row's scores
+  using BlockScan = cub::BlockScan<int, kSmallThreads>;
+  __shared__ uint32_t histogram[kTopkHistogramBins];
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int found_digit, found_need, above_count, tie_count;
+
+  const int64_t row = blockIdx.x;
+  const int visible = p.row_visible[row];
+  const int k = p.top_k;
+  const int taken = min(k, visible);
+  int32_t* out = p.out_slots + row * k;
+  const int32_t* table =
+      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
+  for (int i = taken + threadIdx.x; i < k; i += kSmallThreads) out[i] = -1;
+  if (visible <= k) {
+    for (int position = threadIdx.x; position < visible; position += kSmallThreads)
+      out[position] = position_to_slot(table, position);
+    return;
+  }
+  const float* row_scores = p.scores + row * p.score_stride;
+  for (int position = threadIdx.x; position < visible; position += kSmallThreads)
+    keys[position] = float_to_ordered(row_scores[position]);
+
+  uint32_t prefix = 0;
+  int need = k;
+#pragma unroll
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 20 : (level == 1 ? 8 : 0);
+    const int bits = level == 2 ? 8 : 12;
+    const int bins = 1 << bits;
+    for (int i = threadIdx.x; i < bins; i += kSmallThreads) histogram[i] = 0;
+    __syncthreads();
+    for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+      const uint32_t key = keys[position];
+      if (level == 0 || (key >> (shift + bits)) == prefix)
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
+    }
+    __syncthreads();
+    const int per_thread = bins >= kSmallThreads ? bins / kSmallThreads : 1;
+    const int top = bins - static_cast<int>(threadIdx.x) * per_thread;  // exclusive upper bin
+    int own = 0;
+    if (top > 0)
+      for (int b = top - 1; b >= top - per_thread; --b) own += static_cast<int>(histogram[b]);
+    int above = 0;
+    BlockScan(scan_storage).ExclusiveSum(own, above);
+    if (top > 0 && above < need && above + own >= need) {
+      int count = above;
+      for (int b = top - 1; b >= top - per_thread; --b) {
+        const int here = static_cast<int>(histogram[b]);
+        if (count + here >= need) {
+          found_digit = b;
+          found_need = need - count;
+          break;
+        }
+        count += here;
+      }
+    }
+    __syncthreads();
+    prefix = level == 0 ? static_cast<uint32_t>(found_digit)
+                        : ((prefix << bits) | static_cast<uint32_t>(found_digit));
+    need = found_need;
+    __syncthreads();  // found_* and the histogram are reused by the next level
+  }
+
+  if (threadIdx.x == 0) above_count = tie_count = 0;
+  __syncthreads();
+  const int above_total = taken - need;
+  for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+    const uint32_t key = keys[position];
+    if (key > prefix) {
+      out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
+    } else if (key == prefix) {
+      const int tie = atomicAdd(&tie_count, 1);
+      if (tie < need) out[above_total + tie] = position_to_slot(table, position);
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
 
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
+  if (params.max_visible <= kTopkSmallRow) {
+    const int shared_bytes = std::max(1, params.max_visible) * 4;
+    static const bool configured = [] {
+      MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
+          topk_small_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kTopkSmallRow * 4));
+      return true;
+    }();
+    (void)configured;
+    topk_small_rows<<<static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes, stream>>>(
+        params);
+    MEGACTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   // Every row gets the same number of CTAs (the tickets count gridDim.x);
   // CTAs past a row's visible length only take their ticket.
   const unsigned chunks = static_cast<unsigned>(std::max<int64_t>(

@@ -11,6 +11,9 @@
 // slots (block_table[p / 64] * 64 + p % 64). Rows with at most k visible keys
 // take them all in one pass; slots past min(k, visible) are -1.
 //
+// When every row has at most kTopkSmallRow scores, one CTA per row does the
+// same passes with the row held in shared memory, in a single launch.
+//
 // The workspace (histograms, counters) must be zero before the first call; the
 // kernels leave it zero again, so the calls can be replayed in a CUDA graph.
 #pragma once
@@ -23,7 +26,8 @@
 
 namespace megactx::cuda {
 
-inline constexpr int kTopkChunk = 8192;  // scores per CTA in each pass
+inline constexpr int kTopkChunk = 8192;      // scores per CTA in each pass
+inline constexpr int kTopkSmallRow = 32768;  // rows up to this long: one CTA each, keys in smem
 inline constexpr int kTopkHistogramBins = 4096;
 inline constexpr int kTopkRowState = 8;  // int32 counters per row
 
