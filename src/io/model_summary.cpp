@@ -30,6 +30,13 @@ Counts count(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
   Counts counts;
   for (const auto& spec : specs) {
     const int64_t n = spec.numel();
+    // The router's e_score_correction_bias is a buffer in HF (not in its
+    // total_parameters) but it is stored, so it counts for bytes only.
+    const bool buffer = spec.name.ends_with("e_score_correction_bias");
+    if (buffer) {
+      counts.bytes += n * 4;
+      continue;
+    }
     counts.total += n;
     if (spec.role == TensorRole::RoutedExpert) {
       // Each token runs num_experts_per_tok of the n_routed_experts.
@@ -43,8 +50,6 @@ Counts count(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
       counts.embedding += n;
     if (spec.quantized && config.is_fp8_checkpoint()) {
       counts.bytes += n + shape_numel(scale_shape(config, spec.shape)) * 4;
-    } else if (spec.name.ends_with("e_score_correction_bias")) {
-      counts.bytes += n * 4;
     } else {
       counts.bytes += n * stored_element_bytes(config);
     }

@@ -65,7 +65,8 @@ TEST(ModelSummary, TinyHandCounted) {
                             + 32 * 16;     // o_proj: hidden x heads * v
   const int64_t indexer = 16 * 24 + 8 * 32 + 8 + 8 + 2 * 32;
   const int64_t dense = 3 * 48 * 32;
-  const int64_t experts = 4 * 3 * 16 * 32, shared = 3 * 16 * 32, router = 4 * 32 + 4;
+  // The router's e_score_correction_bias is a buffer, not a parameter (as in HF).
+  const int64_t experts = 4 * 3 * 16 * 32, shared = 3 * 16 * 32, router = 4 * 32;
   const int64_t moe = experts + shared + router;
   const int64_t layers = (attention + indexer + dense)  // layer 0: full, dense
                          + (attention + moe)            // 1: shared, MoE
@@ -81,7 +82,7 @@ TEST(ModelSummary, TinyHandCounted) {
   EXPECT_EQ(s.kv_bytes_per_token_fp8, 28 * 4 + 12 * 2);
   EXPECT_EQ(s.kv_bytes_per_token_bf16, 40 * 4 + 16 * 2);
   EXPECT_EQ(s.weight_bytes,
-            (s.params_total + s.params_mtp) * 2 + 4 * 4 * 2 /* 4 f32 router biases of 4 */);
+            (s.params_total + s.params_mtp) * 2 + 4 * 4 * 4 /* 4 f32 router biases of 4 */);
 }
 
 TEST(TensorLayout, SharedLayersHaveNoIndexerAndMtpIsRecognized) {
