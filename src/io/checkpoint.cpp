@@ -2,6 +2,7 @@
 // shards named by model.safetensors.index.json ({"weight_map": {tensor: file}}).
 #include "io/checkpoint.h"
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -144,11 +145,16 @@ class SafetensorsCheckpoint final : public Checkpoint {
       const auto bytes = fs::file_size(directory_ + "/" + file_name, ignored);
       if (bytes != static_cast<uintmax_t>(-1)) total += bytes;
     }
+    // Start the page-in now so the first forward pass does not stall on disk,
+    // unless the weights would crowd out half of RAM (then the loader's own
+    // sequential reads are the better readahead).
+    const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const bool prefetch = total <= memory / 2;
     ProgressBar progress("loading " + directory_, total);
     for (const auto& file_name : file_names) {
       files_.push_back(std::make_unique<SafetensorsFile>(directory_ + "/" + file_name));
-      // Start the page-in now so the first forward pass does not stall on disk.
-      files_.back()->prefetch();
+      if (prefetch) files_.back()->prefetch();
       progress.advance(files_.back()->size());
     }
     progress.finish();
