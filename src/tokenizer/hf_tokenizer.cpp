@@ -58,6 +58,13 @@ HfTokenizer::HfTokenizer(const std::string& text) {
       added_tokens_.push_back(std::move(token));
     }
   }
+  // Ids the post-processor adds must exist, or encode would emit ids no
+  // embedding row has.
+  for (const auto* ids : {&post_processor_.prefix, &post_processor_.suffix})
+    for (TokenId id : *ids)
+      if (id >= end_id_)
+        fail("tokenizer.json: post_processor adds id {}, outside the vocabulary [0, {})", id,
+             end_id_);
   // HF matches special tokens first, then the others, each in file order.
   for (bool special : {true, false}) {
     for (const auto& token : added_tokens_) {
