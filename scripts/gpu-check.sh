@@ -3,10 +3,12 @@
 # DSA benchmarks, writes full logs to $OUT and prints a short summary last.
 #
 #   scripts/gpu-check.sh --pack BUILD_DIR PACK_DIR   (on the build machine)
-#       copies the GPU test binaries and the benchmark out of a CUDA build
-#       (cmake -S . -B BUILD_DIR -G Ninja -DMEGACTX_CUDA=ON; build targets
-#       indexer_topk_test sparse_mla_test attention_stack_test dsa_attention_bench)
-#       with the non-system shared libraries they need into PACK_DIR/{bin,lib}.
+#       copies the GPU test binaries (every tests/<folder> whose CMakeLists.txt
+#       says LABELS gpu) and the bench/cuda executables out of a CUDA build
+#       (cmake -S . -B BUILD_DIR -G Ninja -DMEGACTX_CUDA=ON; build those
+#       targets, e.g. indexer_topk_test sparse_mla_test attention_stack_test
+#       dsa_attention_bench) with the non-system shared libraries they need
+#       into PACK_DIR/{bin,lib}.
 #   scripts/gpu-check.sh PACK_DIR [--quick]            (on the GPU machine)
 #       runs them: tests in parallel, compute-sanitizer memcheck + racecheck,
 #       then the benchmark and the PyTorch peer baselines one at a time.
@@ -15,7 +17,14 @@ set -uo pipefail
 if [[ "${1:-}" == "--pack" ]]; then
   build=$2 pack=$3
   mkdir -p "$pack/bin" "$pack/lib"
-  for binary in "$build"/tests/cuda/*_test "$build"/bench/cuda/dsa_attention_bench; do
+  # Every test folder whose CMakeLists.txt gives LABELS gpu, and the CUDA benchmarks.
+  binaries=()
+  for folder in $(grep -l "LABELS gpu" tests/*/CMakeLists.txt | xargs -n1 dirname | xargs -n1 basename); do
+    binaries+=("$build/tests/$folder"/*_test)
+  done
+  binaries+=("$build"/bench/cuda/*)
+  for binary in "${binaries[@]}"; do
+    [[ -f "$binary" ]] || continue
     [[ -x "$binary" ]] || continue
     cp "$binary" "$pack/bin/" && strip "$pack/bin/$(basename "$binary")"
     ldd "$binary" | awk '/=> \// {print $3}' | while read -r library; do
