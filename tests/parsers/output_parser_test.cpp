@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -351,6 +353,40 @@ TEST(OutputParser, InvalidUtf8NeverThrows) {
   ASSERT_EQ(m.tool_calls.size(), 1u);
   // Invalid bytes are replaced, so the arguments are still valid JSON.
   EXPECT_NO_THROW(arguments_of(m, 0));
+}
+
+// The assistant turn as the real templates render it (fixtures made by
+// tests/parsers/make_roundtrip_fixtures.py with the reference renderer) parses
+// back into the message that produced it.
+void check_roundtrip(const std::string& name, ToolCallFormat format) {
+  const std::string base = std::string(MEGACTX_SOURCE_DIR) + "/tests/parsers/fixtures/" + name;
+  std::ifstream text_file(base + "_roundtrip.txt", std::ios::binary);
+  std::stringstream text;
+  text << text_file.rdbuf();
+  std::ifstream expected_file(base + "_roundtrip.json");
+  const json expected = json::parse(expected_file);
+  ASSERT_FALSE(text.str().empty());
+
+  OutputParserOptions options;
+  options.format = format;
+  options.tools = expected["tools"];
+  options.starts_in_reasoning = expected["starts_in_reasoning"].get<bool>();
+  options.tool_call_id_seed = 7;
+  const auto m = parse_everywhere(text.str(), options);
+  EXPECT_EQ(m.reasoning_content, expected["reasoning_content"]);
+  EXPECT_EQ(m.content, expected["content"]);
+  ASSERT_EQ(m.tool_calls.size(), expected["tool_calls"].size());
+  for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+    EXPECT_EQ(m.tool_calls[i]["function"]["name"], expected["tool_calls"][i]["name"]);
+    EXPECT_EQ(arguments_of(m, i), expected["tool_calls"][i]["arguments"]) << name << " call " << i;
+  }
+}
+
+TEST(OutputParser, GlmTemplateRoundTrip) {
+  check_roundtrip("glm", ToolCallFormat::Glm);
+}
+TEST(OutputParser, DeepseekTemplateRoundTrip) {
+  check_roundtrip("deepseek", ToolCallFormat::DeepseekDsml);
 }
 
 }  // namespace
