@@ -58,19 +58,28 @@ def our_logits(model, model_dir, ids):
 
 
 def compare(model, tok, template, model_dir, ids, device, log):
-    """Exports split-half first; if HF disagrees, tries the interleaved layouts. Returns the flags and
-    the max relative difference of the layout that matched (written to model_dir)."""
+    """Exports each RoPE layout until HF agrees (interleaved first). Returns the flags and the max
+    relative difference of the layout that matched (left written in model_dir)."""
     try:
         from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as mod
         src = inspect.getsource(mod)
         log("transformers glm_moe_dsa source mentions interleave: {}".format("interleave" in src))
     except Exception as e:  # noqa: BLE001
         log("could not read the HF source: {}".format(e))
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 on both sides
+    try:
+        return _compare(model, tok, template, model_dir, ids, device, log)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _compare(model, tok, template, model_dir, ids, device, log):
     ours = our_logits(model, model_dir, ids)
     best = None
-    for flags in [(False, False), (True, False), (True, True), (False, True)]:
-        if flags != (False, False):
-            export.write_model_dir(model_dir, model, tok, template, *flags)
+    # transformers 5.17 applies interleaved RoPE in MLA and in the indexer: try that layout first.
+    for flags in [(True, True), (False, False), (True, False), (False, True)]:
+        export.write_model_dir(model_dir, model, tok, template, *flags)
         theirs = hf_logits(model_dir, ids, device, log, model)
         rel = ((theirs - ours).abs().max() / ours.abs().max()).item()
         agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean().item()

@@ -96,8 +96,10 @@ class Indexer(nn.Module):
         """Index scores for query rows (all when rows is None): [B, R, T] fp32, without the causal mask."""
         if rows is not None:
             qi, w = qi[:, rows], w[:, rows]
-        s = torch.einsum("brhd,btd->brht", qi, ki).relu()
-        return torch.einsum("brht,brh->brt", s, w)
+        # fp32 even under autocast: the selection must match fp32 inference engines (HF, megactx).
+        with torch.autocast(device_type=qi.device.type, enabled=False):
+            s = torch.einsum("brhd,btd->brht", qi.float(), ki.float()).relu()
+            return torch.einsum("brht,brh->brt", s, w.float())
 
     @torch.no_grad()
     def topk(self, qi, ki, w, k, chunk=1024):

@@ -101,7 +101,7 @@ def make_optimizer(params, lr, weight_decay=0.1):
 
 
 def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, mtp_steps=3, mtp_weight=0.3,
-          tv_weight=1.0, kl_rows=256, ckpt_every_s=60.0, amp=True):
+          tv_weight=1.0, kl_rows=256, ckpt_every_s=90.0, amp=True):
     opt = make_optimizer([p for p in model.parameters()], schedule.lr)
     state = {"step": 0, "elapsed": 0.0}
     if resume and ckpt_path and os.path.exists(ckpt_path):
