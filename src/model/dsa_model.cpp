@@ -32,7 +32,9 @@ struct DsaModel::Step {
     std::vector<int32_t> topk;    // [count, index_topk] positions, increasing, tail -1
     std::vector<int64_t> counts;  // [count]
     bool has_topk = false;
-    int64_t context() const { return start + count; }
+    bool shared = false;  // KVShare: write nothing, attend over [0, shared_context)
+    int64_t shared_context = 0;
+    int64_t context() const { return shared ? shared_context : start + count; }
   };
   std::vector<Sequence> sequences;
   int64_t tokens = 0;
@@ -130,22 +132,9 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
       ++row;
     }
   }
-  std::vector<float> h(x.size()), branch(x.size());
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    const LayerWeights& w = weights_.layers[layer];
-    backend_->rmsnorm(x.data(), n, hidden, hidden, w.input_norm.data<float>(), eps, h.data(),
-                      hidden);
-    attention(layer, h.data(), step, cache, branch.data());
-    add_into(x.data(), branch.data(), n * hidden);
-    backend_->rmsnorm(x.data(), n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(),
-                      hidden);
-    if (w.is_moe) {
-      moe(w.moe, h.data(), n, branch.data());
-    } else {
-      mlp(w.dense, h.data(), n, branch.data());
-    }
-    add_into(x.data(), branch.data(), n * hidden);
+    decoder_layer(weights_.layers[layer], layer, step, cache, x.data());
   }
 
   ForwardOutput output;
@@ -174,9 +163,82 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   return output;
 }
 
-void DsaModel::attention(int64_t layer, const float* h, Step& step, PagedKvCache& cache,
-                         float* out) {
-  const AttentionWeights& w = weights_.layers[layer].attention;
+void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, PagedKvCache& cache,
+                             float* x) {
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  std::vector<float> h(static_cast<size_t>(n * hidden)), branch(h.size());
+  backend_->rmsnorm(x, n, hidden, hidden, w.input_norm.data<float>(), eps, h.data(), hidden);
+  attention(w, layer, h.data(), step, cache, branch.data());
+  add_into(x, branch.data(), n * hidden);
+  backend_->rmsnorm(x, n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(), hidden);
+  if (w.is_moe) {
+    moe(w.moe, h.data(), n, branch.data());
+  } else {
+    mlp(w.dense, h.data(), n, branch.data());
+  }
+  add_into(x, branch.data(), n * hidden);
+}
+
+void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
+                         std::span<LayerSequence> sequences, float* x, PagedKvCache& cache) {
+  MEGACTX_CHECK(!sequences.empty(), "run_layer: no sequences");
+  MEGACTX_CHECK(cache.has_latent(cache_layer), "KV cache has no latent pool for layer {}",
+                cache_layer);
+  const bool shared = sequences.front().shared;
+  MEGACTX_CHECK(shared || (w.attention.has_indexer && cache.has_indexer(cache_layer)),
+                "run_layer: layer {} needs its indexer and an indexer pool", cache_layer);
+  Step step;
+  step.page_size = cache.spec().page_size;
+  for (const LayerSequence& in : sequences) {
+    MEGACTX_CHECK(in.shared == shared, "run_layer: shared and unshared sequences mixed");
+    MEGACTX_CHECK(in.count > 0 && in.start >= 0, "run_layer: bad rows {} at {}", in.count,
+                  in.start);
+    Step::Sequence s;
+    s.offset = step.tokens;
+    s.count = in.count;
+    s.start = in.start;
+    s.pages = in.pages;
+    s.shared = in.shared;
+    s.shared_context = in.shared_context;
+    const int64_t last = shared ? in.shared_context : in.start + in.count;
+    MEGACTX_CHECK(static_cast<int64_t>(in.pages.size()) * step.page_size >= last,
+                  "run_layer: {} pages do not cover {} positions", in.pages.size(), last);
+    if (shared) {
+      MEGACTX_CHECK(static_cast<int64_t>(in.shared_topk.size()) == index_topk_ &&
+                        in.shared_count > 0 && in.shared_count <= in.shared_context,
+                    "run_layer: shared top-k must hold {} entries, {} valid", index_topk_,
+                    in.shared_count);
+      for (int64_t i = 0; i < in.count; ++i) {
+        s.topk.insert(s.topk.end(), in.shared_topk.begin(), in.shared_topk.end());
+        s.counts.push_back(in.shared_count);
+      }
+      s.has_topk = true;
+    }
+    for (int64_t i = 0; i < s.count; ++i) step.positions.push_back(s.start + i);
+    step.tokens += s.count;
+    step.sequences.push_back(std::move(s));
+  }
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  step.cos.resize(static_cast<size_t>(step.tokens * half));
+  step.sin.resize(static_cast<size_t>(step.tokens * half));
+  rope_.fill(step.positions.data(), step.tokens, step.cos.data(), step.sin.data());
+  decoder_layer(w, cache_layer, step, cache, x);
+  if (!shared) {
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      const Step::Sequence& s = step.sequences[i];
+      const int64_t row = s.count - 1;
+      sequences[i].last_topk.assign(s.topk.begin() + row * index_topk_,
+                                    s.topk.begin() + (row + 1) * index_topk_);
+      sequences[i].last_count = s.counts[row];
+    }
+  }
+}
+
+void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, Step& step,
+                         PagedKvCache& cache, float* out) {
+  const AttentionWeights& w = lw.attention;
   const int64_t n = step.tokens;
   const int64_t hidden = config_.hidden_size;
   const int64_t heads = config_.num_attention_heads;
@@ -211,14 +273,15 @@ void DsaModel::attention(int64_t layer, const float* h, Step& step, PagedKvCache
   backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
                  config_.rope_interleave);
   for (const Step::Sequence& s : step.sequences) {
+    if (s.shared) continue;  // KVShare: nothing derived from a draft is written
     for (int64_t i = 0; i < s.count; ++i) {
       const float* e = kv.data() + (s.offset + i) * entry;
       cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
     }
   }
 
-  if (w.has_indexer) {
-    indexer(layer, h, q_resid.data(), step, cache);
+  if (w.has_indexer && !step.sequences.front().shared) {
+    indexer(lw, layer, h, q_resid.data(), step, cache);
   }
 
   // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
@@ -275,9 +338,9 @@ void DsaModel::attention(int64_t layer, const float* h, Step& step, PagedKvCache
   backend_->linear(o.data(), n, heads * value, w.o.data<float>(), hidden, out);
 }
 
-void DsaModel::indexer(int64_t layer, const float* h, const float* q_resid, Step& step,
-                       PagedKvCache& cache) {
-  const IndexerWeights& w = weights_.layers[layer].attention.indexer;
+void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,
+                       Step& step, PagedKvCache& cache) {
+  const IndexerWeights& w = lw.attention.indexer;
   const int64_t n = step.tokens;
   const int64_t hidden = config_.hidden_size;
   const int64_t heads = config_.index_n_heads;

@@ -7,6 +7,8 @@
 
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "model/backend.h"
 #include "model/dsa_weights.h"
@@ -30,14 +32,42 @@ class DsaModel final : public LanguageModel {
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
 
   int64_t index_topk() const { return index_topk_; }
+  const DsaWeights& weights() const { return weights_; }
+  Backend& backend() { return *backend_; }
+
+  // One decoder layer on its own, for the MTP layer (model/mtp_layer.h): the
+  // rows of every sequence, in batch order, run through `w` with the cache
+  // pools of `cache_layer`. The layer must run its indexer unless shared.
+  struct LayerSequence {
+    int64_t start = 0;  // position of the first row (RoPE; cache slot when written)
+    int64_t count = 0;  // rows
+    std::span<const int32_t> pages;
+    // KVShare + IndexShare (MTP draft steps >= 1): no cache entry is written
+    // and no indexer runs; every row attends over cache positions
+    // [0, shared_context) through the one selection `shared_topk`
+    // ([index_topk] positions, `shared_count` valid).
+    bool shared = false;
+    int64_t shared_context = 0;
+    std::span<const int32_t> shared_topk;
+    int64_t shared_count = 0;
+    // Out (unshared runs): the indexer's selection of the last row.
+    std::vector<int32_t> last_topk;
+    int64_t last_count = 0;
+  };
+  // x: [total rows, hidden], updated in place (residual stream in and out).
+  void run_layer(const LayerWeights& w, int64_t cache_layer, std::span<LayerSequence> sequences,
+                 float* x, PagedKvCache& cache);
 
  private:
   struct Step;  // per-forward token bookkeeping and scratch (dsa_model.cpp)
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
-  void attention(int64_t layer, const float* h, Step& step, PagedKvCache& cache, float* out);
-  void indexer(int64_t layer, const float* h, const float* q_resid, Step& step,
-               PagedKvCache& cache);
+  void attention(const LayerWeights& lw, int64_t layer, const float* h, Step& step,
+                 PagedKvCache& cache, float* out);
+  void indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,
+               Step& step, PagedKvCache& cache);
+  void decoder_layer(const LayerWeights& w, int64_t layer, Step& step, PagedKvCache& cache,
+                     float* x);
   void mlp(const MlpWeights& w, const float* h, int64_t rows, float* out);
   void moe(const MoeWeights& w, const float* h, int64_t rows, float* out);
 

@@ -63,6 +63,11 @@ struct DsaWeights {
   std::vector<LayerWeights> layers;
 };
 
+// One decoder layer `model.layers.{index}.*` (the MTP layer reuses it with
+// index = num_hidden_layers).
+LayerWeights load_layer_weights(const ModelConfig& config, WeightSource& source, int64_t index,
+                                bool has_indexer, bool is_moe);
+
 // Loads every weight the config implies; then checks that the source holds
 // nothing else (MTP layers model.layers.{num_hidden_layers + i}.* are allowed).
 DsaWeights load_dsa_weights(const ModelConfig& config, WeightSource& source);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/model_loader.h"
+#include "model/sequence_runner.h"
 
 namespace megactx::testing {
 

@@ -1,0 +1,129 @@
+// megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
+//                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
+//                  [--format ids|text] [--device cpu] [--kv-dtype f32|bf16|fp8]
+// Decodes token by token through the KV cache; prints the new tokens
+// (ids comma-separated, or detokenized text).
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "cli/command_registry.h"
+#include "core/error.h"
+#include "model/model_loader.h"
+#include "model/sequence_runner.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megactx::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model_dir;
+  std::string prompt;
+  std::string input_ids;
+  int64_t max_new_tokens = 16;
+  double temperature = 0.0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  std::string format = "ids";
+  std::string device = "cpu";
+  std::string kv_dtype = "f32";
+};
+
+int32_t pick(const float* logits, int64_t vocab, double temperature, std::mt19937_64& rng) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (logits[i] > logits[best]) best = i;
+  if (temperature <= 0.0) return static_cast<int32_t>(best);
+  std::vector<double> weights(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) {
+    weights[i] = std::exp((static_cast<double>(logits[i]) - logits[best]) / temperature);
+  }
+  std::discrete_distribution<int64_t> distribution(weights.begin(), weights.end());
+  return static_cast<int32_t>(distribution(rng));
+}
+
+int run_generate(const GenerateOptions& options) {
+  MEGACTX_CHECK(options.prompt.empty() != options.input_ids.empty(),
+                "give exactly one of --prompt and --input-ids");
+  MEGACTX_CHECK(options.format == "ids" || options.format == "text",
+                "unknown --format '{}' (ids or text)", options.format);
+  MEGACTX_CHECK(options.max_new_tokens >= 0, "--max-new-tokens must be >= 0");
+  MEGACTX_CHECK(options.temperature >= 0.0 && std::isfinite(options.temperature),
+                "--temperature must be >= 0");
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!options.prompt.empty() || options.format == "text") {
+    tokenizer = Tokenizer::load(options.model_dir);
+  }
+  std::vector<int32_t> ids;
+  if (!options.prompt.empty()) {
+    for (TokenId id : tokenizer->encode(options.prompt, /*add_special_tokens=*/true)) {
+      ids.push_back(id);
+    }
+    MEGACTX_CHECK(!ids.empty(), "the prompt encodes to no tokens");
+  } else {
+    ids = parse_token_ids(options.input_ids);
+  }
+  ModelLoadOptions load;
+  if (options.device == "cuda") {
+    load.device = Device::CUDA;
+  } else {
+    MEGACTX_CHECK(options.device == "cpu", "unknown --device '{}' (cpu or cuda)", options.device);
+  }
+  load.kv_dtype = parse_kv_dtype(options.kv_dtype);
+  const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
+  const ModelConfig& config = model->config();
+  const int64_t vocab = config.vocab_size;
+  SequenceRunner runner(
+      *model, load.kv_dtype,
+      static_cast<int64_t>(ids.size()) + std::max<int64_t>(options.max_new_tokens, 1));
+  std::mt19937_64 rng(options.seed);
+  std::vector<int32_t> generated;
+  if (options.max_new_tokens > 0) {
+    Tensor logits = runner.feed(ids, /*all_logits=*/false);
+    while (true) {
+      const int32_t next = pick(logits.data<float>(), vocab, options.temperature, rng);
+      generated.push_back(next);
+      bool eos = false;
+      for (int64_t e : config.eos_token_ids) eos |= e == next;
+      if ((eos && !options.ignore_eos) ||
+          static_cast<int64_t>(generated.size()) >= options.max_new_tokens) {
+        break;
+      }
+      const int32_t token[1] = {next};
+      logits = runner.feed(token, /*all_logits=*/false);
+    }
+  }
+  if (options.format == "ids") {
+    std::string line;
+    for (size_t i = 0; i < generated.size(); ++i) {
+      line += (i ? "," : "") + std::to_string(generated[i]);
+    }
+    std::printf("%s\n", line.c_str());
+  } else {
+    std::vector<TokenId> tokens(generated.begin(), generated.end());
+    std::printf("%s\n", tokenizer->decode(tokens).c_str());
+  }
+  return 0;
+}
+
+CommandRegistration registration{
+    "generate", "Generate tokens (greedy at --temperature 0) through the KV cache",
+    [](CLI::App& command) -> CommandAction {
+      auto options = std::make_shared<GenerateOptions>();
+      command.add_option("--model", options->model_dir, "Hugging Face model directory")->required();
+      command.add_option("--prompt", options->prompt, "prompt text (needs tokenizer.json)");
+      command.add_option("--input-ids", options->input_ids, "comma-separated prompt token ids");
+      command.add_option("--max-new-tokens", options->max_new_tokens)->capture_default_str();
+      command.add_option("--temperature", options->temperature, "0: greedy")->capture_default_str();
+      command.add_option("--seed", options->seed, "sampling seed")->capture_default_str();
+      command.add_flag("--ignore-eos", options->ignore_eos, "keep going past EOS");
+      command.add_option("--format", options->format, "ids|text")->capture_default_str();
+      command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
+      command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
+      return [options] { return run_generate(*options); };
+    }};
+
+}  // namespace
+}  // namespace megactx::cli

@@ -1,0 +1,113 @@
+// MtpLayer: the multi-token-prediction layer `model.layers.{L}.*` (L =
+// num_hidden_layers) of a glm_moe_dsa / deepseek_v32 checkpoint, run on the
+// target DsaModel's backend and KV cache (cache layer L):
+//
+//   x   = eh_proj(cat[enorm(embed(token_{t+1})), hnorm(h_t)])      [rows, H]
+//   x   = decoder layer L (MLA + its own indexer + MLP/MoE)       [rows, H]
+//   out = shared_head.norm(x); logits = lm_head(out)              [rows, V]
+//
+// Row t (position t) reads token_{t+1} and the target's hidden state h_t
+// *after* model.norm, and predicts token_{t+2}.
+//
+// Step 0 ("refill"): rows of accepted positions write the MTP layer's latent
+// and indexer-key cache entries and run its indexer. Steps j >= 1 ("draft"):
+// one row per sequence at position t + j whose hidden input is the previous
+// step's hand-off; with sharing (IndexShare + KVShare) the row writes nothing
+// and attends over step 0's cache entries [0, t] through step 0's top-k of
+// row t; without sharing it writes its own entry at t + j and runs the
+// indexer (those entries are overwritten by the next refill).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/dsa_model.h"
+
+namespace megactx {
+
+// What a draft step passes as `h` to the next step.
+//  * NormedOutput (GLM): shared_head.norm(x). SGLang's nextn models
+//    (deepseek_nextn / glm4_moe_nextn) return the shared_head.norm-ed state
+//    and the EAGLE worker chains it; the project's default model is trained
+//    that way (tools/train/model.py mtp_forward).
+//  * RawOutput (DeepSeek): the decoder layer's output x before
+//    shared_head.norm, as vLLM's deepseek_mtp chains it (its compute_logits
+//    applies shared_head itself).
+enum class MtpHandOff : uint8_t { NormedOutput, RawOutput };
+
+struct MtpWeights {
+  Tensor enorm;      // [H]
+  Tensor hnorm;      // [H]
+  Tensor eh_proj;    // [H, 2H]: input is [enorm(embed) | hnorm(h)]
+  Tensor head_norm;  // [H] shared_head.norm
+  Tensor embed;      // [V, H] own copy (DeepSeek) or the target's (GLM)
+  Tensor lm_head;    // [V, H] shared_head.head (DeepSeek) or the target's lm_head (GLM)
+  LayerWeights layer;
+};
+
+// Loads `model.layers.{L}.*` from `source`; embedding and head fall back to
+// the target's when the checkpoint has no own copy (GLM), and must exist for
+// deepseek_v32.
+MtpWeights load_mtp_weights(const DsaModel& target, WeightSource& source);
+
+class MtpLayer {
+ public:
+  MtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_off);
+
+  // Opens the checkpoint at `model_dir` again for the MTP tensors (random
+  // weights from `seed` when `random_weights`). Error when the config has no
+  // MTP layer (num_nextn_predict_layers == 0).
+  static std::unique_ptr<MtpLayer> load(DsaModel& target, const std::string& model_dir,
+                                        bool random_weights = false, uint64_t seed = 0);
+
+  int64_t cache_layer() const { return cache_layer_; }
+  int64_t hidden_size() const { return hidden_; }
+  int64_t vocab_size() const { return vocab_; }
+  int64_t index_topk() const { return target_.index_topk(); }
+  MtpHandOff hand_off() const { return hand_off_; }
+  DsaModel& target() { return target_; }
+
+  struct Rows {
+    int64_t start = 0;  // position of the first row
+    int64_t count = 0;
+    std::span<const int32_t> pages;
+    std::span<const int32_t> next_tokens;  // [count] token_{t+1} of each row
+    // [count, H] the hand-off input: the target's hidden states (before
+    // model.norm, as DsaModel returns them; normed here) at step 0, the
+    // previous step's hand_off at later steps.
+    const float* hidden = nullptr;
+    bool target_hidden = true;  // step 0: apply model.norm to `hidden` first
+    // Draft steps with sharing: attend over [0, shared_context) via shared_topk.
+    bool shared = false;
+    int64_t shared_context = 0;
+    std::span<const int32_t> shared_topk;
+    int64_t shared_count = 0;
+  };
+  struct Output {
+    Tensor logits;    // [sequences, V] of each sequence's last row
+    Tensor hand_off;  // [sequences, H] of each sequence's last row
+    // Per sequence, the indexer's top-k of the last row (unshared runs).
+    std::vector<std::vector<int32_t>> last_topk;
+    std::vector<int64_t> last_count;
+  };
+  // One MTP application over every sequence's rows (batched).
+  Output run(std::span<const Rows> sequences, PagedKvCache& cache);
+
+ private:
+  DsaModel& target_;
+  MtpWeights weights_;
+  MtpHandOff hand_off_;
+  int64_t cache_layer_ = 0;
+  int64_t hidden_ = 0;
+  int64_t vocab_ = 0;
+};
+
+// The target's KV cache spec plus the MTP layer's latent and indexer pools
+// (layer num_hidden_layers).
+KvCacheSpec make_mtp_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
+                                   int64_t page_size = 64);
+
+}  // namespace megactx
