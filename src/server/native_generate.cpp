@@ -221,7 +221,9 @@ void handle_generate(ServerState& state, const HttpRequest& request,
     GenerationRequest& generation = item.request;
     generation.input_ids = std::move(prompts[i]);
     if (auto* params = item_field(body, "sampling_params", i, count, batch))
-      generation.sampling = parse_sglang_sampling(*params);
+      generation.sampling = parse_sglang_sampling(*params, state.config().default_sampling);
+    else
+      generation.sampling = state.config().default_sampling;
     if (auto* rid = item_field(body, "rid", i, count, batch)) {
       if (!rid->is_string()) throw_invalid("rid", "'rid' must be a string (or a list of strings)");
       generation.rid = rid->get<std::string>();

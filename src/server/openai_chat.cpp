@@ -283,7 +283,7 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
     job->top_logprobs = *top;
   }
   size_t n = static_cast<size_t>(parse_choice_count(body));
-  OpenAiSampling sampling = parse_openai_sampling(body);
+  OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
   int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), sampling.max_tokens,
                                            state.engine().max_context_tokens(), false,
                                            sampling.max_tokens ? "max_tokens" : "messages");

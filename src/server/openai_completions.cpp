@@ -207,7 +207,7 @@ void handle_completions(ServerState& state, const HttpRequest& request,
   if (auto best_of = get_integer(body, "best_of");
       best_of && *best_of != static_cast<int64_t>(job->n))
     throw_invalid("best_of", "'best_of' other than n is not supported");
-  OpenAiSampling sampling = parse_openai_sampling(body);
+  OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
   // The legacy completions API defaults to 16 new tokens.
   std::optional<int64_t> requested =
       sampling.max_tokens ? sampling.max_tokens : std::optional<int64_t>(16);

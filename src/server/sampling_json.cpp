@@ -55,10 +55,11 @@ std::optional<uint64_t> parse_seed(const nlohmann::json& object, const std::stri
 
 }  // namespace
 
-OpenAiSampling parse_openai_sampling(const nlohmann::json& body) {
+OpenAiSampling parse_openai_sampling(const nlohmann::json& body, const SamplingParams& defaults) {
   OpenAiSampling out;
+  out.params = defaults;
   parse_common(body, out.params);
-  out.params.seed = parse_seed(body, "seed");
+  if (auto seed = parse_seed(body, "seed")) out.params.seed = seed;
   // max_completion_tokens is the newer spelling; it wins when both are given.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     if (auto value = get_integer(body, name)) {
@@ -75,8 +76,9 @@ OpenAiSampling parse_openai_sampling(const nlohmann::json& body) {
   return out;
 }
 
-SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params) {
-  SamplingParams params;
+SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
+                                     const SamplingParams& defaults) {
+  SamplingParams params = defaults;
   if (sampling_params.is_null()) return params;
   if (!sampling_params.is_object())
     throw_invalid("sampling_params", "'sampling_params' must be an object");
@@ -95,8 +97,10 @@ SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params) {
   }
   if (auto value = get_bool(sampling_params, "no_stop_trim"))
     params.include_stop_str_in_output = *value;
-  params.seed = parse_seed(sampling_params, "sampling_seed");
-  if (!params.seed) params.seed = parse_seed(sampling_params, "seed");
+  if (auto seed = parse_seed(sampling_params, "sampling_seed"))
+    params.seed = seed;
+  else if (auto plain = parse_seed(sampling_params, "seed"))
+    params.seed = plain;
   if (auto n = get_integer(sampling_params, "n"); n && *n != 1)
     throw_invalid("n", "sampling_params.n must be 1; send a batch of prompts instead");
   return params;

@@ -17,11 +17,14 @@ struct OpenAiSampling {
   std::optional<int64_t> max_tokens;  // absent: the caller picks a default
 };
 
-OpenAiSampling parse_openai_sampling(const nlohmann::json& body);
+// `defaults` carries generation_config.json's sampling defaults; fields the
+// request sets override them.
+OpenAiSampling parse_openai_sampling(const nlohmann::json& body, const SamplingParams& defaults);
 
 // SGLang's defaults: max_new_tokens 128, temperature 1. Throws ApiError 400 on
 // wrong types, out-of-range values and constrained decoding (regex,
 // json_schema, ebnf), which megactx does not do.
-SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params);
+SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
+                                     const SamplingParams& defaults);
 
 }  // namespace megactx::server

@@ -48,20 +48,27 @@ void ServerState::submit(GenerationRequest request,
       boost::asio::make_strand(workers_->get_executor()));
   auto timer = std::make_shared<RequestTimer>(metrics_);
   auto handler = std::make_shared<std::function<void(const RequestUpdate&)>>(std::move(on_update));
-  engine_.submit(std::move(request), [strand, timer, handler](const RequestUpdate& update) {
-    boost::asio::post(*strand, [timer, handler, update] {
-      try {
-        timer->observe(update);
-        (*handler)(update);
-      } catch (const std::exception& error) {
-        spdlog::error("request {}: failed to handle an engine update: {}", update.rid,
-                      error.what());
-      }
-    });
-  });
+  engine_.submit(std::move(request),
+                 [gate = gate_, strand, timer, handler](const RequestUpdate& update) {
+                   std::lock_guard lock(gate->mutex);
+                   if (!gate->open) return;
+                   boost::asio::post(*strand, [timer, handler, update] {
+                     try {
+                       timer->observe(update);
+                       (*handler)(update);
+                     } catch (const std::exception& error) {
+                       spdlog::error("request {}: failed to handle an engine update: {}",
+                                     update.rid, error.what());
+                     }
+                   });
+                 });
 }
 
 void ServerState::drain() {
+  {
+    std::lock_guard lock(gate_->mutex);
+    gate_->open = false;
+  }
   if (!workers_) return;
   workers_->join();  // also waits for handlers posted meanwhile
   workers_.reset();

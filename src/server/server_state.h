@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,8 @@ struct ServerConfig {
   int64_t max_waiting_requests = 4096;  // more waiting requests: 503
   int worker_threads = 2;
   nlohmann::json server_info = nlohmann::json::object();  // extra fields for /get_server_info
+  // generation_config.json defaults (temperature, top_p, top_k) under every request.
+  SamplingParams default_sampling;
 };
 
 class ServerState {
@@ -48,7 +51,8 @@ class ServerState {
   // `on_update` are logged, never propagated into the engine.
   void submit(GenerationRequest request, std::function<void(const RequestUpdate&)> on_update);
 
-  // Waits until every posted update has been handled (tests, shutdown).
+  // Shutdown: stops taking engine updates and waits until every posted one
+  // has been handled. No request may be submitted afterwards.
   void drain();
 
  private:
@@ -59,6 +63,13 @@ class ServerState {
   std::atomic<uint64_t> next_id_{0};
   uint64_t id_salt_;
   std::optional<boost::asio::thread_pool> workers_;
+  // Engine callbacks may outlive this object (the engine thread stops later):
+  // they post only while the gate is open.
+  struct Gate {
+    std::mutex mutex;
+    bool open = true;
+  };
+  std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
 };
 
 }  // namespace megactx::server

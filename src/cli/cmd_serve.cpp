@@ -1,0 +1,166 @@
+// megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
+//   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--api-key K]
+//   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
+// Loads the model, starts the engine and the HTTP server (OpenAI + SGLang
+// native API), prints "megactx serving NAME at http://H:P" on stdout when
+// ready, and runs until SIGINT/SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/command_registry.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "io/model_config.h"
+#include "io/model_summary.h"
+#include "model/model_loader.h"
+#include "server/chat_setup.h"
+#include "server/endpoints.h"
+#include "server/http_server.h"
+#include "server/server_state.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megactx::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string device = "cpu";
+  std::string kv_dtype = "bf16";
+  std::string kv_memory = "2GiB";
+  std::string api_key;
+  int64_t max_running_requests = 256;
+  int64_t max_prefill_tokens = 8192;
+  int64_t context_length = 0;
+  int64_t max_waiting_requests = 4096;
+  std::string served_model_name;
+  int io_threads = 2;
+  int64_t max_request_bytes = 32ll << 20;
+  int64_t max_connections = 8192;
+};
+
+int run_serve(const ServeOptions& options) {
+  // Signals go to the main thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const ModelConfig config = load_model_config(options.model_dir);
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(options.model_dir);
+
+  ModelLoadOptions load;
+  if (options.device == "cuda")
+    load.device = Device::CUDA;
+  else if (options.device != "cpu")
+    fail("unknown --device '{}' (cpu or cuda)", options.device);
+  load.kv_dtype = parse_kv_dtype(options.kv_dtype);
+  auto model = load_language_model(options.model_dir, load);
+
+  EngineConfig engine_config;
+  engine_config.kv_dtype = load.kv_dtype;
+  engine_config.kv_memory_bytes = static_cast<int64_t>(parse_memory_size(options.kv_memory));
+  engine_config.max_running_requests = options.max_running_requests;
+  engine_config.max_prefill_tokens = options.max_prefill_tokens;
+  engine_config.context_length = options.context_length;
+  GenerationDefaults defaults = load_generation_defaults(options.model_dir, config.eos_token_ids);
+  auto engine = Engine::create(engine_config, std::move(model), tokenizer, defaults);
+
+  server::ServerConfig server_config;
+  server_config.served_model_name =
+      options.served_model_name.empty() ? options.model_dir : options.served_model_name;
+  server_config.model_path = options.model_dir;
+  server_config.api_key = options.api_key;
+  server_config.max_waiting_requests = options.max_waiting_requests;
+  if (defaults.temperature) server_config.default_sampling.temperature = *defaults.temperature;
+  if (defaults.top_p) server_config.default_sampling.top_p = *defaults.top_p;
+  if (defaults.top_k) server_config.default_sampling.top_k = *defaults.top_k;
+  server_config.server_info = {{"device", options.device},
+                               {"kv_dtype", options.kv_dtype},
+                               {"kv_memory", options.kv_memory},
+                               {"max_running_requests", options.max_running_requests},
+                               {"max_prefill_tokens", options.max_prefill_tokens}};
+  server::ServerState state(*engine, server_config,
+                            server::load_chat_setup(options.model_dir, config.model_type_name));
+  server::Router router = server::make_router(state);
+
+  server::HttpServerOptions http;
+  http.host = options.host;
+  MEGACTX_CHECK(options.port >= 0 && options.port <= 65535, "--port {} is out of range",
+                options.port);
+  http.port = static_cast<uint16_t>(options.port);
+  http.io_threads = options.io_threads;
+  http.max_body_bytes = static_cast<uint64_t>(options.max_request_bytes);
+  http.max_connections = options.max_connections;
+  server::HttpServer server(http, [&router](const server::HttpRequest& request,
+                                            std::shared_ptr<server::ResponseChannel> channel) {
+    router.handle(request, std::move(channel));
+  });
+  server.start();
+  std::string host =
+      options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
+  std::printf("megactx serving %s at http://%s:%u\n", server_config.served_model_name.c_str(),
+              host.c_str(), server.port());
+  std::fflush(stdout);
+  spdlog::info("context {} tokens, KV {} pages, API key {}", engine->max_context_tokens(),
+               engine->stats().kv_pages_total, options.api_key.empty() ? "off" : "on");
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("signal {}: shutting down", signal_number);
+  server.stop();
+  engine->abort_all();
+  state.drain();
+  return 0;
+}
+
+CommandRegistration registration{
+    "serve", "Serve a model over HTTP (OpenAI-compatible and SGLang-native APIs)",
+    [](CLI::App& command) -> CommandAction {
+      auto options = std::make_shared<ServeOptions>();
+      command.add_option("--model", options->model_dir, "Hugging Face model directory")->required();
+      command.add_option("--host", options->host, "Address to listen on")->capture_default_str();
+      command.add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
+      command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
+      command.add_option("--kv-dtype", options->kv_dtype, "bf16|fp8|f32")->capture_default_str();
+      command.add_option("--kv-memory", options->kv_memory, "KV cache budget, e.g. 2GiB")
+          ->capture_default_str();
+      command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
+      command.add_option("--max-running-requests", options->max_running_requests)
+          ->capture_default_str();
+      command
+          .add_option("--max-prefill-tokens", options->max_prefill_tokens,
+                      "Prefill tokens per step (chunked prefill)")
+          ->capture_default_str();
+      command
+          .add_option("--context-length", options->context_length,
+                      "Longest context (0: the model's)")
+          ->capture_default_str();
+      command
+          .add_option("--max-waiting-requests", options->max_waiting_requests,
+                      "Queue limit; beyond it requests get 503")
+          ->capture_default_str();
+      command.add_option("--served-model-name", options->served_model_name,
+                         "Model name in the OpenAI API (default: the --model path)");
+      command.add_option("--io-threads", options->io_threads, "HTTP I/O threads")
+          ->capture_default_str();
+      command
+          .add_option("--max-request-bytes", options->max_request_bytes,
+                      "Larger request bodies get 413")
+          ->capture_default_str();
+      command
+          .add_option("--max-connections", options->max_connections,
+                      "Open connections beyond this get 503")
+          ->capture_default_str();
+      return [options] { return run_serve(*options); };
+    }};
+
+}  // namespace
+}  // namespace megactx::cli

@@ -1,0 +1,281 @@
+"""End-to-end test of the SGLang-compatible native API of `megactx serve`.
+
+Drives the real server on loopback with a plain HTTP client (Debian's
+python3-requests), the way RL frameworks call SGLang: /generate (text, ids,
+batch, stream, logprobs, scoring), /abort_request, /flush_cache, prefix-cache
+hits, /metrics, error statuses and the API key. Independent references:
+`megactx generate` (greedy ids) and `megactx logits` (prefill logits, from
+which the scoring logprobs are recomputed with numpy).
+
+    python3 native_api_test.py --megactx build/megactx --model models/default
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy as np
+import requests
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megactx_server import MegactxServer, run_megactx  # noqa: E402
+
+ARGS = None
+SERVER = None
+# Exact KV (f32) so the server, `generate` and `logits` agree to rounding.
+SERVER_ARGS = ("--kv-dtype", "f32", "--max-request-bytes", "1048576")
+
+
+def prompt_ids(length, seed):
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(100, 8000, size=length)]
+
+
+def generate(payload, **kwargs):
+    return requests.post(SERVER.url + "/generate", json=payload, timeout=300, **kwargs)
+
+
+def sse_events(response):
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if not line or not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            events.append("[DONE]")
+        else:
+            events.append(json.loads(data))
+    return events
+
+
+class NativeApi(unittest.TestCase):
+    def test_health_and_info(self):
+        self.assertEqual(requests.get(SERVER.url + "/health", timeout=30).status_code, 200)
+        self.assertEqual(requests.get(SERVER.url + "/health_generate", timeout=120).status_code, 200)
+        info = requests.get(SERVER.url + "/get_model_info", timeout=30).json()
+        self.assertEqual(info["model_type"], "glm_moe_dsa")
+        self.assertTrue(info["is_generation"])
+        server = requests.get(SERVER.url + "/get_server_info", timeout=30).json()
+        self.assertGreater(server["context_length"], 0)
+
+    def test_greedy_ids_equal_megactx_generate(self):
+        ids = prompt_ids(12, 1)
+        response = generate({"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}})
+        self.assertEqual(response.status_code, 200, response.text)
+        body = response.json()
+        expected = run_megactx(ARGS.megactx, "generate", "--model", ARGS.model, "--input-ids",
+                               ",".join(map(str, ids)), "--max-new-tokens", "12",
+                               "--temperature", "0", "--ignore-eos", "--format", "ids",
+                               "--kv-dtype", "f32")
+        expected_ids = [int(x) for x in expected.strip().split(",") if x]
+        self.assertEqual(body["output_ids"], expected_ids)
+        self.assertEqual(body["meta_info"]["completion_tokens"], 12)
+        self.assertEqual(body["meta_info"]["finish_reason"]["type"], "length")
+        self.assertEqual(body["meta_info"]["prompt_tokens"], 12)
+
+    def test_text_prompt_and_stream_agree(self):
+        payload = {"text": "The quick brown fox", "sampling_params": {
+            "max_new_tokens": 10, "temperature": 0, "ignore_eos": True}}
+        whole = generate(payload).json()
+        with generate(dict(payload, stream=True), stream=True) as response:
+            self.assertEqual(response.status_code, 200)
+            self.assertTrue(response.headers["Content-Type"].startswith("text/event-stream"))
+            events = sse_events(response)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = events[:-1]
+        self.assertGreaterEqual(len(chunks), 2)
+        # SGLang streams cumulative text.
+        for a, b in zip(chunks, chunks[1:]):
+            self.assertTrue(b["text"].startswith(a["text"]))
+        self.assertEqual(chunks[-1]["text"], whole["text"])
+        self.assertEqual(chunks[-1]["output_ids"], whole["output_ids"])
+        self.assertEqual(chunks[-1]["meta_info"]["finish_reason"]["type"], "length")
+
+    def test_batch_equals_single_requests(self):
+        prompts = [prompt_ids(9, 2), prompt_ids(15, 3)]
+        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+        batch = generate({"input_ids": prompts, "sampling_params": params}).json()
+        self.assertEqual(len(batch), 2)
+        for prompt, result in zip(prompts, batch):
+            single = generate({"input_ids": prompt, "sampling_params": params}).json()
+            self.assertEqual(result["output_ids"], single["output_ids"])
+
+    def test_scoring_matches_prefill_logits_and_decode_logprobs(self):
+        ids = prompt_ids(10, 4)
+        generated = generate({"input_ids": ids, "return_logprob": True, "sampling_params": {
+            "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}).json()
+        out_ids = generated["output_ids"]
+        decode_logprobs = [entry[0] for entry in generated["meta_info"]["output_token_logprobs"]]
+        self.assertEqual([entry[1] for entry in generated["meta_info"]["output_token_logprobs"]],
+                         out_ids)
+        full = ids + out_ids
+        scored = generate({"input_ids": full, "return_logprob": True, "logprob_start_len": 0,
+                           "sampling_params": {"max_new_tokens": 0}})
+        self.assertEqual(scored.status_code, 200, scored.text)
+        meta = scored.json()["meta_info"]
+        self.assertEqual(meta["completion_tokens"], 0)
+        entries = meta["input_token_logprobs"]
+        self.assertEqual(len(entries), len(full))
+        self.assertIsNone(entries[0][0])
+        self.assertEqual([e[1] for e in entries], full)
+        # Reference: log_softmax of `megactx logits` at the previous position.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "logits.f32")
+            run_megactx(ARGS.megactx, "logits", "--model", ARGS.model, "--input-ids",
+                        ",".join(map(str, full)), "--out", path)
+            logits = np.fromfile(path, dtype=np.float32).reshape(len(full), -1).astype(np.float64)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        for position in range(1, len(full)):
+            reference = log_softmax[position - 1, full[position]]
+            self.assertAlmostEqual(entries[position][0], reference, delta=2e-3)
+        # Decode-time logprobs of the generated tokens equal the prefill scores.
+        for k, value in enumerate(decode_logprobs):
+            self.assertAlmostEqual(value, entries[len(ids) + k][0], delta=2e-3)
+        # The greedy token is the argmax of the reference logits.
+        for k, token in enumerate(out_ids):
+            self.assertEqual(int(np.argmax(logits[len(ids) + k - 1])), token)
+
+    def test_top_logprobs(self):
+        body = generate({"input_ids": prompt_ids(5, 5), "return_logprob": True,
+                         "top_logprobs_num": 3,
+                         "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()
+        tops = body["meta_info"]["output_top_logprobs"]
+        chosen = body["meta_info"]["output_token_logprobs"]
+        self.assertEqual(len(tops), len(chosen))
+        for top, pick in zip(tops, chosen):
+            self.assertEqual(len(top), 3)
+            self.assertEqual(top[0][1], pick[1])  # greedy picks the most likely token
+            values = [entry[0] for entry in top]
+            self.assertEqual(values, sorted(values, reverse=True))
+
+    def test_abort_request_returns_partial_output(self):
+        rid = "e2e-abort-one"
+        payload = {"input_ids": prompt_ids(8, 6), "rid": rid, "stream": True,
+                   "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True,
+                                       "temperature": 0}}
+        with generate(payload, stream=True) as response:
+            seen = []
+            for line in response.iter_lines(decode_unicode=True):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                seen.append(json.loads(line[6:]))
+                if len(seen) == 2:
+                    aborted = requests.post(SERVER.url + "/abort_request", json={"rid": rid},
+                                            timeout=30)
+                    self.assertEqual(aborted.status_code, 200)
+        last = seen[-1]
+        self.assertEqual(last["meta_info"]["finish_reason"]["type"], "abort")
+        self.assertGreater(last["meta_info"]["completion_tokens"], 0)
+        self.assertLess(last["meta_info"]["completion_tokens"], 4000)
+        self.assertEqual(len(last["output_ids"]), last["meta_info"]["completion_tokens"])
+
+    def test_abort_all_ends_blocking_requests(self):
+        results = []
+
+        def run(seed):
+            results.append(generate({"input_ids": prompt_ids(6, seed), "sampling_params": {
+                "max_new_tokens": 4000, "ignore_eos": True}}).json())
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in (7, 8)]
+        for thread in threads:
+            thread.start()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            metrics = requests.get(SERVER.url + "/metrics", timeout=30).text
+            if "megactx_num_running_reqs 2" in metrics:
+                break
+            time.sleep(0.05)
+        self.assertEqual(requests.post(SERVER.url + "/abort_request", json={"abort_all": True},
+                                       timeout=30).status_code, 200)
+        for thread in threads:
+            thread.join(120)
+        self.assertEqual(len(results), 2)
+        for result in results:
+            self.assertEqual(result["meta_info"]["finish_reason"]["type"], "abort")
+
+    def test_prefix_cache_hit_gives_identical_output(self):
+        self.assertEqual(requests.post(SERVER.url + "/flush_cache", timeout=30).status_code, 200)
+        shared = prompt_ids(200, 9)
+        params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+        first = generate({"input_ids": shared + [11, 12], "sampling_params": params}).json()
+        second = generate({"input_ids": shared + [13, 14, 15], "sampling_params": params}).json()
+        self.assertEqual(first["meta_info"]["cached_tokens"], 0)
+        # Pages of 64 tokens: the 192 tokens of the 3 full shared pages are reused.
+        self.assertGreaterEqual(second["meta_info"]["cached_tokens"], 128)
+        self.assertEqual(requests.post(SERVER.url + "/flush_cache", timeout=30).status_code, 200)
+        cold = generate({"input_ids": shared + [13, 14, 15], "sampling_params": params}).json()
+        self.assertEqual(cold["meta_info"]["cached_tokens"], 0)
+        self.assertEqual(cold["output_ids"], second["output_ids"])
+        metrics = requests.get(SERVER.url + "/metrics", timeout=30).text
+        hits = [line for line in metrics.splitlines()
+                if line.startswith("megactx_prefix_cache_hit_tokens_total ")]
+        self.assertEqual(len(hits), 1)
+        self.assertGreater(float(hits[0].split()[1]), 0)
+
+    def test_metrics_exposition(self):
+        generate({"input_ids": prompt_ids(4, 10), "sampling_params": {"max_new_tokens": 3}})
+        response = requests.get(SERVER.url + "/metrics", timeout=30)
+        self.assertEqual(response.status_code, 200)
+        text = response.text
+        for name in ("megactx_time_to_first_token_seconds_bucket",
+                     "megactx_time_per_output_token_seconds_count",
+                     "megactx_e2e_request_latency_seconds_sum", "megactx_num_running_reqs",
+                     "megactx_num_waiting_reqs", "megactx_kv_pages_used",
+                     "megactx_kv_pages_total", "megactx_prefix_cache_hit_rate",
+                     "megactx_generation_tokens_total", "megactx_spec_accept_length"):
+            self.assertIn(name, text)
+
+    def test_error_statuses(self):
+        self.assertEqual(generate({"input_ids": [1], "sampling_params": {"top_p": 5}}).status_code, 400)
+        bad = generate({"text": 3})
+        self.assertEqual(bad.status_code, 400)
+        self.assertEqual(bad.json()["error"]["param"], "text")
+        self.assertEqual(requests.post(SERVER.url + "/generate", data=b"{not json",
+                                       timeout=30).status_code, 400)
+        self.assertEqual(requests.get(SERVER.url + "/nope", timeout=30).status_code, 404)
+        self.assertEqual(requests.get(SERVER.url + "/generate", timeout=30).status_code, 405)
+        big = requests.post(SERVER.url + "/generate", data=b" " * (2 << 20), timeout=30)
+        self.assertEqual(big.status_code, 413)
+        too_long = generate({"input_ids": [5] * 100000})
+        self.assertEqual(too_long.status_code, 400)
+        self.assertIn("context", too_long.json()["error"]["message"])
+        # The server is still fine.
+        self.assertEqual(requests.get(SERVER.url + "/health", timeout=30).status_code, 200)
+
+
+class ApiKey(unittest.TestCase):
+    def test_bearer_key_required(self):
+        with MegactxServer(ARGS.megactx, ARGS.model, "--api-key", "e2e-key") as server:
+            url = server.url + "/generate"
+            payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+            self.assertEqual(requests.post(url, json=payload, timeout=60).status_code, 401)
+            wrong = requests.post(url, json=payload, timeout=60,
+                                  headers={"Authorization": "Bearer nope"})
+            self.assertEqual(wrong.status_code, 401)
+            self.assertEqual(wrong.json()["error"]["type"], "authentication_error")
+            right = requests.post(url, json=payload, timeout=60,
+                                  headers={"Authorization": "Bearer e2e-key"})
+            self.assertEqual(right.status_code, 200)
+            self.assertEqual(requests.get(server.url + "/health", timeout=30).status_code, 200)
+
+
+def main():
+    global ARGS, SERVER
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megactx", required=True)
+    parser.add_argument("--model", required=True)
+    ARGS, rest = parser.parse_known_args()
+    with MegactxServer(ARGS.megactx, ARGS.model, *SERVER_ARGS) as server:
+        SERVER = server
+        program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    sys.exit(0 if program.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
