@@ -5,9 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
-#include <queue>
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
@@ -101,6 +102,31 @@ struct Candidate {
 
 }  // namespace
 
+namespace {
+
+// Per-thread, direct-mapped cache of short pieces: no lock, one probe, inline
+// storage. Slots carry the owning model's serial so models never mix.
+struct ShortPieceSlot {
+  uint64_t hash = 0;
+  uint64_t model = 0;  // 0: empty
+  uint8_t key_length = 0;
+  uint8_t id_count = 0;
+  char key[22];
+  TokenId ids[8];
+};
+constexpr size_t kShortPieceSlots = 4096;
+constexpr size_t kShortPieceMaxBytes = sizeof(ShortPieceSlot::key);
+constexpr size_t kShortPieceMaxIds = sizeof(ShortPieceSlot::ids) / sizeof(TokenId);
+
+ShortPieceSlot* short_piece_cache() {
+  thread_local std::unique_ptr<ShortPieceSlot[]> slots(new ShortPieceSlot[kShortPieceSlots]);
+  return slots.get();
+}
+
+std::atomic<uint64_t> next_model_serial{1};
+
+}  // namespace
+
 BpeModel::BpeModel(const json& model) {
   const std::string type = model.is_object() && model.contains("type") && model["type"].is_string()
                                ? model["type"].get<std::string>()
@@ -151,6 +177,7 @@ BpeModel::BpeModel(const json& model) {
   fuse_unk_ = json_bool(model, "fuse_unk", false);
   byte_fallback_ = json_bool(model, "byte_fallback", false);
   ignore_merges_ = json_bool(model, "ignore_merges", false);
+  serial_ = next_model_serial.fetch_add(1);
 
   const auto& alphabet = ByteLevelAlphabet::get();
   for (int b = 0; b < 256; ++b)
@@ -170,8 +197,25 @@ const std::string* BpeModel::id_to_token(TokenId id) const {
 
 void BpeModel::encode(std::string_view piece, bool raw_bytes, std::vector<TokenId>& out) const {
   if (piece.empty()) return;
-  const bool cacheable = piece.size() <= kCacheMaxPieceBytes;
-  if (cacheable) {
+  // One byte (spaces, punctuation, newlines): its byte-level symbol is the token.
+  if (piece.size() == 1 && raw_bytes && byte_ids_[static_cast<unsigned char>(piece[0])] >= 0) {
+    out.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  const uint64_t hash = XXH3_64bits(piece.data(), piece.size());
+  // Level 1: this thread's short-piece cache.
+  ShortPieceSlot* slot = nullptr;
+  if (piece.size() <= kShortPieceMaxBytes) {
+    slot = &short_piece_cache()[hash & (kShortPieceSlots - 1)];
+    if (slot->model == serial_ && slot->hash == hash && slot->key_length == piece.size() &&
+        std::memcmp(slot->key, piece.data(), piece.size()) == 0) {
+      out.insert(out.end(), slot->ids, slot->ids + slot->id_count);
+      return;
+    }
+  }
+  // Level 2: the shared cache, for pieces too long for level 1.
+  const bool shared = slot == nullptr && piece.size() <= kCacheMaxPieceBytes;
+  if (shared) {
     std::shared_lock lock(cache_mutex_);
     auto it = cache_.find(piece);
     if (it != cache_.end()) {
@@ -181,7 +225,15 @@ void BpeModel::encode(std::string_view piece, bool raw_bytes, std::vector<TokenI
   }
   const size_t first = out.size();
   merge_word(piece, raw_bytes, out);
-  if (cacheable) {
+  const size_t count = out.size() - first;
+  if (slot != nullptr && count <= kShortPieceMaxIds) {
+    slot->model = serial_;
+    slot->hash = hash;
+    slot->key_length = static_cast<uint8_t>(piece.size());
+    slot->id_count = static_cast<uint8_t>(count);
+    std::memcpy(slot->key, piece.data(), piece.size());
+    std::copy(out.begin() + first, out.end(), slot->ids);
+  } else if (shared || slot != nullptr) {
     std::unique_lock lock(cache_mutex_);
     if (cache_.size() < kCacheCapacity)
       cache_.emplace(std::string(piece), std::vector<TokenId>(out.begin() + first, out.end()));
@@ -255,17 +307,23 @@ void BpeModel::merge_word(std::string_view piece, bool raw_bytes, std::vector<To
   symbols.back().next = -1;
   for (size_t i = 0; i + 1 < symbols.size(); ++i) symbols[i].next = static_cast<int>(i + 1);
 
-  thread_local std::vector<Candidate> heap_storage;
-  heap_storage.clear();
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue(
-      std::greater<>(), std::move(heap_storage));
+  // Min-heap of candidate merges on (rank, position), kept across calls.
+  thread_local std::vector<Candidate> queue;
+  queue.clear();
+  const auto later = std::greater<>();
+  auto push_candidate = [&](const Candidate& c) {
+    queue.push_back(c);
+    std::push_heap(queue.begin(), queue.end(), later);
+  };
   for (size_t i = 0; i + 1 < symbols.size(); ++i)
     if (const auto* merge = merges_.find(symbols[i].id, symbols[i + 1].id))
-      queue.push({merge->rank, static_cast<int>(i), merge->merged});
+      queue.push_back({merge->rank, static_cast<int>(i), merge->merged});
+  std::make_heap(queue.begin(), queue.end(), later);
 
   while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+    std::pop_heap(queue.begin(), queue.end(), later);
+    const Candidate top = queue.back();
+    queue.pop_back();
     Symbol& left = symbols[top.position];
     if (left.length == 0 || left.next < 0) continue;
     Symbol& right = symbols[left.next];
@@ -279,10 +337,10 @@ void BpeModel::merge_word(std::string_view piece, bool raw_bytes, std::vector<To
     if (left.next >= 0) symbols[left.next].prev = top.position;
     if (left.prev >= 0)
       if (const auto* m = merges_.find(symbols[left.prev].id, left.id))
-        queue.push({m->rank, left.prev, m->merged});
+        push_candidate({m->rank, left.prev, m->merged});
     if (left.next >= 0)
       if (const auto* m = merges_.find(left.id, symbols[left.next].id))
-        queue.push({m->rank, top.position, m->merged});
+        push_candidate({m->rank, top.position, m->merged});
   }
   for (int i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
 }

@@ -79,7 +79,9 @@ class BpeModel {
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
 
-  // Piece -> ids for pieces up to kCacheMaxPieceBytes; stops growing when full.
+  // Short pieces are cached per thread (bpe.cpp); longer ones up to
+  // kCacheMaxPieceBytes here, shared, until kCacheCapacity entries.
+  uint64_t serial_ = 0;  // tells this model's entries in the per-thread cache apart
   static constexpr size_t kCacheCapacity = 1 << 17;
   static constexpr size_t kCacheMaxPieceBytes = 256;
   mutable std::shared_mutex cache_mutex_;

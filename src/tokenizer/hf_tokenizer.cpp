@@ -152,11 +152,13 @@ void HfTokenizer::encode_normalized(std::string_view text, std::vector<TokenId>&
 }
 
 void HfTokenizer::encode_model(std::string_view text, std::vector<TokenId>& ids) const {
-  thread_local std::vector<std::string> pieces;
-  pieces.clear();
-  pieces.emplace_back(text);
-  if (pre_tokenizer_.root) pre_tokenizer_.root->split(pieces);
-  for (const auto& piece : pieces) model_->encode(piece, pre_tokenizer_.output_raw_bytes, ids);
+  const bool raw_bytes = pre_tokenizer_.output_raw_bytes;
+  auto encode_piece = [&](std::string_view piece) { model_->encode(piece, raw_bytes, ids); };
+  if (pre_tokenizer_.root) {
+    pre_tokenizer_.root->split(text, encode_piece);
+  } else {
+    encode_piece(text);
+  }
 }
 
 std::string HfTokenizer::decode(const std::vector<TokenId>& ids, bool skip_special_tokens) const {

@@ -87,41 +87,44 @@ class SplitPreTokenizer final : public PreTokenizer {
         behavior_(behavior),
         invert_(invert) {}
 
-  void split(std::vector<std::string>& pieces) const override {
-    std::vector<std::string> out;
-    out.reserve(pieces.size() * 2);
-    std::vector<Offsets> matches;
-    std::vector<Span> spans;
-    for (const auto& piece : pieces) {
-      find(piece, matches);
-      spans.clear();
+  void split(std::string_view piece, const PieceSink& sink) const override {
+    auto emit = [&](size_t begin, size_t end) {
+      if (end > begin) sink(piece.substr(begin, end - begin));
+    };
+    if (behavior_ == Behavior::kIsolated) {  // the common case: stream without a list
       size_t previous = 0;
-      for (const auto& [start, end] : matches) {
-        if (previous != start) spans.push_back({{previous, start}, invert_});
-        spans.push_back({{start, end}, !invert_});
+      for_each_match(piece, [&](size_t start, size_t end) {
+        emit(previous, start);
+        emit(start, end);
         previous = end;
-      }
-      if (previous != piece.size() || piece.empty())
-        spans.push_back({{previous, piece.size()}, invert_});
-      apply_behavior(behavior_, spans);
-      for (const auto& s : spans)
-        if (!s.is_match && s.offsets.second > s.offsets.first)
-          out.emplace_back(piece, s.offsets.first, s.offsets.second - s.offsets.first);
+      });
+      emit(previous, piece.size());
+      return;
     }
-    pieces = std::move(out);
+    std::vector<Span> spans;
+    size_t previous = 0;
+    for_each_match(piece, [&](size_t start, size_t end) {
+      if (previous != start) spans.push_back({{previous, start}, invert_});
+      spans.push_back({{start, end}, !invert_});
+      previous = end;
+    });
+    if (previous != piece.size()) spans.push_back({{previous, piece.size()}, invert_});
+    apply_behavior(behavior_, spans);
+    for (const auto& s : spans)
+      if (!s.is_match) emit(s.offsets.first, s.offsets.second);
   }
 
  private:
-  void find(const std::string& text, std::vector<Offsets>& matches) const {
+  template <typename OnMatch>
+  void for_each_match(std::string_view text, OnMatch&& on_match) const {
     if (regex_) {
-      regex_->find_all(text, matches);
+      regex_->for_each_match(text, on_match);
       return;
     }
-    matches.clear();
     if (literal_.empty()) return;
-    for (size_t pos = text.find(literal_); pos != std::string::npos;
+    for (size_t pos = text.find(literal_); pos != std::string_view::npos;
          pos = text.find(literal_, pos + literal_.size()))
-      matches.emplace_back(pos, pos + literal_.size());
+      on_match(pos, pos + literal_.size());
   }
 
   std::unique_ptr<Regex> regex_;  // null: literal pattern
@@ -143,18 +146,27 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
                                                    Behavior::kIsolated, false);
   }
 
-  void split(std::vector<std::string>& pieces) const override {
-    if (add_prefix_space_)
-      for (auto& piece : pieces)
-        if (!piece.empty() && piece[0] != ' ') piece.insert(piece.begin(), ' ');
-    if (split_) split_->split(pieces);
-    if (map_bytes_) {
-      const auto& alphabet = ByteLevelAlphabet::get();
-      for (auto& piece : pieces) {
-        std::string mapped;
-        alphabet.encode(piece, mapped);
-        piece = std::move(mapped);
+  void split(std::string_view piece, const PieceSink& sink) const override {
+    std::string prefixed;
+    if (add_prefix_space_ && !piece.empty() && piece[0] != ' ') {
+      prefixed.reserve(piece.size() + 1);
+      prefixed.push_back(' ');
+      prefixed.append(piece);
+      piece = prefixed;
+    }
+    auto emit = [&](std::string_view sub) {
+      if (!map_bytes_) {
+        sink(sub);
+        return;
       }
+      std::string mapped;
+      ByteLevelAlphabet::get().encode(sub, mapped);
+      sink(mapped);
+    };
+    if (split_) {
+      split_->split(piece, emit);
+    } else if (!piece.empty()) {
+      emit(piece);
     }
   }
 
@@ -168,11 +180,19 @@ class SequencePreTokenizer final : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> steps)
       : steps_(std::move(steps)) {}
-  void split(std::vector<std::string>& pieces) const override {
-    for (const auto& step : steps_) step->split(pieces);
-  }
+  void split(std::string_view piece, const PieceSink& sink) const override { run(0, piece, sink); }
 
  private:
+  // Depth-first: each sub-piece of step i goes through steps i+1.. at once.
+  void run(size_t step, std::string_view piece, const PieceSink& sink) const {
+    if (step == steps_.size()) {
+      sink(piece);
+      return;
+    }
+    auto next = [&](std::string_view sub) { run(step + 1, sub, sink); };
+    steps_[step]->split(piece, next);
+  }
+
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 

@@ -85,34 +85,39 @@ pcre2_match_data* thread_match_data() {
 
 }  // namespace
 
-void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const {
-  matches.clear();
+bool Regex::next_match(std::string_view text, size_t* start, size_t* match_start,
+                       size_t* match_end) const {
+  if (*start > text.size()) return false;
   pcre2_match_data* data = thread_match_data();
   const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t start = 0;
-  while (start <= text.size()) {
-    int rc = PCRE2_ERROR_JIT_STACKLIMIT;
-    if (impl_->jit)
-      rc = pcre2_jit_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data,
-                           nullptr);
-    // The interpreter has no small fixed stack: the fallback when JIT gives up.
-    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
-      rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) fail("tokenizer regex '{}' failed to match (PCRE2 error {})", pattern_, rc);
-    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
-    const size_t match_start = ovector[0], match_end = ovector[1];
-    if (match_end < match_start) break;  // \K tricks; not used by tokenizer files
-    matches.emplace_back(match_start, match_end);
-    if (match_end > match_start) {
-      start = match_end;
-    } else {  // empty match: step over one character
-      if (match_end >= text.size()) break;
-      size_t length = 1;
-      utf8::decode(text, match_end, &length);
-      start = match_end + length;
-    }
+  int rc = PCRE2_ERROR_JIT_STACKLIMIT;
+  if (impl_->jit)
+    rc = pcre2_jit_match(impl_->code, subject, text.size(), *start, PCRE2_NO_UTF_CHECK, data,
+                         nullptr);
+  // The interpreter has no small fixed stack: the fallback when JIT gives up.
+  if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
+    rc = pcre2_match(impl_->code, subject, text.size(), *start, PCRE2_NO_UTF_CHECK, data, nullptr);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) fail("tokenizer regex '{}' failed to match (PCRE2 error {})", pattern_, rc);
+  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
+  *match_start = ovector[0];
+  *match_end = ovector[1];
+  if (*match_end < *match_start) return false;  // \K tricks; not used by tokenizer files
+  if (*match_end > *match_start) {
+    *start = *match_end;
+  } else if (*match_end >= text.size()) {  // empty match at the end: last one
+    *start = text.size() + 1;
+  } else {  // empty match: step over one character, as Oniguruma's find_iter
+    size_t length = 1;
+    utf8::decode(text, *match_end, &length);
+    *start = *match_end + length;
   }
+  return true;
+}
+
+void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const {
+  matches.clear();
+  for_each_match(text, [&](size_t s, size_t e) { matches.emplace_back(s, e); });
 }
 
 bool Regex::matches_at(std::string_view text, size_t pos, size_t* end) const {

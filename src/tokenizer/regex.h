@@ -27,10 +27,20 @@ class Regex {
   // match advances by one character (as Oniguruma's find_iter). `text` must be
   // valid UTF-8 (callers sanitize first).
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const;
+  // The same matches handed to `on_match(start, end)` one by one (no vector).
+  template <typename OnMatch>
+  void for_each_match(std::string_view text, OnMatch&& on_match) const {
+    size_t start = 0, match_start = 0, match_end = 0;
+    while (next_match(text, &start, &match_start, &match_end)) on_match(match_start, match_end);
+  }
   bool matches_at(std::string_view text, size_t pos, size_t* end) const;  // anchored match
   const std::string& pattern() const { return pattern_; }
 
  private:
+  // Finds the next match at or after *start and advances *start past it.
+  bool next_match(std::string_view text, size_t* start, size_t* match_start,
+                  size_t* match_end) const;
+
   struct Impl;
   std::string pattern_;
   std::unique_ptr<Impl> impl_;

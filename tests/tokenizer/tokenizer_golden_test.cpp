@@ -2,7 +2,9 @@
 // (tools/fixtures/make_tokenizer_fixtures.py) must be reproduced exactly.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fixture_util.h"
@@ -92,6 +94,30 @@ TEST_P(GoldenTest, StreamingDetokenizerEveryPrefix) {
       check_stream(*tokenizer_, c["ids"].get<std::vector<TokenId>>(), skip);
   for (const auto& c : golden_["decode_cases"])
     check_stream(*tokenizer_, c["ids"].get<std::vector<TokenId>>(), false);
+}
+
+// encode() is const and shared by request threads: the caches must not mix
+// results up under concurrency, nor between two tokenizers on one thread.
+TEST_P(GoldenTest, ConcurrentEncodesAgree) {
+  const auto other = Tokenizer::load(fixture_dir(GetParam() == "glm" ? "deepseek" : "glm"));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  const nlohmann::json& cases = golden_["cases"];  // threads only read it
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = t; i < cases.size(); ++i) {
+          const auto& c = cases[i];
+          if (tokenizer_->encode(c["text"].get<std::string>()) !=
+              c["ids"].get<std::vector<TokenId>>())
+            ++mismatches;
+          (void)other->encode(c["text"].get<std::string>());  // interleave another model
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
