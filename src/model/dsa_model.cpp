@@ -301,22 +301,35 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   }
 
   // Sparse attention, per sequence, over latents read back from the cache
-  // (prefill and decode read the same layout the same way).
+  // (prefill and decode read the same layout the same way). Only the rows
+  // some query selected are decoded: decode reads top-k entries, not the
+  // whole context.
   std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
   std::vector<float> latents;
+  std::vector<int32_t> row_of, positions, remapped;
   for (Step::Sequence& s : step.sequences) {
     MEGACTX_CHECK(s.has_topk, "layer {}: no top-k to share (no full layer before it)", layer);
-    const int64_t context = s.context();
-    latents.resize(static_cast<size_t>(context * entry));
-    for (int64_t p = 0; p < context; ++p) {
-      float* e = latents.data() + p * entry;
-      cache.read_latent(layer, step.slot(s, p), e, e + lora);
+    row_of.assign(static_cast<size_t>(s.context()), -1);
+    positions.clear();
+    remapped.resize(s.topk.size());
+    for (size_t i = 0; i < s.topk.size(); ++i) {
+      const int32_t position = s.topk[i];
+      if (position >= 0 && row_of[position] < 0) {
+        row_of[position] = static_cast<int32_t>(positions.size());
+        positions.push_back(position);
+      }
+      remapped[i] = position >= 0 ? row_of[position] : -1;
+    }
+    latents.resize(positions.size() * static_cast<size_t>(entry));
+    for (size_t row = 0; row < positions.size(); ++row) {
+      float* e = latents.data() + static_cast<int64_t>(row) * entry;
+      cache.read_latent(layer, step.slot(s, positions[row]), e, e + lora);
     }
     MlaAttentionOp op;
     op.q_latent = q_latent.data() + s.offset * heads * lora;
     op.q_rope = q_rope.data() + s.offset * heads * rope;
     op.latents = latents.data();
-    op.indices = s.topk.data();
+    op.indices = remapped.data();
     op.counts = s.counts.data();
     op.index_stride = index_topk_;
     op.queries = s.count;

@@ -22,6 +22,13 @@ void linear_strided(const float* x, int64_t rows, int64_t in, int64_t x_stride, 
       for (int64_t o = 0; o < out; ++o) y[r * y_stride + o] = 0.0f;
     return;
   }
+  if (rows == 1) {
+    // Decode: a matrix-vector product streams the weights once; sgemm would
+    // first pack (copy) them.
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
+                static_cast<int>(in), x, 1, 0.0f, y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
               static_cast<int>(out), static_cast<int>(in), 1.0f, x, static_cast<int>(x_stride), w,
               static_cast<int>(in), 0.0f, y, static_cast<int>(y_stride));

@@ -10,6 +10,23 @@
 #include "kernels/reference/sparse_attention.h"
 
 namespace megactx::cpu {
+namespace {
+
+// Dot product with independent partial sums, so the compiler can vectorize it
+// without reassociation flags.
+float dot(const float* a, const float* b, int64_t n) {
+  float partial[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) partial[j] += a[i + j] * b[i + j];
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += a[i] * b[i];
+  for (float p : partial) sum += p;
+  return sum;
+}
+
+}  // namespace
 
 void indexer_topk(const IndexerTopkArgs& a) {
   // Queries in blocks so the [block * heads, keys] logit matrix stays bounded.
@@ -64,10 +81,7 @@ void mla_attention(const MlaAttentionArgs& a) {
       float max_logit = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < count; ++j) {
         const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < a.kv_lora; ++d) dot += ql[d] * entry[d];
-        for (int64_t d = 0; d < a.rope; ++d) dot += qr[d] * entry[a.kv_lora + d];
-        logits[j] = dot * a.scale;
+        logits[j] = (dot(ql, entry, a.kv_lora) + dot(qr, entry + a.kv_lora, a.rope)) * a.scale;
         max_logit = std::max(max_logit, logits[j]);
       }
       float denominator = 0.0f;
