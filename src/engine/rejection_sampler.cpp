@@ -1,0 +1,100 @@
+#include "engine/rejection_sampler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/cpu_sampler.h"
+
+namespace megactx {
+namespace {
+
+void check_shapes(size_t p_rows, size_t q_rows, size_t drafts) {
+  MEGACTX_CHECK(p_rows == drafts + 1, "verify: {} target rows for {} drafts (need k + 1)", p_rows,
+                drafts);
+  MEGACTX_CHECK(q_rows == drafts, "verify: {} draft distributions for {} drafts", q_rows, drafts);
+}
+
+}  // namespace
+
+int32_t draw_from(std::span<const float> weights, double u) {
+  double total = 0.0;
+  for (const float w : weights) total += std::max(w, 0.0f);
+  MEGACTX_CHECK(total > 0.0, "draw_from: the weights sum to {}", total);
+  const double target = u * total;
+  double cumulative = 0.0;
+  int32_t last = -1;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    last = static_cast<int32_t>(i);
+    cumulative += weights[i];
+    if (cumulative > target) return last;
+  }
+  return last;  // rounding left target == total: the last positive weight
+}
+
+VerifyResult verify_greedy(std::span<const std::span<const float>> target_logits,
+                           std::span<const int32_t> drafts) {
+  check_shapes(target_logits.size(), drafts.size(), drafts.size());
+  VerifyResult result;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    const int32_t best = argmax(target_logits[i]);
+    result.tokens.push_back(best);
+    if (i == drafts.size() || best != drafts[i]) break;
+    ++result.accepted;
+  }
+  return result;
+}
+
+VerifyResult verify_rejection(std::span<const std::vector<float>> p,
+                              std::span<const std::vector<float>> q,
+                              std::span<const int32_t> drafts,
+                              const std::function<double()>& uniform) {
+  check_shapes(p.size(), q.size(), drafts.size());
+  VerifyResult result;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const std::vector<float>& pi = p[i];
+    const int32_t d = drafts[i];
+    MEGACTX_CHECK(d >= 0 && static_cast<size_t>(d) < pi.size(), "verify: draft {} outside [0, {})",
+                  d, pi.size());
+    const bool one_hot = q[i].empty();
+    MEGACTX_CHECK(one_hot || q[i].size() == pi.size(), "verify: q has {} entries, p {}",
+                  q[i].size(), pi.size());
+    const double qd = one_hot ? 1.0 : q[i][static_cast<size_t>(d)];
+    MEGACTX_CHECK(qd > 0.0, "verify: draft {} has q = 0 (not drawn from q)", d);
+    // Accept with probability min(1, p/q): u * q < p.
+    if (uniform() * qd < pi[static_cast<size_t>(d)]) {
+      result.tokens.push_back(d);
+      ++result.accepted;
+      continue;
+    }
+    // Residual norm(max(0, p - q)); draw_from normalizes.
+    std::vector<float> residual(pi.size());
+    for (size_t v = 0; v < pi.size(); ++v) {
+      const float qv = one_hot ? (v == static_cast<size_t>(d) ? 1.0f : 0.0f) : q[i][v];
+      residual[v] = std::max(pi[v] - qv, 0.0f);
+    }
+    double mass = 0.0;
+    for (const float r : residual) mass += r;
+    // p == q up to rounding yet rejected (probability ~0): fall back to p.
+    result.tokens.push_back(mass > 0.0 ? draw_from(residual, uniform()) : draw_from(pi, uniform()));
+    return result;
+  }
+  result.tokens.push_back(draw_from(p.back(), uniform()));  // bonus token
+  return result;
+}
+
+VerifyResult verify_target_only(std::span<const std::vector<float>> p,
+                                std::span<const int32_t> drafts,
+                                const std::function<double()>& uniform) {
+  check_shapes(p.size(), drafts.size(), drafts.size());
+  VerifyResult result;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    const int32_t own = draw_from(p[i], uniform());
+    result.tokens.push_back(own);
+    if (i == drafts.size() || own != drafts[i]) break;
+    ++result.accepted;
+  }
+  return result;
+}
+
+}  // namespace megactx

@@ -1,0 +1,54 @@
+// Verification of k draft tokens against the target's k + 1 distributions
+// (one target forward over [last token, d_1..d_k]).
+//
+//  * Greedy: accept d_i while it equals the target's argmax at position i - 1;
+//    the first mismatch (or position k when all pass) contributes the target's
+//    argmax. The output equals non-speculative greedy decoding exactly.
+//  * Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): d_i was
+//    drawn from q_i; accept with probability min(1, p_i(d_i) / q_i(d_i)); on
+//    the first rejection draw from norm(max(0, p_i - q_i)) and stop; when all k
+//    pass draw a bonus token from p_{k+1}. Every emitted token is distributed
+//    exactly as under the target alone. p and q must come from the same
+//    temperature/top-k/top-p transform (cpu_sampler's sampling_distribution).
+//  * Target only: draw the target's own token x_i ~ p_i at each position and
+//    accept d_i only when it equals x_i (strict match); lossless too, but it
+//    accepts less (sum p q instead of sum min(p, q)).
+// A greedy draft is q = one-hot(d_i); rejection sampling then accepts with
+// probability p_i(d_i) and resamples from p_i without d_i, still lossless.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+namespace megactx {
+
+enum class VerifyMode : uint8_t { Greedy, RejectionSampling, TargetOnly };
+
+struct VerifyResult {
+  int64_t accepted = 0;         // drafts accepted (0..k)
+  std::vector<int32_t> tokens;  // accepted drafts, then one corrected or bonus token
+};
+
+// targets: k + 1 rows of target logits; drafts: k tokens.
+VerifyResult verify_greedy(std::span<const std::span<const float>> target_logits,
+                           std::span<const int32_t> drafts);
+
+// p: k + 1 target distributions, q: k draft distributions (each sums to 1
+// over the vocabulary; empty q[i] means the draft was greedy, q = one-hot);
+// drafts[i] ~ q[i]. `uniform` returns independent draws in [0, 1).
+VerifyResult verify_rejection(std::span<const std::vector<float>> p,
+                              std::span<const std::vector<float>> q,
+                              std::span<const int32_t> drafts,
+                              const std::function<double()>& uniform);
+
+VerifyResult verify_target_only(std::span<const std::vector<float>> p,
+                                std::span<const int32_t> drafts,
+                                const std::function<double()>& uniform);
+
+// One draw from `weights` (non-negative, any positive total) by inverse CDF in
+// id order; Error when the total is not positive.
+int32_t draw_from(std::span<const float> weights, double u);
+
+}  // namespace megactx
