@@ -1,0 +1,241 @@
+// Rejection sampling must leave the target distribution unchanged.
+//
+// Synthetic models over a 4- or 5-token vocabulary: a target Markov chain P
+// and a different draft chain Q (first-order, so p and q depend on the
+// previous token like a real model's on its prefix). One speculative round
+// drafts d_1..d_k from Q, takes p_0..p_k from P at [last, d_1..d_k], and
+// calls the verifier; rounds repeat until 3 tokens are emitted. The emitted
+// 3-token strings are counted over N independent runs and compared with the
+// exact P-chain probabilities by Pearson's chi-square test.
+//
+// Level: each test rejects when chi^2 exceeds its 1 - 1e-7 quantile (df = 63:
+// 139.58; df = 26: 82.08, computed from the regularized incomplete gamma).
+// Four such tests run (rejection with sampled q, with greedy one-hot q,
+// target-only, and under a temperature/top-k transform), so a correct
+// sampler fails this file with probability below 4e-7 (Bonferroni). Every
+// expected cell count is >= 150 (N = 200,000; asserted in chi_square), so the
+// chi-square approximation holds. A deliberately broken verifier (accept everything)
+// and one that resamples from p instead of norm(max(0, p - q)) are rejected,
+// so the test can fail.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "engine/cpu_sampler.h"
+#include "engine/rejection_sampler.h"
+
+namespace megactx {
+namespace {
+
+constexpr int kLength = 3;
+constexpr int64_t kRuns = 200000;
+
+using Chain = std::vector<std::vector<float>>;  // [V][V]: row prev -> distribution
+
+Chain normalize_rows(std::vector<std::vector<double>> w) {
+  Chain c;
+  for (auto& row : w) {
+    double total = 0;
+    for (double v : row) total += v;
+    std::vector<float> r;
+    for (double v : row) r.push_back(static_cast<float>(v / total));
+    c.push_back(r);
+  }
+  return c;
+}
+
+// Target: every transition >= 0.1. Draft: different, with a zero (residual
+// mass matters) and a token the target rarely picks favoured.
+Chain target_chain() {
+  return normalize_rows({{4, 2, 1, 3}, {1, 1, 5, 3}, {2, 4, 2, 2}, {3, 1, 1, 5}});
+}
+Chain draft_chain() {
+  return normalize_rows({{1, 5, 0, 4}, {6, 1, 2, 1}, {0, 2, 7, 1}, {2, 2, 5, 1}});
+}
+
+enum class Verifier { Rejection, RejectionOneHot, TargetOnly, AcceptAll, ResampleFromP };
+
+// One emitted 3-token string (starting after token 0) under speculation.
+std::array<int, kLength> speculate(const Chain& P, const Chain& Q, int k, Verifier verifier,
+                                   std::mt19937_64& rng) {
+  auto uniform = [&rng] { return std::generate_canonical<double, 53>(rng); };
+  std::vector<int32_t> out;
+  int32_t last = 0;
+  while (static_cast<int>(out.size()) < kLength) {
+    std::vector<int32_t> drafts;
+    std::vector<std::vector<float>> q, p;
+    int32_t prev = last;
+    p.push_back(P[prev]);
+    for (int i = 0; i < k; ++i) {
+      int32_t d;
+      if (verifier == Verifier::RejectionOneHot) {
+        d = argmax(Q[prev]);
+        q.emplace_back();  // one-hot
+      } else {
+        d = draw_from(Q[prev], uniform());
+        q.push_back(Q[prev]);
+      }
+      drafts.push_back(d);
+      p.push_back(P[d]);
+      prev = d;
+    }
+    VerifyResult r;
+    switch (verifier) {
+      case Verifier::Rejection:
+      case Verifier::RejectionOneHot:
+        r = verify_rejection(p, q, drafts, uniform);
+        break;
+      case Verifier::TargetOnly:
+        r = verify_target_only(p, drafts, uniform);
+        break;
+      case Verifier::AcceptAll:
+        r.tokens = drafts;
+        r.tokens.push_back(draw_from(p.back(), uniform()));
+        break;
+      case Verifier::ResampleFromP: {
+        // Wrong: on rejection draws from p instead of the residual.
+        for (int i = 0; i < k; ++i) {
+          if (uniform() * q[i][drafts[i]] < p[i][drafts[i]]) {
+            r.tokens.push_back(drafts[i]);
+            continue;
+          }
+          r.tokens.push_back(draw_from(p[i], uniform()));
+          break;
+        }
+        if (static_cast<int>(r.tokens.size()) == k)
+          r.tokens.push_back(draw_from(p.back(), uniform()));
+        break;
+      }
+    }
+    EXPECT_GE(r.tokens.size(), 1u);
+    for (int32_t t : r.tokens) out.push_back(t);
+    last = out.back();
+  }
+  return {out[0], out[1], out[2]};
+}
+
+// Pearson chi-square of the emitted strings against the exact P-chain
+// probabilities; cells with probability 0 must never occur.
+double chi_square(const Chain& P, const Chain& Q, int k, Verifier verifier, uint64_t seed,
+                  int* nonzero_cells) {
+  const int V = static_cast<int>(P.size());
+  std::vector<int64_t> counts(static_cast<size_t>(V * V * V), 0);
+  std::mt19937_64 rng(seed);
+  for (int64_t n = 0; n < kRuns; ++n) {
+    const auto s = speculate(P, Q, k, verifier, rng);
+    ++counts[static_cast<size_t>((s[0] * V + s[1]) * V + s[2])];
+  }
+  double chi2 = 0;
+  *nonzero_cells = 0;
+  for (int a = 0; a < V; ++a) {
+    for (int b = 0; b < V; ++b) {
+      for (int c = 0; c < V; ++c) {
+        const double prob = double(P[0][a]) * P[a][b] * P[b][c];
+        const int64_t observed = counts[static_cast<size_t>((a * V + b) * V + c)];
+        if (prob == 0.0) {
+          if (observed > 0) return INFINITY;
+          continue;
+        }
+        const double expected = prob * kRuns;
+        EXPECT_GE(expected, 150.0);
+        chi2 += (observed - expected) * (observed - expected) / expected;
+        ++*nonzero_cells;
+      }
+    }
+  }
+  return chi2;
+}
+
+constexpr double kChi2Df63 = 139.58;  // 1 - 1e-7 quantile, 63 degrees of freedom
+constexpr double kChi2Df26 = 82.08;   // 1 - 1e-7 quantile, 26 degrees of freedom
+
+TEST(RejectionSampling, PreservesTargetDistribution) {
+  int cells = 0;
+  const double chi2 = chi_square(target_chain(), draft_chain(), 3, Verifier::Rejection, 1, &cells);
+  EXPECT_EQ(cells, 64);
+  EXPECT_LT(chi2, kChi2Df63);
+}
+
+TEST(RejectionSampling, GreedyOneHotDraftsPreserveTargetDistribution) {
+  int cells = 0;
+  const double chi2 =
+      chi_square(target_chain(), draft_chain(), 2, Verifier::RejectionOneHot, 2, &cells);
+  EXPECT_LT(chi2, kChi2Df63);
+}
+
+TEST(RejectionSampling, TargetOnlyPreservesTargetDistribution) {
+  int cells = 0;
+  const double chi2 = chi_square(target_chain(), draft_chain(), 3, Verifier::TargetOnly, 3, &cells);
+  EXPECT_LT(chi2, kChi2Df63);
+}
+
+// Both distributions through the same temperature 0.7 / top-k 3 transform
+// (cpu_sampler's sampling_distribution) over 5 tokens: the output follows the
+// transformed target exactly; the dropped token never appears.
+TEST(RejectionSampling, SameTransformOfBothPreservesTransformedTarget) {
+  SamplingParams params;
+  params.temperature = 0.7;
+  params.top_k = 3;
+  const std::vector<std::vector<float>> target_logits = {{1.0f, 0.2f, 0.6f, -2.0f, 0.4f},
+                                                         {0.1f, 0.9f, 0.5f, 0.3f, -3.0f},
+                                                         {-1.0f, 0.5f, 0.8f, 0.6f, 0.1f},
+                                                         {0.7f, -2.5f, 0.2f, 0.9f, 0.4f},
+                                                         {0.3f, 0.6f, -1.0f, 0.2f, 0.8f}};
+  const std::vector<std::vector<float>> draft_logits = {{0.2f, 1.5f, 0.1f, 0.0f, 0.9f},
+                                                        {1.2f, 0.1f, 0.4f, 0.9f, 0.0f},
+                                                        {0.3f, 0.1f, 1.4f, -0.5f, 0.6f},
+                                                        {0.1f, 0.8f, 1.1f, 0.2f, 0.0f},
+                                                        {1.0f, 0.0f, 0.5f, 0.6f, 0.2f}};
+  Chain P, Q;
+  for (const auto& l : target_logits) P.push_back(sampling_distribution(params, l));
+  for (const auto& l : draft_logits) Q.push_back(sampling_distribution(params, l));
+  int cells = 0;
+  const double chi2 = chi_square(P, Q, 3, Verifier::Rejection, 4, &cells);
+  EXPECT_EQ(cells, 27);
+  EXPECT_LT(chi2, kChi2Df26);
+}
+
+TEST(RejectionSampling, BrokenVerifiersAreDetected) {
+  int cells = 0;
+  EXPECT_GT(chi_square(target_chain(), draft_chain(), 3, Verifier::AcceptAll, 5, &cells),
+            kChi2Df63);
+  EXPECT_GT(chi_square(target_chain(), draft_chain(), 3, Verifier::ResampleFromP, 6, &cells),
+            kChi2Df63);
+}
+
+TEST(RejectionSampling, GreedyVerification) {
+  const std::vector<float> a{0.1f, 0.9f, 0.0f}, b{0.5f, 0.2f, 0.3f}, c{0.0f, 0.0f, 1.0f};
+  const std::vector<std::span<const float>> rows{a, b, c};
+  const std::vector<int32_t> all{1, 0};
+  VerifyResult r = verify_greedy(rows, all);
+  EXPECT_EQ(r.accepted, 2);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 0, 2}));  // bonus from the last row
+  const std::vector<int32_t> second_wrong{1, 2};
+  r = verify_greedy(rows, second_wrong);
+  EXPECT_EQ(r.accepted, 1);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1, 0}));  // correction
+  const std::vector<int32_t> first_wrong{2, 0};
+  r = verify_greedy(rows, first_wrong);
+  EXPECT_EQ(r.accepted, 0);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{1}));
+}
+
+TEST(RejectionSampling, BadInputIsAnError) {
+  const std::vector<std::vector<float>> p{{0.5f, 0.5f}, {1.0f, 0.0f}};
+  const std::vector<std::vector<float>> q{{1.0f, 0.0f}};
+  auto u = [] { return 0.5; };
+  const std::vector<int32_t> out_of_range{7};
+  EXPECT_THROW(verify_rejection(p, q, out_of_range, u), Error);
+  const std::vector<int32_t> zero_q{1};  // q(1) = 0: not drawn from q
+  EXPECT_THROW(verify_rejection(p, q, zero_q, u), Error);
+  const std::vector<int32_t> two{0, 1};
+  EXPECT_THROW(verify_rejection(p, q, two, u), Error);
+  const std::vector<float> zeros{0.0f, 0.0f};
+  EXPECT_THROW(draw_from(zeros, 0.5), Error);
+}
+
+}  // namespace
+}  // namespace megactx
