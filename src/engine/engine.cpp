@@ -323,6 +323,7 @@ void Engine::start_request(Submit submit) {
     for (const int32_t id : sampling.stop_token_ids) request.min_tokens_mask.push_back(id);
   }
   request.stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output);
+  request.detokenizer.emplace(*tokenizer_, sampling.skip_special_tokens);
   const std::string rid = request.request.rid;
   scheduler_->enqueue(&request);
   requests_.emplace(rid, std::move(state));
@@ -335,8 +336,16 @@ void Engine::abort_request(RequestState& request) {
 RequestUpdate& Engine::update_of(RequestState& request) {
   if (!request.has_update) {
     request.has_update = true;
-    request.update = RequestUpdate{};
-    request.update.rid = request.request.rid;
+    // Cleared field by field: the buffers keep their capacity across steps.
+    RequestUpdate& update = request.update;
+    if (update.rid.empty()) update.rid = request.request.rid;
+    update.new_token_ids.clear();
+    update.new_text.clear();
+    update.new_logprobs.clear();
+    update.input_logprobs.clear();
+    update.finish = FinishReason::None;
+    update.finish_detail.clear();
+    update.matched_stop_token.reset();
     updated_.push_back(&request);
   }
   return request.update;
@@ -459,11 +468,7 @@ void Engine::append_token(RequestState& request, const SampleResult& sample) {
       return;
     }
   }
-  std::string bytes;
-  if (!(sampling.skip_special_tokens && tokenizer_->is_special(token))) {
-    bytes = tokenizer_->token_bytes(token);
-  }
-  std::string text = request.utf8.push(bytes);
+  std::string text = request.detokenizer->push(token);
   if (checks_stop && request.stop.active()) {
     StopStringMatcher::Result result = request.stop.push(text);
     update.new_text += result.text;
@@ -486,7 +491,7 @@ void Engine::finish(RequestState& request, FinishReason reason, std::string deta
   RequestUpdate& update = update_of(request);
   if (release_held_text) {
     // Nothing stops the text now: release what was held back.
-    update.new_text += request.stop.push(request.utf8.flush()).text;
+    update.new_text += request.stop.push(request.detokenizer->flush()).text;
     update.new_text += request.stop.flush();
   }
   update.finish = reason;

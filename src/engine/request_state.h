@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/prefix_cache.h"
 #include "engine/request.h"
 #include "engine/stop_strings.h"
+#include "tokenizer/tokenizer.h"
 
 namespace megactx {
 
@@ -25,6 +27,11 @@ struct RequestState {
   std::vector<int32_t> tokens;
   int64_t prompt_len = 0;
   int64_t num_computed = 0;
+  // Speculative decoding (issue 8): unverified draft tokens at the end of
+  // `tokens`. A verification step computes them with the last real token
+  // (1 + k new tokens, scheduled as decode); pages holding drafts are never
+  // shared, so Scheduler::truncate() can drop rejected ones.
+  int64_t num_draft_tokens = 0;
   std::vector<int32_t> page_table;
   PrefixCache::Node* prefix_node = nullptr;  // deepest tree node this request locks; null = none
   int64_t max_total_tokens = 0;              // min(context, KV capacity)
@@ -37,7 +44,7 @@ struct RequestState {
   std::unordered_map<int32_t, int32_t> output_counts;  // only with penalties
   std::vector<int32_t> prompt_distinct;                // sorted; only with repetition penalty
   std::vector<int32_t> min_tokens_mask;                // eos + stop ids (min_new_tokens)
-  Utf8Assembler utf8;
+  std::optional<StreamingDetokenizer> detokenizer;
   StopStringMatcher stop;
   int64_t cached_tokens = 0;  // prefix-cache hit of the first admission
   bool admitted_once = false;

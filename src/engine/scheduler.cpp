@@ -49,7 +49,8 @@ void Scheduler::release_pages(RequestState& request) {
                   request.request.rid);
     return;
   }
-  const int64_t full_pages = request.num_computed / page_size_;
+  const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
+  const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
   if (config_.enable_prefix_cache && full_pages > PrefixCache::depth(request.prefix_node)) {
     request.prefix_node =
         prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
@@ -122,8 +123,9 @@ void Scheduler::schedule(StepPlan& plan) {
     RequestState* request = running_[i];
     const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
     if (remaining <= 0) continue;
-    const bool decode = remaining == 1;
-    const int64_t count = decode ? 1 : std::min(remaining, budget);
+    // Decode: the last token, plus drafts to verify (1 + k).
+    const bool decode = remaining <= 1 + request->num_draft_tokens;
+    const int64_t count = decode ? remaining : std::min(remaining, budget);
     if (count == 0) continue;
     bool preempted_self = false;
     while (!reserve_pages(*request, request->num_computed + count)) {
@@ -183,7 +185,8 @@ void Scheduler::commit(const StepPlan& plan) {
     RequestState& request = *chunk.request;
     request.num_computed = chunk.start + chunk.count;
     if (!config_.enable_prefix_cache) continue;
-    const int64_t full_pages = request.num_computed / page_size_;
+    const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
+    const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
     if (full_pages > PrefixCache::depth(request.prefix_node)) {
       request.prefix_node =
           prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
@@ -201,6 +204,26 @@ void Scheduler::remove(RequestState* request) {
   }
   request->phase = RequestPhase::Finished;
   release_pages(*request);
+}
+
+void Scheduler::truncate(RequestState& request, int64_t length) {
+  MEGACTX_CHECK(request.phase == RequestPhase::Running && request.prefix_node != nullptr,
+                "truncate of request {} that is not running", request.request.rid);
+  MEGACTX_CHECK(
+      length >= request.prompt_len && length <= static_cast<int64_t>(request.tokens.size()),
+      "truncate of request {} to {} tokens (prompt {}, now {})", request.request.rid, length,
+      request.prompt_len, request.tokens.size());
+  MEGACTX_CHECK(length >= PrefixCache::depth(request.prefix_node) * page_size_,
+                "truncate of request {} into its shared prefix", request.request.rid);
+  const auto dropped = static_cast<int64_t>(request.tokens.size()) - length;
+  request.tokens.resize(static_cast<size_t>(length));
+  request.num_draft_tokens = std::max<int64_t>(request.num_draft_tokens - dropped, 0);
+  request.num_computed = std::min(request.num_computed, length);
+  const int64_t keep = pages_for(request.num_computed);
+  while (static_cast<int64_t>(request.page_table.size()) > keep) {
+    allocator_.release(request.page_table.back());
+    request.page_table.pop_back();
+  }
 }
 
 void Scheduler::check_integrity() const {

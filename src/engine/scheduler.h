@@ -56,6 +56,10 @@ class Scheduler {
   void commit(const StepPlan& plan);
   // Takes a finished or aborted request out (its full pages stay cached).
   void remove(RequestState* request);
+  // Rolls a running request back to its first `length` tokens (rejected
+  // drafts): the KV of later positions is forgotten and pages past the new
+  // end go back to the allocator. Never reaches into shared prefix pages.
+  void truncate(RequestState& request, int64_t length);
 
   const std::vector<RequestState*>& running() const { return running_; }
   const std::deque<RequestState*>& waiting() const { return waiting_; }

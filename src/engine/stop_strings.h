@@ -32,16 +32,4 @@ class StopStringMatcher {
   std::string held_;
 };
 
-// Turns token bytes into complete UTF-8 text: bytes of an unfinished
-// character are held until it completes; bytes that can never form a valid
-// character become U+FFFD (as HF's byte-level decode does).
-class Utf8Assembler {
- public:
-  std::string push(std::string_view bytes);
-  std::string flush();  // held bytes as U+FFFD
-
- private:
-  std::string pending_;
-};
-
 }  // namespace megactx

@@ -1,4 +1,4 @@
-// Stop strings split across tokens and UTF-8 assembly, checked on byte strings.
+// Stop strings split across tokens, checked on byte strings.
 #include <gtest/gtest.h>
 
 #include "engine/stop_strings.h"
@@ -36,22 +36,6 @@ TEST(StopStrings, IncludeStopStringAndEarliestMatch) {
   r = earliest.push("abcd");
   EXPECT_EQ(r.matched, "bc");
   EXPECT_EQ(r.text, "a");
-}
-
-TEST(Utf8Assembler, HoldsIncompleteCharacters) {
-  Utf8Assembler utf8;
-  EXPECT_EQ(utf8.push("a\xE2\x82"), "a");
-  EXPECT_EQ(utf8.push("\xAC!"), "\xE2\x82\xAC!");  // €
-  EXPECT_EQ(utf8.push("\xF0\x9F"), "");
-  EXPECT_EQ(utf8.flush(), "\xEF\xBF\xBD");
-  EXPECT_EQ(utf8.push("\xFF"
-                      "b"),
-            "\xEF\xBF\xBD"
-            "b");  // never valid
-  EXPECT_EQ(utf8.push("\xC3"
-                      "x"),
-            "\xEF\xBF\xBD"
-            "x");  // broken sequence
 }
 
 }  // namespace
