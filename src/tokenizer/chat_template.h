@@ -22,8 +22,13 @@ class ChatTemplate {
 
   // Renders with `context` as the global variables (messages, tools,
   // add_generation_prompt, bos_token, eos_token, chat_template_kwargs merged in).
-  // Errors raised by the template (raise_exception) become megactx::Error.
+  // Errors raised by the template (raise_exception) become megactx::Error
+  // carrying the template's message unchanged; other runtime errors name the
+  // line and column. Pass an ordered_json (parsed with
+  // nlohmann::ordered_json::parse) to keep the request's key order: Python
+  // dicts keep it and `tojson` output must match HF's byte for byte.
   std::string render(const nlohmann::json& context) const;
+  std::string render(const nlohmann::ordered_json& context) const;
 
  private:
   struct Impl;
@@ -33,7 +38,12 @@ class ChatTemplate {
 // Builds the render context from an OpenAI chat request (messages, tools,
 // add_generation_prompt defaulting to true, chat_template_kwargs spread into
 // the globals) plus special tokens from tokenizer_config.json.
+// `special_tokens` is tokenizer_config.json (or any object): every "*_token"
+// key (string or {"content": ...}) and additional_special_tokens become globals,
+// as HF's special_tokens_map. Throws megactx::Error for a malformed request.
 nlohmann::json chat_template_context(const nlohmann::json& request,
                                      const nlohmann::json& special_tokens);
+nlohmann::ordered_json chat_template_context(const nlohmann::ordered_json& request,
+                                             const nlohmann::ordered_json& special_tokens);
 
 }  // namespace megactx

@@ -1,0 +1,1 @@
+megactx_add_fuzzer(chat_template LIBS megactx_tokenizer)
