@@ -118,7 +118,7 @@ std::string Engine::validate(const GenerationRequest& request) const {
     return fmt::format("temperature must be >= 0, got {}", s.temperature);
   if (!(s.top_p > 0.0 && s.top_p <= 1.0))
     return fmt::format("top_p must be in (0, 1], got {}", s.top_p);
-  if (s.top_k == 0 || s.top_k < -1) return fmt::format("top_k must be -1 or >= 1, got {}", s.top_k);
+  if (s.top_k < -1) return fmt::format("top_k must be -1 (off), 0 (off) or >= 1, got {}", s.top_k);
   if (!(s.min_p >= 0.0 && s.min_p <= 1.0))
     return fmt::format("min_p must be in [0, 1], got {}", s.min_p);
   if (!(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0)) {
@@ -542,6 +542,9 @@ void Engine::update_stats() {
   stats.max_context_tokens = max_total_tokens_;
   stats.prefix_cache_queries = prefix_cache_->queried_tokens();
   stats.prefix_cache_hits = prefix_cache_->hit_tokens();
+  stats.kv_page_size = config_.page_size;
+  stats.prefix_cache_pages = prefix_cache_->cached_pages();
+  stats.preemptions = scheduler_->num_preemptions();
   std::lock_guard lock(stats_mutex_);
   stats_ = stats;
 }

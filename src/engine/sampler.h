@@ -4,10 +4,12 @@
 //
 // Semantics (vLLM / SGLang):
 //  * penalties on the raw logits: repetition (HF/vLLM: tokens of prompt and
-//    output; logit / p when positive, * p otherwise), frequency (minus f times
+//    output -- recent SGLang counts output tokens only; logit / p when
+//    positive, * p otherwise), frequency (minus f times
 //    the count in the output), presence (minus p once for tokens in the output);
 //  * while fewer than min_new_tokens were generated, eos and stop ids are masked;
 //  * temperature < 1e-5 or top_k == 1: greedy (argmax, lowest id on ties);
+//    top_k -1 or 0 means no top-k (vLLM accepts both);
 //  * otherwise softmax(logits / T), then top_k, then top_p over the
 //    renormalised top-k (keep a token while the mass before it is <= top_p),
 //    then min_p (keep p >= min_p * p_max), then one draw by inverse CDF over

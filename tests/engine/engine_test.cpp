@@ -195,7 +195,7 @@ TEST(Engine, InvalidRequestsFailBeforeAnyWork) {
   bad.sampling.top_p = 0;
   expect_error(bad, "top_p");
   bad = greedy_request("top_k", {1}, 5);
-  bad.sampling.top_k = 0;
+  bad.sampling.top_k = -2;
   expect_error(bad, "top_k");
   bad = greedy_request("min_new", {1}, 5);
   bad.sampling.min_new_tokens = 6;
