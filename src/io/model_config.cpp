@@ -182,28 +182,44 @@ void resolve_mlp_schedule(const JsonFields& fields, ModelConfig& config) {
   }
 }
 
-void check_positive(int64_t value, const char* field) {
+// Dimensions past 2^24 are not a real model but could overflow size arithmetic.
+constexpr int64_t kMaxDimension = int64_t{1} << 24;
+
+// Head counts and head dimensions multiply with ranks in tensor shapes: keep
+// every shape's element count far below 2^63.
+constexpr int64_t kMaxHeads = int64_t{1} << 16;
+
+void check_positive(int64_t value, const char* field, int64_t limit = kMaxDimension) {
   MEGACTX_CHECK(value > 0, "config.json: field '{}' must be positive, got {}", field, value);
+  MEGACTX_CHECK(value <= limit, "config.json: field '{}' is implausibly large: {}", field, value);
 }
 
 void validate(ModelConfig& config) {
   check_positive(config.vocab_size, "vocab_size");
-  check_positive(config.hidden_size, "hidden_size");
+  check_positive(config.hidden_size, "hidden_size", int64_t{1} << 20);
   check_positive(config.num_hidden_layers, "num_hidden_layers");
-  check_positive(config.num_attention_heads, "num_attention_heads");
-  check_positive(config.num_key_value_heads, "num_key_value_heads");
+  check_positive(config.num_attention_heads, "num_attention_heads", kMaxHeads);
+  check_positive(config.num_key_value_heads, "num_key_value_heads", kMaxHeads);
   check_positive(config.max_position_embeddings, "max_position_embeddings");
-  check_positive(config.kv_lora_rank, "kv_lora_rank");
-  check_positive(config.qk_rope_head_dim, "qk_rope_head_dim");
-  check_positive(config.v_head_dim, "v_head_dim");
-  check_positive(config.index_n_heads, "index_n_heads");
-  check_positive(config.index_head_dim, "index_head_dim");
+  check_positive(config.kv_lora_rank, "kv_lora_rank", int64_t{1} << 20);
+  check_positive(config.qk_rope_head_dim, "qk_rope_head_dim", kMaxHeads);
+  check_positive(config.v_head_dim, "v_head_dim", kMaxHeads);
+  check_positive(config.index_n_heads, "index_n_heads", kMaxHeads);
+  check_positive(config.index_head_dim, "index_head_dim", kMaxHeads);
   check_positive(config.index_topk, "index_topk");
   MEGACTX_CHECK(config.num_hidden_layers <= 100000,
                 "config.json: field 'num_hidden_layers' is "
                 "implausibly large: {}",
                 config.num_hidden_layers);
-  MEGACTX_CHECK(config.qk_nope_head_dim >= 0, "config.json: field 'qk_nope_head_dim' must be >= 0");
+  MEGACTX_CHECK(config.n_routed_experts <= 65536 && config.num_experts_per_tok <= 65536 &&
+                    config.n_shared_experts <= 65536 && config.n_group <= 65536,
+                "config.json: field 'n_routed_experts' is implausibly large: {}",
+                config.n_routed_experts);
+  MEGACTX_CHECK(config.num_nextn_predict_layers <= 64,
+                "config.json: field 'num_nextn_predict_layers' is implausibly large: {}",
+                config.num_nextn_predict_layers);
+  MEGACTX_CHECK(config.qk_nope_head_dim >= 0 && config.qk_nope_head_dim <= kMaxHeads,
+                "config.json: field 'qk_nope_head_dim' must be >= 0");
   MEGACTX_CHECK(config.qk_rope_head_dim % 2 == 0,
                 "config.json: field 'qk_rope_head_dim' must be even (RoPE rotates pairs), got {}",
                 config.qk_rope_head_dim);
@@ -211,7 +227,7 @@ void validate(ModelConfig& config) {
                 "config.json: field 'index_head_dim' ({}) must be >= qk_rope_head_dim ({}): an "
                 "indexer head is [rope | nope]",
                 config.index_head_dim, config.qk_rope_head_dim);
-  if (config.q_lora_rank) check_positive(*config.q_lora_rank, "q_lora_rank");
+  if (config.q_lora_rank) check_positive(*config.q_lora_rank, "q_lora_rank", int64_t{1} << 20);
   MEGACTX_CHECK(config.rms_norm_eps > 0, "config.json: field 'rms_norm_eps' must be positive");
   MEGACTX_CHECK(config.num_nextn_predict_layers >= 0,
                 "config.json: field 'num_nextn_predict_layers' must be >= 0");

@@ -22,37 +22,51 @@ int64_t stored_element_bytes(const ModelConfig& config) {
   return 2;  // bfloat16 / float16 (and fp8 checkpoints keep the rest in bf16)
 }
 
+// Sums of absurd configs must fail cleanly rather than wrap around.
+void add_checked(int64_t& sum, int64_t amount) {
+  MEGACTX_CHECK(!__builtin_add_overflow(sum, amount, &sum),
+                "config.json describes a model too large to count (over 2^63)");
+}
+
 struct Counts {
   int64_t total = 0, active = 0, embedding = 0, bytes = 0;
+  int64_t routed = 0;  // all routed experts; a token runs num_experts_per_tok of them
 };
 
-Counts count(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
+Counts count(const ModelConfig& config, bool mtp) {
   Counts counts;
-  for (const auto& spec : specs) {
-    const int64_t n = spec.numel();
-    // The router's e_score_correction_bias is a buffer in HF (not in its
-    // total_parameters) but it is stored, so it counts for bytes only.
-    const bool buffer = spec.name.ends_with("e_score_correction_bias");
-    if (buffer) {
-      counts.bytes += n * 4;
-      continue;
+  for_each_expected_tensor(config, mtp, [&](std::vector<TensorSpec>& specs) {
+    for (const auto& spec : specs) {
+      const int64_t n = spec.numel();
+      // The router's e_score_correction_bias is a buffer in HF (not in its
+      // total_parameters) but it is stored, so it counts for bytes only.
+      const bool buffer = spec.name.ends_with("e_score_correction_bias");
+      if (buffer) {
+        add_checked(counts.bytes, n * 4);
+        continue;
+      }
+      add_checked(counts.total, n);
+      if (spec.role == TensorRole::RoutedExpert) {
+        // Each token runs num_experts_per_tok of the n_routed_experts.
+        add_checked(counts.routed, n);
+      } else if (spec.role == TensorRole::Embedding) {
+        add_checked(counts.active, config.hidden_size);  // a token reads one row of the table
+      } else {
+        add_checked(counts.active, n);
+      }
+      if (spec.role == TensorRole::Embedding || spec.role == TensorRole::LmHead)
+        add_checked(counts.embedding, n);
+      if (spec.quantized && config.is_fp8_checkpoint()) {
+        add_checked(counts.bytes, n + shape_numel(scale_shape(config, spec.shape)) * 4);
+      } else {
+        add_checked(counts.bytes, n * stored_element_bytes(config));
+      }
     }
-    counts.total += n;
-    if (spec.role == TensorRole::RoutedExpert) {
-      // Each token runs num_experts_per_tok of the n_routed_experts.
-      counts.active += n * config.num_experts_per_tok / config.n_routed_experts;
-    } else if (spec.role == TensorRole::Embedding) {
-      counts.active += config.hidden_size;  // a token reads one row of the embedding table
-    } else {
-      counts.active += n;
-    }
-    if (spec.role == TensorRole::Embedding || spec.role == TensorRole::LmHead)
-      counts.embedding += n;
-    if (spec.quantized && config.is_fp8_checkpoint()) {
-      counts.bytes += n + shape_numel(scale_shape(config, spec.shape)) * 4;
-    } else {
-      counts.bytes += n * stored_element_bytes(config);
-    }
+  });
+  if (counts.routed > 0) {
+    const __int128 chosen =
+        static_cast<__int128>(counts.routed) * config.num_experts_per_tok / config.n_routed_experts;
+    add_checked(counts.active, static_cast<int64_t>(chosen));
   }
   return counts;
 }
@@ -97,8 +111,8 @@ ModelSummary summarize_model(const ModelConfig& config,
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
     (config.layer_is_moe(layer) ? s.moe_layers : s.dense_layers) += 1;
 
-  const Counts main = count(config, expected_tensors(config, false));
-  const Counts mtp = count(config, expected_tensors(config, true));
+  const Counts main = count(config, false);
+  const Counts mtp = count(config, true);
   s.params_total = main.total;
   s.params_active = main.active;
   s.params_embedding = main.embedding;

@@ -1,6 +1,8 @@
 #include "io/tensor_layout.h"
 
 #include <algorithm>
+#include <functional>
+#include <iterator>
 #include <set>
 
 #include <fmt/format.h>
@@ -105,25 +107,42 @@ class LayoutBuilder {
 
 }  // namespace
 
-std::vector<TensorSpec> expected_tensors(const ModelConfig& config, bool mtp) {
+void for_each_expected_tensor(const ModelConfig& config, bool mtp,
+                              const std::function<void(std::vector<TensorSpec>&)>& visit) {
   std::vector<TensorSpec> specs;
   LayoutBuilder builder(config, specs);
+  auto flush = [&] {
+    visit(specs);
+    specs.clear();
+  };
   if (mtp) {
     for (int64_t k = 0; k < config.num_nextn_predict_layers; ++k) {
       const int64_t layer = config.num_hidden_layers + k;
       builder.decoder_layer(layer, true, config.mtp_layer_is_moe());
       builder.mtp_extras(layer);
+      flush();
     }
-    return specs;
+    return;
   }
   builder.add("model.embed_tokens.weight", {config.vocab_size, config.hidden_size},
               TensorRole::Embedding, -1);
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+  flush();
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     builder.decoder_layer(layer, config.layer_runs_indexer(layer), config.layer_is_moe(layer));
+    flush();
+  }
   builder.add("model.norm.weight", {config.hidden_size}, TensorRole::Norm, -1);
   if (!config.tie_word_embeddings)
     builder.add("lm_head.weight", {config.vocab_size, config.hidden_size}, TensorRole::LmHead, -1);
-  return specs;
+  flush();
+}
+
+std::vector<TensorSpec> expected_tensors(const ModelConfig& config, bool mtp) {
+  std::vector<TensorSpec> all;
+  for_each_expected_tensor(config, mtp, [&](std::vector<TensorSpec>& specs) {
+    std::move(specs.begin(), specs.end(), std::back_inserter(all));
+  });
+  return all;
 }
 
 Shape scale_shape(const ModelConfig& config, const Shape& weight_shape) {

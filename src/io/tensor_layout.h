@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct TensorSpec {
 // Every weight of the main model (mtp = false) or of the MTP layers only (mtp = true).
 // Scale tensors are not listed; see scale_shape().
 std::vector<TensorSpec> expected_tensors(const ModelConfig& config, bool mtp);
+// The same, a group at a time (the global tensors, then one layer per call), so
+// huge configs can be walked without holding every name at once.
+void for_each_expected_tensor(const ModelConfig& config, bool mtp,
+                              const std::function<void(std::vector<TensorSpec>&)>& visit);
 
 // Shape of `<name>_scale_inv` for a quantized [out, in] weight.
 Shape scale_shape(const ModelConfig& config, const Shape& weight_shape);

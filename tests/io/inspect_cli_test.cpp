@@ -45,9 +45,9 @@ RunResult run(const std::string& arguments) {
   return result;
 }
 
-void skip_without_binary() {
-  if (!std::filesystem::exists(binary())) GTEST_SKIP() << binary() << " not built";
-}
+// GTEST_SKIP only leaves the function it is in, so this is a macro.
+#define SKIP_WITHOUT_BINARY() \
+  if (!std::filesystem::exists(binary())) GTEST_SKIP() << binary() << " not built"
 
 std::string config_dir(const testing::TempDir& dir, const std::string& fixture) {
   std::filesystem::copy_file(std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/configs/" + fixture,
@@ -56,7 +56,7 @@ std::string config_dir(const testing::TempDir& dir, const std::string& fixture) 
 }
 
 TEST(InspectCli, Glm52Json) {
-  skip_without_binary();
+  SKIP_WITHOUT_BINARY();
   testing::TempDir dir;
   const RunResult result =
       run("inspect --model " + config_dir(dir, "glm5_2.json") + " --json --memory 80GiB");
@@ -71,7 +71,7 @@ TEST(InspectCli, Glm52Json) {
 }
 
 TEST(InspectCli, TextOutput) {
-  skip_without_binary();
+  SKIP_WITHOUT_BINARY();
   testing::TempDir dir;
   const RunResult result = run("inspect --model " + config_dir(dir, "glm5_2.json"));
   ASSERT_EQ(result.exit_code, 0) << result.err;
@@ -87,7 +87,7 @@ void expect_one_line_error(const RunResult& result, const std::string& needle) {
 }
 
 TEST(InspectCli, BadInput) {
-  skip_without_binary();
+  SKIP_WITHOUT_BINARY();
   testing::TempDir dir;
   expect_one_line_error(run("inspect --model " + dir.file("absent")), "config.json");
   testing::write_bytes(dir.file("config.json"), "{\"model_type\": \"glm_moe_dsa\",");
