@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#define XXH_INLINE_ALL  // header-only: megactx_tokenizer needs no xxhash link
 #include <xxhash.h>
 
 #include <nlohmann/json.hpp>
