@@ -3,7 +3,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <queue>
 
 #include "core/error.h"
 
@@ -19,6 +18,8 @@ struct PrefixCache::Node {
   uint64_t last_access = 0;
   std::unordered_multimap<uint64_t, Node*> children;
   size_t slot = 0;  // index in PrefixCache::nodes_
+  uint64_t id = 0;  // stable key in PrefixCache::lru_
+  bool in_lru = false;
 };
 
 namespace {
@@ -69,7 +70,7 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens) {
     auto page_tokens = tokens.subspan(static_cast<size_t>(i * page_size_), page_size_);
     Node* child = find_child(node, page_tokens, hash_page(page_tokens));
     if (child == nullptr) break;
-    child->last_access = now;
+    touch(child, now);
     allocator_.add_ref(child->page);
     result.pages.push_back(child->page);
     node = child;
@@ -112,12 +113,15 @@ PrefixCache::Node* PrefixCache::insert(Node* node, std::span<const int32_t> toke
       child->depth = node->depth + 1;
       child->hash = hash;
       child->slot = nodes_.size();
+      child->id = next_id_++;
+      by_id_.emplace(child->id, child);
       nodes_.push_back(std::move(owned));
       node->children.emplace(hash, child);
+      update_lru(node);  // no longer a leaf
       allocator_.add_ref(page);
       ++num_nodes_;
     }
-    child->last_access = now;
+    touch(child, now);
     node = child;
   }
   if (node != start) {
@@ -127,16 +131,43 @@ PrefixCache::Node* PrefixCache::insert(Node* node, std::span<const int32_t> toke
   return node;
 }
 
+void PrefixCache::touch(Node* node, uint64_t now) {
+  if (node->in_lru) {
+    lru_.erase({node->last_access, node->id});
+    node->in_lru = false;
+  }
+  node->last_access = now;
+  update_lru(node);
+}
+
+void PrefixCache::update_lru(Node* node) {
+  if (node == root_) return;
+  const bool candidate = node->lock == 0 && node->children.empty();
+  if (candidate == node->in_lru) return;
+  if (candidate) {
+    lru_.emplace(node->last_access, node->id);
+  } else {
+    lru_.erase({node->last_access, node->id});
+  }
+  node->in_lru = candidate;
+}
+
 void PrefixCache::lock(Node* node) {
   for (; node != root_; node = node->parent) {
-    if (node->lock++ == 0) ++locked_nodes_;
+    if (node->lock++ == 0) {
+      ++locked_nodes_;
+      update_lru(node);
+    }
   }
 }
 
 void PrefixCache::unlock(Node* node) {
   for (; node != root_; node = node->parent) {
     MEGACTX_CHECK(node->lock > 0, "prefix cache: unlock of an unlocked node");
-    if (--node->lock == 0) --locked_nodes_;
+    if (--node->lock == 0) {
+      --locked_nodes_;
+      update_lru(node);
+    }
   }
 }
 
@@ -150,6 +181,8 @@ void PrefixCache::remove_leaf(Node* node) {
     }
   }
   allocator_.release(node->page);
+  if (node->in_lru) lru_.erase({node->last_access, node->id});
+  by_id_.erase(node->id);
   // Swap-remove from the node list.
   const size_t slot = node->slot;
   if (slot + 1 != nodes_.size()) {
@@ -161,24 +194,13 @@ void PrefixCache::remove_leaf(Node* node) {
 }
 
 int64_t PrefixCache::evict(int64_t pages) {
-  if (pages <= 0 || evictable_pages() == 0) return 0;
-  // Min-heap of unlocked leaves by last access; a parent joins once its last
-  // child is gone. Rare (only when the free list runs short), so a scan is fine.
-  using Entry = std::pair<uint64_t, Node*>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> leaves;
-  for (const auto& node : nodes_) {
-    if (node->lock == 0 && node->children.empty()) leaves.emplace(node->last_access, node.get());
-  }
   int64_t freed = 0;
-  while (freed < pages && !leaves.empty()) {
-    Node* node = leaves.top().second;
-    leaves.pop();
+  while (freed < pages && !lru_.empty()) {
+    Node* node = by_id_.at(lru_.begin()->second);
     Node* parent = node->parent;
     remove_leaf(node);
     ++freed;
-    if (parent != root_ && parent->lock == 0 && parent->children.empty()) {
-      leaves.emplace(parent->last_access, parent);
-    }
+    update_lru(parent);  // may have become an unlocked leaf
   }
   return freed;
 }
@@ -224,6 +246,18 @@ void PrefixCache::check_integrity(
   }
   MEGACTX_CHECK(locked == locked_nodes_, "integrity: prefix cache counts {} locked nodes, found {}",
                 locked_nodes_, locked);
+  // The LRU set holds exactly the unlocked leaves, keyed by their last access.
+  size_t leaves = 0;
+  for (const auto& node : nodes_) {
+    const bool candidate = node->lock == 0 && node->children.empty();
+    MEGACTX_CHECK(
+        candidate == node->in_lru && (!candidate || lru_.contains({node->last_access, node->id})),
+        "integrity: prefix cache LRU entry of page {} is wrong", node->page);
+    leaves += candidate;
+  }
+  MEGACTX_CHECK(leaves == lru_.size() && by_id_.size() == nodes_.size(),
+                "integrity: prefix cache LRU holds {} entries for {} evictable leaves", lru_.size(),
+                leaves);
 }
 
 }  // namespace megactx

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -83,6 +84,10 @@ class PrefixCache {
  private:
   Node* find_child(Node* parent, std::span<const int32_t> page_tokens, uint64_t hash) const;
   void remove_leaf(Node* node);
+  // Marks a node used now (it leaves the LRU set: its caller locks it next).
+  void touch(Node* node, uint64_t now);
+  // Keeps `lru_` equal to the set of unlocked leaves.
+  void update_lru(Node* node);
 
   PageAllocator& allocator_;
   int64_t page_size_;
@@ -91,6 +96,11 @@ class PrefixCache {
   int64_t num_nodes_ = 0;
   int64_t locked_nodes_ = 0;
   uint64_t clock_ = 0;  // logical time for LRU
+  // Unlocked leaves by (last access, node id): the eviction candidates, so
+  // eviction costs O(log n) per page instead of a scan of the tree.
+  std::set<std::pair<uint64_t, uint64_t>> lru_;
+  std::unordered_map<uint64_t, Node*> by_id_;
+  uint64_t next_id_ = 0;
   int64_t queried_tokens_ = 0;
   int64_t hit_tokens_ = 0;
 };
