@@ -1,8 +1,11 @@
 // megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
 //                  [--format ids|text] [--device cpu] [--kv-dtype f32|bf16|fp8]
+//                  [--speculative-steps K [--no-mtp-share] [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
-// (ids comma-separated, or detokenized text).
+// (ids comma-separated, or detokenized text). With --speculative-steps K > 0
+// the model's MTP layer drafts K tokens per target verification
+// (engine/speculative_decoder.h) and the accepted length goes to stderr.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,6 +14,7 @@
 
 #include "cli/command_registry.h"
 #include "core/error.h"
+#include "engine/speculative_decoder.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
 #include "tokenizer/tokenizer.h"
@@ -29,7 +33,47 @@ struct GenerateOptions {
   std::string format = "ids";
   std::string device = "cpu";
   std::string kv_dtype = "f32";
+  int64_t speculative_steps = 0;
+  bool no_mtp_share = false;
+  std::string spec_verify = "rejection";
 };
+
+// MTP speculative decoding of one sequence (issue 8).
+std::vector<int32_t> generate_speculative(const GenerateOptions& options, LanguageModel& model,
+                                          const std::vector<int32_t>& ids, KvDType kv_dtype) {
+  auto* dsa = dynamic_cast<DsaModel*>(&model);
+  MEGACTX_CHECK(dsa != nullptr, "--speculative-steps needs a DSA model");
+  MEGACTX_CHECK(options.spec_verify == "rejection" || options.spec_verify == "target-only",
+                "unknown --spec-verify '{}' (rejection or target-only)", options.spec_verify);
+  const std::unique_ptr<MtpLayer> mtp = MtpLayer::load(*dsa, options.model_dir);
+  SpeculativeOptions spec;
+  spec.steps = options.speculative_steps;
+  spec.share = !options.no_mtp_share;
+  spec.sampled_mode =
+      options.spec_verify == "rejection" ? VerifyMode::RejectionSampling : VerifyMode::TargetOnly;
+  spec.kv_dtype = kv_dtype;
+  const int64_t positions =
+      static_cast<int64_t>(ids.size()) + options.max_new_tokens + spec.steps + 2;
+  spec.num_pages = (positions + 63) / 64 + 1;
+  SpeculativeDecoder decoder(*dsa, mtp.get(), spec);
+  SamplingParams params;
+  params.temperature = options.temperature;
+  params.max_new_tokens = options.max_new_tokens;
+  params.ignore_eos = options.ignore_eos;
+  params.seed = options.seed;
+  std::vector<int32_t> eos;
+  for (int64_t e : model.config().eos_token_ids) eos.push_back(static_cast<int32_t>(e));
+  const int64_t id = decoder.add(ids, params, eos);
+  decoder.run_to_completion();
+  const SpeculativeStats& stats = decoder.stats(id);
+  std::fprintf(stderr,
+               "speculative: k=%ld verifications=%ld drafted=%ld accepted=%ld "
+               "accepted_length=%.2f\n",
+               static_cast<long>(spec.steps), static_cast<long>(stats.verify_count),
+               static_cast<long>(stats.draft_tokens), static_cast<long>(stats.accepted_tokens),
+               stats.accepted_length());
+  return decoder.output(id);
+}
 
 int32_t pick(const float* logits, int64_t vocab, double temperature, std::mt19937_64& rng) {
   int64_t best = 0;
@@ -43,6 +87,9 @@ int32_t pick(const float* logits, int64_t vocab, double temperature, std::mt1993
   std::discrete_distribution<int64_t> distribution(weights.begin(), weights.end());
   return static_cast<int32_t>(distribution(rng));
 }
+
+void print_tokens(const GenerateOptions& options, Tokenizer* tokenizer,
+                  const std::vector<int32_t>& generated);
 
 int run_generate(const GenerateOptions& options) {
   MEGACTX_CHECK(options.prompt.empty() != options.input_ids.empty(),
@@ -73,8 +120,16 @@ int run_generate(const GenerateOptions& options) {
   }
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
+  MEGACTX_CHECK(options.speculative_steps >= 0 && options.speculative_steps <= 7,
+                "--speculative-steps must be in [0, 7]");
   const ModelConfig& config = model->config();
   const int64_t vocab = config.vocab_size;
+  if (options.speculative_steps > 0 && options.max_new_tokens > 0) {
+    const std::vector<int32_t> generated =
+        generate_speculative(options, *model, ids, load.kv_dtype);
+    print_tokens(options, tokenizer.get(), generated);
+    return 0;
+  }
   SequenceRunner runner(
       *model, load.kv_dtype,
       static_cast<int64_t>(ids.size()) + std::max<int64_t>(options.max_new_tokens, 1));
@@ -95,6 +150,12 @@ int run_generate(const GenerateOptions& options) {
       logits = runner.feed(token, /*all_logits=*/false);
     }
   }
+  print_tokens(options, tokenizer.get(), generated);
+  return 0;
+}
+
+void print_tokens(const GenerateOptions& options, Tokenizer* tokenizer,
+                  const std::vector<int32_t>& generated) {
   if (options.format == "ids") {
     std::string line;
     for (size_t i = 0; i < generated.size(); ++i) {
@@ -105,7 +166,6 @@ int run_generate(const GenerateOptions& options) {
     std::vector<TokenId> tokens(generated.begin(), generated.end());
     std::printf("%s\n", tokenizer->decode(tokens).c_str());
   }
-  return 0;
 }
 
 CommandRegistration registration{
@@ -122,6 +182,14 @@ CommandRegistration registration{
       command.add_option("--format", options->format, "ids|text")->capture_default_str();
       command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
+      command
+          .add_option("--speculative-steps", options->speculative_steps,
+                      "MTP draft tokens per verification (0: off, 1..7)")
+          ->capture_default_str();
+      command.add_flag("--no-mtp-share", options->no_mtp_share,
+                       "MTP draft steps without IndexShare/KVShare (ablation)");
+      command.add_option("--spec-verify", options->spec_verify, "rejection|target-only")
+          ->capture_default_str();
       return [options] { return run_generate(*options); };
     }};
 
