@@ -29,28 +29,25 @@ void MergeTable::reserve(size_t count) {
     capacity *= 2;
     --shift_;
   }
-  keys_.assign(capacity, ~0ull);
-  values_.assign(capacity, Merge{0, 0});
+  entries_.assign(capacity, Entry{kEmpty, Merge{0, 0}});
   size_ = 0;
 }
 
 void MergeTable::insert(TokenId left, TokenId right, Merge merge) {
-  if ((size_ + 1) * 2 > keys_.size()) {  // grow: rehash everything
-    std::vector<uint64_t> old_keys = std::move(keys_);
-    std::vector<Merge> old_values = std::move(values_);
-    reserve(std::max<size_t>(16, old_keys.size()));
-    for (size_t i = 0; i < old_keys.size(); ++i)
-      if (old_keys[i] != ~0ull)
-        insert(static_cast<TokenId>(old_keys[i] >> 32),
-               static_cast<TokenId>(old_keys[i] & 0xFFFFFFFFu), old_values[i]);
+  if ((size_ + 1) * 2 > entries_.size()) {  // grow: rehash everything
+    std::vector<Entry> old = std::move(entries_);
+    reserve(std::max<size_t>(16, old.size()));
+    for (const Entry& e : old)
+      if (e.key != kEmpty)
+        insert(static_cast<TokenId>(e.key >> 32), static_cast<TokenId>(e.key & 0xFFFFFFFFu),
+               e.merge);
   }
   const uint64_t k = key(left, right);
-  const size_t mask = keys_.size() - 1;
+  const size_t mask = entries_.size() - 1;
   for (size_t i = slot(k);; i = (i + 1) & mask) {
-    if (keys_[i] == k) return;
-    if (keys_[i] == ~0ull) {
-      keys_[i] = k;
-      values_[i] = merge;
+    if (entries_[i].key == k) return;
+    if (entries_[i].key == kEmpty) {
+      entries_[i] = Entry{k, merge};
       ++size_;
       return;
     }
@@ -58,12 +55,12 @@ void MergeTable::insert(TokenId left, TokenId right, Merge merge) {
 }
 
 const MergeTable::Merge* MergeTable::find(TokenId left, TokenId right) const {
-  if (keys_.empty()) return nullptr;
+  if (entries_.empty()) return nullptr;
   const uint64_t k = key(left, right);
-  const size_t mask = keys_.size() - 1;
+  const size_t mask = entries_.size() - 1;
   for (size_t i = slot(k);; i = (i + 1) & mask) {
-    if (keys_[i] == k) return &values_[i];
-    if (keys_[i] == ~0ull) return nullptr;
+    if (entries_[i].key == k) return &entries_[i].merge;
+    if (entries_[i].key == kEmpty) return nullptr;
   }
 }
 

@@ -45,8 +45,13 @@ class MergeTable {
            static_cast<uint32_t>(right);
   }
   size_t slot(uint64_t k) const { return (k * 0x9E3779B97F4A7C15ull) >> shift_; }
-  std::vector<uint64_t> keys_;
-  std::vector<Merge> values_;
+  // Key and value side by side: one cache line per probe even for 150K merges.
+  struct Entry {
+    uint64_t key;
+    Merge merge;
+  };
+  static constexpr uint64_t kEmpty = ~0ull;
+  std::vector<Entry> entries_;
   int shift_ = 64;
   size_t size_ = 0;
 };
