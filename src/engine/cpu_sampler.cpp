@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace megactx {
 
@@ -171,6 +172,48 @@ std::vector<float> sampling_distribution(const SamplingParams& params,
   return probs;
 }
 
+namespace {
+
+// One row: penalties, the draw (or argmax) and the logprobs. `work` and
+// `log_probs` are scratch of the vocabulary's size.
+void sample_row(const SamplingRow& row, std::span<const float> raw, std::vector<float>& work,
+                std::vector<float>& log_probs, SampleResult& result) {
+  const SamplingParams& params = *row.params;
+  std::copy(raw.begin(), raw.end(), work.begin());
+  apply_penalties(row, work);
+  if (is_greedy(params)) {
+    result.token = argmax(work);
+  } else {
+    const std::vector<float> probs = sampling_distribution(params, work);
+    const double u = sampling_uniform(row.seed, row.draw_index);
+    double total = 0.0;
+    for (const float p : probs) total += p;
+    const double target = u * total;
+    double cumulative = 0.0;
+    int32_t chosen = -1;
+    int32_t last_nonzero = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] <= 0.0f) continue;
+      last_nonzero = static_cast<int32_t>(i);
+      cumulative += probs[i];
+      if (cumulative > target) {
+        chosen = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    // Rounding can leave target == total; the last kept token then wins.
+    result.token = chosen >= 0 ? chosen : last_nonzero;
+  }
+  result.top.clear();
+  if (row.want_logprob || row.top_logprobs > 0) {
+    log_softmax(raw, log_probs);
+    result.logprob = log_probs[static_cast<size_t>(result.token)];
+    if (row.top_logprobs > 0) result.top = top_entries(log_probs, row.top_logprobs);
+  }
+}
+
+}  // namespace
+
 void CpuSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows,
                         std::span<SampleResult> results) {
   MEGACTX_CHECK(
@@ -179,48 +222,27 @@ void CpuSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows,
   MEGACTX_CHECK(results.size() >= rows.size(), "sampler: {} results for {} rows", results.size(),
                 rows.size());
   const auto vocab = static_cast<size_t>(logits.dim(1));
-  std::vector<float> work(vocab);
-  std::vector<float> log_probs;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const SamplingRow& row = rows[r];
-    const SamplingParams& params = *row.params;
+  for (const SamplingRow& row : rows) {
     MEGACTX_CHECK(row.logits_row >= 0 && row.logits_row < logits.dim(0),
                   "sampler: logits row {} of {}", row.logits_row, logits.dim(0));
-    std::span<const float> raw(logits.data<float>() + static_cast<size_t>(row.logits_row) * vocab,
-                               vocab);
-    std::copy(raw.begin(), raw.end(), work.begin());
-    apply_penalties(row, work);
-    SampleResult& result = results[r];
-    if (is_greedy(params)) {
-      result.token = argmax(work);
-    } else {
-      const std::vector<float> probs = sampling_distribution(params, work);
-      const double u = sampling_uniform(row.seed, row.draw_index);
-      double total = 0.0;
-      for (const float p : probs) total += p;
-      const double target = u * total;
-      double cumulative = 0.0;
-      int32_t chosen = -1;
-      int32_t last_nonzero = 0;
-      for (size_t i = 0; i < vocab; ++i) {
-        if (probs[i] <= 0.0f) continue;
-        last_nonzero = static_cast<int32_t>(i);
-        cumulative += probs[i];
-        if (cumulative > target) {
-          chosen = static_cast<int32_t>(i);
-          break;
-        }
-      }
-      // Rounding can leave target == total; the last kept token then wins.
-      result.token = chosen >= 0 ? chosen : last_nonzero;
+  }
+  // Rows are independent (each has its own seed and draw index), so any split
+  // over threads gives the same tokens.
+  auto run = [&](int64_t begin, int64_t end) {
+    std::vector<float> work(vocab);
+    std::vector<float> log_probs(vocab);
+    for (int64_t r = begin; r < end; ++r) {
+      const SamplingRow& row = rows[static_cast<size_t>(r)];
+      std::span<const float> raw(logits.data<float>() + static_cast<size_t>(row.logits_row) * vocab,
+                                 vocab);
+      sample_row(row, raw, work, log_probs, results[static_cast<size_t>(r)]);
     }
-    result.top.clear();
-    if (row.want_logprob || row.top_logprobs > 0) {
-      log_probs.resize(vocab);
-      log_softmax(raw, log_probs);
-      result.logprob = log_probs[static_cast<size_t>(result.token)];
-      if (row.top_logprobs > 0) result.top = top_entries(log_probs, row.top_logprobs);
-    }
+  };
+  const auto count = static_cast<int64_t>(rows.size());
+  if (count > 1 && static_cast<int64_t>(vocab) * count >= (int64_t{1} << 18)) {
+    ThreadPool::global().parallel_for(count, run);
+  } else {
+    run(0, count);
   }
 }
 

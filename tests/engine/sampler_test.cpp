@@ -189,5 +189,37 @@ TEST(Sampler, SeededDrawsAreReproducibleAndFollowTheDistribution) {
   EXPECT_EQ(sampling_uniform(7, 3), sampling_uniform(7, 3));
 }
 
+TEST(Sampler, ABigBatchOnThreadsGivesTheSameTokensAsRowByRow) {
+  const int64_t rows = 64, vocab = 8192;  // over the threshold for threads
+  Tensor logits = Tensor::empty({rows, vocab});
+  uint64_t state = 1;
+  for (int64_t i = 0; i < rows * vocab; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    logits.data<float>()[i] = static_cast<float>(state >> 40) * 1e-6f;
+  }
+  std::vector<SamplingParams> params(static_cast<size_t>(rows));
+  std::vector<SamplingRow> batch(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    SamplingParams& p = params[static_cast<size_t>(r)];
+    p.temperature = r % 3 == 0 ? 0.0 : 0.7;
+    p.top_p = r % 2 == 0 ? 0.9 : 1.0;
+    p.top_k = r % 5 == 0 ? 50 : -1;
+    SamplingRow& row = batch[static_cast<size_t>(r)];
+    row.params = &p;
+    row.logits_row = rows - 1 - r;  // rows in any order
+    row.seed = static_cast<uint64_t>(r) * 7;
+    row.want_logprob = true;
+  }
+  CpuSampler sampler;
+  std::vector<SampleResult> together(static_cast<size_t>(rows));
+  sampler.sample(logits, batch, together);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<SampleResult> alone(1);
+    sampler.sample(logits, {&batch[static_cast<size_t>(r)], 1}, alone);
+    EXPECT_EQ(alone[0].token, together[static_cast<size_t>(r)].token) << r;
+    EXPECT_EQ(alone[0].logprob, together[static_cast<size_t>(r)].logprob) << r;
+  }
+}
+
 }  // namespace
 }  // namespace megactx
