@@ -178,7 +178,11 @@ void HttpSession::write_next() {
 }
 
 void HttpSession::on_write(beast::error_code error, bool ends_response) {
-  if (closed_) return;
+  if (closed_) {
+    writing_ = false;
+    outgoing_.clear();
+    return;
+  }
   if (error) return close(true);
   outgoing_.pop_front();
   if (ends_response) {
@@ -221,7 +225,8 @@ void HttpSession::on_readable(beast::error_code error) {
 void HttpSession::close(bool client_went_away) {
   if (closed_) return;
   closed_ = true;
-  outgoing_.clear();
+  // A write in flight still reads its buffer; on_write drops the queue then.
+  if (!writing_) outgoing_.clear();
   if (channel_) {
     auto channel = std::move(channel_);
     channel->notify_disconnect();

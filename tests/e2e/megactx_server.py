@@ -55,6 +55,10 @@ class MegactxServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process:
+            for stream in (self.process.stdout, self.process.stderr):
+                if stream:
+                    stream.close()
         return False
 
 

@@ -188,20 +188,28 @@ test('cancellation mid-stream aborts the request in the engine', async () => {
   const stream = await client.chat.completions.create({ model: NAME, messages: [user('Write a long essay.')],
     max_tokens: 4000, temperature: 0, ignore_eos: true, stream: true }, { signal: controller.signal });
   let chunks = 0;
-  await assert.rejects(async () => {
+  try {
     for await (const chunk of stream) {
       chunks += 1;
       if (chunks === 3) controller.abort();
     }
-  });
-  assert.equal(chunks, 3);
+  } catch (error) {
+    // Depending on the client version the loop ends or throws an abort error.
+    assert.ok(error instanceof OpenAI.APIUserAbortError || error.name === 'AbortError', String(error));
+  }
+  assert.ok(chunks >= 3 && chunks < 100, `chunks: ${chunks}`);
   let aborted = before;
   for (let i = 0; i < 200 && aborted <= before; i += 1) {
     await new Promise((resolve) => setTimeout(resolve, 50));
     aborted = await metric('megactx_requests_aborted_total');
   }
   assert.equal(aborted, before + 1);
-  assert.equal(await metric('megactx_num_running_reqs'), 0);
+  let running = await metric('megactx_num_running_reqs');
+  for (let i = 0; i < 200 && running !== 0; i += 1) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    running = await metric('megactx_num_running_reqs');
+  }
+  assert.equal(running, 0);
 });
 
 test('errors come back as OpenAI error objects', async () => {
