@@ -34,10 +34,10 @@ void AddedTokenMatcher::add(const AddedToken& token, std::string pattern) {
   if (std::find(strings_.begin(), strings_.end(), pattern) != strings_.end()) return;
   patterns_.push_back(token);
   strings_.push_back(std::move(pattern));
-  built_ = false;
+  finalized_ = false;
 }
 
-void AddedTokenMatcher::build() const {
+void AddedTokenMatcher::finalize() {
   // Build a map-based trie first, then flatten it into sorted edge runs.
   struct MapNode {
     std::map<unsigned char, int> children;
@@ -67,7 +67,7 @@ void AddedTokenMatcher::build() const {
   }
   std::fill(std::begin(first_byte_), std::end(first_byte_), false);
   for (const auto& s : strings_) first_byte_[static_cast<unsigned char>(s[0])] = true;
-  built_ = true;
+  finalized_ = true;
 }
 
 int AddedTokenMatcher::longest_match(std::string_view text, size_t pos, size_t* length) const {
@@ -133,7 +133,7 @@ size_t whitespace_run_end(std::string_view text, size_t begin) {
 
 void AddedTokenMatcher::split(std::string_view text, std::vector<TextSegment>& segments) const {
   segments.clear();
-  if (!patterns_.empty() && !built_) build();
+  if (!patterns_.empty() && !finalized_) fail("AddedTokenMatcher::split before finalize()");
   size_t covered = 0;  // end of the last emitted segment
   size_t pos = 0;
   while (!patterns_.empty() && pos < text.size()) {

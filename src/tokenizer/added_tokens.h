@@ -39,6 +39,9 @@ struct TextSegment {
 class AddedTokenMatcher {
  public:
   void add(const AddedToken& token, std::string pattern);
+  // Builds the matcher after the last add(); split() is then safe to call
+  // from many threads at once.
+  void finalize();
   bool empty() const { return patterns_.empty(); }
   // Covers `text` with segments; added-token segments include the whitespace
   // their lstrip/rstrip swallow.
@@ -52,15 +55,14 @@ class AddedTokenMatcher {
   };
   // Longest pattern starting at text[pos], or -1.
   int longest_match(std::string_view text, size_t pos, size_t* length) const;
-  void build() const;
 
   std::vector<AddedToken> patterns_;
   std::vector<std::string> strings_;
-  // Byte trie, rebuilt lazily after add().
-  mutable bool built_ = false;
-  mutable std::vector<Node> nodes_;
-  mutable std::vector<std::pair<unsigned char, int>> edges_;
-  mutable bool first_byte_[256] = {};
+  // Byte trie made by finalize().
+  bool finalized_ = false;
+  std::vector<Node> nodes_;
+  std::vector<std::pair<unsigned char, int>> edges_;
+  bool first_byte_[256] = {};
 };
 
 }  // namespace megactx

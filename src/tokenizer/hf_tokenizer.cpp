@@ -78,6 +78,8 @@ HfTokenizer::HfTokenizer(const std::string& text) {
       }
     }
   }
+  raw_matcher_.finalize();
+  normalized_matcher_.finalize();
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json_text) {
