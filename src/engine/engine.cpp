@@ -230,7 +230,12 @@ void Engine::thread_main() {
       if (stopping_) return;
     }
     std::lock_guard lock(engine_mutex_);
-    step_locked();
+    try {
+      step_locked();
+    } catch (const std::exception& error) {
+      // Only a failed integrity check (debug option) gets here.
+      spdlog::error("engine: {}", error.what());
+    }
   }
 }
 
