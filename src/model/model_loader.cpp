@@ -7,21 +7,24 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/architectures.h"
+#include "model/cuda_model.h"
 
 namespace megactx {
 namespace {
 
 std::unique_ptr<Backend> make_backend(const ModelLoadOptions& options) {
   if (options.device == Device::CUDA) {
-    fail("--device cuda: the CUDA model backend is not built yet; use --device cpu");
+    // The CUDA model is built from a host DsaModel (checks, weights); its
+    // backend is never called, the plain loops cost nothing to construct.
+    return make_reference_backend();
   }
   if (options.cpu_backend == "cpu") return make_cpu_backend();
   if (options.cpu_backend == "reference") return make_reference_backend();
   fail("unknown CPU backend '{}' (cpu or reference)", options.cpu_backend);
 }
 
-std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& weights,
-                                     const ModelLoadOptions& options) {
+std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSource& weights,
+                                          const ModelLoadOptions& options) {
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
   switch (config.model_type) {
@@ -31,6 +34,19 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
       return build_deepseek_v32(config, weights, make_backend(options), model_options);
   }
   fail("unsupported model_type '{}'", config.model_type_name);
+}
+
+// --device cuda: the host model uploads its float32 weights to the CUDA model
+// and is freed.
+std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& weights,
+                                     const ModelLoadOptions& options) {
+  std::unique_ptr<LanguageModel> host = build_host(config, weights, options);
+  if (options.device != Device::CUDA) return host;
+#if MEGACTX_HAVE_CUDA
+  return make_cuda_dsa_model(static_cast<const DsaModel&>(*host));
+#else
+  fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
+#endif
 }
 
 }  // namespace

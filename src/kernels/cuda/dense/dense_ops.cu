@@ -1,0 +1,267 @@
+// fp32 dense kernels of the CUDA model; see dense_ops.h. Simple, one row per
+// block where a reduction is needed: they carry the exact-parity mode, the
+// bf16/fp8 fast path replaces the heavy ones.
+#include <cfloat>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/dense/dense_ops.h"
+
+namespace megactx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+// Sum over the block (blockDim.x == kThreads); every thread gets the total.
+__device__ float block_sum(float value, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += shared[w];
+  __syncthreads();
+  return total;
+}
+
+__global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
+                                    int64_t hidden, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * hidden;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / hidden;
+    out[i] = table[static_cast<int64_t>(ids[row]) * hidden + i % hidden];
+  }
+}
+
+__global__ void rmsnorm_kernel(const float* x, int64_t n, int64_t x_stride, const float* weight,
+                               float eps, float* y, int64_t y_stride) {
+  __shared__ float shared[kThreads / 32];
+  const float* xr = x + blockIdx.x * x_stride;
+  float* yr = y + blockIdx.x * y_stride;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += xr[i] * xr[i];
+  const float inv = rsqrtf(block_sum(sum, shared) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) yr[i] = weight[i] * (xr[i] * inv);
+}
+
+__global__ void layernorm_kernel(const float* x, int64_t n, const float* weight, const float* bias,
+                                 float eps, float* y) {
+  __shared__ float shared[kThreads / 32];
+  const float* xr = x + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += xr[i];
+  const float mean = block_sum(sum, shared) / static_cast<float>(n);
+  float var = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) var += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = rsqrtf(block_sum(var, shared) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads)
+    yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
+}
+
+__global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_stride,
+                            int64_t head_stride, int64_t dim, const float* cos, const float* sin,
+                            bool interleaved) {
+  const int64_t half = dim / 2;
+  const int64_t total = rows * heads * half;
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = t % half;
+    const int64_t h = (t / half) % heads;
+    const int64_t r = t / (half * heads);
+    float* v = x + r * row_stride + h * head_stride;
+    float* a = interleaved ? v + 2 * i : v + i;
+    float* b = interleaved ? v + 2 * i + 1 : v + i + half;
+    const float c = cos[r * half + i], s = sin[r * half + i];
+    const float x1 = *a, x2 = *b;
+    *a = x1 * c - x2 * s;
+    *b = x2 * c + x1 * s;
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
+                                int64_t stride, float* out) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * n;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = t / n, i = t % n;
+    const float g = gate[r * stride + i];
+    out[t] = g / (1.0f + expf(-g)) * up[r * stride + i];
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < count;
+       t += int64_t{gridDim.x} * blockDim.x)
+    x[t] += y[t];
+}
+
+__global__ void scale_kernel(float* x, float factor, int64_t count) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < count;
+       t += int64_t{gridDim.x} * blockDim.x)
+    x[t] *= factor;
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n, int64_t hidden,
+                                   float* out) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n * hidden;
+       t += int64_t{gridDim.x} * blockDim.x)
+    out[t] = x[static_cast<int64_t>(rows[t / hidden]) * hidden + t % hidden];
+}
+
+__global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, const float* gates,
+                                        int64_t n, int64_t hidden, float* out) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n * hidden;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = t / hidden;
+    out[static_cast<int64_t>(rows[i]) * hidden + t % hidden] += gates[i] * y[t];
+  }
+}
+
+// True when a ranks above b: larger value, ties to the lower index (the CPU
+// reference's topk_indices order).
+__device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
+  return va > vb || (va == vb && a < b);
+}
+
+// One block per row. Shared: choice[experts], masked[experts], flags.
+__global__ void moe_route_kernel(const float* logits, const float* bias, RouteParams p,
+                                 int32_t* ids, float* weights) {
+  extern __shared__ float smem[];
+  float* choice = smem;              // [experts]
+  float* masked = smem + p.experts;  // [experts]
+  __shared__ int group_selected[64];
+  const float* lr = logits + blockIdx.x * p.experts;
+  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x) {
+    const float score = 1.0f / (1.0f + expf(-lr[e]));
+    choice[e] = score + (bias != nullptr ? bias[e] : 0.0f);
+  }
+  __syncthreads();
+  const int64_t group_size = p.experts / p.n_group;
+  if (threadIdx.x == 0) {
+    float group_score[64];
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      float best = -FLT_MAX, second = -FLT_MAX;
+      for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
+        if (choice[e] > best) {
+          second = best;
+          best = choice[e];
+        } else if (choice[e] > second) {
+          second = choice[e];
+        }
+      }
+      group_score[g] = best + (group_size > 1 ? second : 0.0f);
+    }
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      int64_t rank = 0;
+      for (int64_t o = 0; o < p.n_group; ++o)
+        rank += ranks_above(group_score[o], o, group_score[g], g) ? 1 : 0;
+      group_selected[g] = rank < p.topk_group ? 1 : 0;
+    }
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x)
+    masked[e] = group_selected[e / group_size] ? choice[e] : -INFINITY;
+  __syncthreads();
+  // flags reuse choice[]: 1 when expert e is among the top_k of masked.
+  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x) {
+    int64_t rank = 0;
+    for (int64_t o = 0; o < p.experts && rank < p.top_k; ++o)
+      rank += ranks_above(masked[o], o, masked[e], e) ? 1 : 0;
+    choice[e] = rank < p.top_k ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* out_ids = ids + blockIdx.x * p.top_k;
+    float* out_w = weights + blockIdx.x * p.top_k;
+    int64_t count = 0;
+    double sum = 0.0;
+    for (int64_t e = 0; e < p.experts && count < p.top_k; ++e) {
+      if (choice[e] != 0.0f) {
+        out_ids[count++] = static_cast<int32_t>(e);
+        sum += 1.0f / (1.0f + expf(-lr[e]));
+      }
+    }
+    for (int64_t i = 0; i < p.top_k; ++i) {
+      float w = 1.0f / (1.0f + expf(-lr[out_ids[i]]));
+      if (p.norm_topk_prob) w = static_cast<float>(w / (sum + 1e-20));
+      out_w[i] = w * p.routed_scaling_factor;
+    }
+  }
+}
+
+}  // namespace
+
+void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
+                  cudaStream_t stream) {
+  embed_gather_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(table, ids, n, hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
+             float eps, float* y, int64_t y_stride, cudaStream_t stream) {
+  if (rows == 0) return;
+  rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, x_stride, weight, eps,
+                                                                       y, y_stride);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,
+               float eps, float* y, cudaStream_t stream) {
+  if (rows == 0) return;
+  layernorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, bias, eps,
+                                                                         y);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
+          int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream) {
+  rope_kernel<<<blocks_for(rows * heads * (dim / 2)), kThreads, 0, stream>>>(
+      x, rows, heads, row_stride, head_stride, dim, cos, sin, interleaved);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
+              float* out, cudaStream_t stream) {
+  silu_mul_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(gate, up, rows, n, stride, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_into(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, count);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(float* x, float factor, int64_t count, cudaStream_t stream) {
+  scale_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, factor, count);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
+                 cudaStream_t stream) {
+  gather_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(x, rows, n, hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, int64_t n,
+                      int64_t hidden, float* out, cudaStream_t stream) {
+  scatter_add_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(y, rows, gates, n,
+                                                                           hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route(const float* logits, const float* bias, int64_t rows, const RouteParams& params,
+               int32_t* ids, float* weights, cudaStream_t stream) {
+  if (rows == 0) return;
+  // n_group <= 64 is checked by the caller (cuda model), experts fit in shared memory.
+  const size_t shared = 2 * static_cast<size_t>(params.experts) * sizeof(float);
+  moe_route_kernel<<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(logits, bias, params,
+                                                                              ids, weights);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace megactx::cuda

@@ -1,0 +1,56 @@
+// Element-wise and row-wise fp32 kernels of the CUDA model (the parity mode):
+// the same operations as the CPU Backend (model/backend.h), on device
+// pointers, launched on `stream`. Row-major float32 unless stated. No host
+// synchronisation inside any of them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+// out[n, hidden] = table[ids[i], :]  (ids on the device)
+void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
+                  cudaStream_t stream);
+
+// y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps); x and y may alias.
+void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
+             float eps, float* y, int64_t y_stride, cudaStream_t stream);
+
+// torch.nn.LayerNorm (biased variance); x, y [rows, n].
+void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,
+               float eps, float* y, cudaStream_t stream);
+
+// In place on x[rows, heads, ...] (dim rotary values at each head's start);
+// cos/sin [rows, dim / 2]. Interleaved pairs (2i, 2i+1) or halves (i, i+dim/2).
+void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
+          int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream);
+
+// out[rows, n] = silu(gate) * up; gate/up rows have stride `stride`.
+void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
+              float* out, cudaStream_t stream);
+
+// x[i] += y[i] for i < count.
+void add_into(float* x, const float* y, int64_t count, cudaStream_t stream);
+// x[i] *= factor.
+void scale(float* x, float factor, int64_t count, cudaStream_t stream);
+// out[i, :] = x[rows[i], :]  (rows on the device), hidden wide.
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
+                 cudaStream_t stream);
+// out[rows[i], :] += gates[i] * y[i, :]; rows distinct within one call.
+void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, int64_t n,
+                      int64_t hidden, float* out, cudaStream_t stream);
+
+// Group-limited sigmoid routing (DeepSeek-V3 noaux_tc), one row per thread
+// block: logits [rows, experts] -> ids [rows, top_k] (increasing expert id,
+// as the CPU reference), weights [rows, top_k].
+struct RouteParams {
+  int64_t experts = 0, n_group = 1, topk_group = 1, top_k = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+void moe_route(const float* logits, const float* bias, int64_t rows, const RouteParams& params,
+               int32_t* ids, float* weights, cudaStream_t stream);
+
+}  // namespace megactx::cuda

@@ -1,0 +1,183 @@
+// fp32 DSA fallback kernels; see dsa_fallback.h. Plain and quadratic where it
+// keeps them obviously right (top-k by ranking): they define the parity mode
+// and serve small contexts, the issue-7 kernels serve long ones.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/dense/dsa_fallback.h"
+
+namespace megactx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ int64_t slot_of(const PagedRows& rows, int64_t token, int64_t position) {
+  const int32_t* table = rows.page_tables + rows.table_offset[token];
+  return static_cast<int64_t>(table[position / rows.page_size]) * rows.page_size +
+         position % rows.page_size;
+}
+
+__device__ float load(const void* pool, CacheDType dtype, int64_t index) {
+  if (dtype == CacheDType::F32) return static_cast<const float*>(pool)[index];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(pool)[index]);
+}
+
+__global__ void write_cache_kernel(void* pool, CacheDType dtype, int64_t width, PagedRows rows,
+                                   int64_t tokens, const float* values, int64_t stride) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * width;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t token = t / width, i = t % width;
+    const int64_t index = slot_of(rows, token, rows.positions[token]) * width + i;
+    const float value = values[token * stride + i];
+    if (dtype == CacheDType::F32) {
+      static_cast<float*>(pool)[index] = value;
+    } else {
+      static_cast<__nv_bfloat16*>(pool)[index] = __float2bfloat16_rn(value);
+    }
+  }
+}
+
+// One block per token; q[t] staged in shared memory ([heads * dim] floats).
+__global__ void indexer_scores_kernel(IndexerFallbackParams p) {
+  extern __shared__ float q[];
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < p.heads * p.dim; i += blockDim.x)
+    q[i] = p.q[t * p.heads * p.dim + i];
+  __syncthreads();
+  const int64_t visible = p.rows.positions[t] + 1;
+  const float* w = p.weights + t * p.heads;
+  for (int64_t pos = threadIdx.x; pos < visible; pos += blockDim.x) {
+    const int64_t base = slot_of(p.rows, t, pos) * p.dim;
+    float total = 0.0f;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < p.dim; ++d) dot += q[h * p.dim + d] * load(p.pool, p.dtype, base + d);
+      const float value = dot * p.scale;
+      if (value > 0.0f) total += w[h] * value;
+    }
+    p.scores[t * p.max_context + pos] = total;
+  }
+}
+
+__device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
+  return va > vb || (va == vb && a < b);
+}
+
+// One block per token. Phase 1: every visible position with rank < topk goes
+// to indices[rank] (ranks are distinct). Phase 2: those are reordered by
+// position through shared memory ([topk] ints).
+__global__ void topk_kernel(IndexerFallbackParams p) {
+  extern __shared__ int32_t sorted[];
+  const int64_t t = blockIdx.x;
+  const int64_t visible = p.rows.positions[t] + 1;
+  const float* s = p.scores + t * p.max_context;
+  int32_t* out = p.indices + t * p.topk;
+  const int64_t count = visible < p.topk ? visible : p.topk;
+  for (int64_t pos = threadIdx.x; pos < visible; pos += blockDim.x) {
+    int64_t rank = 0;
+    for (int64_t o = 0; o < visible && rank < p.topk; ++o)
+      rank += ranks_above(s[o], o, s[pos], pos);
+    if (rank < p.topk) out[rank] = static_cast<int32_t>(pos);
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const int32_t mine = out[i];
+    int64_t before = 0;
+    for (int64_t o = 0; o < count; ++o) before += out[o] < mine ? 1 : 0;
+    sorted[before] = mine;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < p.topk; i += blockDim.x) out[i] = i < count ? sorted[i] : -1;
+  if (threadIdx.x == 0) p.counts[t] = static_cast<int32_t>(count);
+}
+
+__device__ float block_reduce(float value, float* shared, bool use_max) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = use_max ? fmaxf(value, other) : value + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  float total = use_max ? -FLT_MAX : 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w)
+    total = use_max ? fmaxf(total, shared[w]) : total + shared[w];
+  __syncthreads();
+  return total;
+}
+
+// One block per (token, head). Shared: logits [index_stride] floats.
+__global__ void mla_kernel(MlaFallbackParams p) {
+  extern __shared__ float logits[];
+  __shared__ float reduce[kThreads / 32];
+  const int64_t t = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  const int64_t entry = p.kv_lora + p.rope;
+  const float* ql = p.q_latent + (t * p.heads + h) * p.kv_lora;
+  const float* qr = p.q_rope + t * p.rope_row_stride + h * p.rope_head_stride;
+  const int32_t* selected = p.indices + t * p.index_stride;
+  const int64_t count = p.counts[t];
+  float* out = p.out + (t * p.heads + h) * p.kv_lora;
+  // Logits: one warp per selected position.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t j = warp; j < count; j += kThreads / 32) {
+    const int64_t base = slot_of(p.rows, t, selected[j]) * entry;
+    float dot = 0.0f;
+    for (int64_t d = lane; d < p.kv_lora; d += 32) dot += ql[d] * load(p.pool, p.dtype, base + d);
+    for (int64_t d = lane; d < p.rope; d += 32)
+      dot += qr[d] * load(p.pool, p.dtype, base + p.kv_lora + d);
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (lane == 0) logits[j] = dot * p.scale;
+  }
+  __syncthreads();
+  float local_max = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) local_max = fmaxf(local_max, logits[j]);
+  const float max_logit = block_reduce(local_max, reduce, true);
+  float local_sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+    logits[j] = expf(logits[j] - max_logit);
+    local_sum += logits[j];
+  }
+  const float denominator = block_reduce(local_sum, reduce, false);
+  for (int64_t d = threadIdx.x; d < p.kv_lora; d += kThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j)
+      acc += logits[j] * load(p.pool, p.dtype, slot_of(p.rows, t, selected[j]) * entry + d);
+    out[d] = count == 0 ? 0.0f : acc / denominator;
+  }
+}
+
+int blocks_for(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+}  // namespace
+
+void write_cache_rows(void* pool, CacheDType dtype, int64_t width, const PagedRows& rows,
+                      int64_t tokens, const float* values, int64_t stride, cudaStream_t stream) {
+  if (tokens == 0) return;
+  write_cache_kernel<<<blocks_for(tokens * width), kThreads, 0, stream>>>(pool, dtype, width, rows,
+                                                                          tokens, values, stride);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  const size_t q_bytes = static_cast<size_t>(p.heads * p.dim) * sizeof(float);
+  indexer_scores_kernel<<<static_cast<unsigned>(p.tokens), kThreads, q_bytes, stream>>>(p);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+  const size_t sort_bytes = static_cast<size_t>(p.topk) * sizeof(int32_t);
+  topk_kernel<<<static_cast<unsigned>(p.tokens), kThreads, sort_bytes, stream>>>(p);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  const size_t bytes = static_cast<size_t>(p.index_stride) * sizeof(float);
+  mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, bytes, stream>>>(p);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace megactx::cuda

@@ -1,0 +1,66 @@
+// The exact-parity (fp32 compute) DSA path of the CUDA model: cache writes in
+// the F32/BF16 layouts of cache/kv_cache.h, the fp32 indexer with its top-k,
+// and sparse MLA reading the selected latents straight from the paged pool.
+// The fast fp8 path is kernels/cuda/{indexer,topk,sparse_mla} (issue 7).
+//
+// Paging: every new token t of the batch knows its sequence's page table as
+// `page_tables + table_offset[t]` (int32 pages); position p of that sequence
+// lives at slot = table[p / page_size] * page_size + p % page_size.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+enum class CacheDType : uint8_t { F32, BF16 };
+
+struct PagedRows {
+  const int32_t* page_tables = nullptr;   // concatenated page tables of the batch
+  const int32_t* table_offset = nullptr;  // [tokens] first page of token t's table
+  const int32_t* positions = nullptr;     // [tokens] position of token t in its sequence
+  int64_t page_size = 64;
+};
+
+// pool entry of token t's slot <- values[t, 0:width) (row stride `stride`).
+void write_cache_rows(void* pool, CacheDType dtype, int64_t width, const PagedRows& rows,
+                      int64_t tokens, const float* values, int64_t stride, cudaStream_t stream);
+
+// scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
+// relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then
+// indices[t, 0:topk) = the top-k positions (ties to the lower position) in
+// increasing order, -1 after counts[t]. scores: scratch [tokens, max_context].
+struct IndexerFallbackParams {
+  const float* q = nullptr;        // [tokens, heads, dim]
+  const float* weights = nullptr;  // [tokens, heads]
+  const void* pool = nullptr;
+  CacheDType dtype = CacheDType::F32;
+  PagedRows rows;
+  int64_t tokens = 0, heads = 0, dim = 0, topk = 0, max_context = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;     // [tokens, max_context] scratch
+  int32_t* indices = nullptr;  // [tokens, topk] out
+  int32_t* counts = nullptr;   // [tokens] out
+};
+void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream);
+
+// out[t, h, :] = softmax_j(scale * (q_latent . c_kv_j + q_rope . k_rope_j)) c_kv_j
+// over the positions indices[t, 0:counts[t]) of token t's sequence.
+struct MlaFallbackParams {
+  const float* q_latent = nullptr;  // [tokens, heads, kv_lora]
+  const float* q_rope =
+      nullptr;  // token t head h at q_rope + t*rope_row_stride + h*rope_head_stride
+  int64_t rope_row_stride = 0, rope_head_stride = 0;
+  const void* pool = nullptr;  // latent pool, entries [kv_lora | rope]
+  CacheDType dtype = CacheDType::F32;
+  PagedRows rows;
+  const int32_t* indices = nullptr;  // [tokens, index_stride]
+  const int32_t* counts = nullptr;   // [tokens]
+  int64_t index_stride = 0, tokens = 0, heads = 0, kv_lora = 0, rope = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // [tokens, heads, kv_lora]
+};
+void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream);
+
+}  // namespace megactx::cuda

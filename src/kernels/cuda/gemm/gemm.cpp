@@ -1,0 +1,65 @@
+#include "kernels/cuda/gemm/gemm.h"
+
+#include <cublas_v2.h>
+
+#include "core/error.h"
+
+namespace megactx::cuda {
+namespace {
+
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    fail("cuBLAS {} failed: {} ({})", what, cublasGetStatusString(status),
+         static_cast<int>(status));
+  }
+}
+
+int narrow(int64_t value, const char* what) {
+  MEGACTX_CHECK(value >= 0 && value <= INT32_MAX, "GEMM {} = {} does not fit cuBLAS int", what,
+                value);
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+Blas::Blas(cudaStream_t stream) {
+  cublasHandle_t handle = nullptr;
+  check(cublasCreate(&handle), "create");
+  handle_ = handle;
+  check(cublasSetStream(handle, stream), "set stream");
+  // Pedantic: no TF32 or reduced-precision shortcuts in the fp32 parity mode.
+  check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
+}
+
+Blas::~Blas() {
+  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+// Row-major y = x . w^T is column-major y^T = w . x^T: w [out, in] row-major is
+// the column-major [in, out] matrix with ld = in, taken transposed.
+void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w,
+                  int64_t out, float* y, int64_t y_stride) {
+  if (rows == 0 || out == 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  check(
+      cublasSgemm(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,
+                  narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"), &one, w,
+                  narrow(in, "ldw"), x, narrow(x_stride, "ldx"), &zero, y, narrow(y_stride, "ldy")),
+      "sgemm");
+}
+
+void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                          int64_t x_batch_stride, const float* w, int64_t out,
+                          int64_t w_batch_stride, float* y, int64_t y_stride,
+                          int64_t y_batch_stride, int64_t batch) {
+  if (rows == 0 || out == 0 || batch == 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  check(cublasSgemmStridedBatched(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,
+                                  narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"), &one,
+                                  w, narrow(in, "ldw"), w_batch_stride, x, narrow(x_stride, "ldx"),
+                                  x_batch_stride, &zero, y, narrow(y_stride, "ldy"), y_batch_stride,
+                                  narrow(batch, "batch")),
+        "sgemm batched");
+}
+
+}  // namespace megactx::cuda

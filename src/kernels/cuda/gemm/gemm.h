@@ -1,0 +1,34 @@
+// cuBLAS GEMMs of the CUDA model, in the CPU Backend's row-major convention:
+// y[rows, out] (row stride y_stride) = x[rows, in] (row stride x_stride) . w[out, in]^T.
+// fp32 runs cublasSgemm with TF32 off (the exact-parity mode).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  void linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w,
+              int64_t out, float* y, int64_t y_stride);
+  void linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y) {
+    linear(x, rows, in, in, w, out, y, out);
+  }
+  // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
+  // w_batch_stride, y_b = y + b * y_batch_stride (per-head MLA absorption).
+  void linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                      int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
+                      float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
+
+ private:
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+}  // namespace megactx::cuda

@@ -1,0 +1,75 @@
+// DeviceBuffer: one cudaMalloc'd allocation with RAII, grow-only for scratch
+// (the CUDA model reuses its buffers from step to step). Only included by
+// CUDA builds (MEGACTX_HAVE_CUDA).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+
+namespace megactx::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) { ensure(bytes); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Grows to at least `bytes` (contents are not kept).
+  void ensure(size_t bytes) {
+    if (bytes <= bytes_) return;
+    release();
+    MEGACTX_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    bytes_ = bytes;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  // Sized for `count` elements of T; returns the typed pointer.
+  template <typename T>
+  T* get(int64_t count) {
+    ensure(static_cast<size_t>(count > 0 ? count : 1) * sizeof(T));
+    return as<T>();
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void release() {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host vector -> device buffer (grown as needed), on `stream`.
+template <typename T>
+T* upload(DeviceBuffer& buffer, const std::vector<T>& values, cudaStream_t stream) {
+  T* device = buffer.get<T>(static_cast<int64_t>(values.size()));
+  if (!values.empty()) {
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(device, values.data(), values.size() * sizeof(T),
+                                       cudaMemcpyHostToDevice, stream));
+  }
+  return device;
+}
+
+}  // namespace megactx::cuda

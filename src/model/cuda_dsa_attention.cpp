@@ -1,0 +1,136 @@
+// CudaDsaModel: MLA attention with the DSA indexer, as DsaModel::attention /
+// DsaModel::indexer, on device buffers (fp32 parity path).
+#if MEGACTX_HAVE_CUDA
+#include <cmath>
+
+#include "kernels/cuda/dense/dense_ops.h"
+#include "model/cuda_dsa_model.h"
+
+namespace megactx::cuda {
+namespace {
+
+// HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps; the
+// indexer's key LayerNorm uses 1e-6 too (as dsa_model.cpp).
+constexpr float kLatentNormEps = 1e-6f;
+constexpr float kIndexerNormEps = 1e-6f;
+
+}  // namespace
+
+void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
+                             PagedKvCache& cache, float* out) {
+  Scratch& sc = scratch_;
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t nope = config_.qk_nope_head_dim;
+  const int64_t rope = config_.qk_rope_head_dim;
+  const int64_t qk = nope + rope;
+  const int64_t lora = config_.kv_lora_rank;
+  const int64_t value = config_.v_head_dim;
+  const int64_t entry = lora + rope;
+
+  // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
+  float* q = sc.q.get<float>(n * heads * qk);
+  float* q_resid = nullptr;
+  if (config_.q_lora_rank) {
+    const int64_t q_lora = *config_.q_lora_rank;
+    q_resid = sc.q_resid.get<float>(n * q_lora);
+    blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
+    rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_);
+    blas_->linear(q_resid, n, q_lora, w.q_b, heads * qk, q);
+  } else {
+    blas_->linear(h, n, hidden, w.q_b, heads * qk, q);
+  }
+  cuda::rope(q + nope, n, heads, heads * qk, qk, rope, step.cos, step.sin, config_.rope_interleave,
+             stream_);
+
+  // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
+  float* kv = sc.kv.get<float>(n * entry);
+  blas_->linear(h, n, hidden, w.kv_a, entry, kv);
+  rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
+  cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave, stream_);
+  // The pool row is latent_bytes_per_token wide: (lora + rope) elements of the dtype.
+  write_cache_rows(cache.latent_pool(layer).raw(), step.dtype, entry, step.rows, n, kv, entry,
+                   stream_);
+
+  if (w.has_indexer) indexer(w, layer, h, q_resid, step, cache);
+
+  // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
+  // (w_uk_t [heads, lora, nope]) -> [n, heads, lora].
+  float* q_latent = sc.q_latent.get<float>(n * heads * lora);
+  blas_->linear_batched(q, n, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
+                        heads * lora, lora, heads);
+
+  // Sparse attention over the selected positions, read from the paged pool.
+  float* o_latent = sc.o_latent.get<float>(n * heads * lora);
+  MlaFallbackParams p;
+  p.q_latent = q_latent;
+  p.q_rope = q + nope;
+  p.rope_row_stride = heads * qk;
+  p.rope_head_stride = qk;
+  p.pool = cache.latent_pool(layer).raw();
+  p.dtype = step.dtype;
+  p.rows = step.rows;
+  p.indices = step.topk;
+  p.counts = step.counts;
+  p.index_stride = index_topk_;
+  p.tokens = n;
+  p.heads = heads;
+  p.kv_lora = lora;
+  p.rope = rope;
+  p.scale = softmax_scale_;
+  p.out = o_latent;
+  mla_attention_fallback(p, stream_);
+
+  // Expand per head with W_UV ([heads, value, lora]) -> [n, heads * value]; then o_proj.
+  float* o = sc.o.get<float>(n * heads * value);
+  blas_->linear_batched(o_latent, n, lora, heads * lora, lora, w.w_uv, value, value * lora, o,
+                        heads * value, value, heads);
+  blas_->linear(o, n, heads * value, w.o, hidden, out);
+}
+
+void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
+                           const float* q_resid, Step& step, PagedKvCache& cache) {
+  Scratch& sc = scratch_;
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t heads = config_.index_n_heads;
+  const int64_t dim = config_.index_head_dim;
+  const int64_t rope = config_.qk_rope_head_dim;
+  const int64_t q_lora = *config_.q_lora_rank;  // DSA configs always have q-LoRA
+  const bool interleaved = config_.indexer_rope_interleave;
+
+  // Heads are [rope | nope] (rope first, unlike MLA).
+  float* q = sc.iq.get<float>(n * heads * dim);
+  blas_->linear(q_resid, n, q_lora, w.wq_b, heads * dim, q);
+  cuda::rope(q, n, heads, heads * dim, dim, rope, step.cos, step.sin, interleaved, stream_);
+  float* k_raw = sc.k_raw.get<float>(n * dim);
+  float* k = sc.k.get<float>(n * dim);
+  blas_->linear(h, n, hidden, w.wk, dim, k_raw);
+  layernorm(k_raw, n, dim, w.k_norm_weight, w.k_norm_bias, kIndexerNormEps, k, stream_);
+  cuda::rope(k, n, 1, dim, 0, rope, step.cos, step.sin, interleaved, stream_);
+  float* weights = sc.iw.get<float>(n * heads);
+  blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
+  scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
+  write_cache_rows(cache.indexer_pool(layer).raw(), step.dtype, dim, step.rows, n, k, dim, stream_);
+
+  IndexerFallbackParams p;
+  p.q = q;
+  p.weights = weights;
+  p.pool = cache.indexer_pool(layer).raw();
+  p.dtype = step.dtype;
+  p.rows = step.rows;
+  p.tokens = n;
+  p.heads = heads;
+  p.dim = dim;
+  p.topk = index_topk_;
+  p.max_context = step.max_context;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  p.scores = sc.scores.get<float>(n * step.max_context);
+  p.indices = step.topk;
+  p.counts = step.counts;
+  indexer_topk_fallback(p, stream_);
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA

@@ -1,0 +1,86 @@
+// CudaDsaModel: dense SwiGLU MLP and the group-limited sigmoid MoE, as
+// DsaModel::mlp / DsaModel::moe. Routing runs on the device; the dispatch
+// reads the chosen expert ids back to the host (one sync per MoE layer) and
+// runs one GEMM chain per used expert. A device-side grouped dispatch (no
+// sync, graph-capturable) replaces this in the fast path.
+#if MEGACTX_HAVE_CUDA
+#include "core/error.h"
+#include "kernels/cuda/dense/dense_ops.h"
+#include "model/cuda_dsa_model.h"
+
+namespace megactx::cuda {
+
+void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out) {
+  const int64_t hidden = config_.hidden_size;
+  const int64_t inter = w.intermediate;
+  float* gate_up = scratch_.gate_up.get<float>(rows * 2 * inter);
+  float* act = scratch_.act.get<float>(rows * inter);
+  blas_->linear(h, rows, hidden, w.gate_up, 2 * inter, gate_up);
+  silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_);
+  blas_->linear(act, rows, inter, w.down, hidden, out);
+}
+
+void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+  Scratch& sc = scratch_;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t experts = config_.n_routed_experts;
+  const int64_t top_k = config_.num_experts_per_tok;
+  float* logits = sc.router_logits.get<float>(rows * experts);
+  blas_->linear(h, rows, hidden, w.router, experts, logits);
+  int32_t* ids = sc.route_ids.get<int32_t>(rows * top_k);
+  float* gates = sc.route_gates.get<float>(rows * top_k);
+  RouteParams params{
+      experts, config_.n_group,        config_.topk_group,
+      top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
+  moe_route(logits, w.bias, rows, params, ids, gates, stream_);
+
+  std::vector<int32_t> host_ids(static_cast<size_t>(rows * top_k));
+  std::vector<float> host_gates(host_ids.size());
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(host_ids.data(), ids, host_ids.size() * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream_));
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(host_gates.data(), gates, host_gates.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  // Rows grouped by expert: starts[e] .. starts[e + 1] in rows_by_expert.
+  std::vector<int64_t> starts(static_cast<size_t>(experts + 1), 0);
+  for (int32_t e : host_ids) {
+    MEGACTX_CHECK(e >= 0 && e < experts, "MoE routing produced expert {} of {}", e, experts);
+    ++starts[e + 1];
+  }
+  for (int64_t e = 0; e < experts; ++e) starts[e + 1] += starts[e];
+  std::vector<int32_t> rows_by_expert(host_ids.size());
+  std::vector<float> gates_by_expert(host_ids.size());
+  std::vector<int64_t> fill(starts.begin(), starts.end() - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t e = host_ids[r * top_k + j];
+      rows_by_expert[fill[e]] = static_cast<int32_t>(r);
+      gates_by_expert[fill[e]++] = host_gates[r * top_k + j];
+    }
+  }
+  const int32_t* d_rows = upload(sc.expert_rows, rows_by_expert, stream_);
+  const float* d_gates = upload(sc.expert_gates, gates_by_expert, stream_);
+
+  MEGACTX_CUDA_CHECK(
+      cudaMemsetAsync(out, 0, static_cast<size_t>(rows * hidden) * sizeof(float), stream_));
+  // Sized for the busiest expert once, so no buffer grows mid-layer.
+  int64_t busiest = 0;
+  for (int64_t e = 0; e < experts; ++e) busiest = std::max(busiest, starts[e + 1] - starts[e]);
+  float* input = sc.expert_in.get<float>(busiest * hidden);
+  float* result = sc.expert_out.get<float>(std::max(busiest, rows) * hidden);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t m = starts[e + 1] - starts[e];
+    if (m == 0) continue;
+    gather_rows(h, d_rows + starts[e], m, hidden, input, stream_);
+    mlp(w.experts[e], input, m, result);
+    scatter_add_rows(result, d_rows + starts[e], d_gates + starts[e], m, hidden, out, stream_);
+  }
+  if (config_.n_shared_experts > 0) {
+    mlp(w.shared, h, rows, result);
+    add_into(out, result, rows * hidden, stream_);
+  }
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA

@@ -1,0 +1,194 @@
+// CudaDsaModel: construction, batch checks, the forward driver and the
+// decoder layer; attention in cuda_dsa_attention.cpp, MLP/MoE in
+// cuda_dsa_ffn.cpp. Mirrors DsaModel (dsa_model.cpp) step for step.
+#if MEGACTX_HAVE_CUDA
+#include "model/cuda_dsa_model.h"
+
+#include "core/error.h"
+#include "kernels/cuda/dense/dense_ops.h"
+
+namespace megactx {
+namespace cuda {
+
+CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options)
+    : config_(host.config()),
+      options_(options),
+      index_topk_(host.index_topk()),
+      rope_(make_rope_table(config_)),
+      softmax_scale_(attention_softmax_scale(config_)) {
+  int devices = 0;
+  MEGACTX_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  MEGACTX_CHECK(options.device_ordinal >= 0 && options.device_ordinal < devices,
+                "CUDA model: device {} requested, {} present", options.device_ordinal, devices);
+  MEGACTX_CUDA_CHECK(cudaSetDevice(options.device_ordinal));
+  MEGACTX_CHECK(config_.n_group >= 1 && config_.n_group <= 64 &&
+                    config_.n_routed_experts % config_.n_group == 0,
+                "CUDA model: n_group {} unsupported for {} experts", config_.n_group,
+                config_.n_routed_experts);
+  MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  blas_ = std::make_unique<Blas>(stream_);
+  weights_ = std::make_unique<CudaWeights>(host.weights());
+}
+
+CudaDsaModel::~CudaDsaModel() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
+  const KvCacheSpec& spec = cache.spec();
+  MEGACTX_CHECK(spec.device == Device::CUDA,
+                "the CUDA model needs a device KV cache (make_cuda_kv_cache)");
+  MEGACTX_CHECK(spec.dtype == KvDType::F32 || spec.dtype == KvDType::BF16,
+                "the CUDA model runs F32 or BF16 KV caches; FP8 is not wired yet");
+  MEGACTX_CHECK(spec.kv_lora_rank == config_.kv_lora_rank &&
+                    spec.qk_rope_head_dim == config_.qk_rope_head_dim,
+                "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
+                spec.qk_rope_head_dim, config_.kv_lora_rank, config_.qk_rope_head_dim);
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    MEGACTX_CHECK(cache.has_latent(layer), "KV cache has no latent pool for layer {}", layer);
+    if (config_.layer_runs_indexer(layer)) {
+      MEGACTX_CHECK(cache.has_indexer(layer) && spec.index_head_dim == config_.index_head_dim,
+                    "KV cache has no indexer pool of dim {} for full layer {}",
+                    config_.index_head_dim, layer);
+    }
+  }
+  MEGACTX_CHECK(!batch.sequences.empty(), "forward: empty batch");
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceInput& in = batch.sequences[s];
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    MEGACTX_CHECK(n > 0, "sequence {}: no new tokens", s);
+    MEGACTX_CHECK(in.start_position >= 0, "sequence {}: negative start_position", s);
+    const int64_t pages_needed = (in.start_position + n + spec.page_size - 1) / spec.page_size;
+    MEGACTX_CHECK(static_cast<int64_t>(in.page_table.size()) >= pages_needed,
+                  "sequence {}: {} pages given, positions [0, {}) need {}", s, in.page_table.size(),
+                  in.start_position + n, pages_needed);
+    for (int64_t p = 0; p < pages_needed; ++p) {
+      MEGACTX_CHECK(in.page_table[p] >= 0 && in.page_table[p] < spec.num_pages,
+                    "sequence {}: page {} outside the cache's {} pages", s, in.page_table[p],
+                    spec.num_pages);
+    }
+    MEGACTX_CHECK(in.logits_from >= -1 && in.logits_from < n,
+                  "sequence {}: logits_from {} outside [-1, {})", s, in.logits_from, n);
+    for (int32_t token : in.tokens) {
+      MEGACTX_CHECK(token >= 0 && token < config_.vocab_size,
+                    "sequence {}: token id {} outside [0, {})", s, token, config_.vocab_size);
+    }
+  }
+}
+
+ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
+  check_batch(batch, cache);
+  const int64_t hidden = config_.hidden_size;
+  Scratch& sc = scratch_;
+
+  // Host bookkeeping, uploaded once: tokens, positions, paging, RoPE tables,
+  // and the rows that want logits.
+  std::vector<int32_t> ids, positions, table_offset, page_tables, logit_rows;
+  std::vector<int64_t> positions64;
+  Step step;
+  int64_t offset = 0;
+  for (const SequenceInput& in : batch.sequences) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int32_t table = static_cast<int32_t>(page_tables.size());
+    const int64_t pages =
+        (in.start_position + n + cache.spec().page_size - 1) / cache.spec().page_size;
+    page_tables.insert(page_tables.end(), in.page_table.begin(), in.page_table.begin() + pages);
+    for (int64_t i = 0; i < n; ++i) {
+      ids.push_back(in.tokens[i]);
+      positions.push_back(static_cast<int32_t>(in.start_position + i));
+      positions64.push_back(in.start_position + i);
+      table_offset.push_back(table);
+    }
+    const int64_t from = in.logits_from < 0 ? n - 1 : in.logits_from;
+    for (int64_t i = from; i < n; ++i) logit_rows.push_back(static_cast<int32_t>(offset + i));
+    step.max_context = std::max(step.max_context, in.start_position + n);
+    offset += n;
+  }
+  step.tokens = offset;
+  const int64_t n = step.tokens;
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  std::vector<float> cos(static_cast<size_t>(n * half)), sin(cos.size());
+  rope_.fill(positions64.data(), n, cos.data(), sin.data());
+
+  step.dtype = cache.spec().dtype == KvDType::F32 ? CacheDType::F32 : CacheDType::BF16;
+  step.rows.page_size = cache.spec().page_size;
+  step.rows.page_tables = upload(sc.page_tables, page_tables, stream_);
+  step.rows.table_offset = upload(sc.table_offset, table_offset, stream_);
+  step.rows.positions = upload(sc.positions, positions, stream_);
+  step.cos = upload(sc.cos, cos, stream_);
+  step.sin = upload(sc.sin, sin, stream_);
+  const int32_t* d_ids = upload(sc.ids, ids, stream_);
+  const int32_t* d_logit_rows = upload(sc.logit_rows, logit_rows, stream_);
+  step.topk = sc.topk.get<int32_t>(n * index_topk_);
+  step.counts = sc.counts.get<int32_t>(n);
+
+  // x: [n, hidden] residual stream, from the embeddings.
+  float* x = sc.x.get<float>(n * hidden);
+  embed_gather(weights_->embed, d_ids, n, hidden, x, stream_);
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    decoder_layer(weights_->layers[layer], layer, step, cache, x);
+  }
+
+  ForwardOutput output;
+  if (batch.want_hidden_states) {
+    output.hidden_states = Tensor::empty({n, hidden});
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), x,
+                                       static_cast<size_t>(n * hidden) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  const int64_t m = static_cast<int64_t>(logit_rows.size());
+  const int64_t vocab = config_.vocab_size;
+  float* normed = sc.normed.get<float>(m * hidden);
+  gather_rows(x, d_logit_rows, m, hidden, normed, stream_);
+  rmsnorm(normed, m, hidden, hidden, weights_->final_norm, static_cast<float>(config_.rms_norm_eps),
+          normed, hidden, stream_);
+  if (options_.logits_on_device) {
+    // A fresh allocation per step: the caller owns the returned tensor.
+    void* data = nullptr;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&data, static_cast<size_t>(std::max<int64_t>(m * vocab, 1)) * 4));
+    output.logits = Tensor::adopt(data, {m, vocab}, DType::F32, Device::CUDA,
+                                  [](void* pointer) { cudaFree(pointer); });
+    blas_->linear(normed, m, hidden, weights_->lm_head, vocab, static_cast<float*>(data));
+  } else {
+    float* logits = sc.logits.get<float>(m * vocab);
+    blas_->linear(normed, m, hidden, weights_->lm_head, vocab, logits);
+    output.logits = Tensor::empty({m, vocab});
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.logits.raw(), logits,
+                                       static_cast<size_t>(m * vocab) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return output;
+}
+
+void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,
+                                 PagedKvCache& cache, float* x) {
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  float* h = scratch_.h.get<float>(n * hidden);
+  float* branch = scratch_.branch.get<float>(n * hidden);
+  rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_);
+  attention(w, layer, h, step, cache, branch);
+  add_into(x, branch, n * hidden, stream_);
+  rmsnorm(x, n, hidden, hidden, w.post_norm, eps, h, hidden, stream_);
+  if (w.is_moe) {
+    moe(w, h, n, branch);
+  } else {
+    mlp(w.dense, h, n, branch);
+  }
+  add_into(x, branch, n * hidden, stream_);
+}
+
+}  // namespace cuda
+
+std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
+                                                   const CudaModelOptions& options) {
+  return std::make_unique<cuda::CudaDsaModel>(host, options);
+}
+
+}  // namespace megactx
+#endif  // MEGACTX_HAVE_CUDA

@@ -1,0 +1,63 @@
+// Device KV pools for the CUDA model and host copies of device tensors.
+#if MEGACTX_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "model/cuda_model.h"
+
+namespace megactx {
+namespace {
+
+Tensor device_zeros(int64_t rows, int64_t bytes_per_row) {
+  const size_t bytes = static_cast<size_t>(rows * bytes_per_row);
+  void* data = nullptr;
+  if (bytes > 0) {
+    const cudaError_t status = cudaMalloc(&data, bytes);
+    if (status != cudaSuccess) {
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaGetLastError();  // clear the sticky-free allocation error
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      fail(
+          "KV cache: cannot allocate a {} MiB pool on the device ({} MiB free): lower the page "
+          "count or the KV dtype",
+          bytes >> 20, free_bytes >> 20);
+    }
+    MEGACTX_CUDA_CHECK(cudaMemset(data, 0, bytes));
+  }
+  return Tensor::adopt(data, {rows, bytes_per_row}, DType::U8, Device::CUDA, [](void* pointer) {
+    if (pointer != nullptr) cudaFree(pointer);
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec) {
+  MEGACTX_CHECK(spec.num_pages >= 0 && spec.page_size > 0,
+                "KV cache: bad num_pages {} / page_size {}", spec.num_pages, spec.page_size);
+  spec.device = Device::CUDA;
+  const int64_t slots = spec.num_pages * spec.page_size;
+  std::vector<Tensor> latent, indexer;
+  for (size_t i = 0; i < spec.latent_layers.size(); ++i) {
+    latent.push_back(device_zeros(slots, spec.latent_bytes_per_token()));
+  }
+  for (size_t i = 0; i < spec.indexer_layers.size(); ++i) {
+    indexer.push_back(device_zeros(slots, spec.indexer_bytes_per_token()));
+  }
+  return std::make_unique<PagedKvCache>(std::move(spec), std::move(latent), std::move(indexer));
+}
+
+Tensor to_host(const Tensor& tensor) {
+  if (tensor.device() == Device::CPU) return tensor;
+  Tensor host = Tensor::empty(tensor.shape(), tensor.dtype());
+  if (tensor.nbytes() > 0) {
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpy(host.raw(), tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost));
+  }
+  return host;
+}
+
+}  // namespace megactx
+#endif  // MEGACTX_HAVE_CUDA

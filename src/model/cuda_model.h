@@ -1,0 +1,44 @@
+// The CUDA model: the DsaModel forward pass (model/dsa_model.h) on device
+// buffers, over a PagedKvCache whose pools live on the GPU.
+//
+// Why a separate LanguageModel rather than a CUDA Backend: DsaModel keeps its
+// activations, top-k lists and MoE dispatch in host std::vectors and reads
+// the cache through host encode/decode, so a Backend taking device pointers
+// would not be enough; the CUDA model mirrors DsaModel's structure (same
+// layer order, same tensors) with device scratch, cuBLAS and the kernels of
+// kernels/cuda/{dense,gemm}.
+//
+// Today: the fp32 exact-parity mode (fp32 weights and activations, cuBLAS
+// sgemm without TF32, F32 or BF16 KV caches). This header is plain C++; the
+// functions exist only in builds with MEGACTX_HAVE_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "cache/kv_cache.h"
+#include "model/dsa_model.h"
+#include "model/language_model.h"
+
+namespace megactx {
+
+struct CudaModelOptions {
+  // ForwardOutput::logits on the device (for a device sampler) or copied to
+  // the host (the CPU sampler and the CLI today).
+  bool logits_on_device = false;
+  int device_ordinal = 0;
+};
+
+// Uploads `host`'s weights (float32) and builds the CUDA model with the same
+// config, index_topk and RoPE tables; `host` may be destroyed afterwards.
+std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
+                                                   const CudaModelOptions& options = {});
+
+// A PagedKvCache with zeroed device pools (spec.device is set to CUDA). The
+// CUDA model supports the F32 and BF16 layouts; FP8 is rejected by forward().
+std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec);
+
+// Host copy of a float32 tensor that may live on the device (tests, CLI).
+Tensor to_host(const Tensor& tensor);
+
+}  // namespace megactx
