@@ -25,6 +25,16 @@ CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options
                     config_.n_routed_experts % config_.n_group == 0,
                 "CUDA model: n_group {} unsupported for {} experts", config_.n_group,
                 config_.n_routed_experts);
+  // The fp32 fallback kernels stage a row of top-k logits / indices and one
+  // token's indexer queries in (static-size) shared memory.
+  constexpr int64_t kSharedBytes = 48 * 1024;
+  MEGACTX_CHECK(index_topk_ * 4 <= kSharedBytes,
+                "CUDA model: index_topk {} too large for the fp32 attention path", index_topk_);
+  MEGACTX_CHECK(config_.index_n_heads * config_.index_head_dim * 4 <= kSharedBytes,
+                "CUDA model: indexer {} heads x {} dims too large for the fp32 indexer path",
+                config_.index_n_heads, config_.index_head_dim);
+  MEGACTX_CHECK(config_.q_lora_rank.has_value(),
+                "CUDA model: DSA layers need q_lora_rank (the indexer reads the q-LoRA residual)");
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
   weights_ = std::make_unique<CudaWeights>(host.weights());

@@ -62,4 +62,20 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
         "sgemm batched");
 }
 
+void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
+                       int64_t out, void* y, int64_t y_stride, bool y_f32) {
+  if (rows == 0 || out == 0) return;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  const float one = 1.0f, zero = 0.0f;
+  // Tensor cores for bf16; the handle stays pedantic for the fp32 calls.
+  check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");
+  const cublasStatus_t status =
+      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"), narrow(rows, "rows"),
+                   narrow(in, "in"), &one, w, CUDA_R_16BF, narrow(in, "ldw"), x, CUDA_R_16BF,
+                   narrow(x_stride, "ldx"), &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                   narrow(y_stride, "ldy"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
+  check(status, "gemm bf16");
+}
+
 }  // namespace megactx::cuda

@@ -1,6 +1,7 @@
 // cuBLAS GEMMs of the CUDA model, in the CPU Backend's row-major convention:
 // y[rows, out] (row stride y_stride) = x[rows, in] (row stride x_stride) . w[out, in]^T.
-// fp32 runs cublasSgemm with TF32 off (the exact-parity mode).
+// fp32 runs cublasSgemm with TF32 off (the exact-parity mode); bf16 runs
+// cublasGemmEx on tensor cores with fp32 accumulation.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +27,9 @@ class Blas {
   void linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                       int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
                       float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
+  // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
+  void linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
+                   int64_t out, void* y, int64_t y_stride, bool y_f32);
 
  private:
   void* handle_ = nullptr;  // cublasHandle_t

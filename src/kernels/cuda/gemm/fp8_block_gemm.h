@@ -1,0 +1,32 @@
+// GEMM with fp8 e4m3 weights in the checkpoint's 128x128 block scaling
+// (weight_scale_inv of DeepSeek/GLM fp8 checkpoints), dequantized per block
+// on the fly -- the weights never exist upcast in memory:
+//   y[rows, out] = x[rows, in] . (w[out, in] * scale[out / 128, in / 128])^T
+// x is float32 or bf16 (row stride x_stride), accumulation fp32, y float32 or
+// bf16 (row stride y_stride). A tiled SIMT kernel: correct for any shape,
+// simple; the tensor-core path (wgmma / cuBLASLt block scaling) replaces it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+enum class ActType : uint8_t { F32, BF16 };
+
+struct Fp8BlockGemm {
+  const void* x = nullptr;  // [rows, in]
+  ActType x_type = ActType::F32;
+  int64_t x_stride = 0;
+  const uint8_t* w = nullptr;    // [out, in] e4m3 bytes
+  const float* scale = nullptr;  // [ceil(out / 128), ceil(in / 128)]
+  void* y = nullptr;             // [rows, out]
+  ActType y_type = ActType::F32;
+  int64_t y_stride = 0;
+  int64_t rows = 0, in = 0, out = 0;
+};
+
+void fp8_block_gemm(const Fp8BlockGemm& g, cudaStream_t stream);
+
+}  // namespace megactx::cuda
