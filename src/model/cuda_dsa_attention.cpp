@@ -49,9 +49,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   blas_->linear(h, n, hidden, w.kv_a, entry, kv);
   rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
   cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave, stream_);
-  // The pool row is latent_bytes_per_token wide: (lora + rope) elements of the dtype.
-  write_cache_rows(cache.latent_pool(layer).raw(), step.dtype, entry, step.rows, n, kv, entry,
-                   stream_);
+  write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
 
   if (w.has_indexer) indexer(w, layer, h, q_resid, step, cache);
 
@@ -69,7 +67,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   p.rope_row_stride = heads * qk;
   p.rope_head_stride = qk;
   p.pool = cache.latent_pool(layer).raw();
-  p.dtype = step.dtype;
+  p.layout = step.latent;
   p.rows = step.rows;
   p.indices = step.topk;
   p.counts = step.counts;
@@ -112,13 +110,13 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   float* weights = sc.iw.get<float>(n * heads);
   blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
   scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
-  write_cache_rows(cache.indexer_pool(layer).raw(), step.dtype, dim, step.rows, n, k, dim, stream_);
+  write_cache_rows(cache.indexer_pool(layer).raw(), step.indexer, step.rows, n, k, dim, stream_);
 
   IndexerFallbackParams p;
   p.q = q;
   p.weights = weights;
   p.pool = cache.indexer_pool(layer).raw();
-  p.dtype = step.dtype;
+  p.layout = step.indexer;
   p.rows = step.rows;
   p.tokens = n;
   p.heads = heads;

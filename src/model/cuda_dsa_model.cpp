@@ -51,8 +51,6 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
   const KvCacheSpec& spec = cache.spec();
   MEGACTX_CHECK(spec.device == Device::CUDA,
                 "the CUDA model needs a device KV cache (make_cuda_kv_cache)");
-  MEGACTX_CHECK(spec.dtype == KvDType::F32 || spec.dtype == KvDType::BF16,
-                "the CUDA model runs F32 or BF16 KV caches; FP8 is not wired yet");
   MEGACTX_CHECK(spec.kv_lora_rank == config_.kv_lora_rank &&
                     spec.qk_rope_head_dim == config_.qk_rope_head_dim,
                 "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
@@ -123,7 +121,18 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   std::vector<float> cos(static_cast<size_t>(n * half)), sin(cos.size());
   rope_.fill(positions64.data(), n, cos.data(), sin.data());
 
-  step.dtype = cache.spec().dtype == KvDType::F32 ? CacheDType::F32 : CacheDType::BF16;
+  const KvCacheSpec& spec = cache.spec();
+  const CacheDType dtype = spec.dtype == KvDType::F32    ? CacheDType::F32
+                           : spec.dtype == KvDType::BF16 ? CacheDType::BF16
+                                                         : CacheDType::FP8;
+  step.latent = {dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, spec.kv_lora_rank};
+  step.indexer = {dtype, spec.index_head_dim, spec.index_head_dim};
+  // The device layouts must be the cache's (kv_cache.h) byte for byte.
+  MEGACTX_CHECK(step.latent.bytes() == spec.latent_bytes_per_token() &&
+                    step.indexer.bytes() == spec.indexer_bytes_per_token(),
+                "CUDA model: KV entry layout mismatch ({} / {} B vs {} / {} B)",
+                step.latent.bytes(), step.indexer.bytes(), spec.latent_bytes_per_token(),
+                spec.indexer_bytes_per_token());
   step.rows.page_size = cache.spec().page_size;
   step.rows.page_tables = upload(sc.page_tables, page_tables, stream_);
   step.rows.table_offset = upload(sc.table_offset, table_offset, stream_);

@@ -33,9 +33,9 @@ class CudaDsaModel final : public LanguageModel {
     PagedRows rows;              // device pointers
     const float* cos = nullptr;  // [tokens, rope / 2]
     const float* sin = nullptr;
-    CacheDType dtype = CacheDType::F32;
-    int32_t* topk = nullptr;    // [tokens, index_topk]: the latest full layer's selection
-    int32_t* counts = nullptr;  // [tokens]
+    CacheLayout latent, indexer;  // per-token entry layouts of the two pools
+    int32_t* topk = nullptr;      // [tokens, index_topk]: the latest full layer's selection
+    int32_t* counts = nullptr;    // [tokens]
   };
   // Scratch reused across steps (grow-only).
   struct Scratch {

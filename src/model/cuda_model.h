@@ -9,8 +9,9 @@
 // kernels/cuda/{dense,gemm}.
 //
 // Today: the fp32 exact-parity mode (fp32 weights and activations, cuBLAS
-// sgemm without TF32, F32 or BF16 KV caches). This header is plain C++; the
-// functions exist only in builds with MEGACTX_HAVE_CUDA.
+// sgemm without TF32; F32, BF16 or FP8 KV caches in the layouts of
+// kv_cache.h, read by the fp32 fallback kernels of kernels/cuda/dense). This header is plain C++;
+// the functions exist only in builds with MEGACTX_HAVE_CUDA.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,8 @@ struct CudaModelOptions {
 std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
                                                    const CudaModelOptions& options = {});
 
-// A PagedKvCache with zeroed device pools (spec.device is set to CUDA). The
-// CUDA model supports the F32 and BF16 layouts; FP8 is rejected by forward().
+// A PagedKvCache with zeroed device pools (spec.device is set to CUDA); a
+// clear Error when the pools do not fit in device memory.
 std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec);
 
 // Host copy of a float32 tensor that may live on the device (tests, CLI).

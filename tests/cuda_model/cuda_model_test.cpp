@@ -1,7 +1,7 @@
 // The CUDA model against the CPU model (the oracle) on the HF fixtures: fp32
 // parity mode within 1e-4 relative in prefill, chunked prefill and decode,
-// greedy tokens equal to HF's; a BF16 cache within 2e-2 with equal greedy
-// tokens; batching that does not mix sequences; bad input as Errors.
+// greedy tokens equal to HF's; BF16 and FP8 caches within 2e-2 with equal
+// greedy tokens; batching that does not mix sequences; bad input as Errors.
 #include <gtest/gtest.h>
 
 #include "../model/hf_fixture.h"
@@ -123,16 +123,24 @@ TEST(CudaModel, GreedyTokensEqualHf) {
   }
 }
 
-TEST(CudaModel, Bf16CacheStaysCloseAndGreedyEqual) {
-  for (const char* name : {"glm_bf16", "dsv32_yarn"}) {
-    const HfFixture f = load_fixture(name);
-    auto cpu = load_language_model(f.dir, {});
-    auto gpu = load_language_model(f.dir, cuda_options());
-    const std::vector<int32_t> ids = prompt_and_greedy(f);
-    const std::vector<float> want = run_sequence(*cpu, ids, KvDType::BF16, 0);
-    const std::vector<float> got = run_sequence(*gpu, ids, KvDType::BF16, 1);
-    EXPECT_LE(relative_error(got.data(), want.data(), want.size()), 2e-2) << name;
-    EXPECT_EQ(greedy(*gpu, f, KvDType::BF16), greedy(*cpu, f, KvDType::BF16)) << name;
+TEST(CudaModel, QuantizedCachesStayCloseAndGreedyEqual) {
+  // BF16 and FP8 entries are encoded on the device exactly as the host cache
+  // encodes them; fp32 GEMM rounding can still flip one rounding step of a
+  // cached value, hence the tolerance (as the CPU BLAS vs loops check).
+  for (KvDType dtype : {KvDType::BF16, KvDType::FP8}) {
+    for (const char* name : {"glm_bf16", "dsv32_yarn"}) {
+      const HfFixture f = load_fixture(name);
+      auto cpu = load_language_model(f.dir, {});
+      auto gpu = load_language_model(f.dir, cuda_options());
+      const std::vector<int32_t> ids = prompt_and_greedy(f);
+      const std::vector<float> want = run_sequence(*cpu, ids, dtype, 0);
+      const std::vector<float> got = run_sequence(*gpu, ids, dtype, 1);
+      const std::vector<float> exact = run_sequence(*gpu, ids, KvDType::F32, 1);
+      EXPECT_LE(relative_error(got.data(), want.data(), want.size()), 2e-2) << name;
+      // The quantized cache is really in use on the device.
+      EXPECT_GT(relative_error(got.data(), exact.data(), exact.size()), 1e-6) << name;
+      EXPECT_EQ(greedy(*gpu, f, dtype), greedy(*cpu, f, dtype)) << name;
+    }
   }
 }
 
@@ -173,10 +181,12 @@ TEST(CudaModel, BadInputIsAnError) {
   const std::vector<int32_t> bad_pages = {7};
   batch.sequences[0] = {ok, 0, bad_pages, -1};
   EXPECT_THROW(gpu->forward(batch, *cache), Error);
-  // FP8 caches are not wired into the CUDA model yet: a clear Error.
-  auto fp8 = cache_for(*gpu, KvDType::FP8, 1);
+  // A cache built for another model.
+  KvCacheSpec other = make_kv_cache_spec(gpu->config(), 1, KvDType::F32);
+  other.kv_lora_rank += 1;
+  auto mismatched = make_cuda_kv_cache(other);
   batch.sequences[0] = {ok, 0, pages, -1};
-  EXPECT_THROW(gpu->forward(batch, *fp8), Error);
+  EXPECT_THROW(gpu->forward(batch, *mismatched), Error);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // keeps them obviously right (top-k by ranking): they define the parity mode
 // and serve small contexts, the issue-7 kernels serve long ones.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 
@@ -19,23 +20,71 @@ __device__ int64_t slot_of(const PagedRows& rows, int64_t token, int64_t positio
          position % rows.page_size;
 }
 
-__device__ float load(const void* pool, CacheDType dtype, int64_t index) {
-  if (dtype == CacheDType::F32) return static_cast<const float*>(pool)[index];
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(pool)[index]);
+// Value i of the entry at `slot`.
+__device__ float load(const void* pool, const CacheLayout& layout, int64_t slot, int64_t i) {
+  if (layout.dtype == CacheDType::F32)
+    return static_cast<const float*>(pool)[slot * layout.width + i];
+  if (layout.dtype == CacheDType::BF16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(pool)[slot * layout.width + i]);
+  }
+  const uint8_t* entry = static_cast<const uint8_t*>(pool) + slot * layout.bytes();
+  const int64_t scales = layout.fp8_count;
+  const int64_t tail = scales + 4 * ((layout.fp8_count + 127) / 128);
+  if (i >= layout.fp8_count) {
+    __nv_bfloat16 value;
+    memcpy(&value, entry + tail + 2 * (i - layout.fp8_count), 2);
+    return __bfloat162float(value);
+  }
+  float scale;
+  memcpy(&scale, entry + scales + 4 * (i / 128), 4);
+  __nv_fp8_e4m3 code;
+  code.__x = entry[i];
+  return static_cast<float>(code) * scale;
 }
 
-__global__ void write_cache_kernel(void* pool, CacheDType dtype, int64_t width, PagedRows rows,
-                                   int64_t tokens, const float* values, int64_t stride) {
+__global__ void write_plain_kernel(void* pool, CacheLayout layout, PagedRows rows, int64_t tokens,
+                                   const float* values, int64_t stride) {
+  const int64_t width = layout.width;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * width;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t token = t / width, i = t % width;
     const int64_t index = slot_of(rows, token, rows.positions[token]) * width + i;
     const float value = values[token * stride + i];
-    if (dtype == CacheDType::F32) {
+    if (layout.dtype == CacheDType::F32) {
       static_cast<float*>(pool)[index] = value;
     } else {
       static_cast<__nv_bfloat16*>(pool)[index] = __float2bfloat16_rn(value);
     }
+  }
+}
+
+// One thread per (token, 128-group) of the fp8 part, plus one per token for
+// the bf16 tail: the same encoding as the host cache (kv_cache.cpp).
+__global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows, int64_t tokens,
+                                 const float* values, int64_t stride) {
+  const int64_t groups = (layout.fp8_count + 127) / 128;
+  const int64_t per_token = groups + 1;
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * per_token;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t token = t / per_token, g = t % per_token;
+    uint8_t* entry =
+        static_cast<uint8_t*>(pool) + slot_of(rows, token, rows.positions[token]) * layout.bytes();
+    const float* v = values + token * stride;
+    if (g == groups) {  // the bf16 tail
+      uint8_t* tail = entry + layout.fp8_count + 4 * groups;
+      for (int64_t i = layout.fp8_count; i < layout.width; ++i) {
+        const __nv_bfloat16 value = __float2bfloat16_rn(v[i]);
+        memcpy(tail + 2 * (i - layout.fp8_count), &value, 2);
+      }
+      continue;
+    }
+    const int64_t begin = g * 128;
+    const int64_t end = begin + 128 < layout.fp8_count ? begin + 128 : layout.fp8_count;
+    float amax = 0.0f;
+    for (int64_t i = begin; i < end; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t i = begin; i < end; ++i) entry[i] = __nv_fp8_e4m3(v[i] / scale).__x;
+    memcpy(entry + layout.fp8_count + 4 * g, &scale, 4);
   }
 }
 
@@ -49,11 +98,11 @@ __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
   const int64_t visible = p.rows.positions[t] + 1;
   const float* w = p.weights + t * p.heads;
   for (int64_t pos = threadIdx.x; pos < visible; pos += blockDim.x) {
-    const int64_t base = slot_of(p.rows, t, pos) * p.dim;
+    const int64_t slot = slot_of(p.rows, t, pos);
     float total = 0.0f;
     for (int64_t h = 0; h < p.heads; ++h) {
       float dot = 0.0f;
-      for (int64_t d = 0; d < p.dim; ++d) dot += q[h * p.dim + d] * load(p.pool, p.dtype, base + d);
+      for (int64_t d = 0; d < p.dim; ++d) dot += q[h * p.dim + d] * load(p.pool, p.layout, slot, d);
       const float value = dot * p.scale;
       if (value > 0.0f) total += w[h] * value;
     }
@@ -113,7 +162,6 @@ __global__ void mla_kernel(MlaFallbackParams p) {
   extern __shared__ float logits[];
   __shared__ float reduce[kThreads / 32];
   const int64_t t = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
-  const int64_t entry = p.kv_lora + p.rope;
   const float* ql = p.q_latent + (t * p.heads + h) * p.kv_lora;
   const float* qr = p.q_rope + t * p.rope_row_stride + h * p.rope_head_stride;
   const int32_t* selected = p.indices + t * p.index_stride;
@@ -122,11 +170,11 @@ __global__ void mla_kernel(MlaFallbackParams p) {
   // Logits: one warp per selected position.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t j = warp; j < count; j += kThreads / 32) {
-    const int64_t base = slot_of(p.rows, t, selected[j]) * entry;
+    const int64_t slot = slot_of(p.rows, t, selected[j]);
     float dot = 0.0f;
-    for (int64_t d = lane; d < p.kv_lora; d += 32) dot += ql[d] * load(p.pool, p.dtype, base + d);
+    for (int64_t d = lane; d < p.kv_lora; d += 32) dot += ql[d] * load(p.pool, p.layout, slot, d);
     for (int64_t d = lane; d < p.rope; d += 32)
-      dot += qr[d] * load(p.pool, p.dtype, base + p.kv_lora + d);
+      dot += qr[d] * load(p.pool, p.layout, slot, p.kv_lora + d);
     for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (lane == 0) logits[j] = dot * p.scale;
   }
@@ -143,7 +191,7 @@ __global__ void mla_kernel(MlaFallbackParams p) {
   for (int64_t d = threadIdx.x; d < p.kv_lora; d += kThreads) {
     float acc = 0.0f;
     for (int64_t j = 0; j < count; ++j)
-      acc += logits[j] * load(p.pool, p.dtype, slot_of(p.rows, t, selected[j]) * entry + d);
+      acc += logits[j] * load(p.pool, p.layout, slot_of(p.rows, t, selected[j]), d);
     out[d] = count == 0 ? 0.0f : acc / denominator;
   }
 }
@@ -155,11 +203,17 @@ int blocks_for(int64_t count) {
 
 }  // namespace
 
-void write_cache_rows(void* pool, CacheDType dtype, int64_t width, const PagedRows& rows,
-                      int64_t tokens, const float* values, int64_t stride, cudaStream_t stream) {
+void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& rows, int64_t tokens,
+                      const float* values, int64_t stride, cudaStream_t stream) {
   if (tokens == 0) return;
-  write_cache_kernel<<<blocks_for(tokens * width), kThreads, 0, stream>>>(pool, dtype, width, rows,
-                                                                          tokens, values, stride);
+  if (layout.dtype == CacheDType::FP8) {
+    const int64_t per_token = (layout.fp8_count + 127) / 128 + 1;
+    write_fp8_kernel<<<blocks_for(tokens * per_token), kThreads, 0, stream>>>(
+        pool, layout, rows, tokens, values, stride);
+  } else {
+    write_plain_kernel<<<blocks_for(tokens * layout.width), kThreads, 0, stream>>>(
+        pool, layout, rows, tokens, values, stride);
+  }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
 // The exact-parity (fp32 compute) DSA path of the CUDA model: cache writes in
-// the F32/BF16 layouts of cache/kv_cache.h, the fp32 indexer with its top-k,
+// the F32/BF16/FP8 layouts of cache/kv_cache.h, the fp32 indexer with its top-k,
 // and sparse MLA reading the selected latents straight from the paged pool.
 // The fast fp8 path is kernels/cuda/{indexer,topk,sparse_mla} (issue 7).
 //
@@ -14,7 +14,23 @@
 
 namespace megactx::cuda {
 
-enum class CacheDType : uint8_t { F32, BF16 };
+enum class CacheDType : uint8_t { F32, BF16, FP8 };
+
+// One pool's per-token entry: `width` values. F32/BF16: plain. FP8: the first
+// `fp8_count` values as e4m3 codes, then one fp32 scale per 128 of them
+// (amax / 448, 1 for a zero group), then the rest as bf16 (the latent's rope
+// part; nothing for indexer keys).
+struct CacheLayout {
+  CacheDType dtype = CacheDType::F32;
+  int64_t width = 0;
+  int64_t fp8_count = 0;
+  // constexpr: callable from device code (--expt-relaxed-constexpr).
+  constexpr int64_t bytes() const {
+    if (dtype == CacheDType::F32) return width * 4;
+    if (dtype == CacheDType::BF16) return width * 2;
+    return fp8_count + 4 * ((fp8_count + 127) / 128) + 2 * (width - fp8_count);
+  }
+};
 
 struct PagedRows {
   const int32_t* page_tables = nullptr;   // concatenated page tables of the batch
@@ -23,9 +39,9 @@ struct PagedRows {
   int64_t page_size = 64;
 };
 
-// pool entry of token t's slot <- values[t, 0:width) (row stride `stride`).
-void write_cache_rows(void* pool, CacheDType dtype, int64_t width, const PagedRows& rows,
-                      int64_t tokens, const float* values, int64_t stride, cudaStream_t stream);
+// pool entry of token t's slot <- values[t, 0:layout.width) (row stride `stride`).
+void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& rows, int64_t tokens,
+                      const float* values, int64_t stride, cudaStream_t stream);
 
 // scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
 // relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then
@@ -35,7 +51,7 @@ struct IndexerFallbackParams {
   const float* q = nullptr;        // [tokens, heads, dim]
   const float* weights = nullptr;  // [tokens, heads]
   const void* pool = nullptr;
-  CacheDType dtype = CacheDType::F32;
+  CacheLayout layout;  // width == dim
   PagedRows rows;
   int64_t tokens = 0, heads = 0, dim = 0, topk = 0, max_context = 0;
   float scale = 1.0f;
@@ -53,7 +69,7 @@ struct MlaFallbackParams {
       nullptr;  // token t head h at q_rope + t*rope_row_stride + h*rope_head_stride
   int64_t rope_row_stride = 0, rope_head_stride = 0;
   const void* pool = nullptr;  // latent pool, entries [kv_lora | rope]
-  CacheDType dtype = CacheDType::F32;
+  CacheLayout layout;          // width == kv_lora + rope
   PagedRows rows;
   const int32_t* indices = nullptr;  // [tokens, index_stride]
   const int32_t* counts = nullptr;   // [tokens]
