@@ -18,6 +18,7 @@ struct RenderChatOptions {
   std::string template_path;
   std::string request_path;
   std::string tokenizer_config_path;
+  bool decode_arguments = false;
 };
 
 std::string read_file(const std::string& path, const char* what) {
@@ -52,6 +53,7 @@ int run_render_chat(const RenderChatOptions& options) {
     fail("no chat template: pass --template or a --tokenizer-config with \"chat_template\"");
   }
   nlohmann::ordered_json request = read_json(options.request_path, "request");
+  if (options.decode_arguments) decode_tool_call_arguments(request);
   ChatTemplate chat_template(source);
   std::string prompt = chat_template.render(chat_template_context(request, tokenizer_config));
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -69,6 +71,9 @@ CommandRegistration registration{
       command.add_option(
           "--tokenizer-config", options->tokenizer_config_path,
           "tokenizer_config.json (special tokens; chat_template when no --template)");
+      command.add_flag(
+          "--decode-tool-arguments", options->decode_arguments,
+          "decode JSON-string tool call arguments into objects first, as a server does");
       return [options] { return run_render_chat(*options); };
     }};
 

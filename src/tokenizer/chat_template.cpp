@@ -15,6 +15,7 @@ namespace megactx {
 struct ChatTemplate::Impl {
   std::string source;  // normalized (newlines, trailing newline) as jinja2 sees it
   jinja::Body body;
+  size_t step_limit = jinja::Interpreter::kDefaultMaxSteps;
 };
 
 ChatTemplate::ChatTemplate(const std::string& source) : impl_(std::make_unique<Impl>()) {
@@ -30,14 +31,14 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 namespace {
 
 template <typename Json>
-std::string render_template(const std::string& source, const jinja::Body& body,
+std::string render_template(const std::string& source, const jinja::Body& body, size_t step_limit,
                             const Json& context) {
   if (!context.is_object()) fail("chat template context must be a JSON object");
   jinja::Dict globals;
   jinja::add_global_functions(globals);
   for (const auto& [key, value] : context.items())
     globals.set(jinja::Value::string(key), jinja::Value::from_json(value));
-  jinja::Interpreter interpreter(source);
+  jinja::Interpreter interpreter(source, step_limit);
   try {
     return interpreter.render(body, globals);
   } catch (const jinja::TemplateRaised& raised) {
@@ -47,12 +48,16 @@ std::string render_template(const std::string& source, const jinja::Body& body,
 
 }  // namespace
 
+void ChatTemplate::set_step_limit(size_t steps) {
+  impl_->step_limit = steps;
+}
+
 std::string ChatTemplate::render(const nlohmann::json& context) const {
-  return render_template(impl_->source, impl_->body, context);
+  return render_template(impl_->source, impl_->body, impl_->step_limit, context);
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
-  return render_template(impl_->source, impl_->body, context);
+  return render_template(impl_->source, impl_->body, impl_->step_limit, context);
 }
 
 namespace {
@@ -121,6 +126,26 @@ nlohmann::json chat_template_context(const nlohmann::json& request,
 nlohmann::ordered_json chat_template_context(const nlohmann::ordered_json& request,
                                              const nlohmann::ordered_json& special_tokens) {
   return build_context(request, special_tokens);
+}
+
+void decode_tool_call_arguments(nlohmann::ordered_json& request) {
+  if (!request.is_object() || !request.contains("messages") || !request["messages"].is_array())
+    return;
+  for (auto& message : request["messages"]) {
+    if (!message.is_object() || !message.contains("tool_calls") ||
+        !message["tool_calls"].is_array())
+      continue;
+    for (auto& call : message["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        continue;
+      auto& function = call["function"];
+      if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
+      auto decoded =
+          nlohmann::ordered_json::parse(function["arguments"].get<std::string>(), nullptr,
+                                        /*allow_exceptions=*/false);
+      if (decoded.is_object()) function["arguments"] = std::move(decoded);
+    }
+  }
 }
 
 }  // namespace megactx

@@ -30,6 +30,11 @@ class ChatTemplate {
   std::string render(const nlohmann::json& context) const;
   std::string render(const nlohmann::ordered_json& context) const;
 
+  // Bound on loop iterations + calls + filters of one render (default 10M,
+  // far above what real templates need even for O(n^2) loops over thousands of
+  // messages); exceeding it is an Error, so hostile templates stay bounded.
+  void set_step_limit(size_t steps);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -45,5 +50,12 @@ nlohmann::json chat_template_context(const nlohmann::json& request,
                                      const nlohmann::json& special_tokens);
 nlohmann::ordered_json chat_template_context(const nlohmann::ordered_json& request,
                                              const nlohmann::ordered_json& special_tokens);
+
+// OpenAI clients send an assistant message's tool_calls[].function.arguments
+// as a JSON string, while chat templates expect an object (GLM iterates
+// `arguments.items()`, DeepSeek tests `arguments is mapping`). Servers call this
+// before chat_template_context, as vLLM does: every string that parses as a
+// JSON object is replaced by that object; other strings are left unchanged.
+void decode_tool_call_arguments(nlohmann::ordered_json& request);
 
 }  // namespace megactx

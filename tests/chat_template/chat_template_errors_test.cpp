@@ -58,7 +58,7 @@ TEST(ChatTemplateErrors, UnsupportedConstructsNameLineAndColumn) {
 
 TEST(ChatTemplateErrors, RuntimeErrorsNameLineAndColumn) {
   EXPECT_EQ(error_of("line1\nline2 {{ 1 / 0 }}"), "line 2, column 10: division by zero");
-  EXPECT_EQ(error_of("{{ x.y.z }}"), "line 1, column 5: 'x' is undefined");
+  EXPECT_EQ(error_of("{{ x.y.z }}"), "line 1, column 4: 'x' is undefined");
   EXPECT_TRUE(
       starts_with(error_of("\n{{ 'a' | nope }}"), "line 2, column 10: No filter named 'nope'"));
   EXPECT_TRUE(starts_with(error_of("{% set l = [] %}{{ l.append(1) }}"),
@@ -69,10 +69,16 @@ TEST(ChatTemplateErrors, RuntimeErrorsNameLineAndColumn) {
 TEST(ChatTemplateErrors, HostileTemplatesStayBounded) {
   EXPECT_NE(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("nested deeper"),
             std::string::npos);
-  EXPECT_NE(
-      error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
-          .find("loop iterations"),
-      std::string::npos);
+  ChatTemplate nested(
+      "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+  nested.set_step_limit(100000);
+  try {
+    nested.render(nlohmann::json::object());
+    ADD_FAILURE() << "expected the step limit to stop the render";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("exceeded 100000 steps"), std::string::npos)
+        << error.what();
+  }
   EXPECT_NE(error_of("{{ 'x' * 1000000000 }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow"), std::string::npos);
   std::string deep = std::string(5000, '(') + "1" + std::string(5000, ')');
@@ -80,6 +86,25 @@ TEST(ChatTemplateErrors, HostileTemplatesStayBounded) {
   std::string nots;
   for (int i = 0; i < 5000; ++i) nots += "not ";
   EXPECT_NE(error_of("{{ " + nots + "x }}").find("nested too deeply"), std::string::npos);
+  std::string chain = "x";
+  for (int i = 0; i < 5000; ++i) chain += " or x";
+  EXPECT_NE(error_of("{{ " + chain + " }}").find("nested too deeply"), std::string::npos);
+  std::string attributes = "x";
+  for (int i = 0; i < 5000; ++i) attributes += ".a";
+  EXPECT_NE(error_of("{{ " + attributes + " }}").find("nested too deeply"), std::string::npos);
+  EXPECT_NE(
+      error_of("{% set ns = namespace(l=[]) %}{% for i in range(2000) %}{% set ns.l = [ns.l] %}"
+               "{% endfor %}{{ ns.l }}")
+          .find("nested deeper than 512"),
+      std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=0) %}{% for i in range(2000) %}"
+                     "{% set ns.x = namespace(y=ns.x) %}{% endfor %}")
+                .find("nested deeper than 512"),
+            std::string::npos);
+  // Recursion within the bounds works.
+  EXPECT_EQ(
+      error_of("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(30) }}"),
+      "<no error>");
   std::string blocks;
   for (int i = 0; i < 5000; ++i) blocks += "{% if x %}";
   EXPECT_NE(error_of(blocks).find("nested too deeply"), std::string::npos);
@@ -137,6 +162,25 @@ TEST(ChatTemplateContext, OrderedJsonKeepsKeyOrderLikePythonDicts) {
       R"({"tools": [{"type": "function", "b": 1, "a": {"z": 1, "y": 2}}]})");
   EXPECT_EQ(ChatTemplate("{{ tools[0] | tojson }}").render(context),
             R"({"type": "function", "b": 1, "a": {"z": 1, "y": 2}})");
+}
+
+TEST(ChatTemplateContext, DecodeToolCallArgumentsParsesJsonObjectStrings) {
+  auto request = nlohmann::ordered_json::parse(R"({"messages": [
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "tool_calls": [
+      {"type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [true]}"}},
+      {"type": "function", "function": {"name": "g", "arguments": "not json"}},
+      {"type": "function", "function": {"name": "h", "arguments": "[1, 2]"}},
+      {"type": "function", "function": {"name": "k", "arguments": {"already": "object"}}}]}]})");
+  decode_tool_call_arguments(request);
+  const auto& calls = request["messages"][1]["tool_calls"];
+  EXPECT_EQ(calls[0]["function"]["arguments"].dump(), R"({"b":1,"a":[true]})");
+  EXPECT_EQ(calls[1]["function"]["arguments"], "not json");
+  EXPECT_EQ(calls[2]["function"]["arguments"], "[1, 2]");
+  EXPECT_EQ(calls[3]["function"]["arguments"]["already"], "object");
+  nlohmann::ordered_json not_a_request = 3;
+  decode_tool_call_arguments(not_a_request);  // ignored, no crash
+  EXPECT_EQ(not_a_request, 3);
 }
 
 }  // namespace

@@ -14,6 +14,13 @@ bool has_position(const std::string& message) {
 }  // namespace
 
 Value Interpreter::eval(const Expr& expr, const ScopePtr& scope) {
+  // Bounds C++ recursion across nested expressions and macro calls.
+  struct DepthGuard {
+    explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
+    ~DepthGuard() { --depth_; }
+    int& depth_;
+  } guard(eval_depth_);
+  if (eval_depth_ > kMaxEvalDepth) fail_at_offset(expr.offset, "expressions nested too deeply");
   try {
     switch (expr.kind) {
       case Expr::Kind::Literal:
@@ -37,6 +44,7 @@ Value Interpreter::eval(const Expr& expr, const ScopePtr& scope) {
           if (key.is_dict()) fail("unhashable type: 'dict'");
           d.dict->set(key, eval(*expr.items[i + 1], scope));
         }
+        d.update_nesting();
         return d;
       }
       case Expr::Kind::GetAttr:

@@ -166,6 +166,20 @@ Value filter_round(const Value& v, const CallArgs& args) {
   std::string method = arg(args, 1, "method", Value::string("common")).text;
   if (!v.is_number()) fail("round filter needs a number, got {}", type_name(v));
   double x = v.as_double();
+  if (method == "common" && v.is_int()) {
+    // Python's round(int, n) stays an int (half to even for negative n).
+    if (precision >= 0) return Value::from_int(v.integer);
+    if (precision < -18) return Value::from_int(0);
+    int64_t scale = 1;
+    for (int64_t i = 0; i < -precision; ++i) scale *= 10;
+    int64_t q = v.integer / scale, r = v.integer % scale;
+    if (r < 0) {
+      r += scale;
+      --q;
+    }
+    if (2 * r > scale || (2 * r == scale && (q & 1))) ++q;
+    return Value::from_int(q * scale);
+  }
   if (method == "common") {
     if (!std::isfinite(x)) return Value::from_float(x);
     if (precision == 0) return Value::from_float(std::nearbyint(x));  // round half to even
@@ -242,7 +256,10 @@ Value filter_indent(const Value& v, const CallArgs& args) {
   std::string rv;
   if (blank) {
     for (size_t i = 0; i < lines.size(); ++i) {
-      if (i) rv += "\n" + indention;
+      if (i) {
+        rv += '\n';
+        rv += indention;
+      }
       rv += lines[i].text;
     }
   } else if (!lines.empty()) {
@@ -256,7 +273,7 @@ Value filter_indent(const Value& v, const CallArgs& args) {
       }
     }
   }
-  if (first) rv = indention + rv;
+  if (first) rv.insert(0, indention);
   return Value::string(rv);
 }
 

@@ -102,6 +102,7 @@ void add_global_functions(Dict& globals) {
                   for (const auto& [k, v] : source.dict->entries) d.dict->set(k, v);
                 }
                 for (const auto& [k, v] : args.kwargs) d.dict->set(Value::string(k), v);
+                d.update_nesting();
                 return d;
               }));
   globals.set(Value::string("namespace"),
@@ -109,9 +110,9 @@ void add_global_functions(Dict& globals) {
                 auto ns = std::make_shared<Namespace>();
                 for (const Value& source : args.args) {
                   if (!source.is_dict()) fail("namespace() positional argument must be a mapping");
-                  for (const auto& [k, v] : source.dict->entries) ns->attributes.set(k, v);
+                  for (const auto& [k, v] : source.dict->entries) ns->set(k, v);
                 }
-                for (const auto& [k, v] : args.kwargs) ns->attributes.set(Value::string(k), v);
+                for (const auto& [k, v] : args.kwargs) ns->set(Value::string(k), v);
                 interpreter.track(ns);
                 return Value::make_object(ns);
               }));

@@ -9,9 +9,7 @@
 namespace megactx::jinja {
 
 namespace {
-// Bounds for hostile templates: total loop iterations + calls, and nesting of
-// macro calls (recursion).
-constexpr size_t kMaxSteps = 1'000'000;
+// Bound on nesting of macro calls and recursive loops (stack depth).
 constexpr int kMaxCallDepth = 64;
 
 bool has_position(const std::string& message) {
@@ -27,10 +25,12 @@ const Value* Scope::lookup(const std::string& name) const {
   return nullptr;
 }
 
-Interpreter::Interpreter(const std::string& source) : source_(source) {}
+Interpreter::Interpreter(const std::string& source, size_t max_steps)
+    : source_(source), max_steps_(max_steps) {}
 
 void Interpreter::count_step() {
-  if (++steps_ > kMaxSteps) fail("template exceeded {} loop iterations and calls", kMaxSteps);
+  if (++steps_ > max_steps_)
+    fail("template exceeded {} steps (loop iterations, calls and filters)", max_steps_);
 }
 
 void Interpreter::enter_call() {
@@ -83,6 +83,13 @@ Interpreter::Flow Interpreter::exec_block(const Body& body, const ScopePtr& scop
 
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& stmt, const ScopePtr& scope,
                                          std::string& out) {
+  // Statements nest inside macro calls; one bound covers them and expressions.
+  ++eval_depth_;
+  struct Leave {
+    int& depth;
+    ~Leave() { --depth; }
+  } leave{eval_depth_};
+  if (eval_depth_ > kMaxEvalDepth) fail_at_offset(stmt.offset, "statements nested too deeply");
   try {
     switch (stmt.kind) {
       case Stmt::Kind::Data:

@@ -30,7 +30,9 @@ struct TemplateRaised {
 class Interpreter {
  public:
   // `source` is the normalized template text (for line/column in errors).
-  explicit Interpreter(const std::string& source);
+  // `max_steps` bounds loop iterations + calls + filters of one render.
+  explicit Interpreter(const std::string& source, size_t max_steps = kDefaultMaxSteps);
+  static constexpr size_t kDefaultMaxSteps = 10'000'000;
 
   std::string render(const Body& body, const Dict& globals);
 
@@ -69,6 +71,9 @@ class Interpreter {
   const std::string& source_;
   std::vector<ScopePtr> cycle_scopes_;
   std::vector<std::shared_ptr<Object>> cycle_objects_;
+  static constexpr int kMaxEvalDepth = 1000;
+  int eval_depth_ = 0;
+  size_t max_steps_;
   size_t steps_ = 0;
   int call_depth_ = 0;
 };

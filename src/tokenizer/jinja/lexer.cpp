@@ -109,6 +109,7 @@ class Lexer {
 
   // Whitespace control of the text before a tag whose sign is `sign`.
   void emit_data(size_t begin, size_t end, char sign, bool lstrip_applies) {
+    if (end <= begin) return;
     if (sign == '-') {
       while (end > begin) {
         // strip trailing Python whitespace (multi-byte aware)

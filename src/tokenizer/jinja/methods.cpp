@@ -379,6 +379,7 @@ Value call_collection_method(const Value& self, const std::string& name, const C
     if (name == "copy") {
       Value copy = Value::make_dict();
       *copy.dict = *self.dict;
+      copy.nesting = self.nesting;
       return copy;
     }
   }

@@ -1,5 +1,6 @@
 #include "tokenizer/jinja/objects.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "core/error.h"
@@ -12,8 +13,15 @@ Value Namespace::get_attr(const std::string& name) const {
 }
 
 bool Namespace::set_attr(const std::string& name, const Value& value) {
-  attributes.set(Value::string(name), value);
+  set(Value::string(name), value);
   return true;
+}
+
+void Namespace::set(const Value& key, const Value& value) {
+  int depth = nesting_of(value) + 1;
+  if (depth > Value::kMaxNesting) fail("values nested deeper than {} levels", Value::kMaxNesting);
+  nesting_ = std::max(nesting_, depth);
+  attributes.set(key, value);
 }
 
 std::string Namespace::repr() const {

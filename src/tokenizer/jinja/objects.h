@@ -16,8 +16,14 @@ class Namespace : public Object {
   Value get_attr(const std::string& name) const override;
   bool set_attr(const std::string& name, const Value& value) override;
   std::string repr() const override;
+  int nesting() const override { return nesting_; }
+  // Sets an attribute, keeping the nesting bound (throws when exceeded).
+  void set(const Value& key, const Value& value);
 
   Dict attributes;
+
+ private:
+  int nesting_ = 1;
 };
 
 class BuiltinFunction : public Object {

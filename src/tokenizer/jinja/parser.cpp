@@ -677,7 +677,8 @@ class Parser {
   ExprPtr parse_subscript(ExprPtr node) {
     DepthGuard guard(*this);
     const Token& token = current();
-    size_t offset = token.offset;
+    // Errors of obj.attr / obj[key] point at the start of the whole expression.
+    size_t offset = node->offset;
     if (token.value == ".") {
       advance();
       const Token& attr = current();

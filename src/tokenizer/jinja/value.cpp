@@ -1,5 +1,6 @@
 #include "tokenizer/jinja/value.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -46,7 +47,35 @@ Value Value::make_list(List items) {
   Value v;
   v.kind = Kind::List;
   v.list = std::make_shared<List>(std::move(items));
+  v.update_nesting();
   return v;
+}
+
+void Value::update_nesting() {
+  int deepest = 0;
+  if (kind == Kind::List || kind == Kind::Tuple) {
+    for (const Value& item : *list) deepest = std::max(deepest, nesting_of(item));
+  } else if (kind == Kind::Dict) {
+    for (const auto& [key, item] : dict->entries)
+      deepest = std::max({deepest, nesting_of(key), nesting_of(item)});
+  } else {
+    return;
+  }
+  if (deepest + 1 > kMaxNesting) fail("values nested deeper than {} levels", kMaxNesting);
+  nesting = static_cast<uint16_t>(deepest + 1);
+}
+
+int nesting_of(const Value& value) {
+  switch (value.kind) {
+    case Value::Kind::List:
+    case Value::Kind::Tuple:
+    case Value::Kind::Dict:
+      return value.nesting;
+    case Value::Kind::Object:
+      return value.object->nesting();
+    default:
+      return 0;
+  }
 }
 Value Value::make_tuple(List items) {
   Value v = make_list(std::move(items));
@@ -96,6 +125,7 @@ Value value_from_json(const Json& json) {
       // JSON keys are unique, so entries are appended without lookups.
       for (const auto& [key, item] : json.items())
         v.dict->entries.emplace_back(Value::string(key), value_from_json(item));
+      v.update_nesting();
       return v;
     }
     default:

@@ -36,6 +36,10 @@ struct Value {
   };
 
   Kind kind = Kind::Undefined;
+  // Containers: 1 + the deepest element's nesting. Bounded (kMaxNesting) so
+  // that repr, comparison and destruction never recurse deeply enough to
+  // overflow the stack, whatever a template builds.
+  uint16_t nesting = 0;
   int64_t integer = 0;             // Int, and Bool as 0/1 (Python bools are ints)
   double number = 0;               // Float
   std::string text;                // String; for Undefined the reason, e.g. "'x' is undefined"
@@ -57,6 +61,11 @@ struct Value {
   // and tojson output must match HF's byte for byte).
   static Value from_json(const nlohmann::json& json);
   static Value from_json(const nlohmann::ordered_json& json);
+
+  static constexpr int kMaxNesting = 512;
+  // Recomputes `nesting` of a List/Tuple/Dict from its elements; throws
+  // megactx::Error when it exceeds kMaxNesting.
+  void update_nesting();
 
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_none() const { return kind == Kind::None; }
@@ -104,7 +113,11 @@ class Object {
   virtual std::string repr() const;
   // Truthiness (Python objects are true unless they say otherwise).
   virtual bool truthy() const { return true; }
+  // Nesting of values held by the object (see Value::nesting).
+  virtual int nesting() const { return 0; }
 };
+
+int nesting_of(const Value& value);
 
 // Python semantics.
 bool truthy(const Value& value);
