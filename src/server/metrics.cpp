@@ -79,8 +79,6 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
                 static_cast<double>(requests_aborted.load()));
   out += scalar("megactx_requests_failed_total", "counter", "Requests the engine rejected.",
                 static_cast<double>(requests_failed.load()));
-  out += scalar("megactx_http_errors_total", "counter", "Error responses sent.",
-                static_cast<double>(http_errors.load()));
   out += scalar("megactx_num_running_reqs", "gauge", "Requests in the running batch.",
                 static_cast<double>(stats.running_requests));
   out += scalar("megactx_num_waiting_reqs", "gauge", "Requests waiting for admission.",

@@ -44,7 +44,6 @@ class ServerMetrics {
   std::atomic<uint64_t> requests_finished{0};
   std::atomic<uint64_t> requests_aborted{0};
   std::atomic<uint64_t> requests_failed{0};  // engine errors
-  std::atomic<uint64_t> http_errors{0};      // error responses the API layer sent
 
   std::string render(const EngineStats& stats) const;
 };

@@ -290,14 +290,20 @@ TEST(HttpServer, ClientDisconnectAbortsEngineRequest) {
     client.read_until([](const std::string& b) { return b.find("\"He\"") != std::string::npos; });
     ASSERT_TRUE(live.fixture.engine.wait_for_held(1));
   }  // closes the socket mid-stream
+  auto wait_for_aborts = [&](size_t count) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (live.fixture.engine.aborted().size() < count &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  wait_for_aborts(1);
+  EXPECT_EQ(live.fixture.engine.aborted(), std::vector<std::string>{"streaming"});
   {
     RawClient client(live.port());
     client.send(post("/generate", R"({"input_ids":[1],"rid":"blocking"})"));
-    ASSERT_TRUE(live.fixture.engine.wait_for_held(2));
+    ASSERT_TRUE(live.fixture.engine.wait_for_held(1));
   }  // closes while waiting for a non-streamed answer
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (live.fixture.engine.aborted().size() < 2 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  wait_for_aborts(2);
   auto aborted = live.fixture.engine.aborted();
   std::sort(aborted.begin(), aborted.end());
   EXPECT_EQ(aborted, (std::vector<std::string>{"blocking", "streaming"}));
