@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -87,7 +88,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_jso
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& model_dir) {
-  const std::string path = model_dir + "/tokenizer.json";
+  // A path to the file itself is accepted too.
+  std::error_code error;
+  const std::string path = std::filesystem::is_regular_file(model_dir, error)
+                               ? model_dir
+                               : model_dir + "/tokenizer.json";
   std::ifstream file(path, std::ios::binary);
   if (!file) fail("cannot open {}", path);
   std::stringstream buffer;

@@ -118,6 +118,12 @@ TEST(TokenizerErrors, MalformedFilesThrowErrors) {
   EXPECT_THROW(Tokenizer::load(fixture_dir("no_such_model")), Error);
 }
 
+TEST(TokenizerLoad, AcceptsTheFileItself) {
+  const auto from_dir = Tokenizer::load(fixture_dir("glm"));
+  const auto from_file = Tokenizer::load(fixture_dir("glm") + "/tokenizer.json");
+  EXPECT_EQ(from_dir->encode("Hello world <|user|>"), from_file->encode("Hello world <|user|>"));
+}
+
 TEST(TokenizerErrors, MinimalFileWithoutPreTokenizerOrDecoder) {
   // No pre-tokenizer: the whole text is one word; no decoder: tokens joined by spaces.
   const auto tokenizer = Tokenizer::from_json(
