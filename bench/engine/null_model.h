@@ -58,6 +58,11 @@ class NullSampler : public Sampler {
       results[i].logprob = -1.0f;
     }
   }
+  void score(const Tensor&, std::span<const LogprobQuery> queries,
+             std::span<TokenLogprob> results) override {
+    for (size_t i = 0; i < queries.size(); ++i)
+      results[i] = TokenLogprob{queries[i].token, -1.0f, {}};
+  }
 };
 
 // Token i < 26 is one letter; everything else "#".

@@ -246,4 +246,44 @@ void CpuSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows,
   }
 }
 
+void Sampler::score(const Tensor&, std::span<const LogprobQuery>, std::span<TokenLogprob>) {
+  fail("this sampler cannot score input tokens (logprob_start_len)");
+}
+
+void CpuSampler::score(const Tensor& logits, std::span<const LogprobQuery> queries,
+                       std::span<TokenLogprob> results) {
+  MEGACTX_CHECK(
+      logits.device() == Device::CPU && logits.dtype() == DType::F32 && logits.rank() == 2,
+      "CPU sampler needs host float32 logits [rows, vocab], got {}", shape_string(logits.shape()));
+  MEGACTX_CHECK(results.size() >= queries.size(), "sampler: {} results for {} queries",
+                results.size(), queries.size());
+  const auto vocab = static_cast<size_t>(logits.dim(1));
+  for (const LogprobQuery& query : queries) {
+    MEGACTX_CHECK(query.logits_row >= 0 && query.logits_row < logits.dim(0) && query.token >= 0 &&
+                      static_cast<size_t>(query.token) < vocab,
+                  "sampler: logprob query for row {} token {} of [{}, {}]", query.logits_row,
+                  query.token, logits.dim(0), vocab);
+  }
+  auto run = [&](int64_t begin, int64_t end) {
+    std::vector<float> log_probs(vocab);
+    for (int64_t i = begin; i < end; ++i) {
+      const LogprobQuery& query = queries[static_cast<size_t>(i)];
+      std::span<const float> raw(
+          logits.data<float>() + static_cast<size_t>(query.logits_row) * vocab, vocab);
+      log_softmax(raw, log_probs);
+      TokenLogprob& result = results[static_cast<size_t>(i)];
+      result.token_id = query.token;
+      result.logprob = log_probs[static_cast<size_t>(query.token)];
+      result.top.clear();
+      if (query.top_logprobs > 0) result.top = top_entries(log_probs, query.top_logprobs);
+    }
+  };
+  const auto count = static_cast<int64_t>(queries.size());
+  if (count > 1 && static_cast<int64_t>(vocab) * count >= (int64_t{1} << 18)) {
+    ThreadPool::global().parallel_for(count, run);
+  } else {
+    run(0, count);
+  }
+}
+
 }  // namespace megactx

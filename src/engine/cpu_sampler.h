@@ -12,6 +12,8 @@ class CpuSampler : public Sampler {
  public:
   void sample(const Tensor& logits, std::span<const SamplingRow> rows,
               std::span<SampleResult> results) override;
+  void score(const Tensor& logits, std::span<const LogprobQuery> queries,
+             std::span<TokenLogprob> results) override;
 };
 
 // Applies the penalties and the min_new_tokens mask of `row` to `logits` in place.

@@ -377,7 +377,9 @@ void Engine::run_plan() {
 void Engine::process_outputs(const Tensor& logits) {
   sampling_rows_.clear();
   sampling_requests_.clear();
-  std::vector<float> log_probs;
+  logprob_queries_.clear();
+  logprob_requests_.clear();
+  std::vector<RequestState*> scored_through_prompt;
   int64_t row = 0;
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
@@ -388,37 +390,15 @@ void Engine::process_outputs(const Tensor& logits) {
     if (request.wants_input_logprobs()) {
       // Row at position q scores prompt token q + 1.
       const int64_t first_scored = std::max<int64_t>(request.request.logprob_start_len, 1);
-      const auto vocab = static_cast<size_t>(logits.dim(1));
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t scored = first_position + j + 1;
         if (scored < first_scored || scored >= request.prompt_len) continue;
-        std::span<const float> raw(logits.data<float>() + static_cast<size_t>(row + j) * vocab,
-                                   vocab);
-        log_probs.resize(vocab);
-        log_softmax(raw, log_probs);
-        TokenLogprob entry;
-        entry.token_id = request.tokens[static_cast<size_t>(scored)];
-        entry.logprob = log_probs[static_cast<size_t>(entry.token_id)];
-        if (request.request.top_logprobs_num > 0) {
-          entry.top = top_entries(log_probs, request.request.top_logprobs_num);
-        }
-        request.input_logprobs.push_back(std::move(entry));
+        logprob_queries_.push_back(LogprobQuery{row + j,
+                                                request.tokens[static_cast<size_t>(scored)],
+                                                request.request.top_logprobs_num});
+        logprob_requests_.push_back(&request);
       }
-      if (end >= request.prompt_len) {
-        // The first prompt token has no logprob (nothing precedes it): NaN,
-        // which the HTTP layer writes as null like SGLang.
-        RequestUpdate& update = update_of(request);
-        if (request.request.logprob_start_len == 0) {
-          TokenLogprob first;
-          first.token_id = request.tokens[0];
-          first.logprob = std::numeric_limits<float>::quiet_NaN();
-          update.input_logprobs.push_back(first);
-        }
-        for (auto& entry : request.input_logprobs)
-          update.input_logprobs.push_back(std::move(entry));
-        request.input_logprobs.clear();
-        request.input_logprobs_done = true;
-      }
+      if (end >= request.prompt_len) scored_through_prompt.push_back(&request);
     }
     if (chunk.samples) {
       SamplingRow sampling_row;
@@ -443,6 +423,27 @@ void Engine::process_outputs(const Tensor& logits) {
       finish(request, FinishReason::Length);
     }
     row += rows;
+  }
+  if (!logprob_queries_.empty()) {
+    logprob_results_.resize(logprob_queries_.size());
+    sampler_->score(logits, logprob_queries_, logprob_results_);
+    for (size_t i = 0; i < logprob_queries_.size(); ++i) {
+      logprob_requests_[i]->input_logprobs.push_back(std::move(logprob_results_[i]));
+    }
+  }
+  for (RequestState* request : scored_through_prompt) {
+    // The first prompt token has no logprob (nothing precedes it): NaN, which
+    // the HTTP layer writes as null like SGLang.
+    RequestUpdate& update = update_of(*request);
+    if (request->request.logprob_start_len == 0) {
+      TokenLogprob first;
+      first.token_id = request->tokens[0];
+      first.logprob = std::numeric_limits<float>::quiet_NaN();
+      update.input_logprobs.push_back(first);
+    }
+    for (auto& entry : request->input_logprobs) update.input_logprobs.push_back(std::move(entry));
+    request->input_logprobs.clear();
+    request->input_logprobs_done = true;
   }
   if (!sampling_rows_.empty()) {
     samples_.resize(sampling_rows_.size());

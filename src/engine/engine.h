@@ -114,6 +114,9 @@ class Engine : public EngineApi {
   std::vector<SamplingRow> sampling_rows_;
   std::vector<RequestState*> sampling_requests_;
   std::vector<SampleResult> samples_;
+  std::vector<LogprobQuery> logprob_queries_;  // input logprobs (scoring)
+  std::vector<RequestState*> logprob_requests_;
+  std::vector<TokenLogprob> logprob_results_;
   uint64_t next_arrival_ = 0;
 
   // ---- shared with other threads (inbox_mutex_) ----

@@ -57,9 +57,21 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
 };
 
+// A logprob asked for without sampling (input tokens when scoring).
+struct LogprobQuery {
+  int64_t logits_row = 0;
+  int32_t token = 0;
+  int64_t top_logprobs = 0;
+};
+
 class Sampler {
  public:
   virtual ~Sampler() = default;
+  // log_softmax of the unmodified logits row at the query's token (and the
+  // top alternatives); results[i] for queries[i]. Only scoring requests
+  // (logprob_start_len >= 0) call it; the default says it is unsupported.
+  virtual void score(const Tensor& logits, std::span<const LogprobQuery> queries,
+                     std::span<TokenLogprob> results);
   // logits: [rows, vocab] float32 (host for the CPU sampler); results[i] for rows[i].
   virtual void sample(const Tensor& logits, std::span<const SamplingRow> rows,
                       std::span<SampleResult> results) = 0;
