@@ -12,6 +12,14 @@
 // sgemm without TF32; F32, BF16 or FP8 KV caches in the layouts of
 // kv_cache.h, read by the fp32 fallback kernels of kernels/cuda/dense). This header is plain C++;
 // the functions exist only in builds with MEGACTX_HAVE_CUDA.
+//
+// Not yet (the next steps, in order): bf16 activations with the fp8
+// block-scaled / bf16 GEMMs of kernels/cuda/gemm (the loader still hands over
+// float32 copies of the weights); the issue-7 fp8 kernels (indexer, radix
+// top-k, sparse MLA) for 512/64/128-wide models with FP8 caches; device
+// sampling in the engine (kernels/cuda/sampling); CUDA Graphs of decode per
+// batch-size bucket, which first needs the MoE dispatch on the device (today
+// moe() reads the routed expert ids back to the host once per MoE layer).
 #pragma once
 
 #include <cstdint>
