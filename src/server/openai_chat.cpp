@@ -261,13 +261,25 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   }
 
   nlohmann::json tools = select_tools(body);
-  nlohmann::json template_request = body;
-  if (tools.empty())
+  // The template sees the request with its keys in the client's order (HF's
+  // tojson keeps insertion order; nlohmann::json would sort them), and with
+  // tool-call arguments decoded from JSON strings into objects as vLLM does.
+  nlohmann::ordered_json template_request = nlohmann::ordered_json::parse(request.body);
+  if (tools.empty()) {
     template_request.erase("tools");
-  else
-    template_request["tools"] = tools;
+  } else if (tools.size() != body["tools"].size()) {  // a named tool_choice kept one tool
+    nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+    for (const auto& tool : template_request["tools"])
+      if (tool.contains("function") && tool["function"].value("name", "") ==
+                                           tools[0]["function"].value("name", ""))
+        kept.push_back(tool);
+    template_request["tools"] = std::move(kept);
+  }
+  decode_tool_call_arguments(template_request);
+  const nlohmann::ordered_json special_tokens =
+      nlohmann::ordered_json::parse(chat.special_tokens.dump());
   std::string prompt =
-      chat.chat_template->render(chat_template_context(template_request, chat.special_tokens));
+      chat.chat_template->render(chat_template_context(template_request, special_tokens));
   const Tokenizer& tokenizer = state.engine().tokenizer();
   std::vector<int32_t> ids = tokenizer.encode(prompt, false);
 
