@@ -8,14 +8,17 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# ccache keys on paths relative to the checkout, so clones in other folders
+# (CI) reuse objects compiled earlier on the same machine.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
 ctest --test-dir build -LE gpu --output-on-failure -j "$jobs" --timeout 900
 
 if ls tests/fuzz/*.cmake >/dev/null 2>&1; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DMEGACTX_FUZZ=ON -DMEGACTX_CUDA=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DCMAKE_BUILD_TYPE=Release
   cmake --build build-fuzz -j "$jobs"
   ctest --test-dir build-fuzz -L fuzz --output-on-failure -j "$jobs"
 fi
