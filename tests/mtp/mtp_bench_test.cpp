@@ -1,4 +1,4 @@
-// Measurements for docs/benchmarks-mtp.md, not a test: disabled by default.
+// Measurements for docs/benchmarks.md (MTP section), not a test: disabled by default.
 //   build-mtp/tests/mtp/mtp_bench_test --gtest_also_run_disabled_tests
 // Accepted length (tokens emitted per target verification, bonus included)
 // for k = 1, 3, 7 at temperature 0 and 1 on models/default, and batch-1 CPU
