@@ -179,7 +179,7 @@ TEST(EngineOutput, SeededSamplingIsIndependentOfTheBatch) {
     Harness harness(config, std::make_unique<FakeModel>(32, /*peak=*/0.5f));
     for (int64_t i = 0; i < neighbours; ++i) {
       GenerationRequest other =
-          greedy_request("n" + std::to_string(i), make_prompt(50 + i, 30), 25);
+          greedy_request(std::string("n").append(std::to_string(i)), make_prompt(50 + i, 30), 25);
       other.sampling.temperature = 0.8;
       harness.submit(other);
     }

@@ -220,7 +220,11 @@ Value get_attr(const Value& object, const std::string& name) {
     default: {
       Value method = bound_method(object, name);
       if (!method.is_undefined()) return method;
-      return Value::undefined("'" + type_name(object) + " object' has no attribute '" + name + "'");
+      // Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict, bug 105329)
+      // on "literal" + std::string&&.
+      std::string message = "'";
+      message.append(type_name(object)).append(" object' has no attribute '").append(name) += "'";
+      return Value::undefined(message);
     }
   }
 }
@@ -265,11 +269,14 @@ Value get_item(const Value& object, const Value& key) {
     Value attr = get_attr(object, key.text);
     if (!attr.is_undefined()) return attr;
   }
-  if (key.is_string())
-    return Value::undefined(
-        "'" + (object.is_dict() ? std::string("dict object") : type_name(object) + " object") +
-        "' has no attribute '" + key.text + "'");
-  return Value::undefined("'" + type_name(object) + " object' has no element " + repr(key));
+  std::string message = "'";
+  if (key.is_string()) {
+    message.append(object.is_dict() ? std::string("dict") : type_name(object));
+    message.append(" object' has no attribute '").append(key.text) += "'";
+    return Value::undefined(message);
+  }
+  message.append(type_name(object)).append(" object' has no element ").append(repr(key));
+  return Value::undefined(message);
 }
 
 Value slice(const Value& object, const Value& start_v, const Value& stop_v, const Value& step_v) {

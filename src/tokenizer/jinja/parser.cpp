@@ -795,7 +795,7 @@ class Parser {
       if (!start_inline) advance();
       auto e = make(Expr::Kind::Filter, current().offset);
       e->name = expect_name();
-      while (skip_op(".")) e->name += "." + expect_name();
+      while (skip_op(".")) e->name.append(".").append(expect_name());
       if (is_op("(")) parse_call_args(e->args);
       if (node) e->items.push_back(std::move(node));
       node = std::move(e);
