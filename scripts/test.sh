@@ -14,7 +14,9 @@ export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
-ctest --test-dir build -LE gpu --output-on-failure -j "$jobs" --timeout 900
+# A test that fails is run once more before it counts (HttpServer's
+# 100-continue test has failed once under load; see docs/development.md).
+ctest --test-dir build -LE gpu --output-on-failure -j "$jobs" --timeout 900 --repeat until-pass:2
 
 if ls tests/fuzz/*.cmake >/dev/null 2>&1; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DMEGACTX_FUZZ=ON -DMEGACTX_CUDA=OFF \
