@@ -270,8 +270,8 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   } else if (tools.size() != body["tools"].size()) {  // a named tool_choice kept one tool
     nlohmann::ordered_json kept = nlohmann::ordered_json::array();
     for (const auto& tool : template_request["tools"])
-      if (tool.contains("function") && tool["function"].value("name", "") ==
-                                           tools[0]["function"].value("name", ""))
+      if (tool.contains("function") &&
+          tool["function"].value("name", "") == tools[0]["function"].value("name", ""))
         kept.push_back(tool);
     template_request["tools"] = std::move(kept);
   }
@@ -312,6 +312,13 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
     choice.request.rid = job->id + "-" + std::to_string(k);
     choice.request.input_ids = ids;
     choice.request.sampling = sampling.params;
+    // Reasoning and tool-call markers (<think>, <tool_call>, <arg_key>, ...) are
+    // special tokens in GLM and DeepSeek tokenizers and the output parser must see
+    // them, so chat keeps special tokens in the text unless the request says
+    // otherwise (as vLLM's GLM tool parser and SGLang do). Stop tokens never reach
+    // the text.
+    if (!has_field(body, "skip_special_tokens"))
+      choice.request.sampling.skip_special_tokens = false;
     choice.request.sampling.max_new_tokens = max_new;
     if (sampling.params.seed) choice.request.sampling.seed = *sampling.params.seed + k;
     choice.request.return_logprob = job->logprobs;

@@ -37,8 +37,8 @@ nlohmann::json openai_finish_reason(const GenerationOutput& output, bool made_to
       return nullptr;
     case FinishReason::Stop:
       return made_tool_calls ? "tool_calls" : "stop";
-    case FinishReason::Length:
-      return "length";
+    case FinishReason::Length:  // complete tool calls win, as in vLLM's OpenAI server
+      return made_tool_calls ? "tool_calls" : "length";
     case FinishReason::Abort:
     case FinishReason::Error:
       return "abort";
