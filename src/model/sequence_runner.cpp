@@ -6,6 +6,9 @@
 
 #include "core/error.h"
 #include "model/model_loader.h"
+#if MEGACTX_HAVE_CUDA
+#include "model/cuda_model.h"
+#endif
 
 namespace megactx {
 
@@ -26,7 +29,13 @@ SequenceRunner::SequenceRunner(LanguageModel& model, KvDType dtype, int64_t max_
                   num_pages);
     pages_ = std::move(page_order);
   }
+#if MEGACTX_HAVE_CUDA
+  // The CUDA model reads and writes device pools (not yet run on a GPU: issue 6).
+  cache_ = model.device() == Device::CUDA ? make_cuda_kv_cache(spec)
+                                          : std::make_unique<PagedKvCache>(spec);
+#else
   cache_ = std::make_unique<PagedKvCache>(spec);
+#endif
 }
 
 Tensor SequenceRunner::feed(std::span<const int32_t> tokens, bool all_logits, int64_t chunk) {
