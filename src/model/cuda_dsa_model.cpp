@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
+#include "model/batch_checks.h"
 
 namespace megactx {
 namespace cuda {
@@ -64,27 +65,7 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
     }
   }
   MEGACTX_CHECK(!batch.sequences.empty(), "forward: empty batch");
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceInput& in = batch.sequences[s];
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    MEGACTX_CHECK(n > 0, "sequence {}: no new tokens", s);
-    MEGACTX_CHECK(in.start_position >= 0, "sequence {}: negative start_position", s);
-    const int64_t pages_needed = (in.start_position + n + spec.page_size - 1) / spec.page_size;
-    MEGACTX_CHECK(static_cast<int64_t>(in.page_table.size()) >= pages_needed,
-                  "sequence {}: {} pages given, positions [0, {}) need {}", s, in.page_table.size(),
-                  in.start_position + n, pages_needed);
-    for (int64_t p = 0; p < pages_needed; ++p) {
-      MEGACTX_CHECK(in.page_table[p] >= 0 && in.page_table[p] < spec.num_pages,
-                    "sequence {}: page {} outside the cache's {} pages", s, in.page_table[p],
-                    spec.num_pages);
-    }
-    MEGACTX_CHECK(in.logits_from >= -1 && in.logits_from < n,
-                  "sequence {}: logits_from {} outside [-1, {})", s, in.logits_from, n);
-    for (int32_t token : in.tokens) {
-      MEGACTX_CHECK(token >= 0 && token < config_.vocab_size,
-                    "sequence {}: token id {} outside [0, {})", s, token, config_.vocab_size);
-    }
-  }
+  check_sequence_inputs(batch, spec, config_.vocab_size);
 }
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
