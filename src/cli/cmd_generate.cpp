@@ -43,14 +43,11 @@ std::vector<int32_t> generate_speculative(const GenerateOptions& options, Langua
                                           const std::vector<int32_t>& ids, KvDType kv_dtype) {
   auto* dsa = dynamic_cast<DsaModel*>(&model);
   MEGACTX_CHECK(dsa != nullptr, "--speculative-steps needs a DSA model");
-  MEGACTX_CHECK(options.spec_verify == "rejection" || options.spec_verify == "target-only",
-                "unknown --spec-verify '{}' (rejection or target-only)", options.spec_verify);
   const std::unique_ptr<MtpLayer> mtp = MtpLayer::load(*dsa, options.model_dir);
   SpeculativeOptions spec;
   spec.steps = options.speculative_steps;
   spec.share = !options.no_mtp_share;
-  spec.sampled_mode =
-      options.spec_verify == "rejection" ? VerifyMode::RejectionSampling : VerifyMode::TargetOnly;
+  spec.sampled_mode = parse_verify_mode(options.spec_verify);
   spec.kv_dtype = kv_dtype;
   const int64_t positions =
       static_cast<int64_t>(ids.size()) + options.max_new_tokens + spec.steps + 2;

@@ -1,6 +1,7 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
 //   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
+//   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 // Loads the model, starts the engine and the HTTP server (OpenAI + SGLang
 // native API), prints "megactx serving NAME at http://H:P" on stdout when
 // ready, and runs until SIGINT/SIGTERM.
@@ -43,6 +44,9 @@ struct ServeOptions {
   int io_threads = 2;
   int64_t max_request_bytes = 32ll << 20;
   int64_t max_connections = 8192;
+  int64_t speculative_steps = 0;
+  bool speculative_no_share = false;
+  std::string spec_verify = "rejection";
 };
 
 int run_serve(const ServeOptions& options) {
@@ -70,6 +74,10 @@ int run_serve(const ServeOptions& options) {
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   engine_config.context_length = options.context_length;
+  engine_config.speculative_steps = options.speculative_steps;
+  engine_config.speculative_share = !options.speculative_no_share;
+  engine_config.speculative_sampled_mode = parse_verify_mode(options.spec_verify);
+  engine_config.mtp_model_dir = options.model_dir;
   GenerationDefaults defaults = load_generation_defaults(options.model_dir, config.eos_token_ids);
   auto engine = Engine::create(engine_config, std::move(model), tokenizer, defaults);
 
@@ -86,7 +94,8 @@ int run_serve(const ServeOptions& options) {
                                {"kv_dtype", options.kv_dtype},
                                {"kv_memory", options.kv_memory},
                                {"max_running_requests", options.max_running_requests},
-                               {"max_prefill_tokens", options.max_prefill_tokens}};
+                               {"max_prefill_tokens", options.max_prefill_tokens},
+                               {"speculative_steps", options.speculative_steps}};
   server::ServerState state(*engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -158,6 +167,14 @@ CommandRegistration registration{
       command
           .add_option("--max-connections", options->max_connections,
                       "Open connections beyond this get 503")
+          ->capture_default_str();
+      command
+          .add_option("--speculative-steps", options->speculative_steps,
+                      "MTP draft tokens per verification (0: off, 1..7)")
+          ->capture_default_str();
+      command.add_flag("--speculative-no-share", options->speculative_no_share,
+                       "MTP draft steps without IndexShare/KVShare (ablation)");
+      command.add_option("--spec-verify", options->spec_verify, "rejection|target-only")
           ->capture_default_str();
       return [options] { return run_serve(*options); };
     }};

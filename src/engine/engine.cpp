@@ -18,11 +18,6 @@ bool contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-bool uses_penalties(const SamplingParams& params) {
-  return params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 ||
-         params.presence_penalty != 0.0;
-}
-
 }  // namespace
 
 std::unique_ptr<Engine> Engine::create(EngineConfig config, std::unique_ptr<LanguageModel> model,
@@ -47,6 +42,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   const ModelConfig& model_config = model_->config();
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
+  if (config_.speculative_steps > 0) load_mtp_layer();
   capacity_ = plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes,
                                config_.page_size, config_.speculative_steps > 0);
   capacity_.spec.device = model_->device();
@@ -216,7 +212,22 @@ int64_t Engine::num_preemptions() const {
 
 void Engine::check_integrity() const {
   std::lock_guard lock(engine_mutex_);
+  check_integrity_locked();
+}
+
+void Engine::check_integrity_locked() const {
   scheduler_->check_integrity();
+  for (const auto& [rid, request] : requests_) {
+    // Drafts live only inside a step.
+    MEGACTX_CHECK(request->num_draft_tokens == 0, "integrity: request {} holds {} drafts", rid,
+                  request->num_draft_tokens);
+    // A decoding request that may speculate has step 0 of its last computed row.
+    MEGACTX_CHECK(!mtp_ || request->phase != RequestPhase::Running ||
+                      request->num_computed != static_cast<int64_t>(request->tokens.size()) - 1 ||
+                      request->spec.draft.row == request->num_computed - 1,
+                  "integrity: request {} has MTP state of row {} with {} computed", rid,
+                  request->spec.draft.row, request->num_computed);
+  }
   MEGACTX_CHECK(requests_.size() == scheduler_->running().size() + scheduler_->waiting().size(),
                 "integrity: {} live requests but {} running + {} waiting", requests_.size(),
                 scheduler_->running().size(), scheduler_->waiting().size());
@@ -255,7 +266,9 @@ bool Engine::step_locked() {
   try {
     process_commands();
     if (!scheduler_->running().empty() || !scheduler_->waiting().empty()) {
+      if (mtp_) append_draft_slots();
       scheduler_->schedule(plan_);
+      if (mtp_) drop_unscheduled_drafts();
       if (!plan_.empty()) {
         run_plan();
         worked = true;
@@ -271,9 +284,7 @@ bool Engine::step_locked() {
     worked = true;
   }
   deliver_updates();
-  if (config_.check_integrity_every_step) {
-    scheduler_->check_integrity();
-  }
+  if (config_.check_integrity_every_step) check_integrity_locked();
   update_stats();
   return worked || !requests_.empty();
 }
@@ -357,8 +368,10 @@ RequestUpdate& Engine::update_of(RequestState& request) {
 }
 
 void Engine::run_plan() {
+  if (mtp_) draft_for_plan();
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
+  batch_.want_hidden_states = mtp_ != nullptr;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;
@@ -370,19 +383,26 @@ void Engine::run_plan() {
     input.logits_from = chunk.logits_from;
   }
   ForwardOutput output = model_->forward(batch_, *cache_);
+  collect_outputs(output.logits);
+  // The MTP layer writes its entries of this step's rows before commit()
+  // shares newly full pages, so no request ever writes into a shared page.
+  if (mtp_) refill_mtp(output.hidden_states);
   scheduler_->commit(plan_);
-  process_outputs(output.logits);
+  apply_outputs();
 }
 
-void Engine::process_outputs(const Tensor& logits) {
+void Engine::collect_outputs(const Tensor& logits) {
   sampling_rows_.clear();
   sampling_requests_.clear();
   logprob_queries_.clear();
   logprob_requests_.clear();
-  std::vector<RequestState*> scored_through_prompt;
+  scoring_done_.clear();
+  scored_through_prompt_.clear();
+  verifying_.clear();
   int64_t row = 0;
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
+    request.spec.sample_index = -1;
     const int64_t rows = chunk.logits_from >= 0 ? chunk.count - chunk.logits_from : 1;
     const int64_t first_position =
         chunk.logits_from >= 0 ? chunk.start + chunk.logits_from : chunk.start + chunk.count - 1;
@@ -398,9 +418,12 @@ void Engine::process_outputs(const Tensor& logits) {
                                                 request.request.top_logprobs_num});
         logprob_requests_.push_back(&request);
       }
-      if (end >= request.prompt_len) scored_through_prompt.push_back(&request);
+      if (end >= request.prompt_len) scored_through_prompt_.push_back(&request);
     }
-    if (chunk.samples) {
+    if (request.spec.verifying) {
+      verify_chunk(request, logits, row);
+      verifying_.push_back(&request);
+    } else if (chunk.samples) {
       SamplingRow sampling_row;
       sampling_row.logits_row = row + rows - 1;
       sampling_row.params = &request.request.sampling;
@@ -415,12 +438,13 @@ void Engine::process_outputs(const Tensor& logits) {
       sampling_row.want_logprob = request.request.return_logprob;
       sampling_row.top_logprobs =
           request.request.return_logprob ? request.request.top_logprobs_num : 0;
+      request.spec.sample_index = static_cast<int64_t>(sampling_rows_.size());
       sampling_rows_.push_back(sampling_row);
       sampling_requests_.push_back(&request);
     } else if (end == static_cast<int64_t>(request.tokens.size()) &&
                request.num_generated() >= request.request.sampling.max_new_tokens) {
       // Scoring (max_new_tokens 0): the prefill was all it asked for.
-      finish(request, FinishReason::Length);
+      scoring_done_.push_back(&request);
     }
     row += rows;
   }
@@ -431,7 +455,13 @@ void Engine::process_outputs(const Tensor& logits) {
       logprob_requests_[i]->input_logprobs.push_back(std::move(logprob_results_[i]));
     }
   }
-  for (RequestState* request : scored_through_prompt) {
+  samples_.resize(sampling_rows_.size());
+  if (!sampling_rows_.empty()) sampler_->sample(logits, sampling_rows_, samples_);
+}
+
+void Engine::apply_outputs() {
+  for (RequestState* request : scoring_done_) finish(*request, FinishReason::Length);
+  for (RequestState* request : scored_through_prompt_) {
     // The first prompt token has no logprob (nothing precedes it): NaN, which
     // the HTTP layer writes as null like SGLang.
     RequestUpdate& update = update_of(*request);
@@ -445,13 +475,10 @@ void Engine::process_outputs(const Tensor& logits) {
     request->input_logprobs.clear();
     request->input_logprobs_done = true;
   }
-  if (!sampling_rows_.empty()) {
-    samples_.resize(sampling_rows_.size());
-    sampler_->sample(logits, sampling_rows_, samples_);
-    for (size_t i = 0; i < sampling_rows_.size(); ++i) {
-      append_token(*sampling_requests_[i], samples_[i]);
-    }
+  for (size_t i = 0; i < sampling_rows_.size(); ++i) {
+    append_token(*sampling_requests_[i], samples_[i]);
   }
+  for (RequestState* request : verifying_) apply_verification(*request);
 }
 
 void Engine::append_token(RequestState& request, const SampleResult& sample) {
@@ -494,6 +521,7 @@ void Engine::append_token(RequestState& request, const SampleResult& sample) {
 void Engine::finish(RequestState& request, FinishReason reason, std::string detail,
                     bool release_held_text) {
   if (request.phase == RequestPhase::Finished) return;
+  drop_drafts(request);  // a failed step can leave them
   RequestUpdate& update = update_of(request);
   if (release_held_text) {
     // Nothing stops the text now: release what was held back.
@@ -521,6 +549,9 @@ void Engine::deliver_updates() {
     update.prompt_tokens = request->prompt_len;
     update.completion_tokens = request->num_generated();
     update.cached_tokens = request->cached_tokens;
+    update.spec_verify_ct = request->spec.verify_count;
+    update.spec_draft_token_num = request->spec.draft_tokens;
+    update.spec_accept_token_num = request->spec.accepted_tokens;
     request->has_update = false;
     if (update.finish != FinishReason::None) {
       std::lock_guard lock(inbox_mutex_);
@@ -551,6 +582,8 @@ void Engine::update_stats() {
   stats.kv_page_size = config_.page_size;
   stats.prefix_cache_pages = prefix_cache_->cached_pages();
   stats.preemptions = scheduler_->num_preemptions();
+  stats.spec_accepted_tokens = spec_accepted_total_;
+  stats.spec_verify_steps = spec_verify_total_;
   std::lock_guard lock(stats_mutex_);
   stats_ = stats;
 }

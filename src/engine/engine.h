@@ -25,6 +25,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/language_model.h"
+#include "model/mtp_layer.h"
 
 namespace megactx {
 
@@ -80,14 +81,37 @@ class Engine : public EngineApi {
   void process_commands();
   void start_request(Submit submit);
   void abort_request(RequestState& request);
+  void check_integrity_locked() const;
   void run_plan();
-  void process_outputs(const Tensor& logits);
+  // After the forward: input logprobs, samples and verification results of
+  // every chunk (no request changes yet).
+  void collect_outputs(const Tensor& logits);
+  // After commit: tokens appended (or drafts accepted), stops, finishes.
+  void apply_outputs();
   void append_token(RequestState& request, const SampleResult& sample);
   // Ends a request: last update, pages back (full ones stay in the prefix
   // cache). Text held back for stop strings is released unless a stop string matched.
   void finish(RequestState& request, FinishReason reason, std::string detail = {},
               bool release_held_text = true);
   void deliver_updates();
+
+  // ---- MTP speculative decoding (engine_speculation.cpp) ----
+  void load_mtp_layer();
+  // Drafts this request may verify in the coming step (0: plain decode).
+  int64_t draft_count(const RequestState& request) const;
+  // Before scheduling: k placeholder drafts on every request that speculates
+  // (the scheduler reserves pages for 1 + k tokens).
+  void append_draft_slots();
+  // After scheduling: drafts of requests the step does not run are dropped.
+  void drop_unscheduled_drafts();
+  static void drop_drafts(RequestState& request);
+  // Runs the MTP draft steps and writes the drafts into the tokens.
+  void draft_for_plan();
+  void verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row);
+  // MTP step 0 over every chunk's rows whose next token is known.
+  void refill_mtp(const Tensor& hidden_states);
+  // Rolls back the rejected drafts and emits the accepted ones + 1.
+  void apply_verification(RequestState& request);
   void update_stats();
   RequestUpdate& update_of(RequestState& request);
 
@@ -118,6 +142,13 @@ class Engine : public EngineApi {
   std::vector<RequestState*> logprob_requests_;
   std::vector<TokenLogprob> logprob_results_;
   uint64_t next_arrival_ = 0;
+  std::vector<RequestState*> scoring_done_;           // scoring requests ending this step
+  std::vector<RequestState*> scored_through_prompt_;  // input logprobs complete this step
+  std::vector<RequestState*> verifying_;              // verification chunks of this step
+  std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
+  std::vector<MtpDraftRequest> draft_requests_;
+  int64_t spec_accepted_total_ = 0;
+  int64_t spec_verify_total_ = 0;
 
   // ---- shared with other threads (inbox_mutex_) ----
   mutable std::mutex inbox_mutex_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "engine/rejection_sampler.h"
 
 namespace megactx {
 
@@ -27,6 +28,12 @@ struct EngineConfig {
   // steps append 1 + k tokens per request and roll back; the scheduler
   // reserves pages for them.
   int64_t speculative_steps = 0;
+  // IndexShare + KVShare across draft steps (false: the ablation).
+  bool speculative_share = true;
+  // Verification of sampled requests (greedy ones are always verified exactly).
+  VerifyMode speculative_sampled_mode = VerifyMode::RejectionSampling;
+  // Checkpoint holding the MTP layer's weights (the model's directory).
+  std::string mtp_model_dir;
   bool enable_prefix_cache = true;
   // Start the engine thread. Tests leave it off and drive step() themselves.
   bool run_thread = true;

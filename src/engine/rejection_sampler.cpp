@@ -16,6 +16,12 @@ void check_shapes(size_t p_rows, size_t q_rows, size_t drafts) {
 
 }  // namespace
 
+VerifyMode parse_verify_mode(const std::string& name) {
+  if (name == "rejection") return VerifyMode::RejectionSampling;
+  if (name == "target-only") return VerifyMode::TargetOnly;
+  fail("unknown --spec-verify '{}' (rejection or target-only)", name);
+}
+
 int32_t draw_from(std::span<const float> weights, double u) {
   double total = 0.0;
   for (const float w : weights) total += std::max(w, 0.0f);

@@ -20,11 +20,16 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace megactx {
 
 enum class VerifyMode : uint8_t { Greedy, RejectionSampling, TargetOnly };
+
+// "rejection" | "target-only" (how sampled requests are verified); anything
+// else is an Error.
+VerifyMode parse_verify_mode(const std::string& name);
 
 struct VerifyResult {
   int64_t accepted = 0;         // drafts accepted (0..k)

@@ -8,13 +8,38 @@
 #include <vector>
 
 #include "cache/prefix_cache.h"
+#include "engine/mtp_drafter.h"
 #include "engine/request.h"
+#include "engine/sampler.h"
 #include "engine/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx {
 
 enum class RequestPhase : uint8_t { Waiting, Running, Finished };
+
+// Penalties change the logits token by token from the output so far.
+inline bool uses_penalties(const SamplingParams& params) {
+  return params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 ||
+         params.presence_penalty != 0.0;
+}
+
+// MTP speculative decoding state of one request (engine_speculation.cpp).
+struct SpeculationState {
+  MtpDraftState draft;  // step 0 of the MTP layer at the latest computed row
+  uint64_t draws = 0;   // uniforms used so far by sampled drafts and verification
+  // Totals reported as spec_verify_ct / spec_draft_token_num / spec_accept_token_num.
+  int64_t verify_count = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  // ---- this step ----
+  bool verifying = false;             // scheduled as [x_m, d_1..d_k]
+  int64_t verify_start = 0;           // m
+  std::vector<std::vector<float>> q;  // [k][V] draft distributions (empty rows: greedy)
+  VerifyResult result;                // accepted drafts + one target token
+  std::vector<SampleResult> emitted;  // result.tokens with their logprobs
+  int64_t sample_index = -1;          // row of Engine::samples_ (plain sampling), else -1
+};
 
 struct RequestState {
   GenerationRequest request;
@@ -50,7 +75,8 @@ struct RequestState {
   bool admitted_once = false;
   bool input_logprobs_done = false;
   std::vector<TokenLogprob> input_logprobs;  // collected over prefill chunks
-  RequestUpdate update;                      // what this step produced
+  SpeculationState spec;
+  RequestUpdate update;  // what this step produced
   bool has_update = false;
 
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }

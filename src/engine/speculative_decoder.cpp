@@ -1,7 +1,6 @@
 #include "engine/speculative_decoder.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 #include "engine/cpu_sampler.h"
@@ -40,14 +39,9 @@ double SpeculativeDecoder::uniform(Sequence& s) {
   return std::generate_canonical<double, 53>(s.rng);
 }
 
-std::vector<float> SpeculativeDecoder::distribution(const Sequence& s,
-                                                    std::span<const float> logits) const {
-  return sampling_distribution(s.params, logits);
-}
-
 int32_t SpeculativeDecoder::sample(Sequence& s, std::span<const float> logits) {
   if (greedy(s)) return argmax(logits);
-  return draw_from(distribution(s, logits), uniform(s));
+  return draw_from(sampling_distribution(s.params, logits), uniform(s));
 }
 
 void SpeculativeDecoder::ensure_pages(Sequence& s, int64_t positions) {
@@ -110,41 +104,11 @@ int64_t SpeculativeDecoder::add(std::span<const int32_t> prompt, const SamplingP
     // MTP prefill: rows 0..n-1 read (token_{t+1}, h_t).
     std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
     next.push_back(first);
-    const int64_t H = target_.config().hidden_size;
-    std::vector<float> hidden(out.hidden_states.data<float>(),
-                              out.hidden_states.data<float>() + n * H);
-    const std::vector<int64_t> ids{id}, starts{0};
-    refill(ids, std::span<const std::vector<float>>(&hidden, 1), starts,
-           std::span<const std::vector<int32_t>>(&next, 1));
+    const MtpRefill refill{&added.draft, 0, added.pages, next, out.hidden_states.data<float>()};
+    run_mtp_refill(*mtp_, *cache_, std::span<const MtpRefill>(&refill, 1));
   }
   emit(added, std::span<const int32_t>(&first, 1));
   return id;
-}
-
-void SpeculativeDecoder::refill(std::span<const int64_t> ids,
-                                std::span<const std::vector<float>> hidden,
-                                std::span<const int64_t> starts,
-                                std::span<const std::vector<int32_t>> next) {
-  std::vector<MtpLayer::Rows> rows(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Sequence& s = sequences_[ids[i]];
-    rows[i].start = starts[i];
-    rows[i].count = static_cast<int64_t>(next[i].size());
-    rows[i].pages = s.pages;
-    rows[i].next_tokens = next[i];
-    rows[i].hidden = hidden[i].data();
-    rows[i].target_hidden = true;
-  }
-  const MtpLayer::Output out = mtp_->run(rows, *cache_);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Sequence& s = sequences_[ids[i]];
-    const auto logits = row_of(out.logits, static_cast<int64_t>(i));
-    const auto hand = row_of(out.hand_off, static_cast<int64_t>(i));
-    s.draft_logits.assign(logits.begin(), logits.end());
-    s.hand_off.assign(hand.begin(), hand.end());
-    s.topk = out.last_topk[i];
-    s.topk_count = out.last_count[i];
-  }
 }
 
 bool SpeculativeDecoder::plain_step(std::span<const int64_t> ids) {
@@ -176,48 +140,19 @@ bool SpeculativeDecoder::step() {
   const int64_t k = options_.steps;
   const int64_t H = target_.config().hidden_size;
   const size_t n = ids.size();
-  // drafts[i]: [k] tokens; q[i]: [k] distributions (empty when greedy).
-  std::vector<std::vector<int32_t>> drafts(n);
-  std::vector<std::vector<std::vector<float>>> q(n);
-  std::vector<std::vector<float>> hand(n);
+  std::vector<MtpDraftRequest> drafts(n);
   for (size_t i = 0; i < n; ++i) {
     Sequence& s = sequences_[ids[i]];
     ensure_pages(s, s.cached + k + 1);
-    std::vector<float> qi = greedy(s) ? std::vector<float>{} : distribution(s, s.draft_logits);
-    drafts[i].push_back(greedy(s) ? argmax(s.draft_logits) : draw_from(qi, uniform(s)));
-    q[i].push_back(std::move(qi));
-    hand[i] = s.hand_off;
+    MtpDraftRequest& d = drafts[i];
+    d.state = &s.draft;
+    d.pages = s.pages;
+    d.cached = s.cached;
+    d.steps = k;
+    d.params = &s.params;
+    d.uniform = [&s, this] { return uniform(s); };
   }
-  // Draft steps 1..k-1, one row per sequence at position cached - 1 + j.
-  for (int64_t j = 1; j < k; ++j) {
-    std::vector<MtpLayer::Rows> rows(n);
-    for (size_t i = 0; i < n; ++i) {
-      const Sequence& s = sequences_[ids[i]];
-      MtpLayer::Rows& r = rows[i];
-      r.start = s.cached - 1 + j;
-      r.count = 1;
-      r.pages = s.pages;
-      r.next_tokens = std::span<const int32_t>(&drafts[i].back(), 1);
-      r.hidden = hand[i].data();
-      r.target_hidden = false;
-      if (options_.share) {
-        r.shared = true;
-        r.shared_context = s.cached;
-        r.shared_topk = s.topk;
-        r.shared_count = s.topk_count;
-      }
-    }
-    const MtpLayer::Output out = mtp_->run(rows, *cache_);
-    for (size_t i = 0; i < n; ++i) {
-      Sequence& s = sequences_[ids[i]];
-      const auto logits = row_of(out.logits, static_cast<int64_t>(i));
-      const auto h = row_of(out.hand_off, static_cast<int64_t>(i));
-      hand[i].assign(h.begin(), h.end());
-      std::vector<float> qi = greedy(s) ? std::vector<float>{} : distribution(s, logits);
-      drafts[i].push_back(greedy(s) ? argmax(logits) : draw_from(qi, uniform(s)));
-      q[i].push_back(std::move(qi));
-    }
-  }
+  run_mtp_drafts(*mtp_, *cache_, options_.share, drafts);
 
   // Verification: one target forward over [x_m, d_1..d_k] per sequence.
   std::vector<std::vector<int32_t>> verify_tokens(n);
@@ -226,30 +161,22 @@ bool SpeculativeDecoder::step() {
   for (size_t i = 0; i < n; ++i) {
     const Sequence& s = sequences_[ids[i]];
     verify_tokens[i].push_back(s.tokens.back());
-    verify_tokens[i].insert(verify_tokens[i].end(), drafts[i].begin(), drafts[i].end());
+    verify_tokens[i].insert(verify_tokens[i].end(), drafts[i].drafts.begin(),
+                            drafts[i].drafts.end());
     batch.sequences.push_back(SequenceInput{verify_tokens[i], s.cached, s.pages, 0});
   }
   const ForwardOutput out = target_.forward(batch, *cache_);
 
-  std::vector<int64_t> refill_ids, starts;
-  std::vector<std::vector<float>> hidden;
-  std::vector<std::vector<int32_t>> next;
+  std::vector<MtpRefill> refills;
+  std::vector<std::vector<int32_t>> next(n);
   for (size_t i = 0; i < n; ++i) {
     Sequence& s = sequences_[ids[i]];
     const int64_t base = static_cast<int64_t>(i) * (k + 1);  // rows of this sequence
-    VerifyResult result;
-    if (greedy(s)) {
-      std::vector<std::span<const float>> logits;
-      for (int64_t r = 0; r <= k; ++r) logits.push_back(row_of(out.logits, base + r));
-      result = verify_greedy(logits, drafts[i]);
-    } else {
-      std::vector<std::vector<float>> p;
-      for (int64_t r = 0; r <= k; ++r) p.push_back(distribution(s, row_of(out.logits, base + r)));
-      const auto u = [&s, this] { return uniform(s); };
-      result = options_.sampled_mode == VerifyMode::TargetOnly
-                   ? verify_target_only(p, drafts[i], u)
-                   : verify_rejection(p, q[i], drafts[i], u);
-    }
+    std::vector<std::span<const float>> logits;
+    for (int64_t r = 0; r <= k; ++r) logits.push_back(row_of(out.logits, base + r));
+    const VerifyResult result =
+        verify_drafts(s.params, options_.sampled_mode, logits, drafts[i].drafts, drafts[i].q,
+                      [&s, this] { return uniform(s); });
     const int64_t a = result.accepted;
     s.stats.verify_count += 1;
     s.stats.draft_tokens += k;
@@ -261,13 +188,11 @@ bool SpeculativeDecoder::step() {
     emit(s, result.tokens);
     if (s.finished) continue;
     // Refill rows m..m+a of the MTP cache from the target's hidden states.
-    refill_ids.push_back(ids[i]);
-    starts.push_back(start);
-    next.push_back(result.tokens);  // [d_1..d_a, x']
-    const float* h = out.hidden_states.data<float>() + base * H;
-    hidden.emplace_back(h, h + (a + 1) * H);
+    next[i] = result.tokens;  // [d_1..d_a, x']
+    refills.push_back(
+        MtpRefill{&s.draft, start, s.pages, next[i], out.hidden_states.data<float>() + base * H});
   }
-  if (!refill_ids.empty()) refill(refill_ids, hidden, starts, next);
+  run_mtp_refill(*mtp_, *cache_, refills);
   return true;
 }
 
@@ -301,13 +226,15 @@ void SpeculativeDecoder::check_integrity() const {
                     "sequence {}: {} cached positions for {} tokens (the last is not cached)", i,
                     s.cached, s.tokens.size());
       if (mtp_ && options_.steps > 0) {
-        MEGACTX_CHECK(static_cast<int64_t>(s.topk.size()) == target_.index_topk() &&
-                          s.topk_count > 0 && s.topk_count <= s.cached,
-                      "sequence {}: MTP step-0 top-k has {} valid of {} cached", i, s.topk_count,
-                      s.cached);
-        for (int64_t j = 0; j < s.topk_count; ++j) {
-          MEGACTX_CHECK(s.topk[j] >= 0 && s.topk[j] < s.cached,
-                        "sequence {}: MTP top-k position {} outside the {} cached", i, s.topk[j],
+        const MtpDraftState& d = s.draft;
+        MEGACTX_CHECK(d.row == s.cached - 1 &&
+                          static_cast<int64_t>(d.topk.size()) == target_.index_topk() &&
+                          d.topk_count > 0 && d.topk_count <= s.cached,
+                      "sequence {}: MTP step 0 of row {} has {} valid top-k of {} cached", i, d.row,
+                      d.topk_count, s.cached);
+        for (int64_t j = 0; j < d.topk_count; ++j) {
+          MEGACTX_CHECK(d.topk[j] >= 0 && d.topk[j] < s.cached,
+                        "sequence {}: MTP top-k position {} outside the {} cached", i, d.topk[j],
                         s.cached);
         }
       }

@@ -31,6 +31,7 @@
 
 #include "cache/kv_cache.h"
 #include "cache/page_allocator.h"
+#include "engine/mtp_drafter.h"
 #include "engine/rejection_sampler.h"
 #include "engine/request.h"
 #include "model/mtp_layer.h"
@@ -98,10 +99,7 @@ class SpeculativeDecoder {
     bool released = false;
     SpeculativeStats stats;
     // Step 0 of the next round (row cached - 1): d_1's logits, hand-off, top-k.
-    std::vector<float> draft_logits;
-    std::vector<float> hand_off;
-    std::vector<int32_t> topk;
-    int64_t topk_count = 0;
+    MtpDraftState draft;
   };
 
   void ensure_pages(Sequence& s, int64_t positions);
@@ -109,10 +107,7 @@ class SpeculativeDecoder {
   bool greedy(const Sequence& s) const;
   double uniform(Sequence& s);
   int32_t sample(Sequence& s, std::span<const float> logits);
-  std::vector<float> distribution(const Sequence& s, std::span<const float> logits) const;
   void emit(Sequence& s, std::span<const int32_t> tokens);
-  void refill(std::span<const int64_t> ids, std::span<const std::vector<float>> hidden,
-              std::span<const int64_t> starts, std::span<const std::vector<int32_t>> next);
   bool plain_step(std::span<const int64_t> ids);
 
   DsaModel& target_;

@@ -1,0 +1,249 @@
+// MTP speculative decoding inside the serving engine (issue 8).
+//
+// A step of a speculating request (m = tokens in its cache, x_m = its last
+// token, not cached yet):
+//   1. append_draft_slots(): k placeholder tokens after x_m
+//      (num_draft_tokens = k), so the scheduler plans [x_m, d_1..d_k] as one
+//      decode chunk and reserves its pages; requests the step does not run
+//      (preempted, or not reached) drop them again.
+//   2. draft_for_plan(): d_1 from the MTP output of row m - 1 (the previous
+//      refill), d_2..d_k from draft steps batched over every speculating
+//      request (mtp_drafter.h); the drafts overwrite the placeholders.
+//   3. one target forward for the whole step (mixed with other requests'
+//      prefill chunks and plain decodes), logits of all 1 + k rows, hidden
+//      states of every row.
+//   4. verify_chunk(): greedy (exact) or rejection sampling with the same
+//      transform of p and q; the emitted tokens get their logprobs from the
+//      raw logits rows like plain sampling.
+//   5. refill_mtp(): MTP step 0 over each chunk's rows whose next token is
+//      known (the accepted rows m..m+a of a verification; every row of a
+//      prefill chunk, the last one with the sampled token), before commit()
+//      shares newly full pages.
+//   6. apply_verification(): Scheduler::truncate() drops the rejected
+//      drafts (their KV and pages), then the accepted drafts and the
+//      corrected/bonus token go through append_token() one by one, so eos,
+//      stop ids, stop strings and max_new_tokens end the run mid-way exactly
+//      as in plain decoding.
+//
+// Requests with repetition/frequency/presence penalties decode one token per
+// step (the penalties change the logits with every emitted token), and so do
+// requests below min_new_tokens (eos and stop ids are masked token by token):
+// both keep refilling the MTP layer so they can speculate later.
+//
+// Prefix cache: the MTP entry of row t depends on token t + 1, which a
+// shared page's key does not contain, so the last row of a shared prefix may
+// hold the entry another request computed for a different following token
+// (prefix pages inserted twice keep the tree's copy: PrefixCache::insert).
+// Shortening the reused prefix by a page would not avoid this, because the
+// recomputed page is swapped for the tree's copy when it is inserted. We
+// reuse the full match and never write into a shared page instead (refills
+// run before commit, on rows >= num_computed, which are private). Such an
+// entry is one key of the MTP layer's attention: it can only lower the
+// acceptance rate. The output never depends on the drafts: greedy
+// verification is exact and rejection sampling is lossless for any q.
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/dsa_model.h"
+
+namespace megactx {
+namespace {
+
+// Sampled drafts and verification draw from their own stream per request,
+// independent of the plain sampler's sampling_uniform(seed, token index).
+constexpr uint64_t kSpeculationSeedSalt = 0x6D74705F73706563ull;  // "mtp_spec"
+
+std::span<const float> logits_row(const Tensor& logits, int64_t row) {
+  const int64_t vocab = logits.dim(1);
+  return {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)};
+}
+
+}  // namespace
+
+void Engine::load_mtp_layer() {
+  MEGACTX_CHECK(config_.speculative_steps <= 7, "--speculative-steps must be in [0, 7], got {}",
+                config_.speculative_steps);
+  auto* dsa = dynamic_cast<DsaModel*>(model_.get());
+  MEGACTX_CHECK(dsa != nullptr && dsa->device() == Device::CPU,
+                "--speculative-steps needs the CPU model: the MTP layer runs on the CPU backend "
+                "only (use --device cpu or --speculative-steps 0)");
+  MEGACTX_CHECK(model_->config().num_nextn_predict_layers > 0,
+                "--speculative-steps needs an MTP layer; the model has none "
+                "(num_nextn_predict_layers = 0)");
+  MEGACTX_CHECK(!config_.mtp_model_dir.empty(),
+                "speculative decoding needs EngineConfig::mtp_model_dir (the checkpoint)");
+  MEGACTX_CHECK(config_.speculative_sampled_mode != VerifyMode::Greedy,
+                "speculative_sampled_mode must be RejectionSampling or TargetOnly");
+  mtp_ = MtpLayer::load(*dsa, config_.mtp_model_dir);
+}
+
+int64_t Engine::draft_count(const RequestState& request) const {
+  const SamplingParams& sampling = request.request.sampling;
+  const auto size = static_cast<int64_t>(request.tokens.size());
+  if (request.phase != RequestPhase::Running || request.num_computed != size - 1 ||
+      request.spec.draft.row != request.num_computed - 1) {
+    return 0;  // not decoding, or no MTP output for the last computed row
+  }
+  if (uses_penalties(sampling)) return 0;
+  const int64_t generated = request.num_generated();
+  if (generated < sampling.min_new_tokens) return 0;
+  // No drafts past max_new_tokens (a verification emits up to k + 1) or the
+  // context/KV capacity (the drafts occupy positions).
+  const int64_t k = std::min({config_.speculative_steps, sampling.max_new_tokens - generated - 1,
+                              request.max_total_tokens - size});
+  return std::max<int64_t>(k, 0);
+}
+
+void Engine::append_draft_slots() {
+  for (RequestState* request : scheduler_->running()) {
+    request->spec.verifying = false;
+    const int64_t k = draft_count(*request);
+    if (k == 0) continue;
+    request->tokens.insert(request->tokens.end(), static_cast<size_t>(k), request->tokens.back());
+    request->num_draft_tokens = k;
+  }
+}
+
+void Engine::drop_drafts(RequestState& request) {
+  if (request.num_draft_tokens == 0) return;
+  request.tokens.resize(request.tokens.size() - static_cast<size_t>(request.num_draft_tokens));
+  request.num_draft_tokens = 0;
+  request.spec.verifying = false;
+}
+
+void Engine::drop_unscheduled_drafts() {
+  for (const ScheduledChunk& chunk : plan_.chunks) {
+    RequestState& request = *chunk.request;
+    request.spec.verifying = request.num_draft_tokens > 0;
+    if (request.spec.verifying) {
+      MEGACTX_CHECK(chunk.count == 1 + request.num_draft_tokens &&
+                        chunk.start + chunk.count == static_cast<int64_t>(request.tokens.size()),
+                    "request {}: verification chunk of {} tokens at {} for {} drafts",
+                    request.request.rid, chunk.count, chunk.start, request.num_draft_tokens);
+    }
+  }
+  for (auto& [rid, request] : requests_) {
+    if (!request->spec.verifying) drop_drafts(*request);
+  }
+}
+
+void Engine::draft_for_plan() {
+  draft_requests_.clear();
+  for (ScheduledChunk& chunk : plan_.chunks) {
+    RequestState& request = *chunk.request;
+    if (!request.spec.verifying) continue;
+    chunk.logits_from = 0;  // logits of x_m and of every draft
+    request.spec.verify_start = chunk.start;
+    MtpDraftRequest draft;
+    draft.state = &request.spec.draft;
+    draft.pages = request.page_table;
+    draft.cached = chunk.start;
+    draft.steps = request.num_draft_tokens;
+    draft.params = &request.request.sampling;
+    draft.uniform = [&request] {
+      return sampling_uniform(request.seed ^ kSpeculationSeedSalt, request.spec.draws++);
+    };
+    draft_requests_.push_back(std::move(draft));
+  }
+  if (draft_requests_.empty()) return;
+  run_mtp_drafts(*mtp_, *cache_, config_.speculative_share, draft_requests_);
+  size_t next = 0;
+  for (const ScheduledChunk& chunk : plan_.chunks) {
+    RequestState& request = *chunk.request;
+    if (!request.spec.verifying) continue;
+    MtpDraftRequest& draft = draft_requests_[next++];
+    std::copy(draft.drafts.begin(), draft.drafts.end(), request.tokens.begin() + chunk.start + 1);
+    request.spec.q = std::move(draft.q);
+  }
+}
+
+void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
+  SpeculationState& spec = request.spec;
+  const int64_t k = request.num_draft_tokens;
+  std::vector<std::span<const float>> rows;
+  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(logits, first_row + r));
+  const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
+                                        static_cast<size_t>(k));
+  spec.result = verify_drafts(
+      request.request.sampling, config_.speculative_sampled_mode, rows, drafts, spec.q, [&request] {
+        return sampling_uniform(request.seed ^ kSpeculationSeedSalt, request.spec.draws++);
+      });
+  // Emitted token i comes from row i; logprobs of the raw logits as the
+  // plain sampler reports them.
+  const size_t emitted = spec.result.tokens.size();
+  spec.emitted.assign(emitted, SampleResult{});
+  std::vector<LogprobQuery> queries;
+  for (size_t i = 0; i < emitted; ++i) {
+    spec.emitted[i].token = spec.result.tokens[i];
+    queries.push_back(LogprobQuery{first_row + static_cast<int64_t>(i), spec.result.tokens[i],
+                                   request.request.top_logprobs_num});
+  }
+  if (request.request.return_logprob) {
+    std::vector<TokenLogprob> results(emitted);
+    sampler_->score(logits, queries, results);
+    for (size_t i = 0; i < emitted; ++i) {
+      spec.emitted[i].logprob = results[i].logprob;
+      spec.emitted[i].top = std::move(results[i].top);
+    }
+  }
+}
+
+void Engine::refill_mtp(const Tensor& hidden_states) {
+  const int64_t H = mtp_->hidden_size();
+  std::vector<std::vector<int32_t>> next(plan_.chunks.size());
+  std::vector<MtpRefill> refills;
+  int64_t hidden_row = 0;  // hidden_states rows: every new token, chunk by chunk
+  for (size_t c = 0; c < plan_.chunks.size(); ++c) {
+    const ScheduledChunk& chunk = plan_.chunks[c];
+    RequestState& request = *chunk.request;
+    const int64_t end = chunk.start + chunk.count;
+    std::vector<int32_t>& tokens = next[c];
+    const auto known = [&](int64_t from, int64_t to) {
+      tokens.assign(request.tokens.begin() + from, request.tokens.begin() + to);
+    };
+    if (request.spec.verifying) {
+      tokens = request.spec.result.tokens;  // rows m..m+a read d_1..d_a, x'
+    } else if (request.spec.sample_index >= 0) {
+      known(chunk.start + 1, end);
+      tokens.push_back(samples_[static_cast<size_t>(request.spec.sample_index)].token);
+    } else if (end < static_cast<int64_t>(request.tokens.size())) {
+      known(chunk.start + 1, end + 1);  // a prefill chunk: the next token is in the prompt
+    } else {
+      known(chunk.start + 1, end);  // nothing follows the last row (scoring)
+    }
+    if (!tokens.empty()) {
+      refills.push_back(MtpRefill{&request.spec.draft, chunk.start, request.page_table, tokens,
+                                  hidden_states.data<float>() + hidden_row * H});
+    }
+    hidden_row += chunk.count;
+  }
+  run_mtp_refill(*mtp_, *cache_, refills);
+}
+
+void Engine::apply_verification(RequestState& request) {
+  SpeculationState& spec = request.spec;
+  const int64_t k = request.num_draft_tokens;
+  const int64_t accepted = spec.result.accepted;
+  spec.verify_count += 1;
+  spec.draft_tokens += k;
+  spec.accepted_tokens += accepted;
+  spec_verify_total_ += 1;
+  spec_accepted_total_ += accepted;
+  const int64_t m = spec.verify_start;
+  // Keep the KV of x_m, d_1..d_a; the rejected drafts' positions and pages go.
+  scheduler_->truncate(request, m + 1 + accepted);
+  // The accepted drafts are emitted again below through the normal path; the
+  // cache keeps them computed (num_computed = m + 1 + a stays ahead of the
+  // tokens until they are re-appended).
+  request.tokens.resize(static_cast<size_t>(m + 1));
+  request.num_draft_tokens = 0;
+  spec.verifying = false;
+  spec.q.clear();
+  for (const SampleResult& sample : spec.emitted) {
+    append_token(request, sample);
+    if (request.phase == RequestPhase::Finished) return;
+  }
+}
+
+}  // namespace megactx

@@ -1,0 +1,210 @@
+// Greedy MTP speculation through the serving Engine must emit exactly the
+// tokens of the Engine without speculation, token for token, for many
+// requests submitted together (different lengths, so different accept counts
+// per step), for k = 1, 3, 7 with and without IndexShare/KVShare, with
+// chunked prefill, under a KV budget that forces preemption, and from prefix
+// cache hits; every step ends with Engine::check_integrity(). The spec_*
+// counters of every request and of EngineStats must be consistent.
+// Models: models/default (trained MTP layer: drafts are accepted) and the HF
+// fixtures with MTP weights (random: drafts mostly rejected).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "spec_engine_util.h"
+
+namespace megactx::testing {
+namespace {
+
+struct ModelCase {
+  std::string name;
+  std::string dir;
+  int64_t new_tokens = 24;
+  bool trained = false;  // a trained MTP layer accepts drafts
+};
+
+std::ostream& operator<<(std::ostream& os, const ModelCase& c) {
+  return os << c.name;
+}
+
+// Prompts of different lengths; some longer than index_topk (sparse attention
+// in the target and in the MTP layer) and than a page.
+std::vector<std::vector<int32_t>> prompts_for(const ModelCase& c, int64_t vocab) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (c.trained) {
+    const std::vector<int32_t> text = default_text_tokens();
+    const std::pair<size_t, size_t> cuts[] = {{0, 5},      {40, 17},   {300, 64},  {900, 150},
+                                              {2000, 230}, {5000, 33}, {6100, 97}, {7000, 1}};
+    for (const auto& [offset, length] : cuts) {
+      prompts.emplace_back(text.begin() + static_cast<std::ptrdiff_t>(offset),
+                           text.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    }
+  } else {
+    const int64_t lengths[] = {3, 17, 40, 64, 90, 130, 1};
+    for (size_t i = 0; i < std::size(lengths); ++i) {
+      prompts.push_back(hashed_prompt(i + 1, lengths[i], vocab));
+    }
+  }
+  return prompts;
+}
+
+class SpeculativeEngine : public ::testing::TestWithParam<ModelCase> {
+ protected:
+  // Runs every prompt through one engine (all submitted together).
+  static std::map<std::string, SpecResult> run_all(const ModelCase& c,
+                                                   const SpecEngineOptions& options,
+                                                   const std::vector<std::vector<int32_t>>& prompts,
+                                                   int64_t* preemptions = nullptr,
+                                                   EngineStats* stats = nullptr) {
+    SpecEngine spec(c.dir, options);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      spec.submit(make_request("r" + std::to_string(i), prompts[i], c.new_tokens));
+    }
+    spec.run();
+    if (preemptions) *preemptions = spec.engine->num_preemptions();
+    if (stats) *stats = spec.engine->stats();
+    return spec.results;
+  }
+
+  const std::vector<std::vector<int32_t>>& prompts() {
+    if (prompts_.empty()) {
+      SpecEngine probe(GetParam().dir, SpecEngineOptions{});
+      prompts_ = prompts_for(GetParam(), probe.vocab);
+    }
+    return prompts_;
+  }
+  const std::map<std::string, SpecResult>& reference() {
+    if (reference_.empty()) reference_ = run_all(GetParam(), SpecEngineOptions{}, prompts());
+    return reference_;
+  }
+
+  void expect_equal(const std::map<std::string, SpecResult>& got, const std::string& what) {
+    const auto& expected = reference();
+    ASSERT_EQ(got.size(), expected.size()) << what;
+    for (const auto& [rid, result] : expected) {
+      ASSERT_TRUE(got.contains(rid)) << what << " " << rid;
+      EXPECT_EQ(got.at(rid).tokens, result.tokens) << what << " " << rid;
+      EXPECT_EQ(got.at(rid).finish, FinishReason::Length) << what << " " << rid;
+      EXPECT_EQ(got.at(rid).completion_tokens, GetParam().new_tokens) << what << " " << rid;
+    }
+  }
+
+  std::vector<std::vector<int32_t>> prompts_;
+  std::map<std::string, SpecResult> reference_;
+};
+
+// spec counters: per request and summed into EngineStats.
+void expect_consistent_stats(const std::map<std::string, SpecResult>& results, int64_t k,
+                             const EngineStats& stats, bool trained) {
+  int64_t verify = 0, accepted = 0, drafted = 0;
+  for (const auto& [rid, r] : results) {
+    EXPECT_GT(r.verify_ct, 0) << rid;
+    EXPECT_LE(r.accepted_tokens, r.draft_tokens) << rid;
+    // k drafts per verification, fewer only near max_new_tokens (at most k
+    // verifications there, each with at least one draft).
+    EXPECT_LE(r.draft_tokens, k * r.verify_ct) << rid;
+    EXPECT_GE(r.draft_tokens, k * (r.verify_ct - k) + std::min(k, r.verify_ct)) << rid;
+    // The prefill gives the first token, every verification accepted + 1
+    // (never past max_new_tokens), a plain step at most the last one.
+    const int64_t plain = r.completion_tokens - 1 - r.verify_ct - r.accepted_tokens;
+    EXPECT_TRUE(plain == 0 || plain == 1) << rid << " " << plain;
+    verify += r.verify_ct;
+    accepted += r.accepted_tokens;
+    drafted += r.draft_tokens;
+  }
+  EXPECT_EQ(stats.spec_verify_steps, verify);
+  EXPECT_EQ(stats.spec_accepted_tokens, accepted);
+  if (trained) {
+    // The trained MTP layer gets some drafts accepted and some rejected: the
+    // batch exercised both acceptance and rollback.
+    EXPECT_GT(accepted, 0);
+    EXPECT_LT(accepted, drafted);
+  }
+}
+
+TEST_P(SpeculativeEngine, GreedyEqualsPlainForK1K3K7) {
+  for (const int64_t k : {1, 3, 7}) {
+    SpecEngineOptions options;
+    options.steps = k;
+    EngineStats stats;
+    const auto got = run_all(GetParam(), options, prompts(), nullptr, &stats);
+    expect_equal(got, "k=" + std::to_string(k));
+    expect_consistent_stats(got, k, stats, GetParam().trained);
+  }
+}
+
+TEST_P(SpeculativeEngine, GreedyEqualsPlainWithoutSharing) {
+  SpecEngineOptions options;
+  options.steps = 3;
+  options.share = false;
+  expect_equal(run_all(GetParam(), options, prompts()), "unshared k=3");
+}
+
+TEST_P(SpeculativeEngine, GreedyEqualsPlainWithChunkedPrefill) {
+  SpecEngineOptions options;
+  options.steps = 3;
+  options.max_prefill_tokens = 19;  // chunks end mid-page and mid-prompt
+  expect_equal(run_all(GetParam(), options, prompts()), "chunked k=3");
+}
+
+TEST_P(SpeculativeEngine, GreedyEqualsPlainUnderPreemption) {
+  for (const int64_t k : {3, 7}) {
+    SpecEngineOptions options;
+    options.steps = k;
+    options.pages = 5;  // 320 tokens for all requests together
+    options.max_prefill_tokens = 64;
+    int64_t preemptions = 0;
+    expect_equal(run_all(GetParam(), options, prompts(), &preemptions),
+                 "preemption k=" + std::to_string(k));
+    EXPECT_GT(preemptions, 0) << "k=" << k;
+  }
+}
+
+// The same prompt twice and prompts sharing a prefix of whole pages: later
+// requests start from cached pages (target and MTP entries).
+TEST_P(SpeculativeEngine, PrefixCacheHitsEqualPlain) {
+  const ModelCase& c = GetParam();
+  std::vector<int32_t> base = prompts()[5];
+  if (base.size() < 129) base.insert(base.end(), prompts()[3].begin(), prompts()[3].end());
+  std::vector<std::vector<int32_t>> sequence = {base, base};
+  for (const size_t shared : {64u, 100u, 128u}) {
+    std::vector<int32_t> p(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(shared));
+    const std::vector<int32_t> tail = prompts()[1];
+    p.insert(p.end(), tail.begin(), tail.end());
+    sequence.push_back(p);
+  }
+  auto run = [&](int64_t k) {
+    SpecEngineOptions options;
+    options.steps = k;
+    SpecEngine spec(c.dir, options);
+    // One after the other, so each finds the pages of the previous ones.
+    for (size_t i = 0; i < sequence.size(); ++i) {
+      spec.submit(make_request("p" + std::to_string(i), sequence[i], c.new_tokens));
+      spec.run();
+    }
+    return spec.results;
+  };
+  const auto plain = run(0);
+  for (const int64_t k : {1, 3}) {
+    const auto got = run(k);
+    for (size_t i = 0; i < sequence.size(); ++i) {
+      const std::string rid = "p" + std::to_string(i);
+      EXPECT_EQ(got.at(rid).tokens, plain.at(rid).tokens) << rid << " k=" << k;
+      if (i > 0) {
+        EXPECT_GE(got.at(rid).cached_tokens, 64) << rid;
+      }
+      EXPECT_GT(got.at(rid).verify_ct, 0) << rid;
+    }
+  }
+}
+
+const ModelCase kCases[] = {
+    {"default", source_path("models/default"), 24, true},
+    {"glm_schedule", source_path("tests/fixtures/mtp/glm_schedule"), 40, false},
+    {"dsv32_yarn", source_path("tests/fixtures/mtp/dsv32_yarn"), 40, false},
+};
+INSTANTIATE_TEST_SUITE_P(Models, SpeculativeEngine, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace megactx::testing
