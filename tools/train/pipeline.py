@@ -50,6 +50,19 @@ def main():
     ap.add_argument("--dense-until", type=float, default=0.6, help="fraction of the training time in the dense warm-up")
     ap.add_argument("--smoke", action="store_true", help="tiny evaluation sets")
     ap.add_argument("--passkey-n", type=int, default=8, help="passkey prompts per context length (at most 16)")
+    ap.add_argument("--curriculum", default="",
+                    help="run 3: row-length phases 'LEN:FRACTION,...' (e.g. 1024:0.15,2048:0.15,4096:0.25,8192:0.45); "
+                         "retrieval documents are synthesized per phase from DATA/filler.jsonl.xz, the other tasks "
+                         "come from DATA/other.jsonl.xz; batch = --batch * --seq-len tokens in every phase")
+    ap.add_argument("--retrieval-weight", type=float, default=8.0,
+                    help="with --curriculum: loss weight of assistant tokens of retrieval documents")
+    ap.add_argument("--tokens-per-s", type=float, default=110000,
+                    help="with --curriculum: expected training throughput, sizes each phase's data")
+    ap.add_argument("--max-phase-tokens", type=float, default=14e6, help="with --curriculum: cap per phase")
+    ap.add_argument("--prep-s", type=float, default=30, help="with --curriculum: expected data synthesis time")
+    ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="CPU machine check of the code path: no CUDA, byte tokenizer stand-in, tiny sets")
     args = ap.parse_args()
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -66,20 +79,34 @@ def main():
         return args.total_s - (time.time() - t0)
 
     results = {"not_run": []}
-    device = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    log("torch {} on {}".format(torch.__version__, torch.cuda.get_device_name(0)))
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        torch.set_num_threads(2)
+        log("torch {} on the CPU (--cpu-smoke)".format(torch.__version__))
+    else:
+        device = torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        log("torch {} on {}".format(torch.__version__, torch.cuda.get_device_name(0)))
 
     # ---------------------------------------------------------------- data + tokenizer
-    train_docs = data.read_jsonl(os.path.join(args.data, "train.jsonl.xz"))
+    if args.curriculum:
+        train_docs = data.read_jsonl(os.path.join(args.data, "other.jsonl.xz"))
+        filler = [d["text"] for d in data.read_jsonl(os.path.join(args.data, "filler.jsonl.xz"))]
+    else:
+        train_docs = data.read_jsonl(os.path.join(args.data, "train.jsonl.xz"))
     val_docs = data.read_jsonl(os.path.join(args.data, "val.jsonl.xz"))
     passkey_items = data.read_jsonl(os.path.join(args.data, "passkey_eval.jsonl.xz"))
     log("read {} train / {} val documents".format(len(train_docs), len(val_docs)))
-    from tokenizers import Tokenizer
-
     tok_path = os.path.join(REPO, "models", "default", "tokenizer.json")
-    if os.path.exists(tok_path) and not args.train_tokenizer:
+    if args.cpu_smoke:
+        from smoke_tokenizer import ByteTokenizer
+
+        tok = ByteTokenizer(tok_path)
+        log("byte tokenizer stand-in from {} (--cpu-smoke)".format(tok_path))
+    elif os.path.exists(tok_path) and not args.train_tokenizer:
+        from tokenizers import Tokenizer
+
         tok = Tokenizer.from_file(tok_path)
         log("tokenizer from {} ({} tokens)".format(tok_path, tok.get_vocab_size()))
     else:
@@ -96,14 +123,19 @@ def main():
         tok.save(os.path.join(args.out, "tokenizer.json"))
         log("trained tokenizer on {:.0f} MB: {} tokens".format(sum(map(len, picked)) / 1e6, tok.get_vocab_size()))
     ids = data.special_ids(tok)
-    rows, weights, n_tok = data.build_rows(tok, [d["text"] for d in train_docs], args.seq_len, seed=1,
-                                           assistant_weight=args.assistant_weight)
-    val_rows, _, _ = data.build_rows(tok, [d["text"] for d in val_docs], args.seq_len, seed=2)
-    chars = sum(len(d["text"]) for d in train_docs)
-    log("train: {} tokens ({:.2f} chars/token) in {} rows of {}; val rows {}".format(
-        n_tok, chars / n_tok, len(rows), args.seq_len, len(val_rows)))
-    results["data"] = {"train_tokens": int(n_tok), "chars_per_token": chars / n_tok, "train_rows": int(len(rows)),
-                       "seq_len": args.seq_len}
+    val_len = min(args.seq_len, 1024) if args.cpu_smoke else args.seq_len
+    val_rows, _, _ = data.build_rows(tok, [d["text"] for d in val_docs], val_len, seed=2)
+    if args.curriculum:
+        batches = curriculum_batches(args, tok, ids, train_docs, filler, left, log, results)
+    else:
+        rows, weights, n_tok = data.build_rows(tok, [d["text"] for d in train_docs], args.seq_len, seed=1,
+                                               assistant_weight=args.assistant_weight)
+        chars = sum(len(d["text"]) for d in train_docs)
+        log("train: {} tokens ({:.2f} chars/token) in {} rows of {}; val rows {}".format(
+            n_tok, chars / n_tok, len(rows), args.seq_len, len(val_rows)))
+        results["data"] = {"train_tokens": int(n_tok), "chars_per_token": chars / n_tok,
+                           "train_rows": int(len(rows)), "seq_len": args.seq_len}
+        batches = data.Batches(rows, weights, args.batch, seed=3)
 
     # ---------------------------------------------------------------- model + training
     cfg = ModelConfig(vocab_size=tok.get_vocab_size())
@@ -120,14 +152,14 @@ def main():
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
     log("params {:.2f}M (MTP layer {:.2f}M), indexer_types {}".format(n_params / 1e6, n_mtp / 1e6, cfg.indexer_types))
     results["params"] = {"total": n_params, "mtp": n_mtp}
-    batches = data.Batches(rows, weights, args.batch, seed=3)
     train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
     log("training budget {:.0f}s".format(train_s))
     sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until)
     ckpt = os.path.join(args.work, "ckpt.pt")
-    state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume)
+    state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,
+                        amp=not args.cpu_smoke, kl_rows=32 if args.cpu_smoke else 256)
     results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
-                        "tokens_seen": state["step"] * args.batch * args.seq_len}
+                        "tokens_seen": state["step"] * args.batch * args.seq_len}  # same tokens per batch in every phase
     log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
 
     # ---------------------------------------------------------------- export + parity
@@ -171,6 +203,8 @@ def main():
     vr = val_rows[: (2 if args.smoke else 8)]
     stage("val_loss", lambda: {m: evaluate.val_loss(model, vr, m, device) for m in ("dense", "sparse")}, 15)
     pk = [it for i, it in enumerate(passkey_items) if i % 16 < (2 if args.smoke else args.passkey_n)]
+    if args.cpu_smoke:
+        pk = [it for it in pk if it["tokens"] <= 1024][:2]
     short = [it for it in pk if it["tokens"] <= cfg_len(args)]
     long_ = [it for it in pk if it["tokens"] > cfg_len(args)]
     stage("passkey", lambda: {m: evaluate.passkey(model, tok, short, m, device, ids["<|endoftext|>"])
@@ -180,6 +214,8 @@ def main():
     stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
     prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 512, 16 if args.smoke else 32, seed=5)
     new_tokens = 24 if args.smoke else 64
+    if args.cpu_smoke:
+        prompts, new_tokens = prompts[:2], 8
     stage("mtp_shipped", lambda: evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens), 20)
 
     # ---------------------------------------------------------------- MTP ablation (frozen target)
@@ -206,9 +242,39 @@ def main():
                     p.copy_(shipped[n])
         return out
 
-    stage("mtp_ablation", ablation, args.ablation_s + 15)
+    if args.ablation_s > 0:
+        stage("mtp_ablation", ablation, args.ablation_s + 15)
+    else:
+        results["not_run"].append("mtp_ablation (--ablation-s 0)")
     dump(args.out, results)
     log("done in {:.0f}s".format(time.time() - t0))
+
+
+def curriculum_batches(args, tok, ids, train_docs, filler, left, log, results):
+    """Run 3: per-phase rows (curriculum.py) sized from the expected training time and throughput."""
+    import curriculum
+
+    phases = curriculum.parse_curriculum(args.curriculum, args.seq_len)
+    est_train_s = max(15.0, left() - args.prep_s - args.reserve_s - args.ablation_s)
+    other = [d["text"] for d in train_docs if d["kind"] not in curriculum.PLAIN_KINDS]
+    text = [d["text"] for d in train_docs if d["kind"] in curriculum.PLAIN_KINDS]
+    template = open(os.path.join(REPO, "models", "default", "chat_template.jinja")).read()
+    words = curriculum.words_of(filler)
+    log("curriculum {}; {} filler paragraphs, {} words, {} chat documents, {} text documents".format(
+        phases, len(filler), len(words), len(other), len(text)))
+    built, info = [], {}
+    with curriculum.make_pool(template, filler, words, args.workers) as pool:
+        for i, (seq_len, frac) in enumerate(phases):
+            target = min(args.max_phase_tokens, frac * est_train_s * args.tokens_per_s)
+            if args.cpu_smoke:
+                target = min(target, 40 * seq_len)
+            rows, weights, phase_info = curriculum.build_phase(
+                tok, ids, seq_len, target, other, text, 11 + i, pool, log, args.assistant_weight, args.retrieval_weight)
+            built.append((seq_len, frac, rows, weights))
+            info[seq_len] = phase_info
+    results["data"] = {"curriculum": phases, "phases": info, "retrieval_weight": args.retrieval_weight,
+                       "tokens_per_batch": args.batch * args.seq_len}
+    return curriculum.CurriculumBatches(built, args.batch * args.seq_len)
 
 
 def cfg_len(args):

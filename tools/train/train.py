@@ -110,6 +110,7 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
     gen = torch.Generator().manual_seed(1234 + state["step"])
     start = time.time() - state["elapsed"]
     last_ckpt = time.time()
+    last_len = None
     model.train()
     while True:
         elapsed = time.time() - start
@@ -119,7 +120,8 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
         mode = schedule.mode(f)
         for g in opt.param_groups:
             g["lr"] = schedule.learning_rate(f)
-        tokens, weights = batches.next()
+        # Curriculum batches pick their phase (row length) from the time fraction.
+        tokens, weights = batches.next(f) if hasattr(batches, "phases") else batches.next()
         full = torch.from_numpy(tokens).to(device, non_blocking=True).long()
         w = torch.from_numpy(weights).to(device, non_blocking=True)
         inp, tgt = full[:, :-1], full[:, 1:]
@@ -138,9 +140,12 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
         opt.step()
         update_router_bias(model)
         state["step"] += 1
+        if inp.shape[1] != last_len:
+            log("step {} t={:.0f}s: rows of {} tokens x {}".format(state["step"], elapsed, inp.shape[1], inp.shape[0]))
+            last_len = inp.shape[1]
         if state["step"] % 25 == 1:
-            log("step {} t={:.0f}s {} lr={:.2e} lm={:.3f} mtp={} kl={:.3f} epoch={}".format(
-                state["step"], elapsed, mode, opt.param_groups[0]["lr"], lm.item(),
+            log("step {} t={:.0f}s {} T={} lr={:.2e} lm={:.3f} mtp={} kl={:.3f} epoch={}".format(
+                state["step"], elapsed, mode, inp.shape[1], opt.param_groups[0]["lr"], lm.item(),
                 "/".join("{:.2f}".format(c.item()) for c in mtp_ces), kl.item() if kl is not None else 0.0,
                 batches.epoch))
         if ckpt_path and time.time() - last_ckpt > ckpt_every_s:
