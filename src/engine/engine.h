@@ -3,6 +3,8 @@
 // and runs steps (schedule -> one forward over the mixed batch -> sample ->
 // stop checks -> updates) on its own thread while there is work. Tests turn
 // the thread off (EngineConfig::run_thread = false) and call step().
+// With EngineConfig::speculative_steps = k > 0 decoding requests verify k MTP
+// drafts per step (engine_speculation.cpp; the CPU DsaModel only).
 #pragma once
 
 #include <atomic>
