@@ -74,7 +74,7 @@ def kv_list(rng, words):
     """A list of 8-60 "key: value" lines and 1-4 lookups (short: induction in a few hundred tokens)."""
     count = rng.randint(8, 60)
     if words:
-        count = min(count, len(set(words)))  # keys are distinct
+        count = min(count, len(words))  # keys are distinct (callers pass distinct words)
     keys = []
     seen = set()
     while len(keys) < count:

@@ -158,7 +158,7 @@ def build_phase(tok, ids, seq_len, target_tokens, other_docs, text_docs, seed, p
     rng = random.Random(seed)
     row_len = seq_len + 1
     eos = ids["<|endoftext|>"]
-    max_chars = int((seq_len - 80) * CHARS_PER_TOKEN * 0.97)
+    max_chars = int((seq_len - 80) * CHARS_PER_TOKEN * 0.93)
     texts, kinds = [], []
     counts = {}
     for kind in ("passkey", "multikey_turns", "kv_list"):
@@ -195,14 +195,14 @@ def build_phase(tok, ids, seq_len, target_tokens, other_docs, text_docs, seed, p
             d = d[-row_len:]
         atomic.append(d)
         atomic_kinds.append(k)
-    # Plain text to fill row ends: about a fifth of the phase, more than the gaps need.
+    # Plain text to fill row ends: more than the gaps need (1K rows leave ~10% gaps), so no padding.
     shuffled = text_docs[:]
     rng.shuffle(shuffled)
     picked, chars = [], 0
     for t in shuffled:
         picked.append(t)
         chars += len(t)
-        if chars > 0.2 * target_tokens * CHARS_PER_TOKEN:
+        if chars > 0.35 * target_tokens * CHARS_PER_TOKEN:
             break
     text_enc = data.encode_all(tok, picked)
     stream = np.concatenate([np.concatenate([e, [eos]]) for e in text_enc]).astype(np.int32) if text_enc else \

@@ -123,7 +123,7 @@ def main():
         tok.save(os.path.join(args.out, "tokenizer.json"))
         log("trained tokenizer on {:.0f} MB: {} tokens".format(sum(map(len, picked)) / 1e6, tok.get_vocab_size()))
     ids = data.special_ids(tok)
-    val_len = min(args.seq_len, 1024) if args.cpu_smoke else args.seq_len
+    val_len = 1024 if args.cpu_smoke else args.seq_len
     val_rows, _, _ = data.build_rows(tok, [d["text"] for d in val_docs], val_len, seed=2)
     if args.curriculum:
         batches = curriculum_batches(args, tok, ids, train_docs, filler, left, log, results)
@@ -204,15 +204,18 @@ def main():
     stage("val_loss", lambda: {m: evaluate.val_loss(model, vr, m, device) for m in ("dense", "sparse")}, 15)
     pk = [it for i, it in enumerate(passkey_items) if i % 16 < (2 if args.smoke else args.passkey_n)]
     if args.cpu_smoke:
-        pk = [it for it in pk if it["tokens"] <= 1024][:2]
+        pk = [it for it in pk if it["tokens"] <= 1024][:1]
     short = [it for it in pk if it["tokens"] <= cfg_len(args)]
     long_ = [it for it in pk if it["tokens"] > cfg_len(args)]
+    if args.cpu_smoke:
+        short, long_ = pk, []
     stage("passkey", lambda: {m: evaluate.passkey(model, tok, short, m, device, ids["<|endoftext|>"])
                               for m in ("sparse", "dense")}, 20)
     stage("passkey_beyond", lambda: {m: evaluate.passkey(model, tok, long_, m, device, ids["<|endoftext|>"])
                                      for m in ("sparse", "dense")}, 40)
     stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
-    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 512, 16 if args.smoke else 32, seed=5)
+    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 256 if args.cpu_smoke else 512,
+                                         16 if args.smoke else 32, seed=5)
     new_tokens = 24 if args.smoke else 64
     if args.cpu_smoke:
         prompts, new_tokens = prompts[:2], 8
