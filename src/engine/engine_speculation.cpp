@@ -173,19 +173,18 @@ void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t f
   // plain sampler reports them.
   const size_t emitted = spec.result.tokens.size();
   spec.emitted.assign(emitted, SampleResult{});
+  for (size_t i = 0; i < emitted; ++i) spec.emitted[i].token = spec.result.tokens[i];
+  if (!request.request.return_logprob) return;
   std::vector<LogprobQuery> queries;
   for (size_t i = 0; i < emitted; ++i) {
-    spec.emitted[i].token = spec.result.tokens[i];
     queries.push_back(LogprobQuery{first_row + static_cast<int64_t>(i), spec.result.tokens[i],
                                    request.request.top_logprobs_num});
   }
-  if (request.request.return_logprob) {
-    std::vector<TokenLogprob> results(emitted);
-    sampler_->score(logits, queries, results);
-    for (size_t i = 0; i < emitted; ++i) {
-      spec.emitted[i].logprob = results[i].logprob;
-      spec.emitted[i].top = std::move(results[i].top);
-    }
+  std::vector<TokenLogprob> results(emitted);
+  sampler_->score(logits, queries, results);
+  for (size_t i = 0; i < emitted; ++i) {
+    spec.emitted[i].logprob = results[i].logprob;
+    spec.emitted[i].top = std::move(results[i].top);
   }
 }
 

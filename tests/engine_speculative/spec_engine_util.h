@@ -5,14 +5,13 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../engine/fake_model.h"
+#include "../mtp/mtp_test_util.h"
 #include "engine/engine.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
@@ -122,12 +121,7 @@ inline GenerationRequest make_request(const std::string& rid, std::vector<int32_
 
 // Token ids of real text (the default model's tokenizer), for models/default.
 inline std::vector<int32_t> default_text_tokens() {
-  std::ifstream file(source_path("tests/default_model/passkey_8k_ids.txt"));
-  std::stringstream text;
-  text << file.rdbuf();
-  std::string ids = text.str();
-  while (!ids.empty() && (ids.back() == '\n' || ids.back() == ' ')) ids.pop_back();
-  return parse_token_ids(ids);
+  return text_tokens();
 }
 
 // Pseudo-random prompt over [2, vocab) (the fixtures' eos ids are small).

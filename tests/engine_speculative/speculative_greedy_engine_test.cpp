@@ -198,6 +198,34 @@ TEST_P(SpeculativeEngine, PrefixCacheHitsEqualPlain) {
   }
 }
 
+// Requests that run into the context length (the fixture's 256 positions):
+// drafts never reach past it and the output ends where plain decoding ends.
+TEST(SpeculativeEngineContext, DraftsStopAtTheContextLength) {
+  const std::string dir = source_path("tests/fixtures/mtp/glm_schedule");
+  std::map<std::string, SpecResult> results[2];
+  for (const int64_t k : {0, 7}) {
+    SpecEngineOptions options;
+    options.steps = k;
+    SpecEngine spec(dir, options);
+    for (const int64_t length : {200, 230, 250, 255}) {
+      spec.submit(make_request("c" + std::to_string(length),
+                               hashed_prompt(static_cast<uint64_t>(length), length, spec.vocab),
+                               100));
+    }
+    spec.run();
+    results[k ? 1 : 0] = spec.results;
+  }
+  for (const auto& [rid, plain] : results[0]) {
+    const SpecResult& spec = results[1].at(rid);
+    EXPECT_EQ(spec.tokens, plain.tokens) << rid;
+    EXPECT_EQ(spec.finish, FinishReason::Length) << rid;
+    EXPECT_EQ(spec.completion_tokens, plain.completion_tokens) << rid;
+    EXPECT_LE(spec.draft_tokens, 7 * spec.verify_ct) << rid;
+  }
+  EXPECT_EQ(results[1].at("c200").completion_tokens, 56);
+  EXPECT_GT(results[1].at("c200").verify_ct, 0);
+}
+
 const ModelCase kCases[] = {
     {"default", source_path("models/default"), 24, true},
     {"glm_schedule", source_path("tests/fixtures/mtp/glm_schedule"), 40, false},
