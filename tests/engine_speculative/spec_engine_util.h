@@ -25,6 +25,7 @@ inline std::string source_path(const std::string& relative) {
 struct SpecResult {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> input_logprobs;
   std::string text;
   FinishReason finish = FinishReason::None;
   std::string finish_detail;
@@ -84,6 +85,8 @@ class SpecEngine {
       ++r.updates;
       r.tokens.insert(r.tokens.end(), update.new_token_ids.begin(), update.new_token_ids.end());
       r.logprobs.insert(r.logprobs.end(), update.new_logprobs.begin(), update.new_logprobs.end());
+      r.input_logprobs.insert(r.input_logprobs.end(), update.input_logprobs.begin(),
+                              update.input_logprobs.end());
       r.text += update.new_text;
       r.finish = update.finish;
       r.finish_detail = update.finish_detail;

@@ -24,12 +24,14 @@ std::vector<int32_t> prompt_at(size_t offset, size_t length) {
 
 // The same requests through a plain engine and a speculating one (k = 3).
 std::pair<std::map<std::string, SpecResult>, std::map<std::string, SpecResult>> run_both(
-    const std::vector<GenerationRequest>& requests, int64_t k = 3) {
+    const std::vector<GenerationRequest>& requests, int64_t k = 3,
+    int64_t max_prefill_tokens = 4096) {
   std::map<std::string, SpecResult> results[2];
   for (int spec = 0; spec < 2; ++spec) {
     SpecEngineOptions options;
     options.steps = spec ? k : 0;
     options.real_tokenizer = true;
+    options.max_prefill_tokens = max_prefill_tokens;
     SpecEngine engine(kModel, options);
     for (const GenerationRequest& request : requests) engine.submit(request);
     engine.run();
@@ -84,13 +86,19 @@ TEST(SpeculativeSemantics, StopTokensAndStringsInsideAcceptedRuns) {
 
 TEST(SpeculativeSemantics, LogprobsEqualPlainDecoding) {
   std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     GenerationRequest request = make_request("lp" + std::to_string(i), prompt_at(1000 * i, 50), 30);
     request.return_logprob = true;
     request.top_logprobs_num = 3;
+    if (i == 3) request.logprob_start_len = 7;  // input logprobs too (scoring + generation)
     requests.push_back(request);
   }
-  const auto [plain, spec] = run_both(requests);
+  // A long prompt prefilled in several chunks while the others speculate.
+  GenerationRequest scored = make_request("lp_scored", prompt_at(4000, 300), 12);
+  scored.return_logprob = true;
+  scored.logprob_start_len = 0;
+  requests.push_back(scored);
+  const auto [plain, spec] = run_both(requests, 3, /*max_prefill_tokens=*/64);
   for (const auto& [rid, result] : plain) {
     const SpecResult& s = spec.at(rid);
     expect_same_output(result, s, rid);
@@ -99,11 +107,18 @@ TEST(SpeculativeSemantics, LogprobsEqualPlainDecoding) {
       EXPECT_EQ(s.logprobs[i].token_id, result.logprobs[i].token_id);
       // Same logits up to batched-GEMM rounding (1 + k rows vs 1).
       EXPECT_NEAR(s.logprobs[i].logprob, result.logprobs[i].logprob, 1e-3) << rid << " " << i;
-      ASSERT_EQ(s.logprobs[i].top.size(), 3u);
-      for (size_t j = 0; j < 3; ++j) {
-        EXPECT_EQ(s.logprobs[i].top[j].first, result.logprobs[i].top[j].first) << rid << " " << i;
-        EXPECT_NEAR(s.logprobs[i].top[j].second, result.logprobs[i].top[j].second, 1e-3);
+      const auto& top = result.logprobs[i].top;
+      EXPECT_EQ(top.size(), rid == "lp_scored" ? 0u : 3u) << rid;
+      ASSERT_EQ(s.logprobs[i].top.size(), top.size());
+      for (size_t j = 0; j < top.size(); ++j) {
+        EXPECT_EQ(s.logprobs[i].top[j].first, top[j].first) << rid << " " << i;
+        EXPECT_NEAR(s.logprobs[i].top[j].second, top[j].second, 1e-3);
       }
+    }
+    ASSERT_EQ(s.input_logprobs.size(), result.input_logprobs.size()) << rid;
+    for (size_t i = 1; i < s.input_logprobs.size(); ++i) {
+      EXPECT_EQ(s.input_logprobs[i].token_id, result.input_logprobs[i].token_id) << rid;
+      EXPECT_NEAR(s.input_logprobs[i].logprob, result.input_logprobs[i].logprob, 1e-3) << rid;
     }
     EXPECT_GT(s.verify_ct, 0) << rid;
   }
