@@ -52,6 +52,20 @@ class SpeculativeServer(unittest.TestCase):
             time.sleep(0.1)
         self.assertGreaterEqual(verified, meta["spec_verify_ct"])
 
+    def test_batch_equals_single_requests(self):
+        # Six prompts of different lengths verified together (different accept
+        # counts per step) give what each gives alone.
+        prompts = [PROMPT[: 3 + 2 * i] + [500 + i] for i in range(6)]
+        params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+        batch = requests.post(SERVER.url + "/generate", timeout=300, json={
+            "input_ids": prompts, "sampling_params": params}).json()
+        self.assertEqual(len(batch), len(prompts))
+        for prompt, result in zip(prompts, batch):
+            single = requests.post(SERVER.url + "/generate", timeout=300, json={
+                "input_ids": prompt, "sampling_params": params}).json()
+            self.assertEqual(result["output_ids"], single["output_ids"])
+            self.assertGreater(result["meta_info"]["spec_verify_ct"], 0)
+
     def test_sampled_request_reports_spec_counters(self):
         response = requests.post(SERVER.url + "/generate", timeout=300, json={
             "input_ids": PROMPT,
