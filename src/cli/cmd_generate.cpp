@@ -1,7 +1,8 @@
 // megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
 //                  [--format ids|text] [--device cpu] [--kv-dtype f32|bf16|fp8]
-//                  [--speculative-steps K [--no-mtp-share] [--spec-verify rejection|target-only]]
+//                  [--speculative-steps K [--speculative-no-share]
+//                   [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
 // (ids comma-separated, or detokenized text). With --speculative-steps K > 0
 // the model's MTP layer drafts K tokens per target verification
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "cli/command_registry.h"
+#include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/speculative_decoder.h"
 #include "model/model_loader.h"
@@ -33,9 +35,7 @@ struct GenerateOptions {
   std::string format = "ids";
   std::string device = "cpu";
   std::string kv_dtype = "f32";
-  int64_t speculative_steps = 0;
-  bool no_mtp_share = false;
-  std::string spec_verify = "rejection";
+  SpeculativeCliOptions speculative;
 };
 
 // MTP speculative decoding of one sequence (issue 8).
@@ -45,9 +45,9 @@ std::vector<int32_t> generate_speculative(const GenerateOptions& options, Langua
   MEGACTX_CHECK(dsa != nullptr, "--speculative-steps needs a DSA model");
   const std::unique_ptr<MtpLayer> mtp = MtpLayer::load(*dsa, options.model_dir);
   SpeculativeOptions spec;
-  spec.steps = options.speculative_steps;
-  spec.share = !options.no_mtp_share;
-  spec.sampled_mode = parse_verify_mode(options.spec_verify);
+  spec.steps = options.speculative.steps;
+  spec.share = !options.speculative.no_share;
+  spec.sampled_mode = parse_verify_mode(options.speculative.verify);
   spec.kv_dtype = kv_dtype;
   const int64_t positions =
       static_cast<int64_t>(ids.size()) + options.max_new_tokens + spec.steps + 2;
@@ -117,11 +117,11 @@ int run_generate(const GenerateOptions& options) {
   }
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
-  MEGACTX_CHECK(options.speculative_steps >= 0 && options.speculative_steps <= 7,
+  MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const ModelConfig& config = model->config();
   const int64_t vocab = config.vocab_size;
-  if (options.speculative_steps > 0 && options.max_new_tokens > 0) {
+  if (options.speculative.steps > 0 && options.max_new_tokens > 0) {
     const std::vector<int32_t> generated =
         generate_speculative(options, *model, ids, load.kv_dtype);
     print_tokens(options, tokenizer.get(), generated);
@@ -179,14 +179,7 @@ CommandRegistration registration{
       command.add_option("--format", options->format, "ids|text")->capture_default_str();
       command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
-      command
-          .add_option("--speculative-steps", options->speculative_steps,
-                      "MTP draft tokens per verification (0: off, 1..7)")
-          ->capture_default_str();
-      command.add_flag("--no-mtp-share", options->no_mtp_share,
-                       "MTP draft steps without IndexShare/KVShare (ablation)");
-      command.add_option("--spec-verify", options->spec_verify, "rejection|target-only")
-          ->capture_default_str();
+      add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};
 

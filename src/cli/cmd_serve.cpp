@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/command_registry.h"
+#include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/model_config.h"
@@ -44,9 +45,7 @@ struct ServeOptions {
   int io_threads = 2;
   int64_t max_request_bytes = 32ll << 20;
   int64_t max_connections = 8192;
-  int64_t speculative_steps = 0;
-  bool speculative_no_share = false;
-  std::string spec_verify = "rejection";
+  SpeculativeCliOptions speculative;
 };
 
 int run_serve(const ServeOptions& options) {
@@ -74,9 +73,9 @@ int run_serve(const ServeOptions& options) {
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   engine_config.context_length = options.context_length;
-  engine_config.speculative_steps = options.speculative_steps;
-  engine_config.speculative_share = !options.speculative_no_share;
-  engine_config.speculative_sampled_mode = parse_verify_mode(options.spec_verify);
+  engine_config.speculative_steps = options.speculative.steps;
+  engine_config.speculative_share = !options.speculative.no_share;
+  engine_config.speculative_sampled_mode = parse_verify_mode(options.speculative.verify);
   engine_config.mtp_model_dir = options.model_dir;
   GenerationDefaults defaults = load_generation_defaults(options.model_dir, config.eos_token_ids);
   auto engine = Engine::create(engine_config, std::move(model), tokenizer, defaults);
@@ -95,7 +94,7 @@ int run_serve(const ServeOptions& options) {
                                {"kv_memory", options.kv_memory},
                                {"max_running_requests", options.max_running_requests},
                                {"max_prefill_tokens", options.max_prefill_tokens},
-                               {"speculative_steps", options.speculative_steps}};
+                               {"speculative_steps", options.speculative.steps}};
   server::ServerState state(*engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -168,14 +167,7 @@ CommandRegistration registration{
           .add_option("--max-connections", options->max_connections,
                       "Open connections beyond this get 503")
           ->capture_default_str();
-      command
-          .add_option("--speculative-steps", options->speculative_steps,
-                      "MTP draft tokens per verification (0: off, 1..7)")
-          ->capture_default_str();
-      command.add_flag("--speculative-no-share", options->speculative_no_share,
-                       "MTP draft steps without IndexShare/KVShare (ablation)");
-      command.add_option("--spec-verify", options->spec_verify, "rejection|target-only")
-          ->capture_default_str();
+      add_speculative_options(command, options->speculative);
       return [options] { return run_serve(*options); };
     }};
 
