@@ -16,13 +16,13 @@ set -uo pipefail
 
 if [[ "${1:-}" == "--pack" ]]; then
   build=$2 pack=$3
-  mkdir -p "$pack/bin" "$pack/lib"
+  rm -rf "$pack" && mkdir -p "$pack/bin" "$pack/lib"
   # Every test folder whose CMakeLists.txt gives LABELS gpu, and the CUDA benchmarks.
   binaries=()
   for folder in $(grep -l "LABELS gpu" tests/*/CMakeLists.txt | xargs -n1 dirname | xargs -n1 basename); do
     binaries+=("$build/tests/$folder"/*_test)
   done
-  binaries+=("$build"/bench/cuda/*)
+  binaries+=("$build"/bench/cuda/* "$build/megactx")
   for binary in "${binaries[@]}"; do
     [[ -f "$binary" ]] || continue
     [[ -x "$binary" ]] || continue
@@ -35,6 +35,9 @@ if [[ "${1:-}" == "--pack" ]]; then
       esac
     done
   done
+  # OpenBLAS alone is 36 MB: binaries and libraries travel xz-compressed (the carry limit is
+  # 64 MiB together with the tree).
+  tar -C "$pack" -cJf "$pack/pack.tar.xz" bin lib && rm -rf "$pack/bin" "$pack/lib"
   du -sh "$pack"
   exit 0
 fi
@@ -43,6 +46,11 @@ pack=${1:?usage: scripts/gpu-check.sh PACK_DIR [--quick]}
 quick=${2:-}
 out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out"
+if [[ -f "$pack/pack.tar.xz" ]]; then
+  unpacked=$(mktemp -d)
+  tar -C "$unpacked" -xJf "$pack/pack.tar.xz"
+  pack=$unpacked
+fi
 export LD_LIBRARY_PATH="$pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
 summary="$out/summary.txt"
@@ -88,7 +96,10 @@ for part in "$out"/*.sanitizer; do
 done
 note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"
 
-# 3. Benchmarks, one at a time.
+# 3. Benchmarks, one at a time (GPU_CHECK_BENCH=0 skips them).
+if [[ "${GPU_CHECK_BENCH:-1}" != 1 ]]; then
+  echo; echo "==== summary ===="; cat "$summary"; exit 0
+fi
 bench_args=()
 [[ "$quick" == "--quick" ]] && bench_args+=(--quick)
 timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/dsa_attention_bench" "${bench_args[@]}" >"$out/bench.md" 2>&1

@@ -4,6 +4,8 @@
 // greedy tokens; batching that does not mix sequences; bad input as Errors.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "../model/hf_fixture.h"
 #include "core/error.h"
 #include "model/cuda_model.h"
@@ -136,10 +138,18 @@ TEST(CudaModel, QuantizedCachesStayCloseAndGreedyEqual) {
       const std::vector<float> want = run_sequence(*cpu, ids, dtype, 0);
       const std::vector<float> got = run_sequence(*gpu, ids, dtype, 1);
       const std::vector<float> exact = run_sequence(*gpu, ids, KvDType::F32, 1);
-      EXPECT_LE(relative_error(got.data(), want.data(), want.size()), 2e-2) << name;
+      const std::vector<float> gpu_prefill = run_sequence(*gpu, ids, dtype, 0);
+      const std::vector<float> cpu_decode = run_sequence(*cpu, ids, dtype, 1);
+      const std::string where = std::string(name) + " dtype " + std::to_string(static_cast<int>(dtype));
+      // Each side reads its own cache the same way in prefill and decode.
+      EXPECT_LE(relative_error(got.data(), gpu_prefill.data(), want.size()), 2e-2) << where;
+      EXPECT_LE(relative_error(cpu_decode.data(), want.data(), want.size()), 2e-2) << where;
+      // Prefill of both sides, then decode of both sides.
+      EXPECT_LE(relative_error(gpu_prefill.data(), want.data(), want.size()), 2e-2) << where;
+      EXPECT_LE(relative_error(got.data(), want.data(), want.size()), 2e-2) << where;
       // The quantized cache is really in use on the device.
-      EXPECT_GT(relative_error(got.data(), exact.data(), exact.size()), 1e-6) << name;
-      EXPECT_EQ(greedy(*gpu, f, dtype), greedy(*cpu, f, dtype)) << name;
+      EXPECT_GT(relative_error(got.data(), exact.data(), exact.size()), 1e-6) << where;
+      EXPECT_EQ(greedy(*gpu, f, dtype), greedy(*cpu, f, dtype)) << where;
     }
   }
 }

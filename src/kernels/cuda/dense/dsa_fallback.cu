@@ -20,6 +20,14 @@ __device__ int64_t slot_of(const PagedRows& rows, int64_t token, int64_t positio
          position % rows.page_size;
 }
 
+// Round-to-nearest-even bf16 bits of x (NaN stays a quiet NaN), as the host's
+// float_to_bf16.
+__device__ unsigned bf16_bits(float x) {
+  const unsigned u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 // Value i of the entry at `slot`.
 __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot, int64_t i) {
   if (layout.dtype == CacheDType::F32)
@@ -31,12 +39,14 @@ __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot,
   const int64_t scales = layout.fp8_count;
   const int64_t tail = scales + 4 * ((layout.fp8_count + 127) / 128);
   if (i >= layout.fp8_count) {
-    __nv_bfloat16 value;
-    memcpy(&value, entry + tail + 2 * (i - layout.fp8_count), 2);
-    return __bfloat162float(value);
+    const uint8_t* bytes = entry + tail + 2 * (i - layout.fp8_count);
+    return __uint_as_float((static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8))
+                           << 16);
   }
-  float scale;
-  memcpy(&scale, entry + scales + 4 * (i / 128), 4);
+  const uint8_t* bytes = entry + scales + 4 * (i / 128);
+  const float scale = __uint_as_float(static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8) |
+                                      (static_cast<unsigned>(bytes[2]) << 16) |
+                                      (static_cast<unsigned>(bytes[3]) << 24));
   __nv_fp8_e4m3 code;
   code.__x = entry[i];
   return static_cast<float>(code) * scale;
@@ -72,9 +82,15 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
     const float* v = values + token * stride;
     if (g == groups) {  // the bf16 tail
       uint8_t* tail = entry + layout.fp8_count + 4 * groups;
+      // Byte stores (entries are only byte-aligned, e.g. 52 B for a 32 + 8
+      // latent) of bf16 bits made with integer arithmetic: with CUDA 13.0,
+      // taking the low byte of a __nv_bfloat16 value (memcpy or
+      // __bfloat16_as_ushort & 0xff) stored the value converted to a
+      // saturated uint8 instead (cuda_kv_encoding_test caught it).
       for (int64_t i = layout.fp8_count; i < layout.width; ++i) {
-        const __nv_bfloat16 value = __float2bfloat16_rn(v[i]);
-        memcpy(tail + 2 * (i - layout.fp8_count), &value, 2);
+        const unsigned bits = bf16_bits(v[i]);
+        tail[2 * (i - layout.fp8_count)] = static_cast<uint8_t>(bits & 0xffu);
+        tail[2 * (i - layout.fp8_count) + 1] = static_cast<uint8_t>(bits >> 8);
       }
       continue;
     }
@@ -84,7 +100,8 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
     for (int64_t i = begin; i < end; ++i) amax = fmaxf(amax, fabsf(v[i]));
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
     for (int64_t i = begin; i < end; ++i) entry[i] = __nv_fp8_e4m3(v[i] / scale).__x;
-    memcpy(entry + layout.fp8_count + 4 * g, &scale, 4);
+    const unsigned scale_bits = __float_as_uint(scale);
+    for (int b = 0; b < 4; ++b) entry[layout.fp8_count + 4 * g + b] = static_cast<uint8_t>(scale_bits >> (8 * b));
   }
 }
 
