@@ -117,20 +117,22 @@ test('chat: tools round trip', async () => {
   const first = await client.chat.completions.create({ model: NAME, messages, tools: [weatherTool],
     ...greedy, max_tokens: 64 });
   const reply = first.choices[0].message;
-  let calls = reply.tool_calls ?? [];
+  // The shipped model (run 3) answers this prompt, as it was trained to
+  // (tools/data/synth.py), with `<tool_call>get_weather` and city Paris: with
+  // or without a <think> block first, the call is the greedy choice by a wide
+  // margin. The server must turn that GLM text into OpenAI tool_calls.
+  const calls = reply.tool_calls ?? [];
+  assert.ok(calls.length >= 1, `no tool call: ${JSON.stringify(reply)}`);
   for (const call of calls) {
     assert.equal(call.type, 'function');
     assert.equal(call.function.name, 'get_weather');
     assert.equal(typeof JSON.parse(call.function.arguments), 'object');
     assert.ok(call.id);
   }
-  if (calls.length > 0) assert.equal(first.choices[0].finish_reason, 'tool_calls');
-  // Whatever the small model did, send a call and its result back: the
-  // template must render tool calls and tool messages.
-  if (calls.length === 0) {
-    calls = [{ id: 'call_1', type: 'function',
-      function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }];
-  }
+  assert.equal(JSON.parse(calls[0].function.arguments).city, 'Paris');
+  assert.equal(first.choices[0].finish_reason, 'tool_calls');
+  // Send the calls and their results back: the template must render tool
+  // calls and tool messages.
   messages.push({ role: 'assistant', content: reply.content ?? '', tool_calls: calls });
   for (const call of calls) {
     messages.push({ role: 'tool', tool_call_id: call.id, content: '{"temperature_c": 21}' });
@@ -173,8 +175,10 @@ test('chat: n choices with a seed are reproducible', async () => {
 });
 
 test('completions: text prompt, echo and logprobs', async () => {
+  // ignore_eos: the run-3 model ends this text after 4 tokens; the test is
+  // about echo, logprobs and usage, so it asks for exactly 6.
   const answer = await client.completions.create({ model: NAME, prompt: 'Once upon a time',
-    max_tokens: 6, temperature: 0, echo: true, logprobs: 2 });
+    max_tokens: 6, temperature: 0, echo: true, logprobs: 2, ignore_eos: true });
   const choice = answer.choices[0];
   assert.ok(choice.text.startsWith('Once upon a time'));
   assert.equal(choice.logprobs.tokens.length, choice.logprobs.token_logprobs.length);
