@@ -96,20 +96,35 @@ for part in "$out"/*.sanitizer; do
 done
 note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"
 
-# 3. Benchmarks, one at a time (GPU_CHECK_BENCH=0 skips them).
-if [[ "${GPU_CHECK_BENCH:-1}" != 1 ]]; then
-  echo; echo "==== summary ===="; cat "$summary"; exit 0
-fi
+# 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
+#    default: the DSA attention kernels and the whole-model decode, each with
+#    its PyTorch peer), "model", "dsa", or 0 for none.
+benches=${GPU_CHECK_BENCH:-dsa,model}
+[[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
 [[ "$quick" == "--quick" ]] && bench_args+=(--quick)
-timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/dsa_attention_bench" "${bench_args[@]}" >"$out/bench.md" 2>&1
-note "bench exit $?"
-timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/dsa_torch_baseline.py "${bench_args[@]}" --json "$out/torch_baseline.json" \
-  >"$out/torch_baseline.md" 2>&1
-note "torch baseline exit $?"
+if [[ "$benches" == *dsa* ]]; then
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/dsa_attention_bench" "${bench_args[@]}" >"$out/bench.md" 2>&1
+  note "dsa bench exit $?"
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/dsa_torch_baseline.py "${bench_args[@]}" --json "$out/torch_baseline.json" \
+    >"$out/torch_baseline.md" 2>&1
+  note "dsa torch baseline exit $?"
+fi
+if [[ "$benches" == *model* ]]; then
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
+    >"$out/model_decode.md" 2>&1
+  note "model decode bench exit $?"
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/decode_torch_baseline.py >"$out/model_decode_torch.md" 2>&1
+  note "model decode torch baseline exit $?"
+fi
 
 echo
 echo "==== summary ===="
 cat "$summary"
-grep -E '^\| (1024K|128K) \| 1 |^\| 64x2 |^\| 1024K \|' "$out/bench.md" | head -8
-grep -E 'topk\(2048\) of 1024K|matmul\+relu\+sum\+topk' "$out/torch_baseline.md" | tail -2
+if [[ -f "$out/bench.md" ]]; then
+  grep -E '^\| (1024K|128K) \| 1 |^\| 64x2 |^\| 1024K \|' "$out/bench.md" | head -8
+  grep -E 'topk\(2048\) of 1024K|matmul\+relu\+sum\+topk' "$out/torch_baseline.md" | tail -2
+fi
+[[ -f "$out/model_decode.md" ]] && grep -E '^\| (fp32|bf16) |copy' "$out/model_decode.md"
+[[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
+exit 0

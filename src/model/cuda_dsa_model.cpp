@@ -38,7 +38,7 @@ CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options
                 "CUDA model: DSA layers need q_lora_rank (the indexer reads the q-LoRA residual)");
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
-  weights_ = std::make_unique<CudaWeights>(host.weights());
+  weights_ = std::make_unique<CudaWeights>(host.weights(), options.bf16_weights);
 }
 
 CudaDsaModel::~CudaDsaModel() {

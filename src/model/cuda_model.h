@@ -35,6 +35,11 @@ struct CudaModelOptions {
   // ForwardOutput::logits on the device (for a device sampler) or copied to
   // the host (the CPU sampler and the CLI today).
   bool logits_on_device = false;
+  // The bf16 mode: the GEMM weights (projections, experts, lm_head) are kept
+  // in bf16 and each GEMM rounds its float32 input to bf16 and accumulates in
+  // float32 on tensor cores; norms, RoPE, attention, routing and the residual
+  // stream stay float32. false: the fp32 exact-parity mode.
+  bool bf16_weights = false;
   int device_ordinal = 0;
 };
 

@@ -1,57 +1,81 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda_weights.h"
 
+#include <vector>
+
+#include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
+
+void* CudaWeights::upload_bytes(const void* data, size_t bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  MEGACTX_CHECK(bytes <= free_bytes,
+                "CUDA model: out of device memory uploading weights ({} MiB so far, {} MiB more "
+                "needed, {} MiB free)",
+                bytes_ >> 20, bytes >> 20, free_bytes >> 20);
+  DeviceBuffer buffer(bytes);
+  MEGACTX_CUDA_CHECK(cudaMemcpy(buffer.as<void>(), data, bytes, cudaMemcpyHostToDevice));
+  bytes_ += bytes;
+  storage_.push_back(std::move(buffer));
+  return storage_.back().as<void>();
+}
 
 const float* CudaWeights::upload(const Tensor& tensor) {
   if (!tensor.defined() || tensor.numel() == 0) return nullptr;
   MEGACTX_CHECK(tensor.dtype() == DType::F32 && tensor.device() == Device::CPU,
                 "CUDA model: weights must be host float32");
-  const size_t bytes = static_cast<size_t>(tensor.numel()) * sizeof(float);
-  size_t free_bytes = 0, total_bytes = 0;
-  MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  MEGACTX_CHECK(bytes <= free_bytes,
-                "CUDA model: out of device memory uploading weights ({} MiB so far, {} MiB more "
-                "needed, {} MiB free); fp32 parity mode needs the whole model in float32",
-                bytes_ >> 20, bytes >> 20, free_bytes >> 20);
-  DeviceBuffer buffer(bytes);
-  MEGACTX_CUDA_CHECK(
-      cudaMemcpy(buffer.as<void>(), tensor.data<float>(), bytes, cudaMemcpyHostToDevice));
-  bytes_ += bytes;
-  storage_.push_back(std::move(buffer));
-  return storage_.back().as<const float>();
+  return static_cast<const float*>(
+      upload_bytes(tensor.data<float>(), static_cast<size_t>(tensor.numel()) * sizeof(float)));
+}
+
+DeviceMatrix CudaWeights::upload_matrix(const Tensor& tensor) {
+  if (!tensor.defined() || tensor.numel() == 0) return {};
+  if (!bf16_) {
+    const float* data = upload(tensor);
+    matrix_bytes_ += static_cast<size_t>(tensor.numel()) * sizeof(float);
+    return {data, false};
+  }
+  MEGACTX_CHECK(tensor.dtype() == DType::F32 && tensor.device() == Device::CPU,
+                "CUDA model: weights must be host float32");
+  // Round to nearest even on the host (a bf16 checkpoint round-trips exactly).
+  const float* values = tensor.data<float>();
+  std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16(values[i]);
+  matrix_bytes_ += bits.size() * 2;
+  return {upload_bytes(bits.data(), bits.size() * 2), true};
 }
 
 DeviceMlp CudaWeights::upload(const MlpWeights& mlp) {
-  return {upload(mlp.gate_up), upload(mlp.down), mlp.intermediate};
+  return {upload_matrix(mlp.gate_up), upload_matrix(mlp.down), mlp.intermediate};
 }
 
-CudaWeights::CudaWeights(const DsaWeights& host) {
+CudaWeights::CudaWeights(const DsaWeights& host, bool bf16) : bf16_(bf16) {
   embed = upload(host.embed);
   final_norm = upload(host.final_norm);
-  lm_head = upload(host.lm_head);
+  lm_head = upload_matrix(host.lm_head);
   for (const LayerWeights& w : host.layers) {
     DeviceLayer d;
     d.input_norm = upload(w.input_norm);
     d.post_norm = upload(w.post_norm);
     const AttentionWeights& a = w.attention;
-    d.q_a = upload(a.q_a);
+    d.q_a = upload_matrix(a.q_a);
     d.q_a_norm = upload(a.q_a_norm);
-    d.q_b = upload(a.q_b);
-    d.kv_a = upload(a.kv_a);
+    d.q_b = upload_matrix(a.q_b);
+    d.kv_a = upload_matrix(a.kv_a);
     d.kv_a_norm = upload(a.kv_a_norm);
     d.w_uk_t = upload(a.w_uk_t);
     d.w_uv = upload(a.w_uv);
-    d.o = upload(a.o);
+    d.o = upload_matrix(a.o);
     d.has_indexer = a.has_indexer;
     if (a.has_indexer) {
-      d.wq_b = upload(a.indexer.wq_b);
-      d.wk = upload(a.indexer.wk);
+      d.wq_b = upload_matrix(a.indexer.wq_b);
+      d.wk = upload_matrix(a.indexer.wk);
       d.k_norm_weight = upload(a.indexer.k_norm_weight);
       d.k_norm_bias = upload(a.indexer.k_norm_bias);
-      d.weights_proj = upload(a.indexer.weights_proj);
+      d.weights_proj = upload_matrix(a.indexer.weights_proj);
     }
     d.is_moe = w.is_moe;
     if (w.is_moe) {

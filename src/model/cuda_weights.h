@@ -1,18 +1,22 @@
-// Device copies of DsaWeights (float32 in the parity mode): the same
-// structure with device pointers, owned by one CudaWeights. nullptr where the
-// host tensor is absent (no q_lora, no indexer on a shared layer).
+// Device copies of DsaWeights: the same structure with device pointers, owned
+// by one CudaWeights; null where the host tensor is absent (no q_lora, no
+// indexer on a shared layer). GEMM weights are DeviceMatrix: float32 in the
+// parity mode, bf16 in the bf16 mode. Norms, the router (expert choice must
+// not flip on rounding), the per-head absorbed W_UK/W_UV (small, batched) and
+// the embedding (a gather) stay float32 in both.
 #pragma once
 
 #include <vector>
 
+#include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda_buffer.h"
 #include "model/dsa_weights.h"
 
 namespace megactx::cuda {
 
 struct DeviceMlp {
-  const float* gate_up = nullptr;  // [2I, H]
-  const float* down = nullptr;     // [H, I]
+  DeviceMatrix gate_up;  // [2I, H]
+  DeviceMatrix down;     // [H, I]
   int64_t intermediate = 0;
 };
 
@@ -20,11 +24,11 @@ struct DeviceLayer {
   const float* input_norm = nullptr;
   const float* post_norm = nullptr;
   // Attention (shapes as AttentionWeights).
-  const float *q_a = nullptr, *q_a_norm = nullptr, *q_b = nullptr, *kv_a = nullptr,
-              *kv_a_norm = nullptr, *w_uk_t = nullptr, *w_uv = nullptr, *o = nullptr;
+  DeviceMatrix q_a, q_b, kv_a, o;
+  const float *q_a_norm = nullptr, *kv_a_norm = nullptr, *w_uk_t = nullptr, *w_uv = nullptr;
   bool has_indexer = false;
-  const float *wq_b = nullptr, *wk = nullptr, *k_norm_weight = nullptr, *k_norm_bias = nullptr,
-              *weights_proj = nullptr;
+  DeviceMatrix wq_b, wk, weights_proj;
+  const float *k_norm_weight = nullptr, *k_norm_bias = nullptr;
   bool is_moe = false;
   DeviceMlp dense;
   const float* router = nullptr;  // [E, H]
@@ -36,19 +40,25 @@ struct DeviceLayer {
 class CudaWeights {
  public:
   // Synchronous upload; throws a clear Error when the device is out of memory.
-  explicit CudaWeights(const DsaWeights& host);
+  CudaWeights(const DsaWeights& host, bool bf16);
 
   const float* embed = nullptr;       // [V, H]
   const float* final_norm = nullptr;  // [H]
-  const float* lm_head = nullptr;     // [V, H]
+  DeviceMatrix lm_head;               // [V, H]
   std::vector<DeviceLayer> layers;
   size_t bytes() const { return bytes_; }
+  // Bytes of the GEMM weights alone (what a decode step streams per layer use).
+  size_t matrix_bytes() const { return matrix_bytes_; }
 
  private:
   const float* upload(const Tensor& tensor);
+  DeviceMatrix upload_matrix(const Tensor& tensor);
   DeviceMlp upload(const MlpWeights& mlp);
+  void* upload_bytes(const void* data, size_t bytes);
   std::vector<DeviceBuffer> storage_;
   size_t bytes_ = 0;
+  size_t matrix_bytes_ = 0;
+  bool bf16_ = false;
 };
 
 }  // namespace megactx::cuda

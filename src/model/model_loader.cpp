@@ -43,7 +43,10 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
   std::unique_ptr<LanguageModel> host = build_host(config, weights, options);
   if (options.device != Device::CUDA) return host;
 #if MEGACTX_HAVE_CUDA
-  return make_cuda_dsa_model(static_cast<const DsaModel&>(*host));
+  CudaModelOptions cuda_options;
+  cuda_options.bf16_weights = options.cuda_bf16;
+  cuda_options.logits_on_device = options.cuda_logits_on_device;
+  return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), cuda_options);
 #else
   fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
 #endif

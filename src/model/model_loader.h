@@ -25,6 +25,11 @@ struct ModelLoadOptions {
   uint64_t seed = 0;
   // Tests: replaces config.index_topk (>= the context length attends densely).
   std::optional<int64_t> index_topk_override;
+  // --device cuda (CudaModelOptions in model/cuda_model.h): GEMM weights in
+  // bf16 with fp32 accumulation instead of the fp32 parity mode, and logits
+  // left on the device for a device sampler.
+  bool cuda_bf16 = false;
+  bool cuda_logits_on_device = false;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

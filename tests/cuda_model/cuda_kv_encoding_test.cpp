@@ -56,12 +56,13 @@ void check_layout(KvDType dtype, int64_t lora, int64_t rope, int64_t index_dim) 
       keys(static_cast<size_t>(tokens * index_dim));
   for (float& v : latent) v = normal(rng) * 3.0f;
   for (float& v : keys) v = normal(rng);
-  for (int64_t d = 0; d < lora; ++d) latent[static_cast<size_t>(2 * entry + d)] = 0.0f;  // zero group
+  for (int64_t d = 0; d < lora; ++d)
+    latent[static_cast<size_t>(2 * entry + d)] = 0.0f;  // zero group
 
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = positions[static_cast<size_t>(t)];
-    const int64_t slot = table[static_cast<size_t>(p / spec.page_size)] * spec.page_size +
-                         p % spec.page_size;
+    const int64_t slot =
+        table[static_cast<size_t>(p / spec.page_size)] * spec.page_size + p % spec.page_size;
     host.write_latent(0, slot, latent.data() + t * entry, latent.data() + t * entry + lora);
     host.write_indexer_key(0, slot, keys.data() + t * index_dim);
   }
@@ -97,25 +98,25 @@ void check_layout(KvDType dtype, int64_t lora, int64_t rope, int64_t index_dim) 
   for (size_t i = 0; i < got_latent.size(); ++i) {
     if (got_latent[i] != want_latent[i] && latent_diffs++ < 8) {
       const size_t slot = i / static_cast<size_t>(latent_layout.bytes());
-      ADD_FAILURE() << "latent slot " << slot << " byte " << i % latent_layout.bytes() << ": device "
-                    << int{got_latent[i]} << " host " << int{want_latent[i]};
+      ADD_FAILURE() << "latent slot " << slot << " byte " << i % latent_layout.bytes()
+                    << ": device " << int{got_latent[i]} << " host " << int{want_latent[i]};
     }
   }
   for (size_t i = 0; i < got_key.size(); ++i) key_diffs += got_key[i] != want_key[i];
   EXPECT_EQ(latent_diffs, 0) << "dtype " << static_cast<int>(dtype) << " lora " << lora;
   EXPECT_EQ(key_diffs, 0) << "dtype " << static_cast<int>(dtype) << " index_dim " << index_dim;
-  for (void* p : {static_cast<void*>(latent_pool), static_cast<void*>(key_pool),
-                  static_cast<void*>(d_latent), static_cast<void*>(d_keys),
-                  const_cast<void*>(static_cast<const void*>(rows.page_tables)),
-                  const_cast<void*>(static_cast<const void*>(rows.table_offset)),
-                  const_cast<void*>(static_cast<const void*>(rows.positions))}) {
+  for (void* p :
+       {static_cast<void*>(latent_pool), static_cast<void*>(key_pool), static_cast<void*>(d_latent),
+        static_cast<void*>(d_keys), const_cast<void*>(static_cast<const void*>(rows.page_tables)),
+        const_cast<void*>(static_cast<const void*>(rows.table_offset)),
+        const_cast<void*>(static_cast<const void*>(rows.positions))}) {
     cudaFree(p);
   }
 }
 
 TEST(CudaKvEncoding, DeviceWritesTheHostBytes) {
   for (KvDType dtype : {KvDType::F32, KvDType::BF16, KvDType::FP8}) {
-    check_layout(dtype, 32, 8, 16);    // the HF fixtures
+    check_layout(dtype, 32, 8, 16);     // the HF fixtures
     check_layout(dtype, 512, 64, 128);  // GLM-5 / DeepSeek-V3.2
   }
 }

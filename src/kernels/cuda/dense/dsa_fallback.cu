@@ -40,13 +40,13 @@ __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot,
   const int64_t tail = scales + 4 * ((layout.fp8_count + 127) / 128);
   if (i >= layout.fp8_count) {
     const uint8_t* bytes = entry + tail + 2 * (i - layout.fp8_count);
-    return __uint_as_float((static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8))
-                           << 16);
+    return __uint_as_float(
+        (static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8)) << 16);
   }
   const uint8_t* bytes = entry + scales + 4 * (i / 128);
-  const float scale = __uint_as_float(static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8) |
-                                      (static_cast<unsigned>(bytes[2]) << 16) |
-                                      (static_cast<unsigned>(bytes[3]) << 24));
+  const float scale = __uint_as_float(
+      static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8) |
+      (static_cast<unsigned>(bytes[2]) << 16) | (static_cast<unsigned>(bytes[3]) << 24));
   __nv_fp8_e4m3 code;
   code.__x = entry[i];
   return static_cast<float>(code) * scale;
@@ -101,7 +101,8 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
     for (int64_t i = begin; i < end; ++i) entry[i] = __nv_fp8_e4m3(v[i] / scale).__x;
     const unsigned scale_bits = __float_as_uint(scale);
-    for (int b = 0; b < 4; ++b) entry[layout.fp8_count + 4 * g + b] = static_cast<uint8_t>(scale_bits >> (8 * b));
+    for (int b = 0; b < 4; ++b)
+      entry[layout.fp8_count + 4 * g + b] = static_cast<uint8_t>(scale_bits >> (8 * b));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
 namespace {
@@ -22,7 +23,7 @@ int narrow(int64_t value, const char* what) {
 
 }  // namespace
 
-Blas::Blas(cudaStream_t stream) {
+Blas::Blas(cudaStream_t stream) : stream_(stream) {
   cublasHandle_t handle = nullptr;
   check(cublasCreate(&handle), "create");
   handle_ = handle;
@@ -33,6 +34,28 @@ Blas::Blas(cudaStream_t stream) {
 
 Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (x_bf16_ != nullptr) cudaFree(x_bf16_);
+}
+
+void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                  int64_t out, float* y, int64_t y_stride) {
+  if (!w.bf16) {
+    linear(x, rows, in, x_stride, static_cast<const float*>(w.data), out, y, y_stride);
+    return;
+  }
+  if (rows == 0 || out == 0) return;
+  const size_t bytes = static_cast<size_t>(rows * in) * 2;
+  if (bytes > x_bf16_bytes_) {
+    // The previous GEMM on this stream may still read the old buffer.
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (x_bf16_ != nullptr) MEGACTX_CUDA_CHECK(cudaFree(x_bf16_));
+    x_bf16_ = nullptr;
+    x_bf16_bytes_ = 0;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&x_bf16_, bytes));
+    x_bf16_bytes_ = bytes;
+  }
+  float_to_bf16_rows(x, rows, in, x_stride, x_bf16_, stream_);
+  linear_bf16(x_bf16_, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
 }
 
 // Row-major y = x . w^T is column-major y^T = w . x^T: w [out, in] row-major is

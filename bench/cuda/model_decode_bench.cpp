@@ -1,0 +1,211 @@
+// Decode throughput of the whole CUDA model (model/cuda_model.h) on a
+// GLM-shaped random-weight model (bench/cuda/configs/glm_1b.json: 1.19B
+// parameters, 502M active per token), in the fp32 parity mode and the bf16
+// mode, at several batch sizes. Each batch decodes `steps` tokens per
+// sequence after a prefill of `context` random tokens.
+//
+//   model_decode_bench --config bench/cuda/configs/glm_1b.json
+//                      [--context 1024] [--steps 16] [--batches 1,16,64]
+//                      [--precision fp32,bf16] [--kv-dtype bf16]
+//
+// Printed beside each result: the bytes one decode step must read at least
+// (the GEMM weights the batch touches -- expected distinct experts for
+// uniform routing -- plus every sequence's KV entries once) and the GB/s that
+// implies, against the device-to-device copy bandwidth measured in the same
+// run: the floor of a step is bytes / copy bandwidth.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "model/cuda_model.h"
+#include "model/model_loader.h"
+
+using namespace megactx;
+
+namespace {
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
+  return out;
+}
+
+// Read+write GB/s of a device-to-device copy of `bytes` (median of 10).
+double copy_bandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&a, bytes));
+  MEGACTX_CUDA_CHECK(cudaMalloc(&b, bytes));
+  MEGACTX_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < 11; ++i) {
+    MEGACTX_CUDA_CHECK(cudaEventRecord(start));
+    MEGACTX_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    MEGACTX_CUDA_CHECK(cudaEventRecord(stop));
+    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (i > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaFree(a);
+  cudaFree(b);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+// Bytes of GEMM weights (in `matrix_bytes` per element; W_UK/W_UV and the
+// router always float32) one decode step of `batch` tokens reads.
+double step_weight_bytes(const ModelConfig& c, int64_t batch, double matrix_bytes) {
+  const double h = static_cast<double>(c.hidden_size);
+  const double q_lora = static_cast<double>(c.q_lora_rank.value_or(0));
+  const double heads = static_cast<double>(c.num_attention_heads);
+  const double lora = static_cast<double>(c.kv_lora_rank);
+  const double nope = static_cast<double>(c.qk_nope_head_dim);
+  const double rope = static_cast<double>(c.qk_rope_head_dim);
+  const double v = static_cast<double>(c.v_head_dim);
+  double matrices = 0.0, f32 = 0.0;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    matrices += h * q_lora + q_lora * heads * (nope + rope) + h * (lora + rope) + heads * v * h;
+    f32 += heads * lora * nope + heads * v * lora;
+    if (c.layer_runs_indexer(layer)) {
+      const double ih = static_cast<double>(c.index_n_heads);
+      const double id = static_cast<double>(c.index_head_dim);
+      matrices += q_lora * ih * id + h * id + h * ih;
+    }
+    if (c.layer_is_moe(layer)) {
+      const double e = static_cast<double>(c.n_routed_experts);
+      const double k = static_cast<double>(c.num_experts_per_tok);
+      const double used = e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(batch)));
+      const double expert = 3.0 * h * static_cast<double>(c.moe_intermediate_size);
+      matrices += (used + static_cast<double>(c.n_shared_experts)) * expert;
+      f32 += e * h;
+    } else {
+      matrices += 3.0 * h * static_cast<double>(c.intermediate_size);
+    }
+  }
+  matrices += static_cast<double>(c.vocab_size) * h;  // lm_head
+  return matrices * matrix_bytes + f32 * 4.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path = "bench/cuda/configs/glm_1b.json";
+  int64_t context = 1024, steps = 16;
+  std::string batches_text = "1,16,64", precisions_text = "fp32,bf16", kv_text = "bf16";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--config")
+      config_path = value;
+    else if (flag == "--context")
+      context = std::stoll(value);
+    else if (flag == "--steps")
+      steps = std::stoll(value);
+    else if (flag == "--batches")
+      batches_text = value;
+    else if (flag == "--precision")
+      precisions_text = value;
+    else if (flag == "--kv-dtype")
+      kv_text = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    cudaDeviceProp prop{};
+    MEGACTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbs = copy_bandwidth(size_t{2} << 30);
+    const KvDType kv_dtype = parse_kv_dtype(kv_text);
+    std::printf("# Whole-model decode, %s, %s\n\n", config_path.c_str(), prop.name);
+    std::printf("device-to-device copy: %.0f GB/s (read + write), the bandwidth floor below\n",
+                copy_gbs);
+    std::printf("context %lld tokens per sequence, %lld decode steps timed, KV %s\n\n",
+                static_cast<long long>(context), static_cast<long long>(steps), kv_text.c_str());
+    std::printf(
+        "| precision | batch | step ms | tokens/s | weights+KV read / step | GB/s | "
+        "of copy bw | floor ms |\n|---|---|---|---|---|---|---|---|\n");
+    for (const std::string& precision : split(precisions_text)) {
+      ModelLoadOptions load;
+      load.device = Device::CUDA;
+      load.random_weights = true;
+      load.seed = 1;
+      load.kv_dtype = kv_dtype;
+      load.cuda_bf16 = precision == "bf16";
+      load.cuda_logits_on_device = true;
+      MEGACTX_CHECK(precision == "bf16" || precision == "fp32", "precision fp32 or bf16");
+      auto model = load_language_model(config_path, load);
+      const ModelConfig& config = model->config();
+      std::mt19937 rng(3);
+      std::uniform_int_distribution<int32_t> token(2, static_cast<int32_t>(config.vocab_size - 1));
+      for (const std::string& batch_text : split(batches_text)) {
+        const int64_t batch = std::stoll(batch_text);
+        const int64_t pages_per_sequence = (context + steps + 4 + 63) / 64;
+        KvCacheSpec spec = make_kv_cache_spec(config, batch * pages_per_sequence, kv_dtype);
+        auto cache = make_cuda_kv_cache(spec);
+        std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
+        for (int64_t s = 0; s < batch; ++s) {
+          for (int64_t p = 0; p < pages_per_sequence; ++p) {
+            tables[static_cast<size_t>(s)].push_back(
+                static_cast<int32_t>(s * pages_per_sequence + p));
+          }
+          std::vector<int32_t> prompt(static_cast<size_t>(context));
+          for (int32_t& id : prompt) id = token(rng);
+          ForwardBatch prefill;
+          prefill.sequences.push_back({prompt, 0, tables[static_cast<size_t>(s)], -1});
+          model->forward(prefill, *cache);
+        }
+        std::vector<int32_t> next(static_cast<size_t>(batch));
+        auto decode = [&](int64_t position) {
+          ForwardBatch step;
+          for (int64_t s = 0; s < batch; ++s) {
+            next[static_cast<size_t>(s)] = token(rng);
+            step.sequences.push_back({std::span<const int32_t>(&next[static_cast<size_t>(s)], 1),
+                                      position, tables[static_cast<size_t>(s)], -1});
+          }
+          model->forward(step, *cache);  // synchronous: ends with a stream sync
+        };
+        decode(context);
+        decode(context + 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < steps; ++i) decode(context + 2 + i);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double step_s = seconds / static_cast<double>(steps);
+        const double kv_bytes =
+            static_cast<double>(batch) * static_cast<double>(context) *
+            static_cast<double>(spec.latent_bytes_per_token() * config.num_hidden_layers);
+        const double bytes =
+            step_weight_bytes(config, batch, precision == "bf16" ? 2.0 : 4.0) + kv_bytes;
+        std::printf("| %s | %lld | %.2f | %.0f | %.2f GB | %.0f | %.1f%% | %.2f |\n",
+                    precision.c_str(), static_cast<long long>(batch), step_s * 1e3,
+                    static_cast<double>(batch) / step_s, bytes / 1e9, bytes / step_s / 1e9,
+                    100.0 * bytes / step_s / 1e9 / (copy_gbs / 2.0),
+                    bytes / (copy_gbs / 2.0 * 1e9) * 1e3);
+        std::fflush(stdout);
+      }
+    }
+    std::printf(
+        "\nGB/s counts bytes read once per step; \"of copy bw\" compares with the copy's "
+        "read rate (half its read+write figure). The floor is that read at copy speed.\n");
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "model_decode_bench: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
