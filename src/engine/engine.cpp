@@ -9,6 +9,10 @@
 #include "core/logging.h"
 #include "engine/cpu_sampler.h"
 #include "tokenizer/tokenizer.h"
+#if MEGACTX_HAVE_CUDA
+#include "engine/cuda_sampler.h"
+#include "model/cuda_model.h"
+#endif
 
 namespace megactx {
 
@@ -54,8 +58,20 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   vocab_size_ = model_config.vocab_size;
   MEGACTX_CHECK(vocab_size_ > 0, "model config has no vocab_size");
 
+  if (model_->device() == Device::CUDA && !config_.make_kv_cache) {
+#if MEGACTX_HAVE_CUDA
+    // The CUDA model reads and writes device pools.
+    config_.make_kv_cache = [](const KvCacheSpec& spec) { return make_cuda_kv_cache(spec); };
+#else
+    fail("engine: a CUDA model in a build without the CUDA backend");
+#endif
+  }
   cache_ = config_.make_kv_cache ? config_.make_kv_cache(capacity_.spec)
                                  : std::make_unique<PagedKvCache>(capacity_.spec);
+  MEGACTX_CHECK(cache_->spec().device == model_->device(),
+                "engine: the KV cache is on the {} but the model on the {}",
+                cache_->spec().device == Device::CUDA ? "GPU" : "host",
+                model_->device() == Device::CUDA ? "GPU" : "host");
   allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages);
   prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size);
   SchedulerConfig scheduler_config;
@@ -64,7 +80,11 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
-  sampler_ = std::make_unique<CpuSampler>();
+#if MEGACTX_HAVE_CUDA
+  // Over device logits; host logits (logits_on_device off) go to its CpuSampler.
+  if (model_->device() == Device::CUDA) sampler_ = std::make_unique<CudaSampler>(-1);
+#endif
+  if (!sampler_) sampler_ = std::make_unique<CpuSampler>();
   update_stats();
 }
 

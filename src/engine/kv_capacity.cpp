@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace megactx {
@@ -27,8 +29,8 @@ std::string KvCapacityPlan::summary() const {
       static_cast<double>(total_bytes) / (1024.0 * 1024.0 * 1024.0));
 }
 
-KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
-                                int64_t page_size, bool with_mtp_layer) {
+KvCacheSpec kv_cache_spec(const ModelConfig& model, KvDType dtype, int64_t page_size,
+                          bool with_mtp_layer) {
   MEGACTX_CHECK(page_size > 0, "invalid KV page size {}", page_size);
   MEGACTX_CHECK(model.num_hidden_layers > 0, "model has no layers");
   MEGACTX_CHECK(static_cast<int64_t>(model.indexer_types.size()) == model.num_hidden_layers,
@@ -36,8 +38,7 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
                 model.indexer_types.size(), model.num_hidden_layers);
   MEGACTX_CHECK(!with_mtp_layer || model.num_nextn_predict_layers > 0,
                 "speculative decoding needs an MTP layer, the model has none");
-  KvCapacityPlan plan;
-  KvCacheSpec& spec = plan.spec;
+  KvCacheSpec spec;
   spec.page_size = page_size;
   spec.kv_lora_rank = model.kv_lora_rank;
   spec.qk_rope_head_dim = model.qk_rope_head_dim;
@@ -52,6 +53,14 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
     spec.latent_layers.push_back(model.num_hidden_layers);
     spec.indexer_layers.push_back(model.num_hidden_layers);
   }
+  return spec;
+}
+
+KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
+                                int64_t page_size, bool with_mtp_layer) {
+  KvCapacityPlan plan;
+  plan.spec = kv_cache_spec(model, dtype, page_size, with_mtp_layer);
+  KvCacheSpec& spec = plan.spec;
   plan.bytes_per_page = spec.bytes_per_page();
   MEGACTX_CHECK(plan.bytes_per_page > 0, "KV page size computes to 0 bytes");
   spec.num_pages = memory_bytes / plan.bytes_per_page;
@@ -63,6 +72,91 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
   plan.bytes_per_token = plan.bytes_per_page / page_size;
   plan.total_bytes = spec.num_pages * plan.bytes_per_page;
   plan.max_tokens = spec.num_pages * page_size;
+  return plan;
+}
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / kMiB;
+}
+
+}  // namespace
+
+int64_t device_reserve_bytes(const KvCacheSpec& spec) {
+  // 256 MiB for cuBLAS workspaces, the sampler's buffers and the per-step
+  // logits allocation; cudaMalloc rounds every pool up to 2 MiB.
+  const auto pools = static_cast<int64_t>(spec.latent_layers.size() + spec.indexer_layers.size());
+  return (int64_t{256} << 20) + pools * (int64_t{2} << 20);
+}
+
+std::string DeviceKvPlan::summary() const {
+  return fmt::format(
+      "CUDA memory plan: budget {:.0f} MiB = model {:.0f} MiB + step scratch {:.0f} MiB ({} "
+      "tokens, context {}) + reserve {:.0f} MiB + KV {:.0f} MiB ({} pages of {} B)",
+      mib(budget_bytes), mib(memory.weight_bytes), mib(memory.scratch_bytes), max_step_tokens,
+      context, mib(reserve_bytes), mib(kv_bytes()), memory.kv_pages, memory.kv_bytes_per_page);
+}
+
+DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine,
+                            const DeviceKvRequest& request) {
+  const DeviceMemoryInfo& device = request.memory;
+  MEGACTX_CHECK(device.total_bytes > 0 && device.free_bytes >= 0 && request.model_bytes >= 0,
+                "device memory: total {} B, free {} B, model {} B", device.total_bytes,
+                device.free_bytes, request.model_bytes);
+  MEGACTX_CHECK(request.gpu_memory_utilization > 0.0 && request.gpu_memory_utilization <= 1.0,
+                "--gpu-memory-utilization must be in (0, 1], got {}",
+                request.gpu_memory_utilization);
+  MEGACTX_CHECK(request.kv_memory_bytes >= 0, "--kv-memory must be positive");
+  MEGACTX_CHECK(engine.max_prefill_tokens > 0 && engine.max_running_requests > 0,
+                "max_prefill_tokens and max_running_requests must be positive");
+  DeviceKvPlan plan;
+  plan.context = engine.context_length > 0 ? engine.context_length : model.max_position_embeddings;
+  MEGACTX_CHECK(
+      plan.context > 0,
+      "the model gives no context length (max_position_embeddings): set --context-length");
+  plan.max_step_tokens = engine.max_prefill_tokens + engine.max_running_requests;
+  CudaMemoryRequest memory;
+  memory.weight_bytes = request.model_bytes;
+  memory.max_step_tokens = plan.max_step_tokens;
+  memory.max_context = plan.context;
+  memory.max_logit_rows = plan.max_step_tokens;
+  memory.index_topk = std::max<int64_t>(model.index_topk, 1);
+  memory.kv = kv_cache_spec(model, engine.kv_dtype, engine.page_size, engine.speculative_steps > 0);
+  plan.reserve_bytes = device_reserve_bytes(memory.kv);
+  if (request.kv_memory_bytes > 0) {
+    // Exactly the asked KV budget beside the model and the scratch.
+    memory.budget_bytes = request.model_bytes +
+                          cuda_step_scratch_bytes(model, memory.max_step_tokens, plan.context,
+                                                  memory.max_logit_rows, memory.index_topk) +
+                          request.kv_memory_bytes;
+  } else {
+    memory.budget_bytes = static_cast<int64_t>(request.gpu_memory_utilization *
+                                               static_cast<double>(device.total_bytes)) -
+                          plan.reserve_bytes;
+    MEGACTX_CHECK(memory.budget_bytes > 0,
+                  "--gpu-memory-utilization {} of {:.0f} MiB leaves nothing after the {:.0f} MiB "
+                  "reserve",
+                  request.gpu_memory_utilization, mib(device.total_bytes), mib(plan.reserve_bytes));
+  }
+  plan.memory = plan_cuda_memory(model, memory);
+  plan.budget_bytes =
+      plan.memory.weight_bytes + plan.memory.scratch_bytes + plan.reserve_bytes + plan.kv_bytes();
+  // The model is already on the device; the rest must be free now.
+  const int64_t still_needed = plan.memory.scratch_bytes + plan.reserve_bytes + plan.kv_bytes();
+  MEGACTX_CHECK(
+      still_needed <= device.free_bytes,
+      "CUDA memory: step scratch {:.0f} MiB + reserve {:.0f} MiB + KV {:.0f} MiB need "
+      "{:.0f} MiB, the device has {:.0f} MiB free after loading the model ({:.0f} MiB "
+      "total, other processes hold {:.0f} MiB): lower --gpu-memory-utilization, "
+      "--kv-memory, --max-prefill-tokens or --context-length",
+      mib(plan.memory.scratch_bytes), mib(plan.reserve_bytes), mib(plan.kv_bytes()),
+      mib(still_needed), mib(device.free_bytes), mib(device.total_bytes),
+      mib(std::max<int64_t>(device.total_bytes - device.free_bytes - request.model_bytes, 0)));
+  MEGACTX_CHECK(plan.memory.kv_pages <= INT32_MAX, "KV memory budget gives too many pages ({})",
+                plan.memory.kv_pages);
   return plan;
 }
 

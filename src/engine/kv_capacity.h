@@ -9,7 +9,9 @@
 #include <string>
 
 #include "cache/kv_cache.h"
+#include "engine/engine_config.h"
 #include "io/model_config.h"
+#include "model/cuda_memory_plan.h"
 
 namespace megactx {
 
@@ -25,6 +27,46 @@ struct KvCapacityPlan {
 // Throws megactx::Error when the budget holds less than one page.
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
                                 int64_t page_size, bool with_mtp_layer);
+
+// The pools of plan_kv_capacity without pages (num_pages 0).
+KvCacheSpec kv_cache_spec(const ModelConfig& model, KvDType dtype, int64_t page_size,
+                          bool with_mtp_layer);
+
+// ---- --device cuda: KV pages from the device's memory ----
+//
+// vLLM's --gpu-memory-utilization: the whole process may use `fraction` of
+// the device's total memory; what loading the model took (measured), the
+// largest step's scratch (model/cuda_memory_plan.h) and a reserve for the
+// runtime come off first, the KV pools get the rest. An explicit KV budget
+// (--kv-memory) replaces the fraction. Either way the plan must fit in what
+// the device has free now, and hold one sequence of the full context.
+struct DeviceKvRequest {
+  DeviceMemoryInfo memory;  // after the model was loaded
+  int64_t model_bytes = 0;  // what the load allocated on the device
+  double gpu_memory_utilization = 0.9;
+  int64_t kv_memory_bytes = 0;  // > 0: this KV budget instead of the fraction's rest
+};
+
+struct DeviceKvPlan {
+  CudaMemoryPlan memory;      // model (as weight_bytes), scratch, page bytes, pages
+  int64_t budget_bytes = 0;   // what the process may use in all
+  int64_t reserve_bytes = 0;  // cuBLAS workspace, sampler, allocation rounding
+  int64_t max_step_tokens = 0;
+  int64_t context = 0;
+  int64_t kv_bytes() const { return memory.kv_pages * memory.kv_bytes_per_page; }
+  std::string summary() const;  // one log line
+};
+
+// Room for the runtime besides model, scratch and pools (see DeviceKvPlan).
+int64_t device_reserve_bytes(const KvCacheSpec& spec);
+
+// The step the engine can run at most: max_prefill_tokens of prefill plus one
+// decode token per running request, every one possibly wanting logits
+// (scoring), at the engine's context length. Throws megactx::Error naming the
+// numbers when the model does not fit, the KV budget holds no full-context
+// sequence, or the device has less free memory than the plan needs.
+DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine,
+                            const DeviceKvRequest& request);
 
 // "f32" | "bf16" | "fp8" (parse_kv_dtype is in model/model_loader.h).
 const char* kv_dtype_name(KvDType dtype);

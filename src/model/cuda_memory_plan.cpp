@@ -4,6 +4,12 @@
 
 #include "core/error.h"
 
+#if MEGACTX_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/common/cuda_check.h"
+#endif
+
 namespace megactx {
 
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
@@ -62,6 +68,23 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaMemoryReque
                 (request.budget_bytes - fixed) >> 20, plan.kv_pages, request.max_context,
                 pages_needed);
   return plan;
+}
+
+DeviceMemoryInfo query_device_memory(int device_ordinal) {
+#if MEGACTX_HAVE_CUDA
+  int devices = 0;
+  MEGACTX_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  MEGACTX_CHECK(device_ordinal >= 0 && device_ordinal < devices,
+                "CUDA device {} requested, {} present", device_ordinal, devices);
+  MEGACTX_CUDA_CHECK(cudaSetDevice(device_ordinal));
+  MEGACTX_CUDA_CHECK(cudaFree(nullptr));  // creates the context before measuring
+  size_t free_bytes = 0, total_bytes = 0;
+  MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+#else
+  fail("device {}: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)",
+       device_ordinal);
+#endif
 }
 
 }  // namespace megactx

@@ -37,4 +37,14 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
 // budget or no page of max_context fits.
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaMemoryRequest& request);
 
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// cudaMemGetInfo of `device_ordinal` (its context is created first, so two
+// calls around a model load differ by what the load allocated). An Error in
+// builds without CUDA or when the device is missing.
+DeviceMemoryInfo query_device_memory(int device_ordinal = 0);
+
 }  // namespace megactx

@@ -1,0 +1,80 @@
+// CudaSampler: the Sampler of sampler.h over device float32 logits
+// [rows, vocab] (the CUDA model with CudaModelOptions::logits_on_device).
+//
+// One kernels/cuda/sampling launch per step samples every row the kernel does
+// exactly as the CpuSampler (temperature, top-k, top-p, min-p, logprobs of
+// the unmodified logits, the same sampling_uniform draw); only its SampleOut
+// rows (token, logprob, top alternatives) come back to the host. A row that
+// needs what the kernel does not do -- a penalty that changes its logits, the
+// min_new_tokens mask, more top alternatives than the kernel returns -- and
+// every score() query copy just their logits rows to the host and go through
+// the CpuSampler. Why the host and not penalties applied on the device: the
+// logprobs are of the *unmodified* logits, which the kernel computes from the
+// logits it samples from. Host logits go to the CpuSampler unchanged.
+//
+// Plain C++ header; CudaSampler exists only in builds with MEGACTX_HAVE_CUDA
+// (device_samples_row everywhere, so the split is testable on the CPU).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/cpu_sampler.h"
+#include "engine/sampler.h"
+
+namespace megactx {
+
+// Top-logprob alternatives the device kernel returns at most
+// (cuda::kMaxTopLogprobs; cuda_sampler.cpp checks they agree).
+constexpr int64_t kDeviceMaxTopLogprobs = 20;
+
+// True when the device kernel gives `row` the CpuSampler's result over a
+// vocabulary of `vocab`: no penalty that would change a logit, no masked ids,
+// at most min(kDeviceMaxTopLogprobs, vocab) alternatives, and parameters that
+// keep their meaning in the kernel's float32 fields.
+bool device_samples_row(const SamplingRow& row, int64_t vocab);
+
+// What the last sample()/score() call did (tests, metrics).
+struct CudaSamplerStats {
+  int64_t device_rows = 0;        // sampled by the kernel
+  int64_t host_rows = 0;          // sampled by the CpuSampler
+  int64_t logit_rows_copied = 0;  // logits rows brought to the host
+};
+
+class CudaSampler final : public Sampler {
+ public:
+  // Uses the current CUDA device when device_ordinal < 0.
+  explicit CudaSampler(int device_ordinal = 0);
+  ~CudaSampler() override;
+  CudaSampler(const CudaSampler&) = delete;
+  CudaSampler& operator=(const CudaSampler&) = delete;
+
+  void sample(const Tensor& logits, std::span<const SamplingRow> rows,
+              std::span<SampleResult> results) override;
+  void score(const Tensor& logits, std::span<const LogprobQuery> queries,
+             std::span<TokenLogprob> results) override;
+
+  const CudaSamplerStats& last_stats() const { return stats_; }
+
+ private:
+  struct DeviceState;  // stream, device and pinned buffers (cuda_sampler.cpp)
+
+  // Copies the distinct logits rows `rows` (ascending) of device `logits`
+  // into host_logits_ [rows.size(), vocab], enqueued on the stream.
+  void enqueue_row_copies(const Tensor& logits, std::span<const int64_t> rows);
+
+  std::unique_ptr<DeviceState> device_;
+  CpuSampler cpu_;
+  CudaSamplerStats stats_;
+  // Per-call scratch, kept for its capacity.
+  std::vector<size_t> device_index_, host_index_;
+  std::vector<int64_t> copied_rows_;
+  std::vector<SamplingRow> host_rows_;
+  std::vector<SampleResult> host_results_;
+  std::vector<LogprobQuery> host_queries_;
+  Tensor host_logits_;
+};
+
+}  // namespace megactx
