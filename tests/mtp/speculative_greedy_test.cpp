@@ -56,8 +56,23 @@ SamplingParams greedy_params() {
   return params;
 }
 
-void run_batched(LoadedModel& m, const std::vector<std::vector<int32_t>>& prompts,
-                 const std::vector<std::vector<int32_t>>& expected, int64_t k, bool share) {
+struct Acceptance {
+  int64_t accepted = 0, drafted = 0;
+};
+
+// Different requests accept different counts: over a whole batch (or a set of
+// solo runs) the test has exercised rollback (some drafts rejected) and
+// acceptance (some accepted). A single request may legitimately accept every
+// draft (the run-3 model does on one of the prompts at k = 3).
+void expect_mixed_acceptance(const Acceptance& a) {
+  EXPECT_GT(a.accepted, 0);
+  EXPECT_LT(a.accepted, a.drafted);
+}
+
+// Decodes `prompts` together and checks each output against `expected`;
+// returns the drafts accepted / drafted over the batch.
+Acceptance decode_batch(LoadedModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                        const std::vector<std::vector<int32_t>>& expected, int64_t k, bool share) {
   SpeculativeOptions options;
   options.steps = k;
   options.share = share;
@@ -67,22 +82,24 @@ void run_batched(LoadedModel& m, const std::vector<std::vector<int32_t>>& prompt
   for (const auto& prompt : prompts) ids.push_back(decoder.add(prompt, greedy_params()));
   decoder.check_integrity();
   while (decoder.step()) decoder.check_integrity();
-  int64_t accepted = 0, verifies = 0;
+  Acceptance total;
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(decoder.output(ids[i]), expected[i])
         << "prompt " << i << " k=" << k << " share=" << share;
     const SpeculativeStats& stats = decoder.stats(ids[i]);
     EXPECT_EQ(stats.draft_tokens, stats.verify_count * k);
     EXPECT_LE(stats.accepted_tokens, stats.draft_tokens);
-    accepted += stats.accepted_tokens;
-    verifies += stats.verify_count;
+    total.accepted += stats.accepted_tokens;
+    total.drafted += stats.draft_tokens;
   }
-  // Different requests accept different counts: the batch exercised rollback
-  // (some drafts rejected) and acceptance (some accepted).
-  EXPECT_GT(accepted, 0);
-  EXPECT_LT(accepted, verifies * k);
   for (const int64_t id : ids) decoder.release(id);
   decoder.check_integrity();
+  return total;
+}
+
+void run_batched(LoadedModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                 const std::vector<std::vector<int32_t>>& expected, int64_t k, bool share) {
+  expect_mixed_acceptance(decode_batch(m, prompts, expected, k, share));
 }
 
 TEST_F(DefaultModel, GreedyEqualsPlainK1Shared) {
@@ -102,9 +119,13 @@ TEST_F(DefaultModel, GreedyEqualsPlainK7Unshared) {
 }
 
 TEST_F(DefaultModel, EachRequestAloneEqualsPlain) {
+  Acceptance all;
   for (size_t i = 0; i < prompts_->size(); ++i) {
-    run_batched(*model_, {(*prompts_)[i]}, {(*expected_)[i]}, 3, true);
+    const Acceptance one = decode_batch(*model_, {(*prompts_)[i]}, {(*expected_)[i]}, 3, true);
+    all.accepted += one.accepted;
+    all.drafted += one.drafted;
   }
+  expect_mixed_acceptance(all);
 }
 
 // After rounds with rejections, rollback and refill, every cache entry of the
