@@ -1,0 +1,285 @@
+// The serving Engine on the CUDA model -- device KV pools, logits left on the
+// device, the CudaSampler -- against the Engine on the CPU model (the oracle)
+// on the HF fixtures and models/default: one batch of prompts of different
+// lengths (greedy, seeded sampled, penalties + min_new_tokens, scoring) run
+// with chunked prefill and preemption under a tiny KV budget and integrity
+// checks after every step gives the same tokens, and logprobs within 1e-4.
+// The same batch with the CUDA logits copied to the host (CpuSampler over the
+// same logits) gives the device sampler's tokens exactly. A memory budget too
+// small for the model or one full-context sequence is an Error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "../engine/engine_harness.h"
+#include "../model/hf_fixture.h"
+#include "core/error.h"
+#include "engine/cuda_sampler.h"
+#include "engine/kv_capacity.h"
+#include "model/cuda_memory_plan.h"
+#include "model/cuda_model.h"
+#include "model/model_loader.h"
+
+namespace megactx::testing {
+namespace {
+
+std::string model_dir(const std::string& name) {
+  return name == "default" ? std::string(MEGACTX_SOURCE_DIR) + "/models/default"
+                           : fixture_dir(name);
+}
+
+struct EngineSetup {
+  Device device = Device::CPU;
+  bool logits_on_device = true;
+  KvDType dtype = KvDType::F32;
+  int64_t pages = 4;
+  int64_t chunk = 24;
+};
+
+std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& setup) {
+  ModelLoadOptions load;
+  load.device = setup.device;
+  load.cuda_logits_on_device = setup.device == Device::CUDA && setup.logits_on_device;
+  auto model = load_language_model(dir, load);
+  EXPECT_EQ(model->device(), setup.device);
+  EngineConfig config;
+  config.run_thread = false;
+  config.check_integrity_every_step = true;
+  config.kv_dtype = setup.dtype;
+  config.max_prefill_tokens = setup.chunk;
+  config.max_running_requests = 16;
+  config.kv_memory_bytes =
+      setup.pages * kv_cache_spec(model->config(), setup.dtype, 64, false).bytes_per_page();
+  GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
+  const int64_t vocab = model->config().vocab_size;
+  return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), defaults);
+}
+
+// Prompts of different lengths cut from a deterministic id stream.
+std::vector<int32_t> prompt_of(int64_t length, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < length; ++i) {
+    ids.push_back(static_cast<int32_t>(mix64(seed * 7919 + static_cast<uint64_t>(i)) %
+                                       static_cast<uint64_t>(vocab - 2)) +
+                  1);
+  }
+  return ids;
+}
+
+std::vector<GenerationRequest> batch_of_requests(int64_t vocab) {
+  std::vector<GenerationRequest> requests;
+  const int64_t lengths[] = {5, 23, 41, 70};
+  for (const int64_t length : lengths) {
+    GenerationRequest greedy = greedy_request("greedy" + std::to_string(length),
+                                              prompt_of(length, vocab, 1 + length), 20, true);
+    greedy.return_logprob = true;
+    greedy.top_logprobs_num = 3;
+    requests.push_back(greedy);
+
+    GenerationRequest sampled;
+    sampled.rid = "sampled" + std::to_string(length);
+    sampled.input_ids = prompt_of(length + 3, vocab, 100 + length);
+    sampled.sampling.temperature = 0.8;
+    sampled.sampling.top_k = 20;
+    sampled.sampling.top_p = 0.9;
+    sampled.sampling.seed = 1000 + length;
+    sampled.sampling.max_new_tokens = 20;
+    sampled.sampling.ignore_eos = true;
+    sampled.return_logprob = true;
+    requests.push_back(sampled);
+  }
+  GenerationRequest penalized;
+  penalized.rid = "penalized";
+  penalized.input_ids = prompt_of(30, vocab, 7);
+  penalized.sampling.temperature = 0.7;
+  penalized.sampling.repetition_penalty = 1.3;
+  penalized.sampling.frequency_penalty = 0.5;
+  penalized.sampling.presence_penalty = 0.2;
+  penalized.sampling.min_new_tokens = 6;
+  penalized.sampling.max_new_tokens = 16;
+  penalized.sampling.seed = 5;
+  penalized.return_logprob = true;
+  penalized.top_logprobs_num = kDeviceMaxTopLogprobs + 2;
+  requests.push_back(penalized);
+
+  GenerationRequest scoring = greedy_request("scoring", prompt_of(50, vocab, 9), 2, true);
+  scoring.return_logprob = true;
+  scoring.logprob_start_len = 0;
+  scoring.top_logprobs_num = 2;
+  requests.push_back(scoring);
+  return requests;
+}
+
+struct BatchRun {
+  std::map<std::string, Collected> results;
+  int64_t preemptions = 0;
+};
+
+BatchRun run_batch(const std::string& dir, const EngineSetup& setup) {
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = make_engine(dir, setup);
+  const int64_t vocab = harness.engine->model_config().vocab_size;
+  for (GenerationRequest& request : batch_of_requests(vocab)) harness.submit(std::move(request));
+  harness.run();
+  return {harness.results, harness.engine->num_preemptions()};
+}
+
+void expect_logprobs_near(const std::vector<TokenLogprob>& got,
+                          const std::vector<TokenLogprob>& want, double tolerance,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].token_id, want[i].token_id) << what << " " << i;
+    if (std::isnan(want[i].logprob)) {
+      EXPECT_TRUE(std::isnan(got[i].logprob)) << what << " " << i;
+    } else {
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, tolerance) << what << " " << i;
+    }
+    ASSERT_EQ(got[i].top.size(), want[i].top.size()) << what << " " << i;
+    for (size_t j = 0; j < want[i].top.size(); ++j) {
+      EXPECT_EQ(got[i].top[j].first, want[i].top[j].first) << what << " " << i << " rank " << j;
+      EXPECT_NEAR(got[i].top[j].second, want[i].top[j].second, tolerance)
+          << what << " " << i << " rank " << j;
+    }
+  }
+}
+
+void expect_same_runs(const BatchRun& got, const BatchRun& want, double tolerance,
+                      const std::string& name) {
+  ASSERT_EQ(got.results.size(), want.results.size()) << name;
+  for (const auto& [rid, w] : want.results) {
+    const Collected& g = got.results.at(rid);
+    const std::string what = name + " " + rid;
+    EXPECT_EQ(g.finish, w.finish) << what << ": " << g.finish_detail;
+    EXPECT_FALSE(g.finished_twice) << what;
+    EXPECT_EQ(g.tokens, w.tokens) << what;
+    if (g.tokens != w.tokens) continue;
+    expect_logprobs_near(g.logprobs, w.logprobs, tolerance, what + " output");
+    expect_logprobs_near(g.input_logprobs, w.input_logprobs, tolerance, what + " input");
+  }
+}
+
+class CudaEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaEngine, BatchWithChunksAndPreemptionEqualsTheCpuEngine) {
+  const std::string dir = model_dir(GetParam());
+  EngineSetup cpu;
+  EngineSetup gpu;
+  gpu.device = Device::CUDA;
+  const BatchRun want = run_batch(dir, cpu);
+  const BatchRun got = run_batch(dir, gpu);
+  EXPECT_GT(got.preemptions, 0) << "the KV budget was meant to force preemption";
+  for (const auto& [rid, c] : got.results) {
+    EXPECT_FALSE(c.tokens.empty()) << rid;
+    EXPECT_NE(c.finish, FinishReason::Error) << rid << ": " << c.finish_detail;
+  }
+  expect_same_runs(got, want, 1e-4, GetParam());
+}
+
+TEST_P(CudaEngine, DeviceSamplerEqualsCpuSamplerOverTheSameLogits) {
+  const std::string dir = model_dir(GetParam());
+  EngineSetup device_logits;
+  device_logits.device = Device::CUDA;
+  EngineSetup host_logits = device_logits;
+  host_logits.logits_on_device = false;
+  expect_same_runs(run_batch(dir, device_logits), run_batch(dir, host_logits), 1e-4,
+                   GetParam() + " host logits");
+}
+
+TEST_P(CudaEngine, QuantizedCachesRunTheBatch) {
+  // BF16 / FP8 caches: the same batch completes with every invariant held;
+  // greedy tokens stay close to the fp32 cache's (compared in cuda_model_test).
+  for (const KvDType dtype : {KvDType::BF16, KvDType::FP8}) {
+    EngineSetup gpu;
+    gpu.device = Device::CUDA;
+    gpu.dtype = dtype;
+    const BatchRun run = run_batch(model_dir(GetParam()), gpu);
+    for (const auto& [rid, c] : run.results) {
+      EXPECT_NE(c.finish, FinishReason::Error) << rid << ": " << c.finish_detail;
+    }
+    EXPECT_EQ(run.results.at("greedy70").tokens.size(), 20u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
+                         ::testing::Values("glm_bf16", "glm_schedule", "dsv32_yarn", "default"));
+
+// The fixture's own continuation (tie-free, checked against transformers).
+TEST(CudaEngineFixtures, GreedyContinuationEqualsTransformers) {
+  for (const char* name : {"glm_bf16", "glm_pattern", "dsv32_yarn", "glm_fp8"}) {
+    const HfFixture f = load_fixture(name);
+    EngineSetup gpu;
+    gpu.device = Device::CUDA;
+    gpu.pages = 8;
+    Harness harness(test_config(), nullptr, 32);
+    harness.engine = make_engine(f.dir, gpu);
+    harness.submit(
+        greedy_request("alone", f.input_ids, static_cast<int64_t>(f.greedy_ids.size()), true));
+    harness.run();
+    EXPECT_EQ(harness.results["alone"].tokens, f.greedy_ids) << name;
+  }
+}
+
+TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
+  const std::string dir = fixture_dir("glm_bf16");
+  const DeviceMemoryInfo before = query_device_memory();
+  ModelLoadOptions load;
+  load.device = Device::CUDA;
+  load.cuda_logits_on_device = true;
+  auto model = load_language_model(dir, load);
+  DeviceKvRequest request;
+  request.memory = query_device_memory();
+  request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
+  EngineConfig engine;
+  engine.kv_dtype = KvDType::F32;
+  engine.max_prefill_tokens = 64;
+  engine.max_running_requests = 4;
+  // Context 256 needs 4 pages; one page of KV is not enough.
+  const int64_t page = kv_cache_spec(model->config(), KvDType::F32, 64, false).bytes_per_page();
+  request.kv_memory_bytes = page;
+  EXPECT_THROW(plan_device_kv(model->config(), engine, request), Error);
+  request.kv_memory_bytes = 4 * page;
+  const DeviceKvPlan plan = plan_device_kv(model->config(), engine, request);
+  EXPECT_EQ(plan.memory.kv_pages, 4);
+  // More KV than the device has free.
+  request.kv_memory_bytes = request.memory.total_bytes;
+  EXPECT_THROW(plan_device_kv(model->config(), engine, request), Error);
+  // A fraction that leaves nothing for the KV pools.
+  request.kv_memory_bytes = 0;
+  request.gpu_memory_utilization = 1e-6;
+  EXPECT_THROW(plan_device_kv(model->config(), engine, request), Error);
+
+  // An engine whose device pools cannot be allocated fails at start-up.
+  EngineConfig huge;
+  huge.run_thread = false;
+  huge.kv_dtype = KvDType::F32;
+  // The first pool alone is larger than the device: nothing is allocated
+  // (the GPU suite runs tests side by side).
+  const KvCacheSpec spec = kv_cache_spec(model->config(), KvDType::F32, 64, false);
+  const int64_t latent_page = spec.latent_bytes_per_token() * 64;
+  huge.kv_memory_bytes =
+      (request.memory.total_bytes / latent_page + 1) * 11 / 10 * spec.bytes_per_page();
+  EXPECT_THROW(Engine::create(huge, std::move(model), std::make_shared<FakeTokenizer>(256),
+                              GenerationDefaults{}),
+               Error);
+}
+
+TEST(CudaEngineMemory, EngineUsesDevicePoolsAndTheDeviceSampler) {
+  EngineSetup gpu;
+  gpu.device = Device::CUDA;
+  gpu.pages = 6;
+  auto engine = make_engine(fixture_dir("glm_bf16"), gpu);
+  EXPECT_EQ(engine->stats().kv_pages_total, 6);
+  // A request runs and frees every page.
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = std::move(engine);
+  harness.submit(greedy_request("one", prompt_of(10, 256, 3), 5, true));
+  harness.run();
+  EXPECT_EQ(harness.results["one"].tokens.size(), 5u);
+  EXPECT_EQ(harness.engine->stats().running_requests, 0);
+}
+
+}  // namespace
+}  // namespace megactx::testing
