@@ -1,12 +1,17 @@
 // megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
-//                  [--format ids|text] [--device cpu] [--kv-dtype f32|bf16|fp8]
-//                  [--speculative-steps K [--speculative-no-share]
+//                  [--format ids|text] [--device cpu|cuda] [--kv-dtype f32|bf16|fp8]
+//                  [--engine] [--cuda-bf16] [--speculative-steps K [--speculative-no-share]
 //                   [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
 // (ids comma-separated, or detokenized text). With --speculative-steps K > 0
 // the model's MTP layer drafts K tokens per target verification
 // (engine/speculative_decoder.h) and the accepted length goes to stderr.
+// --device cuda (or --engine on the CPU) runs the request through the serving
+// Engine: device KV pools, the device sampler and the sampler's seeded draw,
+// so a seeded request prints the same tokens on both devices. The plain CPU
+// loop samples with its own std::mt19937_64 draw.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -16,6 +21,8 @@
 #include "cli/command_registry.h"
 #include "cli/speculative_options.h"
 #include "core/error.h"
+#include "engine/engine.h"
+#include "engine/kv_capacity.h"
 #include "engine/speculative_decoder.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
@@ -35,8 +42,85 @@ struct GenerateOptions {
   std::string format = "ids";
   std::string device = "cpu";
   std::string kv_dtype = "f32";
+  bool engine = false;  // through the serving Engine (always on CUDA)
+  bool cuda_bf16 = false;
   SpeculativeCliOptions speculative;
 };
+
+// Stands in for tokenizer.json in the Engine when only ids are printed (the
+// test fixtures have none): every token detokenizes to nothing.
+class IdsOnlyTokenizer final : public Tokenizer {
+ public:
+  explicit IdsOnlyTokenizer(int64_t vocab) : vocab_(vocab) {}
+  std::vector<TokenId> encode(std::string_view, bool) const override {
+    fail("this model directory has no tokenizer.json");
+  }
+  std::string decode(const std::vector<TokenId>&, bool) const override { return {}; }
+  int64_t vocab_size() const override { return vocab_; }
+  std::optional<TokenId> token_to_id(std::string_view) const override { return std::nullopt; }
+  std::string id_to_token(TokenId) const override { return {}; }
+  bool is_special(TokenId) const override { return false; }
+  std::string token_bytes(TokenId) const override { return {}; }
+
+ private:
+  int64_t vocab_;
+};
+
+// One request through the serving Engine, sized for exactly this sequence.
+std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
+                                          std::unique_ptr<LanguageModel> model,
+                                          const std::vector<int32_t>& ids, KvDType kv_dtype,
+                                          std::shared_ptr<const Tokenizer> tokenizer,
+                                          int64_t device_model_bytes) {
+  const ModelConfig& config = model->config();
+  const auto prompt = static_cast<int64_t>(ids.size());
+  EngineConfig engine_config;
+  engine_config.run_thread = false;
+  engine_config.kv_dtype = kv_dtype;
+  engine_config.max_running_requests = 1;
+  engine_config.max_prefill_tokens = std::min<int64_t>(prompt, 8192);
+  engine_config.context_length = prompt + options.max_new_tokens;
+  if (config.max_position_embeddings > 0) {
+    engine_config.context_length =
+        std::min(engine_config.context_length, config.max_position_embeddings);
+  }
+  engine_config.context_length = std::max(engine_config.context_length, prompt + 1);
+  const KvCacheSpec spec = kv_cache_spec(config, kv_dtype, engine_config.page_size, false);
+  const int64_t pages =
+      (engine_config.context_length + engine_config.page_size - 1) / engine_config.page_size + 1;
+  engine_config.kv_memory_bytes = pages * spec.bytes_per_page();
+  if (model->device() == Device::CUDA) {
+    DeviceKvRequest request;
+    request.memory = query_device_memory();
+    request.model_bytes = device_model_bytes;
+    request.kv_memory_bytes = engine_config.kv_memory_bytes;
+    std::fprintf(stderr, "%s\n", plan_device_kv(config, engine_config, request).summary().c_str());
+  }
+  if (!tokenizer) tokenizer = std::make_shared<IdsOnlyTokenizer>(config.vocab_size);
+  GenerationDefaults defaults;  // the eos ids of config.json, as the plain loop stops
+  for (const int64_t eos : config.eos_token_ids) {
+    defaults.eos_token_ids.push_back(static_cast<int32_t>(eos));
+  }
+  auto engine =
+      Engine::create(engine_config, std::move(model), std::move(tokenizer), std::move(defaults));
+  GenerationRequest request;
+  request.input_ids = ids;
+  request.sampling.temperature = options.temperature;
+  request.sampling.seed = options.seed;
+  request.sampling.max_new_tokens = options.max_new_tokens;
+  request.sampling.ignore_eos = options.ignore_eos;
+  std::vector<int32_t> generated;
+  std::string error;
+  engine->submit(std::move(request), [&](const RequestUpdate& update) {
+    generated.insert(generated.end(), update.new_token_ids.begin(), update.new_token_ids.end());
+    if (update.finish == FinishReason::Error || update.finish == FinishReason::Abort) {
+      error = update.finish_detail.empty() ? "the request failed" : update.finish_detail;
+    }
+  });
+  engine->run_until_idle();
+  MEGACTX_CHECK(error.empty(), "generate: {}", error);
+  return generated;
+}
 
 // MTP speculative decoding of one sequence (issue 8).
 std::vector<int32_t> generate_speculative(const GenerateOptions& options, LanguageModel& model,
@@ -96,7 +180,7 @@ int run_generate(const GenerateOptions& options) {
   MEGACTX_CHECK(options.max_new_tokens >= 0, "--max-new-tokens must be >= 0");
   MEGACTX_CHECK(options.temperature >= 0.0 && std::isfinite(options.temperature),
                 "--temperature must be >= 0");
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<Tokenizer> tokenizer;
   if (!options.prompt.empty() || options.format == "text") {
     tokenizer = Tokenizer::load(options.model_dir);
   }
@@ -116,9 +200,35 @@ int run_generate(const GenerateOptions& options) {
     MEGACTX_CHECK(options.device == "cpu", "unknown --device '{}' (cpu or cuda)", options.device);
   }
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
-  const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_bf16,
+                "--cuda-bf16 needs --device cuda");
+  load.cuda_bf16 = options.cuda_bf16;
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
+  const bool use_engine = options.engine || load.device == Device::CUDA;
+  MEGACTX_CHECK(
+      !use_engine || options.speculative.steps == 0,
+      "--speculative-steps runs on the CPU model only (use --device cpu without --engine)");
+  if (use_engine) {
+    int64_t device_model_bytes = 0;
+    std::unique_ptr<LanguageModel> model;
+    if (load.device == Device::CUDA) {
+      const int64_t free_before = query_device_memory().free_bytes;
+      load.cuda_logits_on_device = true;  // the Engine samples on the device
+      model = load_language_model(options.model_dir, load);
+      device_model_bytes = std::max<int64_t>(free_before - query_device_memory().free_bytes, 0);
+    } else {
+      model = load_language_model(options.model_dir, load);
+    }
+    std::vector<int32_t> generated;
+    if (options.max_new_tokens > 0) {
+      generated = generate_with_engine(options, std::move(model), ids, load.kv_dtype, tokenizer,
+                                       device_model_bytes);
+    }
+    print_tokens(options, tokenizer.get(), generated);
+    return 0;
+  }
+  const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
   const ModelConfig& config = model->config();
   const int64_t vocab = config.vocab_size;
   if (options.speculative.steps > 0 && options.max_new_tokens > 0) {
@@ -179,6 +289,11 @@ CommandRegistration registration{
       command.add_option("--format", options->format, "ids|text")->capture_default_str();
       command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
+      command.add_flag("--engine", options->engine,
+                       "run through the serving Engine and its sampler (always on CUDA)");
+      command.add_flag("--cuda-bf16", options->cuda_bf16,
+                       "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
+                       "fp32 parity mode)");
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

@@ -1,10 +1,16 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
-//   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--api-key K]
+//   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--gpu-memory-utilization 0.9] [--cuda-bf16]
+//   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 // Loads the model, starts the engine and the HTTP server (OpenAI + SGLang
 // native API), prints "megactx serving NAME at http://H:P" on stdout when
 // ready, and runs until SIGINT/SIGTERM.
+// --device cuda: the engine gets device KV pools and the device sampler; the
+// pages come from the device's memory (engine/kv_capacity.h plan_device_kv:
+// a fraction of the total, or exactly --kv-memory), planned and logged at
+// start-up, where a model or budget that does not fit is an Error.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -17,6 +23,7 @@
 #include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/kv_capacity.h"
 #include "io/model_config.h"
 #include "io/model_summary.h"
 #include "model/model_loader.h"
@@ -35,7 +42,9 @@ struct ServeOptions {
   int port = 30000;
   std::string device = "cpu";
   std::string kv_dtype = "bf16";
-  std::string kv_memory = "2GiB";
+  std::string kv_memory;  // empty: 2GiB on the CPU, the fraction's rest on CUDA
+  double gpu_memory_utilization = 0.9;
+  bool cuda_bf16 = false;
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
@@ -65,11 +74,21 @@ int run_serve(const ServeOptions& options) {
   else if (options.device != "cpu")
     fail("unknown --device '{}' (cpu or cuda)", options.device);
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
-  auto model = load_language_model(options.model_dir, load);
+  const bool cuda = load.device == Device::CUDA;
+  MEGACTX_CHECK(cuda || !options.cuda_bf16, "--cuda-bf16 needs --device cuda");
+  load.cuda_bf16 = options.cuda_bf16;
+  // Before the model loads: the MTP layer runs on the CPU backend only.
+  MEGACTX_CHECK(!cuda || options.speculative.steps == 0,
+                "--speculative-steps needs the CPU model: the MTP layer runs on the CPU backend "
+                "only (use --device cpu or --speculative-steps 0)");
+  const int64_t kv_memory = options.kv_memory.empty()
+                                ? (cuda ? 0 : int64_t{2} << 30)
+                                : static_cast<int64_t>(parse_memory_size(options.kv_memory));
+  MEGACTX_CHECK(options.kv_memory.empty() || kv_memory > 0, "--kv-memory must be positive");
 
   EngineConfig engine_config;
   engine_config.kv_dtype = load.kv_dtype;
-  engine_config.kv_memory_bytes = static_cast<int64_t>(parse_memory_size(options.kv_memory));
+  engine_config.kv_memory_bytes = kv_memory;
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   engine_config.context_length = options.context_length;
@@ -77,9 +96,32 @@ int run_serve(const ServeOptions& options) {
   engine_config.speculative_share = !options.speculative.no_share;
   engine_config.speculative_sampled_mode = parse_verify_mode(options.speculative.verify);
   engine_config.mtp_model_dir = options.model_dir;
+
+  std::unique_ptr<LanguageModel> model;
+  if (cuda) {
+    // What the load takes on the device is measured, not estimated: it
+    // covers the weights in whatever precision the CUDA model keeps them.
+    const DeviceMemoryInfo before = query_device_memory();
+    load.cuda_logits_on_device = true;  // the engine samples on the device
+    model = load_language_model(options.model_dir, load);
+    DeviceKvRequest request;
+    request.memory = query_device_memory();
+    request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
+    request.gpu_memory_utilization = options.gpu_memory_utilization;
+    request.kv_memory_bytes = kv_memory;
+    const DeviceKvPlan plan = plan_device_kv(model->config(), engine_config, request);
+    spdlog::info("{}", plan.summary());
+    engine_config.kv_memory_bytes = plan.kv_bytes();
+  } else {
+    model = load_language_model(options.model_dir, load);
+  }
   GenerationDefaults defaults = load_generation_defaults(options.model_dir, config.eos_token_ids);
   auto engine = Engine::create(engine_config, std::move(model), tokenizer, defaults);
 
+  const std::string kv_memory_text =
+      !options.kv_memory.empty() ? options.kv_memory
+      : cuda                     ? std::to_string(engine_config.kv_memory_bytes >> 20) + "MiB"
+                                 : "2GiB";
   server::ServerConfig server_config;
   server_config.served_model_name =
       options.served_model_name.empty() ? options.model_dir : options.served_model_name;
@@ -91,7 +133,7 @@ int run_serve(const ServeOptions& options) {
   if (defaults.top_k) server_config.default_sampling.top_k = *defaults.top_k;
   server_config.server_info = {{"device", options.device},
                                {"kv_dtype", options.kv_dtype},
-                               {"kv_memory", options.kv_memory},
+                               {"kv_memory", kv_memory_text},
                                {"max_running_requests", options.max_running_requests},
                                {"max_prefill_tokens", options.max_prefill_tokens},
                                {"speculative_steps", options.speculative.steps}};
@@ -138,8 +180,17 @@ CommandRegistration registration{
       command.add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
       command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
       command.add_option("--kv-dtype", options->kv_dtype, "bf16|fp8|f32")->capture_default_str();
-      command.add_option("--kv-memory", options->kv_memory, "KV cache budget, e.g. 2GiB")
+      command.add_option("--kv-memory", options->kv_memory,
+                         "KV cache budget, e.g. 2GiB (default: 2GiB on the CPU; on CUDA what "
+                         "--gpu-memory-utilization leaves)");
+      command
+          .add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
+                      "--device cuda: fraction of the device's total memory the process may use "
+                      "(model, step scratch and KV pools)")
           ->capture_default_str();
+      command.add_flag("--cuda-bf16", options->cuda_bf16,
+                       "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
+                       "fp32 parity mode)");
       command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
       command.add_option("--max-running-requests", options->max_running_requests)
           ->capture_default_str();
