@@ -101,7 +101,24 @@ int run_serve(const ServeOptions& options) {
   if (cuda) {
     // What the load takes on the device is measured, not estimated: it
     // covers the weights in whatever precision the CUDA model keeps them.
+    MEGACTX_CHECK(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0,
+                  "--gpu-memory-utilization must be in (0, 1], got {}",
+                  options.gpu_memory_utilization);
     const DeviceMemoryInfo before = query_device_memory();
+    // Fail before the (long) load when even the GEMM weights cannot fit: the
+    // CUDA model keeps them in float32, or bf16 with --cuda-bf16.
+    const int64_t parameters = summarize_model(config).params_total;
+    const int64_t least_weight_bytes = parameters * (options.cuda_bf16 ? 2 : 4);
+    double usable = static_cast<double>(before.free_bytes);
+    if (options.kv_memory.empty()) {
+      usable = std::min(usable,
+                        options.gpu_memory_utilization * static_cast<double>(before.total_bytes));
+    }
+    MEGACTX_CHECK(static_cast<double>(least_weight_bytes) < usable,
+                  "the model does not fit on the device: its {} parameters need at least {} MiB, "
+                  "{:.0f} MiB are usable ({} of {} MiB free, --gpu-memory-utilization {})",
+                  parameters, least_weight_bytes >> 20, usable / (1 << 20), before.free_bytes >> 20,
+                  before.total_bytes >> 20, options.gpu_memory_utilization);
     load.cuda_logits_on_device = true;  // the engine samples on the device
     model = load_language_model(options.model_dir, load);
     DeviceKvRequest request;
