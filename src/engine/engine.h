@@ -5,6 +5,9 @@
 // the thread off (EngineConfig::run_thread = false) and call step().
 // With EngineConfig::speculative_steps = k > 0 decoding requests verify k MTP
 // drafts per step (engine_speculation.cpp; the CPU DsaModel only).
+// A CUDA model (LanguageModel::device() == CUDA) gets device KV pools unless
+// EngineConfig::make_kv_cache says otherwise, and the CudaSampler
+// (cuda_sampler.h), which samples device logits on the device.
 #pragma once
 
 #include <atomic>
@@ -59,7 +62,7 @@ class Engine : public EngineApi {
   const KvCapacityPlan& capacity() const { return capacity_; }
   const GenerationDefaults& generation_defaults() const { return defaults_; }
   int64_t num_preemptions() const;
-  // Replaces the CPU sampler (the CUDA backend brings its own).
+  // Replaces the sampler (CpuSampler, or CudaSampler for a CUDA model).
   void set_sampler(std::unique_ptr<Sampler> sampler);
 
  private:

@@ -39,8 +39,8 @@ struct EngineConfig {
   bool run_thread = true;
   // Run check_integrity() after every step (tests, debugging).
   bool check_integrity_every_step = false;
-  // Builds the cache storage (the CUDA backend allocates device pools);
-  // default: host pools through PagedKvCache(spec).
+  // Builds the cache storage; default: host pools through
+  // PagedKvCache(spec), device pools (make_cuda_kv_cache) for a CUDA model.
   std::function<std::unique_ptr<PagedKvCache>(const KvCacheSpec&)> make_kv_cache;
 };
 
