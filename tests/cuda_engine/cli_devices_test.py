@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""`megactx generate` / `serve` through the serving Engine, on the CPU and (with
+--cuda, on the GPU machine) on CUDA.
+
+Host part (runs everywhere): `generate --engine` gives the plain loop's greedy
+tokens, and a seeded sampled request gives the same tokens twice.
+--cuda: `generate --device cuda` gives the CPU loop's greedy tokens and
+`generate --device cpu --engine`'s seeded sampled tokens; `serve --device cuda`
+answers /generate with the CPU server's greedy tokens and its logprobs within
+1e-4; budgets that cannot hold the model or one full-context sequence are a
+one-line error at start-up (exit 1).
+
+  python3 tests/cuda_engine/cli_devices_test.py --megactx build/megactx [--cuda]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = [os.path.join(ROOT, "tests/fixtures/hf/glm_bf16"), os.path.join(ROOT, "models/default")]
+PROMPT = "3,17,99,42,7,1,250,31,64,12,5,77,200,150,9,11,23"
+failures = []
+
+
+def check(condition, message):
+    print(("ok   " if condition else "FAIL ") + message, flush=True)
+    if not condition:
+        failures.append(message)
+
+
+def generate(megactx, model, *extra):
+    command = [megactx, "generate", "--model", model, "--input-ids", PROMPT,
+               "--max-new-tokens", "24", "--ignore-eos", *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        return "error: " + result.stderr.strip().splitlines()[-1]
+    return result.stdout.strip()
+
+
+def start_server(megactx, model, *extra):
+    process = subprocess.Popen([megactx, "serve", "--model", model, "--port", "0", *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if "serving" not in line:
+        process.kill()
+        return None, process.stderr.read()
+    return process, line.strip().rsplit(" ", 1)[-1]
+
+
+def post(url, body):
+    request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def served(megactx, model, *extra):
+    process, url = start_server(megactx, model, *extra)
+    if process is None:
+        return None, url
+    try:
+        body = {"input_ids": [int(x) for x in PROMPT.split(",")], "return_logprob": True,
+                "top_logprobs_num": 3,
+                "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
+        return post(url, body), ""
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def start_up_error(megactx, model, *extra):
+    result = subprocess.run([megactx, "serve", "--model", model, "--port", "0", *extra],
+                            capture_output=True, text=True, timeout=600)
+    return result.returncode, result.stderr.strip()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megactx", required=True)
+    parser.add_argument("--cuda", action="store_true", help="also run the CUDA checks (GPU)")
+    args = parser.parse_args()
+    for model in MODELS:
+        name = os.path.basename(model)
+        loop = generate(args.megactx, model)
+        check(not loop.startswith("error") and len(loop.split(",")) == 24, f"{name}: loop {loop}")
+        check(generate(args.megactx, model, "--engine") == loop, f"{name}: --engine greedy = loop")
+        sampled = ("--temperature", "0.9", "--seed", "4")
+        engine_sampled = generate(args.megactx, model, "--engine", *sampled)
+        check(not engine_sampled.startswith("error"), f"{name}: sampled {engine_sampled}")
+        check(generate(args.megactx, model, "--engine", *sampled) == engine_sampled,
+              f"{name}: seeded sampling reproduces")
+        if not args.cuda:
+            continue
+        check(generate(args.megactx, model, "--device", "cuda") == loop,
+              f"{name}: generate --device cuda greedy = CPU loop")
+        check(generate(args.megactx, model, "--device", "cuda", *sampled) == engine_sampled,
+              f"{name}: generate --device cuda seeded sampled = CPU --engine")
+        if not os.path.exists(os.path.join(model, "tokenizer.json")):
+            continue  # serve needs a tokenizer
+        want, error = served(args.megactx, model, "--kv-dtype", "f32")
+        got, cuda_error = served(args.megactx, model, "--kv-dtype", "f32", "--device", "cuda",
+                                 "--gpu-memory-utilization", "0.3")
+        check(want is not None, f"{name}: CPU server {error}")
+        check(got is not None, f"{name}: CUDA server {cuda_error}")
+        if want is not None and got is not None:
+            check(got["output_ids"] == want["output_ids"],
+                  f"{name}: serve --device cuda greedy = CPU server")
+            lp_got = [entry[0] for entry in got["meta_info"]["output_token_logprobs"]]
+            lp_want = [entry[0] for entry in want["meta_info"]["output_token_logprobs"]]
+            check(len(lp_got) == len(lp_want) and
+                  all(abs(a - b) <= 1e-4 for a, b in zip(lp_got, lp_want)),
+                  f"{name}: serve --device cuda logprobs within 1e-4")
+        code, text = start_up_error(args.megactx, model, "--device", "cuda",
+                                    "--gpu-memory-utilization", "0.0001")
+        check(code == 1 and "error:" in text,
+              f"{name}: tiny --gpu-memory-utilization is a start-up error: {text[-300:]}")
+        code, text = start_up_error(args.megactx, model, "--device", "cuda", "--kv-memory", "64KiB")
+        check(code == 1 and "needs" in text,
+              f"{name}: --kv-memory below one full-context sequence is an error: {text[-300:]}")
+    print("FAILED" if failures else "PASSED", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
