@@ -73,7 +73,7 @@ std::vector<GenerationRequest> batch_of_requests(int64_t vocab) {
   const int64_t lengths[] = {5, 23, 41, 70};
   for (const int64_t length : lengths) {
     GenerationRequest greedy = greedy_request("greedy" + std::to_string(length),
-                                              prompt_of(length, vocab, 1 + length), 20, true);
+                                              prompt_of(length, vocab, 1 + length), 60, true);
     greedy.return_logprob = true;
     greedy.top_logprobs_num = 3;
     requests.push_back(greedy);
@@ -85,7 +85,7 @@ std::vector<GenerationRequest> batch_of_requests(int64_t vocab) {
     sampled.sampling.top_k = 20;
     sampled.sampling.top_p = 0.9;
     sampled.sampling.seed = 1000 + length;
-    sampled.sampling.max_new_tokens = 20;
+    sampled.sampling.max_new_tokens = 60;
     sampled.sampling.ignore_eos = true;
     sampled.return_logprob = true;
     requests.push_back(sampled);
@@ -169,6 +169,10 @@ TEST_P(CudaEngine, BatchWithChunksAndPreemptionEqualsTheCpuEngine) {
   EngineSetup gpu;
   gpu.device = Device::CUDA;
   const BatchRun want = run_batch(dir, cpu);
+  EXPECT_GT(want.preemptions, 0) << "the KV budget was meant to force preemption";
+  for (const auto& [rid, c] : want.results) {
+    EXPECT_NE(c.finish, FinishReason::Error) << rid << ": " << c.finish_detail;
+  }
   const BatchRun got = run_batch(dir, gpu);
   EXPECT_GT(got.preemptions, 0) << "the KV budget was meant to force preemption";
   for (const auto& [rid, c] : got.results) {
@@ -199,7 +203,7 @@ TEST_P(CudaEngine, QuantizedCachesRunTheBatch) {
     for (const auto& [rid, c] : run.results) {
       EXPECT_NE(c.finish, FinishReason::Error) << rid << ": " << c.finish_detail;
     }
-    EXPECT_EQ(run.results.at("greedy70").tokens.size(), 20u);
+    EXPECT_EQ(run.results.at("greedy70").tokens.size(), 60u);
   }
 }
 
