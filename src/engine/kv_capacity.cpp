@@ -94,10 +94,12 @@ int64_t device_reserve_bytes(const KvCacheSpec& spec) {
 
 std::string DeviceKvPlan::summary() const {
   return fmt::format(
-      "CUDA memory plan: budget {:.0f} MiB = model {:.0f} MiB + step scratch {:.0f} MiB ({} "
-      "tokens, context {}) + reserve {:.0f} MiB + KV {:.0f} MiB ({} pages of {} B)",
+      "CUDA memory plan: {:.0f} MiB = model {:.0f} MiB + step scratch {:.0f} MiB ({} tokens, "
+      "context {}) + reserve {:.0f} MiB + KV {:.0f} MiB ({} pages of {} B); device {:.0f} MiB, "
+      "{:.0f} MiB free after the model",
       mib(budget_bytes), mib(memory.weight_bytes), mib(memory.scratch_bytes), max_step_tokens,
-      context, mib(reserve_bytes), mib(kv_bytes()), memory.kv_pages, memory.kv_bytes_per_page);
+      context, mib(reserve_bytes), mib(kv_bytes()), memory.kv_pages, memory.kv_bytes_per_page,
+      mib(device.total_bytes), mib(device.free_bytes));
 }
 
 DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine,
@@ -113,6 +115,7 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   MEGACTX_CHECK(engine.max_prefill_tokens > 0 && engine.max_running_requests > 0,
                 "max_prefill_tokens and max_running_requests must be positive");
   DeviceKvPlan plan;
+  plan.device = device;
   plan.context = engine.context_length > 0 ? engine.context_length : model.max_position_embeddings;
   MEGACTX_CHECK(
       plan.context > 0,

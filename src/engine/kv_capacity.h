@@ -53,6 +53,7 @@ struct DeviceKvPlan {
   int64_t reserve_bytes = 0;  // cuBLAS workspace, sampler, allocation rounding
   int64_t max_step_tokens = 0;
   int64_t context = 0;
+  DeviceMemoryInfo device;  // as measured after the model was loaded
   int64_t kv_bytes() const { return memory.kv_pages * memory.kv_bytes_per_page; }
   std::string summary() const;  // one log line
 };
