@@ -270,7 +270,7 @@ TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
                Error);
 }
 
-TEST(CudaEngineMemory, EngineUsesDevicePoolsAndTheDeviceSampler) {
+TEST(CudaEngineMemory, EngineRunsOnItsDevicePages) {
   EngineSetup gpu;
   gpu.device = Device::CUDA;
   gpu.pages = 6;
