@@ -29,6 +29,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   const int64_t value = config_.v_head_dim;
   const int64_t entry = lora + rope;
 
+  timer_.mark("attn projections", stream_);
   // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
   float* q = sc.q.get<float>(n * heads * qk);
   float* q_resid = nullptr;
@@ -51,7 +52,11 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave, stream_);
   write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
 
-  if (w.has_indexer) indexer(w, layer, h, q_resid, step, cache);
+  if (w.has_indexer) {
+    timer_.mark("indexer proj + cache", stream_);
+    indexer(w, layer, h, q_resid, step, cache);
+  }
+  timer_.mark("attn absorb W_UK", stream_);
 
   // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
   // (w_uk_t [heads, lora, nope]) -> [n, heads, lora].
@@ -78,7 +83,9 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   p.rope = rope;
   p.scale = softmax_scale_;
   p.out = o_latent;
+  timer_.mark("attn sparse MLA", stream_);
   mla_attention_fallback(p, stream_);
+  timer_.mark("attn W_UV + o_proj", stream_);
 
   // Expand per head with W_UV ([heads, value, lora]) -> [n, heads * value]; then o_proj.
   float* o = sc.o.get<float>(n * heads * value);
@@ -127,6 +134,7 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   p.scores = sc.scores.get<float>(n * step.max_context);
   p.indices = step.topk;
   p.counts = step.counts;
+  timer_.mark("indexer scores + top-k", stream_);
   indexer_topk_fallback(p, stream_);
 }
 

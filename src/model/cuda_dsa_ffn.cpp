@@ -25,6 +25,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
   const int64_t hidden = config_.hidden_size;
   const int64_t experts = config_.n_routed_experts;
   const int64_t top_k = config_.num_experts_per_tok;
+  timer_.mark("moe router", stream_);
   float* logits = sc.router_logits.get<float>(rows * experts);
   blas_->linear(h, rows, hidden, w.router, experts, logits);
   int32_t* ids = sc.route_ids.get<int32_t>(rows * top_k);
@@ -34,6 +35,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
   moe_route(logits, w.bias, rows, params, ids, gates, stream_);
 
+  timer_.mark("moe host sync + dispatch", stream_);
   std::vector<int32_t> host_ids(static_cast<size_t>(rows * top_k));
   std::vector<float> host_gates(host_ids.size());
   MEGACTX_CUDA_CHECK(cudaMemcpyAsync(host_ids.data(), ids, host_ids.size() * sizeof(int32_t),
@@ -62,6 +64,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
   const int32_t* d_rows = upload(sc.expert_rows, rows_by_expert, stream_);
   const float* d_gates = upload(sc.expert_gates, gates_by_expert, stream_);
 
+  timer_.mark("moe routed experts", stream_);
   MEGACTX_CUDA_CHECK(
       cudaMemsetAsync(out, 0, static_cast<size_t>(rows * hidden) * sizeof(float), stream_));
   // Sized for the busiest expert once, so no buffer grows mid-layer.
@@ -77,6 +80,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
     scatter_add_rows(result, d_rows + starts[e], d_gates + starts[e], m, hidden, out, stream_);
   }
   if (config_.n_shared_experts > 0) {
+    timer_.mark("moe shared expert", stream_);
     mlp(w.shared, h, rows, result);
     add_into(out, result, rows * hidden, stream_);
   }

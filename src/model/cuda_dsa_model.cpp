@@ -4,6 +4,9 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda_dsa_model.h"
 
+#include <chrono>
+#include <cstdio>
+
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
 #include "model/batch_checks.h"
@@ -34,6 +37,9 @@ CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options
   MEGACTX_CHECK(config_.index_n_heads * config_.index_head_dim * 4 <= kSharedBytes,
                 "CUDA model: indexer {} heads x {} dims too large for the fp32 indexer path",
                 config_.index_n_heads, config_.index_head_dim);
+  MEGACTX_CHECK(config_.kv_lora_rank <= 512 && config_.qk_rope_head_dim <= 64,
+                "CUDA model: kv_lora {} / rope {} exceed the attention path's 512 / 64",
+                config_.kv_lora_rank, config_.qk_rope_head_dim);
   MEGACTX_CHECK(config_.q_lora_rank.has_value(),
                 "CUDA model: DSA layers need q_lora_rank (the indexer reads the q-LoRA residual)");
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -42,6 +48,10 @@ CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options
 }
 
 CudaDsaModel::~CudaDsaModel() {
+  if (timer_.enabled()) {
+    std::fprintf(stderr, "%sforward wall time (host, incl. bookkeeping): %.3f ms\n",
+                 timer_.report().c_str(), forward_wall_ms_);
+  }
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -69,6 +79,8 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
 }
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
   const int64_t hidden = config_.hidden_size;
   Scratch& sc = scratch_;
@@ -127,6 +139,7 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
 
   // x: [n, hidden] residual stream, from the embeddings.
   float* x = sc.x.get<float>(n * hidden);
+  timer_.mark("embed", stream_);
   embed_gather(weights_->embed, d_ids, n, hidden, x, stream_);
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     decoder_layer(weights_->layers[layer], layer, step, cache, x);
@@ -139,6 +152,7 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
                                        static_cast<size_t>(n * hidden) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
   }
+  timer_.mark("final norm + lm_head", stream_);
   const int64_t m = static_cast<int64_t>(logit_rows.size());
   const int64_t vocab = config_.vocab_size;
   float* normed = sc.normed.get<float>(m * hidden);
@@ -161,6 +175,10 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
                                        cudaMemcpyDeviceToHost, stream_));
   }
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  timer_.collect(stream_);
+  forward_wall_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start)
+          .count();
   return output;
 }
 
@@ -171,15 +189,19 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = scratch_.h.get<float>(n * hidden);
   float* branch = scratch_.branch.get<float>(n * hidden);
+  timer_.mark("norms + residual", stream_);
   rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_);
   attention(w, layer, h, step, cache, branch);
+  timer_.mark("norms + residual", stream_);
   add_into(x, branch, n * hidden, stream_);
   rmsnorm(x, n, hidden, hidden, w.post_norm, eps, h, hidden, stream_);
   if (w.is_moe) {
     moe(w, h, n, branch);
   } else {
+    timer_.mark("dense mlp", stream_);
     mlp(w.dense, h, n, branch);
   }
+  timer_.mark("norms + residual", stream_);
   add_into(x, branch, n * hidden, stream_);
 }
 

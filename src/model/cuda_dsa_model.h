@@ -11,6 +11,7 @@
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda_buffer.h"
 #include "model/cuda_model.h"
+#include "model/cuda_phase_timer.h"
 #include "model/cuda_weights.h"
 #include "model/rope.h"
 
@@ -67,6 +68,8 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   Scratch scratch_;
+  PhaseTimer timer_;  // MEGACTX_CUDA_PHASE_TIMES=1
+  double forward_wall_ms_ = 0.0;
 };
 
 }  // namespace megactx::cuda

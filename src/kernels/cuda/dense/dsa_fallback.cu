@@ -106,16 +106,21 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
   }
 }
 
-// One block per token; q[t] staged in shared memory ([heads * dim] floats).
+// Blocks (token, chunk of kThreads positions); q[t] staged in shared memory
+// ([heads * dim] floats). The chunks spread one token's keys over many SMs
+// (a single decode token would otherwise run on one).
 __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
   extern __shared__ float q[];
   const int64_t t = blockIdx.x;
+  const int64_t visible = p.rows.positions[t] + 1;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  if (first >= visible) return;
   for (int64_t i = threadIdx.x; i < p.heads * p.dim; i += blockDim.x)
     q[i] = p.q[t * p.heads * p.dim + i];
   __syncthreads();
-  const int64_t visible = p.rows.positions[t] + 1;
   const float* w = p.weights + t * p.heads;
-  for (int64_t pos = threadIdx.x; pos < visible; pos += blockDim.x) {
+  for (int64_t pos = first + threadIdx.x; pos < visible && pos < first + blockDim.x;
+       pos += blockDim.x) {
     const int64_t slot = slot_of(p.rows, t, pos);
     float total = 0.0f;
     for (int64_t h = 0; h < p.heads; ++h) {
@@ -160,57 +165,84 @@ __global__ void topk_kernel(IndexerFallbackParams p) {
   if (threadIdx.x == 0) p.counts[t] = static_cast<int32_t>(count);
 }
 
-__device__ float block_reduce(float value, float* shared, bool use_max) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
-    value = use_max ? fmaxf(value, other) : value + other;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  float total = use_max ? -FLT_MAX : 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w)
-    total = use_max ? fmaxf(total, shared[w]) : total + shared[w];
-  __syncthreads();
-  return total;
-}
+// One block per (token, head); its 8 warps split the selected keys. Each warp
+// walks its keys once with an online softmax (running max m, sum l, output
+// acc): lane l owns the latent dims l, l + 32, ... (at most 16 of them, so
+// kv_lora <= 512) and the rope dims l, l + 32 (rope <= 64), so the c_kv
+// values it loads for the logit are the ones it accumulates. The warps' states
+// merge in shared memory at the end ([8][512] floats).
+constexpr int kMlaWarps = kThreads / 32;
+constexpr int kMlaMaxLatentPerLane = 16;  // kv_lora <= 512
+constexpr int kMlaMaxRopePerLane = 2;     // rope <= 64
 
-// One block per (token, head). Shared: logits [index_stride] floats.
 __global__ void mla_kernel(MlaFallbackParams p) {
-  extern __shared__ float logits[];
-  __shared__ float reduce[kThreads / 32];
+  __shared__ float warp_acc[kMlaWarps][kMlaMaxLatentPerLane * 32];
+  __shared__ float warp_max[kMlaWarps], warp_sum[kMlaWarps];
   const int64_t t = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* ql = p.q_latent + (t * p.heads + h) * p.kv_lora;
   const float* qr = p.q_rope + t * p.rope_row_stride + h * p.rope_head_stride;
   const int32_t* selected = p.indices + t * p.index_stride;
   const int64_t count = p.counts[t];
-  float* out = p.out + (t * p.heads + h) * p.kv_lora;
-  // Logits: one warp per selected position.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t j = warp; j < count; j += kThreads / 32) {
+  float q_latent[kMlaMaxLatentPerLane], q_rope[kMlaMaxRopePerLane], acc[kMlaMaxLatentPerLane];
+#pragma unroll
+  for (int i = 0; i < kMlaMaxLatentPerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    q_latent[i] = d < p.kv_lora ? ql[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kMlaMaxRopePerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    q_rope[i] = d < p.rope ? qr[d] : 0.0f;
+  }
+  float running_max = -FLT_MAX, running_sum = 0.0f;
+  for (int64_t j = warp; j < count; j += kMlaWarps) {
     const int64_t slot = slot_of(p.rows, t, selected[j]);
+    float c_kv[kMlaMaxLatentPerLane];
     float dot = 0.0f;
-    for (int64_t d = lane; d < p.kv_lora; d += 32) dot += ql[d] * load(p.pool, p.layout, slot, d);
-    for (int64_t d = lane; d < p.rope; d += 32)
-      dot += qr[d] * load(p.pool, p.layout, slot, p.kv_lora + d);
+#pragma unroll
+    for (int i = 0; i < kMlaMaxLatentPerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      c_kv[i] = d < p.kv_lora ? load(p.pool, p.layout, slot, d) : 0.0f;
+      dot += q_latent[i] * c_kv[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kMlaMaxRopePerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < p.rope) dot += q_rope[i] * load(p.pool, p.layout, slot, p.kv_lora + d);
+    }
     for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    if (lane == 0) logits[j] = dot * p.scale;
+    const float logit = dot * p.scale;
+    const float new_max = fmaxf(running_max, logit);
+    const float correction = expf(running_max - new_max);
+    const float weight = expf(logit - new_max);
+    running_sum = running_sum * correction + weight;
+#pragma unroll
+    for (int i = 0; i < kMlaMaxLatentPerLane; ++i) acc[i] = acc[i] * correction + weight * c_kv[i];
+    running_max = new_max;
+  }
+#pragma unroll
+  for (int i = 0; i < kMlaMaxLatentPerLane; ++i) warp_acc[warp][lane + 32 * i] = acc[i];
+  if (lane == 0) {
+    warp_max[warp] = running_max;
+    warp_sum[warp] = running_sum;
   }
   __syncthreads();
-  float local_max = -FLT_MAX;
-  for (int64_t j = threadIdx.x; j < count; j += kThreads) local_max = fmaxf(local_max, logits[j]);
-  const float max_logit = block_reduce(local_max, reduce, true);
-  float local_sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
-    logits[j] = expf(logits[j] - max_logit);
-    local_sum += logits[j];
+  float total_max = -FLT_MAX;
+  for (int w = 0; w < kMlaWarps; ++w) total_max = fmaxf(total_max, warp_max[w]);
+  float scales[kMlaWarps];
+  float denominator = 0.0f;
+  for (int w = 0; w < kMlaWarps; ++w) {
+    // A warp that saw no key keeps max -FLT_MAX and sum 0: its scale is 0.
+    scales[w] = warp_sum[w] > 0.0f ? expf(warp_max[w] - total_max) : 0.0f;
+    denominator += scales[w] * warp_sum[w];
   }
-  const float denominator = block_reduce(local_sum, reduce, false);
+  float* out = p.out + (t * p.heads + h) * p.kv_lora;
   for (int64_t d = threadIdx.x; d < p.kv_lora; d += kThreads) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < count; ++j)
-      acc += logits[j] * load(p.pool, p.layout, slot_of(p.rows, t, selected[j]), d);
-    out[d] = count == 0 ? 0.0f : acc / denominator;
+    float value = 0.0f;
+    for (int w = 0; w < kMlaWarps; ++w) value += scales[w] * warp_acc[w][d];
+    out[d] = count == 0 ? 0.0f : value / denominator;
   }
 }
 
@@ -238,7 +270,9 @@ void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& ro
 void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   const size_t q_bytes = static_cast<size_t>(p.heads * p.dim) * sizeof(float);
-  indexer_scores_kernel<<<static_cast<unsigned>(p.tokens), kThreads, q_bytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.tokens),
+                  static_cast<unsigned>((p.max_context + kThreads - 1) / kThreads));
+  indexer_scores_kernel<<<grid, kThreads, q_bytes, stream>>>(p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
   const size_t sort_bytes = static_cast<size_t>(p.topk) * sizeof(int32_t);
   topk_kernel<<<static_cast<unsigned>(p.tokens), kThreads, sort_bytes, stream>>>(p);
@@ -247,8 +281,8 @@ void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) 
 
 void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  const size_t bytes = static_cast<size_t>(p.index_stride) * sizeof(float);
-  mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, bytes, stream>>>(p);
+  // kv_lora <= 512 and rope <= 64: checked by the CUDA model's constructor.
+  mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream>>>(p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

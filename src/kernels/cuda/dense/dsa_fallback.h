@@ -63,6 +63,7 @@ void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream);
 
 // out[t, h, :] = softmax_j(scale * (q_latent . c_kv_j + q_rope . k_rope_j)) c_kv_j
 // over the positions indices[t, 0:counts[t]) of token t's sequence.
+// kv_lora <= 512 and rope <= 64 (per-lane registers of the kernel).
 struct MlaFallbackParams {
   const float* q_latent = nullptr;  // [tokens, heads, kv_lora]
   const float* q_rope =
