@@ -13,6 +13,7 @@
 #include "server/logprob_json.h"
 #include "server/prompt_limits.h"
 #include "server/request_fields.h"
+#include "server/request_group.h"
 #include "server/sampling_json.h"
 #include "server/sse.h"
 #include "tokenizer/tokenizer.h"
@@ -264,14 +265,11 @@ void handle_generate(ServerState& state, const HttpRequest& request,
   state.check_capacity();
 
   job->remaining = count;
-  std::vector<std::string> rids;
-  for (const auto& item : job->items) rids.push_back(item.request.rid);
-  channel->on_disconnect([&state, rids] {
-    for (const auto& rid : rids) state.engine().abort(rid);
+  std::vector<const GenerationRequest*> requests;
+  for (const auto& item : job->items) requests.push_back(&item.request);
+  submit_request_group(state, *channel, requests, [job](size_t index, const RequestUpdate& update) {
+    job->on_update(index, update);
   });
-  for (size_t i = 0; i < count; ++i)
-    state.submit(job->items[i].request,
-                 [job, i](const RequestUpdate& update) { job->on_update(i, update); });
 }
 
 }  // namespace megactx::server

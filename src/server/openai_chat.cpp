@@ -3,7 +3,7 @@
 // into content, reasoning_content and tool_calls — whole, or as streamed
 // deltas: a role chunk, content/reasoning/tool-call deltas, a finish chunk
 // per choice, a usage chunk when stream_options.include_usage, then [DONE].
-#include <mutex>
+#include <memory>
 
 #include "io/model_config.h"
 #include "server/api_error.h"
@@ -11,6 +11,7 @@
 #include "server/generation_output.h"
 #include "server/json_text.h"
 #include "server/logprob_json.h"
+#include "server/openai_choices.h"
 #include "server/openai_common.h"
 #include "server/prompt_limits.h"
 #include "server/request_fields.h"
@@ -100,145 +101,87 @@ nlohmann::json delta_json(const ParsedDelta& delta) {
   return out;
 }
 
+// Per choice, what streaming needs: the incremental parser (made only when
+// streaming) and what was sent.
 struct ChatChoice {
-  GenerationRequest request;
-  GenerationOutput output;
-  std::unique_ptr<OutputParser> parser;  // streaming only
+  std::unique_ptr<OutputParser> parser;
   bool sent_role = false;
   bool made_tool_calls = false;
 };
 
-struct ChatJob {
-  ServerState& state;
-  std::shared_ptr<ResponseChannel> channel;
-  std::string id;
-  int64_t created = unix_time_seconds();
-  bool stream = false, include_usage = false, logprobs = false;
+class ChatJob : public OpenAiChoiceJob {
+ public:
+  ChatJob(ServerState& state_in, std::shared_ptr<ResponseChannel> channel_in)
+      : OpenAiChoiceJob(state_in, std::move(channel_in), state_in.new_id("chatcmpl-"),
+                        "chat.completion", "chat.completion.chunk") {}
+
+  bool logprobs = false;
   int64_t top_logprobs = 0;
   OutputParserOptions parser_options;
-  std::vector<ChatChoice> choices;
-  std::mutex mutex;
-  size_t remaining = 0;
-  bool stream_started = false;
+  std::vector<ChatChoice> choices;  // [choices], beside `requests`
 
-  ChatJob(ServerState& state_in, std::shared_ptr<ResponseChannel> channel_in)
-      : state(state_in), channel(std::move(channel_in)) {}
-
+ private:
   const Tokenizer& tokenizer() const { return state.engine().tokenizer(); }
 
-  std::vector<const GenerationOutput*> outputs() const {
-    std::vector<const GenerationOutput*> out;
-    for (const auto& choice : choices) out.push_back(&choice.output);
-    return out;
+  nlohmann::json delta_chunk(size_t index, nlohmann::json delta, nlohmann::json logprobs_json,
+                             nlohmann::json finish) const {
+    return chunk({{"index", index},
+                  {"delta", std::move(delta)},
+                  {"logprobs", std::move(logprobs_json)},
+                  {"finish_reason", std::move(finish)}});
   }
 
-  nlohmann::json chunk(size_t index, nlohmann::json delta, nlohmann::json logprobs_json,
-                       nlohmann::json finish) const {
-    nlohmann::json choice = {{"index", index},
-                             {"delta", std::move(delta)},
-                             {"logprobs", std::move(logprobs_json)},
-                             {"finish_reason", std::move(finish)}};
-    nlohmann::json out = {{"id", id},
-                          {"object", "chat.completion.chunk"},
-                          {"created", created},
-                          {"model", state.config().served_model_name},
-                          {"choices", nlohmann::json::array({std::move(choice)})}};
-    if (include_usage) out["usage"] = nullptr;
-    return out;
+  nlohmann::json whole_choice(size_t index) const override {
+    const GenerationOutput& output = outputs[index];
+    ParsedMessage parsed = parse_output(output.text, parser_options);
+    bool made_calls = !parsed.tool_calls.empty();
+    nlohmann::json message = {
+        {"role", "assistant"},
+        {"content", parsed.content.empty() && made_calls
+                        ? nlohmann::json(nullptr)
+                        : nlohmann::json(sanitize_utf8(parsed.content))},
+        {"reasoning_content", parsed.reasoning_content.empty()
+                                  ? nlohmann::json(nullptr)
+                                  : nlohmann::json(sanitize_utf8(parsed.reasoning_content))}};
+    if (made_calls) message["tool_calls"] = parsed.tool_calls;
+    nlohmann::json logprobs_json = nullptr;
+    if (logprobs)
+      logprobs_json = {
+          {"content", chat_logprob_entries(tokenizer(), output.output_logprobs, top_logprobs)}};
+    return {{"index", index},
+            {"message", std::move(message)},
+            {"logprobs", std::move(logprobs_json)},
+            {"finish_reason", openai_finish_reason(output, made_calls)},
+            {"matched_stop", matched_stop_json(output)}};
   }
 
-  void on_update(size_t index, const RequestUpdate& update) {
-    std::lock_guard lock(mutex);
+  void stream_choice(size_t index, const RequestUpdate& update, bool finished_now) override {
     ChatChoice& choice = choices[index];
-    choice.output.add(update);
-    bool finished_now = update.finish != FinishReason::None;
-    if (finished_now) --remaining;
-    if (stream) return stream_update(index, update, finished_now);
-    if (remaining > 0) return;
-    for (const auto& other : choices)
-      if (other.output.finish == FinishReason::Error)
-        return channel->respond(error_response(400, other.output.finish_detail));
-    nlohmann::json list = nlohmann::json::array();
-    for (size_t i = 0; i < choices.size(); ++i) {
-      const ChatChoice& c = choices[i];
-      ParsedMessage parsed = parse_output(c.output.text, parser_options);
-      bool made_calls = !parsed.tool_calls.empty();
-      nlohmann::json message = {
-          {"role", "assistant"},
-          {"content", parsed.content.empty() && made_calls
-                          ? nlohmann::json(nullptr)
-                          : nlohmann::json(sanitize_utf8(parsed.content))},
-          {"reasoning_content", parsed.reasoning_content.empty()
-                                    ? nlohmann::json(nullptr)
-                                    : nlohmann::json(sanitize_utf8(parsed.reasoning_content))}};
-      if (made_calls) message["tool_calls"] = parsed.tool_calls;
-      nlohmann::json logprobs_json = nullptr;
-      if (logprobs)
-        logprobs_json = {
-            {"content", chat_logprob_entries(tokenizer(), c.output.output_logprobs, top_logprobs)}};
-      list.push_back({{"index", i},
-                      {"message", std::move(message)},
-                      {"logprobs", std::move(logprobs_json)},
-                      {"finish_reason", openai_finish_reason(c.output, made_calls)},
-                      {"matched_stop", matched_stop_json(c.output)}});
+    if (!choice.sent_role) {
+      choice.sent_role = true;
+      channel->write(sse_event(
+          delta_chunk(index, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)));
     }
-    channel->respond(json_response({{"id", id},
-                                    {"object", "chat.completion"},
-                                    {"created", created},
-                                    {"model", state.config().served_model_name},
-                                    {"choices", std::move(list)},
-                                    {"usage", usage_json(outputs(), choices.size())}}));
-  }
-
-  void stream_update(size_t index, const RequestUpdate& update, bool finished_now) {
-    ChatChoice& choice = choices[index];
-    if (!stream_started) {
-      if (finished_now && update.finish == FinishReason::Error && choices.size() == 1)
-        return channel->respond(error_response(400, update.finish_detail));
-      channel->begin_stream(200, kEventStreamType);
-      stream_started = true;
+    ParsedDelta delta = choice.parser->push(update.new_text);
+    if (finished_now) {
+      ParsedDelta rest = choice.parser->finish();
+      delta.content += rest.content;
+      delta.reasoning_content += rest.reasoning_content;
+      delta.tool_calls.insert(delta.tool_calls.end(), rest.tool_calls.begin(),
+                              rest.tool_calls.end());
     }
-    if (finished_now && update.finish == FinishReason::Error) {
-      channel->write(sse_event(error_json(400, update.finish_detail)));
-    } else {
-      if (!choice.sent_role) {
-        choice.sent_role = true;
-        channel->write(
-            sse_event(chunk(index, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)));
-      }
-      ParsedDelta delta = choice.parser->push(update.new_text);
-      if (finished_now) {
-        ParsedDelta rest = choice.parser->finish();
-        delta.content += rest.content;
-        delta.reasoning_content += rest.reasoning_content;
-        delta.tool_calls.insert(delta.tool_calls.end(), rest.tool_calls.begin(),
-                                rest.tool_calls.end());
-      }
-      if (!delta.tool_calls.empty()) choice.made_tool_calls = true;
-      nlohmann::json logprobs_json = nullptr;
-      if (logprobs && !update.new_logprobs.empty())
-        logprobs_json = {
-            {"content", chat_logprob_entries(tokenizer(), update.new_logprobs, top_logprobs)}};
-      if (!delta.empty() || !logprobs_json.is_null())
-        channel->write(
-            sse_event(chunk(index, delta_json(delta), std::move(logprobs_json), nullptr)));
-      if (finished_now)
-        channel->write(
-            sse_event(chunk(index, nlohmann::json::object(), nullptr,
-                            openai_finish_reason(choice.output, choice.made_tool_calls))));
-    }
-    if (remaining > 0) return;
-    if (include_usage) {
-      nlohmann::json last = {{"id", id},
-                             {"object", "chat.completion.chunk"},
-                             {"created", created},
-                             {"model", state.config().served_model_name},
-                             {"choices", nlohmann::json::array()},
-                             {"usage", usage_json(outputs(), choices.size())}};
-      channel->write(sse_event(last));
-    }
-    channel->write(sse_done());
-    channel->end_stream();
+    if (!delta.tool_calls.empty()) choice.made_tool_calls = true;
+    nlohmann::json logprobs_json = nullptr;
+    if (logprobs && !update.new_logprobs.empty())
+      logprobs_json = {
+          {"content", chat_logprob_entries(tokenizer(), update.new_logprobs, top_logprobs)}};
+    if (!delta.empty() || !logprobs_json.is_null())
+      channel->write(
+          sse_event(delta_chunk(index, delta_json(delta), std::move(logprobs_json), nullptr)));
+    if (finished_now)
+      channel->write(
+          sse_event(delta_chunk(index, nlohmann::json::object(), nullptr,
+                                openai_finish_reason(outputs[index], choice.made_tool_calls))));
   }
 };
 
@@ -284,7 +227,6 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   std::vector<int32_t> ids = tokenizer.encode(prompt, false);
 
   auto job = std::make_shared<ChatJob>(state, channel);
-  job->id = state.new_id("chatcmpl-");
   job->stream = get_bool(body, "stream").value_or(false);
   job->include_usage = parse_include_usage(body, job->stream);
   job->logprobs = get_bool(body, "logprobs").value_or(false);
@@ -294,7 +236,8 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
       throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     job->top_logprobs = *top;
   }
-  size_t n = static_cast<size_t>(parse_choice_count(body));
+  const size_t n = static_cast<size_t>(parse_choice_count(body));
+  job->choices_per_prompt = n;
   OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
   int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), sampling.max_tokens,
                                            state.engine().max_context_tokens(), false,
@@ -308,34 +251,27 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   job->parser_options.starts_in_reasoning = prompt_opens_reasoning(prompt);
 
   for (size_t k = 0; k < n; ++k) {
-    ChatChoice choice;
-    choice.request.rid = job->id + "-" + std::to_string(k);
-    choice.request.input_ids = ids;
-    choice.request.sampling = sampling.params;
+    GenerationRequest request;
+    request.rid = job->id + "-" + std::to_string(k);
+    request.input_ids = ids;
+    request.sampling = sampling.params;
     // Reasoning and tool-call markers (<think>, <tool_call>, <arg_key>, ...) are
     // special tokens in GLM and DeepSeek tokenizers and the output parser must see
     // them, so chat keeps special tokens in the text unless the request says
     // otherwise (as vLLM's GLM tool parser and SGLang do). Stop tokens never reach
     // the text.
-    if (!has_field(body, "skip_special_tokens"))
-      choice.request.sampling.skip_special_tokens = false;
-    choice.request.sampling.max_new_tokens = max_new;
-    if (sampling.params.seed) choice.request.sampling.seed = *sampling.params.seed + k;
-    choice.request.return_logprob = job->logprobs;
-    choice.request.top_logprobs_num = job->top_logprobs;
+    if (!has_field(body, "skip_special_tokens")) request.sampling.skip_special_tokens = false;
+    request.sampling.max_new_tokens = max_new;
+    if (sampling.params.seed) request.sampling.seed = *sampling.params.seed + k;
+    request.return_logprob = job->logprobs;
+    request.top_logprobs_num = job->top_logprobs;
+    job->requests.push_back(std::move(request));
+    ChatChoice choice;
     if (job->stream) choice.parser = std::make_unique<OutputParser>(job->parser_options);
     job->choices.push_back(std::move(choice));
   }
   state.check_capacity();
-  job->remaining = n;
-  std::vector<std::string> rids;
-  for (const auto& choice : job->choices) rids.push_back(choice.request.rid);
-  channel->on_disconnect([&state, rids] {
-    for (const auto& rid : rids) state.engine().abort(rid);
-  });
-  for (size_t i = 0; i < n; ++i)
-    state.submit(job->choices[i].request,
-                 [job, i](const RequestUpdate& update) { job->on_update(i, update); });
+  OpenAiChoiceJob::submit(job);
 }
 
 }  // namespace megactx::server

@@ -50,6 +50,21 @@ std::map<int, StreamedChoice> collect(const std::vector<json>& events, bool chat
   return out;
 }
 
+// Every chunk but the last carries one choice and "usage": null; the last
+// carries the usage.
+void expect_one_choice_chunks_then_usage(const std::vector<json>& events,
+                                         const std::string& object) {
+  ASSERT_FALSE(events.empty());
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i]["object"], object);
+    EXPECT_EQ(events[i]["choices"].size(), 1u);
+    EXPECT_TRUE(events[i]["usage"].is_null());
+  }
+  EXPECT_EQ(events.back()["object"], object);
+  EXPECT_TRUE(events.back()["choices"].empty());
+  EXPECT_TRUE(events.back()["usage"].is_object());
+}
+
 TEST(OpenAiChoices, CompletionsWholeTwoPromptsTimesN) {
   ServerFixture f;
   auto r = f.call(
@@ -89,12 +104,7 @@ TEST(OpenAiChoices, CompletionsStreamedN) {
   ASSERT_EQ(r->status, 200);
   EXPECT_TRUE(r->ends_with_done());
   auto events = r->events();
-  ASSERT_FALSE(events.empty());
-  for (size_t i = 0; i + 1 < events.size(); ++i) {
-    EXPECT_EQ(events[i]["object"], "text_completion");
-    ASSERT_EQ(events[i]["choices"].size(), 1u);
-    EXPECT_TRUE(events[i]["usage"].is_null());
-  }
+  expect_one_choice_chunks_then_usage(events, "text_completion");
   auto choices = collect(events, false);
   ASSERT_EQ(choices.size(), 2u);
   for (auto& [index, choice] : choices) {
@@ -211,12 +221,7 @@ TEST(OpenAiChoices, ChatStreamedNWithLogprobs) {
   ASSERT_EQ(r->status, 200);
   EXPECT_TRUE(r->ends_with_done());
   auto events = r->events();
-  ASSERT_FALSE(events.empty());
-  for (size_t i = 0; i + 1 < events.size(); ++i) {
-    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
-    ASSERT_EQ(events[i]["choices"].size(), 1u);
-    EXPECT_TRUE(events[i]["usage"].is_null());
-  }
+  expect_one_choice_chunks_then_usage(events, "chat.completion.chunk");
   // Each choice's role chunk comes before anything else of that choice.
   std::set<int> seen;
   for (size_t i = 0; i + 1 < events.size(); ++i) {
