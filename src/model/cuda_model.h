@@ -8,18 +8,22 @@
 // layer order, same tensors) with device scratch, cuBLAS and the kernels of
 // kernels/cuda/{dense,gemm}.
 //
-// Today: the fp32 exact-parity mode (fp32 weights and activations, cuBLAS
-// sgemm without TF32; F32, BF16 or FP8 KV caches in the layouts of
-// kv_cache.h, read by the fp32 fallback kernels of kernels/cuda/dense). This header is plain C++;
-// the functions exist only in builds with MEGACTX_HAVE_CUDA.
+// Today (run on the H200, tests/cuda_model and tests/cuda_engine): the fp32
+// exact-parity mode (fp32 weights and activations, cuBLAS sgemm without TF32)
+// and the bf16 mode (GEMM weights in bf16, GEMM inputs rounded to bf16, fp32
+// accumulation; norms, RoPE, attention, routing and the residual in fp32);
+// F32, BF16 or FP8 KV caches in the layouts of kv_cache.h, read by the fp32
+// fallback kernels of kernels/cuda/dense; logits on the device for the
+// engine's CudaSampler. This header is plain C++; the functions exist only in
+// builds with MEGACTX_HAVE_CUDA.
 //
-// Not yet (the next steps, in order): bf16 activations with the fp8
-// block-scaled / bf16 GEMMs of kernels/cuda/gemm (the loader still hands over
-// float32 copies of the weights); the issue-7 fp8 kernels (indexer, radix
-// top-k, sparse MLA) for 512/64/128-wide models with FP8 caches; device
-// sampling in the engine (kernels/cuda/sampling); CUDA Graphs of decode per
-// batch-size bucket, which first needs the MoE dispatch on the device (today
-// moe() reads the routed expert ids back to the host once per MoE layer).
+// Not yet (the next steps, in order; docs/benchmarks.md has the profile): the
+// issue-7 fp8 kernels (indexer, radix top-k, sparse MLA at 64/128 heads) for
+// the shapes they serve -- the fallback attention is most of a decode step;
+// the MoE dispatch on the device (today moe() reads the routed expert ids back
+// to the host once per MoE layer), then CUDA Graphs of decode per batch-size
+// bucket; fp8 block-scaled weights used natively (the loader still builds a
+// float32 host model and uploads it); the MTP layer on the device.
 #pragma once
 
 #include <cstdint>

@@ -30,7 +30,7 @@ SequenceRunner::SequenceRunner(LanguageModel& model, KvDType dtype, int64_t max_
     pages_ = std::move(page_order);
   }
 #if MEGACTX_HAVE_CUDA
-  // The CUDA model reads and writes device pools (not yet run on a GPU: issue 6).
+  // The CUDA model reads and writes device pools.
   cache_ = model.device() == Device::CUDA ? make_cuda_kv_cache(spec)
                                           : std::make_unique<PagedKvCache>(spec);
 #else
