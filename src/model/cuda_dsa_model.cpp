@@ -49,7 +49,7 @@ CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options
 
 CudaDsaModel::~CudaDsaModel() {
   if (timer_.enabled()) {
-    std::fprintf(stderr, "%sforward wall time (host, incl. bookkeeping): %.3f ms\n",
+    std::fprintf(stderr, "%swall time of those forwards (host, incl. bookkeeping): %.3f ms\n",
                  timer_.report().c_str(), forward_wall_ms_);
   }
   if (stream_ != nullptr) {
@@ -80,6 +80,9 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
   const auto wall_start = std::chrono::steady_clock::now();
+  bool decode_step = true;
+  for (const SequenceInput& in : batch.sequences) decode_step &= in.tokens.size() == 1;
+  timer_.begin_forward(decode_step);
   timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
   const int64_t hidden = config_.hidden_size;
@@ -176,9 +179,10 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   }
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   timer_.collect(stream_);
-  forward_wall_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start)
-          .count();
+  if (timer_.active())
+    forward_wall_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start)
+            .count();
   return output;
 }
 

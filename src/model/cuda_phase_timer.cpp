@@ -12,7 +12,8 @@ namespace megactx::cuda {
 
 PhaseTimer::PhaseTimer() {
   const char* flag = std::getenv("MEGACTX_CUDA_PHASE_TIMES");
-  enabled_ = flag != nullptr && std::strcmp(flag, "1") == 0;
+  decode_only_ = flag != nullptr && std::strcmp(flag, "decode") == 0;
+  enabled_ = decode_only_ || (flag != nullptr && std::strcmp(flag, "1") == 0);
 }
 
 PhaseTimer::~PhaseTimer() {
@@ -20,7 +21,7 @@ PhaseTimer::~PhaseTimer() {
 }
 
 void PhaseTimer::mark(const char* phase, cudaStream_t stream) {
-  if (!enabled_) return;
+  if (!active_) return;
   if (used_ == events_.size()) {
     cudaEvent_t event = nullptr;
     MEGACTX_CUDA_CHECK(cudaEventCreate(&event));
@@ -32,7 +33,7 @@ void PhaseTimer::mark(const char* phase, cudaStream_t stream) {
 }
 
 void PhaseTimer::collect(cudaStream_t stream) {
-  if (!enabled_ || used_ == 0) return;
+  if (!active_ || used_ == 0) return;
   mark("end", stream);
   MEGACTX_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
   for (size_t i = 0; i + 1 < used_; ++i) {

@@ -1,7 +1,8 @@
 // Where a CUDA forward pass spends its time, by phase (attention projections,
 // indexer, sparse attention, MoE, ...): CUDA events recorded on the model's
 // stream around each phase, read after the forward's final synchronisation.
-// Off unless MEGACTX_CUDA_PHASE_TIMES=1; the report goes to stderr when the
+// Off unless MEGACTX_CUDA_PHASE_TIMES=1 (every forward) or =decode (only
+// forwards of one new token per sequence); the report goes to stderr when the
 // model is destroyed (model_decode_bench, profiling by hand: the GPU machine
 // has no Nsight Systems).
 #pragma once
@@ -23,6 +24,9 @@ class PhaseTimer {
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 
   bool enabled() const { return enabled_; }
+  bool active() const { return active_; }
+  // Called at the start of each forward: whether this one is timed.
+  void begin_forward(bool decode_step) { active_ = enabled_ && (decode_step || !decode_only_); }
   // Marks the start of `phase` (and the end of the previous one) on `stream`.
   void mark(const char* phase, cudaStream_t stream);
   // Ends the last phase; call after the stream was synchronised.
@@ -32,6 +36,8 @@ class PhaseTimer {
 
  private:
   bool enabled_ = false;
+  bool decode_only_ = false;
+  bool active_ = false;
   std::vector<cudaEvent_t> events_;  // pool, reused every forward
   std::vector<const char*> phases_;  // phase of events_[i] (i < used_)
   size_t used_ = 0;
