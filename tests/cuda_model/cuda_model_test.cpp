@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -63,30 +62,30 @@ std::vector<int32_t> prompt_and_greedy(const HfFixture& f) {
   return ids;
 }
 
-// Greedy continuation of the prompt, decoding one token per forward.
-std::vector<int32_t> greedy(LanguageModel& model, const HfFixture& f, KvDType dtype) {
-  const int64_t total = static_cast<int64_t>(f.input_ids.size() + f.greedy_ids.size());
+// Greedy continuation of `prompt` (prefill, then one token per forward).
+std::vector<int32_t> greedy_ids(LanguageModel& model, const std::vector<int32_t>& prompt,
+                                int64_t count, int64_t vocab, KvDType dtype = KvDType::F32) {
+  const int64_t total = static_cast<int64_t>(prompt.size()) + count;
   const int64_t pages = (total + 63) / 64 + 1;
   auto cache = cache_for(model, dtype, pages);
   std::vector<int32_t> table;
   for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
-  std::vector<int32_t> generated;
-  std::vector<int32_t> next = f.input_ids;
+  std::vector<int32_t> generated, next = prompt;
   int64_t start = 0;
-  while (generated.size() < f.greedy_ids.size()) {
-    SequenceInput in;
-    in.tokens = next;
-    in.start_position = start;
-    in.page_table = table;
+  while (static_cast<int64_t>(generated.size()) < count) {
     ForwardBatch batch;
-    batch.sequences.push_back(in);
+    batch.sequences.push_back({next, start, table, -1});
     const Tensor logits = to_host(model.forward(batch, *cache).logits);
     start += static_cast<int64_t>(next.size());
-    const int32_t token = argmax(logits.data<float>(), f.vocab);
-    generated.push_back(token);
-    next = {token};
+    generated.push_back(argmax(logits.data<float>(), vocab));
+    next = {generated.back()};
   }
   return generated;
+}
+
+// As long a greedy continuation of the fixture's prompt as HF's.
+std::vector<int32_t> greedy(LanguageModel& model, const HfFixture& f, KvDType dtype) {
+  return greedy_ids(model, f.input_ids, static_cast<int64_t>(f.greedy_ids.size()), f.vocab, dtype);
 }
 
 TEST(CudaModel, Fp32PrefillMatchesCpuModel) {
@@ -165,27 +164,6 @@ ModelLoadOptions bf16_options(std::optional<int64_t> topk = std::nullopt) {
   return options;
 }
 
-// Greedy continuation of `prompt` (prefill, then one token per forward).
-std::vector<int32_t> greedy_ids(LanguageModel& model, const std::vector<int32_t>& prompt,
-                                int64_t count, int64_t vocab) {
-  const int64_t total = static_cast<int64_t>(prompt.size()) + count;
-  const int64_t pages = (total + 63) / 64 + 1;
-  auto cache = cache_for(model, KvDType::F32, pages);
-  std::vector<int32_t> table;
-  for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
-  std::vector<int32_t> generated, next = prompt;
-  int64_t start = 0;
-  while (static_cast<int64_t>(generated.size()) < count) {
-    ForwardBatch batch;
-    batch.sequences.push_back({next, start, table, -1});
-    const Tensor logits = to_host(model.forward(batch, *cache).logits);
-    start += static_cast<int64_t>(next.size());
-    generated.push_back(argmax(logits.data<float>(), vocab));
-    next = {generated.back()};
-  }
-  return generated;
-}
-
 TEST(CudaModel, Bf16ModeOnTheFixtures) {
   // The random tiny fixtures amplify any rounding: a perturbed score swaps a
   // top-16 key or a near-tied sigmoid expert and the logits jump (the CPU's
@@ -221,23 +199,15 @@ TEST(CudaModel, Bf16ModeOnTheDefaultModelStaysClose) {
   // the fp32 CPU model. Bounds as the CPU's BF16 KV cache check
   // (decode_consistency_test), which measured 0.054 / 0.99.
   const std::string dir = std::string(MEGACTX_SOURCE_DIR) + "/models/default";
-  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/tests/default_model/passkey_8k_ids.txt");
-  std::vector<int32_t> prompt;
-  for (std::string id; std::getline(file, id, ',') && prompt.size() < 600;) {
-    prompt.push_back(std::stoi(id));
-  }
-  ASSERT_EQ(prompt.size(), 600u);
+  const std::vector<int32_t> prompt = default_model_prompt(600);
   auto cpu = load_language_model(dir, {});
   auto gpu = load_language_model(dir, bf16_options());
   const int64_t vocab = cpu->config().vocab_size;
   const std::vector<float> want = run_sequence(*cpu, prompt, KvDType::F32, 0);
   const std::vector<float> got = run_sequence(*gpu, prompt, KvDType::F32, 0);
   const double error = relative_error(got.data(), want.data(), want.size());
-  int64_t agree = 0;
-  for (size_t row = 0; row < prompt.size(); ++row) {
-    agree += argmax(got.data() + row * vocab, vocab) == argmax(want.data() + row * vocab, vocab);
-  }
-  const double agreement = static_cast<double>(agree) / static_cast<double>(prompt.size());
+  const double agreement =
+      argmax_agreement(got.data(), want.data(), static_cast<int64_t>(prompt.size()), vocab);
   std::printf(
       "bf16 mode, models/default, 600 tokens: relative logit error %.3g, argmax agreement "
       "%.4f\n",

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -89,23 +88,15 @@ TEST(DecodeConsistency, QuantizedCachesStayNearF32OnTheTrainedModel) {
   // 600-token prompt against the F32 cache, and the greedy argmax agreement.
   // (The random HF fixtures are no measure of this: there a rounded key swaps
   // a top-16 choice and their logits move by 0.4-0.9 relative.)
-  const std::string dir = std::string(MEGACTX_SOURCE_DIR) + "/models/default";
-  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/tests/default_model/passkey_8k_ids.txt");
-  std::vector<int32_t> ids;
-  for (std::string id; std::getline(file, id, ',') && ids.size() < 600;)
-    ids.push_back(std::stoi(id));
-  ASSERT_EQ(ids.size(), 600u);
-  auto model = load_language_model(dir, {});
+  const std::vector<int32_t> ids = default_model_prompt(600);
+  auto model = load_language_model(std::string(MEGACTX_SOURCE_DIR) + "/models/default", {});
   const int64_t vocab = model->config().vocab_size;
   const std::vector<float> exact = all_logits(*model, ids, KvDType::F32);
   for (KvDType dtype : {KvDType::BF16, KvDType::FP8}) {
     const std::vector<float> got = all_logits(*model, ids, dtype);
     const double error = relative_error(got.data(), exact.data(), exact.size());
-    int64_t agree = 0;
-    for (size_t row = 0; row < ids.size(); ++row) {
-      agree += argmax(got.data() + row * vocab, vocab) == argmax(exact.data() + row * vocab, vocab);
-    }
-    const double agreement = static_cast<double>(agree) / static_cast<double>(ids.size());
+    const double agreement =
+        argmax_agreement(got.data(), exact.data(), static_cast<int64_t>(ids.size()), vocab);
     std::printf("KV %s vs F32: relative logit error %.3g, argmax agreement %.4f\n",
                 dtype == KvDType::BF16 ? "bf16" : "fp8", error, agreement);
     // Measured 0.054 / 0.99 (bf16) and 0.17 / 0.97 (fp8); a misread cache

@@ -73,6 +73,25 @@ inline int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
+// Share of the rows of two [rows, vocab] logits whose argmax agree.
+inline double argmax_agreement(const float* a, const float* b, int64_t rows, int64_t vocab) {
+  int64_t agree = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    agree += argmax(a + r * vocab, vocab) == argmax(b + r * vocab, vocab);
+  return static_cast<double>(agree) / static_cast<double>(rows);
+}
+
+// The first `count` ids of the passkey prompt of tests/default_model (the
+// HF tokenizer's ids of the shipped model's chat prompt).
+inline std::vector<int32_t> default_model_prompt(size_t count) {
+  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/tests/default_model/passkey_8k_ids.txt");
+  std::vector<int32_t> ids;
+  for (std::string id; ids.size() < count && std::getline(file, id, ',');)
+    ids.push_back(std::stoi(id));
+  EXPECT_EQ(ids.size(), count) << "tests/default_model/passkey_8k_ids.txt";
+  return ids;
+}
+
 // One sequence in a cache whose pages are deliberately not in order.
 struct Session {
   std::unique_ptr<LanguageModel> model;
