@@ -56,38 +56,40 @@ CudaWeights::CudaWeights(const DsaWeights& host, bool bf16) : bf16_(bf16) {
   embed = upload(host.embed);
   final_norm = upload(host.final_norm);
   lm_head = upload_matrix(host.lm_head);
-  for (const LayerWeights& w : host.layers) {
-    DeviceLayer d;
-    d.input_norm = upload(w.input_norm);
-    d.post_norm = upload(w.post_norm);
-    const AttentionWeights& a = w.attention;
-    d.q_a = upload_matrix(a.q_a);
-    d.q_a_norm = upload(a.q_a_norm);
-    d.q_b = upload_matrix(a.q_b);
-    d.kv_a = upload_matrix(a.kv_a);
-    d.kv_a_norm = upload(a.kv_a_norm);
-    d.w_uk_t = upload(a.w_uk_t);
-    d.w_uv = upload(a.w_uv);
-    d.o = upload_matrix(a.o);
-    d.has_indexer = a.has_indexer;
-    if (a.has_indexer) {
-      d.wq_b = upload_matrix(a.indexer.wq_b);
-      d.wk = upload_matrix(a.indexer.wk);
-      d.k_norm_weight = upload(a.indexer.k_norm_weight);
-      d.k_norm_bias = upload(a.indexer.k_norm_bias);
-      d.weights_proj = upload_matrix(a.indexer.weights_proj);
-    }
-    d.is_moe = w.is_moe;
-    if (w.is_moe) {
-      d.router = upload(w.moe.router);
-      d.bias = upload(w.moe.bias);
-      for (const MlpWeights& e : w.moe.experts) d.experts.push_back(upload(e));
-      d.shared = upload(w.moe.shared);
-    } else {
-      d.dense = upload(w.dense);
-    }
-    layers.push_back(std::move(d));
+  for (const LayerWeights& w : host.layers) layers.push_back(upload_layer(w));
+}
+
+DeviceLayer CudaWeights::upload_layer(const LayerWeights& w) {
+  DeviceLayer d;
+  d.input_norm = upload(w.input_norm);
+  d.post_norm = upload(w.post_norm);
+  const AttentionWeights& a = w.attention;
+  d.q_a = upload_matrix(a.q_a);
+  d.q_a_norm = upload(a.q_a_norm);
+  d.q_b = upload_matrix(a.q_b);
+  d.kv_a = upload_matrix(a.kv_a);
+  d.kv_a_norm = upload(a.kv_a_norm);
+  d.w_uk_t = upload(a.w_uk_t);
+  d.w_uv = upload(a.w_uv);
+  d.o = upload_matrix(a.o);
+  d.has_indexer = a.has_indexer;
+  if (a.has_indexer) {
+    d.wq_b = upload_matrix(a.indexer.wq_b);
+    d.wk = upload_matrix(a.indexer.wk);
+    d.k_norm_weight = upload(a.indexer.k_norm_weight);
+    d.k_norm_bias = upload(a.indexer.k_norm_bias);
+    d.weights_proj = upload_matrix(a.indexer.weights_proj);
   }
+  d.is_moe = w.is_moe;
+  if (w.is_moe) {
+    d.router = upload(w.moe.router);
+    d.bias = upload(w.moe.bias);
+    for (const MlpWeights& e : w.moe.experts) d.experts.push_back(upload(e));
+    d.shared = upload(w.moe.shared);
+  } else {
+    d.dense = upload(w.dense);
+  }
+  return d;
 }
 
 }  // namespace megactx::cuda

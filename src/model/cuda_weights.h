@@ -50,9 +50,14 @@ class CudaWeights {
   // Bytes of the GEMM weights alone (what a decode step streams per layer use).
   size_t matrix_bytes() const { return matrix_bytes_; }
 
- private:
+  // Uploads owned by this object (also used for the MTP layer's weights,
+  // which live beside the target's): float32 tensors, GEMM matrices in the
+  // mode's precision, a whole decoder layer.
   const float* upload(const Tensor& tensor);
   DeviceMatrix upload_matrix(const Tensor& tensor);
+  DeviceLayer upload_layer(const LayerWeights& w);
+
+ private:
   DeviceMlp upload(const MlpWeights& mlp);
   void* upload_bytes(const void* data, size_t bytes);
   std::vector<DeviceBuffer> storage_;
