@@ -85,7 +85,16 @@ std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
         std::min(engine_config.context_length, config.max_position_embeddings);
   }
   engine_config.context_length = std::max(engine_config.context_length, prompt + 1);
-  const KvCacheSpec spec = kv_cache_spec(config, kv_dtype, engine_config.page_size, false);
+  const int64_t steps = options.speculative.steps;
+  if (steps > 0) {
+    // MTP inside the Engine (the CUDA model, or --engine on the CPU).
+    engine_config.speculative_steps = steps;
+    engine_config.speculative_share = !options.speculative.no_share;
+    engine_config.speculative_sampled_mode = parse_verify_mode(options.speculative.verify);
+    engine_config.mtp_model_dir = options.model_dir;
+    engine_config.context_length += steps;  // the drafts occupy positions
+  }
+  const KvCacheSpec spec = kv_cache_spec(config, kv_dtype, engine_config.page_size, steps > 0);
   const int64_t pages =
       (engine_config.context_length + engine_config.page_size - 1) / engine_config.page_size + 1;
   engine_config.kv_memory_bytes = pages * spec.bytes_per_page();
@@ -111,14 +120,29 @@ std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
   request.sampling.ignore_eos = options.ignore_eos;
   std::vector<int32_t> generated;
   std::string error;
+  RequestUpdate last;
   engine->submit(std::move(request), [&](const RequestUpdate& update) {
     generated.insert(generated.end(), update.new_token_ids.begin(), update.new_token_ids.end());
     if (update.finish == FinishReason::Error || update.finish == FinishReason::Abort) {
       error = update.finish_detail.empty() ? "the request failed" : update.finish_detail;
     }
+    last.spec_accept_token_num = update.spec_accept_token_num;
+    last.spec_draft_token_num = update.spec_draft_token_num;
+    last.spec_verify_ct = update.spec_verify_ct;
   });
   engine->run_until_idle();
   MEGACTX_CHECK(error.empty(), "generate: {}", error);
+  if (steps > 0) {
+    std::fprintf(stderr,
+                 "speculative: k=%ld verifications=%ld drafted=%ld accepted=%ld "
+                 "accepted_length=%.2f\n",
+                 static_cast<long>(steps), static_cast<long>(last.spec_verify_ct),
+                 static_cast<long>(last.spec_draft_token_num),
+                 static_cast<long>(last.spec_accept_token_num),
+                 last.spec_verify_ct > 0 ? 1.0 + static_cast<double>(last.spec_accept_token_num) /
+                                                     static_cast<double>(last.spec_verify_ct)
+                                         : 0.0);
+  }
   return generated;
 }
 
@@ -206,9 +230,6 @@ int run_generate(const GenerateOptions& options) {
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const bool use_engine = options.engine || load.device == Device::CUDA;
-  MEGACTX_CHECK(
-      !use_engine || options.speculative.steps == 0,
-      "--speculative-steps runs on the CPU model only (use --device cpu without --engine)");
   if (use_engine) {
     int64_t device_model_bytes = 0;
     std::unique_ptr<LanguageModel> model;

@@ -77,10 +77,6 @@ int run_serve(const ServeOptions& options) {
   const bool cuda = load.device == Device::CUDA;
   MEGACTX_CHECK(cuda || !options.cuda_bf16, "--cuda-bf16 needs --device cuda");
   load.cuda_bf16 = options.cuda_bf16;
-  // Before the model loads: the MTP layer runs on the CPU backend only.
-  MEGACTX_CHECK(!cuda || options.speculative.steps == 0,
-                "--speculative-steps needs the CPU model: the MTP layer runs on the CPU backend "
-                "only (use --device cpu or --speculative-steps 0)");
   const int64_t kv_memory = options.kv_memory.empty()
                                 ? (cuda ? 0 : int64_t{2} << 30)
                                 : static_cast<int64_t>(parse_memory_size(options.kv_memory));

@@ -46,6 +46,9 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/dsa_model.h"
+#if MEGACTX_HAVE_CUDA
+#include "model/cuda_model.h"
+#endif
 
 namespace megactx {
 namespace {
@@ -59,15 +62,20 @@ std::span<const float> logits_row(const Tensor& logits, int64_t row) {
   return {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)};
 }
 
+Tensor logits_rows_on_host([[maybe_unused]] const Tensor& logits, [[maybe_unused]] int64_t first,
+                           [[maybe_unused]] int64_t count) {
+#if MEGACTX_HAVE_CUDA
+  return rows_to_host(logits, first, count);
+#else
+  fail("engine: device logits in a build without the CUDA backend");
+#endif
+}
+
 }  // namespace
 
 void Engine::load_mtp_layer() {
   MEGACTX_CHECK(config_.speculative_steps <= 7, "--speculative-steps must be in [0, 7], got {}",
                 config_.speculative_steps);
-  auto* dsa = dynamic_cast<DsaModel*>(model_.get());
-  MEGACTX_CHECK(dsa != nullptr && dsa->device() == Device::CPU,
-                "--speculative-steps needs the CPU model: the MTP layer runs on the CPU backend "
-                "only (use --device cpu or --speculative-steps 0)");
   MEGACTX_CHECK(model_->config().num_nextn_predict_layers > 0,
                 "--speculative-steps needs an MTP layer; the model has none "
                 "(num_nextn_predict_layers = 0)");
@@ -75,6 +83,16 @@ void Engine::load_mtp_layer() {
                 "speculative decoding needs EngineConfig::mtp_model_dir (the checkpoint)");
   MEGACTX_CHECK(config_.speculative_sampled_mode != VerifyMode::Greedy,
                 "speculative_sampled_mode must be RejectionSampling or TargetOnly");
+  if (model_->device() == Device::CUDA) {
+#if MEGACTX_HAVE_CUDA
+    mtp_ = make_cuda_mtp_layer(*model_, config_.mtp_model_dir);
+    return;
+#endif
+  }
+  auto* dsa = dynamic_cast<DsaModel*>(model_.get());
+  MEGACTX_CHECK(dsa != nullptr,
+                "--speculative-steps needs a DSA model (glm_moe_dsa / deepseek_v32) on the CPU or "
+                "the CUDA model");
   mtp_ = MtpLayer::load(*dsa, config_.mtp_model_dir);
 }
 
@@ -161,8 +179,12 @@ void Engine::draft_for_plan() {
 void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
+  // The k + 1 rows on the host (device logits: one copy of those rows).
+  const Tensor host =
+      logits.device() == Device::CPU ? logits : logits_rows_on_host(logits, first_row, k + 1);
+  const int64_t host_first = logits.device() == Device::CPU ? first_row : 0;
   std::vector<std::span<const float>> rows;
-  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(logits, first_row + r));
+  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(host, host_first + r));
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(k));
   spec.result = verify_drafts(

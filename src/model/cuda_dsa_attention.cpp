@@ -46,13 +46,18 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
              stream_);
 
   // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
-  float* kv = sc.kv.get<float>(n * entry);
-  blas_->linear(h, n, hidden, w.kv_a, entry, kv);
-  rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
-  cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave, stream_);
-  write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
+  // Shared MTP draft rows (KVShare) need no key: they leave the cache as
+  // step 0 wrote it and attend through step 0's selection.
+  if (!step.shared) {
+    float* kv = sc.kv.get<float>(n * entry);
+    blas_->linear(h, n, hidden, w.kv_a, entry, kv);
+    rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
+    cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave,
+               stream_);
+    write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
+  }
 
-  if (w.has_indexer) {
+  if (w.has_indexer && !step.shared) {
     timer_.mark("indexer proj + cache", stream_);
     indexer(w, layer, h, q_resid, step, cache);
   }

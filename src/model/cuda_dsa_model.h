@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 #include "kernels/cuda/dense/dsa_fallback.h"
 #include "kernels/cuda/gemm/gemm.h"
@@ -13,6 +14,7 @@
 #include "model/cuda_model.h"
 #include "model/cuda_phase_timer.h"
 #include "model/cuda_weights.h"
+#include "model/mtp_layer.h"
 #include "model/rope.h"
 
 namespace megactx::cuda {
@@ -26,6 +28,25 @@ class CudaDsaModel final : public LanguageModel {
   Device device() const override { return Device::CUDA; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
 
+  int64_t index_topk() const { return index_topk_; }
+  // The MTP layer on the device (cuda_dsa_mtp.cpp): its weights are uploaded
+  // beside the target's (same precision mode), embedding and lm_head shared
+  // with the target unless the checkpoint has its own copies (DeepSeek).
+  void load_mtp(const MtpWeights& host, MtpHandOff hand_off);
+  bool has_mtp() const { return mtp_ != nullptr; }
+  // MtpLayer::run on the GPU (see model/mtp_layer.h), over cache layer
+  // num_hidden_layers of `cache`.
+  MtpLayer::Output run_mtp(std::span<const MtpLayer::Rows> sequences, PagedKvCache& cache);
+
+  // Tests: the selection the latest full layer of the last forward() of
+  // `tokens` tokens left (positions [tokens, top_k], -1 past counts; in no
+  // particular order on the fast path), copied to the host.
+  struct Selection {
+    int64_t tokens = 0, top_k = 0;
+    std::vector<int32_t> positions, counts;
+  };
+  Selection last_selection(int64_t tokens) const;
+
  private:
   // Per-forward device views: the batch's tokens, paging and RoPE tables.
   struct Step {
@@ -37,6 +58,15 @@ class CudaDsaModel final : public LanguageModel {
     CacheLayout latent, indexer;  // per-token entry layouts of the two pools
     int32_t* topk = nullptr;      // [tokens, index_topk]: the latest full layer's selection
     int32_t* counts = nullptr;    // [tokens]
+    // MTP draft steps with IndexShare + KVShare: attention writes no cache
+    // row and runs no indexer; `topk` / `counts` hold the caller's selection.
+    bool shared = false;
+    // Fast path (cuda_dsa_fast_attention.cpp): built by the step's first full
+    // layer, read by the others.
+    const int32_t* token_tables = nullptr;  // [tokens, table_stride] page ids of each token
+    const int32_t* row_visible = nullptr;   // [tokens] position + 1
+    const int32_t* row_ids = nullptr;       // [tokens] 0..tokens-1
+    int64_t table_stride = 0;
   };
   // Scratch reused across steps (grow-only).
   struct Scratch {
@@ -59,6 +89,40 @@ class CudaDsaModel final : public LanguageModel {
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
 
+  // The issue-7 fp8 kernels instead of the fp32 fallback
+  // (cuda_dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8
+  // cache of 64-token pages, kv_lora 512, rope 64, index dim 128.
+  bool use_fast_attention(const Step& step) const;
+  // q [n, index_heads, 128] (after RoPE), weights [n, index_heads] (weights_proj
+  // * heads^-0.5) -> step.topk positions [n, index_topk], step.counts.
+  void fast_indexer(const float* q, const float* weights, int64_t layer, Step& step,
+                    PagedKvCache& cache);
+  // q_latent [n, heads, 512], q [n, heads, nope | rope] (roped), over step.topk
+  // -> o_latent [n, heads, 512].
+  void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
+                       PagedKvCache& cache, float* o_latent);
+  // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
+  struct FastScratch {
+    DeviceBuffer tables, visible, row_ids;
+    DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
+    DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
+  };
+
+  // The MTP layer's device weights (load_mtp).
+  struct DeviceMtp {
+    const float *enorm = nullptr, *hnorm = nullptr, *head_norm = nullptr;
+    DeviceMatrix eh_proj;          // [H, 2H]
+    const float* embed = nullptr;  // [V, H] own copy or the target's
+    DeviceMatrix lm_head;          // [V, H] own copy or the target's
+    DeviceLayer layer;
+    MtpHandOff hand_off = MtpHandOff::NormedOutput;
+  };
+  // Scratch of run_mtp (apart from the decoder layer's, shared with forward).
+  struct MtpScratch {
+    DeviceBuffer ids, positions, table_offset, page_tables, cos, sin, topk, counts;
+    DeviceBuffer hidden, cat, x, last_rows, last, normed, logits;
+  };
+
   ModelConfig config_;
   CudaModelOptions options_;
   int64_t index_topk_ = 0;
@@ -68,8 +132,12 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   Scratch scratch_;
+  std::unique_ptr<DeviceMtp> mtp_;
+  MtpScratch mtp_scratch_;
   PhaseTimer timer_;  // MEGACTX_CUDA_PHASE_TIMES=1
   double forward_wall_ms_ = 0.0;
+  FastScratch fast_scratch_;
+  int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
 };
 
 }  // namespace megactx::cuda

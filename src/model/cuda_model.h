@@ -28,10 +28,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "cache/kv_cache.h"
 #include "model/dsa_model.h"
 #include "model/language_model.h"
+#include "model/mtp_layer.h"
 
 namespace megactx {
 
@@ -51,6 +53,19 @@ struct CudaModelOptions {
 // config, index_topk and RoPE tables; `host` may be destroyed afterwards.
 std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
                                                    const CudaModelOptions& options = {});
+
+// The MTP layer of `model` (a make_cuda_dsa_model model) on the GPU, from the
+// checkpoint at `model_dir` (random weights from `seed` when
+// `random_weights`); its weights are uploaded once into `model`, which must
+// outlive the returned layer. It runs over a device cache built from
+// make_mtp_kv_cache_spec.
+std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir,
+                                              bool random_weights = false, uint64_t seed = 0);
+
+// Rows [first, first + count) of a float32 [rows, width] tensor that may live
+// on the device, as a host tensor (the drafts' verification reads a few
+// logits rows on the host).
+Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count);
 
 // A PagedKvCache with zeroed device pools (spec.device is set to CUDA); a
 // clear Error when the pools do not fit in device memory.

@@ -10,8 +10,7 @@
 
 namespace megactx {
 
-MtpWeights load_mtp_weights(const DsaModel& target, WeightSource& source) {
-  const ModelConfig& c = target.config();
+MtpWeights load_mtp_weights(const ModelConfig& c, WeightSource& source) {
   MEGACTX_CHECK(c.num_nextn_predict_layers > 0,
                 "the model has no MTP layer (num_nextn_predict_layers = 0)");
   const int64_t L = c.num_hidden_layers;
@@ -25,50 +24,53 @@ MtpWeights load_mtp_weights(const DsaModel& target, WeightSource& source) {
   const bool own_copies = c.model_type == ModelType::DeepseekV32;
   const std::string embed = prefix + "embed_tokens.weight";
   const std::string head = prefix + "shared_head.head.weight";
-  if (own_copies || source.has(embed)) {
-    w.embed = source.get(embed, {c.vocab_size, H});
-  } else {
-    w.embed = target.weights().embed;
-  }
-  if (own_copies || source.has(head)) {
-    w.lm_head = source.get(head, {c.vocab_size, H});
-  } else {
-    w.lm_head = target.weights().lm_head;
-  }
+  if (own_copies || source.has(embed)) w.embed = source.get(embed, {c.vocab_size, H});
+  if (own_copies || source.has(head)) w.lm_head = source.get(head, {c.vocab_size, H});
   // The MTP layer always runs its own indexer (a full layer).
   w.layer = load_layer_weights(c, source, L, /*has_indexer=*/true, c.mtp_layer_is_moe());
   return w;
 }
 
-MtpLayer::MtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_off)
-    : target_(target),
-      weights_(std::move(weights)),
-      hand_off_(hand_off),
-      cache_layer_(target.config().num_hidden_layers),
-      hidden_(target.config().hidden_size),
-      vocab_(target.config().vocab_size) {
-  MEGACTX_CHECK(weights_.layer.attention.has_indexer, "the MTP layer needs its indexer weights");
+namespace {
+
+// GLM's MTP layer reads the target's embedding and lm_head.
+MtpWeights with_target_tensors(MtpWeights w, const DsaModel& target) {
+  if (!w.embed.defined()) w.embed = target.weights().embed;
+  if (!w.lm_head.defined()) w.lm_head = target.weights().lm_head;
+  return w;
 }
 
-std::unique_ptr<MtpLayer> MtpLayer::load(DsaModel& target, const std::string& model_dir,
-                                         bool random_weights, uint64_t seed) {
-  const MtpHandOff hand_off = target.config().model_type == ModelType::DeepseekV32
-                                  ? MtpHandOff::RawOutput
-                                  : MtpHandOff::NormedOutput;
+}  // namespace
+
+MtpWeights load_mtp_weights(const DsaModel& target, WeightSource& source) {
+  return with_target_tensors(load_mtp_weights(target.config(), source), target);
+}
+
+MtpWeights read_mtp_weights(const ModelConfig& config, const std::string& model_dir,
+                            bool random_weights, uint64_t seed) {
   if (random_weights) {
     auto source = make_random_weights(seed);
-    return std::make_unique<MtpLayer>(target, load_mtp_weights(target, *source), hand_off);
+    return load_mtp_weights(config, *source);
   }
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
   auto source = make_checkpoint_weights(*checkpoint);
-  return std::make_unique<MtpLayer>(target, load_mtp_weights(target, *source), hand_off);
+  return load_mtp_weights(config, *source);
 }
 
-MtpLayer::Output MtpLayer::run(std::span<const Rows> sequences, PagedKvCache& cache) {
+MtpHandOff mtp_hand_off(const ModelConfig& config) {
+  return config.model_type == ModelType::DeepseekV32 ? MtpHandOff::RawOutput
+                                                     : MtpHandOff::NormedOutput;
+}
+
+MtpLayer::MtpLayer(const ModelConfig& config, int64_t index_topk, MtpHandOff hand_off)
+    : hand_off_(hand_off),
+      cache_layer_(config.num_hidden_layers),
+      hidden_(config.hidden_size),
+      vocab_(config.vocab_size),
+      index_topk_(index_topk) {}
+
+int64_t MtpLayer::check_rows(std::span<const Rows> sequences) const {
   MEGACTX_CHECK(!sequences.empty(), "MTP: no sequences");
-  Backend& backend = target_.backend();
-  const int64_t H = hidden_;
-  const float eps = static_cast<float>(target_.config().rms_norm_eps);
   int64_t total = 0;
   for (const Rows& r : sequences) {
     MEGACTX_CHECK(
@@ -79,8 +81,44 @@ MtpLayer::Output MtpLayer::run(std::span<const Rows> sequences, PagedKvCache& ca
       MEGACTX_CHECK(token >= 0 && token < vocab_, "MTP: token id {} outside [0, {})", token,
                     vocab_);
     }
+    if (r.shared) {
+      MEGACTX_CHECK(r.shared_count >= 0 && r.shared_count <= index_topk_ &&
+                        static_cast<int64_t>(r.shared_topk.size()) >= r.shared_count,
+                    "MTP: shared selection of {} entries ({} given, top-k {})", r.shared_count,
+                    r.shared_topk.size(), index_topk_);
+      for (int64_t i = 0; i < r.shared_count; ++i) {
+        MEGACTX_CHECK(r.shared_topk[i] >= 0 && r.shared_topk[i] < r.shared_context,
+                      "MTP: shared position {} outside [0, {})", r.shared_topk[i],
+                      r.shared_context);
+      }
+    }
     total += r.count;
   }
+  return total;
+}
+
+std::unique_ptr<MtpLayer> MtpLayer::load(DsaModel& target, const std::string& model_dir,
+                                         bool random_weights, uint64_t seed) {
+  return std::make_unique<CpuMtpLayer>(
+      target,
+      with_target_tensors(read_mtp_weights(target.config(), model_dir, random_weights, seed),
+                          target),
+      mtp_hand_off(target.config()));
+}
+
+CpuMtpLayer::CpuMtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_off)
+    : MtpLayer(target.config(), target.index_topk(), hand_off),
+      target_(target),
+      weights_(std::move(weights)) {
+  MEGACTX_CHECK(weights_.layer.attention.has_indexer, "the MTP layer needs its indexer weights");
+}
+
+MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache& cache) {
+  Backend& backend = target_.backend();
+  const int64_t H = hidden_size();
+  const int64_t vocab = vocab_size();
+  const float eps = static_cast<float>(target_.config().rms_norm_eps);
+  const int64_t total = check_rows(sequences);
   // cat: [total, 2H] = [enorm(embed(token_{t+1})) | hnorm(h)].
   std::vector<float> cat(static_cast<size_t>(total * 2 * H));
   std::vector<float> normed(static_cast<size_t>(H));
@@ -117,7 +155,7 @@ MtpLayer::Output MtpLayer::run(std::span<const Rows> sequences, PagedKvCache& ca
     l.shared_topk = r.shared_topk;
     l.shared_count = r.shared_count;
   }
-  target_.run_layer(weights_.layer, cache_layer_, layer_sequences, x.data(), cache);
+  target_.run_layer(weights_.layer, cache_layer(), layer_sequences, x.data(), cache);
 
   // Last row of each sequence: shared_head.norm, lm_head, hand-off.
   const int64_t n = static_cast<int64_t>(sequences.size());
@@ -130,14 +168,14 @@ MtpLayer::Output MtpLayer::run(std::span<const Rows> sequences, PagedKvCache& ca
     const float* last = x.data() + (row - 1) * H;
     backend.rmsnorm(last, 1, H, H, weights_.head_norm.data<float>(), eps, head_in.data() + s * H,
                     H);
-    const float* hand = hand_off_ == MtpHandOff::NormedOutput ? head_in.data() + s * H : last;
+    const float* hand = hand_off() == MtpHandOff::NormedOutput ? head_in.data() + s * H : last;
     std::memcpy(output.hand_off.data<float>() + s * H, hand,
                 static_cast<size_t>(H) * sizeof(float));
     output.last_topk.push_back(std::move(layer_sequences[s].last_topk));
     output.last_count.push_back(layer_sequences[s].last_count);
   }
-  output.logits = Tensor::empty({n, vocab_});
-  backend.linear(head_in.data(), n, H, weights_.lm_head.data<float>(), vocab_,
+  output.logits = Tensor::empty({n, vocab});
+  backend.linear(head_in.data(), n, H, weights_.lm_head.data<float>(), vocab,
                  output.logits.data<float>());
   return output;
 }

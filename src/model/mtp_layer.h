@@ -48,36 +48,47 @@ struct MtpWeights {
   LayerWeights layer;
 };
 
-// Loads `model.layers.{L}.*` from `source`; embedding and head fall back to
-// the target's when the checkpoint has no own copy (GLM), and must exist for
-// deepseek_v32.
+// Loads `model.layers.{L}.*` from `source`. `embed` / `lm_head` stay empty
+// when the checkpoint has no own copy (GLM shares the target's); they must
+// exist for deepseek_v32.
+MtpWeights load_mtp_weights(const ModelConfig& config, WeightSource& source);
+// As above, with the target's embedding and head filled in where shared.
 MtpWeights load_mtp_weights(const DsaModel& target, WeightSource& source);
+// The same from the checkpoint at `model_dir` (random weights from `seed`
+// when `random_weights`). Error when the config has no MTP layer
+// (num_nextn_predict_layers == 0).
+MtpWeights read_mtp_weights(const ModelConfig& config, const std::string& model_dir,
+                            bool random_weights = false, uint64_t seed = 0);
+// The hand-off of the model family (see MtpHandOff).
+MtpHandOff mtp_hand_off(const ModelConfig& config);
 
+// The MTP layer behind the drafter (engine/mtp_drafter.h): one
+// implementation per device, both over the target's PagedKvCache (cache
+// layer L = num_hidden_layers). CpuMtpLayer runs DsaModel's decoder layer on
+// its backend; the CUDA one (model/cuda_model.h, make_cuda_mtp_layer) runs
+// CudaDsaModel's on device buffers.
 class MtpLayer {
  public:
-  MtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_off);
+  virtual ~MtpLayer() = default;
 
-  // Opens the checkpoint at `model_dir` again for the MTP tensors (random
-  // weights from `seed` when `random_weights`). Error when the config has no
-  // MTP layer (num_nextn_predict_layers == 0).
+  // The CPU MTP layer of `target`, from the checkpoint at `model_dir`.
   static std::unique_ptr<MtpLayer> load(DsaModel& target, const std::string& model_dir,
                                         bool random_weights = false, uint64_t seed = 0);
 
   int64_t cache_layer() const { return cache_layer_; }
   int64_t hidden_size() const { return hidden_; }
   int64_t vocab_size() const { return vocab_; }
-  int64_t index_topk() const { return target_.index_topk(); }
+  int64_t index_topk() const { return index_topk_; }
   MtpHandOff hand_off() const { return hand_off_; }
-  DsaModel& target() { return target_; }
 
   struct Rows {
     int64_t start = 0;  // position of the first row
     int64_t count = 0;
     std::span<const int32_t> pages;
     std::span<const int32_t> next_tokens;  // [count] token_{t+1} of each row
-    // [count, H] the hand-off input: the target's hidden states (before
-    // model.norm, as DsaModel returns them; normed here) at step 0, the
-    // previous step's hand_off at later steps.
+    // [count, H] host rows of the hand-off input: the target's hidden states
+    // (before model.norm, as the models return them; normed here) at step 0,
+    // the previous step's hand_off at later steps.
     const float* hidden = nullptr;
     bool target_hidden = true;  // step 0: apply model.norm to `hidden` first
     // Draft steps with sharing: attend over [0, shared_context) via shared_topk.
@@ -87,22 +98,38 @@ class MtpLayer {
     int64_t shared_count = 0;
   };
   struct Output {
-    Tensor logits;    // [sequences, V] of each sequence's last row
-    Tensor hand_off;  // [sequences, H] of each sequence's last row
-    // Per sequence, the indexer's top-k of the last row (unshared runs).
+    Tensor logits;    // [sequences, V] host, of each sequence's last row
+    Tensor hand_off;  // [sequences, H] host, of each sequence's last row
+    // Per sequence, the indexer's top-k positions of the last row (unshared runs).
     std::vector<std::vector<int32_t>> last_topk;
     std::vector<int64_t> last_count;
   };
   // One MTP application over every sequence's rows (batched).
-  Output run(std::span<const Rows> sequences, PagedKvCache& cache);
+  virtual Output run(std::span<const Rows> sequences, PagedKvCache& cache) = 0;
+
+ protected:
+  MtpLayer(const ModelConfig& config, int64_t index_topk, MtpHandOff hand_off);
+  // Clear errors for malformed rows (token ids, counts, hidden, shared
+  // selections); returns the total row count.
+  int64_t check_rows(std::span<const Rows> sequences) const;
 
  private:
-  DsaModel& target_;
-  MtpWeights weights_;
   MtpHandOff hand_off_;
   int64_t cache_layer_ = 0;
   int64_t hidden_ = 0;
   int64_t vocab_ = 0;
+  int64_t index_topk_ = 0;
+};
+
+// The MTP layer on the CPU: DsaModel::run_layer on the target's backend.
+class CpuMtpLayer final : public MtpLayer {
+ public:
+  CpuMtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_off);
+  Output run(std::span<const Rows> sequences, PagedKvCache& cache) override;
+
+ private:
+  DsaModel& target_;
+  MtpWeights weights_;
 };
 
 // The target's KV cache spec plus the MTP layer's latent and indexer pools
