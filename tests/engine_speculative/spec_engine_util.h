@@ -47,12 +47,20 @@ struct SpecEngineOptions {
   bool prefix_cache = true;
   bool real_tokenizer = false;
   KvDType kv_dtype = KvDType::F32;  // the checkpoint's tokenizer.json (else FakeTokenizer)
+  // The CUDA model (tests/cuda_engine): device KV pools, device logits and
+  // sampler, the MTP layer on the GPU.
+  Device device = Device::CPU;
+  bool cuda_bf16 = false;
 };
 
 class SpecEngine {
  public:
   SpecEngine(const std::string& dir, const SpecEngineOptions& options) {
-    auto model = load_language_model(dir, ModelLoadOptions{});
+    ModelLoadOptions load;
+    load.device = options.device;
+    load.cuda_logits_on_device = options.device == Device::CUDA;
+    load.cuda_bf16 = options.cuda_bf16;
+    auto model = load_language_model(dir, load);
     EngineConfig config;
     config.run_thread = false;
     config.check_integrity_every_step = true;
