@@ -71,25 +71,30 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 
   // Sparse attention over the selected positions, read from the paged pool.
   float* o_latent = sc.o_latent.get<float>(n * heads * lora);
-  MlaFallbackParams p;
-  p.q_latent = q_latent;
-  p.q_rope = q + nope;
-  p.rope_row_stride = heads * qk;
-  p.rope_head_stride = qk;
-  p.pool = cache.latent_pool(layer).raw();
-  p.layout = step.latent;
-  p.rows = step.rows;
-  p.indices = step.topk;
-  p.counts = step.counts;
-  p.index_stride = index_topk_;
-  p.tokens = n;
-  p.heads = heads;
-  p.kv_lora = lora;
-  p.rope = rope;
-  p.scale = softmax_scale_;
-  p.out = o_latent;
-  timer_.mark("attn sparse MLA", stream_);
-  mla_attention_fallback(p, stream_);
+  if (use_fast_attention(step)) {  // issue-7 fp8 kernels: cuda_dsa_fast_attention.cpp
+    timer_.mark("attn sparse MLA", stream_);
+    fast_sparse_mla(q_latent, q, layer, step, cache, o_latent);
+  } else {
+    MlaFallbackParams p;
+    p.q_latent = q_latent;
+    p.q_rope = q + nope;
+    p.rope_row_stride = heads * qk;
+    p.rope_head_stride = qk;
+    p.pool = cache.latent_pool(layer).raw();
+    p.layout = step.latent;
+    p.rows = step.rows;
+    p.indices = step.topk;
+    p.counts = step.counts;
+    p.index_stride = index_topk_;
+    p.tokens = n;
+    p.heads = heads;
+    p.kv_lora = lora;
+    p.rope = rope;
+    p.scale = softmax_scale_;
+    p.out = o_latent;
+    timer_.mark("attn sparse MLA", stream_);
+    mla_attention_fallback(p, stream_);
+  }
   timer_.mark("attn W_UV + o_proj", stream_);
 
   // Expand per head with W_UV ([heads, value, lora]) -> [n, heads * value]; then o_proj.
@@ -123,6 +128,11 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
   scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
   write_cache_rows(cache.indexer_pool(layer).raw(), step.indexer, step.rows, n, k, dim, stream_);
+  if (use_fast_attention(step)) {  // issue-7 fp8 kernels: cuda_dsa_fast_attention.cpp
+    timer_.mark("indexer scores + top-k", stream_);
+    fast_indexer(q, weights, layer, step, cache);
+    return;
+  }
 
   IndexerFallbackParams p;
   p.q = q;

@@ -46,6 +46,12 @@ struct CudaModelOptions {
   // float32 on tensor cores; norms, RoPE, attention, routing and the residual
   // stream stay float32. false: the fp32 exact-parity mode.
   bool bf16_weights = false;
+  // With an FP8 KV cache of 64-token pages and the GLM-5.x / DeepSeek-V3.2
+  // attention shapes (kv_lora 512, rope 64, index dim 128): the indexer, top-k
+  // and sparse MLA run on the issue-7 fp8 kernels (bf16 queries, fp8 indexer
+  // queries; close to, not equal to, the fp32 path). false, or any other cache
+  // or shape: the fp32 fallback kernels.
+  bool fast_attention = true;
   int device_ordinal = 0;
 };
 

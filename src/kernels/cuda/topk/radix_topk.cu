@@ -16,8 +16,17 @@ namespace {
 
 constexpr int kThreads = 512;
 
+// What the selection holds for `position`: its physical slot through the
+// row's block table, or the position itself in positions mode (table null).
 __device__ __forceinline__ int32_t position_to_slot(const int32_t* table, int64_t position) {
+  if (table == nullptr) return static_cast<int32_t>(position);
   return table[position / kPageTokens] * kPageTokens + static_cast<int32_t>(position % kPageTokens);
+}
+
+// Row `row`'s block table, or null in positions mode (row_request unused then).
+__device__ __forceinline__ const int32_t* row_table(const TopkParams& p, int row) {
+  if (p.block_table == nullptr) return nullptr;
+  return p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
 }
 
 // Level 0: digit = bits 31..20 of all scores; level 1: bits 19..8 of those whose
@@ -98,8 +107,7 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
   const int taken = min(k, visible);
   int32_t* out = p.out_slots + static_cast<int64_t>(row) * k;
   int32_t* state = p.row_state + static_cast<int64_t>(row) * kTopkRowState;
-  const int32_t* table =
-      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
+  const int32_t* table = row_table(p, static_cast<int>(row));
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
   const int64_t end = min(begin + kTopkChunk, static_cast<int64_t>(visible));
 
@@ -148,8 +156,7 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   const int k = p.top_k;
   const int taken = min(k, visible);
   int32_t* out = p.out_slots + row * k;
-  const int32_t* table =
-      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
+  const int32_t* table = row_table(p, static_cast<int>(row));
   for (int i = taken + threadIdx.x; i < k; i += kSmallThreads) out[i] = -1;
   if (visible <= k) {
     for (int position = threadIdx.x; position < visible; position += kSmallThreads)
@@ -244,7 +251,7 @@ void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
     part.rows = std::min(kMaxGridY, params.rows - first);
     part.scores += static_cast<int64_t>(first) * params.score_stride;
     part.row_visible += first;
-    part.row_request += first;
+    if (part.row_request != nullptr) part.row_request += first;
     part.out_slots += static_cast<int64_t>(first) * params.top_k;
     part.histogram += static_cast<int64_t>(first) * kTopkHistogramBins;
     part.row_state += static_cast<int64_t>(first) * kTopkRowState;

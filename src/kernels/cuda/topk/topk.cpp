@@ -10,13 +10,19 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.rows >= 0, "top-k: negative row count {}", params.rows);
   MEGACTX_CHECK(params.max_visible >= 0 && params.score_stride >= params.max_visible,
                 "top-k: score_stride {} < max_visible {}", params.score_stride, params.max_visible);
-  MEGACTX_CHECK(params.block_table_stride * int64_t{kPageTokens} >= params.max_visible,
-                "top-k: block table of {} pages cannot hold {} keys", params.block_table_stride,
-                params.max_visible);
-  if (params.rows > 0)
-    MEGACTX_CHECK(params.scores && params.row_visible && params.row_request && params.block_table &&
-                      params.out_slots && params.histogram && params.row_state,
+  // Positions mode (no block table) needs neither row_request nor a stride.
+  const bool slots_mode = params.block_table != nullptr;
+  if (slots_mode)
+    MEGACTX_CHECK(params.block_table_stride * int64_t{kPageTokens} >= params.max_visible,
+                  "top-k: block table of {} pages cannot hold {} keys", params.block_table_stride,
+                  params.max_visible);
+  if (params.rows > 0) {
+    MEGACTX_CHECK(params.scores && params.row_visible && params.out_slots && params.histogram &&
+                      params.row_state,
                   "top-k: a required pointer is null");
+    MEGACTX_CHECK(!slots_mode || params.row_request,
+                  "top-k: a block table needs row_request (or pass no table for positions)");
+  }
   detail::launch_radix_topk(params, stream);
 }
 

@@ -11,6 +11,12 @@
 // slots (block_table[p / 64] * 64 + p % 64). Rows with at most k visible keys
 // take them all in one pass; slots past min(k, visible) are -1.
 //
+// Positions mode: with block_table == nullptr the selection is written as the
+// positions p themselves (row_request and block_table_stride are then unused).
+// The CUDA model keeps positions (its MTP layer and shared-indexer layers
+// reuse them) and maps them to slots per attention call. Either way the order
+// within a row's first min(k, visible) entries is unspecified.
+//
 // When every row has at most kTopkSmallRow scores, one CTA per row does the
 // same passes with the row held in shared memory, in a single launch.
 //
@@ -36,12 +42,12 @@ struct TopkParams {
   int64_t score_stride = 0;
   const int32_t* row_visible = nullptr;  // [rows]
   const int32_t* row_request = nullptr;  // [rows] request whose block table maps positions to slots
-  const int32_t* block_table = nullptr;  // [num_requests, block_table_stride]
+  const int32_t* block_table = nullptr;  // [num_requests, block_table_stride]; null: positions mode
   int block_table_stride = 0;
   int rows = 0;
   int top_k = 0;
   int max_visible = 0;           // >= every row_visible; sizes the grid
-  int32_t* out_slots = nullptr;  // [rows, top_k] out: physical slots, -1 padding
+  int32_t* out_slots = nullptr;  // [rows, top_k] out: physical slots (or positions), -1 padding
   // Workspace (zeroed once with cudaMemset; left zeroed):
   uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
   int32_t* row_state = nullptr;   // [rows, kTopkRowState]

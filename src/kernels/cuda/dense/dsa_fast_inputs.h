@@ -1,0 +1,82 @@
+// Glue between the CUDA model's fp32 tensors and the issue-7 fp8 DSA kernels
+// (kernels/cuda/{indexer,topk,sparse_mla}): per-token block tables, bf16
+// queries padded to the head counts those kernels support, selected positions
+// mapped to physical cache slots, and the bf16 attention output back to fp32.
+//
+// Paging as dsa_fallback.h (PagedRows): token t's sequence has its page table
+// at page_tables + table_offset[t]; position p lives at
+// slot = table[p / page_size] * page_size + p % page_size.
+// Every function launches on `stream` with no host synchronisation and no
+// allocation (CUDA-graph capturable); shapes are trusted (the model checked them).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/dense/dsa_fallback.h"
+
+namespace megactx::cuda {
+
+// Per token t at position p_t, what the indexer and radix top-k read:
+//   tables[t, j] = page_tables[table_offset[t] + j]  for j < ceil((p_t + 1) / page_size),
+//                  -1 for the rest of the row (never read);
+//   visible[t]   = p_t + 1 (causal), row_ids[t] = t (each token its own "request"),
+//   counts[t]    = min(top_k, p_t + 1) (how many positions the selection holds).
+struct TokenTablesParams {
+  PagedRows rows;
+  int64_t tokens = 0;
+  int64_t table_stride = 0;  // >= ceil(max position + 1 / page_size)
+  int64_t top_k = 0;
+  int32_t* tables = nullptr;   // [tokens, table_stride] out
+  int32_t* visible = nullptr;  // [tokens] out
+  int32_t* row_ids = nullptr;  // [tokens] out
+  int32_t* counts = nullptr;   // [tokens] out
+};
+void build_token_tables(const TokenTablesParams& p, cudaStream_t stream);
+
+// q_bf16[t, h, :] = bf16(q[t, h, :]) and weights_padded[t, h] = weights[t, h]
+// for h < heads; zero for heads <= h < padded_heads (a zero query with a zero
+// weight adds relu(0) * 0 to every score).
+struct IndexerQueryPadParams {
+  const float* q = nullptr;        // [tokens, heads, dim]
+  const float* weights = nullptr;  // [tokens, heads]
+  int64_t tokens = 0, heads = 0, padded_heads = 0, dim = 0;
+  uint16_t* q_bf16 = nullptr;       // [tokens, padded_heads, dim] out
+  float* weights_padded = nullptr;  // [tokens, padded_heads] out
+};
+void pad_indexer_queries(const IndexerQueryPadParams& p, cudaStream_t stream);
+
+// slots[t, i] = the slot of position selected[t, i] in token t's sequence for
+// i < counts[t] when 0 <= position <= positions[t]; -1 otherwise (padding, or
+// anything a caller-supplied selection holds outside the causal window).
+struct PositionsToSlotsParams {
+  const int32_t* selected = nullptr;  // [tokens, top_k] positions
+  const int32_t* counts = nullptr;    // [tokens]
+  PagedRows rows;
+  int64_t tokens = 0, top_k = 0;
+  int32_t* slots = nullptr;  // [tokens, top_k] out
+};
+void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream);
+
+// q[t, h, :] = bf16([q_latent[t, h, 0:lora] | q_rope[t, h, 0:rope]]) for h < heads,
+// zero rows for heads <= h < padded_heads.
+struct MlaQueryPackParams {
+  const float* q_latent = nullptr;  // [tokens, heads, lora]
+  const float* q_rope =
+      nullptr;  // token t head h at q_rope + t*rope_row_stride + h*rope_head_stride
+  int64_t rope_row_stride = 0, rope_head_stride = 0;
+  int64_t tokens = 0, heads = 0, padded_heads = 0, lora = 0, rope = 0;
+  uint16_t* q = nullptr;  // [tokens, padded_heads, lora + rope] out
+};
+void pack_mla_queries(const MlaQueryPackParams& p, cudaStream_t stream);
+
+// out[t, h, :] = float(attention[t, h, :]) for h < heads (padded heads dropped).
+struct MlaOutputUnpackParams {
+  const uint16_t* attention = nullptr;  // [tokens, padded_heads, lora] bf16
+  int64_t tokens = 0, heads = 0, padded_heads = 0, lora = 0;
+  float* out = nullptr;  // [tokens, heads, lora] out
+};
+void unpack_mla_output(const MlaOutputUnpackParams& p, cudaStream_t stream);
+
+}  // namespace megactx::cuda

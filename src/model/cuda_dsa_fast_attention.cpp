@@ -1,0 +1,233 @@
+// CudaDsaModel: the DSA indexer and sparse MLA on the issue-7 fp8 kernels
+// (kernels/cuda/{indexer,topk,sparse_mla}) instead of the fp32 fallback, for
+// FP8 caches of 64-token pages with kv_lora 512, rope 64 and index dim 128
+// (the GLM-5.x / DeepSeek-V3.2 shapes those kernels are written for).
+//
+// What differs from the fallback (and why the results are close, not equal):
+// - indexer queries are rounded to bf16, then quantised to e4m3 per (token,
+//   head) with the scale folded into the head weights; scores come from fp8
+//   tensor cores. Heads are zero-padded to 32 (ReLU(0) * 0 adds nothing).
+// - top-k is the radix select in positions mode: the same set up to ties and
+//   rounding at the threshold, in unspecified order (attention sums over it).
+// - sparse MLA rounds q to bf16 ([q_latent | q_pe], heads zero-padded to a
+//   multiple of 64), attends on bf16 tensor cores and returns bf16.
+// step.topk keeps positions (shared-indexer layers, the MTP layer and the CPU
+// semantics use positions); each attention call maps them to slots.
+// Everything here is launches on stream_: no host sync, no allocation once the
+// scratch has grown to the step's size (CUDA-graph capturable).
+#if MEGACTX_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cuda/dense/dsa_fast_inputs.h"
+#include "kernels/cuda/indexer/indexer.h"
+#include "kernels/cuda/sparse_mla/sparse_mla.h"
+#include "kernels/cuda/topk/topk.h"
+#include "model/cuda_dsa_model.h"
+
+namespace megactx::cuda {
+namespace {
+
+// Grows `buffer` to `count` elements of T; a buffer that had to grow is zeroed
+// (the radix top-k workspace must be zero before its first use and is left
+// zero by every call).
+template <typename T>
+T* zeroed_workspace(DeviceBuffer& buffer, int64_t count, cudaStream_t stream) {
+  const size_t before = buffer.bytes();
+  T* data = buffer.get<T>(count);
+  if (buffer.bytes() != before)
+    MEGACTX_CUDA_CHECK(cudaMemsetAsync(data, 0, buffer.bytes(), stream));
+  return data;
+}
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+}  // namespace
+
+bool CudaDsaModel::use_fast_attention(const Step& step) const {
+  return options_.fast_attention && step.latent.dtype == CacheDType::FP8 &&
+         step.rows.page_size == kPageTokens && config_.kv_lora_rank == kLatentRank &&
+         config_.qk_rope_head_dim == kLatentRope && config_.index_head_dim == kIndexerHeadDim &&
+         config_.index_n_heads >= 1 && config_.index_n_heads <= 64 &&
+         index_topk_ <= std::numeric_limits<int32_t>::max() / 2;
+}
+
+CudaDsaModel::Selection CudaDsaModel::last_selection(int64_t tokens) const {
+  MEGACTX_CHECK(tokens >= 0 &&
+                    static_cast<size_t>(tokens * index_topk_) * 4 <= scratch_.topk.bytes() &&
+                    static_cast<size_t>(tokens) * 4 <= scratch_.counts.bytes(),
+                "last_selection: no forward of {} tokens ran", tokens);
+  Selection out;
+  out.tokens = tokens;
+  out.top_k = index_topk_;
+  out.positions.resize(static_cast<size_t>(tokens * index_topk_));
+  out.counts.resize(static_cast<size_t>(tokens));
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (tokens > 0) {
+    MEGACTX_CUDA_CHECK(cudaMemcpy(out.positions.data(), scratch_.topk.as<int32_t>(),
+                                  out.positions.size() * 4, cudaMemcpyDeviceToHost));
+    MEGACTX_CUDA_CHECK(cudaMemcpy(out.counts.data(), scratch_.counts.as<int32_t>(),
+                                  out.counts.size() * 4, cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
+void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t layer, Step& step,
+                                PagedKvCache& cache) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t n = step.tokens;
+  const int64_t heads = config_.index_n_heads;
+  const int64_t padded = heads <= 32 ? 32 : 64;  // the head counts indexer_scores supports
+  const int64_t dim = kIndexerHeadDim;
+
+  // Per-token block tables, causal lengths and selection counts: once per step
+  // (every full layer of the step reads the same ones).
+  if (step.token_tables == nullptr) {
+    TokenTablesParams t;
+    t.rows = step.rows;
+    t.tokens = n;
+    t.table_stride = std::max<int64_t>(1, (step.max_context + kPageTokens - 1) / kPageTokens);
+    t.top_k = index_topk_;
+    t.tables = fs.tables.get<int32_t>(n * t.table_stride);
+    t.visible = fs.visible.get<int32_t>(n);
+    t.row_ids = fs.row_ids.get<int32_t>(n);
+    t.counts = step.counts;
+    build_token_tables(t, stream_);
+    step.token_tables = t.tables;
+    step.row_visible = t.visible;
+    step.row_ids = t.row_ids;
+    step.table_stride = t.table_stride;
+  }
+
+  // fp32 [n, heads, 128] -> bf16 [n, padded, 128] -> e4m3 with folded weights.
+  IndexerQueryPadParams pad;
+  pad.q = q;
+  pad.weights = weights;
+  pad.tokens = n;
+  pad.heads = heads;
+  pad.padded_heads = padded;
+  pad.dim = dim;
+  pad.q_bf16 = fs.iq_bf16.get<uint16_t>(n * padded * dim);
+  pad.weights_padded = fs.iw_padded.get<float>(n * padded);
+  pad_indexer_queries(pad, stream_);
+
+  QuantizeIndexerParams quantize;
+  quantize.queries = pad.q_bf16;
+  quantize.head_weights = pad.weights_padded;
+  quantize.queries_fp8 = fs.iq_fp8.get<uint8_t>(n * padded * dim);
+  quantize.weights = fs.iw_folded.get<float>(n * padded);
+  quantize.rows = static_cast<int>(n);
+  quantize.heads = static_cast<int>(padded);
+  quantize.softmax_scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  quantize_indexer_queries(quantize, stream_);
+
+  // scores [n, max_context]: row t filled for p < position_t + 1.
+  float* scores = scratch_.scores.get<float>(n * step.max_context);
+  IndexerScoreParams score;
+  score.queries = quantize.queries_fp8;
+  score.weights = quantize.weights;
+  score.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
+  score.block_table = step.token_tables;
+  score.block_table_stride = static_cast<int>(step.table_stride);
+  score.row_request = step.row_ids;
+  score.row_visible = step.row_visible;
+  score.scores = scores;
+  score.score_stride = step.max_context;
+  score.rows = static_cast<int>(n);
+  score.heads = static_cast<int>(padded);
+  score.rows_per_group = 1;
+  score.max_visible = static_cast<int>(step.max_context);
+  indexer_scores(score, stream_);
+
+  // Positions of the top-k into step.topk [n, index_topk], -1 past counts.
+  // The histogram is only used by rows longer than kTopkSmallRow.
+  const int64_t workspace_rows = step.max_context > kTopkSmallRow ? n : 1;
+  TopkParams select;
+  select.scores = scores;
+  select.score_stride = step.max_context;
+  select.row_visible = step.row_visible;
+  select.block_table = nullptr;  // positions mode
+  select.rows = static_cast<int>(n);
+  select.top_k = static_cast<int>(index_topk_);
+  select.max_visible = static_cast<int>(step.max_context);
+  select.out_slots = step.topk;
+  select.histogram =
+      zeroed_workspace<uint32_t>(fs.topk_histogram, workspace_rows * kTopkHistogramBins, stream_);
+  select.row_state = zeroed_workspace<int32_t>(fs.topk_state, n * kTopkRowState, stream_);
+  radix_topk(select, stream_);
+}
+
+void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
+                                   const Step& step, PagedKvCache& cache, float* o_latent) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t n = step.tokens;
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
+  const int64_t qk = config_.qk_nope_head_dim + config_.qk_rope_head_dim;
+  const int64_t top_k = index_topk_;
+  if (fast_multiprocessors_ == 0) {
+    int device = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(
+        cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+  }
+
+  // step.topk positions -> physical slots (-1 past counts).
+  PositionsToSlotsParams map;
+  map.selected = step.topk;
+  map.counts = step.counts;
+  map.rows = step.rows;
+  map.tokens = n;
+  map.top_k = top_k;
+  map.slots = fs.slots.get<int32_t>(n * top_k);
+  positions_to_slots(map, stream_);
+
+  // q = bf16 [q_latent | q_pe] per head: [n, padded, 576].
+  MlaQueryPackParams pack;
+  pack.q_latent = q_latent;
+  pack.q_rope = q + config_.qk_nope_head_dim;
+  pack.rope_row_stride = heads * qk;
+  pack.rope_head_stride = qk;
+  pack.tokens = n;
+  pack.heads = heads;
+  pack.padded_heads = padded;
+  pack.lora = kLatentRank;
+  pack.rope = kLatentRope;
+  pack.q = fs.q_bf16.get<uint16_t>(n * padded * kSparseMlaQueryDim);
+  pack_mla_queries(pack, stream_);
+
+  SparseMlaParams attend;
+  attend.q = pack.q;
+  attend.slots = map.slots;
+  attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
+  attend.rows = static_cast<int>(n);
+  attend.heads = static_cast<int>(padded);
+  attend.top_k = static_cast<int>(top_k);
+  attend.num_splits =
+      sparse_mla_default_splits(attend.rows, attend.heads, attend.top_k, fast_multiprocessors_);
+  attend.softmax_scale = softmax_scale_;
+  attend.out = fs.out_bf16.get<uint16_t>(n * padded * kLatentRank);
+  attend.lse = fs.lse.get<float>(n * padded);
+  if (attend.num_splits > 1) {
+    attend.partial_out = fs.partial_out.get<float>(n * attend.num_splits * padded * kLatentRank);
+    attend.partial_lse = fs.partial_lse.get<float>(n * attend.num_splits * padded);
+  }
+  sparse_mla_attention(attend, stream_);
+
+  // bf16 [n, padded, 512] -> fp32 o_latent [n, heads, 512] for W_UV.
+  MlaOutputUnpackParams unpack;
+  unpack.attention = attend.out;
+  unpack.tokens = n;
+  unpack.heads = heads;
+  unpack.padded_heads = padded;
+  unpack.lora = kLatentRank;
+  unpack.out = o_latent;
+  unpack_mla_output(unpack, stream_);
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA
