@@ -1,11 +1,15 @@
 // CudaDsaModel: dense SwiGLU MLP and the group-limited sigmoid MoE, as
-// DsaModel::mlp / DsaModel::moe. Routing runs on the device; the dispatch
-// reads the chosen expert ids back to the host (one sync per MoE layer) and
-// runs one GEMM chain per used expert. A device-side grouped dispatch (no
-// sync, graph-capturable) replaces this in the fast path.
+// DsaModel::mlp / DsaModel::moe. Routing runs on the device. Up to
+// kGroupedMoeMaxRows rows (decode, MTP verification) the routed experts run
+// as the grouped device kernels of kernels/cuda/moe: no host sync, so a
+// decode step can be captured in a CUDA Graph. Larger batches (prefill), fp8
+// experts (not stacked) or options.device_moe = false take the host
+// dispatch: the chosen expert ids are read back (one sync per MoE layer) and
+// one GEMM chain runs per used expert, reading its weights once for all rows.
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda_dsa_model.h"
 
 namespace megactx::cuda {
@@ -34,6 +38,33 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       experts, config_.n_group,        config_.topk_group,
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
   moe_route(logits, w.bias, rows, params, ids, gates, stream_);
+
+  const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
+  const GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
+  if (options_.device_moe && w.experts_gate_up && w.experts_down && grouped_moe_supported(shape)) {
+    // Shared expert first: the combine adds it after the routed sum, the
+    // order of the host dispatch below. Buffer sizes depend on the shape
+    // only (a graph sized once per batch bucket).
+    const float* shared = nullptr;
+    if (config_.n_shared_experts > 0) {
+      timer_.mark("moe shared expert", stream_);
+      float* result = sc.expert_out.get<float>(rows * hidden);
+      mlp(w.shared, h, rows, result);
+      shared = result;
+    }
+    timer_.mark("moe grouped experts", stream_);
+    const GroupedMoeLayout layout = grouped_moe_layout(shape);
+    GroupedMoeBuffers buffers;
+    buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
+    buffers.act = sc.moe_act.get<float>(layout.act_floats);
+    buffers.pair_out = sc.moe_pair_out.get<float>(layout.pair_out_floats);
+    StackedExperts stacked;
+    stacked.gate_up = w.experts_gate_up.data;
+    stacked.down = w.experts_down.data;
+    stacked.bf16 = w.experts_gate_up.bf16;
+    grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
+    return;
+  }
 
   timer_.mark("moe host sync + dispatch", stream_);
   std::vector<int32_t> host_ids(static_cast<size_t>(rows * top_k));

@@ -76,6 +76,9 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
     DeviceBuffer expert_rows, expert_gates, expert_in, expert_out, moe_out;
+    // The grouped device MoE (kernels/cuda/moe): plan, SwiGLU activations
+    // [pairs, I], per-pair expert outputs [rows, top_k, H].
+    DeviceBuffer moe_plan, moe_act, moe_pair_out;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;

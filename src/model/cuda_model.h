@@ -52,6 +52,12 @@ struct CudaModelOptions {
   // queries; close to, not equal to, the fp32 path). false, or any other cache
   // or shape: the fp32 fallback kernels.
   bool fast_attention = true;
+  // MoE layers of up to kGroupedMoeMaxRows rows (decode, MTP verification)
+  // route and run their experts on the device with no host synchronisation
+  // (kernels/cuda/moe, graph-capturable); larger batches, fp8 experts or
+  // false: the host dispatch (expert ids read back, one GEMM chain per used
+  // expert).
+  bool device_moe = true;
   int device_ordinal = 0;
 };
 

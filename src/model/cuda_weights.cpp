@@ -48,6 +48,69 @@ DeviceMatrix CudaWeights::upload_matrix(const Tensor& tensor) {
   return {upload_bytes(bits.data(), bits.size() * 2), true};
 }
 
+void* CudaWeights::reserve_bytes(size_t bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  MEGACTX_CHECK(bytes <= free_bytes,
+                "CUDA model: out of device memory uploading weights ({} MiB so far, {} MiB more "
+                "needed, {} MiB free)",
+                bytes_ >> 20, bytes >> 20, free_bytes >> 20);
+  storage_.emplace_back(bytes);
+  bytes_ += bytes;
+  return storage_.back().as<void>();
+}
+
+void CudaWeights::copy_matrix(const Tensor& tensor, void* device) {
+  MEGACTX_CHECK(tensor.dtype() == DType::F32 && tensor.device() == Device::CPU,
+                "CUDA model: weights must be host float32");
+  const float* values = tensor.data<float>();
+  const size_t count = static_cast<size_t>(tensor.numel());
+  if (!bf16_) {
+    MEGACTX_CUDA_CHECK(cudaMemcpy(device, values, count * 4, cudaMemcpyHostToDevice));
+  } else {
+    // As upload_matrix: round to nearest even on the host.
+    std::vector<uint16_t> bits(count);
+    for (size_t i = 0; i < count; ++i) bits[i] = float_to_bf16(values[i]);
+    MEGACTX_CUDA_CHECK(cudaMemcpy(device, bits.data(), count * 2, cudaMemcpyHostToDevice));
+  }
+  matrix_bytes_ += count * (bf16_ ? 2 : 4);
+}
+
+void CudaWeights::upload_experts(const std::vector<MlpWeights>& experts, DeviceLayer& d) {
+  bool uniform = !experts.empty();
+  for (const MlpWeights& e : experts) {
+    uniform = uniform && e.gate_up.numel() > 0 && e.down.numel() > 0 &&
+              e.gate_up.shape() == experts[0].gate_up.shape() &&
+              e.down.shape() == experts[0].down.shape() &&
+              e.intermediate == experts[0].intermediate;
+  }
+  if (!uniform) {
+    for (const MlpWeights& e : experts) d.experts.push_back(upload(e));
+    return;
+  }
+  // One allocation per matrix kind, expert e at e * (elements per expert).
+  const size_t element = bf16_ ? 2 : 4;
+  const size_t gate_up_bytes = static_cast<size_t>(experts[0].gate_up.numel()) * element;
+  const size_t down_bytes = static_cast<size_t>(experts[0].down.numel()) * element;
+  auto* gate_up = static_cast<char*>(reserve_bytes(gate_up_bytes * experts.size()));
+  auto* down = static_cast<char*>(reserve_bytes(down_bytes * experts.size()));
+  d.experts_gate_up.data = gate_up;
+  d.experts_gate_up.bf16 = bf16_;
+  d.experts_down.data = down;
+  d.experts_down.bf16 = bf16_;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    DeviceMlp view;
+    view.gate_up.data = gate_up + e * gate_up_bytes;
+    view.gate_up.bf16 = bf16_;
+    view.down.data = down + e * down_bytes;
+    view.down.bf16 = bf16_;
+    view.intermediate = experts[e].intermediate;
+    copy_matrix(experts[e].gate_up, gate_up + e * gate_up_bytes);
+    copy_matrix(experts[e].down, down + e * down_bytes);
+    d.experts.push_back(view);
+  }
+}
+
 DeviceMlp CudaWeights::upload(const MlpWeights& mlp) {
   return {upload_matrix(mlp.gate_up), upload_matrix(mlp.down), mlp.intermediate};
 }
@@ -84,7 +147,7 @@ DeviceLayer CudaWeights::upload_layer(const LayerWeights& w) {
   if (w.is_moe) {
     d.router = upload(w.moe.router);
     d.bias = upload(w.moe.bias);
-    for (const MlpWeights& e : w.moe.experts) d.experts.push_back(upload(e));
+    upload_experts(w.moe.experts, d);
     d.shared = upload(w.moe.shared);
   } else {
     d.dense = upload(w.dense);

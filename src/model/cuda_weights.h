@@ -35,6 +35,11 @@ struct DeviceLayer {
   const float* bias = nullptr;    // [E]
   std::vector<DeviceMlp> experts;
   DeviceMlp shared;
+  // The routed experts stacked for the grouped device dispatch
+  // (kernels/cuda/moe): [E, 2I, H] and [E, H, I] in the mode's precision;
+  // experts[e] are views into them (no second copy). Null when the experts
+  // are not stacked (e.g. fp8 experts): moe() then takes the host dispatch.
+  DeviceMatrix experts_gate_up, experts_down;
 };
 
 class CudaWeights {
@@ -60,6 +65,13 @@ class CudaWeights {
  private:
   DeviceMlp upload(const MlpWeights& mlp);
   void* upload_bytes(const void* data, size_t bytes);
+  // Uninitialised device bytes owned by this object (out-of-memory checked).
+  void* reserve_bytes(size_t bytes);
+  // A host float32 matrix into `device` in the mode's precision.
+  void copy_matrix(const Tensor& tensor, void* device);
+  // d.experts as views into d.experts_gate_up / d.experts_down when every
+  // expert has the same shapes, else one upload per expert.
+  void upload_experts(const std::vector<MlpWeights>& experts, DeviceLayer& d);
   std::vector<DeviceBuffer> storage_;
   size_t bytes_ = 0;
   size_t matrix_bytes_ = 0;

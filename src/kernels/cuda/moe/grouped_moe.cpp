@@ -1,0 +1,95 @@
+// Host side of the grouped MoE path: which shapes it serves, the plan
+// buffer's layout and the workspace sizes (plain arithmetic, testable on a
+// machine without a GPU).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda/moe/grouped_moe.h"
+
+namespace megactx::cuda {
+namespace {
+
+constexpr size_t kPlanSharedLimit = 48 * 1024;
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Shared memory of the bucketing block: per-expert counts, bucket offsets
+// and tile offsets, plus one count per (warp, expert).
+size_t plan_shared_bytes(const GroupedMoeShape& shape) {
+  const int64_t warps = round_up(std::max<int64_t>(shape.pairs(), 1), 32) / 32;
+  return static_cast<size_t>((3 + warps) * shape.experts) * sizeof(int32_t);
+}
+
+// Empty when supported, else the reason (one place for both entry points).
+std::string unsupported_reason(const GroupedMoeShape& s) {
+  if (s.rows < 1 || s.hidden < 1 || s.intermediate < 1 || s.experts < 1 || s.top_k < 1)
+    return fmt::format(
+        "grouped MoE: rows {}, hidden {}, intermediate {}, experts {}, top_k {} "
+        "must all be positive",
+        s.rows, s.hidden, s.intermediate, s.experts, s.top_k);
+  if (s.top_k > s.experts)
+    return fmt::format("grouped MoE: top_k {} exceeds the {} experts", s.top_k, s.experts);
+  if (s.rows > kGroupedMoeMaxRows || s.pairs() > kGroupedMoeMaxPairs)
+    return fmt::format("grouped MoE: {} rows x top_k {} exceed the bounds ({} rows, {} pairs)",
+                       s.rows, s.top_k, kGroupedMoeMaxRows, kGroupedMoeMaxPairs);
+  if (s.hidden % 8 != 0 || s.intermediate % 8 != 0)
+    return fmt::format("grouped MoE: hidden {} and intermediate {} must be multiples of 8",
+                       s.hidden, s.intermediate);
+  if (plan_shared_bytes(s) > kPlanSharedLimit)
+    return fmt::format(
+        "grouped MoE: {} experts x {} pairs need {} B of shared memory to bucket "
+        "(limit {})",
+        s.experts, s.pairs(), plan_shared_bytes(s), kPlanSharedLimit);
+  return {};
+}
+
+}  // namespace
+
+bool grouped_moe_supported(const GroupedMoeShape& shape) {
+  return unsupported_reason(shape).empty();
+}
+
+void check_grouped_moe(const GroupedMoeShape& shape) {
+  const std::string reason = unsupported_reason(shape);
+  if (!reason.empty()) throw Error(reason);
+}
+
+void check_grouped_moe_inputs(const float* x, const StackedExperts& weights,
+                              const GroupedMoeBuffers& buffers) {
+  const auto aligned = [](const void* pointer) {
+    return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+  };
+  MEGACTX_CHECK(weights.gate_up != nullptr && weights.down != nullptr,
+                "grouped MoE: stacked expert weights missing");
+  MEGACTX_CHECK(buffers.plan != nullptr && buffers.act != nullptr && buffers.pair_out != nullptr,
+                "grouped MoE: workspace buffers missing");
+  MEGACTX_CHECK(
+      aligned(x) && aligned(weights.gate_up) && aligned(weights.down) && aligned(buffers.act),
+      "grouped MoE: inputs, weights and activations must be 16-byte aligned");
+}
+
+GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
+  check_grouped_moe(shape);
+  const int64_t pairs = shape.pairs();
+  GroupedMoeLayout layout;
+  // Each used expert has ceil(m / R) <= 1 + floor(m / R) tiles; summed over
+  // at most min(E, pairs) used experts whose m add up to pairs.
+  layout.max_tiles = std::min(shape.experts, pairs) + pairs / kGroupedMoeTileRows;
+  layout.tile_count = 0;
+  layout.tiles = 1;
+  layout.pair_of = layout.tiles + 3 * layout.max_tiles;
+  layout.counts = layout.pair_of + pairs;
+  layout.offsets = layout.counts + shape.experts;
+  layout.plan_ints = layout.offsets + shape.experts + 1;
+  layout.act_floats = pairs * shape.intermediate;
+  layout.pair_out_floats = pairs * shape.hidden;
+  layout.plan_threads = static_cast<int>(round_up(pairs, 32));
+  layout.plan_shared_bytes = plan_shared_bytes(shape);
+  return layout;
+}
+
+}  // namespace megactx::cuda

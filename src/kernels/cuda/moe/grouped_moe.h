@@ -1,0 +1,109 @@
+// Routed experts of a MoE layer on the device with no host synchronisation
+// (decode, MTP verification and other small row counts): the routed
+// (row, slot) pairs are bucketed by expert on the device, then each expert's
+// SwiGLU MLP runs as grouped GEMV-like kernels whose grids depend only on the
+// shape (rows, top_k, ...), never on the routing, so the whole sequence can
+// be captured in a CUDA Graph. CTAs of tiles the routing left empty exit at
+// once.
+//
+// Each CTA streams its slice of one expert's weight rows once and applies it
+// to up to kGroupedMoeTileRows of that expert's rows held in shared memory:
+// decode is weight-bandwidth bound, so weights are read once per tile of rows.
+// Weights are float32 (the exact-parity mode) or bf16; bf16 weights round the
+// kernel inputs (the gathered rows, the SwiGLU activations) to bf16 and
+// accumulate in float32, as Blas::linear's bf16 path does.
+//
+// Sum over slots in slot order (ids ascending per row, so the order of the
+// host dispatch's scatter-add): each pair's expert output is written to
+// pair_out[rows, top_k, H] and one reduction per output element adds them, so
+// results do not depend on scheduling (no atomics).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+// Rows of one expert one CTA applies its weights to.
+inline constexpr int64_t kGroupedMoeTileRows = 8;
+// Bounds of the grouped path (larger batches take the host dispatch, whose
+// GEMMs read each expert's weights once for all its rows): rows per call and
+// routed pairs (rows * top_k, one thread each in the bucketing kernel).
+inline constexpr int64_t kGroupedMoeMaxRows = 128;
+inline constexpr int64_t kGroupedMoeMaxPairs = 1024;
+
+struct GroupedMoeShape {
+  int64_t rows = 0;          // tokens of the call
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I, per expert
+  int64_t experts = 0;       // E routed experts
+  int64_t top_k = 0;         // experts per token
+  int64_t pairs() const { return rows * top_k; }
+};
+
+// The plan buffer (int32) written by grouped_moe_plan, offsets in elements.
+// tile_count [1]; tiles [max_tiles, 3] = (expert, first bucket position,
+// rows); pair_of [pairs]: bucket position -> pair (row * top_k + slot),
+// pairs grouped by expert (ascending), in pair order within an expert;
+// counts [E] pairs per expert; offsets [E + 1] first bucket position per
+// expert. Pairs whose expert id is outside [0, E) are left out.
+struct GroupedMoeLayout {
+  int64_t max_tiles = 0;  // grid bound: min(E, pairs) + pairs / tile rows
+  int64_t tile_count = 0, tiles = 0, pair_of = 0, counts = 0, offsets = 0;
+  int64_t plan_ints = 0;        // size of the plan buffer
+  int64_t act_floats = 0;       // [pairs, I] SwiGLU activations, bucket order
+  int64_t pair_out_floats = 0;  // [rows, top_k, H] expert outputs per pair
+  int plan_threads = 0;         // bucketing block: pairs rounded up to a warp
+  size_t plan_shared_bytes = 0;
+};
+
+// True when the grouped path serves `shape` (rows and pairs within the
+// bounds, H and I multiples of 8 for 16-byte weight loads, the bucketing
+// kernel's shared memory within 48 KiB).
+bool grouped_moe_supported(const GroupedMoeShape& shape);
+// As grouped_moe_supported, but a megactx::Error naming what does not fit.
+void check_grouped_moe(const GroupedMoeShape& shape);
+// Layout and buffer sizes of `shape` (checks it first).
+GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape);
+
+// Routed experts stacked: expert e's gate_up rows at gate_up + e * 2I * H.
+struct StackedExperts {
+  const void* gate_up = nullptr;  // [E, 2I, H]: gate rows [0, I), up rows [I, 2I)
+  const void* down = nullptr;     // [E, H, I]
+  bool bf16 = false;              // else float32
+};
+
+struct GroupedMoeBuffers {
+  int32_t* plan = nullptr;    // [layout.plan_ints]
+  float* act = nullptr;       // [layout.act_floats]
+  float* pair_out = nullptr;  // [layout.pair_out_floats]
+};
+
+// Errors for missing weights or buffers and inputs not 16-byte aligned
+// (the kernels load 16 bytes at a time).
+void check_grouped_moe_inputs(const float* x, const StackedExperts& weights,
+                              const GroupedMoeBuffers& buffers);
+
+// (a) Buckets ids [rows, top_k] by expert into `plan` (one thread block).
+void grouped_moe_plan(const int32_t* ids, const GroupedMoeShape& shape, int32_t* plan,
+                      cudaStream_t stream);
+
+// The whole routed computation, (a) to (c):
+// out[r, :] = sum_s gates[r, s] * expert_{ids[r, s]}(x[r, :])  (+ shared[r, :] last,
+// when shared is not null). x, shared, out [rows, H] float32, 16-byte aligned;
+// ids, gates [rows, top_k] (a moe_route output). out may not alias x.
+void grouped_moe(const float* x, const int32_t* ids, const float* gates,
+                 const GroupedMoeShape& shape, const StackedExperts& weights, const float* shared,
+                 const GroupedMoeBuffers& buffers, float* out, cudaStream_t stream);
+
+// (b) and (c) alone, over a plan made by grouped_moe_plan (tests time and
+// check the stages separately through grouped_moe).
+void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
+                         const StackedExperts& weights, const GroupedMoeBuffers& buffers,
+                         cudaStream_t stream);
+void grouped_moe_combine(const int32_t* ids, const float* gates, const GroupedMoeShape& shape,
+                         const float* pair_out, const float* shared, float* out,
+                         cudaStream_t stream);
+
+}  // namespace megactx::cuda
