@@ -98,7 +98,8 @@ note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"
 
 # 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
 #    default: the DSA attention kernels and the whole-model decode, each with
-#    its PyTorch peer), "model", "dsa", or 0 for none.
+#    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the
+#    Engine on models/default, k = 0 as the baseline), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -117,6 +118,10 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/decode_torch_baseline.py >"$out/model_decode_torch.md" 2>&1
   note "model decode torch baseline exit $?"
 fi
+if [[ "$benches" == *mtp* ]]; then
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/mtp_engine_bench" ${MTP_BENCH_ARGS:-} >"$out/mtp_engine.md" 2>&1
+  note "mtp engine bench exit $?"
+fi
 
 echo
 echo "==== summary ===="
@@ -127,4 +132,5 @@ if [[ -f "$out/bench.md" ]]; then
 fi
 [[ -f "$out/model_decode.md" ]] && grep -E '^\| (fp32|bf16) |copy' "$out/model_decode.md"
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
+[[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
 exit 0

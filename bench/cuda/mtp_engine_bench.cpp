@@ -1,0 +1,195 @@
+// MTP speculative decoding on the GPU through the serving Engine (issue 8):
+// decode tokens/s without MTP (the baseline, same binary, same prompts) and
+// with k = 1, 3, 7 draft steps, and the accepted length, at batch 1 and 16,
+// on the trained default model (models/default: its MTP layer was trained
+// with the target, so drafts are accepted; random weights would accept almost
+// nothing).
+//
+//   mtp_engine_bench [--model models/default] [--batches 1,16] [--steps 0,1,3,7]
+//                    [--prompt 256] [--new-tokens 128] [--precision fp32,bf16]
+//                    [--kv-dtype bf16] [--no-share] [--text IDS_FILE]
+//
+// Prompts are windows of real text (tests/default_model/passkey_8k_ids.txt,
+// tokenized by the default tokenizer). Greedy, ignore_eos. Decode time runs
+// from the step where every request has its first token (prefill done) to the
+// last step; decode tokens/s = tokens emitted in that window / its time.
+// accepted length = 1 + accepted drafts / verifications (tokens per target
+// forward of a speculating request).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "engine/kv_capacity.h"
+#include "model/model_loader.h"
+#include "model/sequence_runner.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace megactx;
+
+namespace {
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
+  return out;
+}
+
+struct Result {
+  double decode_tokens_per_s = 0;
+  double accepted_length = 0;  // 0 without MTP
+  int64_t generated = 0;
+  double total_s = 0;
+};
+
+Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t batch, int64_t steps,
+           bool share, const std::vector<int32_t>& text, int64_t prompt_len, int64_t new_tokens) {
+  ModelLoadOptions load;
+  load.device = Device::CUDA;
+  load.cuda_logits_on_device = true;
+  load.cuda_bf16 = bf16;
+  auto model = load_language_model(model_dir, load);
+  EngineConfig config;
+  config.run_thread = false;
+  config.kv_dtype = kv_dtype;
+  config.max_running_requests = batch;
+  config.max_prefill_tokens = 8192;
+  config.speculative_steps = steps;
+  config.speculative_share = share;
+  config.mtp_model_dir = model_dir;
+  const int64_t per_sequence = prompt_len + new_tokens + steps + 64;
+  const KvCapacityPlan plan =
+      plan_kv_capacity(model->config(), kv_dtype, int64_t{1} << 30, 64, steps > 0);
+  config.kv_memory_bytes = (batch * ((per_sequence + 63) / 64) + 4) * plan.bytes_per_page;
+  GenerationDefaults defaults = load_generation_defaults(model_dir, model->config().eos_token_ids);
+  auto engine = Engine::create(config, std::move(model), Tokenizer::load(model_dir), defaults);
+
+  std::map<std::string, RequestUpdate> last;
+  std::map<std::string, int64_t> emitted;
+  for (int64_t i = 0; i < batch; ++i) {
+    GenerationRequest request;
+    request.rid = "r" + std::to_string(i);
+    const auto offset = static_cast<std::ptrdiff_t>((i * 397) % (text.size() - prompt_len));
+    request.input_ids.assign(text.begin() + offset, text.begin() + offset + prompt_len);
+    request.sampling.temperature = 0.0;
+    request.sampling.max_new_tokens = new_tokens;
+    request.sampling.ignore_eos = true;
+    engine->submit(std::move(request), [&](const RequestUpdate& update) {
+      emitted[update.rid] += static_cast<int64_t>(update.new_token_ids.size());
+      last[update.rid] = update;
+    });
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto decode_start = start;
+  int64_t at_decode_start = -1;
+  while (engine->step()) {
+    if (at_decode_start < 0 && static_cast<int64_t>(emitted.size()) == batch &&
+        std::all_of(emitted.begin(), emitted.end(), [](const auto& e) { return e.second > 0; })) {
+      decode_start = Clock::now();
+      at_decode_start = 0;
+      for (const auto& [rid, n] : emitted) at_decode_start += n;
+    }
+  }
+  const auto end = Clock::now();
+  Result result;
+  int64_t verify = 0, accepted = 0;
+  for (const auto& [rid, update] : last) {
+    MEGACTX_CHECK(update.finish == FinishReason::Length, "request {} did not finish by length",
+                  rid);
+    result.generated += update.completion_tokens;
+    verify += update.spec_verify_ct;
+    accepted += update.spec_accept_token_num;
+  }
+  const double decode_s = std::chrono::duration<double>(end - decode_start).count();
+  result.decode_tokens_per_s = static_cast<double>(result.generated - at_decode_start) / decode_s;
+  result.total_s = std::chrono::duration<double>(end - start).count();
+  if (verify > 0) result.accepted_length = 1.0 + static_cast<double>(accepted) / verify;
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string model_dir = "models/default", text_path = "tests/default_model/passkey_8k_ids.txt",
+                batches_text = "1,16", steps_text = "0,1,3,7", precisions_text = "fp32,bf16",
+                kv_text = "bf16";
+    int64_t prompt_len = 256, new_tokens = 128;
+    bool share = true;
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--no-share") {
+        share = false;
+        continue;
+      }
+      MEGACTX_CHECK(i + 1 < argc, "{} needs a value", flag);
+      const std::string value = argv[++i];
+      if (flag == "--model")
+        model_dir = value;
+      else if (flag == "--text")
+        text_path = value;
+      else if (flag == "--batches")
+        batches_text = value;
+      else if (flag == "--steps")
+        steps_text = value;
+      else if (flag == "--precision")
+        precisions_text = value;
+      else if (flag == "--kv-dtype")
+        kv_text = value;
+      else if (flag == "--prompt")
+        prompt_len = std::stoll(value);
+      else if (flag == "--new-tokens")
+        new_tokens = std::stoll(value);
+      else
+        fail("unknown flag {}", flag);
+    }
+    std::ifstream file(text_path);
+    std::stringstream ids;
+    ids << file.rdbuf();
+    const std::vector<int32_t> text = parse_token_ids(ids.str());
+    MEGACTX_CHECK(static_cast<int64_t>(text.size()) > prompt_len + 1,
+                  "the prompt text {} has {} tokens (run from the repository root or pass --text)",
+                  text_path, text.size());
+    const KvDType kv_dtype = parse_kv_dtype(kv_text);
+    std::printf(
+        "# MTP speculative decoding on the GPU: %s, prompt %ld, %ld new tokens, %s KV, "
+        "IndexShare+KVShare %s, greedy\n\n",
+        model_dir.c_str(), static_cast<long>(prompt_len), static_cast<long>(new_tokens),
+        kv_text.c_str(), share ? "on" : "off");
+    std::printf("| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (const std::string& precision : split(precisions_text)) {
+      for (const std::string& b : split(batches_text)) {
+        const int64_t batch = std::stoll(b);
+        double baseline = 0;
+        for (const std::string& k_text : split(steps_text)) {
+          const int64_t k = std::stoll(k_text);
+          const Result r = run(model_dir, precision == "bf16", kv_dtype, batch, k, share, text,
+                               prompt_len, new_tokens);
+          if (k == 0) baseline = r.decode_tokens_per_s;
+          const std::string accepted =
+              k == 0 ? std::string("-") : fmt::format("{:.2f}", r.accepted_length);
+          std::printf(
+              "| %s | %ld | %ld | %.0f | %s | %s | %.2f |\n", precision.c_str(),
+              static_cast<long>(batch), static_cast<long>(k), r.decode_tokens_per_s,
+              baseline > 0 ? fmt::format("{:.2f}x", r.decode_tokens_per_s / baseline).c_str() : "-",
+              accepted.c_str(), r.total_s);
+          std::fflush(stdout);
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "mtp_engine_bench: %s\n", error.what());
+    return 1;
+  }
+}
