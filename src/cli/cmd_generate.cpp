@@ -1,7 +1,8 @@
 // megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
 //                  [--format ids|text] [--device cpu|cuda] [--kv-dtype f32|bf16|fp8]
-//                  [--engine] [--cuda-bf16] [--speculative-steps K [--speculative-no-share]
+//                  [--engine] [--cuda-bf16] [--cuda-fp8-upcast]
+//                  [--speculative-steps K [--speculative-no-share]
 //                   [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
 // (ids comma-separated, or detokenized text). With --speculative-steps K > 0
@@ -44,6 +45,7 @@ struct GenerateOptions {
   std::string kv_dtype = "f32";
   bool engine = false;  // through the serving Engine (always on CUDA)
   bool cuda_bf16 = false;
+  bool cuda_fp8_upcast = false;
   SpeculativeCliOptions speculative;
 };
 
@@ -227,6 +229,7 @@ int run_generate(const GenerateOptions& options) {
   MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_bf16,
                 "--cuda-bf16 needs --device cuda");
   load.cuda_bf16 = options.cuda_bf16;
+  load.cuda_fp8_native = !options.cuda_fp8_upcast;
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const bool use_engine = options.engine || load.device == Device::CUDA;
@@ -315,6 +318,10 @@ CommandRegistration registration{
       command.add_flag("--cuda-bf16", options->cuda_bf16,
                        "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
                        "fp32 parity mode)");
+      command.add_flag(
+          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
+          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
+          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

@@ -1,5 +1,7 @@
 // megactx logits --model DIR --input-ids 1,2,3 --out FILE [--device cpu]
-//                [--kv-dtype f32|bf16|fp8] [--chunk N]
+//                [--kv-dtype f32|bf16|fp8] [--chunk N] [--cuda-fp8-upcast]
+// --device cuda with an fp8 checkpoint keeps its e4m3 weights native (fp8
+// GEMMs) unless --cuda-fp8-upcast.
 // Prefill logits at every position: FILE gets float32 little-endian [T, vocab].
 #include <bit>
 #include <cstdio>
@@ -22,6 +24,7 @@ struct LogitsOptions {
   std::string device = "cpu";
   std::string kv_dtype = "f32";
   int64_t chunk = 0;
+  bool cuda_fp8_upcast = false;
 };
 
 Device parse_device(const std::string& name) {
@@ -36,6 +39,7 @@ int run_logits(const LogitsOptions& options) {
   ModelLoadOptions load;
   load.device = parse_device(options.device);
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
+  load.cuda_fp8_native = !options.cuda_fp8_upcast;
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
   SequenceRunner runner(*model, load.kv_dtype, static_cast<int64_t>(ids.size()));
   const Tensor logits = runner.feed(ids, /*all_logits=*/true, options.chunk);
@@ -60,6 +64,10 @@ CommandRegistration registration{
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
       command.add_option("--chunk", options->chunk, "prefill chunk size (0: one forward)")
           ->capture_default_str();
+      command.add_flag(
+          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
+          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
+          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
       return [options] { return run_logits(*options); };
     }};
 

@@ -1,5 +1,6 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
 //   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--gpu-memory-utilization 0.9] [--cuda-bf16]
+//   [--cuda-fp8-upcast]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -45,6 +46,7 @@ struct ServeOptions {
   std::string kv_memory;  // empty: 2GiB on the CPU, the fraction's rest on CUDA
   double gpu_memory_utilization = 0.9;
   bool cuda_bf16 = false;
+  bool cuda_fp8_upcast = false;
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
@@ -77,6 +79,7 @@ int run_serve(const ServeOptions& options) {
   const bool cuda = load.device == Device::CUDA;
   MEGACTX_CHECK(cuda || !options.cuda_bf16, "--cuda-bf16 needs --device cuda");
   load.cuda_bf16 = options.cuda_bf16;
+  load.cuda_fp8_native = !options.cuda_fp8_upcast;
   const int64_t kv_memory = options.kv_memory.empty()
                                 ? (cuda ? 0 : int64_t{2} << 30)
                                 : static_cast<int64_t>(parse_memory_size(options.kv_memory));
@@ -104,7 +107,11 @@ int run_serve(const ServeOptions& options) {
     // Fail before the (long) load when even the GEMM weights cannot fit: the
     // CUDA model keeps them in float32, or bf16 with --cuda-bf16.
     const int64_t parameters = summarize_model(config).params_total;
-    const int64_t least_weight_bytes = parameters * (options.cuda_bf16 ? 2 : 4);
+    // fp8 checkpoints loaded natively keep their fp8 matrices at 1 B each.
+    const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && !options.cuda_fp8_upcast ? 1
+                                        : options.cuda_bf16                                    ? 2
+                                                                                               : 4;
+    const int64_t least_weight_bytes = parameters * bytes_per_parameter;
     double usable = static_cast<double>(before.free_bytes);
     if (options.kv_memory.empty()) {
       usable = std::min(usable,
@@ -204,6 +211,10 @@ CommandRegistration registration{
       command.add_flag("--cuda-bf16", options->cuda_bf16,
                        "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
                        "fp32 parity mode)");
+      command.add_flag(
+          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
+          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
+          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
       command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
       command.add_option("--max-running-requests", options->max_running_requests)
           ->capture_default_str();

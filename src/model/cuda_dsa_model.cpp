@@ -14,37 +14,46 @@
 namespace megactx {
 namespace cuda {
 
-CudaDsaModel::CudaDsaModel(const DsaModel& host, const CudaModelOptions& options)
-    : config_(host.config()),
-      options_(options),
-      index_topk_(host.index_topk()),
-      rope_(make_rope_table(config_)),
-      softmax_scale_(attention_softmax_scale(config_)) {
+void CudaDsaModel::prepare_device(const ModelConfig& config, int64_t index_topk,
+                                  const CudaModelOptions& options) {
   int devices = 0;
   MEGACTX_CUDA_CHECK(cudaGetDeviceCount(&devices));
   MEGACTX_CHECK(options.device_ordinal >= 0 && options.device_ordinal < devices,
                 "CUDA model: device {} requested, {} present", options.device_ordinal, devices);
   MEGACTX_CUDA_CHECK(cudaSetDevice(options.device_ordinal));
-  MEGACTX_CHECK(config_.n_group >= 1 && config_.n_group <= 64 &&
-                    config_.n_routed_experts % config_.n_group == 0,
-                "CUDA model: n_group {} unsupported for {} experts", config_.n_group,
-                config_.n_routed_experts);
+  MEGACTX_CHECK(
+      config.n_group >= 1 && config.n_group <= 64 && config.n_routed_experts % config.n_group == 0,
+      "CUDA model: n_group {} unsupported for {} experts", config.n_group, config.n_routed_experts);
   // The fp32 fallback kernels stage a row of top-k logits / indices and one
   // token's indexer queries in (static-size) shared memory.
   constexpr int64_t kSharedBytes = 48 * 1024;
-  MEGACTX_CHECK(index_topk_ * 4 <= kSharedBytes,
-                "CUDA model: index_topk {} too large for the fp32 attention path", index_topk_);
-  MEGACTX_CHECK(config_.index_n_heads * config_.index_head_dim * 4 <= kSharedBytes,
+  MEGACTX_CHECK(index_topk > 0 && index_topk * 4 <= kSharedBytes,
+                "CUDA model: index_topk {} too large for the fp32 attention path", index_topk);
+  MEGACTX_CHECK(config.index_n_heads * config.index_head_dim * 4 <= kSharedBytes,
                 "CUDA model: indexer {} heads x {} dims too large for the fp32 indexer path",
-                config_.index_n_heads, config_.index_head_dim);
-  MEGACTX_CHECK(config_.kv_lora_rank <= 512 && config_.qk_rope_head_dim <= 64,
+                config.index_n_heads, config.index_head_dim);
+  MEGACTX_CHECK(config.kv_lora_rank <= 512 && config.qk_rope_head_dim <= 64,
                 "CUDA model: kv_lora {} / rope {} exceed the attention path's 512 / 64",
-                config_.kv_lora_rank, config_.qk_rope_head_dim);
-  MEGACTX_CHECK(config_.q_lora_rank.has_value(),
+                config.kv_lora_rank, config.qk_rope_head_dim);
+  MEGACTX_CHECK(config.q_lora_rank.has_value(),
                 "CUDA model: DSA layers need q_lora_rank (the indexer reads the q-LoRA residual)");
+}
+
+CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
+                           std::unique_ptr<CudaWeights> weights, const CudaModelOptions& options)
+    : config_(std::move(config)),
+      options_(options),
+      index_topk_(index_topk),
+      rope_(make_rope_table(config_)),
+      softmax_scale_(attention_softmax_scale(config_)) {
+  prepare_device(config_, index_topk_, options);
+  MEGACTX_CHECK(weights != nullptr &&
+                    static_cast<int64_t>(weights->layers.size()) == config_.num_hidden_layers,
+                "CUDA model: weights for {} layers, the config has {}",
+                weights ? weights->layers.size() : 0, config_.num_hidden_layers);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
-  weights_ = std::make_unique<CudaWeights>(host.weights(), options.bf16_weights);
+  weights_ = std::move(weights);
 }
 
 CudaDsaModel::~CudaDsaModel() {
@@ -213,7 +222,10 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
 
 std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
                                                    const CudaModelOptions& options) {
-  return std::make_unique<cuda::CudaDsaModel>(host, options);
+  cuda::CudaDsaModel::prepare_device(host.config(), host.index_topk(), options);
+  auto weights = std::make_unique<cuda::CudaWeights>(host.weights(), options.bf16_weights);
+  return std::make_unique<cuda::CudaDsaModel>(host.config(), host.index_topk(), std::move(weights),
+                                              options);
 }
 
 }  // namespace megactx

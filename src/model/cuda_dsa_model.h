@@ -21,7 +21,16 @@ namespace megactx::cuda {
 
 class CudaDsaModel final : public LanguageModel {
  public:
-  CudaDsaModel(const DsaModel& host, const CudaModelOptions& options);
+  // Both factories (make_cuda_dsa_model from a host DsaModel,
+  // make_cuda_dsa_model_from_checkpoint) end here with the config, the top-k
+  // width and the weights already on the device.
+  CudaDsaModel(ModelConfig config, int64_t index_topk, std::unique_ptr<CudaWeights> weights,
+               const CudaModelOptions& options);
+  // Selects options.device_ordinal and checks that `config` fits the CUDA
+  // paths: the factories call it before uploading any weight.
+  static void prepare_device(const ModelConfig& config, int64_t index_topk,
+                             const CudaModelOptions& options);
+  const CudaWeights& weights() const { return *weights_; }
   ~CudaDsaModel() override;
 
   const ModelConfig& config() const override { return config_; }

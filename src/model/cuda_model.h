@@ -31,6 +31,7 @@
 #include <string>
 
 #include "cache/kv_cache.h"
+#include "io/checkpoint.h"
 #include "model/dsa_model.h"
 #include "model/language_model.h"
 #include "model/mtp_layer.h"
@@ -78,6 +79,29 @@ std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::s
 // on the device, as a host tensor (the drafts' verification reads a few
 // logits rows on the host).
 Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count);
+
+// The fp8-native load: builds the CUDA model straight from `checkpoint`
+// without a host DsaModel, tensor by tensor (CudaWeights' checkpoint
+// constructor): e4m3 weights with 128x128 weight_scale_inv blocks stay fp8 on
+// the device and run the block-scaled fp8 GEMM with activations quantised to
+// e4m3 per 1x128 group (as HF's and DeepSeek's fp8 inference do; ~2^-5
+// relative rounding per input element); other matrices bf16
+// (options.bf16_weights) or float32. `model_options` supplies
+// index_topk_override. Works for non-fp8 checkpoints too (no fp8 matrices).
+std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
+    const Checkpoint& checkpoint, const CudaModelOptions& options,
+    const DsaModelOptions& model_options = {});
+
+// What a CUDA model keeps on the device for its weights: all of them, the GEMM
+// matrices, and of those the fp8 ones (e4m3 bytes + scales) with their
+// parameter count. An Error for a model that is not a CUDA model.
+struct CudaWeightBytes {
+  int64_t total = 0;
+  int64_t matrices = 0;
+  int64_t fp8_matrices = 0;
+  int64_t fp8_parameters = 0;
+};
+CudaWeightBytes cuda_weight_bytes(const LanguageModel& model);
 
 // A PagedKvCache with zeroed device pools (spec.device is set to CUDA); a
 // clear Error when the pools do not fit in device memory.

@@ -8,7 +8,9 @@
 
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "model/checkpoint_matrix.h"
 #include "model/cuda_buffer.h"
 #include "model/dsa_weights.h"
 
@@ -46,6 +48,15 @@ class CudaWeights {
  public:
   // Synchronous upload; throws a clear Error when the device is out of memory.
   CudaWeights(const DsaWeights& host, bool bf16);
+  // The fp8-native load (cuda_weights_checkpoint.cpp): every tensor is read
+  // from `checkpoint` and uploaded one at a time, so the host never holds the
+  // model. fp8 matrices stay as shipped (e4m3 + 128x128 block scales, used by
+  // the fp8 GEMM); other matrices go up as bf16 (`bf16`) or float32; norms,
+  // router, embedding float32 as in the other constructor. kv_b_proj is
+  // dequantised on the host one layer at a time ([Nh (Dn + Dv), L], small)
+  // into the float32 W_UK^T / W_UV. Checks names, shapes, scale shapes and
+  // unexpected tensors like load_dsa_weights.
+  CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint, bool bf16);
 
   const float* embed = nullptr;       // [V, H]
   const float* final_norm = nullptr;  // [H]
@@ -54,6 +65,10 @@ class CudaWeights {
   size_t bytes() const { return bytes_; }
   // Bytes of the GEMM weights alone (what a decode step streams per layer use).
   size_t matrix_bytes() const { return matrix_bytes_; }
+  // The fp8 matrices alone: their e4m3 bytes plus float32 scales, and their
+  // parameter count (bytes / parameters is 1 + 4 / 128^2: no upcast copy).
+  size_t fp8_bytes() const { return fp8_bytes_; }
+  int64_t fp8_parameters() const { return fp8_parameters_; }
 
   // Uploads owned by this object (also used for the MTP layer's weights,
   // which live beside the target's): float32 tensors, GEMM matrices in the
@@ -64,6 +79,11 @@ class CudaWeights {
 
  private:
   DeviceMlp upload(const MlpWeights& mlp);
+  DeviceMatrix upload_matrix(const CheckpointMatrix& matrix);
+  DeviceMlp upload_mlp(const Checkpoint& checkpoint, const std::string& prefix, int64_t hidden,
+                       int64_t intermediate);
+  DeviceLayer upload_checkpoint_layer(const ModelConfig& config, const Checkpoint& checkpoint,
+                                      int64_t index);
   void* upload_bytes(const void* data, size_t bytes);
   // Uninitialised device bytes owned by this object (out-of-memory checked).
   void* reserve_bytes(size_t bytes);
@@ -75,6 +95,8 @@ class CudaWeights {
   std::vector<DeviceBuffer> storage_;
   size_t bytes_ = 0;
   size_t matrix_bytes_ = 0;
+  size_t fp8_bytes_ = 0;
+  int64_t fp8_parameters_ = 0;
   bool bf16_ = false;
 };
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "io/checkpoint.h"
 #include "model/architectures.h"
 #include "model/cuda_model.h"
@@ -52,6 +53,34 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
 #endif
 }
 
+// --device cuda, fp8 checkpoint: the CUDA model reads the checkpoint itself
+// (e4m3 weights stay fp8 on the device); no float32 host model is built.
+std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint& checkpoint,
+                                                    const ModelLoadOptions& options) {
+#if MEGACTX_HAVE_CUDA
+  CudaModelOptions cuda_options;
+  cuda_options.bf16_weights = options.cuda_bf16;
+  cuda_options.logits_on_device = options.cuda_logits_on_device;
+  DsaModelOptions model_options;
+  model_options.index_topk_override = options.index_topk_override;
+  auto model = make_cuda_dsa_model_from_checkpoint(checkpoint, cuda_options, model_options);
+  const CudaWeightBytes bytes = cuda_weight_bytes(*model);
+  spdlog::info(
+      "CUDA model: fp8 weights native: {:.1f} MiB of weights on the device ({:.1f} MiB e4m3 + "
+      "scales for {} fp8 parameters, {:.2f} B each; {:.1f} MiB other {} tensors)",
+      bytes.total / 1048576.0, bytes.fp8_matrices / 1048576.0, bytes.fp8_parameters,
+      bytes.fp8_parameters > 0
+          ? static_cast<double>(bytes.fp8_matrices) / static_cast<double>(bytes.fp8_parameters)
+          : 0.0,
+      (bytes.total - bytes.fp8_matrices) / 1048576.0, options.cuda_bf16 ? "bf16/f32" : "f32");
+  return model;
+#else
+  (void)checkpoint;
+  (void)options;
+  fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
+#endif
+}
+
 }  // namespace
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
@@ -71,6 +100,10 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
     return build(config, *weights, options);
   }
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
+  if (options.device == Device::CUDA && options.cuda_fp8_native &&
+      checkpoint->config().is_fp8_checkpoint()) {
+    return load_cuda_fp8_native(*checkpoint, options);
+  }
   auto weights = make_checkpoint_weights(*checkpoint);
   // The weights are float32 copies, so the checkpoint can close afterwards.
   return build(checkpoint->config(), *weights, options);

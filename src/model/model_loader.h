@@ -30,6 +30,12 @@ struct ModelLoadOptions {
   // left on the device for a device sampler.
   bool cuda_bf16 = false;
   bool cuda_logits_on_device = false;
+  // --device cuda with an fp8 checkpoint (quantization_config.quant_method
+  // fp8): load it natively (make_cuda_dsa_model_from_checkpoint: e4m3 weights
+  // kept as shipped, fp8 GEMMs, no float32 host model) instead of
+  // dequantising it into a float32 host model first. The CLI sets it; tests
+  // of the exact-parity fp32 mode leave it off.
+  bool cuda_fp8_native = false;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

@@ -15,15 +15,32 @@ constexpr int kTile = 64;
 constexpr int kStep = 32;
 constexpr int kBlockScale = 128;
 
-__device__ float load_act(const void* x, ActType type, int64_t index) {
-  if (type == ActType::F32) return static_cast<const float*>(x)[index];
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[index]);
-}
-
 __device__ float e4m3_to_float(uint8_t bits) {
   __nv_fp8_e4m3 value;
   value.__x = bits;
   return static_cast<float>(value);
+}
+
+// x[row, k] as float32; e4m3 inputs times their group's scale.
+__device__ float load_act(const Fp8BlockGemm& g, int64_t row, int64_t k) {
+  const int64_t index = row * g.x_stride + k;
+  switch (g.x_type) {
+    case ActType::F32:
+      return static_cast<const float*>(g.x)[index];
+    case ActType::BF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(g.x)[index]);
+    case ActType::E4M3:
+      break;
+  }
+  const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
+  return e4m3_to_float(static_cast<const uint8_t*>(g.x)[index]) *
+         g.x_scale[row * groups + k / kBlockScale];
+}
+
+__device__ int64_t scale_row(int64_t col, int64_t split) {
+  if (split > 0 && col >= split)
+    return (split + kBlockScale - 1) / kBlockScale + (col - split) / kBlockScale;
+  return col / kBlockScale;
 }
 
 // 256 threads: thread (ty, tx) of 16 x 16 owns a 4 x 4 sub-tile.
@@ -39,12 +56,11 @@ __global__ void fp8_block_gemm_kernel(Fp8BlockGemm g) {
     for (int i = threadIdx.x; i < kTile * kStep; i += blockDim.x) {
       const int r = i / kStep, k = i % kStep;
       const int64_t row = row0 + r, col = col0 + r, kk = k0 + k;
-      xs[r][k] =
-          (row < g.rows && kk < g.in) ? load_act(g.x, g.x_type, row * g.x_stride + kk) : 0.0f;
+      xs[r][k] = (row < g.rows && kk < g.in) ? load_act(g, row, kk) : 0.0f;
       float w = 0.0f;
       if (col < g.out && kk < g.in) {
         w = e4m3_to_float(g.w[col * g.in + kk]) *
-            g.scale[(col / kBlockScale) * scale_cols + kk / kBlockScale];
+            g.scale[scale_row(col, g.scale_split) * scale_cols + kk / kBlockScale];
       }
       ws[r][k] = w;
     }

@@ -2,8 +2,10 @@
 // (weight_scale_inv of DeepSeek/GLM fp8 checkpoints), dequantized per block
 // on the fly -- the weights never exist upcast in memory:
 //   y[rows, out] = x[rows, in] . (w[out, in] * scale[out / 128, in / 128])^T
-// x is float32 or bf16 (row stride x_stride), accumulation fp32, y float32 or
-// bf16 (row stride y_stride). A tiled SIMT kernel: correct for any shape,
+// x is float32, bf16, or e4m3 with one float32 scale per 1x128 group of a row
+// (x_scale, DeepGEMM-style per-token-group activations; quantize_e4m3_groups
+// in gemm.h makes them) (row stride x_stride), accumulation fp32, y float32
+// or bf16 (row stride y_stride). A tiled SIMT kernel: correct for any shape,
 // simple; the tensor-core path (wgmma / cuBLASLt block scaling) replaces it.
 #pragma once
 
@@ -13,15 +15,19 @@
 
 namespace megactx::cuda {
 
-enum class ActType : uint8_t { F32, BF16 };
+enum class ActType : uint8_t { F32, BF16, E4M3 };
 
 struct Fp8BlockGemm {
   const void* x = nullptr;  // [rows, in]
   ActType x_type = ActType::F32;
   int64_t x_stride = 0;
-  const uint8_t* w = nullptr;    // [out, in] e4m3 bytes
-  const float* scale = nullptr;  // [ceil(out / 128), ceil(in / 128)]
-  void* y = nullptr;             // [rows, out]
+  const float* x_scale = nullptr;  // E4M3 x only: [rows, ceil(in / 128)] (dense)
+  const uint8_t* w = nullptr;      // [out, in] e4m3 bytes
+  const float* scale = nullptr;    // [ceil(out / 128), ceil(in / 128)] (see scale_split)
+  // Rows >= scale_split (when > 0) restart their 128-row scale blocks there
+  // (stacked gate/up matrices): DeviceMatrix::scale_split in gemm.h.
+  int64_t scale_split = 0;
+  void* y = nullptr;  // [rows, out]
   ActType y_type = ActType::F32;
   int64_t y_stride = 0;
   int64_t rows = 0, in = 0, out = 0;

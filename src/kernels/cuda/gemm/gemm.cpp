@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/fp8_block_gemm.h"
 
 namespace megactx::cuda {
 namespace {
@@ -35,27 +36,63 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
 Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
   if (x_bf16_ != nullptr) cudaFree(x_bf16_);
+  if (x_fp8_ != nullptr) cudaFree(x_fp8_);
+  if (x_scale_ != nullptr) cudaFree(x_scale_);
+}
+
+void* Blas::grow(void*& buffer, size_t& capacity, size_t bytes) {
+  if (bytes > capacity) {
+    // The previous GEMM on this stream may still read the old buffer.
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (buffer != nullptr) MEGACTX_CUDA_CHECK(cudaFree(buffer));
+    buffer = nullptr;
+    capacity = 0;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&buffer, bytes));
+    capacity = bytes;
+  }
+  return buffer;
 }
 
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride) {
+  if (w.fp8()) {
+    linear_fp8(x, rows, in, x_stride, w, out, y, y_stride);
+    return;
+  }
   if (!w.bf16) {
     linear(x, rows, in, x_stride, static_cast<const float*>(w.data), out, y, y_stride);
     return;
   }
   if (rows == 0 || out == 0) return;
-  const size_t bytes = static_cast<size_t>(rows * in) * 2;
-  if (bytes > x_bf16_bytes_) {
-    // The previous GEMM on this stream may still read the old buffer.
-    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (x_bf16_ != nullptr) MEGACTX_CUDA_CHECK(cudaFree(x_bf16_));
-    x_bf16_ = nullptr;
-    x_bf16_bytes_ = 0;
-    MEGACTX_CUDA_CHECK(cudaMalloc(&x_bf16_, bytes));
-    x_bf16_bytes_ = bytes;
-  }
-  float_to_bf16_rows(x, rows, in, x_stride, x_bf16_, stream_);
-  linear_bf16(x_bf16_, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
+  void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);
+  float_to_bf16_rows(x, rows, in, x_stride, x_bf16, stream_);
+  linear_bf16(x_bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
+}
+
+void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                      int64_t out, float* y, int64_t y_stride) {
+  MEGACTX_CHECK(w.fp8(), "linear_fp8: the weight has no block scales");
+  if (rows == 0 || out == 0) return;
+  const int64_t groups = (in + 127) / 128;
+  auto* q = static_cast<uint8_t*>(grow(x_fp8_, x_fp8_bytes_, static_cast<size_t>(rows * in)));
+  auto* scale = static_cast<float*>(
+      grow(x_scale_, x_scale_bytes_, static_cast<size_t>(rows * groups) * sizeof(float)));
+  quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
+  Fp8BlockGemm g;
+  g.x = q;
+  g.x_type = ActType::E4M3;
+  g.x_stride = in;
+  g.x_scale = scale;
+  g.w = static_cast<const uint8_t*>(w.data);
+  g.scale = w.scale;
+  g.scale_split = w.scale_split;
+  g.y = y;
+  g.y_type = ActType::F32;
+  g.y_stride = y_stride;
+  g.rows = rows;
+  g.in = in;
+  g.out = out;
+  fp8_block_gemm(g, stream_);
 }
 
 // Row-major y = x . w^T is column-major y^T = w . x^T: w [out, in] row-major is

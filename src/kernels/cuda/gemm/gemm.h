@@ -1,7 +1,9 @@
-// cuBLAS GEMMs of the CUDA model, in the CPU Backend's row-major convention:
+// GEMMs of the CUDA model, in the CPU Backend's row-major convention:
 // y[rows, out] (row stride y_stride) = x[rows, in] (row stride x_stride) . w[out, in]^T.
 // fp32 runs cublasSgemm with TF32 off (the exact-parity mode); bf16 runs
-// cublasGemmEx on tensor cores with fp32 accumulation.
+// cublasGemmEx on tensor cores with fp32 accumulation; fp8 (checkpoint e4m3
+// weights with 128x128 block scales, kept as shipped) quantises x to e4m3 per
+// 1x128 group on the device and runs the block-scaled GEMM of fp8_block_gemm.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,12 +13,36 @@
 namespace megactx::cuda {
 
 // A weight matrix w [out, in] (row-major) on the device: float32 (the parity
-// mode) or bf16 (the fast mode).
+// mode), bf16 (the fast mode) or fp8 block-scaled (`scale` set: data is e4m3
+// bytes, as an fp8 checkpoint ships them).
 struct DeviceMatrix {
   const void* data = nullptr;
   bool bf16 = false;
+  // fp8 only: weight_scale_inv [scale rows, ceil(in / 128)] float32; weight
+  // row r is scaled by scale row r / 128. Two stacked checkpoint matrices (the
+  // MLP's gate rows then up rows) whose first part is not a multiple of 128
+  // rows: rows >= scale_split restart their 128-row blocks at scale_split,
+  // i.e. use scale row ceil(scale_split / 128) + (r - scale_split) / 128.
+  const float* scale = nullptr;
+  int64_t scale_split = 0;
+  bool fp8() const { return scale != nullptr; }
   explicit operator bool() const { return data != nullptr; }
 };
+
+// Scale row of weight row `row` of an fp8 DeviceMatrix (see scale_split).
+inline int64_t fp8_scale_row(int64_t row, int64_t scale_split) {
+  if (scale_split > 0 && row >= scale_split)
+    return (scale_split + 127) / 128 + (row - scale_split) / 128;
+  return row / 128;
+}
+
+// Per-token-group activation quantisation (DeepSeek/DeepGEMM style): x [rows,
+// in] float32 (row stride x_stride) -> q [rows, in] e4m3 (dense) and scale
+// [rows, ceil(in / 128)] with scale = amax(group) / 448 (1 for an all-zero
+// group) and q = e4m3(x / scale), round to nearest even, saturating. One warp
+// per group; no host sync, graph-capturable.
+void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_stride, uint8_t* q,
+                          float* scale, cudaStream_t stream);
 
 // x [rows, n] float32 (row stride x_stride) -> y [rows, n] bf16 (dense).
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
@@ -49,12 +75,25 @@ class Blas {
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
   void linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
                    int64_t out, void* y, int64_t y_stride, bool y_f32);
+  // fp8 w (w.fp8()): x quantised per 1x128 group into this Blas's grow-only
+  // scratch, then the block-scaled GEMM; y float32. Any shape: the ragged last
+  // group / block is handled by the kernels (no padding, no dequantised copy).
+  void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                  int64_t out, float* y, int64_t y_stride);
 
  private:
+  // Grows a scratch buffer (synchronising first: the previous kernel on this
+  // stream may still read it). After warm-up at the largest shape no call
+  // allocates, so the linears can be captured in a CUDA Graph.
+  void* grow(void*& buffer, size_t& capacity, size_t bytes);
   void* handle_ = nullptr;  // cublasHandle_t
   cudaStream_t stream_ = nullptr;
   void* x_bf16_ = nullptr;  // [rows, in] bf16 inputs of the last bf16 linear
   size_t x_bf16_bytes_ = 0;
+  void* x_fp8_ = nullptr;  // [rows, in] e4m3 inputs of the last fp8 linear
+  size_t x_fp8_bytes_ = 0;
+  void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
+  size_t x_scale_bytes_ = 0;
 };
 
 }  // namespace megactx::cuda

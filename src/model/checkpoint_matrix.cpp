@@ -1,0 +1,123 @@
+#include "model/checkpoint_matrix.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace megactx {
+namespace {
+
+int64_t blocks(int64_t extent) {
+  return (extent + kFp8WeightBlock - 1) / kFp8WeightBlock;
+}
+
+void check_block_size(const Checkpoint& checkpoint, const std::string& name) {
+  const std::vector<int64_t>& block = checkpoint.config().quantization.weight_block_size;
+  MEGACTX_CHECK(block.empty() || (block.size() == 2 && block[0] == kFp8WeightBlock &&
+                                  block[1] == kFp8WeightBlock),
+                "tensor '{}': fp8 weights computed natively need 128x128 weight_block_size, the "
+                "checkpoint declares {} values",
+                name,
+                block.size() == 2 ? fmt::format("{}x{}", block[0], block[1])
+                                  : fmt::format("{}", block.size()));
+}
+
+}  // namespace
+
+int64_t fp8_block_scale_row(int64_t row, int64_t scale_split) {
+  if (scale_split > 0 && row >= scale_split)
+    return blocks(scale_split) + (row - scale_split) / kFp8WeightBlock;
+  return row / kFp8WeightBlock;
+}
+
+CheckpointMatrix read_checkpoint_matrix(const Checkpoint& checkpoint, const std::string& name,
+                                        const Shape& shape) {
+  MEGACTX_CHECK(shape.size() == 2, "tensor '{}': a weight matrix needs 2 dims", name);
+  CheckpointMatrix matrix;
+  const std::string scale_name = name + "_scale_inv";
+  MEGACTX_CHECK(checkpoint.has(name), "checkpoint {}: tensor '{}' is missing",
+                checkpoint.directory(), name);
+  if (checkpoint.dtype_of(name) != DType::F8_E4M3) {
+    MEGACTX_CHECK(!checkpoint.has(scale_name),
+                  "tensor '{}' is {} but has a '{}' (block scales belong to fp8 weights)", name,
+                  dtype_name(checkpoint.dtype_of(name)), scale_name);
+    matrix.values = checkpoint.get_float(name, shape).to_float();
+    return matrix;
+  }
+  check_block_size(checkpoint, name);
+  MEGACTX_CHECK(checkpoint.has(scale_name), "tensor '{}' is fp8 but '{}' is missing", name,
+                scale_name);
+  const Shape scale_shape = {blocks(shape[0]), blocks(shape[1])};
+  const Shape found = checkpoint.shape_of(scale_name);
+  MEGACTX_CHECK(found == scale_shape,
+                "'{}' has shape [{}], expected [{}, {}] (128x128 blocks of [{}, {}])", scale_name,
+                fmt::join(found, ", "), scale_shape[0], scale_shape[1], shape[0], shape[1]);
+  matrix.values = checkpoint.get(name, shape, DType::F8_E4M3);
+  matrix.scales = checkpoint.get_float(scale_name, scale_shape).to_float();
+  const float* scales = matrix.scales.data<float>();
+  for (int64_t i = 0; i < matrix.scales.numel(); ++i) {
+    MEGACTX_CHECK(std::isfinite(scales[i]), "'{}' holds a non-finite scale ({}) at block {}",
+                  scale_name, scales[i], i);
+  }
+  return matrix;
+}
+
+CheckpointMatrix stack_rows(const CheckpointMatrix& top, const CheckpointMatrix& bottom) {
+  MEGACTX_CHECK(top.cols() == bottom.cols(), "stack_rows: {} vs {} columns", top.cols(),
+                bottom.cols());
+  CheckpointMatrix stacked;
+  const int64_t rows = top.rows() + bottom.rows();
+  if (top.fp8() && bottom.fp8()) {
+    stacked.values = Tensor::empty({rows, top.cols()}, DType::F8_E4M3);
+    std::memcpy(stacked.values.raw(), top.values.raw(), top.values.nbytes());
+    std::memcpy(static_cast<char*>(stacked.values.raw()) + top.values.nbytes(), bottom.values.raw(),
+                bottom.values.nbytes());
+    // Scale rows of top keep their place; bottom's follow. A bottom row b sits
+    // at stacked row top.rows() + b and reads scale row blocks(top) + b / 128:
+    // scale_split = top.rows() says exactly that.
+    MEGACTX_CHECK(top.scale_split == 0 && bottom.scale_split == 0,
+                  "stack_rows: inputs are already stacked");
+    const int64_t scale_cols = top.scales.dim(1);
+    stacked.scales = Tensor::empty({top.scales.dim(0) + bottom.scales.dim(0), scale_cols});
+    std::memcpy(stacked.scales.raw(), top.scales.raw(), top.scales.nbytes());
+    std::memcpy(static_cast<char*>(stacked.scales.raw()) + top.scales.nbytes(), bottom.scales.raw(),
+                bottom.scales.nbytes());
+    stacked.scale_split = top.rows();
+    return stacked;
+  }
+  const Tensor a = dequantize(top), b = dequantize(bottom);
+  stacked.values = Tensor::empty({rows, top.cols()});
+  std::memcpy(stacked.values.raw(), a.raw(), a.nbytes());
+  std::memcpy(static_cast<char*>(stacked.values.raw()) + a.nbytes(), b.raw(), b.nbytes());
+  return stacked;
+}
+
+Tensor dequantize(const CheckpointMatrix& matrix) {
+  if (!matrix.fp8()) return matrix.values.clone();
+  const int64_t rows = matrix.rows(), cols = matrix.cols();
+  const int64_t scale_cols = matrix.scales.dim(1);
+  Tensor out = Tensor::empty({rows, cols});
+  const auto* bits = static_cast<const uint8_t*>(matrix.values.raw());
+  const float* scales = matrix.scales.data<float>();
+  float* values = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* scale_row = scales + fp8_block_scale_row(r, matrix.scale_split) * scale_cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      values[r * cols + c] = fp8_e4m3_to_float(bits[r * cols + c]) * scale_row[c / kFp8WeightBlock];
+    }
+  }
+  return out;
+}
+
+Tensor read_checkpoint_float(const Checkpoint& checkpoint, const std::string& name,
+                             const Shape& shape) {
+  if (shape.size() == 2 && checkpoint.has(name) && checkpoint.dtype_of(name) == DType::F8_E4M3) {
+    return dequantize(read_checkpoint_matrix(checkpoint, name, shape));
+  }
+  MEGACTX_CHECK(!checkpoint.has(name) || checkpoint.dtype_of(name) != DType::F8_E4M3,
+                "tensor '{}' is fp8 but is not a matrix", name);
+  return checkpoint.get_float(name, shape).to_float();
+}
+
+}  // namespace megactx

@@ -1,0 +1,57 @@
+// GEMM weights read from a checkpoint as the fp8-native CUDA load keeps them:
+// e4m3 bytes with their 128x128 `weight_scale_inv` blocks exactly as shipped
+// (GLM-5.x-FP8, DeepSeek-V3.2), anything else as float32. The host side of
+// make_cuda_dsa_model_from_checkpoint (model/cuda_model.h), plain C++ so the
+// validation runs (and is tested) on machines without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+#include "io/checkpoint.h"
+
+namespace megactx {
+
+// The block edge the device kernels use (kernels/cuda/gemm).
+constexpr int64_t kFp8WeightBlock = 128;
+
+struct CheckpointMatrix {
+  // fp8: F8_E4M3 [out, in] (a zero-copy view of the checkpoint, or owned when
+  // stacked); otherwise float32 [out, in].
+  Tensor values;
+  // fp8 only: float32 [scale rows, ceil(in / 128)]; weight row r uses scale
+  // row r / 128, or, at and past scale_split (> 0, two stacked matrices),
+  // ceil(scale_split / 128) + (r - scale_split) / 128.
+  Tensor scales;
+  int64_t scale_split = 0;
+  bool fp8() const { return scales.defined() && scales.numel() > 0; }
+  int64_t rows() const { return values.dim(0); }
+  int64_t cols() const { return values.dim(1); }
+};
+
+// Scale row of weight row `row` (the rule above; the device uses the same).
+int64_t fp8_block_scale_row(int64_t row, int64_t scale_split);
+
+// `name` of exactly `shape` [out, in]. An F8_E4M3 tensor needs
+// `name + "_scale_inv"` of shape [ceil(out / 128), ceil(in / 128)] with
+// finite values, in a checkpoint whose quantization_config.weight_block_size
+// is 128 x 128 (or absent); any other floating dtype comes back as float32.
+// Errors name the tensor and what was wrong.
+CheckpointMatrix read_checkpoint_matrix(const Checkpoint& checkpoint, const std::string& name,
+                                        const Shape& shape);
+
+// `top` rows then `bottom` rows (the MLP's gate_proj then up_proj), same
+// column count: fp8 stays fp8 (bytes and scale rows stacked, scale_split =
+// top's rows); if either is not fp8 both are stacked as float32.
+CheckpointMatrix stack_rows(const CheckpointMatrix& top, const CheckpointMatrix& bottom);
+
+// float32 [out, in]: values times their block scales (fp8), else a copy.
+Tensor dequantize(const CheckpointMatrix& matrix);
+
+// A float32 host tensor of `shape` (norms, router, embedding, kv_b_proj): any
+// floating dtype, fp8 dequantised with its block scales.
+Tensor read_checkpoint_float(const Checkpoint& checkpoint, const std::string& name,
+                             const Shape& shape);
+
+}  // namespace megactx

@@ -1,0 +1,178 @@
+// CudaWeights straight from a checkpoint (the fp8-native load; see
+// cuda_weights.h). Walks the same names and shapes as load_dsa_weights
+// (dsa_weights.cpp), uploading each tensor as soon as it is read.
+#if MEGACTX_HAVE_CUDA
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "model/cuda_weights.h"
+#include "model/weight_source.h"
+
+namespace megactx::cuda {
+
+DeviceMatrix CudaWeights::upload_matrix(const CheckpointMatrix& matrix) {
+  if (!matrix.fp8()) return upload_matrix(matrix.values);
+  const size_t bytes = matrix.values.nbytes();
+  const void* data = upload_bytes(matrix.values.raw(), bytes);
+  const auto* scale =
+      static_cast<const float*>(upload_bytes(matrix.scales.raw(), matrix.scales.nbytes()));
+  fp8_bytes_ += bytes + matrix.scales.nbytes();
+  fp8_parameters_ += matrix.values.numel();
+  matrix_bytes_ += bytes + matrix.scales.nbytes();
+  DeviceMatrix device;
+  device.data = data;
+  device.scale = scale;
+  device.scale_split = matrix.scale_split;
+  return device;
+}
+
+DeviceMlp CudaWeights::upload_mlp(const Checkpoint& checkpoint, const std::string& prefix,
+                                  int64_t hidden, int64_t intermediate) {
+  // gate rows then up rows: one GEMM for both, as MlpWeights::gate_up.
+  const CheckpointMatrix gate_up = stack_rows(
+      read_checkpoint_matrix(checkpoint, prefix + "gate_proj.weight", {intermediate, hidden}),
+      read_checkpoint_matrix(checkpoint, prefix + "up_proj.weight", {intermediate, hidden}));
+  DeviceMlp mlp;
+  mlp.gate_up = upload_matrix(gate_up);
+  mlp.down = upload_matrix(
+      read_checkpoint_matrix(checkpoint, prefix + "down_proj.weight", {hidden, intermediate}));
+  mlp.intermediate = intermediate;
+  return mlp;
+}
+
+DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Checkpoint& checkpoint,
+                                                 int64_t index) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t lora = c.kv_lora_rank;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t value = c.v_head_dim;
+  const std::string prefix = fmt::format("model.layers.{}.", index);
+  auto vector = [&](const std::string& name, int64_t size) {
+    return upload(read_checkpoint_float(checkpoint, name, {size}));
+  };
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return upload_matrix(read_checkpoint_matrix(checkpoint, name, {rows, cols}));
+  };
+  DeviceLayer d;
+  d.input_norm = vector(prefix + "input_layernorm.weight", hidden);
+  d.post_norm = vector(prefix + "post_attention_layernorm.weight", hidden);
+
+  const std::string a = prefix + "self_attn.";
+  if (c.q_lora_rank) {
+    const int64_t q = *c.q_lora_rank;
+    d.q_a = matrix(a + "q_a_proj.weight", q, hidden);
+    d.q_a_norm = vector(a + "q_a_layernorm.weight", q);
+    d.q_b = matrix(a + "q_b_proj.weight", heads * c.qk_head_dim(), q);
+  } else {
+    d.q_b = matrix(a + "q_proj.weight", heads * c.qk_head_dim(), hidden);
+  }
+  d.kv_a = matrix(a + "kv_a_proj_with_mqa.weight", lora + c.qk_rope_head_dim, hidden);
+  d.kv_a_norm = vector(a + "kv_a_layernorm.weight", lora);
+  // kv_b_proj [Nh (Dn + Dv), L]: head h's first Dn rows are W_UK[h], the next
+  // Dv rows W_UV[h] (as dsa_weights.cpp): W_UK^T [Nh, L, Dn], W_UV [Nh, Dv, L].
+  const Tensor kv_b =
+      read_checkpoint_float(checkpoint, a + "kv_b_proj.weight", {heads * (nope + value), lora});
+  Tensor w_uk_t = Tensor::empty({heads, lora, nope});
+  Tensor w_uv = Tensor::empty({heads, value, lora});
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* block = kv_b.data<float>() + h * (nope + value) * lora;
+    float* uk = w_uk_t.data<float>() + h * lora * nope;
+    for (int64_t i = 0; i < nope; ++i)
+      for (int64_t l = 0; l < lora; ++l) uk[l * nope + i] = block[i * lora + l];
+    std::memcpy(w_uv.data<float>() + h * value * lora, block + nope * lora,
+                static_cast<size_t>(value * lora) * sizeof(float));
+  }
+  d.w_uk_t = upload(w_uk_t);
+  d.w_uv = upload(w_uv);
+  d.o = matrix(a + "o_proj.weight", hidden, heads * value);
+  d.has_indexer = c.layer_runs_indexer(index);
+  if (d.has_indexer) {
+    MEGACTX_CHECK(c.q_lora_rank.has_value(), "the DSA indexer needs q_lora_rank");
+    const std::string p = a + "indexer.";
+    const int64_t dim = c.index_head_dim;
+    d.wq_b = matrix(p + "wq_b.weight", c.index_n_heads * dim, *c.q_lora_rank);
+    d.wk = matrix(p + "wk.weight", dim, hidden);
+    d.k_norm_weight = vector(p + "k_norm.weight", dim);
+    d.k_norm_bias = vector(p + "k_norm.bias", dim);
+    d.weights_proj = matrix(p + "weights_proj.weight", c.index_n_heads, hidden);
+  }
+
+  d.is_moe = c.layer_is_moe(index);
+  if (!d.is_moe) {
+    d.dense = upload_mlp(checkpoint, prefix + "mlp.", hidden, c.intermediate_size);
+    return d;
+  }
+  const int64_t experts = c.n_routed_experts;
+  MEGACTX_CHECK(experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= experts,
+                "MoE layer {}: n_routed_experts {} / num_experts_per_tok {}", index, experts,
+                c.num_experts_per_tok);
+  MEGACTX_CHECK(
+      c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
+      "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group, c.topk_group, experts);
+  d.router =
+      upload(read_checkpoint_float(checkpoint, prefix + "mlp.gate.weight", {experts, hidden}));
+  const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
+  d.bias = upload(checkpoint.has(bias) ? read_checkpoint_float(checkpoint, bias, {experts})
+                                       : Tensor::zeros({experts}));
+  for (int64_t e = 0; e < experts; ++e) {
+    d.experts.push_back(upload_mlp(checkpoint, fmt::format("{}mlp.experts.{}.", prefix, e), hidden,
+                                   c.moe_intermediate_size));
+  }
+  if (c.n_shared_experts > 0) {
+    d.shared = upload_mlp(checkpoint, prefix + "mlp.shared_experts.", hidden,
+                          c.moe_intermediate_size * c.n_shared_experts);
+  }
+  return d;
+}
+
+CudaWeights::CudaWeights(const ModelConfig& c, const Checkpoint& checkpoint, bool bf16)
+    : bf16_(bf16) {
+  // The model-level checks of load_dsa_weights and the architecture builders.
+  MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
+  MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
+  MEGACTX_CHECK(c.scoring_func == "sigmoid", "scoring_func '{}' is not supported (sigmoid)",
+                c.scoring_func);
+  if (c.model_type == ModelType::GlmMoeDsa) {
+    MEGACTX_CHECK(static_cast<int64_t>(c.indexer_types.size()) == c.num_hidden_layers,
+                  "glm_moe_dsa: {} indexer types for {} layers", c.indexer_types.size(),
+                  c.num_hidden_layers);
+  }
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    MEGACTX_CHECK(layer > 0 || c.layer_runs_indexer(0),
+                  "layer 0 is 'shared' but no earlier full layer exists");
+    MEGACTX_CHECK(c.model_type != ModelType::DeepseekV32 || c.layer_runs_indexer(layer),
+                  "deepseek_v32: layer {} is marked shared, but DeepSeek-V3.2 runs an indexer on "
+                  "every layer",
+                  layer);
+  }
+  const int64_t hidden = c.hidden_size;
+  {
+    // One [V, H] float32 host copy at a time (the embedding is a gather and
+    // stays float32; a tied lm_head is the same values as a GEMM weight).
+    const Tensor embed_host =
+        read_checkpoint_float(checkpoint, "model.embed_tokens.weight", {c.vocab_size, hidden});
+    embed = upload(embed_host);
+    if (c.tie_word_embeddings && !checkpoint.has("lm_head.weight")) {
+      lm_head = upload_matrix(embed_host);
+    }
+  }
+  if (!lm_head) {
+    lm_head =
+        upload_matrix(read_checkpoint_matrix(checkpoint, "lm_head.weight", {c.vocab_size, hidden}));
+  }
+  final_norm = upload(read_checkpoint_float(checkpoint, "model.norm.weight", {hidden}));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers.push_back(upload_checkpoint_layer(c, checkpoint, i));
+  // Nothing left unread but the MTP layers (as load_dsa_weights).
+  std::vector<std::string> mtp;
+  for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {
+    mtp.push_back(fmt::format("model.layers.{}.", c.num_hidden_layers + i));
+  }
+  make_checkpoint_weights(checkpoint)->check_all_used(mtp);
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA
