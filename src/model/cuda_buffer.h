@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -51,12 +52,23 @@ class DeviceBuffer {
   }
   size_t bytes() const { return bytes_; }
 
+  // How many DeviceBuffer allocations were freed so far (growth, move-assign,
+  // destruction), process-wide. A captured CUDA Graph holds the addresses of
+  // the scratch it was captured with: a change since its capture means some
+  // buffer may have moved, and the graph is captured again
+  // (model/cuda_decode_graph.h).
+  static uint64_t releases() { return releases_.load(std::memory_order_relaxed); }
+
  private:
   void release() {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) {
+      cudaFree(data_);
+      releases_.fetch_add(1, std::memory_order_relaxed);
+    }
     data_ = nullptr;
     bytes_ = 0;
   }
+  static inline std::atomic<uint64_t> releases_{0};
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -54,6 +54,7 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
   weights_ = std::move(weights);
+  graph_buckets_ = decode_batch_buckets(options.cuda_graph_max_batch);
 }
 
 CudaDsaModel::~CudaDsaModel() {
@@ -94,6 +95,26 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   timer_.begin_forward(decode_step);
   timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
+  const std::optional<DecodeGraphKey> key = graph_key(batch, cache);
+  int64_t rows = 0;
+  for (const SequenceInput& in : batch.sequences) rows += static_cast<int64_t>(in.tokens.size());
+  if (key) rows = key->rows();
+  // Blas grows its own GEMM-input scratch (not a DeviceBuffer) for a larger
+  // row count than any before: graphs captured earlier may hold its address.
+  if (rows > rows_high_water_) {
+    rows_high_water_ = rows;
+    ++graph_epoch_;
+  }
+  ForwardOutput output = key ? forward_graph(batch, cache, *key) : forward_eager(batch, cache);
+  timer_.collect(stream_);
+  if (timer_.active())
+    forward_wall_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start)
+            .count();
+  return output;
+}
+
+ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCache& cache) {
   const int64_t hidden = config_.hidden_size;
   Scratch& sc = scratch_;
 
@@ -126,18 +147,9 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   std::vector<float> cos(static_cast<size_t>(n * half)), sin(cos.size());
   rope_.fill(positions64.data(), n, cos.data(), sin.data());
 
-  const KvCacheSpec& spec = cache.spec();
-  const CacheDType dtype = spec.dtype == KvDType::F32    ? CacheDType::F32
-                           : spec.dtype == KvDType::BF16 ? CacheDType::BF16
-                                                         : CacheDType::FP8;
-  step.latent = {dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, spec.kv_lora_rank};
-  step.indexer = {dtype, spec.index_head_dim, spec.index_head_dim};
-  // The device layouts must be the cache's (kv_cache.h) byte for byte.
-  MEGACTX_CHECK(step.latent.bytes() == spec.latent_bytes_per_token() &&
-                    step.indexer.bytes() == spec.indexer_bytes_per_token(),
-                "CUDA model: KV entry layout mismatch ({} / {} B vs {} / {} B)",
-                step.latent.bytes(), step.indexer.bytes(), spec.latent_bytes_per_token(),
-                spec.indexer_bytes_per_token());
+  const CacheLayouts layouts = cache_layouts(cache.spec());
+  step.latent = layouts.latent;
+  step.indexer = layouts.indexer;
   step.rows.page_size = cache.spec().page_size;
   step.rows.page_tables = upload(sc.page_tables, page_tables, stream_);
   step.rows.table_offset = upload(sc.table_offset, table_offset, stream_);
@@ -149,50 +161,57 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   step.topk = sc.topk.get<int32_t>(n * index_topk_);
   step.counts = sc.counts.get<int32_t>(n);
 
-  // x: [n, hidden] residual stream, from the embeddings.
-  float* x = sc.x.get<float>(n * hidden);
-  timer_.mark("embed", stream_);
-  embed_gather(weights_->embed, d_ids, n, hidden, x, stream_);
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    decoder_layer(weights_->layers[layer], layer, step, cache, x);
-  }
-
   ForwardOutput output;
-  if (batch.want_hidden_states) {
-    output.hidden_states = Tensor::empty({n, hidden});
-    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), x,
-                                       static_cast<size_t>(n * hidden) * sizeof(float),
-                                       cudaMemcpyDeviceToHost, stream_));
-  }
-  timer_.mark("final norm + lm_head", stream_);
   const int64_t m = static_cast<int64_t>(logit_rows.size());
   const int64_t vocab = config_.vocab_size;
-  float* normed = sc.normed.get<float>(m * hidden);
-  gather_rows(x, d_logit_rows, m, hidden, normed, stream_);
-  rmsnorm(normed, m, hidden, hidden, weights_->final_norm, static_cast<float>(config_.rms_norm_eps),
-          normed, hidden, stream_);
+  float* logits = nullptr;
   if (options_.logits_on_device) {
     // A fresh allocation per step: the caller owns the returned tensor.
     void* data = nullptr;
     MEGACTX_CUDA_CHECK(cudaMalloc(&data, static_cast<size_t>(std::max<int64_t>(m * vocab, 1)) * 4));
     output.logits = Tensor::adopt(data, {m, vocab}, DType::F32, Device::CUDA,
                                   [](void* pointer) { cudaFree(pointer); });
-    blas_->linear(normed, m, hidden, weights_->lm_head, vocab, static_cast<float*>(data));
+    logits = static_cast<float*>(data);
   } else {
-    float* logits = sc.logits.get<float>(m * vocab);
-    blas_->linear(normed, m, hidden, weights_->lm_head, vocab, logits);
+    logits = sc.logits.get<float>(m * vocab);
+  }
+  run_layers(step, d_ids, d_logit_rows, m, cache, logits);
+
+  if (batch.want_hidden_states) {
+    output.hidden_states = Tensor::empty({n, hidden});
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), sc.x.as<float>(),
+                                       static_cast<size_t>(n * hidden) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  if (!options_.logits_on_device) {
     output.logits = Tensor::empty({m, vocab});
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.logits.raw(), logits,
                                        static_cast<size_t>(m * vocab) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
   }
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  timer_.collect(stream_);
-  if (timer_.active())
-    forward_wall_ms_ +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall_start)
-            .count();
   return output;
+}
+
+void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* logit_rows,
+                              int64_t logit_count, PagedKvCache& cache, float* logits) {
+  const int64_t n = step.tokens;
+  const int64_t hidden = config_.hidden_size;
+  Scratch& sc = scratch_;
+  // x: [n, hidden] residual stream, from the embeddings.
+  float* x = sc.x.get<float>(n * hidden);
+  timer_.mark("embed", stream_);
+  embed_gather(weights_->embed, ids, n, hidden, x, stream_);
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    decoder_layer(weights_->layers[layer], layer, step, cache, x);
+  }
+  timer_.mark("final norm + lm_head", stream_);
+  const int64_t m = logit_count;
+  float* normed = sc.normed.get<float>(m * hidden);
+  gather_rows(x, logit_rows, m, hidden, normed, stream_);
+  rmsnorm(normed, m, hidden, hidden, weights_->final_norm, static_cast<float>(config_.rms_norm_eps),
+          normed, hidden, stream_);
+  blas_->linear(normed, m, hidden, weights_->lm_head, config_.vocab_size, logits);
 }
 
 void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,

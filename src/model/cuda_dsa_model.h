@@ -6,11 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/cuda/dense/dsa_fallback.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda_buffer.h"
+#include "model/cuda_decode_graph.h"
 #include "model/cuda_model.h"
 #include "model/cuda_phase_timer.h"
 #include "model/cuda_weights.h"
@@ -56,6 +58,9 @@ class CudaDsaModel final : public LanguageModel {
   };
   Selection last_selection(int64_t tokens) const;
 
+  // CUDA-graph decode so far (cuda_decode_graph.h).
+  CudaGraphStats graph_stats() const { return graphs_.stats(); }
+
  private:
   // Per-forward device views: the batch's tokens, paging and RoPE tables.
   struct Step {
@@ -91,6 +96,22 @@ class CudaDsaModel final : public LanguageModel {
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
+  // The step's graph key when it runs as a CUDA Graph (cuda_graphs on, the
+  // timer off, every sequence the same 1..kMaxGraphTokensPerSequence new
+  // tokens, a bucket fits, every layer capturable), else nullopt.
+  std::optional<DecodeGraphKey> graph_key(const ForwardBatch& batch,
+                                          const PagedKvCache& cache) const;
+  // Whether the feed-forward of every layer launches without a host sync for
+  // `rows` rows (MoE layers on the grouped device path; as moe() chooses).
+  bool ffn_capturable(int64_t rows) const;
+  ForwardOutput forward_eager(const ForwardBatch& batch, PagedKvCache& cache);
+  ForwardOutput forward_graph(const ForwardBatch& batch, PagedKvCache& cache,
+                              const DecodeGraphKey& key);
+  // Embedding, decoder layers, final norm and lm_head of the `logit_count`
+  // rows `logit_rows` of the step -> logits [logit_count, vocab]; the residual
+  // stream stays in scratch x [step.tokens, hidden]. Launches only.
+  void run_layers(Step& step, const int32_t* ids, const int32_t* logit_rows, int64_t logit_count,
+                  PagedKvCache& cache, float* logits);
   void decoder_layer(const DeviceLayer& w, int64_t layer, Step& step, PagedKvCache& cache,
                      float* x);
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
@@ -147,6 +168,15 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<DeviceMtp> mtp_;
   MtpScratch mtp_scratch_;
   PhaseTimer timer_;  // MEGACTX_CUDA_PHASE_TIMES=1
+  // CUDA-graph decode: buckets, graphs, the packed-input block. The epoch
+  // grows when a forward has more rows than any before (the GEMMs' own input
+  // scratch may have grown); with DeviceBuffer::releases() it tells when the
+  // captured graphs hold stale addresses.
+  std::vector<int64_t> graph_buckets_;
+  DecodeGraphCache graphs_;
+  int64_t rows_high_water_ = 0;
+  uint64_t graph_epoch_ = 0;
+  std::vector<int64_t> graph_positions_;  // host scratch of forward_graph
   double forward_wall_ms_ = 0.0;
   FastScratch fast_scratch_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan

@@ -59,8 +59,28 @@ struct CudaModelOptions {
   // false: the host dispatch (expert ids read back, one GEMM chain per used
   // expert).
   bool device_moe = true;
+  // Decode steps (every sequence 1 new token, or the same 1 + k for MTP
+  // verification) padded to a batch-size bucket and replayed as CUDA Graphs
+  // (model/cuda_decode_graph.h), when the whole step is capturable (MoE
+  // layers only on the device MoE path; the phase timer off). false (CLI
+  // --no-cuda-graphs): every step launches its kernels one by one.
+  bool cuda_graphs = true;
+  // The largest bucket; batches of more sequences run without a graph.
+  int64_t cuda_graph_max_batch = 256;
   int device_ordinal = 0;
 };
+
+// What the CUDA-graph decode of a CUDA model did so far (tests, benchmarks).
+struct CudaGraphStats {
+  int64_t captures = 0;         // graphs captured
+  int64_t replays = 0;          // steps run by one graph launch
+  int64_t eager_steps = 0;      // bucketed steps run eagerly (a key's first step)
+  int64_t invalidations = 0;    // times every graph was dropped (scratch moved)
+  int64_t failed_captures = 0;  // keys that could not be captured (eager since)
+  int64_t cached = 0;           // graphs held now
+};
+// An Error for a model that is not a CUDA model.
+CudaGraphStats cuda_graph_stats(const LanguageModel& model);
 
 // Uploads `host`'s weights (float32) and builds the CUDA model with the same
 // config, index_topk and RoPE tables; `host` may be destroyed afterwards.
@@ -84,8 +104,8 @@ Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count);
 // without a host DsaModel, tensor by tensor (CudaWeights' checkpoint
 // constructor): e4m3 weights with 128x128 weight_scale_inv blocks stay fp8 on
 // the device and run the block-scaled fp8 GEMM with activations quantised to
-// e4m3 per 1x128 group (as HF's and DeepSeek's fp8 inference do; ~2^-5
-// relative rounding per input element); other matrices bf16
+// e4m3 per 1x128 group (as HF's and DeepSeek's fp8 inference do: up to 2^-4
+// relative rounding per input element, 3 mantissa bits); other matrices bf16
 // (options.bf16_weights) or float32. `model_options` supplies
 // index_topk_override. Works for non-fp8 checkpoints too (no fp8 matrices).
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(

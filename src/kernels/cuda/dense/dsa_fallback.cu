@@ -58,6 +58,7 @@ __global__ void write_plain_kernel(void* pool, CacheLayout layout, PagedRows row
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * width;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t token = t / width, i = t % width;
+    if (rows.positions[token] < 0) continue;  // a padding row writes nothing
     const int64_t index = slot_of(rows, token, rows.positions[token]) * width + i;
     const float value = values[token * stride + i];
     if (layout.dtype == CacheDType::F32) {
@@ -77,6 +78,7 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * per_token;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t token = t / per_token, g = t % per_token;
+    if (rows.positions[token] < 0) continue;  // a padding row writes nothing
     uint8_t* entry =
         static_cast<uint8_t*>(pool) + slot_of(rows, token, rows.positions[token]) * layout.bytes();
     const float* v = values + token * stride;

@@ -6,6 +6,11 @@
 // Paging: every new token t of the batch knows its sequence's page table as
 // `page_tables + table_offset[t]` (int32 pages); position p of that sequence
 // lives at slot = table[p / page_size] * page_size + p % page_size.
+//
+// Padding rows (a decode step padded to a CUDA-graph batch bucket,
+// model/cuda_decode_graph.h) have position -1: they write no cache entry,
+// see no key (counts 0, indices -1) and attend to nothing (output 0).
+// Their table_offset is 0 and never used to address the pool.
 #pragma once
 
 #include <cuda_runtime.h>

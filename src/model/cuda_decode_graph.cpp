@@ -1,0 +1,155 @@
+#if MEGACTX_HAVE_CUDA
+#include "model/cuda_decode_graph.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
+
+namespace megactx::cuda {
+
+std::vector<int64_t> decode_batch_buckets(int64_t max_batch) {
+  MEGACTX_CHECK(max_batch >= 1, "CUDA graph batch buckets: max batch {} < 1", max_batch);
+  std::vector<int64_t> buckets;
+  int64_t bucket = 1;
+  bool three_halves = true;
+  while (bucket < max_batch) {
+    buckets.push_back(bucket);
+    if (bucket < 8) {
+      bucket *= 2;
+    } else if (bucket < 32) {
+      bucket += 8;
+    } else {
+      // 32 -> 48 -> 64 -> 96 -> 128 -> 192 -> 256 ...
+      bucket = three_halves ? bucket * 3 / 2 : bucket * 4 / 3;
+      three_halves = !three_halves;
+    }
+  }
+  buckets.push_back(max_batch);
+  return buckets;
+}
+
+int64_t batch_bucket(const std::vector<int64_t>& buckets, int64_t sequences) {
+  const auto it = std::lower_bound(buckets.begin(), buckets.end(), sequences);
+  return it == buckets.end() ? 0 : *it;
+}
+
+int64_t context_bucket(int64_t max_context) {
+  int64_t bucket = 256;
+  while (bucket < max_context) bucket *= 2;
+  return bucket;
+}
+
+DecodeInputLayout::DecodeInputLayout(const DecodeGraphKey& key, int64_t rope_half,
+                                     int64_t page_size)
+    : rows(key.rows()), half(rope_half), max_pages((key.context + page_size - 1) / page_size) {
+  ids = 0;
+  positions = ids + rows;
+  table_offset = positions + rows;
+  logit_rows = table_offset + rows;
+  cos = logit_rows + rows;
+  sin = cos + rows * half;
+  page_tables = sin + rows * half;
+  capacity_words = page_tables + key.sequences * max_pages;
+}
+
+CacheLayouts cache_layouts(const KvCacheSpec& spec) {
+  const CacheDType dtype = spec.dtype == KvDType::F32    ? CacheDType::F32
+                           : spec.dtype == KvDType::BF16 ? CacheDType::BF16
+                                                         : CacheDType::FP8;
+  CacheLayouts out;
+  out.latent = {dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, spec.kv_lora_rank};
+  out.indexer = {dtype, spec.index_head_dim, spec.index_head_dim};
+  // The device layouts must be the cache's (kv_cache.h) byte for byte.
+  MEGACTX_CHECK(out.latent.bytes() == spec.latent_bytes_per_token() &&
+                    out.indexer.bytes() == spec.indexer_bytes_per_token(),
+                "CUDA model: KV entry layout mismatch ({} / {} B vs {} / {} B)", out.latent.bytes(),
+                out.indexer.bytes(), spec.latent_bytes_per_token(), spec.indexer_bytes_per_token());
+  return out;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+void* PinnedBuffer::get(size_t bytes) {
+  if (bytes > bytes_) {
+    if (data_ != nullptr) MEGACTX_CUDA_CHECK(cudaFreeHost(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+    MEGACTX_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+    bytes_ = bytes;
+  }
+  return data_;
+}
+
+DecodeGraphCache::~DecodeGraphCache() {
+  clear();
+}
+
+void DecodeGraphCache::clear() {
+  for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph);
+  graphs_.clear();
+  // A failed key may capture once its cause (e.g. a buffer growing inside
+  // the capture) is gone.
+  failed_.clear();
+}
+
+void DecodeGraphCache::sync_epoch(uint64_t epoch) {
+  if (epoch == epoch_) return;
+  if (!graphs_.empty()) ++stats_.invalidations;
+  clear();
+  epoch_ = epoch;
+}
+
+cudaGraphExec_t DecodeGraphCache::find(const DecodeGraphKey& key) const {
+  const auto it = graphs_.find(key);
+  return it == graphs_.end() ? nullptr : it->second;
+}
+
+bool DecodeGraphCache::capture(const DecodeGraphKey& key, uint64_t epoch, cudaStream_t stream,
+                               const std::function<void()>& record) {
+  sync_epoch(epoch);
+  // Thread-local mode: another thread's unrelated CUDA calls (a server
+  // thread freeing a logits tensor) cannot invalidate this capture, while an
+  // illegal call of this thread inside it (a synchronisation, an allocation)
+  // still fails it.
+  MEGACTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool recorded = true;
+  try {
+    record();
+  } catch (const std::exception&) {
+    recorded = false;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  bool ok = recorded && ended == cudaSuccess && graph != nullptr;
+  if (ok) ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!ok) {
+    // Clear the sticky-free error a failed capture leaves for the next check.
+    (void)cudaGetLastError();
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    failed_.insert(key);
+    ++stats_.failed_captures;
+    return false;
+  }
+  graphs_[key] = exec;
+  ++stats_.captures;
+  return true;
+}
+
+void DecodeGraphCache::launch(cudaGraphExec_t graph, cudaStream_t stream) {
+  MEGACTX_CUDA_CHECK(cudaGraphLaunch(graph, stream));
+  ++stats_.replays;
+}
+
+CudaGraphStats DecodeGraphCache::stats() const {
+  CudaGraphStats out = stats_;
+  out.cached = static_cast<int64_t>(graphs_.size());
+  return out;
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA

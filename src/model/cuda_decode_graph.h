@@ -1,0 +1,133 @@
+// Decode steps of the CUDA model as CUDA Graphs, one per bucket: the batch is
+// padded to a batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, ...)
+// and the context to a power of two, so that a handful of graphs serve every
+// decode step. Host launch overhead (hundreds of kernels and cuBLAS calls per
+// step) dominates small-batch decode; a replay is one launch.
+//
+// How a step runs (CudaDsaModel::forward_graph):
+//   1. the host packs the step's inputs (token ids, positions, page tables,
+//      RoPE tables, logit rows; DecodeInputLayout) into pinned staging and
+//      uploads them with one copy into a fixed device block, outside the graph;
+//   2. the graph of the step's DecodeGraphKey replays, reading that block; a
+//      key seen for the first time runs eagerly (which also sizes every
+//      grow-only scratch buffer for that shape) and is then captured;
+//   3. the logits (and hidden states) of the real rows are copied out.
+// Padding rows have position -1: they write no KV entry and attend to
+// nothing (kernels/cuda/dense/dsa_fallback.h).
+//
+// A graph holds the addresses it was captured with (scratch, cuBLAS scratch,
+// the input block, the KV pools). It is dropped and captured again when any
+// DeviceBuffer was freed since (DeviceBuffer::releases()) or when a forward
+// with more rows than ever before may have grown a GEMM's input scratch
+// (the model's epoch). Only included by CUDA builds (MEGACTX_HAVE_CUDA).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "kernels/cuda/dense/dsa_fallback.h"
+#include "model/cuda_buffer.h"
+#include "model/cuda_model.h"
+
+namespace megactx::cuda {
+
+// Batch buckets up to `max_batch` (itself always the last one): 1, 2, 4, 8,
+// then steps of 8 to 32, then alternately x1.5 and x4/3 (48, 64, 96, 128, ...).
+std::vector<int64_t> decode_batch_buckets(int64_t max_batch);
+// The smallest bucket >= `sequences`; 0 when it is larger than every bucket.
+int64_t batch_bucket(const std::vector<int64_t>& buckets, int64_t sequences);
+// The context bucket: the power of two >= max(max_context, 256) (the fallback
+// indexer's grid has one block row per 256 positions).
+int64_t context_bucket(int64_t max_context);
+
+// The device entry layouts of `cache`'s latent and indexer pools, checked
+// byte for byte against the cache's own (kv_cache.h).
+struct CacheLayouts {
+  CacheLayout latent, indexer;
+};
+CacheLayouts cache_layouts(const KvCacheSpec& spec);
+
+// What a captured graph is specific to: its kernel grids, scratch sizes and
+// baked-in pointers.
+struct DecodeGraphKey {
+  int64_t sequences = 0;            // padded batch (a bucket)
+  int64_t tokens_per_sequence = 1;  // 1: decode; 1 + k: MTP verification
+  int64_t context = 0;              // context bucket
+  int kv_dtype = 0;                 // KV entry layouts of the pools
+  uint64_t cache = 0;               // the pools' addresses and page size (baked in)
+  auto operator<=>(const DecodeGraphKey&) const = default;
+  int64_t rows() const { return sequences * tokens_per_sequence; }
+};
+
+// The packed per-step inputs, 4-byte words, in this order:
+//   ids [rows] int32, positions [rows] int32, table_offset [rows] int32,
+//   logit_rows [rows] int32, cos [rows, half] f32, sin [rows, half] f32,
+//   page_tables [<= sequences * max_pages] int32 (each sequence's table once).
+struct DecodeInputLayout {
+  DecodeInputLayout(const DecodeGraphKey& key, int64_t rope_half, int64_t page_size);
+  int64_t rows = 0, half = 0, max_pages = 0;
+  int64_t ids = 0, positions = 0, table_offset = 0, logit_rows = 0, cos = 0, sin = 0,
+          page_tables = 0;
+  int64_t capacity_words = 0;  // page_tables + sequences * max_pages
+};
+
+// Page-locked host memory, grow-only (the staging of the per-step upload).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get(size_t bytes);
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class DecodeGraphCache {
+ public:
+  DecodeGraphCache() = default;
+  ~DecodeGraphCache();
+  DecodeGraphCache(const DecodeGraphCache&) = delete;
+  DecodeGraphCache& operator=(const DecodeGraphCache&) = delete;
+
+  // Drops every graph when `epoch` differs from the one they were captured at.
+  void sync_epoch(uint64_t epoch);
+  // The graph of `key`, or nullptr (not captured yet, or capture failed).
+  cudaGraphExec_t find(const DecodeGraphKey& key) const;
+  bool failed(const DecodeGraphKey& key) const { return failed_.count(key) > 0; }
+  // Captures the work `record` launches on `stream` (nothing executes) as the
+  // graph of `key` at `epoch`. A capture that fails (an illegal call inside,
+  // e.g. a host synchronisation) is discarded, the key is remembered as
+  // failed and false is returned; the stream is usable again.
+  bool capture(const DecodeGraphKey& key, uint64_t epoch, cudaStream_t stream,
+               const std::function<void()>& record);
+  void launch(cudaGraphExec_t graph, cudaStream_t stream);
+  void clear();
+  void count_eager_step() { ++stats_.eager_steps; }
+
+  CudaGraphStats stats() const;
+  // The packed inputs: pinned host staging and the fixed device block the
+  // graphs read (a DeviceBuffer: its growth counts as a release).
+  PinnedBuffer& staging() { return staging_; }
+  DeviceBuffer& inputs() { return inputs_; }
+
+ private:
+  std::map<DecodeGraphKey, cudaGraphExec_t> graphs_;
+  std::set<DecodeGraphKey> failed_;
+  uint64_t epoch_ = 0;
+  PinnedBuffer staging_;
+  DeviceBuffer inputs_;
+  CudaGraphStats stats_;
+};
+
+}  // namespace megactx::cuda

@@ -1,0 +1,209 @@
+// CudaDsaModel: decode steps as CUDA Graphs over batch-size buckets (see
+// model/cuda_decode_graph.h for the scheme): which steps qualify, the packed
+// input upload, replay or eager run + capture, and the copy of the real rows'
+// outputs.
+#if MEGACTX_HAVE_CUDA
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/moe/grouped_moe.h"
+#include "model/cuda_dsa_model.h"
+
+namespace megactx {
+namespace cuda {
+namespace {
+
+// MTP verification runs 1 + k tokens per sequence; more than this per
+// sequence is prefill, run eagerly.
+constexpr int64_t kMaxGraphTokensPerSequence = 8;
+
+// FNV-1a over the pool addresses and the page size: a graph writes the pools
+// it was captured with, so another cache (or a moved pool) is another key.
+uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers) {
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint64_t>(cache.spec().page_size));
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    mix(reinterpret_cast<uintptr_t>(cache.latent_pool(layer).raw()));
+    if (cache.has_indexer(layer)) mix(reinterpret_cast<uintptr_t>(cache.indexer_pool(layer).raw()));
+  }
+  return hash;
+}
+
+}  // namespace
+
+bool CudaDsaModel::ffn_capturable(int64_t rows) const {
+  // As moe() (cuda_dsa_ffn.cpp) chooses: the grouped device path runs with no
+  // host sync; the host dispatch reads expert ids back and cannot be
+  // captured. (A capture that still hits a sync fails cleanly and the key
+  // runs eagerly from then on: DecodeGraphCache::capture.)
+  for (const DeviceLayer& w : weights_->layers) {
+    if (!w.is_moe) continue;
+    const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
+    const GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
+                                config_.num_experts_per_tok};
+    if (!(options_.device_moe && w.experts_gate_up && w.experts_down &&
+          grouped_moe_supported(shape)))
+      return false;
+  }
+  return true;
+}
+
+std::optional<DecodeGraphKey> CudaDsaModel::graph_key(const ForwardBatch& batch,
+                                                      const PagedKvCache& cache) const {
+  // The phase timer records events between phases and reads them per step.
+  if (!options_.cuda_graphs || timer_.enabled() || batch.sequences.empty()) return std::nullopt;
+  const int64_t per_sequence = static_cast<int64_t>(batch.sequences.front().tokens.size());
+  if (per_sequence < 1 || per_sequence > kMaxGraphTokensPerSequence) return std::nullopt;
+  int64_t max_context = 0;
+  for (const SequenceInput& in : batch.sequences) {
+    if (static_cast<int64_t>(in.tokens.size()) != per_sequence) return std::nullopt;
+    max_context = std::max(max_context, in.start_position + per_sequence);
+  }
+  const int64_t sequences =
+      batch_bucket(graph_buckets_, static_cast<int64_t>(batch.sequences.size()));
+  if (sequences == 0 || !ffn_capturable(sequences * per_sequence)) return std::nullopt;
+  DecodeGraphKey key;
+  key.sequences = sequences;
+  key.tokens_per_sequence = per_sequence;
+  key.context = context_bucket(max_context);
+  key.kv_dtype = static_cast<int>(cache.spec().dtype);
+  key.cache = cache_fingerprint(cache, config_.num_hidden_layers);
+  return key;
+}
+
+ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCache& cache,
+                                          const DecodeGraphKey& key) {
+  const int64_t hidden = config_.hidden_size;
+  const int64_t vocab = config_.vocab_size;
+  const int64_t per_sequence = key.tokens_per_sequence;
+  const int64_t rows = key.rows();
+  const int64_t page_size = cache.spec().page_size;
+  const DecodeInputLayout layout(key, config_.qk_rope_head_dim / 2, page_size);
+  Scratch& sc = scratch_;
+
+  // Pack the inputs (the previous forward ended with a stream sync, so its
+  // upload from the staging is complete). Rows are sequence-major; padding
+  // sequences come last: position -1, token 0, table offset 0, RoPE of
+  // position 0 (finite values for rows nobody reads).
+  auto* words = static_cast<int32_t*>(
+      graphs_.staging().get(static_cast<size_t>(layout.capacity_words) * sizeof(int32_t)));
+  float* cos = reinterpret_cast<float*>(words + layout.cos);
+  float* sin = reinterpret_cast<float*>(words + layout.sin);
+  graph_positions_.assign(static_cast<size_t>(rows), 0);
+  int64_t pages_used = 0, logit_count = 0;
+  const int64_t real_sequences = static_cast<int64_t>(batch.sequences.size());
+  for (int64_t s = 0; s < real_sequences; ++s) {
+    const SequenceInput& in = batch.sequences[static_cast<size_t>(s)];
+    const int64_t pages = (in.start_position + per_sequence + page_size - 1) / page_size;
+    std::memcpy(words + layout.page_tables + pages_used, in.page_table.data(),
+                static_cast<size_t>(pages) * sizeof(int32_t));
+    for (int64_t i = 0; i < per_sequence; ++i) {
+      const int64_t row = s * per_sequence + i;
+      words[layout.ids + row] = in.tokens[static_cast<size_t>(i)];
+      words[layout.positions + row] = static_cast<int32_t>(in.start_position + i);
+      words[layout.table_offset + row] = static_cast<int32_t>(pages_used);
+      graph_positions_[static_cast<size_t>(row)] = in.start_position + i;
+    }
+    const int64_t from = in.logits_from < 0 ? per_sequence - 1 : in.logits_from;
+    for (int64_t i = from; i < per_sequence; ++i) {
+      words[layout.logit_rows + logit_count++] = static_cast<int32_t>(s * per_sequence + i);
+    }
+    pages_used += pages;
+  }
+  for (int64_t row = real_sequences * per_sequence; row < rows; ++row) {
+    words[layout.ids + row] = 0;
+    words[layout.positions + row] = -1;
+    words[layout.table_offset + row] = 0;
+  }
+  // The graph's lm_head runs over `rows` gathered rows; the padding ones
+  // repeat row 0 and are not copied out.
+  for (int64_t i = logit_count; i < rows; ++i) words[layout.logit_rows + i] = 0;
+  rope_.fill(graph_positions_.data(), rows, cos, sin);
+
+  int32_t* block = graphs_.inputs().get<int32_t>(layout.capacity_words);
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(
+      block, words, static_cast<size_t>(layout.page_tables + pages_used) * sizeof(int32_t),
+      cudaMemcpyHostToDevice, stream_));
+
+  Step step;
+  step.tokens = rows;
+  step.max_context = key.context;
+  const CacheLayouts layouts = cache_layouts(cache.spec());
+  step.latent = layouts.latent;
+  step.indexer = layouts.indexer;
+  step.rows.page_size = page_size;
+  step.rows.page_tables = block + layout.page_tables;
+  step.rows.table_offset = block + layout.table_offset;
+  step.rows.positions = block + layout.positions;
+  step.cos = reinterpret_cast<const float*>(block + layout.cos);
+  step.sin = reinterpret_cast<const float*>(block + layout.sin);
+  step.topk = sc.topk.get<int32_t>(rows * index_topk_);
+  step.counts = sc.counts.get<int32_t>(rows);
+  const int32_t* ids = block + layout.ids;
+  const int32_t* logit_rows = block + layout.logit_rows;
+  float* logits = sc.logits.get<float>(rows * vocab);
+  // Each run gets a fresh copy of the step: layers fill per-step fields
+  // (the fast path's token tables) that a capture must record again.
+  auto record = [&] {
+    Step fresh = step;
+    run_layers(fresh, ids, logit_rows, rows, cache, logits);
+  };
+
+  graphs_.sync_epoch(graph_epoch_ + DeviceBuffer::releases());
+  if (cudaGraphExec_t graph = graphs_.find(key)) {
+    graphs_.launch(graph, stream_);
+  } else {
+    // First sight of this key (or its capture failed): run eagerly, which
+    // also grows every scratch buffer to this shape, then capture the same
+    // launches (nothing executes) for the next steps. The epoch read after
+    // the eager run drops graphs whose buffers that run moved.
+    graphs_.count_eager_step();
+    record();
+    if (!graphs_.failed(key)) {
+      graphs_.capture(key, graph_epoch_ + DeviceBuffer::releases(), stream_, record);
+    }
+  }
+
+  ForwardOutput output;
+  const int64_t real_rows = real_sequences * per_sequence;
+  if (batch.want_hidden_states) {
+    output.hidden_states = Tensor::empty({real_rows, hidden});
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), sc.x.as<float>(),
+                                       static_cast<size_t>(real_rows * hidden) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  const size_t logit_bytes = static_cast<size_t>(logit_count * vocab) * sizeof(float);
+  if (options_.logits_on_device) {
+    // A fresh allocation per step: the caller owns the returned tensor.
+    void* data = nullptr;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(logit_bytes, 4)));
+    output.logits = Tensor::adopt(data, {logit_count, vocab}, DType::F32, Device::CUDA,
+                                  [](void* pointer) { cudaFree(pointer); });
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpyAsync(data, logits, logit_bytes, cudaMemcpyDeviceToDevice, stream_));
+  } else {
+    output.logits = Tensor::empty({logit_count, vocab});
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpyAsync(output.logits.raw(), logits, logit_bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return output;
+}
+
+}  // namespace cuda
+
+CudaGraphStats cuda_graph_stats(const LanguageModel& model) {
+  const auto* cuda_model = dynamic_cast<const cuda::CudaDsaModel*>(&model);
+  MEGACTX_CHECK(cuda_model != nullptr, "cuda_graph_stats: not a CUDA model");
+  return cuda_model->graph_stats();
+}
+
+}  // namespace megactx
+#endif  // MEGACTX_HAVE_CUDA
