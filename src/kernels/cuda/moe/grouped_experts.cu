@@ -280,6 +280,7 @@ void grouped_moe_combine(const int32_t* ids, const float* gates, const GroupedMo
 void grouped_moe(const float* x, const int32_t* ids, const float* gates,
                  const GroupedMoeShape& shape, const StackedExperts& weights, const float* shared,
                  const GroupedMoeBuffers& buffers, float* out, cudaStream_t stream) {
+  check_grouped_moe_inputs(x, weights, buffers);  // before anything is launched
   grouped_moe_plan(ids, shape, buffers.plan, stream);
   grouped_moe_experts(x, shape, weights, buffers, stream);
   grouped_moe_combine(ids, gates, shape, buffers.pair_out, shared, out, stream);

@@ -1,0 +1,111 @@
+// Host side of the grouped device MoE (kernels/cuda/moe/grouped_moe.h), no
+// GPU needed: which shapes the path serves, the errors for the others, the
+// plan buffer's layout, and the tile bound that fixes the expert kernels'
+// grid (checked against brute-force tile counts of many routings).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/moe/grouped_moe.h"
+
+namespace megactx::cuda {
+namespace {
+
+std::string error_of(const GroupedMoeShape& shape) {
+  try {
+    check_grouped_moe(shape);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(GroupedMoePlan, ServesDecodeAndVerificationShapesOfTheRealModels) {
+  // GLM-5.2 (H 6144, I 2048) and DeepSeek-V3.2 (H 7168, I 2048): 256
+  // experts, top-8, up to 128 rows.
+  for (int64_t hidden : {6144, 7168}) {
+    for (int64_t rows : {1, 2, 8, 16, 64, 128}) {
+      EXPECT_TRUE(grouped_moe_supported({rows, hidden, 2048, 256, 8})) << hidden << " " << rows;
+    }
+    EXPECT_FALSE(grouped_moe_supported({129, hidden, 2048, 256, 8}));
+  }
+  // The HF fixtures (H 32 / 160, I 16 / 80, 8 / 4 experts, top-2), prefill included.
+  EXPECT_TRUE(grouped_moe_supported({64, 32, 16, 8, 2}));
+  EXPECT_TRUE(grouped_moe_supported({80, 160, 80, 4, 2}));
+}
+
+TEST(GroupedMoePlan, UnsupportedShapesNameTheReason) {
+  EXPECT_NE(error_of({kGroupedMoeMaxRows + 1, 64, 64, 256, 1}).find("exceed the bounds"),
+            std::string::npos);
+  // 128 rows x top-16 = 2048 pairs > 1024.
+  EXPECT_NE(error_of({128, 64, 64, 256, 16}).find("exceed the bounds"), std::string::npos);
+  EXPECT_NE(error_of({4, 60, 64, 8, 2}).find("multiples of 8"), std::string::npos);
+  EXPECT_NE(error_of({4, 64, 20, 8, 2}).find("multiples of 8"), std::string::npos);
+  EXPECT_NE(error_of({4, 64, 64, 2, 3}).find("top_k 3 exceeds"), std::string::npos);
+  EXPECT_NE(error_of({0, 64, 64, 8, 2}).find("must all be positive"), std::string::npos);
+  // 1024 pairs (32 warps) x 384 experts: (3 + 32) * 384 * 4 B > 48 KiB.
+  EXPECT_NE(error_of({128, 64, 64, 384, 8}).find("shared memory"), std::string::npos);
+  EXPECT_TRUE(grouped_moe_supported({16, 64, 64, 384, 8}));
+  EXPECT_THROW(grouped_moe_layout({4, 60, 64, 8, 2}), Error);
+  EXPECT_EQ(error_of({4, 64, 64, 8, 2}), "");
+}
+
+TEST(GroupedMoePlan, LayoutRegionsAreDisjointAndSized) {
+  const GroupedMoeShape shape{37, 256, 128, 256, 8};
+  const GroupedMoeLayout l = grouped_moe_layout(shape);
+  const int64_t pairs = 37 * 8;
+  EXPECT_EQ(l.max_tiles, std::min<int64_t>(256, pairs) + pairs / kGroupedMoeTileRows);
+  EXPECT_EQ(l.tile_count, 0);
+  EXPECT_EQ(l.tiles, 1);
+  EXPECT_EQ(l.pair_of, l.tiles + 3 * l.max_tiles);
+  EXPECT_EQ(l.counts, l.pair_of + pairs);
+  EXPECT_EQ(l.offsets, l.counts + 256);
+  EXPECT_EQ(l.plan_ints, l.offsets + 257);
+  EXPECT_EQ(l.act_floats, pairs * 128);
+  EXPECT_EQ(l.pair_out_floats, pairs * 256);
+  EXPECT_EQ(l.plan_threads, 320);  // 296 pairs rounded up to whole warps
+  EXPECT_EQ(l.plan_shared_bytes, static_cast<size_t>((3 + 10) * 256 * 4));
+}
+
+// Tiles a routing needs: sum over experts of ceil(pairs of e / tile rows).
+int64_t tiles_needed(const std::vector<int64_t>& per_expert) {
+  int64_t tiles = 0;
+  for (int64_t m : per_expert) tiles += (m + kGroupedMoeTileRows - 1) / kGroupedMoeTileRows;
+  return tiles;
+}
+
+TEST(GroupedMoePlan, TileBoundCoversEveryRouting) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t experts = 1 + rng() % 300;
+    const int64_t top_k = 1 + rng() % std::min<int64_t>(experts, 16);
+    const int64_t max_rows = std::min<int64_t>(kGroupedMoeMaxRows, kGroupedMoeMaxPairs / top_k);
+    const int64_t rows = 1 + rng() % max_rows;
+    const GroupedMoeShape shape{rows, 64, 64, experts, top_k};
+    if (!grouped_moe_supported(shape)) continue;
+    // Each row picks top_k distinct experts, from a small or the full range
+    // (few busy experts, many idle ones, or spread out).
+    const int64_t range = std::max(top_k, trial % 2 == 0 ? experts : top_k + trial % 5);
+    std::vector<int64_t> per_expert(static_cast<size_t>(experts), 0);
+    std::vector<int64_t> choice(static_cast<size_t>(std::min(range, experts)));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < choice.size(); ++i) choice[i] = static_cast<int64_t>(i);
+      std::shuffle(choice.begin(), choice.end(), rng);
+      for (int64_t s = 0; s < top_k; ++s) ++per_expert[choice[s]];
+    }
+    ASSERT_LE(tiles_needed(per_expert), grouped_moe_layout(shape).max_tiles)
+        << "experts " << experts << " top_k " << top_k << " rows " << rows;
+  }
+  // The worst cases: every expert with pairs just above a tile multiple.
+  const GroupedMoeShape spread{128, 64, 64, 113, 8};  // 1024 pairs: 9 or 10 per expert
+  std::vector<int64_t> per_expert(113, 1024 / 113);
+  for (int64_t e = 0; e < 1024 % 113; ++e) ++per_expert[e];
+  EXPECT_LE(tiles_needed(per_expert), grouped_moe_layout(spread).max_tiles);
+}
+
+}  // namespace
+}  // namespace megactx::cuda
