@@ -1,7 +1,7 @@
 // megactx generate --model DIR (--prompt TEXT | --input-ids LIST)
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
 //                  [--format ids|text] [--device cpu|cuda] [--kv-dtype f32|bf16|fp8]
-//                  [--engine] [--cuda-bf16] [--cuda-fp8-upcast]
+//                  [--engine] [--cuda-bf16] [--cuda-fp8-upcast] [--no-cuda-graphs]
 //                  [--speculative-steps K [--speculative-no-share]
 //                   [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
@@ -46,6 +46,7 @@ struct GenerateOptions {
   bool engine = false;  // through the serving Engine (always on CUDA)
   bool cuda_bf16 = false;
   bool cuda_fp8_upcast = false;
+  bool no_cuda_graphs = false;
   SpeculativeCliOptions speculative;
 };
 
@@ -230,6 +231,9 @@ int run_generate(const GenerateOptions& options) {
                 "--cuda-bf16 needs --device cuda");
   load.cuda_bf16 = options.cuda_bf16;
   load.cuda_fp8_native = !options.cuda_fp8_upcast;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
+                "--no-cuda-graphs needs --device cuda");
+  load.cuda_graphs = !options.no_cuda_graphs;
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const bool use_engine = options.engine || load.device == Device::CUDA;
@@ -322,6 +326,9 @@ CommandRegistration registration{
           "--cuda-fp8-upcast", options->cuda_fp8_upcast,
           "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
           "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
+      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
+                       "--device cuda: launch every decode step kernel by kernel instead of "
+                       "replaying it as a CUDA Graph over batch-size buckets");
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

@@ -1,5 +1,5 @@
 // megactx logits --model DIR --input-ids 1,2,3 --out FILE [--device cpu]
-//                [--kv-dtype f32|bf16|fp8] [--chunk N] [--cuda-fp8-upcast]
+//                [--kv-dtype f32|bf16|fp8] [--chunk N] [--cuda-fp8-upcast] [--no-cuda-graphs]
 // --device cuda with an fp8 checkpoint keeps its e4m3 weights native (fp8
 // GEMMs) unless --cuda-fp8-upcast.
 // Prefill logits at every position: FILE gets float32 little-endian [T, vocab].
@@ -25,6 +25,7 @@ struct LogitsOptions {
   std::string kv_dtype = "f32";
   int64_t chunk = 0;
   bool cuda_fp8_upcast = false;
+  bool no_cuda_graphs = false;
 };
 
 Device parse_device(const std::string& name) {
@@ -40,6 +41,9 @@ int run_logits(const LogitsOptions& options) {
   load.device = parse_device(options.device);
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   load.cuda_fp8_native = !options.cuda_fp8_upcast;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
+                "--no-cuda-graphs needs --device cuda");
+  load.cuda_graphs = !options.no_cuda_graphs;
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
   SequenceRunner runner(*model, load.kv_dtype, static_cast<int64_t>(ids.size()));
   const Tensor logits = runner.feed(ids, /*all_logits=*/true, options.chunk);
@@ -68,6 +72,9 @@ CommandRegistration registration{
           "--cuda-fp8-upcast", options->cuda_fp8_upcast,
           "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
           "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
+      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
+                       "--device cuda: launch every decode step kernel by kernel instead of "
+                       "replaying it as a CUDA Graph over batch-size buckets");
       return [options] { return run_logits(*options); };
     }};
 

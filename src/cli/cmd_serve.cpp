@@ -1,6 +1,6 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
 //   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--gpu-memory-utilization 0.9] [--cuda-bf16]
-//   [--cuda-fp8-upcast]
+//   [--cuda-fp8-upcast] [--no-cuda-graphs]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -47,6 +47,7 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;
   bool cuda_bf16 = false;
   bool cuda_fp8_upcast = false;
+  bool no_cuda_graphs = false;
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
@@ -80,6 +81,8 @@ int run_serve(const ServeOptions& options) {
   MEGACTX_CHECK(cuda || !options.cuda_bf16, "--cuda-bf16 needs --device cuda");
   load.cuda_bf16 = options.cuda_bf16;
   load.cuda_fp8_native = !options.cuda_fp8_upcast;
+  MEGACTX_CHECK(cuda || !options.no_cuda_graphs, "--no-cuda-graphs needs --device cuda");
+  load.cuda_graphs = !options.no_cuda_graphs;
   const int64_t kv_memory = options.kv_memory.empty()
                                 ? (cuda ? 0 : int64_t{2} << 30)
                                 : static_cast<int64_t>(parse_memory_size(options.kv_memory));
@@ -215,6 +218,9 @@ CommandRegistration registration{
           "--cuda-fp8-upcast", options->cuda_fp8_upcast,
           "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
           "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
+      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
+                       "--device cuda: launch every decode step kernel by kernel instead of "
+                       "replaying it as a CUDA Graph over batch-size buckets");
       command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
       command.add_option("--max-running-requests", options->max_running_requests)
           ->capture_default_str();

@@ -47,6 +47,7 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
   CudaModelOptions cuda_options;
   cuda_options.bf16_weights = options.cuda_bf16;
   cuda_options.logits_on_device = options.cuda_logits_on_device;
+  cuda_options.cuda_graphs = options.cuda_graphs;
   return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), cuda_options);
 #else
   fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
@@ -61,6 +62,7 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint& checkpoint
   CudaModelOptions cuda_options;
   cuda_options.bf16_weights = options.cuda_bf16;
   cuda_options.logits_on_device = options.cuda_logits_on_device;
+  cuda_options.cuda_graphs = options.cuda_graphs;
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
   auto model = make_cuda_dsa_model_from_checkpoint(checkpoint, cuda_options, model_options);

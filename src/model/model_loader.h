@@ -36,6 +36,9 @@ struct ModelLoadOptions {
   // dequantising it into a float32 host model first. The CLI sets it; tests
   // of the exact-parity fp32 mode leave it off.
   bool cuda_fp8_native = false;
+  // --device cuda: decode steps replayed as CUDA Graphs over batch-size
+  // buckets (CudaModelOptions::cuda_graphs); the CLI's --no-cuda-graphs.
+  bool cuda_graphs = true;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
