@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -389,6 +390,69 @@ TEST(IndexerTopk, OneMillionKeys) {
   }
 }
 
+// Positions mode (block_table == nullptr, no row_request): the same selection
+// as slots mode, written as positions. Both the one-CTA rows and the
+// multi-CTA passes; random scores (no ties: the two sets must be equal) and
+// heavy ties (any valid set).
+void check_positions_mode(const std::vector<int64_t>& lengths, bool ties, uint32_t seed) {
+  std::mt19937 rng(seed);
+  IndexerProblem problem;
+  problem.top_k = 2048;
+  problem.lengths = lengths;
+  problem.build(rng);
+  DeviceIndexer device(problem);
+  std::vector<float> scores(static_cast<size_t>(problem.rows) * problem.score_stride, 0.f);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float values[] = {-1.f, 0.f, 0.f, 2.f};
+  for (int row = 0; row < problem.rows; ++row)
+    for (int64_t p = 0; p < problem.row_visible[row]; ++p)
+      scores[row * problem.score_stride + p] = ties ? values[rng() % 4] : normal(rng);
+  device.scores.upload(scores);
+  cuda::radix_topk(device.topk_params(problem), nullptr);
+  const auto slots = device.slots.download();
+  cuda::TopkParams positions_mode = device.topk_params(problem);
+  positions_mode.block_table = nullptr;
+  positions_mode.row_request = nullptr;
+  positions_mode.block_table_stride = 0;
+  DeviceBuffer<int32_t> positions(static_cast<size_t>(problem.rows) * problem.top_k);
+  positions.fill_bytes(0x5a);
+  positions_mode.out_slots = positions.get();
+  cuda::radix_topk(positions_mode, nullptr);
+  cuda::radix_topk(positions_mode, nullptr);  // the workspace is left reusable here too
+  const auto got = positions.download();
+  // Identity page table: a position is its own "slot" for expect_valid_topk.
+  std::vector<int32_t> identity((problem.max_visible + 63) / 64 + 1);
+  std::iota(identity.begin(), identity.end(), 0);
+  for (int row = 0; row < problem.rows; ++row) {
+    const std::string what = "positions-mode row " + std::to_string(row);
+    const int32_t* row_positions = got.data() + static_cast<size_t>(row) * problem.top_k;
+    expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
+                      problem.top_k, identity.data(), static_cast<int64_t>(identity.size()),
+                      row_positions, what);
+    if (ties) continue;
+    // Slots mode mapped back to positions: the same set.
+    std::vector<int64_t> logical(static_cast<size_t>(problem.layout.num_pages), -1);
+    for (int64_t p = 0; p < (problem.row_visible[row] + 63) / 64; ++p)
+      logical[problem.table(row)[p]] = p;
+    std::vector<int64_t> from_slots, from_positions;
+    for (int i = 0; i < problem.top_k; ++i) {
+      const int32_t slot = slots[static_cast<size_t>(row) * problem.top_k + i];
+      if (slot >= 0) from_slots.push_back(logical[slot / 64] * 64 + slot % 64);
+      if (row_positions[i] >= 0) from_positions.push_back(row_positions[i]);
+    }
+    std::sort(from_slots.begin(), from_slots.end());
+    std::sort(from_positions.begin(), from_positions.end());
+    ASSERT_EQ(from_positions, from_slots) << what;
+  }
+}
+
+TEST(IndexerTopk, PositionsModeSelectsTheSameSetAsSlots) {
+  check_positions_mode({1, 64, 2047, 2048, 2049, 10000, 30000}, false, 81);  // one CTA per row
+  check_positions_mode({5, 3000, 40000, 70001}, false, 82);                  // multi-CTA passes
+  check_positions_mode({4097, 30000}, true, 83);
+  check_positions_mode({4097, 300000}, true, 84);
+}
+
 TEST(IndexerTopk, RejectsBadShapes) {
   cuda::IndexerScoreParams params;
   params.heads = 48;
@@ -399,6 +463,28 @@ TEST(IndexerTopk, RejectsBadShapes) {
   cuda::TopkParams topk;
   topk.top_k = 0;
   EXPECT_THROW(cuda::radix_topk(topk, nullptr), Error);
+  // A block table needs row_request; positions mode needs neither.
+  DeviceBuffer<float> scores(64);
+  DeviceBuffer<int32_t> visible(std::vector<int32_t>{0}), table(1), out(4), state(8);
+  DeviceBuffer<uint32_t> histogram(cuda::kTopkHistogramBins);
+  state.fill_bytes(0);
+  histogram.fill_bytes(0);
+  topk.top_k = 4;
+  topk.rows = 1;
+  topk.scores = scores.get();
+  topk.score_stride = 64;
+  topk.max_visible = 64;
+  topk.row_visible = visible.get();
+  topk.out_slots = out.get();
+  topk.histogram = histogram.get();
+  topk.row_state = state.get();
+  topk.block_table = table.get();
+  topk.block_table_stride = 1;
+  EXPECT_THROW(cuda::radix_topk(topk, nullptr), Error);
+  topk.block_table = nullptr;
+  topk.block_table_stride = 0;
+  EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
+  EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));  // no visible key
 }
 
 }  // namespace
