@@ -16,6 +16,7 @@
 // accepted length = 1 + accepted drafts / verifications (tokens per target
 // forward of a speculating request).
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -155,7 +156,10 @@ int main(int argc, char** argv) {
     std::ifstream file(text_path);
     std::stringstream ids;
     ids << file.rdbuf();
-    const std::vector<int32_t> text = parse_token_ids(ids.str());
+    std::string ids_text = ids.str();
+    while (!ids_text.empty() && std::isspace(static_cast<unsigned char>(ids_text.back())))
+      ids_text.pop_back();
+    const std::vector<int32_t> text = parse_token_ids(ids_text);
     MEGACTX_CHECK(static_cast<int64_t>(text.size()) > prompt_len + 1,
                   "the prompt text {} has {} tokens (run from the repository root or pass --text)",
                   text_path, text.size());
