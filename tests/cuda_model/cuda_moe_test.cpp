@@ -146,17 +146,22 @@ void expect_plan_matches(const std::vector<int32_t>& ids, const GroupedMoeShape&
 }
 
 TEST(CudaMoe, PlanMatchesHostCountingSort) {
-  // top-8 of 256 in 8 groups (DeepSeek-V3.2 routing) at 1, 37, 64 and 128 rows.
-  for (int64_t rows : {1, 37, 64, 128}) {
+  // top-8 of 256 in 8 groups (DeepSeek-V3.2 routing) at 1 to 256 rows (more
+  // than 512 pairs: the block ranks them in several passes).
+  for (int64_t rows : {1, 37, 64, 128, 256}) {
     const Routing r = route(rows, route_params(256, 8, 8, 4), static_cast<uint32_t>(rows));
     expect_plan_matches(r.ids, {rows, 64, 64, 256, 8}, "routed rows " + std::to_string(rows));
   }
-  // Every row on the same 8 experts (64 pairs each: 8 full tiles apiece; 248
-  // experts with no rows), and 100 rows x 2 of 4 experts (tiles of 8 and 2 / 4).
-  std::vector<int32_t> same;
-  for (int64_t r = 0; r < 64; ++r)
-    for (int32_t e : {3, 17, 42, 99, 128, 200, 201, 255}) same.push_back(e);
-  expect_plan_matches(same, {64, 64, 64, 256, 8}, "all rows on 8 experts");
+  // Every row on the same 8 experts (64 or 256 pairs each: 8 or 32 full tiles
+  // apiece, equal ids across all passes; 248 experts with no rows), and 100
+  // rows x 2 of 4 experts (tiles of 8 and a ragged last one).
+  for (int64_t rows : {64, 256}) {
+    std::vector<int32_t> same;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int32_t e : {3, 17, 42, 99, 128, 200, 201, 255}) same.push_back(e);
+    expect_plan_matches(same, {rows, 64, 64, 256, 8},
+                        "all " + std::to_string(rows) + " rows on 8 experts");
+  }
   std::vector<int32_t> few;
   for (int32_t r = 0; r < 100; ++r) {
     few.push_back(r % 3 == 0 ? 0 : 1);
@@ -312,6 +317,7 @@ const std::vector<ExpertCase>& expert_cases() {
       {"decode, top-8 of 256", 1, 256, 128, 256, 8, 8, 4},
       {"64 rows, top-8 of 256", 64, 256, 128, 256, 8, 8, 4},
       {"128 rows, top-8 of 256", 128, 256, 128, 256, 8, 8, 4},
+      {"256 rows, top-8 of 256", 256, 256, 128, 256, 8, 8, 4},
       // Every row on experts 0..7: 8 tiles of 8 rows each, 248 empty experts.
       {"64 rows all on 8 experts", 64, 256, 128, 256, 8, 8, 4, true},
       // Rows longer than one staged chunk (1024) in both kernels, ragged tail.

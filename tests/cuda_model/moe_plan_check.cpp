@@ -26,12 +26,12 @@ std::string error_of(const GroupedMoeShape& shape) {
 
 TEST(GroupedMoePlan, ServesDecodeAndVerificationShapesOfTheRealModels) {
   // GLM-5.2 (H 6144, I 2048) and DeepSeek-V3.2 (H 7168, I 2048): 256
-  // experts, top-8, up to 128 rows.
+  // experts, top-8, up to 256 rows (the largest decode-graph bucket).
   for (int64_t hidden : {6144, 7168}) {
-    for (int64_t rows : {1, 2, 8, 16, 64, 128}) {
+    for (int64_t rows : {1, 2, 8, 16, 64, 128, 256}) {
       EXPECT_TRUE(grouped_moe_supported({rows, hidden, 2048, 256, 8})) << hidden << " " << rows;
     }
-    EXPECT_FALSE(grouped_moe_supported({129, hidden, 2048, 256, 8}));
+    EXPECT_FALSE(grouped_moe_supported({257, hidden, 2048, 256, 8}));
   }
   // The HF fixtures (H 32 / 160, I 16 / 80, 8 / 4 experts, top-2), prefill included.
   EXPECT_TRUE(grouped_moe_supported({64, 32, 16, 8, 2}));
@@ -41,15 +41,16 @@ TEST(GroupedMoePlan, ServesDecodeAndVerificationShapesOfTheRealModels) {
 TEST(GroupedMoePlan, UnsupportedShapesNameTheReason) {
   EXPECT_NE(error_of({kGroupedMoeMaxRows + 1, 64, 64, 256, 1}).find("exceed the bounds"),
             std::string::npos);
-  // 128 rows x top-16 = 2048 pairs > 1024.
-  EXPECT_NE(error_of({128, 64, 64, 256, 16}).find("exceed the bounds"), std::string::npos);
+  // 256 rows x top-32 = 8192 pairs > 4096.
+  EXPECT_NE(error_of({256, 64, 64, 256, 32}).find("exceed the bounds"), std::string::npos);
   EXPECT_NE(error_of({4, 60, 64, 8, 2}).find("multiples of 8"), std::string::npos);
   EXPECT_NE(error_of({4, 64, 20, 8, 2}).find("multiples of 8"), std::string::npos);
   EXPECT_NE(error_of({4, 64, 64, 2, 3}).find("top_k 3 exceeds"), std::string::npos);
   EXPECT_NE(error_of({0, 64, 64, 8, 2}).find("must all be positive"), std::string::npos);
-  // 1024 pairs (32 warps) x 384 experts: (3 + 32) * 384 * 4 B > 48 KiB.
-  EXPECT_NE(error_of({128, 64, 64, 384, 8}).find("shared memory"), std::string::npos);
-  EXPECT_TRUE(grouped_moe_supported({16, 64, 64, 384, 8}));
+  // 512 pairs (16 warps) x 600 experts: (5 + 16) * 600 * 4 B > 48 KiB;
+  // 8 pairs (1 warp): (5 + 1) * 600 * 4 B fits.
+  EXPECT_NE(error_of({64, 64, 64, 600, 8}).find("shared memory"), std::string::npos);
+  EXPECT_TRUE(grouped_moe_supported({1, 64, 64, 600, 8}));
   EXPECT_THROW(grouped_moe_layout({4, 60, 64, 8, 2}), Error);
   EXPECT_EQ(error_of({4, 64, 64, 8, 2}), "");
 }
@@ -68,7 +69,12 @@ TEST(GroupedMoePlan, LayoutRegionsAreDisjointAndSized) {
   EXPECT_EQ(l.act_floats, pairs * 128);
   EXPECT_EQ(l.pair_out_floats, pairs * 256);
   EXPECT_EQ(l.plan_threads, 320);  // 296 pairs rounded up to whole warps
-  EXPECT_EQ(l.plan_shared_bytes, static_cast<size_t>((3 + 10) * 256 * 4));
+  EXPECT_EQ(l.plan_shared_bytes, static_cast<size_t>((5 + 10) * 256 * 4));
+  // More pairs than one pass of 512 threads.
+  const GroupedMoeLayout big = grouped_moe_layout({256, 256, 128, 256, 8});
+  EXPECT_EQ(big.plan_threads, 512);
+  EXPECT_EQ(big.plan_shared_bytes, static_cast<size_t>((5 + 16) * 256 * 4));
+  EXPECT_EQ(big.max_tiles, 256 + 2048 / kGroupedMoeTileRows);
 }
 
 // Tiles a routing needs: sum over experts of ceil(pairs of e / tile rows).

@@ -17,11 +17,19 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-// Shared memory of the bucketing block: per-expert counts, bucket offsets
-// and tile offsets, plus one count per (warp, expert).
+// The bucketing block ranks up to 512 pairs per pass.
+constexpr int64_t kPlanMaxThreads = 512;
+
+int64_t plan_threads(const GroupedMoeShape& shape) {
+  return std::min(round_up(std::max<int64_t>(shape.pairs(), 1), 32), kPlanMaxThreads);
+}
+
+// Shared memory of the bucketing block: per expert its count, bucket
+// offset, tile offset, pairs placed so far and pairs of the current pass,
+// plus one count per (warp, expert).
 size_t plan_shared_bytes(const GroupedMoeShape& shape) {
-  const int64_t warps = round_up(std::max<int64_t>(shape.pairs(), 1), 32) / 32;
-  return static_cast<size_t>((3 + warps) * shape.experts) * sizeof(int32_t);
+  const int64_t warps = plan_threads(shape) / 32;
+  return static_cast<size_t>((5 + warps) * shape.experts) * sizeof(int32_t);
 }
 
 // Empty when supported, else the reason (one place for both entry points).
@@ -87,7 +95,7 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
   layout.plan_ints = layout.offsets + shape.experts + 1;
   layout.act_floats = pairs * shape.intermediate;
   layout.pair_out_floats = pairs * shape.hidden;
-  layout.plan_threads = static_cast<int>(round_up(pairs, 32));
+  layout.plan_threads = static_cast<int>(plan_threads(shape));
   layout.plan_shared_bytes = plan_shared_bytes(shape);
   return layout;
 }

@@ -28,10 +28,11 @@ namespace megactx::cuda {
 // Rows of one expert one CTA applies its weights to.
 inline constexpr int64_t kGroupedMoeTileRows = 8;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
-// GEMMs read each expert's weights once for all its rows): rows per call and
-// routed pairs (rows * top_k, one thread each in the bucketing kernel).
-inline constexpr int64_t kGroupedMoeMaxRows = 128;
-inline constexpr int64_t kGroupedMoeMaxPairs = 1024;
+// GEMMs read each expert's weights once for all its rows and use tensor
+// cores): rows per call (the largest decode-graph bucket) and routed pairs
+// (rows * top_k: the workspace grows with them).
+inline constexpr int64_t kGroupedMoeMaxRows = 256;
+inline constexpr int64_t kGroupedMoeMaxPairs = 4096;
 
 struct GroupedMoeShape {
   int64_t rows = 0;          // tokens of the call
@@ -54,7 +55,7 @@ struct GroupedMoeLayout {
   int64_t plan_ints = 0;        // size of the plan buffer
   int64_t act_floats = 0;       // [pairs, I] SwiGLU activations, bucket order
   int64_t pair_out_floats = 0;  // [rows, top_k, H] expert outputs per pair
-  int plan_threads = 0;         // bucketing block: pairs rounded up to a warp
+  int plan_threads = 0;         // bucketing block: pairs rounded up to a warp, <= 512
   size_t plan_shared_bytes = 0;
 };
 

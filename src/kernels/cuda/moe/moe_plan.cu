@@ -1,9 +1,9 @@
 // (a) of the grouped MoE path: bucket the routed (row, slot) pairs by expert
-// on the device, in one thread block with one thread per pair. Stable (pairs
-// keep their order within an expert) without an O(pairs^2) scan: a warp
-// ranks its equal ids with __match_any_sync, and per-(warp, expert) counts
-// give each warp its base. Tiles of up to kGroupedMoeTileRows pairs of one
-// expert are listed for the expert kernels.
+// on the device, in one thread block. Stable (pairs keep their order within
+// an expert) without an O(pairs^2) scan: a warp ranks its equal ids with
+// __match_any_sync, per-(warp, expert) counts give each warp its base, and
+// chunks of up to 512 pairs run one after another. Tiles of up to
+// kGroupedMoeTileRows pairs of one expert are listed for the expert kernels.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
@@ -22,35 +22,30 @@ struct PlanArgs {
   int32_t* offsets = nullptr;     // [E + 1]
 };
 
-// blockDim.x = pairs rounded up to a warp (<= 1024). Dynamic shared:
-// (3 + warps) * E int32 (grouped_moe_layout's plan_shared_bytes).
+// blockDim.x = min(pairs rounded up to a warp, kPlanThreads); the pairs are
+// ranked in chunks of blockDim.x. Dynamic shared: (5 + warps) * E int32
+// (grouped_moe_layout's plan_shared_bytes).
 __global__ void plan_kernel(PlanArgs a) {
   extern __shared__ int32_t shared[];
   const int experts = a.experts;
-  const int warps = static_cast<int>(blockDim.x) / 32;
-  int32_t* count = shared;                     // [E] pairs per expert
-  int32_t* offset = count + experts;           // [E] first bucket position
-  int32_t* tile_offset = offset + experts;     // [E] first tile
-  int32_t* warp_base = tile_offset + experts;  // [warps, E] counts, then prefix over warps
+  const int threads = static_cast<int>(blockDim.x), warps = threads / 32;
+  int32_t* count = shared;                  // [E] pairs per expert
+  int32_t* offset = count + experts;        // [E] first bucket position
+  int32_t* tile_offset = offset + experts;  // [E] first tile
+  int32_t* placed = tile_offset + experts;  // [E] pairs placed by earlier chunks
+  int32_t* in_chunk = placed + experts;     // [E] pairs of the current chunk
+  int32_t* warp_base = in_chunk + experts;  // [warps, E] counts, then prefix over warps
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
 
-  for (int i = tid; i < warps * experts; i += blockDim.x) warp_base[i] = 0;
+  // Counts per expert (order-free, so shared atomics are deterministic).
+  for (int e = tid; e < experts; e += threads) {
+    count[e] = 0;
+    placed[e] = 0;
+  }
   __syncthreads();
-  const int expert = tid < a.pairs ? a.ids[tid] : -1;
-  const bool valid = expert >= 0 && expert < experts;
-  // Lanes holding the same id (invalid lanes group under -1 and are ignored).
-  const unsigned same = __match_any_sync(kFullMask, valid ? expert : -1);
-  const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
-  if (valid && rank_in_warp == 0) warp_base[warp * experts + expert] = __popc(same);
-  __syncthreads();
-  for (int e = tid; e < experts; e += blockDim.x) {
-    int sum = 0;
-    for (int w = 0; w < warps; ++w) {
-      const int c = warp_base[w * experts + e];
-      warp_base[w * experts + e] = sum;
-      sum += c;
-    }
-    count[e] = sum;
+  for (int p = tid; p < a.pairs; p += threads) {
+    const int e = a.ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
   // Exclusive scans over experts of the pair counts and the tile counts,
@@ -83,8 +78,40 @@ __global__ void plan_kernel(PlanArgs a) {
     }
   }
   __syncthreads();
-  if (valid) a.pair_of[offset[expert] + warp_base[warp * experts + expert] + rank_in_warp] = tid;
-  for (int e = tid; e < experts; e += blockDim.x) {
+
+  // Stable placement, one chunk of `threads` pairs at a time: rank among the
+  // warp's equal ids, plus the earlier warps' and earlier chunks' counts.
+  for (int base = 0; base < a.pairs; base += threads) {
+    for (int i = tid; i < warps * experts; i += threads) warp_base[i] = 0;
+    __syncthreads();
+    const int pair = base + tid;
+    const int expert = pair < a.pairs ? a.ids[pair] : -1;
+    const bool valid = expert >= 0 && expert < experts;
+    // Lanes holding the same id (invalid lanes group under -1 and are ignored).
+    const unsigned same = __match_any_sync(kFullMask, valid ? expert : -1);
+    const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+    if (valid && rank_in_warp == 0) warp_base[warp * experts + expert] = __popc(same);
+    __syncthreads();
+    for (int e = tid; e < experts; e += threads) {
+      int sum = 0;
+      for (int w = 0; w < warps; ++w) {
+        const int c = warp_base[w * experts + e];
+        warp_base[w * experts + e] = sum;
+        sum += c;
+      }
+      in_chunk[e] = sum;
+    }
+    __syncthreads();
+    if (valid) {
+      a.pair_of[offset[expert] + placed[expert] + warp_base[warp * experts + expert] +
+                rank_in_warp] = pair;
+    }
+    __syncthreads();
+    for (int e = tid; e < experts; e += threads) placed[e] += in_chunk[e];
+    // The next chunk's first barrier orders these before their next reads.
+  }
+
+  for (int e = tid; e < experts; e += threads) {
     const int c = count[e];
     a.counts[e] = c;
     a.offsets[e] = offset[e];
