@@ -168,7 +168,10 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   const int64_t heads = config_.num_attention_heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t qk = config_.qk_nope_head_dim + config_.qk_rope_head_dim;
-  const int64_t top_k = index_topk_;
+  // Selections hold at most min(index_topk, longest context) positions: sparse
+  // MLA walks only that many columns (max_context is part of a decode graph's
+  // key, so this stays fixed within a captured graph).
+  const int64_t top_k = std::max<int64_t>(1, std::min(index_topk_, step.max_context));
   if (fast_multiprocessors_ == 0) {
     int device = 0;
     MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
@@ -176,12 +179,13 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
         cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
   }
 
-  // step.topk positions -> physical slots (-1 past counts).
+  // step.topk positions -> physical slots [n, top_k] (-1 past counts).
   PositionsToSlotsParams map;
   map.selected = step.topk;
   map.counts = step.counts;
   map.rows = step.rows;
   map.tokens = n;
+  map.selected_stride = index_topk_;
   map.top_k = top_k;
   map.slots = fs.slots.get<int32_t>(n * top_k);
   positions_to_slots(map, stream_);

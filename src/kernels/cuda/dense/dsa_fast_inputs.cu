@@ -67,7 +67,7 @@ __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
   const int64_t page_size = p.rows.page_size;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
     const int64_t t = i / p.top_k, k = i % p.top_k;
-    const int64_t position = p.selected[i];
+    const int64_t position = p.selected[t * p.selected_stride + k];
     int32_t slot = -1;
     if (k < p.counts[t] && position >= 0 && position <= p.rows.positions[t]) {
       const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];

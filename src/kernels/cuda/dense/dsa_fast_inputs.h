@@ -50,12 +50,15 @@ void pad_indexer_queries(const IndexerQueryPadParams& p, cudaStream_t stream);
 // slots[t, i] = the slot of position selected[t, i] in token t's sequence for
 // i < counts[t] when 0 <= position <= positions[t]; -1 otherwise (padding, or
 // anything a caller-supplied selection holds outside the causal window).
+// top_k may be narrower than the selection's row stride: every count is at
+// most min(index_topk, longest context), so the columns past that are -1 and
+// sparse MLA need not walk them.
 struct PositionsToSlotsParams {
-  const int32_t* selected = nullptr;  // [tokens, top_k] positions
+  const int32_t* selected = nullptr;  // [tokens, selected_stride] positions
   const int32_t* counts = nullptr;    // [tokens]
   PagedRows rows;
-  int64_t tokens = 0, top_k = 0;
-  int32_t* slots = nullptr;  // [tokens, top_k] out
+  int64_t tokens = 0, selected_stride = 0, top_k = 0;  // top_k <= selected_stride
+  int32_t* slots = nullptr;                            // [tokens, top_k] out
 };
 void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream);
 
