@@ -22,6 +22,7 @@
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda_buffer.h"
 #include "model/cuda_model.h"
+#include "model/cuda_weights.h"
 #include "model/dsa_model.h"
 
 namespace megactx::cuda {
@@ -406,6 +407,61 @@ TEST(CudaMoe, BadShapesAreErrors) {
 
 using testing::HfFixture;
 using testing::load_fixture;
+
+TEST(CudaMoe, StackedExpertsAreTheOnlyDeviceCopy) {
+  // The per-expert DeviceMlp are views into the stacked buffers: uploading
+  // the experts costs exactly their parameters once, and each view reads its
+  // own expert's values.
+  const HfFixture f = load_fixture("glm_bf16");
+  auto cpu = load_language_model(f.dir, {});
+  const DsaWeights& host = static_cast<const DsaModel&>(*cpu).weights();
+  DsaWeights without_experts = host;
+  int64_t expert_values = 0;
+  for (LayerWeights& layer : without_experts.layers) {
+    if (!layer.is_moe) continue;
+    for (const MlpWeights& e : layer.moe.experts)
+      expert_values += e.gate_up.numel() + e.down.numel();
+    layer.moe.experts.clear();
+  }
+  ASSERT_GT(expert_values, 0);
+  for (bool bf16 : {false, true}) {
+    const size_t element = bf16 ? 2 : 4;
+    const CudaWeights full(host, bf16), bare(without_experts, bf16);
+    EXPECT_EQ(full.bytes() - bare.bytes(), static_cast<size_t>(expert_values) * element)
+        << "bf16 " << bf16;
+    for (size_t l = 0; l < host.layers.size(); ++l) {
+      if (!host.layers[l].is_moe) continue;
+      const DeviceLayer& d = full.layers[l];
+      const std::vector<MlpWeights>& experts = host.layers[l].moe.experts;
+      ASSERT_TRUE(d.experts_gate_up && d.experts_down) << "layer " << l;
+      const size_t gate_up_bytes = static_cast<size_t>(experts[0].gate_up.numel()) * element;
+      const size_t down_bytes = static_cast<size_t>(experts[0].down.numel()) * element;
+      for (size_t e = 0; e < experts.size(); ++e) {
+        EXPECT_EQ(d.experts[e].gate_up.data,
+                  static_cast<const char*>(d.experts_gate_up.data) + e * gate_up_bytes);
+        EXPECT_EQ(d.experts[e].down.data,
+                  static_cast<const char*>(d.experts_down.data) + e * down_bytes);
+        EXPECT_EQ(d.experts[e].gate_up.bf16, bf16);
+      }
+      // The last expert's down projection through its view.
+      const Tensor& want = experts.back().down;
+      const int64_t n = want.numel();
+      std::vector<float> got(static_cast<size_t>(n));
+      if (bf16) {
+        const std::vector<uint16_t> bits =
+            to_host(static_cast<const uint16_t*>(d.experts.back().down.data), n);
+        for (int64_t i = 0; i < n; ++i) got[i] = bf16_to_float(bits[i]);
+      } else {
+        got = to_host(static_cast<const float*>(d.experts.back().down.data), n);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const float value = want.data<float>()[i];
+        ASSERT_EQ(got[i], bf16 ? bf16_to_float(float_to_bf16(value)) : value)
+            << "layer " << l << " element " << i;
+      }
+    }
+  }
+}
 
 std::unique_ptr<LanguageModel> cuda_model(const LanguageModel& cpu, bool device_moe,
                                           bool bf16 = false) {
