@@ -132,7 +132,7 @@ Outcome run(LanguageModel& model, KvDType dtype) {
 }
 
 // Checks that row t of `selection` holds min(top_k, position_t + 1) distinct
-// positions in [0, position_t], then -1; returns false (with a failure) if not.
+// positions in [0, position_t], then -1 (a test failure names the first bad entry).
 void expect_valid_selection(const Outcome& run, const char* what) {
   const auto& s = run.prefill_selection;
   for (int64_t t = 0; t < s.tokens; ++t) {
