@@ -8,12 +8,16 @@
 //                      [--context 1024] [--steps 16] [--batches 1,16,64]
 //                      [--precision fp32,bf16] [--kv-dtype bf16|fp8|f32]
 //                      [--attention fast,fallback] [--fallback-attention]
+//                      [--graphs on,off]
 //
 // --attention picks the DSA attention path (CudaModelOptions::fast_attention):
 // "fast" (the issue-7 fp8 indexer / radix top-k / sparse MLA kernels; used
 // only with --kv-dtype fp8, other caches always take the fallback) and/or
 // "fallback" (the fp32 kernels); --fallback-attention is --attention fallback.
 // Default: fast, and with --kv-dtype fp8 both, fast first.
+// --graphs: decode steps replayed as CUDA Graphs (CudaModelOptions::cuda_graphs,
+// "on") and/or launched kernel by kernel ("off"); default both. A row says
+// "on (not used)" when no step replayed a graph (e.g. an uncapturable MoE).
 //
 // Printed beside each result: the bytes one decode step must read at least
 // (the GEMM weights the batch touches -- expected distinct experts for
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
   int64_t context = 1024, steps = 16;
   std::string batches_text = "1,16,64", precisions_text = "fp32,bf16", kv_text = "bf16";
   std::string attention_text;  // empty: the default (see the header comment)
+  std::string graphs_text = "on,off";
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--fallback-attention") {
@@ -144,6 +149,8 @@ int main(int argc, char** argv) {
       kv_text = value;
     else if (flag == "--attention")
       attention_text = value;
+    else if (flag == "--graphs")
+      graphs_text = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -166,8 +173,11 @@ int main(int argc, char** argv) {
     std::printf("context %lld tokens per sequence, %lld decode steps timed, KV %s\n\n",
                 static_cast<long long>(context), static_cast<long long>(steps), kv_text.c_str());
     std::printf(
-        "| precision | attention | batch | step ms | tokens/s | weights+KV read / step | GB/s | "
-        "of copy bw | floor ms |\n|---|---|---|---|---|---|---|---|---|\n");
+        "| precision | attention | graphs | batch | step ms | tokens/s | weights+KV read / step | "
+        "GB/s | of copy bw | floor ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    const std::vector<std::string> graph_modes = split(graphs_text);
+    for (const std::string& mode : graph_modes)
+      MEGACTX_CHECK(mode == "on" || mode == "off", "--graphs takes on and/or off, got '{}'", mode);
     // One float32 host model (random weights, seed 1), uploaded once per
     // precision x attention path.
     ModelLoadOptions host_load;
@@ -176,77 +186,84 @@ int main(int argc, char** argv) {
     host_load.kv_dtype = kv_dtype;
     const std::unique_ptr<LanguageModel> host = load_language_model(config_path, host_load);
     for (const std::string& precision : split(precisions_text))
-      for (const std::string& attention : attentions) {
-        MEGACTX_CHECK(precision == "bf16" || precision == "fp32", "precision fp32 or bf16");
-        CudaModelOptions options;
-        options.bf16_weights = precision == "bf16";
-        options.logits_on_device = true;
-        options.fast_attention = attention == "fast";
-        // Other caches always run the fallback: one row says so.
-        if (kv_dtype != KvDType::FP8 && attention == "fallback" &&
-            std::find(attentions.begin(), attentions.end(), "fast") != attentions.end())
-          continue;
-        const std::string attention_label =
-            kv_dtype == KvDType::FP8 ? attention : "fallback (KV " + kv_text + ")";
-        auto model = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
-        const ModelConfig& config = model->config();
-        const int64_t index_topk = static_cast<const DsaModel&>(*host).index_topk();
-        std::mt19937 rng(3);
-        std::uniform_int_distribution<int32_t> token(2,
-                                                     static_cast<int32_t>(config.vocab_size - 1));
-        for (const std::string& batch_text : split(batches_text)) {
-          const int64_t batch = std::stoll(batch_text);
-          const int64_t pages_per_sequence = (context + steps + 4 + 63) / 64;
-          KvCacheSpec spec = make_kv_cache_spec(config, batch * pages_per_sequence, kv_dtype);
-          auto cache = make_cuda_kv_cache(spec);
-          std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
-          for (int64_t s = 0; s < batch; ++s) {
-            for (int64_t p = 0; p < pages_per_sequence; ++p) {
-              tables[static_cast<size_t>(s)].push_back(
-                  static_cast<int32_t>(s * pages_per_sequence + p));
-            }
-            std::vector<int32_t> prompt(static_cast<size_t>(context));
-            for (int32_t& id : prompt) id = token(rng);
-            ForwardBatch prefill;
-            prefill.sequences.push_back({prompt, 0, tables[static_cast<size_t>(s)], -1});
-            model->forward(prefill, *cache);
-          }
-          std::vector<int32_t> next(static_cast<size_t>(batch));
-          auto decode = [&](int64_t position) {
-            ForwardBatch step;
+      for (const std::string& attention : attentions)
+        for (const std::string& graphs : graph_modes) {
+          MEGACTX_CHECK(precision == "bf16" || precision == "fp32", "precision fp32 or bf16");
+          CudaModelOptions options;
+          options.bf16_weights = precision == "bf16";
+          options.logits_on_device = true;
+          options.fast_attention = attention == "fast";
+          options.cuda_graphs = graphs == "on";
+          // Other caches always run the fallback: one row says so.
+          if (kv_dtype != KvDType::FP8 && attention == "fallback" &&
+              std::find(attentions.begin(), attentions.end(), "fast") != attentions.end())
+            continue;
+          const std::string attention_label =
+              kv_dtype == KvDType::FP8 ? attention : "fallback (KV " + kv_text + ")";
+          auto model = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
+          const ModelConfig& config = model->config();
+          const int64_t index_topk = static_cast<const DsaModel&>(*host).index_topk();
+          std::mt19937 rng(3);
+          std::uniform_int_distribution<int32_t> token(2,
+                                                       static_cast<int32_t>(config.vocab_size - 1));
+          for (const std::string& batch_text : split(batches_text)) {
+            const int64_t batch = std::stoll(batch_text);
+            const int64_t pages_per_sequence = (context + steps + 4 + 63) / 64;
+            KvCacheSpec spec = make_kv_cache_spec(config, batch * pages_per_sequence, kv_dtype);
+            auto cache = make_cuda_kv_cache(spec);
+            std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
             for (int64_t s = 0; s < batch; ++s) {
-              next[static_cast<size_t>(s)] = token(rng);
-              step.sequences.push_back({std::span<const int32_t>(&next[static_cast<size_t>(s)], 1),
-                                        position, tables[static_cast<size_t>(s)], -1});
+              for (int64_t p = 0; p < pages_per_sequence; ++p) {
+                tables[static_cast<size_t>(s)].push_back(
+                    static_cast<int32_t>(s * pages_per_sequence + p));
+              }
+              std::vector<int32_t> prompt(static_cast<size_t>(context));
+              for (int32_t& id : prompt) id = token(rng);
+              ForwardBatch prefill;
+              prefill.sequences.push_back({prompt, 0, tables[static_cast<size_t>(s)], -1});
+              model->forward(prefill, *cache);
             }
-            model->forward(step, *cache);  // synchronous: ends with a stream sync
-          };
-          decode(context);
-          decode(context + 1);
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int64_t i = 0; i < steps; ++i) decode(context + 2 + i);
-          const double seconds =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          const double step_s = seconds / static_cast<double>(steps);
-          int64_t full_layers = 0;
-          for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
-            full_layers += config.layer_runs_indexer(layer) ? 1 : 0;
-          const double kv_bytes =
-              static_cast<double>(batch) *
-              (static_cast<double>(std::min(context, index_topk)) *
-                   static_cast<double>(spec.latent_bytes_per_token() * config.num_hidden_layers) +
-               static_cast<double>(context) *
-                   static_cast<double>(spec.indexer_bytes_per_token() * full_layers));
-          const double bytes =
-              step_weight_bytes(config, batch, precision == "bf16" ? 2.0 : 4.0) + kv_bytes;
-          std::printf("| %s | %s | %lld | %.2f | %.0f | %.2f GB | %.0f | %.1f%% | %.2f |\n",
-                      precision.c_str(), attention_label.c_str(), static_cast<long long>(batch),
-                      step_s * 1e3, static_cast<double>(batch) / step_s, bytes / 1e9,
-                      bytes / step_s / 1e9, 100.0 * bytes / step_s / 1e9 / (copy_gbs / 2.0),
-                      bytes / (copy_gbs / 2.0 * 1e9) * 1e3);
-          std::fflush(stdout);
+            std::vector<int32_t> next(static_cast<size_t>(batch));
+            auto decode = [&](int64_t position) {
+              ForwardBatch step;
+              for (int64_t s = 0; s < batch; ++s) {
+                next[static_cast<size_t>(s)] = token(rng);
+                step.sequences.push_back(
+                    {std::span<const int32_t>(&next[static_cast<size_t>(s)], 1), position,
+                     tables[static_cast<size_t>(s)], -1});
+              }
+              model->forward(step, *cache);  // synchronous: ends with a stream sync
+            };
+            decode(context);
+            decode(context + 1);
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int64_t i = 0; i < steps; ++i) decode(context + 2 + i);
+            const double seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            const double step_s = seconds / static_cast<double>(steps);
+            int64_t full_layers = 0;
+            for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+              full_layers += config.layer_runs_indexer(layer) ? 1 : 0;
+            const double kv_bytes =
+                static_cast<double>(batch) *
+                (static_cast<double>(std::min(context, index_topk)) *
+                     static_cast<double>(spec.latent_bytes_per_token() * config.num_hidden_layers) +
+                 static_cast<double>(context) *
+                     static_cast<double>(spec.indexer_bytes_per_token() * full_layers));
+            const double bytes =
+                step_weight_bytes(config, batch, precision == "bf16" ? 2.0 : 4.0) + kv_bytes;
+            const CudaGraphStats graph_stats = cuda_graph_stats(*model);
+            const char* graphs_label =
+                graphs == "off" ? "off" : (graph_stats.replays > 0 ? "on" : "on (not used)");
+            std::printf("| %s | %s | %s | %lld | %.2f | %.0f | %.2f GB | %.0f | %.1f%% | %.2f |\n",
+                        precision.c_str(), attention_label.c_str(), graphs_label,
+                        static_cast<long long>(batch), step_s * 1e3,
+                        static_cast<double>(batch) / step_s, bytes / 1e9, bytes / step_s / 1e9,
+                        100.0 * bytes / step_s / 1e9 / (copy_gbs / 2.0),
+                        bytes / (copy_gbs / 2.0 * 1e9) * 1e3);
+            std::fflush(stdout);
+          }
         }
-      }
     std::printf(
         "\nGB/s counts bytes read once per step; \"of copy bw\" compares with the copy's "
         "read rate (half its read+write figure). The floor is that read at copy speed.\n");
