@@ -1,57 +1,10 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda_decode_graph.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
-
-std::vector<int64_t> decode_batch_buckets(int64_t max_batch) {
-  MEGACTX_CHECK(max_batch >= 1, "CUDA graph batch buckets: max batch {} < 1", max_batch);
-  std::vector<int64_t> buckets;
-  int64_t bucket = 1;
-  bool three_halves = true;
-  while (bucket < max_batch) {
-    buckets.push_back(bucket);
-    if (bucket < 8) {
-      bucket *= 2;
-    } else if (bucket < 32) {
-      bucket += 8;
-    } else {
-      // 32 -> 48 -> 64 -> 96 -> 128 -> 192 -> 256 ...
-      bucket = three_halves ? bucket * 3 / 2 : bucket * 4 / 3;
-      three_halves = !three_halves;
-    }
-  }
-  buckets.push_back(max_batch);
-  return buckets;
-}
-
-int64_t batch_bucket(const std::vector<int64_t>& buckets, int64_t sequences) {
-  const auto it = std::lower_bound(buckets.begin(), buckets.end(), sequences);
-  return it == buckets.end() ? 0 : *it;
-}
-
-int64_t context_bucket(int64_t max_context) {
-  int64_t bucket = 256;
-  while (bucket < max_context) bucket *= 2;
-  return bucket;
-}
-
-DecodeInputLayout::DecodeInputLayout(const DecodeGraphKey& key, int64_t rope_half,
-                                     int64_t page_size)
-    : rows(key.rows()), half(rope_half), max_pages((key.context + page_size - 1) / page_size) {
-  ids = 0;
-  positions = ids + rows;
-  table_offset = positions + rows;
-  logit_rows = table_offset + rows;
-  cos = logit_rows + rows;
-  sin = cos + rows * half;
-  page_tables = sin + rows * half;
-  capacity_words = page_tables + key.sequences * max_pages;
-}
 
 CacheLayouts cache_layouts(const KvCacheSpec& spec) {
   const CacheDType dtype = spec.dtype == KvDType::F32    ? CacheDType::F32

@@ -24,7 +24,6 @@
 
 #include <cuda_runtime.h>
 
-#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,17 +35,9 @@
 #include "kernels/cuda/dense/dsa_fallback.h"
 #include "model/cuda_buffer.h"
 #include "model/cuda_model.h"
+#include "model/decode_graph_plan.h"
 
 namespace megactx::cuda {
-
-// Batch buckets up to `max_batch` (itself always the last one): 1, 2, 4, 8,
-// then steps of 8 to 32, then alternately x1.5 and x4/3 (48, 64, 96, 128, ...).
-std::vector<int64_t> decode_batch_buckets(int64_t max_batch);
-// The smallest bucket >= `sequences`; 0 when it is larger than every bucket.
-int64_t batch_bucket(const std::vector<int64_t>& buckets, int64_t sequences);
-// The context bucket: the power of two >= max(max_context, 256) (the fallback
-// indexer's grid has one block row per 256 positions).
-int64_t context_bucket(int64_t max_context);
 
 // The device entry layouts of `cache`'s latent and indexer pools, checked
 // byte for byte against the cache's own (kv_cache.h).
@@ -54,30 +45,6 @@ struct CacheLayouts {
   CacheLayout latent, indexer;
 };
 CacheLayouts cache_layouts(const KvCacheSpec& spec);
-
-// What a captured graph is specific to: its kernel grids, scratch sizes and
-// baked-in pointers.
-struct DecodeGraphKey {
-  int64_t sequences = 0;            // padded batch (a bucket)
-  int64_t tokens_per_sequence = 1;  // 1: decode; 1 + k: MTP verification
-  int64_t context = 0;              // context bucket
-  int kv_dtype = 0;                 // KV entry layouts of the pools
-  uint64_t cache = 0;               // the pools' addresses and page size (baked in)
-  auto operator<=>(const DecodeGraphKey&) const = default;
-  int64_t rows() const { return sequences * tokens_per_sequence; }
-};
-
-// The packed per-step inputs, 4-byte words, in this order:
-//   ids [rows] int32, positions [rows] int32, table_offset [rows] int32,
-//   logit_rows [rows] int32, cos [rows, half] f32, sin [rows, half] f32,
-//   page_tables [<= sequences * max_pages] int32 (each sequence's table once).
-struct DecodeInputLayout {
-  DecodeInputLayout(const DecodeGraphKey& key, int64_t rope_half, int64_t page_size);
-  int64_t rows = 0, half = 0, max_pages = 0;
-  int64_t ids = 0, positions = 0, table_offset = 0, logit_rows = 0, cos = 0, sin = 0,
-          page_tables = 0;
-  int64_t capacity_words = 0;  // page_tables + sequences * max_pages
-};
 
 // Page-locked host memory, grow-only (the staging of the per-step upload).
 class PinnedBuffer {

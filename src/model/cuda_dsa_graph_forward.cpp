@@ -4,7 +4,6 @@
 // outputs.
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -82,55 +81,27 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
                                           const DecodeGraphKey& key) {
   const int64_t hidden = config_.hidden_size;
   const int64_t vocab = config_.vocab_size;
-  const int64_t per_sequence = key.tokens_per_sequence;
   const int64_t rows = key.rows();
   const int64_t page_size = cache.spec().page_size;
   const DecodeInputLayout layout(key, config_.qk_rope_head_dim / 2, page_size);
   Scratch& sc = scratch_;
 
   // Pack the inputs (the previous forward ended with a stream sync, so its
-  // upload from the staging is complete). Rows are sequence-major; padding
-  // sequences come last: position -1, token 0, table offset 0, RoPE of
-  // position 0 (finite values for rows nobody reads).
+  // upload from the staging is complete); padding rows get RoPE of position
+  // 0 (finite values for rows nobody reads).
   auto* words = static_cast<int32_t*>(
       graphs_.staging().get(static_cast<size_t>(layout.capacity_words) * sizeof(int32_t)));
-  float* cos = reinterpret_cast<float*>(words + layout.cos);
-  float* sin = reinterpret_cast<float*>(words + layout.sin);
-  graph_positions_.assign(static_cast<size_t>(rows), 0);
-  int64_t pages_used = 0, logit_count = 0;
-  const int64_t real_sequences = static_cast<int64_t>(batch.sequences.size());
-  for (int64_t s = 0; s < real_sequences; ++s) {
-    const SequenceInput& in = batch.sequences[static_cast<size_t>(s)];
-    const int64_t pages = (in.start_position + per_sequence + page_size - 1) / page_size;
-    std::memcpy(words + layout.page_tables + pages_used, in.page_table.data(),
-                static_cast<size_t>(pages) * sizeof(int32_t));
-    for (int64_t i = 0; i < per_sequence; ++i) {
-      const int64_t row = s * per_sequence + i;
-      words[layout.ids + row] = in.tokens[static_cast<size_t>(i)];
-      words[layout.positions + row] = static_cast<int32_t>(in.start_position + i);
-      words[layout.table_offset + row] = static_cast<int32_t>(pages_used);
-      graph_positions_[static_cast<size_t>(row)] = in.start_position + i;
-    }
-    const int64_t from = in.logits_from < 0 ? per_sequence - 1 : in.logits_from;
-    for (int64_t i = from; i < per_sequence; ++i) {
-      words[layout.logit_rows + logit_count++] = static_cast<int32_t>(s * per_sequence + i);
-    }
-    pages_used += pages;
-  }
-  for (int64_t row = real_sequences * per_sequence; row < rows; ++row) {
-    words[layout.ids + row] = 0;
-    words[layout.positions + row] = -1;
-    words[layout.table_offset + row] = 0;
-  }
-  // The graph's lm_head runs over `rows` gathered rows; the padding ones
-  // repeat row 0 and are not copied out.
-  for (int64_t i = logit_count; i < rows; ++i) words[layout.logit_rows + i] = 0;
-  rope_.fill(graph_positions_.data(), rows, cos, sin);
+  graph_positions_.resize(static_cast<size_t>(rows));
+  const PackedDecodeInputs packed =
+      pack_decode_inputs(batch, key, layout, page_size, words, graph_positions_.data());
+  rope_.fill(graph_positions_.data(), rows, reinterpret_cast<float*>(words + layout.cos),
+             reinterpret_cast<float*>(words + layout.sin));
+  const int64_t logit_count = packed.logit_count;
 
   int32_t* block = graphs_.inputs().get<int32_t>(layout.capacity_words);
-  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(
-      block, words, static_cast<size_t>(layout.page_tables + pages_used) * sizeof(int32_t),
-      cudaMemcpyHostToDevice, stream_));
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(block, words,
+                                     static_cast<size_t>(packed.upload_words) * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream_));
 
   Step step;
   step.tokens = rows;
@@ -172,7 +143,7 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
   }
 
   ForwardOutput output;
-  const int64_t real_rows = real_sequences * per_sequence;
+  const int64_t real_rows = packed.real_rows;
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({real_rows, hidden});
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), sc.x.as<float>(),
