@@ -1,0 +1,418 @@
+// fp8 checkpoints computed natively on the GPU (kernels/cuda/gemm fp8 kind,
+// make_cuda_dsa_model_from_checkpoint), checked against independent host
+// references:
+//  * the per-1x128-group e4m3 quantisation of GEMM inputs, bit for bit
+//    against its host definition (fp8_emulation.h);
+//  * Blas::linear with fp8 weights (any shape, stacked gate/up scales, row
+//    strides) against double loops over the host-rounded inputs, and against
+//    the same weights dequantised into a bf16 GEMM;
+//  * the glm_fp8 fixture with native fp8 weights against the CPU model with
+//    the same input rounding emulated (only summation order differs) and
+//    against the float32 oracle (which dequantises: the bound is the
+//    emulation's measured deviation, fp8_weights_check.cpp);
+//  * the device keeps ~1 byte per fp8 parameter (no upcast copy).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../model/hf_fixture.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "fp8_emulation.h"
+#include "io/checkpoint.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "model/cuda_model.h"
+
+namespace megactx::testing {
+namespace {
+
+// The device against the host emulation of the same rounding, per position
+// (max |diff| / max |emulation| of a row): fp32 summation order can move a
+// GEMM input across an e4m3 rounding boundary (~1e-5 chance per element, a
+// few elements per forward), which moves that position (and, through its
+// cached latent, later ones slightly) by up to ~1e-2; positions untouched by
+// such a flip agree to ~1e-5. A rare flip at a near-tied routed expert can
+// move one position far, hence quantiles rather than the max.
+constexpr double kDeviceVsEmulationMedian = 5e-3;
+constexpr double kDeviceVsEmulation90 = 2e-2;
+constexpr double kDeviceVsEmulationArgmax = 0.95;
+
+template <typename T>
+struct DeviceArray {
+  T* data = nullptr;
+  explicit DeviceArray(const std::vector<T>& values) {
+    MEGACTX_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(values.size(), 1) * sizeof(T)));
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpy(data, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceArray(size_t count) {
+    MEGACTX_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)));
+  }
+  ~DeviceArray() { cudaFree(data); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  std::vector<T> host(size_t count) const {
+    std::vector<T> values(count);
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+    MEGACTX_CUDA_CHECK(cudaMemcpy(values.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return values;
+  }
+};
+
+std::vector<float> normal_values(size_t count, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+// Random e4m3 bytes (never NaN) and block scales of a [out, in] weight whose
+// rows past `split` (> 0) restart their 128-row blocks.
+struct Fp8Weight {
+  int64_t out = 0, in = 0, split = 0;
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;  // [scale rows, ceil(in / 128)]
+  Fp8Weight(int64_t out_, int64_t in_, int64_t split_, uint32_t seed)
+      : out(out_), in(in_), split(split_) {
+    std::mt19937 rng(seed);
+    bytes.resize(static_cast<size_t>(out * in));
+    for (uint8_t& b : bytes) {
+      b = static_cast<uint8_t>(rng() & 0xff);
+      if ((b & 0x7f) == 0x7f) b ^= 1;
+    }
+    const int64_t scale_rows =
+        split > 0 ? (split + 127) / 128 + (out - split + 127) / 128 : (out + 127) / 128;
+    std::uniform_real_distribution<float> uniform(1e-3f, 1e-2f);
+    scales.resize(static_cast<size_t>(scale_rows * ((in + 127) / 128)));
+    for (float& s : scales) s = uniform(rng);
+  }
+  // [out, in] float32, by the definition of the block scaling.
+  std::vector<float> dequantized() const {
+    std::vector<float> w(bytes.size());
+    const int64_t cols = (in + 127) / 128;
+    for (int64_t r = 0; r < out; ++r) {
+      const int64_t scale_row =
+          split > 0 && r >= split ? (split + 127) / 128 + (r - split) / 128 : r / 128;
+      for (int64_t c = 0; c < in; ++c)
+        w[r * in + c] = fp8_e4m3_to_float(bytes[r * in + c]) * scales[scale_row * cols + c / 128];
+    }
+    return w;
+  }
+};
+
+TEST(CudaFp8Gemm, ActivationQuantisationIsBitExact) {
+  struct Case {
+    int64_t rows, in, stride;
+  };
+  for (const Case& c : {Case{1, 128, 128}, Case{5, 300, 310}, Case{70, 160, 160},
+                        Case{3, 1000, 1003}, Case{129, 64, 64}}) {
+    std::vector<float> x = normal_values(static_cast<size_t>(c.rows * c.stride), 11, 3.0f);
+    // An all-zero group (scale 1), a huge and a tiny row (saturation edge,
+    // subnormal e4m3 codes).
+    for (int64_t k = 0; k < std::min<int64_t>(c.in, 128); ++k) x[k] = 0.0f;
+    if (c.rows > 2) {
+      for (int64_t k = 0; k < c.in; ++k) {
+        x[1 * c.stride + k] *= 1e4f;
+        x[2 * c.stride + k] *= 1e-6f;
+      }
+    }
+    const int64_t groups = (c.in + 127) / 128;
+    DeviceArray<float> dx(x);
+    DeviceArray<uint8_t> dq(static_cast<size_t>(c.rows * c.in));
+    DeviceArray<float> ds(static_cast<size_t>(c.rows * groups));
+    cuda::quantize_e4m3_groups(dx.data, c.rows, c.in, c.stride, dq.data, ds.data, nullptr);
+    const std::vector<uint8_t> q = dq.host(static_cast<size_t>(c.rows * c.in));
+    const std::vector<float> s = ds.host(static_cast<size_t>(c.rows * groups));
+    std::vector<uint8_t> want_q(q.size());
+    std::vector<float> want_s(s.size());
+    quantize_e4m3_groups_host(x.data(), c.rows, c.in, c.stride, want_q.data(), want_s.data());
+    int64_t byte_mismatches = 0, scale_mismatches = 0;
+    for (size_t i = 0; i < q.size(); ++i) byte_mismatches += q[i] != want_q[i];
+    for (size_t i = 0; i < s.size(); ++i) scale_mismatches += s[i] != want_s[i];
+    EXPECT_EQ(byte_mismatches, 0) << c.rows << "x" << c.in << " stride " << c.stride << ": "
+                                  << byte_mismatches << " of " << q.size() << " e4m3 codes differ";
+    EXPECT_EQ(scale_mismatches, 0) << c.rows << "x" << c.in << ": " << scale_mismatches << " of "
+                                   << s.size() << " group scales differ";
+  }
+}
+
+TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
+  struct Case {
+    int64_t rows, in, out, split, x_pad, y_pad;
+  };
+  cudaStream_t stream = nullptr;
+  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
+  {
+    cuda::Blas blas(stream);
+    int seed = 100;
+    for (const Case& c :
+         {Case{1, 128, 128, 0, 0, 0}, Case{7, 160, 272, 0, 3, 0}, Case{33, 300, 130, 0, 0, 5},
+          Case{64, 256, 544, 272, 0, 0}, Case{2, 144, 96, 0, 1, 1}, Case{130, 384, 200, 70, 4, 3},
+          Case{1, 80, 320, 160, 0, 0}}) {
+      const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
+                                std::to_string(c.out) + " split " + std::to_string(c.split);
+      const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
+      const int64_t x_stride = c.in + c.x_pad, y_stride = c.out + c.y_pad;
+      const std::vector<float> x =
+          normal_values(static_cast<size_t>(c.rows * x_stride), static_cast<uint32_t>(seed++));
+      DeviceArray<float> dx(x);
+      DeviceArray<uint8_t> dw(weight.bytes);
+      DeviceArray<float> dscale(weight.scales);
+      // Padding columns of y must stay untouched: fill with a sentinel.
+      const std::vector<float> sentinel(static_cast<size_t>(c.rows * y_stride), -7.0f);
+      DeviceArray<float> dy(sentinel);
+      cuda::DeviceMatrix w;
+      w.data = dw.data;
+      w.scale = dscale.data;
+      w.scale_split = c.split;
+      blas.linear(dx.data, c.rows, c.in, x_stride, w, c.out, dy.data, y_stride);
+      const std::vector<float> y = dy.host(sentinel.size());
+
+      // Reference: double loops over the host-rounded inputs and the
+      // dequantised weights.
+      const std::vector<float> xr = fp8_rounded_inputs(x.data(), c.rows, c.in, x_stride);
+      const std::vector<float> wd = weight.dequantized();
+      double max_ref = 0.0, max_diff = 0.0;
+      std::vector<double> ref(static_cast<size_t>(c.rows * c.out));
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t o = 0; o < c.out; ++o) {
+          double sum = 0.0;
+          for (int64_t i = 0; i < c.in; ++i)
+            sum += static_cast<double>(xr[r * c.in + i]) * wd[o * c.in + i];
+          ref[r * c.out + o] = sum;
+          max_ref = std::max(max_ref, std::fabs(sum));
+          max_diff = std::max(max_diff, std::fabs(sum - y[r * y_stride + o]));
+        }
+      int64_t touched = 0;
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t o = c.out; o < y_stride; ++o) touched += y[r * y_stride + o] != -7.0f;
+      EXPECT_EQ(touched, 0) << where << ": y padding columns written";
+      EXPECT_LE(max_diff / max_ref, 1e-4)
+          << where << ": max |y - ref| " << max_diff << ", max |ref| " << max_ref;
+
+      // The same weights dequantised into a bf16 GEMM (unrounded float32
+      // inputs): they differ by the e4m3 input rounding, rms ~0.027 relative
+      // per element (uniform within half a step of 2^-3 / mantissa), so
+      // rms(y - y_bf16) / rms(y_bf16) stays below 2^-4.
+      std::vector<uint16_t> w_bf16(wd.size());
+      for (size_t i = 0; i < wd.size(); ++i) w_bf16[i] = float_to_bf16(wd[i]);
+      DeviceArray<uint16_t> dwb(w_bf16);
+      DeviceArray<float> dyb(static_cast<size_t>(c.rows * c.out));
+      cuda::DeviceMatrix wb;
+      wb.data = dwb.data;
+      wb.bf16 = true;
+      blas.linear(dx.data, c.rows, c.in, x_stride, wb, c.out, dyb.data, c.out);
+      const std::vector<float> yb = dyb.host(static_cast<size_t>(c.rows * c.out));
+      double diff2 = 0.0, norm2 = 0.0;
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t o = 0; o < c.out; ++o) {
+          const double d = y[r * y_stride + o] - yb[r * c.out + o];
+          diff2 += d * d;
+          norm2 += static_cast<double>(yb[r * c.out + o]) * yb[r * c.out + o];
+        }
+      const double rms = std::sqrt(diff2 / norm2);
+      std::printf(
+          "fp8 linear %s: vs rounded-input reference %.2e, vs dequantised bf16 GEMM rms "
+          "%.4f\n",
+          where.c_str(), max_diff / max_ref, rms);
+      EXPECT_LE(rms, 0.0625) << where;
+      EXPECT_GT(rms, 1e-3) << where << ": the inputs are really rounded to e4m3";
+    }
+  }
+  MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+std::unique_ptr<PagedKvCache> cache_for(const LanguageModel& model, int64_t tokens) {
+  KvCacheSpec spec = make_kv_cache_spec(model.config(), (tokens + 63) / 64 + 1, KvDType::F32);
+  if (model.device() == Device::CUDA) return make_cuda_kv_cache(spec);
+  return std::make_unique<PagedKvCache>(spec);
+}
+
+// Logits of every token of `ids` [n, V], fed in chunks of `chunk` (0: one
+// forward); pages in reverse order.
+std::vector<float> logits_of(LanguageModel& model, const std::vector<int32_t>& ids, int64_t chunk) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  auto cache = cache_for(model, n);
+  std::vector<int32_t> table;
+  for (int64_t p = (n + 63) / 64; p >= 0; --p) table.push_back(static_cast<int32_t>(p));
+  const int64_t step = chunk > 0 ? chunk : n;
+  std::vector<float> out;
+  for (int64_t start = 0; start < n; start += step) {
+    const int64_t count = std::min(step, n - start);
+    SequenceInput in;
+    in.tokens = std::span<const int32_t>(ids.data() + start, static_cast<size_t>(count));
+    in.start_position = start;
+    in.page_table = table;
+    in.logits_from = 0;
+    ForwardBatch batch;
+    batch.sequences.push_back(in);
+    const Tensor logits = to_host(model.forward(batch, *cache).logits);
+    out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+  }
+  return out;
+}
+
+std::unique_ptr<LanguageModel> native_model(const std::string& dir, bool bf16,
+                                            std::optional<int64_t> topk) {
+  const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(dir);
+  CudaModelOptions options;
+  options.bf16_weights = bf16;
+  DsaModelOptions model_options;
+  model_options.index_topk_override = topk;
+  return make_cuda_dsa_model_from_checkpoint(*checkpoint, options, model_options);
+}
+
+TEST(CudaFp8Model, GlmFp8NativeWeightsMatchEmulationAndOracle) {
+  const HfFixture f = load_fixture("glm_fp8");
+  std::vector<int32_t> ids = f.input_ids;
+  ids.insert(ids.end(), f.greedy_ids.begin(), f.greedy_ids.end());
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  // Dense selection first (index_topk 4096 >= the context): the rounding alone.
+  ModelLoadOptions dense;
+  dense.index_topk_override = 4096;
+  auto oracle = load_language_model(f.dir, dense);
+  auto emulated = load_fp8_emulated_model(f.dir, 4096);
+  auto native = native_model(f.dir, /*bf16=*/false, 4096);
+  const std::vector<float> want = logits_of(*oracle, ids, 0);
+  const std::vector<float> emulation = logits_of(*emulated, ids, 0);
+  for (int64_t chunk : {0, 16, 1}) {  // prefill, chunked prefill, decode
+    const std::vector<float> got = logits_of(*native, ids, chunk);
+    ASSERT_EQ(got.size(), want.size());
+    const std::vector<double> vs_emulation =
+        sorted_row_errors(got.data(), emulation.data(), rows, f.vocab);
+    const std::vector<double> vs_oracle = sorted_row_errors(got.data(), want.data(), rows, f.vocab);
+    const double agree = argmax_agreement(got.data(), want.data(), rows, f.vocab);
+    const double agree_emulation = argmax_agreement(got.data(), emulation.data(), rows, f.vocab);
+    std::printf(
+        "glm_fp8 native fp8 (dense selection, chunk %lld), per-position max rel: vs CPU "
+        "emulation median %.2e / 90%% %.2e / max %.2e (argmax %.3f); vs float32 oracle "
+        "median %.4f / 90%% %.4f / max %.4f (argmax %.3f)\n",
+        static_cast<long long>(chunk), quantile(vs_emulation, 0.5), quantile(vs_emulation, 0.9),
+        vs_emulation.back(), agree_emulation, quantile(vs_oracle, 0.5), quantile(vs_oracle, 0.9),
+        vs_oracle.back(), agree);
+    EXPECT_LE(quantile(vs_emulation, 0.5), kDeviceVsEmulationMedian) << "chunk " << chunk;
+    EXPECT_LE(quantile(vs_emulation, 0.9), kDeviceVsEmulation90) << "chunk " << chunk;
+    EXPECT_GE(agree_emulation, kDeviceVsEmulationArgmax) << "chunk " << chunk;
+    EXPECT_LE(quantile(vs_oracle, 0.5), kFp8DenseRowMedian) << "chunk " << chunk;
+    EXPECT_LE(quantile(vs_oracle, 0.9), kFp8DenseRow90) << "chunk " << chunk;
+    EXPECT_GE(agree, kFp8DenseArgmaxAgreement) << "chunk " << chunk;
+    EXPECT_GT(vs_oracle.back(), 1e-4) << "the GEMM inputs are really rounded to e4m3";
+  }
+  // bf16 mode: fp8 matrices stay fp8, the bf16 ones (weights_proj, lm_head)
+  // run in bf16 (their own 2^-9 rounding, well inside the fp8 bound).
+  {
+    auto bf16 = native_model(f.dir, /*bf16=*/true, 4096);
+    const std::vector<float> got = logits_of(*bf16, ids, 0);
+    const std::vector<double> vs_oracle = sorted_row_errors(got.data(), want.data(), rows, f.vocab);
+    const double agree = argmax_agreement(got.data(), want.data(), rows, f.vocab);
+    std::printf(
+        "glm_fp8 native fp8 + bf16 mode (dense), per-position max rel vs float32 oracle: "
+        "median %.4f / 90%% %.4f / max %.4f (argmax %.3f)\n",
+        quantile(vs_oracle, 0.5), quantile(vs_oracle, 0.9), vs_oracle.back(), agree);
+    EXPECT_LE(quantile(vs_oracle, 0.5), kFp8DenseRowMedian);
+    EXPECT_LE(quantile(vs_oracle, 0.9), kFp8DenseRow90);
+    EXPECT_GE(agree, kFp8DenseArgmaxAgreement);
+  }
+  // The fixture's sparse top-k: selection margins of 1e-4 make any rounding
+  // swap attended keys, so only the median and the argmax agreement are
+  // bounded (measured on the CPU emulation).
+  {
+    auto sparse_oracle = load_language_model(f.dir, {});
+    auto sparse = native_model(f.dir, /*bf16=*/false, std::nullopt);
+    const std::vector<float> sparse_want = logits_of(*sparse_oracle, ids, 0);
+    const std::vector<float> got = logits_of(*sparse, ids, 0);
+    const double agree = argmax_agreement(got.data(), sparse_want.data(), rows, f.vocab);
+    const std::vector<double> vs_oracle =
+        sorted_row_errors(got.data(), sparse_want.data(), rows, f.vocab);
+    std::printf(
+        "glm_fp8 native fp8 (sparse selection), per-position max rel vs float32 oracle: "
+        "median %.4f / 90%% %.4f / max %.4f (argmax %.3f)\n",
+        quantile(vs_oracle, 0.5), quantile(vs_oracle, 0.9), vs_oracle.back(), agree);
+    EXPECT_LE(quantile(vs_oracle, 0.5), kFp8SparseRowMedian);
+    EXPECT_GE(agree, kFp8SparseArgmaxAgreement);
+  }
+}
+
+// fp8 parameters and their scale entries in the checkpoint header: every
+// e4m3 matrix but kv_b_proj (dequantised into the float32 W_UK^T / W_UV).
+struct Fp8Census {
+  int64_t parameters = 0, scales = 0;
+};
+Fp8Census census(const std::string& dir) {
+  const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(dir);
+  Fp8Census c;
+  for (const std::string& name : checkpoint->names()) {
+    if (checkpoint->dtype_of(name) != DType::F8_E4M3 || name.find("kv_b_proj") != std::string::npos)
+      continue;
+    c.parameters += shape_numel(checkpoint->shape_of(name));
+    c.scales += shape_numel(checkpoint->shape_of(name + "_scale_inv"));
+  }
+  return c;
+}
+
+TEST(CudaFp8Model, DeviceKeepsOneBytePerFp8Parameter) {
+  const HfFixture f = load_fixture("glm_fp8");
+  const Fp8Census expected = census(f.dir);
+  ASSERT_GT(expected.parameters, 0);
+  auto native = native_model(f.dir, /*bf16=*/false, std::nullopt);
+  const CudaWeightBytes bytes = cuda_weight_bytes(*native);
+  EXPECT_EQ(bytes.fp8_parameters, expected.parameters);
+  EXPECT_EQ(bytes.fp8_matrices, expected.parameters + 4 * expected.scales);
+  // The upcast path (float32 host model uploaded) holds the same tensors with
+  // 4 bytes per fp8 parameter and no scales: exactly that much more.
+  auto host = load_language_model(f.dir, {});
+  auto upcast = make_cuda_dsa_model(static_cast<const DsaModel&>(*host));
+  const CudaWeightBytes up = cuda_weight_bytes(*upcast);
+  std::printf(
+      "glm_fp8 device weights: native %lld B (fp8 %lld B for %lld parameters), upcast "
+      "%lld B\n",
+      static_cast<long long>(bytes.total), static_cast<long long>(bytes.fp8_matrices),
+      static_cast<long long>(bytes.fp8_parameters), static_cast<long long>(up.total));
+  EXPECT_EQ(up.fp8_parameters, 0);
+  EXPECT_EQ(bytes.total,
+            up.total - 4 * expected.parameters + expected.parameters + 4 * expected.scales);
+}
+
+TEST(CudaFp8Model, LoaderPicksTheNativePathForFp8Checkpoints) {
+  const HfFixture f = load_fixture("glm_fp8");
+  ModelLoadOptions options;
+  options.device = Device::CUDA;
+  options.cuda_fp8_native = true;
+  EXPECT_EQ(cuda_weight_bytes(*load_language_model(f.dir, options)).fp8_parameters,
+            census(f.dir).parameters);
+  options.cuda_fp8_native = false;  // the float32 parity path stays available
+  EXPECT_EQ(cuda_weight_bytes(*load_language_model(f.dir, options)).fp8_parameters, 0);
+  // A bf16 checkpoint is never routed to it.
+  options.cuda_fp8_native = true;
+  EXPECT_EQ(
+      cuda_weight_bytes(*load_language_model(fixture_dir("glm_bf16"), options)).fp8_parameters, 0);
+}
+
+TEST(CudaFp8Model, UnsupportedBlockSizeIsAnError) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "megactx_fp8_block64";
+  fs::remove_all(dir);
+  fs::copy(fixture_dir("glm_fp8"), dir);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  config["quantization_config"]["weight_block_size"] = {64, 64};
+  std::ofstream(dir / "config.json") << config.dump();
+  try {
+    native_model(dir.string(), false, std::nullopt);
+    ADD_FAILURE() << "64x64 blocks were accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("128x128"), std::string::npos) << error.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace megactx::testing
