@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -164,13 +166,24 @@ ModelLoadOptions bf16_options(std::optional<int64_t> topk = std::nullopt) {
   return options;
 }
 
+// HF's own bf16 error on a fixture (tools/fixtures/measure_bf16_sensitivity.py
+// wrote <dir>/bf16_sensitivity.json with transformers): -1 when not measured.
+double hf_bf16_error(const std::string& path) {
+  std::ifstream file(path);
+  if (!file.good()) return -1.0;
+  return nlohmann::json::parse(file)["bf16_full_rel"].get<double>();
+}
+
 TEST(CudaModel, Bf16ModeOnTheFixtures) {
-  // The random tiny fixtures amplify any rounding: a perturbed score swaps a
-  // top-16 key or a near-tied sigmoid expert and the logits jump (the CPU's
-  // own BF16 KV cache moves them by 0.2-0.8 relative, decode_consistency_test).
-  // Measured with dense selection: glm_fp8 0.0072, the others 0.2-0.7. So the
-  // 2e-2 / equal-greedy bound holds on glm_fp8 only; the others are printed,
-  // and the trained default model below is the real precision check.
+  // The random tiny fixtures can be ill-conditioned for bf16: a rounding-size
+  // perturbation swaps a near-tied sigmoid expert or indexer key and the
+  // logits jump. That is a property of the fixture, measured by HF itself
+  // with dense selection: HF's bf16 inference moves glm_bf16 / glm_pattern /
+  // glm_schedule / dsv32_yarn by 0.14 / 0.65 / 0.44 / 0.34, and rounding only
+  // the weights to bf16 already moves three of them by 0.27-0.65. Tie-free
+  // fixtures (HF's bf16 within 2e-2, or not measured: glm_fp8) must meet the
+  // issue's 2e-2 bound with equal greedy tokens; the ill-conditioned ones
+  // must stay within twice HF's own bf16 error (measured here: 0.6-1.6x).
   for (const char* name : kFixtures) {
     const HfFixture f = load_fixture(name);
     // 4096 >= every fixture's context: dense selection (the fp32 attention
@@ -182,13 +195,19 @@ TEST(CudaModel, Bf16ModeOnTheFixtures) {
     const std::vector<float> want = run_sequence(*cpu, f.input_ids, KvDType::F32, 0);
     const std::vector<float> got = run_sequence(*gpu, f.input_ids, KvDType::F32, 0);
     const double error = relative_error(got.data(), want.data(), want.size());
-    std::printf("bf16 mode, %s (dense selection): relative logit error %.3g\n", name, error);
+    const double hf = hf_bf16_error(f.dir + "/bf16_sensitivity.json");
+    const bool tie_free = hf < 2e-2;
+    std::printf(
+        "bf16 mode, %s (dense selection): relative logit error %.3g; HF's own bf16 %.3g (%s)\n",
+        name, error, hf, tie_free ? "tie-free" : "ill-conditioned");
     EXPECT_GT(error, 0.0) << name << ": the bf16 path is really in use";
-    if (std::string(name) == "glm_fp8") {
+    if (tie_free) {
       EXPECT_LE(error, 2e-2) << name;
       EXPECT_EQ(greedy_ids(*gpu, f.input_ids, 8, f.vocab),
                 greedy_ids(*cpu, f.input_ids, 8, f.vocab))
           << name;
+    } else {
+      EXPECT_LE(error, 2.0 * hf) << name << ": worse than twice HF's own bf16 inference";
     }
   }
 }
@@ -196,9 +215,13 @@ TEST(CudaModel, Bf16ModeOnTheFixtures) {
 TEST(CudaModel, Bf16ModeOnTheDefaultModelStaysClose) {
   // The trained default model, sparse as shipped: the first 600 ids of the
   // passkey prompt (tests/default_model), logits of every position against
-  // the fp32 CPU model. Bounds as the CPU's BF16 KV cache check
-  // (decode_consistency_test), which measured 0.054 / 0.99.
+  // the fp32 CPU model. HF's own bf16 inference on the same ids moves the
+  // logits by 0.154 with 97.3% argmax agreement
+  // (tests/default_model/bf16_sensitivity.json); the bf16 mode (fp32 outside
+  // the GEMMs) must do at least as well. Measured: 0.054 / 99.3%.
   const std::string dir = std::string(MEGACTX_SOURCE_DIR) + "/models/default";
+  const nlohmann::json hf = nlohmann::json::parse(std::ifstream(
+      std::string(MEGACTX_SOURCE_DIR) + "/tests/default_model/bf16_sensitivity.json"));
   const std::vector<int32_t> prompt = default_model_prompt(600);
   auto cpu = load_language_model(dir, {});
   auto gpu = load_language_model(dir, bf16_options());
@@ -210,10 +233,11 @@ TEST(CudaModel, Bf16ModeOnTheDefaultModelStaysClose) {
       argmax_agreement(got.data(), want.data(), static_cast<int64_t>(prompt.size()), vocab);
   std::printf(
       "bf16 mode, models/default, 600 tokens: relative logit error %.3g, argmax agreement "
-      "%.4f\n",
-      error, agreement);
-  EXPECT_LE(error, 0.1);
-  EXPECT_GE(agreement, 0.97);
+      "%.4f (HF bf16: %.3g, %.4f)\n",
+      error, agreement, hf["bf16_full_rel"].get<double>(),
+      hf["bf16_full_argmax_agreement"].get<double>());
+  EXPECT_LE(error, hf["bf16_full_rel"].get<double>());
+  EXPECT_GE(agreement, hf["bf16_full_argmax_agreement"].get<double>());
 }
 
 TEST(CudaModel, BatchedSequencesDoNotMix) {
