@@ -17,9 +17,9 @@
 //
 // A graph holds the addresses it was captured with (scratch, cuBLAS scratch,
 // the input block, the KV pools). It is dropped and captured again when any
-// DeviceBuffer was freed since (DeviceBuffer::releases()) or when a forward
-// with more rows than ever before may have grown a GEMM's input scratch
-// (the model's epoch). Only included by CUDA builds (MEGACTX_HAVE_CUDA).
+// DeviceBuffer was freed since (DeviceBuffer::releases()) or the model's
+// Blas reallocated a scratch (Blas::reallocations()): the scratch epoch.
+// Only included by CUDA builds (MEGACTX_HAVE_CUDA).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -127,7 +127,7 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
     run_layers(fresh, ids, logit_rows, rows, cache, logits);
   };
 
-  graphs_.sync_epoch(graph_epoch_ + DeviceBuffer::releases());
+  graphs_.sync_epoch(scratch_epoch());
   if (cudaGraphExec_t graph = graphs_.find(key)) {
     graphs_.launch(graph, stream_);
   } else {
@@ -138,7 +138,7 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
     graphs_.count_eager_step();
     record();
     if (!graphs_.failed(key)) {
-      graphs_.capture(key, graph_epoch_ + DeviceBuffer::releases(), stream_, record);
+      graphs_.capture(key, scratch_epoch(), stream_, record);
     }
   }
 

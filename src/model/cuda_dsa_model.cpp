@@ -53,6 +53,11 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
+  // One fixed cuBLAS workspace for eager launches and captured graphs alike
+  // (the same algorithm choices either way; no workspace per capture).
+  // 32 MiB: cuBLAS's own default on Hopper.
+  blas_->set_workspace(cublas_workspace_.get<uint8_t>(kCublasWorkspaceBytes),
+                       kCublasWorkspaceBytes);
   weights_ = std::move(weights);
   graph_buckets_ = decode_batch_buckets(options.cuda_graph_max_batch);
 }
@@ -96,15 +101,6 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
   const std::optional<DecodeGraphKey> key = graph_key(batch, cache);
-  int64_t rows = 0;
-  for (const SequenceInput& in : batch.sequences) rows += static_cast<int64_t>(in.tokens.size());
-  if (key) rows = key->rows();
-  // Blas grows its own GEMM-input scratch (not a DeviceBuffer) for a larger
-  // row count than any before: graphs captured earlier may hold its address.
-  if (rows > rows_high_water_) {
-    rows_high_water_ = rows;
-    ++graph_epoch_;
-  }
   ForwardOutput output = key ? forward_graph(batch, cache, *key) : forward_eager(batch, cache);
   timer_.collect(stream_);
   if (timer_.active())

@@ -168,15 +168,15 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<DeviceMtp> mtp_;
   MtpScratch mtp_scratch_;
   PhaseTimer timer_;  // MEGACTX_CUDA_PHASE_TIMES=1
-  // CUDA-graph decode: buckets, graphs, the packed-input block. The epoch
-  // grows when a forward has more rows than any before (the GEMMs' own input
-  // scratch may have grown); with DeviceBuffer::releases() it tells when the
-  // captured graphs hold stale addresses.
+  // CUDA-graph decode: buckets, graphs, the packed-input block.
   std::vector<int64_t> graph_buckets_;
   DecodeGraphCache graphs_;
-  int64_t rows_high_water_ = 0;
-  uint64_t graph_epoch_ = 0;
   std::vector<int64_t> graph_positions_;  // host scratch of forward_graph
+  // When captured graphs may hold stale addresses: it changes whenever a
+  // DeviceBuffer was freed or Blas regrew a scratch (cuda_dsa_graph_forward.cpp).
+  uint64_t scratch_epoch() const { return DeviceBuffer::releases() + blas_->reallocations(); }
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  DeviceBuffer cublas_workspace_;  // never grown after construction
   double forward_wall_ms_ = 0.0;
   FastScratch fast_scratch_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan

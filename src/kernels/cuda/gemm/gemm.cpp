@@ -49,8 +49,13 @@ void* Blas::grow(void*& buffer, size_t& capacity, size_t bytes) {
     capacity = 0;
     MEGACTX_CUDA_CHECK(cudaMalloc(&buffer, bytes));
     capacity = bytes;
+    ++reallocations_;
   }
   return buffer;
+}
+
+void Blas::set_workspace(void* data, size_t bytes) {
+  check(cublasSetWorkspace(static_cast<cublasHandle_t>(handle_), data, bytes), "set workspace");
 }
 
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
@@ -92,7 +97,9 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.rows = rows;
   g.in = in;
   g.out = out;
-  fp8_block_gemm(g, stream_);
+  // Decode (a few rows) streams the weights once per warp; larger batches
+  // run the tiled kernel.
+  if (!fp8_block_gemv(g, stream_)) fp8_block_gemm(g, stream_);
 }
 
 // Row-major y = x . w^T is column-major y^T = w . x^T: w [out, in] row-major is

@@ -81,6 +81,15 @@ class Blas {
   void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride);
 
+  // A caller-owned cuBLAS workspace (cublasSetWorkspace): captured CUDA
+  // Graphs and eager launches then share one fixed workspace (without it,
+  // cuBLAS allocates one per capture).
+  void set_workspace(void* data, size_t bytes);
+  // How often a grow-only scratch of this Blas was reallocated: a captured
+  // CUDA Graph holds the address it was captured with, so a change means the
+  // graph must be captured again (model/cuda_decode_graph.h).
+  uint64_t reallocations() const { return reallocations_; }
+
  private:
   // Grows a scratch buffer (synchronising first: the previous kernel on this
   // stream may still read it). After warm-up at the largest shape no call
@@ -94,6 +103,7 @@ class Blas {
   size_t x_fp8_bytes_ = 0;
   void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
   size_t x_scale_bytes_ = 0;
+  uint64_t reallocations_ = 0;
 };
 
 }  // namespace megactx::cuda
