@@ -9,11 +9,16 @@
 //    Engine::check_integrity() after every step; on models/default (a
 //    trained MTP layer: drafts are accepted, so acceptance and rollback both
 //    run) and the MTP fixtures (GLM and DeepSeek-V3.2 hand-offs);
+//  * rejection sampling (and target-only verification) on the GPU keeps the
+//    target distribution: the chi-square test of the CPU suite
+//    (tests/engine_speculative/chi_square_check.h, false-failure rate 1e-6)
+//    with the Engine, the MTP drafts and the sampler on the GPU;
 //  * the CUDA Engine's accepted counts equal the CPU Engine's on the trained
 //    model (the same drafts: fp32 on both devices), and the FP8 KV cache
 //    speculates too (greedy equal to plain FP8 on the GPU).
 #include <gtest/gtest.h>
 
+#include "../engine_speculative/chi_square_check.h"
 #include "../engine_speculative/spec_engine_util.h"
 #include "../mtp/mtp_golden_check.h"
 #include "model/cuda_model.h"
@@ -204,6 +209,14 @@ TEST_P(CudaSpeculativeEngine, SameAcceptanceAsTheCpuEngine) {
 TEST_P(CudaSpeculativeEngine, Fp8KvCacheGreedyEqualsPlain) {
   const auto plain = run_all(GetParam(), on_cuda(0, KvDType::FP8), prompts());
   expect_equal(run_all(GetParam(), on_cuda(3, KvDType::FP8), prompts()), plain, "fp8 k=3");
+}
+
+TEST(CudaSpeculativeSampled, RejectionSamplingKeepsTheTargetDistribution) {
+  EXPECT_GT(p_value_of_engine_samples(VerifyMode::RejectionSampling, 3000, Device::CUDA), 1e-6);
+}
+
+TEST(CudaSpeculativeSampled, TargetOnlyVerificationKeepsTheTargetDistribution) {
+  EXPECT_GT(p_value_of_engine_samples(VerifyMode::TargetOnly, 3000, Device::CUDA), 1e-6);
 }
 
 const ModelCase kCases[] = {
