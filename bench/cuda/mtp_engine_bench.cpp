@@ -6,7 +6,7 @@
 // nothing).
 //
 //   mtp_engine_bench [--model models/default] [--batches 1,16] [--steps 0,1,3,7]
-//                    [--prompt 256] [--new-tokens 128] [--precision fp32,bf16]
+//                    [--prompt 256] [--new-tokens 256] [--repeats 2] [--precision fp32,bf16]
 //                    [--kv-dtype bf16] [--no-share] [--text IDS_FILE]
 //
 // Prompts are windows of real text (tests/default_model/passkey_8k_ids.txt,
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
     std::string model_dir = "models/default", text_path = "tests/default_model/passkey_8k_ids.txt",
                 batches_text = "1,16", steps_text = "0,1,3,7", precisions_text = "fp32,bf16",
                 kv_text = "bf16";
-    int64_t prompt_len = 256, new_tokens = 128;
+    int64_t prompt_len = 256, new_tokens = 256, repeats = 2;
     bool share = true;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
@@ -150,6 +150,8 @@ int main(int argc, char** argv) {
         prompt_len = std::stoll(value);
       else if (flag == "--new-tokens")
         new_tokens = std::stoll(value);
+      else if (flag == "--repeats")
+        repeats = std::max<int64_t>(std::stoll(value), 1);
       else
         fail("unknown flag {}", flag);
     }
@@ -177,8 +179,14 @@ int main(int argc, char** argv) {
         double baseline = 0;
         for (const std::string& k_text : split(steps_text)) {
           const int64_t k = std::stoll(k_text);
-          const Result r = run(model_dir, precision == "bf16", kv_dtype, batch, k, share, text,
-                               prompt_len, new_tokens);
+          // Best of `repeats` runs (the first run of a process pays cuBLAS and
+          // allocator warm-up).
+          Result r;
+          for (int64_t i = 0; i < repeats; ++i) {
+            const Result once = run(model_dir, precision == "bf16", kv_dtype, batch, k, share, text,
+                                    prompt_len, new_tokens);
+            if (once.decode_tokens_per_s > r.decode_tokens_per_s) r = once;
+          }
           if (k == 0) baseline = r.decode_tokens_per_s;
           const std::string accepted =
               k == 0 ? std::string("-") : fmt::format("{:.2f}", r.accepted_length);
