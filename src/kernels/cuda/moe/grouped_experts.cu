@@ -10,9 +10,12 @@
 // input row) float32 accumulators in registers. Each weight byte is read once
 // per tile. The gate_up kernel pairs gate row j with up row I + j in a warp
 // and writes silu(gate) * up; the down kernel writes each pair's output.
+// This CUDA-core kernel serves float32 weights (the exact-parity mode); bf16
+// weights take the tensor-core variant of grouped_experts_mma.cu.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
 namespace megactx::cuda {
@@ -24,18 +27,6 @@ constexpr int kWeightRowsPerWarp = 4;
 constexpr int kChunk = 1024;  // input values per row staged per pass
 constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRows);
 constexpr unsigned kFullMask = 0xffffffffu;
-
-struct ExpertArgs {
-  const float* input = nullptr;   // gate_up: x [rows, H]; down: act [pairs, I] bucket order
-  const void* weights = nullptr;  // [E, weight_rows, in] float32 or bf16
-  int64_t in = 0;                 // H (gate_up) or I (down)
-  int64_t neurons = 0;            // I (gate_up: rows j and I + j) or H (down)
-  int64_t top_k = 0;
-  const int32_t* tile_count = nullptr;  // [1]
-  const int32_t* tiles = nullptr;       // [max_tiles, 3]
-  const int32_t* pair_of = nullptr;     // [pairs]
-  float* output = nullptr;  // gate_up: act [pairs, I] bucket order; down: [rows, top_k, H]
-};
 
 // 16 bytes of weights -> float32 values.
 template <typename Weight>
@@ -227,9 +218,16 @@ void launch_expert(const ExpertArgs& args, int64_t max_tiles, cudaStream_t strea
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
+// bf16 weights run on tensor cores (grouped_experts_mma.cu); false selects
+// this file's CUDA-core kernel for them (same inputs, same rounding), kept
+// for diagnosis.
+constexpr bool kBf16TensorCores = true;
+
 template <bool kGateUp>
 void launch_expert(const ExpertArgs& args, bool bf16, int64_t max_tiles, cudaStream_t stream) {
-  if (bf16) {
+  if (bf16 && kBf16TensorCores) {
+    launch_bf16_mma_experts(args, kGateUp, max_tiles, stream);
+  } else if (bf16) {
     launch_expert<__nv_bfloat16, kGateUp>(args, max_tiles, stream);
   } else {
     launch_expert<float, kGateUp>(args, max_tiles, stream);

@@ -9,9 +9,10 @@
 // Each CTA streams its slice of one expert's weight rows once and applies it
 // to up to kGroupedMoeTileRows of that expert's rows held in shared memory:
 // decode is weight-bandwidth bound, so weights are read once per tile of rows.
-// Weights are float32 (the exact-parity mode) or bf16; bf16 weights round the
-// kernel inputs (the gathered rows, the SwiGLU activations) to bf16 and
-// accumulate in float32, as Blas::linear's bf16 path does.
+// Weights are float32 (the exact-parity mode: CUDA-core FMAs) or bf16
+// (tensor-core MMAs with the tile's rows as the n = 8 columns); bf16 weights
+// round the kernel inputs (the gathered rows, the SwiGLU activations) to bf16
+// and accumulate in float32, as Blas::linear's bf16 path does.
 //
 // Sum over slots in slot order (ids ascending per row, so the order of the
 // host dispatch's scatter-add): each pair's expert output is written to

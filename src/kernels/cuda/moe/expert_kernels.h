@@ -1,0 +1,29 @@
+// Internal to kernels/cuda/moe: the arguments of the grouped expert kernels
+// (one launch per projection: gate_up with the SwiGLU epilogue, or down) and
+// the bf16 tensor-core variant's launcher (grouped_experts_mma.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+struct ExpertArgs {
+  const float* input = nullptr;   // gate_up: x [rows, H]; down: act [pairs, I] bucket order
+  const void* weights = nullptr;  // [E, weight_rows, in] float32 or bf16
+  int64_t in = 0;                 // H (gate_up) or I (down)
+  int64_t neurons = 0;            // I (gate_up: rows j and I + j) or H (down)
+  int64_t top_k = 0;
+  const int32_t* tile_count = nullptr;  // [1]
+  const int32_t* tiles = nullptr;       // [max_tiles, 3]
+  const int32_t* pair_of = nullptr;     // [pairs]
+  float* output = nullptr;  // gate_up: act [pairs, I] bucket order; down: [rows, top_k, H]
+};
+
+// bf16 weights on tensor cores (mma.sync m16n8k16, fp32 accumulation): a
+// warp takes 16 weight rows, the tile's up to 8 rows are the n = 8 columns.
+void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
+                             cudaStream_t stream);
+
+}  // namespace megactx::cuda
