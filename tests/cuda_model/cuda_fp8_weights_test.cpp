@@ -5,7 +5,8 @@
 //    against its host definition (fp8_emulation.h);
 //  * Blas::linear with fp8 weights (any shape, stacked gate/up scales, row
 //    strides) against double loops over the host-rounded inputs, and against
-//    the same weights dequantised into a bf16 GEMM;
+//    the same weights dequantised into a bf16 GEMM; the decode GEMV and the
+//    tiled kernel each against the same loops;
 //  * the glm_fp8 fixture with native fp8 weights against the CPU model with
 //    the same input rounding emulated (only summation order differs) and
 //    against the float32 oracle (which dequantises: the bound is the
@@ -28,6 +29,7 @@
 #include "fp8_emulation.h"
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda_model.h"
 
@@ -157,7 +159,8 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
     for (const Case& c :
          {Case{1, 128, 128, 0, 0, 0}, Case{7, 160, 272, 0, 3, 0}, Case{33, 300, 130, 0, 0, 5},
           Case{64, 256, 544, 272, 0, 0}, Case{2, 144, 96, 0, 1, 1}, Case{130, 384, 200, 70, 4, 3},
-          Case{1, 80, 320, 160, 0, 0}}) {
+          Case{1, 80, 320, 160, 0, 0}, Case{3, 100, 64, 0, 0, 0}, Case{8, 528, 200, 0, 2, 0},
+          Case{9, 528, 136, 0, 0, 0}}) {
       const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
                                 std::to_string(c.out) + " split " + std::to_string(c.split);
       const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
@@ -229,6 +232,76 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
     }
   }
   MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Both fp8 kernels on the same device-quantised inputs: the decode GEMV
+// (rows <= 8, `in` a multiple of 16) and the tiled GEMM, each against double
+// loops over the host-rounded inputs.
+TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
+  int seed = 300;
+  for (int64_t rows = 1; rows <= cuda::kFp8GemvMaxRows; ++rows) {
+    for (const int64_t in : {int64_t{16}, int64_t{160}, int64_t{528}, int64_t{1024}}) {
+      const int64_t out = 72, split = in == 160 ? 40 : 0;
+      const Fp8Weight weight(out, in, split, static_cast<uint32_t>(seed++));
+      const std::vector<float> x =
+          normal_values(static_cast<size_t>(rows * in), static_cast<uint32_t>(seed++));
+      const int64_t groups = (in + 127) / 128;
+      DeviceArray<float> dx(x);
+      DeviceArray<uint8_t> dq(static_cast<size_t>(rows * in));
+      DeviceArray<float> ds(static_cast<size_t>(rows * groups));
+      cuda::quantize_e4m3_groups(dx.data, rows, in, in, dq.data, ds.data, nullptr);
+      DeviceArray<uint8_t> dw(weight.bytes);
+      DeviceArray<float> dscale(weight.scales);
+      const std::vector<float> xr = fp8_rounded_inputs(x.data(), rows, in, in);
+      const std::vector<float> wd = weight.dequantized();
+      for (const bool gemv : {true, false}) {
+        DeviceArray<float> dy(static_cast<size_t>(rows * out));
+        cuda::Fp8BlockGemm g;
+        g.x = dq.data;
+        g.x_type = cuda::ActType::E4M3;
+        g.x_stride = in;
+        g.x_scale = ds.data;
+        g.w = dw.data;
+        g.scale = dscale.data;
+        g.scale_split = split;
+        g.y = dy.data;
+        g.y_stride = out;
+        g.rows = rows;
+        g.in = in;
+        g.out = out;
+        if (gemv) {
+          ASSERT_TRUE(cuda::fp8_block_gemv(g, nullptr)) << rows << "x" << in;
+        } else {
+          cuda::fp8_block_gemm(g, nullptr);
+        }
+        const std::vector<float> y = dy.host(static_cast<size_t>(rows * out));
+        double max_ref = 0.0, max_diff = 0.0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = 0; o < out; ++o) {
+            double sum = 0.0;
+            for (int64_t i = 0; i < in; ++i)
+              sum += static_cast<double>(xr[r * in + i]) * wd[o * in + i];
+            max_ref = std::max(max_ref, std::fabs(sum));
+            max_diff = std::max(max_diff, std::fabs(sum - y[r * out + o]));
+          }
+        EXPECT_LE(max_diff / max_ref, 1e-4) << (gemv ? "gemv " : "tiled ") << rows << "x" << in
+                                            << ": max |y - ref| " << max_diff << " of " << max_ref;
+      }
+    }
+  }
+  // Shapes the GEMV declines (the caller then runs the tiled kernel).
+  cuda::Fp8BlockGemm g;
+  g.x_type = cuda::ActType::E4M3;
+  g.rows = 9;
+  g.in = g.x_stride = 128;
+  g.out = 1;
+  EXPECT_FALSE(cuda::fp8_block_gemv(g, nullptr));
+  g.rows = 1;
+  g.in = g.x_stride = 100;
+  EXPECT_FALSE(cuda::fp8_block_gemv(g, nullptr));
+  g.in = g.x_stride = 128;
+  g.x_type = cuda::ActType::F32;
+  EXPECT_FALSE(cuda::fp8_block_gemv(g, nullptr));
 }
 
 std::unique_ptr<PagedKvCache> cache_for(const LanguageModel& model, int64_t tokens) {

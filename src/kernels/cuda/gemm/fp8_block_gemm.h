@@ -35,4 +35,12 @@ struct Fp8BlockGemm {
 
 void fp8_block_gemm(const Fp8BlockGemm& g, cudaStream_t stream);
 
+// The decode shape (fp8_block_gemv.cu): up to kFp8GemvMaxRows rows of E4M3
+// inputs, `in` and x_stride multiples of 16, 16-byte aligned x and w; one
+// warp per output column streams its weight row. The same products as
+// fp8_block_gemm in another summation order. Returns false, launching
+// nothing, for any other shape (the caller runs fp8_block_gemm).
+constexpr int64_t kFp8GemvMaxRows = 8;
+bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream);
+
 }  // namespace megactx::cuda
