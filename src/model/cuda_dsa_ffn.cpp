@@ -41,7 +41,11 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
 
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
   const GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
-  if (options_.device_moe && w.experts_gate_up && w.experts_down && grouped_moe_supported(shape)) {
+  // The grouped kernels read float32 or bf16 stacked experts (fp8 experts
+  // are not stacked today; if they were, they would take the host dispatch).
+  const bool stacked_ok =
+      w.experts_gate_up && w.experts_down && !w.experts_gate_up.fp8() && !w.experts_down.fp8();
+  if (options_.device_moe && stacked_ok && grouped_moe_supported(shape)) {
     // Shared expert first: the combine adds it after the routed sum, the
     // order of the host dispatch below. Buffer sizes depend on the shape
     // only (a graph sized once per batch bucket).
