@@ -37,19 +37,21 @@ uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers) {
 
 }  // namespace
 
+bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
+  const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
+  const GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
+                              config_.num_experts_per_tok};
+  const bool stacked =
+      w.experts_gate_up && w.experts_down && !w.experts_gate_up.fp8() && !w.experts_down.fp8();
+  return options_.device_moe && stacked && grouped_moe_supported(shape);
+}
+
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
-  // As moe() (cuda_dsa_ffn.cpp) chooses: the grouped device path runs with no
-  // host sync; the host dispatch reads expert ids back and cannot be
-  // captured. (A capture that still hits a sync fails cleanly and the key
-  // runs eagerly from then on: DecodeGraphCache::capture.)
+  // The host dispatch reads expert ids back and cannot be captured. (A
+  // capture that still hits a sync fails cleanly and the key runs eagerly
+  // from then on: DecodeGraphCache::capture.)
   for (const DeviceLayer& w : weights_->layers) {
-    if (!w.is_moe) continue;
-    const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
-    const GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
-                                config_.num_experts_per_tok};
-    if (!(options_.device_moe && w.experts_gate_up && w.experts_down &&
-          grouped_moe_supported(shape)))
-      return false;
+    if (w.is_moe && !moe_on_device(w, rows)) return false;
   }
   return true;
 }

@@ -57,6 +57,9 @@ class CudaDsaModel final : public LanguageModel {
     std::vector<int32_t> positions, counts;
   };
   Selection last_selection(int64_t tokens) const;
+  // Bytes the fast attention path's workspaces hold now (grow-only), for the
+  // check of cuda_fast_attention_scratch_bytes (model/cuda_fast_attention_plan.h).
+  int64_t fast_scratch_bytes() const;
 
   // CUDA-graph decode so far (cuda_decode_graph.h).
   CudaGraphStats graph_stats() const { return graphs_.stats(); }
@@ -102,8 +105,13 @@ class CudaDsaModel final : public LanguageModel {
   std::optional<DecodeGraphKey> graph_key(const ForwardBatch& batch,
                                           const PagedKvCache& cache) const;
   // Whether the feed-forward of every layer launches without a host sync for
-  // `rows` rows (MoE layers on the grouped device path; as moe() chooses).
+  // `rows` rows: every MoE layer takes the grouped device path.
   bool ffn_capturable(int64_t rows) const;
+  // Whether moe() runs layer `w` for `rows` rows on the grouped device path
+  // (no host sync): device_moe on, float32/bf16 stacked experts, a shape the
+  // grouped kernels serve. moe() should decide with this too, so the graph
+  // decision and the dispatch cannot drift apart.
+  bool moe_on_device(const DeviceLayer& w, int64_t rows) const;
   ForwardOutput forward_eager(const ForwardBatch& batch, PagedKvCache& cache);
   ForwardOutput forward_graph(const ForwardBatch& batch, PagedKvCache& cache,
                               const DecodeGraphKey& key);
