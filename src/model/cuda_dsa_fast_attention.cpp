@@ -26,6 +26,7 @@
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 #include "model/cuda_dsa_model.h"
+#include "model/cuda_fast_attention_plan.h"
 
 namespace megactx::cuda {
 namespace {
@@ -50,10 +51,19 @@ int64_t round_up(int64_t value, int64_t multiple) {
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
   return options_.fast_attention && step.latent.dtype == CacheDType::FP8 &&
-         step.rows.page_size == kPageTokens && config_.kv_lora_rank == kLatentRank &&
-         config_.qk_rope_head_dim == kLatentRope && config_.index_head_dim == kIndexerHeadDim &&
-         config_.index_n_heads >= 1 && config_.index_n_heads <= 64 &&
+         step.rows.page_size == kPageTokens && cuda_fast_attention_shapes(config_) &&
          index_topk_ <= std::numeric_limits<int32_t>::max() / 2;
+}
+
+int64_t CudaDsaModel::fast_scratch_bytes() const {
+  const FastScratch& fs = fast_scratch_;
+  size_t total = 0;
+  for (const DeviceBuffer* buffer :
+       {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_bf16, &fs.iw_padded, &fs.iq_fp8, &fs.iw_folded,
+        &fs.topk_histogram, &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse,
+        &fs.partial_out, &fs.partial_lse})
+    total += buffer->bytes();
+  return static_cast<int64_t>(total);
 }
 
 CudaDsaModel::Selection CudaDsaModel::last_selection(int64_t tokens) const {

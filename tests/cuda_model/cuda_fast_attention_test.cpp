@@ -22,6 +22,7 @@
 
 #include "../model/hf_fixture.h"
 #include "model/cuda_dsa_model.h"
+#include "model/cuda_fast_attention_plan.h"
 #include "model/cuda_model.h"
 #include "model/model_loader.h"
 
@@ -172,6 +173,24 @@ double selection_overlap(const Outcome& fast, const Outcome& fallback) {
   return rows > 0 ? sum / static_cast<double>(rows) : 1.0;
 }
 
+// The memory planner's bound (cuda_fast_attention_scratch_bytes) covers what
+// the fast path allocated: steps of at most 470 rows over contexts of at most
+// 512 (the decode graphs' power-of-two bucket of 306; 1024 leaves room, and
+// only the small per-token page list and slot columns grow with it).
+void expect_scratch_within_plan(const LanguageModel& model, int64_t index_topk) {
+  int device = 0, multiprocessors = 0;
+  MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+  MEGACTX_CUDA_CHECK(
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const int64_t used = dynamic_cast<const cuda::CudaDsaModel&>(model).fast_scratch_bytes();
+  const int64_t bound = cuda_fast_attention_scratch_bytes(model.config(), kPromptA + kPromptB, 1024,
+                                                          index_topk, multiprocessors);
+  std::printf("fast path scratch: %lld bytes allocated, planner bound %lld\n",
+              static_cast<long long>(used), static_cast<long long>(bound));
+  EXPECT_GT(used, 0);
+  EXPECT_LE(used, bound);
+}
+
 const Shape kShapes[] = {{16, 8}, {64, 32}, {128, 64}};
 
 TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
@@ -205,6 +224,7 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
     EXPECT_GE(agreement, 0.95);
     expect_valid_selection(got, "fast path");
     expect_valid_selection(want, "fallback");
+    expect_scratch_within_plan(*fast, 4096);
   }
 }
 
@@ -239,6 +259,7 @@ TEST(CudaFastAttention, SparseSelectionAgreesWithFallback) {
     EXPECT_GE(overlap, 0.85);
     EXPECT_GE(agreement, 0.85);
     EXPECT_GT(error, 0.0) << "the fast path is not in use";
+    expect_scratch_within_plan(*fast, 64);
   }
 }
 
@@ -254,6 +275,10 @@ TEST(CudaFastAttention, OtherCachesAndTheSwitchKeepTheFallback) {
   ASSERT_EQ(got.logits.size(), want.logits.size());
   EXPECT_LE(relative_error(got.logits.data(), want.logits.data(), want.logits.size()), 1e-6);
   EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
+  EXPECT_EQ(dynamic_cast<const cuda::CudaDsaModel&>(*fast).fast_scratch_bytes(), 0);
+  EXPECT_FALSE(cuda_fast_attention_used(fast->config(), KvDType::BF16, 64, true));
+  EXPECT_TRUE(cuda_fast_attention_used(fast->config(), KvDType::FP8, 64, true));
+  EXPECT_FALSE(cuda_fast_attention_used(fast->config(), KvDType::FP8, 64, false));
 }
 
 TEST(CudaFastAttention, PrefillAndDecodeReadTheCacheTheSameWay) {

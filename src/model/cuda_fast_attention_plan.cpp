@@ -1,0 +1,58 @@
+#include "model/cuda_fast_attention_plan.h"
+
+#include <algorithm>
+
+namespace megactx {
+namespace {
+
+// Constants of kernels/cuda/{common/dsa_layout.h, topk/topk.h,
+// sparse_mla/sparse_mla.h}, repeated here because this file is plain C++
+// (cuda_fast_attention_test checks the bound against the real buffers).
+constexpr int64_t kPageTokens = 64;
+constexpr int64_t kLatentRank = 512;
+constexpr int64_t kLatentRope = 64;
+constexpr int64_t kIndexerHeadDim = 128;
+constexpr int64_t kHeadBlock = 64;        // sparse MLA heads per CTA
+constexpr int64_t kTopkSmallRow = 32768;  // longer rows use the histograms
+constexpr int64_t kTopkHistogramBytes = 4 * 4096;
+constexpr int64_t kTopkRowStateBytes = 4 * 8;
+
+}  // namespace
+
+bool cuda_fast_attention_shapes(const ModelConfig& config) {
+  return config.kv_lora_rank == kLatentRank && config.qk_rope_head_dim == kLatentRope &&
+         config.index_head_dim == kIndexerHeadDim && config.index_n_heads >= 1 &&
+         config.index_n_heads <= 64;
+}
+
+bool cuda_fast_attention_used(const ModelConfig& config, KvDType dtype, int64_t page_size,
+                              bool enabled) {
+  return enabled && dtype == KvDType::FP8 && page_size == kPageTokens &&
+         cuda_fast_attention_shapes(config);
+}
+
+int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
+                                          int64_t max_context, int64_t index_topk,
+                                          int64_t multiprocessors) {
+  if (!cuda_fast_attention_shapes(config)) return 0;
+  const int64_t n = std::max<int64_t>(tokens, 1);
+  const int64_t index_heads = config.index_n_heads <= 32 ? 32 : 64;
+  const int64_t heads = (config.num_attention_heads + kHeadBlock - 1) / kHeadBlock * kHeadBlock;
+  const int64_t pages = std::max<int64_t>(1, (max_context + kPageTokens - 1) / kPageTokens);
+  const int64_t columns = std::max<int64_t>(1, std::min(index_topk, max_context));
+  int64_t per_token = 0;
+  per_token += 4 * pages + 4 + 4;                        // tables, visible, row ids
+  per_token += index_heads * kIndexerHeadDim * (2 + 1);  // bf16 and e4m3 queries
+  per_token += index_heads * 4 * 2;                      // padded and folded weights
+  per_token += kTopkRowStateBytes;                       // top-k row state
+  per_token += 4 * columns;                              // slots
+  per_token += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse
+  int64_t bytes = per_token * n;
+  bytes += kTopkHistogramBytes * (max_context > kTopkSmallRow ? n : 1);
+  // Split-K partials exist only with splits > 1, which the planner picks only
+  // while rows x splits x head blocks <= SMs: at most 64 * SMs head rows.
+  bytes += kHeadBlock * std::max<int64_t>(multiprocessors, 1) * 4 * (kLatentRank + 1);
+  return bytes + 4096;  // DeviceBuffer's one-element minimum per buffer, with room
+}
+
+}  // namespace megactx

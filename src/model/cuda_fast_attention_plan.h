@@ -1,0 +1,37 @@
+// When the CUDA model runs DSA attention on the issue-7 fp8 kernels (the fast
+// path of model/cuda_dsa_fast_attention.cpp), and how much step scratch that
+// path adds. Plain C++ (no CUDA): the device memory planner
+// (model/cuda_memory_plan.h) can add it in every build.
+#pragma once
+
+#include <cstdint>
+
+#include "cache/kv_cache.h"
+#include "io/model_config.h"
+
+namespace megactx {
+
+// The attention shapes the issue-7 kernels serve (GLM-5.x, DeepSeek-V3.2):
+// kv_lora_rank 512, qk_rope_head_dim 64, index_head_dim 128, 1..64 indexer
+// heads (padded to 32 or 64).
+bool cuda_fast_attention_shapes(const ModelConfig& config);
+
+// Whether a CUDA model with `config` and CudaModelOptions::fast_attention =
+// `enabled` takes the fast path over a cache of `dtype` with `page_size`.
+bool cuda_fast_attention_used(const ModelConfig& config, KvDType dtype, int64_t page_size,
+                              bool enabled);
+
+// An upper bound of the fast path's own workspaces (CudaDsaModel::FastScratch)
+// after any steps of at most `tokens` new tokens (rows, CUDA-graph padding
+// included) over contexts of at most `max_context` (graph buckets included),
+// on a GPU with `multiprocessors` SMs. The indexer scores buffer is shared
+// with the fallback and counted by cuda_step_scratch_bytes. Per token:
+// token tables, padded bf16 + e4m3 indexer queries, slot lists, bf16 MLA
+// queries [heads_padded, 576] and outputs [heads_padded, 512]; plus the
+// split-K partial states (bounded by the SM count) and the top-k histograms
+// (16 KiB per row, only past 32K keys).
+int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
+                                          int64_t max_context, int64_t index_topk,
+                                          int64_t multiprocessors = 132);
+
+}  // namespace megactx
