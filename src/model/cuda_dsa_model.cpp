@@ -100,7 +100,10 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   timer_.begin_forward(decode_step);
   timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
-  const std::optional<DecodeGraphKey> key = graph_key(batch, cache);
+  std::optional<DecodeGraphKey> key = graph_key(batch, cache);
+  // A key whose capture failed runs unpadded until the graphs are next
+  // dropped (then its capture is tried again).
+  if (key && graphs_.failed(*key)) key.reset();
   ForwardOutput output = key ? forward_graph(batch, cache, *key) : forward_eager(batch, cache);
   timer_.collect(stream_);
   if (timer_.active())
