@@ -13,7 +13,7 @@
 //    position owns still zero (padding rows wrote nothing);
 //  * dense-only and MoE (device dispatch) models, F32 and FP8 caches;
 //  * graphs really replay (counters), and are not used when off, past the
-//    largest bucket, or with the phase timer.
+//    largest bucket, with host-dispatched MoE layers, or with the phase timer.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -339,7 +339,7 @@ TEST(CudaGraphs, PaddedBucketsMatchEagerFp8Cache) {
   run_scenario("dense, FP8 KV", write_config("dense", 4), KvDType::FP8, 2e-2, false);
 }
 
-TEST(CudaGraphs, NotUsedWhenOffPastTheLargestBucketOrTimed) {
+TEST(CudaGraphs, NotUsedPastTheLargestBucketWithHostMoeOrTimed) {
   const std::string config = write_config("dense", 4);
   CudaModelOptions options;
   options.cuda_graph_max_batch = 4;
@@ -356,6 +356,19 @@ TEST(CudaGraphs, NotUsedWhenOffPastTheLargestBucketOrTimed) {
   run.step(active, 1, false, false);  // replayed
   EXPECT_EQ(cuda_graph_stats(run.graphed()).replays, 1);
   EXPECT_EQ(run.identical_rows(), run.rows());
+
+  // MoE layers on the host dispatch (device_moe off) read expert ids back:
+  // such steps are not capturable and run eagerly.
+  CudaModelOptions host_moe;
+  host_moe.device_moe = false;
+  Lockstep moe(make_models(write_config("moe", 1), host_moe), KvDType::F32, 16);
+  std::vector<int64_t> moe_active;
+  for (int i = 0; i < 3; ++i) moe_active.push_back(moe.join(30 + i, 100));
+  for (int step = 0; step < 3; ++step) moe.step(moe_active, 1, false, false);
+  const CudaGraphStats host = cuda_graph_stats(moe.graphed());
+  EXPECT_EQ(host.replays + host.eager_steps + host.captures + host.failed_captures, 0)
+      << "a step with host-dispatched MoE layers took the graph path";
+  EXPECT_EQ(moe.identical_rows(), moe.rows());
 
   // The phase timer (read at construction) turns graphs off.
   ::setenv("MEGACTX_CUDA_PHASE_TIMES", "1", 1);
