@@ -6,14 +6,14 @@
 // What differs from the fallback (and why the results are close, not equal):
 // - indexer queries are rounded to bf16, then quantised to e4m3 per (token,
 //   head) with the scale folded into the head weights; scores come from fp8
-//   tensor cores. Heads are zero-padded to 32 (ReLU(0) * 0 adds nothing).
+//   tensor cores. Heads are zero-padded to 32 or 64 (ReLU(0) * 0 adds nothing).
 // - top-k is the radix select in positions mode: the same set up to ties and
 //   rounding at the threshold, in unspecified order (attention sums over it).
 // - sparse MLA rounds q to bf16 ([q_latent | q_pe], heads zero-padded to a
 //   multiple of 64), attends on bf16 tensor cores and returns bf16.
 // step.topk keeps positions (shared-indexer layers, the MTP layer and the CPU
 // semantics use positions); each attention call maps them to slots.
-// Everything here is launches on stream_: no host sync, no allocation once the
+// Everything here launches on stream_: no host sync, no allocation once the
 // scratch has grown to the step's size (CUDA-graph capturable).
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
