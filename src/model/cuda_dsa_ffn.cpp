@@ -40,7 +40,8 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
   moe_route(logits, w.bias, rows, params, ids, gates, stream_);
 
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
-  const GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
+  GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
+  shape.bf16 = w.experts_gate_up.bf16;
   // The grouped kernels read float32 or bf16 stacked experts (fp8 experts
   // are not stacked today; if they were, they would take the host dispatch).
   const bool stacked_ok =

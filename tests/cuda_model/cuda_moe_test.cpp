@@ -74,8 +74,9 @@ struct HostPlan {
   std::vector<int32_t> pair_of, counts, offsets;
 };
 
-// Counting sort by expert, stable in pair order; tiles of up to R pairs.
-HostPlan host_plan(const std::vector<int32_t>& ids, int64_t experts) {
+// Counting sort by expert, stable in pair order; tiles of up to
+// `rows_per_tile` pairs.
+HostPlan host_plan(const std::vector<int32_t>& ids, int64_t experts, int32_t rows_per_tile) {
   HostPlan p;
   p.counts.assign(static_cast<size_t>(experts), 0);
   for (int32_t e : ids)
@@ -87,7 +88,6 @@ HostPlan host_plan(const std::vector<int32_t>& ids, int64_t experts) {
   for (size_t pair = 0; pair < ids.size(); ++pair)
     if (ids[pair] >= 0 && ids[pair] < experts)
       p.pair_of[fill[ids[pair]]++] = static_cast<int32_t>(pair);
-  const int32_t rows_per_tile = static_cast<int32_t>(kGroupedMoeTileRows);
   for (int32_t e = 0; e < experts; ++e)
     for (int32_t t = 0; t * rows_per_tile < p.counts[e]; ++t)
       p.tiles.push_back({e, p.offsets[e] + t * rows_per_tile,
@@ -123,15 +123,15 @@ RouteParams route_params(int64_t experts, int64_t top_k, int64_t n_group, int64_
   return params;
 }
 
-void expect_plan_matches(const std::vector<int32_t>& ids, const GroupedMoeShape& shape,
-                         const std::string& what) {
+void expect_plan_matches_for(const std::vector<int32_t>& ids, const GroupedMoeShape& shape,
+                             const std::string& what) {
   const GroupedMoeLayout layout = grouped_moe_layout(shape);
   DeviceBuffer ids_buffer, plan_buffer;
   int32_t* plan = plan_buffer.get<int32_t>(layout.plan_ints);
   MEGACTX_CUDA_CHECK(cudaMemset(plan, 0xff, static_cast<size_t>(layout.plan_ints) * 4));
   grouped_moe_plan(to_device(ids_buffer, ids), shape, plan, nullptr);
   const std::vector<int32_t> got = to_host(plan, layout.plan_ints);
-  const HostPlan want = host_plan(ids, shape.experts);
+  const HostPlan want = host_plan(ids, shape.experts, static_cast<int32_t>(shape.tile_rows()));
   ASSERT_LE(want.tile_count, layout.max_tiles) << what;
   ASSERT_EQ(got[layout.tile_count], want.tile_count) << what;
   for (int32_t t = 0; t < want.tile_count; ++t)
@@ -144,6 +144,14 @@ void expect_plan_matches(const std::vector<int32_t>& ids, const GroupedMoeShape&
     ASSERT_EQ(got[layout.offsets + e], want.offsets[e]) << what << " expert " << e;
   }
   ASSERT_EQ(got[layout.offsets + shape.experts], want.offsets[shape.experts]) << what;
+}
+
+void expect_plan_matches(const std::vector<int32_t>& ids, GroupedMoeShape shape,
+                         const std::string& what) {
+  for (bool bf16 : {false, true}) {
+    shape.bf16 = bf16;
+    expect_plan_matches_for(ids, shape, what + (bf16 ? " (bf16 tiles)" : " (fp32 tiles)"));
+  }
 }
 
 TEST(CudaMoe, PlanMatchesHostCountingSort) {
@@ -224,6 +232,8 @@ struct ExpertData {
 
   // The grouped path: out [rows, H] (with the shared addend).
   std::vector<float> grouped(const StackedExperts& w) {
+    GroupedMoeShape shape = this->shape;
+    shape.bf16 = w.bf16;  // the tile rows follow the weights' kind
     const GroupedMoeLayout layout = grouped_moe_layout(shape);
     GroupedMoeBuffers buffers;
     buffers.plan = plan_d.get<int32_t>(layout.plan_ints);
@@ -325,6 +335,9 @@ const std::vector<ExpertCase>& expert_cases() {
       {"H 2304, I 1088 (chunked)", 9, 2304, 1088, 8, 2, 1, 1},
       // Neuron counts that leave CTAs and warps partly empty; GLM's n_group 1.
       {"H 72, I 40 (ragged)", 13, 72, 40, 16, 4, 1, 1},
+      // About 20 rows per expert: 3 fp32 tiles, or 1 bf16 tile with a partly
+      // used third column group.
+      {"40 rows on 4 experts", 40, 128, 64, 4, 2, 1, 1},
   };
   return cases;
 }
@@ -402,6 +415,16 @@ TEST(CudaMoe, BadShapesAreErrors) {
   EXPECT_THROW(grouped_moe(data.x_d.as<float>(), data.ids_d.as<int32_t>(), data.gates_d.as<float>(),
                            data.shape, missing, nullptr, buffers, out.get<float>(2 * 64), nullptr),
                Error);
+  // bf16 weights with a plan laid out for float32 tiles.
+  const StackedExperts bf16_weights = data.upload(true);
+  const GroupedMoeLayout layout = grouped_moe_layout(data.shape);
+  buffers.plan = data.plan_d.get<int32_t>(layout.plan_ints);
+  buffers.act = data.act_d.get<float>(layout.act_floats);
+  buffers.pair_out = data.pair_out_d.get<float>(layout.pair_out_floats);
+  EXPECT_THROW(
+      grouped_moe(data.x_d.as<float>(), data.ids_d.as<int32_t>(), data.gates_d.as<float>(),
+                  data.shape, bf16_weights, nullptr, buffers, out.get<float>(2 * 64), nullptr),
+      Error);
 }
 
 // ---- the whole model: device_moe on vs off -------------------------------------

@@ -59,7 +59,7 @@ TEST(GroupedMoePlan, LayoutRegionsAreDisjointAndSized) {
   const GroupedMoeShape shape{37, 256, 128, 256, 8};
   const GroupedMoeLayout l = grouped_moe_layout(shape);
   const int64_t pairs = 37 * 8;
-  EXPECT_EQ(l.max_tiles, std::min<int64_t>(256, pairs) + pairs / kGroupedMoeTileRows);
+  EXPECT_EQ(l.max_tiles, std::min<int64_t>(256, pairs) + pairs / kGroupedMoeTileRowsF32);
   EXPECT_EQ(l.tile_count, 0);
   EXPECT_EQ(l.tiles, 1);
   EXPECT_EQ(l.pair_of, l.tiles + 3 * l.max_tiles);
@@ -74,13 +74,18 @@ TEST(GroupedMoePlan, LayoutRegionsAreDisjointAndSized) {
   const GroupedMoeLayout big = grouped_moe_layout({256, 256, 128, 256, 8});
   EXPECT_EQ(big.plan_threads, 512);
   EXPECT_EQ(big.plan_shared_bytes, static_cast<size_t>((5 + 16) * 256 * 4));
-  EXPECT_EQ(big.max_tiles, 256 + 2048 / kGroupedMoeTileRows);
+  EXPECT_EQ(big.max_tiles, 256 + 2048 / kGroupedMoeTileRowsF32);
+  // bf16 weights: tiles of 32 rows (tensor-core column groups).
+  GroupedMoeShape bf16_shape{256, 256, 128, 256, 8};
+  bf16_shape.bf16 = true;
+  EXPECT_EQ(bf16_shape.tile_rows(), 32);
+  EXPECT_EQ(grouped_moe_layout(bf16_shape).max_tiles, 256 + 2048 / 32);
 }
 
 // Tiles a routing needs: sum over experts of ceil(pairs of e / tile rows).
-int64_t tiles_needed(const std::vector<int64_t>& per_expert) {
+int64_t tiles_needed(const std::vector<int64_t>& per_expert, int64_t tile_rows) {
   int64_t tiles = 0;
-  for (int64_t m : per_expert) tiles += (m + kGroupedMoeTileRows - 1) / kGroupedMoeTileRows;
+  for (int64_t m : per_expert) tiles += (m + tile_rows - 1) / tile_rows;
   return tiles;
 }
 
@@ -91,7 +96,8 @@ TEST(GroupedMoePlan, TileBoundCoversEveryRouting) {
     const int64_t top_k = 1 + rng() % std::min<int64_t>(experts, 16);
     const int64_t max_rows = std::min<int64_t>(kGroupedMoeMaxRows, kGroupedMoeMaxPairs / top_k);
     const int64_t rows = 1 + rng() % max_rows;
-    const GroupedMoeShape shape{rows, 64, 64, experts, top_k};
+    GroupedMoeShape shape{rows, 64, 64, experts, top_k};
+    shape.bf16 = trial % 3 == 0;
     if (!grouped_moe_supported(shape)) continue;
     // Each row picks top_k distinct experts, from a small or the full range
     // (few busy experts, many idle ones, or spread out).
@@ -103,14 +109,20 @@ TEST(GroupedMoePlan, TileBoundCoversEveryRouting) {
       std::shuffle(choice.begin(), choice.end(), rng);
       for (int64_t s = 0; s < top_k; ++s) ++per_expert[choice[s]];
     }
-    ASSERT_LE(tiles_needed(per_expert), grouped_moe_layout(shape).max_tiles)
+    ASSERT_LE(tiles_needed(per_expert, shape.tile_rows()), grouped_moe_layout(shape).max_tiles)
         << "experts " << experts << " top_k " << top_k << " rows " << rows;
   }
   // The worst cases: every expert with pairs just above a tile multiple.
   const GroupedMoeShape spread{128, 64, 64, 113, 8};  // 1024 pairs: 9 or 10 per expert
   std::vector<int64_t> per_expert(113, 1024 / 113);
   for (int64_t e = 0; e < 1024 % 113; ++e) ++per_expert[e];
-  EXPECT_LE(tiles_needed(per_expert), grouped_moe_layout(spread).max_tiles);
+  EXPECT_LE(tiles_needed(per_expert, spread.tile_rows()), grouped_moe_layout(spread).max_tiles);
+  // bf16 tiles of 32: 1024 pairs as 33 per expert on 31 experts (+1 on one).
+  GroupedMoeShape spread_bf16{128, 64, 64, 31, 8};
+  spread_bf16.bf16 = true;
+  std::vector<int64_t> per_expert_bf16(31, 1024 / 31);
+  for (int64_t e = 0; e < 1024 % 31; ++e) ++per_expert_bf16[e];
+  EXPECT_LE(tiles_needed(per_expert_bf16, 32), grouped_moe_layout(spread_bf16).max_tiles);
 }
 
 }  // namespace

@@ -3,17 +3,16 @@
 // slot-order combination into the output rows.
 //
 // Expert kernel: grid (neuron blocks, max_tiles). A CTA takes one tile (one
-// expert, up to R = kGroupedMoeTileRows of its pairs), stages the tile's
+// expert, up to R = kGroupedMoeTileRowsF32 of its pairs), stages the tile's
 // input rows in shared memory 1024 values at a time, and each warp streams
 // kWeightRowsPerWarp weight rows of that expert (16-byte loads), multiplying
 // every row it reads into all of the tile's inputs with per-(weight row,
 // input row) float32 accumulators in registers. Each weight byte is read once
 // per tile. The gate_up kernel pairs gate row j with up row I + j in a warp
 // and writes silu(gate) * up; the down kernel writes each pair's output.
-// This CUDA-core kernel serves float32 weights (the exact-parity mode); bf16
-// weights take the tensor-core variant of grouped_experts_mma.cu.
-#include <cuda_bf16.h>
-
+// This CUDA-core kernel serves float32 weights (the exact-parity mode: fp32
+// FMAs, no TF32); bf16 weights take the tensor-core kernel of
+// grouped_experts_mma.cu.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -25,10 +24,11 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWeightRowsPerWarp = 4;
 constexpr int kChunk = 1024;  // input values per row staged per pass
-constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRows);
+constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsF32);
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// 16 bytes of weights -> float32 values.
+// 16 bytes of weights -> float32 values (float32 weights only today; the
+// template leaves room for another 16-byte weight kind).
 template <typename Weight>
 struct WeightLoad;
 template <>
@@ -42,32 +42,6 @@ struct WeightLoad<float> {
     out[3] = v.w;
   }
 };
-template <>
-struct WeightLoad<__nv_bfloat16> {
-  static constexpr int kValues = 8;
-  // bf16 is the top half of a float32: shifting the bits up is exact.
-  __device__ static void load(const __nv_bfloat16* source, float (&out)[kValues]) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(source));
-    const unsigned words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __uint_as_float(words[i] << 16);
-      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
-  }
-};
-
-// bf16 weights see their inputs rounded to bf16, as Blas::linear's bf16 path.
-template <typename Weight>
-__device__ float4 round_input(float4 v) {
-  if constexpr (sizeof(Weight) == 2) {
-    v.x = __bfloat162float(__float2bfloat16_rn(v.x));
-    v.y = __bfloat162float(__float2bfloat16_rn(v.y));
-    v.z = __bfloat162float(__float2bfloat16_rn(v.z));
-    v.w = __bfloat162float(__float2bfloat16_rn(v.w));
-  }
-  return v;
-}
 
 template <typename Weight, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) expert_kernel(ExpertArgs a) {
@@ -121,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(ExpertArgs a) {
     for (int i = static_cast<int>(threadIdx.x); i < m * vectors; i += kThreads) {
       const int r = i / vectors, v = i % vectors;
       const float4 x = *reinterpret_cast<const float4*>(a.input + source[r] + k0 + 4 * v);
-      *reinterpret_cast<float4*>(&staged[r][4 * v]) = round_input<Weight>(x);
+      *reinterpret_cast<float4*>(&staged[r][4 * v]) = x;
     }
     __syncthreads();
     for (int k = lane * kValues; k < length; k += 32 * kValues) {
@@ -218,17 +192,10 @@ void launch_expert(const ExpertArgs& args, int64_t max_tiles, cudaStream_t strea
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
-// bf16 weights run on tensor cores (grouped_experts_mma.cu); false selects
-// this file's CUDA-core kernel for them (same inputs, same rounding), kept
-// for diagnosis.
-constexpr bool kBf16TensorCores = true;
-
 template <bool kGateUp>
 void launch_expert(const ExpertArgs& args, bool bf16, int64_t max_tiles, cudaStream_t stream) {
-  if (bf16 && kBf16TensorCores) {
+  if (bf16) {
     launch_bf16_mma_experts(args, kGateUp, max_tiles, stream);
-  } else if (bf16) {
-    launch_expert<__nv_bfloat16, kGateUp>(args, max_tiles, stream);
   } else {
     launch_expert<float, kGateUp>(args, max_tiles, stream);
   }
@@ -240,7 +207,7 @@ void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
                          const StackedExperts& weights, const GroupedMoeBuffers& buffers,
                          cudaStream_t stream) {
   const GroupedMoeLayout layout = grouped_moe_layout(shape);
-  check_grouped_moe_inputs(x, weights, buffers);
+  check_grouped_moe_inputs(x, shape, weights, buffers);
   ExpertArgs args;
   args.top_k = shape.top_k;
   args.tile_count = buffers.plan + layout.tile_count;
@@ -278,7 +245,7 @@ void grouped_moe_combine(const int32_t* ids, const float* gates, const GroupedMo
 void grouped_moe(const float* x, const int32_t* ids, const float* gates,
                  const GroupedMoeShape& shape, const StackedExperts& weights, const float* shared,
                  const GroupedMoeBuffers& buffers, float* out, cudaStream_t stream) {
-  check_grouped_moe_inputs(x, weights, buffers);  // before anything is launched
+  check_grouped_moe_inputs(x, shape, weights, buffers);  // before anything is launched
   grouped_moe_plan(ids, shape, buffers.plan, stream);
   grouped_moe_experts(x, shape, weights, buffers, stream);
   grouped_moe_combine(ids, gates, shape, buffers.pair_out, shared, out, stream);

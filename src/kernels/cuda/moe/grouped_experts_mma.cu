@@ -1,12 +1,12 @@
 // bf16 routed experts on tensor cores: the grouped expert kernel of
 // grouped_experts.cu with mma.sync m16n8k16 (bf16 x bf16, fp32 accumulation)
-// instead of CUDA-core FMAs, so rows beyond one per expert (batched decode,
-// MTP verification) cost no extra compute time: a warp's 16 weight rows are
-// the MMA's M, the tile's up to 8 rows its N = 8 columns.
+// instead of CUDA-core FMAs, so the rows of a batch (batched decode, MTP
+// verification) cost no extra weight traffic: a warp's 16 weight rows are
+// the MMA's M, the tile's up to 32 rows four groups of N = 8 columns.
 //
 // Operand layout: the order of the k terms in a dot product is free, so each
 // lane loads 16 contiguous bytes (8 k values) of its two weight rows and of
-// its tile row, and the MMA's logical k of lane (g, t) -- 2t, 2t+1, 2t+8,
+// its tile rows, and the MMA's logical k of lane (g, t) -- 2t, 2t+1, 2t+8,
 // 2t+9 of each 16-wide step -- is mapped to physical k 8t + 4s + 0..3 of a
 // 32-wide block (s = step 0 or 1). The mapping depends on t and k only, so
 // weights and inputs agree on it.
@@ -22,14 +22,15 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRows);  // the MMA's N
-constexpr int kChunk = 1024;  // input values per row staged per pass
+constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsBf16);
+constexpr int kColumnGroups = kTileRows / 8;  // n = 8 MMAs per k step
+constexpr int kChunk = 512;                   // input values per row staged per pass
 // Row stride of the staged inputs in bf16: 64 bytes of padding put tile rows
 // g and g + 1 on different banks for the 16-byte reads of a quarter warp.
 constexpr int kStagedStride = kChunk + 32;
-constexpr int kBlocksPerStep = 4;  // 32-wide k blocks loaded before their MMAs
+constexpr int kBlocksPerStep = 4;  // 32-wide k blocks of weights loaded before their MMAs
 
-static_assert(kTileRows == 8, "the tile rows are the n = 8 columns of one MMA");
+static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
@@ -65,16 +66,24 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
                                         static_cast<int64_t>(expert) * weight_rows * a.in;
   const __nv_bfloat16* low = expert_weights + (low_valid ? low_row : 0) * a.in;
   const __nv_bfloat16* high = expert_weights + (high_valid ? high_row : 0) * a.in;
+  // Column groups past the tile's rows are skipped (uniform over the CTA).
+  const int groups = (m + 7) / 8;
 
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // c[q]: rows g (c[q][0..1]) and g + 8 (c[q][2..3]) at tile rows 8q + 2t, 8q + 2t + 1.
+  float c[kColumnGroups][4];
+#pragma unroll
+  for (int q = 0; q < kColumnGroups; ++q)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[q][i] = 0.0f;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   for (int64_t k0 = 0; k0 < a.in; k0 += kChunk) {
     const int length = static_cast<int>(a.in - k0 < kChunk ? a.in - k0 : kChunk);  // % 8 == 0
     __syncthreads();  // the previous chunk is consumed; source[] is visible
-    // Inputs rounded to bf16 (as Blas::linear's bf16 path); rows past m are
-    // zeros (their columns are computed and never stored).
+    // Inputs rounded to bf16 (as Blas::linear's bf16 path); rows from m up
+    // to the last column group used are zeros (their columns are computed
+    // and never stored); later rows are never read.
     const int vectors = length / 4;
-    for (int i = static_cast<int>(threadIdx.x); i < kTileRows * vectors; i += kThreads) {
+    for (int i = static_cast<int>(threadIdx.x); i < 8 * groups * vectors; i += kThreads) {
       const int r = i / vectors, v = i % vectors;
       float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < m) x = *reinterpret_cast<const float4*>(a.input + source[r] + k0 + 4 * v);
@@ -85,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
     }
     __syncthreads();
     for (int kb = 0; kb < length; kb += 32 * kBlocksPerStep) {
-      uint4 w_low[kBlocksPerStep], w_high[kBlocksPerStep], x[kBlocksPerStep];
+      uint4 w_low[kBlocksPerStep], w_high[kBlocksPerStep];
 #pragma unroll
       for (int b = 0; b < kBlocksPerStep; ++b) {
         const int k = kb + 32 * b + 8 * t;  // this lane's 8 values of block b
@@ -94,34 +103,45 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
             in_range && low_valid ? __ldg(reinterpret_cast<const uint4*>(low + k0 + k)) : zero;
         w_high[b] =
             in_range && high_valid ? __ldg(reinterpret_cast<const uint4*>(high + k0 + k)) : zero;
-        x[b] = in_range ? *reinterpret_cast<const uint4*>(&staged[g * kStagedStride + k]) : zero;
       }
 #pragma unroll
       for (int b = 0; b < kBlocksPerStep; ++b) {
+        const int k = kb + 32 * b + 8 * t;
+        if (kb + 32 * b >= length) break;  // uniform: the chunk's last block was done
         const uint32_t step0[4] = {w_low[b].x, w_high[b].x, w_low[b].y, w_high[b].y};
-        mma_bf16_16x8x16(c, step0, x[b].x, x[b].y);
         const uint32_t step1[4] = {w_low[b].z, w_high[b].z, w_low[b].w, w_high[b].w};
-        mma_bf16_16x8x16(c, step1, x[b].z, x[b].w);
+#pragma unroll
+        for (int q = 0; q < kColumnGroups; ++q) {
+          if (q >= groups) break;
+          // B column g of group q is tile row 8q + g.
+          const uint4 x =
+              k < length ? *reinterpret_cast<const uint4*>(&staged[(8 * q + g) * kStagedStride + k])
+                         : zero;
+          mma_bf16_16x8x16(c[q], step0, x.x, x.y);
+          mma_bf16_16x8x16(c[q], step1, x.z, x.w);
+        }
       }
     }
   }
 
-  // c0, c1: weight row g at tile rows 2t, 2t + 1; c2, c3: weight row g + 8.
-  const int rows[2] = {2 * t, 2 * t + 1};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (rows[i] >= m) continue;
-    const int position = start + rows[i];
-    if constexpr (kGateUp) {
-      const float gate = c[i], up = c[2 + i];
-      // silu(gate) * up, the expression of dense_ops' silu_mul.
-      if (low_valid)
-        a.output[static_cast<int64_t>(position) * a.neurons + low_row] =
-            gate / (1.0f + expf(-gate)) * up;
-    } else {
-      const int64_t pair = a.pair_of[position];
-      if (low_valid) a.output[pair * a.neurons + low_row] = c[i];
-      if (high_valid) a.output[pair * a.neurons + high_row] = c[2 + i];
+  for (int q = 0; q < kColumnGroups; ++q) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = 8 * q + 2 * t + i;  // tile row of c[q][i] and c[q][2 + i]
+      if (row >= m) continue;
+      const int position = start + row;
+      if constexpr (kGateUp) {
+        const float gate = c[q][i], up = c[q][2 + i];
+        // silu(gate) * up, the expression of dense_ops' silu_mul.
+        if (low_valid)
+          a.output[static_cast<int64_t>(position) * a.neurons + low_row] =
+              gate / (1.0f + expf(-gate)) * up;
+      } else {
+        const int64_t pair = a.pair_of[position];
+        if (low_valid) a.output[pair * a.neurons + low_row] = c[q][i];
+        if (high_valid) a.output[pair * a.neurons + high_row] = c[q][2 + i];
+      }
     }
   }
 }

@@ -66,13 +66,16 @@ void check_grouped_moe(const GroupedMoeShape& shape) {
   if (!reason.empty()) throw Error(reason);
 }
 
-void check_grouped_moe_inputs(const float* x, const StackedExperts& weights,
-                              const GroupedMoeBuffers& buffers) {
+void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
+                              const StackedExperts& weights, const GroupedMoeBuffers& buffers) {
   const auto aligned = [](const void* pointer) {
     return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
   };
   MEGACTX_CHECK(weights.gate_up != nullptr && weights.down != nullptr,
                 "grouped MoE: stacked expert weights missing");
+  MEGACTX_CHECK(weights.bf16 == shape.bf16,
+                "grouped MoE: {} weights but a plan made for {} (GroupedMoeShape::bf16)",
+                weights.bf16 ? "bf16" : "float32", shape.bf16 ? "bf16" : "float32");
   MEGACTX_CHECK(buffers.plan != nullptr && buffers.act != nullptr && buffers.pair_out != nullptr,
                 "grouped MoE: workspace buffers missing");
   MEGACTX_CHECK(
@@ -86,7 +89,7 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
   GroupedMoeLayout layout;
   // Each used expert has ceil(m / R) <= 1 + floor(m / R) tiles; summed over
   // at most min(E, pairs) used experts whose m add up to pairs.
-  layout.max_tiles = std::min(shape.experts, pairs) + pairs / kGroupedMoeTileRows;
+  layout.max_tiles = std::min(shape.experts, pairs) + pairs / shape.tile_rows();
   layout.tile_count = 0;
   layout.tiles = 1;
   layout.pair_of = layout.tiles + 3 * layout.max_tiles;

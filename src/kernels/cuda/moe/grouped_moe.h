@@ -7,7 +7,7 @@
 // once.
 //
 // Each CTA streams its slice of one expert's weight rows once and applies it
-// to up to kGroupedMoeTileRows of that expert's rows held in shared memory:
+// to up to tile_rows() of that expert's rows held in shared memory:
 // decode is weight-bandwidth bound, so weights are read once per tile of rows.
 // Weights are float32 (the exact-parity mode: CUDA-core FMAs) or bf16
 // (tensor-core MMAs with the tile's rows as the n = 8 columns); bf16 weights
@@ -26,8 +26,12 @@
 
 namespace megactx::cuda {
 
-// Rows of one expert one CTA applies its weights to.
-inline constexpr int64_t kGroupedMoeTileRows = 8;
+// Rows of one expert one CTA applies its weights to: float32 weights keep a
+// register accumulator per (weight row, tile row) on CUDA cores; bf16 weights
+// use four n = 8 tensor-core column groups, so a tile of 32 rows costs no
+// more weight traffic than one row.
+inline constexpr int64_t kGroupedMoeTileRowsF32 = 8;
+inline constexpr int64_t kGroupedMoeTileRowsBf16 = 32;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
 // GEMMs read each expert's weights once for all its rows and use tensor
 // cores): rows per call (the largest decode-graph bucket) and routed pairs
@@ -41,7 +45,9 @@ struct GroupedMoeShape {
   int64_t intermediate = 0;  // I, per expert
   int64_t experts = 0;       // E routed experts
   int64_t top_k = 0;         // experts per token
+  bool bf16 = false;         // the weights' kind (StackedExperts::bf16): sets the tile rows
   int64_t pairs() const { return rows * top_k; }
+  int64_t tile_rows() const { return bf16 ? kGroupedMoeTileRowsBf16 : kGroupedMoeTileRowsF32; }
 };
 
 // The plan buffer (int32) written by grouped_moe_plan, offsets in elements.
@@ -51,7 +57,7 @@ struct GroupedMoeShape {
 // counts [E] pairs per expert; offsets [E + 1] first bucket position per
 // expert. Pairs whose expert id is outside [0, E) are left out.
 struct GroupedMoeLayout {
-  int64_t max_tiles = 0;  // grid bound: min(E, pairs) + pairs / tile rows
+  int64_t max_tiles = 0;  // grid bound: min(E, pairs) + pairs / tile_rows()
   int64_t tile_count = 0, tiles = 0, pair_of = 0, counts = 0, offsets = 0;
   int64_t plan_ints = 0;        // size of the plan buffer
   int64_t act_floats = 0;       // [pairs, I] SwiGLU activations, bucket order
@@ -82,10 +88,11 @@ struct GroupedMoeBuffers {
   float* pair_out = nullptr;  // [layout.pair_out_floats]
 };
 
-// Errors for missing weights or buffers and inputs not 16-byte aligned
-// (the kernels load 16 bytes at a time).
-void check_grouped_moe_inputs(const float* x, const StackedExperts& weights,
-                              const GroupedMoeBuffers& buffers);
+// Errors for missing weights or buffers, weights of another kind than
+// shape.bf16 says, and inputs not 16-byte aligned (the kernels load 16 bytes
+// at a time).
+void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
+                              const StackedExperts& weights, const GroupedMoeBuffers& buffers);
 
 // (a) Buckets ids [rows, top_k] by expert into `plan` (one thread block).
 void grouped_moe_plan(const int32_t* ids, const GroupedMoeShape& shape, int32_t* plan,

@@ -3,7 +3,7 @@
 // an expert) without an O(pairs^2) scan: a warp ranks its equal ids with
 // __match_any_sync, per-(warp, expert) counts give each warp its base, and
 // chunks of up to 512 pairs run one after another. Tiles of up to
-// kGroupedMoeTileRows pairs of one expert are listed for the expert kernels.
+// shape.tile_rows() pairs of one expert are listed for the expert kernels.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
@@ -133,7 +133,7 @@ void grouped_moe_plan(const int32_t* ids, const GroupedMoeShape& shape, int32_t*
   args.ids = ids;
   args.pairs = static_cast<int>(shape.pairs());
   args.experts = static_cast<int>(shape.experts);
-  args.tile_rows = static_cast<int>(kGroupedMoeTileRows);
+  args.tile_rows = static_cast<int>(shape.tile_rows());
   args.tile_count = plan + layout.tile_count;
   args.tiles = plan + layout.tiles;
   args.pair_of = plan + layout.pair_of;
