@@ -7,7 +7,8 @@
 //  * any batch size (padded to its bucket), sequences joining and leaving,
 //    contexts of different lengths crossing the context buckets (256, 512,
 //    1024), MTP-verification-shaped steps (3 tokens per sequence, every
-//    row's logits, hidden states): logits within 1e-5 relative (padding
+//    row's logits, hidden states; dense selection, see run_scenario):
+//    logits within 1e-5 relative (padding
 //    changes the GEMMs' row count, so cuBLAS may pick another kernel; the
 //    share of bit-identical rows is printed), and every KV slot no real
 //    position owns still zero (padding rows wrote nothing);
@@ -38,18 +39,20 @@
 namespace megactx::testing {
 namespace {
 
-// glm_schedule's shapes (hidden 32, kv_lora 32, rope 8, index_topk 16, so
-// any context past 16 tokens is sparse) with room for 4096 positions, 4
-// layers (full, shared, full, shared indexers) and MoE from `first_dense`.
-std::string write_config(const std::string& name, int64_t first_dense) {
+// glm_schedule's shapes (hidden 32, kv_lora 32, rope 8) with room for 4096
+// positions, 4 layers (full, shared, full, shared indexers), MoE from
+// `first_dense` on, and `index_topk` (16: any context past 16 tokens is
+// sparse; 2048: every visible position is selected).
+std::string write_config(const std::string& name, int64_t first_dense, int64_t index_topk) {
   std::ifstream in(fixture_dir("glm_schedule") + "/config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   config["max_position_embeddings"] = 4096;
   config["num_hidden_layers"] = 4;
   config["first_k_dense_replace"] = first_dense;
   config["indexer_types"] = {"full", "shared", "full", "shared"};
-  const std::string path =
-      std::string(MEGACTX_BINARY_DIR) + "/cuda_graph_test_" + name + "_config.json";
+  config["index_topk"] = index_topk;
+  const std::string path = std::string(MEGACTX_BINARY_DIR) + "/cuda_graph_test_" + name + "_" +
+                           std::to_string(index_topk) + "_config.json";
   std::ofstream(path) << config.dump(2);
   return path;
 }
@@ -260,7 +263,7 @@ TEST(CudaGraphs, BucketSizedBatchesAreBitIdentical) {
   // a replay runs the same launches as the eager step. Prompts of 240..263
   // tokens decode across the 256 context bucket.
   CudaModelOptions options;
-  Lockstep run(make_models(write_config("dense", 4), options), KvDType::F32, 24 * 6);
+  Lockstep run(make_models(write_config("dense", 4, 16), options), KvDType::F32, 24 * 6);
   std::vector<int64_t> active;
   for (int64_t size : {1, 2, 4, 8, 16, 24}) {
     while (static_cast<int64_t>(active.size()) < size) {
@@ -280,7 +283,11 @@ TEST(CudaGraphs, BucketSizedBatchesAreBitIdentical) {
 // The general scenario: batch sizes that are not buckets, joins and leaves,
 // prompts of different lengths crossing the 256 / 512 / 1024 context
 // buckets, short prompts (graph-shaped prefills of up to 8 tokens) and
-// MTP-verification-shaped steps.
+// MTP-verification-shaped steps. Dense selection (index_topk 2048 >= every
+// context): should padding change a GEMM's last bits, a sparse top-k could
+// swap a near-tied key and the two runs would diverge for a reason that is
+// not the graphs' (BucketSizedBatchesAreBitIdentical covers sparse
+// selection, bit for bit).
 void run_scenario(const char* name, const std::string& config, KvDType dtype, double tolerance,
                   bool logits_on_device) {
   CudaModelOptions options;
@@ -324,23 +331,23 @@ void run_scenario(const char* name, const std::string& config, KvDType dtype, do
 }
 
 TEST(CudaGraphs, PaddedBucketsMatchEagerDense) {
-  run_scenario("dense, F32 KV, logits on the device", write_config("dense", 4), KvDType::F32, 1e-5,
-               true);
+  run_scenario("dense, F32 KV, logits on the device", write_config("dense", 4, 2048), KvDType::F32,
+               1e-5, true);
 }
 
 TEST(CudaGraphs, PaddedBucketsMatchEagerMoe) {
   // Layers 1-3 MoE on the grouped device dispatch (capturable up to 128 rows).
-  run_scenario("MoE, F32 KV", write_config("moe", 1), KvDType::F32, 1e-5, false);
+  run_scenario("MoE, F32 KV", write_config("moe", 1, 2048), KvDType::F32, 1e-5, false);
 }
 
 TEST(CudaGraphs, PaddedBucketsMatchEagerFp8Cache) {
   // An FP8 cache amplifies a last-bit difference of a GEMM into a flipped
   // e4m3 rounding, hence the quantized-cache tolerance of cuda_model_test.
-  run_scenario("dense, FP8 KV", write_config("dense", 4), KvDType::FP8, 2e-2, false);
+  run_scenario("dense, FP8 KV", write_config("dense", 4, 2048), KvDType::FP8, 2e-2, false);
 }
 
 TEST(CudaGraphs, NotUsedPastTheLargestBucketWithHostMoeOrTimed) {
-  const std::string config = write_config("dense", 4);
+  const std::string config = write_config("dense", 4, 16);
   CudaModelOptions options;
   options.cuda_graph_max_batch = 4;
   Lockstep run(make_models(config, options), KvDType::F32, 64);
@@ -361,7 +368,7 @@ TEST(CudaGraphs, NotUsedPastTheLargestBucketWithHostMoeOrTimed) {
   // such steps are not capturable and run eagerly.
   CudaModelOptions host_moe;
   host_moe.device_moe = false;
-  Lockstep moe(make_models(write_config("moe", 1), host_moe), KvDType::F32, 16);
+  Lockstep moe(make_models(write_config("moe", 1, 16), host_moe), KvDType::F32, 16);
   std::vector<int64_t> moe_active;
   for (int i = 0; i < 3; ++i) moe_active.push_back(moe.join(30 + i, 100));
   for (int step = 0; step < 3; ++step) moe.step(moe_active, 1, false, false);
