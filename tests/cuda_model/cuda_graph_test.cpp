@@ -8,10 +8,10 @@
 //    contexts of different lengths crossing the context buckets (256, 512,
 //    1024), MTP-verification-shaped steps (3 tokens per sequence, every
 //    row's logits, hidden states; dense selection, see run_scenario):
-//    logits within 1e-5 relative (padding
-//    changes the GEMMs' row count, so cuBLAS may pick another kernel; the
-//    share of bit-identical rows is printed), and every KV slot no real
-//    position owns still zero (padding rows wrote nothing);
+//    logits within 1e-5 relative (padding changes the GEMMs' row count, so
+//    cuBLAS may pick another kernel; the share of bit-identical rows is
+//    printed), and every KV slot no real position owns still zero (padding
+//    rows wrote nothing);
 //  * dense-only and MoE (device dispatch) models, F32 and FP8 caches;
 //  * graphs really replay (counters), and are not used when off, past the
 //    largest bucket, with host-dispatched MoE layers, or with the phase timer.
