@@ -163,7 +163,7 @@ TEST(CudaMoe, PlanMatchesHostCountingSort) {
   }
   // Every row on the same 8 experts (64 or 256 pairs each: 8 or 32 full tiles
   // apiece, equal ids across all passes; 248 experts with no rows), and 100
-  // rows x 2 of 4 experts (tiles of 8 and a ragged last one).
+  // rows x 2 of 4 experts (full tiles and a ragged last one).
   for (int64_t rows : {64, 256}) {
     std::vector<int32_t> same;
     for (int64_t r = 0; r < rows; ++r)
@@ -329,13 +329,14 @@ const std::vector<ExpertCase>& expert_cases() {
       {"64 rows, top-8 of 256", 64, 256, 128, 256, 8, 8, 4},
       {"128 rows, top-8 of 256", 128, 256, 128, 256, 8, 8, 4},
       {"256 rows, top-8 of 256", 256, 256, 128, 256, 8, 8, 4},
-      // Every row on experts 0..7: 8 tiles of 8 rows each, 248 empty experts.
+      // Every row on experts 0..7: 4 fp32 tiles of 16 rows or 2 bf16 tiles of
+      // 32 each; 248 empty experts.
       {"64 rows all on 8 experts", 64, 256, 128, 256, 8, 8, 4, true},
-      // Rows longer than one staged chunk (1024) in both kernels, ragged tail.
+      // Rows of several staged chunks (512) in both kernels, ragged tail.
       {"H 2304, I 1088 (chunked)", 9, 2304, 1088, 8, 2, 1, 1},
       // Neuron counts that leave CTAs and warps partly empty; GLM's n_group 1.
       {"H 72, I 40 (ragged)", 13, 72, 40, 16, 4, 1, 1},
-      // About 20 rows per expert: 3 fp32 tiles, or 1 bf16 tile with a partly
+      // About 20 rows per expert: 2 fp32 tiles, or 1 bf16 tile with a partly
       // used third column group.
       {"40 rows on 4 experts", 40, 128, 64, 4, 2, 1, 1},
   };

@@ -22,7 +22,8 @@ struct ExpertArgs {
 };
 
 // bf16 weights on tensor cores (mma.sync m16n8k16, fp32 accumulation): a
-// warp takes 16 weight rows, the tile's up to 8 rows are the n = 8 columns.
+// warp takes 16 weight rows, the tile's up to 32 rows are four groups of
+// n = 8 columns.
 void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                              cudaStream_t stream);
 

@@ -4,7 +4,7 @@
 //
 // Expert kernel: grid (neuron blocks, max_tiles). A CTA takes one tile (one
 // expert, up to R = kGroupedMoeTileRowsF32 of its pairs), stages the tile's
-// input rows in shared memory 1024 values at a time, and each warp streams
+// input rows in shared memory 512 values at a time, and each warp streams
 // kWeightRowsPerWarp weight rows of that expert (16-byte loads), multiplying
 // every row it reads into all of the tile's inputs with per-(weight row,
 // input row) float32 accumulators in registers. Each weight byte is read once
@@ -23,7 +23,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWeightRowsPerWarp = 4;
-constexpr int kChunk = 1024;  // input values per row staged per pass
+constexpr int kChunk = 512;  // input values per row staged per pass ([16, 512] floats: 32 KiB)
 constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsF32);
 constexpr unsigned kFullMask = 0xffffffffu;
 

@@ -30,7 +30,7 @@ namespace megactx::cuda {
 // register accumulator per (weight row, tile row) on CUDA cores; bf16 weights
 // use four n = 8 tensor-core column groups, so a tile of 32 rows costs no
 // more weight traffic than one row.
-inline constexpr int64_t kGroupedMoeTileRowsF32 = 8;
+inline constexpr int64_t kGroupedMoeTileRowsF32 = 16;
 inline constexpr int64_t kGroupedMoeTileRowsBf16 = 32;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
 // GEMMs read each expert's weights once for all its rows and use tensor
