@@ -5,8 +5,9 @@
 //    against its host definition (fp8_emulation.h);
 //  * Blas::linear with fp8 weights (any shape, stacked gate/up scales, row
 //    strides) against double loops over the host-rounded inputs, and against
-//    the same weights dequantised into a bf16 GEMM; the decode GEMV and the
-//    tiled kernel each against the same loops;
+//    the same weights dequantised into a bf16 GEMM; the decode GEMV, the
+//    tiled kernel and the (opt-in) tensor-core kernel each against the same
+//    loops;
 //  * the glm_fp8 fixture with native fp8 weights against the CPU model with
 //    the same input rounding emulated (only summation order differs) and
 //    against the float32 oracle (which dequantises: the bound is the
@@ -16,6 +17,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -304,6 +306,83 @@ TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
   EXPECT_FALSE(cuda::fp8_block_gemv(g, nullptr));
 }
 
+// The tensor-core kernel (opt-in in Blas until it has run on the GPU) on
+// ragged shapes against the same double loops and against the tiled kernel.
+// The MMA accumulates each 128-product group with less than float32
+// precision (Hopper's fp8 MMA keeps ~14 bits), hence 1e-3.
+TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
+  struct Case {
+    int64_t rows, in, out, split;
+  };
+  int seed = 500;
+  for (const Case& c :
+       {Case{64, 128, 64, 0}, Case{70, 160, 272, 0}, Case{130, 528, 200, 70}, Case{9, 1024, 136, 0},
+        Case{256, 256, 544, 272}, Case{3, 16, 8, 0}, Case{65, 144, 96, 0}, Case{1, 80, 320, 160}}) {
+    const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
+                              std::to_string(c.out) + " split " + std::to_string(c.split);
+    const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
+    const std::vector<float> x =
+        normal_values(static_cast<size_t>(c.rows * c.in), static_cast<uint32_t>(seed++));
+    const int64_t groups = (c.in + 127) / 128;
+    DeviceArray<float> dx(x);
+    DeviceArray<uint8_t> dq(static_cast<size_t>(c.rows * c.in));
+    DeviceArray<float> ds(static_cast<size_t>(c.rows * groups));
+    cuda::quantize_e4m3_groups(dx.data, c.rows, c.in, c.in, dq.data, ds.data, nullptr);
+    DeviceArray<uint8_t> dw(weight.bytes);
+    DeviceArray<float> dscale(weight.scales);
+    std::vector<float> results[2];
+    for (const bool tensor_cores : {true, false}) {
+      DeviceArray<float> dy(static_cast<size_t>(c.rows * c.out));
+      cuda::Fp8BlockGemm g;
+      g.x = dq.data;
+      g.x_type = cuda::ActType::E4M3;
+      g.x_stride = c.in;
+      g.x_scale = ds.data;
+      g.w = dw.data;
+      g.scale = dscale.data;
+      g.scale_split = c.split;
+      g.y = dy.data;
+      g.y_stride = c.out;
+      g.rows = c.rows;
+      g.in = c.in;
+      g.out = c.out;
+      if (tensor_cores) {
+        ASSERT_TRUE(cuda::fp8_block_gemm_tensor_cores(g, nullptr)) << where;
+      } else {
+        cuda::fp8_block_gemm(g, nullptr);
+      }
+      results[tensor_cores ? 0 : 1] = dy.host(static_cast<size_t>(c.rows * c.out));
+    }
+    const std::vector<float> xr = fp8_rounded_inputs(x.data(), c.rows, c.in, c.in);
+    const std::vector<float> wd = weight.dequantized();
+    double max_ref = 0.0, max_diff = 0.0, max_vs_tiled = 0.0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t o = 0; o < c.out; ++o) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < c.in; ++i)
+          sum += static_cast<double>(xr[r * c.in + i]) * wd[o * c.in + i];
+        const size_t at = static_cast<size_t>(r * c.out + o);
+        max_ref = std::max(max_ref, std::fabs(sum));
+        max_diff = std::max(max_diff, std::fabs(sum - results[0][at]));
+        max_vs_tiled =
+            std::max(max_vs_tiled, std::fabs(static_cast<double>(results[0][at]) - results[1][at]));
+      }
+    std::printf("fp8 tensor-core GEMM %s: vs reference %.2e, vs tiled kernel %.2e (of max %.3g)\n",
+                where.c_str(), max_diff / max_ref, max_vs_tiled / max_ref, max_ref);
+    EXPECT_LE(max_diff / max_ref, 1e-3) << where;
+    EXPECT_LE(max_vs_tiled / max_ref, 1e-3) << where;
+  }
+  cuda::Fp8BlockGemm g;  // shapes it declines
+  g.x_type = cuda::ActType::E4M3;
+  g.rows = 4;
+  g.in = g.x_stride = 100;
+  g.out = 1;
+  EXPECT_FALSE(cuda::fp8_block_gemm_tensor_cores(g, nullptr));
+  g.in = g.x_stride = 128;
+  g.x_type = cuda::ActType::BF16;
+  EXPECT_FALSE(cuda::fp8_block_gemm_tensor_cores(g, nullptr));
+}
+
 std::unique_ptr<PagedKvCache> cache_for(const LanguageModel& model, int64_t tokens) {
   KvCacheSpec spec = make_kv_cache_spec(model.config(), (tokens + 63) / 64 + 1, KvDType::F32);
   if (model.device() == Device::CUDA) return make_cuda_kv_cache(spec);
@@ -413,6 +492,30 @@ TEST(CudaFp8Model, GlmFp8NativeWeightsMatchEmulationAndOracle) {
     EXPECT_LE(quantile(vs_oracle, 0.5), kFp8SparseRowMedian);
     EXPECT_GE(agree, kFp8SparseArgmaxAgreement);
   }
+}
+
+// The prefill GEMMs on the tensor-core kernel (opt-in): the same bounds
+// against the CPU emulation as the default kernels.
+TEST(CudaFp8Model, TensorCorePrefillMatchesEmulation) {
+  const HfFixture f = load_fixture("glm_fp8");
+  std::vector<int32_t> ids = f.input_ids;
+  ids.insert(ids.end(), f.greedy_ids.begin(), f.greedy_ids.end());
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  auto emulated = load_fp8_emulated_model(f.dir, 4096);
+  const std::vector<float> emulation = logits_of(*emulated, ids, 0);
+  ::setenv("MEGACTX_FP8_TENSOR_CORES", "1", 1);
+  auto native = native_model(f.dir, /*bf16=*/false, 4096);
+  ::unsetenv("MEGACTX_FP8_TENSOR_CORES");
+  const std::vector<float> got = logits_of(*native, ids, 0);
+  const std::vector<double> errors = sorted_row_errors(got.data(), emulation.data(), rows, f.vocab);
+  const double agree = argmax_agreement(got.data(), emulation.data(), rows, f.vocab);
+  std::printf(
+      "glm_fp8 native fp8 on tensor cores (dense, prefill), per-position max rel vs CPU "
+      "emulation: median %.2e / 90%% %.2e / max %.2e (argmax %.3f)\n",
+      quantile(errors, 0.5), quantile(errors, 0.9), errors.back(), agree);
+  EXPECT_LE(quantile(errors, 0.5), kDeviceVsEmulationMedian);
+  EXPECT_LE(quantile(errors, 0.9), kDeviceVsEmulation90);
+  EXPECT_GE(agree, kDeviceVsEmulationArgmax);
 }
 
 // fp8 parameters and their scale entries in the checkpoint header: every

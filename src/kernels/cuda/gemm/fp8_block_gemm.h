@@ -43,4 +43,13 @@ void fp8_block_gemm(const Fp8BlockGemm& g, cudaStream_t stream);
 constexpr int64_t kFp8GemvMaxRows = 8;
 bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream);
 
+// Tensor cores (fp8_block_gemm_mma.cu, mma.sync m16n8k32 e4m3, per-128-group
+// promotion to float32 with both scales): E4M3 inputs, `in` and x_stride
+// multiples of 16, 16-byte aligned x and w; returns false, launching
+// nothing, otherwise. Sums agree with fp8_block_gemm to ~1e-4 relative (the
+// MMA's internal accumulation over 128 products is not full float32).
+// Opt-in (Blas::linear_fp8 with MEGACTX_FP8_TENSOR_CORES=1) until it has been
+// run on the GPU.
+bool fp8_block_gemm_tensor_cores(const Fp8BlockGemm& g, cudaStream_t stream);
+
 }  // namespace megactx::cuda

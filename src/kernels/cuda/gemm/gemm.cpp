@@ -2,6 +2,9 @@
 
 #include <cublas_v2.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
@@ -31,6 +34,8 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   check(cublasSetStream(handle, stream), "set stream");
   // Pedantic: no TF32 or reduced-precision shortcuts in the fp32 parity mode.
   check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
+  const char* tensor_cores = std::getenv("MEGACTX_FP8_TENSOR_CORES");
+  fp8_tensor_cores_ = tensor_cores != nullptr && std::string_view(tensor_cores) == "1";
 }
 
 Blas::~Blas() {
@@ -98,8 +103,10 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.in = in;
   g.out = out;
   // Decode (a few rows) streams the weights once per warp; larger batches
-  // run the tiled kernel.
-  if (!fp8_block_gemv(g, stream_)) fp8_block_gemm(g, stream_);
+  // run the tiled kernel (or the tensor-core one when enabled).
+  if (fp8_block_gemv(g, stream_)) return;
+  if (fp8_tensor_cores_ && fp8_block_gemm_tensor_cores(g, stream_)) return;
+  fp8_block_gemm(g, stream_);
 }
 
 // Row-major y = x . w^T is column-major y^T = w . x^T: w [out, in] row-major is

@@ -80,6 +80,10 @@ class Blas {
   // group / block is handled by the kernels (no padding, no dequantised copy).
   void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride);
+  // More than 8 rows on the tensor-core fp8 kernel (fp8_block_gemm_tensor_cores)
+  // instead of the tiled SIMT one. Off by default until run on the GPU; the
+  // environment variable MEGACTX_FP8_TENSOR_CORES=1 turns it on for every Blas.
+  void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
 
   // A caller-owned cuBLAS workspace (cublasSetWorkspace): captured CUDA
   // Graphs and eager launches then share one fixed workspace (without it,
@@ -104,6 +108,7 @@ class Blas {
   void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
   size_t x_scale_bytes_ = 0;
   uint64_t reallocations_ = 0;
+  bool fp8_tensor_cores_ = false;
 };
 
 }  // namespace megactx::cuda
