@@ -39,14 +39,12 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
   moe_route(logits, w.bias, rows, params, ids, gates, stream_);
 
-  const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
-  GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
-  shape.bf16 = w.experts_gate_up.bf16;
-  // The grouped kernels read float32 or bf16 stacked experts (fp8 experts
-  // are not stacked today; if they were, they would take the host dispatch).
-  const bool stacked_ok =
-      w.experts_gate_up && w.experts_down && !w.experts_gate_up.fp8() && !w.experts_down.fp8();
-  if (options_.device_moe && stacked_ok && grouped_moe_supported(shape)) {
+  // moe_on_device (cuda_dsa_graph_forward.cpp) also decides whether a decode
+  // step can be captured: one predicate, so the two cannot drift.
+  if (moe_on_device(w, rows)) {
+    const int64_t intermediate = w.experts.front().intermediate;
+    GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
+    shape.bf16 = w.experts_gate_up.bf16;
     // Shared expert first: the combine adds it after the routed sum, the
     // order of the host dispatch below. Buffer sizes depend on the shape
     // only (a graph sized once per batch bucket).
