@@ -39,8 +39,9 @@ uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers) {
 
 bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
-  const GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
-                              config_.num_experts_per_tok};
+  GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
+                        config_.num_experts_per_tok};
+  shape.bf16 = w.experts_gate_up.bf16;  // sets the tile rows the bounds depend on
   const bool stacked =
       w.experts_gate_up && w.experts_down && !w.experts_gate_up.fp8() && !w.experts_down.fp8();
   return options_.device_moe && stacked && grouped_moe_supported(shape);
