@@ -106,8 +106,8 @@ void grouped_moe(const float* x, const int32_t* ids, const float* gates,
                  const GroupedMoeShape& shape, const StackedExperts& weights, const float* shared,
                  const GroupedMoeBuffers& buffers, float* out, cudaStream_t stream);
 
-// (b) and (c) alone, over a plan made by grouped_moe_plan (tests time and
-// check the stages separately through grouped_moe).
+// (b) and (c) alone, over a plan made by grouped_moe_plan for the same shape
+// (grouped_moe runs the three in order).
 void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
                          const StackedExperts& weights, const GroupedMoeBuffers& buffers,
                          cudaStream_t stream);
