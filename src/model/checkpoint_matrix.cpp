@@ -1,9 +1,13 @@
 #include "model/checkpoint_matrix.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/weight_source.h"
 
 namespace megactx {
 namespace {
@@ -118,6 +122,89 @@ Tensor read_checkpoint_float(const Checkpoint& checkpoint, const std::string& na
   MEGACTX_CHECK(!checkpoint.has(name) || checkpoint.dtype_of(name) != DType::F8_E4M3,
                 "tensor '{}' is fp8 but is not a matrix", name);
   return checkpoint.get_float(name, shape).to_float();
+}
+
+CheckpointMatrix quantize_blocks(const Tensor& values) {
+  MEGACTX_CHECK(values.rank() == 2 && values.dtype() == DType::F32,
+                "quantize_blocks: a float32 matrix is needed");
+  const int64_t rows = values.dim(0), cols = values.dim(1);
+  const int64_t block_rows = blocks(rows), block_cols = blocks(cols);
+  CheckpointMatrix matrix;
+  matrix.values = Tensor::empty({rows, cols}, DType::F8_E4M3);
+  matrix.scales = Tensor::empty({block_rows, block_cols});
+  const float* v = values.data<float>();
+  auto* codes = static_cast<uint8_t*>(matrix.values.raw());
+  float* scales = matrix.scales.data<float>();
+  // One task per 128-row band of blocks (blocks never share rows across bands).
+  ThreadPool::global().parallel_for(block_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t br = begin; br < end; ++br) {
+      const int64_t r0 = br * kFp8WeightBlock, r1 = std::min(rows, r0 + kFp8WeightBlock);
+      for (int64_t bc = 0; bc < block_cols; ++bc) {
+        const int64_t c0 = bc * kFp8WeightBlock, c1 = std::min(cols, c0 + kFp8WeightBlock);
+        float amax = 0.0f;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(v[r * cols + c]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        scales[br * block_cols + bc] = scale;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c)
+            codes[r * cols + c] = float_to_fp8_e4m3(v[r * cols + c] / scale);
+      }
+    }
+  });
+  return matrix;
+}
+
+namespace {
+
+class CheckpointMatrices final : public MatrixSource {
+ public:
+  explicit CheckpointMatrices(const Checkpoint& checkpoint)
+      : checkpoint_(checkpoint), unused_(make_checkpoint_weights(checkpoint)) {}
+  bool has(const std::string& name) const override { return checkpoint_.has(name); }
+  CheckpointMatrix matrix(const std::string& name, const Shape& shape) override {
+    return read_checkpoint_matrix(checkpoint_, name, shape);
+  }
+  Tensor float_tensor(const std::string& name, const Shape& shape) override {
+    return read_checkpoint_float(checkpoint_, name, shape);
+  }
+  void check_all_used(const std::vector<std::string>& ignored_prefixes) const override {
+    // The checkpoint tracks what was read; WeightSource words the report.
+    unused_->check_all_used(ignored_prefixes);
+  }
+
+ private:
+  const Checkpoint& checkpoint_;
+  std::unique_ptr<WeightSource> unused_;
+};
+
+class RandomFp8Matrices final : public MatrixSource {
+ public:
+  explicit RandomFp8Matrices(uint64_t seed) : values_(make_random_weights(seed)) {}
+  bool has(const std::string& name) const override { return values_->has(name); }
+  CheckpointMatrix matrix(const std::string& name, const Shape& shape) override {
+    const Tensor values = values_->get(name, shape);
+    // What fp8 checkpoints keep in bf16.
+    if (name == "lm_head.weight" || name.ends_with("weights_proj.weight")) return {values, {}, 0};
+    return quantize_blocks(values);
+  }
+  Tensor float_tensor(const std::string& name, const Shape& shape) override {
+    return values_->get(name, shape);
+  }
+  void check_all_used(const std::vector<std::string>&) const override {}
+
+ private:
+  std::unique_ptr<WeightSource> values_;
+};
+
+}  // namespace
+
+std::unique_ptr<MatrixSource> make_checkpoint_matrices(const Checkpoint& checkpoint) {
+  return std::make_unique<CheckpointMatrices>(checkpoint);
+}
+
+std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed) {
+  return std::make_unique<RandomFp8Matrices>(seed);
 }
 
 }  // namespace megactx

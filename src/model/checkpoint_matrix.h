@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "io/checkpoint.h"
@@ -53,5 +55,34 @@ Tensor dequantize(const CheckpointMatrix& matrix);
 // floating dtype, fp8 dequantised with its block scales.
 Tensor read_checkpoint_float(const Checkpoint& checkpoint, const std::string& name,
                              const Shape& shape);
+
+// Where the fp8-native load reads its tensors: a checkpoint, or random fp8
+// weights for benchmarks. Weights are asked for by name and shape.
+class MatrixSource {
+ public:
+  virtual ~MatrixSource() = default;
+  virtual bool has(const std::string& name) const = 0;
+  // A GEMM weight [out, in] (read_checkpoint_matrix's rules).
+  virtual CheckpointMatrix matrix(const std::string& name, const Shape& shape) = 0;
+  // A float32 tensor (read_checkpoint_float's rules).
+  virtual Tensor float_tensor(const std::string& name, const Shape& shape) = 0;
+  // An Error listing tensors never read, except names starting with one of
+  // `ignored_prefixes` (the MTP layers).
+  virtual void check_all_used(const std::vector<std::string>& ignored_prefixes) const = 0;
+};
+
+// The checkpoint's tensors (it must outlive the source).
+std::unique_ptr<MatrixSource> make_checkpoint_matrices(const Checkpoint& checkpoint);
+
+// Random weights shaped as an fp8 checkpoint ships them (DeepSeek-V3 / GLM-5
+// FP8): every projection and expert matrix e4m3 with one scale per 128x128
+// block (values ~ N(0, 1/fan_in) quantised with scale = block amax / 448);
+// lm_head, router and indexer weights_proj float32, norms 1, biases 0, the
+// embedding N(0, 1) (make_random_weights' values). For benchmarks.
+std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed);
+
+// float32 [out, in] -> e4m3 codes with one scale per 128x128 block (scale =
+// block amax / 448, 1 for an all-zero block), as fp8 checkpoints are made.
+CheckpointMatrix quantize_blocks(const Tensor& values);
 
 }  // namespace megactx

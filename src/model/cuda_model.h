@@ -111,6 +111,12 @@ Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count);
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
     const Checkpoint& checkpoint, const CudaModelOptions& options,
     const DsaModelOptions& model_options = {});
+// The same with random weights shaped as an fp8 checkpoint ships them
+// (make_random_fp8_matrices in model/checkpoint_matrix.h): benchmarks of the
+// fp8 path without a checkpoint.
+std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(
+    const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,
+    const DsaModelOptions& model_options = {});
 
 // What a CUDA model keeps on the device for its weights: all of them, the GEMM
 // matrices, and of those the fp8 ones (e4m3 bytes + scales) with their

@@ -57,6 +57,8 @@ class CudaWeights {
   // into the float32 W_UK^T / W_UV. Checks names, shapes, scale shapes and
   // unexpected tensors like load_dsa_weights.
   CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint, bool bf16);
+  // The same from any MatrixSource (random fp8 weights for benchmarks).
+  CudaWeights(const ModelConfig& config, MatrixSource& source, bool bf16);
 
   const float* embed = nullptr;       // [V, H]
   const float* final_norm = nullptr;  // [H]
@@ -80,9 +82,9 @@ class CudaWeights {
  private:
   DeviceMlp upload(const MlpWeights& mlp);
   DeviceMatrix upload_matrix(const CheckpointMatrix& matrix);
-  DeviceMlp upload_mlp(const Checkpoint& checkpoint, const std::string& prefix, int64_t hidden,
+  DeviceMlp upload_mlp(MatrixSource& source, const std::string& prefix, int64_t hidden,
                        int64_t intermediate);
-  DeviceLayer upload_checkpoint_layer(const ModelConfig& config, const Checkpoint& checkpoint,
+  DeviceLayer upload_checkpoint_layer(const ModelConfig& config, MatrixSource& source,
                                       int64_t index);
   void* upload_bytes(const void* data, size_t bytes);
   // Uninitialised device bytes owned by this object (out-of-memory checked).

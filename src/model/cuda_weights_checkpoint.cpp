@@ -1,6 +1,7 @@
-// CudaWeights straight from a checkpoint (the fp8-native load; see
-// cuda_weights.h). Walks the same names and shapes as load_dsa_weights
-// (dsa_weights.cpp), uploading each tensor as soon as it is read.
+// CudaWeights straight from a checkpoint or random fp8 weights (the
+// fp8-native load; see cuda_weights.h). Walks the same names and shapes as
+// load_dsa_weights (dsa_weights.cpp), uploading each tensor as soon as it is
+// read.
 #if MEGACTX_HAVE_CUDA
 #include <fmt/format.h>
 
@@ -8,7 +9,6 @@
 
 #include "core/error.h"
 #include "model/cuda_weights.h"
-#include "model/weight_source.h"
 
 namespace megactx::cuda {
 
@@ -28,21 +28,20 @@ DeviceMatrix CudaWeights::upload_matrix(const CheckpointMatrix& matrix) {
   return device;
 }
 
-DeviceMlp CudaWeights::upload_mlp(const Checkpoint& checkpoint, const std::string& prefix,
-                                  int64_t hidden, int64_t intermediate) {
+DeviceMlp CudaWeights::upload_mlp(MatrixSource& source, const std::string& prefix, int64_t hidden,
+                                  int64_t intermediate) {
   // gate rows then up rows: one GEMM for both, as MlpWeights::gate_up.
-  const CheckpointMatrix gate_up = stack_rows(
-      read_checkpoint_matrix(checkpoint, prefix + "gate_proj.weight", {intermediate, hidden}),
-      read_checkpoint_matrix(checkpoint, prefix + "up_proj.weight", {intermediate, hidden}));
+  const CheckpointMatrix gate_up =
+      stack_rows(source.matrix(prefix + "gate_proj.weight", {intermediate, hidden}),
+                 source.matrix(prefix + "up_proj.weight", {intermediate, hidden}));
   DeviceMlp mlp;
   mlp.gate_up = upload_matrix(gate_up);
-  mlp.down = upload_matrix(
-      read_checkpoint_matrix(checkpoint, prefix + "down_proj.weight", {hidden, intermediate}));
+  mlp.down = upload_matrix(source.matrix(prefix + "down_proj.weight", {hidden, intermediate}));
   mlp.intermediate = intermediate;
   return mlp;
 }
 
-DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Checkpoint& checkpoint,
+DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSource& source,
                                                  int64_t index) {
   const int64_t hidden = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
@@ -51,10 +50,10 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Che
   const int64_t value = c.v_head_dim;
   const std::string prefix = fmt::format("model.layers.{}.", index);
   auto vector = [&](const std::string& name, int64_t size) {
-    return upload(read_checkpoint_float(checkpoint, name, {size}));
+    return upload(source.float_tensor(name, {size}));
   };
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    return upload_matrix(read_checkpoint_matrix(checkpoint, name, {rows, cols}));
+    return upload_matrix(source.matrix(name, {rows, cols}));
   };
   DeviceLayer d;
   d.input_norm = vector(prefix + "input_layernorm.weight", hidden);
@@ -73,8 +72,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Che
   d.kv_a_norm = vector(a + "kv_a_layernorm.weight", lora);
   // kv_b_proj [Nh (Dn + Dv), L]: head h's first Dn rows are W_UK[h], the next
   // Dv rows W_UV[h] (as dsa_weights.cpp): W_UK^T [Nh, L, Dn], W_UV [Nh, Dv, L].
-  const Tensor kv_b =
-      read_checkpoint_float(checkpoint, a + "kv_b_proj.weight", {heads * (nope + value), lora});
+  const Tensor kv_b = source.float_tensor(a + "kv_b_proj.weight", {heads * (nope + value), lora});
   Tensor w_uk_t = Tensor::empty({heads, lora, nope});
   Tensor w_uv = Tensor::empty({heads, value, lora});
   for (int64_t h = 0; h < heads; ++h) {
@@ -102,7 +100,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Che
 
   d.is_moe = c.layer_is_moe(index);
   if (!d.is_moe) {
-    d.dense = upload_mlp(checkpoint, prefix + "mlp.", hidden, c.intermediate_size);
+    d.dense = upload_mlp(source, prefix + "mlp.", hidden, c.intermediate_size);
     return d;
   }
   const int64_t experts = c.n_routed_experts;
@@ -112,24 +110,25 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, const Che
   MEGACTX_CHECK(
       c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
       "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group, c.topk_group, experts);
-  d.router =
-      upload(read_checkpoint_float(checkpoint, prefix + "mlp.gate.weight", {experts, hidden}));
+  d.router = upload(source.float_tensor(prefix + "mlp.gate.weight", {experts, hidden}));
   const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
-  d.bias = upload(checkpoint.has(bias) ? read_checkpoint_float(checkpoint, bias, {experts})
-                                       : Tensor::zeros({experts}));
+  d.bias =
+      upload(source.has(bias) ? source.float_tensor(bias, {experts}) : Tensor::zeros({experts}));
   for (int64_t e = 0; e < experts; ++e) {
-    d.experts.push_back(upload_mlp(checkpoint, fmt::format("{}mlp.experts.{}.", prefix, e), hidden,
+    d.experts.push_back(upload_mlp(source, fmt::format("{}mlp.experts.{}.", prefix, e), hidden,
                                    c.moe_intermediate_size));
   }
   if (c.n_shared_experts > 0) {
-    d.shared = upload_mlp(checkpoint, prefix + "mlp.shared_experts.", hidden,
+    d.shared = upload_mlp(source, prefix + "mlp.shared_experts.", hidden,
                           c.moe_intermediate_size * c.n_shared_experts);
   }
   return d;
 }
 
-CudaWeights::CudaWeights(const ModelConfig& c, const Checkpoint& checkpoint, bool bf16)
-    : bf16_(bf16) {
+CudaWeights::CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint, bool bf16)
+    : CudaWeights(config, *make_checkpoint_matrices(checkpoint), bf16) {}
+
+CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16) : bf16_(bf16) {
   // The model-level checks of load_dsa_weights and the architecture builders.
   MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
   MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
@@ -153,25 +152,24 @@ CudaWeights::CudaWeights(const ModelConfig& c, const Checkpoint& checkpoint, boo
     // One [V, H] float32 host copy at a time (the embedding is a gather and
     // stays float32; a tied lm_head is the same values as a GEMM weight).
     const Tensor embed_host =
-        read_checkpoint_float(checkpoint, "model.embed_tokens.weight", {c.vocab_size, hidden});
+        source.float_tensor("model.embed_tokens.weight", {c.vocab_size, hidden});
     embed = upload(embed_host);
-    if (c.tie_word_embeddings && !checkpoint.has("lm_head.weight")) {
+    if (c.tie_word_embeddings && !source.has("lm_head.weight")) {
       lm_head = upload_matrix(embed_host);
     }
   }
   if (!lm_head) {
-    lm_head =
-        upload_matrix(read_checkpoint_matrix(checkpoint, "lm_head.weight", {c.vocab_size, hidden}));
+    lm_head = upload_matrix(source.matrix("lm_head.weight", {c.vocab_size, hidden}));
   }
-  final_norm = upload(read_checkpoint_float(checkpoint, "model.norm.weight", {hidden}));
+  final_norm = upload(source.float_tensor("model.norm.weight", {hidden}));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers.push_back(upload_checkpoint_layer(c, checkpoint, i));
+    layers.push_back(upload_checkpoint_layer(c, source, i));
   // Nothing left unread but the MTP layers (as load_dsa_weights).
   std::vector<std::string> mtp;
   for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {
     mtp.push_back(fmt::format("model.layers.{}.", c.num_hidden_layers + i));
   }
-  make_checkpoint_weights(checkpoint)->check_all_used(mtp);
+  source.check_all_used(mtp);
 }
 
 }  // namespace megactx::cuda

@@ -56,7 +56,9 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
 
 // --device cuda, fp8 checkpoint: the CUDA model reads the checkpoint itself
 // (e4m3 weights stay fp8 on the device); no float32 host model is built.
-std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint& checkpoint,
+// Without a checkpoint (random weights of an fp8 config): random fp8 weights.
+std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint* checkpoint,
+                                                    const ModelConfig& config,
                                                     const ModelLoadOptions& options) {
 #if MEGACTX_HAVE_CUDA
   CudaModelOptions cuda_options;
@@ -65,7 +67,10 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint& checkpoint
   cuda_options.cuda_graphs = options.cuda_graphs;
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
-  auto model = make_cuda_dsa_model_from_checkpoint(checkpoint, cuda_options, model_options);
+  auto model =
+      checkpoint != nullptr
+          ? make_cuda_dsa_model_from_checkpoint(*checkpoint, cuda_options, model_options)
+          : make_cuda_dsa_model_random_fp8(config, options.seed, cuda_options, model_options);
   const CudaWeightBytes bytes = cuda_weight_bytes(*model);
   spdlog::info(
       "CUDA model: fp8 weights native: {:.1f} MiB of weights on the device ({:.1f} MiB e4m3 + "
@@ -78,6 +83,7 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint& checkpoint
   return model;
 #else
   (void)checkpoint;
+  (void)config;
   (void)options;
   fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
 #endif
@@ -98,13 +104,16 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
     } else {
       config = load_model_config(model_dir);
     }
+    if (options.device == Device::CUDA && options.cuda_fp8_native && config.is_fp8_checkpoint()) {
+      return load_cuda_fp8_native(nullptr, config, options);
+    }
     auto weights = make_random_weights(options.seed);
     return build(config, *weights, options);
   }
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
   if (options.device == Device::CUDA && options.cuda_fp8_native &&
       checkpoint->config().is_fp8_checkpoint()) {
-    return load_cuda_fp8_native(*checkpoint, options);
+    return load_cuda_fp8_native(checkpoint.get(), checkpoint->config(), options);
   }
   auto weights = make_checkpoint_weights(*checkpoint);
   // The weights are float32 copies, so the checkpoint can close afterwards.

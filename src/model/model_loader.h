@@ -33,8 +33,10 @@ struct ModelLoadOptions {
   // --device cuda with an fp8 checkpoint (quantization_config.quant_method
   // fp8): load it natively (make_cuda_dsa_model_from_checkpoint: e4m3 weights
   // kept as shipped, fp8 GEMMs, no float32 host model) instead of
-  // dequantising it into a float32 host model first. The CLI sets it; tests
-  // of the exact-parity fp32 mode leave it off.
+  // dequantising it into a float32 host model first. With random_weights
+  // and a config whose quantization_config is fp8: random fp8 weights
+  // (benchmarks). The CLI sets it; tests of the exact-parity fp32 mode leave
+  // it off.
   bool cuda_fp8_native = false;
   // --device cuda: decode steps replayed as CUDA Graphs over batch-size
   // buckets (CudaModelOptions::cuda_graphs); the CLI's --no-cuda-graphs.

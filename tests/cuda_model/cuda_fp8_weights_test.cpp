@@ -15,6 +15,7 @@
 //  * the device keeps ~1 byte per fp8 parameter (no upcast copy).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -571,6 +572,28 @@ TEST(CudaFp8Model, LoaderPicksTheNativePathForFp8Checkpoints) {
   options.cuda_fp8_native = true;
   EXPECT_EQ(
       cuda_weight_bytes(*load_language_model(fixture_dir("glm_bf16"), options)).fp8_parameters, 0);
+}
+
+// Random fp8 weights for benchmarks: an fp8 config with random_weights loads
+// the same matrices as fp8 as the real checkpoint has, and runs (prefill and
+// decode) to finite logits.
+TEST(CudaFp8Model, RandomFp8WeightsForBenchmarks) {
+  ModelLoadOptions options;
+  options.device = Device::CUDA;
+  options.random_weights = true;
+  options.seed = 3;
+  options.cuda_fp8_native = true;
+  auto model = load_language_model(fixture_dir("glm_fp8") + "/config.json", options);
+  EXPECT_EQ(cuda_weight_bytes(*model).fp8_parameters, census(fixture_dir("glm_fp8")).parameters);
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 42, 7, 128, 64, 1};
+  for (int64_t chunk : {0, 1}) {
+    const std::vector<float> logits = logits_of(*model, ids, chunk);
+    int64_t finite = 0;
+    for (float v : logits) finite += std::isfinite(v);
+    EXPECT_EQ(finite, static_cast<int64_t>(logits.size())) << "chunk " << chunk;
+    EXPECT_NE(*std::max_element(logits.begin(), logits.end()),
+              *std::min_element(logits.begin(), logits.end()));
+  }
 }
 
 TEST(CudaFp8Model, UnsupportedBlockSizeIsAnError) {

@@ -1,8 +1,9 @@
 // Host side of the fp8-native CUDA load (model/checkpoint_matrix.h), no GPU:
 // e4m3 weights come back as shipped with their 128x128 scales, stacked
 // gate/up matrices keep each row's block scale, bad scales are Errors naming
-// the tensor; and how far the device's per-128-group activation rounding
-// moves the glm_fp8 fixture from the float32 oracle (emulated on the CPU).
+// the tensor, random fp8 weights are quantised as checkpoints are; and how far the device's
+// per-128-group activation rounding moves the glm_fp8 fixture from the float32 oracle (emulated on
+// the CPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -196,6 +197,50 @@ TEST(CheckpointMatrix, FixtureMatricesDequantiseLikeTheFloatLoader) {
     ++checked;
   }
   EXPECT_EQ(checked, 30);  // glm_fp8: 10 in the dense layer, 20 in the MoE layer
+}
+
+TEST(CheckpointMatrix, QuantizeBlocksAsFp8CheckpointsAreMade) {
+  // [200, 300]: ragged blocks in both directions, one all-zero block.
+  Tensor values = Tensor::empty({200, 300});
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (int64_t i = 0; i < values.numel(); ++i) values.data<float>()[i] = normal(rng);
+  for (int64_t r = 128; r < 200; ++r)
+    for (int64_t c = 256; c < 300; ++c) values.data<float>()[r * 300 + c] = 0.0f;
+  const CheckpointMatrix q = quantize_blocks(values);
+  ASSERT_TRUE(q.fp8());
+  ASSERT_EQ(q.scales.shape(), (Shape{2, 3}));
+  EXPECT_EQ(q.scales.data<float>()[1 * 3 + 2], 1.0f);  // the all-zero block
+  const Tensor back = dequantize(q);
+  for (int64_t r = 0; r < 200; ++r) {
+    for (int64_t c = 0; c < 300; ++c) {
+      const float v = values.data<float>()[r * 300 + c];
+      const float scale = q.scales.data<float>()[(r / 128) * 3 + c / 128];
+      // The code is the definition's, and it rounds within half an e4m3 step.
+      ASSERT_EQ(static_cast<const uint8_t*>(q.values.raw())[r * 300 + c],
+                float_to_fp8_e4m3(v / scale))
+          << r << ", " << c;
+      ASSERT_LE(std::fabs(back.data<float>()[r * 300 + c] - v),
+                std::max(std::fabs(v) / 16.0f, scale * std::ldexp(1.0f, -10)) * 1.0001f)
+          << r << ", " << c;
+    }
+  }
+}
+
+TEST(CheckpointMatrix, RandomFp8SourceShapesTensorsAsFp8Checkpoints) {
+  auto source = make_random_fp8_matrices(5);
+  const CheckpointMatrix q = source->matrix("model.layers.0.self_attn.q_a_proj.weight", {144, 160});
+  EXPECT_TRUE(q.fp8());
+  EXPECT_EQ(q.scales.shape(), (Shape{2, 2}));
+  EXPECT_FALSE(source->matrix("lm_head.weight", {256, 160}).fp8());
+  EXPECT_FALSE(
+      source->matrix("model.layers.0.self_attn.indexer.weights_proj.weight", {8, 160}).fp8());
+  const Tensor norm = source->float_tensor("model.layers.0.input_layernorm.weight", {160});
+  EXPECT_EQ(norm.data<float>()[0], 1.0f);
+  // Reproducible for a seed.
+  const CheckpointMatrix again =
+      make_random_fp8_matrices(5)->matrix("model.layers.0.self_attn.q_a_proj.weight", {144, 160});
+  EXPECT_EQ(std::memcmp(q.values.raw(), again.values.raw(), q.values.nbytes()), 0);
 }
 
 TEST(Fp8Emulation, GroupRoundingIsWithinHalfAnE4m3Step) {
