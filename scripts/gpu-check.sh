@@ -115,6 +115,10 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
     >"$out/model_decode.md" 2>&1
   note "model decode bench exit $?"
+  # The FP8 KV cache: the issue-7 kernels (fast) against the fp32 fallback kernels.
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
+    --kv-dtype fp8 --precision bf16 >"$out/model_decode_fp8.md" 2>&1
+  note "model decode bench (fp8 KV) exit $?"
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/decode_torch_baseline.py >"$out/model_decode_torch.md" 2>&1
   note "model decode torch baseline exit $?"
 fi
@@ -131,6 +135,7 @@ if [[ -f "$out/bench.md" ]]; then
   grep -E 'topk\(2048\) of 1024K|matmul\+relu\+sum\+topk' "$out/torch_baseline.md" | tail -2
 fi
 [[ -f "$out/model_decode.md" ]] && grep -E '^\| (fp32|bf16) |copy' "$out/model_decode.md"
+[[ -f "$out/model_decode_fp8.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/model_decode_fp8.md"
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
 exit 0
