@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "engine/engine_config.h"
 #include "engine/kv_capacity.h"
+#include "model/cuda_model.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
 #include "tokenizer/tokenizer.h"
@@ -49,6 +50,7 @@ struct Result {
   double accepted_length = 0;  // 0 without MTP
   int64_t generated = 0;
   double total_s = 0;
+  CudaGraphStats graphs;  // of the target model (decode and verification steps)
 };
 
 Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t batch, int64_t steps,
@@ -58,6 +60,7 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
   load.cuda_logits_on_device = true;
   load.cuda_bf16 = bf16;
   auto model = load_language_model(model_dir, load);
+  const LanguageModel* target = model.get();  // owned by the engine below
   EngineConfig config;
   config.run_thread = false;
   config.kv_dtype = kv_dtype;
@@ -102,6 +105,7 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
   }
   const auto end = Clock::now();
   Result result;
+  result.graphs = cuda_graph_stats(*target);
   int64_t verify = 0, accepted = 0;
   for (const auto& [rid, update] : last) {
     MEGACTX_CHECK(update.finish == FinishReason::Length, "request {} did not finish by length",
@@ -171,8 +175,10 @@ int main(int argc, char** argv) {
         "IndexShare+KVShare %s, greedy\n\n",
         model_dir.c_str(), static_cast<long>(prompt_len), static_cast<long>(new_tokens),
         kv_text.c_str(), share ? "on" : "off");
-    std::printf("| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s | target "
+        "graph replays / eager / invalidations |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
     for (const std::string& precision : split(precisions_text)) {
       for (const std::string& b : split(batches_text)) {
         const int64_t batch = std::stoll(b);
@@ -191,10 +197,11 @@ int main(int argc, char** argv) {
           const std::string accepted =
               k == 0 ? std::string("-") : fmt::format("{:.2f}", r.accepted_length);
           std::printf(
-              "| %s | %ld | %ld | %.0f | %s | %s | %.2f |\n", precision.c_str(),
+              "| %s | %ld | %ld | %.0f | %s | %s | %.2f | %ld / %ld / %ld |\n", precision.c_str(),
               static_cast<long>(batch), static_cast<long>(k), r.decode_tokens_per_s,
               baseline > 0 ? fmt::format("{:.2f}x", r.decode_tokens_per_s / baseline).c_str() : "-",
-              accepted.c_str(), r.total_s);
+              accepted.c_str(), r.total_s, static_cast<long>(r.graphs.replays),
+              static_cast<long>(r.graphs.eager_steps), static_cast<long>(r.graphs.invalidations));
           std::fflush(stdout);
         }
       }

@@ -286,10 +286,14 @@ bool Engine::step_locked() {
   try {
     process_commands();
     if (!scheduler_->running().empty() || !scheduler_->waiting().empty()) {
-      if (mtp_) append_draft_slots();
-      scheduler_->schedule(plan_);
-      if (mtp_) drop_unscheduled_drafts();
+      {
+        EnginePhaseTimes::Scope timed(phase_times_, EnginePhaseTimes::Schedule);
+        if (mtp_) append_draft_slots();
+        scheduler_->schedule(plan_);
+        if (mtp_) drop_unscheduled_drafts();
+      }
       if (!plan_.empty()) {
+        phase_times_.count_step();
         run_plan();
         worked = true;
       }
@@ -388,7 +392,11 @@ RequestUpdate& Engine::update_of(RequestState& request) {
 }
 
 void Engine::run_plan() {
-  if (mtp_) draft_for_plan();
+  using Timed = EnginePhaseTimes::Scope;
+  if (mtp_) {
+    Timed timed(phase_times_, EnginePhaseTimes::Drafts);
+    draft_for_plan();
+  }
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
   batch_.want_hidden_states = mtp_ != nullptr;
@@ -402,11 +410,22 @@ void Engine::run_plan() {
     input.page_table = std::span<const int32_t>(request.page_table);
     input.logits_from = chunk.logits_from;
   }
-  ForwardOutput output = model_->forward(batch_, *cache_);
-  collect_outputs(output.logits);
+  ForwardOutput output;
+  {
+    Timed timed(phase_times_, EnginePhaseTimes::Forward);
+    output = model_->forward(batch_, *cache_);
+  }
+  {
+    Timed timed(phase_times_, EnginePhaseTimes::Collect);
+    collect_outputs(output.logits);
+  }
   // The MTP layer writes its entries of this step's rows before commit()
   // shares newly full pages, so no request ever writes into a shared page.
-  if (mtp_) refill_mtp(output.hidden_states);
+  if (mtp_) {
+    Timed timed(phase_times_, EnginePhaseTimes::Refill);
+    refill_mtp(output.hidden_states);
+  }
+  Timed timed(phase_times_, EnginePhaseTimes::Apply);
   scheduler_->commit(plan_);
   apply_outputs();
 }

@@ -25,6 +25,7 @@
 #include "cache/prefix_cache.h"
 #include "engine/engine_api.h"
 #include "engine/engine_config.h"
+#include "engine/engine_phase_times.h"
 #include "engine/kv_capacity.h"
 #include "engine/request_state.h"
 #include "engine/sampler.h"
@@ -151,6 +152,7 @@ class Engine : public EngineApi {
   std::vector<RequestState*> scored_through_prompt_;  // input logprobs complete this step
   std::vector<RequestState*> verifying_;              // verification chunks of this step
   std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
+  EnginePhaseTimes phase_times_;                      // MEGACTX_ENGINE_TIMES=1
   std::vector<MtpDraftRequest> draft_requests_;
   int64_t spec_accepted_total_ = 0;
   int64_t spec_verify_total_ = 0;

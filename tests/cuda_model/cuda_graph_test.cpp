@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -51,10 +52,13 @@ std::string write_config(const std::string& name, int64_t first_dense, int64_t i
   config["first_k_dense_replace"] = first_dense;
   config["indexer_types"] = {"full", "shared", "full", "shared"};
   config["index_topk"] = index_topk;
-  const std::string path = std::string(MEGACTX_BINARY_DIR) + "/cuda_graph_test_" + name + "_" +
-                           std::to_string(index_topk) + "_config.json";
-  std::ofstream(path) << config.dump(2);
-  return path;
+  // A model directory holding only config.json (the weights are random).
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("megactx_cuda_graph_test_" + name + "_" +
+                                     std::to_string(index_topk));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.dump(2);
+  return dir.string();
 }
 
 struct ModelPair {
