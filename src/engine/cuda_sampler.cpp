@@ -39,33 +39,6 @@ static_assert(kDeviceMaxTopLogprobs == cuda::kMaxTopLogprobs);
 
 namespace {
 
-// Page-locked host memory, grow-only, so the per-step copies are truly async.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  template <typename T>
-  T* get(size_t count) {
-    const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
-    if (bytes > bytes_) {
-      if (data_ != nullptr) cudaFreeHost(data_);
-      data_ = nullptr;
-      bytes_ = 0;
-      MEGACTX_CUDA_CHECK(cudaMallocHost(&data_, bytes));
-      bytes_ = bytes;
-    }
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 void check_logits(const Tensor& logits) {
   MEGACTX_CHECK(logits.dtype() == DType::F32 && logits.rank() == 2,
                 "CUDA sampler needs float32 logits [rows, vocab], got {} {}",
@@ -79,7 +52,7 @@ struct CudaSampler::DeviceState {
   cudaStream_t stream = nullptr;
   cuda::DeviceBuffer params;  // [device rows] SampleRowParams
   cuda::DeviceBuffer outs;    // [device rows] SampleOut
-  PinnedBuffer host_params, host_outs;
+  cuda::PinnedBuffer host_params, host_outs;
 };
 
 CudaSampler::CudaSampler(int device_ordinal) : device_(std::make_unique<DeviceState>()) {

@@ -431,6 +431,7 @@ void Engine::run_plan() {
 }
 
 void Engine::collect_outputs(const Tensor& logits) {
+  verify_logits_host_ = Tensor();
   sampling_rows_.clear();
   sampling_requests_.clear();
   logprob_queries_.clear();

@@ -154,6 +154,7 @@ class Engine : public EngineApi {
   std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
   EnginePhaseTimes phase_times_;                      // MEGACTX_ENGINE_TIMES=1
   std::vector<MtpDraftRequest> draft_requests_;
+  Tensor verify_logits_host_;  // this step's device logits on the host (verification)
   int64_t spec_accepted_total_ = 0;
   int64_t spec_verify_total_ = 0;
 

@@ -179,12 +179,14 @@ void Engine::draft_for_plan() {
 void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
-  // The k + 1 rows on the host (device logits: one copy of those rows).
-  const Tensor host =
-      logits.device() == Device::CPU ? logits : logits_rows_on_host(logits, first_row, k + 1);
-  const int64_t host_first = logits.device() == Device::CPU ? first_row : 0;
+  // The k + 1 rows on the host: device logits are copied once per step for
+  // every verifying request (verify_logits_host_, reset by collect_outputs).
+  if (logits.device() != Device::CPU && !verify_logits_host_.defined()) {
+    verify_logits_host_ = logits_rows_on_host(logits, 0, logits.dim(0));
+  }
+  const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
   std::vector<std::span<const float>> rows;
-  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(host, host_first + r));
+  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(host, first_row + r));
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(k));
   spec.result = verify_drafts(

@@ -1,5 +1,6 @@
 // DeviceBuffer: one cudaMalloc'd allocation with RAII, grow-only for scratch
-// (the CUDA model reuses its buffers from step to step). Only included by
+// (the CUDA model reuses its buffers from step to step); PinnedBuffer, its
+// page-locked host counterpart for staging. Only included by
 // CUDA builds (MEGACTX_HAVE_CUDA).
 #pragma once
 
@@ -69,6 +70,37 @@ class DeviceBuffer {
     bytes_ = 0;
   }
   static inline std::atomic<uint64_t> releases_{0};
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory, grow-only (contents are not kept): staging of
+// per-step uploads and readbacks, so those copies are truly asynchronous.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get(size_t bytes) {
+    if (bytes > bytes_) {
+      if (data_ != nullptr) MEGACTX_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      bytes_ = 0;
+      MEGACTX_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+  // Sized for `count` elements of T (at least one).
+  template <typename T>
+  T* get(size_t count) {
+    return static_cast<T*>(get((count > 0 ? count : 1) * sizeof(T)));
+  }
+
+ private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };

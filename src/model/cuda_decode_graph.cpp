@@ -21,21 +21,6 @@ CacheLayouts cache_layouts(const KvCacheSpec& spec) {
   return out;
 }
 
-PinnedBuffer::~PinnedBuffer() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
-
-void* PinnedBuffer::get(size_t bytes) {
-  if (bytes > bytes_) {
-    if (data_ != nullptr) MEGACTX_CUDA_CHECK(cudaFreeHost(data_));
-    data_ = nullptr;
-    bytes_ = 0;
-    MEGACTX_CUDA_CHECK(cudaMallocHost(&data_, bytes));
-    bytes_ = bytes;
-  }
-  return data_;
-}
-
 DecodeGraphCache::~DecodeGraphCache() {
   clear();
 }

@@ -46,20 +46,6 @@ struct CacheLayouts {
 };
 CacheLayouts cache_layouts(const KvCacheSpec& spec);
 
-// Page-locked host memory, grow-only (the staging of the per-step upload).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* get(size_t bytes);
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 class DecodeGraphCache {
  public:
   DecodeGraphCache() = default;

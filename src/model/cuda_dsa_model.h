@@ -160,8 +160,9 @@ class CudaDsaModel final : public LanguageModel {
   };
   // Scratch of run_mtp (apart from the decoder layer's, shared with forward).
   struct MtpScratch {
-    DeviceBuffer ids, positions, table_offset, page_tables, cos, sin, topk, counts;
-    DeviceBuffer hidden, cat, x, last_rows, last, normed, logits;
+    PinnedBuffer staging, readback;  // one upload and one readback per run
+    DeviceBuffer inputs;             // the staged inputs, 4-byte words
+    DeviceBuffer topk, counts, cat, x, last, normed, logits;
   };
 
   ModelConfig config_;

@@ -15,6 +15,8 @@
 // matches the CPU MTP layer to fp32 rounding.
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
@@ -67,6 +69,10 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   const int64_t vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   MtpScratch& sc = mtp_scratch_;
+  bool one_row_each = true;
+  for (const MtpLayer::Rows& r : sequences) one_row_each &= r.count == 1;
+  timer_.begin_forward(one_row_each);  // MEGACTX_CUDA_PHASE_TIMES: "mtp ..." phases
+  timer_.mark("mtp host prep + upload", stream_);
 
   // Host bookkeeping, as forward(): tokens, positions, paging, RoPE, hidden
   // rows, the last row of each sequence and (shared) the step-0 selections.
@@ -106,25 +112,45 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   step.latent = {dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, spec.kv_lora_rank};
   step.indexer = {dtype, spec.index_head_dim, spec.index_head_dim};
   step.rows.page_size = spec.page_size;
-  step.rows.page_tables = upload(sc.page_tables, page_tables, stream_);
-  step.rows.table_offset = upload(sc.table_offset, table_offset, stream_);
-  step.rows.positions = upload(sc.positions, positions, stream_);
-  step.cos = upload(sc.cos, cos, stream_);
-  step.sin = upload(sc.sin, sin, stream_);
-  if (shared) {
-    step.topk = upload(sc.topk, topk, stream_);
-    step.counts = upload(sc.counts, counts, stream_);
-  } else {
-    step.topk = sc.topk.get<int32_t>(n * index_topk_);
-    step.counts = sc.counts.get<int32_t>(n);
+  // Every input in one page-locked staging buffer and one copy (4-byte words).
+  std::vector<std::pair<const void*, size_t>> parts = {{page_tables.data(), page_tables.size()},
+                                                       {table_offset.data(), table_offset.size()},
+                                                       {positions.data(), positions.size()},
+                                                       {cos.data(), cos.size()},
+                                                       {sin.data(), sin.size()},
+                                                       {topk.data(), topk.size()},
+                                                       {counts.data(), counts.size()},
+                                                       {ids.data(), ids.size()},
+                                                       {last_rows.data(), last_rows.size()},
+                                                       {hidden.data(), hidden.size()}};
+  size_t words = 0;
+  for (const auto& part : parts) words += part.second;
+  auto* staged = sc.staging.get<uint32_t>(words);
+  auto* device = sc.inputs.get<uint32_t>(static_cast<int64_t>(words));
+  std::vector<uint32_t*> at;
+  size_t offset = 0;
+  for (const auto& [data, count] : parts) {
+    if (count > 0) std::memcpy(staged + offset, data, count * 4);
+    at.push_back(device + offset);
+    offset += count;
   }
-  const int32_t* d_ids = upload(sc.ids, ids, stream_);
-  const int32_t* d_last = upload(sc.last_rows, last_rows, stream_);
-  float* d_hidden = upload(sc.hidden, hidden, stream_);
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(device, staged, words * 4, cudaMemcpyHostToDevice, stream_));
+  step.rows.page_tables = reinterpret_cast<const int32_t*>(at[0]);
+  step.rows.table_offset = reinterpret_cast<const int32_t*>(at[1]);
+  step.rows.positions = reinterpret_cast<const int32_t*>(at[2]);
+  step.cos = reinterpret_cast<const float*>(at[3]);
+  step.sin = reinterpret_cast<const float*>(at[4]);
+  // Shared: the caller's selection (uploaded); else the indexer writes them.
+  step.topk = shared ? reinterpret_cast<int32_t*>(at[5]) : sc.topk.get<int32_t>(n * index_topk_);
+  step.counts = shared ? reinterpret_cast<int32_t*>(at[6]) : sc.counts.get<int32_t>(n);
+  const int32_t* d_ids = reinterpret_cast<const int32_t*>(at[7]);
+  const int32_t* d_last = reinterpret_cast<const int32_t*>(at[8]);
+  float* d_hidden = reinterpret_cast<float*>(at[9]);
 
   // cat: [n, 2H] = [enorm(embed(token_{t+1})) | hnorm(h)].
   float* cat = sc.cat.get<float>(n * 2 * H);
   float* x = sc.x.get<float>(n * H);
+  timer_.mark("mtp embed + eh_proj", stream_);
   embed_gather(mtp_->embed, d_ids, n, H, x, stream_);
   rmsnorm(x, n, H, H, mtp_->enorm, eps, cat, 2 * H, stream_);
   if (target_hidden) {
@@ -133,7 +159,11 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   }
   rmsnorm(d_hidden, n, H, H, mtp_->hnorm, eps, cat + H, 2 * H, stream_);
   blas_->linear(cat, n, 2 * H, mtp_->eh_proj, H, x);
+  timer_.mark("mtp decoder layer", stream_);
+  timer_.set_muted(true);  // one phase, not the target's attention/MoE phases
   decoder_layer(mtp_->layer, layer, step, cache, x);
+  timer_.set_muted(false);
+  timer_.mark("mtp head", stream_);
 
   // Last row of each sequence: shared_head.norm, lm_head, hand-off.
   const int64_t s = static_cast<int64_t>(sequences.size());
@@ -144,27 +174,33 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   rmsnorm(last, s, H, H, mtp_->head_norm, eps, normed, H, stream_);
   blas_->linear(normed, s, H, mtp_->lm_head, vocab, logits);
 
+  // Every output through one page-locked buffer and one synchronisation:
+  // logits [s, V], hand-off [s, H], and (unshared) the selections of all rows.
   MtpLayer::Output output;
   output.logits = Tensor::empty({s, vocab});
   output.hand_off = Tensor::empty({s, H});
   const float* hand = mtp_->hand_off == MtpHandOff::NormedOutput ? normed : last;
-  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.logits.raw(), logits,
-                                     static_cast<size_t>(s * vocab) * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hand_off.raw(), hand,
-                                     static_cast<size_t>(s * H) * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-  std::vector<int32_t> all_topk, all_counts;
-  if (!shared) {
-    // The step-0 selection of each sequence's last row (IndexShare for the drafts).
-    all_topk.resize(static_cast<size_t>(n * index_topk_));
-    all_counts.resize(static_cast<size_t>(n));
-    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(all_topk.data(), step.topk, all_topk.size() * 4,
-                                       cudaMemcpyDeviceToHost, stream_));
-    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(all_counts.data(), step.counts, all_counts.size() * 4,
-                                       cudaMemcpyDeviceToHost, stream_));
-  }
+  const size_t logit_words = static_cast<size_t>(s * vocab),
+               hand_words = static_cast<size_t>(s * H);
+  const size_t topk_words = shared ? 0 : static_cast<size_t>(n * index_topk_);
+  const size_t count_words = shared ? 0 : static_cast<size_t>(n);
+  auto* back = sc.readback.get<uint32_t>(logit_words + hand_words + topk_words + count_words);
+  const auto read = [&](size_t at, const void* from, size_t count) {
+    if (count == 0) return;
+    MEGACTX_CUDA_CHECK(
+        cudaMemcpyAsync(back + at, from, count * 4, cudaMemcpyDeviceToHost, stream_));
+  };
+  read(0, logits, logit_words);
+  read(logit_words, hand, hand_words);
+  read(logit_words + hand_words, step.topk, topk_words);
+  read(logit_words + hand_words + topk_words, step.counts, count_words);
+  timer_.mark("mtp readback", stream_);
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  timer_.collect(stream_);
+  std::memcpy(output.logits.raw(), back, logit_words * 4);
+  std::memcpy(output.hand_off.raw(), back + logit_words, hand_words * 4);
+  const auto* all_topk = reinterpret_cast<const int32_t*>(back + logit_words + hand_words);
+  const int32_t* all_counts = all_topk + topk_words;
   for (int64_t i = 0; i < s; ++i) {
     if (shared) {
       output.last_topk.emplace_back();
@@ -172,7 +208,7 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
       continue;
     }
     const int64_t row = last_rows[i];
-    const int32_t* first = all_topk.data() + row * index_topk_;
+    const int32_t* first = all_topk + row * index_topk_;
     output.last_topk.emplace_back(first, first + index_topk_);
     output.last_count.push_back(all_counts[row]);
   }

@@ -21,7 +21,7 @@ PhaseTimer::~PhaseTimer() {
 }
 
 void PhaseTimer::mark(const char* phase, cudaStream_t stream) {
-  if (!active_) return;
+  if (!active_ || muted_) return;
   if (used_ == events_.size()) {
     cudaEvent_t event = nullptr;
     MEGACTX_CUDA_CHECK(cudaEventCreate(&event));

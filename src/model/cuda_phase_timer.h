@@ -29,6 +29,9 @@ class PhaseTimer {
   void begin_forward(bool decode_step) { active_ = enabled_ && (decode_step || !decode_only_); }
   // Marks the start of `phase` (and the end of the previous one) on `stream`.
   void mark(const char* phase, cudaStream_t stream);
+  // While muted, marks are ignored: a caller times a block (the MTP layer's
+  // decoder layer) as one phase although the block marks its own phases.
+  void set_muted(bool muted) { muted_ = muted; }
   // Ends the last phase; call after the stream was synchronised.
   void collect(cudaStream_t stream);
   // Milliseconds per phase over every forward so far, largest first.
@@ -38,6 +41,7 @@ class PhaseTimer {
   bool enabled_ = false;
   bool decode_only_ = false;
   bool active_ = false;
+  bool muted_ = false;
   std::vector<cudaEvent_t> events_;  // pool, reused every forward
   std::vector<const char*> phases_;  // phase of events_[i] (i < used_)
   size_t used_ = 0;
