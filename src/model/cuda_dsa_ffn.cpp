@@ -2,9 +2,10 @@
 // DsaModel::mlp / DsaModel::moe. Routing runs on the device. Up to
 // kGroupedMoeMaxRows rows (decode, MTP verification) the routed experts run
 // as the grouped device kernels of kernels/cuda/moe: no host sync, so a
-// decode step can be captured in a CUDA Graph. Larger batches (prefill), fp8
-// experts (not stacked) or options.device_moe = false take the host
-// dispatch: the chosen expert ids are read back (one sync per MoE layer) and
+// decode step can be captured in a CUDA Graph; float32, bf16 and fp8
+// (e4m3 + block scales) stacked experts all qualify. Larger batches
+// (prefill), experts that are not stacked or options.device_moe = false take
+// the host dispatch: the chosen expert ids are read back (one sync per MoE layer) and
 // one GEMM chain runs per used expert, reading its weights once for all rows.
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
@@ -45,6 +46,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
     const int64_t intermediate = w.experts.front().intermediate;
     GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
     shape.bf16 = w.experts_gate_up.bf16;
+    shape.fp8 = w.experts_gate_up.fp8();
     // Shared expert first: the combine adds it after the routed sum, the
     // order of the host dispatch below. Buffer sizes depend on the shape
     // only (a graph sized once per batch bucket).
@@ -65,6 +67,15 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
     stacked.gate_up = w.experts_gate_up.data;
     stacked.down = w.experts_down.data;
     stacked.bf16 = w.experts_gate_up.bf16;
+    if (shape.fp8) {
+      // e4m3 experts as shipped: the kernels quantise their inputs per 1x128
+      // group into this workspace, as Blas::linear_fp8 does.
+      buffers.fp8 = sc.moe_fp8.get<uint8_t>(static_cast<int64_t>(layout.fp8_bytes));
+      stacked.fp8 = true;
+      stacked.gate_up_scale = w.experts_gate_up.scale;
+      stacked.down_scale = w.experts_down.scale;
+      stacked.gate_up_scale_split = w.experts_gate_up.scale_split;
+    }
     grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
     return;
   }

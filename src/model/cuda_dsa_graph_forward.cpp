@@ -41,9 +41,15 @@ bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
   GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
                         config_.num_experts_per_tok};
-  shape.bf16 = w.experts_gate_up.bf16;  // sets the tile rows the bounds depend on
+  // The experts' kind sets the tile rows the bounds depend on (as moe()
+  // builds it). Both stacks must be of one kind: float32, bf16, or fp8 with
+  // block scales (fp8 down needs its one scale grid: scale_split 0).
+  shape.bf16 = w.experts_gate_up.bf16;
+  shape.fp8 = w.experts_gate_up.fp8();
   const bool stacked =
-      w.experts_gate_up && w.experts_down && !w.experts_gate_up.fp8() && !w.experts_down.fp8();
+      w.experts_gate_up && w.experts_down && w.experts_gate_up.bf16 == w.experts_down.bf16 &&
+      w.experts_gate_up.fp8() == w.experts_down.fp8() && w.experts_down.scale_split == 0 &&
+      (w.experts_gate_up.scale_split == 0 || w.experts_gate_up.scale_split == intermediate);
   return options_.device_moe && stacked && grouped_moe_supported(shape);
 }
 

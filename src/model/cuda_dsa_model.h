@@ -94,8 +94,9 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
     DeviceBuffer expert_rows, expert_gates, expert_in, expert_out, moe_out;
     // The grouped device MoE (kernels/cuda/moe): plan, SwiGLU activations
-    // [pairs, I], per-pair expert outputs [rows, top_k, H].
-    DeviceBuffer moe_plan, moe_act, moe_pair_out;
+    // [pairs, I], per-pair expert outputs [rows, top_k, H]; fp8 experts:
+    // the quantised inputs (GroupedMoeLayout::fp8_bytes).
+    DeviceBuffer moe_plan, moe_act, moe_pair_out, moe_fp8;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -108,7 +109,7 @@ class CudaDsaModel final : public LanguageModel {
   // `rows` rows: every MoE layer takes the grouped device path.
   bool ffn_capturable(int64_t rows) const;
   // Whether moe() runs layer `w` for `rows` rows on the grouped device path
-  // (no host sync): device_moe on, float32/bf16 stacked experts, a shape the
+  // (no host sync): device_moe on, float32/bf16/fp8 stacked experts, a shape the
   // grouped kernels serve. moe() should decide with this too, so the graph
   // decision and the dispatch cannot drift apart.
   bool moe_on_device(const DeviceLayer& w, int64_t rows) const;

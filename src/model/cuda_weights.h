@@ -38,9 +38,12 @@ struct DeviceLayer {
   std::vector<DeviceMlp> experts;
   DeviceMlp shared;
   // The routed experts stacked for the grouped device dispatch
-  // (kernels/cuda/moe): [E, 2I, H] and [E, H, I] in the mode's precision;
-  // experts[e] are views into them (no second copy). Null when the experts
-  // are not stacked (e.g. fp8 experts): moe() then takes the host dispatch.
+  // (kernels/cuda/moe): [E, 2I, H] and [E, H, I] in the mode's precision, or
+  // as shipped for fp8 checkpoint experts (e4m3 bytes, `scale` then the
+  // stacked block scales [E, scale rows, ceil(in / 128)] and scale_split each
+  // expert's); experts[e] are views into them (no second copy). Null when
+  // the experts are not stacked (shapes or kinds differ between experts):
+  // moe() then takes the host dispatch.
   DeviceMatrix experts_gate_up, experts_down;
 };
 
@@ -86,6 +89,15 @@ class CudaWeights {
                        int64_t intermediate);
   DeviceLayer upload_checkpoint_layer(const ModelConfig& config, MatrixSource& source,
                                       int64_t index);
+  // The routed experts of a checkpoint layer (`prefix` "model.layers.N.mlp.")
+  // stacked into d.experts_gate_up / d.experts_down with d.experts as views,
+  // one expert read from `source` at a time (cuda_weights_checkpoint.cpp).
+  void upload_checkpoint_experts(MatrixSource& source, const std::string& prefix, int64_t experts,
+                                 int64_t hidden, int64_t intermediate, DeviceLayer& d);
+  // One stacked slot: an fp8 matrix's bytes and scales (accounted as
+  // upload_matrix(CheckpointMatrix) does), else its float32 values in the
+  // mode's precision.
+  void copy_checkpoint_matrix(const CheckpointMatrix& matrix, void* values, float* scales);
   void* upload_bytes(const void* data, size_t bytes);
   // Uninitialised device bytes owned by this object (out-of-memory checked).
   void* reserve_bytes(size_t bytes);

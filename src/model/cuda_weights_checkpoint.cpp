@@ -1,16 +1,131 @@
 // CudaWeights straight from a checkpoint or random fp8 weights (the
 // fp8-native load; see cuda_weights.h). Walks the same names and shapes as
 // load_dsa_weights (dsa_weights.cpp), uploading each tensor as soon as it is
-// read.
+// read. The routed experts of a layer are stacked (one allocation per
+// matrix kind, fp8 bytes and scales as shipped) so the grouped device MoE
+// serves them.
 #if MEGACTX_HAVE_CUDA
 #include <fmt/format.h>
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "model/cuda_weights.h"
 
 namespace megactx::cuda {
+namespace {
+
+// What one stacked slot of an expert matrix holds; every expert of a stack
+// must agree on it.
+struct Slot {
+  bool fp8 = false;
+  int64_t rows = 0, cols = 0;
+  int64_t scale_rows = 0, scale_cols = 0, scale_split = 0;  // fp8 only
+  bool operator==(const Slot&) const = default;
+  size_t value_bytes(bool bf16) const {
+    return static_cast<size_t>(rows * cols) * (fp8 ? 1 : bf16 ? 2 : 4);
+  }
+  int64_t scale_floats() const { return scale_rows * scale_cols; }
+};
+
+Slot slot_of(const CheckpointMatrix& m) {
+  Slot slot;
+  slot.fp8 = m.fp8();
+  slot.rows = m.rows();
+  slot.cols = m.cols();
+  if (slot.fp8) {
+    slot.scale_rows = m.scales.dim(0);
+    slot.scale_cols = m.scales.dim(1);
+    slot.scale_split = m.scale_split;
+  }
+  return slot;
+}
+
+}  // namespace
+
+void CudaWeights::copy_checkpoint_matrix(const CheckpointMatrix& matrix, void* values,
+                                         float* scales) {
+  if (!matrix.fp8()) {
+    copy_matrix(matrix.values, values);
+    return;
+  }
+  const size_t bytes = matrix.values.nbytes(), scale_bytes = matrix.scales.nbytes();
+  MEGACTX_CUDA_CHECK(cudaMemcpy(values, matrix.values.raw(), bytes, cudaMemcpyHostToDevice));
+  MEGACTX_CUDA_CHECK(cudaMemcpy(scales, matrix.scales.raw(), scale_bytes, cudaMemcpyHostToDevice));
+  // The accounting of upload_matrix(CheckpointMatrix).
+  fp8_bytes_ += bytes + scale_bytes;
+  fp8_parameters_ += matrix.values.numel();
+  matrix_bytes_ += bytes + scale_bytes;
+}
+
+void CudaWeights::upload_checkpoint_experts(MatrixSource& source, const std::string& prefix,
+                                            int64_t experts, int64_t hidden, int64_t intermediate,
+                                            DeviceLayer& d) {
+  struct Expert {
+    CheckpointMatrix gate_up;  // [2I, H]: gate rows then up rows
+    CheckpointMatrix down;     // [H, I]
+  };
+  auto read = [&](int64_t e) {
+    const std::string p = fmt::format("{}experts.{}.", prefix, e);
+    Expert x;
+    x.gate_up = stack_rows(source.matrix(p + "gate_proj.weight", {intermediate, hidden}),
+                           source.matrix(p + "up_proj.weight", {intermediate, hidden}));
+    x.down = source.matrix(p + "down_proj.weight", {hidden, intermediate});
+    return x;
+  };
+  // Expert 0 fixes the slots; the stacks are reserved once (uninitialised,
+  // each expert copied in as it is read), so the host holds one expert at a
+  // time and the device one copy.
+  Expert first = read(0);
+  const Slot gate_up_slot = slot_of(first.gate_up), down_slot = slot_of(first.down);
+  const size_t gate_up_bytes = gate_up_slot.value_bytes(bf16_);
+  const size_t down_bytes = down_slot.value_bytes(bf16_);
+  const auto count = static_cast<size_t>(experts);
+  auto* gate_up = static_cast<char*>(reserve_bytes(gate_up_bytes * count));
+  auto* down = static_cast<char*>(reserve_bytes(down_bytes * count));
+  float* gate_up_scales = nullptr;
+  float* down_scales = nullptr;
+  if (gate_up_slot.fp8) {
+    gate_up_scales = static_cast<float*>(
+        reserve_bytes(static_cast<size_t>(gate_up_slot.scale_floats()) * 4 * count));
+  }
+  if (down_slot.fp8) {
+    down_scales = static_cast<float*>(
+        reserve_bytes(static_cast<size_t>(down_slot.scale_floats()) * 4 * count));
+  }
+  bool stacked = true;
+  for (int64_t e = 0; e < experts; ++e) {
+    const Expert x = e == 0 ? std::move(first) : read(e);
+    if (!(slot_of(x.gate_up) == gate_up_slot && slot_of(x.down) == down_slot)) {
+      // An expert unlike expert 0 (another dtype or scale grid): its own
+      // upload; the layer then takes the host dispatch.
+      stacked = false;
+      d.experts.push_back({upload_matrix(x.gate_up), upload_matrix(x.down), intermediate});
+      continue;
+    }
+    const auto index = static_cast<size_t>(e);
+    char* gate_up_values = gate_up + index * gate_up_bytes;
+    char* down_values = down + index * down_bytes;
+    float* gate_up_scale =
+        gate_up_scales ? gate_up_scales + index * gate_up_slot.scale_floats() : nullptr;
+    float* down_scale = down_scales ? down_scales + index * down_slot.scale_floats() : nullptr;
+    copy_checkpoint_matrix(x.gate_up, gate_up_values, gate_up_scale);
+    copy_checkpoint_matrix(x.down, down_values, down_scale);
+    DeviceMlp view;
+    view.gate_up = {gate_up_values, !gate_up_slot.fp8 && bf16_, gate_up_scale,
+                    gate_up_slot.scale_split};
+    view.down = {down_values, !down_slot.fp8 && bf16_, down_scale, down_slot.scale_split};
+    view.intermediate = intermediate;
+    d.experts.push_back(view);
+  }
+  if (stacked) {
+    d.experts_gate_up = {gate_up, !gate_up_slot.fp8 && bf16_, gate_up_scales,
+                         gate_up_slot.scale_split};
+    d.experts_down = {down, !down_slot.fp8 && bf16_, down_scales, down_slot.scale_split};
+  }
+}
 
 DeviceMatrix CudaWeights::upload_matrix(const CheckpointMatrix& matrix) {
   if (!matrix.fp8()) return upload_matrix(matrix.values);
@@ -114,10 +229,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
   const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
   d.bias =
       upload(source.has(bias) ? source.float_tensor(bias, {experts}) : Tensor::zeros({experts}));
-  for (int64_t e = 0; e < experts; ++e) {
-    d.experts.push_back(upload_mlp(source, fmt::format("{}mlp.experts.{}.", prefix, e), hidden,
-                                   c.moe_intermediate_size));
-  }
+  upload_checkpoint_experts(source, prefix + "mlp.", experts, hidden, c.moe_intermediate_size, d);
   if (c.n_shared_experts > 0) {
     d.shared = upload_mlp(source, prefix + "mlp.shared_experts.", hidden,
                           c.moe_intermediate_size * c.n_shared_experts);

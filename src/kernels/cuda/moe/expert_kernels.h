@@ -1,6 +1,7 @@
 // Internal to kernels/cuda/moe: the arguments of the grouped expert kernels
 // (one launch per projection: gate_up with the SwiGLU epilogue, or down) and
-// the bf16 tensor-core variant's launcher (grouped_experts_mma.cu).
+// the launchers of the bf16 tensor-core variant (grouped_experts_mma.cu) and
+// the fp8 variant (grouped_experts_fp8.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,15 @@ struct ExpertArgs {
   const int32_t* tiles = nullptr;       // [max_tiles, 3]
   const int32_t* pair_of = nullptr;     // [pairs]
   float* output = nullptr;  // gate_up: act [pairs, I] bucket order; down: [rows, top_k, H]
+  // fp8 weights only: `input` replaced by its quantize_e4m3_groups output
+  // (input_q [rows or pairs, in] e4m3 dense, input_scale [.., ceil(in / 128)]),
+  // weight_scale [E, weight_scale_rows, ceil(in / 128)] block scales with
+  // weights[e]'s rows mapped to scale rows by scale_split (DeviceMatrix).
+  const uint8_t* input_q = nullptr;
+  const float* input_scale = nullptr;
+  const float* weight_scale = nullptr;
+  int64_t weight_scale_rows = 0;
+  int64_t scale_split = 0;
 };
 
 // bf16 weights on tensor cores (mma.sync m16n8k16, fp32 accumulation): a
@@ -26,5 +36,11 @@ struct ExpertArgs {
 // n = 8 columns.
 void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                              cudaStream_t stream);
+
+// fp8 weights on CUDA cores (grouped_experts_fp8.cu): e4m3 weights times
+// their block scale against the tile's e4m3 inputs times their group scale,
+// float32 products and sums (the products of the fp8 GEMV).
+void launch_fp8_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
+                        cudaStream_t stream);
 
 }  // namespace megactx::cuda

@@ -12,8 +12,10 @@
 // and writes silu(gate) * up; the down kernel writes each pair's output.
 // This CUDA-core kernel serves float32 weights (the exact-parity mode: fp32
 // FMAs, no TF32); bf16 weights take the tensor-core kernel of
-// grouped_experts_mma.cu.
+// grouped_experts_mma.cu, fp8 weights grouped_experts_fp8.cu after their
+// inputs are quantised here.
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
@@ -213,6 +215,44 @@ void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
   args.tile_count = buffers.plan + layout.tile_count;
   args.tiles = buffers.plan + layout.tiles;
   args.pair_of = buffers.plan + layout.pair_of;
+
+  if (weights.fp8) {
+    // Inputs quantised per 1x128 group as Blas::linear_fp8 does: x [rows, H]
+    // before gate_up, the activations [pairs, I] (bucket order) before down.
+    // Every bucket position is quantised (a fixed grid); positions no tile
+    // covers (invalid ids) are never read.
+    auto* workspace = static_cast<uint8_t*>(buffers.fp8);
+    auto* x_q = workspace + layout.fp8_x_q;
+    auto* x_scale = reinterpret_cast<float*>(workspace + layout.fp8_x_scale);
+    auto* act_q = workspace + layout.fp8_act_q;
+    auto* act_scale = reinterpret_cast<float*>(workspace + layout.fp8_act_scale);
+    quantize_e4m3_groups(x, shape.rows, shape.hidden, shape.hidden, x_q, x_scale, stream);
+    args.input_q = x_q;
+    args.input_scale = x_scale;
+    args.weights = weights.gate_up;
+    args.weight_scale = weights.gate_up_scale;
+    args.weight_scale_rows =
+        grouped_moe_gate_up_scale_rows(shape.intermediate, weights.gate_up_scale_split);
+    args.scale_split = weights.gate_up_scale_split;
+    args.in = shape.hidden;
+    args.neurons = shape.intermediate;
+    args.output = buffers.act;
+    launch_fp8_experts(args, /*gate_up=*/true, layout.max_tiles, stream);
+
+    quantize_e4m3_groups(buffers.act, shape.pairs(), shape.intermediate, shape.intermediate, act_q,
+                         act_scale, stream);
+    args.input_q = act_q;
+    args.input_scale = act_scale;
+    args.weights = weights.down;
+    args.weight_scale = weights.down_scale;
+    args.weight_scale_rows = (shape.hidden + 127) / 128;
+    args.scale_split = 0;
+    args.in = shape.intermediate;
+    args.neurons = shape.hidden;
+    args.output = buffers.pair_out;
+    launch_fp8_experts(args, /*gate_up=*/false, layout.max_tiles, stream);
+    return;
+  }
 
   args.input = x;  // [rows, H], gathered through pair_of
   args.weights = weights.gate_up;

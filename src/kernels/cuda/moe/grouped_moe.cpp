@@ -39,6 +39,8 @@ std::string unsupported_reason(const GroupedMoeShape& s) {
         "grouped MoE: rows {}, hidden {}, intermediate {}, experts {}, top_k {} "
         "must all be positive",
         s.rows, s.hidden, s.intermediate, s.experts, s.top_k);
+  if (s.fp8 && s.bf16)
+    return "grouped MoE: a shape cannot be both fp8 and bf16 (GroupedMoeShape::fp8 / bf16)";
   if (s.top_k > s.experts)
     return fmt::format("grouped MoE: top_k {} exceeds the {} experts", s.top_k, s.experts);
   if (s.rows > kGroupedMoeMaxRows || s.pairs() > kGroupedMoeMaxPairs)
@@ -57,6 +59,14 @@ std::string unsupported_reason(const GroupedMoeShape& s) {
 
 }  // namespace
 
+int64_t grouped_moe_gate_up_scale_rows(int64_t intermediate, int64_t scale_split) {
+  // DeviceMatrix's rule (fp8_scale_row) for the last of the 2I rows.
+  const int64_t last = 2 * intermediate - 1;
+  if (scale_split > 0 && last >= scale_split)
+    return (scale_split + 127) / 128 + (last - scale_split) / 128 + 1;
+  return last / 128 + 1;
+}
+
 bool grouped_moe_supported(const GroupedMoeShape& shape) {
   return unsupported_reason(shape).empty();
 }
@@ -73,11 +83,24 @@ void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
   };
   MEGACTX_CHECK(weights.gate_up != nullptr && weights.down != nullptr,
                 "grouped MoE: stacked expert weights missing");
-  MEGACTX_CHECK(weights.bf16 == shape.bf16,
-                "grouped MoE: {} weights but a plan made for {} (GroupedMoeShape::bf16)",
-                weights.bf16 ? "bf16" : "float32", shape.bf16 ? "bf16" : "float32");
+  const auto kind = [](bool bf16, bool fp8) {
+    return fp8 ? (bf16 ? "fp8+bf16" : "fp8") : bf16 ? "bf16" : "float32";
+  };
+  MEGACTX_CHECK(weights.bf16 == shape.bf16 && weights.fp8 == shape.fp8,
+                "grouped MoE: {} weights but a plan made for {} (GroupedMoeShape::bf16 / fp8)",
+                kind(weights.bf16, weights.fp8), kind(shape.bf16, shape.fp8));
   MEGACTX_CHECK(buffers.plan != nullptr && buffers.act != nullptr && buffers.pair_out != nullptr,
                 "grouped MoE: workspace buffers missing");
+  if (weights.fp8) {
+    MEGACTX_CHECK(weights.gate_up_scale != nullptr && weights.down_scale != nullptr,
+                  "grouped MoE: fp8 experts without their block scales");
+    MEGACTX_CHECK(
+        weights.gate_up_scale_split == 0 || weights.gate_up_scale_split == shape.intermediate,
+        "grouped MoE: gate_up scale_split {} must be 0 or the intermediate size {}",
+        weights.gate_up_scale_split, shape.intermediate);
+    MEGACTX_CHECK(buffers.fp8 != nullptr && aligned(buffers.fp8),
+                  "grouped MoE: fp8 experts need the 16-byte aligned fp8 workspace");
+  }
   MEGACTX_CHECK(
       aligned(x) && aligned(weights.gate_up) && aligned(weights.down) && aligned(buffers.act),
       "grouped MoE: inputs, weights and activations must be 16-byte aligned");
@@ -100,6 +123,15 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
   layout.pair_out_floats = pairs * shape.hidden;
   layout.plan_threads = static_cast<int>(plan_threads(shape));
   layout.plan_shared_bytes = plan_shared_bytes(shape);
+  if (shape.fp8) {
+    const auto groups = [](int64_t n) { return (n + 127) / 128; };
+    const auto bytes = [&](int64_t count) { return static_cast<size_t>(round_up(count, 16)); };
+    layout.fp8_x_q = 0;
+    layout.fp8_x_scale = layout.fp8_x_q + bytes(shape.rows * shape.hidden);
+    layout.fp8_act_q = layout.fp8_x_scale + bytes(4 * shape.rows * groups(shape.hidden));
+    layout.fp8_act_scale = layout.fp8_act_q + bytes(pairs * shape.intermediate);
+    layout.fp8_bytes = layout.fp8_act_scale + bytes(4 * pairs * groups(shape.intermediate));
+  }
   return layout;
 }
 

@@ -9,10 +9,13 @@
 // Each CTA streams its slice of one expert's weight rows once and applies it
 // to up to tile_rows() of that expert's rows held in shared memory:
 // decode is weight-bandwidth bound, so weights are read once per tile of rows.
-// Weights are float32 (the exact-parity mode: CUDA-core FMAs) or bf16
-// (tensor-core MMAs with the tile's rows as the n = 8 columns); bf16 weights
-// round the kernel inputs (the gathered rows, the SwiGLU activations) to bf16
-// and accumulate in float32, as Blas::linear's bf16 path does.
+// Weights are float32 (the exact-parity mode: CUDA-core FMAs), bf16
+// (tensor-core MMAs with the tile's rows as the n = 8 columns) or fp8 (e4m3
+// with 128x128 block scales, as a checkpoint ships them); bf16 weights round
+// the kernel inputs (the gathered rows, the SwiGLU activations) to bf16 and
+// accumulate in float32, as Blas::linear's bf16 path does; fp8 weights
+// quantise them per 1x128 group with quantize_e4m3_groups, as
+// Blas::linear_fp8 does, so the products are the host dispatch's.
 //
 // Sum over slots in slot order (ids ascending per row, so the order of the
 // host dispatch's scatter-add): each pair's expert output is written to
@@ -32,6 +35,9 @@ namespace megactx::cuda {
 // more weight traffic than one row.
 inline constexpr int64_t kGroupedMoeTileRowsF32 = 16;
 inline constexpr int64_t kGroupedMoeTileRowsBf16 = 32;
+// fp8 weights on CUDA cores as float32 (a register accumulator per
+// (weight row, tile row)).
+inline constexpr int64_t kGroupedMoeTileRowsFp8 = 16;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
 // GEMMs read each expert's weights once for all its rows and use tensor
 // cores): rows per call (the largest decode-graph bucket) and routed pairs
@@ -46,8 +52,12 @@ struct GroupedMoeShape {
   int64_t experts = 0;       // E routed experts
   int64_t top_k = 0;         // experts per token
   bool bf16 = false;         // the weights' kind (StackedExperts::bf16): sets the tile rows
+  bool fp8 = false;          // e4m3 weights (StackedExperts::fp8); bf16 must then be false
   int64_t pairs() const { return rows * top_k; }
-  int64_t tile_rows() const { return bf16 ? kGroupedMoeTileRowsBf16 : kGroupedMoeTileRowsF32; }
+  int64_t tile_rows() const {
+    if (fp8) return kGroupedMoeTileRowsFp8;
+    return bf16 ? kGroupedMoeTileRowsBf16 : kGroupedMoeTileRowsF32;
+  }
 };
 
 // The plan buffer (int32) written by grouped_moe_plan, offsets in elements.
@@ -64,6 +74,12 @@ struct GroupedMoeLayout {
   int64_t pair_out_floats = 0;  // [rows, top_k, H] expert outputs per pair
   int plan_threads = 0;         // bucketing block: pairs rounded up to a warp, <= 512
   size_t plan_shared_bytes = 0;
+  // fp8 only (0 otherwise): the quantised kernel inputs, byte offsets into
+  // GroupedMoeBuffers::fp8 (each 16-byte aligned): x_q [rows, H] e4m3,
+  // x_scale [rows, ceil(H / 128)] float32, act_q [pairs, I] e4m3, act_scale
+  // [pairs, ceil(I / 128)] float32 (quantize_e4m3_groups' outputs).
+  size_t fp8_x_q = 0, fp8_x_scale = 0, fp8_act_q = 0, fp8_act_scale = 0;
+  size_t fp8_bytes = 0;
 };
 
 // True when the grouped path serves `shape` (rows and pairs within the
@@ -79,18 +95,33 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape);
 struct StackedExperts {
   const void* gate_up = nullptr;  // [E, 2I, H]: gate rows [0, I), up rows [I, 2I)
   const void* down = nullptr;     // [E, H, I]
-  bool bf16 = false;              // else float32
+  bool bf16 = false;              // else float32 (or fp8)
+  // fp8: gate_up / down are e4m3 bytes, each expert's 128x128 block scales
+  // (weight_scale_inv) stacked the same way: gate_up_scale [E,
+  // gate_up_scale_rows(), ceil(H / 128)], down_scale [E, ceil(H / 128),
+  // ceil(I / 128)]. gate_up_scale_split is DeviceMatrix::scale_split of each
+  // expert's gate_up (I when gate and up were stacked from two checkpoint
+  // matrices, 0 when they share one scale grid).
+  bool fp8 = false;
+  const float* gate_up_scale = nullptr;
+  const float* down_scale = nullptr;
+  int64_t gate_up_scale_split = 0;
 };
+
+// Scale rows of one expert's stacked gate_up [2I, H] under `scale_split`
+// (the last weight row's scale row + 1, DeviceMatrix's rule).
+int64_t grouped_moe_gate_up_scale_rows(int64_t intermediate, int64_t scale_split);
 
 struct GroupedMoeBuffers {
   int32_t* plan = nullptr;    // [layout.plan_ints]
   float* act = nullptr;       // [layout.act_floats]
   float* pair_out = nullptr;  // [layout.pair_out_floats]
+  void* fp8 = nullptr;        // fp8 weights only: [layout.fp8_bytes], 16-byte aligned
 };
 
 // Errors for missing weights or buffers, weights of another kind than
-// shape.bf16 says, and inputs not 16-byte aligned (the kernels load 16 bytes
-// at a time).
+// shape.bf16 / shape.fp8 say, fp8 weights without scales, and inputs not 16-byte aligned (the
+// kernels load 16 bytes at a time).
 void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
                               const StackedExperts& weights, const GroupedMoeBuffers& buffers);
 
