@@ -1,6 +1,6 @@
-// fp32 DSA fallback kernels; see dsa_fallback.h. Plain and quadratic where it
-// keeps them obviously right (top-k by ranking): they define the parity mode
-// and serve small contexts, the issue-7 kernels serve long ones.
+// fp32 DSA fallback kernels; see dsa_fallback.h. Plain where it keeps them
+// obviously right: they define the parity mode and serve every model the
+// issue-7 kernels do not. The top-k is the radix select of position_topk.h.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dense/position_topk.h"
 
 namespace megactx::cuda {
 namespace {
@@ -135,38 +136,6 @@ __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
   }
 }
 
-__device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
-  return va > vb || (va == vb && a < b);
-}
-
-// One block per token. Phase 1: every visible position with rank < topk goes
-// to indices[rank] (ranks are distinct). Phase 2: those are reordered by
-// position through shared memory ([topk] ints).
-__global__ void topk_kernel(IndexerFallbackParams p) {
-  extern __shared__ int32_t sorted[];
-  const int64_t t = blockIdx.x;
-  const int64_t visible = p.rows.positions[t] + 1;
-  const float* s = p.scores + t * p.max_context;
-  int32_t* out = p.indices + t * p.topk;
-  const int64_t count = visible < p.topk ? visible : p.topk;
-  for (int64_t pos = threadIdx.x; pos < visible; pos += blockDim.x) {
-    int64_t rank = 0;
-    for (int64_t o = 0; o < visible && rank < p.topk; ++o)
-      rank += ranks_above(s[o], o, s[pos], pos);
-    if (rank < p.topk) out[rank] = static_cast<int32_t>(pos);
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const int32_t mine = out[i];
-    int64_t before = 0;
-    for (int64_t o = 0; o < count; ++o) before += out[o] < mine ? 1 : 0;
-    sorted[before] = mine;
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < p.topk; i += blockDim.x) out[i] = i < count ? sorted[i] : -1;
-  if (threadIdx.x == 0) p.counts[t] = static_cast<int32_t>(count);
-}
-
 // One block per (token, head); its 8 warps split the selected keys. Each warp
 // walks its keys once with an online softmax (running max m, sum l, output
 // acc): lane l owns the latent dims l, l + 32, ... (at most 16 of them, so
@@ -276,9 +245,16 @@ void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) 
                   static_cast<unsigned>((p.max_context + kThreads - 1) / kThreads));
   indexer_scores_kernel<<<grid, kThreads, q_bytes, stream>>>(p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
-  const size_t sort_bytes = static_cast<size_t>(p.topk) * sizeof(int32_t);
-  topk_kernel<<<static_cast<unsigned>(p.tokens), kThreads, sort_bytes, stream>>>(p);
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
+  PositionTopkParams select;
+  select.scores = p.scores;
+  select.score_stride = p.max_context;
+  select.positions = p.rows.positions;
+  select.rows = p.tokens;
+  select.topk = p.topk;
+  select.max_context = p.max_context;
+  select.indices = p.indices;
+  select.counts = p.counts;
+  position_topk(select, stream);
 }
 
 void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {

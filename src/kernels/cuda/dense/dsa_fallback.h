@@ -51,7 +51,8 @@ void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& ro
 // scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
 // relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then
 // indices[t, 0:topk) = the top-k positions (ties to the lower position) in
-// increasing order, -1 after counts[t]. scores: scratch [tokens, max_context].
+// increasing order, -1 after counts[t] (position_topk.h). scores: scratch
+// [tokens, max_context].
 struct IndexerFallbackParams {
   const float* q = nullptr;        // [tokens, heads, dim]
   const float* weights = nullptr;  // [tokens, heads]
