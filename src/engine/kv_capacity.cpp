@@ -94,12 +94,12 @@ int64_t device_reserve_bytes(const KvCacheSpec& spec) {
 
 std::string DeviceKvPlan::summary() const {
   return fmt::format(
-      "CUDA memory plan: {:.0f} MiB = model {:.0f} MiB + step scratch {:.0f} MiB ({} tokens, "
-      "context {}) + reserve {:.0f} MiB + KV {:.0f} MiB ({} pages of {} B); device {:.0f} MiB, "
-      "{:.0f} MiB free after the model",
+      "CUDA memory plan: {:.0f} MiB = model {:.0f} MiB (weights + the 32 MiB cuBLAS workspace, "
+      "measured) + scratch {:.0f} MiB ({} tokens, context {}: {}) + reserve {:.0f} MiB + KV "
+      "{:.0f} MiB ({} pages of {} B); device {:.0f} MiB, {:.0f} MiB free after the model",
       mib(budget_bytes), mib(memory.weight_bytes), mib(memory.scratch_bytes), max_step_tokens,
-      context, mib(reserve_bytes), mib(kv_bytes()), memory.kv_pages, memory.kv_bytes_per_page,
-      mib(device.total_bytes), mib(device.free_bytes));
+      context, memory.scratch.summary(), mib(reserve_bytes), mib(kv_bytes()), memory.kv_pages,
+      memory.kv_bytes_per_page, mib(device.total_bytes), mib(device.free_bytes));
 }
 
 DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine,
@@ -128,12 +128,16 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   memory.max_logit_rows = plan.max_step_tokens;
   memory.index_topk = std::max<int64_t>(model.index_topk, 1);
   memory.kv = kv_cache_spec(model, engine.kv_dtype, engine.page_size, engine.speculative_steps > 0);
+  memory.options = request.options;
+  // Decode steps: one token per running request, 1 + k with MTP verification.
+  memory.options.decode_sequences = engine.max_running_requests;
+  memory.options.decode_tokens_per_sequence = 1 + std::max<int64_t>(engine.speculative_steps, 0);
+  memory.weights_include_workspace = true;
   plan.reserve_bytes = device_reserve_bytes(memory.kv);
   if (request.kv_memory_bytes > 0) {
     // Exactly the asked KV budget beside the model and the scratch.
     memory.budget_bytes = request.model_bytes +
-                          cuda_step_scratch_bytes(model, memory.max_step_tokens, plan.context,
-                                                  memory.max_logit_rows, memory.index_topk) +
+                          cuda_scratch_breakdown(model, memory).device_total() +
                           request.kv_memory_bytes;
   } else {
     memory.budget_bytes = static_cast<int64_t>(request.gpu_memory_utilization *
@@ -151,7 +155,7 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   const int64_t still_needed = plan.memory.scratch_bytes + plan.reserve_bytes + plan.kv_bytes();
   MEGACTX_CHECK(
       still_needed <= device.free_bytes,
-      "CUDA memory: step scratch {:.0f} MiB + reserve {:.0f} MiB + KV {:.0f} MiB need "
+      "CUDA memory: scratch {:.0f} MiB + reserve {:.0f} MiB + KV {:.0f} MiB need "
       "{:.0f} MiB, the device has {:.0f} MiB free after loading the model ({:.0f} MiB "
       "total, other processes hold {:.0f} MiB): lower --gpu-memory-utilization, "
       "--kv-memory, --max-prefill-tokens or --context-length",

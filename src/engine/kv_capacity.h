@@ -45,10 +45,15 @@ struct DeviceKvRequest {
   int64_t model_bytes = 0;  // what the load allocated on the device
   double gpu_memory_utilization = 0.9;
   int64_t kv_memory_bytes = 0;  // > 0: this KV budget instead of the fraction's rest
+  // The loaded model's options (fast attention, device MoE, CUDA graphs, the
+  // device's SMs); plan_device_kv fills decode_sequences and
+  // decode_tokens_per_sequence from the EngineConfig. model_bytes is measured
+  // around the load, so it already holds the fixed cuBLAS workspace.
+  CudaScratchOptions options;
 };
 
 struct DeviceKvPlan {
-  CudaMemoryPlan memory;      // model (as weight_bytes), scratch, page bytes, pages
+  CudaMemoryPlan memory;      // model (as weight_bytes), scratch and its parts, page bytes, pages
   int64_t budget_bytes = 0;   // what the process may use in all
   int64_t reserve_bytes = 0;  // cuBLAS workspace, sampler, allocation rounding
   int64_t max_step_tokens = 0;

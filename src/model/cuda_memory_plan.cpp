@@ -1,8 +1,13 @@
 #include "model/cuda_memory_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
+#include "model/cuda_fast_attention_plan.h"
+#include "model/decode_graph_plan.h"
 
 #if MEGACTX_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -11,9 +16,26 @@
 #endif
 
 namespace megactx {
+namespace {
 
-int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
-                                int64_t logit_rows, int64_t index_topk) {
+// Bounds of kernels/cuda/moe/grouped_moe.{h,cpp}, repeated because this file
+// is plain C++ (memory_plan_check compares with grouped_moe_layout in CUDA
+// builds).
+constexpr int64_t kMoeMaxRows = 256;
+constexpr int64_t kMoeMaxPairs = 4096;
+constexpr int64_t kMoeSmallestTileRows = 16;  // float32 experts: the most tiles
+constexpr int64_t kMoePlanMaxThreads = 512;
+constexpr int64_t kMoePlanSharedLimit = 48 * 1024;
+// MTP verification of up to 7 drafts (cuda_dsa_graph_forward.cpp).
+constexpr int64_t kMaxGraphTokensPerSequence = 8;
+
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+// Floats (or int32) per new token, buffer by buffer of CudaDsaModel::Scratch
+// (apart from the indexer scores and the logits rows).
+int64_t scratch_words_per_token(const ModelConfig& config, int64_t index_topk) {
   const int64_t hidden = config.hidden_size;
   const int64_t heads = config.num_attention_heads;
   const int64_t qk = config.qk_nope_head_dim + config.qk_rope_head_dim;
@@ -24,7 +46,6 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
       std::max(config.intermediate_size,
                config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1));
   const int64_t top_k = config.num_experts_per_tok;
-  // Floats (or int32) per new token, buffer by buffer of CudaDsaModel::Scratch.
   int64_t per_token = 0;
   per_token += 3 * hidden;                                        // x, h, branch
   per_token += q_lora + heads * qk + entry;                       // q_resid, q, kv
@@ -36,28 +57,156 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
   per_token += config.n_routed_experts + 4 * top_k;  // router logits, ids, gates, dispatch
   per_token += 3 * hidden;                           // expert in / out, moe out
   per_token += 8 + config.qk_rope_head_dim;          // ids, positions, paging, cos, sin
-  int64_t bytes = per_token * tokens * 4;
-  bytes += tokens * max_context * 4;                       // indexer scores
-  bytes += logit_rows * (hidden + config.vocab_size) * 4;  // normed rows, logits
+  return per_token;
+}
+
+bool has_moe_layers(const ModelConfig& config) {
+  if (config.n_routed_experts <= 0) return false;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (config.layer_is_moe(layer)) return true;
+  }
+  return false;
+}
+
+// grouped_moe_supported for float32 or bf16 experts (the bounds do not
+// depend on the kind).
+bool device_moe_serves(const ModelConfig& config, int64_t rows) {
+  const int64_t experts = config.n_routed_experts;
+  const int64_t top_k = config.num_experts_per_tok;
+  const int64_t pairs = rows * top_k;
+  if (rows < 1 || experts < 1 || top_k < 1 || top_k > experts) return false;
+  if (config.hidden_size < 1 || config.moe_intermediate_size < 1) return false;
+  if (rows > kMoeMaxRows || pairs > kMoeMaxPairs) return false;
+  if (config.hidden_size % 8 != 0 || config.moe_intermediate_size % 8 != 0) return false;
+  const int64_t threads = std::min((pairs + 31) / 32 * 32, kMoePlanMaxThreads);
+  return (5 + threads / 32) * experts * 4 <= kMoePlanSharedLimit;
+}
+
+// The padded bucket the largest decode graph runs: {rows, context}, or {0, 0}
+// when no decode step runs as a graph.
+std::pair<int64_t, int64_t> largest_graph(const ModelConfig& config,
+                                          const CudaMemoryRequest& request) {
+  const CudaScratchOptions& o = request.options;
+  const int64_t per_sequence = o.decode_tokens_per_sequence;
+  if (!o.cuda_graphs || per_sequence < 1 || per_sequence > kMaxGraphTokensPerSequence) {
+    return {0, 0};
+  }
+  const std::vector<int64_t> buckets = decode_batch_buckets(o.cuda_graph_max_batch);
+  const int64_t sequences = o.decode_sequences > 0
+                                ? std::min(o.decode_sequences, o.cuda_graph_max_batch)
+                                : o.cuda_graph_max_batch;
+  const bool moe = has_moe_layers(config);
+  // A step is captured only when every MoE layer runs on the device for its
+  // rows (CudaDsaModel::ffn_capturable): the largest such bucket.
+  for (auto bucket = buckets.rbegin(); bucket != buckets.rend(); ++bucket) {
+    if (*bucket > batch_bucket(buckets, sequences)) continue;
+    const int64_t rows = *bucket * per_sequence;
+    if (!moe || (o.device_moe && device_moe_serves(config, rows))) {
+      return {rows, context_bucket(request.max_context)};
+    }
+  }
+  return {0, 0};
+}
+
+}  // namespace
+
+int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
+                                int64_t logit_rows, int64_t index_topk) {
+  int64_t bytes = scratch_words_per_token(config, index_topk) * tokens * 4;
+  bytes += tokens * max_context * 4;                                   // indexer scores
+  bytes += logit_rows * (config.hidden_size + config.vocab_size) * 4;  // normed rows, logits
   return bytes;
+}
+
+int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows) {
+  if (!has_moe_layers(config)) return 0;
+  // The largest call the grouped path takes (buffers grow to it and stay).
+  int64_t largest = std::min(rows, kMoeMaxRows);
+  while (largest > 0 && !device_moe_serves(config, largest)) --largest;
+  if (largest == 0) return 0;
+  const int64_t experts = config.n_routed_experts;
+  const int64_t pairs = largest * config.num_experts_per_tok;
+  // GroupedMoeLayout: tile_count [1], tiles [max_tiles, 3], pair_of [pairs],
+  // counts [E], offsets [E + 1]; max_tiles = min(E, pairs) + pairs / tile rows.
+  const int64_t max_tiles = std::min(experts, pairs) + pairs / kMoeSmallestTileRows;
+  const int64_t plan_ints = 1 + 3 * max_tiles + pairs + experts + experts + 1;
+  const int64_t act_floats = pairs * config.moe_intermediate_size;
+  const int64_t pair_out_floats = pairs * config.hidden_size;
+  return 4 * (plan_ints + act_floats + pair_out_floats);
+}
+
+CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
+                                            const CudaMemoryRequest& request) {
+  const CudaScratchOptions& o = request.options;
+  CudaScratchBreakdown parts;
+  const auto [graph_rows, graph_context] = largest_graph(config, request);
+  parts.graph_rows = graph_rows;
+  parts.graph_context = graph_context;
+  const int64_t tokens = std::max(request.max_step_tokens, graph_rows);
+  const int64_t context = std::max(request.max_context, graph_context);
+  const int64_t logit_rows = std::max(std::max<int64_t>(request.max_logit_rows, 1), graph_rows);
+  // Buffer by buffer the larger of the eager step and the graph bucket: the
+  // per-token buffers and the logits rows at the most rows, the scores
+  // [tokens, context] at the larger product.
+  parts.step =
+      scratch_words_per_token(config, request.index_topk) * tokens * 4 +
+      4 * std::max(request.max_step_tokens * request.max_context, graph_rows * graph_context) +
+      logit_rows * (config.hidden_size + config.vocab_size) * 4;
+  if (cuda_fast_attention_used(config, request.kv.dtype, request.kv.page_size, o.fast_attention)) {
+    parts.fast_attention = cuda_fast_attention_scratch_bytes(config, tokens, context,
+                                                             request.index_topk, o.multiprocessors);
+  }
+  if (o.device_moe) parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens);
+  if (graph_rows > 0) {
+    DecodeGraphKey key;
+    key.tokens_per_sequence = o.decode_tokens_per_sequence;
+    key.sequences = graph_rows / key.tokens_per_sequence;
+    key.context = graph_context;
+    const DecodeInputLayout layout(key, config.qk_rope_head_dim / 2, request.kv.page_size);
+    parts.graph_inputs = layout.capacity_words * 4;  // DecodeGraphCache::inputs()
+    parts.pinned_host = layout.capacity_words * 4;   // DecodeGraphCache::staging()
+  }
+  parts.cublas_workspace = request.weights_include_workspace ? 0 : kCudaCublasWorkspaceBytes;
+  return parts;
+}
+
+std::string CudaScratchBreakdown::summary() const {
+  std::string text = fmt::format("step {:.0f} MiB", mib(step));
+  text += fast_attention > 0 ? fmt::format(" + fast attention {:.0f} MiB", mib(fast_attention))
+                             : std::string(" (fallback attention)");
+  text += device_moe > 0 ? fmt::format(" + device MoE {:.0f} MiB", mib(device_moe))
+                         : std::string(" (no device MoE)");
+  if (graph_rows > 0) {
+    text += fmt::format(
+        " + graph inputs {:.1f} MiB (CUDA graphs up to {} rows, context {}; {:.1f} MiB pinned "
+        "host staging)",
+        mib(graph_inputs), graph_rows, graph_context, mib(pinned_host));
+  } else {
+    text += " (no CUDA graphs)";
+  }
+  if (cublas_workspace > 0) {
+    text += fmt::format(" + cuBLAS workspace {:.0f} MiB", mib(cublas_workspace));
+  }
+  return text;
 }
 
 CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaMemoryRequest& request) {
   MEGACTX_CHECK(request.budget_bytes > 0 && request.max_step_tokens > 0 &&
                     request.max_context > 0 && request.index_topk > 0,
                 "CUDA memory plan: budget, step tokens, context and index_topk must be positive");
+  MEGACTX_CHECK(request.kv.page_size > 0, "CUDA memory plan: invalid KV page size {}",
+                request.kv.page_size);
   CudaMemoryPlan plan;
   plan.weight_bytes = request.weight_bytes;
-  plan.scratch_bytes =
-      cuda_step_scratch_bytes(config, request.max_step_tokens, request.max_context,
-                              std::max<int64_t>(request.max_logit_rows, 1), request.index_topk);
+  plan.scratch = cuda_scratch_breakdown(config, request);
+  plan.scratch_bytes = plan.scratch.device_total();
   plan.kv_bytes_per_page = request.kv.bytes_per_page();
   const int64_t fixed = plan.weight_bytes + plan.scratch_bytes;
   MEGACTX_CHECK(fixed < request.budget_bytes,
                 "CUDA model does not fit: weights {} MiB + step scratch {} MiB ({} tokens, context "
-                "{}) exceed the {} MiB budget",
+                "{}: {}) exceed the {} MiB budget",
                 plan.weight_bytes >> 20, plan.scratch_bytes >> 20, request.max_step_tokens,
-                request.max_context, request.budget_bytes >> 20);
+                request.max_context, plan.scratch.summary(), request.budget_bytes >> 20);
   MEGACTX_CHECK(plan.kv_bytes_per_page > 0, "CUDA memory plan: KV spec has no pools");
   plan.kv_pages = (request.budget_bytes - fixed) / plan.kv_bytes_per_page;
   const int64_t pages_needed =
@@ -81,6 +230,18 @@ DeviceMemoryInfo query_device_memory(int device_ordinal) {
   size_t free_bytes = 0, total_bytes = 0;
   MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+#else
+  fail("device {}: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)",
+       device_ordinal);
+#endif
+}
+
+int64_t query_device_multiprocessors(int device_ordinal) {
+#if MEGACTX_HAVE_CUDA
+  int count = 0;
+  MEGACTX_CUDA_CHECK(
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_ordinal));
+  return count;
 #else
   fail("device {}: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)",
        device_ordinal);

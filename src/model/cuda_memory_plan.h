@@ -1,15 +1,40 @@
 // Device memory plan of the CUDA model, from a budget: the weights, the
-// per-step scratch for the largest step (tokens x context), and what is left
-// for KV pages. Plain C++ (no CUDA): the engine asks it before allocating, and
-// start-up fails with a clear Error when the model does not fit.
+// scratch of the largest step (tokens x context, the CUDA-graph decode bucket
+// included), the fast attention path's and the device MoE's workspaces, the
+// fixed cuBLAS workspace, and what is left for KV pages. Plain C++ (no CUDA):
+// the engine asks it before allocating, and start-up fails with a clear Error
+// when the model does not fit.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "cache/kv_cache.h"
 #include "io/model_config.h"
 
 namespace megactx {
+
+// The CudaModelOptions (model/cuda_model.h) that change what a step
+// allocates, and the decode steps the engine can send.
+struct CudaScratchOptions {
+  // CudaModelOptions::fast_attention: its workspaces count only where the fast
+  // path runs (cuda_fast_attention_used: FP8 KV of 64-token pages, shapes).
+  bool fast_attention = true;
+  // CudaModelOptions::device_moe: the grouped MoE's plan, activations and
+  // per-pair outputs for up to kGroupedMoeMaxRows rows.
+  bool device_moe = true;
+  // CudaModelOptions::cuda_graphs / cuda_graph_max_batch: decode steps padded
+  // to a batch bucket and a power-of-two context bucket.
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
+  // Most sequences of one decode step (the engine's max_running_requests; 0:
+  // cuda_graph_max_batch) and the tokens each brings (1, or 1 + k with MTP
+  // verification of k drafts; graphs take up to 8).
+  int64_t decode_sequences = 0;
+  int64_t decode_tokens_per_sequence = 1;
+  // SMs of the device (the fast path's split-K partials); 132 on the H200.
+  int64_t multiprocessors = 132;
+};
 
 struct CudaMemoryRequest {
   int64_t budget_bytes = 0;     // device memory the model may use in all
@@ -19,19 +44,57 @@ struct CudaMemoryRequest {
   int64_t max_logit_rows = 0;   // most rows that want logits in one forward
   int64_t index_topk = 0;
   KvCacheSpec kv;  // layers, dims, dtype, page_size (num_pages ignored)
+  CudaScratchOptions options;
+  // weight_bytes was measured around the model's construction, which already
+  // allocated the fixed cuBLAS workspace: not counted a second time.
+  bool weights_include_workspace = false;
+};
+
+// The parts of the plan besides weights and KV pages, in bytes.
+struct CudaScratchBreakdown {
+  // CudaDsaModel::Scratch: activations, indexer scores [tokens, context],
+  // normed rows and logits, sized by the larger of the largest eager step and
+  // the padded CUDA-graph bucket (buffer by buffer: they grow independently).
+  int64_t step = 0;
+  int64_t fast_attention = 0;    // CudaDsaModel::FastScratch (0: fallback kernels)
+  int64_t device_moe = 0;        // moe_plan + moe_act + moe_pair_out (0: host dispatch)
+  int64_t graph_inputs = 0;      // the packed-input device block of the largest bucket
+  int64_t cublas_workspace = 0;  // 32 MiB (0 when inside the measured weight bytes)
+  int64_t pinned_host = 0;       // HOST page-locked staging of the packed inputs
+  int64_t graph_rows = 0;        // the padded bucket: rows (0: no graphs) ...
+  int64_t graph_context = 0;     // ... and its context bucket
+  int64_t device_total() const {
+    return step + fast_attention + device_moe + graph_inputs + cublas_workspace;
+  }
+  std::string summary() const;  // "step X MiB + fast attention Y MiB + ..."
 };
 
 struct CudaMemoryPlan {
   int64_t weight_bytes = 0;
-  int64_t scratch_bytes = 0;  // activations + indexer scores of the largest step
+  int64_t scratch_bytes = 0;  // scratch.device_total()
+  CudaScratchBreakdown scratch;
   int64_t kv_bytes_per_page = 0;
   int64_t kv_pages = 0;  // pages that fit in what is left
 };
+
+// The cuBLAS workspace every CUDA model allocates at construction
+// (CudaDsaModel::kCublasWorkspaceBytes).
+inline constexpr int64_t kCudaCublasWorkspaceBytes = int64_t{32} << 20;
 
 // Bytes of CudaDsaModel's step scratch (cuda_dsa_model.h) for `tokens` new
 // tokens over contexts up to `max_context`, `logit_rows` of them wanting logits.
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
                                 int64_t logit_rows, int64_t index_topk);
+
+// The grouped device MoE's workspaces (kernels/cuda/moe/grouped_moe.h
+// grouped_moe_layout: plan ints, [pairs, I] activations, [rows, top_k, H]
+// outputs) for calls of up to `rows` rows; 0 for models without routed
+// experts or shapes the grouped path does not serve.
+int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows);
+
+// Every part of the scratch of `request` (see CudaScratchBreakdown).
+CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
+                                            const CudaMemoryRequest& request);
 
 // Throws megactx::Error naming the numbers when weights + scratch exceed the
 // budget or no page of max_context fits.
@@ -46,5 +109,9 @@ struct DeviceMemoryInfo {
 // calls around a model load differ by what the load allocated). An Error in
 // builds without CUDA or when the device is missing.
 DeviceMemoryInfo query_device_memory(int device_ordinal = 0);
+
+// The SM count of `device_ordinal` (the fast path's split-K plan); an Error
+// in builds without CUDA.
+int64_t query_device_multiprocessors(int device_ordinal = 0);
 
 }  // namespace megactx

@@ -1,9 +1,14 @@
 // Host-only checks of the CUDA engine's start-up arithmetic: the device KV
 // plan (engine/kv_capacity.h plan_device_kv) from a fraction of the device
-// memory or an explicit KV budget, its Errors, and which sampling rows the
-// device kernel may take (engine/cuda_sampler.h device_samples_row).
+// memory or an explicit KV budget, its Errors, the scratch of the model's
+// options (fast attention, device MoE, CUDA-graph buckets) in it, and which
+// sampling rows the device kernel may take (engine/cuda_sampler.h
+// device_samples_row).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 
@@ -11,6 +16,7 @@
 #include "engine/cuda_sampler.h"
 #include "engine/kv_capacity.h"
 #include "io/model_config.h"
+#include "model/cuda_fast_attention_plan.h"
 #include "model/cuda_memory_plan.h"
 
 namespace megactx {
@@ -34,6 +40,11 @@ DeviceKvRequest device_request(int64_t total, int64_t free, int64_t model) {
   DeviceKvRequest request;
   request.memory = {free, total};
   request.model_bytes = model;
+  // The step scratch alone (the options' parts are checked from
+  // ModelOptionsScratchIsPlannedAndNamed on).
+  request.options.fast_attention = false;
+  request.options.device_moe = false;
+  request.options.cuda_graphs = false;
   return request;
 }
 
@@ -131,6 +142,97 @@ TEST(DeviceKvPlan, WhatDoesNotFitIsAnErrorNamingTheNumbers) {
   long_context.max_prefill_tokens = 8192;
   EXPECT_NE(error_of(config, long_context, request).find("step scratch"), std::string::npos)
       << error_of(config, long_context, request);
+}
+
+ModelConfig config_named(const std::string& name) {
+  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/configs/" + name + ".json");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_model_config(text.str());
+}
+
+// The fixture's plan with the CUDA model's default options: the device MoE
+// and the graph bucket of the 8 running requests are planned, the cuBLAS
+// workspace is not counted twice (the load's measurement holds it), and the
+// log line names every part.
+TEST(DeviceKvPlan, ModelOptionsScratchIsPlannedAndNamed) {
+  const ModelConfig config = fixture_config();
+  const EngineConfig engine = engine_config();
+  DeviceKvRequest request = device_request(1024 * kMiB, 1000 * kMiB, 10 * kMiB);
+  request.options = CudaScratchOptions{};
+  request.gpu_memory_utilization = 0.5;
+  const DeviceKvPlan plan = plan_device_kv(config, engine, request);
+  const CudaScratchBreakdown& parts = plan.memory.scratch;
+  const int64_t tokens = 128 + 8;
+  const int64_t context = config.max_position_embeddings;
+  EXPECT_EQ(parts.graph_rows, 8);  // 8 running requests: the bucket of 8
+  EXPECT_EQ(parts.graph_context, 256);
+  EXPECT_EQ(parts.step,
+            cuda_step_scratch_bytes(config, tokens, context, tokens, config.index_topk));
+  EXPECT_EQ(parts.device_moe, cuda_device_moe_scratch_bytes(config, tokens));
+  EXPECT_GT(parts.device_moe, 0);
+  EXPECT_EQ(parts.fast_attention, 0);  // the fixture's shapes are not the fast path's
+  EXPECT_GT(parts.graph_inputs, 0);
+  EXPECT_EQ(parts.cublas_workspace, 0);
+  EXPECT_EQ(plan.memory.scratch_bytes, parts.device_total());
+  const KvCacheSpec spec = kv_cache_spec(config, KvDType::BF16, 64, false);
+  EXPECT_EQ(
+      plan.memory.kv_pages,
+      (512 * kMiB - plan.reserve_bytes - 10 * kMiB - parts.device_total()) / spec.bytes_per_page());
+  const std::string summary = plan.summary();
+  std::printf("%s\n", summary.c_str());
+  for (const char* part :
+       {"device MoE", "graph inputs", "pinned host", "cuBLAS workspace", "fallback attention"}) {
+    EXPECT_NE(summary.find(part), std::string::npos) << part << " missing in: " << summary;
+  }
+  // Speculative decoding verifies 1 + k tokens per sequence in a graph.
+  ModelConfig with_mtp = config;
+  with_mtp.num_nextn_predict_layers = 1;
+  EngineConfig speculative = engine;
+  speculative.speculative_steps = 3;
+  EXPECT_EQ(plan_device_kv(with_mtp, speculative, request).memory.scratch.graph_rows, 32);
+  // --no-cuda-graphs / --cuda-host-moe: no bucket, no grouped MoE workspace.
+  request.options.cuda_graphs = false;
+  EXPECT_EQ(plan_device_kv(config, engine, request).memory.scratch.graph_rows, 0);
+  request.options.cuda_graphs = true;
+  request.options.device_moe = false;
+  const DeviceKvPlan host_moe = plan_device_kv(config, engine, request);
+  EXPECT_EQ(host_moe.memory.scratch.device_moe, 0);
+  EXPECT_EQ(host_moe.memory.scratch.graph_rows, 0);  // MoE layers are not capturable
+  EXPECT_GT(host_moe.memory.kv_pages, plan.memory.kv_pages);
+}
+
+// GLM-5.2's shapes with an FP8 cache: the fast attention path's scratch is
+// planned (and not with --cuda-fallback-attention), and what the device has
+// free decides whether it fits.
+TEST(DeviceKvPlan, FastAttentionScratchDecidesFit) {
+  const ModelConfig config = config_named("glm5_2");
+  EngineConfig engine;
+  engine.kv_dtype = KvDType::FP8;
+  engine.max_prefill_tokens = 1024;
+  engine.max_running_requests = 64;
+  engine.context_length = 4096;
+  const int64_t page = kv_cache_spec(config, KvDType::FP8, 64, false).bytes_per_page();
+  DeviceKvRequest request = device_request(int64_t{140} << 30, int64_t{100} << 30, 1 << 30);
+  request.options = CudaScratchOptions{};  // the CUDA model's defaults
+  request.kv_memory_bytes = 64 * page;     // one 4096-token sequence
+  const DeviceKvPlan fast = plan_device_kv(config, engine, request);
+  EXPECT_EQ(fast.memory.scratch.fast_attention,
+            cuda_fast_attention_scratch_bytes(config, 1024 + 64, 4096, config.index_topk, 132));
+  EXPECT_EQ(fast.memory.scratch.graph_rows, 64);
+  EXPECT_EQ(fast.memory.kv_pages, 64);
+  request.options.fast_attention = false;
+  const DeviceKvPlan fallback = plan_device_kv(config, engine, request);
+  EXPECT_EQ(fallback.memory.scratch.fast_attention, 0);
+  EXPECT_EQ(fallback.memory.scratch_bytes + fast.memory.scratch.fast_attention,
+            fast.memory.scratch_bytes);
+  // Exactly what the fallback plan needs is free: it fits, the fast plan not.
+  request.memory.free_bytes =
+      fallback.memory.scratch_bytes + fallback.reserve_bytes + fallback.kv_bytes();
+  EXPECT_EQ(plan_device_kv(config, engine, request).memory.kv_pages, 64);
+  request.options.fast_attention = true;
+  EXPECT_NE(error_of(config, engine, request).find("MiB free"), std::string::npos)
+      << error_of(config, engine, request);
 }
 
 TEST(DeviceKvPlan, KvSpecIsThePlannersSpec) {

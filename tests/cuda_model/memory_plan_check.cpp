@@ -1,20 +1,48 @@
 // The CUDA model's memory plan (model/cuda_memory_plan.h), host only: what is
 // planned fits the budget and one more page would not, the indexer scores
-// grow with tokens x context, and models that do not fit are clear Errors.
+// grow with tokens x context, the scratch parts of the fast attention path,
+// the device MoE and CUDA-graph decode follow the model options and decide
+// fit / no fit, and models that do not fit are clear Errors. In CUDA builds
+// the device MoE part is checked against grouped_moe_layout itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "model/cuda_fast_attention_plan.h"
 #include "model/cuda_memory_plan.h"
 #include "model/model_loader.h"
+
+#if MEGACTX_HAVE_CUDA
+#include "kernels/cuda/moe/grouped_moe.h"
+#endif
 
 namespace megactx {
 namespace {
 
 ModelConfig fixture_config() {
   return load_model_config(std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/hf/glm_bf16");
+}
+
+ModelConfig config_named(const std::string& name) {
+  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/configs/" + name + ".json");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_model_config(text.str());
+}
+
+// Every option that adds scratch off: the plan is the step scratch alone.
+CudaScratchOptions plain_options() {
+  CudaScratchOptions options;
+  options.fast_attention = false;
+  options.device_moe = false;
+  options.cuda_graphs = false;
+  return options;
 }
 
 CudaMemoryRequest request_for(const ModelConfig& config, int64_t budget) {
@@ -26,6 +54,22 @@ CudaMemoryRequest request_for(const ModelConfig& config, int64_t budget) {
   request.max_logit_rows = 16;
   request.index_topk = 16;
   request.kv = make_kv_cache_spec(config, 0, KvDType::FP8);
+  request.options = plain_options();
+  request.weights_include_workspace = true;
+  return request;
+}
+
+// GLM-5.2's shapes (the fast path's), a serving-sized step.
+CudaMemoryRequest glm_request(const ModelConfig& config) {
+  CudaMemoryRequest request;
+  request.budget_bytes = int64_t{1} << 40;
+  request.weight_bytes = int64_t{1} << 30;
+  request.max_step_tokens = 1024;
+  request.max_context = 5000;
+  request.max_logit_rows = 16;
+  request.index_topk = config.index_topk;
+  request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
+  request.options.decode_sequences = 20;
   return request;
 }
 
@@ -75,6 +119,163 @@ TEST(CudaMemoryPlan, ModelsThatDoNotFitAreErrors) {
   CudaMemoryRequest zero = request_for(config, 0);
   EXPECT_THROW(plan_cuda_memory(config, zero), Error);
 }
+
+TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
+  const ModelConfig config = config_named("glm5_2");  // 256 experts, top-8, H 6144, I 2048
+  const CudaMemoryRequest request = glm_request(config);
+  const CudaScratchBreakdown parts = cuda_scratch_breakdown(config, request);
+  // 20 decode sequences pad to the bucket of 24; context 5000 to 8192.
+  EXPECT_EQ(parts.graph_rows, 24);
+  EXPECT_EQ(parts.graph_context, 8192);
+  // The eager step has the most tokens and the larger scores; the graph's 24
+  // logits rows exceed the step's 16.
+  EXPECT_EQ(parts.step, cuda_step_scratch_bytes(config, 1024, 5000, 24, config.index_topk));
+  EXPECT_EQ(parts.fast_attention,
+            cuda_fast_attention_scratch_bytes(config, 1024, 8192, config.index_topk, 132));
+  // The grouped MoE at its largest call, 256 rows = 2048 (row, slot) pairs:
+  // plan ints (tile count, (256 + 2048 / 16) tiles x 3, pair_of, counts,
+  // offsets), [pairs, I] activations, [pairs, H] outputs.
+  const int64_t pairs = 256 * 8;
+  EXPECT_EQ(parts.device_moe,
+            4 * ((1 + 3 * (256 + pairs / 16) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144));
+  // Packed inputs of 24 rows: ids, positions, table offsets, logit rows,
+  // cos and sin [24, 32], page tables [24, 8192 / 64].
+  EXPECT_EQ(parts.graph_inputs, 4 * (4 * 24 + 2 * 24 * 32 + 24 * 128));
+  EXPECT_EQ(parts.pinned_host, parts.graph_inputs);
+  EXPECT_EQ(parts.cublas_workspace, int64_t{32} << 20);
+  EXPECT_EQ(parts.device_total(), parts.step + parts.fast_attention + parts.device_moe +
+                                      parts.graph_inputs + parts.cublas_workspace);
+  const std::string summary = parts.summary();
+  for (const char* part : {"step", "fast attention", "device MoE", "graph inputs", "pinned host",
+                           "cuBLAS workspace", "24 rows"}) {
+    EXPECT_NE(summary.find(part), std::string::npos) << part << " missing in: " << summary;
+  }
+  const CudaMemoryPlan plan = plan_cuda_memory(config, request);
+  EXPECT_EQ(plan.scratch_bytes, parts.device_total());
+
+  // The fast path's part only where it runs.
+  CudaMemoryRequest other = request;
+  other.options.fast_attention = false;
+  EXPECT_EQ(cuda_scratch_breakdown(config, other).fast_attention, 0);
+  other = request;
+  other.kv = make_kv_cache_spec(config, 0, KvDType::BF16, 64);
+  EXPECT_EQ(cuda_scratch_breakdown(config, other).fast_attention, 0);
+  other.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 32);
+  EXPECT_EQ(cuda_scratch_breakdown(config, other).fast_attention, 0);
+  // Host MoE: no device workspace, and MoE layers cannot be captured.
+  other = request;
+  other.options.device_moe = false;
+  CudaScratchBreakdown host_moe = cuda_scratch_breakdown(config, other);
+  EXPECT_EQ(host_moe.device_moe, 0);
+  EXPECT_EQ(host_moe.graph_rows, 0);
+  EXPECT_EQ(host_moe.graph_inputs, 0);
+  EXPECT_EQ(host_moe.pinned_host, 0);
+  EXPECT_EQ(host_moe.step, cuda_step_scratch_bytes(config, 1024, 5000, 16, config.index_topk));
+  EXPECT_NE(host_moe.summary().find("no CUDA graphs"), std::string::npos) << host_moe.summary();
+  // A dense model captures without the device MoE.
+  ModelConfig dense = config;
+  dense.n_routed_experts = 0;
+  EXPECT_EQ(cuda_scratch_breakdown(dense, other).graph_rows, 24);
+  EXPECT_EQ(cuda_scratch_breakdown(dense, request).device_moe, 0);
+  // Graphs off.
+  other = request;
+  other.options.cuda_graphs = false;
+  EXPECT_EQ(cuda_scratch_breakdown(config, other).graph_rows, 0);
+  // The cuBLAS workspace is not counted twice when the weights were measured.
+  other = request;
+  other.weights_include_workspace = true;
+  EXPECT_EQ(cuda_scratch_breakdown(config, other).cublas_workspace, 0);
+}
+
+TEST(CudaMemoryPlan, GraphBucketsPadTheDecodeStep) {
+  const ModelConfig config = config_named("glm5_2");
+  // MTP verification of 7 drafts: 8 tokens per sequence; the grouped MoE
+  // takes at most 256 rows, so the largest capturable bucket is 32 x 8.
+  CudaMemoryRequest request = glm_request(config);
+  request.options.decode_sequences = 64;
+  request.options.decode_tokens_per_sequence = 8;
+  EXPECT_EQ(cuda_scratch_breakdown(config, request).graph_rows, 256);
+  request.options.decode_tokens_per_sequence = 9;  // prefill-like: never a graph
+  EXPECT_EQ(cuda_scratch_breakdown(config, request).graph_rows, 0);
+  // More running requests than the largest bucket: the largest bucket.
+  request.options.decode_tokens_per_sequence = 1;
+  request.options.decode_sequences = 1000;
+  EXPECT_EQ(cuda_scratch_breakdown(config, request).graph_rows, 256);
+  request.options.cuda_graph_max_batch = 64;
+  EXPECT_EQ(cuda_scratch_breakdown(config, request).graph_rows, 64);
+  // A small eager step and a full decode bucket: the bucket's rows, logits
+  // and scores over the context bucket decide the step scratch.
+  request = glm_request(config);
+  request.max_step_tokens = 16;
+  request.options.decode_sequences = 256;
+  const CudaScratchBreakdown parts = cuda_scratch_breakdown(config, request);
+  EXPECT_EQ(parts.graph_rows, 256);
+  EXPECT_EQ(parts.step, cuda_step_scratch_bytes(config, 256, 8192, 256, config.index_topk));
+  EXPECT_EQ(parts.fast_attention,
+            cuda_fast_attention_scratch_bytes(config, 256, 8192, config.index_topk, 132));
+  request.options.cuda_graphs = false;
+  EXPECT_EQ(cuda_scratch_breakdown(config, request).step,
+            cuda_step_scratch_bytes(config, 16, 5000, 16, config.index_topk));
+}
+
+// Each part alone decides fit: a budget that holds the model without the
+// part and exactly one full-context sequence of pages fails with it.
+TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
+  const ModelConfig config = config_named("glm5_2");
+  const CudaMemoryRequest base = glm_request(config);
+  const int64_t pages_needed = (base.max_context + 63) / 64;
+  struct Case {
+    const char* part;
+    void (*switch_off)(CudaMemoryRequest&);
+  };
+  const Case cases[] = {
+      {"fast attention", [](CudaMemoryRequest& r) { r.options.fast_attention = false; }},
+      {"device MoE", [](CudaMemoryRequest& r) { r.options.device_moe = false; }},
+      {"CUDA graphs", [](CudaMemoryRequest& r) { r.options.cuda_graphs = false; }},
+      {"cuBLAS workspace", [](CudaMemoryRequest& r) { r.weights_include_workspace = true; }},
+  };
+  for (const Case& c : cases) {
+    CudaMemoryRequest without = base;
+    c.switch_off(without);
+    const int64_t with_bytes = cuda_scratch_breakdown(config, base).device_total();
+    const int64_t without_bytes = cuda_scratch_breakdown(config, without).device_total();
+    EXPECT_GT(with_bytes, without_bytes) << c.part;
+    without.budget_bytes =
+        base.weight_bytes + without_bytes + pages_needed * base.kv.bytes_per_page();
+    EXPECT_EQ(plan_cuda_memory(config, without).kv_pages, pages_needed) << c.part;
+    CudaMemoryRequest with = base;
+    with.budget_bytes = without.budget_bytes;
+    EXPECT_THROW(plan_cuda_memory(config, with), Error) << c.part;
+    with.budget_bytes += with_bytes - without_bytes;
+    EXPECT_EQ(plan_cuda_memory(config, with).kv_pages, pages_needed) << c.part;
+  }
+}
+
+#if MEGACTX_HAVE_CUDA
+// The plain-C++ device MoE part against the grouped kernels' own layout at
+// the largest call they serve (float32 experts: the most tiles; bf16 tiles
+// of 32 rows need no more).
+TEST(CudaMemoryPlan, DeviceMoePartIsTheGroupedLayout) {
+  std::vector<ModelConfig> configs = {config_named("glm5_2"), config_named("deepseek_v32"),
+                                      fixture_config()};
+  for (const ModelConfig& config : configs) {
+    for (const int64_t rows : {1, 7, 24, 255, 256, 1000}) {
+      cuda::GroupedMoeShape shape{std::min<int64_t>(rows, cuda::kGroupedMoeMaxRows),
+                                  config.hidden_size, config.moe_intermediate_size,
+                                  config.n_routed_experts, config.num_experts_per_tok};
+      while (shape.rows > 0 && !cuda::grouped_moe_supported(shape)) --shape.rows;
+      ASSERT_GT(shape.rows, 0) << config.model_type_name;
+      const cuda::GroupedMoeLayout layout = cuda::grouped_moe_layout(shape);
+      const int64_t want = 4 * (layout.plan_ints + layout.act_floats + layout.pair_out_floats);
+      EXPECT_EQ(cuda_device_moe_scratch_bytes(config, rows), want)
+          << config.model_type_name << " rows " << rows;
+      shape.bf16 = true;
+      const cuda::GroupedMoeLayout bf16 = cuda::grouped_moe_layout(shape);
+      EXPECT_LE(4 * (bf16.plan_ints + bf16.act_floats + bf16.pair_out_floats), want);
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace megactx
