@@ -125,5 +125,54 @@ TEST(GroupedMoePlan, TileBoundCoversEveryRouting) {
   EXPECT_LE(tiles_needed(per_expert_bf16, 32), grouped_moe_layout(spread_bf16).max_tiles);
 }
 
+TEST(GroupedMoePlan, Fp8ShapesTilesAndWorkspace) {
+  // GLM-5.2 / DeepSeek-V3.2 fp8 checkpoints on the grouped path up to the
+  // largest decode-graph bucket; tiles of 16 rows.
+  for (int64_t hidden : {6144, 7168}) {
+    GroupedMoeShape shape{256, hidden, 2048, 256, 8};
+    shape.fp8 = true;
+    EXPECT_TRUE(grouped_moe_supported(shape)) << hidden;
+    EXPECT_EQ(shape.tile_rows(), kGroupedMoeTileRowsFp8);
+  }
+  GroupedMoeShape both{1, 64, 64, 8, 2};
+  both.fp8 = both.bf16 = true;
+  EXPECT_NE(error_of(both).find("both fp8 and bf16"), std::string::npos) << error_of(both);
+
+  // The quantised inputs: x_q [rows, H] bytes, x_scale [rows, ceil(H / 128)]
+  // floats, act_q [pairs, I] bytes, act_scale [pairs, ceil(I / 128)] floats,
+  // each region 16-byte aligned and disjoint (ragged H and I).
+  GroupedMoeShape ragged{13, 200, 80, 16, 4};
+  ragged.fp8 = true;
+  const GroupedMoeLayout l = grouped_moe_layout(ragged);
+  const size_t x_q = 13 * 200, x_scale = 4 * 13 * 2, act_q = 52 * 80, act_scale = 4 * 52 * 1;
+  EXPECT_EQ(l.fp8_x_q, 0u);
+  EXPECT_GE(l.fp8_x_scale, l.fp8_x_q + x_q);
+  EXPECT_GE(l.fp8_act_q, l.fp8_x_scale + x_scale);
+  EXPECT_GE(l.fp8_act_scale, l.fp8_act_q + act_q);
+  EXPECT_GE(l.fp8_bytes, l.fp8_act_scale + act_scale);
+  EXPECT_LT(l.fp8_bytes, x_q + x_scale + act_q + act_scale + 4 * 16);  // padding only
+  for (size_t offset : {l.fp8_x_scale, l.fp8_act_q, l.fp8_act_scale, l.fp8_bytes})
+    EXPECT_EQ(offset % 16, 0u) << offset;
+  // float32 and bf16 shapes need no fp8 workspace.
+  GroupedMoeShape plain = ragged;
+  plain.fp8 = false;
+  EXPECT_EQ(grouped_moe_layout(plain).fp8_bytes, 0u);
+}
+
+TEST(GroupedMoePlan, Fp8GateUpScaleRowsFollowTheStackingRule) {
+  // Gate and up quantised apart, then stacked (scale_split = I): each keeps
+  // ceil(I / 128) scale rows. One grid over 2I rows (scale_split 0):
+  // ceil(2I / 128).
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(80, 80), 2);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(80, 0), 2);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(200, 200), 4);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(200, 0), 4);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(1088, 1088), 18);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(1088, 0), 17);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(2048, 2048), 32);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(64, 0), 1);
+  EXPECT_EQ(grouped_moe_gate_up_scale_rows(64, 64), 2);
+}
+
 }  // namespace
 }  // namespace megactx::cuda
