@@ -171,22 +171,21 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
 }
 
 std::string CudaScratchBreakdown::summary() const {
-  std::string text = fmt::format("step {:.0f} MiB", mib(step));
-  text += fast_attention > 0 ? fmt::format(" + fast attention {:.0f} MiB", mib(fast_attention))
-                             : std::string(" (fallback attention)");
-  text += device_moe > 0 ? fmt::format(" + device MoE {:.0f} MiB", mib(device_moe))
-                         : std::string(" (no device MoE)");
+  std::string text = fmt::format("step {:.1f} MiB", mib(step));
+  text += fast_attention > 0 ? fmt::format(" + fast attention {:.1f} MiB", mib(fast_attention))
+                             : std::string(" + fast attention 0 (fallback kernels)");
+  text += device_moe > 0 ? fmt::format(" + device MoE {:.1f} MiB", mib(device_moe))
+                         : std::string(" + device MoE 0 (host dispatch)");
   if (graph_rows > 0) {
-    text += fmt::format(
-        " + graph inputs {:.1f} MiB (CUDA graphs up to {} rows, context {}; {:.1f} MiB pinned "
-        "host staging)",
-        mib(graph_inputs), graph_rows, graph_context, mib(pinned_host));
+    text += fmt::format(" + graph inputs {:.1f} MiB (CUDA graphs up to {} rows, context {})",
+                        mib(graph_inputs), graph_rows, graph_context);
   } else {
     text += " (no CUDA graphs)";
   }
   if (cublas_workspace > 0) {
     text += fmt::format(" + cuBLAS workspace {:.0f} MiB", mib(cublas_workspace));
   }
+  if (pinned_host > 0) text += fmt::format("; {:.1f} MiB pinned host staging", mib(pinned_host));
   return text;
 }
 

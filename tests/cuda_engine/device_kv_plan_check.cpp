@@ -182,7 +182,7 @@ TEST(DeviceKvPlan, ModelOptionsScratchIsPlannedAndNamed) {
   const std::string summary = plan.summary();
   std::printf("%s\n", summary.c_str());
   for (const char* part :
-       {"device MoE", "graph inputs", "pinned host", "cuBLAS workspace", "fallback attention"}) {
+       {"device MoE", "graph inputs", "pinned host", "cuBLAS workspace", "fallback kernels"}) {
     EXPECT_NE(summary.find(part), std::string::npos) << part << " missing in: " << summary;
   }
   // Speculative decoding verifies 1 + k tokens per sequence in a graph.
