@@ -2,6 +2,7 @@
 //                  --max-new-tokens N [--temperature 0] [--seed S] [--ignore-eos]
 //                  [--format ids|text] [--device cpu|cuda] [--kv-dtype f32|bf16|fp8]
 //                  [--engine] [--cuda-bf16] [--cuda-fp8-upcast] [--no-cuda-graphs]
+//                  [--cuda-fallback-attention] [--cuda-host-moe]
 //                  [--speculative-steps K [--speculative-no-share]
 //                   [--spec-verify rejection|target-only]]
 // Decodes token by token through the KV cache; prints the new tokens
@@ -47,6 +48,8 @@ struct GenerateOptions {
   bool cuda_bf16 = false;
   bool cuda_fp8_upcast = false;
   bool no_cuda_graphs = false;
+  bool cuda_fallback_attention = false;
+  bool cuda_host_moe = false;
   SpeculativeCliOptions speculative;
 };
 
@@ -74,7 +77,8 @@ std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
                                           std::unique_ptr<LanguageModel> model,
                                           const std::vector<int32_t>& ids, KvDType kv_dtype,
                                           std::shared_ptr<const Tokenizer> tokenizer,
-                                          int64_t device_model_bytes) {
+                                          int64_t device_model_bytes,
+                                          const CudaScratchOptions& scratch_options) {
   const ModelConfig& config = model->config();
   const auto prompt = static_cast<int64_t>(ids.size());
   EngineConfig engine_config;
@@ -106,6 +110,7 @@ std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
     request.memory = query_device_memory();
     request.model_bytes = device_model_bytes;
     request.kv_memory_bytes = engine_config.kv_memory_bytes;
+    request.options = scratch_options;
     std::fprintf(stderr, "%s\n", plan_device_kv(config, engine_config, request).summary().c_str());
   }
   if (!tokenizer) tokenizer = std::make_shared<IdsOnlyTokenizer>(config.vocab_size);
@@ -234,6 +239,12 @@ int run_generate(const GenerateOptions& options) {
   MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
                 "--no-cuda-graphs needs --device cuda");
   load.cuda_graphs = !options.no_cuda_graphs;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_fallback_attention,
+                "--cuda-fallback-attention needs --device cuda");
+  load.cuda_fast_attention = !options.cuda_fallback_attention;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_host_moe,
+                "--cuda-host-moe needs --device cuda");
+  load.cuda_device_moe = !options.cuda_host_moe;
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const bool use_engine = options.engine || load.device == Device::CUDA;
@@ -251,7 +262,7 @@ int run_generate(const GenerateOptions& options) {
     std::vector<int32_t> generated;
     if (options.max_new_tokens > 0) {
       generated = generate_with_engine(options, std::move(model), ids, load.kv_dtype, tokenizer,
-                                       device_model_bytes);
+                                       device_model_bytes, cuda_scratch_options(load));
     }
     print_tokens(options, tokenizer.get(), generated);
     return 0;
@@ -329,6 +340,12 @@ CommandRegistration registration{
       command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
                        "--device cuda: launch every decode step kernel by kernel instead of "
                        "replaying it as a CUDA Graph over batch-size buckets");
+      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
+                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
+                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
+      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
+                       "--device cuda: MoE experts dispatched from the host (expert ids read "
+                       "back per layer; no CUDA Graphs) instead of the device MoE");
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

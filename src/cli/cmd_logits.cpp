@@ -1,5 +1,6 @@
 // megactx logits --model DIR --input-ids 1,2,3 --out FILE [--device cpu]
 //                [--kv-dtype f32|bf16|fp8] [--chunk N] [--cuda-fp8-upcast] [--no-cuda-graphs]
+//                [--cuda-fallback-attention] [--cuda-host-moe]
 // --device cuda with an fp8 checkpoint keeps its e4m3 weights native (fp8
 // GEMMs) unless --cuda-fp8-upcast.
 // Prefill logits at every position: FILE gets float32 little-endian [T, vocab].
@@ -26,6 +27,8 @@ struct LogitsOptions {
   int64_t chunk = 0;
   bool cuda_fp8_upcast = false;
   bool no_cuda_graphs = false;
+  bool cuda_fallback_attention = false;
+  bool cuda_host_moe = false;
 };
 
 Device parse_device(const std::string& name) {
@@ -44,6 +47,12 @@ int run_logits(const LogitsOptions& options) {
   MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
                 "--no-cuda-graphs needs --device cuda");
   load.cuda_graphs = !options.no_cuda_graphs;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_fallback_attention,
+                "--cuda-fallback-attention needs --device cuda");
+  load.cuda_fast_attention = !options.cuda_fallback_attention;
+  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_host_moe,
+                "--cuda-host-moe needs --device cuda");
+  load.cuda_device_moe = !options.cuda_host_moe;
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
   SequenceRunner runner(*model, load.kv_dtype, static_cast<int64_t>(ids.size()));
   const Tensor logits = runner.feed(ids, /*all_logits=*/true, options.chunk);
@@ -75,6 +84,12 @@ CommandRegistration registration{
       command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
                        "--device cuda: launch every decode step kernel by kernel instead of "
                        "replaying it as a CUDA Graph over batch-size buckets");
+      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
+                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
+                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
+      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
+                       "--device cuda: MoE experts dispatched from the host (expert ids read "
+                       "back per layer; no CUDA Graphs) instead of the device MoE");
       return [options] { return run_logits(*options); };
     }};
 

@@ -1,6 +1,6 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
 //   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--gpu-memory-utilization 0.9] [--cuda-bf16]
-//   [--cuda-fp8-upcast] [--no-cuda-graphs]
+//   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -48,6 +48,8 @@ struct ServeOptions {
   bool cuda_bf16 = false;
   bool cuda_fp8_upcast = false;
   bool no_cuda_graphs = false;
+  bool cuda_fallback_attention = false;
+  bool cuda_host_moe = false;
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
@@ -83,6 +85,11 @@ int run_serve(const ServeOptions& options) {
   load.cuda_fp8_native = !options.cuda_fp8_upcast;
   MEGACTX_CHECK(cuda || !options.no_cuda_graphs, "--no-cuda-graphs needs --device cuda");
   load.cuda_graphs = !options.no_cuda_graphs;
+  MEGACTX_CHECK(cuda || !options.cuda_fallback_attention,
+                "--cuda-fallback-attention needs --device cuda");
+  load.cuda_fast_attention = !options.cuda_fallback_attention;
+  MEGACTX_CHECK(cuda || !options.cuda_host_moe, "--cuda-host-moe needs --device cuda");
+  load.cuda_device_moe = !options.cuda_host_moe;
   const int64_t kv_memory = options.kv_memory.empty()
                                 ? (cuda ? 0 : int64_t{2} << 30)
                                 : static_cast<int64_t>(parse_memory_size(options.kv_memory));
@@ -132,6 +139,7 @@ int run_serve(const ServeOptions& options) {
     request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
     request.gpu_memory_utilization = options.gpu_memory_utilization;
     request.kv_memory_bytes = kv_memory;
+    request.options = cuda_scratch_options(load);
     const DeviceKvPlan plan = plan_device_kv(model->config(), engine_config, request);
     spdlog::info("{}", plan.summary());
     engine_config.kv_memory_bytes = plan.kv_bytes();
@@ -221,6 +229,12 @@ CommandRegistration registration{
       command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
                        "--device cuda: launch every decode step kernel by kernel instead of "
                        "replaying it as a CUDA Graph over batch-size buckets");
+      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
+                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
+                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
+      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
+                       "--device cuda: MoE experts dispatched from the host (expert ids read "
+                       "back per layer; no CUDA Graphs) instead of the device MoE");
       command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
       command.add_option("--max-running-requests", options->max_running_requests)
           ->capture_default_str();

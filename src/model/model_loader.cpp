@@ -37,6 +37,19 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
   fail("unsupported model_type '{}'", config.model_type_name);
 }
 
+#if MEGACTX_HAVE_CUDA
+// The CUDA model's options from the load options (both load paths).
+CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
+  CudaModelOptions cuda_options;
+  cuda_options.bf16_weights = options.cuda_bf16;
+  cuda_options.logits_on_device = options.cuda_logits_on_device;
+  cuda_options.cuda_graphs = options.cuda_graphs;
+  cuda_options.fast_attention = options.cuda_fast_attention;
+  cuda_options.device_moe = options.cuda_device_moe;
+  return cuda_options;
+}
+#endif
+
 // --device cuda: the host model uploads its float32 weights to the CUDA model
 // and is freed.
 std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& weights,
@@ -44,10 +57,7 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
   std::unique_ptr<LanguageModel> host = build_host(config, weights, options);
   if (options.device != Device::CUDA) return host;
 #if MEGACTX_HAVE_CUDA
-  CudaModelOptions cuda_options;
-  cuda_options.bf16_weights = options.cuda_bf16;
-  cuda_options.logits_on_device = options.cuda_logits_on_device;
-  cuda_options.cuda_graphs = options.cuda_graphs;
+  const CudaModelOptions cuda_options = cuda_model_options(options);
   return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), cuda_options);
 #else
   fail("--device cuda: this build has no CUDA backend (configure with -DMEGACTX_CUDA=ON)");
@@ -61,10 +71,7 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint* checkpoint
                                                     const ModelConfig& config,
                                                     const ModelLoadOptions& options) {
 #if MEGACTX_HAVE_CUDA
-  CudaModelOptions cuda_options;
-  cuda_options.bf16_weights = options.cuda_bf16;
-  cuda_options.logits_on_device = options.cuda_logits_on_device;
-  cuda_options.cuda_graphs = options.cuda_graphs;
+  const CudaModelOptions cuda_options = cuda_model_options(options);
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
   auto model =
@@ -118,6 +125,21 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   auto weights = make_checkpoint_weights(*checkpoint);
   // The weights are float32 copies, so the checkpoint can close afterwards.
   return build(checkpoint->config(), *weights, options);
+}
+
+CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options) {
+  CudaScratchOptions scratch;
+#if MEGACTX_HAVE_CUDA
+  const CudaModelOptions model = cuda_model_options(options);
+  scratch.cuda_graph_max_batch = model.cuda_graph_max_batch;
+  if (options.device == Device::CUDA) {
+    scratch.multiprocessors = query_device_multiprocessors(model.device_ordinal);
+  }
+#endif
+  scratch.fast_attention = options.cuda_fast_attention;
+  scratch.device_moe = options.cuda_device_moe;
+  scratch.cuda_graphs = options.cuda_graphs;
+  return scratch;
 }
 
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cache/kv_cache.h"
+#include "model/cuda_memory_plan.h"
 #include "model/language_model.h"
 
 namespace megactx {
@@ -41,10 +42,25 @@ struct ModelLoadOptions {
   // --device cuda: decode steps replayed as CUDA Graphs over batch-size
   // buckets (CudaModelOptions::cuda_graphs); the CLI's --no-cuda-graphs.
   bool cuda_graphs = true;
+  // --device cuda: DSA attention on the issue-7 fp8 kernels when the cache and
+  // shapes allow it (CudaModelOptions::fast_attention; FP8 KV of 64-token
+  // pages); the CLI's --cuda-fallback-attention turns it off (the fp32
+  // fallback kernels).
+  bool cuda_fast_attention = true;
+  // --device cuda: MoE layers of up to 256 rows route and run their experts on
+  // the device without a host sync (CudaModelOptions::device_moe); the CLI's
+  // --cuda-host-moe turns it off (expert ids read back, one GEMM chain per
+  // used expert; such steps are never CUDA Graphs).
+  bool cuda_device_moe = true;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options);
+
+// What `options` make a CUDA model allocate per step, for the device memory
+// plan (fast attention, device MoE, CUDA graphs; the SMs of the device when
+// this build has CUDA, else the H200's 132).
+CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options);
 
 // Latent pools for every decoder layer, indexer pools for the full layers.
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,

@@ -3,9 +3,14 @@
 --cuda, on the GPU machine) on CUDA.
 
 Host part (runs everywhere): `generate --engine` gives the plain loop's greedy
-tokens, and a seeded sampled request gives the same tokens twice.
+tokens, and a seeded sampled request gives the same tokens twice; the CUDA
+model's switches (--cuda-fallback-attention, --cuda-host-moe, --no-cuda-graphs,
+--cuda-bf16) without --device cuda are a one-line error (exit 1) in generate,
+logits and serve.
 --cuda: `generate --device cuda` gives the CPU loop's greedy tokens and
-`generate --device cpu --engine`'s seeded sampled tokens; `serve --device cuda`
+`generate --device cpu --engine`'s seeded sampled tokens, also with
+--cuda-fallback-attention and --cuda-host-moe (and with the FP8 KV cache
+both attention paths finish); `serve --device cuda`
 answers /generate with the CPU server's greedy tokens and its logprobs within
 1e-4; budgets that cannot hold the model or one full-context sequence are a
 one-line error at start-up (exit 1).
@@ -77,6 +82,35 @@ def start_up_error(megactx, model, *extra):
     return result.returncode, result.stderr.strip()
 
 
+# Switches of the CUDA model: each needs --device cuda.
+CUDA_ONLY_FLAGS = ["--cuda-fallback-attention", "--cuda-host-moe", "--no-cuda-graphs"]
+
+
+def cuda_flag_error(megactx, command, model, flag):
+    """(exit code, stderr) of `command` given a CUDA-only `flag` on the CPU."""
+    extra = {"generate": ["--input-ids", PROMPT, "--max-new-tokens", "2"],
+             "logits": ["--input-ids", PROMPT, "--out", os.devnull],
+             "serve": ["--port", "0"]}[command]
+    result = subprocess.run([megactx, command, "--model", model, *extra, flag],
+                            capture_output=True, text=True, timeout=600)
+    return result.returncode, result.stderr.strip()
+
+
+def check_cuda_flags_need_cuda(megactx, model):
+    name = os.path.basename(model)
+    commands = ["generate", "logits"]
+    if os.path.exists(os.path.join(model, "tokenizer.json")):
+        commands.append("serve")  # serve loads the tokenizer first
+    for command in commands:
+        flags = CUDA_ONLY_FLAGS + (["--cuda-bf16"] if command != "logits" else [])
+        for flag in flags:
+            code, text = cuda_flag_error(megactx, command, model, flag)
+            lines = text.splitlines()
+            check(code == 1 and len(lines) >= 1 and "error" in lines[-1] and
+                  f"{flag} needs --device cuda" in lines[-1],
+                  f"{name}: {command} {flag} without --device cuda is an error: {text[-300:]}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
@@ -92,10 +126,20 @@ def main():
         check(not engine_sampled.startswith("error"), f"{name}: sampled {engine_sampled}")
         check(generate(args.megactx, model, "--engine", *sampled) == engine_sampled,
               f"{name}: seeded sampling reproduces")
+        check_cuda_flags_need_cuda(args.megactx, model)
         if not args.cuda:
             continue
         check(generate(args.megactx, model, "--device", "cuda") == loop,
               f"{name}: generate --device cuda greedy = CPU loop")
+        # The fixtures' F32 cache never takes the fast path; the host MoE
+        # dispatch computes the same float32 sums in another launch order.
+        for switch in ("--cuda-fallback-attention", "--cuda-host-moe"):
+            check(generate(args.megactx, model, "--device", "cuda", switch) == loop,
+                  f"{name}: generate --device cuda {switch} greedy = CPU loop")
+        for switch in ([], ["--cuda-fallback-attention"]):
+            out = generate(args.megactx, model, "--device", "cuda", "--kv-dtype", "fp8", *switch)
+            check(not out.startswith("error") and len(out.split(",")) == 24,
+                  f"{name}: generate --device cuda --kv-dtype fp8 {' '.join(switch)}: {out}")
         check(generate(args.megactx, model, "--device", "cuda", *sampled) == engine_sampled,
               f"{name}: generate --device cuda seeded sampled = CPU --engine")
         if not os.path.exists(os.path.join(model, "tokenizer.json")):
