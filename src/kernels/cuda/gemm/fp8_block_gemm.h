@@ -48,8 +48,8 @@ bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream);
 // multiples of 16, 16-byte aligned x and w; returns false, launching
 // nothing, otherwise. Sums agree with fp8_block_gemm to ~1e-4 relative (the
 // MMA's internal accumulation over 128 products is not full float32).
-// Opt-in (Blas::linear_fp8 with MEGACTX_FP8_TENSOR_CORES=1) until it has been
-// run on the GPU.
+// Blas::linear_fp8 takes it by default for more than 8 rows (its GPU tests
+// passed on the H200); MEGACTX_FP8_TENSOR_CORES=0 keeps the tiled kernel.
 bool fp8_block_gemm_tensor_cores(const Fp8BlockGemm& g, cudaStream_t stream);
 
 }  // namespace megactx::cuda

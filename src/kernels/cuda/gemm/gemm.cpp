@@ -34,8 +34,10 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   check(cublasSetStream(handle, stream), "set stream");
   // Pedantic: no TF32 or reduced-precision shortcuts in the fp32 parity mode.
   check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
+  // fp8 GEMMs of more than 8 rows on tensor cores unless
+  // MEGACTX_FP8_TENSOR_CORES=0 (the tiled SIMT kernel, e.g. to compare).
   const char* tensor_cores = std::getenv("MEGACTX_FP8_TENSOR_CORES");
-  fp8_tensor_cores_ = tensor_cores != nullptr && std::string_view(tensor_cores) == "1";
+  fp8_tensor_cores_ = tensor_cores == nullptr || std::string_view(tensor_cores) != "0";
 }
 
 Blas::~Blas() {
@@ -103,7 +105,8 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.in = in;
   g.out = out;
   // Decode (a few rows) streams the weights once per warp; larger batches
-  // run the tiled kernel (or the tensor-core one when enabled).
+  // run the tensor-core kernel (or the tiled one when it is switched off or
+  // the shape does not suit it).
   if (fp8_block_gemv(g, stream_)) return;
   if (fp8_tensor_cores_ && fp8_block_gemm_tensor_cores(g, stream_)) return;
   fp8_block_gemm(g, stream_);

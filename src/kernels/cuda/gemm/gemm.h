@@ -81,8 +81,9 @@ class Blas {
   void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride);
   // More than 8 rows on the tensor-core fp8 kernel (fp8_block_gemm_tensor_cores)
-  // instead of the tiled SIMT one. Off by default until run on the GPU; the
-  // environment variable MEGACTX_FP8_TENSOR_CORES=1 turns it on for every Blas.
+  // instead of the tiled SIMT one. On by default (its GPU tests against double
+  // loops and the CPU emulation pass on the H200); the environment variable
+  // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
 
   // A caller-owned cuBLAS workspace (cublasSetWorkspace): captured CUDA
@@ -108,7 +109,7 @@ class Blas {
   void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
   size_t x_scale_bytes_ = 0;
   uint64_t reallocations_ = 0;
-  bool fp8_tensor_cores_ = false;
+  bool fp8_tensor_cores_ = true;
 };
 
 }  // namespace megactx::cuda
