@@ -1,15 +1,21 @@
 // Decode throughput of the whole CUDA model (model/cuda_model.h) on a
 // GLM-shaped random-weight model (bench/cuda/configs/glm_1b.json: 1.19B
-// parameters, 502M active per token), in the fp32 parity mode and the bf16
-// mode, at several batch sizes. Each batch decodes `steps` tokens per
-// sequence after a prefill of `context` random tokens.
+// parameters, 502M active per token), in the fp32 parity mode, the bf16
+// mode and with native fp8 weights, at several batch sizes. Each batch
+// decodes `steps` tokens per sequence after a prefill of `context` random
+// tokens.
 //
 //   model_decode_bench --config bench/cuda/configs/glm_1b.json
 //                      [--context 1024] [--steps 16] [--batches 1,16,64]
-//                      [--precision fp32,bf16] [--kv-dtype bf16|fp8|f32]
+//                      [--precision fp32,bf16,fp8] [--kv-dtype bf16|fp8|f32]
 //                      [--attention fast,fallback] [--fallback-attention]
 //                      [--graphs on,off]
 //
+// --precision: "fp32" and "bf16" upload one float32 host model (random
+// weights, seed 1) in float32 or bf16; "fp8" builds the model as an fp8
+// checkpoint ships it (make_cuda_dsa_model_random_fp8: e4m3 projection and
+// expert matrices with one float32 scale per 128x128 block, lm_head and the
+// indexer's weights_proj in bf16, the rest as the bf16 mode keeps it).
 // --attention picks the DSA attention path (CudaModelOptions::fast_attention):
 // "fast" (the issue-7 fp8 indexer / radix top-k / sparse MLA kernels; used
 // only with --kv-dtype fp8, other caches always take the fallback) and/or
@@ -21,8 +27,10 @@
 //
 // Printed beside each result: the bytes one decode step must read at least
 // (the GEMM weights the batch touches -- expected distinct experts for
-// uniform routing -- plus each sequence's selected latent entries, min(context,
-// index_topk) per layer, and its indexer keys, every key per full layer) and
+// uniform routing; 4 B per element in fp32, 2 in bf16, 1 + 4 / (128 x 128)
+// for fp8 matrices -- plus each sequence's selected latent entries,
+// min(context, index_topk) per layer, and its indexer keys, every key per
+// full layer) and
 // the GB/s that implies, against the device-to-device copy bandwidth measured
 // in the same run: the floor of a step is bytes / copy bandwidth.
 #include <cuda_runtime.h>
@@ -36,6 +44,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -81,9 +92,23 @@ double copy_bandwidth(size_t bytes) {
   return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
 
-// Bytes of GEMM weights (in `matrix_bytes` per element; W_UK/W_UV and the
-// router always float32) one decode step of `batch` tokens reads.
-double step_weight_bytes(const ModelConfig& c, int64_t batch, double matrix_bytes) {
+// Bytes per element of the GEMM weights of one precision: the projection and
+// expert matrices, and lm_head + the indexer's weights_proj (bf16 in fp8
+// checkpoints). W_UK/W_UV and the router are float32 in every precision.
+struct WeightBytes {
+  double matrix = 4.0;
+  double plain = 4.0;
+};
+
+WeightBytes weight_bytes_of(const std::string& precision) {
+  if (precision == "bf16") return {2.0, 2.0};
+  // e4m3 + one float32 scale per 128 x 128 block.
+  if (precision == "fp8") return {1.0 + 4.0 / (128.0 * 128.0), 2.0};
+  return {4.0, 4.0};
+}
+
+// Bytes of GEMM weights one decode step of `batch` tokens reads.
+double step_weight_bytes(const ModelConfig& c, int64_t batch, WeightBytes per) {
   const double h = static_cast<double>(c.hidden_size);
   const double q_lora = static_cast<double>(c.q_lora_rank.value_or(0));
   const double heads = static_cast<double>(c.num_attention_heads);
@@ -91,14 +116,15 @@ double step_weight_bytes(const ModelConfig& c, int64_t batch, double matrix_byte
   const double nope = static_cast<double>(c.qk_nope_head_dim);
   const double rope = static_cast<double>(c.qk_rope_head_dim);
   const double v = static_cast<double>(c.v_head_dim);
-  double matrices = 0.0, f32 = 0.0;
+  double matrices = 0.0, plain = 0.0, f32 = 0.0;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     matrices += h * q_lora + q_lora * heads * (nope + rope) + h * (lora + rope) + heads * v * h;
     f32 += heads * lora * nope + heads * v * lora;
     if (c.layer_runs_indexer(layer)) {
       const double ih = static_cast<double>(c.index_n_heads);
       const double id = static_cast<double>(c.index_head_dim);
-      matrices += q_lora * ih * id + h * id + h * ih;
+      matrices += q_lora * ih * id + h * id;
+      plain += h * ih;  // weights_proj
     }
     if (c.layer_is_moe(layer)) {
       const double e = static_cast<double>(c.n_routed_experts);
@@ -111,8 +137,18 @@ double step_weight_bytes(const ModelConfig& c, int64_t batch, double matrix_byte
       matrices += 3.0 * h * static_cast<double>(c.intermediate_size);
     }
   }
-  matrices += static_cast<double>(c.vocab_size) * h;  // lm_head
-  return matrices * matrix_bytes + f32 * 4.0;
+  plain += static_cast<double>(c.vocab_size) * h;  // lm_head
+  return matrices * per.matrix + plain * per.plain + f32 * 4.0;
+}
+
+// config.json of `path` (a file, or a model directory).
+ModelConfig read_config(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) return load_model_config(path);
+  std::ifstream file(path);
+  MEGACTX_CHECK(file.good(), "cannot read config file '{}'", path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_model_config(text.str());
 }
 
 }  // namespace
@@ -178,19 +214,29 @@ int main(int argc, char** argv) {
     const std::vector<std::string> graph_modes = split(graphs_text);
     for (const std::string& mode : graph_modes)
       MEGACTX_CHECK(mode == "on" || mode == "off", "--graphs takes on and/or off, got '{}'", mode);
+    const std::vector<std::string> precisions = split(precisions_text);
+    for (const std::string& precision : precisions)
+      MEGACTX_CHECK(precision == "bf16" || precision == "fp32" || precision == "fp8",
+                    "--precision takes fp32, bf16 and/or fp8, got '{}'", precision);
     // One float32 host model (random weights, seed 1), uploaded once per
-    // precision x attention path.
-    ModelLoadOptions host_load;
-    host_load.random_weights = true;
-    host_load.seed = 1;
-    host_load.kv_dtype = kv_dtype;
-    const std::unique_ptr<LanguageModel> host = load_language_model(config_path, host_load);
-    for (const std::string& precision : split(precisions_text))
+    // precision x attention path; fp8 builds its own from the config.
+    std::unique_ptr<LanguageModel> host;
+    if (std::any_of(precisions.begin(), precisions.end(),
+                    [](const std::string& p) { return p != "fp8"; })) {
+      ModelLoadOptions host_load;
+      host_load.random_weights = true;
+      host_load.seed = 1;
+      host_load.kv_dtype = kv_dtype;
+      host = load_language_model(config_path, host_load);
+    }
+    const ModelConfig file_config = read_config(config_path);
+    bool fp8_without_graphs = false;
+    std::string fp8_weights_line;  // printed after the table
+    for (const std::string& precision : precisions)
       for (const std::string& attention : attentions)
         for (const std::string& graphs : graph_modes) {
-          MEGACTX_CHECK(precision == "bf16" || precision == "fp32", "precision fp32 or bf16");
           CudaModelOptions options;
-          options.bf16_weights = precision == "bf16";
+          options.bf16_weights = precision != "fp32";
           options.logits_on_device = true;
           options.fast_attention = attention == "fast";
           options.cuda_graphs = graphs == "on";
@@ -200,9 +246,23 @@ int main(int argc, char** argv) {
             continue;
           const std::string attention_label =
               kv_dtype == KvDType::FP8 ? attention : "fallback (KV " + kv_text + ")";
-          auto model = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
+          const bool fp8 = precision == "fp8";
+          auto model = fp8 ? make_cuda_dsa_model_random_fp8(file_config, /*seed=*/1, options)
+                           : make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
           const ModelConfig& config = model->config();
-          const int64_t index_topk = static_cast<const DsaModel&>(*host).index_topk();
+          const int64_t index_topk =
+              fp8 ? config.index_topk : static_cast<const DsaModel&>(*host).index_topk();
+          if (fp8 && fp8_weights_line.empty()) {
+            const CudaWeightBytes held = cuda_weight_bytes(*model);
+            char line[256];
+            std::snprintf(line, sizeof(line),
+                          "fp8 model: %.1f MiB of weights on the device, %.1f MiB of them e4m3 + "
+                          "scales for %lld fp8 parameters.\n",
+                          static_cast<double>(held.total) / 1048576.0,
+                          static_cast<double>(held.fp8_matrices) / 1048576.0,
+                          static_cast<long long>(held.fp8_parameters));
+            fp8_weights_line = line;
+          }
           std::mt19937 rng(3);
           std::uniform_int_distribution<int32_t> token(2,
                                                        static_cast<int32_t>(config.vocab_size - 1));
@@ -251,10 +311,11 @@ int main(int argc, char** argv) {
                  static_cast<double>(context) *
                      static_cast<double>(spec.indexer_bytes_per_token() * full_layers));
             const double bytes =
-                step_weight_bytes(config, batch, precision == "bf16" ? 2.0 : 4.0) + kv_bytes;
+                step_weight_bytes(config, batch, weight_bytes_of(precision)) + kv_bytes;
             const CudaGraphStats graph_stats = cuda_graph_stats(*model);
             const char* graphs_label =
                 graphs == "off" ? "off" : (graph_stats.replays > 0 ? "on" : "on (not used)");
+            if (fp8 && graphs == "on" && graph_stats.replays == 0) fp8_without_graphs = true;
             std::printf("| %s | %s | %s | %lld | %.2f | %.0f | %.2f GB | %.0f | %.1f%% | %.2f |\n",
                         precision.c_str(), attention_label.c_str(), graphs_label,
                         static_cast<long long>(batch), step_s * 1e3,
@@ -267,6 +328,13 @@ int main(int argc, char** argv) {
     std::printf(
         "\nGB/s counts bytes read once per step; \"of copy bw\" compares with the copy's "
         "read rate (half its read+write figure). The floor is that read at copy speed.\n");
+    std::printf("%s", fp8_weights_line.c_str());
+    if (fp8_without_graphs) {
+      std::printf(
+          "fp8 rows with graphs \"on (not used)\": the MoE layers of fp8 models run on the host "
+          "MoE dispatch (the grouped device MoE takes float32/bf16 stacked experts), which reads "
+          "expert ids back per layer, so no decode step is captured as a CUDA Graph.\n");
+    }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "model_decode_bench: %s\n", error.what());
     return 1;
