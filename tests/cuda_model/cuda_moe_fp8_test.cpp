@@ -119,14 +119,14 @@ const std::vector<Fp8Case>& fp8_cases() {
       {"decode, top-8 of 256", 1, 256, 128, 256, 8, 8, 4},
       {"64 rows, top-8 of 256", 64, 256, 128, 256, 8, 8, 4},
       {"256 rows, top-8 of 256", 256, 256, 128, 256, 8, 8, 4},
-      // 248 experts with no rows; 4 full fp8 tiles of 16 rows per used expert.
+      // 248 experts with no rows; 8 full fp8 tiles of 8 rows per used expert.
       {"64 rows all on 8 experts", 64, 256, 128, 256, 8, 8, 4, true},
       // Several staged chunks of 512, I not a multiple of 128 (ragged last
       // scale block of gate and of up: scale_split in use).
       {"H 2304, I 1088 (chunked, ragged I)", 9, 2304, 1088, 8, 2, 1, 1},
       // glm_fp8-like: H and I not multiples of 16 or 128.
       {"H 200, I 80 (ragged)", 13, 200, 80, 16, 4, 1, 1},
-      // About 20 rows per expert: two tiles each, the second partly used.
+      // About 20 rows per expert: three tiles each, the third partly used.
       {"40 rows on 4 experts, I 200", 40, 384, 200, 4, 2, 1, 1},
   };
   return cases;

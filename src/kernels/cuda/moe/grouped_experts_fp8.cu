@@ -12,7 +12,8 @@
 // float32 (code times group scale) 512 values at a time; each warp streams 4
 // weight rows of that expert in 8-byte loads (8 e4m3 values of one 128-column
 // block: one weight scale per load) and applies every value to all of the
-// tile's rows. Each weight byte is read once per tile; decode is bound by
+// tile's rows; a lane requests all its weights of a chunk before the inputs
+// are staged. Each weight byte is read once per tile; decode is bound by
 // those bytes (1 per parameter). 8-byte loads keep `in` a multiple of 8 (the
 // grouped path's rule) rather than 16.
 #include <cuda_fp8.h>
@@ -29,10 +30,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWeightRowsPerWarp = 4;
-constexpr int kChunk = 512;  // input values per row staged per pass ([16, 512] floats: 32 KiB)
+constexpr int kChunk = 512;  // input values per row staged per pass ([8, 512] floats: 16 KiB)
 constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsFp8);
 constexpr int kValues = 8;   // e4m3 values per lane load (8 bytes)
 constexpr int kGroup = 128;  // scale block edge (weights) and group width (inputs)
+constexpr int kSteps = kChunk / (32 * kValues);  // warp-wide 8-byte loads per row per chunk
 constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kChunk % kGroup == 0 && kGroup % kValues == 0,
@@ -61,7 +63,7 @@ __device__ int64_t scale_row(int64_t row, int64_t split) {
 }
 
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads) expert_fp8_kernel(ExpertArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) expert_fp8_kernel(ExpertArgs a) {
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= *a.tile_count) return;  // the routing left this tile empty
   const int expert = a.tiles[3 * tile];
@@ -110,6 +112,22 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_kernel(ExpertArgs a) {
 
   for (int64_t k0 = 0; k0 < a.in; k0 += kChunk) {
     const int length = static_cast<int>(a.in - k0 < kChunk ? a.in - k0 : kChunk);  // % 8 == 0
+    // This lane's weights of the whole chunk (kSteps x 4 rows x 8 bytes) are
+    // requested before the inputs are staged, so their latency overlaps the
+    // staging; segments past the chunk or rows past the matrix are zeros.
+    uint2 raw[kSteps][kWeightRowsPerWarp];
+    float weight_scale[kSteps][kWeightRowsPerWarp];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int k = (step * 32 + lane) * kValues;
+#pragma unroll
+      for (int c = 0; c < kWeightRowsPerWarp; ++c) {
+        const bool load = row_valid[c] && k < length;
+        raw[step][c] = load ? __ldg(reinterpret_cast<const uint2*>(row_pointer[c] + k0 + k))
+                            : make_uint2(0, 0);
+        weight_scale[step][c] = load ? __ldg(row_scales[c] + (k0 + k) / kGroup) : 0.0f;
+      }
+    }
     __syncthreads();  // the previous chunk is consumed; source[] is visible
     const int vectors = length / kValues;
     for (int i = static_cast<int>(threadIdx.x); i < m * vectors; i += kThreads) {
@@ -122,19 +140,14 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_kernel(ExpertArgs a) {
       *reinterpret_cast<float4*>(&staged[r][kValues * v + 4]) = make_float4(x[4], x[5], x[6], x[7]);
     }
     __syncthreads();
-    for (int k = lane * kValues; k < length; k += 32 * kValues) {
-      const int64_t group = (k0 + k) / kGroup;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int k = (step * 32 + lane) * kValues;
+      if (k >= length) break;  // this lane's part of the chunk is done (no shuffles below)
       float w[kWeightRowsPerWarp][kValues];
 #pragma unroll
-      for (int c = 0; c < kWeightRowsPerWarp; ++c) {
-        if (row_valid[c]) {
-          unpack8(__ldg(reinterpret_cast<const uint2*>(row_pointer[c] + k0 + k)),
-                  __ldg(row_scales[c] + group), w[c]);
-        } else {
-#pragma unroll
-          for (int v = 0; v < kValues; ++v) w[c][v] = 0.0f;
-        }
-      }
+      for (int c = 0; c < kWeightRowsPerWarp; ++c)
+        unpack8(raw[step][c], weight_scale[step][c], w[c]);
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r) {
         if (r >= m) break;  // uniform over the CTA

@@ -36,8 +36,10 @@ namespace megactx::cuda {
 inline constexpr int64_t kGroupedMoeTileRowsF32 = 16;
 inline constexpr int64_t kGroupedMoeTileRowsBf16 = 32;
 // fp8 weights on CUDA cores as float32 (a register accumulator per
-// (weight row, tile row)).
-inline constexpr int64_t kGroupedMoeTileRowsFp8 = 16;
+// (weight row, tile row)): 8 rows keep the kernel at 128 registers without
+// spills (2 CTAs of 256 threads per SM; 16 rows took 212 registers, 1 CTA).
+// Decode batches rarely put more than a few rows on one expert.
+inline constexpr int64_t kGroupedMoeTileRowsFp8 = 8;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
 // GEMMs read each expert's weights once for all its rows and use tensor
 // cores): rows per call (the largest decode-graph bucket) and routed pairs
