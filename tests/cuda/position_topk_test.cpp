@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "dsa_test_support.h"
+#include "kernels/cuda/dense/dsa_fallback.h"
 #include "kernels/cuda/dense/position_topk.h"
 
 namespace megactx::test {
@@ -273,6 +274,80 @@ TEST(PositionTopk, AgreesWithTheQuadraticKernel) {
       differ += fast.indices[i] != quadratic.indices[i];
     EXPECT_EQ(differ, 0) << "of " << fast.indices.size() << " entries (topk " << topk << ")";
     EXPECT_EQ(fast.counts, quadratic.counts);
+  }
+}
+
+TEST(PositionTopk, FallbackIndexerSelectsFromItsScores) {
+  // indexer_topk_fallback end to end on an F32 key pool: its top-k against
+  // the contract applied to the scores it wrote (downloaded from the
+  // scratch), so no rounding difference between host and device scoring can
+  // flip a near tie. Keys repeat every 500 positions: exact score ties.
+  const int64_t heads = 4, dim = 32, page = 64, max_context = 9000;
+  const std::vector<int32_t> positions = {8999, 4000, -1, 0, 2047, 127};
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  const int64_t pages = (max_context + page - 1) / page;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<int32_t> table(static_cast<size_t>(pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<float> distinct(500 * dim), pool(static_cast<size_t>(pages * page * dim), 0.f);
+  for (float& v : distinct) v = normal(rng);
+  for (int64_t p = 0; p < max_context; ++p) {
+    const int64_t slot = table[p / page] * page + p % page;
+    std::copy_n(distinct.begin() + (p % 500) * dim, dim, pool.begin() + slot * dim);
+  }
+  std::vector<float> q(static_cast<size_t>(tokens * heads * dim)),
+      w(static_cast<size_t>(tokens * heads));
+  for (float& v : q) v = normal(rng);
+  for (float& v : w) v = normal(rng);
+  DeviceBuffer<float> d_pool(pool), d_q(q), d_w(w), d_scores(tokens * max_context);
+  DeviceBuffer<int32_t> d_table(table), d_offsets(std::vector<int32_t>(positions.size(), 0)),
+      d_positions(positions);
+  for (const int64_t topk : {128, 2048}) {
+    SCOPED_TRACE("topk " + std::to_string(topk));
+    DeviceBuffer<int32_t> d_indices(tokens * topk), d_counts(tokens);
+    d_scores.fill_bytes(0xff);  // NaN where nothing is written
+    cuda::IndexerFallbackParams f;
+    f.q = d_q.get();
+    f.weights = d_w.get();
+    f.pool = d_pool.get();
+    f.layout = {cuda::CacheDType::F32, dim, 0};
+    f.rows = {d_table.get(), d_offsets.get(), d_positions.get(), page};
+    f.tokens = tokens;
+    f.heads = heads;
+    f.dim = dim;
+    f.topk = topk;
+    f.max_context = max_context;
+    f.scale = 1.f / std::sqrt(static_cast<float>(dim));
+    f.scores = d_scores.get();
+    f.indices = d_indices.get();
+    f.counts = d_counts.get();
+    cuda::indexer_topk_fallback(f, nullptr);
+    Problem problem({1}, topk, max_context, 0, Scores::Normal, 1);
+    problem.positions = positions;
+    problem.scores = d_scores.download();
+    problem.kinds.assign(positions.size(), "indexer");
+    // The scores are where the contract expects them (row t, position p):
+    // within fp32 rounding of a double-precision host score.
+    double worst = 0.0;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t p = 0; p < problem.visible(t); p += 37) {
+        double score = 0.0, magnitude = 0.0;
+        for (int64_t h = 0; h < heads; ++h) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < dim; ++d)
+            dot +=
+                static_cast<double>(q[(t * heads + h) * dim + d]) * distinct[(p % 500) * dim + d];
+          dot *= f.scale;
+          if (dot > 0.0) score += w[t * heads + h] * dot;
+          magnitude += std::fabs(w[t * heads + h] * dot);
+        }
+        worst = std::max(worst, std::fabs(problem.scores[t * max_context + p] - score) /
+                                    std::max(1.0, magnitude));
+      }
+    EXPECT_LT(worst, 1e-4) << "largest score error (relative to the score's magnitude)";
+    expect_matches_contract(problem, {d_indices.download(), d_counts.download()});
   }
 }
 
