@@ -432,6 +432,7 @@ void Engine::run_plan() {
 
 void Engine::collect_outputs(const Tensor& logits) {
   verify_logits_host_ = Tensor();
+  if (mtp_ && logits.device() != Device::CPU) greedy_verification_argmax(logits);
   sampling_rows_.clear();
   sampling_requests_.clear();
   logprob_queries_.clear();

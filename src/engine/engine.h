@@ -113,7 +113,15 @@ class Engine : public EngineApi {
   static void drop_drafts(RequestState& request);
   // Runs the MTP draft steps and writes the drafts into the tokens.
   void draft_for_plan();
+  // Device logits: the argmax of every greedy verification row, one sampler
+  // call per step (before the chunks are verified).
+  void greedy_verification_argmax(const Tensor& logits);
+  // Verifies one request's drafts against its k + 1 rows from `first_row`.
   void verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row);
+  VerifyResult verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
+                              std::span<const int32_t> drafts);
+  // The verified tokens (and their logprobs) as the request's emitted samples.
+  void emit_verified(RequestState& request, const Tensor& logits, int64_t first_row);
   // MTP step 0 over every chunk's rows whose next token is known.
   void refill_mtp(const Tensor& hidden_states);
   // Rolls back the rejected drafts and emits the accepted ones + 1.
@@ -154,7 +162,10 @@ class Engine : public EngineApi {
   std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
   EnginePhaseTimes phase_times_;                      // MEGACTX_ENGINE_TIMES=1
   std::vector<MtpDraftRequest> draft_requests_;
-  Tensor verify_logits_host_;  // this step's device logits on the host (verification)
+  Tensor verify_logits_host_;  // this step's device logits on the host (sampled verification)
+  std::vector<SamplingRow> verify_argmax_rows_;  // greedy verification rows (device logits)
+  std::vector<SampleResult> verify_argmax_;      // their argmax, in row order
+  size_t verify_argmax_used_ = 0;
   int64_t spec_accepted_total_ = 0;
   int64_t spec_verify_total_ = 0;
 

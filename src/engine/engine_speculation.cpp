@@ -44,6 +44,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/cpu_sampler.h"
 #include "engine/engine.h"
 #include "model/dsa_model.h"
 #if MEGACTX_HAVE_CUDA
@@ -176,7 +177,58 @@ void Engine::draft_for_plan() {
   }
 }
 
+void Engine::greedy_verification_argmax(const Tensor& logits) {
+  // Rows of greedy verifications through the sampler on the device: the host
+  // gets k + 1 token ids per request instead of k + 1 logits rows.
+  static const SamplingParams kGreedy = [] {
+    SamplingParams params;
+    params.temperature = 0.0;
+    return params;
+  }();
+  verify_argmax_rows_.clear();
+  int64_t row = 0;
+  for (const ScheduledChunk& chunk : plan_.chunks) {
+    const RequestState& request = *chunk.request;
+    const int64_t rows = chunk.logits_from >= 0 ? chunk.count - chunk.logits_from : 1;
+    if (request.spec.verifying && is_greedy(request.request.sampling)) {
+      for (int64_t r = 0; r < rows; ++r) {
+        SamplingRow sampling_row;
+        sampling_row.logits_row = row + r;
+        sampling_row.params = &kGreedy;
+        verify_argmax_rows_.push_back(sampling_row);
+      }
+    }
+    row += rows;
+  }
+  verify_argmax_.clear();
+  if (!verify_argmax_rows_.empty()) sampler_->sample(logits, verify_argmax_rows_, verify_argmax_);
+  verify_argmax_used_ = 0;
+}
+
 void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
+  SpeculationState& spec = request.spec;
+  const int64_t k = request.num_draft_tokens;
+  const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
+                                        static_cast<size_t>(k));
+  if (logits.device() != Device::CPU && is_greedy(request.request.sampling)) {
+    // Greedy on device logits: the argmax rows greedy_verification_argmax made
+    // (verifying requests in chunk order, k + 1 rows each).
+    std::vector<int32_t> argmax;
+    for (int64_t r = 0; r <= k; ++r) {
+      MEGACTX_CHECK(verify_argmax_used_ < verify_argmax_.size() &&
+                        verify_argmax_rows_[verify_argmax_used_].logits_row == first_row + r,
+                    "engine: verification argmax rows out of step");
+      argmax.push_back(verify_argmax_[verify_argmax_used_++].token);
+    }
+    spec.result = verify_greedy_argmax(argmax, drafts);
+  } else {
+    spec.result = verify_on_host(request, logits, first_row, drafts);
+  }
+  emit_verified(request, logits, first_row);
+}
+
+VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
+                                    std::span<const int32_t> drafts) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
   // The k + 1 rows on the host: device logits are copied once per step for
@@ -187,12 +239,14 @@ void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t f
   const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
   std::vector<std::span<const float>> rows;
   for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(host, first_row + r));
-  const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
-                                        static_cast<size_t>(k));
-  spec.result = verify_drafts(
+  return verify_drafts(
       request.request.sampling, config_.speculative_sampled_mode, rows, drafts, spec.q, [&request] {
         return sampling_uniform(request.seed ^ kSpeculationSeedSalt, request.spec.draws++);
       });
+}
+
+void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t first_row) {
+  SpeculationState& spec = request.spec;
   // Emitted token i comes from row i; logprobs of the raw logits as the
   // plain sampler reports them.
   const size_t emitted = spec.result.tokens.size();

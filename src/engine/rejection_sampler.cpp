@@ -41,11 +41,18 @@ int32_t draw_from(std::span<const float> weights, double u) {
 VerifyResult verify_greedy(std::span<const std::span<const float>> target_logits,
                            std::span<const int32_t> drafts) {
   check_shapes(target_logits.size(), drafts.size(), drafts.size());
+  std::vector<int32_t> best;
+  for (const auto& row : target_logits) best.push_back(argmax(row));
+  return verify_greedy_argmax(best, drafts);
+}
+
+VerifyResult verify_greedy_argmax(std::span<const int32_t> target_argmax,
+                                  std::span<const int32_t> drafts) {
+  check_shapes(target_argmax.size(), drafts.size(), drafts.size());
   VerifyResult result;
   for (size_t i = 0; i <= drafts.size(); ++i) {
-    const int32_t best = argmax(target_logits[i]);
-    result.tokens.push_back(best);
-    if (i == drafts.size() || best != drafts[i]) break;
+    result.tokens.push_back(target_argmax[i]);
+    if (i == drafts.size() || target_argmax[i] != drafts[i]) break;
     ++result.accepted;
   }
   return result;

@@ -40,6 +40,10 @@ struct VerifyResult {
 VerifyResult verify_greedy(std::span<const std::span<const float>> target_logits,
                            std::span<const int32_t> drafts);
 
+// The same from the k + 1 target argmax tokens (computed on the device).
+VerifyResult verify_greedy_argmax(std::span<const int32_t> target_argmax,
+                                  std::span<const int32_t> drafts);
+
 // p: k + 1 target distributions, q: k draft distributions (each sums to 1
 // over the vocabulary; empty q[i] means the draft was greedy, q = one-hot);
 // drafts[i] ~ q[i]. `uniform` returns independent draws in [0, 1).
