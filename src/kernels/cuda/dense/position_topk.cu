@@ -170,7 +170,17 @@ __global__ void __launch_bounds__(kThreads) position_topk_kernel(PositionTopkPar
       if (first < visible) four = *reinterpret_cast<const uint4*>(keys + first);
     } else {
       const int64_t n = visible - tile < kPositionTopkTile ? visible - tile : kPositionTopkTile;
-      for (int64_t i = threadIdx.x; i < n; i += kThreads) keys[i] = ordered_key(row[tile + i]);
+      float staged[kItems];  // kItems independent loads in flight, coalesced across the CTA
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+        staged[j] = i < n ? row[tile + i] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+        if (i < n) keys[i] = ordered_key(staged[j]);
+      }
       __syncthreads();
       if (first < visible) four = *reinterpret_cast<const uint4*>(keys + threadIdx.x * kItems);
     }
