@@ -259,10 +259,11 @@ int run_generate(const GenerateOptions& options) {
     } else {
       model = load_language_model(options.model_dir, load);
     }
+    const CudaScratchOptions scratch_options = cuda_scratch_options(load, model.get());
     std::vector<int32_t> generated;
     if (options.max_new_tokens > 0) {
       generated = generate_with_engine(options, std::move(model), ids, load.kv_dtype, tokenizer,
-                                       device_model_bytes, cuda_scratch_options(load));
+                                       device_model_bytes, scratch_options);
     }
     print_tokens(options, tokenizer.get(), generated);
     return 0;

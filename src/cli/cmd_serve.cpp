@@ -139,7 +139,7 @@ int run_serve(const ServeOptions& options) {
     request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
     request.gpu_memory_utilization = options.gpu_memory_utilization;
     request.kv_memory_bytes = kv_memory;
-    request.options = cuda_scratch_options(load);
+    request.options = cuda_scratch_options(load, model.get());
     const DeviceKvPlan plan = plan_device_kv(model->config(), engine_config, request);
     spdlog::info("{}", plan.summary());
     engine_config.kv_memory_bytes = plan.kv_bytes();

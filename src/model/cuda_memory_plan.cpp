@@ -135,6 +135,18 @@ int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows) {
   return 4 * (plan_ints + act_floats + pair_out_floats);
 }
 
+int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8) {
+  const int64_t in =
+      std::max({config.hidden_size, config.q_lora_rank.value_or(0),
+                config.num_attention_heads * config.v_head_dim, config.intermediate_size,
+                config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1),
+                config.num_nextn_predict_layers > 0 ? 2 * config.hidden_size : int64_t{0}});
+  int64_t bytes = 0;
+  if (bf16) bytes += rows * in * 2;
+  if (fp8) bytes += rows * in + rows * ((in + 127) / 128) * 4;
+  return bytes;
+}
+
 CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
                                             const CudaMemoryRequest& request) {
   const CudaScratchOptions& o = request.options;
@@ -166,6 +178,7 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
     parts.graph_inputs = layout.capacity_words * 4;  // DecodeGraphCache::inputs()
     parts.pinned_host = layout.capacity_words * 4;   // DecodeGraphCache::staging()
   }
+  parts.gemm_inputs = cuda_gemm_input_bytes(config, tokens, o.bf16_gemm_inputs, o.fp8_gemm_inputs);
   parts.cublas_workspace = request.weights_include_workspace ? 0 : kCudaCublasWorkspaceBytes;
   return parts;
 }
@@ -182,6 +195,7 @@ std::string CudaScratchBreakdown::summary() const {
   } else {
     text += " (no CUDA graphs)";
   }
+  if (gemm_inputs > 0) text += fmt::format(" + GEMM inputs {:.1f} MiB", mib(gemm_inputs));
   if (cublas_workspace > 0) {
     text += fmt::format(" + cuBLAS workspace {:.0f} MiB", mib(cublas_workspace));
   }

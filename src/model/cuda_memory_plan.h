@@ -34,6 +34,12 @@ struct CudaScratchOptions {
   int64_t decode_tokens_per_sequence = 1;
   // SMs of the device (the fast path's split-K partials); 132 on the H200.
   int64_t multiprocessors = 132;
+  // Blas's grow-only GEMM input copies (kernels/cuda/gemm/gemm.h): bf16
+  // weights round each input to bf16 [rows, in]; fp8 weights quantise it to
+  // e4m3 [rows, in] with float32 scales [rows, in / 128]. The fp32 parity
+  // mode has neither.
+  bool bf16_gemm_inputs = false;
+  bool fp8_gemm_inputs = false;
 };
 
 struct CudaMemoryRequest {
@@ -59,12 +65,13 @@ struct CudaScratchBreakdown {
   int64_t fast_attention = 0;    // CudaDsaModel::FastScratch (0: fallback kernels)
   int64_t device_moe = 0;        // moe_plan + moe_act + moe_pair_out (0: host dispatch)
   int64_t graph_inputs = 0;      // the packed-input device block of the largest bucket
+  int64_t gemm_inputs = 0;       // Blas's bf16 / e4m3 input copies at the most rows
   int64_t cublas_workspace = 0;  // 32 MiB (0 when inside the measured weight bytes)
   int64_t pinned_host = 0;       // HOST page-locked staging of the packed inputs
   int64_t graph_rows = 0;        // the padded bucket: rows (0: no graphs) ...
   int64_t graph_context = 0;     // ... and its context bucket
   int64_t device_total() const {
-    return step + fast_attention + device_moe + graph_inputs + cublas_workspace;
+    return step + fast_attention + device_moe + graph_inputs + gemm_inputs + cublas_workspace;
   }
   std::string summary() const;  // "step X MiB + fast attention Y MiB + ..."
 };
@@ -91,6 +98,12 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
 // outputs) for calls of up to `rows` rows; 0 for models without routed
 // experts or shapes the grouped path does not serve.
 int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows);
+
+// Blas's GEMM input copies for up to `rows` rows: bf16 [rows, in] and/or
+// e4m3 [rows, in] + scales [rows, ceil(in / 128)], `in` the widest input of
+// any weight matrix (hidden, q_lora, heads x v_head_dim, the MLPs'
+// intermediates, 2 x hidden for the MTP layer's eh_proj).
+int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8);
 
 // Every part of the scratch of `request` (see CudaScratchBreakdown).
 CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,

@@ -127,18 +127,27 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   return build(checkpoint->config(), *weights, options);
 }
 
-CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options) {
+CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
+                                        const LanguageModel* model) {
   CudaScratchOptions scratch;
+  scratch.bf16_gemm_inputs = options.cuda_bf16;
+  scratch.fp8_gemm_inputs = options.cuda_fp8_native;
 #if MEGACTX_HAVE_CUDA
-  const CudaModelOptions model = cuda_model_options(options);
-  scratch.cuda_graph_max_batch = model.cuda_graph_max_batch;
+  const CudaModelOptions model_options = cuda_model_options(options);
+  scratch.cuda_graph_max_batch = model_options.cuda_graph_max_batch;
   if (options.device == Device::CUDA) {
-    scratch.multiprocessors = query_device_multiprocessors(model.device_ordinal);
+    scratch.multiprocessors = query_device_multiprocessors(model_options.device_ordinal);
+  }
+  if (model != nullptr && model->device() == Device::CUDA) {
+    scratch.fp8_gemm_inputs = cuda_weight_bytes(*model).fp8_parameters > 0;
   }
 #endif
   scratch.fast_attention = options.cuda_fast_attention;
   scratch.device_moe = options.cuda_device_moe;
   scratch.cuda_graphs = options.cuda_graphs;
+#if !MEGACTX_HAVE_CUDA
+  (void)model;
+#endif
   return scratch;
 }
 

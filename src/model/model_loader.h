@@ -58,9 +58,12 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options);
 
 // What `options` make a CUDA model allocate per step, for the device memory
-// plan (fast attention, device MoE, CUDA graphs; the SMs of the device when
-// this build has CUDA, else the H200's 132).
-CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options);
+// plan (fast attention, device MoE, CUDA graphs, GEMM input copies; the SMs
+// of the device when this build has CUDA, else the H200's 132). `model`, the
+// model loaded with `options`, tells whether it holds fp8 weights; without
+// it, cuda_fp8_native counts as if it did.
+CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
+                                        const LanguageModel* model = nullptr);
 
 // Latent pools for every decoder layer, indexer pools for the full layers.
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,

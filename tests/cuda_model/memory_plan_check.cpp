@@ -70,6 +70,7 @@ CudaMemoryRequest glm_request(const ModelConfig& config) {
   request.index_topk = config.index_topk;
   request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
   request.options.decode_sequences = 20;
+  request.options.fp8_gemm_inputs = true;  // an fp8 checkpoint, native
   return request;
 }
 
@@ -142,12 +143,16 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   // cos and sin [24, 32], page tables [24, 8192 / 64].
   EXPECT_EQ(parts.graph_inputs, 4 * (4 * 24 + 2 * 24 * 32 + 24 * 128));
   EXPECT_EQ(parts.pinned_host, parts.graph_inputs);
+  // fp8 GEMM inputs of 1024 rows: the widest input is o_proj's 64 heads x 256
+  // (e4m3 bytes + one float32 scale per 128).
+  EXPECT_EQ(parts.gemm_inputs, 1024 * 16384 + 1024 * 128 * 4);
   EXPECT_EQ(parts.cublas_workspace, int64_t{32} << 20);
   EXPECT_EQ(parts.device_total(), parts.step + parts.fast_attention + parts.device_moe +
-                                      parts.graph_inputs + parts.cublas_workspace);
+                                      parts.graph_inputs + parts.gemm_inputs +
+                                      parts.cublas_workspace);
   const std::string summary = parts.summary();
   for (const char* part : {"step", "fast attention", "device MoE", "graph inputs", "pinned host",
-                           "cuBLAS workspace", "24 rows"}) {
+                           "GEMM inputs", "cuBLAS workspace", "24 rows"}) {
     EXPECT_NE(summary.find(part), std::string::npos) << part << " missing in: " << summary;
   }
   const CudaMemoryPlan plan = plan_cuda_memory(config, request);
@@ -181,6 +186,11 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   other = request;
   other.options.cuda_graphs = false;
   EXPECT_EQ(cuda_scratch_breakdown(config, other).graph_rows, 0);
+  // bf16 weights: a bf16 copy of the inputs beside (fp8 checkpoints in the
+  // bf16 mode) or instead of the e4m3 one; the fp32 mode has none.
+  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, false), 1024 * 16384 * 2);
+  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, true), 1024 * 16384 * 2 + parts.gemm_inputs);
+  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, false, false), 0);
   // The cuBLAS workspace is not counted twice when the weights were measured.
   other = request;
   other.weights_include_workspace = true;
@@ -233,6 +243,7 @@ TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
       {"device MoE", [](CudaMemoryRequest& r) { r.options.device_moe = false; }},
       {"CUDA graphs", [](CudaMemoryRequest& r) { r.options.cuda_graphs = false; }},
       {"cuBLAS workspace", [](CudaMemoryRequest& r) { r.weights_include_workspace = true; }},
+      {"GEMM inputs", [](CudaMemoryRequest& r) { r.options.fp8_gemm_inputs = false; }},
   };
   for (const Case& c : cases) {
     CudaMemoryRequest without = base;
