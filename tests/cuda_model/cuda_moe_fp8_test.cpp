@@ -12,12 +12,12 @@
 //      activations, quantised on the host by the definition (fp8_emulation.h)
 //      and the dequantised weights, within 1e-5;
 //  (c) end to end: activations that differ in their last bits can round to
-//      another e4m3 code (or group scale) when they sit on a rounding
-//      boundary; such a flip moves a whole output row by up to one e4m3 step
-//      of one activation (~2^-4 of it, ~1e-3 of the row). The test finds the
-//      flips itself (host quantisation of both sides' activations) and holds
-//      rows without a flip to 1e-5, rows with one to 2e-2, and the flipped
-//      codes to under 1e-3 of all.
+//      another e4m3 code when they sit on a rounding boundary; such a flip
+//      moves a whole output row by up to one e4m3 step of one activation
+//      (~2^-4 of it, ~1e-3 of the row). The test finds the flips itself (host
+//      quantisation of both sides' activations) and holds rows without a
+//      flip to 1e-5, rows with one to 2e-2, and the flipped codes to under
+//      1e-3 of all.
 // Then the model: glm_fp8 loaded natively keeps its experts stacked (views,
 // bytes as shipped), device MoE on vs off (logits per position, greedy), and
 // decode in CUDA Graphs for the fp8 model (replays > 0, equal to eager).
@@ -301,7 +301,6 @@ struct Fp8Data {
 struct QuantisedRow {
   std::vector<uint8_t> q;
   std::vector<float> scale;
-  bool operator==(const QuantisedRow&) const = default;
 };
 
 QuantisedRow quantise(const float* row, int64_t in) {
@@ -335,11 +334,13 @@ TEST(CudaMoeFp8, GroupedExpertsMatchHostFp8Dispatch) {
       for (int64_t j = 0; j < inter; ++j)
         act_diff = std::max(act_diff, std::fabs(static_cast<double>(device_act[j]) - host_act[j]));
       const QuantisedRow dq = quantise(device_act, inter), hq = quantise(host_act, inter);
-      if (!(dq == hq)) {
-        row_flipped[pair / k] = true;
-        for (int64_t j = 0; j < inter; ++j)
-          flipped_codes += dq.q[j] != hq.q[j] || dq.scale[j / 128] != hq.scale[j / 128];
-      }
+      // A code flip: the same value rounds to another e4m3 code. (A group
+      // scale a last bit apart -- amax itself differs in its last bit --
+      // moves the products by that bit only, within the fp32-order bound.)
+      int64_t flips = 0;
+      for (int64_t j = 0; j < inter; ++j) flips += dq.q[j] != hq.q[j];
+      if (flips > 0) row_flipped[pair / k] = true;
+      flipped_codes += flips;
       const int64_t e = data.routing.ids[pair];
       const float* w = data.down_deq.data() + e * h * inter;
       for (int64_t n = 0; n < h; ++n) {
