@@ -77,12 +77,19 @@ sanitize() {  # tool binary filter
 sanitizer_pids=()
 if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   for test in "$pack"/bin/*_test; do
-    sanitize memcheck "$test" '-*OneMillion*:*DefaultSplits*' >"$out/memcheck_$(basename "$test").sanitizer" 2>&1 &
+    sanitize memcheck "$test" '-*OneMillion*:*DefaultSplits*:*KeepsTheTargetDistribution*' >"$out/memcheck_$(basename "$test").sanitizer" 2>&1 &
     sanitizer_pids+=($!)
   done
   sanitize racecheck "$pack/bin/sparse_mla_test" '*ManySplitsSingleRow*' >"$out/racecheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/indexer_topk_test" '*MtpVerification*:*Ties*' >"$out/racecheck_indexer.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
+  sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
+    >"$out/racecheck_position_topk.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
+  sanitize racecheck "$pack/bin/cuda_moe_test" '*PlanMatches*:*GroupedExperts*' >"$out/racecheck_moe.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
+  sanitize racecheck "$pack/bin/dsa_fast_path_test" '*Glue*' >"$out/racecheck_fast_path.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
 fi
 wait "${pids[@]}"
@@ -121,6 +128,11 @@ if [[ "$benches" == *model* ]]; then
   note "model decode bench (fp8 KV) exit $?"
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/decode_torch_baseline.py >"$out/model_decode_torch.md" 2>&1
   note "model decode torch baseline exit $?"
+fi
+if [[ "$benches" == *model* ]]; then
+  # The fallback indexer's top-k (every shape the fast DSA path does not serve).
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/fallback_topk_bench" "${bench_args[@]}" >"$out/fallback_topk.md" 2>&1
+  note "fallback topk bench exit $?"
 fi
 if [[ "$benches" == *mtp* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/mtp_engine_bench" ${MTP_BENCH_ARGS:-} >"$out/mtp_engine.md" 2>&1
