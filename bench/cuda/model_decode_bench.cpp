@@ -15,7 +15,9 @@
 // weights, seed 1) in float32 or bf16; "fp8" builds the model as an fp8
 // checkpoint ships it (make_cuda_dsa_model_random_fp8: e4m3 projection and
 // expert matrices with one float32 scale per 128x128 block, lm_head and the
-// indexer's weights_proj in bf16, the rest as the bf16 mode keeps it).
+// indexer's weights_proj in bf16, the rest as the bf16 mode keeps it); its
+// experts are stacked at load and decode on the grouped device MoE, so its
+// decode steps are CUDA Graphs too (the table and a note say when not).
 // --attention picks the DSA attention path (CudaModelOptions::fast_attention):
 // "fast" (the issue-7 fp8 indexer / radix top-k / sparse MLA kernels; used
 // only with --kv-dtype fp8, other caches always take the fallback) and/or
@@ -331,9 +333,9 @@ int main(int argc, char** argv) {
     std::printf("%s", fp8_weights_line.c_str());
     if (fp8_without_graphs) {
       std::printf(
-          "fp8 rows with graphs \"on (not used)\": the MoE layers of fp8 models run on the host "
-          "MoE dispatch (the grouped device MoE takes float32/bf16 stacked experts), which reads "
-          "expert ids back per layer, so no decode step is captured as a CUDA Graph.\n");
+          "fp8 rows with graphs \"on (not used)\": no decode step was captured as a CUDA Graph; "
+          "an MoE layer took the host MoE dispatch (CudaDsaModel::moe_on_device declined its fp8 "
+          "experts), which reads the expert ids back per layer.\n");
     }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "model_decode_bench: %s\n", error.what());

@@ -23,7 +23,8 @@ namespace {
 // builds).
 constexpr int64_t kMoeMaxRows = 256;
 constexpr int64_t kMoeMaxPairs = 4096;
-constexpr int64_t kMoeSmallestTileRows = 16;  // float32 experts: the most tiles
+constexpr int64_t kMoeTileRowsFloat = 16;  // float32 (bf16 tiles of 32 have fewer tiles)
+constexpr int64_t kMoeTileRowsFp8 = 8;
 constexpr int64_t kMoePlanMaxThreads = 512;
 constexpr int64_t kMoePlanSharedLimit = 48 * 1024;
 // MTP verification of up to 7 drafts (cuda_dsa_graph_forward.cpp).
@@ -118,7 +119,7 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
   return bytes;
 }
 
-int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows) {
+int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows, bool fp8_experts) {
   if (!has_moe_layers(config)) return 0;
   // The largest call the grouped path takes (buffers grow to it and stay).
   int64_t largest = std::min(rows, kMoeMaxRows);
@@ -128,11 +129,21 @@ int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows) {
   const int64_t pairs = largest * config.num_experts_per_tok;
   // GroupedMoeLayout: tile_count [1], tiles [max_tiles, 3], pair_of [pairs],
   // counts [E], offsets [E + 1]; max_tiles = min(E, pairs) + pairs / tile rows.
-  const int64_t max_tiles = std::min(experts, pairs) + pairs / kMoeSmallestTileRows;
+  const int64_t tile_rows = fp8_experts ? kMoeTileRowsFp8 : kMoeTileRowsFloat;
+  const int64_t max_tiles = std::min(experts, pairs) + pairs / tile_rows;
   const int64_t plan_ints = 1 + 3 * max_tiles + pairs + experts + experts + 1;
-  const int64_t act_floats = pairs * config.moe_intermediate_size;
-  const int64_t pair_out_floats = pairs * config.hidden_size;
-  return 4 * (plan_ints + act_floats + pair_out_floats);
+  const int64_t hidden = config.hidden_size, inter = config.moe_intermediate_size;
+  const int64_t act_floats = pairs * inter;
+  const int64_t pair_out_floats = pairs * hidden;
+  int64_t bytes = 4 * (plan_ints + act_floats + pair_out_floats);
+  if (fp8_experts) {
+    // x_q [rows, H] e4m3, x_scale [rows, H / 128], act_q [pairs, I] e4m3,
+    // act_scale [pairs, I / 128]: each 16-byte aligned.
+    const auto aligned = [](int64_t n) { return (n + 15) / 16 * 16; };
+    bytes += aligned(largest * hidden) + aligned(4 * largest * ((hidden + 127) / 128)) +
+             aligned(pairs * inter) + aligned(4 * pairs * ((inter + 127) / 128));
+  }
+  return bytes;
 }
 
 int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8) {
@@ -168,7 +179,9 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
     parts.fast_attention = cuda_fast_attention_scratch_bytes(config, tokens, context,
                                                              request.index_topk, o.multiprocessors);
   }
-  if (o.device_moe) parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens);
+  if (o.device_moe) {
+    parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens, o.fp8_gemm_inputs);
+  }
   if (graph_rows > 0) {
     DecodeGraphKey key;
     key.tokens_per_sequence = o.decode_tokens_per_sequence;

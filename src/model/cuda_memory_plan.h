@@ -37,7 +37,8 @@ struct CudaScratchOptions {
   // Blas's grow-only GEMM input copies (kernels/cuda/gemm/gemm.h): bf16
   // weights round each input to bf16 [rows, in]; fp8 weights quantise it to
   // e4m3 [rows, in] with float32 scales [rows, in / 128]. The fp32 parity
-  // mode has neither.
+  // mode has neither. fp8_gemm_inputs also means fp8 experts (the device
+  // MoE's quantised inputs).
   bool bf16_gemm_inputs = false;
   bool fp8_gemm_inputs = false;
 };
@@ -95,9 +96,12 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
 
 // The grouped device MoE's workspaces (kernels/cuda/moe/grouped_moe.h
 // grouped_moe_layout: plan ints, [pairs, I] activations, [rows, top_k, H]
-// outputs) for calls of up to `rows` rows; 0 for models without routed
-// experts or shapes the grouped path does not serve.
-int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows);
+// outputs; with `fp8_experts` the e4m3 inputs and activations with their
+// scales) for calls of up to `rows` rows; 0 for models without routed
+// experts or shapes the grouped path does not serve. The plan is sized for
+// the smallest tile of the experts' kind (the most tiles).
+int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows,
+                                      bool fp8_experts = false);
 
 // Blas's GEMM input copies for up to `rows` rows: bf16 [rows, in] and/or
 // e4m3 [rows, in] + scales [rows, ceil(in / 128)], `in` the widest input of

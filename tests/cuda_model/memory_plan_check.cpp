@@ -133,12 +133,19 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   EXPECT_EQ(parts.step, cuda_step_scratch_bytes(config, 1024, 5000, 24, config.index_topk));
   EXPECT_EQ(parts.fast_attention,
             cuda_fast_attention_scratch_bytes(config, 1024, 8192, config.index_topk, 132));
-  // The grouped MoE at its largest call, 256 rows = 2048 (row, slot) pairs:
-  // plan ints (tile count, (256 + 2048 / 16) tiles x 3, pair_of, counts,
-  // offsets), [pairs, I] activations, [pairs, H] outputs.
+  // The grouped MoE at its largest call, 256 rows = 2048 (row, slot) pairs,
+  // fp8 experts (tiles of 8 rows): plan ints (tile count, (256 + 2048 / 8)
+  // tiles x 3, pair_of, counts, offsets), [pairs, I] activations, [pairs, H]
+  // outputs, and the e4m3 inputs [256, H] / activations [pairs, I] with
+  // float32 scales per 128.
   const int64_t pairs = 256 * 8;
+  const int64_t float_moe =
+      4 * ((1 + 3 * (256 + pairs / 16) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144);
   EXPECT_EQ(parts.device_moe,
-            4 * ((1 + 3 * (256 + pairs / 16) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144));
+            4 * ((1 + 3 * (256 + pairs / 8) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144) +
+                256 * 6144 + 4 * 256 * 48 + pairs * 2048 + 4 * pairs * 16);
+  // float32 / bf16 experts: tiles of 16 (or 32) rows, no e4m3 copies.
+  EXPECT_EQ(cuda_device_moe_scratch_bytes(config, 1024, false), float_moe);
   // Packed inputs of 24 rows: ids, positions, table offsets, logit rows,
   // cos and sin [24, 32], page tables [24, 8192 / 64].
   EXPECT_EQ(parts.graph_inputs, 4 * (4 * 24 + 2 * 24 * 32 + 24 * 128));
@@ -264,8 +271,8 @@ TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
 
 #if MEGACTX_HAVE_CUDA
 // The plain-C++ device MoE part against the grouped kernels' own layout at
-// the largest call they serve (float32 experts: the most tiles; bf16 tiles
-// of 32 rows need no more).
+// the largest call they serve: float32 experts (bf16 tiles of 32 rows need
+// no more) and fp8 experts (tiles of 8, the e4m3 copies).
 TEST(CudaMemoryPlan, DeviceMoePartIsTheGroupedLayout) {
   std::vector<ModelConfig> configs = {config_named("glm5_2"), config_named("deepseek_v32"),
                                       fixture_config()};
@@ -283,6 +290,13 @@ TEST(CudaMemoryPlan, DeviceMoePartIsTheGroupedLayout) {
       shape.bf16 = true;
       const cuda::GroupedMoeLayout bf16 = cuda::grouped_moe_layout(shape);
       EXPECT_LE(4 * (bf16.plan_ints + bf16.act_floats + bf16.pair_out_floats), want);
+      shape.bf16 = false;
+      shape.fp8 = true;
+      const cuda::GroupedMoeLayout fp8 = cuda::grouped_moe_layout(shape);
+      EXPECT_EQ(cuda_device_moe_scratch_bytes(config, rows, /*fp8_experts=*/true),
+                4 * (fp8.plan_ints + fp8.act_floats + fp8.pair_out_floats) +
+                    static_cast<int64_t>(fp8.fp8_bytes))
+          << config.model_type_name << " rows " << rows << " (fp8 experts)";
     }
   }
 }
