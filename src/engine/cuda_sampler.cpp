@@ -50,25 +50,32 @@ void check_logits(const Tensor& logits) {
 struct CudaSampler::DeviceState {
   int device = 0;
   cudaStream_t stream = nullptr;
+  bool owns_stream = true;
   cuda::DeviceBuffer params;  // [device rows] SampleRowParams
   cuda::DeviceBuffer outs;    // [device rows] SampleOut
   cuda::PinnedBuffer host_params, host_outs;
 };
 
-CudaSampler::CudaSampler(int device_ordinal) : device_(std::make_unique<DeviceState>()) {
+CudaSampler::CudaSampler(int device_ordinal, void* stream)
+    : device_(std::make_unique<DeviceState>()) {
   if (device_ordinal >= 0) {
     MEGACTX_CUDA_CHECK(cudaSetDevice(device_ordinal));
     device_->device = device_ordinal;
   } else {
     MEGACTX_CUDA_CHECK(cudaGetDevice(&device_->device));
   }
-  MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&device_->stream, cudaStreamNonBlocking));
+  if (stream != nullptr) {
+    device_->stream = static_cast<cudaStream_t>(stream);
+    device_->owns_stream = false;
+  } else {
+    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&device_->stream, cudaStreamNonBlocking));
+  }
 }
 
 CudaSampler::~CudaSampler() {
   if (device_ && device_->stream != nullptr) {
     cudaStreamSynchronize(device_->stream);
-    cudaStreamDestroy(device_->stream);
+    if (device_->owns_stream) cudaStreamDestroy(device_->stream);
   }
 }
 

@@ -82,7 +82,9 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
 #if MEGACTX_HAVE_CUDA
   // Over device logits; host logits (logits_on_device off) go to its CpuSampler.
-  if (model_->device() == Device::CUDA) sampler_ = std::make_unique<CudaSampler>(-1);
+  if (model_->device() == Device::CUDA) {
+    sampler_ = std::make_unique<CudaSampler>(-1, cuda_model_stream(*model_));
+  }
 #endif
   if (!sampler_) sampler_ = std::make_unique<CpuSampler>();
   update_stats();

@@ -9,9 +9,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "core/tensor.h"
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
@@ -103,6 +106,56 @@ class PinnedBuffer {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Device buffers handed out as Tensors the caller owns (the logits a forward
+// returns on the device): a released tensor's buffer goes back to the pool
+// instead of cudaFree (which would synchronise the device every step). The
+// pool's state outlives the model if a tensor does. Reuse is safe in stream
+// order: the next forward writes a recycled buffer on the model's stream,
+// after whatever the previous owner enqueued there (the CudaSampler), and
+// host readers (to_host, rows_to_host) synchronise the device first.
+class DeviceTensorPool {
+ public:
+  DeviceTensorPool() : state_(std::make_shared<State>()) {}
+  // A float32 device tensor of `shape` (uninitialised).
+  Tensor take(std::vector<int64_t> shape) {
+    size_t bytes = sizeof(float);
+    for (int64_t d : shape) bytes *= static_cast<size_t>(d > 0 ? d : 1);
+    void* data = nullptr;
+    {
+      std::lock_guard lock(state_->mutex);
+      auto& free = state_->free;
+      // Smallest free buffer that fits.
+      size_t best = free.size();
+      for (size_t i = 0; i < free.size(); ++i) {
+        if (free[i].first >= bytes && (best == free.size() || free[i].first < free[best].first))
+          best = i;
+      }
+      if (best < free.size()) {
+        data = free[best].second;
+        bytes = free[best].first;
+        free.erase(free.begin() + static_cast<std::ptrdiff_t>(best));
+      }
+    }
+    if (data == nullptr) MEGACTX_CUDA_CHECK(cudaMalloc(&data, bytes));
+    std::shared_ptr<State> state = state_;
+    return Tensor::adopt(data, std::move(shape), DType::F32, Device::CUDA,
+                         [state, bytes](void* pointer) {
+                           std::lock_guard lock(state->mutex);
+                           state->free.emplace_back(bytes, pointer);
+                         });
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::vector<std::pair<size_t, void*>> free;  // (capacity, buffer)
+    ~State() {
+      for (auto& [bytes, pointer] : free) cudaFree(pointer);
+    }
+  };
+  std::shared_ptr<State> state_;
 };
 
 // Host vector -> device buffer (grown as needed), on `stream`.

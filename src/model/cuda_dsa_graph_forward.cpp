@@ -161,23 +161,26 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
   }
   const size_t logit_bytes = static_cast<size_t>(logit_count * vocab) * sizeof(float);
   if (options_.logits_on_device) {
-    // A fresh allocation per step: the caller owns the returned tensor.
-    void* data = nullptr;
-    MEGACTX_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(logit_bytes, 4)));
-    output.logits = Tensor::adopt(data, {logit_count, vocab}, DType::F32, Device::CUDA,
-                                  [](void* pointer) { cudaFree(pointer); });
-    MEGACTX_CUDA_CHECK(
-        cudaMemcpyAsync(data, logits, logit_bytes, cudaMemcpyDeviceToDevice, stream_));
+    // The caller owns the returned tensor (a pooled buffer).
+    output.logits = logits_pool_.take({logit_count, vocab});
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.logits.raw(), logits, logit_bytes,
+                                       cudaMemcpyDeviceToDevice, stream_));
   } else {
     output.logits = Tensor::empty({logit_count, vocab});
     MEGACTX_CUDA_CHECK(
         cudaMemcpyAsync(output.logits.raw(), logits, logit_bytes, cudaMemcpyDeviceToHost, stream_));
   }
-  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  finish_forward(batch);
   return output;
 }
 
 }  // namespace cuda
+
+void* cuda_model_stream(const LanguageModel& model) {
+  const auto* cuda_model = dynamic_cast<const cuda::CudaDsaModel*>(&model);
+  MEGACTX_CHECK(cuda_model != nullptr, "cuda_model_stream: not a CUDA model");
+  return cuda_model->stream();
+}
 
 CudaGraphStats cuda_graph_stats(const LanguageModel& model) {
   const auto* cuda_model = dynamic_cast<const cuda::CudaDsaModel*>(&model);

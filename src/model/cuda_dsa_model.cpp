@@ -165,12 +165,9 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   const int64_t vocab = config_.vocab_size;
   float* logits = nullptr;
   if (options_.logits_on_device) {
-    // A fresh allocation per step: the caller owns the returned tensor.
-    void* data = nullptr;
-    MEGACTX_CUDA_CHECK(cudaMalloc(&data, static_cast<size_t>(std::max<int64_t>(m * vocab, 1)) * 4));
-    output.logits = Tensor::adopt(data, {m, vocab}, DType::F32, Device::CUDA,
-                                  [](void* pointer) { cudaFree(pointer); });
-    logits = static_cast<float*>(data);
+    // The caller owns the returned tensor (a pooled buffer).
+    output.logits = logits_pool_.take({m, vocab});
+    logits = static_cast<float*>(output.logits.raw());
   } else {
     logits = sc.logits.get<float>(m * vocab);
   }
@@ -188,8 +185,17 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
                                        static_cast<size_t>(m * vocab) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
   }
-  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  finish_forward(batch);
   return output;
+}
+
+void CudaDsaModel::finish_forward(const ForwardBatch& batch) {
+  // Host outputs (hidden states, host logits) and the phase timer need the
+  // stream finished; device logits do not: their consumer (the CudaSampler
+  // on this stream, or to_host) is ordered after the forward.
+  if (batch.want_hidden_states || !options_.logits_on_device || timer_.active()) {
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 }
 
 void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* logit_rows,

@@ -40,6 +40,9 @@ class CudaDsaModel final : public LanguageModel {
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
 
   int64_t index_topk() const { return index_topk_; }
+  // The stream every forward runs on: the engine's CudaSampler runs on it
+  // too, so sampling is ordered after the forward without a host sync.
+  cudaStream_t stream() const { return stream_; }
   // The MTP layer on the device (cuda_dsa_mtp.cpp): its weights are uploaded
   // beside the target's (same precision mode), embedding and lm_head shared
   // with the target unless the checkpoint has its own copies (DeepSeek).
@@ -100,6 +103,8 @@ class CudaDsaModel final : public LanguageModel {
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
+  // The end of a forward: synchronises only when the outputs need it.
+  void finish_forward(const ForwardBatch& batch);
   // The step's graph key when it runs as a CUDA Graph (cuda_graphs on, the
   // timer off, every sequence the same 1..kMaxGraphTokensPerSequence new
   // tokens, a bucket fits, every layer capturable), else nullopt.
@@ -175,6 +180,7 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   Scratch scratch_;
+  DeviceTensorPool logits_pool_;  // returned device logits, recycled
   std::unique_ptr<DeviceMtp> mtp_;
   MtpScratch mtp_scratch_;
   PhaseTimer timer_;  // MEGACTX_CUDA_PHASE_TIMES=1

@@ -51,6 +51,9 @@ std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec) {
 
 Tensor to_host(const Tensor& tensor) {
   if (tensor.device() == Device::CPU) return tensor;
+  // The model's stream does not synchronise with the legacy stream, and a
+  // forward that returns device logits does not wait for its own work.
+  MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
   Tensor host = Tensor::empty(tensor.shape(), tensor.dtype());
   if (tensor.nbytes() > 0) {
     MEGACTX_CUDA_CHECK(
@@ -72,6 +75,7 @@ Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count) {
   if (tensor.device() == Device::CPU) {
     std::memcpy(host.raw(), from, bytes);
   } else {
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());  // as to_host
     MEGACTX_CUDA_CHECK(cudaMemcpy(host.raw(), from, bytes, cudaMemcpyDeviceToHost));
   }
   return host;

@@ -8,22 +8,31 @@
 // layer order, same tensors) with device scratch, cuBLAS and the kernels of
 // kernels/cuda/{dense,gemm}.
 //
-// Today (run on the H200, tests/cuda_model and tests/cuda_engine): the fp32
-// exact-parity mode (fp32 weights and activations, cuBLAS sgemm without TF32)
-// and the bf16 mode (GEMM weights in bf16, GEMM inputs rounded to bf16, fp32
-// accumulation; norms, RoPE, attention, routing and the residual in fp32);
-// F32, BF16 or FP8 KV caches in the layouts of kv_cache.h, read by the fp32
-// fallback kernels of kernels/cuda/dense; logits on the device for the
-// engine's CudaSampler. This header is plain C++; the functions exist only in
-// builds with MEGACTX_HAVE_CUDA.
+// What runs (each checked on the H200 by tests/cuda, tests/cuda_model and
+// tests/cuda_engine):
+//  * precision: the fp32 exact-parity mode (fp32 weights and activations,
+//    cuBLAS sgemm without TF32), the bf16 mode (GEMM weights in bf16, GEMM
+//    inputs rounded to bf16, fp32 accumulation; norms, RoPE, attention,
+//    routing and the residual in fp32), and fp8 checkpoints computed natively
+//    (e4m3 weights with their 128x128 scales, inputs quantised per 1x128
+//    group: make_cuda_dsa_model_from_checkpoint, no float32 host model);
+//  * attention: for GLM-5 / DeepSeek-V3.2 shapes over an FP8 cache
+//    (kv_lora 512, rope 64, index dim 128) the issue-7 kernels -- fp8
+//    indexer, radix top-k, sparse MLA with heads padded to 64
+//    (cuda_dsa_fast_attention.cpp); every other shape and cache the fp32
+//    fallback kernels of kernels/cuda/dense;
+//  * MoE: a sync-free device dispatch (kernels/cuda/moe) up to 256 rows, the
+//    per-expert host dispatch beyond;
+//  * decode and MTP verification steps as CUDA Graphs over batch-size buckets
+//    (cuda_decode_graph.h) when every MoE layer takes the device path;
+//  * the MTP layer on the device (cuda_dsa_mtp.cpp, make_cuda_mtp_layer);
+//  * logits left on the device for the engine's CudaSampler.
+// This header is plain C++; the functions exist only in builds with
+// MEGACTX_HAVE_CUDA.
 //
-// Not yet (the next steps, in order; docs/benchmarks.md has the profile): the
-// issue-7 fp8 kernels (indexer, radix top-k, sparse MLA at 64/128 heads) for
-// the shapes they serve -- the fallback attention is most of a decode step;
-// the MoE dispatch on the device (today moe() reads the routed expert ids back
-// to the host once per MoE layer), then CUDA Graphs of decode per batch-size
-// bucket; fp8 block-scaled weights used natively (the loader still builds a
-// float32 host model and uploads it); the MTP layer on the device.
+// Not yet: the MTP draft steps run eagerly (not captured) with one host round
+// trip per step; bf16 activations in memory (the bf16 mode keeps fp32
+// activations and rounds at the GEMM inputs).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +103,11 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
 // make_mtp_kv_cache_spec.
 std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir,
                                               bool random_weights = false, uint64_t seed = 0);
+
+// The cudaStream_t (as void*) every forward of a CUDA model runs on; a
+// forward that returns device logits does not synchronise, so their consumer
+// must run on this stream (the engine's CudaSampler does) or synchronise.
+void* cuda_model_stream(const LanguageModel& model);
 
 // Rows [first, first + count) of a float32 [rows, width] tensor that may live
 // on the device, as a host tensor (the drafts' verification reads a few
