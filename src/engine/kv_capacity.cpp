@@ -86,8 +86,10 @@ double mib(int64_t bytes) {
 }  // namespace
 
 int64_t device_reserve_bytes(const KvCacheSpec& spec) {
-  // 256 MiB for cuBLAS workspaces, the sampler's buffers and the per-step
-  // logits allocation; cudaMalloc rounds every pool up to 2 MiB.
+  // 256 MiB for cuBLAS's own allocations (its fixed 32 MiB workspace is in
+  // the measured model bytes), the sampler's buffers, the MTP layer's scratch
+  // and cudaMalloc's rounding of the ~50 scratch buffers; cudaMalloc rounds
+  // every pool up to 2 MiB.
   const auto pools = static_cast<int64_t>(spec.latent_layers.size() + spec.indexer_layers.size());
   return (int64_t{256} << 20) + pools * (int64_t{2} << 20);
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -69,8 +70,7 @@ bool has_moe_layers(const ModelConfig& config) {
   return false;
 }
 
-// grouped_moe_supported for float32 or bf16 experts (the bounds do not
-// depend on the kind).
+// grouped_moe_supported (the bounds do not depend on the experts' kind).
 bool device_moe_serves(const ModelConfig& config, int64_t rows) {
   const int64_t experts = config.n_routed_experts;
   const int64_t top_k = config.num_experts_per_tok;
