@@ -103,6 +103,14 @@ for part in "$out"/*.sanitizer; do
 done
 note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"
 
+# The CLI on the GPU: generate / serve --device cuda against the CPU, every
+# CUDA switch (tests/cuda_engine/cli_devices_test.py --cuda).
+if [[ "${GPU_CHECK_CLI:-1}" == 1 ]]; then
+  timeout "${CLI_TIMEOUT:-400}" python3 tests/cuda_engine/cli_devices_test.py --megactx "$pack/bin/megactx" --cuda \
+    >"$out/cli_devices.log" 2>&1
+  note "cli_devices_test --cuda exit $?"
+fi
+
 # 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
 #    default: the DSA attention kernels and the whole-model decode, each with
 #    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the
@@ -126,6 +134,10 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
     --kv-dtype fp8 --precision bf16 >"$out/model_decode_fp8.md" 2>&1
   note "model decode bench (fp8 KV) exit $?"
+  # Native fp8 weights (e4m3 + 128x128 scales) beside bf16, FP8 KV, fast attention.
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
+    --kv-dtype fp8 --precision bf16,fp8 --attention fast >"$out/model_decode_fp8_weights.md" 2>&1
+  note "model decode bench (fp8 weights, fp8 KV) exit $?"
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/decode_torch_baseline.py >"$out/model_decode_torch.md" 2>&1
   note "model decode torch baseline exit $?"
 fi
@@ -148,6 +160,7 @@ if [[ -f "$out/bench.md" ]]; then
 fi
 [[ -f "$out/model_decode.md" ]] && grep -E '^\| (fp32|bf16) |copy' "$out/model_decode.md"
 [[ -f "$out/model_decode_fp8.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/model_decode_fp8.md"
+[[ -f "$out/model_decode_fp8_weights.md" ]] && grep -E '^\| (bf16|fp8) ' "$out/model_decode_fp8_weights.md"
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
 exit 0

@@ -294,7 +294,11 @@ int main(int argc, char** argv) {
                     {std::span<const int32_t>(&next[static_cast<size_t>(s)], 1), position,
                      tables[static_cast<size_t>(s)], -1});
               }
-              model->forward(step, *cache);  // synchronous: ends with a stream sync
+              // A forward returning device logits does not synchronise (the
+              // engine's sampler runs on its stream); wait as reading the
+              // sampled ids would.
+              model->forward(step, *cache);
+              MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
             };
             decode(context);
             decode(context + 1);
