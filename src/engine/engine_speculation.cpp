@@ -200,7 +200,7 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
     }
     row += rows;
   }
-  verify_argmax_.clear();
+  verify_argmax_.assign(verify_argmax_rows_.size(), SampleResult{});
   if (!verify_argmax_rows_.empty()) sampler_->sample(logits, verify_argmax_rows_, verify_argmax_);
   verify_argmax_used_ = 0;
 }
