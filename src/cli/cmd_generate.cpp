@@ -21,6 +21,7 @@
 #include <string>
 
 #include "cli/command_registry.h"
+#include "cli/cuda_options.h"
 #include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -45,11 +46,7 @@ struct GenerateOptions {
   std::string device = "cpu";
   std::string kv_dtype = "f32";
   bool engine = false;  // through the serving Engine (always on CUDA)
-  bool cuda_bf16 = false;
-  bool cuda_fp8_upcast = false;
-  bool no_cuda_graphs = false;
-  bool cuda_fallback_attention = false;
-  bool cuda_host_moe = false;
+  CudaCliOptions cuda;
   SpeculativeCliOptions speculative;
 };
 
@@ -232,19 +229,7 @@ int run_generate(const GenerateOptions& options) {
     MEGACTX_CHECK(options.device == "cpu", "unknown --device '{}' (cpu or cuda)", options.device);
   }
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_bf16,
-                "--cuda-bf16 needs --device cuda");
-  load.cuda_bf16 = options.cuda_bf16;
-  load.cuda_fp8_native = !options.cuda_fp8_upcast;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
-                "--no-cuda-graphs needs --device cuda");
-  load.cuda_graphs = !options.no_cuda_graphs;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_fallback_attention,
-                "--cuda-fallback-attention needs --device cuda");
-  load.cuda_fast_attention = !options.cuda_fallback_attention;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_host_moe,
-                "--cuda-host-moe needs --device cuda");
-  load.cuda_device_moe = !options.cuda_host_moe;
+  apply_cuda_options(options.cuda, load);
   MEGACTX_CHECK(options.speculative.steps >= 0 && options.speculative.steps <= 7,
                 "--speculative-steps must be in [0, 7]");
   const bool use_engine = options.engine || load.device == Device::CUDA;
@@ -331,22 +316,7 @@ CommandRegistration registration{
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
       command.add_flag("--engine", options->engine,
                        "run through the serving Engine and its sampler (always on CUDA)");
-      command.add_flag("--cuda-bf16", options->cuda_bf16,
-                       "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
-                       "fp32 parity mode)");
-      command.add_flag(
-          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
-          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
-          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
-      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
-                       "--device cuda: launch every decode step kernel by kernel instead of "
-                       "replaying it as a CUDA Graph over batch-size buckets");
-      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
-                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
-                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
-      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
-                       "--device cuda: MoE experts dispatched from the host (expert ids read "
-                       "back per layer; no CUDA Graphs) instead of the device MoE");
+      add_cuda_options(command, options->cuda);
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/command_registry.h"
+#include "cli/cuda_options.h"
 #include "core/error.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
@@ -25,10 +26,7 @@ struct LogitsOptions {
   std::string device = "cpu";
   std::string kv_dtype = "f32";
   int64_t chunk = 0;
-  bool cuda_fp8_upcast = false;
-  bool no_cuda_graphs = false;
-  bool cuda_fallback_attention = false;
-  bool cuda_host_moe = false;
+  CudaCliOptions cuda;
 };
 
 Device parse_device(const std::string& name) {
@@ -43,16 +41,7 @@ int run_logits(const LogitsOptions& options) {
   ModelLoadOptions load;
   load.device = parse_device(options.device);
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
-  load.cuda_fp8_native = !options.cuda_fp8_upcast;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.no_cuda_graphs,
-                "--no-cuda-graphs needs --device cuda");
-  load.cuda_graphs = !options.no_cuda_graphs;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_fallback_attention,
-                "--cuda-fallback-attention needs --device cuda");
-  load.cuda_fast_attention = !options.cuda_fallback_attention;
-  MEGACTX_CHECK(load.device == Device::CUDA || !options.cuda_host_moe,
-                "--cuda-host-moe needs --device cuda");
-  load.cuda_device_moe = !options.cuda_host_moe;
+  apply_cuda_options(options.cuda, load);
   const std::unique_ptr<LanguageModel> model = load_language_model(options.model_dir, load);
   SequenceRunner runner(*model, load.kv_dtype, static_cast<int64_t>(ids.size()));
   const Tensor logits = runner.feed(ids, /*all_logits=*/true, options.chunk);
@@ -77,19 +66,7 @@ CommandRegistration registration{
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
       command.add_option("--chunk", options->chunk, "prefill chunk size (0: one forward)")
           ->capture_default_str();
-      command.add_flag(
-          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
-          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
-          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
-      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
-                       "--device cuda: launch every decode step kernel by kernel instead of "
-                       "replaying it as a CUDA Graph over batch-size buckets");
-      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
-                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
-                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
-      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
-                       "--device cuda: MoE experts dispatched from the host (expert ids read "
-                       "back per layer; no CUDA Graphs) instead of the device MoE");
+      add_cuda_options(command, options->cuda, /*with_bf16=*/false);
       return [options] { return run_logits(*options); };
     }};
 

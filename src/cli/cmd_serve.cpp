@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/command_registry.h"
+#include "cli/cuda_options.h"
 #include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -45,11 +46,7 @@ struct ServeOptions {
   std::string kv_dtype = "bf16";
   std::string kv_memory;  // empty: 2GiB on the CPU, the fraction's rest on CUDA
   double gpu_memory_utilization = 0.9;
-  bool cuda_bf16 = false;
-  bool cuda_fp8_upcast = false;
-  bool no_cuda_graphs = false;
-  bool cuda_fallback_attention = false;
-  bool cuda_host_moe = false;
+  CudaCliOptions cuda;
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
@@ -80,16 +77,7 @@ int run_serve(const ServeOptions& options) {
     fail("unknown --device '{}' (cpu or cuda)", options.device);
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   const bool cuda = load.device == Device::CUDA;
-  MEGACTX_CHECK(cuda || !options.cuda_bf16, "--cuda-bf16 needs --device cuda");
-  load.cuda_bf16 = options.cuda_bf16;
-  load.cuda_fp8_native = !options.cuda_fp8_upcast;
-  MEGACTX_CHECK(cuda || !options.no_cuda_graphs, "--no-cuda-graphs needs --device cuda");
-  load.cuda_graphs = !options.no_cuda_graphs;
-  MEGACTX_CHECK(cuda || !options.cuda_fallback_attention,
-                "--cuda-fallback-attention needs --device cuda");
-  load.cuda_fast_attention = !options.cuda_fallback_attention;
-  MEGACTX_CHECK(cuda || !options.cuda_host_moe, "--cuda-host-moe needs --device cuda");
-  load.cuda_device_moe = !options.cuda_host_moe;
+  apply_cuda_options(options.cuda, load);
   const int64_t kv_memory = options.kv_memory.empty()
                                 ? (cuda ? 0 : int64_t{2} << 30)
                                 : static_cast<int64_t>(parse_memory_size(options.kv_memory));
@@ -118,8 +106,8 @@ int run_serve(const ServeOptions& options) {
     // CUDA model keeps them in float32, or bf16 with --cuda-bf16.
     const int64_t parameters = summarize_model(config).params_total;
     // fp8 checkpoints loaded natively keep their fp8 matrices at 1 B each.
-    const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && !options.cuda_fp8_upcast ? 1
-                                        : options.cuda_bf16                                    ? 2
+    const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && !options.cuda.fp8_upcast ? 1
+                                        : options.cuda.bf16                                    ? 2
                                                                                                : 4;
     const int64_t least_weight_bytes = parameters * bytes_per_parameter;
     double usable = static_cast<double>(before.free_bytes);
@@ -219,22 +207,7 @@ CommandRegistration registration{
                       "--device cuda: fraction of the device's total memory the process may use "
                       "(model, step scratch and KV pools)")
           ->capture_default_str();
-      command.add_flag("--cuda-bf16", options->cuda_bf16,
-                       "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
-                       "fp32 parity mode)");
-      command.add_flag(
-          "--cuda-fp8-upcast", options->cuda_fp8_upcast,
-          "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
-          "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
-      command.add_flag("--no-cuda-graphs", options->no_cuda_graphs,
-                       "--device cuda: launch every decode step kernel by kernel instead of "
-                       "replaying it as a CUDA Graph over batch-size buckets");
-      command.add_flag("--cuda-fallback-attention", options->cuda_fallback_attention,
-                       "--device cuda: DSA attention on the fp32 fallback kernels even where the "
-                       "fp8 fast path applies (FP8 KV cache of 64-token pages)");
-      command.add_flag("--cuda-host-moe", options->cuda_host_moe,
-                       "--device cuda: MoE experts dispatched from the host (expert ids read "
-                       "back per layer; no CUDA Graphs) instead of the device MoE");
+      add_cuda_options(command, options->cuda);
       command.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY");
       command.add_option("--max-running-requests", options->max_running_requests)
           ->capture_default_str();
