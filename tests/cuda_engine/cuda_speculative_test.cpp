@@ -68,35 +68,7 @@ TEST(CudaMtpGolden, MalformedRowsAreErrors) {
   EXPECT_NO_THROW(mtp->run(rows, *cache));
 }
 
-struct ModelCase {
-  std::string name;
-  std::string dir;
-  int64_t new_tokens = 24;
-  bool trained = false;
-};
-
-std::ostream& operator<<(std::ostream& os, const ModelCase& c) {
-  return os << c.name;
-}
-
-std::vector<std::vector<int32_t>> prompts_for(const ModelCase& c, int64_t vocab) {
-  std::vector<std::vector<int32_t>> prompts;
-  if (c.trained) {
-    const std::vector<int32_t> text = default_text_tokens();
-    const std::pair<size_t, size_t> cuts[] = {{0, 5},      {40, 17},   {300, 64},  {900, 150},
-                                              {2000, 230}, {5000, 33}, {6100, 97}, {7000, 1}};
-    for (const auto& [offset, length] : cuts) {
-      prompts.emplace_back(text.begin() + static_cast<std::ptrdiff_t>(offset),
-                           text.begin() + static_cast<std::ptrdiff_t>(offset + length));
-    }
-  } else {
-    const int64_t lengths[] = {3, 17, 40, 64, 90, 130, 1};
-    for (size_t i = 0; i < std::size(lengths); ++i) {
-      prompts.push_back(hashed_prompt(i + 1, lengths[i], vocab));
-    }
-  }
-  return prompts;
-}
+using ModelCase = SpecModelCase;
 
 struct RunStats {
   int64_t preemptions = 0;
@@ -133,7 +105,7 @@ class CudaSpeculativeEngine : public ::testing::TestWithParam<ModelCase> {
   const std::vector<std::vector<int32_t>>& prompts() {
     if (prompts_.empty()) {
       SpecEngine probe(GetParam().dir, SpecEngineOptions{});
-      prompts_ = prompts_for(GetParam(), probe.vocab);
+      prompts_ = spec_prompts_for(GetParam(), probe.vocab);
     }
     return prompts_;
   }

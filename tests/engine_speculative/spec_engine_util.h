@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,41 @@ inline std::vector<int32_t> hashed_prompt(uint64_t seed, int64_t length, int64_t
                                                   static_cast<uint64_t>(vocab - 2)));
   }
   return prompt;
+}
+
+// A model the speculative tests run on: models/default (a trained MTP layer,
+// drafts are accepted) or an MTP fixture (random: drafts mostly rejected).
+struct SpecModelCase {
+  std::string name;
+  std::string dir;
+  int64_t new_tokens = 24;
+  bool trained = false;  // a trained MTP layer accepts drafts
+};
+
+inline std::ostream& operator<<(std::ostream& os, const SpecModelCase& c) {
+  return os << c.name;
+}
+
+// Prompts of different lengths; some longer than index_topk (sparse attention
+// in the target and in the MTP layer) and than a page: real text for the
+// trained model, hashed ids for the fixtures.
+inline std::vector<std::vector<int32_t>> spec_prompts_for(const SpecModelCase& c, int64_t vocab) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (c.trained) {
+    const std::vector<int32_t> text = default_text_tokens();
+    const std::pair<size_t, size_t> cuts[] = {{0, 5},      {40, 17},   {300, 64},  {900, 150},
+                                              {2000, 230}, {5000, 33}, {6100, 97}, {7000, 1}};
+    for (const auto& [offset, length] : cuts) {
+      prompts.emplace_back(text.begin() + static_cast<std::ptrdiff_t>(offset),
+                           text.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    }
+  } else {
+    const int64_t lengths[] = {3, 17, 40, 64, 90, 130, 1};
+    for (size_t i = 0; i < std::size(lengths); ++i) {
+      prompts.push_back(hashed_prompt(i + 1, lengths[i], vocab));
+    }
+  }
+  return prompts;
 }
 
 }  // namespace megactx::testing
