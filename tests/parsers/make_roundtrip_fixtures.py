@@ -5,7 +5,7 @@
 does it) and cuts out exactly the text the model is trained to generate for
 that turn. output_parser tests parse it back and must recover the message.
 
-    python3 tests/parsers/make_roundtrip_fixtures.py /work/shared
+    python3 tests/parsers/make_roundtrip_fixtures.py [SHARED_DIR]   (default: ../shared)
 
 writes tests/parsers/fixtures/{glm,deepseek}_roundtrip.{json,txt}."""
 import json
@@ -13,8 +13,9 @@ import os
 import subprocess
 import sys
 
-shared = sys.argv[1] if len(sys.argv) > 1 else "/work/shared"
 here = os.path.dirname(os.path.abspath(__file__))
+# The shared folder beside the repository (../shared from its root).
+shared = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "..", "shared")
 out_dir = os.path.join(here, "fixtures")
 
 tools = [
