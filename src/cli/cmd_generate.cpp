@@ -240,6 +240,8 @@ int run_generate(const GenerateOptions& options) {
       const int64_t free_before = query_device_memory().free_bytes;
       load.cuda_logits_on_device = true;  // the Engine samples on the device
       model = load_language_model(options.model_dir, load);
+      // The MTP layer's weights are part of what the plan measures.
+      if (options.speculative.steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);
       device_model_bytes = std::max<int64_t>(free_before - query_device_memory().free_bytes, 0);
     } else {
       model = load_language_model(options.model_dir, load);

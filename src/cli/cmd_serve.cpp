@@ -122,6 +122,8 @@ int run_serve(const ServeOptions& options) {
                   before.total_bytes >> 20, options.gpu_memory_utilization);
     load.cuda_logits_on_device = true;  // the engine samples on the device
     model = load_language_model(options.model_dir, load);
+    // The MTP layer's weights are part of what the plan measures.
+    if (engine_config.speculative_steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);
     DeviceKvRequest request;
     request.memory = query_device_memory();
     request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);

@@ -151,6 +151,14 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
   return scratch;
 }
 
+void preload_cuda_mtp_layer([[maybe_unused]] LanguageModel& model,
+                            [[maybe_unused]] const std::string& model_dir) {
+  if (model.device() != Device::CUDA || model.config().num_nextn_predict_layers <= 0) return;
+#if MEGACTX_HAVE_CUDA
+  make_cuda_mtp_layer(model, model_dir);  // the weights stay in `model`
+#endif
+}
+
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
                                int64_t page_size) {
   KvCacheSpec spec;

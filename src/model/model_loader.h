@@ -65,6 +65,12 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
 CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
                                         const LanguageModel* model = nullptr);
 
+// --device cuda with MTP speculation: uploads the MTP layer's weights into the
+// CUDA `model` now, so that a device memory plan measured afterwards counts
+// them (the Engine's CUDA MTP layer then reuses them). No-op for a CPU model
+// or a config without an MTP layer.
+void preload_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir);
+
 // Latent pools for every decoder layer, indexer pools for the full layers.
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
                                int64_t page_size = 64);
