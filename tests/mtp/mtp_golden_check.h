@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/hf_fixture.h"
 #include "cache/kv_cache.h"
 #include "model/mtp_layer.h"
 
@@ -22,15 +23,6 @@ namespace megactx::testing {
 
 inline std::string mtp_fixture(const std::string& name) {
   return std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/mtp/" + name;
-}
-
-inline std::vector<float> read_floats(const std::string& path, size_t count) {
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file.good()) << path;
-  std::vector<float> values(count);
-  file.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 4));
-  EXPECT_EQ(file.gcount(), static_cast<std::streamsize>(count * 4)) << path;
-  return values;
 }
 
 inline void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
@@ -51,10 +43,10 @@ inline void check_mtp_goldens(const std::string& dir, MtpLayer& mtp,
   const auto drafts = golden["drafts"].get<std::vector<int32_t>>();
   const int64_t T = golden["rows"], S = golden["steps"], H = golden["hidden_size"],
                 V = golden["vocab_size"];
-  const auto hidden = read_floats(dir + "/hidden.f32", T * H);
-  const auto step0 = read_floats(dir + "/step0_logits.f32", T * V);
-  const auto shared = read_floats(dir + "/shared_logits.f32", S * V);
-  const auto unshared = read_floats(dir + "/unshared_logits.f32", S * V);
+  const auto hidden = read_f32(dir + "/hidden.f32", T * H);
+  const auto step0 = read_f32(dir + "/step0_logits.f32", T * V);
+  const auto shared = read_f32(dir + "/shared_logits.f32", S * V);
+  const auto unshared = read_f32(dir + "/unshared_logits.f32", S * V);
 
   EXPECT_EQ(mtp.hand_off(),
             golden["hand_off"] == "normed" ? MtpHandOff::NormedOutput : MtpHandOff::RawOutput);
