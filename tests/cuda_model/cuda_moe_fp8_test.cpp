@@ -36,6 +36,7 @@
 
 #include "../model/hf_fixture.h"
 #include "core/dtype.h"
+#include "device_test_util.h"
 #include "fp8_emulation.h"
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -52,29 +53,9 @@
 namespace megactx::cuda {
 namespace {
 
-template <typename T>
-T* to_device(DeviceBuffer& buffer, const std::vector<T>& values) {
-  T* data = buffer.get<T>(static_cast<int64_t>(values.size()));
-  MEGACTX_CUDA_CHECK(
-      cudaMemcpy(data, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return data;
-}
-
-template <typename T>
-std::vector<T> to_host(const T* data, int64_t count) {
-  std::vector<T> values(static_cast<size_t>(count));
-  MEGACTX_CUDA_CHECK(
-      cudaMemcpy(values.data(), data, values.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return values;
-}
-
-std::vector<float> random_values(int64_t count, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& v : values) v = uniform(rng);
-  return values;
-}
+using device_test::random_values;
+using device_test::to_device;
+using device_test::to_host;
 
 Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed) {
   Tensor t = Tensor::empty({rows, cols});

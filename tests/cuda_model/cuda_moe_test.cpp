@@ -16,6 +16,7 @@
 
 #include "../model/hf_fixture.h"
 #include "core/dtype.h"
+#include "device_test_util.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/dense/dense_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
@@ -28,29 +29,9 @@
 namespace megactx::cuda {
 namespace {
 
-template <typename T>
-T* to_device(DeviceBuffer& buffer, const std::vector<T>& values) {
-  T* data = buffer.get<T>(static_cast<int64_t>(values.size()));
-  MEGACTX_CUDA_CHECK(
-      cudaMemcpy(data, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return data;
-}
-
-template <typename T>
-std::vector<T> to_host(const T* data, int64_t count) {
-  std::vector<T> values(static_cast<size_t>(count));
-  MEGACTX_CUDA_CHECK(
-      cudaMemcpy(values.data(), data, values.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return values;
-}
-
-std::vector<float> random_values(int64_t count, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& v : values) v = uniform(rng);
-  return values;
-}
+using device_test::random_values;
+using device_test::to_device;
+using device_test::to_host;
 
 // max |got - want| / max |want|
 double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
