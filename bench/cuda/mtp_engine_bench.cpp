@@ -15,6 +15,8 @@
 // last step; decode tokens/s = tokens emitted in that window / its time.
 // accepted length = 1 + accepted drafts / verifications (tokens per target
 // forward of a speculating request).
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -37,13 +39,6 @@
 using namespace megactx;
 
 namespace {
-
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream stream(text);
-  for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
-  return out;
-}
 
 struct Result {
   double decode_tokens_per_s = 0;
@@ -114,6 +109,7 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
     verify += update.spec_verify_ct;
     accepted += update.spec_accept_token_num;
   }
+  if (at_decode_start < 0) at_decode_start = result.generated;  // nothing left to decode
   const double decode_s = std::chrono::duration<double>(end - decode_start).count();
   result.decode_tokens_per_s = static_cast<double>(result.generated - at_decode_start) / decode_s;
   result.total_s = std::chrono::duration<double>(end - start).count();
@@ -124,41 +120,30 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string model_dir = "models/default", text_path = "tests/default_model/passkey_8k_ids.txt",
+              kv_text = "bf16";
+  std::vector<int64_t> batches = {1, 16}, steps = {0, 1, 3, 7};
+  std::vector<std::string> precisions = {"fp32", "bf16"};
+  int64_t prompt_len = 256, new_tokens = 256, repeats = 2;
+  bool no_share = false;
+  CLI::App app{"MTP speculative decoding through the Engine on the GPU"};
+  app.add_option("--model", model_dir)->capture_default_str();
+  app.add_option("--text", text_path, "comma-separated prompt ids")->capture_default_str();
+  app.add_option("--batches", batches)->delimiter(',')->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "speculative steps k (0: no MTP)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 7));
+  app.add_option("--precision", precisions)->delimiter(',')->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--kv-dtype", kv_text)->capture_default_str();
+  app.add_option("--prompt", prompt_len)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--new-tokens", new_tokens)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--repeats", repeats, "best of")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--no-share", no_share, "draft steps without IndexShare/KVShare");
+  CLI11_PARSE(app, argc, argv);
+  const bool share = !no_share;
   try {
-    std::string model_dir = "models/default", text_path = "tests/default_model/passkey_8k_ids.txt",
-                batches_text = "1,16", steps_text = "0,1,3,7", precisions_text = "fp32,bf16",
-                kv_text = "bf16";
-    int64_t prompt_len = 256, new_tokens = 256, repeats = 2;
-    bool share = true;
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--no-share") {
-        share = false;
-        continue;
-      }
-      MEGACTX_CHECK(i + 1 < argc, "{} needs a value", flag);
-      const std::string value = argv[++i];
-      if (flag == "--model")
-        model_dir = value;
-      else if (flag == "--text")
-        text_path = value;
-      else if (flag == "--batches")
-        batches_text = value;
-      else if (flag == "--steps")
-        steps_text = value;
-      else if (flag == "--precision")
-        precisions_text = value;
-      else if (flag == "--kv-dtype")
-        kv_text = value;
-      else if (flag == "--prompt")
-        prompt_len = std::stoll(value);
-      else if (flag == "--new-tokens")
-        new_tokens = std::stoll(value);
-      else if (flag == "--repeats")
-        repeats = std::max<int64_t>(std::stoll(value), 1);
-      else
-        fail("unknown flag {}", flag);
-    }
     std::ifstream file(text_path);
     std::stringstream ids;
     ids << file.rdbuf();
@@ -179,12 +164,10 @@ int main(int argc, char** argv) {
         "| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s | target "
         "graph replays / eager / invalidations |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
-    for (const std::string& precision : split(precisions_text)) {
-      for (const std::string& b : split(batches_text)) {
-        const int64_t batch = std::stoll(b);
+    for (const std::string& precision : precisions) {
+      for (const int64_t batch : batches) {
         double baseline = 0;
-        for (const std::string& k_text : split(steps_text)) {
-          const int64_t k = std::stoll(k_text);
+        for (const int64_t k : steps) {
           // Best of `repeats` runs (the first run of a process pays cuBLAS and
           // allocator warm-up).
           Result r;

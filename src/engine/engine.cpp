@@ -446,7 +446,7 @@ void Engine::collect_outputs(const Tensor& logits) {
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
     request.spec.sample_index = -1;
-    const int64_t rows = chunk.logits_from >= 0 ? chunk.count - chunk.logits_from : 1;
+    const int64_t rows = chunk.logits_rows();
     const int64_t first_position =
         chunk.logits_from >= 0 ? chunk.start + chunk.logits_from : chunk.start + chunk.count - 1;
     const int64_t end = chunk.start + chunk.count;

@@ -63,10 +63,9 @@ std::span<const float> logits_row(const Tensor& logits, int64_t row) {
   return {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)};
 }
 
-Tensor logits_rows_on_host([[maybe_unused]] const Tensor& logits, [[maybe_unused]] int64_t first,
-                           [[maybe_unused]] int64_t count) {
+Tensor logits_on_host([[maybe_unused]] const Tensor& logits) {
 #if MEGACTX_HAVE_CUDA
-  return rows_to_host(logits, first, count);
+  return to_host(logits);
 #else
   fail("engine: device logits in a build without the CUDA backend");
 #endif
@@ -189,7 +188,7 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
   int64_t row = 0;
   for (const ScheduledChunk& chunk : plan_.chunks) {
     const RequestState& request = *chunk.request;
-    const int64_t rows = chunk.logits_from >= 0 ? chunk.count - chunk.logits_from : 1;
+    const int64_t rows = chunk.logits_rows();
     if (request.spec.verifying && is_greedy(request.request.sampling)) {
       for (int64_t r = 0; r < rows; ++r) {
         SamplingRow sampling_row;
@@ -234,7 +233,7 @@ VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits,
   // The k + 1 rows on the host: device logits are copied once per step for
   // every verifying request (verify_logits_host_, reset by collect_outputs).
   if (logits.device() != Device::CPU && !verify_logits_host_.defined()) {
-    verify_logits_host_ = logits_rows_on_host(logits, 0, logits.dim(0));
+    verify_logits_host_ = logits_on_host(logits);
   }
   const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
   std::vector<std::span<const float>> rows;

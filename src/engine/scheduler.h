@@ -34,6 +34,8 @@ struct ScheduledChunk {
   int64_t count = 0;         // new tokens
   int64_t logits_from = -1;  // as SequenceInput::logits_from
   bool samples = false;      // the chunk reaches the end of the sequence: sample the next token
+  // Rows of the forward's logits this chunk gets (logits_from on, or its last).
+  int64_t logits_rows() const { return logits_from >= 0 ? count - logits_from : 1; }
 };
 
 struct StepPlan {

@@ -114,7 +114,7 @@ class PinnedBuffer {
 // pool's state outlives the model if a tensor does. Reuse is safe in stream
 // order: the next forward writes a recycled buffer on the model's stream,
 // after whatever the previous owner enqueued there (the CudaSampler), and
-// host readers (to_host, rows_to_host) synchronise the device first.
+// host readers (to_host) synchronise the device first.
 class DeviceTensorPool {
  public:
   DeviceTensorPool() : state_(std::make_shared<State>()) {}

@@ -62,24 +62,5 @@ Tensor to_host(const Tensor& tensor) {
   return host;
 }
 
-Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count) {
-  MEGACTX_CHECK(tensor.dtype() == DType::F32 && tensor.shape().size() == 2 && first >= 0 &&
-                    count >= 0 && first + count <= tensor.dim(0),
-                "rows_to_host: rows [{}, {}) of a tensor with {} rows", first, first + count,
-                tensor.shape().empty() ? 0 : tensor.dim(0));
-  const int64_t width = tensor.dim(1);
-  Tensor host = Tensor::empty({count, width});
-  const size_t bytes = static_cast<size_t>(count * width) * sizeof(float);
-  if (bytes == 0) return host;
-  const float* from = static_cast<const float*>(tensor.raw()) + first * width;
-  if (tensor.device() == Device::CPU) {
-    std::memcpy(host.raw(), from, bytes);
-  } else {
-    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());  // as to_host
-    MEGACTX_CUDA_CHECK(cudaMemcpy(host.raw(), from, bytes, cudaMemcpyDeviceToHost));
-  }
-  return host;
-}
-
 }  // namespace megactx
 #endif  // MEGACTX_HAVE_CUDA

@@ -109,11 +109,6 @@ std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::s
 // must run on this stream (the engine's CudaSampler does) or synchronise.
 void* cuda_model_stream(const LanguageModel& model);
 
-// Rows [first, first + count) of a float32 [rows, width] tensor that may live
-// on the device, as a host tensor (the drafts' verification reads a few
-// logits rows on the host).
-Tensor rows_to_host(const Tensor& tensor, int64_t first, int64_t count);
-
 // The fp8-native load: builds the CUDA model straight from `checkpoint`
 // without a host DsaModel, tensor by tensor (CudaWeights' checkpoint
 // constructor): e4m3 weights with 128x128 weight_scale_inv blocks stay fp8 on

@@ -35,6 +35,7 @@
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda_model.h"
+#include "model_runs.h"
 
 namespace megactx::testing {
 namespace {
@@ -393,34 +394,10 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
   EXPECT_FALSE(cuda::fp8_block_gemm_tensor_cores(g, nullptr));
 }
 
-std::unique_ptr<PagedKvCache> cache_for(const LanguageModel& model, int64_t tokens) {
-  KvCacheSpec spec = make_kv_cache_spec(model.config(), (tokens + 63) / 64 + 1, KvDType::F32);
-  if (model.device() == Device::CUDA) return make_cuda_kv_cache(spec);
-  return std::make_unique<PagedKvCache>(spec);
-}
-
 // Logits of every token of `ids` [n, V], fed in chunks of `chunk` (0: one
-// forward); pages in reverse order.
+// forward); F32 cache, pages in reverse order.
 std::vector<float> logits_of(LanguageModel& model, const std::vector<int32_t>& ids, int64_t chunk) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  auto cache = cache_for(model, n);
-  std::vector<int32_t> table;
-  for (int64_t p = (n + 63) / 64; p >= 0; --p) table.push_back(static_cast<int32_t>(p));
-  const int64_t step = chunk > 0 ? chunk : n;
-  std::vector<float> out;
-  for (int64_t start = 0; start < n; start += step) {
-    const int64_t count = std::min(step, n - start);
-    SequenceInput in;
-    in.tokens = std::span<const int32_t>(ids.data() + start, static_cast<size_t>(count));
-    in.start_position = start;
-    in.page_table = table;
-    in.logits_from = 0;
-    ForwardBatch batch;
-    batch.sequences.push_back(in);
-    const Tensor logits = to_host(model.forward(batch, *cache).logits);
-    out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
-  }
-  return out;
+  return run_sequence(model, ids, KvDType::F32, chunk);
 }
 
 std::unique_ptr<LanguageModel> native_model(const std::string& dir, bool bf16,

@@ -25,6 +25,7 @@
 #include "model/cuda_model.h"
 #include "model/cuda_weights.h"
 #include "model/dsa_model.h"
+#include "model_runs.h"
 
 namespace megactx::cuda {
 namespace {
@@ -525,20 +526,7 @@ std::vector<float> run_batch(LanguageModel& model,
 
 std::vector<int32_t> greedy_tokens(LanguageModel& model, const std::vector<int32_t>& prompt,
                                    int64_t count) {
-  KvCacheSpec spec = make_kv_cache_spec(model.config(), 4, KvDType::F32);
-  auto cache = make_cuda_kv_cache(spec);
-  const std::vector<int32_t> table = {0, 1, 2, 3};
-  std::vector<int32_t> generated, next = prompt;
-  int64_t start = 0;
-  while (static_cast<int64_t>(generated.size()) < count) {
-    ForwardBatch batch;
-    batch.sequences.push_back({next, start, table, -1});
-    const Tensor logits = to_host(model.forward(batch, *cache).logits);
-    start += static_cast<int64_t>(next.size());
-    generated.push_back(testing::argmax(logits.data<float>(), model.config().vocab_size));
-    next = {generated.back()};
-  }
-  return generated;
+  return testing::greedy_ids(model, prompt, count, model.config().vocab_size);
 }
 
 TEST(CudaMoe, WholeModelDeviceMoeMatchesHostDispatch) {
