@@ -61,8 +61,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 note "gpu: $(head -1 "$out/tests.log")"
 
 # 1. Tests, each binary in parallel (their CPU references take most of the time).
+# GPU_CHECK_TESTS=0 skips them (a sanitizer-only call: every sanitizer job runs its case too).
 pids=()
-for test in "$pack"/bin/*_test; do
+[[ "${GPU_CHECK_TESTS:-1}" == 0 ]] || for test in "$pack"/bin/*_test; do
   (timeout "${TEST_TIMEOUT:-300}" "$test" --gtest_color=no >"$out/$(basename "$test").part" 2>&1; echo "$(basename "$test") exit $?" >>"$out/$(basename "$test").part") &
   pids+=($!)
 done
@@ -96,36 +97,82 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   sanitizer_pids+=($!)
 fi
 if [[ "${GPU_CHECK_SANITIZER:-1}" == full ]]; then
-  # memcheck every test case on its own, 12 at a time: a model- or
-  # engine-level binary takes longer than one timeout under memcheck as a
-  # whole, its cases one by one do not (the 3000-request chi-square cases and
-  # the 1M-key ones excepted: they pass unsanitized).
-  for test in "$pack"/bin/*_test; do
+  # Every test case on its own under memcheck, and every case of the binaries
+  # that run shared-memory kernels under racecheck, SANITIZER_JOBS at a time: a
+  # model- or engine-level binary takes longer than one timeout under memcheck
+  # as a whole, its cases one by one do not. SANITIZER_TOOLS picks the tools,
+  # SANITIZER_CASES (a regex over "tool binary Suite.Case") a share of the jobs
+  # when one call is not long enough. The slowest binaries go first.
+  racecheck_binaries=${RACECHECK_BINARIES:-attention_stack_test dsa_fast_path_test indexer_topk_test
+    position_topk_test sparse_mla_test cuda_gemm_test cuda_fp8_weights_test cuda_moe_test
+    cuda_moe_fp8_test device_sampler_test cuda_sampler_test cuda_model_test}
+  # The model-level binary's cases that reach the dense and fallback kernels
+  # (norms, RoPE, softmax, fallback indexer/attention) under racecheck; its
+  # other cases run the same kernels on more inputs.
+  racecheck_model_cases=${RACECHECK_MODEL_CASES:-Fp32PrefillMatchesCpuModel|BatchedSequencesDoNotMix|BadInputIsAnError}
+  slow_first="cuda_engine_test cuda_speculative_test cuda_model_test cuda_fp8_weights_test cuda_fast_attention_test cuda_graph_test cuda_moe_test cuda_moe_fp8_test"
+  for test in $slow_first; do [[ -x "$pack/bin/$test" ]] && echo "$pack/bin/$test"; done >"$out/binaries.txt"
+  for test in "$pack"/bin/*_test; do grep -qx "$test" "$out/binaries.txt" || echo "$test"; done >>"$out/binaries.txt"
+  while read -r test; do
     "$test" --gtest_list_tests 2>/dev/null |
-      awk -v bin="$test" '/^[^ ]/ {suite = $1} /^  / {print bin, suite $1}'
-  done | grep -v -e OneMillion -e KeepsTheTargetDistribution | grep -E "${SANITIZER_CASES:-.}" \
-    >"$out/memcheck_cases.txt"
-  export sanitizer
+      awk -v bin="$test" '/^[^ ]/ {suite = $1} /^  / {print bin, suite $1}' |
+      while read -r binary case; do
+        [[ " ${SANITIZER_TOOLS:-memcheck racecheck} " == *" memcheck "* ]] && echo "memcheck $binary $case"
+        if [[ " ${SANITIZER_TOOLS:-memcheck racecheck} " == *" racecheck "* &&
+          " $(echo $racecheck_binaries) " == *" $(basename "$binary") "* ]] &&
+          [[ "$(basename "$binary")" != cuda_model_test || "$case" =~ $racecheck_model_cases ]]; then
+          echo "racecheck $binary $case"
+        fi
+      done
+  done <"$out/binaries.txt" | grep -E "${SANITIZER_CASES:-.}" |
+    # SANITIZER_SKIP: a file of job lines ("tool binary-name case") already clean in an earlier call.
+    awk -v skip="${SANITIZER_SKIP:-}" 'BEGIN { if (skip != "") while ((getline line < skip) > 0) done[line] = 1 }
+      { n = split($2, parts, "/"); if (!((($1 " " parts[n] " " $3)) in done)) print }' >"$out/sanitizer_jobs.txt"
+  rm -f "$out/binaries.txt"
+  # SANITIZER_BUDGET: seconds from here after which no job starts and running
+  # ones stop (so one device call ends in time); SANITIZER_TIMEOUT: per job.
+  # Cases that make a CUDA call fail on purpose (a start-up allocation larger
+  # than the device) run with API-error reports off; memory accesses are still checked.
+  # MEGACTX_UNDER_SANITIZER=1 lets the slowest engine cases shorten their runs (same paths).
+  export sanitizer sanitizer_deadline=$(($(date +%s) + ${SANITIZER_BUDGET:-100000}))
+  export expected_api_errors=${EXPECTED_API_ERRORS:-CudaEngineMemory.TooSmallBudgetsAreErrors} MEGACTX_UNDER_SANITIZER=1
+  # One line per job: "tool binary case: clean|ERRORS|timeout|not started (summary; test result; seconds)".
   xargs -P "${SANITIZER_JOBS:-12}" -L 1 bash -c \
-    'result=$(timeout "${SANITIZER_TIMEOUT:-550}" "$sanitizer" --tool memcheck "$0" --gtest_color=no \
-       --gtest_filter="$1" 2>&1 | grep -E "ERROR SUMMARY" | head -1)
-     echo "$(basename "$0") $1: ${result:-no summary (timeout)}"' \
-    <"$out/memcheck_cases.txt" >"$out/memcheck_full.sanitizer" 2>&1 &
+    'start=$SECONDS
+     limit=$((sanitizer_deadline - $(date +%s)))
+     ((limit > ${SANITIZER_TIMEOUT:-550})) && limit=${SANITIZER_TIMEOUT:-550}
+     if ((limit < 5)); then echo "$0 $(basename "$1") $2: not started (budget spent)"; exit 0; fi
+     api=()
+     [[ "$2" =~ ^($expected_api_errors)$ ]] && api=(--report-api-errors no)
+     log=$(timeout "$limit" "$sanitizer" --tool "$0" "${api[@]}" "$1" --gtest_color=no \
+       --gtest_filter="$2" 2>&1)
+     summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" <<<"$log" | head -1 | sed "s/^========= //")
+     result=$(grep -oE "^\[  (PASSED|FAILED)  \]" <<<"$log" | head -1 | tr -d "[] ")
+     if [[ -z "$summary" ]]; then verdict=timeout
+     elif grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" <<<"$summary"; then verdict=clean
+     else verdict=ERRORS; fi
+     line="$0 $(basename "$1") $2: $verdict (${summary:-no summary}; test ${result:-unfinished}; $((SECONDS - start)) s)"
+     [[ $verdict == ERRORS ]] && line+=$'"'"'\n'"'"'$(grep -E "^=========" <<<"$log" | head -40 | sed "s/^/    /")
+     echo "$line"' \
+    <"$out/sanitizer_jobs.txt" >"$out/sanitizer_full.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
 fi
-wait "${pids[@]}"
-for part in "$out"/*_test.part; do cat "$part" >>"$out/tests.log"; rm -f "$part"; done
-note "tests: $(grep -c '^\[       OK \]' "$out/tests.log") ok, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$out/tests.log") failed"
-grep '^\[  FAILED  \] [A-Za-z]' "$out/tests.log" | sort -u | head -20 | tee -a "$summary"
+if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
+  wait "${pids[@]}"
+  for part in "$out"/*_test.part; do cat "$part" >>"$out/tests.log"; rm -f "$part"; done
+  note "tests: $(grep -c '^\[       OK \]' "$out/tests.log") ok, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$out/tests.log") failed"
+  grep '^\[  FAILED  \] [A-Za-z]' "$out/tests.log" | sort -u | head -20 | tee -a "$summary"
+fi
 wait "${sanitizer_pids[@]}"
 : >"$out/sanitizer.log"
 for part in "$out"/*.sanitizer; do
   [[ -f "$part" ]] && cat "$part" >>"$out/sanitizer.log" && rm -f "$part"
 done
-if [[ -f "$out/memcheck_cases.txt" ]]; then
-  note "memcheck per case: $(wc -l <"$out/memcheck_cases.txt") cases, $(grep -c ': 0 errors' "$out/sanitizer.log") clean, $(grep -c 'no summary' "$out/sanitizer.log") timed out"
-  grep -v ': 0 errors' "$out/sanitizer.log" | grep -E '_test ' | head -20 | tee -a "$summary"
-  rm -f "$out/memcheck_cases.txt"
+if [[ -f "$out/sanitizer_jobs.txt" ]]; then
+  jobs_run=$(grep -cE '^(memcheck|racecheck) ' "$out/sanitizer.log")
+  note "sanitizer per case: $(wc -l <"$out/sanitizer_jobs.txt") jobs ($(grep -c '^memcheck' "$out/sanitizer_jobs.txt") memcheck, $(grep -c '^racecheck' "$out/sanitizer_jobs.txt") racecheck), $jobs_run reported: $(grep -c ': clean (' "$out/sanitizer.log") clean, $(grep -c ': ERRORS (' "$out/sanitizer.log") with errors, $(grep -c ': timeout (' "$out/sanitizer.log") timed out, $(grep -c ': not started' "$out/sanitizer.log") not started"
+  grep -E '^(memcheck|racecheck) ' "$out/sanitizer.log" | grep -v ': clean (' | head -30 | tee -a "$summary"
+  rm -f "$out/sanitizer_jobs.txt"
 else
   note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"
 fi
