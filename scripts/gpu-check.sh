@@ -110,6 +110,9 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == full ]]; then
   # (norms, RoPE, softmax, fallback indexer/attention) under racecheck; its
   # other cases run the same kernels on more inputs.
   racecheck_model_cases=${RACECHECK_MODEL_CASES:-Fp32PrefillMatchesCpuModel|BatchedSequencesDoNotMix|BadInputIsAnError}
+  # Whole-model cases of the MoE binaries run the grouped-expert kernels that
+  # their kernel-level cases race-check, for minutes more under racecheck.
+  racecheck_skip_cases=${RACECHECK_SKIP_CASES:-WholeModel|GlmFp8DeviceMoe}
   slow_first="cuda_engine_test cuda_speculative_test cuda_model_test cuda_fp8_weights_test cuda_fast_attention_test cuda_graph_test cuda_moe_test cuda_moe_fp8_test"
   for test in $slow_first; do [[ -x "$pack/bin/$test" ]] && echo "$pack/bin/$test"; done >"$out/binaries.txt"
   for test in "$pack"/bin/*_test; do grep -qx "$test" "$out/binaries.txt" || echo "$test"; done >>"$out/binaries.txt"
@@ -120,7 +123,8 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == full ]]; then
         [[ " ${SANITIZER_TOOLS:-memcheck racecheck} " == *" memcheck "* ]] && echo "memcheck $binary $case"
         if [[ " ${SANITIZER_TOOLS:-memcheck racecheck} " == *" racecheck "* &&
           " $(echo $racecheck_binaries) " == *" $(basename "$binary") "* ]] &&
-          [[ "$(basename "$binary")" != cuda_model_test || "$case" =~ $racecheck_model_cases ]]; then
+          [[ "$(basename "$binary")" != cuda_model_test || "$case" =~ $racecheck_model_cases ]] &&
+          ! [[ "$case" =~ $racecheck_skip_cases ]]; then
           echo "racecheck $binary $case"
         fi
       done
@@ -135,24 +139,42 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == full ]]; then
   # than the device) run with API-error reports off; memory accesses are still checked.
   # MEGACTX_UNDER_SANITIZER=1 lets the slowest engine cases shorten their runs (same paths).
   export sanitizer sanitizer_deadline=$(($(date +%s) + ${SANITIZER_BUDGET:-100000}))
+  # RACECHECK_EXCLUDE_KERNELS (a kernel-name substring) leaves kernels out of
+  # racecheck; none by default: excluding cuBLAS's nvjet kernels made the
+  # sanitizer fail on a hardware exception (CUDA 13.0, H200). Hazards reported
+  # only inside cuBLAS's own nvjet GEMM kernels get their own verdict below.
   export expected_api_errors=${EXPECTED_API_ERRORS:-CudaEngineMemory.TooSmallBudgetsAreErrors} MEGACTX_UNDER_SANITIZER=1
-  # One line per job: "tool binary case: clean|ERRORS|timeout|not started (summary; test result; seconds)".
+  export racecheck_exclude=${RACECHECK_EXCLUDE_KERNELS:-}
+  # One line per job: "tool binary case: clean|clean, host only|ERRORS|timeout|not started
+  # (summary; test result; seconds)".
   xargs -P "${SANITIZER_JOBS:-12}" -L 1 bash -c \
     'start=$SECONDS
      limit=$((sanitizer_deadline - $(date +%s)))
      ((limit > ${SANITIZER_TIMEOUT:-550})) && limit=${SANITIZER_TIMEOUT:-550}
      if ((limit < 5)); then echo "$0 $(basename "$1") $2: not started (budget spent)"; exit 0; fi
-     api=()
-     [[ "$2" =~ ^($expected_api_errors)$ ]] && api=(--report-api-errors no)
-     log=$(timeout "$limit" "$sanitizer" --tool "$0" "${api[@]}" "$1" --gtest_color=no \
+     options=()
+     [[ "$2" =~ ^($expected_api_errors)$ ]] && options+=(--report-api-errors no)
+     [[ "$0" == racecheck && -n "$racecheck_exclude" ]] && options+=(--kernel-name-exclude "kns=$racecheck_exclude")
+     log=$(timeout "$limit" "$sanitizer" --tool "$0" "${options[@]}" "$1" --gtest_color=no \
        --gtest_filter="$2" 2>&1)
+     status=$?
+     if [[ "$0" == racecheck && ${#options[@]} -gt 0 ]] && ! grep -q "SUMMARY" <<<"$log" &&
+       grep -qiE "unrecognized|unknown option|invalid option" <<<"$log"; then
+       log=$(timeout "$limit" "$sanitizer" --tool "$0" "$1" --gtest_color=no --gtest_filter="$2" 2>&1)
+       status=$?
+     fi
      summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" <<<"$log" | head -1 | sed "s/^========= //")
      result=$(grep -oE "^\[  (PASSED|FAILED)  \]" <<<"$log" | head -1 | tr -d "[] ")
-     if [[ -z "$summary" ]]; then verdict=timeout
+     # A host-only case creates no CUDA context: the sanitizer prints no summary.
+     if [[ -z "$summary" && "$result" == PASSED ]]; then verdict="clean, host only"
+     elif [[ -z "$summary" ]]; then verdict=timeout
      elif grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" <<<"$summary"; then verdict=clean
+     elif [[ "$0" == racecheck && "$result" == PASSED ]] && grep -q "Race reported between" <<<"$log" &&
+       ! grep -E -A1 "Race reported between" <<<"$log" | grep -E "access at" | grep -vq "access at nvjet_"; then
+       verdict="clean, hazards only inside cuBLAS nvjet kernels"
      else verdict=ERRORS; fi
      line="$0 $(basename "$1") $2: $verdict (${summary:-no summary}; test ${result:-unfinished}; $((SECONDS - start)) s)"
-     [[ $verdict == ERRORS ]] && line+=$'"'"'\n'"'"'$(grep -E "^=========" <<<"$log" | head -40 | sed "s/^/    /")
+     [[ $verdict == ERRORS || $verdict == *nvjet* ]] && line+=$'"'"'\n'"'"'$(grep -E "^=========" <<<"$log" | head -40 | sed "s/^/    /")
      echo "$line"' \
     <"$out/sanitizer_jobs.txt" >"$out/sanitizer_full.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
@@ -170,8 +192,8 @@ for part in "$out"/*.sanitizer; do
 done
 if [[ -f "$out/sanitizer_jobs.txt" ]]; then
   jobs_run=$(grep -cE '^(memcheck|racecheck) ' "$out/sanitizer.log")
-  note "sanitizer per case: $(wc -l <"$out/sanitizer_jobs.txt") jobs ($(grep -c '^memcheck' "$out/sanitizer_jobs.txt") memcheck, $(grep -c '^racecheck' "$out/sanitizer_jobs.txt") racecheck), $jobs_run reported: $(grep -c ': clean (' "$out/sanitizer.log") clean, $(grep -c ': ERRORS (' "$out/sanitizer.log") with errors, $(grep -c ': timeout (' "$out/sanitizer.log") timed out, $(grep -c ': not started' "$out/sanitizer.log") not started"
-  grep -E '^(memcheck|racecheck) ' "$out/sanitizer.log" | grep -v ': clean (' | head -30 | tee -a "$summary"
+  note "sanitizer per case: $(wc -l <"$out/sanitizer_jobs.txt") jobs ($(grep -c '^memcheck' "$out/sanitizer_jobs.txt") memcheck, $(grep -c '^racecheck' "$out/sanitizer_jobs.txt") racecheck), $jobs_run reported: $(grep -c ': clean (' "$out/sanitizer.log") clean, $(grep -c ': clean, host only' "$out/sanitizer.log") host only, $(grep -c ': clean, hazards only inside cuBLAS' "$out/sanitizer.log") with hazards only inside cuBLAS, $(grep -c ': ERRORS (' "$out/sanitizer.log") with errors, $(grep -c ': timeout (' "$out/sanitizer.log") timed out, $(grep -c ': not started' "$out/sanitizer.log") not started"
+  grep -E '^(memcheck|racecheck) ' "$out/sanitizer.log" | grep -v -e ': clean (' -e ': clean, host only' | head -30 | tee -a "$summary"
   rm -f "$out/sanitizer_jobs.txt"
 else
   note "sanitizer: $(grep -E 'SUMMARY' "$out/sanitizer.log" | tr '\n' ';')"

@@ -40,8 +40,12 @@ bool under_sanitizer() {
   const char* flag = std::getenv("MEGACTX_UNDER_SANITIZER");
   return flag != nullptr && std::string(flag) == "1";
 }
-int64_t new_tokens() { return under_sanitizer() ? 40 : 60; }
-int64_t kv_pages() { return under_sanitizer() ? 3 : 4; }
+int64_t new_tokens() {
+  return under_sanitizer() ? 40 : 60;
+}
+int64_t kv_pages() {
+  return under_sanitizer() ? 3 : 4;
+}
 
 struct EngineSetup {
   Device device = Device::CPU;
@@ -81,13 +85,13 @@ std::vector<int32_t> prompt_of(int64_t length, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-
 std::vector<GenerationRequest> batch_of_requests(int64_t vocab) {
   std::vector<GenerationRequest> requests;
   const int64_t lengths[] = {5, 23, 41, 70};
   for (const int64_t length : lengths) {
-    GenerationRequest greedy = greedy_request("greedy" + std::to_string(length),
-                                              prompt_of(length, vocab, 1 + length), new_tokens(), true);
+    GenerationRequest greedy =
+        greedy_request("greedy" + std::to_string(length), prompt_of(length, vocab, 1 + length),
+                       new_tokens(), true);
     greedy.return_logprob = true;
     greedy.top_logprobs_num = 3;
     requests.push_back(greedy);
