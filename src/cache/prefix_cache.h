@@ -3,11 +3,19 @@
 // and indexer entries (all layers) were computed for exactly that prefix. A
 // request that starts with cached pages reuses them instead of recomputing.
 //
-// Ownership: the tree holds one allocator reference per node; a request that
-// uses a node holds its own page reference and *locks* the path from the root
-// to its deepest node (locks count requests). Unlocked nodes can only have
-// unlocked descendants, so all of them can be evicted leaf first; eviction
-// picks the least recently used unlocked leaf.
+// Ownership: the tree holds one allocator reference per device page; a
+// request that uses a node holds its own page reference and *locks* the path
+// from the root to its deepest node (locks count requests). Unlocked nodes can
+// only have unlocked descendants, so all of them can be evicted leaf first;
+// eviction picks the least recently used unlocked leaf.
+//
+// With a HostKvTier (host_kv_tier.h) a node's page may also, or only, live in
+// host memory: eviction copies a device page to a host page and keeps the node
+// (host-only); a match that reaches host-only nodes copies them back into
+// fresh device pages. The device-resident nodes form a subtree at the root
+// (a device node's parent is on the device too), locked nodes are on the
+// device, and the host tier evicts its own least recently used pages: host
+// copies of device nodes, or host-only leaves (dropped from the tree).
 //
 // Partial pages are never shared, so no copy-on-write is needed.
 #pragma once
@@ -19,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/host_kv_tier.h"
 #include "cache/page_allocator.h"
 
 namespace megactx {
@@ -33,7 +42,8 @@ class PrefixCache {
     int64_t tokens = 0;          // pages.size() * page_size
   };
 
-  PrefixCache(PageAllocator& allocator, int64_t page_size);
+  // `host_tier` (optional) must outlive the cache.
+  PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier* host_tier = nullptr);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -44,7 +54,9 @@ class PrefixCache {
   // Longest cached prefix of whole pages of `tokens` (at most tokens.size()
   // / page_size pages). The caller owns the returned page references and the
   // lock on match.node; give both back with unlock() and allocator releases.
-  // Counts tokens.size() as queried and the match as hits.
+  // Host-only pages of the prefix are copied back into device pages (free
+  // ones, or ones evicted for them) while there are any; the match ends where
+  // none can be had. Counts tokens.size() as queried and the match as hits.
   Match match(std::span<const int32_t> tokens);
 
   // Adds the first `num_full_pages` pages of a sequence (`tokens` holds at
@@ -62,47 +74,71 @@ class PrefixCache {
   // Pages on the path from the root to `node`, root side first.
   std::vector<int32_t> path_pages(const Node* node) const;
 
-  // Frees up to `pages` unlocked pages, least recently used leaves first.
-  // Returns how many were freed.
+  // Frees up to `pages` unlocked device pages, least recently used leaves of
+  // the device subtree first; with a host tier their contents move to host
+  // pages first (while the tier has or can free one). Returns how many
+  // device pages were freed.
   int64_t evict(int64_t pages);
-  // Frees every unlocked page.
-  void flush() { evict(num_nodes_); }
+  // Drops every unlocked node, from both tiers.
+  void flush();
 
-  int64_t cached_pages() const { return num_nodes_; }
-  int64_t evictable_pages() const { return num_nodes_ - locked_nodes_; }
+  HostKvTier* host_tier() const { return host_tier_; }
+  int64_t cached_pages() const { return device_nodes_; }     // device pages held by the tree
+  int64_t host_cached_pages() const { return host_nodes_; }  // host pages held by the tree
+  int64_t evictable_pages() const { return device_nodes_ - locked_nodes_; }
   int64_t queried_tokens() const { return queried_tokens_; }
-  int64_t hit_tokens() const { return hit_tokens_; }
+  int64_t hit_tokens() const { return hit_tokens_; }  // device and host hits
+  int64_t host_hit_tokens() const {
+    return host_hit_tokens_;
+  }  // of them, copied back from the host
 
   // Adds the tree's references to `holders[page]` and throws megactx::Error
   // on a broken invariant: a node's lock count must equal the number of
   // requests whose deepest node (`request_locks`: node -> requests) lies in
   // its subtree; parent/child links, depths and hashes must agree; a page
-  // must appear in one node only.
+  // must appear in one node only; the device nodes form a subtree at the
+  // root holding every lock; the host tier's pages are the host-resident
+  // nodes', each once.
   void check_integrity(std::vector<int32_t>& holders,
                        const std::unordered_map<const Node*, int64_t>& request_locks) const;
 
  private:
   Node* find_child(Node* parent, std::span<const int32_t> page_tokens, uint64_t hash) const;
+  // Removes a node without children, releasing its device and host pages.
   void remove_leaf(Node* node);
-  // Marks a node used now (it leaves the LRU set: its caller locks it next).
+  // Removes `node` and its subtree (unlocked), leaf first.
+  void remove_subtree(Node* node);
+  // Moves an evicted device leaf to the host tier (false: no host page).
+  bool save_to_host(Node* node);
+  // Frees up to `pages` host pages, least recently used first.
+  int64_t evict_host(int64_t pages);
+  // Gives a host-only node of a match a device page and copies it back.
+  bool load_from_host(Node* node);
+  // Marks a node used now.
   void touch(Node* node, uint64_t now);
-  // Keeps `lru_` equal to the set of unlocked leaves.
+  // Keeps `lru_` equal to the unlocked leaves of the device subtree and
+  // `host_lru_` to the host pages the tier may drop.
   void update_lru(Node* node);
 
   PageAllocator& allocator_;
   int64_t page_size_;
+  HostKvTier* host_tier_;
   Node* root_;
   std::vector<std::unique_ptr<Node>> nodes_;  // every node but the root; Node::slot indexes it
   int64_t num_nodes_ = 0;
+  int64_t device_nodes_ = 0;  // nodes with a device page
+  int64_t host_nodes_ = 0;    // nodes with a host page
   int64_t locked_nodes_ = 0;
   uint64_t clock_ = 0;  // logical time for LRU
   // Unlocked leaves by (last access, node id): the eviction candidates, so
   // eviction costs O(log n) per page instead of a scan of the tree.
   std::set<std::pair<uint64_t, uint64_t>> lru_;
+  std::set<std::pair<uint64_t, uint64_t>> host_lru_;
   std::unordered_map<uint64_t, Node*> by_id_;
   uint64_t next_id_ = 0;
   int64_t queried_tokens_ = 0;
   int64_t hit_tokens_ = 0;
+  int64_t host_hit_tokens_ = 0;
 };
 
 }  // namespace megactx

@@ -1,5 +1,6 @@
 // megactx serve --model DIR [--host H] [--port P] [--device cpu|cuda]
-//   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--gpu-memory-utilization 0.9] [--cuda-bf16]
+//   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--host-kv-memory 16GiB]
+//   [--gpu-memory-utilization 0.9] [--cuda-bf16]
 //   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
@@ -11,6 +12,9 @@
 // pages come from the device's memory (engine/kv_capacity.h plan_device_kv:
 // a fraction of the total, or exactly --kv-memory), planned and logged at
 // start-up, where a model or budget that does not fit is an Error.
+// --host-kv-memory: the prefix cache's host tier (engine/engine_config.h):
+// evicted pages wait in that much host memory (pinned with --device cuda) for
+// a prefix hit instead of being recomputed.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -44,7 +48,8 @@ struct ServeOptions {
   int port = 30000;
   std::string device = "cpu";
   std::string kv_dtype = "bf16";
-  std::string kv_memory;  // empty: 2GiB on the CPU, the fraction's rest on CUDA
+  std::string kv_memory;       // empty: 2GiB on the CPU, the fraction's rest on CUDA
+  std::string host_kv_memory;  // empty: no host tier
   double gpu_memory_utilization = 0.9;
   CudaCliOptions cuda;
   std::string api_key;
@@ -86,6 +91,11 @@ int run_serve(const ServeOptions& options) {
   EngineConfig engine_config;
   engine_config.kv_dtype = load.kv_dtype;
   engine_config.kv_memory_bytes = kv_memory;
+  if (!options.host_kv_memory.empty()) {
+    engine_config.host_kv_memory_bytes =
+        static_cast<int64_t>(parse_memory_size(options.host_kv_memory));
+    MEGACTX_CHECK(engine_config.host_kv_memory_bytes > 0, "--host-kv-memory must be positive");
+  }
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   engine_config.context_length = options.context_length;
@@ -152,12 +162,15 @@ int run_serve(const ServeOptions& options) {
   if (defaults.temperature) server_config.default_sampling.temperature = *defaults.temperature;
   if (defaults.top_p) server_config.default_sampling.top_p = *defaults.top_p;
   if (defaults.top_k) server_config.default_sampling.top_k = *defaults.top_k;
-  server_config.server_info = {{"device", options.device},
-                               {"kv_dtype", options.kv_dtype},
-                               {"kv_memory", kv_memory_text},
-                               {"max_running_requests", options.max_running_requests},
-                               {"max_prefill_tokens", options.max_prefill_tokens},
-                               {"speculative_steps", options.speculative.steps}};
+  server_config.server_info = {
+      {"device", options.device},
+      {"kv_dtype", options.kv_dtype},
+      {"kv_memory", kv_memory_text},
+      {"host_kv_memory",
+       options.host_kv_memory.empty() ? std::string("0") : options.host_kv_memory},
+      {"max_running_requests", options.max_running_requests},
+      {"max_prefill_tokens", options.max_prefill_tokens},
+      {"speculative_steps", options.speculative.steps}};
   server::ServerState state(*engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -204,6 +217,9 @@ CommandRegistration registration{
       command.add_option("--kv-memory", options->kv_memory,
                          "KV cache budget, e.g. 2GiB (default: 2GiB on the CPU; on CUDA what "
                          "--gpu-memory-utilization leaves)");
+      command.add_option("--host-kv-memory", options->host_kv_memory,
+                         "Host memory for KV pages the prefix cache evicts, e.g. 16GiB (default: "
+                         "none); a later prefix hit copies them back instead of recomputing");
       command
           .add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                       "--device cuda: fraction of the device's total memory the process may use "

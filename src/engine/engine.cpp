@@ -73,7 +73,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
                 cache_->spec().device == Device::CUDA ? "GPU" : "host",
                 model_->device() == Device::CUDA ? "GPU" : "host");
   allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages);
-  prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size);
+  if (config_.host_kv_memory_bytes > 0) create_host_tier();
+  prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size, host_tier_.get());
   SchedulerConfig scheduler_config;
   scheduler_config.max_running_requests = config_.max_running_requests;
   scheduler_config.max_prefill_tokens = config_.max_prefill_tokens;
@@ -88,6 +89,31 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
 #endif
   if (!sampler_) sampler_ = std::make_unique<CpuSampler>();
   update_stats();
+}
+
+void Engine::create_host_tier() {
+  MEGACTX_CHECK(config_.enable_prefix_cache, "a host KV tier needs the prefix cache");
+  KvCacheSpec spec = capacity_.spec;
+  spec.device = Device::CPU;
+  spec.num_pages = config_.host_kv_memory_bytes / spec.bytes_per_page();
+  MEGACTX_CHECK(spec.num_pages > 0,
+                "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
+                config_.host_kv_memory_bytes, spec.bytes_per_page(), spec.page_size);
+  if (model_->device() == Device::CUDA) {
+#if MEGACTX_HAVE_CUDA
+    if (!config_.make_host_kv_cache) {
+      config_.make_host_kv_cache = [](const KvCacheSpec& s) { return make_cuda_host_kv_cache(s); };
+    }
+    if (!config_.copy_kv_pages) config_.copy_kv_pages = make_cuda_kv_page_copy(*model_);
+#endif
+  }
+  std::unique_ptr<PagedKvCache> host = config_.make_host_kv_cache
+                                           ? config_.make_host_kv_cache(spec)
+                                           : std::make_unique<PagedKvCache>(spec);
+  KvPageCopy copy = config_.copy_kv_pages ? config_.copy_kv_pages : copy_kv_pages_on_host;
+  host_tier_ = std::make_unique<HostKvTier>(*cache_, std::move(host), std::move(copy));
+  spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
+               spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);
 }
 
 Engine::~Engine() {
@@ -624,6 +650,13 @@ void Engine::update_stats() {
   stats.prefix_cache_hits = prefix_cache_->hit_tokens();
   stats.kv_page_size = config_.page_size;
   stats.prefix_cache_pages = prefix_cache_->cached_pages();
+  if (host_tier_) {
+    stats.host_kv_pages_total = host_tier_->num_pages();
+    stats.host_kv_pages_used = host_tier_->allocator().num_used();
+    stats.host_kv_saved_pages = host_tier_->saved_pages();
+    stats.host_kv_loaded_pages = host_tier_->loaded_pages();
+  }
+  stats.prefix_cache_host_hits = prefix_cache_->host_hit_tokens();
   stats.preemptions = scheduler_->num_preemptions();
   stats.spec_accepted_tokens = spec_accepted_total_;
   stats.spec_verify_steps = spec_verify_total_;

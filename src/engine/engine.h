@@ -8,6 +8,8 @@
 // A CUDA model (LanguageModel::device() == CUDA) gets device KV pools unless
 // EngineConfig::make_kv_cache says otherwise, and the CudaSampler
 // (cuda_sampler.h), which samples device logits on the device.
+// With EngineConfig::host_kv_memory_bytes the prefix cache gets a host tier
+// (cache/host_kv_tier.h): evicted pages wait in host memory for a prefix hit.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <unordered_set>
 #include <variant>
 
+#include "cache/host_kv_tier.h"
 #include "cache/page_allocator.h"
 #include "cache/prefix_cache.h"
 #include "engine/engine_api.h"
@@ -127,6 +130,8 @@ class Engine : public EngineApi {
   // Rolls back the rejected drafts and emits the accepted ones + 1.
   void apply_verification(RequestState& request);
   void update_stats();
+  // The host tier of the prefix cache, host_kv_memory_bytes of host pools.
+  void create_host_tier();
   RequestUpdate& update_of(RequestState& request);
 
   EngineConfig config_;
@@ -140,6 +145,7 @@ class Engine : public EngineApi {
   // ---- engine-thread state (engine_mutex_) ----
   mutable std::mutex engine_mutex_;
   std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<HostKvTier> host_tier_;  // host_kv_memory_bytes > 0
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<PrefixCache> prefix_cache_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -22,9 +22,15 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // prompt tokens found cached
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
-  int64_t kv_page_size = 0;         // tokens per page (max tokens = pages x this)
-  int64_t prefix_cache_pages = 0;   // pages the prefix cache holds (shared or evictable)
-  int64_t preemptions = 0;          // requests preempted (recomputed) so far
+  int64_t kv_page_size = 0;        // tokens per page (max tokens = pages x this)
+  int64_t prefix_cache_pages = 0;  // pages the prefix cache holds (shared or evictable)
+  int64_t preemptions = 0;         // requests preempted (recomputed) so far
+  // The host tier of the prefix cache (all 0 without one).
+  int64_t host_kv_pages_total = 0;
+  int64_t host_kv_pages_used = 0;
+  int64_t host_kv_saved_pages = 0;     // evicted pages copied to the host so far
+  int64_t host_kv_loaded_pages = 0;    // pages copied back for prefix hits so far
+  int64_t prefix_cache_host_hits = 0;  // prompt tokens of those hits (in prefix_cache_hits too)
 };
 
 class EngineApi {

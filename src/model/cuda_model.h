@@ -39,6 +39,7 @@
 #include <memory>
 #include <string>
 
+#include "cache/host_kv_tier.h"
 #include "cache/kv_cache.h"
 #include "io/checkpoint.h"
 #include "model/dsa_model.h"
@@ -103,6 +104,16 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
 // make_mtp_kv_cache_spec.
 std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir,
                                               bool random_weights = false, uint64_t seed = 0);
+
+// Pinned host pools of `spec`'s layout for the engine's host KV tier
+// (spec.device stays CPU: the CPU may read them; copies to and from the
+// device run asynchronously).
+std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec);
+// The KvPageCopy between `model`'s device pools and pinned host pools:
+// cudaMemcpyAsync on the model's stream, one per pool and run of consecutive
+// pages, so a page saved before its device page is reused and loaded before
+// the forward that reads it, with no host synchronisation.
+KvPageCopy make_cuda_kv_page_copy(const LanguageModel& model);
 
 // The cudaStream_t (as void*) every forward of a CUDA model runs on; a
 // forward that returns device logits does not synchronise, so their consumer

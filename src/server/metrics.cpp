@@ -104,6 +104,21 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
                 stats.prefix_cache_queries > 0 ? static_cast<double>(stats.prefix_cache_hits) /
                                                      static_cast<double>(stats.prefix_cache_queries)
                                                : 0.0);
+  out += scalar("megactx_host_kv_pages_used", "gauge",
+                "Pages of the host KV tier holding evicted prefix-cache pages.",
+                static_cast<double>(stats.host_kv_pages_used));
+  out += scalar("megactx_host_kv_pages_total", "gauge",
+                "Pages of the host KV tier (0: no tier, --host-kv-memory).",
+                static_cast<double>(stats.host_kv_pages_total));
+  out += scalar("megactx_host_kv_saved_pages_total", "counter",
+                "Evicted KV pages copied to the host tier.",
+                static_cast<double>(stats.host_kv_saved_pages));
+  out += scalar("megactx_host_kv_loaded_pages_total", "counter",
+                "KV pages copied back from the host tier for prefix hits.",
+                static_cast<double>(stats.host_kv_loaded_pages));
+  out += scalar("megactx_prefix_cache_host_hit_tokens_total", "counter",
+                "Prompt tokens found in the host tier (part of the prefix-cache hits).",
+                static_cast<double>(stats.prefix_cache_host_hits));
   out += scalar("megactx_spec_accepted_tokens_total", "counter",
                 "Draft tokens accepted by speculative verification.",
                 static_cast<double>(stats.spec_accepted_tokens));

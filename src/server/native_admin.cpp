@@ -88,6 +88,8 @@ void handle_server_info(ServerState& state, const HttpRequest&,
   info["num_waiting_reqs"] = stats.waiting_requests;
   info["kv_pages_total"] = stats.kv_pages_total;
   info["kv_pages_used"] = stats.kv_pages_used;
+  info["host_kv_pages_total"] = stats.host_kv_pages_total;
+  info["host_kv_pages_used"] = stats.host_kv_pages_used;
   info["api_key_required"] = !state.config().api_key.empty();
   channel->respond(json_response(info));
 }
