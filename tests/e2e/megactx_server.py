@@ -11,10 +11,11 @@ import threading
 
 
 class MegactxServer:
-    def __init__(self, megactx, model, *extra_args, name="default", timeout=300):
+    def __init__(self, megactx, model, *extra_args, name="default", timeout=300,
+                 kv_memory="256MiB"):
         self.megactx = megactx
         self.command = [megactx, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                        "--served-model-name", name, "--kv-memory", "256MiB", *extra_args]
+                        "--served-model-name", name, "--kv-memory", kv_memory, *extra_args]
         self.timeout = timeout
         self.url = None
         self.process = None

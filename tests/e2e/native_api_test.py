@@ -265,6 +265,40 @@ class ApiKey(unittest.TestCase):
             self.assertEqual(requests.get(server.url + "/health", timeout=30).status_code, 200)
 
 
+class HostKvTier(unittest.TestCase):
+    def test_evicted_prefix_comes_back_from_host_memory(self):
+        # 10 pages of f32 KV on the device, 64 MiB of host tier behind them.
+        with MegactxServer(ARGS.megactx, ARGS.model, "--kv-dtype", "f32", "--host-kv-memory",
+                           "64MiB", kv_memory="3840KiB") as server:
+            def run(ids):
+                response = requests.post(server.url + "/generate", timeout=300, json={
+                    "input_ids": ids, "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+                self.assertEqual(response.status_code, 200, response.text)
+                return response.json()
+
+            prompt = prompt_ids(150, 31)
+            cold = run(prompt)
+            for seed in (32, 33, 34, 35):  # push the prompt's pages out of the device pool
+                run(prompt_ids(200, seed))
+            warm = run(prompt)
+            self.assertEqual(cold["meta_info"]["cached_tokens"], 0)
+            self.assertEqual(warm["meta_info"]["cached_tokens"], 128)
+            self.assertEqual(warm["output_ids"], cold["output_ids"])
+            for (got, _, _), (want, _, _) in zip(warm["meta_info"]["output_token_logprobs"],
+                                                 cold["meta_info"]["output_token_logprobs"]):
+                self.assertAlmostEqual(got, want, delta=1e-4)
+            metrics = requests.get(server.url + "/metrics", timeout=30).text
+            values = dict(line.split(" ", 1) for line in metrics.splitlines()
+                          if line and not line.startswith("#"))
+            self.assertGreaterEqual(float(values["megactx_prefix_cache_host_hit_tokens_total"]),
+                                    128)
+            self.assertGreater(float(values["megactx_host_kv_saved_pages_total"]), 0)
+            self.assertGreater(float(values["megactx_host_kv_pages_total"]), 0)
+            info = requests.get(server.url + "/get_server_info", timeout=30).json()
+            self.assertEqual(info["host_kv_memory"], "64MiB")
+
+
 def main():
     global ARGS, SERVER
     parser = argparse.ArgumentParser()

@@ -1,0 +1,179 @@
+// The host KV tier through the Engine, on the CPU forward pass of the HF
+// fixtures: a prompt whose pages were pushed out of a tiny KV pool comes back
+// from host memory (a prefix hit, no recompute of those pages) with exactly
+// the output and logprobs of its cold run; a batch that preempts under the
+// tiny pool gives the same outputs with the tier as without it while pages
+// move both ways; flush_cache empties the tier; bad configurations are errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine_harness.h"
+#include "model/model_loader.h"
+
+namespace megactx::testing {
+namespace {
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+}
+
+std::vector<int32_t> fixture_prompt(const std::string& dir) {
+  std::ifstream file(dir + "/reference.json");
+  return nlohmann::json::parse(file)["input_ids"].get<std::vector<int32_t>>();
+}
+
+int64_t page_bytes(const ModelConfig& config) {
+  return plan_kv_capacity(config, KvDType::F32, int64_t{1} << 30, 64, false).bytes_per_page;
+}
+
+// An engine on the fixture with `pages` KV pages and `host_pages` in the host tier.
+std::unique_ptr<Engine> make_engine(const std::string& dir, int64_t pages, int64_t host_pages,
+                                    int64_t chunk = 4096) {
+  auto model = load_language_model(dir, ModelLoadOptions{});
+  EngineConfig config;
+  config.run_thread = false;
+  config.check_integrity_every_step = true;
+  config.kv_dtype = KvDType::F32;
+  config.max_prefill_tokens = chunk;
+  config.kv_memory_bytes = pages * page_bytes(model->config());
+  config.host_kv_memory_bytes = host_pages * page_bytes(model->config());
+  GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
+  const int64_t vocab = model->config().vocab_size;
+  return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), defaults);
+}
+
+// `length` prompt tokens cut from the fixture's prompt stream, rotated by `seed`.
+std::vector<int32_t> prompt_of(const std::vector<int32_t>& stream, int64_t length, int64_t seed) {
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < length; ++i) {
+    prompt.push_back(stream[static_cast<size_t>((i * 7 + seed * 13) % stream.size())] ^
+                     static_cast<int32_t>(seed & 7));
+  }
+  return prompt;
+}
+
+GenerationRequest scored(std::string rid, std::vector<int32_t> prompt, int64_t new_tokens) {
+  GenerationRequest request = greedy_request(std::move(rid), std::move(prompt), new_tokens, true);
+  request.return_logprob = true;
+  request.top_logprobs_num = 2;
+  return request;
+}
+
+class HostKvTierEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HostKvTierEngine, APrefixPushedToTheHostComesBackWithTheColdOutput) {
+  const std::string dir = fixture_dir(GetParam());
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  const std::vector<int32_t> prompt = prompt_of(stream, 150, 1);  // 2 full pages + 22
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = make_engine(dir, /*pages=*/4, /*host_pages=*/16);
+  harness.submit(scored("cold", prompt, 8));
+  harness.run();
+  // Three other prompts of three pages each push the first one's pages out.
+  for (int64_t i = 0; i < 3; ++i) {
+    harness.submit(scored("other" + std::to_string(i), prompt_of(stream, 170, 10 + i), 4));
+    harness.run();
+  }
+  EngineStats stats = harness.engine->stats();
+  EXPECT_GE(stats.host_kv_saved_pages, 2);
+  EXPECT_GT(stats.host_kv_pages_used, 0);
+  harness.submit(scored("warm", prompt, 8));
+  harness.run();
+  const Collected& cold = harness.results["cold"];
+  const Collected& warm = harness.results["warm"];
+  EXPECT_EQ(cold.cached_tokens, 0);
+  EXPECT_EQ(warm.cached_tokens, 128);
+  stats = harness.engine->stats();
+  EXPECT_EQ(stats.prefix_cache_host_hits, 128);
+  EXPECT_GE(stats.host_kv_loaded_pages, 2);
+  ASSERT_EQ(warm.tokens, cold.tokens);
+  ASSERT_EQ(warm.logprobs.size(), cold.logprobs.size());
+  for (size_t i = 0; i < cold.logprobs.size(); ++i) {
+    // The pages hold the same bytes; only the chunk split of the forward differs.
+    EXPECT_NEAR(warm.logprobs[i].logprob, cold.logprobs[i].logprob, 1e-5) << i;
+  }
+}
+
+TEST_P(HostKvTierEngine, PreemptionUnderATinyPoolGivesTheSameOutputsWithTheTier) {
+  const std::string dir = fixture_dir(GetParam());
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  auto run = [&](int64_t host_pages, EngineStats* stats) {
+    Harness harness(test_config(), nullptr, 32);
+    harness.engine = make_engine(dir, /*pages=*/5, host_pages, /*chunk=*/48);
+    // Two families of prompts sharing their first page; every request grows
+    // to three pages while decoding, so running ones preempt each other.
+    for (int64_t i = 0; i < 10; ++i) {
+      std::vector<int32_t> prompt = prompt_of(stream, 64, i % 2);
+      const std::vector<int32_t> tail = prompt_of(stream, 6 + 3 * i, 100 + i);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      harness.submit(scored("r" + std::to_string(i), prompt, 100));
+    }
+    harness.run();
+    if (stats) *stats = harness.engine->stats();
+    return harness.results;
+  };
+  EngineStats with_tier;
+  const auto plain = run(0, nullptr);
+  const auto tiered = run(24, &with_tier);
+  std::printf("[ %s ] preemptions %ld, pages saved %ld, loaded %ld, host hit tokens %ld\n",
+              GetParam().c_str(), static_cast<long>(with_tier.preemptions),
+              static_cast<long>(with_tier.host_kv_saved_pages),
+              static_cast<long>(with_tier.host_kv_loaded_pages),
+              static_cast<long>(with_tier.prefix_cache_host_hits));
+  EXPECT_GT(with_tier.preemptions, 0);
+  EXPECT_GT(with_tier.host_kv_saved_pages, 0);
+  EXPECT_GT(with_tier.host_kv_loaded_pages, 0);
+  EXPECT_GT(with_tier.prefix_cache_host_hits, 0);
+  ASSERT_EQ(tiered.size(), plain.size());
+  for (const auto& [rid, want] : plain) {
+    const Collected& got = tiered.at(rid);
+    EXPECT_EQ(got.finish, want.finish) << rid;
+    EXPECT_EQ(got.tokens, want.tokens) << rid;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << rid;
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+      EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-4) << rid << " " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HostKvTierEngine, ::testing::Values("glm_bf16", "dsv32_yarn"));
+
+TEST(HostKvTierEngineSetup, FlushEmptiesTheTierAndBadSizesAreErrors) {
+  const std::string dir = fixture_dir("glm_bf16");
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = make_engine(dir, 4, 8);
+  EXPECT_EQ(harness.engine->stats().host_kv_pages_total, 8);
+  for (int64_t i = 0; i < 3; ++i) {
+    harness.submit(scored("p" + std::to_string(i), prompt_of(stream, 170, i), 2));
+    harness.run();
+  }
+  EXPECT_GT(harness.engine->stats().host_kv_pages_used, 0);
+  EXPECT_TRUE(harness.engine->flush_cache());
+  EXPECT_EQ(harness.engine->stats().host_kv_pages_used, 0);
+  EXPECT_EQ(harness.engine->stats().prefix_cache_pages, 0);
+  harness.engine->check_integrity();
+
+  auto model = load_language_model(dir, ModelLoadOptions{});
+  EngineConfig config;
+  config.run_thread = false;
+  config.kv_dtype = KvDType::F32;
+  config.kv_memory_bytes = 4 * page_bytes(model->config());
+  config.host_kv_memory_bytes = page_bytes(model->config()) - 1;  // less than a page
+  EXPECT_THROW(Engine::create(config, load_language_model(dir, ModelLoadOptions{}),
+                              std::make_shared<FakeTokenizer>(32), GenerationDefaults{}),
+               Error);
+  config.host_kv_memory_bytes = 4 * page_bytes(model->config());
+  config.enable_prefix_cache = false;  // the tier holds prefix-cache pages
+  EXPECT_THROW(Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(32),
+                              GenerationDefaults{}),
+               Error);
+}
+
+}  // namespace
+}  // namespace megactx::testing
