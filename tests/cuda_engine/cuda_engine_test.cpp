@@ -53,6 +53,7 @@ struct EngineSetup {
   KvDType dtype = KvDType::F32;
   int64_t pages = kv_pages();
   int64_t chunk = 24;
+  int64_t host_pages = 0;  // the host KV tier (0: none)
 };
 
 std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& setup) {
@@ -67,8 +68,10 @@ std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& s
   config.kv_dtype = setup.dtype;
   config.max_prefill_tokens = setup.chunk;
   config.max_running_requests = 16;
-  config.kv_memory_bytes =
-      setup.pages * kv_cache_spec(model->config(), setup.dtype, 64, false).bytes_per_page();
+  const int64_t page_bytes =
+      kv_cache_spec(model->config(), setup.dtype, 64, false).bytes_per_page();
+  config.kv_memory_bytes = setup.pages * page_bytes;
+  config.host_kv_memory_bytes = setup.host_pages * page_bytes;
   GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
   const int64_t vocab = model->config().vocab_size;
   return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), defaults);
@@ -241,6 +244,60 @@ TEST(CudaEngineFixtures, GreedyContinuationEqualsTransformers) {
         greedy_request("alone", f.input_ids, static_cast<int64_t>(f.greedy_ids.size()), true));
     harness.run();
     EXPECT_EQ(harness.results["alone"].tokens, f.greedy_ids) << name;
+  }
+}
+
+// The host KV tier on the GPU: pages the 4-page device pool evicts go to
+// pinned host memory by asynchronous copies on the model's stream and come
+// back for a prefix hit. The warm run equals the cold run (same bytes in the
+// pages), and the cold run equals the CPU engine's.
+TEST(CudaEngineHostTier, AnEvictedPrefixComesBackThroughPinnedMemory) {
+  const std::string dir = fixture_dir("glm_bf16");
+  for (const KvDType dtype : {KvDType::F32, KvDType::FP8}) {
+    auto run = [&](Device device, EngineStats* stats) {
+      EngineSetup setup;
+      setup.device = device;
+      setup.dtype = dtype;
+      setup.pages = 4;
+      setup.host_pages = 16;
+      Harness harness(test_config(), nullptr, 32);
+      harness.engine = make_engine(dir, setup);
+      const int64_t vocab = harness.engine->model_config().vocab_size;
+      auto request = [&](const std::string& rid, int64_t length, uint64_t seed) {
+        GenerationRequest r = greedy_request(rid, prompt_of(length, vocab, seed), 8, true);
+        r.return_logprob = true;
+        r.top_logprobs_num = 2;
+        return r;
+      };
+      harness.submit(request("cold", 150, 5));
+      harness.run();
+      for (uint64_t i = 0; i < 3; ++i) {
+        harness.submit(request("other" + std::to_string(i), 170, 50 + i));
+        harness.run();
+      }
+      harness.submit(request("warm", 150, 5));
+      harness.run();
+      *stats = harness.engine->stats();
+      return harness.results;
+    };
+    const std::string name = dtype == KvDType::F32 ? "f32" : "fp8";
+    EngineStats gpu_stats, cpu_stats;
+    const auto gpu = run(Device::CUDA, &gpu_stats);
+    const auto cpu = run(Device::CPU, &cpu_stats);
+    EXPECT_EQ(gpu.at("warm").cached_tokens, 128) << name;
+    EXPECT_EQ(gpu_stats.prefix_cache_host_hits, 128) << name;
+    EXPECT_GE(gpu_stats.host_kv_saved_pages, 2) << name;
+    EXPECT_GE(gpu_stats.host_kv_loaded_pages, 2) << name;
+    EXPECT_EQ(gpu_stats.host_kv_saved_pages, cpu_stats.host_kv_saved_pages) << name;
+    EXPECT_EQ(gpu_stats.host_kv_loaded_pages, cpu_stats.host_kv_loaded_pages) << name;
+    BatchRun warm{{{"cold", gpu.at("warm")}}, 0};
+    BatchRun cold{{{"cold", gpu.at("cold")}}, 0};
+    expect_same_runs(warm, cold, 1e-5, name + " warm vs cold on the GPU");
+    if (dtype == KvDType::F32) {
+      BatchRun gpu_cold{{{"cold", gpu.at("cold")}}, 0};
+      BatchRun cpu_cold{{{"cold", cpu.at("cold")}}, 0};
+      expect_same_runs(gpu_cold, cpu_cold, 1e-4, name + " GPU vs CPU");
+    }
   }
 }
 
