@@ -6,7 +6,8 @@
 // (after evicting unlocked prefix-cache pages) preempts the most recently
 // admitted running request (recompute: its pages are cached and freed, and it
 // goes back to the front of the queue with its generated tokens as prompt
-// continuation). (2) Waiting requests are admitted in FIFO order while the
+// continuation; with a host KV tier its full pages may wait in host memory
+// and come back when it is admitted again). (2) Waiting requests are admitted in FIFO order while the
 // prefill budget, max_running_requests and the free pages allow, starting
 // from their longest cached prefix.
 #pragma once
