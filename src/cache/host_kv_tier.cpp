@@ -25,34 +25,43 @@ void check_kv_page_copy(const PagedKvCache& from, std::span<const int32_t> from_
   }
 }
 
-void copy_kv_pages_on_host(const PagedKvCache& from, std::span<const int32_t> from_pages,
-                           PagedKvCache& to, std::span<const int32_t> to_pages) {
-  MEGACTX_CHECK(from.spec().device == Device::CPU && to.spec().device == Device::CPU,
-                "copy_kv_pages_on_host needs host pools on both sides");
+void for_each_page_run(const PagedKvCache& from, std::span<const int32_t> from_pages,
+                       PagedKvCache& to, std::span<const int32_t> to_pages,
+                       const std::function<void(const std::byte* source, std::byte* destination,
+                                                size_t bytes)>& copy) {
   check_kv_page_copy(from, from_pages, to, to_pages);
   const int64_t page_size = from.spec().page_size;
-  auto copy_pool = [&](const Tensor& source, const Tensor& destination, int64_t bytes_per_token) {
+  auto pool = [&](const Tensor& source, const Tensor& destination, int64_t bytes_per_token) {
     const int64_t page_bytes = page_size * bytes_per_token;
-    // Runs of consecutive pages on both sides move in one memcpy.
     for (size_t i = 0; i < from_pages.size();) {
       size_t run = 1;
-      while (i + run < from_pages.size() && from_pages[i + run] == from_pages[i] + int32_t(run) &&
-             to_pages[i + run] == to_pages[i] + int32_t(run)) {
+      while (i + run < from_pages.size() &&
+             from_pages[i + run] == from_pages[i] + static_cast<int32_t>(run) &&
+             to_pages[i + run] == to_pages[i] + static_cast<int32_t>(run)) {
         ++run;
       }
-      std::memcpy(destination.data<std::byte>() + to_pages[i] * page_bytes,
-                  source.data<std::byte>() + from_pages[i] * page_bytes,
-                  static_cast<size_t>(page_bytes) * run);
+      copy(source.data<std::byte>() + from_pages[i] * page_bytes,
+           destination.data<std::byte>() + to_pages[i] * page_bytes,
+           static_cast<size_t>(page_bytes) * run);
       i += run;
     }
   };
   for (const int64_t layer : from.spec().latent_layers) {
-    copy_pool(from.latent_pool(layer), to.latent_pool(layer), from.spec().latent_bytes_per_token());
+    pool(from.latent_pool(layer), to.latent_pool(layer), from.spec().latent_bytes_per_token());
   }
   for (const int64_t layer : from.spec().indexer_layers) {
-    copy_pool(from.indexer_pool(layer), to.indexer_pool(layer),
-              from.spec().indexer_bytes_per_token());
+    pool(from.indexer_pool(layer), to.indexer_pool(layer), from.spec().indexer_bytes_per_token());
   }
+}
+
+void copy_kv_pages_on_host(const PagedKvCache& from, std::span<const int32_t> from_pages,
+                           PagedKvCache& to, std::span<const int32_t> to_pages) {
+  MEGACTX_CHECK(from.spec().device == Device::CPU && to.spec().device == Device::CPU,
+                "copy_kv_pages_on_host needs host pools on both sides");
+  for_each_page_run(from, from_pages, to, to_pages,
+                    [](const std::byte* source, std::byte* destination, size_t bytes) {
+                      std::memcpy(destination, source, bytes);
+                    });
 }
 
 HostKvTier::HostKvTier(PagedKvCache& device, std::unique_ptr<PagedKvCache> host, KvPageCopy copy)

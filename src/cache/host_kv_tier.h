@@ -16,6 +16,7 @@
 // forward that reuses the page and its load before the forward that reads it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,14 @@ namespace megactx {
 // The two caches have the same layout (dtype, dims, layers, page size).
 using KvPageCopy = std::function<void(const PagedKvCache& from, std::span<const int32_t> from_pages,
                                       PagedKvCache& to, std::span<const int32_t> to_pages)>;
+
+// Checks the copy (check_kv_page_copy) and calls `copy` once per pool and run
+// of pages consecutive on both sides, with the run's byte addresses in the
+// two caches' pools (host or device pointers, as the pools are).
+void for_each_page_run(
+    const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
+    std::span<const int32_t> to_pages,
+    const std::function<void(const std::byte* source, std::byte* destination, size_t bytes)>& copy);
 
 // The KvPageCopy of host pools: memcpy, one per pool and run of consecutive pages.
 void copy_kv_pages_on_host(const PagedKvCache& from, std::span<const int32_t> from_pages,

@@ -33,25 +33,6 @@ Tensor device_zeros(int64_t rows, int64_t bytes_per_row) {
   });
 }
 
-}  // namespace
-
-std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec) {
-  MEGACTX_CHECK(spec.num_pages >= 0 && spec.page_size > 0,
-                "KV cache: bad num_pages {} / page_size {}", spec.num_pages, spec.page_size);
-  spec.device = Device::CUDA;
-  const int64_t slots = spec.num_pages * spec.page_size;
-  std::vector<Tensor> latent, indexer;
-  for (size_t i = 0; i < spec.latent_layers.size(); ++i) {
-    latent.push_back(device_zeros(slots, spec.latent_bytes_per_token()));
-  }
-  for (size_t i = 0; i < spec.indexer_layers.size(); ++i) {
-    indexer.push_back(device_zeros(slots, spec.indexer_bytes_per_token()));
-  }
-  return std::make_unique<PagedKvCache>(std::move(spec), std::move(latent), std::move(indexer));
-}
-
-namespace {
-
 Tensor pinned_zeros(int64_t rows, int64_t bytes_per_row) {
   const size_t bytes = static_cast<size_t>(rows * bytes_per_row);
   void* data = nullptr;
@@ -67,54 +48,44 @@ Tensor pinned_zeros(int64_t rows, int64_t bytes_per_row) {
   });
 }
 
-}  // namespace
-
-std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec) {
+// `spec`'s pools, each from zeros(rows, bytes_per_row).
+std::unique_ptr<PagedKvCache> pools_of(KvCacheSpec spec, Device device,
+                                       Tensor (*zeros)(int64_t, int64_t)) {
   MEGACTX_CHECK(spec.num_pages >= 0 && spec.page_size > 0,
-                "host KV tier: bad num_pages {} / page_size {}", spec.num_pages, spec.page_size);
-  spec.device = Device::CPU;
+                "KV cache: bad num_pages {} / page_size {}", spec.num_pages, spec.page_size);
+  spec.device = device;
   const int64_t slots = spec.num_pages * spec.page_size;
   std::vector<Tensor> latent, indexer;
   for (size_t i = 0; i < spec.latent_layers.size(); ++i) {
-    latent.push_back(pinned_zeros(slots, spec.latent_bytes_per_token()));
+    latent.push_back(zeros(slots, spec.latent_bytes_per_token()));
   }
   for (size_t i = 0; i < spec.indexer_layers.size(); ++i) {
-    indexer.push_back(pinned_zeros(slots, spec.indexer_bytes_per_token()));
+    indexer.push_back(zeros(slots, spec.indexer_bytes_per_token()));
   }
   return std::make_unique<PagedKvCache>(std::move(spec), std::move(latent), std::move(indexer));
+}
+
+}  // namespace
+
+std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec) {
+  return pools_of(std::move(spec), Device::CUDA, device_zeros);
+}
+
+std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec) {
+  // spec.device stays CPU: host memory, pinned so that copies run asynchronously.
+  return pools_of(std::move(spec), Device::CPU, pinned_zeros);
 }
 
 KvPageCopy make_cuda_kv_page_copy(const LanguageModel& model) {
   auto stream = static_cast<cudaStream_t>(cuda_model_stream(model));
   return [stream](const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
                   std::span<const int32_t> to_pages) {
-    check_kv_page_copy(from, from_pages, to, to_pages);
-    const int64_t page_size = from.spec().page_size;
-    auto copy_pool = [&](const Tensor& source, const Tensor& destination, int64_t bytes_per_token) {
-      const int64_t page_bytes = page_size * bytes_per_token;
-      for (size_t i = 0; i < from_pages.size();) {
-        size_t run = 1;
-        while (i + run < from_pages.size() &&
-               from_pages[i + run] == from_pages[i] + static_cast<int32_t>(run) &&
-               to_pages[i + run] == to_pages[i] + static_cast<int32_t>(run)) {
-          ++run;
-        }
-        // cudaMemcpyDefault: unified addressing tells device from pinned host.
-        MEGACTX_CUDA_CHECK(cudaMemcpyAsync(destination.data<std::byte>() + to_pages[i] * page_bytes,
-                                           source.data<std::byte>() + from_pages[i] * page_bytes,
-                                           static_cast<size_t>(page_bytes) * run, cudaMemcpyDefault,
-                                           stream));
-        i += run;
-      }
-    };
-    for (const int64_t layer : from.spec().latent_layers) {
-      copy_pool(from.latent_pool(layer), to.latent_pool(layer),
-                from.spec().latent_bytes_per_token());
-    }
-    for (const int64_t layer : from.spec().indexer_layers) {
-      copy_pool(from.indexer_pool(layer), to.indexer_pool(layer),
-                from.spec().indexer_bytes_per_token());
-    }
+    for_each_page_run(from, from_pages, to, to_pages,
+                      [stream](const std::byte* source, std::byte* destination, size_t bytes) {
+                        // cudaMemcpyDefault: unified addressing tells device from pinned host.
+                        MEGACTX_CUDA_CHECK(
+                            cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
+                      });
   };
 }
 
