@@ -185,16 +185,22 @@ class NativeApi(unittest.TestCase):
         threads = [threading.Thread(target=run, args=(s,)) for s in (7, 8)]
         for thread in threads:
             thread.start()
-        deadline = time.time() + 60
+        # Both must be in the engine before abort_all (a loaded CI machine once
+        # took over 60 s to get there); say what the server reported if not.
+        deadline = time.time() + 180
+        metrics = ""
         while time.time() < deadline:
             metrics = requests.get(SERVER.url + "/metrics", timeout=30).text
             if "megactx_num_running_reqs 2" in metrics:
                 break
             time.sleep(0.05)
+        else:
+            self.fail("the two requests were never running together; last /metrics:\n" +
+                      "\n".join(line for line in metrics.splitlines() if "num_" in line))
         self.assertEqual(requests.post(SERVER.url + "/abort_request", json={"abort_all": True},
                                        timeout=30).status_code, 200)
         for thread in threads:
-            thread.join(120)
+            thread.join(300)
         self.assertEqual(len(results), 2)
         for result in results:
             self.assertEqual(result["meta_info"]["finish_reason"]["type"], "abort")
