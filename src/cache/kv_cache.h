@@ -41,8 +41,7 @@ struct KvCacheSpec {
   int64_t kv_lora_rank = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t index_head_dim = 0;
-  std::vector<int64_t>
-      latent_layers;  // layer ids with a latent pool (MTP layer = num_hidden_layers)
+  std::vector<int64_t> latent_layers;   // layer ids with a latent pool (MTP layer = num_hidden_layers)
   std::vector<int64_t> indexer_layers;  // layer ids with an indexer-key pool
   KvDType dtype = KvDType::BF16;
   Device device = Device::CPU;
@@ -58,8 +57,7 @@ class PagedKvCache {
   // Host storage; the CUDA backend allocates device storage through its own
   // factory and hands the pointers in with from_storage().
   explicit PagedKvCache(KvCacheSpec spec);
-  PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools,
-               std::vector<Tensor> indexer_pools);
+  PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools, std::vector<Tensor> indexer_pools);
 
   const KvCacheSpec& spec() const { return spec_; }
   bool has_latent(int64_t layer) const;

@@ -32,19 +32,12 @@ uint64_t hash_page(std::span<const int32_t> tokens) {
 }
 
 // An unlocked leaf of the device subtree: the device tier may evict it.
-bool device_candidate(const PrefixCache::Node* node);
-// A host page the host tier may drop: a backup of an unlocked device node, or
-// an (always unlocked) host-only leaf.
-bool host_candidate(const PrefixCache::Node* node);
-
-}  // namespace
-
-namespace {
-
 bool device_candidate(const PrefixCache::Node* node) {
   return node->page >= 0 && node->lock == 0 && node->device_children == 0;
 }
 
+// A host page the host tier may drop: a backup of an unlocked device node, or
+// an (always unlocked) host-only leaf.
 bool host_candidate(const PrefixCache::Node* node) {
   return node->host_page >= 0 && node->lock == 0 && (node->page >= 0 || node->children.empty());
 }

@@ -82,15 +82,13 @@ class PrefixCache {
   // Drops every unlocked node, from both tiers.
   void flush();
 
-  HostKvTier* host_tier() const { return host_tier_; }
   int64_t cached_pages() const { return device_nodes_; }     // device pages held by the tree
   int64_t host_cached_pages() const { return host_nodes_; }  // host pages held by the tree
   int64_t evictable_pages() const { return device_nodes_ - locked_nodes_; }
   int64_t queried_tokens() const { return queried_tokens_; }
-  int64_t hit_tokens() const { return hit_tokens_; }  // device and host hits
-  int64_t host_hit_tokens() const {
-    return host_hit_tokens_;
-  }  // of them, copied back from the host
+  // Hit tokens from either tier, and of them those copied back from the host.
+  int64_t hit_tokens() const { return hit_tokens_; }
+  int64_t host_hit_tokens() const { return host_hit_tokens_; }
 
   // Adds the tree's references to `holders[page]` and throws megactx::Error
   // on a broken invariant: a node's lock count must equal the number of

@@ -99,18 +99,18 @@ void Engine::create_host_tier() {
   MEGACTX_CHECK(spec.num_pages > 0,
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
                 config_.host_kv_memory_bytes, spec.bytes_per_page(), spec.page_size);
-  if (model_->device() == Device::CUDA) {
+  std::unique_ptr<PagedKvCache> host;
+  KvPageCopy copy = config_.copy_kv_pages;
+  if (config_.make_host_kv_cache) host = config_.make_host_kv_cache(spec);
 #if MEGACTX_HAVE_CUDA
-    if (!config_.make_host_kv_cache) {
-      config_.make_host_kv_cache = [](const KvCacheSpec& s) { return make_cuda_host_kv_cache(s); };
-    }
-    if (!config_.copy_kv_pages) config_.copy_kv_pages = make_cuda_kv_page_copy(*model_);
-#endif
+  // A CUDA model: pinned pools, copies on its stream.
+  if (model_->device() == Device::CUDA) {
+    if (!host) host = make_cuda_host_kv_cache(spec);
+    if (!copy) copy = make_cuda_kv_page_copy(*model_);
   }
-  std::unique_ptr<PagedKvCache> host = config_.make_host_kv_cache
-                                           ? config_.make_host_kv_cache(spec)
-                                           : std::make_unique<PagedKvCache>(spec);
-  KvPageCopy copy = config_.copy_kv_pages ? config_.copy_kv_pages : copy_kv_pages_on_host;
+#endif
+  if (!host) host = std::make_unique<PagedKvCache>(spec);
+  if (!copy) copy = copy_kv_pages_on_host;
   host_tier_ = std::make_unique<HostKvTier>(*cache_, std::move(host), std::move(copy));
   spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
                spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);

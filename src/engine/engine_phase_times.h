@@ -24,9 +24,9 @@ class EnginePhaseTimes {
   }
   ~EnginePhaseTimes() {
     if (!enabled_ || steps_ == 0) return;
-    static constexpr const char* kNames[kPhases] = {"schedule",   "mtp drafts",
-                                                    "forward",    "sampling + verification",
-                                                    "mtp refill", "commit + apply"};
+    static constexpr const char* kNames[kPhases] = {
+        "schedule", "mtp drafts", "forward", "sampling + verification", "mtp refill",
+        "commit + apply"};
     double total = 0;
     for (double ms : ms_) total += ms;
     std::fprintf(stderr, "engine phase times over %lld steps (host wall, ms per step):\n",

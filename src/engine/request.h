@@ -22,8 +22,8 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // reproducible sampling when set
   int64_t max_new_tokens = 128;
   int64_t min_new_tokens = 0;
-  std::vector<std::string> stop;        // stop strings (matched across token boundaries)
-  std::vector<int32_t> stop_token_ids;  // in addition to the model's eos ids
+  std::vector<std::string> stop;          // stop strings (matched across token boundaries)
+  std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
@@ -53,10 +53,10 @@ struct RequestUpdate {
   std::string rid;
   std::vector<int32_t> new_token_ids;
   std::string new_text;
-  std::vector<TokenLogprob> new_logprobs;    // parallel to new_token_ids when asked
-  std::vector<TokenLogprob> input_logprobs;  // once, in the first update, when asked
+  std::vector<TokenLogprob> new_logprobs;       // parallel to new_token_ids when asked
+  std::vector<TokenLogprob> input_logprobs;     // once, in the first update, when asked
   FinishReason finish = FinishReason::None;
-  std::string finish_detail;  // matched stop string / token, or error text
+  std::string finish_detail;                    // matched stop string / token, or error text
   std::optional<int32_t> matched_stop_token;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;

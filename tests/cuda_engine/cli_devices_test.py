@@ -111,6 +111,18 @@ def check_cuda_flags_need_cuda(megactx, model):
                   f"{name}: {command} {flag} without --device cuda is an error: {text[-300:]}")
 
 
+def check_host_kv_memory_errors(megactx, model):
+    """serve --host-kv-memory: a size that holds no page, or none at all, is a start-up error."""
+    name = os.path.basename(model)
+    for size, message in (("0", "--host-kv-memory must be positive"),
+                          ("abc", "does not start with a number"),
+                          ("1KiB", "holds no page")):
+        code, text = start_up_error(megactx, model, "--host-kv-memory", size)
+        lines = text.splitlines()
+        check(code == 1 and len(lines) >= 1 and message in lines[-1],
+              f"{name}: serve --host-kv-memory {size} is an error: {text[-300:]}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
@@ -127,6 +139,8 @@ def main():
         check(generate(args.megactx, model, "--engine", *sampled) == engine_sampled,
               f"{name}: seeded sampling reproduces")
         check_cuda_flags_need_cuda(args.megactx, model)
+        if os.path.exists(os.path.join(model, "tokenizer.json")):
+            check_host_kv_memory_errors(args.megactx, model)
         if not args.cuda:
             continue
         check(generate(args.megactx, model, "--device", "cuda") == loop,
