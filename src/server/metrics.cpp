@@ -20,6 +20,11 @@ void Histogram::observe(double value) {
   ++count_;
 }
 
+Histogram::Snapshot Histogram::snapshot() const {
+  std::lock_guard lock(mutex_);
+  return Snapshot{upper_bounds_, bucket_counts_, sum_, count_};
+}
+
 uint64_t Histogram::count() const {
   std::lock_guard lock(mutex_);
   return count_;

@@ -18,8 +18,17 @@ namespace megactx::server {
 
 class Histogram {
  public:
+  // Per-bucket (not cumulative) counts; counts.back() is the +Inf bucket.
+  struct Snapshot {
+    std::vector<double> upper_bounds;
+    std::vector<uint64_t> counts;
+    double sum = 0.0;
+    uint64_t count = 0;
+  };
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
+  // A consistent copy (the web dashboard's JSON takes percentiles from it).
+  Snapshot snapshot() const;
   // "name_bucket{le=...} n" lines, then _sum and _count.
   std::string render(const std::string& name, const std::string& help) const;
   uint64_t count() const;

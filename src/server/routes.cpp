@@ -2,6 +2,7 @@
 
 #include "server/endpoints.h"
 #include "server/json_text.h"
+#include "server/web_ui.h"
 
 namespace megactx::server {
 
@@ -42,6 +43,8 @@ Router make_router(ServerState& state) {
   // Liveness and scraping stay open so probes need no key.
   router.add("GET", "/health", bind(handle_health), /*requires_auth=*/false);
   router.add("GET", "/metrics", bind(handle_metrics), /*requires_auth=*/false);
+  // The browser playground and dashboard at / and the JSON they read.
+  add_web_ui_routes(router, state);
   return router;
 }
 
