@@ -8,6 +8,7 @@
 
 #include "cli/command_registry.h"
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "tokenizer/chat_template.h"
 
 namespace megactx::cli {
@@ -32,7 +33,7 @@ std::string read_file(const std::string& path, const char* what) {
 nlohmann::ordered_json read_json(const std::string& path, const char* what) {
   std::string text = read_file(path, what);
   try {
-    return nlohmann::ordered_json::parse(text);
+    return parse_ordered_json(text);
   } catch (const nlohmann::json::exception& error) {
     fail("{} '{}' is not valid JSON: {}", what, path, error.what());
   }

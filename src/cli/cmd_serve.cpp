@@ -4,6 +4,7 @@
 //   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
+//   [--max-request-bytes N] [--max-connections N] [--check-integrity]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 // Loads the model, starts the engine and the HTTP server (OpenAI + SGLang
 // native API), prints "megactx serving NAME at http://H:P" on stdout when
@@ -61,6 +62,7 @@ struct ServeOptions {
   int io_threads = 2;
   int64_t max_request_bytes = 32ll << 20;
   int64_t max_connections = 8192;
+  bool check_integrity = false;
   SpeculativeCliOptions speculative;
 };
 
@@ -103,6 +105,7 @@ int run_serve(const ServeOptions& options) {
   engine_config.speculative_share = !options.speculative.no_share;
   engine_config.speculative_sampled_mode = parse_verify_mode(options.speculative.verify);
   engine_config.mtp_model_dir = options.model_dir;
+  engine_config.check_integrity_every_step = options.check_integrity;
 
   std::unique_ptr<LanguageModel> model;
   if (cuda) {
@@ -253,6 +256,9 @@ CommandRegistration registration{
           .add_option("--max-connections", options->max_connections,
                       "Open connections beyond this get 503")
           ->capture_default_str();
+      command.add_flag("--check-integrity", options->check_integrity,
+                       "Check the KV pages, prefix cache and scheduler after every engine step "
+                       "(slow; for soak tests and debugging: a violation is logged as an error)");
       add_speculative_options(command, options->speculative);
       return [options] { return run_serve(*options); };
     }};

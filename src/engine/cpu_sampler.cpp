@@ -72,6 +72,8 @@ std::vector<std::pair<int32_t, float>> top_entries(std::span<const float> values
 void apply_penalties(const SamplingRow& row, std::span<float> logits) {
   const SamplingParams& params = *row.params;
   const auto vocab = static_cast<int32_t>(logits.size());
+  for (const auto& [token, bias] : params.logit_bias)
+    if (token >= 0 && token < vocab) logits[static_cast<size_t>(token)] += bias;
   auto penalize_repetition = [&](int32_t token) {
     float& x = logits[static_cast<size_t>(token)];
     x = x > 0.0f ? x / static_cast<float>(params.repetition_penalty)

@@ -16,7 +16,8 @@ class CpuSampler : public Sampler {
              std::span<TokenLogprob> results) override;
 };
 
-// Applies the penalties and the min_new_tokens mask of `row` to `logits` in place.
+// Applies the logit bias, the penalties and the min_new_tokens mask of `row`
+// to `logits` in place.
 void apply_penalties(const SamplingRow& row, std::span<float> logits);
 // The distribution a non-greedy draw uses: probabilities after temperature,
 // top_k, top_p and min_p, renormalised; masked tokens are exactly 0.

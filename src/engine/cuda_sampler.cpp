@@ -19,7 +19,7 @@ namespace megactx {
 
 bool device_samples_row(const SamplingRow& row, int64_t vocab) {
   const SamplingParams& params = *row.params;
-  if (!row.masked_tokens.empty()) return false;
+  if (!row.masked_tokens.empty() || !params.logit_bias.empty()) return false;
   if (row.top_logprobs > std::min(kDeviceMaxTopLogprobs, vocab)) return false;
   const bool has_output = row.output_counts != nullptr && !row.output_counts->empty();
   if (params.repetition_penalty != 1.0 && (!row.prompt_tokens.empty() || has_output)) return false;

@@ -158,27 +158,7 @@ std::string Engine::validate(const GenerationRequest& request) const {
     return fmt::format("the input ({} tokens) is longer than the KV cache capacity ({} tokens)",
                        prompt, capacity_.max_tokens);
   }
-  if (!(s.temperature >= 0.0))
-    return fmt::format("temperature must be >= 0, got {}", s.temperature);
-  if (!(s.top_p > 0.0 && s.top_p <= 1.0))
-    return fmt::format("top_p must be in (0, 1], got {}", s.top_p);
-  if (s.top_k < -1) return fmt::format("top_k must be -1 (off), 0 (off) or >= 1, got {}", s.top_k);
-  if (!(s.min_p >= 0.0 && s.min_p <= 1.0))
-    return fmt::format("min_p must be in [0, 1], got {}", s.min_p);
-  if (!(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0)) {
-    return fmt::format("repetition_penalty must be in (0, 2], got {}", s.repetition_penalty);
-  }
-  if (!(s.frequency_penalty >= -2.0 && s.frequency_penalty <= 2.0)) {
-    return fmt::format("frequency_penalty must be in [-2, 2], got {}", s.frequency_penalty);
-  }
-  if (!(s.presence_penalty >= -2.0 && s.presence_penalty <= 2.0)) {
-    return fmt::format("presence_penalty must be in [-2, 2], got {}", s.presence_penalty);
-  }
-  if (s.max_new_tokens < 0)
-    return fmt::format("max_new_tokens must be >= 0, got {}", s.max_new_tokens);
-  if (s.min_new_tokens < 0 || s.min_new_tokens > s.max_new_tokens) {
-    return fmt::format("min_new_tokens must be in [0, max_new_tokens], got {}", s.min_new_tokens);
-  }
+  if (auto problem = check_sampling(s, vocab_size_)) return problem->message;
   if (request.top_logprobs_num < 0 || request.top_logprobs_num > vocab_size_) {
     return fmt::format("top_logprobs_num must be in [0, {}], got {}", vocab_size_,
                        request.top_logprobs_num);

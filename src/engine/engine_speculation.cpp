@@ -25,8 +25,9 @@
 //      stop ids, stop strings and max_new_tokens end the run mid-way exactly
 //      as in plain decoding.
 //
-// Requests with repetition/frequency/presence penalties decode one token per
-// step (the penalties change the logits with every emitted token), and so do
+// Requests with repetition/frequency/presence penalties or a logit_bias
+// decode one token per step (verification compares drafts against the
+// unmodified logits; penalties change with every emitted token), and so do
 // requests below min_new_tokens (eos and stop ids are masked token by token):
 // both keep refilling the MTP layer so they can speculate later.
 //
@@ -103,7 +104,7 @@ int64_t Engine::draft_count(const RequestState& request) const {
       request.spec.draft.row != request.num_computed - 1) {
     return 0;  // not decoding, or no MTP output for the last computed row
   }
-  if (uses_penalties(sampling)) return 0;
+  if (uses_penalties(sampling) || !sampling.logit_bias.empty()) return 0;
   const int64_t generated = request.num_generated();
   if (generated < sampling.min_new_tokens) return 0;
   // No drafts past max_new_tokens (a verification emits up to k + 1) or the

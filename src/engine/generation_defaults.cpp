@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/engine_config.h"
+#include "io/bounded_json.h"
 
 namespace megactx {
 
@@ -29,7 +30,7 @@ GenerationDefaults load_generation_defaults(const std::string& model_dir,
   std::ifstream file(path);
   std::stringstream text;
   text << file.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json json = try_parse_json(text.str());
   MEGACTX_CHECK(json.is_object(), "{}: not a JSON object", path.string());
   try {
     if (json.contains("eos_token_id")) {

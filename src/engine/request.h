@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megactx {
@@ -22,12 +23,25 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // reproducible sampling when set
   int64_t max_new_tokens = 128;
   int64_t min_new_tokens = 0;
-  std::vector<std::string> stop;          // stop strings (matched across token boundaries)
-  std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
+  std::vector<std::string> stop;        // stop strings (matched across token boundaries)
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's eos ids
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  // Added to the logits before penalties and sampling (OpenAI logit_bias):
+  // (token id, bias in [-100, 100]), ids distinct. Logprobs stay those of
+  // the unmodified logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// What is wrong with a request's sampling parameters, if anything: the one
+// validation the server (a 400 naming `param`) and the engine (an error
+// update) both apply. Names are the SGLang-native ones.
+struct SamplingProblem {
+  std::string param;
+  std::string message;
+};
+std::optional<SamplingProblem> check_sampling(const SamplingParams& params, int64_t vocab_size);
 
 struct GenerationRequest {
   std::string rid;  // unique; the engine makes one when empty
@@ -53,10 +67,10 @@ struct RequestUpdate {
   std::string rid;
   std::vector<int32_t> new_token_ids;
   std::string new_text;
-  std::vector<TokenLogprob> new_logprobs;       // parallel to new_token_ids when asked
-  std::vector<TokenLogprob> input_logprobs;     // once, in the first update, when asked
+  std::vector<TokenLogprob> new_logprobs;    // parallel to new_token_ids when asked
+  std::vector<TokenLogprob> input_logprobs;  // once, in the first update, when asked
   FinishReason finish = FinishReason::None;
-  std::string finish_detail;                    // matched stop string / token, or error text
+  std::string finish_detail;  // matched stop string / token, or error text
   std::optional<int32_t> matched_stop_token;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;

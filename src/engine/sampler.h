@@ -3,7 +3,8 @@
 // over device logits.
 //
 // Semantics (vLLM / SGLang):
-//  * penalties on the raw logits: repetition (HF/vLLM: tokens of prompt and
+//  * logit_bias added to the raw logits first (OpenAI), then
+//  * penalties: repetition (HF/vLLM: tokens of prompt and
 //    output -- recent SGLang counts output tokens only; logit / p when
 //    positive, * p otherwise), frequency (minus f times
 //    the count in the output), presence (minus p once for tokens in the output);

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/progress_bar.h"
+#include "io/bounded_json.h"
 #include "io/json_fields.h"
 #include "io/safetensors.h"
 
@@ -38,7 +39,7 @@ std::string read_text_file(const std::string& path) {
 std::map<std::string, std::string> read_weight_map(const std::string& path) {
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(read_text_file(path));
+    index = parse_json(read_text_file(path));
   } catch (const nlohmann::json::exception& error) {
     fail("{} is not valid JSON: {}", path, error.what());
   }

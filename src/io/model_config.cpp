@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "io/json_fields.h"
 
 namespace megactx {
@@ -298,7 +299,7 @@ int64_t ModelConfig::indexer_source_layer(int64_t layer) const {
 ModelConfig parse_model_config(const std::string& json_text) {
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(json_text);
+    root = parse_json(json_text);
   } catch (const nlohmann::json::exception& error) {
     fail("config.json is not valid JSON: {}", error.what());
   }

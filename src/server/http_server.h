@@ -1,7 +1,7 @@
 // An asynchronous HTTP/1.1 server on Boost.Beast: a fixed number of I/O
 // threads share one io_context; every connection runs on its own strand.
 // Keep-alive, pipelined requests answered in order, request size limits
-// (413), read/idle/write timeouts, chunked streaming responses, and
+// (413, 431), read/idle/write timeouts (408), chunked streaming responses, and
 // disconnect detection while a request is being answered.
 #pragma once
 
@@ -22,7 +22,7 @@ struct HttpServerOptions {
   uint16_t port = 0;  // 0 = any free port (see HttpServer::port())
   int io_threads = 2;
   uint64_t max_body_bytes = 32ull << 20;   // larger bodies get 413
-  uint32_t max_header_bytes = 64u << 10;   // larger headers get 413
+  uint32_t max_header_bytes = 64u << 10;   // larger headers get 431
   int64_t max_connections = 8192;          // beyond: 503 and close
   std::chrono::seconds read_timeout{30};   // one request, headers to body
   std::chrono::seconds idle_timeout{120};  // keep-alive wait for the next request

@@ -1,5 +1,7 @@
 #include "server/json_text.h"
 
+#include "core/error.h"
+#include "io/bounded_json.h"
 #include "server/api_error.h"
 
 namespace megactx::server {
@@ -12,9 +14,11 @@ nlohmann::json parse_request_json(std::string_view body) {
   if (body.empty()) throw ApiError(400, "request body is empty; expected a JSON object");
   nlohmann::json value;
   try {
-    value = nlohmann::json::parse(body);
+    value = parse_json(body);
   } catch (const nlohmann::json::exception& error) {
     throw ApiError(400, std::string("request body is not valid JSON: ") + error.what());
+  } catch (const Error& error) {
+    throw ApiError(400, std::string("request body is not accepted: ") + error.what());
   }
   if (!value.is_object()) throw ApiError(400, "request body must be a JSON object");
   return value;

@@ -60,10 +60,13 @@ nlohmann::json completion_logprobs(const Tokenizer& tokenizer,
     token_logprobs.push_back(logprob_value(entry.logprob));
     offsets.push_back(offset);
     offset += text.size();
-    if (top_n > 0 && !std::isnan(entry.logprob)) {
+    if (top_n >= 0 && !std::isnan(entry.logprob)) {
+      // The top_n alternatives and, as vLLM adds it, the chosen token itself
+      // (so logprobs 0 still names the chosen token's logprob).
       nlohmann::json top = nlohmann::json::object();
       for (size_t i = 0; i < entry.top.size() && static_cast<int64_t>(i) < top_n; ++i)
         top[token_text(tokenizer, entry.top[i].first)] = logprob_value(entry.top[i].second);
+      if (!top.contains(text)) top[text] = logprob_value(entry.logprob);
       top_logprobs.push_back(std::move(top));
     } else {
       top_logprobs.push_back(nullptr);

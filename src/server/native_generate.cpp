@@ -245,17 +245,20 @@ void handle_generate(ServerState& state, const HttpRequest& request,
         throw_invalid("logprob_start_len", "'logprob_start_len' must be in [-1, prompt length]");
     }
     if (auto* value = item_field(body, "top_logprobs_num", i, count, batch)) {
-      if (!value->is_number_integer() || value->get<int64_t>() < 0)
-        throw_invalid("top_logprobs_num", "'top_logprobs_num' must be a non-negative integer");
+      if (!value->is_number_integer() || value->get<int64_t>() < 0 || value->get<int64_t>() > vocab)
+        throw_invalid("top_logprobs_num", "'top_logprobs_num' must be an integer in [0, " +
+                                              std::to_string(vocab) + "]");
       generation.top_logprobs_num = value->get<int64_t>();
     }
     // SGLang returns input logprobs only from logprob_start_len on; by default
     // it starts at the end of the prompt (no input logprobs) for generation.
     if (!generation.return_logprob) generation.logprob_start_len = -1;
-    int64_t max_new = resolve_max_new_tokens(
-        static_cast<int64_t>(generation.input_ids.size()), generation.sampling.max_new_tokens,
-        state.engine().max_context_tokens(), /*clamp=*/true, "max_new_tokens");
+    int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(generation.input_ids.size()),
+                                             generation.sampling.max_new_tokens,
+                                             state.engine().max_context_tokens(), /*clamp=*/true,
+                                             {has_text ? "text" : "input_ids", "max_new_tokens"});
     generation.sampling.max_new_tokens = max_new;
+    check_sampling_request(generation.sampling, vocab, /*openai_names=*/false);
     item.return_text_in_logprobs = with_text;
   }
   for (size_t i = 0; i < count; ++i)

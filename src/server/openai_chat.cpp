@@ -5,6 +5,7 @@
 // per choice, a usage chunk when stream_options.include_usage, then [DONE].
 #include <memory>
 
+#include "io/bounded_json.h"
 #include "io/model_config.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
@@ -207,7 +208,7 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   // The template sees the request with its keys in the client's order (HF's
   // tojson keeps insertion order; nlohmann::json would sort them), and with
   // tool-call arguments decoded from JSON strings into objects as vLLM does.
-  nlohmann::ordered_json template_request = nlohmann::ordered_json::parse(request.body);
+  nlohmann::ordered_json template_request = parse_ordered_json(request.body);
   if (tools.empty()) {
     template_request.erase("tools");
   } else if (tools.size() != body["tools"].size()) {  // a named tool_choice kept one tool
@@ -219,8 +220,7 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
     template_request["tools"] = std::move(kept);
   }
   decode_tool_call_arguments(template_request);
-  const nlohmann::ordered_json special_tokens =
-      nlohmann::ordered_json::parse(chat.special_tokens.dump());
+  const nlohmann::ordered_json special_tokens = parse_ordered_json(chat.special_tokens.dump());
   std::string prompt =
       chat.chat_template->render(chat_template_context(template_request, special_tokens));
   const Tokenizer& tokenizer = state.engine().tokenizer();
@@ -241,12 +241,16 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
   int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), sampling.max_tokens,
                                            state.engine().max_context_tokens(), false,
-                                           sampling.max_tokens ? "max_tokens" : "messages");
+                                           {"messages", "max_tokens"});
   if (max_new == 0) throw_invalid("max_tokens", "'max_tokens' must be at least 1");
+  sampling.params.max_new_tokens = max_new;
+  check_sampling_request(sampling.params, tokenizer.vocab_size(), /*openai_names=*/true);
 
   job->parser_options.format = chat.tool_call_format;
   job->parser_options.tools = tools;
   job->parser_options.parse_tool_calls = !tools.empty();
+  if (auto parallel = get_bool(body, "parallel_tool_calls"); parallel && !*parallel)
+    job->parser_options.max_tool_calls = 1;
   job->parser_options.parse_reasoning = true;
   job->parser_options.starts_in_reasoning = prompt_opens_reasoning(prompt);
 

@@ -154,9 +154,9 @@ void handle_completions(ServerState& state, const HttpRequest& request,
       sampling.max_tokens ? sampling.max_tokens : std::optional<int64_t>(16);
 
   for (auto& [ids, text] : prompts) {
-    int64_t max_new =
-        resolve_max_new_tokens(static_cast<int64_t>(ids.size()), requested,
-                               state.engine().max_context_tokens(), false, "max_tokens");
+    int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), requested,
+                                             state.engine().max_context_tokens(), false,
+                                             {"prompt", "max_tokens"});
     if (max_new == 0 && !job->echo)
       throw_invalid("max_tokens", "'max_tokens' 0 is only useful with 'echo'");
     for (size_t k = 0; k < n; ++k) {
@@ -165,6 +165,7 @@ void handle_completions(ServerState& state, const HttpRequest& request,
       request.input_ids = ids;
       request.sampling = sampling.params;
       request.sampling.max_new_tokens = max_new;
+      check_sampling_request(request.sampling, vocab, /*openai_names=*/true);
       if (sampling.params.seed) request.sampling.seed = *sampling.params.seed + k;
       request.return_logprob = job->logprobs.has_value();
       request.top_logprobs_num = job->logprobs.value_or(0);

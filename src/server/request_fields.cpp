@@ -24,6 +24,11 @@ std::optional<double> get_number(const nlohmann::json& object, const std::string
 std::optional<int64_t> get_integer(const nlohmann::json& object, const std::string& name) {
   if (!has_field(object, name)) return std::nullopt;
   const auto& value = object.at(name);
+  // Unsigned values past int64 (e.g. a seed of 2^63) would wrap to negative.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw_invalid(name,
+                  "'" + name + "' is out of range: " + value.dump() + " is larger than 2^63 - 1");
   if (value.is_number_integer()) return value.get<int64_t>();
   // 16.0 is accepted as 16, as Python clients sometimes send floats.
   if (value.is_number_float()) {

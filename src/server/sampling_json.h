@@ -22,9 +22,14 @@ struct OpenAiSampling {
 OpenAiSampling parse_openai_sampling(const nlohmann::json& body, const SamplingParams& defaults);
 
 // SGLang's defaults: max_new_tokens 128, temperature 1. Throws ApiError 400 on
-// wrong types, out-of-range values and constrained decoding (regex,
-// json_schema, ebnf), which megactx does not do.
+// wrong types and constrained decoding (regex, json_schema, ebnf), which
+// megactx does not do yet.
 SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
                                      const SamplingParams& defaults);
+
+// The ranges of a complete request's sampling parameters (engine's
+// check_sampling): ApiError 400 naming the parameter, in OpenAI's spelling
+// (max_tokens, min_tokens) when `openai_names`.
+void check_sampling_request(const SamplingParams& params, int64_t vocab_size, bool openai_names);
 
 }  // namespace megactx::server

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/interpreter.h"
 #include "tokenizer/jinja/lexer.h"
@@ -140,9 +141,7 @@ void decode_tool_call_arguments(nlohmann::ordered_json& request) {
         continue;
       auto& function = call["function"];
       if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
-      auto decoded =
-          nlohmann::ordered_json::parse(function["arguments"].get<std::string>(), nullptr,
-                                        /*allow_exceptions=*/false);
+      auto decoded = try_parse_ordered_json(function["arguments"].get<std::string>());
       if (decoded.is_object()) function["arguments"] = std::move(decoded);
     }
   }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/json_util.h"
 #include "tokenizer/utf8.h"
@@ -36,7 +37,7 @@ bool parse_decoder(const json& spec, int depth = 0) {
 HfTokenizer::HfTokenizer(const std::string& text) {
   json root;
   try {
-    root = json::parse(text);
+    root = parse_json(text);
   } catch (const json::exception& error) {
     fail("tokenizer.json is not valid JSON: {}", error.what());
   }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 
 namespace megactx {
 namespace {
@@ -29,7 +30,7 @@ std::optional<json> read_json(const fs::path& path) {
   auto text = read_text(path);
   if (!text) return std::nullopt;
   try {
-    json value = json::parse(*text);
+    json value = parse_json(*text);
     if (!value.is_object()) fail("{}: the top level is not an object", path.string());
     return value;
   } catch (const json::exception& error) {

@@ -103,6 +103,9 @@ struct OutputParser::Impl {
 
   void emit_calls(const std::vector<tool_calls::ParsedCall>& calls, ParsedDelta& out) {
     for (const auto& call : calls) {
+      // Past the request's limit (parallel_tool_calls false) a call is
+      // dropped whole, markup included, as vLLM drops it.
+      if (options.max_tool_calls > 0 && next_index >= options.max_tool_calls) break;
       const int index = next_index++;
       out.tool_calls.push_back({index, new_id(), call.name, ""});
       for (auto& piece : tool_calls::argument_pieces(call))

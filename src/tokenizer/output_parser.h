@@ -25,10 +25,10 @@ namespace megactx {
 enum class ToolCallFormat { Glm, DeepseekDsml };
 
 struct ToolCallDelta {
-  int index = 0;           // position of the call in this message's tool_calls
-  std::string id;          // set in the first delta of a call ("call_...")
-  std::string name;        // set in the first delta of a call
-  std::string arguments;   // a piece of the JSON arguments string
+  int index = 0;          // position of the call in this message's tool_calls
+  std::string id;         // set in the first delta of a call ("call_...")
+  std::string name;       // set in the first delta of a call
+  std::string arguments;  // a piece of the JSON arguments string
 };
 
 struct ParsedDelta {
@@ -44,6 +44,7 @@ struct OutputParserOptions {
   bool parse_reasoning = true;
   bool starts_in_reasoning = false;  // the prompt ended inside <think>
   bool parse_tool_calls = true;
+  int max_tool_calls = 0;  // 0: any number; 1 for parallel_tool_calls false
   // Tool call ids are "call_" + 24 letters/digits drawn from a generator seeded
   // with this value; 0 seeds it randomly (tests set it to compare runs).
   uint64_t tool_call_id_seed = 0;

@@ -1,4 +1,5 @@
 #include "tokenizer/tool_call_parser_common.h"
+#include "io/bounded_json.h"
 
 namespace megactx::tool_calls {
 
@@ -66,7 +67,7 @@ void collect_types(const nlohmann::json& schema, std::vector<std::string>& types
 }
 
 std::optional<nlohmann::json> parse_json(std::string_view text) {
-  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json value = try_parse_json(text);
   if (value.is_discarded()) return std::nullopt;
   return value;
 }

@@ -14,6 +14,7 @@
 // body is a bare JSON object takes it as the whole argument set.
 #include <set>
 
+#include "io/bounded_json.h"
 #include "tokenizer/tool_call_parser_common.h"
 
 namespace megactx::tool_calls {
@@ -86,11 +87,10 @@ std::optional<ParsedCall> parse_invoke(std::string_view text, size_t& position,
   position = body_end + kInvokeClose.size();
 
   if (trim(body).starts_with("{")) {
-    nlohmann::ordered_json object =
-        nlohmann::ordered_json::parse(trim(body), nullptr, /*allow_exceptions=*/false);
+    nlohmann::ordered_json object = try_parse_ordered_json(trim(body));
     if (object.is_discarded() || !object.is_object()) return std::nullopt;
     for (const auto& [key, value] : object.items())
-      call.arguments.emplace_back(key, nlohmann::json::parse(value.dump()));
+      call.arguments.emplace_back(key, parse_json(value.dump()));
     return call;
   }
 
@@ -116,7 +116,7 @@ std::optional<ParsedCall> parse_invoke(std::string_view text, size_t& position,
     if (is_string != nullptr && *is_string == "true") {
       value = raw;
     } else if (is_string != nullptr) {
-      value = nlohmann::json::parse(trim(raw), nullptr, /*allow_exceptions=*/false);
+      value = try_parse_json(trim(raw));
       if (value.is_discarded()) value = type_value(schemas.property(call.name, *key), raw);
     } else {
       value = type_value(schemas.property(call.name, *key), raw);

@@ -11,6 +11,7 @@
 // name is accepted as the whole argument set (older GLM releases wrote that).
 #include <set>
 
+#include "io/bounded_json.h"
 #include "tokenizer/tool_call_parser_common.h"
 
 namespace megactx::tool_calls {
@@ -61,11 +62,10 @@ std::optional<std::vector<ParsedCall>> parse_glm_block(std::string_view block,
 
   std::string_view rest = inner.substr(name_end);
   if (trim(rest).starts_with("{")) {
-    nlohmann::ordered_json object =
-        nlohmann::ordered_json::parse(trim(rest), nullptr, /*allow_exceptions=*/false);
+    nlohmann::ordered_json object = try_parse_ordered_json(trim(rest));
     if (object.is_discarded() || !object.is_object()) return std::nullopt;
     for (const auto& [key, value] : object.items())
-      call.arguments.emplace_back(key, nlohmann::json::parse(value.dump()));
+      call.arguments.emplace_back(key, parse_json(value.dump()));
     return std::vector<ParsedCall>{std::move(call)};
   }
 
