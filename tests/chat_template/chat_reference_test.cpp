@@ -1,9 +1,9 @@
 // Renders every conversation of tests/fixtures/chat/requests with the real
-// GLM-4.6 and DeepSeek-V3.2 templates (../shared/data/chat_templates) and the
-// templates of tests/fixtures/chat/templates, and compares byte for byte with
-// the reference renderer (../shared/tools/render_chat_template.py run by
-// Debian's /usr/bin/python3 with python3-jinja2, which mirrors HF's
-// apply_chat_template). When the reference fails on a conversation, megactx
+// GLM-4.6 and DeepSeek-V3.2 templates (tests/fixtures/chat/model_templates,
+// as their model repositories ship them) and the templates of
+// tests/fixtures/chat/templates, and compares byte for byte with the
+// reference renderer (tools/fixtures/render_chat_template.py run by Debian's
+// /usr/bin/python3 with python3-jinja2, set up as HF's apply_chat_template). When the reference fails on a conversation, megactx
 // must fail with an Error too.
 #include <gtest/gtest.h>
 
@@ -30,10 +30,8 @@ fs::path source_dir() {
   return fs::path(MEGACTX_SOURCE_DIR);
 }
 
-// CI keeps a copy of shared/ beside the clone; MEGACTX_SHARED_DIR overrides.
-fs::path shared_dir() {
-  if (const char* dir = std::getenv("MEGACTX_SHARED_DIR")) return fs::path(dir);
-  return source_dir().parent_path() / "shared";
+fs::path model_templates() {
+  return source_dir() / "tests/fixtures/chat/model_templates";
 }
 
 std::string read_file(const fs::path& path) {
@@ -86,8 +84,7 @@ std::vector<fs::path> files_in(const fs::path& dir, const std::string& extension
 class ChatReference : public ::testing::Test {
  protected:
   void SetUp() override {
-    script_ = shared_dir() / "tools" / "render_chat_template.py";
-    if (!fs::exists(script_)) GTEST_SKIP() << "reference renderer not found at " << script_;
+    script_ = source_dir() / "tools/fixtures/render_chat_template.py";
     std::string probe = std::string(kPython) + " -c 'import jinja2' 2>/dev/null";
     if (std::system(probe.c_str()) != 0)
       GTEST_SKIP() << kPython << " cannot import jinja2 (apt-get install python3-jinja2)";
@@ -123,11 +120,11 @@ class ChatReference : public ::testing::Test {
 };
 
 TEST_F(ChatReference, Glm46) {
-  EXPECT_GE(compare_all(shared_dir() / "data/chat_templates/GLM-4.6.jinja"), 10);
+  EXPECT_GE(compare_all(model_templates() / "GLM-4.6.jinja"), 10);
 }
 
 TEST_F(ChatReference, DeepSeekV32) {
-  EXPECT_GE(compare_all(shared_dir() / "data/chat_templates/DeepSeek-V3.2.jinja"), 10);
+  EXPECT_GE(compare_all(model_templates() / "DeepSeek-V3.2.jinja"), 10);
 }
 
 TEST_F(ChatReference, TemplatesLikeThem) {

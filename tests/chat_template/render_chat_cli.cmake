@@ -1,20 +1,12 @@
 # Run by CTest (see CMakeLists.txt): compares `megactx render-chat` with the
-# reference renderer (../shared/tools/render_chat_template.py under Debian's
-# /usr/bin/python3) byte for byte, for both shared templates.
-if(DEFINED ENV{MEGACTX_SHARED_DIR})
-  set(SHARED_DIR $ENV{MEGACTX_SHARED_DIR})
-else()
-  get_filename_component(SHARED_DIR ${SOURCE_DIR}/../shared ABSOLUTE)
-endif()
-set(REFERENCE ${SHARED_DIR}/tools/render_chat_template.py)
-if(NOT EXISTS ${REFERENCE})
-  message(FATAL_ERROR "reference renderer not found: ${REFERENCE}")
-endif()
+# reference renderer (tools/fixtures/render_chat_template.py under Debian's
+# /usr/bin/python3) byte for byte, for both model templates.
+set(REFERENCE ${SOURCE_DIR}/tools/fixtures/render_chat_template.py)
 file(MAKE_DIRECTORY ${WORK_DIR})
 
 foreach(template GLM-4.6 DeepSeek-V3.2)
   foreach(request tool_calls unicode_and_escapes thinking_off)
-    set(template_file ${SHARED_DIR}/data/chat_templates/${template}.jinja)
+    set(template_file ${SOURCE_DIR}/tests/fixtures/chat/model_templates/${template}.jinja)
     set(request_file ${SOURCE_DIR}/tests/fixtures/chat/requests/${request}.json)
     execute_process(COMMAND ${MEGACTX} render-chat --template ${template_file} --request ${request_file}
                     OUTPUT_FILE ${WORK_DIR}/${template}_${request}.megactx RESULT_VARIABLE ours)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Renders assistant turns with tool calls through the real chat templates
-(../shared/data/chat_templates, with the reference renderer
-../shared/tools/render_chat_template.py, i.e. Debian's python3-jinja2 the way HF
+(tests/fixtures/chat/model_templates, with the reference renderer
+tools/fixtures/render_chat_template.py, i.e. Debian's python3-jinja2 the way HF
 does it) and cuts out exactly the text the model is trained to generate for
 that turn. output_parser tests parse it back and must recover the message.
 
-    python3 tests/parsers/make_roundtrip_fixtures.py [SHARED_DIR]   (default: ../shared)
+    python3 tests/parsers/make_roundtrip_fixtures.py
 
 writes tests/parsers/fixtures/{glm,deepseek}_roundtrip.{json,txt}."""
 import json
@@ -14,8 +14,7 @@ import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
-# The shared folder beside the repository (../shared from its root).
-shared = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "..", "shared")
+root = os.path.join(here, "..", "..")
 out_dir = os.path.join(here, "fixtures")
 
 tools = [
@@ -49,8 +48,9 @@ def render(template):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(request, f, ensure_ascii=False)
     try:
-        return subprocess.run([sys.executable, os.path.join(shared, "tools/render_chat_template.py"),
-                               os.path.join(shared, "data/chat_templates", template), path],
+        return subprocess.run([sys.executable, os.path.join(root, "tools/fixtures/render_chat_template.py"),
+                               os.path.join(root, "tests/fixtures/chat/model_templates", template),
+                               path],
                               check=True, capture_output=True).stdout.decode("utf-8")
     finally:
         os.remove(path)

@@ -2,7 +2,7 @@
 // arguments, malformed calls kept as text, and streaming: for every way of
 // cutting the text in two (and byte by byte) the concatenated deltas equal the
 // one-shot parse. Expected values are written out by hand from the formats the
-// chat templates (../shared/data/chat_templates) teach the models.
+// chat templates (tests/fixtures/chat/model_templates) teach the models.
 #include "tokenizer/output_parser.h"
 
 #include <gtest/gtest.h>

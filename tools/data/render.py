@@ -1,6 +1,6 @@
 """Renders chat requests through a Jinja chat template with the settings Hugging Face's
 apply_chat_template uses (sandboxed environment, trim_blocks, lstrip_blocks, loop controls,
-a json.dumps-based tojson), i.e. the behaviour of ../shared/tools/render_chat_template.py,
+a json.dumps-based tojson), i.e. the behaviour of tools/fixtures/render_chat_template.py,
 so training text matches what megactx's renderer produces from the same template."""
 import json
 from datetime import datetime
