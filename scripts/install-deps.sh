@@ -10,8 +10,11 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-jinja2 python3-numpy python3-requests
+  chromium fonts-dejavu-core
 )
-# Node.js with npm (end-to-end tests drive the server with the official openai client).
+# chromium: the web UI's browser tests (tests/web, driven by playwright-core).
+# Node.js with npm (end-to-end tests drive the server with the official openai
+# client; the web UI is built with npm packages).
 # Some images ship Node.js from another source whose nodejs conflicts with Debian's npm.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 

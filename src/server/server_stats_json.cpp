@@ -12,24 +12,23 @@ nlohmann::json histogram_json(const Histogram::Snapshot& snapshot) {
 nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats& stats,
                                  const nlohmann::json& server_info, double monotonic_ms,
                                  double unix_seconds) {
-  nlohmann::json engine = {
-      {"running_requests", stats.running_requests},
-      {"waiting_requests", stats.waiting_requests},
-      {"kv_pages_total", stats.kv_pages_total},
-      {"kv_pages_used", stats.kv_pages_used},
-      {"kv_page_size", stats.kv_page_size},
-      {"max_context_tokens", stats.max_context_tokens},
-      {"prefix_cache_queries", stats.prefix_cache_queries},
-      {"prefix_cache_hits", stats.prefix_cache_hits},
-      {"prefix_cache_pages", stats.prefix_cache_pages},
-      {"preemptions", stats.preemptions},
-      {"host_kv_pages_total", stats.host_kv_pages_total},
-      {"host_kv_pages_used", stats.host_kv_pages_used},
-      {"host_kv_saved_pages", stats.host_kv_saved_pages},
-      {"host_kv_loaded_pages", stats.host_kv_loaded_pages},
-      {"prefix_cache_host_hits", stats.prefix_cache_host_hits},
-      {"spec_accepted_tokens", stats.spec_accepted_tokens},
-      {"spec_verify_steps", stats.spec_verify_steps}};
+  nlohmann::json engine = {{"running_requests", stats.running_requests},
+                           {"waiting_requests", stats.waiting_requests},
+                           {"kv_pages_total", stats.kv_pages_total},
+                           {"kv_pages_used", stats.kv_pages_used},
+                           {"kv_page_size", stats.kv_page_size},
+                           {"max_context_tokens", stats.max_context_tokens},
+                           {"prefix_cache_queries", stats.prefix_cache_queries},
+                           {"prefix_cache_hits", stats.prefix_cache_hits},
+                           {"prefix_cache_pages", stats.prefix_cache_pages},
+                           {"preemptions", stats.preemptions},
+                           {"host_kv_pages_total", stats.host_kv_pages_total},
+                           {"host_kv_pages_used", stats.host_kv_pages_used},
+                           {"host_kv_saved_pages", stats.host_kv_saved_pages},
+                           {"host_kv_loaded_pages", stats.host_kv_loaded_pages},
+                           {"prefix_cache_host_hits", stats.prefix_cache_host_hits},
+                           {"spec_accepted_tokens", stats.spec_accepted_tokens},
+                           {"spec_verify_steps", stats.spec_verify_steps}};
   nlohmann::json counters = {{"prompt_tokens", metrics.prompt_tokens.load()},
                              {"generated_tokens", metrics.generated_tokens.load()},
                              {"cached_tokens", metrics.cached_tokens.load()},
@@ -44,9 +43,9 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
   for (const char* key : {"device", "kv_dtype", "kv_memory", "host_kv_memory",
                           "max_running_requests", "speculative_steps"})
     if (server_info.contains(key)) server[key] = server_info[key];
-  return {{"monotonic_ms", monotonic_ms}, {"time", unix_seconds},   {"engine", std::move(engine)},
-          {"counters", std::move(counters)}, {"histograms", std::move(histograms)},
-          {"server", std::move(server)}};
+  return {{"monotonic_ms", monotonic_ms},        {"time", unix_seconds},
+          {"engine", std::move(engine)},         {"counters", std::move(counters)},
+          {"histograms", std::move(histograms)}, {"server", std::move(server)}};
 }
 
 }  // namespace megactx::server

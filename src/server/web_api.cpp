@@ -33,9 +33,9 @@ void handle_ui_stats(ServerState& state, const HttpRequest&,
   const double monotonic_ms =
       duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
   const double unix_seconds = duration<double>(system_clock::now().time_since_epoch()).count();
-  HttpResponse response = json_response(server_stats_json(
-      state.metrics(), state.engine().stats(), state.config().server_info, monotonic_ms,
-      unix_seconds));
+  HttpResponse response =
+      json_response(server_stats_json(state.metrics(), state.engine().stats(),
+                                      state.config().server_info, monotonic_ms, unix_seconds));
   response.headers["Cache-Control"] = "no-store";
   channel->respond(std::move(response));
 }
@@ -55,19 +55,18 @@ void handle_ui_model(ServerState& state, const HttpRequest&,
                      std::shared_ptr<ResponseChannel> channel) {
   const EngineStats stats = state.engine().stats();
   const nlohmann::json& info = state.config().server_info;
-  nlohmann::json card = {
-      {"served_model_name", state.config().served_model_name},
-      {"model_path", state.config().model_path},
-      {"max_context_tokens", state.engine().max_context_tokens()},
-      {"vocab_size", state.engine().tokenizer().vocab_size()},
-      {"api_key_required", !state.config().api_key.empty()},
-      {"server", info},
-      {"kv_pool",
-       {{"pages_total", stats.kv_pages_total},
-        {"page_size", stats.kv_page_size},
-        {"tokens", stats.kv_pages_total * stats.kv_page_size},
-        {"host_pages_total", stats.host_kv_pages_total},
-        {"host_tokens", stats.host_kv_pages_total * stats.kv_page_size}}}};
+  nlohmann::json card = {{"served_model_name", state.config().served_model_name},
+                         {"model_path", state.config().model_path},
+                         {"max_context_tokens", state.engine().max_context_tokens()},
+                         {"vocab_size", state.engine().tokenizer().vocab_size()},
+                         {"api_key_required", !state.config().api_key.empty()},
+                         {"server", info},
+                         {"kv_pool",
+                          {{"pages_total", stats.kv_pages_total},
+                           {"page_size", stats.kv_page_size},
+                           {"tokens", stats.kv_pages_total * stats.kv_page_size},
+                           {"host_pages_total", stats.host_kv_pages_total},
+                           {"host_tokens", stats.host_kv_pages_total * stats.kv_page_size}}}};
   // A config the summary cannot describe (a test double, a future family)
   // still gets the rest of the card.
   try {

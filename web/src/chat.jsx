@@ -86,10 +86,12 @@ function Turn({ turn, last, busy, onAnswer }) {
           <div class="reasoning-text">{turn.reasoning}</div>
         </details>
       )}
-      <div class="bubble" data-testid="assistant-content">
-        {turn.content}
-        {turn.streaming && <span class="cursor" aria-hidden="true" />}
-      </div>
+      {(turn.content || turn.streaming || !turn.toolCalls.length) && (
+        <div class="bubble" data-testid="assistant-content">
+          {turn.content}
+          {turn.streaming && <span class="cursor" aria-hidden="true" />}
+        </div>
+      )}
       <ToolCalls turn={turn} answerable={last && !busy && turn.toolCalls.length > 0} onAnswer={onAnswer} />
       {turn.error && <p class="error" role="alert">{turn.error}</p>}
       <div class="row">

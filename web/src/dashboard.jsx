@@ -54,10 +54,17 @@ function Chart({ title, series, points, unit, digits = 1, yMin = 0, description 
     plot.current = new uPlot({
       width: Math.max(200, box.current.clientWidth),
       height: 180,
-      legend: { live: true },
+      // The caption shows the newest values; uPlot's own legend would repeat them.
+      legend: { show: false },
       cursor: { drag: { x: false, y: false } },
       scales: { x: { time: true }, y: { range: (u, min, max) => [Math.min(yMin, min ?? 0), Math.max(max ?? 1, 1e-9) * 1.1] } },
-      axes: [axis, { ...axis, size: 56, values: (u, values) => values.map((v) => +v.toFixed(digits)) }],
+      axes: [axis, {
+        ...axis,
+        size: 56,
+        values: (u, values) => values.map((v) => +v.toFixed(digits)),
+        // Counts (digits 0) get whole-number ticks only.
+        ...(digits === 0 ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000] } : {}),
+      }],
       series: [
         {},
         ...series.map((s) => ({
@@ -145,8 +152,7 @@ export function Dashboard() {
       )}
       <div class="charts">
         <Chart title="Output tokens/s" unit="tok/s" points={points} description="generated tokens per second"
-          series={[{ key: 'outputTokensPerSecond', label: 'output', color: COLORS.a },
-            { key: 'promptTokensPerSecond', label: 'prompt', color: COLORS.c }]} />
+          series={[{ key: 'outputTokensPerSecond', label: 'output', color: COLORS.a }]} />
         <Chart title="Requests" digits={0} points={points} description="requests running and waiting"
           series={[{ key: 'running', label: 'running', color: COLORS.a },
             { key: 'waiting', label: 'waiting', color: COLORS.b }]} />

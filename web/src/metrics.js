@@ -63,7 +63,6 @@ export function seriesPoint(history, { rateSeconds = 2, windowSeconds = 30 } = {
   return {
     time: latest.time,
     outputTokensPerSecond: rate((s) => s.counters.generated_tokens),
-    promptTokensPerSecond: rate((s) => s.counters.prompt_tokens),
     running: e.running_requests,
     waiting: e.waiting_requests,
     kvUsed: e.kv_pages_used,

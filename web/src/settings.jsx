@@ -22,6 +22,7 @@ export const DEFAULT_SETTINGS = {
   stop: '',
   seed: '',
   thinking: true,
+  ignoreEos: false,
   logprobs: true,
   top_logprobs: '5',
   toolsOn: false,
@@ -78,6 +79,7 @@ export function chatRequest(settings, messages) {
   const stops = settings.stop.split('\n').filter((line) => line !== '');
   if (stops.length) body.stop = stops;
   body.chat_template_kwargs = { enable_thinking: settings.thinking };
+  if (settings.ignoreEos) body.ignore_eos = true;
   if (settings.logprobs) {
     body.logprobs = true;
     body.top_logprobs = Math.trunc(Number(settings.top_logprobs) || 0);
@@ -136,6 +138,11 @@ export function SettingsPanel({ settings, update }) {
         <input type="checkbox" checked={settings.thinking}
           onChange={(event) => update({ thinking: event.currentTarget.checked })} />
         Thinking (reasoning before the answer)
+      </label>
+      <label class="check">
+        <input type="checkbox" checked={settings.ignoreEos}
+          onChange={(event) => update({ ignoreEos: event.currentTarget.checked })} />
+        Ignore end of text (run to max tokens)
       </label>
       <label class="check">
         <input type="checkbox" checked={settings.logprobs}
