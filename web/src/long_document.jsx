@@ -146,7 +146,7 @@ export function LongDocument() {
                   <tr>
                     <td>{i + 1}</td>
                     <td>{run.question}</td>
-                    <td class="answer">{run.turn.error || run.turn.content || (run.turn.streaming ? '…' : '')}
+                    <td class="answer">{run.turn.error || run.turn.content.trimStart() || (run.turn.streaming ? '…' : '')}
                       {run.turn.reasoning && <details><summary>reasoning</summary>{run.turn.reasoning}</details>}</td>
                     <td class="num">{s.promptTokens ?? '–'}</td>
                     <td class="num" data-testid="cached-tokens">
