@@ -12,7 +12,11 @@ function(give_up what log)
     math(EXPR start "${length} - 600")
     string(SUBSTRING "${log}" ${start} 600 log)
   endif()
-  megactx_write_web_placeholder(${OUT} "${what} (the build printed: ${log})")
+  if(log STREQUAL "")
+    megactx_write_web_placeholder(${OUT} "${what}.")
+  else()
+    megactx_write_web_placeholder(${OUT} "${what} (the build printed: ${log})")
+  endif()
   # Newer than its inputs, so the build does not retry on every run; touch a
   # file under web/ (or delete this one) to try again.
   file(TOUCH ${OUT})

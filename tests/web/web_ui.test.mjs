@@ -8,7 +8,8 @@
 // or requests leaving the server. Screenshots go to MEGACTX_WEB_SHOTS.
 //
 //   node --test --test-concurrency=1 web_ui.test.mjs
-//   (MEGACTX_BIN, MEGACTX_MODEL; CHROMIUM defaults to /usr/bin/chromium)
+//   (MEGACTX_BIN, MEGACTX_MODEL; CHROMIUM defaults to /usr/bin/chromium;
+//   MEGACTX_SERVE_ARGS="--device cuda" runs the same against the CUDA server)
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -25,10 +26,11 @@ const shots = process.env.MEGACTX_WEB_SHOTS ?? join(tmpdir(), 'megactx-web-shots
 mkdirSync(shots, { recursive: true });
 const WAIT = 180000;  // generous: CI runs other tests beside this one on two cores
 
+const serveArgs = (process.env.MEGACTX_SERVE_ARGS ?? '').split(' ').filter(Boolean);
 const servers = [];
 async function startServer(extra = []) {
   const server = spawn(megactx, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0',
-    '--kv-memory', '256MiB', ...extra], { stdio: ['ignore', 'pipe', 'pipe'] });
+    '--kv-memory', '256MiB', ...serveArgs, ...extra], { stdio: ['ignore', 'pipe', 'pipe'] });
   servers.push(server);
   const log = [];
   server.stderr.on('data', (data) => log.push(data.toString()));

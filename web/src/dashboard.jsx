@@ -14,6 +14,9 @@ const KEEP_SNAPSHOTS = 600;
 const store = { snapshots: [], points: [], error: '', listeners: new Set(), timer: null };
 
 async function poll() {
+  // A tab in the background draws nothing: skip the request (the next rate
+  // spans the gap, as it should).
+  if (document.hidden && store.snapshots.length) return;
   try {
     const snapshot = await getJson('/ui/stats');
     store.snapshots.push(snapshot);
