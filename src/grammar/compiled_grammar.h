@@ -50,7 +50,8 @@ struct TokenClasses {
 
 struct CompileOptions {
   FsmLimits limits;
-  // Deepest stack a matcher builds; deeper nesting is rejected (a token that
+  // Deepest stack (in frames: about two per JSON nesting level) a matcher
+  // builds; deeper nesting is rejected (a token that
   // needs it is not allowed), so no input can exhaust memory.
   int32_t max_stack_depth = 2048;
   // Classify tokens for every node at compile time; otherwise on first use.

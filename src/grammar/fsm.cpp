@@ -24,8 +24,9 @@ struct NfaNode {
 
 class NfaBuilder {
  public:
-  NfaBuilder(const Grammar& grammar, const FsmLimits& limits, std::string_view what)
-      : grammar_(grammar), limits_(limits), what_(what) {}
+  NfaBuilder(const Grammar& grammar, const FsmLimits& limits, std::string_view what,
+             bool inline_rules)
+      : grammar_(grammar), limits_(limits), what_(what), inline_rules_(inline_rules) {}
 
   int32_t add() {
     if (static_cast<int64_t>(nodes_.size()) >= limits_.max_nfa_nodes) {
@@ -91,6 +92,19 @@ class NfaBuilder {
         return to;
       }
       case ExprKind::RuleRef: {
+        if (inline_rules_) {
+          // Inlining a rule inside itself would never end.
+          if (std::find(inlining_.begin(), inlining_.end(), e.rule) != inlining_.end()) {
+            fail("rule '{}' is recursive, so '{}' has no finite automaton",
+                 grammar_.rules()[e.rule].name, what_);
+          }
+          MEGACTX_CHECK(grammar_.rules()[e.rule].body >= 0, "rule '{}' is used but never defined",
+                        grammar_.rules()[e.rule].name);
+          inlining_.push_back(e.rule);
+          const int32_t end = build(grammar_.rules()[e.rule].body, from, depth + 1);
+          inlining_.pop_back();
+          return end;
+        }
         const int32_t to = add();
         nodes_[from].calls.push_back({e.rule, to});
         return to;
@@ -128,6 +142,8 @@ class NfaBuilder {
   const Grammar& grammar_;
   const FsmLimits& limits_;
   std::string_view what_;
+  bool inline_rules_;
+  std::vector<int32_t> inlining_;
   std::vector<NfaNode> nodes_;
 };
 
@@ -214,8 +230,9 @@ bool Dfa::call_free() const {
   return true;
 }
 
-Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what) {
-  NfaBuilder builder(grammar, limits, what);
+Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what,
+              bool inline_rules) {
+  NfaBuilder builder(grammar, limits, what, inline_rules);
   const int32_t start = builder.add();
   const int32_t end = builder.build(body, start, 0);
   std::vector<NfaNode>& nodes = builder.nodes();

@@ -44,8 +44,10 @@ struct FsmLimits {
   int64_t max_dfa_states = 250'000;
 };
 
-// `what` names the rule in error messages.
-Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what);
+// `what` names the rule in error messages. inline_rules: referenced rules are
+// expanded in place (a call-free automaton; an error for recursive rules).
+Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what,
+              bool inline_rules = false);
 
 // Removes states that cannot reach a final state (every call is assumed to
 // return), merges equivalent states and numbers them breadth-first from the

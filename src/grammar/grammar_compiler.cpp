@@ -65,8 +65,8 @@ GrammarCompiler::Result GrammarCompiler::compile_json_schema(std::string_view sc
   });
 }
 
-GrammarCompiler::Result GrammarCompiler::compile_json_schema(const nlohmann::ordered_json& schema,
-                                                             const JsonSchemaOptions& options) {
+GrammarCompiler::Result GrammarCompiler::compile_json_schema_object(
+    const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
   const std::string text = schema.dump();
   return compile_json_schema(std::string_view(text), options);
 }

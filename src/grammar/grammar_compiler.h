@@ -39,8 +39,8 @@ class GrammarCompiler {
                                                              const JsonSchemaOptions& options = {});
   // Property order comes from the ordered_json (nlohmann::json sorts keys;
   // pass the text or an ordered_json to keep the schema's order).
-  std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::ordered_json& schema,
-                                                             const JsonSchemaOptions& options = {});
+  std::shared_ptr<const CompiledGrammar> compile_json_schema_object(
+      const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
   // Any JSON object (OpenAI response_format json_object).
   std::shared_ptr<const CompiledGrammar> compile_json_object(const JsonSchemaOptions& options = {});
   // Any JSON value.

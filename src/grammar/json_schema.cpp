@@ -243,8 +243,13 @@ class SchemaLowering {
         }
         continue;
       }
-      if (!supported_keywords().count(key)) {
+      if (supported_keywords().count(key)) continue;
+      const auto& unsupported = unsupported_json_schema_keywords();
+      if (std::find(unsupported.begin(), unsupported.end(), key) != unsupported.end()) {
         error(path, "keyword '" + key + "' is not supported");
+      }
+      if (!options_.allow_unknown_keywords) {
+        error(path, "unknown keyword '" + key + "' (allow_unknown_keywords ignores it)");
       }
     }
     // $ref: alone (or, before 2019-09, with siblings that do not apply) it is
@@ -260,10 +265,11 @@ class SchemaLowering {
       return expr_for(flatten(input, path, depth), path, depth + 1);
     }
     if (input.contains("allOf")) return expr_for(flatten(input, path, depth), path, depth + 1);
+    if (input.contains("anyOf") && input.contains("oneOf")) {
+      error(path, "anyOf together with oneOf is not supported");
+    }
+    if (input.contains("oneOf") && options_.exact_one_of) return one_of_expr(input, path, depth);
     if (input.contains("anyOf") || input.contains("oneOf")) {
-      if (input.contains("anyOf") && input.contains("oneOf")) {
-        error(path, "anyOf together with oneOf is not supported");
-      }
       const char* key = input.contains("anyOf") ? "anyOf" : "oneOf";
       const Json& branches = input[key];
       if (!branches.is_array() || branches.empty()) {
@@ -286,6 +292,83 @@ class SchemaLowering {
       return g_.alt(std::move(options));
     }
     return typed_expr(input, path, depth);
+  }
+
+  ExprId any_of_type(const std::string& type) {
+    if (type == "null") return json_.null();
+    if (type == "boolean") return json_.boolean();
+    if (type == "object") return json_.any_object();
+    if (type == "array") return json_.any_array();
+    if (type == "string") return json_.any_string();
+    return json_.any_number();
+  }
+
+  // The values of one JSON type a (flattened) schema accepts.
+  ExprId restricted_expr(const Json& schema, const std::string& type, const std::string& path,
+                         int depth) {
+    if (depth > options_.max_schema_depth) error(path, "schema nested too deeply");
+    if (schema.is_boolean()) return schema.get<bool>() ? any_of_type(type) : g_.nothing();
+    if (schema.contains("oneOf")) error(path, "oneOf nested in a oneOf branch is not supported");
+    if (schema.contains("anyOf")) {
+      const Json& branches = schema["anyOf"];
+      if (!branches.is_array() || branches.empty()) error(path, "anyOf must be a non-empty array");
+      Json base = schema;
+      base.erase("anyOf");
+      std::vector<ExprId> options;
+      for (size_t i = 0; i < branches.size(); ++i) {
+        const std::string branch_path = path + "/anyOf/" + std::to_string(i);
+        Json branch = flatten(branches[i], branch_path, depth + 1);
+        if (has_assertions(base)) branch = merge_schemas(base, branch, branch_path);
+        options.push_back(restricted_expr(branch, type, branch_path, depth + 1));
+      }
+      return g_.alt(std::move(options));
+    }
+    return typed_expr(schema, path, depth, &type);
+  }
+
+  // oneOf: per JSON type, a value one branch accepts and no other does.
+  ExprId one_of_expr(const Json& input, const std::string& path, int depth) {
+    const Json& branches = input["oneOf"];
+    if (!branches.is_array() || branches.empty()) error(path, "oneOf must be a non-empty array");
+    Json base = input;
+    base.erase("oneOf");
+    const bool has_base = has_assertions(base);
+    const Json flat_base = has_base ? flatten(base, path, depth + 1) : Json::object();
+    std::vector<Json> merged;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      const std::string branch_path = path + "/oneOf/" + std::to_string(i);
+      Json branch = flatten(branches[i], branch_path, depth + 1);
+      merged.push_back(has_base ? merge_schemas(flat_base, branch, branch_path) : branch);
+    }
+    std::vector<ExprId> options;
+    for (const std::string type : {"null", "boolean", "object", "array", "string", "number"}) {
+      std::vector<ExprId> parts;
+      for (size_t i = 0; i < merged.size(); ++i) {
+        const ExprId e =
+            restricted_expr(merged[i], type, path + "/oneOf/" + std::to_string(i), depth + 1);
+        if (g_.expr(e).kind != ExprKind::Nothing) parts.push_back(e);
+      }
+      if (parts.size() == 1) options.push_back(parts[0]);
+      if (parts.size() < 2) continue;
+      // Two branches accept this type: subtract the others from each.
+      std::vector<Dfa> dfas;
+      try {
+        for (ExprId part : parts) dfas.push_back(build_dfa(g_, part, options_.limits, path, true));
+        for (size_t i = 0; i < dfas.size(); ++i) {
+          Dfa only = dfas[i];
+          for (size_t j = 0; j < dfas.size(); ++j) {
+            if (j != i) only = subtract(only, dfas[j]);
+          }
+          options.push_back(dfa_to_expr(g_, only));
+        }
+      } catch (const Error& e) {
+        error(path, "oneOf branches that all accept " + type +
+                        " values cannot be made "
+                        "exclusive (" +
+                        e.what() + "); exact_one_of = false treats oneOf as anyOf");
+      }
+    }
+    return g_.alt(std::move(options));
   }
 
   // The JSON types the schema allows.
@@ -330,8 +413,17 @@ class SchemaLowering {
     return false;
   }
 
-  ExprId typed_expr(const Json& schema, const std::string& path, int depth) {
-    const std::vector<std::string> types = allowed_types(schema, path);
+  // only_type: the JSON type to keep (nullptr: all the schema allows).
+  ExprId typed_expr(const Json& schema, const std::string& path, int depth,
+                    const std::string* only_type = nullptr) {
+    std::vector<std::string> types = allowed_types(schema, path);
+    if (only_type != nullptr) {
+      std::vector<std::string> kept;
+      for (const std::string& t : types) {
+        if (t == *only_type || (*only_type == "number" && t == "integer")) kept.push_back(t);
+      }
+      types = std::move(kept);
+    }
     if (schema.contains("enum") || schema.contains("const")) {
       return enum_expr(schema, types, path);
     }

@@ -6,12 +6,13 @@
 // draft 4-7), prefixItems, additionalItems, minItems, maxItems, uniqueItems
 // false, minLength, maxLength, pattern, format (date, time, date-time, email,
 // hostname, ipv4, ipv6, uuid, uri), minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum (numbers, or draft 4 booleans), anyOf, oneOf (as anyOf:
-// the branches are not checked for overlap), allOf (merged into one schema),
+// exclusiveMaximum (numbers, or draft 4 booleans), anyOf, oneOf (exact, see
+// JsonSchemaOptions::exact_one_of), allOf (merged into one schema),
 // $ref to this document ("#", "#/$defs/x", JSON pointers; recursion allowed),
 // $defs / definitions. Annotations (title, description, $schema, $id at the
 // root, $comment, examples, default, deprecated, readOnly, writeOnly) are
-// ignored. Any other keyword is an error naming it, never silently ignored.
+// ignored. Any other keyword is an error naming it, never silently ignored
+// (unsupported_json_schema_keywords() lists the standard ones).
 //
 // Output shape: properties in schema order (any order when
 // any_property_order), strings with the escapes a JSON serializer writes
@@ -50,6 +51,14 @@ struct JsonSchemaOptions {
   // Draft when the schema's $schema does not name one: decides whether
   // keywords beside $ref apply (2019-09+) or are ignored (draft 4-7).
   JsonSchemaDraft draft = JsonSchemaDraft::draft2020_12;
+  // oneOf exactly (an instance matching two branches is rejected): branches
+  // that share a JSON type are made disjoint with automaton products, which
+  // needs their values of that type to be non-recursive (an error
+  // otherwise). false: oneOf as anyOf, as xgrammar and llguidance do.
+  bool exact_one_of = true;
+  // Keywords outside JSON Schema are errors (a typo is never ignored);
+  // true ignores them as the specification does.
+  bool allow_unknown_keywords = false;
   int32_t max_schema_depth = 128;  // nested subschemas, a bound on recursion
   FsmLimits limits;
 
