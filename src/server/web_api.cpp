@@ -11,6 +11,7 @@
 #include <chrono>
 #include <optional>
 
+#include "io/bounded_json.h"
 #include "io/model_config.h"
 #include "io/model_summary.h"
 #include "server/api_error.h"
@@ -95,7 +96,7 @@ std::string render_chat_prompt(const ServerState& state, const nlohmann::json& b
     throw_invalid("messages", "'messages' must be a non-empty list");
   if (has_field(body, "chat_template_kwargs") && !body["chat_template_kwargs"].is_object())
     throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-  nlohmann::ordered_json request = nlohmann::ordered_json::parse(raw_body);
+  nlohmann::ordered_json request = parse_ordered_json(raw_body);
   if (request.contains("tools") && (!request["tools"].is_array() || request["tools"].empty()))
     request.erase("tools");
   if (request.contains("tools") && request.contains("tool_choice")) {
@@ -116,8 +117,7 @@ std::string render_chat_prompt(const ServerState& state, const nlohmann::json& b
     }
   }
   decode_tool_call_arguments(request);
-  const nlohmann::ordered_json special_tokens =
-      nlohmann::ordered_json::parse(chat.special_tokens.dump());
+  const nlohmann::ordered_json special_tokens = parse_ordered_json(chat.special_tokens.dump());
   return chat.chat_template->render(chat_template_context(request, special_tokens));
 }
 
