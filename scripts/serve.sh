@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds megactx and serves the embedded default
-# model on http://127.0.0.1:30000 (OpenAI API under /v1, native API /generate).
+# model on http://127.0.0.1:30000 (OpenAI API under /v1, native API /generate,
+# the web playground and dashboard at /).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
