@@ -1,6 +1,11 @@
 #include "grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "grammar/token_classes.h"
@@ -53,6 +58,29 @@ std::vector<uint8_t> reach(const Dfa& dfa, Follow follow_call, bool bytes_and_to
   return seen;
 }
 
+// NFA-sized estimate of an expression, for choosing rules worth inlining.
+int64_t expr_size(const Grammar& grammar, ExprId id, std::vector<int64_t>& memo) {
+  if (memo[id] >= 0) return memo[id];
+  const Expr& e = grammar.expr(id);
+  int64_t size = 1;
+  for (ExprId item : e.items) size += expr_size(grammar, item, memo);
+  if (e.kind == ExprKind::Repeat) size *= std::max<int64_t>(1, e.max < 0 ? e.min + 1 : e.max);
+  for (const GraphEdge& edge : e.edges) {
+    if (edge.label >= 0) size += expr_size(grammar, edge.label, memo);
+  }
+  size = std::min<int64_t>(size, 1 << 20);
+  memo[id] = size;
+  return size;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
 bool reaches_final(const Dfa& dfa, const std::vector<uint8_t>& seen) {
   for (int32_t s = 0; s < dfa.num_states(); ++s) {
     if (seen[s] && dfa.final[s]) return true;
@@ -68,6 +96,7 @@ CompiledGrammar::~CompiledGrammar() {
 }
 
 const TokenClasses& CompiledGrammar::token_classes(int32_t node) const {
+  node = representative_[node];
   std::atomic<const TokenClasses*>& slot = classes_[node];
   const TokenClasses* classes = slot.load(std::memory_order_acquire);
   if (classes != nullptr) return *classes;
@@ -134,10 +163,38 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
     }
   }
 
-  // 2. One minimal DFA per rule.
+  // 2. One minimal DFA per rule, small non-recursive rules inlined on request.
+  std::vector<uint8_t> inline_rule(num_rules, 0);
+  if (options.inline_small_rules) {
+    std::vector<std::vector<int32_t>> refs(num_rules);
+    for (int32_t r : order) {
+      std::vector<uint8_t> seen(grammar.num_exprs(), 0);
+      referenced_rules(grammar, rules[r].body, refs[r], seen);
+    }
+    std::vector<int64_t> memo(grammar.num_exprs(), -1);
+    for (int32_t r : order) {
+      if (r == grammar.root || expr_size(grammar, rules[r].body, memo) > 48) continue;
+      // Recursive rules (reaching themselves) stay rules.
+      std::vector<uint8_t> seen(num_rules, 0);
+      std::vector<int32_t> stack(refs[r].begin(), refs[r].end());
+      bool recursive = false;
+      while (!stack.empty() && !recursive) {
+        const int32_t x = stack.back();
+        stack.pop_back();
+        if (x == r) recursive = true;
+        if (seen[x]) continue;
+        seen[x] = 1;
+        stack.insert(stack.end(), refs[x].begin(), refs[x].end());
+      }
+      if (!recursive) inline_rule[r] = 1;
+    }
+  }
+  const InlineRule inline_predicate = [&](int32_t r) { return inline_rule[r] != 0; };
   std::vector<Dfa> dfas(num_rules);
-  for (int32_t r : order)
-    dfas[r] = build_dfa(grammar, rules[r].body, options.limits, rules[r].name);
+  for (int32_t r : order) {
+    dfas[r] = build_dfa(grammar, rules[r].body, options.limits, rules[r].name,
+                        options.inline_small_rules ? inline_predicate : InlineRule());
+  }
 
   // 3. Rules that derive some string, to a fixpoint; calls of the others can
   // never return, so those edges go.
@@ -259,6 +316,7 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
   g.callers_.resize(order.size());
   const Vocabulary& vocab = *g.vocabulary_;
   std::vector<std::pair<std::vector<int32_t>, int32_t>> except_lists;  // (ids, index)
+  std::vector<int32_t> rule_classes;                                   // byte classes of each rule
   for (size_t ri = 0; ri < order.size(); ++ri) {
     const int32_t r = order[ri];
     const Dfa& dfa = dfas[r];
@@ -276,6 +334,7 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
     points.erase(std::unique(points.begin(), points.end()), points.end());
     const auto class_map = static_cast<int32_t>(g.byte_class_.size());
     const auto num_classes = static_cast<int32_t>(points.size() - 1);
+    rule_classes.push_back(num_classes);
     g.byte_class_.resize(class_map + 256);
     for (int32_t c = 0; c < num_classes; ++c) {
       for (int b = points[c]; b < points[c + 1]; ++b) g.byte_class_[class_map + b] = c;
@@ -332,6 +391,7 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
       }
       node.token_end = static_cast<int32_t>(g.tokens_.size());
       node.scanning = node.reads_bytes || node.token_end > node.token_begin;
+      node.plain = !node.final && node.call_end == node.call_begin;
     }
   }
   for (int32_t n = 0; n < total_nodes; ++n) {
@@ -342,12 +402,79 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
     callers.erase(std::unique(callers.begin(), callers.end()), callers.end());
   }
 
+  // 6. Nodes whose behaviour agrees on every string up to the longest token
+  // (Moore refinement for that many rounds; calls and tokens must agree
+  // exactly) get the same token classes.
+  {
+    std::vector<int32_t> cls(total_nodes);
+    std::unordered_map<std::vector<int64_t>, int32_t, KeyHash> ids;
+    std::vector<int64_t> key;
+    for (int32_t n = 0; n < total_nodes; ++n) {
+      const CompiledGrammar::Node& node = g.nodes_[n];
+      key = {node.rule, node.final, node.reads_bytes};
+      for (const CallEdge& c : g.calls(n)) {
+        key.push_back(c.rule);
+        key.push_back(c.ret);
+      }
+      key.push_back(-1);
+      for (const TokenEdge& t : g.tokens(n)) {
+        key.push_back(t.label);
+        key.push_back(t.target);
+      }
+      cls[n] = ids.emplace(key, static_cast<int32_t>(ids.size())).first->second;
+    }
+    size_t count = ids.size();
+    for (int32_t round = 0; round < vocab.max_token_bytes(); ++round) {
+      ids.clear();
+      std::vector<int32_t> next(total_nodes);
+      for (int32_t n = 0; n < total_nodes; ++n) {
+        const CompiledGrammar::Node& node = g.nodes_[n];
+        key = {cls[n]};
+        for (int32_t c = 0; c < rule_classes[node.rule]; ++c) {
+          const int32_t t = g.byte_next_[node.row + c];
+          key.push_back(t >= 0 ? cls[t] : -1);
+        }
+        next[n] = ids.emplace(key, static_cast<int32_t>(ids.size())).first->second;
+      }
+      cls.swap(next);
+      if (ids.size() == count) break;
+      count = ids.size();
+    }
+    std::vector<int32_t> first(count, -1);
+    g.representative_.resize(total_nodes);
+    for (int32_t n = 0; n < total_nodes; ++n) {
+      if (first[cls[n]] < 0) first[cls[n]] = n;
+      g.representative_[n] = first[cls[n]];
+    }
+  }
+
   g.classes_ = std::make_unique<std::atomic<const TokenClasses*>[]>(total_nodes);
   for (int32_t n = 0; n < total_nodes; ++n) g.classes_[n].store(nullptr);
   if (options.precompute_token_classes) {
+    std::vector<int32_t> todo;
     for (int32_t n = 0; n < total_nodes; ++n) {
-      if (g.nodes_[n].reads_bytes) g.token_classes(n);
+      if (g.nodes_[n].reads_bytes && g.representative_[n] == n) todo.push_back(n);
     }
+    int32_t threads = options.precompute_threads;
+    if (threads <= 0) threads = std::min<int32_t>(8, std::thread::hardware_concurrency());
+    threads = std::max<int32_t>(1, std::min<int32_t>(threads, static_cast<int32_t>(todo.size())));
+    std::atomic<size_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    auto work = [&]() {
+      try {
+        for (size_t i; (i = next.fetch_add(1)) < todo.size();) g.token_classes(todo[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        error = std::current_exception();
+        next = todo.size();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int32_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
   }
   return out;
 }

@@ -35,17 +35,29 @@ struct TokenEdge {
   int32_t target;
 };
 
-// The vocabulary split for one node (see the file comment). Lists hold ids;
-// `uncertain` is in byte order so a matcher can share work between tokens
-// with a common prefix.
+// A context-dependent token leaves the node's rule (the rule ends) after
+// some of its bytes; what decides it is whether the rest of its bytes fit
+// where the real caller continues. Tokens with the same rest share one
+// check: `"name":` and `"id":` both need ':' after the string rule ends.
+struct SuffixGroup {
+  std::string suffix;           // the bytes after the rule ends
+  std::vector<int32_t> tokens;  // allowed when the caller accepts `suffix`
+};
+
+// The vocabulary split for one node (see the file comment). Lists hold ids.
 struct TokenClasses {
   enum class Storage : uint8_t { AcceptedList, RejectedList, AcceptedBitset };
   Storage storage = Storage::AcceptedList;
   std::vector<int32_t> list;     // accepted (AcceptedList) or rejected (RejectedList) ids
   std::vector<uint32_t> bitset;  // AcceptedBitset
+  std::vector<SuffixGroup> suffix_groups;
+  // Context-dependent tokens the split could not reduce to suffixes (a walk
+  // past its precision bounds): checked whole, in byte order so consecutive
+  // ones share their prefix's work.
   std::vector<int32_t> uncertain;
   int32_t num_accepted = 0;
   int32_t num_rejected = 0;
+  int32_t num_uncertain = 0;  // distinct tokens in suffix_groups and uncertain
 };
 
 struct CompileOptions {
@@ -56,6 +68,12 @@ struct CompileOptions {
   int32_t max_stack_depth = 2048;
   // Classify tokens for every node at compile time; otherwise on first use.
   bool precompute_token_classes = true;
+  // Threads for that (0: the hardware's, at most 8).
+  int32_t precompute_threads = 0;
+  // Expand small non-recursive rules into their callers (GBNF's `ws`, `hex`):
+  // a token crossing a rule boundary costs a runtime check, one inside a rule
+  // does not. JSON Schema grammars share their rules on purpose instead.
+  bool inline_small_rules = false;
 };
 
 class CompiledGrammar {
@@ -78,6 +96,8 @@ class CompiledGrammar {
   bool reads_bytes(int32_t node) const { return nodes_[node].reads_bytes; }
   // Reads bytes or tokens: a node a matcher's state rests on between bytes.
   bool is_scanning(int32_t node) const { return nodes_[node].scanning; }
+  // Neither final nor calling: entering it leads nowhere else.
+  bool is_plain(int32_t node) const { return nodes_[node].plain; }
   int32_t next(int32_t node, uint8_t byte) const {
     const Node& n = nodes_[node];
     return byte_next_[n.row + byte_class_[n.class_map + byte]];
@@ -97,6 +117,10 @@ class CompiledGrammar {
   int32_t max_stack_depth() const { return max_stack_depth_; }
 
   const TokenClasses& token_classes(int32_t node) const;
+  // Nodes that share token classes (the same behaviour for every string as
+  // long as the longest token) share one representative; a counted
+  // repetition's interior is then classified once.
+  int32_t class_representative(int32_t node) const { return representative_[node]; }
 
   // Readable dump of the automaton, for error messages and debugging.
   std::string describe() const;
@@ -115,6 +139,7 @@ class CompiledGrammar {
     bool final = false;
     bool reads_bytes = false;
     bool scanning = false;
+    bool plain = false;
   };
 
   std::shared_ptr<const Vocabulary> vocabulary_;
@@ -127,6 +152,7 @@ class CompiledGrammar {
   std::vector<std::string> rule_names_;
   std::vector<std::vector<int32_t>> callers_;
   std::vector<std::vector<uint32_t>> except_masks_;
+  std::vector<int32_t> representative_;
   int32_t root_rule_ = 0;
   int32_t max_stack_depth_ = 2048;
   // Lazily published classes; owned, freed in the destructor.

@@ -25,8 +25,8 @@ struct NfaNode {
 class NfaBuilder {
  public:
   NfaBuilder(const Grammar& grammar, const FsmLimits& limits, std::string_view what,
-             bool inline_rules)
-      : grammar_(grammar), limits_(limits), what_(what), inline_rules_(inline_rules) {}
+             const InlineRule& inline_rule)
+      : grammar_(grammar), limits_(limits), what_(what), inline_rule_(inline_rule) {}
 
   int32_t add() {
     if (static_cast<int64_t>(nodes_.size()) >= limits_.max_nfa_nodes) {
@@ -92,7 +92,7 @@ class NfaBuilder {
         return to;
       }
       case ExprKind::RuleRef: {
-        if (inline_rules_) {
+        if (inline_rule_ && inline_rule_(e.rule)) {
           // Inlining a rule inside itself would never end.
           if (std::find(inlining_.begin(), inlining_.end(), e.rule) != inlining_.end()) {
             fail("rule '{}' is recursive, so '{}' has no finite automaton",
@@ -142,7 +142,7 @@ class NfaBuilder {
   const Grammar& grammar_;
   const FsmLimits& limits_;
   std::string_view what_;
-  bool inline_rules_;
+  const InlineRule& inline_rule_;
   std::vector<int32_t> inlining_;
   std::vector<NfaNode> nodes_;
 };
@@ -230,9 +230,13 @@ bool Dfa::call_free() const {
   return true;
 }
 
+bool inline_all_rules(int32_t) {
+  return true;
+}
+
 Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what,
-              bool inline_rules) {
-  NfaBuilder builder(grammar, limits, what, inline_rules);
+              const InlineRule& inline_rule) {
+  NfaBuilder builder(grammar, limits, what, inline_rule);
   const int32_t start = builder.add();
   const int32_t end = builder.build(body, start, 0);
   std::vector<NfaNode>& nodes = builder.nodes();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -44,10 +45,13 @@ struct FsmLimits {
   int64_t max_dfa_states = 250'000;
 };
 
-// `what` names the rule in error messages. inline_rules: referenced rules are
-// expanded in place (a call-free automaton; an error for recursive rules).
+// `what` names the rule in error messages. Rules for which inline_rule says
+// true are expanded in place instead of called (inline_all_rules: every rule,
+// giving a call-free automaton); inlining a rule inside itself is an error.
+using InlineRule = std::function<bool(int32_t rule)>;
 Dfa build_dfa(const Grammar& grammar, ExprId body, const FsmLimits& limits, std::string_view what,
-              bool inline_rules = false);
+              const InlineRule& inline_rule = {});
+bool inline_all_rules(int32_t rule);
 
 // Removes states that cannot reach a final state (every call is assumed to
 // return), merges equivalent states and numbers them breadth-first from the

@@ -104,7 +104,9 @@ GrammarCompiler::Result GrammarCompiler::compile_ebnf(std::string_view text,
     const Vocabulary& vocab = *vocabulary_;
     parse_ebnf(grammar, text, root_rule,
                [&](std::string_view token) { return vocab.find_token(token); });
-    return compile_grammar(grammar, vocabulary_, options_);
+    CompileOptions options = options_;
+    options.inline_small_rules = true;
+    return compile_grammar(grammar, vocabulary_, options);
   });
 }
 

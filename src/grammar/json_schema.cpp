@@ -353,7 +353,8 @@ class SchemaLowering {
       // Two branches accept this type: subtract the others from each.
       std::vector<Dfa> dfas;
       try {
-        for (ExprId part : parts) dfas.push_back(build_dfa(g_, part, options_.limits, path, true));
+        for (ExprId part : parts)
+          dfas.push_back(build_dfa(g_, part, options_.limits, path, inline_all_rules));
         for (size_t i = 0; i < dfas.size(); ++i) {
           Dfa only = dfas[i];
           for (size_t j = 0; j < dfas.size(); ++j) {

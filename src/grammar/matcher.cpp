@@ -52,7 +52,7 @@ int32_t GrammarMatcher::intern(int32_t node, int32_t parent) {
 
 void GrammarMatcher::expand(Elem start, std::vector<Elem>& out, bool& can_end) {
   const CompiledGrammar& g = *grammar_;
-  if (!g.is_final(start.node) && g.calls(start.node).empty()) {
+  if (g.is_plain(start.node)) {
     out.push_back(start);
     return;
   }
@@ -223,6 +223,7 @@ void GrammarMatcher::fill_next_token_bitmask(uint32_t* words) {
         }
       }
       empty_mask = false;
+      check_suffixes(group, classes.suffix_groups, words);
       check_uncertain(group, classes.uncertain, words);
     }
     for (const Elem& x : group) {
@@ -242,36 +243,74 @@ void GrammarMatcher::fill_next_token_bitmask(uint32_t* words) {
   }
 }
 
-void GrammarMatcher::check_uncertain(const std::vector<Elem>& group,
-                                     const std::vector<int32_t>& tokens, uint32_t* words) {
-  if (tokens.empty()) return;
-  const Vocabulary& vocab = grammar_->vocabulary();
+template <typename BytesOf, typename Accept>
+void GrammarMatcher::walk_sorted(const std::vector<Elem>& start, size_t count, BytesOf bytes_of,
+                                 Accept accept) {
   // depth_states_[k]: the elements after the first k bytes of the current
-  // token; valid for k <= computed. Tokens come in byte order, so
-  // consecutive ones share most of their prefix.
-  depth_states_[0] = group;
-  std::vector<uint8_t> can_end_at(depth_states_.size(), 0);
+  // string; valid for k <= computed. Strings come sorted, so consecutive ones
+  // share most of their prefix.
+  if (depth_states_.size() < 2) return;
+  depth_states_[0] = start;
+  can_end_at_.assign(depth_states_.size(), 0);
   size_t computed = 0;
-  const std::string* previous = nullptr;
-  for (int32_t token : tokens) {
-    if (test_bit(words, token)) continue;
-    const std::string& s = vocab.bytes(token);
+  std::string_view previous;
+  bool have_previous = false;
+  for (size_t i = 0; i < count; ++i) {
+    const std::string_view s = bytes_of(i);
+    if (s.empty() || s.size() >= depth_states_.size()) continue;
     size_t k = 0;
-    if (previous != nullptr) {
-      const size_t limit = std::min({previous->size(), s.size(), computed});
-      while (k < limit && (*previous)[k] == s[k]) ++k;
+    if (have_previous) {
+      const size_t limit = std::min({previous.size(), s.size(), computed});
+      while (k < limit && previous[k] == s[k]) ++k;
     }
     for (; k < s.size(); ++k) {
       if (depth_states_[k].empty()) break;
       bool can_end = false;
       step(depth_states_[k].data(), depth_states_[k].data() + depth_states_[k].size(),
            static_cast<uint8_t>(s[k]), depth_states_[k + 1], can_end);
-      can_end_at[k + 1] = can_end;
+      can_end_at_[k + 1] = can_end;
     }
     computed = k;
-    previous = &s;
-    if (k == s.size() && (!depth_states_[k].empty() || can_end_at[k])) set_bit(words, token);
+    previous = s;
+    have_previous = true;
+    if (k == s.size() && (!depth_states_[k].empty() || can_end_at_[k])) accept(i);
   }
+}
+
+void GrammarMatcher::check_suffixes(const std::vector<Elem>& group,
+                                    const std::vector<SuffixGroup>& suffixes, uint32_t* words) {
+  if (suffixes.empty()) return;
+  // The node's rule ended inside the token: the rest must fit where the
+  // caller continues, i.e. at the frame below the element.
+  std::vector<int32_t> parents;
+  for (const Elem& x : group) {
+    if (x.parent >= 0) parents.push_back(x.parent);
+  }
+  std::sort(parents.begin(), parents.end());
+  parents.erase(std::unique(parents.begin(), parents.end()), parents.end());
+  std::vector<Elem> start;
+  for (int32_t parent : parents) {
+    start.clear();
+    bool can_end = false;
+    visited_.clear();
+    expand({frames_[parent].node, frames_[parent].parent}, start, can_end);
+    std::sort(start.begin(), start.end());
+    start.erase(std::unique(start.begin(), start.end()), start.end());
+    walk_sorted(
+        start, suffixes.size(), [&](size_t i) { return std::string_view(suffixes[i].suffix); },
+        [&](size_t i) {
+          for (int32_t token : suffixes[i].tokens) set_bit(words, token);
+        });
+  }
+}
+
+void GrammarMatcher::check_uncertain(const std::vector<Elem>& group,
+                                     const std::vector<int32_t>& tokens, uint32_t* words) {
+  if (tokens.empty()) return;
+  const Vocabulary& vocab = grammar_->vocabulary();
+  walk_sorted(
+      group, tokens.size(), [&](size_t i) { return std::string_view(vocab.bytes(tokens[i])); },
+      [&](size_t i) { set_bit(words, tokens[i]); });
 }
 
 std::string GrammarMatcher::find_jump_forward_string(size_t max_bytes) {

@@ -83,7 +83,14 @@ class GrammarMatcher {
   // Runs `bytes` from the current state into `out`; false when they do not fit.
   bool consume(std::string_view bytes, std::vector<Elem>& out, bool& can_end);
   void push_state(std::vector<Elem>& elems, bool can_end, bool terminated);
-  // The uncertain tokens of one node checked exactly from `group`.
+  // Runs `count` byte strings (sorted, bytes_of(i)) from the elements
+  // `start`; accept(i) for each that fits. Consecutive strings share the work
+  // of their common prefix.
+  template <typename BytesOf, typename Accept>
+  void walk_sorted(const std::vector<Elem>& start, size_t count, BytesOf bytes_of, Accept accept);
+  // A node's context-dependent tokens checked exactly from `group`.
+  void check_suffixes(const std::vector<Elem>& group, const std::vector<SuffixGroup>& suffixes,
+                      uint32_t* words);
   void check_uncertain(const std::vector<Elem>& group, const std::vector<int32_t>& tokens,
                        uint32_t* words);
 
@@ -99,6 +106,7 @@ class GrammarMatcher {
   std::vector<Elem> next_;
   std::vector<Elem> next2_;
   std::vector<std::vector<Elem>> depth_states_;
+  std::vector<uint8_t> can_end_at_;
   std::vector<uint32_t> scratch_mask_;
 };
 

@@ -39,6 +39,7 @@ struct Frame {
 struct StepResult {
   bool alive_inside = false;   // some path is still inside the node's rule
   bool alive_outside = false;  // some path left it (unknown stack) and lives
+  bool escaped = false;        // the node's own rule ended after this byte
   bool unknown = false;        // precision given up
 };
 
@@ -72,7 +73,7 @@ class Classifier {
 
 void Classifier::expand(Elem start, std::vector<Elem>& out, StepResult& result) {
   // The common case inside a rule: a plain byte-reading node.
-  if (!g_.is_final(start.node) && g_.calls(start.node).empty()) {
+  if (g_.is_plain(start.node)) {
     (start.level == 0 ? result.alive_inside : result.alive_outside) = true;
     out.push_back(start);
     return;
@@ -101,6 +102,7 @@ void Classifier::expand(Elem start, std::vector<Elem>& out, StepResult& result) 
       continue;
     }
     // The rule ends with the stack unknown: continue in every caller.
+    if (x.level == 0) result.escaped = true;
     const auto& callers = g_.callers(g_.rule_of(x.node));
     if (callers.empty()) continue;  // only the root: the output may end here
     if (x.level >= kMaxEscapeLevels) {
@@ -136,28 +138,38 @@ TokenClasses Classifier::run(int32_t start_node) {
   const std::vector<int32_t>& trie_tokens = vocab.trie_tokens();
 
   std::vector<int32_t> accepted;
-  std::vector<int32_t> uncertain;
+  std::vector<int32_t> whole;  // context-dependent, checked whole
+  std::unordered_map<std::string, std::vector<int32_t>> by_suffix;
+  std::vector<int32_t> escapes;  // depths on the current trie path where the rule ended
+  int32_t num_uncertain = 0;
+  auto add_uncertain = [&](int32_t token, int32_t depth) {
+    ++num_uncertain;
+    if (sticky[depth] || escapes.empty()) {
+      whole.push_back(token);
+      return;
+    }
+    const std::string& bytes = vocab.bytes(token);
+    for (int32_t e : escapes) by_suffix[bytes.substr(e)].push_back(token);
+  };
   for (int32_t i = 1; i < vocab.trie_size();) {
     const int32_t d = vocab.trie_depth(i);
+    while (!escapes.empty() && escapes.back() >= d) escapes.pop_back();
     StepResult result;
-    if (!sticky[d - 1] || !states[d - 1].empty()) {
-      step(states[d - 1], vocab.trie_byte(i), states[d], result);
-    } else {
-      states[d].clear();
-    }
+    step(states[d - 1], vocab.trie_byte(i), states[d], result);
     sticky[d] = sticky[d - 1] || result.unknown;
     for (int32_t k = vocab.token_begin(i); k < vocab.token_begin(i + 1); ++k) {
       if (result.alive_inside) {
         accepted.push_back(trie_tokens[k]);
       } else if (result.alive_outside || sticky[d]) {
-        uncertain.push_back(trie_tokens[k]);
+        add_uncertain(trie_tokens[k], d);
       }
     }
+    if (result.escaped) escapes.push_back(d);
     if (states[d].empty()) {
       const int32_t end = vocab.trie_end(i);
       if (sticky[d]) {
         for (int32_t k = vocab.token_begin(i + 1); k < vocab.token_begin(end); ++k) {
-          uncertain.push_back(trie_tokens[k]);
+          add_uncertain(trie_tokens[k], d);
         }
       }
       i = end;
@@ -168,9 +180,15 @@ TokenClasses Classifier::run(int32_t start_node) {
 
   TokenClasses classes;
   classes.num_accepted = static_cast<int32_t>(accepted.size());
-  classes.num_rejected =
-      vocab.num_matchable() - classes.num_accepted - static_cast<int32_t>(uncertain.size());
-  classes.uncertain = std::move(uncertain);
+  classes.num_uncertain = num_uncertain;
+  classes.num_rejected = vocab.num_matchable() - classes.num_accepted - num_uncertain;
+  classes.uncertain = std::move(whole);
+  for (auto& [suffix, tokens] : by_suffix) {
+    classes.suffix_groups.push_back({suffix, std::move(tokens)});
+  }
+  // Deterministic order (by suffix) keeps masks reproducible run to run.
+  std::sort(classes.suffix_groups.begin(), classes.suffix_groups.end(),
+            [](const SuffixGroup& a, const SuffixGroup& b) { return a.suffix < b.suffix; });
   const int32_t words = vocab.mask_words();
   const int32_t smaller = std::min(classes.num_accepted, classes.num_rejected);
   if (smaller > words) {
@@ -186,6 +204,9 @@ TokenClasses Classifier::run(int32_t start_node) {
     std::vector<uint8_t> known(vocab.size(), 0);
     for (int32_t id : accepted) known[id] = 1;
     for (int32_t id : classes.uncertain) known[id] = 1;
+    for (const SuffixGroup& group : classes.suffix_groups) {
+      for (int32_t id : group.tokens) known[id] = 1;
+    }
     for (int32_t id = 0; id < vocab.size(); ++id) {
       if (vocab.is_matchable(id) && !known[id]) classes.list.push_back(id);
     }
