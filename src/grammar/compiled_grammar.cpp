@@ -402,6 +402,14 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
     callers.erase(std::unique(callers.begin(), callers.end()), callers.end());
   }
 
+  g.plain_bytes_.assign(4 * static_cast<size_t>(total_nodes), 0);
+  for (int32_t n = 0; n < total_nodes; ++n) {
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = g.next(n, static_cast<uint8_t>(b));
+      if (t >= 0 && g.nodes_[t].plain) g.plain_bytes_[4 * n + b / 64] |= 1ull << (b % 64);
+    }
+  }
+
   // 6. Nodes whose behaviour agrees on every string up to the longest token
   // (Moore refinement for that many rounds; calls and tokens must agree
   // exactly) get the same token classes.

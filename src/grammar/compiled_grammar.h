@@ -48,7 +48,9 @@ struct SuffixGroup {
 struct TokenClasses {
   enum class Storage : uint8_t { AcceptedList, RejectedList, AcceptedBitset };
   Storage storage = Storage::AcceptedList;
-  std::vector<int32_t> list;     // accepted (AcceptedList) or rejected (RejectedList) ids
+  // AcceptedList: the accepted ids; RejectedList: every other matchable id
+  // (rejected or context-dependent).
+  std::vector<int32_t> list;
   std::vector<uint32_t> bitset;  // AcceptedBitset
   std::vector<SuffixGroup> suffix_groups;
   // Context-dependent tokens the split could not reduce to suffixes (a walk
@@ -102,6 +104,8 @@ class CompiledGrammar {
     const Node& n = nodes_[node];
     return byte_next_[n.row + byte_class_[n.class_map + byte]];
   }
+  // Bytes leading from `node` to a plain node (4 words of 64 bits).
+  const uint64_t* plain_bytes(int32_t node) const { return &plain_bytes_[4 * node]; }
   std::span<const CallEdge> calls(int32_t node) const {
     const Node& n = nodes_[node];
     return {calls_.data() + n.call_begin, calls_.data() + n.call_end};
@@ -153,6 +157,7 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> callers_;
   std::vector<std::vector<uint32_t>> except_masks_;
   std::vector<int32_t> representative_;
+  std::vector<uint64_t> plain_bytes_;
   int32_t root_rule_ = 0;
   int32_t max_stack_depth_ = 2048;
   // Lazily published classes; owned, freed in the destructor.

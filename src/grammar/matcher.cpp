@@ -207,7 +207,7 @@ void GrammarMatcher::fill_next_token_bitmask(uint32_t* words) {
           for (int32_t id : classes.list) set_bit(words, id);
           break;
         case TokenClasses::Storage::RejectedList: {
-          // Everything matchable but the rejected and the uncertain.
+          // Everything matchable but the listed (rejected or uncertain) tokens.
           uint32_t* target = words;
           if (!empty_mask) {
             scratch_mask_.resize(n_words);
@@ -215,7 +215,6 @@ void GrammarMatcher::fill_next_token_bitmask(uint32_t* words) {
           }
           std::memcpy(target, vocab.matchable_mask().data(), sizeof(uint32_t) * n_words);
           for (int32_t id : classes.list) target[id >> 5] &= ~(1u << (id & 31));
-          for (int32_t id : classes.uncertain) target[id >> 5] &= ~(1u << (id & 31));
           if (target != words) {
             for (int32_t w = 0; w < n_words; ++w) words[w] |= target[w];
           }

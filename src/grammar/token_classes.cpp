@@ -58,6 +58,11 @@ class Classifier {
     return it->second;
   }
 
+  // Whether every string over `bytes` of at most `height` bytes read from
+  // the plain node `node` passes only through plain nodes: then a whole trie
+  // subtree is accepted without walking it.
+  bool absorbs(int32_t node, const uint64_t* bytes, int32_t height);
+
   // Follows pushes and pops from `start` (just entered by reading a byte);
   // appends the elements that rest on scanning nodes to `out`.
   void expand(Elem start, std::vector<Elem>& out, StepResult& result);
@@ -69,6 +74,8 @@ class Classifier {
   std::unordered_map<uint64_t, int32_t> frame_ids_;
   std::vector<Elem> work_;
   std::vector<Elem> visited_;
+  std::vector<int32_t> frontier_;
+  std::vector<int32_t> next_frontier_;
 };
 
 void Classifier::expand(Elem start, std::vector<Elem>& out, StepResult& result) {
@@ -111,6 +118,33 @@ void Classifier::expand(Elem start, std::vector<Elem>& out, StepResult& result) 
     }
     for (int32_t ret : callers) work_.push_back({ret, -1, x.level + 1});
   }
+}
+
+bool Classifier::absorbs(int32_t node, const uint64_t* bytes, int32_t height) {
+  frontier_.assign(1, node);
+  for (int32_t level = 0; level < height; ++level) {
+    next_frontier_.clear();
+    for (int32_t y : frontier_) {
+      const uint64_t* plain = g_.plain_bytes(y);
+      for (int w = 0; w < 4; ++w) {
+        if (bytes[w] & ~plain[w]) return false;
+      }
+      for (int w = 0; w < 4; ++w) {
+        for (uint64_t m = bytes[w]; m != 0; m &= m - 1) {
+          const int b = 64 * w + __builtin_ctzll(m);
+          const int32_t t = g_.next(y, static_cast<uint8_t>(b));
+          if (std::find(next_frontier_.begin(), next_frontier_.end(), t) == next_frontier_.end()) {
+            next_frontier_.push_back(t);
+          }
+        }
+      }
+      if (next_frontier_.size() > 32) return false;
+    }
+    std::sort(next_frontier_.begin(), next_frontier_.end());
+    if (next_frontier_ == frontier_) return true;  // a fixpoint: any depth
+    frontier_.swap(next_frontier_);
+  }
+  return true;
 }
 
 void Classifier::step(const std::vector<Elem>& from, uint8_t byte, std::vector<Elem>& out,
@@ -165,8 +199,18 @@ TokenClasses Classifier::run(int32_t start_node) {
       }
     }
     if (result.escaped) escapes.push_back(d);
+    const int32_t end = vocab.trie_end(i);
+    // A big subtree the single in-frame path reads through plain nodes only
+    // is accepted whole (string contents, counted character runs).
+    if (states[d].size() == 1 && states[d][0].level == 0 && !sticky[d] &&
+        vocab.token_begin(end) - vocab.token_begin(i + 1) >= 2 && g_.is_plain(states[d][0].node) &&
+        absorbs(states[d][0].node, vocab.trie_subtree_bytes(i), vocab.trie_height(i))) {
+      accepted.insert(accepted.end(), trie_tokens.begin() + vocab.token_begin(i + 1),
+                      trie_tokens.begin() + vocab.token_begin(end));
+      i = end;
+      continue;
+    }
     if (states[d].empty()) {
-      const int32_t end = vocab.trie_end(i);
       if (sticky[d]) {
         for (int32_t k = vocab.token_begin(i + 1); k < vocab.token_begin(end); ++k) {
           add_uncertain(trie_tokens[k], d);
@@ -190,25 +234,23 @@ TokenClasses Classifier::run(int32_t start_node) {
   std::sort(classes.suffix_groups.begin(), classes.suffix_groups.end(),
             [](const SuffixGroup& a, const SuffixGroup& b) { return a.suffix < b.suffix; });
   const int32_t words = vocab.mask_words();
-  const int32_t smaller = std::min(classes.num_accepted, classes.num_rejected);
+  const int32_t smaller = std::min(classes.num_accepted, classes.num_rejected + num_uncertain);
   if (smaller > words) {
     classes.storage = TokenClasses::Storage::AcceptedBitset;
     classes.bitset.assign(words, 0);
     for (int32_t id : accepted) classes.bitset[id >> 5] |= 1u << (id & 31);
-  } else if (classes.num_accepted <= classes.num_rejected) {
+  } else if (classes.num_accepted <= classes.num_rejected + num_uncertain) {
     classes.storage = TokenClasses::Storage::AcceptedList;
     std::sort(accepted.begin(), accepted.end());
     classes.list = std::move(accepted);
   } else {
     classes.storage = TokenClasses::Storage::RejectedList;
-    std::vector<uint8_t> known(vocab.size(), 0);
-    for (int32_t id : accepted) known[id] = 1;
-    for (int32_t id : classes.uncertain) known[id] = 1;
-    for (const SuffixGroup& group : classes.suffix_groups) {
-      for (int32_t id : group.tokens) known[id] = 1;
-    }
+    // Every matchable token not accepted outright: the rejected and the
+    // context-dependent ones (the matcher adds back those that pass).
+    std::vector<uint8_t> is_accepted(vocab.size(), 0);
+    for (int32_t id : accepted) is_accepted[id] = 1;
     for (int32_t id = 0; id < vocab.size(); ++id) {
-      if (vocab.is_matchable(id) && !known[id]) classes.list.push_back(id);
+      if (vocab.is_matchable(id) && !is_accepted[id]) classes.list.push_back(id);
     }
   }
   return classes;

@@ -106,6 +106,23 @@ void Vocabulary::build_trie() {
   close_nodes_deeper_than(0);
   trie_end_[0] = static_cast<int32_t>(trie_byte_.size());
   trie_token_begin_.push_back(static_cast<int32_t>(trie_tokens_.size()));
+  // Subtree summaries, children before parents (reverse pre-order); a
+  // node's parent is the nearest earlier node one level up.
+  const auto n = static_cast<int32_t>(trie_byte_.size());
+  trie_subtree_bytes_.assign(4 * static_cast<size_t>(n), 0);
+  trie_height_.assign(n, 0);
+  std::vector<int32_t> parent(n, -1);
+  std::vector<int32_t> last_at_depth(max_token_bytes_ + 2, 0);
+  for (int32_t i = 1; i < n; ++i) {
+    parent[i] = last_at_depth[trie_depth_[i] - 1];
+    last_at_depth[trie_depth_[i]] = i;
+  }
+  for (int32_t i = n - 1; i > 0; --i) {
+    const int32_t p = parent[i];
+    for (int w = 0; w < 4; ++w) trie_subtree_bytes_[4 * p + w] |= trie_subtree_bytes_[4 * i + w];
+    trie_subtree_bytes_[4 * p + trie_byte_[i] / 64] |= 1ull << (trie_byte_[i] % 64);
+    trie_height_[p] = std::max(trie_height_[p], trie_height_[i] + 1);
+  }
 }
 
 }  // namespace megactx::grammar

@@ -60,6 +60,11 @@ class Vocabulary {
   int32_t trie_depth(int32_t node) const { return trie_depth_[node]; }
   int32_t trie_end(int32_t node) const { return trie_end_[node]; }
   int32_t token_begin(int32_t node) const { return trie_token_begin_[node]; }
+  // Bytes occurring strictly below `node` (4 words of 64 bits) and how many
+  // levels its subtree reaches below it: lets a walk accept a whole subtree
+  // when the grammar reads any such string.
+  const uint64_t* trie_subtree_bytes(int32_t node) const { return &trie_subtree_bytes_[4 * node]; }
+  int32_t trie_height(int32_t node) const { return trie_height_[node]; }
   const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
 
  private:
@@ -79,6 +84,8 @@ class Vocabulary {
   std::vector<int32_t> trie_end_;
   std::vector<int32_t> trie_token_begin_;  // trie_size() + 1 entries
   std::vector<int32_t> trie_tokens_;       // matchable ids in byte order
+  std::vector<uint64_t> trie_subtree_bytes_;
+  std::vector<int32_t> trie_height_;
 };
 
 }  // namespace megactx::grammar

@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "grammar/grammar_compiler.h"
 #include "grammar/matcher.h"
+#include "../../bench/grammar/synthetic_vocab.h"
 #include "test_vocab.h"
+#include "walk_util.h"
 
 namespace megactx::grammar {
 namespace {
@@ -93,6 +95,33 @@ TEST(GrammarMatcher, MaskAgreesWithAcceptOnRandomWalks) {
   for (const auto& g : grammars) {
     for (int walk = 0; walk < 6; ++walk) random_walk(g, rng, 25, true);
   }
+}
+
+// The same with real vocabularies: the default model's 8,192 tokens and the
+// benchmark's synthetic 154,880, where whole trie subtrees are accepted at
+// once and context-dependent tokens are grouped by suffix.
+void check_real_vocabulary(const std::shared_ptr<const Vocabulary>& vocab, int walks, int steps) {
+  GrammarCompiler compiler(vocab);
+  const std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {
+      compiler.compile_json_object(),
+      compiler.compile_json_schema(
+          R"({"type":"object","properties":{"email":{"type":"string","format":"email"},"note":{"type":"string","maxLength":40},"when":{"type":"string","format":"date"},"n":{"type":"array","items":{"type":"number","minimum":0}}},"required":["email"]})"),
+      compiler.compile_ebnf("root ::= \"[\" ws (item (ws \",\" ws item)*)? ws \"]\"\n"
+                            "item ::= [a-z]+ | \"\\\"\" [^\"]* \"\\\"\" | root\nws ::= [ \\n]*"),
+      compiler.compile_regex("([A-Z][a-z]+ ){1,3}(is|was) [0-9]{1,4}\\."),
+  };
+  std::mt19937 rng(17);
+  for (const auto& g : grammars) {
+    for (int walk = 0; walk < walks; ++walk) random_walk(g, rng, steps, true);
+  }
+}
+
+TEST(GrammarMatcher, MaskAgreesWithAcceptOnTheDefaultModelVocabulary) {
+  check_real_vocabulary(test::default_model_vocab(), 4, 25);
+}
+
+TEST(GrammarMatcher, MaskAgreesWithAcceptOnA154880TokenVocabulary) {
+  check_real_vocabulary(bench::make_synthetic_vocab().vocab, 1, 6);
 }
 
 TEST(GrammarMatcher, StopTokenOnlyWhenComplete) {

@@ -1,0 +1,1 @@
+megactx_add_fuzzer(grammar LIBS megactx_grammar megactx_tokenizer megactx_core)
