@@ -365,6 +365,10 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
                         "grammar names token id {}, but the vocabulary has "
                         "{} tokens",
                         label, vocab.size());
+          MEGACTX_CHECK(!vocab.is_eos(label),
+                        "grammar names the stop token {} (<[{}]>); the output ends with it "
+                        "implicitly where the grammar is complete",
+                        vocab.bytes(label), label);
         } else {
           const std::vector<int32_t>& ids = grammar.expr(-label - 1).tokens;
           auto it = std::find_if(except_lists.begin(), except_lists.end(),

@@ -116,9 +116,10 @@ bool GrammarMatcher::accept_token(int32_t token) {
   const CompiledGrammar& g = *grammar_;
   const Vocabulary& vocab = g.vocabulary();
   const State cur = history_.back();
-  if (cur.terminated || token < 0 || token >= vocab.size()) return false;
+  if (token < 0 || token >= vocab.size()) return false;
+  if (cur.terminated && !vocab.is_eos(token)) return false;
   if (vocab.is_eos(token)) {
-    if (!cur.can_end) return false;
+    if (!cur.can_end && !cur.terminated) return false;
     std::vector<Elem> none;
     push_state(none, true, true);
     return true;

@@ -32,7 +32,8 @@ class GrammarMatcher {
 
   // Advances by one token; false (and the state unchanged) when the token
   // would violate the grammar. A stop token is accepted when the output may
-  // end and terminates the matcher.
+  // end and terminates the matcher; once terminated only stop tokens are
+  // accepted (each one more step, as the mask says).
   bool accept_token(int32_t token);
 
   // Advances by raw bytes (forced text, e.g. a jump-forward string); counts as

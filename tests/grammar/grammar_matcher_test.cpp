@@ -142,7 +142,9 @@ TEST(GrammarMatcher, StopTokenOnlyWhenComplete) {
   EXPECT_TRUE(m.accept_token(v.eos));
   EXPECT_TRUE(m.is_terminated());
   EXPECT_FALSE(m.accept_token(3 + 'a'));
-  m.rollback(1);
+  expect_mask_consistent(m);  // only the stop token, which keeps it terminated
+  EXPECT_TRUE(m.accept_token(v.eos));
+  m.rollback(2);
   EXPECT_FALSE(m.is_terminated());
 }
 
@@ -294,6 +296,8 @@ TEST(GrammarCompiler, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] { c.compile_ebnf("root ::= root \"a\" | \"b\""); }).find("left-recursive"),
             std::string::npos);
   EXPECT_NE(error_of([&] { c.compile_ebnf("start ::= \"a\""); }).find("no rule named 'root'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { c.compile_ebnf("root ::= \"a\" <[0]>"); }).find("stop token"),
             std::string::npos);
   EXPECT_NE(error_of([&] { c.compile_ebnf("root ::= \"a\" <|nope|>"); }).find("<|nope|>"),
             std::string::npos);
