@@ -406,6 +406,18 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
     callers.erase(std::unique(callers.begin(), callers.end()), callers.end());
   }
 
+  g.rule_classes_ = rule_classes;
+  for (size_t ri = 0; ri < order.size(); ++ri) {
+    g.rule_class_begin_.push_back(static_cast<int32_t>(g.class_bytes_.size() / 4));
+    g.class_bytes_.resize(g.class_bytes_.size() + 4 * static_cast<size_t>(rule_classes[ri]), 0);
+  }
+  for (int32_t n = 0; n < total_nodes; ++n) {
+    if (g.rule_start_[g.nodes_[n].rule] != n) continue;  // one node per rule suffices
+    for (int b = 0; b < 256; ++b) {
+      const int32_t c = g.byte_class_[g.nodes_[n].class_map + b];
+      g.class_bytes_[4 * (g.rule_class_begin_[g.nodes_[n].rule] + c) + b / 64] |= 1ull << (b % 64);
+    }
+  }
   g.plain_bytes_.assign(4 * static_cast<size_t>(total_nodes), 0);
   for (int32_t n = 0; n < total_nodes; ++n) {
     for (int b = 0; b < 256; ++b) {

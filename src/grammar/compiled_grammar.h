@@ -104,6 +104,13 @@ class CompiledGrammar {
     const Node& n = nodes_[node];
     return byte_next_[n.row + byte_class_[n.class_map + byte]];
   }
+  // The byte classes of a node's rule: their number, the bytes of each (4
+  // words of 64 bits) and the node's target per class (-1: none).
+  int32_t num_byte_classes(int32_t node) const { return rule_classes_[nodes_[node].rule]; }
+  const uint64_t* byte_class_bytes(int32_t node, int32_t c) const {
+    return &class_bytes_[4 * (rule_class_begin_[nodes_[node].rule] + c)];
+  }
+  int32_t next_by_class(int32_t node, int32_t c) const { return byte_next_[nodes_[node].row + c]; }
   // Bytes leading from `node` to a plain node (4 words of 64 bits).
   const uint64_t* plain_bytes(int32_t node) const { return &plain_bytes_[4 * node]; }
   std::span<const CallEdge> calls(int32_t node) const {
@@ -158,6 +165,9 @@ class CompiledGrammar {
   std::vector<std::vector<uint32_t>> except_masks_;
   std::vector<int32_t> representative_;
   std::vector<uint64_t> plain_bytes_;
+  std::vector<int32_t> rule_classes_;      // byte classes per rule
+  std::vector<int32_t> rule_class_begin_;  // first class of each rule in class_bytes_
+  std::vector<uint64_t> class_bytes_;
   int32_t root_rule_ = 0;
   int32_t max_stack_depth_ = 2048;
   // Lazily published classes; owned, freed in the destructor.

@@ -129,13 +129,17 @@ bool Classifier::absorbs(int32_t node, const uint64_t* bytes, int32_t height) {
       for (int w = 0; w < 4; ++w) {
         if (bytes[w] & ~plain[w]) return false;
       }
-      for (int w = 0; w < 4; ++w) {
-        for (uint64_t m = bytes[w]; m != 0; m &= m - 1) {
-          const int b = 64 * w + __builtin_ctzll(m);
-          const int32_t t = g_.next(y, static_cast<uint8_t>(b));
-          if (std::find(next_frontier_.begin(), next_frontier_.end(), t) == next_frontier_.end()) {
-            next_frontier_.push_back(t);
-          }
+      // Targets of the byte classes that hold any of `bytes`.
+      const int32_t classes = g_.num_byte_classes(y);
+      for (int32_t c = 0; c < classes; ++c) {
+        const uint64_t* in_class = g_.byte_class_bytes(y, c);
+        if (!((bytes[0] & in_class[0]) | (bytes[1] & in_class[1]) | (bytes[2] & in_class[2]) |
+              (bytes[3] & in_class[3]))) {
+          continue;
+        }
+        const int32_t t = g_.next_by_class(y, c);
+        if (std::find(next_frontier_.begin(), next_frontier_.end(), t) == next_frontier_.end()) {
+          next_frontier_.push_back(t);
         }
       }
       if (next_frontier_.size() > 32) return false;
