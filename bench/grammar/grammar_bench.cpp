@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
   int repeat = 5;
   bool stats = false;
   app.add_flag("--stats", stats, "print the token classes of the nodes with most uncertain tokens");
-  app.add_option("--vocab-size", vocab_size, "synthetic vocabulary size")->check(CLI::Range(1000, 1 << 22));
+  app.add_option("--vocab-size", vocab_size, "synthetic vocabulary size")
+      ->check(CLI::Range(1000, 1 << 22));
   app.add_option("--repeat", repeat, "generations of each target")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
@@ -90,10 +91,12 @@ int main(int argc, char** argv) {
   for (int32_t id = 0; id < vocab.size(); ++id) {
     if (vocab.is_matchable(id)) by_bytes.emplace(vocab.bytes(id), id);
   }
-  std::printf("vocabulary: %d tokens (%d matchable, longest %d bytes, trie %d nodes), built in %.0f ms\n",
-              vocab.size(), vocab.num_matchable(), vocab.max_token_bytes(), vocab.trie_size(),
-              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  std::printf("target (xgrammar, published): well under 40 us per token for JSON schemas, 128K vocab\n\n");
+  std::printf(
+      "vocabulary: %d tokens (%d matchable, longest %d bytes, trie %d nodes), built in %.0f ms\n",
+      vocab.size(), vocab.num_matchable(), vocab.max_token_bytes(), vocab.trie_size(),
+      std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  std::printf(
+      "target (xgrammar, published): well under 40 us per token for JSON schemas, 128K vocab\n\n");
   std::printf("%-24s %10s %7s %7s %9s %9s %9s %9s\n", "grammar", "compile ms", "nodes", "tokens",
               "mean us", "p50 us", "p99 us", "max us");
 
@@ -117,7 +120,8 @@ int main(int argc, char** argv) {
       std::sort(by_uncertain.rbegin(), by_uncertain.rend());
       for (size_t i = 0; i < std::min<size_t>(5, by_uncertain.size()); ++i) {
         const TokenClasses& tc = g->token_classes(by_uncertain[i].second);
-        std::printf("  node %d (%s): accepted %d rejected %d uncertain %zu, e.g.", by_uncertain[i].second,
+        std::printf("  node %d (%s): accepted %d rejected %d uncertain %zu, e.g.",
+                    by_uncertain[i].second,
                     g->rule_name(g->rule_of(by_uncertain[i].second)).c_str(), tc.num_accepted,
                     tc.num_rejected, tc.uncertain.size());
         for (size_t k = 0; k < std::min<size_t>(8, tc.uncertain.size()); ++k) {
@@ -153,7 +157,8 @@ int main(int argc, char** argv) {
         rest.remove_prefix(vocab.bytes(chosen).size());
         ++tokens;
       }
-      if (!((mask[synthetic.eos >> 5] >> (synthetic.eos & 31)) & 1) || !m.accept_token(synthetic.eos)) {
+      if (!((mask[synthetic.eos >> 5] >> (synthetic.eos & 31)) & 1) ||
+          !m.accept_token(synthetic.eos)) {
         std::fprintf(stderr, "%s: the stop token is not allowed after the target\n", c.name);
         return 1;
       }

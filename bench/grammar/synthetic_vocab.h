@@ -73,8 +73,8 @@ inline SyntheticVocab make_synthetic_vocab(int32_t size = 154'880, uint32_t seed
     } else if (kind < 72) {
       // JSON and code shapes: quotes around words, key separators.
       const std::string w = word(2, 8);
-      static const char* shapes[] = {"\"%\"", "\"%", "%\"", " \"%", "\":", "\",", "\"}", "\"]",
-                                     "\": \"", "{\"", "[\"", "%\":", "%(", ".%", "_%", "%_"};
+      static const char* shapes[] = {"\"%\"",  "\"%", "%\"", " \"%", "\":", "\",", "\"}", "\"]",
+                                     "\": \"", "{\"", "[\"", "%\":", "%(",  ".%",  "_%",  "%_"};
       std::string s = shapes[rng() % 16];
       const size_t at = s.find('%');
       if (at != std::string::npos) s.replace(at, 1, w);
@@ -101,8 +101,8 @@ inline SyntheticVocab make_synthetic_vocab(int32_t size = 154'880, uint32_t seed
   for (int i = 0; i < specials; ++i) special_ids.push_back(i);
   SyntheticVocab out;
   out.eos = 0;
-  out.vocab = std::make_shared<const Vocabulary>(std::move(tokens), special_ids,
-                                                 std::vector<int32_t>{0});
+  out.vocab =
+      std::make_shared<const Vocabulary>(std::move(tokens), special_ids, std::vector<int32_t>{0});
   return out;
 }
 

@@ -43,7 +43,9 @@ GrammarCompiler& compiler() {
   return *c;
 }
 
-bool bit(const std::vector<uint32_t>& mask, int32_t id) { return (mask[id >> 5] >> (id & 31)) & 1; }
+bool bit(const std::vector<uint32_t>& mask, int32_t id) {
+  return (mask[id >> 5] >> (id & 31)) & 1;
+}
 
 void check_mask(GrammarMatcher& m, std::vector<uint32_t>& mask) {
   m.fill_next_token_bitmask(mask.data());

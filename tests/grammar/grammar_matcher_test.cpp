@@ -5,10 +5,10 @@
 
 #include <random>
 
+#include "../../bench/grammar/synthetic_vocab.h"
 #include "core/error.h"
 #include "grammar/grammar_compiler.h"
 #include "grammar/matcher.h"
-#include "../../bench/grammar/synthetic_vocab.h"
 #include "test_vocab.h"
 #include "walk_util.h"
 
