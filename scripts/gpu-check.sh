@@ -226,7 +226,7 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
     >"$out/model_decode.md" 2>&1
   note "model decode bench exit $?"
-  # The FP8 KV cache: the issue-7 kernels (fast) against the fp32 fallback kernels.
+  # The FP8 KV cache: the fp8 DSA kernels (fast) against the fp32 fallback kernels.
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
     --kv-dtype fp8 --precision bf16 >"$out/model_decode_fp8.md" 2>&1
   note "model decode bench (fp8 KV) exit $?"

@@ -19,7 +19,7 @@
 // experts are stacked at load and decode on the grouped device MoE, so its
 // decode steps are CUDA Graphs too (the table and a note say when not).
 // --attention picks the DSA attention path (CudaModelOptions::fast_attention):
-// "fast" (the issue-7 fp8 indexer / radix top-k / sparse MLA kernels; used
+// "fast" (the fp8 DSA kernels: indexer, radix top-k, sparse MLA; used
 // only with --kv-dtype fp8, other caches always take the fallback) and/or
 // "fallback" (the fp32 kernels); --fallback-attention is --attention fallback.
 // Default: fast, and with --kv-dtype fp8 both, fast first.

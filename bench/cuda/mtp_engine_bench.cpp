@@ -1,4 +1,4 @@
-// MTP speculative decoding on the GPU through the serving Engine (issue 8):
+// MTP speculative decoding on the GPU through the serving Engine:
 // decode tokens/s without MTP (the baseline, same binary, same prompts) and
 // with k = 1, 3, 7 draft steps, and the accepted length, at batch 1 and 16,
 // on the trained default model (models/default: its MTP layer was trained

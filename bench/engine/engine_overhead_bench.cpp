@@ -1,4 +1,4 @@
-// Host overhead of one engine step at batch 1..256 (issue 5, item 6): every
+// Host overhead of one engine step at batch 1..256: every
 // request decodes one token per step through a NullModel and a NullSampler,
 // so the time is scheduling + batch building + output processing
 // (detokenization, stop-string checks, update callbacks, prefix-cache

@@ -151,7 +151,7 @@ std::vector<int32_t> generate_with_engine(const GenerateOptions& options,
   return generated;
 }
 
-// MTP speculative decoding of one sequence (issue 8).
+// MTP speculative decoding of one sequence.
 std::vector<int32_t> generate_speculative(const GenerateOptions& options, LanguageModel& model,
                                           const std::vector<int32_t>& ids, KvDType kv_dtype) {
   auto* dsa = dynamic_cast<DsaModel*>(&model);

@@ -25,7 +25,7 @@ struct EngineConfig {
   KvDType kv_dtype = KvDType::BF16;
   int64_t context_length = 0;  // 0: the model's max_position_embeddings
   int64_t page_size = 64;
-  // MTP draft steps (issue 8); > 0 adds the MTP layer's pools. Verification
+  // MTP draft steps; > 0 adds the MTP layer's pools. Verification
   // steps append 1 + k tokens per request and roll back; the scheduler
   // reserves pages for them.
   int64_t speculative_steps = 0;

@@ -1,4 +1,4 @@
-// MTP speculative decoding inside the serving engine (issue 8).
+// MTP speculative decoding inside the serving engine.
 //
 // A step of a speculating request (m = tokens in its cache, x_m = its last
 // token, not cached yet):

@@ -52,7 +52,7 @@ struct RequestState {
   std::vector<int32_t> tokens;
   int64_t prompt_len = 0;
   int64_t num_computed = 0;
-  // Speculative decoding (issue 8): unverified draft tokens at the end of
+  // Speculative decoding: unverified draft tokens at the end of
   // `tokens`. A verification step computes them with the last real token
   // (1 + k new tokens, scheduled as decode); pages holding drafts are never
   // shared, so Scheduler::truncate() can drop rejected ones.

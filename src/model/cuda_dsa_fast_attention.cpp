@@ -1,4 +1,4 @@
-// CudaDsaModel: the DSA indexer and sparse MLA on the issue-7 fp8 kernels
+// CudaDsaModel: the DSA indexer and sparse MLA on the fp8 DSA kernels
 // (kernels/cuda/{indexer,topk,sparse_mla}) instead of the fp32 fallback, for
 // FP8 caches of 64-token pages with kv_lora 512, rope 64 and index dim 128
 // (the GLM-5.x / DeepSeek-V3.2 shapes those kernels are written for).

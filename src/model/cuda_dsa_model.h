@@ -136,7 +136,7 @@ class CudaDsaModel final : public LanguageModel {
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
 
-  // The issue-7 fp8 kernels instead of the fp32 fallback
+  // The fp8 DSA kernels instead of the fp32 fallback
   // (cuda_dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8
   // cache of 64-token pages, kv_lora 512, rope 64, index dim 128.
   bool use_fast_attention(const Step& step) const;

@@ -1,4 +1,4 @@
-// When the CUDA model runs DSA attention on the issue-7 fp8 kernels (the fast
+// When the CUDA model runs DSA attention on the fp8 DSA kernels (the fast
 // path of model/cuda_dsa_fast_attention.cpp), and how much step scratch that
 // path adds. Plain C++ (no CUDA): the device memory planner
 // (model/cuda_memory_plan.h) can add it in every build.
@@ -11,7 +11,7 @@
 
 namespace megactx {
 
-// The attention shapes the issue-7 kernels serve (GLM-5.x, DeepSeek-V3.2):
+// The attention shapes the fp8 DSA kernels serve (GLM-5.x, DeepSeek-V3.2):
 // kv_lora_rank 512, qk_rope_head_dim 64, index_head_dim 128, 1..64 indexer
 // heads (padded to 32 or 64).
 bool cuda_fast_attention_shapes(const ModelConfig& config);

@@ -17,7 +17,7 @@
 //    (e4m3 weights with their 128x128 scales, inputs quantised per 1x128
 //    group: make_cuda_dsa_model_from_checkpoint, no float32 host model);
 //  * attention: for GLM-5 / DeepSeek-V3.2 shapes over an FP8 cache
-//    (kv_lora 512, rope 64, index dim 128) the issue-7 kernels -- fp8
+//    (kv_lora 512, rope 64, index dim 128) the fp8 DSA kernels -- fp8
 //    indexer, radix top-k, sparse MLA with heads padded to 64
 //    (cuda_dsa_fast_attention.cpp); every other shape and cache the fp32
 //    fallback kernels of kernels/cuda/dense;
@@ -59,7 +59,7 @@ struct CudaModelOptions {
   bool bf16_weights = false;
   // With an FP8 KV cache of 64-token pages and the GLM-5.x / DeepSeek-V3.2
   // attention shapes (kv_lora 512, rope 64, index dim 128): the indexer, top-k
-  // and sparse MLA run on the issue-7 fp8 kernels (bf16 queries, fp8 indexer
+  // and sparse MLA run on the fp8 DSA kernels (bf16 queries, fp8 indexer
   // queries; close to, not equal to, the fp32 path). false, or any other cache
   // or shape: the fp32 fallback kernels.
   bool fast_attention = true;

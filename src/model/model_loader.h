@@ -42,7 +42,7 @@ struct ModelLoadOptions {
   // --device cuda: decode steps replayed as CUDA Graphs over batch-size
   // buckets (CudaModelOptions::cuda_graphs); the CLI's --no-cuda-graphs.
   bool cuda_graphs = true;
-  // --device cuda: DSA attention on the issue-7 fp8 kernels when the cache and
+  // --device cuda: DSA attention on the fp8 DSA kernels when the cache and
   // shapes allow it (CudaModelOptions::fast_attention; FP8 KV of 64-token
   // pages); the CLI's --cuda-fallback-attention turns it off (the fp32
   // fallback kernels).

@@ -1,6 +1,7 @@
-// The HTTP endpoints, one file each (openai_chat.cpp, openai_completions.cpp,
-// openai_models.cpp, native_generate.cpp, native_admin.cpp, metrics_endpoint.cpp),
-// and the table that routes to them (routes.cpp).
+// The HTTP endpoints: openai_chat.cpp, openai_completions.cpp,
+// native_generate.cpp, native_admin.cpp (the SGLang admin routes, /v1/models
+// and /metrics), web_api.cpp and web_ui.cpp (the page and
+// its JSON), and the table that routes to them (routes.cpp).
 #pragma once
 
 #include <memory>

@@ -8,6 +8,7 @@
 #include "io/bounded_json.h"
 #include "io/model_config.h"
 #include "server/api_error.h"
+#include "server/chat_prompt.h"
 #include "server/endpoints.h"
 #include "server/generation_output.h"
 #include "server/json_text.h"
@@ -25,60 +26,6 @@
 namespace megactx::server {
 
 namespace {
-
-void validate_messages(const nlohmann::json& body) {
-  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-    throw_invalid("messages", "'messages' must be a non-empty list");
-  for (const auto& message : body["messages"]) {
-    if (!message.is_object() || !message.contains("role") || !message["role"].is_string())
-      throw_invalid("messages", "every message must be an object with a string 'role'");
-    const std::string role = message["role"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
-        role != "developer")
-      throw_invalid("messages", "unknown message role '" + role + "'");
-    if (message.contains("content") && !message["content"].is_null() &&
-        !message["content"].is_string() && !message["content"].is_array())
-      throw_invalid("messages", "message 'content' must be a string, a list of parts or null");
-  }
-}
-
-// Applies tool_choice to the tools the template sees: "none" drops them,
-// a named choice keeps only that function. Returns the tools to render.
-nlohmann::json select_tools(const nlohmann::json& body) {
-  nlohmann::json tools = nlohmann::json::array();
-  if (has_field(body, "tools")) {
-    if (!body["tools"].is_array()) throw_invalid("tools", "'tools' must be a list");
-    for (const auto& tool : body["tools"]) {
-      if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
-          !tool["function"].is_object() || !tool["function"].contains("name") ||
-          !tool["function"]["name"].is_string())
-        throw_invalid("tools",
-                      "every tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
-      tools.push_back(tool);
-    }
-  }
-  if (!has_field(body, "tool_choice")) return tools;
-  const auto& choice = body["tool_choice"];
-  if (choice.is_string()) {
-    std::string mode = choice.get<std::string>();
-    if (mode == "none") return nlohmann::json::array();
-    if (mode == "auto") return tools;
-    if (mode == "required") {
-      if (tools.empty()) throw_invalid("tool_choice", "tool_choice 'required' needs 'tools'");
-      return tools;
-    }
-    throw_invalid("tool_choice", "'tool_choice' must be none, auto, required or a named function");
-  }
-  if (choice.is_object() && choice.value("type", "") == "function" && choice.contains("function") &&
-      choice["function"].is_object() && choice["function"].contains("name") &&
-      choice["function"]["name"].is_string()) {
-    std::string name = choice["function"]["name"].get<std::string>();
-    for (const auto& tool : tools)
-      if (tool["function"]["name"] == name) return nlohmann::json::array({tool});
-    throw_invalid("tool_choice", "tool_choice names '" + name + "', which is not in 'tools'");
-  }
-  throw_invalid("tool_choice", "'tool_choice' must be none, auto, required or a named function");
-}
 
 nlohmann::json delta_json(const ParsedDelta& delta) {
   nlohmann::json out = nlohmann::json::object();
@@ -192,37 +139,14 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
                              std::shared_ptr<ResponseChannel> channel) {
   nlohmann::json body = parse_request_json(request.body);
   check_model_name(state, body);
-  validate_messages(body);
-  const ChatSetup& chat = state.chat();
-  if (!chat.chat_template)
-    throw ApiError(400, "this model has no chat template; use /v1/completions or /generate");
-  if (has_field(body, "chat_template_kwargs") && !body["chat_template_kwargs"].is_object())
-    throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  const ChatPrompt rendered = render_chat_prompt(state.chat(), body, request.body);
   if (has_field(body, "response_format")) {
     const auto& format = body["response_format"];
-    if (!format.is_object() || format.value("type", "") != "text")
+    if (!format.is_object() || string_or_empty(format, "type") != "text")
       throw_invalid("response_format", "only response_format {\"type\": \"text\"} is supported");
   }
-
-  nlohmann::json tools = select_tools(body);
-  // The template sees the request with its keys in the client's order (HF's
-  // tojson keeps insertion order; nlohmann::json would sort them), and with
-  // tool-call arguments decoded from JSON strings into objects as vLLM does.
-  nlohmann::ordered_json template_request = parse_ordered_json(request.body);
-  if (tools.empty()) {
-    template_request.erase("tools");
-  } else if (tools.size() != body["tools"].size()) {  // a named tool_choice kept one tool
-    nlohmann::ordered_json kept = nlohmann::ordered_json::array();
-    for (const auto& tool : template_request["tools"])
-      if (tool.contains("function") &&
-          tool["function"].value("name", "") == tools[0]["function"].value("name", ""))
-        kept.push_back(tool);
-    template_request["tools"] = std::move(kept);
-  }
-  decode_tool_call_arguments(template_request);
-  const nlohmann::ordered_json special_tokens = parse_ordered_json(chat.special_tokens.dump());
-  std::string prompt =
-      chat.chat_template->render(chat_template_context(template_request, special_tokens));
+  const std::string& prompt = rendered.text;
+  const nlohmann::json& tools = rendered.tools;
   const Tokenizer& tokenizer = state.engine().tokenizer();
   std::vector<int32_t> ids = tokenizer.encode(prompt, false);
 
@@ -246,7 +170,7 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   sampling.params.max_new_tokens = max_new;
   check_sampling_request(sampling.params, tokenizer.vocab_size(), /*openai_names=*/true);
 
-  job->parser_options.format = chat.tool_call_format;
+  job->parser_options.format = state.chat().tool_call_format;
   job->parser_options.tools = tools;
   job->parser_options.parse_tool_calls = !tools.empty();
   if (auto parallel = get_bool(body, "parallel_tool_calls"); parallel && !*parallel)

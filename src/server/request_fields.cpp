@@ -12,6 +12,12 @@ bool has_field(const nlohmann::json& object, const std::string& name) {
   return it != object.end() && !it->is_null();
 }
 
+std::string string_or_empty(const nlohmann::json& object, const std::string& name) {
+  if (!object.is_object()) return {};
+  auto it = object.find(name);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 std::optional<double> get_number(const nlohmann::json& object, const std::string& name) {
   if (!has_field(object, name)) return std::nullopt;
   const auto& value = object.at(name);

@@ -13,6 +13,9 @@ namespace megactx::server {
 
 // A field that is absent or null reads as "not given".
 bool has_field(const nlohmann::json& object, const std::string& name);
+// The string value of `name`, or "" when it is absent or not a string (for
+// shape checks; nlohmann's value(name, "") throws on a value of another type).
+std::string string_or_empty(const nlohmann::json& object, const std::string& name);
 
 std::optional<double> get_number(const nlohmann::json& object, const std::string& name);
 std::optional<int64_t> get_integer(const nlohmann::json& object, const std::string& name);

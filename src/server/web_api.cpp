@@ -15,13 +15,13 @@
 #include "io/model_config.h"
 #include "io/model_summary.h"
 #include "server/api_error.h"
+#include "server/chat_prompt.h"
 #include "server/endpoints.h"
 #include "server/json_text.h"
 #include "server/openai_common.h"
 #include "server/request_fields.h"
 #include "server/server_stats_json.h"
 #include "server/web_ui.h"
-#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {
@@ -84,43 +84,6 @@ void handle_ui_model(ServerState& state, const HttpRequest&,
   channel->respond(json_response(card));
 }
 
-// The chat template's rendering of a chat request, as /v1/chat/completions
-// renders it: the client's key order, tool-call arguments decoded, tools
-// dropped by tool_choice "none" or narrowed to a named one.
-std::string render_chat_prompt(const ServerState& state, const nlohmann::json& body,
-                               const std::string& raw_body) {
-  const ChatSetup& chat = state.chat();
-  if (!chat.chat_template)
-    throw ApiError(400, "this model has no chat template; tokenize a 'prompt' instead");
-  if (!body["messages"].is_array() || body["messages"].empty())
-    throw_invalid("messages", "'messages' must be a non-empty list");
-  if (has_field(body, "chat_template_kwargs") && !body["chat_template_kwargs"].is_object())
-    throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-  nlohmann::ordered_json request = parse_ordered_json(raw_body);
-  if (request.contains("tools") && (!request["tools"].is_array() || request["tools"].empty()))
-    request.erase("tools");
-  if (request.contains("tools") && request.contains("tool_choice")) {
-    const auto& choice = request["tool_choice"];
-    if (choice.is_string() && choice.get<std::string>() == "none") {
-      request.erase("tools");
-    } else if (choice.is_object() && choice.contains("function") &&
-               choice["function"].is_object()) {
-      const std::string name = choice["function"].value("name", "");
-      nlohmann::ordered_json kept = nlohmann::ordered_json::array();
-      for (const auto& tool : request["tools"])
-        if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
-            tool["function"].value("name", "") == name)
-          kept.push_back(tool);
-      if (kept.empty())
-        throw_invalid("tool_choice", "tool_choice names '" + name + "', which is not in 'tools'");
-      request["tools"] = std::move(kept);
-    }
-  }
-  decode_tool_call_arguments(request);
-  const nlohmann::ordered_json special_tokens = parse_ordered_json(chat.special_tokens.dump());
-  return chat.chat_template->render(chat_template_context(request, special_tokens));
-}
-
 void handle_tokenize(ServerState& state, const HttpRequest& request,
                      std::shared_ptr<ResponseChannel> channel) {
   nlohmann::json body = parse_request_json(request.body);
@@ -133,7 +96,7 @@ void handle_tokenize(ServerState& state, const HttpRequest& request,
   if (has_field(body, "messages")) {
     if (has_field(body, "prompt"))
       throw_invalid("prompt", "give either 'prompt' or 'messages', not both");
-    text = render_chat_prompt(state, body, request.body);
+    text = render_chat_prompt(state.chat(), body, request.body).text;
     // The rendered prompt already holds the template's special tokens.
     add_special_tokens = get_bool(body, "add_special_tokens").value_or(false);
     out["prompt"] = sanitize_utf8(text);

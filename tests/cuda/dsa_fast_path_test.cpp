@@ -1,5 +1,5 @@
 // The CUDA model's fast DSA path piece by piece (kernels/cuda/dense/
-// dsa_fast_inputs.h glue + the issue-7 kernels, as model/
+// dsa_fast_inputs.h glue + the fp8 DSA kernels, as model/
 // cuda_dsa_fast_attention.cpp chains them) against host references and
 // against the fp32 fallback kernels (dsa_fallback.h) reading the SAME FP8
 // cache bytes: per-token tables, padded bf16 queries, positions -> slots,

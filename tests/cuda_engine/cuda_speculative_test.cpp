@@ -1,4 +1,4 @@
-// MTP speculative decoding on the GPU (issue 8 on the CUDA model):
+// MTP speculative decoding on the GPU (the CUDA model):
 //  * the CUDA MTP layer's draft logits against the PyTorch reference's
 //    goldens (tests/mtp/mtp_golden_check.h: step 0 row by row and batched,
 //    the step-0 top-k, chained draft steps with and without IndexShare +

@@ -1,4 +1,4 @@
-// The CUDA model's fast attention path (the issue-7 fp8 indexer, radix top-k
+// The CUDA model's fast attention path (the fp8 DSA indexer, radix top-k
 // and sparse MLA kernels; model/cuda_dsa_fast_attention.cpp) against its own
 // fp32 fallback (CudaModelOptions::fast_attention = false), both on the GPU
 // over FP8 caches, on small random GLM-shaped models with the kernels' shapes
@@ -200,7 +200,7 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
   // tensor-core products, softmax weights and the output in bf16. Each is
   // ~2^-9 of an attention output; through four layers with random weights the
   // logits move by a few 1e-3 of their largest value. 2e-2 is the bf16 bound
-  // of issue 6 (the bf16 GEMM mode against fp32). The indexer still runs (its
+  // of the bf16 GEMM mode against fp32. The indexer still runs (its
   // scores are not used for dense selection); its selection must be exact:
   // every visible position once.
   for (const Shape& shape : kShapes) {

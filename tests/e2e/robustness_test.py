@@ -89,7 +89,7 @@ def check_answer(response):
     """Problems with one complete response (an empty list when it is fine)."""
     problems = []
     if response.status not in DOCUMENTED:
-        problems.append(f"status {response.status}")
+        problems.append(f"status {response.status}: {response.body[:300]!r}")
     content_type = response.headers.get("content-type", "")
     if response.status >= 400:
         try:
@@ -189,9 +189,9 @@ class RequestsThatCrashedTheServer(unittest.TestCase):
         tokens = body["choices"][0]["logprobs"]["tokens"]
         self.assertEqual([list(entry) for entry in top], [[t] for t in tokens])
         for path, body, param in [
-                ("/v1/completions", {"prompt": "word " * 5000}, "prompt"),
-                ("/generate", {"text": "word " * 5000}, "text"),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w " * 5000}]},
+                ("/v1/completions", {"prompt": "word " * 40000}, "prompt"),
+                ("/generate", {"text": "word " * 40000}, "text"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w " * 40000}]},
                  "messages")]:
             response = self.live.call("POST", path, json.dumps(body))
             self.assertEqual(response.status, 400, response.body[:200])
@@ -324,7 +324,7 @@ class LiveFuzz(unittest.TestCase):
                         found = [] if len(raw) > (1 << 20) else [f"OSError {error}"]
                     with lock:
                         counts["requests"] += 1
-                        problems.extend(f"{raw[:160]!r}: {p}" for p in found)
+                        problems.extend(f"{raw[:2000]!r}: {p}" for p in found)
 
             threads = [threading.Thread(target=client, args=(seed,)) for seed in range(6)]
             for thread in threads:
@@ -347,8 +347,8 @@ class Soak(unittest.TestCase):
     malformed, no KV page held and every integrity check passed."""
 
     def test_soak(self):
-        live = Live("--check-integrity", "--context-length", "1024",
-                    "--max-running-requests", "64")
+        live = Live(*ARGS.soak_server_flags.split(),
+)
         try:
             self.run_soak(live)
         finally:
@@ -375,7 +375,7 @@ class Soak(unittest.TestCase):
             note("malformed" if found else "complete", f"{what}: {found}" if found else None)
 
         def one(rng, kind):
-            small = rng.randint(1, 8)
+            small = rng.randint(1, 4)
             prompt = f"hi {rng.randrange(100000)}"
             generate = {"text": prompt, "sampling_params": {"max_new_tokens": small}}
             chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": small}
@@ -413,9 +413,9 @@ class Soak(unittest.TestCase):
             elif kind == "slow_reader":
                 with live.connect() as c:
                     body = dict(generate, stream=True)
-                    body["sampling_params"] = {"max_new_tokens": 24, "ignore_eos": True}
+                    body["sampling_params"] = {"max_new_tokens": 12, "ignore_eos": True}
                     c.send(request_bytes("POST", "/generate", json.dumps(body)))
-                    answered(c.read_response(read_size=7, pause=0.001), kind)
+                    answered(c.read_response(read_size=16, pause=0.001), kind)
             elif kind == "goes_away":  # closes after the first streamed chunk
                 with live.connect() as c:
                     body = dict(generate, stream=True)
@@ -446,6 +446,7 @@ class Soak(unittest.TestCase):
         started = time.time()
         # Phases of rising concurrency; each ends when its share is issued.
         limit = 0
+        phases = []
         for concurrency, share in [(1, 0.05), (8, 0.25), (32, 0.35), (128, 0.35)]:
             limit = total if concurrency == 128 else limit + int(total * share)
 
@@ -466,10 +467,13 @@ class Soak(unittest.TestCase):
 
             threads = [threading.Thread(target=client, args=(concurrency * 1000 + i,))
                        for i in range(concurrency)]
+            phase_started = time.time()
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
+            phases.append({"concurrency": concurrency, "until": limit,
+                           "seconds": round(time.time() - phase_started, 1)})
         seconds = time.time() - started
         idle = live.wait_idle()
         flushed = live.call("POST", "/flush_cache")
@@ -488,6 +492,7 @@ class Soak(unittest.TestCase):
             "rss_mib_before": round(rss_before / 1024, 1),
             "rss_mib_after": round(rss_after / 1024, 1),
             "integrity_errors_logged": len(live.errors_logged()),
+            "phases": phases,
         })
         REPORT["soak"] = tally
         print(f"\nsoak: {json.dumps(tally)}", flush=True)
@@ -506,6 +511,8 @@ if __name__ == "__main__":
     parser.add_argument("--model", required=True)
     parser.add_argument("--soak-requests", type=int, default=20000)
     parser.add_argument("--fuzz-seconds", type=float, default=60)
+    parser.add_argument("--soak-server-flags",
+                        default="--check-integrity --context-length 1024 --max-running-requests 64")
     parser.add_argument("--report", help="write the measured figures to this JSON file")
     ARGS, rest = parser.parse_known_args()
     program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)

@@ -98,6 +98,46 @@ TEST(Sampler, PenaltiesMatchHandComputedValues) {
   EXPECT_FLOAT_EQ(logits[4], 1.0f);
 }
 
+TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
+  SamplingParams p = params();
+  p.logit_bias = {{1, 4.0f}, {2, -100.0f}};
+  p.repetition_penalty = 2.0;
+  std::unordered_map<int32_t, int32_t> counts = {{1, 1}};
+  SamplingRow row;
+  row.params = &p;
+  row.output_counts = &counts;
+  std::vector<float> logits = {0.5f, -1.0f, 3.0f};
+  apply_penalties(row, logits);
+  EXPECT_FLOAT_EQ(logits[0], 0.5f);
+  EXPECT_FLOAT_EQ(logits[1], 1.5f);  // (-1 + 4) / 2: biased first, then penalized
+  EXPECT_FLOAT_EQ(logits[2], -97.0f);
+}
+
+TEST(Sampler, LogitBiasSteersGreedyAndSampledDrawsButNotLogprobs) {
+  Tensor logits = Tensor::zeros({1, 3});
+  logits.data<float>()[0] = 2.0f;  // the unbiased argmax
+  CpuSampler sampler;
+  SamplingParams greedy = params(0.0);
+  greedy.logit_bias = {{2, 5.0f}};
+  SamplingRow row;
+  row.params = &greedy;
+  row.want_logprob = true;
+  std::vector<SampleResult> results(1);
+  sampler.sample(logits, {&row, 1}, results);
+  EXPECT_EQ(results[0].token, 2);
+  const double z = std::exp(2.0) + 2.0;
+  EXPECT_NEAR(results[0].logprob, -std::log(z), 1e-5);  // of the model's own logits
+  // -100 on every token but one: every seeded draw takes that one.
+  SamplingParams sampled = params(1.0);
+  sampled.logit_bias = {{0, -100.0f}, {2, -100.0f}};
+  row.params = &sampled;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    row.seed = seed;
+    sampler.sample(logits, {&row, 1}, results);
+    EXPECT_EQ(results[0].token, 1) << "seed " << seed;
+  }
+}
+
 TEST(Sampler, MaskedTokensCannotBeSampled) {
   SamplingParams p = params(0.0);
   std::vector<int32_t> masked = {2};

@@ -24,8 +24,7 @@ struct Route {
   const char* method;
   const char* path;
 };
-// Every route a client can reach (web UI routes serve files and are fuzzed
-// through the same router when a request names them).
+// Every route a client can reach, and two it cannot.
 constexpr Route kRoutes[] = {
     {"POST", "/v1/chat/completions"},
     {"POST", "/v1/completions"},

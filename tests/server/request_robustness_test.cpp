@@ -87,6 +87,22 @@ TEST(BoundedJson, LimitIsEnforcedWhileParsing) {
   EXPECT_EQ(parse_ordered_json(R"({"b":1,"a":2})").begin().key(), "b");
 }
 
+TEST(RequestRobustness, FieldsOfTheWrongTypeAre400s) {
+  // Found by the live fuzz loop: tool_choice.type as a list was a 500.
+  ServerFixture f;
+  json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  json base = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", {tool}}};
+  for (json extra : {json{{"tool_choice", {{"type", json::array({"x"})}}}},
+                     json{{"tool_choice", {{"type", "function"}, {"function", {{"name", 3}}}}}},
+                     json{{"response_format", {{"type", 3}}}}, json{{"tools", {{{"type", 5}}}}},
+                     json{{"tools", {{{"type", "function"}, {"function", {{"name", {1}}}}}}}}}) {
+    json body = base;
+    body.update(extra);
+    auto r = f.call("POST", "/v1/chat/completions", body);
+    EXPECT_EQ(r->status, 400) << extra.dump() << " " << r->body;
+  }
+}
+
 TEST(RequestRobustness, SeedsPastInt64AreRejected) {
   ServerFixture f;
   const std::string user = R"("messages":[{"role":"user","content":"hi"}])";

@@ -1,6 +1,6 @@
 // fp32 DSA fallback kernels; see dsa_fallback.h. Plain where it keeps them
 // obviously right: they define the parity mode and serve every model the
-// issue-7 kernels do not. The top-k is the radix select of position_topk.h.
+// fp8 DSA kernels do not. The top-k is the radix select of position_topk.h.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 

@@ -1,7 +1,7 @@
 // The exact-parity (fp32 compute) DSA path of the CUDA model: cache writes in
 // the F32/BF16/FP8 layouts of cache/kv_cache.h, the fp32 indexer with its top-k,
 // and sparse MLA reading the selected latents straight from the paged pool.
-// The fast fp8 path is kernels/cuda/{indexer,topk,sparse_mla} (issue 7).
+// The fast fp8 path is kernels/cuda/{indexer,topk,sparse_mla}.
 //
 // Paging: every new token t of the batch knows its sequence's page table as
 // `page_tables + table_offset[t]` (int32 pages); position p of that sequence

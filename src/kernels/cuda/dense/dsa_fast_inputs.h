@@ -1,4 +1,4 @@
-// Glue between the CUDA model's fp32 tensors and the issue-7 fp8 DSA kernels
+// Glue between the CUDA model's fp32 tensors and the fp8 DSA kernels
 // (kernels/cuda/{indexer,topk,sparse_mla}): per-token block tables, bf16
 // queries padded to the head counts those kernels support, selected positions
 // mapped to physical cache slots, and the bf16 attention output back to fp32.
