@@ -29,11 +29,9 @@
 #include "cli/cuda_options.h"
 #include "cli/speculative_options.h"
 #include "core/error.h"
-#include "engine/engine.h"
-#include "engine/kv_capacity.h"
+#include "engine/engine_builder.h"
 #include "io/model_config.h"
 #include "io/model_summary.h"
-#include "model/model_loader.h"
 #include "server/chat_setup.h"
 #include "server/endpoints.h"
 #include "server/http_server.h"
@@ -74,25 +72,21 @@ int run_serve(const ServeOptions& options) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const ModelConfig config = load_model_config(options.model_dir);
-  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(options.model_dir);
-
-  ModelLoadOptions load;
+  EngineLoadOptions load;
+  load.model_dir = options.model_dir;
   if (options.device == "cuda")
-    load.device = Device::CUDA;
+    load.load.device = Device::CUDA;
   else if (options.device != "cpu")
     fail("unknown --device '{}' (cpu or cuda)", options.device);
-  load.kv_dtype = parse_kv_dtype(options.kv_dtype);
-  const bool cuda = load.device == Device::CUDA;
-  apply_cuda_options(options.cuda, load);
-  const int64_t kv_memory = options.kv_memory.empty()
-                                ? (cuda ? 0 : int64_t{2} << 30)
-                                : static_cast<int64_t>(parse_memory_size(options.kv_memory));
-  MEGACTX_CHECK(options.kv_memory.empty() || kv_memory > 0, "--kv-memory must be positive");
+  load.load.kv_dtype = parse_kv_dtype(options.kv_dtype);
+  apply_cuda_options(options.cuda, load.load);
+  load.gpu_memory_utilization = options.gpu_memory_utilization;
 
-  EngineConfig engine_config;
-  engine_config.kv_dtype = load.kv_dtype;
-  engine_config.kv_memory_bytes = kv_memory;
+  EngineConfig& engine_config = load.engine;
+  engine_config.kv_memory_bytes =
+      options.kv_memory.empty() ? 0 : static_cast<int64_t>(parse_memory_size(options.kv_memory));
+  MEGACTX_CHECK(options.kv_memory.empty() || engine_config.kv_memory_bytes > 0,
+                "--kv-memory must be positive");
   if (!options.host_kv_memory.empty()) {
     engine_config.host_kv_memory_bytes =
         static_cast<int64_t>(parse_memory_size(options.host_kv_memory));
@@ -101,61 +95,16 @@ int run_serve(const ServeOptions& options) {
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   engine_config.context_length = options.context_length;
-  engine_config.speculative_steps = options.speculative.steps;
-  engine_config.speculative_share = !options.speculative.no_share;
-  engine_config.speculative_sampled_mode = parse_verify_mode(options.speculative.verify);
-  engine_config.mtp_model_dir = options.model_dir;
+  apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
 
-  std::unique_ptr<LanguageModel> model;
-  if (cuda) {
-    // What the load takes on the device is measured, not estimated: it
-    // covers the weights in whatever precision the CUDA model keeps them.
-    MEGACTX_CHECK(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0,
-                  "--gpu-memory-utilization must be in (0, 1], got {}",
-                  options.gpu_memory_utilization);
-    const DeviceMemoryInfo before = query_device_memory();
-    // Fail before the (long) load when even the GEMM weights cannot fit: the
-    // CUDA model keeps them in float32, or bf16 with --cuda-bf16.
-    const int64_t parameters = summarize_model(config).params_total;
-    // fp8 checkpoints loaded natively keep their fp8 matrices at 1 B each.
-    const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && !options.cuda.fp8_upcast ? 1
-                                        : options.cuda.bf16                                    ? 2
-                                                                                               : 4;
-    const int64_t least_weight_bytes = parameters * bytes_per_parameter;
-    double usable = static_cast<double>(before.free_bytes);
-    if (options.kv_memory.empty()) {
-      usable = std::min(usable,
-                        options.gpu_memory_utilization * static_cast<double>(before.total_bytes));
-    }
-    MEGACTX_CHECK(static_cast<double>(least_weight_bytes) < usable,
-                  "the model does not fit on the device: its {} parameters need at least {} MiB, "
-                  "{:.0f} MiB are usable ({} of {} MiB free, --gpu-memory-utilization {})",
-                  parameters, least_weight_bytes >> 20, usable / (1 << 20), before.free_bytes >> 20,
-                  before.total_bytes >> 20, options.gpu_memory_utilization);
-    load.cuda_logits_on_device = true;  // the engine samples on the device
-    model = load_language_model(options.model_dir, load);
-    // The MTP layer's weights are part of what the plan measures.
-    if (engine_config.speculative_steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);
-    DeviceKvRequest request;
-    request.memory = query_device_memory();
-    request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
-    request.gpu_memory_utilization = options.gpu_memory_utilization;
-    request.kv_memory_bytes = kv_memory;
-    request.options = cuda_scratch_options(load, model.get());
-    const DeviceKvPlan plan = plan_device_kv(model->config(), engine_config, request);
-    spdlog::info("{}", plan.summary());
-    engine_config.kv_memory_bytes = plan.kv_bytes();
-  } else {
-    model = load_language_model(options.model_dir, load);
-  }
-  GenerationDefaults defaults = load_generation_defaults(options.model_dir, config.eos_token_ids);
-  auto engine = Engine::create(engine_config, std::move(model), tokenizer, defaults);
-
+  LoadedEngine loaded = load_engine(load);
+  Engine& engine = *loaded.engine;
+  const ModelConfig& config = engine.model_config();
+  const GenerationDefaults& defaults = loaded.defaults;
   const std::string kv_memory_text =
       !options.kv_memory.empty() ? options.kv_memory
-      : cuda                     ? std::to_string(engine_config.kv_memory_bytes >> 20) + "MiB"
-                                 : "2GiB";
+                                 : std::to_string(engine.capacity().total_bytes >> 20) + "MiB";
   server::ServerConfig server_config;
   server_config.served_model_name =
       options.served_model_name.empty() ? options.model_dir : options.served_model_name;
@@ -174,7 +123,7 @@ int run_serve(const ServeOptions& options) {
       {"max_running_requests", options.max_running_requests},
       {"max_prefill_tokens", options.max_prefill_tokens},
       {"speculative_steps", options.speculative.steps}};
-  server::ServerState state(*engine, server_config,
+  server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
 
@@ -196,14 +145,14 @@ int run_serve(const ServeOptions& options) {
   std::printf("megactx serving %s at http://%s:%u\n", server_config.served_model_name.c_str(),
               host.c_str(), server.port());
   std::fflush(stdout);
-  spdlog::info("context {} tokens, KV {} pages, API key {}", engine->max_context_tokens(),
-               engine->stats().kv_pages_total, options.api_key.empty() ? "off" : "on");
+  spdlog::info("context {} tokens, KV {} pages, API key {}", engine.max_context_tokens(),
+               engine.stats().kv_pages_total, options.api_key.empty() ? "off" : "on");
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("signal {}: shutting down", signal_number);
   server.stop();
-  engine->abort_all();
+  engine.abort_all();
   state.drain();
   return 0;
 }

@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/engine_config.h"
+#include "engine/rejection_sampler.h"
+
 namespace megactx::cli {
 
 struct SpeculativeCliOptions {
@@ -27,6 +30,14 @@ inline void add_speculative_options(CLI::App& command, SpeculativeCliOptions& op
       .add_option("--spec-verify", options.verify,
                   "rejection|target-only (sampled requests; greedy ones are exact)")
       ->capture_default_str();
+}
+
+// The engine's MTP settings from the options (the checkpoint's directory is
+// the model's: engine_builder.h).
+inline void apply_speculative_options(const SpeculativeCliOptions& options, EngineConfig& engine) {
+  engine.speculative_steps = options.steps;
+  engine.speculative_share = !options.no_share;
+  engine.speculative_sampled_mode = parse_verify_mode(options.verify);
 }
 
 }  // namespace megactx::cli

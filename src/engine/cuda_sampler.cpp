@@ -243,4 +243,13 @@ void CudaSampler::score(const Tensor& logits, std::span<const LogprobQuery> quer
 
 #endif  // MEGACTX_HAVE_CUDA
 
+std::unique_ptr<Sampler> make_sampler(const LanguageModel& model) {
+#if MEGACTX_HAVE_CUDA
+  if (void* stream = model.compute_stream()) return std::make_unique<CudaSampler>(-1, stream);
+#endif
+  MEGACTX_CHECK(model.device() == Device::CPU,
+                "engine: a device model in a build without its device's sampler");
+  return std::make_unique<CpuSampler>();
+}
+
 }  // namespace megactx

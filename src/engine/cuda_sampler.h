@@ -23,6 +23,7 @@
 
 #include "engine/cpu_sampler.h"
 #include "engine/sampler.h"
+#include "model/language_model.h"
 
 namespace megactx {
 
@@ -35,6 +36,10 @@ constexpr int64_t kDeviceMaxTopLogprobs = 20;
 // at most min(kDeviceMaxTopLogprobs, vocab) alternatives, and parameters that
 // keep their meaning in the kernel's float32 fields.
 bool device_samples_row(const SamplingRow& row, int64_t vocab);
+
+// The sampler of `model`'s logits: a CudaSampler on the model's compute
+// stream for a model with one, else the CpuSampler.
+std::unique_ptr<Sampler> make_sampler(const LanguageModel& model);
 
 // What the last sample()/score() call did (tests, metrics).
 struct CudaSamplerStats {

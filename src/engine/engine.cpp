@@ -8,11 +8,8 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/cpu_sampler.h"
-#include "tokenizer/tokenizer.h"
-#if MEGACTX_HAVE_CUDA
 #include "engine/cuda_sampler.h"
-#include "model/cuda_model.h"
-#endif
+#include "tokenizer/tokenizer.h"
 
 namespace megactx {
 
@@ -58,16 +55,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   vocab_size_ = model_config.vocab_size;
   MEGACTX_CHECK(vocab_size_ > 0, "model config has no vocab_size");
 
-  if (model_->device() == Device::CUDA && !config_.make_kv_cache) {
-#if MEGACTX_HAVE_CUDA
-    // The CUDA model reads and writes device pools.
-    config_.make_kv_cache = [](const KvCacheSpec& spec) { return make_cuda_kv_cache(spec); };
-#else
-    fail("engine: a CUDA model in a build without the CUDA backend");
-#endif
-  }
-  cache_ = config_.make_kv_cache ? config_.make_kv_cache(capacity_.spec)
-                                 : std::make_unique<PagedKvCache>(capacity_.spec);
+  cache_ = model_->make_kv_cache(capacity_.spec);
   MEGACTX_CHECK(cache_->spec().device == model_->device(),
                 "engine: the KV cache is on the {} but the model on the {}",
                 cache_->spec().device == Device::CUDA ? "GPU" : "host",
@@ -81,13 +69,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
-#if MEGACTX_HAVE_CUDA
-  // Over device logits; host logits (logits_on_device off) go to its CpuSampler.
-  if (model_->device() == Device::CUDA) {
-    sampler_ = std::make_unique<CudaSampler>(-1, cuda_model_stream(*model_));
-  }
-#endif
-  if (!sampler_) sampler_ = std::make_unique<CpuSampler>();
+  sampler_ = make_sampler(*model_);
   update_stats();
 }
 
@@ -99,19 +81,9 @@ void Engine::create_host_tier() {
   MEGACTX_CHECK(spec.num_pages > 0,
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
                 config_.host_kv_memory_bytes, spec.bytes_per_page(), spec.page_size);
-  std::unique_ptr<PagedKvCache> host;
-  KvPageCopy copy = config_.copy_kv_pages;
-  if (config_.make_host_kv_cache) host = config_.make_host_kv_cache(spec);
-#if MEGACTX_HAVE_CUDA
-  // A CUDA model: pinned pools, copies on its stream.
-  if (model_->device() == Device::CUDA) {
-    if (!host) host = make_cuda_host_kv_cache(spec);
-    if (!copy) copy = make_cuda_kv_page_copy(*model_);
-  }
-#endif
-  if (!host) host = std::make_unique<PagedKvCache>(spec);
-  if (!copy) copy = copy_kv_pages_on_host;
-  host_tier_ = std::make_unique<HostKvTier>(*cache_, std::move(host), std::move(copy));
+  // Pinned pools and copies on the model's stream for a device model.
+  host_tier_ = std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec),
+                                            model_->kv_page_copy());
   spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
                spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);
 }
@@ -130,6 +102,14 @@ Engine::~Engine() {
   for (auto& [rid, request] : requests_) left.push_back(request.get());
   for (RequestState* request : left) finish(*request, FinishReason::Abort, "engine shut down");
   deliver_updates();
+}
+
+std::optional<Engine::HeldSequence> Engine::held_sequence(const std::string& rid) const {
+  std::lock_guard lock(engine_mutex_);
+  auto it = requests_.find(rid);
+  if (it == requests_.end()) return std::nullopt;
+  const RequestState& request = *it->second;
+  return HeldSequence{request.tokens, request.page_table, request.num_computed};
 }
 
 void Engine::set_sampler(std::unique_ptr<Sampler> sampler) {

@@ -4,10 +4,10 @@
 // stop checks -> updates) on its own thread while there is work. Tests turn
 // the thread off (EngineConfig::run_thread = false) and call step().
 // With EngineConfig::speculative_steps = k > 0 decoding requests verify k MTP
-// drafts per step (engine_speculation.cpp; the CPU DsaModel only).
-// A CUDA model (LanguageModel::device() == CUDA) gets device KV pools unless
-// EngineConfig::make_kv_cache says otherwise, and the CudaSampler
-// (cuda_sampler.h), which samples device logits on the device.
+// drafts per step (engine_speculation.cpp), from the model's own MTP layer.
+// The engine knows no device: the model makes its KV pools, the host tier's
+// pools and page copies and its MTP layer (LanguageModel's device hooks), and
+// make_sampler picks the sampler of its logits (cuda_sampler.h).
 // With EngineConfig::host_kv_memory_bytes the prefix cache gets a host tier
 // (cache/host_kv_tier.h): evicted pages wait in host memory for a prefix hit.
 #pragma once
@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -68,6 +69,16 @@ class Engine : public EngineApi {
   int64_t num_preemptions() const;
   // Replaces the sampler (CpuSampler, or CudaSampler for a CUDA model).
   void set_sampler(std::unique_ptr<Sampler> sampler);
+
+  // Tests: the KV pools, and what a live request holds in them (its tokens,
+  // page table and the length the cache holds); nullopt once it finished.
+  const PagedKvCache& kv_cache() const { return *cache_; }
+  struct HeldSequence {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> page_table;
+    int64_t num_computed = 0;
+  };
+  std::optional<HeldSequence> held_sequence(const std::string& rid) const;
 
  private:
   struct Submit {

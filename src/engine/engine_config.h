@@ -40,20 +40,11 @@ struct EngineConfig {
   bool run_thread = true;
   // Run check_integrity() after every step (tests, debugging).
   bool check_integrity_every_step = false;
-  // Builds the cache storage; default: host pools through
-  // PagedKvCache(spec), device pools (make_cuda_kv_cache) for a CUDA model.
-  std::function<std::unique_ptr<PagedKvCache>(const KvCacheSpec&)> make_kv_cache;
   // The host tier of the prefix cache (--host-kv-memory; 0: none): pages the
   // KV pool evicts keep their contents in this many bytes of host memory and
   // are copied back on a prefix hit instead of being recomputed
   // (cache/host_kv_tier.h). Needs the prefix cache.
   int64_t host_kv_memory_bytes = 0;
-  // Builds the host tier's pools and copies pages between the tiers. Default:
-  // plain host memory and memcpy (CPU model); pinned memory and asynchronous
-  // copies on the model's stream (make_cuda_host_kv_cache,
-  // make_cuda_kv_page_copy) for a CUDA model.
-  std::function<std::unique_ptr<PagedKvCache>(const KvCacheSpec&)> make_host_kv_cache;
-  KvPageCopy copy_kv_pages;
 };
 
 struct GenerationDefaults {

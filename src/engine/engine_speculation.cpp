@@ -47,10 +47,7 @@
 #include "core/error.h"
 #include "engine/cpu_sampler.h"
 #include "engine/engine.h"
-#include "model/dsa_model.h"
-#if MEGACTX_HAVE_CUDA
-#include "model/cuda_model.h"
-#endif
+#include "model/mtp_layer.h"
 
 namespace megactx {
 namespace {
@@ -62,14 +59,6 @@ constexpr uint64_t kSpeculationSeedSalt = 0x6D74705F73706563ull;  // "mtp_spec"
 std::span<const float> logits_row(const Tensor& logits, int64_t row) {
   const int64_t vocab = logits.dim(1);
   return {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)};
-}
-
-Tensor logits_on_host([[maybe_unused]] const Tensor& logits) {
-#if MEGACTX_HAVE_CUDA
-  return to_host(logits);
-#else
-  fail("engine: device logits in a build without the CUDA backend");
-#endif
 }
 
 }  // namespace
@@ -84,17 +73,7 @@ void Engine::load_mtp_layer() {
                 "speculative decoding needs EngineConfig::mtp_model_dir (the checkpoint)");
   MEGACTX_CHECK(config_.speculative_sampled_mode != VerifyMode::Greedy,
                 "speculative_sampled_mode must be RejectionSampling or TargetOnly");
-  if (model_->device() == Device::CUDA) {
-#if MEGACTX_HAVE_CUDA
-    mtp_ = make_cuda_mtp_layer(*model_, config_.mtp_model_dir);
-    return;
-#endif
-  }
-  auto* dsa = dynamic_cast<DsaModel*>(model_.get());
-  MEGACTX_CHECK(dsa != nullptr,
-                "--speculative-steps needs a DSA model (glm_moe_dsa / deepseek_v32) on the CPU or "
-                "the CUDA model");
-  mtp_ = MtpLayer::load(*dsa, config_.mtp_model_dir);
+  mtp_ = model_->load_mtp_layer(config_.mtp_model_dir);
 }
 
 int64_t Engine::draft_count(const RequestState& request) const {
@@ -234,7 +213,7 @@ VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits,
   // The k + 1 rows on the host: device logits are copied once per step for
   // every verifying request (verify_logits_host_, reset by collect_outputs).
   if (logits.device() != Device::CPU && !verify_logits_host_.defined()) {
-    verify_logits_host_ = logits_on_host(logits);
+    verify_logits_host_ = model_->to_host(logits);
   }
   const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
   std::vector<std::span<const float>> rows;

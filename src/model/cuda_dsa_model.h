@@ -38,6 +38,14 @@ class CudaDsaModel final : public LanguageModel {
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return Device::CUDA; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
+  // Device pools, pinned host-tier pools with copies on stream(), the MTP
+  // layer on the device (cuda_dsa_device_hooks.cpp).
+  std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override;
+  std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override;
+  KvPageCopy kv_page_copy() const override;
+  std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir) override;
+  Tensor to_host(const Tensor& tensor) const override;
+  void* compute_stream() const override { return stream_; }
 
   int64_t index_topk() const { return index_topk_; }
   // The stream every forward runs on: the engine's CudaSampler runs on it

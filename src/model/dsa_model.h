@@ -30,6 +30,7 @@ class DsaModel final : public LanguageModel {
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return backend_->device(); }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
+  std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir) override;
 
   int64_t index_topk() const { return index_topk_; }
   const DsaWeights& weights() const { return weights_; }

@@ -11,11 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "cache/host_kv_tier.h"
 #include "cache/kv_cache.h"
 #include "core/tensor.h"
 #include "io/model_config.h"
 
 namespace megactx {
+
+class MtpLayer;  // model/mtp_layer.h
 
 struct SequenceInput {
   std::span<const int32_t>
@@ -45,6 +48,26 @@ class LanguageModel {
   virtual Device device() const = 0;
   // Appends every sequence's new tokens to the cache and returns their logits.
   virtual ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) = 0;
+
+  // What the engine builds around a model lives where the model computes, so
+  // the model makes it and the engine never asks which device it is on. The
+  // defaults are the host's: plain host pools, memcpy page copies, no MTP.
+  //
+  // The pools forward() reads and writes (zeroed; a clear Error when they do
+  // not fit).
+  virtual std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const;
+  // Host pools of the prefix cache's host tier (pinned for a device model)
+  // and the copies between them and make_kv_cache's pools.
+  virtual std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const;
+  virtual KvPageCopy kv_page_copy() const;
+  // The checkpoint's MTP layer beside this model (its weights from
+  // `model_dir`); an Error for a model that cannot run one.
+  virtual std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir);
+  // A host copy of a float32 tensor forward() returned (logits on the device).
+  virtual Tensor to_host(const Tensor& tensor) const { return tensor; }
+  // The stream (a cudaStream_t) every forward runs on; null on the host. A
+  // device sampler runs on it, after the forward, without a host sync.
+  virtual void* compute_stream() const { return nullptr; }
 };
 
 }  // namespace megactx

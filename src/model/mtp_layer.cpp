@@ -188,4 +188,8 @@ KvCacheSpec make_mtp_kv_cache_spec(const ModelConfig& config, int64_t num_pages,
   return spec;
 }
 
+std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const std::string& model_dir) {
+  return MtpLayer::load(*this, model_dir);
+}
+
 }  // namespace megactx

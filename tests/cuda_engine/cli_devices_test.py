@@ -2,13 +2,13 @@
 """`megactx generate` / `serve` through the serving Engine, on the CPU and (with
 --cuda, on the GPU machine) on CUDA.
 
-Host part (runs everywhere): `generate --engine` gives the plain loop's greedy
-tokens, and a seeded sampled request gives the same tokens twice; the CUDA
+Host part (runs everywhere): `generate` (the serving Engine on the CPU) gives
+24 greedy tokens, and a seeded sampled request gives the same tokens twice; the CUDA
 model's switches (--cuda-fallback-attention, --cuda-host-moe, --no-cuda-graphs,
 --cuda-bf16) without --device cuda are a one-line error (exit 1) in generate,
 logits and serve.
---cuda: `generate --device cuda` gives the CPU loop's greedy tokens and
-`generate --device cpu --engine`'s seeded sampled tokens, also with
+--cuda: `generate --device cuda` gives the CPU's greedy tokens and
+the CPU's seeded sampled tokens, also with
 --cuda-fallback-attention and --cuda-host-moe (and with the FP8 KV cache
 both attention paths finish); `serve --device cuda`
 answers /generate with the CPU server's greedy tokens and its logprobs within
@@ -132,11 +132,10 @@ def main():
         name = os.path.basename(model)
         loop = generate(args.megactx, model)
         check(not loop.startswith("error") and len(loop.split(",")) == 24, f"{name}: loop {loop}")
-        check(generate(args.megactx, model, "--engine") == loop, f"{name}: --engine greedy = loop")
         sampled = ("--temperature", "0.9", "--seed", "4")
-        engine_sampled = generate(args.megactx, model, "--engine", *sampled)
+        engine_sampled = generate(args.megactx, model, *sampled)
         check(not engine_sampled.startswith("error"), f"{name}: sampled {engine_sampled}")
-        check(generate(args.megactx, model, "--engine", *sampled) == engine_sampled,
+        check(generate(args.megactx, model, *sampled) == engine_sampled,
               f"{name}: seeded sampling reproduces")
         check_cuda_flags_need_cuda(args.megactx, model)
         if os.path.exists(os.path.join(model, "tokenizer.json")):
@@ -144,18 +143,18 @@ def main():
         if not args.cuda:
             continue
         check(generate(args.megactx, model, "--device", "cuda") == loop,
-              f"{name}: generate --device cuda greedy = CPU loop")
+              f"{name}: generate --device cuda greedy = CPU")
         # The fixtures' F32 cache never takes the fast path; the host MoE
         # dispatch computes the same float32 sums in another launch order.
         for switch in ("--cuda-fallback-attention", "--cuda-host-moe"):
             check(generate(args.megactx, model, "--device", "cuda", switch) == loop,
-                  f"{name}: generate --device cuda {switch} greedy = CPU loop")
+                  f"{name}: generate --device cuda {switch} greedy = CPU")
         for switch in ([], ["--cuda-fallback-attention"]):
             out = generate(args.megactx, model, "--device", "cuda", "--kv-dtype", "fp8", *switch)
             check(not out.startswith("error") and len(out.split(",")) == 24,
                   f"{name}: generate --device cuda --kv-dtype fp8 {' '.join(switch)}: {out}")
         check(generate(args.megactx, model, "--device", "cuda", *sampled) == engine_sampled,
-              f"{name}: generate --device cuda seeded sampled = CPU --engine")
+              f"{name}: generate --device cuda seeded sampled = CPU")
         if not os.path.exists(os.path.join(model, "tokenizer.json")):
             continue  # serve needs a tokenizer
         want, error = served(args.megactx, model, "--kv-dtype", "f32")

@@ -196,6 +196,59 @@ TEST(SpeculativeEngineContext, DraftsStopAtTheContextLength) {
   EXPECT_GT(results[1].at("c200").verify_ct, 0);
 }
 
+// After verification rounds with rejections (rolled-back drafts, then the MTP
+// refill of the accepted rows), every cache entry of the target layers and
+// of the MTP layer at computed positions equals what a fresh prefill of the
+// same tokens writes (float32 cache, so up to GEMM rounding).
+TEST(SpeculativeEngineCache, EntriesAfterRollbackEqualAFreshPrefill) {
+  const std::string dir = source_path("models/default");
+  const std::vector<int32_t> text = default_text_tokens();
+  const std::vector<int32_t> prompt(text.begin() + 900, text.begin() + 1030);
+  SpecEngineOptions options;
+  options.steps = 7;
+  SpecEngine speculating(dir, options);
+  speculating.submit(make_request("long", prompt, 1000));  // read mid-way below
+  for (int step = 0; step < 7; ++step) speculating.engine->step();
+  const auto held = speculating.engine->held_sequence("long");
+  ASSERT_TRUE(held.has_value());
+  ASSERT_GT(speculating.results["long"].verify_ct, 2);
+  const int64_t computed = held->num_computed;
+  ASSERT_GT(computed, static_cast<int64_t>(prompt.size()) + 8);
+
+  // Fresh: a prefill of the same computed tokens (target and MTP layer), one
+  // new token; its pages stay held while it runs its only step.
+  SpecEngine fresh(dir, options);
+  fresh.submit(make_request(
+      "fresh", std::vector<int32_t>(held->tokens.begin(), held->tokens.begin() + computed), 2));
+  fresh.engine->step();
+  const auto fresh_held = fresh.engine->held_sequence("fresh");
+  ASSERT_TRUE(fresh_held.has_value());
+  ASSERT_EQ(fresh_held->num_computed, computed);
+
+  const PagedKvCache& a_cache = speculating.engine->kv_cache();
+  const PagedKvCache& b_cache = fresh.engine->kv_cache();
+  const ModelConfig& c = speculating.engine->model_config();
+  const int64_t lora = c.kv_lora_rank, rope = c.qk_rope_head_dim, dim = c.index_head_dim;
+  std::vector<float> a(lora + rope), b(lora + rope), ka(dim), kb(dim);
+  auto slot = [](const Engine::HeldSequence& s, int64_t p) {
+    return int64_t{s.page_table[static_cast<size_t>(p / 64)]} * 64 + p % 64;
+  };
+  double worst = 0.0;
+  for (int64_t layer = 0; layer <= c.num_hidden_layers; ++layer) {
+    for (int64_t p = 0; p < computed; ++p) {
+      a_cache.read_latent(layer, slot(*held, p), a.data(), a.data() + lora);
+      b_cache.read_latent(layer, slot(*fresh_held, p), b.data(), b.data() + lora);
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+      if (a_cache.has_indexer(layer)) {
+        a_cache.read_indexer_key(layer, slot(*held, p), ka.data());
+        b_cache.read_indexer_key(layer, slot(*fresh_held, p), kb.data());
+        for (int64_t i = 0; i < dim; ++i) worst = std::max(worst, double(std::fabs(ka[i] - kb[i])));
+      }
+    }
+  }
+  EXPECT_LT(worst, 1e-3) << "cache entries differ from a fresh prefill";
+}
+
 const ModelCase kCases[] = {
     {"default", source_path("models/default"), 24, true},
     {"glm_schedule", source_path("tests/fixtures/mtp/glm_schedule"), 40, false},

@@ -1,0 +1,24 @@
+#include "model/language_model.h"
+
+#include "core/error.h"
+#include "model/mtp_layer.h"
+
+namespace megactx {
+
+std::unique_ptr<PagedKvCache> LanguageModel::make_kv_cache(const KvCacheSpec& spec) const {
+  return std::make_unique<PagedKvCache>(spec);
+}
+
+std::unique_ptr<PagedKvCache> LanguageModel::make_host_kv_cache(const KvCacheSpec& spec) const {
+  return std::make_unique<PagedKvCache>(spec);
+}
+
+KvPageCopy LanguageModel::kv_page_copy() const {
+  return copy_kv_pages_on_host;
+}
+
+std::unique_ptr<MtpLayer> LanguageModel::load_mtp_layer(const std::string&) {
+  fail("speculative decoding needs a DSA model (glm_moe_dsa / deepseek_v32) with an MTP layer");
+}
+
+}  // namespace megactx
