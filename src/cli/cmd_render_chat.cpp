@@ -6,10 +6,10 @@
 #include <memory>
 #include <sstream>
 
+#include "chat/chat_template.h"
 #include "cli/command_registry.h"
 #include "core/error.h"
 #include "io/bounded_json.h"
-#include "tokenizer/chat_template.h"
 
 namespace megactx::cli {
 

@@ -1,9 +1,9 @@
 #include "server/chat_prompt.h"
 
+#include "chat/chat_template.h"
 #include "io/bounded_json.h"
 #include "server/api_error.h"
 #include "server/request_fields.h"
-#include "tokenizer/chat_template.h"
 
 namespace megactx::server {
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "tokenizer/chat_template.h"
-#include "tokenizer/output_parser.h"
+#include "chat/chat_template.h"
+#include "chat/output_parser.h"
 
 namespace megactx::server {
 

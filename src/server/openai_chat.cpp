@@ -5,6 +5,8 @@
 // per choice, a usage chunk when stream_options.include_usage, then [DONE].
 #include <memory>
 
+#include "chat/chat_template.h"
+#include "chat/output_parser.h"
 #include "io/bounded_json.h"
 #include "io/model_config.h"
 #include "server/api_error.h"
@@ -19,8 +21,6 @@
 #include "server/request_fields.h"
 #include "server/sampling_json.h"
 #include "server/sse.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {

@@ -3,8 +3,8 @@
 // as their model repositories ship them) and the templates of
 // tests/fixtures/chat/templates, and compares byte for byte with the
 // reference renderer (tools/fixtures/render_chat_template.py run by Debian's
-// /usr/bin/python3 with python3-jinja2, set up as HF's apply_chat_template). When the reference fails on a conversation, megactx
-// must fail with an Error too.
+// /usr/bin/python3 with python3-jinja2, set up as HF's apply_chat_template). When the reference
+// fails on a conversation, megactx must fail with an Error too.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -16,8 +16,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat/chat_template.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
 
 namespace megactx {
 namespace {

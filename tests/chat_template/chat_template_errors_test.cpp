@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include "chat/chat_template.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
 
 namespace megactx {
 namespace {

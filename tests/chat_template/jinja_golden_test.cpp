@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat/chat_template.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
 
 namespace megactx {
 namespace {

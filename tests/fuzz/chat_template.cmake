@@ -1,1 +1,1 @@
-megactx_add_fuzzer(chat_template LIBS megactx_tokenizer)
+megactx_add_fuzzer(chat_template LIBS megactx_chat)

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
 
 namespace {
 

@@ -1,1 +1,1 @@
-megactx_add_fuzzer(output_parser LIBS megactx_tokenizer megactx_core)
+megactx_add_fuzzer(output_parser LIBS megactx_chat megactx_core)

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "tokenizer/output_parser.h"
+#include "chat/output_parser.h"
 
 namespace {
 

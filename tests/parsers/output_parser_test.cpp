@@ -3,7 +3,7 @@
 // cutting the text in two (and byte by byte) the concatenated deltas equal the
 // one-shot parse. Expected values are written out by hand from the formats the
 // chat templates (tests/fixtures/chat/model_templates) teach the models.
-#include "tokenizer/output_parser.h"
+#include "chat/output_parser.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // the tool-schema table built from OpenAI `tools`.
 #include <gtest/gtest.h>
 
-#include "tokenizer/tool_call_parser_common.h"
+#include "chat/tool_call_parser_common.h"
 
 namespace megactx::tool_calls {
 namespace {

@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "chat/jinja/py_format.h"
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/py_format.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -3,9 +3,9 @@
 #include <ctime>
 #include <memory>
 
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/objects.h"
 #include "core/error.h"
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/objects.h"
 
 namespace megactx::jinja {
 

@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tokenizer/jinja/ast.h"
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/value.h"
 
 namespace megactx::jinja {
 

@@ -1,4 +1,4 @@
-#include "tokenizer/jinja/objects.h"
+#include "chat/jinja/objects.h"
 
 #include <algorithm>
 #include <memory>

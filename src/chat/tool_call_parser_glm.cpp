@@ -11,8 +11,8 @@
 // name is accepted as the whole argument set (older GLM releases wrote that).
 #include <set>
 
+#include "chat/tool_call_parser_common.h"
 #include "io/bounded_json.h"
-#include "tokenizer/tool_call_parser_common.h"
 
 namespace megactx::tool_calls {
 

@@ -1,10 +1,10 @@
-#include "tokenizer/jinja/interpreter.h"
+#include "chat/jinja/interpreter.h"
 
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/lexer.h"
+#include "chat/jinja/objects.h"
+#include "chat/jinja/operators.h"
 #include "core/error.h"
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/lexer.h"
-#include "tokenizer/jinja/objects.h"
-#include "tokenizer/jinja/operators.h"
 
 namespace megactx::jinja {
 

@@ -14,8 +14,8 @@
 // body is a bare JSON object takes it as the whole argument set.
 #include <set>
 
+#include "chat/tool_call_parser_common.h"
 #include "io/bounded_json.h"
-#include "tokenizer/tool_call_parser_common.h"
 
 namespace megactx::tool_calls {
 

@@ -1,7 +1,7 @@
-#include "tokenizer/jinja/validate.h"
+#include "chat/jinja/validate.h"
 
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/lexer.h"
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/lexer.h"
 
 namespace megactx::jinja {
 

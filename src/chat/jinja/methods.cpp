@@ -4,9 +4,9 @@
 // ImmutableSandboxedEnvironment (what HF uses) refuses them.
 #include <set>
 
+#include "chat/jinja/operators.h"
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/operators.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -1,9 +1,9 @@
-#include "tokenizer/jinja/lexer.h"
+#include "chat/jinja/lexer.h"
 
 #include <cstring>
 
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -1,9 +1,9 @@
 // Expression evaluation of the interpreter (statements are in interpreter.cpp).
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/lexer.h"
+#include "chat/jinja/operators.h"
 #include "core/error.h"
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/lexer.h"
-#include "tokenizer/jinja/operators.h"
 
 namespace megactx::jinja {
 

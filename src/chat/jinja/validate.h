@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "tokenizer/jinja/ast.h"
+#include "chat/jinja/ast.h"
 
 namespace megactx::jinja {
 

@@ -2,10 +2,10 @@
 #include <functional>
 #include <map>
 
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/operators.h"
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/operators.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "tokenizer/jinja/interpreter.h"
+#include "chat/jinja/interpreter.h"
 
 namespace megactx::jinja {
 

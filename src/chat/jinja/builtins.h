@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "tokenizer/jinja/interpreter.h"
+#include "chat/jinja/interpreter.h"
 
 namespace megactx::jinja {
 

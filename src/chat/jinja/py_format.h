@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/value.h"
 
 namespace megactx::jinja {
 

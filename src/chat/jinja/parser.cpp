@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/parser.h"
+#include "chat/jinja/parser.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <set>
 
+#include "chat/jinja/lexer.h"
 #include "core/error.h"
-#include "tokenizer/jinja/lexer.h"
 
 namespace megactx::jinja {
 

@@ -1,4 +1,4 @@
-#include "tokenizer/tool_call_parser_common.h"
+#include "chat/tool_call_parser_common.h"
 #include "io/bounded_json.h"
 
 namespace megactx::tool_calls {

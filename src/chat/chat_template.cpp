@@ -1,15 +1,15 @@
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <fstream>
 #include <sstream>
 
+#include "chat/jinja/builtins.h"
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/lexer.h"
+#include "chat/jinja/parser.h"
+#include "chat/jinja/validate.h"
 #include "core/error.h"
 #include "io/bounded_json.h"
-#include "tokenizer/jinja/builtins.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/lexer.h"
-#include "tokenizer/jinja/parser.h"
-#include "tokenizer/jinja/validate.h"
 
 namespace megactx {
 

@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/py_format.h"
+#include "chat/jinja/py_format.h"
 
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -1,4 +1,4 @@
-#include "tokenizer/jinja/utf8.h"
+#include "chat/jinja/utf8.h"
 
 namespace megactx::jinja {
 

@@ -15,11 +15,11 @@
 //    as written, so nothing is ever dropped;
 //  * whitespace between content and a tool call, between calls, and at the
 //    start of content after `</think>` or a call is dropped.
-#include "tokenizer/output_parser.h"
+#include "chat/output_parser.h"
 
 #include <random>
 
-#include "tokenizer/tool_call_parser_common.h"
+#include "chat/tool_call_parser_common.h"
 
 namespace megactx {
 

@@ -1,12 +1,12 @@
-#include "tokenizer/jinja/operators.h"
+#include "chat/jinja/operators.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/utf8.h"
 #include "core/error.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/utf8.h"
 
 namespace megactx::jinja {
 
