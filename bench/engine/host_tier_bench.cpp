@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
 
   // The tier's loads alone: the prompt's pages from a tier built here,
   // against one contiguous copy of the same bytes.
-  KvCacheSpec spec = kv_cache_spec(config, load.kv_dtype, 64, false);
+  KvCacheSpec spec = make_kv_cache_spec(config, 0, load.kv_dtype, 64, false);
   spec.num_pages = prompt_pages;
   std::unique_ptr<PagedKvCache> device_pool, host_pool;
   KvPageCopy copy = copy_kv_pages_on_host;

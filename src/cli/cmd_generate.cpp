@@ -69,8 +69,8 @@ EngineLoadOptions one_sequence_engine(const GenerateOptions& options, int64_t pr
   engine.context_length = std::max(engine.context_length, prompt + 1);
   apply_speculative_options(options.speculative, engine);
   if (engine.speculative_steps > 0) engine.context_length += engine.speculative_steps;
-  const KvCacheSpec spec =
-      kv_cache_spec(config, load.load.kv_dtype, engine.page_size, engine.speculative_steps > 0);
+  const KvCacheSpec spec = make_kv_cache_spec(config, 0, load.load.kv_dtype, engine.page_size,
+                                              engine.speculative_steps > 0);
   const int64_t pages = (engine.context_length + engine.page_size - 1) / engine.page_size + 1;
   engine.kv_memory_bytes = pages * spec.bytes_per_page();
   return load;

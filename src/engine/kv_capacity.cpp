@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/model_loader.h"
 
 namespace megactx {
 
@@ -29,37 +30,10 @@ std::string KvCapacityPlan::summary() const {
       static_cast<double>(total_bytes) / (1024.0 * 1024.0 * 1024.0));
 }
 
-KvCacheSpec kv_cache_spec(const ModelConfig& model, KvDType dtype, int64_t page_size,
-                          bool with_mtp_layer) {
-  MEGACTX_CHECK(page_size > 0, "invalid KV page size {}", page_size);
-  MEGACTX_CHECK(model.num_hidden_layers > 0, "model has no layers");
-  MEGACTX_CHECK(static_cast<int64_t>(model.indexer_types.size()) == model.num_hidden_layers,
-                "model config: indexer schedule has {} entries for {} layers",
-                model.indexer_types.size(), model.num_hidden_layers);
-  MEGACTX_CHECK(!with_mtp_layer || model.num_nextn_predict_layers > 0,
-                "speculative decoding needs an MTP layer, the model has none");
-  KvCacheSpec spec;
-  spec.page_size = page_size;
-  spec.kv_lora_rank = model.kv_lora_rank;
-  spec.qk_rope_head_dim = model.qk_rope_head_dim;
-  spec.index_head_dim = model.index_head_dim;
-  spec.dtype = dtype;
-  for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
-    spec.latent_layers.push_back(layer);
-    if (model.layer_runs_indexer(layer)) spec.indexer_layers.push_back(layer);
-  }
-  if (with_mtp_layer) {
-    // The MTP layer is decoder layer `num_hidden_layers` and runs its own indexer.
-    spec.latent_layers.push_back(model.num_hidden_layers);
-    spec.indexer_layers.push_back(model.num_hidden_layers);
-  }
-  return spec;
-}
-
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
                                 int64_t page_size, bool with_mtp_layer) {
   KvCapacityPlan plan;
-  plan.spec = kv_cache_spec(model, dtype, page_size, with_mtp_layer);
+  plan.spec = make_kv_cache_spec(model, 0, dtype, page_size, with_mtp_layer);
   KvCacheSpec& spec = plan.spec;
   plan.bytes_per_page = spec.bytes_per_page();
   MEGACTX_CHECK(plan.bytes_per_page > 0, "KV page size computes to 0 bytes");
@@ -129,7 +103,8 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   memory.max_context = plan.context;
   memory.max_logit_rows = plan.max_step_tokens;
   memory.index_topk = std::max<int64_t>(model.index_topk, 1);
-  memory.kv = kv_cache_spec(model, engine.kv_dtype, engine.page_size, engine.speculative_steps > 0);
+  memory.kv =
+      make_kv_cache_spec(model, 0, engine.kv_dtype, engine.page_size, engine.speculative_steps > 0);
   memory.options = request.options;
   // Decode steps: one token per running request, 1 + k with MTP verification.
   memory.options.decode_sequences = engine.max_running_requests;

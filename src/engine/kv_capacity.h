@@ -28,10 +28,6 @@ struct KvCapacityPlan {
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
                                 int64_t page_size, bool with_mtp_layer);
 
-// The pools of plan_kv_capacity without pages (num_pages 0).
-KvCacheSpec kv_cache_spec(const ModelConfig& model, KvDType dtype, int64_t page_size,
-                          bool with_mtp_layer);
-
 // ---- --device cuda: KV pages from the device's memory ----
 //
 // vLLM's --gpu-memory-utilization: the whole process may use `fraction` of

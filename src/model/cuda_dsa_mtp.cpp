@@ -49,7 +49,7 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   const int64_t layer = config_.num_hidden_layers;
   MEGACTX_CHECK(spec.device == Device::CUDA && cache.has_latent(layer) && cache.has_indexer(layer),
                 "MTP: the device KV cache has no pools for the MTP layer {} "
-                "(make_mtp_kv_cache_spec)",
+                "(make_kv_cache_spec with_mtp_layer)",
                 layer);
   const bool shared = sequences.front().shared;
   const bool target_hidden = sequences.front().target_hidden;

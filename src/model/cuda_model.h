@@ -101,7 +101,7 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
 // checkpoint at `model_dir` (random weights from `seed` when
 // `random_weights`); its weights are uploaded once into `model`, which must
 // outlive the returned layer. It runs over a device cache built from
-// make_mtp_kv_cache_spec.
+// make_kv_cache_spec(..., /*with_mtp_layer=*/true).
 std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir,
                                               bool random_weights = false, uint64_t seed = 0);
 

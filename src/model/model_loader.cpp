@@ -160,7 +160,14 @@ void preload_cuda_mtp_layer([[maybe_unused]] LanguageModel& model,
 }
 
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
-                               int64_t page_size) {
+                               int64_t page_size, bool with_mtp_layer) {
+  MEGACTX_CHECK(page_size > 0, "invalid KV page size {}", page_size);
+  MEGACTX_CHECK(config.num_hidden_layers > 0, "model has no layers");
+  MEGACTX_CHECK(static_cast<int64_t>(config.indexer_types.size()) == config.num_hidden_layers,
+                "model config: indexer schedule has {} entries for {} layers",
+                config.indexer_types.size(), config.num_hidden_layers);
+  MEGACTX_CHECK(!with_mtp_layer || config.num_nextn_predict_layers > 0,
+                "speculative decoding needs an MTP layer, the model has none");
   KvCacheSpec spec;
   spec.num_pages = num_pages;
   spec.page_size = page_size;
@@ -171,6 +178,11 @@ KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvD
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     spec.latent_layers.push_back(layer);
     if (config.layer_runs_indexer(layer)) spec.indexer_layers.push_back(layer);
+  }
+  if (with_mtp_layer) {
+    // The MTP layer is decoder layer `num_hidden_layers` and runs its own indexer.
+    spec.latent_layers.push_back(config.num_hidden_layers);
+    spec.indexer_layers.push_back(config.num_hidden_layers);
   }
   return spec;
 }

@@ -71,9 +71,11 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
 // or a config without an MTP layer.
 void preload_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir);
 
-// Latent pools for every decoder layer, indexer pools for the full layers.
+// The one description of the KV pools of a model: a latent pool for every
+// decoder layer, an indexer pool for the layers that run an indexer, and with
+// `with_mtp_layer` both for the MTP layer (decoder layer num_hidden_layers).
 KvCacheSpec make_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
-                               int64_t page_size = 64);
+                               int64_t page_size = 64, bool with_mtp_layer = false);
 
 // "f32" | "bf16" | "fp8"; anything else is an Error.
 KvDType parse_kv_dtype(const std::string& name);

@@ -180,14 +180,6 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
   return output;
 }
 
-KvCacheSpec make_mtp_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
-                                   int64_t page_size) {
-  KvCacheSpec spec = make_kv_cache_spec(config, num_pages, dtype, page_size);
-  spec.latent_layers.push_back(config.num_hidden_layers);
-  spec.indexer_layers.push_back(config.num_hidden_layers);
-  return spec;
-}
-
 std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const std::string& model_dir) {
   return MtpLayer::load(*this, model_dir);
 }

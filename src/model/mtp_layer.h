@@ -132,9 +132,4 @@ class CpuMtpLayer final : public MtpLayer {
   MtpWeights weights_;
 };
 
-// The target's KV cache spec plus the MTP layer's latent and indexer pools
-// (layer num_hidden_layers).
-KvCacheSpec make_mtp_kv_cache_spec(const ModelConfig& config, int64_t num_pages, KvDType dtype,
-                                   int64_t page_size = 64);
-
 }  // namespace megactx

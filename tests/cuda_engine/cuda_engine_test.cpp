@@ -69,7 +69,7 @@ std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& s
   config.max_prefill_tokens = setup.chunk;
   config.max_running_requests = 16;
   const int64_t page_bytes =
-      kv_cache_spec(model->config(), setup.dtype, 64, false).bytes_per_page();
+      make_kv_cache_spec(model->config(), 0, setup.dtype, 64, false).bytes_per_page();
   config.kv_memory_bytes = setup.pages * page_bytes;
   config.host_kv_memory_bytes = setup.host_pages * page_bytes;
   GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
@@ -316,7 +316,8 @@ TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
   engine.max_prefill_tokens = 64;
   engine.max_running_requests = 4;
   // Context 256 needs 4 pages; one page of KV is not enough.
-  const int64_t page = kv_cache_spec(model->config(), KvDType::F32, 64, false).bytes_per_page();
+  const int64_t page =
+      make_kv_cache_spec(model->config(), 0, KvDType::F32, 64, false).bytes_per_page();
   request.kv_memory_bytes = page;
   EXPECT_THROW(plan_device_kv(model->config(), engine, request), Error);
   request.kv_memory_bytes = 4 * page;
@@ -336,7 +337,7 @@ TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
   huge.kv_dtype = KvDType::F32;
   // The first pool alone is larger than the device: nothing is allocated
   // (the GPU suite runs tests side by side).
-  const KvCacheSpec spec = kv_cache_spec(model->config(), KvDType::F32, 64, false);
+  const KvCacheSpec spec = make_kv_cache_spec(model->config(), 0, KvDType::F32, 64, false);
   const int64_t latent_page = spec.latent_bytes_per_token() * 64;
   huge.kv_memory_bytes =
       (request.memory.total_bytes / latent_page + 1) * 11 / 10 * spec.bytes_per_page();

@@ -36,7 +36,8 @@ TEST(CudaMtpGolden, DraftLogitsMatchReference) {
     auto model = make_cuda_dsa_model(*dsa);
     const std::unique_ptr<MtpLayer> mtp = make_cuda_mtp_layer(*model, dir);
     check_mtp_goldens(dir, *mtp, [&] {
-      return make_cuda_kv_cache(make_mtp_kv_cache_spec(model->config(), 4, KvDType::F32, 64));
+      return make_cuda_kv_cache(
+          make_kv_cache_spec(model->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
     });
   }
 }
@@ -46,7 +47,8 @@ TEST(CudaMtpGolden, MalformedRowsAreErrors) {
   auto host = load_language_model(dir, ModelLoadOptions{});
   auto model = make_cuda_dsa_model(*dynamic_cast<DsaModel*>(host.get()));
   const std::unique_ptr<MtpLayer> mtp = make_cuda_mtp_layer(*model, dir);
-  auto cache = make_cuda_kv_cache(make_mtp_kv_cache_spec(model->config(), 4, KvDType::F32, 64));
+  auto cache = make_cuda_kv_cache(
+      make_kv_cache_spec(model->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
   const int64_t H = model->config().hidden_size;
   std::vector<float> hidden(static_cast<size_t>(2 * H), 0.5f);
   const std::vector<int32_t> pages{0};

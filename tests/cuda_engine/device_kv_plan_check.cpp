@@ -18,6 +18,7 @@
 #include "io/model_config.h"
 #include "model/cuda_fast_attention_plan.h"
 #include "model/cuda_memory_plan.h"
+#include "model/model_loader.h"
 
 namespace megactx {
 namespace {
@@ -65,7 +66,7 @@ TEST(DeviceKvPlan, FractionOfTotalMinusModelScratchAndReserve) {
   request.gpu_memory_utilization = 0.5;
   const DeviceKvPlan plan = plan_device_kv(config, engine, request);
 
-  const KvCacheSpec spec = kv_cache_spec(config, KvDType::BF16, 64, false);
+  const KvCacheSpec spec = make_kv_cache_spec(config, 0, KvDType::BF16, 64, false);
   const int64_t tokens = 128 + 8;  // prefill budget + one decode token per request
   const int64_t context = config.max_position_embeddings;
   const int64_t scratch =
@@ -95,7 +96,7 @@ TEST(DeviceKvPlan, ExplicitKvBudgetGivesExactlyItsPages) {
   EngineConfig engine = engine_config();
   engine.context_length = 200;  // 4 pages of 64
   DeviceKvRequest request = device_request(1024 * kMiB, 1000 * kMiB, 10 * kMiB);
-  const int64_t page = kv_cache_spec(config, KvDType::BF16, 64, false).bytes_per_page();
+  const int64_t page = make_kv_cache_spec(config, 0, KvDType::BF16, 64, false).bytes_per_page();
   request.kv_memory_bytes = 9 * page + page / 2;
   const DeviceKvPlan plan = plan_device_kv(config, engine, request);
   EXPECT_EQ(plan.memory.kv_pages, 9);
@@ -175,7 +176,7 @@ TEST(DeviceKvPlan, ModelOptionsScratchIsPlannedAndNamed) {
   EXPECT_GT(parts.graph_inputs, 0);
   EXPECT_EQ(parts.cublas_workspace, 0);
   EXPECT_EQ(plan.memory.scratch_bytes, parts.device_total());
-  const KvCacheSpec spec = kv_cache_spec(config, KvDType::BF16, 64, false);
+  const KvCacheSpec spec = make_kv_cache_spec(config, 0, KvDType::BF16, 64, false);
   EXPECT_EQ(
       plan.memory.kv_pages,
       (512 * kMiB - plan.reserve_bytes - 10 * kMiB - parts.device_total()) / spec.bytes_per_page());
@@ -212,7 +213,7 @@ TEST(DeviceKvPlan, FastAttentionScratchDecidesFit) {
   engine.max_prefill_tokens = 1024;
   engine.max_running_requests = 64;
   engine.context_length = 4096;
-  const int64_t page = kv_cache_spec(config, KvDType::FP8, 64, false).bytes_per_page();
+  const int64_t page = make_kv_cache_spec(config, 0, KvDType::FP8, 64, false).bytes_per_page();
   DeviceKvRequest request = device_request(int64_t{140} << 30, int64_t{100} << 30, 1 << 30);
   request.options = CudaScratchOptions{};  // the CUDA model's defaults
   request.kv_memory_bytes = 64 * page;     // one 4096-token sequence
@@ -239,7 +240,7 @@ TEST(DeviceKvPlan, KvSpecIsThePlannersSpec) {
   const ModelConfig config = fixture_config();
   for (const bool mtp : {false, true}) {
     if (mtp && config.num_nextn_predict_layers == 0) continue;
-    const KvCacheSpec spec = kv_cache_spec(config, KvDType::FP8, 64, mtp);
+    const KvCacheSpec spec = make_kv_cache_spec(config, 0, KvDType::FP8, 64, mtp);
     const KvCapacityPlan plan = plan_kv_capacity(config, KvDType::FP8, 100 * kMiB, 64, mtp);
     EXPECT_EQ(spec.latent_layers, plan.spec.latent_layers);
     EXPECT_EQ(spec.indexer_layers, plan.spec.indexer_layers);

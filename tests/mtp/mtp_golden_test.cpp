@@ -25,7 +25,7 @@ TEST_P(MtpGolden, DraftLogitsMatchReference) {
   LoadedModel m = load_with_mtp(dir);
   check_mtp_goldens(dir, *m.mtp, [&] {
     return std::make_unique<PagedKvCache>(
-        make_mtp_kv_cache_spec(m.dsa->config(), 4, KvDType::F32, 64));
+        make_kv_cache_spec(m.dsa->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
   });
 }
 
