@@ -88,6 +88,10 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/indexer_topk_test" '*MtpVerification*:*Ties*' >"$out/racecheck_indexer.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
+  [[ -x "$pack/bin/fused_indexer_topk_test" ]] &&
+    sanitize racecheck "$pack/bin/fused_indexer_topk_test" '*ScoresMatch*:*FewCtas*:*DecodeLike*' \
+      >"$out/racecheck_fused_indexer.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
     >"$out/racecheck_position_topk.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
@@ -103,7 +107,7 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == full ]]; then
   # as a whole, its cases one by one do not. SANITIZER_TOOLS picks the tools,
   # SANITIZER_CASES (a regex over "tool binary Suite.Case") a share of the jobs
   # when one call is not long enough. The slowest binaries go first.
-  racecheck_binaries=${RACECHECK_BINARIES:-attention_stack_test dsa_fast_path_test indexer_topk_test
+  racecheck_binaries=${RACECHECK_BINARIES:-attention_stack_test dsa_fast_path_test indexer_topk_test fused_indexer_topk_test
     position_topk_test sparse_mla_test cuda_gemm_test cuda_fp8_weights_test cuda_moe_test
     cuda_moe_fp8_test device_sampler_test cuda_sampler_test cuda_model_test}
   # The model-level binary's cases that reach the dense and fallback kernels
@@ -210,7 +214,8 @@ fi
 # 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
 #    default: the DSA attention kernels and the whole-model decode, each with
 #    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the
-#    Engine on models/default, k = 0 as the baseline), any comma list, or 0.
+#    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
+#    indexer + top-k vs the two-kernel indexer), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -242,6 +247,11 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/fallback_topk_bench" "${bench_args[@]}" >"$out/fallback_topk.md" 2>&1
   note "fallback topk bench exit $?"
 fi
+if [[ "$benches" == *prefill* ]]; then
+  # Indexer prefill: the fused indexer + top-k against the two-kernel path.
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/indexer_prefill_bench" "${bench_args[@]}" >"$out/indexer_prefill.md" 2>&1
+  note "indexer prefill bench exit $?"
+fi
 if [[ "$benches" == *mtp* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/mtp_engine_bench" ${MTP_BENCH_ARGS:-} >"$out/mtp_engine.md" 2>&1
   note "mtp engine bench exit $?"
@@ -259,4 +269,5 @@ fi
 [[ -f "$out/model_decode_fp8_weights.md" ]] && grep -E '^\| (bf16|fp8) ' "$out/model_decode_fp8_weights.md"
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
+[[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
 exit 0

@@ -9,6 +9,11 @@
 //   tensor cores. Heads are zero-padded to 32 or 64 (ReLU(0) * 0 adds nothing).
 // - top-k is the radix select in positions mode: the same set up to ties and
 //   rounding at the threshold, in unspecified order (attention sums over it).
+//   Steps whose scores [rows, context] would pass kCudaIndexerScoresCap
+//   (prefill chunks over long contexts) score and select in one fused kernel
+//   (kernels/cuda/indexer_topk) that keeps a streaming top-k per row instead
+//   of the scores; MEGACTX_CUDA_FUSED_INDEXER=1 takes it for every step it
+//   serves (the tests compare both).
 // - sparse MLA rounds q to bf16 ([q_latent | q_pe], heads zero-padded to a
 //   multiple of 64), attends on bf16 tensor cores and returns bf16.
 // step.topk keeps positions (shared-indexer layers, the MTP layer and the CPU
@@ -18,11 +23,14 @@
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
 #include "kernels/cuda/dense/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
+#include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 #include "model/cuda_dsa_model.h"
@@ -47,6 +55,13 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+// MEGACTX_CUDA_FUSED_INDEXER=1: the fused indexer + top-k for every step it
+// serves, not only those past the scores cap (read per call: tests switch it).
+bool fused_indexer_forced() {
+  const char* value = std::getenv("MEGACTX_CUDA_FUSED_INDEXER");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
@@ -61,7 +76,7 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   for (const DeviceBuffer* buffer :
        {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_bf16, &fs.iw_padded, &fs.iq_fp8, &fs.iw_folded,
         &fs.topk_histogram, &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse,
-        &fs.partial_out, &fs.partial_lse})
+        &fs.partial_out, &fs.partial_lse, &fs.fused})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -93,10 +108,13 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   const int64_t heads = config_.index_n_heads;
   const int64_t padded = heads <= 32 ? 32 : 64;  // the head counts indexer_scores supports
   const int64_t dim = kIndexerHeadDim;
+  const bool fused = cuda_fused_indexer_chosen(config_, index_topk_, n, step.max_context) ||
+                     (fused_indexer_forced() && cuda_fused_indexer_serves(config_, index_topk_));
 
   // Per-token block tables, causal lengths and selection counts: once per step
-  // (every full layer of the step reads the same ones).
-  if (step.token_tables == nullptr) {
+  // (every full layer of the step reads the same ones). The fused path reads
+  // the step's paging directly and writes the counts itself.
+  if (step.token_tables == nullptr && !fused) {
     TokenTablesParams t;
     t.rows = step.rows;
     t.tokens = n;
@@ -134,6 +152,35 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   quantize.heads = static_cast<int>(padded);
   quantize.softmax_scale = 1.0f / std::sqrt(static_cast<float>(dim));
   quantize_indexer_queries(quantize, stream_);
+
+  if (fused) {
+    // Positions of the top-k into step.topk [n, index_topk] and step.counts
+    // [n], no scores: rows of one sequence share its page table.
+    if (fast_multiprocessors_ == 0) {
+      int device = 0;
+      MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+      MEGACTX_CUDA_CHECK(
+          cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+    }
+    FusedIndexerTopkParams select;
+    select.queries = quantize.queries_fp8;
+    select.weights = quantize.weights;
+    select.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
+    select.page_tables = step.rows.page_tables;
+    select.row_table = step.rows.table_offset;
+    select.row_positions = step.rows.positions;
+    select.rows = static_cast<int>(n);
+    select.heads = static_cast<int>(padded);
+    select.top_k = static_cast<int>(index_topk_);
+    select.max_visible = static_cast<int>(step.max_context);
+    select.out = step.topk;
+    select.out_counts = step.counts;
+    select.ctas = fast_multiprocessors_;
+    select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
+    select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
+    fused_indexer_topk(select, stream_);
+    return;
+  }
 
   // scores [n, max_context]: row t filled for p < position_t + 1.
   float* scores = scratch_.scores.get<float>(n * step.max_context);

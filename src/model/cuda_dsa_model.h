@@ -157,10 +157,13 @@ class CudaDsaModel final : public LanguageModel {
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
                        PagedKvCache& cache, float* o_latent);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
+  // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
+  // too large for the scores matrix (cuda_fused_indexer_chosen).
   struct FastScratch {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
+    DeviceBuffer fused;
   };
 
   // The MTP layer's device weights (load_mtp).

@@ -16,6 +16,10 @@ constexpr int64_t kHeadBlock = 64;        // sparse MLA heads per CTA
 constexpr int64_t kTopkSmallRow = 32768;  // longer rows use the histograms
 constexpr int64_t kTopkHistogramBytes = 4 * 4096;
 constexpr int64_t kTopkRowStateBytes = 4 * 8;
+// kernels/cuda/indexer_topk/fused_indexer_topk.h.
+constexpr int64_t kFusedMaxTopk = 2048;
+constexpr int64_t kFusedMaxTileRows = 16;
+constexpr int64_t kFusedCandidates = 6144;
 
 }  // namespace
 
@@ -31,6 +35,31 @@ bool cuda_fast_attention_used(const ModelConfig& config, KvDType dtype, int64_t 
          cuda_fast_attention_shapes(config);
 }
 
+bool cuda_fused_indexer_serves(const ModelConfig& config, int64_t index_topk) {
+  return cuda_fast_attention_shapes(config) && index_topk >= 1 && index_topk <= kFusedMaxTopk;
+}
+
+bool cuda_fused_indexer_chosen(const ModelConfig& config, int64_t index_topk, int64_t tokens,
+                               int64_t max_context) {
+  return cuda_fused_indexer_serves(config, index_topk) &&
+         tokens * max_context > kCudaIndexerScoresCap;
+}
+
+int64_t cuda_fast_attention_score_floats(const ModelConfig& config, int64_t index_topk,
+                                         int64_t tokens, int64_t max_context) {
+  const int64_t floats = tokens * max_context;
+  return cuda_fused_indexer_serves(config, index_topk) ? std::min(floats, kCudaIndexerScoresCap)
+                                                       : floats;
+}
+
+int64_t cuda_fused_indexer_workspace_bytes(int64_t rows, int64_t multiprocessors) {
+  // Counters, then visible [rows] and tiles [rows] (int2), each rounded up to
+  // 256 bytes, then keys and positions [ctas, 16, kFusedCandidates].
+  const int64_t n = std::max<int64_t>(rows, 1);
+  const int64_t ctas = std::max<int64_t>(multiprocessors, 1);
+  return 256 + (4 * n + 255) + (8 * n + 255) + 2 * ctas * kFusedMaxTileRows * kFusedCandidates * 4;
+}
+
 int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
                                           int64_t max_context, int64_t index_topk,
                                           int64_t multiprocessors) {
@@ -40,15 +69,27 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   const int64_t heads = (config.num_attention_heads + kHeadBlock - 1) / kHeadBlock * kHeadBlock;
   const int64_t pages = std::max<int64_t>(1, (max_context + kPageTokens - 1) / kPageTokens);
   const int64_t columns = std::max<int64_t>(1, std::min(index_topk, max_context));
+  const bool fused = cuda_fused_indexer_serves(config, index_topk);
   int64_t per_token = 0;
-  per_token += 4 * pages + 4 + 4;                        // tables, visible, row ids
+  per_token += 4 + 4;                                    // visible, row ids
   per_token += index_heads * kIndexerHeadDim * (2 + 1);  // bf16 and e4m3 queries
   per_token += index_heads * 4 * 2;                      // padded and folded weights
   per_token += kTopkRowStateBytes;                       // top-k row state
   per_token += 4 * columns;                              // slots
   per_token += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse
   int64_t bytes = per_token * n;
-  bytes += kTopkHistogramBytes * (max_context > kTopkSmallRow ? n : 1);
+  // The two-kernel path's per-token page tables [rows, pages] and top-k
+  // histograms: with the fused path only steps of rows x context <= the cap
+  // take it, so rows x pages <= cap / 64 + rows and rows <= cap / context.
+  const int64_t table_entries =
+      fused ? std::min(n * pages, kCudaIndexerScoresCap / kPageTokens + n) : n * pages;
+  bytes += 4 * table_entries;
+  const int64_t histogram_rows =
+      max_context > kTopkSmallRow
+          ? (fused ? std::max<int64_t>(1, std::min(n, kCudaIndexerScoresCap / max_context)) : n)
+          : 1;
+  bytes += kTopkHistogramBytes * histogram_rows;
+  if (fused) bytes += cuda_fused_indexer_workspace_bytes(n, multiprocessors);
   // Split-K partials exist only with splits > 1, which the planner picks only
   // while rows x splits x head blocks <= SMs: at most 64 * SMs head rows.
   bytes += kHeadBlock * std::max<int64_t>(multiprocessors, 1) * 4 * (kLatentRank + 1);

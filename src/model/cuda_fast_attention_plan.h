@@ -21,6 +21,33 @@ bool cuda_fast_attention_shapes(const ModelConfig& config);
 bool cuda_fast_attention_used(const ModelConfig& config, KvDType dtype, int64_t page_size,
                               bool enabled);
 
+// Steps whose indexer scores [rows, context] would pass this many floats take
+// the fused indexer + top-k (kernels/cuda/indexer_topk: a streaming top-k per
+// row, no score matrix); smaller steps (decode) keep the two-kernel path
+// (indexer_scores + radix_topk) and its scores, so the fast path's scores
+// never exceed 256 MiB, whatever the context.
+inline constexpr int64_t kCudaIndexerScoresCap = int64_t{1} << 26;
+
+// Whether the fused indexer + top-k serves the model at this top-k width (the
+// fast path's shapes and index_topk <= 2048).
+bool cuda_fused_indexer_serves(const ModelConfig& config, int64_t index_topk);
+
+// Whether the fast path runs a step of `tokens` rows over `max_context` with
+// the fused indexer + top-k (CudaDsaModel::fast_indexer decides with this).
+bool cuda_fused_indexer_chosen(const ModelConfig& config, int64_t index_topk, int64_t tokens,
+                               int64_t max_context);
+
+// The fast path's indexer scores (CudaDsaModel::Scratch::scores, floats) after
+// steps of at most `tokens` rows over contexts of at most `max_context`:
+// tokens x max_context where the fused path does not serve, else capped at
+// kCudaIndexerScoresCap.
+int64_t cuda_fast_attention_score_floats(const ModelConfig& config, int64_t index_topk,
+                                         int64_t tokens, int64_t max_context);
+
+// An upper bound of the fused indexer + top-k workspace for `rows` rows on
+// `multiprocessors` persistent CTAs (fused_indexer_topk_workspace_bytes).
+int64_t cuda_fused_indexer_workspace_bytes(int64_t rows, int64_t multiprocessors);
+
 // An upper bound of the fast path's own workspaces (CudaDsaModel::FastScratch)
 // after any steps of at most `tokens` new tokens (rows, CUDA-graph padding
 // included) over contexts of at most `max_context` (graph buckets included),
@@ -29,7 +56,10 @@ bool cuda_fast_attention_used(const ModelConfig& config, KvDType dtype, int64_t 
 // token tables, padded bf16 + e4m3 indexer queries, slot lists, bf16 MLA
 // queries [heads_padded, 576] and outputs [heads_padded, 512]; plus the
 // split-K partial states (bounded by the SM count) and the top-k histograms
-// (16 KiB per row, only past 32K keys).
+// (16 KiB per row, only past 32K keys). Where the fused indexer serves, its
+// workspace is added and the two-kernel path's token tables and histograms
+// are bounded by the steps that still take it (rows x context <=
+// kCudaIndexerScoresCap): nothing here grows with the context then.
 int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
                                           int64_t max_context, int64_t index_topk,
                                           int64_t multiprocessors = 132);

@@ -171,11 +171,21 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
   // Buffer by buffer the larger of the eager step and the graph bucket: the
   // per-token buffers and the logits rows at the most rows, the scores
   // [tokens, context] at the larger product.
-  parts.step =
-      scratch_words_per_token(config, request.index_topk) * tokens * 4 +
-      4 * std::max(request.max_step_tokens * request.max_context, graph_rows * graph_context) +
-      logit_rows * (config.hidden_size + config.vocab_size) * 4;
-  if (cuda_fast_attention_used(config, request.kv.dtype, request.kv.page_size, o.fast_attention)) {
+  const bool fast =
+      cuda_fast_attention_used(config, request.kv.dtype, request.kv.page_size, o.fast_attention);
+  int64_t score_floats =
+      std::max(request.max_step_tokens * request.max_context, graph_rows * graph_context);
+  // The fast path keeps scores only for the steps small enough for the
+  // two-kernel indexer; larger ones run the fused indexer + top-k.
+  if (fast) {
+    score_floats = std::max(
+        cuda_fast_attention_score_floats(config, request.index_topk, request.max_step_tokens,
+                                         request.max_context),
+        cuda_fast_attention_score_floats(config, request.index_topk, graph_rows, graph_context));
+  }
+  parts.step = scratch_words_per_token(config, request.index_topk) * tokens * 4 + 4 * score_floats +
+               logit_rows * (config.hidden_size + config.vocab_size) * 4;
+  if (fast) {
     parts.fast_attention = cuda_fast_attention_scratch_bytes(config, tokens, context,
                                                              request.index_topk, o.multiprocessors);
   }

@@ -59,7 +59,9 @@ struct CudaMemoryRequest {
 
 // The parts of the plan besides weights and KV pages, in bytes.
 struct CudaScratchBreakdown {
-  // CudaDsaModel::Scratch: activations, indexer scores [tokens, context],
+  // CudaDsaModel::Scratch: activations, indexer scores [tokens, context]
+  // (on the fast path at most kCudaIndexerScoresCap floats: larger steps run
+  // the fused indexer + top-k, see model/cuda_fast_attention_plan.h),
   // normed rows and logits, sized by the larger of the largest eager step and
   // the padded CUDA-graph bucket (buffer by buffer: they grow independently).
   int64_t step = 0;

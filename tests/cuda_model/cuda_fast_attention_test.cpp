@@ -7,13 +7,15 @@
 //
 // Each run is a prefill of two sequences of different lengths on shuffled
 // pages (logits of every token), then decode steps of both sequences together
-// (teacher-forced random tokens). Attention heads 16 (padded to 64 for sparse
-// MLA, indexer heads 8 padded to 32), 64 (indexer 32: no padding) and 128
+// (teacher-forced random tokens). The fused indexer + top-k (taken for steps
+// past the scores cap) is compared with the two-kernel indexer it replaces. Attention heads 16
+// (padded to 64 for sparse MLA, indexer heads 8 padded to 32), 64 (indexer 32: no padding) and 128
 // (indexer 64: two MLA head blocks, the 64-head indexer kernel).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -260,6 +262,59 @@ TEST(CudaFastAttention, SparseSelectionAgreesWithFallback) {
     EXPECT_GE(agreement, 0.85);
     EXPECT_GT(error, 0.0) << "the fast path is not in use";
     expect_scratch_within_plan(*fast, 64);
+  }
+}
+
+// MEGACTX_CUDA_FUSED_INDEXER=1 for one scope: every step the fused indexer +
+// top-k serves takes it (by default only steps past kCudaIndexerScoresCap,
+// far larger than these).
+struct ForceFusedIndexer {
+  ForceFusedIndexer() { setenv("MEGACTX_CUDA_FUSED_INDEXER", "1", 1); }
+  ~ForceFusedIndexer() { unsetenv("MEGACTX_CUDA_FUSED_INDEXER"); }
+};
+
+TEST(CudaFastAttention, FusedIndexerMatchesTheTwoKernelPath) {
+  // The same fast path twice: the prefill (two sequences, 470 rows) and the
+  // decode steps scored and selected by the fused indexer + top-k, against
+  // indexer_scores + radix_topk. Both read the same e4m3 queries and keys;
+  // only the fp32 order of the tensor-core sums differs, so only keys tied
+  // within rounding at the threshold may swap. top_k 64: a sparse selection;
+  // top_k 2048: every visible key (the same set, in another order).
+  EXPECT_TRUE(cuda_fused_indexer_serves(host_model(kShapes[0], 64)->config(), 64));
+  for (int64_t top_k : {64, 2048}) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(shape_name(shape) + ", top-" + std::to_string(top_k));
+      auto host = host_model(shape, top_k);
+      auto two_kernel = cuda_model(*host, true);
+      const Outcome want = run(*two_kernel, KvDType::FP8);
+      Outcome got;
+      {
+        ForceFusedIndexer force;
+        auto fused = cuda_model(*host, true);
+        got = run(*fused, KvDType::FP8);
+        EXPECT_GT(dynamic_cast<const cuda::CudaDsaModel&>(*fused).fast_scratch_bytes(),
+                  dynamic_cast<const cuda::CudaDsaModel&>(*two_kernel).fast_scratch_bytes())
+            << "the fused workspace was not allocated";
+        expect_scratch_within_plan(*fused, top_k);
+      }
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      expect_valid_selection(got, "fused path");
+      const int64_t vocab = host->config().vocab_size;
+      const double overlap = selection_overlap(got, want);
+      const double error =
+          relative_error(got.logits.data(), want.logits.data(), want.logits.size());
+      const double agreement =
+          argmax_agreement(got.logits.data(), want.logits.data(), want.rows, vocab);
+      std::printf(
+          "fused vs two-kernel indexer, %s, top-%lld: selected-set agreement %.4f, relative logit "
+          "error %.3g, argmax agreement %.4f over %lld rows\n",
+          shape_name(shape).c_str(), static_cast<long long>(top_k), overlap, error, agreement,
+          static_cast<long long>(want.rows));
+      // The fast-vs-fallback tolerances above; the two fast variants agree far closer.
+      EXPECT_GE(overlap, 0.95);
+      EXPECT_LE(error, 2e-2);
+      EXPECT_GE(agreement, 0.95);
+    }
   }
 }
 

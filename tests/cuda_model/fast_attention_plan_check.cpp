@@ -5,6 +5,7 @@
 // (cuda_fast_attention_test checks the bound against the real allocation).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -68,10 +69,46 @@ TEST(FastAttentionPlan, ScratchBoundGrowsAsTheBuffers) {
   EXPECT_GE(cuda_fast_attention_scratch_bytes(glm, 100, 32769, 2048) -
                 cuda_fast_attention_scratch_bytes(glm, 100, 32768, 2048),
             99 * 16384);
-  // The split-K partial states depend on the SM count only.
+  // The split-K partial states and the fused indexer's candidate buffers
+  // (two arrays of [CTAs, 16 rows, 6144] x 4 B) depend on the SM count only.
   EXPECT_EQ(cuda_fast_attention_scratch_bytes(glm, 8, 4096, 2048, 264) -
                 cuda_fast_attention_scratch_bytes(glm, 8, 4096, 2048, 132),
-            132 * 64 * 4 * 513);
+            132 * 64 * 4 * 513 + 132 * 2 * 16 * 6144 * 4);
+  EXPECT_EQ(cuda_fused_indexer_workspace_bytes(8, 264) - cuda_fused_indexer_workspace_bytes(8, 132),
+            132 * 2 * 16 * 6144 * 4);
+}
+
+TEST(FastAttentionPlan, FusedIndexerTakesTheStepsPastTheScoresCap) {
+  const ModelConfig glm = config_named("glm5_2");
+  EXPECT_TRUE(cuda_fused_indexer_serves(glm, 2048));
+  EXPECT_TRUE(cuda_fused_indexer_serves(glm, 1));
+  EXPECT_FALSE(cuda_fused_indexer_serves(glm, 4096));  // wider than its candidate buffers
+  EXPECT_FALSE(cuda_fused_indexer_serves(config_named("tiny_glm"), 2048));
+  // Decode steps keep the two-kernel path; prefill chunks over long contexts do not.
+  EXPECT_FALSE(cuda_fused_indexer_chosen(glm, 2048, 64, 1048576));
+  EXPECT_TRUE(cuda_fused_indexer_chosen(glm, 2048, 65, 1048576));
+  EXPECT_FALSE(cuda_fused_indexer_chosen(glm, 2048, 2048, 32768));
+  EXPECT_TRUE(cuda_fused_indexer_chosen(glm, 2048, 16384, 131072));
+  EXPECT_FALSE(cuda_fused_indexer_chosen(glm, 4096, 16384, 131072));
+  // The scores the fast path keeps: capped where the fused path serves.
+  EXPECT_EQ(cuda_fast_attention_score_floats(glm, 2048, 16384, 1052672), kCudaIndexerScoresCap);
+  EXPECT_EQ(cuda_fast_attention_score_floats(glm, 2048, 16, 1024), 16 * 1024);
+  EXPECT_EQ(cuda_fast_attention_score_floats(glm, 4096, 16384, 1052672), 16384LL * 1052672);
+}
+
+TEST(FastAttentionPlan, PastTheCapNothingGrowsWithTheContext) {
+  // 16K-token prefill chunks: from 128K to 1M context the fast path's own
+  // scratch does not grow (the two-kernel path's histograms only shrink: fewer
+  // of its rows fit under the cap at longer contexts).
+  for (const char* name : {"glm5_2", "deepseek_v32"}) {
+    const ModelConfig config = config_named(name);
+    const int64_t at_128k = cuda_fast_attention_scratch_bytes(config, 16640, 131072, 2048);
+    const int64_t at_1m = cuda_fast_attention_scratch_bytes(config, 16640, 1052672, 2048);
+    EXPECT_LE(at_1m, at_128k) << name;
+    EXPECT_EQ(at_128k - at_1m, 16384 * (512 - 63)) << name;  // histograms: 512 rows vs 63
+    std::printf("%s fast attention scratch, 16640-token steps: %.1f MiB at 128K, %.1f MiB at 1M\n",
+                name, at_128k / 1048576.0, at_1m / 1048576.0);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The CUDA model's memory plan (model/cuda_memory_plan.h), host only: what is
 // planned fits the budget and one more page would not, the indexer scores
-// grow with tokens x context, the scratch parts of the fast attention path,
+// grow with tokens x context (on the fallback kernels; the fast path caps
+// them and runs larger steps through the fused indexer + top-k), the scratch
+// parts of the fast attention path,
 // the device MoE and CUDA-graph decode follow the model options and decide
 // fit / no fit, and models that do not fit are clear Errors. In CUDA builds
 // the device MoE part is checked against grouped_moe_layout itself.
@@ -20,6 +22,7 @@
 #include "model/model_loader.h"
 
 #if MEGACTX_HAVE_CUDA
+#include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #endif
 
@@ -272,7 +275,67 @@ TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
   }
 }
 
+// A serving plan as the engine asks it (kv_capacity.cpp: 16384 prefill tokens
+// + 256 running requests per step, every step row may want logits) at a
+// 1,052,672-token context: on the fast path the step scratch no longer holds
+// the chunk's indexer scores against the whole context (the fused indexer +
+// top-k runs such steps), so it is the same at 128K and at 1M; only the
+// decode graphs' page tables (the KV's own bookkeeping) grow.
+TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
+  const ModelConfig config = config_named("glm5_2");
+  auto request_at = [&](int64_t context) {
+    CudaMemoryRequest request;
+    request.budget_bytes = int64_t{1} << 50;
+    request.weight_bytes = int64_t{1} << 30;
+    request.max_step_tokens = 16384 + 256;
+    request.max_context = context;
+    request.max_logit_rows = request.max_step_tokens;
+    request.index_topk = config.index_topk;
+    request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
+    request.options.decode_sequences = 256;
+    request.options.fp8_gemm_inputs = true;
+    request.weights_include_workspace = true;
+    return request;
+  };
+  const CudaScratchBreakdown at_128k = cuda_scratch_breakdown(config, request_at(131072));
+  const CudaScratchBreakdown at_1m = cuda_scratch_breakdown(config, request_at(1052672));
+  EXPECT_EQ(at_1m.step, at_128k.step);
+  EXPECT_LE(at_1m.fast_attention, at_128k.fast_attention);
+  EXPECT_EQ(at_1m.device_moe, at_128k.device_moe);
+  EXPECT_EQ(at_1m.gemm_inputs, at_128k.gemm_inputs);
+  // Graph inputs: page tables [256 rows, context bucket / 64] of int32.
+  EXPECT_EQ(at_1m.graph_inputs - at_128k.graph_inputs,
+            4 * 256 * ((at_1m.graph_context - at_128k.graph_context) / 64));
+  // The step's indexer scores are the capped two-kernel buffer, not 16640 x 1M.
+  const int64_t without_scores =
+      cuda_step_scratch_bytes(config, 16640, 0, 16640, config.index_topk);
+  EXPECT_EQ(at_1m.step, without_scores + 4 * kCudaIndexerScoresCap);
+  // The fallback kernels still score the whole context.
+  CudaMemoryRequest fallback = request_at(1052672);
+  fallback.options.fast_attention = false;
+  const CudaScratchBreakdown old = cuda_scratch_breakdown(config, fallback);
+  EXPECT_EQ(old.step, without_scores + int64_t{4} * 16640 * 1052672);
+  const double mib = 1048576.0;
+  const double logits = 16640.0 * (config.hidden_size + config.vocab_size) * 4;
+  std::printf(
+      "GLM-5.2, 16640-token steps, context 1052672: step scratch %.0f MiB (fallback kernels %.0f "
+      "MiB): indexer scores %.0f MiB, logits rows %.0f MiB, per-token activations %.0f MiB; fast "
+      "attention %.0f MiB; total scratch %.0f MiB (128K: %.0f MiB)\n",
+      at_1m.step / mib, old.step / mib, 4.0 * kCudaIndexerScoresCap / mib, logits / mib,
+      (without_scores - logits) / mib, at_1m.fast_attention / mib, at_1m.device_total() / mib,
+      at_128k.device_total() / mib);
+}
+
 #if MEGACTX_HAVE_CUDA
+// The plan's bound of the fused indexer + top-k workspace covers the kernel's own.
+TEST(CudaMemoryPlan, FusedIndexerWorkspaceBoundCoversTheKernel) {
+  for (int64_t rows : {1, 7, 16, 1000, 16640})
+    for (int ctas : {1, 132, 264})
+      EXPECT_GE(cuda_fused_indexer_workspace_bytes(rows, ctas),
+                static_cast<int64_t>(cuda::fused_indexer_topk_workspace_bytes(rows, ctas)))
+          << rows << " rows, " << ctas << " CTAs";
+}
+
 // The plain-C++ device MoE part against the grouped kernels' own layout at
 // the largest call they serve: float32 experts (bf16 tiles of 32 rows need
 // no more) and fp8 experts (tiles of 8, the e4m3 copies).

@@ -1,0 +1,627 @@
+// Fused indexer + top-k kernels (fused_indexer_topk.h has the design).
+//
+// Shapes inside one CTA (Heads = 32: 16 rows; Heads = 64: 8 rows):
+//   Q tile, per consumer warpgroup: [256 columns = (row, head), 128 B] e4m3,
+//     stored K-major in the 128-byte swizzle layout; column c = row * Heads + head;
+//     bytes in the permuted k order below.
+//   key page: [64 keys, 132 B] exactly as in the pool (bulk copy of 8448 B).
+//   accumulators per warpgroup and page: [64 keys, 256 columns] fp32.
+// The 128-dim dot product is summed in a permuted k order so that each thread
+// reads 32 contiguous bytes of a key row straight from the page (bank-conflict
+// free at the 132-byte pitch, as the decode scorer does): in k-step s (32 of the
+// 128 dims), register a0 of thread t holds key bytes t*32 + s*8 + [0, 4) and a2
+// bytes t*32 + s*8 + [4, 8); so the query's logical 16-byte chunk c (of 8) is
+// its 4-byte words {c, 8 + c, 16 + c, 24 + c}.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/indexer_topk/fused_device.cuh"
+#include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
+#include "kernels/cuda/indexer_topk/fused_workspace.h"
+
+namespace megactx::cuda {
+namespace {
+
+using namespace fused;
+
+constexpr int kConsumers = 256;             // two warpgroups
+constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
+// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 <= 64K (the
+// consumers hold 128 fp32 accumulators + 16 A-fragment registers).
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kTileBarrier = 4;  // named barrier of all kThreads (ids 1..3: consumers, warpgroups)
+constexpr int kStages = 4;       // key pages in flight per CTA
+constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448
+constexpr int kWgColumns = 256;                             // (row, head) columns per warpgroup
+constexpr int kQTileBytes = kWgColumns * kIndexerHeadDim;   // 32 KiB
+constexpr int kBins = 2048;                                 // radix digits of 11 bits
+constexpr int kHighWater = kFusedCandidates - kPageTokens;  // compact past this many entries
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms).
+constexpr int kQOffset = 0;                               // [2][256][128 B]
+constexpr int kStageOffset = kQOffset + 2 * kQTileBytes;  // [kStages][64][132 B]
+constexpr int kSelectOffset = kStageOffset + kStages * kPageBytes;
+constexpr int kSelectKeys = 0;                                     // uint32 [kFusedCandidates]
+constexpr int kSelectKept = kSelectKeys + kFusedCandidates * 4;    // uint2 [kFusedMaxTopk]
+constexpr int kSelectHistogram = kSelectKept + kFusedMaxTopk * 8;  // uint32 [kBins]
+constexpr int kSelectBytes = kSelectHistogram + kBins * 4;         // per warpgroup
+constexpr int kWeightOffset = kSelectOffset + 2 * kSelectBytes;    // float [512]
+constexpr int kMiscOffset = kWeightOffset + 512 * 4;
+
+struct Misc {
+  uint64_t full[kStages];                 // a page landed (producer's expect_tx + the copy)
+  uint64_t empty[kStages];                // every consumer thread has read the page
+  int tile;                               // the tile this CTA claimed
+  int count[kFusedMaxTileRows];           // candidate entries per row of the tile
+  uint32_t threshold[kFusedMaxTileRows];  // ordered score a candidate must exceed
+  int visible[kFusedMaxTileRows];
+  // [warpgroup][page parity]: bit i = the warpgroup's row i passed the high
+  // water mark during a page of that parity (parity keeps the next page's
+  // atomics off the word being read).
+  uint32_t need[2][2];
+  int warp_sums[2][4];  // per-warpgroup scan scratch of the radix select
+  int found_digit[2], found_need[2];
+  int above[2], ties[2];
+};
+constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
+
+struct PlanParams {
+  const int32_t* row_table = nullptr;      // [rows]
+  const int32_t* row_visible = nullptr;    // [rows] or null
+  const int32_t* row_positions = nullptr;  // [rows] when row_visible is null
+  int rows = 0, tile_rows = 0, top_k = 0;
+  int32_t* visible = nullptr;     // [rows] out
+  int2* tiles = nullptr;          // [rows] out: first row, rows
+  int32_t* counters = nullptr;    // [2] out: tile count, queue head = 0
+  int32_t* out_counts = nullptr;  // [rows] optional out
+};
+
+struct KernelParams {
+  FusedIndexerTopkParams p;
+  const int32_t* visible = nullptr;  // [rows]
+  const int2* tiles = nullptr;       // [tile count]
+  int32_t* counters = nullptr;       // [0] tile count, [1] queue head
+  uint32_t* keys = nullptr;          // [ctas, kFusedMaxTileRows, kFusedCandidates]
+  int32_t* positions = nullptr;      // [ctas, kFusedMaxTileRows, kFusedCandidates]
+};
+
+struct MaxOp {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+
+// One CTA: per-row visible lengths, then tiles of consecutive rows of one
+// segment (equal row_table), tile_rows each from the segment's first row.
+constexpr int kPlanThreads = 1024;
+__global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(PlanParams p) {
+  using Scan = cub::BlockScan<int, kPlanThreads>;
+  __shared__ typename Scan::TempStorage storage;
+  __shared__ int carry_start, carry_tiles;
+  if (threadIdx.x == 0) carry_start = carry_tiles = 0;
+  __syncthreads();
+  for (int base = 0; base < p.rows; base += kPlanThreads) {
+    const int row = base + static_cast<int>(threadIdx.x);
+    const bool in = row < p.rows;
+    bool segment_start = false;
+    if (in) {
+      int visible = p.row_visible ? p.row_visible[row] : p.row_positions[row] + 1;
+      visible = max(visible, 0);
+      p.visible[row] = visible;
+      if (p.out_counts) p.out_counts[row] = min(p.top_k, visible);
+      segment_start = row == 0 || p.row_table[row] != p.row_table[row - 1];
+    }
+    int latest = 0;  // the last segment start at or before `row`
+    Scan(storage).InclusiveScan(segment_start ? row : 0, latest, MaxOp());
+    __syncthreads();
+    latest = max(latest, carry_start);
+    const bool tile_start = in && (segment_start || (row - latest) % p.tile_rows == 0);
+    int index = 0, total = 0;
+    Scan(storage).ExclusiveSum(tile_start ? 1 : 0, index, total);
+    if (tile_start) p.tiles[carry_tiles + index] = make_int2(row, 0);
+    __syncthreads();  // every thread has read carry_*
+    if (threadIdx.x == kPlanThreads - 1) {
+      carry_start = latest;
+      carry_tiles += total;
+    }
+    __syncthreads();
+  }
+  const int count = carry_tiles;
+  for (int i = threadIdx.x; i < count; i += kPlanThreads) {
+    const int next = i + 1 < count ? p.tiles[i + 1].x : p.rows;
+    p.tiles[i].y = next - p.tiles[i].x;
+  }
+  if (threadIdx.x == 0) {
+    p.counters[0] = count;
+    p.counters[1] = 0;
+  }
+}
+
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* pointer) {
+  return *reinterpret_cast<const uint32_t*>(pointer);
+}
+
+// The exact top_k of a row's candidate buffer (count > top_k entries, or any
+// count when Final), by the 128 threads of warpgroup `wg`: three radix passes
+// (11, 11, 10 bits) over the keys copied into shared memory, then the kept
+// entries (all above the k-th key, ties at it up to top_k) gathered in
+// shared memory. Final: their positions go to out_row [top_k] (-1 padding
+// when count <= top_k). Otherwise they become the buffer's first top_k
+// entries, the k-th key its threshold, and `bit` (the row within its
+// warpgroup) is cleared from the warpgroup's high-water flags.
+template <bool Final>
+__device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys_g,
+                             int32_t* positions_g, uint8_t* scratch, Misc& misc, int32_t* out_row) {
+  const int wtid = static_cast<int>(threadIdx.x) % 128;
+  const int lane = wtid % 32, warp = wtid / 32;
+  const int barrier = 2 + wg;
+  uint32_t* keys_s = reinterpret_cast<uint32_t*>(scratch + kSelectKeys);
+  uint2* kept_s = reinterpret_cast<uint2*>(scratch + kSelectKept);
+  uint32_t* histogram = reinterpret_cast<uint32_t*>(scratch + kSelectHistogram);
+  const int n = misc.count[row];
+  if (Final && n <= top_k) {
+    for (int i = wtid; i < top_k; i += 128) out_row[i] = i < n ? positions_g[i] : -1;
+    return;
+  }
+  for (int i = wtid; i < n; i += 128) keys_s[i] = keys_g[i];
+  named_barrier(barrier, 128);
+
+  uint32_t prefix = 0;
+  int need = top_k;
+#pragma unroll
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+    const int bits = level == 2 ? 10 : 11;
+    const int bins = 1 << bits;
+    for (int i = wtid; i < bins; i += 128) histogram[i] = 0;
+    named_barrier(barrier, 128);
+    for (int i = wtid; i < n; i += 128) {
+      const uint32_t key = keys_s[i];
+      if (level == 0 || (key >> (shift + bits)) == prefix)
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
+    }
+    named_barrier(barrier, 128);
+    // Thread i owns `per` bins i-th from the top; an exclusive scan counts
+    // the keys in bins above its own.
+    const int per = bins / 128;
+    const int top = bins - wtid * per;
+    int own = 0;
+    for (int b = top - 1; b >= top - per; --b) own += static_cast<int>(histogram[b]);
+    int inclusive = own;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += other;
+    }
+    if (lane == 31) misc.warp_sums[wg][warp] = inclusive;
+    named_barrier(barrier, 128);
+    int above = inclusive - own;
+    for (int w = 0; w < warp; ++w) above += misc.warp_sums[wg][w];
+    if (above < need && above + own >= need) {
+      int count = above;
+      for (int b = top - 1; b >= top - per; --b) {
+        const int here = static_cast<int>(histogram[b]);
+        if (count + here >= need) {
+          misc.found_digit[wg] = b;
+          misc.found_need[wg] = need - count;
+          break;
+        }
+        count += here;
+      }
+    }
+    named_barrier(barrier, 128);
+    prefix = (level == 0 ? 0u : (prefix << bits)) | static_cast<uint32_t>(misc.found_digit[wg]);
+    need = misc.found_need[wg];
+  }
+  // prefix is the k-th largest key; `need` of the keys equal to it are kept.
+  if (wtid == 0) misc.above[wg] = misc.ties[wg] = 0;
+  named_barrier(barrier, 128);
+  const int above_total = top_k - need;
+  const unsigned lower_lanes = (1u << lane) - 1;
+  for (int base = 0; base < n; base += 128) {
+    const int i = base + wtid;
+    const uint32_t key = i < n ? keys_s[i] : 0u;
+    const bool is_above = i < n && key > prefix;
+    const bool is_tie = i < n && key == prefix;
+    const unsigned above_mask = __ballot_sync(kFullMask, is_above);
+    const unsigned tie_mask = __ballot_sync(kFullMask, is_tie);
+    int above_base = 0, tie_base = 0;
+    if (lane == 0) {
+      if (above_mask) above_base = atomicAdd(&misc.above[wg], __popc(above_mask));
+      if (tie_mask) tie_base = atomicAdd(&misc.ties[wg], __popc(tie_mask));
+    }
+    above_base = __shfl_sync(kFullMask, above_base, 0);
+    tie_base = __shfl_sync(kFullMask, tie_base, 0);
+    if (is_above) {
+      kept_s[above_base + __popc(above_mask & lower_lanes)] =
+          make_uint2(key, static_cast<uint32_t>(positions_g[i]));
+    } else if (is_tie) {
+      const int tie = tie_base + __popc(tie_mask & lower_lanes);
+      if (tie < need)
+        kept_s[above_total + tie] = make_uint2(key, static_cast<uint32_t>(positions_g[i]));
+    }
+  }
+  named_barrier(barrier, 128);
+  if constexpr (Final) {
+    for (int i = wtid; i < top_k; i += 128) out_row[i] = static_cast<int32_t>(kept_s[i].y);
+  } else {
+    for (int i = wtid; i < top_k; i += 128) {
+      keys_g[i] = kept_s[i].x;
+      positions_g[i] = static_cast<int32_t>(kept_s[i].y);
+    }
+    if (wtid == 0) {
+      misc.count[row] = top_k;
+      misc.threshold[row] = prefix;
+      misc.need[wg][0] &= ~(1u << bit);
+      misc.need[wg][1] &= ~(1u << bit);
+    }
+  }
+  named_barrier(barrier, 128);
+}
+
+template <int Heads, bool Wgmma>
+__global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelParams kp) {
+  constexpr int kRowsPerWg = kWgColumns / Heads;  // 8 or 4
+  constexpr int kTileRows = 2 * kRowsPerWg;       // 16 or 8
+  constexpr int kGroupsPerRow = Heads / 8;        // accumulator column groups of one row
+  constexpr int kHalf = kRowsPerWg / 2;
+  constexpr int kRowsPerLane = kRowsPerWg / 4;  // rows a lane holds after the reduction over t
+  constexpr int kWeightsPerLane = 2 * kGroupsPerRow;
+  static_assert(kTileRows <= kFusedMaxTileRows && kTileRows * Heads == 512);
+  const FusedIndexerTopkParams& p = kp.p;
+
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  uint8_t* q_tiles = shared + kQOffset;
+  uint8_t* stages = shared + kStageOffset;
+  float* weights_s = reinterpret_cast<float*>(shared + kWeightOffset);
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const bool producer = tid >= kConsumers;
+  if (tid == 0) {
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(&misc.full[stage], 1);
+      mbarrier_init(&misc.empty[stage], kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  // Pages streamed so far (both roles count the same pages): ring slot and phase.
+  uint32_t ring = 0;
+  const int64_t buffer0 = static_cast<int64_t>(blockIdx.x) * kFusedMaxTileRows;
+  // Both roles claim the same tiles: one thread takes the next from the queue
+  // between two CTA-wide barriers (the first also ends the previous tile).
+  int row0 = 0, tile_rows = 0, pages = 0;
+  auto next_tile = [&]() -> bool {
+    named_barrier(kTileBarrier, kThreads);
+    if (tid == kConsumers) misc.tile = atomicAdd(&kp.counters[1], 1);
+    named_barrier(kTileBarrier, kThreads);
+    const int tile_count = kp.counters[0];
+    const int claimed = misc.tile;
+    if (claimed >= tile_count) return false;
+    const int2 tile = kp.tiles[tile_count - 1 - claimed];  // heaviest (last rows) first
+    row0 = tile.x;
+    tile_rows = tile.y;
+    int longest = 0;
+    for (int i = 0; i < tile_rows; ++i) longest = max(longest, kp.visible[row0 + i]);
+    pages = (longest + kPageTokens - 1) / kPageTokens;
+    return true;
+  };
+
+  if (producer) {
+    // The producer warpgroup gives registers to the consumers; its first warp
+    // streams the pages, the other three only follow the tile barriers.
+    set_max_registers_dec<kProducerRegisters>();
+    while (next_tile()) {
+      if (tid >= kConsumers + 32) continue;
+      // Page ids 32 at a time (one per lane), the next 32 loaded a block ahead.
+      const int32_t* table = p.page_tables + p.row_table[row0];
+      int next_id = lane < pages ? table[lane] : 0;
+      for (int base = 0; base < pages; base += 32) {
+        const int ids = next_id;
+        if (base + 32 + lane < pages) next_id = table[base + 32 + lane];
+        const int count = min(32, pages - base);
+        for (int i = 0; i < count; ++i, ++ring) {
+          const int page_id = __shfl_sync(kFullMask, ids, i);
+          if (lane == 0) {
+            const int stage = static_cast<int>(ring % kStages);
+            mbarrier_wait(&misc.empty[stage], ((ring / kStages) & 1u) ^ 1u);
+            mbarrier_arrive_expect_bytes(&misc.full[stage], kPageBytes);
+            bulk_copy_to_shared(stages + stage * kPageBytes,
+                                p.key_pool + static_cast<int64_t>(page_id) * kPageBytes, kPageBytes,
+                                &misc.full[stage]);
+          }
+        }
+      }
+      __syncwarp();
+    }
+    return;
+  }
+
+  set_max_registers_inc<kConsumerRegisters>();
+  while (next_tile()) {
+    // ---- Consumers -------------------------------------------------------------
+    const int wg = tid / 128, wtid = tid % 128, warp = wtid / 32;
+    const int g = lane / 4, t = lane % 4;
+    // The tile's queries (permuted k order, swizzled) and weights into shared memory.
+    for (int n = tid; n < kTileRows * Heads; n += kConsumers) {
+      const int row = n / Heads, head = n % Heads;
+      const int owner = row / kRowsPerWg;
+      const int column = (row % kRowsPerWg) * Heads + head;
+      uint32_t w[32];
+      if (row < tile_rows) {
+        const uint4* source = reinterpret_cast<const uint4*>(
+            p.queries + (static_cast<int64_t>(row0 + row) * Heads + head) * kIndexerHeadDim);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint4 v = source[i];
+          w[4 * i] = v.x;
+          w[4 * i + 1] = v.y;
+          w[4 * i + 2] = v.z;
+          w[4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i] = 0;
+      }
+      uint8_t* destination = q_tiles + owner * kQTileBytes + column * kIndexerHeadDim;
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<uint4*>(destination + ((c ^ (column & 7)) * 16)) =
+            make_uint4(w[c], w[8 + c], w[16 + c], w[24 + c]);
+      // head = 8 * group + 2 * lane_t + e: lane t's weights of a row are contiguous.
+      const int group = head / 8, pair = head % 8;
+      weights_s[(row * 4 + pair / 2) * kWeightsPerLane + group * 2 + pair % 2] =
+          row < tile_rows ? p.weights[static_cast<int64_t>(row0 + row) * Heads + head] : 0.f;
+    }
+    if (tid < kTileRows) {
+      misc.count[tid] = 0;
+      misc.threshold[tid] = 0;  // every ordered score but NaN's lowest code is above it
+      misc.visible[tid] = tid < tile_rows ? kp.visible[row0 + tid] : 0;
+    }
+    if (tid < 4) misc.need[tid / 2][tid % 2] = 0;
+    fence_proxy_async_shared();  // the Q tile is read by wgmma (async proxy)
+    named_barrier(1, kConsumers);
+
+    const int rows_here = min(max(tile_rows - wg * kRowsPerWg, 0), kRowsPerWg);
+    const bool active = rows_here > 0;
+    int my_row[kRowsPerLane], my_visible[kRowsPerLane];
+    uint32_t my_threshold[kRowsPerLane];
+#pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      my_row[i] = wg * kRowsPerWg + t * kRowsPerLane + i;
+      my_visible[i] = misc.visible[my_row[i]];
+      my_threshold[i] = 0;
+    }
+    uint8_t* q_tile = q_tiles + wg * kQTileBytes;
+    uint8_t* scratch = shared + kSelectOffset + wg * kSelectBytes;
+    uint32_t* keys_g = kp.keys + buffer0 * kFusedCandidates;
+    int32_t* positions_g = kp.positions + buffer0 * kFusedCandidates;
+
+    for (int page = 0; page < pages; ++page, ++ring) {
+      const int stage = static_cast<int>(ring % kStages);
+      mbarrier_wait(&misc.full[stage], (ring / kStages) & 1u);
+      const uint8_t* keys = stages + stage * kPageBytes;
+      uint32_t a[4][4];
+      float scale[2] = {0.f, 0.f};
+      if (active) {
+        const uint8_t* key0 = keys + (16 * warp + g) * kIndexerKeyBytes;
+        const uint8_t* key1 = key0 + 8 * kIndexerKeyBytes;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          a[s][0] = load_u32(key0 + t * 32 + s * 8);
+          a[s][1] = load_u32(key1 + t * 32 + s * 8);
+          a[s][2] = load_u32(key0 + t * 32 + s * 8 + 4);
+          a[s][3] = load_u32(key1 + t * 32 + s * 8 + 4);
+        }
+        scale[0] = *reinterpret_cast<const float*>(key0 + kIndexerHeadDim);
+        scale[1] = *reinterpret_cast<const float*>(key1 + kIndexerHeadDim);
+      }
+      mbarrier_arrive(&misc.empty[stage]);  // the page is in registers now
+      if (!active) continue;
+
+      // acc[key, column] for this warp's 16 keys (rows g, g + 8) x 256 columns.
+      float d[128];
+      if constexpr (Wgmma) {
+        const uint32_t q_address = shared_address(q_tile);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          wgmma_m64n256k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
+        wgmma_commit();
+        wgmma_wait_all();
+#pragma unroll
+        for (int i = 0; i < 128; ++i) fence_operand(d[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+          const uint8_t* column = q_tile + (8 * j + g) * kIndexerHeadDim + 4 * t;
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const uint32_t b0 = load_u32(column + (((2 * s) ^ g) * 16));
+            const uint32_t b1 = load_u32(column + (((2 * s + 1) ^ g) * 16));
+            mma_e4m3_16x8x32(c, a[s], b0, b1);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) d[4 * j + i] = c[i];
+        }
+      }
+
+      // relu * weight summed over this lane's heads: partial[key r][row].
+      float partial[2][kRowsPerWg];
+#pragma unroll
+      for (int q = 0; q < kRowsPerWg; ++q) {
+        const float4* wp = reinterpret_cast<const float4*>(
+            weights_s + ((wg * kRowsPerWg + q) * 4 + t) * kWeightsPerLane);
+        float w[kWeightsPerLane];
+#pragma unroll
+        for (int i = 0; i < kWeightsPerLane / 4; ++i) {
+          const float4 v = wp[i];
+          w[4 * i] = v.x;
+          w[4 * i + 1] = v.y;
+          w[4 * i + 2] = v.z;
+          w[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float sum = 0.f;
+#pragma unroll
+          for (int jj = 0; jj < kGroupsPerRow; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              sum =
+                  fmaf(w[2 * jj + e], fmaxf(d[4 * (q * kGroupsPerRow + jj) + 2 * r + e], 0.f), sum);
+          partial[r][q] = sum;
+        }
+      }
+      // Sum over the four lanes t of a key row while scattering the rows:
+      // afterwards lane t holds rows t * kRowsPerLane + i, complete.
+      const bool hi = (t & 2) != 0, lo = (t & 1) != 0;
+      float kept[2][kHalf];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < kHalf; ++i) {
+          const float send = hi ? partial[r][i] : partial[r][kHalf + i];
+          const float mine = hi ? partial[r][kHalf + i] : partial[r][i];
+          kept[r][i] = mine + __shfl_xor_sync(kFullMask, send, 2);
+        }
+      float score[2][kRowsPerLane];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          const float send = lo ? kept[r][i] : kept[r][kRowsPerLane + i];
+          const float mine = lo ? kept[r][kRowsPerLane + i] : kept[r][i];
+          score[r][i] = (mine + __shfl_xor_sync(kFullMask, send, 1)) * scale[r];
+        }
+
+      // Candidates: scores above the row's threshold, appended with one
+      // shared atomic per (warp, row) through ballots.
+      const int position0 = page * kPageTokens + 16 * warp + g;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          const int position = position0 + 8 * r;
+          if (p.debug_scores != nullptr && position < my_visible[i] && my_row[i] < tile_rows)
+            p.debug_scores[static_cast<int64_t>(row0 + my_row[i]) * p.debug_stride + position] =
+                score[r][i];
+          const uint32_t key = float_to_ordered(score[r][i]);
+          const bool pass = position < my_visible[i] && key > my_threshold[i];
+          const unsigned mask = __ballot_sync(kFullMask, pass);
+          if (mask == 0) continue;
+          const unsigned group = mask & (0x11111111u << t);
+          const int leader = group ? __ffs(group) - 1 : lane;
+          int base = 0;
+          if (pass && lane == leader) {
+            const int added = __popc(group);
+            base = atomicAdd(&misc.count[my_row[i]], added);
+            if (base <= kHighWater && base + added > kHighWater)
+              atomicOr(&misc.need[wg][page & 1], 1u << (my_row[i] - wg * kRowsPerWg));
+          }
+          base = __shfl_sync(kFullMask, base, leader);
+          if (pass) {
+            const int64_t at = static_cast<int64_t>(my_row[i]) * kFusedCandidates + base +
+                               __popc(group & ((1u << lane) - 1));
+            keys_g[at] = key;
+            positions_g[at] = position;
+          }
+        }
+
+      named_barrier(2 + wg, 128);  // this page's candidates are in
+      const uint32_t need = misc.need[wg][page & 1];
+      if (need != 0) {
+        for (int q = 0; q < kRowsPerWg; ++q) {
+          if (((need >> q) & 1u) == 0) continue;
+          const int row = wg * kRowsPerWg + q;
+          select_top_k<false>(wg, row, q, p.top_k, keys_g + row * kFusedCandidates,
+                              positions_g + row * kFusedCandidates, scratch, misc, nullptr);
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsPerLane; ++i) my_threshold[i] = misc.threshold[my_row[i]];
+      }
+    }
+
+    // The tile's result rows.
+    if (active) {
+      named_barrier(2 + wg, 128);
+      for (int q = 0; q < rows_here; ++q) {
+        const int row = wg * kRowsPerWg + q;
+        select_top_k<true>(wg, row, q, p.top_k, keys_g + row * kFusedCandidates,
+                           positions_g + row * kFusedCandidates, scratch, misc,
+                           p.out + static_cast<int64_t>(row0 + row) * p.top_k);
+      }
+    }
+  }
+}
+
+template <int Heads, bool Wgmma>
+void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream) {
+  static const bool configured = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kSharedBytes));
+    return true;
+  }();
+  (void)configured;
+  const WorkspaceLayout layout = workspace_layout(params.rows, ctas);
+  uint8_t* workspace = static_cast<uint8_t*>(params.workspace);
+  PlanParams plan;
+  plan.row_table = params.row_table;
+  plan.row_visible = params.row_visible;
+  plan.row_positions = params.row_positions;
+  plan.rows = params.rows;
+  plan.tile_rows = fused_tile_rows(Heads);
+  plan.top_k = params.top_k;
+  plan.visible = reinterpret_cast<int32_t*>(workspace + layout.visible);
+  plan.tiles = reinterpret_cast<int2*>(workspace + layout.tiles);
+  plan.counters = reinterpret_cast<int32_t*>(workspace + layout.counters);
+  plan.out_counts = params.out_counts;
+  plan_tiles_kernel<<<1, kPlanThreads, 0, stream>>>(plan);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+
+  KernelParams kernel;
+  kernel.p = params;
+  kernel.visible = plan.visible;
+  kernel.tiles = plan.tiles;
+  kernel.counters = plan.counters;
+  kernel.keys = reinterpret_cast<uint32_t*>(workspace + layout.keys);
+  kernel.positions = reinterpret_cast<int32_t*>(workspace + layout.positions);
+  const unsigned grid = static_cast<unsigned>(std::min(ctas, params.rows));
+  fused_indexer_topk_kernel<Heads, Wgmma><<<grid, kThreads, kSharedBytes, stream>>>(kernel);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+namespace detail {
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }();
+  return count;
+}
+
+void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
+                               cudaStream_t stream) {
+  if (params.rows == 0) return;
+  if (params.heads == 32)
+    params.wgmma ? launch<32, true>(params, ctas, stream) : launch<32, false>(params, ctas, stream);
+  else
+    params.wgmma ? launch<64, true>(params, ctas, stream) : launch<64, false>(params, ctas, stream);
+}
+
+}  // namespace detail
+}  // namespace megactx::cuda
