@@ -11,30 +11,22 @@ namespace {
 
 // HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps; the
 // indexer's key LayerNorm uses 1e-6 too (as dsa_model.cpp).
-constexpr float kLatentNormEps = 1e-6f;
-constexpr float kIndexerNormEps = 1e-6f;
 
 }  // namespace
 
 void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
                              PagedKvCache& cache, float* out) {
   Scratch& sc = scratch_;
-  const int64_t n = step.tokens;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t heads = config_.num_attention_heads;
-  const int64_t nope = config_.qk_nope_head_dim;
-  const int64_t rope = config_.qk_rope_head_dim;
-  const int64_t qk = nope + rope;
-  const int64_t lora = config_.kv_lora_rank;
-  const int64_t value = config_.v_head_dim;
-  const int64_t entry = lora + rope;
+  const AttentionDims& d = plan_.attention;
+  const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
+  const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry;
 
   timer_.mark("attn projections", stream_);
   // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
   float* q = sc.q.get<float>(n * heads * qk);
   float* q_resid = nullptr;
-  if (config_.q_lora_rank) {
-    const int64_t q_lora = *config_.q_lora_rank;
+  if (d.q_lora > 0) {
+    const int64_t q_lora = d.q_lora;
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
     rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_);
@@ -42,7 +34,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   } else {
     blas_->linear(h, n, hidden, w.q_b, heads * qk, q);
   }
-  cuda::rope(q + nope, n, heads, heads * qk, qk, rope, step.cos, step.sin, config_.rope_interleave,
+  cuda::rope(q + nope, n, heads, heads * qk, qk, rope, step.cos, step.sin, d.rope_interleave,
              stream_);
 
   // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
@@ -52,8 +44,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     float* kv = sc.kv.get<float>(n * entry);
     blas_->linear(h, n, hidden, w.kv_a, entry, kv);
     rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
-    cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, config_.rope_interleave,
-               stream_);
+    cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, d.rope_interleave, stream_);
     write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
   }
 
@@ -107,13 +98,10 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
                            const float* q_resid, Step& step, PagedKvCache& cache) {
   Scratch& sc = scratch_;
-  const int64_t n = step.tokens;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t heads = config_.index_n_heads;
-  const int64_t dim = config_.index_head_dim;
-  const int64_t rope = config_.qk_rope_head_dim;
-  const int64_t q_lora = *config_.q_lora_rank;  // DSA configs always have q-LoRA
-  const bool interleaved = config_.indexer_rope_interleave;
+  const AttentionDims& d = plan_.attention;
+  const int64_t n = step.tokens, hidden = d.hidden, heads = d.index_heads, dim = d.index_dim;
+  const int64_t rope = d.rope, q_lora = d.q_lora;  // prepare_device checked the q-LoRA
+  const bool interleaved = d.indexer_rope_interleave;
 
   // Heads are [rope | nope] (rope first, unlike MLA).
   float* q = sc.iq.get<float>(n * heads * dim);

@@ -43,6 +43,7 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                            std::unique_ptr<CudaWeights> weights, const CudaModelOptions& options)
     : config_(std::move(config)),
       options_(options),
+      plan_(plan_model(config_, index_topk)),
       index_topk_(index_topk),
       rope_(make_rope_table(config_)),
       softmax_scale_(attention_softmax_scale(config_)) {
@@ -74,23 +75,9 @@ CudaDsaModel::~CudaDsaModel() {
 }
 
 void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
-  const KvCacheSpec& spec = cache.spec();
-  MEGACTX_CHECK(spec.device == Device::CUDA,
-                "the CUDA model needs a device KV cache (make_cuda_kv_cache)");
-  MEGACTX_CHECK(spec.kv_lora_rank == config_.kv_lora_rank &&
-                    spec.qk_rope_head_dim == config_.qk_rope_head_dim,
-                "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
-                spec.qk_rope_head_dim, config_.kv_lora_rank, config_.qk_rope_head_dim);
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    MEGACTX_CHECK(cache.has_latent(layer), "KV cache has no latent pool for layer {}", layer);
-    if (config_.layer_runs_indexer(layer)) {
-      MEGACTX_CHECK(cache.has_indexer(layer) && spec.index_head_dim == config_.index_head_dim,
-                    "KV cache has no indexer pool of dim {} for full layer {}",
-                    config_.index_head_dim, layer);
-    }
-  }
+  check_cache_layout(plan_, cache, Device::CUDA);
   MEGACTX_CHECK(!batch.sequences.empty(), "forward: empty batch");
-  check_sequence_inputs(batch, spec, config_.vocab_size);
+  check_sequence_inputs(batch, cache.spec(), config_.vocab_size);
 }
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
@@ -214,8 +201,8 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
   const int64_t m = logit_count;
   float* normed = sc.normed.get<float>(m * hidden);
   gather_rows(x, logit_rows, m, hidden, normed, stream_);
-  rmsnorm(normed, m, hidden, hidden, weights_->final_norm, static_cast<float>(config_.rms_norm_eps),
-          normed, hidden, stream_);
+  rmsnorm(normed, m, hidden, hidden, weights_->final_norm, plan_.rms_norm_eps, normed, hidden,
+          stream_);
   blas_->linear(normed, m, hidden, weights_->lm_head, config_.vocab_size, logits);
 }
 
@@ -223,7 +210,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
                                  PagedKvCache& cache, float* x) {
   const int64_t n = step.tokens;
   const int64_t hidden = config_.hidden_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float eps = plan_.rms_norm_eps;
   float* h = scratch_.h.get<float>(n * hidden);
   float* branch = scratch_.branch.get<float>(n * hidden);
   timer_.mark("norms + residual", stream_);

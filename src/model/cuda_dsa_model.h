@@ -16,6 +16,7 @@
 #include "model/cuda_model.h"
 #include "model/cuda_phase_timer.h"
 #include "model/cuda_weights.h"
+#include "model/model_plan.h"
 #include "model/mtp_layer.h"
 #include "model/rope.h"
 
@@ -184,6 +185,7 @@ class CudaDsaModel final : public LanguageModel {
 
   ModelConfig config_;
   CudaModelOptions options_;
+  ModelPlan plan_;  // the description both forward passes read (model_plan.h)
   int64_t index_topk_ = 0;
   RopeTable rope_;
   float softmax_scale_ = 1.0f;

@@ -67,7 +67,7 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   }
   const int64_t H = config_.hidden_size;
   const int64_t vocab = config_.vocab_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float eps = plan_.rms_norm_eps;
   MtpScratch& sc = mtp_scratch_;
   bool one_row_each = true;
   for (const MtpLayer::Rows& r : sequences) one_row_each &= r.count == 1;

@@ -13,6 +13,7 @@
 #include "model/checkpoint_matrix.h"
 #include "model/cuda_buffer.h"
 #include "model/dsa_weights.h"
+#include "model/model_plan.h"
 
 namespace megactx::cuda {
 
@@ -88,7 +89,7 @@ class CudaWeights {
   DeviceMlp upload_mlp(MatrixSource& source, const std::string& prefix, int64_t hidden,
                        int64_t intermediate);
   DeviceLayer upload_checkpoint_layer(const ModelConfig& config, MatrixSource& source,
-                                      int64_t index);
+                                      const LayerPlan& layer);
   // The routed experts of a checkpoint layer (`prefix` "model.layers.N.mlp.")
   // stacked into d.experts_gate_up / d.experts_down with d.experts as views,
   // one expert read from `source` at a time (cuda_weights_checkpoint.cpp).

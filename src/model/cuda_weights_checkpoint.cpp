@@ -157,7 +157,8 @@ DeviceMlp CudaWeights::upload_mlp(MatrixSource& source, const std::string& prefi
 }
 
 DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSource& source,
-                                                 int64_t index) {
+                                                 const LayerPlan& layer) {
+  const int64_t index = layer.layer;
   const int64_t hidden = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
   const int64_t lora = c.kv_lora_rank;
@@ -201,7 +202,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
   d.w_uk_t = upload(w_uk_t);
   d.w_uv = upload(w_uv);
   d.o = matrix(a + "o_proj.weight", hidden, heads * value);
-  d.has_indexer = c.layer_runs_indexer(index);
+  d.has_indexer = layer.runs_indexer;
   if (d.has_indexer) {
     MEGACTX_CHECK(c.q_lora_rank.has_value(), "the DSA indexer needs q_lora_rank");
     const std::string p = a + "indexer.";
@@ -213,18 +214,12 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
     d.weights_proj = matrix(p + "weights_proj.weight", c.index_n_heads, hidden);
   }
 
-  d.is_moe = c.layer_is_moe(index);
+  d.is_moe = layer.moe;
   if (!d.is_moe) {
     d.dense = upload_mlp(source, prefix + "mlp.", hidden, c.intermediate_size);
     return d;
   }
-  const int64_t experts = c.n_routed_experts;
-  MEGACTX_CHECK(experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= experts,
-                "MoE layer {}: n_routed_experts {} / num_experts_per_tok {}", index, experts,
-                c.num_experts_per_tok);
-  MEGACTX_CHECK(
-      c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
-      "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group, c.topk_group, experts);
+  const int64_t experts = c.n_routed_experts;  // plan_model checked the MoE shapes
   d.router = upload(source.float_tensor(prefix + "mlp.gate.weight", {experts, hidden}));
   const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
   d.bias =
@@ -241,24 +236,8 @@ CudaWeights::CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint
     : CudaWeights(config, *make_checkpoint_matrices(checkpoint), bf16) {}
 
 CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16) : bf16_(bf16) {
-  // The model-level checks of load_dsa_weights and the architecture builders.
-  MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
-  MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
-  MEGACTX_CHECK(c.scoring_func == "sigmoid", "scoring_func '{}' is not supported (sigmoid)",
-                c.scoring_func);
-  if (c.model_type == ModelType::GlmMoeDsa) {
-    MEGACTX_CHECK(static_cast<int64_t>(c.indexer_types.size()) == c.num_hidden_layers,
-                  "glm_moe_dsa: {} indexer types for {} layers", c.indexer_types.size(),
-                  c.num_hidden_layers);
-  }
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    MEGACTX_CHECK(layer > 0 || c.layer_runs_indexer(0),
-                  "layer 0 is 'shared' but no earlier full layer exists");
-    MEGACTX_CHECK(c.model_type != ModelType::DeepseekV32 || c.layer_runs_indexer(layer),
-                  "deepseek_v32: layer {} is marked shared, but DeepSeek-V3.2 runs an indexer on "
-                  "every layer",
-                  layer);
-  }
+  // Every check of the other load paths (model_plan.h), before any upload.
+  const ModelPlan plan = plan_model(c);
   const int64_t hidden = c.hidden_size;
   {
     // One [V, H] float32 host copy at a time (the embedding is a gather and
@@ -274,8 +253,8 @@ CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16) 
     lm_head = upload_matrix(source.matrix("lm_head.weight", {c.vocab_size, hidden}));
   }
   final_norm = upload(source.float_tensor("model.norm.weight", {hidden}));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers.push_back(upload_checkpoint_layer(c, source, i));
+  for (const LayerPlan& layer : plan.layers)
+    layers.push_back(upload_checkpoint_layer(c, source, layer));
   // Nothing left unread but the MTP layers (as load_dsa_weights).
   std::vector<std::string> mtp;
   for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {

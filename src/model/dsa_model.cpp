@@ -11,9 +11,6 @@ namespace megactx {
 namespace {
 
 // HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps, not
-// config.rms_norm_eps; the indexer's key LayerNorm uses 1e-6 too.
-constexpr float kLatentNormEps = 1e-6f;
-constexpr float kIndexerNormEps = 1e-6f;
 
 void add_into(float* x, const float* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] += y[i];
@@ -48,38 +45,25 @@ struct DsaModel::Step {
   }
 };
 
-DsaModel::DsaModel(ModelConfig config, DsaWeights weights, std::unique_ptr<Backend> backend,
-                   DsaModelOptions options)
+DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
+                   std::unique_ptr<Backend> backend)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
       rope_(make_rope_table(config_)),
-      softmax_scale_(attention_softmax_scale(config_)),
-      index_topk_(options.index_topk_override.value_or(config_.index_topk)) {
-  MEGACTX_CHECK(index_topk_ > 0, "index_topk must be positive, got {}", index_topk_);
-  MEGACTX_CHECK(config_.num_hidden_layers > 0 && config_.layer_runs_indexer(0),
-                "layer 0 must run its indexer (a shared layer needs an earlier full layer)");
+      plan_(std::move(plan)) {}
+
+std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
+                                          std::unique_ptr<Backend> backend,
+                                          const DsaModelOptions& options) {
+  ModelPlan plan = plan_model(config, options.index_topk_override);
+  DsaWeights loaded = load_dsa_weights(config, plan, weights);
+  return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend));
 }
 
 void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
-  const KvCacheSpec& spec = cache.spec();
-  MEGACTX_CHECK(spec.device == Device::CPU, "the {} backend needs a host KV cache",
-                backend_->name());
-  MEGACTX_CHECK(spec.kv_lora_rank == config_.kv_lora_rank &&
-                    spec.qk_rope_head_dim == config_.qk_rope_head_dim,
-                "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
-                spec.qk_rope_head_dim, config_.kv_lora_rank, config_.qk_rope_head_dim);
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    MEGACTX_CHECK(cache.has_latent(layer), "KV cache has no latent pool for layer {}", layer);
-    if (config_.layer_runs_indexer(layer)) {
-      MEGACTX_CHECK(cache.has_indexer(layer), "KV cache has no indexer pool for full layer {}",
-                    layer);
-      MEGACTX_CHECK(spec.index_head_dim == config_.index_head_dim,
-                    "KV cache index_head_dim {} != model {}", spec.index_head_dim,
-                    config_.index_head_dim);
-    }
-  }
-  check_sequence_inputs(batch, spec, config_.vocab_size);
+  check_cache_layout(plan_, cache, backend_->device());
+  check_sequence_inputs(batch, cache.spec(), config_.vocab_size);
 }
 
 ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
@@ -113,7 +97,7 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
       ++row;
     }
   }
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float eps = plan_.rms_norm_eps;
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     decoder_layer(weights_.layers[layer], layer, step, cache, x.data());
   }
@@ -148,7 +132,7 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
                              float* x) {
   const int64_t n = step.tokens;
   const int64_t hidden = config_.hidden_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float eps = plan_.rms_norm_eps;
   std::vector<float> h(static_cast<size_t>(n * hidden)), branch(h.size());
   backend_->rmsnorm(x, n, hidden, hidden, w.input_norm.data<float>(), eps, h.data(), hidden);
   attention(w, layer, h.data(), step, cache, branch.data());
@@ -187,10 +171,10 @@ void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
     MEGACTX_CHECK(static_cast<int64_t>(in.pages.size()) * step.page_size >= last,
                   "run_layer: {} pages do not cover {} positions", in.pages.size(), last);
     if (shared) {
-      MEGACTX_CHECK(static_cast<int64_t>(in.shared_topk.size()) == index_topk_ &&
+      MEGACTX_CHECK(static_cast<int64_t>(in.shared_topk.size()) == plan_.attention.index_topk &&
                         in.shared_count > 0 && in.shared_count <= in.shared_context,
-                    "run_layer: shared top-k must hold {} entries, {} valid", index_topk_,
-                    in.shared_count);
+                    "run_layer: shared top-k must hold {} entries, {} valid",
+                    plan_.attention.index_topk, in.shared_count);
       for (int64_t i = 0; i < in.count; ++i) {
         s.topk.insert(s.topk.end(), in.shared_topk.begin(), in.shared_topk.end());
         s.counts.push_back(in.shared_count);
@@ -210,8 +194,8 @@ void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
     for (size_t i = 0; i < sequences.size(); ++i) {
       const Step::Sequence& s = step.sequences[i];
       const int64_t row = s.count - 1;
-      sequences[i].last_topk.assign(s.topk.begin() + row * index_topk_,
-                                    s.topk.begin() + (row + 1) * index_topk_);
+      sequences[i].last_topk.assign(s.topk.begin() + row * plan_.attention.index_topk,
+                                    s.topk.begin() + (row + 1) * plan_.attention.index_topk);
       sequences[i].last_count = s.counts[row];
     }
   }
@@ -220,21 +204,15 @@ void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
 void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, Step& step,
                          PagedKvCache& cache, float* out) {
   const AttentionWeights& w = lw.attention;
-  const int64_t n = step.tokens;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t heads = config_.num_attention_heads;
-  const int64_t nope = config_.qk_nope_head_dim;
-  const int64_t rope = config_.qk_rope_head_dim;
-  const int64_t qk = nope + rope;
-  const int64_t lora = config_.kv_lora_rank;
-  const int64_t value = config_.v_head_dim;
-  const int64_t entry = lora + rope;
+  const AttentionDims& d = plan_.attention;
+  const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
+  const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry;
 
   // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
   std::vector<float> q(static_cast<size_t>(n * heads * qk));
   std::vector<float> q_resid;
-  if (config_.q_lora_rank) {
-    const int64_t q_lora = *config_.q_lora_rank;
+  if (d.q_lora > 0) {
+    const int64_t q_lora = d.q_lora;
     q_resid.resize(static_cast<size_t>(n * q_lora));
     backend_->linear(h, n, hidden, w.q_a.data<float>(), q_lora, q_resid.data());
     backend_->rmsnorm(q_resid.data(), n, q_lora, q_lora, w.q_a_norm.data<float>(), kLatentNormEps,
@@ -244,7 +222,7 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     backend_->linear(h, n, hidden, w.q_b.data<float>(), heads * qk, q.data());
   }
   backend_->rope(q.data() + nope, n, heads, heads * qk, qk, rope, step.cos.data(), step.sin.data(),
-                 config_.rope_interleave);
+                 d.rope_interleave);
 
   // kv: [n, c_kv (lora) | k_rope (rope)] -> normed latent and rotated key, into the cache.
   std::vector<float> kv(static_cast<size_t>(n * entry));
@@ -252,7 +230,7 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   backend_->rmsnorm(kv.data(), n, lora, entry, w.kv_a_norm.data<float>(), kLatentNormEps, kv.data(),
                     entry);
   backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
-                 config_.rope_interleave);
+                 d.rope_interleave);
   for (const Step::Sequence& s : step.sequences) {
     if (s.shared) continue;  // KVShare: nothing derived from a draft is written
     for (int64_t i = 0; i < s.count; ++i) {
@@ -312,12 +290,12 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     op.latents = latents.data();
     op.indices = remapped.data();
     op.counts = s.counts.data();
-    op.index_stride = index_topk_;
+    op.index_stride = plan_.attention.index_topk;
     op.queries = s.count;
     op.heads = heads;
     op.kv_lora = lora;
     op.rope = rope;
-    op.scale = softmax_scale_;
+    op.scale = plan_.attention.softmax_scale;
     op.out = o_latent.data() + s.offset * heads * lora;
     backend_->mla_attention(op);
   }
@@ -335,13 +313,11 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
 void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,
                        Step& step, PagedKvCache& cache) {
   const IndexerWeights& w = lw.attention.indexer;
-  const int64_t n = step.tokens;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t heads = config_.index_n_heads;
-  const int64_t dim = config_.index_head_dim;
-  const int64_t rope = config_.qk_rope_head_dim;
-  const int64_t q_lora = *config_.q_lora_rank;
-  const bool interleaved = config_.indexer_rope_interleave;
+  const AttentionDims& d = plan_.attention;
+  const int64_t n = step.tokens, hidden = d.hidden, heads = d.index_heads, dim = d.index_dim;
+  const int64_t rope = d.rope, q_lora = d.q_lora;
+  const bool interleaved = d.indexer_rope_interleave;
+  MEGACTX_CHECK(q_lora > 0, "the DSA indexer reads the q-LoRA residual (q_lora_rank)");
 
   // Heads are [rope | nope] (rope first, unlike MLA).
   std::vector<float> q(static_cast<size_t>(n * heads * dim));
@@ -371,7 +347,7 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
     }
     visible.resize(static_cast<size_t>(s.count));
     for (int64_t i = 0; i < s.count; ++i) visible[i] = s.start + i + 1;  // causal
-    s.topk.assign(static_cast<size_t>(s.count * index_topk_), -1);
+    s.topk.assign(static_cast<size_t>(s.count * plan_.attention.index_topk), -1);
     s.counts.assign(static_cast<size_t>(s.count), 0);
     IndexerTopkOp op;
     op.q = q.data() + s.offset * heads * dim;
@@ -382,7 +358,7 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
     op.heads = heads;
     op.dim = dim;
     op.keys_count = context;
-    op.topk = index_topk_;
+    op.topk = plan_.attention.index_topk;
     op.scale = 1.0f / std::sqrt(static_cast<float>(dim));
     op.indices = s.topk.data();
     op.counts = s.counts.data();

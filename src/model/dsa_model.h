@@ -13,7 +13,9 @@
 #include "model/backend.h"
 #include "model/dsa_weights.h"
 #include "model/language_model.h"
+#include "model/model_plan.h"
 #include "model/rope.h"
+#include "model/weight_source.h"
 
 namespace megactx {
 
@@ -24,15 +26,18 @@ struct DsaModelOptions {
 
 class DsaModel final : public LanguageModel {
  public:
-  DsaModel(ModelConfig config, DsaWeights weights, std::unique_ptr<Backend> backend,
-           DsaModelOptions options);
+  // `plan` is plan_model(config, options.index_topk_override); `weights` were
+  // loaded for it (build_dsa_model does both).
+  DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
+           std::unique_ptr<Backend> backend);
 
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return backend_->device(); }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
   std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir) override;
 
-  int64_t index_topk() const { return index_topk_; }
+  int64_t index_topk() const { return plan_.attention.index_topk; }
+  const ModelPlan& plan() const { return plan_; }
   const DsaWeights& weights() const { return weights_; }
   Backend& backend() { return *backend_; }
 
@@ -76,8 +81,13 @@ class DsaModel final : public LanguageModel {
   DsaWeights weights_;
   std::unique_ptr<Backend> backend_;
   RopeTable rope_;
-  float softmax_scale_ = 1.0f;
-  int64_t index_topk_ = 0;
+  ModelPlan plan_;
 };
+
+// Plans the model (the architecture's checks first), loads every weight the
+// plan names from `weights` and builds it on `backend`.
+std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
+                                          std::unique_ptr<Backend> backend,
+                                          const DsaModelOptions& options);
 
 }  // namespace megactx

@@ -71,24 +71,17 @@ AttentionWeights load_attention(const ModelConfig& c, WeightSource& source,
 
 }  // namespace
 
-LayerWeights load_layer_weights(const ModelConfig& c, WeightSource& source, int64_t i,
-                                bool has_indexer, bool is_moe) {
+LayerWeights load_layer_weights(const ModelConfig& c, WeightSource& source, const LayerPlan& plan) {
+  const int64_t i = plan.layer;
   const int64_t hidden = c.hidden_size;
   const std::string prefix = fmt::format("model.layers.{}.", i);
   LayerWeights layer;
   layer.input_norm = source.get(prefix + "input_layernorm.weight", {hidden});
   layer.post_norm = source.get(prefix + "post_attention_layernorm.weight", {hidden});
-  layer.attention = load_attention(c, source, prefix + "self_attn.", has_indexer);
-  layer.is_moe = is_moe;
+  layer.attention = load_attention(c, source, prefix + "self_attn.", plan.runs_indexer);
+  layer.is_moe = plan.moe;
   if (layer.is_moe) {
-    const int64_t experts = c.n_routed_experts;
-    MEGACTX_CHECK(experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= experts,
-                  "MoE layer {}: n_routed_experts {} / num_experts_per_tok {}", i, experts,
-                  c.num_experts_per_tok);
-    MEGACTX_CHECK(
-        c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
-        "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group, c.topk_group,
-        experts);
+    const int64_t experts = c.n_routed_experts;  // plan_model checked the MoE shapes
     layer.moe.router = source.get(prefix + "mlp.gate.weight", {experts, hidden});
     const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
     layer.moe.bias = source.has(bias) ? source.get(bias, {experts}) : Tensor::zeros({experts});
@@ -106,11 +99,7 @@ LayerWeights load_layer_weights(const ModelConfig& c, WeightSource& source, int6
   return layer;
 }
 
-DsaWeights load_dsa_weights(const ModelConfig& c, WeightSource& source) {
-  MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
-  MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
-  MEGACTX_CHECK(c.scoring_func == "sigmoid", "scoring_func '{}' is not supported (sigmoid)",
-                c.scoring_func);
+DsaWeights load_dsa_weights(const ModelConfig& c, const ModelPlan& plan, WeightSource& source) {
   DsaWeights w;
   const int64_t hidden = c.hidden_size;
   w.embed = source.get("model.embed_tokens.weight", {c.vocab_size, hidden});
@@ -120,10 +109,8 @@ DsaWeights load_dsa_weights(const ModelConfig& c, WeightSource& source) {
   } else {
     w.lm_head = source.get("lm_head.weight", {c.vocab_size, hidden});
   }
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    w.layers.push_back(
-        load_layer_weights(c, source, i, c.layer_runs_indexer(i), c.layer_is_moe(i)));
-  }
+  for (const LayerPlan& layer : plan.layers)
+    w.layers.push_back(load_layer_weights(c, source, layer));
   std::vector<std::string> mtp;
   for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {
     mtp.push_back(fmt::format("model.layers.{}.", c.num_hidden_layers + i));

@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "model/model_plan.h"
 #include "model/weight_source.h"
 
 namespace megactx {
@@ -63,13 +64,13 @@ struct DsaWeights {
   std::vector<LayerWeights> layers;
 };
 
-// One decoder layer `model.layers.{index}.*` (the MTP layer reuses it with
-// index = num_hidden_layers).
-LayerWeights load_layer_weights(const ModelConfig& config, WeightSource& source, int64_t index,
-                                bool has_indexer, bool is_moe);
+// One decoder layer `model.layers.{layer.layer}.*` (the MTP layer is
+// ModelPlan::mtp, index num_hidden_layers).
+LayerWeights load_layer_weights(const ModelConfig& config, WeightSource& source,
+                                const LayerPlan& layer);
 
-// Loads every weight the config implies; then checks that the source holds
+// Loads every weight the plan names; then checks that the source holds
 // nothing else (MTP layers model.layers.{num_hidden_layers + i}.* are allowed).
-DsaWeights load_dsa_weights(const ModelConfig& config, WeightSource& source);
+DsaWeights load_dsa_weights(const ModelConfig& config, const ModelPlan& plan, WeightSource& source);
 
 }  // namespace megactx

@@ -4,25 +4,18 @@
 // a shared layer reuses the top-k of the latest full layer and has no indexer
 // tensors. The indexer rotates its rope-first slice with interleaved pairs.
 // MTP (model.layers.{num_hidden_layers}.*) reuses the target embedding and
-// lm_head; its tensors are accepted but not run here.
-#include "model/architectures.h"
-
+// lm_head.
 #include "core/error.h"
+#include "model/architectures.h"
 
 namespace megactx {
 
-std::unique_ptr<LanguageModel> build_glm_moe_dsa(const ModelConfig& config, WeightSource& weights,
-                                                 std::unique_ptr<Backend> backend,
-                                                 const DsaModelOptions& options) {
-  MEGACTX_CHECK(config.model_type == ModelType::GlmMoeDsa, "build_glm_moe_dsa: model_type is '{}'",
-                config.model_type_name);
+void check_glm_moe_dsa(const ModelConfig& config) {
   MEGACTX_CHECK(static_cast<int64_t>(config.indexer_types.size()) == config.num_hidden_layers,
                 "glm_moe_dsa: {} indexer types for {} layers", config.indexer_types.size(),
                 config.num_hidden_layers);
-  MEGACTX_CHECK(config.layer_runs_indexer(0),
+  MEGACTX_CHECK(config.num_hidden_layers > 0 && config.layer_runs_indexer(0),
                 "glm_moe_dsa: layer 0 is 'shared' but no earlier full layer exists");
-  DsaWeights loaded = load_dsa_weights(config, weights);
-  return std::make_unique<DsaModel>(config, std::move(loaded), std::move(backend), options);
 }
 
 }  // namespace megactx

@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "io/checkpoint.h"
-#include "model/architectures.h"
 #include "model/cuda_model.h"
 
 namespace megactx {
@@ -28,13 +27,7 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
                                           const ModelLoadOptions& options) {
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
-  switch (config.model_type) {
-    case ModelType::GlmMoeDsa:
-      return build_glm_moe_dsa(config, weights, make_backend(options), model_options);
-    case ModelType::DeepseekV32:
-      return build_deepseek_v32(config, weights, make_backend(options), model_options);
-  }
-  fail("unsupported model_type '{}'", config.model_type_name);
+  return build_dsa_model(config, weights, make_backend(options), model_options);
 }
 
 #if MEGACTX_HAVE_CUDA

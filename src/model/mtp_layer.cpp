@@ -27,7 +27,7 @@ MtpWeights load_mtp_weights(const ModelConfig& c, WeightSource& source) {
   if (own_copies || source.has(embed)) w.embed = source.get(embed, {c.vocab_size, H});
   if (own_copies || source.has(head)) w.lm_head = source.get(head, {c.vocab_size, H});
   // The MTP layer always runs its own indexer (a full layer).
-  w.layer = load_layer_weights(c, source, L, /*has_indexer=*/true, c.mtp_layer_is_moe());
+  w.layer = load_layer_weights(c, source, plan_model(c).mtp);
   return w;
 }
 
@@ -117,7 +117,7 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
   Backend& backend = target_.backend();
   const int64_t H = hidden_size();
   const int64_t vocab = vocab_size();
-  const float eps = static_cast<float>(target_.config().rms_norm_eps);
+  const float eps = target_.plan().rms_norm_eps;
   const int64_t total = check_rows(sequences);
   // cat: [total, 2H] = [enorm(embed(token_{t+1})) | hnorm(h)].
   std::vector<float> cat(static_cast<size_t>(total * 2 * H));

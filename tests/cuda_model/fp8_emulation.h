@@ -19,7 +19,6 @@
 
 #include "core/dtype.h"
 #include "io/checkpoint.h"
-#include "model/architectures.h"
 #include "model/backend.h"
 #include "model/dsa_model.h"
 #include "model/weight_source.h"
@@ -157,10 +156,7 @@ inline std::unique_ptr<LanguageModel> load_fp8_emulated_model(
   auto source = make_checkpoint_weights(*checkpoint);
   DsaModelOptions options;
   options.index_topk_override = index_topk_override;
-  std::unique_ptr<LanguageModel> model =
-      c.model_type == ModelType::GlmMoeDsa
-          ? build_glm_moe_dsa(c, *source, std::move(backend), options)
-          : build_deepseek_v32(c, *source, std::move(backend), options);
+  std::unique_ptr<LanguageModel> model = build_dsa_model(c, *source, std::move(backend), options);
   const DsaWeights& w = static_cast<const DsaModel&>(*model).weights();
   auto is_fp8 = [&](const std::string& name) {
     return checkpoint->has(name) && checkpoint->dtype_of(name) == DType::F8_E4M3;

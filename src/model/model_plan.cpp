@@ -1,0 +1,100 @@
+#include "model/model_plan.h"
+
+#include "core/error.h"
+#include "model/architectures.h"
+#include "model/rope.h"
+
+namespace megactx {
+
+namespace {
+
+// What every DSA layer supports, whatever the architecture.
+void check_supported(const ModelConfig& c) {
+  switch (c.model_type) {
+    case ModelType::GlmMoeDsa:
+      check_glm_moe_dsa(c);
+      break;
+    case ModelType::DeepseekV32:
+      check_deepseek_v32(c);
+      break;
+  }
+  MEGACTX_CHECK(c.num_hidden_layers > 0 && c.layer_runs_indexer(0),
+                "layer 0 must run its indexer (a shared layer needs an earlier full layer)");
+  MEGACTX_CHECK(!c.attention_bias, "attention_bias = true is not supported");
+  MEGACTX_CHECK(c.hidden_act == "silu", "hidden_act '{}' is not supported (silu)", c.hidden_act);
+  MEGACTX_CHECK(c.scoring_func == "sigmoid", "scoring_func '{}' is not supported (sigmoid)",
+                c.scoring_func);
+  bool any_moe = c.num_nextn_predict_layers > 0 && c.mtp_layer_is_moe();
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) any_moe |= c.layer_is_moe(layer);
+  if (any_moe) {
+    const int64_t experts = c.n_routed_experts;
+    MEGACTX_CHECK(experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= experts,
+                  "MoE: n_routed_experts {} / num_experts_per_tok {}", experts,
+                  c.num_experts_per_tok);
+    MEGACTX_CHECK(
+        c.n_group > 0 && experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
+        "MoE: n_group {} / topk_group {} do not divide {} experts", c.n_group, c.topk_group,
+        experts);
+  }
+}
+
+}  // namespace
+
+ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_topk_override) {
+  check_supported(config);
+  ModelPlan plan;
+  AttentionDims& a = plan.attention;
+  a.hidden = config.hidden_size;
+  a.heads = config.num_attention_heads;
+  a.q_lora = config.q_lora_rank.value_or(0);
+  a.kv_lora = config.kv_lora_rank;
+  a.nope = config.qk_nope_head_dim;
+  a.rope = config.qk_rope_head_dim;
+  a.qk = a.nope + a.rope;
+  a.value = config.v_head_dim;
+  a.entry = a.kv_lora + a.rope;
+  a.index_heads = config.index_n_heads;
+  a.index_dim = config.index_head_dim;
+  a.index_topk = index_topk_override.value_or(config.index_topk);
+  a.softmax_scale = attention_softmax_scale(config);
+  a.rope_interleave = config.rope_interleave;
+  a.indexer_rope_interleave = config.indexer_rope_interleave;
+  MEGACTX_CHECK(a.index_topk > 0, "index_topk must be positive, got {}", a.index_topk);
+  plan.rms_norm_eps = static_cast<float>(config.rms_norm_eps);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    LayerPlan l;
+    l.layer = layer;
+    l.runs_indexer = config.layer_runs_indexer(layer);
+    l.indexer_source = l.runs_indexer ? layer : config.indexer_source_layer(layer);
+    l.moe = config.layer_is_moe(layer);
+    plan.layers.push_back(l);
+  }
+  plan.mtp.layer = config.num_hidden_layers;
+  plan.mtp.runs_indexer = true;
+  plan.mtp.indexer_source = config.num_hidden_layers;
+  plan.mtp.moe = config.mtp_layer_is_moe();
+  plan.has_mtp = config.num_nextn_predict_layers > 0;
+  return plan;
+}
+
+void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device device) {
+  const KvCacheSpec& spec = cache.spec();
+  const AttentionDims& a = plan.attention;
+  MEGACTX_CHECK(spec.device == device, "the model runs on the {} but its KV cache is on the {}",
+                device == Device::CUDA ? "GPU" : "host",
+                spec.device == Device::CUDA ? "GPU" : "host");
+  MEGACTX_CHECK(spec.kv_lora_rank == a.kv_lora && spec.qk_rope_head_dim == a.rope,
+                "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
+                spec.qk_rope_head_dim, a.kv_lora, a.rope);
+  for (const LayerPlan& layer : plan.layers) {
+    MEGACTX_CHECK(cache.has_latent(layer.layer), "KV cache has no latent pool for layer {}",
+                  layer.layer);
+    if (layer.runs_indexer) {
+      MEGACTX_CHECK(cache.has_indexer(layer.layer) && spec.index_head_dim == a.index_dim,
+                    "KV cache has no indexer pool of dim {} for full layer {}", a.index_dim,
+                    layer.layer);
+    }
+  }
+}
+
+}  // namespace megactx

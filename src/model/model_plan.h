@@ -1,0 +1,75 @@
+// The one description of a DSA model (glm_moe_dsa, deepseek_v32) that every
+// forward pass reads: the CPU DsaModel, the CUDA model and both MTP layers.
+// Built once from ModelConfig; neither forward re-derives a shape, an eps or
+// the layer schedule. A tensor-parallel split belongs here too, so that it is
+// written once for every device.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "io/model_config.h"
+
+namespace megactx {
+
+// The q_a / kv_a RMSNorms of MLA and the indexer's key LayerNorm use a fixed
+// 1e-6 in HF's DeepseekV3 / GLM code, not config.rms_norm_eps.
+inline constexpr float kLatentNormEps = 1e-6f;
+inline constexpr float kIndexerNormEps = 1e-6f;
+
+// Attention of every decoder layer (MLA with the absorbed, MQA-style decode)
+// and its DSA indexer.
+struct AttentionDims {
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t q_lora = 0;   // 0: q projected straight from the hidden state
+  int64_t kv_lora = 0;  // the cached latent c_kv
+  int64_t nope = 0;     // per head: q/k without RoPE
+  int64_t rope = 0;     // per head: q/k with RoPE (one shared k_rope per token)
+  int64_t qk = 0;       // nope + rope
+  int64_t value = 0;    // per head: v
+  int64_t entry = 0;    // cached row per token and layer: kv_lora + rope
+  int64_t index_heads = 0;
+  int64_t index_dim = 0;         // [rope | nope] per indexer head (rope first, unlike MLA)
+  int64_t index_topk = 0;        // keys each query attends to (a test may override it)
+  float softmax_scale = 1.0f;    // qk^-0.5, with YaRN's mscale
+  bool rope_interleave = false;  // MLA's RoPE pairs (x0, x1), ... instead of halves
+  bool indexer_rope_interleave = false;
+};
+
+// One decoder layer; layer num_hidden_layers is the MTP layer.
+struct LayerPlan {
+  int64_t layer = 0;
+  // A full layer scores its own top-k; a shared one (IndexShare) attends
+  // through the selection of `indexer_source`, the last full layer before it.
+  bool runs_indexer = false;
+  int64_t indexer_source = 0;
+  bool moe = false;  // routed (+ shared) experts, else the dense SwiGLU MLP
+};
+
+struct ModelPlan {
+  AttentionDims attention;
+  float rms_norm_eps = 1e-6f;     // every other RMSNorm
+  std::vector<LayerPlan> layers;  // [num_hidden_layers]
+  LayerPlan mtp;                  // runs its own indexer
+  bool has_mtp = false;           // num_nextn_predict_layers > 0
+
+  const LayerPlan& layer(int64_t index) const {
+    return index == static_cast<int64_t>(layers.size()) ? mtp
+                                                        : layers.at(static_cast<size_t>(index));
+  }
+};
+
+// Checks what every forward pass needs (the architecture's own rules from
+// architectures.h, layer 0 runs its indexer, supported activation, routing
+// and MoE shapes, a positive top-k) and throws megactx::Error otherwise: the
+// load paths call it before reading a weight.
+ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_topk_override = {});
+
+// The cache holds every pool the plan's decoder layers read and write, in
+// their shapes, on `device`; throws megactx::Error naming what is missing.
+void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device device);
+
+}  // namespace megactx
