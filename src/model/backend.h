@@ -1,7 +1,8 @@
-// Backend: the operations the model graph calls. One model graph, several
-// backends (architecture.md): the CPU backend runs OpenBLAS + the thread pool,
-// the reference backend plain fp32 loops (the oracle), a CUDA backend later
-// the same calls on device pointers. Every pointer is float32 row-major.
+// Backend: the operations the host forward pass (DsaModel) calls, on host
+// float32 row-major pointers: the CPU backend runs OpenBLAS + the thread pool,
+// the reference backend plain fp32 loops (the oracle the fast kernels are
+// tested against). The GPU runs its own LanguageModel (model/cuda_model.h
+// says why); both read the same ModelPlan (model/model_plan.h).
 #pragma once
 
 #include <cstdint>

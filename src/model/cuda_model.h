@@ -8,31 +8,10 @@
 // layer order, same tensors) with device scratch, cuBLAS and the kernels of
 // kernels/cuda/{dense,gemm}.
 //
-// What runs (each checked on the H200 by tests/cuda, tests/cuda_model and
-// tests/cuda_engine):
-//  * precision: the fp32 exact-parity mode (fp32 weights and activations,
-//    cuBLAS sgemm without TF32), the bf16 mode (GEMM weights in bf16, GEMM
-//    inputs rounded to bf16, fp32 accumulation; norms, RoPE, attention,
-//    routing and the residual in fp32), and fp8 checkpoints computed natively
-//    (e4m3 weights with their 128x128 scales, inputs quantised per 1x128
-//    group: make_cuda_dsa_model_from_checkpoint, no float32 host model);
-//  * attention: for GLM-5 / DeepSeek-V3.2 shapes over an FP8 cache
-//    (kv_lora 512, rope 64, index dim 128) the fp8 DSA kernels -- fp8
-//    indexer, radix top-k, sparse MLA with heads padded to 64
-//    (cuda_dsa_fast_attention.cpp); every other shape and cache the fp32
-//    fallback kernels of kernels/cuda/dense;
-//  * MoE: a sync-free device dispatch (kernels/cuda/moe) up to 256 rows, the
-//    per-expert host dispatch beyond;
-//  * decode and MTP verification steps as CUDA Graphs over batch-size buckets
-//    (cuda_decode_graph.h) when every MoE layer takes the device path;
-//  * the MTP layer on the device (cuda_dsa_mtp.cpp, make_cuda_mtp_layer);
-//  * logits left on the device for the engine's CudaSampler.
-// This header is plain C++; the functions exist only in builds with
-// MEGACTX_HAVE_CUDA.
-//
-// Not yet: the MTP draft steps run eagerly (not captured) with one host round
-// trip per step; bf16 activations in memory (the bf16 mode keeps fp32
-// activations and rounds at the GEMM inputs).
+// The precision modes, attention paths, device MoE, CUDA Graph decode and the
+// MTP layer on the device are described at CudaModelOptions below; what each
+// achieves, and what is missing, is in docs/benchmarks.md. This header is
+// plain C++; the functions exist only in builds with MEGACTX_HAVE_CUDA.
 #pragma once
 
 #include <cstdint>
