@@ -4,9 +4,12 @@
 // GLM-5.2 indexer (32 heads x 128, top-k 2048; DeepSeek's 64 heads once) and a
 // synthesised fp8 key cache of one request over shuffled pages.
 //
-//   indexer_prefill_bench [--quick] [--fp8-ceiling TFLOPS] [--case SUBSTRING]
+//   indexer_prefill_bench [--quick] [--fp8-ceiling TFLOPS] [--case SUBSTRING] [--fused-only]
 //
-// --case runs only the cases whose name contains SUBSTRING (e.g. for ncu).
+// --case runs only the cases whose name contains SUBSTRING, --fused-only
+// times only the fused wgmma kernel (both for ncu).
+// "fused wgmma" is the default (the two warpgroups take turns issuing their
+// MMAs), "free-running" the same kernel without the turns.
 // Cases: whole causal prompts of 32K and 128K in 16K-row chunks (as the
 // engine's --max-prefill-tokens 16384 sends them), the last 2048 rows of a
 // 1M-token prompt, scores that rise with the position (every key enters the
@@ -174,7 +177,8 @@ struct Workspaces {
   int64_t select_rows = 1024;
 };
 
-void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream) {
+void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream,
+               bool ping_pong = true) {
   for (int64_t row0 = 0; row0 < p.rows; row0 += kChunkRows) {
     FusedIndexerTopkParams f;
     f.queries = p.queries + row0 * p.heads * kIndexerHeadDim;
@@ -191,6 +195,7 @@ void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream)
     f.workspace = w.fused;
     f.workspace_bytes = w.fused_bytes;
     f.wgmma = wgmma;
+    f.ping_pong = ping_pong;
     fused_indexer_topk(f, stream);
   }
 }
@@ -261,7 +266,9 @@ int main(int argc, char** argv) {
   bool quick = false;
   double fp8_ceiling = 1350;  // torch._scaled_mm 8192^3 on this GPU (docs/benchmarks.md)
   std::string only;
+  bool fused_only = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--fused-only")) fused_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--fp8-ceiling") && i + 1 < argc) fp8_ceiling = std::atof(argv[++i]);
@@ -290,9 +297,9 @@ int main(int argc, char** argv) {
                 w.fused_bytes / 1048576.0, static_cast<long long>(kChunkRows), ctas);
 
     std::printf(
-        "| case | heads | rows x keys | fused wgmma ms | TFLOP/s | of fp8 ceiling | fused mma.sync "
-        "ms | two-kernel ms | TFLOP/s | speed-up | set agreement |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "| case | heads | rows x keys | fused wgmma ms | TFLOP/s | of fp8 ceiling | free-running "
+        "ms | fused mma.sync ms | two-kernel ms | TFLOP/s | speed-up | set agreement |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     struct Case {
       const char* name;
       int heads;
@@ -310,6 +317,7 @@ int main(int argc, char** argv) {
     for (const Case& c : cases) {
       if (quick && c.keys > 32768) continue;
       if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
+      const bool mma = c.mma && !fused_only, compare = c.compare && !fused_only;
       Problem p;
       p.heads = c.heads;
       p.keys = c.keys;
@@ -321,28 +329,33 @@ int main(int argc, char** argv) {
       const int reps = c.keys >= 131072 ? 3 : 5;
       const double fused_ms = median_ms(
           stream, [&] { run_fused(p, w, true, stream); }, reps);
-      const double mma_ms = c.mma ? median_ms(
-                                        stream, [&] { run_fused(p, w, false, stream); }, reps)
-                                  : 0;
+      const double free_ms = fused_only
+                                 ? 0
+                                 : median_ms(
+                                       stream, [&] { run_fused(p, w, true, stream, false); }, reps);
+      const double mma_ms = mma ? median_ms(
+                                      stream, [&] { run_fused(p, w, false, stream); }, reps)
+                                : 0;
       const double old_ms =
-          c.compare ? median_ms(
-                          stream, [&] { run_two_kernel(p, w, stream); }, c.keys >= 131072 ? 1 : 3)
-                    : 0;
-      const double agree = c.compare ? agreement(p, w, stream, 64) : 0;
+          compare ? median_ms(
+                        stream, [&] { run_two_kernel(p, w, stream); }, c.keys >= 131072 ? 1 : 3)
+                  : 0;
+      const double agree = compare ? agreement(p, w, stream, 64) : 0;
       const double tflops = p.flops() / (fused_ms * 1e-3) / 1e12;
       char mma_text[32] = "", old_text[32] = "", old_rate[32] = "", speed[32] = "",
            agree_text[32] = "";
-      if (c.mma) std::snprintf(mma_text, sizeof mma_text, "%.2f", mma_ms);
-      if (c.compare) {
+      if (mma) std::snprintf(mma_text, sizeof mma_text, "%.2f", mma_ms);
+      if (compare) {
         std::snprintf(old_text, sizeof old_text, "%.2f", old_ms);
         std::snprintf(old_rate, sizeof old_rate, "%.0f", p.flops() / (old_ms * 1e-3) / 1e12);
         std::snprintf(speed, sizeof speed, "%.2fx", old_ms / fused_ms);
         std::snprintf(agree_text, sizeof agree_text, "%.4f", agree);
       }
-      std::printf("| %s | %d | %lld x %lld | %.2f | %.0f | %.0f%% | %s | %s | %s | %s | %s |\n",
-                  c.name, c.heads, static_cast<long long>(c.rows), static_cast<long long>(c.keys),
-                  fused_ms, tflops, 100.0 * tflops / fp8_ceiling, mma_text, old_text, old_rate,
-                  speed, agree_text);
+      std::printf(
+          "| %s | %d | %lld x %lld | %.2f | %.0f | %.0f%% | %.2f | %s | %s | %s | %s | %s |\n",
+          c.name, c.heads, static_cast<long long>(c.rows), static_cast<long long>(c.keys), fused_ms,
+          tflops, 100.0 * tflops / fp8_ceiling, free_ms, mma_text, old_text, old_rate, speed,
+          agree_text);
       std::fflush(stdout);
       p.release();
     }

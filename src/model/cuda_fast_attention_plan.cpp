@@ -19,7 +19,7 @@ constexpr int64_t kTopkRowStateBytes = 4 * 8;
 // kernels/cuda/indexer_topk/fused_indexer_topk.h.
 constexpr int64_t kFusedMaxTopk = 2048;
 constexpr int64_t kFusedMaxTileRows = 16;
-constexpr int64_t kFusedCandidates = 6144;
+constexpr int64_t kFusedCandidates = 8192;
 
 }  // namespace
 

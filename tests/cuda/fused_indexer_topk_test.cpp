@@ -193,7 +193,19 @@ struct FusedRun {
   int ctas = 0;  // 0: one per SM
   int repeats = 1;
   bool positions_input = false;  // rows given by positions instead of visible lengths
+  bool ping_pong = true;         // wgmma: the warpgroups take turns issuing MMAs
 };
+
+std::string run_name(const FusedRun& run) {
+  return std::string(run.wgmma ? (run.ping_pong ? "wgmma ping-pong" : "wgmma free-running")
+                               : "mma.sync") +
+         ", ctas " + std::to_string(run.ctas);
+}
+
+// wgmma with the warpgroups taking turns (the default, twice on one
+// workspace), wgmma free-running, mma.sync.
+const std::vector<FusedRun> kBothEngines = {
+    {true, 0, 2, false, true}, {true, 0, 1, false, false}, {false, 0, 1, false, false}};
 
 std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& device,
                                const FusedRun& run, std::vector<int32_t>* counts = nullptr) {
@@ -231,6 +243,7 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.workspace_bytes = bytes;
     params.ctas = run.ctas;
     params.wgmma = run.wgmma;
+    params.ping_pong = run.ping_pong;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -315,8 +328,7 @@ void check_problem(FusedProblem& problem, uint32_t seed, const std::vector<Fused
   const std::vector<float> scores = oracle_scores(problem, device);
   const std::vector<int32_t> old_path = old_path_positions(problem, device, scores);
   for (const FusedRun& run : runs) {
-    SCOPED_TRACE(std::string(run.wgmma ? "wgmma" : "mma.sync") + ", ctas " +
-                 std::to_string(run.ctas));
+    SCOPED_TRACE(run_name(run));
     std::vector<int32_t> counts;
     const std::vector<int32_t> got = run_fused(problem, device, run, &counts);
     for (int row = 0; row < problem.rows; ++row) {
@@ -330,7 +342,7 @@ void check_problem(FusedProblem& problem, uint32_t seed, const std::vector<Fused
     }
     const double agreement = overlap(problem, got, old_path);
     std::printf("fused vs two-kernel selection (%s): agreement %.5f over %d rows\n",
-                run.wgmma ? "wgmma" : "mma.sync", agreement, problem.rows);
+                run_name(run).c_str(), agreement, problem.rows);
     EXPECT_GE(agreement, min_overlap);
   }
 }
@@ -347,8 +359,8 @@ void check_scores(int heads, uint32_t seed) {
   problem.build(rng);
   DeviceProblem device(problem);
   const std::vector<float> want = oracle_scores(problem, device);
-  for (bool wgmma : {true, false}) {
-    SCOPED_TRACE(wgmma ? "wgmma" : "mma.sync");
+  for (const FusedRun& run : kBothEngines) {
+    SCOPED_TRACE(run_name(run));
     DeviceBuffer<float> debug(static_cast<size_t>(problem.rows) * problem.max_visible);
     debug.fill_bytes(0xff);
     const int ctas = cuda::fused_indexer_topk_default_ctas();
@@ -368,7 +380,8 @@ void check_scores(int heads, uint32_t seed) {
     params.out = device.out.get();
     params.workspace = workspace.get();
     params.workspace_bytes = bytes;
-    params.wgmma = wgmma;
+    params.wgmma = run.wgmma;
+    params.ping_pong = run.ping_pong;
     params.debug_scores = debug.get();
     params.debug_stride = problem.max_visible;
     cuda::fused_indexer_topk(params, nullptr);
@@ -403,8 +416,6 @@ TEST(FusedIndexerTopk, ScoresMatchTheOracle) {
   check_scores(64, 2);
 }
 
-const std::vector<FusedRun> kBothEngines = {{true, 0, 2, false}, {false, 0, 1, false}};
-
 TEST(FusedIndexerTopk, MatchesTheReferenceOnASmallChunk) {
   // The fp32 reference itself (no GPU oracle): 2 requests, 40 + 7 rows.
   FusedProblem problem;
@@ -413,9 +424,9 @@ TEST(FusedIndexerTopk, MatchesTheReferenceOnASmallChunk) {
   std::mt19937 rng(3);
   problem.build(rng);
   DeviceProblem device(problem);
-  for (bool wgmma : {true, false}) {
-    SCOPED_TRACE(wgmma ? "wgmma" : "mma.sync");
-    const std::vector<int32_t> got = run_fused(problem, device, {wgmma, 0, 1, false});
+  for (const FusedRun& run : kBothEngines) {
+    SCOPED_TRACE(run_name(run));
+    const std::vector<int32_t> got = run_fused(problem, device, run);
     for (int row = 0; row < problem.rows; ++row) {
       const int64_t visible = problem.row_visible[row];
       std::vector<float> expected(static_cast<size_t>(visible));
@@ -443,7 +454,7 @@ TEST(FusedIndexerTopk, DecodeLikeSegmentsOfOneToThreeRows) {
   FusedProblem problem;
   for (int i = 0; i < 40; ++i)
     problem.chunks.push_back({static_cast<int64_t>(1 + i * 311), 1 + i % 3});
-  check_problem(problem, 12, {{true, 0, 1, false}, {true, 5, 1, true}});
+  check_problem(problem, 12, {{true, 0, 1, false, true}, {true, 5, 1, true, true}});
 }
 
 TEST(FusedIndexerTopk, SixtyFourHeadsAndSmallK) {
@@ -460,7 +471,9 @@ TEST(FusedIndexerTopk, FewCtasTakeManyTiles) {
   FusedProblem problem;
   problem.top_k = 256;
   problem.chunks = {{3000, 200}, {700, 90}, {12000, 190}};
-  check_problem(problem, 14, {{true, 3, 2, false}, {false, 3, 1, false}});
+  check_problem(
+      problem, 14,
+      {{true, 3, 2, false, true}, {true, 3, 1, false, false}, {false, 3, 1, false, false}});
 }
 
 TEST(FusedIndexerTopk, TiesZeroAndNegativeScores) {
@@ -488,7 +501,7 @@ TEST(FusedIndexerTopk, TiesZeroAndNegativeScores) {
 }
 
 TEST(FusedIndexerTopk, RisingAndFallingScoresCompactMany) {
-  // Rising: every key beats the threshold, buffers compact every ~4000 keys
+  // Rising: every key beats the threshold, buffers compact every ~6000 keys
   // and the result is the last k positions; falling: the first k.
   for (Keys keys : {Keys::Rising, Keys::Falling}) {
     SCOPED_TRACE(keys == Keys::Rising ? "rising" : "falling");
@@ -500,8 +513,8 @@ TEST(FusedIndexerTopk, RisingAndFallingScoresCompactMany) {
     std::mt19937 rng(18);
     problem.build(rng);
     DeviceProblem device(problem);
-    for (bool wgmma : {true, false}) {
-      const std::vector<int32_t> got = run_fused(problem, device, {wgmma, 0, 1, false});
+    for (const FusedRun& run : kBothEngines) {
+      const std::vector<int32_t> got = run_fused(problem, device, run);
       for (int row = 0; row < problem.rows; ++row) {
         std::vector<int32_t> chosen(got.begin() + static_cast<int64_t>(row) * problem.top_k,
                                     got.begin() + static_cast<int64_t>(row + 1) * problem.top_k);
@@ -510,7 +523,7 @@ TEST(FusedIndexerTopk, RisingAndFallingScoresCompactMany) {
         std::vector<int32_t> expected(static_cast<size_t>(problem.top_k));
         std::iota(expected.begin(), expected.end(),
                   keys == Keys::Rising ? visible - problem.top_k : 0);
-        ASSERT_EQ(chosen, expected) << (wgmma ? "wgmma" : "mma.sync") << " row " << row;
+        ASSERT_EQ(chosen, expected) << run_name(run) << " row " << row;
       }
     }
   }
@@ -522,7 +535,7 @@ TEST(FusedIndexerTopk, OneMillionKeys) {
   FusedProblem problem;
   problem.keys = Keys::FastRandom;
   problem.chunks = {{1048576 - 16, 16}, {1048539 - 5, 5}};
-  check_problem(problem, 19, {{true, 0, 1, false}});
+  check_problem(problem, 19, {{true, 0, 1, false, true}, {true, 0, 1, false, false}});
 }
 
 TEST(FusedIndexerTopk, RejectsBadShapes) {

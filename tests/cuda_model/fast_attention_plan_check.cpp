@@ -70,12 +70,12 @@ TEST(FastAttentionPlan, ScratchBoundGrowsAsTheBuffers) {
                 cuda_fast_attention_scratch_bytes(glm, 100, 32768, 2048),
             99 * 16384);
   // The split-K partial states and the fused indexer's candidate buffers
-  // (two arrays of [CTAs, 16 rows, 6144] x 4 B) depend on the SM count only.
+  // (two arrays of [CTAs, 16 rows, 8192] x 4 B) depend on the SM count only.
   EXPECT_EQ(cuda_fast_attention_scratch_bytes(glm, 8, 4096, 2048, 264) -
                 cuda_fast_attention_scratch_bytes(glm, 8, 4096, 2048, 132),
-            132 * 64 * 4 * 513 + 132 * 2 * 16 * 6144 * 4);
+            132 * 64 * 4 * 513 + 132 * 2 * 16 * 8192 * 4);
   EXPECT_EQ(cuda_fused_indexer_workspace_bytes(8, 264) - cuda_fused_indexer_workspace_bytes(8, 132),
-            132 * 2 * 16 * 6144 * 4);
+            132 * 2 * 16 * 8192 * 4);
 }
 
 TEST(FastAttentionPlan, FusedIndexerTakesTheStepsPastTheScoresCap) {

@@ -95,6 +95,11 @@ __device__ __forceinline__ void set_max_registers_inc() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the barrier completes when
+// `threads` threads have arrived or synced).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // One plain arrival (no transaction bytes) on an mbarrier in shared memory.
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(barrier));

@@ -34,7 +34,10 @@ constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kTileBarrier = 4;  // named barrier of all kThreads (ids 1..3: consumers, warpgroups)
-constexpr int kStages = 4;       // key pages in flight per CTA
+// Ping-pong: barrier kTurnBarrier + w = warpgroup w may issue its MMAs (the
+// other warpgroup arrives on it after issuing its own).
+constexpr int kTurnBarrier = 5;
+constexpr int kStages = 4;                                  // key pages in flight per CTA
 constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448
 constexpr int kWgColumns = 256;                             // (row, head) columns per warpgroup
 constexpr int kQTileBytes = kWgColumns * kIndexerHeadDim;   // 32 KiB
@@ -55,11 +58,10 @@ constexpr int kMiscOffset = kWeightOffset + 512 * 4;
 
 struct Misc {
   uint64_t full[kStages];                 // a page landed (producer's expect_tx + the copy)
-  uint64_t empty[kStages];                // every consumer thread has read the page
+  uint64_t empty[kStages];                // every consumer warp has read the page
   int tile;                               // the tile this CTA claimed
   int count[kFusedMaxTileRows];           // candidate entries per row of the tile
   uint32_t threshold[kFusedMaxTileRows];  // ordered score a candidate must exceed
-  int visible[kFusedMaxTileRows];
   // [warpgroup][page parity]: bit i = the warpgroup's row i passed the high
   // water mark during a page of that parity (parity keeps the next page's
   // atomics off the word being read).
@@ -161,12 +163,42 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   uint32_t* keys_s = reinterpret_cast<uint32_t*>(scratch + kSelectKeys);
   uint2* kept_s = reinterpret_cast<uint2*>(scratch + kSelectKept);
   uint32_t* histogram = reinterpret_cast<uint32_t*>(scratch + kSelectHistogram);
+  constexpr int kPerThread = kFusedMaxTopk / 128;  // kept entries per thread
   const int n = misc.count[row];
   if (Final && n <= top_k) {
-    for (int i = wtid; i < top_k; i += 128) out_row[i] = i < n ? positions_g[i] : -1;
+    // All loads first, then the stores: one round trip to L2, not kPerThread.
+    int32_t taken[kPerThread];
+#pragma unroll
+    for (int m = 0; m < kPerThread; ++m) {
+      const int i = wtid + 128 * m;
+      taken[m] = i < n ? positions_g[i] : -1;
+    }
+#pragma unroll
+    for (int m = 0; m < kPerThread; ++m)
+      if (wtid + 128 * m < top_k) out_row[wtid + 128 * m] = taken[m];
     return;
   }
-  for (int i = wtid; i < n; i += 128) keys_s[i] = keys_g[i];
+  // The keys into shared memory, 16 bytes per load, a batch of loads in flight.
+  {
+    constexpr int kBatch = 8;
+    const int vectors = n / 4;
+    const uint4* source = reinterpret_cast<const uint4*>(keys_g);
+    uint4* destination = reinterpret_cast<uint4*>(keys_s);
+    for (int base = 0; base < vectors; base += 128 * kBatch) {
+      uint4 v[kBatch];
+#pragma unroll
+      for (int m = 0; m < kBatch; ++m) {
+        const int i = base + wtid + 128 * m;
+        v[m] = i < vectors ? source[i] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int m = 0; m < kBatch; ++m) {
+        const int i = base + wtid + 128 * m;
+        if (i < vectors) destination[i] = v[m];
+      }
+    }
+    for (int i = vectors * 4 + wtid; i < n; i += 128) keys_s[i] = keys_g[i];
+  }
   named_barrier(barrier, 128);
 
   uint32_t prefix = 0;
@@ -235,22 +267,35 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
     }
     above_base = __shfl_sync(kFullMask, above_base, 0);
     tie_base = __shfl_sync(kFullMask, tie_base, 0);
+    // Kept: (key, buffer index); the positions are gathered below in one batch.
     if (is_above) {
       kept_s[above_base + __popc(above_mask & lower_lanes)] =
-          make_uint2(key, static_cast<uint32_t>(positions_g[i]));
+          make_uint2(key, static_cast<uint32_t>(i));
     } else if (is_tie) {
       const int tie = tie_base + __popc(tie_mask & lower_lanes);
-      if (tie < need)
-        kept_s[above_total + tie] = make_uint2(key, static_cast<uint32_t>(positions_g[i]));
+      if (tie < need) kept_s[above_total + tie] = make_uint2(key, static_cast<uint32_t>(i));
     }
   }
   named_barrier(barrier, 128);
+  int32_t gathered[kPerThread];
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int j = wtid + 128 * m;
+    gathered[m] = j < top_k ? positions_g[kept_s[j].y] : 0;
+  }
   if constexpr (Final) {
-    for (int i = wtid; i < top_k; i += 128) out_row[i] = static_cast<int32_t>(kept_s[i].y);
+#pragma unroll
+    for (int m = 0; m < kPerThread; ++m)
+      if (wtid + 128 * m < top_k) out_row[wtid + 128 * m] = gathered[m];
   } else {
-    for (int i = wtid; i < top_k; i += 128) {
-      keys_g[i] = kept_s[i].x;
-      positions_g[i] = static_cast<int32_t>(kept_s[i].y);
+    named_barrier(barrier, 128);  // every read of the buffer is done: overwrite its front
+#pragma unroll
+    for (int m = 0; m < kPerThread; ++m) {
+      const int j = wtid + 128 * m;
+      if (j < top_k) {
+        keys_g[j] = kept_s[j].x;
+        positions_g[j] = gathered[m];
+      }
     }
     if (wtid == 0) {
       misc.count[row] = top_k;
@@ -262,8 +307,9 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   named_barrier(barrier, 128);
 }
 
-template <int Heads, bool Wgmma>
+template <int Heads, bool Wgmma, bool PingPong>
 __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelParams kp) {
+  static_assert(Wgmma || !PingPong, "ping-pong needs asynchronous MMAs");
   constexpr int kRowsPerWg = kWgColumns / Heads;  // 8 or 4
   constexpr int kTileRows = 2 * kRowsPerWg;       // 16 or 8
   constexpr int kGroupsPerRow = Heads / 8;        // accumulator column groups of one row
@@ -286,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   if (tid == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(&misc.full[stage], 1);
-      mbarrier_init(&misc.empty[stage], kConsumers);
+      mbarrier_init(&misc.empty[stage], kConsumers / 32);  // one arrival per consumer warp
     }
     mbarrier_init_fence();
   }
@@ -383,11 +429,15 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
     if (tid < kTileRows) {
       misc.count[tid] = 0;
       misc.threshold[tid] = 0;  // every ordered score but NaN's lowest code is above it
-      misc.visible[tid] = tid < tile_rows ? kp.visible[row0 + tid] : 0;
     }
     if (tid < 4) misc.need[tid / 2][tid % 2] = 0;
     fence_proxy_async_shared();  // the Q tile is read by wgmma (async proxy)
     named_barrier(1, kConsumers);
+    // Ping-pong: warpgroup 0 issues first in every tile; afterwards each
+    // issues after the other has (so one arrival of warpgroup 1 on warpgroup
+    // 0's barrier is pending between pages, consumed at the tile's end).
+    if constexpr (PingPong)
+      if (wg == 1) named_barrier_arrive(kTurnBarrier, kConsumers);
 
     const int rows_here = min(max(tile_rows - wg * kRowsPerWg, 0), kRowsPerWg);
     const bool active = rows_here > 0;
@@ -396,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
       my_row[i] = wg * kRowsPerWg + t * kRowsPerLane + i;
-      my_visible[i] = misc.visible[my_row[i]];
+      my_visible[i] = my_row[i] < tile_rows ? kp.visible[row0 + my_row[i]] : 0;
       my_threshold[i] = 0;
     }
     uint8_t* q_tile = q_tiles + wg * kQTileBytes;
@@ -423,8 +473,16 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         scale[0] = *reinterpret_cast<const float*>(key0 + kIndexerHeadDim);
         scale[1] = *reinterpret_cast<const float*>(key1 + kIndexerHeadDim);
       }
-      mbarrier_arrive(&misc.empty[stage]);  // the page is in registers now
-      if (!active) continue;
+      // The page is in registers now; __syncwarp orders the lanes' reads
+      // before lane 0's (release) arrival.
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&misc.empty[stage]);
+      // Both warpgroups take their turn every page, with work or without.
+      if constexpr (PingPong) named_barrier(kTurnBarrier + wg, kConsumers);
+      if (!active) {
+        if constexpr (PingPong) named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumers);
+        continue;
+      }
 
       // acc[key, column] for this warp's 16 keys (rows g, g + 8) x 256 columns.
       float d[128];
@@ -435,6 +493,9 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         for (int s = 0; s < 4; ++s)
           wgmma_m64n256k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
         wgmma_commit();
+        // The other warpgroup's MMAs queue behind these and run during this
+        // one's epilogue.
+        if constexpr (PingPong) named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumers);
         wgmma_wait_all();
 #pragma unroll
         for (int i = 0; i < 128; ++i) fence_operand(d[i]);
@@ -550,6 +611,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
       }
     }
 
+    if constexpr (PingPong)
+      if (wg == 0) named_barrier(kTurnBarrier, kConsumers);
     // The tile's result rows.
     if (active) {
       named_barrier(2 + wg, 128);
@@ -563,10 +626,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   }
 }
 
-template <int Heads, bool Wgmma>
+template <int Heads, bool Wgmma, bool PingPong>
 void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream) {
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma>,
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma, PingPong>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             kSharedBytes));
     return true;
@@ -596,7 +659,8 @@ void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream)
   kernel.keys = reinterpret_cast<uint32_t*>(workspace + layout.keys);
   kernel.positions = reinterpret_cast<int32_t*>(workspace + layout.positions);
   const unsigned grid = static_cast<unsigned>(std::min(ctas, params.rows));
-  fused_indexer_topk_kernel<Heads, Wgmma><<<grid, kThreads, kSharedBytes, stream>>>(kernel);
+  fused_indexer_topk_kernel<Heads, Wgmma, PingPong>
+      <<<grid, kThreads, kSharedBytes, stream>>>(kernel);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -617,10 +681,16 @@ int multiprocessors() {
 void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
                                cudaStream_t stream) {
   if (params.rows == 0) return;
-  if (params.heads == 32)
-    params.wgmma ? launch<32, true>(params, ctas, stream) : launch<32, false>(params, ctas, stream);
-  else
-    params.wgmma ? launch<64, true>(params, ctas, stream) : launch<64, false>(params, ctas, stream);
+  const bool ping_pong = params.wgmma && params.ping_pong;
+  if (params.heads == 32) {
+    if (!params.wgmma) return launch<32, false, false>(params, ctas, stream);
+    ping_pong ? launch<32, true, true>(params, ctas, stream)
+              : launch<32, true, false>(params, ctas, stream);
+  } else {
+    if (!params.wgmma) return launch<64, false, false>(params, ctas, stream);
+    ping_pong ? launch<64, true, true>(params, ctas, stream)
+              : launch<64, true, false>(params, ctas, stream);
+  }
 }
 
 }  // namespace detail

@@ -41,7 +41,7 @@
 namespace megactx::cuda {
 
 inline constexpr int kFusedMaxTopk = 2048;
-inline constexpr int kFusedCandidates = 6144;  // candidate entries per row of an active tile
+inline constexpr int kFusedCandidates = 8192;  // candidate entries per row of an active tile
 inline constexpr int kFusedMaxTileRows = 16;
 
 // Rows per tile: 256 tensor-core columns per warpgroup / heads, two warpgroups.
@@ -73,6 +73,9 @@ struct FusedIndexerTopkParams {
   size_t workspace_bytes = 0;
   int ctas = 0;       // persistent CTAs (0: one per SM); the workspace is sized by it
   bool wgmma = true;  // false: the same kernel scoring with mma.sync (a comparison path)
+  // wgmma only: the two consumer warpgroups take turns issuing their MMAs, so
+  // that one's epilogue runs while the other's MMAs do (false: free-running).
+  bool ping_pong = true;
   // Tests only: when set, every score the kernel computes for a visible key is
   // also written here ([rows, debug_stride] fp32), to tell scoring from selection.
   float* debug_scores = nullptr;
@@ -81,7 +84,7 @@ struct FusedIndexerTopkParams {
 
 // Bytes of workspace for `rows` rows on `ctas` persistent CTAs: per-row
 // visible lengths and tiles, plus ctas x kFusedMaxTileRows candidate buffers
-// (kFusedCandidates x 8 B each: 96 KiB per row of an active tile).
+// (kFusedCandidates x 8 B each: 64 KiB per row of an active tile).
 size_t fused_indexer_topk_workspace_bytes(int64_t rows, int ctas);
 
 // The CTAs a call with params.ctas == 0 uses on the current device (its SM count).
