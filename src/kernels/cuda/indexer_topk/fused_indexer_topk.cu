@@ -58,7 +58,7 @@ constexpr int kMiscOffset = kWeightOffset + 512 * 4;
 
 struct Misc {
   uint64_t full[kStages];                 // a page landed (producer's expect_tx + the copy)
-  uint64_t empty[kStages];                // every consumer warp has read the page
+  uint64_t empty[kStages];                // every consumer thread has read the page
   int tile;                               // the tile this CTA claimed
   int count[kFusedMaxTileRows];           // candidate entries per row of the tile
   uint32_t threshold[kFusedMaxTileRows];  // ordered score a candidate must exceed
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   if (tid == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(&misc.full[stage], 1);
-      mbarrier_init(&misc.empty[stage], kConsumers / 32);  // one arrival per consumer warp
+      mbarrier_init(&misc.empty[stage], kConsumers);
     }
     mbarrier_init_fence();
   }
@@ -473,10 +473,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         scale[0] = *reinterpret_cast<const float*>(key0 + kIndexerHeadDim);
         scale[1] = *reinterpret_cast<const float*>(key1 + kIndexerHeadDim);
       }
-      // The page is in registers now; __syncwarp orders the lanes' reads
-      // before lane 0's (release) arrival.
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&misc.empty[stage]);
+      // The page is in registers now. Every thread arrives for its own reads:
+      // one arrival per warp after __syncwarp measured no faster (1M keys:
+      // 30.3 vs 30.9 ms) and racecheck reports it against the next bulk copy.
+      mbarrier_arrive(&misc.empty[stage]);
       // Both warpgroups take their turn every page, with work or without.
       if constexpr (PingPong) named_barrier(kTurnBarrier + wg, kConsumers);
       if (!active) {
