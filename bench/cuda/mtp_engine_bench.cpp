@@ -63,7 +63,7 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
   config.max_prefill_tokens = 8192;
   config.speculative_steps = steps;
   config.speculative_share = share;
-  config.mtp_model_dir = model_dir;
+  config.model_dir = model_dir;
   const int64_t per_sequence = prompt_len + new_tokens + steps + 64;
   const KvCapacityPlan plan =
       plan_kv_capacity(model->config(), kv_dtype, int64_t{1} << 30, 64, steps > 0);

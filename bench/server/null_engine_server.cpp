@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/error.h"
 #include "engine/engine_api.h"
 #include "io/model_config.h"
 #include "server/endpoints.h"
@@ -84,6 +85,16 @@ class NullEngine : public EngineApi {
   const Tokenizer& tokenizer() const override { return tokenizer_; }
   const ModelConfig& model_config() const override { return config_; }
   int64_t max_context_tokens() const override { return 1 << 20; }
+  // The HTTP benchmark never drives the RL control routes.
+  void pause(PauseMode) override { fail("the null engine does not pause"); }
+  void resume() override {}
+  bool paused() const override { return false; }
+  WeightUpdateResult update_weights(const WeightUpdateRequest&) override {
+    fail("the null engine has no weights");
+  }
+  std::string weight_version() const override { return "default"; }
+  void release_memory(const MemoryTags&) override { fail("the null engine holds no memory"); }
+  void resume_memory(const MemoryTags&) override {}
 
  private:
   struct Live {

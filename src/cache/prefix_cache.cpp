@@ -23,6 +23,9 @@ struct PrefixCache::Node {
   uint64_t id = 0;  // stable key in PrefixCache::lru_ / host_lru_
   bool in_lru = false;
   bool in_host_lru = false;
+  // Computed under weights that were replaced since (retire()): never matched
+  // and never shared again; dropped once no request holds it.
+  bool stale = false;
 };
 
 namespace {
@@ -68,7 +71,8 @@ PrefixCache::Node* PrefixCache::find_child(Node* parent, std::span<const int32_t
                                            uint64_t hash) const {
   auto [begin, end] = parent->children.equal_range(hash);
   for (auto it = begin; it != end; ++it) {
-    if (std::equal(page_tokens.begin(), page_tokens.end(), it->second->tokens.begin())) {
+    if (!it->second->stale &&
+        std::equal(page_tokens.begin(), page_tokens.end(), it->second->tokens.begin())) {
       return it->second;
     }
   }
@@ -360,6 +364,11 @@ void PrefixCache::flush() {
     }
   }
   for (Node* top : tops) remove_subtree(top);
+}
+
+void PrefixCache::retire() {
+  flush();
+  for (const auto& node : nodes_) node->stale = true;
 }
 
 void PrefixCache::check_integrity(

@@ -81,6 +81,10 @@ class PrefixCache {
   int64_t evict(int64_t pages);
   // Drops every unlocked node, from both tiers.
   void flush();
+  // After a weight update: flush(), and the nodes running requests still
+  // lock are never matched or shared again (their KV is of the old weights);
+  // they go when their requests let them go.
+  void retire();
 
   int64_t cached_pages() const { return device_nodes_; }     // device pages held by the tree
   int64_t host_cached_pages() const { return host_nodes_; }  // host pages held by the tree

@@ -245,7 +245,10 @@ void Engine::thread_main() {
   while (true) {
     {
       std::unique_lock lock(inbox_mutex_);
-      inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !live_rids_.empty(); });
+      // Paused (or memory released): commands are taken, no step runs.
+      inbox_cv_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || (may_step() && !live_rids_.empty());
+      });
       if (stopping_) return;
     }
     std::lock_guard lock(engine_mutex_);
@@ -271,9 +274,14 @@ void Engine::run_until_idle() {
 
 bool Engine::step_locked() {
   bool worked = false;
+  bool runnable;
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    runnable = may_step();
+  }
   try {
     process_commands();
-    if (!scheduler_->running().empty() || !scheduler_->waiting().empty()) {
+    if (runnable && (!scheduler_->running().empty() || !scheduler_->waiting().empty())) {
       {
         EnginePhaseTimes::Scope timed(phase_times_, EnginePhaseTimes::Schedule);
         if (mtp_) append_draft_slots();
@@ -298,7 +306,7 @@ bool Engine::step_locked() {
   deliver_updates();
   if (config_.check_integrity_every_step) check_integrity_locked();
   update_stats();
-  return worked || !requests_.empty();
+  return worked || (runnable && !requests_.empty());
 }
 
 void Engine::process_commands() {
@@ -581,6 +589,7 @@ void Engine::deliver_updates() {
     update.spec_verify_ct = request->spec.verify_count;
     update.spec_draft_token_num = request->spec.draft_tokens;
     update.spec_accept_token_num = request->spec.accepted_tokens;
+    update.weight_version = weight_version_;  // engine thread: only update_weights writes it
     request->has_update = false;
     if (update.finish != FinishReason::None) {
       std::lock_guard lock(inbox_mutex_);

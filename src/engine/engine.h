@@ -34,6 +34,8 @@
 #include "engine/request_state.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "io/checkpoint.h"
+#include "io/weight_update.h"
 #include "model/language_model.h"
 #include "model/mtp_layer.h"
 
@@ -51,6 +53,14 @@ class Engine : public EngineApi {
   void abort_all() override;
   bool flush_cache() override;
   EngineStats stats() const override;
+  // RL control (engine_control.cpp).
+  void pause(PauseMode mode) override;
+  void resume() override;
+  bool paused() const override;
+  WeightUpdateResult update_weights(const WeightUpdateRequest& request) override;
+  std::string weight_version() const override;
+  void release_memory(const MemoryTags& tags) override;
+  void resume_memory(const MemoryTags& tags) override;
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
   const ModelConfig& model_config() const override { return model_->config(); }
   int64_t max_context_tokens() const override { return max_total_tokens_; }
@@ -141,6 +151,10 @@ class Engine : public EngineApi {
   // Rolls back the rejected drafts and emits the accepted ones + 1.
   void apply_verification(RequestState& request);
   void update_stats();
+  // Whether steps may run (not paused, no memory released); inbox_mutex_ held.
+  bool may_step() const { return !paused_ && !memory_released_; }
+  // The checkpoint weight updates start from (opened on first use).
+  const std::shared_ptr<const Checkpoint>& weights_base();
   // The host tier of the prefix cache, host_kv_memory_bytes of host pools.
   void create_host_tier();
   RequestUpdate& update_of(RequestState& request);
@@ -185,6 +199,12 @@ class Engine : public EngineApi {
   size_t verify_argmax_used_ = 0;
   int64_t spec_accepted_total_ = 0;
   int64_t spec_verify_total_ = 0;
+  // Weight updates and released memory (engine_control.cpp).
+  std::shared_ptr<const Checkpoint> weights_base_;
+  std::shared_ptr<TensorBucket> weights_overlay_;  // tensors sent since the base was loaded
+  TensorBucket staged_weights_;                    // buckets not yet committed
+  bool weights_released_ = false;
+  bool kv_released_ = false;
 
   // ---- shared with other threads (inbox_mutex_) ----
   mutable std::mutex inbox_mutex_;
@@ -192,10 +212,13 @@ class Engine : public EngineApi {
   std::deque<Command> inbox_;
   std::unordered_set<std::string> live_rids_;  // submitted and not finished
   bool stopping_ = false;
+  bool paused_ = false;           // pause(): no step runs
+  bool memory_released_ = false;  // release_memory(): no step runs
   std::atomic<uint64_t> rid_counter_{0};
 
   mutable std::mutex stats_mutex_;
   EngineStats stats_;
+  std::string weight_version_ = "default";
 
   std::thread thread_;
 };

@@ -9,6 +9,7 @@
 
 namespace megactx {
 
+class TensorBucket;  // io/weight_update.h
 class Tokenizer;
 struct ModelConfig;
 
@@ -33,6 +34,39 @@ struct EngineStats {
   int64_t prefix_cache_host_hits = 0;  // prompt tokens of those hits (in prefix_cache_hits too)
 };
 
+// What the RL control routes ask of the engine (docs: README "Driving
+// megactx from an RL trainer").
+enum class PauseMode {
+  Abort,    // in-flight requests end now (FinishReason::Abort, partial output)
+  Retract,  // running requests go back to the queue (their KV freed, full pages cached)
+  InPlace,  // requests keep their KV and resume where they stopped
+};
+
+// A weight update (/update_weights_from_disk, /update_weights_from_safetensors).
+struct WeightUpdateRequest {
+  // Non-empty: every weight from this Hugging Face directory (same architecture).
+  std::string model_path;
+  // Else: named tensors in the checkpoint's names (a bucket); staged until a
+  // request with commit = true applies everything staged at once.
+  std::shared_ptr<const TensorBucket> bucket;
+  bool commit = true;
+  std::string weight_version;  // the version after a successful commit (empty: keep)
+  // Retire the prefix cache (its KV is of the old weights); false keeps it.
+  bool flush_cache = true;
+};
+
+struct WeightUpdateResult {
+  std::string weight_version;
+  int64_t tensors = 0;  // applied (commit) or staged so far (no commit)
+  bool committed = false;
+};
+
+// release_memory_occupation / resume_memory_occupation tags.
+struct MemoryTags {
+  bool weights = false;
+  bool kv_cache = false;
+};
+
 class EngineApi {
  public:
   virtual ~EngineApi() = default;
@@ -49,6 +83,22 @@ class EngineApi {
   virtual const Tokenizer& tokenizer() const = 0;
   virtual const ModelConfig& model_config() const = 0;
   virtual int64_t max_context_tokens() const = 0;
+
+  // ---- RL control: what a trainer drives between rollouts ----
+  // While paused no step runs and new requests wait in the queue.
+  virtual void pause(PauseMode mode) = 0;
+  virtual void resume() = 0;
+  virtual bool paused() const = 0;
+  // Waits for the step in flight, then replaces the weights between steps;
+  // a failure (megactx::Error naming the tensor or the difference) leaves the
+  // engine serving the old weights, with nothing staged.
+  virtual WeightUpdateResult update_weights(const WeightUpdateRequest& request) = 0;
+  virtual std::string weight_version() const = 0;
+  // Frees the device memory of the weights and/or the KV pools (a colocated
+  // trainer borrows it) and brings it back; the KV cache can be released
+  // only while no request is live, and nothing runs in between.
+  virtual void release_memory(const MemoryTags& tags) = 0;
+  virtual void resume_memory(const MemoryTags& tags) = 0;
 };
 
 }  // namespace megactx

@@ -70,8 +70,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
 
   EngineConfig engine = options.engine;
   engine.kv_dtype = options.load.kv_dtype;
-  if (engine.speculative_steps > 0 && engine.mtp_model_dir.empty())
-    engine.mtp_model_dir = options.model_dir;
+  if (engine.model_dir.empty()) engine.model_dir = options.model_dir;
   ModelLoadOptions load = options.load;
   std::unique_ptr<LanguageModel> model;
   if (load.device == Device::CUDA) {

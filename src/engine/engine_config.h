@@ -33,8 +33,9 @@ struct EngineConfig {
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).
   VerifyMode speculative_sampled_mode = VerifyMode::RejectionSampling;
-  // Checkpoint holding the MTP layer's weights (the model's directory).
-  std::string mtp_model_dir;
+  // The checkpoint the model was loaded from: its MTP layer's weights, and
+  // the base of weight updates (engine_control.cpp).
+  std::string model_dir;
   bool enable_prefix_cache = true;
   // Start the engine thread. Tests leave it off and drive step() themselves.
   bool run_thread = true;

@@ -69,11 +69,11 @@ void Engine::load_mtp_layer() {
   MEGACTX_CHECK(model_->config().num_nextn_predict_layers > 0,
                 "--speculative-steps needs an MTP layer; the model has none "
                 "(num_nextn_predict_layers = 0)");
-  MEGACTX_CHECK(!config_.mtp_model_dir.empty(),
-                "speculative decoding needs EngineConfig::mtp_model_dir (the checkpoint)");
+  MEGACTX_CHECK(!config_.model_dir.empty(),
+                "speculative decoding needs EngineConfig::model_dir (the checkpoint)");
   MEGACTX_CHECK(config_.speculative_sampled_mode != VerifyMode::Greedy,
                 "speculative_sampled_mode must be RejectionSampling or TargetOnly");
-  mtp_ = model_->load_mtp_layer(config_.mtp_model_dir);
+  mtp_ = model_->load_mtp_layer(config_.model_dir);
 }
 
 int64_t Engine::draft_count(const RequestState& request) const {

@@ -79,6 +79,8 @@ struct RequestUpdate {
   int64_t spec_accept_token_num = 0;
   int64_t spec_draft_token_num = 0;
   int64_t spec_verify_ct = 0;
+  // The weights that produced this update's tokens (update_weights' version).
+  std::string weight_version;
 };
 
 // Called on the engine thread; must be quick (hand off to the I/O thread).

@@ -59,7 +59,11 @@ struct RequestState {
   int64_t num_draft_tokens = 0;
   std::vector<int32_t> page_table;
   PrefixCache::Node* prefix_node = nullptr;  // deepest tree node this request locks; null = none
-  int64_t max_total_tokens = 0;              // min(context, KV capacity)
+  // False once the weights changed while it held KV (a weight update with the
+  // engine paused in place): its pages are of the old weights, so none of
+  // them go into the prefix cache; admission (recompute) sets it again.
+  bool shares_pages = true;
+  int64_t max_total_tokens = 0;  // min(context, KV capacity)
   RequestPhase phase = RequestPhase::Waiting;
   int64_t admit_order = 0;  // larger = admitted later = preempted first
   int64_t preemptions = 0;

@@ -51,7 +51,8 @@ void Scheduler::release_pages(RequestState& request) {
   }
   const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
   const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
-  if (config_.enable_prefix_cache && full_pages > PrefixCache::depth(request.prefix_node)) {
+  if (config_.enable_prefix_cache && request.shares_pages &&
+      full_pages > PrefixCache::depth(request.prefix_node)) {
     request.prefix_node =
         prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
   }
@@ -63,6 +64,8 @@ void Scheduler::release_pages(RequestState& request) {
 }
 
 void Scheduler::attach_prefix(RequestState& request) {
+  // Its KV from here on is computed with the current weights.
+  request.shares_pages = true;
   // At least the last token is computed (its logits give the next token);
   // input logprobs need the logits of the token before the first scored one.
   int64_t limit = static_cast<int64_t>(request.tokens.size()) - 1;
@@ -109,6 +112,11 @@ void Scheduler::preempt(RequestState* victim) {
   ++victim->preemptions;
   ++preemptions_;
   waiting_.push_front(victim);
+}
+
+void Scheduler::retract_all() {
+  // Latest admitted first, so the queue keeps their admission order.
+  while (!running_.empty()) preempt(running_.back());
 }
 
 void Scheduler::schedule(StepPlan& plan) {
@@ -184,7 +192,7 @@ void Scheduler::commit(const StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) {
     RequestState& request = *chunk.request;
     request.num_computed = chunk.start + chunk.count;
-    if (!config_.enable_prefix_cache) continue;
+    if (!config_.enable_prefix_cache || !request.shares_pages) continue;
     const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
     const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
     if (full_pages > PrefixCache::depth(request.prefix_node)) {

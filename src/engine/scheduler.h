@@ -7,9 +7,9 @@
 // admitted running request (recompute: its pages are cached and freed, and it
 // goes back to the front of the queue with its generated tokens as prompt
 // continuation; with a host KV tier its full pages may wait in host memory
-// and come back when it is admitted again). (2) Waiting requests are admitted in FIFO order while the
-// prefill budget, max_running_requests and the free pages allow, starting
-// from their longest cached prefix.
+// and come back when it is admitted again). (2) Waiting requests are admitted in FIFO order while
+// the prefill budget, max_running_requests and the free pages allow, starting from their longest
+// cached prefix.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +63,9 @@ class Scheduler {
   // drafts): the KV of later positions is forgotten and pages past the new
   // end go back to the allocator. Never reaches into shared prefix pages.
   void truncate(RequestState& request, int64_t length);
+  // Preempts every running request back to the front of the queue (their
+  // full pages stay cached): pause_generation's "retract".
+  void retract_all();
 
   const std::vector<RequestState*>& running() const { return running_; }
   const std::deque<RequestState*>& waiting() const { return waiting_; }

@@ -4,6 +4,9 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda_dsa_model.h"
 
+#include "kernels/cuda/common/cuda_check.h"
+#include "model/weight_source.h"
+
 namespace megactx::cuda {
 
 std::unique_ptr<PagedKvCache> CudaDsaModel::make_kv_cache(const KvCacheSpec& spec) const {
@@ -18,8 +21,33 @@ KvPageCopy CudaDsaModel::kv_page_copy() const {
   return make_cuda_kv_page_copy(*this);
 }
 
-std::unique_ptr<MtpLayer> CudaDsaModel::load_mtp_layer(const std::string& model_dir) {
-  return make_cuda_mtp_layer(*this, model_dir);
+std::unique_ptr<MtpLayer> CudaDsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
+  return make_cuda_mtp_layer(*this, checkpoint);
+}
+
+void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
+  check_same_architecture(config_, checkpoint.config());
+  // The initial load's path: e4m3 kept as shipped, or float32 on the host first.
+  std::unique_ptr<CudaWeights> loaded;
+  if (options_.fp8_native && config_.is_fp8_checkpoint()) {
+    loaded = std::make_unique<CudaWeights>(config_, checkpoint, options_.bf16_weights);
+  } else {
+    auto source = make_checkpoint_weights(checkpoint);
+    const DsaWeights host = load_dsa_weights(config_, plan_, *source);
+    loaded = std::make_unique<CudaWeights>(host, options_.bf16_weights);
+  }
+  // Nothing may still read the old weights; graphs hold their addresses.
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  graphs_.clear();
+  mtp_.reset();  // its weights lived in the old CudaWeights
+  weights_ = std::move(loaded);
+}
+
+void CudaDsaModel::release_weights() {
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  graphs_.clear();
+  mtp_.reset();
+  weights_.reset();
 }
 
 Tensor CudaDsaModel::to_host(const Tensor& tensor) const {

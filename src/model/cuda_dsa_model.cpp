@@ -75,6 +75,8 @@ CudaDsaModel::~CudaDsaModel() {
 }
 
 void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
+  MEGACTX_CHECK(weights_ != nullptr,
+                "the model's weights are released (resume_memory_occupation brings them back)");
   check_cache_layout(plan_, cache, Device::CUDA);
   MEGACTX_CHECK(!batch.sequences.empty(), "forward: empty batch");
   check_sequence_inputs(batch, cache.spec(), config_.vocab_size);

@@ -44,7 +44,10 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override;
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override;
   KvPageCopy kv_page_copy() const override;
-  std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir) override;
+  using LanguageModel::load_mtp_layer;
+  std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override;
+  void reload_weights(const Checkpoint& checkpoint) override;
+  void release_weights() override;
   Tensor to_host(const Tensor& tensor) const override;
   void* compute_stream() const override { return stream_; }
 

@@ -247,5 +247,16 @@ std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::s
   return std::make_unique<CudaMtpLayer>(*cuda_model, hand_off);
 }
 
+std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const Checkpoint& checkpoint) {
+  auto* cuda_model = dynamic_cast<cuda::CudaDsaModel*>(&model);
+  MEGACTX_CHECK(cuda_model != nullptr, "make_cuda_mtp_layer: not a CUDA model");
+  const MtpHandOff hand_off = mtp_hand_off(cuda_model->config());
+  if (!cuda_model->has_mtp()) {
+    auto source = make_checkpoint_weights(checkpoint);
+    cuda_model->load_mtp(load_mtp_weights(cuda_model->config(), *source), hand_off);
+  }
+  return std::make_unique<CudaMtpLayer>(*cuda_model, hand_off);
+}
+
 }  // namespace megactx
 #endif  // MEGACTX_HAVE_CUDA

@@ -56,6 +56,10 @@ struct CudaModelOptions {
   bool cuda_graphs = true;
   // The largest bucket; batches of more sequences run without a graph.
   int64_t cuda_graph_max_batch = 256;
+  // An fp8 checkpoint's e4m3 matrices kept as shipped
+  // (make_cuda_dsa_model_from_checkpoint); false: dequantised into float32
+  // on the host first. A weight reload takes the same path.
+  bool fp8_native = false;
   int device_ordinal = 0;
 };
 
@@ -83,6 +87,9 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
 // make_kv_cache_spec(..., /*with_mtp_layer=*/true).
 std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const std::string& model_dir,
                                               bool random_weights = false, uint64_t seed = 0);
+// The same from an open checkpoint (weight reloads: the served checkpoint
+// with the updated tensors in front).
+std::unique_ptr<MtpLayer> make_cuda_mtp_layer(LanguageModel& model, const Checkpoint& checkpoint);
 
 // Pinned host pools of `spec`'s layout for the engine's host KV tier
 // (spec.device stays CPU: the CPU may read them; copies to and from the

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "model/batch_checks.h"
 
 namespace megactx {
@@ -61,7 +62,20 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend));
 }
 
+void DsaModel::reload_weights(const Checkpoint& checkpoint) {
+  check_same_architecture(config_, checkpoint.config());
+  auto source = make_checkpoint_weights(checkpoint);
+  DsaWeights loaded = load_dsa_weights(config_, plan_, *source);  // checks every name
+  weights_ = std::move(loaded);
+}
+
+void DsaModel::release_weights() {
+  weights_ = DsaWeights{};
+}
+
 void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
+  MEGACTX_CHECK(!weights_.layers.empty(),
+                "the model's weights are released (resume_memory_occupation brings them back)");
   check_cache_layout(plan_, cache, backend_->device());
   check_sequence_inputs(batch, cache.spec(), config_.vocab_size);
 }

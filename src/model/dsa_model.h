@@ -34,7 +34,10 @@ class DsaModel final : public LanguageModel {
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return backend_->device(); }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
-  std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir) override;
+  using LanguageModel::load_mtp_layer;
+  std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override;
+  void reload_weights(const Checkpoint& checkpoint) override;
+  void release_weights() override;
 
   int64_t index_topk() const { return plan_.attention.index_topk; }
   const ModelPlan& plan() const { return plan_; }

@@ -1,6 +1,7 @@
 #include "model/language_model.h"
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
@@ -17,8 +18,20 @@ KvPageCopy LanguageModel::kv_page_copy() const {
   return copy_kv_pages_on_host;
 }
 
-std::unique_ptr<MtpLayer> LanguageModel::load_mtp_layer(const std::string&) {
+std::unique_ptr<MtpLayer> LanguageModel::load_mtp_layer(const Checkpoint&) {
   fail("speculative decoding needs a DSA model (glm_moe_dsa / deepseek_v32) with an MTP layer");
+}
+
+std::unique_ptr<MtpLayer> LanguageModel::load_mtp_layer(const std::string& model_dir) {
+  return load_mtp_layer(*Checkpoint::open(model_dir));
+}
+
+void LanguageModel::reload_weights(const Checkpoint&) {
+  fail("this model cannot replace its weights");
+}
+
+void LanguageModel::release_weights() {
+  fail("this model cannot release its weights");
 }
 
 }  // namespace megactx

@@ -18,7 +18,8 @@
 
 namespace megactx {
 
-class MtpLayer;  // model/mtp_layer.h
+class Checkpoint;  // io/checkpoint.h
+class MtpLayer;    // model/mtp_layer.h
 
 struct SequenceInput {
   std::span<const int32_t>
@@ -61,8 +62,19 @@ class LanguageModel {
   virtual std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const;
   virtual KvPageCopy kv_page_copy() const;
   // The checkpoint's MTP layer beside this model (its weights from
-  // `model_dir`); an Error for a model that cannot run one.
-  virtual std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir);
+  // `checkpoint`, or the one at `model_dir`); an Error for a model that cannot
+  // run one. Load it again after reload_weights.
+  virtual std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint);
+  std::unique_ptr<MtpLayer> load_mtp_layer(const std::string& model_dir);
+  // Replaces every weight with `checkpoint`'s (same architecture and shapes:
+  // RL weight updates). The new weights are built before the old ones go, so
+  // an Error (a tensor missing or misshapen) leaves the model as it was; a
+  // device model needs room for both copies meanwhile. Any MTP layer made
+  // before is stale afterwards.
+  virtual void reload_weights(const Checkpoint& checkpoint);
+  // Frees the weights' memory (release_memory_occupation); reload_weights
+  // brings them back. forward() is an Error in between.
+  virtual void release_weights();
   // A host copy of a float32 tensor forward() returned (logits on the device).
   virtual Tensor to_host(const Tensor& tensor) const { return tensor; }
   // The stream (a cudaStream_t) every forward runs on; null on the host. A

@@ -39,6 +39,7 @@ CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
   cuda_options.cuda_graphs = options.cuda_graphs;
   cuda_options.fast_attention = options.cuda_fast_attention;
   cuda_options.device_moe = options.cuda_device_moe;
+  cuda_options.fp8_native = options.cuda_fp8_native;
   return cuda_options;
 }
 #endif

@@ -77,6 +77,41 @@ ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_top
   return plan;
 }
 
+void check_same_architecture(const ModelConfig& current, const ModelConfig& update) {
+  auto same = [](const char* what, auto a, auto b) {
+    MEGACTX_CHECK(a == b,
+                  "the new weights are for another architecture: {} is {}, the served "
+                  "model's is {}",
+                  what, b, a);
+  };
+  same("model_type", current.model_type_name, update.model_type_name);
+  same("num_hidden_layers", current.num_hidden_layers, update.num_hidden_layers);
+  same("hidden_size", current.hidden_size, update.hidden_size);
+  same("vocab_size", current.vocab_size, update.vocab_size);
+  same("num_attention_heads", current.num_attention_heads, update.num_attention_heads);
+  same("q_lora_rank", current.q_lora_rank.value_or(0), update.q_lora_rank.value_or(0));
+  same("kv_lora_rank", current.kv_lora_rank, update.kv_lora_rank);
+  same("qk_nope_head_dim", current.qk_nope_head_dim, update.qk_nope_head_dim);
+  same("qk_rope_head_dim", current.qk_rope_head_dim, update.qk_rope_head_dim);
+  same("v_head_dim", current.v_head_dim, update.v_head_dim);
+  same("index_n_heads", current.index_n_heads, update.index_n_heads);
+  same("index_head_dim", current.index_head_dim, update.index_head_dim);
+  same("intermediate_size", current.intermediate_size, update.intermediate_size);
+  same("moe_intermediate_size", current.moe_intermediate_size, update.moe_intermediate_size);
+  same("n_routed_experts", current.n_routed_experts, update.n_routed_experts);
+  same("n_shared_experts", current.n_shared_experts, update.n_shared_experts);
+  same("num_experts_per_tok", current.num_experts_per_tok, update.num_experts_per_tok);
+  same("num_nextn_predict_layers", current.num_nextn_predict_layers,
+       update.num_nextn_predict_layers);
+  for (int64_t layer = 0; layer < current.num_hidden_layers; ++layer) {
+    MEGACTX_CHECK(current.layer_runs_indexer(layer) == update.layer_runs_indexer(layer) &&
+                      current.layer_is_moe(layer) == update.layer_is_moe(layer),
+                  "the new weights are for another architecture: layer {} differs in its "
+                  "indexer or MLP kind",
+                  layer);
+  }
+}
+
 void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device device) {
   const KvCacheSpec& spec = cache.spec();
   const AttentionDims& a = plan.attention;

@@ -68,6 +68,11 @@ struct ModelPlan {
 // load paths call it before reading a weight.
 ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_topk_override = {});
 
+// `update` describes the same network as `current` (weight updates must not
+// change a shape): the same plan, vocabulary, MLP and expert sizes. Throws
+// megactx::Error naming the first difference.
+void check_same_architecture(const ModelConfig& current, const ModelConfig& update);
+
 // The cache holds every pool the plan's decoder layers read and write, in
 // their shapes, on `device`; throws megactx::Error naming what is missing.
 void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device device);

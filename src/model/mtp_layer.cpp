@@ -180,8 +180,10 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
   return output;
 }
 
-std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const std::string& model_dir) {
-  return MtpLayer::load(*this, model_dir);
+std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
+  auto source = make_checkpoint_weights(checkpoint);
+  return std::make_unique<CpuMtpLayer>(*this, load_mtp_weights(*this, *source),
+                                       mtp_hand_off(config()));
 }
 
 }  // namespace megactx

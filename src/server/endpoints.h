@@ -1,7 +1,7 @@
 // The HTTP endpoints: openai_chat.cpp, openai_completions.cpp,
 // native_generate.cpp, native_admin.cpp (the SGLang admin routes, /v1/models
-// and /metrics), web_api.cpp and web_ui.cpp (the page and
-// its JSON), and the table that routes to them (routes.cpp).
+// and /metrics), rl_control.cpp (what an RL trainer drives), web_api.cpp and web_ui.cpp (the page
+// and its JSON), and the table that routes to them (routes.cpp).
 #pragma once
 
 #include <memory>
@@ -34,6 +34,23 @@ void handle_server_info(ServerState& state, const HttpRequest& request,
                         std::shared_ptr<ResponseChannel> channel);
 void handle_metrics(ServerState& state, const HttpRequest& request,
                     std::shared_ptr<ResponseChannel> channel);
+// RL control (rl_control.cpp).
+void handle_pause_generation(ServerState& state, const HttpRequest& request,
+                             std::shared_ptr<ResponseChannel> channel);
+void handle_continue_generation(ServerState& state, const HttpRequest& request,
+                                std::shared_ptr<ResponseChannel> channel);
+void handle_loads(ServerState& state, const HttpRequest& request,
+                  std::shared_ptr<ResponseChannel> channel);
+void handle_update_weights_from_disk(ServerState& state, const HttpRequest& request,
+                                     std::shared_ptr<ResponseChannel> channel);
+void handle_update_weights_from_safetensors(ServerState& state, const HttpRequest& request,
+                                            std::shared_ptr<ResponseChannel> channel);
+void handle_get_weight_version(ServerState& state, const HttpRequest& request,
+                               std::shared_ptr<ResponseChannel> channel);
+void handle_release_memory(ServerState& state, const HttpRequest& request,
+                           std::shared_ptr<ResponseChannel> channel);
+void handle_resume_memory(ServerState& state, const HttpRequest& request,
+                          std::shared_ptr<ResponseChannel> channel);
 
 // Every route of the server (OpenAI, native, metrics) bound to `state`.
 Router make_router(ServerState& state);

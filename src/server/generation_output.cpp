@@ -16,6 +16,9 @@ void GenerationOutput::add(const RequestUpdate& update) {
   spec_accept_token_num = std::max(spec_accept_token_num, update.spec_accept_token_num);
   spec_draft_token_num = std::max(spec_draft_token_num, update.spec_draft_token_num);
   spec_verify_ct = std::max(spec_verify_ct, update.spec_verify_ct);
+  if (!update.weight_version.empty() &&
+      (weight_versions.empty() || weight_versions.back() != update.weight_version))
+    weight_versions.push_back(update.weight_version);
   if (update.finish != FinishReason::None) {
     finish = update.finish;
     finish_detail = update.finish_detail;

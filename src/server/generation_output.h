@@ -25,6 +25,9 @@ struct GenerationOutput {
   int64_t spec_accept_token_num = 0;
   int64_t spec_draft_token_num = 0;
   int64_t spec_verify_ct = 0;
+  // Versions of the weights that produced the tokens, in order, each once
+  // (more than one when the weights changed while the request ran).
+  std::vector<std::string> weight_versions;
 
   void add(const RequestUpdate& update);
   bool finished() const { return finish != FinishReason::None; }

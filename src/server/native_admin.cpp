@@ -71,7 +71,7 @@ void handle_model_info(ServerState& state, const HttpRequest&,
                                   {"model_type", config.model_type_name},
                                   {"architectures", nullptr},
                                   {"preferred_sampling_params", nullptr},
-                                  {"weight_version", "default"},
+                                  {"weight_version", state.engine().weight_version()},
                                   {"has_image_understanding", false},
                                   {"has_audio_understanding", false}}));
 }
@@ -91,6 +91,8 @@ void handle_server_info(ServerState& state, const HttpRequest&,
   info["host_kv_pages_total"] = stats.host_kv_pages_total;
   info["host_kv_pages_used"] = stats.host_kv_pages_used;
   info["api_key_required"] = !state.config().api_key.empty();
+  info["weight_version"] = state.engine().weight_version();
+  info["paused"] = state.engine().paused();
   channel->respond(json_response(info));
 }
 

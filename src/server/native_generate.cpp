@@ -81,7 +81,10 @@ struct GenerateJob {
         {"cached_tokens", out.cached_tokens},
         {"spec_accept_token_num", out.spec_accept_token_num},
         {"spec_draft_token_num", out.spec_draft_token_num},
-        {"spec_verify_ct", out.spec_verify_ct}};
+        {"spec_verify_ct", out.spec_verify_ct},
+        {"weight_version", out.weight_versions.empty() ? state.engine().weight_version()
+                                                       : out.weight_versions.back()}};
+    if (out.weight_versions.size() > 1) meta["weight_versions"] = out.weight_versions;
     if (item.request.return_logprob) {
       auto input = align_input_logprobs(out.input_logprobs, item.request.input_ids,
                                         item.request.logprob_start_len);

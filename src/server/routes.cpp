@@ -40,6 +40,16 @@ Router make_router(ServerState& state) {
   router.add("GET", "/get_model_info", bind(handle_model_info));
   router.add("GET", "/get_server_info", bind(handle_server_info));
   router.add("GET", "/health_generate", bind(handle_health_generate));
+  // RL trainers (slime, verl): pause, weights, memory.
+  router.add("POST", "/pause_generation", bind(handle_pause_generation));
+  router.add("POST", "/continue_generation", bind(handle_continue_generation));
+  router.add("GET", "/v1/loads", bind(handle_loads));
+  router.add("POST", "/update_weights_from_disk", bind(handle_update_weights_from_disk));
+  router.add("POST", "/update_weights_from_safetensors",
+             bind(handle_update_weights_from_safetensors));
+  router.add("GET", "/get_weight_version", bind(handle_get_weight_version));
+  router.add("POST", "/release_memory_occupation", bind(handle_release_memory));
+  router.add("POST", "/resume_memory_occupation", bind(handle_resume_memory));
   // Liveness and scraping stay open so probes need no key.
   router.add("GET", "/health", bind(handle_health), /*requires_auth=*/false);
   router.add("GET", "/metrics", bind(handle_metrics), /*requires_auth=*/false);

@@ -18,6 +18,11 @@ ServerState::ServerState(EngineApi& engine, ServerConfig config, ChatSetup chat)
   id_salt_ = (static_cast<uint64_t>(device()) << 32) ^ device() ^
              static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   workers_.emplace(static_cast<size_t>(std::max(1, config_.worker_threads)));
+  control_.emplace(1);
+}
+
+void ServerState::run_control(std::function<void()> task) {
+  boost::asio::post(*control_, std::move(task));
 }
 
 ServerState::~ServerState() {
@@ -68,6 +73,10 @@ void ServerState::drain() {
   {
     std::lock_guard lock(gate_->mutex);
     gate_->open = false;
+  }
+  if (control_) {
+    control_->join();
+    control_.reset();
   }
   if (!workers_) return;
   workers_->join();  // also waits for handlers posted meanwhile

@@ -55,6 +55,11 @@ class ServerState {
   // has been handled. No request may be submitted afterwards.
   void drain();
 
+  // Runs a control call that blocks for a while (a weight update, a memory
+  // release) on a thread of its own, one at a time, so neither the HTTP I/O
+  // threads nor the update workers wait for it. `task` answers its channel.
+  void run_control(std::function<void()> task);
+
  private:
   EngineApi& engine_;
   ServerConfig config_;
@@ -63,6 +68,7 @@ class ServerState {
   std::atomic<uint64_t> next_id_{0};
   uint64_t id_salt_;
   std::optional<boost::asio::thread_pool> workers_;
+  std::optional<boost::asio::thread_pool> control_;  // one thread: run_control
   // Engine callbacks may outlive this object (the engine thread stops later):
   // they post only while the gate is open.
   struct Gate {

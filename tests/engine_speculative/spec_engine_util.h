@@ -72,7 +72,7 @@ class SpecEngine {
     config.speculative_steps = options.steps;
     config.speculative_share = options.share;
     config.speculative_sampled_mode = options.sampled_mode;
-    config.mtp_model_dir = dir;
+    config.model_dir = dir;
     // Same page count with and without the MTP layer's pools.
     const KvCapacityPlan one = plan_kv_capacity(model->config(), options.kv_dtype, int64_t{1} << 30,
                                                 64, options.steps > 0);

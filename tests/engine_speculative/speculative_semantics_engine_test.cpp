@@ -183,7 +183,7 @@ TEST(SpeculativeSemantics, ConfigurationsThatCannotSpeculateAreErrors) {
     config.run_thread = false;
     config.kv_memory_bytes = int64_t{64} << 20;
     config.speculative_steps = steps;
-    config.mtp_model_dir = std::move(mtp_dir);
+    config.model_dir = std::move(mtp_dir);
     const int64_t vocab = model->config().vocab_size;
     return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), {});
   };

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/error.h"
 #include "engine/engine_api.h"
 #include "io/model_config.h"
 #include "tokenizer/tokenizer.h"
@@ -115,12 +116,66 @@ class FakeEngine : public EngineApi {
     stats.running_requests = 1;
     stats.kv_pages_total = 100;
     stats.kv_pages_used = 7;
+    stats.kv_page_size = 64;
     stats.prefix_cache_queries = 10;
     stats.prefix_cache_hits = 4;
     stats.spec_accepted_tokens = 30;
     stats.spec_verify_steps = 10;
     return stats;
   }
+  // RL control: recorded; a weight update with a bucket named "bad" fails.
+  void pause(PauseMode mode) override {
+    std::lock_guard lock(mutex_);
+    paused_ = true;
+    pauses_.push_back(mode);
+    if (mode == PauseMode::Abort)
+      for (auto& [rid, live] : live_) live.aborted = true;
+    wake_.notify_all();
+  }
+  void resume() override {
+    std::lock_guard lock(mutex_);
+    paused_ = false;
+  }
+  bool paused() const override {
+    std::lock_guard lock(mutex_);
+    return paused_;
+  }
+  WeightUpdateResult update_weights(const WeightUpdateRequest& request) override {
+    std::lock_guard lock(mutex_);
+    updates_.push_back(request);
+    if (request.model_path == "bad") fail("weight update: the model has no tensor 'x'");
+    if (request.commit && !request.weight_version.empty()) version_ = request.weight_version;
+    return WeightUpdateResult{version_, 1, request.commit};
+  }
+  std::string weight_version() const override {
+    std::lock_guard lock(mutex_);
+    return version_;
+  }
+  void release_memory(const MemoryTags& tags) override {
+    std::lock_guard lock(mutex_);
+    released_.push_back({tags.weights, tags.kv_cache});
+  }
+  void resume_memory(const MemoryTags& tags) override {
+    std::lock_guard lock(mutex_);
+    resumed_.push_back({tags.weights, tags.kv_cache});
+  }
+  std::vector<PauseMode> pauses() {
+    std::lock_guard lock(mutex_);
+    return pauses_;
+  }
+  std::vector<WeightUpdateRequest> weight_updates() {
+    std::lock_guard lock(mutex_);
+    return updates_;
+  }
+  std::vector<std::pair<bool, bool>> released() {
+    std::lock_guard lock(mutex_);
+    return released_;
+  }
+  std::vector<std::pair<bool, bool>> resumed() {
+    std::lock_guard lock(mutex_);
+    return resumed_;
+  }
+
   const Tokenizer& tokenizer() const override { return tokenizer_; }
   const ModelConfig& model_config() const override { return config_; }
   int64_t max_context_tokens() const override { return context_tokens.load(); }
@@ -237,7 +292,12 @@ class FakeEngine : public EngineApi {
 
   ByteTokenizer tokenizer_;
   ModelConfig config_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  bool paused_ = false;
+  std::string version_ = "default";
+  std::vector<PauseMode> pauses_;
+  std::vector<WeightUpdateRequest> updates_;
+  std::vector<std::pair<bool, bool>> released_, resumed_;
   std::condition_variable wake_, held_cv_;
   std::map<std::string, Live> live_;
   std::vector<GenerationRequest> submitted_;

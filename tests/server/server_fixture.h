@@ -46,8 +46,8 @@ struct ServerFixture {
                                           std::map<std::string, std::string> headers = {}) {
     HttpRequest request;
     request.method = method;
-    request.path = path;
     request.target = path;
+    request.path = path.substr(0, path.find('?'));
     request.body = body;
     request.headers = std::move(headers);
     auto channel = std::make_shared<RecordingChannel>();

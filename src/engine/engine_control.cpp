@@ -1,0 +1,178 @@
+// What an RL trainer drives between rollouts (engine_api.h): pause and
+// resume, weight updates between steps, and releasing device memory to a
+// colocated trainer. Every call takes the engine lock, so it waits for the
+// step in flight and runs between two steps.
+//
+// Weight updates: the base is the checkpoint the model was loaded from
+// (EngineConfig::model_dir) or the last update_weights_from_disk directory;
+// tensors sent in buckets since then form an overlay in front of it
+// (io/weight_update.h). A commit reloads the model from base + overlay, so a
+// partial update keeps every other tensor as it was. The overlay is held in
+// host memory: at most one copy of the model's tensors (names repeat).
+#include "core/error.h"
+#include "core/logging.h"
+#include "engine/engine.h"
+#include "io/weight_update.h"
+#include "model/mtp_layer.h"
+
+namespace megactx {
+
+void Engine::pause(PauseMode mode) {
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    paused_ = true;
+  }
+  std::lock_guard lock(engine_mutex_);
+  process_commands();
+  if (mode == PauseMode::Abort) {
+    std::vector<RequestState*> all;
+    for (auto& [rid, request] : requests_) all.push_back(request.get());
+    for (RequestState* request : all) finish(*request, FinishReason::Abort, "generation paused");
+  } else if (mode == PauseMode::Retract) {
+    for (auto& [rid, request] : requests_) drop_drafts(*request);
+    scheduler_->retract_all();
+  }
+  deliver_updates();
+  update_stats();
+}
+
+void Engine::resume() {
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    paused_ = false;
+  }
+  inbox_cv_.notify_all();
+}
+
+bool Engine::paused() const {
+  std::lock_guard inbox_lock(inbox_mutex_);
+  return paused_;
+}
+
+std::string Engine::weight_version() const {
+  std::lock_guard lock(stats_mutex_);
+  return weight_version_;
+}
+
+const std::shared_ptr<const Checkpoint>& Engine::weights_base() {
+  if (!weights_base_) {
+    MEGACTX_CHECK(!config_.model_dir.empty(),
+                  "weight updates need the checkpoint the model came from "
+                  "(EngineConfig::model_dir)");
+    weights_base_ = Checkpoint::open(config_.model_dir);
+  }
+  return weights_base_;
+}
+
+WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
+  std::lock_guard lock(engine_mutex_);
+  MEGACTX_CHECK(!weights_released_,
+                "the weights are released; /resume_memory_occupation with 'weights' first");
+  WeightUpdateResult result;
+  std::shared_ptr<const Checkpoint> checkpoint;
+  if (!update.model_path.empty()) {
+    MEGACTX_CHECK(update.bucket == nullptr, "a weight update gives a model_path or tensors");
+    std::shared_ptr<const Checkpoint> loaded = Checkpoint::open(update.model_path);
+    model_->reload_weights(*loaded);
+    weights_base_ = loaded;
+    weights_overlay_ = std::make_shared<TensorBucket>();
+    staged_weights_ = TensorBucket{};
+    checkpoint = loaded;
+    result.tensors = static_cast<int64_t>(loaded->names().size());
+  } else {
+    MEGACTX_CHECK(update.bucket != nullptr, "a weight update gives a model_path or tensors");
+    const std::shared_ptr<const Checkpoint>& base = weights_base();
+    // Checked before it is staged. A bad bucket fails the whole update: what
+    // was staged before it is dropped too, so a later commit cannot apply
+    // part of a set.
+    TensorBucket checked;
+    try {
+      checked = checked_overlay(*base, *update.bucket);
+    } catch (...) {
+      staged_weights_ = TensorBucket{};
+      throw;
+    }
+    for (const auto& [name, tensor] : checked.tensors()) staged_weights_.put(name, tensor);
+    result.tensors = static_cast<int64_t>(staged_weights_.size());
+    if (!update.commit) {
+      result.weight_version = weight_version_;
+      return result;
+    }
+    auto overlay = weights_overlay_ ? std::make_shared<TensorBucket>(*weights_overlay_)
+                                    : std::make_shared<TensorBucket>();
+    for (const auto& [name, tensor] : staged_weights_.tensors()) overlay->put(name, tensor);
+    staged_weights_ = TensorBucket{};  // applied or, on an error, dropped
+    auto merged = std::make_shared<OverlayCheckpoint>(base, overlay);
+    model_->reload_weights(*merged);
+    weights_overlay_ = overlay;
+    checkpoint = merged;
+  }
+  // The MTP layer reads its weights from the same checkpoint (and on a
+  // device lived beside the replaced ones).
+  if (mtp_) mtp_ = model_->load_mtp_layer(*checkpoint);
+  // KV held now is of the old weights: never shared again.
+  for (auto& [rid, request] : requests_) request->shares_pages = false;
+  if (update.flush_cache) prefix_cache_->retire();
+  {
+    std::lock_guard stats_lock(stats_mutex_);
+    if (!update.weight_version.empty()) weight_version_ = update.weight_version;
+    result.weight_version = weight_version_;
+  }
+  result.committed = true;
+  spdlog::info("weights updated ({} tensors), weight_version {}", result.tensors,
+               result.weight_version);
+  update_stats();
+  return result;
+}
+
+void Engine::release_memory(const MemoryTags& tags) {
+  std::lock_guard lock(engine_mutex_);
+  process_commands();
+  if (tags.kv_cache && !kv_released_) {
+    MEGACTX_CHECK(requests_.empty(),
+                  "the KV cache cannot be released while {} requests are live (pause with "
+                  "mode abort first)",
+                  requests_.size());
+    prefix_cache_->flush();
+    // Assigned in place: the host tier and the scheduler keep their references.
+    KvCacheSpec none = cache_->spec();
+    none.num_pages = 0;
+    *cache_ = PagedKvCache(none);
+    kv_released_ = true;
+  }
+  if (tags.weights && !weights_released_) {
+    mtp_.reset();
+    model_->release_weights();
+    weights_released_ = true;
+  }
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    memory_released_ = weights_released_ || kv_released_;
+  }
+  update_stats();
+}
+
+void Engine::resume_memory(const MemoryTags& tags) {
+  std::lock_guard lock(engine_mutex_);
+  if (tags.weights && weights_released_) {
+    // The weights as they were: base + overlay.
+    const std::shared_ptr<const Checkpoint>& base = weights_base();
+    std::shared_ptr<const Checkpoint> checkpoint =
+        weights_overlay_ ? std::make_shared<OverlayCheckpoint>(base, weights_overlay_) : base;
+    model_->reload_weights(*checkpoint);
+    if (config_.speculative_steps > 0) mtp_ = model_->load_mtp_layer(*checkpoint);
+    weights_released_ = false;
+  }
+  if (tags.kv_cache && kv_released_) {
+    *cache_ = std::move(*model_->make_kv_cache(capacity_.spec));
+    kv_released_ = false;
+  }
+  {
+    std::lock_guard inbox_lock(inbox_mutex_);
+    memory_released_ = weights_released_ || kv_released_;
+  }
+  update_stats();
+  inbox_cv_.notify_all();
+}
+
+}  // namespace megactx

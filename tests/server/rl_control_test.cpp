@@ -1,0 +1,131 @@
+// The RL control routes over the fake engine: pause modes, continue, loads,
+// weight updates from a directory and from safetensors buckets (JSON with a
+// path, or the bytes as the body with options in the query string), the
+// weight version everywhere, memory tags, and every bad request a 400.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "io/weight_update.h"
+#include "server_fixture.h"
+
+namespace megactx::server::testing {
+namespace {
+
+using nlohmann::json;
+
+// One float32 tensor [2] as a safetensors file.
+std::string one_tensor_file(const std::string& name) {
+  json header = {{name, {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}}};
+  std::string text = header.dump();
+  while (text.size() % 8) text += ' ';
+  std::string out(8, '\0');
+  const uint64_t length = text.size();
+  std::memcpy(out.data(), &length, 8);
+  const float values[2] = {1.5f, -2.0f};
+  return out + text + std::string(reinterpret_cast<const char*>(values), 8);
+}
+
+TEST(RlControl, PauseModesContinueAndLoads) {
+  ServerFixture f;
+  for (const char* mode : {"abort", "retract", "in_place"}) {
+    auto r = f.call("POST", "/pause_generation", {{"mode", mode}});
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(r->json()["success"].get<bool>());
+  }
+  EXPECT_EQ(f.call("POST", "/pause_generation")->status, 200);  // SGLang's default: abort
+  EXPECT_EQ(f.engine.pauses(), (std::vector<PauseMode>{PauseMode::Abort, PauseMode::Retract,
+                                                       PauseMode::InPlace, PauseMode::Abort}));
+  json loads = f.call("GET", "/v1/loads")->json();
+  EXPECT_EQ(loads["num_running_reqs"], 1);
+  EXPECT_EQ(loads["num_reqs"], 1);
+  EXPECT_EQ(loads["paused"], true);
+  EXPECT_EQ(loads["loads"][0]["dp_rank"], 0);
+  EXPECT_DOUBLE_EQ(loads["token_usage"].get<double>(), 0.07);
+  EXPECT_EQ(f.call("POST", "/continue_generation")->status, 200);
+  EXPECT_FALSE(f.call("GET", "/v1/loads")->json()["paused"].get<bool>());
+  auto bad = f.call("POST", "/pause_generation", {{"mode", "sideways"}});
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(bad->json()["error"]["param"], "mode");
+}
+
+TEST(RlControl, WeightUpdatesAndVersions) {
+  ServerFixture f;
+  EXPECT_EQ(f.call("GET", "/get_weight_version")->json()["weight_version"], "default");
+  auto r =
+      f.call("POST", "/update_weights_from_disk",
+             {{"model_path", "/models/next"}, {"weight_version", "v2"}, {"flush_cache", false}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_TRUE(r->json()["success"].get<bool>());
+  EXPECT_EQ(r->json()["weight_version"], "v2");
+  auto update = f.engine.weight_updates().back();
+  EXPECT_EQ(update.model_path, "/models/next");
+  EXPECT_FALSE(update.flush_cache);
+  EXPECT_EQ(f.call("GET", "/get_weight_version")->json()["weight_version"], "v2");
+  EXPECT_EQ(f.call("GET", "/get_model_info")->json()["weight_version"], "v2");
+  EXPECT_EQ(f.call("GET", "/get_server_info")->json()["weight_version"], "v2");
+  json generated = f.call("POST", "/generate", {{"text", "a"}})->json();
+  EXPECT_EQ(generated["meta_info"]["weight_version"], "v2");
+
+  // A failure: success false beside the error object, status 400.
+  auto failed = f.call("POST", "/update_weights_from_disk", {{"model_path", "bad"}});
+  EXPECT_EQ(failed->status, 400);
+  EXPECT_FALSE(failed->json()["success"].get<bool>());
+  EXPECT_NE(failed->json()["message"].get<std::string>().find("'x'"), std::string::npos);
+  EXPECT_EQ(f.call("POST", "/update_weights_from_disk", json::object())->status, 400);
+  EXPECT_EQ(
+      f.call("POST", "/update_weights_from_disk", {{"model_path", "/m"}, {"load_format", "pt"}})
+          ->status,
+      400);
+
+  // A bucket as the body: options in the query string.
+  auto body =
+      f.start("POST", "/update_weights_from_safetensors?commit=false&weight_version=v3",
+              one_tensor_file("model.norm.weight"), {{"content-type", "application/octet-stream"}});
+  ASSERT_TRUE(body->wait());
+  ASSERT_EQ(body->status, 200) << body->body;
+  update = f.engine.weight_updates().back();
+  EXPECT_FALSE(update.commit);
+  EXPECT_EQ(update.weight_version, "v3");
+  ASSERT_NE(update.bucket, nullptr);
+  EXPECT_EQ(update.bucket->tensors().at("model.norm.weight").data<float>()[1], -2.0f);
+  // A bucket as a file.
+  const std::string path = std::string(MEGACTX_BINARY_DIR) + "/rl_control_bucket.safetensors";
+  std::ofstream(path, std::ios::binary) << one_tensor_file("lm_head.weight");
+  auto file = f.call("POST", "/update_weights_from_safetensors", {{"path", path}},
+                     {{"content-type", "application/json"}});
+  ASSERT_EQ(file->status, 200) << file->body;
+  EXPECT_TRUE(f.engine.weight_updates().back().commit);
+  EXPECT_EQ(f.engine.weight_updates().back().bucket->tensors().count("lm_head.weight"), 1u);
+  // Broken buckets never reach the engine.
+  const size_t updates = f.engine.weight_updates().size();
+  auto garbage = f.start("POST", "/update_weights_from_safetensors", "not a safetensors file",
+                         {{"content-type", "application/octet-stream"}});
+  ASSERT_TRUE(garbage->wait());
+  EXPECT_EQ(garbage->status, 400);
+  EXPECT_EQ(f.call("POST", "/update_weights_from_safetensors", {{"path", "/nonexistent"}},
+                   {{"content-type", "application/json"}})
+                ->status,
+            400);
+  auto query = f.start("POST", "/update_weights_from_safetensors?commit=maybe",
+                       one_tensor_file("x"), {{"content-type", "application/octet-stream"}});
+  ASSERT_TRUE(query->wait());
+  EXPECT_EQ(query->status, 400);
+  EXPECT_EQ(f.engine.weight_updates().size(), updates);
+}
+
+TEST(RlControl, MemoryTags) {
+  ServerFixture f;
+  EXPECT_EQ(f.call("POST", "/release_memory_occupation", {{"tags", {"kv_cache"}}})->status, 200);
+  EXPECT_EQ(f.call("POST", "/release_memory_occupation")->status, 200);  // both
+  EXPECT_EQ(f.call("POST", "/resume_memory_occupation", {{"tags", {"weights"}}})->status, 200);
+  EXPECT_EQ(f.engine.released(), (std::vector<std::pair<bool, bool>>{{false, true}, {true, true}}));
+  EXPECT_EQ(f.engine.resumed(), (std::vector<std::pair<bool, bool>>{{true, false}}));
+  auto bad = f.call("POST", "/release_memory_occupation", {{"tags", {"gpu"}}});
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(bad->json()["error"]["param"], "tags");
+}
+
+}  // namespace
+}  // namespace megactx::server::testing
