@@ -61,7 +61,7 @@ class NullSampler : public Sampler {
   void score(const Tensor&, std::span<const LogprobQuery> queries,
              std::span<TokenLogprob> results) override {
     for (size_t i = 0; i < queries.size(); ++i)
-      results[i] = TokenLogprob{queries[i].token, -1.0f, {}};
+      results[i] = TokenLogprob{queries[i].token, -1.0f, {}, {}};
   }
 };
 

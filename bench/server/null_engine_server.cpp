@@ -122,7 +122,7 @@ class NullEngine : public EngineApi {
           TokenId token = static_cast<unsigned char>(text[live.generated % text.size()]);
           update.new_token_ids = {token};
           update.new_text = std::string(1, static_cast<char>(token));
-          if (live.request.return_logprob) update.new_logprobs = {{token, -0.25f, {}}};
+          if (live.request.return_logprob) update.new_logprobs = {{token, -0.25f, {}, {}}};
           live.generated += 1;
           if (live.generated >= live.request.sampling.max_new_tokens)
             update.finish = FinishReason::Length;

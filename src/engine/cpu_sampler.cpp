@@ -176,6 +176,14 @@ std::vector<float> sampling_distribution(const SamplingParams& params,
 
 namespace {
 
+// log_softmax(raw / temperature) into `out` (temperature 1: of the raw logits).
+void logprobs_of(std::span<const float> raw, double temperature, std::span<float> out) {
+  if (temperature == 1.0) return log_softmax(raw, out);
+  const auto inverse = static_cast<float>(1.0 / temperature);
+  for (size_t i = 0; i < raw.size(); ++i) out[i] = raw[i] * inverse;
+  log_softmax(out, out);  // reads every value before it writes any
+}
+
 // One row: penalties, the draw (or argmax) and the logprobs. `work` and
 // `log_probs` are scratch of the vocabulary's size.
 void sample_row(const SamplingRow& row, std::span<const float> raw, std::vector<float>& work,
@@ -207,10 +215,13 @@ void sample_row(const SamplingRow& row, std::span<const float> raw, std::vector<
     result.token = chosen >= 0 ? chosen : last_nonzero;
   }
   result.top.clear();
+  result.token_ids.clear();
   if (row.want_logprob || row.top_logprobs > 0) {
-    log_softmax(raw, log_probs);
+    logprobs_of(raw, row.logprob_temperature, log_probs);
     result.logprob = log_probs[static_cast<size_t>(result.token)];
     if (row.top_logprobs > 0) result.top = top_entries(log_probs, row.top_logprobs);
+    for (const int32_t id : row.logprob_token_ids)
+      result.token_ids.emplace_back(id, log_probs[static_cast<size_t>(id)]);
   }
 }
 
@@ -272,12 +283,15 @@ void CpuSampler::score(const Tensor& logits, std::span<const LogprobQuery> queri
       const LogprobQuery& query = queries[static_cast<size_t>(i)];
       std::span<const float> raw(
           logits.data<float>() + static_cast<size_t>(query.logits_row) * vocab, vocab);
-      log_softmax(raw, log_probs);
+      logprobs_of(raw, query.temperature, log_probs);
       TokenLogprob& result = results[static_cast<size_t>(i)];
       result.token_id = query.token;
       result.logprob = log_probs[static_cast<size_t>(query.token)];
       result.top.clear();
       if (query.top_logprobs > 0) result.top = top_entries(log_probs, query.top_logprobs);
+      result.token_ids.clear();
+      for (const int32_t id : query.token_ids)
+        result.token_ids.emplace_back(id, log_probs[static_cast<size_t>(id)]);
     }
   };
   const auto count = static_cast<int64_t>(queries.size());

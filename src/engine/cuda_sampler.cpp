@@ -20,6 +20,8 @@ namespace megactx {
 bool device_samples_row(const SamplingRow& row, int64_t vocab) {
   const SamplingParams& params = *row.params;
   if (!row.masked_tokens.empty() || !params.logit_bias.empty()) return false;
+  // The kernel reports the raw distribution's logprobs and its top alternatives only.
+  if (!row.logprob_token_ids.empty() || row.logprob_temperature != 1.0) return false;
   if (row.top_logprobs > std::min(kDeviceMaxTopLogprobs, vocab)) return false;
   const bool has_output = row.output_counts != nullptr && !row.output_counts->empty();
   if (params.repetition_penalty != 1.0 && (!row.prompt_tokens.empty() || has_output)) return false;

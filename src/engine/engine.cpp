@@ -143,6 +143,12 @@ std::string Engine::validate(const GenerationRequest& request) const {
     return fmt::format("top_logprobs_num must be in [0, {}], got {}", vocab_size_,
                        request.top_logprobs_num);
   }
+  for (const int32_t id : request.token_ids_logprob) {
+    if (id < 0 || id >= vocab_size_) {
+      return fmt::format("token_ids_logprob id {} is outside the vocabulary [0, {})", id,
+                         vocab_size_);
+    }
+  }
   if (request.logprob_start_len < -1 || request.logprob_start_len >= prompt) {
     return fmt::format("logprob_start_len must be -1 or in [0, {}), got {}", prompt,
                        request.logprob_start_len);
@@ -450,9 +456,10 @@ void Engine::collect_outputs(const Tensor& logits) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t scored = first_position + j + 1;
         if (scored < first_scored || scored >= request.prompt_len) continue;
-        logprob_queries_.push_back(LogprobQuery{row + j,
-                                                request.tokens[static_cast<size_t>(scored)],
-                                                request.request.top_logprobs_num});
+        logprob_queries_.push_back(LogprobQuery{
+            row + j, request.tokens[static_cast<size_t>(scored)],
+            request.request.top_logprobs_num, request.request.token_ids_logprob,
+            logprob_temperature(request.request)});
         logprob_requests_.push_back(&request);
       }
       if (end >= request.prompt_len) scored_through_prompt_.push_back(&request);
@@ -475,6 +482,10 @@ void Engine::collect_outputs(const Tensor& logits) {
       sampling_row.want_logprob = request.request.return_logprob;
       sampling_row.top_logprobs =
           request.request.return_logprob ? request.request.top_logprobs_num : 0;
+      if (request.request.return_logprob) {
+        sampling_row.logprob_token_ids = request.request.token_ids_logprob;
+        sampling_row.logprob_temperature = logprob_temperature(request.request);
+      }
       request.spec.sample_index = static_cast<int64_t>(sampling_rows_.size());
       sampling_rows_.push_back(sampling_row);
       sampling_requests_.push_back(&request);
@@ -525,7 +536,7 @@ void Engine::append_token(RequestState& request, const SampleResult& sample) {
   RequestUpdate& update = update_of(request);
   update.new_token_ids.push_back(token);
   if (request.request.return_logprob) {
-    update.new_logprobs.push_back(TokenLogprob{token, sample.logprob, sample.top});
+    update.new_logprobs.push_back(TokenLogprob{token, sample.logprob, sample.top, sample.token_ids});
   }
   if (uses_penalties(sampling)) ++request.output_counts[token];
   const int64_t generated = request.num_generated();

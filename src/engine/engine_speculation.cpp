@@ -235,13 +235,16 @@ void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t 
   std::vector<LogprobQuery> queries;
   for (size_t i = 0; i < emitted; ++i) {
     queries.push_back(LogprobQuery{first_row + static_cast<int64_t>(i), spec.result.tokens[i],
-                                   request.request.top_logprobs_num});
+                                   request.request.top_logprobs_num,
+                                   request.request.token_ids_logprob,
+                                   logprob_temperature(request.request)});
   }
   std::vector<TokenLogprob> results(emitted);
   sampler_->score(logits, queries, results);
   for (size_t i = 0; i < emitted; ++i) {
     spec.emitted[i].logprob = results[i].logprob;
     spec.emitted[i].top = std::move(results[i].top);
+    spec.emitted[i].token_ids = std::move(results[i].token_ids);
   }
 }
 

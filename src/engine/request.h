@@ -51,6 +51,12 @@ struct GenerationRequest {
   int64_t top_logprobs_num = 0;
   // Input-token logprobs (scoring) from this prompt position on; -1 = none.
   int64_t logprob_start_len = -1;
+  // Also the logprobs of these ids at every scored position, input and
+  // output (on-policy distillation's teacher side: SGLang token_ids_logprob).
+  std::vector<int32_t> token_ids_logprob;
+  // Logprobs of the temperature-scaled distribution (logits / temperature)
+  // instead of the raw one (SGLang temp_scaled_logprobs).
+  bool temp_scaled_logprobs = false;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -58,7 +64,8 @@ enum class FinishReason { None, Stop, Length, Abort, Error };
 struct TokenLogprob {
   int32_t token_id = 0;
   float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;  // top_logprobs_num alternatives
+  std::vector<std::pair<int32_t, float>> top;        // top_logprobs_num alternatives
+  std::vector<std::pair<int32_t, float>> token_ids;  // token_ids_logprob, in request order
 };
 
 // One update per engine step that produced something for the request, and a

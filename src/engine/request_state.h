@@ -19,6 +19,13 @@ namespace megactx {
 enum class RequestPhase : uint8_t { Waiting, Running, Finished };
 
 // Penalties change the logits token by token from the output so far.
+// The temperature a request's logprobs are taken at: its own with
+// temp_scaled_logprobs (greedy requests: 1), else 1 (the raw distribution).
+inline double logprob_temperature(const GenerationRequest& request) {
+  const double t = request.sampling.temperature;
+  return request.temp_scaled_logprobs && t >= 1e-5 ? t : 1.0;
+}
+
 inline bool uses_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0 || params.frequency_penalty != 0.0 ||
          params.presence_penalty != 0.0;

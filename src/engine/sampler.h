@@ -18,8 +18,9 @@
 //  * logprobs: log_softmax of the *unmodified* model logits (before penalties,
 //    temperature and masks), as SGLang returns them with
 //    SGLANG_RETURN_ORIGINAL_LOGPROB=1 and vLLM with its default raw_logprobs
-//    mode. RL trainers compare against these. (SGLang's default applies the
-//    temperature first; we do not.)
+//    mode. RL trainers compare against these. A request with
+//    temp_scaled_logprobs gets log_softmax(logits / temperature) instead
+//    (SGLang's default), and token_ids_logprob adds the logprobs of given ids.
 //  * randomness: the uniform of output token i of a request is a hash of
 //    (seed, i), so a seeded request gives the same tokens in any batch, after
 //    preemption, and on any backend that uses the same draw.
@@ -50,12 +51,16 @@ struct SamplingRow {
   uint64_t draw_index = 0;  // number of tokens the request generated before this one
   bool want_logprob = false;
   int64_t top_logprobs = 0;
+  // Logprobs of these ids too; and of logits / logprob_temperature.
+  std::span<const int32_t> logprob_token_ids;
+  double logprob_temperature = 1.0;
 };
 
 struct SampleResult {
   int32_t token = 0;
   float logprob = 0.0f;                        // under the unmodified distribution
   std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
+  std::vector<std::pair<int32_t, float>> token_ids;  // logprob_token_ids, in order
 };
 
 // A logprob asked for without sampling (input tokens when scoring).
@@ -63,6 +68,8 @@ struct LogprobQuery {
   int64_t logits_row = 0;
   int32_t token = 0;
   int64_t top_logprobs = 0;
+  std::span<const int32_t> token_ids;  // as SamplingRow::logprob_token_ids
+  double temperature = 1.0;            // as SamplingRow::logprob_temperature
 };
 
 class Sampler {

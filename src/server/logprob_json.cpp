@@ -106,6 +106,25 @@ nlohmann::json sglang_top_logprobs(const Tokenizer& tokenizer,
   return out;
 }
 
+nlohmann::json sglang_token_ids_logprobs(const Tokenizer& tokenizer,
+                                         const std::vector<TokenLogprob>& logprobs,
+                                         bool with_text) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& entry : logprobs) {
+    if (std::isnan(entry.logprob) && entry.token_ids.empty()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    nlohmann::json asked = nlohmann::json::array();
+    for (auto [id, logprob] : entry.token_ids)
+      asked.push_back(
+          {logprob_value(logprob), id,
+           with_text ? nlohmann::json(token_text(tokenizer, id)) : nlohmann::json(nullptr)});
+    out.push_back(std::move(asked));
+  }
+  return out;
+}
+
 std::vector<TokenLogprob> align_input_logprobs(const std::vector<TokenLogprob>& logprobs,
                                                const std::vector<int32_t>& input_ids,
                                                int64_t logprob_start_len) {

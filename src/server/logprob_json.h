@@ -34,6 +34,10 @@ nlohmann::json sglang_token_logprobs(const Tokenizer& tokenizer,
                                      const std::vector<TokenLogprob>& logprobs, bool with_text);
 nlohmann::json sglang_top_logprobs(const Tokenizer& tokenizer,
                                    const std::vector<TokenLogprob>& logprobs, bool with_text);
+// token_ids_logprob: per position, [logprob, id, text] of each asked id.
+nlohmann::json sglang_token_ids_logprobs(const Tokenizer& tokenizer,
+                                         const std::vector<TokenLogprob>& logprobs,
+                                         bool with_text);
 
 // Input-token logprobs for prompt positions [start, prompt_len): when the
 // engine leaves out position 0 (it has no logprob), a null entry is put back

@@ -97,6 +97,11 @@ struct GenerateJob {
         meta["output_top_logprobs"] =
             sglang_top_logprobs(tokenizer, out.output_logprobs, with_text);
       }
+      if (!item.request.token_ids_logprob.empty()) {
+        meta["input_token_ids_logprobs"] = sglang_token_ids_logprobs(tokenizer, input, with_text);
+        meta["output_token_ids_logprobs"] =
+            sglang_token_ids_logprobs(tokenizer, out.output_logprobs, with_text);
+      }
     }
     if (out.finished())
       meta["e2e_latency"] =
@@ -253,6 +258,30 @@ void handle_generate(ServerState& state, const HttpRequest& request,
                                               std::to_string(vocab) + "]");
       generation.top_logprobs_num = value->get<int64_t>();
     }
+    // One list of ids for every prompt, or (a batch) a list per prompt.
+    const auto ids_field = body.find("token_ids_logprob");
+    const bool ids_per_prompt = batch && ids_field != body.end() && ids_field->is_array() &&
+                                !ids_field->empty() && (*ids_field)[0].is_array();
+    if (auto* value = item_field(body, "token_ids_logprob", i, count, batch, !ids_per_prompt)) {
+      if (!value->is_null()) {
+        generation.token_ids_logprob = get_token_list(*value, "token_ids_logprob");
+        for (int32_t id : generation.token_ids_logprob)
+          if (vocab > 0 && id >= vocab)
+            throw_invalid("token_ids_logprob",
+                          "token id " + std::to_string(id) + " is not in the vocabulary");
+      }
+    }
+    if (auto* value = item_field(body, "temp_scaled_logprobs", i, count, batch)) {
+      if (!value->is_boolean())
+        throw_invalid("temp_scaled_logprobs", "'temp_scaled_logprobs' must be a boolean");
+      generation.temp_scaled_logprobs = value->get<bool>();
+    }
+    for (const char* unsupported : {"return_routed_experts", "return_hidden_states"}) {
+      if (auto* value = item_field(body, unsupported, i, count, batch);
+          value && !(value->is_boolean() && !value->get<bool>()))
+        throw_invalid(unsupported, std::string("'") + unsupported +
+                                       "' is not supported by megactx yet");
+    }
     // SGLang returns input logprobs only from logprob_start_len on; by default
     // it starts at the end of the prompt (no input logprobs) for generation.
     if (!generation.return_logprob) generation.logprob_start_len = -1;
@@ -264,6 +293,34 @@ void handle_generate(ServerState& state, const HttpRequest& request,
     check_sampling_request(generation.sampling, vocab, /*openai_names=*/false);
     item.return_text_in_logprobs = with_text;
   }
+  // sampling_params.n: n samples of every prompt, request rid-k with seed + k,
+  // the first of each prompt prefilling it for the others.
+  int64_t n = 1;
+  if (auto* params = item_field(body, "sampling_params", 0, count, batch);
+      params && params->is_object()) {
+    n = get_integer(*params, "n").value_or(1);
+    if (n < 1 || n > 128) throw_invalid("n", "sampling_params.n must be between 1 and 128");
+    for (size_t i = 1; i < count; ++i) {
+      const nlohmann::json* other = item_field(body, "sampling_params", i, count, batch);
+      if (other == nullptr || !other->is_object() || get_integer(*other, "n").value_or(1) != n)
+        throw_invalid("n", "every prompt of a batch must ask for the same sampling_params.n");
+    }
+  }
+  if (n > 1) {
+    std::vector<GenerateItem> samples;
+    for (const GenerateItem& item : job->items) {
+      for (int64_t k = 0; k < n; ++k) {
+        GenerateItem sample = item;
+        sample.request.rid = item.request.rid + "-" + std::to_string(k);
+        if (sample.request.sampling.seed)
+          sample.request.sampling.seed = *sample.request.sampling.seed + static_cast<uint64_t>(k);
+        samples.push_back(std::move(sample));
+      }
+    }
+    job->items = std::move(samples);
+    job->batch = true;
+    count = job->items.size();
+  }
   for (size_t i = 0; i < count; ++i)
     for (size_t j = i + 1; j < count; ++j)
       if (job->items[i].request.rid == job->items[j].request.rid)
@@ -273,9 +330,10 @@ void handle_generate(ServerState& state, const HttpRequest& request,
   job->remaining = count;
   std::vector<const GenerationRequest*> requests;
   for (const auto& item : job->items) requests.push_back(&item.request);
-  submit_request_group(state, *channel, requests, [job](size_t index, const RequestUpdate& update) {
-    job->on_update(index, update);
-  });
+  submit_request_group(
+      state, *channel, requests,
+      [job](size_t index, const RequestUpdate& update) { job->on_update(index, update); },
+      sample_group_leaders(count, static_cast<size_t>(n)));
 }
 
 }  // namespace megactx::server

@@ -22,9 +22,11 @@ void OpenAiChoiceJob::submit(const std::shared_ptr<OpenAiChoiceJob>& job) {
   job->remaining_ = job->requests.size();
   std::vector<const GenerationRequest*> requests;
   for (const auto& request : job->requests) requests.push_back(&request);
+  // The n choices of a prompt are consecutive: the first prefills it for the others.
   submit_request_group(
       job->state, *job->channel, requests,
-      [job](size_t index, const RequestUpdate& update) { job->on_update(index, update); });
+      [job](size_t index, const RequestUpdate& update) { job->on_update(index, update); },
+      sample_group_leaders(requests.size(), job->choices_per_prompt));
 }
 
 void OpenAiChoiceJob::on_update(size_t index, const RequestUpdate& update) {

@@ -99,8 +99,7 @@ SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
     params.seed = seed;
   else if (auto plain = parse_seed(sampling_params, "seed"))
     params.seed = plain;
-  if (auto n = get_integer(sampling_params, "n"); n && *n != 1)
-    throw_invalid("n", "sampling_params.n must be 1; send a batch of prompts instead");
+  // "n" (parallel samples) is read by /generate itself, which submits n requests.
   return params;
 }
 

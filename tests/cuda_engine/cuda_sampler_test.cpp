@@ -177,9 +177,9 @@ TEST(CudaSampler, ScoreEqualsTheCpuSampler) {
   const Tensor host = random_logits(rows, vocab, 3);
   const Tensor device = to_device(host);
   std::vector<LogprobQuery> queries;
-  for (int64_t r = 0; r < rows; r += 2) queries.push_back({r, static_cast<int32_t>(r * 131), 0});
-  queries.push_back({5, 7, 30});  // more alternatives than the kernel's
-  queries.push_back({0, 1999, 3});
+  for (int64_t r = 0; r < rows; r += 2) queries.push_back({r, static_cast<int32_t>(r * 131), 0, {}, 1.0});
+  queries.push_back({5, 7, 30, {}, 1.0});  // more alternatives than the kernel's
+  queries.push_back({0, 1999, 3, {}, 1.0});
   std::vector<TokenLogprob> want(queries.size()), got(queries.size());
   CpuSampler().score(host, queries, want);
   CudaSampler sampler;
@@ -202,7 +202,7 @@ TEST(CudaSampler, BadInputIsAnError) {
   std::vector<SampleResult> results(1);
   CudaSampler sampler;
   EXPECT_THROW(sampler.sample(device, std::span<const SamplingRow>(&row, 1), results), Error);
-  LogprobQuery query{0, 100, 0};  // token outside the vocabulary
+  LogprobQuery query{0, 100, 0, {}, 1.0};  // token outside the vocabulary
   std::vector<TokenLogprob> scored(1);
   EXPECT_THROW(sampler.score(device, std::span<const LogprobQuery>(&query, 1), scored), Error);
 }

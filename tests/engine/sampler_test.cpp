@@ -138,6 +138,41 @@ TEST(Sampler, LogitBiasSteersGreedyAndSampledDrawsButNotLogprobs) {
   }
 }
 
+TEST(Sampler, TokenIdsAndTemperatureScaledLogprobs) {
+  const std::vector<float> raw = {1.0f, 2.0f, 0.5f, -1.0f};
+  Tensor logits = Tensor::zeros({1, 4});
+  std::copy(raw.begin(), raw.end(), logits.data<float>());
+  const std::vector<int32_t> asked = {3, 0};
+  auto log_softmax_at = [&](double temperature, int32_t id) {
+    double z = 0;
+    for (const float x : raw) z += std::exp(x / temperature);
+    return raw[static_cast<size_t>(id)] / temperature - std::log(z);
+  };
+  CpuSampler sampler;
+  for (const double t : {1.0, 0.5, 2.0}) {
+    SamplingParams p = params(0.0);
+    SamplingRow row;
+    row.params = &p;
+    row.want_logprob = true;
+    row.logprob_token_ids = asked;
+    row.logprob_temperature = t;
+    std::vector<SampleResult> results(1);
+    sampler.sample(logits, {&row, 1}, results);
+    EXPECT_EQ(results[0].token, 1);
+    EXPECT_NEAR(results[0].logprob, log_softmax_at(t, 1), 1e-5) << t;
+    ASSERT_EQ(results[0].token_ids.size(), 2u);
+    EXPECT_EQ(results[0].token_ids[0].first, 3);
+    EXPECT_NEAR(results[0].token_ids[0].second, log_softmax_at(t, 3), 1e-5) << t;
+    EXPECT_NEAR(results[0].token_ids[1].second, log_softmax_at(t, 0), 1e-5) << t;
+    // Scoring gives the same numbers.
+    LogprobQuery query{0, 2, 0, asked, t};
+    std::vector<TokenLogprob> scored(1);
+    sampler.score(logits, {&query, 1}, scored);
+    EXPECT_NEAR(scored[0].logprob, log_softmax_at(t, 2), 1e-5);
+    EXPECT_EQ(scored[0].token_ids, results[0].token_ids);
+  }
+}
+
 TEST(Sampler, MaskedTokensCannotBeSampled) {
   SamplingParams p = params(0.0);
   std::vector<int32_t> masked = {2};

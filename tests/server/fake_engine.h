@@ -243,7 +243,7 @@ class FakeEngine : public EngineApi {
       // Positions max(start, 1) .. end: position 0 has no logprob.
       for (size_t i = std::max<int64_t>(request.logprob_start_len, 1); i < request.input_ids.size();
            ++i)
-        update.input_logprobs.push_back({request.input_ids[i], -1.0f, {}});
+        update.input_logprobs.push_back({request.input_ids[i], -1.0f, {}, {}});
     }
     live.sent_input = true;
     if (live.aborted) {
@@ -281,7 +281,7 @@ class FakeEngine : public EngineApi {
     update.new_token_ids.push_back(token);
     update.new_text = tokenizer_.decode({token}, true);
     if (request.return_logprob) {
-      TokenLogprob logprob{token, -0.5f, {}};
+      TokenLogprob logprob{token, -0.5f, {}, {}};
       for (int64_t k = 0; k < request.top_logprobs_num; ++k)
         logprob.top.push_back(
             {(token + static_cast<TokenId>(k)) % 256, -0.5f - static_cast<float>(k)});

@@ -264,6 +264,76 @@ TEST(NativeGenerate, InvalidRequestsAre400WithParam) {
   EXPECT_TRUE(f.engine.submitted().empty());
 }
 
+TEST(NativeGenerate, ParallelSamplesShareTheirPrompt) {
+  ServerFixture f;
+  auto r = f.call("POST", "/generate",
+                  {{"input_ids", {1, 2, 3}},
+                   {"rid", "g"},
+                   {"sampling_params", {{"n", 3}, {"max_new_tokens", 2}, {"sampling_seed", 7}}}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json results = r->json();
+  ASSERT_TRUE(results.is_array());
+  ASSERT_EQ(results.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(results[k]["meta_info"]["id"], "g-" + std::to_string(k));
+    EXPECT_EQ(results[k]["text"], "He");
+  }
+  auto submitted = f.engine.submitted();
+  ASSERT_EQ(submitted.size(), 3u);
+  // The leader goes first; its samples follow its first update, seeds + k.
+  EXPECT_EQ(submitted[0].rid, "g-0");
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(submitted[k].input_ids, (std::vector<int32_t>{1, 2, 3}));
+    const size_t index = submitted[k].rid.back() - '0';
+    EXPECT_EQ(*submitted[k].sampling.seed, 7u + index);
+  }
+  // A batch of two prompts with n = 2: four results, prompt by prompt.
+  auto batch = f.call("POST", "/generate",
+                      {{"input_ids", {{1}, {2}}}, {"sampling_params", {{"n", 2}}}});
+  ASSERT_EQ(batch->status, 200) << batch->body;
+  EXPECT_EQ(batch->json().size(), 4u);
+  EXPECT_EQ(f.call("POST", "/generate", {{"text", "a"}, {"sampling_params", {{"n", 0}}}})->status,
+            400);
+}
+
+TEST(NativeGenerate, TeacherScoringFields) {
+  ServerFixture f;
+  auto r = f.call("POST", "/generate",
+                  {{"input_ids", {1, 2, 3}},
+                   {"return_logprob", true},
+                   {"logprob_start_len", 0},
+                   {"token_ids_logprob", {5, 9}},
+                   {"temp_scaled_logprobs", true},
+                   {"sampling_params", {{"max_new_tokens", 1}, {"temperature", 0.7}}}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const GenerationRequest sent = f.engine.submitted().back();
+  EXPECT_EQ(sent.token_ids_logprob, (std::vector<int32_t>{5, 9}));
+  EXPECT_TRUE(sent.temp_scaled_logprobs);
+  json meta = r->json()["meta_info"];
+  EXPECT_TRUE(meta.contains("input_token_ids_logprobs"));
+  EXPECT_TRUE(meta.contains("output_token_ids_logprobs"));
+  // A batch: one list for all prompts, or a list per prompt.
+  auto shared = f.call("POST", "/generate",
+                       {{"input_ids", {{1}, {2}}}, {"return_logprob", true},
+                        {"token_ids_logprob", {4}}});
+  ASSERT_EQ(shared->status, 200) << shared->body;
+  auto submitted = f.engine.submitted();
+  EXPECT_EQ(submitted[submitted.size() - 1].token_ids_logprob, (std::vector<int32_t>{4}));
+  EXPECT_EQ(submitted[submitted.size() - 2].token_ids_logprob, (std::vector<int32_t>{4}));
+  auto each = f.call("POST", "/generate",
+                     {{"input_ids", {{1}, {2}}}, {"token_ids_logprob", {{4}, {6, 7}}}});
+  ASSERT_EQ(each->status, 200) << each->body;
+  submitted = f.engine.submitted();
+  EXPECT_EQ(submitted[submitted.size() - 1].token_ids_logprob, (std::vector<int32_t>{6, 7}));
+  for (json bad : {json{{"token_ids_logprob", {999999}}}, json{{"token_ids_logprob", "x"}},
+                   json{{"temp_scaled_logprobs", 1}}, json{{"return_routed_experts", true}},
+                   json{{"return_hidden_states", true}}}) {
+    json body = {{"input_ids", {1}}};
+    body.update(bad);
+    EXPECT_EQ(f.call("POST", "/generate", body)->status, 400) << bad.dump();
+  }
+}
+
 TEST(NativeGenerate, MalformedJsonIs400) {
   ServerFixture f;
   for (std::string body : {"", "{", "[1,2]", "null", "{\"text\": \"a\",}", "\xff\xfe"}) {

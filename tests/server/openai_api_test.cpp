@@ -3,6 +3,8 @@
 // tool_choice, streaming chunks, logprobs, n) and /v1/models.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "server_fixture.h"
 
 namespace megactx::server::testing {
@@ -62,12 +64,16 @@ TEST(Completions, TokenPromptsBatchAndN) {
   }
   EXPECT_EQ(body["usage"]["prompt_tokens"], 5);  // each prompt once
   EXPECT_EQ(body["usage"]["completion_tokens"], 8);
-  auto submitted = f.engine.submitted();
-  ASSERT_EQ(submitted.size(), 4u);
-  EXPECT_EQ(submitted[0].input_ids, (std::vector<int32_t>{1, 2}));
-  EXPECT_EQ(submitted[3].input_ids, (std::vector<int32_t>{3, 4, 5}));
-  EXPECT_EQ(*submitted[0].sampling.seed, 10u);
-  EXPECT_EQ(*submitted[1].sampling.seed, 11u);  // n choices get distinct seeds
+  // The first choice of each prompt is submitted first and prefills the
+  // prompt for the second, so the submission order is not the choice order.
+  std::vector<std::pair<std::vector<int32_t>, uint64_t>> got;
+  for (const auto& request : f.engine.submitted())
+    got.emplace_back(request.input_ids, *request.sampling.seed);
+  std::sort(got.begin(), got.end());
+  using Choice = std::pair<std::vector<int32_t>, uint64_t>;
+  const std::vector<Choice> want = {  // n choices get distinct seeds
+      {{1, 2}, 10}, {{1, 2}, 11}, {{3, 4, 5}, 10}, {{3, 4, 5}, 11}};
+  EXPECT_EQ(got, want);
 }
 
 TEST(Completions, EchoWithLogprobs) {
