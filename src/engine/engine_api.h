@@ -11,6 +11,9 @@ namespace megactx {
 
 class Tokenizer;
 struct ModelConfig;
+namespace grammar {
+class GrammarCompiler;
+}
 
 struct EngineStats {
   int64_t running_requests = 0;
@@ -49,6 +52,11 @@ class EngineApi {
   virtual const Tokenizer& tokenizer() const = 0;
   virtual const ModelConfig& model_config() const = 0;
   virtual int64_t max_context_tokens() const = 0;
+  // Compiles structured-output grammars (SamplingParams::grammar) over this
+  // engine's vocabulary: the model's logits, its eos ids as the stop tokens.
+  // Thread-safe; null when the engine cannot constrain its output (the server
+  // then answers structured-output requests with 400).
+  virtual grammar::GrammarCompiler* grammar_compiler() { return nullptr; }
 };
 
 }  // namespace megactx
