@@ -31,7 +31,7 @@
 
 namespace megactx::server {
 
-inline constexpr int32_t kJsonMaxWhitespace = 16;
+inline constexpr int32_t kJsonMaxWhitespace = 8;
 
 // /generate: the grammar of one item's sampling_params, or null when it asks
 // for none. Throws ApiError 400 (also for structural_tag, which is not supported).
