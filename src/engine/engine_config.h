@@ -33,6 +33,11 @@ struct EngineConfig {
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).
   VerifyMode speculative_sampled_mode = VerifyMode::RejectionSampling;
+  // Structured output: drafts from the grammar-masked draft logits (true), or
+  // from the unmasked ones, checked against the automaton afterwards and
+  // rejected from the first one it does not allow (the ablation; also
+  // lossless, it accepts less).
+  bool speculative_masked_drafts = true;
   // Checkpoint holding the MTP layer's weights (the model's directory).
   std::string mtp_model_dir;
   bool enable_prefix_cache = true;

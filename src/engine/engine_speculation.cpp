@@ -27,9 +27,10 @@
 //
 // Structured output (a grammar): drafts come from the masked draft logits, the
 // matcher accepts them while drafting and gives the mask of every target row,
-// verification runs over the masked target rows and stops at the first draft
-// the grammar rejects; the matcher rolls back before the verified tokens are
-// appended (append_token accepts each again).
+// verification runs over the masked target rows and rejects the first draft
+// the grammar does not allow (unmasked drafts, speculative_masked_drafts
+// false); the matcher rolls back before the verified tokens are appended
+// (append_token accepts each again).
 //
 // Requests with repetition/frequency/presence penalties or a logit_bias
 // decode one token per step (verification compares drafts against the
@@ -156,9 +157,11 @@ void Engine::draft_for_plan() {
       const auto words = static_cast<size_t>(request.matcher->mask_words());
       request.spec.masks.assign(static_cast<size_t>(request.num_draft_tokens + 1) * words, 0);
       request.spec.grammar_drafts = 0;
-      draft.mask = [this, &request](std::span<const int32_t> drafts) {
-        return draft_mask(request, drafts);
-      };
+      if (config_.speculative_masked_drafts) {
+        draft.mask = [this, &request](std::span<const int32_t> drafts) {
+          return draft_mask(request, drafts);
+        };
+      }
     }
     draft_requests_.push_back(std::move(draft));
   }
@@ -171,8 +174,17 @@ void Engine::draft_for_plan() {
     MtpDraftRequest& draft = draft_requests_[next++];
     std::copy(draft.drafts.begin(), draft.drafts.end(), request.tokens.begin() + chunk.start + 1);
     request.spec.q = std::move(draft.q);
-    // The mask of the row after the last draft (the bonus token's).
-    if (request.matcher) draft_mask(request, draft.drafts);
+    if (request.matcher) {
+      const std::span<const int32_t> drafts(draft.drafts);
+      if (config_.speculative_masked_drafts) {
+        // The mask of the row after the last draft (the bonus token's).
+        draft_mask(request, drafts);
+      } else {
+        // Unmasked drafts: the automaton takes them until the first it rejects.
+        for (size_t j = 0; j <= drafts.size() && draft_mask(request, drafts.first(j)); ++j) {
+        }
+      }
+    }
   }
 }
 
@@ -202,8 +214,8 @@ const uint32_t* Engine::draft_mask(RequestState& request, std::span<const int32_
 
 namespace {
 
-// Masks of the k + 1 verification rows: rows past the grammar's valid drafts get none
-// (verification stops before them).
+// Masks of the k + 1 verification rows: rows past the first draft the
+// grammar rejects get none (verification stops before them).
 std::vector<const uint32_t*> row_masks(const RequestState& request) {
   std::vector<const uint32_t*> masks(static_cast<size_t>(request.num_draft_tokens + 1), nullptr);
   if (!request.matcher) return masks;
@@ -250,11 +262,13 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
 void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
-  // Structured output: only the drafts the grammar accepted are verified; the
-  // first one it rejects is rejected whatever the target says, and the token
-  // there comes from the masked target row alone (lossless: which draft broke
-  // the grammar depends only on the draft's own randomness).
-  const int64_t verified = request.matcher ? spec.grammar_drafts : k;
+  // Structured output: the drafts the grammar accepted and the first one it
+  // rejects (if any), which the masked target row gives probability 0, so it
+  // is rejected and the token there is drawn from the residual of that row,
+  // as rejection sampling needs to stay lossless (drawing it from the target
+  // row alone would not be: whether a draft breaks the grammar depends on
+  // the draft). Rows past it are never reached.
+  const int64_t verified = request.matcher ? std::min(spec.grammar_drafts + 1, k) : k;
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(verified));
   if (logits.device() != Device::CPU && is_greedy(request.request.sampling)) {

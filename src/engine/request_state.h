@@ -44,8 +44,8 @@ struct SpeculationState {
   // Structured output: [k + 1][mask words] grammar masks of rows
   // 0..grammar_drafts (before each draft, then after the last valid one),
   // made while drafting; the matcher holds grammar_drafts accepted drafts
-  // until apply_verification rolls them back. Drafts past grammar_drafts
-  // broke the grammar and are rejected.
+  // until apply_verification rolls them back. The draft after grammar_drafts
+  // broke the grammar (it is rejected; later ones are never reached).
   std::vector<uint32_t> masks;
   int64_t grammar_drafts = 0;
 };
