@@ -43,7 +43,7 @@ struct SpecEngineOptions {
   bool share = true;
   VerifyMode sampled_mode = VerifyMode::RejectionSampling;
   bool masked_drafts = true;  // structured output: drafts from the masked draft logits
-  int64_t pages = 64;  // KV budget in pages
+  int64_t pages = 64;         // KV budget in pages
   int64_t max_prefill_tokens = 4096;
   int64_t max_running_requests = 64;
   bool prefix_cache = true;

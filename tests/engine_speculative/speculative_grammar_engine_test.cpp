@@ -77,7 +77,8 @@ std::map<std::string, SpecResult> run_greedy(int64_t steps, bool masked_drafts =
 TEST(SpeculativeGrammar, GreedyWithAGrammarEqualsPlainDecoding) {
   const auto plain = run_greedy(0);
   const Json schema = Json::parse(kSchema);
-  for (const auto& [steps, masked] : {std::pair{1, true}, std::pair{3, true}, std::pair{3, false}}) {
+  for (const auto& [steps, masked] :
+       {std::pair{1, true}, std::pair{3, true}, std::pair{3, false}}) {
     const auto speculated = run_greedy(steps, masked);
     int64_t accepted = 0;
     for (const auto& [rid, want] : plain) {
@@ -101,7 +102,8 @@ TEST(SpeculativeGrammar, SampledJsonOutputsAreValid) {
   options.real_tokenizer = true;
   options.pages = 256;
   SpecEngine spec(source_path("models/default"), options);
-  auto grammar = spec.engine->grammar_compiler()->compile_json_schema(kSchema, compact_whitespace());
+  auto grammar =
+      spec.engine->grammar_compiler()->compile_json_schema(kSchema, compact_whitespace());
   const std::vector<int32_t> text = default_text_tokens();
   const std::vector<int32_t> prompt(text.begin(), text.begin() + 40);
   for (uint64_t seed = 0; seed < 16; ++seed) {
