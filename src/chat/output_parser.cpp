@@ -36,6 +36,46 @@ size_t partial_marker_suffix(std::string_view text, std::string_view marker) {
   return 0;
 }
 
+// `text` without the tool-call markup of `format`: GLM's six markers, every
+// DSML tag (`<｜DSML｜name ...>` and `</｜DSML｜name>`, attributes included).
+std::string strip_markup(std::string_view text, ToolCallFormat format) {
+  std::string out;
+  if (format == ToolCallFormat::Glm) {
+    static constexpr std::string_view kMarkers[] = {"<tool_call>", "</tool_call>", "<arg_key>",
+                                                    "</arg_key>",  "<arg_value>",  "</arg_value>"};
+    size_t at = 0;
+    while (at < text.size()) {
+      bool matched = false;
+      for (std::string_view m : kMarkers) {
+        if (text.substr(at, m.size()) == m) {
+          at += m.size();
+          matched = true;
+          break;
+        }
+      }
+      if (!matched) out += text[at++];
+    }
+    return out;
+  }
+  static constexpr std::string_view kDsml =
+      "\xEF\xBD\x9C"
+      "DSML"
+      "\xEF\xBD\x9C";
+  size_t at = 0;
+  while (at < text.size()) {
+    const bool open = text.substr(at, 1 + kDsml.size()) == std::string("<") + std::string(kDsml);
+    const bool close = text.substr(at, 2 + kDsml.size()) == std::string("</") + std::string(kDsml);
+    if (open || close) {
+      const size_t end = text.find('>', at);
+      if (end == std::string_view::npos) break;  // a cut-off tag: nothing of it remains
+      at = end + 1;
+      continue;
+    }
+    out += text[at++];
+  }
+  return out;
+}
+
 size_t trailing_space(std::string_view text) {
   size_t count = 0;
   while (count < text.size() && tool_calls::is_space(text[text.size() - 1 - count])) ++count;
@@ -60,7 +100,7 @@ struct OutputParser::Impl {
 
   explicit Impl(OutputParserOptions opts)
       : options(std::move(opts)),
-        schemas(options.tools),
+        schemas(options.tools, options.known_tools_only),
         id_generator(options.tool_call_id_seed != 0 ? options.tool_call_id_seed
                                                     : std::random_device{}()) {
     const bool glm = options.format == ToolCallFormat::Glm;
@@ -98,7 +138,10 @@ struct OutputParser::Impl {
     skip_leading_space = false;
     out.content += pending_space;
     pending_space.clear();
-    out.content.append(text);
+    if (options.strip_unparsed_markup)
+      out.content += strip_markup(text, options.format);
+    else
+      out.content.append(text);
   }
 
   void emit_calls(const std::vector<tool_calls::ParsedCall>& calls, ParsedDelta& out) {

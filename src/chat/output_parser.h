@@ -9,7 +9,8 @@
 //  * tool calls, DeepSeek-V3.2 DSML format (see the shared template).
 // Argument values are typed by the tool's JSON schema (a string stays a
 // string; integer/number/boolean/object/array values are parsed as JSON).
-// Malformed tool calls are kept as text, never dropped.
+// Malformed tool calls are kept as text, never dropped (with
+// strip_unparsed_markup, as their text without the markup).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -45,6 +46,14 @@ struct OutputParserOptions {
   bool starts_in_reasoning = false;  // the prompt ended inside <think>
   bool parse_tool_calls = true;
   int max_tool_calls = 0;  // 0: any number; 1 for parallel_tool_calls false
+  // Only calls of `tools` are tool calls (with no tools, nothing is); otherwise
+  // with no tools any well-formed name is.
+  bool known_tools_only = false;
+  // A block that does not become tool calls (a function not in `tools`,
+  // malformed or cut-off markup) goes to content as its text with every
+  // tool-call marker removed instead of as written, so a client never sees
+  // the markup (the chat API).
+  bool strip_unparsed_markup = false;
   // Tool call ids are "call_" + 24 letters/digits drawn from a generator seeded
   // with this value; 0 seeds it randomly (tests set it to compare runs).
   uint64_t tool_call_id_seed = 0;

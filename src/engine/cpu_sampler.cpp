@@ -106,6 +106,20 @@ void apply_penalties(const SamplingRow& row, std::span<float> logits) {
       logits[static_cast<size_t>(token)] = -std::numeric_limits<float>::infinity();
     }
   }
+  if (!row.allowed.empty()) apply_token_mask(row.allowed, logits);
+}
+
+void apply_token_mask(std::span<const uint32_t> allowed, std::span<float> logits) {
+  MEGACTX_CHECK(allowed.size() * 32 >= logits.size(), "sampler: a mask of {} words for {} logits",
+                allowed.size(), logits.size());
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (size_t word = 0; word * 32 < logits.size(); ++word) {
+    const uint32_t bits = allowed[word];
+    if (bits == 0xFFFFFFFFu) continue;
+    const size_t end = std::min(logits.size(), word * 32 + 32);
+    for (size_t i = word * 32; i < end; ++i)
+      if (((bits >> (i & 31)) & 1u) == 0) logits[i] = kMasked;
+  }
 }
 
 std::vector<float> sampling_distribution(const SamplingParams& params,

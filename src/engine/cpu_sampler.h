@@ -16,9 +16,11 @@ class CpuSampler : public Sampler {
              std::span<TokenLogprob> results) override;
 };
 
-// Applies the logit bias, the penalties and the min_new_tokens mask of `row`
-// to `logits` in place.
+// Applies the logit bias, the penalties, the min_new_tokens mask and the
+// grammar mask of `row` to `logits` in place.
 void apply_penalties(const SamplingRow& row, std::span<float> logits);
+// Sets the logits of tokens whose bit in `allowed` is clear to -inf.
+void apply_token_mask(std::span<const uint32_t> allowed, std::span<float> logits);
 // The distribution a non-greedy draw uses: probabilities after temperature,
 // top_k, top_p and min_p, renormalised; masked tokens are exactly 0.
 std::vector<float> sampling_distribution(const SamplingParams& params,

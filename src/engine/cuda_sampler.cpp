@@ -22,6 +22,9 @@ bool device_samples_row(const SamplingRow& row, int64_t vocab) {
   if (!row.masked_tokens.empty() || !params.logit_bias.empty()) return false;
   // The kernel reports the raw distribution's logprobs and its top alternatives only.
   if (!row.logprob_token_ids.empty() || row.logprob_temperature != 1.0) return false;
+  // A grammar mask goes up with the row (the kernel applies it), unless it is
+  // too short for the vocabulary (the CPU sampler reports that).
+  if (!row.allowed.empty() && static_cast<int64_t>(row.allowed.size()) * 32 < vocab) return false;
   if (row.top_logprobs > std::min(kDeviceMaxTopLogprobs, vocab)) return false;
   const bool has_output = row.output_counts != nullptr && !row.output_counts->empty();
   if (params.repetition_penalty != 1.0 && (!row.prompt_tokens.empty() || has_output)) return false;
@@ -55,8 +58,26 @@ struct CudaSampler::DeviceState {
   bool owns_stream = true;
   cuda::DeviceBuffer params;  // [device rows] SampleRowParams
   cuda::DeviceBuffer outs;    // [device rows] SampleOut
-  cuda::PinnedBuffer host_params, host_outs;
+  cuda::DeviceBuffer masks;   // [masked rows][mask words] grammar masks
+  cuda::PinnedBuffer host_params, host_outs, host_masks;
 };
+
+namespace {
+
+// Grows `buffer` to `bytes` in steps of at least 64 rows' worth, doubling: a
+// DeviceBuffer growth frees memory, which makes the CUDA model capture its
+// decode graphs again (model/cuda_decode_graph.h), so it should happen a
+// handful of times, not whenever one more request is constrained.
+uint32_t* grow_masks(cuda::DeviceBuffer& buffer, size_t bytes, size_t row_bytes) {
+  if (bytes > buffer.bytes()) {
+    size_t capacity = std::max<size_t>(64 * row_bytes, buffer.bytes());
+    while (capacity < bytes) capacity *= 2;
+    buffer.ensure(capacity);
+  }
+  return buffer.as<uint32_t>();
+}
+
+}  // namespace
 
 CudaSampler::CudaSampler(int device_ordinal, void* stream)
     : device_(std::make_unique<DeviceState>()) {
@@ -139,6 +160,13 @@ void CudaSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows
   const size_t device_count = device_index_.size();
   cuda::SampleOut* outs = nullptr;
   if (device_count > 0) {
+    // Grammar masks of the device rows, back to back, uploaded with the params.
+    const auto mask_words = static_cast<size_t>((vocab + 31) / 32);
+    size_t masked = 0;
+    for (const size_t i : device_index_) masked += rows[i].allowed.empty() ? 0 : 1;
+    uint32_t* host_masks = masked > 0 ? d.host_masks.get<uint32_t>(masked * mask_words) : nullptr;
+    uint32_t* device_masks = nullptr;
+    size_t next_mask = 0;
     auto* params = d.host_params.get<cuda::SampleRowParams>(device_count);
     for (size_t j = 0; j < device_count; ++j) {
       const SamplingRow& row = rows[device_index_[j]];
@@ -159,6 +187,17 @@ void CudaSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows
         out.uniform = sampling_uniform(row.seed, row.draw_index);
       }
       out.top_logprobs = static_cast<int32_t>(std::max<int64_t>(row.top_logprobs, 0));
+      if (!row.allowed.empty()) {
+        std::copy_n(row.allowed.begin(), mask_words, host_masks + next_mask * mask_words);
+        out.mask_offset = static_cast<int64_t>(next_mask * mask_words);
+        ++next_mask;
+      }
+    }
+    if (masked > 0) {
+      const size_t bytes = masked * mask_words * sizeof(uint32_t);
+      device_masks = grow_masks(d.masks, bytes, mask_words * sizeof(uint32_t));
+      MEGACTX_CUDA_CHECK(
+          cudaMemcpyAsync(device_masks, host_masks, bytes, cudaMemcpyHostToDevice, d.stream));
     }
     auto* device_params = d.params.get<cuda::SampleRowParams>(static_cast<int64_t>(device_count));
     auto* device_outs = d.outs.get<cuda::SampleOut>(static_cast<int64_t>(device_count));
@@ -166,7 +205,7 @@ void CudaSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows
                                        device_count * sizeof(cuda::SampleRowParams),
                                        cudaMemcpyHostToDevice, d.stream));
     cuda::sample_rows(logits.data<float>(), vocab, device_params,
-                      static_cast<int64_t>(device_count), device_outs, d.stream);
+                      static_cast<int64_t>(device_count), device_masks, device_outs, d.stream);
     outs = d.host_outs.get<cuda::SampleOut>(device_count);
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(outs, device_outs, device_count * sizeof(cuda::SampleOut),
                                        cudaMemcpyDeviceToHost, d.stream));

@@ -11,6 +11,11 @@
 // the CpuSampler. Why the host and not penalties applied on the device: the
 // logprobs are of the *unmodified* logits, which the kernel computes from the
 // logits it samples from. Host logits go to the CpuSampler unchanged.
+// Structured-output rows stay on the device: their grammar bitmasks
+// ([rows][vocab / 32] words) are uploaded with the row parameters on the
+// model's stream and applied inside the sampling kernel, so constrained and
+// free rows share the one launch and the decode step's CUDA Graph is untouched
+// (the sampler runs after the graph's replay, outside it).
 //
 // Plain C++ header; CudaSampler exists only in builds with MEGACTX_HAVE_CUDA
 // (device_samples_row everywhere, so the split is testable on the CPU).
@@ -32,7 +37,8 @@ namespace megactx {
 constexpr int64_t kDeviceMaxTopLogprobs = 20;
 
 // True when the device kernel gives `row` the CpuSampler's result over a
-// vocabulary of `vocab`: no penalty that would change a logit, no masked ids,
+// vocabulary of `vocab`: no penalty that would change a logit, no masked ids
+// (a grammar bitmask is fine),
 // at most min(kDeviceMaxTopLogprobs, vocab) alternatives, and parameters that
 // keep their meaning in the kernel's float32 fields.
 bool device_samples_row(const SamplingRow& row, int64_t vocab);

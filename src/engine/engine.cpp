@@ -112,6 +112,16 @@ std::optional<Engine::HeldSequence> Engine::held_sequence(const std::string& rid
   return HeldSequence{request.tokens, request.page_table, request.num_computed};
 }
 
+grammar::GrammarCompiler* Engine::grammar_compiler() {
+  std::call_once(grammar_once_, [this] {
+    // Masks cover the model's logits (vocab_size_ may pad past the tokenizer's ids).
+    grammar_compiler_ =
+        std::make_unique<grammar::GrammarCompiler>(grammar::Vocabulary::from_tokenizer(
+            *tokenizer_, defaults_.eos_token_ids, static_cast<int32_t>(vocab_size_)));
+  });
+  return grammar_compiler_.get();
+}
+
 void Engine::set_sampler(std::unique_ptr<Sampler> sampler) {
   std::lock_guard lock(engine_mutex_);
   sampler_ = std::move(sampler);
@@ -139,6 +149,10 @@ std::string Engine::validate(const GenerationRequest& request) const {
                        prompt, capacity_.max_tokens);
   }
   if (auto problem = check_sampling(s, vocab_size_)) return problem->message;
+  if (s.grammar && s.grammar->vocabulary().mask_size() != vocab_size_) {
+    return fmt::format("the grammar was compiled for {} logits, the model has {}",
+                       s.grammar->vocabulary().mask_size(), vocab_size_);
+  }
   if (request.top_logprobs_num < 0 || request.top_logprobs_num > vocab_size_) {
     return fmt::format("top_logprobs_num must be in [0, {}], got {}", vocab_size_,
                        request.top_logprobs_num);
@@ -364,6 +378,8 @@ void Engine::start_request(Submit submit) {
     if (!sampling.ignore_eos) request.min_tokens_mask = defaults_.eos_token_ids;
     for (const int32_t id : sampling.stop_token_ids) request.min_tokens_mask.push_back(id);
   }
+  if (sampling.grammar)
+    request.matcher = std::make_unique<grammar::GrammarMatcher>(sampling.grammar);
   request.stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output);
   request.detokenizer.emplace(*tokenizer_, sampling.skip_special_tokens);
   const std::string rid = request.request.rid;
@@ -399,6 +415,7 @@ void Engine::run_plan() {
     Timed timed(phase_times_, EnginePhaseTimes::Drafts);
     draft_for_plan();
   }
+  fill_grammar_masks();
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
   batch_.want_hidden_states = mtp_ != nullptr;
@@ -430,6 +447,38 @@ void Engine::run_plan() {
   Timed timed(phase_times_, EnginePhaseTimes::Apply);
   scheduler_->commit(plan_);
   apply_outputs();
+}
+
+namespace {
+
+bool any_allowed(const uint32_t* words, size_t count) {
+  return std::any_of(words, words + count, [](uint32_t w) { return w != 0; });
+}
+
+}  // namespace
+
+void Engine::fill_grammar_masks() {
+  grammar_failed_.clear();
+  for (const ScheduledChunk& chunk : plan_.chunks) {
+    RequestState& request = *chunk.request;
+    if (!request.matcher) continue;
+    if (request.spec.verifying) {
+      // draft_for_plan made the masks of its rows; row 0 is this state's.
+      const auto words = static_cast<size_t>(request.matcher->mask_words());
+      if (!any_allowed(request.spec.masks.data(), words)) grammar_failed_.push_back(&request);
+      continue;
+    }
+    if (!chunk.samples) continue;
+    request.grammar_mask.resize(static_cast<size_t>(request.matcher->mask_words()));
+    request.matcher->fill_next_token_bitmask(request.grammar_mask.data());
+    if (!any_allowed(request.grammar_mask.data(), request.grammar_mask.size()))
+      grammar_failed_.push_back(&request);
+  }
+}
+
+bool Engine::grammar_failed(const RequestState& request) const {
+  return request.matcher && std::find(grammar_failed_.begin(), grammar_failed_.end(), &request) !=
+                                grammar_failed_.end();
 }
 
 void Engine::collect_outputs(const Tensor& logits) {
@@ -464,7 +513,9 @@ void Engine::collect_outputs(const Tensor& logits) {
       }
       if (end >= request.prompt_len) scored_through_prompt_.push_back(&request);
     }
-    if (request.spec.verifying) {
+    if (grammar_failed(request)) {
+      // Nothing to sample: apply_outputs ends the request with an error.
+    } else if (request.spec.verifying) {
       verify_chunk(request, logits, row);
       verifying_.push_back(&request);
     } else if (chunk.samples) {
@@ -477,6 +528,7 @@ void Engine::collect_outputs(const Tensor& logits) {
       if (request.num_generated() < request.request.sampling.min_new_tokens) {
         sampling_row.masked_tokens = request.min_tokens_mask;
       }
+      if (request.matcher) sampling_row.allowed = request.grammar_mask;
       sampling_row.seed = request.seed;
       sampling_row.draw_index = static_cast<uint64_t>(request.num_generated());
       sampling_row.want_logprob = request.request.return_logprob;
@@ -509,6 +561,11 @@ void Engine::collect_outputs(const Tensor& logits) {
 
 void Engine::apply_outputs() {
   for (RequestState* request : scoring_done_) finish(*request, FinishReason::Length);
+  for (RequestState* request : grammar_failed_) {
+    finish(*request, FinishReason::Error,
+           fmt::format("structured output: the grammar allows no token after {} generated tokens",
+                       request->num_generated()));
+  }
   for (RequestState* request : scored_through_prompt_) {
     // The first prompt token has no logprob (nothing precedes it): NaN, which
     // the HTTP layer writes as null like SGLang.
@@ -532,6 +589,13 @@ void Engine::apply_outputs() {
 void Engine::append_token(RequestState& request, const SampleResult& sample) {
   const SamplingParams& sampling = request.request.sampling;
   const int32_t token = sample.token;
+  if (request.matcher && !request.matcher->accept_token(token)) {
+    // The sampler only picks allowed tokens; this is a broken invariant.
+    finish(
+        request, FinishReason::Error,
+        fmt::format("structured output: token {} was sampled but the grammar rejects it", token));
+    return;
+  }
   request.tokens.push_back(token);
   RequestUpdate& update = update_of(request);
   update.new_token_ids.push_back(token);

@@ -34,6 +34,7 @@
 #include "engine/request_state.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "grammar/grammar_compiler.h"
 #include "io/checkpoint.h"
 #include "io/weight_update.h"
 #include "model/language_model.h"
@@ -64,6 +65,8 @@ class Engine : public EngineApi {
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
   const ModelConfig& model_config() const override { return model_->config(); }
   int64_t max_context_tokens() const override { return max_total_tokens_; }
+  // Built on first use (the vocabulary's byte trie), then shared by every request.
+  grammar::GrammarCompiler* grammar_compiler() override;
 
   // One step: takes queued submits/aborts, schedules, runs the model, delivers
   // updates (callbacks on the calling thread). Returns false when there was
@@ -119,6 +122,11 @@ class Engine : public EngineApi {
   // After commit: tokens appended (or drafts accepted), stops, finishes.
   void apply_outputs();
   void append_token(RequestState& request, const SampleResult& sample);
+  // Structured output: the grammar mask of every chunk that samples its next
+  // token (before the forward, so a device forward overlaps it); a request
+  // whose grammar allows nothing is failed after the step.
+  void fill_grammar_masks();
+  bool grammar_failed(const RequestState& request) const;
   // Ends a request: last update, pages back (full ones stay in the prefix
   // cache). Text held back for stop strings is released unless a stop string matched.
   void finish(RequestState& request, FinishReason reason, std::string detail = {},
@@ -144,6 +152,10 @@ class Engine : public EngineApi {
   void verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row);
   VerifyResult verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
                               std::span<const int32_t> drafts);
+  // Structured output while drafting: the mask before draft `drafts.size()`
+  // (the matcher first accepts the previous draft); null when that draft
+  // broke the grammar (then it and every later one are rejected).
+  const uint32_t* draft_mask(RequestState& request, std::span<const int32_t> drafts);
   // The verified tokens (and their logprobs) as the request's emitted samples.
   void emit_verified(RequestState& request, const Tensor& logits, int64_t first_row);
   // MTP step 0 over every chunk's rows whose next token is known.
@@ -190,6 +202,7 @@ class Engine : public EngineApi {
   std::vector<RequestState*> scoring_done_;           // scoring requests ending this step
   std::vector<RequestState*> scored_through_prompt_;  // input logprobs complete this step
   std::vector<RequestState*> verifying_;              // verification chunks of this step
+  std::vector<RequestState*> grammar_failed_;         // grammars that allowed no token this step
   std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
   EnginePhaseTimes phase_times_;                      // MEGACTX_ENGINE_TIMES=1
   std::vector<MtpDraftRequest> draft_requests_;
@@ -219,6 +232,9 @@ class Engine : public EngineApi {
   mutable std::mutex stats_mutex_;
   EngineStats stats_;
   std::string weight_version_ = "default";
+
+  std::once_flag grammar_once_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
 
   std::thread thread_;
 };

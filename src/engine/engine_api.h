@@ -12,6 +12,9 @@ namespace megactx {
 class TensorBucket;  // io/weight_update.h
 class Tokenizer;
 struct ModelConfig;
+namespace grammar {
+class GrammarCompiler;
+}
 
 struct EngineStats {
   int64_t running_requests = 0;
@@ -99,6 +102,11 @@ class EngineApi {
   // only while no request is live, and nothing runs in between.
   virtual void release_memory(const MemoryTags& tags) = 0;
   virtual void resume_memory(const MemoryTags& tags) = 0;
+  // Compiles structured-output grammars (SamplingParams::grammar) over this
+  // engine's vocabulary: the model's logits, its eos ids as the stop tokens.
+  // Thread-safe; null when the engine cannot constrain its output (the server
+  // then answers structured-output requests with 400).
+  virtual grammar::GrammarCompiler* grammar_compiler() { return nullptr; }
 };
 
 }  // namespace megactx

@@ -33,6 +33,11 @@ struct EngineConfig {
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).
   VerifyMode speculative_sampled_mode = VerifyMode::RejectionSampling;
+  // Structured output: drafts from the grammar-masked draft logits (true), or
+  // from the unmasked ones, checked against the automaton afterwards and
+  // rejected from the first one it does not allow (the ablation; also
+  // lossless, it accepts less).
+  bool speculative_masked_drafts = true;
   // The checkpoint the model was loaded from: its MTP layer's weights, and
   // the base of weight updates (engine_control.cpp).
   std::string model_dir;

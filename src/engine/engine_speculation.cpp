@@ -25,6 +25,13 @@
 //      stop ids, stop strings and max_new_tokens end the run mid-way exactly
 //      as in plain decoding.
 //
+// Structured output (a grammar): drafts come from the masked draft logits, the
+// matcher accepts them while drafting and gives the mask of every target row,
+// verification runs over the masked target rows and rejects the first draft
+// the grammar does not allow (unmasked drafts, speculative_masked_drafts
+// false); the matcher rolls back before the verified tokens are appended
+// (append_token accepts each again).
+//
 // Requests with repetition/frequency/presence penalties or a logit_bias
 // decode one token per step (verification compares drafts against the
 // unmodified logits; penalties change with every emitted token), and so do
@@ -104,6 +111,10 @@ void Engine::append_draft_slots() {
 }
 
 void Engine::drop_drafts(RequestState& request) {
+  if (request.matcher && request.spec.grammar_drafts > 0) {
+    request.matcher->rollback(static_cast<int32_t>(request.spec.grammar_drafts));
+    request.spec.grammar_drafts = 0;
+  }
   if (request.num_draft_tokens == 0) return;
   request.tokens.resize(request.tokens.size() - static_cast<size_t>(request.num_draft_tokens));
   request.num_draft_tokens = 0;
@@ -142,6 +153,16 @@ void Engine::draft_for_plan() {
     draft.uniform = [&request] {
       return sampling_uniform(request.seed ^ kSpeculationSeedSalt, request.spec.draws++);
     };
+    if (request.matcher) {
+      const auto words = static_cast<size_t>(request.matcher->mask_words());
+      request.spec.masks.assign(static_cast<size_t>(request.num_draft_tokens + 1) * words, 0);
+      request.spec.grammar_drafts = 0;
+      if (config_.speculative_masked_drafts) {
+        draft.mask = [this, &request](std::span<const int32_t> drafts) {
+          return draft_mask(request, drafts);
+        };
+      }
+    }
     draft_requests_.push_back(std::move(draft));
   }
   if (draft_requests_.empty()) return;
@@ -153,8 +174,58 @@ void Engine::draft_for_plan() {
     MtpDraftRequest& draft = draft_requests_[next++];
     std::copy(draft.drafts.begin(), draft.drafts.end(), request.tokens.begin() + chunk.start + 1);
     request.spec.q = std::move(draft.q);
+    if (request.matcher) {
+      const std::span<const int32_t> drafts(draft.drafts);
+      if (config_.speculative_masked_drafts) {
+        // The mask of the row after the last draft (the bonus token's).
+        draft_mask(request, drafts);
+      } else {
+        // Unmasked drafts: the automaton takes them until the first it rejects.
+        for (size_t j = 0; j <= drafts.size() && draft_mask(request, drafts.first(j)); ++j) {
+        }
+      }
+    }
   }
 }
+
+const uint32_t* Engine::draft_mask(RequestState& request, std::span<const int32_t> drafts) {
+  SpeculationState& spec = request.spec;
+  grammar::GrammarMatcher& matcher = *request.matcher;
+  const auto j = static_cast<int64_t>(drafts.size());
+  if (j > 0) {
+    // An earlier draft broke the grammar, or this one does: no mask past it.
+    if (spec.grammar_drafts != j - 1 || !matcher.accept_token(drafts.back())) return nullptr;
+    spec.grammar_drafts = j;
+  }
+  const auto words = static_cast<size_t>(matcher.mask_words());
+  uint32_t* mask = spec.masks.data() + static_cast<size_t>(j) * words;
+  matcher.fill_next_token_bitmask(mask);
+  if (std::all_of(mask, mask + words, [](uint32_t w) { return w == 0; })) {
+    // No token fits here. After a draft: that draft broke the grammar. Before
+    // the first: the request fails (fill_grammar_masks sees row 0 empty).
+    if (j > 0) {
+      matcher.rollback(1);
+      spec.grammar_drafts = j - 1;
+    }
+    return nullptr;
+  }
+  return mask;
+}
+
+namespace {
+
+// Masks of the k + 1 verification rows: rows past the first draft the
+// grammar rejects get none (verification stops before them).
+std::vector<const uint32_t*> row_masks(const RequestState& request) {
+  std::vector<const uint32_t*> masks(static_cast<size_t>(request.num_draft_tokens + 1), nullptr);
+  if (!request.matcher) return masks;
+  const auto words = static_cast<size_t>(request.matcher->mask_words());
+  for (int64_t r = 0; r <= request.spec.grammar_drafts; ++r)
+    masks[static_cast<size_t>(r)] = request.spec.masks.data() + static_cast<size_t>(r) * words;
+  return masks;
+}
+
+}  // namespace
 
 void Engine::greedy_verification_argmax(const Tensor& logits) {
   // Rows of greedy verifications through the sampler on the device: the host
@@ -169,11 +240,15 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
   for (const ScheduledChunk& chunk : plan_.chunks) {
     const RequestState& request = *chunk.request;
     const int64_t rows = chunk.logits_rows();
-    if (request.spec.verifying && is_greedy(request.request.sampling)) {
+    if (request.spec.verifying && is_greedy(request.request.sampling) && !grammar_failed(request)) {
+      const std::vector<const uint32_t*> masks = row_masks(request);
+      const size_t words = request.matcher ? static_cast<size_t>(request.matcher->mask_words()) : 0;
       for (int64_t r = 0; r < rows; ++r) {
         SamplingRow sampling_row;
         sampling_row.logits_row = row + r;
         sampling_row.params = &kGreedy;
+        if (const uint32_t* mask = masks[static_cast<size_t>(r)])
+          sampling_row.allowed = {mask, words};
         verify_argmax_rows_.push_back(sampling_row);
       }
     }
@@ -187,8 +262,15 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
 void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
+  // Structured output: the drafts the grammar accepted and the first one it
+  // rejects (if any), which the masked target row gives probability 0, so it
+  // is rejected and the token there is drawn from the residual of that row,
+  // as rejection sampling needs to stay lossless (drawing it from the target
+  // row alone would not be: whether a draft breaks the grammar depends on
+  // the draft). Rows past it are never reached.
+  const int64_t verified = request.matcher ? std::min(spec.grammar_drafts + 1, k) : k;
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
-                                        static_cast<size_t>(k));
+                                        static_cast<size_t>(verified));
   if (logits.device() != Device::CPU && is_greedy(request.request.sampling)) {
     // Greedy on device logits: the argmax rows greedy_verification_argmax made
     // (verifying requests in chunk order, k + 1 rows each).
@@ -199,6 +281,7 @@ void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t f
                     "engine: verification argmax rows out of step");
       argmax.push_back(verify_argmax_[verify_argmax_used_++].token);
     }
+    argmax.resize(static_cast<size_t>(verified + 1));
     spec.result = verify_greedy_argmax(argmax, drafts);
   } else {
     spec.result = verify_on_host(request, logits, first_row, drafts);
@@ -209,7 +292,7 @@ void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t f
 VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
                                     std::span<const int32_t> drafts) {
   SpeculationState& spec = request.spec;
-  const int64_t k = request.num_draft_tokens;
+  const auto verified = static_cast<int64_t>(drafts.size());  // k, or the grammar's valid drafts
   // The k + 1 rows on the host: device logits are copied once per step for
   // every verifying request (verify_logits_host_, reset by collect_outputs).
   if (logits.device() != Device::CPU && !verify_logits_host_.defined()) {
@@ -217,11 +300,16 @@ VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits,
   }
   const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
   std::vector<std::span<const float>> rows;
-  for (int64_t r = 0; r <= k; ++r) rows.push_back(logits_row(host, first_row + r));
+  for (int64_t r = 0; r <= verified; ++r) rows.push_back(logits_row(host, first_row + r));
+  std::vector<const uint32_t*> masks = row_masks(request);
+  masks.resize(static_cast<size_t>(verified + 1));
+  const std::span<const std::vector<float>> q(spec.q.data(), static_cast<size_t>(verified));
   return verify_drafts(
-      request.request.sampling, config_.speculative_sampled_mode, rows, drafts, spec.q, [&request] {
+      request.request.sampling, config_.speculative_sampled_mode, rows, drafts, q,
+      [&request] {
         return sampling_uniform(request.seed ^ kSpeculationSeedSalt, request.spec.draws++);
-      });
+      },
+      masks);
 }
 
 void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t first_row) {
@@ -299,6 +387,12 @@ void Engine::apply_verification(RequestState& request) {
   request.num_draft_tokens = 0;
   spec.verifying = false;
   spec.q.clear();
+  // The matcher accepted the valid drafts while drafting; it takes the
+  // emitted tokens again one by one in append_token.
+  if (request.matcher && spec.grammar_drafts > 0) {
+    request.matcher->rollback(static_cast<int32_t>(spec.grammar_drafts));
+    spec.grammar_drafts = 0;
+  }
   for (const SampleResult& sample : spec.emitted) {
     append_token(request, sample);
     if (request.phase == RequestPhase::Finished) return;

@@ -13,10 +13,22 @@ std::span<const float> row_of(const Tensor& t, int64_t row) {
   return {t.data<float>() + row * width, static_cast<size_t>(width)};
 }
 
+// `logits` with the grammar mask applied (a copy in `scratch`), or as they are.
+std::span<const float> masked(std::span<const float> logits, const uint32_t* mask,
+                              std::vector<float>& scratch) {
+  if (mask == nullptr) return logits;
+  scratch.assign(logits.begin(), logits.end());
+  apply_token_mask({mask, (logits.size() + 31) / 32}, scratch);
+  return scratch;
+}
+
 // One draft from `logits`: argmax when greedy (q stays empty = one-hot),
-// else a draw from q = the sampling transform of the logits.
+// else a draw from q = the sampling transform of the logits; both after the
+// grammar mask of the request's structured output, if any.
 int32_t draft_token(const MtpDraftRequest& request, std::span<const float> logits,
                     std::vector<float>& q) {
+  std::vector<float> scratch;
+  if (request.mask) logits = masked(logits, request.mask(request.drafts), scratch);
   if (is_greedy(*request.params)) {
     q.clear();
     return argmax(logits);
@@ -63,9 +75,10 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
     MEGACTX_CHECK(r.state != nullptr && r.state->row == r.cached - 1 && r.steps >= 1,
                   "MTP drafts: state of row {} for {} cached positions, {} steps",
                   r.state ? r.state->row : -1, r.cached, r.steps);
-    r.drafts.assign(1, 0);
+    r.drafts.clear();
     r.q.assign(1, {});
-    r.drafts[0] = draft_token(r, r.state->logits, r.q[0]);
+    const int32_t first = draft_token(r, r.state->logits, r.q[0]);
+    r.drafts.push_back(first);
     hand[i] = r.state->hand_off;
     max_steps = std::max(max_steps, r.steps);
   }
@@ -100,8 +113,9 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
       const auto h = row_of(out.hand_off, static_cast<int64_t>(o));
       hand[owners[o]].assign(h.begin(), h.end());
       request.q.emplace_back();
-      request.drafts.push_back(
-          draft_token(request, row_of(out.logits, static_cast<int64_t>(o)), request.q.back()));
+      const int32_t draft =
+          draft_token(request, row_of(out.logits, static_cast<int64_t>(o)), request.q.back());
+      request.drafts.push_back(draft);
     }
   }
 }
@@ -109,11 +123,16 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
 VerifyResult verify_drafts(const SamplingParams& params, VerifyMode sampled_mode,
                            std::span<const std::span<const float>> target_logits,
                            std::span<const int32_t> drafts, std::span<const std::vector<float>> q,
-                           const std::function<double()>& uniform) {
-  if (is_greedy(params)) return verify_greedy(target_logits, drafts);
+                           const std::function<double()>& uniform,
+                           std::span<const uint32_t* const> masks) {
+  std::vector<std::vector<float>> scratch(target_logits.size());
+  std::vector<std::span<const float>> rows(target_logits.begin(), target_logits.end());
+  for (size_t i = 0; i < masks.size() && i < rows.size(); ++i)
+    rows[i] = masked(rows[i], masks[i], scratch[i]);
+  if (is_greedy(params)) return verify_greedy(rows, drafts);
   std::vector<std::vector<float>> p;
-  p.reserve(target_logits.size());
-  for (const auto& logits : target_logits) p.push_back(sampling_distribution(params, logits));
+  p.reserve(rows.size());
+  for (const auto& logits : rows) p.push_back(sampling_distribution(params, logits));
   return sampled_mode == VerifyMode::TargetOnly ? verify_target_only(p, drafts, uniform)
                                                 : verify_rejection(p, q, drafts, uniform);
 }

@@ -56,6 +56,11 @@ struct MtpDraftRequest {
   int64_t steps = 0;                     // k >= 1 drafts
   const SamplingParams* params = nullptr;
   std::function<double()> uniform;  // draws for sampled drafts
+  // Structured output: the grammar mask ([vocab / 32] words) for the draft
+  // after `drafts` (called once per draft, in order); null or an empty
+  // function: that draft is unconstrained. Drafts then come from the masked
+  // draft logits, and q is the masked distribution they were drawn from.
+  std::function<const uint32_t*(std::span<const int32_t> drafts)> mask;
   // Out: [k] drafts and, for sampled requests, [k][V] draft distributions q
   // (empty rows for greedy requests: one-hot).
   std::vector<int32_t> drafts;
@@ -69,10 +74,13 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
                     std::span<MtpDraftRequest> requests);
 
 // Verification of `drafts` (q as run_mtp_drafts made them) against k + 1
-// rows of raw target logits.
+// rows of raw target logits. Structured output: masks[i] (empty or null
+// entries: none) is the grammar mask of target row i, applied before the
+// sampling transform (and the argmax of greedy verification).
 VerifyResult verify_drafts(const SamplingParams& params, VerifyMode sampled_mode,
                            std::span<const std::span<const float>> target_logits,
                            std::span<const int32_t> drafts, std::span<const std::vector<float>> q,
-                           const std::function<double()>& uniform);
+                           const std::function<double()>& uniform,
+                           std::span<const uint32_t* const> masks = {});
 
 }  // namespace megactx

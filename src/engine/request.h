@@ -5,12 +5,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace megactx {
+
+namespace grammar {
+class CompiledGrammar;
+}
 
 struct SamplingParams {
   double temperature = 1.0;  // 0 = greedy
@@ -32,6 +37,13 @@ struct SamplingParams {
   // (token id, bias in [-100, 100]), ids distinct. Logprobs stay those of
   // the unmodified logits.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output (null: free text): every generated token is one the
+  // grammar allows next, applied as a mask after penalties and before
+  // temperature; the output ends when the grammar's stop token (a model eos
+  // id) is sampled, so ignore_eos and min_new_tokens cannot come with it.
+  // Compiled by the server over the engine's vocabulary
+  // (EngineApi::grammar_compiler); logprobs stay those of the unmodified logits.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // What is wrong with a request's sampling parameters, if anything: the one

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
+#include "grammar/matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx {
@@ -46,6 +48,13 @@ struct SpeculationState {
   VerifyResult result;                // accepted drafts + one target token
   std::vector<SampleResult> emitted;  // result.tokens with their logprobs
   int64_t sample_index = -1;          // row of Engine::samples_ (plain sampling), else -1
+  // Structured output: [k + 1][mask words] grammar masks of rows
+  // 0..grammar_drafts (before each draft, then after the last valid one),
+  // made while drafting; the matcher holds grammar_drafts accepted drafts
+  // until apply_verification rolls them back. The draft after grammar_drafts
+  // broke the grammar (it is rejected; later ones are never reached).
+  std::vector<uint32_t> masks;
+  int64_t grammar_drafts = 0;
 };
 
 struct RequestState {
@@ -87,6 +96,10 @@ struct RequestState {
   bool input_logprobs_done = false;
   std::vector<TokenLogprob> input_logprobs;  // collected over prefill chunks
   SpeculationState spec;
+  // Structured output (sampling.grammar): the automaton state of the output so
+  // far and the mask of the next token (plain decoding).
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  std::vector<uint32_t> grammar_mask;
   RequestUpdate update;  // what this step produced
   bool has_update = false;
 

@@ -9,6 +9,9 @@
 //    positive, * p otherwise), frequency (minus f times
 //    the count in the output), presence (minus p once for tokens in the output);
 //  * while fewer than min_new_tokens were generated, eos and stop ids are masked;
+//  * a structured-output row's grammar mask (SamplingRow::allowed) sets every
+//    token it leaves out to -inf, after the penalties, so greedy, top-k/p and
+//    min-p all act on the allowed tokens only;
 //  * temperature < 1e-5 or top_k == 1: greedy (argmax, lowest id on ties);
 //    top_k -1 or 0 means no top-k (vLLM accepts both);
 //  * otherwise softmax(logits / T), then top_k, then top_p over the
@@ -47,6 +50,10 @@ struct SamplingRow {
   std::span<const int32_t> prompt_tokens;
   // Ids masked while min_new_tokens is not reached (eos + stop ids); empty otherwise.
   std::span<const int32_t> masked_tokens;
+  // Structured output: [ceil(vocab / 32)] words, bit i % 32 of word i / 32 set
+  // when token i may come next (grammar::GrammarMatcher's bitmask); empty:
+  // every token. At least one allowed token.
+  std::span<const uint32_t> allowed;
   uint64_t seed = 0;
   uint64_t draw_index = 0;  // number of tokens the request generated before this one
   bool want_logprob = false;

@@ -45,6 +45,18 @@ std::optional<SamplingProblem> check_sampling(const SamplingParams& s, int64_t v
           "logit_bias",
           fmt::format("logit_bias of token {} must be in [-100, 100], got {}", id, bias));
   }
+  if (s.grammar) {
+    // The grammar ends the output with its stop token: an output that ignores
+    // eos, or must run past where the grammar may end, would break it.
+    if (s.ignore_eos)
+      return problem("ignore_eos",
+                     "ignore_eos cannot be combined with structured output (the grammar ends the "
+                     "output with the end-of-sequence token)");
+    if (s.min_new_tokens > 0)
+      return problem("min_new_tokens",
+                     "min_new_tokens cannot be combined with structured output (the grammar "
+                     "decides where the output ends)");
+  }
   return std::nullopt;
 }
 

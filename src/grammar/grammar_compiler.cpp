@@ -110,6 +110,14 @@ GrammarCompiler::Result GrammarCompiler::compile_ebnf(std::string_view text,
   });
 }
 
+GrammarCompiler::Result GrammarCompiler::compile_built(std::string_view key, const Builder& build) {
+  return cached("built\n" + std::string(key), [&]() {
+    Grammar grammar;
+    build(grammar, *vocabulary_);
+    return compile_grammar(grammar, vocabulary_, options_);
+  });
+}
+
 GrammarCompiler::CacheStats GrammarCompiler::cache_stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return {hits_, misses_, cache_.size()};

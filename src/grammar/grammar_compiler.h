@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <list>
 #include <memory>
@@ -50,6 +51,12 @@ class GrammarCompiler {
   // GBNF (see ebnf_parser.h); <token> references resolve against the vocabulary.
   std::shared_ptr<const CompiledGrammar> compile_ebnf(std::string_view text,
                                                       std::string_view root_rule = "root");
+
+  // A grammar the caller lowers into the IR itself (a chat model's output
+  // format around a schema, tool calls in a model's markup), cached under
+  // `key`, which must name everything `build` reads. `build` sets the root.
+  using Builder = std::function<void(Grammar& grammar, const Vocabulary& vocabulary)>;
+  std::shared_ptr<const CompiledGrammar> compile_built(std::string_view key, const Builder& build);
 
   const Vocabulary& vocabulary() const { return *vocabulary_; }
   const std::shared_ptr<const Vocabulary>& vocabulary_ptr() const { return vocabulary_; }

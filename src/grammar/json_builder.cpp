@@ -60,7 +60,10 @@ ExprId JsonBuilder::key_separator() {
 
 ExprId JsonBuilder::string_char() {
   if (string_char_ >= 0) return string_char_;
-  const ExprId literal = g_.code_points({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}});
+  const ExprId literal =
+      options_.escape_less_than
+          ? g_.code_points({{0x20, 0x21}, {0x23, 0x3B}, {0x3D, 0x5B}, {0x5D, 0x10FFFF}})
+          : g_.code_points({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}});
   const ExprId hex = g_.bytes({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
   const ExprId escape =
       g_.seq({g_.byte('\\'), g_.alt({g_.bytes({{'"', '"'},
@@ -85,9 +88,13 @@ ExprId JsonBuilder::canonical_chars(const std::vector<CodeRange>& input) {
     return false;
   };
   std::vector<CodeRange> literal;
+  // Quote, backslash and controls are written escaped (and '<' with escape_less_than).
+  const std::vector<CodeRange> unescaped =
+      options_.escape_less_than
+          ? std::vector<CodeRange>{{0x20, 0x21}, {0x23, 0x3B}, {0x3D, 0x5B}, {0x5D, 0x10FFFF}}
+          : std::vector<CodeRange>{{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
   for (const CodeRange& r : ranges) {
-    // Quote, backslash and controls are written escaped.
-    for (CodeRange part : std::vector<CodeRange>{{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}}) {
+    for (CodeRange part : unescaped) {
       const uint32_t lo = std::max(part.lo, r.lo);
       const uint32_t hi = std::min(part.hi, r.hi);
       if (lo <= hi) literal.push_back({lo, hi});
@@ -120,6 +127,7 @@ ExprId JsonBuilder::canonical_chars(const std::vector<CodeRange>& input) {
       }
     }
   }
+  if (options_.escape_less_than && contains('<')) options.push_back(g_.literal("\\u003c"));
   if (contains('"')) options.push_back(g_.literal("\\\""));
   if (contains('\\')) options.push_back(g_.literal("\\\\"));
   return g_.alt(std::move(options));
@@ -127,7 +135,12 @@ ExprId JsonBuilder::canonical_chars(const std::vector<CodeRange>& input) {
 
 ExprId JsonBuilder::string_literal(std::string_view text) {
   // nlohmann's serializer writes exactly the canonical escapes.
-  return g_.literal(nlohmann::json(std::string(text)).dump());
+  std::string quoted = nlohmann::json(std::string(text)).dump();
+  if (options_.escape_less_than) {
+    for (size_t at = quoted.find('<'); at != std::string::npos; at = quoted.find('<', at))
+      quoted.replace(at, 1, "\\u003c");
+  }
+  return g_.literal(quoted);
 }
 
 ExprId JsonBuilder::string_not_in(const std::vector<std::string>& keys) {

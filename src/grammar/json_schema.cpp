@@ -714,10 +714,11 @@ class SchemaLowering {
 std::string JsonSchemaOptions::cache_key() const {
   return fmt::format(
       "strict={} ws={} max_ws={} sep={}|{} any_order={} draft={} depth={} "
-      "nfa={} dfa={}",
+      "nfa={} dfa={} one_of={} unknown={} lt={}",
       strict, any_whitespace, max_whitespace, nlohmann::json(item_separator).dump(),
       nlohmann::json(key_separator).dump(), any_property_order, static_cast<int>(draft),
-      max_schema_depth, limits.max_nfa_nodes, limits.max_dfa_states);
+      max_schema_depth, limits.max_nfa_nodes, limits.max_dfa_states, exact_one_of,
+      allow_unknown_keywords, escape_less_than);
 }
 
 void lower_json_schema(Grammar& grammar, const Json& schema, const JsonSchemaOptions& options) {

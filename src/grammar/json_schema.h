@@ -59,6 +59,10 @@ struct JsonSchemaOptions {
   // Keywords outside JSON Schema are errors (a typo is never ignored);
   // true ignores them as the specification does.
   bool allow_unknown_keywords = false;
+  // '<' inside strings only as the escape \u003c, so the JSON text never holds
+  // a '<' (a chat model's output parser looks for markup such as <tool_call>
+  // in the text; JSON around it must not look like markup).
+  bool escape_less_than = false;
   int32_t max_schema_depth = 128;  // nested subschemas, a bound on recursion
   FsmLimits limits;
 

@@ -2,7 +2,8 @@
 // GenerateReqInput, entrypoints/http_server.py): `text` or `input_ids`, single
 // or batch; per-item `sampling_params`, `rid`, `return_logprob`,
 // `logprob_start_len`, `top_logprobs_num`; `stream` sends SSE chunks whose
-// `text` and `output_ids` are cumulative, then "data: [DONE]".
+// `text` and `output_ids` are cumulative, then "data: [DONE]". Structured
+// output: sampling_params.json_schema / regex / ebnf (structured_output.h).
 #include <chrono>
 #include <mutex>
 
@@ -16,6 +17,7 @@
 #include "server/request_group.h"
 #include "server/sampling_json.h"
 #include "server/sse.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {
@@ -229,10 +231,12 @@ void handle_generate(ServerState& state, const HttpRequest& request,
     GenerateItem& item = job->items[i];
     GenerationRequest& generation = item.request;
     generation.input_ids = std::move(prompts[i]);
-    if (auto* params = item_field(body, "sampling_params", i, count, batch))
+    if (auto* params = item_field(body, "sampling_params", i, count, batch)) {
       generation.sampling = parse_sglang_sampling(*params, state.config().default_sampling);
-    else
+      generation.sampling.grammar = sglang_grammar(state.engine(), *params);
+    } else {
       generation.sampling = state.config().default_sampling;
+    }
     if (auto* rid = item_field(body, "rid", i, count, batch)) {
       if (!rid->is_string()) throw_invalid("rid", "'rid' must be a string (or a list of strings)");
       generation.rid = rid->get<std::string>();

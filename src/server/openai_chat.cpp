@@ -3,6 +3,8 @@
 // into content, reasoning_content and tool_calls — whole, or as streamed
 // deltas: a role chunk, content/reasoning/tool-call deltas, a finish chunk
 // per choice, a usage chunk when stream_options.include_usage, then [DONE].
+// response_format and tool_choice required / named (and strict tools)
+// constrain the output with a grammar (structured_output.h).
 #include <memory>
 
 #include "chat/chat_template.h"
@@ -21,6 +23,7 @@
 #include "server/request_fields.h"
 #include "server/sampling_json.h"
 #include "server/sse.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {
@@ -140,12 +143,13 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   nlohmann::json body = parse_request_json(request.body);
   check_model_name(state, body);
   const ChatPrompt rendered = render_chat_prompt(state.chat(), body, request.body);
-  if (has_field(body, "response_format")) {
-    const auto& format = body["response_format"];
-    if (!format.is_object() || string_or_empty(format, "type") != "text")
-      throw_invalid("response_format", "only response_format {\"type\": \"text\"} is supported");
-  }
   const std::string& prompt = rendered.text;
+  // response_format, tool_choice required / named and strict tools, in the
+  // model's own format; the keys in the client's order (schemas keep their
+  // property order).
+  const std::shared_ptr<const grammar::CompiledGrammar> grammar =
+      chat_grammar(state.engine(), parse_ordered_json(request.body), prompt, rendered.tools,
+                   state.chat().tool_call_format);
   const nlohmann::json& tools = rendered.tools;
   const Tokenizer& tokenizer = state.engine().tokenizer();
   std::vector<int32_t> ids = tokenizer.encode(prompt, false);
@@ -168,11 +172,16 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
                                            {"messages", "max_tokens"});
   if (max_new == 0) throw_invalid("max_tokens", "'max_tokens' must be at least 1");
   sampling.params.max_new_tokens = max_new;
+  sampling.params.grammar = grammar;
   check_sampling_request(sampling.params, tokenizer.vocab_size(), /*openai_names=*/true);
 
   job->parser_options.format = state.chat().tool_call_format;
   job->parser_options.tools = tools;
-  job->parser_options.parse_tool_calls = !tools.empty();
+  // Markup is always parsed: a call of a function the request did not offer
+  // (or markup that does not parse) reaches content without its markup.
+  job->parser_options.parse_tool_calls = true;
+  job->parser_options.known_tools_only = true;
+  job->parser_options.strip_unparsed_markup = true;
   if (auto parallel = get_bool(body, "parallel_tool_calls"); parallel && !*parallel)
     job->parser_options.max_tool_calls = 1;
   job->parser_options.parse_reasoning = true;

@@ -86,10 +86,6 @@ SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
   if (sampling_params.is_null()) return params;
   if (!sampling_params.is_object())
     throw_invalid("sampling_params", "'sampling_params' must be an object");
-  for (const char* constrained : {"regex", "json_schema", "ebnf", "structural_tag"})
-    if (has_field(sampling_params, constrained))
-      throw_invalid(constrained, std::string("constrained decoding ('") + constrained +
-                                     "') is not supported by megactx");
   parse_common(sampling_params, params);
   if (auto value = get_integer(sampling_params, "max_new_tokens")) params.max_new_tokens = *value;
   if (auto value = get_integer(sampling_params, "min_new_tokens")) params.min_new_tokens = *value;

@@ -22,8 +22,8 @@ struct OpenAiSampling {
 OpenAiSampling parse_openai_sampling(const nlohmann::json& body, const SamplingParams& defaults);
 
 // SGLang's defaults: max_new_tokens 128, temperature 1. Throws ApiError 400 on
-// wrong types and constrained decoding (regex, json_schema, ebnf), which
-// megactx does not do yet.
+// wrong types. Structured output (json_schema, regex, ebnf) is read by
+// structured_output.h's sglang_grammar.
 SamplingParams parse_sglang_sampling(const nlohmann::json& sampling_params,
                                      const SamplingParams& defaults);
 

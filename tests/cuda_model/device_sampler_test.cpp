@@ -74,7 +74,7 @@ TEST(DeviceSampler, SameTokensAndLogprobsAsCpuSampler) {
   MEGACTX_CUDA_CHECK(cudaMemcpy(d_rows, device_rows.data(),
                                 device_rows.size() * sizeof(cuda::SampleRowParams),
                                 cudaMemcpyHostToDevice));
-  cuda::sample_rows(d_logits, vocab, d_rows, rows, d_out, nullptr);
+  cuda::sample_rows(d_logits, vocab, d_rows, rows, nullptr, d_out, nullptr);
   std::vector<cuda::SampleOut> got(static_cast<size_t>(rows));
   MEGACTX_CUDA_CHECK(
       cudaMemcpy(got.data(), d_out, got.size() * sizeof(cuda::SampleOut), cudaMemcpyDeviceToHost));

@@ -188,6 +188,50 @@ TEST(Sampler, MaskedTokensCannotBeSampled) {
   EXPECT_EQ(results[0].token, 1);
 }
 
+TEST(Sampler, AGrammarMaskLeavesOnlyItsTokensAndRenormalizesOverThem) {
+  // 40 logits (two mask words); the mask allows ids 1, 3 and 33.
+  const int64_t vocab = 40;
+  std::vector<uint32_t> allowed = {(1u << 1) | (1u << 3), 1u << 1};
+  Tensor logits = Tensor::zeros({1, vocab});
+  float* x = logits.data<float>();
+  x[0] = 9.0f;  // the unmasked argmax, left out
+  x[1] = std::log(0.2f);
+  x[3] = std::log(0.5f);
+  x[33] = std::log(0.3f);
+  SamplingParams greedy = params(0.0);
+  SamplingRow row;
+  row.params = &greedy;
+  row.allowed = allowed;
+  row.want_logprob = true;
+  CpuSampler sampler;
+  std::vector<SampleResult> results(1);
+  sampler.sample(logits, {&row, 1}, results);
+  EXPECT_EQ(results[0].token, 3);
+  double z = 0;
+  for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(x[i]));
+  EXPECT_NEAR(results[0].logprob, std::log(0.5) - std::log(z), 1e-5);  // unmodified logits
+  // The masked distribution: the allowed tokens' probabilities renormalised.
+  std::vector<float> masked(x, x + vocab);
+  apply_token_mask(allowed, masked);
+  std::vector<double> expected(static_cast<size_t>(vocab), 0.0);
+  expected[1] = 0.2;
+  expected[3] = 0.5;
+  expected[33] = 0.3;
+  expect_probs(sampling_distribution(params(1.0), masked), expected);
+  // Draws follow it (seeded, so the test is deterministic).
+  SamplingParams sampled = params(1.0);
+  row.params = &sampled;
+  std::map<int32_t, int> counts;
+  for (uint64_t seed = 0; seed < 3000; ++seed) {
+    row.seed = seed;
+    sampler.sample(logits, {&row, 1}, results);
+    ++counts[results[0].token];
+  }
+  EXPECT_EQ(counts.size(), 3u);
+  EXPECT_NEAR(counts[3] / 3000.0, 0.5, 0.05);
+  EXPECT_NEAR(counts[33] / 3000.0, 0.3, 0.05);
+}
+
 TEST(Sampler, GreedyTakesTheLowestIdOnTies) {
   SamplingParams p = params(0.0);
   SamplingRow row;

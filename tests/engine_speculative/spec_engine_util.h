@@ -42,7 +42,8 @@ struct SpecEngineOptions {
   int64_t steps = 0;  // speculative_steps
   bool share = true;
   VerifyMode sampled_mode = VerifyMode::RejectionSampling;
-  int64_t pages = 64;  // KV budget in pages
+  bool masked_drafts = true;  // structured output: drafts from the masked draft logits
+  int64_t pages = 64;         // KV budget in pages
   int64_t max_prefill_tokens = 4096;
   int64_t max_running_requests = 64;
   bool prefix_cache = true;
@@ -72,6 +73,7 @@ class SpecEngine {
     config.speculative_steps = options.steps;
     config.speculative_share = options.share;
     config.speculative_sampled_mode = options.sampled_mode;
+    config.speculative_masked_drafts = options.masked_drafts;
     config.model_dir = dir;
     // Same page count with and without the MTP layer's pools.
     const KvCapacityPlan one = plan_kv_capacity(model->config(), options.kv_dtype, int64_t{1} << 30,

@@ -257,6 +257,42 @@ TEST(OutputParser, GlmMalformedKeptAsText) {
   EXPECT_EQ(m.content, "\n<tool_call></tool_call>");
 }
 
+TEST(OutputParser, UnparsedBlocksLoseTheirMarkupWhenAsked) {
+  // The chat API: only the request's tools are calls, and whatever is not a
+  // call reaches content without tool-call markup (never raw markup).
+  OutputParserOptions options = glm_options();
+  options.known_tools_only = true;
+  options.strip_unparsed_markup = true;
+  std::string text =
+      "Sure.\n<tool_call>launch_rockets\n<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n</"
+      "tool_call>";
+  auto m = parse_everywhere(text, options);
+  EXPECT_EQ(m.content, "Sure.\nlaunch_rockets\nn\n3\n");
+  EXPECT_TRUE(m.tool_calls.empty());
+  // Cut off by max_tokens.
+  m = parse_everywhere("Checking. <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par",
+                       options);
+  EXPECT_EQ(m.content, "Checking. get_weather\ncity\nPar");
+  // A known tool still is a call.
+  m = parse_everywhere("<tool_call>get_time\n</tool_call>", options);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  // No tools offered (tool_choice none): no call at all.
+  options.tools = json::array();
+  m = parse_everywhere("<tool_call>get_time\n</tool_call>", options);
+  EXPECT_TRUE(m.tool_calls.empty());
+  EXPECT_EQ(m.content, "get_time\n");
+  // DSML: every tag goes, attributes included.
+  OutputParserOptions dsml = dsml_options();
+  dsml.known_tools_only = true;
+  dsml.strip_unparsed_markup = true;
+  text = "</think>" + kDsml + "function_calls>\n" + kDsml + "invoke name=\"nope\">\n" + kDsml +
+         "parameter name=\"x\" string=\"true\">1" + kDsmlClose + "parameter>\n" + kDsmlClose +
+         "invoke>\n" + kDsmlClose + "function_calls>";
+  m = parse_everywhere(text, dsml);
+  EXPECT_EQ(m.content, "\n\n1\n\n");
+  EXPECT_TRUE(m.tool_calls.empty());
+}
+
 TEST(OutputParser, ToolParsingOff) {
   OutputParserOptions options = glm_options();
   options.parse_tool_calls = false;

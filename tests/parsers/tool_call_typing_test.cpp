@@ -31,6 +31,11 @@ TEST(ToolCallTyping, BySchemaType) {
   EXPECT_EQ(type_value(&any_of, "7"), json(7));
   EXPECT_EQ(type_value(&any_of, "seven"), json("seven"));
   EXPECT_EQ(type_value(&any_of, "\"7\""), json("\"7\""));
+  // With strings allowed, JSON of a type the schema does not allow stays text.
+  EXPECT_EQ(type_value(&any_of, "2.5"), json("2.5"));
+  const json string_or_null = {{"type", json::array({"string", "null"})}};
+  EXPECT_EQ(type_value(&string_or_null, "42"), json("42"));
+  EXPECT_EQ(type_value(&string_or_null, "null"), json(nullptr));
   const json string_enum = {{"enum", json::array({"1", "2"})}};
   EXPECT_EQ(type_value(&string_enum, "1"), json("1"));
   // No schema: JSON values as such, other text as text.
@@ -59,6 +64,26 @@ TEST(ToolCallTyping, SchemasFromOpenAiTools) {
   EXPECT_TRUE(acceptable_name(none, "anything_goes"));
   EXPECT_FALSE(acceptable_name(none, "two words"));
   EXPECT_FALSE(acceptable_name(none, ""));
+}
+
+TEST(ToolCallTyping, ValueFormsAndLocalReferences) {
+  const json parameters = json::parse(R"({"type": "object", "properties": {
+      "a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": ["string", "null"]},
+      "d": {}, "e": {"$ref": "#/$defs/unit"}, "f": {"const": "x"}, "g": {"$ref": "#/nope"}},
+    "$defs": {"unit": {"enum": ["c", "f"]}}})");
+  const json& p = parameters["properties"];
+  EXPECT_EQ(value_form(&p["a"]), ValueForm::Text);
+  EXPECT_EQ(value_form(&p["b"]), ValueForm::Json);
+  EXPECT_EQ(value_form(&p["c"]), ValueForm::Mixed);
+  EXPECT_EQ(value_form(&p["d"]), ValueForm::Mixed);
+  EXPECT_EQ(value_form(&p["f"]), ValueForm::Text);
+  const json* unit = resolve_local_ref(parameters, p["e"]);
+  ASSERT_NE(unit, nullptr);
+  EXPECT_EQ(value_form(unit), ValueForm::Text);
+  EXPECT_EQ(resolve_local_ref(parameters, p["g"]), nullptr);
+  // The parser reads a referenced parameter by its target's types.
+  const ToolSchemas schemas(json::array({{{"name", "t"}, {"parameters", parameters}}}));
+  EXPECT_EQ(type_value(schemas.property("t", "e"), "1"), json("1"));
 }
 
 TEST(ToolCallTyping, ArgumentPieces) {

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "engine/engine_api.h"
+#include "grammar/grammar_compiler.h"
 #include "io/model_config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -179,6 +180,16 @@ class FakeEngine : public EngineApi {
   const Tokenizer& tokenizer() const override { return tokenizer_; }
   const ModelConfig& model_config() const override { return config_; }
   int64_t max_context_tokens() const override { return context_tokens.load(); }
+  // Structured output over the byte vocabulary, <eos> the stop token. The
+  // fake engine does not apply the grammar; tests check what the server
+  // compiled (submitted()[i].sampling.grammar) against the script.
+  grammar::GrammarCompiler* grammar_compiler() override {
+    std::call_once(grammar_once_, [this] {
+      compiler_ = std::make_unique<grammar::GrammarCompiler>(
+          grammar::Vocabulary::from_tokenizer(tokenizer_, {ByteTokenizer::kEos}));
+    });
+    return compiler_.get();
+  }
 
   std::vector<GenerationRequest> submitted() {
     std::lock_guard lock(mutex_);
@@ -200,6 +211,9 @@ class FakeEngine : public EngineApi {
   std::atomic<int> flushes{0};
 
  private:
+  std::once_flag grammar_once_;
+  std::unique_ptr<grammar::GrammarCompiler> compiler_;
+
   struct Live {
     GenerationRequest request;
     UpdateCallback callback;

@@ -245,7 +245,7 @@ TEST(NativeGenerate, InvalidRequestsAre400WithParam) {
       {{{"input_ids", {1}}, {"sampling_params", {{"temperature", "hot"}}}}, "temperature"},
       {{{"input_ids", {1}}, {"sampling_params", {{"top_p", 0}}}}, "top_p"},
       {{{"input_ids", {1}}, {"sampling_params", {{"max_new_tokens", -1}}}}, "max_new_tokens"},
-      {{{"input_ids", {1}}, {"sampling_params", {{"regex", "a+"}}}}, "regex"},
+      {{{"input_ids", {1}}, {"sampling_params", {{"regex", "a("}}}}, "regex"},
       {{{"input_ids", {1}}, {"sampling_params", {{"stop", {1}}}}}, "stop"},
       {{{"input_ids", {1}}, {"return_logprob", "yes"}}, "return_logprob"},
       {{{"input_ids", {1}}, {"logprob_start_len", 5}}, "logprob_start_len"},

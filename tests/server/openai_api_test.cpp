@@ -187,7 +187,11 @@ TEST(Chat, ToolCallsAndToolChoice) {
   r = f.call("POST", "/v1/chat/completions", request);
   EXPECT_EQ(f.engine.submitted().at(1).input_ids,
             bytes_of("<|user|>weather?<|assistant|><think></think>"));
-  EXPECT_EQ(r->json()["choices"][0]["message"]["content"], kToolCallText);
+  // A call the request did not offer never reaches content as markup: its text stays.
+  EXPECT_EQ(r->json()["choices"][0]["message"]["content"],
+            "get_weather\ncity\nParis\ndays\n3\n");
+  EXPECT_TRUE(r->json()["choices"][0]["message"]["tool_calls"].is_null() ||
+              r->json()["choices"][0]["message"]["tool_calls"].empty());
   EXPECT_EQ(r->json()["choices"][0]["finish_reason"], "stop");
 
   request["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};

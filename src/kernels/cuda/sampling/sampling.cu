@@ -93,9 +93,15 @@ __device__ long long block_prefix(long long count, long long& total, Shared& s) 
 
 struct Row {
   const float* logits;
-  int64_t begin, end;  // this thread's ids
-  float max_logit, inv_t;
-  __device__ float prob(int64_t i) const { return expf((logits[i] - max_logit) * inv_t); }
+  const uint32_t* mask;    // null: every token allowed
+  int64_t begin, end;      // this thread's ids
+  float max_logit, inv_t;  // max_logit: of the allowed tokens
+  __device__ bool allowed(int64_t i) const {
+    return mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0;
+  }
+  __device__ float prob(int64_t i) const {
+    return allowed(i) ? expf((logits[i] - max_logit) * inv_t) : 0.0f;
+  }
   __device__ uint32_t bits(int64_t i) const { return __float_as_uint(prob(i)); }
 };
 
@@ -128,12 +134,13 @@ __device__ int64_t mth_tie(const Row& r, uint32_t b, const Cut& cut, long long m
 }
 
 __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows,
-                              SampleOut* outs) {
+                              const uint32_t* masks, SampleOut* outs) {
   __shared__ Shared s;
   const SampleRowParams p = rows[blockIdx.x];
   SampleOut& out = outs[blockIdx.x];
   Row r;
   r.logits = logits + p.logits_row * vocab;
+  r.mask = p.mask_offset >= 0 ? masks + p.mask_offset : nullptr;
   const int64_t chunk = (vocab + kBlock - 1) / kBlock;
   const int64_t first = static_cast<int64_t>(threadIdx.x) * chunk;
   r.begin = first < vocab ? first : vocab;
@@ -149,12 +156,28 @@ __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRo
     }
   }
   block_best(best_v, best_i, s);
-  r.max_logit = best_v;
   double local = 0.0;
   for (int64_t i = r.begin; i < r.end; ++i) local += exp(static_cast<double>(r.logits[i]) - best_v);
   const double log_z = best_v + log(block_sum(local, s));
 
-  int32_t token = best_i;
+  // The best allowed token: the greedy pick, and the scale of the
+  // probabilities (the CPU's max over the masked logits).
+  float top_v = best_v;
+  int32_t top_i = best_i;
+  if (r.mask != nullptr) {
+    top_v = -FLT_MAX;
+    top_i = INT32_MAX;
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      if (r.allowed(i) && better(r.logits[i], static_cast<int32_t>(i), top_v, top_i)) {
+        top_v = r.logits[i];
+        top_i = static_cast<int32_t>(i);
+      }
+    }
+    block_best(top_v, top_i, s);
+  }
+  r.max_logit = top_v;
+
+  int32_t token = top_i;
   const bool greedy = p.temperature < 1e-5f || p.top_k == 1;
   if (!greedy) {
     r.inv_t = static_cast<float>(1.0 / p.temperature);
@@ -231,7 +254,7 @@ __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRo
     __shared__ int32_t chosen, last_kept;
     if (threadIdx.x == 0) {
       chosen = -1;
-      last_kept = best_i;
+      last_kept = top_i;
     }
     __syncthreads();
     double cumulative = before;
@@ -284,9 +307,10 @@ __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRo
 }  // namespace
 
 void sample_rows(const float* logits, int64_t vocab, const SampleRowParams* rows, int64_t count,
-                 SampleOut* out, cudaStream_t stream) {
+                 const uint32_t* masks, SampleOut* out, cudaStream_t stream) {
   if (count == 0) return;
-  sample_kernel<<<static_cast<unsigned>(count), kBlock, 0, stream>>>(logits, vocab, rows, out);
+  sample_kernel<<<static_cast<unsigned>(count), kBlock, 0, stream>>>(logits, vocab, rows, masks,
+                                                                     out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
