@@ -1,5 +1,6 @@
 // The MTP speculative decoding options `serve` and `generate` share:
-//   --speculative-steps K (0: off, 1..7) [--speculative-no-share]
+//   --speculative-steps K (0: off, 1..7) [--speculative-disable-batch-size N]
+//   [--speculative-no-share]
 //   [--spec-verify rejection|target-only]
 #pragma once
 
@@ -15,6 +16,7 @@ namespace megactx::cli {
 
 struct SpeculativeCliOptions {
   int64_t steps = 0;
+  int64_t disable_batch_size = 0;
   bool no_share = false;  // draft steps without IndexShare/KVShare (ablation)
   std::string verify = "rejection";
 };
@@ -23,6 +25,13 @@ inline void add_speculative_options(CLI::App& command, SpeculativeCliOptions& op
   command
       .add_option("--speculative-steps", options.steps,
                   "MTP draft tokens per verification (0: off, 1..7)")
+      ->capture_default_str();
+  command
+      .add_option("--speculative-disable-batch-size", options.disable_batch_size,
+                  "no drafts in a step that decodes at least this many requests (0: always "
+                  "draft): where the target's decode is cheap per token, a verification "
+                  "costs more than it saves")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   command.add_flag("--speculative-no-share,--no-mtp-share", options.no_share,
                    "MTP draft steps without IndexShare/KVShare (ablation)");
@@ -37,6 +46,7 @@ inline void add_speculative_options(CLI::App& command, SpeculativeCliOptions& op
 inline void apply_speculative_options(const SpeculativeCliOptions& options, EngineConfig& engine) {
   engine.speculative_steps = options.steps;
   engine.speculative_share = !options.no_share;
+  engine.speculative_disable_batch_size = options.disable_batch_size;
   engine.speculative_sampled_mode = parse_verify_mode(options.verify);
 }
 

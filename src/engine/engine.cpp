@@ -704,6 +704,7 @@ void Engine::update_stats() {
   stats.preemptions = scheduler_->num_preemptions();
   stats.spec_accepted_tokens = spec_accepted_total_;
   stats.spec_verify_steps = spec_verify_total_;
+  stats.spec_off_steps = spec_off_steps_;
   std::lock_guard lock(stats_mutex_);
   stats_ = stats;
 }

@@ -160,6 +160,8 @@ class Engine : public EngineApi {
   void emit_verified(RequestState& request, const Tensor& logits, int64_t first_row);
   // MTP step 0 over every chunk's rows whose next token is known.
   void refill_mtp(const Tensor& hidden_states);
+  // Whether the refill makes the request's next greedy drafts right away.
+  bool greedy_drafts_on_refill(const RequestState& request) const;
   // Rolls back the rejected drafts and emits the accepted ones + 1.
   void apply_verification(RequestState& request);
   void update_stats();
@@ -211,6 +213,7 @@ class Engine : public EngineApi {
   std::vector<SampleResult> verify_argmax_;      // their argmax, in row order
   size_t verify_argmax_used_ = 0;
   int64_t spec_accepted_total_ = 0;
+  int64_t spec_off_steps_ = 0;  // steps speculative_disable_batch_size ran without drafts
   int64_t spec_verify_total_ = 0;
   // Weight updates and released memory (engine_control.cpp).
   std::shared_ptr<const Checkpoint> weights_base_;

@@ -29,6 +29,11 @@ struct EngineConfig {
   // steps append 1 + k tokens per request and roll back; the scheduler
   // reserves pages for them.
   int64_t speculative_steps = 0;
+  // Speculation per batch: a step that decodes at least this many requests
+  // runs without drafts (0: never off); the MTP layer keeps refilling, so the
+  // next smaller batch speculates again. EngineStats::spec_off_steps counts
+  // the steps it turned off.
+  int64_t speculative_disable_batch_size = 0;
   // IndexShare + KVShare across draft steps (false: the ablation).
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).

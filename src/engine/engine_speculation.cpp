@@ -101,8 +101,18 @@ int64_t Engine::draft_count(const RequestState& request) const {
 }
 
 void Engine::append_draft_slots() {
+  bool off = false;
+  if (config_.speculative_disable_batch_size > 0) {
+    int64_t decoding = 0;
+    for (const RequestState* request : scheduler_->running())
+      decoding += request->phase == RequestPhase::Running &&
+                  request->num_computed == static_cast<int64_t>(request->tokens.size()) - 1;
+    off = decoding >= config_.speculative_disable_batch_size;
+    if (off) ++spec_off_steps_;
+  }
   for (RequestState* request : scheduler_->running()) {
     request->spec.verifying = false;
+    if (off) continue;
     const int64_t k = draft_count(*request);
     if (k == 0) continue;
     request->tokens.insert(request->tokens.end(), static_cast<size_t>(k), request->tokens.back());
@@ -349,23 +359,49 @@ void Engine::refill_mtp(const Tensor& hidden_states) {
     const auto known = [&](int64_t from, int64_t to) {
       tokens.assign(request.tokens.begin() + from, request.tokens.begin() + to);
     };
+    int64_t output_row = -1;
+    bool drafts_follow = false;  // the state's row is the next step's draft row
     if (request.spec.verifying) {
       tokens = request.spec.result.tokens;  // rows m..m+a read d_1..d_a, x'
+      drafts_follow = true;
+      if (mtp_->prefers_uniform_rows()) {
+        // Rows m+a+1..m+k as placeholders (their hidden states exist), so
+        // every verification refills k + 1 rows.
+        output_row = static_cast<int64_t>(tokens.size()) - 1;
+        tokens.resize(static_cast<size_t>(chunk.count), tokens.back());
+      }
     } else if (request.spec.sample_index >= 0) {
       known(chunk.start + 1, end);
       tokens.push_back(samples_[static_cast<size_t>(request.spec.sample_index)].token);
+      drafts_follow = true;
     } else if (end < static_cast<int64_t>(request.tokens.size())) {
       known(chunk.start + 1, end + 1);  // a prefill chunk: the next token is in the prompt
     } else {
       known(chunk.start + 1, end);  // nothing follows the last row (scoring)
     }
     if (!tokens.empty()) {
-      refills.push_back(MtpRefill{&request.spec.draft, chunk.start, request.page_table, tokens,
-                                  hidden_states.data<float>() + hidden_row * H});
+      MtpRefill refill{&request.spec.draft, chunk.start, request.page_table, tokens,
+                       hidden_states.data<float>() + hidden_row * H};
+      refill.output_row = output_row;
+      if (drafts_follow && greedy_drafts_on_refill(request)) {
+        refill.greedy_drafts = config_.speculative_steps;
+        refill.want_logits = false;
+      }
+      refills.push_back(refill);
     }
     hidden_row += chunk.count;
   }
   run_mtp_refill(*mtp_, *cache_, refills);
+}
+
+bool Engine::greedy_drafts_on_refill(const RequestState& request) const {
+  // Drafts that depend on nothing but the refill's state: greedy, no grammar
+  // mask (it depends on the drafts before), IndexShare + KVShare (draft rows
+  // write no cache entry, so they need no pages of the next step), and a
+  // request that may speculate at all (draft_count).
+  const SamplingParams& sampling = request.request.sampling;
+  return config_.speculative_share && is_greedy(sampling) && !request.matcher &&
+         !uses_penalties(sampling) && sampling.logit_bias.empty();
 }
 
 void Engine::apply_verification(RequestState& request) {

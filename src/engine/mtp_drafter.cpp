@@ -51,17 +51,25 @@ void run_mtp_refill(MtpLayer& mtp, PagedKvCache& cache, std::span<const MtpRefil
     r.next_tokens = refill.next_tokens;
     r.hidden = refill.hidden;
     r.target_hidden = true;
+    r.output_row = refill.output_row;
+    r.greedy_drafts = refill.greedy_drafts;
+    r.want_logits = refill.want_logits;
   }
-  const MtpLayer::Output out = mtp.run(rows, cache);
+  MtpLayer::Output out = mtp.run(rows, cache);
   for (size_t i = 0; i < refills.size(); ++i) {
     MtpDraftState& state = *refills[i].state;
-    const auto logits = row_of(out.logits, static_cast<int64_t>(i));
     const auto hand = row_of(out.hand_off, static_cast<int64_t>(i));
-    state.row = rows[i].start + rows[i].count - 1;
-    state.logits.assign(logits.begin(), logits.end());
+    state.row = rows[i].start + rows[i].last_row();
+    if (refills[i].want_logits) {
+      const auto logits = row_of(out.logits, static_cast<int64_t>(i));
+      state.logits.assign(logits.begin(), logits.end());
+    } else {
+      state.logits.clear();
+    }
     state.hand_off.assign(hand.begin(), hand.end());
     state.topk = out.last_topk[i];
     state.topk_count = out.last_count[i];
+    state.drafts = i < out.drafts.size() ? std::move(out.drafts[i]) : std::vector<int32_t>{};
   }
 }
 
@@ -76,6 +84,15 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
                   "MTP drafts: state of row {} for {} cached positions, {} steps",
                   r.state ? r.state->row : -1, r.cached, r.steps);
     r.drafts.clear();
+    if (is_greedy(*r.params) && !r.mask && static_cast<int64_t>(r.state->drafts.size()) >= r.steps) {
+      // Made on the device by the refill (one-hot q).
+      r.drafts.assign(r.state->drafts.begin(), r.state->drafts.begin() + r.steps);
+      r.q.assign(static_cast<size_t>(r.steps), {});
+      continue;
+    }
+    MEGACTX_CHECK(!r.state->logits.empty(),
+                  "MTP drafts: the refill of row {} kept neither logits nor {} greedy drafts",
+                  r.state->row, r.steps);
     r.q.assign(1, {});
     const int32_t first = draft_token(r, r.state->logits, r.q[0]);
     r.drafts.push_back(first);
@@ -90,7 +107,7 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
     owners.clear();
     for (size_t i = 0; i < requests.size(); ++i) {
       const MtpDraftRequest& request = requests[i];
-      if (request.steps <= j) continue;
+      if (static_cast<int64_t>(request.drafts.size()) != j || request.steps <= j) continue;
       MtpLayer::Rows r;
       r.start = request.cached - 1 + j;
       r.count = 1;

@@ -32,10 +32,14 @@ namespace megactx {
 // Output of the latest refill of one sequence: step 0 at row `row`.
 struct MtpDraftState {
   int64_t row = -1;             // position of that row; -1: none yet
-  std::vector<float> logits;    // [V] d_1's draft logits
+  std::vector<float> logits;    // [V] d_1's draft logits (empty when not wanted)
   std::vector<float> hand_off;  // [H] input of draft step 1
   std::vector<int32_t> topk;    // [index_topk] step-0 selection (IndexShare)
   int64_t topk_count = 0;       // valid entries of topk
+  // Greedy drafts d_1.. made right after the refill (MtpRefill::greedy_drafts):
+  // a greedy request's drafts need nothing but this state, so the MTP layer
+  // chains them on the device in the refill's own launch.
+  std::vector<int32_t> drafts;
 };
 
 struct MtpRefill {
@@ -44,6 +48,11 @@ struct MtpRefill {
   std::span<const int32_t> pages;        // page table covering the rows
   std::span<const int32_t> next_tokens;  // [rows] token_{t+1} of each row
   const float* hidden = nullptr;         // [rows, H] target hidden states (before model.norm)
+  // The row the state keeps (-1: the last); later rows are placeholders
+  // (MtpLayer::Rows::output_row).
+  int64_t output_row = -1;
+  int64_t greedy_drafts = 0;  // greedy drafts to make now (IndexShare + KVShare)
+  bool want_logits = true;    // keep d_1's logits (sampled or masked drafts)
 };
 
 // One batched MTP step 0 over every refill; updates each state.
@@ -69,7 +78,8 @@ struct MtpDraftRequest {
 
 // Drafts for every request (batched per draft step). `share`: IndexShare +
 // KVShare; without it draft rows write their own entries at m - 1 + j (later
-// refills overwrite them).
+// refills overwrite them). A greedy request without a mask whose state holds
+// enough greedy drafts takes them and runs no step.
 void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
                     std::span<MtpDraftRequest> requests);
 

@@ -21,6 +21,22 @@ CacheLayouts cache_layouts(const KvCacheSpec& spec) {
   return out;
 }
 
+uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint64_t>(cache.spec().page_size));
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    mix(reinterpret_cast<uintptr_t>(cache.latent_pool(layer).raw()));
+    if (cache.has_indexer(layer)) mix(reinterpret_cast<uintptr_t>(cache.indexer_pool(layer).raw()));
+  }
+  return hash;
+}
+
 DecodeGraphCache::~DecodeGraphCache() {
   clear();
 }

@@ -45,6 +45,10 @@ struct CacheLayouts {
   CacheLayout latent, indexer;
 };
 CacheLayouts cache_layouts(const KvCacheSpec& spec);
+// A hash of the page size and the pool addresses of layers [0, layers): a
+// graph writes the pools it was captured with, so another cache (or a moved
+// pool) needs another graph.
+uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers);
 
 class DecodeGraphCache {
  public:

@@ -11,31 +11,6 @@
 
 namespace megactx {
 namespace cuda {
-namespace {
-
-// MTP verification runs 1 + k tokens per sequence; more than this per
-// sequence is prefill, run eagerly.
-constexpr int64_t kMaxGraphTokensPerSequence = 8;
-
-// FNV-1a over the pool addresses and the page size: a graph writes the pools
-// it was captured with, so another cache (or a moved pool) is another key.
-uint64_t cache_fingerprint(const PagedKvCache& cache, int64_t layers) {
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&hash](uint64_t value) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (value >> (8 * byte)) & 0xffu;
-      hash *= 1099511628211ull;
-    }
-  };
-  mix(static_cast<uint64_t>(cache.spec().page_size));
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    mix(reinterpret_cast<uintptr_t>(cache.latent_pool(layer).raw()));
-    if (cache.has_indexer(layer)) mix(reinterpret_cast<uintptr_t>(cache.indexer_pool(layer).raw()));
-  }
-  return hash;
-}
-
-}  // namespace
 
 bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;

@@ -179,12 +179,19 @@ class CudaDsaModel final : public LanguageModel {
     DeviceLayer layer;
     MtpHandOff hand_off = MtpHandOff::NormedOutput;
   };
-  // Scratch of run_mtp (apart from the decoder layer's, shared with forward).
+  // Scratch of run_mtp (apart from the decoder layer's, shared with forward);
+  // its packed inputs live in graphs_mtp_'s staging and input block.
   struct MtpScratch {
-    PinnedBuffer staging, readback;  // one upload and one readback per run
-    DeviceBuffer inputs;             // the staged inputs, 4-byte words
+    PinnedBuffer readback;  // one readback per run
     DeviceBuffer topk, counts, cat, x, last, normed, logits;
+    // The greedy draft chain: step 0's selection of each output row, its
+    // hand-off, the draft steps' embeddings and logits, drafts [chain, s].
+    DeviceBuffer chain_topk, chain_counts, hand0, embedded, link_logits, drafts;
   };
+  // The graph key of an MTP run (every sequence the same row count, a bucket
+  // fits, the layer's MoE on the device path), else nullopt.
+  std::optional<DecodeGraphKey> mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
+                                              const PagedKvCache& cache, int64_t chain) const;
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -203,6 +210,7 @@ class CudaDsaModel final : public LanguageModel {
   // CUDA-graph decode: buckets, graphs, the packed-input block.
   std::vector<int64_t> graph_buckets_;
   DecodeGraphCache graphs_;
+  DecodeGraphCache graphs_mtp_;  // MTP layer runs (cuda_dsa_mtp.cpp)
   std::vector<int64_t> graph_positions_;  // host scratch of forward_graph
   // When captured graphs may hold stale addresses: it changes whenever a
   // DeviceBuffer was freed or Blas regrew a scratch (cuda_dsa_graph_forward.cpp).

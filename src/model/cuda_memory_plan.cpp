@@ -28,8 +28,6 @@ constexpr int64_t kMoeTileRowsFloat = 16;  // float32 (bf16 tiles of 32 have few
 constexpr int64_t kMoeTileRowsFp8 = 8;
 constexpr int64_t kMoePlanMaxThreads = 512;
 constexpr int64_t kMoePlanSharedLimit = 48 * 1024;
-// MTP verification of up to 7 drafts (cuda_dsa_graph_forward.cpp).
-constexpr int64_t kMaxGraphTokensPerSequence = 8;
 
 double mib(int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);

@@ -22,6 +22,10 @@ int64_t batch_bucket(const std::vector<int64_t>& buckets, int64_t sequences);
 // indexer's grid has one block row per 256 positions).
 int64_t context_bucket(int64_t max_context);
 
+// Tokens per sequence a graph step may have: 1 + k for an MTP verification of
+// up to 7 drafts; more per sequence is prefill, run eagerly.
+constexpr int64_t kMaxGraphTokensPerSequence = 8;
+
 // What a captured graph is specific to: its kernel grids, scratch sizes and
 // baked-in pointers.
 struct DecodeGraphKey {
@@ -30,6 +34,10 @@ struct DecodeGraphKey {
   int64_t context = 0;              // context bucket
   int kv_dtype = 0;                 // KV entry layouts of the pools
   uint64_t cache = 0;               // the pools' addresses and page size (baked in)
+  // MTP layer runs (their own DecodeGraphCache): step 0 or a shared draft
+  // step, and the greedy drafts chained after a step 0.
+  bool mtp_shared = false;
+  int64_t mtp_drafts = 0;
   auto operator<=>(const DecodeGraphKey&) const = default;
   int64_t rows() const { return sequences * tokens_per_sequence; }
 };

@@ -207,7 +207,7 @@ void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
   if (!shared) {
     for (size_t i = 0; i < sequences.size(); ++i) {
       const Step::Sequence& s = step.sequences[i];
-      const int64_t row = s.count - 1;
+      const int64_t row = sequences[i].output_row >= 0 ? sequences[i].output_row : s.count - 1;
       sequences[i].last_topk.assign(s.topk.begin() + row * plan_.attention.index_topk,
                                     s.topk.begin() + (row + 1) * plan_.attention.index_topk);
       sequences[i].last_count = s.counts[row];

@@ -59,7 +59,9 @@ class DsaModel final : public LanguageModel {
     int64_t shared_context = 0;
     std::span<const int32_t> shared_topk;
     int64_t shared_count = 0;
-    // Out (unshared runs): the indexer's selection of the last row.
+    // The row whose selection is reported (-1: the last).
+    int64_t output_row = -1;
+    // Out (unshared runs): the indexer's selection of that row.
     std::vector<int32_t> last_topk;
     int64_t last_count = 0;
   };

@@ -1,5 +1,6 @@
 #include "model/mtp_layer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -92,9 +93,65 @@ int64_t MtpLayer::check_rows(std::span<const Rows> sequences) const {
                       r.shared_context);
       }
     }
+    MEGACTX_CHECK(r.output_row >= -1 && r.output_row < r.count,
+                  "MTP: output row {} of a sequence of {} rows", r.output_row, r.count);
+    MEGACTX_CHECK(r.greedy_drafts >= 0 && (r.greedy_drafts == 0 || (r.target_hidden && !r.shared)),
+                  "MTP: greedy drafts ({}) follow a step 0 only", r.greedy_drafts);
     total += r.count;
   }
   return total;
+}
+
+void MtpLayer::greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCache& cache,
+                                     Output& out) {
+  const auto n = sequences.size();
+  out.drafts.assign(n, {});
+  int64_t longest = 0;
+  // hand[i]: [H] the hand-off of sequence i's latest step.
+  std::vector<std::vector<float>> hand(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Rows& r = sequences[i];
+    longest = std::max(longest, r.greedy_drafts);
+    if (r.greedy_drafts == 0) continue;
+    MEGACTX_CHECK(out.logits.defined(), "MTP: greedy drafts need the step's logits");
+    const float* logits = out.logits.data<float>() + static_cast<int64_t>(i) * vocab_;
+    out.drafts[i].push_back(static_cast<int32_t>(
+        std::max_element(logits, logits + vocab_) - logits));  // lowest id on ties
+    const float* h = out.hand_off.data<float>() + static_cast<int64_t>(i) * hidden_;
+    hand[i].assign(h, h + hidden_);
+  }
+  std::vector<Rows> rows;
+  std::vector<size_t> owners;
+  for (int64_t j = 1; j < longest; ++j) {
+    rows.clear();
+    owners.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const Rows& first = sequences[i];
+      if (first.greedy_drafts <= j) continue;
+      Rows r;
+      r.start = first.start + first.last_row() + j;
+      r.count = 1;
+      r.pages = first.pages;
+      r.next_tokens = std::span<const int32_t>(&out.drafts[i].back(), 1);
+      r.hidden = hand[i].data();
+      r.target_hidden = false;
+      r.shared = true;
+      r.shared_context = first.start + first.last_row() + 1;
+      r.shared_topk = out.last_topk[i];
+      r.shared_count = out.last_count[i];
+      rows.push_back(r);
+      owners.push_back(i);
+    }
+    const Output step = run(rows, cache);
+    for (size_t o = 0; o < owners.size(); ++o) {
+      const size_t i = owners[o];
+      const float* logits = step.logits.data<float>() + static_cast<int64_t>(o) * vocab_;
+      out.drafts[i].push_back(
+          static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits));
+      const float* h = step.hand_off.data<float>() + static_cast<int64_t>(o) * hidden_;
+      hand[i].assign(h, h + hidden_);
+    }
+  }
 }
 
 std::unique_ptr<MtpLayer> MtpLayer::load(DsaModel& target, const std::string& model_dir,
@@ -154,18 +211,19 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
     l.shared_context = r.shared_context;
     l.shared_topk = r.shared_topk;
     l.shared_count = r.shared_count;
+    l.output_row = r.output_row;
   }
   target_.run_layer(weights_.layer, cache_layer(), layer_sequences, x.data(), cache);
 
-  // Last row of each sequence: shared_head.norm, lm_head, hand-off.
+  // The output row of each sequence: shared_head.norm, lm_head, hand-off.
   const int64_t n = static_cast<int64_t>(sequences.size());
   Output output;
   output.hand_off = Tensor::empty({n, H});
   std::vector<float> head_in(static_cast<size_t>(n * H));
   row = 0;
   for (int64_t s = 0; s < n; ++s) {
+    const float* last = x.data() + (row + sequences[s].last_row()) * H;
     row += sequences[s].count;
-    const float* last = x.data() + (row - 1) * H;
     backend.rmsnorm(last, 1, H, H, weights_.head_norm.data<float>(), eps, head_in.data() + s * H,
                     H);
     const float* hand = hand_off() == MtpHandOff::NormedOutput ? head_in.data() + s * H : last;
@@ -177,6 +235,7 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
   output.logits = Tensor::empty({n, vocab});
   backend.linear(head_in.data(), n, H, weights_.lm_head.data<float>(), vocab,
                  output.logits.data<float>());
+  greedy_drafts_on_host(sequences, cache, output);
   return output;
 }
 

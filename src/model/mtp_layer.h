@@ -96,22 +96,47 @@ class MtpLayer {
     int64_t shared_context = 0;
     std::span<const int32_t> shared_topk;
     int64_t shared_count = 0;
+    // The row whose outputs are returned (-1: the last). Rows after it are
+    // run and write their cache entries, which hold nothing yet: the next
+    // step 0 rewrites them before any row reads them. A verification refills
+    // its k + 1 rows this way whatever it accepted, so every verifying
+    // sequence has the same row count and the step runs as a CUDA Graph.
+    int64_t output_row = -1;
+    // Step 0 only: this many greedy drafts right after the step (d_1 = argmax
+    // of the output row's logits, d_2.. from draft steps with IndexShare +
+    // KVShare, each the argmax of the previous one's logits), on the device
+    // without a host round trip per draft where the layer runs on one.
+    int64_t greedy_drafts = 0;
+    // Whether the caller reads this sequence's logits (a device layer copies
+    // them back only when some sequence does).
+    bool want_logits = true;
+    int64_t last_row() const { return output_row >= 0 ? output_row : count - 1; }
   };
   struct Output {
-    Tensor logits;    // [sequences, V] host, of each sequence's last row
-    Tensor hand_off;  // [sequences, H] host, of each sequence's last row
-    // Per sequence, the indexer's top-k positions of the last row (unshared runs).
+    Tensor logits;    // [sequences, V] host, of each sequence's output row; undefined
+                      // when no sequence wants logits
+    Tensor hand_off;  // [sequences, H] host, of each sequence's output row
+    // Per sequence, the indexer's top-k positions of the output row (unshared runs).
     std::vector<std::vector<int32_t>> last_topk;
     std::vector<int64_t> last_count;
+    // Per sequence, its Rows::greedy_drafts drafts.
+    std::vector<std::vector<int32_t>> drafts;
   };
   // One MTP application over every sequence's rows (batched).
   virtual Output run(std::span<const Rows> sequences, PagedKvCache& cache) = 0;
+  // Whether a run costs less when every sequence has the same row count (a
+  // device layer replays one CUDA Graph per shape), so the caller may give
+  // placeholder rows (Rows::output_row) instead of fewer rows.
+  virtual bool prefers_uniform_rows() const { return false; }
 
  protected:
   MtpLayer(const ModelConfig& config, int64_t index_topk, MtpHandOff hand_off);
   // Clear errors for malformed rows (token ids, counts, hidden, shared
-  // selections); returns the total row count.
+  // selections, output rows, draft chains); returns the total row count.
   int64_t check_rows(std::span<const Rows> sequences) const;
+  // Rows::greedy_drafts of a step 0 that `out` holds, one batched run() per
+  // draft step: the host loop for layers without a device chain.
+  void greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCache& cache, Output& out);
 
  private:
   MtpHandOff hand_off_;

@@ -2,7 +2,9 @@
 //  * the CUDA MTP layer's draft logits against the PyTorch reference's
 //    goldens (tests/mtp/mtp_golden_check.h: step 0 row by row and batched,
 //    the step-0 top-k, chained draft steps with and without IndexShare +
-//    KVShare), in the fp32 mode, within 1e-4 as on the CPU;
+//    KVShare), in the fp32 mode, within 1e-4 as on the CPU; a refill with
+//    placeholder rows and its greedy drafts chained on the device, padded
+//    to a batch bucket and replayed as a CUDA Graph;
 //  * greedy speculation through the Engine on the CUDA model equals the same
 //    Engine without speculation token for token, for k = 1, 3, 7, without
 //    sharing, with chunked prefill and under preemption, with
@@ -36,6 +38,21 @@ TEST(CudaMtpGolden, DraftLogitsMatchReference) {
     auto model = make_cuda_dsa_model(*dsa);
     const std::unique_ptr<MtpLayer> mtp = make_cuda_mtp_layer(*model, dir);
     check_mtp_goldens(dir, *mtp, [&] {
+      return make_cuda_kv_cache(
+          make_kv_cache_spec(model->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
+    });
+  }
+}
+
+TEST(CudaMtpGolden, GreedyDraftChainOnTheDeviceAndInAGraph) {
+  for (const std::string name : {"glm_schedule", "dsv32_yarn"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = mtp_fixture(name);
+    auto host = load_language_model(dir, ModelLoadOptions{});
+    auto model = make_cuda_dsa_model(*dynamic_cast<DsaModel*>(host.get()));
+    const std::unique_ptr<MtpLayer> mtp = make_cuda_mtp_layer(*model, dir);
+    EXPECT_TRUE(mtp->prefers_uniform_rows());
+    check_greedy_draft_chain(dir, *mtp, [&] {
       return make_cuda_kv_cache(
           make_kv_cache_spec(model->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
     });

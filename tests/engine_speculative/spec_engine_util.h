@@ -43,6 +43,7 @@ struct SpecEngineOptions {
   bool share = true;
   VerifyMode sampled_mode = VerifyMode::RejectionSampling;
   bool masked_drafts = true;  // structured output: drafts from the masked draft logits
+  int64_t disable_batch_size = 0;  // speculative_disable_batch_size
   int64_t pages = 64;         // KV budget in pages
   int64_t max_prefill_tokens = 4096;
   int64_t max_running_requests = 64;
@@ -74,6 +75,7 @@ class SpecEngine {
     config.speculative_share = options.share;
     config.speculative_sampled_mode = options.sampled_mode;
     config.speculative_masked_drafts = options.masked_drafts;
+    config.speculative_disable_batch_size = options.disable_batch_size;
     config.model_dir = dir;
     // Same page count with and without the MTP layer's pools.
     const KvCapacityPlan one = plan_kv_capacity(model->config(), options.kv_dtype, int64_t{1} << 30,

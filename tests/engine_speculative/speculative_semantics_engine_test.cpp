@@ -147,6 +147,38 @@ TEST(SpeculativeSemantics, PenaltiesAndMinNewTokensKeepTheirMeaning) {
   }
 }
 
+TEST(SpeculativeSemantics, SpeculationTurnsOffForLargeBatches) {
+  // Three requests decode together until the shortest ends: with the
+  // threshold at 3 those steps run without drafts, the remaining two
+  // speculate; the output is plain decoding's either way.
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    requests.push_back(make_request("r" + std::to_string(i), prompt_at(200 + 300 * i, 48),
+                                    12 + 12 * i));
+    requests.back().sampling.ignore_eos = true;
+  }
+  std::map<std::string, SpecResult> plain;
+  {
+    SpecEngineOptions options;
+    options.real_tokenizer = true;
+    SpecEngine engine(kModel, options);
+    for (const GenerationRequest& request : requests) engine.submit(request);
+    engine.run();
+    plain = engine.results;
+  }
+  SpecEngineOptions options;
+  options.steps = 3;
+  options.real_tokenizer = true;
+  options.disable_batch_size = 3;
+  SpecEngine engine(kModel, options);
+  for (const GenerationRequest& request : requests) engine.submit(request);
+  engine.run();
+  for (const auto& [rid, result] : plain) expect_same_output(result, engine.results.at(rid), rid);
+  const EngineStats stats = engine.engine->stats();
+  EXPECT_GT(stats.spec_off_steps, 0);
+  EXPECT_GT(stats.spec_verify_steps, 0);  // once the batch is below 3
+}
+
 TEST(SpeculativeSemantics, AbortFreesEveryPage) {
   SpecEngineOptions options;
   options.steps = 3;

@@ -29,6 +29,15 @@ TEST_P(MtpGolden, DraftLogitsMatchReference) {
   });
 }
 
+TEST_P(MtpGolden, GreedyDraftChainAfterPlaceholderRows) {
+  const std::string dir = mtp_fixture(GetParam());
+  LoadedModel m = load_with_mtp(dir);
+  check_greedy_draft_chain(dir, *m.mtp, [&] {
+    return std::make_unique<PagedKvCache>(
+        make_kv_cache_spec(m.dsa->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpGolden, ::testing::Values("glm_schedule", "dsv32_yarn"));
 
 }  // namespace

@@ -106,11 +106,47 @@ __global__ void scale_kernel(float* x, float factor, int64_t count) {
     x[t] *= factor;
 }
 
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n, int64_t hidden,
-                                   float* out) {
+template <typename T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t n, int64_t hidden,
+                                   T* out) {
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n * hidden;
        t += int64_t{gridDim.x} * blockDim.x)
     out[t] = x[static_cast<int64_t>(rows[t / hidden]) * hidden + t % hidden];
+}
+
+// One block of kThreads per row: each thread scans a strided share, then a
+// shared-memory tree keeps the larger value, the lower index on ties.
+template <int kBlock>
+__global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out, int64_t out_stride) {
+  __shared__ float values[kBlock];
+  __shared__ int64_t indices[kBlock];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  float best = -INFINITY;
+  int64_t index = n;  // past the end: loses every tie
+  for (int64_t i = threadIdx.x; i < n; i += kBlock) {
+    const float v = row[i];
+    if (v > best || index == n) {  // the first value seen, then strictly larger ones
+      best = v;
+      index = i;
+    }
+  }
+  values[threadIdx.x] = best;
+  indices[threadIdx.x] = index;
+  __syncthreads();
+  for (int half = kBlock / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float v = values[threadIdx.x + half];
+      const int64_t j = indices[threadIdx.x + half];
+      const float u = values[threadIdx.x];
+      const int64_t i = indices[threadIdx.x];
+      if (j < n && (i == n || v > u || (v == u && j < i))) {
+        values[threadIdx.x] = v;
+        indices[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x * out_stride] = static_cast<int32_t>(indices[0]);
 }
 
 __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, const float* gates,
@@ -244,6 +280,22 @@ void scale(float* x, float factor, int64_t count, cudaStream_t stream) {
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
                  cudaStream_t stream) {
   gather_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(x, rows, n, hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const int32_t* x, const int32_t* rows, int64_t n, int64_t hidden, int32_t* out,
+                 cudaStream_t stream) {
+  if (n * hidden == 0) return;
+  gather_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(x, rows, n, hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, int64_t out_stride,
+                 cudaStream_t stream) {
+  if (rows == 0) return;
+  constexpr int kBlock = 256;
+  argmax_rows_kernel<kBlock>
+      <<<static_cast<unsigned>(rows), kBlock, 0, stream>>>(x, n, out, out_stride);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -38,6 +38,13 @@ void scale(float* x, float factor, int64_t count, cudaStream_t stream);
 // out[i, :] = x[rows[i], :]  (rows on the device), hidden wide.
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
                  cudaStream_t stream);
+// The same for int32 rows (selections, token ids).
+void gather_rows(const int32_t* x, const int32_t* rows, int64_t n, int64_t hidden, int32_t* out,
+                 cudaStream_t stream);
+// out[r * out_stride] = argmax of x[r, :n] (the lowest index on ties, as the
+// CPU sampler's argmax), one thread block per row.
+void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, int64_t out_stride,
+                 cudaStream_t stream);
 // out[rows[i], :] += gates[i] * y[i, :]; rows distinct within one call.
 void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, int64_t n,
                       int64_t hidden, float* out, cudaStream_t stream);
