@@ -1,8 +1,9 @@
 // End-to-end test of structured outputs through megactx serve's OpenAI API,
 // driven by the official `openai` npm client against the embedded default
-// model on the CPU: response_format json_object and json_schema (strict),
-// strict tools with tool_choice "required" and a named function,
-// parallel_tool_calls false, streaming, n > 1, and the 400s of bad schemas.
+// model on the CPU: response_format json_object and json_schema (strict; in
+// chat and in completions), strict tools with tool_choice "required" and a
+// named function, parallel_tool_calls false, streaming, n > 1, and the 400s
+// of bad schemas and of other servers' constraint fields.
 // Every constrained output is checked by an independent validator: ajv (with
 // ajv-formats) against the request's own schema, JSON.parse for json_object.
 //
@@ -189,6 +190,16 @@ test('response_format json_schema without strict: the content validates', async 
   assertValid(schema, parseJson(answer.choices[0].message.content, 'the content'), 'the content');
 });
 
+test('completions with response_format json_schema: the text validates with ajv', async () => {
+  // The legacy completions API takes response_format too (as vLLM and SGLang
+  // do): the whole completion is the document.
+  const answer = await client.completions.create({ model: NAME, prompt: 'Product record:',
+    temperature: 0, max_tokens: 800, response_format: productFormat });
+  const choice = answer.choices[0];
+  assert.equal(choice.finish_reason, 'stop', JSON.stringify(choice));
+  assertValid(productSchema, parseJson(choice.text, 'the completion'), 'the completion');
+});
+
 // Strict tools: every parameter bounded, so each call is short.
 const weatherTool = {
   type: 'function',
@@ -348,6 +359,9 @@ test('bad schemas, patterns and tools are a 400 naming the problem', async () =>
   await assertBadRequest({ tools: [badTool], tool_choice: 'required' }, 'tools', "tool 'f'");
   await assertBadRequest({ tools, tool_choice: { type: 'function', function: { name: 'nope' } } },
     'tool_choice', 'nope');
+  // Other servers' constraint fields are refused, never ignored.
+  await assertBadRequest({ guided_json: productSchema }, 'guided_json', 'response_format');
+  await assertBadRequest({ regex: '[0-9]+' }, 'regex', 'response_format');
   // The server still answers.
   const answer = await client.chat.completions.create({ ...productRequest });
   assert.equal(answer.choices[0].finish_reason, 'stop');
