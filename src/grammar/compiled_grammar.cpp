@@ -7,6 +7,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "grammar/token_classes.h"
 
@@ -211,8 +213,11 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar,
       }
     }
   }
-  MEGACTX_CHECK(productive[grammar.root], "grammar matches no string (rule '{}' never ends)",
-                rules[grammar.root].name);
+  if (!productive[grammar.root]) {
+    if (!grammar.unsatisfiable.empty())
+      fail("the grammar matches no string: {}", fmt::join(grammar.unsatisfiable, "; "));
+    fail("grammar matches no string (rule '{}' never ends)", rules[grammar.root].name);
+  }
   for (int32_t r : order) {
     bool removed = false;
     for (auto& calls : dfas[r].calls) {

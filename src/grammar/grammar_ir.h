@@ -101,6 +101,11 @@ class Grammar {
   size_t num_exprs() const { return exprs_.size(); }
 
   int32_t root = -1;
+  // Why parts of the grammar match no string, as the front end saw it (a
+  // schema whose bounds contradict, say): the compile error names these
+  // when the whole grammar ends up matching nothing. Parts in a branch that
+  // another branch makes up for are listed too but never reported.
+  std::vector<std::string> unsatisfiable;
 
  private:
   ExprId add(Expr expr);

@@ -1,5 +1,6 @@
 #include "grammar/json_builder.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -35,6 +36,13 @@ JsonBuilder::JsonBuilder(Grammar& grammar, const JsonSchemaOptions& options)
 int32_t JsonBuilder::rule(const std::string& name, int32_t& slot) {
   if (slot < 0) slot = g_.add_rule(g_.find_rule(name) < 0 ? name : g_.fresh_name(name));
   return slot;
+}
+
+ExprId JsonBuilder::bracketed(char open, ExprId items, bool may_be_empty, char close) {
+  const ExprId inside = g_.seq({items, ws()});
+  return g_.seq({g_.byte(static_cast<uint8_t>(open)), ws(),
+                 may_be_empty ? g_.optional(inside) : inside,
+                 g_.byte(static_cast<uint8_t>(close))});
 }
 
 ExprId JsonBuilder::ws() {
@@ -241,9 +249,8 @@ ExprId JsonBuilder::any_object() {
   if (object_rule_ < 0) {
     rule("json_object", object_rule_);
     const ExprId member = g_.seq({any_string(), key_separator(), any_value()});
-    const ExprId members =
-        g_.optional(g_.seq({member, g_.star(g_.seq({item_separator(), member}))}));
-    g_.set_body(object_rule_, g_.seq({g_.byte('{'), ws(), members, ws(), g_.byte('}')}));
+    const ExprId members = g_.seq({member, g_.star(g_.seq({item_separator(), member}))});
+    g_.set_body(object_rule_, bracketed('{', members, true, '}'));
   }
   return g_.rule_ref(object_rule_);
 }
@@ -251,9 +258,8 @@ ExprId JsonBuilder::any_object() {
 ExprId JsonBuilder::any_array() {
   if (array_rule_ < 0) {
     rule("json_array", array_rule_);
-    const ExprId items =
-        g_.optional(g_.seq({any_value(), g_.star(g_.seq({item_separator(), any_value()}))}));
-    g_.set_body(array_rule_, g_.seq({g_.byte('['), ws(), items, ws(), g_.byte(']')}));
+    const ExprId items = g_.seq({any_value(), g_.star(g_.seq({item_separator(), any_value()}))});
+    g_.set_body(array_rule_, bracketed('[', items, true, ']'));
   }
   return g_.rule_ref(array_rule_);
 }
@@ -322,8 +328,18 @@ ExprId JsonBuilder::object(const std::vector<Member>& members, ExprId extra_key,
     }
   }
   if (finals.empty()) return g_.nothing();
-  const ExprId body = g_.graph(num_states, 0, std::move(finals), std::move(edges));
-  return g_.seq({g_.byte('{'), ws(), body, ws(), g_.byte('}')});
+  // Odd states have written a member, even ones nothing: the body as
+  // written members; the object may be empty when no member is required
+  // (an even final can be unreachable otherwise).
+  std::vector<int32_t> written;
+  for (int32_t f : finals) {
+    if (f % 2 == 1) written.push_back(f);
+  }
+  const bool may_be_empty =
+      std::none_of(members.begin(), members.end(), [](const Member& m) { return m.required; });
+  if (written.empty()) return g_.seq({g_.byte('{'), ws(), g_.byte('}')});
+  const ExprId body = g_.graph(num_states, 0, std::move(written), std::move(edges));
+  return bracketed('{', body, may_be_empty, '}');
 }
 
 ExprId JsonBuilder::array(const std::vector<ExprId>& prefix, ExprId rest, int64_t min_items,
@@ -351,10 +367,14 @@ ExprId JsonBuilder::array(const std::vector<ExprId>& prefix, ExprId rest, int64_
     edges.push_back(
         {static_cast<int32_t>(last), static_cast<int32_t>(last), g_.seq({separator, rest})});
   }
-  for (int64_t i = min_items; i <= last; ++i) finals.push_back(static_cast<int32_t>(i));
+  // State i has written i items: finals of one item or more, the empty
+  // array apart.
+  for (int64_t i = std::max<int64_t>(min_items, 1); i <= last; ++i)
+    finals.push_back(static_cast<int32_t>(i));
+  if (finals.empty()) return g_.seq({g_.byte('['), ws(), g_.byte(']')});
   const ExprId body =
       g_.graph(static_cast<int32_t>(last + 1), 0, std::move(finals), std::move(edges));
-  return g_.seq({g_.byte('['), ws(), body, ws(), g_.byte(']')});
+  return bracketed('[', body, min_items == 0, ']');
 }
 
 }  // namespace megactx::grammar

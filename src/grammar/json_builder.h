@@ -57,6 +57,9 @@ class JsonBuilder {
 
  private:
   int32_t rule(const std::string& name, int32_t& slot);
+  // open ws (items ws)? close, where `items` is never empty: one gap of
+  // whitespace inside an empty container, not two (max_whitespace per gap).
+  ExprId bracketed(char open, ExprId items, bool may_be_empty, char close);
 
   Grammar& g_;
   const JsonSchemaOptions& options_;

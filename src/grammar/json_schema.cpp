@@ -123,6 +123,35 @@ class SchemaLowering {
     fail("JSON Schema at {}: {}", path, message);
   }
 
+  // `e` itself; when it matches nothing, `why` is kept in the grammar so
+  // that a schema no value satisfies gets an error naming the contradiction
+  // rather than only "matches no string".
+  ExprId noted(ExprId e, const std::string& path, const std::string& why) {
+    if (g_.expr(e).kind != ExprKind::Nothing) return e;
+    const std::string note = fmt::format("JSON Schema at {}: {}", path, why);
+    if (std::find(g_.unsatisfiable.begin(), g_.unsatisfiable.end(), note) == g_.unsatisfiable.end())
+      g_.unsatisfiable.push_back(note);
+    return e;
+  }
+
+  // The bounds of an array, or else what its items are.
+  static std::string array_keywords_text(const Json& schema) {
+    const std::string bounds = keywords_text(schema, {"minItems", "maxItems"});
+    return bounds.empty() ? keywords_text(schema, {"prefixItems", "items", "additionalItems"})
+                          : bounds;
+  }
+
+  // "minimum 5, maximum 3": the schema's values of `keys`, for notes.
+  static std::string keywords_text(const Json& schema, std::initializer_list<const char*> keys) {
+    std::string out;
+    for (const char* key : keys) {
+      if (!schema.contains(key)) continue;
+      if (!out.empty()) out += ", ";
+      out += std::string(key) + " " + schema[key].dump();
+    }
+    return out;
+  }
+
   // A rule per distinct subschema: shared subschemas share their rule (and
   // its token classes), and recursion through $ref needs rules anyway.
   int32_t rule_for(const Json& schema, const std::string& path, int depth) {
@@ -233,7 +262,10 @@ class SchemaLowering {
     if (depth > options_.max_schema_depth) {
       error(path, fmt::format("schema nested deeper than {}", options_.max_schema_depth));
     }
-    if (input.is_boolean()) return input.get<bool>() ? json_.any_value() : g_.nothing();
+    if (input.is_boolean()) {
+      return input.get<bool>() ? json_.any_value()
+                               : noted(g_.nothing(), path, "the schema false allows no value");
+    }
     if (!input.is_object()) error(path, "a schema must be an object or a boolean");
     for (const auto& [key, value] : input.items()) {
       if (annotation_keywords().count(key)) {
@@ -426,7 +458,11 @@ class SchemaLowering {
       types = std::move(kept);
     }
     if (schema.contains("enum") || schema.contains("const")) {
-      return enum_expr(schema, types, path);
+      const ExprId e = enum_expr(schema, types, path);
+      // Restricted to one type (a oneOf split), no value of it is expected.
+      return only_type != nullptr
+                 ? e
+                 : noted(e, path, "no value of enum/const has a type the schema allows");
     }
     std::vector<ExprId> options;
     for (const std::string& type : types) {
@@ -437,12 +473,23 @@ class SchemaLowering {
       } else if (type == "object") {
         options.push_back(object_expr(schema, path, depth));
       } else if (type == "array") {
-        options.push_back(array_expr(schema, path, depth));
+        options.push_back(noted(array_expr(schema, path, depth), path,
+                                "no array satisfies " + array_keywords_text(schema)));
       } else if (type == "string") {
-        options.push_back(string_expr(schema, path));
+        options.push_back(
+            noted(string_expr(schema, path), path,
+                  "no string satisfies " +
+                      keywords_text(schema, {"minLength", "maxLength", "pattern", "format"})));
       } else {
-        options.push_back(number_expr(schema, path, type == "integer"));
+        options.push_back(
+            noted(number_expr(schema, path, type == "integer"), path,
+                  fmt::format("no {} satisfies {}", type,
+                              keywords_text(schema, {"minimum", "exclusiveMinimum", "maximum",
+                                                     "exclusiveMaximum"}))));
       }
+    }
+    if (types.empty() && only_type == nullptr) {
+      return noted(g_.nothing(), path, "'type' lists no type");
     }
     return g_.alt(std::move(options));
   }
@@ -543,7 +590,11 @@ class SchemaLowering {
     // Required names without a property schema take additionalProperties'.
     for (const std::string& name : required) {
       if (properties.contains(name)) continue;
-      if (!extras_allowed) return g_.nothing();
+      if (!extras_allowed) {
+        return noted(g_.nothing(), path,
+                     "required property '" + name +
+                         "' is not in properties and additionalProperties allows no other");
+      }
       members.push_back({json_.string_literal(name),
                          rule_ref_for(extra, path + "/additionalProperties", depth + 1), true});
       names.push_back(name);
@@ -621,9 +672,9 @@ class SchemaLowering {
     const auto min_length = count("minLength");
     const auto max_length = count("maxLength");
     if (min_length || max_length) {
+      if (max_length && min_length && *max_length < *min_length) return g_.nothing();
       parts.push_back(g_.repeat(json_.string_char(), static_cast<int32_t>(min_length.value_or(0)),
                                 static_cast<int32_t>(max_length.value_or(-1))));
-      if (max_length && min_length && *max_length < *min_length) return g_.nothing();
     }
     RegexOptions regex;
     regex.ecma = true;

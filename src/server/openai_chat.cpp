@@ -142,6 +142,7 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
                              std::shared_ptr<ResponseChannel> channel) {
   nlohmann::json body = parse_request_json(request.body);
   check_model_name(state, body);
+  refuse_unsupported_constraints(body, /*chat=*/true);
   const ChatPrompt rendered = render_chat_prompt(state.chat(), body, request.body);
   const std::string& prompt = rendered.text;
   // response_format, tool_choice required / named and strict tools, in the

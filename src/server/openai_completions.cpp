@@ -1,8 +1,11 @@
 // POST /v1/completions: `prompt` as a string, a list of strings, a list of
 // token ids or a list of lists; `echo`; `logprobs` (an integer: how many
-// alternatives); `n`; streaming with an optional usage chunk.
+// alternatives); `n`; streaming with an optional usage chunk; structured
+// output by response_format or SGLang's json_schema / regex / ebnf
+// (structured_output.h).
 #include <algorithm>
 
+#include "io/bounded_json.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
 #include "server/generation_output.h"
@@ -14,6 +17,7 @@
 #include "server/request_fields.h"
 #include "server/sampling_json.h"
 #include "server/sse.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {
@@ -102,6 +106,11 @@ void handle_completions(ServerState& state, const HttpRequest& request,
   const Tokenizer& tokenizer = state.engine().tokenizer();
   if (!has_field(body, "prompt")) throw_invalid("prompt", "'prompt' is required");
   if (has_field(body, "suffix")) throw_invalid("suffix", "'suffix' is not supported");
+  refuse_unsupported_constraints(body, /*chat=*/false);
+  // response_format, or SGLang's json_schema / regex / ebnf: the whole
+  // completion (keys in the client's order, so schemas keep their property order).
+  const std::shared_ptr<const grammar::CompiledGrammar> grammar =
+      completion_grammar(state.engine(), parse_ordered_json(request.body));
 
   // Prompts as (ids, text) pairs; the text is what echo returns.
   std::vector<std::pair<std::vector<int32_t>, std::string>> prompts;
@@ -149,6 +158,7 @@ void handle_completions(ServerState& state, const HttpRequest& request,
   if (auto best_of = get_integer(body, "best_of"); best_of && *best_of != static_cast<int64_t>(n))
     throw_invalid("best_of", "'best_of' other than n is not supported");
   OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
+  sampling.params.grammar = grammar;
   // The legacy completions API defaults to 16 new tokens.
   std::optional<int64_t> requested =
       sampling.max_tokens ? sampling.max_tokens : std::optional<int64_t>(16);

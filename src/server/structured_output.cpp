@@ -47,7 +47,92 @@ const Json* ordered_field(const Json& object, const char* name) {
   return &*it;
 }
 
+// OpenAI's response_format of `body`: what the content must be.
+struct ResponseFormat {
+  ChatOutputConstraint::Content content = ChatOutputConstraint::Content::Free;  // Free: text
+  Json schema;  // Content::JsonSchema
+  bool strict = false;
+};
+
+ResponseFormat parse_response_format(const Json& body) {
+  ResponseFormat out;
+  const std::string format_param = "response_format";
+  const Json* response_format = ordered_field(body, "response_format");
+  if (response_format == nullptr) return out;
+  if (!response_format->is_object() || !(*response_format).contains("type") ||
+      !(*response_format)["type"].is_string())
+    throw_invalid(format_param, "'response_format' must be an object with a string 'type'");
+  const std::string type = (*response_format)["type"].get<std::string>();
+  if (type == "json_object") {
+    out.content = ChatOutputConstraint::Content::JsonObject;
+  } else if (type == "json_schema") {
+    const Json* spec = ordered_field(*response_format, "json_schema");
+    if (spec == nullptr || !spec->is_object())
+      throw_invalid(format_param, "response_format 'json_schema' needs a 'json_schema' object");
+    for (const auto& [key, value] : spec->items())
+      if (key != "name" && key != "schema" && key != "strict" && key != "description")
+        throw_invalid(format_param, "unknown field 'json_schema." + key + "' in response_format");
+    const Json* schema = ordered_field(*spec, "schema");
+    if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
+      throw_invalid(format_param, "response_format.json_schema.schema must be a JSON Schema");
+    if (const Json* name = ordered_field(*spec, "name"); name != nullptr && !name->is_string())
+      throw_invalid(format_param, "response_format.json_schema.name must be a string");
+    if (const Json* value = ordered_field(*spec, "strict")) {
+      if (!value->is_boolean())
+        throw_invalid(format_param, "response_format.json_schema.strict must be a boolean");
+      out.strict = value->get<bool>();
+    }
+    out.content = ChatOutputConstraint::Content::JsonSchema;
+    out.schema = *schema;
+  } else if (type != "text") {
+    throw_invalid(format_param, "response_format type '" + type +
+                                    "' is not supported (text, json_object or json_schema)");
+  }
+  return out;
+}
+
 }  // namespace
+
+void refuse_unsupported_constraints(const nlohmann::json& body, bool chat) {
+  // vLLM's guided decoding fields: a client that sends them expects the
+  // output constrained, so they are refused, never ignored.
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "guided_whitespace_pattern", "structured_outputs"}) {
+    if (has_field(body, name))
+      throw_invalid(name, std::string("'") + name +
+                              "' is not supported; constrain the output with 'response_format'" +
+                              (chat ? "" : " (or SGLang's 'json_schema', 'regex', 'ebnf')"));
+  }
+  if (!chat) return;
+  // SGLang's extras constrain a chat's whole output text; here the chat
+  // grammar constrains the content the output parser returns.
+  for (const char* name : {"regex", "ebnf", "json_schema", "structural_tag"}) {
+    if (has_field(body, name))
+      throw_invalid(name, std::string("'") + name +
+                              "' is not supported in chat completions; use 'response_format' "
+                              "(or /generate's sampling_params." +
+                              name + ")");
+  }
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> completion_grammar(EngineApi& engine,
+                                                                   const Json& body) {
+  const ResponseFormat format = parse_response_format(body);
+  const nlohmann::json plain = nlohmann::json::parse(body.dump());
+  std::shared_ptr<const grammar::CompiledGrammar> sglang = sglang_grammar(engine, plain);
+  if (format.content == ChatOutputConstraint::Content::Free) return sglang;
+  if (sglang)
+    throw_invalid("response_format",
+                  "give either 'response_format' or one of 'json_schema', 'regex' and 'ebnf'");
+  const std::string param = "response_format";
+  grammar::GrammarCompiler& compiler = compiler_of(engine, param);
+  if (format.content == ChatOutputConstraint::Content::JsonObject)
+    return compiled(param, [&] { return compiler.compile_json_object(json_options(true, false)); });
+  return compiled(param, [&] {
+    return compiler.compile_json_schema_object(format.schema, json_options(format.strict, false));
+  });
+}
 
 std::shared_ptr<const grammar::CompiledGrammar> sglang_grammar(
     EngineApi& engine, const nlohmann::json& sampling_params) {
@@ -93,41 +178,13 @@ std::shared_ptr<const grammar::CompiledGrammar> chat_grammar(EngineApi& engine, 
   bool constrained = false;
 
   // response_format: the content.
-  std::string format_param = "response_format";
-  if (const Json* response_format = ordered_field(body, "response_format")) {
-    if (!response_format->is_object() || !(*response_format).contains("type") ||
-        !(*response_format)["type"].is_string())
-      throw_invalid(format_param, "'response_format' must be an object with a string 'type'");
-    const std::string type = (*response_format)["type"].get<std::string>();
-    if (type == "json_object") {
-      constraint.content = ChatOutputConstraint::Content::JsonObject;
-      constrained = true;
-    } else if (type == "json_schema") {
-      const Json* spec = ordered_field(*response_format, "json_schema");
-      if (spec == nullptr || !spec->is_object())
-        throw_invalid(format_param, "response_format 'json_schema' needs a 'json_schema' object");
-      for (const auto& [key, value] : spec->items())
-        if (key != "name" && key != "schema" && key != "strict" && key != "description")
-          throw_invalid(format_param, "unknown field 'json_schema." + key + "' in response_format");
-      const Json* schema = ordered_field(*spec, "schema");
-      if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
-        throw_invalid(format_param, "response_format.json_schema.schema must be a JSON Schema");
-      if (const Json* name = ordered_field(*spec, "name"); name != nullptr && !name->is_string())
-        throw_invalid(format_param, "response_format.json_schema.name must be a string");
-      bool strict = false;
-      if (const Json* value = ordered_field(*spec, "strict")) {
-        if (!value->is_boolean())
-          throw_invalid(format_param, "response_format.json_schema.strict must be a boolean");
-        strict = value->get<bool>();
-      }
-      constraint.content = ChatOutputConstraint::Content::JsonSchema;
-      constraint.schema = *schema;
-      constraint.json_options.strict = strict;
-      constrained = true;
-    } else if (type != "text") {
-      throw_invalid(format_param, "response_format type '" + type +
-                                      "' is not supported (text, json_object or json_schema)");
-    }
+  const std::string format_param = "response_format";
+  const ResponseFormat response_format = parse_response_format(body);
+  if (response_format.content != ChatOutputConstraint::Content::Free) {
+    constraint.content = response_format.content;
+    constraint.schema = response_format.schema;
+    constraint.json_options.strict = response_format.strict;
+    constrained = true;
   }
 
   // The tools tool_choice left, in the client's key order.

@@ -5,6 +5,8 @@
 //
 //  * /generate (SGLang): sampling_params.json_schema (a JSON Schema as text),
 //    .regex, .ebnf (GBNF, root rule "root"); at most one; the whole output.
+//  * /v1/completions (OpenAI, SGLang): response_format json_object /
+//    json_schema, or json_schema / regex / ebnf as /generate takes them.
 //  * /v1/chat/completions (OpenAI): response_format {"type": "json_object"} or
 //    {"type": "json_schema", "json_schema": {"schema", "strict", "name"}};
 //    tool_choice "required" or {"type": "function", "function": {"name"}}
@@ -37,6 +39,17 @@ inline constexpr int32_t kJsonMaxWhitespace = 8;
 // for none. Throws ApiError 400 (also for structural_tag, which is not supported).
 std::shared_ptr<const grammar::CompiledGrammar> sglang_grammar(
     EngineApi& engine, const nlohmann::json& sampling_params);
+
+// /v1/completions: response_format json_object / json_schema (strict as the
+// request says) or SGLang's json_schema / regex / ebnf fields, over the whole
+// completion text; null when nothing constrains it. Throws ApiError 400.
+std::shared_ptr<const grammar::CompiledGrammar> completion_grammar(
+    EngineApi& engine, const nlohmann::ordered_json& body);
+
+// 400 for the structured-output fields of other servers that are not
+// served here (vLLM's guided_*; in chat, SGLang's top-level regex / ebnf /
+// json_schema), so that no constraint is silently ignored.
+void refuse_unsupported_constraints(const nlohmann::json& body, bool chat);
 
 // /v1/chat/completions: the grammar of the request `body` (parsed with its
 // keys in order, so schemas keep their property order) for the rendered

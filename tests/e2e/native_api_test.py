@@ -3,15 +3,19 @@
 Drives the real server on loopback with a plain HTTP client (Debian's
 python3-requests), the way RL frameworks call SGLang: /generate (text, ids,
 batch, stream, logprobs, scoring), /abort_request, /flush_cache, prefix-cache
-hits, /metrics, error statuses and the API key. Independent references:
-`megactx generate` (greedy ids) and `megactx logits` (prefill logits, from
-which the scoring logprobs are recomputed with numpy).
+hits, /metrics, error statuses and the API key; structured outputs
+(sampling_params json_schema, regex, ebnf; batches mixing constrained and free
+prompts; with MTP speculation). Independent references: `megactx generate`
+(greedy ids), `megactx logits` (prefill logits, from which the scoring
+logprobs are recomputed with numpy), Python's `re.fullmatch` for regexes and
+grammars, json_schema_check.py (written from the JSON Schema specification).
 
     python3 native_api_test.py --megactx build/megactx --model models/default
 """
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -23,6 +27,7 @@ import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megactx_server import MegactxServer, run_megactx  # noqa: E402
+import json_schema_check  # noqa: E402
 
 ARGS = None
 SERVER = None
@@ -253,6 +258,190 @@ class NativeApi(unittest.TestCase):
         self.assertIn("context", too_long.json()["error"]["message"])
         # The server is still fine.
         self.assertEqual(requests.get(SERVER.url + "/health", timeout=30).status_code, 200)
+
+
+# Structured outputs. Every schema, regex and grammar below bounds its output
+# (bounded strings, arrays and integers; at most 8 whitespace characters per
+# JSON gap), and max_new_tokens is above the longest output it allows, so a
+# constrained answer must end by itself ("stop"); a wrong token let through
+# fails the independent check.
+PRODUCT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 16},
+        "kind": {"enum": ["tool", "toy", "food"]},
+        "size": {"type": "object",
+                 "properties": {"width": {"type": "integer", "minimum": 1, "maximum": 99},
+                                "unit": {"enum": ["cm", "in"]}},
+                 "required": ["width", "unit"], "additionalProperties": False},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1,
+                 "maxItems": 3},
+        "released": {"type": "string", "format": "date"},
+        "score": {"type": "integer", "minimum": 0, "exclusiveMaximum": 5},
+        "spare": {"anyOf": [{"type": "null"}, {"type": "boolean"}]},
+    },
+    "required": ["name", "kind", "size", "tags", "released", "spare"],
+    "additionalProperties": False,
+}
+PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
+ANSWER = r"(yes|no), [a-z]{2,6}\."
+# GBNF and the Python regex of the same (regular) language.
+GREETING_EBNF = 'root ::= greeting " " name "!"\ngreeting ::= "hello" | "hi"\nname ::= [a-z]{1,8}'
+GREETING_RE = r"(hello|hi) [a-z]{1,8}!"
+LIST_EBNF = ('root ::= "[" item ("," ws item){0,3} "]"\n'
+             'item ::= [0-9]{1,3} | "\\"" [a-z]{1,5} "\\""\nws ::= " "?')
+LIST_RE = r'\[(?:[0-9]{1,3}|"[a-z]{1,5}")(?:, ?(?:[0-9]{1,3}|"[a-z]{1,5}")){0,3}\]'
+
+
+def check_json(test, text, schema=PRODUCT_SCHEMA):
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        test.fail(f"not JSON ({error}): {text!r}")
+    problems = json_schema_check.errors(schema, value)
+    test.assertEqual(problems, [], text)
+    return value
+
+
+class StructuredGenerate(unittest.TestCase):
+    def constrained(self, prompt, max_new_tokens, **sampling):
+        """The /generate answer(s), each checked to have ended by itself."""
+        response = generate({"text": prompt, "sampling_params": dict(
+            {"max_new_tokens": max_new_tokens, "temperature": 0}, **sampling)})
+        self.assertEqual(response.status_code, 200, response.text)
+        body = response.json()
+        results = body if isinstance(body, list) else [body]
+        for result in results:
+            self.assertEqual(result["meta_info"]["finish_reason"]["type"], "stop", result)
+            self.assertLess(result["meta_info"]["completion_tokens"], max_new_tokens)
+        return body
+
+    def test_validator_self_test(self):
+        json_schema_check.self_test()
+
+    def test_json_schema(self):
+        prompt = "Product record:"
+        body = self.constrained(prompt, 800, json_schema=json.dumps(PRODUCT_SCHEMA))
+        value = check_json(self, body["text"])
+        # Properties in the schema's order, the optional one or not.
+        self.assertEqual(list(value), [k for k in PRODUCT_SCHEMA["properties"] if k in value])
+        # Left to itself the model writes prose here: the schema made the JSON.
+        free = generate({"text": prompt, "sampling_params": {"max_new_tokens": 40,
+                                                             "temperature": 0}}).json()
+        try:
+            self.assertNotEqual(json_schema_check.errors(PRODUCT_SCHEMA, json.loads(free["text"])), [])
+        except ValueError:
+            pass  # not even JSON
+
+    def test_json_schema_sampled_n(self):
+        body = self.constrained("Product record:", 800, json_schema=json.dumps(PRODUCT_SCHEMA),
+                                temperature=1.0, n=3, seed=5)
+        self.assertEqual(len(body), 3)
+        texts = set()
+        for result in body:
+            check_json(self, result["text"])
+            texts.add(result["text"])
+        self.assertGreater(len(texts), 1)
+
+    def test_regex(self):
+        for prompt, pattern in (("Call me at", PHONE), ("Is the sky green?", ANSWER),
+                                ("The code is", r"[A-Z]{3}-[0-9]{2,4}")):
+            body = self.constrained(prompt, 40, regex=pattern)
+            self.assertIsNotNone(re.fullmatch(pattern, body["text"]), (pattern, body["text"]))
+        free = generate({"text": "Call me at", "sampling_params": {"max_new_tokens": 16,
+                                                                   "temperature": 0}}).json()
+        self.assertIsNone(re.fullmatch(PHONE, free["text"]), free["text"])
+
+    def test_regex_sampled_and_streamed(self):
+        body = self.constrained("Is the sky green?", 40, regex=ANSWER, temperature=1.0, n=4,
+                                seed=9)
+        for result in body:
+            self.assertIsNotNone(re.fullmatch(ANSWER, result["text"]), result["text"])
+        payload = {"text": "Call me at", "stream": True,
+                   "sampling_params": {"max_new_tokens": 40, "temperature": 0, "regex": PHONE}}
+        with generate(payload, stream=True) as response:
+            self.assertEqual(response.status_code, 200)
+            events = sse_events(response)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = events[:-1]
+        self.assertGreater(len(chunks), 2)
+        for chunk in chunks:  # cumulative text, ending in a match
+            self.assertTrue(chunks[-1]["text"].startswith(chunk["text"]), chunk)
+        self.assertIsNotNone(re.fullmatch(PHONE, chunks[-1]["text"]), chunks[-1]["text"])
+        self.assertEqual(chunks[-1]["meta_info"]["finish_reason"]["type"], "stop")
+
+    def test_ebnf(self):
+        for prompt, grammar, pattern in (("Say hi:", GREETING_EBNF, GREETING_RE),
+                                         ("A list:", LIST_EBNF, LIST_RE)):
+            body = self.constrained(prompt, 60, ebnf=grammar)
+            self.assertIsNotNone(re.fullmatch(pattern, body["text"]), (grammar, body["text"]))
+
+    def test_batch_mixes_constrained_and_free_prompts(self):
+        prompts = ["Call me at", "The quick brown fox", "Product record:", "Say hi:"]
+        free = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+        params = [{"max_new_tokens": 40, "temperature": 0, "regex": PHONE}, free,
+                  {"max_new_tokens": 800, "temperature": 0,
+                   "json_schema": json.dumps(PRODUCT_SCHEMA)},
+                  {"max_new_tokens": 60, "temperature": 0, "ebnf": GREETING_EBNF}]
+        response = generate({"text": prompts, "sampling_params": params})
+        self.assertEqual(response.status_code, 200, response.text)
+        batch = response.json()
+        self.assertEqual(len(batch), 4)
+        self.assertIsNotNone(re.fullmatch(PHONE, batch[0]["text"]), batch[0]["text"])
+        self.assertEqual(batch[1]["meta_info"]["completion_tokens"], 10)
+        check_json(self, batch[2]["text"])
+        self.assertIsNotNone(re.fullmatch(GREETING_RE, batch[3]["text"]), batch[3]["text"])
+        # Each row's mask is its own: batched outputs equal the prompts alone.
+        for prompt, param, result in zip(prompts, params, batch):
+            alone = generate({"text": prompt, "sampling_params": param}).json()
+            self.assertEqual(alone["output_ids"], result["output_ids"], prompt)
+
+    def test_bad_grammars_are_400_naming_the_problem(self):
+        cases = [({"regex": "(ab"}, "regex", "missing ')'"),
+                 ({"regex": "[z-a]"}, "regex", "out of order"),
+                 ({"json_schema": "{not json"}, "json_schema", "not valid JSON"),
+                 ({"json_schema": json.dumps({"type": "strnig"})}, "json_schema", "'strnig'"),
+                 ({"json_schema": json.dumps({"type": "integer", "minimum": 3, "maximum": 1})},
+                  "json_schema", "minimum 3, maximum 1"),
+                 ({"json_schema": {"type": "object"}}, "json_schema", "must be a string"),
+                 ({"ebnf": "root ::= foo"}, "ebnf", "'foo'"),
+                 ({"ebnf": 'root ::= "a'}, "ebnf", "unterminated"),
+                 ({"regex": "a", "ebnf": 'root ::= "a"'}, "ebnf", "only one"),
+                 ({"regex": "[0-9]+", "ignore_eos": True}, "ignore_eos", "structured output")]
+        for sampling, param, needle in cases:
+            response = generate({"text": "hi", "sampling_params": dict(max_new_tokens=4,
+                                                                       **sampling)})
+            self.assertEqual(response.status_code, 400, (sampling, response.text))
+            error = response.json()["error"]
+            self.assertEqual(error["param"], param, error)
+            self.assertIn(needle, error["message"])
+        # A bad item fails the whole batch, before anything runs.
+        response = generate({"text": ["a", "b"], "sampling_params": [
+            {"max_new_tokens": 4}, {"max_new_tokens": 4, "regex": "(("}]})
+        self.assertEqual(response.status_code, 400, response.text)
+
+
+class StructuredSpeculative(unittest.TestCase):
+    def test_mtp_drafts_keep_greedy_constrained_outputs(self):
+        # The MTP drafter proposes tokens the grammar may reject; the
+        # verification against the masked target must give the same greedy
+        # output as plain decoding.
+        requests_ = [{"text": "Product record:", "sampling_params": {
+                          "max_new_tokens": 800, "temperature": 0,
+                          "json_schema": json.dumps(PRODUCT_SCHEMA)}},
+                     {"text": "Call me at", "sampling_params": {
+                          "max_new_tokens": 40, "temperature": 0, "regex": PHONE}}]
+        plain = [generate(r).json() for r in requests_]
+        with MegactxServer(ARGS.megactx, ARGS.model, *SERVER_ARGS, "--speculative-steps",
+                           "2") as server:
+            for request, expected in zip(requests_, plain):
+                response = requests.post(server.url + "/generate", json=request, timeout=300)
+                self.assertEqual(response.status_code, 200, response.text)
+                body = response.json()
+                self.assertEqual(body["output_ids"], expected["output_ids"])
+                self.assertGreater(body["meta_info"]["spec_verify_ct"], 0)
+        check_json(self, plain[0]["text"])
+        self.assertIsNotNone(re.fullmatch(PHONE, plain[1]["text"]))
 
 
 class ApiKey(unittest.TestCase):

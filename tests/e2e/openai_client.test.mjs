@@ -4,48 +4,22 @@
 //
 //   node --test openai_client.test.mjs -- --megactx build/megactx --model models/default
 // (or MEGACTX_BIN / MEGACTX_MODEL in the environment)
-import { spawn } from 'node:child_process';
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import readline from 'node:readline';
 import OpenAI from 'openai';
+import { startServer, stopServer } from './megactx_server.mjs';
 
-function argument(name, environment) {
-  const index = process.argv.indexOf(name);
-  if (index >= 0 && index + 1 < process.argv.length) return process.argv[index + 1];
-  if (process.env[environment]) return process.env[environment];
-  throw new Error(`missing ${name} (or ${environment})`);
-}
-
-const megactx = argument('--megactx', 'MEGACTX_BIN');
-const model = argument('--model', 'MEGACTX_MODEL');
 const NAME = 'default';
 let server;
 let baseURL;
 let client;
 
 before(async () => {
-  server = spawn(megactx, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0',
-    '--served-model-name', NAME, '--kv-memory', '256MiB'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const log = [];
-  server.stderr.on('data', (data) => log.push(data.toString()));
-  baseURL = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log.join(''))), 300000);
-    server.on('exit', (code) => reject(new Error(`server exited with ${code}:\n` + log.join(''))));
-    readline.createInterface({ input: server.stdout }).on('line', (line) => {
-      const match = /at (http:\/\/\S+)/.exec(line);
-      if (match) {
-        clearTimeout(timer);
-        resolve(match[1]);
-      }
-    });
-  });
+  ({ server, baseURL } = await startServer(NAME));
   client = new OpenAI({ apiKey: 'unused', baseURL: baseURL + '/v1', maxRetries: 0, timeout: 300000 });
 });
 
-after(() => {
-  if (server && server.exitCode === null) server.kill('SIGTERM');
-});
+after(() => stopServer(server));
 
 const user = (content) => ({ role: 'user', content });
 const greedy = { temperature: 0, max_tokens: 24 };

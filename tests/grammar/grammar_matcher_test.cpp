@@ -326,6 +326,45 @@ TEST(GrammarCompiler, ErrorsNameTheProblem) {
             std::string::npos);
 }
 
+// A schema that no value satisfies compiles to a grammar matching nothing;
+// the error names the contradiction and where it is, not only the rule.
+TEST(GrammarCompiler, UnsatisfiableSchemasNameTheContradiction) {
+  GrammarCompiler c(make_test_vocab().vocab);
+  auto message = [&](const std::string& schema) {
+    return error_of([&] { c.compile_json_schema(schema); });
+  };
+  EXPECT_NE(message(R"({"type":"integer","minimum":5,"maximum":3})")
+                .find("at #: no integer satisfies minimum 5, maximum 3"),
+            std::string::npos);
+  EXPECT_NE(
+      message(
+          R"({"type":"object","properties":{"n":{"type":"number","exclusiveMinimum":1,"maximum":1}},"required":["n"]})")
+          .find("at #/properties/n: no number satisfies exclusiveMinimum 1, maximum 1"),
+      std::string::npos);
+  EXPECT_NE(message(R"({"type":"string","minLength":4,"maxLength":2})")
+                .find("no string satisfies minLength 4, maxLength 2"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"type":"string","pattern":"^[0-9]+$","format":"date"})")
+                .find("no string satisfies pattern \"^[0-9]+$\", format \"date\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"type":"array","items":{"type":"integer"},"minItems":3,"maxItems":1})")
+                .find("no array satisfies minItems 3, maxItems 1"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"type":"object","required":["x"],"additionalProperties":false})")
+                .find("required property 'x' is not in properties"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"type":"object","properties":{"x":false},"required":["x"]})")
+                .find("at #/properties/x: the schema false allows no value"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"type":"string","enum":[1,2]})").find("no value of enum/const"),
+            std::string::npos);
+  // A branch that matches nothing is fine when another one matches something.
+  EXPECT_NO_THROW(c.compile_json_schema(
+      R"({"anyOf":[{"type":"integer","minimum":5,"maximum":3},{"type":"boolean"}]})"));
+  EXPECT_NO_THROW(c.compile_json_schema(
+      R"({"type":"object","properties":{"x":false,"y":{"type":"integer","minimum":1,"maximum":0}}})"));
+}
+
 TEST(GrammarCompiler, CachesByTextAndOptions) {
   GrammarCompiler c(make_test_vocab().vocab);
   auto a = c.compile_regex("a+");
