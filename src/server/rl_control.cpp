@@ -56,8 +56,7 @@ bool query_bool(const std::map<std::string, std::string>& fields, const std::str
   throw_invalid(name, "'" + name + "' must be true or false");
 }
 
-HttpResponse failure(const std::string& message, const std::string& param = "",
-                     int status = 400) {
+HttpResponse failure(const std::string& message, const std::string& param = "", int status = 400) {
   nlohmann::json body = error_json(status, message, param);
   body["success"] = false;
   body["message"] = message;
@@ -165,7 +164,8 @@ void handle_update_weights_from_disk(ServerState& state, const HttpRequest& requ
     const nlohmann::json body = parse_request_json(request.body);
     WeightUpdateRequest update = update_fields(body);
     auto path = get_string(body, "model_path");
-    if (!path || path->empty()) throw_invalid("model_path", "give 'model_path' (a model directory)");
+    if (!path || path->empty())
+      throw_invalid("model_path", "give 'model_path' (a model directory)");
     update.model_path = *path;
     if (auto format = get_string(body, "load_format");
         format && *format != "auto" && *format != "safetensors")
@@ -207,8 +207,8 @@ void handle_update_weights_from_safetensors(ServerState& state, const HttpReques
       if (auto it = fields.find("weight_version"); it != fields.end())
         update.weight_version = it->second;
       try {
-        bucket =
-            std::make_shared<TensorBucket>(TensorBucket::from_safetensors(request.body, "the body"));
+        bucket = std::make_shared<TensorBucket>(
+            TensorBucket::from_safetensors(request.body, "the body"));
       } catch (const Error& error) {
         throw ApiError(400, error.what());
       }
