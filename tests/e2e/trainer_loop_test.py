@@ -279,7 +279,6 @@ class TrainerLoop(unittest.TestCase):
         cls.report = []
         cls.rollouts = 0
         cls.rollout_worst = 0.0
-        # The folders given to update_weights_from_disk stay while the server may read them.
         cls.tmp = tempfile.mkdtemp(prefix="megactx-trainer-")
 
     @classmethod
@@ -466,6 +465,9 @@ class TrainerLoop(unittest.TestCase):
             self.assertEqual(response.status_code, 200, response.text)
             answer = response.json()
             self.assertTrue(answer["success"])
+            # slime deletes the folder right after the reload (unless told to keep it): later
+            # partial updates and memory resumes must not need it on disk.
+            shutil.rmtree(folder)
         else:
             # The partial set (the head and one layer) is small: smaller buckets, still several.
             buckets = buckets_of(tensors, BUCKET_BYTES if transport != "partial" else 4 << 20)
