@@ -155,7 +155,10 @@ def write_model_dir(path, tensors, source_dir):
 
 def token_logprobs(model, ids):
     """log p(ids[t] | ids[:t]) for t >= 1 from PyTorch's forward: float64 list of len(ids) - 1,
-    and the full [len(ids), vocab] log-softmax rows (row t predicts token t + 1)."""
+    and the full [len(ids), vocab] log-softmax rows (row t predicts token t + 1). Dense
+    attention equals the server's sparse attention while a sequence is no longer than
+    index_topk: the indexer then selects every earlier token."""
+    assert len(ids) <= model.cfg.index_topk, len(ids)
     with torch.no_grad():
         logits = model.logits(model(torch.tensor([ids]), mode="dense"))[0]
     rows = torch.log_softmax(logits.double(), dim=-1)
@@ -182,8 +185,9 @@ def get(server, route):
     return requests.get(server.url + route, timeout=60)
 
 
-def chat_ids(server, messages):
-    response = post(server, "/tokenize", {"messages": messages, "add_generation_prompt": True})
+def chat_ids(server, messages, add_generation_prompt=True):
+    response = post(server, "/tokenize", {"messages": messages,
+                                          "add_generation_prompt": add_generation_prompt})
     assert response.status_code == 200, response.text
     return response.json()["tokens"]
 
@@ -276,8 +280,9 @@ class TrainerLoop(unittest.TestCase):
         cls.version = "default"
         cls.prompts = [chat_ids(POLICY, messages) for messages in PROMPTS]
         # A fixed probe beside the rollouts: a chat prompt and an answer.
-        cls.probe = chat_ids(POLICY, [{"role": "user", "content": "Say something kind."}])
-        cls.probe += chat_ids(POLICY, [{"role": "assistant", "content": "You did well today."}])[:12]
+        cls.probe = chat_ids(POLICY, [{"role": "user", "content": "Say something kind."},
+                                      {"role": "assistant", "content": "You did well today."}],
+                             add_generation_prompt=False)
         cls.report = []
         cls.rollouts = 0
         cls.rollout_worst = 0.0
@@ -698,11 +703,12 @@ class TrainerLoop(unittest.TestCase):
             rejected(post(POLICY, "/update_weights_from_disk",
                           {"model_path": os.path.join(tmp, "shape"), "weight_version": "bad"}),
                      "model.layers.2.mlp.gate.weight")
-            missing = {k: v for k, v in tensors.items() if k != "model.layers.3.self_attn.o_proj.weight"}
+            gone = "model.layers.3.self_attn.o_proj.weight"
+            missing = {k: v for k, v in tensors.items() if k != gone}
             write_model_dir(os.path.join(tmp, "missing"), missing, ARGS.model)
             rejected(post(POLICY, "/update_weights_from_disk",
                           {"model_path": os.path.join(tmp, "missing"), "weight_version": "bad"}),
-                     "model.layers.3.self_attn.o_proj.weight")
+                     gone)
             write_model_dir(os.path.join(tmp, "arch"), tensors, ARGS.model)
             with open(os.path.join(ARGS.model, "config.json")) as f:
                 config = json.load(f)
