@@ -212,6 +212,15 @@ if [[ "${GPU_CHECK_CLI:-1}" == 1 ]]; then
   note "cli_devices_test --cuda exit $?"
 fi
 
+# The RL trainer loop with the policy and teacher servers on the GPU in the
+# fp32 mode; the machine's PyTorch trains on its CPU (exit 77: no torch).
+if [[ "${GPU_CHECK_TRAINER:-1}" == 1 ]]; then
+  timeout "${TRAINER_TIMEOUT:-600}" python3 tests/e2e/trainer_loop_test.py --megactx "$pack/bin/megactx" \
+    --model models/default --device cuda >"$out/trainer_loop.log" 2>&1
+  note "trainer_loop_test --device cuda exit $?"
+  grep -E "max \|" "$out/trainer_loop.log" | sed 's/^ *//' | tee -a "$summary"
+fi
+
 # 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
 #    default: the DSA attention kernels and the whole-model decode, each with
 #    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the

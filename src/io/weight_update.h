@@ -20,7 +20,8 @@
 
 namespace megactx {
 
-// Named tensors owned in memory, in their wire dtype (F32, BF16, F16, F8_E4M3).
+// Named tensors owned in memory, in their wire dtype (F32, BF16, F16, F8_E4M3;
+// any other is kept too and refused by checked_overlay).
 class TensorBucket {
  public:
   // A safetensors file's bytes; `label` names it in errors. The tensors are

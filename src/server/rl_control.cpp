@@ -6,7 +6,10 @@
 // /get_weight_version, /release_memory_occupation and
 // /resume_memory_occupation. Calls that block (updates, memory) run on the
 // state's control thread; a failure answers {"success": false, "message"}
-// with status 400 beside the usual error object, and changes nothing.
+// with status 400 beside the usual error object, and changes nothing. That
+// holds for requests refused before they reach the engine too (a bucket that
+// is no safetensors file, a tensor of an integer dtype, a bad option):
+// trainers read `success` of every answer.
 #include <map>
 #include <memory>
 
@@ -53,11 +56,21 @@ bool query_bool(const std::map<std::string, std::string>& fields, const std::str
   throw_invalid(name, "'" + name + "' must be true or false");
 }
 
-HttpResponse failure(const std::string& message) {
-  nlohmann::json body = error_json(400, message, "");
+HttpResponse failure(const std::string& message, const std::string& param = "", int status = 400) {
+  nlohmann::json body = error_json(status, message, param);
   body["success"] = false;
   body["message"] = message;
-  return json_response(body, 400);
+  return json_response(body, status);
+}
+
+// Runs a handler's checks and answers an ApiError they throw with failure().
+void answer_failures(const std::shared_ptr<ResponseChannel>& channel,
+                     const std::function<void()>& handler) {
+  try {
+    handler();
+  } catch (const ApiError& error) {
+    channel->respond(failure(error.what(), error.param(), error.status()));
+  }
 }
 
 // Runs `work` on the control thread and answers with its result or failure.
@@ -99,20 +112,22 @@ WeightUpdateRequest update_fields(const nlohmann::json& body) {
 
 void handle_pause_generation(ServerState& state, const HttpRequest& request,
                              std::shared_ptr<ResponseChannel> channel) {
-  const nlohmann::json body = body_object(request);
-  const std::string mode = get_string(body, "mode").value_or("abort");
-  PauseMode pause;
-  if (mode == "abort")
-    pause = PauseMode::Abort;
-  else if (mode == "retract")
-    pause = PauseMode::Retract;
-  else if (mode == "in_place")
-    pause = PauseMode::InPlace;
-  else
-    throw_invalid("mode", "'mode' must be abort, retract or in_place");
-  on_control_thread(state, channel, [&state, pause, mode] {
-    state.engine().pause(pause);
-    return nlohmann::json{{"success", true}, {"message", "generation paused (" + mode + ")"}};
+  answer_failures(channel, [&] {
+    const nlohmann::json body = body_object(request);
+    const std::string mode = get_string(body, "mode").value_or("abort");
+    PauseMode pause;
+    if (mode == "abort")
+      pause = PauseMode::Abort;
+    else if (mode == "retract")
+      pause = PauseMode::Retract;
+    else if (mode == "in_place")
+      pause = PauseMode::InPlace;
+    else
+      throw_invalid("mode", "'mode' must be abort, retract or in_place");
+    on_control_thread(state, channel, [&state, pause, mode] {
+      state.engine().pause(pause);
+      return nlohmann::json{{"success", true}, {"message", "generation paused (" + mode + ")"}};
+    });
   });
 }
 
@@ -145,62 +160,67 @@ void handle_loads(ServerState& state, const HttpRequest&,
 
 void handle_update_weights_from_disk(ServerState& state, const HttpRequest& request,
                                      std::shared_ptr<ResponseChannel> channel) {
-  const nlohmann::json body = parse_request_json(request.body);
-  WeightUpdateRequest update = update_fields(body);
-  auto path = get_string(body, "model_path");
-  if (!path || path->empty()) throw_invalid("model_path", "give 'model_path' (a model directory)");
-  update.model_path = *path;
-  if (auto format = get_string(body, "load_format");
-      format && *format != "auto" && *format != "safetensors")
-    throw_invalid("load_format", "'load_format' must be auto or safetensors");
-  on_control_thread(state, channel, [&state, update] {
-    const WeightUpdateResult result = state.engine().update_weights(update);
-    return nlohmann::json{{"success", true},
-                          {"message", "weights loaded from " + update.model_path},
-                          {"weight_version", result.weight_version},
-                          {"num_paused_requests", 0}};
+  answer_failures(channel, [&] {
+    const nlohmann::json body = parse_request_json(request.body);
+    WeightUpdateRequest update = update_fields(body);
+    auto path = get_string(body, "model_path");
+    if (!path || path->empty())
+      throw_invalid("model_path", "give 'model_path' (a model directory)");
+    update.model_path = *path;
+    if (auto format = get_string(body, "load_format");
+        format && *format != "auto" && *format != "safetensors")
+      throw_invalid("load_format", "'load_format' must be auto or safetensors");
+    on_control_thread(state, channel, [&state, update] {
+      const WeightUpdateResult result = state.engine().update_weights(update);
+      return nlohmann::json{{"success", true},
+                            {"message", "weights loaded from " + update.model_path},
+                            {"weight_version", result.weight_version},
+                            {"num_paused_requests", 0}};
+    });
   });
 }
 
 void handle_update_weights_from_safetensors(ServerState& state, const HttpRequest& request,
                                             std::shared_ptr<ResponseChannel> channel) {
-  WeightUpdateRequest update;
-  std::shared_ptr<TensorBucket> bucket;
-  const std::string type = request.header("content-type");
-  if (type.rfind("application/json", 0) == 0) {
-    // {"path": "/dev/shm/bucket.safetensors", "commit", "weight_version", "flush_cache"}
-    const nlohmann::json body = parse_request_json(request.body);
-    update = update_fields(body);
-    update.commit = get_bool(body, "commit").value_or(true);
-    auto path = get_string(body, "path");
-    if (!path)
-      throw_invalid("path", "give 'path' (a safetensors file) or send the file as the body");
-    try {
-      bucket = std::make_shared<TensorBucket>(TensorBucket::read_safetensors_file(*path));
-    } catch (const Error& error) {
-      throw ApiError(400, error.what(), "path");
+  answer_failures(channel, [&] {
+    WeightUpdateRequest update;
+    std::shared_ptr<TensorBucket> bucket;
+    const std::string type = request.header("content-type");
+    if (type.rfind("application/json", 0) == 0) {
+      // {"path": "/dev/shm/bucket.safetensors", "commit", "weight_version", "flush_cache"}
+      const nlohmann::json body = parse_request_json(request.body);
+      update = update_fields(body);
+      update.commit = get_bool(body, "commit").value_or(true);
+      auto path = get_string(body, "path");
+      if (!path)
+        throw_invalid("path", "give 'path' (a safetensors file) or send the file as the body");
+      try {
+        bucket = std::make_shared<TensorBucket>(TensorBucket::read_safetensors_file(*path));
+      } catch (const Error& error) {
+        throw ApiError(400, error.what(), "path");
+      }
+    } else {
+      // The file itself; the options in the query string.
+      const auto fields = query_fields(request.target);
+      update.commit = query_bool(fields, "commit", true);
+      update.flush_cache = query_bool(fields, "flush_cache", true);
+      if (auto it = fields.find("weight_version"); it != fields.end())
+        update.weight_version = it->second;
+      try {
+        bucket = std::make_shared<TensorBucket>(
+            TensorBucket::from_safetensors(request.body, "the body"));
+      } catch (const Error& error) {
+        throw ApiError(400, error.what());
+      }
     }
-  } else {
-    // The file itself; the options in the query string.
-    const auto fields = query_fields(request.target);
-    update.commit = query_bool(fields, "commit", true);
-    update.flush_cache = query_bool(fields, "flush_cache", true);
-    if (auto it = fields.find("weight_version"); it != fields.end())
-      update.weight_version = it->second;
-    try {
-      bucket =
-          std::make_shared<TensorBucket>(TensorBucket::from_safetensors(request.body, "the body"));
-    } catch (const Error& error) {
-      throw ApiError(400, error.what());
-    }
-  }
-  update.bucket = bucket;
-  on_control_thread(state, channel, [&state, update] {
-    const WeightUpdateResult result = state.engine().update_weights(update);
-    return nlohmann::json{{"success", true},
-                          {"committed", result.committed},
-                          {"tensors", result.tensors},
-                          {"weight_version", result.weight_version}};
+    update.bucket = bucket;
+    on_control_thread(state, channel, [&state, update] {
+      const WeightUpdateResult result = state.engine().update_weights(update);
+      return nlohmann::json{{"success", true},
+                            {"committed", result.committed},
+                            {"tensors", result.tensors},
+                            {"weight_version", result.weight_version}};
+    });
   });
 }
 
@@ -211,19 +231,23 @@ void handle_get_weight_version(ServerState& state, const HttpRequest&,
 
 void handle_release_memory(ServerState& state, const HttpRequest& request,
                            std::shared_ptr<ResponseChannel> channel) {
-  const MemoryTags tags = parse_tags(body_object(request));
-  on_control_thread(state, channel, [&state, tags] {
-    state.engine().release_memory(tags);
-    return nlohmann::json{{"success", true}, {"message", "memory released"}};
+  answer_failures(channel, [&] {
+    const MemoryTags tags = parse_tags(body_object(request));
+    on_control_thread(state, channel, [&state, tags] {
+      state.engine().release_memory(tags);
+      return nlohmann::json{{"success", true}, {"message", "memory released"}};
+    });
   });
 }
 
 void handle_resume_memory(ServerState& state, const HttpRequest& request,
                           std::shared_ptr<ResponseChannel> channel) {
-  const MemoryTags tags = parse_tags(body_object(request));
-  on_control_thread(state, channel, [&state, tags] {
-    state.engine().resume_memory(tags);
-    return nlohmann::json{{"success", true}, {"message", "memory resumed"}};
+  answer_failures(channel, [&] {
+    const MemoryTags tags = parse_tags(body_object(request));
+    on_control_thread(state, channel, [&state, tags] {
+      state.engine().resume_memory(tags);
+      return nlohmann::json{{"success", true}, {"message", "memory resumed"}};
+    });
   });
 }
 

@@ -73,12 +73,12 @@ class Control {
   std::map<std::string, Output> runs;
 };
 
-// A safetensors file of float32 tensors, written from the format's spec.
+// A safetensors file of the tensors in their dtypes, written from the format's spec.
 std::string safetensors_bytes(const std::map<std::string, Tensor>& tensors) {
   nlohmann::json header = nlohmann::json::object();
   std::string data;
   for (const auto& [name, tensor] : tensors) {
-    header[name] = {{"dtype", "F32"},
+    header[name] = {{"dtype", std::string(dtype_name(tensor.dtype()))},
                     {"shape", tensor.shape()},
                     {"data_offsets", {data.size(), data.size() + tensor.nbytes()}}};
     data.append(static_cast<const char*>(tensor.raw()), tensor.nbytes());
@@ -245,12 +245,18 @@ TEST(EngineControl, BadBucketsAreErrorsAndChangeNothing) {
   };
   expect_error({{"model.no_such.weight", norm}}, "'model.no_such.weight'");
   expect_error({{"model.norm.weight", Tensor::zeros({3})}}, "has shape");
+  expect_error({{"model.norm.weight", Tensor::zeros(norm.shape(), DType::I32)}},
+               "'model.norm.weight' has dtype I32, not a floating dtype");
   // A bad bucket drops what was staged before it: the commit applies nothing.
+  // An integer dtype is a bad bucket like a wrong shape (the bucket carries it
+  // to the engine's checks instead of failing while it is parsed).
   WeightUpdateRequest good;
   good.bucket = bucket_of({{"model.norm.weight", Tensor::zeros(norm.shape())}});
   good.commit = false;
-  c.engine->update_weights(good);
-  expect_error({{"model.norm.weight", Tensor::zeros({2, 2})}}, "has shape");
+  for (const Tensor& bad : {Tensor::zeros({2, 2}), Tensor::zeros(norm.shape(), DType::I64)}) {
+    c.engine->update_weights(good);
+    expect_error({{"model.norm.weight", bad}}, "'model.norm.weight'");
+  }
   WeightUpdateRequest commit;
   commit.bucket = bucket_of({});
   c.engine->update_weights(commit);

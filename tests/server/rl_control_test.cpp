@@ -98,20 +98,36 @@ TEST(RlControl, WeightUpdatesAndVersions) {
   ASSERT_EQ(file->status, 200) << file->body;
   EXPECT_TRUE(f.engine.weight_updates().back().commit);
   EXPECT_EQ(f.engine.weight_updates().back().bucket->tensors().count("lm_head.weight"), 1u);
-  // Broken buckets never reach the engine.
+  // Broken buckets never reach the engine, and say so as every failed update
+  // does: success false and the message beside the error object.
   const size_t updates = f.engine.weight_updates().size();
+  auto refused = [](const RecordingChannel& response, const std::string& param) {
+    EXPECT_EQ(response.status, 400) << response.body;
+    const json answer = response.json();
+    EXPECT_FALSE(answer["success"].get<bool>()) << response.body;
+    EXPECT_EQ(answer["message"], answer["error"]["message"]);
+    if (param.empty())
+      EXPECT_TRUE(answer["error"]["param"].is_null()) << response.body;
+    else
+      EXPECT_EQ(answer["error"]["param"], param) << response.body;
+  };
   auto garbage = f.start("POST", "/update_weights_from_safetensors", "not a safetensors file",
                          {{"content-type", "application/octet-stream"}});
   ASSERT_TRUE(garbage->wait());
-  EXPECT_EQ(garbage->status, 400);
-  EXPECT_EQ(f.call("POST", "/update_weights_from_safetensors", {{"path", "/nonexistent"}},
-                   {{"content-type", "application/json"}})
-                ->status,
-            400);
+  refused(*garbage, "");
+  refused(*f.call("POST", "/update_weights_from_safetensors", {{"path", "/nonexistent"}},
+                  {{"content-type", "application/json"}}),
+          "path");
+  refused(*f.call("POST", "/update_weights_from_safetensors", json::object(),
+                  {{"content-type", "application/json"}}),
+          "path");
   auto query = f.start("POST", "/update_weights_from_safetensors?commit=maybe",
                        one_tensor_file("x"), {{"content-type", "application/octet-stream"}});
   ASSERT_TRUE(query->wait());
-  EXPECT_EQ(query->status, 400);
+  refused(*query, "commit");
+  refused(*f.call("POST", "/update_weights_from_disk", json::object()), "model_path");
+  refused(*f.call("POST", "/pause_generation", {{"mode", "sideways"}}), "mode");
+  refused(*f.call("POST", "/release_memory_occupation", {{"tags", {"gpu"}}}), "tags");
   EXPECT_EQ(f.engine.weight_updates().size(), updates);
 }
 
