@@ -74,6 +74,7 @@ void ServerState::drain() {
     std::lock_guard lock(gate_->mutex);
     gate_->open = false;
   }
+  if (chat_hook_) chat_hook_->shutdown();
   if (control_) {
     control_->join();
     control_.reset();

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "engine/engine_api.h"
+#include "server/chat_hook.h"
 #include "server/chat_setup.h"
 #include "server/metrics.h"
 
@@ -60,6 +61,11 @@ class ServerState {
   // threads nor the update workers wait for it. `task` answers its channel.
   void run_control(std::function<void()> task);
 
+  // The agent gateway (chat_hook.h); null: every chat request is a plain one.
+  // Set once, before the server starts taking requests.
+  void set_chat_hook(std::shared_ptr<ChatSessionHook> hook) { chat_hook_ = std::move(hook); }
+  ChatSessionHook* chat_hook() const { return chat_hook_.get(); }
+
  private:
   EngineApi& engine_;
   ServerConfig config_;
@@ -69,6 +75,7 @@ class ServerState {
   uint64_t id_salt_;
   std::optional<boost::asio::thread_pool> workers_;
   std::optional<boost::asio::thread_pool> control_;  // one thread: run_control
+  std::shared_ptr<ChatSessionHook> chat_hook_;
   // Engine callbacks may outlive this object (the engine thread stops later):
   // they post only while the gate is open.
   struct Gate {
