@@ -52,6 +52,10 @@ class ServerState {
   // `on_update` are logged, never propagated into the engine.
   void submit(GenerationRequest request, std::function<void(const RequestUpdate&)> on_update);
 
+  // Runs `task` on a worker thread (dropped once draining began); an
+  // exception it throws is logged.
+  void post(std::function<void()> task);
+
   // Shutdown: stops taking engine updates and waits until every posted one
   // has been handled. No request may be submitted afterwards.
   void drain();
