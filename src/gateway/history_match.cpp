@@ -87,20 +87,26 @@ Alignment align_history(std::string_view rendered, std::string_view recorded, si
   const size_t hi = std::min(upper, rendered.size());
   const size_t window_start = hi > kSearchWindow ? hi - kSearchWindow : 0;
   const size_t lo = std::min(std::max(alignment.diverges_at, window_start), hi);
-  // Enough of the generated text must match to trust the place.
+  // Enough of the generated text must match to trust the place: a few
+  // characters, or everything the rendering has between the first
+  // difference and the cut (a template that re-rendered the span's start).
   const size_t evidence = std::min<size_t>(8, output_chars);
+  auto trusted = [&](const Best& best, size_t stop) {
+    return best.length > stop &&
+           (best.length >= stop + evidence || best.pos - best.length <= alignment.diverges_at);
+  };
   // The stop token's text written by the template right after the span (GLM
   // writes <|observation|> before tool results), else the span without it.
-  Best with_stop = best_end(rendered, lo, hi, recorded);
-  if (with_stop.length >= stop_chars + evidence && with_stop.length > 0) {
+  const Best with_stop = best_end(rendered, lo, hi, recorded);
+  if (trusted(with_stop, stop_chars)) {
     alignment.aligned = true;
     alignment.cut = with_stop.pos;
     return alignment;
   }
   if (stop_chars > 0) {
     const std::string_view without_stop = recorded.substr(0, recorded.size() - stop_chars);
-    Best best = best_end(rendered, lo, hi, without_stop);
-    if (best.length >= std::max<size_t>(evidence, 1)) {
+    const Best best = best_end(rendered, lo, hi, without_stop);
+    if (trusted(best, 0)) {
       alignment.aligned = true;
       alignment.cut = best.pos;
     }

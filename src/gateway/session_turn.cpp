@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -141,9 +142,7 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
         id_(state_.new_id("chatcmpl-")),
         created_(server::unix_time_seconds()) {}
 
-  ~TurnJob() {
-    if (stored_) stored_->in_flight -= 1;
-  }
+  ~TurnJob() { release(); }
 
   // Everything that can be refused, then the first generation.
   void start(const server::HttpRequest& request) {
@@ -171,6 +170,12 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
   }
 
  private:
+  // The turn is over for the store (evictable again); before answering, so
+  // that whatever the client does next sees it.
+  void release() {
+    if (stored_ && !released_.exchange(true)) stored_->in_flight -= 1;
+  }
+
   void cancel() {
     std::string rid;
     {
@@ -304,6 +309,7 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
       step();
     } catch (const std::exception& error) {
       spdlog::error("gateway session {}: turn failed: {}", identity_.session, error.what());
+      release();
       channel_->respond(server::error_response(500, std::string("gateway: ") + error.what()));
     }
   }
@@ -311,6 +317,7 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
   void on_generated(const server::GenerationOutput& output) {
     if (output.finish == FinishReason::Error) {
       ++gateway_.metrics().turns_failed;
+      release();
       channel_->respond(server::error_response(400, output.finish_detail));
       return;
     }
@@ -530,6 +537,7 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
       turn.reply = reply;
       session.turns.push_back(std::move(turn));
     }
+    release();
     gateway_.store().update_size(stored_);
     gateway_.metrics().count_turn(kind_);
     return turn_index;
@@ -599,6 +607,7 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
   ParsedMessage parsed_;
   int64_t intercepts_ = 0;
 
+  std::atomic<bool> released_{false};
   std::mutex mutex_;  // the disconnect callback's state
   std::string current_rid_;
   bool cancelled_ = false;

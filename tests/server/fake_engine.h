@@ -75,6 +75,8 @@ class FakeEngine : public EngineApi {
   std::atomic<int64_t> hold_after{-1};
   std::atomic<int64_t> waiting_requests{0};
   std::atomic<int64_t> context_tokens{4096};
+  // Longer prompts fail with FinishReason::Error (the engine-error tests).
+  std::atomic<size_t> max_prompt_tokens{1000};
   std::atomic<bool> flush_ok{true};
   bool keep_submitted = true;  // the fuzzer sends millions: it keeps none
 
@@ -271,7 +273,7 @@ class FakeEngine : public EngineApi {
       update.completion_tokens = live.generated;
       return true;
     }
-    if (request.input_ids.size() > 1000) {
+    if (request.input_ids.size() > max_prompt_tokens.load()) {
       update.finish = FinishReason::Error;
       update.finish_detail = "prompt too long for the fake engine";
       return true;
