@@ -29,8 +29,9 @@ ToolCallView view_tool_call(std::string name, const nlohmann::json& arguments);
 
 // Shell-style glob over a path: '**' spans directories, '*' and '?' stay in
 // one; matched case-insensitively against the whole path and against every
-// suffix that starts after a '/', so "tests/**" finds "repo/tests/a.py". A
-// pattern starting with '/' matches absolute paths from their root only.
+// suffix that starts after a '/', so a glob of a tests folder also finds it
+// inside a checkout's folder. A pattern starting with '/' matches absolute
+// paths from their root only.
 bool path_glob_match(std::string_view pattern, std::string_view path);
 
 }  // namespace megactx::gateway
