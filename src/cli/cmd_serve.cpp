@@ -6,6 +6,9 @@
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
+//   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
+//   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
+//   [--gateway-max-sessions N] [--gateway-max-memory 1GiB] [--gateway-idle-seconds S]
 // Loads the model, starts the engine and the HTTP server (OpenAI + SGLang
 // native API), prints "megactx serving NAME at http://H:P" on stdout when
 // ready, and runs until SIGINT/SIGTERM.
@@ -16,6 +19,8 @@
 // --host-kv-memory: the prefix cache's host tier (engine/engine_config.h):
 // evicted pages wait in that much host memory (pinned with --device cuda) for
 // a prefix hit instead of being recomputed.
+// --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
+// X-Session-Id header are recorded as trajectories, their tool calls screened.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -30,6 +35,7 @@
 #include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine_builder.h"
+#include "gateway/gateway.h"
 #include "io/model_config.h"
 #include "io/model_summary.h"
 #include "server/chat_setup.h"
@@ -62,6 +68,9 @@ struct ServeOptions {
   int64_t max_connections = 8192;
   bool check_integrity = false;
   SpeculativeCliOptions speculative;
+  gateway::GatewayConfig gateway;
+  std::string gateway_guard = "flag";
+  std::string gateway_max_memory = "1GiB";
 };
 
 int run_serve(const ServeOptions& options) {
@@ -126,6 +135,14 @@ int run_serve(const ServeOptions& options) {
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
+  gateway::GatewayConfig gateway_config = options.gateway;
+  gateway_config.mode = gateway::parse_guard_mode(options.gateway_guard);
+  gateway_config.limits.max_bytes =
+      static_cast<int64_t>(parse_memory_size(options.gateway_max_memory));
+  MEGACTX_CHECK(gateway_config.limits.max_sessions > 0 && gateway_config.limits.max_bytes > 0,
+                "--gateway-max-sessions and --gateway-max-memory must be positive");
+  std::shared_ptr<gateway::Gateway> agent_gateway =
+      gateway::install_gateway(state, router, std::move(gateway_config));
 
   server::HttpServerOptions http;
   http.host = options.host;
@@ -209,6 +226,51 @@ CommandRegistration registration{
                        "Check the KV pages, prefix cache and scheduler after every engine step "
                        "(slow; for soak tests and debugging: a violation is logged as an error)");
       add_speculative_options(command, options->speculative);
+      gateway::GatewayConfig& gateway = options->gateway;
+      command
+          .add_option("--gateway-guard", options->gateway_guard,
+                      "Tool calls of gateway sessions: off, flag (screen and record) or intercept "
+                      "(a confirmed hack gets a virtual tool result)")
+          ->capture_default_str();
+      command.add_option("--gateway-rules", gateway.rules_file,
+                         "Guard rules (JSON; default: the built-in rule sets)");
+      command
+          .add_option("--gateway-judge-url", gateway.judge.endpoint,
+                      "Judge of flagged calls: self (this engine), off, or an OpenAI-compatible "
+                      "http:// base URL")
+          ->capture_default_str();
+      command.add_option("--gateway-judge-model", gateway.judge.model,
+                         "The model name sent to the judge endpoint");
+      command.add_option("--gateway-judge-api-key", gateway.judge.api_key,
+                         "Bearer key of the judge endpoint");
+      command
+          .add_option("--gateway-judge-timeout", gateway.judge.timeout_seconds,
+                      "Seconds per judge request to an endpoint")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-judge-max-tokens", gateway.judge.max_tokens,
+                      "Tokens of a verdict (a cut-off one counts as not confirmed)")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-intercept-text", gateway.intercept_text,
+                      "The virtual tool result of an intercepted call")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-max-intercepts", gateway.max_intercepts_per_turn,
+                      "Interceptions per client request before a call goes through")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-max-sessions", gateway.limits.max_sessions,
+                      "Sessions the gateway keeps (finished ones are evicted first)")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-max-memory", options->gateway_max_memory,
+                      "Memory the gateway's recorded sessions may use")
+          ->capture_default_str();
+      command
+          .add_option("--gateway-idle-seconds", gateway.limits.idle_seconds,
+                      "A session idle this long counts as finished (0: never)")
+          ->capture_default_str();
       return [options] { return run_serve(*options); };
     }};
 

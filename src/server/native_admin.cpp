@@ -101,6 +101,7 @@ void handle_metrics(ServerState& state, const HttpRequest&,
   HttpResponse response;
   response.content_type = "text/plain; version=0.0.4; charset=utf-8";
   response.body = state.metrics().render(state.engine().stats());
+  if (const ChatSessionHook* hook = state.chat_hook()) response.body += hook->metrics_text();
   channel->respond(std::move(response));
 }
 

@@ -7,23 +7,16 @@
 // constrain the output with a grammar (structured_output.h).
 #include <memory>
 
-#include "chat/chat_template.h"
 #include "chat/output_parser.h"
-#include "io/bounded_json.h"
-#include "io/model_config.h"
-#include "server/api_error.h"
-#include "server/chat_prompt.h"
+#include "server/chat_hook.h"
+#include "server/chat_request.h"
 #include "server/endpoints.h"
 #include "server/generation_output.h"
 #include "server/json_text.h"
 #include "server/logprob_json.h"
 #include "server/openai_choices.h"
 #include "server/openai_common.h"
-#include "server/prompt_limits.h"
-#include "server/request_fields.h"
-#include "server/sampling_json.h"
 #include "server/sse.h"
-#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx::server {
@@ -85,16 +78,8 @@ class ChatJob : public OpenAiChoiceJob {
   nlohmann::json whole_choice(size_t index) const override {
     const GenerationOutput& output = outputs[index];
     ParsedMessage parsed = parse_output(output.text, parser_options);
-    bool made_calls = !parsed.tool_calls.empty();
-    nlohmann::json message = {
-        {"role", "assistant"},
-        {"content", parsed.content.empty() && made_calls
-                        ? nlohmann::json(nullptr)
-                        : nlohmann::json(sanitize_utf8(parsed.content))},
-        {"reasoning_content", parsed.reasoning_content.empty()
-                                  ? nlohmann::json(nullptr)
-                                  : nlohmann::json(sanitize_utf8(parsed.reasoning_content))}};
-    if (made_calls) message["tool_calls"] = parsed.tool_calls;
+    const bool made_calls = !parsed.tool_calls.empty();
+    nlohmann::json message = chat_message_json(parsed);
     nlohmann::json logprobs_json = nullptr;
     if (logprobs)
       logprobs_json = {
@@ -140,6 +125,7 @@ class ChatJob : public OpenAiChoiceJob {
 
 void handle_chat_completions(ServerState& state, const HttpRequest& request,
                              std::shared_ptr<ResponseChannel> channel) {
+<<<<<<< HEAD
   nlohmann::json body = parse_request_json(request.body);
   check_model_name(state, body);
   refuse_unsupported_constraints(body, /*chat=*/true);
@@ -155,55 +141,21 @@ void handle_chat_completions(ServerState& state, const HttpRequest& request,
   const Tokenizer& tokenizer = state.engine().tokenizer();
   std::vector<int32_t> ids = tokenizer.encode(prompt, false);
 
+=======
+  // A request of a recorded agent session goes to the gateway (chat_hook.h).
+  if (ChatSessionHook* hook = state.chat_hook(); hook != nullptr && hook->claims(request))
+    return hook->handle_chat(state, request, std::move(channel));
+  const ChatRequestPlan plan = plan_chat_request(state, request);
+>>>>>>> gateway
   auto job = std::make_shared<ChatJob>(state, channel);
-  job->stream = get_bool(body, "stream").value_or(false);
-  job->include_usage = parse_include_usage(body, job->stream);
-  job->logprobs = get_bool(body, "logprobs").value_or(false);
-  if (auto top = get_integer(body, "top_logprobs")) {
-    check_range("top_logprobs", static_cast<double>(*top), 0, 20);
-    if (*top > 0 && !job->logprobs)
-      throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    job->top_logprobs = *top;
-  }
-  const size_t n = static_cast<size_t>(parse_choice_count(body));
-  job->choices_per_prompt = n;
-  OpenAiSampling sampling = parse_openai_sampling(body, state.config().default_sampling);
-  int64_t max_new = resolve_max_new_tokens(static_cast<int64_t>(ids.size()), sampling.max_tokens,
-                                           state.engine().max_context_tokens(), false,
-                                           {"messages", "max_tokens"});
-  if (max_new == 0) throw_invalid("max_tokens", "'max_tokens' must be at least 1");
-  sampling.params.max_new_tokens = max_new;
-  sampling.params.grammar = grammar;
-  check_sampling_request(sampling.params, tokenizer.vocab_size(), /*openai_names=*/true);
-
-  job->parser_options.format = state.chat().tool_call_format;
-  job->parser_options.tools = tools;
-  // Markup is always parsed: a call of a function the request did not offer
-  // (or markup that does not parse) reaches content without its markup.
-  job->parser_options.parse_tool_calls = true;
-  job->parser_options.known_tools_only = true;
-  job->parser_options.strip_unparsed_markup = true;
-  if (auto parallel = get_bool(body, "parallel_tool_calls"); parallel && !*parallel)
-    job->parser_options.max_tool_calls = 1;
-  job->parser_options.parse_reasoning = true;
-  job->parser_options.starts_in_reasoning = prompt_opens_reasoning(prompt);
-
-  for (size_t k = 0; k < n; ++k) {
-    GenerationRequest request;
-    request.rid = job->id + "-" + std::to_string(k);
-    request.input_ids = ids;
-    request.sampling = sampling.params;
-    // Reasoning and tool-call markers (<think>, <tool_call>, <arg_key>, ...) are
-    // special tokens in GLM and DeepSeek tokenizers and the output parser must see
-    // them, so chat keeps special tokens in the text unless the request says
-    // otherwise (as vLLM's GLM tool parser and SGLang do). Stop tokens never reach
-    // the text.
-    if (!has_field(body, "skip_special_tokens")) request.sampling.skip_special_tokens = false;
-    request.sampling.max_new_tokens = max_new;
-    if (sampling.params.seed) request.sampling.seed = *sampling.params.seed + k;
-    request.return_logprob = job->logprobs;
-    request.top_logprobs_num = job->top_logprobs;
-    job->requests.push_back(std::move(request));
+  job->stream = plan.stream;
+  job->include_usage = plan.include_usage;
+  job->logprobs = plan.logprobs;
+  job->top_logprobs = plan.top_logprobs;
+  job->choices_per_prompt = plan.n;
+  job->parser_options = plan.parser_options;
+  for (size_t k = 0; k < plan.n; ++k) {
+    job->requests.push_back(chat_generation_request(plan, k, job->id + "-" + std::to_string(k)));
     ChatChoice choice;
     if (job->stream) choice.parser = std::make_unique<OutputParser>(job->parser_options);
     job->choices.push_back(std::move(choice));

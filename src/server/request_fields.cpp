@@ -99,4 +99,48 @@ void check_range(const std::string& name, double value, double low, double high)
   }
 }
 
+namespace {
+
+std::string percent_decode(const std::string& text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 &&
+               hex(text[i + 2]) >= 0) {
+      out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];  // a stray '%' stays as written
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> query_fields(const std::string& target) {
+  std::map<std::string, std::string> fields;
+  const size_t at = target.find('?');
+  if (at == std::string::npos) return fields;
+  size_t start = at + 1;
+  while (start < target.size()) {
+    size_t end = target.find('&', start);
+    if (end == std::string::npos) end = target.size();
+    const std::string pair = target.substr(start, end - start);
+    const size_t equals = pair.find('=');
+    if (!pair.empty())
+      fields[percent_decode(pair.substr(0, equals))] =
+          equals == std::string::npos ? "" : percent_decode(pair.substr(equals + 1));
+    start = end + 1;
+  }
+  return fields;
+}
+
 }  // namespace megactx::server

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,10 @@ std::optional<std::string> get_string(const nlohmann::json& object, const std::s
 std::vector<std::string> get_string_or_list(const nlohmann::json& object, const std::string& name);
 // A list of integers that fit int32 (token ids).
 std::vector<int32_t> get_token_list(const nlohmann::json& value, const std::string& name);
+
+// key=value pairs of a request target's query string, percent-decoded ('+'
+// is a space); a key without '=' maps to "", a repeated key keeps its last value.
+std::map<std::string, std::string> query_fields(const std::string& target);
 
 // Range checks that throw ApiError 400 naming the field.
 void check_range(const std::string& name, double value, double low, double high);

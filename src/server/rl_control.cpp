@@ -29,24 +29,6 @@ nlohmann::json body_object(const HttpRequest& request) {
   return parse_request_json(request.body);
 }
 
-// key=value pairs of the target's query string (no escapes needed for the
-// fields read here: booleans and versions).
-std::map<std::string, std::string> query_fields(const std::string& target) {
-  std::map<std::string, std::string> fields;
-  const size_t at = target.find('?');
-  if (at == std::string::npos) return fields;
-  size_t start = at + 1;
-  while (start < target.size()) {
-    size_t end = target.find('&', start);
-    if (end == std::string::npos) end = target.size();
-    const std::string pair = target.substr(start, end - start);
-    const size_t equals = pair.find('=');
-    fields[pair.substr(0, equals)] = equals == std::string::npos ? "" : pair.substr(equals + 1);
-    start = end + 1;
-  }
-  return fields;
-}
-
 bool query_bool(const std::map<std::string, std::string>& fields, const std::string& name,
                 bool fallback) {
   auto it = fields.find(name);

@@ -69,11 +69,24 @@ void ServerState::submit(GenerationRequest request,
                  });
 }
 
+void ServerState::post(std::function<void()> task) {
+  std::lock_guard lock(gate_->mutex);
+  if (!gate_->open || !workers_) return;
+  boost::asio::post(*workers_, [task = std::move(task)] {
+    try {
+      task();
+    } catch (const std::exception& error) {
+      spdlog::error("a server task failed: {}", error.what());
+    }
+  });
+}
+
 void ServerState::drain() {
   {
     std::lock_guard lock(gate_->mutex);
     gate_->open = false;
   }
+  if (chat_hook_) chat_hook_->shutdown();
   if (control_) {
     control_->join();
     control_.reset();

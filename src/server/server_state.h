@@ -15,6 +15,7 @@
 #include <string>
 
 #include "engine/engine_api.h"
+#include "server/chat_hook.h"
 #include "server/chat_setup.h"
 #include "server/metrics.h"
 
@@ -51,6 +52,10 @@ class ServerState {
   // `on_update` are logged, never propagated into the engine.
   void submit(GenerationRequest request, std::function<void(const RequestUpdate&)> on_update);
 
+  // Runs `task` on a worker thread (dropped once draining began); an
+  // exception it throws is logged.
+  void post(std::function<void()> task);
+
   // Shutdown: stops taking engine updates and waits until every posted one
   // has been handled. No request may be submitted afterwards.
   void drain();
@@ -59,6 +64,11 @@ class ServerState {
   // release) on a thread of its own, one at a time, so neither the HTTP I/O
   // threads nor the update workers wait for it. `task` answers its channel.
   void run_control(std::function<void()> task);
+
+  // The agent gateway (chat_hook.h); null: every chat request is a plain one.
+  // Set once, before the server starts taking requests.
+  void set_chat_hook(std::shared_ptr<ChatSessionHook> hook) { chat_hook_ = std::move(hook); }
+  ChatSessionHook* chat_hook() const { return chat_hook_.get(); }
 
  private:
   EngineApi& engine_;
@@ -69,6 +79,7 @@ class ServerState {
   uint64_t id_salt_;
   std::optional<boost::asio::thread_pool> workers_;
   std::optional<boost::asio::thread_pool> control_;  // one thread: run_control
+  std::shared_ptr<ChatSessionHook> chat_hook_;
   // Engine callbacks may outlive this object (the engine thread stops later):
   // they post only while the gate is open.
   struct Gate {

@@ -12,6 +12,7 @@
 
 #include "../server/fake_channel.h"
 #include "../server/fake_engine.h"
+#include "gateway/gateway.h"
 #include "server/endpoints.h"
 
 namespace {
@@ -23,6 +24,7 @@ using megactx::server::testing::RecordingChannel;
 struct Route {
   const char* method;
   const char* path;
+  bool session = false;  // a gateway session turn (X-Session-Id and a parent)
 };
 // Every route a client can reach, and two it cannot.
 constexpr Route kRoutes[] = {
@@ -49,6 +51,16 @@ constexpr Route kRoutes[] = {
     {"GET", "/get_weight_version"},
     {"POST", "/release_memory_occupation"},
     {"POST", "/resume_memory_occupation"},
+    {"POST", "/v1/chat/completions", true},
+    {"GET", "/gateway/sessions"},
+    {"GET", "/gateway/session?session_id=fuzz"},
+    {"GET", "/gateway/session?session_id=fuzz&prompt_ids=1"},
+    {"GET", "/gateway/samples?session_id=fuzz&text=1"},
+    {"GET", "/gateway/samples?rollout_id=fuzz-rollout&finish=1"},
+    {"POST", "/gateway/finish"},
+    {"POST", "/gateway/delete"},
+    {"POST", "/gateway/screen"},
+    {"GET", "/gateway/rules"},
     {"PUT", "/generate"},
     {"GET", "/nope"},
 };
@@ -60,6 +72,13 @@ const char* kTemplate =
 
 struct Server {
   Server() : state(engine, config(), chat()), router(make_router(state)) {
+    // The gateway intercepts what its rules confirm and asks this engine to
+    // judge the rest, so both paths run on fuzzed turns.
+    megactx::gateway::GatewayConfig gateway_config;
+    gateway_config.mode = megactx::gateway::GuardMode::Intercept;
+    gateway_config.limits.max_sessions = 64;  // the fuzzer makes many: eviction runs too
+    gateway_config.limits.idle_seconds = 1;
+    megactx::gateway::install_gateway(state, router, gateway_config);
     engine.keep_submitted = false;
     engine.context_tokens = 256;  // bounds max_tokens, so every request ends quickly
     engine.script =
@@ -107,8 +126,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Route& route = kRoutes[data[0] % (sizeof(kRoutes) / sizeof(kRoutes[0]))];
   HttpRequest request;
   request.method = route.method;
-  request.path = route.path;
   request.target = route.path;
+  request.path = request.target.substr(0, request.target.find('?'));
+  if (route.session) {
+    // One of a few sessions, so turns build on each other.
+    request.headers["x-session-id"] = size > 1 && data[1] % 2 ? "fuzz" : "fuzz-sub";
+    if (size > 1 && data[1] % 3 == 0) request.headers["x-parent-session-id"] = "fuzz";
+    request.headers["x-rollout-id"] = "fuzz-rollout";
+  }
   request.body.assign(reinterpret_cast<const char*>(data) + 1, size - 1);
   request.headers["content-type"] = "application/json";
   auto channel = std::make_shared<RecordingChannel>();

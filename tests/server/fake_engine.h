@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -68,10 +69,14 @@ class FakeEngine : public EngineApi {
 
   // What every request generates, byte by byte (then <eos> -> Stop).
   std::string script = "Hello, world!";
+  // When set, what a request generates instead of `script` (chosen at submit).
+  std::function<std::string(const GenerationRequest&)> script_for;
   // Requests pause after this many tokens until aborted/released (-1: never).
   std::atomic<int64_t> hold_after{-1};
   std::atomic<int64_t> waiting_requests{0};
   std::atomic<int64_t> context_tokens{4096};
+  // Longer prompts fail with FinishReason::Error (the engine-error tests).
+  std::atomic<size_t> max_prompt_tokens{1000};
   std::atomic<bool> flush_ok{true};
   bool keep_submitted = true;  // the fuzzer sends millions: it keeps none
 
@@ -80,6 +85,7 @@ class FakeEngine : public EngineApi {
     if (request.rid.empty()) request.rid = "auto-" + std::to_string(next_++);
     if (keep_submitted) submitted_.push_back(request);
     Live live;
+    live.script = script_for ? script_for(request) : script;
     live.request = std::move(request);
     live.callback = std::move(on_update);
     live_.emplace(live.request.rid, std::move(live));
@@ -217,6 +223,7 @@ class FakeEngine : public EngineApi {
   struct Live {
     GenerationRequest request;
     UpdateCallback callback;
+    std::string script;
     int64_t generated = 0;
     bool aborted = false, released = false, held = false, sent_input = false;
   };
@@ -266,7 +273,7 @@ class FakeEngine : public EngineApi {
       update.completion_tokens = live.generated;
       return true;
     }
-    if (request.input_ids.size() > 1000) {
+    if (request.input_ids.size() > max_prompt_tokens.load()) {
       update.finish = FinishReason::Error;
       update.finish_detail = "prompt too long for the fake engine";
       return true;
@@ -282,8 +289,8 @@ class FakeEngine : public EngineApi {
       update.completion_tokens = live.generated;
       return true;
     }
-    TokenId token = live.generated < static_cast<int64_t>(script.size())
-                        ? static_cast<unsigned char>(script[live.generated])
+    TokenId token = live.generated < static_cast<int64_t>(live.script.size())
+                        ? static_cast<unsigned char>(live.script[live.generated])
                         : ByteTokenizer::kEos;
     live.generated += 1;
     update.completion_tokens = live.generated;
