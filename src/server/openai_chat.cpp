@@ -125,28 +125,10 @@ class ChatJob : public OpenAiChoiceJob {
 
 void handle_chat_completions(ServerState& state, const HttpRequest& request,
                              std::shared_ptr<ResponseChannel> channel) {
-<<<<<<< HEAD
-  nlohmann::json body = parse_request_json(request.body);
-  check_model_name(state, body);
-  refuse_unsupported_constraints(body, /*chat=*/true);
-  const ChatPrompt rendered = render_chat_prompt(state.chat(), body, request.body);
-  const std::string& prompt = rendered.text;
-  // response_format, tool_choice required / named and strict tools, in the
-  // model's own format; the keys in the client's order (schemas keep their
-  // property order).
-  const std::shared_ptr<const grammar::CompiledGrammar> grammar =
-      chat_grammar(state.engine(), parse_ordered_json(request.body), prompt, rendered.tools,
-                   state.chat().tool_call_format);
-  const nlohmann::json& tools = rendered.tools;
-  const Tokenizer& tokenizer = state.engine().tokenizer();
-  std::vector<int32_t> ids = tokenizer.encode(prompt, false);
-
-=======
   // A request of a recorded agent session goes to the gateway (chat_hook.h).
   if (ChatSessionHook* hook = state.chat_hook(); hook != nullptr && hook->claims(request))
     return hook->handle_chat(state, request, std::move(channel));
   const ChatRequestPlan plan = plan_chat_request(state, request);
->>>>>>> gateway
   auto job = std::make_shared<ChatJob>(state, channel);
   job->stream = plan.stream;
   job->include_usage = plan.include_usage;
