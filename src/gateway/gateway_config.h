@@ -34,7 +34,7 @@ struct JudgeConfig {
   std::string model;    // the "model" field sent to an external endpoint
   std::string api_key;  // Bearer key of the external endpoint
   int64_t timeout_seconds = 60;
-  int64_t max_tokens = 192;
+  int64_t max_tokens = 384;  // the schema bounds the answer to about 300 tokens
 };
 
 struct GatewayConfig {

@@ -13,7 +13,8 @@ namespace {
 using Json = nlohmann::json;
 
 TEST(PathGlob, StarsAndSuffixes) {
-  // (The globs that end in a double star are spelled apart from the paths.)
+  // Globs ending in a double star are built apart: beside a path on one line,
+  // tools/check_tree.py would take their "/*" for a comment naming the path.
   const std::string tests_tree = std::string("tests/") + "**";
   const std::string grader_tree = std::string("/grader/") + "**";
   EXPECT_TRUE(path_glob_match(tests_tree, "tests/test_a.py"));
