@@ -63,6 +63,12 @@ namespace {
 // independent of the plain sampler's sampling_uniform(seed, token index).
 constexpr uint64_t kSpeculationSeedSalt = 0x6D74705F73706563ull;  // "mtp_spec"
 
+// Penalties change with every emitted token and a logit_bias is not in the
+// verification's target rows: such requests decode one token per step.
+bool may_speculate(const SamplingParams& sampling) {
+  return !uses_penalties(sampling) && sampling.logit_bias.empty();
+}
+
 std::span<const float> logits_row(const Tensor& logits, int64_t row) {
   const int64_t vocab = logits.dim(1);
   return {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)};
@@ -90,7 +96,7 @@ int64_t Engine::draft_count(const RequestState& request) const {
       request.spec.draft.row != request.num_computed - 1) {
     return 0;  // not decoding, or no MTP output for the last computed row
   }
-  if (uses_penalties(sampling) || !sampling.logit_bias.empty()) return 0;
+  if (!may_speculate(sampling)) return 0;
   const int64_t generated = request.num_generated();
   if (generated < sampling.min_new_tokens) return 0;
   // No drafts past max_new_tokens (a verification emits up to k + 1) or the
@@ -401,7 +407,7 @@ bool Engine::greedy_drafts_on_refill(const RequestState& request) const {
   // request that may speculate at all (draft_count).
   const SamplingParams& sampling = request.request.sampling;
   return config_.speculative_share && is_greedy(sampling) && !request.matcher &&
-         !uses_penalties(sampling) && sampling.logit_bias.empty();
+         may_speculate(sampling);
 }
 
 void Engine::apply_verification(RequestState& request) {

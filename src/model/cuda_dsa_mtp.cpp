@@ -86,6 +86,17 @@ struct MtpInputs {
   int64_t chain_table_offset, chain_positions, chain_cos, chain_sin, page_tables, words;
 };
 
+// Positions an MTP run touches: its rows and the chain's draft rows after
+// each output row.
+int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
+  int64_t context = 0;
+  for (const MtpLayer::Rows& r : sequences) {
+    context = std::max({context, r.start + r.count,
+                        r.start + r.last_row() + std::max<int64_t>(chain, 1)});
+  }
+  return context;
+}
+
 }  // namespace
 
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
@@ -93,11 +104,8 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
                                                           int64_t chain) const {
   if (!options_.cuda_graphs || timer_.enabled()) return std::nullopt;
   const int64_t count = sequences.front().count;
-  int64_t max_context = 0;
   for (const MtpLayer::Rows& r : sequences) {
     if (r.count != count) return std::nullopt;
-    max_context = std::max(max_context, r.start + r.last_row() + std::max<int64_t>(chain, 1));
-    max_context = std::max(max_context, r.start + r.count);
   }
   if (count > kMaxGraphTokensPerSequence) return std::nullopt;
   const int64_t padded = batch_bucket(graph_buckets_, static_cast<int64_t>(sequences.size()));
@@ -109,7 +117,7 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
   DecodeGraphKey key;
   key.sequences = padded;
   key.tokens_per_sequence = count;
-  key.context = context_bucket(max_context);
+  key.context = context_bucket(mtp_context(sequences, chain));
   key.kv_dtype = static_cast<int>(cache.spec().dtype);
   key.cache = cache_fingerprint(cache, config_.num_hidden_layers + 1);
   key.mtp_shared = sequences.front().shared;
@@ -162,12 +170,10 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   const int64_t real = static_cast<int64_t>(sequences.size());
   const int64_t s = key ? key->sequences : real;
   int64_t n = 0;
-  int64_t max_context = 0;
+  int64_t max_context = mtp_context(sequences, chain);
   int64_t page_words = 0;
   for (const MtpLayer::Rows& r : sequences) {
     n += r.count;
-    max_context = std::max({max_context, r.start + r.count,
-                            r.start + r.last_row() + std::max<int64_t>(chain, 1)});
     page_words += (r.start + r.count + spec.page_size - 1) / spec.page_size;
   }
   if (key) {

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "engine/cpu_sampler.h"
 #include "spec_engine_util.h"
@@ -78,6 +80,41 @@ inline void enumerate(LanguageModel& model, std::vector<int32_t> tokens, int64_t
   }
 }
 
+struct ChiSquare {
+  double chi2 = 0.0;
+  int64_t cells = 0;
+  double p_value = 1.0;
+};
+
+// Pearson's chi-square of `observed` continuation counts against the exact
+// distribution `expected` over `requests` samples, cells expected below 5
+// pooled into one. Observed continuations outside `expected` are a failure.
+inline ChiSquare chi_square(const std::map<std::vector<int32_t>, double>& expected,
+                            std::map<std::vector<int32_t>, int64_t> observed, int64_t requests) {
+  double chi2 = 0.0, pooled_expected = 0.0;
+  int64_t pooled_observed = 0, cells = 0;
+  for (const auto& [continuation, probability] : expected) {
+    const double e = probability * static_cast<double>(requests);
+    const int64_t o = observed.contains(continuation) ? observed.at(continuation) : 0;
+    observed.erase(continuation);
+    if (e < 5.0) {
+      pooled_expected += e;
+      pooled_observed += o;
+      continue;
+    }
+    chi2 += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  EXPECT_TRUE(observed.empty()) << "continuations outside the expected support";
+  if (pooled_expected >= 5.0) {
+    chi2 +=
+        (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
+    ++cells;
+  }
+  EXPECT_GE(cells, 16);  // most of the 32 continuations are likely enough
+  return {chi2, cells, upper_gamma_q(static_cast<double>(cells - 1) / 2.0, chi2 / 2.0)};
+}
+
 // `device`: where the Engine (target, MTP layer, sampler) runs; the exact
 // distribution always comes from the CPU model.
 inline double p_value_of_engine_samples(VerifyMode mode, int64_t requests,
@@ -117,34 +154,13 @@ inline double p_value_of_engine_samples(VerifyMode mode, int64_t requests,
   EXPECT_GT(rejections, requests / 4);
   EXPECT_GT(accepted, requests / 20);
 
-  double chi2 = 0.0, pooled_expected = 0.0;
-  int64_t pooled_observed = 0, cells = 0;
-  for (const auto& [continuation, probability] : expected) {
-    const double e = probability * static_cast<double>(requests);
-    const int64_t o = observed.contains(continuation) ? observed.at(continuation) : 0;
-    observed.erase(continuation);
-    if (e < 5.0) {
-      pooled_expected += e;
-      pooled_observed += o;
-      continue;
-    }
-    chi2 += (o - e) * (o - e) / e;
-    ++cells;
-  }
-  EXPECT_TRUE(observed.empty()) << "continuations outside the target's top-2 support";
-  if (pooled_expected >= 5.0) {
-    chi2 +=
-        (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
-    ++cells;
-  }
-  EXPECT_GE(cells, 16);  // most of the 32 continuations are likely enough
-  const double p_value = upper_gamma_q(static_cast<double>(cells - 1) / 2.0, chi2 / 2.0);
+  const ChiSquare test = chi_square(expected, std::move(observed), requests);
   std::printf(
       "chi2 %.2f over %ld cells, p-value %.3g; %ld verifications, %ld drafts accepted, "
       "%ld rejected\n",
-      chi2, static_cast<long>(cells), p_value, static_cast<long>(verifications),
+      test.chi2, static_cast<long>(test.cells), test.p_value, static_cast<long>(verifications),
       static_cast<long>(accepted), static_cast<long>(rejections));
-  return p_value;
+  return test.p_value;
 }
 
 }  // namespace megactx::testing

@@ -215,32 +215,11 @@ void expect_masked_target_distribution(bool masked_drafts) {
   EXPECT_GT(rejections, requests / 4);
   EXPECT_GT(accepted, requests / 20);
 
-  double chi2 = 0.0, pooled_expected = 0.0;
-  int64_t pooled_observed = 0, cells = 0;
-  for (const auto& [continuation, probability] : expected) {
-    const double e = probability * static_cast<double>(requests);
-    const int64_t o = observed.contains(continuation) ? observed.at(continuation) : 0;
-    observed.erase(continuation);
-    if (e < 5.0) {
-      pooled_expected += e;
-      pooled_observed += o;
-      continue;
-    }
-    chi2 += (o - e) * (o - e) / e;
-    ++cells;
-  }
-  EXPECT_TRUE(observed.empty()) << "continuations outside the masked top-2 support";
-  if (pooled_expected >= 5.0) {
-    chi2 +=
-        (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
-    ++cells;
-  }
-  EXPECT_GE(cells, 16);
-  const double p_value = upper_gamma_q(static_cast<double>(cells - 1) / 2.0, chi2 / 2.0);
-  std::printf("chi2 %.2f over %ld cells, p-value %.3g; %ld drafts accepted, %ld rejected\n", chi2,
-              static_cast<long>(cells), p_value, static_cast<long>(accepted),
+  const ChiSquare test = chi_square(expected, std::move(observed), requests);
+  std::printf("chi2 %.2f over %ld cells, p-value %.3g; %ld drafts accepted, %ld rejected\n",
+              test.chi2, static_cast<long>(test.cells), test.p_value, static_cast<long>(accepted),
               static_cast<long>(rejections));
-  EXPECT_GT(p_value, 1e-6);
+  EXPECT_GT(test.p_value, 1e-6);
 }
 
 TEST(SpeculativeGrammar, RejectionSamplingKeepsTheMaskedTargetDistribution) {
