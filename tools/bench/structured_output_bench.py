@@ -10,7 +10,10 @@ per request in the same order and only the grammar mask differs. Each pass is
 a closed loop: `concurrency` workers send requests back to back over kept-alive
 connections until all are answered; tokens/s is the total completion tokens
 over the wall time of the pass. Grammars are compiled (and cached by the
-server) by a warm-up request before any timing.
+server) by a warm-up request before any timing. When this script starts the
+server it also reports the server's CPU time per output token (user + system
+of all its threads, from /proc), which other load on the machine changes far
+less than wall time.
 
   # start a server (port 0) and measure on it
   python3 tools/bench/structured_output_bench.py --megactx build/megactx \\
@@ -96,6 +99,12 @@ class Server:
         for line in self.process.stderr:
             self.log.append(line)
 
+    def cpu_seconds(self):
+        """User + system CPU time of the server process (all threads) so far."""
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
         if self.process.poll() is None:
             self.process.terminate()
@@ -172,9 +181,10 @@ def completion(mode, answer):
     return meta["completion_tokens"], meta["finish_reason"]["type"] == "stop"
 
 
-def run_pass(url, api_key, requests, concurrency, mode):
+def run_pass(url, api_key, requests, concurrency, mode, cpu_seconds):
     """Sends `requests` [(path, body)] with `concurrency` workers; returns
-    (wall seconds, [(tokens, stopped, latency)] in request order)."""
+    (wall seconds, server CPU seconds or None, [(tokens, stopped, latency)]
+    in request order)."""
     work = queue.Queue()
     for i, item in enumerate(requests):
         work.put((i, item))
@@ -198,18 +208,20 @@ def run_pass(url, api_key, requests, concurrency, mode):
             results[i] = (tokens, stopped, time.perf_counter() - start)
 
     threads = [threading.Thread(target=worker) for _ in range(min(concurrency, len(requests)))]
+    cpu_start = cpu_seconds() if cpu_seconds else None
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu_start if cpu_seconds else None
     if errors:
         raise RuntimeError(f"{mode}: {errors[0]}")
-    return wall, results
+    return wall, cpu, results
 
 
-def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
+def measure(url, api_key, mode, concurrency, count, max_tokens, repeat, cpu_seconds):
     indices = list(range(count))
     # Warm-up: the grammar compiles once (then it is cached by its text).
     client = Client(url, api_key)
@@ -218,15 +230,16 @@ def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
     rows = []
     for _ in range(repeat):
         constrained = [request_for(mode, i, max_tokens, True) for i in indices]
-        wall_c, got = run_pass(url, api_key, constrained, concurrency, mode)
+        wall_c, cpu_c, got = run_pass(url, api_key, constrained, concurrency, mode, cpu_seconds)
         # The peer: the same prompts, each for exactly the tokens its constrained answer took.
         peer = [request_for(mode, i, max_tokens, False, length=got[i][0]) for i in indices]
-        wall_p, peer_got = run_pass(url, api_key, peer, concurrency, mode)
+        wall_p, cpu_p, peer_got = run_pass(url, api_key, peer, concurrency, mode, cpu_seconds)
         tokens = sum(t for t, _, _ in got)
         peer_tokens = sum(t for t, _, _ in peer_got)
         if peer_tokens != tokens:
             raise RuntimeError(f"{mode}: the peer generated {peer_tokens} tokens, not {tokens}")
         rows.append({"wall_c": wall_c, "wall_p": wall_p, "tokens": tokens,
+                     "cpu_c": cpu_c, "cpu_p": cpu_p,
                      "stopped": sum(1 for _, s, _ in got if s),
                      "latency_c": statistics.median(l for _, _, l in got),
                      "latency_p": statistics.median(l for _, _, l in peer_got)})
@@ -270,15 +283,19 @@ def main():
             for concurrency in concurrencies:
                 count = max(concurrency * args.requests_per_worker, args.min_requests)
                 rows = measure(url, args.api_key, mode, concurrency, count, args.max_tokens,
-                               args.repeat)
+                               args.repeat, server.cpu_seconds if server else None)
                 median = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
                 tokens = rows[0]["tokens"]
                 c_rate = statistics.median(r["tokens"] / r["wall_c"] for r in rows)
                 p_rate = statistics.median(r["tokens"] / r["wall_p"] for r in rows)
+                cpu = None
+                if server:  # server CPU milliseconds per output token
+                    cpu = (statistics.median(1000 * r["cpu_c"] / r["tokens"] for r in rows),
+                           statistics.median(1000 * r["cpu_p"] / r["tokens"] for r in rows))
                 table.append((mode, concurrency, count, tokens, rows[0]["stopped"], c_rate, p_rate,
                               median("latency_c"), median("latency_p"),
                               [r["tokens"] / r["wall_c"] for r in rows],
-                              [r["tokens"] / r["wall_p"] for r in rows]))
+                              [r["tokens"] / r["wall_p"] for r in rows], cpu))
                 print(f"{mode} c={concurrency}: {c_rate:.1f} tok/s constrained, "
                       f"{p_rate:.1f} unconstrained", file=sys.stderr)
     finally:
@@ -287,17 +304,19 @@ def main():
 
     print("| constraint | concurrency | requests | output tokens | ended by the grammar "
           "| constrained tok/s | unconstrained tok/s (same run) | ratio "
-          "| median latency s, constrained / unconstrained |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| median latency s, constrained / unconstrained "
+          "| server CPU ms per token, constrained / unconstrained |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     def rate(median_rate, rates):  # the median, and the range when repeated
         return f"{median_rate:.1f}" + (f" ({min(rates):.1f}-{max(rates):.1f})"
                                        if len(rates) > 1 else "")
 
     for (mode, concurrency, count, tokens, stopped, c_rate, p_rate, lat_c, lat_p, c_all,
-         p_all) in table:
+         p_all, cpu) in table:
+        cpu_text = f"{cpu[0]:.2f} / {cpu[1]:.2f}" if cpu else "(not measured)"
         print(f"| {mode} | {concurrency} | {count} | {tokens} | {stopped}/{count} "
               f"| {rate(c_rate, c_all)} | {rate(p_rate, p_all)} | {c_rate / p_rate:.3f} "
-              f"| {lat_c:.2f} / {lat_p:.2f} |")
+              f"| {lat_c:.2f} / {lat_p:.2f} | {cpu_text} |")
 
 
 if __name__ == "__main__":
