@@ -415,7 +415,10 @@ void Engine::run_plan() {
     Timed timed(phase_times_, EnginePhaseTimes::Drafts);
     draft_for_plan();
   }
-  fill_grammar_masks();
+  {
+    Timed timed(phase_times_, EnginePhaseTimes::GrammarMasks);
+    fill_grammar_masks();
+  }
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
   batch_.want_hidden_states = mtp_ != nullptr;

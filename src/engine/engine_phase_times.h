@@ -1,5 +1,5 @@
-// Host wall time of the Engine's step phases (schedule, MTP drafts, forward,
-// sampling + verification, MTP refill, commit), summed over the Engine's
+// Host wall time of the Engine's step phases (schedule, MTP drafts, grammar
+// masks, forward, sampling + verification, MTP refill, commit), summed over the Engine's
 // life and printed to stderr when it ends. On with MEGACTX_ENGINE_TIMES=1;
 // off, a phase costs one branch. The forward phase includes the device work
 // (the model synchronises before it returns).
@@ -16,7 +16,10 @@ namespace megactx {
 
 class EnginePhaseTimes {
  public:
-  enum Phase { Schedule, Drafts, Forward, Collect, Refill, Apply, kPhases };
+  // GrammarMasks: the structured-output masks of the rows that sample this
+  // step (drafted rows make theirs in Drafts; accepting a sampled token
+  // stays in Apply).
+  enum Phase { Schedule, Drafts, GrammarMasks, Forward, Collect, Refill, Apply, kPhases };
 
   EnginePhaseTimes() {
     const char* flag = std::getenv("MEGACTX_ENGINE_TIMES");
@@ -25,8 +28,8 @@ class EnginePhaseTimes {
   ~EnginePhaseTimes() {
     if (!enabled_ || steps_ == 0) return;
     static constexpr const char* kNames[kPhases] = {
-        "schedule", "mtp drafts", "forward", "sampling + verification", "mtp refill",
-        "commit + apply"};
+        "schedule", "mtp drafts", "grammar masks", "forward", "sampling + verification",
+        "mtp refill", "commit + apply"};
     double total = 0;
     for (double ms : ms_) total += ms;
     std::fprintf(stderr, "engine phase times over %lld steps (host wall, ms per step):\n",

@@ -3,14 +3,24 @@ with a constraint (a JSON Schema or a regex in /generate, a strict
 response_format json_schema in /v1/chat/completions) beside the unconstrained
 peer measured in the same run, at each concurrency.
 
-The peer is exact: after a constrained pass, the same prompts are sent again
-without the constraint, each with ignore_eos and max tokens set to the length
-its constrained answer had, so both passes generate the same number of tokens
-per request in the same order and only the grammar mask differs. Each pass is
+The peer: after a constrained pass, the same prompts are sent again without
+the constraint, each with ignore_eos and max tokens set to the length its
+constrained answer had, so both passes generate the same number of tokens per
+request, in the same order, at the same concurrency. Each pass is
 a closed loop: `concurrency` workers send requests back to back over kept-alive
 connections until all are answered; tokens/s is the total completion tokens
 over the wall time of the pass. Grammars are compiled (and cached by the
 server) by a warm-up request before any timing.
+
+When this script starts the server, it starts one per table row with
+MEGACTX_ENGINE_TIMES=1 and reads the engine's phase times when it stops: the
+time spent filling grammar masks per constrained output token, beside the
+engine's whole step time per output token over the row (constrained and peer
+passes). Mask filling runs on the engine thread before each forward, so that
+share is what the masks add to a step; it depends far less on other load of
+the machine than the wall-clock rates do. (The peer generates other tokens
+than the constrained pass, and a MoE model's cost depends a little on which
+tokens: the wall-clock ratio also carries that.)
 
   # start a server (port 0) and measure on it
   python3 tools/bench/structured_output_bench.py --megactx build/megactx \\
@@ -70,9 +80,11 @@ class Server:
     def __init__(self, megactx, model, extra, timeout=600):
         command = [megactx, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                    "--served-model-name", "default", *extra]
-        print("server: " + " ".join(shlex.quote(c) for c in command), file=sys.stderr)
+        print("server: MEGACTX_ENGINE_TIMES=1 " + " ".join(shlex.quote(c) for c in command),
+              file=sys.stderr)
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+                                        text=True,
+                                        env=dict(os.environ, MEGACTX_ENGINE_TIMES="1"))
         self.log = []
         threading.Thread(target=self._drain, daemon=True).start()
         found = {}
@@ -97,6 +109,7 @@ class Server:
             self.log.append(line)
 
     def stop(self):
+        """Stops the server; returns {phase: total ms} from its engine phase times."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -104,6 +117,18 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        time.sleep(0.2)  # the stderr reader finishes the last lines
+        steps = None
+        phases = {}
+        for line in self.log:
+            match = re.match(r"engine phase times over (\d+) steps", line)
+            if match:
+                steps = int(match.group(1))
+                continue
+            match = re.match(r"\s+(\S.*?)\s+([0-9.]+)\s+\(\s*[0-9.]+%\)", line)
+            if match and steps is not None:
+                phases[match.group(1)] = float(match.group(2)) * steps
+        return phases
 
 
 class Client:
@@ -210,11 +235,14 @@ def run_pass(url, api_key, requests, concurrency, mode):
 
 
 def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
+    """Returns (pass pairs, constrained tokens, all tokens) of one table row."""
     indices = list(range(count))
     # Warm-up: the grammar compiles once (then it is cached by its text).
     client = Client(url, api_key)
-    client.post(*request_for(mode, 10_000, max_tokens, True))
-    client.post(*request_for(mode, 10_000, max_tokens, False, length=4))
+    warm, _ = completion(mode, client.post(*request_for(mode, 10_000, max_tokens, True)))
+    cold, _ = completion(mode, client.post(*request_for(mode, 10_000, max_tokens, False,
+                                                        length=4)))
+    constrained_tokens, all_tokens = warm, warm + cold
     rows = []
     for _ in range(repeat):
         constrained = [request_for(mode, i, max_tokens, True) for i in indices]
@@ -226,11 +254,13 @@ def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
         peer_tokens = sum(t for t, _, _ in peer_got)
         if peer_tokens != tokens:
             raise RuntimeError(f"{mode}: the peer generated {peer_tokens} tokens, not {tokens}")
+        constrained_tokens += tokens
+        all_tokens += 2 * tokens
         rows.append({"wall_c": wall_c, "wall_p": wall_p, "tokens": tokens,
                      "stopped": sum(1 for _, s, _ in got if s),
                      "latency_c": statistics.median(l for _, _, l in got),
                      "latency_p": statistics.median(l for _, _, l in peer_got)})
-    return rows
+    return rows, constrained_tokens, all_tokens
 
 
 def main():
@@ -257,47 +287,56 @@ def main():
             parser.error(f"unknown mode {mode} (one of {', '.join(MODES)})")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 
-    server = None
-    url = args.url
-    if url is None:
-        if not (args.megactx and args.model):
-            parser.error("give --url, or --megactx and --model")
-        server = Server(args.megactx, args.model, shlex.split(args.server_args))
-        url = server.url
-    try:
-        table = []
-        for mode in modes:
-            for concurrency in concurrencies:
-                count = max(concurrency * args.requests_per_worker, args.min_requests)
-                rows = measure(url, args.api_key, mode, concurrency, count, args.max_tokens,
-                               args.repeat)
-                median = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-                tokens = rows[0]["tokens"]
-                c_rate = statistics.median(r["tokens"] / r["wall_c"] for r in rows)
-                p_rate = statistics.median(r["tokens"] / r["wall_p"] for r in rows)
-                table.append((mode, concurrency, count, tokens, rows[0]["stopped"], c_rate, p_rate,
-                              median("latency_c"), median("latency_p"),
-                              [r["tokens"] / r["wall_c"] for r in rows],
-                              [r["tokens"] / r["wall_p"] for r in rows]))
-                print(f"{mode} c={concurrency}: {c_rate:.1f} tok/s constrained, "
-                      f"{p_rate:.1f} unconstrained", file=sys.stderr)
-    finally:
-        if server:
-            server.stop()
+    if args.url is None and not (args.megactx and args.model):
+        parser.error("give --url, or --megactx and --model")
+    table = []
+    for mode in modes:
+        for concurrency in concurrencies:
+            count = max(concurrency * args.requests_per_worker, args.min_requests)
+            server = None
+            url = args.url
+            if url is None:  # a server per row: its phase times are the row's
+                server = Server(args.megactx, args.model, shlex.split(args.server_args))
+                url = server.url
+            try:
+                rows, constrained_tokens, all_tokens = measure(
+                    url, args.api_key, mode, concurrency, count, args.max_tokens, args.repeat)
+            finally:
+                phases = server.stop() if server else {}
+            c_rates = [r["tokens"] / r["wall_c"] for r in rows]
+            p_rates = [r["tokens"] / r["wall_p"] for r in rows]
+            masks = None
+            if "grammar masks" in phases:  # us per token: masks, the whole engine step
+                masks = (1000 * phases["grammar masks"] / constrained_tokens,
+                         1000 * sum(phases.values()) / all_tokens)
+            table.append({
+                "mode": mode, "concurrency": concurrency, "count": count,
+                "tokens": rows[0]["tokens"], "stopped": rows[0]["stopped"],
+                "c_rate": statistics.median(c_rates), "p_rate": statistics.median(p_rates),
+                "c_rates": c_rates, "p_rates": p_rates,
+                "latency_c": statistics.median(r["latency_c"] for r in rows),
+                "latency_p": statistics.median(r["latency_p"] for r in rows), "masks": masks})
+            print(f"{mode} c={concurrency}: {table[-1]['c_rate']:.1f} tok/s constrained, "
+                  f"{table[-1]['p_rate']:.1f} unconstrained", file=sys.stderr)
 
-    print("| constraint | concurrency | requests | output tokens | ended by the grammar "
-          "| constrained tok/s | unconstrained tok/s (same run) | ratio "
-          "| median latency s, constrained / unconstrained |")
-    print("|---|---|---|---|---|---|---|---|---|")
     def rate(median_rate, rates):  # the median, and the range when repeated
         return f"{median_rate:.1f}" + (f" ({min(rates):.1f}-{max(rates):.1f})"
                                        if len(rates) > 1 else "")
 
-    for (mode, concurrency, count, tokens, stopped, c_rate, p_rate, lat_c, lat_p, c_all,
-         p_all) in table:
-        print(f"| {mode} | {concurrency} | {count} | {tokens} | {stopped}/{count} "
-              f"| {rate(c_rate, c_all)} | {rate(p_rate, p_all)} | {c_rate / p_rate:.3f} "
-              f"| {lat_c:.2f} / {lat_p:.2f} |")
+    print("| constraint | concurrency | requests | output tokens | ended by the grammar "
+          "| constrained tok/s | unconstrained tok/s (same run) | ratio "
+          "| median latency s, constrained / unconstrained "
+          "| grammar masks, us per constrained token | engine step, us per output token "
+          "| mask share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in table:
+        masks = row["masks"]
+        mask_text = (f"{masks[0]:.2f} | {masks[1]:.1f} | {100 * masks[0] / masks[1]:.2f}%"
+                     if masks else "(not measured) | | ")
+        print(f"| {row['mode']} | {row['concurrency']} | {row['count']} | {row['tokens']} "
+              f"| {row['stopped']}/{row['count']} | {rate(row['c_rate'], row['c_rates'])} "
+              f"| {rate(row['p_rate'], row['p_rates'])} | {row['c_rate'] / row['p_rate']:.3f} "
+              f"| {row['latency_c']:.2f} / {row['latency_p']:.2f} | {mask_text} |")
 
 
 if __name__ == "__main__":
