@@ -43,6 +43,7 @@ struct GenerateOptions {
   std::string kv_dtype = "f32";
   CudaCliOptions cuda;
   SpeculativeCliOptions speculative;
+  bool deterministic = false;
 };
 
 // The engine for one sequence of `prompt` + max_new_tokens (+ the drafts).
@@ -56,6 +57,7 @@ EngineLoadOptions one_sequence_engine(const GenerateOptions& options, int64_t pr
   }
   load.load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   apply_cuda_options(options.cuda, load.load);
+  load.load.deterministic = options.deterministic;
   load.ids_only_without_tokenizer = options.format == "ids";
 
   const ModelConfig config = load_model_config(options.model_dir);
@@ -162,6 +164,7 @@ CommandRegistration registration{
       command.add_option("--device", options->device, "cpu|cuda")->capture_default_str();
       command.add_option("--kv-dtype", options->kv_dtype, "f32|bf16|fp8")->capture_default_str();
       add_cuda_options(command, options->cuda);
+      command.add_flag("--deterministic", options->deterministic, kDeterministicHelp);
       add_speculative_options(command, options->speculative);
       return [options] { return run_generate(*options); };
     }};

@@ -4,7 +4,7 @@
 //   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
-//   [--max-request-bytes N] [--max-connections N] [--check-integrity]
+//   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -67,6 +67,7 @@ struct ServeOptions {
   int64_t max_request_bytes = 32ll << 20;
   int64_t max_connections = 8192;
   bool check_integrity = false;
+  bool deterministic = false;
   SpeculativeCliOptions speculative;
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
@@ -89,6 +90,7 @@ int run_serve(const ServeOptions& options) {
     fail("unknown --device '{}' (cpu or cuda)", options.device);
   load.load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   apply_cuda_options(options.cuda, load.load);
+  load.load.deterministic = options.deterministic;
   load.gpu_memory_utilization = options.gpu_memory_utilization;
 
   EngineConfig& engine_config = load.engine;
@@ -131,7 +133,11 @@ int run_serve(const ServeOptions& options) {
        options.host_kv_memory.empty() ? std::string("0") : options.host_kv_memory},
       {"max_running_requests", options.max_running_requests},
       {"max_prefill_tokens", options.max_prefill_tokens},
-      {"speculative_steps", options.speculative.steps}};
+      {"speculative_steps", options.speculative.steps},
+      {"deterministic", options.deterministic},
+      // SGLang's flag for /release_memory_occupation and /resume_memory_occupation,
+      // which megactx always serves (slime asserts it before using them).
+      {"enable_memory_saver", true}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -225,6 +231,7 @@ CommandRegistration registration{
       command.add_flag("--check-integrity", options->check_integrity,
                        "Check the KV pages, prefix cache and scheduler after every engine step "
                        "(slow; for soak tests and debugging: a violation is logged as an error)");
+      command.add_flag("--deterministic", options->deterministic, kDeterministicHelp);
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

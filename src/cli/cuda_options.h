@@ -11,6 +11,12 @@
 
 namespace megactx::cli {
 
+// --deterministic (serve, generate; CPU and CUDA): ModelLoadOptions::deterministic.
+inline constexpr const char* kDeterministicHelp =
+    "Batch-invariant kernels: a token's logprob is bit-identical whether it was sampled in "
+    "decode, scored by prefill, in another batch, chunk or after a prefix hit, or verified by "
+    "MTP (RL rollouts equal to scoring; slower GEMMs)";
+
 struct CudaCliOptions {
   bool bf16 = false;
   bool fp8_upcast = false;

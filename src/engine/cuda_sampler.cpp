@@ -150,7 +150,7 @@ void CudaSampler::sample(const Tensor& logits, std::span<const SamplingRow> rows
     MEGACTX_CHECK(row.params != nullptr, "sampler: row {} has no parameters", i);
     MEGACTX_CHECK(row.logits_row >= 0 && row.logits_row < logits.dim(0),
                   "sampler: logits row {} of {}", row.logits_row, logits.dim(0));
-    (device_samples_row(row, vocab) ? device_index_ : host_index_).push_back(i);
+    (!host_only_ && device_samples_row(row, vocab) ? device_index_ : host_index_).push_back(i);
   }
   if (rows.empty()) return;
   DeviceState& d = *device_;
@@ -284,9 +284,15 @@ void CudaSampler::score(const Tensor& logits, std::span<const LogprobQuery> quer
 
 #endif  // MEGACTX_HAVE_CUDA
 
-std::unique_ptr<Sampler> make_sampler(const LanguageModel& model) {
+std::unique_ptr<Sampler> make_sampler(const LanguageModel& model, bool host_logprobs) {
 #if MEGACTX_HAVE_CUDA
-  if (void* stream = model.compute_stream()) return std::make_unique<CudaSampler>(-1, stream);
+  if (void* stream = model.compute_stream()) {
+    auto sampler = std::make_unique<CudaSampler>(-1, stream);
+    sampler->set_host_only(host_logprobs);
+    return sampler;
+  }
+#else
+  (void)host_logprobs;
 #endif
   MEGACTX_CHECK(model.device() == Device::CPU,
                 "engine: a device model in a build without its device's sampler");

@@ -44,8 +44,11 @@ constexpr int64_t kDeviceMaxTopLogprobs = 20;
 bool device_samples_row(const SamplingRow& row, int64_t vocab);
 
 // The sampler of `model`'s logits: a CudaSampler on the model's compute
-// stream for a model with one, else the CpuSampler.
-std::unique_ptr<Sampler> make_sampler(const LanguageModel& model);
+// stream for a model with one, else the CpuSampler. `host_logprobs` (the
+// deterministic mode): every row is sampled by the CpuSampler, so that a
+// sampled token's logprob is the one score() computes from the same logits
+// (the device kernel's log-softmax sums in another order).
+std::unique_ptr<Sampler> make_sampler(const LanguageModel& model, bool host_logprobs = false);
 
 // What the last sample()/score() call did (tests, metrics).
 struct CudaSamplerStats {
@@ -71,6 +74,8 @@ class CudaSampler final : public Sampler {
              std::span<TokenLogprob> results) override;
 
   const CudaSamplerStats& last_stats() const { return stats_; }
+  // Every row through the CpuSampler (make_sampler's host_logprobs).
+  void set_host_only(bool on) { host_only_ = on; }
 
  private:
   struct DeviceState;  // stream, device and pinned buffers (cuda_sampler.cpp)
@@ -82,6 +87,7 @@ class CudaSampler final : public Sampler {
   std::unique_ptr<DeviceState> device_;
   CpuSampler cpu_;
   CudaSamplerStats stats_;
+  bool host_only_ = false;
   // Per-call scratch, kept for its capacity.
   std::vector<size_t> device_index_, host_index_;
   std::vector<int64_t> copied_rows_;

@@ -69,7 +69,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
-  sampler_ = make_sampler(*model_);
+  sampler_ = make_sampler(*model_, config_.deterministic);
   update_stats();
 }
 
@@ -415,10 +415,6 @@ void Engine::run_plan() {
     Timed timed(phase_times_, EnginePhaseTimes::Drafts);
     draft_for_plan();
   }
-  {
-    Timed timed(phase_times_, EnginePhaseTimes::GrammarMasks);
-    fill_grammar_masks();
-  }
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
   batch_.want_hidden_states = mtp_ != nullptr;
@@ -436,6 +432,13 @@ void Engine::run_plan() {
   {
     Timed timed(phase_times_, EnginePhaseTimes::Forward);
     output = model_->forward(batch_, *cache_);
+  }
+  {
+    // After the forward's launch: on a device the forward runs asynchronously
+    // (its logits are read in collect_outputs), so the masks are filled while
+    // it runs. Only the sampler reads them.
+    Timed timed(phase_times_, EnginePhaseTimes::GrammarMasks);
+    fill_grammar_masks();
   }
   {
     Timed timed(phase_times_, EnginePhaseTimes::Collect);

@@ -70,6 +70,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
 
   EngineConfig engine = options.engine;
   engine.kv_dtype = options.load.kv_dtype;
+  engine.deterministic = options.load.deterministic;  // the model's kernels and the sampler's logprobs
   if (engine.model_dir.empty()) engine.model_dir = options.model_dir;
   ModelLoadOptions load = options.load;
   std::unique_ptr<LanguageModel> model;

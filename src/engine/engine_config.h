@@ -34,6 +34,11 @@ struct EngineConfig {
   // next smaller batch speculates again. EngineStats::spec_off_steps counts
   // the steps it turned off.
   int64_t speculative_disable_batch_size = 0;
+  // The deterministic mode (--deterministic; the model loaded with
+  // ModelLoadOptions::deterministic): a sampled token's logprob is computed
+  // as scoring computes it (on the host on CUDA too), so that rollout and
+  // scoring logprobs are bit-identical.
+  bool deterministic = false;
   // IndexShare + KVShare across draft steps (false: the ablation).
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).

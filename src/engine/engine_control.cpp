@@ -135,9 +135,10 @@ void Engine::release_memory(const MemoryTags& tags) {
                   requests_.size());
     prefix_cache_->flush();
     // Assigned in place: the host tier and the scheduler keep their references.
-    KvCacheSpec none = cache_->spec();
+    // The model's factory builds the empty pools on the cache's own device.
+    KvCacheSpec none = capacity_.spec;
     none.num_pages = 0;
-    *cache_ = PagedKvCache(none);
+    *cache_ = std::move(*model_->make_kv_cache(none));
     kv_released_ = true;
   }
   if (tags.weights && !weights_released_) {

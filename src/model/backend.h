@@ -72,8 +72,10 @@ class Backend {
                          const RouterParams& params, int32_t* ids, float* weights) = 0;
 };
 
-// "cpu": OpenBLAS + thread pool. "reference": plain loops.
-std::unique_ptr<Backend> make_cpu_backend();
+// "cpu": OpenBLAS + thread pool; with `batch_invariant` (the deterministic
+// mode) the GEMMs of kernels/cpu/batch_invariant_linear.h instead of OpenBLAS.
+// "reference": plain loops.
+std::unique_ptr<Backend> make_cpu_backend(bool batch_invariant = false);
 std::unique_ptr<Backend> make_reference_backend();
 
 }  // namespace megactx

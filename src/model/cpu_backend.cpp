@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/batch_invariant_linear.h"
 #include "kernels/cpu/dense_ops.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/reference/dense_ops.h"
@@ -19,11 +20,19 @@ reference::RouterSpec router_spec(const RouterParams& p) {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(bool batch_invariant) : batch_invariant_(batch_invariant) {}
   Device device() const override { return Device::CPU; }
-  const char* name() const override { return "cpu"; }
+  const char* name() const override { return batch_invariant_ ? "cpu-deterministic" : "cpu"; }
+  // The GEMMs are the only batch-dependent operation of the CPU forward: norms,
+  // RoPE, the indexer, top-k and attention work per row in a fixed order, and
+  // the MoE sums a token's experts in expert order.
   void linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w,
               int64_t out, float* y, int64_t y_stride) override {
-    cpu::linear_strided(x, rows, in, x_stride, w, out, y, y_stride);
+    if (batch_invariant_) {
+      cpu::linear_batch_invariant(x, rows, in, x_stride, w, out, y, y_stride);
+    } else {
+      cpu::linear_strided(x, rows, in, x_stride, w, out, y, y_stride);
+    }
   }
   void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
                float eps, float* y, int64_t y_stride) override {
@@ -56,6 +65,9 @@ class CpuBackend final : public Backend {
                            ids + r * params.top_k, weights + r * params.top_k);
     }
   }
+
+ private:
+  bool batch_invariant_ = false;
 };
 
 class ReferenceBackend final : public Backend {
@@ -117,8 +129,8 @@ class ReferenceBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_cpu_backend(bool batch_invariant) {
+  return std::make_unique<CpuBackend>(batch_invariant);
 }
 std::unique_ptr<Backend> make_reference_backend() {
   return std::make_unique<ReferenceBackend>();

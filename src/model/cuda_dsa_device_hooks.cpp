@@ -39,13 +39,15 @@ void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   // Nothing may still read the old weights; graphs hold their addresses.
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   graphs_.clear();
-  mtp_.reset();  // its weights lived in the old CudaWeights
+  graphs_mtp_.clear();  // the MTP layer's graphs read its old weights too
+  mtp_.reset();         // its weights lived in the old CudaWeights
   weights_ = std::move(loaded);
 }
 
 void CudaDsaModel::release_weights() {
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   graphs_.clear();
+  graphs_mtp_.clear();
   mtp_.reset();
   weights_.reset();
 }

@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/dense/dsa_fast_inputs.h"
+#include "kernels/cuda/dense/position_topk.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
@@ -108,8 +109,12 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   const int64_t heads = config_.index_n_heads;
   const int64_t padded = heads <= 32 ? 32 : 64;  // the head counts indexer_scores supports
   const int64_t dim = kIndexerHeadDim;
-  const bool fused = cuda_fused_indexer_chosen(config_, index_topk_, n, step.max_context) ||
-                     (fused_indexer_forced() && cuda_fused_indexer_serves(config_, index_topk_));
+  // The deterministic mode never fuses: the fused kernel sums heads in another
+  // order and places ties by atomics, and it is chosen by the step's size.
+  const bool fused =
+      !options_.batch_invariant &&
+      (cuda_fused_indexer_chosen(config_, index_topk_, n, step.max_context) ||
+       (fused_indexer_forced() && cuda_fused_indexer_serves(config_, index_topk_)));
 
   // Per-token block tables, causal lengths and selection counts: once per step
   // (every full layer of the step reads the same ones). The fused path reads
@@ -182,6 +187,10 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
     return;
   }
 
+  if (options_.batch_invariant) {
+    invariant_indexer_topk(quantize.queries_fp8, quantize.weights, layer, step, cache);
+    return;
+  }
   // scores [n, max_context]: row t filled for p < position_t + 1.
   float* scores = scratch_.scores.get<float>(n * step.max_context);
   IndexerScoreParams score;
@@ -216,6 +225,49 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
       zeroed_workspace<uint32_t>(fs.topk_histogram, workspace_rows * kTopkHistogramBins, stream_);
   select.row_state = zeroed_workspace<int32_t>(fs.topk_state, n * kTopkRowState, stream_);
   radix_topk(select, stream_);
+}
+
+// The deterministic mode's selection: the same per-row scores as the
+// two-kernel path, then position_topk (exact; ties to the lower position;
+// increasing order, which sparse MLA sums in) instead of radix_topk (whose
+// slots and ties follow atomics). Rows go in chunks that keep the scores
+// within kCudaIndexerScoresCap (the memory plan's bound); each row's result
+// does not depend on its chunk.
+void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights,
+                                          int64_t layer, Step& step, PagedKvCache& cache) {
+  const int64_t n = step.tokens;
+  const int64_t padded = config_.index_n_heads <= 32 ? 32 : 64;
+  const int64_t chunk = std::max<int64_t>(1, kCudaIndexerScoresCap / std::max<int64_t>(
+                                                                       step.max_context, 1));
+  float* scores = scratch_.scores.get<float>(std::min(n, chunk) * step.max_context);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    IndexerScoreParams score;
+    score.queries = queries_fp8 + r0 * padded * kIndexerHeadDim;
+    score.weights = weights + r0 * padded;
+    score.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
+    score.block_table = step.token_tables + r0 * step.table_stride;
+    score.block_table_stride = static_cast<int>(step.table_stride);
+    score.row_request = step.row_ids + r0;
+    score.row_visible = step.row_visible + r0;
+    score.scores = scores;
+    score.score_stride = step.max_context;
+    score.rows = static_cast<int>(rows);
+    score.heads = static_cast<int>(padded);
+    score.rows_per_group = 1;
+    score.max_visible = static_cast<int>(step.max_context);
+    indexer_scores(score, stream_);
+    PositionTopkParams select;
+    select.scores = scores;
+    select.score_stride = step.max_context;
+    select.positions = step.rows.positions + r0;
+    select.rows = rows;
+    select.topk = index_topk_;
+    select.max_context = step.max_context;
+    select.indices = step.topk + r0 * index_topk_;
+    select.counts = step.counts + r0;
+    position_topk(select, stream_);
+  }
 }
 
 void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
@@ -268,8 +320,12 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   attend.rows = static_cast<int>(n);
   attend.heads = static_cast<int>(padded);
   attend.top_k = static_cast<int>(top_k);
-  attend.num_splits =
-      sparse_mla_default_splits(attend.rows, attend.heads, attend.top_k, fast_multiprocessors_);
+  // Split-K merges change the rounding, and the split count follows the row
+  // count: one split in the deterministic mode.
+  attend.num_splits = options_.batch_invariant ? 1
+                                               : sparse_mla_default_splits(
+                                                     attend.rows, attend.heads, attend.top_k,
+                                                     fast_multiprocessors_);
   attend.softmax_scale = softmax_scale_;
   attend.out = fs.out_bf16.get<uint16_t>(n * padded * kLatentRank);
   attend.lse = fs.lse.get<float>(n * padded);

@@ -25,6 +25,11 @@ bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
       w.experts_gate_up && w.experts_down && w.experts_gate_up.bf16 == w.experts_down.bf16 &&
       w.experts_gate_up.fp8() == w.experts_down.fp8() && w.experts_down.scale_split == 0 &&
       (w.experts_gate_up.scale_split == 0 || w.experts_gate_up.scale_split == intermediate);
+  // The deterministic mode: always the host dispatch, whose expert GEMMs go
+  // through the batch-invariant Blas. The grouped kernels sum the same
+  // products in another order and serve only up to kGroupedMoeMaxRows rows,
+  // so with them a token's MoE output would depend on its step's row count.
+  if (options_.batch_invariant) return false;
   return options_.device_moe && stacked && grouped_moe_supported(shape);
 }
 

@@ -158,6 +158,9 @@ class CudaDsaModel final : public LanguageModel {
                     PagedKvCache& cache);
   // q_latent [n, heads, 512], q [n, heads, nope | rope] (roped), over step.topk
   // -> o_latent [n, heads, 512].
+  // fast_indexer's selection in the deterministic mode (position_topk).
+  void invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights, int64_t layer,
+                              Step& step, PagedKvCache& cache);
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
                        PagedKvCache& cache, float* o_latent);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).

@@ -60,6 +60,12 @@ struct CudaModelOptions {
   // (make_cuda_dsa_model_from_checkpoint); false: dequantised into float32
   // on the host first. A weight reload takes the same path.
   bool fp8_native = false;
+  // The deterministic mode (ModelLoadOptions::deterministic): every GEMM on
+  // the batch-invariant kernel (kernels/cuda/gemm/batch_invariant_gemm.h) and
+  // only kernels whose per-row result does not depend on the other rows of
+  // the batch, so that decode, prefill, chunked prefill and MTP verification
+  // give a token bit-identical logits.
+  bool batch_invariant = false;
   int device_ordinal = 0;
 };
 

@@ -18,7 +18,7 @@ std::unique_ptr<Backend> make_backend(const ModelLoadOptions& options) {
     // backend is never called, the plain loops cost nothing to construct.
     return make_reference_backend();
   }
-  if (options.cpu_backend == "cpu") return make_cpu_backend();
+  if (options.cpu_backend == "cpu") return make_cpu_backend(options.deterministic);
   if (options.cpu_backend == "reference") return make_reference_backend();
   fail("unknown CPU backend '{}' (cpu or reference)", options.cpu_backend);
 }
@@ -40,6 +40,7 @@ CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
   cuda_options.fast_attention = options.cuda_fast_attention;
   cuda_options.device_moe = options.cuda_device_moe;
   cuda_options.fp8_native = options.cuda_fp8_native;
+  cuda_options.batch_invariant = options.deterministic;
   return cuda_options;
 }
 #endif

@@ -18,6 +18,11 @@ struct ModelLoadOptions {
   Device device = Device::CPU;
   // "cpu" (OpenBLAS + thread pool) or "reference" (plain loops, the oracle).
   std::string cpu_backend = "cpu";
+  // The deterministic mode (--deterministic): batch-invariant kernels, so that
+  // a token's logits are bit-identical whatever else shares its forward (decode
+  // batch, prefill chunk, MTP verification, prefix-cache hit). CPU: the GEMMs
+  // of kernels/cpu/batch_invariant_linear.h; CUDA: CudaModelOptions::batch_invariant.
+  bool deterministic = false;
   // The KV dtype the caller intends to use (a hint; the cache decides).
   KvDType kv_dtype = KvDType::BF16;
   // Random weights from `model_dir`'s config.json (model_dir may also name the

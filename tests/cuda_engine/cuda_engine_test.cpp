@@ -361,5 +361,31 @@ TEST(CudaEngineMemory, EngineRunsOnItsDevicePages) {
   EXPECT_EQ(harness.engine->stats().running_requests, 0);
 }
 
+// Released device memory (weights and KV pools, as an RL trainer asks between
+// rollouts) comes back the same: the device pools are rebuilt on the device and
+// the captured decode graphs, which held the old pool addresses, are not reused.
+TEST(CudaEngineMemory, ReleasedDeviceMemoryComesBackTheSame) {
+  EngineSetup gpu;
+  gpu.device = Device::CUDA;
+  gpu.pages = 6;
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = make_engine(fixture_dir("glm_bf16"), gpu);
+  harness.submit(greedy_request("before", prompt_of(10, 256, 3), 8, true));
+  harness.run();
+  const DeviceMemoryInfo held = query_device_memory();
+  harness.engine->release_memory(MemoryTags{true, true});
+  EXPECT_GE(query_device_memory().free_bytes, held.free_bytes);
+  harness.engine->resume_memory(MemoryTags{true, true});
+  EXPECT_EQ(harness.engine->stats().kv_pages_total, 6);
+  harness.submit(greedy_request("after", prompt_of(10, 256, 3), 8, true));
+  harness.run();
+  EXPECT_EQ(harness.results["after"].tokens, harness.results["before"].tokens);
+  ASSERT_EQ(harness.results["after"].logprobs.size(), harness.results["before"].logprobs.size());
+  for (size_t i = 0; i < harness.results["after"].logprobs.size(); ++i) {
+    EXPECT_EQ(harness.results["after"].logprobs[i].logprob,
+              harness.results["before"].logprobs[i].logprob);
+  }
+}
+
 }  // namespace
 }  // namespace megactx::testing

@@ -118,6 +118,69 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   cudaFree(dy);
 }
 
+// The deterministic mode's Blas (batch_invariant_gemm): fp32 and bf16 weights,
+// plain, strided and per-head batched, close to double loops, and each row
+// bit-identical whether it is alone, among a few or among hundreds, at any
+// offset (cuBLAS's results depend on the shape it picks its kernel for).
+TEST(CudaGemm, BatchInvariantLinearsGiveEveryRowTheSameBitsInEveryBatch) {
+  const int64_t rows = 300, in = 200, out = 136;
+  const auto x = random_values(static_cast<size_t>(rows * in), 21);
+  const auto w = random_values(static_cast<size_t>(out * in), 22);
+  std::vector<uint16_t> wb(w.size());
+  std::vector<float> w_rounded(w.size()), x_rounded(x.size());
+  for (size_t i = 0; i < w.size(); ++i) w_rounded[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  for (size_t i = 0; i < x.size(); ++i) x_rounded[i] = bf16_to_float(float_to_bf16(x[i]));
+  float* dx = to_device(x);
+  float* dw = to_device(w);
+  uint16_t* dwb = to_device(wb);
+  float* dy = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(rows * out) * sizeof(float)));
+  Blas blas(nullptr);
+  blas.set_batch_invariant(true);
+  for (const bool bf16 : {false, true}) {
+    DeviceMatrix matrix{bf16 ? static_cast<const void*>(dwb) : dw, bf16};
+    blas.linear(dx, rows, in, matrix, out, dy);
+    const std::vector<float> all = to_host(dy, static_cast<size_t>(rows * out));
+    EXPECT_LT(max_relative(all, reference(bf16 ? x_rounded : x, bf16 ? w_rounded : w, rows, in,
+                                          out)),
+              1e-5)
+        << (bf16 ? "bf16" : "fp32");
+    for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {77, 1}, {3, 4}, {31, 33}, {10, 290}}) {
+      blas.linear(dx + first * in, count, in, matrix, out, dy);
+      const std::vector<float> part = to_host(dy, static_cast<size_t>(count * out));
+      for (int64_t i = 0; i < count * out; ++i) {
+        ASSERT_EQ(part[i], all[first * out + i])
+            << (bf16 ? "bf16" : "fp32") << " row " << first + i / out << " of " << count;
+      }
+    }
+  }
+  // Per-head batched (MLA absorption): batch b multiplies x columns [b*16, b*16+16).
+  const int64_t heads = 4, head_in = 16, head_out = 24;
+  const auto wh = random_values(static_cast<size_t>(heads * head_out * head_in), 23);
+  float* dwh = to_device(wh);
+  float* dyh = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&dyh, static_cast<size_t>(rows * heads * head_out) * 4));
+  blas.linear_batched(dx, rows, head_in, in, head_in, dwh, head_out, head_out * head_in, dyh,
+                      heads * head_out, head_out, heads);
+  const auto batched = to_host(dyh, static_cast<size_t>(rows * heads * head_out));
+  blas.linear_batched(dx + 5 * in, 1, head_in, in, head_in, dwh, head_out, head_out * head_in, dyh,
+                      heads * head_out, head_out, heads);
+  const auto one = to_host(dyh, static_cast<size_t>(heads * head_out));
+  for (int64_t i = 0; i < heads * head_out; ++i) EXPECT_EQ(one[i], batched[5 * heads * head_out + i]);
+  for (int64_t b = 0; b < heads; ++b) {
+    for (int64_t o = 0; o < head_out; ++o) {
+      double want = 0.0;
+      for (int64_t k = 0; k < head_in; ++k)
+        want += double{x[7 * in + b * head_in + k]} * wh[(b * head_out + o) * head_in + k];
+      EXPECT_NEAR(batched[(7 * heads + b) * head_out + o], want, 1e-5);
+    }
+  }
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw), static_cast<void*>(dwb),
+                  static_cast<void*>(dy), static_cast<void*>(dwh), static_cast<void*>(dyh)})
+    MEGACTX_CUDA_CHECK(cudaFree(p));
+}
+
 TEST(CudaGemm, Fp8BlockScaledWeightsMatchDequantizedReference) {
   // Shapes that are not multiples of the tiles or of the 128 scale blocks.
   const int64_t rows = 70, in = 300, out = 200;

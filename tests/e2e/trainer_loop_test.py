@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -725,12 +726,44 @@ class TrainerLoop(unittest.TestCase):
     def test_release_and_resume_bring_back_the_latest_weights(self):
         probes = [self.probe]
         before = self.check_policy_matches(probes, "before release")
+        # slime checks this flag before it releases memory.
+        self.assertTrue(get(POLICY, "/get_server_info").json()["enable_memory_saver"])
+        held = device_memory_mib(POLICY)
         for route in ("/release_memory_occupation", "/resume_memory_occupation"):
             answer = post(POLICY, route, {"tags": ["weights", "kv_cache"]})
             self.assertEqual(answer.status_code, 200, answer.text)
             self.assertTrue(answer.json()["success"])
+            if route == "/release_memory_occupation":
+                released = device_memory_mib(POLICY)
+        restored = device_memory_mib(POLICY)
+        if held is not None:
+            # What the driver reports for the server's process: the weights and KV pools go
+            # back (the CUDA context, cuBLAS workspace and scratch stay).
+            self.note(f"device memory of the policy server (nvidia-smi): {held} MiB held, "
+                 f"{released} MiB released, {restored} MiB restored")
+            self.assertLess(released, held - 256, "release_memory_occupation freed too little")
+            self.assertGreater(restored, released + 256)
         self.check_version(self.version)
         self.assert_scores_near(probes, before)
+
+
+def device_memory_mib(server):
+    """The server process's device memory in MiB as the driver reports it (nvidia-smi), or None
+    on the CPU or without nvidia-smi."""
+    if ARGS.device != "cuda" or shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         check=True).stdout
+    for line in out.splitlines():
+        pid, used = (field.strip() for field in line.split(","))
+        if pid == str(server.process.pid):
+            return int(used)
+    # A container's PID namespace can hide the pid: the whole device's use then (the teacher
+    # server beside it does not allocate while the policy releases and resumes).
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "--id=0"], capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[0])
 
 
 def main():

@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/cpu/batch_invariant_linear.h"
 #include "kernels/cpu/dense_ops.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/reference/dense_ops.h"
@@ -32,6 +33,40 @@ double max_relative(const std::vector<float>& a, const std::vector<float>& b) {
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
   }
   return diff / scale;
+}
+
+// The deterministic mode's GEMM: close to a double-precision product, and each
+// row bit-identical whatever rows share the call (1, a few, hundreds, at any
+// offset and stride), which OpenBLAS's shape-dependent kernels are not.
+TEST(CpuKernels, BatchInvariantLinearGivesEveryRowTheSameBitsInEveryBatch) {
+  for (auto [in, out] : std::vector<std::pair<int, int>>{{7, 5}, {64, 96}, {257, 131}}) {
+    const int rows = 150, stride = in + 5;
+    const auto x = random_values(static_cast<size_t>(rows * stride), 11);
+    const auto w = random_values(static_cast<size_t>(out * in), 12);
+    std::vector<float> all(static_cast<size_t>(rows * out));
+    cpu::linear_batch_invariant(x.data(), rows, in, stride, w.data(), out, all.data(), out);
+    double worst = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      for (int o = 0; o < out; ++o) {
+        double exact = 0.0;
+        for (int k = 0; k < in; ++k) exact += double{x[r * stride + k]} * w[o * in + k];
+        worst = std::max(worst, std::fabs(exact - all[r * out + o]));
+        EXPECT_EQ(all[r * out + o], cpu::batch_invariant_dot(&x[r * stride], &w[o * in], in));
+      }
+    }
+    EXPECT_LT(worst, 1e-4 * std::sqrt(in));
+    for (auto [first, count] : std::vector<std::pair<int, int>>{{0, 1}, {37, 1}, {5, 3}, {40, 110}}) {
+      std::vector<float> part(static_cast<size_t>(count * (out + 2)), -1.0f);
+      cpu::linear_batch_invariant(x.data() + first * stride, count, in, stride, w.data(), out,
+                                  part.data(), out + 2);
+      for (int r = 0; r < count; ++r) {
+        for (int o = 0; o < out; ++o) {
+          ASSERT_EQ(part[r * (out + 2) + o], all[(first + r) * out + o])
+              << "row " << first + r << " of a call of " << count;
+        }
+      }
+    }
+  }
 }
 
 TEST(CpuKernels, LinearMatchesReferenceIncludingStrides) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/batch_invariant_gemm.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 
 namespace megactx::cuda {
@@ -76,6 +77,21 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
     return;
   }
   if (rows == 0 || out == 0) return;
+  if (batch_invariant_) {
+    InvariantGemm g;
+    g.x = x;
+    g.x_stride = x_stride;
+    g.round_x_to_bf16 = true;  // as the cuBLAS path below: bf16 products
+    g.w = w.data;
+    g.w_type = GemmElement::BF16;
+    g.y = y;
+    g.y_stride = y_stride;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    batch_invariant_gemm(g, stream_);
+    return;
+  }
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);
   float_to_bf16_rows(x, rows, in, x_stride, x_bf16, stream_);
   linear_bf16(x_bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
@@ -107,8 +123,10 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   // Decode (a few rows) streams the weights once per warp; larger batches
   // run the tensor-core kernel (or the tiled one when it is switched off or
   // the shape does not suit it).
-  if (fp8_block_gemv(g, stream_)) return;
-  if (fp8_tensor_cores_ && fp8_block_gemm_tensor_cores(g, stream_)) return;
+  if (!batch_invariant_) {
+    if (fp8_block_gemv(g, stream_)) return;
+    if (fp8_tensor_cores_ && fp8_block_gemm_tensor_cores(g, stream_)) return;
+  }
   fp8_block_gemm(g, stream_);
 }
 
@@ -117,6 +135,19 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w,
                   int64_t out, float* y, int64_t y_stride) {
   if (rows == 0 || out == 0) return;
+  if (batch_invariant_) {
+    InvariantGemm g;
+    g.x = x;
+    g.x_stride = x_stride;
+    g.w = w;
+    g.y = y;
+    g.y_stride = y_stride;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    batch_invariant_gemm(g, stream_);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   check(
       cublasSgemm(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,
@@ -130,6 +161,25 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
                           int64_t w_batch_stride, float* y, int64_t y_stride,
                           int64_t y_batch_stride, int64_t batch) {
   if (rows == 0 || out == 0 || batch == 0) return;
+  if (batch_invariant_) {
+    MEGACTX_CHECK(w_batch_stride >= out * in || batch == 1,
+                  "linear_batched: overlapping weights need cuBLAS");
+    InvariantGemm g;
+    g.x = x;
+    g.x_stride = x_stride;
+    g.x_batch_stride = x_batch_stride;
+    g.w = w;
+    g.w_batch_stride = w_batch_stride;
+    g.y = y;
+    g.y_stride = y_stride;
+    g.y_batch_stride = y_batch_stride;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    g.batch = batch;
+    batch_invariant_gemm(g, stream_);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   check(cublasSgemmStridedBatched(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,
                                   narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"), &one,
@@ -142,6 +192,22 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
 void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
                        int64_t out, void* y, int64_t y_stride, bool y_f32) {
   if (rows == 0 || out == 0) return;
+  if (batch_invariant_) {
+    InvariantGemm g;
+    g.x = x;
+    g.x_type = GemmElement::BF16;
+    g.x_stride = x_stride;
+    g.w = w;
+    g.w_type = GemmElement::BF16;
+    g.y = y;
+    g.y_type = y_f32 ? GemmElement::F32 : GemmElement::BF16;
+    g.y_stride = y_stride;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    batch_invariant_gemm(g, stream_);
+    return;
+  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;
   // Tensor cores for bf16; the handle stays pedantic for the fp32 calls.

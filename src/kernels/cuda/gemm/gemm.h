@@ -85,6 +85,11 @@ class Blas {
   // loops and the CPU emulation pass on the H200); the environment variable
   // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
+  // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
+  // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
+  // block-scaled kernel at every row count.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
 
   // A caller-owned cuBLAS workspace (cublasSetWorkspace): captured CUDA
   // Graphs and eager launches then share one fixed workspace (without it,
@@ -110,6 +115,7 @@ class Blas {
   size_t x_scale_bytes_ = 0;
   uint64_t reallocations_ = 0;
   bool fp8_tensor_cores_ = true;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace megactx::cuda
