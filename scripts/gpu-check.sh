@@ -221,11 +221,29 @@ if [[ "${GPU_CHECK_TRAINER:-1}" == 1 ]]; then
   grep -E "max \|" "$out/trainer_loop.log" | sed 's/^ *//' | tee -a "$summary"
 fi
 
+# Rollout against scoring logprobs on the GPU (tests/e2e/logprob_consistency_test.py):
+# bit-identical with --deterministic in the fp32 mode and with bf16 weights over
+# fp8 / bf16 KV; the same figures without it (docs/benchmarks.md).
+if [[ "${GPU_CHECK_DETERMINISTIC:-1}" == 1 ]]; then
+  for mode in "--kv-dtype f32" "--cuda-bf16 --kv-dtype fp8" "--cuda-bf16 --kv-dtype bf16"; do
+    # shellcheck disable=SC2086  # $mode is a list of flags
+    timeout 200 python3 tests/e2e/logprob_consistency_test.py --megactx "$pack/bin/megactx" \
+      --model models/default --expect-exact -- --device cuda --deterministic $mode \
+      >>"$out/logprob_consistency.log" 2>&1
+    note "logprob_consistency --deterministic $mode exit $?"
+    # shellcheck disable=SC2086
+    timeout 200 python3 tests/e2e/logprob_consistency_test.py --megactx "$pack/bin/megactx" \
+      --model models/default -- --device cuda $mode >>"$out/logprob_consistency.log" 2>&1
+  done
+  grep -E '^\| --' "$out/logprob_consistency.log" | tee -a "$summary"
+fi
+
 # 3. Benchmarks, one at a time. GPU_CHECK_BENCH picks them: "dsa,model" (the
 #    default: the DSA attention kernels and the whole-model decode, each with
 #    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the
 #    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
-#    indexer + top-k vs the two-kernel indexer), any comma list, or 0.
+#    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
+#    with and without --deterministic), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -265,6 +283,16 @@ fi
 if [[ "$benches" == *mtp* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/mtp_engine_bench" ${MTP_BENCH_ARGS:-} >"$out/mtp_engine.md" 2>&1
   note "mtp engine bench exit $?"
+fi
+if [[ "$benches" == *deterministic* ]]; then
+  # What --deterministic costs: decode through serve with and without it.
+  for flag in "" "--deterministic"; do
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/mtp_serve_bench.py --megactx "$pack/bin/megactx" \
+      --model models/default --steps 0 --concurrency 1,16 --rounds 2 -- --device cuda --cuda-bf16 \
+      --kv-dtype fp8 $flag >>"$out/deterministic_cost.md" 2>&1
+    note "deterministic cost bench ${flag:-(plain)} exit $?"
+  done
 fi
 
 echo

@@ -40,7 +40,7 @@ class NullModel : public LanguageModel {
       const auto n = static_cast<int64_t>(sequence.tokens.size());
       rows += sequence.logits_from >= 0 ? n - sequence.logits_from : 1;
     }
-    return ForwardOutput{logits_.slice_rows(0, rows), Tensor()};
+    return ForwardOutput{logits_.slice_rows(0, rows), Tensor(), Tensor()};
   }
 
  private:

@@ -5,6 +5,7 @@
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
+//   [--enable-return-routed-experts]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -68,6 +69,7 @@ struct ServeOptions {
   int64_t max_connections = 8192;
   bool check_integrity = false;
   bool deterministic = false;
+  bool enable_return_routed_experts = false;
   SpeculativeCliOptions speculative;
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
@@ -108,6 +110,7 @@ int run_serve(const ServeOptions& options) {
   engine_config.context_length = options.context_length;
   apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
+  engine_config.record_routed_experts = options.enable_return_routed_experts;
 
   LoadedEngine loaded = load_engine(load);
   Engine& engine = *loaded.engine;
@@ -137,7 +140,8 @@ int run_serve(const ServeOptions& options) {
       {"deterministic", options.deterministic},
       // SGLang's flag for /release_memory_occupation and /resume_memory_occupation,
       // which megactx always serves (slime asserts it before using them).
-      {"enable_memory_saver", true}};
+      {"enable_memory_saver", true},
+      {"enable_return_routed_experts", options.enable_return_routed_experts}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -232,6 +236,10 @@ CommandRegistration registration{
                        "Check the KV pages, prefix cache and scheduler after every engine step "
                        "(slow; for soak tests and debugging: a violation is logged as an error)");
       command.add_flag("--deterministic", options->deterministic, kDeterministicHelp);
+      command.add_flag("--enable-return-routed-experts", options->enable_return_routed_experts,
+                       "Record the experts every token is routed to, so that /generate requests "
+                       "may ask for return_routed_experts (MoE routing replay in RL; host memory "
+                       "of layers x top_k x 4 bytes per KV token)");
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

@@ -61,6 +61,12 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
                 cache_->spec().device == Device::CUDA ? "GPU" : "host",
                 model_->device() == Device::CUDA ? "GPU" : "host");
   allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages);
+  if (config_.record_routed_experts) {
+    const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.spec.bytes_per_page();
+    routed_ = std::make_unique<RoutedExpertsTable>(
+        capacity_.spec.num_pages, host_pages, config_.page_size, model_config.num_hidden_layers,
+        std::max<int64_t>(model_config.num_experts_per_tok, 1));
+  }
   if (config_.host_kv_memory_bytes > 0) create_host_tier();
   prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size, host_tier_.get());
   SchedulerConfig scheduler_config;
@@ -82,8 +88,10 @@ void Engine::create_host_tier() {
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
                 config_.host_kv_memory_bytes, spec.bytes_per_page(), spec.page_size);
   // Pinned pools and copies on the model's stream for a device model.
-  host_tier_ = std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec),
-                                            model_->kv_page_copy());
+  KvPageCopy copy = model_->kv_page_copy();
+  if (routed_) copy = routed_->wrap(std::move(copy), *cache_);  // routing moves with its pages
+  host_tier_ =
+      std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec), std::move(copy));
   spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
                spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);
 }
@@ -156,6 +164,9 @@ std::string Engine::validate(const GenerationRequest& request) const {
   if (request.top_logprobs_num < 0 || request.top_logprobs_num > vocab_size_) {
     return fmt::format("top_logprobs_num must be in [0, {}], got {}", vocab_size_,
                        request.top_logprobs_num);
+  }
+  if (request.return_routed_experts && !routed_) {
+    return "return_routed_experts needs the server started with --enable-return-routed-experts";
   }
   for (const int32_t id : request.token_ids_logprob) {
     if (id < 0 || id >= vocab_size_) {
@@ -404,6 +415,7 @@ RequestUpdate& Engine::update_of(RequestState& request) {
     update.finish = FinishReason::None;
     update.finish_detail.clear();
     update.matched_stop_token.reset();
+    update.routed_experts.clear();
     updated_.push_back(&request);
   }
   return request.update;
@@ -418,6 +430,9 @@ void Engine::run_plan() {
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
   batch_.want_hidden_states = mtp_ != nullptr;
+  // Every forward, not only those of requests that ask: a later request may
+  // find these pages in the prefix cache.
+  batch_.want_routed_experts = routed_ != nullptr;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;
@@ -432,6 +447,14 @@ void Engine::run_plan() {
   {
     Timed timed(phase_times_, EnginePhaseTimes::Forward);
     output = model_->forward(batch_, *cache_);
+  }
+  if (routed_ && output.routed_experts.defined()) {
+    int64_t row = 0;
+    for (const ScheduledChunk& chunk : chunks) {
+      routed_->record(output.routed_experts, row, chunk.start, chunk.count,
+                      chunk.request->page_table);
+      row += chunk.count;
+    }
   }
   {
     // After the forward's launch: on a device the forward runs asynchronously
@@ -648,6 +671,11 @@ void Engine::finish(RequestState& request, FinishReason reason, std::string deta
   }
   update.finish = reason;
   update.finish_detail = std::move(detail);
+  if (routed_ && request.request.return_routed_experts) {
+    // SGLang's rows: every token but the last (whose forward never ran).
+    update.routed_experts = routed_->gather(
+        request.page_table, std::max<int64_t>(static_cast<int64_t>(request.tokens.size()) - 1, 0));
+  }
   try {
     scheduler_->remove(&request);
   } catch (const std::exception& error) {

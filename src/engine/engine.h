@@ -32,6 +32,7 @@
 #include "engine/engine_phase_times.h"
 #include "engine/kv_capacity.h"
 #include "engine/request_state.h"
+#include "engine/routed_experts.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "grammar/grammar_compiler.h"
@@ -67,6 +68,7 @@ class Engine : public EngineApi {
   int64_t max_context_tokens() const override { return max_total_tokens_; }
   // Built on first use (the vocabulary's byte trie), then shared by every request.
   grammar::GrammarCompiler* grammar_compiler() override;
+  bool records_routed_experts() const override { return config_.record_routed_experts; }
 
   // One step: takes queued submits/aborts, schedules, runs the model, delivers
   // updates (callbacks on the calling thread). Returns false when there was
@@ -185,6 +187,7 @@ class Engine : public EngineApi {
   mutable std::mutex engine_mutex_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<HostKvTier> host_tier_;  // host_kv_memory_bytes > 0
+  std::unique_ptr<RoutedExpertsTable> routed_;  // record_routed_experts
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<PrefixCache> prefix_cache_;
   std::unique_ptr<Scheduler> scheduler_;

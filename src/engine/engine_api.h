@@ -108,6 +108,9 @@ class EngineApi {
   // Thread-safe; null when the engine cannot constrain its output (the server
   // then answers structured-output requests with 400).
   virtual grammar::GrammarCompiler* grammar_compiler() { return nullptr; }
+  // Whether requests may ask for return_routed_experts (the server flag
+  // --enable-return-routed-experts: EngineConfig::record_routed_experts).
+  virtual bool records_routed_experts() const { return false; }
 };
 
 }  // namespace megactx

@@ -39,6 +39,10 @@ struct EngineConfig {
   // as scoring computes it (on the host on CUDA too), so that rollout and
   // scoring logprobs are bit-identical.
   bool deterministic = false;
+  // --enable-return-routed-experts: every forward records the routed experts
+  // of its tokens (engine/routed_experts.h) so that requests may ask for them
+  // (GenerationRequest::return_routed_experts).
+  bool record_routed_experts = false;
   // IndexShare + KVShare across draft steps (false: the ablation).
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).

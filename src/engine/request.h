@@ -69,6 +69,9 @@ struct GenerationRequest {
   // Logprobs of the temperature-scaled distribution (logits / temperature)
   // instead of the raw one (SGLang temp_scaled_logprobs).
   bool temp_scaled_logprobs = false;
+  // The routed experts of every token but the last, in the final update
+  // (SGLang return_routed_experts; needs EngineConfig::record_routed_experts).
+  bool return_routed_experts = false;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -100,6 +103,9 @@ struct RequestUpdate {
   int64_t spec_verify_ct = 0;
   // The weights that produced this update's tokens (update_weights' version).
   std::string weight_version;
+  // Final update of a return_routed_experts request: [tokens - 1, layers,
+  // top_k] expert ids, -1 at dense layers.
+  std::vector<int32_t> routed_experts;
 };
 
 // Called on the engine thread; must be quick (hand off to the I/O thread).

@@ -39,6 +39,13 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       experts, config_.n_group,        config_.topk_group,
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
   moe_route(logits, w.bias, rows, params, ids, gates, stream_);
+  if (routed_ids_ != nullptr) {
+    // ids [rows, top_k] -> routed [rows, layers, top_k] at this layer.
+    const size_t row_bytes = static_cast<size_t>(top_k) * sizeof(int32_t);
+    MEGACTX_CUDA_CHECK(cudaMemcpy2DAsync(
+        routed_ids_ + routed_layer_ * top_k, row_bytes * static_cast<size_t>(config_.num_hidden_layers),
+        ids, row_bytes, row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+  }
 
   // moe_on_device (cuda_dsa_graph_forward.cpp) also decides whether a decode
   // step can be captured: one predicate, so the two cannot drift.

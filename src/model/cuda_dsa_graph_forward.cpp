@@ -63,6 +63,7 @@ std::optional<DecodeGraphKey> CudaDsaModel::graph_key(const ForwardBatch& batch,
   key.context = context_bucket(max_context);
   key.kv_dtype = static_cast<int>(cache.spec().dtype);
   key.cache = cache_fingerprint(cache, config_.num_hidden_layers);
+  key.routed_experts = batch.want_routed_experts;
   return key;
 }
 
@@ -113,7 +114,9 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
   // (the fast path's token tables) that a capture must record again.
   auto record = [&] {
     Step fresh = step;
+    if (key.routed_experts) begin_routed_capture(rows);
     run_layers(fresh, ids, logit_rows, rows, cache, logits);
+    routed_ids_ = nullptr;
   };
 
   graphs_.sync_epoch(scratch_epoch());
@@ -133,6 +136,8 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
 
   ForwardOutput output;
   const int64_t real_rows = packed.real_rows;
+  // Real rows come first (pack_decode_inputs), padding after.
+  if (key.routed_experts) output.routed_experts = routed_experts_to_host(real_rows);
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({real_rows, hidden});
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(output.hidden_states.raw(), sc.x.as<float>(),

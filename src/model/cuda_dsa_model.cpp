@@ -161,7 +161,9 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   } else {
     logits = sc.logits.get<float>(m * vocab);
   }
+  if (batch.want_routed_experts) begin_routed_capture(n);
   run_layers(step, d_ids, d_logit_rows, m, cache, logits);
+  if (batch.want_routed_experts) output.routed_experts = routed_experts_to_host(n);
 
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({n, hidden});
@@ -179,11 +181,29 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   return output;
 }
 
+void CudaDsaModel::begin_routed_capture(int64_t rows) {
+  const int64_t count = rows * config_.num_hidden_layers * config_.num_experts_per_tok;
+  routed_ids_ = scratch_.routed.get<int32_t>(count);
+  // -1 at the dense layers (bytes 0xff).
+  MEGACTX_CUDA_CHECK(
+      cudaMemsetAsync(routed_ids_, 0xff, static_cast<size_t>(count) * sizeof(int32_t), stream_));
+}
+
+Tensor CudaDsaModel::routed_experts_to_host(int64_t rows) {
+  Tensor out = Tensor::empty({rows, config_.num_hidden_layers, config_.num_experts_per_tok},
+                             DType::I32);
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(out.raw(), scratch_.routed.as<int32_t>(), out.nbytes(),
+                                     cudaMemcpyDeviceToHost, stream_));
+  routed_ids_ = nullptr;  // finish_forward syncs before the caller reads it
+  return out;
+}
+
 void CudaDsaModel::finish_forward(const ForwardBatch& batch) {
-  // Host outputs (hidden states, host logits) and the phase timer need the
-  // stream finished; device logits do not: their consumer (the CudaSampler
-  // on this stream, or to_host) is ordered after the forward.
-  if (batch.want_hidden_states || !options_.logits_on_device || timer_.active()) {
+  // Host outputs (hidden states, host logits, routed experts) and the phase
+  // timer need the stream finished; device logits do not: their consumer (the
+  // CudaSampler on this stream, or to_host) is ordered after the forward.
+  if (batch.want_hidden_states || batch.want_routed_experts || !options_.logits_on_device ||
+      timer_.active()) {
     MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 }
@@ -198,6 +218,7 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
   timer_.mark("embed", stream_);
   embed_gather(weights_->embed, ids, n, hidden, x, stream_);
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    routed_layer_ = layer;
     decoder_layer(weights_->layers[layer], layer, step, cache, x);
   }
   timer_.mark("final norm + lm_head", stream_);

@@ -108,6 +108,8 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
     DeviceBuffer expert_rows, expert_gates, expert_in, expert_out, moe_out;
+    // Routed experts of the step [rows, layers, top_k] (want_routed_experts).
+    DeviceBuffer routed;
     // The grouped device MoE (kernels/cuda/moe): plan, SwiGLU activations
     // [pairs, I], per-pair expert outputs [rows, top_k, H]; fp8 experts:
     // the quantised inputs (GroupedMoeLayout::fp8_bytes).
@@ -147,6 +149,16 @@ class CudaDsaModel final : public LanguageModel {
   // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // The routed-expert capture of the running forward: moe() copies its ids
+  // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
+  // outside forwards that want them (the MTP layer never records).
+  int32_t* routed_ids_ = nullptr;
+  int64_t routed_layer_ = 0;
+  // Starts the capture into Scratch::routed for `rows` rows (all -1 first).
+  void begin_routed_capture(int64_t rows);
+  // The first `rows` rows of the capture, copied to the host (enqueued; the
+  // forward's finish_forward syncs), and the capture ended.
+  Tensor routed_experts_to_host(int64_t rows);
 
   // The fp8 DSA kernels instead of the fp32 fallback
   // (cuda_dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8

@@ -38,6 +38,8 @@ struct DecodeGraphKey {
   // step, and the greedy drafts chained after a step 0.
   bool mtp_shared = false;
   int64_t mtp_drafts = 0;
+  // The step records the routed experts (ForwardBatch::want_routed_experts).
+  bool routed_experts = false;
   auto operator<=>(const DecodeGraphKey&) const = default;
   int64_t rows() const { return sequences * tokens_per_sequence; }
 };

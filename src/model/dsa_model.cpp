@@ -112,11 +112,19 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
     }
   }
   const float eps = plan_.rms_norm_eps;
+  ForwardOutput output;
+  if (batch.want_routed_experts) {
+    output.routed_experts =
+        Tensor::empty({n, config_.num_hidden_layers, config_.num_experts_per_tok}, DType::I32);
+    std::fill_n(output.routed_experts.data<int32_t>(), output.routed_experts.numel(), -1);
+    routed_.ids = output.routed_experts.data<int32_t>();
+  }
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    routed_.layer = layer;
     decoder_layer(weights_.layers[layer], layer, step, cache, x.data());
   }
+  routed_.ids = nullptr;  // the MTP layer's runs record nothing
 
-  ForwardOutput output;
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({n, hidden});
     std::memcpy(output.hidden_states.data<float>(), x.data(), x.size() * sizeof(float));
@@ -404,6 +412,13 @@ void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out
       experts, config_.n_group,        config_.topk_group,
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
   backend_->moe_route(logits.data(), w.bias.data<float>(), rows, params, ids.data(), gates.data());
+  if (routed_.ids != nullptr) {
+    const int64_t layers = config_.num_hidden_layers;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(ids.data() + r * top_k, top_k,
+                  routed_.ids + (r * layers + routed_.layer) * top_k);
+    }
+  }
 
   std::fill(out, out + rows * hidden, 0.0f);
   // Group the (token, weight) pairs by expert, then one GEMM chain per expert.

@@ -81,6 +81,13 @@ class DsaModel final : public LanguageModel {
                      float* x);
   void mlp(const MlpWeights& w, const float* h, int64_t rows, float* out);
   void moe(const MoeWeights& w, const float* h, int64_t rows, float* out);
+  // forward()'s routed-expert capture (ForwardBatch::want_routed_experts):
+  // ids [tokens, layers, top_k]; `layer` is the decoder layer moe() serves.
+  struct RoutedCapture {
+    int32_t* ids = nullptr;
+    int64_t layer = 0;
+  };
+  RoutedCapture routed_;
 
   ModelConfig config_;
   DsaWeights weights_;

@@ -32,6 +32,8 @@ struct SequenceInput {
 struct ForwardBatch {
   std::vector<SequenceInput> sequences;
   bool want_hidden_states = false;  // the MTP head needs the last layer's hidden states
+  // Routing replay for MoE RL: the experts every new token was routed to.
+  bool want_routed_experts = false;
 };
 
 struct ForwardOutput {
@@ -40,6 +42,10 @@ struct ForwardOutput {
   Tensor logits;
   // [total new tokens, hidden] (before the final norm) when asked for.
   Tensor hidden_states;
+  // [total new tokens, num_hidden_layers, num_experts_per_tok] int32 on the
+  // host when asked for: the routed expert ids (selection order) of every
+  // token at every MoE layer, -1 at dense layers.
+  Tensor routed_experts;
 };
 
 class LanguageModel {

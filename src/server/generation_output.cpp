@@ -23,6 +23,7 @@ void GenerationOutput::add(const RequestUpdate& update) {
     finish = update.finish;
     finish_detail = update.finish_detail;
     matched_stop_token = update.matched_stop_token;
+    routed_experts = update.routed_experts;
   }
 }
 

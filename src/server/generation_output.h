@@ -28,6 +28,8 @@ struct GenerationOutput {
   // Versions of the weights that produced the tokens, in order, each once
   // (more than one when the weights changed while the request ran).
   std::vector<std::string> weight_versions;
+  // return_routed_experts: [tokens - 1, layers, top_k] from the final update.
+  std::vector<int32_t> routed_experts;
 
   void add(const RequestUpdate& update);
   bool finished() const { return finish != FinishReason::None; }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "core/base64.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
 #include "server/generation_output.h"
@@ -104,6 +105,10 @@ struct GenerateJob {
         meta["output_token_ids_logprobs"] =
             sglang_token_ids_logprobs(tokenizer, out.output_logprobs, with_text);
       }
+    }
+    if (item.request.return_routed_experts && out.finished()) {
+      // SGLang's encoding: base64 of the int32 array [tokens - 1, layers, top_k].
+      meta["routed_experts"] = base64_encode(std::as_bytes(std::span(out.routed_experts)));
     }
     if (out.finished())
       meta["e2e_latency"] =
@@ -280,12 +285,18 @@ void handle_generate(ServerState& state, const HttpRequest& request,
         throw_invalid("temp_scaled_logprobs", "'temp_scaled_logprobs' must be a boolean");
       generation.temp_scaled_logprobs = value->get<bool>();
     }
-    for (const char* unsupported : {"return_routed_experts", "return_hidden_states"}) {
-      if (auto* value = item_field(body, unsupported, i, count, batch);
-          value && !(value->is_boolean() && !value->get<bool>()))
-        throw_invalid(unsupported, std::string("'") + unsupported +
-                                       "' is not supported by megactx yet");
+    if (auto* value = item_field(body, "return_routed_experts", i, count, batch)) {
+      if (!value->is_boolean())
+        throw_invalid("return_routed_experts", "'return_routed_experts' must be a boolean");
+      generation.return_routed_experts = value->get<bool>();
+      if (generation.return_routed_experts && !state.engine().records_routed_experts())
+        throw_invalid("return_routed_experts",
+                      "'return_routed_experts' needs the server started with "
+                      "--enable-return-routed-experts");
     }
+    if (auto* value = item_field(body, "return_hidden_states", i, count, batch);
+        value && !(value->is_boolean() && !value->get<bool>()))
+      throw_invalid("return_hidden_states", "'return_hidden_states' is not supported by megactx yet");
     // SGLang returns input logprobs only from logprob_start_len on; by default
     // it starts at the end of the prompt (no input logprobs) for generation.
     if (!generation.return_logprob) generation.logprob_start_len = -1;

@@ -35,6 +35,7 @@ torch the test is skipped visibly (exit code 77, which CTest reports as skipped)
     python3 trainer_loop_test.py --megactx build/megactx --model models/default [--device cuda]
 """
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -721,6 +722,49 @@ class TrainerLoop(unittest.TestCase):
                      "num_attention_heads")
         self.check_policy_matches(probes, "after the bad updates")
 
+    # ------------------------------------------------------------ routing replay
+
+    def test_routed_experts_equal_pytorch_routing(self):
+        """return_routed_experts (SGLang's encoding: base64 of int32 [tokens - 1, layers, top_k])
+        against the experts PyTorch's forward of the same weights routes every token to, for
+        a sampled rollout and again for the same prompt found in the prefix cache."""
+        config = self.policy.cfg
+        layers, top_k = config.num_hidden_layers, config.num_experts_per_tok
+        # 100 tokens: a full 64-token page for the prefix cache, and with 12 new tokens below
+        # the default model's index_topk (128), so PyTorch's dense attention is the same.
+        prompt = (self.probe * 10)[:100]
+        answers = []
+        for _ in range(2):
+            body = post(POLICY, "/generate", {
+                "input_ids": prompt, "return_routed_experts": True,
+                "sampling_params": {"max_new_tokens": 12, "temperature": 1.0,
+                                    "sampling_seed": 5}}).json()
+            answers.append(body)
+        tokens = prompt + answers[0]["output_ids"]
+        routed = [struct.unpack(f"<{len(raw) // 4}i", raw) for raw in
+                  (base64.b64decode(a["meta_info"]["routed_experts"]) for a in answers)]
+        self.assertEqual(len(routed[0]), (len(tokens) - 1) * layers * top_k)
+        self.assertEqual(routed[1], routed[0])  # the second found the prompt cached
+        self.assertGreater(answers[1]["meta_info"]["cached_tokens"], 0)
+        want = pytorch_routing(self.policy, tokens[:-1])
+        agree = total = 0
+        for t in range(len(tokens) - 1):
+            for layer in range(layers):
+                got = routed[0][(t * layers + layer) * top_k:(t * layers + layer + 1) * top_k]
+                if layer not in want:
+                    self.assertEqual(set(got), {-1}, f"dense layer {layer}")
+                    continue
+                total += 1
+                agree += set(got) == set(want[layer][t])
+        self.note(f"routed experts: {agree} of {total} (token, MoE layer) choices equal "
+                  f"PyTorch's routing")
+        # fp32 logits within 1e-5 of PyTorch: only a near-tie of two experts may differ.
+        self.assertGreaterEqual(agree, total - 2)
+        plain = post(POLICY, "/generate", {"input_ids": prompt, "return_routed_experts": "yes",
+                                           "sampling_params": {"max_new_tokens": 1}})
+        self.assertEqual(plain.status_code, 400, plain.text)
+        self.assertIn("return_routed_experts", plain.text)
+
     # ------------------------------------------------------------ memory
 
     def test_release_and_resume_bring_back_the_latest_weights(self):
@@ -745,6 +789,29 @@ class TrainerLoop(unittest.TestCase):
             self.assertGreater(restored, released + 256)
         self.check_version(self.version)
         self.assert_scores_near(probes, before)
+
+
+def pytorch_routing(model, ids):
+    """{MoE layer index: [tokens, top_k] expert ids} of model's forward over ids."""
+    captured, wrapped = {}, []
+    for index, layer in enumerate(model.layers):
+        route = getattr(layer.mlp, "route", None)
+        if route is None:
+            continue
+
+        def recording(x, route=route, index=index):
+            ids_out, weights = route(x)
+            captured[index] = ids_out.tolist()
+            return ids_out, weights
+        layer.mlp.route = recording
+        wrapped.append(layer.mlp)
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]), mode="dense")
+    finally:
+        for mlp in wrapped:
+            del mlp.route  # back to the class's method
+    return captured
 
 
 def device_memory_mib(server):
@@ -786,13 +853,15 @@ def main():
     with tempfile.TemporaryDirectory(prefix="megactx-teacher-") as teacher_dir:
         write_model_dir(teacher_dir, hub_tensors(teacher_model(export.load_model_dir(ARGS.model))),
                         ARGS.model)
-        with MegactxServer(ARGS.megactx, ARGS.model, *server_args, name="policy") as policy, \
+        with MegactxServer(ARGS.megactx, ARGS.model, *server_args, "--enable-return-routed-experts",
+                           name="policy") as policy, \
                 MegactxServer(ARGS.megactx, teacher_dir, *server_args, name="teacher") as scorer:
             POLICY, TEACHER = policy, scorer
             # The loop first, so that the other tests run on trained weights (they hold for
             # any weights and leave them as they were).
             names = ["test_trainer_loop", "test_pause_modes_resume_and_abort",
                      "test_bad_updates_keep_the_old_weights",
+                     "test_routed_experts_equal_pytorch_routing",
                      "test_release_and_resume_bring_back_the_latest_weights"]
             names = [n for n in names if not rest or any(r in n for r in rest)]
             suite = unittest.TestSuite(TrainerLoop(name) for name in names)

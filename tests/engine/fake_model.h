@@ -96,7 +96,7 @@ class FakeModel : public LanguageModel {
         if (i >= from) write_logits(state, logits.data<float>() + row++ * config_.vocab_size);
       }
     }
-    return ForwardOutput{logits, Tensor()};
+    return ForwardOutput{logits, Tensor(), Tensor()};
   }
 
   // The same computation over a plain token list (no pages, no cache):
@@ -181,7 +181,7 @@ class ScriptedModel : public LanguageModel {
         logits.data<float>()[row++ * config_.vocab_size + token] = 10.0f;
       }
     }
-    return ForwardOutput{logits, Tensor()};
+    return ForwardOutput{logits, Tensor(), Tensor()};
   }
 
  private:
