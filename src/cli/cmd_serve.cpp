@@ -5,7 +5,7 @@
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
-//   [--enable-return-routed-experts]
+//   [--enable-return-routed-experts] [--enable-memory-saver]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -70,6 +70,7 @@ struct ServeOptions {
   bool check_integrity = false;
   bool deterministic = false;
   bool enable_return_routed_experts = false;
+  bool enable_memory_saver = false;
   SpeculativeCliOptions speculative;
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
@@ -138,9 +139,9 @@ int run_serve(const ServeOptions& options) {
       {"max_prefill_tokens", options.max_prefill_tokens},
       {"speculative_steps", options.speculative.steps},
       {"deterministic", options.deterministic},
-      // SGLang's flag for /release_memory_occupation and /resume_memory_occupation,
-      // which megactx always serves (slime asserts it before using them).
-      {"enable_memory_saver", true},
+      // SGLang's server argument (slime checks that it matches its --offload-rollout);
+      // megactx serves /release_memory_occupation and /resume_memory_occupation either way.
+      {"enable_memory_saver", options.enable_memory_saver},
       {"enable_return_routed_experts", options.enable_return_routed_experts}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
@@ -236,6 +237,10 @@ CommandRegistration registration{
                        "Check the KV pages, prefix cache and scheduler after every engine step "
                        "(slow; for soak tests and debugging: a violation is logged as an error)");
       command.add_flag("--deterministic", options->deterministic, kDeterministicHelp);
+      command.add_flag("--enable-memory-saver", options->enable_memory_saver,
+                       "Report enable_memory_saver in /get_server_info as SGLang does (slime "
+                       "compares it with its --offload-rollout); memory release and resume "
+                       "work with or without it");
       command.add_flag("--enable-return-routed-experts", options->enable_return_routed_experts,
                        "Record the experts every token is routed to, so that /generate requests "
                        "may ask for return_routed_experts (MoE routing replay in RL; host memory "

@@ -770,8 +770,10 @@ class TrainerLoop(unittest.TestCase):
     def test_release_and_resume_bring_back_the_latest_weights(self):
         probes = [self.probe]
         before = self.check_policy_matches(probes, "before release")
-        # slime checks this flag before it releases memory.
+        # slime compares this with its --offload-rollout (the policy runs with
+        # --enable-memory-saver).
         self.assertTrue(get(POLICY, "/get_server_info").json()["enable_memory_saver"])
+        self.assertFalse(get(TEACHER, "/get_server_info").json()["enable_memory_saver"])
         held = device_memory_mib(POLICY)
         for route in ("/release_memory_occupation", "/resume_memory_occupation"):
             answer = post(POLICY, route, {"tags": ["weights", "kv_cache"]})
@@ -854,7 +856,7 @@ def main():
         write_model_dir(teacher_dir, hub_tensors(teacher_model(export.load_model_dir(ARGS.model))),
                         ARGS.model)
         with MegactxServer(ARGS.megactx, ARGS.model, *server_args, "--enable-return-routed-experts",
-                           name="policy") as policy, \
+                           "--enable-memory-saver", name="policy") as policy, \
                 MegactxServer(ARGS.megactx, teacher_dir, *server_args, name="teacher") as scorer:
             POLICY, TEACHER = policy, scorer
             # The loop first, so that the other tests run on trained weights (they hold for
