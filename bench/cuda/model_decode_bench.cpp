@@ -1,4 +1,4 @@
-// Decode throughput of the whole CUDA model (model/cuda_model.h) on a
+// Decode throughput of the whole CUDA model (model/cuda/cuda_model.h) on a
 // GLM-shaped random-weight model (bench/cuda/configs/glm_1b.json: 1.19B
 // parameters, 502M active per token), in the fp32 parity mode, the bf16
 // mode and with native fp8 weights, at several batch sizes. Each batch
@@ -52,7 +52,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model/dsa_model.h"
 #include "model/model_loader.h"
 

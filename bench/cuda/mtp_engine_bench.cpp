@@ -31,7 +31,7 @@
 #include "engine/engine.h"
 #include "engine/engine_config.h"
 #include "engine/kv_capacity.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model/model_loader.h"
 #include "model/sequence_runner.h"
 #include "tokenizer/tokenizer.h"

@@ -30,7 +30,7 @@
 #if MEGACTX_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #endif
 
 using namespace megactx;

@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/sampling/sampling.h"
-#include "model/cuda_buffer.h"
+#include "model/cuda/device_buffer.h"
 #endif
 
 namespace megactx {
@@ -66,7 +66,7 @@ namespace {
 
 // Grows `buffer` to `bytes` in steps of at least 64 rows' worth, doubling: a
 // DeviceBuffer growth frees memory, which makes the CUDA model capture its
-// decode graphs again (model/cuda_decode_graph.h), so it should happen a
+// decode graphs again (model/cuda/decode_graph.h), so it should happen a
 // handful of times, not whenever one more request is constrained.
 uint32_t* grow_masks(cuda::DeviceBuffer& buffer, size_t bytes, size_t row_bytes) {
   if (bytes > buffer.bytes()) {

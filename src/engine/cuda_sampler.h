@@ -62,7 +62,7 @@ class CudaSampler final : public Sampler {
   // Uses the current CUDA device when device_ordinal < 0. `stream` (a
   // cudaStream_t; null: a stream of its own): run on the model's stream so
   // that sampling is ordered after the forward without a host sync
-  // (model/cuda_model.h cuda_model_stream).
+  // (model/cuda/cuda_model.h cuda_model_stream).
   explicit CudaSampler(int device_ordinal = 0, void* stream = nullptr);
   ~CudaSampler() override;
   CudaSampler(const CudaSampler&) = delete;

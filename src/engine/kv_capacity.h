@@ -11,7 +11,7 @@
 #include "cache/kv_cache.h"
 #include "engine/engine_config.h"
 #include "io/model_config.h"
-#include "model/cuda_memory_plan.h"
+#include "model/cuda/memory_plan.h"
 
 namespace megactx {
 
@@ -32,7 +32,7 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
 //
 // vLLM's --gpu-memory-utilization: the whole process may use `fraction` of
 // the device's total memory; what loading the model took (measured), the
-// largest step's scratch (model/cuda_memory_plan.h) and a reserve for the
+// largest step's scratch (model/cuda/memory_plan.h) and a reserve for the
 // runtime come off first, the KV pools get the rest. An explicit KV budget
 // (--kv-memory) replaces the fraction. Either way the plan must fit in what
 // the device has free now, and hold one sequence of the full context.

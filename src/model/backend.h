@@ -1,7 +1,7 @@
 // Backend: the operations the host forward pass (DsaModel) calls, on host
 // float32 row-major pointers: the CPU backend runs OpenBLAS + the thread pool,
 // the reference backend plain fp32 loops (the oracle the fast kernels are
-// tested against). The GPU runs its own LanguageModel (model/cuda_model.h
+// tested against). The GPU runs its own LanguageModel (model/cuda/cuda_model.h
 // says why); both read the same ModelPlan (model/model_plan.h).
 #pragma once
 

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "io/checkpoint.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 
 namespace megactx {
 namespace {

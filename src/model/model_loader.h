@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cache/kv_cache.h"
-#include "model/cuda_memory_plan.h"
+#include "model/cuda/memory_plan.h"
 #include "model/language_model.h"
 
 namespace megactx {
@@ -31,7 +31,7 @@ struct ModelLoadOptions {
   uint64_t seed = 0;
   // Tests: replaces config.index_topk (>= the context length attends densely).
   std::optional<int64_t> index_topk_override;
-  // --device cuda (CudaModelOptions in model/cuda_model.h): GEMM weights in
+  // --device cuda (CudaModelOptions in model/cuda/cuda_model.h): GEMM weights in
   // bf16 with fp32 accumulation instead of the fp32 parity mode, and logits
   // left on the device for a device sampler.
   bool cuda_bf16 = false;

@@ -65,7 +65,7 @@ MtpHandOff mtp_hand_off(const ModelConfig& config);
 // The MTP layer behind the drafter (engine/mtp_drafter.h): one
 // implementation per device, both over the target's PagedKvCache (cache
 // layer L = num_hidden_layers). CpuMtpLayer runs DsaModel's decoder layer on
-// its backend; the CUDA one (model/cuda_model.h, make_cuda_mtp_layer) runs
+// its backend; the CUDA one (model/cuda/cuda_model.h, make_cuda_mtp_layer) runs
 // CudaDsaModel's on device buffers.
 class MtpLayer {
  public:

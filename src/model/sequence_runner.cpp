@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "model/model_loader.h"
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #endif
 
 namespace megactx {

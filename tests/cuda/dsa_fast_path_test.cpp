@@ -1,6 +1,6 @@
 // The CUDA model's fast DSA path piece by piece (kernels/cuda/dense/
 // dsa_fast_inputs.h glue + the fp8 DSA kernels, as model/
-// cuda_dsa_fast_attention.cpp chains them) against host references and
+// model/cuda/dsa_fast_attention.cpp chains them) against host references and
 // against the fp32 fallback kernels (dsa_fallback.h) reading the SAME FP8
 // cache bytes: per-token tables, padded bf16 queries, positions -> slots,
 // the indexer selection and sparse MLA. The batch mixes a decode row, prefill

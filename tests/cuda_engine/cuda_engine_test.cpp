@@ -19,8 +19,8 @@
 #include "core/error.h"
 #include "engine/cuda_sampler.h"
 #include "engine/kv_capacity.h"
-#include "model/cuda_memory_plan.h"
-#include "model/cuda_model.h"
+#include "model/cuda/memory_plan.h"
+#include "model/cuda/cuda_model.h"
 #include "model/model_loader.h"
 
 namespace megactx::testing {

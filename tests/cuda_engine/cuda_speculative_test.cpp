@@ -23,7 +23,7 @@
 #include "../engine_speculative/chi_square_check.h"
 #include "../engine_speculative/spec_engine_util.h"
 #include "../mtp/mtp_golden_check.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 
 namespace megactx::testing {
 namespace {

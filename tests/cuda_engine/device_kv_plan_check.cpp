@@ -16,8 +16,8 @@
 #include "engine/cuda_sampler.h"
 #include "engine/kv_capacity.h"
 #include "io/model_config.h"
-#include "model/cuda_fast_attention_plan.h"
-#include "model/cuda_memory_plan.h"
+#include "model/cuda/fast_attention_plan.h"
+#include "model/cuda/memory_plan.h"
 #include "model/model_loader.h"
 
 namespace megactx {

@@ -1,5 +1,5 @@
 // The CUDA model's fast attention path (the fp8 DSA indexer, radix top-k
-// and sparse MLA kernels; model/cuda_dsa_fast_attention.cpp) against its own
+// and sparse MLA kernels; model/cuda/dsa_fast_attention.cpp) against its own
 // fp32 fallback (CudaModelOptions::fast_attention = false), both on the GPU
 // over FP8 caches, on small random GLM-shaped models with the kernels' shapes
 // (kv_lora 512, rope 64, index dim 128; 4 layers: full, shared, full, shared
@@ -23,9 +23,9 @@
 #include <unordered_set>
 
 #include "../model/hf_fixture.h"
-#include "model/cuda_dsa_model.h"
-#include "model/cuda_fast_attention_plan.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_dsa_model.h"
+#include "model/cuda/fast_attention_plan.h"
+#include "model/cuda/cuda_model.h"
 #include "model/model_loader.h"
 
 namespace megactx::testing {

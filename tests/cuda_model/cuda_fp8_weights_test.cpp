@@ -34,7 +34,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model_runs.h"
 
 namespace megactx::testing {

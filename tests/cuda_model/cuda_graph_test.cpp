@@ -1,4 +1,4 @@
-// CUDA-graph decode (model/cuda_decode_graph.h) against the same weights
+// CUDA-graph decode (model/cuda/decode_graph.h) against the same weights
 // launching every kernel one by one (cuda_graphs = false), each over its own
 // device cache, fed the same tokens step by step:
 //  * batches that are exactly a bucket (no padding rows): logits and the KV
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "../model/hf_fixture.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model/dsa_model.h"
 #include "model/model_loader.h"
 

@@ -12,7 +12,7 @@
 
 #include "../model/hf_fixture.h"
 #include "core/error.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model_runs.h"
 
 namespace megactx::testing {

@@ -21,9 +21,9 @@
 #include "kernels/cuda/dense/dense_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
-#include "model/cuda_buffer.h"
-#include "model/cuda_model.h"
-#include "model/cuda_weights.h"
+#include "model/cuda/device_buffer.h"
+#include "model/cuda/cuda_model.h"
+#include "model/cuda/weights.h"
 #include "model/dsa_model.h"
 #include "model_runs.h"
 

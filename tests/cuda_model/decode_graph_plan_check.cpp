@@ -1,4 +1,4 @@
-// The host side of CUDA-graph decode (model/decode_graph_plan.h), on any
+// The host side of CUDA-graph decode (model/cuda/decode_graph_plan.h), on any
 // machine: the buckets, and the packed inputs checked word by word against
 // an independent re-derivation from the batch (what each row of the graph
 // must see), padding included; batches that do not fit the key are Errors.
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/decode_graph_plan.h"
+#include "model/cuda/decode_graph_plan.h"
 
 namespace megactx {
 namespace {

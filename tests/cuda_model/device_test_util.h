@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "model/cuda_buffer.h"
+#include "model/cuda/device_buffer.h"
 
 namespace megactx::cuda::device_test {
 

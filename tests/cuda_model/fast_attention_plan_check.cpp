@@ -1,5 +1,5 @@
 // The host side of the CUDA model's fast DSA attention path
-// (model/cuda_fast_attention_plan.h), on any machine: which models and caches
+// (model/cuda/fast_attention_plan.h), on any machine: which models and caches
 // take it, and the scratch bound's growth per token, per context and past
 // the top-k's one-CTA limit, re-derived here from the buffers the path keeps
 // (cuda_fast_attention_test checks the bound against the real allocation).
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "io/model_config.h"
-#include "model/cuda_fast_attention_plan.h"
+#include "model/cuda/fast_attention_plan.h"
 
 namespace megactx {
 namespace {

@@ -1,4 +1,4 @@
-// Host side of the fp8-native CUDA load (model/checkpoint_matrix.h), no GPU:
+// Host side of the fp8-native CUDA load (model/cuda/checkpoint_matrix.h), no GPU:
 // e4m3 weights come back as shipped with their 128x128 scales, stacked
 // gate/up matrices keep each row's block scale, bad scales are Errors naming
 // the tensor, random fp8 weights are quantised as checkpoints are; and how far the device's
@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "fp8_emulation.h"
 #include "io/checkpoint.h"
-#include "model/checkpoint_matrix.h"
+#include "model/cuda/checkpoint_matrix.h"
 #include "model/weight_source.h"
 
 namespace megactx::testing {

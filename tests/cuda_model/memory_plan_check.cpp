@@ -1,4 +1,4 @@
-// The CUDA model's memory plan (model/cuda_memory_plan.h), host only: what is
+// The CUDA model's memory plan (model/cuda/memory_plan.h), host only: what is
 // planned fits the budget and one more page would not, the indexer scores
 // grow with tokens x context (on the fallback kernels; the fast path caps
 // them and runs larger steps through the fused indexer + top-k), the scratch
@@ -17,8 +17,8 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
-#include "model/cuda_fast_attention_plan.h"
-#include "model/cuda_memory_plan.h"
+#include "model/cuda/fast_attention_plan.h"
+#include "model/cuda/memory_plan.h"
 #include "model/model_loader.h"
 
 #if MEGACTX_HAVE_CUDA

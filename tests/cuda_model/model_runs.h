@@ -11,7 +11,7 @@
 
 #include "../model/hf_fixture.h"
 #include "cache/kv_cache.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 #include "model/language_model.h"
 #include "model/model_loader.h"
 

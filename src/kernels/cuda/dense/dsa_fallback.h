@@ -8,7 +8,7 @@
 // lives at slot = table[p / page_size] * page_size + p % page_size.
 //
 // Padding rows (a decode step padded to a CUDA-graph batch bucket,
-// model/cuda_decode_graph.h) have position -1: they write no cache entry,
+// model/cuda/decode_graph.h) have position -1: they write no cache entry,
 // see no key (counts 0, indices -1) and attend to nothing (output 0).
 // Their table_offset is 0 and never used to address the pool.
 #pragma once

@@ -26,6 +26,22 @@ int narrow(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+// The batch-invariant product of one shape, float32 everywhere; callers set
+// the element types they differ in.
+InvariantGemm invariant_gemm(const void* x, int64_t x_stride, const void* w, void* y,
+                             int64_t y_stride, int64_t rows, int64_t in, int64_t out) {
+  InvariantGemm g;
+  g.x = x;
+  g.x_stride = x_stride;
+  g.w = w;
+  g.y = y;
+  g.y_stride = y_stride;
+  g.rows = rows;
+  g.in = in;
+  g.out = out;
+  return g;
+}
+
 }  // namespace
 
 Blas::Blas(cudaStream_t stream) : stream_(stream) {
@@ -78,17 +94,9 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
   }
   if (rows == 0 || out == 0) return;
   if (batch_invariant_) {
-    InvariantGemm g;
-    g.x = x;
-    g.x_stride = x_stride;
+    InvariantGemm g = invariant_gemm(x, x_stride, w.data, y, y_stride, rows, in, out);
     g.round_x_to_bf16 = true;  // as the cuBLAS path below: bf16 products
-    g.w = w.data;
     g.w_type = GemmElement::BF16;
-    g.y = y;
-    g.y_stride = y_stride;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
     batch_invariant_gemm(g, stream_);
     return;
   }
@@ -136,16 +144,7 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, co
                   int64_t out, float* y, int64_t y_stride) {
   if (rows == 0 || out == 0) return;
   if (batch_invariant_) {
-    InvariantGemm g;
-    g.x = x;
-    g.x_stride = x_stride;
-    g.w = w;
-    g.y = y;
-    g.y_stride = y_stride;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
-    batch_invariant_gemm(g, stream_);
+    batch_invariant_gemm(invariant_gemm(x, x_stride, w, y, y_stride, rows, in, out), stream_);
     return;
   }
   const float one = 1.0f, zero = 0.0f;
@@ -164,19 +163,11 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
   if (batch_invariant_) {
     MEGACTX_CHECK(w_batch_stride >= out * in || batch == 1,
                   "linear_batched: overlapping weights need cuBLAS");
-    InvariantGemm g;
-    g.x = x;
-    g.x_stride = x_stride;
-    g.x_batch_stride = x_batch_stride;
-    g.w = w;
-    g.w_batch_stride = w_batch_stride;
-    g.y = y;
-    g.y_stride = y_stride;
-    g.y_batch_stride = y_batch_stride;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
+    InvariantGemm g = invariant_gemm(x, x_stride, w, y, y_stride, rows, in, out);
     g.batch = batch;
+    g.x_batch_stride = x_batch_stride;
+    g.w_batch_stride = w_batch_stride;
+    g.y_batch_stride = y_batch_stride;
     batch_invariant_gemm(g, stream_);
     return;
   }
@@ -193,18 +184,10 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
                        int64_t out, void* y, int64_t y_stride, bool y_f32) {
   if (rows == 0 || out == 0) return;
   if (batch_invariant_) {
-    InvariantGemm g;
-    g.x = x;
+    InvariantGemm g = invariant_gemm(x, x_stride, w, y, y_stride, rows, in, out);
     g.x_type = GemmElement::BF16;
-    g.x_stride = x_stride;
-    g.w = w;
     g.w_type = GemmElement::BF16;
-    g.y = y;
     g.y_type = y_f32 ? GemmElement::F32 : GemmElement::BF16;
-    g.y_stride = y_stride;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
     batch_invariant_gemm(g, stream_);
     return;
   }

@@ -97,7 +97,7 @@ class Blas {
   void set_workspace(void* data, size_t bytes);
   // How often a grow-only scratch of this Blas was reallocated: a captured
   // CUDA Graph holds the address it was captured with, so a change means the
-  // graph must be captured again (model/cuda_decode_graph.h).
+  // graph must be captured again (model/cuda/decode_graph.h).
   uint64_t reallocations() const { return reallocations_; }
 
  private:

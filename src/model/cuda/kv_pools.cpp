@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "model/cuda_model.h"
+#include "model/cuda/cuda_model.h"
 
 namespace megactx {
 namespace {

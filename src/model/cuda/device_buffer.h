@@ -60,7 +60,7 @@ class DeviceBuffer {
   // destruction), process-wide. A captured CUDA Graph holds the addresses of
   // the scratch it was captured with: a change since its capture means some
   // buffer may have moved, and the graph is captured again
-  // (model/cuda_decode_graph.h).
+  // (model/cuda/decode_graph.h).
   static uint64_t releases() { return releases_.load(std::memory_order_relaxed); }
 
  private:

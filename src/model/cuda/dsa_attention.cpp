@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "kernels/cuda/dense/dense_ops.h"
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx::cuda {
 namespace {
@@ -62,7 +62,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 
   // Sparse attention over the selected positions, read from the paged pool.
   float* o_latent = sc.o_latent.get<float>(n * heads * lora);
-  if (use_fast_attention(step)) {  // fp8 DSA kernels: cuda_dsa_fast_attention.cpp
+  if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("attn sparse MLA", stream_);
     fast_sparse_mla(q_latent, q, layer, step, cache, o_latent);
   } else {
@@ -116,7 +116,7 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
   scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
   write_cache_rows(cache.indexer_pool(layer).raw(), step.indexer, step.rows, n, k, dim, stream_);
-  if (use_fast_attention(step)) {  // fp8 DSA kernels: cuda_dsa_fast_attention.cpp
+  if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("indexer scores + top-k", stream_);
     fast_indexer(q, weights, layer, step, cache);
     return;

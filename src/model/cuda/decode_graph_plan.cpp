@@ -1,4 +1,4 @@
-#include "model/decode_graph_plan.h"
+#include "model/cuda/decode_graph_plan.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
 // When the CUDA model runs DSA attention on the fp8 DSA kernels (the fast
-// path of model/cuda_dsa_fast_attention.cpp), and how much step scratch that
+// path of model/cuda/dsa_fast_attention.cpp), and how much step scratch that
 // path adds. Plain C++ (no CUDA): the device memory planner
-// (model/cuda_memory_plan.h) can add it in every build.
+// (model/cuda/memory_plan.h) can add it in every build.
 #pragma once
 
 #include <cstdint>

@@ -10,8 +10,8 @@
 
 #include "io/checkpoint.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "model/checkpoint_matrix.h"
-#include "model/cuda_buffer.h"
+#include "model/cuda/checkpoint_matrix.h"
+#include "model/cuda/device_buffer.h"
 #include "model/dsa_weights.h"
 #include "model/model_plan.h"
 
@@ -52,7 +52,7 @@ class CudaWeights {
  public:
   // Synchronous upload; throws a clear Error when the device is out of memory.
   CudaWeights(const DsaWeights& host, bool bf16);
-  // The fp8-native load (cuda_weights_checkpoint.cpp): every tensor is read
+  // The fp8-native load (model/cuda/weights_checkpoint.cpp): every tensor is read
   // from `checkpoint` and uploaded one at a time, so the host never holds the
   // model. fp8 matrices stay as shipped (e4m3 + 128x128 block scales, used by
   // the fp8 GEMM); other matrices go up as bf16 (`bf16`) or float32; norms,
@@ -92,7 +92,7 @@ class CudaWeights {
                                       const LayerPlan& layer);
   // The routed experts of a checkpoint layer (`prefix` "model.layers.N.mlp.")
   // stacked into d.experts_gate_up / d.experts_down with d.experts as views,
-  // one expert read from `source` at a time (cuda_weights_checkpoint.cpp).
+  // one expert read from `source` at a time (model/cuda/weights_checkpoint.cpp).
   void upload_checkpoint_experts(MatrixSource& source, const std::string& prefix, int64_t experts,
                                  int64_t hidden, int64_t intermediate, DeviceLayer& d);
   // One stacked slot: an fp8 matrix's bytes and scales (accounted as

@@ -1,7 +1,7 @@
 // GEMM weights read from a checkpoint as the fp8-native CUDA load keeps them:
 // e4m3 bytes with their 128x128 `weight_scale_inv` blocks exactly as shipped
 // (GLM-5.x-FP8, DeepSeek-V3.2), anything else as float32. The host side of
-// make_cuda_dsa_model_from_checkpoint (model/cuda_model.h), plain C++ so the
+// make_cuda_dsa_model_from_checkpoint (model/cuda/cuda_model.h), plain C++ so the
 // validation runs (and is tested) on machines without a GPU.
 #pragma once
 

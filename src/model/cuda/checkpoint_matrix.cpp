@@ -1,4 +1,4 @@
-#include "model/checkpoint_matrix.h"
+#include "model/cuda/checkpoint_matrix.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The host side of CUDA-graph decode (model/cuda_decode_graph.h), plain C++
+// The host side of CUDA-graph decode (model/cuda/decode_graph.h), plain C++
 // so it is tested on any machine: the batch-size and context buckets a step
 // is padded to, the key a captured graph is specific to, and the packed
 // per-step inputs the graph reads from one fixed device block.

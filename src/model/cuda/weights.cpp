@@ -1,5 +1,5 @@
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_weights.h"
+#include "model/cuda/weights.h"
 
 #include <vector>
 

@@ -1,5 +1,5 @@
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_phase_timer.h"
+#include "model/cuda/phase_timer.h"
 
 #include <algorithm>
 #include <cstdlib>

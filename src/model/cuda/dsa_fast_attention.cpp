@@ -34,8 +34,8 @@
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
-#include "model/cuda_dsa_model.h"
-#include "model/cuda_fast_attention_plan.h"
+#include "model/cuda/cuda_dsa_model.h"
+#include "model/cuda/fast_attention_plan.h"
 
 namespace megactx::cuda {
 namespace {
@@ -193,21 +193,9 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   }
   // scores [n, max_context]: row t filled for p < position_t + 1.
   float* scores = scratch_.scores.get<float>(n * step.max_context);
-  IndexerScoreParams score;
-  score.queries = quantize.queries_fp8;
-  score.weights = quantize.weights;
-  score.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
-  score.block_table = step.token_tables;
-  score.block_table_stride = static_cast<int>(step.table_stride);
-  score.row_request = step.row_ids;
-  score.row_visible = step.row_visible;
-  score.scores = scores;
-  score.score_stride = step.max_context;
-  score.rows = static_cast<int>(n);
-  score.heads = static_cast<int>(padded);
-  score.rows_per_group = 1;
-  score.max_visible = static_cast<int>(step.max_context);
-  indexer_scores(score, stream_);
+  indexer_scores(indexer_score_rows(quantize.queries_fp8, quantize.weights, layer, step, cache,
+                                    0, n, scores),
+                 stream_);
 
   // Positions of the top-k into step.topk [n, index_topk], -1 past counts.
   // The histogram is only used by rows longer than kTopkSmallRow.
@@ -227,6 +215,31 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   radix_topk(select, stream_);
 }
 
+// indexer_scores of step rows [first, first + rows) into scores [rows,
+// max_context] (the queries, weights and token tables of the whole step).
+IndexerScoreParams CudaDsaModel::indexer_score_rows(const uint8_t* queries_fp8,
+                                                    const float* weights, int64_t layer,
+                                                    const Step& step, PagedKvCache& cache,
+                                                    int64_t first, int64_t rows,
+                                                    float* scores) const {
+  const int64_t padded = config_.index_n_heads <= 32 ? 32 : 64;  // as fast_indexer pads
+  IndexerScoreParams score;
+  score.queries = queries_fp8 + first * padded * kIndexerHeadDim;
+  score.weights = weights + first * padded;
+  score.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
+  score.block_table = step.token_tables + first * step.table_stride;
+  score.block_table_stride = static_cast<int>(step.table_stride);
+  score.row_request = step.row_ids + first;
+  score.row_visible = step.row_visible + first;
+  score.scores = scores;
+  score.score_stride = step.max_context;
+  score.rows = static_cast<int>(rows);
+  score.heads = static_cast<int>(padded);
+  score.rows_per_group = 1;
+  score.max_visible = static_cast<int>(step.max_context);
+  return score;
+}
+
 // The deterministic mode's selection: the same per-row scores as the
 // two-kernel path, then position_topk (exact; ties to the lower position;
 // increasing order, which sparse MLA sums in) instead of radix_topk (whose
@@ -236,27 +249,13 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
 void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights,
                                           int64_t layer, Step& step, PagedKvCache& cache) {
   const int64_t n = step.tokens;
-  const int64_t padded = config_.index_n_heads <= 32 ? 32 : 64;
   const int64_t chunk = std::max<int64_t>(1, kCudaIndexerScoresCap / std::max<int64_t>(
                                                                        step.max_context, 1));
   float* scores = scratch_.scores.get<float>(std::min(n, chunk) * step.max_context);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    IndexerScoreParams score;
-    score.queries = queries_fp8 + r0 * padded * kIndexerHeadDim;
-    score.weights = weights + r0 * padded;
-    score.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
-    score.block_table = step.token_tables + r0 * step.table_stride;
-    score.block_table_stride = static_cast<int>(step.table_stride);
-    score.row_request = step.row_ids + r0;
-    score.row_visible = step.row_visible + r0;
-    score.scores = scores;
-    score.score_stride = step.max_context;
-    score.rows = static_cast<int>(rows);
-    score.heads = static_cast<int>(padded);
-    score.rows_per_group = 1;
-    score.max_visible = static_cast<int>(step.max_context);
-    indexer_scores(score, stream_);
+    indexer_scores(
+        indexer_score_rows(queries_fp8, weights, layer, step, cache, r0, rows, scores), stream_);
     PositionTopkParams select;
     select.scores = scores;
     select.score_stride = step.max_context;

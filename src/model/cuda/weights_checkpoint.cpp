@@ -1,5 +1,5 @@
 // CudaWeights straight from a checkpoint or random fp8 weights (the
-// fp8-native load; see cuda_weights.h). Walks the same names and shapes as
+// fp8-native load; see model/cuda/weights.h). Walks the same names and shapes as
 // load_dsa_weights (dsa_weights.cpp), uploading each tensor as soon as it is
 // read. The routed experts of a layer are stacked (one allocation per
 // matrix kind, fp8 bytes and scales as shipped) so the grouped device MoE
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "model/cuda_weights.h"
+#include "model/cuda/weights.h"
 
 namespace megactx::cuda {
 namespace {

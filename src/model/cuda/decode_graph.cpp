@@ -1,5 +1,5 @@
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_decode_graph.h"
+#include "model/cuda/decode_graph.h"
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"

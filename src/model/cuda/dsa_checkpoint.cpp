@@ -1,10 +1,10 @@
 // make_cuda_dsa_model_from_checkpoint, make_cuda_dsa_model_random_fp8 and
-// cuda_weight_bytes (cuda_model.h):
+// cuda_weight_bytes (model/cuda/cuda_model.h):
 // the fp8-native load feeds the same CudaDsaModel constructor as
 // make_cuda_dsa_model, with CudaWeights read from the checkpoint.
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx {
 

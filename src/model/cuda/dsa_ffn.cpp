@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx::cuda {
 
@@ -47,7 +47,7 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
         ids, row_bytes, row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
   }
 
-  // moe_on_device (cuda_dsa_graph_forward.cpp) also decides whether a decode
+  // moe_on_device (model/cuda/dsa_graph_forward.cpp) also decides whether a decode
   // step can be captured: one predicate, so the two cannot drift.
   if (moe_on_device(w, rows)) {
     const int64_t intermediate = w.experts.front().intermediate;

@@ -1,4 +1,4 @@
-#include "model/cuda_memory_plan.h"
+#include "model/cuda/memory_plan.h"
 
 #include <fmt/format.h>
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/cuda_fast_attention_plan.h"
-#include "model/decode_graph_plan.h"
+#include "model/cuda/fast_attention_plan.h"
+#include "model/cuda/decode_graph_plan.h"
 
 #if MEGACTX_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
-// CudaDsaModel: DsaModel's forward pass on the GPU (see model/cuda_model.h for
+// CudaDsaModel: DsaModel's forward pass on the GPU (see model/cuda/cuda_model.h for
 // why it is its own LanguageModel). Internal to the CUDA build: included only
-// by the cuda_dsa_*.cpp files.
+// by the dsa_*.cpp files beside it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,11 +11,12 @@
 
 #include "kernels/cuda/dense/dsa_fallback.h"
 #include "kernels/cuda/gemm/gemm.h"
-#include "model/cuda_buffer.h"
-#include "model/cuda_decode_graph.h"
-#include "model/cuda_model.h"
-#include "model/cuda_phase_timer.h"
-#include "model/cuda_weights.h"
+#include "kernels/cuda/indexer/indexer.h"
+#include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_graph.h"
+#include "model/cuda/device_buffer.h"
+#include "model/cuda/phase_timer.h"
+#include "model/cuda/weights.h"
 #include "model/model_plan.h"
 #include "model/mtp_layer.h"
 #include "model/rope.h"
@@ -40,7 +41,7 @@ class CudaDsaModel final : public LanguageModel {
   Device device() const override { return Device::CUDA; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override;
   // Device pools, pinned host-tier pools with copies on stream(), the MTP
-  // layer on the device (cuda_dsa_device_hooks.cpp).
+  // layer on the device (model/cuda/dsa_device_hooks.cpp).
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override;
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override;
   KvPageCopy kv_page_copy() const override;
@@ -55,7 +56,7 @@ class CudaDsaModel final : public LanguageModel {
   // The stream every forward runs on: the engine's CudaSampler runs on it
   // too, so sampling is ordered after the forward without a host sync.
   cudaStream_t stream() const { return stream_; }
-  // The MTP layer on the device (cuda_dsa_mtp.cpp): its weights are uploaded
+  // The MTP layer on the device (model/cuda/dsa_mtp.cpp): its weights are uploaded
   // beside the target's (same precision mode), embedding and lm_head shared
   // with the target unless the checkpoint has its own copies (DeepSeek).
   void load_mtp(const MtpWeights& host, MtpHandOff hand_off);
@@ -73,10 +74,10 @@ class CudaDsaModel final : public LanguageModel {
   };
   Selection last_selection(int64_t tokens) const;
   // Bytes the fast attention path's workspaces hold now (grow-only), for the
-  // check of cuda_fast_attention_scratch_bytes (model/cuda_fast_attention_plan.h).
+  // check of cuda_fast_attention_scratch_bytes (model/cuda/fast_attention_plan.h).
   int64_t fast_scratch_bytes() const;
 
-  // CUDA-graph decode so far (cuda_decode_graph.h).
+  // CUDA-graph decode so far (model/cuda/decode_graph.h).
   CudaGraphStats graph_stats() const { return graphs_.stats(); }
 
  private:
@@ -93,7 +94,7 @@ class CudaDsaModel final : public LanguageModel {
     // MTP draft steps with IndexShare + KVShare: attention writes no cache
     // row and runs no indexer; `topk` / `counts` hold the caller's selection.
     bool shared = false;
-    // Fast path (cuda_dsa_fast_attention.cpp): built by the step's first full
+    // Fast path (model/cuda/dsa_fast_attention.cpp): built by the step's first full
     // layer, read by the others.
     const int32_t* token_tables = nullptr;  // [tokens, table_stride] page ids of each token
     const int32_t* row_visible = nullptr;   // [tokens] position + 1
@@ -161,7 +162,7 @@ class CudaDsaModel final : public LanguageModel {
   Tensor routed_experts_to_host(int64_t rows);
 
   // The fp8 DSA kernels instead of the fp32 fallback
-  // (cuda_dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8
+  // (model/cuda/dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8
   // cache of 64-token pages, kv_lora 512, rope 64, index dim 128.
   bool use_fast_attention(const Step& step) const;
   // q [n, index_heads, 128] (after RoPE), weights [n, index_heads] (weights_proj
@@ -170,6 +171,9 @@ class CudaDsaModel final : public LanguageModel {
                     PagedKvCache& cache);
   // q_latent [n, heads, 512], q [n, heads, nope | rope] (roped), over step.topk
   // -> o_latent [n, heads, 512].
+  IndexerScoreParams indexer_score_rows(const uint8_t* queries_fp8, const float* weights,
+                                        int64_t layer, const Step& step, PagedKvCache& cache,
+                                        int64_t first, int64_t rows, float* scores) const;
   // fast_indexer's selection in the deterministic mode (position_topk).
   void invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights, int64_t layer,
                               Step& step, PagedKvCache& cache);
@@ -225,10 +229,10 @@ class CudaDsaModel final : public LanguageModel {
   // CUDA-graph decode: buckets, graphs, the packed-input block.
   std::vector<int64_t> graph_buckets_;
   DecodeGraphCache graphs_;
-  DecodeGraphCache graphs_mtp_;  // MTP layer runs (cuda_dsa_mtp.cpp)
+  DecodeGraphCache graphs_mtp_;  // MTP layer runs (model/cuda/dsa_mtp.cpp)
   std::vector<int64_t> graph_positions_;  // host scratch of forward_graph
   // When captured graphs may hold stale addresses: it changes whenever a
-  // DeviceBuffer was freed or Blas regrew a scratch (cuda_dsa_graph_forward.cpp).
+  // DeviceBuffer was freed or Blas regrew a scratch (model/cuda/dsa_graph_forward.cpp).
   uint64_t scratch_epoch() const { return DeviceBuffer::releases() + blas_->reallocations(); }
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer cublas_workspace_;  // never grown after construction

@@ -1,8 +1,8 @@
 // CudaDsaModel: construction, batch checks, the forward driver and the
-// decoder layer; attention in cuda_dsa_attention.cpp, MLP/MoE in
-// cuda_dsa_ffn.cpp. Mirrors DsaModel (dsa_model.cpp) step for step.
+// decoder layer; attention in model/cuda/dsa_attention.cpp, MLP/MoE in
+// model/cuda/dsa_ffn.cpp. Mirrors DsaModel (dsa_model.cpp) step for step.
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 #include <chrono>
 #include <cstdio>

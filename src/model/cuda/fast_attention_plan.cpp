@@ -1,4 +1,4 @@
-#include "model/cuda_fast_attention_plan.h"
+#include "model/cuda/fast_attention_plan.h"
 
 #include <algorithm>
 

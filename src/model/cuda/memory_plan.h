@@ -14,7 +14,7 @@
 
 namespace megactx {
 
-// The CudaModelOptions (model/cuda_model.h) that change what a step
+// The CudaModelOptions (model/cuda/cuda_model.h) that change what a step
 // allocates, and the decode steps the engine can send.
 struct CudaScratchOptions {
   // CudaModelOptions::fast_attention: its workspaces count only where the fast
@@ -61,7 +61,7 @@ struct CudaMemoryRequest {
 struct CudaScratchBreakdown {
   // CudaDsaModel::Scratch: activations, indexer scores [tokens, context]
   // (on the fast path at most kCudaIndexerScoresCap floats: larger steps run
-  // the fused indexer + top-k, see model/cuda_fast_attention_plan.h),
+  // the fused indexer + top-k, see model/cuda/fast_attention_plan.h),
   // normed rows and logits, sized by the larger of the largest eager step and
   // the padded CUDA-graph bucket (buffer by buffer: they grow independently).
   int64_t step = 0;
@@ -91,7 +91,7 @@ struct CudaMemoryPlan {
 // (CudaDsaModel::kCublasWorkspaceBytes).
 inline constexpr int64_t kCudaCublasWorkspaceBytes = int64_t{32} << 20;
 
-// Bytes of CudaDsaModel's step scratch (cuda_dsa_model.h) for `tokens` new
+// Bytes of CudaDsaModel's step scratch (model/cuda/cuda_dsa_model.h) for `tokens` new
 // tokens over contexts up to `max_context`, `logit_rows` of them wanting logits.
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
                                 int64_t logit_rows, int64_t index_topk);

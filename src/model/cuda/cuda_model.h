@@ -50,7 +50,7 @@ struct CudaModelOptions {
   bool device_moe = true;
   // Decode steps (every sequence 1 new token, or the same 1 + k for MTP
   // verification) padded to a batch-size bucket and replayed as CUDA Graphs
-  // (model/cuda_decode_graph.h), when the whole step is capturable (MoE
+  // (model/cuda/decode_graph.h), when the whole step is capturable (MoE
   // layers only on the device MoE path; the phase timer off). false (CLI
   // --no-cuda-graphs): every step launches its kernels one by one.
   bool cuda_graphs = true;
@@ -124,7 +124,7 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
     const Checkpoint& checkpoint, const CudaModelOptions& options,
     const DsaModelOptions& model_options = {});
 // The same with random weights shaped as an fp8 checkpoint ships them
-// (make_random_fp8_matrices in model/checkpoint_matrix.h): benchmarks of the
+// (make_random_fp8_matrices in model/cuda/checkpoint_matrix.h): benchmarks of the
 // fp8 path without a checkpoint.
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(
     const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,

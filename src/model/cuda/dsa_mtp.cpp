@@ -19,7 +19,7 @@
 // with the step's one readback. Runs whose sequences have the same row count
 // (a verification refills all its k + 1 rows: Rows::output_row) are padded to
 // a batch bucket and replay a CUDA Graph per shape, like the target's decode
-// steps (model/cuda_decode_graph.h), with the inputs uploaded into a fixed
+// steps (model/cuda/decode_graph.h), with the inputs uploaded into a fixed
 // block outside the graph.
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
@@ -30,7 +30,7 @@
 #include "core/error.h"
 #include "kernels/cuda/dense/dense_ops.h"
 #include "model/batch_checks.h"
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx {
 namespace cuda {

@@ -1,5 +1,5 @@
 // CudaDsaModel: decode steps as CUDA Graphs over batch-size buckets (see
-// model/cuda_decode_graph.h for the scheme): which steps qualify, the packed
+// model/cuda/decode_graph.h for the scheme): which steps qualify, the packed
 // input upload, replay or eager run + capture, and the copy of the real rows'
 // outputs.
 #if MEGACTX_HAVE_CUDA
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/moe/grouped_moe.h"
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx {
 namespace cuda {

@@ -2,7 +2,7 @@
 // hooks): device pools, the pinned pools of the host tier and the page copies
 // on the model's stream, the MTP layer on the device, host copies of logits.
 #if MEGACTX_HAVE_CUDA
-#include "model/cuda_dsa_model.h"
+#include "model/cuda/cuda_dsa_model.h"
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "model/weight_source.h"
