@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/synthetic_cache.h"
+#include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/indexer/indexer.h"
-#include "kernels/cuda/sparse_mla/attention_stack.h"
+#include "bench/cuda/support/attention_stack.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 

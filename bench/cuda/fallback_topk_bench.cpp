@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "bench/cuda/support/position_topk_quadratic.h"
 #include "kernels/cuda/dense/position_topk.h"
 
 using namespace megactx::cuda;

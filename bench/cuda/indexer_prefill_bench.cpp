@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/synthetic_cache.h"
+#include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/topk/topk.h"

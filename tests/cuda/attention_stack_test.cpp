@@ -1,7 +1,7 @@
 // IndexShare end to end at the kernel level: a decode step over a layer
 // schedule where shared layers skip the indexer, own no indexer cache, and
 // attend over the slots of the most recent full layer.
-#include "kernels/cuda/sparse_mla/attention_stack.h"
+#include "bench/cuda/support/attention_stack.h"
 
 #include <gtest/gtest.h>
 

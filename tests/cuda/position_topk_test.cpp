@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "dsa_test_support.h"
 #include "kernels/cuda/dense/dsa_fallback.h"
+#include "bench/cuda/support/position_topk_quadratic.h"
 #include "kernels/cuda/dense/position_topk.h"
 
 namespace megactx::test {

@@ -8,9 +8,8 @@
 #include "core/error.h"
 
 namespace megactx::cuda {
-namespace {
 
-void check(const PositionTopkParams& p, const char* what) {
+void check_position_topk(const PositionTopkParams& p, const char* what) {
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   MEGACTX_CHECK(p.topk >= 1 && p.topk <= kInt32Max, "{}: topk must be in [1, 2^31), got {}", what,
                 p.topk);
@@ -24,8 +23,6 @@ void check(const PositionTopkParams& p, const char* what) {
                   "{}: a required pointer is null", what);
 }
 
-}  // namespace
-
 PositionTopkPlan plan_position_topk(int64_t max_context) {
   PositionTopkPlan plan;
   plan.keys_in_shared = max_context <= kPositionTopkSharedRow;
@@ -36,15 +33,8 @@ PositionTopkPlan plan_position_topk(int64_t max_context) {
 }
 
 void position_topk(const PositionTopkParams& params, cudaStream_t stream) {
-  check(params, "position top-k");
+  check_position_topk(params, "position top-k");
   detail::launch_position_topk(params, stream);
-}
-
-void position_topk_quadratic(const PositionTopkParams& params, cudaStream_t stream) {
-  check(params, "quadratic position top-k");
-  MEGACTX_CHECK(params.topk <= 8192, "quadratic position top-k: topk {} > 8192 (shared memory)",
-                params.topk);
-  detail::launch_position_topk_quadratic(params, stream);
 }
 
 }  // namespace megactx::cuda

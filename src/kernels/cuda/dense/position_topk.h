@@ -48,14 +48,12 @@ PositionTopkPlan plan_position_topk(int64_t max_context);
 // Validates (megactx::Error) and launches on `stream`.
 void position_topk(const PositionTopkParams& params, cudaStream_t stream);
 
-// The former quadratic kernel (each position ranked against every other, one
-// CTA per row: O(visible^2)); same contract. Kept for the benchmark and as a
-// second reference in the GPU tests.
-void position_topk_quadratic(const PositionTopkParams& params, cudaStream_t stream);
+// The checks position_topk makes (megactx::Error naming `what`); also the
+// benchmark's former quadratic kernel (bench/cuda/support/position_topk_quadratic.h).
+void check_position_topk(const PositionTopkParams& params, const char* what);
 
 namespace detail {
 void launch_position_topk(const PositionTopkParams& params, cudaStream_t stream);
-void launch_position_topk_quadratic(const PositionTopkParams& params, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace megactx::cuda

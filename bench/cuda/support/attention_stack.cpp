@@ -1,5 +1,5 @@
 // IndexShare layer loop: indexer + top-k on full layers, sparse MLA everywhere.
-#include "kernels/cuda/sparse_mla/attention_stack.h"
+#include "bench/cuda/support/attention_stack.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // The former top-k of the fallback indexer, kept for the benchmark and as a
-// second reference of the GPU tests (position_topk.h): plain and quadratic.
+// second reference of the GPU tests (position_topk_quadratic.h).
+#include "bench/cuda/support/position_topk_quadratic.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/position_topk.h"
 
 namespace megactx::cuda {
 namespace {

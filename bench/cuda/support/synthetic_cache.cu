@@ -1,6 +1,6 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/dsa_layout.h"
-#include "kernels/cuda/common/synthetic_cache.h"
+#include "bench/cuda/support/synthetic_cache.h"
 
 namespace megactx::cuda {
 namespace {
