@@ -52,8 +52,8 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
            bool share, const std::vector<int32_t>& text, int64_t prompt_len, int64_t new_tokens) {
   ModelLoadOptions load;
   load.device = Device::CUDA;
-  load.cuda_logits_on_device = true;
-  load.cuda_bf16 = bf16;
+  load.cuda.logits_on_device = true;
+  load.cuda.bf16_weights = bf16;
   auto model = load_language_model(model_dir, load);
   const LanguageModel* target = model.get();  // owned by the engine below
   EngineConfig config;

@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
   load.kv_dtype = parse_kv_dtype(kv_dtype_name);
   if (device == "cuda") {
     load.device = Device::CUDA;
-    load.cuda_bf16 = true;
-    load.cuda_logits_on_device = true;
+    load.cuda.bf16_weights = true;
+    load.cuda.logits_on_device = true;
   } else if (device != "cpu") {
     std::fprintf(stderr, "unknown --device %s\n", device.c_str());
     return 2;

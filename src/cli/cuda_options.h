@@ -55,11 +55,11 @@ inline void apply_cuda_options(const CudaCliOptions& options, ModelLoadOptions& 
   MEGACTX_CHECK(cuda || !options.fallback_attention,
                 "--cuda-fallback-attention needs --device cuda");
   MEGACTX_CHECK(cuda || !options.host_moe, "--cuda-host-moe needs --device cuda");
-  load.cuda_bf16 = options.bf16;
-  load.cuda_fp8_native = !options.fp8_upcast;
-  load.cuda_graphs = !options.no_graphs;
-  load.cuda_fast_attention = !options.fallback_attention;
-  load.cuda_device_moe = !options.host_moe;
+  load.cuda.bf16_weights = options.bf16;
+  load.cuda.fp8_native = !options.fp8_upcast;
+  load.cuda.cuda_graphs = !options.no_graphs;
+  load.cuda.fast_attention = !options.fallback_attention;
+  load.cuda.device_moe = !options.host_moe;
 }
 
 }  // namespace megactx::cli

@@ -36,8 +36,8 @@ class IdsOnlyTokenizer final : public Tokenizer {
 void check_weights_fit(const ModelConfig& config, const EngineLoadOptions& options,
                        const DeviceMemoryInfo& before) {
   const int64_t parameters = summarize_model(config).params_total;
-  const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && options.load.cuda_fp8_native ? 1
-                                      : options.load.cuda_bf16                                   ? 2
+  const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && options.load.cuda.fp8_native ? 1
+                                      : options.load.cuda.bf16_weights                                   ? 2
                                                                : 4;
   const int64_t least_weight_bytes = parameters * bytes_per_parameter;
   double usable = static_cast<double>(before.free_bytes);
@@ -82,7 +82,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
     // the weights in whatever precision the CUDA model keeps them.
     const DeviceMemoryInfo before = query_device_memory();
     check_weights_fit(config, options, before);
-    load.cuda_logits_on_device = true;  // the engine samples on the device
+    load.cuda.logits_on_device = true;  // the engine samples on the device
     model = load_language_model(options.model_dir, load);
     // The MTP layer's weights are part of what the plan measures.
     if (engine.speculative_steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);

@@ -31,15 +31,10 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
 }
 
 #if MEGACTX_HAVE_CUDA
-// The CUDA model's options from the load options (both load paths).
+// The CUDA model's options from the load options (both load paths): the
+// CLI's switches as they are, the deterministic mode's kernels.
 CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
-  CudaModelOptions cuda_options;
-  cuda_options.bf16_weights = options.cuda_bf16;
-  cuda_options.logits_on_device = options.cuda_logits_on_device;
-  cuda_options.cuda_graphs = options.cuda_graphs;
-  cuda_options.fast_attention = options.cuda_fast_attention;
-  cuda_options.device_moe = options.cuda_device_moe;
-  cuda_options.fp8_native = options.cuda_fp8_native;
+  CudaModelOptions cuda_options = options.cuda;
   cuda_options.batch_invariant = options.deterministic;
   return cuda_options;
 }
@@ -81,7 +76,7 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint* checkpoint
       bytes.fp8_parameters > 0
           ? static_cast<double>(bytes.fp8_matrices) / static_cast<double>(bytes.fp8_parameters)
           : 0.0,
-      (bytes.total - bytes.fp8_matrices) / 1048576.0, options.cuda_bf16 ? "bf16/f32" : "f32");
+      (bytes.total - bytes.fp8_matrices) / 1048576.0, options.cuda.bf16_weights ? "bf16/f32" : "f32");
   return model;
 #else
   (void)checkpoint;
@@ -106,14 +101,14 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
     } else {
       config = load_model_config(model_dir);
     }
-    if (options.device == Device::CUDA && options.cuda_fp8_native && config.is_fp8_checkpoint()) {
+    if (options.device == Device::CUDA && options.cuda.fp8_native && config.is_fp8_checkpoint()) {
       return load_cuda_fp8_native(nullptr, config, options);
     }
     auto weights = make_random_weights(options.seed);
     return build(config, *weights, options);
   }
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
-  if (options.device == Device::CUDA && options.cuda_fp8_native &&
+  if (options.device == Device::CUDA && options.cuda.fp8_native &&
       checkpoint->config().is_fp8_checkpoint()) {
     return load_cuda_fp8_native(checkpoint.get(), checkpoint->config(), options);
   }
@@ -125,8 +120,8 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
 CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
                                         const LanguageModel* model) {
   CudaScratchOptions scratch;
-  scratch.bf16_gemm_inputs = options.cuda_bf16;
-  scratch.fp8_gemm_inputs = options.cuda_fp8_native;
+  scratch.bf16_gemm_inputs = options.cuda.bf16_weights;
+  scratch.fp8_gemm_inputs = options.cuda.fp8_native;
 #if MEGACTX_HAVE_CUDA
   const CudaModelOptions model_options = cuda_model_options(options);
   scratch.cuda_graph_max_batch = model_options.cuda_graph_max_batch;
@@ -137,9 +132,9 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
     scratch.fp8_gemm_inputs = cuda_weight_bytes(*model).fp8_parameters > 0;
   }
 #endif
-  scratch.fast_attention = options.cuda_fast_attention;
-  scratch.device_moe = options.cuda_device_moe;
-  scratch.cuda_graphs = options.cuda_graphs;
+  scratch.fast_attention = options.cuda.fast_attention;
+  scratch.device_moe = options.cuda.device_moe;
+  scratch.cuda_graphs = options.cuda.cuda_graphs;
 #if !MEGACTX_HAVE_CUDA
   (void)model;
 #endif

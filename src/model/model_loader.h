@@ -10,6 +10,7 @@
 
 #include "cache/kv_cache.h"
 #include "model/cuda/memory_plan.h"
+#include "model/cuda/options.h"
 #include "model/language_model.h"
 
 namespace megactx {
@@ -31,32 +32,14 @@ struct ModelLoadOptions {
   uint64_t seed = 0;
   // Tests: replaces config.index_topk (>= the context length attends densely).
   std::optional<int64_t> index_topk_override;
-  // --device cuda (CudaModelOptions in model/cuda/cuda_model.h): GEMM weights in
-  // bf16 with fp32 accumulation instead of the fp32 parity mode, and logits
-  // left on the device for a device sampler.
-  bool cuda_bf16 = false;
-  bool cuda_logits_on_device = false;
-  // --device cuda with an fp8 checkpoint (quantization_config.quant_method
-  // fp8): load it natively (make_cuda_dsa_model_from_checkpoint: e4m3 weights
-  // kept as shipped, fp8 GEMMs, no float32 host model) instead of
-  // dequantising it into a float32 host model first. With random_weights
-  // and a config whose quantization_config is fp8: random fp8 weights
-  // (benchmarks). The CLI sets it; tests of the exact-parity fp32 mode leave
-  // it off.
-  bool cuda_fp8_native = false;
-  // --device cuda: decode steps replayed as CUDA Graphs over batch-size
-  // buckets (CudaModelOptions::cuda_graphs); the CLI's --no-cuda-graphs.
-  bool cuda_graphs = true;
-  // --device cuda: DSA attention on the fp8 DSA kernels when the cache and
-  // shapes allow it (CudaModelOptions::fast_attention; FP8 KV of 64-token
-  // pages); the CLI's --cuda-fallback-attention turns it off (the fp32
-  // fallback kernels).
-  bool cuda_fast_attention = true;
-  // --device cuda: MoE layers of up to 256 rows route and run their experts on
-  // the device without a host sync (CudaModelOptions::device_moe); the CLI's
-  // --cuda-host-moe turns it off (expert ids read back, one GEMM chain per
-  // used expert; such steps are never CUDA Graphs).
-  bool cuda_device_moe = true;
+  // --device cuda: the CUDA model's switches (precision mode, logits on the
+  // device, native fp8 checkpoints, CUDA Graphs, the fp8 DSA path, the device
+  // MoE), exactly as CudaDsaModel reads them; batch_invariant follows
+  // `deterministic` above. With random_weights and a config whose
+  // quantization_config is fp8, cuda.fp8_native gives random fp8 weights
+  // (benchmarks). The CLI sets fp8_native; tests of the exact-parity fp32
+  // mode leave it off.
+  CudaModelOptions cuda;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

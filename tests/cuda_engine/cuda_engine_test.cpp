@@ -59,7 +59,7 @@ struct EngineSetup {
 std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& setup) {
   ModelLoadOptions load;
   load.device = setup.device;
-  load.cuda_logits_on_device = setup.device == Device::CUDA && setup.logits_on_device;
+  load.cuda.logits_on_device = setup.device == Device::CUDA && setup.logits_on_device;
   auto model = load_language_model(dir, load);
   EXPECT_EQ(model->device(), setup.device);
   EngineConfig config;
@@ -306,7 +306,7 @@ TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
   const DeviceMemoryInfo before = query_device_memory();
   ModelLoadOptions load;
   load.device = Device::CUDA;
-  load.cuda_logits_on_device = true;
+  load.cuda.logits_on_device = true;
   auto model = load_language_model(dir, load);
   DeviceKvRequest request;
   request.memory = query_device_memory();

@@ -550,13 +550,13 @@ TEST(CudaFp8Model, LoaderPicksTheNativePathForFp8Checkpoints) {
   const HfFixture f = load_fixture("glm_fp8");
   ModelLoadOptions options;
   options.device = Device::CUDA;
-  options.cuda_fp8_native = true;
+  options.cuda.fp8_native = true;
   EXPECT_EQ(cuda_weight_bytes(*load_language_model(f.dir, options)).fp8_parameters,
             census(f.dir).parameters);
-  options.cuda_fp8_native = false;  // the float32 parity path stays available
+  options.cuda.fp8_native = false;  // the float32 parity path stays available
   EXPECT_EQ(cuda_weight_bytes(*load_language_model(f.dir, options)).fp8_parameters, 0);
   // A bf16 checkpoint is never routed to it.
-  options.cuda_fp8_native = true;
+  options.cuda.fp8_native = true;
   EXPECT_EQ(
       cuda_weight_bytes(*load_language_model(fixture_dir("glm_bf16"), options)).fp8_parameters, 0);
 }
@@ -569,7 +569,7 @@ TEST(CudaFp8Model, RandomFp8WeightsForBenchmarks) {
   options.device = Device::CUDA;
   options.random_weights = true;
   options.seed = 3;
-  options.cuda_fp8_native = true;
+  options.cuda.fp8_native = true;
   auto model = load_language_model(fixture_dir("glm_fp8") + "/config.json", options);
   EXPECT_EQ(cuda_weight_bytes(*model).fp8_parameters, census(fixture_dir("glm_fp8")).parameters);
   const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 42, 7, 128, 64, 1};

@@ -103,7 +103,7 @@ TEST(CudaModel, QuantizedCachesStayCloseAndGreedyEqual) {
 
 ModelLoadOptions bf16_options(std::optional<int64_t> topk = std::nullopt) {
   ModelLoadOptions options = cuda_options();
-  options.cuda_bf16 = true;
+  options.cuda.bf16_weights = true;
   options.index_topk_override = topk;
   return options;
 }

@@ -61,8 +61,8 @@ class SpecEngine {
   SpecEngine(const std::string& dir, const SpecEngineOptions& options) {
     ModelLoadOptions load;
     load.device = options.device;
-    load.cuda_logits_on_device = options.device == Device::CUDA;
-    load.cuda_bf16 = options.cuda_bf16;
+    load.cuda.logits_on_device = options.device == Device::CUDA;
+    load.cuda.bf16_weights = options.cuda_bf16;
     auto model = load_language_model(dir, load);
     EngineConfig config;
     config.run_thread = false;

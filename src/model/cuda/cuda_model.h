@@ -23,51 +23,10 @@
 #include "io/checkpoint.h"
 #include "model/dsa_model.h"
 #include "model/language_model.h"
+#include "model/cuda/options.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
-
-struct CudaModelOptions {
-  // ForwardOutput::logits on the device (for a device sampler) or copied to
-  // the host (the CPU sampler and the CLI today).
-  bool logits_on_device = false;
-  // The bf16 mode: the GEMM weights (projections, experts, lm_head) are kept
-  // in bf16 and each GEMM rounds its float32 input to bf16 and accumulates in
-  // float32 on tensor cores; norms, RoPE, attention, routing and the residual
-  // stream stay float32. false: the fp32 exact-parity mode.
-  bool bf16_weights = false;
-  // With an FP8 KV cache of 64-token pages and the GLM-5.x / DeepSeek-V3.2
-  // attention shapes (kv_lora 512, rope 64, index dim 128): the indexer, top-k
-  // and sparse MLA run on the fp8 DSA kernels (bf16 queries, fp8 indexer
-  // queries; close to, not equal to, the fp32 path). false, or any other cache
-  // or shape: the fp32 fallback kernels.
-  bool fast_attention = true;
-  // MoE layers of up to kGroupedMoeMaxRows rows (decode, MTP verification)
-  // route and run their experts on the device with no host synchronisation
-  // (kernels/cuda/moe, graph-capturable); larger batches, fp8 experts or
-  // false: the host dispatch (expert ids read back, one GEMM chain per used
-  // expert).
-  bool device_moe = true;
-  // Decode steps (every sequence 1 new token, or the same 1 + k for MTP
-  // verification) padded to a batch-size bucket and replayed as CUDA Graphs
-  // (model/cuda/decode_graph.h), when the whole step is capturable (MoE
-  // layers only on the device MoE path; the phase timer off). false (CLI
-  // --no-cuda-graphs): every step launches its kernels one by one.
-  bool cuda_graphs = true;
-  // The largest bucket; batches of more sequences run without a graph.
-  int64_t cuda_graph_max_batch = 256;
-  // An fp8 checkpoint's e4m3 matrices kept as shipped
-  // (make_cuda_dsa_model_from_checkpoint); false: dequantised into float32
-  // on the host first. A weight reload takes the same path.
-  bool fp8_native = false;
-  // The deterministic mode (ModelLoadOptions::deterministic): every GEMM on
-  // the batch-invariant kernel (kernels/cuda/gemm/batch_invariant_gemm.h) and
-  // only kernels whose per-row result does not depend on the other rows of
-  // the batch, so that decode, prefill, chunked prefill and MTP verification
-  // give a token bit-identical logits.
-  bool batch_invariant = false;
-  int device_ordinal = 0;
-};
 
 // What the CUDA-graph decode of a CUDA model did so far (tests, benchmarks).
 struct CudaGraphStats {
