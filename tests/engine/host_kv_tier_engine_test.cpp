@@ -33,9 +33,10 @@ int64_t page_bytes(const ModelConfig& config) {
 
 // An engine on the fixture with `pages` KV pages and `host_pages` in the host tier.
 std::unique_ptr<Engine> make_engine(const std::string& dir, int64_t pages, int64_t host_pages,
-                                    int64_t chunk = 4096) {
+                                    int64_t chunk = 4096, bool routed_experts = false) {
   auto model = load_language_model(dir, ModelLoadOptions{});
   EngineConfig config;
+  config.record_routed_experts = routed_experts;
   config.run_thread = false;
   config.check_integrity_every_step = true;
   config.kv_dtype = KvDType::F32;
@@ -97,6 +98,60 @@ TEST_P(HostKvTierEngine, APrefixPushedToTheHostComesBackWithTheColdOutput) {
     // The pages hold the same bytes; only the chunk split of the forward differs.
     EXPECT_NEAR(warm.logprobs[i].logprob, cold.logprobs[i].logprob, 1e-5) << i;
   }
+}
+
+// Routing replay: the routed experts of a prefix travel with its pages to the
+// host tier and back, so the warm request (its prompt pages loaded from host
+// memory, not computed) reports the cold run's experts; requests that do not
+// ask get none, and without the server switch asking is an error.
+TEST_P(HostKvTierEngine, RoutedExpertsComeBackWithTheirPages) {
+  const std::string dir = fixture_dir(GetParam());
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  const std::vector<int32_t> prompt = prompt_of(stream, 150, 1);
+  Harness harness(test_config(), nullptr, 32);
+  harness.engine = make_engine(dir, /*pages=*/4, /*host_pages=*/16, 4096, /*routed_experts=*/true);
+  const ModelConfig& config = harness.engine->model_config();
+  GenerationRequest cold = scored("cold", prompt, 8);
+  cold.return_routed_experts = true;
+  harness.submit(cold);
+  harness.run();
+  for (int64_t i = 0; i < 3; ++i) {
+    harness.submit(scored("other" + std::to_string(i), prompt_of(stream, 170, 10 + i), 4));
+    harness.run();
+  }
+  GenerationRequest warm = scored("warm", prompt, 8);
+  warm.return_routed_experts = true;
+  harness.submit(warm);
+  harness.run();
+  EXPECT_EQ(harness.results["warm"].cached_tokens, 128);
+  EXPECT_GE(harness.engine->stats().host_kv_loaded_pages, 2);
+  const std::vector<int32_t>& want = harness.results["cold"].routed_experts;
+  const std::vector<int32_t>& got = harness.results["warm"].routed_experts;
+  const int64_t row = config.num_hidden_layers * config.num_experts_per_tok;
+  ASSERT_EQ(static_cast<int64_t>(want.size()), (150 + 8 - 1) * row);
+  ASSERT_EQ(got.size(), want.size());
+  // The prompt's 128 cached positions: loaded, not computed; the rest recomputed the same way.
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 128 * row, want.begin()));
+  int64_t moe_ids = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const bool moe = want[layer * config.num_experts_per_tok] >= 0;
+    for (int64_t j = 0; j < config.num_experts_per_tok; ++j) {
+      const int32_t id = want[layer * config.num_experts_per_tok + j];
+      EXPECT_EQ(id >= 0, moe) << "layer " << layer;
+      EXPECT_LT(id, config.n_routed_experts);
+      moe_ids += id >= 0;
+    }
+  }
+  EXPECT_GT(moe_ids, 0);  // the fixtures have MoE layers
+  EXPECT_TRUE(harness.results["other0"].routed_experts.empty());
+
+  Harness plain(test_config(), nullptr, 32);
+  plain.engine = make_engine(dir, 4, 0);
+  plain.submit(cold);
+  plain.run();
+  EXPECT_EQ(plain.results["cold"].finish, FinishReason::Error);
+  EXPECT_NE(plain.results["cold"].finish_detail.find("--enable-return-routed-experts"),
+            std::string::npos);
 }
 
 TEST_P(HostKvTierEngine, PreemptionUnderATinyPoolGivesTheSameOutputsWithTheTier) {
