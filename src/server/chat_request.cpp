@@ -29,6 +29,7 @@ ChatRequestPlan plan_chat_request(ServerState& state, const HttpRequest& request
   plan.body = parse_request_json(request.body);
   const nlohmann::json& body = plan.body;
   check_model_name(state, body);
+  refuse_generate_only_fields(body);
   refuse_unsupported_constraints(body, /*chat=*/true);
   plan.rendered = render_chat_prompt(state.chat(), body, request.body);
   const std::string& prompt = plan.rendered.text;

@@ -16,6 +16,14 @@ void check_model_name(const ServerState& state, const nlohmann::json& body) {
                  "model");
 }
 
+void refuse_generate_only_fields(const nlohmann::json& body) {
+  for (const char* name : {"return_routed_experts", "return_hidden_states"}) {
+    const auto it = body.find(name);
+    if (it != body.end() && !(it->is_boolean() && !it->get<bool>()))
+      throw_invalid(name, std::string("'") + name + "' is served by /generate only");
+  }
+}
+
 int64_t parse_choice_count(const nlohmann::json& body) {
   int64_t n = get_integer(body, "n").value_or(1);
   if (n < 1 || n > 128) throw_invalid("n", "'n' must be between 1 and 128");

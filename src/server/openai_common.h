@@ -14,6 +14,9 @@ namespace megactx::server {
 
 // 404 when `model` names something this server does not serve (as vLLM does).
 void check_model_name(const ServerState& state, const nlohmann::json& body);
+// SGLang's /generate-only extras (return_routed_experts, return_hidden_states):
+// 400 naming /generate when set, never ignored.
+void refuse_generate_only_fields(const nlohmann::json& body);
 // n in [1, 128].
 int64_t parse_choice_count(const nlohmann::json& body);
 // stream_options.include_usage (only valid with stream: true).

@@ -103,6 +103,7 @@ void handle_completions(ServerState& state, const HttpRequest& request,
                         std::shared_ptr<ResponseChannel> channel) {
   nlohmann::json body = parse_request_json(request.body);
   check_model_name(state, body);
+  refuse_generate_only_fields(body);
   const Tokenizer& tokenizer = state.engine().tokenizer();
   if (!has_field(body, "prompt")) throw_invalid("prompt", "'prompt' is required");
   if (has_field(body, "suffix")) throw_invalid("suffix", "'suffix' is not supported");

@@ -324,5 +324,25 @@ TEST(Models, ListsTheServedModel) {
   EXPECT_EQ(body["data"][0]["max_model_len"], 4096);
 }
 
+// SGLang's /generate-only extras are refused on the OpenAI endpoints, never
+// ignored; false is accepted (clients that always send the field).
+TEST(OpenAiFields, GenerateOnlyExtrasAreRefused) {
+  ServerFixture f;
+  const nlohmann::json messages = {{{"role", "user"}, {"content", "hi"}}};
+  for (const char* name : {"return_routed_experts", "return_hidden_states"}) {
+    auto chat = f.call("POST", "/v1/chat/completions",
+                       {{"messages", messages}, {"max_tokens", 2}, {name, true}});
+    EXPECT_EQ(chat->status, 400) << chat->body;
+    EXPECT_NE(chat->body.find(name), std::string::npos);
+    EXPECT_NE(chat->body.find("/generate"), std::string::npos);
+    auto completion =
+        f.call("POST", "/v1/completions", {{"prompt", "ab"}, {"max_tokens", 2}, {name, true}});
+    EXPECT_EQ(completion->status, 400) << completion->body;
+    auto off = f.call("POST", "/v1/completions",
+                      {{"prompt", "ab"}, {"max_tokens", 2}, {name, false}});
+    EXPECT_EQ(off->status, 200) << off->body;
+  }
+}
+
 }  // namespace
 }  // namespace megactx::server::testing
