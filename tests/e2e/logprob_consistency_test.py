@@ -12,6 +12,8 @@ measures how far apart the two are in megactx, in every way a trainer meets them
   scored       each prompt + rollout scored by prefill (max_new_tokens 0), one at a time, right
                after the rollout (its pages are in the prefix cache);
   batched      all 6 scored in one request (one prefill batch of 6 sequences);
+  n=4          4 samples of one prompt in one request (sampling_params.n: they share its
+               KV), each scored;
   cold         scored after /flush_cache (nothing cached);
   chunked      scored by a server whose prefill chunk is 16 tokens (--max-prefill-tokens 16);
   mtp          rolled out by a server with MTP (--speculative-steps 3, verified drafts), then
@@ -126,6 +128,16 @@ def main():
         scored = [score(server, [s], [p])[0] for s, p in zip(sequences, prompts)]
         figures["scored"] = max_difference(rollout_logprobs, scored)
         figures["batched"] = max_difference(rollout_logprobs, score(server, sequences, prompts))
+        # sampling_params.n: the first sample prefills the prompt, the others share its KV.
+        group = post(server, "/generate", {
+            "input_ids": prompts[1], "return_logprob": True,
+            "sampling_params": {"n": 4, "max_new_tokens": NEW_TOKENS, "temperature": 1.0,
+                                "ignore_eos": True, "sampling_seed": 7}})
+        group_logprobs = [[e[0] for e in item["meta_info"]["output_token_logprobs"]]
+                          for item in group]
+        figures["n=4"] = max_difference(
+            group_logprobs, score(server, [prompts[1] + item["output_ids"] for item in group],
+                                  [prompts[1]] * len(group)))
         post(server, "/flush_cache", {})
         figures["cold"] = max_difference(
             rollout_logprobs, [score(server, [s], [p])[0] for s, p in zip(sequences, prompts)])
