@@ -122,11 +122,10 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
   CudaScratchOptions scratch;
   scratch.bf16_gemm_inputs = options.cuda.bf16_weights;
   scratch.fp8_gemm_inputs = options.cuda.fp8_native;
+  scratch.cuda_graph_max_batch = options.cuda.cuda_graph_max_batch;
 #if MEGACTX_HAVE_CUDA
-  const CudaModelOptions model_options = cuda_model_options(options);
-  scratch.cuda_graph_max_batch = model_options.cuda_graph_max_batch;
   if (options.device == Device::CUDA) {
-    scratch.multiprocessors = query_device_multiprocessors(model_options.device_ordinal);
+    scratch.multiprocessors = query_device_multiprocessors(options.cuda.device_ordinal);
   }
   if (model != nullptr && model->device() == Device::CUDA) {
     scratch.fp8_gemm_inputs = cuda_weight_bytes(*model).fp8_parameters > 0;
