@@ -222,18 +222,23 @@ if [[ "${GPU_CHECK_TRAINER:-1}" == 1 ]]; then
 fi
 
 # Rollout against scoring logprobs on the GPU (tests/e2e/logprob_consistency_test.py):
-# bit-identical with --deterministic in the fp32 mode and with bf16 weights over
-# fp8 / bf16 KV; the same figures without it (docs/benchmarks.md).
+# bit-identical with --deterministic in the fp32 mode, with bf16 weights over
+# fp8 / bf16 KV, and with native fp8 weights (the fp8 fixture, ids only); the
+# same figures without it (docs/benchmarks.md).
 if [[ "${GPU_CHECK_DETERMINISTIC:-1}" == 1 ]]; then
-  for mode in "--kv-dtype f32" "--cuda-bf16 --kv-dtype fp8" "--cuda-bf16 --kv-dtype bf16"; do
+  for case in "models/default|--kv-dtype f32" "models/default|--cuda-bf16 --kv-dtype fp8" \
+      "models/default|--cuda-bf16 --kv-dtype bf16" \
+      "tests/fixtures/hf/glm_fp8|--skip-tokenizer-init --kv-dtype fp8"; do
+    model="${case%%|*}"
+    mode="${case#*|}"
     # shellcheck disable=SC2086  # $mode is a list of flags
     timeout 200 python3 tests/e2e/logprob_consistency_test.py --megactx "$pack/bin/megactx" \
-      --model models/default --expect-exact -- --device cuda --deterministic $mode \
+      --model "$model" --expect-exact -- --device cuda --deterministic $mode \
       >>"$out/logprob_consistency.log" 2>&1
-    note "logprob_consistency --deterministic $mode exit $?"
+    note "logprob_consistency $model --deterministic $mode exit $?"
     # shellcheck disable=SC2086
     timeout 200 python3 tests/e2e/logprob_consistency_test.py --megactx "$pack/bin/megactx" \
-      --model models/default -- --device cuda $mode >>"$out/logprob_consistency.log" 2>&1
+      --model "$model" -- --device cuda $mode >>"$out/logprob_consistency.log" 2>&1
   done
   grep -E '^\| --' "$out/logprob_consistency.log" | tee -a "$summary"
 fi

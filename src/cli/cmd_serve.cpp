@@ -5,7 +5,7 @@
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
-//   [--enable-return-routed-experts] [--enable-memory-saver]
+//   [--enable-return-routed-experts] [--enable-memory-saver] [--skip-tokenizer-init]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -71,6 +71,7 @@ struct ServeOptions {
   bool deterministic = false;
   bool enable_return_routed_experts = false;
   bool enable_memory_saver = false;
+  bool skip_tokenizer_init = false;
   SpeculativeCliOptions speculative;
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
@@ -95,6 +96,7 @@ int run_serve(const ServeOptions& options) {
   apply_cuda_options(options.cuda, load.load);
   load.load.deterministic = options.deterministic;
   load.gpu_memory_utilization = options.gpu_memory_utilization;
+  load.skip_tokenizer = options.skip_tokenizer_init;
 
   EngineConfig& engine_config = load.engine;
   engine_config.kv_memory_bytes =
@@ -245,6 +247,10 @@ CommandRegistration registration{
                        "Record the experts every token is routed to, so that /generate requests "
                        "may ask for return_routed_experts (MoE routing replay in RL; host memory "
                        "of layers x top_k x 4 bytes per KV token)");
+      command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,
+                       "Load no tokenizer (also right for a model folder without "
+                       "tokenizer.json): /generate takes input_ids and returns output_ids; "
+                       "text input is a 400");
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

@@ -13,12 +13,14 @@ namespace megactx {
 namespace {
 
 // Stands in for tokenizer.json when only token ids go in and out (the test
-// fixtures have none): every token detokenizes to nothing.
+// fixtures have none, or serve --skip-tokenizer-init): every token
+// detokenizes to nothing, and text input is an error naming the fix.
 class IdsOnlyTokenizer final : public Tokenizer {
  public:
   explicit IdsOnlyTokenizer(int64_t vocab) : vocab_(vocab) {}
   std::vector<TokenId> encode(std::string_view, bool) const override {
-    fail("this model directory has no tokenizer.json");
+    fail("this server has no tokenizer (no tokenizer.json, or --skip-tokenizer-init): "
+         "send token ids (input_ids) instead of text");
   }
   std::string decode(const std::vector<TokenId>&, bool) const override { return {}; }
   int64_t vocab_size() const override { return vocab_; }
@@ -61,7 +63,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
       std::filesystem::exists(std::filesystem::path(options.model_dir) / "tokenizer.json");
   if (options.tokenizer) {
     loaded.tokenizer = options.tokenizer;
-  } else if (has_tokenizer || !options.ids_only_without_tokenizer) {
+  } else if (!options.skip_tokenizer && (has_tokenizer || !options.ids_only_without_tokenizer)) {
     loaded.tokenizer = Tokenizer::load(options.model_dir);
   } else {
     loaded.tokenizer = std::make_shared<IdsOnlyTokenizer>(config.vocab_size);

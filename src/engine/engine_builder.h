@@ -26,9 +26,11 @@ struct EngineLoadOptions {
   // Already loaded (the caller needed it first); null: loaded here. A
   // directory without tokenizer.json then gets a tokenizer that knows only
   // token ids when `ids_only_without_tokenizer` (generate --format ids over
-  // test fixtures); else that is an Error.
+  // test fixtures); else that is an Error. `skip_tokenizer` never loads one
+  // (serve --skip-tokenizer-init, SGLang's name: token ids in and out).
   std::shared_ptr<const Tokenizer> tokenizer;
   bool ids_only_without_tokenizer = false;
+  bool skip_tokenizer = false;
 };
 
 struct LoadedEngine {

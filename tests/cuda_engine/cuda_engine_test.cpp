@@ -64,6 +64,7 @@ std::unique_ptr<Engine> make_engine(const std::string& dir, const EngineSetup& s
   EXPECT_EQ(model->device(), setup.device);
   EngineConfig config;
   config.run_thread = false;
+  config.model_dir = dir;  // resume_memory_occupation reloads the weights from it
   config.check_integrity_every_step = true;
   config.kv_dtype = setup.dtype;
   config.max_prefill_tokens = setup.chunk;

@@ -29,6 +29,7 @@ solo rollouts must give the same tokens; without it the figures are printed as a
 """
 import argparse
 import concurrent.futures
+import json
 import os
 import random
 import sys
@@ -100,6 +101,11 @@ def max_difference(a, b):
     return worst
 
 
+def has_mtp_layer(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return int(json.load(f).get("num_nextn_predict_layers") or 0) > 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
@@ -145,12 +151,15 @@ def main():
                            name="chunked") as chunked:
             figures["chunked"] = max_difference(rollout_logprobs,
                                                 score(chunked, sequences, prompts))
-        with MegactxServer(args.megactx, args.model, *serve_args, "--speculative-steps", "3",
-                           name="mtp") as mtp:
-            speculated = rollouts(mtp, prompts, concurrently=True)
-            mtp_sequences = [p + ids for p, (ids, _) in zip(prompts, speculated)]
-            figures["mtp"] = max_difference([lp for _, lp in speculated],
-                                            score(server, mtp_sequences, prompts))
+        if has_mtp_layer(args.model):
+            with MegactxServer(args.megactx, args.model, *serve_args, "--speculative-steps",
+                               "3", name="mtp") as mtp:
+                speculated = rollouts(mtp, prompts, concurrently=True)
+                mtp_sequences = [p + ids for p, (ids, _) in zip(prompts, speculated)]
+                figures["mtp"] = max_difference([lp for _, lp in speculated],
+                                                score(server, mtp_sequences, prompts))
+        else:
+            print(f"mtp: skipped ({args.model} has no MTP layer)")
 
     label = args.label or " ".join(serve_args) or "defaults"
     print("| mode | " + " | ".join(figures) + " | solo rollouts give the same tokens |")

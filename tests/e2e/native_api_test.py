@@ -460,6 +460,26 @@ class ApiKey(unittest.TestCase):
             self.assertEqual(requests.get(server.url + "/health", timeout=30).status_code, 200)
 
 
+class SkipTokenizerInit(unittest.TestCase):
+    def test_token_ids_only(self):
+        with MegactxServer(ARGS.megactx, ARGS.model, "--skip-tokenizer-init") as server:
+            ids = prompt_ids(20, 41)
+            payload = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4,
+                                                             "temperature": 0}}
+            plain = generate(payload).json()
+            response = requests.post(server.url + "/generate", json=payload, timeout=60)
+            self.assertEqual(response.status_code, 200, response.text)
+            self.assertEqual(response.json()["output_ids"], plain["output_ids"])
+            self.assertEqual(response.json()["text"], "")
+            for path, body in (("/generate", {"text": "hello"}),
+                               ("/v1/chat/completions",
+                                {"model": "default",
+                                 "messages": [{"role": "user", "content": "hi"}]})):
+                refused = requests.post(server.url + path, json=body, timeout=60)
+                self.assertEqual(refused.status_code, 400, refused.text)
+                self.assertIn("input_ids", refused.json()["error"]["message"])
+
+
 class HostKvTier(unittest.TestCase):
     def test_evicted_prefix_comes_back_from_host_memory(self):
         # 10 pages of f32 KV on the device, 64 MiB of host tier behind them.
