@@ -43,7 +43,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   const ModelConfig& model_config = model_->config();
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
-  if (config_.speculative_steps > 0) load_mtp_layer();
+  if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
   capacity_ = plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes,
                                config_.page_size, config_.speculative_steps > 0);
   capacity_.spec.device = model_->device();
@@ -260,12 +260,7 @@ void Engine::check_integrity_locked() const {
     // Drafts live only inside a step.
     MEGACTX_CHECK(request->num_draft_tokens == 0, "integrity: request {} holds {} drafts", rid,
                   request->num_draft_tokens);
-    // A decoding request that may speculate has step 0 of its last computed row.
-    MEGACTX_CHECK(!mtp_ || request->phase != RequestPhase::Running ||
-                      request->num_computed != static_cast<int64_t>(request->tokens.size()) - 1 ||
-                      request->spec.draft.row == request->num_computed - 1,
-                  "integrity: request {} has MTP state of row {} with {} computed", rid,
-                  request->spec.draft.row, request->num_computed);
+    if (speculator_) speculator_->check_integrity(rid, *request);
   }
   MEGACTX_CHECK(requests_.size() == scheduler_->running().size() + scheduler_->waiting().size(),
                 "integrity: {} live requests but {} running + {} waiting", requests_.size(),
@@ -315,9 +310,9 @@ bool Engine::step_locked() {
     if (runnable && (!scheduler_->running().empty() || !scheduler_->waiting().empty())) {
       {
         EnginePhaseTimes::Scope timed(phase_times_, EnginePhaseTimes::Schedule);
-        if (mtp_) append_draft_slots();
+        if (speculator_) speculator_->append_draft_slots(scheduler_->running());
         scheduler_->schedule(plan_);
-        if (mtp_) drop_unscheduled_drafts();
+        if (speculator_) speculator_->drop_unscheduled_drafts(plan_, requests_);
       }
       if (!plan_.empty()) {
         phase_times_.count_step();
@@ -421,40 +416,19 @@ RequestUpdate& Engine::update_of(RequestState& request) {
   return request.update;
 }
 
+// One step after scheduling, in the order the data flows (nano-vllm's step()):
+// drafts -> target forward -> grammar masks (overlapping a device forward) ->
+// StepOutputs -> MTP refill -> commit -> apply.
 void Engine::run_plan() {
   using Timed = EnginePhaseTimes::Scope;
-  if (mtp_) {
+  if (speculator_) {
     Timed timed(phase_times_, EnginePhaseTimes::Drafts);
-    draft_for_plan();
-  }
-  const std::vector<ScheduledChunk>& chunks = plan_.chunks;
-  batch_.sequences.resize(chunks.size());
-  batch_.want_hidden_states = mtp_ != nullptr;
-  // Every forward, not only those of requests that ask: a later request may
-  // find these pages in the prefix cache.
-  batch_.want_routed_experts = routed_ != nullptr;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const ScheduledChunk& chunk = chunks[i];
-    const RequestState& request = *chunk.request;
-    SequenceInput& input = batch_.sequences[i];
-    input.tokens = std::span<const int32_t>(request.tokens.data() + chunk.start,
-                                            static_cast<size_t>(chunk.count));
-    input.start_position = chunk.start;
-    input.page_table = std::span<const int32_t>(request.page_table);
-    input.logits_from = chunk.logits_from;
+    speculator_->draft(plan_, *cache_);
   }
   ForwardOutput output;
   {
     Timed timed(phase_times_, EnginePhaseTimes::Forward);
-    output = model_->forward(batch_, *cache_);
-  }
-  if (routed_ && output.routed_experts.defined()) {
-    int64_t row = 0;
-    for (const ScheduledChunk& chunk : chunks) {
-      routed_->record(output.routed_experts, row, chunk.start, chunk.count,
-                      chunk.request->page_table);
-      row += chunk.count;
-    }
+    output = forward_plan();
   }
   {
     // After the forward's launch: on a device the forward runs asynchronously
@@ -469,13 +443,42 @@ void Engine::run_plan() {
   }
   // The MTP layer writes its entries of this step's rows before commit()
   // shares newly full pages, so no request ever writes into a shared page.
-  if (mtp_) {
+  if (speculator_) {
     Timed timed(phase_times_, EnginePhaseTimes::Refill);
-    refill_mtp(output.hidden_states);
+    speculator_->refill(plan_, output.hidden_states, outputs_.samples, *cache_);
   }
   Timed timed(phase_times_, EnginePhaseTimes::Apply);
   scheduler_->commit(plan_);
   apply_outputs();
+}
+
+ForwardOutput Engine::forward_plan() {
+  const std::vector<ScheduledChunk>& chunks = plan_.chunks;
+  batch_.sequences.resize(chunks.size());
+  batch_.want_hidden_states = speculator_ != nullptr;
+  // Every forward, not only those of requests that ask: a later request may
+  // find these pages in the prefix cache.
+  batch_.want_routed_experts = routed_ != nullptr;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& chunk = chunks[i];
+    const RequestState& request = *chunk.request;
+    SequenceInput& input = batch_.sequences[i];
+    input.tokens = std::span<const int32_t>(request.tokens.data() + chunk.start,
+                                            static_cast<size_t>(chunk.count));
+    input.start_position = chunk.start;
+    input.page_table = std::span<const int32_t>(request.page_table);
+    input.logits_from = chunk.logits_from;
+  }
+  ForwardOutput output = model_->forward(batch_, *cache_);
+  if (routed_ && output.routed_experts.defined()) {
+    int64_t row = 0;
+    for (const ScheduledChunk& chunk : chunks) {
+      routed_->record(output.routed_experts, row, chunk.start, chunk.count,
+                      chunk.request->page_table);
+      row += chunk.count;
+    }
+  }
+  return output;
 }
 
 namespace {
@@ -487,39 +490,29 @@ bool any_allowed(const uint32_t* words, size_t count) {
 }  // namespace
 
 void Engine::fill_grammar_masks() {
-  grammar_failed_.clear();
+  std::vector<RequestState*>& failed = outputs_.grammar_failed;
+  failed.clear();
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
     if (!request.matcher) continue;
     if (request.spec.verifying) {
-      // draft_for_plan made the masks of its rows; row 0 is this state's.
+      // The Speculator's drafts made the masks of its rows; row 0 is this state's.
       const auto words = static_cast<size_t>(request.matcher->mask_words());
-      if (!any_allowed(request.spec.masks.data(), words)) grammar_failed_.push_back(&request);
+      if (!any_allowed(request.spec.masks.data(), words)) failed.push_back(&request);
       continue;
     }
     if (!chunk.samples) continue;
     request.grammar_mask.resize(static_cast<size_t>(request.matcher->mask_words()));
     request.matcher->fill_next_token_bitmask(request.grammar_mask.data());
     if (!any_allowed(request.grammar_mask.data(), request.grammar_mask.size()))
-      grammar_failed_.push_back(&request);
+      failed.push_back(&request);
   }
 }
 
-bool Engine::grammar_failed(const RequestState& request) const {
-  return request.matcher && std::find(grammar_failed_.begin(), grammar_failed_.end(), &request) !=
-                                grammar_failed_.end();
-}
-
 void Engine::collect_outputs(const Tensor& logits) {
-  verify_logits_host_ = Tensor();
-  if (mtp_ && logits.device() != Device::CPU) greedy_verification_argmax(logits);
-  sampling_rows_.clear();
-  sampling_requests_.clear();
-  logprob_queries_.clear();
-  logprob_requests_.clear();
-  scoring_done_.clear();
-  scored_through_prompt_.clear();
-  verifying_.clear();
+  StepOutputs& out = outputs_;
+  out.clear_collected();
+  if (speculator_) speculator_->begin_verification(plan_, logits, out, *sampler_);
   int64_t row = 0;
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
@@ -534,19 +527,18 @@ void Engine::collect_outputs(const Tensor& logits) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t scored = first_position + j + 1;
         if (scored < first_scored || scored >= request.prompt_len) continue;
-        logprob_queries_.push_back(LogprobQuery{
-            row + j, request.tokens[static_cast<size_t>(scored)],
-            request.request.top_logprobs_num, request.request.token_ids_logprob,
-            logprob_temperature(request.request)});
-        logprob_requests_.push_back(&request);
+        out.logprob_queries.push_back(LogprobQuery{
+            row + j, request.tokens[static_cast<size_t>(scored)], request.request.top_logprobs_num,
+            request.request.token_ids_logprob, logprob_temperature(request.request)});
+        out.logprob_requests.push_back(&request);
       }
-      if (end >= request.prompt_len) scored_through_prompt_.push_back(&request);
+      if (end >= request.prompt_len) out.scored_through_prompt.push_back(&request);
     }
-    if (grammar_failed(request)) {
+    if (out.grammar_failed_for(request)) {
       // Nothing to sample: apply_outputs ends the request with an error.
     } else if (request.spec.verifying) {
-      verify_chunk(request, logits, row);
-      verifying_.push_back(&request);
+      speculator_->verify_chunk(request, logits, row, *sampler_);
+      out.verifying.push_back(&request);
     } else if (chunk.samples) {
       SamplingRow sampling_row;
       sampling_row.logits_row = row + rows - 1;
@@ -567,35 +559,36 @@ void Engine::collect_outputs(const Tensor& logits) {
         sampling_row.logprob_token_ids = request.request.token_ids_logprob;
         sampling_row.logprob_temperature = logprob_temperature(request.request);
       }
-      request.spec.sample_index = static_cast<int64_t>(sampling_rows_.size());
-      sampling_rows_.push_back(sampling_row);
-      sampling_requests_.push_back(&request);
+      request.spec.sample_index = static_cast<int64_t>(out.sampling_rows.size());
+      out.sampling_rows.push_back(sampling_row);
+      out.sampling_requests.push_back(&request);
     } else if (end == static_cast<int64_t>(request.tokens.size()) &&
                request.num_generated() >= request.request.sampling.max_new_tokens) {
       // Scoring (max_new_tokens 0): the prefill was all it asked for.
-      scoring_done_.push_back(&request);
+      out.scoring_done.push_back(&request);
     }
     row += rows;
   }
-  if (!logprob_queries_.empty()) {
-    logprob_results_.resize(logprob_queries_.size());
-    sampler_->score(logits, logprob_queries_, logprob_results_);
-    for (size_t i = 0; i < logprob_queries_.size(); ++i) {
-      logprob_requests_[i]->input_logprobs.push_back(std::move(logprob_results_[i]));
+  if (!out.logprob_queries.empty()) {
+    out.logprob_results.resize(out.logprob_queries.size());
+    sampler_->score(logits, out.logprob_queries, out.logprob_results);
+    for (size_t i = 0; i < out.logprob_queries.size(); ++i) {
+      out.logprob_requests[i]->input_logprobs.push_back(std::move(out.logprob_results[i]));
     }
   }
-  samples_.resize(sampling_rows_.size());
-  if (!sampling_rows_.empty()) sampler_->sample(logits, sampling_rows_, samples_);
+  out.samples.resize(out.sampling_rows.size());
+  if (!out.sampling_rows.empty()) sampler_->sample(logits, out.sampling_rows, out.samples);
 }
 
 void Engine::apply_outputs() {
-  for (RequestState* request : scoring_done_) finish(*request, FinishReason::Length);
-  for (RequestState* request : grammar_failed_) {
+  const StepOutputs& out = outputs_;
+  for (RequestState* request : out.scoring_done) finish(*request, FinishReason::Length);
+  for (RequestState* request : out.grammar_failed) {
     finish(*request, FinishReason::Error,
            fmt::format("structured output: the grammar allows no token after {} generated tokens",
                        request->num_generated()));
   }
-  for (RequestState* request : scored_through_prompt_) {
+  for (RequestState* request : out.scored_through_prompt) {
     // The first prompt token has no logprob (nothing precedes it): NaN, which
     // the HTTP layer writes as null like SGLang.
     RequestUpdate& update = update_of(*request);
@@ -609,10 +602,15 @@ void Engine::apply_outputs() {
     request->input_logprobs.clear();
     request->input_logprobs_done = true;
   }
-  for (size_t i = 0; i < sampling_rows_.size(); ++i) {
-    append_token(*sampling_requests_[i], samples_[i]);
+  for (size_t i = 0; i < out.sampling_rows.size(); ++i) {
+    append_token(*out.sampling_requests[i], out.samples[i]);
   }
-  for (RequestState* request : verifying_) apply_verification(*request);
+  for (RequestState* request : out.verifying) {
+    for (const SampleResult& sample : speculator_->apply_verification(*request, *scheduler_)) {
+      append_token(*request, sample);
+      if (request->phase == RequestPhase::Finished) break;
+    }
+  }
 }
 
 void Engine::append_token(RequestState& request, const SampleResult& sample) {
@@ -629,7 +627,8 @@ void Engine::append_token(RequestState& request, const SampleResult& sample) {
   RequestUpdate& update = update_of(request);
   update.new_token_ids.push_back(token);
   if (request.request.return_logprob) {
-    update.new_logprobs.push_back(TokenLogprob{token, sample.logprob, sample.top, sample.token_ids});
+    update.new_logprobs.push_back(
+        TokenLogprob{token, sample.logprob, sample.top, sample.token_ids});
   }
   if (uses_penalties(sampling)) ++request.output_counts[token];
   const int64_t generated = request.num_generated();
@@ -662,7 +661,7 @@ void Engine::append_token(RequestState& request, const SampleResult& sample) {
 void Engine::finish(RequestState& request, FinishReason reason, std::string detail,
                     bool release_held_text) {
   if (request.phase == RequestPhase::Finished) return;
-  drop_drafts(request);  // a failed step can leave them
+  Speculator::drop_drafts(request);  // a failed step can leave them
   RequestUpdate& update = update_of(request);
   if (release_held_text) {
     // Nothing stops the text now: release what was held back.
@@ -736,9 +735,11 @@ void Engine::update_stats() {
   }
   stats.prefix_cache_host_hits = prefix_cache_->host_hit_tokens();
   stats.preemptions = scheduler_->num_preemptions();
-  stats.spec_accepted_tokens = spec_accepted_total_;
-  stats.spec_verify_steps = spec_verify_total_;
-  stats.spec_off_steps = spec_off_steps_;
+  if (speculator_) {
+    stats.spec_accepted_tokens = speculator_->accepted_tokens();
+    stats.spec_verify_steps = speculator_->verify_steps();
+    stats.spec_off_steps = speculator_->off_steps();
+  }
   std::lock_guard lock(stats_mutex_);
   stats_ = stats;
 }

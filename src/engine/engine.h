@@ -3,8 +3,10 @@
 // and runs steps (schedule -> one forward over the mixed batch -> sample ->
 // stop checks -> updates) on its own thread while there is work. Tests turn
 // the thread off (EngineConfig::run_thread = false) and call step().
+// A step: schedule -> forward -> StepOutputs (collect_outputs: samples,
+// scores, verifications; no request changes) -> commit -> apply_outputs.
 // With EngineConfig::speculative_steps = k > 0 decoding requests verify k MTP
-// drafts per step (engine_speculation.cpp), from the model's own MTP layer.
+// drafts per step (the Speculator, speculator.h), from the model's own MTP layer.
 // The engine knows no device: the model makes its KV pools, the host tier's
 // pools and page copies and its MTP layer (LanguageModel's device hooks), and
 // make_sampler picks the sampler of its logits (cuda_sampler.h).
@@ -35,11 +37,12 @@
 #include "engine/routed_experts.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculator.h"
+#include "engine/step_outputs.h"
 #include "grammar/grammar_compiler.h"
 #include "io/checkpoint.h"
 #include "io/weight_update.h"
 #include "model/language_model.h"
-#include "model/mtp_layer.h"
 
 namespace megactx {
 
@@ -118,54 +121,25 @@ class Engine : public EngineApi {
   void abort_request(RequestState& request);
   void check_integrity_locked() const;
   void run_plan();
+  // The target forward of the plan (and the routed experts it recorded).
+  ForwardOutput forward_plan();
   // After the forward: input logprobs, samples and verification results of
-  // every chunk (no request changes yet).
+  // every chunk into outputs_ (no request changes yet).
   void collect_outputs(const Tensor& logits);
   // After commit: tokens appended (or drafts accepted), stops, finishes.
   void apply_outputs();
   void append_token(RequestState& request, const SampleResult& sample);
   // Structured output: the grammar mask of every chunk that samples its next
-  // token (before the forward, so a device forward overlaps it); a request
-  // whose grammar allows nothing is failed after the step.
+  // token (after the forward's launch, so a device forward overlaps it); a
+  // request whose grammar allows nothing is failed after the step
+  // (outputs_.grammar_failed).
   void fill_grammar_masks();
-  bool grammar_failed(const RequestState& request) const;
   // Ends a request: last update, pages back (full ones stay in the prefix
   // cache). Text held back for stop strings is released unless a stop string matched.
   void finish(RequestState& request, FinishReason reason, std::string detail = {},
               bool release_held_text = true);
   void deliver_updates();
 
-  // ---- MTP speculative decoding (engine_speculation.cpp) ----
-  void load_mtp_layer();
-  // Drafts this request may verify in the coming step (0: plain decode).
-  int64_t draft_count(const RequestState& request) const;
-  // Before scheduling: k placeholder drafts on every request that speculates
-  // (the scheduler reserves pages for 1 + k tokens).
-  void append_draft_slots();
-  // After scheduling: drafts of requests the step does not run are dropped.
-  void drop_unscheduled_drafts();
-  static void drop_drafts(RequestState& request);
-  // Runs the MTP draft steps and writes the drafts into the tokens.
-  void draft_for_plan();
-  // Device logits: the argmax of every greedy verification row, one sampler
-  // call per step (before the chunks are verified).
-  void greedy_verification_argmax(const Tensor& logits);
-  // Verifies one request's drafts against its k + 1 rows from `first_row`.
-  void verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row);
-  VerifyResult verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
-                              std::span<const int32_t> drafts);
-  // Structured output while drafting: the mask before draft `drafts.size()`
-  // (the matcher first accepts the previous draft); null when that draft
-  // broke the grammar (then it and every later one are rejected).
-  const uint32_t* draft_mask(RequestState& request, std::span<const int32_t> drafts);
-  // The verified tokens (and their logprobs) as the request's emitted samples.
-  void emit_verified(RequestState& request, const Tensor& logits, int64_t first_row);
-  // MTP step 0 over every chunk's rows whose next token is known.
-  void refill_mtp(const Tensor& hidden_states);
-  // Whether the refill makes the request's next greedy drafts right away.
-  bool greedy_drafts_on_refill(const RequestState& request) const;
-  // Rolls back the rejected drafts and emits the accepted ones + 1.
-  void apply_verification(RequestState& request);
   void update_stats();
   // Whether steps may run (not paused, no memory released); inbox_mutex_ held.
   bool may_step() const { return !paused_ && !memory_released_; }
@@ -186,7 +160,7 @@ class Engine : public EngineApi {
   // ---- engine-thread state (engine_mutex_) ----
   mutable std::mutex engine_mutex_;
   std::unique_ptr<PagedKvCache> cache_;
-  std::unique_ptr<HostKvTier> host_tier_;  // host_kv_memory_bytes > 0
+  std::unique_ptr<HostKvTier> host_tier_;       // host_kv_memory_bytes > 0
   std::unique_ptr<RoutedExpertsTable> routed_;  // record_routed_experts
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<PrefixCache> prefix_cache_;
@@ -195,29 +169,13 @@ class Engine : public EngineApi {
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestState*> updated_;                   // requests with an update this step
   std::vector<std::unique_ptr<RequestState>> finished_;  // freed after delivery
+  std::unique_ptr<Speculator> speculator_;               // speculative_steps > 0
+  uint64_t next_arrival_ = 0;
+  // ---- this step (buffers reused across steps) ----
   StepPlan plan_;
   ForwardBatch batch_;
-  std::vector<SamplingRow> sampling_rows_;
-  std::vector<RequestState*> sampling_requests_;
-  std::vector<SampleResult> samples_;
-  std::vector<LogprobQuery> logprob_queries_;  // input logprobs (scoring)
-  std::vector<RequestState*> logprob_requests_;
-  std::vector<TokenLogprob> logprob_results_;
-  uint64_t next_arrival_ = 0;
-  std::vector<RequestState*> scoring_done_;           // scoring requests ending this step
-  std::vector<RequestState*> scored_through_prompt_;  // input logprobs complete this step
-  std::vector<RequestState*> verifying_;              // verification chunks of this step
-  std::vector<RequestState*> grammar_failed_;         // grammars that allowed no token this step
-  std::unique_ptr<MtpLayer> mtp_;                     // speculative_steps > 0
-  EnginePhaseTimes phase_times_;                      // MEGACTX_ENGINE_TIMES=1
-  std::vector<MtpDraftRequest> draft_requests_;
-  Tensor verify_logits_host_;  // this step's device logits on the host (sampled verification)
-  std::vector<SamplingRow> verify_argmax_rows_;  // greedy verification rows (device logits)
-  std::vector<SampleResult> verify_argmax_;      // their argmax, in row order
-  size_t verify_argmax_used_ = 0;
-  int64_t spec_accepted_total_ = 0;
-  int64_t spec_off_steps_ = 0;  // steps speculative_disable_batch_size ran without drafts
-  int64_t spec_verify_total_ = 0;
+  StepOutputs outputs_;
+  EnginePhaseTimes phase_times_;  // MEGACTX_ENGINE_TIMES=1
   // Weight updates and released memory (engine_control.cpp).
   std::shared_ptr<const Checkpoint> weights_base_;
   std::shared_ptr<TensorBucket> weights_overlay_;  // tensors sent since the base was loaded

@@ -19,8 +19,9 @@ class IdsOnlyTokenizer final : public Tokenizer {
  public:
   explicit IdsOnlyTokenizer(int64_t vocab) : vocab_(vocab) {}
   std::vector<TokenId> encode(std::string_view, bool) const override {
-    fail("this server has no tokenizer (no tokenizer.json, or --skip-tokenizer-init): "
-         "send token ids (input_ids) instead of text");
+    fail(
+        "this server has no tokenizer (no tokenizer.json, or --skip-tokenizer-init): "
+        "send token ids (input_ids) instead of text");
   }
   std::string decode(const std::vector<TokenId>&, bool) const override { return {}; }
   int64_t vocab_size() const override { return vocab_; }
@@ -39,8 +40,8 @@ void check_weights_fit(const ModelConfig& config, const EngineLoadOptions& optio
                        const DeviceMemoryInfo& before) {
   const int64_t parameters = summarize_model(config).params_total;
   const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && options.load.cuda.fp8_native ? 1
-                                      : options.load.cuda.bf16_weights                                   ? 2
-                                                               : 4;
+                                      : options.load.cuda.bf16_weights                           ? 2
+                                                                       : 4;
   const int64_t least_weight_bytes = parameters * bytes_per_parameter;
   double usable = static_cast<double>(before.free_bytes);
   if (options.engine.kv_memory_bytes <= 0) {
@@ -72,7 +73,8 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
 
   EngineConfig engine = options.engine;
   engine.kv_dtype = options.load.kv_dtype;
-  engine.deterministic = options.load.deterministic;  // the model's kernels and the sampler's logprobs
+  engine.deterministic =
+      options.load.deterministic;  // the model's kernels and the sampler's logprobs
   if (engine.model_dir.empty()) engine.model_dir = options.model_dir;
   ModelLoadOptions load = options.load;
   std::unique_ptr<LanguageModel> model;

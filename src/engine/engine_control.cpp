@@ -13,7 +13,6 @@
 #include "core/logging.h"
 #include "engine/engine.h"
 #include "io/weight_update.h"
-#include "model/mtp_layer.h"
 
 namespace megactx {
 
@@ -29,7 +28,7 @@ void Engine::pause(PauseMode mode) {
     for (auto& [rid, request] : requests_) all.push_back(request.get());
     for (RequestState* request : all) finish(*request, FinishReason::Abort, "generation paused");
   } else if (mode == PauseMode::Retract) {
-    for (auto& [rid, request] : requests_) drop_drafts(*request);
+    for (auto& [rid, request] : requests_) Speculator::drop_drafts(*request);
     scheduler_->retract_all();
   }
   deliver_updates();
@@ -109,7 +108,7 @@ WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
   }
   // The MTP layer reads its weights from the same checkpoint (and on a
   // device lived beside the replaced ones).
-  if (mtp_) mtp_ = model_->load_mtp_layer(*checkpoint);
+  if (speculator_) speculator_->reload(*checkpoint);
   // KV held now is of the old weights: never shared again.
   for (auto& [rid, request] : requests_) request->shares_pages = false;
   if (update.flush_cache) prefix_cache_->retire();
@@ -142,7 +141,7 @@ void Engine::release_memory(const MemoryTags& tags) {
     kv_released_ = true;
   }
   if (tags.weights && !weights_released_) {
-    mtp_.reset();
+    if (speculator_) speculator_->release();
     model_->release_weights();
     weights_released_ = true;
   }
@@ -161,7 +160,7 @@ void Engine::resume_memory(const MemoryTags& tags) {
     std::shared_ptr<const Checkpoint> checkpoint =
         weights_overlay_ ? std::make_shared<OverlayCheckpoint>(base, weights_overlay_) : base;
     model_->reload_weights(*checkpoint);
-    if (config_.speculative_steps > 0) mtp_ = model_->load_mtp_layer(*checkpoint);
+    if (speculator_) speculator_->reload(*checkpoint);
     weights_released_ = false;
   }
   if (tags.kv_cache && kv_released_) {

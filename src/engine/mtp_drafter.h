@@ -1,5 +1,5 @@
 // The three pieces of MTP speculative decoding the serving engine runs
-// (engine_speculation.cpp):
+// (speculator.h):
 //
 //  * refill: step 0 of the MTP layer over accepted rows [start, start + n)
 //    (row t reads the target's hidden state h_t and token_{t+1}); writes the

@@ -33,7 +33,7 @@ inline bool uses_penalties(const SamplingParams& params) {
          params.presence_penalty != 0.0;
 }
 
-// MTP speculative decoding state of one request (engine_speculation.cpp).
+// MTP speculative decoding state of one request (speculator.h).
 struct SpeculationState {
   MtpDraftState draft;  // step 0 of the MTP layer at the latest computed row
   uint64_t draws = 0;   // uniforms used so far by sampled drafts and verification
@@ -47,7 +47,7 @@ struct SpeculationState {
   std::vector<std::vector<float>> q;  // [k][V] draft distributions (empty rows: greedy)
   VerifyResult result;                // accepted drafts + one target token
   std::vector<SampleResult> emitted;  // result.tokens with their logprobs
-  int64_t sample_index = -1;          // row of Engine::samples_ (plain sampling), else -1
+  int64_t sample_index = -1;          // row of StepOutputs::samples (plain sampling), else -1
   // Structured output: [k + 1][mask words] grammar masks of rows
   // 0..grammar_drafts (before each draft, then after the last valid one),
   // made while drafting; the matcher holds grammar_drafts accepted drafts

@@ -1,4 +1,4 @@
-// MTP speculative decoding inside the serving engine.
+// Speculator: MTP speculative decoding inside the serving engine.
 //
 // A step of a speculating request (m = tokens in its cache, x_m = its last
 // token, not cached yet):
@@ -6,7 +6,7 @@
 //      (num_draft_tokens = k), so the scheduler plans [x_m, d_1..d_k] as one
 //      decode chunk and reserves its pages; requests the step does not run
 //      (preempted, or not reached) drop them again.
-//   2. draft_for_plan(): d_1 from the MTP output of row m - 1 (the previous
+//   2. draft(): d_1 from the MTP output of row m - 1 (the previous
 //      refill), d_2..d_k from draft steps batched over every speculating
 //      request (mtp_drafter.h); the drafts overwrite the placeholders.
 //   3. one target forward for the whole step (mixed with other requests'
@@ -15,13 +15,13 @@
 //   4. verify_chunk(): greedy (exact) or rejection sampling with the same
 //      transform of p and q; the emitted tokens get their logprobs from the
 //      raw logits rows like plain sampling.
-//   5. refill_mtp(): MTP step 0 over each chunk's rows whose next token is
+//   5. refill(): MTP step 0 over each chunk's rows whose next token is
 //      known (the accepted rows m..m+a of a verification; every row of a
 //      prefill chunk, the last one with the sampled token), before commit()
 //      shares newly full pages.
 //   6. apply_verification(): Scheduler::truncate() drops the rejected
-//      drafts (their KV and pages), then the accepted drafts and the
-//      corrected/bonus token go through append_token() one by one, so eos,
+//      drafts (their KV and pages), then the Engine appends the accepted
+//      drafts and the corrected/bonus token one by one, so eos,
 //      stop ids, stop strings and max_new_tokens end the run mid-way exactly
 //      as in plain decoding.
 //
@@ -49,12 +49,12 @@
 // entry is one key of the MTP layer's attention: it can only lower the
 // acceptance rate. The output never depends on the drafts: greedy
 // verification is exact and rejection sampling is lossless for any q.
+#include "engine/speculator.h"
+
 #include <algorithm>
 
 #include "core/error.h"
 #include "engine/cpu_sampler.h"
-#include "engine/engine.h"
-#include "model/mtp_layer.h"
 
 namespace megactx {
 namespace {
@@ -76,20 +76,36 @@ std::span<const float> logits_row(const Tensor& logits, int64_t row) {
 
 }  // namespace
 
-void Engine::load_mtp_layer() {
+Speculator::Speculator(const EngineConfig& config, LanguageModel& model)
+    : config_(config), model_(model) {
   MEGACTX_CHECK(config_.speculative_steps <= 7, "--speculative-steps must be in [0, 7], got {}",
                 config_.speculative_steps);
-  MEGACTX_CHECK(model_->config().num_nextn_predict_layers > 0,
+  MEGACTX_CHECK(model_.config().num_nextn_predict_layers > 0,
                 "--speculative-steps needs an MTP layer; the model has none "
                 "(num_nextn_predict_layers = 0)");
   MEGACTX_CHECK(!config_.model_dir.empty(),
                 "speculative decoding needs EngineConfig::model_dir (the checkpoint)");
   MEGACTX_CHECK(config_.speculative_sampled_mode != VerifyMode::Greedy,
                 "speculative_sampled_mode must be RejectionSampling or TargetOnly");
-  mtp_ = model_->load_mtp_layer(config_.model_dir);
+  mtp_ = model_.load_mtp_layer(config_.model_dir);
 }
 
-int64_t Engine::draft_count(const RequestState& request) const {
+void Speculator::reload(const Checkpoint& checkpoint) {
+  mtp_ = model_.load_mtp_layer(checkpoint);
+}
+
+void Speculator::check_integrity(const std::string& rid, const RequestState& request) const {
+  // Drafts live only inside a step.
+  MEGACTX_CHECK(request.num_draft_tokens == 0, "integrity: request {} holds {} drafts", rid,
+                request.num_draft_tokens);
+  MEGACTX_CHECK(!mtp_ || request.phase != RequestPhase::Running ||
+                    request.num_computed != static_cast<int64_t>(request.tokens.size()) - 1 ||
+                    request.spec.draft.row == request.num_computed - 1,
+                "integrity: request {} has MTP state of row {} with {} computed", rid,
+                request.spec.draft.row, request.num_computed);
+}
+
+int64_t Speculator::draft_count(const RequestState& request) const {
   const SamplingParams& sampling = request.request.sampling;
   const auto size = static_cast<int64_t>(request.tokens.size());
   if (request.phase != RequestPhase::Running || request.num_computed != size - 1 ||
@@ -106,17 +122,17 @@ int64_t Engine::draft_count(const RequestState& request) const {
   return std::max<int64_t>(k, 0);
 }
 
-void Engine::append_draft_slots() {
+void Speculator::append_draft_slots(std::span<RequestState* const> running) {
   bool off = false;
   if (config_.speculative_disable_batch_size > 0) {
     int64_t decoding = 0;
-    for (const RequestState* request : scheduler_->running())
+    for (const RequestState* request : running)
       decoding += request->phase == RequestPhase::Running &&
                   request->num_computed == static_cast<int64_t>(request->tokens.size()) - 1;
     off = decoding >= config_.speculative_disable_batch_size;
-    if (off) ++spec_off_steps_;
+    if (off) ++off_steps_;
   }
-  for (RequestState* request : scheduler_->running()) {
+  for (RequestState* request : running) {
     request->spec.verifying = false;
     if (off) continue;
     const int64_t k = draft_count(*request);
@@ -126,7 +142,7 @@ void Engine::append_draft_slots() {
   }
 }
 
-void Engine::drop_drafts(RequestState& request) {
+void Speculator::drop_drafts(RequestState& request) {
   if (request.matcher && request.spec.grammar_drafts > 0) {
     request.matcher->rollback(static_cast<int32_t>(request.spec.grammar_drafts));
     request.spec.grammar_drafts = 0;
@@ -137,8 +153,10 @@ void Engine::drop_drafts(RequestState& request) {
   request.spec.verifying = false;
 }
 
-void Engine::drop_unscheduled_drafts() {
-  for (const ScheduledChunk& chunk : plan_.chunks) {
+void Speculator::drop_unscheduled_drafts(
+    const StepPlan& plan,
+    const std::unordered_map<std::string, std::unique_ptr<RequestState>>& requests) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
     RequestState& request = *chunk.request;
     request.spec.verifying = request.num_draft_tokens > 0;
     if (request.spec.verifying) {
@@ -148,14 +166,14 @@ void Engine::drop_unscheduled_drafts() {
                     request.request.rid, chunk.count, chunk.start, request.num_draft_tokens);
     }
   }
-  for (auto& [rid, request] : requests_) {
+  for (const auto& [rid, request] : requests) {
     if (!request->spec.verifying) drop_drafts(*request);
   }
 }
 
-void Engine::draft_for_plan() {
+void Speculator::draft(StepPlan& plan, PagedKvCache& cache) {
   draft_requests_.clear();
-  for (ScheduledChunk& chunk : plan_.chunks) {
+  for (ScheduledChunk& chunk : plan.chunks) {
     RequestState& request = *chunk.request;
     if (!request.spec.verifying) continue;
     chunk.logits_from = 0;  // logits of x_m and of every draft
@@ -182,9 +200,9 @@ void Engine::draft_for_plan() {
     draft_requests_.push_back(std::move(draft));
   }
   if (draft_requests_.empty()) return;
-  run_mtp_drafts(*mtp_, *cache_, config_.speculative_share, draft_requests_);
+  run_mtp_drafts(*mtp_, cache, config_.speculative_share, draft_requests_);
   size_t next = 0;
-  for (const ScheduledChunk& chunk : plan_.chunks) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
     RequestState& request = *chunk.request;
     if (!request.spec.verifying) continue;
     MtpDraftRequest& draft = draft_requests_[next++];
@@ -204,7 +222,7 @@ void Engine::draft_for_plan() {
   }
 }
 
-const uint32_t* Engine::draft_mask(RequestState& request, std::span<const int32_t> drafts) {
+const uint32_t* Speculator::draft_mask(RequestState& request, std::span<const int32_t> drafts) {
   SpeculationState& spec = request.spec;
   grammar::GrammarMatcher& matcher = *request.matcher;
   const auto j = static_cast<int64_t>(drafts.size());
@@ -218,7 +236,7 @@ const uint32_t* Engine::draft_mask(RequestState& request, std::span<const int32_
   matcher.fill_next_token_bitmask(mask);
   if (std::all_of(mask, mask + words, [](uint32_t w) { return w == 0; })) {
     // No token fits here. After a draft: that draft broke the grammar. Before
-    // the first: the request fails (fill_grammar_masks sees row 0 empty).
+    // the first: the request fails (the Engine's grammar masks see row 0 empty).
     if (j > 0) {
       matcher.rollback(1);
       spec.grammar_drafts = j - 1;
@@ -243,7 +261,13 @@ std::vector<const uint32_t*> row_masks(const RequestState& request) {
 
 }  // namespace
 
-void Engine::greedy_verification_argmax(const Tensor& logits) {
+void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
+                                    const StepOutputs& outputs, Sampler& sampler) {
+  logits_host_ = Tensor();
+  argmax_rows_.clear();
+  argmax_.clear();
+  argmax_used_ = 0;
+  if (logits.device() == Device::CPU) return;
   // Rows of greedy verifications through the sampler on the device: the host
   // gets k + 1 token ids per request instead of k + 1 logits rows.
   static const SamplingParams kGreedy = [] {
@@ -251,12 +275,12 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
     params.temperature = 0.0;
     return params;
   }();
-  verify_argmax_rows_.clear();
   int64_t row = 0;
-  for (const ScheduledChunk& chunk : plan_.chunks) {
+  for (const ScheduledChunk& chunk : plan.chunks) {
     const RequestState& request = *chunk.request;
     const int64_t rows = chunk.logits_rows();
-    if (request.spec.verifying && is_greedy(request.request.sampling) && !grammar_failed(request)) {
+    if (request.spec.verifying && is_greedy(request.request.sampling) &&
+        !outputs.grammar_failed_for(request)) {
       const std::vector<const uint32_t*> masks = row_masks(request);
       const size_t words = request.matcher ? static_cast<size_t>(request.matcher->mask_words()) : 0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -265,17 +289,17 @@ void Engine::greedy_verification_argmax(const Tensor& logits) {
         sampling_row.params = &kGreedy;
         if (const uint32_t* mask = masks[static_cast<size_t>(r)])
           sampling_row.allowed = {mask, words};
-        verify_argmax_rows_.push_back(sampling_row);
+        argmax_rows_.push_back(sampling_row);
       }
     }
     row += rows;
   }
-  verify_argmax_.assign(verify_argmax_rows_.size(), SampleResult{});
-  if (!verify_argmax_rows_.empty()) sampler_->sample(logits, verify_argmax_rows_, verify_argmax_);
-  verify_argmax_used_ = 0;
+  argmax_.assign(argmax_rows_.size(), SampleResult{});
+  if (!argmax_rows_.empty()) sampler.sample(logits, argmax_rows_, argmax_);
 }
 
-void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row) {
+void Speculator::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row,
+                              Sampler& sampler) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
   // Structured output: the drafts the grammar accepted and the first one it
@@ -288,33 +312,33 @@ void Engine::verify_chunk(RequestState& request, const Tensor& logits, int64_t f
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(verified));
   if (logits.device() != Device::CPU && is_greedy(request.request.sampling)) {
-    // Greedy on device logits: the argmax rows greedy_verification_argmax made
+    // Greedy on device logits: the argmax rows begin_verification made
     // (verifying requests in chunk order, k + 1 rows each).
     std::vector<int32_t> argmax;
     for (int64_t r = 0; r <= k; ++r) {
-      MEGACTX_CHECK(verify_argmax_used_ < verify_argmax_.size() &&
-                        verify_argmax_rows_[verify_argmax_used_].logits_row == first_row + r,
-                    "engine: verification argmax rows out of step");
-      argmax.push_back(verify_argmax_[verify_argmax_used_++].token);
+      MEGACTX_CHECK(
+          argmax_used_ < argmax_.size() && argmax_rows_[argmax_used_].logits_row == first_row + r,
+          "engine: verification argmax rows out of step");
+      argmax.push_back(argmax_[argmax_used_++].token);
     }
     argmax.resize(static_cast<size_t>(verified + 1));
     spec.result = verify_greedy_argmax(argmax, drafts);
   } else {
     spec.result = verify_on_host(request, logits, first_row, drafts);
   }
-  emit_verified(request, logits, first_row);
+  emit_verified(request, logits, first_row, sampler);
 }
 
-VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits, int64_t first_row,
-                                    std::span<const int32_t> drafts) {
+VerifyResult Speculator::verify_on_host(RequestState& request, const Tensor& logits,
+                                        int64_t first_row, std::span<const int32_t> drafts) {
   SpeculationState& spec = request.spec;
   const auto verified = static_cast<int64_t>(drafts.size());  // k, or the grammar's valid drafts
   // The k + 1 rows on the host: device logits are copied once per step for
-  // every verifying request (verify_logits_host_, reset by collect_outputs).
-  if (logits.device() != Device::CPU && !verify_logits_host_.defined()) {
-    verify_logits_host_ = model_->to_host(logits);
+  // every verifying request (logits_host_, reset by begin_verification).
+  if (logits.device() != Device::CPU && !logits_host_.defined()) {
+    logits_host_ = model_.to_host(logits);
   }
-  const Tensor& host = logits.device() == Device::CPU ? logits : verify_logits_host_;
+  const Tensor& host = logits.device() == Device::CPU ? logits : logits_host_;
   std::vector<std::span<const float>> rows;
   for (int64_t r = 0; r <= verified; ++r) rows.push_back(logits_row(host, first_row + r));
   std::vector<const uint32_t*> masks = row_masks(request);
@@ -328,7 +352,8 @@ VerifyResult Engine::verify_on_host(RequestState& request, const Tensor& logits,
       masks);
 }
 
-void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t first_row) {
+void Speculator::emit_verified(RequestState& request, const Tensor& logits, int64_t first_row,
+                               Sampler& sampler) {
   SpeculationState& spec = request.spec;
   // Emitted token i comes from row i; logprobs of the raw logits as the
   // plain sampler reports them.
@@ -344,7 +369,7 @@ void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t 
                                    logprob_temperature(request.request)});
   }
   std::vector<TokenLogprob> results(emitted);
-  sampler_->score(logits, queries, results);
+  sampler.score(logits, queries, results);
   for (size_t i = 0; i < emitted; ++i) {
     spec.emitted[i].logprob = results[i].logprob;
     spec.emitted[i].top = std::move(results[i].top);
@@ -352,13 +377,14 @@ void Engine::emit_verified(RequestState& request, const Tensor& logits, int64_t 
   }
 }
 
-void Engine::refill_mtp(const Tensor& hidden_states) {
+void Speculator::refill(const StepPlan& plan, const Tensor& hidden_states,
+                        std::span<const SampleResult> samples, PagedKvCache& cache) {
   const int64_t H = mtp_->hidden_size();
-  std::vector<std::vector<int32_t>> next(plan_.chunks.size());
+  std::vector<std::vector<int32_t>> next(plan.chunks.size());
   std::vector<MtpRefill> refills;
   int64_t hidden_row = 0;  // hidden_states rows: every new token, chunk by chunk
-  for (size_t c = 0; c < plan_.chunks.size(); ++c) {
-    const ScheduledChunk& chunk = plan_.chunks[c];
+  for (size_t c = 0; c < plan.chunks.size(); ++c) {
+    const ScheduledChunk& chunk = plan.chunks[c];
     RequestState& request = *chunk.request;
     const int64_t end = chunk.start + chunk.count;
     std::vector<int32_t>& tokens = next[c];
@@ -378,7 +404,7 @@ void Engine::refill_mtp(const Tensor& hidden_states) {
       }
     } else if (request.spec.sample_index >= 0) {
       known(chunk.start + 1, end);
-      tokens.push_back(samples_[static_cast<size_t>(request.spec.sample_index)].token);
+      tokens.push_back(samples[static_cast<size_t>(request.spec.sample_index)].token);
       drafts_follow = true;
     } else if (end < static_cast<int64_t>(request.tokens.size())) {
       known(chunk.start + 1, end + 1);  // a prefill chunk: the next token is in the prompt
@@ -397,10 +423,10 @@ void Engine::refill_mtp(const Tensor& hidden_states) {
     }
     hidden_row += chunk.count;
   }
-  run_mtp_refill(*mtp_, *cache_, refills);
+  run_mtp_refill(*mtp_, cache, refills);
 }
 
-bool Engine::greedy_drafts_on_refill(const RequestState& request) const {
+bool Speculator::greedy_drafts_on_refill(const RequestState& request) const {
   // Drafts that depend on nothing but the refill's state: greedy, no grammar
   // mask (it depends on the drafts before), IndexShare + KVShare (draft rows
   // write no cache entry, so they need no pages of the next step), and a
@@ -410,19 +436,20 @@ bool Engine::greedy_drafts_on_refill(const RequestState& request) const {
          may_speculate(sampling);
 }
 
-void Engine::apply_verification(RequestState& request) {
+std::span<const SampleResult> Speculator::apply_verification(RequestState& request,
+                                                             Scheduler& scheduler) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
   const int64_t accepted = spec.result.accepted;
   spec.verify_count += 1;
   spec.draft_tokens += k;
   spec.accepted_tokens += accepted;
-  spec_verify_total_ += 1;
-  spec_accepted_total_ += accepted;
+  verify_total_ += 1;
+  accepted_total_ += accepted;
   const int64_t m = spec.verify_start;
   // Keep the KV of x_m, d_1..d_a; the rejected drafts' positions and pages go.
-  scheduler_->truncate(request, m + 1 + accepted);
-  // The accepted drafts are emitted again below through the normal path; the
+  scheduler.truncate(request, m + 1 + accepted);
+  // The accepted drafts are emitted again by the Engine's normal path; the
   // cache keeps them computed (num_computed = m + 1 + a stays ahead of the
   // tokens until they are re-appended).
   request.tokens.resize(static_cast<size_t>(m + 1));
@@ -430,15 +457,12 @@ void Engine::apply_verification(RequestState& request) {
   spec.verifying = false;
   spec.q.clear();
   // The matcher accepted the valid drafts while drafting; it takes the
-  // emitted tokens again one by one in append_token.
+  // emitted tokens again one by one when the Engine appends them.
   if (request.matcher && spec.grammar_drafts > 0) {
     request.matcher->rollback(static_cast<int32_t>(spec.grammar_drafts));
     spec.grammar_drafts = 0;
   }
-  for (const SampleResult& sample : spec.emitted) {
-    append_token(request, sample);
-    if (request.phase == RequestPhase::Finished) return;
-  }
+  return spec.emitted;
 }
 
 }  // namespace megactx
