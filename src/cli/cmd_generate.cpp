@@ -41,7 +41,7 @@ struct GenerateOptions {
   std::string format = "ids";
   std::string device = "cpu";
   std::string kv_dtype = "f32";
-  CudaCliOptions cuda;
+  CudaModelOptions cuda = command_line_cuda_defaults();
   SpeculativeCliOptions speculative;
   bool deterministic = false;
 };

@@ -26,7 +26,7 @@ struct LogitsOptions {
   std::string device = "cpu";
   std::string kv_dtype = "f32";
   int64_t chunk = 0;
-  CudaCliOptions cuda;
+  CudaModelOptions cuda = command_line_cuda_defaults();
 };
 
 Device parse_device(const std::string& name) {

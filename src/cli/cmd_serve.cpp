@@ -57,7 +57,7 @@ struct ServeOptions {
   std::string kv_memory;       // empty: 2GiB on the CPU, the fraction's rest on CUDA
   std::string host_kv_memory;  // empty: no host tier
   double gpu_memory_utilization = 0.9;
-  CudaCliOptions cuda;
+  CudaModelOptions cuda = command_line_cuda_defaults();
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;

@@ -17,49 +17,56 @@ inline constexpr const char* kDeterministicHelp =
     "decode, scored by prefill, in another batch, chunk or after a prefix hit, or verified by "
     "MTP (RL rollouts equal to scoring; slower GEMMs)";
 
-struct CudaCliOptions {
-  bool bf16 = false;
-  bool fp8_upcast = false;
-  bool no_graphs = false;
-  bool fallback_attention = false;
-  bool host_moe = false;
-};
+// The command line's starting point: the library's defaults (CudaModelOptions)
+// but native fp8 weights, the serving choice (the library keeps the float32
+// upcast, the exact-parity path, unless asked).
+inline CudaModelOptions command_line_cuda_defaults() {
+  CudaModelOptions options;
+  options.fp8_native = true;
+  return options;
+}
 
+// Binds the switches onto `options` (start it from command_line_cuda_defaults());
+// each negative flag turns its CudaModelOptions field off.
 // `with_bf16`: whether the command offers --cuda-bf16 (logits does not).
-inline void add_cuda_options(CLI::App& command, CudaCliOptions& options, bool with_bf16 = true) {
+inline void add_cuda_options(CLI::App& command, CudaModelOptions& options, bool with_bf16 = true) {
   if (with_bf16) {
-    command.add_flag("--cuda-bf16", options.bf16,
+    command.add_flag("--cuda-bf16", options.bf16_weights,
                      "--device cuda: GEMM weights in bf16 with fp32 accumulation (default: the "
                      "fp32 parity mode)");
   }
-  command.add_flag(
-      "--cuda-fp8-upcast", options.fp8_upcast,
+  command.add_flag_callback(
+      "--cuda-fp8-upcast", [&options] { options.fp8_native = false; },
       "--device cuda with an fp8 checkpoint: dequantise the weights into a float32 host model "
       "and upload that (the exact-parity path) instead of keeping e4m3 weights native");
-  command.add_flag("--no-cuda-graphs", options.no_graphs,
-                   "--device cuda: launch every decode step kernel by kernel instead of "
-                   "replaying it as a CUDA Graph over batch-size buckets");
-  command.add_flag("--cuda-fallback-attention", options.fallback_attention,
-                   "--device cuda: DSA attention on the fp32 fallback kernels even where the "
-                   "fp8 fast path applies (FP8 KV cache of 64-token pages)");
-  command.add_flag("--cuda-host-moe", options.host_moe,
-                   "--device cuda: MoE experts dispatched from the host (expert ids read "
-                   "back per layer; no CUDA Graphs) instead of the device MoE");
+  command.add_flag_callback(
+      "--no-cuda-graphs", [&options] { options.cuda_graphs = false; },
+      "--device cuda: launch every decode step kernel by kernel instead of replaying it as a "
+      "CUDA Graph over batch-size buckets");
+  command.add_flag_callback(
+      "--cuda-fallback-attention", [&options] { options.fast_attention = false; },
+      "--device cuda: DSA attention on the fp32 fallback kernels even where the fp8 fast path "
+      "applies (FP8 KV cache of 64-token pages)");
+  command.add_flag_callback(
+      "--cuda-host-moe", [&options] { options.device_moe = false; },
+      "--device cuda: MoE experts dispatched from the host (expert ids read back per layer; no "
+      "CUDA Graphs) instead of the device MoE");
 }
 
-// Sets `load`'s CUDA fields (load.device already parsed).
-inline void apply_cuda_options(const CudaCliOptions& options, ModelLoadOptions& load) {
-  const bool cuda = load.device == Device::CUDA;
-  MEGACTX_CHECK(cuda || !options.bf16, "--cuda-bf16 needs --device cuda");
-  MEGACTX_CHECK(cuda || !options.no_graphs, "--no-cuda-graphs needs --device cuda");
-  MEGACTX_CHECK(cuda || !options.fallback_attention,
-                "--cuda-fallback-attention needs --device cuda");
-  MEGACTX_CHECK(cuda || !options.host_moe, "--cuda-host-moe needs --device cuda");
-  load.cuda.bf16_weights = options.bf16;
-  load.cuda.fp8_native = !options.fp8_upcast;
-  load.cuda.cuda_graphs = !options.no_graphs;
-  load.cuda.fast_attention = !options.fallback_attention;
-  load.cuda.device_moe = !options.host_moe;
+// Sets load.cuda from the parsed switches (load.device already parsed); the
+// fields the command line has no flag for (logits on the device, the
+// deterministic mode's kernels) are set by whoever loads the model.
+inline void apply_cuda_options(const CudaModelOptions& given, ModelLoadOptions& load) {
+  if (load.device != Device::CUDA) {
+    const CudaModelOptions defaults = command_line_cuda_defaults();
+    MEGACTX_CHECK(given.bf16_weights == defaults.bf16_weights, "--cuda-bf16 needs --device cuda");
+    MEGACTX_CHECK(given.cuda_graphs == defaults.cuda_graphs,
+                  "--no-cuda-graphs needs --device cuda");
+    MEGACTX_CHECK(given.fast_attention == defaults.fast_attention,
+                  "--cuda-fallback-attention needs --device cuda");
+    MEGACTX_CHECK(given.device_moe == defaults.device_moe, "--cuda-host-moe needs --device cuda");
+  }
+  load.cuda = given;
 }
 
 }  // namespace megactx::cli
