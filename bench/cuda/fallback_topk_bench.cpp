@@ -1,4 +1,4 @@
-// Top-k of the fp32 fallback indexer (kernels/cuda/dense/position_topk.h):
+// Top-k of the fp32 fallback indexer (kernels/cuda/dsa_fallback/position_topk.h):
 // the radix select against the former quadratic kernel on the same random
 // scores, for decode rows (1 x 8K, 1 x 64K, 1 x 128K), a batch (128 x 8K) and
 // an 8K-token prefill (8192 causal rows), with the default model's top-k
@@ -20,7 +20,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "bench/cuda/support/position_topk_quadratic.h"
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 using namespace megactx::cuda;
 

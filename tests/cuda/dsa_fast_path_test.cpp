@@ -1,5 +1,5 @@
-// The CUDA model's fast DSA path piece by piece (kernels/cuda/dense/
-// dsa_fast_inputs.h glue + the fp8 DSA kernels, as model/
+// The CUDA model's fast DSA path piece by piece (kernels/cuda/dsa_glue/
+// dsa_fast_inputs.h glue + the fp8 DSA kernels, as
 // model/cuda/dsa_fast_attention.cpp chains them) against host references and
 // against the fp32 fallback kernels (dsa_fallback.h) reading the SAME FP8
 // cache bytes: per-token tables, padded bf16 queries, positions -> slots,
@@ -14,8 +14,8 @@
 #include <unordered_set>
 
 #include "dsa_test_support.h"
-#include "kernels/cuda/dense/dsa_fallback.h"
-#include "kernels/cuda/dense/dsa_fast_inputs.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"

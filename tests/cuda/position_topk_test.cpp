@@ -1,4 +1,4 @@
-// The fallback indexer's top-k (kernels/cuda/dense/position_topk.h) against a
+// The fallback indexer's top-k (kernels/cuda/dsa_fallback/position_topk.h) against a
 // host implementation of its contract: the top-k positions by score, ties to
 // the lower position, in increasing position order, -1 after
 // counts = min(topk, visible). Scores with many exact ties (few distinct
@@ -18,9 +18,9 @@
 
 #include "core/error.h"
 #include "dsa_test_support.h"
-#include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "bench/cuda/support/position_topk_quadratic.h"
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 namespace megactx::test {
 namespace {

@@ -1,4 +1,4 @@
-// The device cache writes (kernels/cuda/dense write_cache_rows) against the
+// The device cache writes (kernels/cuda/dsa_fallback write_cache_rows) against the
 // host encoder of cache/kv_cache.cpp: the same bytes for every entry, in the
 // F32, BF16 and FP8 layouts, for the fixtures' tiny widths and GLM-5's real
 // ones (512 + 64 latent, 128 indexer keys). Prefill and decode on either
@@ -12,7 +12,7 @@
 
 #include "cache/kv_cache.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 
 namespace megactx::testing {
 namespace {

@@ -40,7 +40,7 @@
 #include "fp8_emulation.h"
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/checkpoint_matrix.h"

@@ -18,7 +18,7 @@
 #include "core/dtype.h"
 #include "device_test_util.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/device_buffer.h"

@@ -1,5 +1,5 @@
 // The op table of the CUDA model's element-wise and row-wise kernels
-// (kernels/cuda/dense/dense_ops.h), in the manner of llama.cpp's
+// (kernels/cuda/elementwise/elementwise_ops.h), in the manner of llama.cpp's
 // test-backend-ops: every op on random inputs of several shapes (odd sizes,
 // strides, aliasing) against the reference loops of kernels/reference (the
 // CPU backend's oracle) or, where the reference has no such op, the plain loop
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/reference/dense_ops.h"
 #include "kernels/reference/sparse_attention.h"
 

@@ -1,12 +1,12 @@
 // The former top-k of the fp32 fallback indexer: each position ranked
 // against every other, one CTA per row, O(visible^2); the contract of
-// position_topk (kernels/cuda/dense/position_topk.h). Kept out of the engine
+// position_topk (kernels/cuda/dsa_fallback/position_topk.h). Kept out of the engine
 // for the fallback top-k benchmark and as a second reference of its GPU test.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 namespace megactx::cuda {
 

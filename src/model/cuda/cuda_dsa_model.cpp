@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
 
 namespace megactx {

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "model/cuda/cuda_model.h"

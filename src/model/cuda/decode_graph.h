@@ -13,7 +13,7 @@
 //      grow-only scratch buffer for that shape) and is then captured;
 //   3. the logits (and hidden states) of the real rows are copied out.
 // Padding rows have position -1: they write no KV entry and attend to
-// nothing (kernels/cuda/dense/dsa_fallback.h).
+// nothing (kernels/cuda/dsa_fallback/dsa_fallback.h).
 //
 // A graph holds the addresses it was captured with (scratch, cuBLAS scratch,
 // the input block, the KV pools). It is dropped and captured again when any
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
-#include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/decode_graph_plan.h"

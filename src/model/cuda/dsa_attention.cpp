@@ -3,7 +3,7 @@
 #if MEGACTX_HAVE_CUDA
 #include <cmath>
 
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx::cuda {

@@ -28,8 +28,8 @@
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/cuda/dense/dsa_fast_inputs.h"
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"

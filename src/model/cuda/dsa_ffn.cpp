@@ -9,7 +9,7 @@
 // one GEMM chain runs per used expert, reading its weights once for all rows.
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_dsa_model.h"
 

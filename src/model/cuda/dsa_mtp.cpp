@@ -28,7 +28,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
 #include "model/cuda/cuda_dsa_model.h"
 

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(ExpertArgs a) {
       for (int i = 0; i < kNeuronsPerWarp; ++i) {
         if (!row_valid[2 * i]) continue;
         const float gate = acc[2 * i][r], up = acc[2 * i + 1][r];
-        // silu(gate) * up, the expression of dense_ops' silu_mul.
+        // silu(gate) * up, the expression of elementwise_ops' silu_mul.
         a.output[static_cast<int64_t>(position) * a.neurons + first_neuron + i] =
             gate / (1.0f + expf(-gate)) * up;
       }

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
       const int position = start + row;
       if constexpr (kGateUp) {
         const float gate = c[q][i], up = c[q][2 + i];
-        // silu(gate) * up, the expression of dense_ops' silu_mul.
+        // silu(gate) * up, the expression of elementwise_ops' silu_mul.
         if (low_valid)
           a.output[static_cast<int64_t>(position) * a.neurons + low_row] =
               gate / (1.0f + expf(-gate)) * up;

@@ -4,7 +4,7 @@
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 
 namespace megactx::cuda {
 namespace {

@@ -3,7 +3,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 namespace megactx::cuda {
 namespace {

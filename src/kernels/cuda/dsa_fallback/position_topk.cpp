@@ -1,6 +1,6 @@
 // Host side of the fallback top-k (position_topk.h): the launch plan and the
 // parameter checks (formats messages, which .cu files cannot).
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,7 +1,7 @@
 // Element-wise glue kernels of the fast DSA path (see dsa_fast_inputs.h):
 // one grid-stride loop each over the output elements.
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dsa_fast_inputs.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 
 namespace megactx::cuda {
 namespace {

@@ -7,8 +7,8 @@
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/dense/dsa_fallback.h"
-#include "kernels/cuda/dense/position_topk.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/position_topk.h"
 
 namespace megactx::cuda {
 namespace {

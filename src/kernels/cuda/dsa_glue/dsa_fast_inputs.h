@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/dense/dsa_fallback.h"
+#include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 
 namespace megactx::cuda {
 
