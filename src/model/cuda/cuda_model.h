@@ -6,7 +6,7 @@
 // the cache through host encode/decode, so a Backend taking device pointers
 // would not be enough; the CUDA model mirrors DsaModel's structure (same
 // layer order, same tensors) with device scratch, cuBLAS and the kernels of
-// kernels/cuda/{dense,gemm}.
+// kernels/cuda/ (elementwise, dsa_fallback, dsa_glue, gemm, moe, ...).
 //
 // The precision modes, attention paths, device MoE, CUDA Graph decode and the
 // MTP layer on the device are described at CudaModelOptions below; what each
