@@ -600,5 +600,36 @@ TEST(CudaFp8Model, UnsupportedBlockSizeIsAnError) {
   fs::remove_all(dir);
 }
 
+// The checkpoint-direct load (make_cuda_dsa_model_from_checkpoint) of a
+// checkpoint without fp8 matrices gives exactly the model the loader builds
+// today through a float32 host DsaModel (make_cuda_dsa_model): the same bits
+// in prefill, chunked prefill and decode, in the fp32 and the bf16 mode. When
+// it holds, the loader can build every CUDA model straight from the
+// checkpoint and never make the host model.
+TEST(CudaFp8Model, CheckpointDirectLoadEqualsTheHostUploadForBf16Checkpoints) {
+  for (const char* name : {"glm_bf16", "glm_pattern", "glm_schedule", "dsv32_yarn"}) {
+    const std::string dir = fixture_dir(name);
+    const HfFixture f = load_fixture(name);
+    std::vector<int32_t> ids = f.input_ids;
+    ids.insert(ids.end(), f.greedy_ids.begin(), f.greedy_ids.end());
+    for (const bool bf16 : {false, true}) {
+      ModelLoadOptions upload;
+      upload.device = Device::CUDA;
+      upload.cuda.bf16_weights = bf16;
+      upload.cuda.fp8_native = true;  // a bf16 checkpoint still takes the host upload
+      auto uploaded = load_language_model(dir, upload);
+      auto direct = native_model(dir, bf16, std::nullopt);
+      for (const int64_t chunk : {0, 16, 1}) {
+        const std::vector<float> want = logits_of(*uploaded, ids, chunk);
+        const std::vector<float> got = logits_of(*direct, ids, chunk);
+        ASSERT_EQ(got.size(), want.size()) << name;
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0) << name << (bf16 ? " bf16" : " fp32") << " chunk " << chunk;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace megactx::testing
