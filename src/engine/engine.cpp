@@ -39,7 +39,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
     : config_(std::move(config)),
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
-      defaults_(std::move(defaults)) {
+      defaults_(std::move(defaults)),
+      weights_(config_.model_dir) {
   const ModelConfig& model_config = model_->config();
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);

@@ -39,9 +39,8 @@
 #include "engine/scheduler.h"
 #include "engine/speculator.h"
 #include "engine/step_outputs.h"
+#include "engine/weight_store.h"
 #include "grammar/grammar_compiler.h"
-#include "io/checkpoint.h"
-#include "io/weight_update.h"
 #include "model/language_model.h"
 
 namespace megactx {
@@ -143,8 +142,6 @@ class Engine : public EngineApi {
   void update_stats();
   // Whether steps may run (not paused, no memory released); inbox_mutex_ held.
   bool may_step() const { return !paused_ && !memory_released_; }
-  // The checkpoint weight updates start from (opened on first use).
-  const std::shared_ptr<const Checkpoint>& weights_base();
   // The host tier of the prefix cache, host_kv_memory_bytes of host pools.
   void create_host_tier();
   RequestUpdate& update_of(RequestState& request);
@@ -177,9 +174,7 @@ class Engine : public EngineApi {
   StepOutputs outputs_;
   EnginePhaseTimes phase_times_;  // MEGACTX_ENGINE_TIMES=1
   // Weight updates and released memory (engine_control.cpp).
-  std::shared_ptr<const Checkpoint> weights_base_;
-  std::shared_ptr<TensorBucket> weights_overlay_;  // tensors sent since the base was loaded
-  TensorBucket staged_weights_;                    // buckets not yet committed
+  WeightStore weights_;  // base checkpoint + overlay + staged buckets
   bool weights_released_ = false;
   bool kv_released_ = false;
 

@@ -3,16 +3,12 @@
 // colocated trainer. Every call takes the engine lock, so it waits for the
 // step in flight and runs between two steps.
 //
-// Weight updates: the base is the checkpoint the model was loaded from
-// (EngineConfig::model_dir) or the last update_weights_from_disk directory;
-// tensors sent in buckets since then form an overlay in front of it
-// (io/weight_update.h). A commit reloads the model from base + overlay, so a
-// partial update keeps every other tensor as it was. The overlay is held in
-// host memory: at most one copy of the model's tensors (names repeat).
+// Weight updates: the WeightStore (weight_store.h) keeps the base checkpoint,
+// the overlay of tensors sent since and the staged buckets; a commit reloads
+// the model from base + overlay, so a partial update keeps every other tensor.
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/engine.h"
-#include "io/weight_update.h"
 
 namespace megactx {
 
@@ -53,58 +49,26 @@ std::string Engine::weight_version() const {
   return weight_version_;
 }
 
-const std::shared_ptr<const Checkpoint>& Engine::weights_base() {
-  if (!weights_base_) {
-    MEGACTX_CHECK(!config_.model_dir.empty(),
-                  "weight updates need the checkpoint the model came from "
-                  "(EngineConfig::model_dir)");
-    weights_base_ = Checkpoint::open(config_.model_dir);
-  }
-  return weights_base_;
-}
-
 WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
   std::lock_guard lock(engine_mutex_);
   MEGACTX_CHECK(!weights_released_,
                 "the weights are released; /resume_memory_occupation with 'weights' first");
   WeightUpdateResult result;
+  const auto reload = [this](const Checkpoint& checkpoint) { model_->reload_weights(checkpoint); };
   std::shared_ptr<const Checkpoint> checkpoint;
   if (!update.model_path.empty()) {
     MEGACTX_CHECK(update.bucket == nullptr, "a weight update gives a model_path or tensors");
-    std::shared_ptr<const Checkpoint> loaded = Checkpoint::open(update.model_path);
-    model_->reload_weights(*loaded);
-    weights_base_ = loaded;
-    weights_overlay_ = std::make_shared<TensorBucket>();
-    staged_weights_ = TensorBucket{};
-    checkpoint = loaded;
-    result.tensors = static_cast<int64_t>(loaded->names().size());
+    checkpoint = weights_.replace_base(update.model_path, reload);
+    result.tensors = static_cast<int64_t>(checkpoint->names().size());
   } else {
     MEGACTX_CHECK(update.bucket != nullptr, "a weight update gives a model_path or tensors");
-    const std::shared_ptr<const Checkpoint>& base = weights_base();
-    // Checked before it is staged. A bad bucket fails the whole update: what
-    // was staged before it is dropped too, so a later commit cannot apply
-    // part of a set.
-    TensorBucket checked;
-    try {
-      checked = checked_overlay(*base, *update.bucket);
-    } catch (...) {
-      staged_weights_ = TensorBucket{};
-      throw;
-    }
-    for (const auto& [name, tensor] : checked.tensors()) staged_weights_.put(name, tensor);
-    result.tensors = static_cast<int64_t>(staged_weights_.size());
+    // Checked before it is staged; a bad bucket fails the whole update.
+    result.tensors = weights_.stage(*update.bucket);
     if (!update.commit) {
       result.weight_version = weight_version_;
       return result;
     }
-    auto overlay = weights_overlay_ ? std::make_shared<TensorBucket>(*weights_overlay_)
-                                    : std::make_shared<TensorBucket>();
-    for (const auto& [name, tensor] : staged_weights_.tensors()) overlay->put(name, tensor);
-    staged_weights_ = TensorBucket{};  // applied or, on an error, dropped
-    auto merged = std::make_shared<OverlayCheckpoint>(base, overlay);
-    model_->reload_weights(*merged);
-    weights_overlay_ = overlay;
-    checkpoint = merged;
+    checkpoint = weights_.commit(reload);
   }
   // The MTP layer reads its weights from the same checkpoint (and on a
   // device lived beside the replaced ones).
@@ -156,9 +120,7 @@ void Engine::resume_memory(const MemoryTags& tags) {
   std::lock_guard lock(engine_mutex_);
   if (tags.weights && weights_released_) {
     // The weights as they were: base + overlay.
-    const std::shared_ptr<const Checkpoint>& base = weights_base();
-    std::shared_ptr<const Checkpoint> checkpoint =
-        weights_overlay_ ? std::make_shared<OverlayCheckpoint>(base, weights_overlay_) : base;
+    const std::shared_ptr<const Checkpoint> checkpoint = weights_.current();
     model_->reload_weights(*checkpoint);
     if (speculator_) speculator_->reload(*checkpoint);
     weights_released_ = false;
