@@ -2,7 +2,7 @@
 // (64 heads, kv_lora 512, rope 64, indexer 32 x 128, top-k 2048, 78 layers,
 // IndexShare freq 4 / offset 3: 21 full layers) with a synthesised fp8 KV
 // cache at 8K..1M tokens. Every number is printed beside the ceilings measured
-// in the same run (device-to-device copy, cuBLAS bf16 GEMM).
+// in the same run (read-only bandwidth, cuBLAS bf16 GEMM).
 //
 //   dsa_attention_bench [--quick] [--max-context N]
 //
@@ -22,10 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/common/cuda_check.h"
-#include "bench/cuda/support/synthetic_cache.h"
-#include "kernels/cuda/indexer/indexer.h"
 #include "bench/cuda/support/attention_stack.h"
+#include "bench/cuda/support/read_bandwidth.h"
+#include "bench/cuda/support/synthetic_cache.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 
@@ -98,23 +99,16 @@ double stream_median_ms(cudaStream_t stream, const std::function<void()>& body, 
 }
 
 struct Ceilings {
-  double copy_gbs = 0;     // (read + write) bytes / s, device-to-device
+  double read_gbs = 0;     // bytes / s of a streaming read-only reduction: the byte floor
+  double copy_gbs = 0;     // (read + write) bytes / s, device-to-device (reference only)
   double bf16_tflops = 0;  // cuBLAS bf16 GEMM 8192^3
 };
 
 Ceilings measure_ceilings(cudaStream_t stream) {
   Ceilings c;
-  const size_t bytes = size_t{2} << 30;
-  uint8_t* a = device_alloc<uint8_t>(bytes);
-  uint8_t* b = device_alloc<uint8_t>(bytes);
-  MEGACTX_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
-  const double copy_ms = stream_median_ms(
-      stream,
-      [&] { MEGACTX_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); },
-      10);
-  c.copy_gbs = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
-  MEGACTX_CUDA_CHECK(cudaFree(a));
-  MEGACTX_CUDA_CHECK(cudaFree(b));
+  const ReadBandwidth read = measure_read_bandwidth(size_t{8} << 30, 10, stream);
+  c.read_gbs = read.read_gbs;
+  c.copy_gbs = read.copy_gbs;
 
   const int n = 8192;
   uint16_t* x = device_alloc<uint16_t>(size_t{n} * n);
@@ -282,10 +276,10 @@ int main(int argc, char** argv) {
     std::printf("# DSA attention benchmark (%s, %d SMs)\n\n", props.name,
                 props.multiProcessorCount);
     std::printf(
-        "ceilings measured in this run: D2D copy %.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 "
-        "%.0f TFLOP/s\n",
-        ceil.copy_gbs, ceil.bf16_tflops);
-    const double bw = ceil.copy_gbs * 1e9;  // bytes/s
+        "ceilings measured in this run: read-only %.0f GB/s (the byte floors below), D2D copy "
+        "%.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+        ceil.read_gbs, ceil.copy_gbs, ceil.bf16_tflops);
+    const double bw = ceil.read_gbs * 1e9;  // bytes/s
 
     std::vector<int64_t> contexts;
     for (int64_t c : {8192LL, 32768LL, 131072LL, 524288LL, 1048576LL})

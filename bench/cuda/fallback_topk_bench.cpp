@@ -5,7 +5,7 @@
 // (128) and GLM's (2048). Each case first checks that both kernels return
 // the same indices, then times them (CUDA events, median after warm-up).
 // Achieved GB/s counts the scores read once (rows x visible x 4 B), beside
-// the device-to-device copy bandwidth measured in the same run.
+// the read-only bandwidth measured in the same run (bench/cuda/support/read_bandwidth.h).
 //
 //   fallback_topk_bench [--quick]
 #include <cuda_runtime.h>
@@ -18,8 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/common/cuda_check.h"
 #include "bench/cuda/support/position_topk_quadratic.h"
+#include "bench/cuda/support/read_bandwidth.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
 
 using namespace megactx::cuda;
@@ -58,20 +59,6 @@ double median_ms(cudaStream_t stream, const std::function<void()>& body, double 
   return times[times.size() / 2];
 }
 
-double copy_bandwidth_gbs(cudaStream_t stream) {
-  const size_t bytes = size_t{1} << 30;
-  char* a = device_alloc<char>(bytes);
-  char* b = device_alloc<char>(bytes);
-  MEGACTX_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
-  const double ms = median_ms(
-      stream,
-      [&] { MEGACTX_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); },
-      200.0, 20);
-  MEGACTX_CUDA_CHECK(cudaFree(a));
-  MEGACTX_CUDA_CHECK(cudaFree(b));
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e6);  // read + write
-}
-
 struct Case {
   std::string name;
   int64_t rows, context, topk;
@@ -94,12 +81,15 @@ int main(int argc, char** argv) {
   MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   MEGACTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const double copy_gbs = copy_bandwidth_gbs(stream);
+  const ReadBandwidth floor = measure_read_bandwidth(size_t{8} << 30, 10, stream);
   std::printf("# fallback top-k: radix select vs the former quadratic kernel (%s)\n\n", prop.name);
-  std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
+  std::printf(
+      "read-only bandwidth: %.0f GB/s (the floor of reading the scores); device-to-device "
+      "copy %.0f GB/s (read + write)\n\n",
+      floor.read_gbs, floor.copy_gbs);
   std::printf(
       "| rows x context | topk | radix us | quadratic us | speedup | radix GB/s of scores "
-      "| same indices |\n|---|---|---|---|---|---|---|\n");
+      "| of read bw | same indices |\n|---|---|---|---|---|---|---|---|\n");
 
   std::vector<Case> cases;
   for (const int64_t topk : {int64_t{128}, int64_t{2048}}) {
@@ -153,9 +143,9 @@ int main(int argc, char** argv) {
         cudaMemcpy(quadratic.data(), d_quadratic, quadratic.size() * 4, cudaMemcpyDeviceToHost));
     const bool same = radix == quadratic;
     const double gbs = static_cast<double>(visible_total) * 4.0 / (radix_ms * 1e6);
-    std::printf("| %s | %lld | %.1f | %.1f | %.0fx | %.0f | %s |\n", c.name.c_str(),
+    std::printf("| %s | %lld | %.1f | %.1f | %.0fx | %.0f | %.1f%% | %s |\n", c.name.c_str(),
                 static_cast<long long>(c.topk), radix_ms * 1e3, quadratic_ms * 1e3,
-                quadratic_ms / radix_ms, gbs, same ? "yes" : "NO");
+                quadratic_ms / radix_ms, gbs, 100.0 * gbs / floor.read_gbs, same ? "yes" : "NO");
     std::fflush(stdout);
     for (void* pointer : {static_cast<void*>(d_scores), static_cast<void*>(d_positions),
                           static_cast<void*>(d_radix), static_cast<void*>(d_quadratic),

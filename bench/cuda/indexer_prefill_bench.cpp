@@ -30,8 +30,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kernels/cuda/common/cuda_check.h"
+#include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/synthetic_cache.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/topk/topk.h"
@@ -71,20 +72,6 @@ double median_ms(cudaStream_t stream, const std::function<void()>& body, int rep
   MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
-}
-
-double copy_ceiling_gbs(cudaStream_t stream) {
-  const size_t bytes = size_t{2} << 30;
-  uint8_t* a = device_alloc<uint8_t>(bytes);
-  uint8_t* b = device_alloc<uint8_t>(bytes);
-  MEGACTX_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
-  const double ms = median_ms(
-      stream,
-      [&] { MEGACTX_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); },
-      10);
-  MEGACTX_CUDA_CHECK(cudaFree(a));
-  MEGACTX_CUDA_CHECK(cudaFree(b));
-  return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 // One request's key cache over shuffled pages, and `rows` query rows: row i
@@ -278,11 +265,13 @@ int main(int argc, char** argv) {
     MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaDeviceProp props{};
     MEGACTX_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
-    const double copy = copy_ceiling_gbs(stream);
+    const ReadBandwidth read = measure_read_bandwidth(size_t{8} << 30, 10, stream);
     std::printf("# Indexer prefill: fused indexer + top-k vs two kernels (%s, %d SMs)\n\n",
                 props.name, props.multiProcessorCount);
-    std::printf("ceilings: D2D copy %.0f GB/s measured here; fp8 GEMM %.0f TFLOP/s (given)\n\n",
-                copy, fp8_ceiling);
+    std::printf(
+        "ceilings: read-only %.0f GB/s and D2D copy %.0f GB/s (read + write) measured here; fp8 "
+        "GEMM %.0f TFLOP/s (given)\n\n",
+        read.read_gbs, read.copy_gbs, fp8_ceiling);
 
     Workspaces w;
     const int ctas = fused_indexer_topk_default_ctas();

@@ -33,8 +33,9 @@
 // for fp8 matrices -- plus each sequence's selected latent entries,
 // min(context, index_topk) per layer, and its indexer keys, every key per
 // full layer) and
-// the GB/s that implies, against the device-to-device copy bandwidth measured
-// in the same run: the floor of a step is bytes / copy bandwidth.
+// the GB/s that implies, against the read-only bandwidth measured in the same
+// run (bench/cuda/support/read_bandwidth.h): the floor of a step is bytes /
+// read bandwidth.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,6 +51,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "bench/cuda/support/read_bandwidth.h"
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "model/cuda/cuda_model.h"
@@ -65,33 +67,6 @@ std::vector<std::string> split(const std::string& text) {
   std::stringstream stream(text);
   for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
   return out;
-}
-
-// Read+write GB/s of a device-to-device copy of `bytes` (median of 10).
-double copy_bandwidth(size_t bytes) {
-  void *a = nullptr, *b = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&a, bytes));
-  MEGACTX_CUDA_CHECK(cudaMalloc(&b, bytes));
-  MEGACTX_CUDA_CHECK(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int i = 0; i < 11; ++i) {
-    MEGACTX_CUDA_CHECK(cudaEventRecord(start));
-    MEGACTX_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    MEGACTX_CUDA_CHECK(cudaEventRecord(stop));
-    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (i > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
 
 // Bytes per element of the GEMM weights of one precision: the projection and
@@ -197,7 +172,8 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     MEGACTX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    const double copy_gbs = copy_bandwidth(size_t{2} << 30);
+    const cuda::ReadBandwidth floor = cuda::measure_read_bandwidth();
+    const double read_gbs = floor.read_gbs;
     const KvDType kv_dtype = parse_kv_dtype(kv_text);
     if (attention_text.empty())
       attention_text = kv_dtype == KvDType::FP8 ? "fast,fallback" : "fast";
@@ -206,13 +182,15 @@ int main(int argc, char** argv) {
       MEGACTX_CHECK(attention == "fast" || attention == "fallback",
                     "--attention takes fast and/or fallback, got '{}'", attention);
     std::printf("# Whole-model decode, %s, %s\n\n", config_path.c_str(), prop.name);
-    std::printf("device-to-device copy: %.0f GB/s (read + write), the bandwidth floor below\n",
-                copy_gbs);
+    std::printf(
+        "read-only bandwidth: %.0f GB/s (streaming reduction over %.0f GiB), the floor below; "
+        "device-to-device copy %.0f GB/s (read + write)\n",
+        read_gbs, static_cast<double>(floor.bytes) / (1 << 30), floor.copy_gbs);
     std::printf("context %lld tokens per sequence, %lld decode steps timed, KV %s\n\n",
                 static_cast<long long>(context), static_cast<long long>(steps), kv_text.c_str());
     std::printf(
         "| precision | attention | graphs | batch | step ms | tokens/s | weights+KV read / step | "
-        "GB/s | of copy bw | floor ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        "GB/s | of read bw | floor ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
     const std::vector<std::string> graph_modes = split(graphs_text);
     for (const std::string& mode : graph_modes)
       MEGACTX_CHECK(mode == "on" || mode == "off", "--graphs takes on and/or off, got '{}'", mode);
@@ -326,14 +304,13 @@ int main(int argc, char** argv) {
                         precision.c_str(), attention_label.c_str(), graphs_label,
                         static_cast<long long>(batch), step_s * 1e3,
                         static_cast<double>(batch) / step_s, bytes / 1e9, bytes / step_s / 1e9,
-                        100.0 * bytes / step_s / 1e9 / (copy_gbs / 2.0),
-                        bytes / (copy_gbs / 2.0 * 1e9) * 1e3);
+                        100.0 * bytes / step_s / 1e9 / read_gbs, bytes / (read_gbs * 1e9) * 1e3);
             std::fflush(stdout);
           }
         }
     std::printf(
-        "\nGB/s counts bytes read once per step; \"of copy bw\" compares with the copy's "
-        "read rate (half its read+write figure). The floor is that read at copy speed.\n");
+        "\nGB/s counts bytes read once per step; \"of read bw\" compares with the read-only "
+        "bandwidth measured above. The floor is that read at that bandwidth.\n");
     std::printf("%s", fp8_weights_line.c_str());
     if (fp8_without_graphs) {
       std::printf(
