@@ -612,12 +612,12 @@ TEST(CudaFp8Model, CheckpointDirectLoadEqualsTheHostUploadForBf16Checkpoints) {
     const HfFixture f = load_fixture(name);
     std::vector<int32_t> ids = f.input_ids;
     ids.insert(ids.end(), f.greedy_ids.begin(), f.greedy_ids.end());
+    // The float32 host model the upload starts from (the CPU load).
+    const std::unique_ptr<LanguageModel> host = load_language_model(dir, ModelLoadOptions{});
     for (const bool bf16 : {false, true}) {
-      ModelLoadOptions upload;
-      upload.device = Device::CUDA;
-      upload.cuda.bf16_weights = bf16;
-      upload.cuda.fp8_native = true;  // a bf16 checkpoint still takes the host upload
-      auto uploaded = load_language_model(dir, upload);
+      CudaModelOptions options;
+      options.bf16_weights = bf16;
+      auto uploaded = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
       auto direct = native_model(dir, bf16, std::nullopt);
       for (const int64_t chunk : {0, 16, 1}) {
         const std::vector<float> want = logits_of(*uploaded, ids, chunk);
