@@ -5,7 +5,8 @@
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
-//   [--enable-return-routed-experts] [--enable-memory-saver] [--skip-tokenizer-init]
+//   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
+//   [--skip-tokenizer-init]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -70,6 +71,7 @@ struct ServeOptions {
   bool check_integrity = false;
   bool deterministic = false;
   bool enable_return_routed_experts = false;
+  bool enable_return_hidden_states = false;
   bool enable_memory_saver = false;
   bool skip_tokenizer_init = false;
   SpeculativeCliOptions speculative;
@@ -114,6 +116,7 @@ int run_serve(const ServeOptions& options) {
   apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
   engine_config.record_routed_experts = options.enable_return_routed_experts;
+  engine_config.record_hidden_states = options.enable_return_hidden_states;
 
   LoadedEngine loaded = load_engine(load);
   Engine& engine = *loaded.engine;
@@ -144,7 +147,8 @@ int run_serve(const ServeOptions& options) {
       // SGLang's server argument (slime checks that it matches its --offload-rollout);
       // megactx serves /release_memory_occupation and /resume_memory_occupation either way.
       {"enable_memory_saver", options.enable_memory_saver},
-      {"enable_return_routed_experts", options.enable_return_routed_experts}};
+      {"enable_return_routed_experts", options.enable_return_routed_experts},
+      {"enable_return_hidden_states", options.enable_return_hidden_states}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -251,6 +255,10 @@ CommandRegistration registration{
                        "Load no tokenizer (also right for a model folder without "
                        "tokenizer.json): /generate takes input_ids and returns output_ids; "
                        "text input is a 400");
+      command.add_flag("--enable-return-hidden-states", options->enable_return_hidden_states,
+                       "Let /generate requests ask for return_hidden_states (the final hidden "
+                       "state of every token, SGLang's format; every forward copies its hidden "
+                       "states to the host, and such requests compute their whole prompt)");
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

@@ -169,6 +169,9 @@ std::string Engine::validate(const GenerationRequest& request) const {
   if (request.return_routed_experts && !routed_) {
     return "return_routed_experts needs the server started with --enable-return-routed-experts";
   }
+  if (request.return_hidden_states && !config_.record_hidden_states) {
+    return "return_hidden_states needs the server started with --enable-return-hidden-states";
+  }
   for (const int32_t id : request.token_ids_logprob) {
     if (id < 0 || id >= vocab_size_) {
       return fmt::format("token_ids_logprob id {} is outside the vocabulary [0, {})", id,
@@ -412,6 +415,7 @@ RequestUpdate& Engine::update_of(RequestState& request) {
     update.finish_detail.clear();
     update.matched_stop_token.reset();
     update.routed_experts.clear();
+    update.hidden_states.clear();
     updated_.push_back(&request);
   }
   return request.update;
@@ -456,7 +460,7 @@ void Engine::run_plan() {
 ForwardOutput Engine::forward_plan() {
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
-  batch_.want_hidden_states = speculator_ != nullptr;
+  batch_.want_hidden_states = speculator_ != nullptr || config_.record_hidden_states;
   // Every forward, not only those of requests that ask: a later request may
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;
@@ -479,7 +483,24 @@ ForwardOutput Engine::forward_plan() {
       row += chunk.count;
     }
   }
+  if (config_.record_hidden_states && output.hidden_states.defined()) {
+    int64_t row = 0;
+    for (const ScheduledChunk& chunk : chunks) {
+      if (chunk.request->request.return_hidden_states)
+        record_hidden_states(chunk, output.hidden_states, row);
+      row += chunk.count;
+    }
+  }
   return output;
+}
+
+void Engine::record_hidden_states(const ScheduledChunk& chunk, const Tensor& hidden, int64_t row) {
+  RequestState& request = *chunk.request;
+  const int64_t H = hidden.dim(1);
+  const auto end = static_cast<size_t>((chunk.start + chunk.count) * H);
+  if (request.hidden_states.size() < end) request.hidden_states.resize(end);
+  model_->final_norm(hidden.data<float>() + row * H, chunk.count,
+                     request.hidden_states.data() + chunk.start * H);
 }
 
 namespace {
@@ -675,6 +696,15 @@ void Engine::finish(RequestState& request, FinishReason reason, std::string deta
     // SGLang's rows: every token but the last (whose forward never ran).
     update.routed_experts = routed_->gather(
         request.page_table, std::max<int64_t>(static_cast<int64_t>(request.tokens.size()) - 1, 0));
+  }
+  if (request.request.return_hidden_states) {
+    // Every token but the last (whose forward never ran), as computed.
+    const int64_t H = model_->config().hidden_size;
+    const int64_t rows =
+        std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(request.tokens.size()) - 1, 0),
+                          static_cast<int64_t>(request.hidden_states.size()) / H);
+    update.hidden_states.assign(request.hidden_states.begin(),
+                                request.hidden_states.begin() + rows * H);
   }
   try {
     scheduler_->remove(&request);

@@ -71,6 +71,7 @@ class Engine : public EngineApi {
   // Built on first use (the vocabulary's byte trie), then shared by every request.
   grammar::GrammarCompiler* grammar_compiler() override;
   bool records_routed_experts() const override { return config_.record_routed_experts; }
+  bool records_hidden_states() const override { return config_.record_hidden_states; }
 
   // One step: takes queued submits/aborts, schedules, runs the model, delivers
   // updates (callbacks on the calling thread). Returns false when there was
@@ -120,8 +121,12 @@ class Engine : public EngineApi {
   void abort_request(RequestState& request);
   void check_integrity_locked() const;
   void run_plan();
-  // The target forward of the plan (and the routed experts it recorded).
+  // The target forward of the plan (and the routed experts and final hidden
+  // states it recorded).
   ForwardOutput forward_plan();
+  // return_hidden_states: the final-normed hidden states of `chunk`'s rows
+  // (hidden [n, H] from `row`) into its request, position by position.
+  void record_hidden_states(const ScheduledChunk& chunk, const Tensor& hidden, int64_t row);
   // After the forward: input logprobs, samples and verification results of
   // every chunk into outputs_ (no request changes yet).
   void collect_outputs(const Tensor& logits);

@@ -26,7 +26,7 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // prompt tokens found cached
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
-  int64_t spec_off_steps = 0;  // steps run without drafts (speculative_disable_batch_size)
+  int64_t spec_off_steps = 0;      // steps run without drafts (speculative_disable_batch_size)
   int64_t kv_page_size = 0;        // tokens per page (max tokens = pages x this)
   int64_t prefix_cache_pages = 0;  // pages the prefix cache holds (shared or evictable)
   int64_t preemptions = 0;         // requests preempted (recomputed) so far
@@ -111,6 +111,9 @@ class EngineApi {
   // Whether requests may ask for return_routed_experts (the server flag
   // --enable-return-routed-experts: EngineConfig::record_routed_experts).
   virtual bool records_routed_experts() const { return false; }
+  // Whether requests may ask for return_hidden_states (the server flag
+  // --enable-return-hidden-states: EngineConfig::record_hidden_states).
+  virtual bool records_hidden_states() const { return false; }
 };
 
 }  // namespace megactx

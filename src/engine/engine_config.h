@@ -43,6 +43,9 @@ struct EngineConfig {
   // of its tokens (engine/routed_experts.h) so that requests may ask for them
   // (GenerationRequest::return_routed_experts).
   bool record_routed_experts = false;
+  // Every forward returns its rows' hidden states, so that requests may ask
+  // for return_hidden_states (serve --enable-return-hidden-states).
+  bool record_hidden_states = false;
   // IndexShare + KVShare across draft steps (false: the ablation).
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).

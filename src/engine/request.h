@@ -72,6 +72,11 @@ struct GenerationRequest {
   // The routed experts of every token but the last, in the final update
   // (SGLang return_routed_experts; needs EngineConfig::record_routed_experts).
   bool return_routed_experts = false;
+  // The final hidden state (after the model's last norm: the input of
+  // lm_head) of every token but the last, in the final update (SGLang
+  // return_hidden_states; needs EngineConfig::record_hidden_states). Such a
+  // request computes its whole prompt (no prefix-cache reuse).
+  bool return_hidden_states = false;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -106,6 +111,9 @@ struct RequestUpdate {
   // Final update of a return_routed_experts request: [tokens - 1, layers,
   // top_k] expert ids, -1 at dense layers.
   std::vector<int32_t> routed_experts;
+  // Final update of a return_hidden_states request: [tokens - 1, hidden]
+  // float32, position by position.
+  std::vector<float> hidden_states;
 };
 
 // Called on the engine thread; must be quick (hand off to the I/O thread).

@@ -95,6 +95,9 @@ struct RequestState {
   bool admitted_once = false;
   bool input_logprobs_done = false;
   std::vector<TokenLogprob> input_logprobs;  // collected over prefill chunks
+  // return_hidden_states: [positions computed so far, hidden], indexed by
+  // position (a recomputed or re-verified position overwrites its row).
+  std::vector<float> hidden_states;
   SpeculationState spec;
   // Structured output (sampling.grammar): the automaton state of the output so
   // far and the mask of the next token (plain decoding).

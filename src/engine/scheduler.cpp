@@ -72,6 +72,8 @@ void Scheduler::attach_prefix(RequestState& request) {
   if (request.wants_input_logprobs()) {
     limit = std::min(limit, std::max<int64_t>(request.request.logprob_start_len - 1, 0));
   }
+  // Hidden states are kept per request, not per KV page: compute them all.
+  if (request.request.return_hidden_states) limit = 0;
   if (!config_.enable_prefix_cache || limit < page_size_) {
     request.prefix_node = prefix_cache_.root();
     request.num_computed = 0;

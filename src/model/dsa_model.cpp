@@ -73,6 +73,15 @@ void DsaModel::release_weights() {
   weights_ = DsaWeights{};
 }
 
+void DsaModel::final_norm(const float* x, int64_t rows, float* out) const {
+  // The norm forward() applies before lm_head (row by row there too).
+  const int64_t hidden = config_.hidden_size;
+  for (int64_t r = 0; r < rows; ++r) {
+    backend_->rmsnorm(x + r * hidden, 1, hidden, hidden, weights_.final_norm.data<float>(),
+                      plan_.rms_norm_eps, out + r * hidden, hidden);
+  }
+}
+
 void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
   MEGACTX_CHECK(!weights_.layers.empty(),
                 "the model's weights are released (resume_memory_occupation brings them back)");

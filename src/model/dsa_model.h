@@ -38,6 +38,7 @@ class DsaModel final : public LanguageModel {
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override;
   void reload_weights(const Checkpoint& checkpoint) override;
   void release_weights() override;
+  void final_norm(const float* x, int64_t rows, float* out) const override;
 
   int64_t index_topk() const { return plan_.attention.index_topk; }
   const ModelPlan& plan() const { return plan_; }

@@ -30,6 +30,10 @@ void LanguageModel::reload_weights(const Checkpoint&) {
   fail("this model cannot replace its weights");
 }
 
+void LanguageModel::final_norm(const float*, int64_t, float*) const {
+  fail("this model cannot report its final hidden states");
+}
+
 void LanguageModel::release_weights() {
   fail("this model cannot release its weights");
 }

@@ -78,6 +78,10 @@ class LanguageModel {
   // device model needs room for both copies meanwhile. Any MTP layer made
   // before is stale afterwards.
   virtual void reload_weights(const Checkpoint& checkpoint);
+  // The model's final norm (the input of lm_head) over host rows: x [rows,
+  // hidden] (ForwardOutput::hidden_states) into out [rows, hidden]
+  // (return_hidden_states). An Error for a model without one.
+  virtual void final_norm(const float* x, int64_t rows, float* out) const;
   // Frees the weights' memory (release_memory_occupation); reload_weights
   // brings them back. forward() is an Error in between.
   virtual void release_weights();

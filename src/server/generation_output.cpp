@@ -24,6 +24,7 @@ void GenerationOutput::add(const RequestUpdate& update) {
     finish_detail = update.finish_detail;
     matched_stop_token = update.matched_stop_token;
     routed_experts = update.routed_experts;
+    hidden_states = update.hidden_states;
   }
 }
 

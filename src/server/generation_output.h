@@ -30,6 +30,8 @@ struct GenerationOutput {
   std::vector<std::string> weight_versions;
   // return_routed_experts: [tokens - 1, layers, top_k] from the final update.
   std::vector<int32_t> routed_experts;
+  // return_hidden_states: [tokens - 1, hidden] from the final update.
+  std::vector<float> hidden_states;
 
   void add(const RequestUpdate& update);
   bool finished() const { return finish != FinishReason::None; }

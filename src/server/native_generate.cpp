@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/base64.h"
+#include "io/model_config.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
 #include "server/generation_output.h"
@@ -54,6 +55,24 @@ nlohmann::json finish_reason_json(const GenerationOutput& output) {
       return {{"type", "abort"}, {"message", output.finish_detail}, {"status_code", 400}};
   }
   return nullptr;
+}
+
+// SGLang's meta_info.hidden_states: the prefill's rows as one [prompt, H]
+// list, then one [H] list per decoded token, of hidden states [tokens - 1, H]
+// (every token but the last).
+nlohmann::json sglang_hidden_states(const std::vector<float>& hidden,
+                                    const GenerationRequest& request, int64_t H) {
+  const int64_t rows = H > 0 ? static_cast<int64_t>(hidden.size()) / H : 0;
+  const auto row = [&](int64_t r) {
+    return nlohmann::json(std::vector<float>(hidden.begin() + r * H, hidden.begin() + (r + 1) * H));
+  };
+  const int64_t prompt = std::min<int64_t>(static_cast<int64_t>(request.input_ids.size()), rows);
+  nlohmann::json out = nlohmann::json::array();
+  nlohmann::json prefill = nlohmann::json::array();
+  for (int64_t r = 0; r < prompt; ++r) prefill.push_back(row(r));
+  out.push_back(std::move(prefill));
+  for (int64_t r = prompt; r < rows; ++r) out.push_back(row(r));
+  return out;
 }
 
 struct GenerateJob {
@@ -106,6 +125,9 @@ struct GenerateJob {
             sglang_token_ids_logprobs(tokenizer, out.output_logprobs, with_text);
       }
     }
+    if (item.request.return_hidden_states && out.finished())
+      meta["hidden_states"] = sglang_hidden_states(out.hidden_states, item.request,
+                                                   state.engine().model_config().hidden_size);
     if (item.request.return_routed_experts && out.finished()) {
       // SGLang's encoding: base64 of the int32 array [tokens - 1, layers, top_k].
       meta["routed_experts"] = base64_encode(std::as_bytes(std::span(out.routed_experts)));
@@ -285,18 +307,20 @@ void handle_generate(ServerState& state, const HttpRequest& request,
         throw_invalid("temp_scaled_logprobs", "'temp_scaled_logprobs' must be a boolean");
       generation.temp_scaled_logprobs = value->get<bool>();
     }
-    if (auto* value = item_field(body, "return_routed_experts", i, count, batch)) {
+    // Extras that need a server switch: a boolean, and true only with the switch.
+    const auto switched = [&](const char* name, bool& field, bool enabled, const char* flag) {
+      const nlohmann::json* value = item_field(body, name, i, count, batch);
+      if (value == nullptr) return;
       if (!value->is_boolean())
-        throw_invalid("return_routed_experts", "'return_routed_experts' must be a boolean");
-      generation.return_routed_experts = value->get<bool>();
-      if (generation.return_routed_experts && !state.engine().records_routed_experts())
-        throw_invalid("return_routed_experts",
-                      "'return_routed_experts' needs the server started with "
-                      "--enable-return-routed-experts");
-    }
-    if (auto* value = item_field(body, "return_hidden_states", i, count, batch);
-        value && !(value->is_boolean() && !value->get<bool>()))
-      throw_invalid("return_hidden_states", "'return_hidden_states' is not supported by megactx yet");
+        throw_invalid(name, std::string("'") + name + "' must be a boolean");
+      field = value->get<bool>();
+      if (field && !enabled)
+        throw_invalid(name, std::string("'") + name + "' needs the server started with " + flag);
+    };
+    switched("return_routed_experts", generation.return_routed_experts,
+             state.engine().records_routed_experts(), "--enable-return-routed-experts");
+    switched("return_hidden_states", generation.return_hidden_states,
+             state.engine().records_hidden_states(), "--enable-return-hidden-states");
     // SGLang returns input logprobs only from logprob_start_len on; by default
     // it starts at the end of the prompt (no input logprobs) for generation.
     if (!generation.return_logprob) generation.logprob_start_len = -1;

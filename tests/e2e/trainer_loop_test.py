@@ -765,6 +765,39 @@ class TrainerLoop(unittest.TestCase):
         self.assertEqual(plain.status_code, 400, plain.text)
         self.assertIn("return_routed_experts", plain.text)
 
+    # ------------------------------------------------------------ hidden states
+
+    def test_hidden_states_equal_pytorch(self):
+        """return_hidden_states (SGLang's format: the prompt's rows as one list, then one row per
+        decoded token but the last) against PyTorch's final hidden states (after model.norm) of
+        the same weights; such a request computes its whole prompt even where its pages are in
+        the prefix cache (the routing test before it leaves them there)."""
+        prompt = (self.probe * 10)[:100]
+        body = post(POLICY, "/generate", {
+            "input_ids": prompt, "return_hidden_states": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0,
+                                "sampling_seed": 9}}).json()
+        hidden = body["meta_info"]["hidden_states"]
+        self.assertEqual(len(hidden), 12)  # SGLang's: max_new_tokens entries
+        self.assertEqual(len(hidden[0]), len(prompt))
+        rows = hidden[0] + hidden[1:]
+        tokens = prompt + body["output_ids"]
+        self.assertEqual(len(rows), len(tokens) - 1)
+        with torch.no_grad():
+            want = self.policy(torch.tensor([tokens[:-1]]), mode="dense")[0].double()
+        got = torch.tensor(rows, dtype=torch.float64)
+        worst = (got - want).abs().max().item()
+        self.note(f"hidden states: max |server - PyTorch| {worst:.3g} over {len(rows)} rows")
+        self.assertLess(worst, 1e-3 * max(1.0, want.abs().max().item()))
+        self.assertEqual(body["meta_info"]["cached_tokens"], 0)
+        plain = post(POLICY, "/generate", {"input_ids": prompt, "sampling_params": {
+            "max_new_tokens": 1}}).json()
+        self.assertNotIn("hidden_states", plain["meta_info"])
+        refused = post(TEACHER, "/generate", {"input_ids": prompt, "return_hidden_states": True,
+                                              "sampling_params": {"max_new_tokens": 1}})
+        self.assertEqual(refused.status_code, 400, refused.text)
+        self.assertIn("--enable-return-hidden-states", refused.text)
+
     # ------------------------------------------------------------ memory
 
     def test_release_and_resume_bring_back_the_latest_weights(self):
@@ -856,6 +889,7 @@ def main():
         write_model_dir(teacher_dir, hub_tensors(teacher_model(export.load_model_dir(ARGS.model))),
                         ARGS.model)
         with MegactxServer(ARGS.megactx, ARGS.model, *server_args, "--enable-return-routed-experts",
+                           "--enable-return-hidden-states",
                            "--enable-memory-saver", name="policy") as policy, \
                 MegactxServer(ARGS.megactx, teacher_dir, *server_args, name="teacher") as scorer:
             POLICY, TEACHER = policy, scorer
@@ -864,6 +898,7 @@ def main():
             names = ["test_trainer_loop", "test_pause_modes_resume_and_abort",
                      "test_bad_updates_keep_the_old_weights",
                      "test_routed_experts_equal_pytorch_routing",
+                     "test_hidden_states_equal_pytorch",
                      "test_release_and_resume_bring_back_the_latest_weights"]
             names = [n for n in names if not rest or any(r in n for r in rest)]
             suite = unittest.TestSuite(TrainerLoop(name) for name in names)

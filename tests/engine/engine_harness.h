@@ -28,6 +28,7 @@ struct Collected {
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
   std::vector<int32_t> routed_experts;  // the final update's (return_routed_experts)
+  std::vector<float> hidden_states;     // the final update's (return_hidden_states)
   bool finished_twice = false;
 };
 
@@ -80,7 +81,10 @@ class Harness {
     c.prompt_tokens = update.prompt_tokens;
     c.completion_tokens = update.completion_tokens;
     c.cached_tokens = update.cached_tokens;
-    if (update.finish != FinishReason::None) c.routed_experts = update.routed_experts;
+    if (update.finish != FinishReason::None) {
+      c.routed_experts = update.routed_experts;
+      c.hidden_states = update.hidden_states;
+    }
   }
 
   // Steps until idle (at most `max_steps`), checking integrity after each step.

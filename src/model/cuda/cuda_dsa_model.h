@@ -49,6 +49,7 @@ class CudaDsaModel final : public LanguageModel {
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override;
   void reload_weights(const Checkpoint& checkpoint) override;
   void release_weights() override;
+  void final_norm(const float* x, int64_t rows, float* out) const override;
   Tensor to_host(const Tensor& tensor) const override;
   void* compute_stream() const override { return stream_; }
 
@@ -229,7 +230,7 @@ class CudaDsaModel final : public LanguageModel {
   // CUDA-graph decode: buckets, graphs, the packed-input block.
   std::vector<int64_t> graph_buckets_;
   DecodeGraphCache graphs_;
-  DecodeGraphCache graphs_mtp_;  // MTP layer runs (model/cuda/dsa_mtp.cpp)
+  DecodeGraphCache graphs_mtp_;           // MTP layer runs (model/cuda/dsa_mtp.cpp)
   std::vector<int64_t> graph_positions_;  // host scratch of forward_graph
   // When captured graphs may hold stale addresses: it changes whenever a
   // DeviceBuffer was freed or Blas regrew a scratch (model/cuda/dsa_graph_forward.cpp).

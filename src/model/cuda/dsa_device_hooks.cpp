@@ -1,10 +1,15 @@
 // What the engine builds around the CUDA model (LanguageModel's device
 // hooks): device pools, the pinned pools of the host tier and the page copies
-// on the model's stream, the MTP layer on the device, host copies of logits.
+// on the model's stream, the MTP layer on the device, host copies of logits,
+// the final norm of host hidden states.
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda/cuda_dsa_model.h"
 
+#include <vector>
+
+#include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/reference/dense_ops.h"
 #include "model/weight_source.h"
 
 namespace megactx::cuda {
@@ -50,6 +55,19 @@ void CudaDsaModel::release_weights() {
   graphs_mtp_.clear();
   mtp_.reset();
   weights_.reset();
+}
+
+void CudaDsaModel::final_norm(const float* x, int64_t rows, float* out) const {
+  // Host rows (the forward copied its hidden states to the host): the norm's
+  // weight comes down once per call, the plain loop does the rest.
+  MEGACTX_CHECK(weights_ != nullptr, "the model's weights are released");
+  const int64_t hidden = config_.hidden_size;
+  std::vector<float> weight(static_cast<size_t>(hidden));
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(weight.data(), weights_->final_norm,
+                                     weight.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_));
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  reference::rmsnorm(x, rows, hidden, hidden, weight.data(), plan_.rms_norm_eps, out, hidden);
 }
 
 Tensor CudaDsaModel::to_host(const Tensor& tensor) const {
