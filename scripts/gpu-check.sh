@@ -248,7 +248,8 @@ fi
 #    its PyTorch peer), "model", "dsa", "mtp" (MTP speculation through the
 #    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
 #    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
-#    with and without --deterministic), any comma list, or 0.
+#    with and without --deterministic, and scoring vs plain prefill through serve in
+#    both), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -298,6 +299,14 @@ if [[ "$benches" == *deterministic* ]]; then
       --kv-dtype fp8 $flag >>"$out/deterministic_cost.md" 2>&1
     note "deterministic cost bench ${flag:-(plain)} exit $?"
   done
+  # Scoring (prefill with every position's logprob) beside plain prefill and decode, the
+  # fp32 mode and bf16 + fp8 KV, each with and without the mode.
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/scoring_bench.py --megactx "$pack/bin/megactx" \
+    --model models/default --concurrency 1,8 --tokens 1024 --decode-tokens 64 --repeat 2 -- \
+    --device cuda --kv-dtype f32 ';;' --device cuda --kv-dtype f32 --deterministic ';;' \
+    --device cuda --cuda-bf16 --kv-dtype fp8 ';;' --device cuda --cuda-bf16 --kv-dtype fp8 \
+    --deterministic >"$out/scoring.md" 2>&1
+  note "scoring bench exit $?"
 fi
 
 echo
