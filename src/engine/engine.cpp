@@ -169,8 +169,19 @@ std::string Engine::validate(const GenerationRequest& request) const {
   if (request.return_routed_experts && !routed_) {
     return "return_routed_experts needs the server started with --enable-return-routed-experts";
   }
-  if (request.return_hidden_states && !config_.record_hidden_states) {
-    return "return_hidden_states needs the server started with --enable-return-hidden-states";
+  if (request.return_hidden_states) {
+    if (!config_.record_hidden_states)
+      return "return_hidden_states needs the server started with --enable-return-hidden-states";
+    // Host memory (and the JSON answer) grow with tokens x hidden floats.
+    const int64_t rows =
+        std::min(prompt + std::max<int64_t>(s.max_new_tokens, 0), max_total_tokens_);
+    const int64_t bytes = rows * model_->config().hidden_size * 4;
+    if (bytes > config_.max_hidden_states_bytes) {
+      return fmt::format(
+          "return_hidden_states of {} tokens x {} floats needs {} MiB, more than the {} MiB a "
+          "request may hold",
+          rows, model_->config().hidden_size, bytes >> 20, config_.max_hidden_states_bytes >> 20);
+    }
   }
   for (const int32_t id : request.token_ids_logprob) {
     if (id < 0 || id >= vocab_size_) {

@@ -46,6 +46,10 @@ struct EngineConfig {
   // Every forward returns its rows' hidden states, so that requests may ask
   // for return_hidden_states (serve --enable-return-hidden-states).
   bool record_hidden_states = false;
+  // The most host memory one return_hidden_states request may hold (its
+  // prompt + max_new_tokens rows of hidden floats, within the context);
+  // larger asks are an error.
+  int64_t max_hidden_states_bytes = int64_t{256} << 20;
   // IndexShare + KVShare across draft steps (false: the ablation).
   bool speculative_share = true;
   // Verification of sampled requests (greedy ones are always verified exactly).

@@ -22,7 +22,8 @@ std::string default_model() {
   return std::string(MEGACTX_SOURCE_DIR) + "/models/default";
 }
 
-std::unique_ptr<Engine> make_engine(bool record, int64_t chunk = 4096, int64_t speculative = 0) {
+std::unique_ptr<Engine> make_engine(bool record, int64_t chunk = 4096, int64_t speculative = 0,
+                                    int64_t hidden_bytes = int64_t{256} << 20) {
   auto model = load_language_model(default_model(), ModelLoadOptions{});
   EngineConfig config;
   config.run_thread = false;
@@ -31,6 +32,7 @@ std::unique_ptr<Engine> make_engine(bool record, int64_t chunk = 4096, int64_t s
   config.kv_memory_bytes = int64_t{64} << 20;
   config.max_prefill_tokens = chunk;
   config.record_hidden_states = record;
+  config.max_hidden_states_bytes = hidden_bytes;
   config.speculative_steps = speculative;
   config.model_dir = default_model();
   GenerationDefaults defaults =
@@ -125,6 +127,17 @@ TEST(EngineHiddenStates, AskingWithoutTheSwitchIsAnError) {
   EXPECT_EQ(harness.results["no"].finish, FinishReason::Error);
   EXPECT_NE(harness.results["no"].finish_detail.find("--enable-return-hidden-states"),
             std::string::npos);
+  // More rows than a request may hold (here 1 MiB: 1024 rows of 256 floats):
+  // an error naming the size.
+  Harness big(test_config(), nullptr, 32);
+  big.engine = make_engine(true, 4096, 0, int64_t{1} << 20);
+  GenerationRequest request = asking("big", prompt_ids(10));
+  request.sampling.max_new_tokens = 1024;
+  big.submit(std::move(request));
+  big.run();
+  EXPECT_EQ(big.results["big"].finish, FinishReason::Error);
+  EXPECT_NE(big.results["big"].finish_detail.find("MiB"), std::string::npos)
+      << big.results["big"].finish_detail;
 }
 
 }  // namespace
