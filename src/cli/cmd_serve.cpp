@@ -257,8 +257,8 @@ CommandRegistration registration{
                        "text input is a 400");
       command.add_flag("--enable-return-hidden-states", options->enable_return_hidden_states,
                        "Let /generate requests ask for return_hidden_states (the final hidden "
-                       "state of every token, SGLang's format; every forward copies its hidden "
-                       "states to the host, and such requests compute their whole prompt)");
+                       "state of every token, SGLang's format; steps that run such requests copy "
+                       "their hidden states to the host, and they compute their whole prompt)");
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

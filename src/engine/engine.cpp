@@ -471,7 +471,14 @@ void Engine::run_plan() {
 ForwardOutput Engine::forward_plan() {
   const std::vector<ScheduledChunk>& chunks = plan_.chunks;
   batch_.sequences.resize(chunks.size());
-  batch_.want_hidden_states = speculator_ != nullptr || config_.record_hidden_states;
+  // MTP refills read every row; return_hidden_states only its requests' rows,
+  // so other steps skip the copy (and on a device the wait for it).
+  batch_.want_hidden_states =
+      speculator_ != nullptr ||
+      (config_.record_hidden_states &&
+       std::any_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
+         return chunk.request->request.return_hidden_states;
+       }));
   // Every forward, not only those of requests that ask: a later request may
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;

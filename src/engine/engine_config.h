@@ -43,8 +43,9 @@ struct EngineConfig {
   // of its tokens (engine/routed_experts.h) so that requests may ask for them
   // (GenerationRequest::return_routed_experts).
   bool record_routed_experts = false;
-  // Every forward returns its rows' hidden states, so that requests may ask
-  // for return_hidden_states (serve --enable-return-hidden-states).
+  // Requests may ask for return_hidden_states (serve
+  // --enable-return-hidden-states); forwards that run one return their rows'
+  // hidden states.
   bool record_hidden_states = false;
   // The most host memory one return_hidden_states request may hold (its
   // prompt + max_new_tokens rows of hidden floats, within the context);

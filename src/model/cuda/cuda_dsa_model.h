@@ -222,6 +222,9 @@ class CudaDsaModel final : public LanguageModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
+  // final_norm's host copy of weights_->final_norm [H] (empty until first
+  // used; dropped with the weights).
+  mutable std::vector<float> host_final_norm_;
   Scratch scratch_;
   DeviceTensorPool logits_pool_;  // returned device logits, recycled
   std::unique_ptr<DeviceMtp> mtp_;

@@ -47,6 +47,7 @@ void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   graphs_mtp_.clear();  // the MTP layer's graphs read its old weights too
   mtp_.reset();         // its weights lived in the old CudaWeights
   weights_ = std::move(loaded);
+  host_final_norm_.clear();
 }
 
 void CudaDsaModel::release_weights() {
@@ -55,19 +56,23 @@ void CudaDsaModel::release_weights() {
   graphs_mtp_.clear();
   mtp_.reset();
   weights_.reset();
+  host_final_norm_.clear();
 }
 
 void CudaDsaModel::final_norm(const float* x, int64_t rows, float* out) const {
   // Host rows (the forward copied its hidden states to the host): the norm's
-  // weight comes down once per call, the plain loop does the rest.
+  // weight comes down once per set of weights, the plain loop does the rest.
   MEGACTX_CHECK(weights_ != nullptr, "the model's weights are released");
   const int64_t hidden = config_.hidden_size;
-  std::vector<float> weight(static_cast<size_t>(hidden));
-  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(weight.data(), weights_->final_norm,
-                                     weight.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_));
-  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  reference::rmsnorm(x, rows, hidden, hidden, weight.data(), plan_.rms_norm_eps, out, hidden);
+  if (host_final_norm_.empty()) {
+    host_final_norm_.resize(static_cast<size_t>(hidden));
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(host_final_norm_.data(), weights_->final_norm,
+                                       host_final_norm_.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  reference::rmsnorm(x, rows, hidden, hidden, host_final_norm_.data(), plan_.rms_norm_eps, out,
+                     hidden);
 }
 
 Tensor CudaDsaModel::to_host(const Tensor& tensor) const {
