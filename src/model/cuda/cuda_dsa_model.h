@@ -134,6 +134,11 @@ class CudaDsaModel final : public LanguageModel {
   // grouped kernels serve. moe() should decide with this too, so the graph
   // decision and the dispatch cannot drift apart.
   bool moe_on_device(const DeviceLayer& w, int64_t rows) const;
+  // The rows of one grouped call of moe(): all of them, or in the
+  // deterministic mode chunks of the most rows the grouped kernels serve for
+  // this layer (0 when they serve none), so that every row count takes the
+  // same kernels.
+  int64_t grouped_moe_rows(const DeviceLayer& w, int64_t rows) const;
   ForwardOutput forward_eager(const ForwardBatch& batch, PagedKvCache& cache);
   ForwardOutput forward_graph(const ForwardBatch& batch, PagedKvCache& cache,
                               const DecodeGraphKey& key);
@@ -151,6 +156,10 @@ class CudaDsaModel final : public LanguageModel {
   // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // One grouped device call for `rows` rows (h [rows, H], ids and gates
+  // [rows, top_k], shared [rows, H] or null) into out [rows, H].
+  void grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids, const float* gates,
+                       const float* shared, int64_t rows, float* out);
   // The routed-expert capture of the running forward: moe() copies its ids
   // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
   // outside forwards that want them (the MTP layer never records).

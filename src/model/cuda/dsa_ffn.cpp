@@ -4,10 +4,13 @@
 // as the grouped device kernels of kernels/cuda/moe: no host sync, so a
 // decode step can be captured in a CUDA Graph; float32, bf16 and fp8
 // (e4m3 + block scales) stacked experts all qualify. Larger batches
-// (prefill), experts that are not stacked or options.device_moe = false take
+// (prefill; in the deterministic mode they run in fixed chunks instead,
+// grouped_moe_rows), experts that are not stacked or options.device_moe = false take
 // the host dispatch: the chosen expert ids are read back (one sync per MoE layer) and
 // one GEMM chain runs per used expert, reading its weights once for all rows.
 #if MEGACTX_HAVE_CUDA
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -23,6 +26,35 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   blas_->linear(h, rows, hidden, w.gate_up, 2 * inter, gate_up);
   silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_);
   blas_->linear(act, rows, inter, w.down, hidden, out);
+}
+
+void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids,
+                                   const float* gates, const float* shared, int64_t rows,
+                                   float* out) {
+  Scratch& sc = scratch_;
+  GroupedMoeShape shape{rows, config_.hidden_size, w.experts.front().intermediate,
+                        config_.n_routed_experts, config_.num_experts_per_tok};
+  shape.bf16 = w.experts_gate_up.bf16;
+  shape.fp8 = w.experts_gate_up.fp8();
+  const GroupedMoeLayout layout = grouped_moe_layout(shape);
+  GroupedMoeBuffers buffers;
+  buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
+  buffers.act = sc.moe_act.get<float>(layout.act_floats);
+  buffers.pair_out = sc.moe_pair_out.get<float>(layout.pair_out_floats);
+  StackedExperts stacked;
+  stacked.gate_up = w.experts_gate_up.data;
+  stacked.down = w.experts_down.data;
+  stacked.bf16 = w.experts_gate_up.bf16;
+  if (shape.fp8) {
+    // e4m3 experts as shipped: the kernels quantise their inputs per 1x128
+    // group into this workspace, as Blas::linear_fp8 does.
+    buffers.fp8 = sc.moe_fp8.get<uint8_t>(static_cast<int64_t>(layout.fp8_bytes));
+    stacked.fp8 = true;
+    stacked.gate_up_scale = w.experts_gate_up.scale;
+    stacked.down_scale = w.experts_down.scale;
+    stacked.gate_up_scale_split = w.experts_gate_up.scale_split;
+  }
+  grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
 }
 
 void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
@@ -42,18 +74,15 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
   if (routed_ids_ != nullptr) {
     // ids [rows, top_k] -> routed [rows, layers, top_k] at this layer.
     const size_t row_bytes = static_cast<size_t>(top_k) * sizeof(int32_t);
-    MEGACTX_CUDA_CHECK(cudaMemcpy2DAsync(
-        routed_ids_ + routed_layer_ * top_k, row_bytes * static_cast<size_t>(config_.num_hidden_layers),
-        ids, row_bytes, row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+    MEGACTX_CUDA_CHECK(cudaMemcpy2DAsync(routed_ids_ + routed_layer_ * top_k,
+                                         row_bytes * static_cast<size_t>(config_.num_hidden_layers),
+                                         ids, row_bytes, row_bytes, static_cast<size_t>(rows),
+                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
   // moe_on_device (model/cuda/dsa_graph_forward.cpp) also decides whether a decode
   // step can be captured: one predicate, so the two cannot drift.
   if (moe_on_device(w, rows)) {
-    const int64_t intermediate = w.experts.front().intermediate;
-    GroupedMoeShape shape{rows, hidden, intermediate, experts, top_k};
-    shape.bf16 = w.experts_gate_up.bf16;
-    shape.fp8 = w.experts_gate_up.fp8();
     // Shared expert first: the combine adds it after the routed sum, the
     // order of the host dispatch below. Buffer sizes depend on the shape
     // only (a graph sized once per batch bucket).
@@ -65,25 +94,14 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       shared = result;
     }
     timer_.mark("moe grouped experts", stream_);
-    const GroupedMoeLayout layout = grouped_moe_layout(shape);
-    GroupedMoeBuffers buffers;
-    buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
-    buffers.act = sc.moe_act.get<float>(layout.act_floats);
-    buffers.pair_out = sc.moe_pair_out.get<float>(layout.pair_out_floats);
-    StackedExperts stacked;
-    stacked.gate_up = w.experts_gate_up.data;
-    stacked.down = w.experts_down.data;
-    stacked.bf16 = w.experts_gate_up.bf16;
-    if (shape.fp8) {
-      // e4m3 experts as shipped: the kernels quantise their inputs per 1x128
-      // group into this workspace, as Blas::linear_fp8 does.
-      buffers.fp8 = sc.moe_fp8.get<uint8_t>(static_cast<int64_t>(layout.fp8_bytes));
-      stacked.fp8 = true;
-      stacked.gate_up_scale = w.experts_gate_up.scale;
-      stacked.down_scale = w.experts_down.scale;
-      stacked.gate_up_scale_split = w.experts_gate_up.scale_split;
+    // One call, or fixed chunks in the deterministic mode (grouped_moe_rows).
+    const int64_t chunk = grouped_moe_rows(w, rows);
+    for (int64_t first = 0; first < rows; first += chunk) {
+      const int64_t n = std::min(chunk, rows - first);
+      grouped_experts(w, h + first * hidden, ids + first * top_k, gates + first * top_k,
+                      shared != nullptr ? shared + first * hidden : nullptr, n,
+                      out + first * hidden);
     }
-    grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
     return;
   }
 

@@ -12,33 +12,65 @@
 namespace megactx {
 namespace cuda {
 
-bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
+namespace {
+
+GroupedMoeShape grouped_shape(const ModelConfig& config, const DeviceLayer& w, int64_t rows) {
   const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
-  GroupedMoeShape shape{rows, config_.hidden_size, intermediate, config_.n_routed_experts,
-                        config_.num_experts_per_tok};
+  GroupedMoeShape shape{rows, config.hidden_size, intermediate, config.n_routed_experts,
+                        config.num_experts_per_tok};
   // The experts' kind sets the tile rows the bounds depend on (as moe()
-  // builds it). Both stacks must be of one kind: float32, bf16, or fp8 with
-  // block scales (fp8 down needs its one scale grid: scale_split 0).
+  // builds it).
   shape.bf16 = w.experts_gate_up.bf16;
   shape.fp8 = w.experts_gate_up.fp8();
-  const bool stacked =
-      w.experts_gate_up && w.experts_down && w.experts_gate_up.bf16 == w.experts_down.bf16 &&
-      w.experts_gate_up.fp8() == w.experts_down.fp8() && w.experts_down.scale_split == 0 &&
-      (w.experts_gate_up.scale_split == 0 || w.experts_gate_up.scale_split == intermediate);
-  // The deterministic mode: always the host dispatch, whose expert GEMMs go
-  // through the batch-invariant Blas. The grouped kernels sum the same
-  // products in another order and serve only up to kGroupedMoeMaxRows rows,
-  // so with them a token's MoE output would depend on its step's row count.
-  if (options_.batch_invariant) return false;
-  return options_.device_moe && stacked && grouped_moe_supported(shape);
+  return shape;
+}
+
+// Both stacks of one kind: float32, bf16, or fp8 with block scales (fp8 down
+// needs its one scale grid: scale_split 0).
+bool stacked_experts(const DeviceLayer& w) {
+  const int64_t intermediate = w.experts.empty() ? 0 : w.experts.front().intermediate;
+  return w.experts_gate_up && w.experts_down && w.experts_gate_up.bf16 == w.experts_down.bf16 &&
+         w.experts_gate_up.fp8() == w.experts_down.fp8() && w.experts_down.scale_split == 0 &&
+         (w.experts_gate_up.scale_split == 0 || w.experts_gate_up.scale_split == intermediate);
+}
+
+}  // namespace
+
+int64_t CudaDsaModel::grouped_moe_rows(const DeviceLayer& w, int64_t rows) const {
+  if (!options_.batch_invariant) return rows;
+  // The grouped kernels compute every row independently of the rows beside
+  // it (tests: CudaMoe.DeterministicAndBatchInvariant and its fp8 twin), so
+  // fixed chunks keep a token's MoE output independent of its step's size.
+  // Served row counts are a prefix 1..n (the bounds grow with the rows):
+  // binary search for n.
+  int64_t lo = 0, hi = kGroupedMoeMaxRows;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (grouped_moe_supported(grouped_shape(config_, w, mid)))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
+  if (!options_.device_moe || !stacked_experts(w)) return false;
+  // The deterministic mode: every row count on the grouped kernels (in chunks,
+  // moe()) when they serve the layer at all; else every row count on the host
+  // dispatch, whose expert GEMMs go through the batch-invariant Blas.
+  if (options_.batch_invariant) return grouped_moe_rows(w, rows) > 0;
+  return grouped_moe_supported(grouped_shape(config_, w, rows));
 }
 
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
   // The host dispatch reads expert ids back and cannot be captured. (A
   // capture that still hits a sync fails cleanly and the key runs eagerly
   // from then on: DecodeGraphCache::capture.)
+  // Steps the deterministic mode splits into chunks run eagerly: the memory
+  // plan sizes graphs for the rows one grouped call serves.
   for (const DeviceLayer& w : weights_->layers) {
-    if (w.is_moe && !moe_on_device(w, rows)) return false;
+    if (w.is_moe && (!moe_on_device(w, rows) || grouped_moe_rows(w, rows) < rows)) return false;
   }
   return true;
 }

@@ -57,8 +57,8 @@ namespace {
 // that a captured graph's pointers stay valid for every run of its key. The
 // page tables come last: their length varies below their capacity.
 struct MtpInputs {
-  MtpInputs(int64_t n, int64_t s, int64_t half, int64_t hidden, int64_t shared_topk,
-            int64_t chain, int64_t page_capacity) {
+  MtpInputs(int64_t n, int64_t s, int64_t half, int64_t hidden, int64_t shared_topk, int64_t chain,
+            int64_t page_capacity) {
     int64_t at = 0;
     const auto take = [&at](int64_t words) {
       const int64_t offset = at;
@@ -91,8 +91,8 @@ struct MtpInputs {
 int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
   int64_t context = 0;
   for (const MtpLayer::Rows& r : sequences) {
-    context = std::max({context, r.start + r.count,
-                        r.start + r.last_row() + std::max<int64_t>(chain, 1)});
+    context = std::max(
+        {context, r.start + r.count, r.start + r.last_row() + std::max<int64_t>(chain, 1)});
   }
   return context;
 }
@@ -110,8 +110,12 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
   if (count > kMaxGraphTokensPerSequence) return std::nullopt;
   const int64_t padded = batch_bucket(graph_buckets_, static_cast<int64_t>(sequences.size()));
   if (padded == 0) return std::nullopt;
-  if (mtp_->layer.is_moe && (!moe_on_device(mtp_->layer, padded * count) ||
-                             (chain > 1 && !moe_on_device(mtp_->layer, padded)))) {
+  // As ffn_capturable: one grouped call per MoE layer (the deterministic
+  // mode's chunked steps run eagerly).
+  const auto one_call = [&](int64_t rows) {
+    return moe_on_device(mtp_->layer, rows) && grouped_moe_rows(mtp_->layer, rows) >= rows;
+  };
+  if (mtp_->layer.is_moe && (!one_call(padded * count) || (chain > 1 && !one_call(padded)))) {
     return std::nullopt;
   }
   DecodeGraphKey key;
@@ -359,8 +363,8 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   const size_t topk_words = shared ? 0 : static_cast<size_t>(real * index_topk_);
   const size_t count_words = shared ? 0 : static_cast<size_t>(real);
   const size_t draft_words = static_cast<size_t>(chain * s);
-  auto* back = sc.readback.get<uint32_t>(logit_words + hand_words + topk_words + count_words +
-                                         draft_words);
+  auto* back =
+      sc.readback.get<uint32_t>(logit_words + hand_words + topk_words + count_words + draft_words);
   size_t offset = 0;
   const auto read = [&](const void* from, size_t count) {
     const size_t here = offset;
