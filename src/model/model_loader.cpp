@@ -54,12 +54,13 @@ std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& we
 #endif
 }
 
-// --device cuda, fp8 checkpoint: the CUDA model reads the checkpoint itself
-// (e4m3 weights stay fp8 on the device); no float32 host model is built.
-// Without a checkpoint (random weights of an fp8 config): random fp8 weights.
-std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint* checkpoint,
-                                                    const ModelConfig& config,
-                                                    const ModelLoadOptions& options) {
+// --device cuda: the CUDA model reads the checkpoint itself (e4m3 weights
+// stay fp8 on the device, the others become float32 or bf16); no float32
+// host model is built. Without a checkpoint (random weights of an fp8
+// config): random fp8 weights.
+std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* checkpoint,
+                                                         const ModelConfig& config,
+                                                         const ModelLoadOptions& options) {
 #if MEGACTX_HAVE_CUDA
   const CudaModelOptions cuda_options = cuda_model_options(options);
   DsaModelOptions model_options;
@@ -69,14 +70,18 @@ std::unique_ptr<LanguageModel> load_cuda_fp8_native(const Checkpoint* checkpoint
           ? make_cuda_dsa_model_from_checkpoint(*checkpoint, cuda_options, model_options)
           : make_cuda_dsa_model_random_fp8(config, options.seed, cuda_options, model_options);
   const CudaWeightBytes bytes = cuda_weight_bytes(*model);
+  if (bytes.fp8_parameters == 0) {
+    spdlog::info("CUDA model from the checkpoint: {:.1f} MiB of weights on the device ({})",
+                 bytes.total / 1048576.0, options.cuda.bf16_weights ? "bf16/f32" : "f32");
+    return model;
+  }
   spdlog::info(
       "CUDA model: fp8 weights native: {:.1f} MiB of weights on the device ({:.1f} MiB e4m3 + "
       "scales for {} fp8 parameters, {:.2f} B each; {:.1f} MiB other {} tensors)",
       bytes.total / 1048576.0, bytes.fp8_matrices / 1048576.0, bytes.fp8_parameters,
-      bytes.fp8_parameters > 0
-          ? static_cast<double>(bytes.fp8_matrices) / static_cast<double>(bytes.fp8_parameters)
-          : 0.0,
-      (bytes.total - bytes.fp8_matrices) / 1048576.0, options.cuda.bf16_weights ? "bf16/f32" : "f32");
+      static_cast<double>(bytes.fp8_matrices) / static_cast<double>(bytes.fp8_parameters),
+      (bytes.total - bytes.fp8_matrices) / 1048576.0,
+      options.cuda.bf16_weights ? "bf16/f32" : "f32");
   return model;
 #else
   (void)checkpoint;
@@ -102,15 +107,18 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
       config = load_model_config(model_dir);
     }
     if (options.device == Device::CUDA && options.cuda.fp8_native && config.is_fp8_checkpoint()) {
-      return load_cuda_fp8_native(nullptr, config, options);
+      return load_cuda_from_checkpoint(nullptr, config, options);
     }
     auto weights = make_random_weights(options.seed);
     return build(config, *weights, options);
   }
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model_dir);
-  if (options.device == Device::CUDA && options.cuda.fp8_native &&
-      checkpoint->config().is_fp8_checkpoint()) {
-    return load_cuda_fp8_native(checkpoint.get(), checkpoint->config(), options);
+  // --device cuda reads the checkpoint tensor by tensor (no float32 host
+  // model: a bf16 checkpoint would need twice its size in host memory);
+  // only --cuda-fp8-upcast of an fp8 checkpoint dequantises on the host.
+  if (options.device == Device::CUDA &&
+      (options.cuda.fp8_native || !checkpoint->config().is_fp8_checkpoint())) {
+    return load_cuda_from_checkpoint(checkpoint.get(), checkpoint->config(), options);
   }
   auto weights = make_checkpoint_weights(*checkpoint);
   // The weights are float32 copies, so the checkpoint can close afterwards.

@@ -32,9 +32,11 @@ std::unique_ptr<MtpLayer> CudaDsaModel::load_mtp_layer(const Checkpoint& checkpo
 
 void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   check_same_architecture(config_, checkpoint.config());
-  // The initial load's path: e4m3 kept as shipped, or float32 on the host first.
+  // The initial load's path (model_loader.cpp): straight from the checkpoint
+  // (e4m3 kept as shipped), or float32 on the host first for the upcast of an
+  // fp8 checkpoint.
   std::unique_ptr<CudaWeights> loaded;
-  if (options_.fp8_native && config_.is_fp8_checkpoint()) {
+  if (options_.fp8_native || !config_.is_fp8_checkpoint()) {
     loaded = std::make_unique<CudaWeights>(config_, checkpoint, options_.bf16_weights);
   } else {
     auto source = make_checkpoint_weights(checkpoint);
