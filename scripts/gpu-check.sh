@@ -219,6 +219,11 @@ if [[ "${GPU_CHECK_TRAINER:-1}" == 1 ]]; then
     --model models/default --device cuda >"$out/trainer_loop.log" 2>&1
   note "trainer_loop_test --device cuda exit $?"
   grep -E "max \|" "$out/trainer_loop.log" | sed 's/^ *//' | tee -a "$summary"
+  # Weight updates of a native fp8 checkpoint on the GPU (fp8 weights, the CUDA default).
+  timeout 200 python3 tests/e2e/fp8_weight_update_test.py --megactx "$pack/bin/megactx" \
+    -- --device cuda >"$out/fp8_weight_update.log" 2>&1
+  note "fp8_weight_update_test --device cuda exit $?"
+  grep -E "^FAIL|max \|" "$out/fp8_weight_update.log" | tee -a "$summary"
 fi
 
 # Rollout against scoring logprobs on the GPU (tests/e2e/logprob_consistency_test.py):

@@ -37,6 +37,12 @@ int64_t WeightStore::stage(const TensorBucket& bucket) {
 }
 
 std::shared_ptr<const Checkpoint> WeightStore::commit(const Apply& apply) {
+  try {
+    check_fp8_scales(*base(), staged_);
+  } catch (...) {
+    staged_ = TensorBucket{};
+    throw;
+  }
   auto overlay =
       overlay_ ? std::make_shared<TensorBucket>(*overlay_) : std::make_shared<TensorBucket>();
   for (const auto& [name, tensor] : staged_.tensors()) overlay->put(name, tensor);

@@ -171,11 +171,6 @@ TensorBucket checked_overlay(const Checkpoint& base, const TensorBucket& staged)
                   shape_string(tensor.shape()), shape_string(expected));
     const std::string scale_name = name + "_scale_inv";
     const bool fp8_target = base.dtype_of(name) == DType::F8_E4M3 && base.has(scale_name);
-    if (fp8_target && tensor.dtype() == DType::F8_E4M3) {
-      MEGACTX_CHECK(staged.tensors().count(scale_name),
-                    "weight update: e4m3 tensor '{}' needs its '{}' in the same update", name,
-                    scale_name);
-    }
     if (fp8_target && tensor.dtype() != DType::F8_E4M3) {
       MEGACTX_CHECK(tensor.rank() == 2, "weight update: fp8 tensor '{}' must be a matrix", name);
       auto [values, scales] = quantize_fp8_blocks(tensor);
@@ -189,6 +184,16 @@ TensorBucket checked_overlay(const Checkpoint& base, const TensorBucket& staged)
     }
   }
   return out;
+}
+
+void check_fp8_scales(const Checkpoint& base, const TensorBucket& update) {
+  for (const auto& [name, tensor] : update.tensors()) {
+    if (tensor.dtype() != DType::F8_E4M3 || base.dtype_of(name) != DType::F8_E4M3) continue;
+    const std::string scale_name = name + "_scale_inv";
+    MEGACTX_CHECK(!base.has(scale_name) || update.tensors().count(scale_name),
+                  "weight update: e4m3 tensor '{}' needs its '{}' in the same update", name,
+                  scale_name);
+  }
 }
 
 }  // namespace megactx

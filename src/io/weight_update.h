@@ -72,4 +72,10 @@ class OverlayCheckpoint final : public Checkpoint {
 // Throws megactx::Error naming the first tensor that does not fit.
 TensorBucket checked_overlay(const Checkpoint& base, const TensorBucket& staged);
 
+// At a commit: every e4m3 matrix in `update` (everything staged since the
+// last commit) comes with its `<name>_scale_inv`, so old scales never apply
+// to new codes. The two may arrive in different buckets (a trainer splits
+// its tensors into buckets by size, not by pairs). Throws naming the matrix.
+void check_fp8_scales(const Checkpoint& base, const TensorBucket& update);
+
 }  // namespace megactx

@@ -1,7 +1,8 @@
 // What an RL trainer asks of the engine between rollouts, on the default
 // model (models/default, CPU): pausing in place, by retraction and by abort;
 // weight updates from a directory and from safetensors buckets (partial,
-// staged and committed, fp8 re-quantisation is in weight_update_test);
+// staged and committed; fp8 re-quantisation is in
+// tests/e2e/fp8_weight_update_test.py);
 // every bad update leaves the old weights serving; releasing and resuming
 // the memory of the weights and the KV cache.
 #include <gtest/gtest.h>
