@@ -11,7 +11,8 @@ Doubling a scale doubles the matrix exactly and leaves its e4m3 codes as they ar
     float32 rounding of the scales (1e-5);
   - the same as e4m3 codes plus their doubled scales must give exactly the reference's scores;
   - as bf16 (rounded, as a bf16 trainer would send them) they must land much closer to the
-    reference than the unchanged weights are;
+    reference than the unchanged weights are (mean over positions: the indexer's top-k and the
+    router are discrete, so one code moved by the rounding can flip a choice);
   - update_weights_from_disk with the original folder brings back exactly the original scores,
     with the reference folder exactly the reference's;
   - a matrix of the wrong shape, e4m3 codes without their scales, or a scale block of the wrong
@@ -106,6 +107,38 @@ def bf16_bytes(values):
     return rounded.astype(np.uint16).tobytes()
 
 
+def bf16_values(raw, shape):
+    """bf16 bytes -> the float32 values they hold."""
+    bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(shape)
+
+
+def quantised_e4m3(values):
+    """float32 [rows, cols] -> (e4m3 codes, float32 scales) in the checkpoint's block format:
+    scale = block amax / 448, code = the e4m3 value nearest to value / scale (ties to the even
+    code, saturating at 448). Written from the format's definition, independently of the
+    engine's quantiser, which must give the very same bytes."""
+    rows, cols = values.shape
+    table = e4m3_table()
+    magnitudes = table[:0x7F]  # codes 0..126 ascending; 0x7F is NaN
+    scales = np.ones(((rows + BLOCK - 1) // BLOCK, (cols + BLOCK - 1) // BLOCK), np.float32)
+    codes = np.zeros((rows, cols), np.uint8)
+    for br in range(scales.shape[0]):
+        for bc in range(scales.shape[1]):
+            block = values[br * BLOCK:(br + 1) * BLOCK, bc * BLOCK:(bc + 1) * BLOCK]
+            amax = np.float32(np.abs(block).max())
+            scale = amax / np.float32(448) if amax > 0 else np.float32(1)
+            scales[br, bc] = scale
+            scaled = np.minimum(np.abs(block / scale).astype(np.float32), np.float32(448))
+            hi = np.clip(np.searchsorted(magnitudes, scaled), 0, len(magnitudes) - 1)
+            lo = np.maximum(hi - 1, 0)
+            below, above = scaled - magnitudes[lo], magnitudes[hi] - scaled
+            pick = np.where((above < below) | ((above == below) & (hi % 2 == 0)), hi, lo)
+            codes[br * BLOCK:(br + 1) * BLOCK, bc * BLOCK:(bc + 1) * BLOCK] = \
+                pick.astype(np.uint8) | np.where(block < 0, 0x80, 0).astype(np.uint8)
+    return codes.tobytes(), scales.tobytes(), list(scales.shape)
+
+
 def doubled_scale(tensors, name):
     dtype, shape, raw = tensors[name + "_scale_inv"]
     assert dtype == "F32", dtype
@@ -137,18 +170,19 @@ def update_file(server, tensors, **fields):
 
 
 def scores(server, sequences):
-    """Prefill-only logprobs of every position but the first, all sequences in one batch, cold
-    (a prefix-cache hit would compute the same logprobs in another chunking, equal only within
-    rounding outside --deterministic)."""
-    flushed = post(server, "/flush_cache", {})
-    assert flushed.status_code == 200, flushed.text
-    response = post(server, "/generate", {
-        "input_ids": sequences, "return_logprob": True, "logprob_start_len": 0,
-        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0}})
-    assert response.status_code == 200, response.text
+    """Prefill-only logprobs of every position but the first, one sequence per request and each
+    cold: outside --deterministic a different batch (the scheduler may split a request's
+    sequences over steps) or a prefix-cache hit (another chunking) gives the same logprobs only
+    within rounding, and the exact checks below compare equal computations."""
     out = []
-    for item in response.json():
-        entries = item["meta_info"]["input_token_logprobs"]
+    for sequence in sequences:
+        flushed = post(server, "/flush_cache", {})
+        assert flushed.status_code == 200, flushed.text
+        response = post(server, "/generate", {
+            "input_ids": sequence, "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 1.0}})
+        assert response.status_code == 200, response.text
+        entries = response.json()["meta_info"]["input_token_logprobs"]
         out.extend(entry[0] for entry in entries[1:])
     return out
 
@@ -156,6 +190,11 @@ def scores(server, sequences):
 def difference(a, b):
     assert len(a) == len(b), (len(a), len(b))
     return max(abs(x - y) for x, y in zip(a, b))
+
+
+def mean_difference(a, b):
+    assert len(a) == len(b), (len(a), len(b))
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
 
 
 def weight_version(server):
@@ -177,6 +216,7 @@ def main():
         vocab = json.load(f)["vocab_size"]
     rng = random.Random(11)
     sequences = [[rng.randrange(vocab) for _ in range(24 + 9 * i)] for i in range(3)]
+    short_sequences = [[rng.randrange(vocab) for _ in range(16)] for _ in range(6)]
 
     original = read_safetensors(os.path.join(args.model, "model.safetensors"))
     for name in CHANGED:
@@ -201,8 +241,10 @@ def main():
 
         with MegactxServer(args.megactx, reference_dir, *serve_args, name="reference") as server:
             reference = scores(server, sequences)
+            short_reference = scores(server, short_sequences)
         with MegactxServer(args.megactx, args.model, *serve_args, name="policy") as policy:
             base = scores(policy, sequences)
+            short_base = scores(policy, short_sequences)
             gap = difference(base, reference)
             check(gap > 1e-2, f"the doubled matrices change the scores ({gap:.3g})")
 
@@ -264,12 +306,49 @@ def main():
             # 5. bf16 bucket (what a bf16 trainer sends): close to the reference.
             bf16 = {name: ("BF16", original[name][1], bf16_bytes(2 * dequantised(original, name)))
                     for name in CHANGED}
-            post(policy, "/update_weights_from_disk", {"model_path": os.path.abspath(args.model)})
+            response = post(policy, "/update_weights_from_disk",
+                            {"model_path": os.path.abspath(args.model), "weight_version": "disk"})
+            check(response.status_code == 200, f"update from disk ({response.text[:200]})")
+            d = difference(scores(policy, sequences), base)
+            check(d == 0, f"after the bad updates, the original folder: max |policy - original| "
+                          f"{d:.3g}")
             response = update_body(policy, bf16, weight_version="bf16")
             check(response.status_code == 200, f"bf16 bucket accepted ({response.text[:200]})")
-            d = difference(scores(policy, sequences), reference)
-            check(d <= gap / 20, f"bf16 bucket re-quantised: max |policy - reference| {d:.3g} "
-                                 f"(the update moved the scores by {gap:.3g})")
+            # bf16 rounding moves some codes by one step, and the model's choices are discrete
+            # (the indexer's top-16, the router's top experts): one flip moves a few logprobs a
+            # lot. So: sequences short enough that the top-16 keeps every token, and the mean
+            # difference against the mean change the update makes.
+            after_bf16 = scores(policy, short_sequences)
+            d, moved = mean_difference(after_bf16, short_reference), mean_difference(
+                short_base, short_reference)
+            # Not exact: bf16 rounding, and with native fp8 weights on CUDA the activations are
+            # quantised to e4m3 per 1x128 group too, which amplifies it (0.036 against 0.0014).
+            check(d <= moved / 4, f"bf16 bucket re-quantised: mean |policy - reference| {d:.3g} "
+                                  f"against the update's mean change {moved:.3g} (max "
+                                  f"{difference(after_bf16, short_reference):.3g})")
+            # Exact: the same values quantised here from the format's definition and sent as
+            # e4m3 codes with their scales give the very same scores.
+            quantised = {}
+            for name in CHANGED:
+                codes, scale_bytes, scale_shape = quantised_e4m3(
+                    bf16_values(bf16[name][2], original[name][1]))
+                quantised[name] = ("F8_E4M3", original[name][1], codes)
+                quantised[name + "_scale_inv"] = ("F32", scale_shape, scale_bytes)
+            response = update_body(policy, quantised, weight_version="bf16-as-e4m3")
+            check(response.status_code == 200, f"e4m3 of the bf16 values ({response.text[:120]})")
+            d = difference(scores(policy, short_sequences), after_bf16)
+            check(d == 0, f"bf16 bucket = its e4m3 block quantisation sent as codes: max "
+                          f"|difference| {d:.3g}")
+            response = update_body(policy, bf16, weight_version="bf16")
+            check(response.status_code == 200, f"bf16 bucket again ({response.text[:120]})")
+            # The same bf16 values once more, now as one bucket per matrix: the same weights.
+            for index, name in enumerate(CHANGED):
+                last = index == len(CHANGED) - 1
+                response = update_body(policy, {name: bf16[name]}, commit=last,
+                                       **({"weight_version": "bf16-split"} if last else {}))
+                check(response.status_code == 200, f"bf16 bucket {name} ({response.text[:120]})")
+            d = difference(scores(policy, short_sequences), after_bf16)
+            check(d == 0, f"bf16 in one bucket per matrix: the same scores ({d:.3g})")
 
             # 6. The reference folder from disk: exactly the reference.
             response = post(policy, "/update_weights_from_disk",
