@@ -62,6 +62,7 @@ struct ServeOptions {
   std::string api_key;
   int64_t max_running_requests = 256;
   int64_t max_prefill_tokens = 8192;
+  int64_t max_logit_rows = 0;
   int64_t context_length = 0;
   int64_t max_waiting_requests = 4096;
   std::string served_model_name;
@@ -112,6 +113,9 @@ int run_serve(const ServeOptions& options) {
   }
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
+  MEGACTX_CHECK(options.max_logit_rows >= 0, "--max-logit-rows must be 0 or positive, got {}",
+                options.max_logit_rows);
+  engine_config.max_logit_rows = options.max_logit_rows;
   engine_config.context_length = options.context_length;
   apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
@@ -142,6 +146,7 @@ int run_serve(const ServeOptions& options) {
        options.host_kv_memory.empty() ? std::string("0") : options.host_kv_memory},
       {"max_running_requests", options.max_running_requests},
       {"max_prefill_tokens", options.max_prefill_tokens},
+      {"max_logit_rows", step_logit_rows(engine_config)},
       {"speculative_steps", options.speculative.steps},
       {"deterministic", options.deterministic},
       // SGLang's server argument (slime checks that it matches its --offload-rollout);
@@ -218,6 +223,11 @@ CommandRegistration registration{
       command
           .add_option("--max-prefill-tokens", options->max_prefill_tokens,
                       "Prefill tokens per step (chunked prefill)")
+          ->capture_default_str();
+      command
+          .add_option("--max-logit-rows", options->max_logit_rows,
+                      "Rows of logits per step (0: 4096, raised to max-running-requests x "
+                      "(1 + speculative steps)); longer scoring prefills are chunked to fit")
           ->capture_default_str();
       command
           .add_option("--context-length", options->context_length,

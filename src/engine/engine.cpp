@@ -75,6 +75,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.max_prefill_tokens = config_.max_prefill_tokens;
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
+  scheduler_config.max_logit_rows = step_logit_rows(config_);
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
   sampler_ = make_sampler(*model_, config_.deterministic);
   update_stats();

@@ -21,6 +21,13 @@ struct EngineConfig {
   // prompts are split into chunks of at most this many tokens; decode tokens
   // of running requests do not count against it.
   int64_t max_prefill_tokens = 8192;
+  // The most rows of logits [rows, vocab] one step asks for (--max-logit-rows;
+  // 0: kDefaultMaxLogitRows). A prefill chunk of a scoring request (logits at
+  // every scored position) is cut to fit; decode and verification rows always
+  // fit: step_logit_rows() raises the limit to what a full decode batch needs.
+  // The CUDA memory plan sizes the logits buffer by it (at GLM-5.2's vocab a
+  // row is 0.6 MiB: 16K rows would be 10 GB).
+  int64_t max_logit_rows = 0;
   int64_t kv_memory_bytes = int64_t{4} << 30;  // --kv-memory, all pools together
   KvDType kv_dtype = KvDType::BF16;
   int64_t context_length = 0;  // 0: the model's max_position_embeddings
@@ -74,6 +81,19 @@ struct EngineConfig {
   // (cache/host_kv_tier.h). Needs the prefix cache.
   int64_t host_kv_memory_bytes = 0;
 };
+
+inline constexpr int64_t kDefaultMaxLogitRows = 4096;
+
+// The logits rows a step of this engine may ask for: max_logit_rows (or the
+// default), at least one row per decode and verification token of a full
+// batch, at most every row a step can hold.
+inline int64_t step_logit_rows(const EngineConfig& config) {
+  const int64_t per_request = 1 + (config.speculative_steps > 0 ? config.speculative_steps : 0);
+  const int64_t decode = config.max_running_requests * per_request;
+  const int64_t wanted = config.max_logit_rows > 0 ? config.max_logit_rows : kDefaultMaxLogitRows;
+  const int64_t most = config.max_prefill_tokens + decode;
+  return wanted > decode ? (wanted < most ? wanted : most) : decode;
+}
 
 struct GenerationDefaults {
   // Ids that end generation unless ignore_eos (config.json and

@@ -101,7 +101,7 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   memory.weight_bytes = request.model_bytes;
   memory.max_step_tokens = plan.max_step_tokens;
   memory.max_context = plan.context;
-  memory.max_logit_rows = plan.max_step_tokens;
+  memory.max_logit_rows = step_logit_rows(engine);  // the scheduler keeps every step within it
   memory.index_topk = std::max<int64_t>(model.index_topk, 1);
   memory.kv =
       make_kv_cache_spec(model, 0, engine.kv_dtype, engine.page_size, engine.speculative_steps > 0);

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -86,6 +87,18 @@ void Scheduler::attach_prefix(RequestState& request) {
   request.num_computed = match.tokens;
 }
 
+int64_t Scheduler::fit_logit_rows(const RequestState& request, int64_t count, int64_t rows) const {
+  if (rows < 1) return 0;
+  if (!request.wants_input_logprobs()) return count;  // its last row only
+  // Rows [low, end) of a chunk [start, end) when its scored positions begin at
+  // low (plan_chunk), one row when they begin past it.
+  const int64_t start = request.num_computed;
+  const int64_t first = std::max<int64_t>(request.request.logprob_start_len, 1) - 1;
+  const int64_t low = std::max(first, start);
+  if (low > request.prompt_len - 2) return count;
+  return std::min(count, low - start + rows);
+}
+
 void Scheduler::plan_chunk(RequestState& request, int64_t count, StepPlan& plan) {
   ScheduledChunk chunk;
   chunk.request = &request;
@@ -127,6 +140,16 @@ void Scheduler::schedule(StepPlan& plan) {
   plan.prefill_tokens = 0;
   plan.decode_tokens = 0;
   int64_t budget = config_.max_prefill_tokens;
+  // Logits rows: every decode row first (1 + k with drafts), so that no
+  // prefill chunk planned earlier in the loop leaves a decode without its rows.
+  int64_t logit_rows =
+      config_.max_logit_rows > 0 ? config_.max_logit_rows : std::numeric_limits<int64_t>::max();
+  for (const RequestState* request : running_) {
+    const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
+    if (remaining > 0 && remaining <= 1 + request->num_draft_tokens) logit_rows -= remaining;
+  }
+  MEGACTX_CHECK(logit_rows >= 0, "scheduler: the decode rows exceed max_logit_rows {}",
+                config_.max_logit_rows);
 
   // (1) Running requests, oldest first; victims are taken from the back.
   for (size_t i = 0; i < running_.size(); ++i) {
@@ -135,7 +158,8 @@ void Scheduler::schedule(StepPlan& plan) {
     if (remaining <= 0) continue;
     // Decode: the last token, plus drafts to verify (1 + k).
     const bool decode = remaining <= 1 + request->num_draft_tokens;
-    const int64_t count = decode ? remaining : std::min(remaining, budget);
+    const int64_t count =
+        decode ? remaining : fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
     if (count == 0) continue;
     bool preempted_self = false;
     while (!reserve_pages(*request, request->num_computed + count)) {
@@ -157,16 +181,17 @@ void Scheduler::schedule(StepPlan& plan) {
     } else {
       plan.prefill_tokens += count;
       budget -= count;
+      logit_rows -= plan.chunks.back().logits_rows();
     }
   }
 
   // (2) Admission, FIFO, while the budget, the batch limit and the pages allow.
-  while (!waiting_.empty() && budget > 0 &&
+  while (!waiting_.empty() && budget > 0 && logit_rows > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_running_requests) {
     RequestState* request = waiting_.front();
     if (request->prefix_node == nullptr) attach_prefix(*request);
     const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
-    const int64_t count = std::min(remaining, budget);
+    const int64_t count = fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
     const int64_t needed =
         pages_for(request->num_computed + count) - static_cast<int64_t>(request->page_table.size());
     // Keep a page of headroom per running request so decodes rarely preempt.
@@ -187,6 +212,7 @@ void Scheduler::schedule(StepPlan& plan) {
     plan_chunk(*request, count, plan);
     plan.prefill_tokens += count;
     budget -= count;
+    logit_rows -= plan.chunks.back().logits_rows();
   }
 }
 

@@ -27,6 +27,10 @@ struct SchedulerConfig {
   int64_t max_prefill_tokens = 8192;
   int64_t page_size = 64;
   bool enable_prefix_cache = true;
+  // Rows of logits per step (0: no limit; EngineConfig::max_logit_rows). Every
+  // chunk takes at least one row, a scoring chunk one per scored position;
+  // decode rows are set aside first, prefill chunks are cut to what is left.
+  int64_t max_logit_rows = 0;
 };
 
 struct ScheduledChunk {
@@ -86,6 +90,9 @@ class Scheduler {
   void release_pages(RequestState& request);
   void preempt(RequestState* victim);
   void plan_chunk(RequestState& request, int64_t count, StepPlan& plan);
+  // The most of `count` new tokens of `request`'s next prefill chunk whose
+  // logits rows fit in `rows` (0 when not even one row is left).
+  int64_t fit_logit_rows(const RequestState& request, int64_t count, int64_t rows) const;
   // Starts a waiting request from its longest cached prefix.
   void attach_prefix(RequestState& request);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/engine_config.h"
 #include "io/model_config.h"
 #include "model/cuda/fast_attention_plan.h"
 #include "model/cuda/memory_plan.h"
@@ -276,20 +277,25 @@ TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
 }
 
 // A serving plan as the engine asks it (kv_capacity.cpp: 16384 prefill tokens
-// + 256 running requests per step, every step row may want logits) at a
+// + 256 running requests per step, logits for step_logit_rows() rows) at a
 // 1,052,672-token context: on the fast path the step scratch no longer holds
 // the chunk's indexer scores against the whole context (the fused indexer +
 // top-k runs such steps), so it is the same at 128K and at 1M; only the
 // decode graphs' page tables (the KV's own bookkeeping) grow.
 TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
   const ModelConfig config = config_named("glm5_2");
+  EngineConfig engine;
+  engine.max_prefill_tokens = 16384;
+  engine.max_running_requests = 256;
+  const int64_t logit_rows = step_logit_rows(engine);
+  EXPECT_EQ(logit_rows, kDefaultMaxLogitRows);
   auto request_at = [&](int64_t context) {
     CudaMemoryRequest request;
     request.budget_bytes = int64_t{1} << 50;
     request.weight_bytes = int64_t{1} << 30;
     request.max_step_tokens = 16384 + 256;
     request.max_context = context;
-    request.max_logit_rows = request.max_step_tokens;
+    request.max_logit_rows = logit_rows;
     request.index_topk = config.index_topk;
     request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
     request.options.decode_sequences = 256;
@@ -308,7 +314,7 @@ TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
             4 * 256 * ((at_1m.graph_context - at_128k.graph_context) / 64));
   // The step's indexer scores are the capped two-kernel buffer, not 16640 x 1M.
   const int64_t without_scores =
-      cuda_step_scratch_bytes(config, 16640, 0, 16640, config.index_topk);
+      cuda_step_scratch_bytes(config, 16640, 0, logit_rows, config.index_topk);
   EXPECT_EQ(at_1m.step, without_scores + 4 * kCudaIndexerScoresCap);
   // The fallback kernels still score the whole context.
   CudaMemoryRequest fallback = request_at(1052672);
@@ -316,14 +322,15 @@ TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
   const CudaScratchBreakdown old = cuda_scratch_breakdown(config, fallback);
   EXPECT_EQ(old.step, without_scores + int64_t{4} * 16640 * 1052672);
   const double mib = 1048576.0;
-  const double logits = 16640.0 * (config.hidden_size + config.vocab_size) * 4;
+  const double logits = double(logit_rows) * (config.hidden_size + config.vocab_size) * 4;
   std::printf(
       "GLM-5.2, 16640-token steps, context 1052672: step scratch %.0f MiB (fallback kernels %.0f "
-      "MiB): indexer scores %.0f MiB, logits rows %.0f MiB, per-token activations %.0f MiB; fast "
+      "MiB): indexer scores %.0f MiB, logits rows %.0f MiB (%lld rows), per-token activations "
+      "%.0f MiB; fast "
       "attention %.0f MiB; total scratch %.0f MiB (128K: %.0f MiB)\n",
       at_1m.step / mib, old.step / mib, 4.0 * kCudaIndexerScoresCap / mib, logits / mib,
-      (without_scores - logits) / mib, at_1m.fast_attention / mib, at_1m.device_total() / mib,
-      at_128k.device_total() / mib);
+      static_cast<long long>(logit_rows), (without_scores - logits) / mib,
+      at_1m.fast_attention / mib, at_1m.device_total() / mib, at_128k.device_total() / mib);
 }
 
 #if MEGACTX_HAVE_CUDA

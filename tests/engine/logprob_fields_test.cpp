@@ -23,15 +23,21 @@ struct Collected {
   std::vector<int32_t> tokens;
 };
 
-Collected run(GenerationRequest request, int64_t speculative_steps = 0) {
+Collected run(GenerationRequest request, int64_t speculative_steps = 0, int64_t max_logit_rows = 0,
+              bool deterministic = false) {
   EngineConfig config;
   config.run_thread = false;
   config.kv_memory_bytes = int64_t{64} << 20;
   config.kv_dtype = KvDType::F32;
   config.model_dir = kModel;
   config.speculative_steps = speculative_steps;
-  auto engine = Engine::create(config, load_language_model(kModel, ModelLoadOptions{}),
-                               Tokenizer::load(kModel), load_generation_defaults(kModel, {}));
+  config.max_logit_rows = max_logit_rows;
+  config.max_running_requests = 4;
+  config.deterministic = deterministic;
+  ModelLoadOptions load;
+  load.deterministic = deterministic;
+  auto engine = Engine::create(config, load_language_model(kModel, load), Tokenizer::load(kModel),
+                               load_generation_defaults(kModel, {}));
   Collected c;
   engine->submit(std::move(request), [&](const RequestUpdate& update) {
     c.output.insert(c.output.end(), update.new_logprobs.begin(), update.new_logprobs.end());
@@ -116,6 +122,28 @@ TEST(LogprobFields, SpeculationReportsTheSameValues) {
       EXPECT_NEAR(speculated.output[p].token_ids[i].second, plain.output[p].token_ids[i].second,
                   2e-3)
           << p;
+  }
+}
+
+// --max-logit-rows: a scoring prompt whose positions want more logits rows
+// than a step may have is prefilled in chunks that fit; in the deterministic
+// mode (chunking-invariant) every value equals the unchunked run's.
+TEST(LogprobFields, LogitRowLimitChunksScoringWithTheSameValues) {
+  GenerationRequest r = request(1.0, false, 3);
+  r.input_ids.clear();
+  for (int32_t i = 0; i < 45; ++i) r.input_ids.push_back((i * 37 + 5) % 3000);
+  r.sampling.max_new_tokens = 0;
+  r.logprob_start_len = 2;
+  const Collected whole = run(r, 0, 0, true);
+  const Collected chunked = run(r, 0, 6, true);
+  ASSERT_EQ(whole.input.size(), 43u);  // positions 2..44
+  ASSERT_EQ(chunked.input.size(), whole.input.size());
+  for (size_t i = 0; i < whole.input.size(); ++i) {
+    EXPECT_EQ(chunked.input[i].token_id, whole.input[i].token_id) << i;
+    EXPECT_EQ(chunked.input[i].logprob, whole.input[i].logprob) << i;
+    EXPECT_EQ(chunked.input[i].top, whole.input[i].top) << i;
+    ASSERT_EQ(chunked.input[i].token_ids.size(), kAsked.size());
+    EXPECT_EQ(chunked.input[i].token_ids, whole.input[i].token_ids) << i;
   }
 }
 

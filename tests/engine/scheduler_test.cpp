@@ -72,6 +72,61 @@ TEST(Scheduler, ChunkedPrefillUnderTheBudgetWhileDecodesRunEveryStep) {
   EXPECT_EQ(short_request->tokens.size(), 15u);
 }
 
+// max_logit_rows: a scoring request (logits at every position from
+// logprob_start_len on) is chunked so that no step asks for more logits rows
+// than the limit, decode rows (1 + drafts) come first, and every chunk takes
+// at least its last row.
+TEST(Scheduler, ScoringChunksFitTheLogitRowsAndDecodesComeFirst) {
+  SchedulerConfig config;
+  config.max_prefill_tokens = 1000;
+  config.max_logit_rows = 40;
+  Bench bench(64, config);
+  RequestState* decoder = bench.add("decoder", 10);
+  bench.step();  // prefilled (one row), token 7 sampled
+  ASSERT_EQ(decoder->num_computed, 10);
+  // Scored from position 30 on: logits of positions 29..198 (prompt 200).
+  RequestState* scored = bench.add("scored", 200, 3000);
+  scored->request.return_logprob = true;
+  scored->request.logprob_start_len = 30;
+  scored->request.sampling.max_new_tokens = 0;
+  // Three drafts on the decoder: 4 decode rows set aside first.
+  for (int32_t d : {1, 2, 3}) decoder->tokens.push_back(d);
+  decoder->num_draft_tokens = 3;
+  StepPlan plan;
+  bench.scheduler.schedule(plan);
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].count, 4);
+  EXPECT_EQ(plan.chunks[1].request, scored);
+  // Positions 0..28 need no logits; 29 onwards take the 36 rows left.
+  EXPECT_EQ(plan.chunks[1].count, 29 + 36);
+  EXPECT_EQ(plan.chunks[1].logits_from, 29);
+  EXPECT_EQ(plan.chunks[1].logits_rows(), 36);
+  bench.scheduler.commit(plan);
+  // All three drafts rejected: back to 11 tokens, plus the bonus token.
+  bench.scheduler.truncate(*decoder, 11);
+  decoder->tokens.resize(11);
+  decoder->tokens.push_back(7);
+  decoder->num_draft_tokens = 0;
+  bench.scheduler.check_integrity();
+  int64_t steps = 1;
+  while (scored->num_computed < 200) {
+    StepPlan next = bench.step();
+    int64_t rows = 0;
+    for (const ScheduledChunk& chunk : next.chunks) rows += chunk.logits_rows();
+    EXPECT_LE(rows, 40);
+    ++steps;
+    ASSERT_LT(steps, 20);
+  }
+  // 135 more rows at 39 a step (the decoder takes one): 4 more steps.
+  EXPECT_EQ(steps, 5);
+  // A request that wants no input logprobs takes one row however long its chunk.
+  RequestState* plain = bench.add("plain", 300, 6000);
+  StepPlan next = bench.step();
+  ASSERT_EQ(next.chunks.back().request, plain);
+  EXPECT_EQ(next.chunks.back().count, 300);
+  EXPECT_EQ(next.chunks.back().logits_rows(), 1);
+}
+
 TEST(Scheduler, BatchLimitAndAdmissionByPages) {
   SchedulerConfig config;
   config.max_running_requests = 2;
