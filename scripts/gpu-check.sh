@@ -294,6 +294,14 @@ fi
 if [[ "$benches" == *mtp* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/mtp_engine_bench" ${MTP_BENCH_ARGS:-} >"$out/mtp_engine.md" 2>&1
   note "mtp engine bench exit $?"
+  # MTP through serve, always drafting and with the measured per-batch choice.
+  for flag in "" "--speculative-auto"; do
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/mtp_serve_bench.py --megactx "$pack/bin/megactx" \
+      --model models/default --steps 0,3 --concurrency 1,4,16,64 --rounds 2 -- --device cuda \
+      --cuda-bf16 $flag >>"$out/mtp_serve.md" 2>&1
+    note "mtp serve bench ${flag:-(always drafting)} exit $?"
+  done
 fi
 if [[ "$benches" == *deterministic* ]]; then
   # What --deterministic costs: decode through serve with and without it.

@@ -148,6 +148,7 @@ int run_serve(const ServeOptions& options) {
       {"max_prefill_tokens", options.max_prefill_tokens},
       {"max_logit_rows", step_logit_rows(engine_config)},
       {"speculative_steps", options.speculative.steps},
+      {"speculative_auto", options.speculative.automatic},
       {"deterministic", options.deterministic},
       // SGLang's server argument (slime checks that it matches its --offload-rollout);
       // megactx serves /release_memory_occupation and /resume_memory_occupation either way.

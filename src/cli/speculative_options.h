@@ -1,6 +1,6 @@
 // The MTP speculative decoding options `serve` and `generate` share:
 //   --speculative-steps K (0: off, 1..7) [--speculative-disable-batch-size N]
-//   [--speculative-no-share]
+//   [--speculative-auto] [--speculative-no-share]
 //   [--spec-verify rejection|target-only]
 #pragma once
 
@@ -17,6 +17,7 @@ namespace megactx::cli {
 struct SpeculativeCliOptions {
   int64_t steps = 0;
   int64_t disable_batch_size = 0;
+  bool automatic = false;  // speculation per batch from measured speed
   bool no_share = false;  // draft steps without IndexShare/KVShare (ablation)
   std::string verify = "rejection";
 };
@@ -33,6 +34,10 @@ inline void add_speculative_options(CLI::App& command, SpeculativeCliOptions& op
                   "costs more than it saves")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command.add_flag("--speculative-auto", options.automatic,
+                   "draft only at the decode batch sizes where drafting steps have measured "
+                   "more tokens/s than plain ones (each way is measured, the slower one again "
+                   "now and then)");
   command.add_flag("--speculative-no-share,--no-mtp-share", options.no_share,
                    "MTP draft steps without IndexShare/KVShare (ablation)");
   command
@@ -47,6 +52,7 @@ inline void apply_speculative_options(const SpeculativeCliOptions& options, Engi
   engine.speculative_steps = options.steps;
   engine.speculative_share = !options.no_share;
   engine.speculative_disable_batch_size = options.disable_batch_size;
+  engine.speculative_auto = options.automatic;
   engine.speculative_sampled_mode = parse_verify_mode(options.verify);
 }
 

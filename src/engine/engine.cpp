@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -324,6 +325,7 @@ bool Engine::step_locked() {
   try {
     process_commands();
     if (runnable && (!scheduler_->running().empty() || !scheduler_->waiting().empty())) {
+      const auto step_start = std::chrono::steady_clock::now();
       {
         EnginePhaseTimes::Scope timed(phase_times_, EnginePhaseTimes::Schedule);
         if (speculator_) speculator_->append_draft_slots(scheduler_->running());
@@ -334,6 +336,10 @@ bool Engine::step_locked() {
         phase_times_.count_step();
         run_plan();
         worked = true;
+        if (speculator_) {
+          const std::chrono::duration<double> took = std::chrono::steady_clock::now() - step_start;
+          speculator_->record_step(plan_, took.count());
+        }
       }
     }
   } catch (const std::exception& error) {

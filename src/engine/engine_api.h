@@ -26,7 +26,7 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // prompt tokens found cached
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
-  int64_t spec_off_steps = 0;      // steps run without drafts (speculative_disable_batch_size)
+  int64_t spec_off_steps = 0;  // steps run without drafts (disable batch size, speculative_auto)
   int64_t kv_page_size = 0;        // tokens per page (max tokens = pages x this)
   int64_t prefix_cache_pages = 0;  // pages the prefix cache holds (shared or evictable)
   int64_t preemptions = 0;         // requests preempted (recomputed) so far

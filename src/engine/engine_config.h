@@ -41,6 +41,10 @@ struct EngineConfig {
   // next smaller batch speculates again. EngineStats::spec_off_steps counts
   // the steps it turned off.
   int64_t speculative_disable_batch_size = 0;
+  // Speculation per batch from measured speed (--speculative-auto): per
+  // decode batch-size bucket, drafts only where drafting steps have given
+  // more tokens per second than plain ones (src/engine/speculation_policy.h).
+  bool speculative_auto = false;
   // The deterministic mode (--deterministic; the model loaded with
   // ModelLoadOptions::deterministic): a sampled token's logprob is computed
   // as scoring computes it (on the host on CUDA too), so that rollout and

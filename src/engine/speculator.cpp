@@ -77,7 +77,9 @@ std::span<const float> logits_row(const Tensor& logits, int64_t row) {
 }  // namespace
 
 Speculator::Speculator(const EngineConfig& config, LanguageModel& model)
-    : config_(config), model_(model) {
+    : config_(config),
+      model_(model),
+      policy_(config.speculative_disable_batch_size, config.speculative_auto) {
   MEGACTX_CHECK(config_.speculative_steps <= 7, "--speculative-steps must be in [0, 7], got {}",
                 config_.speculative_steps);
   MEGACTX_CHECK(model_.config().num_nextn_predict_layers > 0,
@@ -123,15 +125,13 @@ int64_t Speculator::draft_count(const RequestState& request) const {
 }
 
 void Speculator::append_draft_slots(std::span<RequestState* const> running) {
-  bool off = false;
-  if (config_.speculative_disable_batch_size > 0) {
-    int64_t decoding = 0;
-    for (const RequestState* request : running)
-      decoding += request->phase == RequestPhase::Running &&
-                  request->num_computed == static_cast<int64_t>(request->tokens.size()) - 1;
-    off = decoding >= config_.speculative_disable_batch_size;
-    if (off) ++off_steps_;
-  }
+  int64_t decoding = 0;
+  for (const RequestState* request : running)
+    decoding += request->phase == RequestPhase::Running &&
+                request->num_computed == static_cast<int64_t>(request->tokens.size()) - 1;
+  step_drafts_ = decoding == 0 || policy_.speculate(decoding);
+  accepted_at_schedule_ = accepted_total_;
+  const bool off = !step_drafts_;
   for (RequestState* request : running) {
     request->spec.verifying = false;
     if (off) continue;
@@ -166,9 +166,20 @@ void Speculator::drop_unscheduled_drafts(
                     request.request.rid, chunk.count, chunk.start, request.num_draft_tokens);
     }
   }
+  step_verifies_ = false;
   for (const auto& [rid, request] : requests) {
     if (!request->spec.verifying) drop_drafts(*request);
+    step_verifies_ = step_verifies_ || request->spec.verifying;
   }
+}
+
+void Speculator::record_step(const StepPlan& plan, double seconds) {
+  if (plan.prefill_tokens > 0 || plan.decode_tokens == 0) return;  // mixed or empty
+  if (step_drafts_ && !step_verifies_) return;  // chose drafts, none was possible
+  const auto batch = static_cast<int64_t>(plan.chunks.size());
+  // Every decode chunk emits one token of its own, plus the accepted drafts.
+  const int64_t tokens = batch + (accepted_total_ - accepted_at_schedule_);
+  policy_.record(batch, step_drafts_, seconds, tokens);
 }
 
 void Speculator::draft(StepPlan& plan, PagedKvCache& cache) {

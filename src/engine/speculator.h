@@ -28,6 +28,7 @@
 #include "engine/request_state.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculation_policy.h"
 #include "engine/step_outputs.h"
 #include "io/checkpoint.h"
 #include "model/language_model.h"
@@ -89,7 +90,11 @@ class Speculator {
 
   int64_t accepted_tokens() const { return accepted_total_; }
   int64_t verify_steps() const { return verify_total_; }
-  int64_t off_steps() const { return off_steps_; }
+  int64_t off_steps() const { return policy_.off_steps(); }
+  // After the step: its wall time (from append_draft_slots on) for the
+  // speculation policy (pure decode steps only).
+  void record_step(const StepPlan& plan, double seconds);
+  const SpeculationPolicy& policy() const { return policy_; }
 
  private:
   // Drafts this request may verify in the coming step (0: plain decode).
@@ -118,7 +123,10 @@ class Speculator {
 
   int64_t accepted_total_ = 0;
   int64_t verify_total_ = 0;
-  int64_t off_steps_ = 0;  // steps speculative_disable_batch_size ran without drafts
+  SpeculationPolicy policy_;
+  bool step_drafts_ = false;          // the policy's choice for this step
+  bool step_verifies_ = false;        // some request verifies drafts this step
+  int64_t accepted_at_schedule_ = 0;  // accepted_total_ when the step was planned
 };
 
 }  // namespace megactx

@@ -130,8 +130,9 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
   out += scalar("megactx_spec_verify_steps_total", "counter", "Speculative verification steps.",
                 static_cast<double>(stats.spec_verify_steps));
   out += scalar("megactx_spec_off_steps_total", "counter",
-                "Engine steps run without drafts because the decode batch reached "
-                "--speculative-disable-batch-size.",
+                "Engine steps run without drafts: the decode batch reached "
+                "--speculative-disable-batch-size, or --speculative-auto measured plain "
+                "decode faster at its size.",
                 static_cast<double>(stats.spec_off_steps));
   // Tokens committed per verification step: the accepted drafts plus the one
   // token every step produces itself (0 without speculative decoding).

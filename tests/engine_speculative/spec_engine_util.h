@@ -44,6 +44,7 @@ struct SpecEngineOptions {
   VerifyMode sampled_mode = VerifyMode::RejectionSampling;
   bool masked_drafts = true;  // structured output: drafts from the masked draft logits
   int64_t disable_batch_size = 0;  // speculative_disable_batch_size
+  bool automatic = false;          // speculative_auto
   int64_t pages = 64;         // KV budget in pages
   int64_t max_prefill_tokens = 4096;
   int64_t max_running_requests = 64;
@@ -76,6 +77,7 @@ class SpecEngine {
     config.speculative_sampled_mode = options.sampled_mode;
     config.speculative_masked_drafts = options.masked_drafts;
     config.speculative_disable_batch_size = options.disable_batch_size;
+    config.speculative_auto = options.automatic;
     config.model_dir = dir;
     // Same page count with and without the MTP layer's pools.
     const KvCapacityPlan one = plan_kv_capacity(model->config(), options.kv_dtype, int64_t{1} << 30,

@@ -103,6 +103,20 @@ TEST_P(SpeculativeEngine, GreedyEqualsPlainForK1K3K7) {
   }
 }
 
+// --speculative-auto: the policy measures drafting and plain steps (both run
+// while it warms up), and whatever it chooses per step, the tokens are the
+// plain engine's.
+TEST_P(SpeculativeEngine, GreedyEqualsPlainWithTheMeasuredPolicy) {
+  SpecEngineOptions options;
+  options.steps = 3;
+  options.automatic = true;
+  EngineStats stats;
+  const auto got = run_all(GetParam(), options, prompts(), nullptr, &stats);
+  expect_equal(got, "auto k=3");
+  EXPECT_GT(stats.spec_verify_steps, 0);
+  EXPECT_GT(stats.spec_off_steps, 0);
+}
+
 TEST_P(SpeculativeEngine, GreedyEqualsPlainWithoutSharing) {
   SpecEngineOptions options;
   options.steps = 3;
