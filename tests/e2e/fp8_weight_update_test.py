@@ -37,6 +37,8 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 
 from megactx_server import MegactxServer  # noqa: E402
+import weight_buckets  # noqa: E402
+from weight_buckets import safetensors_bytes  # noqa: E402
 
 BLOCK = 128
 # Matrices whose scales the reference doubles: attention, a routed expert and a dense MLP.
@@ -59,20 +61,6 @@ def read_safetensors(path):
     return {name: (entry["dtype"], entry["shape"],
                    body[entry["data_offsets"][0]:entry["data_offsets"][1]])
             for name, entry in header.items()}
-
-
-def safetensors_bytes(tensors):
-    """{name: (dtype, shape, raw bytes)} -> a safetensors file."""
-    header, chunks, offset = {}, [], 0
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    header["__metadata__"] = {"format": "pt"}
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * ((8 - len(text) % 8) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
 def e4m3_table():
@@ -152,21 +140,11 @@ def post(server, path, payload):
 
 
 def update_body(server, tensors, **query):
-    params = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items()}
-    return requests.post(server.url + "/update_weights_from_safetensors", params=params,
-                         data=safetensors_bytes(tensors), timeout=300,
-                         headers={"Content-Type": "application/octet-stream"})
+    return weight_buckets.update_body(server, safetensors_bytes(tensors), **query)
 
 
 def update_file(server, tensors, **fields):
-    directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="megactx-fp8-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(safetensors_bytes(tensors))
-        return post(server, "/update_weights_from_safetensors", dict(fields, path=path))
-    finally:
-        os.remove(path)
+    return weight_buckets.update_file(server, safetensors_bytes(tensors), **fields)
 
 
 def scores(server, sequences):

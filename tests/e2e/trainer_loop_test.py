@@ -28,8 +28,8 @@ Beside the loop: pause_generation (in_place, retract, abort) and continue_genera
 the tensor while the old weights keep serving, and release/resume of memory that brings back
 the latest weights.
 
-Safetensors files are written by a small writer here (stdlib + torch: the safetensors package
-is not a dependency). PyTorch runs on the CPU in float32 (Debian's python3-torch in CI). Without
+Safetensors files are written by weight_buckets.py (stdlib: the safetensors package is not a
+dependency). PyTorch runs on the CPU in float32 (Debian's python3-torch in CI). Without
 torch the test is skipped visibly (exit code 77, which CTest reports as skipped).
 
     python3 trainer_loop_test.py --megactx build/megactx --model models/default [--device cuda]
@@ -64,6 +64,8 @@ import requests  # noqa: E402
 
 import export  # noqa: E402  (tools/train: HF names <-> model.py parameters, RoPE layout)
 from megactx_server import MegactxServer  # noqa: E402
+import weight_buckets  # noqa: E402
+from weight_buckets import shm_dir  # noqa: E402
 
 ARGS = None
 POLICY = None   # MegactxServer
@@ -93,23 +95,13 @@ _DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int32: "I32"
 
 
 def safetensors_bytes(tensors):
-    """{name: tensor} -> the bytes of a safetensors file (8-byte header length, JSON header
-    padded to 8 bytes, then the raw little-endian data in header order)."""
-    header, chunks, offset = {}, [], 0
+    """{name: torch tensor} -> the bytes of a safetensors file (weight_buckets.py)."""
+    raw = {}
     for name, tensor in tensors.items():
         tensor = tensor.detach().cpu().contiguous()
-        if tensor.dtype == torch.bfloat16:
-            raw = tensor.view(torch.int16).numpy().tobytes()
-        else:
-            raw = tensor.numpy().tobytes()
-        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    header["__metadata__"] = {"format": "pt"}
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * ((8 - len(text) % 8) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+        data = (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+        raw[name] = (_DTYPE_NAMES[tensor.dtype], list(tensor.shape), data.tobytes())
+    return weight_buckets.safetensors_bytes(raw)
 
 
 def buckets_of(tensors, limit=BUCKET_BYTES):
@@ -125,12 +117,6 @@ def buckets_of(tensors, limit=BUCKET_BYTES):
     if current:
         buckets.append(current)
     return buckets
-
-
-def shm_dir():
-    """Where a colocated trainer hands buckets over: /dev/shm when the machine has it."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
 
 
 # ---------------------------------------------------------------- the PyTorch side
@@ -219,21 +205,12 @@ def max_difference(a, b):
 
 def update_body(server, tensors, **query):
     """update_weights_from_safetensors with the bucket as the request body."""
-    params = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items()}
-    return requests.post(server.url + "/update_weights_from_safetensors", params=params,
-                         data=safetensors_bytes(tensors), timeout=300,
-                         headers={"Content-Type": "application/octet-stream"})
+    return weight_buckets.update_body(server, safetensors_bytes(tensors), **query)
 
 
 def update_file(server, tensors, directory, **fields):
     """update_weights_from_safetensors with the bucket as a file (in /dev/shm)."""
-    handle, path = tempfile.mkstemp(suffix=".safetensors", prefix="megactx-bucket-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(safetensors_bytes(tensors))
-        return post(server, "/update_weights_from_safetensors", dict(fields, path=path))
-    finally:
-        os.remove(path)
+    return weight_buckets.update_file(server, safetensors_bytes(tensors), directory, **fields)
 
 
 def sse_items(response):
