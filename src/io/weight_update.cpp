@@ -1,11 +1,10 @@
 #include "io/weight_update.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp8_blocks.h"
 #include "io/mapped_file.h"
 #include "io/safetensors.h"
 
@@ -13,54 +12,9 @@ namespace megactx {
 
 namespace {
 
-constexpr int64_t kFp8Block = 128;  // HF fp8 checkpoints: one scale per 128 x 128 block
-constexpr float kFp8Max = 448.0f;
-
 bool is_floating(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 ||
          dtype == DType::F8_E4M3;
-}
-
-float element(const Tensor& tensor, int64_t i) {
-  switch (tensor.dtype()) {
-    case DType::F32:
-      return tensor.data<float>()[i];
-    case DType::BF16:
-      return bf16_to_float(tensor.data<uint16_t>()[i]);
-    case DType::F16:
-      return f16_to_float(tensor.data<uint16_t>()[i]);
-    case DType::F8_E4M3:
-      return fp8_e4m3_to_float(tensor.data<uint8_t>()[i]);
-    default:
-      fail("tensor of dtype {} is not floating", dtype_name(tensor.dtype()));
-  }
-}
-
-// [rows, cols] floating -> e4m3 [rows, cols] and float32 scales
-// [ceil(rows / 128), ceil(cols / 128)] with value = e4m3 * scale.
-std::pair<Tensor, Tensor> quantize_fp8_blocks(const Tensor& source) {
-  const int64_t rows = source.dim(0), cols = source.dim(1);
-  const int64_t block_rows = (rows + kFp8Block - 1) / kFp8Block;
-  const int64_t block_cols = (cols + kFp8Block - 1) / kFp8Block;
-  Tensor values = Tensor::empty({rows, cols}, DType::F8_E4M3);
-  Tensor scales = Tensor::empty({block_rows, block_cols}, DType::F32);
-  for (int64_t br = 0; br < block_rows; ++br) {
-    for (int64_t bc = 0; bc < block_cols; ++bc) {
-      const int64_t r0 = br * kFp8Block, r1 = std::min(rows, r0 + kFp8Block);
-      const int64_t c0 = bc * kFp8Block, c1 = std::min(cols, c0 + kFp8Block);
-      float amax = 0.0f;
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c)
-          amax = std::max(amax, std::fabs(element(source, r * cols + c)));
-      const float scale = amax > 0.0f ? amax / kFp8Max : 1.0f;
-      scales.data<float>()[br * block_cols + bc] = scale;
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c)
-          values.data<uint8_t>()[r * cols + c] =
-              float_to_fp8_e4m3(element(source, r * cols + c) / scale);
-    }
-  }
-  return {values, scales};
 }
 
 }  // namespace
@@ -173,12 +127,12 @@ TensorBucket checked_overlay(const Checkpoint& base, const TensorBucket& staged)
     const bool fp8_target = base.dtype_of(name) == DType::F8_E4M3 && base.has(scale_name);
     if (fp8_target && tensor.dtype() != DType::F8_E4M3) {
       MEGACTX_CHECK(tensor.rank() == 2, "weight update: fp8 tensor '{}' must be a matrix", name);
-      auto [values, scales] = quantize_fp8_blocks(tensor);
-      MEGACTX_CHECK(scales.shape() == base.shape_of(scale_name),
+      Fp8Blocks blocks = quantize_fp8_blocks(tensor.to_float());
+      MEGACTX_CHECK(blocks.scales.shape() == base.shape_of(scale_name),
                     "weight update: '{}' scales {} differ from the model's {}", name,
-                    shape_string(scales.shape()), shape_string(base.shape_of(scale_name)));
-      out.put(name, std::move(values));
-      out.put(scale_name, std::move(scales));
+                    shape_string(blocks.scales.shape()), shape_string(base.shape_of(scale_name)));
+      out.put(name, std::move(blocks.codes));
+      out.put(scale_name, std::move(blocks.scales));
     } else {
       out.put(name, tensor);
     }

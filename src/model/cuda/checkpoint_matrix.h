@@ -10,13 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/fp8_blocks.h"
 #include "core/tensor.h"
 #include "io/checkpoint.h"
 
 namespace megactx {
-
-// The block edge the device kernels use (kernels/cuda/gemm).
-constexpr int64_t kFp8WeightBlock = 128;
 
 struct CheckpointMatrix {
   // fp8: F8_E4M3 [out, in] (a zero-copy view of the checkpoint, or owned when
@@ -81,8 +79,8 @@ std::unique_ptr<MatrixSource> make_checkpoint_matrices(const Checkpoint& checkpo
 // embedding N(0, 1) (make_random_weights' values). For benchmarks.
 std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed);
 
-// float32 [out, in] -> e4m3 codes with one scale per 128x128 block (scale =
-// block amax / 448, 1 for an all-zero block), as fp8 checkpoints are made.
+// float32 [out, in] -> e4m3 codes with one scale per 128x128 block
+// (quantize_fp8_blocks in core/fp8_blocks.h), as fp8 checkpoints are made.
 CheckpointMatrix quantize_blocks(const Tensor& values);
 
 }  // namespace megactx
