@@ -94,7 +94,6 @@ class Speculator {
   // After the step: its wall time (from append_draft_slots on) for the
   // speculation policy (pure decode steps only).
   void record_step(const StepPlan& plan, double seconds);
-  const SpeculationPolicy& policy() const { return policy_; }
 
  private:
   // Drafts this request may verify in the coming step (0: plain decode).

@@ -117,7 +117,7 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // model: a bf16 checkpoint would need twice its size in host memory);
   // only --cuda-fp8-upcast of an fp8 checkpoint dequantises on the host.
   if (options.device == Device::CUDA &&
-      (options.cuda.fp8_native || !checkpoint->config().is_fp8_checkpoint())) {
+      options.cuda.reads_checkpoint(checkpoint->config().is_fp8_checkpoint())) {
     return load_cuda_from_checkpoint(checkpoint.get(), checkpoint->config(), options);
   }
   auto weights = make_checkpoint_weights(*checkpoint);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string_view>
 
 #include "server/api_error.h"
 #include "server/session_channel.h"
@@ -98,9 +99,35 @@ void HttpSession::read_header() {
   parser_->header_limit(options_.max_header_bytes);
   // Waiting for the next request on a kept-alive connection: the idle timeout.
   arm_deadline(options_.idle_timeout);
-  http::async_read_header(
-      socket_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code error, size_t) { self->on_header(error); });
+  parse_header();
+}
+
+// The header read of http::async_read_header (read, feed the parser, repeat)
+// with one check more. Beast's parser waits for more bytes when a start line's
+// version field is shorter than "HTTP/1.1", even once the blank line that ends
+// the header has arrived ("GARBAGE a b\r\n\r\n"): a client that then waits for
+// the answer would hang until the idle timeout. A header that has ended and
+// still wants more is malformed: 400 now.
+void HttpSession::parse_header() {
+  if (phase_ == Phase::Closed) return;
+  while (buffer_.size() > 0 && !parser_->is_header_done()) {
+    beast::error_code error;
+    const size_t used = parser_->put(buffer_.data(), error);
+    buffer_.consume(used);
+    if (error == http::error::need_more) break;
+    if (error) return on_header(error);
+  }
+  if (parser_->is_header_done()) return on_header({});
+  const std::string_view pending(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+  if (pending.find("\r\n\r\n") != std::string_view::npos) {
+    return fail_request(400, "malformed HTTP request: the header ended inside its start line");
+  }
+  socket_.async_read_some(buffer_.prepare(kReadChunk),
+                          [self = shared_from_this()](beast::error_code error, size_t bytes) {
+                            self->buffer_.commit(bytes);
+                            if (error) return self->on_header(error);
+                            self->parse_header();
+                          });
 }
 
 void HttpSession::on_header(beast::error_code error) {

@@ -52,6 +52,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   enum class Phase { Idle, Reading, Answering, Draining, Closed };
 
   void read_header();
+  // Feeds the bytes read so far to the parser; reads more until the header is
+  // done (then on_header) or cannot be (400).
+  void parse_header();
   void on_header(boost::beast::error_code error);
   void read_body();
   void on_body(boost::beast::error_code error);

@@ -306,6 +306,11 @@ TEST(HttpServer, MalformedRequestsGet400AndServerSurvives) {
       "POST /generate HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
       "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
       std::string("GET /\0 HTTP/1.1\r\n\r\n", 19),
+      // A version field shorter than "HTTP/1.1" before the blank line: the
+      // parser wanted more bytes and the client waited for the idle timeout.
+      "GARBAGE a b\r\n\r\n",
+      "GET / HTTP/1\r\n\r\n",
+      "GARBAGE ^6Pf\x9f\xe1\x88\xb06^\x9c'\xf1n\xf1\xe6 \x1b\xb0~\r\n\r\n",
   };
   for (const auto& bytes : garbage) {
     RawClient client(live.port());

@@ -36,7 +36,7 @@ void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   // (e4m3 kept as shipped), or float32 on the host first for the upcast of an
   // fp8 checkpoint.
   std::unique_ptr<CudaWeights> loaded;
-  if (options_.fp8_native || !config_.is_fp8_checkpoint()) {
+  if (options_.reads_checkpoint(config_.is_fp8_checkpoint())) {
     loaded = std::make_unique<CudaWeights>(config_, checkpoint, options_.bf16_weights);
   } else {
     auto source = make_checkpoint_weights(checkpoint);

@@ -46,6 +46,11 @@ struct CudaModelOptions {
   // give a token bit-identical logits.
   bool batch_invariant = false;
   int device_ordinal = 0;
+
+  // Whether a CUDA model is built (and reloaded) straight from a checkpoint:
+  // always, but for an fp8 checkpoint whose e4m3 matrices are to be
+  // dequantised on the host first (fp8_native off).
+  bool reads_checkpoint(bool fp8_checkpoint) const { return fp8_native || !fp8_checkpoint; }
 };
 
 }  // namespace megactx
