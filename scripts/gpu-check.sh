@@ -254,7 +254,8 @@ fi
 #    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
 #    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
 #    with and without --deterministic, and scoring vs plain prefill through serve in
-#    both), any comma list, or 0.
+#    both), "profile" (ncu's device time per kernel of decode steps), any comma
+#    list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -303,6 +304,29 @@ if [[ "$benches" == *mtp* ]]; then
     note "mtp serve bench ${flag:-(always drafting)} exit $?"
   done
 fi
+if [[ "$benches" == *profile* ]]; then
+  # Where a decode step's device time goes, kernel by kernel: ncu (one metric, the
+  # benchmark's timed steps only, graphs off so every kernel is its own launch),
+  # summed per kernel by tools/bench/ncu_kernel_summary.py. PROFILE_CASES: lines of
+  # "title|model_decode_bench arguments".
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  cases=${PROFILE_CASES:-"glm_1b bf16 fp8-KV batch 1|--config bench/cuda/configs/glm_1b.json --kv-dtype fp8 --precision bf16 --attention fast --batches 1
+glm_1b bf16 fp8-KV batch 16|--config bench/cuda/configs/glm_1b.json --kv-dtype fp8 --precision bf16 --attention fast --batches 16
+default model bf16 batch 16|--config models/default --kv-dtype bf16 --precision bf16 --batches 16 --context 512
+default model bf16 batch 64|--config models/default --kv-dtype bf16 --precision bf16 --batches 64 --context 512"}
+  n=0
+  while IFS='|' read -r title arguments; do
+    [[ -z "$title" ]] && continue
+    n=$((n + 1))
+    # shellcheck disable=SC2086  # $arguments is a list of flags
+    timeout "${PROFILE_TIMEOUT:-240}" "$ncu_bin" --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv --page raw --clock-control none --log-file "$out/ncu_$n.csv" \
+      "$pack/bin/model_decode_bench" $arguments --graphs off --steps 4 >"$out/ncu_$n.log" 2>&1
+    note "profile '$title' exit $?"
+    python3 tools/bench/ncu_kernel_summary.py "$out/ncu_$n.csv" --per 4 --title "$title" \
+      >>"$out/profile.md" 2>&1
+  done <<<"$cases"
+fi
 if [[ "$benches" == *deterministic* ]]; then
   # What --deterministic costs: decode through serve with and without it.
   for flag in "" "--deterministic"; do
@@ -335,4 +359,5 @@ fi
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
 [[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
+[[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
 exit 0

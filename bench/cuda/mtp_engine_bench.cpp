@@ -45,7 +45,8 @@ struct Result {
   double accepted_length = 0;  // 0 without MTP
   int64_t generated = 0;
   double total_s = 0;
-  CudaGraphStats graphs;  // of the target model (decode and verification steps)
+  CudaGraphStats graphs;      // of the target model (decode and verification steps)
+  CudaGraphStats mtp_graphs;  // of the MTP layer (refills and draft steps)
 };
 
 Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t batch, int64_t steps,
@@ -101,6 +102,7 @@ Result run(const std::string& model_dir, bool bf16, KvDType kv_dtype, int64_t ba
   const auto end = Clock::now();
   Result result;
   result.graphs = cuda_graph_stats(*target);
+  result.mtp_graphs = cuda_graph_stats(*target, /*mtp=*/true);
   int64_t verify = 0, accepted = 0;
   for (const auto& [rid, update] : last) {
     MEGACTX_CHECK(update.finish == FinishReason::Length, "request {} did not finish by length",
@@ -162,8 +164,8 @@ int main(int argc, char** argv) {
         kv_text.c_str(), share ? "on" : "off");
     std::printf(
         "| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s | target "
-        "graph replays / eager / invalidations |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+        "graph replays / eager / invalidations | MTP graph replays / eager / invalidations |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& precision : precisions) {
       for (const int64_t batch : batches) {
         double baseline = 0;
@@ -180,11 +182,14 @@ int main(int argc, char** argv) {
           const std::string accepted =
               k == 0 ? std::string("-") : fmt::format("{:.2f}", r.accepted_length);
           std::printf(
-              "| %s | %ld | %ld | %.0f | %s | %s | %.2f | %ld / %ld / %ld |\n", precision.c_str(),
-              static_cast<long>(batch), static_cast<long>(k), r.decode_tokens_per_s,
+              "| %s | %ld | %ld | %.0f | %s | %s | %.2f | %ld / %ld / %ld | %ld / %ld / %ld |\n",
+              precision.c_str(), static_cast<long>(batch), static_cast<long>(k),
+              r.decode_tokens_per_s,
               baseline > 0 ? fmt::format("{:.2f}x", r.decode_tokens_per_s / baseline).c_str() : "-",
               accepted.c_str(), r.total_s, static_cast<long>(r.graphs.replays),
-              static_cast<long>(r.graphs.eager_steps), static_cast<long>(r.graphs.invalidations));
+              static_cast<long>(r.graphs.eager_steps), static_cast<long>(r.graphs.invalidations),
+              static_cast<long>(r.mtp_graphs.replays), static_cast<long>(r.mtp_graphs.eager_steps),
+              static_cast<long>(r.mtp_graphs.invalidations));
           std::fflush(stdout);
         }
       }

@@ -333,7 +333,6 @@ bool Engine::step_locked() {
         if (speculator_) speculator_->drop_unscheduled_drafts(plan_, requests_);
       }
       if (!plan_.empty()) {
-        phase_times_.count_step();
         run_plan();
         worked = true;
         if (speculator_) {
@@ -341,6 +340,7 @@ bool Engine::step_locked() {
           speculator_->record_step(plan_, took.count());
         }
       }
+      phase_times_.end_step(!plan_.empty(), plan_.prefill_tokens == 0 && plan_.decode_tokens > 0);
     }
   } catch (const std::exception& error) {
     // A failed forward leaves the cache contents of this step undefined:

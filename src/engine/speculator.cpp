@@ -117,10 +117,13 @@ int64_t Speculator::draft_count(const RequestState& request) const {
   if (!may_speculate(sampling)) return 0;
   const int64_t generated = request.num_generated();
   if (generated < sampling.min_new_tokens) return 0;
-  // No drafts past max_new_tokens (a verification emits up to k + 1) or the
-  // context/KV capacity (the drafts occupy positions).
-  const int64_t k = std::min({config_.speculative_steps, sampling.max_new_tokens - generated - 1,
-                              request.max_total_tokens - size});
+  // No drafts past the context/KV capacity (the drafts occupy positions). Near
+  // max_new_tokens a request still verifies k drafts (the Engine stops
+  // appending at the limit, as in plain decoding): every verification of a
+  // batch then has k + 1 rows, so the step and its refill keep their CUDA
+  // Graphs instead of running eagerly for the few steps where one request of
+  // the batch ends.
+  const int64_t k = std::min(config_.speculative_steps, request.max_total_tokens - size);
   return std::max<int64_t>(k, 0);
 }
 
@@ -451,7 +454,10 @@ std::span<const SampleResult> Speculator::apply_verification(RequestState& reque
                                                              Scheduler& scheduler) {
   SpeculationState& spec = request.spec;
   const int64_t k = request.num_draft_tokens;
-  const int64_t accepted = spec.result.accepted;
+  // Drafts accepted past max_new_tokens are never emitted: they do not count
+  // (request.tokens still ends with the k drafts here).
+  const int64_t room = request.request.sampling.max_new_tokens - (request.num_generated() - k);
+  const int64_t accepted = std::min(spec.result.accepted, std::max<int64_t>(room - 1, 0));
   spec.verify_count += 1;
   spec.draft_tokens += k;
   spec.accepted_tokens += accepted;

@@ -1,8 +1,9 @@
 // The device cache writes (kernels/cuda/dsa_fallback write_cache_rows) against the
 // host encoder of cache/kv_cache.cpp: the same bytes for every entry, in the
-// F32, BF16 and FP8 layouts, for the fixtures' tiny widths and GLM-5's real
-// ones (512 + 64 latent, 128 indexer keys). Prefill and decode on either
-// backend read these bytes, so equal bytes are what parity needs.
+// F32, BF16 and FP8 layouts, for the fixtures' tiny widths, the default
+// model's, GLM-5's real ones (512 + 64 latent, 128 indexer keys), ragged fp8
+// groups and entries the warp-per-group FP8 writer leaves to the plain one. Prefill and decode on
+// either backend read these bytes, so equal bytes are what parity needs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -118,6 +119,11 @@ TEST(CudaKvEncoding, DeviceWritesTheHostBytes) {
   for (KvDType dtype : {KvDType::F32, KvDType::BF16, KvDType::FP8}) {
     check_layout(dtype, 32, 8, 16);     // the HF fixtures
     check_layout(dtype, 512, 64, 128);  // GLM-5 / DeepSeek-V3.2
+    check_layout(dtype, 128, 32, 64);   // the default model
+    // A short last group (200 = 128 + 72 codes, 136 = 128 + 8), and entries that
+    // are not 4-byte multiples (30 + 6 latent: the thread-per-group FP8 kernel).
+    check_layout(dtype, 200, 8, 136);
+    check_layout(dtype, 30, 6, 10);
   }
 }
 

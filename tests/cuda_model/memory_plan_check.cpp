@@ -201,9 +201,12 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   other.options.cuda_graphs = false;
   EXPECT_EQ(cuda_scratch_breakdown(config, other).graph_rows, 0);
   // bf16 weights: a bf16 copy of the inputs beside (fp8 checkpoints in the
-  // bf16 mode) or instead of the e4m3 one; the fp32 mode has none.
-  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, false), 1024 * 16384 * 2);
-  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, true), 1024 * 16384 * 2 + parts.gemm_inputs);
+  // bf16 mode) or instead of the e4m3 one, and the copies the model writes
+  // beside h, q_resid and the MLP activations; the fp32 mode has none.
+  const int64_t bf16_copies =
+      1024 * (16384 + config.hidden_size + *config.q_lora_rank + config.intermediate_size) * 2;
+  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, false), bf16_copies);
+  EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, true, true), bf16_copies + parts.gemm_inputs);
   EXPECT_EQ(cuda_gemm_input_bytes(config, 1024, false, false), 0);
   // The cuBLAS workspace is not counted twice when the weights were measured.
   other = request;

@@ -310,7 +310,8 @@ TEST(HttpServer, MalformedRequestsGet400AndServerSurvives) {
       // parser wanted more bytes and the client waited for the idle timeout.
       "GARBAGE a b\r\n\r\n",
       "GET / HTTP/1\r\n\r\n",
-      "GARBAGE ^6Pf\x9f\xe1\x88\xb06^\x9c'\xf1n\xf1\xe6 \x1b\xb0~\r\n\r\n",
+      "GARBAGE ^6Pf\x9f\xe1\x88\xb0"
+      "6^\x9c'\xf1n\xf1\xe6 \x1b\xb0~\r\n\r\n",
   };
   for (const auto& bytes : garbage) {
     RawClient client(live.port());

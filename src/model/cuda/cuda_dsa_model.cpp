@@ -190,8 +190,8 @@ void CudaDsaModel::begin_routed_capture(int64_t rows) {
 }
 
 Tensor CudaDsaModel::routed_experts_to_host(int64_t rows) {
-  Tensor out = Tensor::empty({rows, config_.num_hidden_layers, config_.num_experts_per_tok},
-                             DType::I32);
+  Tensor out =
+      Tensor::empty({rows, config_.num_hidden_layers, config_.num_experts_per_tok}, DType::I32);
   MEGACTX_CUDA_CHECK(cudaMemcpyAsync(out.raw(), scratch_.routed.as<int32_t>(), out.nbytes(),
                                      cudaMemcpyDeviceToHost, stream_));
   routed_ids_ = nullptr;  // finish_forward syncs before the caller reads it
@@ -215,11 +215,15 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
   Scratch& sc = scratch_;
   // x: [n, hidden] residual stream, from the embeddings.
   float* x = sc.x.get<float>(n * hidden);
+  blas_->clear_shared_inputs();  // nothing shared outlives a forward that threw
   timer_.mark("embed", stream_);
   embed_gather(weights_->embed, ids, n, hidden, x, stream_);
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+  // Each layer's last residual add runs fused with the next layer's input norm.
+  const int64_t layers = config_.num_hidden_layers;
+  for (int64_t layer = 0; layer < layers; ++layer) {
     routed_layer_ = layer;
-    decoder_layer(weights_->layers[layer], layer, step, cache, x);
+    decoder_layer(weights_->layers[layer], layer, step, cache, x, /*input_normed=*/layer > 0,
+                  layer + 1 < layers ? weights_->layers[layer + 1].input_norm : nullptr);
   }
   timer_.mark("final norm + lm_head", stream_);
   const int64_t m = logit_count;
@@ -230,19 +234,25 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
   blas_->linear(normed, m, hidden, weights_->lm_head, config_.vocab_size, logits);
 }
 
+void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
+  return options_.bf16_weights ? buffer.get<uint16_t>(count) : nullptr;
+}
+
 void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,
-                                 PagedKvCache& cache, float* x) {
+                                 PagedKvCache& cache, float* x, bool input_normed,
+                                 const float* next_norm) {
   const int64_t n = step.tokens;
   const int64_t hidden = config_.hidden_size;
   const float eps = plan_.rms_norm_eps;
   float* h = scratch_.h.get<float>(n * hidden);
+  void* h_bf16 = gemm_input_copy(scratch_.h_bf16, n * hidden);
   float* branch = scratch_.branch.get<float>(n * hidden);
   timer_.mark("norms + residual", stream_);
-  rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_);
+  if (!input_normed) rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_, h_bf16);
+  blas_->share_input(h, n, hidden, hidden, h_bf16);
   attention(w, layer, h, step, cache, branch);
   timer_.mark("norms + residual", stream_);
-  add_into(x, branch, n * hidden, stream_);
-  rmsnorm(x, n, hidden, hidden, w.post_norm, eps, h, hidden, stream_);
+  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, h, stream_, h_bf16);
   if (w.is_moe) {
     moe(w, h, n, branch);
   } else {
@@ -250,7 +260,12 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
     mlp(w.dense, h, n, branch);
   }
   timer_.mark("norms + residual", stream_);
-  add_into(x, branch, n * hidden, stream_);
+  if (next_norm != nullptr) {
+    add_rmsnorm(x, branch, n, hidden, next_norm, eps, h, stream_, h_bf16);
+  } else {
+    add_into(x, branch, n * hidden, stream_);
+    blas_->unshare_input(h);
+  }
 }
 
 }  // namespace cuda

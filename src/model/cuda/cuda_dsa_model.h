@@ -80,6 +80,7 @@ class CudaDsaModel final : public LanguageModel {
 
   // CUDA-graph decode so far (model/cuda/decode_graph.h).
   CudaGraphStats graph_stats() const { return graphs_.stats(); }
+  CudaGraphStats mtp_graph_stats() const { return graphs_mtp_.stats(); }
 
  private:
   // Per-forward device views: the batch's tokens, paging and RoPE tables.
@@ -106,6 +107,9 @@ class CudaDsaModel final : public LanguageModel {
   struct Scratch {
     DeviceBuffer ids, positions, table_offset, page_tables, cos, sin, logit_rows;
     DeviceBuffer x, h, branch, normed, logits;
+    // bf16 copies of GEMM inputs, written with them (gemm_input_copy): the
+    // normed hidden rows h, q_resid and the MLPs' activations.
+    DeviceBuffer h_bf16, q_resid_bf16, act_bf16;
     DeviceBuffer q_resid, q, kv, q_latent, o_latent, o;
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
@@ -147,8 +151,17 @@ class CudaDsaModel final : public LanguageModel {
   // stream stays in scratch x [step.tokens, hidden]. Launches only.
   void run_layers(Step& step, const int32_t* ids, const int32_t* logit_rows, int64_t logit_count,
                   PagedKvCache& cache, float* logits);
-  void decoder_layer(const DeviceLayer& w, int64_t layer, Step& step, PagedKvCache& cache,
-                     float* x);
+  // One decoder layer on the residual stream x [step.tokens, hidden].
+  // input_normed: scratch h already holds input_norm(x) (the previous layer's
+  // fused add + norm wrote it); next_norm: end with x += branch and h =
+  // next_norm(x) in one kernel (the next layer's input norm) instead of the
+  // plain residual add.
+  void decoder_layer(const DeviceLayer& w, int64_t layer, Step& step, PagedKvCache& cache, float* x,
+                     bool input_normed = false, const float* next_norm = nullptr);
+  // The bf16 copy of a GEMM input that the kernel writing the input also
+  // writes (Blas::share_input): `buffer` grown to `count` bf16 values when the
+  // model's matrices are bf16, else null (no copy is made).
+  void* gemm_input_copy(DeviceBuffer& buffer, int64_t count);
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
                  PagedKvCache& cache, float* out);
   void indexer(const DeviceLayer& w, int64_t layer, const float* h, const float* q_resid,

@@ -21,9 +21,9 @@
 #include "cache/host_kv_tier.h"
 #include "cache/kv_cache.h"
 #include "io/checkpoint.h"
+#include "model/cuda/options.h"
 #include "model/dsa_model.h"
 #include "model/language_model.h"
-#include "model/cuda/options.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
@@ -37,8 +37,9 @@ struct CudaGraphStats {
   int64_t failed_captures = 0;  // keys that could not be captured (eager since)
   int64_t cached = 0;           // graphs held now
 };
-// An Error for a model that is not a CUDA model.
-CudaGraphStats cuda_graph_stats(const LanguageModel& model);
+// An Error for a model that is not a CUDA model. `mtp`: the MTP layer's runs
+// (refills and draft steps) instead of the target's forwards.
+CudaGraphStats cuda_graph_stats(const LanguageModel& model, bool mtp = false);
 
 // Uploads `host`'s weights (float32) and builds the CUDA model with the same
 // config, index_topk and RoPE tables; `host` may be destroyed afterwards.

@@ -22,6 +22,9 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry;
 
   timer_.mark("attn projections", stream_);
+  // h (shared by decoder_layer) feeds q_a, kv_a and the indexer's wk /
+  // weights_proj; q_resid feeds q_b and wq_b: the bf16 linears read the copies
+  // their norms wrote (Blas::share_input) instead of converting them each.
   // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
   float* q = sc.q.get<float>(n * heads * qk);
   float* q_resid = nullptr;
@@ -29,7 +32,10 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     const int64_t q_lora = d.q_lora;
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
-    rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_);
+    void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
+    rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_,
+            q_resid_bf16);
+    blas_->share_input(q_resid, n, q_lora, q_lora, q_resid_bf16);
     blas_->linear(q_resid, n, q_lora, w.q_b, heads * qk, q);
   } else {
     blas_->linear(h, n, hidden, w.q_b, heads * qk, q);
@@ -87,6 +93,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     mla_attention_fallback(p, stream_);
   }
   timer_.mark("attn W_UV + o_proj", stream_);
+  if (q_resid != nullptr) blas_->unshare_input(q_resid);
 
   // Expand per head with W_UV ([heads, value, lora]) -> [n, heads * value]; then o_proj.
   float* o = sc.o.get<float>(n * heads * value);

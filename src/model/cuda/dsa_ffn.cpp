@@ -23,9 +23,12 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   const int64_t inter = w.intermediate;
   float* gate_up = scratch_.gate_up.get<float>(rows * 2 * inter);
   float* act = scratch_.act.get<float>(rows * inter);
+  void* act_bf16 = gemm_input_copy(scratch_.act_bf16, rows * inter);
   blas_->linear(h, rows, hidden, w.gate_up, 2 * inter, gate_up);
-  silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_);
+  silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_, act_bf16);
+  blas_->share_input(act, rows, inter, inter, act_bf16);
   blas_->linear(act, rows, inter, w.down, hidden, out);
+  blas_->unshare_input(act);
 }
 
 void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids,

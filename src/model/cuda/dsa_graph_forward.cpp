@@ -199,10 +199,10 @@ void* cuda_model_stream(const LanguageModel& model) {
   return cuda_model->stream();
 }
 
-CudaGraphStats cuda_graph_stats(const LanguageModel& model) {
+CudaGraphStats cuda_graph_stats(const LanguageModel& model, bool mtp) {
   const auto* cuda_model = dynamic_cast<const cuda::CudaDsaModel*>(&model);
   MEGACTX_CHECK(cuda_model != nullptr, "cuda_graph_stats: not a CUDA model");
-  return cuda_model->graph_stats();
+  return mtp ? cuda_model->mtp_graph_stats() : cuda_model->graph_stats();
 }
 
 }  // namespace megactx

@@ -287,6 +287,7 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
     blas_->linear(normed, s, H, mtp_->lm_head, vocab, out_logits);
   };
   auto record = [&] {
+    blas_->clear_shared_inputs();
     // cat: [n, 2H] = [enorm(embed(token_{t+1})) | hnorm(h)].
     timer_.mark("mtp embed + eh_proj", stream_);
     embed_gather(mtp_->embed, d_ids, n, H, x, stream_);

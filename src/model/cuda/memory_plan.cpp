@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/cuda/fast_attention_plan.h"
 #include "model/cuda/decode_graph_plan.h"
+#include "model/cuda/fast_attention_plan.h"
 
 #if MEGACTX_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -151,7 +151,12 @@ int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16
                 config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1),
                 config.num_nextn_predict_layers > 0 ? 2 * config.hidden_size : int64_t{0}});
   int64_t bytes = 0;
-  if (bf16) bytes += rows * in * 2;
+  // The last input Blas converted, and the copies the model's norms and
+  // activations write beside their outputs (h, q_resid, the MLP activations).
+  const int64_t inter =
+      std::max(config.intermediate_size,
+               config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1));
+  if (bf16) bytes += rows * (in + config.hidden_size + config.q_lora_rank.value_or(0) + inter) * 2;
   if (fp8) bytes += rows * in + rows * ((in + 127) / 128) * 4;
   return bytes;
 }

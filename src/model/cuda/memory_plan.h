@@ -108,7 +108,9 @@ int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows,
 // Blas's GEMM input copies for up to `rows` rows: bf16 [rows, in] and/or
 // e4m3 [rows, in] + scales [rows, ceil(in / 128)], `in` the widest input of
 // any weight matrix (hidden, q_lora, heads x v_head_dim, the MLPs'
-// intermediates, 2 x hidden for the MTP layer's eh_proj).
+// intermediates, 2 x hidden for the MTP layer's eh_proj); with bf16 also the
+// copies the model writes beside its GEMM inputs (CudaDsaModel::gemm_input_copy),
+// bf16 [rows, hidden], [rows, q_lora] and [rows, the widest MLP intermediate].
 int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8);
 
 // Every part of the scratch of `request` (see CudaScratchBreakdown).

@@ -5,6 +5,8 @@
 #include <cuda_fp8.h>
 
 #include <cfloat>
+#include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
@@ -109,6 +111,66 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
   }
 }
 
+// write_fp8_kernel's encoding (the same bytes) with a warp per (token,
+// 128-group) instead of a thread: each lane quantises 4 values, the group's
+// amax is a warp reduction, the codes go out as one 4-byte store per lane.
+// The last warp of a token writes its bf16 tail. A thread looping over its
+// group's 128 values twice cost 18-30 us per launch at decode (ncu, glm_1b):
+// the KV writes were 11-14% of a decode step.
+__global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows rows,
+                                      int64_t tokens, const float* values, int64_t stride) {
+  const int64_t groups = (layout.fp8_count + 127) / 128;
+  const int64_t per_token = groups + 1;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32; w < tokens * per_token;
+       w += warps) {
+    const int64_t token = w / per_token, g = w % per_token;
+    if (rows.positions[token] < 0) continue;  // a padding row writes nothing (uniform per warp)
+    uint8_t* entry =
+        static_cast<uint8_t*>(pool) + slot_of(rows, token, rows.positions[token]) * layout.bytes();
+    const float* v = values + token * stride;
+    if (g == groups) {  // the bf16 tail, a value per lane at a time
+      uint8_t* tail = entry + layout.fp8_count + 4 * groups;
+      for (int64_t i = layout.fp8_count + lane; i < layout.width; i += 32) {
+        const unsigned bits = bf16_bits(v[i]);
+        tail[2 * (i - layout.fp8_count)] = static_cast<uint8_t>(bits & 0xffu);
+        tail[2 * (i - layout.fp8_count) + 1] = static_cast<uint8_t>(bits >> 8);
+      }
+      continue;
+    }
+    const int64_t begin = g * 128;
+    const int64_t end = begin + 128 < layout.fp8_count ? begin + 128 : layout.fp8_count;
+    float mine[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = begin + 4 * lane + k;
+      mine[k] = i < end ? v[i] : 0.0f;
+      amax = fmaxf(amax, fabsf(mine[k]));
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (begin + 4 * lane < end) {
+      unsigned packed = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const unsigned code = begin + 4 * lane + k < end ? __nv_fp8_e4m3(mine[k] / scale).__x : 0u;
+        packed |= code << (8 * k);
+      }
+      if (begin + 4 * lane + 4 <= end) {
+        *reinterpret_cast<unsigned*>(entry + begin + 4 * lane) = packed;
+      } else {
+        for (int k = 0; begin + 4 * lane + k < end; ++k)
+          entry[begin + 4 * lane + k] = static_cast<uint8_t>(packed >> (8 * k));
+      }
+    }
+    if (lane == 0)
+      *reinterpret_cast<unsigned*>(entry + layout.fp8_count + 4 * g) = __float_as_uint(scale);
+  }
+}
+
 // Blocks (token, chunk of kThreads positions); q[t] staged in shared memory
 // ([heads * dim] floats). The chunks spread one token's keys over many SMs
 // (a single decode token would otherwise run on one).
@@ -128,12 +190,112 @@ __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
     float total = 0.0f;
     for (int64_t h = 0; h < p.heads; ++h) {
       float dot = 0.0f;
-      for (int64_t d = 0; d < p.dim; ++d) dot += q[h * p.dim + d] * load(p.pool, p.layout, slot, d);
-      const float value = dot * p.scale;
-      if (value > 0.0f) total += w[h] * value;
+      for (int64_t d = 0; d < p.dim; ++d)
+        dot = __fmaf_rn(q[h * p.dim + d], load(p.pool, p.layout, slot, d), dot);
+      const float value = __fmul_rn(dot, p.scale);
+      if (value > 0.0f) total = __fmaf_rn(w[h], value, total);
     }
     p.scores[t * p.max_context + pos] = total;
   }
+}
+
+// The entry at `slot` as kDim fp32 values in registers, converted as load()
+// converts them: 16-byte loads for F32 and BF16 entries (kDim * 2 is a
+// multiple of 16), byte loads for the byte-aligned FP8 ones with their
+// group scales read once.
+template <int kDim>
+__device__ __forceinline__ void load_entry(const void* pool, const CacheLayout& layout,
+                                           int64_t slot, float (&v)[kDim]) {
+  if (layout.dtype == CacheDType::F32) {
+    const float4* e =
+        reinterpret_cast<const float4*>(static_cast<const float*>(pool) + slot * kDim);
+#pragma unroll
+    for (int i = 0; i < kDim / 4; ++i) {
+      const float4 f = e[i];
+      v[4 * i] = f.x;
+      v[4 * i + 1] = f.y;
+      v[4 * i + 2] = f.z;
+      v[4 * i + 3] = f.w;
+    }
+  } else if (layout.dtype == CacheDType::BF16) {
+    const uint4* e =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(pool) + slot * kDim);
+#pragma unroll
+    for (int i = 0; i < kDim / 8; ++i) {
+      const uint4 u = e[i];
+      const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * i + 2 * j] = __uint_as_float(words[j] << 16);
+        v[8 * i + 2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+      }
+    }
+  } else {
+    const uint8_t* entry = static_cast<const uint8_t*>(pool) + slot * layout.bytes();
+    constexpr int kGroups = (kDim + 127) / 128;
+    float scales[kGroups];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t* b = entry + kDim + 4 * g;
+      scales[g] = __uint_as_float(static_cast<unsigned>(b[0]) | (static_cast<unsigned>(b[1]) << 8) |
+                                  (static_cast<unsigned>(b[2]) << 16) |
+                                  (static_cast<unsigned>(b[3]) << 24));
+    }
+#pragma unroll
+    for (int d = 0; d < kDim; ++d) {
+      __nv_fp8_e4m3 code;
+      code.__x = entry[d];
+      v[d] = static_cast<float>(code) * scales[d / 128];
+    }
+  }
+}
+
+// indexer_scores_kernel's arithmetic (the same operations in the same order,
+// so the same bits) with the key read once into registers instead of once per
+// head and element: a thread per position, q [heads, kDim] and the head
+// weights in shared memory, two heads' dot products in flight at a time.
+template <int kDim>
+__global__ void __launch_bounds__(kThreads) indexer_scores_entry_kernel(IndexerFallbackParams p) {
+  extern __shared__ float shared[];
+  float* q = shared;                   // [heads, kDim]
+  float* w = shared + p.heads * kDim;  // [heads]
+  const int64_t t = blockIdx.x;
+  const int64_t visible = p.rows.positions[t] + 1;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  if (first >= visible) return;
+  const float4* q4 = reinterpret_cast<const float4*>(p.q + t * p.heads * kDim);
+  for (int64_t i = threadIdx.x; i < p.heads * kDim / 4; i += blockDim.x)
+    reinterpret_cast<float4*>(q)[i] = q4[i];
+  for (int64_t h = threadIdx.x; h < p.heads; h += blockDim.x) w[h] = p.weights[t * p.heads + h];
+  __syncthreads();
+  const int64_t pos = first + threadIdx.x;
+  if (pos >= visible) return;
+  float key[kDim];
+  load_entry<kDim>(p.pool, p.layout, slot_of(p.rows, t, pos), key);
+  float total = 0.0f;
+  int64_t h = 0;
+  for (; h + 1 < p.heads; h += 2) {
+    const float* q0 = q + h * kDim;
+    const float* q1 = q0 + kDim;
+    float dot0 = 0.0f, dot1 = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDim; ++d) {
+      dot0 = __fmaf_rn(q0[d], key[d], dot0);
+      dot1 = __fmaf_rn(q1[d], key[d], dot1);
+    }
+    const float value0 = __fmul_rn(dot0, p.scale), value1 = __fmul_rn(dot1, p.scale);
+    if (value0 > 0.0f) total = __fmaf_rn(w[h], value0, total);
+    if (value1 > 0.0f) total = __fmaf_rn(w[h + 1], value1, total);
+  }
+  if (h < p.heads) {
+    const float* q0 = q + h * kDim;
+    float dot = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDim; ++d) dot = __fmaf_rn(q0[d], key[d], dot);
+    const float value = __fmul_rn(dot, p.scale);
+    if (value > 0.0f) total = __fmaf_rn(w[h], value, total);
+  }
+  p.scores[t * p.max_context + pos] = total;
 }
 
 // One block per (token, head); its 8 warps split the selected keys. Each warp
@@ -176,21 +338,22 @@ __global__ void mla_kernel(MlaFallbackParams p) {
     for (int i = 0; i < kMlaMaxLatentPerLane; ++i) {
       const int64_t d = lane + 32 * i;
       c_kv[i] = d < p.kv_lora ? load(p.pool, p.layout, slot, d) : 0.0f;
-      dot += q_latent[i] * c_kv[i];
+      dot = __fmaf_rn(q_latent[i], c_kv[i], dot);
     }
 #pragma unroll
     for (int i = 0; i < kMlaMaxRopePerLane; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < p.rope) dot += q_rope[i] * load(p.pool, p.layout, slot, p.kv_lora + d);
+      if (d < p.rope) dot = __fmaf_rn(q_rope[i], load(p.pool, p.layout, slot, p.kv_lora + d), dot);
     }
     for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    const float logit = dot * p.scale;
+    const float logit = __fmul_rn(dot, p.scale);
     const float new_max = fmaxf(running_max, logit);
     const float correction = expf(running_max - new_max);
     const float weight = expf(logit - new_max);
-    running_sum = running_sum * correction + weight;
+    running_sum = __fmaf_rn(running_sum, correction, weight);
 #pragma unroll
-    for (int i = 0; i < kMlaMaxLatentPerLane; ++i) acc[i] = acc[i] * correction + weight * c_kv[i];
+    for (int i = 0; i < kMlaMaxLatentPerLane; ++i)
+      acc[i] = __fmaf_rn(weight, c_kv[i], __fmul_rn(acc[i], correction));
     running_max = new_max;
   }
 #pragma unroll
@@ -207,14 +370,206 @@ __global__ void mla_kernel(MlaFallbackParams p) {
   for (int w = 0; w < kMlaWarps; ++w) {
     // A warp that saw no key keeps max -FLT_MAX and sum 0: its scale is 0.
     scales[w] = warp_sum[w] > 0.0f ? expf(warp_max[w] - total_max) : 0.0f;
-    denominator += scales[w] * warp_sum[w];
+    denominator = __fmaf_rn(scales[w], warp_sum[w], denominator);
   }
   float* out = p.out + (t * p.heads + h) * p.kv_lora;
   for (int64_t d = threadIdx.x; d < p.kv_lora; d += kThreads) {
     float value = 0.0f;
-    for (int w = 0; w < kMlaWarps; ++w) value += scales[w] * warp_acc[w][d];
-    out[d] = count == 0 ? 0.0f : value / denominator;
+    for (int w = 0; w < kMlaWarps; ++w) value = __fmaf_rn(scales[w], warp_acc[w][d], value);
+    out[d] = count == 0 ? 0.0f : __fdiv_rn(value, denominator);
   }
+}
+
+// Sparse MLA in tiles of selected keys (flash-decoding's structure): a block
+// serves kTileHeads heads of one token and walks its selection kTileKeys keys
+// at a time. Per tile the block gathers the keys' entries into shared memory
+// as fp32 rows (each entry read once for all its heads), then
+//   logits:  thread (h, j) computes q_h . entry_j over kv_lora + rope values;
+//   softmax: warp h takes the tile's max and exponentials of head h and
+//            rescales the running sum (online softmax, as mla_kernel);
+//   values:  thread (h, c) accumulates sum_j p_hj entry_j[d] for its dims
+//            d = c, c + 64, ... (at most kTileMaxDims of them).
+// The work per key is a few shared-memory FMAs instead of mla_kernel's
+// shuffle reduction and two exponentials per key and head, on a chain of
+// dependent loads per key: on the default model's shapes (8 heads, kv_lora
+// 128, top-k 128) mla_kernel and a per-warp version of it sat at 13 cycles per
+// issued instruction with 2 warps per scheduler.
+// Entries live in shared memory as rows of width + 1 floats: thread (h, j)
+// reads row j at the same column as its neighbours, a different bank each.
+constexpr int kTileKeys = 64;
+constexpr int kTileHeads = kThreads / kTileKeys;  // 4
+constexpr int kTileMaxDims = 8;                   // kv_lora <= 64 * 8
+static_assert(kTileKeys == 64, "the softmax phase takes two keys per lane");
+
+struct MlaTileShared {
+  int64_t row_floats;  // width + 1
+  // Byte offsets in the dynamic shared memory.
+  int64_t entries, queries, probs, slots, bytes;
+};
+
+__host__ __device__ inline MlaTileShared mla_tile_shared(int64_t width) {
+  MlaTileShared s;
+  s.row_floats = width + 1;
+  s.entries = 0;
+  s.queries = s.entries + 4 * kTileKeys * s.row_floats;
+  s.probs = s.queries + 4 * kTileHeads * width;
+  s.slots = s.probs + 4 * kTileHeads * kTileKeys;
+  s.bytes = s.slots + 8 * kTileKeys;
+  return s;
+}
+
+__global__ void __launch_bounds__(kThreads) mla_tile_kernel(MlaFallbackParams p) {
+  extern __shared__ uint4 dynamic_shared[];
+  unsigned char* base = reinterpret_cast<unsigned char*>(dynamic_shared);
+  const int64_t width = p.kv_lora + p.rope;
+  const MlaTileShared layout = mla_tile_shared(width);
+  float* entries = reinterpret_cast<float*>(base + layout.entries);  // [kTileKeys, row_floats]
+  float* queries = reinterpret_cast<float*>(base + layout.queries);  // [kTileHeads, width]
+  float* probs = reinterpret_cast<float*>(base + layout.probs);      // [kTileHeads, kTileKeys]
+  int64_t* slots = reinterpret_cast<int64_t*>(base + layout.slots);  // [kTileKeys]
+  __shared__ float running_max[kTileHeads], running_sum[kTileHeads], correction[kTileHeads];
+
+  const int64_t groups = (p.heads + kTileHeads - 1) / kTileHeads;
+  const int64_t t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kTileHeads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int32_t* selected = p.indices + t * p.index_stride;
+  const int64_t count = p.counts[t];
+
+  // Queries [q_latent | q_rope] of the block's heads (zeros past p.heads).
+  for (int64_t i = tid; i < kTileHeads * width; i += kThreads) {
+    const int64_t g = i / width, d = i % width, h = h0 + g;
+    float value = 0.0f;
+    if (h < p.heads) {
+      value = d < p.kv_lora
+                  ? p.q_latent[(t * p.heads + h) * p.kv_lora + d]
+                  : p.q_rope[t * p.rope_row_stride + h * p.rope_head_stride + d - p.kv_lora];
+    }
+    queries[i] = value;
+  }
+  if (tid < kTileHeads) {
+    running_max[tid] = -FLT_MAX;
+    running_sum[tid] = 0.0f;
+  }
+  // Thread (h, c) of the value phase: dims c + 64 i.
+  const int vh = tid / kTileKeys, vc = tid % kTileKeys;
+  float acc[kTileMaxDims];
+#pragma unroll
+  for (int i = 0; i < kTileMaxDims; ++i) acc[i] = 0.0f;
+
+  for (int64_t first = 0; first < count; first += kTileKeys) {
+    const int n = static_cast<int>(count - first < kTileKeys ? count - first : kTileKeys);
+    __syncthreads();  // the previous tile's readers are done with entries and probs
+    if (tid < n) slots[tid] = slot_of(p.rows, t, selected[first + tid]);
+    __syncthreads();
+    // Gather: 16-byte loads where the layout allows (BF16: 8 values, F32: 4).
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.pool) & 15u) == 0;
+    if (aligned && p.layout.dtype == CacheDType::BF16 && width % 8 == 0) {
+      const int64_t chunks = width / 8;
+      for (int64_t i = tid; i < n * chunks; i += kThreads) {
+        const int64_t j = i / chunks, c = i % chunks;
+        const uint4 u = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.pool) +
+                                                       slots[j] * width)[c];
+        float* row = entries + j * layout.row_floats + 8 * c;
+        const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          row[2 * k] = __uint_as_float(words[k] << 16);
+          row[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+        }
+      }
+    } else if (aligned && p.layout.dtype == CacheDType::F32 && width % 4 == 0) {
+      const int64_t chunks = width / 4;
+      for (int64_t i = tid; i < n * chunks; i += kThreads) {
+        const int64_t j = i / chunks, c = i % chunks;
+        const float4 f = reinterpret_cast<const float4*>(static_cast<const float*>(p.pool) +
+                                                         slots[j] * width)[c];
+        float* row = entries + j * layout.row_floats + 4 * c;
+        row[0] = f.x;
+        row[1] = f.y;
+        row[2] = f.z;
+        row[3] = f.w;
+      }
+    } else {
+      for (int64_t i = tid; i < n * width; i += kThreads) {
+        const int64_t j = i / width, d = i % width;
+        entries[j * layout.row_floats + d] = load(p.pool, p.layout, slots[j], d);
+      }
+    }
+    __syncthreads();
+    {  // logits: thread (h, j)
+      const int h = tid / kTileKeys, j = tid % kTileKeys;
+      float logit = -FLT_MAX;
+      if (j < n) {
+        const float* q = queries + h * width;
+        const float* e = entries + j * layout.row_floats;
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int64_t d = 0; d < width; ++d) dot = __fmaf_rn(q[d], e[d], dot);
+        logit = __fmul_rn(dot, p.scale);
+      }
+      probs[h * kTileKeys + j] = logit;
+    }
+    __syncthreads();
+    if (warp < kTileHeads) {  // softmax of head `warp` over the tile
+      float* row = probs + warp * kTileKeys;
+      const float a = row[lane], b = row[lane + 32];
+      float most = fmaxf(a, b);
+      for (int offset = 16; offset > 0; offset /= 2)
+        most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+      const float old_max = running_max[warp];
+      const float new_max = fmaxf(old_max, most);
+      const float pa = lane < n ? expf(a - new_max) : 0.0f;
+      const float pb = lane + 32 < n ? expf(b - new_max) : 0.0f;
+      float sum = pa + pb;
+      for (int offset = 16; offset > 0; offset /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      row[lane] = pa;
+      row[lane + 32] = pb;
+      __syncwarp();
+      if (lane == 0) {
+        const float scale = expf(old_max - new_max);
+        correction[warp] = scale;
+        running_sum[warp] = __fmaf_rn(running_sum[warp], scale, sum);
+        running_max[warp] = new_max;
+      }
+    }
+    __syncthreads();
+    {  // values: thread (h, c)
+      const float* prob = probs + vh * kTileKeys;
+      const float scale = correction[vh];
+#pragma unroll
+      for (int i = 0; i < kTileMaxDims; ++i) {
+        const int64_t d = vc + 64 * i;
+        if (d >= p.kv_lora) break;
+        float value = __fmul_rn(acc[i], scale);
+#pragma unroll 8
+        for (int j = 0; j < n; ++j)
+          value = __fmaf_rn(prob[j], entries[j * layout.row_floats + d], value);
+        acc[i] = value;
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t h = h0 + vh;
+  if (h >= p.heads) return;
+  float* out = p.out + (t * p.heads + h) * p.kv_lora;
+  const float denominator = running_sum[vh];
+#pragma unroll
+  for (int i = 0; i < kTileMaxDims; ++i) {
+    const int64_t d = vc + 64 * i;
+    if (d >= p.kv_lora) break;
+    out[d] = count == 0 ? 0.0f : __fdiv_rn(acc[i], denominator);
+  }
+}
+
+// MEGACTX_CUDA_PLAIN_FALLBACK=1 runs the plain kernels everywhere (to measure
+// the fast ones against them in the same build); read once.
+bool plain_fallback() {
+  static const bool plain = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_PLAIN_FALLBACK");
+    return value != nullptr && value[0] == '1';
+  }();
+  return plain;
 }
 
 int blocks_for(int64_t count) {
@@ -229,8 +584,17 @@ void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& ro
   if (tokens == 0) return;
   if (layout.dtype == CacheDType::FP8) {
     const int64_t per_token = (layout.fp8_count + 127) / 128 + 1;
-    write_fp8_kernel<<<blocks_for(tokens * per_token), kThreads, 0, stream>>>(
-        pool, layout, rows, tokens, values, stride);
+    // The warp kernel stores codes and scales 4 bytes at a time: every entry
+    // (and so every code group and scale) must start 4-byte aligned.
+    const bool aligned = layout.bytes() % 4 == 0 && layout.fp8_count % 4 == 0 &&
+                         (reinterpret_cast<uintptr_t>(pool) & 3u) == 0;
+    if (aligned && !plain_fallback()) {
+      write_fp8_warp_kernel<<<blocks_for(tokens * per_token * 32), kThreads, 0, stream>>>(
+          pool, layout, rows, tokens, values, stride);
+    } else {
+      write_fp8_kernel<<<blocks_for(tokens * per_token), kThreads, 0, stream>>>(
+          pool, layout, rows, tokens, values, stride);
+    }
   } else {
     write_plain_kernel<<<blocks_for(tokens * layout.width), kThreads, 0, stream>>>(
         pool, layout, rows, tokens, values, stride);
@@ -238,13 +602,70 @@ void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& ro
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
-void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
-  if (p.tokens == 0) return;
-  const size_t q_bytes = static_cast<size_t>(p.heads * p.dim) * sizeof(float);
+namespace {
+
+// Launches the entry-in-registers scorer for kDim; false when the shape or
+// the alignment of q does not suit it.
+template <int kDim>
+bool launch_entry_scores(const IndexerFallbackParams& p, const dim3& grid, cudaStream_t stream) {
+  if (p.dim != kDim || (reinterpret_cast<uintptr_t>(p.q) & 15u) != 0) return false;
+  if (p.layout.dtype != CacheDType::FP8 && (reinterpret_cast<uintptr_t>(p.pool) & 15u) != 0)
+    return false;
+  const size_t shared = static_cast<size_t>(p.heads * (kDim + 1)) * sizeof(float);
+  if (shared > 48 * 1024) return false;
+  indexer_scores_entry_kernel<kDim><<<grid, kThreads, shared, stream>>>(p);
+  return true;
+}
+
+void indexer_scores(const IndexerFallbackParams& p, bool plain, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.tokens),
                   static_cast<unsigned>((p.max_context + kThreads - 1) / kThreads));
-  indexer_scores_kernel<<<grid, kThreads, q_bytes, stream>>>(p);
+  if (plain ||
+      !(launch_entry_scores<16>(p, grid, stream) || launch_entry_scores<32>(p, grid, stream) ||
+        launch_entry_scores<64>(p, grid, stream) || launch_entry_scores<128>(p, grid, stream))) {
+    const size_t q_bytes = static_cast<size_t>(p.heads * p.dim) * sizeof(float);
+    indexer_scores_kernel<<<grid, kThreads, q_bytes, stream>>>(p);
+  }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+// The tile kernel, when its shared memory fits the device and kv_lora its
+// per-thread dims; false otherwise (the plain kernel runs).
+bool launch_tile_mla(const MlaFallbackParams& p, cudaStream_t stream) {
+  if (p.kv_lora > 64 * kTileMaxDims) return false;
+  const int64_t bytes = mla_tile_shared(p.kv_lora + p.rope).bytes;
+  // Once: the opt-in above 48 KiB, up to the device's per-block limit less the
+  // kernel's static shared memory (0 if the opt-in fails: the plain kernel runs).
+  static const int64_t limit = [] {
+    int device = 0, most = 0;
+    cudaFuncAttributes attributes{};
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&attributes, mla_tile_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return int64_t{0};
+    }
+    const int dynamic = most - static_cast<int>(attributes.sharedSizeBytes);
+    if (cudaFuncSetAttribute(mla_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             dynamic) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return int64_t{0};
+    }
+    return static_cast<int64_t>(dynamic);
+  }();
+  if (bytes > limit) return false;
+  const int64_t groups = (p.heads + kTileHeads - 1) / kTileHeads;
+  mla_tile_kernel<<<static_cast<unsigned>(p.tokens * groups), kThreads, static_cast<size_t>(bytes),
+                    stream>>>(p);
+  return true;
+}
+
+}  // namespace
+
+void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  indexer_scores(p, plain_fallback(), stream);
   PositionTopkParams select;
   select.scores = p.scores;
   select.score_stride = p.max_context;
@@ -260,8 +681,23 @@ void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) 
 void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   // kv_lora <= 512 and rope <= 64: checked by the CUDA model's constructor.
+  if (plain_fallback() || !launch_tile_mla(p, stream)) {
+    mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream>>>(p);
+  }
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace detail {
+
+void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStream_t stream) {
+  if (p.tokens > 0) indexer_scores(p, plain, stream);
+}
+
+void mla_attention_fallback_plain(const MlaFallbackParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
   mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream>>>(p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace detail
 }  // namespace megactx::cuda

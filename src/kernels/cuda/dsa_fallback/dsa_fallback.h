@@ -45,6 +45,9 @@ struct PagedRows {
 };
 
 // pool entry of token t's slot <- values[t, 0:layout.width) (row stride `stride`).
+// FP8 entries whose size is a multiple of 4 bytes are written a warp per
+// 128-value group (others, and MEGACTX_CUDA_PLAIN_FALLBACK=1, a thread per
+// group): the same bytes either way.
 void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& rows, int64_t tokens,
                       const float* values, int64_t stride, cudaStream_t stream);
 
@@ -85,5 +88,18 @@ struct MlaFallbackParams {
   float* out = nullptr;  // [tokens, heads, kv_lora]
 };
 void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream);
+
+// The plain kernels behind the fast ones above (tests compare them): the first
+// reads every key value once per head, the second one key after another per
+// warp, one head per block. The fast indexer scorer equals the plain one bit for
+// bit and serves index dims 16/32/64/128; the tiled sparse MLA (a different
+// summation order, fp32 throughout) serves kv_lora <= 512 wherever its shared
+// memory fits the device. Other shapes run the plain kernels, and so does every
+// launch under MEGACTX_CUDA_PLAIN_FALLBACK=1 (to measure the two in one build).
+namespace detail {
+// Only the scores (p.scores) of indexer_topk_fallback; plain: the plain kernel.
+void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStream_t stream);
+void mla_attention_fallback_plain(const MlaFallbackParams& p, cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace megactx::cuda

@@ -1,6 +1,8 @@
 // fp32 dense kernels of the CUDA model; see dense_ops.h. Simple, one row per
 // block where a reduction is needed: they carry the exact-parity mode, the
 // bf16/fp8 fast path replaces the heavy ones.
+#include <cuda_bf16.h>
+
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -38,15 +40,29 @@ __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int6
   }
 }
 
-__global__ void rmsnorm_kernel(const float* x, int64_t n, int64_t x_stride, const float* weight,
-                               float eps, float* y, int64_t y_stride) {
+// kAdd: x[r] += branch[r] first (add_rmsnorm; x is then written, dense rows).
+template <bool kAdd>
+__global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t x_stride,
+                               const float* weight, float eps, float* y, int64_t y_stride,
+                               __nv_bfloat16* y_bf16) {
   __shared__ float shared[kThreads / 32];
-  const float* xr = x + blockIdx.x * x_stride;
+  float* xr = x + blockIdx.x * x_stride;
   float* yr = y + blockIdx.x * y_stride;
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += xr[i] * xr[i];
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float v = xr[i];
+    if constexpr (kAdd) {
+      v += branch[blockIdx.x * n + i];
+      xr[i] = v;
+    }
+    sum += v * v;
+  }
   const float inv = rsqrtf(block_sum(sum, shared) / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) yr[i] = weight[i] * (xr[i] * inv);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const float out = weight[i] * (xr[i] * inv);
+    yr[i] = out;
+    if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(out);
+  }
 }
 
 __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight, const float* bias,
@@ -85,12 +101,14 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_s
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
-                                int64_t stride, float* out) {
+                                int64_t stride, float* out, __nv_bfloat16* out_bf16) {
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * n;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = t / n, i = t % n;
     const float g = gate[r * stride + i];
-    out[t] = g / (1.0f + expf(-g)) * up[r * stride + i];
+    const float value = g / (1.0f + expf(-g)) * up[r * stride + i];
+    out[t] = value;
+    if (out_bf16 != nullptr) out_bf16[t] = __float2bfloat16_rn(value);
   }
 }
 
@@ -239,10 +257,20 @@ void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hid
 }
 
 void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
-             float eps, float* y, int64_t y_stride, cudaStream_t stream) {
+             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, x_stride, weight, eps,
-                                                                       y, y_stride);
+  // kAdd false: x is only read.
+  rmsnorm_kernel<false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      const_cast<float*>(x), nullptr, n, x_stride, weight, eps, y, y_stride,
+      static_cast<__nv_bfloat16*>(y_bf16));
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
+                 float eps, float* y, cudaStream_t stream, void* y_bf16) {
+  if (rows == 0) return;
+  rmsnorm_kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      x, branch, n, n, weight, eps, y, n, static_cast<__nv_bfloat16*>(y_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -262,8 +290,9 @@ void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t hea
 }
 
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
-              float* out, cudaStream_t stream) {
-  silu_mul_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(gate, up, rows, n, stride, out);
+              float* out, cudaStream_t stream, void* out_bf16) {
+  silu_mul_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(
+      gate, up, rows, n, stride, out, static_cast<__nv_bfloat16*>(out_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

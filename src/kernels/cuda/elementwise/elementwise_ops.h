@@ -14,9 +14,18 @@ namespace megactx::cuda {
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
                   cudaStream_t stream);
 
-// y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps); x and y may alias.
+// y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps); x and y may alias. With
+// y_bf16, also y rounded to bf16 there ([rows, n], dense): the copy the bf16
+// linears that read y take instead of converting it themselves
+// (Blas::share_input).
 void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
-             float eps, float* y, int64_t y_stride, cudaStream_t stream);
+             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16 = nullptr);
+
+// x[r] += branch[r], then rmsnorm(x[r]) -> y[r] (and y_bf16) in one launch: a
+// decoder layer's residual add and the norm after it. The same operations as
+// add_into + rmsnorm, so the same bits. x, branch, y [rows, n], dense.
+void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
+                 float eps, float* y, cudaStream_t stream, void* y_bf16 = nullptr);
 
 // torch.nn.LayerNorm (biased variance); x, y [rows, n].
 void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,
@@ -27,9 +36,10 @@ void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, con
 void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
           int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream);
 
-// out[rows, n] = silu(gate) * up; gate/up rows have stride `stride`.
+// out[rows, n] = silu(gate) * up; gate/up rows have stride `stride`. With
+// out_bf16, also out rounded to bf16 there (as rmsnorm's y_bf16).
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
-              float* out, cudaStream_t stream);
+              float* out, cudaStream_t stream, void* out_bf16 = nullptr);
 
 // x[i] += y[i] for i < count.
 void add_into(float* x, const float* y, int64_t count, cudaStream_t stream);

@@ -64,6 +64,31 @@ Blas::~Blas() {
   if (x_scale_ != nullptr) cudaFree(x_scale_);
 }
 
+void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                       const void* x_bf16) {
+  if (x_bf16 == nullptr) return;
+  SharedInput* slot = nullptr;  // x's slot, else the first free one
+  for (SharedInput& shared : shared_) {
+    if (shared.x == x) {
+      slot = &shared;
+      break;
+    }
+    if (shared.x == nullptr && slot == nullptr) slot = &shared;
+  }
+  MEGACTX_CHECK(slot != nullptr, "Blas::share_input: more than {} shared inputs at once",
+                kSharedInputs);
+  *slot = SharedInput{x, rows, in, x_stride, x_bf16};
+}
+
+void Blas::unshare_input(const float* x) {
+  for (SharedInput& shared : shared_)
+    if (shared.x == x) shared = SharedInput{};
+}
+
+void Blas::clear_shared_inputs() {
+  for (SharedInput& shared : shared_) shared = SharedInput{};
+}
+
 void* Blas::grow(void*& buffer, size_t& capacity, size_t bytes) {
   if (bytes > capacity) {
     // The previous GEMM on this stream may still read the old buffer.
@@ -98,6 +123,12 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
     g.round_x_to_bf16 = true;  // as the cuBLAS path below: bf16 products
     g.w_type = GemmElement::BF16;
     batch_invariant_gemm(g, stream_);
+    return;
+  }
+  for (const SharedInput& shared : shared_) {
+    if (shared.x != x || shared.rows != rows || shared.in != in || shared.stride != x_stride)
+      continue;
+    linear_bf16(shared.bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
     return;
   }
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);

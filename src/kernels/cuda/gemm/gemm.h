@@ -72,6 +72,18 @@ class Blas {
   void linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                       int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
                       float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
+  // Inputs already rounded to bf16 by the kernel that wrote them (rmsnorm,
+  // add_rmsnorm, silu_mul with their bf16 outputs): share_input(x, ..., x_bf16)
+  // says that x [rows, in] (row stride x_stride) has the copy x_bf16 [rows, in]
+  // (dense) until unshare_input(x) or clear_shared_inputs(); a bf16 linear of
+  // exactly that input reads the copy instead of converting x. The writer of x
+  // must write the copy too. float32 and fp8 weights, and the deterministic
+  // mode, read x as before. At most kSharedInputs at a time; a null x_bf16
+  // shares nothing (the float32 mode makes no copies).
+  static constexpr int kSharedInputs = 2;
+  void share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride, const void* x_bf16);
+  void unshare_input(const float* x);
+  void clear_shared_inputs();
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
   void linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
                    int64_t out, void* y, int64_t y_stride, bool y_f32);
@@ -109,6 +121,12 @@ class Blas {
   cudaStream_t stream_ = nullptr;
   void* x_bf16_ = nullptr;  // [rows, in] bf16 inputs of the last bf16 linear
   size_t x_bf16_bytes_ = 0;
+  struct SharedInput {
+    const float* x = nullptr;  // null: the slot is free
+    int64_t rows = 0, in = 0, stride = 0;
+    const void* bf16 = nullptr;  // [rows, in] bf16, written beside x
+  };
+  SharedInput shared_[kSharedInputs];
   void* x_fp8_ = nullptr;  // [rows, in] e4m3 inputs of the last fp8 linear
   size_t x_fp8_bytes_ = 0;
   void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
