@@ -72,6 +72,21 @@ __global__ void write_plain_kernel(void* pool, CacheLayout layout, PagedRows row
   }
 }
 
+// Values [first, width) of an FP8 entry's bf16 tail, every `step`-th, into
+// `tail`. Byte stores (entries are only byte-aligned, e.g. 52 B for a 32 + 8
+// latent) of bf16 bits made with integer arithmetic: with CUDA 13.0, taking
+// the low byte of a __nv_bfloat16 value (memcpy or __bfloat16_as_ushort &
+// 0xff) stored the value converted to a saturated uint8 instead
+// (cuda_kv_encoding_test caught it).
+__device__ void store_bf16_tail(uint8_t* tail, const float* v, const CacheLayout& layout,
+                                int64_t first, int64_t step) {
+  for (int64_t i = first; i < layout.width; i += step) {
+    const unsigned bits = bf16_bits(v[i]);
+    tail[2 * (i - layout.fp8_count)] = static_cast<uint8_t>(bits & 0xffu);
+    tail[2 * (i - layout.fp8_count) + 1] = static_cast<uint8_t>(bits >> 8);
+  }
+}
+
 // One thread per (token, 128-group) of the fp8 part, plus one per token for
 // the bf16 tail: the same encoding as the host cache (kv_cache.cpp).
 __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows, int64_t tokens,
@@ -87,16 +102,7 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
     const float* v = values + token * stride;
     if (g == groups) {  // the bf16 tail
       uint8_t* tail = entry + layout.fp8_count + 4 * groups;
-      // Byte stores (entries are only byte-aligned, e.g. 52 B for a 32 + 8
-      // latent) of bf16 bits made with integer arithmetic: with CUDA 13.0,
-      // taking the low byte of a __nv_bfloat16 value (memcpy or
-      // __bfloat16_as_ushort & 0xff) stored the value converted to a
-      // saturated uint8 instead (cuda_kv_encoding_test caught it).
-      for (int64_t i = layout.fp8_count; i < layout.width; ++i) {
-        const unsigned bits = bf16_bits(v[i]);
-        tail[2 * (i - layout.fp8_count)] = static_cast<uint8_t>(bits & 0xffu);
-        tail[2 * (i - layout.fp8_count) + 1] = static_cast<uint8_t>(bits >> 8);
-      }
+      store_bf16_tail(tail, v, layout, layout.fp8_count, 1);
       continue;
     }
     const int64_t begin = g * 128;
@@ -132,11 +138,7 @@ __global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows 
     const float* v = values + token * stride;
     if (g == groups) {  // the bf16 tail, a value per lane at a time
       uint8_t* tail = entry + layout.fp8_count + 4 * groups;
-      for (int64_t i = layout.fp8_count + lane; i < layout.width; i += 32) {
-        const unsigned bits = bf16_bits(v[i]);
-        tail[2 * (i - layout.fp8_count)] = static_cast<uint8_t>(bits & 0xffu);
-        tail[2 * (i - layout.fp8_count) + 1] = static_cast<uint8_t>(bits >> 8);
-      }
+      store_bf16_tail(tail, v, layout, layout.fp8_count + lane, 32);
       continue;
     }
     const int64_t begin = g * 128;
