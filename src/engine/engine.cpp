@@ -446,6 +446,11 @@ void Engine::run_plan() {
   using Timed = EnginePhaseTimes::Scope;
   if (speculator_) {
     Timed timed(phase_times_, EnginePhaseTimes::Drafts);
+    // Drafts read the matchers: they take their pending tokens first (a
+    // refused one shows in fill_grammar_masks, which fails the request).
+    for (const ScheduledChunk& chunk : plan_.chunks) {
+      if (chunk.request->spec.verifying) accept_pending_tokens(*chunk.request);
+    }
     speculator_->draft(plan_, *cache_);
   }
   ForwardOutput output;
@@ -536,12 +541,31 @@ bool any_allowed(const uint32_t* words, size_t count) {
 
 }  // namespace
 
+bool Engine::accept_pending_tokens(RequestState& request) {
+  if (!request.matcher || !request.grammar_error.empty()) return request.grammar_error.empty();
+  for (const int32_t token : request.grammar_pending) {
+    if (!request.matcher->accept_token(token)) {
+      // The sampler only picks allowed tokens; this is a broken invariant.
+      request.grammar_error =
+          fmt::format("structured output: token {} was sampled but the grammar rejects it", token);
+      break;
+    }
+  }
+  request.grammar_pending.clear();
+  return request.grammar_error.empty();
+}
+
 void Engine::fill_grammar_masks() {
   std::vector<RequestState*>& failed = outputs_.grammar_failed;
   failed.clear();
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
     if (!request.matcher) continue;
+    // The tokens of the last step, taken while this step's forward runs.
+    if (!accept_pending_tokens(request)) {
+      failed.push_back(&request);
+      continue;
+    }
     if (request.spec.verifying) {
       // The Speculator's drafts made the masks of its rows; row 0 is this state's.
       const auto words = static_cast<size_t>(request.matcher->mask_words());
@@ -632,8 +656,11 @@ void Engine::apply_outputs() {
   for (RequestState* request : out.scoring_done) finish(*request, FinishReason::Length);
   for (RequestState* request : out.grammar_failed) {
     finish(*request, FinishReason::Error,
-           fmt::format("structured output: the grammar allows no token after {} generated tokens",
-                       request->num_generated()));
+           !request->grammar_error.empty()
+               ? request->grammar_error
+               : fmt::format(
+                     "structured output: the grammar allows no token after {} generated tokens",
+                     request->num_generated()));
   }
   for (RequestState* request : out.scored_through_prompt) {
     // The first prompt token has no logprob (nothing precedes it): NaN, which
@@ -663,13 +690,9 @@ void Engine::apply_outputs() {
 void Engine::append_token(RequestState& request, const SampleResult& sample) {
   const SamplingParams& sampling = request.request.sampling;
   const int32_t token = sample.token;
-  if (request.matcher && !request.matcher->accept_token(token)) {
-    // The sampler only picks allowed tokens; this is a broken invariant.
-    finish(
-        request, FinishReason::Error,
-        fmt::format("structured output: token {} was sampled but the grammar rejects it", token));
-    return;
-  }
+  // The matcher takes it at the next step that reads the matcher
+  // (accept_pending_tokens), overlapping that step's forward.
+  if (request.matcher) request.grammar_pending.push_back(token);
   request.tokens.push_back(token);
   RequestUpdate& update = update_of(request);
   update.new_token_ids.push_back(token);

@@ -134,10 +134,14 @@ class Engine : public EngineApi {
   void apply_outputs();
   void append_token(RequestState& request, const SampleResult& sample);
   // Structured output: the grammar mask of every chunk that samples its next
-  // token (after the forward's launch, so a device forward overlaps it); a
-  // request whose grammar allows nothing is failed after the step
-  // (outputs_.grammar_failed).
+  // token, its matcher first taking the tokens of the last step (both after
+  // the forward's launch, so a device forward overlaps them); a request whose
+  // grammar allows nothing, or refused a sampled token, is failed after the
+  // step (outputs_.grammar_failed).
   void fill_grammar_masks();
+  // The matcher takes request.grammar_pending; false (grammar_error set) when
+  // it refuses one, or refused one before.
+  bool accept_pending_tokens(RequestState& request);
   // Ends a request: last update, pages back (full ones stay in the prefix
   // cache). Text held back for stop strings is released unless a stop string matched.
   void finish(RequestState& request, FinishReason reason, std::string detail = {},

@@ -100,9 +100,15 @@ struct RequestState {
   std::vector<float> hidden_states;
   SpeculationState spec;
   // Structured output (sampling.grammar): the automaton state of the output so
-  // far and the mask of the next token (plain decoding).
+  // far and the mask of the next token (plain decoding). The matcher takes
+  // the tokens appended in a step at the start of the next step that reads it
+  // (grammar_pending, Engine::accept_pending_tokens), while that step's
+  // forward runs on a device, instead of one by one in the step that sampled
+  // them; grammar_error: why it refused one (the request ends with it).
   std::unique_ptr<grammar::GrammarMatcher> matcher;
   std::vector<uint32_t> grammar_mask;
+  std::vector<int32_t> grammar_pending;
+  std::string grammar_error;
   RequestUpdate update;  // what this step produced
   bool has_update = false;
 
