@@ -131,6 +131,7 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
   scratch.bf16_gemm_inputs = options.cuda.bf16_weights;
   scratch.fp8_gemm_inputs = options.cuda.fp8_native;
   scratch.cuda_graph_max_batch = options.cuda.cuda_graph_max_batch;
+  scratch.row_block = options.cuda.row_block;
 #if MEGACTX_HAVE_CUDA
   if (options.device == Device::CUDA) {
     scratch.multiprocessors = query_device_multiprocessors(options.cuda.device_ordinal);

@@ -24,8 +24,8 @@
 
 #include "../model/hf_fixture.h"
 #include "model/cuda/cuda_dsa_model.h"
-#include "model/cuda/fast_attention_plan.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/fast_attention_plan.h"
 #include "model/model_loader.h"
 
 namespace megactx::testing {
@@ -82,9 +82,11 @@ std::unique_ptr<LanguageModel> host_model(const Shape& shape, int64_t index_topk
   return load_language_model(write_config(shape), options);
 }
 
-std::unique_ptr<LanguageModel> cuda_model(const LanguageModel& host, bool fast) {
+std::unique_ptr<LanguageModel> cuda_model(const LanguageModel& host, bool fast,
+                                          int64_t row_block = 1024) {
   CudaModelOptions options;
   options.fast_attention = fast;
+  options.row_block = row_block;
   return make_cuda_dsa_model(static_cast<const DsaModel&>(host), options);
 }
 
@@ -227,6 +229,36 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
     expect_valid_selection(got, "fast path");
     expect_valid_selection(want, "fallback");
     expect_scratch_within_plan(*fast, 4096);
+  }
+}
+
+TEST(CudaFastAttention, RowBlocksMatchTheWholeStep) {
+  // The 470-row prefill in blocks of 64 rows (the last one 22) through the
+  // attention core and the feed-forward, against one block of the whole
+  // step: the same selection (the indexer runs on the whole step either way),
+  // rounding differences only (sparse MLA's split-K depends on the rows of a
+  // launch, cuBLAS may pick other kernels). Also the plan's bound for blocks.
+  for (const Shape& shape : {kShapes[0], kShapes[2]}) {
+    SCOPED_TRACE(shape_name(shape));
+    auto host = host_model(shape, 64);
+    auto whole = cuda_model(*host, true);
+    auto blocked = cuda_model(*host, true, /*row_block=*/64);
+    const Outcome want = run(*whole, KvDType::FP8);
+    const Outcome got = run(*blocked, KvDType::FP8);
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
+    const double error = relative_error(got.logits.data(), want.logits.data(), want.logits.size());
+    std::printf("fast path, %s, row blocks of 64 vs one block: relative logit error %.3g\n",
+                shape_name(shape).c_str(), error);
+    EXPECT_LE(error, 1e-3);
+    expect_scratch_within_plan(*blocked, 64);
+    int device = 0, multiprocessors = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(
+        cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    EXPECT_LE(dynamic_cast<const cuda::CudaDsaModel&>(*blocked).fast_scratch_bytes(),
+              cuda_fast_attention_scratch_bytes(host->config(), kPromptA + kPromptB, 1024, 64,
+                                                multiprocessors, /*row_block=*/64));
   }
 }
 

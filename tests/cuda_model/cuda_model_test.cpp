@@ -63,6 +63,27 @@ TEST(CudaModel, Fp32DecodeAndChunkedPrefillMatchCpuModel) {
   }
 }
 
+TEST(CudaModel, RowBlocksMatchCpuModel) {
+  // The attention core and the feed-forward in blocks of 5 rows (prefill
+  // chunks of 7 rows: a block of 5 and one of 2; the whole prompt: blocks of
+  // 5 and a short last one) stay within the fp32 parity bound.
+  ModelLoadOptions options = cuda_options();
+  options.cuda.row_block = 5;
+  for (const char* name : kFixtures) {
+    const HfFixture f = load_fixture(name);
+    auto cpu = load_language_model(f.dir, {});
+    auto gpu = load_language_model(f.dir, options);
+    const std::vector<int32_t> ids = prompt_and_greedy(f);
+    const std::vector<float> want = run_sequence(*cpu, ids, KvDType::F32, 0);
+    for (int64_t chunk : {0, 7}) {
+      const std::vector<float> got = run_sequence(*gpu, ids, KvDType::F32, chunk);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_LE(relative_error(got.data(), want.data(), want.size()), 1e-4)
+          << name << " chunk " << chunk;
+    }
+  }
+}
+
 TEST(CudaModel, GreedyTokensEqualHf) {
   for (const char* name : kFixtures) {
     const HfFixture f = load_fixture(name);

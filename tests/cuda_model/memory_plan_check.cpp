@@ -324,7 +324,25 @@ TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
   fallback.options.fast_attention = false;
   const CudaScratchBreakdown old = cuda_scratch_breakdown(config, fallback);
   EXPECT_EQ(old.step, without_scores + int64_t{4} * 16640 * 1052672);
+  // Row blocks of 1024 (CudaModelOptions::row_block): the attention core's and
+  // the feed-forward's activations are 1024 rows instead of 16640; with 1024
+  // logits rows (--max-logit-rows 1024) as well.
+  CudaMemoryRequest blocked = request_at(1052672);
+  blocked.options.row_block = 1024;
+  const CudaScratchBreakdown rows_1024 = cuda_scratch_breakdown(config, blocked);
+  EXPECT_LT(rows_1024.step, at_1m.step);
+  EXPECT_LT(rows_1024.fast_attention, at_1m.fast_attention);
+  blocked.max_logit_rows = 1024;
+  const CudaScratchBreakdown small_logits = cuda_scratch_breakdown(config, blocked);
+  EXPECT_EQ(cuda_step_scratch_bytes(config, 512, 0, 1, config.index_topk, 512),
+            cuda_step_scratch_bytes(config, 512, 0, 1, config.index_topk, 0))
+      << "a step no longer than a block is one block";
   const double mib = 1048576.0;
+  std::printf(
+      "GLM-5.2 at 1M context, 16640-token steps: total scratch %.0f MiB in one block, %.0f MiB in "
+      "row blocks of 1024, %.0f MiB with 1024 logits rows as well\n",
+      at_1m.device_total() / mib, rows_1024.device_total() / mib,
+      small_logits.device_total() / mib);
   const double logits = double(logit_rows) * (config.hidden_size + config.vocab_size) * 4;
   std::printf(
       "GLM-5.2, 16640-token steps, context 1052672: step scratch %.0f MiB (fallback kernels %.0f "

@@ -234,6 +234,23 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
   blas_->linear(normed, m, hidden, weights_->lm_head, config_.vocab_size, logits);
 }
 
+CudaDsaModel::Step CudaDsaModel::Step::rows_of(int64_t first, int64_t count, int64_t rope_half,
+                                               int64_t index_stride) const {
+  Step part = *this;
+  part.tokens = count;
+  part.rows.table_offset += first;
+  part.rows.positions += first;
+  part.cos += first * rope_half;
+  part.sin += first * rope_half;
+  part.topk += first * index_stride;
+  part.counts += first;
+  part.token_tables = nullptr;
+  part.row_visible = nullptr;
+  part.row_ids = nullptr;
+  part.table_stride = 0;
+  return part;
+}
+
 void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
   return options_.bf16_weights ? buffer.get<uint16_t>(count) : nullptr;
 }
@@ -253,12 +270,23 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   attention(w, layer, h, step, cache, branch);
   timer_.mark("norms + residual", stream_);
   add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, h, stream_, h_bf16);
-  if (w.is_moe) {
-    moe(w, h, n, branch);
-  } else {
-    timer_.mark("dense mlp", stream_);
-    mlp(w.dense, h, n, branch);
+  // The feed-forward in blocks of row_block(n) rows, as attention's core: its
+  // activations are [block, ...] whatever n is.
+  const int64_t block = row_block(n);
+  const int64_t routed_row_words = config_.num_hidden_layers * config_.num_experts_per_tok;
+  int32_t* const routed = routed_ids_;
+  for (int64_t first = 0; first < n; first += block) {
+    const int64_t rows = std::min(block, n - first);
+    if (w.is_moe) {
+      // The routed-expert capture of these rows starts at row `first`.
+      if (routed != nullptr) routed_ids_ = routed + first * routed_row_words;
+      moe(w, h + first * hidden, rows, branch + first * hidden);
+    } else {
+      timer_.mark("dense mlp", stream_);
+      mlp(w.dense, h + first * hidden, rows, branch + first * hidden);
+    }
   }
+  routed_ids_ = routed;
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
     add_rmsnorm(x, branch, n, hidden, next_norm, eps, h, stream_, h_bf16);

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -102,7 +103,16 @@ class CudaDsaModel final : public LanguageModel {
     const int32_t* row_visible = nullptr;   // [tokens] position + 1
     const int32_t* row_ids = nullptr;       // [tokens] 0..tokens-1
     int64_t table_stride = 0;
+    // Rows [first, first + count) as a step of their own, for the attention
+    // core of a long step in row blocks: its rows, RoPE tables ([tokens,
+    // rope_half]) and selections ([tokens, index_stride]); the fast indexer's
+    // tables are left out (the indexer runs on the whole step).
+    Step rows_of(int64_t first, int64_t count, int64_t rope_half, int64_t index_stride) const;
   };
+  // Rows per block of a step of n rows (CudaModelOptions::row_block; 0: n).
+  int64_t row_block(int64_t n) const {
+    return options_.row_block > 0 ? std::min(n, options_.row_block) : n;
+  }
   // Scratch reused across steps (grow-only).
   struct Scratch {
     DeviceBuffer ids, positions, table_offset, page_tables, cos, sin, logit_rows;

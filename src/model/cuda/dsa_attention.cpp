@@ -1,6 +1,7 @@
 // CudaDsaModel: MLA attention with the DSA indexer, as DsaModel::attention /
 // DsaModel::indexer, on device buffers (fp32 parity path).
 #if MEGACTX_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/elementwise/elementwise_ops.h"
@@ -19,29 +20,22 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   Scratch& sc = scratch_;
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
-  const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry;
+  const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry, q_lora = d.q_lora;
 
   timer_.mark("attn projections", stream_);
   // h (shared by decoder_layer) feeds q_a, kv_a and the indexer's wk /
   // weights_proj; q_resid feeds q_b and wq_b: the bf16 linears read the copies
   // their norms wrote (Blas::share_input) instead of converting them each.
-  // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
-  float* q = sc.q.get<float>(n * heads * qk);
+  // q_resid: [n, q_lora] (the indexer reads it too).
   float* q_resid = nullptr;
-  if (d.q_lora > 0) {
-    const int64_t q_lora = d.q_lora;
+  if (q_lora > 0) {
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
     void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
     rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_,
             q_resid_bf16);
     blas_->share_input(q_resid, n, q_lora, q_lora, q_resid_bf16);
-    blas_->linear(q_resid, n, q_lora, w.q_b, heads * qk, q);
-  } else {
-    blas_->linear(h, n, hidden, w.q_b, heads * qk, q);
   }
-  cuda::rope(q + nope, n, heads, heads * qk, qk, rope, step.cos, step.sin, d.rope_interleave,
-             stream_);
 
   // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
   // Shared MTP draft rows (KVShare) need no key: they leave the cache as
@@ -58,48 +52,64 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("indexer proj + cache", stream_);
     indexer(w, layer, h, q_resid, step, cache);
   }
-  timer_.mark("attn absorb W_UK", stream_);
 
-  // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
-  // (w_uk_t [heads, lora, nope]) -> [n, heads, lora].
-  float* q_latent = sc.q_latent.get<float>(n * heads * lora);
-  blas_->linear_batched(q, n, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
-                        heads * lora, lora, heads);
+  // The attention core, in blocks of row_block(n) rows: every row's key is in
+  // the cache and its selection in step.topk, so a block needs nothing of the
+  // others, and its activations below are [block, ...] whatever n is.
+  const int64_t block = row_block(n);
+  float* q = sc.q.get<float>(block * heads * qk);  // [block, heads, nope | rope]
+  float* q_latent = sc.q_latent.get<float>(block * heads * lora);
+  float* o_latent = sc.o_latent.get<float>(block * heads * lora);
+  float* o = sc.o.get<float>(block * heads * value);
+  for (int64_t first = 0; first < n; first += block) {
+    const int64_t rows = std::min(block, n - first);
+    const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
+    timer_.mark("attn projections", stream_);
+    if (q_resid != nullptr) {
+      blas_->linear(q_resid + first * q_lora, rows, q_lora, w.q_b, heads * qk, q);
+    } else {
+      blas_->linear(h + first * hidden, rows, hidden, w.q_b, heads * qk, q);
+    }
+    cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
+               stream_);
+    timer_.mark("attn absorb W_UK", stream_);
+    // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
+    // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora].
+    blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
+                          heads * lora, lora, heads);
 
-  // Sparse attention over the selected positions, read from the paged pool.
-  float* o_latent = sc.o_latent.get<float>(n * heads * lora);
-  if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
-    timer_.mark("attn sparse MLA", stream_);
-    fast_sparse_mla(q_latent, q, layer, step, cache, o_latent);
-  } else {
-    MlaFallbackParams p;
-    p.q_latent = q_latent;
-    p.q_rope = q + nope;
-    p.rope_row_stride = heads * qk;
-    p.rope_head_stride = qk;
-    p.pool = cache.latent_pool(layer).raw();
-    p.layout = step.latent;
-    p.rows = step.rows;
-    p.indices = step.topk;
-    p.counts = step.counts;
-    p.index_stride = index_topk_;
-    p.tokens = n;
-    p.heads = heads;
-    p.kv_lora = lora;
-    p.rope = rope;
-    p.scale = softmax_scale_;
-    p.out = o_latent;
-    timer_.mark("attn sparse MLA", stream_);
-    mla_attention_fallback(p, stream_);
+    // Sparse attention over the selected positions, read from the paged pool.
+    if (use_fast_attention(part)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
+      timer_.mark("attn sparse MLA", stream_);
+      fast_sparse_mla(q_latent, q, layer, part, cache, o_latent);
+    } else {
+      MlaFallbackParams p;
+      p.q_latent = q_latent;
+      p.q_rope = q + nope;
+      p.rope_row_stride = heads * qk;
+      p.rope_head_stride = qk;
+      p.pool = cache.latent_pool(layer).raw();
+      p.layout = part.latent;
+      p.rows = part.rows;
+      p.indices = part.topk;
+      p.counts = part.counts;
+      p.index_stride = index_topk_;
+      p.tokens = rows;
+      p.heads = heads;
+      p.kv_lora = lora;
+      p.rope = rope;
+      p.scale = softmax_scale_;
+      p.out = o_latent;
+      timer_.mark("attn sparse MLA", stream_);
+      mla_attention_fallback(p, stream_);
+    }
+    timer_.mark("attn W_UV + o_proj", stream_);
+    // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
+    blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora, o,
+                          heads * value, value, heads);
+    blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
   }
-  timer_.mark("attn W_UV + o_proj", stream_);
   if (q_resid != nullptr) blas_->unshare_input(q_resid);
-
-  // Expand per head with W_UV ([heads, value, lora]) -> [n, heads * value]; then o_proj.
-  float* o = sc.o.get<float>(n * heads * value);
-  blas_->linear_batched(o_latent, n, lora, heads * lora, lora, w.w_uv, value, value * lora, o,
-                        heads * value, value, heads);
-  blas_->linear(o, n, heads * value, w.o, hidden, out);
 }
 
 void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,

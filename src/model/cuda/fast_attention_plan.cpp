@@ -62,7 +62,7 @@ int64_t cuda_fused_indexer_workspace_bytes(int64_t rows, int64_t multiprocessors
 
 int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
                                           int64_t max_context, int64_t index_topk,
-                                          int64_t multiprocessors) {
+                                          int64_t multiprocessors, int64_t row_block) {
   if (!cuda_fast_attention_shapes(config)) return 0;
   const int64_t n = std::max<int64_t>(tokens, 1);
   const int64_t index_heads = config.index_n_heads <= 32 ? 32 : 64;
@@ -75,9 +75,10 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   per_token += index_heads * kIndexerHeadDim * (2 + 1);  // bf16 and e4m3 queries
   per_token += index_heads * 4 * 2;                      // padded and folded weights
   per_token += kTopkRowStateBytes;                       // top-k row state
-  per_token += 4 * columns;                              // slots
-  per_token += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse
-  int64_t bytes = per_token * n;
+  int64_t per_block_row = 0;
+  per_block_row += 4 * columns;                                                      // slots
+  per_block_row += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse
+  int64_t bytes = per_token * n + per_block_row * (row_block > 0 ? std::min(n, row_block) : n);
   // The two-kernel path's per-token page tables [rows, pages] and top-k
   // histograms: with the fused path only steps of rows x context <= the cap
   // take it, so rows x pages <= cap / 64 + rows and rows <= cap / context.

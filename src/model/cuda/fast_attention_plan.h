@@ -60,8 +60,10 @@ int64_t cuda_fused_indexer_workspace_bytes(int64_t rows, int64_t multiprocessors
 // workspace is added and the two-kernel path's token tables and histograms
 // are bounded by the steps that still take it (rows x context <=
 // kCudaIndexerScoresCap): nothing here grows with the context then.
+// The sparse MLA's buffers (slots, bf16 queries and outputs, lse) are those of
+// one row block (CudaModelOptions::row_block; 0: the whole step).
 int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,
                                           int64_t max_context, int64_t index_topk,
-                                          int64_t multiprocessors = 132);
+                                          int64_t multiprocessors = 132, int64_t row_block = 0);
 
 }  // namespace megactx

@@ -34,29 +34,38 @@ double mib(int64_t bytes) {
 }
 
 // Floats (or int32) per new token, buffer by buffer of CudaDsaModel::Scratch
-// (apart from the indexer scores and the logits rows).
-int64_t scratch_words_per_token(const ModelConfig& config, int64_t index_topk) {
+// (apart from the indexer scores and the logits rows), in two parts: the
+// buffers of the whole step's rows, and those of one row block of the
+// attention core and the feed-forward (CudaModelOptions::row_block).
+int64_t step_row_words(const ModelConfig& config, int64_t index_topk) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t entry = config.kv_lora_rank + config.qk_rope_head_dim;
+  const int64_t q_lora = config.q_lora_rank.value_or(0);
+  int64_t per_token = 0;
+  per_token += 3 * hidden;                                        // x, h, branch
+  per_token += q_lora + entry;                                    // q_resid, kv
+  per_token += config.index_n_heads * config.index_head_dim;      // indexer q
+  per_token += 2 * config.index_head_dim + config.index_n_heads;  // k_raw, k, weights
+  per_token += index_topk + 1;                                    // top-k, counts
+  per_token += 8 + config.qk_rope_head_dim;  // ids, positions, paging, cos, sin
+  return per_token;
+}
+
+int64_t block_row_words(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t heads = config.num_attention_heads;
   const int64_t qk = config.qk_nope_head_dim + config.qk_rope_head_dim;
   const int64_t lora = config.kv_lora_rank;
-  const int64_t entry = lora + config.qk_rope_head_dim;
-  const int64_t q_lora = config.q_lora_rank.value_or(0);
   const int64_t inter =
       std::max(config.intermediate_size,
                config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1));
   const int64_t top_k = config.num_experts_per_tok;
   int64_t per_token = 0;
-  per_token += 3 * hidden;                                        // x, h, branch
-  per_token += q_lora + heads * qk + entry;                       // q_resid, q, kv
-  per_token += 2 * heads * lora + heads * config.v_head_dim;      // q_latent, o_latent, o
-  per_token += config.index_n_heads * config.index_head_dim;      // indexer q
-  per_token += 2 * config.index_head_dim + config.index_n_heads;  // k_raw, k, weights
-  per_token += index_topk + 1;                                    // top-k, counts
-  per_token += 3 * inter;                                         // gate_up, act
-  per_token += config.n_routed_experts + 4 * top_k;  // router logits, ids, gates, dispatch
-  per_token += 3 * hidden;                           // expert in / out, moe out
-  per_token += 8 + config.qk_rope_head_dim;          // ids, positions, paging, cos, sin
+  per_token += heads * qk;                                    // q
+  per_token += 2 * heads * lora + heads * config.v_head_dim;  // q_latent, o_latent, o
+  per_token += 3 * inter;                                     // gate_up, act
+  per_token += config.n_routed_experts + 4 * top_k;           // router logits, ids, gates, dispatch
+  per_token += 3 * hidden;                                    // expert in / out, moe out
   return per_token;
 }
 
@@ -110,8 +119,9 @@ std::pair<int64_t, int64_t> largest_graph(const ModelConfig& config,
 }  // namespace
 
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
-                                int64_t logit_rows, int64_t index_topk) {
-  int64_t bytes = scratch_words_per_token(config, index_topk) * tokens * 4;
+                                int64_t logit_rows, int64_t index_topk, int64_t row_block) {
+  int64_t bytes = step_row_words(config, index_topk) * tokens * 4;
+  bytes += block_row_words(config) * (row_block > 0 ? std::min(tokens, row_block) : tokens) * 4;
   bytes += tokens * max_context * 4;                                   // indexer scores
   bytes += logit_rows * (config.hidden_size + config.vocab_size) * 4;  // normed rows, logits
   return bytes;
@@ -144,20 +154,29 @@ int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows, b
   return bytes;
 }
 
-int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8) {
-  const int64_t in =
-      std::max({config.hidden_size, config.q_lora_rank.value_or(0),
-                config.num_attention_heads * config.v_head_dim, config.intermediate_size,
-                config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1),
-                config.num_nextn_predict_layers > 0 ? 2 * config.hidden_size : int64_t{0}});
-  int64_t bytes = 0;
-  // The last input Blas converted, and the copies the model's norms and
-  // activations write beside their outputs (h, q_resid, the MLP activations).
+int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8,
+                              int64_t row_block, int64_t logit_rows) {
+  const int64_t hidden = config.hidden_size, q_lora = config.q_lora_rank.value_or(0);
   const int64_t inter =
       std::max(config.intermediate_size,
                config.moe_intermediate_size * std::max<int64_t>(config.n_shared_experts, 1));
-  if (bf16) bytes += rows * (in + config.hidden_size + config.q_lora_rank.value_or(0) + inter) * 2;
-  if (fp8) bytes += rows * in + rows * ((in + 127) / 128) * 4;
+  // Inputs of the whole step's rows (h into q_a, kv_a and the indexer; q_resid
+  // into wq_b), of a row block (o into o_proj, the MLP activations, gathered
+  // expert rows, q_resid blocks into q_b; 2 x hidden for the MTP layer's
+  // eh_proj) and of the logits rows (lm_head).
+  const int64_t block = row_block > 0 ? std::min(rows, row_block) : rows;
+  const int64_t block_in =
+      std::max({hidden, q_lora, config.num_attention_heads * config.v_head_dim, inter,
+                config.num_nextn_predict_layers > 0 ? 2 * hidden : int64_t{0}});
+  const int64_t widest = std::max({rows * std::max(hidden, q_lora), block * block_in,
+                                   std::min(rows, std::max<int64_t>(logit_rows, 1)) * hidden});
+  int64_t bytes = 0;
+  // The last input Blas converted (inputs without a copy of their own), and
+  // the copies the model writes beside h, q_resid (whole step) and the MLP
+  // activations (a block).
+  if (bf16) bytes += (widest + rows * (hidden + q_lora) + block * inter) * 2;
+  // The last input quantised to e4m3, with its 1x128 group scales.
+  if (fp8) bytes += widest + ((widest + 127) / 128) * 4;
   return bytes;
 }
 
@@ -186,11 +205,13 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
                                          request.max_context),
         cuda_fast_attention_score_floats(config, request.index_topk, graph_rows, graph_context));
   }
-  parts.step = scratch_words_per_token(config, request.index_topk) * tokens * 4 + 4 * score_floats +
+  const int64_t block = o.row_block > 0 ? std::min(tokens, o.row_block) : tokens;
+  parts.step = step_row_words(config, request.index_topk) * tokens * 4 +
+               block_row_words(config) * block * 4 + 4 * score_floats +
                logit_rows * (config.hidden_size + config.vocab_size) * 4;
   if (fast) {
-    parts.fast_attention = cuda_fast_attention_scratch_bytes(config, tokens, context,
-                                                             request.index_topk, o.multiprocessors);
+    parts.fast_attention = cuda_fast_attention_scratch_bytes(
+        config, tokens, context, request.index_topk, o.multiprocessors, o.row_block);
   }
   if (o.device_moe) {
     parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens, o.fp8_gemm_inputs);
@@ -204,7 +225,8 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
     parts.graph_inputs = layout.capacity_words * 4;  // DecodeGraphCache::inputs()
     parts.pinned_host = layout.capacity_words * 4;   // DecodeGraphCache::staging()
   }
-  parts.gemm_inputs = cuda_gemm_input_bytes(config, tokens, o.bf16_gemm_inputs, o.fp8_gemm_inputs);
+  parts.gemm_inputs = cuda_gemm_input_bytes(config, tokens, o.bf16_gemm_inputs, o.fp8_gemm_inputs,
+                                            o.row_block, logit_rows);
   parts.cublas_workspace = request.weights_include_workspace ? 0 : kCudaCublasWorkspaceBytes;
   return parts;
 }

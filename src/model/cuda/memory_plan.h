@@ -41,6 +41,10 @@ struct CudaScratchOptions {
   // MoE's quantised inputs).
   bool bf16_gemm_inputs = false;
   bool fp8_gemm_inputs = false;
+  // CudaModelOptions::row_block: rows per block of the attention core and the
+  // feed-forward (their buffers are that many rows, not the step's); 0: the
+  // whole step.
+  int64_t row_block = 0;
 };
 
 struct CudaMemoryRequest {
@@ -92,9 +96,10 @@ struct CudaMemoryPlan {
 inline constexpr int64_t kCudaCublasWorkspaceBytes = int64_t{32} << 20;
 
 // Bytes of CudaDsaModel's step scratch (model/cuda/cuda_dsa_model.h) for `tokens` new
-// tokens over contexts up to `max_context`, `logit_rows` of them wanting logits.
+// tokens over contexts up to `max_context`, `logit_rows` of them wanting logits,
+// the attention core and feed-forward in blocks of `row_block` rows.
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
-                                int64_t logit_rows, int64_t index_topk);
+                                int64_t logit_rows, int64_t index_topk, int64_t row_block = 0);
 
 // The grouped device MoE's workspaces (kernels/cuda/moe/grouped_moe.h
 // grouped_moe_layout: plan ints, [pairs, I] activations, [rows, top_k, H]
@@ -105,13 +110,16 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
 int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows,
                                       bool fp8_experts = false);
 
-// Blas's GEMM input copies for up to `rows` rows: bf16 [rows, in] and/or
-// e4m3 [rows, in] + scales [rows, ceil(in / 128)], `in` the widest input of
-// any weight matrix (hidden, q_lora, heads x v_head_dim, the MLPs'
-// intermediates, 2 x hidden for the MTP layer's eh_proj); with bf16 also the
-// copies the model writes beside its GEMM inputs (CudaDsaModel::gemm_input_copy),
-// bf16 [rows, hidden], [rows, q_lora] and [rows, the widest MLP intermediate].
-int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8);
+// Blas's GEMM input copies for steps of up to `rows` rows: the last input it
+// converted to bf16 [rows, in] and/or quantised to e4m3 [rows, in] + scales
+// [rows, ceil(in / 128)], for the widest of the whole step's inputs (hidden,
+// q_lora), a row block's (heads x v_head_dim, the MLPs' intermediates, 2 x
+// hidden for the MTP layer's eh_proj) and the logits rows' (hidden); with
+// bf16 also the copies the model writes beside its GEMM inputs
+// (CudaDsaModel::gemm_input_copy): bf16 [rows, hidden], [rows, q_lora] and
+// [block, the widest MLP intermediate].
+int64_t cuda_gemm_input_bytes(const ModelConfig& config, int64_t rows, bool bf16, bool fp8,
+                              int64_t row_block = 0, int64_t logit_rows = 0);
 
 // Every part of the scratch of `request` (see CudaScratchBreakdown).
 CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,

@@ -45,6 +45,16 @@ struct CudaModelOptions {
   // the batch, so that decode, prefill, chunked prefill and MTP verification
   // give a token bit-identical logits.
   bool batch_invariant = false;
+  // Rows per block of a step's attention core (q_b, the absorbed W_UK / W_UV,
+  // sparse MLA, o_proj) and feed-forward: a longer step (a prefill chunk) runs
+  // them block after block, so their activations hold [row_block, ...] rather
+  // than [step rows, ...] (at 1024, a 16K-token chunk of GLM-5.2 needs ~11 GB
+  // less). The indexer, the KV writes and the norms run on the whole step.
+  // The memory plan counts the same (CudaScratchOptions::row_block). 0: the
+  // whole step is one block (the default until the GPU tests of the blocked
+  // path, CudaModel.RowBlocksMatchCpuModel and
+  // CudaFastAttention.RowBlocksMatchTheWholeStep, have run on a GPU).
+  int64_t row_block = 0;
   int device_ordinal = 0;
 
   // Whether a CUDA model is built (and reloaded) straight from a checkpoint:

@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
@@ -126,9 +127,15 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
     return;
   }
   for (const SharedInput& shared : shared_) {
-    if (shared.x != x || shared.rows != rows || shared.in != in || shared.stride != x_stride)
-      continue;
-    linear_bf16(shared.bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
+    if (shared.x == nullptr || shared.in != in || shared.stride != x_stride) continue;
+    // x may start at a row of the shared input (a row block of it).
+    const auto at = reinterpret_cast<uintptr_t>(x), base = reinterpret_cast<uintptr_t>(shared.x);
+    const auto row_bytes = static_cast<uintptr_t>(x_stride) * sizeof(float);
+    if (at < base || (at - base) % row_bytes != 0) continue;
+    const auto row = static_cast<int64_t>((at - base) / row_bytes);
+    if (row + rows > shared.rows) continue;
+    const auto* bf16 = static_cast<const uint16_t*>(shared.bf16) + row * in;
+    linear_bf16(bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
     return;
   }
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);

@@ -76,7 +76,8 @@ class Blas {
   // add_rmsnorm, silu_mul with their bf16 outputs): share_input(x, ..., x_bf16)
   // says that x [rows, in] (row stride x_stride) has the copy x_bf16 [rows, in]
   // (dense) until unshare_input(x) or clear_shared_inputs(); a bf16 linear of
-  // exactly that input reads the copy instead of converting x. The writer of x
+  // that input, or of a block of its rows (x + r * x_stride, the same in and
+  // stride), reads the copy instead of converting x. The writer of x
   // must write the copy too. float32 and fp8 weights, and the deterministic
   // mode, read x as before. At most kSharedInputs at a time; a null x_bf16
   // shares nothing (the float32 mode makes no copies).
