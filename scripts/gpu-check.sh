@@ -210,6 +210,11 @@ if [[ "${GPU_CHECK_CLI:-1}" == 1 ]]; then
   timeout "${CLI_TIMEOUT:-400}" python3 tests/cuda_engine/cli_devices_test.py --megactx "$pack/bin/megactx" --cuda \
     >"$out/cli_devices.log" 2>&1
   note "cli_devices_test --cuda exit $?"
+  # The web UI's calls answered by the CUDA server as by the CPU one (no browser
+  # on this machine; tests/web/web_api_devices_test.py).
+  timeout "${CLI_TIMEOUT:-400}" python3 tests/web/web_api_devices_test.py --megactx "$pack/bin/megactx" \
+    --cuda >"$out/web_api_devices.log" 2>&1
+  note "web_api_devices_test --cuda exit $?"
 fi
 
 # The RL trainer loop with the policy and teacher servers on the GPU in the
