@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "dsa_test_support.h"
@@ -119,6 +120,54 @@ TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) {
 }
 TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
+}
+
+TEST(SparseMla, PrefetchMergeEqualsThePlainMergeBitForBit) {
+  // The two split merges on the same partial states: the same outputs and
+  // lse, bit for bit, at 2..64 splits, with empty and padded rows.
+  for (const int splits : {2, 7, 32, 64}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    const int rows = 3, heads = 64, top_k = 2048;
+    std::mt19937 rng(static_cast<uint32_t>(40 + splits));
+    const std::vector<uint8_t> pool = random_latent_pool(3000, rng);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint16_t> q(static_cast<size_t>(rows) * heads * kQueryDim);
+    for (uint16_t& v : q) v = float_to_bf16(normal(rng));
+    std::vector<int32_t> slots(static_cast<size_t>(rows) * top_k);
+    for (int row = 0; row < rows; ++row)
+      for (int j = 0; j < top_k; ++j)
+        slots[static_cast<size_t>(row) * top_k + j] =
+            row == 2 || (row == 1 && j >= 100) ? -1 : static_cast<int32_t>(rng() % 3000);
+    DeviceBuffer<uint8_t> device_pool(pool);
+    DeviceBuffer<uint16_t> device_q(q), plain_out(static_cast<size_t>(rows) * heads * kRank),
+        prefetch_out(static_cast<size_t>(rows) * heads * kRank);
+    DeviceBuffer<int32_t> device_slots(slots);
+    DeviceBuffer<float> plain_lse(static_cast<size_t>(rows) * heads),
+        prefetch_lse(static_cast<size_t>(rows) * heads);
+    DeviceBuffer<float> partial_out(static_cast<size_t>(rows) * splits * heads * kRank);
+    DeviceBuffer<float> partial_lse(static_cast<size_t>(rows) * splits * heads);
+    cuda::SparseMlaParams params;
+    params.q = device_q.get();
+    params.slots = device_slots.get();
+    params.kv_pool = device_pool.get();
+    params.partial_out = partial_out.get();
+    params.partial_lse = partial_lse.get();
+    params.rows = rows;
+    params.heads = heads;
+    params.top_k = top_k;
+    params.num_splits = splits;
+    params.softmax_scale = 1.f / std::sqrt(256.f);
+    params.out = plain_out.get();
+    params.lse = plain_lse.get();
+    cuda::detail::launch_sparse_mla(params, /*prefetch_merge=*/false, nullptr);
+    params.out = prefetch_out.get();
+    params.lse = prefetch_lse.get();
+    cuda::detail::launch_sparse_mla(params, /*prefetch_merge=*/true, nullptr);
+    EXPECT_EQ(plain_out.download(), prefetch_out.download());
+    const std::vector<float> a = plain_lse.download(), b = prefetch_lse.download();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  }
 }
 
 TEST(SparseMla, RejectsBadShapes) {

@@ -49,8 +49,16 @@ int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessor
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
 
+// The split merge that reads every split's lse and loads its partial rows in
+// batches (the same sums in the same order as the plain merge, so the same
+// bits). Off until SparseMla.PrefetchMergeEqualsThePlainMergeBitForBit has
+// run on a GPU; then on (a launch-latency-bound ~9 us per decode layer).
+inline constexpr bool kSparseMlaPrefetchMerge = false;
+
 namespace detail {
 void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
-}
+// With the merge chosen (tests compare the two).
+void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace megactx::cuda
