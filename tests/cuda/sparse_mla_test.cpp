@@ -21,6 +21,26 @@ struct MlaCase {
   uint32_t seed = 1;
 };
 
+// The launch parameters of a case (out and lse set by the caller).
+cuda::SparseMlaParams make_params(const DeviceBuffer<uint16_t>& q,
+                                  const DeviceBuffer<int32_t>& slots,
+                                  const DeviceBuffer<uint8_t>& pool,
+                                  const DeviceBuffer<float>& partial_out,
+                                  const DeviceBuffer<float>& partial_lse, const MlaCase& c) {
+  cuda::SparseMlaParams params;
+  params.q = q.get();
+  params.slots = slots.get();
+  params.kv_pool = pool.get();
+  params.partial_out = partial_out.get();
+  params.partial_lse = partial_lse.get();
+  params.rows = c.rows;
+  params.heads = c.heads;
+  params.top_k = c.top_k;
+  params.num_splits = c.num_splits;
+  params.softmax_scale = 1.f / std::sqrt(256.f);
+  return params;
+}
+
 void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits));
@@ -52,19 +72,10 @@ void run_case(const MlaCase& c) {
   DeviceBuffer<float> partial_lse(static_cast<size_t>(c.rows) * c.num_splits * c.heads);
   device_out.fill_bytes(0xff);  // NaN until written
   device_lse.fill_bytes(0xff);
-  cuda::SparseMlaParams params;
-  params.q = device_q.get();
-  params.slots = device_slots.get();
-  params.kv_pool = device_pool.get();
+  cuda::SparseMlaParams params =
+      make_params(device_q, device_slots, device_pool, partial_out, partial_lse, c);
   params.out = device_out.get();
   params.lse = device_lse.get();
-  params.partial_out = partial_out.get();
-  params.partial_lse = partial_lse.get();
-  params.rows = c.rows;
-  params.heads = c.heads;
-  params.top_k = c.top_k;
-  params.num_splits = c.num_splits;
-  params.softmax_scale = 1.f / std::sqrt(256.f);
   cuda::sparse_mla_attention(params, nullptr);
   const auto out = device_out.download();
   const auto lse = device_lse.download();
@@ -146,17 +157,8 @@ TEST(SparseMla, PrefetchMergeEqualsThePlainMergeBitForBit) {
         prefetch_lse(static_cast<size_t>(rows) * heads);
     DeviceBuffer<float> partial_out(static_cast<size_t>(rows) * splits * heads * kRank);
     DeviceBuffer<float> partial_lse(static_cast<size_t>(rows) * splits * heads);
-    cuda::SparseMlaParams params;
-    params.q = device_q.get();
-    params.slots = device_slots.get();
-    params.kv_pool = device_pool.get();
-    params.partial_out = partial_out.get();
-    params.partial_lse = partial_lse.get();
-    params.rows = rows;
-    params.heads = heads;
-    params.top_k = top_k;
-    params.num_splits = splits;
-    params.softmax_scale = 1.f / std::sqrt(256.f);
+    cuda::SparseMlaParams params = make_params(device_q, device_slots, device_pool, partial_out,
+                                               partial_lse, {rows, heads, top_k, splits});
     params.out = plain_out.get();
     params.lse = plain_lse.get();
     cuda::detail::launch_sparse_mla(params, /*prefetch_merge=*/false, nullptr);

@@ -313,6 +313,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
   }
 }
 
+// A merge's result: this thread's 4 output dims of (row, head) normalised,
+// and the head's lse.
+__device__ __forceinline__ void write_merged(const SparseMlaParams& p, int64_t row, int head,
+                                             const float (&out)[4], float total, float max_lse) {
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  uint16_t* destination = p.out + (row * p.heads + head) * kLatentRank + threadIdx.x * 4;
+  *reinterpret_cast<uint2*>(destination) =
+      make_uint2(pack_bf16x2(out[0] * inverse, out[1] * inverse),
+                 pack_bf16x2(out[2] * inverse, out[3] * inverse));
+  if (threadIdx.x == 0)
+    p.lse[row * p.heads + head] = total > 0.f ? max_lse + logf(total) : -INFINITY;
+}
+
 // One CTA of 128 threads per (row, head): 4 output dims per thread.
 __global__ void __launch_bounds__(128) sparse_mla_merge_kernel(SparseMlaParams p) {
   const int64_t row = blockIdx.x / p.heads;
@@ -336,13 +349,7 @@ __global__ void __launch_bounds__(128) sparse_mla_merge_kernel(SparseMlaParams p
       out[3] += weight * part.w;
     }
   }
-  const float inverse = total > 0.f ? 1.f / total : 0.f;
-  uint16_t* destination = p.out + (row * p.heads + head) * kLatentRank + threadIdx.x * 4;
-  *reinterpret_cast<uint2*>(destination) =
-      make_uint2(pack_bf16x2(out[0] * inverse, out[1] * inverse),
-                 pack_bf16x2(out[2] * inverse, out[3] * inverse));
-  if (threadIdx.x == 0)
-    p.lse[row * p.heads + head] = total > 0.f ? max_lse + logf(total) : -INFINITY;
+  write_merged(p, row, head, out, total, max_lse);
 }
 
 // sparse_mla_merge_kernel's sums in the same order (so the same bits), without
@@ -391,13 +398,7 @@ __global__ void __launch_bounds__(128) sparse_mla_merge_prefetch_kernel(SparseMl
       }
     }
   }
-  const float inverse = total > 0.f ? 1.f / total : 0.f;
-  uint16_t* destination = p.out + (row * p.heads + head) * kLatentRank + threadIdx.x * 4;
-  *reinterpret_cast<uint2*>(destination) =
-      make_uint2(pack_bf16x2(out[0] * inverse, out[1] * inverse),
-                 pack_bf16x2(out[2] * inverse, out[3] * inverse));
-  if (threadIdx.x == 0)
-    p.lse[row * p.heads + head] = total > 0.f ? max_lse + logf(total) : -INFINITY;
+  write_merged(p, row, head, out, total, max_lse);
 }
 
 }  // namespace
