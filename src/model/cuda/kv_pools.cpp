@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/kv_copy/page_runs.h"
 #include "model/cuda/cuda_model.h"
 
 namespace megactx {
@@ -78,6 +81,19 @@ std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec) {
 
 KvPageCopy make_cuda_kv_page_copy(const LanguageModel& model) {
   auto stream = static_cast<cudaStream_t>(cuda_model_stream(model));
+  if (cuda::kKvPageCopyKernel) {
+    // Every pool's runs in one launch (kernels/cuda/kv_copy/page_runs.h).
+    auto copier = std::make_shared<cuda::PageRunCopier>();
+    return [stream, copier](const PagedKvCache& from, std::span<const int32_t> from_pages,
+                            PagedKvCache& to, std::span<const int32_t> to_pages) {
+      std::vector<cuda::CopyRun> runs;
+      for_each_page_run(from, from_pages, to, to_pages,
+                        [&runs](const std::byte* source, std::byte* destination, size_t bytes) {
+                          runs.push_back({source, destination, static_cast<int64_t>(bytes)});
+                        });
+      copier->copy(runs, stream);
+    };
+  }
   return [stream](const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
                   std::span<const int32_t> to_pages) {
     for_each_page_run(from, from_pages, to, to_pages,
