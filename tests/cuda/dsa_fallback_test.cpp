@@ -300,5 +300,62 @@ TEST(DsaFallback, TiledSparseMlaMatchesDoublePrecisionAndThePlainKernel) {
       check_mla(c, seed++);
 }
 
+TEST(DsaFallback, FusedLatentWriteEqualsTheThreeLaunches) {
+  // norm_rope_write_latent against rmsnorm + rope + write_cache_rows on the same
+  // rows: the same normed and turned rows, the same pool bytes; F32, BF16 and
+  // FP8 pools, interleaved and half-split RoPE, GLM-5's and the default model's
+  // widths, a padding row that writes nothing.
+  struct Shape {
+    int64_t lora, rope;
+  };
+  uint32_t seed = 300;
+  for (CacheDType dtype : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8})
+    for (const Shape shape : {Shape{512, 64}, Shape{128, 32}, Shape{32, 8}})
+      for (const bool interleaved : {true, false}) {
+        SCOPED_TRACE(std::string(name(dtype)) + " lora " + std::to_string(shape.lora) +
+                     (interleaved ? " interleaved" : " halves"));
+        std::mt19937 rng(seed++);
+        const Rows rows = make_rows({0, 70, -1, 200, 5}, rng);
+        const int64_t tokens = static_cast<int64_t>(rows.positions.size());
+        const int64_t width = shape.lora + shape.rope;
+        const CacheLayout layout{dtype, width, dtype == CacheDType::FP8 ? shape.lora : 0};
+        const Pool pool = random_pool(layout, rows.slots, rng);
+        const std::vector<float> kv = normal_values(static_cast<size_t>(tokens * width), rng, 2.f);
+        std::vector<float> weight = normal_values(static_cast<size_t>(shape.lora), rng);
+        std::vector<float> angles =
+            normal_values(static_cast<size_t>(tokens * shape.rope / 2), rng);
+        std::vector<float> cos(angles.size()), sin(angles.size());
+        for (size_t i = 0; i < angles.size(); ++i) {
+          cos[i] = std::cos(angles[i]);
+          sin[i] = std::sin(angles[i]);
+        }
+        DeviceBuffer<uint8_t> fused_pool(pool.bytes), separate_pool(pool.bytes);
+        DeviceBuffer<float> fused_kv(kv), separate_kv(kv), d_weight(weight), d_cos(cos), d_sin(sin);
+        DeviceBuffer<int32_t> d_tables(rows.tables), d_offsets(rows.table_offset),
+            d_positions(rows.positions);
+        cuda::LatentWriteParams p;
+        p.stride = width;
+        p.tokens = tokens;
+        p.lora = shape.lora;
+        p.rope = shape.rope;
+        p.norm_weight = d_weight.get();
+        p.eps = 1e-6f;
+        p.cos = d_cos.get();
+        p.sin = d_sin.get();
+        p.interleaved = interleaved;
+        p.layout = layout;
+        p.rows = {d_tables.get(), d_offsets.get(), d_positions.get(), 64};
+        p.kv = fused_kv.get();
+        p.pool = fused_pool.get();
+        cuda::norm_rope_write_latent(p, nullptr);
+        p.kv = separate_kv.get();
+        p.pool = separate_pool.get();
+        cuda::detail::norm_rope_write_latent_separately(p, nullptr);
+        const std::vector<float> a = fused_kv.download(), b = separate_kv.download();
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "rows differ";
+        EXPECT_EQ(fused_pool.download(), separate_pool.download()) << "pool bytes differ";
+      }
+}
+
 }  // namespace
 }  // namespace megactx::test

@@ -43,9 +43,25 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   if (!step.shared) {
     float* kv = sc.kv.get<float>(n * entry);
     blas_->linear(h, n, hidden, w.kv_a, entry, kv);
-    rmsnorm(kv, n, lora, entry, w.kv_a_norm, kLatentNormEps, kv, entry, stream_);
-    cuda::rope(kv + lora, n, 1, entry, 0, rope, step.cos, step.sin, d.rope_interleave, stream_);
-    write_cache_rows(cache.latent_pool(layer).raw(), step.latent, step.rows, n, kv, entry, stream_);
+    LatentWriteParams latent;
+    latent.kv = kv;
+    latent.stride = entry;
+    latent.tokens = n;
+    latent.lora = lora;
+    latent.rope = rope;
+    latent.norm_weight = w.kv_a_norm;
+    latent.eps = kLatentNormEps;
+    latent.cos = step.cos;
+    latent.sin = step.sin;
+    latent.interleaved = d.rope_interleave;
+    latent.pool = cache.latent_pool(layer).raw();
+    latent.layout = step.latent;
+    latent.rows = step.rows;
+    if (kFusedLatentWrite) {
+      norm_rope_write_latent(latent, stream_);
+    } else {
+      detail::norm_rope_write_latent_separately(latent, stream_);
+    }
   }
 
   if (w.has_indexer && !step.shared) {

@@ -9,8 +9,10 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 
 namespace megactx::cuda {
 namespace {
@@ -117,6 +119,43 @@ __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows,
   }
 }
 
+// 128-value group g of an FP8 entry by one warp (every lane calls it): each
+// lane quantises 4 values, the group's amax is a warp reduction, the codes go
+// out as one 4-byte store per lane, lane 0 stores the scale. The same bytes as
+// write_fp8_kernel's thread-per-group loop. entry and the group 4-byte aligned.
+__device__ void store_fp8_group(uint8_t* entry, const float* v, const CacheLayout& layout,
+                                int64_t g, int lane) {
+  const int64_t begin = g * 128;
+  const int64_t end = begin + 128 < layout.fp8_count ? begin + 128 : layout.fp8_count;
+  float mine[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t i = begin + 4 * lane + k;
+    mine[k] = i < end ? v[i] : 0.0f;
+    amax = fmaxf(amax, fabsf(mine[k]));
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  if (begin + 4 * lane < end) {
+    unsigned packed = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned code = begin + 4 * lane + k < end ? __nv_fp8_e4m3(mine[k] / scale).__x : 0u;
+      packed |= code << (8 * k);
+    }
+    if (begin + 4 * lane + 4 <= end) {
+      *reinterpret_cast<unsigned*>(entry + begin + 4 * lane) = packed;
+    } else {
+      for (int k = 0; begin + 4 * lane + k < end; ++k)
+        entry[begin + 4 * lane + k] = static_cast<uint8_t>(packed >> (8 * k));
+    }
+  }
+  if (lane == 0)
+    *reinterpret_cast<unsigned*>(entry + layout.fp8_count + 4 * g) = __float_as_uint(scale);
+}
+
 // write_fp8_kernel's encoding (the same bytes) with a warp per (token,
 // 128-group) instead of a thread: each lane quantises 4 values, the group's
 // amax is a warp reduction, the codes go out as one 4-byte store per lane.
@@ -141,35 +180,52 @@ __global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows 
       store_bf16_tail(tail, v, layout, layout.fp8_count + lane, 32);
       continue;
     }
-    const int64_t begin = g * 128;
-    const int64_t end = begin + 128 < layout.fp8_count ? begin + 128 : layout.fp8_count;
-    float mine[4];
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = begin + 4 * lane + k;
-      mine[k] = i < end ? v[i] : 0.0f;
-      amax = fmaxf(amax, fabsf(mine[k]));
-    }
-    for (int offset = 16; offset > 0; offset /= 2)
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    if (begin + 4 * lane < end) {
-      unsigned packed = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const unsigned code = begin + 4 * lane + k < end ? __nv_fp8_e4m3(mine[k] / scale).__x : 0u;
-        packed |= code << (8 * k);
-      }
-      if (begin + 4 * lane + 4 <= end) {
-        *reinterpret_cast<unsigned*>(entry + begin + 4 * lane) = packed;
+    store_fp8_group(entry, v, layout, g, lane);
+  }
+}
+
+// norm_rope_write_latent: a block per token row; the operations of rmsnorm,
+// rope and write_cache_rows in their order, so the same bits.
+__global__ void __launch_bounds__(kThreads) norm_rope_write_kernel(LatentWriteParams p) {
+  __shared__ float shared[kThreads / 32];
+  const int64_t t = blockIdx.x;
+  float* x = p.kv + t * p.stride;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < p.lora; i += kThreads) sum += x[i] * x[i];
+  const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(p.lora) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.lora; i += kThreads) x[i] = p.norm_weight[i] * (x[i] * inv);
+  const int64_t half = p.rope / 2;
+  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
+    float* a = x + p.lora + (p.interleaved ? 2 * i : i);
+    float* b = x + p.lora + (p.interleaved ? 2 * i + 1 : i + half);
+    const float c = p.cos[t * half + i], s = p.sin[t * half + i];
+    const float x1 = *a, x2 = *b;
+    *a = rope_first(x1, x2, c, s);
+    *b = rope_second(x1, x2, c, s);
+  }
+  __syncthreads();                      // the row is final in global memory for the whole block
+  if (p.rows.positions[t] < 0) return;  // a padding row writes nothing
+  uint8_t* pool = static_cast<uint8_t*>(p.pool);
+  const int64_t slot = slot_of(p.rows, t, p.rows.positions[t]);
+  if (p.layout.dtype == CacheDType::FP8) {
+    uint8_t* entry = pool + slot * p.layout.bytes();
+    const int64_t groups = (p.layout.fp8_count + 127) / 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t g = warp; g <= groups; g += kThreads / 32) {
+      if (g == groups) {
+        store_bf16_tail(entry + p.layout.fp8_count + 4 * groups, x, p.layout,
+                        p.layout.fp8_count + lane, 32);
       } else {
-        for (int k = 0; begin + 4 * lane + k < end; ++k)
-          entry[begin + 4 * lane + k] = static_cast<uint8_t>(packed >> (8 * k));
+        store_fp8_group(entry, x, p.layout, g, lane);
       }
     }
-    if (lane == 0)
-      *reinterpret_cast<unsigned*>(entry + layout.fp8_count + 4 * g) = __float_as_uint(scale);
+  } else if (p.layout.dtype == CacheDType::BF16) {
+    auto* entry = reinterpret_cast<__nv_bfloat16*>(pool) + slot * p.layout.width;
+    for (int64_t i = threadIdx.x; i < p.layout.width; i += kThreads)
+      entry[i] = __float2bfloat16_rn(x[i]);
+  } else {
+    float* entry = reinterpret_cast<float*>(pool) + slot * p.layout.width;
+    for (int64_t i = threadIdx.x; i < p.layout.width; i += kThreads) entry[i] = x[i];
   }
 }
 
@@ -665,6 +721,19 @@ bool launch_tile_mla(const MlaFallbackParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  const bool fp8_aligned = p.layout.bytes() % 4 == 0 && p.layout.fp8_count % 4 == 0 &&
+                           (reinterpret_cast<uintptr_t>(p.pool) & 3u) == 0;
+  if (p.layout.dtype == CacheDType::FP8 && !fp8_aligned) {
+    // The thread-per-group writer: the same three steps as separate launches.
+    detail::norm_rope_write_latent_separately(p, stream);
+    return;
+  }
+  norm_rope_write_kernel<<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
 void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   indexer_scores(p, plain_fallback(), stream);
@@ -690,6 +759,12 @@ void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {
 }
 
 namespace detail {
+
+void norm_rope_write_latent_separately(const LatentWriteParams& p, cudaStream_t stream) {
+  rmsnorm(p.kv, p.tokens, p.lora, p.stride, p.norm_weight, p.eps, p.kv, p.stride, stream);
+  rope(p.kv + p.lora, p.tokens, 1, p.stride, 0, p.rope, p.cos, p.sin, p.interleaved, stream);
+  write_cache_rows(p.pool, p.layout, p.rows, p.tokens, p.kv, p.stride, stream);
+}
 
 void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStream_t stream) {
   if (p.tokens > 0) indexer_scores(p, plain, stream);

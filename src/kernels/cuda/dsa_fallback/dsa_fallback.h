@@ -51,6 +51,30 @@ struct PagedRows {
 void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& rows, int64_t tokens,
                       const float* values, int64_t stride, cudaStream_t stream);
 
+// A layer's new latent rows into its cache in one launch: kv [tokens, lora |
+// rope] (row stride `stride`) gets c_kv = rmsnorm(c_kv) * norm_weight and its
+// rope part turned by (cos, sin) [tokens, rope / 2] in place, then each row is
+// written to its slot as write_cache_rows writes it. The operations of
+// rmsnorm + rope + write_cache_rows in their order, so the same bits
+// (detail::norm_rope_write_latent_separately runs those three).
+struct LatentWriteParams {
+  float* kv = nullptr;
+  int64_t stride = 0, tokens = 0, lora = 0, rope = 0;
+  const float* norm_weight = nullptr;
+  float eps = 0.0f;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  bool interleaved = false;
+  void* pool = nullptr;
+  CacheLayout layout;  // width == lora + rope
+  PagedRows rows;
+};
+void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream);
+// Whether the CUDA model writes its latent rows with the one launch above
+// (else the three): off until DsaFallback.FusedLatentWriteEqualsTheThreeLaunches
+// has run on a GPU (two launches fewer per layer).
+inline constexpr bool kFusedLatentWrite = false;
+
 // scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
 // relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then
 // indices[t, 0:topk) = the top-k positions (ties to the lower position) in
@@ -100,6 +124,8 @@ namespace detail {
 // Only the scores (p.scores) of indexer_topk_fallback; plain: the plain kernel.
 void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStream_t stream);
 void mla_attention_fallback_plain(const MlaFallbackParams& p, cudaStream_t stream);
+// norm_rope_write_latent as three launches (rmsnorm, rope, write_cache_rows).
+void norm_rope_write_latent_separately(const LatentWriteParams& p, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace megactx::cuda

@@ -6,6 +6,7 @@
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 
 namespace megactx::cuda {
@@ -16,19 +17,6 @@ constexpr int kThreads = 256;
 int blocks_for(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
-}
-
-// Sum over the block (blockDim.x == kThreads); every thread gets the total.
-__device__ float block_sum(float value, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) total += shared[w];
-  __syncthreads();
-  return total;
 }
 
 __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
@@ -57,7 +45,7 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
     }
     sum += v * v;
   }
-  const float inv = rsqrtf(block_sum(sum, shared) / static_cast<float>(n) + eps);
+  const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     const float out = weight[i] * (xr[i] * inv);
     yr[i] = out;
@@ -72,10 +60,10 @@ __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight,
   float* yr = y + blockIdx.x * n;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += xr[i];
-  const float mean = block_sum(sum, shared) / static_cast<float>(n);
+  const float mean = block_sum<kThreads>(sum, shared) / static_cast<float>(n);
   float var = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) var += (xr[i] - mean) * (xr[i] - mean);
-  const float inv = rsqrtf(block_sum(var, shared) / static_cast<float>(n) + eps);
+  const float inv = rsqrtf(block_sum<kThreads>(var, shared) / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kThreads)
     yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
 }
@@ -95,8 +83,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_s
     float* b = interleaved ? v + 2 * i + 1 : v + i + half;
     const float c = cos[r * half + i], s = sin[r * half + i];
     const float x1 = *a, x2 = *b;
-    *a = x1 * c - x2 * s;
-    *b = x2 * c + x1 * s;
+    *a = rope_first(x1, x2, c, s);
+    *b = rope_second(x1, x2, c, s);
   }
 }
 
