@@ -66,7 +66,7 @@ class JsonBuilder {
   ExprId ws_ = -1;
   ExprId string_char_ = -1;
   int32_t string_rule_ = -1, number_rule_ = -1, integer_rule_ = -1, value_rule_ = -1,
-          object_rule_ = -1, array_rule_ = -1, ws_rule_ = -1;
+          object_rule_ = -1, array_rule_ = -1;
 };
 
 }  // namespace megactx::grammar
