@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/thread_pool.h"
 #include "engine/cpu_sampler.h"
 #include "engine/cuda_sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -555,29 +556,43 @@ bool Engine::accept_pending_tokens(RequestState& request) {
   return request.grammar_error.empty();
 }
 
+bool Engine::fill_grammar_mask(const ScheduledChunk& chunk) {
+  RequestState& request = *chunk.request;
+  // The tokens of the last step, taken while this step's forward runs.
+  if (!accept_pending_tokens(request)) return false;
+  if (request.spec.verifying) {
+    // The Speculator's drafts made the masks of its rows; row 0 is this state's.
+    const auto words = static_cast<size_t>(request.matcher->mask_words());
+    return any_allowed(request.spec.masks.data(), words);
+  }
+  if (!chunk.samples) return true;
+  request.grammar_mask.resize(static_cast<size_t>(request.matcher->mask_words()));
+  request.matcher->fill_next_token_bitmask(request.grammar_mask.data());
+  return any_allowed(request.grammar_mask.data(), request.grammar_mask.size());
+}
+
 void Engine::fill_grammar_masks() {
   std::vector<RequestState*>& failed = outputs_.grammar_failed;
   failed.clear();
-  for (const ScheduledChunk& chunk : plan_.chunks) {
-    RequestState& request = *chunk.request;
-    if (!request.matcher) continue;
-    // The tokens of the last step, taken while this step's forward runs.
-    if (!accept_pending_tokens(request)) {
-      failed.push_back(&request);
-      continue;
-    }
-    if (request.spec.verifying) {
-      // The Speculator's drafts made the masks of its rows; row 0 is this state's.
-      const auto words = static_cast<size_t>(request.matcher->mask_words());
-      if (!any_allowed(request.spec.masks.data(), words)) failed.push_back(&request);
-      continue;
-    }
-    if (!chunk.samples) continue;
-    request.grammar_mask.resize(static_cast<size_t>(request.matcher->mask_words()));
-    request.matcher->fill_next_token_bitmask(request.grammar_mask.data());
-    if (!any_allowed(request.grammar_mask.data(), request.grammar_mask.size()))
-      failed.push_back(&request);
+  grammar_chunks_.clear();
+  for (const ScheduledChunk& chunk : plan_.chunks)
+    if (chunk.request->matcher) grammar_chunks_.push_back(&chunk);
+  const auto count = static_cast<int64_t>(grammar_chunks_.size());
+  grammar_allowed_.assign(grammar_chunks_.size(), 1);
+  auto fill = [this](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      grammar_allowed_[i] = fill_grammar_mask(*grammar_chunks_[i]);
+  };
+  // Matchers are per request and compiled grammars shared read-only, so many
+  // constrained rows fill their masks on the process's worker threads (idle
+  // while a device forward runs; the CPU forward has finished by now).
+  if (count >= kParallelGrammarRows && ThreadPool::global().size() > 1) {
+    ThreadPool::global().parallel_for(count, fill);
+  } else {
+    fill(0, count);
   }
+  for (int64_t i = 0; i < count; ++i)
+    if (!grammar_allowed_[i]) failed.push_back(grammar_chunks_[i]->request);
 }
 
 void Engine::collect_outputs(const Tensor& logits) {

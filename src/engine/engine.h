@@ -139,9 +139,16 @@ class Engine : public EngineApi {
   // grammar allows nothing, or refused a sampled token, is failed after the
   // step (outputs_.grammar_failed).
   void fill_grammar_masks();
+  // One chunk's part of fill_grammar_masks: false when its request fails.
+  bool fill_grammar_mask(const ScheduledChunk& chunk);
   // The matcher takes request.grammar_pending; false (grammar_error set) when
   // it refuses one, or refused one before.
   bool accept_pending_tokens(RequestState& request);
+  // Constrained rows of a step from which their masks are filled on the
+  // process's thread pool (ThreadPool::global()) rather than one after another.
+  static constexpr int64_t kParallelGrammarRows = 8;
+  std::vector<const ScheduledChunk*> grammar_chunks_;  // this step's constrained chunks
+  std::vector<uint8_t> grammar_allowed_;               // their masks allow a token
   // Ends a request: last update, pages back (full ones stay in the prefix
   // cache). Text held back for stop strings is released unless a stop string matched.
   void finish(RequestState& request, FinishReason reason, std::string detail = {},
