@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/small_batched_linear.h"
 
 namespace megactx::cuda {
 namespace {
@@ -96,6 +98,68 @@ TEST(CudaGemm, Fp32LinearAndBatchedMatchDoubleLoops) {
   cudaFree(dy);
 }
 
+TEST(CudaGemm, SmallBatchedLinearMatchesDouble) {
+  // The few-row batched kernel (small_batched_linear.h) on the absorbed MLA
+  // shapes of decode: per head, q_nope [rows, nope] in rows of heads x qk
+  // floats against W_UK [lora, nope], and o_latent against W_UV [v, lora];
+  // 1..16 rows (every rounded-up row count), outputs past a 64-block.
+  struct Shape {
+    int64_t heads, in, out, x_row, rows;
+  };
+  for (const Shape& s : {Shape{16, 128, 512, 16 * 192, 1}, Shape{64, 192, 512, 64 * 256, 3},
+                         Shape{16, 512, 128, 16 * 512, 16}, Shape{8, 32, 128, 8 * 64, 7},
+                         Shape{8, 128, 64, 8 * 128, 2}, Shape{4, 64, 100, 4 * 96, 9}}) {
+    SCOPED_TRACE("heads " + std::to_string(s.heads) + " in " + std::to_string(s.in) + " out " +
+                 std::to_string(s.out) + " rows " + std::to_string(s.rows));
+    const std::vector<float> x = random_values(static_cast<size_t>(s.rows * s.x_row), 11);
+    const std::vector<float> w = random_values(static_cast<size_t>(s.heads * s.out * s.in), 12);
+    const int64_t y_row = s.heads * s.out;
+    float* d_x = to_device(x);
+    float* d_w = to_device(w);
+    float* d_y = to_device(std::vector<float>(static_cast<size_t>(s.rows * y_row), NAN));
+    SmallBatchedLinear g;
+    g.x = d_x;
+    g.w = d_w;
+    g.y = d_y;
+    g.rows = s.rows;
+    g.in = s.in;
+    g.out = s.out;
+    g.batch = s.heads;
+    g.x_stride = s.x_row;
+    g.x_batch_stride = s.x_row / s.heads;
+    g.w_batch_stride = s.out * s.in;
+    g.y_stride = y_row;
+    g.y_batch_stride = s.out;
+    ASSERT_TRUE(small_batched_linear(g, nullptr));
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> y = to_host(d_y, static_cast<size_t>(s.rows * y_row));
+    double worst = 0.0;
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t o = 0; o < s.out; ++o) {
+          double want = 0.0;
+          for (int64_t i = 0; i < s.in; ++i)
+            want += static_cast<double>(x[r * s.x_row + h * g.x_batch_stride + i]) *
+                    w[(h * s.out + o) * s.in + i];
+          const float got = y[r * y_row + h * s.out + o];
+          ASSERT_FALSE(std::isnan(got)) << "row " << r << " head " << h << " out " << o;
+          worst = std::max(worst, std::fabs(got - want));
+        }
+    EXPECT_LT(worst, 1e-4);
+    for (float* p : {d_x, d_w, d_y}) cudaFree(p);
+  }
+  // Shapes it leaves to cuBLAS: too many rows, an input width not a multiple of 4.
+  SmallBatchedLinear wide;
+  wide.rows = 17;
+  wide.in = 128;
+  wide.out = 1;
+  wide.batch = 1;
+  EXPECT_FALSE(small_batched_linear(wide, nullptr));
+  wide.rows = 2;
+  wide.in = 130;
+  EXPECT_FALSE(small_batched_linear(wide, nullptr));
+}
+
 TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   const int64_t rows = 20, in = 256, out = 96;
   auto x = random_values(static_cast<size_t>(rows * in), 3);
@@ -141,12 +205,12 @@ TEST(CudaGemm, BatchInvariantLinearsGiveEveryRowTheSameBitsInEveryBatch) {
     DeviceMatrix matrix{bf16 ? static_cast<const void*>(dwb) : dw, bf16};
     blas.linear(dx, rows, in, matrix, out, dy);
     const std::vector<float> all = to_host(dy, static_cast<size_t>(rows * out));
-    EXPECT_LT(max_relative(all, reference(bf16 ? x_rounded : x, bf16 ? w_rounded : w, rows, in,
-                                          out)),
-              1e-5)
+    EXPECT_LT(
+        max_relative(all, reference(bf16 ? x_rounded : x, bf16 ? w_rounded : w, rows, in, out)),
+        1e-5)
         << (bf16 ? "bf16" : "fp32");
-    for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{
-             {0, 1}, {77, 1}, {3, 4}, {31, 33}, {10, 290}}) {
+    for (auto [first, count] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {77, 1}, {3, 4}, {31, 33}, {10, 290}}) {
       blas.linear(dx + first * in, count, in, matrix, out, dy);
       const std::vector<float> part = to_host(dy, static_cast<size_t>(count * out));
       for (int64_t i = 0; i < count * out; ++i) {
@@ -167,7 +231,8 @@ TEST(CudaGemm, BatchInvariantLinearsGiveEveryRowTheSameBitsInEveryBatch) {
   blas.linear_batched(dx + 5 * in, 1, head_in, in, head_in, dwh, head_out, head_out * head_in, dyh,
                       heads * head_out, head_out, heads);
   const auto one = to_host(dyh, static_cast<size_t>(heads * head_out));
-  for (int64_t i = 0; i < heads * head_out; ++i) EXPECT_EQ(one[i], batched[5 * heads * head_out + i]);
+  for (int64_t i = 0; i < heads * head_out; ++i)
+    EXPECT_EQ(one[i], batched[5 * heads * head_out + i]);
   for (int64_t b = 0; b < heads; ++b) {
     for (int64_t o = 0; o < head_out; ++o) {
       double want = 0.0;

@@ -10,6 +10,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/batch_invariant_gemm.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
+#include "kernels/cuda/gemm/small_batched_linear.h"
 
 namespace megactx::cuda {
 namespace {
@@ -208,6 +209,22 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
     g.y_batch_stride = y_batch_stride;
     batch_invariant_gemm(g, stream_);
     return;
+  }
+  if (kSmallBatchedLinear && rows <= kSmallBatchedLinearMaxRows) {
+    SmallBatchedLinear g;
+    g.x = x;
+    g.w = w;
+    g.y = y;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    g.batch = batch;
+    g.x_stride = x_stride;
+    g.x_batch_stride = x_batch_stride;
+    g.w_batch_stride = w_batch_stride;
+    g.y_stride = y_stride;
+    g.y_batch_stride = y_batch_stride;
+    if (small_batched_linear(g, stream_)) return;
   }
   const float one = 1.0f, zero = 0.0f;
   check(cublasSgemmStridedBatched(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,

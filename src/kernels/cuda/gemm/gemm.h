@@ -48,6 +48,11 @@ void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_st
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
                         cudaStream_t stream);
 
+// Whether Blas::linear_batched runs few-row calls on small_batched_linear.h's
+// kernel instead of cuBLAS: off until CudaGemm.SmallBatchedLinearMatchesDouble
+// has run on a GPU.
+inline constexpr bool kSmallBatchedLinear = false;
+
 class Blas {
  public:
   explicit Blas(cudaStream_t stream);
@@ -69,6 +74,7 @@ class Blas {
   }
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
   // w_batch_stride, y_b = y + b * y_batch_stride (per-head MLA absorption).
+  // Up to 16 rows on small_batched_linear.h's kernel when kSmallBatchedLinear.
   void linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                       int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
                       float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
