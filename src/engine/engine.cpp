@@ -543,7 +543,8 @@ bool any_allowed(const uint32_t* words, size_t count) {
 }  // namespace
 
 bool Engine::accept_pending_tokens(RequestState& request) {
-  if (!request.matcher || !request.grammar_error.empty()) return request.grammar_error.empty();
+  if (!request.grammar_error.empty()) return false;
+  if (!request.matcher) return true;
   for (const int32_t token : request.grammar_pending) {
     if (!request.matcher->accept_token(token)) {
       // The sampler only picks allowed tokens; this is a broken invariant.

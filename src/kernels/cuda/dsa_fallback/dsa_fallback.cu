@@ -33,6 +33,14 @@ __device__ unsigned bf16_bits(float x) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// An fp8 group's float32 scale from its 4 little-endian bytes (entries are
+// only byte-aligned).
+__device__ __forceinline__ float load_scale(const uint8_t* bytes) {
+  return __uint_as_float(static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8) |
+                         (static_cast<unsigned>(bytes[2]) << 16) |
+                         (static_cast<unsigned>(bytes[3]) << 24));
+}
+
 // Value i of the entry at `slot`.
 __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot, int64_t i) {
   if (layout.dtype == CacheDType::F32)
@@ -48,10 +56,7 @@ __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot,
     return __uint_as_float(
         (static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8)) << 16);
   }
-  const uint8_t* bytes = entry + scales + 4 * (i / 128);
-  const float scale = __uint_as_float(
-      static_cast<unsigned>(bytes[0]) | (static_cast<unsigned>(bytes[1]) << 8) |
-      (static_cast<unsigned>(bytes[2]) << 16) | (static_cast<unsigned>(bytes[3]) << 24));
+  const float scale = load_scale(entry + scales + 4 * (i / 128));
   __nv_fp8_e4m3 code;
   code.__x = entry[i];
   return static_cast<float>(code) * scale;
@@ -257,6 +262,23 @@ __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
   }
 }
 
+// 8 bf16 values (one 16-byte load) as fp32, as __bfloat162float converts them.
+__device__ __forceinline__ void unpack_bf16x8(uint4 u, float* out) {
+  const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    out[2 * k] = __uint_as_float(words[k] << 16);
+    out[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ void unpack_float4(float4 f, float* out) {
+  out[0] = f.x;
+  out[1] = f.y;
+  out[2] = f.z;
+  out[3] = f.w;
+}
+
 // The entry at `slot` as kDim fp32 values in registers, converted as load()
 // converts them: 16-byte loads for F32 and BF16 entries (kDim * 2 is a
 // multiple of 16), byte loads for the byte-aligned FP8 ones with their
@@ -268,36 +290,19 @@ __device__ __forceinline__ void load_entry(const void* pool, const CacheLayout& 
     const float4* e =
         reinterpret_cast<const float4*>(static_cast<const float*>(pool) + slot * kDim);
 #pragma unroll
-    for (int i = 0; i < kDim / 4; ++i) {
-      const float4 f = e[i];
-      v[4 * i] = f.x;
-      v[4 * i + 1] = f.y;
-      v[4 * i + 2] = f.z;
-      v[4 * i + 3] = f.w;
-    }
+    for (int i = 0; i < kDim / 4; ++i) unpack_float4(e[i], v + 4 * i);
   } else if (layout.dtype == CacheDType::BF16) {
     const uint4* e =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(pool) + slot * kDim);
 #pragma unroll
-    for (int i = 0; i < kDim / 8; ++i) {
-      const uint4 u = e[i];
-      const unsigned words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[8 * i + 2 * j] = __uint_as_float(words[j] << 16);
-        v[8 * i + 2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-      }
-    }
+    for (int i = 0; i < kDim / 8; ++i) unpack_bf16x8(e[i], v + 8 * i);
   } else {
     const uint8_t* entry = static_cast<const uint8_t*>(pool) + slot * layout.bytes();
     constexpr int kGroups = (kDim + 127) / 128;
     float scales[kGroups];
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const uint8_t* b = entry + kDim + 4 * g;
-      scales[g] = __uint_as_float(static_cast<unsigned>(b[0]) | (static_cast<unsigned>(b[1]) << 8) |
-                                  (static_cast<unsigned>(b[2]) << 16) |
-                                  (static_cast<unsigned>(b[3]) << 24));
+      scales[g] = load_scale(entry + kDim + 4 * g);
     }
 #pragma unroll
     for (int d = 0; d < kDim; ++d) {
@@ -525,27 +530,17 @@ __global__ void __launch_bounds__(kThreads) mla_tile_kernel(MlaFallbackParams p)
       const int64_t chunks = width / 8;
       for (int64_t i = tid; i < n * chunks; i += kThreads) {
         const int64_t j = i / chunks, c = i % chunks;
-        const uint4 u = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.pool) +
-                                                       slots[j] * width)[c];
-        float* row = entries + j * layout.row_floats + 8 * c;
-        const unsigned words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          row[2 * k] = __uint_as_float(words[k] << 16);
-          row[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-        }
+        unpack_bf16x8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.pool) +
+                                                     slots[j] * width)[c],
+                      entries + j * layout.row_floats + 8 * c);
       }
     } else if (aligned && p.layout.dtype == CacheDType::F32 && width % 4 == 0) {
       const int64_t chunks = width / 4;
       for (int64_t i = tid; i < n * chunks; i += kThreads) {
         const int64_t j = i / chunks, c = i % chunks;
-        const float4 f = reinterpret_cast<const float4*>(static_cast<const float*>(p.pool) +
-                                                         slots[j] * width)[c];
-        float* row = entries + j * layout.row_floats + 4 * c;
-        row[0] = f.x;
-        row[1] = f.y;
-        row[2] = f.z;
-        row[3] = f.w;
+        unpack_float4(reinterpret_cast<const float4*>(static_cast<const float*>(p.pool) +
+                                                      slots[j] * width)[c],
+                      entries + j * layout.row_floats + 4 * c);
       }
     } else {
       for (int64_t i = tid; i < n * width; i += kThreads) {
