@@ -22,7 +22,7 @@ if [[ "${1:-}" == "--pack" ]]; then
   for folder in $(grep -l "LABELS gpu" tests/*/CMakeLists.txt | xargs -n1 dirname | xargs -n1 basename); do
     binaries+=("$build/tests/$folder"/*_test)
   done
-  binaries+=("$build"/bench/cuda/* "$build/megactx")
+  binaries+=("$build"/bench/cuda/* "$build/bench/engine/host_tier_bench" "$build/megactx")
   for binary in "${binaries[@]}"; do
     [[ -f "$binary" ]] || continue
     [[ -x "$binary" ]] || continue
@@ -259,8 +259,8 @@ fi
 #    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
 #    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
 #    with and without --deterministic, and scoring vs plain prefill through serve in
-#    both), "profile" (ncu's device time per kernel of decode steps), any comma
-#    list, or 0.
+#    both), "profile" (ncu's device time per kernel of decode steps), "hosttier"
+#    (the host KV tier's page copies and prefix hits), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -308,6 +308,13 @@ if [[ "$benches" == *mtp* ]]; then
       --cuda-bf16 $flag >>"$out/mtp_serve.md" 2>&1
     note "mtp serve bench ${flag:-(always drafting)} exit $?"
   done
+fi
+if [[ "$benches" == *hosttier* ]]; then
+  # The host KV tier's page copies against one contiguous pinned copy, and a
+  # host-tier prefix hit against recomputing the prefix (bench/engine/host_tier_bench.cpp).
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/host_tier_bench" --model models/default --device cuda \
+    --prompt 16384 --kv-dtype bf16 >"$out/host_tier.md" 2>&1
+  note "host tier bench exit $?"
 fi
 if [[ "$benches" == *profile* ]]; then
   # Where a decode step's device time goes, kernel by kernel: ncu (one metric, the

@@ -361,47 +361,55 @@ int main(int argc, char** argv) {
     struct MlaShape {
       int batch, tokens, heads;
     };
+    // The general kernel, then for the few-row shapes the cluster kernel
+    // ("splits" ends in "c": that many CTAs of a cluster, merged in DSMEM).
     for (MlaShape shape : {MlaShape{64, 2, 64}, MlaShape{64, 2, 128}, MlaShape{1, 1, 64},
-                           MlaShape{1, 2, 64}, MlaShape{16, 2, 64}}) {
-      const int rows = shape.batch * shape.tokens;
-      fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
-      const int splits =
-          std::min(sparse_mla_default_splits(rows, shape.heads, kTopK, props.multiProcessorCount),
-                   (2 * Stack::kMaxRows) / rows);
-      auto params_for = [&](int layer) {
-        SparseMlaParams p;
-        p.q = s.q[layer];
-        p.slots = s.slots;
-        p.kv_pool = s.latent[layer];
-        p.out = s.out[layer];
-        p.lse = s.lse[layer];
-        p.partial_out = s.partial_out;
-        p.partial_lse = s.partial_lse;
-        p.rows = rows;
-        p.heads = shape.heads;
-        p.top_k = kTopK;
-        p.num_splits = splits;
-        p.softmax_scale = 1.f / std::sqrt(256.f);
-        return p;
-      };
-      const double ms = graph_median_ms(
-                            stream,
-                            [&] {
-                              for (int l = 0; l < kLayers; ++l)
-                                sparse_mla_attention(params_for(l), stream);
-                            },
-                            reps) /
-                        kLayers;
-      const double bytes =
-          double(rows) * kTopK * kLatentBytes + double(rows) * shape.heads * (576 + 512) * 2;
-      const double flops = 2.0 * rows * shape.heads * double(kTopK) * (576 + 512);
-      const double byte_floor = bytes / bw * 1e6,
-                   flop_floor = flops / (ceil.bf16_tflops * 1e12) * 1e6;
-      std::printf("| %dx%d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.2fx |\n",
-                  shape.batch, shape.tokens, shape.heads, splits, ms * 1e3, bytes / 1e6,
-                  flops / 1e9, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, byte_floor,
-                  flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
-    }
+                           MlaShape{1, 2, 64}, MlaShape{4, 1, 64}, MlaShape{16, 2, 64}})
+      for (bool cluster : {false, true}) {
+        const int rows = shape.batch * shape.tokens;
+        const int cluster_splits = sparse_mla_cluster_splits(rows, shape.heads, kTopK);
+        if (cluster && cluster_splits == 0) continue;
+        fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
+        const int splits = cluster ? cluster_splits
+                                   : std::min(sparse_mla_default_splits(rows, shape.heads, kTopK,
+                                                                        props.multiProcessorCount),
+                                              (2 * Stack::kMaxRows) / rows);
+        auto params_for = [&](int layer) {
+          SparseMlaParams p;
+          p.q = s.q[layer];
+          p.slots = s.slots;
+          p.kv_pool = s.latent[layer];
+          p.out = s.out[layer];
+          p.lse = s.lse[layer];
+          p.partial_out = s.partial_out;
+          p.partial_lse = s.partial_lse;
+          p.rows = rows;
+          p.heads = shape.heads;
+          p.top_k = kTopK;
+          p.num_splits = splits;
+          p.cluster_merge = cluster;
+          p.softmax_scale = 1.f / std::sqrt(256.f);
+          return p;
+        };
+        const double ms = graph_median_ms(
+                              stream,
+                              [&] {
+                                for (int l = 0; l < kLayers; ++l)
+                                  sparse_mla_attention(params_for(l), stream);
+                              },
+                              reps) /
+                          kLayers;
+        const double bytes =
+            double(rows) * kTopK * kLatentBytes + double(rows) * shape.heads * (576 + 512) * 2;
+        const double flops = 2.0 * rows * shape.heads * double(kTopK) * (576 + 512);
+        const double byte_floor = bytes / bw * 1e6,
+                     flop_floor = flops / (ceil.bf16_tflops * 1e12) * 1e6;
+        std::printf(
+            "| %dx%d | %d | %d%s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.2fx |\n",
+            shape.batch, shape.tokens, shape.heads, splits, cluster ? "c" : "", ms * 1e3,
+            bytes / 1e6, flops / 1e9, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9,
+            byte_floor, flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
+      }
 
     // ---- 3. Decode step, attention side: IndexShare vs indexer on every layer ----------
     std::printf(
@@ -418,7 +426,12 @@ int main(int argc, char** argv) {
       shape.heads = kHeads;
       shape.index_heads = kIndexHeads;
       shape.top_k = kTopK;
-      shape.num_splits = sparse_mla_default_splits(1, kHeads, kTopK, props.multiProcessorCount);
+      // As the model plans a decode step: the cluster kernel where it applies.
+      const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
+      shape.cluster_merge = cluster_splits > 0;
+      shape.num_splits = shape.cluster_merge ? cluster_splits
+                                             : sparse_mla_default_splits(1, kHeads, kTopK,
+                                                                         props.multiProcessorCount);
       shape.softmax_scale = 1.f / std::sqrt(256.f);
       shape.block_table = s.block_table;
       shape.block_table_stride = s.block_table_stride;

@@ -19,6 +19,8 @@ struct MlaCase {
   int rows = 6, heads = 64, top_k = 2048, num_splits = 1;
   int64_t num_slots = 5000;
   uint32_t seed = 1;
+  bool cluster = false;  // SparseMlaParams::cluster_merge
+  int active_heads = 0;  // SparseMlaParams::active_heads (the others are not checked)
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -37,13 +39,16 @@ cuda::SparseMlaParams make_params(const DeviceBuffer<uint16_t>& q,
   params.heads = c.heads;
   params.top_k = c.top_k;
   params.num_splits = c.num_splits;
+  params.cluster_merge = c.cluster;
+  params.active_heads = c.active_heads;
   params.softmax_scale = 1.f / std::sqrt(256.f);
   return params;
 }
 
 void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
-               std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits));
+               std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
+               (c.cluster ? " (cluster)" : ""));
   std::mt19937 rng(c.seed);
   const std::vector<uint8_t> pool = random_latent_pool(c.num_slots, rng);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -57,7 +62,7 @@ void run_case(const MlaCase& c) {
   for (int row = 0; row < c.rows; ++row) {
     int valid = c.top_k;
     if (row % 3 == 1) valid = 1 + static_cast<int>(rng() % c.top_k);  // fewer visible than k
-    if (row == c.rows - 1) valid = 0;                                 // an empty row
+    if (c.rows > 1 && row == c.rows - 1) valid = 0;                   // an empty row
     for (int j = 0; j < c.top_k; ++j)
       slots[static_cast<size_t>(row) * c.top_k + j] =
           j < valid ? static_cast<int32_t>(rng() % c.num_slots) : -1;
@@ -87,7 +92,7 @@ void run_case(const MlaCase& c) {
         q_values.data() + static_cast<size_t>(row) * c.heads * kQueryDim, c.heads,
         slots.data() + static_cast<size_t>(row) * c.top_k, c.top_k, pool.data(),
         params.softmax_scale, expected_out.data(), expected_lse.data());
-    for (int h = 0; h < c.heads; ++h) {
+    for (int h = 0; h < (c.active_heads > 0 ? c.active_heads : c.heads); ++h) {
       const size_t base = (static_cast<size_t>(row) * c.heads + h) * kRank;
       const float got_lse = lse[static_cast<size_t>(row) * c.heads + h];
       if (std::isinf(expected_lse[h])) {
@@ -131,6 +136,42 @@ TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) {
 }
 TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
+}
+
+// The cluster kernel (splits merged in distributed shared memory): one row,
+// MTP-like rows, 128 heads, top_k not a multiple of its 64-slot chunks (some
+// splits get no slot at all), holed, partial and empty rows.
+TEST(SparseMla, ClusterMergeSingleDecodeRow) {
+  run_case({1, 64, 2048, 8, 5000, 11, true});
+}
+TEST(SparseMla, ClusterMergeSixteenSplits) {
+  if (cuda::detail::sparse_mla_cluster_max_splits() < 16)
+    GTEST_SKIP() << "this GPU cannot hold a 16-CTA cluster of the kernel";
+  run_case({1, 64, 2048, 16, 5000, 12, true});
+  run_case({4, 64, 2048, 16, 7000, 13, true});
+}
+TEST(SparseMla, ClusterMergeRaggedRowsAndHeads) {
+  run_case({6, 128, 2048, 8, 9000, 14, true});
+  run_case({5, 64, 700, 8, 3000, 15, true});
+  run_case({3, 64, 512, 8, 3000, 16, true});
+}
+TEST(SparseMla, ClusterMergeComputesOnlyTheActiveHeads) {
+  run_case({3, 64, 2048, 8, 5000, 18, true, 16});
+  run_case({2, 128, 1000, 8, 5000, 19, true, 48});
+}
+TEST(SparseMla, ClusterMergeMatchesTheGeneralKernelsPlan) {
+  // The plan picks the cluster kernel for a decode row of GLM-5.2's 64 heads
+  // (16 splits) and leaves more rows and heads to the general kernel.
+  if (cuda::detail::sparse_mla_cluster_max_splits() < 16)
+    GTEST_SKIP() << "this GPU cannot hold a 16-CTA cluster of the kernel";
+  EXPECT_EQ(cuda::sparse_mla_cluster_splits(1, 64, 2048), 16);
+  EXPECT_EQ(cuda::sparse_mla_cluster_splits(128, 64, 2048), 0);
+  EXPECT_EQ(cuda::sparse_mla_cluster_splits(1, 64, 256), 0);
+  EXPECT_EQ(cuda::sparse_mla_cluster_splits(2, 64, 2048), 0);       // 128 CTAs, or 4 chunks each
+  EXPECT_EQ(cuda::sparse_mla_cluster_splits(2, 64, 1024), 8);       // 64 CTAs of 2 chunks
+  const int splits = cuda::sparse_mla_cluster_splits(4, 16, 2048);  // glm_1b's 16 heads
+  EXPECT_EQ(splits, 16);
+  run_case({4, 64, 2048, splits, 4000, 17, true, 16});
 }
 
 TEST(SparseMla, PrefetchMergeEqualsThePlainMergeBitForBit) {
@@ -180,6 +221,12 @@ TEST(SparseMla, RejectsBadShapes) {
   EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
   params.heads = 64;
   params.num_splits = 3;  // 64 slots are 2 blocks
+  EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
+  params.cluster_merge = true;  // a cluster is 8 or 16 splits
+  params.num_splits = 4;
+  EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
+  params.num_splits = 8;
+  params.active_heads = 24;  // not a multiple of 16
   EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
 }
 

@@ -13,6 +13,8 @@
 // (indexer 64: two MLA head blocks, the 64-head indexer kernel).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -83,10 +85,11 @@ std::unique_ptr<LanguageModel> host_model(const Shape& shape, int64_t index_topk
 }
 
 std::unique_ptr<LanguageModel> cuda_model(const LanguageModel& host, bool fast,
-                                          int64_t row_block = 1024) {
+                                          int64_t row_block = 1024, bool batch_invariant = false) {
   CudaModelOptions options;
   options.fast_attention = fast;
   options.row_block = row_block;
+  options.batch_invariant = batch_invariant;
   return make_cuda_dsa_model(static_cast<const DsaModel&>(host), options);
 }
 
@@ -235,22 +238,37 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
 TEST(CudaFastAttention, RowBlocksMatchTheWholeStep) {
   // The 470-row prefill in blocks of 64 rows (the last one 22) through the
   // attention core and the feed-forward, against one block of the whole
-  // step: the same selection (the indexer runs on the whole step either way),
-  // rounding differences only (sparse MLA's split-K depends on the rows of a
-  // launch, cuBLAS may pick other kernels). Also the plan's bound for blocks.
+  // step. In the batch-invariant mode (sparse MLA unsplit, GEMMs whose
+  // results do not depend on the rows of a call) the two are bit-identical:
+  // a block needs nothing of the others. Otherwise only rounding differs
+  // (sparse MLA's split-K and cuBLAS's kernels follow the rows of a launch),
+  // but on these random FP8 models a rounding difference in an early layer
+  // moves near-ties of a later layer's top-64 (measured on the H200: 0.04-0.05
+  // relative logit error, as the fused-indexer comparison below), so that
+  // comparison is bounded loosely. Also the plan's bound for blocks.
   for (const Shape& shape : {kShapes[0], kShapes[2]}) {
     SCOPED_TRACE(shape_name(shape));
     auto host = host_model(shape, 64);
+    {
+      auto whole = cuda_model(*host, true, 1024, /*batch_invariant=*/true);
+      auto blocked = cuda_model(*host, true, /*row_block=*/64, /*batch_invariant=*/true);
+      const Outcome want = run(*whole, KvDType::FP8);
+      const Outcome got = run(*blocked, KvDType::FP8);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
+      EXPECT_EQ(
+          std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
+          << "batch-invariant row blocks differ from the whole step";
+    }
     auto whole = cuda_model(*host, true);
     auto blocked = cuda_model(*host, true, /*row_block=*/64);
     const Outcome want = run(*whole, KvDType::FP8);
     const Outcome got = run(*blocked, KvDType::FP8);
     ASSERT_EQ(got.logits.size(), want.logits.size());
-    EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
     const double error = relative_error(got.logits.data(), want.logits.data(), want.logits.size());
     std::printf("fast path, %s, row blocks of 64 vs one block: relative logit error %.3g\n",
                 shape_name(shape).c_str(), error);
-    EXPECT_LE(error, 1e-3);
+    EXPECT_LE(error, 0.1);
     expect_scratch_within_plan(*blocked, 64);
     int device = 0, multiprocessors = 0;
     MEGACTX_CUDA_CHECK(cudaGetDevice(&device));

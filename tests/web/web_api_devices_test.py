@@ -206,10 +206,13 @@ def main():
     parser.add_argument("--megactx", required=True)
     parser.add_argument("--cuda", action="store_true", help="the second server on the GPU")
     args = parser.parse_args()
-    with MegactxServer(args.megactx, MODEL, kv_memory="512MiB") as server:
+    # f32 KV on both: the comparison is of the same fp32 math on two devices (with
+    # the default bf16 KV, rounding flips put logprobs ~2e-3 apart on the H200).
+    with MegactxServer(args.megactx, MODEL, "--kv-dtype", "f32", kv_memory="512MiB") as server:
         cpu = collect(server.url)
     extra = ["--device", "cuda"] if args.cuda else []
-    with MegactxServer(args.megactx, MODEL, *extra, kv_memory="512MiB") as server:
+    with MegactxServer(args.megactx, MODEL, "--kv-dtype", "f32", *extra,
+                       kv_memory="512MiB") as server:
         other = collect(server.url)
     compare(cpu, other, "cuda" if args.cuda else "cpu (script check)")
     if failures:

@@ -76,6 +76,7 @@ int run_attention_stack(const AttentionStackShape& shape, const std::vector<bool
     attention.heads = shape.heads;
     attention.top_k = shape.top_k;
     attention.num_splits = shape.num_splits;
+    attention.cluster_merge = shape.cluster_merge;
     attention.softmax_scale = shape.softmax_scale;
     sparse_mla_attention(attention, stream);
   }

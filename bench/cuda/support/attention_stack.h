@@ -23,7 +23,8 @@ struct AttentionStackShape {
   int heads = 64;          // attention heads (multiple of 64)
   int index_heads = 32;    // indexer heads (32 or 64)
   int top_k = 2048;
-  int num_splits = 1;  // sparse MLA key splits
+  int num_splits = 1;          // sparse MLA key splits
+  bool cluster_merge = false;  // SparseMlaParams::cluster_merge (num_splits 8 or 16)
   float softmax_scale = 0;
   const int32_t* block_table = nullptr;  // [requests, block_table_stride]
   int block_table_stride = 0;

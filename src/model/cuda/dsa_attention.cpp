@@ -57,7 +57,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     latent.pool = cache.latent_pool(layer).raw();
     latent.layout = step.latent;
     latent.rows = step.rows;
-    if (kFusedLatentWrite) {
+    if (fused_latent_write()) {
       norm_rope_write_latent(latent, stream_);
     } else {
       detail::norm_rope_write_latent_separately(latent, stream_);

@@ -28,8 +28,8 @@
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
@@ -111,10 +111,9 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   const int64_t dim = kIndexerHeadDim;
   // The deterministic mode never fuses: the fused kernel sums heads in another
   // order and places ties by atomics, and it is chosen by the step's size.
-  const bool fused =
-      !options_.batch_invariant &&
-      (cuda_fused_indexer_chosen(config_, index_topk_, n, step.max_context) ||
-       (fused_indexer_forced() && cuda_fused_indexer_serves(config_, index_topk_)));
+  const bool fused = !options_.batch_invariant &&
+                     (cuda_fused_indexer_chosen(config_, index_topk_, n, step.max_context) ||
+                      (fused_indexer_forced() && cuda_fused_indexer_serves(config_, index_topk_)));
 
   // Per-token block tables, causal lengths and selection counts: once per step
   // (every full layer of the step reads the same ones). The fused path reads
@@ -193,9 +192,9 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   }
   // scores [n, max_context]: row t filled for p < position_t + 1.
   float* scores = scratch_.scores.get<float>(n * step.max_context);
-  indexer_scores(indexer_score_rows(quantize.queries_fp8, quantize.weights, layer, step, cache,
-                                    0, n, scores),
-                 stream_);
+  indexer_scores(
+      indexer_score_rows(quantize.queries_fp8, quantize.weights, layer, step, cache, 0, n, scores),
+      stream_);
 
   // Positions of the top-k into step.topk [n, index_topk], -1 past counts.
   // The histogram is only used by rows longer than kTopkSmallRow.
@@ -249,13 +248,13 @@ IndexerScoreParams CudaDsaModel::indexer_score_rows(const uint8_t* queries_fp8,
 void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights,
                                           int64_t layer, Step& step, PagedKvCache& cache) {
   const int64_t n = step.tokens;
-  const int64_t chunk = std::max<int64_t>(1, kCudaIndexerScoresCap / std::max<int64_t>(
-                                                                       step.max_context, 1));
+  const int64_t chunk =
+      std::max<int64_t>(1, kCudaIndexerScoresCap / std::max<int64_t>(step.max_context, 1));
   float* scores = scratch_.scores.get<float>(std::min(n, chunk) * step.max_context);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    indexer_scores(
-        indexer_score_rows(queries_fp8, weights, layer, step, cache, r0, rows, scores), stream_);
+    indexer_scores(indexer_score_rows(queries_fp8, weights, layer, step, cache, r0, rows, scores),
+                   stream_);
     PositionTopkParams select;
     select.scores = scores;
     select.score_stride = step.max_context;
@@ -320,15 +319,23 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   attend.heads = static_cast<int>(padded);
   attend.top_k = static_cast<int>(top_k);
   // Split-K merges change the rounding, and the split count follows the row
-  // count: one split in the deterministic mode.
-  attend.num_splits = options_.batch_invariant ? 1
-                                               : sparse_mla_default_splits(
-                                                     attend.rows, attend.heads, attend.top_k,
-                                                     fast_multiprocessors_);
+  // count: one split in the deterministic mode. Few rows (decode at small
+  // batches): the cluster kernel, its splits merged in distributed shared memory.
+  const int active_heads = static_cast<int>(round_up(heads, kSparseMlaClusterHeads));
+  const int cluster_splits =
+      options_.batch_invariant ? 0
+                               : sparse_mla_cluster_splits(attend.rows, active_heads, attend.top_k);
+  attend.cluster_merge = cluster_splits > 0;
+  attend.active_heads = attend.cluster_merge ? active_heads : 0;
+  attend.num_splits = attend.cluster_merge ? cluster_splits
+                      : options_.batch_invariant
+                          ? 1
+                          : sparse_mla_default_splits(attend.rows, attend.heads, attend.top_k,
+                                                      fast_multiprocessors_);
   attend.softmax_scale = softmax_scale_;
   attend.out = fs.out_bf16.get<uint16_t>(n * padded * kLatentRank);
   attend.lse = fs.lse.get<float>(n * padded);
-  if (attend.num_splits > 1) {
+  if (attend.num_splits > 1 && !attend.cluster_merge) {
     attend.partial_out = fs.partial_out.get<float>(n * attend.num_splits * padded * kLatentRank);
     attend.partial_lse = fs.partial_lse.get<float>(n * attend.num_splits * padded);
   }

@@ -51,10 +51,10 @@ struct CudaModelOptions {
   // than [step rows, ...] (at 1024, a 16K-token chunk of GLM-5.2 needs ~11 GB
   // less). The indexer, the KV writes and the norms run on the whole step.
   // The memory plan counts the same (CudaScratchOptions::row_block). 0: the
-  // whole step is one block (the default until the GPU tests of the blocked
-  // path, CudaModel.RowBlocksMatchCpuModel and
-  // CudaFastAttention.RowBlocksMatchTheWholeStep, have run on a GPU).
-  int64_t row_block = 0;
+  // whole step is one block. Blocks change nothing but rounding
+  // (CudaModel.RowBlocksMatchCpuModel; in the batch-invariant mode the blocked
+  // step is bit-identical to the whole one: CudaFastAttention.RowBlocksMatchTheWholeStep).
+  int64_t row_block = 1024;
   int device_ordinal = 0;
 
   // Whether a CUDA model is built (and reloaded) straight from a checkpoint:

@@ -716,6 +716,14 @@ bool launch_tile_mla(const MlaFallbackParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+bool fused_latent_write() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_FUSED_LATENT_WRITE");
+    return kFusedLatentWrite && !(value != nullptr && value[0] == '0');
+  }();
+  return on;
+}
+
 void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   const bool fp8_aligned = p.layout.bytes() % 4 == 0 && p.layout.fp8_count % 4 == 0 &&

@@ -71,9 +71,11 @@ struct LatentWriteParams {
 };
 void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream);
 // Whether the CUDA model writes its latent rows with the one launch above
-// (else the three): off until DsaFallback.FusedLatentWriteEqualsTheThreeLaunches
-// has run on a GPU (two launches fewer per layer).
-inline constexpr bool kFusedLatentWrite = false;
+// (else the three; DsaFallback.FusedLatentWriteEqualsTheThreeLaunches): two
+// launches fewer per layer. MEGACTX_FUSED_LATENT_WRITE=0 picks the three
+// (A/B runs); fused_latent_write() reads both.
+inline constexpr bool kFusedLatentWrite = true;
+bool fused_latent_write();
 
 // scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
 // relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then

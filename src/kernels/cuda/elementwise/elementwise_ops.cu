@@ -29,6 +29,13 @@ __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int6
 }
 
 // kAdd: x[r] += branch[r] first (add_rmsnorm; x is then written, dense rows).
+// A thread's elements are i = tid, tid + 256, ...; rows up to kCachedPerThread
+// x 256 wide are held in registers, so that all of a thread's loads are in
+// flight at once (a loop that adds each load before issuing the next waits a
+// memory round trip per element: ~6.5 us per launch at batch 1 on a
+// 2048-wide row, ncu). The sum runs in the same order either way (same bits).
+constexpr int kCachedPerThread = 16;
+
 template <bool kAdd>
 __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t x_stride,
                                const float* weight, float eps, float* y, int64_t y_stride,
@@ -37,6 +44,36 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
   float* xr = x + blockIdx.x * x_stride;
   float* yr = y + blockIdx.x * y_stride;
   float sum = 0.0f;
+  if (n <= kCachedPerThread * kThreads) {
+    float values[kCachedPerThread];
+#pragma unroll
+    for (int k = 0; k < kCachedPerThread; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+      values[k] = i < n ? xr[i] : 0.0f;
+      if constexpr (kAdd) {
+        if (i < n) values[k] += branch[blockIdx.x * n + i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kCachedPerThread; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+      if (i < n) {
+        if constexpr (kAdd) xr[i] = values[k];
+        sum += values[k] * values[k];
+      }
+    }
+    const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int k = 0; k < kCachedPerThread; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+      if (i < n) {
+        const float out = weight[i] * (values[k] * inv);
+        yr[i] = out;
+        if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(out);
+      }
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     float v = xr[i];
     if constexpr (kAdd) {

@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -194,6 +195,18 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, co
       "sgemm");
 }
 
+// Rows up to which linear_batched takes the small kernel:
+// kSmallBatchedLinearMaxRows, or MEGACTX_SMALL_BATCHED_LINEAR_ROWS (0: never;
+// for A/B runs).
+int64_t small_batched_linear_rows() {
+  static const int64_t rows = [] {
+    const char* value = std::getenv("MEGACTX_SMALL_BATCHED_LINEAR_ROWS");
+    if (value == nullptr || *value == '\0') return kSmallBatchedLinearMaxRows;
+    return std::clamp<int64_t>(std::atoll(value), 0, kSmallBatchedLinearMaxRows);
+  }();
+  return rows;
+}
+
 void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                           int64_t x_batch_stride, const float* w, int64_t out,
                           int64_t w_batch_stride, float* y, int64_t y_stride,
@@ -210,7 +223,7 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
     batch_invariant_gemm(g, stream_);
     return;
   }
-  if (kSmallBatchedLinear && rows <= kSmallBatchedLinearMaxRows) {
+  if (kSmallBatchedLinear && rows <= small_batched_linear_rows()) {
     SmallBatchedLinear g;
     g.x = x;
     g.w = w;

@@ -49,9 +49,14 @@ void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_strid
                         cudaStream_t stream);
 
 // Whether Blas::linear_batched runs few-row calls on small_batched_linear.h's
-// kernel instead of cuBLAS: off until CudaGemm.SmallBatchedLinearMatchesDouble
-// has run on a GPU.
+// kernel instead of cuBLAS (CudaGemm.SmallBatchedLinearMatchesDouble passes):
+// off, measured slower on the H200 at every batch (glm_1b decode 2.02 / 2.27 /
+// 3.25 ms at batch 1 / 4 / 16 against 1.95 / 2.09 / 2.67 with cuBLAS; its
+// per-row warp reductions dominate). Kept for the next attempt (bf16 tensor
+// cores for these products).
 inline constexpr bool kSmallBatchedLinear = false;
+// The most rows it takes there (see gemm.cpp).
+int64_t small_batched_linear_rows();
 
 class Blas {
  public:

@@ -15,9 +15,11 @@
 namespace megactx::cuda {
 
 // Whether the host KV tier's page copies (make_cuda_kv_page_copy) take this
-// one-launch path: off until KvPageRuns.OneLaunchCopiesEqualTheMemcpyCopies
-// has run on a GPU and host_tier_bench has measured it.
-inline constexpr bool kKvPageCopyKernel = false;
+// one-launch path (KvPageRuns.OneLaunchCopiesEqualTheMemcpyCopies): on the
+// H200, 12 pools x 256 scattered pages load at 46.2 GB/s, 86% of one
+// contiguous pinned copy (53.6 GB/s), where a cudaMemcpyAsync per pool and run
+// reached 5.8 GB/s (host_tier_bench).
+inline constexpr bool kKvPageCopyKernel = true;
 
 // One run: `bytes` from `source` to `destination` (device or pinned host
 // addresses, 16-byte aligned, bytes a multiple of 16).

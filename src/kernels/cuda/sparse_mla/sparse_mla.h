@@ -26,6 +26,8 @@ namespace megactx::cuda {
 inline constexpr int kSparseMlaHeadBlock = 64;  // heads per CTA; heads must be a multiple
 inline constexpr int kSparseMlaKeyBlock = 32;   // keys per inner step
 inline constexpr int kSparseMlaQueryDim = kLatentRank + kLatentRope;  // 576
+// Heads per CTA of the cluster kernel (sparse_mla_cluster.cu).
+inline constexpr int kSparseMlaClusterHeads = 16;
 
 struct SparseMlaParams {
   const uint16_t* q = nullptr;       // [rows, heads, 576] bf16
@@ -41,24 +43,42 @@ struct SparseMlaParams {
   int top_k = 0;
   int num_splits = 1;  // 1..ceil(top_k / 32)
   float softmax_scale = 0;
+  // The cluster kernel (few decode rows): num_splits (8 or 16) CTAs of one
+  // thread-block cluster per (row, 16 heads) split the slots and merge in
+  // distributed shared memory; partial_out / partial_lse are not used.
+  bool cluster_merge = false;
+  // Cluster kernel only: heads [0, active_heads) are computed (a multiple of
+  // 16; 0: all), the others' out / lse left unwritten: a model with fewer
+  // heads than the 64 its q layout is padded to (glm_1b: 16) skips the padding.
+  int active_heads = 0;
 };
 
 // Splits that fill `multiprocessors` SMs for this many rows x head blocks.
 int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessors);
+
+// The cluster kernel's split count for rows x heads (the heads it computes)
+// and top_k: 16 or 8, or 0 where the general kernel is faster (measured: past
+// 64 CTAs, or more than two 64-slot chunks per CTA) or the environment sets
+// MEGACTX_SPARSE_MLA_CLUSTER=0 (A/B runs).
+int sparse_mla_cluster_splits(int rows, int heads, int top_k);
+bool sparse_mla_cluster_enabled();
 
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
 
 // The split merge that reads every split's lse and loads its partial rows in
 // batches (the same sums in the same order as the plain merge, so the same
-// bits). Off until SparseMla.PrefetchMergeEqualsThePlainMergeBitForBit has
-// run on a GPU; then on (a launch-latency-bound ~9 us per decode layer).
-inline constexpr bool kSparseMlaPrefetchMerge = false;
+// bits: SparseMla.PrefetchMergeEqualsThePlainMergeBitForBit) instead of a
+// chain of dependent loads (~9 us per decode layer).
+inline constexpr bool kSparseMlaPrefetchMerge = true;
 
 namespace detail {
 void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
 // With the merge chosen (tests compare the two).
 void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaStream_t stream);
+void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t stream);
+// 16 when a 16-CTA cluster of the kernel can be resident on this GPU, else 8.
+int sparse_mla_cluster_max_splits();
 }  // namespace detail
 
 }  // namespace megactx::cuda
