@@ -587,7 +587,8 @@ void Engine::fill_grammar_masks() {
   // Matchers are per request and compiled grammars shared read-only, so many
   // constrained rows fill their masks on the process's worker threads (idle
   // while a device forward runs; the CPU forward has finished by now).
-  if (count >= kParallelGrammarRows && ThreadPool::global().size() > 1) {
+  const int64_t parallel_rows = config_.parallel_grammar_rows;
+  if (parallel_rows > 0 && count >= parallel_rows && ThreadPool::global().size() > 1) {
     ThreadPool::global().parallel_for(count, fill);
   } else {
     fill(0, count);

@@ -144,9 +144,6 @@ class Engine : public EngineApi {
   // The matcher takes request.grammar_pending; false (grammar_error set) when
   // it refuses one, or refused one before.
   bool accept_pending_tokens(RequestState& request);
-  // Constrained rows of a step from which their masks are filled on the
-  // process's thread pool (ThreadPool::global()) rather than one after another.
-  static constexpr int64_t kParallelGrammarRows = 8;
   std::vector<const ScheduledChunk*> grammar_chunks_;  // this step's constrained chunks
   std::vector<uint8_t> grammar_allowed_;               // their masks allow a token
   // Ends a request: last update, pages back (full ones stay in the prefix

@@ -71,6 +71,12 @@ struct EngineConfig {
   // rejected from the first one it does not allow (the ablation; also
   // lossless, it accepts less).
   bool speculative_masked_drafts = true;
+  // Structured output: with this many constrained rows or more in a step
+  // (0: never), their matchers advance and fill their masks on the process's
+  // thread pool instead of one after another. Off: on the H200 machine at 64
+  // rows the pool's hand-offs made the phase slower (2.94 against 1.13 us per
+  // token, docs/benchmarks.md).
+  int64_t parallel_grammar_rows = 0;
   // The checkpoint the model was loaded from: its MTP layer's weights, and
   // the base of weight updates (engine_control.cpp).
   std::string model_dir;

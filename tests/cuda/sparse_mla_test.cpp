@@ -142,7 +142,7 @@ TEST(SparseMla, PrefillSplitOddK) {
 // MTP-like rows, 128 heads, top_k not a multiple of its 64-slot chunks (some
 // splits get no slot at all), holed, partial and empty rows.
 TEST(SparseMla, ClusterMergeSingleDecodeRow) {
-  run_case({1, 64, 2048, 8, 5000, 11, true});
+  run_case({1, 64, 1024, 8, 5000, 11, true});
 }
 TEST(SparseMla, ClusterMergeSixteenSplits) {
   if (cuda::detail::sparse_mla_cluster_max_splits() < 16)
@@ -151,12 +151,12 @@ TEST(SparseMla, ClusterMergeSixteenSplits) {
   run_case({4, 64, 2048, 16, 7000, 13, true});
 }
 TEST(SparseMla, ClusterMergeRaggedRowsAndHeads) {
-  run_case({6, 128, 2048, 8, 9000, 14, true});
+  run_case({6, 128, 1024, 8, 9000, 14, true});
   run_case({5, 64, 700, 8, 3000, 15, true});
   run_case({3, 64, 512, 8, 3000, 16, true});
 }
 TEST(SparseMla, ClusterMergeComputesOnlyTheActiveHeads) {
-  run_case({3, 64, 2048, 8, 5000, 18, true, 16});
+  run_case({3, 64, 2048, 16, 5000, 18, true, 16});
   run_case({2, 128, 1000, 8, 5000, 19, true, 48});
 }
 TEST(SparseMla, ClusterMergeMatchesTheGeneralKernelsPlan) {
@@ -227,6 +227,9 @@ TEST(SparseMla, RejectsBadShapes) {
   EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
   params.num_splits = 8;
   params.active_heads = 24;  // not a multiple of 16
+  EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
+  params.active_heads = 0;
+  params.top_k = 2048;  // 256 slots per split: more than a CTA takes
   EXPECT_THROW(cuda::sparse_mla_attention(params, nullptr), Error);
 }
 

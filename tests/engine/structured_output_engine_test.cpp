@@ -33,8 +33,10 @@ struct Output {
 
 class ConstrainedEngine {
  public:
-  explicit ConstrainedEngine(int64_t kv_bytes = int64_t{64} << 20, int64_t max_running = 64) {
+  explicit ConstrainedEngine(int64_t kv_bytes = int64_t{64} << 20, int64_t max_running = 64,
+                             int64_t parallel_grammar_rows = 0) {
     EngineLoadOptions options;
+    options.engine.parallel_grammar_rows = parallel_grammar_rows;
     options.model_dir = std::string(MEGACTX_SOURCE_DIR) + "/models/default";
     options.engine.run_thread = false;
     options.engine.check_integrity_every_step = true;
@@ -163,7 +165,8 @@ TEST(StructuredOutputEngine, SchemaOutputsAreValidInAMixedBatch) {
 }
 
 TEST(StructuredOutputEngine, ManyRequestsShareOneGrammarLikeNChoices) {
-  ConstrainedEngine c;
+  // 12 rows with the masks filled on the thread pool from 8 rows on.
+  ConstrainedEngine c(int64_t{64} << 20, 64, /*parallel_grammar_rows=*/8);
   auto grammar = c.compiler().compile_json_schema(kPerson, json_options());
   for (int i = 0; i < 12; ++i) {
     GenerationRequest r = c.request("n" + std::to_string(i), kPrompts[0], 1.0, 1000 + i);

@@ -33,14 +33,15 @@ int sparse_mla_cluster_splits(int rows, int heads, int top_k) {
   const int64_t groups = int64_t{rows} * (heads / kSparseMlaClusterHeads);
   // Measured on the H200 (the kernel is latency-bound: one 8-warp CTA per SM,
   // ~15 cycles per issued instruction, ncu): one row of 64 heads in 16 splits
-  // of two 64-slot chunks takes 15.5 us against the general kernel's 22.3, but
-  // 128 CTAs (two rows in 16 splits; four rows in 8 splits of four chunks) take
-  // 30-44 us against its 22-26 (an H200 holds 7 clusters of 16 at once). So: at
-  // most 64 CTAs, each at most two chunks and at least one.
+  // takes 14.0 us against the general kernel's 22.0, but 128 CTAs (two rows in
+  // 16 splits) took 30 us against its 22.6 (an H200 holds 7 clusters of 16 at
+  // once). So: at most 64 CTAs, each at least one 64-slot chunk and at most
+  // kSparseMlaClusterKeys slots.
   const int chunks = (top_k + 63) / 64;
   const int most = detail::sparse_mla_cluster_max_splits();
   for (int splits = most; splits >= 8; splits /= 2)
-    if (groups * splits <= kSparseMlaClusterMaxCtas && chunks >= splits && chunks <= 2 * splits)
+    if (groups * splits <= kSparseMlaClusterMaxCtas && chunks >= splits &&
+        chunks * 64 <= splits * kSparseMlaClusterKeys)
       return splits;
   return 0;
 }
@@ -61,6 +62,11 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
                       (params.num_splits == 16 && detail::sparse_mla_cluster_max_splits() == 16),
                   "sparse MLA: a cluster of {} splits (8, or 16 where the GPU can hold one)",
                   params.num_splits);
+    const int chunks = (params.top_k + 63) / 64;
+    MEGACTX_CHECK(
+        (chunks + params.num_splits - 1) / params.num_splits * 64 <= kSparseMlaClusterKeys,
+        "sparse MLA: top_k {} over {} cluster splits exceeds {} slots per split", params.top_k,
+        params.num_splits, kSparseMlaClusterKeys);
   } else {
     MEGACTX_CHECK(params.num_splits >= 1 && params.num_splits <= blocks,
                   "sparse MLA: num_splits {} outside 1..{}", params.num_splits, blocks);

@@ -26,8 +26,10 @@ namespace megactx::cuda {
 inline constexpr int kSparseMlaHeadBlock = 64;  // heads per CTA; heads must be a multiple
 inline constexpr int kSparseMlaKeyBlock = 32;   // keys per inner step
 inline constexpr int kSparseMlaQueryDim = kLatentRank + kLatentRope;  // 576
-// Heads per CTA of the cluster kernel (sparse_mla_cluster.cu).
+// Heads per CTA of the cluster kernel (sparse_mla_cluster.cu), and the most
+// slots a CTA takes: top_k may be up to num_splits x 128.
 inline constexpr int kSparseMlaClusterHeads = 16;
+inline constexpr int kSparseMlaClusterKeys = 128;
 
 struct SparseMlaParams {
   const uint16_t* q = nullptr;       // [rows, heads, 576] bf16

@@ -3,20 +3,21 @@
 //
 // Why: at batch 1 the general kernel (sparse_mla_attention.cu) runs 64 heads
 // per CTA, so a row has only `splits` CTAs, each loading a 74 KB Q tile, and
-// its split merge is a second launch over a 4 MB fp32 partial state: ~26 us
-// per layer for ~1.3 MB of cache entries (0.4 us at the read floor).
-// Here a CTA serves 16 heads of one row (Q 18 KB) and 1/C of its slots, and
-// the C CTAs of a cluster exchange their [16, 512] fp32 states through
-// DSMEM: no partial buffers in global memory, no merge launch.
+// its split merge is a second launch over a 4 MB fp32 partial state: ~22 us
+// per layer for ~1.3 MB of cache entries (0.3 us at the read floor).
+// Here a CTA serves 16 heads of one row (Q 18 KB) and at most 128 of its slots
+// (1/C of them), and the C CTAs of a cluster exchange their [16, 512] fp32
+// states through DSMEM: no partial buffers in global memory, no merge launch.
 //
-// Per CTA (8 warps), for each chunk of 64 slots:
-//   1. dequantise the chunk's raw entries (one bulk copy each, fetched while
-//      the previous chunk computed) into K[64][576] f16; then fetch the next
-//      chunk's entries into the freed staging buffer;
-//   2. S[16 heads][64] = Q K^T     warp w: keys 16*(w%4).., dims 288*(w/4)..
+// The kernel is a latency chain (ncu: one 8-warp CTA per SM, ~15 cycles per
+// issued instruction, barrier stalls first), so a CTA takes its slots in one
+// pass, with as few barriers as the data flow allows:
+//   1. slot ids and Q; then every entry loaded straight into registers and
+//      dequantised into K[128][576] f16 (no staging buffer, no per-chunk wait);
+//   2. S[16 heads][128] = Q K^T    warp w: keys 32*(w%4).., dims 288*(w/4)..
 //      (the two dim halves summed in a fixed order);
-//   3. online softmax (log2 domain), 16 threads per head row;
-//   4. O[16][512] += P V           warp w: dims 64*w..
+//   3. softmax (log2 domain), 16 threads per head row, one pass;
+//   4. O[16][512] = P V            warp w: dims 64*w..
 // Then O / sum and the split's lse go to this CTA's shared memory; after a
 // cluster barrier, CTA r merges output dims [r * 512 / C, (r + 1) * 512 / C)
 // of all 16 heads over the C splits in rank order (deterministic for a given
@@ -34,33 +35,28 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kHeads = kSparseMlaClusterHeads;  // 16
-constexpr int kChunk = 64;                      // slots per step
+constexpr int kKeys = kSparseMlaClusterKeys;    // 128 slots at most per CTA
 constexpr int kDim = kSparseMlaQueryDim;        // 576
 constexpr int kHalfDim = kDim / 2;              // 288
 constexpr int kStride = kDim + 8;               // f16 per Q/K row in smem (ldmatrix banks)
-constexpr int kScoreStride = kChunk + 1;        // fp32 per S row
-constexpr int kProbStride = kChunk + 8;         // f16 per P row
+constexpr int kScoreStride = kKeys + 1;         // fp32 per S row
+constexpr int kProbStride = kKeys + 8;          // f16 per P row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kQueryPrescale = 1.f / 64.f;  // as the general kernel: |q| up to 4e6 fits f16
 
 struct ClusterShared {
   __half q[kHeads * kStride];
-  // K[64][kStride] f16 of the current chunk; after the last chunk, this
-  // CTA's normalised output [16][512] fp32 (32 KB of its 74 KB) that the
-  // cluster reads.
-  alignas(16) uint8_t k_bytes[kChunk * kStride * 2];
-  alignas(16) uint8_t raw[kChunk * kLatentBytes];  // the next chunk's fp8 entries
-  int32_t slot_ids[2][kChunk];
+  // K[128][kStride] f16; after PV, this CTA's normalised output [16][512]
+  // fp32 (32 KB of its 150 KB) that the cluster reads.
+  alignas(16) uint8_t k_bytes[kKeys * kStride * 2];
   float s[2][kHeads * kScoreStride];              // S of the two dim halves
   alignas(16) __half prob[kHeads * kProbStride];  // ldmatrix rows: 16-byte aligned
-  float row_max[kHeads];
+  int32_t slot_ids[kKeys];
   float row_sum[kHeads];
-  float row_factor[kHeads];
   float state_lse[kHeads];  // log2 domain (includes the softmax scale)
-  uint64_t raw_full;        // mbarrier: the chunk's entries have landed
 };
-static_assert(kHeads * kLatentRank * 4 <= kChunk * kStride * 2, "the state fits in K's space");
+static_assert(kHeads * kLatentRank * 4 <= kKeys * kStride * 2, "the state fits in K's space");
 
 template <int kSplits>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
@@ -74,44 +70,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   const int64_t row = blockIdx.x / kSplits;
   const int split = static_cast<int>(cluster.block_rank());
   const int head0 = blockIdx.y * kHeads;
-  const int total_chunks = (p.top_k + kChunk - 1) / kChunk;
+  // Slots in chunks of 64, the chunks spread evenly (at most two per split).
+  const int total_chunks = (p.top_k + 63) / 64;
   const int chunks_per_split = (total_chunks + kSplits - 1) / kSplits;
-  const int key_begin = split * chunks_per_split * kChunk;
-  const int key_end = min(p.top_k, key_begin + chunks_per_split * kChunk);
-  const int chunks = key_end > key_begin ? (key_end - key_begin + kChunk - 1) / kChunk : 0;
+  const int key_begin = split * chunks_per_split * 64;
+  const int key_end = min(p.top_k, key_begin + chunks_per_split * 64);
+  const int keys = max(0, key_end - key_begin);  // <= kKeys (checked by the launcher)
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
-  const int32_t* row_slots = p.slots + row * p.top_k;
-  auto read_slot_id = [&](int chunk) -> int32_t {
-    const int key = key_begin + chunk * kChunk + tid;
-    return tid < kChunk && chunk < chunks && key < key_end ? row_slots[key] : -1;
-  };
-  // One bulk copy (TMA) per entry, issued by the key's thread: 64 requests per
-  // chunk where 16-byte cp.async needed 2624 (the SM's issue rate limited
-  // those). Every key thread arrives once per phase, with the entry's bytes
-  // announced when it has one.
-  auto fetch_entries = [&](int buffer) {
-    if (tid >= kChunk) return;
-    const int32_t slot = sh.slot_ids[buffer][tid];
-    // The raw buffer was read by ordinary loads: order them before the copy engine writes.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (slot >= 0) {
-      mbarrier_arrive_expect_bytes(&sh.raw_full, kLatentBytes);
-      bulk_copy_to_shared(&sh.raw[tid * kLatentBytes],
-                          p.kv_pool + static_cast<int64_t>(slot) * kLatentBytes, kLatentBytes,
-                          &sh.raw_full);
-    } else {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(&sh.raw_full))
-                   : "memory");
-    }
-  };
-
-  // Slot ids first (their latency then overlaps the Q load).
-  int32_t pending_slot = read_slot_id(0);
-  // Q [16 heads][576] bf16 -> f16 * 2^-6: 1152 pieces of 16 bytes, 4.5 per thread.
+  // 1. Slot ids (read first: their latency overlaps the Q load), Q.
+  if (tid < kKeys) sh.slot_ids[tid] = tid < keys ? p.slots[row * p.top_k + key_begin + tid] : -1;
   {
     const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    constexpr int kPieces = kHeads * (kDim / 8);
+    constexpr int kPieces = kHeads * (kDim / 8);                     // 1152 of 16 bytes
     constexpr int kPerThread = (kPieces + kThreads - 1) / kThreads;  // 5
     uint4 raw[kPerThread];
 #pragma unroll
@@ -135,176 +106,153 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
           make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
   }
-  if (tid < kHeads) {
-    sh.row_max[tid] = -INFINITY;
-    sh.row_sum[tid] = 0.f;
-  }
-  if (tid == 0) {
-    mbarrier_init(&sh.raw_full, kChunk);
-    mbarrier_init_fence();
-  }
-  if (tid < kChunk) sh.slot_ids[0][tid] = pending_slot;
-  pending_slot = read_slot_id(1);
-  __syncthreads();
-  if (chunks > 0) fetch_entries(0);
+  __syncthreads();  // slot ids visible
 
-  const int key_tile = warp % 4;  // S: keys 16 * key_tile ..
-  const int dim_half = warp / 4;  // S: dims 288 * dim_half ..
-  float acc[8][4];                // O: heads g, g + 8 x dims 64 * warp + 8 n + 2 t ..
+  // Entries: thread -> (key tid / 2, half tid % 2): 256 latent values (two
+  // scale groups) and 32 rope values, loaded in two rounds of 8 + 2 16-byte
+  // loads (all of a round in flight at once) and dequantised into K.
+  {
+    const int key = tid / 2, half = tid % 2;
+    const int32_t slot = sh.slot_ids[key];
+    __half* destination = &k_tile[key * kStride];
+    if (slot >= 0) {
+      const uint8_t* entry = p.kv_pool + static_cast<int64_t>(slot) * kLatentBytes;
+      const float2 scales = *reinterpret_cast<const float2*>(entry + kLatentScaleOffset + half * 8);
 #pragma unroll
-  for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int buffer = chunk % 2;
-    mbarrier_wait(&sh.raw_full, static_cast<unsigned>(chunk & 1));  // the chunk's entries
-    __syncthreads();  // and every warp is done with the previous chunk's K
-
-    // 1. Dequantise: thread -> (key tid / 4, quarter tid % 4): 128 latent values
-    //    (one scale group) and 16 rope values.
-    {
-      const int key = tid / 4, quarter = tid % 4;
-      const int32_t slot = sh.slot_ids[buffer][key];
-      __half* destination = &k_tile[key * kStride];
-      if (slot >= 0) {
-        const uint8_t* entry = &sh.raw[key * kLatentBytes];
-        const __half2 scale = __float2half2_rn(
-            *reinterpret_cast<const float*>(entry + kLatentScaleOffset + quarter * 4));
+      for (int group = 0; group < 2; ++group) {
+        const int offset = half * 256 + group * 128;
+        uint4 bytes[8];
+#pragma unroll
+        for (int piece = 0; piece < 8; ++piece)
+          bytes[piece] = *reinterpret_cast<const uint4*>(entry + offset + piece * 16);
+        uint4 rope[2];  // this group's 16 of the thread's 32 rope values (bf16)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          rope[r] = *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + half * 64 +
+                                                    group * 32 + r * 16);
+        const __half2 scale = __float2half2_rn(group == 0 ? scales.x : scales.y);
 #pragma unroll
         for (int piece = 0; piece < 8; ++piece) {
-          const uint4 bytes = *reinterpret_cast<const uint4*>(entry + quarter * 128 + piece * 16);
-          const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+          const uint32_t words[4] = {bytes[piece].x, bytes[piece].y, bytes[piece].z,
+                                     bytes[piece].w};
           uint32_t packed[8];
 #pragma unroll
           for (int w = 0; w < 4; ++w)
             e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
-          uint4* out = reinterpret_cast<uint4*>(destination + quarter * 128 + piece * 16);
+          uint4* out = reinterpret_cast<uint4*>(destination + offset + piece * 16);
           out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
           out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
         }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint4 rope =
-              *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + quarter * 32 + half * 16);
-          const uint32_t rope_words[4] = {rope.x, rope.y, rope.z, rope.w};
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t rope_words[4] = {rope[r].x, rope[r].y, rope[r].z, rope[r].w};
           uint32_t rope_half[4];
 #pragma unroll
           for (int w = 0; w < 4; ++w)
             rope_half[w] = pack_half2(__uint_as_float(rope_words[w] << 16),
                                       __uint_as_float(rope_words[w] & 0xffff0000u));
-          *reinterpret_cast<uint4*>(destination + kLatentRank + quarter * 16 + half * 8) =
+          *reinterpret_cast<uint4*>(destination + kLatentRank + half * 32 + group * 16 + r * 8) =
               make_uint4(rope_half[0], rope_half[1], rope_half[2], rope_half[3]);
         }
-      } else {
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int piece = 0; piece < 16; ++piece)
-          *reinterpret_cast<uint4*>(destination + quarter * 128 + piece * 8) = zero;
-        *reinterpret_cast<uint4*>(destination + kLatentRank + quarter * 16) = zero;
-        *reinterpret_cast<uint4*>(destination + kLatentRank + quarter * 16 + 8) = zero;
       }
+    } else {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int piece = 0; piece < 32; ++piece)
+        *reinterpret_cast<uint4*>(destination + half * 256 + piece * 8) = zero;
+#pragma unroll
+      for (int piece = 0; piece < 4; ++piece)
+        *reinterpret_cast<uint4*>(destination + kLatentRank + half * 32 + piece * 8) = zero;
     }
-    // The next chunk's ids to smem (the other buffer: nobody reads it this chunk).
-    if (tid < kChunk) sh.slot_ids[buffer ^ 1][tid] = pending_slot;
-    pending_slot = read_slot_id(chunk + 2);
-    __syncthreads();  // K complete, raw free, next ids visible
-    if (chunk + 1 < chunks) fetch_entries(buffer ^ 1);
+  }
+  __syncthreads();  // K complete
 
-    // 2. S = Q K^T: 16 heads x 16 keys x 288 dims per warp (18 k-steps).
-    {
-      float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8 + dim_half * kHalfDim];
-      const __half* b_row = &k_tile[(key_tile * 16 + lane % 8 + (lane / 16) * 8) * kStride +
-                                    ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
+  // 2. S = Q K^T: 16 heads x 32 keys x 288 dims per warp (18 k-steps, four
+  //    independent accumulator chains).
+  {
+    const int key_tile = warp % 4, dim_half = warp / 4;
+    float s_acc[4][4] = {};
+    const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8 + dim_half * kHalfDim];
+    const __half* b_row = &k_tile[(key_tile * 32 + lane % 8 + (lane / 16) * 8) * kStride +
+                                  ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
 #pragma unroll 6
-      for (int ks = 0; ks < kHalfDim / 16; ++ks) {
-        uint32_t a[4], b[4];
-        ldmatrix_x4(a, a_row + ks * 16);
-        ldmatrix_x4(b, b_row + ks * 16);
-        mma_f16_16x8x16(s_acc[0], a, b[0], b[1]);
-        mma_f16_16x8x16(s_acc[1], a, b[2], b[3]);
-      }
-      float* s = sh.s[dim_half];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int key = key_tile * 16 + nt * 8 + 2 * t;
-        s[g * kScoreStride + key] = s_acc[nt][0];
-        s[g * kScoreStride + key + 1] = s_acc[nt][1];
-        s[(g + 8) * kScoreStride + key] = s_acc[nt][2];
-        s[(g + 8) * kScoreStride + key + 1] = s_acc[nt][3];
-      }
+    for (int ks = 0; ks < kHalfDim / 16; ++ks) {
+      uint32_t a[4], b[4], c[4];
+      ldmatrix_x4(a, a_row + ks * 16);
+      ldmatrix_x4(b, b_row + ks * 16);
+      ldmatrix_x4(c, b_row + 16 * kStride + ks * 16);
+      mma_f16_16x8x16(s_acc[0], a, b[0], b[1]);
+      mma_f16_16x8x16(s_acc[1], a, b[2], b[3]);
+      mma_f16_16x8x16(s_acc[2], a, c[0], c[1]);
+      mma_f16_16x8x16(s_acc[3], a, c[2], c[3]);
     }
-    __syncthreads();
-
-    // 3. Online softmax: 16 threads per head row (lanes of one half-warp), 4 keys each.
-    {
-      const int head = tid / 16, part = tid % 16;
-      float values[4];
-      float block_max = -INFINITY;
+    float* s = sh.s[dim_half];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = part * 4 + i;
-        const float sum = sh.s[0][head * kScoreStride + key] + sh.s[1][head * kScoreStride + key];
-        values[i] = sh.slot_ids[buffer][key] >= 0 ? sum * scale_log2 : -INFINITY;
-        block_max = fmaxf(block_max, values[i]);
-      }
-#pragma unroll
-      for (int offset = 1; offset < 16; offset *= 2)
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, offset));
-      const float old_max = sh.row_max[head];
-      const float old_sum = sh.row_sum[head];
-      __syncwarp();  // every lane has read the row state before part 0 rewrites it
-      const float new_max = fmaxf(old_max, block_max);
-      const bool empty = new_max == -INFINITY;  // nothing valid yet: avoid inf - inf
-      float sum = 0.f;
-      const float p0 = empty ? 0.f : exp2f(values[0] - new_max);
-      const float p1 = empty ? 0.f : exp2f(values[1] - new_max);
-      const float p2 = empty ? 0.f : exp2f(values[2] - new_max);
-      const float p3 = empty ? 0.f : exp2f(values[3] - new_max);
-      sum = (p0 + p1) + (p2 + p3);
-      *reinterpret_cast<uint2*>(&sh.prob[head * kProbStride + part * 4]) =
-          make_uint2(pack_half2(p0, p1), pack_half2(p2, p3));
-#pragma unroll
-      for (int offset = 1; offset < 16; offset *= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (part == 0) {
-        const float factor = empty ? 1.f : exp2f(old_max - new_max);
-        sh.row_max[head] = new_max;
-        sh.row_sum[head] = old_sum * factor + sum;
-        sh.row_factor[head] = factor;
-      }
+    for (int nt = 0; nt < 4; ++nt) {
+      const int key = key_tile * 32 + nt * 8 + 2 * t;
+      s[g * kScoreStride + key] = s_acc[nt][0];
+      s[g * kScoreStride + key + 1] = s_acc[nt][1];
+      s[(g + 8) * kScoreStride + key] = s_acc[nt][2];
+      s[(g + 8) * kScoreStride + key + 1] = s_acc[nt][3];
     }
-    __syncthreads();
+  }
+  __syncthreads();
 
-    // 4. O = O * factor + P V: 16 heads x 64 dims per warp, k = 64 keys.
-    {
-      const float factor_low = sh.row_factor[g];
-      const float factor_high = sh.row_factor[g + 8];
+  // 3. Softmax: 16 threads per head row (a half-warp), 8 keys each.
+  float row_max = -INFINITY;  // of this thread's head (valid in every lane of its half-warp)
+  {
+    const int head = tid / 16, part = tid % 16;
+    float values[8];
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        acc[n][0] *= factor_low;
-        acc[n][1] *= factor_low;
-        acc[n][2] *= factor_high;
-        acc[n][3] *= factor_high;
-      }
+    for (int i = 0; i < 8; ++i) {
+      const int key = part * 8 + i;
+      const float sum = sh.s[0][head * kScoreStride + key] + sh.s[1][head * kScoreStride + key];
+      values[i] = sh.slot_ids[key] >= 0 ? sum * scale_log2 : -INFINITY;
+      row_max = fmaxf(row_max, values[i]);
+    }
 #pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks) {
-        uint32_t a[4];
-        ldmatrix_x4(a, &sh.prob[(lane % 16) * kProbStride + ks * 16 + (lane / 16) * 8]);
-        const __half* v_row = &k_tile[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
-                                      warp * 64 + (lane / 16) * 8];
+    for (int offset = 1; offset < 16; offset *= 2)
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+    const bool empty = row_max == -INFINITY;  // no valid slot: avoid inf - inf
+    float sum = 0.f;
+    uint32_t packed[4];
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_row + np * 16);
-          mma_f16_16x8x16(acc[2 * np], a, b[0], b[1]);
-          mma_f16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+    for (int i = 0; i < 8; i += 2) {
+      const float p0 = empty ? 0.f : exp2f(values[i] - row_max);
+      const float p1 = empty ? 0.f : exp2f(values[i + 1] - row_max);
+      sum += p0 + p1;
+      packed[i / 2] = pack_half2(p0, p1);
+    }
+    *reinterpret_cast<uint4*>(&sh.prob[head * kProbStride + part * 8]) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+    for (int offset = 1; offset < 16; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (part == 0) {
+      sh.row_sum[head] = sum;
+      sh.state_lse[head] = sum > 0.f ? row_max + log2f(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+
+  // 4. O = P V: 16 heads x 64 dims per warp, k = 128 keys (8 k-steps).
+  float acc[8][4] = {};  // heads g, g + 8 x dims 64 * warp + 8 n + 2 t ..
+#pragma unroll
+  for (int ks = 0; ks < kKeys / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, &sh.prob[(lane % 16) * kProbStride + ks * 16 + (lane / 16) * 8]);
+    const __half* v_row = &k_tile[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
+                                  warp * 64 + (lane / 16) * 8];
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_row + np * 16);
+      mma_f16_16x8x16(acc[2 * np], a, b[0], b[1]);
+      mma_f16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
     }
   }
   __syncthreads();  // every warp is done with K: its space now holds the state
 
-  // This split's normalised output and lse into shared memory.
+  // This split's normalised output into shared memory (its lse is there already).
   {
     const float sum_low = sh.row_sum[g], sum_high = sh.row_sum[g + 8];
     const float inverse_low = sum_low > 0.f ? 1.f / sum_low : 0.f;
@@ -316,10 +264,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
           make_float2(acc[n][0] * inverse_low, acc[n][1] * inverse_low);
       *reinterpret_cast<float2*>(&state[(g + 8) * kLatentRank + dim]) =
           make_float2(acc[n][2] * inverse_high, acc[n][3] * inverse_high);
-    }
-    if (tid < kHeads) {
-      const float sum = sh.row_sum[tid];
-      sh.state_lse[tid] = sum > 0.f ? sh.row_max[tid] + log2f(sum) : -INFINITY;
     }
   }
   cluster.sync();  // every split's state is visible to the cluster
