@@ -354,6 +354,41 @@ TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
       at_1m.fast_attention / mib, at_1m.device_total() / mib, at_128k.device_total() / mib);
 }
 
+// The prefill issue's benchmark config (GLM-5.2's attention and indexer in 8
+// layers, vocab 8192): at 1M context, with 16K-token prefill chunks and the
+// default row blocks of 1024 (CudaModelOptions::row_block), the whole device
+// scratch stays under 4 GiB, and it does not grow with the context.
+TEST(CudaMemoryPlan, BenchmarkConfigAtOneMillionTokensFitsFourGiB) {
+  std::ifstream file(std::string(MEGACTX_SOURCE_DIR) + "/bench/cuda/configs/glm52_attention.json");
+  std::stringstream text;
+  text << file.rdbuf();
+  const ModelConfig config = parse_model_config(text.str());
+  EngineConfig engine;
+  engine.max_prefill_tokens = 16384;
+  auto request_at = [&](int64_t context) {
+    CudaMemoryRequest request;
+    request.budget_bytes = int64_t{1} << 50;
+    request.weight_bytes = int64_t{1} << 30;
+    request.max_step_tokens = 16384 + 256;
+    request.max_context = context;
+    request.max_logit_rows = step_logit_rows(engine);
+    request.index_topk = config.index_topk;
+    request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
+    request.options.decode_sequences = 256;
+    request.options.row_block = CudaModelOptions{}.row_block;
+    request.weights_include_workspace = true;
+    return request;
+  };
+  EXPECT_EQ(CudaModelOptions{}.row_block, 1024);
+  const CudaScratchBreakdown at_1m = cuda_scratch_breakdown(config, request_at(1052672));
+  const CudaScratchBreakdown at_128k = cuda_scratch_breakdown(config, request_at(131072));
+  std::printf("benchmark config (glm52_attention), 16640-token steps, row blocks of 1024: total "
+              "scratch %.0f MiB at 1M context, %.0f MiB at 128K\n",
+              at_1m.device_total() / 1048576.0, at_128k.device_total() / 1048576.0);
+  EXPECT_LE(at_1m.device_total(), int64_t{4} << 30);
+  EXPECT_EQ(at_1m.step, at_128k.step);
+}
+
 #if MEGACTX_HAVE_CUDA
 // The plan's bound of the fused indexer + top-k workspace covers the kernel's own.
 TEST(CudaMemoryPlan, FusedIndexerWorkspaceBoundCoversTheKernel) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
@@ -64,6 +65,8 @@ __device__ float load(const void* pool, const CacheLayout& layout, int64_t slot,
 
 __global__ void write_plain_kernel(void* pool, CacheLayout layout, PagedRows rows, int64_t tokens,
                                    const float* values, int64_t stride) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t width = layout.width;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * width;
        t += int64_t{gridDim.x} * blockDim.x) {
@@ -98,6 +101,8 @@ __device__ void store_bf16_tail(uint8_t* tail, const float* v, const CacheLayout
 // the bf16 tail: the same encoding as the host cache (kv_cache.cpp).
 __global__ void write_fp8_kernel(void* pool, CacheLayout layout, PagedRows rows, int64_t tokens,
                                  const float* values, int64_t stride) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t groups = (layout.fp8_count + 127) / 128;
   const int64_t per_token = groups + 1;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < tokens * per_token;
@@ -169,6 +174,8 @@ __device__ void store_fp8_group(uint8_t* entry, const float* v, const CacheLayou
 // the KV writes were 11-14% of a decode step.
 __global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows rows,
                                       int64_t tokens, const float* values, int64_t stride) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t groups = (layout.fp8_count + 127) / 128;
   const int64_t per_token = groups + 1;
   const int lane = threadIdx.x % 32;
@@ -192,6 +199,8 @@ __global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows 
 // norm_rope_write_latent: a block per token row; the operations of rmsnorm,
 // rope and write_cache_rows in their order, so the same bits.
 __global__ void __launch_bounds__(kThreads) norm_rope_write_kernel(LatentWriteParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
   const int64_t t = blockIdx.x;
   float* x = p.kv + t * p.stride;
@@ -238,6 +247,8 @@ __global__ void __launch_bounds__(kThreads) norm_rope_write_kernel(LatentWritePa
 // ([heads * dim] floats). The chunks spread one token's keys over many SMs
 // (a single decode token would otherwise run on one).
 __global__ void indexer_scores_kernel(IndexerFallbackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ float q[];
   const int64_t t = blockIdx.x;
   const int64_t visible = p.rows.positions[t] + 1;
@@ -319,6 +330,8 @@ __device__ __forceinline__ void load_entry(const void* pool, const CacheLayout& 
 // weights in shared memory, two heads' dot products in flight at a time.
 template <int kDim>
 __global__ void __launch_bounds__(kThreads) indexer_scores_entry_kernel(IndexerFallbackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ float shared[];
   float* q = shared;                   // [heads, kDim]
   float* w = shared + p.heads * kDim;  // [heads]
@@ -372,6 +385,8 @@ constexpr int kMlaMaxLatentPerLane = 16;  // kv_lora <= 512
 constexpr int kMlaMaxRopePerLane = 2;     // rope <= 64
 
 __global__ void mla_kernel(MlaFallbackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float warp_acc[kMlaWarps][kMlaMaxLatentPerLane * 32];
   __shared__ float warp_max[kMlaWarps], warp_sum[kMlaWarps];
   const int64_t t = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
@@ -482,6 +497,8 @@ __host__ __device__ inline MlaTileShared mla_tile_shared(int64_t width) {
 }
 
 __global__ void __launch_bounds__(kThreads) mla_tile_kernel(MlaFallbackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ uint4 dynamic_shared[];
   unsigned char* base = reinterpret_cast<unsigned char*>(dynamic_shared);
   const int64_t width = p.kv_lora + p.rope;
@@ -642,15 +659,15 @@ void write_cache_rows(void* pool, const CacheLayout& layout, const PagedRows& ro
     const bool aligned = layout.bytes() % 4 == 0 && layout.fp8_count % 4 == 0 &&
                          (reinterpret_cast<uintptr_t>(pool) & 3u) == 0;
     if (aligned && !plain_fallback()) {
-      write_fp8_warp_kernel<<<blocks_for(tokens * per_token * 32), kThreads, 0, stream>>>(
-          pool, layout, rows, tokens, values, stride);
+      launch_kernel(write_fp8_warp_kernel, blocks_for(tokens * per_token * 32), kThreads, 0, stream,
+                    pool, layout, rows, tokens, values, stride);
     } else {
-      write_fp8_kernel<<<blocks_for(tokens * per_token), kThreads, 0, stream>>>(
-          pool, layout, rows, tokens, values, stride);
+      launch_kernel(write_fp8_kernel, blocks_for(tokens * per_token), kThreads, 0, stream, pool,
+                    layout, rows, tokens, values, stride);
     }
   } else {
-    write_plain_kernel<<<blocks_for(tokens * layout.width), kThreads, 0, stream>>>(
-        pool, layout, rows, tokens, values, stride);
+    launch_kernel(write_plain_kernel, blocks_for(tokens * layout.width), kThreads, 0, stream, pool,
+                  layout, rows, tokens, values, stride);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -666,7 +683,7 @@ bool launch_entry_scores(const IndexerFallbackParams& p, const dim3& grid, cudaS
     return false;
   const size_t shared = static_cast<size_t>(p.heads * (kDim + 1)) * sizeof(float);
   if (shared > 48 * 1024) return false;
-  indexer_scores_entry_kernel<kDim><<<grid, kThreads, shared, stream>>>(p);
+  launch_kernel(indexer_scores_entry_kernel<kDim>, grid, kThreads, shared, stream, p);
   return true;
 }
 
@@ -677,7 +694,7 @@ void indexer_scores(const IndexerFallbackParams& p, bool plain, cudaStream_t str
       !(launch_entry_scores<16>(p, grid, stream) || launch_entry_scores<32>(p, grid, stream) ||
         launch_entry_scores<64>(p, grid, stream) || launch_entry_scores<128>(p, grid, stream))) {
     const size_t q_bytes = static_cast<size_t>(p.heads * p.dim) * sizeof(float);
-    indexer_scores_kernel<<<grid, kThreads, q_bytes, stream>>>(p);
+    launch_kernel(indexer_scores_kernel, grid, kThreads, q_bytes, stream, p);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -709,8 +726,8 @@ bool launch_tile_mla(const MlaFallbackParams& p, cudaStream_t stream) {
   }();
   if (bytes > limit) return false;
   const int64_t groups = (p.heads + kTileHeads - 1) / kTileHeads;
-  mla_tile_kernel<<<static_cast<unsigned>(p.tokens * groups), kThreads, static_cast<size_t>(bytes),
-                    stream>>>(p);
+  launch_kernel(mla_tile_kernel, static_cast<unsigned>(p.tokens * groups), kThreads,
+                static_cast<size_t>(bytes), stream, p);
   return true;
 }
 
@@ -733,7 +750,7 @@ void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
     detail::norm_rope_write_latent_separately(p, stream);
     return;
   }
-  norm_rope_write_kernel<<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p);
+  launch_kernel(norm_rope_write_kernel, static_cast<unsigned>(p.tokens), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -756,7 +773,7 @@ void mla_attention_fallback(const MlaFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   // kv_lora <= 512 and rope <= 64: checked by the CUDA model's constructor.
   if (plain_fallback() || !launch_tile_mla(p, stream)) {
-    mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream>>>(p);
+    launch_kernel(mla_kernel, static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream, p);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -775,7 +792,7 @@ void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStr
 
 void mla_attention_fallback_plain(const MlaFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  mla_kernel<<<static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream>>>(p);
+  launch_kernel(mla_kernel, static_cast<unsigned>(p.tokens * p.heads), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

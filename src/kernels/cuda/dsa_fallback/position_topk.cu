@@ -3,6 +3,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
 
 namespace megactx::cuda {
@@ -82,6 +83,8 @@ struct SharedState {
 // scores again.
 template <bool KeysInShared>
 __global__ void __launch_bounds__(kThreads) position_topk_kernel(PositionTopkParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ uint4 dynamic_shared[];
   uint32_t* keys = reinterpret_cast<uint32_t*>(dynamic_shared);
   __shared__ SharedState sh;
@@ -240,9 +243,9 @@ void launch_position_topk(const PositionTopkParams& params, cudaStream_t stream)
       return true;
     }();
     (void)configured;
-    position_topk_kernel<true><<<grid, kThreads, shared, stream>>>(params);
+    launch_kernel(position_topk_kernel<true>, grid, kThreads, shared, stream, params);
   } else {
-    position_topk_kernel<false><<<grid, kThreads, shared, stream>>>(params);
+    launch_kernel(position_topk_kernel<false>, grid, kThreads, shared, stream, params);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,6 +1,7 @@
 // Element-wise glue kernels of the fast DSA path (see dsa_fast_inputs.h):
 // one grid-stride loop each over the output elements.
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 
 namespace megactx::cuda {
@@ -35,6 +36,8 @@ __device__ __forceinline__ int64_t grid_step() {
 }
 
 __global__ void build_token_tables_kernel(TokenTablesParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t total = p.tokens * p.table_stride;
   const int64_t page_size = p.rows.page_size;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
@@ -51,6 +54,8 @@ __global__ void build_token_tables_kernel(TokenTablesParams p) {
 }
 
 __global__ void pad_indexer_queries_kernel(IndexerQueryPadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t total = p.tokens * p.padded_heads * p.dim;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
     const int64_t d = i % p.dim;
@@ -63,6 +68,8 @@ __global__ void pad_indexer_queries_kernel(IndexerQueryPadParams p) {
 }
 
 __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t total = p.tokens * p.top_k;
   const int64_t page_size = p.rows.page_size;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
@@ -78,6 +85,8 @@ __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
 }
 
 __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t width = p.lora + p.rope;
   const int64_t total = p.tokens * p.padded_heads * width;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
@@ -93,6 +102,8 @@ __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
 }
 
 __global__ void unpack_mla_output_kernel(MlaOutputUnpackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t total = p.tokens * p.heads * p.lora;
   for (int64_t i = grid_start(); i < total; i += grid_step()) {
     const int64_t c = i % p.lora;
@@ -107,35 +118,35 @@ __global__ void unpack_mla_output_kernel(MlaOutputUnpackParams p) {
 void build_token_tables(const TokenTablesParams& p, cudaStream_t stream) {
   const int64_t total = p.tokens * p.table_stride;
   if (total == 0) return;
-  build_token_tables_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p);
+  launch_kernel(build_token_tables_kernel, blocks_for(total), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void pad_indexer_queries(const IndexerQueryPadParams& p, cudaStream_t stream) {
   const int64_t total = p.tokens * p.padded_heads * p.dim;
   if (total == 0) return;
-  pad_indexer_queries_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p);
+  launch_kernel(pad_indexer_queries_kernel, blocks_for(total), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
   const int64_t total = p.tokens * p.top_k;
   if (total == 0) return;
-  positions_to_slots_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p);
+  launch_kernel(positions_to_slots_kernel, blocks_for(total), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void pack_mla_queries(const MlaQueryPackParams& p, cudaStream_t stream) {
   const int64_t total = p.tokens * p.padded_heads * (p.lora + p.rope);
   if (total == 0) return;
-  pack_mla_queries_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p);
+  launch_kernel(pack_mla_queries_kernel, blocks_for(total), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void unpack_mla_output(const MlaOutputUnpackParams& p, cudaStream_t stream) {
   const int64_t total = p.tokens * p.heads * p.lora;
   if (total == 0) return;
-  unpack_mla_output_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p);
+  launch_kernel(unpack_mla_output_kernel, blocks_for(total), kThreads, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,6 +6,7 @@
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 
@@ -21,6 +22,8 @@ int blocks_for(int64_t count) {
 
 __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
                                     int64_t hidden, float* out) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * hidden;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / hidden;
@@ -40,6 +43,8 @@ template <bool kAdd>
 __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t x_stride,
                                const float* weight, float eps, float* y, int64_t y_stride,
                                __nv_bfloat16* y_bf16) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
   float* xr = x + blockIdx.x * x_stride;
   float* yr = y + blockIdx.x * y_stride;
@@ -92,6 +97,8 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
 
 __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight, const float* bias,
                                  float eps, float* y) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
@@ -108,6 +115,8 @@ __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight,
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_stride,
                             int64_t head_stride, int64_t dim, const float* cos, const float* sin,
                             bool interleaved) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t half = dim / 2;
   const int64_t total = rows * heads * half;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
@@ -127,6 +136,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_s
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
                                 int64_t stride, float* out, __nv_bfloat16* out_bf16) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * n;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = t / n, i = t % n;
@@ -138,12 +149,16 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < count;
        t += int64_t{gridDim.x} * blockDim.x)
     x[t] += y[t];
 }
 
 __global__ void scale_kernel(float* x, float factor, int64_t count) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < count;
        t += int64_t{gridDim.x} * blockDim.x)
     x[t] *= factor;
@@ -152,6 +167,8 @@ __global__ void scale_kernel(float* x, float factor, int64_t count) {
 template <typename T>
 __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t n, int64_t hidden,
                                    T* out) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n * hidden;
        t += int64_t{gridDim.x} * blockDim.x)
     out[t] = x[static_cast<int64_t>(rows[t / hidden]) * hidden + t % hidden];
@@ -161,6 +178,8 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t n, i
 // shared-memory tree keeps the larger value, the lower index on ties.
 template <int kBlock>
 __global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out, int64_t out_stride) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float values[kBlock];
   __shared__ int64_t indices[kBlock];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
@@ -194,6 +213,8 @@ __global__ void argmax_rows_kernel(const float* x, int64_t n, int32_t* out, int6
 
 __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, const float* gates,
                                         int64_t n, int64_t hidden, float* out) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n * hidden;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = t / hidden;
@@ -210,6 +231,8 @@ __device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
 // One block per row. Shared: choice[experts], masked[experts], flags.
 __global__ void moe_route_kernel(const float* logits, const float* bias, RouteParams p,
                                  int32_t* ids, float* weights) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ float smem[];
   float* choice = smem;              // [experts]
   float* masked = smem + p.experts;  // [experts]
@@ -277,7 +300,8 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, RoutePa
 
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
                   cudaStream_t stream) {
-  embed_gather_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(table, ids, n, hidden, out);
+  launch_kernel(embed_gather_kernel, blocks_for(n * hidden), kThreads, 0, stream, table, ids, n,
+                hidden, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -285,62 +309,64 @@ void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const fl
              float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16) {
   if (rows == 0) return;
   // kAdd false: x is only read.
-  rmsnorm_kernel<false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      const_cast<float*>(x), nullptr, n, x_stride, weight, eps, y, y_stride,
-      static_cast<__nv_bfloat16*>(y_bf16));
+  launch_kernel(rmsnorm_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream,
+                const_cast<float*>(x), nullptr, n, x_stride, weight, eps, y, y_stride,
+                static_cast<__nv_bfloat16*>(y_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
                  float eps, float* y, cudaStream_t stream, void* y_bf16) {
   if (rows == 0) return;
-  rmsnorm_kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      x, branch, n, n, weight, eps, y, n, static_cast<__nv_bfloat16*>(y_bf16));
+  launch_kernel(rmsnorm_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, branch,
+                n, n, weight, eps, y, n, static_cast<__nv_bfloat16*>(y_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,
                float eps, float* y, cudaStream_t stream) {
   if (rows == 0) return;
-  layernorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, bias, eps,
-                                                                         y);
+  launch_kernel(layernorm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, x, n, weight,
+                bias, eps, y);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
           int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream) {
-  rope_kernel<<<blocks_for(rows * heads * (dim / 2)), kThreads, 0, stream>>>(
-      x, rows, heads, row_stride, head_stride, dim, cos, sin, interleaved);
+  launch_kernel(rope_kernel, blocks_for(rows * heads * (dim / 2)), kThreads, 0, stream, x, rows,
+                heads, row_stride, head_stride, dim, cos, sin, interleaved);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
               float* out, cudaStream_t stream, void* out_bf16) {
-  silu_mul_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(
-      gate, up, rows, n, stride, out, static_cast<__nv_bfloat16*>(out_bf16));
+  launch_kernel(silu_mul_kernel, blocks_for(rows * n), kThreads, 0, stream, gate, up, rows, n,
+                stride, out, static_cast<__nv_bfloat16*>(out_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_into(float* x, const float* y, int64_t count, cudaStream_t stream) {
-  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, count);
+  launch_kernel(add_kernel, blocks_for(count), kThreads, 0, stream, x, y, count);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void scale(float* x, float factor, int64_t count, cudaStream_t stream) {
-  scale_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, factor, count);
+  launch_kernel(scale_kernel, blocks_for(count), kThreads, 0, stream, x, factor, count);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
                  cudaStream_t stream) {
-  gather_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(x, rows, n, hidden, out);
+  launch_kernel(gather_rows_kernel<float>, blocks_for(n * hidden), kThreads, 0, stream, x, rows, n, hidden,
+                out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const int32_t* x, const int32_t* rows, int64_t n, int64_t hidden, int32_t* out,
                  cudaStream_t stream) {
   if (n * hidden == 0) return;
-  gather_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(x, rows, n, hidden, out);
+  launch_kernel(gather_rows_kernel<int32_t>, blocks_for(n * hidden), kThreads, 0, stream, x, rows, n, hidden,
+                out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -348,15 +374,15 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, int64_t 
                  cudaStream_t stream) {
   if (rows == 0) return;
   constexpr int kBlock = 256;
-  argmax_rows_kernel<kBlock>
-      <<<static_cast<unsigned>(rows), kBlock, 0, stream>>>(x, n, out, out_stride);
+  launch_kernel(argmax_rows_kernel<kBlock>, static_cast<unsigned>(rows), kBlock, 0, stream, x, n,
+                out, out_stride);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, int64_t n,
                       int64_t hidden, float* out, cudaStream_t stream) {
-  scatter_add_rows_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(y, rows, gates, n,
-                                                                           hidden, out);
+  launch_kernel(scatter_add_rows_kernel, blocks_for(n * hidden), kThreads, 0, stream, y, rows,
+                gates, n, hidden, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -365,8 +391,8 @@ void moe_route(const float* logits, const float* bias, int64_t rows, const Route
   if (rows == 0) return;
   // n_group <= 64 is checked by the caller (cuda model), experts fit in shared memory.
   const size_t shared = 2 * static_cast<size_t>(params.experts) * sizeof(float);
-  moe_route_kernel<<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(logits, bias, params,
-                                                                              ids, weights);
+  launch_kernel(moe_route_kernel, static_cast<unsigned>(rows), kThreads, shared, stream, logits,
+                bias, params, ids, weights);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 
 namespace megactx::cuda {
@@ -9,6 +10,8 @@ namespace {
 
 __global__ void float_to_bf16_kernel(const float* x, int64_t rows, int64_t n, int64_t x_stride,
                                      __nv_bfloat16* y) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t total = rows * n;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -25,8 +28,8 @@ void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_strid
   if (total == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (total + kThreads - 1) / kThreads;
-  float_to_bf16_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), kThreads, 0,
-                         stream>>>(x, rows, n, x_stride, static_cast<__nv_bfloat16*>(y));
+  launch_kernel(float_to_bf16_kernel, static_cast<unsigned>(blocks < 4096 ? blocks : 4096),
+                kThreads, 0, stream, x, rows, n, x_stride, static_cast<__nv_bfloat16*>(y));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 
 namespace megactx::cuda {
@@ -15,6 +16,8 @@ constexpr int kE4m3Max = 448;
 
 __global__ void quantize_e4m3_groups_kernel(const float* x, int64_t rows, int64_t in,
                                             int64_t x_stride, uint8_t* q, float* scale) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t groups = (in + kGroup - 1) / kGroup;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -52,8 +55,8 @@ void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_st
   constexpr int kThreads = 256;
   constexpr int64_t kWarpsPerBlock = kThreads / 32;
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  quantize_e4m3_groups_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      x, rows, in, x_stride, q, scale);
+  launch_kernel(quantize_e4m3_groups_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, x,
+                rows, in, x_stride, q, scale);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 
 namespace megactx::cuda {
@@ -45,6 +46,8 @@ __device__ int64_t scale_row(int64_t col, int64_t split) {
 
 template <int kRows>
 __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
@@ -91,8 +94,8 @@ bool aligned16(const void* pointer) {
 template <int kRows>
 void launch(const Fp8BlockGemm& g, cudaStream_t stream) {
   const int64_t blocks = (g.out + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  fp8_block_gemv_kernel<kRows>
-      <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(g);
+  launch_kernel(fp8_block_gemv_kernel<kRows>, static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
+                stream, g);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // reads 32 contiguous bytes of a key (the sum does not care about order).
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/indexer/indexer.h"
 
 #include <algorithm>
@@ -31,6 +32,8 @@ constexpr int kSharedBytes = kStages * kStagePages * kPageBytes;
 template <int MTiles, bool Bulk>  // MTiles = heads / 16
 __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
     indexer_scores_kernel(IndexerScoreParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t pages_shared[];  // [kStages][kStagePages][64 keys][132 B]
   __shared__ uint64_t stage_full[kStages];  // Bulk: completes when a stage's pages landed
   const int rows_per_group = p.rows_per_group;
@@ -204,6 +207,8 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
 
 // One warp per (row, head): amax over 128 values, e4m3 with scale amax / 448.
 __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (item >= static_cast<int64_t>(p.rows) * p.heads) return;
@@ -265,8 +270,8 @@ void launch_scores(const IndexerScoreParams& params, cudaStream_t stream) {
     part.scores += row0 * params.score_stride;
     const unsigned count = static_cast<unsigned>(std::min(kMaxGridY, groups - first));
     part.rows = static_cast<int>(count) * params.rows_per_group;
-    indexer_scores_kernel<MTiles, Bulk>
-        <<<dim3(ctas_per_group, count), kThreads, kSharedBytes, stream>>>(part);
+    launch_kernel(indexer_scores_kernel<MTiles, Bulk>, dim3(ctas_per_group, count), kThreads,
+                  kSharedBytes, stream, part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -290,7 +295,7 @@ void launch_quantize_indexer_queries(const QuantizeIndexerParams& params, cudaSt
   if (items == 0) return;
   constexpr int kItemsPerBlock = 8;
   const unsigned blocks = static_cast<unsigned>((items + kItemsPerBlock - 1) / kItemsPerBlock);
-  quantize_indexer_queries_kernel<<<blocks, kItemsPerBlock * 32, 0, stream>>>(params);
+  launch_kernel(quantize_indexer_queries_kernel, blocks, kItemsPerBlock * 32, 0, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

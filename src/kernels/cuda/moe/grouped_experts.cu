@@ -15,6 +15,7 @@
 // grouped_experts_mma.cu, fp8 weights grouped_experts_fp8.cu after their
 // inputs are quantised here.
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -47,6 +48,8 @@ struct WeightLoad<float> {
 
 template <typename Weight, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) expert_kernel(ExpertArgs a) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= *a.tile_count) return;  // the routing left this tile empty
   const int expert = a.tiles[3 * tile];
@@ -170,6 +173,8 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(ExpertArgs a) {
 __global__ void combine_kernel(const int32_t* ids, const float* gates, int64_t rows, int64_t top_k,
                                int64_t hidden, int64_t experts, const float* pair_out,
                                const float* shared, float* out) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * hidden;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = t / hidden, n = t % hidden;
@@ -190,7 +195,7 @@ void launch_expert(const ExpertArgs& args, int64_t max_tiles, cudaStream_t strea
       kWarps * (kGateUp ? kWeightRowsPerWarp / 2 : kWeightRowsPerWarp);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  expert_kernel<Weight, kGateUp><<<grid, kThreads, 0, stream>>>(args);
+  launch_kernel(expert_kernel<Weight, kGateUp>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -276,9 +281,9 @@ void grouped_moe_combine(const int32_t* ids, const float* gates, const GroupedMo
   if (total == 0) return;
   constexpr int kCombineThreads = 256;
   const int64_t blocks = (total + kCombineThreads - 1) / kCombineThreads;
-  combine_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), kCombineThreads, 0,
-                   stream>>>(ids, gates, shape.rows, shape.top_k, shape.hidden, shape.experts,
-                             pair_out, shared, out);
+  launch_kernel(combine_kernel, static_cast<unsigned>(blocks < 4096 ? blocks : 4096),
+                kCombineThreads, 0, stream, ids, gates, shape.rows, shape.top_k, shape.hidden,
+                shape.experts, pair_out, shared, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
@@ -64,6 +65,8 @@ __device__ int64_t scale_row(int64_t row, int64_t split) {
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) expert_fp8_kernel(ExpertArgs a) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= *a.tile_count) return;  // the routing left this tile empty
   const int expert = a.tiles[3 * tile];
@@ -201,7 +204,7 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
       kWarps * (kGateUp ? kWeightRowsPerWarp / 2 : kWeightRowsPerWarp);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  expert_fp8_kernel<kGateUp><<<grid, kThreads, 0, stream>>>(args);
+  launch_kernel(expert_fp8_kernel<kGateUp>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

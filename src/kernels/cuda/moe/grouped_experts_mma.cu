@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
@@ -34,6 +35,8 @@ static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= *a.tile_count) return;  // the routing left this tile empty
   const int expert = a.tiles[3 * tile];
@@ -151,7 +154,7 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  expert_mma_kernel<kGateUp><<<grid, kThreads, 0, stream>>>(args);
+  launch_kernel(expert_mma_kernel<kGateUp>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 // chunks of up to 512 pairs run one after another. Tiles of up to
 // shape.tile_rows() pairs of one expert are listed for the expert kernels.
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/moe/grouped_moe.h"
 
 namespace megactx::cuda {
@@ -26,6 +27,8 @@ struct PlanArgs {
 // ranked in chunks of blockDim.x. Dynamic shared: (5 + warps) * E int32
 // (grouped_moe_layout's plan_shared_bytes).
 __global__ void plan_kernel(PlanArgs a) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ int32_t shared[];
   const int experts = a.experts;
   const int threads = static_cast<int>(blockDim.x), warps = threads / 32;
@@ -139,8 +142,8 @@ void grouped_moe_plan(const int32_t* ids, const GroupedMoeShape& shape, int32_t*
   args.pair_of = plan + layout.pair_of;
   args.counts = plan + layout.counts;
   args.offsets = plan + layout.offsets;
-  plan_kernel<<<1, static_cast<unsigned>(layout.plan_threads), layout.plan_shared_bytes, stream>>>(
-      args);
+  launch_kernel(plan_kernel, 1, static_cast<unsigned>(layout.plan_threads),
+                layout.plan_shared_bytes, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

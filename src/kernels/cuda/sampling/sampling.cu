@@ -7,6 +7,7 @@
 #include <cfloat>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sampling/sampling.h"
 
 namespace megactx::cuda {
@@ -135,6 +136,8 @@ __device__ int64_t mth_tie(const Row& r, uint32_t b, const Cut& cut, long long m
 
 __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows,
                               const uint32_t* masks, SampleOut* outs) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ Shared s;
   const SampleRowParams p = rows[blockIdx.x];
   SampleOut& out = outs[blockIdx.x];
@@ -309,8 +312,8 @@ __global__ void sample_kernel(const float* logits, int64_t vocab, const SampleRo
 void sample_rows(const float* logits, int64_t vocab, const SampleRowParams* rows, int64_t count,
                  const uint32_t* masks, SampleOut* out, cudaStream_t stream) {
   if (count == 0) return;
-  sample_kernel<<<static_cast<unsigned>(count), kBlock, 0, stream>>>(logits, vocab, rows, masks,
-                                                                     out);
+  launch_kernel(sample_kernel, static_cast<unsigned>(count), kBlock, 0, stream, logits, vocab, rows,
+                masks, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

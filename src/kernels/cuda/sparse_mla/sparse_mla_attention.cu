@@ -17,6 +17,7 @@
 // fall in distinct banks.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::cuda {
@@ -48,6 +49,8 @@ struct SharedLayout {
 };
 
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   SharedLayout& sh = *reinterpret_cast<SharedLayout*>(shared_bytes);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -328,6 +331,8 @@ __device__ __forceinline__ void write_merged(const SparseMlaParams& p, int64_t r
 
 // One CTA of 128 threads per (row, head): 4 output dims per thread.
 __global__ void __launch_bounds__(128) sparse_mla_merge_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t row = blockIdx.x / p.heads;
   const int head = static_cast<int>(blockIdx.x % p.heads);
   float max_lse = -INFINITY;
@@ -362,6 +367,8 @@ constexpr int kMergeMaxSplits = 64;  // ceil(2048 / 32)
 constexpr int kMergeBatch = 8;
 
 __global__ void __launch_bounds__(128) sparse_mla_merge_prefetch_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ float split_lse[kMergeMaxSplits];
   const int64_t row = blockIdx.x / p.heads;
   const int head = static_cast<int>(blockIdx.x % p.heads);
@@ -420,14 +427,14 @@ void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaS
   (void)configured;
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(params.rows) * params.num_splits),
                   static_cast<unsigned>(params.heads / kHeads));
-  sparse_mla_kernel<<<grid, kThreads, shared_bytes, stream>>>(params);
+  launch_kernel(sparse_mla_kernel, grid, kThreads, shared_bytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
   if (params.num_splits > 1) {
     const unsigned merges = static_cast<unsigned>(static_cast<int64_t>(params.rows) * params.heads);
     if (prefetch_merge && params.num_splits <= kMergeMaxSplits) {
-      sparse_mla_merge_prefetch_kernel<<<merges, 128, 0, stream>>>(params);
+      launch_kernel(sparse_mla_merge_prefetch_kernel, merges, 128, 0, stream, params);
     } else {
-      sparse_mla_merge_kernel<<<merges, 128, 0, stream>>>(params);
+      launch_kernel(sparse_mla_merge_kernel, merges, 128, 0, stream, params);
     }
     MEGACTX_CUDA_CHECK(cudaGetLastError());
   }

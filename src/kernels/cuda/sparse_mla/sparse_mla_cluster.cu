@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::cuda {
@@ -60,6 +61,8 @@ static_assert(kHeads * kLatentRank * 4 <= kKeys * kStride * 2, "the state fits i
 
 template <int kSplits>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   ClusterShared& sh = *reinterpret_cast<ClusterShared*>(shared_bytes);
   __half* const k_tile = reinterpret_cast<__half*>(sh.k_bytes);
@@ -326,8 +329,8 @@ void configure(int shared_bytes) {
 }
 
 template <int kSplits>
-cudaLaunchConfig_t cluster_config(const SparseMlaParams& params, cudaLaunchAttribute& attribute,
-                                  cudaStream_t stream) {
+cudaLaunchConfig_t cluster_config(const SparseMlaParams& params,
+                                  cudaLaunchAttribute (&attributes)[2], cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   const int heads = params.active_heads > 0 ? params.active_heads : params.heads;
   config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(params.rows) * kSplits),
@@ -335,12 +338,14 @@ cudaLaunchConfig_t cluster_config(const SparseMlaParams& params, cudaLaunchAttri
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = sizeof(ClusterShared);
   config.stream = stream;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = kSplits;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kSplits;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = programmatic_launch() ? 2 : 1;
   return config;
 }
 
@@ -351,8 +356,8 @@ void launch(const SparseMlaParams& params, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = cluster_config<kSplits>(params, attribute, stream);
+  cudaLaunchAttribute attributes[2];
+  const cudaLaunchConfig_t config = cluster_config<kSplits>(params, attributes, stream);
   MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, sparse_mla_cluster_kernel<kSplits>, params));
 }
 
@@ -368,8 +373,8 @@ int sparse_mla_cluster_max_splits() {
     SparseMlaParams probe;
     probe.rows = 1;
     probe.heads = kHeads;
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = cluster_config<16>(probe, attribute, nullptr);
+    cudaLaunchAttribute attributes[2];
+    const cudaLaunchConfig_t config = cluster_config<16>(probe, attributes, nullptr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_cluster_kernel<16>, &config) !=
         cudaSuccess) {

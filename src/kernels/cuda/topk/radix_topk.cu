@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/topk/topk.h"
 
 namespace megactx::cuda {
@@ -33,6 +34,8 @@ __device__ __forceinline__ const int32_t* row_table(const TopkParams& p, int row
 // bits 31..20 equal the prefix; level 2: bits 7..0 of those matching bits 31..8.
 template <int Level>
 __global__ void __launch_bounds__(kThreads) topk_digit_pass(TopkParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   constexpr int kShift = Level == 0 ? 20 : (Level == 1 ? 8 : 0);
   constexpr int kDigitBits = Level == 2 ? 8 : 12;
   constexpr int kBins = 1 << kDigitBits;
@@ -100,6 +103,8 @@ __global__ void __launch_bounds__(kThreads) topk_digit_pass(TopkParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   __shared__ int is_last;
   const int row = blockIdx.y;
   const int visible = p.row_visible[row];
@@ -145,6 +150,8 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
 constexpr int kSmallThreads = 1024;
 
 __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ uint32_t keys[];  // [visible] ordered images of the row's scores
   using BlockScan = cub::BlockScan<int, kSmallThreads>;
   __shared__ uint32_t histogram[kTopkHistogramBins];
@@ -236,8 +243,8 @@ void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
       return true;
     }();
     (void)configured;
-    topk_small_rows<<<static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes, stream>>>(
-        params);
+    launch_kernel(topk_small_rows, static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes,
+                  stream, params);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -256,13 +263,13 @@ void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
     part.histogram += static_cast<int64_t>(first) * kTopkHistogramBins;
     part.row_state += static_cast<int64_t>(first) * kTopkRowState;
     const dim3 grid(chunks, static_cast<unsigned>(part.rows));
-    topk_digit_pass<0><<<grid, kThreads, 0, stream>>>(part);
+    launch_kernel(topk_digit_pass<0>, grid, kThreads, 0, stream, part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
-    topk_digit_pass<1><<<grid, kThreads, 0, stream>>>(part);
+    launch_kernel(topk_digit_pass<1>, grid, kThreads, 0, stream, part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
-    topk_digit_pass<2><<<grid, kThreads, 0, stream>>>(part);
+    launch_kernel(topk_digit_pass<2>, grid, kThreads, 0, stream, part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
-    topk_collect<<<grid, kThreads, 0, stream>>>(part);
+    launch_kernel(topk_collect, grid, kThreads, 0, stream, part);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
   }
 }
