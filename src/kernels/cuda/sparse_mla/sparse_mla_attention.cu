@@ -18,6 +18,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/sparse_mla/latent_convert.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::cuda {
@@ -99,14 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
 #pragma unroll
     for (int r = 0; r < kQueryPieces / 2; ++r) {
       const int i = tid + (batch * kQueryPieces / 2 + r) * kThreads;
-      const uint32_t words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-      uint32_t packed[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        packed[w] = pack_half2(__uint_as_float(words[w] << 16) * kQueryPrescale,
-                               __uint_as_float(words[w] & 0xffff0000u) * kQueryPrescale);
-      *reinterpret_cast<uint4*>(&sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      store_bf16x8_as_half(raw[r], kQueryPrescale,
+                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
     }
   }
   if (tid < kHeads) {
@@ -150,25 +145,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
 #pragma unroll
         for (int piece = 0; piece < 4; ++piece) {
           const uint4 bytes = *reinterpret_cast<const uint4*>(entry + part * 64 + piece * 16);
-          const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
-          uint32_t packed[8];
-#pragma unroll
-          for (int w = 0; w < 4; ++w)
-            e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
-          uint4* out = reinterpret_cast<uint4*>(destination + part * 64 + piece * 16);
-          out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-          out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+          store_e4m3x16_as_half(bytes, scale, destination + part * 64 + piece * 16);
         }
         // Rope: 8 bf16 -> 8 f16.
         const uint4 rope = *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + part * 16);
-        const uint32_t rope_words[4] = {rope.x, rope.y, rope.z, rope.w};
-        uint32_t rope_half[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-          rope_half[w] = pack_half2(__uint_as_float(rope_words[w] << 16),
-                                    __uint_as_float(rope_words[w] & 0xffff0000u));
-        *reinterpret_cast<uint4*>(destination + kLatentRank + part * 8) =
-            make_uint4(rope_half[0], rope_half[1], rope_half[2], rope_half[3]);
+        store_bf16x8_as_half(rope, 1.f, destination + kLatentRank + part * 8);
       } else {
         const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll

@@ -27,6 +27,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/sparse_mla/latent_convert.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::cuda {
@@ -99,14 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     for (int r = 0; r < kPerThread; ++r) {
       const int i = tid + r * kThreads;
       if (i >= kPieces) continue;
-      const uint32_t words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-      uint32_t packed[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        packed[w] = pack_half2(__uint_as_float(words[w] << 16) * kQueryPrescale,
-                               __uint_as_float(words[w] & 0xffff0000u) * kQueryPrescale);
-      *reinterpret_cast<uint4*>(&sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      store_bf16x8_as_half(raw[r], kQueryPrescale,
+                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
     }
   }
   __syncthreads();  // slot ids visible
@@ -136,27 +131,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
         const __half2 scale = __float2half2_rn(group == 0 ? scales.x : scales.y);
 #pragma unroll
         for (int piece = 0; piece < 8; ++piece) {
-          const uint32_t words[4] = {bytes[piece].x, bytes[piece].y, bytes[piece].z,
-                                     bytes[piece].w};
-          uint32_t packed[8];
-#pragma unroll
-          for (int w = 0; w < 4; ++w)
-            e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
-          uint4* out = reinterpret_cast<uint4*>(destination + offset + piece * 16);
-          out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-          out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+          store_e4m3x16_as_half(bytes[piece], scale, destination + offset + piece * 16);
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t rope_words[4] = {rope[r].x, rope[r].y, rope[r].z, rope[r].w};
-          uint32_t rope_half[4];
-#pragma unroll
-          for (int w = 0; w < 4; ++w)
-            rope_half[w] = pack_half2(__uint_as_float(rope_words[w] << 16),
-                                      __uint_as_float(rope_words[w] & 0xffff0000u));
-          *reinterpret_cast<uint4*>(destination + kLatentRank + half * 32 + group * 16 + r * 8) =
-              make_uint4(rope_half[0], rope_half[1], rope_half[2], rope_half[3]);
-        }
+        for (int r = 0; r < 2; ++r)
+          store_bf16x8_as_half(rope[r], 1.f,
+                               destination + kLatentRank + half * 32 + group * 16 + r * 8);
       }
     } else {
       const uint4 zero = make_uint4(0, 0, 0, 0);

@@ -1,0 +1,42 @@
+// The f16 staging conversions both sparse MLA kernels apply when they bring
+// queries and latent entries into shared memory (operands of f16 mma.sync).
+// Only for .cu files.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/device_primitives.cuh"
+
+namespace megactx::cuda {
+
+// 8 bf16 (one 16-byte word) times `factor` -> 8 f16 at `destination` (16-byte
+// aligned): the product is exact in fp32 (factor a power of two or 1), then
+// one f16 rounding.
+__device__ __forceinline__ void store_bf16x8_as_half(uint4 bf16, float factor,
+                                                     __half* destination) {
+  const uint32_t words[4] = {bf16.x, bf16.y, bf16.z, bf16.w};
+  uint32_t packed[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+    packed[w] = pack_half2(__uint_as_float(words[w] << 16) * factor,
+                           __uint_as_float(words[w] & 0xffff0000u) * factor);
+  *reinterpret_cast<uint4*>(destination) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// 16 e4m3 (one 16-byte word) times the group's `scale` -> 16 f16 at
+// `destination` (16-byte aligned): exact conversion, one f16 rounding.
+__device__ __forceinline__ void store_e4m3x16_as_half(uint4 bytes, __half2 scale,
+                                                      __half* destination) {
+  const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  uint32_t packed[8];
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+    e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
+  uint4* out = reinterpret_cast<uint4*>(destination);
+  out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+}
+
+}  // namespace megactx::cuda
