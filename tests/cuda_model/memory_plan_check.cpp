@@ -285,6 +285,23 @@ TEST(CudaMemoryPlan, EachScratchPartDecidesFit) {
 // the chunk's indexer scores against the whole context (the fused indexer +
 // top-k runs such steps), so it is the same at 128K and at 1M; only the
 // decode graphs' page tables (the KV's own bookkeeping) grow.
+// A plan for 16K-token prefill chunks (+ 256 decode rows) at `context`, FP8 KV,
+// an unbounded budget: what the long-context tests below vary.
+CudaMemoryRequest long_prefill_request(const ModelConfig& config, int64_t context,
+                                       int64_t logit_rows) {
+  CudaMemoryRequest request;
+  request.budget_bytes = int64_t{1} << 50;
+  request.weight_bytes = int64_t{1} << 30;
+  request.max_step_tokens = 16384 + 256;
+  request.max_context = context;
+  request.max_logit_rows = logit_rows;
+  request.index_topk = config.index_topk;
+  request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
+  request.options.decode_sequences = 256;
+  request.weights_include_workspace = true;
+  return request;
+}
+
 TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
   const ModelConfig config = config_named("glm5_2");
   EngineConfig engine;
@@ -293,17 +310,8 @@ TEST(CudaMemoryPlan, MillionTokenContextScratchDoesNotGrowWithTheContext) {
   const int64_t logit_rows = step_logit_rows(engine);
   EXPECT_EQ(logit_rows, kDefaultMaxLogitRows);
   auto request_at = [&](int64_t context) {
-    CudaMemoryRequest request;
-    request.budget_bytes = int64_t{1} << 50;
-    request.weight_bytes = int64_t{1} << 30;
-    request.max_step_tokens = 16384 + 256;
-    request.max_context = context;
-    request.max_logit_rows = logit_rows;
-    request.index_topk = config.index_topk;
-    request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
-    request.options.decode_sequences = 256;
+    CudaMemoryRequest request = long_prefill_request(config, context, logit_rows);
     request.options.fp8_gemm_inputs = true;
-    request.weights_include_workspace = true;
     return request;
   };
   const CudaScratchBreakdown at_128k = cuda_scratch_breakdown(config, request_at(131072));
@@ -366,25 +374,17 @@ TEST(CudaMemoryPlan, BenchmarkConfigAtOneMillionTokensFitsFourGiB) {
   EngineConfig engine;
   engine.max_prefill_tokens = 16384;
   auto request_at = [&](int64_t context) {
-    CudaMemoryRequest request;
-    request.budget_bytes = int64_t{1} << 50;
-    request.weight_bytes = int64_t{1} << 30;
-    request.max_step_tokens = 16384 + 256;
-    request.max_context = context;
-    request.max_logit_rows = step_logit_rows(engine);
-    request.index_topk = config.index_topk;
-    request.kv = make_kv_cache_spec(config, 0, KvDType::FP8, 64);
-    request.options.decode_sequences = 256;
+    CudaMemoryRequest request = long_prefill_request(config, context, step_logit_rows(engine));
     request.options.row_block = CudaModelOptions{}.row_block;
-    request.weights_include_workspace = true;
     return request;
   };
   EXPECT_EQ(CudaModelOptions{}.row_block, 1024);
   const CudaScratchBreakdown at_1m = cuda_scratch_breakdown(config, request_at(1052672));
   const CudaScratchBreakdown at_128k = cuda_scratch_breakdown(config, request_at(131072));
-  std::printf("benchmark config (glm52_attention), 16640-token steps, row blocks of 1024: total "
-              "scratch %.0f MiB at 1M context, %.0f MiB at 128K\n",
-              at_1m.device_total() / 1048576.0, at_128k.device_total() / 1048576.0);
+  std::printf(
+      "benchmark config (glm52_attention), 16640-token steps, row blocks of 1024: total "
+      "scratch %.0f MiB at 1M context, %.0f MiB at 128K\n",
+      at_1m.device_total() / 1048576.0, at_128k.device_total() / 1048576.0);
   EXPECT_LE(at_1m.device_total(), int64_t{4} << 30);
   EXPECT_EQ(at_1m.step, at_128k.step);
 }
