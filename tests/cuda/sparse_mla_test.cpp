@@ -21,6 +21,9 @@ struct MlaCase {
   uint32_t seed = 1;
   bool cluster = false;  // SparseMlaParams::cluster_merge
   int active_heads = 0;  // SparseMlaParams::active_heads (the others are not checked)
+  // Only the selected slots hold random entries (the rest zero bytes): a pool
+  // of a million-token context without encoding a million entries.
+  bool sparse_pool = false;
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -50,7 +53,10 @@ void run_case(const MlaCase& c) {
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : ""));
   std::mt19937 rng(c.seed);
-  const std::vector<uint8_t> pool = random_latent_pool(c.num_slots, rng);
+  std::vector<uint8_t> pool =
+      c.sparse_pool
+          ? std::vector<uint8_t>(static_cast<size_t>(c.num_slots) * reference::kLatentEntryBytes, 0)
+          : random_latent_pool(c.num_slots, rng);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> q(static_cast<size_t>(c.rows) * c.heads * kQueryDim);
   std::vector<float> q_values(q.size());
@@ -68,6 +74,14 @@ void run_case(const MlaCase& c) {
           j < valid ? static_cast<int32_t>(rng() % c.num_slots) : -1;
     if (row % 3 == 2)  // holes in the middle
       for (int j = 5; j < c.top_k; j += 11) slots[static_cast<size_t>(row) * c.top_k + j] = -1;
+  }
+  if (c.sparse_pool) {
+    for (const int32_t slot : slots) {
+      if (slot < 0) continue;
+      const std::vector<uint8_t> fresh = random_latent_pool(1, rng);
+      std::memcpy(pool.data() + static_cast<size_t>(slot) * reference::kLatentEntryBytes,
+                  fresh.data(), reference::kLatentEntryBytes);
+    }
   }
   DeviceBuffer<uint8_t> device_pool(pool);
   DeviceBuffer<uint16_t> device_q(q), device_out(static_cast<size_t>(c.rows) * c.heads * kRank);
@@ -154,6 +168,14 @@ TEST(SparseMla, ClusterMergeRaggedRowsAndHeads) {
   run_case({6, 128, 1024, 8, 9000, 14, true});
   run_case({5, 64, 700, 8, 3000, 15, true});
   run_case({3, 64, 512, 8, 3000, 16, true});
+}
+// Slots anywhere in the 688 MB of entries of a 1M-token context.
+TEST(SparseMla, ClusterMergeOverAMillionTokenPool) {
+  if (cuda::detail::sparse_mla_cluster_max_splits() < 16)
+    GTEST_SKIP() << "this GPU cannot hold a 16-CTA cluster of the kernel";
+  MlaCase c{3, 64, 2048, 16, int64_t{1} << 20, 20, true};
+  c.sparse_pool = true;
+  run_case(c);
 }
 TEST(SparseMla, ClusterMergeComputesOnlyTheActiveHeads) {
   run_case({3, 64, 2048, 16, 5000, 18, true, 16});
