@@ -260,7 +260,8 @@ fi
 #    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
 #    with and without --deterministic, and scoring vs plain prefill through serve in
 #    both), "profile" (ncu's device time per kernel of decode steps), "hosttier"
-#    (the host KV tier's page copies and prefix hits), any comma list, or 0.
+#    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
+#    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -308,6 +309,18 @@ if [[ "$benches" == *mtp* ]]; then
       --cuda-bf16 $flag >>"$out/mtp_serve.md" 2>&1
     note "mtp serve bench ${flag:-(always drafting)} exit $?"
   done
+fi
+if [[ "$benches" == *decode* ]]; then
+  # Decode through serve on the default model: tok/s against concurrent requests at two prompt
+  # lengths, MTP k = 1, 3, 7 against k = 0 in the same run, and their charts.
+  for prompt in 1024 8192; do
+    timeout "${DECODE_TIMEOUT:-280}" python3 tools/bench/mtp_serve_bench.py --megactx "$pack/bin/megactx" \
+      --model models/default --steps 0,1,3,7 --concurrency 1,4,16,64,256 --prompt-tokens "$prompt" \
+      --new-tokens 128 --rounds 1 --kv-memory 24GiB --json "$out/decode_$prompt.json" -- \
+      --device cuda --cuda-bf16 --max-running-requests 256 >>"$out/decode_serve.md" 2>&1
+    note "decode serve sweep, prompts of $prompt tokens, exit $?"
+  done
+  python3 tools/bench/decode_plots.py "$out" "$out"/decode_*.json >>"$out/decode_serve.md" 2>&1
 fi
 if [[ "$benches" == *hosttier* ]]; then
   # The host KV tier's page copies against one contiguous pinned copy, and a
