@@ -584,9 +584,10 @@ void Engine::fill_grammar_masks() {
     for (int64_t i = begin; i < end; ++i)
       grammar_allowed_[i] = fill_grammar_mask(*grammar_chunks_[i]);
   };
-  // Matchers are per request and compiled grammars shared read-only, so many
-  // constrained rows fill their masks on the process's worker threads (idle
-  // while a device forward runs; the CPU forward has finished by now).
+  // Matchers are per request and compiled grammars shared read-only, so with
+  // EngineConfig::parallel_grammar_rows set, many constrained rows fill their
+  // masks on the process's worker threads (idle while a device forward runs;
+  // the CPU forward has finished by now). Off by default: slower on the H200.
   const int64_t parallel_rows = config_.parallel_grammar_rows;
   if (parallel_rows > 0 && count >= parallel_rows && ThreadPool::global().size() > 1) {
     ThreadPool::global().parallel_for(count, fill);
