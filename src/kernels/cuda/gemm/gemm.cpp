@@ -196,12 +196,13 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, co
 }
 
 // Rows up to which linear_batched takes the small kernel:
-// kSmallBatchedLinearMaxRows, or MEGACTX_SMALL_BATCHED_LINEAR_ROWS (0: never;
-// for A/B runs).
+// kSmallBatchedLinearMaxRows when kSmallBatchedLinear, else none; or
+// MEGACTX_SMALL_BATCHED_LINEAR_ROWS (0: never), either way, for A/B runs.
 int64_t small_batched_linear_rows() {
   static const int64_t rows = [] {
     const char* value = std::getenv("MEGACTX_SMALL_BATCHED_LINEAR_ROWS");
-    if (value == nullptr || *value == '\0') return kSmallBatchedLinearMaxRows;
+    if (value == nullptr || *value == '\0')
+      return kSmallBatchedLinear ? kSmallBatchedLinearMaxRows : 0;
     return std::clamp<int64_t>(std::atoll(value), 0, kSmallBatchedLinearMaxRows);
   }();
   return rows;
@@ -223,7 +224,7 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
     batch_invariant_gemm(g, stream_);
     return;
   }
-  if (kSmallBatchedLinear && rows <= small_batched_linear_rows()) {
+  if (rows <= small_batched_linear_rows()) {
     SmallBatchedLinear g;
     g.x = x;
     g.w = w;
