@@ -87,6 +87,9 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   done
   sanitize racecheck "$pack/bin/sparse_mla_test" '*ManySplitsSingleRow*' >"$out/racecheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
+  sanitize racecheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*WgmmaPrefillOneHundred*' \
+    >"$out/racecheck_mla_wgmma.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/indexer_topk_test" '*MtpVerification*:*Ties*' >"$out/racecheck_indexer.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   [[ -x "$pack/bin/fused_indexer_topk_test" ]] &&
@@ -261,7 +264,9 @@ fi
 #    with and without --deterministic, and scoring vs plain prefill through serve in
 #    both), "profile" (ncu's device time per kernel of decode steps), "hosttier"
 #    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
-#    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), any comma list, or 0.
+#    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
+#    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
+#    config, against its FLOP floor and transformers, with a chart), any comma list, or 0.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -321,6 +326,16 @@ if [[ "$benches" == *decode* ]]; then
     note "decode serve sweep, prompts of $prompt tokens, exit $?"
   done
   python3 tools/bench/decode_plots.py "$out" "$out"/decode_*.json >>"$out/decode_serve.md" 2>&1
+fi
+if [[ "$benches" == *ttft* ]]; then
+  # Time to first token through serve on the GLM-5.2 attention config (the checkpoint is made once
+  # by transformers and kept in /tmp), beside the FLOP floor at this GPU's measured GEMM ceilings
+  # and transformers' own forward pass. TTFT_ARGS: more arguments, e.g. --lengths 4096,16384.
+  # shellcheck disable=SC2086  # $TTFT_ARGS is a list of arguments
+  timeout "${TTFT_TIMEOUT:-540}" python3 tools/bench/prefill_serve_bench.py --megactx "$pack/bin/megactx" \
+    --checkpoint /tmp/glm52_attention_ckpt --json "$out/ttft.json" --plot "$out/ttft.svg" \
+    ${TTFT_ARGS:-} >"$out/ttft.md" 2>&1
+  note "ttft (prefill through serve) exit $?"
 fi
 if [[ "$benches" == *hosttier* ]]; then
   # The host KV tier's page copies against one contiguous pinned copy, and a
@@ -385,4 +400,5 @@ fi
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
 [[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
 [[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
+[[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|plan): ' "$out/ttft.md"
 exit 0

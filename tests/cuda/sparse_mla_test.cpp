@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "dsa_test_support.h"
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::test {
@@ -24,6 +25,7 @@ struct MlaCase {
   // Only the selected slots hold random entries (the rest zero bytes): a pool
   // of a million-token context without encoding a million entries.
   bool sparse_pool = false;
+  bool wgmma = false;  // the wgmma prefill kernel, whatever the policy would pick
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -51,7 +53,7 @@ cuda::SparseMlaParams make_params(const DeviceBuffer<uint16_t>& q,
 void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
-               (c.cluster ? " (cluster)" : ""));
+               (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -95,7 +97,11 @@ void run_case(const MlaCase& c) {
       make_params(device_q, device_slots, device_pool, partial_out, partial_lse, c);
   params.out = device_out.get();
   params.lse = device_lse.get();
-  cuda::sparse_mla_attention(params, nullptr);
+  if (c.wgmma)
+    cuda::detail::launch_sparse_mla_prefill(params, nullptr);
+  else
+    cuda::sparse_mla_attention(params, nullptr);
+  MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = device_out.download();
   const auto lse = device_lse.download();
 
@@ -150,6 +156,52 @@ TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) {
 }
 TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
+}
+
+// The wgmma prefill kernel (two K blocks of 32 per stage): full, partial,
+// holed and empty rows; top_k not a multiple of the 64-key stage (the last
+// stage's second block partly or wholly past top_k), a single block, 128
+// heads (two head blocks), and a million-token pool.
+TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
+  MlaCase c{12, 64, 2048, 1, 20000, 21};
+  c.wgmma = true;
+  run_case(c);
+}
+TEST(SparseMla, WgmmaPrefillOddTopK) {
+  for (const int top_k : {1000, 97, 40, 33, 7}) {
+    MlaCase c{7, 64, top_k, 1, 3000, static_cast<uint32_t>(22 + top_k)};
+    c.wgmma = true;
+    run_case(c);
+  }
+}
+TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
+  MlaCase c{5, 128, 1024, 1, 9000, 23};
+  c.wgmma = true;
+  run_case(c);
+}
+TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
+  MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 24};
+  c.sparse_pool = true;
+  c.wgmma = true;
+  run_case(c);
+}
+// The policy sends many one-split rows to the wgmma kernel, and sparse_mla_attention
+// routes them there (rows enough for 132 CTAs; small top_k keeps the reference quick).
+TEST(SparseMla, PrefillRowsTakeTheWgmmaKernel) {
+  cuda::SparseMlaParams params;
+  params.rows = 140;
+  params.heads = 64;
+  params.num_splits = 1;
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), cuda::sparse_mla_prefill_enabled());
+  params.rows = 4;
+  EXPECT_FALSE(cuda::sparse_mla_prefill_selected(params));
+  params.fixed_kernel = true;  // the batch-invariant mode: whatever the row count
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), cuda::sparse_mla_prefill_enabled());
+  params.fixed_kernel = false;
+  params.rows = 140;
+  params.num_splits = 2;
+  EXPECT_FALSE(cuda::sparse_mla_prefill_selected(params));
+  run_case({140, 64, 96, 1, 4000, 25});
 }
 
 // The cluster kernel (splits merged in distributed shared memory): one row,

@@ -332,6 +332,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
                           ? 1
                           : sparse_mla_default_splits(attend.rows, attend.heads, attend.top_k,
                                                       fast_multiprocessors_);
+  attend.fixed_kernel = options_.batch_invariant;
   attend.softmax_scale = softmax_scale_;
   attend.out = fs.out_bf16.get<uint16_t>(n * padded * kLatentRank);
   attend.lse = fs.lse.get<float>(n * padded);

@@ -1,41 +1,13 @@
-// Device helpers of the fused indexer + top-k (fused_indexer_topk.cu): the
-// Hopper warpgroup MMA (wgmma, sm_90a) with e4m3 operands, shared-memory
-// matrix descriptors, named barriers and plain mbarrier arrivals. Only for .cu
-// files.
+// The wgmma shape of the fused indexer + top-k (fused_indexer_topk.cu): e4m3
+// operands, A from registers. The plumbing (fences, descriptors, barriers) is
+// common/wgmma.cuh. Only for .cu files.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cuda/common/wgmma.cuh"
+
 namespace megactx::cuda::fused {
-
-// ---- wgmma ---------------------------------------------------------------------
-// Orders register writes (A fragments, accumulators) before the next wgmma.
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Keeps the compiler from moving reads of an accumulator across wgmma_wait_all
-// (the asm statements above name no registers).
-__device__ __forceinline__ void fence_operand(float& value) {
-  asm volatile("" : "+f"(value)::"memory");
-}
-
-// Shared-memory descriptor of a K-major operand tile in the 128-byte swizzle
-// layout: rows of 128 bytes, 8-row atoms of 1024 bytes (stride byte offset),
-// 16-byte chunk c of row r stored at chunk c ^ (r % 8); the tile 1024-byte
-// aligned. `address` may point 32 * s bytes into the first row (k-step s).
-__device__ __forceinline__ uint64_t swizzle128_descriptor(uint32_t address) {
-  uint64_t descriptor = (address & 0x3ffffu) >> 4;  // start address >> 4, bits 0-13
-  descriptor |= uint64_t{1} << 16;                  // leading byte offset (unused when swizzled)
-  descriptor |= uint64_t{1024 >> 4} << 32;          // stride byte offset: one 8-row atom
-  descriptor |= uint64_t{1} << 62;                  // layout: 128-byte swizzle
-  return descriptor;
-}
 
 // D[64 x 256] (+)= A[64 x 32] * B[32 x 256], e4m3 in, fp32 accumulate; A from
 // registers (per warp the m16n8k32 A fragment of its 16 rows), B from shared
@@ -76,39 +48,6 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], const uin
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-// ---- Registers ----------------------------------------------------------------
-// Moves registers between warpgroups (sm_90a); takes effect only when the kernel
-// has a register cap at entry (__launch_bounds__(threads, 1)).
-template <int Registers>
-__device__ __forceinline__ void set_max_registers_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
-}
-template <int Registers>
-__device__ __forceinline__ void set_max_registers_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
-}
-
-// ---- Barriers -----------------------------------------------------------------
-// Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Arrives at named barrier `id` without waiting (the barrier completes when
-// `threads` threads have arrived or synced).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// One plain arrival (no transaction bytes) on an mbarrier in shared memory.
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(barrier));
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(address) : "memory");
-}
-// Generic-proxy writes to shared memory (st.shared) become visible to the
-// async proxy (wgmma operand reads, bulk copies) after this and a barrier.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 }  // namespace megactx::cuda::fused

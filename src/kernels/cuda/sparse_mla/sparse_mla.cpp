@@ -46,6 +46,20 @@ int sparse_mla_cluster_splits(int rows, int heads, int top_k) {
   return 0;
 }
 
+bool sparse_mla_prefill_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_WGMMA");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
+bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
+  return sparse_mla_prefill_enabled() && !params.cluster_merge && params.num_splits == 1 &&
+         (params.fixed_kernel ||
+          int64_t{params.rows} * (params.heads / kSparseMlaHeadBlock) >= kSparseMlaPrefillMinCtas);
+}
+
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.heads > 0 && params.heads % kSparseMlaHeadBlock == 0,
                 "sparse MLA: {} heads (must be a positive multiple of {})", params.heads,
@@ -84,6 +98,8 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
   }
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);
+  } else if (sparse_mla_prefill_selected(params)) {
+    detail::launch_sparse_mla_prefill(params, stream);
   } else {
     detail::launch_sparse_mla(params, stream);
   }

@@ -30,6 +30,10 @@ inline constexpr int kSparseMlaQueryDim = kLatentRank + kLatentRope;  // 576
 // slots a CTA takes: top_k may be up to num_splits x 128.
 inline constexpr int kSparseMlaClusterHeads = 16;
 inline constexpr int kSparseMlaClusterKeys = 128;
+// The wgmma prefill kernel (sparse_mla_prefill.cu): keys per block (two blocks
+// per pipeline stage), and the fewest CTAs (rows x 64-head blocks) it is chosen for.
+inline constexpr int kSparseMlaPrefillKeyBlock = 32;
+inline constexpr int64_t kSparseMlaPrefillMinCtas = 132;
 
 struct SparseMlaParams {
   const uint16_t* q = nullptr;       // [rows, heads, 576] bf16
@@ -53,6 +57,10 @@ struct SparseMlaParams {
   // 16; 0: all), the others' out / lse left unwritten: a model with fewer
   // heads than the 64 its q layout is padded to (glm_1b: 16) skips the padding.
   int active_heads = 0;
+  // The batch-invariant mode: the kernel may not follow the row count (a row's
+  // result may not depend on the rows launched with it), so one-split launches
+  // always take the wgmma prefill kernel while it is enabled.
+  bool fixed_kernel = false;
 };
 
 // Splits that fill `multiprocessors` SMs for this many rows x head blocks.
@@ -64,6 +72,13 @@ int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessor
 // MEGACTX_SPARSE_MLA_CLUSTER=0 (A/B runs).
 int sparse_mla_cluster_splits(int rows, int heads, int top_k);
 bool sparse_mla_cluster_enabled();
+
+// Whether sparse_mla_attention runs these params on the wgmma prefill kernel:
+// one split, no cluster merge, at least kSparseMlaPrefillMinCtas CTAs (or
+// fixed_kernel), and the environment does not set MEGACTX_SPARSE_MLA_WGMMA=0
+// (A/B runs).
+bool sparse_mla_prefill_selected(const SparseMlaParams& params);
+bool sparse_mla_prefill_enabled();
 
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
@@ -79,6 +94,9 @@ void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
 // With the merge chosen (tests compare the two).
 void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaStream_t stream);
 void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t stream);
+// The wgmma prefill kernel whatever the policy (num_splits must be 1; tests
+// compare it with the general kernel).
+void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
 // 16 when a 16-CTA cluster of the kernel can be resident on this GPU, else 8.
 int sparse_mla_cluster_max_splits();
 }  // namespace detail
