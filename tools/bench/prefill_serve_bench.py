@@ -365,6 +365,11 @@ def run_server(args, lengths, vocab):
             if "error" in row and server.process.poll() is not None:
                 print("the server exited:\n" + "".join(server.log[-30:]), flush=True)
                 break
+    if args.server_log:
+        # After the server stopped: what it logs at exit too (MEGACTX_CUDA_PHASE_TIMES=1 in
+        # the environment adds the forward passes' time per phase).
+        with open(args.server_log, "w") as log:
+            log.write("".join(server.log))
     return rows, plan, extra
 
 
@@ -494,6 +499,7 @@ def main():
     parser.add_argument("--start-timeout", type=int, default=300, help="seconds for serve to start")
     parser.add_argument("--request-timeout", type=int, default=600)
     parser.add_argument("--json", default="", help="also write every number here")
+    parser.add_argument("--server-log", default="", help="write the server's whole log here")
     parser.add_argument("--plot", default="", help="also write a log-log SVG chart here")
     parser.add_argument("serve_args", nargs="*", help="after --: passed to megactx serve")
     args = parser.parse_args()

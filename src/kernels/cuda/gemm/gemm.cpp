@@ -241,6 +241,16 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
     if (small_batched_linear(g, stream_)) return;
   }
   const float one = 1.0f, zero = 0.0f;
+  if (batched_tf32_) {
+    check(cublasGemmStridedBatchedEx(
+              static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"),
+              narrow(rows, "rows"), narrow(in, "in"), &one, w, CUDA_R_32F, narrow(in, "ldw"),
+              w_batch_stride, x, CUDA_R_32F, narrow(x_stride, "ldx"), x_batch_stride, &zero, y,
+              CUDA_R_32F, narrow(y_stride, "ldy"), y_batch_stride, narrow(batch, "batch"),
+              CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+          "tf32 gemm batched");
+    return;
+  }
   check(cublasSgemmStridedBatched(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N,
                                   narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"), &one,
                                   w, narrow(in, "ldw"), w_batch_stride, x, narrow(x_stride, "ldx"),
