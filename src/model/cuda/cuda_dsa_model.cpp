@@ -55,7 +55,10 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<Blas>(stream_);
   blas_->set_batch_invariant(options.batch_invariant);
-  blas_->set_batched_tf32(options.bf16_weights || options.fp8_native);
+  // Not in the fp32 mode (exact parity): fp8_native is the CLI's default even
+  // for a checkpoint without fp8 weights.
+  blas_->set_batched_tf32(options.bf16_weights ||
+                          (options.fp8_native && config_.is_fp8_checkpoint()));
   // One fixed cuBLAS workspace for eager launches and captured graphs alike
   // (the same algorithm choices either way; no workspace per capture).
   // 32 MiB: cuBLAS's own default on Hopper.
