@@ -262,7 +262,8 @@ fi
 #    Engine on models/default, k = 0 as the baseline), "prefill" (the fused
 #    indexer + top-k vs the two-kernel indexer), "deterministic" (decode through serve
 #    with and without --deterministic, and scoring vs plain prefill through serve in
-#    both), "profile" (ncu's device time per kernel of decode steps), "hosttier"
+#    both), "profile" (ncu's device time per kernel of decode steps), "ncukernels" (ncu --set full
+#    on one launch of each prefill kernel: the wgmma sparse MLA, the fused indexer), "hosttier"
 #    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
 #    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
 #    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
@@ -366,6 +367,17 @@ default model bf16 batch 64|--config models/default --kv-dtype bf16 --precision 
     python3 tools/bench/ncu_kernel_summary.py "$out/ncu_$n.csv" --per 4 --title "$title" \
       >>"$out/profile.md" 2>&1
   done <<<"$cases"
+fi
+if [[ "$benches" == *ncukernels* ]]; then
+  # Stall reasons and pipe use of the prefill kernels, one launch each: the wgmma sparse MLA (out
+  # of dsa_attention_bench's prefill section) and the fused indexer + top-k (indexer_prefill_bench).
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for job in "sparse_mla_prefill_kernel dsa_attention_bench" "fused_indexer_topk_kernel indexer_prefill_bench"; do
+    read -r kernel binary <<<"$job"
+    timeout "${PROFILE_TIMEOUT:-240}" "$ncu_bin" --set full --kernel-name "regex:$kernel" --launch-skip 2 \
+      --launch-count 1 "$pack/bin/$binary" --quick >"$out/ncu_$kernel.txt" 2>&1
+    note "kernel profile $kernel exit $?"
+  done
 fi
 if [[ "$benches" == *deterministic* ]]; then
   # What --deterministic costs: decode through serve with and without it.
