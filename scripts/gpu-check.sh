@@ -267,7 +267,10 @@ fi
 #    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
 #    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
 #    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
-#    config, against its FLOP floor and transformers, with a chart), any comma list, or 0.
+#    config, against its FLOP floor and transformers, with a chart), "longdecode" (decode
+#    tok/s through serve at 1K to 1M tokens of context and 1 / 4 / 16 requests on that config,
+#    against its memory-read floor, with a chart), any comma list, or 0. "decode" is matched as
+#    a whole word of the list, so that "longdecode" does not run the default-model sweep too.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
 bench_args=()
@@ -316,7 +319,7 @@ if [[ "$benches" == *mtp* ]]; then
     note "mtp serve bench ${flag:-(always drafting)} exit $?"
   done
 fi
-if [[ "$benches" == *decode* ]]; then
+if [[ ",$benches," == *,decode,* ]]; then
   # Decode through serve on the default model: tok/s against concurrent requests at two prompt
   # lengths, MTP k = 1, 3, 7 against k = 0 in the same run, and their charts.
   for prompt in 1024 8192; do
@@ -337,6 +340,18 @@ if [[ "$benches" == *ttft* ]]; then
     --checkpoint /tmp/glm52_attention_ckpt --json "$out/ttft.json" --plot "$out/ttft.svg" \
     ${TTFT_ARGS:-} >"$out/ttft.md" 2>&1
   note "ttft (prefill through serve) exit $?"
+fi
+if [[ "$benches" == *longdecode* ]]; then
+  # Decode at long contexts through serve on the GLM-5.2 attention config (the ttft block's
+  # checkpoint, made once in /tmp): each context prefilled once, then 1 / 4 / 16 requests of the
+  # same prompt decoding from the prefix cache, beside the step's read floor (weights + the KV
+  # each request reads) at this GPU's measured read bandwidth. LONG_DECODE_ARGS: more
+  # arguments, e.g. --contexts 8192,131072.
+  # shellcheck disable=SC2086  # $LONG_DECODE_ARGS is a list of arguments
+  timeout "${LONG_DECODE_TIMEOUT:-560}" python3 tools/bench/long_decode_bench.py --megactx "$pack/bin/megactx" \
+    --checkpoint /tmp/glm52_attention_ckpt --json "$out/long_decode.json" --plot "$out/long_decode.svg" \
+    ${LONG_DECODE_ARGS:-} >"$out/long_decode.md" 2>&1
+  note "longdecode (decode at long contexts through serve) exit $?"
 fi
 if [[ "$benches" == *hosttier* ]]; then
   # The host KV tier's page copies against one contiguous pinned copy, and a
@@ -413,4 +428,5 @@ fi
 [[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
 [[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
 [[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|plan): ' "$out/ttft.md"
+[[ -f "$out/long_decode.md" ]] && grep -E '^\| [0-9]+ \| [0-9]+ \||^(read bandwidth|plan): ' "$out/long_decode.md"
 exit 0

@@ -255,12 +255,18 @@ def metric(port, name):
     return float(match.group(1)) if match else float("nan")
 
 
-def first_token(port, ids, new_tokens, timeout):
-    """One streamed /generate of `ids`: (seconds from sending to the first streamed token,
-    meta_info of the last event). The body is encoded before the clock starts."""
-    body = json.dumps({"input_ids": ids, "stream": True,
+def generate_body(ids, new_tokens):
+    """The JSON of one streamed greedy /generate of `ids` (ignore_eos: exactly `new_tokens`)."""
+    return json.dumps({"input_ids": ids, "stream": True,
                        "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens,
                                            "ignore_eos": True}}, separators=(",", ":"))
+
+
+def stream_generate(port, body, timeout):
+    """Sends one streamed /generate `body` (encoded by the caller, before the clock starts) and
+    reads it to the end: {"start", "first", "end"} in time.perf_counter() seconds (a system-wide
+    clock, so the times of requests sent from several processes compare), and "meta", the
+    meta_info of the last event."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     start = time.perf_counter()
     connection.request("POST", "/generate", body, {"Content-Type": "application/json"})
@@ -281,26 +287,40 @@ def first_token(port, ids, new_tokens, timeout):
             connection.close()
             raise RuntimeError(f"/generate stream: {event['error']}")
         if first is None and event.get("output_ids"):
-            first = time.perf_counter() - start
+            first = time.perf_counter()
         meta = event.get("meta_info", meta)
+    end = time.perf_counter()
     connection.close()
     if first is None:
         raise RuntimeError("/generate streamed no token")
-    return first, meta
+    return {"start": start, "first": first, "end": end, "meta": meta}
+
+
+def first_token(port, ids, new_tokens, timeout):
+    """One streamed /generate of `ids`: (seconds from sending to the first streamed token,
+    meta_info of the last event). The body is encoded before the clock starts."""
+    result = stream_generate(port, generate_body(ids, new_tokens), timeout)
+    return result["first"] - result["start"], result["meta"]
+
+
+def merge_serve_args(ours, given):
+    """`ours` ([(flag, value or None)]) then `given` (the arguments after `--`), leaving out each
+    of ours that `given` repeats: the CLI takes each option once."""
+    repeated = set(a.split("=", 1)[0] for a in given if a.startswith("--"))
+    out = []
+    for flag, value in ours:
+        if flag not in repeated:
+            out += [flag] + ([value] if value is not None else [])
+    return out + list(given)
 
 
 def serve_args(args, context):
     """`megactx serve`'s arguments: the script's defaults unless the ones after `--` repeat a
-    flag (the CLI takes each option once)."""
-    given = set(a for a in args.serve_args if a.startswith("--"))
+    flag."""
     ours = [("--device", "cuda"), ("--kv-dtype", "fp8"), ("--cuda-bf16", None),
             ("--skip-tokenizer-init", None), ("--context-length", str(context)),
             ("--max-prefill-tokens", str(args.max_prefill_tokens))]
-    out = []
-    for flag, value in ours:
-        if flag not in given:
-            out += [flag] + ([value] if value is not None else [])
-    return out + list(args.serve_args)
+    return merge_serve_args(ours, args.serve_args)
 
 
 def given_value(arguments, flag):
@@ -310,6 +330,12 @@ def given_value(arguments, flag):
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def plan_lines(server):
+    """The server's memory plan as it logged it ("CUDA memory plan", "KV cache:" lines)."""
+    return [line.strip() for line in server.log
+            if "CUDA memory plan" in line or "KV cache:" in line]
 
 
 def run_server(args, lengths, vocab):
@@ -333,8 +359,7 @@ def run_server(args, lengths, vocab):
             new_tokens = 2  # a server that wants more than one new token
             first_token(port, warmup, new_tokens, args.request_timeout)
         # The plan is logged before the server listens; by now stderr has been drained.
-        plan = [line.strip() for line in server.log
-                if "CUDA memory plan" in line or "KV cache:" in line]
+        plan = plan_lines(server)
         for line in plan:
             print(f"server log: {line}", flush=True)
         for i, length in enumerate(lengths):
