@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   nlohmann-json3-dev libpcre2-dev libopenblas-dev libboost-dev
-  libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev
+  libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-jinja2 python3-numpy python3-requests python3-torch
