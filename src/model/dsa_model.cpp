@@ -47,26 +47,52 @@ struct DsaModel::Step {
 };
 
 DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
-                   std::unique_ptr<Backend> backend)
+                   std::unique_ptr<Backend> backend, parallel::Communicator* tensor_parallel)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
       rope_(make_rope_table(config_)),
-      plan_(std::move(plan)) {}
+      plan_(std::move(plan)),
+      tensor_parallel_(tensor_parallel) {
+  MEGACTX_CHECK(
+      plan_.tensor_parallel_size == 1 ||
+          (tensor_parallel_ != nullptr && tensor_parallel_->size() == plan_.tensor_parallel_size &&
+           tensor_parallel_->rank() == plan_.tensor_parallel_rank),
+      "DsaModel: a tensor-parallel plan needs its group");
+}
+
+void DsaModel::reduce_partial(float* data, int64_t count) {
+  if (plan_.tensor_parallel_size > 1)
+    tensor_parallel_->all_reduce(data, count, parallel::ReduceOp::Sum);
+}
 
 std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
                                           std::unique_ptr<Backend> backend,
                                           const DsaModelOptions& options) {
   ModelPlan plan = plan_model(config, options.index_topk_override);
   DsaWeights loaded = load_dsa_weights(config, plan, weights);
-  return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend));
+  parallel::Communicator* group = options.tensor_parallel;
+  if (group != nullptr && group->size() > 1) {
+    plan = tensor_parallel_plan(plan, config, group->rank(), group->size());
+    loaded = tensor_parallel_shard(loaded, plan);
+  }
+  return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
+                                    group);
 }
 
 void DsaModel::reload_weights(const Checkpoint& checkpoint) {
   check_same_architecture(config_, checkpoint.config());
   auto source = make_checkpoint_weights(checkpoint);
-  DsaWeights loaded = load_dsa_weights(config_, plan_, *source);  // checks every name
-  weights_ = std::move(loaded);
+  if (plan_.tensor_parallel_size == 1) {
+    weights_ = load_dsa_weights(config_, plan_, *source);  // checks every name
+    return;
+  }
+  // A tensor-parallel rank loads the whole model's shapes, then keeps its share.
+  ModelPlan whole = plan_;
+  whole.attention.heads *= plan_.tensor_parallel_size;
+  whole.tensor_parallel_rank = 0;
+  whole.tensor_parallel_size = 1;
+  weights_ = tensor_parallel_shard(load_dsa_weights(config_, whole, *source), plan_);
 }
 
 void DsaModel::release_weights() {
@@ -167,6 +193,7 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
   std::vector<float> h(static_cast<size_t>(n * hidden)), branch(h.size());
   backend_->rmsnorm(x, n, hidden, hidden, w.input_norm.data<float>(), eps, h.data(), hidden);
   attention(w, layer, h.data(), step, cache, branch.data());
+  reduce_partial(branch.data(), n * hidden);
   add_into(x, branch.data(), n * hidden);
   backend_->rmsnorm(x, n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(), hidden);
   if (w.is_moe) {
@@ -174,6 +201,7 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
   } else {
     mlp(w.dense, h.data(), n, branch.data());
   }
+  reduce_partial(branch.data(), n * hidden);
   add_into(x, branch.data(), n * hidden);
 }
 

@@ -16,20 +16,24 @@
 #include "model/model_plan.h"
 #include "model/rope.h"
 #include "model/weight_source.h"
+#include "parallel/communicator.h"
 
 namespace megactx {
 
 struct DsaModelOptions {
   // Replaces config.index_topk (tests: a value >= the context attends densely).
   std::optional<int64_t> index_topk_override;
+  // This process's tensor-parallel group (model_plan.h: tensor_parallel_plan);
+  // null or a group of one: the whole model. Not owned; outlives the model.
+  parallel::Communicator* tensor_parallel = nullptr;
 };
 
 class DsaModel final : public LanguageModel {
  public:
   // `plan` is plan_model(config, options.index_topk_override); `weights` were
   // loaded for it (build_dsa_model does both).
-  DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
-           std::unique_ptr<Backend> backend);
+  DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights, std::unique_ptr<Backend> backend,
+           parallel::Communicator* tensor_parallel = nullptr);
 
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return backend_->device(); }
@@ -90,11 +94,16 @@ class DsaModel final : public LanguageModel {
   };
   RoutedCapture routed_;
 
+  // The attention and feed-forward outputs of a tensor-parallel rank are
+  // partial sums: the group adds them up (nothing without a group).
+  void reduce_partial(float* data, int64_t count);
+
   ModelConfig config_;
   DsaWeights weights_;
   std::unique_ptr<Backend> backend_;
   RopeTable rope_;
   ModelPlan plan_;
+  parallel::Communicator* tensor_parallel_ = nullptr;
 };
 
 // Plans the model (the architecture's checks first), loads every weight the

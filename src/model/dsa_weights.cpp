@@ -119,4 +119,73 @@ DsaWeights load_dsa_weights(const ModelConfig& c, const ModelPlan& plan, WeightS
   return w;
 }
 
+namespace {
+
+// Rows [begin, end) of a row-major tensor of any rank (dim 0), copied.
+Tensor copy_rows(const Tensor& whole, int64_t begin, int64_t end) {
+  Shape shape = whole.shape();
+  const int64_t row = whole.numel() / shape[0];
+  shape[0] = end - begin;
+  Tensor part = Tensor::empty(shape);
+  std::memcpy(part.data<float>(), whole.data<float>() + begin * row,
+              static_cast<size_t>((end - begin) * row) * sizeof(float));
+  return part;
+}
+
+// Columns [begin, end) of a [rows, columns] tensor, copied.
+Tensor copy_columns(const Tensor& whole, int64_t begin, int64_t end) {
+  const int64_t rows = whole.dim(0), columns = whole.dim(1), width = end - begin;
+  Tensor part = Tensor::empty({rows, width});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(part.data<float>() + r * width, whole.data<float>() + r * columns + begin,
+                static_cast<size_t>(width) * sizeof(float));
+  return part;
+}
+
+// A SwiGLU MLP's share: gate rows, up rows (gate_up is [gate; up]) and the
+// matching down columns.
+MlpWeights shard_mlp(const MlpWeights& whole, int rank, int size) {
+  const int64_t width = whole.intermediate / size, begin = rank * width;
+  MlpWeights part;
+  part.intermediate = width;
+  const Tensor gate = copy_rows(whole.gate_up, begin, begin + width);
+  const Tensor up =
+      copy_rows(whole.gate_up, whole.intermediate + begin, whole.intermediate + begin + width);
+  part.gate_up = Tensor::empty({2 * width, whole.gate_up.dim(1)});
+  std::memcpy(part.gate_up.data<float>(), gate.data<float>(), gate.nbytes());
+  std::memcpy(part.gate_up.data<float>() + gate.numel(), up.data<float>(), up.nbytes());
+  part.down = copy_columns(whole.down, begin, begin + width);
+  return part;
+}
+
+}  // namespace
+
+DsaWeights tensor_parallel_shard(const DsaWeights& whole, const ModelPlan& plan) {
+  const int rank = plan.tensor_parallel_rank, size = plan.tensor_parallel_size;
+  const AttentionDims& d = plan.attention;  // heads: this rank's
+  const int64_t first_head = rank * d.heads;
+  DsaWeights part;
+  part.embed = whole.embed;
+  part.final_norm = whole.final_norm;
+  part.lm_head = whole.lm_head;
+  for (const LayerWeights& layer : whole.layers) {
+    LayerWeights out = layer;  // norms, q_a, kv_a, the indexer, the router: whole (shared storage)
+    const AttentionWeights& a = layer.attention;
+    out.attention.q_b = copy_rows(a.q_b, first_head * d.qk, (first_head + d.heads) * d.qk);
+    out.attention.w_uk_t = copy_rows(a.w_uk_t, first_head, first_head + d.heads);
+    out.attention.w_uv = copy_rows(a.w_uv, first_head, first_head + d.heads);
+    out.attention.o = copy_columns(a.o, first_head * d.value, (first_head + d.heads) * d.value);
+    if (layer.is_moe) {
+      for (size_t e = 0; e < layer.moe.experts.size(); ++e)
+        out.moe.experts[e] = shard_mlp(layer.moe.experts[e], rank, size);
+      if (layer.moe.shared.intermediate > 0)
+        out.moe.shared = shard_mlp(layer.moe.shared, rank, size);
+    } else {
+      out.dense = shard_mlp(layer.dense, rank, size);
+    }
+    part.layers.push_back(std::move(out));
+  }
+  return part;
+}
+
 }  // namespace megactx

@@ -73,4 +73,11 @@ LayerWeights load_layer_weights(const ModelConfig& config, WeightSource& source,
 // nothing else (MTP layers model.layers.{num_hidden_layers + i}.* are allowed).
 DsaWeights load_dsa_weights(const ModelConfig& config, const ModelPlan& plan, WeightSource& source);
 
+// The weights of a tensor-parallel rank (plan: tensor_parallel_plan's) cut
+// from the whole model's: the rank's heads of q_b, W_UK, W_UV and the matching
+// columns of o_proj; the rank's share of every MLP's and expert's gate, up
+// (rows) and down (columns); everything else whole. Copies (the whole weights
+// are released by the caller).
+DsaWeights tensor_parallel_shard(const DsaWeights& whole, const ModelPlan& plan);
+
 }  // namespace megactx

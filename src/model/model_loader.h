@@ -13,6 +13,8 @@
 #include "model/cuda/options.h"
 #include "model/language_model.h"
 
+#include "parallel/communicator.h"
+
 namespace megactx {
 
 struct ModelLoadOptions {
@@ -40,6 +42,10 @@ struct ModelLoadOptions {
   // (benchmarks). The CLI sets fp8_native; tests of the exact-parity fp32
   // mode leave it off.
   CudaModelOptions cuda;
+  // This process's tensor-parallel group (a Communicator the caller owns and
+  // keeps alive): the model holds the rank's share of the heads and MLP widths
+  // (model_plan.h). CPU only so far; null: the whole model.
+  parallel::Communicator* tensor_parallel = nullptr;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

@@ -77,6 +77,31 @@ ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_top
   return plan;
 }
 
+ModelPlan tensor_parallel_plan(const ModelPlan& whole, const ModelConfig& config, int rank,
+                               int size) {
+  MEGACTX_CHECK(size >= 1 && rank >= 0 && rank < size,
+                "tensor parallelism: rank {} outside a group of {}", rank, size);
+  MEGACTX_CHECK(whole.tensor_parallel_size == 1, "tensor parallelism: the plan is already split");
+  const auto divides = [size](int64_t value) { return value % size == 0; };
+  MEGACTX_CHECK(divides(whole.attention.heads),
+                "--tensor-parallel-size {}: the model's {} attention heads do not divide", size,
+                whole.attention.heads);
+  bool dense = false, moe = false;
+  for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
+  MEGACTX_CHECK(!dense || divides(config.intermediate_size),
+                "--tensor-parallel-size {}: the MLP width {} does not divide", size,
+                config.intermediate_size);
+  MEGACTX_CHECK(!moe || (divides(config.moe_intermediate_size) &&
+                         divides(config.n_shared_experts * config.moe_intermediate_size)),
+                "--tensor-parallel-size {}: the expert width {} does not divide", size,
+                config.moe_intermediate_size);
+  ModelPlan plan = whole;
+  plan.attention.heads = whole.attention.heads / size;
+  plan.tensor_parallel_rank = rank;
+  plan.tensor_parallel_size = size;
+  return plan;
+}
+
 void check_same_architecture(const ModelConfig& current, const ModelConfig& update) {
   auto same = [](const char* what, auto a, auto b) {
     MEGACTX_CHECK(a == b,

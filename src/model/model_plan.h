@@ -55,6 +55,14 @@ struct ModelPlan {
   std::vector<LayerPlan> layers;  // [num_hidden_layers]
   LayerPlan mtp;                  // runs its own indexer
   bool has_mtp = false;           // num_nextn_predict_layers > 0
+  // Tensor parallelism: this rank computes attention.heads of the model's
+  // heads (the rank-th share) and the rank-th share of every MLP's and
+  // expert's intermediate width; the indexer, the latent cache, the norms,
+  // the router, the embeddings and lm_head are whole on every rank. The
+  // attention output and the feed-forward output are partial sums that the
+  // group adds up (all_reduce) before the residual add.
+  int tensor_parallel_rank = 0;
+  int tensor_parallel_size = 1;
 
   const LayerPlan& layer(int64_t index) const {
     return index == static_cast<int64_t>(layers.size()) ? mtp
@@ -67,6 +75,12 @@ struct ModelPlan {
 // and MoE shapes, a positive top-k) and throws megactx::Error otherwise: the
 // load paths call it before reading a weight.
 ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_topk_override = {});
+
+// The plan of rank `rank` of a tensor-parallel group of `size` from the whole
+// model's plan: heads divided by size. Throws megactx::Error when the heads,
+// the MLP or the expert widths do not divide by size.
+ModelPlan tensor_parallel_plan(const ModelPlan& whole, const ModelConfig& config, int rank,
+                               int size);
 
 // `update` describes the same network as `current` (weight updates must not
 // change a shape): the same plan, vocabulary, MLP and expert sizes. Throws

@@ -115,8 +115,8 @@ void MtpLayer::greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCac
     if (r.greedy_drafts == 0) continue;
     MEGACTX_CHECK(out.logits.defined(), "MTP: greedy drafts need the step's logits");
     const float* logits = out.logits.data<float>() + static_cast<int64_t>(i) * vocab_;
-    out.drafts[i].push_back(static_cast<int32_t>(
-        std::max_element(logits, logits + vocab_) - logits));  // lowest id on ties
+    out.drafts[i].push_back(static_cast<int32_t>(std::max_element(logits, logits + vocab_) -
+                                                 logits));  // lowest id on ties
     const float* h = out.hand_off.data<float>() + static_cast<int64_t>(i) * hidden_;
     hand[i].assign(h, h + hidden_);
   }
@@ -240,6 +240,8 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
 }
 
 std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
+  MEGACTX_CHECK(plan_.tensor_parallel_size == 1,
+                "MTP speculation with tensor parallelism is not supported yet");
   auto source = make_checkpoint_weights(checkpoint);
   return std::make_unique<CpuMtpLayer>(*this, load_mtp_weights(*this, *source),
                                        mtp_hand_off(config()));
