@@ -47,23 +47,20 @@ struct DsaModel::Step {
 };
 
 DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
-                   std::unique_ptr<Backend> backend, parallel::Communicator* tensor_parallel)
+                   std::unique_ptr<Backend> backend, parallel::Communicator* group)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(std::move(backend)),
       rope_(make_rope_table(config_)),
       plan_(std::move(plan)),
-      tensor_parallel_(tensor_parallel) {
-  MEGACTX_CHECK(
-      plan_.tensor_parallel_size == 1 ||
-          (tensor_parallel_ != nullptr && tensor_parallel_->size() == plan_.tensor_parallel_size &&
-           tensor_parallel_->rank() == plan_.tensor_parallel_rank),
-      "DsaModel: a tensor-parallel plan needs its group");
+      group_(group) {
+  const int split = std::max(plan_.tensor_parallel_size, plan_.expert_parallel_size);
+  MEGACTX_CHECK(split == 1 || (group_ != nullptr && group_->size() == split),
+                "DsaModel: a parallel plan needs its group");
 }
 
 void DsaModel::reduce_partial(float* data, int64_t count) {
-  if (plan_.tensor_parallel_size > 1)
-    tensor_parallel_->all_reduce(data, count, parallel::ReduceOp::Sum);
+  if (plan_.tensor_parallel_size > 1) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
 
 std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
@@ -71,10 +68,12 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
                                           const DsaModelOptions& options) {
   ModelPlan plan = plan_model(config, options.index_topk_override);
   DsaWeights loaded = load_dsa_weights(config, plan, weights);
-  parallel::Communicator* group = options.tensor_parallel;
+  parallel::Communicator* group = options.group;
   if (group != nullptr && group->size() > 1) {
-    plan = tensor_parallel_plan(plan, config, group->rank(), group->size());
-    loaded = tensor_parallel_shard(loaded, plan);
+    plan = parallel_plan(
+        plan, config,
+        {group->rank(), group->size(), options.expert_parallel, options.data_parallel_attention});
+    loaded = parallel_shard(loaded, plan);
   }
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
                                     group);
@@ -83,16 +82,18 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
 void DsaModel::reload_weights(const Checkpoint& checkpoint) {
   check_same_architecture(config_, checkpoint.config());
   auto source = make_checkpoint_weights(checkpoint);
-  if (plan_.tensor_parallel_size == 1) {
+  if (plan_.tensor_parallel_size == 1 && plan_.expert_parallel_size == 1) {
     weights_ = load_dsa_weights(config_, plan_, *source);  // checks every name
     return;
   }
-  // A tensor-parallel rank loads the whole model's shapes, then keeps its share.
+  // A rank of a parallel group loads the whole model's shapes, then keeps its share.
   ModelPlan whole = plan_;
   whole.attention.heads *= plan_.tensor_parallel_size;
-  whole.tensor_parallel_rank = 0;
-  whole.tensor_parallel_size = 1;
-  weights_ = tensor_parallel_shard(load_dsa_weights(config_, whole, *source), plan_);
+  whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
+  whole.tensor_parallel_size = whole.expert_parallel_size = 1;
+  whole.expert_all_to_all = false;
+  whole.first_expert = whole.local_experts = 0;
+  weights_ = parallel_shard(load_dsa_weights(config_, whole, *source), plan_);
 }
 
 void DsaModel::release_weights() {
@@ -458,28 +459,36 @@ void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out
   }
 
   std::fill(out, out + rows * hidden, 0.0f);
-  // Group the (token, weight) pairs by expert, then one GEMM chain per expert.
-  std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < top_k; ++j)
-      assigned[ids[r * top_k + j]].push_back({r, gates[r * top_k + j]});
-  }
   std::vector<float> input, result;
-  for (int64_t e = 0; e < experts; ++e) {
-    const auto& list = assigned[e];
-    if (list.empty()) continue;
-    const int64_t m = static_cast<int64_t>(list.size());
-    input.resize(static_cast<size_t>(m * hidden));
-    result.resize(static_cast<size_t>(m * hidden));
-    for (int64_t i = 0; i < m; ++i) {
-      std::memcpy(input.data() + i * hidden, h + list[i].first * hidden,
-                  static_cast<size_t>(hidden) * sizeof(float));
+  if (plan_.expert_all_to_all) {
+    routed_experts_all_to_all(w, h, rows, ids, gates, out);
+  } else {
+    // Expert parallel over tensor-parallel attention: every rank has every
+    // token and applies its own experts; the group's sum completes the MoE.
+    const int64_t first = plan_.local_experts > 0 ? plan_.first_expert : 0;
+    const int64_t local = plan_.local_experts > 0 ? plan_.local_experts : experts;
+    // Group the (token, weight) pairs by expert, then one GEMM chain per expert.
+    std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(experts));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < top_k; ++j)
+        assigned[ids[r * top_k + j]].push_back({r, gates[r * top_k + j]});
     }
-    mlp(w.experts[e], input.data(), m, result.data());
-    for (int64_t i = 0; i < m; ++i) {
-      float* target = out + list[i].first * hidden;
-      const float* source = result.data() + i * hidden;
-      for (int64_t d = 0; d < hidden; ++d) target[d] += list[i].second * source[d];
+    for (int64_t e = first; e < first + local; ++e) {
+      const auto& list = assigned[e];
+      if (list.empty()) continue;
+      const int64_t m = static_cast<int64_t>(list.size());
+      input.resize(static_cast<size_t>(m * hidden));
+      result.resize(static_cast<size_t>(m * hidden));
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(input.data() + i * hidden, h + list[i].first * hidden,
+                    static_cast<size_t>(hidden) * sizeof(float));
+      }
+      mlp(w.experts[e - first], input.data(), m, result.data());
+      for (int64_t i = 0; i < m; ++i) {
+        float* target = out + list[i].first * hidden;
+        const float* source = result.data() + i * hidden;
+        for (int64_t d = 0; d < hidden; ++d) target[d] += list[i].second * source[d];
+      }
     }
   }
   if (config_.n_shared_experts > 0) {
@@ -487,6 +496,74 @@ void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out
     mlp(w.shared, h, rows, result.data());
     add_into(out, result.data(), rows * hidden);
   }
+}
+
+void DsaModel::routed_experts_all_to_all(const MoeWeights& w, const float* h, int64_t rows,
+                                         const std::vector<int32_t>& ids,
+                                         const std::vector<float>& gates, float* out) {
+  const int64_t hidden = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  const int64_t per_rank = plan_.local_experts;
+  const int size = group_->size();
+  // This rank's pairs (row * top_k + j) by the rank that owns their expert.
+  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(size));
+  for (int64_t pair = 0; pair < rows * top_k; ++pair) by_rank[ids[pair] / per_rank].push_back(pair);
+  // Pair counts both ways (one int64 to and from every rank).
+  std::vector<int64_t> send_pairs(static_cast<size_t>(size)), recv_pairs(send_pairs.size());
+  for (int q = 0; q < size; ++q) send_pairs[q] = static_cast<int64_t>(by_rank[q].size());
+  const std::vector<int64_t> one_count(static_cast<size_t>(size), sizeof(int64_t));
+  group_->all_to_all(send_pairs.data(), one_count, recv_pairs.data(), one_count);
+  int64_t sent = 0, received = 0;
+  std::vector<int64_t> send_rows(send_pairs.size()), recv_rows(send_pairs.size());
+  std::vector<int64_t> send_ids(send_pairs.size()), recv_ids(send_pairs.size());
+  for (int q = 0; q < size; ++q) {
+    sent += send_pairs[q];
+    received += recv_pairs[q];
+    send_rows[q] = send_pairs[q] * hidden * static_cast<int64_t>(sizeof(float));
+    recv_rows[q] = recv_pairs[q] * hidden * static_cast<int64_t>(sizeof(float));
+    send_ids[q] = send_pairs[q] * static_cast<int64_t>(sizeof(int32_t));
+    recv_ids[q] = recv_pairs[q] * static_cast<int64_t>(sizeof(int32_t));
+  }
+  // Dispatch: each pair's hidden row and its expert's index on the owner.
+  std::vector<float> rows_out(static_cast<size_t>(sent * hidden)),
+      rows_in(static_cast<size_t>(received * hidden));
+  std::vector<int32_t> experts_out(static_cast<size_t>(sent)),
+      experts_in(static_cast<size_t>(received));
+  int64_t at = 0;
+  for (int q = 0; q < size; ++q)
+    for (const int64_t pair : by_rank[q]) {
+      std::memcpy(rows_out.data() + at * hidden, h + (pair / top_k) * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+      experts_out[at++] = static_cast<int32_t>(ids[pair] % per_rank);
+    }
+  group_->all_to_all(rows_out.data(), send_rows, rows_in.data(), recv_rows);
+  group_->all_to_all(experts_out.data(), send_ids, experts_in.data(), recv_ids);
+  // This rank's experts over the rows sent to it, one GEMM chain per expert.
+  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(per_rank));
+  for (int64_t i = 0; i < received; ++i) assigned[experts_in[i]].push_back(i);
+  std::vector<float> results(rows_in.size()), input, result;
+  for (int64_t e = 0; e < per_rank; ++e) {
+    const auto& list = assigned[e];
+    if (list.empty()) continue;
+    const int64_t m = static_cast<int64_t>(list.size());
+    input.resize(static_cast<size_t>(m * hidden));
+    result.resize(input.size());
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(input.data() + i * hidden, rows_in.data() + list[i] * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+    mlp(w.experts[e], input.data(), m, result.data());
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(results.data() + list[i] * hidden, result.data() + i * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+  }
+  // Combine: the results go back the way their rows came, in the same order.
+  group_->all_to_all(results.data(), recv_rows, rows_out.data(), send_rows);
+  at = 0;
+  for (int q = 0; q < size; ++q)
+    for (const int64_t pair : by_rank[q]) {
+      float* target = out + (pair / top_k) * hidden;
+      const float* source = rows_out.data() + (at++) * hidden;
+      for (int64_t d = 0; d < hidden; ++d) target[d] += gates[pair] * source[d];
+    }
 }
 
 }  // namespace megactx

@@ -23,9 +23,12 @@ namespace megactx {
 struct DsaModelOptions {
   // Replaces config.index_topk (tests: a value >= the context attends densely).
   std::optional<int64_t> index_topk_override;
-  // This process's tensor-parallel group (model_plan.h: tensor_parallel_plan);
-  // null or a group of one: the whole model. Not owned; outlives the model.
-  parallel::Communicator* tensor_parallel = nullptr;
+  // This process's parallel group (not owned; outlives the model) and how the
+  // model is spread over it (model_plan.h: ModelPlan, parallel_plan): null or
+  // a group of one is the whole model.
+  parallel::Communicator* group = nullptr;
+  bool expert_parallel = false;
+  bool data_parallel_attention = false;
 };
 
 class DsaModel final : public LanguageModel {
@@ -33,7 +36,7 @@ class DsaModel final : public LanguageModel {
   // `plan` is plan_model(config, options.index_topk_override); `weights` were
   // loaded for it (build_dsa_model does both).
   DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights, std::unique_ptr<Backend> backend,
-           parallel::Communicator* tensor_parallel = nullptr);
+           parallel::Communicator* group = nullptr);
 
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return backend_->device(); }
@@ -95,15 +98,22 @@ class DsaModel final : public LanguageModel {
   RoutedCapture routed_;
 
   // The attention and feed-forward outputs of a tensor-parallel rank are
-  // partial sums: the group adds them up (nothing without a group).
+  // partial sums: the group adds them up (nothing without tensor parallelism).
   void reduce_partial(float* data, int64_t count);
+  // Expert parallelism with data-parallel attention: the routed (token,
+  // expert, gate) pairs of this rank's rows go to their experts' ranks, the
+  // rows those ranks send here run through this rank's experts, and the
+  // results come back and are added into out [rows, hidden] with their gates.
+  void routed_experts_all_to_all(const MoeWeights& w, const float* h, int64_t rows,
+                                 const std::vector<int32_t>& ids, const std::vector<float>& gates,
+                                 float* out);
 
   ModelConfig config_;
   DsaWeights weights_;
   std::unique_ptr<Backend> backend_;
   RopeTable rope_;
   ModelPlan plan_;
-  parallel::Communicator* tensor_parallel_ = nullptr;
+  parallel::Communicator* group_ = nullptr;
 };
 
 // Plans the model (the architecture's checks first), loads every weight the

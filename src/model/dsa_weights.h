@@ -73,11 +73,13 @@ LayerWeights load_layer_weights(const ModelConfig& config, WeightSource& source,
 // nothing else (MTP layers model.layers.{num_hidden_layers + i}.* are allowed).
 DsaWeights load_dsa_weights(const ModelConfig& config, const ModelPlan& plan, WeightSource& source);
 
-// The weights of a tensor-parallel rank (plan: tensor_parallel_plan's) cut
-// from the whole model's: the rank's heads of q_b, W_UK, W_UV and the matching
-// columns of o_proj; the rank's share of every MLP's and expert's gate, up
-// (rows) and down (columns); everything else whole. Copies (the whole weights
-// are released by the caller).
-DsaWeights tensor_parallel_shard(const DsaWeights& whole, const ModelPlan& plan);
+// The weights of one rank of a parallel group (plan: parallel_plan's) cut from
+// the whole model's. Tensor parallel: the rank's heads of q_b, W_UK, W_UV and
+// the matching columns of o_proj; the rank's share of every dense MLP's and
+// shared expert's gate, up (rows) and down (columns), and of every routed
+// expert's unless expert parallel. Expert parallel: only the rank's routed
+// experts (moe.experts[e - plan.first_expert]). Everything else whole. The
+// cut tensors are copies (the caller releases the whole weights).
+DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan);
 
 }  // namespace megactx

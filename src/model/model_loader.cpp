@@ -27,7 +27,9 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
                                           const ModelLoadOptions& options) {
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
-  model_options.tensor_parallel = options.tensor_parallel;
+  model_options.group = options.group;
+  model_options.expert_parallel = options.expert_parallel;
+  model_options.data_parallel_attention = options.data_parallel_attention;
   return build_dsa_model(config, weights, make_backend(options), model_options);
 }
 
@@ -96,10 +98,11 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options) {
-  MEGACTX_CHECK(options.device != Device::CUDA || options.tensor_parallel == nullptr ||
-                    options.tensor_parallel->size() == 1,
-                "tensor parallelism runs on the CPU only so far (--device cuda with a group of {})",
-                options.tensor_parallel ? options.tensor_parallel->size() : 1);
+  MEGACTX_CHECK(
+      options.device != Device::CUDA || options.group == nullptr || options.group->size() == 1,
+      "tensor and expert parallelism run on the CPU only so far (--device cuda with a "
+      "group of {})",
+      options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;
     if (std::filesystem::is_regular_file(model_dir)) {

@@ -42,10 +42,13 @@ struct ModelLoadOptions {
   // (benchmarks). The CLI sets fp8_native; tests of the exact-parity fp32
   // mode leave it off.
   CudaModelOptions cuda;
-  // This process's tensor-parallel group (a Communicator the caller owns and
-  // keeps alive): the model holds the rank's share of the heads and MLP widths
-  // (model_plan.h). CPU only so far; null: the whole model.
-  parallel::Communicator* tensor_parallel = nullptr;
+  // This process's parallel group (a Communicator the caller owns and keeps
+  // alive) and how the model is spread over it (model_plan.h: ModelPlan):
+  // tensor-parallel attention and MLPs unless data_parallel_attention, routed
+  // experts sharded when expert_parallel. CPU only so far; null: the whole model.
+  parallel::Communicator* group = nullptr;
+  bool expert_parallel = false;
+  bool data_parallel_attention = false;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

@@ -77,28 +77,47 @@ ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_top
   return plan;
 }
 
-ModelPlan tensor_parallel_plan(const ModelPlan& whole, const ModelConfig& config, int rank,
-                               int size) {
-  MEGACTX_CHECK(size >= 1 && rank >= 0 && rank < size,
-                "tensor parallelism: rank {} outside a group of {}", rank, size);
-  MEGACTX_CHECK(whole.tensor_parallel_size == 1, "tensor parallelism: the plan is already split");
+ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
+                        const ParallelLayout& layout) {
+  const int rank = layout.rank, size = layout.size;
+  MEGACTX_CHECK(size >= 1 && rank >= 0 && rank < size, "parallelism: rank {} outside a group of {}",
+                rank, size);
+  MEGACTX_CHECK(whole.tensor_parallel_size == 1 && whole.expert_parallel_size == 1,
+                "parallelism: the plan is already split");
+  ModelPlan plan = whole;
+  if (size == 1) return plan;
   const auto divides = [size](int64_t value) { return value % size == 0; };
-  MEGACTX_CHECK(divides(whole.attention.heads),
-                "--tensor-parallel-size {}: the model's {} attention heads do not divide", size,
-                whole.attention.heads);
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
-  MEGACTX_CHECK(!dense || divides(config.intermediate_size),
-                "--tensor-parallel-size {}: the MLP width {} does not divide", size,
-                config.intermediate_size);
-  MEGACTX_CHECK(!moe || (divides(config.moe_intermediate_size) &&
-                         divides(config.n_shared_experts * config.moe_intermediate_size)),
-                "--tensor-parallel-size {}: the expert width {} does not divide", size,
-                config.moe_intermediate_size);
-  ModelPlan plan = whole;
-  plan.attention.heads = whole.attention.heads / size;
-  plan.tensor_parallel_rank = rank;
-  plan.tensor_parallel_size = size;
+  const bool tensor = !layout.data_parallel_attention;
+  const bool experts = layout.expert_parallel && moe;
+  if (tensor) {
+    MEGACTX_CHECK(divides(whole.attention.heads),
+                  "--tensor-parallel-size {}: the model's {} attention heads do not divide", size,
+                  whole.attention.heads);
+    MEGACTX_CHECK(!dense || divides(config.intermediate_size),
+                  "--tensor-parallel-size {}: the MLP width {} does not divide", size,
+                  config.intermediate_size);
+    MEGACTX_CHECK(!moe || divides(config.n_shared_experts * config.moe_intermediate_size),
+                  "--tensor-parallel-size {}: the shared experts' width {} does not divide", size,
+                  config.n_shared_experts * config.moe_intermediate_size);
+    MEGACTX_CHECK(!moe || experts || divides(config.moe_intermediate_size),
+                  "--tensor-parallel-size {}: the expert width {} does not divide", size,
+                  config.moe_intermediate_size);
+    plan.attention.heads = whole.attention.heads / size;
+    plan.tensor_parallel_rank = rank;
+    plan.tensor_parallel_size = size;
+  }
+  if (experts) {
+    MEGACTX_CHECK(divides(config.n_routed_experts),
+                  "--expert-parallel-size {}: the model's {} routed experts do not divide", size,
+                  config.n_routed_experts);
+    plan.expert_parallel_rank = rank;
+    plan.expert_parallel_size = size;
+    plan.local_experts = config.n_routed_experts / size;
+    plan.first_expert = rank * plan.local_experts;
+    plan.expert_all_to_all = layout.data_parallel_attention;
+  }
   return plan;
 }
 

@@ -55,14 +55,28 @@ struct ModelPlan {
   std::vector<LayerPlan> layers;  // [num_hidden_layers]
   LayerPlan mtp;                  // runs its own indexer
   bool has_mtp = false;           // num_nextn_predict_layers > 0
-  // Tensor parallelism: this rank computes attention.heads of the model's
-  // heads (the rank-th share) and the rank-th share of every MLP's and
-  // expert's intermediate width; the indexer, the latent cache, the norms,
-  // the router, the embeddings and lm_head are whole on every rank. The
-  // attention output and the feed-forward output are partial sums that the
-  // group adds up (all_reduce) before the residual add.
+  // Parallelism over a group of processes (parallel/communicator.h):
+  // * tensor parallel (tensor_parallel_size > 1): this rank computes
+  //   attention.heads of the model's heads (its rank-th share) and the
+  //   rank-th share of every dense MLP's and shared expert's width (and of
+  //   every routed expert's, unless expert parallel); the indexer, the latent
+  //   cache, the norms, the router, the embeddings and lm_head are whole. The
+  //   attention and feed-forward outputs are partial sums that the group adds
+  //   up before the residual add;
+  // * expert parallel (expert_parallel_size > 1): this rank holds routed
+  //   experts [first_expert, first_expert + n_routed_experts / size), whole.
+  //   With tensor-parallel attention every rank has every token: it applies
+  //   its experts and the sum over the group completes the MoE. With
+  //   data-parallel attention (expert_all_to_all) every rank has its own
+  //   requests, attention and dense MLPs whole: the routed rows go to their
+  //   experts' ranks and come back by all-to-all.
   int tensor_parallel_rank = 0;
   int tensor_parallel_size = 1;
+  int expert_parallel_rank = 0;
+  int expert_parallel_size = 1;
+  bool expert_all_to_all = false;
+  int64_t first_expert = 0;
+  int64_t local_experts = 0;  // 0: all of them (no expert parallelism)
 
   const LayerPlan& layer(int64_t index) const {
     return index == static_cast<int64_t>(layers.size()) ? mtp
@@ -76,11 +90,21 @@ struct ModelPlan {
 // load paths call it before reading a weight.
 ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_topk_override = {});
 
-// The plan of rank `rank` of a tensor-parallel group of `size` from the whole
-// model's plan: heads divided by size. Throws megactx::Error when the heads,
-// the MLP or the expert widths do not divide by size.
-ModelPlan tensor_parallel_plan(const ModelPlan& whole, const ModelConfig& config, int rank,
-                               int size);
+// How a model is spread over a group of `size` processes (rank `rank`):
+// tensor-parallel attention and MLPs unless data_parallel_attention, routed
+// experts sharded by index when expert_parallel.
+struct ParallelLayout {
+  int rank = 0;
+  int size = 1;
+  bool expert_parallel = false;
+  bool data_parallel_attention = false;
+};
+
+// The plan of one rank from the whole model's plan (see ModelPlan). Throws
+// megactx::Error when the heads, the MLP, shared-expert or expert widths or
+// the expert count do not divide by the group size.
+ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
+                        const ParallelLayout& layout);
 
 // `update` describes the same network as `current` (weight updates must not
 // change a shape): the same plan, vocabulary, MLP and expert sizes. Throws

@@ -240,8 +240,8 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
 }
 
 std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
-  MEGACTX_CHECK(plan_.tensor_parallel_size == 1,
-                "MTP speculation with tensor parallelism is not supported yet");
+  MEGACTX_CHECK(plan_.tensor_parallel_size == 1 && plan_.expert_parallel_size == 1,
+                "MTP speculation with tensor or expert parallelism is not supported yet");
   auto source = make_checkpoint_weights(checkpoint);
   return std::make_unique<CpuMtpLayer>(*this, load_mtp_weights(*this, *source),
                                        mtp_hand_off(config()));

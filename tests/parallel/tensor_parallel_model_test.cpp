@@ -1,9 +1,11 @@
-// Tensor parallelism of the CPU model: 2 and 4 ranks (forked processes on
-// loopback, each with its share of the heads and MLP / expert widths) give
-// the single-process model's logits, for a prefill then token-by-token
-// decoding through the paged cache, on HF fixtures with dense and MoE layers
-// (glm_moe_dsa with IndexShare, deepseek_v32 with YaRN); and against HF's own
-// logits. Shapes that do not divide, and MTP or CUDA under tensor
+// The CPU model spread over 2 and 4 ranks (forked processes on loopback):
+// tensor-parallel attention and MLPs (each rank its share of the heads and
+// widths), expert parallelism over it, and expert parallelism with
+// data-parallel attention (every rank its own tokens, all-to-all dispatch and
+// combine) give the single-process model's logits for a prefill then
+// token-by-token decoding through the paged cache, on HF fixtures with dense
+// and MoE layers (glm_moe_dsa with IndexShare, deepseek_v32 with YaRN); and
+// HF's own logits. Shapes that do not divide, and MTP or CUDA under
 // parallelism, are errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -70,14 +72,15 @@ void run_group(int size, const std::function<bool(parallel::Communicator&)>& bod
   std::filesystem::remove_all(folder);
 }
 
-// Prefill of the prompt (all logits), then the greedy continuation fed one
-// token at a time: [prompt + continuation, vocab].
-std::vector<float> prefill_then_decode(LanguageModel& model, const HfFixture& f) {
+// Prefill of `prompt` (all logits), then `continuation` fed one token at a
+// time: [prompt + continuation, vocab].
+std::vector<float> prefill_then_decode(LanguageModel& model, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& continuation) {
   SequenceRunner runner(model, KvDType::F32,
-                        static_cast<int64_t>(f.input_ids.size() + f.greedy_ids.size()));
-  const Tensor prefill = runner.feed(f.input_ids, true);
+                        static_cast<int64_t>(prompt.size() + continuation.size()));
+  const Tensor prefill = runner.feed(prompt, true);
   std::vector<float> out(prefill.data<float>(), prefill.data<float>() + prefill.numel());
-  for (const int32_t id : f.greedy_ids) {
+  for (const int32_t id : continuation) {
     const int32_t token[1] = {id};
     const Tensor logits = runner.feed(token, false);
     out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
@@ -85,22 +88,39 @@ std::vector<float> prefill_then_decode(LanguageModel& model, const HfFixture& f)
   return out;
 }
 
-bool matches_the_whole_model(const std::string& name, parallel::Communicator& group) {
+struct Layout {
+  bool expert_parallel = false;
+  bool data_parallel_attention = false;
+};
+
+// The fixture's prompt through the group (every rank the same prompt with
+// tensor-parallel attention; with data-parallel attention rank r drops its
+// first r tokens, so that the ranks' batches differ) against one process on
+// the same tokens, and (the whole prompt) against HF's prefill logits.
+bool matches_the_whole_model(const std::string& name, parallel::Communicator& group,
+                             Layout layout = {}) {
   const HfFixture f = load_fixture(name);
-  const std::vector<float> whole = prefill_then_decode(*load_language_model(f.dir, {}), f);
+  const int skip = layout.data_parallel_attention ? group.rank() : 0;
+  const std::vector<int32_t> prompt(f.input_ids.begin() + skip, f.input_ids.end());
+  const std::vector<float> whole =
+      prefill_then_decode(*load_language_model(f.dir, {}), prompt, f.greedy_ids);
   ModelLoadOptions options;
-  options.tensor_parallel = &group;
+  options.group = &group;
+  options.expert_parallel = layout.expert_parallel;
+  options.data_parallel_attention = layout.data_parallel_attention;
   auto model = load_language_model(f.dir, options);
-  const std::vector<float> split = prefill_then_decode(*model, f);
+  const std::vector<float> split = prefill_then_decode(*model, prompt, f.greedy_ids);
   if (split.size() != whole.size()) return false;
   const double error = relative_error(split.data(), whole.data(), whole.size());
-  // HF's prefill logits: the same bound as the single-process parity test.
+  // HF's prefill logits (the whole prompt only): the single-process parity bound.
   const double hf_error =
-      relative_error(split.data(), f.prefill_logits.data(), f.prefill_logits.size());
+      skip == 0 ? relative_error(split.data(), f.prefill_logits.data(), f.prefill_logits.size())
+                : 0.0;
   std::printf(
-      "%s, rank %d of %d: max relative logit difference %.3g against one process, %.3g "
-      "against HF's prefill\n",
-      name.c_str(), group.rank(), group.size(), error, hf_error);
+      "%s, rank %d of %d%s%s: max relative logit difference %.3g against one process, "
+      "%.3g against HF's prefill\n",
+      name.c_str(), group.rank(), group.size(), layout.expert_parallel ? ", experts split" : "",
+      layout.data_parallel_attention ? ", data-parallel attention" : "", error, hf_error);
   return error <= 1e-5 && hf_error <= 1e-4;
 }
 
@@ -116,11 +136,32 @@ TEST(TensorParallelModel, FourRanksMatchOneProcess) {
   });
 }
 
+// Expert parallelism over tensor-parallel attention (each rank its experts,
+// the sum over the group) and over data-parallel attention (every rank its
+// own tokens, rows sent to their experts' ranks and back by all-to-all).
+TEST(TensorParallelModel, ExpertParallelOverTensorParallelAttention) {
+  run_group(2, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_schedule", group, {true, false});
+  });
+  run_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("dsv32_yarn", group, {true, false});
+  });
+}
+
+TEST(TensorParallelModel, ExpertParallelOverDataParallelAttention) {
+  run_group(2, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_schedule", group, {true, true});
+  });
+  run_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, {true, true});
+  });
+}
+
 TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
   // glm_fp8 has 2 heads: a group of 4 cannot split them.
   run_group(4, [](parallel::Communicator& group) {
     ModelLoadOptions options;
-    options.tensor_parallel = &group;
+    options.group = &group;
     try {
       load_language_model(fixture_dir("glm_fp8"), options);
     } catch (const megactx::Error& error) {
@@ -133,13 +174,13 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 TEST(TensorParallelModel, CudaAndMtpAreRefusedUnderTensorParallelism) {
   run_group(2, [](parallel::Communicator& group) {
     ModelLoadOptions options;
-    options.tensor_parallel = &group;
+    options.group = &group;
     options.device = Device::CUDA;
     bool refused = false;
     try {
       load_language_model(fixture_dir("glm_schedule"), options);
     } catch (const megactx::Error& error) {
-      refused = std::string(error.what()).find("tensor parallelism") != std::string::npos;
+      refused = std::string(error.what()).find("parallelism") != std::string::npos;
     }
     if (!refused) return false;
     options.device = Device::CPU;
@@ -148,7 +189,7 @@ TEST(TensorParallelModel, CudaAndMtpAreRefusedUnderTensorParallelism) {
     try {
       model->load_mtp_layer(*checkpoint);
     } catch (const megactx::Error& error) {
-      return std::string(error.what()).find("tensor parallelism") != std::string::npos;
+      return std::string(error.what()).find("parallelism") != std::string::npos;
     }
     return false;
   });
