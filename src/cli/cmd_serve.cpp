@@ -6,7 +6,7 @@
 //   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
-//   [--skip-tokenizer-init]
+//   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -21,6 +21,10 @@
 // --host-kv-memory: the prefix cache's host tier (engine/engine_config.h):
 // evicted pages wait in that much host memory (pinned with --device cuda) for
 // a prefix hit instead of being recomputed.
+// --tensor-parallel-size N (CPU so far): N processes, this one and N - 1
+// forked workers (cli/serve_group.h), each with its share of the heads and MLP
+// widths; --expert-parallel-size N (= N) shards the routed experts over them
+// instead of their widths. One engine and HTTP front, on this process.
 // --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
 // X-Session-Id header are recorded as trajectories, their tool calls screened.
 #include <algorithm>
@@ -34,6 +38,7 @@
 
 #include "cli/command_registry.h"
 #include "cli/cuda_options.h"
+#include "cli/serve_group.h"
 #include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/engine_builder.h"
@@ -79,6 +84,9 @@ struct ServeOptions {
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
   std::string gateway_max_memory = "1GiB";
+  int tensor_parallel_size = 1;
+  int expert_parallel_size = 1;
+  bool enable_dp_attention = false;
 };
 
 int run_serve(const ServeOptions& options) {
@@ -100,6 +108,28 @@ int run_serve(const ServeOptions& options) {
   load.load.deterministic = options.deterministic;
   load.gpu_memory_utilization = options.gpu_memory_utilization;
   load.skip_tokenizer = options.skip_tokenizer_init;
+
+  // The serving group, forked before any thread starts (its ranks load the
+  // same model with the same options); it outlives the engine below.
+  MEGACTX_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive");
+  MEGACTX_CHECK(options.expert_parallel_size == 1 ||
+                    options.expert_parallel_size == options.tensor_parallel_size,
+                "--expert-parallel-size {} must be 1 or the tensor-parallel size {} (experts are "
+                "sharded over the tensor-parallel group)",
+                options.expert_parallel_size, options.tensor_parallel_size);
+  MEGACTX_CHECK(!options.enable_dp_attention,
+                "--enable-dp-attention needs an engine per rank behind one front: not yet "
+                "(data-parallel attention with expert parallelism runs in the model, "
+                "tests/parallel)");
+  MEGACTX_CHECK(options.tensor_parallel_size == 1 || options.device == "cpu",
+                "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
+  load.load.expert_parallel = options.expert_parallel_size > 1;
+  std::unique_ptr<ServeGroup> group;
+  if (options.tensor_parallel_size > 1) {
+    group =
+        std::make_unique<ServeGroup>(options.tensor_parallel_size, options.model_dir, load.load);
+    load.load.group = &group->communicator();
+  }
 
   EngineConfig& engine_config = load.engine;
   engine_config.kv_memory_bytes =
@@ -154,7 +184,9 @@ int run_serve(const ServeOptions& options) {
       // megactx serves /release_memory_occupation and /resume_memory_occupation either way.
       {"enable_memory_saver", options.enable_memory_saver},
       {"enable_return_routed_experts", options.enable_return_routed_experts},
-      {"enable_return_hidden_states", options.enable_return_hidden_states}};
+      {"enable_return_hidden_states", options.enable_return_hidden_states},
+      {"tensor_parallel_size", options.tensor_parallel_size},
+      {"expert_parallel_size", options.expert_parallel_size}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -262,6 +294,16 @@ CommandRegistration registration{
                        "Record the experts every token is routed to, so that /generate requests "
                        "may ask for return_routed_experts (MoE routing replay in RL; host memory "
                        "of layers x top_k x 4 bytes per KV token)");
+      command
+          .add_option("--tensor-parallel-size", options->tensor_parallel_size,
+                      "Processes that share the model: heads and MLP widths split (CPU)")
+          ->capture_default_str();
+      command
+          .add_option("--expert-parallel-size", options->expert_parallel_size,
+                      "1, or the tensor-parallel size: routed experts sharded over the group")
+          ->capture_default_str();
+      command.add_flag("--enable-dp-attention", options->enable_dp_attention,
+                       "Data-parallel attention (not yet served; an error)");
       command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,
                        "Load no tokenizer (also right for a model folder without "
                        "tokenizer.json): /generate takes input_ids and returns output_ids; "

@@ -7,6 +7,7 @@
 #include "engine/kv_capacity.h"
 #include "io/model_config.h"
 #include "io/model_summary.h"
+#include "model/group_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megactx {
@@ -103,6 +104,14 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
   } else {
     model = load_language_model(options.model_dir, load);
     if (engine.kv_memory_bytes <= 0) engine.kv_memory_bytes = int64_t{2} << 30;
+  }
+  // Rank 0 of a parallel group: every cache and forward goes to the other ranks too.
+  if (load.group != nullptr && load.group->size() > 1) {
+    MEGACTX_CHECK(engine.speculative_steps == 0,
+                  "MTP speculation with tensor or expert parallelism is not supported yet");
+    MEGACTX_CHECK(engine.host_kv_memory_bytes == 0,
+                  "the host KV tier with tensor or expert parallelism is not supported yet");
+    model = make_group_leader(std::move(model), *load.group);
   }
   loaded.engine = Engine::create(engine, std::move(model), loaded.tokenizer, loaded.defaults);
   return loaded;

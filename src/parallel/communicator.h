@@ -48,8 +48,13 @@ struct CpuCommunicatorOptions {
   int size = 1;
   std::string rendezvous_dir;  // existing folder shared by the ranks
   std::string group = "megactx";
-  std::string host = "127.0.0.1";  // the interface this rank listens on
-  std::chrono::milliseconds timeout{30000};
+  std::string host = "127.0.0.1";            // the interface this rank listens on
+  std::chrono::milliseconds timeout{30000};  // to assemble the group
+  // How long a collective may wait for the other ranks once the group is up
+  // (0: `timeout`). A server's workers wait for the next step as long as the
+  // server idles, so they set a long one; a rank that exits is noticed at once
+  // (its connections close) whatever the timeout.
+  std::chrono::milliseconds collective_timeout{0};
 };
 
 // Connects to every other rank of the group (a full mesh of TCP pairs);

@@ -39,6 +39,7 @@ class GlooCommunicator final : public Communicator {
       context_ = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
       context_->setTimeout(options.timeout);
       context_->connectFullMesh(prefixed, device_);
+      if (options.collective_timeout.count() > 0) context_->setTimeout(options.collective_timeout);
     });
   }
 

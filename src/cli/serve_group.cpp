@@ -1,0 +1,94 @@
+#include "cli/serve_group.h"
+
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "model/group_model.h"
+
+namespace megactx::cli {
+namespace {
+
+constexpr std::chrono::milliseconds kAssembleTimeout{300000};  // every rank loads the model first
+// Workers wait for the next step as long as the server idles (a week: Gloo
+// keeps milliseconds in 32 bits); an exited rank is noticed at once anyway.
+constexpr std::chrono::milliseconds kStepTimeout{7LL * 24 * 3600 * 1000};
+
+parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::string& folder) {
+  parallel::CpuCommunicatorOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.rendezvous_dir = folder;
+  options.group = "serve";
+  options.timeout = kAssembleTimeout;
+  options.collective_timeout = kStepTimeout;
+  return options;
+}
+
+[[noreturn]] void run_worker(int rank, int size, const std::string& folder,
+                             const std::string& model_dir, ModelLoadOptions load) {
+  // A worker must not outlive its server, whatever ends the server (and the
+  // server blocks SIGTERM for its signal thread: unblock it here).
+  sigset_t all;
+  sigfillset(&all);
+  ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  int status = 1;
+  try {
+    auto communicator = parallel::make_cpu_communicator(group_options(rank, size, folder));
+    communicator->barrier();  // every rank is connected: rank 0 may remove the rendezvous folder
+    load.group = communicator.get();
+    auto model = load_language_model(model_dir, load);
+    run_group_worker(*model, *communicator);
+    status = 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "serve: rank %d of %d: %s\n", rank, size, error.what());
+  }
+  std::fflush(stderr);
+  ::_exit(status);
+}
+
+}  // namespace
+
+ServeGroup::ServeGroup(int size, const std::string& model_dir, const ModelLoadOptions& load) {
+  MEGACTX_CHECK(size >= 2, "a serving group of {} ranks", size);
+  char pattern[] = "/tmp/megactx-group-XXXXXX";
+  MEGACTX_CHECK(::mkdtemp(pattern) != nullptr, "serve: cannot make a rendezvous folder in /tmp");
+  const std::string folder = pattern;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int rank = 1; rank < size; ++rank) {
+    const pid_t child = ::fork();
+    MEGACTX_CHECK(child >= 0, "serve: fork for rank {} failed", rank);
+    if (child == 0) run_worker(rank, size, folder, model_dir, load);
+    children_.push_back(child);
+  }
+  try {
+    communicator_ = parallel::make_cpu_communicator(group_options(0, size, folder));
+    // Rank 0's own connections are up before the others have read every
+    // address: the folder goes only when every rank is connected.
+    communicator_->barrier();
+  } catch (...) {
+    for (const pid_t child : children_) ::kill(child, SIGTERM);
+    for (const pid_t child : children_) ::waitpid(child, nullptr, 0);
+    std::filesystem::remove_all(folder);
+    throw;
+  }
+  std::filesystem::remove_all(folder);  // the group is up: the addresses are not needed any more
+}
+
+ServeGroup::~ServeGroup() {
+  // Closing rank 0's connections ends a worker that still waits for a
+  // command (when the server failed before its model could stop them).
+  communicator_.reset();
+  for (const pid_t child : children_) ::waitpid(child, nullptr, 0);
+}
+
+}  // namespace megactx::cli

@@ -1,0 +1,214 @@
+#include "model/group_model.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "model/mtp_layer.h"
+
+namespace megactx {
+namespace {
+
+// A command from the leader: a fixed header, then `bytes` of payload, both by
+// broadcast from rank 0.
+enum class Command : int64_t { MakeCache = 1, Forward = 2, Stop = 3 };
+
+struct Header {
+  Command command = Command::Stop;
+  int64_t bytes = 0;
+};
+
+// Payloads are int64 words: every field of a KV spec or a forward batch is an
+// integer.
+std::vector<int64_t> encode_spec(const KvCacheSpec& spec) {
+  std::vector<int64_t> words = {spec.num_pages,
+                                spec.page_size,
+                                spec.kv_lora_rank,
+                                spec.qk_rope_head_dim,
+                                spec.index_head_dim,
+                                static_cast<int64_t>(spec.dtype),
+                                static_cast<int64_t>(spec.device),
+                                static_cast<int64_t>(spec.latent_layers.size())};
+  words.insert(words.end(), spec.latent_layers.begin(), spec.latent_layers.end());
+  words.push_back(static_cast<int64_t>(spec.indexer_layers.size()));
+  words.insert(words.end(), spec.indexer_layers.begin(), spec.indexer_layers.end());
+  return words;
+}
+
+// Reads the words back in order; a short payload is an Error.
+class Reader {
+ public:
+  explicit Reader(const std::vector<int64_t>& words) : words_(words) {}
+  int64_t next() {
+    MEGACTX_CHECK(at_ < words_.size(), "parallel group: a truncated command from the leader");
+    return words_[at_++];
+  }
+  template <class T>
+  std::vector<T> list() {
+    const int64_t count = next();
+    MEGACTX_CHECK(count >= 0 && static_cast<size_t>(count) <= words_.size() - at_,
+                  "parallel group: a list of {} from the leader", count);
+    std::vector<T> out;
+    for (int64_t i = 0; i < count; ++i) out.push_back(static_cast<T>(next()));
+    return out;
+  }
+
+ private:
+  const std::vector<int64_t>& words_;
+  size_t at_ = 0;
+};
+
+KvCacheSpec decode_spec(const std::vector<int64_t>& words) {
+  Reader in(words);
+  KvCacheSpec spec;
+  spec.num_pages = in.next();
+  spec.page_size = in.next();
+  spec.kv_lora_rank = in.next();
+  spec.qk_rope_head_dim = in.next();
+  spec.index_head_dim = in.next();
+  spec.dtype = static_cast<KvDType>(in.next());
+  spec.device = static_cast<Device>(in.next());
+  spec.latent_layers = in.list<int64_t>();
+  spec.indexer_layers = in.list<int64_t>();
+  return spec;
+}
+
+std::vector<int64_t> encode_batch(const ForwardBatch& batch) {
+  std::vector<int64_t> words = {static_cast<int64_t>(batch.sequences.size()),
+                                batch.want_hidden_states, batch.want_routed_experts};
+  for (const SequenceInput& in : batch.sequences) {
+    words.push_back(in.start_position);
+    words.push_back(in.logits_from);
+    words.push_back(static_cast<int64_t>(in.tokens.size()));
+    words.insert(words.end(), in.tokens.begin(), in.tokens.end());
+    words.push_back(static_cast<int64_t>(in.page_table.size()));
+    words.insert(words.end(), in.page_table.begin(), in.page_table.end());
+  }
+  return words;
+}
+
+// A batch and the storage its spans point into.
+struct DecodedBatch {
+  ForwardBatch batch;
+  std::vector<std::vector<int32_t>> tokens, pages;
+};
+
+void decode_batch(const std::vector<int64_t>& words, DecodedBatch& out) {
+  Reader in(words);
+  const int64_t sequences = in.next();
+  MEGACTX_CHECK(sequences >= 0 && static_cast<size_t>(sequences) <= words.size(),
+                "parallel group: a batch of {} sequences from the leader", sequences);
+  out.batch = ForwardBatch{};
+  out.batch.want_hidden_states = in.next() != 0;
+  out.batch.want_routed_experts = in.next() != 0;
+  out.tokens.assign(static_cast<size_t>(sequences), {});
+  out.pages.assign(static_cast<size_t>(sequences), {});
+  for (int64_t s = 0; s < sequences; ++s) {
+    SequenceInput input;
+    input.start_position = in.next();
+    input.logits_from = in.next();
+    out.tokens[s] = in.list<int32_t>();
+    out.pages[s] = in.list<int32_t>();
+    input.tokens = out.tokens[s];
+    input.page_table = out.pages[s];
+    out.batch.sequences.push_back(input);
+  }
+}
+
+void send(parallel::Communicator& group, Command command, const std::vector<int64_t>& words) {
+  Header header{command, static_cast<int64_t>(words.size() * sizeof(int64_t))};
+  group.broadcast(&header, sizeof(header), 0);
+  if (header.bytes > 0) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
+}
+
+class GroupLeaderModel final : public LanguageModel {
+ public:
+  GroupLeaderModel(std::unique_ptr<LanguageModel> model, parallel::Communicator& group)
+      : model_(std::move(model)), group_(group) {
+    MEGACTX_CHECK(group_.rank() == 0, "the group leader is rank 0, not {}", group_.rank());
+  }
+  ~GroupLeaderModel() override {
+    try {
+      send(group_, Command::Stop, {});
+    } catch (const std::exception&) {
+      // A group that already failed has no worker left to stop.
+    }
+  }
+
+  const ModelConfig& config() const override { return model_->config(); }
+  Device device() const override { return model_->device(); }
+  ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
+    send(group_, Command::Forward, encode_batch(batch));
+    return model_->forward(batch, cache);
+  }
+  std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override {
+    send(group_, Command::MakeCache, encode_spec(spec));
+    return model_->make_kv_cache(spec);
+  }
+  std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec&) const override {
+    fail("the host KV tier with tensor or expert parallelism is not supported yet");
+  }
+  KvPageCopy kv_page_copy() const override { return model_->kv_page_copy(); }
+  std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint&) override {
+    fail("MTP speculation with tensor or expert parallelism is not supported yet");
+  }
+  void reload_weights(const Checkpoint&) override {
+    fail("weight updates with tensor or expert parallelism are not supported yet");
+  }
+  void final_norm(const float* x, int64_t rows, float* out) const override {
+    model_->final_norm(x, rows, out);  // the final norm is whole on every rank
+  }
+  void release_weights() override {
+    fail("releasing the weights of a parallel group is not supported yet");
+  }
+  Tensor to_host(const Tensor& tensor) const override { return model_->to_host(tensor); }
+  void* compute_stream() const override { return model_->compute_stream(); }
+
+ private:
+  std::unique_ptr<LanguageModel> model_;
+  parallel::Communicator& group_;
+};
+
+}  // namespace
+
+std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
+                                                 parallel::Communicator& group) {
+  return std::make_unique<GroupLeaderModel>(std::move(model), group);
+}
+
+void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
+  MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
+  std::unique_ptr<PagedKvCache> cache;
+  std::vector<int64_t> words;
+  DecodedBatch batch;
+  for (;;) {
+    Header header;
+    group.broadcast(&header, sizeof(header), 0);
+    MEGACTX_CHECK(header.bytes >= 0 && header.bytes % sizeof(int64_t) == 0,
+                  "parallel group: a command of {} bytes from the leader", header.bytes);
+    words.assign(static_cast<size_t>(header.bytes) / sizeof(int64_t), 0);
+    if (header.bytes > 0) group.broadcast(words.data(), header.bytes, 0);
+    switch (header.command) {
+      case Command::Stop:
+        return;
+      case Command::MakeCache:
+        cache.reset();  // the leader's engine holds one cache at a time
+        cache = model.make_kv_cache(decode_spec(words));
+        break;
+      case Command::Forward:
+        MEGACTX_CHECK(cache != nullptr, "parallel group: a forward before the KV cache");
+        decode_batch(words, batch);
+        try {
+          model.forward(batch.batch, *cache);
+        } catch (const megactx::Error&) {
+          // The leader ran the same checks on the same batch and failed at
+          // the same point (after the same collectives): the group stays in step.
+        }
+        break;
+      default:
+        fail("parallel group: unknown command {} from the leader",
+             static_cast<int64_t>(header.command));
+    }
+  }
+}
+
+}  // namespace megactx

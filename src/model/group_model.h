@@ -1,0 +1,28 @@
+// One model served by a group of processes (tensor and expert parallelism,
+// model_plan.h): rank 0 runs the engine, and its model is the group leader,
+// which sends every KV-cache creation and every forward to the other ranks
+// before running its own share; ranks 1.. run run_group_worker, which repeats
+// the leader's calls on their shares in lockstep (the collectives inside the
+// forward then match). The scheduler, the KV page allocator and the sampler
+// exist on rank 0 only: a worker's cache is laid out by the leader's page
+// tables, and after the group's sums every rank has the same logits.
+#pragma once
+
+#include <memory>
+
+#include "model/language_model.h"
+#include "parallel/communicator.h"
+
+namespace megactx {
+
+// Wraps rank 0's model (built with `group`; the group outlives the wrapper).
+// What the group cannot repeat yet is an Error: the host KV tier, MTP layers,
+// weight updates and releases. Destroying it stops the workers.
+std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
+                                                 parallel::Communicator& group);
+
+// Ranks 1..: repeats the leader's calls on `model` (built with `group`) until
+// the leader stops (returns) or the group fails (megactx::Error).
+void run_group_worker(LanguageModel& model, parallel::Communicator& group);
+
+}  // namespace megactx
