@@ -3,67 +3,20 @@
 // the values it can compute alone; a group whose other rank never comes is
 // an error within the timeout, not a hang.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "forked_group.h"
 #include "parallel/communicator.h"
 
 namespace megactx::parallel {
 namespace {
-
-// A fresh rendezvous folder per group.
-std::string rendezvous_folder() {
-  static int groups = 0;
-  const auto folder =
-      std::filesystem::temp_directory_path() /
-      ("megactx_rendezvous_" + std::to_string(::getpid()) + "_" + std::to_string(groups++));
-  std::filesystem::remove_all(folder);
-  std::filesystem::create_directories(folder);
-  return folder.string();
-}
-
-// Runs body(communicator) in `size` forked processes, one rank each; every
-// child exits 0 when its checks pass (a failed check prints and exits 1).
-void run_group(int size, const std::function<bool(Communicator&)>& body) {
-  const std::string folder = rendezvous_folder();
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0) << "fork failed";
-    if (child == 0) {
-      int status = 1;
-      try {
-        CpuCommunicatorOptions options;
-        options.rank = rank;
-        options.size = size;
-        options.rendezvous_dir = folder;
-        options.timeout = std::chrono::milliseconds(20000);
-        auto communicator = make_cpu_communicator(options);
-        status = body(*communicator) ? 0 : 1;
-      } catch (const std::exception& error) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
-      }
-      std::fflush(stderr);
-      ::_exit(status);
-    }
-    children.push_back(child);
-  }
-  for (size_t rank = 0; rank < children.size(); ++rank) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(children[rank], &status, 0), children[rank]);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << rank << " failed";
-  }
-  std::filesystem::remove_all(folder);
-}
 
 #define CHECK_OR_FAIL(condition, ...)                         \
   do {                                                        \
@@ -141,13 +94,13 @@ bool every_collective(Communicator& communicator) {
 }
 
 TEST(CpuCommunicator, EveryCollectiveWithOneRank) {
-  run_group(1, every_collective);
+  run_forked_group(1, every_collective);
 }
 TEST(CpuCommunicator, EveryCollectiveWithTwoRanks) {
-  run_group(2, every_collective);
+  run_forked_group(2, every_collective);
 }
 TEST(CpuCommunicator, EveryCollectiveWithFourRanks) {
-  run_group(4, every_collective);
+  run_forked_group(4, every_collective);
 }
 
 TEST(CpuCommunicator, AMissingRankIsAnErrorNotAHang) {

@@ -8,17 +8,14 @@
 // HF's own logits. Shapes that do not divide, and MTP or CUDA under
 // parallelism, are errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "../model/hf_fixture.h"
 #include "core/error.h"
+#include "forked_group.h"
 #include "io/checkpoint.h"
 #include "model/model_loader.h"
 #include "model/mtp_layer.h"
@@ -27,50 +24,6 @@
 
 namespace megactx::testing {
 namespace {
-
-std::string rendezvous_folder() {
-  static int groups = 0;
-  const auto folder = std::filesystem::temp_directory_path() /
-                      ("megactx_tp_" + std::to_string(::getpid()) + "_" + std::to_string(groups++));
-  std::filesystem::remove_all(folder);
-  std::filesystem::create_directories(folder);
-  return folder.string();
-}
-
-// Runs body(group) in `size` forked processes (models are built in the
-// children only: a thread pool made before fork() would not survive it).
-void run_group(int size, const std::function<bool(parallel::Communicator&)>& body) {
-  const std::string folder = rendezvous_folder();
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      int status = 1;
-      try {
-        parallel::CpuCommunicatorOptions options;
-        options.rank = rank;
-        options.size = size;
-        options.rendezvous_dir = folder;
-        options.timeout = std::chrono::milliseconds(60000);
-        auto group = parallel::make_cpu_communicator(options);
-        status = body(*group) ? 0 : 1;
-      } catch (const std::exception& error) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
-      }
-      std::fflush(stderr);
-      std::fflush(stdout);
-      ::_exit(status);
-    }
-    children.push_back(child);
-  }
-  for (size_t rank = 0; rank < children.size(); ++rank) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(children[rank], &status, 0), children[rank]);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << rank << " failed";
-  }
-  std::filesystem::remove_all(folder);
-}
 
 // Prefill of `prompt` (all logits), then `continuation` fed one token at a
 // time: [prompt + continuation, vocab].
@@ -126,12 +79,12 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
 
 TEST(TensorParallelModel, TwoRanksMatchOneProcess) {
   for (const char* name : {"glm_schedule", "dsv32_yarn"})
-    run_group(2,
-              [&](parallel::Communicator& group) { return matches_the_whole_model(name, group); });
+    parallel::run_forked_group(
+        2, [&](parallel::Communicator& group) { return matches_the_whole_model(name, group); });
 }
 
 TEST(TensorParallelModel, FourRanksMatchOneProcess) {
-  run_group(4, [](parallel::Communicator& group) {
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_pattern", group);
   });
 }
@@ -140,26 +93,26 @@ TEST(TensorParallelModel, FourRanksMatchOneProcess) {
 // the sum over the group) and over data-parallel attention (every rank its
 // own tokens, rows sent to their experts' ranks and back by all-to-all).
 TEST(TensorParallelModel, ExpertParallelOverTensorParallelAttention) {
-  run_group(2, [](parallel::Communicator& group) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {true, false});
   });
-  run_group(4, [](parallel::Communicator& group) {
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("dsv32_yarn", group, {true, false});
   });
 }
 
 TEST(TensorParallelModel, ExpertParallelOverDataParallelAttention) {
-  run_group(2, [](parallel::Communicator& group) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {true, true});
   });
-  run_group(4, [](parallel::Communicator& group) {
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_pattern", group, {true, true});
   });
 }
 
 TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
   // glm_fp8 has 2 heads: a group of 4 cannot split them.
-  run_group(4, [](parallel::Communicator& group) {
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
     ModelLoadOptions options;
     options.group = &group;
     try {
@@ -172,7 +125,7 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 }
 
 TEST(TensorParallelModel, CudaAndMtpAreRefusedUnderTensorParallelism) {
-  run_group(2, [](parallel::Communicator& group) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
     ModelLoadOptions options;
     options.group = &group;
     options.device = Device::CUDA;
