@@ -28,13 +28,16 @@
 // --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
 // X-Session-Id header are recorded as trajectories, their tool calls screened.
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <pthread.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "cli/command_registry.h"
 #include "cli/cuda_options.h"
@@ -125,10 +128,22 @@ int run_serve(const ServeOptions& options) {
                 "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
   load.load.expert_parallel = options.expert_parallel_size > 1;
   std::unique_ptr<ServeGroup> group;
+  // A group that lost a rank cannot serve: the server shuts down (exit 1).
+  static std::atomic<bool> group_failed{false};
   if (options.tensor_parallel_size > 1) {
     group =
         std::make_unique<ServeGroup>(options.tensor_parallel_size, options.model_dir, load.load);
     load.load.group = &group->communicator();
+    load.on_group_failure = [](const std::string& reason) {
+      spdlog::error("the serving group lost a rank ({}): shutting down", reason);
+      group_failed = true;
+      // A moment for the requests that failed with it to get their error
+      // responses, then the usual shutdown (the main thread waits for SIGTERM).
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        ::kill(::getpid(), SIGTERM);
+      }).detach();
+    };
   }
 
   EngineConfig& engine_config = load.engine;
@@ -226,7 +241,7 @@ int run_serve(const ServeOptions& options) {
   server.stop();
   engine.abort_all();
   state.drain();
-  return 0;
+  return group_failed ? 1 : 0;
 }
 
 CommandRegistration registration{

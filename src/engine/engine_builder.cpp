@@ -111,7 +111,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
                   "MTP speculation with tensor or expert parallelism is not supported yet");
     MEGACTX_CHECK(engine.host_kv_memory_bytes == 0,
                   "the host KV tier with tensor or expert parallelism is not supported yet");
-    model = make_group_leader(std::move(model), *load.group);
+    model = make_group_leader(std::move(model), *load.group, options.on_group_failure);
   }
   loaded.engine = Engine::create(engine, std::move(model), loaded.tokenizer, loaded.defaults);
   return loaded;

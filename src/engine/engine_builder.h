@@ -8,6 +8,7 @@
 // `generate` both start here.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,9 @@ struct EngineLoadOptions {
   std::shared_ptr<const Tokenizer> tokenizer;
   bool ids_only_without_tokenizer = false;
   bool skip_tokenizer = false;
+  // load.group of more than one rank: called once when the group fails (a
+  // worker rank exited), from the engine's thread (model/group_model.h).
+  std::function<void(const std::string&)> on_group_failure;
 };
 
 struct LoadedEngine {

@@ -122,27 +122,34 @@ void send(parallel::Communicator& group, Command command, const std::vector<int6
 
 class GroupLeaderModel final : public LanguageModel {
  public:
-  GroupLeaderModel(std::unique_ptr<LanguageModel> model, parallel::Communicator& group)
-      : model_(std::move(model)), group_(group) {
+  GroupLeaderModel(std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
+                   std::function<void(const std::string&)> on_failure)
+      : model_(std::move(model)), group_(group), on_failure_(std::move(on_failure)) {
     MEGACTX_CHECK(group_.rank() == 0, "the group leader is rank 0, not {}", group_.rank());
   }
   ~GroupLeaderModel() override {
+    if (failed_) return;  // no worker left to stop
     try {
       send(group_, Command::Stop, {});
     } catch (const std::exception&) {
-      // A group that already failed has no worker left to stop.
     }
   }
 
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
-    send(group_, Command::Forward, encode_batch(batch));
-    return model_->forward(batch, cache);
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    return watched([&] {
+      send(group_, Command::Forward, encode_batch(batch));
+      return model_->forward(batch, cache);
+    });
   }
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override {
-    send(group_, Command::MakeCache, encode_spec(spec));
-    return model_->make_kv_cache(spec);
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    return watched([&] {
+      send(group_, Command::MakeCache, encode_spec(spec));
+      return model_->make_kv_cache(spec);
+    });
   }
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec&) const override {
     fail("the host KV tier with tensor or expert parallelism is not supported yet");
@@ -164,15 +171,36 @@ class GroupLeaderModel final : public LanguageModel {
   void* compute_stream() const override { return model_->compute_stream(); }
 
  private:
+  // Runs `body`; an error of the group's collectives (their messages start
+  // with "communicator") marks the group failed and is reported once.
+  template <class Body>
+  auto watched(Body&& body) const -> decltype(body()) {
+    try {
+      return body();
+    } catch (const megactx::Error& error) {
+      const std::string what = error.what();
+      if (what.rfind("communicator", 0) == 0 && !failed_) {
+        failed_ = true;
+        failure_ = what;
+        if (on_failure_) on_failure_(what);
+      }
+      throw;
+    }
+  }
+
   std::unique_ptr<LanguageModel> model_;
   parallel::Communicator& group_;
+  std::function<void(const std::string&)> on_failure_;
+  mutable bool failed_ = false;
+  mutable std::string failure_;
 };
 
 }  // namespace
 
-std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
-                                                 parallel::Communicator& group) {
-  return std::make_unique<GroupLeaderModel>(std::move(model), group);
+std::unique_ptr<LanguageModel> make_group_leader(
+    std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
+    std::function<void(const std::string&)> on_failure) {
+  return std::make_unique<GroupLeaderModel>(std::move(model), group, std::move(on_failure));
 }
 
 void run_group_worker(LanguageModel& model, parallel::Communicator& group) {

@@ -8,7 +8,9 @@
 // tables, and after the group's sums every rank has the same logits.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "model/language_model.h"
 #include "parallel/communicator.h"
@@ -17,9 +19,13 @@ namespace megactx {
 
 // Wraps rank 0's model (built with `group`; the group outlives the wrapper).
 // What the group cannot repeat yet is an Error: the host KV tier, MTP layers,
-// weight updates and releases. Destroying it stops the workers.
-std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
-                                                 parallel::Communicator& group);
+// weight updates and releases. Destroying it stops the workers. When the
+// group fails (a worker exited: its connections closed) the call fails with
+// megactx::Error and `on_failure` (if set) runs once with the reason: the
+// group cannot serve any more, so a server shuts down.
+std::unique_ptr<LanguageModel> make_group_leader(
+    std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
+    std::function<void(const std::string&)> on_failure = {});
 
 // Ranks 1..: repeats the leader's calls on `model` (built with `group`) until
 // the leader stops (returns) or the group fails (megactx::Error).

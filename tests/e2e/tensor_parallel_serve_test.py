@@ -5,8 +5,8 @@ front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
-workers exit with the server, and the configurations that are not served yet
-are start-up errors.
+workers exit with the server, a server whose worker dies shuts down, and the
+configurations that are not served yet are start-up errors.
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
 """
@@ -14,6 +14,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -90,6 +91,23 @@ def main():
         failures += not refused
         print(f"{'ok  ' if refused else 'FAIL'} {' '.join(extra)}: refused "
               f"({result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''})")
+    # A worker rank dies: the next request fails with the group's error, and the server
+    # (which cannot serve without it) shuts down with exit status 1, its other workers with it.
+    with MegactxServer(args.megactx, args.fixture, *COMMON, "--tensor-parallel-size", "4",
+                       name="tp") as server:
+        generate(server.url, prompt, 2)
+        workers = subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        os.kill(int(workers[1]), signal.SIGKILL)
+        response = requests.post(server.url + "/generate", json={
+            "input_ids": prompt, "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        status = server.process.wait(60)
+        alive = [w for w in workers
+                 if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    ok = response.status_code >= 400 and "communicator" in response.text and status == 1 and not alive
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} a killed worker: request refused ({response.status_code}), "
+          f"server exit {status}, {len(alive)} workers left")
     # The leader fails after the group is up (no tokenizer.json, no --skip-tokenizer-init):
     # the server exits with the error, its worker with it, instead of waiting forever.
     result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
