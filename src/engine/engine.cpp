@@ -349,7 +349,10 @@ bool Engine::step_locked() {
     spdlog::error("engine step failed: {}", error.what());
     std::vector<RequestState*> all;
     for (auto& [rid, request] : requests_) all.push_back(request.get());
-    for (RequestState* request : all) finish(*request, FinishReason::Error, error.what());
+    for (RequestState* request : all) {
+      finish(*request, FinishReason::Error, error.what());
+      update_of(*request).server_error = true;
+    }
     worked = true;
   }
   deliver_updates();
@@ -432,6 +435,7 @@ RequestUpdate& Engine::update_of(RequestState& request) {
     update.input_logprobs.clear();
     update.finish = FinishReason::None;
     update.finish_detail.clear();
+    update.server_error = false;
     update.matched_stop_token.reset();
     update.routed_experts.clear();
     update.hidden_states.clear();

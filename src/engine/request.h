@@ -98,6 +98,9 @@ struct RequestUpdate {
   std::vector<TokenLogprob> input_logprobs;  // once, in the first update, when asked
   FinishReason finish = FinishReason::None;
   std::string finish_detail;  // matched stop string / token, or error text
+  // FinishReason::Error from the engine's side (a failed step: the device, a
+  // parallel group), not from the request: HTTP 500 rather than 400.
+  bool server_error = false;
   std::optional<int32_t> matched_stop_token;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;

@@ -318,7 +318,8 @@ class TurnJob : public std::enable_shared_from_this<TurnJob> {
     if (output.finish == FinishReason::Error) {
       ++gateway_.metrics().turns_failed;
       release();
-      channel_->respond(server::error_response(400, output.finish_detail));
+      channel_->respond(
+          server::error_response(server::error_status(output.server_error), output.finish_detail));
       return;
     }
     Generation generation;

@@ -22,6 +22,7 @@ void GenerationOutput::add(const RequestUpdate& update) {
   if (update.finish != FinishReason::None) {
     finish = update.finish;
     finish_detail = update.finish_detail;
+    server_error = update.server_error;
     matched_stop_token = update.matched_stop_token;
     routed_experts = update.routed_experts;
     hidden_states = update.hidden_states;

@@ -18,6 +18,7 @@ struct GenerationOutput {
   std::vector<TokenLogprob> input_logprobs;
   FinishReason finish = FinishReason::None;
   std::string finish_detail;
+  bool server_error = false;  // RequestUpdate::server_error of the final update
   std::optional<int32_t> matched_stop_token;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -36,5 +37,11 @@ struct GenerationOutput {
   void add(const RequestUpdate& update);
   bool finished() const { return finish != FinishReason::None; }
 };
+
+// The HTTP status of a request that finished with FinishReason::Error: 500
+// when the engine failed, 400 when the request was refused.
+inline int error_status(bool server_error) {
+  return server_error ? 500 : 400;
+}
 
 }  // namespace megactx::server

@@ -153,14 +153,15 @@ struct GenerateJob {
       if (!stream_started) {
         // An error before anything was sent still gets a proper HTTP status.
         if (finished_now && update.finish == FinishReason::Error && !batch) {
-          channel->respond(error_response(400, update.finish_detail));
+          channel->respond(error_response(error_status(update.server_error), update.finish_detail));
           return;
         }
         channel->begin_stream(200, kEventStreamType);
         stream_started = true;
       }
       if (finished_now && update.finish == FinishReason::Error)
-        channel->write(sse_event(error_json(400, update.finish_detail)));
+        channel->write(
+            sse_event(error_json(error_status(update.server_error), update.finish_detail)));
       else
         channel->write(sse_event(item_json(index)));
       if (remaining == 0) {
@@ -172,7 +173,8 @@ struct GenerateJob {
     if (remaining > 0) return;
     for (const auto& other : items)
       if (other.output.finish == FinishReason::Error) {
-        channel->respond(error_response(400, other.output.finish_detail));
+        channel->respond(
+            error_response(error_status(other.output.server_error), other.output.finish_detail));
         return;
       }
     if (!batch) {

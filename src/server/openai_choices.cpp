@@ -41,7 +41,8 @@ void OpenAiChoiceJob::on_update(size_t index, const RequestUpdate& update) {
 void OpenAiChoiceJob::respond_whole() {
   for (const auto& output : outputs)
     if (output.finish == FinishReason::Error)
-      return channel->respond(error_response(400, output.finish_detail));
+      return channel->respond(
+          error_response(error_status(output.server_error), output.finish_detail));
   nlohmann::json choices = nlohmann::json::array();
   for (size_t i = 0; i < outputs.size(); ++i) choices.push_back(whole_choice(i));
   channel->respond(json_response({{"id", id},
@@ -56,12 +57,13 @@ void OpenAiChoiceJob::stream_update(size_t index, const RequestUpdate& update, b
   bool failed = finished_now && update.finish == FinishReason::Error;
   if (!stream_started_) {
     if (failed && outputs.size() == 1)
-      return channel->respond(error_response(400, update.finish_detail));
+      return channel->respond(
+          error_response(error_status(update.server_error), update.finish_detail));
     channel->begin_stream(200, kEventStreamType);
     stream_started_ = true;
   }
   if (failed)
-    channel->write(sse_event(error_json(400, update.finish_detail)));
+    channel->write(sse_event(error_json(error_status(update.server_error), update.finish_detail)));
   else
     stream_choice(index, update, finished_now);
   if (remaining_ > 0) return;

@@ -104,7 +104,8 @@ def main():
         status = server.process.wait(60)
         alive = [w for w in workers
                  if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
-    ok = response.status_code >= 400 and "communicator" in response.text and status == 1 and not alive
+    # A failed engine step is the server's error (500), not the request's.
+    ok = response.status_code == 500 and "communicator" in response.text and status == 1 and not alive
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} a killed worker: request refused ({response.status_code}), "
           f"server exit {status}, {len(alive)} workers left")

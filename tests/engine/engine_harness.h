@@ -22,6 +22,7 @@ struct Collected {
   std::vector<TokenLogprob> input_logprobs;
   FinishReason finish = FinishReason::None;
   std::string finish_detail;
+  bool server_error = false;
   std::optional<int32_t> matched_stop_token;
   int64_t updates = 0;
   int64_t prompt_tokens = 0;
@@ -77,6 +78,7 @@ class Harness {
                             update.input_logprobs.end());
     c.finish = update.finish;
     c.finish_detail = update.finish_detail;
+    c.server_error = update.server_error;
     if (update.matched_stop_token) c.matched_stop_token = update.matched_stop_token;
     c.prompt_tokens = update.prompt_tokens;
     c.completion_tokens = update.completion_tokens;

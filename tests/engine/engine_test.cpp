@@ -181,6 +181,7 @@ TEST(Engine, InvalidRequestsFailBeforeAnyWork) {
     harness.submit(std::move(request));
     const Collected& c = harness.results[rid];
     EXPECT_EQ(c.finish, FinishReason::Error) << rid;
+    EXPECT_FALSE(c.server_error) << rid << ": the request's error, not the server's";
     EXPECT_NE(c.finish_detail.find(words), std::string::npos) << c.finish_detail;
   };
   expect_error(greedy_request("empty", {}, 5), "empty");
@@ -215,6 +216,22 @@ TEST(Engine, InvalidRequestsFailBeforeAnyWork) {
   tiny.submit(greedy_request("kv", make_prompt(1, 129), 5));
   EXPECT_EQ(tiny.results["kv"].finish, FinishReason::Error);
   EXPECT_NE(tiny.results["kv"].finish_detail.find("KV cache capacity"), std::string::npos);
+}
+
+TEST(Engine, AFailedStepIsTheServersErrorAndTheEngineGoesOn) {
+  auto model = std::make_unique<FakeModel>();
+  FakeModel* raw = model.get();
+  Harness harness(test_config(/*pages=*/8), std::move(model));
+  raw->fail_next_forwards(1);
+  harness.submit(greedy_request("failed", make_prompt(1, 10), 5));
+  harness.run();
+  EXPECT_EQ(harness.results["failed"].finish, FinishReason::Error);
+  EXPECT_TRUE(harness.results["failed"].server_error);
+  EXPECT_NE(harness.results["failed"].finish_detail.find("injected"), std::string::npos);
+  harness.submit(greedy_request("after", make_prompt(2, 10), 5, /*ignore_eos=*/true));
+  harness.run();
+  EXPECT_EQ(harness.results["after"].finish, FinishReason::Length);
+  EXPECT_FALSE(harness.results["after"].server_error);
 }
 
 TEST(Engine, GenerationStopsAtTheContextLength) {

@@ -56,6 +56,10 @@ class FakeModel : public LanguageModel {
   Device device() const override { return Device::CPU; }
 
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
+    if (failing_forwards_ > 0) {
+      --failing_forwards_;
+      fail("fake model: an injected device failure");
+    }
     const int64_t page_size = cache.spec().page_size;
     const auto slots = static_cast<size_t>(cache.spec().num_pages * page_size);
     if (entries_.size() != slots) entries_.assign(slots, Entry{});
@@ -119,6 +123,9 @@ class FakeModel : public LanguageModel {
   int64_t forward_calls() const { return forward_calls_; }
   int64_t tokens_processed() const { return tokens_processed_; }
 
+  // The next `count` forwards throw (a device or parallel group failure).
+  void fail_next_forwards(int count) { failing_forwards_ = count; }
+
  private:
   struct Entry {
     int64_t position = -1;
@@ -152,6 +159,7 @@ class FakeModel : public LanguageModel {
   float peak_;
   std::vector<Entry> entries_;
   int64_t forward_calls_ = 0;
+  int failing_forwards_ = 0;
   int64_t tokens_processed_ = 0;
 };
 
