@@ -350,6 +350,8 @@ bool Engine::step_locked() {
     std::vector<RequestState*> all;
     for (auto& [rid, request] : requests_) all.push_back(request.get());
     for (RequestState* request : all) {
+      // One that finished earlier in this step keeps its own final update.
+      if (request->phase == RequestPhase::Finished) continue;
       finish(*request, FinishReason::Error, error.what());
       update_of(*request).server_error = true;
     }

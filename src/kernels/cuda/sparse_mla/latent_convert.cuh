@@ -25,18 +25,24 @@ __device__ __forceinline__ void store_bf16x8_as_half(uint4 bf16, float factor,
   *reinterpret_cast<uint4*>(destination) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-// 16 e4m3 (one 16-byte word) times the group's `scale` -> 16 f16 at
-// `destination` (16-byte aligned): exact conversion, one f16 rounding.
-__device__ __forceinline__ void store_e4m3x16_as_half(uint4 bytes, __half2 scale,
-                                                      __half* destination) {
+// 16 e4m3 (one 16-byte word) times the group's `scale` -> 16 f16, the first
+// 8 at `low` and the last 8 at `high` (each 16-byte aligned: two units of a
+// swizzled tile, or adjacent): exact conversion, one f16 rounding.
+__device__ __forceinline__ void store_e4m3x16_as_half(uint4 bytes, __half2 scale, void* low,
+                                                      void* high) {
   const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
   uint32_t packed[8];
 #pragma unroll
   for (int w = 0; w < 4; ++w)
     e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
-  uint4* out = reinterpret_cast<uint4*>(destination);
-  out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  *reinterpret_cast<uint4*>(low) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  *reinterpret_cast<uint4*>(high) = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+}
+
+// The same into 16 consecutive f16 at `destination`.
+__device__ __forceinline__ void store_e4m3x16_as_half(uint4 bytes, __half2 scale,
+                                                      __half* destination) {
+  store_e4m3x16_as_half(bytes, scale, destination, destination + 8);
 }
 
 }  // namespace megactx::cuda

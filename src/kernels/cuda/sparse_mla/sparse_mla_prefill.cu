@@ -172,16 +172,8 @@ __device__ __forceinline__ void store_quarter(const EntryQuarter& quarter_data, 
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     uint8_t* chunk = tile + (2 * quarter + i / 4) * kKChunkBytes;
-    const uint32_t words[4] = {quarter_data.latent[i].x, quarter_data.latent[i].y,
-                               quarter_data.latent[i].z, quarter_data.latent[i].w};
-    uint32_t packed[8];
-#pragma unroll
-    for (int w = 0; w < 4; ++w)
-      e4m3x4_scaled_to_half2(words[w], scale, packed[2 * w], packed[2 * w + 1]);
-    *reinterpret_cast<uint4*>(chunk + swizzled(key, 2 * (i % 4))) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    *reinterpret_cast<uint4*>(chunk + swizzled(key, 2 * (i % 4) + 1)) =
-        make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    store_e4m3x16_as_half(quarter_data.latent[i], scale, chunk + swizzled(key, 2 * (i % 4)),
+                          chunk + swizzled(key, 2 * (i % 4) + 1));
   }
   // Rope dims 512 + 16q .. +16: chunk 8, units 2q and 2q + 1.
 #pragma unroll
