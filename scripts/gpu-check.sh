@@ -267,7 +267,8 @@ fi
 #    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
 #    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
 #    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
-#    config, against its FLOP floor and transformers, with a chart), "longdecode" (decode
+#    config, against its FLOP floor and transformers, with a chart), "fp8linear" (the fp8
+#    linears at decode row counts against cuBLAS bf16 and the read floor), "longdecode" (decode
 #    tok/s through serve at 1K to 1M tokens of context and 1 / 4 / 16 requests on that config,
 #    against its memory-read floor, with a chart), any comma list, or 0. "decode" is matched as
 #    a whole word of the list, so that "longdecode" does not run the default-model sweep too.
@@ -302,6 +303,11 @@ if [[ "$benches" == *model* ]]; then
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/fallback_topk_bench" "${bench_args[@]}" >"$out/fallback_topk.md" 2>&1
   note "fallback topk bench exit $?"
 fi
+if [[ "$benches" == *fp8linear* ]]; then
+  # The fp8 linears at decode row counts: GEMV, few-row MMA, 64x64 MMA, cuBLAS bf16, read floor.
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/fp8_linear_bench" "${bench_args[@]}" >"$out/fp8_linear.md" 2>&1
+  note "fp8 linear bench exit $?"
+fi
 if [[ "$benches" == *prefill* ]]; then
   # Indexer prefill: the fused indexer + top-k against the two-kernel path.
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/indexer_prefill_bench" "${bench_args[@]}" >"$out/indexer_prefill.md" 2>&1
@@ -321,8 +327,9 @@ if [[ "$benches" == *mtp* ]]; then
 fi
 if [[ ",$benches," == *,decode,* ]]; then
   # Decode through serve on the default model: tok/s against concurrent requests at two prompt
-  # lengths, MTP k = 1, 3, 7 against k = 0 in the same run, and their charts.
-  for prompt in 1024 8192; do
+  # lengths (DECODE_PROMPTS, default "1024 8192"), MTP k = 1, 3, 7 against k = 0 in the same
+  # run, and their charts.
+  for prompt in ${DECODE_PROMPTS:-1024 8192}; do
     timeout "${DECODE_TIMEOUT:-280}" python3 tools/bench/mtp_serve_bench.py --megactx "$pack/bin/megactx" \
       --model models/default --steps 0,1,3,7 --concurrency 1,4,16,64,256 --prompt-tokens "$prompt" \
       --new-tokens 128 --rounds 1 --kv-memory 24GiB --json "$out/decode_$prompt.json" -- \
@@ -425,6 +432,7 @@ fi
 [[ -f "$out/model_decode_fp8_weights.md" ]] && grep -E '^\| (bf16|fp8) ' "$out/model_decode_fp8_weights.md"
 [[ -f "$out/model_decode_torch.md" ]] && grep -E '^\| eager' "$out/model_decode_torch.md"
 [[ -f "$out/mtp_engine.md" ]] && grep -E '^\| (fp32|bf16) ' "$out/mtp_engine.md"
+[[ -f "$out/fp8_linear.md" ]] && grep -E '^\| [A-Zg]' "$out/fp8_linear.md"
 [[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
 [[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
 [[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|plan): ' "$out/ttft.md"

@@ -19,10 +19,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,7 @@
 #include "fp8_emulation.h"
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda/cuda_model.h"
@@ -392,6 +395,116 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
   g.in = g.x_stride = 128;
   g.x_type = cuda::ActType::BF16;
   EXPECT_FALSE(cuda::fp8_block_gemm_tensor_cores(g, nullptr));
+}
+
+// The few-row tensor-core kernel (Blas's choice for 9..64 rows) on ragged
+// shapes against double loops over the host-rounded inputs: every column-group
+// count (rows <= 8, <= 16, more in 32-row tiles), every k split (a narrow
+// weight gives too few CTAs and splits 4 ways, a wide one none), `in` a
+// multiple of 8 but not of 16 or 128, stacked gate/up scale rows, strided
+// bf16 outputs, and the columns and rows past the output left alone.
+TEST(CudaFp8Gemm, FewRowTensorCoreKernelAgreesWithTheReference) {
+  struct Case {
+    int64_t rows, in, out, split;
+    bool bf16;
+  };
+  const cuda::DeviceInfo device = cuda::query_device(0);
+  int seed = 900;
+  std::set<int> splits_seen;
+  for (const Case& c :
+       {Case{1, 128, 72, 0, false}, Case{5, 200, 100, 0, false}, Case{9, 1024, 136, 0, false},
+        Case{16, 2304, 576, 288, false}, Case{17, 1024, 2000, 0, true}, Case{33, 520, 24, 0, false},
+        Case{64, 2048, 9000, 4500, false}, Case{40, 136, 40, 16, true},
+        Case{12, 8, 16, 0, false}}) {
+    const int split_k =
+        cuda::fp8_block_gemm_skinny_split(c.rows, c.in, c.out, device.multiprocessors);
+    splits_seen.insert(split_k);
+    const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
+                              std::to_string(c.out) + " split " + std::to_string(c.split) +
+                              (c.bf16 ? " bf16" : "") + " k-split " + std::to_string(split_k);
+    const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
+    const std::vector<float> x =
+        normal_values(static_cast<size_t>(c.rows * c.in), static_cast<uint32_t>(seed++));
+    const int64_t groups = (c.in + 127) / 128;
+    DeviceArray<float> dx(x);
+    DeviceArray<uint8_t> dq(static_cast<size_t>(c.rows * c.in));
+    DeviceArray<float> ds(static_cast<size_t>(c.rows * groups));
+    cuda::quantize_e4m3_groups(dx.data, c.rows, c.in, c.in, dq.data, ds.data, nullptr);
+    DeviceArray<uint8_t> dw(weight.bytes);
+    DeviceArray<float> dscale(weight.scales);
+    // Output rows of out + 3 columns (a row stride wider than the output),
+    // plus one row past the end, prefilled with a sentinel.
+    const int64_t stride = c.out + 3;
+    const size_t cells = static_cast<size_t>((c.rows + 1) * stride);
+    const size_t bytes = cells * (c.bf16 ? 2 : 4);
+    DeviceArray<uint8_t> dy(bytes);
+    MEGACTX_CUDA_CHECK(cudaMemset(dy.data, 0x7f, bytes));
+    cuda::Fp8BlockGemm g;
+    g.x = dq.data;
+    g.x_type = cuda::ActType::E4M3;
+    g.x_stride = c.in;
+    g.x_scale = ds.data;
+    g.w = dw.data;
+    g.scale = dscale.data;
+    g.scale_split = c.split;
+    g.y = dy.data;
+    g.y_type = c.bf16 ? cuda::ActType::BF16 : cuda::ActType::F32;
+    g.y_stride = stride;
+    g.rows = c.rows;
+    g.in = c.in;
+    g.out = c.out;
+    ASSERT_TRUE(cuda::fp8_block_gemm_skinny(g, nullptr)) << where;
+    const std::vector<uint8_t> raw = dy.host(bytes);
+    const auto value = [&](int64_t at) {
+      if (!c.bf16) {
+        float v;
+        std::memcpy(&v, raw.data() + 4 * at, 4);
+        return static_cast<double>(v);
+      }
+      uint16_t half;
+      std::memcpy(&half, raw.data() + 2 * at, 2);
+      const uint32_t bits = static_cast<uint32_t>(half) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return static_cast<double>(v);
+    };
+    const std::vector<float> xr = fp8_rounded_inputs(x.data(), c.rows, c.in, c.in);
+    const std::vector<float> wd = weight.dequantized();
+    double max_ref = 0.0, max_diff = 0.0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t o = 0; o < c.out; ++o) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < c.in; ++i)
+          sum += static_cast<double>(xr[r * c.in + i]) * wd[o * c.in + i];
+        max_ref = std::max(max_ref, std::fabs(sum));
+        max_diff = std::max(max_diff, std::fabs(sum - value(r * stride + o)));
+      }
+    // Untouched: the padding columns of every row and the row past the end.
+    const double sentinel = value(c.rows * stride);
+    for (int64_t r = 0; r <= c.rows; ++r)
+      for (int64_t o = r < c.rows ? c.out : 0; o < stride; ++o)
+        ASSERT_EQ(value(r * stride + o), sentinel) << where << " wrote row " << r << " col " << o;
+    std::printf("fp8 few-row tensor-core GEMM %s: vs reference %.2e (of max %.3g)\n", where.c_str(),
+                max_diff / max_ref, max_ref);
+    // float32 outputs: ~1e-7 measured on the H200 (the MMA's 128-product
+    // group sums lose no more than a float32 order does); bf16 outputs add
+    // their own rounding (2^-9 relative).
+    EXPECT_LE(max_diff / max_ref, c.bf16 ? 5e-3 : 1e-5) << where;
+  }
+  EXPECT_TRUE(splits_seen.count(1) && splits_seen.count(4))
+      << "the cases cover an unsplit and a 4-way split k";
+  cuda::Fp8BlockGemm g;  // shapes it declines
+  g.x_type = cuda::ActType::E4M3;
+  g.rows = cuda::kFp8SkinnyMaxRows + 1;
+  g.in = g.x_stride = 128;
+  g.out = 1;
+  EXPECT_FALSE(cuda::fp8_block_gemm_skinny(g, nullptr));
+  g.rows = 4;
+  g.in = g.x_stride = 100;
+  EXPECT_FALSE(cuda::fp8_block_gemm_skinny(g, nullptr));
+  g.in = g.x_stride = 128;
+  g.x_type = cuda::ActType::BF16;
+  EXPECT_FALSE(cuda::fp8_block_gemm_skinny(g, nullptr));
 }
 
 // Logits of every token of `ids` [n, V], fed in chunks of `chunk` (0: one

@@ -139,7 +139,7 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   EXPECT_EQ(parts.fast_attention,
             cuda_fast_attention_scratch_bytes(config, 1024, 8192, config.index_topk, 132));
   // The grouped MoE at its largest call, 256 rows = 2048 (row, slot) pairs,
-  // fp8 experts (tiles of 8 rows): plan ints (tile count, (256 + 2048 / 8)
+  // fp8 experts (tiles of 32 rows): plan ints (tile count, (256 + 2048 / 32)
   // tiles x 3, pair_of, counts, offsets), [pairs, I] activations, [pairs, H]
   // outputs, and the e4m3 inputs [256, H] / activations [pairs, I] with
   // float32 scales per 128.
@@ -147,7 +147,7 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   const int64_t float_moe =
       4 * ((1 + 3 * (256 + pairs / 16) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144);
   EXPECT_EQ(parts.device_moe,
-            4 * ((1 + 3 * (256 + pairs / 8) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144) +
+            4 * ((1 + 3 * (256 + pairs / 32) + pairs + 256 + 257) + pairs * 2048 + pairs * 6144) +
                 256 * 6144 + 4 * 256 * 48 + pairs * 2048 + 4 * pairs * 16);
   // float32 / bf16 experts: tiles of 16 (or 32) rows, no e4m3 copies.
   EXPECT_EQ(cuda_device_moe_scratch_bytes(config, 1024, false), float_moe);
@@ -401,7 +401,7 @@ TEST(CudaMemoryPlan, FusedIndexerWorkspaceBoundCoversTheKernel) {
 
 // The plain-C++ device MoE part against the grouped kernels' own layout at
 // the largest call they serve: float32 experts (bf16 tiles of 32 rows need
-// no more) and fp8 experts (tiles of 8, the e4m3 copies).
+// no more) and fp8 experts (tiles of 32, the e4m3 copies).
 TEST(CudaMemoryPlan, DeviceMoePartIsTheGroupedLayout) {
   std::vector<ModelConfig> configs = {config_named("glm5_2"), config_named("deepseek_v32"),
                                       fixture_config()};

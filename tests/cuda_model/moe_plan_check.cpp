@@ -127,7 +127,7 @@ TEST(GroupedMoePlan, TileBoundCoversEveryRouting) {
 
 TEST(GroupedMoePlan, Fp8ShapesTilesAndWorkspace) {
   // GLM-5.2 / DeepSeek-V3.2 fp8 checkpoints on the grouped path up to the
-  // largest decode-graph bucket; tiles of 8 rows.
+  // largest decode-graph bucket; tiles of 32 rows.
   for (int64_t hidden : {6144, 7168}) {
     GroupedMoeShape shape{256, hidden, 2048, 256, 8};
     shape.fp8 = true;

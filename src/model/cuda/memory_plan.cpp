@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kMoeMaxRows = 256;
 constexpr int64_t kMoeMaxPairs = 4096;
 constexpr int64_t kMoeTileRowsFloat = 16;  // float32 (bf16 tiles of 32 have fewer tiles)
-constexpr int64_t kMoeTileRowsFp8 = 8;
+constexpr int64_t kMoeTileRowsFp8 = 32;
 constexpr int64_t kMoePlanMaxThreads = 512;
 constexpr int64_t kMoePlanSharedLimit = 48 * 1024;
 

@@ -14,6 +14,16 @@ DeviceInfo query_device(int ordinal) {
                     properties.multiProcessorCount, free_bytes, total_bytes};
 }
 
+int current_device_multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }();
+  return count;
+}
+
 int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;

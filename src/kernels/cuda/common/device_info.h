@@ -15,5 +15,8 @@ struct DeviceInfo {
 
 DeviceInfo query_device(int ordinal);
 int device_count();  // 0 when there is no driver or no GPU
+// The current device's SM count, read once per process (kernels size their
+// grids by it; a process drives one GPU).
+int current_device_multiprocessors();
 
 }  // namespace megactx::cuda

@@ -43,13 +43,28 @@ void fp8_block_gemm(const Fp8BlockGemm& g, cudaStream_t stream);
 constexpr int64_t kFp8GemvMaxRows = 8;
 bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream);
 
+// Few rows on tensor cores (fp8_block_gemm_skinny.cu, mma.sync m16n8k32 with
+// the weight rows as M and up to 32 input rows as N, per-128-group
+// promotion): 1..kFp8SkinnyMaxRows rows of E4M3 inputs, `in` and x_stride
+// multiples of 8, 8-byte aligned x and w; returns false, launching nothing,
+// otherwise. Every weight byte is read once per 32 input rows, by one warp;
+// where the weight has too few rows to give every SM a CTA, 2 or 4 warps
+// share a row block's k groups (fp8_block_gemm_skinny_split: the split for
+// a shape on a GPU of that many SMs). Sums agree with double loops to ~1e-7
+// relative on the H200 (FewRowTensorCoreKernelAgreesWithTheReference).
+// Blas::linear_fp8 takes it for 2..64 rows.
+constexpr int64_t kFp8SkinnyMaxRows = 64;
+bool fp8_block_gemm_skinny(const Fp8BlockGemm& g, cudaStream_t stream);
+int fp8_block_gemm_skinny_split(int64_t rows, int64_t in, int64_t out, int multiprocessors);
+
 // Tensor cores (fp8_block_gemm_mma.cu, mma.sync m16n8k32 e4m3, per-128-group
 // promotion to float32 with both scales): E4M3 inputs, `in` and x_stride
 // multiples of 16, 16-byte aligned x and w; returns false, launching
 // nothing, otherwise. Sums agree with fp8_block_gemm to ~1e-4 relative (the
 // MMA's internal accumulation over 128 products is not full float32).
-// Blas::linear_fp8 takes it by default for more than 8 rows (its GPU tests
-// passed on the H200); MEGACTX_FP8_TENSOR_CORES=0 keeps the tiled kernel.
+// Blas::linear_fp8 takes it by default for more than 64 rows (its GPU tests
+// passed on the H200); MEGACTX_FP8_TENSOR_CORES=0 keeps the tiled kernel
+// (and turns the few-row kernel above off too).
 bool fp8_block_gemm_tensor_cores(const Fp8BlockGemm& g, cudaStream_t stream);
 
 }  // namespace megactx::cuda

@@ -105,8 +105,9 @@ class Blas {
   // group / block is handled by the kernels (no padding, no dequantised copy).
   void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride);
-  // More than 8 rows on the tensor-core fp8 kernel (fp8_block_gemm_tensor_cores)
-  // instead of the tiled SIMT one. On by default (its GPU tests against double
+  // Two or more rows on the tensor-core fp8 kernels (fp8_block_gemm_skinny up
+  // to 64 rows, fp8_block_gemm_tensor_cores beyond) instead of the SIMT ones
+  // (the GEMV up to 8 rows, the tiled kernel). On by default (its GPU tests against double
   // loops and the CPU emulation pass on the H200); the environment variable
   // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }

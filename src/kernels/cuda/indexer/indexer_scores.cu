@@ -10,6 +10,7 @@
 // The 128-dim dot product is summed in a permuted k order so that each thread
 // reads 32 contiguous bytes of a key (the sum does not care about order).
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/indexer/indexer.h"
@@ -232,16 +233,6 @@ __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
   if (lane == 0) p.weights[item] = p.head_weights[item] * scale * p.softmax_scale;
 }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
-    MEGACTX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-    return value;
-  }();
-  return count;
-}
-
 template <int MTiles, bool Bulk>
 void launch_scores(const IndexerScoreParams& params, cudaStream_t stream) {
   static const bool configured = [] {
@@ -256,7 +247,7 @@ void launch_scores(const IndexerScoreParams& params, cudaStream_t stream) {
   const int64_t groups = params.rows / params.rows_per_group;
   // Two resident CTAs per SM; each group gets an equal share of them, and each
   // CTA streams its chunks through the pipeline.
-  const int64_t resident = 2 * static_cast<int64_t>(multiprocessor_count());
+  const int64_t resident = 2 * static_cast<int64_t>(current_device_multiprocessors());
   const unsigned ctas_per_group = static_cast<unsigned>(
       std::min<int64_t>(chunks, std::max<int64_t>(1, (resident + groups - 1) / groups)));
   constexpr int64_t kMaxGridY = 65535;

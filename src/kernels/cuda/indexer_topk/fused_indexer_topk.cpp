@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/indexer_topk/fused_workspace.h"
 
 namespace megactx::cuda {
@@ -12,7 +13,7 @@ size_t fused_indexer_topk_workspace_bytes(int64_t rows, int ctas) {
 }
 
 int fused_indexer_topk_default_ctas() {
-  return detail::multiprocessors();
+  return current_device_multiprocessors();
 }
 
 void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t stream) {

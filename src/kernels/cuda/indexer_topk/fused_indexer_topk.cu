@@ -668,16 +668,6 @@ void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream)
 
 namespace detail {
 
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
-    MEGACTX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-    return value;
-  }();
-  return count;
-}
-
 void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
                                cudaStream_t stream) {
   if (params.rows == 0) return;

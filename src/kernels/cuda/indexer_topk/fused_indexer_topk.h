@@ -97,7 +97,6 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
 
 namespace detail {
 void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream);
-int multiprocessors();
 }  // namespace detail
 
 }  // namespace megactx::cuda

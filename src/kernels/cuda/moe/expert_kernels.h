@@ -37,9 +37,10 @@ struct ExpertArgs {
 void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                              cudaStream_t stream);
 
-// fp8 weights on CUDA cores (grouped_experts_fp8.cu): e4m3 weights times
-// their block scale against the tile's e4m3 inputs times their group scale,
-// float32 products and sums (the products of the fp8 GEMV).
+// fp8 weights on tensor cores (grouped_experts_fp8.cu, mma.sync m16n8k32
+// e4m3): the tile's e4m3 inputs against e4m3 weights, each 128-column
+// group's sums promoted to float32 times the input's group scale and the
+// weight's block scale (the dense fp8 tensor-core kernels' products).
 void launch_fp8_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                         cudaStream_t stream);
 

@@ -7,7 +7,7 @@
 // once.
 //
 // Each CTA streams its slice of one expert's weight rows once and applies it
-// to up to tile_rows() of that expert's rows held in shared memory:
+// to up to tile_rows() of that expert's rows:
 // decode is weight-bandwidth bound, so weights are read once per tile of rows.
 // Weights are float32 (the exact-parity mode: CUDA-core FMAs), bf16
 // (tensor-core MMAs with the tile's rows as the n = 8 columns) or fp8 (e4m3
@@ -35,11 +35,9 @@ namespace megactx::cuda {
 // more weight traffic than one row.
 inline constexpr int64_t kGroupedMoeTileRowsF32 = 16;
 inline constexpr int64_t kGroupedMoeTileRowsBf16 = 32;
-// fp8 weights on CUDA cores as float32 (a register accumulator per
-// (weight row, tile row)): 8 rows keep the kernel at 128 registers without
-// spills (2 CTAs of 256 threads per SM; 16 rows took 212 registers, 1 CTA).
-// Decode batches rarely put more than a few rows on one expert.
-inline constexpr int64_t kGroupedMoeTileRowsFp8 = 8;
+// fp8 weights: tensor cores too (the weight rows as the MMA's M, the tile's
+// rows as four n = 8 column groups).
+inline constexpr int64_t kGroupedMoeTileRowsFp8 = 32;
 // Bounds of the grouped path (larger batches take the host dispatch, whose
 // GEMMs read each expert's weights once for all its rows and use tensor
 // cores): rows per call (the largest decode-graph bucket) and routed pairs

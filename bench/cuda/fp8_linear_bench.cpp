@@ -1,0 +1,199 @@
+// The fp8 block-scaled linears of decode (kernels/cuda/gemm/fp8_block_gemm.h)
+// at the row counts of decode batches and MTP verifications: the CUDA-core
+// GEMV (<= 8 rows), the few-row tensor-core kernel (<= 64 rows) and the
+// 64 x 64 tensor-core tile kernel, beside cuBLAS on the same shape in bf16
+// (twice the weight bytes: the peer) and the read-only bandwidth measured in
+// the same run. Each timed call reads a different copy of the weight (copies
+// totalling > 4x L2), so weights come from HBM as in a decode step. Achieved
+// GB/s counts the weight bytes (fp8: 1 per parameter + scales; bf16: 2).
+//
+//   fp8_linear_bench [--quick]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/support/read_bandwidth.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/fp8_block_gemm.h"
+#include "kernels/cuda/gemm/gemm.h"
+
+using namespace megactx::cuda;
+
+namespace {
+
+template <typename T>
+T* device_alloc(size_t count) {
+  T* pointer = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
+  return pointer;
+}
+
+template <typename T>
+void fill_random(T* device, size_t count, uint32_t seed,
+                 const std::function<T(std::mt19937&)>& make) {
+  std::mt19937 rng(seed);
+  std::vector<T> host(count);
+  for (auto& v : host) v = make(rng);
+  MEGACTX_CUDA_CHECK(cudaMemcpy(device, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+// Median us per call of body(copy) over `calls` calls cycling through the copies.
+double median_us(cudaStream_t stream, int copies, int calls, const std::function<void(int)>& body) {
+  cudaEvent_t start, stop;
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < copies; ++i) body(i);  // warm-up
+  std::vector<double> times;
+  for (int round = 0; round < 5; ++round) {
+    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < calls; ++i) body(i % copies);
+    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(1000.0 * ms / calls);
+  }
+  std::sort(times.begin(), times.end());
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
+  return times[times.size() / 2];
+}
+
+struct Shape {
+  const char* name;
+  int64_t in, out;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: fp8_linear_bench [--quick]\n");
+      return 2;
+    }
+  }
+  cudaStream_t stream;
+  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
+  const ReadBandwidth floor = measure_read_bandwidth(size_t{4} << 30, 5, stream);
+  std::printf("# fp8 block-scaled linears at decode row counts\n\n");
+  std::printf("read-only bandwidth (floor): %.0f GB/s\n\n", floor.read_gbs);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
+  cublasSetStream(handle, stream);
+
+  const std::vector<Shape> shapes = {
+      {"glm_1b q_a 2048->768", 2048, 768},      {"glm_1b dense MLP down 5632->2048", 5632, 2048},
+      {"GLM-5.2 q_b 2048->16384", 2048, 16384}, {"GLM-5.2 o_proj 16384->6144", 16384, 6144},
+      {"GLM-5.2 kv_a 6144->576", 6144, 576},    {"GLM-5.2 expert gate_up 6144->4096", 6144, 4096},
+  };
+  const std::vector<int64_t> row_counts =
+      quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 4, 8, 16, 32, 64};
+  std::printf(
+      "| shape | rows | GEMV us | few-row MMA us | 64x64 MMA us | cuBLAS bf16 us | best fp8 GB/s "
+      "| of floor | k split |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    const int64_t groups = (s.in + 127) / 128, scale_rows = (s.out + 127) / 128;
+    const size_t weight_bytes = static_cast<size_t>(s.in * s.out);
+    // Copies totalling at least 256 MiB (> 4x the 60 MB L2 of an H200).
+    const int copies =
+        static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / weight_bytes + 1));
+    std::vector<uint8_t*> w(copies);
+    std::vector<float*> w_scale(copies);
+    std::vector<__nv_bfloat16*> w_bf16(copies);
+    for (int c = 0; c < copies; ++c) {
+      w[c] = device_alloc<uint8_t>(weight_bytes);
+      w_scale[c] = device_alloc<float>(static_cast<size_t>(scale_rows * groups));
+      w_bf16[c] = device_alloc<__nv_bfloat16>(weight_bytes);
+      // e4m3 codes of moderate magnitude (no NaN: 0x7f / 0xff excluded).
+      fill_random<uint8_t>(w[c], weight_bytes, 10 + c, [](std::mt19937& r) {
+        return static_cast<uint8_t>((r() % 0x60) | (r() % 2 ? 0x80 : 0));
+      });
+      fill_random<float>(w_scale[c], static_cast<size_t>(scale_rows * groups), 50 + c,
+                         [](std::mt19937& r) { return 1e-3f * static_cast<float>(1 + r() % 7); });
+      MEGACTX_CUDA_CHECK(cudaMemset(w_bf16[c], 0, weight_bytes * 2));
+    }
+    const int64_t max_rows = row_counts.back();
+    float* x = device_alloc<float>(static_cast<size_t>(max_rows * s.in));
+    fill_random<float>(x, static_cast<size_t>(max_rows * s.in), 7, [](std::mt19937& r) {
+      return std::normal_distribution<float>(0.f, 1.f)(r);
+    });
+    uint8_t* xq = device_alloc<uint8_t>(static_cast<size_t>(max_rows * s.in));
+    float* xs = device_alloc<float>(static_cast<size_t>(max_rows * groups));
+    __nv_bfloat16* xb = device_alloc<__nv_bfloat16>(static_cast<size_t>(max_rows * s.in));
+    MEGACTX_CUDA_CHECK(cudaMemset(xb, 0, static_cast<size_t>(max_rows * s.in) * 2));
+    float* y = device_alloc<float>(static_cast<size_t>(max_rows * s.out));
+    quantize_e4m3_groups(x, max_rows, s.in, s.in, xq, xs, stream);
+    for (const int64_t rows : row_counts) {
+      auto gemm_of = [&](int c) {
+        Fp8BlockGemm g;
+        g.x = xq;
+        g.x_type = ActType::E4M3;
+        g.x_stride = s.in;
+        g.x_scale = xs;
+        g.w = w[c];
+        g.scale = w_scale[c];
+        g.y = y;
+        g.y_stride = s.out;
+        g.rows = rows;
+        g.in = s.in;
+        g.out = s.out;
+        return g;
+      };
+      const int calls = 4 * copies;
+      double gemv = -1, skinny = -1, tiles = -1;
+      if (rows <= kFp8GemvMaxRows)
+        gemv = median_us(stream, copies, calls, [&](int c) { fp8_block_gemv(gemm_of(c), stream); });
+      skinny = median_us(stream, copies, calls,
+                         [&](int c) { fp8_block_gemm_skinny(gemm_of(c), stream); });
+      tiles = median_us(stream, copies, calls,
+                        [&](int c) { fp8_block_gemm_tensor_cores(gemm_of(c), stream); });
+      const float one = 1.f, zero = 0.f;
+      const double bf16 = median_us(stream, copies, calls, [&](int c) {
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.out),
+                     static_cast<int>(rows), static_cast<int>(s.in), &one, w_bf16[c], CUDA_R_16BF,
+                     static_cast<int>(s.in), xb, CUDA_R_16BF, static_cast<int>(s.in), &zero, y,
+                     CUDA_R_32F, static_cast<int>(s.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      });
+      double best = skinny;
+      if (gemv > 0) best = std::min(best, gemv);
+      best = std::min(best, tiles);
+      const double bytes = static_cast<double>(weight_bytes) + 4.0 * scale_rows * groups;
+      const double gbs = bytes / (best * 1e-6) / 1e9;
+      char gemv_text[32] = "-";
+      if (gemv > 0) std::snprintf(gemv_text, sizeof(gemv_text), "%.2f", gemv);
+      std::printf("| %s | %lld | %s | %.2f | %.2f | %.2f | %.0f | %.0f%% | %d |\n", s.name,
+                  static_cast<long long>(rows), gemv_text, skinny, tiles, bf16, gbs,
+                  100.0 * gbs / floor.read_gbs, fp8_block_gemm_skinny_split(rows, s.in, s.out, [] {
+                    int device = 0, sms = 0;
+                    cudaGetDevice(&device);
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+                    return sms;
+                  }()));
+    }
+    for (int c = 0; c < copies; ++c) {
+      cudaFree(w[c]);
+      cudaFree(w_scale[c]);
+      cudaFree(w_bf16[c]);
+    }
+    cudaFree(x);
+    cudaFree(xq);
+    cudaFree(xs);
+    cudaFree(xb);
+    cudaFree(y);
+  }
+  cublasDestroy(handle);
+  MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
