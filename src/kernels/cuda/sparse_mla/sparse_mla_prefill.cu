@@ -204,8 +204,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseM
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
   // The gather: warpgroup c writes block c of every stage (so its own score
-  // MMA needs only its own barrier); thread -> key (tid % 128) / 4, quarter tid % 4.
-  const int gather_key = (tid % 128) / 4, quarter = tid % 4;
+  // MMA needs only its own barrier); thread -> key `lane`, quarter = its warp
+  // in the warpgroup. A 16-byte store's 8-lane phase then covers 8 keys of one
+  // chunk and unit, which the swizzle spreads over all 32 banks (with four
+  // quarters of two keys per phase, ncu counted 13-way conflicts: half of the
+  // store wavefronts).
+  const int gather_key = lane, quarter = (tid % 128) / 32;
   auto slot_of = [&](int stage) -> int32_t {
     const int index = (2 * stage + c) * kKeys + gather_key;
     return stage < stages && index < p.top_k ? row_slots[index] : -1;
