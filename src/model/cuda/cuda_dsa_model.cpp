@@ -116,6 +116,7 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   std::vector<int32_t> ids, positions, table_offset, page_tables, logit_rows;
   std::vector<int64_t> positions64;
   Step step;
+  ++selection_epoch_;
   int64_t offset = 0;
   for (const SequenceInput& in : batch.sequences) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());

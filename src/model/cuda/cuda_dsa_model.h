@@ -215,11 +215,28 @@ class CudaDsaModel final : public LanguageModel {
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
+  // What the slots in FastScratch::slots were made from: a selection
+  // (step.topk / counts of `tokens` rows, `top_k` columns) through the rows'
+  // page tables and positions, in one selection epoch. IndexShare's shared
+  // layers attend through the last full layer's selection with the same
+  // rows, so they reuse its slots instead of converting it again.
+  struct SlotsKey {
+    uint64_t epoch = 0;
+    const int32_t* topk = nullptr;
+    const int32_t* counts = nullptr;
+    const int32_t* page_tables = nullptr;
+    const int32_t* table_offset = nullptr;
+    const int32_t* positions = nullptr;
+    int64_t tokens = 0, top_k = 0;
+    const int32_t* slots = nullptr;
+    bool operator==(const SlotsKey&) const = default;
+  };
   struct FastScratch {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
     DeviceBuffer fused;
+    SlotsKey slots_key;
   };
 
   // The MTP layer's device weights (load_mtp).
@@ -275,6 +292,9 @@ class CudaDsaModel final : public LanguageModel {
   double forward_wall_ms_ = 0.0;
   FastScratch fast_scratch_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
+  // Advanced whenever a selection may change: every Step made (a forward, an
+  // MTP step) and every indexer run (SlotsKey).
+  uint64_t selection_epoch_ = 0;
 };
 
 }  // namespace megactx::cuda

@@ -131,6 +131,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
                            const float* q_resid, Step& step, PagedKvCache& cache) {
   Scratch& sc = scratch_;
+  ++selection_epoch_;  // step.topk is written below
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.index_heads, dim = d.index_dim;
   const int64_t rope = d.rope, q_lora = d.q_lora;  // prepare_device checked the q-LoRA

@@ -286,7 +286,10 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
         cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
   }
 
-  // step.topk positions -> physical slots [n, top_k] (-1 past counts).
+  // step.topk positions -> physical slots [n, top_k] (-1 past counts), once
+  // per selection: the IndexShare layers after a full one (same step, no
+  // indexer run since) find its slots in place (SlotsKey). Inside a captured
+  // CUDA Graph the same launches replay, so the reuse holds there too.
   PositionsToSlotsParams map;
   map.selected = step.topk;
   map.counts = step.counts;
@@ -295,7 +298,19 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   map.selected_stride = index_topk_;
   map.top_k = top_k;
   map.slots = fs.slots.get<int32_t>(n * top_k);
-  positions_to_slots(map, stream_);
+  const SlotsKey slots_key{selection_epoch_,
+                           step.topk,
+                           step.counts,
+                           step.rows.page_tables,
+                           step.rows.table_offset,
+                           step.rows.positions,
+                           n,
+                           top_k,
+                           map.slots};
+  if (!(fs.slots_key == slots_key)) {
+    positions_to_slots(map, stream_);
+    fs.slots_key = slots_key;
+  }
 
   // q = bf16 [q_latent | q_pe] per head: [n, padded, 576].
   MlaQueryPackParams pack;

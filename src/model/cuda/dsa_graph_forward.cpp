@@ -126,6 +126,7 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
                                      cudaMemcpyHostToDevice, stream_));
 
   Step step;
+  ++selection_epoch_;
   step.tokens = rows;
   step.max_context = key.context;
   const CacheLayouts layouts = cache_layouts(cache.spec());

@@ -247,6 +247,7 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
 
   const CacheLayouts layouts = cache_layouts(spec);
   Step step;
+  ++selection_epoch_;
   step.shared = shared;
   step.tokens = n;
   step.max_context = max_context;
