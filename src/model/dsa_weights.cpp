@@ -160,35 +160,38 @@ MlpWeights shard_mlp(const MlpWeights& whole, int rank, int size) {
 
 }  // namespace
 
-DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan) {
+LayerWeights parallel_shard_layer(const LayerWeights& layer, const ModelPlan& plan) {
   const int rank = plan.tensor_parallel_rank, size = plan.tensor_parallel_size;
   const bool tensor = size > 1, experts = plan.expert_parallel_size > 1;
   const AttentionDims& d = plan.attention;  // heads: this rank's
   const int64_t first_head = rank * d.heads;
+  LayerWeights out = layer;  // norms, q_a, kv_a, the indexer, the router: whole (shared storage)
+  if (tensor) {
+    const AttentionWeights& a = layer.attention;
+    out.attention.q_b = copy_rows(a.q_b, first_head * d.qk, (first_head + d.heads) * d.qk);
+    out.attention.w_uk_t = copy_rows(a.w_uk_t, first_head, first_head + d.heads);
+    out.attention.w_uv = copy_rows(a.w_uv, first_head, first_head + d.heads);
+    out.attention.o = copy_columns(a.o, first_head * d.value, (first_head + d.heads) * d.value);
+    if (!layer.is_moe) out.dense = shard_mlp(layer.dense, rank, size);
+    if (layer.is_moe && layer.moe.shared.intermediate > 0)
+      out.moe.shared = shard_mlp(layer.moe.shared, rank, size);
+    if (layer.is_moe && !experts)
+      for (size_t e = 0; e < layer.moe.experts.size(); ++e)
+        out.moe.experts[e] = shard_mlp(layer.moe.experts[e], rank, size);
+  }
+  if (layer.is_moe && experts)
+    out.moe.experts.assign(layer.moe.experts.begin() + plan.first_expert,
+                           layer.moe.experts.begin() + plan.first_expert + plan.local_experts);
+  return out;
+}
+
+DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan) {
   DsaWeights part;
   part.embed = whole.embed;
   part.final_norm = whole.final_norm;
   part.lm_head = whole.lm_head;
-  for (const LayerWeights& layer : whole.layers) {
-    LayerWeights out = layer;  // norms, q_a, kv_a, the indexer, the router: whole (shared storage)
-    if (tensor) {
-      const AttentionWeights& a = layer.attention;
-      out.attention.q_b = copy_rows(a.q_b, first_head * d.qk, (first_head + d.heads) * d.qk);
-      out.attention.w_uk_t = copy_rows(a.w_uk_t, first_head, first_head + d.heads);
-      out.attention.w_uv = copy_rows(a.w_uv, first_head, first_head + d.heads);
-      out.attention.o = copy_columns(a.o, first_head * d.value, (first_head + d.heads) * d.value);
-      if (!layer.is_moe) out.dense = shard_mlp(layer.dense, rank, size);
-      if (layer.is_moe && layer.moe.shared.intermediate > 0)
-        out.moe.shared = shard_mlp(layer.moe.shared, rank, size);
-      if (layer.is_moe && !experts)
-        for (size_t e = 0; e < layer.moe.experts.size(); ++e)
-          out.moe.experts[e] = shard_mlp(layer.moe.experts[e], rank, size);
-    }
-    if (layer.is_moe && experts)
-      out.moe.experts.assign(layer.moe.experts.begin() + plan.first_expert,
-                             layer.moe.experts.begin() + plan.first_expert + plan.local_experts);
-    part.layers.push_back(std::move(out));
-  }
+  for (const LayerWeights& layer : whole.layers)
+    part.layers.push_back(parallel_shard_layer(layer, plan));
   return part;
 }
 

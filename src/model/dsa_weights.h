@@ -81,5 +81,7 @@ DsaWeights load_dsa_weights(const ModelConfig& config, const ModelPlan& plan, We
 // experts (moe.experts[e - plan.first_expert]). Everything else whole. The
 // cut tensors are copies (the caller releases the whole weights).
 DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan);
+// The same cut of one layer (also the MTP layer's).
+LayerWeights parallel_shard_layer(const LayerWeights& layer, const ModelPlan& plan);
 
 }  // namespace megactx

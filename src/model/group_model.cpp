@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
@@ -10,7 +11,7 @@ namespace {
 
 // A command from the leader: a fixed header, then `bytes` of payload, both by
 // broadcast from rank 0.
-enum class Command : int64_t { MakeCache = 1, Forward = 2, Stop = 3 };
+enum class Command : int64_t { MakeCache = 1, Forward = 2, Stop = 3, LoadMtp = 4, MtpRun = 5 };
 
 struct Header {
   Command command = Command::Stop;
@@ -114,11 +115,132 @@ void decode_batch(const std::vector<int64_t>& words, DecodedBatch& out) {
   }
 }
 
+// A checkpoint folder as words (one per byte).
+std::vector<int64_t> encode_text(const std::string& text) {
+  std::vector<int64_t> words = {static_cast<int64_t>(text.size())};
+  for (const char c : text) words.push_back(static_cast<unsigned char>(c));
+  return words;
+}
+
+std::string decode_text(const std::vector<int64_t>& words) {
+  Reader in(words);
+  std::string text;
+  for (const int64_t c : in.list<int64_t>()) text.push_back(static_cast<char>(c));
+  return text;
+}
+
+// An MTP run's rows: their integers as words; their hidden inputs (count x H
+// floats each, in sequence order) follow in a second broadcast.
+std::vector<int64_t> encode_mtp_rows(std::span<const MtpLayer::Rows> sequences) {
+  std::vector<int64_t> words = {static_cast<int64_t>(sequences.size())};
+  const auto list = [&](auto values) {
+    words.push_back(static_cast<int64_t>(values.size()));
+    words.insert(words.end(), values.begin(), values.end());
+  };
+  for (const MtpLayer::Rows& r : sequences) {
+    words.push_back(r.start);
+    words.push_back(r.count);
+    list(r.pages);
+    list(r.next_tokens);
+    words.push_back(r.target_hidden);
+    words.push_back(r.shared);
+    words.push_back(r.shared_context);
+    list(r.shared_topk);
+    words.push_back(r.shared_count);
+    words.push_back(r.output_row);
+    words.push_back(r.greedy_drafts);
+    words.push_back(r.want_logits);
+  }
+  return words;
+}
+
+// Rows and the storage their spans and hidden pointers point into.
+struct DecodedMtpRows {
+  std::vector<MtpLayer::Rows> rows;
+  std::vector<std::vector<int32_t>> pages, next_tokens, shared_topk;
+  std::vector<float> hidden;  // [sum of counts, H]
+};
+
+// The integers; `hidden` is sized for the rows and their pointers set (the
+// caller receives the floats into it).
+void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, DecodedMtpRows& out) {
+  Reader in(words);
+  const int64_t sequences = in.next();
+  MEGACTX_CHECK(sequences >= 0 && static_cast<size_t>(sequences) <= words.size(),
+                "parallel group: an MTP run of {} sequences from the leader", sequences);
+  const auto n = static_cast<size_t>(sequences);
+  out.rows.assign(n, {});
+  out.pages.assign(n, {});
+  out.next_tokens.assign(n, {});
+  out.shared_topk.assign(n, {});
+  int64_t total = 0;
+  for (size_t s = 0; s < n; ++s) {
+    MtpLayer::Rows& r = out.rows[s];
+    r.start = in.next();
+    r.count = in.next();
+    MEGACTX_CHECK(r.count >= 0 && r.count <= static_cast<int64_t>(words.size()),
+                  "parallel group: an MTP run of {} rows from the leader", r.count);
+    out.pages[s] = in.list<int32_t>();
+    out.next_tokens[s] = in.list<int32_t>();
+    r.target_hidden = in.next() != 0;
+    r.shared = in.next() != 0;
+    r.shared_context = in.next();
+    out.shared_topk[s] = in.list<int32_t>();
+    r.shared_count = in.next();
+    r.output_row = in.next();
+    r.greedy_drafts = in.next();
+    r.want_logits = in.next() != 0;
+    r.pages = out.pages[s];
+    r.next_tokens = out.next_tokens[s];
+    r.shared_topk = out.shared_topk[s];
+    total += r.count;
+  }
+  out.hidden.assign(static_cast<size_t>(total * hidden_size), 0.0f);
+  int64_t row = 0;
+  for (MtpLayer::Rows& r : out.rows) {
+    r.hidden = out.hidden.data() + row * hidden_size;
+    row += r.count;
+  }
+}
+
 void send(parallel::Communicator& group, Command command, const std::vector<int64_t>& words) {
   Header header{command, static_cast<int64_t>(words.size() * sizeof(int64_t))};
   group.broadcast(&header, sizeof(header), 0);
   if (header.bytes > 0) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
 }
+
+// An MTP run: its rows, then their hidden inputs.
+void send_mtp_run(parallel::Communicator& group, std::span<const MtpLayer::Rows> sequences,
+                  int64_t hidden_size) {
+  send(group, Command::MtpRun, encode_mtp_rows(sequences));
+  std::vector<float> hidden;
+  for (const MtpLayer::Rows& r : sequences)
+    hidden.insert(hidden.end(), r.hidden, r.hidden + r.count * hidden_size);
+  if (!hidden.empty())
+    group.broadcast(hidden.data(), static_cast<int64_t>(hidden.size() * sizeof(float)), 0);
+}
+
+class GroupLeaderModel;
+
+// Rank 0's MTP layer: every run goes to the other ranks first, whose MTP
+// layers (their shares, loaded from the same checkpoint) run it in lockstep.
+// The greedy drafts a run chains after step 0 are computed the same way on
+// every rank (the same logits after the group's sums), so each rank runs the
+// same draft steps inside its own run.
+class GroupLeaderMtp final : public MtpLayer {
+ public:
+  GroupLeaderMtp(std::unique_ptr<MtpLayer> inner, const ModelConfig& config,
+                 const GroupLeaderModel& leader)
+      : MtpLayer(config, inner->index_topk(), inner->hand_off()),
+        inner_(std::move(inner)),
+        leader_(leader) {}
+  Output run(std::span<const Rows> sequences, PagedKvCache& cache) override;
+  bool prefers_uniform_rows() const override { return inner_->prefers_uniform_rows(); }
+
+ private:
+  std::unique_ptr<MtpLayer> inner_;
+  const GroupLeaderModel& leader_;
+};
 
 class GroupLeaderModel final : public LanguageModel {
  public:
@@ -155,8 +277,21 @@ class GroupLeaderModel final : public LanguageModel {
     fail("the host KV tier with tensor or expert parallelism is not supported yet");
   }
   KvPageCopy kv_page_copy() const override { return model_->kv_page_copy(); }
-  std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint&) override {
-    fail("MTP speculation with tensor or expert parallelism is not supported yet");
+  std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override {
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    return watched([&]() -> std::unique_ptr<MtpLayer> {
+      send(group_, Command::LoadMtp, encode_text(checkpoint.directory()));
+      return std::make_unique<GroupLeaderMtp>(model_->load_mtp_layer(checkpoint), model_->config(),
+                                              *this);
+    });
+  }
+  MtpLayer::Output run_mtp(MtpLayer& inner, std::span<const MtpLayer::Rows> sequences,
+                           PagedKvCache& cache) const {
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    return watched([&] {
+      send_mtp_run(group_, sequences, model_->config().hidden_size);
+      return inner.run(sequences, cache);
+    });
   }
   void reload_weights(const Checkpoint&) override {
     fail("weight updates with tensor or expert parallelism are not supported yet");
@@ -195,6 +330,10 @@ class GroupLeaderModel final : public LanguageModel {
   mutable std::string failure_;
 };
 
+MtpLayer::Output GroupLeaderMtp::run(std::span<const Rows> sequences, PagedKvCache& cache) {
+  return leader_.run_mtp(*inner_, sequences, cache);
+}
+
 }  // namespace
 
 std::unique_ptr<LanguageModel> make_group_leader(
@@ -206,8 +345,10 @@ std::unique_ptr<LanguageModel> make_group_leader(
 void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
   MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
   std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<MtpLayer> mtp;
   std::vector<int64_t> words;
   DecodedBatch batch;
+  DecodedMtpRows mtp_rows;
   for (;;) {
     Header header;
     group.broadcast(&header, sizeof(header), 0);
@@ -232,6 +373,24 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
           // the same point (after the same collectives): the group stays in step.
         }
         break;
+      case Command::LoadMtp:
+        mtp.reset();
+        mtp = model.load_mtp_layer(decode_text(words));
+        break;
+      case Command::MtpRun: {
+        decode_mtp_rows(words, model.config().hidden_size, mtp_rows);
+        if (!mtp_rows.hidden.empty())
+          group.broadcast(mtp_rows.hidden.data(),
+                          static_cast<int64_t>(mtp_rows.hidden.size() * sizeof(float)), 0);
+        MEGACTX_CHECK(cache != nullptr && mtp != nullptr,
+                      "parallel group: an MTP run before the KV cache or the MTP layer");
+        try {
+          mtp->run(mtp_rows.rows, *cache);
+        } catch (const megactx::Error&) {
+          // As for a forward: the leader failed at the same point.
+        }
+        break;
+      }
       default:
         fail("parallel group: unknown command {} from the leader",
              static_cast<int64_t>(header.command));

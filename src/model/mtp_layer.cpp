@@ -240,11 +240,17 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
 }
 
 std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
-  MEGACTX_CHECK(plan_.tensor_parallel_size == 1 && plan_.expert_parallel_size == 1,
-                "MTP speculation with tensor or expert parallelism is not supported yet");
+  // Data-parallel attention gives every rank its own requests: their MTP
+  // steps would have to meet in the experts' all-to-all like the target's.
+  MEGACTX_CHECK(!plan_.expert_all_to_all,
+                "MTP speculation with data-parallel attention is not supported yet");
   auto source = make_checkpoint_weights(checkpoint);
-  return std::make_unique<CpuMtpLayer>(*this, load_mtp_weights(*this, *source),
-                                       mtp_hand_off(config()));
+  MtpWeights weights = load_mtp_weights(*this, *source);
+  // A rank of a tensor- or expert-parallel group keeps its share of the MTP
+  // layer as of every layer (its decoder layer adds the group's partial sums).
+  if (plan_.tensor_parallel_size > 1 || plan_.expert_parallel_size > 1)
+    weights.layer = parallel_shard_layer(weights.layer, plan_);
+  return std::make_unique<CpuMtpLayer>(*this, std::move(weights), mtp_hand_off(config()));
 }
 
 }  // namespace megactx

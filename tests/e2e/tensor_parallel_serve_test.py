@@ -6,9 +6,13 @@ ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
 workers exit with the server, a server whose worker dies shuts down, and the
-configurations that are not served yet are start-up errors.
+configurations that are not served yet are start-up errors. MTP speculation
+(--speculative-steps 3) on the default model over 2 ranks gives the
+single-process plain decoding's greedy ids and logprobs, with drafts
+accepted.
 
-    python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
+    python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
+        --mtp-model models/default
 """
 import argparse
 import concurrent.futures
@@ -37,6 +41,34 @@ def generate(url, ids, new_tokens):
     return body["output_ids"], logprobs
 
 
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def speculation_over_two_ranks(megactx, model):
+    """MTP with tensor parallelism against one process without MTP: (ok, message)."""
+    ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
+                            "passkey_8k_ids.txt")
+    prompt = [int(token) for token in open(ids_file).read().replace(",", " ").split()[:48]]
+    with MegactxServer(megactx, model, *COMMON, name="plain") as server:
+        want_ids, want_logprobs = generate(server.url, prompt, 24)
+    with MegactxServer(megactx, model, *COMMON, "--tensor-parallel-size", "2",
+                       "--speculative-steps", "3", name="tp-mtp") as server:
+        ids, logprobs = generate(server.url, prompt, 24)
+        metrics = requests.get(server.url + "/metrics", timeout=30).text
+    verify = metric(metrics, "megactx_spec_verify_steps_total") or 0
+    accepted = metric(metrics, "megactx_spec_accepted_tokens_total") or 0
+    worst = max(abs(a - b) for a, b in zip(logprobs, want_logprobs))
+    ok = ids == want_ids and worst <= 1e-4 and verify > 0 and accepted > 0
+    return ok, (f"--tensor-parallel-size 2 --speculative-steps 3: greedy ids "
+                f"{'equal to' if ids == want_ids else 'DIFFERENT from'} one process without MTP, "
+                f"max |logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
+                f"{verify:.0f} verifications")
+
+
 def run(megactx, fixture, extra, prompts, new_tokens):
     with MegactxServer(megactx, fixture, *COMMON, *extra, name="tp") as server:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
@@ -56,6 +88,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
     parser.add_argument("--fixture", required=True)
+    parser.add_argument("--mtp-model", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "default"))
     args = parser.parse_args()
     reference = json.load(open(os.path.join(args.fixture, "reference.json")))
     prompt, greedy = reference["input_ids"], reference["greedy_ids"]
@@ -81,6 +115,9 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
               f"HF's and one process's, max |logprob difference| {worst:.2e}")
+    ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model)
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Not served yet: start-up errors, not hangs.
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),

@@ -5,8 +5,10 @@
 // combine) give the single-process model's logits for a prefill then
 // token-by-token decoding through the paged cache, on HF fixtures with dense
 // and MoE layers (glm_moe_dsa with IndexShare, deepseek_v32 with YaRN); and
-// HF's own logits. Shapes that do not divide, and MTP or CUDA under
-// parallelism, are errors.
+// HF's own logits. The MTP layer under tensor and expert parallelism
+// matches the PyTorch reference of tests/mtp (step 0, the shared and
+// unshared draft steps, greedy draft chains). Shapes that do not divide, CUDA
+// under parallelism and MTP with data-parallel attention are errors.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "../model/hf_fixture.h"
+#include "../mtp/mtp_golden_check.h"
 #include "core/error.h"
 #include "forked_group.h"
 #include "io/checkpoint.h"
@@ -124,25 +127,64 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
   });
 }
 
-TEST(TensorParallelModel, CudaAndMtpAreRefusedUnderTensorParallelism) {
+TEST(TensorParallelModel, CudaIsRefusedUnderTensorParallelism) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
     ModelLoadOptions options;
     options.group = &group;
     options.device = Device::CUDA;
-    bool refused = false;
     try {
       load_language_model(fixture_dir("glm_schedule"), options);
     } catch (const megactx::Error& error) {
-      refused = std::string(error.what()).find("parallelism") != std::string::npos;
-    }
-    if (!refused) return false;
-    options.device = Device::CPU;
-    auto model = load_language_model(fixture_dir("glm_schedule"), options);
-    const auto checkpoint = Checkpoint::open(fixture_dir("glm_schedule"));
-    try {
-      model->load_mtp_layer(*checkpoint);
-    } catch (const megactx::Error& error) {
       return std::string(error.what()).find("parallelism") != std::string::npos;
+    }
+    return false;
+  });
+}
+
+// Every rank runs the same checks on its share (the collectives inside the
+// MTP layer's decoder layer then match), against the PyTorch goldens; a
+// child's failed expectation makes it exit 1.
+bool mtp_matches_reference(const std::string& name, parallel::Communicator& group,
+                           bool expert_parallel) {
+  const std::string dir = mtp_fixture(name);
+  ModelLoadOptions options;
+  options.group = &group;
+  options.expert_parallel = expert_parallel;
+  auto model = load_language_model(dir, options);
+  const auto mtp = model->load_mtp_layer(dir);
+  const auto fresh_cache = [&] {
+    return std::make_unique<PagedKvCache>(
+        make_kv_cache_spec(model->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/true));
+  };
+  check_mtp_goldens(dir, *mtp, fresh_cache);
+  check_greedy_draft_chain(dir, *mtp, fresh_cache);
+  std::printf(
+      "%s MTP layer, rank %d of %d%s: %s\n", name.c_str(), group.rank(), group.size(),
+      expert_parallel ? ", experts split" : "",
+      ::testing::Test::HasFailure() ? "differs from the reference" : "matches the reference");
+  return !::testing::Test::HasFailure();
+}
+
+TEST(TensorParallelModel, MtpLayerMatchesTheReference) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return mtp_matches_reference(name, group, false);
+    });
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    return mtp_matches_reference("glm_schedule", group, true);
+  });
+}
+
+TEST(TensorParallelModel, MtpWithDataParallelAttentionIsRefused) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    ModelLoadOptions options;
+    options.group = &group;
+    options.expert_parallel = options.data_parallel_attention = true;
+    auto model = load_language_model(mtp_fixture("glm_schedule"), options);
+    try {
+      model->load_mtp_layer(mtp_fixture("glm_schedule"));
+    } catch (const megactx::Error& error) {
+      return std::string(error.what()).find("data-parallel attention") != std::string::npos;
     }
     return false;
   });
