@@ -54,6 +54,8 @@ class OverlayCheckpoint final : public Checkpoint {
   Tensor get_float(const std::string& name, const Shape& shape) const override;
   std::vector<std::string> names() const override { return base_->names(); }
   std::vector<std::string> unrequested() const override;
+  // The tensors in front of the base (a parallel group sends only these).
+  const TensorBucket& overlay() const { return *overlay_; }
 
  private:
   const Tensor* overlaid(const std::string& name) const;

@@ -1,9 +1,13 @@
 #include "model/group_model.h"
 
 #include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/weight_update.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
@@ -11,7 +15,15 @@ namespace {
 
 // A command from the leader: a fixed header, then `bytes` of payload, both by
 // broadcast from rank 0.
-enum class Command : int64_t { MakeCache = 1, Forward = 2, Stop = 3, LoadMtp = 4, MtpRun = 5 };
+enum class Command : int64_t {
+  MakeCache = 1,
+  Forward = 2,
+  Stop = 3,
+  LoadMtp = 4,
+  MtpRun = 5,
+  Reload = 6,
+  Release = 7
+};
 
 struct Header {
   Command command = Command::Stop;
@@ -50,6 +62,12 @@ class Reader {
                   "parallel group: a list of {} from the leader", count);
     std::vector<T> out;
     for (int64_t i = 0; i < count; ++i) out.push_back(static_cast<T>(next()));
+    return out;
+  }
+  // A string written by encode_text (a count, then one word per byte).
+  std::string text() {
+    std::string out;
+    for (const int64_t c : list<int64_t>()) out.push_back(static_cast<char>(c));
     return out;
   }
 
@@ -124,9 +142,62 @@ std::vector<int64_t> encode_text(const std::string& text) {
 
 std::string decode_text(const std::vector<int64_t>& words) {
   Reader in(words);
-  std::string text;
-  for (const int64_t c : in.list<int64_t>()) text.push_back(static_cast<char>(c));
-  return text;
+  return in.text();
+}
+
+// Weights to reload: the checkpoint's folder, then (an OverlayCheckpoint: a
+// trainer's tensors in front of it) every overlaid tensor's name, dtype and
+// shape; their bytes follow in one broadcast, in that order.
+std::vector<int64_t> encode_checkpoint(const Checkpoint& checkpoint, std::vector<uint8_t>& bytes) {
+  std::vector<int64_t> words = encode_text(checkpoint.directory());
+  static const std::map<std::string, Tensor> kNone;
+  const auto* overlay = dynamic_cast<const OverlayCheckpoint*>(&checkpoint);
+  const std::map<std::string, Tensor>& tensors =
+      overlay != nullptr ? overlay->overlay().tensors() : kNone;
+  words.push_back(static_cast<int64_t>(tensors.size()));
+  bytes.clear();
+  for (const auto& [name, tensor] : tensors) {
+    const std::vector<int64_t> text = encode_text(name);
+    words.insert(words.end(), text.begin(), text.end());
+    words.push_back(static_cast<int64_t>(tensor.dtype()));
+    words.push_back(static_cast<int64_t>(tensor.shape().size()));
+    words.insert(words.end(), tensor.shape().begin(), tensor.shape().end());
+    const auto* data = static_cast<const uint8_t*>(tensor.raw());
+    bytes.insert(bytes.end(), data, data + tensor.nbytes());
+  }
+  return words;
+}
+
+// The worker's side: the folder opened here, the overlaid tensors received.
+std::shared_ptr<const Checkpoint> receive_checkpoint(parallel::Communicator& group,
+                                                     const std::vector<int64_t>& words) {
+  Reader in(words);
+  const std::string directory = in.text();
+  const int64_t count = in.next();
+  MEGACTX_CHECK(count >= 0 && static_cast<size_t>(count) <= words.size(),
+                "parallel group: {} tensors from the leader", count);
+  auto bucket = std::make_shared<TensorBucket>();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    std::string name = in.text();
+    const auto dtype = static_cast<DType>(in.next());
+    Shape shape;
+    for (const int64_t dim : in.list<int64_t>()) shape.push_back(dim);
+    tensors.emplace_back(std::move(name), Tensor::empty(shape, dtype));
+    total += static_cast<int64_t>(tensors.back().second.nbytes());
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(total));
+  if (total > 0) group.broadcast(bytes.data(), total, 0);
+  size_t at = 0;
+  for (auto& [name, tensor] : tensors) {
+    std::memcpy(tensor.raw(), bytes.data() + at, tensor.nbytes());
+    at += tensor.nbytes();
+    bucket->put(name, std::move(tensor));
+  }
+  std::shared_ptr<const Checkpoint> base = Checkpoint::open(directory);
+  if (count == 0) return base;
+  return std::make_shared<OverlayCheckpoint>(std::move(base), std::move(bucket));
 }
 
 // An MTP run's rows: their integers as words; their hidden inputs (count x H
@@ -293,14 +364,24 @@ class GroupLeaderModel final : public LanguageModel {
       return inner.run(sequences, cache);
     });
   }
-  void reload_weights(const Checkpoint&) override {
-    fail("weight updates with tensor or expert parallelism are not supported yet");
+  // The leader's share first (every check of the update runs there: a
+  // refused one changes nothing on any rank), then the workers'.
+  void reload_weights(const Checkpoint& checkpoint) override {
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    model_->reload_weights(checkpoint);
+    watched([&] {
+      std::vector<uint8_t> bytes;
+      send(group_, Command::Reload, encode_checkpoint(checkpoint, bytes));
+      if (!bytes.empty()) group_.broadcast(bytes.data(), static_cast<int64_t>(bytes.size()), 0);
+    });
   }
   void final_norm(const float* x, int64_t rows, float* out) const override {
     model_->final_norm(x, rows, out);  // the final norm is whole on every rank
   }
   void release_weights() override {
-    fail("releasing the weights of a parallel group is not supported yet");
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    watched([&] { send(group_, Command::Release, {}); });
+    model_->release_weights();
   }
   Tensor to_host(const Tensor& tensor) const override { return model_->to_host(tensor); }
   void* compute_stream() const override { return model_->compute_stream(); }
@@ -346,6 +427,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
   MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<MtpLayer> mtp;
+  std::shared_ptr<const Checkpoint> weights;  // the last reload's (null: as loaded)
   std::vector<int64_t> words;
   DecodedBatch batch;
   DecodedMtpRows mtp_rows;
@@ -373,9 +455,25 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
           // the same point (after the same collectives): the group stays in step.
         }
         break;
-      case Command::LoadMtp:
+      case Command::LoadMtp: {
+        // The MTP layer of the weights the leader holds: the last reload's
+        // (a trainer's tensors included), else the folder's.
+        const std::string directory = decode_text(words);
         mtp.reset();
-        mtp = model.load_mtp_layer(decode_text(words));
+        mtp = weights != nullptr && weights->directory() == directory
+                  ? model.load_mtp_layer(*weights)
+                  : model.load_mtp_layer(directory);
+        break;
+      }
+      case Command::Reload:
+        // The leader reloaded its share of these weights: a failure here
+        // leaves the ranks apart, so it ends the worker (and the group).
+        weights = receive_checkpoint(group, words);
+        model.reload_weights(*weights);
+        break;
+      case Command::Release:
+        mtp.reset();
+        model.release_weights();
         break;
       case Command::MtpRun: {
         decode_mtp_rows(words, model.config().hidden_size, mtp_rows);

@@ -20,8 +20,9 @@ namespace megactx {
 // Wraps rank 0's model (built with `group`; the group outlives the wrapper).
 // MTP layers it loads are wrapped too: each run goes to the other ranks,
 // which load the same checkpoint's MTP layer (their shares) when rank 0 does.
-// What the group cannot repeat yet is an Error: the host KV tier, weight
-// updates and releases. Destroying it stops the workers. When the
+// Weight updates reach every rank (the folder, and a trainer's tensors sent
+// over the group), and so do releases. What the group cannot repeat yet is an
+// Error: the host KV tier. Destroying it stops the workers. When the
 // group fails (a worker exited: its connections closed) the call fails with
 // megactx::Error and `on_failure` (if set) runs once with the reason: the
 // group cannot serve any more, so a server shuts down.

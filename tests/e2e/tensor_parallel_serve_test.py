@@ -9,7 +9,10 @@ workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
 (--speculative-steps 3) on the default model over 2 ranks gives the
 single-process plain decoding's greedy ids and logprobs, with drafts
-accepted.
+accepted. Weight updates reach every rank: a trainer's tensor (the negated
+lm_head) gives the single-process server's output after the same update,
+update_weights_from_disk and a release / resume of the weights bring back
+the original output.
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
         --mtp-model models/default
@@ -19,6 +22,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 
@@ -26,6 +30,7 @@ import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megactx_server import MegactxServer  # noqa: E402
+from weight_buckets import safetensors_bytes, update_body  # noqa: E402
 
 COMMON = ("--skip-tokenizer-init", "--kv-dtype", "f32", "--max-running-requests", "8")
 
@@ -67,6 +72,53 @@ def speculation_over_two_ranks(megactx, model):
                 f"{'equal to' if ids == want_ids else 'DIFFERENT from'} one process without MTP, "
                 f"max |logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
                 f"{verify:.0f} verifications")
+
+
+def fixture_tensor(fixture, name):
+    """(dtype, shape, raw bytes) of one tensor of a sharded safetensors checkpoint."""
+    index = json.load(open(os.path.join(fixture, "model.safetensors.index.json")))
+    raw = open(os.path.join(fixture, index["weight_map"][name]), "rb").read()
+    size = struct.unpack("<Q", raw[:8])[0]
+    entry = json.loads(raw[8:8 + size])[name]
+    begin, end = entry["data_offsets"]
+    return entry["dtype"], entry["shape"], raw[8 + size + begin:8 + size + end]
+
+
+def post(server, path, payload):
+    response = requests.post(server.url + path, json=payload, timeout=300)
+    response.raise_for_status()
+    return response
+
+
+def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
+    """Updates through a 2-rank server against one process: (ok, message)."""
+    dtype, shape, raw = fixture_tensor(fixture, "lm_head.weight")
+    assert dtype == "F32", dtype
+    negated = bytearray(raw)
+    for i in range(3, len(negated), 4):
+        negated[i] ^= 0x80  # the sign bit of each little-endian float
+    bucket = safetensors_bytes({"lm_head.weight": (dtype, shape, bytes(negated))})
+    with MegactxServer(megactx, fixture, *COMMON, name="single") as server:
+        update_body(server, bucket).raise_for_status()
+        want = generate(server.url, prompt, new_tokens)
+    with MegactxServer(megactx, fixture, *COMMON, "--tensor-parallel-size", "2",
+                       name="tp-updates") as server:
+        before = generate(server.url, prompt, new_tokens)
+        update_body(server, bucket).raise_for_status()
+        after = generate(server.url, prompt, new_tokens)
+        post(server, "/update_weights_from_disk", {"model_path": fixture})
+        restored = generate(server.url, prompt, new_tokens)
+        post(server, "/release_memory_occupation", {"tags": ["weights"]})
+        post(server, "/resume_memory_occupation", {"tags": ["weights"]})
+        resumed = generate(server.url, prompt, new_tokens)
+    worst = max(abs(a - b) for a, b in zip(after[1], want[1]))
+    ok = after[0] == want[0] and worst <= 1e-4 and after[0] != before[0] and \
+        restored == before and resumed[0] == before[0]
+    return ok, (f"weight updates over 2 ranks: a trainer's lm_head "
+                f"{'gives' if after[0] == want[0] else 'does NOT give'} one process's output "
+                f"(max |logprob difference| {worst:.2e}, output changed: {after[0] != before[0]}); "
+                f"update_weights_from_disk restores it: {restored == before}; release + resume: "
+                f"{resumed[0] == before[0]}")
 
 
 def run(megactx, fixture, extra, prompts, new_tokens):
@@ -116,6 +168,9 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
               f"HF's and one process's, max |logprob difference| {worst:.2e}")
     ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model)
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens)
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Not served yet: start-up errors, not hangs.
