@@ -48,6 +48,10 @@ inline void run_forked_group(int size, const std::function<bool(Communicator&)>&
         options.rendezvous_dir = folder;
         options.timeout = timeout;
         auto communicator = make_cpu_communicator(options);
+        // Every rank's side of the mesh is up before any rank may finish
+        // (a rank whose body returns at once would otherwise close its
+        // connections while another is still making them).
+        communicator->barrier();
         status = body(*communicator) ? 0 : 1;
       } catch (const std::exception& error) {
         std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
