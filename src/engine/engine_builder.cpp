@@ -107,8 +107,6 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
   }
   // Rank 0 of a parallel group: every cache and forward goes to the other ranks too.
   if (load.group != nullptr && load.group->size() > 1) {
-    MEGACTX_CHECK(engine.host_kv_memory_bytes == 0,
-                  "the host KV tier with tensor or expert parallelism is not supported yet");
     model = make_group_leader(std::move(model), *load.group, options.on_group_failure);
   }
   loaded.engine = Engine::create(engine, std::move(model), loaded.tokenizer, loaded.defaults);

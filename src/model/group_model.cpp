@@ -22,7 +22,9 @@ enum class Command : int64_t {
   LoadMtp = 4,
   MtpRun = 5,
   Reload = 6,
-  Release = 7
+  Release = 7,
+  MakeHostCache = 8,
+  CopyPages = 9
 };
 
 struct Header {
@@ -344,10 +346,36 @@ class GroupLeaderModel final : public LanguageModel {
       return model_->make_kv_cache(spec);
     });
   }
-  std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec&) const override {
-    fail("the host KV tier with tensor or expert parallelism is not supported yet");
+  std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override {
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    return watched([&] {
+      send(group_, Command::MakeHostCache, encode_spec(spec));
+      std::unique_ptr<PagedKvCache> host = model_->make_host_kv_cache(spec);
+      host_cache_ = host.get();
+      return host;
+    });
   }
-  KvPageCopy kv_page_copy() const override { return model_->kv_page_copy(); }
+  // The host tier's page copies (prefix-cache evictions to host memory and
+  // hits copied back) run on every rank: each holds its own copy of the
+  // pages (MLA's latent cache is whole on every rank), so the workers repeat
+  // each copy between their device cache and their host cache.
+  KvPageCopy kv_page_copy() const override {
+    return [this, inner = model_->kv_page_copy()](
+               const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
+               std::span<const int32_t> to_pages) {
+      MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+      const bool to_host = &to == host_cache_;
+      MEGACTX_CHECK(host_cache_ != nullptr && to_host != (&from == host_cache_),
+                    "parallel group: a KV page copy that is not between the device cache and "
+                    "the host tier");
+      std::vector<int64_t> words = {to_host, static_cast<int64_t>(from_pages.size())};
+      words.insert(words.end(), from_pages.begin(), from_pages.end());
+      words.push_back(static_cast<int64_t>(to_pages.size()));
+      words.insert(words.end(), to_pages.begin(), to_pages.end());
+      watched([&] { send(group_, Command::CopyPages, words); });
+      inner(from, from_pages, to, to_pages);
+    };
+  }
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
     return watched([&]() -> std::unique_ptr<MtpLayer> {
@@ -407,6 +435,7 @@ class GroupLeaderModel final : public LanguageModel {
   std::unique_ptr<LanguageModel> model_;
   parallel::Communicator& group_;
   std::function<void(const std::string&)> on_failure_;
+  mutable const PagedKvCache* host_cache_ = nullptr;  // the host tier's pages (the engine's)
   mutable bool failed_ = false;
   mutable std::string failure_;
 };
@@ -426,6 +455,8 @@ std::unique_ptr<LanguageModel> make_group_leader(
 void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
   MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
   std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<PagedKvCache> host_cache;  // the host tier's pages
+  const KvPageCopy copy = model.kv_page_copy();
   std::unique_ptr<MtpLayer> mtp;
   std::shared_ptr<const Checkpoint> weights;  // the last reload's (null: as loaded)
   std::vector<int64_t> words;
@@ -471,6 +502,23 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         weights = receive_checkpoint(group, words);
         model.reload_weights(*weights);
         break;
+      case Command::MakeHostCache:
+        host_cache.reset();
+        host_cache = model.make_host_kv_cache(decode_spec(words));
+        break;
+      case Command::CopyPages: {
+        Reader in(words);
+        const bool to_host = in.next() != 0;
+        const std::vector<int32_t> from = in.list<int32_t>(), to = in.list<int32_t>();
+        MEGACTX_CHECK(cache != nullptr && host_cache != nullptr,
+                      "parallel group: a KV page copy before the caches");
+        if (to_host) {
+          copy(*cache, from, *host_cache, to);
+        } else {
+          copy(*host_cache, from, *cache, to);
+        }
+        break;
+      }
       case Command::Release:
         mtp.reset();
         model.release_weights();

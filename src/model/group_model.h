@@ -21,9 +21,8 @@ namespace megactx {
 // MTP layers it loads are wrapped too: each run goes to the other ranks,
 // which load the same checkpoint's MTP layer (their shares) when rank 0 does.
 // Weight updates reach every rank (the folder, and a trainer's tensors sent
-// over the group), and so do releases. What the group cannot repeat yet is an
-// Error: the host KV tier. Destroying it stops the workers. When the
-// group fails (a worker exited: its connections closed) the call fails with
+// over the group), and so do releases and the host KV tier's page copies. Destroying it stops the
+// workers. When the group fails (a worker exited: its connections closed) the call fails with
 // megactx::Error and `on_failure` (if set) runs once with the reason: the
 // group cannot serve any more, so a server shuts down.
 std::unique_ptr<LanguageModel> make_group_leader(

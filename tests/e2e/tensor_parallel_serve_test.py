@@ -12,7 +12,8 @@ single-process plain decoding's greedy ids and logprobs, with drafts
 accepted. Weight updates reach every rank: a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
-the original output.
+the original output. With a host KV tier over 2 ranks, a prompt pushed out
+of the device pool comes back from host memory with the cold run's output.
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
         --mtp-model models/default
@@ -21,6 +22,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
 import signal
 import struct
 import subprocess
@@ -121,6 +123,30 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
                 f"{resumed[0] == before[0]}")
 
 
+def host_tier_over_two_ranks(megactx, model):
+    """A prefix evicted to the host tier and hit again over 2 ranks: (ok, message)."""
+    def ids(length, seed):
+        rng = random.Random(seed)
+        return [rng.randrange(100, 8000) for _ in range(length)]
+
+    # 10 pages of f32 KV per rank on the device (the default model), 64 MiB of host tier.
+    with MegactxServer(megactx, model, *COMMON, "--tensor-parallel-size", "2",
+                       "--host-kv-memory", "64MiB", kv_memory="3840KiB",
+                       name="tp-host-tier") as server:
+        prompt = ids(150, 31)
+        cold = generate(server.url, prompt, 8)
+        for seed in (32, 33, 34, 35):  # push the prompt's pages out of the device pool
+            generate(server.url, ids(200, seed), 8)
+        warm = generate(server.url, prompt, 8)
+        metrics = requests.get(server.url + "/metrics", timeout=30).text
+    host_hits = metric(metrics, "megactx_prefix_cache_host_hit_tokens_total") or 0
+    worst = max(abs(a - b) for a, b in zip(warm[1], cold[1]))
+    ok = warm[0] == cold[0] and worst <= 1e-4 and host_hits >= 128
+    return ok, (f"host KV tier over 2 ranks: {host_hits:.0f} prompt tokens from host memory, "
+                f"output {'equal to' if warm[0] == cold[0] else 'DIFFERENT from'} the cold run's "
+                f"(max |logprob difference| {worst:.2e})")
+
+
 def run(megactx, fixture, extra, prompts, new_tokens):
     with MegactxServer(megactx, fixture, *COMMON, *extra, name="tp") as server:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
@@ -171,6 +197,9 @@ def main():
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} {message}")
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens)
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    ok, message = host_tier_over_two_ranks(args.megactx, args.mtp_model)
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Not served yet: start-up errors, not hangs.
