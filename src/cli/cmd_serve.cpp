@@ -3,7 +3,7 @@
 //   [--gpu-memory-utilization 0.9] [--cuda-bf16]
 //   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
 //   [--api-key K]
-//   [--max-running-requests N] [--context-length N] [--served-model-name NAME]
+//   [--max-running-requests N] [--context-length N] [--index-topk N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]]
@@ -72,6 +72,7 @@ struct ServeOptions {
   int64_t max_prefill_tokens = 8192;
   int64_t max_logit_rows = 0;
   int64_t context_length = 0;
+  int64_t index_topk = 0;  // 0: the model's
   int64_t max_waiting_requests = 4096;
   std::string served_model_name;
   int io_threads = 2;
@@ -109,6 +110,11 @@ int run_serve(const ServeOptions& options) {
   load.load.kv_dtype = parse_kv_dtype(options.kv_dtype);
   apply_cuda_options(options.cuda, load.load);
   load.load.deterministic = options.deterministic;
+  MEGACTX_CHECK(options.index_topk >= 0, "--index-topk must not be negative");
+  MEGACTX_CHECK(options.index_topk == 0 || options.device == "cpu",
+                "--index-topk runs on the CPU only so far (the CUDA kernels are sized for the "
+                "model's top-k)");
+  if (options.index_topk > 0) load.load.index_topk_override = options.index_topk;
   load.gpu_memory_utilization = options.gpu_memory_utilization;
   load.skip_tokenizer = options.skip_tokenizer_init;
 
@@ -280,6 +286,12 @@ CommandRegistration registration{
       command
           .add_option("--context-length", options->context_length,
                       "Longest context (0: the model's)")
+          ->capture_default_str();
+      command
+          .add_option("--index-topk", options->index_topk,
+                      "Keys each query attends to, picked by the indexer (0: the model's "
+                      "index_topk); the context length or more is dense attention (ablations, "
+                      "retrieval checks)")
           ->capture_default_str();
       command
           .add_option("--max-waiting-requests", options->max_waiting_requests,

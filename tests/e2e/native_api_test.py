@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -512,6 +513,32 @@ class HostKvTier(unittest.TestCase):
             self.assertGreater(float(values["megactx_host_kv_pages_total"]), 0)
             info = requests.get(server.url + "/get_server_info", timeout=30).json()
             self.assertEqual(info["host_kv_memory"], "64MiB")
+
+
+class IndexTopk(unittest.TestCase):
+    def test_the_keys_each_query_attends_to_are_the_servers_choice(self):
+        # The default model attends to its indexer's top 128 keys: --index-topk 128 changes
+        # nothing, --index-topk 2 (two keys per query) changes the continuation of a
+        # 600-token prompt, and a negative value is a start-up error.
+        prompt = prompt_ids(600, 41)
+
+        def continuation(*extra):
+            with MegactxServer(ARGS.megactx, ARGS.model, *SERVER_ARGS, *extra,
+                               name="topk") as server:
+                response = requests.post(server.url + "/generate", timeout=300, json={
+                    "input_ids": prompt,
+                    "sampling_params": {"max_new_tokens": 12, "temperature": 0,
+                                        "ignore_eos": True}})
+                self.assertEqual(response.status_code, 200, response.text)
+                return response.json()["output_ids"]
+
+        plain = continuation()
+        self.assertEqual(continuation("--index-topk", "128"), plain)
+        self.assertNotEqual(continuation("--index-topk", "2"), plain)
+        result = subprocess.run([ARGS.megactx, "serve", "--model", ARGS.model, "--index-topk",
+                                 "-1"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--index-topk", result.stderr)
 
 
 def main():
