@@ -22,6 +22,7 @@
 
 #include "bench/cuda/support/read_bandwidth.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 
@@ -175,12 +176,8 @@ int main(int argc, char** argv) {
       if (gemv > 0) std::snprintf(gemv_text, sizeof(gemv_text), "%.2f", gemv);
       std::printf("| %s | %lld | %s | %.2f | %.2f | %.2f | %.0f | %.0f%% | %d |\n", s.name,
                   static_cast<long long>(rows), gemv_text, skinny, tiles, bf16, gbs,
-                  100.0 * gbs / floor.read_gbs, fp8_block_gemm_skinny_split(rows, s.in, s.out, [] {
-                    int device = 0, sms = 0;
-                    cudaGetDevice(&device);
-                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-                    return sms;
-                  }()));
+                  100.0 * gbs / floor.read_gbs,
+                  fp8_block_gemm_skinny_split(rows, s.in, s.out, current_device_multiprocessors()));
     }
     for (int c = 0; c < copies; ++c) {
       cudaFree(w[c]);

@@ -79,6 +79,28 @@ struct DeviceArray {
   }
 };
 
+// The block-scaled GEMM of dense e4m3 inputs x [rows, in] with their group
+// scales against w [out, in] (scale_split as DeviceMatrix's) into float32 y
+// (row stride y_stride).
+cuda::Fp8BlockGemm e4m3_gemm(const uint8_t* x, const float* x_scale, const uint8_t* w,
+                             const float* scale, int64_t split, void* y, int64_t y_stride,
+                             int64_t rows, int64_t in, int64_t out) {
+  cuda::Fp8BlockGemm g;
+  g.x = x;
+  g.x_type = cuda::ActType::E4M3;
+  g.x_stride = in;
+  g.x_scale = x_scale;
+  g.w = w;
+  g.scale = scale;
+  g.scale_split = split;
+  g.y = y;
+  g.y_stride = y_stride;
+  g.rows = rows;
+  g.in = in;
+  g.out = out;
+  return g;
+}
+
 std::vector<float> normal_values(size_t count, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, scale);
@@ -272,19 +294,8 @@ TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
       const std::vector<float> wd = weight.dequantized();
       for (const bool gemv : {true, false}) {
         DeviceArray<float> dy(static_cast<size_t>(rows * out));
-        cuda::Fp8BlockGemm g;
-        g.x = dq.data;
-        g.x_type = cuda::ActType::E4M3;
-        g.x_stride = in;
-        g.x_scale = ds.data;
-        g.w = dw.data;
-        g.scale = dscale.data;
-        g.scale_split = split;
-        g.y = dy.data;
-        g.y_stride = out;
-        g.rows = rows;
-        g.in = in;
-        g.out = out;
+        const cuda::Fp8BlockGemm g =
+            e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, split, dy.data, out, rows, in, out);
         if (gemv) {
           ASSERT_TRUE(cuda::fp8_block_gemv(g, nullptr)) << rows << "x" << in;
         } else {
@@ -320,7 +331,7 @@ TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
   EXPECT_FALSE(cuda::fp8_block_gemv(g, nullptr));
 }
 
-// The tensor-core kernel (Blas's default for more than 8 rows) on
+// The tensor-core tile kernel (Blas's default for more than 64 rows) on
 // ragged shapes against the same double loops and against the tiled kernel.
 // The MMA accumulates each 128-product group with less than float32
 // precision (Hopper's fp8 MMA keeps ~14 bits), hence 1e-3.
@@ -347,19 +358,8 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
     std::vector<float> results[2];
     for (const bool tensor_cores : {true, false}) {
       DeviceArray<float> dy(static_cast<size_t>(c.rows * c.out));
-      cuda::Fp8BlockGemm g;
-      g.x = dq.data;
-      g.x_type = cuda::ActType::E4M3;
-      g.x_stride = c.in;
-      g.x_scale = ds.data;
-      g.w = dw.data;
-      g.scale = dscale.data;
-      g.scale_split = c.split;
-      g.y = dy.data;
-      g.y_stride = c.out;
-      g.rows = c.rows;
-      g.in = c.in;
-      g.out = c.out;
+      const cuda::Fp8BlockGemm g = e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, c.split,
+                                             dy.data, c.out, c.rows, c.in, c.out);
       if (tensor_cores) {
         ASSERT_TRUE(cuda::fp8_block_gemm_tensor_cores(g, nullptr)) << where;
       } else {
@@ -397,7 +397,7 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
   EXPECT_FALSE(cuda::fp8_block_gemm_tensor_cores(g, nullptr));
 }
 
-// The few-row tensor-core kernel (Blas's choice for 9..64 rows) on ragged
+// The few-row tensor-core kernel (Blas's choice for 2..64 rows) on ragged
 // shapes against double loops over the host-rounded inputs: every column-group
 // count (rows <= 8, <= 16, more in 32-row tiles), every k split (a narrow
 // weight gives too few CTAs and splits 4 ways, a wide one none), `in` a
@@ -439,20 +439,9 @@ TEST(CudaFp8Gemm, FewRowTensorCoreKernelAgreesWithTheReference) {
     const size_t bytes = cells * (c.bf16 ? 2 : 4);
     DeviceArray<uint8_t> dy(bytes);
     MEGACTX_CUDA_CHECK(cudaMemset(dy.data, 0x7f, bytes));
-    cuda::Fp8BlockGemm g;
-    g.x = dq.data;
-    g.x_type = cuda::ActType::E4M3;
-    g.x_stride = c.in;
-    g.x_scale = ds.data;
-    g.w = dw.data;
-    g.scale = dscale.data;
-    g.scale_split = c.split;
-    g.y = dy.data;
+    cuda::Fp8BlockGemm g = e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, c.split, dy.data,
+                                     stride, c.rows, c.in, c.out);
     g.y_type = c.bf16 ? cuda::ActType::BF16 : cuda::ActType::F32;
-    g.y_stride = stride;
-    g.rows = c.rows;
-    g.in = c.in;
-    g.out = c.out;
     ASSERT_TRUE(cuda::fp8_block_gemm_skinny(g, nullptr)) << where;
     const std::vector<uint8_t> raw = dy.host(bytes);
     const auto value = [&](int64_t at) {

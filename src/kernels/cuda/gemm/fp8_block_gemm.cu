@@ -37,12 +37,6 @@ __device__ float load_act(const Fp8BlockGemm& g, int64_t row, int64_t k) {
          g.x_scale[row * groups + k / kBlockScale];
 }
 
-__device__ int64_t scale_row(int64_t col, int64_t split) {
-  if (split > 0 && col >= split)
-    return (split + kBlockScale - 1) / kBlockScale + (col - split) / kBlockScale;
-  return col / kBlockScale;
-}
-
 // 256 threads: thread (ty, tx) of 16 x 16 owns a 4 x 4 sub-tile.
 __global__ void fp8_block_gemm_kernel(Fp8BlockGemm g) {
   __shared__ float xs[kTile][kStep + 1];
@@ -60,7 +54,7 @@ __global__ void fp8_block_gemm_kernel(Fp8BlockGemm g) {
       float w = 0.0f;
       if (col < g.out && kk < g.in) {
         w = e4m3_to_float(g.w[col * g.in + kk]) *
-            g.scale[scale_row(col, g.scale_split) * scale_cols + kk / kBlockScale];
+            g.scale[fp8_scale_row(col, g.scale_split) * scale_cols + kk / kBlockScale];
       }
       ws[r][k] = w;
     }

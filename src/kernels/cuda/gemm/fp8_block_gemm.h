@@ -17,6 +17,15 @@ namespace megactx::cuda {
 
 enum class ActType : uint8_t { F32, BF16, E4M3 };
 
+// Scale row of weight row `row` under the 128x128 block scales, with rows >=
+// scale_split (when > 0) restarting their blocks there (DeviceMatrix::
+// scale_split in gemm.h: stacked gate/up matrices). Host and device code.
+__host__ __device__ inline int64_t fp8_scale_row(int64_t row, int64_t scale_split) {
+  if (scale_split > 0 && row >= scale_split)
+    return (scale_split + 127) / 128 + (row - scale_split) / 128;
+  return row / 128;
+}
+
 struct Fp8BlockGemm {
   const void* x = nullptr;  // [rows, in]
   ActType x_type = ActType::F32;

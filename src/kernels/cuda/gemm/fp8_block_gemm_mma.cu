@@ -31,11 +31,6 @@ constexpr int kGroup = 128;             // k columns per stage = one scale group
 constexpr int kRowBytes = kGroup + 16;  // shared-memory row pitch
 constexpr int kThreads = 128;
 
-__device__ int64_t scale_row(int64_t col, int64_t split) {
-  if (split > 0 && col >= split) return (split + kGroup - 1) / kGroup + (col - split) / kGroup;
-  return col / kGroup;
-}
-
 __device__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -129,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) fp8_block_gemm_mma_kernel(Fp8BlockGe
           for (int j = 0; j < 2; ++j) {
             const int64_t col = col0 + warp_col + n * 8 + tig * 2 + j;
             const float w_scale =
-                col < g.out ? g.scale[scale_row(col, g.scale_split) * groups + group] : 0.0f;
+                col < g.out ? g.scale[fp8_scale_row(col, g.scale_split) * groups + group] : 0.0f;
             acc[m][n][h * 2 + j] += part[m][n][h * 2 + j] * (x_scale * w_scale);
           }
         }

@@ -25,13 +25,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 
-// Fp8BlockGemm::scale_split's scale row rule (fp8_scale_row in gemm.h).
-__device__ int64_t scale_row(int64_t row, int64_t split) {
-  if (split > 0 && row >= split)
-    return (split + kFp8MmaGroup - 1) / kFp8MmaGroup + (row - split) / kFp8MmaGroup;
-  return row / kFp8MmaGroup;
-}
-
 template <int kColumnGroups, int kSplitK>
 __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
   grid_dependency_wait();
@@ -50,11 +43,11 @@ __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
   const int64_t low = first + gq, high = first + gq + 8;
   if (low < g.out) {
     rows.low = g.w + low * g.in;
-    rows.low_scale = g.scale + scale_row(low, g.scale_split) * groups;
+    rows.low_scale = g.scale + fp8_scale_row(low, g.scale_split) * groups;
   }
   if (high < g.out) {
     rows.high = g.w + high * g.in;
-    rows.high_scale = g.scale + scale_row(high, g.scale_split) * groups;
+    rows.high_scale = g.scale + fp8_scale_row(high, g.scale_split) * groups;
   }
   const int64_t left = g.rows - row0;  // >= 1
   rows.active_groups = static_cast<int>(left >= 8 * kColumnGroups ? kColumnGroups : (left + 7) / 8);

@@ -38,12 +38,6 @@ __device__ void unpack16(uint4 packed, float scale, float out[16]) {
       out[4 * i + j] = e4m3_to_float((words[i] >> (8 * j)) & 0xffu) * scale;
 }
 
-__device__ int64_t scale_row(int64_t col, int64_t split) {
-  if (split > 0 && col >= split)
-    return (split + kBlockScale - 1) / kBlockScale + (col - split) / kBlockScale;
-  return col / kBlockScale;
-}
-
 template <int kRows>
 __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
   grid_dependency_wait();
@@ -52,9 +46,9 @@ __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
   const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
-  const uint8_t* w_row = g.w + col * g.in;                                   // [in]
-  const float* w_scales = g.scale + scale_row(col, g.scale_split) * groups;  // [groups]
-  const auto* x = static_cast<const uint8_t*>(g.x);                          // [kRows, x_stride]
+  const uint8_t* w_row = g.w + col * g.in;                                       // [in]
+  const float* w_scales = g.scale + fp8_scale_row(col, g.scale_split) * groups;  // [groups]
+  const auto* x = static_cast<const uint8_t*>(g.x);  // [kRows, x_stride]
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;

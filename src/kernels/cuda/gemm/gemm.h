@@ -22,19 +22,13 @@ struct DeviceMatrix {
   // row r is scaled by scale row r / 128. Two stacked checkpoint matrices (the
   // MLP's gate rows then up rows) whose first part is not a multiple of 128
   // rows: rows >= scale_split restart their 128-row blocks at scale_split,
-  // i.e. use scale row ceil(scale_split / 128) + (r - scale_split) / 128.
+  // i.e. use scale row ceil(scale_split / 128) + (r - scale_split) / 128
+  // (fp8_scale_row in fp8_block_gemm.h).
   const float* scale = nullptr;
   int64_t scale_split = 0;
   bool fp8() const { return scale != nullptr; }
   explicit operator bool() const { return data != nullptr; }
 };
-
-// Scale row of weight row `row` of an fp8 DeviceMatrix (see scale_split).
-inline int64_t fp8_scale_row(int64_t row, int64_t scale_split) {
-  if (scale_split > 0 && row >= scale_split)
-    return (scale_split + 127) / 128 + (row - scale_split) / 128;
-  return row / 128;
-}
 
 // Per-token-group activation quantisation (DeepSeek/DeepGEMM style): x [rows,
 // in] float32 (row stride x_stride) -> q [rows, in] e4m3 (dense) and scale

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/fp8_weight_rows_mma.cuh"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -31,13 +32,6 @@ constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsFp8);
 constexpr int kColumnGroups = kTileRows / 8;
 
 static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
-
-// DeviceMatrix's scale row rule (fp8_scale_row in gemm.h).
-__device__ int64_t scale_row(int64_t row, int64_t split) {
-  if (split > 0 && row >= split)
-    return (split + kFp8MmaGroup - 1) / kFp8MmaGroup + (row - split) / kFp8MmaGroup;
-  return row / kFp8MmaGroup;
-}
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
@@ -78,11 +72,11 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   rows.in = a.in;
   if (low_valid) {
     rows.low = expert_weights + low_row * a.in;
-    rows.low_scale = expert_scales + scale_row(low_row, a.scale_split) * groups;
+    rows.low_scale = expert_scales + fp8_scale_row(low_row, a.scale_split) * groups;
   }
   if (high_valid) {
     rows.high = expert_weights + high_row * a.in;
-    rows.high_scale = expert_scales + scale_row(high_row, a.scale_split) * groups;
+    rows.high_scale = expert_scales + fp8_scale_row(high_row, a.scale_split) * groups;
   }
   rows.active_groups = (m + 7) / 8;
 #pragma unroll

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
 namespace megactx::cuda {
@@ -60,11 +61,8 @@ std::string unsupported_reason(const GroupedMoeShape& s) {
 }  // namespace
 
 int64_t grouped_moe_gate_up_scale_rows(int64_t intermediate, int64_t scale_split) {
-  // DeviceMatrix's rule (fp8_scale_row) for the last of the 2I rows.
-  const int64_t last = 2 * intermediate - 1;
-  if (scale_split > 0 && last >= scale_split)
-    return (scale_split + 127) / 128 + (last - scale_split) / 128 + 1;
-  return last / 128 + 1;
+  // The scale row of the last of the 2I rows, plus one.
+  return fp8_scale_row(2 * intermediate - 1, scale_split) + 1;
 }
 
 bool grouped_moe_supported(const GroupedMoeShape& shape) {
