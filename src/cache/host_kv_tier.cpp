@@ -18,10 +18,10 @@ void check_kv_page_copy(const PagedKvCache& from, std::span<const int32_t> from_
   MEGACTX_CHECK(from_pages.size() == to_pages.size(), "KV page copy of {} pages into {}",
                 from_pages.size(), to_pages.size());
   for (size_t i = 0; i < from_pages.size(); ++i) {
-    MEGACTX_CHECK(from_pages[i] >= 0 && from_pages[i] < a.num_pages && to_pages[i] >= 0 &&
-                      to_pages[i] < b.num_pages,
+    MEGACTX_CHECK(from_pages[i] >= 0 && from_pages[i] < a.total_pages() && to_pages[i] >= 0 &&
+                      to_pages[i] < b.total_pages(),
                   "KV page copy {} -> {} outside [0, {}) / [0, {})", from_pages[i], to_pages[i],
-                  a.num_pages, b.num_pages);
+                  a.total_pages(), b.total_pages());
   }
 }
 
@@ -31,26 +31,31 @@ void for_each_page_run(const PagedKvCache& from, std::span<const int32_t> from_p
                                                 size_t bytes)>& copy) {
   check_kv_page_copy(from, from_pages, to, to_pages);
   const int64_t page_size = from.spec().page_size;
-  auto pool = [&](const Tensor& source, const Tensor& destination, int64_t bytes_per_token) {
+  // A run: pages consecutive in memory on both sides (an offload page's
+  // latents are in another pool than a device page's).
+  using PageAddress = const std::byte* (PagedKvCache::*)(int64_t, int64_t) const;
+  auto pool = [&](int64_t layer, PageAddress address, int64_t bytes_per_token) {
     const int64_t page_bytes = page_size * bytes_per_token;
     for (size_t i = 0; i < from_pages.size();) {
+      const std::byte* source = (from.*address)(layer, from_pages[i]);
+      const std::byte* destination = (to.*address)(layer, to_pages[i]);
       size_t run = 1;
       while (i + run < from_pages.size() &&
-             from_pages[i + run] == from_pages[i] + static_cast<int32_t>(run) &&
-             to_pages[i + run] == to_pages[i] + static_cast<int32_t>(run)) {
+             (from.*address)(layer, from_pages[i + run]) ==
+                 source + static_cast<int64_t>(run) * page_bytes &&
+             (to.*address)(layer, to_pages[i + run]) ==
+                 destination + static_cast<int64_t>(run) * page_bytes) {
         ++run;
       }
-      copy(source.data<std::byte>() + from_pages[i] * page_bytes,
-           destination.data<std::byte>() + to_pages[i] * page_bytes,
-           static_cast<size_t>(page_bytes) * run);
+      copy(source, const_cast<std::byte*>(destination), static_cast<size_t>(page_bytes) * run);
       i += run;
     }
   };
   for (const int64_t layer : from.spec().latent_layers) {
-    pool(from.latent_pool(layer), to.latent_pool(layer), from.spec().latent_bytes_per_token());
+    pool(layer, &PagedKvCache::latent_page, from.spec().latent_bytes_per_token());
   }
   for (const int64_t layer : from.spec().indexer_layers) {
-    pool(from.indexer_pool(layer), to.indexer_pool(layer), from.spec().indexer_bytes_per_token());
+    pool(layer, &PagedKvCache::indexer_page, from.spec().indexer_bytes_per_token());
   }
 }
 

@@ -109,15 +109,23 @@ int64_t KvCacheSpec::indexer_bytes_per_token() const {
 }
 
 int64_t KvCacheSpec::bytes_per_page() const {
-  return page_size * (static_cast<int64_t>(latent_layers.size()) * latent_bytes_per_token() +
-                      static_cast<int64_t>(indexer_layers.size()) * indexer_bytes_per_token());
+  return latent_bytes_per_page() + indexer_bytes_per_page();
+}
+
+int64_t KvCacheSpec::latent_bytes_per_page() const {
+  return page_size * static_cast<int64_t>(latent_layers.size()) * latent_bytes_per_token();
+}
+
+int64_t KvCacheSpec::indexer_bytes_per_page() const {
+  return page_size * static_cast<int64_t>(indexer_layers.size()) * indexer_bytes_per_token();
 }
 
 PagedKvCache::PagedKvCache(KvCacheSpec spec) : spec_(std::move(spec)) {
   MEGACTX_CHECK(spec_.device == Device::CPU,
                 "PagedKvCache(spec) allocates host memory; build device pools with from_storage");
-  MEGACTX_CHECK(spec_.num_pages >= 0 && spec_.page_size > 0,
-                "KV cache: bad num_pages {} / page_size {}", spec_.num_pages, spec_.page_size);
+  MEGACTX_CHECK(spec_.num_pages >= 0 && spec_.offload_pages >= 0 && spec_.page_size > 0,
+                "KV cache: bad num_pages {} / offload_pages {} / page_size {}", spec_.num_pages,
+                spec_.offload_pages, spec_.page_size);
   MEGACTX_CHECK(spec_.kv_lora_rank > 0 && spec_.qk_rope_head_dim >= 0,
                 "KV cache: bad kv_lora_rank {} / qk_rope_head_dim {}", spec_.kv_lora_rank,
                 spec_.qk_rope_head_dim);
@@ -126,25 +134,50 @@ PagedKvCache::PagedKvCache(KvCacheSpec spec) : spec_(std::move(spec)) {
   latent_index_ = index_layers(spec_.latent_layers, "latent");
   indexer_index_ = index_layers(spec_.indexer_layers, "indexer");
   const int64_t slots = spec_.num_pages * spec_.page_size;
+  const int64_t offload_slots = spec_.offload_pages * spec_.page_size;
   for (size_t i = 0; i < spec_.latent_layers.size(); ++i) {
     latent_pools_.push_back(Tensor::zeros({slots, spec_.latent_bytes_per_token()}, DType::U8));
+    if (offload_slots > 0) {
+      offload_latent_pools_.push_back(
+          Tensor::zeros({offload_slots, spec_.latent_bytes_per_token()}, DType::U8));
+    }
   }
   for (size_t i = 0; i < spec_.indexer_layers.size(); ++i) {
-    indexer_pools_.push_back(Tensor::zeros({slots, spec_.indexer_bytes_per_token()}, DType::U8));
+    indexer_pools_.push_back(
+        Tensor::zeros({slots + offload_slots, spec_.indexer_bytes_per_token()}, DType::U8));
   }
 }
 
 PagedKvCache::PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools,
-                           std::vector<Tensor> indexer_pools)
+                           std::vector<Tensor> indexer_pools,
+                           std::vector<Tensor> offload_latent_pools)
     : spec_(std::move(spec)),
       latent_pools_(std::move(latent_pools)),
-      indexer_pools_(std::move(indexer_pools)) {
+      indexer_pools_(std::move(indexer_pools)),
+      offload_latent_pools_(std::move(offload_latent_pools)) {
   latent_index_ = index_layers(spec_.latent_layers, "latent");
   indexer_index_ = index_layers(spec_.indexer_layers, "indexer");
   MEGACTX_CHECK(latent_pools_.size() == spec_.latent_layers.size() &&
                     indexer_pools_.size() == spec_.indexer_layers.size(),
                 "KV cache: {} latent / {} indexer pools for {} / {} layers", latent_pools_.size(),
                 indexer_pools_.size(), spec_.latent_layers.size(), spec_.indexer_layers.size());
+  MEGACTX_CHECK(offload_latent_pools_.size() ==
+                    (spec_.offload_pages > 0 ? spec_.latent_layers.size() : size_t{0}),
+                "KV cache: {} offload latent pools for {} layers and {} offload pages",
+                offload_latent_pools_.size(), spec_.latent_layers.size(), spec_.offload_pages);
+  const int64_t slots = spec_.num_pages * spec_.page_size;
+  const int64_t offload_slots = spec_.offload_pages * spec_.page_size;
+  for (const Tensor& pool : latent_pools_)
+    MEGACTX_CHECK(pool.dim(0) == slots, "KV cache: a latent pool of {} slots, not {}", pool.dim(0),
+                  slots);
+  for (const Tensor& pool : offload_latent_pools_)
+    MEGACTX_CHECK(pool.dim(0) == offload_slots && pool.device() == Device::CPU,
+                  "KV cache: an offload latent pool of {} slots on the {}, not {} in host memory",
+                  pool.dim(0), pool.device() == Device::CPU ? "host" : "device", offload_slots);
+  for (const Tensor& pool : indexer_pools_)
+    MEGACTX_CHECK(pool.dim(0) == slots + offload_slots,
+                  "KV cache: an indexer pool of {} slots, not {}", pool.dim(0),
+                  slots + offload_slots);
 }
 
 bool PagedKvCache::has_latent(int64_t layer) const {
@@ -167,11 +200,30 @@ const Tensor& PagedKvCache::indexer_pool(int64_t layer) const {
   return indexer_pools_[indexer_index_[layer]];
 }
 
+const Tensor& PagedKvCache::offload_latent_pool(int64_t layer) const {
+  MEGACTX_CHECK(has_latent(layer) && spec_.offload_pages > 0,
+                "KV cache: layer {} has no offload latent pool", layer);
+  return offload_latent_pools_[latent_index_[layer]];
+}
+
 std::byte* PagedKvCache::latent_entry(int64_t layer, int64_t slot) {
-  const Tensor& pool = latent_pool(layer);
-  MEGACTX_CHECK(slot >= 0 && slot < pool.dim(0), "KV cache: slot {} out of range [0, {})", slot,
-                pool.dim(0));
-  return pool.data<std::byte>() + slot * spec_.latent_bytes_per_token();
+  const int64_t slots = spec_.num_pages * spec_.page_size;
+  MEGACTX_CHECK(slot >= 0 && slot < spec_.total_pages() * spec_.page_size,
+                "KV cache: slot {} out of range [0, {})", slot,
+                spec_.total_pages() * spec_.page_size);
+  if (slot >= slots) {
+    return offload_latent_pool(layer).data<std::byte>() +
+           (slot - slots) * spec_.latent_bytes_per_token();
+  }
+  return latent_pool(layer).data<std::byte>() + slot * spec_.latent_bytes_per_token();
+}
+
+const std::byte* PagedKvCache::latent_page(int64_t layer, int64_t page) const {
+  return const_cast<PagedKvCache*>(this)->latent_entry(layer, page * spec_.page_size);
+}
+
+const std::byte* PagedKvCache::indexer_page(int64_t layer, int64_t page) const {
+  return const_cast<PagedKvCache*>(this)->indexer_entry(layer, page * spec_.page_size);
 }
 
 std::byte* PagedKvCache::indexer_entry(int64_t layer, int64_t slot) {
@@ -230,17 +282,20 @@ void PagedKvCache::read_indexer_key(int64_t layer, int64_t slot, float* key) con
 
 void PagedKvCache::copy_page(int64_t source, int64_t destination) {
   MEGACTX_CHECK(spec_.device == Device::CPU, "KV cache: copy_page on the host needs host pools");
-  MEGACTX_CHECK(
-      source >= 0 && source < spec_.num_pages && destination >= 0 && destination < spec_.num_pages,
-      "KV cache: copy_page {} -> {} outside [0, {})", source, destination, spec_.num_pages);
+  const int64_t pages = spec_.total_pages();
+  MEGACTX_CHECK(source >= 0 && source < pages && destination >= 0 && destination < pages,
+                "KV cache: copy_page {} -> {} outside [0, {})", source, destination, pages);
   if (source == destination) return;
-  auto copy = [&](const Tensor& pool, int64_t bytes_per_token) {
-    const int64_t page_bytes = spec_.page_size * bytes_per_token;
-    std::memcpy(pool.data<std::byte>() + destination * page_bytes,
-                pool.data<std::byte>() + source * page_bytes, static_cast<size_t>(page_bytes));
-  };
-  for (const Tensor& pool : latent_pools_) copy(pool, spec_.latent_bytes_per_token());
-  for (const Tensor& pool : indexer_pools_) copy(pool, spec_.indexer_bytes_per_token());
+  const auto latent_bytes = static_cast<size_t>(spec_.page_size * spec_.latent_bytes_per_token());
+  const auto indexer_bytes = static_cast<size_t>(spec_.page_size * spec_.indexer_bytes_per_token());
+  for (const int64_t layer : spec_.latent_layers) {
+    std::memcpy(latent_entry(layer, destination * spec_.page_size), latent_page(layer, source),
+                latent_bytes);
+  }
+  for (const int64_t layer : spec_.indexer_layers) {
+    std::memcpy(indexer_entry(layer, destination * spec_.page_size), indexer_page(layer, source),
+                indexer_bytes);
+  }
 }
 
 }  // namespace megactx

@@ -22,6 +22,14 @@
 // Storage: pools[layer_slot] is one array [num_pages * page_size, bytes_per_token].
 // Prefill and decode read the same layout the same way, so scoring a sequence
 // by prefill and by decode gives the same logprobs.
+//
+// The live host tier (offload pages): pages [num_pages, num_pages +
+// offload_pages) keep their indexer keys in the indexer pools with every
+// other page's (those pools hold total_pages()), and their latent entries in
+// separate offload pools [offload_pages * page_size, latent bytes] in host
+// memory (pinned for a device model). The indexer reads every key of a
+// context, a decode step only its top-k latents: a long running request's
+// latents can wait in host memory (Scheduler::offload_pages moves them).
 #pragma once
 
 #include <cstddef>
@@ -41,15 +49,23 @@ struct KvCacheSpec {
   int64_t kv_lora_rank = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t index_head_dim = 0;
-  std::vector<int64_t> latent_layers;   // layer ids with a latent pool (MTP layer = num_hidden_layers)
+  std::vector<int64_t>
+      latent_layers;  // layer ids with a latent pool (MTP layer = num_hidden_layers)
   std::vector<int64_t> indexer_layers;  // layer ids with an indexer-key pool
   KvDType dtype = KvDType::BF16;
   Device device = Device::CPU;
+  // Pages whose latents live in host memory (the live host tier; 0: none).
+  int64_t offload_pages = 0;
 
+  int64_t total_pages() const { return num_pages + offload_pages; }
   int64_t latent_bytes_per_token() const;
   int64_t indexer_bytes_per_token() const;
   // Bytes for one page across every pool.
   int64_t bytes_per_page() const;
+  // An offload page's bytes: its indexer keys on the pools' device, its
+  // latents in host memory.
+  int64_t indexer_bytes_per_page() const;
+  int64_t latent_bytes_per_page() const;
 };
 
 class PagedKvCache {
@@ -57,17 +73,27 @@ class PagedKvCache {
   // Host storage; the CUDA backend allocates device storage through its own
   // factory and hands the pointers in with from_storage().
   explicit PagedKvCache(KvCacheSpec spec);
-  PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools, std::vector<Tensor> indexer_pools);
+  // indexer_pools hold spec.total_pages(), latent_pools spec.num_pages and
+  // offload_latent_pools (host memory) spec.offload_pages pages.
+  PagedKvCache(KvCacheSpec spec, std::vector<Tensor> latent_pools,
+               std::vector<Tensor> indexer_pools, std::vector<Tensor> offload_latent_pools = {});
 
   const KvCacheSpec& spec() const { return spec_; }
   bool has_latent(int64_t layer) const;
   bool has_indexer(int64_t layer) const;
 
-  // Raw entries (host pointers only when spec().device == CPU).
+  // Raw entries (host pointers only when spec().device == CPU; an offload
+  // page's latent entries are always host pointers).
   std::byte* latent_entry(int64_t layer, int64_t slot);
   std::byte* indexer_entry(int64_t layer, int64_t slot);
   const Tensor& latent_pool(int64_t layer) const;
   const Tensor& indexer_pool(int64_t layer) const;
+  // [offload_pages * page_size, latent bytes] in host memory.
+  const Tensor& offload_latent_pool(int64_t layer) const;
+  // The first byte of page `page`'s entries in a pool (page copies).
+  const std::byte* latent_page(int64_t layer, int64_t page) const;
+  const std::byte* indexer_page(int64_t layer, int64_t page) const;
+  bool is_offload_page(int64_t page) const { return page >= spec_.num_pages; }
 
   // Host encode/decode of one token (CPU backend and tests).
   void write_latent(int64_t layer, int64_t slot, const float* c_kv, const float* k_rope);
@@ -75,8 +101,7 @@ class PagedKvCache {
   void write_indexer_key(int64_t layer, int64_t slot, const float* key);
   void read_indexer_key(int64_t layer, int64_t slot, float* key) const;
 
-  // Copies page `source` to page `destination` in every pool (copy-on-write of
-  // a shared partial page, host-tier swap-in).
+  // Copies page `source` to page `destination` in every pool (host pools).
   void copy_page(int64_t source, int64_t destination);
 
  private:
@@ -85,6 +110,7 @@ class PagedKvCache {
   std::vector<int64_t> indexer_index_;  // layer -> pool index or -1
   std::vector<Tensor> latent_pools_;
   std::vector<Tensor> indexer_pools_;
+  std::vector<Tensor> offload_latent_pools_;
 };
 
 }  // namespace megactx

@@ -4,21 +4,38 @@
 
 namespace megactx {
 
-PageAllocator::PageAllocator(int64_t num_pages) {
-  MEGACTX_CHECK(num_pages >= 0 && num_pages <= INT32_MAX, "invalid KV page count {}", num_pages);
-  ref_counts_.assign(static_cast<size_t>(num_pages), 0);
+PageAllocator::PageAllocator(int64_t num_pages, int64_t offload_pages) : device_pages_(num_pages) {
+  MEGACTX_CHECK(num_pages >= 0 && offload_pages >= 0 && num_pages + offload_pages <= INT32_MAX,
+                "invalid KV page counts {} + {}", num_pages, offload_pages);
+  ref_counts_.assign(static_cast<size_t>(num_pages + offload_pages), 0);
   free_pages_.reserve(static_cast<size_t>(num_pages));
   for (int64_t page = num_pages - 1; page >= 0; --page) {
     free_pages_.push_back(static_cast<int32_t>(page));
   }
+  free_offload_pages_.reserve(static_cast<size_t>(offload_pages));
+  for (int64_t page = num_pages + offload_pages - 1; page >= num_pages; --page) {
+    free_offload_pages_.push_back(static_cast<int32_t>(page));
+  }
 }
 
-std::optional<int32_t> PageAllocator::allocate() {
-  if (free_pages_.empty()) return std::nullopt;
-  const int32_t page = free_pages_.back();
-  free_pages_.pop_back();
-  ref_counts_[static_cast<size_t>(page)] = 1;
+namespace {
+
+std::optional<int32_t> take(std::vector<int32_t>& free_list, std::vector<int32_t>& ref_counts) {
+  if (free_list.empty()) return std::nullopt;
+  const int32_t page = free_list.back();
+  free_list.pop_back();
+  ref_counts[static_cast<size_t>(page)] = 1;
   return page;
+}
+
+}  // namespace
+
+std::optional<int32_t> PageAllocator::allocate() {
+  return take(free_pages_, ref_counts_);
+}
+
+std::optional<int32_t> PageAllocator::allocate_offload() {
+  return take(free_offload_pages_, ref_counts_);
 }
 
 void PageAllocator::check_page(int32_t page) const {
@@ -37,7 +54,7 @@ void PageAllocator::release(int32_t page) {
   check_page(page);
   int32_t& count = ref_counts_[static_cast<size_t>(page)];
   MEGACTX_CHECK(count > 0, "release of free KV page {}", page);
-  if (--count == 0) free_pages_.push_back(page);
+  if (--count == 0) (is_offload(page) ? free_offload_pages_ : free_pages_).push_back(page);
 }
 
 int32_t PageAllocator::ref_count(int32_t page) const {
@@ -54,13 +71,17 @@ void PageAllocator::check_integrity(const std::vector<int32_t>& expected) const 
                   ref_counts_[page], expected[page]);
   }
   std::vector<char> seen(ref_counts_.size(), 0);
-  for (const int32_t page : free_pages_) {
-    check_page(page);
-    MEGACTX_CHECK(!seen[static_cast<size_t>(page)], "integrity: KV page {} twice on the free list",
-                  page);
-    seen[static_cast<size_t>(page)] = 1;
-    MEGACTX_CHECK(ref_counts_[static_cast<size_t>(page)] == 0,
-                  "integrity: KV page {} is both free and used", page);
+  for (const std::vector<int32_t>* list : {&free_pages_, &free_offload_pages_}) {
+    for (const int32_t page : *list) {
+      check_page(page);
+      MEGACTX_CHECK(is_offload(page) == (list == &free_offload_pages_),
+                    "integrity: KV page {} on the other kind's free list", page);
+      MEGACTX_CHECK(!seen[static_cast<size_t>(page)],
+                    "integrity: KV page {} twice on the free list", page);
+      seen[static_cast<size_t>(page)] = 1;
+      MEGACTX_CHECK(ref_counts_[static_cast<size_t>(page)] == 0,
+                    "integrity: KV page {} is both free and used", page);
+    }
   }
   for (size_t page = 0; page < ref_counts_.size(); ++page) {
     MEGACTX_CHECK(ref_counts_[page] > 0 || seen[page],

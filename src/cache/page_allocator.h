@@ -3,6 +3,10 @@
 // counts who holds each page. Holders are requests (their page tables) and the
 // prefix cache (one reference per tree node); a page returns to the free list
 // when its last holder releases it.
+//
+// With the live host tier, ids [device_pages, device_pages + offload_pages)
+// are offload pages (latents in host memory, kv_cache.h), handed out by
+// allocate_offload() from their own free list.
 #pragma once
 
 #include <cstdint>
@@ -13,14 +17,23 @@ namespace megactx {
 
 class PageAllocator {
  public:
-  explicit PageAllocator(int64_t num_pages);
+  explicit PageAllocator(int64_t num_pages, int64_t offload_pages = 0);
 
+  // Every page id, device and offload.
   int64_t num_pages() const { return static_cast<int64_t>(ref_counts_.size()); }
+  // Device pages: what num_free / num_used / allocate count and give.
+  int64_t device_pages() const { return device_pages_; }
   int64_t num_free() const { return static_cast<int64_t>(free_pages_.size()); }
-  int64_t num_used() const { return num_pages() - num_free(); }
+  int64_t num_used() const { return device_pages_ - num_free(); }
+  int64_t offload_pages() const { return num_pages() - device_pages_; }
+  int64_t num_free_offload() const { return static_cast<int64_t>(free_offload_pages_.size()); }
+  int64_t num_used_offload() const { return offload_pages() - num_free_offload(); }
+  bool is_offload(int32_t page) const { return page >= device_pages_; }
 
-  // A free page with reference count 1, or nothing when none is free.
+  // A free device page with reference count 1, or nothing when none is free.
   std::optional<int32_t> allocate();
+  // The same for an offload page.
+  std::optional<int32_t> allocate_offload();
   void add_ref(int32_t page);
   // Drops one reference; the page is free again at zero.
   void release(int32_t page);
@@ -33,8 +46,10 @@ class PageAllocator {
  private:
   void check_page(int32_t page) const;
 
-  std::vector<int32_t> ref_counts_;  // [num_pages]
-  std::vector<int32_t> free_pages_;  // a stack; the lowest ids come out first
+  std::vector<int32_t> ref_counts_;          // [num_pages]
+  std::vector<int32_t> free_pages_;          // a stack; the lowest ids come out first
+  std::vector<int32_t> free_offload_pages_;  // the same for offload pages
+  int64_t device_pages_ = 0;
 };
 
 }  // namespace megactx

@@ -65,6 +65,8 @@ struct ServeOptions {
   std::string kv_dtype = "bf16";
   std::string kv_memory;       // empty: 2GiB on the CPU, the fraction's rest on CUDA
   std::string host_kv_memory;  // empty: no host tier
+  std::string host_latent_memory;  // empty: no live host tier
+  int64_t host_latent_min_tokens = 0;
   double gpu_memory_utilization = 0.9;
   CudaModelOptions cuda = command_line_cuda_defaults();
   std::string api_key;
@@ -162,6 +164,16 @@ int run_serve(const ServeOptions& options) {
         static_cast<int64_t>(parse_memory_size(options.host_kv_memory));
     MEGACTX_CHECK(engine_config.host_kv_memory_bytes > 0, "--host-kv-memory must be positive");
   }
+  if (!options.host_latent_memory.empty()) {
+    engine_config.host_latent_memory_bytes =
+        static_cast<int64_t>(parse_memory_size(options.host_latent_memory));
+    MEGACTX_CHECK(engine_config.host_latent_memory_bytes > 0,
+                  "--host-latent-memory must be positive");
+  }
+  MEGACTX_CHECK(options.host_latent_min_tokens >= 0,
+                "--host-latent-min-tokens must be 0 or positive, got {}",
+                options.host_latent_min_tokens);
+  engine_config.host_latent_min_tokens = options.host_latent_min_tokens;
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;
   MEGACTX_CHECK(options.max_logit_rows >= 0, "--max-logit-rows must be 0 or positive, got {}",
@@ -195,6 +207,8 @@ int run_serve(const ServeOptions& options) {
       {"kv_memory", kv_memory_text},
       {"host_kv_memory",
        options.host_kv_memory.empty() ? std::string("0") : options.host_kv_memory},
+      {"host_latent_memory",
+       options.host_latent_memory.empty() ? std::string("0") : options.host_latent_memory},
       {"max_running_requests", options.max_running_requests},
       {"max_prefill_tokens", options.max_prefill_tokens},
       {"max_logit_rows", step_logit_rows(engine_config)},
@@ -265,6 +279,15 @@ CommandRegistration registration{
       command.add_option("--host-kv-memory", options->host_kv_memory,
                          "Host memory for KV pages the prefix cache evicts, e.g. 16GiB (default: "
                          "none); a later prefix hit copies them back instead of recomputing");
+      command.add_option("--host-latent-memory", options->host_latent_memory,
+                         "Host memory for the latent KV of running requests (the live host tier), "
+                         "e.g. 64GiB (default: none): a decoding request's full pages move there, "
+                         "its indexer keys stay in the KV budget; CPU model only so far");
+      command
+          .add_option("--host-latent-min-tokens", options->host_latent_min_tokens,
+                      "With --host-latent-memory: only requests with at least this many tokens "
+                      "move their latents to host memory")
+          ->capture_default_str();
       command
           .add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                       "--device cuda: fraction of the device's total memory the process may use "

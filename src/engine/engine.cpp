@@ -50,6 +50,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   capacity_ = plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes,
                                config_.page_size, config_.speculative_steps > 0);
   capacity_.spec.device = model_->device();
+  if (config_.host_latent_memory_bytes > 0) plan_offload_pages();
   spdlog::info("{}", capacity_.summary());
   int64_t context =
       config_.context_length > 0 ? config_.context_length : model_config.max_position_embeddings;
@@ -63,12 +64,17 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
                 "engine: the KV cache is on the {} but the model on the {}",
                 cache_->spec().device == Device::CUDA ? "GPU" : "host",
                 model_->device() == Device::CUDA ? "GPU" : "host");
-  allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages);
+  allocator_ =
+      std::make_unique<PageAllocator>(capacity_.spec.num_pages, capacity_.spec.offload_pages);
   if (config_.record_routed_experts) {
     const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.spec.bytes_per_page();
     routed_ = std::make_unique<RoutedExpertsTable>(
-        capacity_.spec.num_pages, host_pages, config_.page_size, model_config.num_hidden_layers,
-        std::max<int64_t>(model_config.num_experts_per_tok, 1));
+        capacity_.spec.total_pages(), host_pages, config_.page_size,
+        model_config.num_hidden_layers, std::max<int64_t>(model_config.num_experts_per_tok, 1));
+  }
+  if (capacity_.spec.offload_pages > 0) {
+    offload_copy_ = model_->kv_page_copy();
+    if (routed_) offload_copy_ = routed_->wrap(std::move(offload_copy_), *cache_);
   }
   if (config_.host_kv_memory_bytes > 0) create_host_tier();
   prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size, host_tier_.get());
@@ -87,6 +93,7 @@ void Engine::create_host_tier() {
   MEGACTX_CHECK(config_.enable_prefix_cache, "a host KV tier needs the prefix cache");
   KvCacheSpec spec = capacity_.spec;
   spec.device = Device::CPU;
+  spec.offload_pages = 0;
   spec.num_pages = config_.host_kv_memory_bytes / spec.bytes_per_page();
   MEGACTX_CHECK(spec.num_pages > 0,
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
@@ -98,6 +105,54 @@ void Engine::create_host_tier() {
       std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec), std::move(copy));
   spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
                spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);
+}
+
+void Engine::plan_offload_pages() {
+  KvCacheSpec& spec = capacity_.spec;
+  spec.offload_pages = config_.host_latent_memory_bytes / spec.latent_bytes_per_page();
+  MEGACTX_CHECK(spec.offload_pages > 0,
+                "host latent memory of {} bytes holds no page ({} bytes of latents per page of {} "
+                "tokens)",
+                config_.host_latent_memory_bytes, spec.latent_bytes_per_page(), spec.page_size);
+  MEGACTX_CHECK(config_.host_latent_min_tokens >= 0, "host_latent_min_tokens must be >= 0, got {}",
+                config_.host_latent_min_tokens);
+  // Their indexer keys live beside the pools, out of the same budget.
+  const int64_t indexer_bytes = spec.offload_pages * spec.indexer_bytes_per_page();
+  const int64_t device_pages =
+      spec.num_pages - (indexer_bytes + spec.bytes_per_page() - 1) / spec.bytes_per_page();
+  MEGACTX_CHECK(device_pages > 0,
+                "the live host tier's {} pages need {} MiB of indexer keys beside the KV pools: "
+                "more than the KV budget of {} MiB (lower --host-latent-memory)",
+                spec.offload_pages, indexer_bytes >> 20, capacity_.total_bytes >> 20);
+  spec.num_pages = device_pages;
+  capacity_.max_tokens = device_pages * spec.page_size;
+  capacity_.total_bytes = device_pages * spec.bytes_per_page() + indexer_bytes;
+  spdlog::info(
+      "live host tier: {} offload pages ({} tokens; {} MiB of latents in host memory, {} MiB of "
+      "indexer keys beside the pools)",
+      spec.offload_pages, spec.offload_pages * spec.page_size,
+      (spec.offload_pages * spec.latent_bytes_per_page()) >> 20, indexer_bytes >> 20);
+}
+
+void Engine::offload_latents() {
+  if (capacity_.spec.offload_pages == 0) return;
+  // Every move of the step in one copy: between offload_pages() releasing a
+  // device page and the copy below nothing allocates one.
+  std::vector<int32_t> from, to;
+  const auto record = [&](std::span<const int32_t> device, std::span<const int32_t> offload) {
+    from.insert(from.end(), device.begin(), device.end());
+    to.insert(to.end(), offload.begin(), offload.end());
+  };
+  for (RequestState* request : scheduler_->running()) {
+    if (request->num_computed < request->prompt_len ||
+        static_cast<int64_t>(request->tokens.size()) < config_.host_latent_min_tokens) {
+      continue;
+    }
+    scheduler_->offload_pages(*request, std::numeric_limits<int64_t>::max(), record);
+  }
+  if (from.empty()) return;
+  offload_copy_(*cache_, from, *cache_, to);
+  offloaded_pages_ += static_cast<int64_t>(from.size());
 }
 
 Engine::~Engine() {
@@ -485,6 +540,7 @@ void Engine::run_plan() {
   Timed timed(phase_times_, EnginePhaseTimes::Apply);
   scheduler_->commit(plan_);
   apply_outputs();
+  offload_latents();
 }
 
 ForwardOutput Engine::forward_plan() {
@@ -823,7 +879,7 @@ void Engine::update_stats() {
   EngineStats stats;
   stats.running_requests = static_cast<int64_t>(scheduler_->running().size());
   stats.waiting_requests = static_cast<int64_t>(scheduler_->waiting().size());
-  stats.kv_pages_total = allocator_->num_pages();
+  stats.kv_pages_total = allocator_->device_pages();
   stats.kv_pages_used = allocator_->num_used();
   stats.max_context_tokens = max_total_tokens_;
   stats.prefix_cache_queries = prefix_cache_->queried_tokens();
@@ -837,6 +893,11 @@ void Engine::update_stats() {
     stats.host_kv_loaded_pages = host_tier_->loaded_pages();
   }
   stats.prefix_cache_host_hits = prefix_cache_->host_hit_tokens();
+  stats.host_latent_pages_total = allocator_->offload_pages();
+  stats.host_latent_pages_used = allocator_->num_used_offload();
+  stats.host_latent_moved_pages = offloaded_pages_;
+  stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.spec.bytes_per_page();
+  stats.host_latent_parked = scheduler_->num_parked();
   stats.preemptions = scheduler_->num_preemptions();
   if (speculator_) {
     stats.spec_accepted_tokens = speculator_->accepted_tokens();

@@ -157,6 +157,12 @@ class Engine : public EngineApi {
   bool may_step() const { return !paused_ && !memory_released_; }
   // The host tier of the prefix cache, host_kv_memory_bytes of host pools.
   void create_host_tier();
+  // The live host tier: offload pages out of the KV budget (indexer keys)
+  // and host_latent_memory_bytes (latents), into capacity_.spec.
+  void plan_offload_pages();
+  // End of a step: moves the full pages of decoding requests whose context
+  // reaches host_latent_min_tokens to offload pages (one copy for all).
+  void offload_latents();
   RequestUpdate& update_of(RequestState& request);
 
   EngineConfig config_;
@@ -171,6 +177,8 @@ class Engine : public EngineApi {
   mutable std::mutex engine_mutex_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<HostKvTier> host_tier_;       // host_kv_memory_bytes > 0
+  int64_t offloaded_pages_ = 0;                 // moved to offload pages so far
+  KvPageCopy offload_copy_;                     // the model's page copy (offload pages on)
   std::unique_ptr<RoutedExpertsTable> routed_;  // record_routed_experts
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<PrefixCache> prefix_cache_;

@@ -36,6 +36,13 @@ struct EngineStats {
   int64_t host_kv_saved_pages = 0;     // evicted pages copied to the host so far
   int64_t host_kv_loaded_pages = 0;    // pages copied back for prefix hits so far
   int64_t prefix_cache_host_hits = 0;  // prompt tokens of those hits (in prefix_cache_hits too)
+  // The live host tier: offload pages (latents of running requests in host
+  // memory; all 0 without one).
+  int64_t host_latent_pages_total = 0;
+  int64_t host_latent_pages_used = 0;
+  int64_t host_latent_moved_pages = 0;  // device pages moved to offload pages so far
+  int64_t host_latent_moved_bytes = 0;  // their bytes (latents and indexer keys)
+  int64_t host_latent_parked = 0;       // preemptions that kept a request's offload pages
 };
 
 // What the RL control routes ask of the engine (docs: README "Driving

@@ -90,6 +90,13 @@ struct EngineConfig {
   // are copied back on a prefix hit instead of being recomputed
   // (cache/host_kv_tier.h). Needs the prefix cache.
   int64_t host_kv_memory_bytes = 0;
+  // The live host tier (--host-latent-memory; 0: none): offload pages whose
+  // latents live in this many bytes of host memory (cache/kv_cache.h). Once
+  // a request decodes with a context of at least host_latent_min_tokens, its
+  // full pages move there at the end of every step; their indexer keys stay
+  // beside the pools, in kv_memory_bytes.
+  int64_t host_latent_memory_bytes = 0;
+  int64_t host_latent_min_tokens = 0;
 };
 
 inline constexpr int64_t kDefaultMaxLogitRows = 4096;

@@ -101,6 +101,7 @@ void Engine::release_memory(const MemoryTags& tags) {
     // The model's factory builds the empty pools on the cache's own device.
     KvCacheSpec none = capacity_.spec;
     none.num_pages = 0;
+    none.offload_pages = 0;
     *cache_ = std::move(*model_->make_kv_cache(none));
     kv_released_ = true;
   }

@@ -79,6 +79,11 @@ struct RequestState {
   // engine paused in place): its pages are of the old weights, so none of
   // them go into the prefix cache; admission (recompute) sets it again.
   bool shares_pages = true;
+  // The live host tier: its full pages were moved to offload pages (latents
+  // in host memory, Scheduler::offload_pages). They never go into the prefix
+  // cache; a preemption for device pages keeps them (the request resumes
+  // from its last offload page instead of recomputing its context).
+  bool latents_offloaded = false;
   int64_t max_total_tokens = 0;  // min(context, KV capacity)
   RequestPhase phase = RequestPhase::Waiting;
   int64_t admit_order = 0;  // larger = admitted later = preempted first

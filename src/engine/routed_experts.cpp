@@ -50,9 +50,12 @@ KvPageCopy RoutedExpertsTable::wrap(KvPageCopy copy, const PagedKvCache& device)
              const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
              std::span<const int32_t> to_pages) {
     copy(from, from_pages, to, to_pages);
+    // Within the pools (the live host tier's moves to offload pages), a
+    // save to the host tier, or a load from it.
+    const bool within = &from == &to;
     const bool save = &from == pools;
-    const std::vector<int32_t>& source = save ? device_ : host_;
-    std::vector<int32_t>& destination = save ? host_ : device_;
+    const std::vector<int32_t>& source = save || within ? device_ : host_;
+    std::vector<int32_t>& destination = save && !within ? host_ : device_;
     const int64_t page_ints = page_size_ * row_ints();
     for (size_t i = 0; i < from_pages.size() && i < to_pages.size(); ++i) {
       std::copy_n(source.begin() + from_pages[i] * page_ints, page_ints,

@@ -21,6 +21,7 @@ namespace megactx {
 
 class RoutedExpertsTable {
  public:
+  // pages: every page id of the pools (device and offload pages).
   RoutedExpertsTable(int64_t pages, int64_t host_pages, int64_t page_size, int64_t layers,
                      int64_t top_k);
 
@@ -37,8 +38,10 @@ class RoutedExpertsTable {
   std::vector<int32_t> gather(std::span<const int32_t> page_table, int64_t positions) const;
 
   // `copy` that also moves the pages' rows between this table's device and
-  // host parts (the host tier's saves and loads). `device` is the engine's
-  // pool (copies from it are saves).
+  // host parts (the host tier's saves and loads), or within its device part
+  // (copies from the pools to themselves: the live host tier's offload
+  // pages, whose ids follow the device pages'). `device` is the engine's
+  // pool (other copies from it are saves).
   KvPageCopy wrap(KvPageCopy copy, const PagedKvCache& device);
 
  private:

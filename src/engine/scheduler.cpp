@@ -46,13 +46,16 @@ bool Scheduler::reserve_pages(RequestState& request, int64_t tokens) {
 
 void Scheduler::release_pages(RequestState& request) {
   if (request.prefix_node == nullptr) {
-    MEGACTX_CHECK(request.page_table.empty(), "request {} holds pages without a prefix node",
-                  request.request.rid);
+    // A parked offloaded request holds offload pages without a lock.
+    for (const int32_t page : request.page_table) allocator_.release(page);
+    request.page_table.clear();
+    request.num_computed = 0;
+    request.latents_offloaded = false;
     return;
   }
   const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
   const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
-  if (config_.enable_prefix_cache && request.shares_pages &&
+  if (config_.enable_prefix_cache && request.shares_pages && !request.latents_offloaded &&
       full_pages > PrefixCache::depth(request.prefix_node)) {
     request.prefix_node =
         prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
@@ -62,9 +65,71 @@ void Scheduler::release_pages(RequestState& request) {
   request.page_table.clear();
   request.prefix_node = nullptr;
   request.num_computed = 0;
+  request.latents_offloaded = false;
+}
+
+void Scheduler::detach(RequestState& request, bool park) {
+  if (!park || !request.latents_offloaded) {
+    release_pages(request);
+    return;
+  }
+  // Keep the leading offload pages (full, computed, verified: what
+  // offload_pages moved); the device pages after them are recomputed.
+  size_t kept = 0;
+  while (kept < request.page_table.size() && allocator_.is_offload(request.page_table[kept])) {
+    ++kept;
+  }
+  for (size_t i = kept; i < request.page_table.size(); ++i) {
+    allocator_.release(request.page_table[i]);
+  }
+  request.page_table.resize(kept);
+  request.num_computed = std::min(request.num_computed, static_cast<int64_t>(kept) * page_size_);
+  if (request.prefix_node != nullptr) prefix_cache_.unlock(request.prefix_node);
+  request.prefix_node = nullptr;
+  if (kept == 0) request.latents_offloaded = false;
+}
+
+int64_t Scheduler::offload_pages(
+    RequestState& request, int64_t max_pages,
+    const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy) {
+  MEGACTX_CHECK(request.phase == RequestPhase::Running && request.prefix_node != nullptr,
+                "offload of request {} that is not running", request.request.rid);
+  const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
+  const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
+  std::vector<int32_t> device, offload;
+  std::vector<size_t> index;
+  for (int64_t i = 0; i < full_pages && static_cast<int64_t>(device.size()) < max_pages; ++i) {
+    const int32_t page = request.page_table[static_cast<size_t>(i)];
+    if (allocator_.is_offload(page)) continue;
+    const std::optional<int32_t> target = allocator_.allocate_offload();
+    if (!target) break;
+    device.push_back(page);
+    offload.push_back(*target);
+    index.push_back(static_cast<size_t>(i));
+  }
+  if (device.empty()) return 0;
+  // Its pages leave the prefix cache's path: it locks only the root from now on.
+  if (request.prefix_node != prefix_cache_.root()) {
+    prefix_cache_.lock(prefix_cache_.root());
+    prefix_cache_.unlock(request.prefix_node);
+    request.prefix_node = prefix_cache_.root();
+  }
+  request.latents_offloaded = true;
+  copy(device, offload);
+  for (size_t i = 0; i < device.size(); ++i) {
+    request.page_table[index[i]] = offload[i];
+    allocator_.release(device[i]);
+  }
+  return static_cast<int64_t>(device.size());
 }
 
 void Scheduler::attach_prefix(RequestState& request) {
+  if (request.latents_offloaded) {
+    // A parked request: its offload pages hold its first num_computed tokens.
+    prefix_cache_.lock(prefix_cache_.root());
+    request.prefix_node = prefix_cache_.root();
+    return;
+  }
   // Its KV from here on is computed with the current weights.
   request.shares_pages = true;
   // At least the last token is computed (its logits give the next token);
@@ -118,8 +183,9 @@ void Scheduler::plan_chunk(RequestState& request, int64_t count, StepPlan& plan)
   plan.chunks.push_back(chunk);
 }
 
-void Scheduler::preempt(RequestState* victim) {
-  release_pages(*victim);
+void Scheduler::preempt(RequestState* victim, bool park) {
+  if (park && victim->latents_offloaded) ++parked_;
+  detach(*victim, park);
   running_.erase(std::find(running_.begin(), running_.end(), victim));
   victim->phase = RequestPhase::Waiting;
   // Input logprobs restart with the recomputation.
@@ -131,7 +197,7 @@ void Scheduler::preempt(RequestState* victim) {
 
 void Scheduler::retract_all() {
   // Latest admitted first, so the queue keeps their admission order.
-  while (!running_.empty()) preempt(running_.back());
+  while (!running_.empty()) preempt(running_.back(), /*park=*/false);
 }
 
 void Scheduler::schedule(StepPlan& plan) {
@@ -168,7 +234,7 @@ void Scheduler::schedule(StepPlan& plan) {
       MEGACTX_CHECK(running_.size() > 1, "request {} does not fit in the KV cache alone",
                     request->request.rid);
       plan.preempted.push_back(victim);
-      preempt(victim);
+      preempt(victim, /*park=*/true);
       if (victim == request) {
         preempted_self = true;
         break;
@@ -198,7 +264,7 @@ void Scheduler::schedule(StepPlan& plan) {
     const int64_t headroom = static_cast<int64_t>(running_.size());
     const bool fits = running_.empty() || needed + headroom <= available_pages();
     if (!fits || !reserve_pages(*request, request->num_computed + count)) {
-      release_pages(*request);
+      detach(*request, /*park=*/true);
       break;
     }
     waiting_.pop_front();
@@ -220,7 +286,8 @@ void Scheduler::commit(const StepPlan& plan) {
   for (const ScheduledChunk& chunk : plan.chunks) {
     RequestState& request = *chunk.request;
     request.num_computed = chunk.start + chunk.count;
-    if (!config_.enable_prefix_cache || !request.shares_pages) continue;
+    if (!config_.enable_prefix_cache || !request.shares_pages || request.latents_offloaded)
+      continue;
     const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
     const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
     if (full_pages > PrefixCache::depth(request.prefix_node)) {
@@ -290,15 +357,28 @@ void Scheduler::check_integrity() const {
                   request->request.rid);
     for (const int32_t page : request->page_table) {
       MEGACTX_CHECK(page >= 0 && page < allocator_.num_pages(), "integrity: bad page {}", page);
+      MEGACTX_CHECK(request->latents_offloaded || !allocator_.is_offload(page),
+                    "integrity: request {} holds offload page {} without offloading",
+                    request->request.rid, page);
       ++holders[static_cast<size_t>(page)];
     }
     ++locks[request->prefix_node];
   }
   for (const RequestState* request : waiting_) {
     MEGACTX_CHECK(++seen[request] == 1, "integrity: request {} queued twice", request->request.rid);
-    MEGACTX_CHECK(request->phase == RequestPhase::Waiting && request->page_table.empty() &&
-                      request->prefix_node == nullptr && request->num_computed == 0,
+    // A parked offloaded request keeps its offload pages, and nothing else.
+    const bool parked = request->latents_offloaded && !request->page_table.empty();
+    MEGACTX_CHECK(request->phase == RequestPhase::Waiting && request->prefix_node == nullptr &&
+                      request->num_computed ==
+                          static_cast<int64_t>(request->page_table.size()) * page_size_ &&
+                      (parked || request->page_table.empty()),
                   "integrity: waiting request {} holds cache state", request->request.rid);
+    for (const int32_t page : request->page_table) {
+      MEGACTX_CHECK(allocator_.is_offload(page) && page < allocator_.num_pages(),
+                    "integrity: parked request {} holds device page {}", request->request.rid,
+                    page);
+      ++holders[static_cast<size_t>(page)];
+    }
   }
   const std::vector<int32_t> request_holders = holders;
   prefix_cache_.check_integrity(holders, locks);
@@ -307,6 +387,8 @@ void Scheduler::check_integrity() const {
     MEGACTX_CHECK(in_tree || request_holders[page] <= 1,
                   "integrity: private KV page {} is in {} page tables", page,
                   request_holders[page]);
+    MEGACTX_CHECK(!in_tree || !allocator_.is_offload(static_cast<int32_t>(page)),
+                  "integrity: offload page {} is in the prefix cache", page);
   }
   allocator_.check_integrity(holders);
 }

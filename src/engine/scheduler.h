@@ -10,10 +10,19 @@
 // and come back when it is admitted again). (2) Waiting requests are admitted in FIFO order while
 // the prefill budget, max_running_requests and the free pages allow, starting from their longest
 // cached prefix.
+//
+// The live host tier (offload pages, kv_cache.h): offload_pages() moves a
+// decoding request's full pages to pages whose latents live in host memory.
+// Such a request no longer shares pages with the prefix cache (it locks only
+// the root), and a preemption for device pages parks it: its offload pages
+// stay with it in the queue, only its device pages (the tail) are given back
+// and recomputed.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "cache/page_allocator.h"
@@ -68,12 +77,26 @@ class Scheduler {
   // end go back to the allocator. Never reaches into shared prefix pages.
   void truncate(RequestState& request, int64_t length);
   // Preempts every running request back to the front of the queue (their
-  // full pages stay cached): pause_generation's "retract".
+  // full pages stay cached; offloaded ones are dropped, so that every
+  // request recomputes with the weights of its resumption):
+  // pause_generation's "retract".
   void retract_all();
+
+  // The live host tier: moves up to `max_pages` of `request`'s full device
+  // pages (computed and verified) to free offload pages, first to last.
+  // `copy(device_pages, offload_pages)` copies their contents (before the
+  // device pages can be reused: on the model's stream, or at once on the
+  // host); then the request's references to the device pages go (pages the
+  // prefix cache holds stay there, now unlocked). Returns the pages moved.
+  int64_t offload_pages(
+      RequestState& request, int64_t max_pages,
+      const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy);
 
   const std::vector<RequestState*>& running() const { return running_; }
   const std::deque<RequestState*>& waiting() const { return waiting_; }
   int64_t num_preemptions() const { return preemptions_; }
+  // Preemptions that parked an offloaded request (its latents stayed in host memory).
+  int64_t num_parked() const { return parked_; }
   // Pages that could be had now: free plus evictable.
   int64_t available_pages() const;
 
@@ -88,7 +111,13 @@ class Scheduler {
   bool reserve_pages(RequestState& request, int64_t tokens);
   // Caches the full pages, frees the request's pages and unlocks its path.
   void release_pages(RequestState& request);
-  void preempt(RequestState* victim);
+  // Preempts a running request to the front of the queue. `park`: an
+  // offloaded request keeps its offload pages (otherwise everything goes).
+  void preempt(RequestState* victim, bool park);
+  // A request leaving the running set (preemption, failed admission): gives
+  // back its lock and pages, but an offloaded request with `park` keeps its
+  // leading offload pages and their tokens computed.
+  void detach(RequestState& request, bool park);
   void plan_chunk(RequestState& request, int64_t count, StepPlan& plan);
   // The most of `count` new tokens of `request`'s next prefill chunk whose
   // logits rows fit in `rows` (0 when not even one row is left).
@@ -104,6 +133,7 @@ class Scheduler {
   std::deque<RequestState*> waiting_;
   int64_t next_admit_order_ = 0;
   int64_t preemptions_ = 0;
+  int64_t parked_ = 0;
 };
 
 }  // namespace megactx

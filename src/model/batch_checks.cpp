@@ -15,9 +15,16 @@ void check_sequence_inputs(const ForwardBatch& batch, const KvCacheSpec& spec, i
                   "sequence {}: {} pages given, positions [0, {}) need {}", s, in.page_table.size(),
                   in.start_position + n, pages_needed);
     for (int64_t p = 0; p < pages_needed; ++p) {
-      MEGACTX_CHECK(in.page_table[p] >= 0 && in.page_table[p] < spec.num_pages,
+      MEGACTX_CHECK(in.page_table[p] >= 0 && in.page_table[p] < spec.total_pages(),
                     "sequence {}: page {} outside the cache's {} pages", s, in.page_table[p],
-                    spec.num_pages);
+                    spec.total_pages());
+    }
+    // New entries are written to device pages: offload pages (the live host
+    // tier, kv_cache.h) hold only full pages, written before they moved.
+    for (int64_t p = in.start_position / spec.page_size; p < pages_needed; ++p) {
+      MEGACTX_CHECK(in.page_table[p] < spec.num_pages,
+                    "sequence {}: new tokens on offload page {} (offload pages are read only)", s,
+                    in.page_table[p]);
     }
     MEGACTX_CHECK(in.logits_from >= -1 && in.logits_from < n,
                   "sequence {}: logits_from {} outside [-1, {})", s, in.logits_from, n);

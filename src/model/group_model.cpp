@@ -27,6 +27,9 @@ enum class Command : int64_t {
   CopyPages = 9
 };
 
+// CopyPages directions.
+constexpr int64_t kCopyFromHost = 0, kCopyToHost = 1, kCopyWithin = 2;
+
 struct Header {
   Command command = Command::Stop;
   int64_t bytes = 0;
@@ -46,6 +49,7 @@ std::vector<int64_t> encode_spec(const KvCacheSpec& spec) {
   words.insert(words.end(), spec.latent_layers.begin(), spec.latent_layers.end());
   words.push_back(static_cast<int64_t>(spec.indexer_layers.size()));
   words.insert(words.end(), spec.indexer_layers.begin(), spec.indexer_layers.end());
+  words.push_back(spec.offload_pages);
   return words;
 }
 
@@ -90,6 +94,7 @@ KvCacheSpec decode_spec(const std::vector<int64_t>& words) {
   spec.device = static_cast<Device>(in.next());
   spec.latent_layers = in.list<int64_t>();
   spec.indexer_layers = in.list<int64_t>();
+  spec.offload_pages = in.next();
   return spec;
 }
 
@@ -364,11 +369,15 @@ class GroupLeaderModel final : public LanguageModel {
                const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
                std::span<const int32_t> to_pages) {
       MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+      // Device cache -> host tier, back, or within the device cache (the
+      // live host tier's moves to offload pages).
+      const bool within = &from == &to;
       const bool to_host = &to == host_cache_;
-      MEGACTX_CHECK(host_cache_ != nullptr && to_host != (&from == host_cache_),
+      MEGACTX_CHECK(within || (host_cache_ != nullptr && to_host != (&from == host_cache_)),
                     "parallel group: a KV page copy that is not between the device cache and "
                     "the host tier");
-      std::vector<int64_t> words = {to_host, static_cast<int64_t>(from_pages.size())};
+      const int64_t direction = within ? kCopyWithin : to_host ? kCopyToHost : kCopyFromHost;
+      std::vector<int64_t> words = {direction, static_cast<int64_t>(from_pages.size())};
       words.insert(words.end(), from_pages.begin(), from_pages.end());
       words.push_back(static_cast<int64_t>(to_pages.size()));
       words.insert(words.end(), to_pages.begin(), to_pages.end());
@@ -508,11 +517,13 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         break;
       case Command::CopyPages: {
         Reader in(words);
-        const bool to_host = in.next() != 0;
+        const int64_t direction = in.next();
         const std::vector<int32_t> from = in.list<int32_t>(), to = in.list<int32_t>();
-        MEGACTX_CHECK(cache != nullptr && host_cache != nullptr,
+        MEGACTX_CHECK(cache != nullptr && (direction == kCopyWithin || host_cache != nullptr),
                       "parallel group: a KV page copy before the caches");
-        if (to_host) {
+        if (direction == kCopyWithin) {
+          copy(*cache, from, *cache, to);
+        } else if (direction == kCopyToHost) {
           copy(*cache, from, *host_cache, to);
         } else {
           copy(*host_cache, from, *cache, to);

@@ -121,6 +121,18 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
   out += scalar("megactx_host_kv_loaded_pages_total", "counter",
                 "KV pages copied back from the host tier for prefix hits.",
                 static_cast<double>(stats.host_kv_loaded_pages));
+  out += scalar("megactx_host_latent_pages_used", "gauge",
+                "Offload pages (latents in host memory) held by running requests.",
+                static_cast<double>(stats.host_latent_pages_used));
+  out += scalar("megactx_host_latent_pages_total", "gauge",
+                "Offload pages of the live host tier (0: none, --host-latent-memory).",
+                static_cast<double>(stats.host_latent_pages_total));
+  out += scalar("megactx_host_latent_moved_pages_total", "counter",
+                "KV pages of running requests moved to the live host tier.",
+                static_cast<double>(stats.host_latent_moved_pages));
+  out += scalar("megactx_host_latent_moved_bytes_total", "counter",
+                "Bytes of those moves (latents to host memory, indexer keys within the pools).",
+                static_cast<double>(stats.host_latent_moved_bytes));
   out += scalar("megactx_prefix_cache_host_hit_tokens_total", "counter",
                 "Prompt tokens found in the host tier (part of the prefix-cache hits).",
                 static_cast<double>(stats.prefix_cache_host_hits));

@@ -27,6 +27,9 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
                            {"host_kv_saved_pages", stats.host_kv_saved_pages},
                            {"host_kv_loaded_pages", stats.host_kv_loaded_pages},
                            {"prefix_cache_host_hits", stats.prefix_cache_host_hits},
+                           {"host_latent_pages_total", stats.host_latent_pages_total},
+                           {"host_latent_pages_used", stats.host_latent_pages_used},
+                           {"host_latent_moved_pages", stats.host_latent_moved_pages},
                            {"spec_accepted_tokens", stats.spec_accepted_tokens},
                            {"spec_verify_steps", stats.spec_verify_steps}};
   nlohmann::json counters = {{"prompt_tokens", metrics.prompt_tokens.load()},
@@ -40,7 +43,7 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
       {"time_per_output_token", histogram_json(metrics.time_per_output_token.snapshot())},
       {"e2e_request_latency", histogram_json(metrics.end_to_end_latency.snapshot())}};
   nlohmann::json server = nlohmann::json::object();
-  for (const char* key : {"device", "kv_dtype", "kv_memory", "host_kv_memory",
+  for (const char* key : {"device", "kv_dtype", "kv_memory", "host_kv_memory", "host_latent_memory",
                           "max_running_requests", "speculative_steps"})
     if (server_info.contains(key)) server[key] = server_info[key];
   return {{"monotonic_ms", monotonic_ms},        {"time", unix_seconds},

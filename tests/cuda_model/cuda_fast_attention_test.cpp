@@ -431,5 +431,74 @@ TEST(CudaFastAttention, PrefillAndDecodeReadTheCacheTheSameWay) {
             0.95);
 }
 
+// The live host tier: full pages moved to offload pages (latents in pinned
+// host memory, indexer keys in the device pools past the device pages) are
+// read by the sparse MLA kernels over the bus. The same prefill, then decode
+// steps of the two sequences with their full pages on offload pages (decode
+// rows of 1, the general and cluster kernels) and a 15-row chunk: every logit
+// equals the all-device run's bit for bit (the same bytes are read).
+TEST(CudaFastAttention, OffloadPagesAreReadFromHostMemoryBitForBit) {
+  const Shape shape{64, 32};
+  auto host = host_model(shape, 2048);
+  auto fast = cuda_model(*host, true);
+  std::mt19937 rng(31);
+  std::vector<int32_t> prompt_a(kPromptA), prompt_b(kPromptB), chunk(15);
+  for (int32_t& id : prompt_a) id = static_cast<int32_t>(2 + rng() % 500);
+  for (int32_t& id : prompt_b) id = static_cast<int32_t>(2 + rng() % 500);
+  for (int32_t& id : chunk) id = static_cast<int32_t>(2 + rng() % 500);
+  const std::vector<int32_t> pages_a = {7, 2, 9, 0, 4}, pages_b = {5, 8, 1};
+  auto logits_of = [&](bool offloaded) {
+    KvCacheSpec spec = make_kv_cache_spec(fast->config(), 10, KvDType::FP8);
+    spec.offload_pages = offloaded ? 6 : 0;
+    auto cache = fast->make_kv_cache(spec);
+    std::vector<float> out;
+    auto append = [&](const ForwardOutput& output) {
+      const Tensor logits = to_host(output.logits);
+      out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+    };
+    ForwardBatch prefill;
+    prefill.sequences.push_back({prompt_a, 0, pages_a, -1});
+    prefill.sequences.push_back({prompt_b, 0, pages_b, -1});
+    append(fast->forward(prefill, *cache));
+    // Full pages (A: 4 of 5, B: 2 of 3) -> offload pages 10..15, as the engine moves them.
+    std::vector<int32_t> table_a = pages_a, table_b = pages_b;
+    if (offloaded) {
+      const std::vector<int32_t> from = {7, 2, 9, 0, 5, 8}, to = {10, 11, 12, 13, 14, 15};
+      fast->kv_page_copy()(*cache, from, *cache, to);
+      table_a = {10, 11, 12, 13, 4};
+      table_b = {14, 15, 1};
+      // The device copies of the moved pages are overwritten: only the host ones hold them.
+      MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());  // the copy ran on the model's stream
+      for (const int32_t page : from) {
+        for (const int64_t layer : spec.latent_layers) {
+          const Tensor& pool = cache->latent_pool(layer);
+          const int64_t page_bytes = spec.page_size * spec.latent_bytes_per_token();
+          MEGACTX_CUDA_CHECK(cudaMemset(pool.data<std::byte>() + page * page_bytes, 0x7f,
+                                        static_cast<size_t>(page_bytes)));
+        }
+      }
+    }
+    for (int64_t step = 0; step < 3; ++step) {
+      const std::vector<int32_t> next_a = {static_cast<int32_t>(3 + step)},
+                                 next_b = {static_cast<int32_t>(9 + step)};
+      ForwardBatch one;  // one row: the cluster kernel
+      one.sequences.push_back({next_a, kPromptA + step, table_a, -1});
+      append(fast->forward(one, *cache));
+      ForwardBatch decode;  // B, then both
+      decode.sequences.push_back({next_b, kPromptB + step, table_b, -1});
+      append(fast->forward(decode, *cache));
+    }
+    ForwardBatch tail;  // a 15-row chunk of B (a parked request's recompute)
+    tail.sequences.push_back({chunk, kPromptB + 3, table_b, 0});
+    append(fast->forward(tail, *cache));
+    return out;
+  };
+  const std::vector<float> device = logits_of(false);
+  const std::vector<float> offloaded = logits_of(true);
+  ASSERT_EQ(device.size(), offloaded.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < device.size(); ++i) differ += device[i] != offloaded[i];
+  EXPECT_EQ(differ, 0) << "of " << device.size() << " logits";
+}
 }  // namespace
 }  // namespace megactx::testing

@@ -8,24 +8,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine_harness.h"
+#include "fixture_requests.h"
 #include "model/model_loader.h"
 
 namespace megactx::testing {
 namespace {
-
-std::string fixture_dir(const std::string& name) {
-  return std::string(MEGACTX_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
-}
-
-std::vector<int32_t> fixture_prompt(const std::string& dir) {
-  std::ifstream file(dir + "/reference.json");
-  return nlohmann::json::parse(file)["input_ids"].get<std::vector<int32_t>>();
-}
 
 int64_t page_bytes(const ModelConfig& config) {
   return plan_kv_capacity(config, KvDType::F32, int64_t{1} << 30, 64, false).bytes_per_page;
@@ -46,23 +36,6 @@ std::unique_ptr<Engine> make_engine(const std::string& dir, int64_t pages, int64
   GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
   const int64_t vocab = model->config().vocab_size;
   return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), defaults);
-}
-
-// `length` prompt tokens cut from the fixture's prompt stream, rotated by `seed`.
-std::vector<int32_t> prompt_of(const std::vector<int32_t>& stream, int64_t length, int64_t seed) {
-  std::vector<int32_t> prompt;
-  for (int64_t i = 0; i < length; ++i) {
-    prompt.push_back(stream[static_cast<size_t>((i * 7 + seed * 13) % stream.size())] ^
-                     static_cast<int32_t>(seed & 7));
-  }
-  return prompt;
-}
-
-GenerationRequest scored(std::string rid, std::vector<int32_t> prompt, int64_t new_tokens) {
-  GenerationRequest request = greedy_request(std::move(rid), std::move(prompt), new_tokens, true);
-  request.return_logprob = true;
-  request.top_logprobs_num = 2;
-  return request;
 }
 
 class HostKvTierEngine : public ::testing::TestWithParam<std::string> {};

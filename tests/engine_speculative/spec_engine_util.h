@@ -55,6 +55,9 @@ struct SpecEngineOptions {
   // sampler, the MTP layer on the GPU.
   Device device = Device::CPU;
   bool cuda_bf16 = false;
+  // The live host tier: offload pages (their indexer keys added to the KV
+  // budget, so that the device page count stays `pages`).
+  int64_t offload_pages = 0;
 };
 
 class SpecEngine {
@@ -82,7 +85,11 @@ class SpecEngine {
     // Same page count with and without the MTP layer's pools.
     const KvCapacityPlan one = plan_kv_capacity(model->config(), options.kv_dtype, int64_t{1} << 30,
                                                 64, options.steps > 0);
-    config.kv_memory_bytes = options.pages * one.bytes_per_page;
+    const int64_t indexer_bytes = options.offload_pages * one.spec.indexer_bytes_per_page();
+    config.kv_memory_bytes =
+        (options.pages + (indexer_bytes + one.bytes_per_page - 1) / one.bytes_per_page) *
+        one.bytes_per_page;
+    config.host_latent_memory_bytes = options.offload_pages * one.spec.latent_bytes_per_page();
     vocab = model->config().vocab_size;
     GenerationDefaults defaults = load_generation_defaults(dir, model->config().eos_token_ids);
     std::shared_ptr<const Tokenizer> tokenizer;

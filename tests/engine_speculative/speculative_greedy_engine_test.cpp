@@ -2,8 +2,8 @@
 // tokens of the Engine without speculation, token for token, for many
 // requests submitted together (different lengths, so different accept counts
 // per step), for k = 1, 3, 7 with and without IndexShare/KVShare, with
-// chunked prefill, under a KV budget that forces preemption, and from prefix
-// cache hits; every step ends with Engine::check_integrity(). The spec_*
+// chunked prefill, under a KV budget that forces preemption, from prefix
+// cache hits and with the live host tier; every step ends with Engine::check_integrity(). The spec_*
 // counters of every request and of EngineStats must be consistent.
 // Models: models/default (trained MTP layer: drafts are accepted) and the HF
 // fixtures with MTP weights (random: drafts mostly rejected).
@@ -141,6 +141,24 @@ TEST_P(SpeculativeEngine, GreedyEqualsPlainUnderPreemption) {
     expect_equal(run_all(GetParam(), options, prompts(), &preemptions),
                  "preemption k=" + std::to_string(k));
     EXPECT_GT(preemptions, 0) << "k=" << k;
+  }
+}
+
+// The live host tier: full pages (target and MTP layer entries) move to
+// offload pages as requests decode, drafts and verification read them from
+// there; with a tiny device pool offloaded requests are parked and resume.
+TEST_P(SpeculativeEngine, GreedyEqualsPlainWithTheLiveHostTier) {
+  for (const int64_t pages : {64, 5}) {
+    SpecEngineOptions options;
+    options.steps = 3;
+    options.pages = pages;
+    options.max_prefill_tokens = 64;
+    options.offload_pages = 48;
+    EngineStats stats;
+    expect_equal(run_all(GetParam(), options, prompts(), nullptr, &stats),
+                 "live host tier, " + std::to_string(pages) + " device pages");
+    EXPECT_GT(stats.host_latent_moved_pages, 0) << pages << " device pages";
+    EXPECT_EQ(stats.host_latent_pages_used, 0) << pages << " device pages";
   }
 }
 

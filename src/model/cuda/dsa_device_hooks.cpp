@@ -10,11 +10,20 @@
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/reference/dense_ops.h"
+#include "model/cuda/fast_attention_plan.h"
 #include "model/weight_source.h"
 
 namespace megactx::cuda {
 
 std::unique_ptr<PagedKvCache> CudaDsaModel::make_kv_cache(const KvCacheSpec& spec) const {
+  // Offload pages' latents are read where the fp8 sparse MLA kernels read an
+  // entry (SparseMlaParams::offload_pool); the fallback kernels have no such path.
+  MEGACTX_CHECK(spec.offload_pages == 0 ||
+                    (options_.fast_attention && spec.dtype == KvDType::FP8 &&
+                     spec.page_size == kPageTokens && cuda_fast_attention_shapes(config_)),
+                "the live host tier (--host-latent-memory) on CUDA needs the fp8 KV cache "
+                "(--kv-dtype fp8) and the fp8 DSA kernels (GLM-5.x / DeepSeek-V3.2 attention "
+                "shapes)");
   return make_cuda_kv_cache(spec);
 }
 

@@ -330,6 +330,10 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   attend.q = pack.q;
   attend.slots = map.slots;
   attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
+  if (cache.spec().offload_pages > 0) {  // the live host tier: latents of offload pages
+    attend.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
+    attend.pool_slots = cache.spec().num_pages * cache.spec().page_size;
+  }
   attend.rows = static_cast<int>(n);
   attend.heads = static_cast<int>(padded);
   attend.top_k = static_cast<int>(top_k);

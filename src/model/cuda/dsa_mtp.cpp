@@ -151,8 +151,8 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
                   "MTP: rows [{}, {}) need {} pages, {} given", r.start, r.start + r.count, pages,
                   r.pages.size());
     for (int64_t p = 0; p < pages; ++p) {
-      MEGACTX_CHECK(r.pages[p] >= 0 && r.pages[p] < spec.num_pages,
-                    "MTP: page id {} outside the pool of {}", r.pages[p], spec.num_pages);
+      MEGACTX_CHECK(r.pages[p] >= 0 && r.pages[p] < spec.total_pages(),
+                    "MTP: page id {} outside the pool of {}", r.pages[p], spec.total_pages());
     }
     chain = std::max(chain, r.greedy_drafts);
     want_logits = want_logits || r.want_logits;

@@ -42,7 +42,10 @@ Tensor pinned_zeros(int64_t rows, int64_t bytes_per_row) {
   if (bytes > 0) {
     if (cudaHostAlloc(&data, bytes, cudaHostAllocDefault) != cudaSuccess) {
       cudaGetLastError();
-      fail("host KV tier: cannot pin {} MiB of host memory: lower --host-kv-memory", bytes >> 20);
+      fail(
+          "cannot pin {} MiB of host memory for KV pages: lower --host-kv-memory or "
+          "--host-latent-memory",
+          bytes >> 20);
     }
     std::memset(data, 0, bytes);
   }
@@ -51,21 +54,27 @@ Tensor pinned_zeros(int64_t rows, int64_t bytes_per_row) {
   });
 }
 
-// `spec`'s pools, each from zeros(rows, bytes_per_row).
+// `spec`'s pools, each from zeros(rows, bytes_per_row); the offload pages'
+// latent pools (the live host tier) pinned in host memory.
 std::unique_ptr<PagedKvCache> pools_of(KvCacheSpec spec, Device device,
                                        Tensor (*zeros)(int64_t, int64_t)) {
-  MEGACTX_CHECK(spec.num_pages >= 0 && spec.page_size > 0,
-                "KV cache: bad num_pages {} / page_size {}", spec.num_pages, spec.page_size);
+  MEGACTX_CHECK(spec.num_pages >= 0 && spec.offload_pages >= 0 && spec.page_size > 0,
+                "KV cache: bad num_pages {} / offload_pages {} / page_size {}", spec.num_pages,
+                spec.offload_pages, spec.page_size);
   spec.device = device;
   const int64_t slots = spec.num_pages * spec.page_size;
-  std::vector<Tensor> latent, indexer;
+  const int64_t offload_slots = spec.offload_pages * spec.page_size;
+  std::vector<Tensor> latent, indexer, offload;
   for (size_t i = 0; i < spec.latent_layers.size(); ++i) {
     latent.push_back(zeros(slots, spec.latent_bytes_per_token()));
+    if (offload_slots > 0)
+      offload.push_back(pinned_zeros(offload_slots, spec.latent_bytes_per_token()));
   }
   for (size_t i = 0; i < spec.indexer_layers.size(); ++i) {
-    indexer.push_back(zeros(slots, spec.indexer_bytes_per_token()));
+    indexer.push_back(zeros(slots + offload_slots, spec.indexer_bytes_per_token()));
   }
-  return std::make_unique<PagedKvCache>(std::move(spec), std::move(latent), std::move(indexer));
+  return std::make_unique<PagedKvCache>(std::move(spec), std::move(latent), std::move(indexer),
+                                        std::move(offload));
 }
 
 }  // namespace
@@ -75,6 +84,7 @@ std::unique_ptr<PagedKvCache> make_cuda_kv_cache(KvCacheSpec spec) {
 }
 
 std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec) {
+  spec.offload_pages = 0;
   // spec.device stays CPU: host memory, pinned so that copies run asynchronously.
   return pools_of(std::move(spec), Device::CPU, pinned_zeros);
 }

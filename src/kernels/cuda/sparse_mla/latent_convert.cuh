@@ -1,6 +1,6 @@
 // The f16 staging conversions both sparse MLA kernels apply when they bring
-// queries and latent entries into shared memory (operands of f16 mma.sync).
-// Only for .cu files.
+// queries and latent entries into shared memory (operands of f16 mma.sync),
+// and where an entry is. Only for .cu files.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -8,8 +8,19 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/dsa_layout.h"
 
 namespace megactx::cuda {
+
+// The 656-byte entry of `slot` (>= 0): in the layer's device pool, or past
+// pool_slots in its offload pool in host memory (SparseMlaParams).
+__device__ __forceinline__ const uint8_t* latent_entry(const uint8_t* kv_pool,
+                                                       const uint8_t* offload_pool,
+                                                       int64_t pool_slots, int32_t slot) {
+  const int64_t s = slot;
+  return s < pool_slots ? kv_pool + s * kLatentBytes
+                        : offload_pool + (s - pool_slots) * kLatentBytes;
+}
 
 // 8 bf16 (one 16-byte word) times `factor` -> 8 f16 at `destination` (16-byte
 // aligned): the product is exact in fp32 (factor a power of two or 1), then

@@ -93,8 +93,11 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
                       (params.partial_out && params.partial_lse),
                   "sparse MLA: {} splits need partial_out and partial_lse", params.num_splits);
     MEGACTX_CHECK(reinterpret_cast<uintptr_t>(params.kv_pool) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(params.q) % 16 == 0,
-                  "sparse MLA: q and kv_pool must be 16-byte aligned");
+                      reinterpret_cast<uintptr_t>(params.q) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(params.offload_pool) % 16 == 0,
+                  "sparse MLA: q, kv_pool and offload_pool must be 16-byte aligned");
+    MEGACTX_CHECK(params.pool_slots == INT64_MAX || params.offload_pool != nullptr,
+                  "sparse MLA: slots past pool_slots {} but no offload pool", params.pool_slots);
   }
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);

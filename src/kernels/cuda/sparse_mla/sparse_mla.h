@@ -39,8 +39,14 @@ struct SparseMlaParams {
   const uint16_t* q = nullptr;       // [rows, heads, 576] bf16
   const int32_t* slots = nullptr;    // [rows, top_k] physical cache slots, -1 = padding
   const uint8_t* kv_pool = nullptr;  // [num_slots, 656] latent cache of this layer
-  uint16_t* out = nullptr;           // [rows, heads, 512] bf16
-  float* lse = nullptr;              // [rows, heads]
+  // The live host tier (cache/kv_cache.h offload pages): slots from
+  // pool_slots on are entries slot - pool_slots of offload_pool, this layer's
+  // latents in pinned host memory, read over the bus through unified
+  // addressing. Without a tier pool_slots stays past every slot.
+  const uint8_t* offload_pool = nullptr;
+  int64_t pool_slots = INT64_MAX;
+  uint16_t* out = nullptr;  // [rows, heads, 512] bf16
+  float* lse = nullptr;     // [rows, heads]
   // Split-K partial states, used when num_splits > 1:
   float* partial_out = nullptr;  // [rows, num_splits, heads, 512]
   float* partial_lse = nullptr;  // [rows, num_splits, heads]

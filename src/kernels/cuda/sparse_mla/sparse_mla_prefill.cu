@@ -135,11 +135,11 @@ struct EntryQuarter {
   bool valid;
 };
 
-__device__ __forceinline__ void load_quarter(EntryQuarter& quarter_data, const uint8_t* pool,
+__device__ __forceinline__ void load_quarter(EntryQuarter& quarter_data, const SparseMlaParams& p,
                                              int32_t slot, int quarter) {
   quarter_data.valid = slot >= 0;
   if (slot < 0) return;
-  const uint8_t* entry = pool + static_cast<int64_t>(slot) * kLatentBytes;
+  const uint8_t* entry = latent_entry(p.kv_pool, p.offload_pool, p.pool_slots, slot);
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     quarter_data.latent[i] = *reinterpret_cast<const uint4*>(entry + quarter * 128 + i * 16);
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseM
   int32_t slot_next = slot_of(0), slot_after = slot_of(1);
   EntryQuarter pending;
   auto fetch_next = [&](int stage) {
-    load_quarter(pending, p.kv_pool, slot_next, quarter);
+    load_quarter(pending, p, slot_next, quarter);
     slot_next = slot_after;
     slot_after = slot_of(stage + 2);
   };
