@@ -264,7 +264,8 @@ fi
 #    with and without --deterministic, and scoring vs plain prefill through serve in
 #    both), "profile" (ncu's device time per kernel of decode steps), "ncukernels" (ncu --set full
 #    on one launch of each prefill kernel: the wgmma sparse MLA, the fused indexer), "hosttier"
-#    (the host KV tier's page copies and prefix hits), "decode" (decode tok/s through serve
+#    (the host KV tier's page copies and prefix hits), "hostlatent" (the live host tier: concurrent
+#    long requests through serve with and without --host-latent-memory), "decode" (decode tok/s through serve
 #    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
 #    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
 #    config, against its FLOP floor and transformers, with a chart), "fp8linear" (the fp8
@@ -359,6 +360,16 @@ if [[ "$benches" == *longdecode* ]]; then
     --checkpoint /tmp/glm52_attention_ckpt --json "$out/long_decode.json" --plot "$out/long_decode.svg" \
     ${LONG_DECODE_ARGS:-} >"$out/long_decode.md" 2>&1
   note "longdecode (decode at long contexts through serve) exit $?"
+fi
+if [[ "$benches" == *hostlatent* ]]; then
+  # The live host tier: concurrent long requests on the GLM-5.2 attention config (the ttft block's
+  # checkpoint, made once in /tmp) through a plain server and one with --host-latent-memory, the
+  # same --kv-memory. HOST_LATENT_ARGS: more arguments, e.g. --context 262144.
+  # shellcheck disable=SC2086  # $HOST_LATENT_ARGS is a list of arguments
+  timeout "${HOST_LATENT_TIMEOUT:-560}" python3 tools/bench/host_latent_bench.py --megactx "$pack/bin/megactx" \
+    --checkpoint /tmp/glm52_attention_ckpt --json "$out/host_latent.json" --plot "$out/host_latent.svg" \
+    ${HOST_LATENT_ARGS:-} >"$out/host_latent.md" 2>&1
+  note "hostlatent (the live host tier through serve) exit $?"
 fi
 if [[ "$benches" == *hosttier* ]]; then
   # The host KV tier's page copies against one contiguous pinned copy, and a
