@@ -109,6 +109,7 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   // Decode steps: one token per running request, 1 + k with MTP verification.
   memory.options.decode_sequences = engine.max_running_requests;
   memory.options.decode_tokens_per_sequence = 1 + std::max<int64_t>(engine.speculative_steps, 0);
+  memory.options.offload_staging = engine.host_latent_memory_bytes > 0;
   memory.weights_include_workspace = true;
   plan.reserve_bytes = device_reserve_bytes(memory.kv);
   if (request.kv_memory_bytes > 0) {

@@ -236,6 +236,9 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
     DeviceBuffer fused;
+    // The live host tier: staged slots [rows, top_k] and the staged entries
+    // of offload pages [rows x top_k, 656] (at most kOffloadStagingRows rows).
+    DeviceBuffer staged_slots, staging;
     SlotsKey slots_key;
   };
 

@@ -32,6 +32,7 @@
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
+#include "kernels/cuda/kv_copy/stage_offload.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 #include "model/cuda/cuda_dsa_model.h"
@@ -56,6 +57,13 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+// MEGACTX_OFFLOAD_STAGING=0: offload pages' entries read straight from host
+// memory by the attention kernels at every step (A/B runs, tests).
+bool offload_staging_enabled() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_STAGING");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 // MEGACTX_CUDA_FUSED_INDEXER=1: the fused indexer + top-k for every step it
 // serves, not only those past the scores cap (read per call: tests switch it).
 bool fused_indexer_forced() {
@@ -77,7 +85,7 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   for (const DeviceBuffer* buffer :
        {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_bf16, &fs.iw_padded, &fs.iq_fp8, &fs.iw_folded,
         &fs.topk_histogram, &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse,
-        &fs.partial_out, &fs.partial_lse, &fs.fused})
+        &fs.partial_out, &fs.partial_lse, &fs.fused, &fs.staged_slots, &fs.staging})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -330,9 +338,27 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   attend.q = pack.q;
   attend.slots = map.slots;
   attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
-  if (cache.spec().offload_pages > 0) {  // the live host tier: latents of offload pages
+  if (cache.spec().offload_pages > 0) {
+    // The live host tier: selected entries of offload pages are copied into
+    // the staging buffer first (this layer's; the staged slots are the same
+    // for every layer of a selection), or, for steps that select more than it
+    // holds, read from host memory by the attention kernel itself.
     attend.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
     attend.pool_slots = cache.spec().num_pages * cache.spec().page_size;
+    const int64_t entries = n * top_k;
+    if (offload_staging_enabled() && entries <= kOffloadStagingRows * index_topk_) {
+      StageOffloadParams stage;
+      stage.slots = map.slots;
+      stage.staged_slots = fs.staged_slots.get<int32_t>(entries);
+      stage.entries = entries;
+      stage.pool_slots = attend.pool_slots;
+      stage.offload_pool = attend.offload_pool;
+      stage.staging = fs.staging.get<uint8_t>(entries * kLatentBytes);
+      stage.entry_bytes = kLatentBytes;
+      stage_offload_entries(stage, stream_);
+      attend.slots = stage.staged_slots;
+      attend.offload_pool = stage.staging;
+    }
   }
   attend.rows = static_cast<int>(n);
   attend.heads = static_cast<int>(padded);

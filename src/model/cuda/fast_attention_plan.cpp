@@ -97,4 +97,10 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   return bytes + 4096;  // DeviceBuffer's one-element minimum per buffer, with room
 }
 
+int64_t cuda_offload_staging_bytes(int64_t index_topk) {
+  // An fp8 latent entry (656 bytes: kv_cache.h) and an int32 slot per staged column.
+  constexpr int64_t kEntryBytes = 656;
+  return kOffloadStagingRows * std::max<int64_t>(index_topk, 1) * (kEntryBytes + 4) + 8192;
+}
+
 }  // namespace megactx

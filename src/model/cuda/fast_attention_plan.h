@@ -66,4 +66,13 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
                                           int64_t max_context, int64_t index_topk,
                                           int64_t multiprocessors = 132, int64_t row_block = 0);
 
+// The live host tier on CUDA: a step (row block) of at most this many rows
+// has its selected offload-page entries staged in device memory before its
+// sparse MLA (kernels/cuda/kv_copy/stage_offload.h); larger ones read them
+// from host memory in the attention kernel.
+inline constexpr int64_t kOffloadStagingRows = 64;
+
+// The staging's bytes (FastScratch::staging and staged_slots) at `index_topk`.
+int64_t cuda_offload_staging_bytes(int64_t index_topk);
+
 }  // namespace megactx

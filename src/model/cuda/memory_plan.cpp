@@ -212,6 +212,7 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
   if (fast) {
     parts.fast_attention = cuda_fast_attention_scratch_bytes(
         config, tokens, context, request.index_topk, o.multiprocessors, o.row_block);
+    if (o.offload_staging) parts.fast_attention += cuda_offload_staging_bytes(request.index_topk);
   }
   if (o.device_moe) {
     parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens, o.fp8_gemm_inputs);
