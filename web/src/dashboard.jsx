@@ -137,6 +137,7 @@ export function Dashboard() {
         <span class="muted">
           {server.device && <>device {server.device} · KV {server.kv_dtype} {server.kv_memory}
             {server.host_kv_memory && server.host_kv_memory !== '0' && <> + host {server.host_kv_memory}</>}
+            {server.host_latent_memory && server.host_latent_memory !== '0' && <> + live host tier {server.host_latent_memory}</>}
             {' '}· MTP steps {server.speculative_steps ?? 0} · </>}
           polled every second from /ui/stats · percentiles over the last 30 s
         </span>
@@ -148,6 +149,9 @@ export function Dashboard() {
           <Tile label="running / waiting" value={`${latest.running} / ${latest.waiting}`} />
           <Tile label="KV pages used" value={`${latest.kvUsed} / ${latest.kvTotal}`} />
           <Tile label="host KV pages" value={latest.hostKvTotal ? `${latest.hostKvUsed} / ${latest.hostKvTotal}` : 'no tier'} />
+          {latest.hostLatentTotal > 0 && (
+            <Tile label="live host tier pages" value={`${latest.hostLatentUsed} / ${latest.hostLatentTotal}`} />
+          )}
           <Tile label="prefix hit rate (all time)" value={`${fmt(latest.prefixHitRateTotal, 1)}%`} />
           <Tile label="MTP accepted length" value={fmt(latest.specAcceptLengthTotal, 2)} />
           <Tile label="requests finished" value={`${latest.finished}`} testid="tile-finished" />
@@ -159,9 +163,11 @@ export function Dashboard() {
         <Chart title="Requests" digits={0} points={points} description="requests running and waiting"
           series={[{ key: 'running', label: 'running', color: COLORS.a },
             { key: 'waiting', label: 'waiting', color: COLORS.b }]} />
-        <Chart title="KV pages used" digits={0} points={points} description="KV cache pages in use on the device and in the host tier"
+        <Chart title="KV pages used" digits={0} points={points}
+          description="KV cache pages in use on the device, in the prefix cache's host tier and in the live host tier"
           series={[{ key: 'kvUsed', label: 'device', color: COLORS.a },
-            { key: 'hostKvUsed', label: 'host tier', color: COLORS.d }]} />
+            { key: 'hostKvUsed', label: 'host tier', color: COLORS.d },
+            { key: 'hostLatentUsed', label: 'live host tier', color: COLORS.b }]} />
         <Chart title="Prefix-cache hit rate" unit="%" points={points} description="prompt tokens found in the prefix cache"
           series={[{ key: 'prefixHitRate', label: 'last 30 s', color: COLORS.c },
             { key: 'prefixHitRateTotal', label: 'all time', color: COLORS.a }]} />

@@ -69,6 +69,8 @@ export function seriesPoint(history, { rateSeconds = 2, windowSeconds = 30 } = {
     kvTotal: e.kv_pages_total,
     hostKvUsed: e.host_kv_pages_used,
     hostKvTotal: e.host_kv_pages_total,
+    hostLatentUsed: e.host_latent_pages_used ?? 0,
+    hostLatentTotal: e.host_latent_pages_total ?? 0,
     prefixHitRate: hitRate === null ? null : hitRate * 100,
     prefixHitRateTotal: (ratio(e.prefix_cache_hits, e.prefix_cache_queries) ?? 0) * 100,
     specAcceptLength: specSteps > 0 ? 1 + specAccepted / specSteps : null,

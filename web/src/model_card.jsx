@@ -108,6 +108,7 @@ export function ModelCard({ active, refresh }) {
             ['max running requests', String(server.max_running_requests ?? '–')],
             ['max prefill tokens', String(server.max_prefill_tokens ?? '–')],
             ['host KV memory', server.host_kv_memory ?? '0'],
+            ['live host tier memory', server.host_latent_memory ?? '0'],
             ['API key', card.api_key_required ? 'required' : 'off'],
           ]} />
         </section>
