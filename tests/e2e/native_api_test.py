@@ -515,6 +515,47 @@ class HostKvTier(unittest.TestCase):
             self.assertEqual(info["host_kv_memory"], "64MiB")
 
 
+class LiveHostTier(unittest.TestCase):
+    def test_decoding_requests_move_their_pages_to_host_memory(self):
+        # --host-latent-memory: three requests decode from their offloaded pages with exactly
+        # the tokens and logprobs of a server without the tier; /metrics counts the moved pages,
+        # /get_server_info names the memory; a size below one page is a start-up error.
+        prompts = [prompt_ids(150 + 40 * i, 51 + i) for i in range(3)]
+
+        def run(*extra):
+            with MegactxServer(ARGS.megactx, ARGS.model, "--kv-dtype", "f32", *extra,
+                               kv_memory="16MiB", name="latent") as server:
+                bodies = []
+                for ids in prompts:
+                    response = requests.post(server.url + "/generate", timeout=300, json={
+                        "input_ids": ids, "return_logprob": True,
+                        "sampling_params": {"max_new_tokens": 70, "temperature": 0,
+                                            "ignore_eos": True}})
+                    self.assertEqual(response.status_code, 200, response.text)
+                    bodies.append(response.json())
+                metrics = requests.get(server.url + "/metrics", timeout=30).text
+                values = dict(line.split(" ", 1) for line in metrics.splitlines()
+                              if line and not line.startswith("#"))
+                info = requests.get(server.url + "/get_server_info", timeout=30).json()
+                return bodies, values, info
+
+        plain, _, _ = run()
+        tiered, values, info = run("--host-latent-memory", "32MiB")
+        for got, want in zip(tiered, plain):
+            self.assertEqual(got["output_ids"], want["output_ids"])
+            self.assertEqual([entry[0] for entry in got["meta_info"]["output_token_logprobs"]],
+                             [entry[0] for entry in want["meta_info"]["output_token_logprobs"]])
+        self.assertGreater(float(values["megactx_host_latent_moved_pages_total"]), 0)
+        self.assertGreater(float(values["megactx_host_latent_pages_total"]), 0)
+        self.assertEqual(float(values["megactx_host_latent_pages_used"]), 0)
+        self.assertEqual(info["host_latent_memory"], "32MiB")
+        result = subprocess.run([ARGS.megactx, "serve", "--model", ARGS.model,
+                                 "--host-latent-memory", "1KiB"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("host latent memory", result.stderr)
+
+
 class IndexTopk(unittest.TestCase):
     def test_the_keys_each_query_attends_to_are_the_servers_choice(self):
         # The default model attends to its indexer's top 128 keys: --index-topk 128 changes
