@@ -200,20 +200,23 @@ def print_table(rows, read_bytes, bus_gbps):
 
 
 def plot(path, rows, levels, title):
+    """Decode tok/s while all the round's requests decode together, against the requests sent
+    (a server that never ran them all at once has no point there)."""
     series = []
     for label in ("plain", "live host tier"):
-        points = [(r["concurrency"], r["output_tok_s"]) for r in rows
-                  if r["server"] == label and "error" not in r]
+        points = [(r["concurrency"], r["together_tok_s"]) for r in rows
+                  if r["server"] == label and "error" not in r and r.get("together_tok_s")]
         if points:
             series.append((label, points))
     if series:
         common.line_chart(path, series, title=title, x_label="concurrent requests",
-                          y_label="output tok/s", x_ticks=levels)
+                          y_label="decode tok/s, all decoding together", x_ticks=levels)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--megactx", required=True)
+    parser.add_argument("--plot-from", help="only redraw the chart of an earlier --json")
+    parser.add_argument("--megactx")
     parser.add_argument("--checkpoint", help="the benchmark config's checkpoint (made if absent)")
     parser.add_argument("--model", help="an existing model folder instead (models/default)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test without CUDA flags")
@@ -233,6 +236,16 @@ def main():
     parser.add_argument("serve_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     args.serve_args = [a for a in args.serve_args if a != "--"]
+    if not args.plot_from and not args.megactx:
+        parser.error("--megactx is required (unless --plot-from)")
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            data = json.load(f)
+        rows = data["rows"]
+        levels = sorted({r["concurrency"] for r in rows})
+        plot(args.plot, rows, levels, f"{rows[0]['context'] // 1024}K-token requests, "
+             f"--kv-memory {data['kv_memory']}")
+        return
     args.levels = [int(c) for c in args.concurrency.split(",")]
     if not args.model and not common.has_checkpoint(args.checkpoint):
         common.make_checkpoint(args.config, args.checkpoint)
