@@ -1,7 +1,8 @@
 // The live host tier through the Engine on the CUDA model (fp8 KV, the fast
 // DSA kernels, a small random GLM-5.x-shaped model): decoding requests move
 // their full pages to offload pages in pinned host memory and decode from
-// there, staged into device memory or read over the bus, with exactly the
+// there (kept in the hot cache, staged every step, or read over the bus),
+// with exactly the
 // tokens and logprobs of an engine without the tier (the same batches: the
 // same bytes reach the same kernels); under a tiny device pool the long
 // request is parked and resumes, and its tokens stay the plain engine's
@@ -79,21 +80,28 @@ TEST(CudaLiveHostTier, DecodeFromHostMemoryEqualsThePlainEngineBitForBit) {
   const std::vector<GenerationRequest> requests = {scored("a", 300, 1, 40), scored("b", 170, 2, 40),
                                                    scored("c", 90, 3, 40)};
   const Results plain = run(*host, {}, requests, nullptr);
-  for (const char* staging : {"1", "0"}) {
-    setenv("MEGACTX_OFFLOAD_STAGING", staging, 1);
+  // The hot cache (also with 300 lines: collisions), staging every step, and
+  // reads straight from host memory.
+  for (const char* mode : {"hot", "hot300", "staging", "direct"}) {
+    const std::string m = mode;
+    setenv("MEGACTX_OFFLOAD_STAGING", m == "direct" ? "0" : "1", 1);
+    setenv("MEGACTX_OFFLOAD_HOT", m == "staging" ? "0" : "1", 1);
+    setenv("MEGACTX_OFFLOAD_HOT_LINES", m == "hot300" ? "300" : "0", 1);
     EngineStats stats;
     const Results tiered = run(*host, {.offload_pages = 32}, requests, &stats);
-    EXPECT_GE(stats.host_latent_moved_pages, 7) << "staging " << staging;
+    EXPECT_GE(stats.host_latent_moved_pages, 7) << "mode " << mode;
     EXPECT_EQ(stats.host_latent_pages_used, 0);
     for (const auto& [rid, want] : plain) {
       const Collected& got = tiered.at(rid);
-      EXPECT_EQ(got.tokens, want.tokens) << rid << " staging " << staging;
+      EXPECT_EQ(got.tokens, want.tokens) << rid << " mode " << mode;
       ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << rid;
       for (size_t i = 0; i < want.logprobs.size(); ++i)
         EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << rid << " " << i;
     }
   }
   unsetenv("MEGACTX_OFFLOAD_STAGING");
+  unsetenv("MEGACTX_OFFLOAD_HOT");
+  unsetenv("MEGACTX_OFFLOAD_HOT_LINES");
 }
 
 // Two short requests under the length threshold keep their device pages as

@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <span>
 #include <optional>
 #include <vector>
 
@@ -78,6 +80,12 @@ class CudaDsaModel final : public LanguageModel {
   // Bytes the fast attention path's workspaces hold now (grow-only), for the
   // check of cuda_fast_attention_scratch_bytes (model/cuda/fast_attention_plan.h).
   int64_t fast_scratch_bytes() const;
+  // The live host tier: offload pages `pages` of `cache` were rewritten (a
+  // move to the tier); the hot cache's lines holding their slots are dropped.
+  // On the model's stream, after the copy that rewrote them.
+  void invalidate_offload_lines(std::span<const int32_t> pages, const PagedKvCache& cache) const;
+  // Every hot line emptied (a new KV cache: the tags name slots of the old one).
+  void reset_offload_hot() const;
 
   // CUDA-graph decode so far (model/cuda/decode_graph.h).
   CudaGraphStats graph_stats() const { return graphs_.stats(); }
@@ -238,7 +246,7 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer fused;
     // The live host tier: staged slots [rows, top_k] and the staged entries
     // of offload pages [rows x top_k, 656] (at most kOffloadStagingRows rows).
-    DeviceBuffer staged_slots, staging;
+    DeviceBuffer staged_slots, staging, offload_copy;
     SlotsKey slots_key;
   };
 
@@ -294,6 +302,19 @@ class CudaDsaModel final : public LanguageModel {
   DeviceBuffer cublas_workspace_;  // never grown after construction
   double forward_wall_ms_ = 0.0;
   FastScratch fast_scratch_;
+  // The live host tier's hot cache (kernels/cuda/kv_copy/stage_offload.h):
+  // per selection group, keyed by the layer whose top-k it is, its tables
+  // [3, lines] int32 (tags, claims, hits); per latent layer its hot entries
+  // [lines, 656]; `group`: the table the current staged slots were assigned
+  // in. Allocated on first use (an eager step: graphs are captured after),
+  // never grown; a new KV cache empties the tags (make_kv_cache).
+  struct OffloadHot {
+    std::map<int64_t, DeviceBuffer> tables;
+    std::map<int64_t, DeviceBuffer> entries;
+    int64_t group = -1;
+    int64_t lines = 0;  // kOffloadHotLines (fewer in tests), fixed at first use
+  };
+  mutable OffloadHot offload_hot_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
   // Advanced whenever a selection may change: every Step made (a forward, an
   // MTP step) and every indexer run (SlotsKey).

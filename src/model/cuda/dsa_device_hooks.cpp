@@ -24,6 +24,7 @@ std::unique_ptr<PagedKvCache> CudaDsaModel::make_kv_cache(const KvCacheSpec& spe
                 "the live host tier (--host-latent-memory) on CUDA needs the fp8 KV cache "
                 "(--kv-dtype fp8) and the fp8 DSA kernels (GLM-5.x / DeepSeek-V3.2 attention "
                 "shapes)");
+  reset_offload_hot();
   return make_cuda_kv_cache(spec);
 }
 

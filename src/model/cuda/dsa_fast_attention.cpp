@@ -64,6 +64,30 @@ bool offload_staging_enabled() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
+// MEGACTX_OFFLOAD_HOT=0: staged offload entries are not kept across steps
+// (every selected one copied every step; A/B runs, tests).
+bool offload_hot_enabled() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_HOT");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// MEGACTX_OFFLOAD_HOT_LINES=N: a smaller hot cache (tests: collisions);
+// read once per model, at its first use.
+int64_t offload_hot_lines() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_HOT_LINES");
+  const int64_t lines = value != nullptr ? std::atoll(value) : 0;
+  return lines > 0 && lines < kOffloadHotLines ? lines : kOffloadHotLines;
+}
+
+// A hot cache group's tables at rest: tags -1 (empty), claims past every
+// entry index (0x7f7f7f7f), hits 0.
+void reset_offload_tables(int32_t* tables, int64_t count, cudaStream_t stream) {
+  const auto lines = static_cast<size_t>(count);
+  MEGACTX_CUDA_CHECK(cudaMemsetAsync(tables, 0xff, lines * 4, stream));
+  MEGACTX_CUDA_CHECK(cudaMemsetAsync(tables + lines, 0x7f, lines * 4, stream));
+  MEGACTX_CUDA_CHECK(cudaMemsetAsync(tables + 2 * lines, 0, lines * 4, stream));
+}
+
 // MEGACTX_CUDA_FUSED_INDEXER=1: the fused indexer + top-k for every step it
 // serves, not only those past the scores cap (read per call: tests switch it).
 bool fused_indexer_forced() {
@@ -85,7 +109,8 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   for (const DeviceBuffer* buffer :
        {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_bf16, &fs.iw_padded, &fs.iq_fp8, &fs.iw_folded,
         &fs.topk_histogram, &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse,
-        &fs.partial_out, &fs.partial_lse, &fs.fused, &fs.staged_slots, &fs.staging})
+        &fs.partial_out, &fs.partial_lse, &fs.fused, &fs.staged_slots, &fs.staging,
+        &fs.offload_copy})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -315,7 +340,8 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
                            n,
                            top_k,
                            map.slots};
-  if (!(fs.slots_key == slots_key)) {
+  const bool new_selection = !(fs.slots_key == slots_key);
+  if (new_selection) {
     positions_to_slots(map, stream_);
     fs.slots_key = slots_key;
   }
@@ -339,9 +365,11 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   attend.slots = map.slots;
   attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
   if (cache.spec().offload_pages > 0) {
-    // The live host tier: selected entries of offload pages are copied into
-    // the staging buffer first (this layer's; the staged slots are the same
-    // for every layer of a selection), or, for steps that select more than it
+    // The live host tier: the selected entries of offload pages are staged in
+    // device memory before the attention reads them, kept across steps in the
+    // hot cache of the selection's group (the assignment once per selection:
+    // the IndexShare layers after a full one reuse its staged slots; the
+    // copy per layer), or, for steps that select more than the staging
     // holds, read from host memory by the attention kernel itself.
     attend.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
     attend.pool_slots = cache.spec().num_pages * cache.spec().page_size;
@@ -355,9 +383,31 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
       stage.offload_pool = attend.offload_pool;
       stage.staging = fs.staging.get<uint8_t>(entries * kLatentBytes);
       stage.entry_bytes = kLatentBytes;
+      if (offload_hot_enabled()) {
+        if (offload_hot_.lines == 0) offload_hot_.lines = offload_hot_lines();
+        const int64_t lines = offload_hot_.lines;
+        if (new_selection) offload_hot_.group = layer;
+        DeviceBuffer& table = offload_hot_.tables[offload_hot_.group];
+        const bool fresh = table.bytes() == 0;
+        int32_t* tables = table.get<int32_t>(3 * lines);
+        if (fresh) reset_offload_tables(tables, lines, stream_);
+        stage.lines = lines;
+        stage.tags = tables;
+        stage.claims = tables + lines;
+        stage.hits = tables + 2 * lines;
+        stage.copy = fs.offload_copy.get<uint8_t>(entries);
+        stage.hot_pool = offload_hot_.entries[layer].get<uint8_t>(lines * kLatentBytes);
+      }
+      if (new_selection) assign_offload_entries(stage, stream_);
       stage_offload_entries(stage, stream_);
       attend.slots = stage.staged_slots;
-      attend.offload_pool = stage.staging;
+      if (stage.lines > 0) {
+        attend.offload_pool = stage.hot_pool;
+        attend.staging_pool = stage.staging;
+        attend.staging_slots = stage.pool_slots + stage.lines;
+      } else {
+        attend.offload_pool = stage.staging;
+      }
     }
   }
   attend.rows = static_cast<int>(n);
@@ -396,6 +446,29 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   unpack.lora = kLatentRank;
   unpack.out = o_latent;
   unpack_mla_output(unpack, stream_);
+}
+
+void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,
+                                            const PagedKvCache& cache) const {
+  if (offload_hot_.tables.empty() || pages.empty()) return;
+  InvalidateOffloadParams params;
+  params.lines = offload_hot_.lines;
+  params.pool_slots = cache.spec().num_pages * cache.spec().page_size;
+  params.page_size = cache.spec().page_size;
+  for (size_t first = 0; first < pages.size(); first += kInvalidatePagesPerLaunch) {
+    params.count =
+        static_cast<int>(std::min<size_t>(kInvalidatePagesPerLaunch, pages.size() - first));
+    std::copy_n(pages.begin() + static_cast<std::ptrdiff_t>(first), params.count, params.pages);
+    for (auto& [group, table] : offload_hot_.tables) {
+      params.tags = table.as<int32_t>();
+      ::megactx::cuda::invalidate_offload_lines(params, stream_);
+    }
+  }
+}
+
+void CudaDsaModel::reset_offload_hot() const {
+  for (auto& [group, table] : offload_hot_.tables)
+    reset_offload_tables(table.as<int32_t>(), offload_hot_.lines, stream_);
 }
 
 }  // namespace megactx::cuda

@@ -97,10 +97,14 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   return bytes + 4096;  // DeviceBuffer's one-element minimum per buffer, with room
 }
 
-int64_t cuda_offload_staging_bytes(int64_t index_topk) {
-  // An fp8 latent entry (656 bytes: kv_cache.h) and an int32 slot per staged column.
+int64_t cuda_offload_staging_bytes(int64_t index_topk, int64_t latent_layers, int64_t groups) {
+  // An fp8 latent entry (656 bytes: kv_cache.h), an int32 slot and a copy flag
+  // per staged column; the hot entries per layer, three int32 per line per group.
   constexpr int64_t kEntryBytes = 656;
-  return kOffloadStagingRows * std::max<int64_t>(index_topk, 1) * (kEntryBytes + 4) + 8192;
+  const int64_t staging =
+      kOffloadStagingRows * std::max<int64_t>(index_topk, 1) * (kEntryBytes + 5);
+  const int64_t hot = kOffloadHotLines * (latent_layers * kEntryBytes + groups * 12);
+  return staging + hot + 8192;
 }
 
 }  // namespace megactx

@@ -72,7 +72,14 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
 // from host memory in the attention kernel.
 inline constexpr int64_t kOffloadStagingRows = 64;
 
-// The staging's bytes (FastScratch::staging and staged_slots) at `index_topk`.
-int64_t cuda_offload_staging_bytes(int64_t index_topk);
+// Lines of the hot cache that keeps staged offload entries across steps (per
+// selection group a table of tags, per latent layer this many entries):
+// 86 MB per layer.
+inline constexpr int64_t kOffloadHotLines = 131072;
+
+// The staging's and the hot cache's bytes (FastScratch::staging, staged_slots
+// and copy flags; CudaDsaModel's hot tables and entries) at `index_topk`, for
+// `latent_layers` layers and `groups` selection groups (the indexer layers).
+int64_t cuda_offload_staging_bytes(int64_t index_topk, int64_t latent_layers, int64_t groups);
 
 }  // namespace megactx

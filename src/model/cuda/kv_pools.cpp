@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/kv_copy/page_runs.h"
+#include "model/cuda/cuda_dsa_model.h"
 #include "model/cuda/cuda_model.h"
 
 namespace megactx {
@@ -91,27 +92,32 @@ std::unique_ptr<PagedKvCache> make_cuda_host_kv_cache(KvCacheSpec spec) {
 
 KvPageCopy make_cuda_kv_page_copy(const LanguageModel& model) {
   auto stream = static_cast<cudaStream_t>(cuda_model_stream(model));
+  // Moves to offload pages (the live host tier: a copy within the pools)
+  // rewrite entries the model's hot cache may hold.
+  const auto* dsa = dynamic_cast<const cuda::CudaDsaModel*>(&model);
   if (cuda::kKvPageCopyKernel) {
     // Every pool's runs in one launch (kernels/cuda/kv_copy/page_runs.h).
     auto copier = std::make_shared<cuda::PageRunCopier>();
-    return [stream, copier](const PagedKvCache& from, std::span<const int32_t> from_pages,
-                            PagedKvCache& to, std::span<const int32_t> to_pages) {
+    return [stream, copier, dsa](const PagedKvCache& from, std::span<const int32_t> from_pages,
+                                 PagedKvCache& to, std::span<const int32_t> to_pages) {
       std::vector<cuda::CopyRun> runs;
       for_each_page_run(from, from_pages, to, to_pages,
                         [&runs](const std::byte* source, std::byte* destination, size_t bytes) {
                           runs.push_back({source, destination, static_cast<int64_t>(bytes)});
                         });
       copier->copy(runs, stream);
+      if (dsa != nullptr && &from == &to) dsa->invalidate_offload_lines(to_pages, to);
     };
   }
-  return [stream](const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
-                  std::span<const int32_t> to_pages) {
+  return [stream, dsa](const PagedKvCache& from, std::span<const int32_t> from_pages,
+                       PagedKvCache& to, std::span<const int32_t> to_pages) {
     for_each_page_run(from, from_pages, to, to_pages,
                       [stream](const std::byte* source, std::byte* destination, size_t bytes) {
                         // cudaMemcpyDefault: unified addressing tells device from pinned host.
                         MEGACTX_CUDA_CHECK(
                             cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
                       });
+    if (dsa != nullptr && &from == &to) dsa->invalidate_offload_lines(to_pages, to);
   };
 }
 

@@ -212,7 +212,11 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
   if (fast) {
     parts.fast_attention = cuda_fast_attention_scratch_bytes(
         config, tokens, context, request.index_topk, o.multiprocessors, o.row_block);
-    if (o.offload_staging) parts.fast_attention += cuda_offload_staging_bytes(request.index_topk);
+    if (o.offload_staging) {
+      parts.fast_attention += cuda_offload_staging_bytes(
+          request.index_topk, static_cast<int64_t>(request.kv.latent_layers.size()),
+          static_cast<int64_t>(request.kv.indexer_layers.size()));
+    }
   }
   if (o.device_moe) {
     parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens, o.fp8_gemm_inputs);

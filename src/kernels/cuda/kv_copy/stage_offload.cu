@@ -1,4 +1,4 @@
-// The staging copy of stage_offload.h.
+// The staging and hot cache kernels of stage_offload.h.
 #include <algorithm>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -11,22 +11,119 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+__device__ __forceinline__ bool offloaded(const StageOffloadParams& p, int32_t slot) {
+  return slot >= 0 && slot >= p.pool_slots;
+}
+
+// Without a hot cache: every offload entry to its staging row.
+__global__ void __launch_bounds__(kThreads) assign_rows_kernel(StageOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int32_t slot = p.slots[i];
+    p.staged_slots[i] = offloaded(p, slot) ? static_cast<int32_t>(p.pool_slots + i) : slot;
+  }
+}
+
+// Pass 1: hits read their line (and mark it: no miss takes it this step).
+__global__ void __launch_bounds__(kThreads) assign_hits_kernel(StageOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int32_t slot = p.slots[i];
+    p.copy[i] = 0;
+    if (!offloaded(p, slot)) {
+      p.staged_slots[i] = slot;
+      continue;
+    }
+    const int64_t line = (slot - p.pool_slots) % p.lines;
+    if (p.tags[line] == slot) {
+      p.hits[line] = 1;
+      p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + line);
+    } else {
+      p.staged_slots[i] = -2;  // a miss: pass 2
+    }
+  }
+}
+
+// Pass 2: a miss claims its line unless a hit holds it; one winner per line
+// (the lowest entry), which copies; another miss of the same slot reads the
+// winner's line; the others take their staging row.
+__global__ void __launch_bounds__(kThreads) assign_misses_kernel(StageOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    if (p.staged_slots[i] != -2) continue;
+    const int32_t slot = p.slots[i];
+    const int64_t line = (slot - p.pool_slots) % p.lines;
+    if (p.hits[line] == 0) atomicMin(&p.claims[line], static_cast<int32_t>(i));
+  }
+}
+
+// Pass 3: winners take the line (tag, copy flag), same-slot losers read it,
+// the rest their staging row.
+__global__ void __launch_bounds__(kThreads) assign_winners_kernel(StageOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    if (p.staged_slots[i] != -2) continue;
+    const int32_t slot = p.slots[i];
+    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int32_t winner = p.hits[line] == 0 ? p.claims[line] : -1;
+    if (winner == static_cast<int32_t>(i)) {
+      p.tags[line] = slot;
+      p.copy[i] = 1;
+      p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + line);
+    } else if (winner >= 0 && p.slots[winner] == slot) {
+      p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + line);
+    } else {
+      p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + p.lines + i);
+    }
+  }
+}
+
+// Pass 4: the per-step marks back to their resting values.
+__global__ void __launch_bounds__(kThreads) assign_reset_kernel(StageOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int32_t slot = p.slots[i];
+    if (!offloaded(p, slot)) continue;
+    const int64_t line = (slot - p.pool_slots) % p.lines;
+    p.hits[line] = 0;
+    p.claims[line] = 0x7fffffff;
+  }
+}
+
 // A warp per entry: lane l copies words l and l + 32 of it, both loads issued
 // before either store (two bus round trips per warp in flight at once).
-__global__ void __launch_bounds__(kThreads) stage_offload_kernel(StageOffloadParams p) {
+__global__ void __launch_bounds__(kThreads) stage_kernel(StageOffloadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
   const int lane = threadIdx.x % 32;
   const int words = p.entry_bytes / 16;
+  const int64_t rows_begin = p.pool_slots + p.lines;
   for (int64_t i = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; i < p.entries;
        i += int64_t{gridDim.x} * kWarps) {
     const int32_t slot = p.slots[i];
-    const bool offloaded = slot >= 0 && slot >= p.pool_slots;
-    if (lane == 0) p.staged_slots[i] = offloaded ? static_cast<int32_t>(p.pool_slots + i) : slot;
-    if (!offloaded) continue;
+    const int32_t staged = p.staged_slots[i];
+    uint8_t* destination;
+    if (!offloaded(p, slot)) continue;
+    if (staged >= rows_begin) {
+      destination = p.staging + (staged - rows_begin) * p.entry_bytes;
+    } else if (p.lines > 0 && p.copy[i]) {
+      destination = p.hot_pool + (staged - p.pool_slots) * p.entry_bytes;
+    } else {
+      continue;  // a hit, or a same-slot miss the winner copies
+    }
     const uint4* from =
         reinterpret_cast<const uint4*>(p.offload_pool + (slot - p.pool_slots) * p.entry_bytes);
-    uint4* to = reinterpret_cast<uint4*>(p.staging + i * p.entry_bytes);
+    uint4* to = reinterpret_cast<uint4*>(destination);
     uint4 first, second;
     if (lane < words) first = from[lane];
     if (lane + 32 < words) second = from[lane + 32];
@@ -35,17 +132,48 @@ __global__ void __launch_bounds__(kThreads) stage_offload_kernel(StageOffloadPar
   }
 }
 
+__global__ void __launch_bounds__(kThreads) invalidate_kernel(InvalidateOffloadParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int64_t total = int64_t{p.count} * p.page_size;
+  for (int64_t k = int64_t{blockIdx.x} * kThreads + threadIdx.x; k < total;
+       k += int64_t{gridDim.x} * kThreads) {
+    const int64_t slot = int64_t{p.pages[k / p.page_size]} * p.page_size + k % p.page_size;
+    const int64_t line = (slot - p.pool_slots) % p.lines;
+    if (p.tags[line] == slot) p.tags[line] = -1;
+  }
+}
+
+unsigned blocks_for(int64_t items, int64_t per_block) {
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 4096)));
+}
+
 }  // namespace
 
 namespace detail {
 
+void launch_assign_offload(const StageOffloadParams& p, cudaStream_t stream) {
+  const dim3 grid(blocks_for(p.entries, kThreads)), block(kThreads);
+  if (p.lines == 0) {
+    launch_kernel(assign_rows_kernel, grid, block, 0, stream, p);
+    return;
+  }
+  launch_kernel(assign_hits_kernel, grid, block, 0, stream, p);
+  launch_kernel(assign_misses_kernel, grid, block, 0, stream, p);
+  launch_kernel(assign_winners_kernel, grid, block, 0, stream, p);
+  launch_kernel(assign_reset_kernel, grid, block, 0, stream, p);
+}
+
 void launch_stage_offload(const StageOffloadParams& p, cudaStream_t stream) {
   // Enough warps for the bus: every entry of a decode step in flight at once.
-  const int64_t blocks = std::min<int64_t>((p.entries + kWarps - 1) / kWarps, 4096);
-  launch_kernel(stage_offload_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                stream, p);
+  launch_kernel(stage_kernel, dim3(blocks_for(p.entries, kWarps)), dim3(kThreads), 0, stream, p);
+}
+
+void launch_invalidate_offload(const InvalidateOffloadParams& p, cudaStream_t stream) {
+  launch_kernel(invalidate_kernel, dim3(blocks_for(int64_t{p.count} * p.page_size, kThreads)),
+                dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace detail
-
 }  // namespace megactx::cuda

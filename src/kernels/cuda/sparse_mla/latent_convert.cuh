@@ -12,14 +12,15 @@
 
 namespace megactx::cuda {
 
-// The 656-byte entry of `slot` (>= 0): in the layer's device pool, or past
-// pool_slots in its offload pool in host memory (SparseMlaParams).
-__device__ __forceinline__ const uint8_t* latent_entry(const uint8_t* kv_pool,
-                                                       const uint8_t* offload_pool,
-                                                       int64_t pool_slots, int32_t slot) {
+// The 656-byte entry of `slot` (>= 0): in the layer's device pool, past
+// pool_slots in its offload pool (host memory, staging or hot entries), past
+// staging_slots in the step's staging rows (SparseMlaParams).
+template <typename Params>
+__device__ __forceinline__ const uint8_t* latent_entry(const Params& p, int32_t slot) {
   const int64_t s = slot;
-  return s < pool_slots ? kv_pool + s * kLatentBytes
-                        : offload_pool + (s - pool_slots) * kLatentBytes;
+  if (s < p.pool_slots) return p.kv_pool + s * kLatentBytes;
+  if (s < p.staging_slots) return p.offload_pool + (s - p.pool_slots) * kLatentBytes;
+  return p.staging_pool + (s - p.staging_slots) * kLatentBytes;
 }
 
 // 8 bf16 (one 16-byte word) times `factor` -> 8 f16 at `destination` (16-byte

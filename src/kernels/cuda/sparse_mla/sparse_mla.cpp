@@ -98,6 +98,11 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
                   "sparse MLA: q, kv_pool and offload_pool must be 16-byte aligned");
     MEGACTX_CHECK(params.pool_slots == INT64_MAX || params.offload_pool != nullptr,
                   "sparse MLA: slots past pool_slots {} but no offload pool", params.pool_slots);
+    MEGACTX_CHECK(params.staging_slots == INT64_MAX ||
+                      (params.staging_pool != nullptr && params.staging_slots >= params.pool_slots &&
+                       reinterpret_cast<uintptr_t>(params.staging_pool) % 16 == 0),
+                  "sparse MLA: slots past staging_slots {} but no aligned staging pool",
+                  params.staging_slots);
   }
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);

@@ -43,8 +43,13 @@ struct SparseMlaParams {
   // pool_slots on are entries slot - pool_slots of offload_pool, this layer's
   // latents in pinned host memory, read over the bus through unified
   // addressing. Without a tier pool_slots stays past every slot.
+  // With a hot cache (kernels/cuda/kv_copy/stage_offload.h) offload_pool is
+  // this layer's hot entries and slots from staging_slots on are entries
+  // slot - staging_slots of staging_pool (the step's staging rows).
   const uint8_t* offload_pool = nullptr;
   int64_t pool_slots = INT64_MAX;
+  const uint8_t* staging_pool = nullptr;
+  int64_t staging_slots = INT64_MAX;
   uint16_t* out = nullptr;  // [rows, heads, 512] bf16
   float* lse = nullptr;     // [rows, heads]
   // Split-K partial states, used when num_splits > 1:

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     const int32_t slot = sh.slot_ids[key];
     __half* destination = &k_tile[key * kStride];
     if (slot >= 0) {
-      const uint8_t* entry = latent_entry(p.kv_pool, p.offload_pool, p.pool_slots, slot);
+      const uint8_t* entry = latent_entry(p, slot);
       const float2 scales = *reinterpret_cast<const float2*>(entry + kLatentScaleOffset + half * 8);
 #pragma unroll
       for (int group = 0; group < 2; ++group) {

@@ -139,7 +139,7 @@ __device__ __forceinline__ void load_quarter(EntryQuarter& quarter_data, const S
                                              int32_t slot, int quarter) {
   quarter_data.valid = slot >= 0;
   if (slot < 0) return;
-  const uint8_t* entry = latent_entry(p.kv_pool, p.offload_pool, p.pool_slots, slot);
+  const uint8_t* entry = latent_entry(p, slot);
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     quarter_data.latent[i] = *reinterpret_cast<const uint4*>(entry + quarter * 128 + i * 16);
