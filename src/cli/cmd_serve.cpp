@@ -173,6 +173,8 @@ int run_serve(const ServeOptions& options) {
   MEGACTX_CHECK(options.host_latent_min_tokens >= 0,
                 "--host-latent-min-tokens must be 0 or positive, got {}",
                 options.host_latent_min_tokens);
+  MEGACTX_CHECK(options.host_latent_min_tokens == 0 || !options.host_latent_memory.empty(),
+                "--host-latent-min-tokens needs --host-latent-memory (the live host tier)");
   engine_config.host_latent_min_tokens = options.host_latent_min_tokens;
   engine_config.max_running_requests = options.max_running_requests;
   engine_config.max_prefill_tokens = options.max_prefill_tokens;

@@ -96,16 +96,19 @@ int64_t Scheduler::offload_pages(
                 "offload of request {} that is not running", request.request.rid);
   const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
   const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
+  // Offload pages are a prefix of the page table (moved first to last; a
+  // parked request keeps that prefix): the candidates are the device pages
+  // after it, found from the end, so a step with none costs O(1).
+  int64_t first = full_pages;
+  while (first > 0 && !allocator_.is_offload(request.page_table[static_cast<size_t>(first - 1)])) {
+    --first;
+  }
   std::vector<int32_t> device, offload;
-  std::vector<size_t> index;
-  for (int64_t i = 0; i < full_pages && static_cast<int64_t>(device.size()) < max_pages; ++i) {
-    const int32_t page = request.page_table[static_cast<size_t>(i)];
-    if (allocator_.is_offload(page)) continue;
+  for (int64_t i = first; i < full_pages && static_cast<int64_t>(device.size()) < max_pages; ++i) {
     const std::optional<int32_t> target = allocator_.allocate_offload();
     if (!target) break;
-    device.push_back(page);
+    device.push_back(request.page_table[static_cast<size_t>(i)]);
     offload.push_back(*target);
-    index.push_back(static_cast<size_t>(i));
   }
   if (device.empty()) return 0;
   // Its pages leave the prefix cache's path: it locks only the root from now on.
@@ -117,7 +120,7 @@ int64_t Scheduler::offload_pages(
   request.latents_offloaded = true;
   copy(device, offload);
   for (size_t i = 0; i < device.size(); ++i) {
-    request.page_table[index[i]] = offload[i];
+    request.page_table[static_cast<size_t>(first) + i] = offload[i];
     allocator_.release(device[i]);
   }
   return static_cast<int64_t>(device.size());
@@ -355,11 +358,15 @@ void Scheduler::check_integrity() const {
                       static_cast<int64_t>(path.size()) * page_size_ <= request->num_computed,
                   "integrity: request {} page table disagrees with its cached prefix",
                   request->request.rid);
+    bool device_seen = false;  // offload pages only before the first device page
     for (const int32_t page : request->page_table) {
       MEGACTX_CHECK(page >= 0 && page < allocator_.num_pages(), "integrity: bad page {}", page);
-      MEGACTX_CHECK(request->latents_offloaded || !allocator_.is_offload(page),
-                    "integrity: request {} holds offload page {} without offloading",
+      const bool offload = allocator_.is_offload(page);
+      MEGACTX_CHECK(!offload || (request->latents_offloaded && !device_seen),
+                    "integrity: request {} holds offload page {} without offloading or after a "
+                    "device page",
                     request->request.rid, page);
+      device_seen = device_seen || !offload;
       ++holders[static_cast<size_t>(page)];
     }
     ++locks[request->prefix_node];

@@ -79,28 +79,6 @@ struct DeviceArray {
   }
 };
 
-// The block-scaled GEMM of dense e4m3 inputs x [rows, in] with their group
-// scales against w [out, in] (scale_split as DeviceMatrix's) into float32 y
-// (row stride y_stride).
-cuda::Fp8BlockGemm e4m3_gemm(const uint8_t* x, const float* x_scale, const uint8_t* w,
-                             const float* scale, int64_t split, void* y, int64_t y_stride,
-                             int64_t rows, int64_t in, int64_t out) {
-  cuda::Fp8BlockGemm g;
-  g.x = x;
-  g.x_type = cuda::ActType::E4M3;
-  g.x_stride = in;
-  g.x_scale = x_scale;
-  g.w = w;
-  g.scale = scale;
-  g.scale_split = split;
-  g.y = y;
-  g.y_stride = y_stride;
-  g.rows = rows;
-  g.in = in;
-  g.out = out;
-  return g;
-}
-
 std::vector<float> normal_values(size_t count, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, scale);
@@ -141,6 +119,49 @@ struct Fp8Weight {
     }
     return w;
   }
+};
+
+// One fp8 linear on the device: random block-quantised weights [out, in]
+// (Fp8Weight) and normal inputs [rows, in], the inputs quantised per 1x128
+// group by the device quantiser; the seed advances by two.
+struct E4m3Problem {
+  E4m3Problem(int64_t rows_, int64_t in, int64_t out, int64_t split, int& seed)
+      : rows(rows_),
+        weight(out, in, split, static_cast<uint32_t>(seed++)),
+        x(normal_values(static_cast<size_t>(rows * in), static_cast<uint32_t>(seed++))),
+        dx(x),
+        dq(static_cast<size_t>(rows * in)),
+        ds(static_cast<size_t>(rows * ((in + 127) / 128))),
+        dw(weight.bytes),
+        dscale(weight.scales) {
+    cuda::quantize_e4m3_groups(dx.data, rows, in, in, dq.data, ds.data, nullptr);
+  }
+  // The block-scaled GEMM of the e4m3 inputs and their group scales against
+  // the weights (scale_split as DeviceMatrix's) into float32 y [rows, y_stride].
+  cuda::Fp8BlockGemm gemm(void* y, int64_t y_stride) const {
+    cuda::Fp8BlockGemm g;
+    g.x = dq.data;
+    g.x_type = cuda::ActType::E4M3;
+    g.x_stride = weight.in;
+    g.x_scale = ds.data;
+    g.w = dw.data;
+    g.scale = dscale.data;
+    g.scale_split = weight.split;
+    g.y = y;
+    g.y_stride = y_stride;
+    g.rows = rows;
+    g.in = weight.in;
+    g.out = weight.out;
+    return g;
+  }
+  int64_t rows = 0;
+  Fp8Weight weight;
+  std::vector<float> x;
+  DeviceArray<float> dx;
+  DeviceArray<uint8_t> dq;
+  DeviceArray<float> ds;
+  DeviceArray<uint8_t> dw;
+  DeviceArray<float> dscale;
 };
 
 TEST(CudaFp8Gemm, ActivationQuantisationIsBitExact) {
@@ -280,22 +301,12 @@ TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
   for (int64_t rows = 1; rows <= cuda::kFp8GemvMaxRows; ++rows) {
     for (const int64_t in : {int64_t{16}, int64_t{160}, int64_t{528}, int64_t{1024}}) {
       const int64_t out = 72, split = in == 160 ? 40 : 0;
-      const Fp8Weight weight(out, in, split, static_cast<uint32_t>(seed++));
-      const std::vector<float> x =
-          normal_values(static_cast<size_t>(rows * in), static_cast<uint32_t>(seed++));
-      const int64_t groups = (in + 127) / 128;
-      DeviceArray<float> dx(x);
-      DeviceArray<uint8_t> dq(static_cast<size_t>(rows * in));
-      DeviceArray<float> ds(static_cast<size_t>(rows * groups));
-      cuda::quantize_e4m3_groups(dx.data, rows, in, in, dq.data, ds.data, nullptr);
-      DeviceArray<uint8_t> dw(weight.bytes);
-      DeviceArray<float> dscale(weight.scales);
-      const std::vector<float> xr = fp8_rounded_inputs(x.data(), rows, in, in);
-      const std::vector<float> wd = weight.dequantized();
+      const E4m3Problem problem(rows, in, out, split, seed);
+      const std::vector<float> xr = fp8_rounded_inputs(problem.x.data(), rows, in, in);
+      const std::vector<float> wd = problem.weight.dequantized();
       for (const bool gemv : {true, false}) {
         DeviceArray<float> dy(static_cast<size_t>(rows * out));
-        const cuda::Fp8BlockGemm g =
-            e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, split, dy.data, out, rows, in, out);
+        const cuda::Fp8BlockGemm g = problem.gemm(dy.data, out);
         if (gemv) {
           ASSERT_TRUE(cuda::fp8_block_gemv(g, nullptr)) << rows << "x" << in;
         } else {
@@ -345,21 +356,11 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
         Case{256, 256, 544, 272}, Case{3, 16, 8, 0}, Case{65, 144, 96, 0}, Case{1, 80, 320, 160}}) {
     const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
                               std::to_string(c.out) + " split " + std::to_string(c.split);
-    const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
-    const std::vector<float> x =
-        normal_values(static_cast<size_t>(c.rows * c.in), static_cast<uint32_t>(seed++));
-    const int64_t groups = (c.in + 127) / 128;
-    DeviceArray<float> dx(x);
-    DeviceArray<uint8_t> dq(static_cast<size_t>(c.rows * c.in));
-    DeviceArray<float> ds(static_cast<size_t>(c.rows * groups));
-    cuda::quantize_e4m3_groups(dx.data, c.rows, c.in, c.in, dq.data, ds.data, nullptr);
-    DeviceArray<uint8_t> dw(weight.bytes);
-    DeviceArray<float> dscale(weight.scales);
+    const E4m3Problem problem(c.rows, c.in, c.out, c.split, seed);
     std::vector<float> results[2];
     for (const bool tensor_cores : {true, false}) {
       DeviceArray<float> dy(static_cast<size_t>(c.rows * c.out));
-      const cuda::Fp8BlockGemm g = e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, c.split,
-                                             dy.data, c.out, c.rows, c.in, c.out);
+      const cuda::Fp8BlockGemm g = problem.gemm(dy.data, c.out);
       if (tensor_cores) {
         ASSERT_TRUE(cuda::fp8_block_gemm_tensor_cores(g, nullptr)) << where;
       } else {
@@ -367,8 +368,8 @@ TEST(CudaFp8Gemm, TensorCoreKernelAgreesWithTheReference) {
       }
       results[tensor_cores ? 0 : 1] = dy.host(static_cast<size_t>(c.rows * c.out));
     }
-    const std::vector<float> xr = fp8_rounded_inputs(x.data(), c.rows, c.in, c.in);
-    const std::vector<float> wd = weight.dequantized();
+    const std::vector<float> xr = fp8_rounded_inputs(problem.x.data(), c.rows, c.in, c.in);
+    const std::vector<float> wd = problem.weight.dequantized();
     double max_ref = 0.0, max_diff = 0.0, max_vs_tiled = 0.0;
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t o = 0; o < c.out; ++o) {
@@ -422,16 +423,7 @@ TEST(CudaFp8Gemm, FewRowTensorCoreKernelAgreesWithTheReference) {
     const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
                               std::to_string(c.out) + " split " + std::to_string(c.split) +
                               (c.bf16 ? " bf16" : "") + " k-split " + std::to_string(split_k);
-    const Fp8Weight weight(c.out, c.in, c.split, static_cast<uint32_t>(seed++));
-    const std::vector<float> x =
-        normal_values(static_cast<size_t>(c.rows * c.in), static_cast<uint32_t>(seed++));
-    const int64_t groups = (c.in + 127) / 128;
-    DeviceArray<float> dx(x);
-    DeviceArray<uint8_t> dq(static_cast<size_t>(c.rows * c.in));
-    DeviceArray<float> ds(static_cast<size_t>(c.rows * groups));
-    cuda::quantize_e4m3_groups(dx.data, c.rows, c.in, c.in, dq.data, ds.data, nullptr);
-    DeviceArray<uint8_t> dw(weight.bytes);
-    DeviceArray<float> dscale(weight.scales);
+    const E4m3Problem problem(c.rows, c.in, c.out, c.split, seed);
     // Output rows of out + 3 columns (a row stride wider than the output),
     // plus one row past the end, prefilled with a sentinel.
     const int64_t stride = c.out + 3;
@@ -439,8 +431,7 @@ TEST(CudaFp8Gemm, FewRowTensorCoreKernelAgreesWithTheReference) {
     const size_t bytes = cells * (c.bf16 ? 2 : 4);
     DeviceArray<uint8_t> dy(bytes);
     MEGACTX_CUDA_CHECK(cudaMemset(dy.data, 0x7f, bytes));
-    cuda::Fp8BlockGemm g = e4m3_gemm(dq.data, ds.data, dw.data, dscale.data, c.split, dy.data,
-                                     stride, c.rows, c.in, c.out);
+    cuda::Fp8BlockGemm g = problem.gemm(dy.data, stride);
     g.y_type = c.bf16 ? cuda::ActType::BF16 : cuda::ActType::F32;
     ASSERT_TRUE(cuda::fp8_block_gemm_skinny(g, nullptr)) << where;
     const std::vector<uint8_t> raw = dy.host(bytes);
@@ -457,8 +448,8 @@ TEST(CudaFp8Gemm, FewRowTensorCoreKernelAgreesWithTheReference) {
       std::memcpy(&v, &bits, 4);
       return static_cast<double>(v);
     };
-    const std::vector<float> xr = fp8_rounded_inputs(x.data(), c.rows, c.in, c.in);
-    const std::vector<float> wd = weight.dequantized();
+    const std::vector<float> xr = fp8_rounded_inputs(problem.x.data(), c.rows, c.in, c.in);
+    const std::vector<float> wd = problem.weight.dequantized();
     double max_ref = 0.0, max_diff = 0.0;
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t o = 0; o < c.out; ++o) {

@@ -519,7 +519,8 @@ class LiveHostTier(unittest.TestCase):
     def test_decoding_requests_move_their_pages_to_host_memory(self):
         # --host-latent-memory: three requests decode from their offloaded pages with exactly
         # the tokens and logprobs of a server without the tier; /metrics counts the moved pages,
-        # /get_server_info names the memory; a size below one page is a start-up error.
+        # /get_server_info names the memory; a size below one page, or a threshold without a
+        # tier, is a start-up error.
         prompts = [prompt_ids(150 + 40 * i, 51 + i) for i in range(3)]
 
         def run(*extra):
@@ -554,6 +555,11 @@ class LiveHostTier(unittest.TestCase):
                                 capture_output=True, text=True, timeout=60)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("host latent memory", result.stderr)
+        result = subprocess.run([ARGS.megactx, "serve", "--model", ARGS.model,
+                                 "--host-latent-min-tokens", "100"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--host-latent-memory", result.stderr)
 
 
 class IndexTopk(unittest.TestCase):

@@ -38,11 +38,9 @@ import argparse
 import concurrent.futures
 import json
 import os
-import re
 import statistics
 import sys
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -61,33 +59,10 @@ def measure_bus_gbps(gib=1):
 
 
 def stream_tokens(job):
-    """One streamed /generate in a pool process: the perf_counter time of its send, end, and of
-    every event with the cumulative token count then."""
+    """One streamed /generate in a pool process (common.stream_generate: its send, end and the
+    time and token count of every event)."""
     port, body, timeout = job
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    start = time.perf_counter()
-    connection.request("POST", "/generate", body, {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    if response.status != 200:
-        detail = response.read()[:300]
-        connection.close()
-        raise RuntimeError(f"/generate: {response.status} {detail!r}")
-    events = []
-    for line in response:
-        line = line.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]":
-            continue
-        event = json.loads(line[5:])
-        if "error" in event:
-            connection.close()
-            raise RuntimeError(f"/generate stream: {event['error']}")
-        if event.get("output_ids"):
-            events.append((time.perf_counter(), len(event["output_ids"])))
-    end = time.perf_counter()
-    connection.close()
-    return {"start": start, "end": end, "events": events}
+    return common.stream_generate(port, body, timeout)
 
 
 def tokens_by(events, moment):

@@ -265,8 +265,9 @@ def generate_body(ids, new_tokens):
 def stream_generate(port, body, timeout):
     """Sends one streamed /generate `body` (encoded by the caller, before the clock starts) and
     reads it to the end: {"start", "first", "end"} in time.perf_counter() seconds (a system-wide
-    clock, so the times of requests sent from several processes compare), and "meta", the
-    meta_info of the last event."""
+    clock, so the times of requests sent from several processes compare), "meta", the
+    meta_info of the last event, and "events": (time, tokens so far) of every event with
+    tokens."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     start = time.perf_counter()
     connection.request("POST", "/generate", body, {"Content-Type": "application/json"})
@@ -277,6 +278,7 @@ def stream_generate(port, body, timeout):
         raise RuntimeError(f"/generate: {response.status} {detail!r}")
     first = None
     meta = {}
+    events = []
     # The stream: "data: {json}" events, output_ids cumulative, then "data: [DONE]".
     for line in response:
         line = line.strip()
@@ -286,14 +288,17 @@ def stream_generate(port, body, timeout):
         if "error" in event:
             connection.close()
             raise RuntimeError(f"/generate stream: {event['error']}")
-        if first is None and event.get("output_ids"):
-            first = time.perf_counter()
+        if event.get("output_ids"):
+            now = time.perf_counter()
+            events.append((now, len(event["output_ids"])))
+            if first is None:
+                first = now
         meta = event.get("meta_info", meta)
     end = time.perf_counter()
     connection.close()
     if first is None:
         raise RuntimeError("/generate streamed no token")
-    return {"start": start, "first": first, "end": end, "meta": meta}
+    return {"start": start, "first": first, "end": end, "meta": meta, "events": events}
 
 
 def first_token(port, ids, new_tokens, timeout):

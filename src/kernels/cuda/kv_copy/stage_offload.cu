@@ -11,8 +11,19 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// A staged slot of pass 1 for a miss that passes 2 and 3 resolve.
+constexpr int32_t kMissPending = -2;
+
 __device__ __forceinline__ bool offloaded(const StageOffloadParams& p, int32_t slot) {
   return slot >= 0 && slot >= p.pool_slots;
+}
+
+// An offload slot's line (StageOffloadParams or InvalidateOffloadParams):
+// consecutive slots on consecutive lines, so that one request's selections
+// (up to `lines` offload tokens) never meet each other.
+template <typename Params>
+__device__ __forceinline__ int64_t hot_line(const Params& p, int64_t slot) {
+  return (slot - p.pool_slots) % p.lines;
 }
 
 // Without a hot cache: every offload entry to its staging row.
@@ -38,12 +49,12 @@ __global__ void __launch_bounds__(kThreads) assign_hits_kernel(StageOffloadParam
       p.staged_slots[i] = slot;
       continue;
     }
-    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int64_t line = hot_line(p, slot);
     if (p.tags[line] == slot) {
       p.hits[line] = 1;
       p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + line);
     } else {
-      p.staged_slots[i] = -2;  // a miss: pass 2
+      p.staged_slots[i] = kMissPending;
     }
   }
 }
@@ -56,9 +67,9 @@ __global__ void __launch_bounds__(kThreads) assign_misses_kernel(StageOffloadPar
   grid_dependency_trigger();
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
        i += int64_t{gridDim.x} * kThreads) {
-    if (p.staged_slots[i] != -2) continue;
+    if (p.staged_slots[i] != kMissPending) continue;
     const int32_t slot = p.slots[i];
-    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int64_t line = hot_line(p, slot);
     if (p.hits[line] == 0) atomicMin(&p.claims[line], static_cast<int32_t>(i));
   }
 }
@@ -70,9 +81,9 @@ __global__ void __launch_bounds__(kThreads) assign_winners_kernel(StageOffloadPa
   grid_dependency_trigger();
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
        i += int64_t{gridDim.x} * kThreads) {
-    if (p.staged_slots[i] != -2) continue;
+    if (p.staged_slots[i] != kMissPending) continue;
     const int32_t slot = p.slots[i];
-    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int64_t line = hot_line(p, slot);
     const int32_t winner = p.hits[line] == 0 ? p.claims[line] : -1;
     if (winner == static_cast<int32_t>(i)) {
       p.tags[line] = slot;
@@ -94,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) assign_reset_kernel(StageOffloadPara
        i += int64_t{gridDim.x} * kThreads) {
     const int32_t slot = p.slots[i];
     if (!offloaded(p, slot)) continue;
-    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int64_t line = hot_line(p, slot);
     p.hits[line] = 0;
     p.claims[line] = 0x7fffffff;
   }
@@ -139,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) invalidate_kernel(InvalidateOffloadP
   for (int64_t k = int64_t{blockIdx.x} * kThreads + threadIdx.x; k < total;
        k += int64_t{gridDim.x} * kThreads) {
     const int64_t slot = int64_t{p.pages[k / p.page_size]} * p.page_size + k % p.page_size;
-    const int64_t line = (slot - p.pool_slots) % p.lines;
+    const int64_t line = hot_line(p, slot);
     if (p.tags[line] == slot) p.tags[line] = -1;
   }
 }

@@ -35,7 +35,7 @@ struct StageOffloadParams {
   // The hot cache (lines = 0: none; every offload entry goes to the staging rows).
   int64_t lines = 0;
   int32_t* tags = nullptr;    // [lines] the group's, persistent: offload slot held, -1 empty
-  int32_t* claims = nullptr;  // [lines] per step: INT32_MAX between steps (the assign leaves it so)
+  int32_t* claims = nullptr;  // [lines] per step: past every entry index between steps
   int32_t* hits = nullptr;    // [lines] per step: 0 between steps
   uint8_t* copy = nullptr;    // [entries] 1: this layer copies entry i into its line
   uint8_t* hot_pool = nullptr;  // [lines, entry_bytes] this layer's hot entries (device)
