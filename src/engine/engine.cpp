@@ -898,6 +898,13 @@ void Engine::update_stats() {
   stats.host_latent_moved_pages = offloaded_pages_;
   stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.spec.bytes_per_page();
   stats.host_latent_parked = scheduler_->num_parked();
+  if (capacity_.spec.offload_pages > 0) {
+    const OffloadReadStats reads = model_->offload_read_stats();
+    stats.host_latent_selected_entries = reads.selected_entries;
+    stats.host_latent_hot_hits = reads.hot_hits;
+    stats.host_latent_copied_bytes = reads.copied_bytes;
+    stats.host_latent_read_steps = reads.read_steps;
+  }
   stats.preemptions = scheduler_->num_preemptions();
   if (speculator_) {
     stats.spec_accepted_tokens = speculator_->accepted_tokens();

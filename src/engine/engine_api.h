@@ -27,7 +27,7 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
   int64_t spec_off_steps = 0;  // steps run without drafts (disable batch size, speculative_auto)
-  int64_t kv_page_size = 0;        // tokens per page (max tokens = pages x this)
+  int64_t kv_page_size = 0;    // tokens per page (max tokens = pages x this)
   int64_t prefix_cache_pages = 0;  // pages the prefix cache holds (shared or evictable)
   int64_t preemptions = 0;         // requests preempted (recomputed) so far
   // The host tier of the prefix cache (all 0 without one).
@@ -43,6 +43,11 @@ struct EngineStats {
   int64_t host_latent_moved_pages = 0;  // device pages moved to offload pages so far
   int64_t host_latent_moved_bytes = 0;  // their bytes (latents and indexer keys)
   int64_t host_latent_parked = 0;       // preemptions that kept a request's offload pages
+  // Reading them on a device (LanguageModel::offload_read_stats; 0 on the host).
+  int64_t host_latent_selected_entries = 0;
+  int64_t host_latent_hot_hits = 0;
+  int64_t host_latent_copied_bytes = 0;
+  int64_t host_latent_read_steps = 0;
 };
 
 // What the RL control routes ask of the engine (docs: README "Driving

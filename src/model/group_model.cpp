@@ -422,6 +422,8 @@ class GroupLeaderModel final : public LanguageModel {
   }
   Tensor to_host(const Tensor& tensor) const override { return model_->to_host(tensor); }
   void* compute_stream() const override { return model_->compute_stream(); }
+  // The leader's share (every rank stages the same selections of its heads).
+  OffloadReadStats offload_read_stats() const override { return model_->offload_read_stats(); }
 
  private:
   // Runs `body`; an error of the group's collectives (their messages start

@@ -48,6 +48,18 @@ struct ForwardOutput {
   Tensor routed_experts;
 };
 
+// What reading the live host tier's offload pages cost so far (cache/kv_cache.h;
+// counts since the model was made). A device model stages the selected
+// entries of offload pages through a hot cache kept across steps
+// (model/cuda: kernels/cuda/kv_copy/stage_offload.h); the host model reads
+// them in place and reports zeros.
+struct OffloadReadStats {
+  int64_t selected_entries = 0;  // offload entries the decode steps' top-k selected
+  int64_t hot_hits = 0;          // of those, read from the hot cache without a copy
+  int64_t copied_bytes = 0;      // host -> device bytes the staging copied (all layers)
+  int64_t read_steps = 0;        // forwards that staged offload entries
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -90,6 +102,7 @@ class LanguageModel {
   // The stream (a cudaStream_t) every forward runs on; null on the host. A
   // device sampler runs on it, after the forward, without a host sync.
   virtual void* compute_stream() const { return nullptr; }
+  virtual OffloadReadStats offload_read_stats() const { return {}; }
 };
 
 }  // namespace megactx

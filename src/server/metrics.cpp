@@ -133,6 +133,20 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
   out += scalar("megactx_host_latent_moved_bytes_total", "counter",
                 "Bytes of those moves (latents to host memory, indexer keys within the pools).",
                 static_cast<double>(stats.host_latent_moved_bytes));
+  out += scalar("megactx_host_latent_selected_entries_total", "counter",
+                "Offload entries the decode steps' top-k selected (CUDA; 0 on the CPU, which "
+                "reads them in place).",
+                static_cast<double>(stats.host_latent_selected_entries));
+  out += scalar("megactx_host_latent_hot_hits_total", "counter",
+                "Of those, entries read from the GPU hot cache without a copy (hit rate: this "
+                "over selected).",
+                static_cast<double>(stats.host_latent_hot_hits));
+  out += scalar("megactx_host_latent_copied_bytes_total", "counter",
+                "Bytes of offload entries copied host -> GPU for attention (every layer).",
+                static_cast<double>(stats.host_latent_copied_bytes));
+  out += scalar("megactx_host_latent_read_steps_total", "counter",
+                "Forwards that read offload entries (bytes per step: copied over this).",
+                static_cast<double>(stats.host_latent_read_steps));
   out += scalar("megactx_prefix_cache_host_hit_tokens_total", "counter",
                 "Prompt tokens found in the host tier (part of the prefix-cache hits).",
                 static_cast<double>(stats.prefix_cache_host_hits));

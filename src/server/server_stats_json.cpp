@@ -30,6 +30,10 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
                            {"host_latent_pages_total", stats.host_latent_pages_total},
                            {"host_latent_pages_used", stats.host_latent_pages_used},
                            {"host_latent_moved_pages", stats.host_latent_moved_pages},
+                           {"host_latent_selected_entries", stats.host_latent_selected_entries},
+                           {"host_latent_hot_hits", stats.host_latent_hot_hits},
+                           {"host_latent_copied_bytes", stats.host_latent_copied_bytes},
+                           {"host_latent_read_steps", stats.host_latent_read_steps},
                            {"spec_accepted_tokens", stats.spec_accepted_tokens},
                            {"spec_verify_steps", stats.spec_verify_steps}};
   nlohmann::json counters = {{"prompt_tokens", metrics.prompt_tokens.load()},

@@ -9,10 +9,12 @@
 // small for the model or one full-context sequence is an Error.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "../engine/engine_harness.h"
 #include "../model/hf_fixture.h"
@@ -375,7 +377,15 @@ TEST(CudaEngineMemory, ReleasedDeviceMemoryComesBackTheSame) {
   harness.run();
   const DeviceMemoryInfo held = query_device_memory();
   harness.engine->release_memory(MemoryTags{true, true});
-  EXPECT_GE(query_device_memory().free_bytes, held.free_bytes);
+  // Free memory is the device's: other GPU tests running beside this one
+  // allocate and free too (a 2 MiB dip was seen), so a few readings over a
+  // second are taken; memory this engine kept would fail every one of them.
+  bool came_back = false;
+  for (int reading = 0; reading < 20 && !came_back; ++reading) {
+    if (reading > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    came_back = query_device_memory().free_bytes >= held.free_bytes;
+  }
+  EXPECT_TRUE(came_back) << "device memory did not come back after release_memory";
   harness.engine->resume_memory(MemoryTags{true, true});
   EXPECT_EQ(harness.engine->stats().kv_pages_total, 6);
   harness.submit(greedy_request("after", prompt_of(10, 256, 3), 8, true));

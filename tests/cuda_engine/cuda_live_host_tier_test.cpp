@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -80,17 +81,50 @@ TEST(CudaLiveHostTier, DecodeFromHostMemoryEqualsThePlainEngineBitForBit) {
   const std::vector<GenerationRequest> requests = {scored("a", 300, 1, 40), scored("b", 170, 2, 40),
                                                    scored("c", 90, 3, 40)};
   const Results plain = run(*host, {}, requests, nullptr);
-  // The hot cache (also with 300 lines: collisions), staging every step, and
-  // reads straight from host memory.
-  for (const char* mode : {"hot", "hot300", "staging", "direct"}) {
+  // The hot cache (its misses copied on the side stream, or each layer's on
+  // the compute stream; also with 300 lines: collisions, the 2048 offload
+  // slots in seven rotated cycles, or plain modulo lines), staging every step,
+  // and reads straight from host memory.
+  for (const char* mode : {"hot", "hot-one-stream", "hot300", "modulo300", "staging", "direct"}) {
     const std::string m = mode;
+    const bool hot = m.starts_with("hot") || m.ends_with("300");
     setenv("MEGACTX_OFFLOAD_STAGING", m == "direct" ? "0" : "1", 1);
     setenv("MEGACTX_OFFLOAD_HOT", m == "staging" ? "0" : "1", 1);
-    setenv("MEGACTX_OFFLOAD_HOT_LINES", m == "hot300" ? "300" : "0", 1);
+    setenv("MEGACTX_OFFLOAD_HOT_LINES", m.ends_with("300") ? "300" : "0", 1);
+    setenv("MEGACTX_OFFLOAD_LINE_MAP", m == "modulo300" ? "modulo" : "rotated", 1);
+    setenv("MEGACTX_OFFLOAD_SIDE_STREAM", m == "hot-one-stream" ? "0" : "1", 1);
     EngineStats stats;
     const Results tiered = run(*host, {.offload_pages = 32}, requests, &stats);
     EXPECT_GE(stats.host_latent_moved_pages, 7) << "mode " << mode;
     EXPECT_EQ(stats.host_latent_pages_used, 0);
+    // What the staging counted: consecutive steps select mostly the same
+    // entries, so the hot cache hits; staging copies every selected entry in
+    // every layer; direct reads copy nothing.
+    const int64_t selected = stats.host_latent_selected_entries;
+    if (m == "direct") {
+      EXPECT_EQ(selected, 0);
+      EXPECT_EQ(stats.host_latent_copied_bytes, 0);
+    } else {
+      EXPECT_GT(selected, 0) << mode;
+      EXPECT_GT(stats.host_latent_read_steps, 0) << mode;
+      EXPECT_LE(stats.host_latent_read_steps, 3 * 40) << mode;  // at most one per forward
+      EXPECT_GE(stats.host_latent_copied_bytes, 656) << mode;
+    }
+    if (hot) {
+      EXPECT_GT(stats.host_latent_hot_hits, selected / 4) << mode;
+      EXPECT_LE(stats.host_latent_hot_hits, selected) << mode;
+    } else {
+      EXPECT_EQ(stats.host_latent_hot_hits, 0) << mode;
+    }
+    if (m == "staging") {
+      EXPECT_GE(stats.host_latent_copied_bytes, selected * 656) << mode;
+    }
+    std::printf(
+        "mode %s: %lld offload entries selected, %lld hot hits, %lld bytes copied in %lld "
+        "steps\n",
+        mode, static_cast<long long>(selected), static_cast<long long>(stats.host_latent_hot_hits),
+        static_cast<long long>(stats.host_latent_copied_bytes),
+        static_cast<long long>(stats.host_latent_read_steps));
     for (const auto& [rid, want] : plain) {
       const Collected& got = tiered.at(rid);
       EXPECT_EQ(got.tokens, want.tokens) << rid << " mode " << mode;
@@ -102,6 +136,8 @@ TEST(CudaLiveHostTier, DecodeFromHostMemoryEqualsThePlainEngineBitForBit) {
   unsetenv("MEGACTX_OFFLOAD_STAGING");
   unsetenv("MEGACTX_OFFLOAD_HOT");
   unsetenv("MEGACTX_OFFLOAD_HOT_LINES");
+  unsetenv("MEGACTX_OFFLOAD_LINE_MAP");
+  unsetenv("MEGACTX_OFFLOAD_SIDE_STREAM");
 }
 
 // Two short requests under the length threshold keep their device pages as

@@ -549,6 +549,10 @@ class LiveHostTier(unittest.TestCase):
         self.assertGreater(float(values["megactx_host_latent_moved_pages_total"]), 0)
         self.assertGreater(float(values["megactx_host_latent_pages_total"]), 0)
         self.assertEqual(float(values["megactx_host_latent_pages_used"]), 0)
+        # What reading the tier cost: the CPU model reads offload pages in place
+        # (no hot cache, nothing copied); CUDA fills these (cuda_live_host_tier_test).
+        for name in ("selected_entries", "hot_hits", "copied_bytes", "read_steps"):
+            self.assertEqual(float(values[f"megactx_host_latent_{name}_total"]), 0, name)
         self.assertEqual(info["host_latent_memory"], "32MiB")
         result = subprocess.run([ARGS.megactx, "serve", "--model", ARGS.model,
                                  "--host-latent-memory", "1KiB"],

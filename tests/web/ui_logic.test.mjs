@@ -50,6 +50,13 @@ test('seriesPoint: rates and windowed percentiles from snapshot differences', ()
   assert.equal(point.prefixHitRate, 80);      // 80 of 100 tokens in the window
   assert.equal(point.prefixHitRateTotal, 40);
   assert.equal(seriesPoint(history.slice(0, 2), { windowSeconds: 1 }).specAcceptLength, null);
+  assert.equal(point.hostLatentHitRate, null);  // no live host tier on this server
+  const tier = snapshot(3000, 150, [5, 4, 0]);
+  Object.assign(tier.engine, { host_latent_selected_entries: 400, host_latent_hot_hits: 300,
+    host_latent_copied_bytes: 6.56e6, host_latent_read_steps: 10 });
+  const tierPoint = seriesPoint([...history, tier]);
+  assert.equal(tierPoint.hostLatentHitRate, 75);
+  assert.equal(tierPoint.hostLatentCopiedPerStep, 6.56e5);
 });
 
 const chunk = (delta, entries, finish = null) => ({

@@ -17,6 +17,9 @@ prompts of `--context` tokens are sent at once (streamed /generate, greedy, igno
     from the last first token to the first end, over its length (empty when the requests never
     decoded together: the plain server runs them a few at a time);
   * TPOT: the median over requests of (end - first token) / (tokens - 1);
+  * the hot cache's hit rate (megactx_host_latent_hot_hits_total over _selected_entries_total)
+    and the bytes copied host -> GPU per decode step (_copied_bytes_total over
+    _read_steps_total) in the round;
   * the bytes the tier moved (megactx_host_latent_moved_bytes_total) and the top-k latent bytes
     a decode step of one request reads from host memory (min(context, top-k) entries of 656 B in
     every layer), against the bus rate: --bus-gbps (default: measured, a pinned host -> device
@@ -32,7 +35,12 @@ A smoke test on the CPU (no CUDA flags; give --bus-gbps):
       --device cpu --context 600 --concurrency 1,3 --new-tokens 16 --kv-memory 40MiB \\
       --host-latent-memory 64MiB --bus-gbps 10 -- --kv-dtype f32
 
-Arguments after `--` go to both servers.
+--variants runs one tier server per variant, each LABEL:ENV=VALUE+ENV=VALUE, for A/B runs of
+the hot cache's switches (kernels/cuda/kv_copy/stage_offload.h, model/cuda/dsa_fast_attention.cpp):
+
+  --variants "live host tier:,modulo lines:MEGACTX_OFFLOAD_LINE_MAP=modulo,one stream:MEGACTX_OFFLOAD_SIDE_STREAM=0"
+
+Arguments after `--` go to every server.
 """
 import argparse
 import concurrent.futures
@@ -45,6 +53,9 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import prefill_serve_bench as common  # noqa: E402
+
+
+READ_COUNTERS = ("selected_entries", "hot_hits", "copied_bytes", "read_steps")
 
 
 def measure_bus_gbps(gib=1):
@@ -92,12 +103,16 @@ def run_round(port, prompts, new_tokens, timeout):
     stop = threading.Event()
     poller = threading.Thread(target=poll_running, args=(port, stop, seen), daemon=True)
     moved_before = common.metric(port, "megactx_host_latent_moved_bytes_total")
+    reads_before = {name: common.metric(port, f"megactx_host_latent_{name}_total")
+                    for name in READ_COUNTERS}
     poller.start()
     with concurrent.futures.ProcessPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(stream_tokens, [(port, body, timeout) for body in bodies]))
     stop.set()
     poller.join()
     moved = common.metric(port, "megactx_host_latent_moved_bytes_total") - moved_before
+    reads = {name: common.metric(port, f"megactx_host_latent_{name}_total") - reads_before[name]
+             for name in READ_COUNTERS}
     start = min(r["start"] for r in results)
     end = max(r["end"] for r in results)
     total = sum(r["events"][-1][1] for r in results if r["events"])
@@ -118,7 +133,11 @@ def run_round(port, prompts, new_tokens, timeout):
             "tpot_s": statistics.median(tpot) if tpot else None,
             "ttft_max_s": max(ttft),
             "wall_s": end - start,
-            "moved_bytes": moved if moved == moved else 0.0}
+            "moved_bytes": moved if moved == moved else 0.0,
+            "hit_rate": (reads["hot_hits"] / reads["selected_entries"]
+                         if reads["selected_entries"] > 0 else None),
+            "copied_bytes_per_step": (reads["copied_bytes"] / reads["read_steps"]
+                                      if reads["read_steps"] > 0 else None)}
 
 
 def run_server(args, label, extra, vocab, rows):
@@ -157,17 +176,22 @@ def run_server(args, label, extra, vocab, rows):
 
 def print_table(rows, read_bytes, bus_gbps):
     print("\n| server | requests | ran at once | output tok/s | decode tok/s, all together | "
-          "TPOT (ms) | slowest TTFT (s) | moved to the tier (GB) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "TPOT (ms) | slowest TTFT (s) | moved to the tier (GB) | hot hit rate | "
+          "copied per step (MB; ms at the bus rate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['server']} | {r['concurrency']} | error: {r['error']} | | | | | |")
+            print(f"| {r['server']} | {r['concurrency']} | error: {r['error']} | | | | | | | |")
             continue
         together = f"{r['together_tok_s']:,.0f}" if r["together_tok_s"] else "-"
         tpot = f"{r['tpot_s'] * 1e3:.2f}" if r["tpot_s"] else "-"
+        hits = f"{r['hit_rate'] * 100:.1f}%" if r.get("hit_rate") is not None else "-"
+        copied = r.get("copied_bytes_per_step")
+        copied = (f"{copied / 1e6:.2f}; {copied / bus_gbps / 1e6:.3f}" if copied is not None
+                  else "-")
         print(f"| {r['server']} | {r['concurrency']} | {r['max_running']:.0f} | "
               f"{r['output_tok_s']:,.0f} | {together} | {tpot} | {r['ttft_max_s']:.2f} | "
-              f"{r['moved_bytes'] / 1e9:.2f} |")
+              f"{r['moved_bytes'] / 1e9:.2f} | {hits} | {copied} |")
     print(f"\nTop-k latents a decode step of one offloaded request reads from host memory: "
           f"{read_bytes / 1e6:.1f} MB; at the bus rate of {bus_gbps:.1f} GB/s (pinned host -> "
           f"device copy, same machine) that is {read_bytes / bus_gbps / 1e6:.3f} ms per request "
@@ -178,7 +202,7 @@ def plot(path, rows, levels, title):
     """Decode tok/s while all the round's requests decode together, against the requests sent
     (a server that never ran them all at once has no point there)."""
     series = []
-    for label in ("plain", "live host tier"):
+    for label in dict.fromkeys(r["server"] for r in rows):
         points = [(r["concurrency"], r["together_tok_s"]) for r in rows
                   if r["server"] == label and "error" not in r and r.get("together_tok_s")]
         if points:
@@ -204,6 +228,10 @@ def main():
     parser.add_argument("--host-latent-memory", default="24GiB")
     parser.add_argument("--max-prefill-tokens", type=int, default=16384)
     parser.add_argument("--bus-gbps", type=float, default=None)
+    parser.add_argument("--skip-plain", action="store_true",
+                        help="only the tier servers (A/B runs of the variants)")
+    parser.add_argument("--variants", default="live host tier:",
+                        help="tier servers, each LABEL:ENV=VALUE+ENV=VALUE (see above)")
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--json")
@@ -233,9 +261,19 @@ def main():
     read_bytes = config["num_hidden_layers"] * min(args.context, config["index_topk"]) * entry
     rows = []
     plans = {}
-    plans["plain"] = run_server(args, "plain", [], vocab, rows)
-    plans["live host tier"] = run_server(
-        args, "live host tier", ["--host-latent-memory", args.host_latent_memory], vocab, rows)
+    if not args.skip_plain:
+        plans["plain"] = run_server(args, "plain", [], vocab, rows)
+    for variant in args.variants.split(","):
+        label, _, settings = variant.partition(":")
+        env = dict(item.split("=", 1) for item in settings.split("+") if item)
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            plans[label] = run_server(
+                args, label, ["--host-latent-memory", args.host_latent_memory], vocab, rows)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
     print_table(rows, read_bytes, bus)
     if args.json:
         with open(args.json, "w") as f:

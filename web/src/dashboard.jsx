@@ -152,6 +152,10 @@ export function Dashboard() {
           {latest.hostLatentTotal > 0 && (
             <Tile label="live host tier pages" value={`${latest.hostLatentUsed} / ${latest.hostLatentTotal}`} />
           )}
+          {latest.hostLatentHitRate !== null && (
+            <Tile label="hot cache hits / copied per step"
+              value={`${fmt(latest.hostLatentHitRate, 1)}% / ${fmt(latest.hostLatentCopiedPerStep / 1e6, 2)} MB`} />
+          )}
           <Tile label="prefix hit rate (all time)" value={`${fmt(latest.prefixHitRateTotal, 1)}%`} />
           <Tile label="MTP accepted length" value={fmt(latest.specAcceptLengthTotal, 2)} />
           <Tile label="requests finished" value={`${latest.finished}`} testid="tile-finished" />

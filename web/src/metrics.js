@@ -71,6 +71,12 @@ export function seriesPoint(history, { rateSeconds = 2, windowSeconds = 30 } = {
     hostKvTotal: e.host_kv_pages_total,
     hostLatentUsed: e.host_latent_pages_used ?? 0,
     hostLatentTotal: e.host_latent_pages_total ?? 0,
+    // The live host tier's GPU hot cache (CUDA): entries read without a copy,
+    // and what a step copies host -> GPU, all time.
+    hostLatentHitRate: e.host_latent_selected_entries > 0
+      ? (100 * e.host_latent_hot_hits) / e.host_latent_selected_entries : null,
+    hostLatentCopiedPerStep: e.host_latent_read_steps > 0
+      ? e.host_latent_copied_bytes / e.host_latent_read_steps : null,
     prefixHitRate: hitRate === null ? null : hitRate * 100,
     prefixHitRateTotal: (ratio(e.prefix_cache_hits, e.prefix_cache_queries) ?? 0) * 100,
     specAcceptLength: specSteps > 0 ? 1 + specAccepted / specSteps : null,

@@ -1,18 +1,11 @@
-#include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/dsa_layout.h"
 #include "bench/cuda/support/synthetic_cache.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/dsa_layout.h"
 
 namespace megactx::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<uint32_t>(x);
-}
 __device__ __forceinline__ float unit(uint32_t bits) {
   return (bits >> 8) * (1.f / 16777216.f);
 }  // [0, 1)
@@ -31,7 +24,7 @@ __global__ void fill_pool_kernel(uint8_t* pool, int64_t num_slots, int entry_byt
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t offset = (i % words_per_entry) * 4;
-    uint32_t bits = mix((static_cast<uint64_t>(seed) << 40) ^ static_cast<uint64_t>(i));
+    uint32_t bits = hash_mix((static_cast<uint64_t>(seed) << 40) ^ static_cast<uint64_t>(i));
     uint32_t word;
     if (offset < fp8_bytes) {
       word = no_nan_bytes(bits);
@@ -48,7 +41,8 @@ __global__ void fill_pool_kernel(uint8_t* pool, int64_t num_slots, int entry_byt
 __global__ void fill_bf16_kernel(uint16_t* values, int64_t count, float amplitude, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = amplitude * (2.f * unit(mix((static_cast<uint64_t>(seed) << 40) ^ i)) - 1.f);
+    const float v =
+        amplitude * (2.f * unit(hash_mix((static_cast<uint64_t>(seed) << 40) ^ i)) - 1.f);
     values[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
   }
 }
@@ -56,22 +50,23 @@ __global__ void fill_bf16_kernel(uint16_t* values, int64_t count, float amplitud
 __global__ void fill_fp8_kernel(uint8_t* values, int64_t count, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    values[i] =
-        static_cast<uint8_t>(no_nan_bytes(mix((static_cast<uint64_t>(seed) << 40) ^ i) & 0xffu));
+    values[i] = static_cast<uint8_t>(
+        no_nan_bytes(hash_mix((static_cast<uint64_t>(seed) << 40) ^ i) & 0xffu));
 }
 
 __global__ void fill_f32_kernel(float* values, int64_t count, float low, float high,
                                 uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    values[i] = low + (high - low) * unit(mix((static_cast<uint64_t>(seed) << 40) ^ i));
+    values[i] = low + (high - low) * unit(hash_mix((static_cast<uint64_t>(seed) << 40) ^ i));
 }
 
 __global__ void fill_slots_kernel(int32_t* slots, int64_t count, int64_t num_slots, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t r = (static_cast<uint64_t>(mix((static_cast<uint64_t>(seed) << 40) ^ i)) << 32) |
-                       mix((static_cast<uint64_t>(seed + 1) << 40) ^ i);
+    const uint64_t r =
+        (static_cast<uint64_t>(hash_mix((static_cast<uint64_t>(seed) << 40) ^ i)) << 32) |
+        hash_mix((static_cast<uint64_t>(seed + 1) << 40) ^ i);
     slots[i] = static_cast<int32_t>(r % static_cast<uint64_t>(num_slots));
   }
 }

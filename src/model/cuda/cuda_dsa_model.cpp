@@ -77,6 +77,12 @@ CudaDsaModel::~CudaDsaModel() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  if (offload_hot_.side != nullptr) {
+    cudaStreamSynchronize(offload_hot_.side);
+    cudaStreamDestroy(offload_hot_.side);
+    cudaEventDestroy(offload_hot_.assigned);
+    for (auto& [layer, event] : offload_hot_.filled) cudaEventDestroy(event);
+  }
 }
 
 void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const {
@@ -99,6 +105,7 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   // dropped (then its capture is tried again).
   if (key && graphs_.failed(*key)) key.reset();
   ForwardOutput output = key ? forward_graph(batch, cache, *key) : forward_eager(batch, cache);
+  read_back_offload_counters();
   timer_.collect(stream_);
   if (timer_.active())
     forward_wall_ms_ +=
@@ -230,6 +237,7 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
     decoder_layer(weights_->layers[layer], layer, step, cache, x, /*input_normed=*/layer > 0,
                   layer + 1 < layers ? weights_->layers[layer + 1].input_norm : nullptr);
   }
+  join_offload_fills();  // the live host tier's side stream, back before the end
   timer_.mark("final norm + lm_head", stream_);
   const int64_t m = logit_count;
   float* normed = sc.normed.get<float>(m * hidden);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <memory>
 #include <span>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer.h"
+#include "kernels/cuda/kv_copy/stage_offload.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/decode_graph.h"
 #include "model/cuda/device_buffer.h"
@@ -86,6 +88,8 @@ class CudaDsaModel final : public LanguageModel {
   void invalidate_offload_lines(std::span<const int32_t> pages, const PagedKvCache& cache) const;
   // Every hot line emptied (a new KV cache: the tags name slots of the old one).
   void reset_offload_hot() const;
+  // The hot cache's counts as of the last forward the caller waited for.
+  OffloadReadStats offload_read_stats() const override;
 
   // CUDA-graph decode so far (model/cuda/decode_graph.h).
   CudaGraphStats graph_stats() const { return graphs_.stats(); }
@@ -308,12 +312,29 @@ class CudaDsaModel final : public LanguageModel {
   // [lines, 656]; `group`: the table the current staged slots were assigned
   // in. Allocated on first use (an eager step: graphs are captured after),
   // never grown; a new KV cache empties the tags (make_kv_cache).
+  // `counters`: what the staging did so far (OffloadReadCounters, device),
+  // `readback` its copy after each forward (offload_read_stats).
   struct OffloadHot {
     std::map<int64_t, DeviceBuffer> tables;
     std::map<int64_t, DeviceBuffer> entries;
     int64_t group = -1;
     int64_t lines = 0;  // kOffloadHotLines (fewer in tests), fixed at first use
+    OffloadLineMap line_map = OffloadLineMap::kRotated;
+    DeviceBuffer counters;
+    mutable PinnedBuffer readback;
+    // The misses' copies into hot lines, for every layer of a group at once
+    // on `side` (fill_offload_lines); `pending`: layers whose fills the
+    // compute stream has not waited for yet. Made at first use (eager).
+    cudaStream_t side = nullptr;
+    cudaEvent_t assigned = nullptr;
+    std::map<int64_t, cudaEvent_t> filled;
+    std::set<int64_t> pending;
   };
+  OffloadReadCounters* offload_read_counters();
+  void read_back_offload_counters();
+  void fill_offload_lines(const StageOffloadParams& assigned, int64_t layer, PagedKvCache& cache);
+  void join_offload_fills();
+  int64_t first_indexer_layer() const;
   mutable OffloadHot offload_hot_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
   // Advanced whenever a selection may change: every Step made (a forward, an

@@ -79,6 +79,31 @@ int64_t offload_hot_lines() {
   return lines > 0 && lines < kOffloadHotLines ? lines : kOffloadHotLines;
 }
 
+// MEGACTX_OFFLOAD_LINE_MAP=modulo: the hot cache's lines without the
+// per-cycle rotation (stage_offload.h; A/B runs); read once per model.
+OffloadLineMap offload_line_map() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_LINE_MAP");
+  if (value == nullptr || std::strcmp(value, "rotated") == 0) return OffloadLineMap::kRotated;
+  MEGACTX_CHECK(std::strcmp(value, "modulo") == 0,
+                "MEGACTX_OFFLOAD_LINE_MAP must be rotated or modulo, got {}", value);
+  return OffloadLineMap::kModulo;
+}
+
+// MEGACTX_OFFLOAD_SIDE_STREAM=0: every layer copies its hot-cache misses on
+// the compute stream right before its attention (A/B runs, tests).
+bool offload_side_stream_enabled() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_SIDE_STREAM");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+// MEGACTX_OFFLOAD_FILL_BLOCKS=N: the side stream's fills in at most N
+// blocks of 8 warps (0: one warp per entry; A/B runs). 32 blocks keep 1,024
+// entries (670 KB) in flight, past what the bus needs to run at its rate.
+int offload_fill_blocks() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_FILL_BLOCKS");
+  return value != nullptr ? std::max(0, std::atoi(value)) : kOffloadFillBlocks;
+}
+
 // A hot cache group's tables at rest: tags -1 (empty), claims past every
 // entry index (0x7f7f7f7f), hits 0.
 void reset_offload_tables(int32_t* tables, int64_t count, cudaStream_t stream) {
@@ -383,8 +408,13 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
       stage.offload_pool = attend.offload_pool;
       stage.staging = fs.staging.get<uint8_t>(entries * kLatentBytes);
       stage.entry_bytes = kLatentBytes;
+      stage.counters = offload_read_counters();
       if (offload_hot_enabled()) {
-        if (offload_hot_.lines == 0) offload_hot_.lines = offload_hot_lines();
+        if (offload_hot_.lines == 0) {
+          offload_hot_.lines = offload_hot_lines();
+          offload_hot_.line_map = offload_line_map();
+        }
+        stage.line_map = offload_hot_.line_map;
         const int64_t lines = offload_hot_.lines;
         if (new_selection) offload_hot_.group = layer;
         DeviceBuffer& table = offload_hot_.tables[offload_hot_.group];
@@ -398,7 +428,20 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
         stage.copy = fs.offload_copy.get<uint8_t>(entries);
         stage.hot_pool = offload_hot_.entries[layer].get<uint8_t>(lines * kLatentBytes);
       }
-      if (new_selection) assign_offload_entries(stage, stream_);
+      if (new_selection) {
+        // One step counted per forward: at the model's first full layer.
+        stage.count_step = layer == first_indexer_layer();
+        join_offload_fills();  // none are left here; a guard for odd layer orders
+        assign_offload_entries(stage, stream_);
+        if (stage.lines > 0 && offload_side_stream_enabled())
+          fill_offload_lines(stage, layer, cache);
+      }
+      if (offload_hot_.pending.erase(layer) > 0) {
+        // This layer's hot lines were filled on the side stream since the
+        // assignment; only its staging rows are copied here.
+        MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, offload_hot_.filled.at(layer), 0));
+        stage.copies = OffloadCopies::kRows;
+      }
       stage_offload_entries(stage, stream_);
       attend.slots = stage.staged_slots;
       if (stage.lines > 0) {
@@ -455,6 +498,7 @@ void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,
   params.lines = offload_hot_.lines;
   params.pool_slots = cache.spec().num_pages * cache.spec().page_size;
   params.page_size = cache.spec().page_size;
+  params.line_map = offload_hot_.line_map;
   for (size_t first = 0; first < pages.size(); first += kInvalidatePagesPerLaunch) {
     params.count =
         static_cast<int>(std::min<size_t>(kInvalidatePagesPerLaunch, pages.size() - first));
@@ -464,6 +508,83 @@ void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,
       ::megactx::cuda::invalidate_offload_lines(params, stream_);
     }
   }
+}
+
+int64_t CudaDsaModel::first_indexer_layer() const {
+  for (const LayerPlan& l : plan_.layers)
+    if (l.runs_indexer) return l.layer;
+  return -1;
+}
+
+void CudaDsaModel::fill_offload_lines(const StageOffloadParams& assigned, int64_t layer,
+                                      PagedKvCache& cache) {
+  // The layers that attend through this selection: the full layer and the
+  // IndexShare layers after it (a layer outside the plan, the MTP layer, alone).
+  std::vector<int64_t> group = {layer};
+  if (layer < std::ssize(plan_.layers) && plan_.layers[layer].runs_indexer) {
+    for (int64_t l = layer + 1; l < std::ssize(plan_.layers); ++l)
+      if (!plan_.layers[l].runs_indexer && plan_.layers[l].indexer_source == layer)
+        group.push_back(l);
+  }
+  OffloadHot& hot = offload_hot_;
+  if (hot.side == nullptr) {
+    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&hot.side, cudaStreamNonBlocking));
+    MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&hot.assigned, cudaEventDisableTiming));
+  }
+  // Every layer's misses start once the assignment is done and run beside
+  // the compute stream's work until that layer's attention waits for them.
+  MEGACTX_CUDA_CHECK(cudaEventRecord(hot.assigned, stream_));
+  MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(hot.side, hot.assigned, 0));
+  for (const int64_t l : group) {
+    StageOffloadParams fill = assigned;
+    fill.copies = OffloadCopies::kLines;
+    fill.max_blocks = offload_fill_blocks();
+    fill.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(l).raw());
+    fill.hot_pool = hot.entries[l].get<uint8_t>(hot.lines * kLatentBytes);
+    stage_offload_entries(fill, hot.side);
+    auto [event, created] = hot.filled.try_emplace(l, nullptr);
+    if (created)
+      MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&event->second, cudaEventDisableTiming));
+    MEGACTX_CUDA_CHECK(cudaEventRecord(event->second, hot.side));
+    hot.pending.insert(l);
+  }
+}
+
+void CudaDsaModel::join_offload_fills() {
+  // A captured graph must end with the side stream joined back.
+  for (const int64_t l : offload_hot_.pending)
+    MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, offload_hot_.filled.at(l), 0));
+  offload_hot_.pending.clear();
+}
+
+OffloadReadCounters* CudaDsaModel::offload_read_counters() {
+  // Allocated at the first step over offload pages: an eager one (graphs are
+  // captured only for keys seen before), and never regrown.
+  if (offload_hot_.counters.bytes() == 0) {
+    offload_hot_.counters.get<OffloadReadCounters>(1);
+    MEGACTX_CUDA_CHECK(
+        cudaMemsetAsync(offload_hot_.counters.as<void>(), 0, sizeof(OffloadReadCounters), stream_));
+  }
+  return offload_hot_.counters.as<OffloadReadCounters>();
+}
+
+void CudaDsaModel::read_back_offload_counters() {
+  if (offload_hot_.counters.bytes() == 0) return;
+  // Read by offload_read_stats after the caller's next wait on the stream.
+  MEGACTX_CUDA_CHECK(cudaMemcpyAsync(offload_hot_.readback.get<OffloadReadCounters>(1),
+                                     offload_hot_.counters.as<void>(), sizeof(OffloadReadCounters),
+                                     cudaMemcpyDeviceToHost, stream_));
+}
+
+OffloadReadStats CudaDsaModel::offload_read_stats() const {
+  OffloadReadStats stats;
+  if (offload_hot_.counters.bytes() == 0) return stats;
+  const auto* counters = offload_hot_.readback.get<OffloadReadCounters>(1);
+  stats.selected_entries = static_cast<int64_t>(counters->selected);
+  stats.hot_hits = static_cast<int64_t>(counters->hot_hits);
+  stats.copied_bytes = static_cast<int64_t>(counters->copied_entries) * kLatentBytes;
+  stats.read_steps = static_cast<int64_t>(counters->steps);
+  return stats;
 }
 
 void CudaDsaModel::reset_offload_hot() const {

@@ -76,6 +76,8 @@ inline constexpr int64_t kOffloadStagingRows = 64;
 // selection group a table of tags, per latent layer this many entries):
 // 86 MB per layer.
 inline constexpr int64_t kOffloadHotLines = 131072;
+// Blocks of the side stream's hot-line fills (MEGACTX_OFFLOAD_FILL_BLOCKS).
+inline constexpr int kOffloadFillBlocks = 32;
 
 // The staging's and the hot cache's bytes (FastScratch::staging, staged_slots
 // and copy flags; CudaDsaModel's hot tables and entries) at `index_topk`, for

@@ -1,6 +1,6 @@
 // Small device-side building blocks shared by the DSA kernels (indexer, top-k,
 // sparse MLA): asynchronous copies, tensor-core fragments, fp8 conversion and
-// the order-preserving float -> uint32 map used by radix selection.
+// the order-preserving float -> uint32 map used by radix selection, an integer hash.
 // Only for .cu files (sm_90a).
 #pragma once
 
@@ -11,6 +11,16 @@
 #include <cstdint>
 
 namespace megactx::cuda {
+
+// ---- integer hash (MurmurHash3's 64-bit finaliser, high bits kept) ---------
+__device__ __forceinline__ uint32_t hash_mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
 
 // ---- cp.async (16-byte global -> shared, bypassing L1) ----------------------
 __device__ __forceinline__ void cp_async_16(void* shared_destination, const void* global_source) {

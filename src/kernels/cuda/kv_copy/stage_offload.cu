@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/kv_copy/stage_offload.h"
 
@@ -18,22 +19,39 @@ __device__ __forceinline__ bool offloaded(const StageOffloadParams& p, int32_t s
   return slot >= 0 && slot >= p.pool_slots;
 }
 
-// An offload slot's line (StageOffloadParams or InvalidateOffloadParams):
-// consecutive slots on consecutive lines, so that one request's selections
-// (up to `lines` offload tokens) never meet each other.
+// An offload slot's line (StageOffloadParams or InvalidateOffloadParams; the
+// map is described in stage_offload.h): consecutive slots on consecutive
+// lines, each cycle of `lines` slots rotated by its hash (cycle 0 by none).
 template <typename Params>
 __device__ __forceinline__ int64_t hot_line(const Params& p, int64_t slot) {
-  return (slot - p.pool_slots) % p.lines;
+  const int64_t offset = slot - p.pool_slots;
+  if (p.line_map == OffloadLineMap::kModulo) return offset % p.lines;
+  const auto cycle = static_cast<uint32_t>(offset / p.lines);
+  return (offset % p.lines + (cycle == 0 ? 0 : hash_mix(cycle))) % p.lines;
+}
+
+// Adds a thread's count to a counter: one atomic per warp. Every lane of the
+// warp calls it (after the grid-stride loops, where the warp has converged).
+__device__ __forceinline__ void count_warp(unsigned long long* counter, unsigned count) {
+  count = __reduce_add_sync(0xffffffffU, count);
+  if (threadIdx.x % 32 == 0 && count > 0)
+    atomicAdd(counter, static_cast<unsigned long long>(count));
 }
 
 // Without a hot cache: every offload entry to its staging row.
 __global__ void __launch_bounds__(kThreads) assign_rows_kernel(StageOffloadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
+  unsigned selected = 0;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
        i += int64_t{gridDim.x} * kThreads) {
     const int32_t slot = p.slots[i];
+    selected += offloaded(p, slot);
     p.staged_slots[i] = offloaded(p, slot) ? static_cast<int32_t>(p.pool_slots + i) : slot;
+  }
+  if (p.counters != nullptr) {
+    count_warp(&p.counters->selected, selected);
+    if (p.count_step && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&p.counters->steps, 1ULL);
   }
 }
 
@@ -41,6 +59,7 @@ __global__ void __launch_bounds__(kThreads) assign_rows_kernel(StageOffloadParam
 __global__ void __launch_bounds__(kThreads) assign_hits_kernel(StageOffloadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
+  unsigned selected = 0, hits = 0;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < p.entries;
        i += int64_t{gridDim.x} * kThreads) {
     const int32_t slot = p.slots[i];
@@ -49,13 +68,20 @@ __global__ void __launch_bounds__(kThreads) assign_hits_kernel(StageOffloadParam
       p.staged_slots[i] = slot;
       continue;
     }
+    ++selected;
     const int64_t line = hot_line(p, slot);
     if (p.tags[line] == slot) {
+      ++hits;
       p.hits[line] = 1;
       p.staged_slots[i] = static_cast<int32_t>(p.pool_slots + line);
     } else {
       p.staged_slots[i] = kMissPending;
     }
+  }
+  if (p.counters != nullptr) {
+    count_warp(&p.counters->selected, selected);
+    count_warp(&p.counters->hot_hits, hits);
+    if (p.count_step && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&p.counters->steps, 1ULL);
   }
 }
 
@@ -111,36 +137,60 @@ __global__ void __launch_bounds__(kThreads) assign_reset_kernel(StageOffloadPara
   }
 }
 
-// A warp per entry: lane l copies words l and l + 32 of it, both loads issued
-// before either store (two bus round trips per warp in flight at once).
+// Where entry i goes in this launch (null: nowhere: not an offload entry, a
+// hit, a same-slot miss the winner copies, or a copy another launch makes).
+__device__ __forceinline__ uint8_t* stage_destination(const StageOffloadParams& p, int64_t i,
+                                                      int32_t slot) {
+  if (!offloaded(p, slot)) return nullptr;
+  const int32_t staged = p.staged_slots[i];
+  const int64_t rows_begin = p.pool_slots + p.lines;
+  if (staged >= rows_begin) {
+    if (p.copies == OffloadCopies::kLines) return nullptr;
+    return p.staging + (staged - rows_begin) * p.entry_bytes;
+  }
+  if (p.lines > 0 && p.copy[i] && p.copies != OffloadCopies::kRows)
+    return p.hot_pool + (staged - p.pool_slots) * p.entry_bytes;
+  return nullptr;
+}
+
+// A warp per entry, kEntriesPerWarp entries per warp in flight: lane l
+// copies words l and l + 32 of each, every load issued before the first
+// store, so that a small grid (the side stream's fills, max_blocks) still
+// keeps enough bytes on the bus.
+constexpr int kEntriesPerWarp = 4;
+
 __global__ void __launch_bounds__(kThreads) stage_kernel(StageOffloadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
   const int lane = threadIdx.x % 32;
   const int words = p.entry_bytes / 16;
-  const int64_t rows_begin = p.pool_slots + p.lines;
-  for (int64_t i = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; i < p.entries;
-       i += int64_t{gridDim.x} * kWarps) {
-    const int32_t slot = p.slots[i];
-    const int32_t staged = p.staged_slots[i];
-    uint8_t* destination;
-    if (!offloaded(p, slot)) continue;
-    if (staged >= rows_begin) {
-      destination = p.staging + (staged - rows_begin) * p.entry_bytes;
-    } else if (p.lines > 0 && p.copy[i]) {
-      destination = p.hot_pool + (staged - p.pool_slots) * p.entry_bytes;
-    } else {
-      continue;  // a hit, or a same-slot miss the winner copies
+  const int64_t warps = int64_t{gridDim.x} * kWarps;
+  unsigned copied = 0;  // counted by lane 0 of each warp
+  for (int64_t base = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; base < p.entries;
+       base += warps * kEntriesPerWarp) {
+    uint4 first[kEntriesPerWarp], second[kEntriesPerWarp];
+    uint8_t* destination[kEntriesPerWarp];
+#pragma unroll
+    for (int k = 0; k < kEntriesPerWarp; ++k) {
+      const int64_t i = base + k * warps;
+      const int32_t slot = i < p.entries ? p.slots[i] : -1;
+      destination[k] = i < p.entries ? stage_destination(p, i, slot) : nullptr;
+      if (destination[k] == nullptr) continue;
+      const uint4* from =
+          reinterpret_cast<const uint4*>(p.offload_pool + (slot - p.pool_slots) * p.entry_bytes);
+      if (lane < words) first[k] = from[lane];
+      if (lane + 32 < words) second[k] = from[lane + 32];
     }
-    const uint4* from =
-        reinterpret_cast<const uint4*>(p.offload_pool + (slot - p.pool_slots) * p.entry_bytes);
-    uint4* to = reinterpret_cast<uint4*>(destination);
-    uint4 first, second;
-    if (lane < words) first = from[lane];
-    if (lane + 32 < words) second = from[lane + 32];
-    if (lane < words) to[lane] = first;
-    if (lane + 32 < words) to[lane + 32] = second;
+#pragma unroll
+    for (int k = 0; k < kEntriesPerWarp; ++k) {
+      if (destination[k] == nullptr) continue;
+      uint4* to = reinterpret_cast<uint4*>(destination[k]);
+      if (lane < words) to[lane] = first[k];
+      if (lane + 32 < words) to[lane + 32] = second[k];
+      copied += lane == 0;
+    }
   }
+  if (p.counters != nullptr) count_warp(&p.counters->copied_entries, copied);
 }
 
 __global__ void __launch_bounds__(kThreads) invalidate_kernel(InvalidateOffloadParams p) {
@@ -177,8 +227,11 @@ void launch_assign_offload(const StageOffloadParams& p, cudaStream_t stream) {
 }
 
 void launch_stage_offload(const StageOffloadParams& p, cudaStream_t stream) {
-  // Enough warps for the bus: every entry of a decode step in flight at once.
-  launch_kernel(stage_kernel, dim3(blocks_for(p.entries, kWarps)), dim3(kThreads), 0, stream, p);
+  // Enough warps for the bus: every entry of a decode step in flight at once,
+  // unless the launch is capped (StageOffloadParams::max_blocks).
+  unsigned blocks = blocks_for(p.entries, int64_t{kWarps} * kEntriesPerWarp);
+  if (p.max_blocks > 0) blocks = std::min(blocks, static_cast<unsigned>(p.max_blocks));
+  launch_kernel(stage_kernel, dim3(blocks), dim3(kThreads), 0, stream, p);
 }
 
 void launch_invalidate_offload(const InvalidateOffloadParams& p, cudaStream_t stream) {
