@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <memory>
-#include <span>
 #include <optional>
+#include <set>
+#include <span>
 #include <vector>
 
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
@@ -222,6 +222,24 @@ class CudaDsaModel final : public LanguageModel {
   // fast_indexer's selection in the deterministic mode (position_topk).
   void invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights, int64_t layer,
                               Step& step, PagedKvCache& cache);
+  // A step's selected slots [n, top_k] (positions_to_slots once per
+  // selection: SlotsKey), and whether this call made them.
+  struct LayerSlots {
+    const int32_t* slots = nullptr;
+    int64_t top_k = 0;
+    bool new_selection = false;
+  };
+  LayerSlots layer_slots(const Step& step);
+  // The live host tier (offload pages): the staging of a layer's selected
+  // offload entries (kernels/cuda/kv_copy/stage_offload.h): a new selection's
+  // hot-line assignment and, on the side stream, every group layer's copies;
+  // unless assign_only, then this layer's wait for them and its staging rows.
+  // nullopt when the step reads offload entries straight from host memory.
+  std::optional<StageOffloadParams> stage_offload(int64_t layer, int64_t n,
+                                                  const LayerSlots& selected, PagedKvCache& cache,
+                                                  bool assign_only);
+  // A full layer's assignment right after its indexer (decode-sized steps).
+  void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
                        PagedKvCache& cache, float* o_latent);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).

@@ -67,6 +67,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   if (w.has_indexer && !step.shared) {
     timer_.mark("indexer proj + cache", stream_);
     indexer(w, layer, h, q_resid, step, cache);
+    assign_offload_early(layer, step, cache);
   }
 
   // The attention core, in blocks of row_block(n) rows: every row's key is in

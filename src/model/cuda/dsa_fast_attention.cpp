@@ -326,24 +326,13 @@ void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const floa
   }
 }
 
-void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
-                                   const Step& step, PagedKvCache& cache, float* o_latent) {
+CudaDsaModel::LayerSlots CudaDsaModel::layer_slots(const Step& step) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
-  const int64_t heads = config_.num_attention_heads;
-  const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
-  const int64_t qk = config_.qk_nope_head_dim + config_.qk_rope_head_dim;
   // Selections hold at most min(index_topk, longest context) positions: sparse
   // MLA walks only that many columns (max_context is part of a decode graph's
   // key, so this stays fixed within a captured graph).
   const int64_t top_k = std::max<int64_t>(1, std::min(index_topk_, step.max_context));
-  if (fast_multiprocessors_ == 0) {
-    int device = 0;
-    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
-    MEGACTX_CUDA_CHECK(
-        cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
-  }
-
   // step.topk positions -> physical slots [n, top_k] (-1 past counts), once
   // per selection: the IndexShare layers after a full one (same step, no
   // indexer run since) find its slots in place (SlotsKey). Inside a captured
@@ -370,6 +359,92 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
     positions_to_slots(map, stream_);
     fs.slots_key = slots_key;
   }
+  return {map.slots, top_k, new_selection};
+}
+
+void CudaDsaModel::assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache) {
+  if (cache.spec().offload_pages == 0 || !use_fast_attention(step) ||
+      row_block(step.tokens) < step.tokens)
+    return;
+  // The full layer's slots and hot-line assignment right after its indexer:
+  // the side stream's copies of its own misses then run beside this layer's
+  // query projections instead of before its attention.
+  stage_offload(layer, step.tokens, layer_slots(step), cache, /*assign_only=*/true);
+}
+
+std::optional<StageOffloadParams> CudaDsaModel::stage_offload(int64_t layer, int64_t n,
+                                                              const LayerSlots& selected,
+                                                              PagedKvCache& cache,
+                                                              bool assign_only) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t top_k = selected.top_k;
+  const bool new_selection = selected.new_selection;
+  const int64_t pool_slots = cache.spec().num_pages * cache.spec().page_size;
+  const int64_t entries = n * top_k;
+  if (!offload_staging_enabled() || entries > kOffloadStagingRows * index_topk_)
+    return std::nullopt;
+  StageOffloadParams stage;
+  stage.slots = selected.slots;
+  stage.staged_slots = fs.staged_slots.get<int32_t>(entries);
+  stage.entries = entries;
+  stage.pool_slots = pool_slots;
+  stage.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
+  stage.staging = fs.staging.get<uint8_t>(entries * kLatentBytes);
+  stage.entry_bytes = kLatentBytes;
+  stage.counters = offload_read_counters();
+  if (offload_hot_enabled()) {
+    if (offload_hot_.lines == 0) {
+      offload_hot_.lines = offload_hot_lines();
+      offload_hot_.line_map = offload_line_map();
+    }
+    stage.line_map = offload_hot_.line_map;
+    const int64_t lines = offload_hot_.lines;
+    if (new_selection) offload_hot_.group = layer;
+    DeviceBuffer& table = offload_hot_.tables[offload_hot_.group];
+    const bool fresh = table.bytes() == 0;
+    int32_t* tables = table.get<int32_t>(3 * lines);
+    if (fresh) reset_offload_tables(tables, lines, stream_);
+    stage.lines = lines;
+    stage.tags = tables;
+    stage.claims = tables + lines;
+    stage.hits = tables + 2 * lines;
+    stage.copy = fs.offload_copy.get<uint8_t>(entries);
+    stage.hot_pool = offload_hot_.entries[layer].get<uint8_t>(lines * kLatentBytes);
+  }
+  if (new_selection) {
+    // One step counted per forward: at the model's first full layer.
+    stage.count_step = layer == first_indexer_layer();
+    join_offload_fills();  // none are left here; a guard for odd layer orders
+    assign_offload_entries(stage, stream_);
+    if (stage.lines > 0 && offload_side_stream_enabled()) fill_offload_lines(stage, layer, cache);
+  }
+  if (assign_only) return stage;
+  if (offload_hot_.pending.erase(layer) > 0) {
+    // This layer's hot lines were filled on the side stream since the
+    // assignment; only its staging rows are copied here.
+    MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, offload_hot_.filled.at(layer), 0));
+    stage.copies = OffloadCopies::kRows;
+  }
+  stage_offload_entries(stage, stream_);
+  return stage;
+}
+
+void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
+                                   const Step& step, PagedKvCache& cache, float* o_latent) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t n = step.tokens;
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
+  const int64_t qk = config_.qk_nope_head_dim + config_.qk_rope_head_dim;
+  if (fast_multiprocessors_ == 0) {
+    int device = 0;
+    MEGACTX_CUDA_CHECK(cudaGetDevice(&device));
+    MEGACTX_CUDA_CHECK(
+        cudaDeviceGetAttribute(&fast_multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+  }
+
+  const LayerSlots selected = layer_slots(step);
+  const int64_t top_k = selected.top_k;
 
   // q = bf16 [q_latent | q_pe] per head: [n, padded, 576].
   MlaQueryPackParams pack;
@@ -387,7 +462,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
 
   SparseMlaParams attend;
   attend.q = pack.q;
-  attend.slots = map.slots;
+  attend.slots = selected.slots;
   attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
   if (cache.spec().offload_pages > 0) {
     // The live host tier: the selected entries of offload pages are staged in
@@ -398,58 +473,15 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
     // holds, read from host memory by the attention kernel itself.
     attend.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
     attend.pool_slots = cache.spec().num_pages * cache.spec().page_size;
-    const int64_t entries = n * top_k;
-    if (offload_staging_enabled() && entries <= kOffloadStagingRows * index_topk_) {
-      StageOffloadParams stage;
-      stage.slots = map.slots;
-      stage.staged_slots = fs.staged_slots.get<int32_t>(entries);
-      stage.entries = entries;
-      stage.pool_slots = attend.pool_slots;
-      stage.offload_pool = attend.offload_pool;
-      stage.staging = fs.staging.get<uint8_t>(entries * kLatentBytes);
-      stage.entry_bytes = kLatentBytes;
-      stage.counters = offload_read_counters();
-      if (offload_hot_enabled()) {
-        if (offload_hot_.lines == 0) {
-          offload_hot_.lines = offload_hot_lines();
-          offload_hot_.line_map = offload_line_map();
-        }
-        stage.line_map = offload_hot_.line_map;
-        const int64_t lines = offload_hot_.lines;
-        if (new_selection) offload_hot_.group = layer;
-        DeviceBuffer& table = offload_hot_.tables[offload_hot_.group];
-        const bool fresh = table.bytes() == 0;
-        int32_t* tables = table.get<int32_t>(3 * lines);
-        if (fresh) reset_offload_tables(tables, lines, stream_);
-        stage.lines = lines;
-        stage.tags = tables;
-        stage.claims = tables + lines;
-        stage.hits = tables + 2 * lines;
-        stage.copy = fs.offload_copy.get<uint8_t>(entries);
-        stage.hot_pool = offload_hot_.entries[layer].get<uint8_t>(lines * kLatentBytes);
-      }
-      if (new_selection) {
-        // One step counted per forward: at the model's first full layer.
-        stage.count_step = layer == first_indexer_layer();
-        join_offload_fills();  // none are left here; a guard for odd layer orders
-        assign_offload_entries(stage, stream_);
-        if (stage.lines > 0 && offload_side_stream_enabled())
-          fill_offload_lines(stage, layer, cache);
-      }
-      if (offload_hot_.pending.erase(layer) > 0) {
-        // This layer's hot lines were filled on the side stream since the
-        // assignment; only its staging rows are copied here.
-        MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, offload_hot_.filled.at(layer), 0));
-        stage.copies = OffloadCopies::kRows;
-      }
-      stage_offload_entries(stage, stream_);
-      attend.slots = stage.staged_slots;
-      if (stage.lines > 0) {
-        attend.offload_pool = stage.hot_pool;
-        attend.staging_pool = stage.staging;
-        attend.staging_slots = stage.pool_slots + stage.lines;
+    if (const std::optional<StageOffloadParams> stage =
+            stage_offload(layer, n, selected, cache, /*assign_only=*/false)) {
+      attend.slots = stage->staged_slots;
+      if (stage->lines > 0) {
+        attend.offload_pool = stage->hot_pool;
+        attend.staging_pool = stage->staging;
+        attend.staging_slots = stage->pool_slots + stage->lines;
       } else {
-        attend.offload_pool = stage.staging;
+        attend.offload_pool = stage->staging;
       }
     }
   }
