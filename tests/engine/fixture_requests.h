@@ -1,9 +1,11 @@
 // Requests over the HF fixtures for the engine tests of the KV tiers: prompts
-// cut from a fixture's own prompt stream, greedy with logprobs.
+// cut from a fixture's own prompt stream, greedy with logprobs, and the
+// comparison of two runs' results.
 #pragma once
 
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +37,27 @@ inline GenerationRequest scored(std::string rid, std::vector<int32_t> prompt, in
   request.return_logprob = true;
   request.top_logprobs_num = 2;
   return request;
+}
+
+using Results = std::map<std::string, Collected>;
+
+// Same finish, tokens and logprobs per request: bit for bit at tolerance 0.
+inline void expect_same(const Results& got, const Results& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [rid, expected] : want) {
+    const Collected& actual = got.at(rid);
+    EXPECT_EQ(actual.finish, expected.finish) << rid;
+    EXPECT_EQ(actual.tokens, expected.tokens) << rid;
+    ASSERT_EQ(actual.logprobs.size(), expected.logprobs.size()) << rid;
+    for (size_t i = 0; i < expected.logprobs.size(); ++i) {
+      if (tolerance == 0) {
+        EXPECT_EQ(actual.logprobs[i].logprob, expected.logprobs[i].logprob) << rid << " " << i;
+      } else {
+        EXPECT_NEAR(actual.logprobs[i].logprob, expected.logprobs[i].logprob, tolerance)
+            << rid << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace megactx::testing

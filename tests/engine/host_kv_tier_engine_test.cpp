@@ -157,16 +157,7 @@ TEST_P(HostKvTierEngine, PreemptionUnderATinyPoolGivesTheSameOutputsWithTheTier)
   EXPECT_GT(with_tier.host_kv_saved_pages, 0);
   EXPECT_GT(with_tier.host_kv_loaded_pages, 0);
   EXPECT_GT(with_tier.prefix_cache_host_hits, 0);
-  ASSERT_EQ(tiered.size(), plain.size());
-  for (const auto& [rid, want] : plain) {
-    const Collected& got = tiered.at(rid);
-    EXPECT_EQ(got.finish, want.finish) << rid;
-    EXPECT_EQ(got.tokens, want.tokens) << rid;
-    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << rid;
-    for (size_t i = 0; i < want.logprobs.size(); ++i) {
-      EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-4) << rid << " " << i;
-    }
-  }
+  expect_same(tiered, plain, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HostKvTierEngine, ::testing::Values("glm_bf16", "dsv32_yarn"));

@@ -52,26 +52,6 @@ std::unique_ptr<Engine> make_engine(const std::string& dir, const TierSetup& set
   return Engine::create(config, std::move(model), std::make_shared<FakeTokenizer>(vocab), defaults);
 }
 
-using Results = std::map<std::string, Collected>;
-
-void expect_same(const Results& got, const Results& want, double tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [rid, expected] : want) {
-    const Collected& actual = got.at(rid);
-    EXPECT_EQ(actual.finish, expected.finish) << rid;
-    EXPECT_EQ(actual.tokens, expected.tokens) << rid;
-    ASSERT_EQ(actual.logprobs.size(), expected.logprobs.size()) << rid;
-    for (size_t i = 0; i < expected.logprobs.size(); ++i) {
-      if (tolerance == 0) {
-        EXPECT_EQ(actual.logprobs[i].logprob, expected.logprobs[i].logprob) << rid << " " << i;
-      } else {
-        EXPECT_NEAR(actual.logprobs[i].logprob, expected.logprobs[i].logprob, tolerance)
-            << rid << " " << i;
-      }
-    }
-  }
-}
-
 class LiveHostTierEngine : public ::testing::TestWithParam<std::string> {};
 
 // Room for everything on the device either way, so both runs schedule the
