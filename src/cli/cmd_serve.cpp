@@ -63,8 +63,8 @@ struct ServeOptions {
   int port = 30000;
   std::string device = "cpu";
   std::string kv_dtype = "bf16";
-  std::string kv_memory;       // empty: 2GiB on the CPU, the fraction's rest on CUDA
-  std::string host_kv_memory;  // empty: no host tier
+  std::string kv_memory;           // empty: 2GiB on the CPU, the fraction's rest on CUDA
+  std::string host_kv_memory;      // empty: no host tier
   std::string host_latent_memory;  // empty: no live host tier
   int64_t host_latent_min_tokens = 0;
   double gpu_memory_utilization = 0.9;
@@ -283,12 +283,13 @@ CommandRegistration registration{
                          "none); a later prefix hit copies them back instead of recomputing");
       command.add_option("--host-latent-memory", options->host_latent_memory,
                          "Host memory for the latent KV of running requests (the live host tier), "
-                         "e.g. 64GiB (default: none): a decoding request's full pages move there, "
-                         "its indexer keys stay in the KV budget; CPU model only so far");
+                         "e.g. 64GiB (default: none): a long request's full pages move there as it "
+                         "prefills and decodes, so prompts longer than the device KV fit; its "
+                         "indexer keys stay in the KV budget");
       command
           .add_option("--host-latent-min-tokens", options->host_latent_min_tokens,
                       "With --host-latent-memory: only requests with at least this many tokens "
-                      "move their latents to host memory")
+                      "(or half the device KV) move their latents to host memory")
           ->capture_default_str();
       command
           .add_option("--gpu-memory-utilization", options->gpu_memory_utilization,

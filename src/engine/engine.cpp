@@ -56,6 +56,14 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
       config_.context_length > 0 ? config_.context_length : model_config.max_position_embeddings;
   if (context <= 0) context = capacity_.max_tokens;
   max_total_tokens_ = std::min(context, capacity_.max_tokens);
+  if (capacity_.spec.offload_pages > 0) {
+    // A request may hold every offload page and all but two device pages
+    // (its unmoved tail and a chunk: Scheduler shortens chunks to fit).
+    const KvCacheSpec& spec = capacity_.spec;
+    max_total_tokens_ = std::min(
+        context, (spec.offload_pages + std::max<int64_t>(spec.num_pages - 2, 0)) * spec.page_size);
+    max_total_tokens_ = std::max(max_total_tokens_, std::min(context, capacity_.max_tokens));
+  }
   vocab_size_ = model_config.vocab_size;
   MEGACTX_CHECK(vocab_size_ > 0, "model config has no vocab_size");
 
@@ -69,8 +77,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   if (config_.record_routed_experts) {
     const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.spec.bytes_per_page();
     routed_ = std::make_unique<RoutedExpertsTable>(
-        capacity_.spec.total_pages(), host_pages, config_.page_size,
-        model_config.num_hidden_layers, std::max<int64_t>(model_config.num_experts_per_tok, 1));
+        capacity_.spec.total_pages(), host_pages, config_.page_size, model_config.num_hidden_layers,
+        std::max<int64_t>(model_config.num_experts_per_tok, 1));
   }
   if (capacity_.spec.offload_pages > 0) {
     offload_copy_ = model_->kv_page_copy();
@@ -143,10 +151,23 @@ void Engine::offload_latents() {
     from.insert(from.end(), device.begin(), device.end());
     to.insert(to.end(), offload.begin(), offload.end());
   };
+  // A request moves once its context reaches host_latent_min_tokens, or half
+  // the device pages, whichever comes first: one that outgrows the device
+  // pages while alone must be moving by then (prompts too, chunk by chunk).
+  const int64_t device_tokens = capacity_.spec.num_pages * capacity_.spec.page_size;
+  const int64_t threshold = std::min(config_.host_latent_min_tokens, device_tokens / 2);
   for (RequestState* request : scheduler_->running()) {
-    if (request->num_computed < request->prompt_len ||
-        static_cast<int64_t>(request->tokens.size()) < config_.host_latent_min_tokens) {
-      continue;
+    if (static_cast<int64_t>(request->tokens.size()) < threshold) continue;
+    const int64_t wanted = scheduler_->offloadable_pages(*request);
+    if (wanted == 0) continue;
+    const int64_t missing = wanted - allocator_->num_free_offload();
+    // Parked requests give their offload pages up only to one that must
+    // move: the device pages are short, or it cannot finish on them.
+    const int64_t longest =
+        request->prompt_len +
+        std::clamp<int64_t>(request->request.sampling.max_new_tokens, 0, max_total_tokens_);
+    if (missing > 0 && (scheduler_->available_pages() < wanted || longest > device_tokens)) {
+      scheduler_->drop_parked(missing);
     }
     scheduler_->offload_pages(*request, std::numeric_limits<int64_t>::max(), record);
   }
@@ -211,9 +232,10 @@ std::string Engine::validate(const GenerationRequest& request) const {
         "the input ({} tokens) is longer than the model's context length ({} tokens)", prompt,
         context);
   }
-  if (needed > capacity_.max_tokens) {
-    return fmt::format("the input ({} tokens) is longer than the KV cache capacity ({} tokens)",
-                       prompt, capacity_.max_tokens);
+  if (needed > max_total_tokens_) {
+    return fmt::format("the input ({} tokens) is longer than the KV cache capacity ({} tokens{})",
+                       prompt, max_total_tokens_,
+                       capacity_.spec.offload_pages > 0 ? ", live host tier included" : "");
   }
   if (auto problem = check_sampling(s, vocab_size_)) return problem->message;
   if (s.grammar && s.grammar->vocabulary().mask_size() != vocab_size_) {
@@ -898,6 +920,7 @@ void Engine::update_stats() {
   stats.host_latent_moved_pages = offloaded_pages_;
   stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.spec.bytes_per_page();
   stats.host_latent_parked = scheduler_->num_parked();
+  stats.host_latent_dropped = scheduler_->num_dropped_parked();
   if (capacity_.spec.offload_pages > 0) {
     const OffloadReadStats reads = model_->offload_read_stats();
     stats.host_latent_selected_entries = reads.selected_entries;

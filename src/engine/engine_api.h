@@ -43,6 +43,7 @@ struct EngineStats {
   int64_t host_latent_moved_pages = 0;  // device pages moved to offload pages so far
   int64_t host_latent_moved_bytes = 0;  // their bytes (latents and indexer keys)
   int64_t host_latent_parked = 0;       // preemptions that kept a request's offload pages
+  int64_t host_latent_dropped = 0;      // parked requests whose offload pages a running one took
   // Reading them on a device (LanguageModel::offload_read_stats; 0 on the host).
   int64_t host_latent_selected_entries = 0;
   int64_t host_latent_hot_hits = 0;

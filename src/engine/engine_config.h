@@ -92,9 +92,12 @@ struct EngineConfig {
   int64_t host_kv_memory_bytes = 0;
   // The live host tier (--host-latent-memory; 0: none): offload pages whose
   // latents live in this many bytes of host memory (cache/kv_cache.h). Once
-  // a request decodes with a context of at least host_latent_min_tokens, its
-  // full pages move there at the end of every step; their indexer keys stay
-  // beside the pools, in kv_memory_bytes.
+  // a request's context (prompt included) reaches host_latent_min_tokens, or
+  // half the device pages, its full pages move there at the end of every step,
+  // while it prefills as while it decodes; their indexer keys stay beside the
+  // pools, in kv_memory_bytes. A request may then be as long as the offload
+  // pages and all but two device pages hold (a prompt longer than the device
+  // pages prefills into the tier in chunks that fit).
   int64_t host_latent_memory_bytes = 0;
   int64_t host_latent_min_tokens = 0;
 };

@@ -89,11 +89,7 @@ void Scheduler::detach(RequestState& request, bool park) {
   if (kept == 0) request.latents_offloaded = false;
 }
 
-int64_t Scheduler::offload_pages(
-    RequestState& request, int64_t max_pages,
-    const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy) {
-  MEGACTX_CHECK(request.phase == RequestPhase::Running && request.prefix_node != nullptr,
-                "offload of request {} that is not running", request.request.rid);
+std::pair<int64_t, int64_t> Scheduler::offload_candidates(const RequestState& request) const {
   const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
   const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
   // Offload pages are a prefix of the page table (moved first to last; a
@@ -103,6 +99,32 @@ int64_t Scheduler::offload_pages(
   while (first > 0 && !allocator_.is_offload(request.page_table[static_cast<size_t>(first - 1)])) {
     --first;
   }
+  return {first, full_pages};
+}
+
+int64_t Scheduler::offloadable_pages(const RequestState& request) const {
+  const auto [first, full_pages] = offload_candidates(request);
+  return full_pages - first;
+}
+
+int64_t Scheduler::drop_parked(int64_t pages) {
+  int64_t freed = 0;
+  for (auto it = waiting_.rbegin(); it != waiting_.rend() && freed < pages; ++it) {
+    RequestState& request = **it;
+    if (!request.latents_offloaded || request.page_table.empty()) continue;
+    freed += static_cast<int64_t>(request.page_table.size());
+    release_pages(request);  // parked: no prefix node, only offload pages
+    ++dropped_parked_;
+  }
+  return freed;
+}
+
+int64_t Scheduler::offload_pages(
+    RequestState& request, int64_t max_pages,
+    const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy) {
+  MEGACTX_CHECK(request.phase == RequestPhase::Running && request.prefix_node != nullptr,
+                "offload of request {} that is not running", request.request.rid);
+  const auto [first, full_pages] = offload_candidates(request);
   std::vector<int32_t> device, offload;
   for (int64_t i = first; i < full_pages && static_cast<int64_t>(device.size()) < max_pages; ++i) {
     const std::optional<int32_t> target = allocator_.allocate_offload();
@@ -227,11 +249,22 @@ void Scheduler::schedule(StepPlan& plan) {
     if (remaining <= 0) continue;
     // Decode: the last token, plus drafts to verify (1 + k).
     const bool decode = remaining <= 1 + request->num_draft_tokens;
-    const int64_t count =
+    int64_t count =
         decode ? remaining : fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
     if (count == 0) continue;
     bool preempted_self = false;
     while (!reserve_pages(*request, request->num_computed + count)) {
+      if (running_.size() == 1 && !decode) {
+        // Alone and short of device pages: a request longer than they hold,
+        // whose full pages move to the live host tier after every step,
+        // prefills what its pages hold now.
+        const int64_t fit =
+            static_cast<int64_t>(request->page_table.size()) * page_size_ - request->num_computed;
+        if (fit > 0 && fit < count) {
+          count = fit;
+          continue;
+        }
+      }
       RequestState* victim = running_.back();
       // Cannot happen: submit() caps every request at the KV capacity.
       MEGACTX_CHECK(running_.size() > 1, "request {} does not fit in the KV cache alone",
@@ -260,7 +293,16 @@ void Scheduler::schedule(StepPlan& plan) {
     RequestState* request = waiting_.front();
     if (request->prefix_node == nullptr) attach_prefix(*request);
     const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
-    const int64_t count = fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
+    int64_t count = fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
+    if (running_.empty()) {
+      // Nothing else runs: at most what the device pages hold (a prompt
+      // longer than they hold goes on in later steps, its full pages moved
+      // to the live host tier in between).
+      const int64_t room =
+          (static_cast<int64_t>(request->page_table.size()) + available_pages()) * page_size_ -
+          request->num_computed;
+      if (room > 0) count = std::min(count, room);
+    }
     const int64_t needed =
         pages_for(request->num_computed + count) - static_cast<int64_t>(request->page_table.size());
     // Keep a page of headroom per running request so decodes rarely preempt.

@@ -12,11 +12,15 @@
 // cached prefix.
 //
 // The live host tier (offload pages, kv_cache.h): offload_pages() moves a
-// decoding request's full pages to pages whose latents live in host memory.
-// Such a request no longer shares pages with the prefix cache (it locks only
-// the root), and a preemption for device pages parks it: its offload pages
-// stay with it in the queue, only its device pages (the tail) are given back
-// and recomputed.
+// request's full pages (prefilled or decoded) to pages whose latents live in
+// host memory. Such a request no longer shares pages with the prefix cache (it
+// locks only the root), and a preemption for device pages parks it: its
+// offload pages stay with it in the queue, only its device pages (the tail)
+// are given back and recomputed. A request alone with too few device pages
+// for its next chunk gets a shorter chunk (its full pages move between
+// steps), so a prompt longer than the device pages hold prefills into the
+// tier; drop_parked() takes parked requests' offload pages back when a
+// running one must move.
 #pragma once
 
 #include <cstdint>
@@ -91,12 +95,20 @@ class Scheduler {
   int64_t offload_pages(
       RequestState& request, int64_t max_pages,
       const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy);
+  // The full device pages offload_pages() would move now, offload pages permitting.
+  int64_t offloadable_pages(const RequestState& request) const;
+  // Frees offload pages for a running request that must move its latents: parked
+  // requests, last queued first, lose theirs (they recompute when admitted
+  // again) until `pages` are free or none is parked. Returns the pages freed.
+  int64_t drop_parked(int64_t pages);
 
   const std::vector<RequestState*>& running() const { return running_; }
   const std::deque<RequestState*>& waiting() const { return waiting_; }
   int64_t num_preemptions() const { return preemptions_; }
   // Preemptions that parked an offloaded request (its latents stayed in host memory).
   int64_t num_parked() const { return parked_; }
+  // Parked requests whose offload pages drop_parked() took.
+  int64_t num_dropped_parked() const { return dropped_parked_; }
   // Pages that could be had now: free plus evictable.
   int64_t available_pages() const;
 
@@ -105,6 +117,8 @@ class Scheduler {
   void check_integrity() const;
 
  private:
+  // [first, end) of the page table: the full device pages after its offload pages.
+  std::pair<int64_t, int64_t> offload_candidates(const RequestState& request) const;
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
   // Grows request's page table to cover `tokens` positions; false when no
   // page can be freed (nothing to evict).
@@ -134,6 +148,7 @@ class Scheduler {
   int64_t next_admit_order_ = 0;
   int64_t preemptions_ = 0;
   int64_t parked_ = 0;
+  int64_t dropped_parked_ = 0;
 };
 
 }  // namespace megactx

@@ -152,6 +152,59 @@ TEST_P(LiveHostTierEngine, ThresholdAndRoutedExperts) {
   EXPECT_EQ(tiered.results["long"].routed_experts, plain.results["long"].routed_experts);
 }
 
+// A prompt longer than the device pages hold: alone, it prefills in chunks
+// that fit, its full pages moving to the tier after every step, and decodes
+// on from there; the output is a large device pool's (logprobs within the
+// rounding of other chunk splits).
+TEST_P(LiveHostTierEngine, PromptLongerThanTheDevicePagesPrefillsIntoTheTier) {
+  const std::string dir = fixture_dir(GetParam());
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  auto run = [&](int64_t pages, int64_t offload_pages, EngineStats* stats) {
+    Harness harness(test_config(), nullptr, 32);
+    harness.engine = make_engine(dir, {.pages = pages, .offload_pages = offload_pages});
+    harness.submit(scored("long", prompt_of(stream, 230, 7), 20));  // 250 tokens, 3.9 pages
+    harness.run();
+    if (stats) *stats = harness.engine->stats();
+    return harness.results;
+  };
+  EngineStats tier;
+  const Results plain = run(16, 0, nullptr);
+  const Results tiered = run(3, 8, &tier);
+  EXPECT_EQ(tier.max_context_tokens, 256);  // the model's context, past the 192 device tokens
+  EXPECT_GE(tier.host_latent_moved_pages, 3);
+  EXPECT_EQ(tier.host_latent_pages_used, 0);
+  expect_same(tiered, plain, 1e-4);
+}
+
+// Two long requests whose latents do not fit the offload pages together: the
+// later one is preempted and parked, and the earlier one, which cannot finish
+// on the device pages, takes its offload pages (the parked one recomputes).
+TEST_P(LiveHostTierEngine, ARequestThatMustMoveTakesParkedOffloadPages) {
+  const std::string dir = fixture_dir(GetParam());
+  const std::vector<int32_t> stream = fixture_prompt(dir);
+  auto run = [&](int64_t pages, int64_t offload_pages, EngineStats* stats) {
+    Harness harness(test_config(), nullptr, 32);
+    harness.engine =
+        make_engine(dir, {.pages = pages, .offload_pages = offload_pages, .chunk = 48});
+    // 240 tokens each: three full pages each, on four offload pages.
+    harness.submit(scored("first", prompt_of(stream, 150, 8), 90));
+    harness.submit(scored("second", prompt_of(stream, 150, 9), 90));
+    harness.run();
+    if (stats) *stats = harness.engine->stats();
+    return harness.results;
+  };
+  EngineStats tier;
+  const Results plain = run(16, 0, nullptr);
+  const Results tiered = run(3, 4, &tier);
+  std::printf(
+      "[ %s ] preemptions %ld, parked %ld, dropped %ld, pages moved %ld\n", GetParam().c_str(),
+      static_cast<long>(tier.preemptions), static_cast<long>(tier.host_latent_parked),
+      static_cast<long>(tier.host_latent_dropped), static_cast<long>(tier.host_latent_moved_pages));
+  EXPECT_GT(tier.host_latent_dropped, 0);
+  EXPECT_EQ(tier.host_latent_pages_used, 0);
+  expect_same(tiered, plain, 1e-4);
+}
+
 // pause_generation's retract drops offloaded requests' pages (they recompute
 // with the weights they resume with) and the outputs stay the plain run's.
 TEST_P(LiveHostTierEngine, RetractDropsOffloadPages) {
