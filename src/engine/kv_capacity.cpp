@@ -109,7 +109,10 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   // Decode steps: one token per running request, 1 + k with MTP verification.
   memory.options.decode_sequences = engine.max_running_requests;
   memory.options.decode_tokens_per_sequence = 1 + std::max<int64_t>(engine.speculative_steps, 0);
-  memory.options.offload_staging = engine.host_latent_memory_bytes > 0;
+  if (engine.host_latent_memory_bytes > 0) {
+    memory.options.offload_tokens =
+        engine.host_latent_memory_bytes / memory.kv.latent_bytes_per_page() * memory.kv.page_size;
+  }
   memory.weights_include_workspace = true;
   plan.reserve_bytes = device_reserve_bytes(memory.kv);
   if (request.kv_memory_bytes > 0) {

@@ -140,6 +140,37 @@ TEST(CudaLiveHostTier, DecodeFromHostMemoryEqualsThePlainEngineBitForBit) {
   unsetenv("MEGACTX_OFFLOAD_SIDE_STREAM");
 }
 
+// A prompt longer than the device pages hold prefills into the tier: chunks
+// of 128 rows (past the per-step staging) read the offload entries their
+// top-k selects from the union staging (every row's selection copied once per
+// layer), from a union staging smaller than the union (the rest over the
+// bus), or straight from host memory; the chunks are the plain engine's, so
+// tokens and logprobs are too, bit for bit.
+TEST(CudaLiveHostTier, APromptLongerThanTheDevicePagesPrefillsIntoTheTier) {
+  auto host = host_model({64, 32}, 256);
+  const std::vector<GenerationRequest> requests = {scored("long", 700, 21, 24)};
+  const Results plain = run(*host, {.chunk = 128}, requests, nullptr);
+  for (const char* mode : {"union", "union100", "direct"}) {
+    const std::string m = mode;
+    setenv("MEGACTX_OFFLOAD_STAGING", m == "direct" ? "0" : "1", 1);
+    setenv("MEGACTX_OFFLOAD_UNION_ROWS", m == "union100" ? "100" : "1048576", 1);
+    EngineStats stats;
+    const Results tiered =
+        run(*host, {.pages = 4, .offload_pages = 16, .chunk = 128}, requests, &stats);
+    EXPECT_EQ(stats.max_context_tokens, 18 * 64) << mode;  // 16 offload + 4 - 2 device pages
+    EXPECT_GE(stats.host_latent_moved_pages, 10) << mode;
+    EXPECT_EQ(stats.host_latent_pages_used, 0) << mode;
+    const Collected& got = tiered.at("long");
+    const Collected& want = plain.at("long");
+    EXPECT_EQ(got.tokens, want.tokens) << mode;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << mode;
+    for (size_t i = 0; i < want.logprobs.size(); ++i)
+      EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << mode << " " << i;
+  }
+  unsetenv("MEGACTX_OFFLOAD_STAGING");
+  unsetenv("MEGACTX_OFFLOAD_UNION_ROWS");
+}
+
 // Two short requests under the length threshold keep their device pages as
 // they grow; the long one, admitted after them, moves its pages to the tier
 // and is the preemption victim: parked, then resumed from its offload pages.

@@ -40,6 +40,12 @@ the hot cache's switches (kernels/cuda/kv_copy/stage_offload.h, model/cuda/dsa_f
 
   --variants "live host tier:,modulo lines:MEGACTX_OFFLOAD_LINE_MAP=modulo,one stream:MEGACTX_OFFLOAD_SIDE_STREAM=0"
 
+A prompt longer than the device KV (the tier prefills it, its full pages moving after every
+chunk): give the plain server a budget that holds it, the tier a smaller one, and compare the
+time to the first token and the TPOT:
+
+  --context 131072 --concurrency 1 --kv-memory 256MiB --plain-kv-memory 2GiB
+
 Arguments after `--` go to every server.
 """
 import argparse
@@ -140,7 +146,7 @@ def run_round(port, prompts, new_tokens, timeout):
                                       if reads["read_steps"] > 0 else None)}
 
 
-def run_server(args, label, extra, vocab, rows):
+def run_server(args, label, extra, vocab, rows, kv_memory):
     context_length = args.context + args.new_tokens + 1024
     ours = ([("--device", "cuda"), ("--kv-dtype", "fp8"), ("--cuda-bf16", None)]
             if args.device == "cuda" else [("--device", "cpu")])
@@ -148,8 +154,8 @@ def run_server(args, label, extra, vocab, rows):
             ("--max-running-requests", str(max(args.levels))),
             ("--max-prefill-tokens", str(args.max_prefill_tokens))]
     serve = common.merge_serve_args(ours, extra + args.serve_args)
-    print(f"{label}: serve {' '.join(serve)} --kv-memory {args.kv_memory}", flush=True)
-    with common.MegactxServer(args.megactx, args.model or args.checkpoint, *serve, kv_memory=args.kv_memory,
+    print(f"{label}: serve {' '.join(serve)} --kv-memory {kv_memory}", flush=True)
+    with common.MegactxServer(args.megactx, args.model or args.checkpoint, *serve, kv_memory=kv_memory,
                               timeout=args.start_timeout) as server:
         port = int(server.url.rsplit(":", 1)[1])
         plan = [line.strip() for line in server.log
@@ -164,7 +170,8 @@ def run_server(args, label, extra, vocab, rows):
             common.request(port, "POST", "/flush_cache")
             prompts = [common.random_prompt(args.context, vocab, seed + i) for i in range(c)]
             seed += c
-            row = {"server": label, "concurrency": c, "context": args.context}
+            row = {"server": label, "concurrency": c, "context": args.context,
+                   "kv_memory": kv_memory}
             try:
                 row.update(run_round(port, prompts, args.new_tokens, args.request_timeout))
             except Exception as error:  # noqa: BLE001 - keep the rows measured so far
@@ -181,7 +188,8 @@ def print_table(rows, read_bytes, bus_gbps):
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['server']} | {r['concurrency']} | error: {r['error']} | | | | | | | |")
+            print(f"| {r['server']}, KV {r.get('kv_memory', '-')} | {r['concurrency']} | "
+                  f"error: {r['error']} | | | | | | | |")
             continue
         together = f"{r['together_tok_s']:,.0f}" if r["together_tok_s"] else "-"
         tpot = f"{r['tpot_s'] * 1e3:.2f}" if r["tpot_s"] else "-"
@@ -189,7 +197,8 @@ def print_table(rows, read_bytes, bus_gbps):
         copied = r.get("copied_bytes_per_step")
         copied = (f"{copied / 1e6:.2f}; {copied / bus_gbps / 1e6:.3f}" if copied is not None
                   else "-")
-        print(f"| {r['server']} | {r['concurrency']} | {r['max_running']:.0f} | "
+        print(f"| {r['server']}, KV {r.get('kv_memory', '-')} | {r['concurrency']} | "
+              f"{r['max_running']:.0f} | "
               f"{r['output_tok_s']:,.0f} | {together} | {tpot} | {r['ttft_max_s']:.2f} | "
               f"{r['moved_bytes'] / 1e9:.2f} | {hits} | {copied} |")
     print(f"\nTop-k latents a decode step of one offloaded request reads from host memory: "
@@ -225,6 +234,7 @@ def main():
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--kv-memory", default="3GiB")
+    parser.add_argument("--plain-kv-memory", help="the plain server's budget (default: --kv-memory)")
     parser.add_argument("--host-latent-memory", default="24GiB")
     parser.add_argument("--max-prefill-tokens", type=int, default=16384)
     parser.add_argument("--bus-gbps", type=float, default=None)
@@ -262,7 +272,8 @@ def main():
     rows = []
     plans = {}
     if not args.skip_plain:
-        plans["plain"] = run_server(args, "plain", [], vocab, rows)
+        plans["plain"] = run_server(args, "plain", [], vocab, rows,
+                                    args.plain_kv_memory or args.kv_memory)
     for variant in args.variants.split(","):
         label, _, settings = variant.partition(":")
         env = dict(item.split("=", 1) for item in settings.split("+") if item)
@@ -270,7 +281,8 @@ def main():
         os.environ.update(env)
         try:
             plans[label] = run_server(
-                args, label, ["--host-latent-memory", args.host_latent_memory], vocab, rows)
+                args, label, ["--host-latent-memory", args.host_latent_memory], vocab, rows,
+                args.kv_memory)
         finally:
             os.environ.clear()
             os.environ.update(saved)

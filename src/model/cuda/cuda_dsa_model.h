@@ -238,6 +238,17 @@ class CudaDsaModel final : public LanguageModel {
   std::optional<StageOffloadParams> stage_offload(int64_t layer, int64_t n,
                                                   const LayerSlots& selected, PagedKvCache& cache,
                                                   bool assign_only);
+  // Steps too large for stage_offload (prefill chunks): the union of the
+  // selection's offload entries (kernels/cuda/kv_copy/offload_union.h), its
+  // rows assigned once per selection and copied per layer; nullopt when the
+  // step reads them straight from host memory.
+  struct UnionStage {
+    const int32_t* staged_slots = nullptr;
+    const uint8_t* staging = nullptr;
+    int64_t capacity = 0;
+  };
+  std::optional<UnionStage> stage_offload_union(int64_t layer, int64_t n,
+                                                const LayerSlots& selected, PagedKvCache& cache);
   // A full layer's assignment right after its indexer (decode-sized steps).
   void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
@@ -354,6 +365,18 @@ class CudaDsaModel final : public LanguageModel {
   void join_offload_fills();
   int64_t first_indexer_layer() const;
   mutable OffloadHot offload_hot_;
+  // The union staging's buffers (stage_offload_union): marks (zero at rest)
+  // and prefix sums per offload slot, the union's list and rows, the staged
+  // slots of a row block, the scan's storage; `capacity` rows, fixed at
+  // first use (kOffloadUnionRows, or fewer: the tier's slots,
+  // MEGACTX_OFFLOAD_UNION_ROWS; 0: none).
+  struct OffloadUnion {
+    int64_t capacity = -1;  // -1: not chosen yet
+    int64_t offload_slots = 0;
+    DeviceBuffer marks, positions, list, rows, staged_slots, scan;
+    size_t scan_bytes = 0;
+  };
+  OffloadUnion offload_union_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
   // Advanced whenever a selection may change: every Step made (a forward, an
   // MTP step) and every indexer run (SlotsKey).

@@ -33,9 +33,9 @@
 
 #include "cache/kv_cache.h"
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
-#include "model/cuda/device_buffer.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/decode_graph_plan.h"
+#include "model/cuda/device_buffer.h"
 
 namespace megactx::cuda {
 

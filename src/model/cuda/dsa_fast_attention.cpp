@@ -32,6 +32,7 @@
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
+#include "kernels/cuda/kv_copy/offload_union.h"
 #include "kernels/cuda/kv_copy/stage_offload.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
@@ -102,6 +103,14 @@ bool offload_side_stream_enabled() {
 int offload_fill_blocks() {
   const char* value = std::getenv("MEGACTX_OFFLOAD_FILL_BLOCKS");
   return value != nullptr ? std::max(0, std::atoi(value)) : kOffloadFillBlocks;
+}
+
+// MEGACTX_OFFLOAD_UNION_ROWS=N: the union staging of large steps holds at
+// most N rows (0: none, their offload entries read over the bus per row;
+// tests: a union larger than the staging); read once per model.
+int64_t offload_union_rows() {
+  const char* value = std::getenv("MEGACTX_OFFLOAD_UNION_ROWS");
+  return value != nullptr ? std::max<int64_t>(0, std::atoll(value)) : kOffloadUnionRows;
 }
 
 // A hot cache group's tables at rest: tags -1 (empty), claims past every
@@ -429,6 +438,54 @@ std::optional<StageOffloadParams> CudaDsaModel::stage_offload(int64_t layer, int
   return stage;
 }
 
+std::optional<CudaDsaModel::UnionStage> CudaDsaModel::stage_offload_union(
+    int64_t layer, int64_t n, const LayerSlots& selected, PagedKvCache& cache) {
+  OffloadUnion& u = offload_union_;
+  const int64_t offload_slots = cache.spec().offload_pages * cache.spec().page_size;
+  if (!offload_staging_enabled() || offload_slots == 0) return std::nullopt;
+  if (u.capacity < 0 || u.offload_slots != offload_slots) {
+    // First use, or a new cache: marks at rest (zero) for its slots.
+    u.capacity = std::min(offload_slots, offload_union_rows());
+    u.offload_slots = offload_slots;
+    if (u.capacity > 0) {
+      u.scan_bytes = offload_union_scan_bytes(offload_slots);
+      u.scan.ensure(u.scan_bytes);
+      u.positions.get<int32_t>(offload_slots);
+      u.list.get<int32_t>(u.capacity);
+      u.rows.get<uint8_t>(u.capacity * kLatentBytes);
+      u.marks = DeviceBuffer(static_cast<size_t>(offload_slots) * 4);
+      MEGACTX_CUDA_CHECK(cudaMemsetAsync(u.marks.as<void>(), 0, u.marks.bytes(), stream_));
+    }
+  }
+  if (u.capacity == 0) return std::nullopt;
+  const int64_t entries = n * selected.top_k;
+  const int64_t pool_slots = cache.spec().num_pages * cache.spec().page_size;
+  if (selected.new_selection) {
+    OffloadUnionParams assign;
+    assign.slots = selected.slots;
+    assign.staged_slots = u.staged_slots.get<int32_t>(entries);
+    assign.entries = entries;
+    assign.pool_slots = pool_slots;
+    assign.offload_slots = offload_slots;
+    assign.capacity = u.capacity;
+    assign.marks = u.marks.as<int32_t>();
+    assign.positions = u.positions.as<int32_t>();
+    assign.list = u.list.as<int32_t>();
+    assign.scan_storage = u.scan.as<void>();
+    assign.scan_bytes = u.scan_bytes;
+    assign_offload_union(assign, stream_);
+  }
+  OffloadUnionCopyParams copy;
+  copy.list = u.list.as<int32_t>();
+  copy.count = u.positions.as<int32_t>() + (offload_slots - 1);
+  copy.capacity = u.capacity;
+  copy.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
+  copy.staging = u.rows.as<uint8_t>();
+  copy.entry_bytes = kLatentBytes;
+  copy_offload_union(copy, stream_);
+  return UnionStage{u.staged_slots.as<int32_t>(), copy.staging, u.capacity};
+}
+
 void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
                                    const Step& step, PagedKvCache& cache, float* o_latent) {
   FastScratch& fs = fast_scratch_;
@@ -483,6 +540,14 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
       } else {
         attend.offload_pool = stage->staging;
       }
+    } else if (const std::optional<UnionStage> staged =
+                   stage_offload_union(layer, n, selected, cache)) {
+      // Union rows in place of the host pool; entries past its capacity
+      // are read from the host pool (staging_slots on).
+      attend.slots = staged->staged_slots;
+      attend.staging_pool = attend.offload_pool;
+      attend.staging_slots = attend.pool_slots + staged->capacity;
+      attend.offload_pool = staged->staging;
     }
   }
   attend.rows = static_cast<int>(n);

@@ -45,9 +45,10 @@ struct CudaScratchOptions {
   // feed-forward (their buffers are that many rows, not the step's); 0: the
   // whole step.
   int64_t row_block = 0;
-  // The live host tier (EngineConfig::host_latent_memory_bytes): the fast
-  // path's staging of offload-page entries (cuda_offload_staging_bytes).
-  bool offload_staging = false;
+  // The live host tier (EngineConfig::host_latent_memory_bytes): its offload
+  // slots (offload pages x page size; 0: no tier), for the fast path's
+  // staging of offload-page entries (cuda_offload_staging_bytes).
+  int64_t offload_tokens = 0;
 };
 
 struct CudaMemoryRequest {
