@@ -29,12 +29,19 @@ struct TierSetup {
   int64_t offload_pages = 0;
   int64_t min_tokens = 0;
   int64_t chunk = 4096;
+  // The deterministic mode (CudaModelOptions::batch_invariant): selections in
+  // position order, one split, so that results do not depend on the order in
+  // which the radix top-k's atomics place the selected positions.
+  bool deterministic = false;
+  int64_t row_block = 0;  // CudaModelOptions::row_block (0: its default)
 };
 
 std::unique_ptr<Engine> make_engine(const LanguageModel& host, const TierSetup& setup) {
   CudaModelOptions options;
   options.fast_attention = true;
   options.logits_on_device = true;
+  options.batch_invariant = setup.deterministic;
+  if (setup.row_block > 0) options.row_block = setup.row_block;
   auto model = make_cuda_dsa_model(static_cast<const DsaModel&>(host), options);
   const KvCacheSpec spec = make_kv_cache_spec(model->config(), 0, KvDType::FP8, 64, false);
   EngineConfig config;
@@ -144,19 +151,27 @@ TEST(CudaLiveHostTier, DecodeFromHostMemoryEqualsThePlainEngineBitForBit) {
 // of 128 rows (past the per-step staging) read the offload entries their
 // top-k selects from the union staging (every row's selection copied once per
 // layer), from a union staging smaller than the union (the rest over the
-// bus), or straight from host memory; the chunks are the plain engine's, so
-// tokens and logprobs are too, bit for bit.
+// bus), from the union of a chunk of several row blocks (40 rows: its
+// blocks rewrite their slots to the one union), or straight from host
+// memory; the deterministic mode makes every
+// row's result independent of the order of its selection and of its chunk,
+// so tokens and logprobs are the plain engine's bit for bit.
 TEST(CudaLiveHostTier, APromptLongerThanTheDevicePagesPrefillsIntoTheTier) {
   auto host = host_model({64, 32}, 256);
   const std::vector<GenerationRequest> requests = {scored("long", 700, 21, 24)};
-  const Results plain = run(*host, {.chunk = 128}, requests, nullptr);
-  for (const char* mode : {"union", "union100", "direct"}) {
+  const Results plain = run(*host, {.chunk = 128, .deterministic = true}, requests, nullptr);
+  for (const char* mode : {"union", "union100", "union-blocks", "direct"}) {
     const std::string m = mode;
     setenv("MEGACTX_OFFLOAD_STAGING", m == "direct" ? "0" : "1", 1);
     setenv("MEGACTX_OFFLOAD_UNION_ROWS", m == "union100" ? "100" : "1048576", 1);
     EngineStats stats;
-    const Results tiered =
-        run(*host, {.pages = 4, .offload_pages = 16, .chunk = 128}, requests, &stats);
+    const Results tiered = run(*host,
+                               {.pages = 4,
+                                .offload_pages = 16,
+                                .chunk = 128,
+                                .deterministic = true,
+                                .row_block = m == "union-blocks" ? 40 : 0},
+                               requests, &stats);
     EXPECT_EQ(stats.max_context_tokens, 18 * 64) << mode;  // 16 offload + 4 - 2 device pages
     EXPECT_GE(stats.host_latent_moved_pages, 10) << mode;
     EXPECT_EQ(stats.host_latent_pages_used, 0) << mode;

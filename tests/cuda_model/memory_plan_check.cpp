@@ -121,6 +121,20 @@ TEST(CudaMemoryPlan, ModelsThatDoNotFitAreErrors) {
   EXPECT_THROW(plan_cuda_memory(config, tight), Error);
   tight.budget_bytes = fixed + 16 * tight.kv.bytes_per_page();
   EXPECT_EQ(plan_cuda_memory(config, tight).kv_pages, 16);
+  // With a live host tier of 14 pages the device holds the other 2 and the
+  // engine's 2 more: 4 pages (and never fewer than 4).
+  CudaMemoryRequest tier = request_for(config, 0);
+  tier.options.offload_tokens = 14 * tier.kv.page_size;
+  const int64_t tier_fixed =
+      tier.weight_bytes + cuda_scratch_breakdown(config, tier).device_total();
+  tier.budget_bytes = tier_fixed + 3 * tier.kv.bytes_per_page();
+  EXPECT_THROW(plan_cuda_memory(config, tier), Error);
+  tier.budget_bytes = tier_fixed + 4 * tier.kv.bytes_per_page();
+  EXPECT_EQ(plan_cuda_memory(config, tier).kv_pages, 4);
+  tier.options.offload_tokens = 100 * tier.kv.page_size;
+  tier.budget_bytes = tier.weight_bytes + cuda_scratch_breakdown(config, tier).device_total() +
+                      3 * tier.kv.bytes_per_page();
+  EXPECT_THROW(plan_cuda_memory(config, tier), Error);
   // Nonsense requests.
   CudaMemoryRequest zero = request_for(config, 0);
   EXPECT_THROW(plan_cuda_memory(config, zero), Error);

@@ -53,6 +53,7 @@ import concurrent.futures
 import json
 import os
 import statistics
+import time
 import sys
 import threading
 
@@ -155,8 +156,24 @@ def run_server(args, label, extra, vocab, rows, kv_memory):
             ("--max-prefill-tokens", str(args.max_prefill_tokens))]
     serve = common.merge_serve_args(ours, extra + args.serve_args)
     print(f"{label}: serve {' '.join(serve)} --kv-memory {kv_memory}", flush=True)
-    with common.MegactxServer(args.megactx, args.model or args.checkpoint, *serve, kv_memory=kv_memory,
-                              timeout=args.start_timeout) as server:
+    if args.phase_times:
+        # Printed by the server as it exits (the CUDA model's and the engine's phases).
+        os.environ["MEGACTX_CUDA_PHASE_TIMES"] = "1"
+        os.environ["MEGACTX_ENGINE_TIMES"] = "1"
+    server = common.MegactxServer(args.megactx, args.model or args.checkpoint, *serve,
+                                  kv_memory=kv_memory, timeout=args.start_timeout)
+    plan = measure_server(args, label, server, vocab, rows, kv_memory)
+    if args.phase_times:
+        time.sleep(1)  # the drain thread reads the last lines
+        report = "".join(server.log)
+        start = min((i for i in (report.find("CUDA phase times"), report.find("engine phase"))
+                     if i >= 0), default=-1)
+        print(report[start:] if start >= 0 else "(no phase times in the server log)", flush=True)
+    return plan
+
+
+def measure_server(args, label, server, vocab, rows, kv_memory):
+    with server:
         port = int(server.url.rsplit(":", 1)[1])
         plan = [line.strip() for line in server.log
                 if "KV cache:" in line or "live host tier" in line or "CUDA memory plan" in line]
@@ -245,6 +262,8 @@ def main():
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--json")
+    parser.add_argument("--phase-times", action="store_true",
+                        help="print each server's CUDA and engine phase times as it exits")
     parser.add_argument("--plot")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()

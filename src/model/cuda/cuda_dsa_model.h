@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/kv_copy/stage_offload.h"
@@ -222,6 +223,9 @@ class CudaDsaModel final : public LanguageModel {
   // fast_indexer's selection in the deterministic mode (position_topk).
   void invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights, int64_t layer,
                               Step& step, PagedKvCache& cache);
+  // step.topk's positions -> physical slots [tokens, top_k] into `slots`.
+  PositionsToSlotsParams positions_to_slots_params(const Step& step, int64_t top_k,
+                                                   int32_t* slots) const;
   // A step's selected slots [n, top_k] (positions_to_slots once per
   // selection: SlotsKey), and whether this call made them.
   struct LayerSlots {
@@ -238,17 +242,13 @@ class CudaDsaModel final : public LanguageModel {
   std::optional<StageOffloadParams> stage_offload(int64_t layer, int64_t n,
                                                   const LayerSlots& selected, PagedKvCache& cache,
                                                   bool assign_only);
-  // Steps too large for stage_offload (prefill chunks): the union of the
-  // selection's offload entries (kernels/cuda/kv_copy/offload_union.h), its
-  // rows assigned once per selection and copied per layer; nullopt when the
-  // step reads them straight from host memory.
-  struct UnionStage {
-    const int32_t* staged_slots = nullptr;
-    const uint8_t* staging = nullptr;
-    int64_t capacity = 0;
-  };
-  std::optional<UnionStage> stage_offload_union(int64_t layer, int64_t n,
-                                                const LayerSlots& selected, PagedKvCache& cache);
+  // Steps too large for stage_offload (prefill chunks), before the
+  // attention's row blocks: the union of the whole step's selected offload
+  // entries (kernels/cuda/kv_copy/offload_union.h), listed once per selection
+  // and copied once per layer; each block's fast_sparse_mla then rewrites its
+  // slots to the union's rows. false: the step stages per step (decode
+  // sizes) or reads its offload entries straight from host memory.
+  bool stage_offload_union(int64_t layer, const Step& step, PagedKvCache& cache);
   // A full layer's assignment right after its indexer (decode-sized steps).
   void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
@@ -272,6 +272,7 @@ class CudaDsaModel final : public LanguageModel {
     const int32_t* slots = nullptr;
     bool operator==(const SlotsKey&) const = default;
   };
+  SlotsKey selection_key(const Step& step, int64_t top_k, const int32_t* slots) const;
   struct FastScratch {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
@@ -375,6 +376,9 @@ class CudaDsaModel final : public LanguageModel {
     int64_t offload_slots = 0;
     DeviceBuffer marks, positions, list, rows, staged_slots, scan;
     size_t scan_bytes = 0;
+    // The whole step's selection the list was made for (slots: null).
+    SlotsKey assigned;
+    int64_t layer = -1;  // the layer whose rows the staging holds now (-1: none)
   };
   OffloadUnion offload_union_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan

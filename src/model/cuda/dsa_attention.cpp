@@ -74,6 +74,9 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // the cache and its selection in step.topk, so a block needs nothing of the
   // others, and its activations below are [block, ...] whatever n is.
   const int64_t block = row_block(n);
+  // The live host tier, large steps: the union of the step's selected
+  // offload entries into device rows, for all of its blocks at once.
+  stage_offload_union(layer, step, cache);
   float* q = sc.q.get<float>(block * heads * qk);  // [block, heads, nope | rope]
   float* q_latent = sc.q_latent.get<float>(block * heads * lora);
   float* o_latent = sc.o_latent.get<float>(block * heads * lora);

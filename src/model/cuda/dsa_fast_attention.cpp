@@ -335,6 +335,32 @@ void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const floa
   }
 }
 
+PositionsToSlotsParams CudaDsaModel::positions_to_slots_params(const Step& step, int64_t top_k,
+                                                               int32_t* slots) const {
+  PositionsToSlotsParams map;
+  map.selected = step.topk;
+  map.counts = step.counts;
+  map.rows = step.rows;
+  map.tokens = step.tokens;
+  map.selected_stride = index_topk_;
+  map.top_k = top_k;
+  map.slots = slots;
+  return map;
+}
+
+CudaDsaModel::SlotsKey CudaDsaModel::selection_key(const Step& step, int64_t top_k,
+                                                   const int32_t* slots) const {
+  return {selection_epoch_,
+          step.topk,
+          step.counts,
+          step.rows.page_tables,
+          step.rows.table_offset,
+          step.rows.positions,
+          step.tokens,
+          top_k,
+          slots};
+}
+
 CudaDsaModel::LayerSlots CudaDsaModel::layer_slots(const Step& step) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
@@ -346,23 +372,9 @@ CudaDsaModel::LayerSlots CudaDsaModel::layer_slots(const Step& step) {
   // per selection: the IndexShare layers after a full one (same step, no
   // indexer run since) find its slots in place (SlotsKey). Inside a captured
   // CUDA Graph the same launches replay, so the reuse holds there too.
-  PositionsToSlotsParams map;
-  map.selected = step.topk;
-  map.counts = step.counts;
-  map.rows = step.rows;
-  map.tokens = n;
-  map.selected_stride = index_topk_;
-  map.top_k = top_k;
-  map.slots = fs.slots.get<int32_t>(n * top_k);
-  const SlotsKey slots_key{selection_epoch_,
-                           step.topk,
-                           step.counts,
-                           step.rows.page_tables,
-                           step.rows.table_offset,
-                           step.rows.positions,
-                           n,
-                           top_k,
-                           map.slots};
+  const PositionsToSlotsParams map =
+      positions_to_slots_params(step, top_k, fs.slots.get<int32_t>(n * top_k));
+  const SlotsKey slots_key = selection_key(step, top_k, map.slots);
   const bool new_selection = !(fs.slots_key == slots_key);
   if (new_selection) {
     positions_to_slots(map, stream_);
@@ -438,15 +450,22 @@ std::optional<StageOffloadParams> CudaDsaModel::stage_offload(int64_t layer, int
   return stage;
 }
 
-std::optional<CudaDsaModel::UnionStage> CudaDsaModel::stage_offload_union(
-    int64_t layer, int64_t n, const LayerSlots& selected, PagedKvCache& cache) {
+bool CudaDsaModel::stage_offload_union(int64_t layer, const Step& step, PagedKvCache& cache) {
   OffloadUnion& u = offload_union_;
+  u.layer = -1;
   const int64_t offload_slots = cache.spec().offload_pages * cache.spec().page_size;
-  if (!offload_staging_enabled() || offload_slots == 0) return std::nullopt;
+  const int64_t n = step.tokens;
+  const int64_t top_k = std::max<int64_t>(1, std::min(index_topk_, step.max_context));
+  // Decode-sized steps: stage_offload (the same bound).
+  if (offload_slots == 0 || !offload_staging_enabled() || !use_fast_attention(step) ||
+      n * top_k <= kOffloadStagingRows * index_topk_)
+    return false;
+  timer_.mark("attn offload staging", stream_);
   if (u.capacity < 0 || u.offload_slots != offload_slots) {
     // First use, or a new cache: marks at rest (zero) for its slots.
     u.capacity = std::min(offload_slots, offload_union_rows());
     u.offload_slots = offload_slots;
+    u.assigned = SlotsKey{};
     if (u.capacity > 0) {
       u.scan_bytes = offload_union_scan_bytes(offload_slots);
       u.scan.ensure(u.scan_bytes);
@@ -457,23 +476,36 @@ std::optional<CudaDsaModel::UnionStage> CudaDsaModel::stage_offload_union(
       MEGACTX_CUDA_CHECK(cudaMemsetAsync(u.marks.as<void>(), 0, u.marks.bytes(), stream_));
     }
   }
-  if (u.capacity == 0) return std::nullopt;
-  const int64_t entries = n * selected.top_k;
-  const int64_t pool_slots = cache.spec().num_pages * cache.spec().page_size;
-  if (selected.new_selection) {
-    OffloadUnionParams assign;
-    assign.slots = selected.slots;
-    assign.staged_slots = u.staged_slots.get<int32_t>(entries);
-    assign.entries = entries;
-    assign.pool_slots = pool_slots;
-    assign.offload_slots = offload_slots;
-    assign.capacity = u.capacity;
-    assign.marks = u.marks.as<int32_t>();
-    assign.positions = u.positions.as<int32_t>();
-    assign.list = u.list.as<int32_t>();
-    assign.scan_storage = u.scan.as<void>();
-    assign.scan_bytes = u.scan_bytes;
-    assign_offload_union(assign, stream_);
+  if (u.capacity == 0) return false;
+  OffloadUnionParams params;
+  params.pool_slots = cache.spec().num_pages * cache.spec().page_size;
+  params.offload_slots = offload_slots;
+  params.capacity = u.capacity;
+  params.marks = u.marks.as<int32_t>();
+  params.positions = u.positions.as<int32_t>();
+  params.list = u.list.as<int32_t>();
+  params.scan_storage = u.scan.as<void>();
+  params.scan_bytes = u.scan_bytes;
+  const SlotsKey key = selection_key(step, top_k, nullptr);
+  if (!(u.assigned == key)) {
+    // A new selection (a full layer's indexer ran): every row block's slots
+    // marked (the blocks' slots through the staged-slots buffer, one block
+    // at a time), then listed.
+    u.assigned = key;
+    const int64_t block = row_block(n);
+    for (int64_t first = 0; first < n; first += block) {
+      const int64_t rows = std::min(block, n - first);
+      const Step part =
+          rows == n ? step : step.rows_of(first, rows, config_.qk_rope_head_dim / 2, index_topk_);
+      const PositionsToSlotsParams map =
+          positions_to_slots_params(part, top_k, u.staged_slots.get<int32_t>(rows * top_k));
+      positions_to_slots(map, stream_);
+      OffloadUnionParams mark = params;
+      mark.slots = map.slots;
+      mark.entries = rows * top_k;
+      mark_offload_union(mark, stream_);
+    }
+    list_offload_union(params, stream_);
   }
   OffloadUnionCopyParams copy;
   copy.list = u.list.as<int32_t>();
@@ -483,7 +515,8 @@ std::optional<CudaDsaModel::UnionStage> CudaDsaModel::stage_offload_union(
   copy.staging = u.rows.as<uint8_t>();
   copy.entry_bytes = kLatentBytes;
   copy_offload_union(copy, stream_);
-  return UnionStage{u.staged_slots.as<int32_t>(), copy.staging, u.capacity};
+  u.layer = layer;
+  return true;
 }
 
 void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
@@ -528,10 +561,29 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
     // the IndexShare layers after a full one reuse its staged slots; the
     // copy per layer), or, for steps that select more than the staging
     // holds, read from host memory by the attention kernel itself.
+    timer_.mark("attn offload staging", stream_);
     attend.offload_pool = static_cast<const uint8_t*>(cache.offload_latent_pool(layer).raw());
     attend.pool_slots = cache.spec().num_pages * cache.spec().page_size;
-    if (const std::optional<StageOffloadParams> stage =
-            stage_offload(layer, n, selected, cache, /*assign_only=*/false)) {
+    if (offload_union_.layer == layer) {
+      // The step's union is in the staging (stage_offload_union): this
+      // block's slots to its rows; entries past its capacity are read from
+      // the host pool (staging_slots on).
+      OffloadUnion& u = offload_union_;
+      OffloadUnionParams rewrite;
+      rewrite.slots = selected.slots;
+      rewrite.entries = n * top_k;
+      rewrite.staged_slots = u.staged_slots.get<int32_t>(rewrite.entries);
+      rewrite.pool_slots = attend.pool_slots;
+      rewrite.offload_slots = u.offload_slots;
+      rewrite.capacity = u.capacity;
+      rewrite.positions = u.positions.as<int32_t>();
+      rewrite_offload_union(rewrite, stream_);
+      attend.slots = rewrite.staged_slots;
+      attend.staging_pool = attend.offload_pool;
+      attend.staging_slots = attend.pool_slots + u.capacity;
+      attend.offload_pool = u.rows.as<uint8_t>();
+    } else if (const std::optional<StageOffloadParams> stage =
+                   stage_offload(layer, n, selected, cache, /*assign_only=*/false)) {
       attend.slots = stage->staged_slots;
       if (stage->lines > 0) {
         attend.offload_pool = stage->hot_pool;
@@ -540,15 +592,8 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
       } else {
         attend.offload_pool = stage->staging;
       }
-    } else if (const std::optional<UnionStage> staged =
-                   stage_offload_union(layer, n, selected, cache)) {
-      // Union rows in place of the host pool; entries past its capacity
-      // are read from the host pool (staging_slots on).
-      attend.slots = staged->staged_slots;
-      attend.staging_pool = attend.offload_pool;
-      attend.staging_slots = attend.pool_slots + staged->capacity;
-      attend.offload_pool = staged->staging;
     }
+    timer_.mark("attn sparse MLA", stream_);
   }
   attend.rows = static_cast<int>(n);
   attend.heads = static_cast<int>(padded);

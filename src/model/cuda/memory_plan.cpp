@@ -275,13 +275,22 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaMemoryReque
                 request.max_context, plan.scratch.summary(), request.budget_bytes >> 20);
   MEGACTX_CHECK(plan.kv_bytes_per_page > 0, "CUDA memory plan: KV spec has no pools");
   plan.kv_pages = (request.budget_bytes - fixed) / plan.kv_bytes_per_page;
-  const int64_t pages_needed =
+  const int64_t context_pages =
       (request.max_context + request.kv.page_size - 1) / request.kv.page_size;
-  MEGACTX_CHECK(plan.kv_pages >= pages_needed,
-                "CUDA model: {} MiB left after weights and scratch hold {} KV pages, one sequence "
-                "of {} tokens needs {}",
-                (request.budget_bytes - fixed) >> 20, plan.kv_pages, request.max_context,
-                pages_needed);
+  // With the live host tier a sequence's full pages move to host memory as it
+  // grows: the device holds what the tier does not, plus the two pages the
+  // engine keeps (the partial page and the next), and at least a few pages
+  // for chunks of prefill (the scheduler shrinks a lone chunk to the room).
+  const int64_t offload_pages = request.options.offload_tokens / request.kv.page_size;
+  const int64_t pages_needed =
+      offload_pages > 0 ? std::max<int64_t>(context_pages + 2 - offload_pages, 4) : context_pages;
+  MEGACTX_CHECK(
+      plan.kv_pages >= pages_needed,
+      "CUDA model: {} MiB left after weights and scratch hold {} KV pages, one sequence "
+      "of {} tokens needs {}{}",
+      (request.budget_bytes - fixed) >> 20, plan.kv_pages, request.max_context, pages_needed,
+      offload_pages > 0 ? fmt::format(" beside {} pages of the live host tier", offload_pages)
+                        : std::string{});
   return plan;
 }
 

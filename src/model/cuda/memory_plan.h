@@ -47,7 +47,8 @@ struct CudaScratchOptions {
   int64_t row_block = 0;
   // The live host tier (EngineConfig::host_latent_memory_bytes): its offload
   // slots (offload pages x page size; 0: no tier), for the fast path's
-  // staging of offload-page entries (cuda_offload_staging_bytes).
+  // staging of offload-page entries (cuda_offload_staging_bytes), and the
+  // fewer device pages one sequence of the whole context needs beside them.
   int64_t offload_tokens = 0;
 };
 

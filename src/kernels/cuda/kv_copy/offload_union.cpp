@@ -10,7 +10,9 @@ namespace megactx::cuda {
 
 namespace detail {
 size_t offload_union_scan_bytes(int64_t offload_slots);
-void launch_assign_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
+void launch_mark_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
+void launch_list_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
+void launch_rewrite_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
 void launch_copy_offload_union(const OffloadUnionCopyParams& params, cudaStream_t stream);
 }  // namespace detail
 
@@ -20,16 +22,36 @@ size_t offload_union_scan_bytes(int64_t offload_slots) {
   return detail::offload_union_scan_bytes(offload_slots);
 }
 
-void assign_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
-  if (p.entries == 0) return;
-  MEGACTX_CHECK(p.slots && p.staged_slots && p.marks && p.positions && p.list && p.scan_storage,
-                "offload union: a required pointer is null");
+namespace {
+void check_offsets(const OffloadUnionParams& p) {
   MEGACTX_CHECK(p.offload_slots > 0 && p.capacity > 0 && p.pool_slots >= 0 &&
                     p.pool_slots + p.capacity + p.offload_slots <= INT32_MAX,
                 "offload union: staged slots past int32");
+}
+}  // namespace
+
+void mark_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
+  if (p.entries == 0) return;
+  MEGACTX_CHECK(p.slots && p.marks, "offload union marks: a required pointer is null");
+  check_offsets(p);
+  detail::launch_mark_offload_union(p, stream);
+}
+
+void list_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
+  MEGACTX_CHECK(p.marks && p.positions && p.list && p.scan_storage,
+                "offload union list: a required pointer is null");
+  check_offsets(p);
   MEGACTX_CHECK(p.scan_bytes >= offload_union_scan_bytes(p.offload_slots),
                 "offload union: {} bytes of scan storage are too few", p.scan_bytes);
-  detail::launch_assign_offload_union(p, stream);
+  detail::launch_list_offload_union(p, stream);
+}
+
+void rewrite_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
+  if (p.entries == 0) return;
+  MEGACTX_CHECK(p.slots && p.staged_slots && p.positions,
+                "offload union rewrite: a required pointer is null");
+  check_offsets(p);
+  detail::launch_rewrite_offload_union(p, stream);
 }
 
 void copy_offload_union(const OffloadUnionCopyParams& p, cudaStream_t stream) {

@@ -1,10 +1,9 @@
 // The union staging kernels of offload_union.h.
 #include <cub/device/device_scan.cuh>
 
-#include <algorithm>
-
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/warp_copy.cuh"
 #include "kernels/cuda/kv_copy/offload_union.h"
 
 namespace megactx::cuda {
@@ -13,12 +12,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-unsigned blocks_for(int64_t items, int64_t per_block) {
-  const int64_t blocks = (items + per_block - 1) / per_block;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 4096)));
-}
-
-// Pass 1: a mark per selected offload slot (racing writes of the same 1).
+// Marks: one per selected offload slot (racing writes of the same 1).
 __global__ void __launch_bounds__(kThreads) mark_kernel(OffloadUnionParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -29,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) mark_kernel(OffloadUnionParams p) {
   }
 }
 
-// Pass 3 (after the prefix sum): the list in slot order, the marks cleared.
+// After the prefix sum: the list in slot order, the marks cleared.
 __global__ void __launch_bounds__(kThreads) list_kernel(OffloadUnionParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -42,7 +36,7 @@ __global__ void __launch_bounds__(kThreads) list_kernel(OffloadUnionParams p) {
   }
 }
 
-// Pass 4: every selected offload slot to its row, or past the staging
+// Rewrite: every selected offload slot to its row, or past the staging
 // (read from host memory) when the union outgrew it.
 __global__ void __launch_bounds__(kThreads) rewrite_kernel(OffloadUnionParams p) {
   grid_dependency_wait();
@@ -61,38 +55,18 @@ __global__ void __launch_bounds__(kThreads) rewrite_kernel(OffloadUnionParams p)
   }
 }
 
-// A warp per row, kRowsPerWarp rows in flight per warp (every load before
-// the first store): lane l copies 16-byte words l and l + 32.
+// Per layer: the union's rows, kRowsPerWarp in flight per warp.
 constexpr int kRowsPerWarp = 4;
 
 __global__ void __launch_bounds__(kThreads) copy_kernel(OffloadUnionCopyParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
   const int64_t rows = min(static_cast<int64_t>(*p.count), p.capacity);
-  const int lane = threadIdx.x % 32;
-  const int words = p.entry_bytes / 16;
-  const int64_t warps = int64_t{gridDim.x} * kWarps;
-  for (int64_t base = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; base < rows;
-       base += warps * kRowsPerWarp) {
-    uint4 first[kRowsPerWarp], second[kRowsPerWarp];
-#pragma unroll
-    for (int k = 0; k < kRowsPerWarp; ++k) {
-      const int64_t row = base + k * warps;
-      if (row >= rows) continue;
-      const uint4* from =
-          reinterpret_cast<const uint4*>(p.offload_pool + int64_t{p.list[row]} * p.entry_bytes);
-      if (lane < words) first[k] = from[lane];
-      if (lane + 32 < words) second[k] = from[lane + 32];
-    }
-#pragma unroll
-    for (int k = 0; k < kRowsPerWarp; ++k) {
-      const int64_t row = base + k * warps;
-      if (row >= rows) continue;
-      uint4* to = reinterpret_cast<uint4*>(p.staging + row * p.entry_bytes);
-      if (lane < words) to[lane] = first[k];
-      if (lane + 32 < words) to[lane + 32] = second[k];
-    }
-  }
+  warp_copy_rows<kRowsPerWarp>(rows, p.entry_bytes, [&](int64_t row) {
+    return RowRoute{
+        reinterpret_cast<const uint4*>(p.offload_pool + int64_t{p.list[row]} * p.entry_bytes),
+        reinterpret_cast<uint4*>(p.staging + row * p.entry_bytes)};
+  });
 }
 
 }  // namespace
@@ -107,20 +81,27 @@ size_t offload_union_scan_bytes(int64_t offload_slots) {
   return bytes;
 }
 
-void launch_assign_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
-  const dim3 block(kThreads);
-  launch_kernel(mark_kernel, dim3(blocks_for(p.entries, kThreads)), block, 0, stream, p);
+void launch_mark_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
+  launch_kernel(mark_kernel, dim3(grid_blocks(p.entries, kThreads)), dim3(kThreads), 0, stream, p);
+}
+
+void launch_list_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
   size_t bytes = p.scan_bytes;
   MEGACTX_CUDA_CHECK(cub::DeviceScan::InclusiveSum(p.scan_storage, bytes, p.marks, p.positions,
                                                    static_cast<int>(p.offload_slots), stream));
-  launch_kernel(list_kernel, dim3(blocks_for(p.offload_slots, kThreads)), block, 0, stream, p);
-  launch_kernel(rewrite_kernel, dim3(blocks_for(p.entries, kThreads)), block, 0, stream, p);
+  launch_kernel(list_kernel, dim3(grid_blocks(p.offload_slots, kThreads)), dim3(kThreads), 0,
+                stream, p);
+}
+
+void launch_rewrite_offload_union(const OffloadUnionParams& p, cudaStream_t stream) {
+  launch_kernel(rewrite_kernel, dim3(grid_blocks(p.entries, kThreads)), dim3(kThreads), 0, stream,
+                p);
 }
 
 void launch_copy_offload_union(const OffloadUnionCopyParams& p, cudaStream_t stream) {
   // The count is on the device: a grid for the whole capacity, at most 4096
   // blocks (32K warps, 128K rows in flight), which the bus saturates long before.
-  launch_kernel(copy_kernel, dim3(blocks_for(p.capacity, int64_t{kWarps} * kRowsPerWarp)),
+  launch_kernel(copy_kernel, dim3(grid_blocks(p.capacity, int64_t{kWarps} * kRowsPerWarp)),
                 dim3(kThreads), 0, stream, p);
 }
 

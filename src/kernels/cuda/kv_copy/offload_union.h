@@ -6,10 +6,12 @@
 // most the request's offloaded context).
 //
 // Per selection (a full indexer layer; the IndexShare layers after it reuse
-// its staged slots and list) assign_offload_union marks the selected offload
-// slots, numbers them by a prefix sum over the tier's offload slots, lists
-// them in slot order and rewrites each selected slot to its row; per layer
-// copy_offload_union copies the listed entries of that layer's offload pool.
+// its list) mark_offload_union marks the selected offload slots of each of
+// the step's row blocks and list_offload_union numbers them by a prefix sum
+// over the tier's offload slots and lists them in slot order; per layer
+// copy_offload_union copies the listed entries of that layer's offload pool,
+// once for the whole step; per row block and layer rewrite_offload_union
+// turns the block's selected slots into the rows the attention reads.
 // The attention (SparseMlaParams) then reads rows [pool_slots, pool_slots +
 // capacity) from the union staging; a union larger than the capacity leaves
 // its later entries at pool_slots + capacity + (slot - pool_slots), which
@@ -24,6 +26,10 @@
 
 namespace megactx::cuda {
 
+// What each launch reads and writes:
+//   mark:    slots, entries, pool_slots, offload_slots -> marks
+//   list:    marks, offload_slots, capacity, scan_* -> positions, list (marks left zero)
+//   rewrite: slots, entries, pool_slots, positions, capacity -> staged_slots
 struct OffloadUnionParams {
   const int32_t* slots = nullptr;   // [entries] physical slots, -1 = none
   int32_t* staged_slots = nullptr;  // [entries] what the attention reads (see above)
@@ -31,8 +37,8 @@ struct OffloadUnionParams {
   int64_t pool_slots = 0;        // slots from here on are offload slots
   int64_t offload_slots = 0;     // the tier's offload slots: the length of marks and positions
   int64_t capacity = 0;          // rows of the union staging
-  int32_t* marks = nullptr;      // [offload_slots] device, zero between calls (left zero)
-  int32_t* positions = nullptr;  // [offload_slots] device scratch: inclusive prefix sums
+  int32_t* marks = nullptr;      // [offload_slots] device, zero between selections
+  int32_t* positions = nullptr;  // [offload_slots] device: inclusive prefix sums of the marks
   int32_t* list = nullptr;       // [capacity] out: the union's offload offsets, in order
   void* scan_storage = nullptr;  // offload_union_scan_bytes(offload_slots) bytes
   size_t scan_bytes = 0;
@@ -41,9 +47,11 @@ struct OffloadUnionParams {
 // Temporary storage of the prefix sum over `offload_slots` marks.
 size_t offload_union_scan_bytes(int64_t offload_slots);
 
+void mark_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
 // The union's count is positions[offload_slots - 1] afterwards (the copies
 // read it on the device: no host round trip).
-void assign_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
+void list_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
+void rewrite_offload_union(const OffloadUnionParams& params, cudaStream_t stream);
 
 struct OffloadUnionCopyParams {
   const int32_t* list = nullptr;   // OffloadUnionParams::list

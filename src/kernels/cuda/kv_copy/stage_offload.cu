@@ -4,6 +4,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/warp_copy.cuh"
 #include "kernels/cuda/kv_copy/stage_offload.h"
 
 namespace megactx::cuda {
@@ -153,44 +154,24 @@ __device__ __forceinline__ uint8_t* stage_destination(const StageOffloadParams& 
   return nullptr;
 }
 
-// A warp per entry, kEntriesPerWarp entries per warp in flight: lane l
-// copies words l and l + 32 of each, every load issued before the first
-// store, so that a small grid (the side stream's fills, max_blocks) still
-// keeps enough bytes on the bus.
+// kEntriesPerWarp entries in flight per warp, so that a small grid (the side
+// stream's fills, max_blocks) still keeps enough bytes on the bus.
 constexpr int kEntriesPerWarp = 4;
 
 __global__ void __launch_bounds__(kThreads) stage_kernel(StageOffloadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int lane = threadIdx.x % 32;
-  const int words = p.entry_bytes / 16;
-  const int64_t warps = int64_t{gridDim.x} * kWarps;
-  unsigned copied = 0;  // counted by lane 0 of each warp
-  for (int64_t base = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; base < p.entries;
-       base += warps * kEntriesPerWarp) {
-    uint4 first[kEntriesPerWarp], second[kEntriesPerWarp];
-    uint8_t* destination[kEntriesPerWarp];
-#pragma unroll
-    for (int k = 0; k < kEntriesPerWarp; ++k) {
-      const int64_t i = base + k * warps;
-      const int32_t slot = i < p.entries ? p.slots[i] : -1;
-      destination[k] = i < p.entries ? stage_destination(p, i, slot) : nullptr;
-      if (destination[k] == nullptr) continue;
-      const uint4* from =
-          reinterpret_cast<const uint4*>(p.offload_pool + (slot - p.pool_slots) * p.entry_bytes);
-      if (lane < words) first[k] = from[lane];
-      if (lane + 32 < words) second[k] = from[lane + 32];
-    }
-#pragma unroll
-    for (int k = 0; k < kEntriesPerWarp; ++k) {
-      if (destination[k] == nullptr) continue;
-      uint4* to = reinterpret_cast<uint4*>(destination[k]);
-      if (lane < words) to[lane] = first[k];
-      if (lane + 32 < words) to[lane + 32] = second[k];
-      copied += lane == 0;
-    }
-  }
-  if (p.counters != nullptr) count_warp(&p.counters->copied_entries, copied);
+  const unsigned copied = warp_copy_rows<kEntriesPerWarp>(p.entries, p.entry_bytes, [&](int64_t i) {
+    const int32_t slot = p.slots[i];
+    uint8_t* to = stage_destination(p, i, slot);
+    if (to == nullptr) return RowRoute{};
+    return RowRoute{
+        reinterpret_cast<const uint4*>(p.offload_pool + (slot - p.pool_slots) * p.entry_bytes),
+        reinterpret_cast<uint4*>(to)};
+  });
+  // Counted once per warp (lane 0).
+  if (p.counters != nullptr)
+    count_warp(&p.counters->copied_entries, threadIdx.x % 32 == 0 ? copied : 0);
 }
 
 __global__ void __launch_bounds__(kThreads) invalidate_kernel(InvalidateOffloadParams p) {
@@ -205,17 +186,12 @@ __global__ void __launch_bounds__(kThreads) invalidate_kernel(InvalidateOffloadP
   }
 }
 
-unsigned blocks_for(int64_t items, int64_t per_block) {
-  const int64_t blocks = (items + per_block - 1) / per_block;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 4096)));
-}
-
 }  // namespace
 
 namespace detail {
 
 void launch_assign_offload(const StageOffloadParams& p, cudaStream_t stream) {
-  const dim3 grid(blocks_for(p.entries, kThreads)), block(kThreads);
+  const dim3 grid(grid_blocks(p.entries, kThreads)), block(kThreads);
   if (p.lines == 0) {
     launch_kernel(assign_rows_kernel, grid, block, 0, stream, p);
     return;
@@ -229,13 +205,13 @@ void launch_assign_offload(const StageOffloadParams& p, cudaStream_t stream) {
 void launch_stage_offload(const StageOffloadParams& p, cudaStream_t stream) {
   // Enough warps for the bus: every entry of a decode step in flight at once,
   // unless the launch is capped (StageOffloadParams::max_blocks).
-  unsigned blocks = blocks_for(p.entries, int64_t{kWarps} * kEntriesPerWarp);
+  unsigned blocks = grid_blocks(p.entries, int64_t{kWarps} * kEntriesPerWarp);
   if (p.max_blocks > 0) blocks = std::min(blocks, static_cast<unsigned>(p.max_blocks));
   launch_kernel(stage_kernel, dim3(blocks), dim3(kThreads), 0, stream, p);
 }
 
 void launch_invalidate_offload(const InvalidateOffloadParams& p, cudaStream_t stream) {
-  launch_kernel(invalidate_kernel, dim3(blocks_for(int64_t{p.count} * p.page_size, kThreads)),
+  launch_kernel(invalidate_kernel, dim3(grid_blocks(int64_t{p.count} * p.page_size, kThreads)),
                 dim3(kThreads), 0, stream, p);
 }
 
