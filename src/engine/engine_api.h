@@ -24,6 +24,11 @@ struct EngineStats {
   int64_t max_context_tokens = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found cached
+  // Engine steps run so far (a forward each), the tokens they forwarded
+  // (prefill and decode rows, drafts included) and their host wall time.
+  int64_t steps = 0;
+  int64_t step_tokens = 0;
+  int64_t step_microseconds = 0;
   int64_t spec_accepted_tokens = 0;
   int64_t spec_verify_steps = 0;
   int64_t spec_off_steps = 0;  // steps run without drafts (disable batch size, speculative_auto)

@@ -150,6 +150,15 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
   out += scalar("megactx_prefix_cache_host_hit_tokens_total", "counter",
                 "Prompt tokens found in the host tier (part of the prefix-cache hits).",
                 static_cast<double>(stats.prefix_cache_host_hits));
+  out += scalar("megactx_engine_steps_total", "counter", "Engine steps run (one forward each).",
+                static_cast<double>(stats.steps));
+  out += scalar("megactx_engine_step_tokens_total", "counter",
+                "Tokens those steps forwarded (prefill and decode rows; tokens per step: this "
+                "over the steps).",
+                static_cast<double>(stats.step_tokens));
+  out += scalar("megactx_engine_step_seconds_total", "counter",
+                "Wall time of those steps, scheduling to the last output applied.",
+                static_cast<double>(stats.step_microseconds) * 1e-6);
   out += scalar("megactx_spec_accepted_tokens_total", "counter",
                 "Draft tokens accepted by speculative verification.",
                 static_cast<double>(stats.spec_accepted_tokens));

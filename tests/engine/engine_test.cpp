@@ -47,6 +47,12 @@ TEST(Engine, ChunkedPrefillGivesTheSameOutput) {
   EXPECT_EQ(harness.results["long"].tokens, reference_greedy(reference, make_prompt(7, 300), 20));
   EXPECT_EQ(harness.results["short"].tokens, reference_greedy(reference, make_prompt(8, 5), 20));
   EXPECT_GE(raw->forward_calls(), 300 / 16);
+  // /metrics' step counters: a step per forward, and the tokens the model saw.
+  const EngineStats stats = harness.engine->stats();
+  EXPECT_EQ(stats.steps, raw->forward_calls());
+  EXPECT_EQ(stats.step_tokens, raw->tokens_processed());
+  EXPECT_GE(stats.step_tokens, 300 + 5);
+  EXPECT_GT(stats.step_microseconds, 0);
 }
 
 TEST(Engine, PrefixCacheHitGivesIdenticalOutput) {

@@ -128,6 +128,9 @@ class FakeEngine : public EngineApi {
     stats.prefix_cache_hits = 4;
     stats.spec_accepted_tokens = 30;
     stats.spec_verify_steps = 10;
+    stats.steps = 12;
+    stats.step_tokens = 300;
+    stats.step_microseconds = 1500000;
     return stats;
   }
   // RL control: recorded; a weight update with a bucket named "bad" fails.

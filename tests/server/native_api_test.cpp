@@ -389,7 +389,9 @@ TEST(NativeAdmin, MetricsInPrometheusFormat) {
                            "megactx_generation_tokens_total 4", "megactx_num_running_reqs 1",
                            "megactx_num_waiting_reqs 0", "megactx_kv_pages_used 7",
                            "megactx_kv_pages_total 100", "megactx_prefix_cache_hit_rate 0.4",
-                           "megactx_spec_accept_length 4", "megactx_requests_finished_total 1"})
+                           "megactx_spec_accept_length 4", "megactx_requests_finished_total 1",
+                           "megactx_engine_steps_total 12", "megactx_engine_step_tokens_total 300",
+                           "megactx_engine_step_seconds_total 1.5"})
     EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
 }
 

@@ -197,6 +197,40 @@ def completion(mode, answer):
     return meta["completion_tokens"], meta["finish_reason"]["type"] == "stop"
 
 
+ENGINE_COUNTERS = ("megactx_engine_steps_total", "megactx_engine_step_tokens_total",
+                   "megactx_engine_step_seconds_total")
+
+
+def engine_counters(url, api_key):
+    """The engine's step counters from /metrics: (steps, tokens, seconds), or None."""
+    parts = urllib.parse.urlparse(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=60)
+    headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ENGINE_COUNTERS:
+            values[name] = float(value)
+    if len(values) != len(ENGINE_COUNTERS):
+        return None
+    return tuple(values[name] for name in ENGINE_COUNTERS)
+
+
+def counted_pass(url, api_key, requests, concurrency, mode):
+    """run_pass, and the engine's (steps, tokens, seconds) during it (None when
+    the server does not report them)."""
+    before = engine_counters(url, api_key)
+    wall, results = run_pass(url, api_key, requests, concurrency, mode)
+    after = engine_counters(url, api_key)
+    steps = tuple(a - b for a, b in zip(after, before)) if before and after else None
+    return wall, results, steps
+
+
 def run_pass(url, api_key, requests, concurrency, mode):
     """Sends `requests` [(path, body)] with `concurrency` workers; returns
     (wall seconds, [(tokens, stopped, latency)] in request order)."""
@@ -246,10 +280,10 @@ def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
     rows = []
     for _ in range(repeat):
         constrained = [request_for(mode, i, max_tokens, True) for i in indices]
-        wall_c, got = run_pass(url, api_key, constrained, concurrency, mode)
+        wall_c, got, steps_c = counted_pass(url, api_key, constrained, concurrency, mode)
         # The peer: the same prompts, each for exactly the tokens its constrained answer took.
         peer = [request_for(mode, i, max_tokens, False, length=got[i][0]) for i in indices]
-        wall_p, peer_got = run_pass(url, api_key, peer, concurrency, mode)
+        wall_p, peer_got, steps_p = counted_pass(url, api_key, peer, concurrency, mode)
         tokens = sum(t for t, _, _ in got)
         peer_tokens = sum(t for t, _, _ in peer_got)
         if peer_tokens != tokens:
@@ -257,6 +291,7 @@ def measure(url, api_key, mode, concurrency, count, max_tokens, repeat):
         constrained_tokens += tokens
         all_tokens += 2 * tokens
         rows.append({"wall_c": wall_c, "wall_p": wall_p, "tokens": tokens,
+                     "steps_c": steps_c, "steps_p": steps_p,
                      "stopped": sum(1 for _, s, _ in got if s),
                      "latency_c": statistics.median(l for _, _, l in got),
                      "latency_p": statistics.median(l for _, _, l in peer_got)})
@@ -315,7 +350,9 @@ def main():
                 "c_rate": statistics.median(c_rates), "p_rate": statistics.median(p_rates),
                 "c_rates": c_rates, "p_rates": p_rates,
                 "latency_c": statistics.median(r["latency_c"] for r in rows),
-                "latency_p": statistics.median(r["latency_p"] for r in rows), "masks": masks})
+                "latency_p": statistics.median(r["latency_p"] for r in rows), "masks": masks,
+                "steps": [(r["steps_c"], r["steps_p"]) for r in rows
+                          if r["steps_c"] and r["steps_p"]]})
             print(f"{mode} c={concurrency}: {table[-1]['c_rate']:.1f} tok/s constrained, "
                   f"{table[-1]['p_rate']:.1f} unconstrained", file=sys.stderr)
 
@@ -337,6 +374,27 @@ def main():
               f"| {row['stopped']}/{row['count']} | {rate(row['c_rate'], row['c_rates'])} "
               f"| {rate(row['p_rate'], row['p_rates'])} | {row['c_rate'] / row['p_rate']:.3f} "
               f"| {row['latency_c']:.2f} / {row['latency_p']:.2f} | {mask_text} |")
+
+    # Where a gap comes from: more steps (fewer rows per step) or slower steps.
+    if any(row["steps"] for row in table):
+        print("\nEngine steps per pass (medians over the repeats; /metrics counters read around "
+              "each pass):\n")
+        print("| constraint | concurrency | steps, constrained / unconstrained "
+              "| tokens per step | ms per step (engine wall) | engine busy share of the pass |")
+        print("|---|---|---|---|---|---|")
+        for row in table:
+            if not row["steps"]:
+                continue
+            def median_of(k, i):
+                return statistics.median(pair[k][i] for pair in row["steps"])
+            steps = (median_of(0, 0), median_of(1, 0))
+            tokens = (median_of(0, 1) / steps[0], median_of(1, 1) / steps[1])
+            ms = (1000 * median_of(0, 2) / steps[0], 1000 * median_of(1, 2) / steps[1])
+            busy = (median_of(0, 2) * row["c_rate"] / row["tokens"],
+                    median_of(1, 2) * row["p_rate"] / row["tokens"])
+            print(f"| {row['mode']} | {row['concurrency']} | {steps[0]:.0f} / {steps[1]:.0f} "
+                  f"| {tokens[0]:.1f} / {tokens[1]:.1f} | {ms[0]:.3f} / {ms[1]:.3f} "
+                  f"| {100 * busy[0]:.0f}% / {100 * busy[1]:.0f}% |")
 
 
 if __name__ == "__main__":
