@@ -460,6 +460,12 @@ bool CudaDsaModel::stage_offload_union(int64_t layer, const Step& step, PagedKvC
   if (offload_slots == 0 || !offload_staging_enabled() || !use_fast_attention(step) ||
       n * top_k <= kOffloadStagingRows * index_topk_)
     return false;
+  // Not inside a CUDA Graph capture (a verification step of many rows): its
+  // host-side key check and first allocations cannot be captured; such a
+  // step reads its offload entries from host memory (correct, slower).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MEGACTX_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
   timer_.mark("attn offload staging", stream_);
   if (u.capacity < 0 || u.offload_slots != offload_slots) {
     // First use, or a new cache: marks at rest (zero) for its slots.
