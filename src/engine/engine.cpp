@@ -417,7 +417,7 @@ bool Engine::step_locked() {
         if (speculator_) speculator_->record_step(plan_, took.count());
         ++steps_run_;
         step_tokens_ += plan_.prefill_tokens + plan_.decode_tokens;
-        step_seconds_us_ += static_cast<int64_t>(took.count() * 1e6);
+        step_microseconds_ += static_cast<int64_t>(took.count() * 1e6);
       }
       phase_times_.end_step(!plan_.empty(), plan_.prefill_tokens == 0 && plan_.decode_tokens > 0);
     }
@@ -932,7 +932,7 @@ void Engine::update_stats() {
   stats.preemptions = scheduler_->num_preemptions();
   stats.steps = steps_run_;
   stats.step_tokens = step_tokens_;
-  stats.step_microseconds = step_seconds_us_;
+  stats.step_microseconds = step_microseconds_;
   if (speculator_) {
     stats.spec_accepted_tokens = speculator_->accepted_tokens();
     stats.spec_verify_steps = speculator_->verify_steps();

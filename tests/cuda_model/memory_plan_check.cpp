@@ -228,6 +228,25 @@ TEST(CudaMemoryPlan, ScratchPartsFollowTheModelOptions) {
   EXPECT_EQ(cuda_scratch_breakdown(config, other).cublas_workspace, 0);
 }
 
+TEST(CudaMemoryPlan, TheLiveHostTierCountsTheUnionStagingOfLargeSteps) {
+  const ModelConfig config = config_named("glm5_2");
+  CudaMemoryRequest request = glm_request(config);
+  auto fast_attention_at = [&](int64_t offload_pages) {
+    request.options.offload_tokens = offload_pages * 64;
+    return cuda_scratch_breakdown(config, request).fast_attention;
+  };
+  // Steps past the per-step staging (64 rows) stage the union of their
+  // selections: a 656-byte row (and marks) per offload slot, all within the
+  // 1M-row cap, whatever the row blocks (here 40 rows, fewer than 64).
+  request.options.row_block = 40;
+  EXPECT_GE(fast_attention_at(4096) - fast_attention_at(1024), 3072 * 64 * 656);
+  // Decode-sized steps only: the per-step staging and the hot cache, which
+  // do not grow with the tier.
+  request.max_step_tokens = kOffloadStagingRows;
+  EXPECT_EQ(fast_attention_at(4096), fast_attention_at(1024));
+  EXPECT_GT(fast_attention_at(1024), fast_attention_at(0));
+}
+
 TEST(CudaMemoryPlan, GraphBucketsPadTheDecodeStep) {
   const ModelConfig config = config_named("glm5_2");
   // MTP verification of 7 drafts: 8 tokens per sequence; the grouped MoE

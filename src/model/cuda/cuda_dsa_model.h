@@ -223,6 +223,8 @@ class CudaDsaModel final : public LanguageModel {
   // fast_indexer's selection in the deterministic mode (position_topk).
   void invariant_indexer_topk(const uint8_t* queries_fp8, const float* weights, int64_t layer,
                               Step& step, PagedKvCache& cache);
+  // The columns of a step's selection: min(index_topk, its longest context).
+  int64_t selection_top_k(const Step& step) const;
   // step.topk's positions -> physical slots [tokens, top_k] into `slots`.
   PositionsToSlotsParams positions_to_slots_params(const Step& step, int64_t top_k,
                                                    int32_t* slots) const;

@@ -335,6 +335,13 @@ void CudaDsaModel::invariant_indexer_topk(const uint8_t* queries_fp8, const floa
   }
 }
 
+int64_t CudaDsaModel::selection_top_k(const Step& step) const {
+  // Selections hold at most min(index_topk, longest context) positions: sparse
+  // MLA walks only that many columns (max_context is part of a decode graph's
+  // key, so this stays fixed within a captured graph).
+  return std::max<int64_t>(1, std::min(index_topk_, step.max_context));
+}
+
 PositionsToSlotsParams CudaDsaModel::positions_to_slots_params(const Step& step, int64_t top_k,
                                                                int32_t* slots) const {
   PositionsToSlotsParams map;
@@ -364,10 +371,7 @@ CudaDsaModel::SlotsKey CudaDsaModel::selection_key(const Step& step, int64_t top
 CudaDsaModel::LayerSlots CudaDsaModel::layer_slots(const Step& step) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
-  // Selections hold at most min(index_topk, longest context) positions: sparse
-  // MLA walks only that many columns (max_context is part of a decode graph's
-  // key, so this stays fixed within a captured graph).
-  const int64_t top_k = std::max<int64_t>(1, std::min(index_topk_, step.max_context));
+  const int64_t top_k = selection_top_k(step);
   // step.topk positions -> physical slots [n, top_k] (-1 past counts), once
   // per selection: the IndexShare layers after a full one (same step, no
   // indexer run since) find its slots in place (SlotsKey). Inside a captured
@@ -455,7 +459,7 @@ bool CudaDsaModel::stage_offload_union(int64_t layer, const Step& step, PagedKvC
   u.layer = -1;
   const int64_t offload_slots = cache.spec().offload_pages * cache.spec().page_size;
   const int64_t n = step.tokens;
-  const int64_t top_k = std::max<int64_t>(1, std::min(index_topk_, step.max_context));
+  const int64_t top_k = selection_top_k(step);
   // Decode-sized steps: stage_offload (the same bound).
   if (offload_slots == 0 || !offload_staging_enabled() || !use_fast_attention(step) ||
       n * top_k <= kOffloadStagingRows * index_topk_)

@@ -98,7 +98,7 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
 }
 
 int64_t cuda_offload_staging_bytes(int64_t index_topk, int64_t latent_layers, int64_t groups,
-                                   int64_t offload_tokens, int64_t block_rows) {
+                                   int64_t offload_tokens, int64_t step_rows, int64_t block_rows) {
   // An fp8 latent entry (656 bytes: kv_cache.h), an int32 slot and a copy flag
   // per staged column; the hot entries per layer, three int32 per line per group.
   constexpr int64_t kEntryBytes = 656;
@@ -106,10 +106,11 @@ int64_t cuda_offload_staging_bytes(int64_t index_topk, int64_t latent_layers, in
   const int64_t staging = kOffloadStagingRows * top_k * (kEntryBytes + 5);
   const int64_t hot = kOffloadHotLines * (latent_layers * kEntryBytes + groups * 12);
   int64_t union_bytes = 0;
-  if (block_rows > kOffloadStagingRows && offload_tokens > 0) {
-    // Marks and prefix sums per offload slot, a list entry and a row per
-    // union row, the staged slots of a row block, and the scan's storage
-    // (a few bytes per tile of slots).
+  if (step_rows > kOffloadStagingRows && offload_tokens > 0) {
+    // Steps past the per-step staging use the union: marks and prefix sums
+    // per offload slot, a list entry and a row per union row, the staged
+    // slots of a row block, and the scan's storage (a few bytes per tile of
+    // slots).
     const int64_t rows = std::min(offload_tokens, kOffloadUnionRows);
     union_bytes = 8 * offload_tokens + rows * (kEntryBytes + 4) + 4 * block_rows * top_k +
                   offload_tokens / 64 + (int64_t{1} << 20);

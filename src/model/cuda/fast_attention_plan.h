@@ -79,8 +79,8 @@ inline constexpr int64_t kOffloadHotLines = 131072;
 // Blocks of the side stream's hot-line fills (MEGACTX_OFFLOAD_FILL_BLOCKS).
 inline constexpr int kOffloadFillBlocks = 32;
 
-// Steps (row blocks) of more rows stage the union of their selected offload
-// entries (kernels/cuda/kv_copy/offload_union.h) in at most this many device
+// Steps of more rows than kOffloadStagingRows stage the union of their
+// selected offload entries (kernels/cuda/kv_copy/offload_union.h) in at most this many device
 // rows (688 MB of fp8 latents; fewer when the tier has fewer offload slots;
 // MEGACTX_OFFLOAD_UNION_ROWS lowers it, 0: read over the bus per row).
 inline constexpr int64_t kOffloadUnionRows = int64_t{1} << 20;
@@ -88,9 +88,9 @@ inline constexpr int64_t kOffloadUnionRows = int64_t{1} << 20;
 // The staging's and the hot cache's bytes (FastScratch::staging, staged_slots
 // and copy flags; CudaDsaModel's hot tables and entries) at `index_topk`, for
 // `latent_layers` layers and `groups` selection groups (the indexer layers),
-// and the union staging's for a tier of `offload_tokens` slots and row
-// blocks of `block_rows` rows.
+// and the union staging's for a tier of `offload_tokens` slots, steps of up
+// to `step_rows` rows and row blocks of `block_rows` rows.
 int64_t cuda_offload_staging_bytes(int64_t index_topk, int64_t latent_layers, int64_t groups,
-                                   int64_t offload_tokens, int64_t block_rows);
+                                   int64_t offload_tokens, int64_t step_rows, int64_t block_rows);
 
 }  // namespace megactx

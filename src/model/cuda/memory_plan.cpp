@@ -213,9 +213,11 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
     parts.fast_attention = cuda_fast_attention_scratch_bytes(
         config, tokens, context, request.index_topk, o.multiprocessors, o.row_block);
     if (o.offload_tokens > 0) {
+      // The union staging serves eager steps only (never a graph capture).
       parts.fast_attention += cuda_offload_staging_bytes(
           request.index_topk, static_cast<int64_t>(request.kv.latent_layers.size()),
-          static_cast<int64_t>(request.kv.indexer_layers.size()), o.offload_tokens, block);
+          static_cast<int64_t>(request.kv.indexer_layers.size()), o.offload_tokens,
+          request.max_step_tokens, block);
     }
   }
   if (o.device_moe) {
