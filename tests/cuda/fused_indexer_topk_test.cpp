@@ -6,7 +6,8 @@
 // ties (copied keys, all-zero and negative scores), scores that rise or fall
 // with the position (every key enters the candidate buffers: many
 // compactions), few persistent CTAs (each takes many tiles), repeated calls
-// on one workspace, both scoring engines (wgmma, mma.sync) and 1M keys.
+// on one workspace, both scoring engines (wgmma, mma.sync), both head sums
+// (bf16 on the tensor cores, fp32 on the CUDA cores) and 1M keys.
 //
 // The selection is checked as a set against oracle scores: right count,
 // distinct visible positions, -1 after; every chosen score within rounding of
@@ -34,6 +35,10 @@ using reference::kIndexerDim;
 // Relative to the row's largest |score| (as indexer_topk_test): fp8 tensor-core
 // products are exact, their fp32 sums differ by order and internal precision.
 constexpr float kScoreTolerance = 2e-3f;
+// The tensor-core head sum rounds each relu(q . k) to bf16 (the weights are
+// split into two bf16 parts, exact to 2^-17): a score may move by up to
+// 2^-9 * key_scale * sum_h |w_h| relu(q_h . k), on top of the fp32 tolerance.
+constexpr float kBf16HeadSumRounding = 1.f / 512;
 
 // One prefill chunk of a request: rows for positions start .. start + rows - 1.
 struct Chunk {
@@ -165,6 +170,18 @@ std::vector<float> oracle_scores(const FusedProblem& problem, DeviceProblem& dev
   return scores.download();
 }
 
+// key_scale * sum_h |w_h| relu(q_h . k) of every row ([rows, max_visible]): the
+// scale of the bf16 head sum's rounding (the oracle scorer with |weights|).
+std::vector<float> magnitude_scores(const FusedProblem& problem, DeviceProblem& device) {
+  std::vector<float> magnitudes(problem.weights);
+  for (float& w : magnitudes) w = std::fabs(w);
+  DeviceBuffer<float> signed_weights = std::move(device.weights);
+  device.weights = DeviceBuffer<float>(magnitudes);
+  std::vector<float> result = oracle_scores(problem, device);
+  device.weights = std::move(signed_weights);
+  return result;
+}
+
 // The selection of the two-kernel path (radix_topk in positions mode).
 std::vector<int32_t> old_path_positions(const FusedProblem& problem, DeviceProblem& device,
                                         const std::vector<float>& scores) {
@@ -193,19 +210,40 @@ struct FusedRun {
   int ctas = 0;  // 0: one per SM
   int repeats = 1;
   bool positions_input = false;  // rows given by positions instead of visible lengths
-  bool ping_pong = false;        // wgmma: the warpgroups take turns issuing MMAs
+  bool ping_pong = false;        // wgmma, fp32 head sum: the warpgroups take turns issuing MMAs
+  bool tensor_head_sum = true;   // wgmma: the head sum on the tensor cores (bf16)
 };
+
+bool bf16_head_sum(const FusedRun& run) {
+  return run.wgmma && run.tensor_head_sum;
+}
+
+// What the bf16 head sum may add to a selection's tolerance: both the chosen
+// and the k-th score may move, each by at most kBf16HeadSumRounding of the
+// row's largest magnitude.
+float head_sum_allowance(const FusedRun& run, const std::vector<float>& magnitudes, int row,
+                         const FusedProblem& problem) {
+  if (!bf16_head_sum(run)) return 0.f;
+  const float* m = magnitudes.data() + static_cast<size_t>(row) * problem.max_visible;
+  float largest = 0.f;
+  for (int64_t p = 0; p < problem.row_visible[row]; ++p) largest = std::max(largest, m[p]);
+  return 2 * kBf16HeadSumRounding * largest;
+}
 
 std::string run_name(const FusedRun& run) {
   return std::string(run.wgmma ? (run.ping_pong ? "wgmma ping-pong" : "wgmma free-running")
                                : "mma.sync") +
-         ", ctas " + std::to_string(run.ctas);
+         (bf16_head_sum(run) ? ", bf16 head sum" : ", fp32 head sum") + ", ctas " +
+         std::to_string(run.ctas);
 }
 
-// wgmma with the warpgroups taking turns, wgmma free-running (the default,
-// twice on one workspace), mma.sync.
-const std::vector<FusedRun> kBothEngines = {
-    {true, 0, 1, false, true}, {true, 0, 2, false, false}, {false, 0, 1, false, false}};
+// wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
+// (bf16 head sum on the tensor cores; twice on one workspace), wgmma
+// free-running with the fp32 head sum, mma.sync (fp32 head sum).
+const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
+                                            {true, 0, 2, false, false},
+                                            {true, 0, 1, false, false, false},
+                                            {false, 0, 1, false, false}};
 
 std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& device,
                                const FusedRun& run, std::vector<int32_t>* counts = nullptr) {
@@ -244,6 +282,7 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.ctas = run.ctas;
     params.wgmma = run.wgmma;
     params.ping_pong = run.ping_pong;
+    params.tensor_head_sum = run.tensor_head_sum;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -327,6 +366,7 @@ void check_problem(FusedProblem& problem, uint32_t seed, const std::vector<Fused
   DeviceProblem device(problem);
   const std::vector<float> scores = oracle_scores(problem, device);
   const std::vector<int32_t> old_path = old_path_positions(problem, device, scores);
+  const std::vector<float> magnitudes = magnitude_scores(problem, device);
   for (const FusedRun& run : runs) {
     SCOPED_TRACE(run_name(run));
     std::vector<int32_t> counts;
@@ -335,9 +375,10 @@ void check_problem(FusedProblem& problem, uint32_t seed, const std::vector<Fused
       const float* row_scores = scores.data() + static_cast<size_t>(row) * problem.max_visible;
       const int64_t visible = problem.row_visible[row];
       ASSERT_EQ(counts[row], std::min<int64_t>(problem.top_k, visible)) << "row " << row;
-      expect_valid_selection(row_scores, visible, problem.top_k,
-                             got.data() + static_cast<size_t>(row) * problem.top_k,
-                             row_tolerance(row_scores, visible), "row " + std::to_string(row));
+      expect_valid_selection(
+          row_scores, visible, problem.top_k, got.data() + static_cast<size_t>(row) * problem.top_k,
+          row_tolerance(row_scores, visible) + head_sum_allowance(run, magnitudes, row, problem),
+          "row " + std::to_string(row));
       if (::testing::Test::HasFatalFailure()) return;
     }
     const double agreement = overlap(problem, got, old_path);
@@ -359,6 +400,7 @@ void check_scores(int heads, uint32_t seed) {
   problem.build(rng);
   DeviceProblem device(problem);
   const std::vector<float> want = oracle_scores(problem, device);
+  const std::vector<float> magnitudes = magnitude_scores(problem, device);
   for (const FusedRun& run : kBothEngines) {
     SCOPED_TRACE(run_name(run));
     DeviceBuffer<float> debug(static_cast<size_t>(problem.rows) * problem.max_visible);
@@ -382,6 +424,7 @@ void check_scores(int heads, uint32_t seed) {
     params.workspace_bytes = bytes;
     params.wgmma = run.wgmma;
     params.ping_pong = run.ping_pong;
+    params.tensor_head_sum = run.tensor_head_sum;
     params.debug_scores = debug.get();
     params.debug_stride = problem.max_visible;
     cuda::fused_indexer_topk(params, nullptr);
@@ -391,8 +434,11 @@ void check_scores(int heads, uint32_t seed) {
       const float* w = want.data() + static_cast<size_t>(row) * problem.max_visible;
       const float* g = got.data() + static_cast<size_t>(row) * problem.max_visible;
       const int64_t visible = problem.row_visible[row];
-      const float tolerance = row_tolerance(w, visible) / 2;
+      const float* m = magnitudes.data() + static_cast<size_t>(row) * problem.max_visible;
+      const float fp32_tolerance = row_tolerance(w, visible) / 2;
       for (int64_t p = 0; p < visible; ++p) {
+        const float tolerance =
+            fp32_tolerance + (bf16_head_sum(run) ? kBf16HeadSumRounding * m[p] : 0.f);
         if (std::fabs(g[p] - w[p]) <= tolerance) continue;
         if (++bad > 8) continue;
         std::string where = "nowhere nearby";
@@ -430,13 +476,26 @@ TEST(FusedIndexerTopk, MatchesTheReferenceOnASmallChunk) {
     for (int row = 0; row < problem.rows; ++row) {
       const int64_t visible = problem.row_visible[row];
       std::vector<float> expected(static_cast<size_t>(visible));
-      reference::indexer_scores_reference(
-          problem.query_values.data() + static_cast<size_t>(row) * problem.heads * kIndexerDim,
-          problem.weights.data() + static_cast<size_t>(row) * problem.heads, problem.heads,
-          problem.pool.data(), problem.table(row), visible, expected.data());
+      const float* q =
+          problem.query_values.data() + static_cast<size_t>(row) * problem.heads * kIndexerDim;
+      const float* w = problem.weights.data() + static_cast<size_t>(row) * problem.heads;
+      reference::indexer_scores_reference(q, w, problem.heads, problem.pool.data(),
+                                          problem.table(row), visible, expected.data());
+      float allowance = 0.f;
+      if (bf16_head_sum(run)) {
+        std::vector<float> magnitude_weights(w, w + problem.heads);
+        for (float& v : magnitude_weights) v = std::fabs(v);
+        std::vector<float> magnitudes(static_cast<size_t>(visible));
+        reference::indexer_scores_reference(q, magnitude_weights.data(), problem.heads,
+                                            problem.pool.data(), problem.table(row), visible,
+                                            magnitudes.data());
+        allowance =
+            2 * kBf16HeadSumRounding * *std::max_element(magnitudes.begin(), magnitudes.end());
+      }
       expect_valid_selection(expected.data(), visible, problem.top_k,
                              got.data() + static_cast<size_t>(row) * problem.top_k,
-                             row_tolerance(expected.data(), visible), "row " + std::to_string(row));
+                             row_tolerance(expected.data(), visible) + allowance,
+                             "row " + std::to_string(row));
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -454,7 +513,10 @@ TEST(FusedIndexerTopk, DecodeLikeSegmentsOfOneToThreeRows) {
   FusedProblem problem;
   for (int i = 0; i < 40; ++i)
     problem.chunks.push_back({static_cast<int64_t>(1 + i * 311), 1 + i % 3});
-  check_problem(problem, 12, {{true, 0, 1, false, true}, {true, 5, 1, true, true}});
+  check_problem(problem, 12,
+                {{true, 0, 1, false, true, false},
+                 {true, 5, 1, true, true, false},
+                 {true, 5, 1, true, false}});
 }
 
 TEST(FusedIndexerTopk, SixtyFourHeadsAndSmallK) {
@@ -473,7 +535,7 @@ TEST(FusedIndexerTopk, FewCtasTakeManyTiles) {
   problem.chunks = {{3000, 200}, {700, 90}, {12000, 190}};
   check_problem(
       problem, 14,
-      {{true, 3, 2, false, true}, {true, 3, 1, false, false}, {false, 3, 1, false, false}});
+      {{true, 3, 2, false, true, false}, {true, 3, 1, false, false}, {false, 3, 1, false, false}});
 }
 
 TEST(FusedIndexerTopk, TiesZeroAndNegativeScores) {
@@ -535,7 +597,7 @@ TEST(FusedIndexerTopk, OneMillionKeys) {
   FusedProblem problem;
   problem.keys = Keys::FastRandom;
   problem.chunks = {{1048576 - 16, 16}, {1048539 - 5, 5}};
-  check_problem(problem, 19, {{true, 0, 1, false, true}, {true, 0, 1, false, false}});
+  check_problem(problem, 19, {{true, 0, 1, false, true, false}, {true, 0, 1, false, false}});
 }
 
 TEST(FusedIndexerTopk, RejectsBadShapes) {

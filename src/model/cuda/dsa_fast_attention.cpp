@@ -13,7 +13,9 @@
 //   (prefill chunks over long contexts) score and select in one fused kernel
 //   (kernels/cuda/indexer_topk) that keeps a streaming top-k per row instead
 //   of the scores; MEGACTX_CUDA_FUSED_INDEXER=1 takes it for every step it
-//   serves (the tests compare both).
+//   serves (the tests compare both). Its sum over heads runs on the tensor
+//   cores in bf16; MEGACTX_CUDA_INDEXER_FP32_HEAD_SUM=1 sums in fp32 on the
+//   CUDA cores (for comparisons).
 // - sparse MLA rounds q to bf16 ([q_latent | q_pe], heads zero-padded to a
 //   multiple of 64), attends on bf16 tensor cores and returns bf16.
 // step.topk keeps positions (shared-indexer layers, the MTP layer and the CPU
@@ -126,6 +128,13 @@ void reset_offload_tables(int32_t* tables, int64_t count, cudaStream_t stream) {
 // serves, not only those past the scores cap (read per call: tests switch it).
 bool fused_indexer_forced() {
   const char* value = std::getenv("MEGACTX_CUDA_FUSED_INDEXER");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// MEGACTX_CUDA_INDEXER_FP32_HEAD_SUM=1: the fused indexer sums heads in fp32
+// on the CUDA cores instead of bf16 on the tensor cores (read per call).
+bool fp32_head_sum_forced() {
+  const char* value = std::getenv("MEGACTX_CUDA_INDEXER_FP32_HEAD_SUM");
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
@@ -247,6 +256,7 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
     select.out = step.topk;
     select.out_counts = step.counts;
     select.ctas = fast_multiprocessors_;
+    select.tensor_head_sum = !fp32_head_sum_forced();
     select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
     select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
     fused_indexer_topk(select, stream_);

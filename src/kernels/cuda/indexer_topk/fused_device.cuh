@@ -1,6 +1,7 @@
-// The wgmma shape of the fused indexer + top-k (fused_indexer_topk.cu): e4m3
-// operands, A from registers. The plumbing (fences, descriptors, barriers) is
-// common/wgmma.cuh. Only for .cu files.
+// The wgmma shapes of the fused indexer + top-k (fused_indexer_topk.cu): the
+// scores (e4m3 operands, A from registers) and the head sum (bf16, A from
+// registers: the ReLU'd score accumulators themselves). The plumbing (fences, descriptors,
+// barriers) is common/wgmma.cuh. Only for .cu files.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,30 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], const uin
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 16] (+)= A[64 x 16] * B[16 x 16], bf16 in, fp32 accumulate; A from
+// registers (per warp the m16n8k16 A fragment of its 16 rows: a[0] row g and
+// a[1] row g + 8 at k 2t, 2t + 1; a[2], a[3] the same at k 2t + 8, 2t + 9), B
+// from shared memory (K-major, `b` its descriptor). The accumulator layout is
+// the one above: d[4j + 2r + e] = D[16w + g + 8r][8j + 2t + e].
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], const uint32_t* a, uint64_t b,
+                                                     int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// max(x, 0) of two floats rounded to bf16 and packed: `low` in bits 0-15 (the
+// lower k index of an A fragment register), `high` in bits 16-31.
+__device__ __forceinline__ uint32_t relu_bf16x2(float low, float high) {
+  uint32_t packed;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(high), "f"(low));
+  return packed;
 }
 
 }  // namespace megactx::cuda::fused

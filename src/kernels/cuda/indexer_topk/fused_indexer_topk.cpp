@@ -25,6 +25,9 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
   MEGACTX_CHECK(params.max_visible >= 0, "fused indexer top-k: negative max_visible {}",
                 params.max_visible);
   MEGACTX_CHECK(params.ctas >= 0, "fused indexer top-k: negative CTA count {}", params.ctas);
+  MEGACTX_CHECK(!(params.wgmma && params.ping_pong && params.tensor_head_sum),
+                "fused indexer top-k: ping-pong is a variant of the fp32 head sum "
+                "(tensor_head_sum = false)");
   if (params.rows == 0) return;
   MEGACTX_CHECK(params.queries && params.weights && params.key_pool && params.page_tables &&
                     params.row_table && (params.row_visible || params.row_positions) &&

@@ -18,7 +18,9 @@
 // (256 = rows x heads tensor-core columns) and score every page:
 //   acc[key, (row, head)] = k8[key, :] . q8[row, head, :]   (wgmma m64n256k32
 //   e4m3, keys from registers, queries from shared memory)
-// then relu * weight, summed over heads in registers, times the key scale.
+// then relu * weight summed over heads (on the tensor cores: relu(acc) in bf16
+// times the weights, a second wgmma whose A fragments are the accumulator
+// registers; or in fp32 on the CUDA cores), times the key scale.
 //
 // Streaming selection per row: a threshold (the k-th largest key seen at the
 // last compaction) and a candidate buffer of kFusedCandidates entries (the
@@ -73,8 +75,15 @@ struct FusedIndexerTopkParams {
   size_t workspace_bytes = 0;
   int ctas = 0;       // persistent CTAs (0: one per SM); the workspace is sized by it
   bool wgmma = true;  // false: the same kernel scoring with mma.sync (a comparison path)
-  // wgmma only: the two consumer warpgroups take turns issuing their MMAs, so
-  // that one's epilogue runs while the other's MMAs do. Measured no faster than
+  // wgmma only: the sum over heads on the tensor cores, relu(q8 . k8) and the
+  // weights rounded to bf16 (each weight split into two bf16 parts, so only
+  // the ReLU'd products are rounded: 2^-9 relative each), 16 wgmma m64n16k16
+  // per page in place of 256 CUDA-core instructions per thread. false: fp32
+  // FMAs on the CUDA cores (exact sums of the exact fp8 products).
+  bool tensor_head_sum = true;
+  // The fp32 head sum only (tensor_head_sum = false; anything else is an
+  // error): the two consumer warpgroups take turns issuing their MMAs, so that
+  // one's epilogue runs while the other's MMAs do. Measured no faster than
   // free-running warpgroups (1M keys 31.2 vs 30.3 ms, 128K prompt 188 vs
   // 180 ms), so off by default; kept as a tested variant.
   bool ping_pong = false;
