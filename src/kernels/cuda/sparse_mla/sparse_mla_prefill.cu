@@ -182,18 +182,21 @@ __device__ __forceinline__ void store_quarter(const EntryQuarter& quarter_data, 
                          reinterpret_cast<__half*>(rope_chunk + swizzled(key, 2 * quarter + i)));
 }
 
-__global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseMlaParams p) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  extern __shared__ uint8_t shared_raw[];
-  uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+// The kernel's body for warpgroup C. Each warpgroup runs its own copy with its
+// index a constant, so that the shared-memory addresses and wgmma descriptors
+// it builds are warp-uniform to the compiler (uniform registers instead of
+// per-stage register-to-uniform moves; the same change took the fused
+// indexer from 586 to 627 TFLOP/s).
+template <int C>
+__device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaParams& p,
+                                                             uint8_t* shared) {
   uint8_t* q_tile = shared + kQOffset;
   uint8_t* k_tiles = shared + kKOffset;
   uint8_t* p_tile = shared + kPOffset;
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int c = tid / 128;  // warpgroup: its block of each stage, and its half of the latent
+  const int c = C;  // warpgroup: its block of each stage, and its half of the latent
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t row = blockIdx.x;
@@ -413,6 +416,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseM
       p.lse[row * p.heads + head0 + head] =
           total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
   }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  if (threadIdx.x < 128)
+    sparse_mla_prefill_warpgroup<0>(p, shared);
+  else
+    sparse_mla_prefill_warpgroup<1>(p, shared);
 }
 
 }  // namespace
