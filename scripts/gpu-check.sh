@@ -54,6 +54,12 @@ if [[ -f "$pack/pack.tar.xz" ]]; then
 fi
 export LD_LIBRARY_PATH="$pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
+# NCCL for the communicator's tests: $MEGACTX_NCCL_LIBRARY, else the copy PyTorch's wheels bring
+# (the CUDA toolkit has none), else whatever the loader finds.
+if [[ -z "${MEGACTX_NCCL_LIBRARY:-}" ]]; then
+  nccl=$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  [[ -n "$nccl" && -f "$nccl" ]] && export MEGACTX_NCCL_LIBRARY=$nccl
+fi
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
