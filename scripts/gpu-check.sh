@@ -68,9 +68,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 note "gpu: $(head -1 "$out/tests.log")"
 
 # 1. Tests, each binary in parallel (their CPU references take most of the time).
-# GPU_CHECK_TESTS=0 skips them (a sanitizer-only call: every sanitizer job runs its case too).
+# GPU_CHECK_TESTS=0 skips them (a sanitizer-only call: every sanitizer job runs its case too); a
+# list of binary names (GPU_CHECK_TESTS="fused_indexer_topk_test sparse_mla_test") runs only those.
 pids=()
 [[ "${GPU_CHECK_TESTS:-1}" == 0 ]] || for test in "$pack"/bin/*_test; do
+  [[ "${GPU_CHECK_TESTS:-1}" == 1 || " ${GPU_CHECK_TESTS} " == *" $(basename "$test") "* ]] || continue
   (timeout "${TEST_TIMEOUT:-300}" "$test" --gtest_color=no >"$out/$(basename "$test").part" 2>&1; echo "$(basename "$test") exit $?" >>"$out/$(basename "$test").part") &
   pids+=($!)
 done
@@ -284,7 +286,9 @@ benches=${GPU_CHECK_BENCH:-dsa,model}
 bench_args=()
 [[ "$quick" == "--quick" ]] && bench_args+=(--quick)
 if [[ "$benches" == *dsa* ]]; then
-  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/dsa_attention_bench" "${bench_args[@]}" >"$out/bench.md" 2>&1
+  # DSA_BENCH_ARGS: more arguments, e.g. "--prefill-only --max-context 131072".
+  # shellcheck disable=SC2086  # $DSA_BENCH_ARGS is a list of arguments
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/dsa_attention_bench" "${bench_args[@]}" ${DSA_BENCH_ARGS:-} >"$out/bench.md" 2>&1
   note "dsa bench exit $?"
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench/dsa_torch_baseline.py "${bench_args[@]}" --json "$out/torch_baseline.json" \
     >"$out/torch_baseline.md" 2>&1
