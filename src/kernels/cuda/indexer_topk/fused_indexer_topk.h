@@ -79,7 +79,10 @@ struct FusedIndexerTopkParams {
   // weights rounded to bf16 (each weight split into two bf16 parts, so only
   // the ReLU'd products are rounded: 2^-9 relative each), 16 wgmma m64n16k16
   // per page in place of 256 CUDA-core instructions per thread. false: fp32
-  // FMAs on the CUDA cores (exact sums of the exact fp8 products).
+  // FMAs on the CUDA cores (exact sums of the exact fp8 products). The two
+  // differ on NaN codes in the cache or the queries (a broken model): the
+  // bf16 conversion keeps a NaN product, so the key's score is NaN and ranks
+  // above every number, where fmaxf(NaN, 0) counted it as 0.
   bool tensor_head_sum = true;
   // The fp32 head sum only (tensor_head_sum = false; anything else is an
   // error): the two consumer warpgroups take turns issuing their MMAs, so that
