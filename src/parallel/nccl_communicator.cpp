@@ -111,11 +111,16 @@ class NcclCommunicator final : public Communicator {
         size_(options.size),
         stream_(static_cast<cudaStream_t>(options.stream)) {
     check_cuda(cudaSetDevice(options.device), "cudaSetDevice");
-    NcclUniqueId id{};
-    if (rank_ == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");
-    if (size_ > 1) options.bootstrap->broadcast(&id, sizeof id, 0);
-    check(api_.comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank");
     check_cuda(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc");
+    try {
+      NcclUniqueId id{};
+      if (rank_ == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");
+      if (size_ > 1) options.bootstrap->broadcast(&id, sizeof id, 0);
+      check(api_.comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank");
+    } catch (...) {
+      cudaFree(barrier_word_);  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
