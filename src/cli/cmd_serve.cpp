@@ -7,6 +7,7 @@
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]]
+//   [--context-parallel-size N]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -24,7 +25,10 @@
 // --tensor-parallel-size N (CPU so far): N processes, this one and N - 1
 // forked workers (cli/serve_group.h), each with its share of the heads and MLP
 // widths; --expert-parallel-size N (= N) shards the routed experts over them
-// instead of their widths. One engine and HTTP front, on this process.
+// instead of their widths. --context-parallel-size N (CPU so far): N processes
+// with the whole model, each prefill step's rows split over them (the new
+// latents and indexer keys gathered into every rank's cache). One engine and
+// HTTP front, on this process.
 // --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
 // X-Session-Id header are recorded as trajectories, their tool calls screened.
 #include <algorithm>
@@ -92,6 +96,7 @@ struct ServeOptions {
   std::string gateway_max_memory = "1GiB";
   int tensor_parallel_size = 1;
   int expert_parallel_size = 1;
+  int context_parallel_size = 1;
   bool enable_dp_attention = false;
 };
 
@@ -134,13 +139,24 @@ int run_serve(const ServeOptions& options) {
                 "tests/parallel)");
   MEGACTX_CHECK(options.tensor_parallel_size == 1 || options.device == "cpu",
                 "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
+  MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
+  if (options.context_parallel_size > 1) {
+    MEGACTX_CHECK(options.tensor_parallel_size == 1,
+                  "--context-parallel-size and --tensor-parallel-size are not combined yet");
+    MEGACTX_CHECK(options.device == "cpu",
+                  "--context-parallel-size runs on the CPU only so far (one GPU is lent here)");
+    MEGACTX_CHECK(options.speculative.steps == 0 && !options.enable_return_routed_experts,
+                  "--context-parallel-size: not yet with --speculative-steps or "
+                  "--enable-return-routed-experts");
+  }
   load.load.expert_parallel = options.expert_parallel_size > 1;
+  load.load.context_parallel = options.context_parallel_size > 1;
+  const int group_size = std::max(options.tensor_parallel_size, options.context_parallel_size);
   std::unique_ptr<ServeGroup> group;
   // A group that lost a rank cannot serve: the server shuts down (exit 1).
   static std::atomic<bool> group_failed{false};
-  if (options.tensor_parallel_size > 1) {
-    group =
-        std::make_unique<ServeGroup>(options.tensor_parallel_size, options.model_dir, load.load);
+  if (group_size > 1) {
+    group = std::make_unique<ServeGroup>(group_size, options.model_dir, load.load);
     load.load.group = &group->communicator();
     load.on_group_failure = [](const std::string& reason) {
       spdlog::error("the serving group lost a rank ({}): shutting down", reason);
@@ -223,7 +239,8 @@ int run_serve(const ServeOptions& options) {
       {"enable_return_routed_experts", options.enable_return_routed_experts},
       {"enable_return_hidden_states", options.enable_return_hidden_states},
       {"tensor_parallel_size", options.tensor_parallel_size},
-      {"expert_parallel_size", options.expert_parallel_size}};
+      {"expert_parallel_size", options.expert_parallel_size},
+      {"context_parallel_size", options.context_parallel_size}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -354,6 +371,11 @@ CommandRegistration registration{
       command
           .add_option("--expert-parallel-size", options->expert_parallel_size,
                       "1, or the tensor-parallel size: routed experts sharded over the group")
+          ->capture_default_str();
+      command
+          .add_option("--context-parallel-size", options->context_parallel_size,
+                      "Processes that each hold the whole model and split every prefill step's "
+                      "rows (long prompts; CPU)")
           ->capture_default_str();
       command.add_flag("--enable-dp-attention", options->enable_dp_attention,
                        "Data-parallel attention (not yet served; an error)");

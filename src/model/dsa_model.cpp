@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -15,6 +16,14 @@ namespace {
 
 void add_into(float* x, const float* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+// Context parallelism: rank `rank`'s rows [first, last) of a step of `rows`
+// rows over `size` ranks (contiguous shares, the first rows % size one longer).
+std::pair<int64_t, int64_t> share_rows(int64_t rows, int rank, int size) {
+  const int64_t base = rows / size, extra = rows % size;
+  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
+  return {first, first + base + (rank < extra ? 1 : 0)};
 }
 
 }  // namespace
@@ -40,6 +49,10 @@ struct DsaModel::Step {
   int64_t page_size = 64;
   std::vector<int64_t> positions;  // [tokens]
   std::vector<float> cos, sin;     // [tokens, rope / 2]
+  // Context parallelism: the whole step this one is this rank's share of
+  // (null otherwise). Every rank writes every row's latent and indexer key,
+  // so that its cache holds the whole context.
+  const Step* whole = nullptr;
 
   int64_t slot(const Sequence& s, int64_t position) const {
     return static_cast<int64_t>(s.pages[position / page_size]) * page_size + position % page_size;
@@ -54,13 +67,57 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
       rope_(make_rope_table(config_)),
       plan_(std::move(plan)),
       group_(group) {
-  const int split = std::max(plan_.tensor_parallel_size, plan_.expert_parallel_size);
+  const int split = std::max(
+      {plan_.tensor_parallel_size, plan_.expert_parallel_size, plan_.context_parallel_size});
   MEGACTX_CHECK(split == 1 || (group_ != nullptr && group_->size() == split),
                 "DsaModel: a parallel plan needs its group");
 }
 
 void DsaModel::reduce_partial(float* data, int64_t count) {
   if (plan_.tensor_parallel_size > 1) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
+}
+
+DsaModel::Step DsaModel::share_of(const Step& whole) const {
+  const auto [first, last] =
+      share_rows(whole.tokens, plan_.context_parallel_rank, plan_.context_parallel_size);
+  Step share;
+  share.page_size = whole.page_size;
+  share.whole = &whole;
+  for (const Step::Sequence& s : whole.sequences) {
+    const int64_t from = std::max(first, s.offset), to = std::min(last, s.offset + s.count);
+    if (from >= to) continue;
+    Step::Sequence part;
+    part.offset = share.tokens;
+    part.count = to - from;
+    part.start = s.start + (from - s.offset);  // its first row's position
+    part.pages = s.pages;
+    share.tokens += part.count;
+    share.sequences.push_back(std::move(part));
+  }
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  share.positions.assign(whole.positions.begin() + first, whole.positions.begin() + last);
+  share.cos.assign(whole.cos.begin() + first * half, whole.cos.begin() + last * half);
+  share.sin.assign(whole.sin.begin() + first * half, whole.sin.begin() + last * half);
+  return share;
+}
+
+std::vector<float> DsaModel::gather_rows(const float* rows, int64_t width, const Step& share) {
+  const int size = plan_.context_parallel_size;
+  const int64_t total = share.whole->tokens;
+  const int64_t longest = share_rows(total, 0, size).second;  // rank 0's share is a longest one
+  // Every rank's share padded to the longest, gathered, then packed in row order.
+  std::vector<float> padded(static_cast<size_t>(longest * width), 0.f);
+  std::copy_n(rows, share.tokens * width, padded.begin());
+  std::vector<float> all(static_cast<size_t>(size * longest * width));
+  group_->all_gather(padded.data(), all.data(),
+                     longest * width * static_cast<int64_t>(sizeof(float)));
+  std::vector<float> out(static_cast<size_t>(total * width));
+  for (int r = 0; r < size; ++r) {
+    const auto [first, last] = share_rows(total, r, size);
+    std::copy_n(all.begin() + r * longest * width, (last - first) * width,
+                out.begin() + first * width);
+  }
+  return out;
 }
 
 std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
@@ -70,9 +127,9 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
   DsaWeights loaded = load_dsa_weights(config, plan, weights);
   parallel::Communicator* group = options.group;
   if (group != nullptr && group->size() > 1) {
-    plan = parallel_plan(
-        plan, config,
-        {group->rank(), group->size(), options.expert_parallel, options.data_parallel_attention});
+    plan = parallel_plan(plan, config,
+                         {group->rank(), group->size(), options.expert_parallel,
+                          options.data_parallel_attention, options.context_parallel});
     loaded = parallel_shard(loaded, plan);
   }
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
@@ -137,13 +194,28 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   step.sin.resize(static_cast<size_t>(n * half));
   rope_.fill(step.positions.data(), n, step.cos.data(), step.sin.data());
 
-  // x: [n, hidden] residual stream, starting from the embeddings.
-  std::vector<float> x(static_cast<size_t>(n * hidden));
+  // Context parallelism splits a step's rows when every rank gets one (decode
+  // steps smaller than the group run whole on every rank: the same rows, the
+  // same cache writes, no collective).
+  const bool split_rows = plan_.context_parallel_size > 1 && n >= plan_.context_parallel_size;
+  MEGACTX_CHECK(!split_rows || !batch.want_routed_experts,
+                "return_routed_experts is not supported with context parallelism yet");
+  Step share;
+  if (split_rows) share = share_of(step);
+  Step& run = split_rows ? share : step;
+  const int64_t first_row =
+      split_rows ? share_rows(n, plan_.context_parallel_rank, plan_.context_parallel_size).first
+                 : 0;
+
+  // x: [run.tokens, hidden] residual stream, starting from the embeddings.
+  std::vector<float> x(static_cast<size_t>(run.tokens * hidden));
   int64_t row = 0;
   for (const SequenceInput& in : batch.sequences) {
     for (int32_t token : in.tokens) {
-      std::memcpy(x.data() + row * hidden, weights_.embed.data<float>() + token * hidden,
-                  static_cast<size_t>(hidden) * sizeof(float));
+      if (row >= first_row && row < first_row + run.tokens)
+        std::memcpy(x.data() + (row - first_row) * hidden,
+                    weights_.embed.data<float>() + token * hidden,
+                    static_cast<size_t>(hidden) * sizeof(float));
       ++row;
     }
   }
@@ -157,9 +229,10 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   }
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     routed_.layer = layer;
-    decoder_layer(weights_.layers[layer], layer, step, cache, x.data());
+    decoder_layer(weights_.layers[layer], layer, run, cache, x.data());
   }
-  routed_.ids = nullptr;  // the MTP layer's runs record nothing
+  routed_.ids = nullptr;                                     // the MTP layer's runs record nothing
+  if (split_rows) x = gather_rows(x.data(), hidden, share);  // every row's final state
 
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({n, hidden});
@@ -291,11 +364,22 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
                     entry);
   backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
                  d.rope_interleave);
-  for (const Step::Sequence& s : step.sequences) {
-    if (s.shared) continue;  // KVShare: nothing derived from a draft is written
-    for (int64_t i = 0; i < s.count; ++i) {
-      const float* e = kv.data() + (s.offset + i) * entry;
-      cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
+  if (step.whole != nullptr) {
+    // Context parallel: every rank's new rows into this rank's cache.
+    const std::vector<float> all = gather_rows(kv.data(), entry, step);
+    for (const Step::Sequence& s : step.whole->sequences) {
+      for (int64_t i = 0; i < s.count; ++i) {
+        const float* e = all.data() + (s.offset + i) * entry;
+        cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
+      }
+    }
+  } else {
+    for (const Step::Sequence& s : step.sequences) {
+      if (s.shared) continue;  // KVShare: nothing derived from a draft is written
+      for (int64_t i = 0; i < s.count; ++i) {
+        const float* e = kv.data() + (s.offset + i) * entry;
+        cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
+      }
     }
   }
 
@@ -394,12 +478,20 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   for (float& value : weights) value *= head_scale;
 
+  if (step.whole != nullptr) {
+    // Context parallel: every rank's new keys, before any row reads the context.
+    const std::vector<float> all = gather_rows(k.data(), dim, step);
+    for (const Step::Sequence& s : step.whole->sequences)
+      for (int64_t i = 0; i < s.count; ++i)
+        cache.write_indexer_key(layer, step.slot(s, s.start + i),
+                                all.data() + (s.offset + i) * dim);
+  }
   std::vector<float> keys;
   std::vector<int64_t> visible;
   for (Step::Sequence& s : step.sequences) {
-    for (int64_t i = 0; i < s.count; ++i) {
-      cache.write_indexer_key(layer, step.slot(s, s.start + i), k.data() + (s.offset + i) * dim);
-    }
+    if (step.whole == nullptr)
+      for (int64_t i = 0; i < s.count; ++i)
+        cache.write_indexer_key(layer, step.slot(s, s.start + i), k.data() + (s.offset + i) * dim);
     const int64_t context = s.context();
     keys.resize(static_cast<size_t>(context * dim));
     for (int64_t p = 0; p < context; ++p) {

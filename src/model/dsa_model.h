@@ -29,6 +29,7 @@ struct DsaModelOptions {
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  bool context_parallel = false;
 };
 
 class DsaModel final : public LanguageModel {
@@ -81,6 +82,11 @@ class DsaModel final : public LanguageModel {
   struct Step;  // per-forward token bookkeeping and scratch (dsa_model.cpp)
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
+  // Context parallelism: this rank's contiguous share of a step's rows (a
+  // Step whose `whole` is `whole`), and rows [rows of the share, width] of
+  // every rank gathered into [whole.tokens, width] in row order (collective).
+  Step share_of(const Step& whole) const;
+  std::vector<float> gather_rows(const float* rows, int64_t width, const Step& share);
   void attention(const LayerWeights& lw, int64_t layer, const float* h, Step& step,
                  PagedKvCache& cache, float* out);
   void indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,

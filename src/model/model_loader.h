@@ -45,10 +45,13 @@ struct ModelLoadOptions {
   // This process's parallel group (a Communicator the caller owns and keeps
   // alive) and how the model is spread over it (model_plan.h: ModelPlan):
   // tensor-parallel attention and MLPs unless data_parallel_attention, routed
-  // experts sharded when expert_parallel. CPU only so far; null: the whole model.
+  // experts sharded when expert_parallel; every step's rows split over the
+  // group when context_parallel (model_plan.h). CPU only so far; null: the
+  // whole model.
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  bool context_parallel = false;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

@@ -82,10 +82,19 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   const int rank = layout.rank, size = layout.size;
   MEGACTX_CHECK(size >= 1 && rank >= 0 && rank < size, "parallelism: rank {} outside a group of {}",
                 rank, size);
-  MEGACTX_CHECK(whole.tensor_parallel_size == 1 && whole.expert_parallel_size == 1,
+  MEGACTX_CHECK(whole.tensor_parallel_size == 1 && whole.expert_parallel_size == 1 &&
+                    whole.context_parallel_size == 1,
                 "parallelism: the plan is already split");
   ModelPlan plan = whole;
   if (size == 1) return plan;
+  if (layout.context_parallel) {
+    MEGACTX_CHECK(!layout.expert_parallel && !layout.data_parallel_attention,
+                  "--context-parallel-size: not combined with expert parallelism or "
+                  "data-parallel attention yet");
+    plan.context_parallel_rank = rank;
+    plan.context_parallel_size = size;
+    return plan;
+  }
   const auto divides = [size](int64_t value) { return value % size == 0; };
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;

@@ -70,6 +70,14 @@ struct ModelPlan {
   //   data-parallel attention (expert_all_to_all) every rank has its own
   //   requests, attention and dense MLPs whole: the routed rows go to their
   //   experts' ranks and come back by all-to-all.
+  // * context parallel (context_parallel_size > 1): the weights and the
+  //   caches whole on every rank; this rank computes the rank-th contiguous
+  //   share of every step's rows (a long prompt split across the group), the
+  //   new rows' latents and indexer keys are gathered so that every rank's
+  //   cache holds all of them, and the final hidden rows are gathered for the
+  //   logits.
+  int context_parallel_rank = 0;
+  int context_parallel_size = 1;
   int tensor_parallel_rank = 0;
   int tensor_parallel_size = 1;
   int expert_parallel_rank = 0;
@@ -92,12 +100,14 @@ ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_top
 
 // How a model is spread over a group of `size` processes (rank `rank`):
 // tensor-parallel attention and MLPs unless data_parallel_attention, routed
-// experts sharded by index when expert_parallel.
+// experts sharded by index when expert_parallel; or every step's rows split
+// when context_parallel.
 struct ParallelLayout {
   int rank = 0;
   int size = 1;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  bool context_parallel = false;  // neither of the two above: rows split, weights whole
 };
 
 // The plan of one rank from the whole model's plan (see ModelPlan). Throws

@@ -1,7 +1,8 @@
 """`megactx serve --tensor-parallel-size N` end to end: the server and N - 1
 forked worker processes share the model (heads and MLP widths split, or the
-routed experts sharded with --expert-parallel-size N), one engine and HTTP
-front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
+routed experts sharded with --expert-parallel-size N; or, with
+--context-parallel-size N, every prefill step's rows split over ranks that
+each hold the whole model), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
@@ -180,7 +181,9 @@ def main():
     failures = 0
     for extra, workers in ((("--tensor-parallel-size", "2"), 1),
                            (("--tensor-parallel-size", "2", "--expert-parallel-size", "2"), 1),
-                           (("--tensor-parallel-size", "4"), 3)):
+                           (("--tensor-parallel-size", "4"), 3),
+                           (("--context-parallel-size", "2"), 1),
+                           (("--context-parallel-size", "3"), 2)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
         for (ids, logprobs), (want_ids, want_logprobs) in zip(outputs, plain):
@@ -189,7 +192,7 @@ def main():
                 failures += 1
             worst = max([worst] + [abs(a - b) for a, b in zip(logprobs, want_logprobs)])
         ok = worst <= 1e-4 and seen == workers and \
-            info.get("tensor_parallel_size") == int(extra[1])
+            info.get(extra[0][2:].replace("-", "_")) == int(extra[1])
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
               f"HF's and one process's, max |logprob difference| {worst:.2e}")
@@ -205,7 +208,9 @@ def main():
     # Not served yet: start-up errors, not hangs.
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
-                  ("--tensor-parallel-size", "3")):  # 4 heads do not divide by 3
+                  ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
+                  ("--context-parallel-size", "2", "--tensor-parallel-size", "2"),
+                  ("--context-parallel-size", "2", "--enable-return-routed-experts")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)
         refused = result.returncode != 0 and "error" in result.stderr.lower()

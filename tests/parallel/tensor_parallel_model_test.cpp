@@ -7,7 +7,9 @@
 // and MoE layers (glm_moe_dsa with IndexShare, deepseek_v32 with YaRN); and
 // HF's own logits. The MTP layer under tensor and expert parallelism
 // matches the PyTorch reference of tests/mtp (step 0, the shared and
-// unshared draft steps, greedy draft chains). Shapes that do not divide, CUDA
+// unshared draft steps, greedy draft chains). Context parallelism (every
+// prefill's rows split over the group) gives the same logits too. Shapes that
+// do not divide, CUDA
 // under parallelism and MTP with data-parallel attention are errors.
 #include <gtest/gtest.h>
 
@@ -47,6 +49,7 @@ std::vector<float> prefill_then_decode(LanguageModel& model, const std::vector<i
 struct Layout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  bool context_parallel = false;
 };
 
 // The fixture's prompt through the group (every rank the same prompt with
@@ -64,6 +67,7 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.group = &group;
   options.expert_parallel = layout.expert_parallel;
   options.data_parallel_attention = layout.data_parallel_attention;
+  options.context_parallel = layout.context_parallel;
   auto model = load_language_model(f.dir, options);
   const std::vector<float> split = prefill_then_decode(*model, prompt, f.greedy_ids);
   if (split.size() != whole.size()) return false;
@@ -73,10 +77,11 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
       skip == 0 ? relative_error(split.data(), f.prefill_logits.data(), f.prefill_logits.size())
                 : 0.0;
   std::printf(
-      "%s, rank %d of %d%s%s: max relative logit difference %.3g against one process, "
+      "%s, rank %d of %d%s%s%s: max relative logit difference %.3g against one process, "
       "%.3g against HF's prefill\n",
       name.c_str(), group.rank(), group.size(), layout.expert_parallel ? ", experts split" : "",
-      layout.data_parallel_attention ? ", data-parallel attention" : "", error, hf_error);
+      layout.data_parallel_attention ? ", data-parallel attention" : "",
+      layout.context_parallel ? ", context parallel" : "", error, hf_error);
   return error <= 1e-5 && hf_error <= 1e-4;
 }
 
@@ -110,6 +115,24 @@ TEST(TensorParallelModel, ExpertParallelOverDataParallelAttention) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_pattern", group, {true, true});
+  });
+}
+
+// Context parallelism: every rank the whole weights and cache, each its share
+// of a prefill's rows (the prompt split across the group), the new latents and
+// indexer keys gathered into every rank's cache; decode steps of one row run
+// whole on every rank. 2 ranks on both architectures, 3 ranks (shares of
+// unequal length) and 4.
+TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return matches_the_whole_model(name, group, {false, false, true});
+    });
+  parallel::run_forked_group(3, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, {false, false, true});
+  });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_schedule", group, {false, false, true});
   });
 }
 
