@@ -8,9 +8,9 @@ ids in and out) the greedy continuation equals HF transformers' greedy ids
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
 workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
-(--speculative-steps 3) on the default model over 2 ranks gives the
-single-process plain decoding's greedy ids and logprobs, with drafts
-accepted. Weight updates reach every rank: a trainer's tensor (the negated
+(--speculative-steps 3) on the default model over 2 ranks (tensor or context
+parallel) gives the single-process plain decoding's greedy ids and logprobs,
+with drafts accepted. Weight updates reach every rank: a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
 the original output. With a host KV tier over 2 ranks, a prompt pushed out
@@ -56,22 +56,23 @@ def metric(text, name):
     return None
 
 
-def speculation_over_two_ranks(megactx, model):
-    """MTP with tensor parallelism against one process without MTP: (ok, message)."""
+def speculation_over_two_ranks(megactx, model, layout=("--tensor-parallel-size", "2")):
+    """MTP over two ranks (tensor or context parallel) against one process without MTP:
+    (ok, message)."""
     ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
                             "passkey_8k_ids.txt")
     prompt = [int(token) for token in open(ids_file).read().replace(",", " ").split()[:48]]
     with MegactxServer(megactx, model, *COMMON, name="plain") as server:
         want_ids, want_logprobs = generate(server.url, prompt, 24)
-    with MegactxServer(megactx, model, *COMMON, "--tensor-parallel-size", "2",
-                       "--speculative-steps", "3", name="tp-mtp") as server:
+    with MegactxServer(megactx, model, *COMMON, *layout, "--speculative-steps", "3",
+                       name="tp-mtp") as server:
         ids, logprobs = generate(server.url, prompt, 24)
         metrics = requests.get(server.url + "/metrics", timeout=30).text
     verify = metric(metrics, "megactx_spec_verify_steps_total") or 0
     accepted = metric(metrics, "megactx_spec_accepted_tokens_total") or 0
     worst = max(abs(a - b) for a, b in zip(logprobs, want_logprobs))
     ok = ids == want_ids and worst <= 1e-4 and verify > 0 and accepted > 0
-    return ok, (f"--tensor-parallel-size 2 --speculative-steps 3: greedy ids "
+    return ok, (f"{' '.join(layout)} --speculative-steps 3: greedy ids "
                 f"{'equal to' if ids == want_ids else 'DIFFERENT from'} one process without MTP, "
                 f"max |logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
                 f"{verify:.0f} verifications")
@@ -196,9 +197,10 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
               f"HF's and one process's, max |logprob difference| {worst:.2e}")
-    ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model)
-    failures += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    for layout in (("--tensor-parallel-size", "2"), ("--context-parallel-size", "2")):
+        ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {message}")
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens)
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} {message}")
