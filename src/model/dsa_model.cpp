@@ -50,9 +50,12 @@ struct DsaModel::Step {
   std::vector<int64_t> positions;  // [tokens]
   std::vector<float> cos, sin;     // [tokens, rope / 2]
   // Context parallelism: the whole step this one is this rank's share of
-  // (null otherwise). Every rank writes every row's latent and indexer key,
-  // so that its cache holds the whole context.
+  // (null otherwise) and the share's first row in it. Every rank writes every
+  // row's latent and indexer key, so that its cache holds the whole context.
   const Step* whole = nullptr;
+  int64_t first_row = 0;
+  // The step whose rows this rank writes into its cache.
+  const Step& written() const { return whole != nullptr ? *whole : *this; }
 
   int64_t slot(const Sequence& s, int64_t position) const {
     return static_cast<int64_t>(s.pages[position / page_size]) * page_size + position % page_size;
@@ -83,6 +86,7 @@ DsaModel::Step DsaModel::share_of(const Step& whole) const {
   Step share;
   share.page_size = whole.page_size;
   share.whole = &whole;
+  share.first_row = first;
   for (const Step::Sequence& s : whole.sequences) {
     const int64_t from = std::max(first, s.offset), to = std::min(last, s.offset + s.count);
     if (from >= to) continue;
@@ -203,9 +207,7 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   Step share;
   if (split_rows) share = share_of(step);
   Step& run = split_rows ? share : step;
-  const int64_t first_row =
-      split_rows ? share_rows(n, plan_.context_parallel_rank, plan_.context_parallel_size).first
-                 : 0;
+  const int64_t first_row = run.first_row;
 
   // x: [run.tokens, hidden] residual stream, starting from the embeddings.
   std::vector<float> x(static_cast<size_t>(run.tokens * hidden));
@@ -364,20 +366,15 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
                     entry);
   backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
                  d.rope_interleave);
-  if (step.whole != nullptr) {
+  {
     // Context parallel: every rank's new rows into this rank's cache.
-    const std::vector<float> all = gather_rows(kv.data(), entry, step);
-    for (const Step::Sequence& s : step.whole->sequences) {
-      for (int64_t i = 0; i < s.count; ++i) {
-        const float* e = all.data() + (s.offset + i) * entry;
-        cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
-      }
-    }
-  } else {
-    for (const Step::Sequence& s : step.sequences) {
+    const std::vector<float> gathered =
+        step.whole != nullptr ? gather_rows(kv.data(), entry, step) : std::vector<float>{};
+    const float* rows = step.whole != nullptr ? gathered.data() : kv.data();
+    for (const Step::Sequence& s : step.written().sequences) {
       if (s.shared) continue;  // KVShare: nothing derived from a draft is written
       for (int64_t i = 0; i < s.count; ++i) {
-        const float* e = kv.data() + (s.offset + i) * entry;
+        const float* e = rows + (s.offset + i) * entry;
         cache.write_latent(layer, step.slot(s, s.start + i), e, e + lora);
       }
     }
@@ -478,20 +475,18 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   for (float& value : weights) value *= head_scale;
 
-  if (step.whole != nullptr) {
-    // Context parallel: every rank's new keys, before any row reads the context.
-    const std::vector<float> all = gather_rows(k.data(), dim, step);
-    for (const Step::Sequence& s : step.whole->sequences)
+  {
+    // The new keys (context parallel: every rank's) before any row reads its context.
+    const std::vector<float> gathered =
+        step.whole != nullptr ? gather_rows(k.data(), dim, step) : std::vector<float>{};
+    const float* rows = step.whole != nullptr ? gathered.data() : k.data();
+    for (const Step::Sequence& s : step.written().sequences)
       for (int64_t i = 0; i < s.count; ++i)
-        cache.write_indexer_key(layer, step.slot(s, s.start + i),
-                                all.data() + (s.offset + i) * dim);
+        cache.write_indexer_key(layer, step.slot(s, s.start + i), rows + (s.offset + i) * dim);
   }
   std::vector<float> keys;
   std::vector<int64_t> visible;
   for (Step::Sequence& s : step.sequences) {
-    if (step.whole == nullptr)
-      for (int64_t i = 0; i < s.count; ++i)
-        cache.write_indexer_key(layer, step.slot(s, s.start + i), k.data() + (s.offset + i) * dim);
     const int64_t context = s.context();
     keys.resize(static_cast<size_t>(context * dim));
     for (int64_t p = 0; p < context; ++p) {
