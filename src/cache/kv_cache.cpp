@@ -249,16 +249,21 @@ void PagedKvCache::write_latent(int64_t layer, int64_t slot, const float* c_kv,
 }
 
 void PagedKvCache::read_latent(int64_t layer, int64_t slot, float* c_kv, float* k_rope) const {
-  const std::byte* entry = const_cast<PagedKvCache*>(this)->latent_entry(layer, slot);
-  const int64_t lora = spec_.kv_lora_rank;
-  const int64_t rope = spec_.qk_rope_head_dim;
-  if (spec_.dtype == KvDType::FP8) {
+  decode_latent_entry(spec_, const_cast<PagedKvCache*>(this)->latent_entry(layer, slot), c_kv,
+                      k_rope);
+}
+
+void decode_latent_entry(const KvCacheSpec& spec, const std::byte* entry, float* c_kv,
+                         float* k_rope) {
+  const int64_t lora = spec.kv_lora_rank;
+  const int64_t rope = spec.qk_rope_head_dim;
+  if (spec.dtype == KvDType::FP8) {
     decode_fp8(entry, lora, c_kv);
     decode_plain(entry + lora + 4 * fp8_groups(lora), rope, KvDType::BF16, k_rope);
   } else {
-    const int64_t width = spec_.dtype == KvDType::F32 ? 4 : 2;
-    decode_plain(entry, lora, spec_.dtype, c_kv);
-    decode_plain(entry + lora * width, rope, spec_.dtype, k_rope);
+    const int64_t width = spec.dtype == KvDType::F32 ? 4 : 2;
+    decode_plain(entry, lora, spec.dtype, c_kv);
+    decode_plain(entry + lora * width, rope, spec.dtype, k_rope);
   }
 }
 

@@ -113,4 +113,11 @@ class PagedKvCache {
   std::vector<Tensor> offload_latent_pools_;
 };
 
+// One latent entry in `spec`'s layout (latent_bytes_per_token() bytes, as
+// latent_entry() holds them) decoded into c_kv [kv_lora_rank] and k_rope
+// [qk_rope_head_dim]: what read_latent does, for an entry copied out of a
+// pool (LayerSplit sends the owner's entries to the group in this form).
+void decode_latent_entry(const KvCacheSpec& spec, const std::byte* entry, float* c_kv,
+                         float* k_rope);
+
 }  // namespace megactx

@@ -6,8 +6,8 @@
 //   [--max-running-requests N] [--context-length N] [--index-topk N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
-//   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]]
-//   [--context-parallel-size N]
+//   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
+//   [--enable-layer-split]] [--context-parallel-size N]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -25,7 +25,9 @@
 // --tensor-parallel-size N (CPU so far): N processes, this one and N - 1
 // forked workers (cli/serve_group.h), each with its share of the heads and MLP
 // widths; --expert-parallel-size N (= N) shards the routed experts over them
-// instead of their widths. --context-parallel-size N (CPU so far): N processes
+// instead of their widths; --enable-layer-split keeps each layer's KV caches
+// on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the
+// entries a step selected to the others. --context-parallel-size N (CPU so far): N processes
 // with the whole model, each prefill step's rows split over them (the new
 // latents and indexer keys gathered into every rank's cache). One engine and
 // HTTP front, on this process.
@@ -97,6 +99,7 @@ struct ServeOptions {
   int tensor_parallel_size = 1;
   int expert_parallel_size = 1;
   int context_parallel_size = 1;
+  bool enable_layer_split = false;
   bool enable_dp_attention = false;
 };
 
@@ -133,6 +136,25 @@ int run_serve(const ServeOptions& options) {
                 "--expert-parallel-size {} must be 1 or the tensor-parallel size {} (experts are "
                 "sharded over the tensor-parallel group)",
                 options.expert_parallel_size, options.tensor_parallel_size);
+  if (options.enable_layer_split) {
+    // LayerSplit is the tensor-parallel group's: what it cannot combine with
+    // is refused here rather than silently left replicated.
+    MEGACTX_CHECK(options.context_parallel_size == 1,
+                  "--enable-layer-split is not combined with --context-parallel-size (its "
+                  "ranks hold the whole cache to write every rank's rows)");
+    MEGACTX_CHECK(!options.enable_dp_attention,
+                  "--enable-layer-split splits the caches of one set of requests over the "
+                  "tensor-parallel group: not with --enable-dp-attention");
+    MEGACTX_CHECK(options.tensor_parallel_size > 1,
+                  "--enable-layer-split splits each layer's KV cache over the tensor-parallel "
+                  "group: it needs --tensor-parallel-size 2 or more");
+    MEGACTX_CHECK(options.device == "cpu",
+                  "--enable-layer-split runs on the CPU only so far (the CUDA model has no "
+                  "group yet)");
+    MEGACTX_CHECK(options.host_latent_memory.empty(),
+                  "--enable-layer-split is not combined with --host-latent-memory (the live "
+                  "host tier) yet");
+  }
   MEGACTX_CHECK(!options.enable_dp_attention,
                 "--enable-dp-attention needs an engine per rank behind one front: not yet "
                 "(data-parallel attention with expert parallelism runs in the model, "
@@ -150,6 +172,7 @@ int run_serve(const ServeOptions& options) {
   }
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;
+  load.load.layer_split = options.enable_layer_split;
   const int group_size = std::max(options.tensor_parallel_size, options.context_parallel_size);
   std::unique_ptr<ServeGroup> group;
   // A group that lost a rank cannot serve: the server shuts down (exit 1).
@@ -239,7 +262,8 @@ int run_serve(const ServeOptions& options) {
       {"enable_return_hidden_states", options.enable_return_hidden_states},
       {"tensor_parallel_size", options.tensor_parallel_size},
       {"expert_parallel_size", options.expert_parallel_size},
-      {"context_parallel_size", options.context_parallel_size}};
+      {"context_parallel_size", options.context_parallel_size},
+      {"enable_layer_split", options.enable_layer_split}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -376,6 +400,11 @@ CommandRegistration registration{
                       "Processes that each hold the whole model and split every prefill step's "
                       "rows (long prompts; CPU)")
           ->capture_default_str();
+      command.add_flag("--enable-layer-split", options->enable_layer_split,
+                       "LayerSplit: each layer's KV cache on one rank of the tensor-parallel "
+                       "group, which sends the entries a step selected to the others (about "
+                       "1/N of the KV memory per rank, so N times the pages of --kv-memory; "
+                       "CPU)");
       command.add_flag("--enable-dp-attention", options->enable_dp_attention,
                        "Data-parallel attention (not yet served; an error)");
       command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,

@@ -47,8 +47,10 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
   if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
-  capacity_ = plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes,
-                               config_.page_size, config_.speculative_steps > 0);
+  capacity_ =
+      plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,
+                       config_.speculative_steps > 0,
+                       [this](const KvCacheSpec& whole) { return model_->kv_cache_shares(whole); });
   capacity_.spec.device = model_->device();
   if (config_.host_latent_memory_bytes > 0) plan_offload_pages();
   spdlog::info("{}", capacity_.summary());
@@ -75,7 +77,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   allocator_ =
       std::make_unique<PageAllocator>(capacity_.spec.num_pages, capacity_.spec.offload_pages);
   if (config_.record_routed_experts) {
-    const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.spec.bytes_per_page();
+    const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.bytes_per_page;
     routed_ = std::make_unique<RoutedExpertsTable>(
         capacity_.spec.total_pages(), host_pages, config_.page_size, model_config.num_hidden_layers,
         std::max<int64_t>(model_config.num_experts_per_tok, 1));
@@ -102,20 +104,25 @@ void Engine::create_host_tier() {
   KvCacheSpec spec = capacity_.spec;
   spec.device = Device::CPU;
   spec.offload_pages = 0;
-  spec.num_pages = config_.host_kv_memory_bytes / spec.bytes_per_page();
+  // Each rank's host tier holds the pools of its device cache (LayerSplit:
+  // its own layers'), so the largest rank's share bounds the pages.
+  const int64_t bytes_per_page = capacity_.bytes_per_page;
+  spec.num_pages = config_.host_kv_memory_bytes / bytes_per_page;
   MEGACTX_CHECK(spec.num_pages > 0,
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
-                config_.host_kv_memory_bytes, spec.bytes_per_page(), spec.page_size);
+                config_.host_kv_memory_bytes, bytes_per_page, spec.page_size);
   // Pinned pools and copies on the model's stream for a device model.
   KvPageCopy copy = model_->kv_page_copy();
   if (routed_) copy = routed_->wrap(std::move(copy), *cache_);  // routing moves with its pages
   host_tier_ =
       std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec), std::move(copy));
   spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
-               spec.num_pages * spec.page_size, (spec.num_pages * spec.bytes_per_page()) >> 20);
+               spec.num_pages * spec.page_size, (spec.num_pages * bytes_per_page) >> 20);
 }
 
 void Engine::plan_offload_pages() {
+  MEGACTX_CHECK(capacity_.shares.empty(),
+                "the live host tier (host_latent_memory) is not combined with LayerSplit yet");
   KvCacheSpec& spec = capacity_.spec;
   spec.offload_pages = config_.host_latent_memory_bytes / spec.latent_bytes_per_page();
   MEGACTX_CHECK(spec.offload_pages > 0,

@@ -22,20 +22,47 @@ const char* kv_dtype_name(KvDType dtype) {
 }
 
 std::string KvCapacityPlan::summary() const {
-  return fmt::format(
+  std::string line = fmt::format(
       "KV cache: {} pages x {} tokens = {} tokens max; {} latent + {} indexer pools ({}), "
       "{} B/token, {:.2f} GiB",
       spec.num_pages, spec.page_size, max_tokens, spec.latent_layers.size(),
       spec.indexer_layers.size(), kv_dtype_name(spec.dtype), bytes_per_token,
       static_cast<double>(total_bytes) / (1024.0 * 1024.0 * 1024.0));
+  if (shares.size() <= 1) return line;
+  // LayerSplit: what each rank holds against the replicated pools.
+  const int64_t whole = spec.bytes_per_page();
+  line += fmt::format("; LayerSplit over {} ranks, per rank:", shares.size());
+  for (size_t rank = 0; rank < shares.size(); ++rank) {
+    const KvCacheSpec& share = shares[rank];
+    line += fmt::format("{} rank {} {} latent + {} indexer pools, {} B/token", rank ? ";" : "",
+                        rank, share.latent_layers.size(), share.indexer_layers.size(),
+                        share.bytes_per_page() / spec.page_size);
+  }
+  line += fmt::format(
+      " (replicated: {} B/token on every rank, {:.2f}x this split's largest; these pages would "
+      "need {:.2f} GiB per rank)",
+      whole / spec.page_size, static_cast<double>(whole) / static_cast<double>(bytes_per_page),
+      static_cast<double>(spec.num_pages * whole) / (1024.0 * 1024.0 * 1024.0));
+  return line;
 }
 
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
-                                int64_t page_size, bool with_mtp_layer) {
+                                int64_t page_size, bool with_mtp_layer,
+                                const KvCacheShares& shares) {
   KvCapacityPlan plan;
   plan.spec = make_kv_cache_spec(model, 0, dtype, page_size, with_mtp_layer);
   KvCacheSpec& spec = plan.spec;
   plan.bytes_per_page = spec.bytes_per_page();
+  if (shares) {
+    plan.shares = shares(spec);
+    if (plan.shares.size() > 1) {
+      plan.bytes_per_page = 0;
+      for (const KvCacheSpec& share : plan.shares)
+        plan.bytes_per_page = std::max(plan.bytes_per_page, share.bytes_per_page());
+    } else {
+      plan.shares.clear();
+    }
+  }
   MEGACTX_CHECK(plan.bytes_per_page > 0, "KV page size computes to 0 bytes");
   spec.num_pages = memory_bytes / plan.bytes_per_page;
   MEGACTX_CHECK(spec.num_pages > 0,
@@ -46,6 +73,7 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
   plan.bytes_per_token = plan.bytes_per_page / page_size;
   plan.total_bytes = spec.num_pages * plan.bytes_per_page;
   plan.max_tokens = spec.num_pages * page_size;
+  for (KvCacheSpec& share : plan.shares) share.num_pages = spec.num_pages;
   return plan;
 }
 

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "cache/kv_cache.h"
 #include "engine/engine_config.h"
@@ -16,17 +18,26 @@
 namespace megactx {
 
 struct KvCapacityPlan {
-  KvCacheSpec spec;             // num_pages filled in
-  int64_t bytes_per_page = 0;   // all pools
+  KvCacheSpec spec;             // the whole model's pools, num_pages filled in
+  int64_t bytes_per_page = 0;   // all pools a rank holds (the largest rank's share)
   int64_t bytes_per_token = 0;  // bytes_per_page / page_size
-  int64_t total_bytes = 0;      // num_pages * bytes_per_page (<= the budget)
+  int64_t total_bytes = 0;      // num_pages * bytes_per_page (<= the budget), per rank
   int64_t max_tokens = 0;       // num_pages * page_size
+  // LayerSplit (one entry per rank, else empty): each rank's pools.
+  std::vector<KvCacheSpec> shares;
   std::string summary() const;  // one log line
 };
 
-// Throws megactx::Error when the budget holds less than one page.
+// The pools each rank of a model's group allocates for the whole spec
+// (LanguageModel::kv_cache_shares).
+using KvCacheShares = std::function<std::vector<KvCacheSpec>(const KvCacheSpec& whole)>;
+
+// `memory_bytes` is each rank's budget: with `shares` (LayerSplit) the rank
+// with the most bytes per page bounds the pages (every rank numbers them
+// alike). Throws megactx::Error when the budget holds less than one page.
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
-                                int64_t page_size, bool with_mtp_layer);
+                                int64_t page_size, bool with_mtp_layer,
+                                const KvCacheShares& shares = {});
 
 // ---- --device cuda: KV pages from the device's memory ----
 //

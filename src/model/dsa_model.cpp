@@ -76,6 +76,23 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
                 "DsaModel: a parallel plan needs its group");
 }
 
+std::unique_ptr<PagedKvCache> DsaModel::make_kv_cache(const KvCacheSpec& spec) const {
+  return std::make_unique<PagedKvCache>(
+      layer_split_spec(plan_, spec, plan_.layer_split ? group_->rank() : 0));
+}
+
+std::unique_ptr<PagedKvCache> DsaModel::make_host_kv_cache(const KvCacheSpec& spec) const {
+  return make_kv_cache(spec);  // the host tier holds the pages of the same pools
+}
+
+std::vector<KvCacheSpec> DsaModel::kv_cache_shares(const KvCacheSpec& whole) const {
+  if (!plan_.layer_split) return {whole};
+  std::vector<KvCacheSpec> shares;
+  for (int rank = 0; rank < group_->size(); ++rank)
+    shares.push_back(layer_split_spec(plan_, whole, rank));
+  return shares;
+}
+
 void DsaModel::reduce_partial(float* data, int64_t count) {
   if (plan_.tensor_parallel_size > 1) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
@@ -131,9 +148,10 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
   DsaWeights loaded = load_dsa_weights(config, plan, weights);
   parallel::Communicator* group = options.group;
   if (group != nullptr && group->size() > 1) {
-    plan = parallel_plan(plan, config,
-                         {group->rank(), group->size(), options.expert_parallel,
-                          options.data_parallel_attention, options.context_parallel});
+    plan = parallel_plan(
+        plan, config,
+        {group->rank(), group->size(), options.expert_parallel, options.data_parallel_attention,
+         options.context_parallel, options.layer_split});
     loaded = parallel_shard(loaded, plan);
   }
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
@@ -359,14 +377,19 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   backend_->rope(q.data() + nope, n, heads, heads * qk, qk, rope, step.cos.data(), step.sin.data(),
                  d.rope_interleave);
 
-  // kv: [n, c_kv (lora) | k_rope (rope)] -> normed latent and rotated key, into the cache.
-  std::vector<float> kv(static_cast<size_t>(n * entry));
-  backend_->linear(h, n, hidden, w.kv_a.data<float>(), entry, kv.data());
-  backend_->rmsnorm(kv.data(), n, lora, entry, w.kv_a_norm.data<float>(), kLatentNormEps, kv.data(),
-                    entry);
-  backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
-                 d.rope_interleave);
-  {
+  // LayerSplit: this layer's caches are on rank `owner` only (-1: on every
+  // rank). Only the owner computes the new rows' latents and indexer keys
+  // (nobody else would read them) and runs the indexer.
+  const int owner = plan_.kv_owner_of(layer);
+  const bool holds = plan_.holds_kv(layer);
+  if (holds) {
+    // kv: [n, c_kv (lora) | k_rope (rope)] -> normed latent and rotated key, into the cache.
+    std::vector<float> kv(static_cast<size_t>(n * entry));
+    backend_->linear(h, n, hidden, w.kv_a.data<float>(), entry, kv.data());
+    backend_->rmsnorm(kv.data(), n, lora, entry, w.kv_a_norm.data<float>(), kLatentNormEps,
+                      kv.data(), entry);
+    backend_->rope(kv.data() + lora, n, 1, entry, 0, rope, step.cos.data(), step.sin.data(),
+                   d.rope_interleave);
     // Context parallel: every rank's new rows into this rank's cache.
     const std::vector<float> gathered =
         step.whole != nullptr ? gather_rows(kv.data(), entry, step) : std::vector<float>{};
@@ -381,7 +404,8 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   }
 
   if (w.has_indexer && !step.sequences.front().shared) {
-    indexer(lw, layer, h, q_resid.data(), step, cache);
+    if (holds) indexer(lw, layer, h, q_resid.data(), step, cache);
+    if (owner >= 0) share_topk(step, owner);
   }
 
   // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
@@ -403,33 +427,64 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   // Sparse attention, per sequence, over latents read back from the cache
   // (prefill and decode read the same layout the same way). Only the rows
   // some query selected are decoded: decode reads top-k entries, not the
-  // whole context.
-  std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
-  std::vector<float> latents;
-  std::vector<int32_t> row_of, positions, remapped;
-  for (Step::Sequence& s : step.sequences) {
+  // whole context. Sequence i's selected positions, each once, are entries
+  // [first[i], first[i + 1]) of `latents` ([entries, entry]); remapped[i]
+  // ([count, index_topk]) indexes them from first[i] (-1 past a row's count).
+  const size_t sequences = step.sequences.size();
+  std::vector<std::vector<int32_t>> selected(sequences), remapped(sequences);
+  std::vector<int64_t> first(sequences + 1, 0);
+  std::vector<int32_t> row_of;
+  for (size_t i = 0; i < sequences; ++i) {
+    const Step::Sequence& s = step.sequences[i];
     MEGACTX_CHECK(s.has_topk, "layer {}: no top-k to share (no full layer before it)", layer);
     row_of.assign(static_cast<size_t>(s.context()), -1);
-    positions.clear();
-    remapped.resize(s.topk.size());
-    for (size_t i = 0; i < s.topk.size(); ++i) {
-      const int32_t position = s.topk[i];
+    remapped[i].resize(s.topk.size());
+    for (size_t k = 0; k < s.topk.size(); ++k) {
+      const int32_t position = s.topk[k];
       if (position >= 0 && row_of[position] < 0) {
-        row_of[position] = static_cast<int32_t>(positions.size());
-        positions.push_back(position);
+        row_of[position] = static_cast<int32_t>(selected[i].size());
+        selected[i].push_back(position);
       }
-      remapped[i] = position >= 0 ? row_of[position] : -1;
+      remapped[i][k] = position >= 0 ? row_of[position] : -1;
     }
-    latents.resize(positions.size() * static_cast<size_t>(entry));
-    for (size_t row = 0; row < positions.size(); ++row) {
-      float* e = latents.data() + static_cast<int64_t>(row) * entry;
-      cache.read_latent(layer, step.slot(s, positions[row]), e, e + lora);
+    first[i + 1] = first[i] + static_cast<int64_t>(selected[i].size());
+  }
+  std::vector<float> latents(static_cast<size_t>(first.back() * entry));
+  if (owner < 0) {
+    for (size_t i = 0; i < sequences; ++i)
+      for (size_t k = 0; k < selected[i].size(); ++k) {
+        float* e = latents.data() + (first[i] + static_cast<int64_t>(k)) * entry;
+        cache.read_latent(layer, step.slot(step.sequences[i], selected[i][k]), e, e + lora);
+      }
+  } else {
+    // LayerSplit: the owner copies the selected entries as its cache holds
+    // them ([entries, latent bytes per token]: 656 B each in fp8, 1152 in
+    // bf16) and broadcasts them; every rank decodes the same bytes, so its
+    // heads see what the replicated cache would give them.
+    const KvCacheSpec& spec = cache.spec();
+    const int64_t bytes = spec.latent_bytes_per_token();
+    std::vector<std::byte> raw(static_cast<size_t>(first.back() * bytes));
+    if (holds) {
+      for (size_t i = 0; i < sequences; ++i)
+        for (size_t k = 0; k < selected[i].size(); ++k)
+          std::memcpy(raw.data() + (first[i] + static_cast<int64_t>(k)) * bytes,
+                      cache.latent_entry(layer, step.slot(step.sequences[i], selected[i][k])),
+                      static_cast<size_t>(bytes));
     }
+    if (!raw.empty()) group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
+    for (int64_t k = 0; k < first.back(); ++k) {
+      float* e = latents.data() + k * entry;
+      decode_latent_entry(spec, raw.data() + k * bytes, e, e + lora);
+    }
+  }
+  std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
+  for (size_t i = 0; i < sequences; ++i) {
+    const Step::Sequence& s = step.sequences[i];
     MlaAttentionOp op;
     op.q_latent = q_latent.data() + s.offset * heads * lora;
     op.q_rope = q_rope.data() + s.offset * heads * rope;
-    op.latents = latents.data();
-    op.indices = remapped.data();
+    op.latents = latents.data() + first[i] * entry;
+    op.indices = remapped[i].data();
     op.counts = s.counts.data();
     op.index_stride = plan_.attention.index_topk;
     op.queries = s.count;
@@ -510,6 +565,28 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
     op.indices = s.topk.data();
     op.counts = s.counts.data();
     backend_->indexer_topk(op);
+    s.has_topk = true;
+  }
+}
+
+void DsaModel::share_topk(Step& step, int owner) {
+  // One broadcast: [tokens, index_topk] positions, then [tokens] counts (int32).
+  const int64_t topk = plan_.attention.index_topk, n = step.tokens;
+  std::vector<int32_t> words(static_cast<size_t>(n * (topk + 1)));
+  const bool holds = group_->rank() == owner;
+  if (holds) {
+    for (const Step::Sequence& s : step.sequences) {
+      std::copy(s.topk.begin(), s.topk.end(), words.begin() + s.offset * topk);
+      for (int64_t i = 0; i < s.count; ++i)
+        words[n * topk + s.offset + i] = static_cast<int32_t>(s.counts[i]);
+    }
+  }
+  group_->broadcast(words.data(), static_cast<int64_t>(words.size() * sizeof(int32_t)), owner);
+  if (holds) return;
+  for (Step::Sequence& s : step.sequences) {
+    s.topk.assign(words.begin() + s.offset * topk, words.begin() + (s.offset + s.count) * topk);
+    s.counts.assign(words.begin() + n * topk + s.offset,
+                    words.begin() + n * topk + s.offset + s.count);
     s.has_topk = true;
   }
 }

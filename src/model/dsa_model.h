@@ -30,6 +30,8 @@ struct DsaModelOptions {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
+  // LayerSplit over the tensor-parallel group (ModelPlan::kv_owner).
+  bool layer_split = false;
 };
 
 class DsaModel final : public LanguageModel {
@@ -47,6 +49,10 @@ class DsaModel final : public LanguageModel {
   void reload_weights(const Checkpoint& checkpoint) override;
   void release_weights() override;
   void final_norm(const float* x, int64_t rows, float* out) const override;
+  // LayerSplit: the pools of this rank's layers (and the MTP layer's) only.
+  std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override;
+  std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override;
+  std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const override;
 
   int64_t index_topk() const { return plan_.attention.index_topk; }
   const ModelPlan& plan() const { return plan_; }
@@ -91,6 +97,9 @@ class DsaModel final : public LanguageModel {
                  PagedKvCache& cache, float* out);
   void indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,
                Step& step, PagedKvCache& cache);
+  // LayerSplit: the selection `owner`'s indexer made (every sequence's topk
+  // and counts) on every rank (collective).
+  void share_topk(Step& step, int owner);
   void decoder_layer(const LayerWeights& w, int64_t layer, Step& step, PagedKvCache& cache,
                      float* x);
   void mlp(const MlpWeights& w, const float* h, int64_t rows, float* out);

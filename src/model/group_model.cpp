@@ -393,6 +393,9 @@ class GroupLeaderModel final : public LanguageModel {
                                               *this);
     });
   }
+  std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const override {
+    return model_->kv_cache_shares(whole);  // every rank's plan names every rank's layers
+  }
   MtpLayer::Output run_mtp(MtpLayer& inner, std::span<const MtpLayer::Rows> sequences,
                            PagedKvCache& cache) const {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);

@@ -79,6 +79,14 @@ class LanguageModel {
   // and the copies between them and make_kv_cache's pools.
   virtual std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const;
   virtual KvPageCopy kv_page_copy() const;
+  // The pools each rank of the model's group allocates for the whole model's
+  // `whole`, rank by rank (LayerSplit: each rank its own layers'; the page
+  // numbering is the same on every rank, so the rank with the most bytes per
+  // page bounds the pages of a memory budget); {whole} when every rank holds
+  // every pool.
+  virtual std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const {
+    return {whole};
+  }
   // The checkpoint's MTP layer beside this model (its weights from
   // `checkpoint`, or the one at `model_dir`); an Error for a model that cannot
   // run one. Load it again after reload_weights.

@@ -52,6 +52,10 @@ struct ModelLoadOptions {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
+  // LayerSplit over the tensor-parallel group: each decoder layer's KV
+  // caches on one rank (model_plan.h: ModelPlan::kv_owner); make_kv_cache
+  // then allocates this rank's layers only.
+  bool layer_split = false;
 };
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,

@@ -1,5 +1,7 @@
 #include "model/model_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/architectures.h"
 #include "model/rope.h"
@@ -87,6 +89,11 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
                 "parallelism: the plan is already split");
   ModelPlan plan = whole;
   if (size == 1) return plan;
+  MEGACTX_CHECK(
+      !layout.layer_split || (!layout.context_parallel && !layout.data_parallel_attention),
+      "--enable-layer-split: the layers' caches are split over the tensor-parallel "
+      "group, not with {}",
+      layout.context_parallel ? "context parallelism" : "data-parallel attention");
   if (layout.context_parallel) {
     MEGACTX_CHECK(!layout.expert_parallel && !layout.data_parallel_attention,
                   "--context-parallel-size: not combined with expert parallelism or "
@@ -116,6 +123,10 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
     plan.attention.heads = whole.attention.heads / size;
     plan.tensor_parallel_rank = rank;
     plan.tensor_parallel_size = size;
+    if (layout.layer_split) {
+      plan.layer_split = true;
+      plan.kv_owner = layer_split_owners(whole.layers, whole.attention, size);
+    }
   }
   if (experts) {
     MEGACTX_CHECK(divides(config.n_routed_experts),
@@ -128,6 +139,36 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
     plan.expert_all_to_all = layout.data_parallel_attention;
   }
   return plan;
+}
+
+std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
+                                    const AttentionDims& attention, int size) {
+  MEGACTX_CHECK(size >= 1, "LayerSplit over {} ranks", size);
+  std::vector<int64_t> held(static_cast<size_t>(size), 0);  // elements per token, by rank
+  std::vector<int> owners;
+  for (const LayerPlan& layer : layers) {
+    const int rank = static_cast<int>(std::min_element(held.begin(), held.end()) - held.begin());
+    held[static_cast<size_t>(rank)] +=
+        attention.entry + (layer.runs_indexer ? attention.index_dim : 0);
+    owners.push_back(rank);
+  }
+  return owners;
+}
+
+KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank) {
+  if (!plan.layer_split) return whole;
+  KvCacheSpec spec = whole;
+  const auto owned = [&](const std::vector<int64_t>& layers) {
+    std::vector<int64_t> out;
+    for (const int64_t layer : layers) {
+      const int owner = plan.kv_owner_of(layer);
+      if (owner < 0 || owner == rank) out.push_back(layer);
+    }
+    return out;
+  };
+  spec.latent_layers = owned(whole.latent_layers);
+  spec.indexer_layers = owned(whole.indexer_layers);
+  return spec;
 }
 
 void check_same_architecture(const ModelConfig& current, const ModelConfig& update) {
@@ -175,6 +216,7 @@ void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device
                 "KV cache built for kv_lora {} / rope {}, model has {} / {}", spec.kv_lora_rank,
                 spec.qk_rope_head_dim, a.kv_lora, a.rope);
   for (const LayerPlan& layer : plan.layers) {
+    if (!plan.holds_kv(layer.layer)) continue;  // LayerSplit: another rank's layer
     MEGACTX_CHECK(cache.has_latent(layer.layer), "KV cache has no latent pool for layer {}",
                   layer.layer);
     if (layer.runs_indexer) {

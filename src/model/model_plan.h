@@ -85,10 +85,30 @@ struct ModelPlan {
   bool expert_all_to_all = false;
   int64_t first_expert = 0;
   int64_t local_experts = 0;  // 0: all of them (no expert parallelism)
+  // * LayerSplit (layer_split, over the tensor-parallel group): each decoder
+  //   layer's latent and indexer-key pools live on one rank, kv_owner[layer];
+  //   the MTP layer's on every rank. The owner writes the new rows, runs the
+  //   layer's indexer (its top-k goes to the group) and gathers the latent
+  //   entries the rows selected for the group; every rank attends with its
+  //   own heads over them (dsa_model.cpp).
+  bool layer_split = false;
+  std::vector<int> kv_owner;  // [num_hidden_layers] with layer_split, else empty
 
   const LayerPlan& layer(int64_t index) const {
     return index == static_cast<int64_t>(layers.size()) ? mtp
                                                         : layers.at(static_cast<size_t>(index));
+  }
+  // The rank that holds decoder layer `index`'s caches; -1: every rank (no
+  // LayerSplit, or the MTP layer).
+  int kv_owner_of(int64_t index) const {
+    return index >= 0 && index < static_cast<int64_t>(kv_owner.size())
+               ? kv_owner[static_cast<size_t>(index)]
+               : -1;
+  }
+  // Whether this rank holds (reads and writes) layer `index`'s caches.
+  bool holds_kv(int64_t index) const {
+    const int owner = kv_owner_of(index);
+    return owner < 0 || owner == tensor_parallel_rank;
   }
 };
 
@@ -108,7 +128,25 @@ struct ParallelLayout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;  // neither of the two above: rows split, weights whole
+  // LayerSplit over the tensor-parallel group (not with data-parallel
+  // attention or context parallelism): see ModelPlan::kv_owner.
+  bool layer_split = false;
 };
+
+// LayerSplit's owners of `layers` decoder layers over `size` ranks: in layer
+// order, each layer to the rank holding the fewest cache elements per token
+// so far (latent kv_lora + rope, plus index_dim for a layer that runs its
+// indexer; ties to the lowest rank). With every layer alike (DeepSeek-V3.2)
+// that is layer % size; with IndexShare it keeps the indexer pools from
+// piling up on some ranks (l % 2 would give rank 0 three of the default
+// model's four). No rank holds more than one layer's pools above another.
+std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
+                                    const AttentionDims& attention, int size);
+
+// The pools rank `rank` of `plan`'s group allocates for `whole` (LayerSplit:
+// the decoder layers it owns, and the MTP layer's when `whole` has them);
+// `whole` itself without LayerSplit.
+KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank);
 
 // The plan of one rank from the whole model's plan (see ModelPlan). Throws
 // megactx::Error when the heads, the MLP, shared-expert or expert widths or
@@ -121,8 +159,9 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
 // megactx::Error naming the first difference.
 void check_same_architecture(const ModelConfig& current, const ModelConfig& update);
 
-// The cache holds every pool the plan's decoder layers read and write, in
-// their shapes, on `device`; throws megactx::Error naming what is missing.
+// The cache holds every pool the plan's decoder layers read and write on
+// this rank (LayerSplit: its own layers'), in their shapes, on `device`;
+// throws megactx::Error naming what is missing.
 void check_cache_layout(const ModelPlan& plan, const PagedKvCache& cache, Device device);
 
 }  // namespace megactx

@@ -31,10 +31,9 @@ SequenceRunner::SequenceRunner(LanguageModel& model, KvDType dtype, int64_t max_
   }
 #if MEGACTX_HAVE_CUDA
   // The CUDA model reads and writes device pools.
-  cache_ = model.device() == Device::CUDA ? make_cuda_kv_cache(spec)
-                                          : std::make_unique<PagedKvCache>(spec);
+  cache_ = model.device() == Device::CUDA ? make_cuda_kv_cache(spec) : model.make_kv_cache(spec);
 #else
-  cache_ = std::make_unique<PagedKvCache>(spec);
+  cache_ = model.make_kv_cache(spec);  // a rank under LayerSplit: its layers' pools only
 #endif
 }
 

@@ -1,6 +1,8 @@
 """`megactx serve --tensor-parallel-size N` end to end: the server and N - 1
 forked worker processes share the model (heads and MLP widths split, or the
-routed experts sharded with --expert-parallel-size N; or, with
+routed experts sharded with --expert-parallel-size N; with
+--enable-layer-split each layer's KV cache on one rank, which sends the
+entries a step selected to the others; or, with
 --context-parallel-size N, every prefill step's rows split over ranks that
 each hold the whole model), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
@@ -10,11 +12,14 @@ workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
 (--speculative-steps 3) on the default model over 2 ranks (tensor or context
 parallel) gives the single-process plain decoding's greedy ids and logprobs,
-with drafts accepted. Weight updates reach every rank: a trainer's tensor (the negated
+with drafts accepted, also with LayerSplit. Weight updates reach every rank: a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
 the original output. With a host KV tier over 2 ranks, a prompt pushed out
-of the device pool comes back from host memory with the cold run's output.
+of the device pool comes back from host memory with the cold run's output
+(also with LayerSplit, whose ranks' host tiers hold their own layers). With
+LayerSplit the start-up log shows each rank's share of the KV pools and the
+same --kv-memory holds about N times the pages.
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
         --mtp-model models/default
@@ -24,6 +29,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -125,15 +131,16 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
                 f"{resumed[0] == before[0]}")
 
 
-def host_tier_over_two_ranks(megactx, model):
+def host_tier_over_two_ranks(megactx, model, extra=(), kv_memory="3840KiB"):
     """A prefix evicted to the host tier and hit again over 2 ranks: (ok, message)."""
     def ids(length, seed):
         rng = random.Random(seed)
         return [rng.randrange(100, 8000) for _ in range(length)]
 
     # 10 pages of f32 KV per rank on the device (the default model), 64 MiB of host tier.
-    with MegactxServer(megactx, model, *COMMON, "--tensor-parallel-size", "2",
-                       "--host-kv-memory", "64MiB", kv_memory="3840KiB",
+    # (LayerSplit: each rank half the pools, so half the memory for those 10 pages.)
+    with MegactxServer(megactx, model, *COMMON, "--tensor-parallel-size", "2", *extra,
+                       "--host-kv-memory", "64MiB", kv_memory=kv_memory,
                        name="tp-host-tier") as server:
         prompt = ids(150, 31)
         cold = generate(server.url, prompt, 8)
@@ -144,9 +151,18 @@ def host_tier_over_two_ranks(megactx, model):
     host_hits = metric(metrics, "megactx_prefix_cache_host_hit_tokens_total") or 0
     worst = max(abs(a - b) for a, b in zip(warm[1], cold[1]))
     ok = warm[0] == cold[0] and worst <= 1e-4 and host_hits >= 128
-    return ok, (f"host KV tier over 2 ranks: {host_hits:.0f} prompt tokens from host memory, "
+    return ok, (f"host KV tier over 2 ranks{''.join(' ' + a for a in extra)}: {host_hits:.0f} prompt tokens from host memory, "
                 f"output {'equal to' if warm[0] == cold[0] else 'DIFFERENT from'} the cold run's "
                 f"(max |logprob difference| {worst:.2e})")
+
+
+def kv_pages(log):
+    """The pages of the start-up log's KV cache line, and the line."""
+    for line in log:
+        match = re.search(r"KV cache: (\d+) pages", line)
+        if match:
+            return int(match.group(1)), line.strip()
+    return 0, ""
 
 
 def run(megactx, fixture, extra, prompts, new_tokens):
@@ -154,6 +170,7 @@ def run(megactx, fixture, extra, prompts, new_tokens):
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             outputs = list(pool.map(lambda ids: generate(server.url, ids, new_tokens), prompts))
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        info["kv_pages"], info["kv_line"] = kv_pages(server.log)
         leader = server.process.pid
         workers = subprocess.run(["pgrep", "-P", str(leader)], capture_output=True,
                                  text=True).stdout.split()
@@ -177,12 +194,16 @@ def main():
     prompts = [prompt, prompt[3:] + prompt[:3], list(reversed(prompt))]
     new_tokens = len(greedy)
 
-    plain, _, _ = run(args.megactx, args.fixture, (), prompts, new_tokens)
+    plain, plain_info, _ = run(args.megactx, args.fixture, (), prompts, new_tokens)
     assert plain[0][0] == greedy, f"one process: {plain[0][0]} != HF's {greedy}"
     failures = 0
     for extra, workers in ((("--tensor-parallel-size", "2"), 1),
                            (("--tensor-parallel-size", "2", "--expert-parallel-size", "2"), 1),
                            (("--tensor-parallel-size", "4"), 3),
+                           (("--tensor-parallel-size", "2", "--enable-layer-split"), 1),
+                           (("--tensor-parallel-size", "2", "--expert-parallel-size", "2",
+                             "--enable-layer-split"), 1),
+                           (("--tensor-parallel-size", "4", "--enable-layer-split"), 3),
                            (("--context-parallel-size", "2"), 1),
                            (("--context-parallel-size", "3"), 2)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
@@ -194,28 +215,46 @@ def main():
             worst = max([worst] + [abs(a - b) for a, b in zip(logprobs, want_logprobs)])
         ok = worst <= 1e-4 and seen == workers and \
             info.get(extra[0][2:].replace("-", "_")) == int(extra[1])
+        split = ""
+        if "--enable-layer-split" in extra:
+            # Each rank holds its layers' pools only: the same --kv-memory holds more pages
+            # (2 ranks: exactly twice; 4 ranks: 3.4x, the largest rank's share bounds them).
+            ranks = int(extra[1])
+            ratio = info["kv_pages"] / max(plain_info["kv_pages"], 1)
+            ok = ok and info.get("enable_layer_split") is True and \
+                f"LayerSplit over {ranks} ranks" in info["kv_line"] and ratio >= 0.8 * ranks
+            split = f", {ratio:.2f}x one process's KV pages ({info['kv_line']})"
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
-              f"HF's and one process's, max |logprob difference| {worst:.2e}")
-    for layout in (("--tensor-parallel-size", "2"), ("--context-parallel-size", "2")):
+              f"HF's and one process's, max |logprob difference| {worst:.2e}{split}")
+    for layout in (("--tensor-parallel-size", "2"), ("--context-parallel-size", "2"),
+                   ("--tensor-parallel-size", "2", "--enable-layer-split")):
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens)
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} {message}")
-    ok, message = host_tier_over_two_ranks(args.megactx, args.mtp_model)
-    failures += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    for extra, kv_memory in (((), "3840KiB"), (("--enable-layer-split",), "1920KiB")):
+        ok, message = host_tier_over_two_ranks(args.megactx, args.mtp_model, extra, kv_memory)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Not served yet: start-up errors, not hangs.
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2"),
-                  ("--context-parallel-size", "2", "--enable-return-routed-experts")):
+                  ("--context-parallel-size", "2", "--enable-return-routed-experts"),
+                  ("--enable-layer-split",),  # no tensor-parallel group to split over
+                  ("--context-parallel-size", "2", "--enable-layer-split"),
+                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--enable-dp-attention"),
+                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--device", "cuda"),
+                  ("--tensor-parallel-size", "2", "--enable-layer-split",
+                   "--host-latent-memory", "64MiB")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)
-        refused = result.returncode != 0 and "error" in result.stderr.lower()
+        refused = result.returncode != 0 and "error" in result.stderr.lower() and \
+            ("--enable-layer-split" not in extra or "--enable-layer-split" in result.stderr)
         failures += not refused
         print(f"{'ok  ' if refused else 'FAIL'} {' '.join(extra)}: refused "
               f"({result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''})")

@@ -8,12 +8,19 @@
 // HF's own logits. The MTP layer under tensor and expert parallelism
 // matches the PyTorch reference of tests/mtp (step 0, the shared and
 // unshared draft steps, greedy draft chains). Context parallelism (every
-// prefill's rows split over the group) gives the same logits too. Shapes that
-// do not divide, CUDA
-// under parallelism and MTP with data-parallel attention are errors.
+// prefill's rows split over the group) gives the same logits too, and so does
+// LayerSplit (each layer's caches on one rank, the selected entries sent to
+// the others) through chunked prefill, decode and a prefix-cache hit; a broken
+// broadcast of those entries is caught. Shapes that do not divide, CUDA
+// under parallelism, MTP with data-parallel attention and LayerSplit with
+// context parallelism or data-parallel attention are errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,7 +29,9 @@
 #include "core/error.h"
 #include "forked_group.h"
 #include "io/checkpoint.h"
+#include "model/dsa_model.h"
 #include "model/model_loader.h"
+#include "model/model_plan.h"
 #include "model/mtp_layer.h"
 #include "model/sequence_runner.h"
 #include "parallel/communicator.h"
@@ -133,6 +142,237 @@ TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {false, false, true});
+  });
+}
+
+// ---- LayerSplit: each layer's caches on one rank of the tensor-parallel group ----
+
+// A communicator that passes every call to `inner` but, on a rank that
+// receives a broadcast, adds 0.25 to every normal float32 in it: latent
+// entries of an f32 cache change, while int32 payloads (top-k positions and
+// counts: small integers read as floats are zero, denormal or NaN) arrive
+// intact, so the ranks stay in step and only the gathered entries are wrong.
+class CorruptingCommunicator final : public parallel::Communicator {
+ public:
+  explicit CorruptingCommunicator(parallel::Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void all_reduce(float* data, int64_t count, parallel::ReduceOp op) override {
+    inner_.all_reduce(data, count, op);
+  }
+  void all_gather(const void* in, void* out, int64_t bytes) override {
+    inner_.all_gather(in, out, bytes);
+  }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    inner_.broadcast(data, bytes, root);
+    if (root == rank()) return;
+    auto* bytes_in = static_cast<unsigned char*>(data);
+    for (int64_t at = 0; at + 4 <= bytes; at += 4) {
+      float value;
+      std::memcpy(&value, bytes_in + at, 4);
+      if (!std::isnormal(value)) continue;
+      value += 0.25f;
+      std::memcpy(bytes_in + at, &value, 4);
+      ++corrupted_;
+    }
+  }
+  void all_to_all(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                  const std::vector<int64_t>& recv_bytes) override {
+    inner_.all_to_all(in, send_bytes, out, recv_bytes);
+  }
+  void barrier() override { inner_.barrier(); }
+  int64_t corrupted() const { return corrupted_; }
+
+ private:
+  parallel::Communicator& inner_;
+  int64_t corrupted_ = 0;
+};
+
+// One sequence then two through `model`'s own cache (16-token pages, in a
+// shuffled order): sequence A's prompt as a chunked prefill (chunks of 24,
+// every row's logits), then 8 decode steps; then B, a prefix-cache hit on
+// A's first two pages (32 tokens: its page table starts with A's pages, its
+// first forward starts at position 32) with 20 tokens of its own, batched
+// with A's next decode step; then 4 decode steps of both. Every logit row,
+// in order: [prompt + 8 + 1 + 20 + 8 rows, vocab]. `pools` gets the layers
+// whose latent pool the cache has.
+std::vector<float> layer_split_script(LanguageModel& model, const HfFixture& f, KvDType dtype,
+                                      std::vector<int64_t>* pools = nullptr) {
+  const ModelConfig& config = model.config();
+  const auto cache = model.make_kv_cache(make_kv_cache_spec(config, 16, dtype, 16));
+  if (pools != nullptr) {
+    pools->clear();
+    for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+      if (cache->has_latent(layer)) pools->push_back(layer);
+  }
+  const std::vector<int32_t> pages_a = {7, 2, 9, 4, 11, 0}, pages_b = {7, 2, 5, 13, 1};
+  std::vector<float> out;
+  const auto run = [&](ForwardBatch& batch) {
+    const ForwardOutput output = model.forward(batch, *cache);
+    out.insert(out.end(), output.logits.data<float>(),
+               output.logits.data<float>() + output.logits.numel());
+  };
+  const std::vector<int32_t>& prompt = f.input_ids;  // 64 tokens
+  const auto length = static_cast<int64_t>(prompt.size());
+  for (int64_t begin = 0; begin < length; begin += 24) {
+    ForwardBatch batch;
+    SequenceInput in;
+    in.tokens = std::span(prompt).subspan(
+        static_cast<size_t>(begin), static_cast<size_t>(std::min<int64_t>(24, length - begin)));
+    in.start_position = begin;
+    in.page_table = pages_a;
+    in.logits_from = 0;
+    batch.sequences.push_back(in);
+    run(batch);
+  }
+  int64_t position_a = length;
+  std::vector<int32_t> tokens_a(f.greedy_ids);  // A's continuation
+  for (int step = 0; step < 8; ++step) {
+    ForwardBatch batch;
+    batch.sequences.push_back({std::span(tokens_a).subspan(step, 1), position_a++, pages_a, -1});
+    run(batch);
+  }
+  // B: A's first 32 tokens (cached), then 20 tokens of its own.
+  std::vector<int32_t> suffix_b(prompt.rbegin(), prompt.rbegin() + 20);
+  ForwardBatch mixed;
+  mixed.sequences.push_back({std::span(tokens_a).subspan(8, 1), position_a++, pages_a, -1});
+  mixed.sequences.push_back({suffix_b, 32, pages_b, 0});
+  run(mixed);
+  int64_t position_b = 52;
+  for (int step = 0; step < 4; ++step) {
+    ForwardBatch batch;
+    batch.sequences.push_back(
+        {std::span(tokens_a).subspan(9 + step, 1), position_a++, pages_a, -1});
+    batch.sequences.push_back({std::span(prompt).subspan(step, 1), position_b++, pages_b, -1});
+    run(batch);
+  }
+  return out;
+}
+
+// LayerSplit's logits (the model on `split_group`: `group` or a wrapper of
+// it) against the replicated tensor-parallel run on the same group (the same
+// sums: equal within 1e-6 in every cache dtype) and, with an f32 cache,
+// against one process and HF's prefill rows; and this rank's pools: exactly
+// the layers the plan gives it. False on any difference.
+struct LayerSplitCase {
+  const char* name = "glm_schedule";
+  KvDType dtype = KvDType::F32;
+  bool expert_parallel = false;
+};
+
+bool f32_cache(const LayerSplitCase& c) {
+  return c.dtype == KvDType::F32;
+}
+
+bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
+                         parallel::Communicator& split_group) {
+  const HfFixture f = load_fixture(c.name);
+  ModelLoadOptions options;
+  options.group = &group;
+  options.expert_parallel = c.expert_parallel;
+  const std::vector<float> replicated =
+      layer_split_script(*load_language_model(f.dir, options), f, c.dtype);
+  const std::vector<float> whole = layer_split_script(*load_language_model(f.dir, {}), f, c.dtype);
+  options.group = &split_group;
+  options.layer_split = true;
+  auto model = load_language_model(f.dir, options);
+  std::vector<int64_t> pools;
+  const std::vector<float> split = layer_split_script(*model, f, c.dtype, &pools);
+  const ModelPlan& plan = static_cast<const DsaModel&>(*model).plan();
+  std::vector<int64_t> owned;
+  for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer)
+    if (plan.kv_owner_of(layer) == group.rank()) owned.push_back(layer);
+  if (pools != owned || split.size() != whole.size() || split.size() != replicated.size()) {
+    std::printf("%s, rank %d: %zu pools for %zu owned layers\n", c.name, group.rank(), pools.size(),
+                owned.size());
+    return false;
+  }
+  const double error = relative_error(split.data(), replicated.data(), replicated.size());
+  const double whole_error = relative_error(split.data(), whole.data(), whole.size());
+  // HF's prefill rows with an f32 cache only (bf16 and fp8 entries round).
+  const double hf_error =
+      f32_cache(c) ? relative_error(split.data(), f.prefill_logits.data(), f.prefill_logits.size())
+                   : 0.0;
+  std::string layers;
+  for (const int64_t layer : owned) layers += " " + std::to_string(layer);
+  const bool f32 = f32_cache(c);
+  std::printf(
+      "%s, LayerSplit rank %d of %d%s, %s cache, layers%s: max relative logit difference %.3g "
+      "against the replicated group, %.3g against one process, %.3g against HF's prefill\n",
+      c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "",
+      f32                        ? "f32"
+      : c.dtype == KvDType::BF16 ? "bf16"
+                                 : "fp8",
+      layers.c_str(), error, whole_error, hf_error);
+  return error <= 1e-6 && (!f32 || (whole_error <= 1e-5 && hf_error <= 1e-4));
+}
+
+TEST(TensorParallelModel, LayerSplitOwnersBalanceThePools) {
+  // The default model's IndexShare schedule (full layers 0, 1, 2, 6): layer %
+  // 2 would give rank 0 three of the four indexer pools.
+  const ModelConfig config = load_model_config(std::string(MEGACTX_SOURCE_DIR) + "/models/default");
+  const ModelPlan plan = plan_model(config);
+  EXPECT_EQ(layer_split_owners(plan.layers, plan.attention, 2),
+            (std::vector<int>{0, 1, 0, 1, 1, 0, 1, 0}));
+  // Every layer alike (DeepSeek-V3.2): layer % size.
+  const ModelPlan dsv32 = plan_model(load_model_config(fixture_dir("dsv32_yarn")));
+  EXPECT_EQ(layer_split_owners(dsv32.layers, dsv32.attention, 3), (std::vector<int>{0, 1, 2, 0}));
+  // Each rank's pools: its layers' and the MTP layer's.
+  ModelPlan split = plan;
+  split.layer_split = true;
+  split.kv_owner = layer_split_owners(plan.layers, plan.attention, 2);
+  const KvCacheSpec whole = make_kv_cache_spec(config, 4, KvDType::FP8, 64, true);
+  const KvCacheSpec rank1 = layer_split_spec(split, whole, 1);
+  EXPECT_EQ(rank1.latent_layers, (std::vector<int64_t>{1, 3, 4, 6, 8}));
+  EXPECT_EQ(rank1.indexer_layers, (std::vector<int64_t>{1, 6, 8}));
+  EXPECT_EQ(layer_split_spec(plan, whole, 1).latent_layers, whole.latent_layers);
+}
+
+// Prefill in chunks, decode, a prefix-cache hit batched with a decode step:
+// the logits of one process within fp32 rounding, on both architectures, 2
+// and 4 ranks, f32 (and HF's prefill), bf16 and fp8 caches (the entries
+// travel in the cache's dtype), and with the experts split too.
+TEST(TensorParallelModel, LayerSplitMatchesOneProcess) {
+  const auto run = [](int size, const LayerSplitCase& c) {
+    parallel::run_forked_group(
+        size, [&](parallel::Communicator& group) { return layer_split_matches(c, group, group); });
+  };
+  run(2, {"glm_schedule"});
+  run(2, {"dsv32_yarn"});
+  run(2, {"glm_schedule", KvDType::FP8, true});
+  run(4, {"glm_pattern"});
+  run(4, {"glm_schedule", KvDType::BF16, true});
+}
+
+// The same parity check catches a broken broadcast of the gathered entries
+// (every received latent entry off by 0.25 on each rank that is not its
+// layer's owner).
+TEST(TensorParallelModel, LayerSplitCatchesABrokenBroadcast) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    CorruptingCommunicator corrupting(group);
+    const bool matches = layer_split_matches({"glm_schedule"}, group, corrupting);
+    std::printf("rank %d: %lld floats corrupted, %s\n", group.rank(),
+                static_cast<long long>(corrupting.corrupted()), matches ? "not caught" : "caught");
+    return corrupting.corrupted() > 0 && !matches;
+  });
+}
+
+TEST(TensorParallelModel, LayerSplitCombinationsAreErrors) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    int refused = 0;
+    for (const bool context : {true, false}) {
+      ModelLoadOptions options;
+      options.group = &group;
+      options.layer_split = true;
+      options.context_parallel = context;
+      options.expert_parallel = options.data_parallel_attention = !context;
+      try {
+        load_language_model(fixture_dir("glm_schedule"), options);
+      } catch (const megactx::Error& error) {
+        refused += std::string(error.what()).find("--enable-layer-split") != std::string::npos;
+      }
+    }
+    return refused == 2;
   });
 }
 
