@@ -22,16 +22,18 @@ const char* kv_dtype_name(KvDType dtype) {
 }
 
 std::string KvCapacityPlan::summary() const {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   std::string line = fmt::format(
-      "KV cache: {} pages x {} tokens = {} tokens max; {} latent + {} indexer pools ({}), "
-      "{} B/token, {:.2f} GiB",
+      "KV cache: {} pages x {} tokens = {} tokens max; {} latent + {} indexer pools ({})",
       spec.num_pages, spec.page_size, max_tokens, spec.latent_layers.size(),
-      spec.indexer_layers.size(), kv_dtype_name(spec.dtype), bytes_per_token,
-      static_cast<double>(total_bytes) / (1024.0 * 1024.0 * 1024.0));
-  if (shares.size() <= 1) return line;
+      spec.indexer_layers.size(), kv_dtype_name(spec.dtype));
+  if (shares.size() <= 1) {
+    return line + fmt::format(", {} B/token, {:.2f} GiB", bytes_per_token,
+                              static_cast<double>(total_bytes) / kGiB);
+  }
   // LayerSplit: what each rank holds against the replicated pools.
   const int64_t whole = spec.bytes_per_page();
-  line += fmt::format("; LayerSplit over {} ranks, per rank:", shares.size());
+  line += fmt::format(" split over {} ranks (LayerSplit):", shares.size());
   for (size_t rank = 0; rank < shares.size(); ++rank) {
     const KvCacheSpec& share = shares[rank];
     line += fmt::format("{} rank {} {} latent + {} indexer pools, {} B/token", rank ? ";" : "",
@@ -39,10 +41,11 @@ std::string KvCapacityPlan::summary() const {
                         share.bytes_per_page() / spec.page_size);
   }
   line += fmt::format(
-      " (replicated: {} B/token on every rank, {:.2f}x this split's largest; these pages would "
-      "need {:.2f} GiB per rank)",
-      whole / spec.page_size, static_cast<double>(whole) / static_cast<double>(bytes_per_page),
-      static_cast<double>(spec.num_pages * whole) / (1024.0 * 1024.0 * 1024.0));
+      "; {:.2f} GiB on the largest rank, where every rank would hold {} B/token, {:.2f} GiB "
+      "replicated ({:.2f}x)",
+      static_cast<double>(total_bytes) / kGiB, whole / spec.page_size,
+      static_cast<double>(spec.num_pages * whole) / kGiB,
+      static_cast<double>(whole) / static_cast<double>(bytes_per_page));
   return line;
 }
 

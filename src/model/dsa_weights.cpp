@@ -190,8 +190,18 @@ DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan) {
   part.embed = whole.embed;
   part.final_norm = whole.final_norm;
   part.lm_head = whole.lm_head;
-  for (const LayerWeights& layer : whole.layers)
+  for (const LayerWeights& layer : whole.layers) {
     part.layers.push_back(parallel_shard_layer(layer, plan));
+    const auto index = static_cast<int64_t>(part.layers.size()) - 1;
+    if (!plan.holds_kv(index)) {
+      // LayerSplit: another rank computes this layer's latents and top-k
+      // (has_indexer stays: the layer still takes the owner's selection).
+      AttentionWeights& a = part.layers.back().attention;
+      a.kv_a = Tensor{};
+      a.kv_a_norm = Tensor{};
+      a.indexer = IndexerWeights{};
+    }
+  }
   return part;
 }
 

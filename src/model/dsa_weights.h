@@ -78,8 +78,10 @@ DsaWeights load_dsa_weights(const ModelConfig& config, const ModelPlan& plan, We
 // the matching columns of o_proj; the rank's share of every dense MLP's and
 // shared expert's gate, up (rows) and down (columns), and of every routed
 // expert's unless expert parallel. Expert parallel: only the rank's routed
-// experts (moe.experts[e - plan.first_expert]). Everything else whole. The
-// cut tensors are copies (the caller releases the whole weights).
+// experts (moe.experts[e - plan.first_expert]). LayerSplit: no kv_a, kv_a
+// norm or indexer tensors for the layers another rank owns (only a layer's
+// owner computes its latents and runs its indexer). Everything else whole.
+// The cut tensors are copies (the caller releases the whole weights).
 DsaWeights parallel_shard(const DsaWeights& whole, const ModelPlan& plan);
 // The same cut of one layer (also the MTP layer's).
 LayerWeights parallel_shard_layer(const LayerWeights& layer, const ModelPlan& plan);

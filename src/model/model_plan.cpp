@@ -144,13 +144,20 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
 std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
                                     const AttentionDims& attention, int size) {
   MEGACTX_CHECK(size >= 1, "LayerSplit over {} ranks", size);
+  const auto elements = [&](const LayerPlan& layer) {  // cache elements per token
+    return attention.entry + (layer.runs_indexer ? attention.index_dim : 0);
+  };
+  // The larger layers (those with an indexer pool) first, each in layer order.
+  std::vector<size_t> order(layers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return elements(layers[a]) > elements(layers[b]); });
   std::vector<int64_t> held(static_cast<size_t>(size), 0);  // elements per token, by rank
-  std::vector<int> owners;
-  for (const LayerPlan& layer : layers) {
+  std::vector<int> owners(layers.size(), 0);
+  for (const size_t i : order) {
     const int rank = static_cast<int>(std::min_element(held.begin(), held.end()) - held.begin());
-    held[static_cast<size_t>(rank)] +=
-        attention.entry + (layer.runs_indexer ? attention.index_dim : 0);
-    owners.push_back(rank);
+    held[static_cast<size_t>(rank)] += elements(layers[i]);
+    owners[i] = rank;
   }
   return owners;
 }

@@ -133,13 +133,15 @@ struct ParallelLayout {
   bool layer_split = false;
 };
 
-// LayerSplit's owners of `layers` decoder layers over `size` ranks: in layer
-// order, each layer to the rank holding the fewest cache elements per token
-// so far (latent kv_lora + rope, plus index_dim for a layer that runs its
-// indexer; ties to the lowest rank). With every layer alike (DeepSeek-V3.2)
-// that is layer % size; with IndexShare it keeps the indexer pools from
-// piling up on some ranks (l % 2 would give rank 0 three of the default
-// model's four). No rank holds more than one layer's pools above another.
+// LayerSplit's owners of `layers` decoder layers over `size` ranks: the
+// layers that run their indexer first (they hold an indexer pool besides the
+// latent one), then the others, each group in layer order, each layer to the
+// rank holding the fewest cache elements per token so far (latent kv_lora +
+// rope, plus index_dim with an indexer; ties to the lowest rank). With every
+// layer alike (DeepSeek-V3.2) that is layer % size; with IndexShare the
+// indexer pools spread evenly too (layer % 2 would give rank 0 three of the
+// default model's four). No rank holds more than one layer's pools above
+// another.
 std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
                                     const AttentionDims& attention, int size);
 

@@ -14,6 +14,7 @@
 // broadcast of those entries is caught. Shapes that do not divide, CUDA
 // under parallelism, MTP with data-parallel attention and LayerSplit with
 // context parallelism or data-parallel attention are errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -279,10 +280,15 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
   std::vector<int64_t> pools;
   const std::vector<float> split = layer_split_script(*model, f, c.dtype, &pools);
   const ModelPlan& plan = static_cast<const DsaModel&>(*model).plan();
-  std::vector<int64_t> owned;
-  for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer)
+  // Its pools and its kv_a (and indexer) weights: its own layers' only.
+  std::vector<int64_t> owned, weighted;
+  for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer) {
     if (plan.kv_owner_of(layer) == group.rank()) owned.push_back(layer);
-  if (pools != owned || split.size() != whole.size() || split.size() != replicated.size()) {
+    if (static_cast<const DsaModel&>(*model).weights().layers[layer].attention.kv_a.defined())
+      weighted.push_back(layer);
+  }
+  if (pools != owned || weighted != owned || split.size() != whole.size() ||
+      split.size() != replicated.size()) {
     std::printf("%s, rank %d: %zu pools for %zu owned layers\n", c.name, group.rank(), pools.size(),
                 owned.size());
     return false;
@@ -296,14 +302,13 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
   std::string layers;
   for (const int64_t layer : owned) layers += " " + std::to_string(layer);
   const bool f32 = f32_cache(c);
+  const char* dtype = f32 ? "f32" : c.dtype == KvDType::BF16 ? "bf16" : "fp8";
+  const std::string hf = f32 ? fmt::format(", {:.3g} against HF's prefill", hf_error) : "";
   std::printf(
       "%s, LayerSplit rank %d of %d%s, %s cache, layers%s: max relative logit difference %.3g "
-      "against the replicated group, %.3g against one process, %.3g against HF's prefill\n",
-      c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "",
-      f32                        ? "f32"
-      : c.dtype == KvDType::BF16 ? "bf16"
-                                 : "fp8",
-      layers.c_str(), error, whole_error, hf_error);
+      "against the replicated group, %.3g against one process%s\n",
+      c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "", dtype,
+      layers.c_str(), error, whole_error, hf.c_str());
   return error <= 1e-6 && (!f32 || (whole_error <= 1e-5 && hf_error <= 1e-4));
 }
 
@@ -313,7 +318,10 @@ TEST(TensorParallelModel, LayerSplitOwnersBalanceThePools) {
   const ModelConfig config = load_model_config(std::string(MEGACTX_SOURCE_DIR) + "/models/default");
   const ModelPlan plan = plan_model(config);
   EXPECT_EQ(layer_split_owners(plan.layers, plan.attention, 2),
-            (std::vector<int>{0, 1, 0, 1, 1, 0, 1, 0}));
+            (std::vector<int>{0, 1, 0, 0, 1, 0, 1, 1}));
+  // glm_schedule's (the same schedule) over 4 ranks: one full and one shared layer each.
+  EXPECT_EQ(layer_split_owners(plan.layers, plan.attention, 4),
+            (std::vector<int>{0, 1, 2, 0, 1, 2, 3, 3}));
   // Every layer alike (DeepSeek-V3.2): layer % size.
   const ModelPlan dsv32 = plan_model(load_model_config(fixture_dir("dsv32_yarn")));
   EXPECT_EQ(layer_split_owners(dsv32.layers, dsv32.attention, 3), (std::vector<int>{0, 1, 2, 0}));
@@ -323,7 +331,7 @@ TEST(TensorParallelModel, LayerSplitOwnersBalanceThePools) {
   split.kv_owner = layer_split_owners(plan.layers, plan.attention, 2);
   const KvCacheSpec whole = make_kv_cache_spec(config, 4, KvDType::FP8, 64, true);
   const KvCacheSpec rank1 = layer_split_spec(split, whole, 1);
-  EXPECT_EQ(rank1.latent_layers, (std::vector<int64_t>{1, 3, 4, 6, 8}));
+  EXPECT_EQ(rank1.latent_layers, (std::vector<int64_t>{1, 4, 6, 7, 8}));
   EXPECT_EQ(rank1.indexer_layers, (std::vector<int64_t>{1, 6, 8}));
   EXPECT_EQ(layer_split_spec(plan, whole, 1).latent_layers, whole.latent_layers);
 }
