@@ -27,10 +27,10 @@
 // widths; --expert-parallel-size N (= N) shards the routed experts over them
 // instead of their widths; --enable-layer-split keeps each layer's KV caches
 // on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the
-// entries a step selected to the others. --context-parallel-size N (CPU so far): N processes
-// with the whole model, each prefill step's rows split over them (the new
-// latents and indexer keys gathered into every rank's cache). One engine and
-// HTTP front, on this process.
+// entries a step selected to the others. --context-parallel-size N (CPU so
+// far): N processes with the whole model, each prefill step's rows split over
+// them (the new latents and indexer keys gathered into every rank's cache).
+// One engine and HTTP front, on this process.
 // --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
 // X-Session-Id header are recorded as trajectories, their tool calls screened.
 #include <algorithm>

@@ -100,7 +100,7 @@ def post(server, path, payload):
     return response
 
 
-def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
+def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()):
     """Updates through a 2-rank server against one process: (ok, message)."""
     dtype, shape, raw = fixture_tensor(fixture, "lm_head.weight")
     assert dtype == "F32", dtype
@@ -111,7 +111,7 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
     with MegactxServer(megactx, fixture, *COMMON, name="single") as server:
         update_body(server, bucket).raise_for_status()
         want = generate(server.url, prompt, new_tokens)
-    with MegactxServer(megactx, fixture, *COMMON, "--tensor-parallel-size", "2",
+    with MegactxServer(megactx, fixture, *COMMON, "--tensor-parallel-size", "2", *extra,
                        name="tp-updates") as server:
         before = generate(server.url, prompt, new_tokens)
         update_body(server, bucket).raise_for_status()
@@ -124,7 +124,8 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens):
     worst = max(abs(a - b) for a, b in zip(after[1], want[1]))
     ok = after[0] == want[0] and worst <= 1e-4 and after[0] != before[0] and \
         restored == before and resumed[0] == before[0]
-    return ok, (f"weight updates over 2 ranks: a trainer's lm_head "
+    return ok, (f"weight updates over 2 ranks{''.join(' ' + a for a in extra)}: a trainer's "
+                f"lm_head "
                 f"{'gives' if after[0] == want[0] else 'does NOT give'} one process's output "
                 f"(max |logprob difference| {worst:.2e}, output changed: {after[0] != before[0]}); "
                 f"update_weights_from_disk restores it: {restored == before}; release + resume: "
@@ -233,9 +234,11 @@ def main():
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
-    ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens)
-    failures += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    for extra in ((), ("--enable-layer-split",)):
+        ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt,
+                                                    new_tokens, extra)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {message}")
     for extra, kv_memory in (((), "3840KiB"), (("--enable-layer-split",), "1920KiB")):
         ok, message = host_tier_over_two_ranks(args.megactx, args.mtp_model, extra, kv_memory)
         failures += not ok
