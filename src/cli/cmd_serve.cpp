@@ -151,9 +151,6 @@ int run_serve(const ServeOptions& options) {
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-layer-split runs on the CPU only so far (the CUDA model has no "
                   "group yet)");
-    MEGACTX_CHECK(options.host_latent_memory.empty(),
-                  "--enable-layer-split is not combined with --host-latent-memory (the live "
-                  "host tier) yet");
   }
   MEGACTX_CHECK(!options.enable_dp_attention,
                 "--enable-dp-attention needs an engine per rank behind one front: not yet "

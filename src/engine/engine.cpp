@@ -121,32 +121,52 @@ void Engine::create_host_tier() {
 }
 
 void Engine::plan_offload_pages() {
-  MEGACTX_CHECK(capacity_.shares.empty(),
-                "the live host tier (host_latent_memory) is not combined with LayerSplit yet");
   KvCacheSpec& spec = capacity_.spec;
-  spec.offload_pages = config_.host_latent_memory_bytes / spec.latent_bytes_per_page();
+  // Every rank's pools (LayerSplit: each its own layers', else the whole
+  // model's): each rank holds the offload pages' latents of its pools in its
+  // host memory and their indexer keys beside its device pools, so the pages
+  // are what fits every rank's budgets.
+  const std::vector<KvCacheSpec> pools =
+      capacity_.shares.empty() ? std::vector<KvCacheSpec>{spec} : capacity_.shares;
+  int64_t latent_bytes = 0;  // per offload page, the largest rank's
+  for (const KvCacheSpec& rank : pools)
+    latent_bytes = std::max(latent_bytes, rank.latent_bytes_per_page());
+  spec.offload_pages = config_.host_latent_memory_bytes / latent_bytes;
   MEGACTX_CHECK(spec.offload_pages > 0,
                 "host latent memory of {} bytes holds no page ({} bytes of latents per page of {} "
                 "tokens)",
-                config_.host_latent_memory_bytes, spec.latent_bytes_per_page(), spec.page_size);
+                config_.host_latent_memory_bytes, latent_bytes, spec.page_size);
   MEGACTX_CHECK(config_.host_latent_min_tokens >= 0, "host_latent_min_tokens must be >= 0, got {}",
                 config_.host_latent_min_tokens);
   // Their indexer keys live beside the pools, out of the same budget.
-  const int64_t indexer_bytes = spec.offload_pages * spec.indexer_bytes_per_page();
-  const int64_t device_pages =
-      spec.num_pages - (indexer_bytes + spec.bytes_per_page() - 1) / spec.bytes_per_page();
+  int64_t device_pages = spec.num_pages, indexer_bytes = 0, total_bytes = 0;
+  for (const KvCacheSpec& rank : pools) {
+    const int64_t page = rank.bytes_per_page(),
+                  keys = spec.offload_pages * rank.indexer_bytes_per_page();
+    device_pages =
+        std::min(device_pages, config_.kv_memory_bytes / page - (keys + page - 1) / page);
+    indexer_bytes = std::max(indexer_bytes, keys);
+  }
   MEGACTX_CHECK(device_pages > 0,
                 "the live host tier's {} pages need {} MiB of indexer keys beside the KV pools: "
                 "more than the KV budget of {} MiB (lower --host-latent-memory)",
                 spec.offload_pages, indexer_bytes >> 20, capacity_.total_bytes >> 20);
+  for (const KvCacheSpec& rank : pools)
+    total_bytes = std::max(total_bytes, device_pages * rank.bytes_per_page() +
+                                            spec.offload_pages * rank.indexer_bytes_per_page());
   spec.num_pages = device_pages;
+  for (KvCacheSpec& share : capacity_.shares) {
+    share.num_pages = device_pages;
+    share.offload_pages = spec.offload_pages;
+  }
   capacity_.max_tokens = device_pages * spec.page_size;
-  capacity_.total_bytes = device_pages * spec.bytes_per_page() + indexer_bytes;
+  capacity_.total_bytes = total_bytes;
   spdlog::info(
       "live host tier: {} offload pages ({} tokens; {} MiB of latents in host memory, {} MiB of "
-      "indexer keys beside the pools)",
+      "indexer keys beside the pools{})",
       spec.offload_pages, spec.offload_pages * spec.page_size,
-      (spec.offload_pages * spec.latent_bytes_per_page()) >> 20, indexer_bytes >> 20);
+      (spec.offload_pages * latent_bytes) >> 20, indexer_bytes >> 20,
+      pools.size() > 1 ? ", on the largest rank" : "");
 }
 
 void Engine::offload_latents() {
@@ -926,7 +946,7 @@ void Engine::update_stats() {
   stats.host_latent_pages_total = allocator_->offload_pages();
   stats.host_latent_pages_used = allocator_->num_used_offload();
   stats.host_latent_moved_pages = offloaded_pages_;
-  stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.spec.bytes_per_page();
+  stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.bytes_per_page;
   stats.host_latent_parked = scheduler_->num_parked();
   stats.host_latent_dropped = scheduler_->num_dropped_parked();
   if (capacity_.spec.offload_pages > 0) {

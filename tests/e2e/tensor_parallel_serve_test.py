@@ -19,7 +19,9 @@ the original output. With a host KV tier over 2 ranks, a prompt pushed out
 of the device pool comes back from host memory with the cold run's output
 (also with LayerSplit, whose ranks' host tiers hold their own layers). With
 LayerSplit the start-up log shows each rank's share of the KV pools and the
-same --kv-memory holds about N times the pages.
+same --kv-memory holds about N times the pages. Requests that decode from
+pages moved to the live host tier (--host-latent-memory) over 2 ranks,
+replicated and with LayerSplit, give one process's output.
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
         --mtp-model models/default
@@ -166,6 +168,41 @@ def kv_pages(log):
     return 0, ""
 
 
+def live_host_tier_over_two_ranks(megactx, model):
+    """Requests that decode from pages moved to the live host tier (--host-latent-memory) over
+    2 ranks, replicated and with LayerSplit, against one process without the tier:
+    [(ok, message)]."""
+    def ids(length, seed):
+        rng = random.Random(seed)
+        return [rng.randrange(100, 8000) for _ in range(length)]
+
+    prompts = [ids(150 + 40 * i, 51 + i) for i in range(3)]
+
+    def serve(*extra, kv_memory="16MiB"):
+        with MegactxServer(megactx, model, *COMMON, *extra, kv_memory=kv_memory,
+                           name="live-tier") as server:
+            outputs = [generate(server.url, prompt, 70) for prompt in prompts]
+            metrics = requests.get(server.url + "/metrics", timeout=30).text
+        return outputs, metric(metrics, "megactx_host_latent_moved_pages_total") or 0
+
+    plain, _ = serve()
+    results = []
+    # (LayerSplit: each rank half the pools, so half the memory for the same pages.)
+    for extra, kv_memory, host in (((), "16MiB", "32MiB"),
+                                   (("--enable-layer-split",), "8MiB", "16MiB")):
+        outputs, moved = serve("--tensor-parallel-size", "2", *extra, "--host-latent-memory",
+                               host, kv_memory=kv_memory)
+        same = all(got[0] == want[0] for got, want in zip(outputs, plain))
+        worst = max(abs(a - b) for got, want in zip(outputs, plain)
+                    for a, b in zip(got[1], want[1]))
+        ok = same and worst <= 1e-4 and moved > 0
+        results.append((ok, f"live host tier over 2 ranks{''.join(' ' + a for a in extra)}: "
+                            f"{moved:.0f} pages moved to host memory, greedy ids "
+                            f"{'equal to' if same else 'DIFFERENT from'} one process without "
+                            f"the tier, max |logprob difference| {worst:.2e}"))
+    return results
+
+
 def run(megactx, fixture, extra, prompts, new_tokens):
     with MegactxServer(megactx, fixture, *COMMON, *extra, name="tp") as server:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
@@ -243,6 +280,9 @@ def main():
         ok, message = host_tier_over_two_ranks(args.megactx, args.mtp_model, extra, kv_memory)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    for ok, message in live_host_tier_over_two_ranks(args.megactx, args.mtp_model):
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Not served yet: start-up errors, not hangs.
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
@@ -252,9 +292,7 @@ def main():
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--context-parallel-size", "2", "--enable-layer-split"),
                   ("--tensor-parallel-size", "2", "--enable-layer-split", "--enable-dp-attention"),
-                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--device", "cuda"),
-                  ("--tensor-parallel-size", "2", "--enable-layer-split",
-                   "--host-latent-memory", "64MiB")):
+                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--device", "cuda")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)
         refused = result.returncode != 0 and "error" in result.stderr.lower() and \
