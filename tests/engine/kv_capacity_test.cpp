@@ -1,9 +1,11 @@
 // Capacity planning with the per-token layouts of cache/kv_cache.h worked out
-// by hand: GLM-5-like schedule (78 layers, 21 with an indexer).
+// by hand: GLM-5-like schedule (78 layers, 21 with an indexer), replicated and
+// split over 8 ranks (LayerSplit).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "engine/kv_capacity.h"
+#include "model/model_plan.h"
 
 namespace megactx {
 namespace {
@@ -41,6 +43,47 @@ TEST(KvCapacity, MtpLayerAddsALatentAndAnIndexerPool) {
   EXPECT_EQ(plan.spec.latent_layers.back(), 78);
   EXPECT_EQ(plan.spec.indexer_layers.back(), 78);
   EXPECT_EQ(plan.bytes_per_token, 79 * 1152 + 22 * 256);
+}
+
+// LayerSplit over 8 ranks (GLM-5.2 on 8 GPUs): each rank its layers' pools
+// and the MTP layer's; the budget is each rank's, so the largest share bounds
+// the pages, 7.07 x what the replicated pools get.
+TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
+  const ModelConfig config = glm_like();
+  ModelPlan plan;
+  plan.attention.entry = 512 + 64;
+  plan.attention.index_dim = 128;
+  for (int64_t layer = 0; layer < 78; ++layer)
+    plan.layers.push_back({layer, config.layer_runs_indexer(layer), layer, false});
+  plan.layer_split = true;
+  plan.kv_owner = layer_split_owners(plan.layers, plan.attention, 8);
+  const KvCacheShares shares = [&](const KvCacheSpec& whole) {
+    std::vector<KvCacheSpec> out;
+    for (int rank = 0; rank < 8; ++rank) out.push_back(layer_split_spec(plan, whole, rank));
+    return out;
+  };
+  const int64_t gib = int64_t{1} << 30;
+  const KvCapacityPlan split = plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true, shares);
+  ASSERT_EQ(split.shares.size(), 8u);
+  // Ranks 0-2: 10 layers (3 with an indexer); 3-4: 9 (3); 5-7: 10 (2); and the MTP layer.
+  EXPECT_EQ(split.shares[0].latent_layers.size(), 11u);
+  EXPECT_EQ(split.shares[0].indexer_layers.size(), 4u);
+  EXPECT_EQ(split.shares[3].latent_layers.size(), 10u);
+  EXPECT_EQ(split.shares[7].indexer_layers.size(), 3u);
+  EXPECT_EQ(split.shares[7].latent_layers.back(), 78);
+  const int64_t largest = 11 * 656 + 4 * 132;  // 7,744 B/token
+  EXPECT_EQ(split.bytes_per_token, largest);
+  EXPECT_EQ(split.spec.num_pages, 10 * gib / (64 * largest));
+  EXPECT_EQ(split.spec.latent_layers.size(), 79u);  // the engine numbers pages for all of them
+  const KvCapacityPlan whole = plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true);
+  EXPECT_EQ(whole.bytes_per_token, 79 * 656 + 22 * 132);  // 54,728 B/token
+  EXPECT_NEAR(static_cast<double>(split.spec.num_pages) / whole.spec.num_pages, 7.07, 0.01);
+  EXPECT_NE(split.summary().find("split over 8 ranks (LayerSplit)"), std::string::npos);
+  // One share (no LayerSplit) plans as before.
+  const KvCapacityPlan one = plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true,
+                                              [](const KvCacheSpec& s) { return std::vector{s}; });
+  EXPECT_TRUE(one.shares.empty());
+  EXPECT_EQ(one.spec.num_pages, whole.spec.num_pages);
 }
 
 TEST(KvCapacity, RejectsABudgetBelowOnePage) {
