@@ -148,14 +148,16 @@ TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
 
 // ---- LayerSplit: each layer's caches on one rank of the tensor-parallel group ----
 
-// A communicator that passes every call to `inner` but, on a rank that
-// receives a broadcast, adds 0.25 to every normal float32 in it: latent
-// entries of an f32 cache change, while int32 payloads (top-k positions and
-// counts: small integers read as floats are zero, denormal or NaN) arrive
-// intact, so the ranks stay in step and only the gathered entries are wrong.
+// A communicator that passes every call to `inner` and counts the bytes of
+// the broadcasts; when `corrupt`, a rank that receives a broadcast adds 0.25
+// to every normal float32 in it: latent entries of an f32 cache change, while
+// int32 payloads (top-k positions and counts: small integers read as floats
+// are zero, denormal or NaN) arrive intact, so the ranks stay in step and only
+// the gathered entries are wrong.
 class CorruptingCommunicator final : public parallel::Communicator {
  public:
-  explicit CorruptingCommunicator(parallel::Communicator& inner) : inner_(inner) {}
+  explicit CorruptingCommunicator(parallel::Communicator& inner, bool corrupt = true)
+      : inner_(inner), corrupt_(corrupt) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   void all_reduce(float* data, int64_t count, parallel::ReduceOp op) override {
@@ -166,7 +168,8 @@ class CorruptingCommunicator final : public parallel::Communicator {
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     inner_.broadcast(data, bytes, root);
-    if (root == rank()) return;
+    broadcast_bytes_ += bytes;
+    if (root == rank() || !corrupt_) return;
     auto* bytes_in = static_cast<unsigned char*>(data);
     for (int64_t at = 0; at + 4 <= bytes; at += 4) {
       float value;
@@ -183,10 +186,13 @@ class CorruptingCommunicator final : public parallel::Communicator {
   }
   void barrier() override { inner_.barrier(); }
   int64_t corrupted() const { return corrupted_; }
+  int64_t broadcast_bytes() const { return broadcast_bytes_; }
 
  private:
   parallel::Communicator& inner_;
+  bool corrupt_ = true;
   int64_t corrupted_ = 0;
+  int64_t broadcast_bytes_ = 0;
 };
 
 // One sequence then two through `model`'s own cache (16-token pages, in a
@@ -362,6 +368,34 @@ TEST(TensorParallelModel, LayerSplitCatchesABrokenBroadcast) {
     std::printf("rank %d: %lld floats corrupted, %s\n", group.rank(),
                 static_cast<long long>(corrupting.corrupted()), matches ? "not caught" : "caught");
     return corrupting.corrupted() > 0 && !matches;
+  });
+}
+
+// What travels: a decode row (context 65, top-k 16) gets its 16 selected
+// entries on each of glm_schedule's 8 layers (16 x 160 B in f32) and the
+// selection ((16 + 1) x 4 B) on each of its 4 layers with an indexer:
+// 20,752 B per step; the replicated group broadcasts nothing.
+TEST(TensorParallelModel, LayerSplitSendsTheSelectedEntries) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    const HfFixture f = load_fixture("glm_schedule");
+    const auto bytes_of_a_decode_step = [&](bool layer_split) {
+      CorruptingCommunicator counting(group, /*corrupt=*/false);
+      ModelLoadOptions options;
+      options.group = &counting;
+      options.layer_split = layer_split;
+      auto model = load_language_model(f.dir, options);
+      SequenceRunner runner(*model, KvDType::F32, 128);
+      runner.feed(f.input_ids, false);
+      const int64_t prefill = counting.broadcast_bytes();
+      const int32_t token[1] = {f.greedy_ids[0]};
+      runner.feed(token, false);
+      std::printf("rank %d%s: %lld B broadcast by the 64-token prefill, %lld B by a decode step\n",
+                  group.rank(), layer_split ? ", LayerSplit" : "", static_cast<long long>(prefill),
+                  static_cast<long long>(counting.broadcast_bytes() - prefill));
+      return counting.broadcast_bytes() - prefill;
+    };
+    return bytes_of_a_decode_step(true) == 8 * 16 * 160 + 4 * 17 * 4 &&
+           bytes_of_a_decode_step(false) == 0;
   });
 }
 
