@@ -30,6 +30,7 @@ inline constexpr int kSparseMlaQueryDim = kLatentRank + kLatentRope;  // 576
 // slots a CTA takes: top_k may be up to num_splits x 128.
 inline constexpr int kSparseMlaClusterHeads = 16;
 inline constexpr int kSparseMlaClusterKeys = 128;
+inline constexpr int kSparseMlaClusterMaxSplits = 16;  // a cluster of 16 CTAs at most
 // The wgmma prefill kernel (sparse_mla_prefill.cu): keys per block (two blocks
 // per pipeline stage), and the fewest CTAs (rows x 64-head blocks) it is chosen for.
 inline constexpr int kSparseMlaPrefillKeyBlock = 32;

@@ -9,19 +9,27 @@
 // (1/C of them), and the C CTAs of a cluster exchange their [16, 512] fp32
 // states through DSMEM: no partial buffers in global memory, no merge launch.
 //
-// The kernel is a latency chain (ncu: one 8-warp CTA per SM, ~15 cycles per
-// issued instruction, barrier stalls first), so a CTA takes its slots in one
-// pass, with as few barriers as the data flow allows:
-//   1. slot ids and Q; then every entry loaded straight into registers and
-//      dequantised into K[128][576] f16 (no staging buffer, no per-chunk wait);
-//   2. S[16 heads][128] = Q K^T    warp w: keys 32*(w%4).., dims 288*(w/4)..
+// The kernel is a latency chain (one 8-warp CTA per SM), so a CTA takes its
+// slots in one pass, with as few barriers as the data flow allows:
+//   1. slot ids (each warp loads its own 16 keys' ids), Q's loads with them;
+//   2. every entry loaded straight into registers, a warp per entry at a time
+//      (lane l: bytes 8l.. and 256 + 8l.. of the 512 e4m3, 4 bytes of rope,
+//      its two scales), so that each load instruction reads whole cache lines
+//      (a thread per entry half touched 32 lines per instruction and spent
+//      ~4.5 us there), all 16 of a warp's entries in flight at once; Q is
+//      converted while they fly, then they are dequantised into K[128][576] f16;
+//   3. S[16 heads][128] = Q K^T    warp w: keys 32*(w%4).., dims 288*(w/4)..
 //      (the two dim halves summed in a fixed order);
-//   3. softmax (log2 domain), 16 threads per head row, one pass;
-//   4. O[16][512] = P V            warp w: dims 64*w..
-// Then O / sum and the split's lse go to this CTA's shared memory; after a
-// cluster barrier, CTA r merges output dims [r * 512 / C, (r + 1) * 512 / C)
-// of all 16 heads over the C splits in rank order (deterministic for a given
-// C), writes them as bf16, and rank 0 writes the lse.
+//   4. softmax (log2 domain), 16 threads per head row, one pass;
+//   5. O[16][512] = P V            warp w: dims 64*w..
+// Then every CTA pushes O / sum, slice by slice with its lse, into the CTA
+// that merges the slice (remote stores into its shared memory, completing on
+// its mbarrier): CTA r merges output dims [r * 512 / C,
+// (r + 1) * 512 / C) of all 16 heads over the C splits in rank order
+// (deterministic for a given C) and writes them as bf16; rank 0 writes the
+// lse. Pushing instead of pulling needs no cluster barrier after the states
+// are written and none before exit (a pull merge spent ~4.7 us in its two
+// cluster barriers and remote loads): a CTA waits only for the bytes it merges.
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -47,27 +55,59 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kQueryPrescale = 1.f / 64.f;  // as the general kernel: |q| up to 4e6 fits f16
 
+// What each CTA of the cluster receives for its merge: from every split, a
+// block of the split's normalised output over this CTA's slice of the 512
+// dims ([16 heads][512 / C] fp32) followed by its 16 lse values (log2 domain):
+// 33 KB at most.
+constexpr int kIncomingFloats = kHeads * kLatentRank + kSparseMlaClusterMaxSplits * kHeads;
+
 struct ClusterShared {
   __half q[kHeads * kStride];
-  // K[128][kStride] f16; after PV, this CTA's normalised output [16][512]
-  // fp32 (32 KB of its 150 KB) that the cluster reads.
-  alignas(16) uint8_t k_bytes[kKeys * kStride * 2];
+  alignas(16) __half k[kKeys * kStride];
   float s[2][kHeads * kScoreStride];              // S of the two dim halves
   alignas(16) __half prob[kHeads * kProbStride];  // ldmatrix rows: 16-byte aligned
+  alignas(16) float incoming_out[kIncomingFloats];
   int32_t slot_ids[kKeys];
   float row_sum[kHeads];
   float state_lse[kHeads];  // log2 domain (includes the softmax scale)
+  uint64_t incoming;        // mbarrier: completes when every split's bytes have landed
 };
-static_assert(kHeads * kLatentRank * 4 <= kKeys * kStride * 2, "the state fits in K's space");
+
+// The address of `local` (this CTA's shared memory) in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(shared_address(local)), "r"(rank));
+  return remote;
+}
+// Stores into another CTA's shared memory (a cluster address), counted on
+// its mbarrier `barrier` (a cluster address) as transaction bytes.
+__device__ __forceinline__ void store_remote(uint32_t address, float a, float b, uint32_t barrier) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(
+          address),
+      "f"(a), "f"(b), "r"(barrier)
+      : "memory");
+}
+__device__ __forceinline__ void store_remote(uint32_t address, float a, uint32_t barrier) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(address),
+      "f"(a), "r"(barrier)
+      : "memory");
+}
 
 template <int kSplits>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
+  static_assert(kSplits <= kSparseMlaClusterMaxSplits && kKeys == 16 * (kThreads / 32));
+  constexpr int kSlice = kLatentRank / kSplits;           // output dims each CTA merges: 32 or 64
+  constexpr int kBlockFloats = kHeads * kSlice + kHeads;  // one split's block for one merger
+  constexpr unsigned kIncomingBytes = kSplits * kBlockFloats * 4;
+  static_assert(kSplits * kBlockFloats <= kIncomingFloats && kBlockFloats % 4 == 0);
   grid_dependency_wait();
   grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   ClusterShared& sh = *reinterpret_cast<ClusterShared*>(shared_bytes);
-  __half* const k_tile = reinterpret_cast<__half*>(sh.k_bytes);
-  float* const state = reinterpret_cast<float*>(sh.k_bytes);
   cg::cluster_group cluster = cg::this_cluster();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -82,82 +122,92 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   const int keys = max(0, key_end - key_begin);  // <= kKeys (checked by the launcher)
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
-  // 1. Slot ids (read first: their latency overlaps the Q load), Q.
-  if (tid < kKeys) sh.slot_ids[tid] = tid < keys ? p.slots[row * p.top_k + key_begin + tid] : -1;
-  {
-    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    constexpr int kPieces = kHeads * (kDim / 8);                     // 1152 of 16 bytes
-    constexpr int kPerThread = (kPieces + kThreads - 1) / kThreads;  // 5
-    uint4 raw[kPerThread];
-#pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int i = tid + r * kThreads;
-      if (i < kPieces)
-        raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
-                                                 (i % (kDim / 8)) * 8);
-    }
-#pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int i = tid + r * kThreads;
-      if (i >= kPieces) continue;
-      store_bf16x8_as_half(raw[r], kQueryPrescale,
-                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
-    }
+  // The merge's barrier expects every split's bytes from the start; the
+  // cluster arrive (waited on just before the first remote store) tells the
+  // other CTAs that this one runs and its barrier is initialised.
+  if (tid == 0) {
+    mbarrier_init(&sh.incoming, 1);
+    mbarrier_init_fence();
+    mbarrier_arrive_expect_bytes(&sh.incoming, kIncomingBytes);
   }
-  __syncthreads();  // slot ids visible
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 
-  // Entries: thread -> (key tid / 2, half tid % 2): 256 latent values (two
-  // scale groups) and 32 rope values, loaded in two rounds of 8 + 2 16-byte
-  // loads (all of a round in flight at once) and dequantised into K.
-  {
-    const int key = tid / 2, half = tid % 2;
-    const int32_t slot = sh.slot_ids[key];
-    __half* destination = &k_tile[key * kStride];
+  // 1. Slot ids: warp w takes keys w + 8 i (i < 16); lane i loads key i's id.
+  int32_t my_slot = -1;
+  if (lane < 16) {
+    const int key = warp + 8 * lane;
+    if (key < keys) my_slot = p.slots[row * p.top_k + key_begin + key];
+  }
+  // Q's loads go out with the slot ids'; it is converted while the entries
+  // are in flight.
+  const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+  constexpr int kQueryPieces = kHeads * (kDim / 8);                          // 1152 of 16 bytes
+  constexpr int kQueryPerThread = (kQueryPieces + kThreads - 1) / kThreads;  // 5
+  uint4 query[kQueryPerThread];
+#pragma unroll
+  for (int r = 0; r < kQueryPerThread; ++r) {
+    const int i = tid + r * kThreads;
+    if (i < kQueryPieces)
+      query[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
+                                                 (i % (kDim / 8)) * 8);
+  }
+
+  // 2. Entries, a warp's 16 at once: lane l loads e4m3 bytes [8l, 8l + 8) and
+  //    [256 + 8l, 256 + 8l + 8), the scales of their groups (l / 16 and
+  //    2 + l / 16) and rope values 2l, 2l + 1; a missing slot gives zeros.
+  uint2 low[16], high[16];
+  float scale_low[16], scale_high[16];
+  uint32_t rope[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int32_t slot = __shfl_sync(0xffffffffu, my_slot, i);
     if (slot >= 0) {
       const uint8_t* entry = latent_entry(p, slot);
-      const float2 scales = *reinterpret_cast<const float2*>(entry + kLatentScaleOffset + half * 8);
-#pragma unroll
-      for (int group = 0; group < 2; ++group) {
-        const int offset = half * 256 + group * 128;
-        uint4 bytes[8];
-#pragma unroll
-        for (int piece = 0; piece < 8; ++piece)
-          bytes[piece] = *reinterpret_cast<const uint4*>(entry + offset + piece * 16);
-        uint4 rope[2];  // this group's 16 of the thread's 32 rope values (bf16)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          rope[r] = *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + half * 64 +
-                                                    group * 32 + r * 16);
-        const __half2 scale = __float2half2_rn(group == 0 ? scales.x : scales.y);
-#pragma unroll
-        for (int piece = 0; piece < 8; ++piece) {
-          store_e4m3x16_as_half(bytes[piece], scale, destination + offset + piece * 16);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          store_bf16x8_as_half(rope[r], 1.f,
-                               destination + kLatentRank + half * 32 + group * 16 + r * 8);
-      }
+      low[i] = *reinterpret_cast<const uint2*>(entry + 8 * lane);
+      high[i] = *reinterpret_cast<const uint2*>(entry + 256 + 8 * lane);
+      const float* scales = reinterpret_cast<const float*>(entry + kLatentScaleOffset);
+      scale_low[i] = scales[lane / 16];
+      scale_high[i] = scales[2 + lane / 16];
+      rope[i] = *reinterpret_cast<const uint32_t*>(entry + kLatentRopeOffset + 4 * lane);
     } else {
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int piece = 0; piece < 32; ++piece)
-        *reinterpret_cast<uint4*>(destination + half * 256 + piece * 8) = zero;
-#pragma unroll
-      for (int piece = 0; piece < 4; ++piece)
-        *reinterpret_cast<uint4*>(destination + kLatentRank + half * 32 + piece * 8) = zero;
+      low[i] = high[i] = make_uint2(0, 0);
+      scale_low[i] = scale_high[i] = 0.f;
+      rope[i] = 0;
     }
   }
-  __syncthreads();  // K complete
+#pragma unroll
+  for (int r = 0; r < kQueryPerThread; ++r) {
+    const int i = tid + r * kThreads;
+    if (i < kQueryPieces)
+      store_bf16x8_as_half(query[r], kQueryPrescale,
+                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
+  }
+  if (lane < 16) sh.slot_ids[warp + 8 * lane] = my_slot;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    __half* destination = &sh.k[(warp + 8 * i) * kStride];
+    uint32_t h[4];
+    const __half2 scale0 = __float2half2_rn(scale_low[i]);
+    e4m3x4_scaled_to_half2(low[i].x, scale0, h[0], h[1]);
+    e4m3x4_scaled_to_half2(low[i].y, scale0, h[2], h[3]);
+    *reinterpret_cast<uint4*>(destination + 8 * lane) = make_uint4(h[0], h[1], h[2], h[3]);
+    const __half2 scale1 = __float2half2_rn(scale_high[i]);
+    e4m3x4_scaled_to_half2(high[i].x, scale1, h[0], h[1]);
+    e4m3x4_scaled_to_half2(high[i].y, scale1, h[2], h[3]);
+    *reinterpret_cast<uint4*>(destination + 256 + 8 * lane) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint32_t*>(destination + kLatentRank + 2 * lane) =
+        pack_half2(__uint_as_float(rope[i] << 16), __uint_as_float(rope[i] & 0xffff0000u));
+  }
+  __syncthreads();  // K, Q and the slot ids complete
 
-  // 2. S = Q K^T: 16 heads x 32 keys x 288 dims per warp (18 k-steps, four
+  // 3. S = Q K^T: 16 heads x 32 keys x 288 dims per warp (18 k-steps, four
   //    independent accumulator chains).
   {
     const int key_tile = warp % 4, dim_half = warp / 4;
     float s_acc[4][4] = {};
     const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8 + dim_half * kHalfDim];
-    const __half* b_row = &k_tile[(key_tile * 32 + lane % 8 + (lane / 16) * 8) * kStride +
-                                  ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
+    const __half* b_row = &sh.k[(key_tile * 32 + lane % 8 + (lane / 16) * 8) * kStride +
+                                ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
 #pragma unroll 6
     for (int ks = 0; ks < kHalfDim / 16; ++ks) {
       uint32_t a[4], b[4], c[4];
@@ -181,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   }
   __syncthreads();
 
-  // 3. Softmax: 16 threads per head row (a half-warp), 8 keys each.
+  // 4. Softmax: 16 threads per head row (a half-warp), 8 keys each.
   float row_max = -INFINITY;  // of this thread's head (valid in every lane of its half-warp)
   {
     const int head = tid / 16, part = tid % 16;
@@ -217,14 +267,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   }
   __syncthreads();
 
-  // 4. O = P V: 16 heads x 64 dims per warp, k = 128 keys (8 k-steps).
+  // 5. O = P V: 16 heads x 64 dims per warp, k = 128 keys (8 k-steps).
   float acc[8][4] = {};  // heads g, g + 8 x dims 64 * warp + 8 n + 2 t ..
 #pragma unroll
   for (int ks = 0; ks < kKeys / 16; ++ks) {
     uint32_t a[4];
     ldmatrix_x4(a, &sh.prob[(lane % 16) * kProbStride + ks * 16 + (lane / 16) * 8]);
-    const __half* v_row = &k_tile[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
-                                  warp * 64 + (lane / 16) * 8];
+    const __half* v_row =
+        &sh.k[(ks * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride + warp * 64 + (lane / 16) * 8];
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
@@ -233,9 +283,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
       mma_f16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
     }
   }
-  __syncthreads();  // every warp is done with K: its space now holds the state
 
-  // This split's normalised output into shared memory (its lse is there already).
+  // Push: this split's normalised output to the CTA that merges each slice
+  // (st.async into its shared memory, counted on its mbarrier), its lse to
+  // every CTA; the block layout of incoming_out is [split][16 heads][kSlice]
+  // then [16] lse. (Staging the blocks and sending one bulk copy per CTA was
+  // ~1 us faster, 10.85 us, but compute-sanitizer's memcheck reports its
+  // DSMEM bulk writes as outside the remote CTA; until that is understood the
+  // per-thread stores stay.)
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every CTA is running
   {
     const float sum_low = sh.row_sum[g], sum_high = sh.row_sum[g + 8];
     const float inverse_low = sum_low > 0.f ? 1.f / sum_low : 0.f;
@@ -243,25 +299,35 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       const int dim = warp * 64 + n * 8 + 2 * t;
-      *reinterpret_cast<float2*>(&state[g * kLatentRank + dim]) =
-          make_float2(acc[n][0] * inverse_low, acc[n][1] * inverse_low);
-      *reinterpret_cast<float2*>(&state[(g + 8) * kLatentRank + dim]) =
-          make_float2(acc[n][2] * inverse_high, acc[n][3] * inverse_high);
+      const int owner = dim / kSlice;
+      const uint32_t barrier = cluster_address(&sh.incoming, owner);
+      const uint32_t base =
+          cluster_address(&sh.incoming_out[split * kBlockFloats + dim % kSlice], owner);
+      store_remote(base + g * kSlice * 4, acc[n][0] * inverse_low, acc[n][1] * inverse_low,
+                   barrier);
+      store_remote(base + (g + 8) * kSlice * 4, acc[n][2] * inverse_high, acc[n][3] * inverse_high,
+                   barrier);
+    }
+    if (tid < kSplits * kHeads) {
+      const int owner = tid / kHeads, head = tid % kHeads;
+      store_remote(
+          cluster_address(&sh.incoming_out[split * kBlockFloats + kHeads * kSlice + head], owner),
+          sh.state_lse[head], cluster_address(&sh.incoming, owner));
     }
   }
-  cluster.sync();  // every split's state is visible to the cluster
 
-  // Merge: 16 threads per head, each kDims consecutive output dims of this
-  // rank's slice, summed over the splits in rank order.
+  // Merge this CTA's slice: 16 threads per head, each kDims consecutive dims,
+  // summed over the splits in rank order.
+  mbarrier_wait(&sh.incoming, 0);
   {
-    constexpr int kDims = kLatentRank / kSplits / 16;  // 4 (8 splits) or 2 (16)
+    constexpr int kDims = kSlice / 16;  // 2 (16 splits) or 4 (8)
     const int head = tid / 16;
-    const int dim = split * (kLatentRank / kSplits) + (tid % 16) * kDims;
+    const int local = (tid % 16) * kDims;
     float lse[kSplits];
     float max_lse = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kSplits; ++s) {
-      lse[s] = cluster.map_shared_rank(sh.state_lse, s)[head];
+      lse[s] = sh.incoming_out[s * kBlockFloats + kHeads * kSlice + head];
       max_lse = fmaxf(max_lse, lse[s]);
     }
     float out[kDims] = {};
@@ -272,21 +338,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
         const float weight = exp2f(lse[s] - max_lse);
         if (weight == 0.f) continue;
         total += weight;
-        const float* remote = cluster.map_shared_rank(state, s) + head * kLatentRank + dim;
-        float part[kDims];
-        if constexpr (kDims == 4) {
-          const float4 v = *reinterpret_cast<const float4*>(remote);
-          part[0] = v.x, part[1] = v.y, part[2] = v.z, part[3] = v.w;
-        } else {
-          const float2 v = *reinterpret_cast<const float2*>(remote);
-          part[0] = v.x, part[1] = v.y;
-        }
+        const float* part = &sh.incoming_out[s * kBlockFloats + head * kSlice + local];
 #pragma unroll
         for (int i = 0; i < kDims; ++i) out[i] += weight * part[i];
       }
     }
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    uint16_t* destination = p.out + (row * p.heads + head0 + head) * kLatentRank + dim;
+    uint16_t* destination =
+        p.out + (row * p.heads + head0 + head) * kLatentRank + split * kSlice + local;
 #pragma unroll
     for (int i = 0; i < kDims; i += 2)
       *reinterpret_cast<uint32_t*>(destination + i) =
@@ -295,7 +354,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
       p.lse[row * p.heads + head0 + head] =
           total > 0.f ? (max_lse + log2f(total)) * kLn2 : -INFINITY;
   }
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 template <int kSplits>
