@@ -38,7 +38,7 @@ if [[ "${1:-}" == "--pack" ]]; then
   # OpenBLAS alone is 36 MB: binaries and libraries travel xz-compressed (the carry limit is
   # 64 MiB together with the tree).
   # xz -9: a 64 MiB window compresses the shared code of the statically linked binaries once.
-  XZ_OPT=-9 tar -C "$pack" -cJf "$pack/pack.tar.xz" bin lib && rm -rf "$pack/bin" "$pack/lib"
+  XZ_OPT=-9 tar -C "$pack" -cJf "$pack/pack.tar.xz" bin lib && rm -rf "${pack:?}/bin" "${pack:?}/lib"
   du -sh "$pack"
   exit 0
 fi
@@ -200,6 +200,8 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   for part in "$out"/*_test.part; do cat "$part" >>"$out/tests.log"; rm -f "$part"; done
   note "tests: $(grep -c '^\[       OK \]' "$out/tests.log") ok, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$out/tests.log") failed"
   grep '^\[  FAILED  \] [A-Za-z]' "$out/tests.log" | sort -u | head -20 | tee -a "$summary"
+  # What failed, in the summary itself (the logs may not come back from a device call).
+  grep -A6 ': Failure$' "$out/tests.log" | head -40 | tee -a "$summary"
 fi
 wait "${sanitizer_pids[@]}"
 : >"$out/sanitizer.log"
@@ -458,4 +460,10 @@ fi
 [[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
 [[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|plan): ' "$out/ttft.md"
 [[ -f "$out/long_decode.md" ]] && grep -E '^\| [0-9]+ \| [0-9]+ \||^(read bandwidth|plan): ' "$out/long_decode.md"
+# A device call brings back at most 8 files from $OUT: past that, every log
+# but the summary goes into one archive.
+if [[ -n "${OUT:-}" && $(find "$out" -maxdepth 1 -type f | wc -l) -gt 8 ]]; then
+  (cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt -printf '%P\n' |
+    XZ_OPT=-6 tar -cJf logs.tar.xz -T - --remove-files)
+fi
 exit 0
