@@ -167,10 +167,8 @@ KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, in
   KvCacheSpec spec = whole;
   const auto owned = [&](const std::vector<int64_t>& layers) {
     std::vector<int64_t> out;
-    for (const int64_t layer : layers) {
-      const int owner = plan.kv_owner_of(layer);
-      if (owner < 0 || owner == rank) out.push_back(layer);
-    }
+    for (const int64_t layer : layers)
+      if (plan.holds_kv(layer, rank)) out.push_back(layer);
     return out;
   };
   spec.latent_layers = owned(whole.latent_layers);

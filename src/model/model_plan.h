@@ -105,11 +105,13 @@ struct ModelPlan {
                ? kv_owner[static_cast<size_t>(index)]
                : -1;
   }
-  // Whether this rank holds (reads and writes) layer `index`'s caches.
-  bool holds_kv(int64_t index) const {
+  // Whether rank `rank` of the group (this rank by default) holds (reads and
+  // writes) layer `index`'s caches.
+  bool holds_kv(int64_t index, int rank) const {
     const int owner = kv_owner_of(index);
-    return owner < 0 || owner == tensor_parallel_rank;
+    return owner < 0 || owner == rank;
   }
+  bool holds_kv(int64_t index) const { return holds_kv(index, tensor_parallel_rank); }
 };
 
 // Checks what every forward pass needs (the architecture's own rules from
