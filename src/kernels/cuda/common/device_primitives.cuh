@@ -64,6 +64,18 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* destination, const voi
       "l"(source), "r"(bytes), "r"(shared_address(barrier))
       : "memory");
 }
+// This CTA's shared memory -> another CTA's of the cluster (both addresses in
+// the shared::cluster window, from mapa), completing on the receiver's
+// mbarrier. Completion is seen only by the receiver: the sender must not exit
+// before it knows the copy has read its source (a cluster barrier).
+__device__ __forceinline__ void bulk_copy_to_cluster(unsigned destination, unsigned source,
+                                                     unsigned bytes, unsigned barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+      "[%3];\n" ::"r"(destination),
+      "r"(source), "r"(bytes), "r"(barrier)
+      : "memory");
+}
 // Spins until the barrier's phase with parity `phase` has completed; a copy
 // that never lands traps (a launch error) instead of hanging the GPU.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, unsigned phase) {

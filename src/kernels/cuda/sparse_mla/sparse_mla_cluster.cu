@@ -22,19 +22,23 @@
 //      (the two dim halves summed in a fixed order);
 //   4. softmax (log2 domain), 16 threads per head row, one pass;
 //   5. O[16][512] = P V            warp w: dims 64*w..
-// Then every CTA pushes O / sum, slice by slice with its lse, into the CTA
-// that merges the slice (remote stores into its shared memory, completing on
-// its mbarrier): CTA r merges output dims [r * 512 / C,
+// Then every CTA pushes O / sum as f16, slice by slice with its lse, into the
+// CTA that merges the slice (one bulk copy per merger into its shared memory,
+// completing on its mbarrier): CTA r merges output dims [r * 512 / C,
 // (r + 1) * 512 / C) of all 16 heads over the C splits in rank order
 // (deterministic for a given C) and writes them as bf16; rank 0 writes the
-// lse. Pushing instead of pulling needs no cluster barrier after the states
-// are written and none before exit (a pull merge spent ~4.7 us in its two
-// cluster barriers and remote loads): a CTA waits only for the bytes it merges.
+// lse. Pushing instead of pulling needs no cluster barrier between the states
+// and the merge (a pull merge spent ~4.7 us in its two cluster barriers and
+// remote loads; per-thread st.async pushes ~1 us more than the bulk copies):
+// a CTA waits only for the bytes it merges, and the one cluster barrier left,
+// arrived at once its bytes are in and waited on at exit, keeps each sender
+// alive until its copies have read their source.
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/sparse_mla/latent_convert.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
@@ -57,20 +61,20 @@ constexpr float kQueryPrescale = 1.f / 64.f;  // as the general kernel: |q| up t
 
 // What each CTA of the cluster receives for its merge: from every split, a
 // block of the split's normalised output over this CTA's slice of the 512
-// dims ([16 heads][512 / C] fp32) followed by its 16 lse values (log2 domain):
-// 33 KB at most.
-constexpr int kIncomingFloats = kHeads * kLatentRank + kSparseMlaClusterMaxSplits * kHeads;
+// dims ([16 heads][512 / C] f16) followed by its 16 lse values (fp32, log2
+// domain): 17 KB at most.
+constexpr int kIncomingBytes = kHeads * kLatentRank * 2 + kSparseMlaClusterMaxSplits * kHeads * 4;
 
 struct ClusterShared {
   __half q[kHeads * kStride];
   alignas(16) __half k[kKeys * kStride];
   float s[2][kHeads * kScoreStride];              // S of the two dim halves
   alignas(16) __half prob[kHeads * kProbStride];  // ldmatrix rows: 16-byte aligned
-  alignas(16) float incoming_out[kIncomingFloats];
+  alignas(16) uint8_t incoming[kIncomingBytes];
   int32_t slot_ids[kKeys];
   float row_sum[kHeads];
-  float state_lse[kHeads];  // log2 domain (includes the softmax scale)
-  uint64_t incoming;        // mbarrier: completes when every split's bytes have landed
+  float state_lse[kHeads];    // log2 domain (includes the softmax scale)
+  uint64_t incoming_barrier;  // completes when every other split's block has landed
 };
 
 // The address of `local` (this CTA's shared memory) in CTA `rank` of the cluster.
@@ -81,29 +85,15 @@ __device__ __forceinline__ uint32_t cluster_address(const void* local, int rank)
                : "r"(shared_address(local)), "r"(rank));
   return remote;
 }
-// Stores into another CTA's shared memory (a cluster address), counted on
-// its mbarrier `barrier` (a cluster address) as transaction bytes.
-__device__ __forceinline__ void store_remote(uint32_t address, float a, float b, uint32_t barrier) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(
-          address),
-      "f"(a), "f"(b), "r"(barrier)
-      : "memory");
-}
-__device__ __forceinline__ void store_remote(uint32_t address, float a, uint32_t barrier) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(address),
-      "f"(a), "r"(barrier)
-      : "memory");
-}
-
 template <int kSplits>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
   static_assert(kSplits <= kSparseMlaClusterMaxSplits && kKeys == 16 * (kThreads / 32));
-  constexpr int kSlice = kLatentRank / kSplits;           // output dims each CTA merges: 32 or 64
-  constexpr int kBlockFloats = kHeads * kSlice + kHeads;  // one split's block for one merger
-  constexpr unsigned kIncomingBytes = kSplits * kBlockFloats * 4;
-  static_assert(kSplits * kBlockFloats <= kIncomingFloats && kBlockFloats % 4 == 0);
+  constexpr int kSlice = kLatentRank / kSplits;         // output dims each CTA merges: 32 or 64
+  constexpr int kLseOffset = kHeads * kSlice * 2;       // bytes: f16 outputs, then fp32 lse
+  constexpr int kBlockBytes = kLseOffset + kHeads * 4;  // one split's block for one merger
+  constexpr unsigned kExpectedBytes = (kSplits - 1) * kBlockBytes;  // the other splits' copies
+  static_assert(kSplits * kBlockBytes <= kIncomingBytes && kBlockBytes % 16 == 0);
+  static_assert(kSplits * kBlockBytes <= kKeys * kStride * 2);  // the staging fits in K
   grid_dependency_wait();
   grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t shared_bytes[];
@@ -126,9 +116,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   // cluster arrive (waited on just before the first remote store) tells the
   // other CTAs that this one runs and its barrier is initialised.
   if (tid == 0) {
-    mbarrier_init(&sh.incoming, 1);
+    mbarrier_init(&sh.incoming_barrier, 1);
     mbarrier_init_fence();
-    mbarrier_arrive_expect_bytes(&sh.incoming, kIncomingBytes);
+    mbarrier_arrive_expect_bytes(&sh.incoming_barrier, kExpectedBytes);
   }
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 
@@ -284,14 +274,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     }
   }
 
-  // Push: this split's normalised output to the CTA that merges each slice
-  // (st.async into its shared memory, counted on its mbarrier), its lse to
-  // every CTA; the block layout of incoming_out is [split][16 heads][kSlice]
-  // then [16] lse. (Staging the blocks and sending one bulk copy per CTA was
-  // ~1 us faster, 10.85 us, but compute-sanitizer's memcheck reports its
-  // DSMEM bulk writes as outside the remote CTA; until that is understood the
-  // per-thread stores stay.)
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every CTA is running
+  // Push: every split stages its normalised output as f16, block by block
+  // (the block for merger r: [16 heads][kSlice] over r's dims, then its 16 lse
+  // values as fp32), in K's space (free once every warp is past PV), and sends
+  // each other CTA its block with one bulk copy into that CTA's shared memory,
+  // counted on its mbarrier; its own block it writes in place. f16 loses
+  // nothing the bf16 output keeps (O is a convex combination of f16 V rows).
+  __syncthreads();  // every warp is done with K and P
+  uint8_t* stage = reinterpret_cast<uint8_t*>(sh.k);
+  auto block_at = [&](int owner) {
+    return owner == split ? &sh.incoming[split * kBlockBytes] : stage + owner * kBlockBytes;
+  };
   {
     const float sum_low = sh.row_sum[g], sum_high = sh.row_sum[g + 8];
     const float inverse_low = sum_low > 0.f ? 1.f / sum_low : 0.f;
@@ -299,26 +292,31 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       const int dim = warp * 64 + n * 8 + 2 * t;
-      const int owner = dim / kSlice;
-      const uint32_t barrier = cluster_address(&sh.incoming, owner);
-      const uint32_t base =
-          cluster_address(&sh.incoming_out[split * kBlockFloats + dim % kSlice], owner);
-      store_remote(base + g * kSlice * 4, acc[n][0] * inverse_low, acc[n][1] * inverse_low,
-                   barrier);
-      store_remote(base + (g + 8) * kSlice * 4, acc[n][2] * inverse_high, acc[n][3] * inverse_high,
-                   barrier);
+      __half* block = reinterpret_cast<__half*>(block_at(dim / kSlice));
+      *reinterpret_cast<uint32_t*>(&block[g * kSlice + dim % kSlice]) =
+          pack_half2(acc[n][0] * inverse_low, acc[n][1] * inverse_low);
+      *reinterpret_cast<uint32_t*>(&block[(g + 8) * kSlice + dim % kSlice]) =
+          pack_half2(acc[n][2] * inverse_high, acc[n][3] * inverse_high);
     }
     if (tid < kSplits * kHeads) {
       const int owner = tid / kHeads, head = tid % kHeads;
-      store_remote(
-          cluster_address(&sh.incoming_out[split * kBlockFloats + kHeads * kSlice + head], owner),
-          sh.state_lse[head], cluster_address(&sh.incoming, owner));
+      reinterpret_cast<float*>(block_at(owner) + kLseOffset)[head] = sh.state_lse[head];
     }
   }
+  fence_proxy_async_shared();  // the staged blocks, written by threads, read by the copy engine
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every CTA is running
+  if (tid < kSplits && tid != split)
+    bulk_copy_to_cluster(cluster_address(&sh.incoming[split * kBlockBytes], tid),
+                         shared_address(stage + tid * kBlockBytes), kBlockBytes,
+                         cluster_address(&sh.incoming_barrier, tid));
 
   // Merge this CTA's slice: 16 threads per head, each kDims consecutive dims,
   // summed over the splits in rank order.
-  mbarrier_wait(&sh.incoming, 0);
+  mbarrier_wait(&sh.incoming_barrier, 0);
+  // Every copy this CTA receives has landed; once all CTAs say so, every
+  // copy has read its source, and a CTA may exit (waited on at the end).
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   {
     constexpr int kDims = kSlice / 16;  // 2 (16 splits) or 4 (8)
     const int head = tid / 16;
@@ -327,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     float max_lse = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kSplits; ++s) {
-      lse[s] = sh.incoming_out[s * kBlockFloats + kHeads * kSlice + head];
+      lse[s] = reinterpret_cast<const float*>(&sh.incoming[s * kBlockBytes + kLseOffset])[head];
       max_lse = fmaxf(max_lse, lse[s]);
     }
     float out[kDims] = {};
@@ -338,9 +336,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
         const float weight = exp2f(lse[s] - max_lse);
         if (weight == 0.f) continue;
         total += weight;
-        const float* part = &sh.incoming_out[s * kBlockFloats + head * kSlice + local];
+        const __half* part =
+            reinterpret_cast<const __half*>(&sh.incoming[s * kBlockBytes]) + head * kSlice + local;
 #pragma unroll
-        for (int i = 0; i < kDims; ++i) out[i] += weight * part[i];
+        for (int i = 0; i < kDims; ++i) out[i] += weight * __half2float(part[i]);
       }
     }
     const float inverse = total > 0.f ? 1.f / total : 0.f;
@@ -354,6 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
       p.lse[row * p.heads + head0 + head] =
           total > 0.f ? (max_lse + log2f(total)) * kLn2 : -INFINITY;
   }
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
 template <int kSplits>
