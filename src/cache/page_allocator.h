@@ -7,6 +7,11 @@
 // With the live host tier, ids [device_pages, device_pages + offload_pages)
 // are offload pages (latents in host memory, kv_cache.h), handed out by
 // allocate_offload() from their own free list.
+//
+// Data-parallel attention (`ranks` > 1): the device pages are `ranks` equal
+// ranges, range r [r * pages_per_rank, (r + 1) * pages_per_rank) held by
+// rank r's KV pools; allocate(r) hands out pages of rank r only, since a
+// sequence's rows run on the rank that holds all its pages.
 #pragma once
 
 #include <cstdint>
@@ -17,21 +22,30 @@ namespace megactx {
 
 class PageAllocator {
  public:
-  explicit PageAllocator(int64_t num_pages, int64_t offload_pages = 0);
+  // `ranks` must divide num_pages; offload pages only with one rank.
+  explicit PageAllocator(int64_t num_pages, int64_t offload_pages = 0, int ranks = 1);
 
   // Every page id, device and offload.
   int64_t num_pages() const { return static_cast<int64_t>(ref_counts_.size()); }
   // Device pages: what num_free / num_used / allocate count and give.
   int64_t device_pages() const { return device_pages_; }
-  int64_t num_free() const { return static_cast<int64_t>(free_pages_.size()); }
+  int64_t num_free() const;
   int64_t num_used() const { return device_pages_ - num_free(); }
+  // Data-parallel ranks, each pages_per_rank() device pages.
+  int ranks() const { return static_cast<int>(free_pages_.size()); }
+  int64_t pages_per_rank() const { return device_pages_ / ranks(); }
+  int rank_of(int32_t page) const { return static_cast<int>(page / pages_per_rank()); }
+  int64_t num_free(int rank) const {
+    return static_cast<int64_t>(free_pages_[static_cast<size_t>(rank)].size());
+  }
   int64_t offload_pages() const { return num_pages() - device_pages_; }
   int64_t num_free_offload() const { return static_cast<int64_t>(free_offload_pages_.size()); }
   int64_t num_used_offload() const { return offload_pages() - num_free_offload(); }
   bool is_offload(int32_t page) const { return page >= device_pages_; }
 
-  // A free device page with reference count 1, or nothing when none is free.
-  std::optional<int32_t> allocate();
+  // A free device page of `rank` with reference count 1, or nothing when
+  // none is free.
+  std::optional<int32_t> allocate(int rank = 0);
   // The same for an offload page.
   std::optional<int32_t> allocate_offload();
   void add_ref(int32_t page);
@@ -46,8 +60,9 @@ class PageAllocator {
  private:
   void check_page(int32_t page) const;
 
-  std::vector<int32_t> ref_counts_;          // [num_pages]
-  std::vector<int32_t> free_pages_;          // a stack; the lowest ids come out first
+  std::vector<int32_t> ref_counts_;  // [num_pages]
+  // [ranks] stacks; the lowest ids come out first.
+  std::vector<std::vector<int32_t>> free_pages_;
   std::vector<int32_t> free_offload_pages_;  // the same for offload pages
   int64_t device_pages_ = 0;
 };

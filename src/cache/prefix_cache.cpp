@@ -47,9 +47,18 @@ bool host_candidate(const PrefixCache::Node* node) {
 
 }  // namespace
 
-PrefixCache::PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier* host_tier)
-    : allocator_(allocator), page_size_(page_size), host_tier_(host_tier), root_(new Node) {
+PrefixCache::PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier* host_tier,
+                         int rank)
+    : allocator_(allocator),
+      page_size_(page_size),
+      host_tier_(host_tier),
+      rank_(rank),
+      root_(new Node) {
   MEGACTX_CHECK(page_size > 0, "invalid page size {}", page_size);
+  MEGACTX_CHECK(
+      rank >= 0 && rank < allocator.ranks() && (host_tier == nullptr || allocator.ranks() == 1),
+      "prefix cache of rank {} over {} ranks{}", rank, allocator.ranks(),
+      host_tier != nullptr ? " with a host tier" : "");
 }
 
 PrefixCache::~PrefixCache() {
@@ -77,6 +86,18 @@ PrefixCache::Node* PrefixCache::find_child(Node* parent, std::span<const int32_t
     }
   }
   return nullptr;
+}
+
+int64_t PrefixCache::cached_prefix_tokens(std::span<const int32_t> tokens) const {
+  const Node* cursor = root_;
+  int64_t pages = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(tokens.size()) / page_size_; ++i) {
+    auto page_tokens = tokens.subspan(static_cast<size_t>(i * page_size_), page_size_);
+    cursor = find_child(const_cast<Node*>(cursor), page_tokens, hash_page(page_tokens));
+    if (cursor == nullptr || cursor->page < 0) break;
+    ++pages;
+  }
+  return pages * page_size_;
 }
 
 PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens) {
@@ -340,8 +361,8 @@ int64_t PrefixCache::evict_host(int64_t pages) {
 }
 
 bool PrefixCache::load_from_host(Node* node) {
-  std::optional<int32_t> page = allocator_.allocate();
-  if (!page && evict(1) == 1) page = allocator_.allocate();
+  std::optional<int32_t> page = allocator_.allocate(rank_);
+  if (!page && evict(1) == 1) page = allocator_.allocate(rank_);
   if (!page) return false;
   const int32_t host_pages[] = {node->host_page};
   const int32_t device_pages[] = {*page};

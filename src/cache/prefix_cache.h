@@ -18,6 +18,10 @@
 // copies of device nodes, or host-only leaves (dropped from the tree).
 //
 // Partial pages are never shared, so no copy-on-write is needed.
+//
+// Data-parallel attention: one PrefixCache per rank, over that rank's range
+// of the allocator's pages (page_allocator.h); a tree never holds another
+// rank's page, since the pages of a sequence live where its rows run.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +46,11 @@ class PrefixCache {
     int64_t tokens = 0;          // pages.size() * page_size
   };
 
-  // `host_tier` (optional) must outlive the cache.
-  PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier* host_tier = nullptr);
+  // `host_tier` (optional) must outlive the cache. `rank`: the allocator's
+  // data-parallel rank whose pages this tree holds (no host tier with
+  // several ranks).
+  PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier* host_tier = nullptr,
+              int rank = 0);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -58,6 +65,9 @@ class PrefixCache {
   // ones, or ones evicted for them) while there are any; the match ends where
   // none can be had. Counts tokens.size() as queried and the match as hits.
   Match match(std::span<const int32_t> tokens);
+  // The tokens match() would find on the device now, without taking or
+  // counting anything (data-parallel attention: which rank holds a prefix).
+  int64_t cached_prefix_tokens(std::span<const int32_t> tokens) const;
 
   // Adds the first `num_full_pages` pages of a sequence (`tokens` holds at
   // least num_full_pages * page_size ids, `pages` is its page table) below
@@ -125,6 +135,7 @@ class PrefixCache {
   PageAllocator& allocator_;
   int64_t page_size_;
   HostKvTier* host_tier_;
+  int rank_;
   Node* root_;
   std::vector<std::unique_ptr<Node>> nodes_;  // every node but the root; Node::slot indexes it
   int64_t num_nodes_ = 0;

@@ -7,7 +7,8 @@
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
-//   [--enable-layer-split]] [--context-parallel-size N]
+//   [--enable-layer-split | --enable-dp-attention [--data-parallel-size N]]]
+//   [--context-parallel-size N]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -30,6 +31,11 @@
 // entries a step selected to the others. --context-parallel-size N (CPU so
 // far): N processes with the whole model, each prefill step's rows split over
 // them (the new latents and indexer keys gathered into every rank's cache).
+// --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
+// --data-parallel-size / --dp-size, which must then be N): every rank holds
+// attention and the dense weights whole and runs its own requests, in its
+// own KV pages (N times the requests of one process), the routed experts
+// sharded and reached by all-to-all (model/group_model.h).
 // One engine and HTTP front, on this process.
 // --gateway-*: the agent gateway (docs/gateway.md): chat requests with an
 // X-Session-Id header are recorded as trajectories, their tool calls screened.
@@ -99,6 +105,7 @@ struct ServeOptions {
   int tensor_parallel_size = 1;
   int expert_parallel_size = 1;
   int context_parallel_size = 1;
+  int data_parallel_size = 1;
   bool enable_layer_split = false;
   bool enable_dp_attention = false;
 };
@@ -152,10 +159,41 @@ int run_serve(const ServeOptions& options) {
                   "--enable-layer-split runs on the CPU only so far (the CUDA model has no "
                   "group yet)");
   }
-  MEGACTX_CHECK(!options.enable_dp_attention,
-                "--enable-dp-attention needs an engine per rank behind one front: not yet "
-                "(data-parallel attention with expert parallelism runs in the model, "
-                "tests/parallel)");
+  if (options.enable_dp_attention) {
+    // Data-parallel attention is the tensor-parallel group's ranks each with
+    // their own requests: what it cannot combine with yet is refused here.
+    const int n = options.tensor_parallel_size;
+    MEGACTX_CHECK(n > 1,
+                  "--enable-dp-attention runs one rank per --tensor-parallel-size process: it "
+                  "needs --tensor-parallel-size 2 or more");
+    MEGACTX_CHECK(
+        options.expert_parallel_size == n,
+        "--enable-dp-attention needs --expert-parallel-size {} (= --tensor-parallel-size): "
+        "the routed experts are sharded over the ranks, every other weight is whole on "
+        "each",
+        n);
+    MEGACTX_CHECK(options.data_parallel_size == 1 || options.data_parallel_size == n,
+                  "--data-parallel-size {} must equal --tensor-parallel-size {} with "
+                  "--enable-dp-attention (every rank is one attention replica)",
+                  options.data_parallel_size, n);
+    MEGACTX_CHECK(options.context_parallel_size == 1,
+                  "--enable-dp-attention is not combined with --context-parallel-size");
+    MEGACTX_CHECK(options.speculative.steps == 0 && !options.speculative.automatic,
+                  "--enable-dp-attention is not combined with MTP speculation "
+                  "(--speculative-steps) yet: the MTP layer's steps would have to meet in the "
+                  "experts' all-to-all");
+    MEGACTX_CHECK(options.host_kv_memory.empty() && options.host_latent_memory.empty(),
+                  "--enable-dp-attention is not combined with --host-kv-memory or "
+                  "--host-latent-memory yet (the host tiers hold one rank's pages)");
+    MEGACTX_CHECK(options.device == "cpu",
+                  "--enable-dp-attention runs on the CPU only so far (the CUDA model has no "
+                  "group yet)");
+  } else {
+    MEGACTX_CHECK(options.data_parallel_size == 1,
+                  "--data-parallel-size {} needs --enable-dp-attention (replicas of the whole "
+                  "model behind one front are not served)",
+                  options.data_parallel_size);
+  }
   MEGACTX_CHECK(options.tensor_parallel_size == 1 || options.device == "cpu",
                 "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
@@ -170,6 +208,7 @@ int run_serve(const ServeOptions& options) {
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;
   load.load.layer_split = options.enable_layer_split;
+  load.load.data_parallel_attention = options.enable_dp_attention;
   const int group_size = std::max(options.tensor_parallel_size, options.context_parallel_size);
   std::unique_ptr<ServeGroup> group;
   // A group that lost a rank cannot serve: the server shuts down (exit 1).
@@ -260,7 +299,9 @@ int run_serve(const ServeOptions& options) {
       {"tensor_parallel_size", options.tensor_parallel_size},
       {"expert_parallel_size", options.expert_parallel_size},
       {"context_parallel_size", options.context_parallel_size},
-      {"enable_layer_split", options.enable_layer_split}};
+      {"enable_layer_split", options.enable_layer_split},
+      {"enable_dp_attention", options.enable_dp_attention},
+      {"dp_size", options.enable_dp_attention ? options.tensor_parallel_size : 1}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -403,7 +444,15 @@ CommandRegistration registration{
                        "1/N of the KV memory per rank, so N times the pages of --kv-memory; "
                        "CPU)");
       command.add_flag("--enable-dp-attention", options->enable_dp_attention,
-                       "Data-parallel attention (not yet served; an error)");
+                       "Data-parallel attention with --tensor-parallel-size N "
+                       "--expert-parallel-size N: each rank runs attention whole for its own "
+                       "requests in its own KV pages (N times the requests), the routed experts "
+                       "sharded and reached by all-to-all (CPU)");
+      command
+          .add_option("--data-parallel-size,--dp-size", options->data_parallel_size,
+                      "With --enable-dp-attention: the data-parallel ranks (must equal "
+                      "--tensor-parallel-size)")
+          ->capture_default_str();
       command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,
                        "Load no tokenizer (also right for a model folder without "
                        "tokenizer.json): /generate takes input_ids and returns output_ids; "

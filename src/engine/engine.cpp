@@ -46,11 +46,18 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   const ModelConfig& model_config = model_->config();
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
+  // Data-parallel attention: each rank's pages hold its own requests.
+  const int ranks = model_->data_parallel_ranks();
+  MEGACTX_CHECK(
+      ranks == 1 || (config_.speculative_steps == 0 && config_.host_kv_memory_bytes == 0 &&
+                     config_.host_latent_memory_bytes == 0),
+      "data-parallel attention is not combined with MTP speculation, the host KV tier "
+      "or the live host tier yet");
   if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
-  capacity_ =
-      plan_kv_capacity(model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,
-                       config_.speculative_steps > 0,
-                       [this](const KvCacheSpec& whole) { return model_->kv_cache_shares(whole); });
+  capacity_ = plan_kv_capacity(
+      model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,
+      config_.speculative_steps > 0,
+      [this](const KvCacheSpec& whole) { return model_->kv_cache_shares(whole); }, ranks);
   capacity_.spec.device = model_->device();
   if (config_.host_latent_memory_bytes > 0) plan_offload_pages();
   spdlog::info("{}", capacity_.summary());
@@ -74,8 +81,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
                 "engine: the KV cache is on the {} but the model on the {}",
                 cache_->spec().device == Device::CUDA ? "GPU" : "host",
                 model_->device() == Device::CUDA ? "GPU" : "host");
-  allocator_ =
-      std::make_unique<PageAllocator>(capacity_.spec.num_pages, capacity_.spec.offload_pages);
+  allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages,
+                                               capacity_.spec.offload_pages, ranks);
   if (config_.record_routed_experts) {
     const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.bytes_per_page;
     routed_ = std::make_unique<RoutedExpertsTable>(
@@ -87,14 +94,19 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
     if (routed_) offload_copy_ = routed_->wrap(std::move(offload_copy_), *cache_);
   }
   if (config_.host_kv_memory_bytes > 0) create_host_tier();
-  prefix_cache_ = std::make_unique<PrefixCache>(*allocator_, config_.page_size, host_tier_.get());
+  std::vector<PrefixCache*> prefix_caches;
+  for (int rank = 0; rank < ranks; ++rank) {
+    prefix_caches_.push_back(
+        std::make_unique<PrefixCache>(*allocator_, config_.page_size, host_tier_.get(), rank));
+    prefix_caches.push_back(prefix_caches_.back().get());
+  }
   SchedulerConfig scheduler_config;
   scheduler_config.max_running_requests = config_.max_running_requests;
   scheduler_config.max_prefill_tokens = config_.max_prefill_tokens;
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
   scheduler_config.max_logit_rows = step_logit_rows(config_);
-  scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, *prefix_cache_);
+  scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, std::move(prefix_caches));
   sampler_ = make_sampler(*model_, config_.deterministic);
   update_stats();
 }
@@ -356,7 +368,7 @@ bool Engine::flush_cache() {
     std::lock_guard inbox_lock(inbox_mutex_);
     if (!live_rids_.empty()) return false;
   }
-  prefix_cache_->flush();
+  for (const auto& prefix_cache : prefix_caches_) prefix_cache->flush();
   update_stats();
   return true;
 }
@@ -932,17 +944,29 @@ void Engine::update_stats() {
   stats.kv_pages_total = allocator_->device_pages();
   stats.kv_pages_used = allocator_->num_used();
   stats.max_context_tokens = max_total_tokens_;
-  stats.prefix_cache_queries = prefix_cache_->queried_tokens();
-  stats.prefix_cache_hits = prefix_cache_->hit_tokens();
+  for (const auto& prefix_cache : prefix_caches_) {
+    stats.prefix_cache_queries += prefix_cache->queried_tokens();
+    stats.prefix_cache_hits += prefix_cache->hit_tokens();
+    stats.prefix_cache_pages += prefix_cache->cached_pages();
+    stats.prefix_cache_host_hits += prefix_cache->host_hit_tokens();
+  }
   stats.kv_page_size = config_.page_size;
-  stats.prefix_cache_pages = prefix_cache_->cached_pages();
+  if (scheduler_->ranks() > 1) {
+    for (int rank = 0; rank < scheduler_->ranks(); ++rank) {
+      DataParallelRankStats& r = stats.data_parallel_ranks.emplace_back();
+      r.running_requests = scheduler_->running_on(rank);
+      r.admissions = scheduler_->admissions(rank);
+      r.kv_pages_total = allocator_->pages_per_rank();
+      r.kv_pages_free = allocator_->num_free(rank);
+      r.prefix_cache_pages = prefix_caches_[static_cast<size_t>(rank)]->cached_pages();
+    }
+  }
   if (host_tier_) {
     stats.host_kv_pages_total = host_tier_->num_pages();
     stats.host_kv_pages_used = host_tier_->allocator().num_used();
     stats.host_kv_saved_pages = host_tier_->saved_pages();
     stats.host_kv_loaded_pages = host_tier_->loaded_pages();
   }
-  stats.prefix_cache_host_hits = prefix_cache_->host_hit_tokens();
   stats.host_latent_pages_total = allocator_->offload_pages();
   stats.host_latent_pages_used = allocator_->num_used_offload();
   stats.host_latent_moved_pages = offloaded_pages_;

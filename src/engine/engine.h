@@ -182,7 +182,7 @@ class Engine : public EngineApi {
   KvPageCopy offload_copy_;                     // the model's page copy (offload pages on)
   std::unique_ptr<RoutedExpertsTable> routed_;  // record_routed_experts
   std::unique_ptr<PageAllocator> allocator_;
-  std::unique_ptr<PrefixCache> prefix_cache_;
+  std::vector<std::unique_ptr<PrefixCache>> prefix_caches_;  // one per data-parallel rank
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Sampler> sampler_;
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/request.h"
 
@@ -15,6 +16,15 @@ struct ModelConfig;
 namespace grammar {
 class GrammarCompiler;
 }
+
+// Data-parallel attention: one rank's share of the engine (EngineStats).
+struct DataParallelRankStats {
+  int64_t running_requests = 0;
+  int64_t admissions = 0;  // requests admitted to run on this rank so far
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_free = 0;       // not held by a request or the prefix cache
+  int64_t prefix_cache_pages = 0;  // its prefix cache's pages
+};
 
 struct EngineStats {
   int64_t running_requests = 0;
@@ -54,6 +64,8 @@ struct EngineStats {
   int64_t host_latent_hot_hits = 0;
   int64_t host_latent_copied_bytes = 0;
   int64_t host_latent_read_steps = 0;
+  // Data-parallel attention: rank by rank (empty without it).
+  std::vector<DataParallelRankStats> data_parallel_ranks;
 };
 
 // What the RL control routes ask of the engine (docs: README "Driving

@@ -75,7 +75,8 @@ WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
   if (speculator_) speculator_->reload(*checkpoint);
   // KV held now is of the old weights: never shared again.
   for (auto& [rid, request] : requests_) request->shares_pages = false;
-  if (update.flush_cache) prefix_cache_->retire();
+  if (update.flush_cache)
+    for (const auto& prefix_cache : prefix_caches_) prefix_cache->retire();
   {
     std::lock_guard stats_lock(stats_mutex_);
     if (!update.weight_version.empty()) weight_version_ = update.weight_version;
@@ -96,7 +97,7 @@ void Engine::release_memory(const MemoryTags& tags) {
                   "the KV cache cannot be released while {} requests are live (pause with "
                   "mode abort first)",
                   requests_.size());
-    prefix_cache_->flush();
+    for (const auto& prefix_cache : prefix_caches_) prefix_cache->flush();
     // Assigned in place: the host tier and the scheduler keep their references.
     // The model's factory builds the empty pools on the cache's own device.
     KvCacheSpec none = capacity_.spec;

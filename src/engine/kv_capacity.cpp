@@ -27,6 +27,13 @@ std::string KvCapacityPlan::summary() const {
       "KV cache: {} pages x {} tokens = {} tokens max; {} latent + {} indexer pools ({})",
       spec.num_pages, spec.page_size, max_tokens, spec.latent_layers.size(),
       spec.indexer_layers.size(), kv_dtype_name(spec.dtype));
+  if (data_parallel_ranks > 1) {
+    return line + fmt::format(
+                      " over {} data-parallel ranks ({} pages = {} tokens of their own requests "
+                      "each), {} B/token, {:.2f} GiB per rank",
+                      data_parallel_ranks, pages_per_rank, pages_per_rank * spec.page_size,
+                      bytes_per_token, static_cast<double>(total_bytes) / kGiB);
+  }
   if (shares.size() <= 1) {
     return line + fmt::format(", {} B/token, {:.2f} GiB", bytes_per_token,
                               static_cast<double>(total_bytes) / kGiB);
@@ -50,8 +57,8 @@ std::string KvCapacityPlan::summary() const {
 }
 
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
-                                int64_t page_size, bool with_mtp_layer,
-                                const KvCacheShares& shares) {
+                                int64_t page_size, bool with_mtp_layer, const KvCacheShares& shares,
+                                int data_parallel_ranks) {
   KvCapacityPlan plan;
   plan.spec = make_kv_cache_spec(model, 0, dtype, page_size, with_mtp_layer);
   KvCacheSpec& spec = plan.spec;
@@ -76,6 +83,13 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
   plan.bytes_per_token = plan.bytes_per_page / page_size;
   plan.total_bytes = spec.num_pages * plan.bytes_per_page;
   plan.max_tokens = spec.num_pages * page_size;
+  plan.pages_per_rank = spec.num_pages;
+  MEGACTX_CHECK(data_parallel_ranks >= 1 && (data_parallel_ranks == 1 || plan.shares.empty()) &&
+                    spec.num_pages * data_parallel_ranks <= INT32_MAX,
+                "KV pages: {} per rank over {} data-parallel ranks", spec.num_pages,
+                data_parallel_ranks);
+  plan.data_parallel_ranks = data_parallel_ranks;
+  spec.num_pages *= data_parallel_ranks;
   for (KvCacheSpec& share : plan.shares) share.num_pages = spec.num_pages;
   return plan;
 }

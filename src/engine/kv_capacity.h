@@ -18,11 +18,16 @@
 namespace megactx {
 
 struct KvCapacityPlan {
-  KvCacheSpec spec;             // the whole model's pools, num_pages filled in
+  KvCacheSpec spec;             // the whole model's pools, num_pages filled in (every rank's)
   int64_t bytes_per_page = 0;   // all pools a rank holds (the largest rank's share)
   int64_t bytes_per_token = 0;  // bytes_per_page / page_size
-  int64_t total_bytes = 0;      // num_pages * bytes_per_page (<= the budget), per rank
-  int64_t max_tokens = 0;       // num_pages * page_size
+  int64_t total_bytes = 0;      // pages_per_rank * bytes_per_page (<= the budget), per rank
+  int64_t max_tokens = 0;       // pages_per_rank * page_size: the longest sequence
+  // Data-parallel attention: each of `data_parallel_ranks` ranks holds
+  // pages_per_rank pages of its own requests (the budget is per rank), and
+  // spec.num_pages numbers them all (rank r's are [r * pages_per_rank, ...)).
+  int data_parallel_ranks = 1;
+  int64_t pages_per_rank = 0;
   // LayerSplit (one entry per rank, else empty): each rank's pools.
   std::vector<KvCacheSpec> shares;
   std::string summary() const;  // one log line
@@ -34,10 +39,12 @@ using KvCacheShares = std::function<std::vector<KvCacheSpec>(const KvCacheSpec& 
 
 // `memory_bytes` is each rank's budget: with `shares` (LayerSplit) the rank
 // with the most bytes per page bounds the pages (every rank numbers them
-// alike). Throws megactx::Error when the budget holds less than one page.
+// alike); with `data_parallel_ranks` > 1 every rank gets the pages of that
+// budget for its own requests. Throws megactx::Error when the budget holds
+// less than one page.
 KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t memory_bytes,
                                 int64_t page_size, bool with_mtp_layer,
-                                const KvCacheShares& shares = {});
+                                const KvCacheShares& shares = {}, int data_parallel_ranks = 1);
 
 // ---- --device cuda: KV pages from the device's memory ----
 //

@@ -75,6 +75,9 @@ struct RequestState {
   int64_t num_draft_tokens = 0;
   std::vector<int32_t> page_table;
   PrefixCache::Node* prefix_node = nullptr;  // deepest tree node this request locks; null = none
+  // Data-parallel attention: the rank whose pages (and prefix cache) it uses
+  // while admitted, chosen at each admission (Scheduler); 0 otherwise.
+  int dp_rank = 0;
   // False once the weights changed while it held KV (a weight update with the
   // engine paused in place): its pages are of the old weights, so none of
   // them go into the prefix cache; admission (recompute) sets it again.

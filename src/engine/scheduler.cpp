@@ -2,23 +2,34 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 
 namespace megactx {
 
 Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator, PrefixCache& prefix_cache)
+    : Scheduler(config, allocator, std::vector<PrefixCache*>{&prefix_cache}) {}
+
+Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator,
+                     std::vector<PrefixCache*> prefix_caches)
     : config_(config),
       page_size_(config.page_size),
       allocator_(allocator),
-      prefix_cache_(prefix_cache) {
+      prefix_caches_(std::move(prefix_caches)),
+      admissions_(prefix_caches_.size(), 0) {
   MEGACTX_CHECK(config.max_running_requests > 0, "max_running_requests must be positive, got {}",
                 config.max_running_requests);
   MEGACTX_CHECK(config.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
                 config.max_prefill_tokens);
-  MEGACTX_CHECK(page_size_ == prefix_cache.page_size(),
-                "scheduler and prefix cache page sizes differ");
+  MEGACTX_CHECK(static_cast<int>(prefix_caches_.size()) == allocator.ranks(),
+                "scheduler: {} prefix caches for {} data-parallel ranks", prefix_caches_.size(),
+                allocator.ranks());
+  for (const PrefixCache* cache : prefix_caches_)
+    MEGACTX_CHECK(page_size_ == cache->page_size(), "scheduler and prefix cache page sizes differ");
+  rank_limit_ = (config.max_running_requests + ranks() - 1) / ranks();
 }
 
 void Scheduler::enqueue(RequestState* request) {
@@ -27,16 +38,28 @@ void Scheduler::enqueue(RequestState* request) {
 }
 
 int64_t Scheduler::available_pages() const {
-  return allocator_.num_free() + prefix_cache_.evictable_pages();
+  int64_t pages = 0;
+  for (int rank = 0; rank < ranks(); ++rank) pages += available_pages(rank);
+  return pages;
+}
+
+int64_t Scheduler::available_pages(int rank) const {
+  return allocator_.num_free(rank) + prefix_caches_[static_cast<size_t>(rank)]->evictable_pages();
+}
+
+int64_t Scheduler::running_on(int rank) const {
+  if (ranks() == 1) return static_cast<int64_t>(running_.size());
+  return std::count_if(running_.begin(), running_.end(),
+                       [rank](const RequestState* request) { return request->dp_rank == rank; });
 }
 
 bool Scheduler::reserve_pages(RequestState& request, int64_t tokens) {
   const int64_t needed = pages_for(tokens);
   while (static_cast<int64_t>(request.page_table.size()) < needed) {
-    std::optional<int32_t> page = allocator_.allocate();
+    std::optional<int32_t> page = allocator_.allocate(request.dp_rank);
     if (!page) {
       const int64_t missing = needed - static_cast<int64_t>(request.page_table.size());
-      if (prefix_cache_.evict(missing) == 0) return false;
+      if (cache_of(request).evict(missing) == 0) return false;
       continue;
     }
     request.page_table.push_back(*page);
@@ -57,10 +80,10 @@ void Scheduler::release_pages(RequestState& request) {
   const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
   if (config_.enable_prefix_cache && request.shares_pages && !request.latents_offloaded &&
       full_pages > PrefixCache::depth(request.prefix_node)) {
-    request.prefix_node =
-        prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
+    request.prefix_node = cache_of(request).insert(request.prefix_node, request.tokens,
+                                                   request.page_table, full_pages);
   }
-  prefix_cache_.unlock(request.prefix_node);
+  cache_of(request).unlock(request.prefix_node);
   for (const int32_t page : request.page_table) allocator_.release(page);
   request.page_table.clear();
   request.prefix_node = nullptr;
@@ -84,7 +107,7 @@ void Scheduler::detach(RequestState& request, bool park) {
   }
   request.page_table.resize(kept);
   request.num_computed = std::min(request.num_computed, static_cast<int64_t>(kept) * page_size_);
-  if (request.prefix_node != nullptr) prefix_cache_.unlock(request.prefix_node);
+  if (request.prefix_node != nullptr) cache_of(request).unlock(request.prefix_node);
   request.prefix_node = nullptr;
   if (kept == 0) request.latents_offloaded = false;
 }
@@ -134,10 +157,11 @@ int64_t Scheduler::offload_pages(
   }
   if (device.empty()) return 0;
   // Its pages leave the prefix cache's path: it locks only the root from now on.
-  if (request.prefix_node != prefix_cache_.root()) {
-    prefix_cache_.lock(prefix_cache_.root());
-    prefix_cache_.unlock(request.prefix_node);
-    request.prefix_node = prefix_cache_.root();
+  PrefixCache& prefix_cache = cache_of(request);
+  if (request.prefix_node != prefix_cache.root()) {
+    prefix_cache.lock(prefix_cache.root());
+    prefix_cache.unlock(request.prefix_node);
+    request.prefix_node = prefix_cache.root();
   }
   request.latents_offloaded = true;
   copy(device, offload);
@@ -148,15 +172,7 @@ int64_t Scheduler::offload_pages(
   return static_cast<int64_t>(device.size());
 }
 
-void Scheduler::attach_prefix(RequestState& request) {
-  if (request.latents_offloaded) {
-    // A parked request: its offload pages hold its first num_computed tokens.
-    prefix_cache_.lock(prefix_cache_.root());
-    request.prefix_node = prefix_cache_.root();
-    return;
-  }
-  // Its KV from here on is computed with the current weights.
-  request.shares_pages = true;
+int64_t Scheduler::prefix_limit(const RequestState& request) const {
   // At least the last token is computed (its logits give the next token);
   // input logprobs need the logits of the token before the first scored one.
   int64_t limit = static_cast<int64_t>(request.tokens.size()) - 1;
@@ -165,12 +181,54 @@ void Scheduler::attach_prefix(RequestState& request) {
   }
   // Hidden states are kept per request, not per KV page: compute them all.
   if (request.request.return_hidden_states) limit = 0;
-  if (!config_.enable_prefix_cache || limit < page_size_) {
-    request.prefix_node = prefix_cache_.root();
+  return config_.enable_prefix_cache && limit >= page_size_ ? limit : 0;
+}
+
+bool Scheduler::choose_rank(RequestState& request, const std::vector<int64_t>& budget) const {
+  const auto open = [&](int rank) {
+    return budget[static_cast<size_t>(rank)] > 0 && running_on(rank) < rank_limit_;
+  };
+  // A parked request's offload pages are its rank's.
+  if (ranks() == 1 || !request.page_table.empty()) return open(request.dp_rank);
+  const int64_t limit = prefix_limit(request);
+  const std::span<const int32_t> prefix(request.tokens.data(), static_cast<size_t>(limit));
+  // Prefix-cache affinity first, then the fewest running requests, then the
+  // most free pages (a rank whose pages hold cached prefixes has fewer), then
+  // the lowest rank.
+  int best = -1;
+  std::tuple<int64_t, int64_t, int64_t> best_key;
+  for (int rank = 0; rank < ranks(); ++rank) {
+    if (!open(rank)) continue;
+    const std::tuple<int64_t, int64_t, int64_t> key = {
+        limit > 0 ? prefix_caches_[static_cast<size_t>(rank)]->cached_prefix_tokens(prefix) : 0,
+        -running_on(rank), allocator_.num_free(rank)};
+    if (best < 0 || key > best_key) {
+      best = rank;
+      best_key = key;
+    }
+  }
+  if (best < 0) return false;
+  request.dp_rank = best;
+  return true;
+}
+
+void Scheduler::attach_prefix(RequestState& request) {
+  PrefixCache& prefix_cache = cache_of(request);
+  if (request.latents_offloaded) {
+    // A parked request: its offload pages hold its first num_computed tokens.
+    prefix_cache.lock(prefix_cache.root());
+    request.prefix_node = prefix_cache.root();
+    return;
+  }
+  // Its KV from here on is computed with the current weights.
+  request.shares_pages = true;
+  const int64_t limit = prefix_limit(request);
+  if (limit == 0) {
+    request.prefix_node = prefix_cache.root();
     request.num_computed = 0;
     return;
   }
-  PrefixCache::Match match = prefix_cache_.match(
+  PrefixCache::Match match = prefix_cache.match(
       std::span<const int32_t>(request.tokens.data(), static_cast<size_t>(limit)));
   request.page_table = std::move(match.pages);
   request.prefix_node = match.node;
@@ -230,7 +288,8 @@ void Scheduler::schedule(StepPlan& plan) {
   plan.preempted.clear();
   plan.prefill_tokens = 0;
   plan.decode_tokens = 0;
-  int64_t budget = config_.max_prefill_tokens;
+  // Prefill tokens per rank (one rank without data-parallel attention).
+  std::vector<int64_t> budget(static_cast<size_t>(ranks()), config_.max_prefill_tokens);
   // Logits rows: every decode row first (1 + k with drafts), so that no
   // prefill chunk planned earlier in the loop leaves a decode without its rows.
   int64_t logit_rows =
@@ -241,20 +300,28 @@ void Scheduler::schedule(StepPlan& plan) {
   }
   MEGACTX_CHECK(logit_rows >= 0, "scheduler: the decode rows exceed max_logit_rows {}",
                 config_.max_logit_rows);
+  // The latest admitted running request of `rank` (the preemption victim).
+  const auto last_on = [this](int rank) {
+    return *std::find_if(running_.rbegin(), running_.rend(),
+                         [rank](const RequestState* r) { return r->dp_rank == rank; });
+  };
 
   // (1) Running requests, oldest first; victims are taken from the back.
   for (size_t i = 0; i < running_.size(); ++i) {
     RequestState* request = running_[i];
+    const int rank = request->dp_rank;
+    int64_t& rank_budget = budget[static_cast<size_t>(rank)];
     const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
     if (remaining <= 0) continue;
     // Decode: the last token, plus drafts to verify (1 + k).
     const bool decode = remaining <= 1 + request->num_draft_tokens;
     int64_t count =
-        decode ? remaining : fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
+        decode ? remaining : fit_logit_rows(*request, std::min(remaining, rank_budget), logit_rows);
     if (count == 0) continue;
     bool preempted_self = false;
     while (!reserve_pages(*request, request->num_computed + count)) {
-      if (running_.size() == 1 && !decode) {
+      const int64_t on_rank = running_on(rank);
+      if (on_rank == 1 && !decode) {
         // Alone and short of device pages: a request longer than they hold,
         // whose full pages move to the live host tier after every step,
         // prefills what its pages hold now.
@@ -265,9 +332,10 @@ void Scheduler::schedule(StepPlan& plan) {
           continue;
         }
       }
-      RequestState* victim = running_.back();
-      // Cannot happen: submit() caps every request at the KV capacity.
-      MEGACTX_CHECK(running_.size() > 1, "request {} does not fit in the KV cache alone",
+      // Only the rank's own requests hold its pages.
+      RequestState* victim = last_on(rank);
+      // Cannot happen: submit() caps every request at the KV capacity (of a rank).
+      MEGACTX_CHECK(on_rank > 1, "request {} does not fit in the KV cache alone",
                     request->request.rid);
       plan.preempted.push_back(victim);
       preempt(victim, /*park=*/true);
@@ -276,45 +344,56 @@ void Scheduler::schedule(StepPlan& plan) {
         break;
       }
     }
-    if (preempted_self) break;
+    if (preempted_self) {
+      // Every later request of its rank went before it; other ranks' later
+      // requests (data-parallel attention) now start at index i.
+      --i;
+      continue;
+    }
     plan_chunk(*request, count, plan);
     if (decode) {
       plan.decode_tokens += count;
     } else {
       plan.prefill_tokens += count;
-      budget -= count;
+      rank_budget -= count;
       logit_rows -= plan.chunks.back().logits_rows();
     }
   }
 
   // (2) Admission, FIFO, while the budget, the batch limit and the pages allow.
-  while (!waiting_.empty() && budget > 0 && logit_rows > 0 &&
+  while (!waiting_.empty() && logit_rows > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_running_requests) {
     RequestState* request = waiting_.front();
-    if (request->prefix_node == nullptr) attach_prefix(*request);
+    if (request->prefix_node == nullptr) {
+      if (!choose_rank(*request, budget)) break;
+      attach_prefix(*request);
+    }
+    const int rank = request->dp_rank;
+    int64_t& rank_budget = budget[static_cast<size_t>(rank)];
+    const int64_t on_rank = running_on(rank);
     const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
-    int64_t count = fit_logit_rows(*request, std::min(remaining, budget), logit_rows);
-    if (running_.empty()) {
+    int64_t count = fit_logit_rows(*request, std::min(remaining, rank_budget), logit_rows);
+    if (on_rank == 0) {
       // Nothing else runs: at most what the device pages hold (a prompt
       // longer than they hold goes on in later steps, its full pages moved
       // to the live host tier in between).
       const int64_t room =
-          (static_cast<int64_t>(request->page_table.size()) + available_pages()) * page_size_ -
+          (static_cast<int64_t>(request->page_table.size()) + available_pages(rank)) * page_size_ -
           request->num_computed;
       if (room > 0) count = std::min(count, room);
     }
     const int64_t needed =
         pages_for(request->num_computed + count) - static_cast<int64_t>(request->page_table.size());
     // Keep a page of headroom per running request so decodes rarely preempt.
-    const int64_t headroom = static_cast<int64_t>(running_.size());
-    const bool fits = running_.empty() || needed + headroom <= available_pages();
-    if (!fits || !reserve_pages(*request, request->num_computed + count)) {
+    const bool fits = on_rank == 0 || needed + on_rank <= available_pages(rank);
+    if (count == 0 || !fits || !reserve_pages(*request, request->num_computed + count)) {
       detach(*request, /*park=*/true);
       break;
     }
     waiting_.pop_front();
     request->phase = RequestPhase::Running;
     request->admit_order = next_admit_order_++;
+    ++admissions_[static_cast<size_t>(rank)];
     if (!request->admitted_once) {
       request->admitted_once = true;
       request->cached_tokens = request->num_computed;
@@ -322,7 +401,7 @@ void Scheduler::schedule(StepPlan& plan) {
     running_.push_back(request);
     plan_chunk(*request, count, plan);
     plan.prefill_tokens += count;
-    budget -= count;
+    rank_budget -= count;
     logit_rows -= plan.chunks.back().logits_rows();
   }
 }
@@ -336,8 +415,8 @@ void Scheduler::commit(const StepPlan& plan) {
     const int64_t verified = static_cast<int64_t>(request.tokens.size()) - request.num_draft_tokens;
     const int64_t full_pages = std::min(request.num_computed, verified) / page_size_;
     if (full_pages > PrefixCache::depth(request.prefix_node)) {
-      request.prefix_node =
-          prefix_cache_.insert(request.prefix_node, request.tokens, request.page_table, full_pages);
+      request.prefix_node = cache_of(request).insert(request.prefix_node, request.tokens,
+                                                     request.page_table, full_pages);
     }
   }
 }
@@ -376,7 +455,8 @@ void Scheduler::truncate(RequestState& request, int64_t length) {
 
 void Scheduler::check_integrity() const {
   std::vector<int32_t> holders(static_cast<size_t>(allocator_.num_pages()), 0);
-  std::unordered_map<const PrefixCache::Node*, int64_t> locks;
+  // Each rank's tree checks the locks of its own requests.
+  std::vector<std::unordered_map<const PrefixCache::Node*, int64_t>> locks(prefix_caches_.size());
   std::unordered_map<const RequestState*, int> seen;
   MEGACTX_CHECK(static_cast<int64_t>(running_.size()) <= config_.max_running_requests,
                 "integrity: {} running requests over the limit {}", running_.size(),
@@ -394,7 +474,7 @@ void Scheduler::check_integrity() const {
             static_cast<int64_t>(request->page_table.size()) >= pages_for(request->num_computed),
         "integrity: request {} computed {} of {} tokens with {} pages", request->request.rid,
         request->num_computed, request->tokens.size(), request->page_table.size());
-    const std::vector<int32_t> path = prefix_cache_.path_pages(request->prefix_node);
+    const std::vector<int32_t> path = cache_of(*request).path_pages(request->prefix_node);
     MEGACTX_CHECK(path.size() <= request->page_table.size() &&
                       std::equal(path.begin(), path.end(), request->page_table.begin()) &&
                       static_cast<int64_t>(path.size()) * page_size_ <= request->num_computed,
@@ -404,6 +484,9 @@ void Scheduler::check_integrity() const {
     for (const int32_t page : request->page_table) {
       MEGACTX_CHECK(page >= 0 && page < allocator_.num_pages(), "integrity: bad page {}", page);
       const bool offload = allocator_.is_offload(page);
+      MEGACTX_CHECK(offload || allocator_.rank_of(page) == request->dp_rank,
+                    "integrity: request {} of data-parallel rank {} holds page {} of rank {}",
+                    request->request.rid, request->dp_rank, page, allocator_.rank_of(page));
       MEGACTX_CHECK(!offload || (request->latents_offloaded && !device_seen),
                     "integrity: request {} holds offload page {} without offloading or after a "
                     "device page",
@@ -411,7 +494,7 @@ void Scheduler::check_integrity() const {
       device_seen = device_seen || !offload;
       ++holders[static_cast<size_t>(page)];
     }
-    ++locks[request->prefix_node];
+    ++locks[static_cast<size_t>(request->dp_rank)][request->prefix_node];
   }
   for (const RequestState* request : waiting_) {
     MEGACTX_CHECK(++seen[request] == 1, "integrity: request {} queued twice", request->request.rid);
@@ -430,7 +513,8 @@ void Scheduler::check_integrity() const {
     }
   }
   const std::vector<int32_t> request_holders = holders;
-  prefix_cache_.check_integrity(holders, locks);
+  for (size_t rank = 0; rank < prefix_caches_.size(); ++rank)
+    prefix_caches_[rank]->check_integrity(holders, locks[rank]);
   for (size_t page = 0; page < holders.size(); ++page) {
     const bool in_tree = holders[page] > request_holders[page];
     MEGACTX_CHECK(in_tree || request_holders[page] <= 1,

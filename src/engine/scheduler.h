@@ -67,6 +67,10 @@ struct StepPlan {
 class Scheduler {
  public:
   Scheduler(SchedulerConfig config, PageAllocator& allocator, PrefixCache& prefix_cache);
+  // Data-parallel attention: `prefix_caches[r]` holds rank r's pages (one per
+  // allocator rank).
+  Scheduler(SchedulerConfig config, PageAllocator& allocator,
+            std::vector<PrefixCache*> prefix_caches);
 
   void enqueue(RequestState* request);
   // Plans one step and reserves its pages. Leaves running requests in `plan`
@@ -109,8 +113,13 @@ class Scheduler {
   int64_t num_parked() const { return parked_; }
   // Parked requests whose offload pages drop_parked() took.
   int64_t num_dropped_parked() const { return dropped_parked_; }
-  // Pages that could be had now: free plus evictable.
+  // Pages that could be had now: free plus evictable (of every rank, or of one).
   int64_t available_pages() const;
+  int64_t available_pages(int rank) const;
+  // Data-parallel ranks: their running requests now, and admissions so far.
+  int ranks() const { return static_cast<int>(prefix_caches_.size()); }
+  int64_t running_on(int rank) const;
+  int64_t admissions(int rank) const { return admissions_[static_cast<size_t>(rank)]; }
 
   // Throws megactx::Error on any broken invariant of the allocator, the
   // prefix cache and the request page tables.
@@ -138,12 +147,22 @@ class Scheduler {
   int64_t fit_logit_rows(const RequestState& request, int64_t count, int64_t rows) const;
   // Starts a waiting request from its longest cached prefix.
   void attach_prefix(RequestState& request);
+  // How much of the request's tokens may come from the prefix cache.
+  int64_t prefix_limit(const RequestState& request) const;
+  // Data-parallel attention: pins a waiting request to a rank with prefill
+  // budget and room for one more request (false: none has).
+  bool choose_rank(RequestState& request, const std::vector<int64_t>& budget) const;
+  PrefixCache& cache_of(const RequestState& request) const {
+    return *prefix_caches_[static_cast<size_t>(request.dp_rank)];
+  }
 
   SchedulerConfig config_;
   int64_t page_size_;
   PageAllocator& allocator_;
-  PrefixCache& prefix_cache_;
-  std::vector<RequestState*> running_;  // admission order
+  std::vector<PrefixCache*> prefix_caches_;  // [ranks]
+  int64_t rank_limit_ = 0;                   // running requests per rank
+  std::vector<int64_t> admissions_;          // [ranks]
+  std::vector<RequestState*> running_;       // admission order
   std::deque<RequestState*> waiting_;
   int64_t next_admit_order_ = 0;
   int64_t preemptions_ = 0;

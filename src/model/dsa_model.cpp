@@ -360,6 +360,10 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
   const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry;
+  // A data-parallel attention rank without rows this step (its forward still
+  // runs for the experts' all-to-all): no attention, and no collective here
+  // (every layout whose attention has collectives gives every rank rows).
+  if (n == 0) return;
 
   // q: [n, heads, nope | rope]; q_resid: [n, q_lora] (the indexer reads it too).
   std::vector<float> q(static_cast<size_t>(n * heads * qk));

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/weight_update.h"
+#include "model/batch_checks.h"
+#include "model/dp_attention_batch.h"
 #include "model/mtp_layer.h"
 
 namespace megactx {
@@ -24,7 +26,8 @@ enum class Command : int64_t {
   Reload = 6,
   Release = 7,
   MakeHostCache = 8,
-  CopyPages = 9
+  CopyPages = 9,
+  DpForward = 10  // data-parallel attention: the step's ranks, then its batch
 };
 
 // CopyPages directions.
@@ -320,11 +323,39 @@ class GroupLeaderMtp final : public MtpLayer {
   const GroupLeaderModel& leader_;
 };
 
+// A data-parallel attention step: the rank of every sequence, then the batch
+// (page ids in the group's numbering).
+std::vector<int64_t> encode_dp_step(const ForwardBatch& batch, const std::vector<int>& ranks) {
+  std::vector<int64_t> words = {static_cast<int64_t>(ranks.size())};
+  words.insert(words.end(), ranks.begin(), ranks.end());
+  const std::vector<int64_t> rest = encode_batch(batch);
+  words.insert(words.end(), rest.begin(), rest.end());
+  return words;
+}
+
+std::vector<int> decode_dp_step(const std::vector<int64_t>& words, int size, DecodedBatch& out) {
+  Reader in(words);
+  std::vector<int> ranks = in.list<int>();
+  for (const int rank : ranks)
+    MEGACTX_CHECK(rank >= 0 && rank < size, "parallel group: a sequence of rank {} of {}", rank,
+                  size);
+  decode_batch(
+      std::vector<int64_t>(words.begin() + 1 + static_cast<int64_t>(ranks.size()), words.end()),
+      out);
+  MEGACTX_CHECK(ranks.size() == out.batch.sequences.size(),
+                "parallel group: {} ranks for {} sequences", ranks.size(),
+                out.batch.sequences.size());
+  return ranks;
+}
+
 class GroupLeaderModel final : public LanguageModel {
  public:
   GroupLeaderModel(std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
-                   std::function<void(const std::string&)> on_failure)
-      : model_(std::move(model)), group_(group), on_failure_(std::move(on_failure)) {
+                   std::function<void(const std::string&)> on_failure, bool data_parallel)
+      : model_(std::move(model)),
+        group_(group),
+        on_failure_(std::move(on_failure)),
+        data_parallel_(data_parallel) {
     MEGACTX_CHECK(group_.rank() == 0, "the group leader is rank 0, not {}", group_.rank());
   }
   ~GroupLeaderModel() override {
@@ -337,22 +368,35 @@ class GroupLeaderModel final : public LanguageModel {
 
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
+  int data_parallel_ranks() const override { return data_parallel_ ? group_.size() : 1; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    if (data_parallel_) return forward_data_parallel(batch, cache);
     return watched([&] {
       send(group_, Command::Forward, encode_batch(batch));
       return model_->forward(batch, cache);
     });
   }
+  // Data-parallel attention: `spec` numbers every rank's pages, each rank's
+  // cache holds its 1 / size of them.
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    KvCacheSpec local = spec;
+    if (data_parallel_) {
+      MEGACTX_CHECK(spec.num_pages % group_.size() == 0 && spec.offload_pages == 0,
+                    "data-parallel attention: {} KV pages over {} ranks ({} offload pages)",
+                    spec.num_pages, group_.size(), spec.offload_pages);
+      local.num_pages = spec.num_pages / group_.size();
+      group_spec_ = spec;
+    }
     return watched([&] {
-      send(group_, Command::MakeCache, encode_spec(spec));
-      return model_->make_kv_cache(spec);
+      send(group_, Command::MakeCache, encode_spec(local));
+      return model_->make_kv_cache(local);
     });
   }
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    MEGACTX_CHECK(!data_parallel_, "data-parallel attention: no host KV tier yet");
     return watched([&] {
       send(group_, Command::MakeHostCache, encode_spec(spec));
       std::unique_ptr<PagedKvCache> host = model_->make_host_kv_cache(spec);
@@ -387,6 +431,10 @@ class GroupLeaderModel final : public LanguageModel {
   }
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    // Refused here, before the workers try (their refusal would end them).
+    MEGACTX_CHECK(!data_parallel_,
+                  "the MTP layer is not supported with data-parallel attention yet (its steps "
+                  "would have to meet in the experts' all-to-all)");
     return watched([&]() -> std::unique_ptr<MtpLayer> {
       send(group_, Command::LoadMtp, encode_text(checkpoint.directory()));
       return std::make_unique<GroupLeaderMtp>(model_->load_mtp_layer(checkpoint), model_->config(),
@@ -429,6 +477,24 @@ class GroupLeaderModel final : public LanguageModel {
   OffloadReadStats offload_read_stats() const override { return model_->offload_read_stats(); }
 
  private:
+  // Every rank forwards its own sequences (none: still every collective),
+  // and rank 0 gets the outputs in the batch's order. The whole batch is
+  // checked here first, so that no rank refuses its share after others
+  // entered the forward's collectives.
+  ForwardOutput forward_data_parallel(const ForwardBatch& batch, PagedKvCache& cache) {
+    const int64_t pages_per_rank = cache.spec().num_pages;
+    MEGACTX_CHECK(group_spec_.num_pages == pages_per_rank * group_.size(),
+                  "data-parallel attention: a forward with a cache the group did not make");
+    check_sequence_inputs(batch, group_spec_, model_->config().vocab_size);
+    const std::vector<int> ranks = sequence_ranks(batch, pages_per_rank, group_.size());
+    return watched([&] {
+      send(group_, Command::DpForward, encode_dp_step(batch, ranks));
+      rank_share(batch, ranks, 0, pages_per_rank, share_);
+      const ForwardOutput own = model_->forward(share_.batch, cache);
+      return gather_to_leader(batch, ranks, own, model_->config(), group_);
+    });
+  }
+
   // Runs `body`; an error of the group's collectives (their messages start
   // with "communicator") marks the group failed and is reported once.
   template <class Body>
@@ -450,6 +516,9 @@ class GroupLeaderModel final : public LanguageModel {
   parallel::Communicator& group_;
   std::function<void(const std::string&)> on_failure_;
   mutable const PagedKvCache* host_cache_ = nullptr;  // the host tier's pages (the engine's)
+  bool data_parallel_ = false;
+  mutable KvCacheSpec group_spec_;  // data-parallel attention: every rank's pages
+  RankBatch share_;                 // rank 0's share of the step (buffers reused)
   mutable bool failed_ = false;
   mutable std::string failure_;
 };
@@ -460,10 +529,12 @@ MtpLayer::Output GroupLeaderMtp::run(std::span<const Rows> sequences, PagedKvCac
 
 }  // namespace
 
-std::unique_ptr<LanguageModel> make_group_leader(
-    std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
-    std::function<void(const std::string&)> on_failure) {
-  return std::make_unique<GroupLeaderModel>(std::move(model), group, std::move(on_failure));
+std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
+                                                 parallel::Communicator& group,
+                                                 std::function<void(const std::string&)> on_failure,
+                                                 bool data_parallel_attention) {
+  return std::make_unique<GroupLeaderModel>(std::move(model), group, std::move(on_failure),
+                                            data_parallel_attention);
 }
 
 void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
@@ -476,6 +547,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
   std::vector<int64_t> words;
   DecodedBatch batch;
   DecodedMtpRows mtp_rows;
+  RankBatch share;
   for (;;) {
     Header header;
     group.broadcast(&header, sizeof(header), 0);
@@ -500,6 +572,19 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
           // the same point (after the same collectives): the group stays in step.
         }
         break;
+      case Command::DpForward: {
+        MEGACTX_CHECK(cache != nullptr, "parallel group: a forward before the KV cache");
+        const std::vector<int> ranks = decode_dp_step(words, group.size(), batch);
+        rank_share(batch.batch, ranks, group.rank(), cache->spec().num_pages, share);
+        ForwardOutput own;
+        try {
+          own = model.forward(share.batch, *cache);
+        } catch (const megactx::Error&) {
+          break;  // as for Forward: the leader failed at the same point
+        }
+        gather_to_leader(batch.batch, ranks, own, model.config(), group);
+        break;
+      }
       case Command::LoadMtp: {
         // The MTP layer of the weights the leader holds: the last reload's
         // (a trainer's tensors included), else the folder's.

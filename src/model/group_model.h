@@ -25,9 +25,14 @@ namespace megactx {
 // workers. When the group fails (a worker exited: its connections closed) the call fails with
 // megactx::Error and `on_failure` (if set) runs once with the reason: the
 // group cannot serve any more, so a server shuts down.
+// `data_parallel_attention` (the ranks' models built with it): every rank
+// holds its own requests' KV pages (data_parallel_ranks() = the group's size,
+// each rank's cache 1 / size of the engine's pages), and each forward sends
+// every rank its own sequences (model/dp_attention_batch.h); a rank with none
+// still runs the forward's collectives, and rank 0 gets every row's output.
 std::unique_ptr<LanguageModel> make_group_leader(
     std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
-    std::function<void(const std::string&)> on_failure = {});
+    std::function<void(const std::string&)> on_failure = {}, bool data_parallel_attention = false);
 
 // Ranks 1..: repeats the leader's calls on `model` (built with `group`) until
 // the leader stops (returns) or the group fails (megactx::Error).

@@ -87,6 +87,11 @@ class LanguageModel {
   virtual std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const {
     return {whole};
   }
+  // Data-parallel attention over a group: the KV cache's device pages are
+  // this many equal ranges, range r held by rank r's pools, and every
+  // sequence's pages must lie in one range (its rows run on that rank).
+  // 1: every page on every rank that holds the cache.
+  virtual int data_parallel_ranks() const { return 1; }
   // The checkpoint's MTP layer beside this model (its weights from
   // `checkpoint`, or the one at `model_dir`); an Error for a model that cannot
   // run one. Load it again after reload_weights.

@@ -60,6 +60,41 @@ std::string scalar(const std::string& name, const std::string& type, const std::
   return fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
 }
 
+// Data-parallel attention: one series per rank (label dp_rank) of each
+// gauge and counter; nothing without it.
+std::string data_parallel_ranks(const std::vector<DataParallelRankStats>& ranks) {
+  if (ranks.empty()) return {};
+  struct Series {
+    const char* name;
+    const char* type;
+    const char* help;
+    int64_t DataParallelRankStats::*field;
+  };
+  static constexpr Series kSeries[] = {
+      {"megactx_dp_rank_running_reqs", "gauge",
+       "Running requests of a data-parallel attention rank.",
+       &DataParallelRankStats::running_requests},
+      {"megactx_dp_rank_admissions_total", "counter",
+       "Requests admitted to run on a data-parallel attention rank.",
+       &DataParallelRankStats::admissions},
+      {"megactx_dp_rank_kv_pages_total", "gauge", "KV pages of a data-parallel attention rank.",
+       &DataParallelRankStats::kv_pages_total},
+      {"megactx_dp_rank_kv_pages_free", "gauge",
+       "Free KV pages of a data-parallel attention rank (held by no request or cached prefix).",
+       &DataParallelRankStats::kv_pages_free},
+      {"megactx_dp_rank_prefix_cache_pages", "gauge",
+       "KV pages the prefix cache of a data-parallel attention rank holds.",
+       &DataParallelRankStats::prefix_cache_pages}};
+  std::string out;
+  for (const Series& series : kSeries) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", series.name, series.help, series.name,
+                       series.type);
+    for (size_t rank = 0; rank < ranks.size(); ++rank)
+      out += fmt::format("{}{{dp_rank=\"{}\"}} {}\n", series.name, rank, ranks[rank].*series.field);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string ServerMetrics::render(const EngineStats& stats) const {
@@ -177,6 +212,7 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
              stats.spec_verify_steps > 0 ? 1.0 + static_cast<double>(stats.spec_accepted_tokens) /
                                                      static_cast<double>(stats.spec_verify_steps)
                                          : 0.0);
+  out += data_parallel_ranks(stats.data_parallel_ranks);
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "engine/scheduler.h"
+#include "scheduler_request.h"
 
 namespace megactx {
 namespace {
@@ -16,13 +17,7 @@ struct Bench {
       : allocator(pages), cache(allocator, config.page_size), scheduler(config, allocator, cache) {}
 
   RequestState* add(const std::string& rid, int64_t prompt_len, int32_t base = 0) {
-    auto request = std::make_unique<RequestState>();
-    request->request.rid = rid;
-    for (int64_t i = 0; i < prompt_len; ++i) {
-      request->tokens.push_back(base + static_cast<int32_t>(i % 1000));
-    }
-    request->prompt_len = prompt_len;
-    request->request.sampling.max_new_tokens = 1 << 20;
+    auto request = scheduler_request(rid, prompt_len, base);
     scheduler.enqueue(request.get());
     requests.push_back(std::move(request));
     return requests.back().get();

@@ -1,0 +1,123 @@
+#include "model/dp_attention_batch.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace megactx {
+namespace {
+
+int64_t logits_rows(const SequenceInput& in) {
+  return in.logits_from < 0 ? 1 : static_cast<int64_t>(in.tokens.size()) - in.logits_from;
+}
+
+int64_t token_rows(const SequenceInput& in) {
+  return static_cast<int64_t>(in.tokens.size());
+}
+
+// One output of the step gathered on rank 0: every rank sends its rows
+// ([rows, row_bytes], its sequences in batch order) to rank 0, which puts
+// them back in the whole batch's order. `rows_of` gives a sequence's rows.
+template <class RowsOf>
+Tensor gather_rows(const ForwardBatch& whole, const std::vector<int>& ranks, const Tensor& own,
+                   Shape row_shape, DType dtype, RowsOf rows_of, parallel::Communicator& group) {
+  const int size = group.size();
+  int64_t row_elements = 1;
+  for (const int64_t dim : row_shape) row_elements *= dim;
+  const int64_t row_bytes = row_elements * static_cast<int64_t>(dtype_size(dtype));
+  std::vector<int64_t> rows(static_cast<size_t>(size), 0);
+  int64_t total = 0;
+  for (size_t s = 0; s < whole.sequences.size(); ++s) {
+    rows[static_cast<size_t>(ranks[s])] += rows_of(whole.sequences[s]);
+    total += rows_of(whole.sequences[s]);
+  }
+  const int me = group.rank();
+  MEGACTX_CHECK(own.numel() == rows[static_cast<size_t>(me)] * row_elements,
+                "data-parallel attention: rank {} computed {} elements for {} rows", me,
+                own.numel(), rows[static_cast<size_t>(me)]);
+  std::vector<int64_t> send(static_cast<size_t>(size), 0), receive(send.size(), 0);
+  send[0] = rows[static_cast<size_t>(me)] * row_bytes;
+  if (me == 0)
+    for (int q = 0; q < size; ++q) receive[static_cast<size_t>(q)] = rows[q] * row_bytes;
+  std::vector<uint8_t> in(static_cast<size_t>(me == 0 ? total * row_bytes : 0));
+  group.all_to_all(own.numel() > 0 ? own.raw() : nullptr, send, in.data(), receive);
+  if (me != 0) return {};
+  // Rank q's rows start at the sum of the earlier ranks' rows.
+  std::vector<int64_t> next(static_cast<size_t>(size), 0);
+  for (int q = 1; q < size; ++q) next[q] = next[q - 1] + rows[q - 1];
+  Shape shape = {total};
+  shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+  Tensor out = Tensor::empty(shape, dtype);
+  auto* target = static_cast<uint8_t*>(out.raw());
+  int64_t at = 0;
+  for (size_t s = 0; s < whole.sequences.size(); ++s) {
+    const int64_t n = rows_of(whole.sequences[s]);
+    int64_t& from = next[static_cast<size_t>(ranks[s])];
+    if (n > 0)
+      std::memcpy(target + at * row_bytes, in.data() + from * row_bytes,
+                  static_cast<size_t>(n * row_bytes));
+    from += n;
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> sequence_ranks(const ForwardBatch& batch, int64_t pages_per_rank, int ranks) {
+  MEGACTX_CHECK(pages_per_rank > 0, "data-parallel attention: no KV pages per rank");
+  std::vector<int> out;
+  out.reserve(batch.sequences.size());
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceInput& in = batch.sequences[s];
+    MEGACTX_CHECK(!in.page_table.empty(), "data-parallel attention: sequence {} has no pages", s);
+    const int64_t rank = in.page_table[0] / pages_per_rank;
+    for (const int32_t page : in.page_table)
+      MEGACTX_CHECK(page >= 0 && page / pages_per_rank == rank && rank < ranks,
+                    "data-parallel attention: sequence {} has pages {} and {} of different "
+                    "ranks ({} pages each, {} ranks)",
+                    s, in.page_table[0], page, pages_per_rank, ranks);
+    out.push_back(static_cast<int>(rank));
+  }
+  return out;
+}
+
+void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int rank,
+                int64_t pages_per_rank, RankBatch& out) {
+  out.batch = ForwardBatch{};
+  out.batch.want_hidden_states = whole.want_hidden_states;
+  out.batch.want_routed_experts = whole.want_routed_experts;
+  out.pages.clear();
+  for (size_t s = 0; s < whole.sequences.size(); ++s)
+    if (ranks[s] == rank) out.pages.emplace_back();  // sized first: the spans point into it
+  size_t next = 0;
+  const int64_t first_page = rank * pages_per_rank;
+  for (size_t s = 0; s < whole.sequences.size(); ++s) {
+    if (ranks[s] != rank) continue;
+    const SequenceInput& in = whole.sequences[s];
+    std::vector<int32_t>& pages = out.pages[next++];
+    for (const int32_t page : in.page_table)
+      pages.push_back(static_cast<int32_t>(page - first_page));
+    SequenceInput local = in;
+    local.page_table = pages;
+    out.batch.sequences.push_back(local);
+  }
+}
+
+ForwardOutput gather_to_leader(const ForwardBatch& whole, const std::vector<int>& ranks,
+                               const ForwardOutput& own, const ModelConfig& config,
+                               parallel::Communicator& group) {
+  ForwardOutput out;
+  out.logits =
+      gather_rows(whole, ranks, own.logits, {config.vocab_size}, DType::F32, logits_rows, group);
+  if (whole.want_hidden_states)
+    out.hidden_states = gather_rows(whole, ranks, own.hidden_states, {config.hidden_size},
+                                    DType::F32, token_rows, group);
+  if (whole.want_routed_experts)
+    out.routed_experts = gather_rows(whole, ranks, own.routed_experts,
+                                     {config.num_hidden_layers, config.num_experts_per_tok},
+                                     DType::I32, token_rows, group);
+  return out;
+}
+
+}  // namespace megactx

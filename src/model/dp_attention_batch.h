@@ -1,0 +1,40 @@
+// Data-parallel attention in a serving group (group_model.h): the engine on
+// rank 0 plans one step for every rank, its sequences' pages numbered in one
+// space where rank r holds pages [r * P, (r + 1) * P) (P pages per rank,
+// engine/kv_capacity.h). Each rank forwards the sequences whose pages it
+// holds, with their page ids made local (minus r * P), in its own cache; a
+// rank with none still runs its forward, so that the experts' all-to-all of
+// every MoE layer meets. The outputs come back to rank 0 in the batch's row
+// order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/language_model.h"
+#include "parallel/communicator.h"
+
+namespace megactx {
+
+// The rank of each of `batch`'s sequences: the range its first page lies
+// in. Throws megactx::Error when a sequence's pages span two ranks' ranges.
+std::vector<int> sequence_ranks(const ForwardBatch& batch, int64_t pages_per_rank, int ranks);
+
+// One rank's share of a step: its sequences in batch order, their page
+// tables local to its cache (the spans of `batch` point into `pages`).
+struct RankBatch {
+  ForwardBatch batch;
+  std::vector<std::vector<int32_t>> pages;
+};
+void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int rank,
+                int64_t pages_per_rank, RankBatch& out);
+
+// Every rank's outputs of its share (`own`) to rank 0, which gets the whole
+// batch's in its order: logits rows, and the hidden states and routed experts
+// when the batch asked for them. Called by every rank with the same `whole`
+// and `ranks`; the result is rank 0's (empty elsewhere).
+ForwardOutput gather_to_leader(const ForwardBatch& whole, const std::vector<int>& ranks,
+                               const ForwardOutput& own, const ModelConfig& config,
+                               parallel::Communicator& group);
+
+}  // namespace megactx

@@ -1,0 +1,132 @@
+// The scheduler with data-parallel attention (an allocator of 2 ranks, one
+// prefix cache per rank): requests spread over the ranks, each with pages of
+// its own rank only; the prefill budget is per rank; a prefix hit brings a
+// request back to the rank that caches it; a rank short of pages preempts its
+// own latest request, not another rank's; a removed request's pages go back
+// to its rank. check_integrity() after every step.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "scheduler_request.h"
+
+namespace megactx {
+namespace {
+
+constexpr int kRanks = 2;
+
+struct DpBench {
+  DpBench(int64_t pages_per_rank, SchedulerConfig config)
+      : allocator(pages_per_rank * kRanks, 0, kRanks),
+        caches{std::make_unique<PrefixCache>(allocator, config.page_size, nullptr, 0),
+               std::make_unique<PrefixCache>(allocator, config.page_size, nullptr, 1)},
+        scheduler(config, allocator, {caches[0].get(), caches[1].get()}) {}
+
+  RequestState* add(const std::string& rid, int64_t prompt_len, int32_t base = 0) {
+    auto request = scheduler_request(rid, prompt_len, base);
+    scheduler.enqueue(request.get());
+    requests.push_back(std::move(request));
+    return requests.back().get();
+  }
+
+  StepPlan step() {
+    StepPlan plan;
+    scheduler.schedule(plan);
+    scheduler.commit(plan);
+    for (const ScheduledChunk& chunk : plan.chunks)
+      if (chunk.samples) chunk.request->tokens.push_back(7);
+    scheduler.check_integrity();
+    for (const RequestState* request : scheduler.running())
+      for (const int32_t page : request->page_table)
+        EXPECT_EQ(allocator.rank_of(page), request->dp_rank) << request->request.rid;
+    return plan;
+  }
+
+  PageAllocator allocator;
+  std::unique_ptr<PrefixCache> caches[kRanks];
+  Scheduler scheduler;
+  std::vector<std::unique_ptr<RequestState>> requests;
+};
+
+TEST(DataParallelScheduler, RequestsSpreadOverTheRanksWithABudgetEach) {
+  SchedulerConfig config;
+  config.max_prefill_tokens = 100;
+  DpBench bench(8, config);
+  RequestState* a = bench.add("a", 80, 0);
+  RequestState* b = bench.add("b", 80, 1000);
+  RequestState* c = bench.add("c", 80, 2000);
+  RequestState* d = bench.add("d", 80, 3000);
+  const StepPlan first = bench.step();
+  // The fewest running requests first, then the most free pages, then the lowest rank.
+  EXPECT_EQ(a->dp_rank, 0);
+  EXPECT_EQ(b->dp_rank, 1);
+  EXPECT_EQ(c->dp_rank, 0);
+  EXPECT_EQ(d->dp_rank, 1);
+  // 100 prefill tokens per rank: twice one process's budget.
+  EXPECT_EQ(first.prefill_tokens, 200);
+  ASSERT_EQ(first.chunks.size(), 4u);
+  EXPECT_EQ(first.chunks[2].count, 20);
+  EXPECT_EQ(first.chunks[3].count, 20);
+  EXPECT_EQ(bench.scheduler.running_on(0), 2);
+  EXPECT_EQ(bench.scheduler.admissions(1), 2);
+  // A removed request's pages (but its cached full page) go back to its rank.
+  const int64_t free_before = bench.allocator.num_free(1);
+  bench.scheduler.remove(b);
+  EXPECT_EQ(bench.allocator.num_free(1), free_before + 1);  // 2 pages, 1 of them cached
+  EXPECT_EQ(bench.caches[1]->cached_pages(), 1);
+  bench.step();
+}
+
+TEST(DataParallelScheduler, APrefixHitKeepsARequestOnItsRank) {
+  SchedulerConfig config;
+  DpBench bench(8, config);
+  RequestState* first = bench.add("first", 200, 0);
+  bench.step();
+  ASSERT_EQ(first->dp_rank, 0);
+  bench.scheduler.remove(first);  // its 3 full pages stay in rank 0's prefix cache
+  ASSERT_EQ(bench.caches[0]->cached_pages(), 3);
+  // Another prompt goes where more pages are free; one sharing the first's
+  // prefix goes back to rank 0 (where its pages are), though rank 0 runs one too.
+  RequestState* other = bench.add("other", 100, 5000);
+  bench.step();
+  EXPECT_EQ(other->dp_rank, 1);
+  RequestState* again = bench.add("again", 230, 0);
+  RequestState* third = bench.add("third", 100, 7000);
+  bench.step();
+  EXPECT_EQ(again->dp_rank, 0);
+  EXPECT_EQ(again->cached_tokens, 192);
+  EXPECT_EQ(third->dp_rank, 1);  // both run one: rank 1 has more free pages (6 to 4)
+}
+
+TEST(DataParallelScheduler, ARankShortOfPagesPreemptsItsOwnLatestRequest) {
+  SchedulerConfig config;
+  DpBench bench(4, config);  // 4 pages of 64 tokens per rank
+  RequestState* a = bench.add("a", 60, 0);
+  RequestState* b = bench.add("b", 60, 1000);
+  RequestState* c = bench.add("c", 60, 2000);
+  RequestState* d = bench.add("d", 60, 3000);
+  bench.step();
+  ASSERT_EQ(a->dp_rank, 0);
+  ASSERT_EQ(c->dp_rank, 0);
+  ASSERT_EQ(d->dp_rank, 1);
+  // Rank 1 keeps one request from here on: it has pages to spare.
+  bench.scheduler.remove(b);
+  std::vector<RequestState*> preempted;
+  for (int step = 0; step < 200 && preempted.empty(); ++step) {
+    const StepPlan plan = bench.step();
+    preempted = plan.preempted;
+  }
+  // Rank 0's two requests need 6 pages by position 129: c (admitted after d)
+  // goes, d on rank 1 keeps running.
+  ASSERT_EQ(preempted.size(), 1u);
+  EXPECT_EQ(preempted[0], c);
+  EXPECT_EQ(d->phase, RequestPhase::Running);
+  EXPECT_EQ(a->phase, RequestPhase::Running);
+  EXPECT_EQ(bench.scheduler.num_preemptions(), 1);
+}
+
+}  // namespace
+}  // namespace megactx
