@@ -38,6 +38,21 @@ TEST(KvCapacity, Fp8PoolsOnlyWhereUsed) {
   EXPECT_LE(plan.total_bytes, 10 * gib);
 }
 
+// Data-parallel attention over 8 ranks: every rank gets the pages of its
+// budget for its own requests; the spec numbers all of them, a sequence still
+// fits in one rank's.
+TEST(KvCapacity, DataParallelRanksEachGetTheirBudgetsPages) {
+  const int64_t gib = int64_t{1} << 30;
+  const KvCapacityPlan one = plan_kv_capacity(glm_like(), KvDType::FP8, 10 * gib, 64, false);
+  const KvCapacityPlan dp = plan_kv_capacity(glm_like(), KvDType::FP8, 10 * gib, 64, false, {}, 8);
+  EXPECT_EQ(dp.data_parallel_ranks, 8);
+  EXPECT_EQ(dp.pages_per_rank, one.spec.num_pages);
+  EXPECT_EQ(dp.spec.num_pages, 8 * one.spec.num_pages);
+  EXPECT_EQ(dp.max_tokens, one.max_tokens);
+  EXPECT_EQ(dp.total_bytes, one.total_bytes);  // per rank
+  EXPECT_NE(dp.summary().find("over 8 data-parallel ranks"), std::string::npos);
+}
+
 TEST(KvCapacity, MtpLayerAddsALatentAndAnIndexerPool) {
   KvCapacityPlan plan = plan_kv_capacity(glm_like(), KvDType::BF16, int64_t{1} << 30, 64, true);
   EXPECT_EQ(plan.spec.latent_layers.back(), 78);
