@@ -166,13 +166,7 @@ void DsaModel::reload_weights(const Checkpoint& checkpoint) {
     return;
   }
   // A rank of a parallel group loads the whole model's shapes, then keeps its share.
-  ModelPlan whole = plan_;
-  whole.attention.heads *= plan_.tensor_parallel_size;
-  whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
-  whole.tensor_parallel_size = whole.expert_parallel_size = 1;
-  whole.expert_all_to_all = false;
-  whole.first_expert = whole.local_experts = 0;
-  weights_ = parallel_shard(load_dsa_weights(config_, whole, *source), plan_);
+  weights_ = parallel_shard(load_dsa_weights(config_, whole_model_plan(plan_), *source), plan_);
 }
 
 void DsaModel::release_weights() {

@@ -41,6 +41,9 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
 CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
   CudaModelOptions cuda_options = options.cuda;
   cuda_options.batch_invariant = options.deterministic;
+  // One GPU per rank of a group: rank r on device device_ordinal + r.
+  cuda_options.group = options.group;
+  if (options.group != nullptr) cuda_options.device_ordinal += options.group->rank();
   return cuda_options;
 }
 #endif
@@ -100,11 +103,17 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options) {
-  MEGACTX_CHECK(
-      options.device != Device::CUDA || options.group == nullptr || options.group->size() == 1,
-      "tensor and expert parallelism run on the CPU only so far (--device cuda with a "
-      "group of {})",
-      options.group ? options.group->size() : 1);
+  // A group on GPUs: tensor parallelism only so far, and through the host's
+  // float32 weights (parallel_shard cuts them; the direct checkpoint read
+  // below uploads whole tensors).
+  const bool gpu_group =
+      options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
+  MEGACTX_CHECK(!gpu_group || (!options.expert_parallel && !options.data_parallel_attention &&
+                               !options.context_parallel && !options.layer_split),
+                "--device cuda with a group of {}: only tensor parallelism runs on GPUs so far "
+                "(expert parallelism, data-parallel attention, context parallelism and LayerSplit "
+                "run on the CPU)",
+                options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;
     if (std::filesystem::is_regular_file(model_dir)) {
@@ -117,6 +126,9 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
       config = load_model_config(model_dir);
     }
     if (options.device == Device::CUDA && options.cuda.fp8_native && config.is_fp8_checkpoint()) {
+      MEGACTX_CHECK(!gpu_group,
+                    "tensor parallelism on GPUs: native fp8 weights are not split "
+                    "yet (--cuda-fp8-upcast loads them as float32 shares)");
       return load_cuda_from_checkpoint(nullptr, config, options);
     }
     auto weights = make_random_weights(options.seed);
@@ -126,8 +138,12 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // --device cuda reads the checkpoint tensor by tensor (no float32 host
   // model: a bf16 checkpoint would need twice its size in host memory);
   // only --cuda-fp8-upcast of an fp8 checkpoint dequantises on the host.
-  if (options.device == Device::CUDA &&
-      options.cuda.reads_checkpoint(checkpoint->config().is_fp8_checkpoint())) {
+  const bool fp8_checkpoint = checkpoint->config().is_fp8_checkpoint();
+  MEGACTX_CHECK(!gpu_group || !fp8_checkpoint || !options.cuda.fp8_native,
+                "tensor parallelism on GPUs: native fp8 weights are not split yet "
+                "(--cuda-fp8-upcast loads them as float32 shares)");
+  if (options.device == Device::CUDA && !gpu_group &&
+      options.cuda.reads_checkpoint(fp8_checkpoint)) {
     return load_cuda_from_checkpoint(checkpoint.get(), checkpoint->config(), options);
   }
   auto weights = make_checkpoint_weights(*checkpoint);

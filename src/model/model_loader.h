@@ -46,8 +46,9 @@ struct ModelLoadOptions {
   // alive) and how the model is spread over it (model_plan.h: ModelPlan):
   // tensor-parallel attention and MLPs unless data_parallel_attention, routed
   // experts sharded when expert_parallel; every step's rows split over the
-  // group when context_parallel (model_plan.h). CPU only so far; null: the
-  // whole model.
+  // group when context_parallel (model_plan.h). With --device cuda only
+  // tensor parallelism so far, one GPU per rank (device_ordinal + rank), the
+  // collectives on NCCL (CudaModelOptions::group); null: the whole model.
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;

@@ -176,6 +176,16 @@ KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, in
   return spec;
 }
 
+ModelPlan whole_model_plan(const ModelPlan& rank_plan) {
+  ModelPlan whole = rank_plan;
+  whole.attention.heads *= rank_plan.tensor_parallel_size;
+  whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
+  whole.tensor_parallel_size = whole.expert_parallel_size = 1;
+  whole.expert_all_to_all = false;
+  whole.first_expert = whole.local_experts = 0;
+  return whole;
+}
+
 void check_same_architecture(const ModelConfig& current, const ModelConfig& update) {
   auto same = [](const char* what, auto a, auto b) {
     MEGACTX_CHECK(a == b,

@@ -158,6 +158,12 @@ KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, in
 ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
                         const ParallelLayout& layout);
 
+// The whole model's plan from one rank's (`rank_plan` from parallel_plan):
+// all heads, no tensor or expert split (LayerSplit, context parallelism and
+// the schedule as they are). A rank reloading weights loads these shapes,
+// then keeps its share (parallel_shard).
+ModelPlan whole_model_plan(const ModelPlan& rank_plan);
+
 // `update` describes the same network as `current` (weight updates must not
 // change a shape): the same plan, vocabulary, MLP and expert sizes. Throws
 // megactx::Error naming the first difference.

@@ -432,17 +432,27 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
   });
 }
 
-TEST(TensorParallelModel, CudaIsRefusedUnderTensorParallelism) {
+// On GPUs the CUDA model runs tensor parallelism only (over NCCL,
+// tests/cuda_parallel/cuda_model_nccl_test.cpp): the other layouts are refused
+// before anything loads, on any machine.
+TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
-    ModelLoadOptions options;
-    options.group = &group;
-    options.device = Device::CUDA;
-    try {
-      load_language_model(fixture_dir("glm_schedule"), options);
-    } catch (const megactx::Error& error) {
-      return std::string(error.what()).find("parallelism") != std::string::npos;
+    for (int layout = 0; layout < 3; ++layout) {
+      ModelLoadOptions options;
+      options.group = &group;
+      options.device = Device::CUDA;
+      options.expert_parallel = layout == 0;
+      options.context_parallel = layout == 1;
+      options.layer_split = layout == 2;
+      try {
+        load_language_model(fixture_dir("glm_schedule"), options);
+        return false;
+      } catch (const megactx::Error& error) {
+        if (std::string(error.what()).find("only tensor parallelism") == std::string::npos)
+          return false;
+      }
     }
-    return false;
+    return true;
   });
 }
 

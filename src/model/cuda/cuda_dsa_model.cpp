@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
+#include "parallel/nccl_communicator.h"
 
 namespace megactx {
 namespace cuda {
@@ -40,10 +41,11 @@ void CudaDsaModel::prepare_device(const ModelConfig& config, int64_t index_topk,
 }
 
 CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
-                           std::unique_ptr<CudaWeights> weights, const CudaModelOptions& options)
+                           std::unique_ptr<CudaWeights> weights, const CudaModelOptions& options,
+                           std::optional<ModelPlan> plan)
     : config_(std::move(config)),
       options_(options),
-      plan_(plan_model(config_, index_topk)),
+      plan_(plan ? std::move(*plan) : plan_model(config_, index_topk)),
       index_topk_(index_topk),
       rope_(make_rope_table(config_)),
       softmax_scale_(attention_softmax_scale(config_)) {
@@ -52,7 +54,31 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                     static_cast<int64_t>(weights->layers.size()) == config_.num_hidden_layers,
                 "CUDA model: weights for {} layers, the config has {}",
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
+  // Of the parallel layouts only tensor parallelism runs on the GPU so far:
+  // the others need the expert all-to-all, row shares or LayerSplit's
+  // broadcasts in the CUDA forward (they run on the CPU, dsa_model.cpp).
+  MEGACTX_CHECK(plan_.expert_parallel_size == 1 && !plan_.expert_all_to_all &&
+                    plan_.context_parallel_size == 1 && !plan_.layer_split,
+                "CUDA model: of the parallel layouts only tensor parallelism runs on the GPU so "
+                "far (expert parallelism, data-parallel attention, context parallelism and "
+                "LayerSplit run on the CPU)");
+  MEGACTX_CHECK(
+      plan_.tensor_parallel_size == 1 ||
+          (options.group != nullptr && options.group->size() == plan_.tensor_parallel_size &&
+           options.group->rank() == plan_.tensor_parallel_rank),
+      "CUDA model: rank {} of a tensor-parallel plan over {} ranks needs its group",
+      plan_.tensor_parallel_rank, plan_.tensor_parallel_size);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (options.group != nullptr) {
+    parallel::NcclCommunicatorOptions nccl;
+    nccl.rank = options.group->rank();
+    nccl.size = options.group->size();
+    nccl.device = options.device_ordinal;
+    nccl.stream = stream_;
+    nccl.bootstrap = options.group->size() > 1 ? options.group : nullptr;
+    group_ = parallel::make_nccl_communicator(nccl);
+  }
+  options_.group = nullptr;  // the CPU group is only NCCL's bootstrap
   blas_ = std::make_unique<Blas>(stream_);
   blas_->set_batch_invariant(options.batch_invariant);
   // Not in the fp32 mode (exact parity): fp8_native is the CLI's default even
@@ -73,6 +99,7 @@ CudaDsaModel::~CudaDsaModel() {
     std::fprintf(stderr, "%swall time of those forwards (host, incl. bookkeeping): %.3f ms\n",
                  timer_.report().c_str(), forward_wall_ms_);
   }
+  group_.reset();  // NCCL synchronises the stream it was given: before it goes
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -264,6 +291,10 @@ CudaDsaModel::Step CudaDsaModel::Step::rows_of(int64_t first, int64_t count, int
   return part;
 }
 
+void CudaDsaModel::reduce_partial(float* data, int64_t count) {
+  if (group_ != nullptr) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
+}
+
 void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
   return options_.bf16_weights ? buffer.get<uint16_t>(count) : nullptr;
 }
@@ -281,6 +312,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   if (!input_normed) rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_, h_bf16);
   blas_->share_input(h, n, hidden, hidden, h_bf16);
   attention(w, layer, h, step, cache, branch);
+  reduce_partial(branch, n * hidden);  // tensor parallel: each rank's heads' share of o_proj
   timer_.mark("norms + residual", stream_);
   add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, h, stream_, h_bf16);
   // The feed-forward in blocks of row_block(n) rows, as attention's core: its
@@ -300,6 +332,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
     }
   }
   routed_ids_ = routed;
+  reduce_partial(branch, n * hidden);  // tensor parallel: each rank's share of every MLP's width
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
     add_rmsnorm(x, branch, n, hidden, next_norm, eps, h, stream_, h_bf16);
@@ -316,7 +349,7 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model(const DsaModel& host,
   cuda::CudaDsaModel::prepare_device(host.config(), host.index_topk(), options);
   auto weights = std::make_unique<cuda::CudaWeights>(host.weights(), options.bf16_weights);
   return std::make_unique<cuda::CudaDsaModel>(host.config(), host.index_topk(), std::move(weights),
-                                              options);
+                                              options, host.plan());
 }
 
 }  // namespace megactx

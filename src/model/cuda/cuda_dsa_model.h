@@ -26,6 +26,7 @@
 #include "model/model_plan.h"
 #include "model/mtp_layer.h"
 #include "model/rope.h"
+#include "parallel/communicator.h"
 
 namespace megactx::cuda {
 
@@ -34,8 +35,11 @@ class CudaDsaModel final : public LanguageModel {
   // Both factories (make_cuda_dsa_model from a host DsaModel,
   // make_cuda_dsa_model_from_checkpoint) end here with the config, the top-k
   // width and the weights already on the device.
+  // `plan`: a rank's share of a tensor-parallel group (the host model's
+  // parallel_plan, whose shares `weights` hold); none: plan_model(config,
+  // index_topk), the whole model.
   CudaDsaModel(ModelConfig config, int64_t index_topk, std::unique_ptr<CudaWeights> weights,
-               const CudaModelOptions& options);
+               const CudaModelOptions& options, std::optional<ModelPlan> plan = std::nullopt);
   // Selects options.device_ordinal and checks that `config` fits the CUDA
   // paths: the factories call it before uploading any weight.
   static void prepare_device(const ModelConfig& config, int64_t index_topk,
@@ -185,6 +189,10 @@ class CudaDsaModel final : public LanguageModel {
   // writes (Blas::share_input): `buffer` grown to `count` bf16 values when the
   // model's matrices are bf16, else null (no copy is made).
   void* gemm_input_copy(DeviceBuffer& buffer, int64_t count);
+  // data [count] on the device: this rank's partial sum of an attention or
+  // feed-forward output, summed over the tensor-parallel group in place (on
+  // stream_; nothing without a group).
+  void reduce_partial(float* data, int64_t count);
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
                  PagedKvCache& cache, float* out);
   void indexer(const DeviceLayer& w, int64_t layer, const float* h, const float* q_resid,
@@ -316,6 +324,8 @@ class CudaDsaModel final : public LanguageModel {
   RopeTable rope_;
   float softmax_scale_ = 1.0f;
   cudaStream_t stream_ = nullptr;
+  // The NCCL communicator of options.group's ranks, on stream_ (null: none).
+  std::unique_ptr<parallel::Communicator> group_;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   // final_norm's host copy of weights_->final_norm [H] (empty until first

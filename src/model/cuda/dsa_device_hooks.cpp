@@ -46,7 +46,14 @@ void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   // (e4m3 kept as shipped), or float32 on the host first for the upcast of an
   // fp8 checkpoint.
   std::unique_ptr<CudaWeights> loaded;
-  if (options_.reads_checkpoint(config_.is_fp8_checkpoint())) {
+  if (plan_.tensor_parallel_size > 1) {
+    // A rank of a tensor-parallel group: the whole model's shapes on the
+    // host, then its share (as the initial load, model_loader.cpp).
+    auto source = make_checkpoint_weights(checkpoint);
+    const DsaWeights host =
+        parallel_shard(load_dsa_weights(config_, whole_model_plan(plan_), *source), plan_);
+    loaded = std::make_unique<CudaWeights>(host, options_.bf16_weights);
+  } else if (options_.reads_checkpoint(config_.is_fp8_checkpoint())) {
     loaded = std::make_unique<CudaWeights>(config_, checkpoint, options_.bf16_weights);
   } else {
     auto source = make_checkpoint_weights(checkpoint);

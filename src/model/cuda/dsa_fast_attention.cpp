@@ -543,7 +543,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
                                    const Step& step, PagedKvCache& cache, float* o_latent) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
-  const int64_t heads = config_.num_attention_heads;
+  const int64_t heads = plan_.attention.heads;  // this rank's (tensor parallel)
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t qk = config_.qk_nope_head_dim + config_.qk_rope_head_dim;
   if (fast_multiprocessors_ == 0) {

@@ -6,6 +6,10 @@
 
 namespace megactx {
 
+namespace parallel {
+class Communicator;
+}
+
 struct CudaModelOptions {
   // ForwardOutput::logits on the device (for a device sampler) or copied to
   // the host (the CPU sampler and the CLI today).
@@ -56,6 +60,13 @@ struct CudaModelOptions {
   // step is bit-identical to the whole one: CudaFastAttention.RowBlocksMatchTheWholeStep).
   int64_t row_block = 1024;
   int device_ordinal = 0;
+  // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
+  // rank per GPU. The model joins an NCCL communicator of the same ranks on
+  // its own stream (the group carries NCCL's unique id) and adds up the
+  // attention and feed-forward partial sums through it, also inside captured
+  // graphs. A group of one rank runs the same calls (a one-rank NCCL
+  // communicator). Not owned; outlives the model. Null: no collectives.
+  parallel::Communicator* group = nullptr;
 
   // Whether a CUDA model is built (and reloaded) straight from a checkpoint:
   // always, but for an fp8 checkpoint whose e4m3 matrices are to be
