@@ -192,16 +192,24 @@ bool Scheduler::choose_rank(RequestState& request, const std::vector<int64_t>& b
   if (ranks() == 1 || !request.page_table.empty()) return open(request.dp_rank);
   const int64_t limit = prefix_limit(request);
   const std::span<const int32_t> prefix(request.tokens.data(), static_cast<size_t>(limit));
-  // Prefix-cache affinity first, then the fewest running requests, then the
-  // most free pages (a rank whose pages hold cached prefixes has fewer), then
-  // the lowest rank.
+  // A rank where its first chunk fits now first (as admission will check it,
+  // from the prefix that rank caches), then prefix-cache affinity, then the
+  // fewest running requests, then the most free pages (a rank whose pages
+  // hold cached prefixes has fewer), then the lowest rank.
   int best = -1;
-  std::tuple<int64_t, int64_t, int64_t> best_key;
+  std::tuple<bool, int64_t, int64_t, int64_t> best_key;
   for (int rank = 0; rank < ranks(); ++rank) {
     if (!open(rank)) continue;
-    const std::tuple<int64_t, int64_t, int64_t> key = {
-        limit > 0 ? prefix_caches_[static_cast<size_t>(rank)]->cached_prefix_tokens(prefix) : 0,
-        -running_on(rank), allocator_.num_free(rank)};
+    const int64_t cached =
+        limit > 0 ? prefix_caches_[static_cast<size_t>(rank)]->cached_prefix_tokens(prefix) : 0;
+    const int64_t chunk = std::min(static_cast<int64_t>(request.tokens.size()) - cached,
+                                   budget[static_cast<size_t>(rank)]);
+    const int64_t on_rank = running_on(rank);
+    // Its cached pages count as taken (a match locks them).
+    const bool fits = on_rank == 0 || pages_for(cached + chunk) - cached / page_size_ + on_rank <=
+                                          available_pages(rank) - cached / page_size_;
+    const std::tuple<bool, int64_t, int64_t, int64_t> key = {fits, cached, -on_rank,
+                                                             allocator_.num_free(rank)};
     if (best < 0 || key > best_key) {
       best = rank;
       best_key = key;

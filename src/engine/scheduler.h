@@ -21,6 +21,16 @@
 // steps), so a prompt longer than the device pages hold prefills into the
 // tier; drop_parked() takes parked requests' offload pages back when a
 // running one must move.
+//
+// Data-parallel attention (an allocator of several ranks, one prefix cache
+// per rank): every request runs on one rank while admitted, all its pages
+// from that rank's range. Admission pins it to a rank where its first chunk
+// fits now, among those to the one whose prefix cache holds the longest
+// prefix of it, else the one with the fewest running requests, then the most
+// free pages. The prefill budget and the running limit
+// (max_running_requests / ranks, rounded up) are per rank, and a rank short
+// of pages preempts its own latest request. The logit rows of a step stay
+// one budget (they are all read on one process).
 #pragma once
 
 #include <cstdint>

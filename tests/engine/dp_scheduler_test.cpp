@@ -87,7 +87,7 @@ TEST(DataParallelScheduler, APrefixHitKeepsARequestOnItsRank) {
   bench.step();
   ASSERT_EQ(first->dp_rank, 0);
   bench.scheduler.remove(first);  // its 3 full pages stay in rank 0's prefix cache
-  ASSERT_EQ(bench.caches[0]->cached_pages(), 3);
+  ASSERT_EQ(bench.caches[0]->cached_prefix_tokens(first->tokens), 192);
   // Another prompt goes where more pages are free; one sharing the first's
   // prefix goes back to rank 0 (where its pages are), though rank 0 runs one too.
   RequestState* other = bench.add("other", 100, 5000);
@@ -99,6 +99,27 @@ TEST(DataParallelScheduler, APrefixHitKeepsARequestOnItsRank) {
   EXPECT_EQ(again->dp_rank, 0);
   EXPECT_EQ(again->cached_tokens, 192);
   EXPECT_EQ(third->dp_rank, 1);  // both run one: rank 1 has more free pages (6 to 4)
+}
+
+TEST(DataParallelScheduler, ARequestGoesWhereItFitsBeforeItsCachedPrefix) {
+  SchedulerConfig config;
+  DpBench bench(8, config);
+  RequestState* first = bench.add("first", 200, 0);
+  bench.step();
+  bench.scheduler.remove(first);  // 3 full pages cached on rank 0, 5 free
+  RequestState* a = bench.add("a", 100, 3000);
+  bench.step();
+  RequestState* b = bench.add("b", 300, 4000);
+  bench.step();
+  ASSERT_EQ(a->dp_rank, 1);
+  ASSERT_EQ(b->dp_rank, 0);  // rank 0's 5 free pages, its cached ones untouched
+  ASSERT_EQ(bench.caches[0]->cached_prefix_tokens(first->tokens), 192);
+  // Rank 0 caches 192 tokens of it but has no page for the rest: rank 1 does.
+  RequestState* again = bench.add("again", 230, 0);
+  bench.step();
+  EXPECT_EQ(again->dp_rank, 1);
+  EXPECT_EQ(again->phase, RequestPhase::Running);
+  EXPECT_EQ(again->cached_tokens, 0);
 }
 
 TEST(DataParallelScheduler, ARankShortOfPagesPreemptsItsOwnLatestRequest) {
