@@ -11,6 +11,8 @@ out), over 2 and 4 ranks:
   one goes to the rank with more free pages;
 - a rank whose pages run out preempts its own requests, with the outputs unchanged;
 - an aborted request's pages go back to its rank (every rank's pages free after a flush);
+- return_routed_experts and return_hidden_states come back from every rank's rows as one
+  process gives them;
 - weight updates reach every rank (a trainer's negated lm_head gives one process's output
   after the same update; update_weights_from_disk and release / resume bring the original);
 - what it cannot combine with yet is a start-up error.
@@ -67,6 +69,31 @@ def compare(outputs, plain):
     same = all(got[0] == want[0] for got, want in zip(outputs, plain))
     worst = max(abs(a - b) for got, want in zip(outputs, plain) for a, b in zip(got[1], want[1]))
     return same, worst
+
+
+def flatten(value):
+    if isinstance(value, list):
+        return [x for item in value for x in flatten(item)]
+    return [value]
+
+
+def routing_and_hidden(megactx, fixture, prompts, *extra):
+    """(output ids, routed experts, hidden states) of each prompt, all sent at once."""
+    with MegactxServer(megactx, fixture, *COMMON, "--enable-return-routed-experts",
+                       "--enable-return-hidden-states", *extra, name="routing") as server:
+        def one(request_ids):
+            response = requests.post(server.url + "/generate", json={
+                "input_ids": request_ids, "return_routed_experts": True,
+                "return_hidden_states": True,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}},
+                timeout=300)
+            response.raise_for_status()
+            body = response.json()
+            return (body["output_ids"], body["meta_info"]["routed_experts"],
+                    flatten(body["meta_info"]["hidden_states"]))
+
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, prompts))
 
 
 def check(failures, ok, message):
@@ -193,6 +220,18 @@ def main():
     failures = check(failures, ok,
                      f"aborts: running per rank {busy} before, finish reason abort: {aborted}, "
                      f"free pages {free} of {total} after a flush")
+
+    # Routing replay and hidden states: gathered from the ranks with the logits.
+    few = prompts[:3]
+    want = routing_and_hidden(args.megactx, args.fixture, few)
+    got = routing_and_hidden(args.megactx, args.fixture, few, *dp(2))
+    routed = all(g[0] == w[0] and g[1] == w[1] for g, w in zip(got, want))
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[2], w[2]))
+    sizes = all(len(g[2]) == len(w[2]) > 0 for g, w in zip(got, want))
+    failures = check(failures, routed and sizes and worst <= 1e-4,
+                     f"2 ranks, 3 concurrent requests: routed experts "
+                     f"{'equal to' if routed else 'DIFFERENT from'} one process's, hidden states "
+                     f"within {worst:.2e}")
 
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens,
                                                 ("--expert-parallel-size", "2",
