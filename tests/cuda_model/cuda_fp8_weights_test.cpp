@@ -207,18 +207,23 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
   cudaStream_t stream = nullptr;
   MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
   // Both GEMMs past 8 rows: the tiled SIMT kernel (float32 sums, 1e-4) and
-  // the tensor-core one, Blas's default (the MMA's fp8 accumulation keeps
-  // fewer bits: 1e-3, as TensorCoreKernelAgreesWithTheReference).
+  // the tensor-core ones, Blas's default (the MMA's fp8 accumulation keeps
+  // fewer bits: 1e-3, as TensorCoreKernelAgreesWithTheReference): the few-row
+  // kernel, and cuBLASLt's block-scaled GEMM past 64 rows or for the larger
+  // weights (the 96-, 40- and 200-row cases below; not with a scale grid
+  // split off 128, the 130-row one).
   for (const bool tensor_cores : {false, true}) {
     cuda::Blas blas(stream);
     blas.set_fp8_tensor_cores(tensor_cores);
+    blas.set_fp8_cublaslt(tensor_cores);
     const double bound = tensor_cores ? 1e-3 : 1e-4;
     int seed = 100;
     for (const Case& c :
          {Case{1, 128, 128, 0, 0, 0}, Case{7, 160, 272, 0, 3, 0}, Case{33, 300, 130, 0, 0, 5},
           Case{64, 256, 544, 272, 0, 0}, Case{2, 144, 96, 0, 1, 1}, Case{130, 384, 200, 70, 4, 3},
           Case{1, 80, 320, 160, 0, 0}, Case{3, 100, 64, 0, 0, 0}, Case{8, 528, 200, 0, 2, 0},
-          Case{9, 528, 136, 0, 0, 0}}) {
+          Case{9, 528, 136, 0, 0, 0}, Case{96, 512, 384, 0, 0, 0}, Case{40, 2048, 2304, 0, 0, 4},
+          Case{200, 1024, 640, 256, 0, 0}}) {
       const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
                                 std::to_string(c.out) + " split " + std::to_string(c.split) +
                                 (tensor_cores ? " (tensor cores allowed)" : " (SIMT kernels)");
@@ -289,6 +294,7 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
       EXPECT_LE(rms, 0.0625) << where;
       EXPECT_GT(rms, 1e-3) << where << ": the inputs are really rounded to e4m3";
     }
+    EXPECT_EQ(blas.fp8_cublaslt_runs(), tensor_cores ? 3 : 0);
   }
   MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -15,7 +15,8 @@ constexpr int kGroup = 128;
 constexpr int kE4m3Max = 448;
 
 __global__ void quantize_e4m3_groups_kernel(const float* x, int64_t rows, int64_t in,
-                                            int64_t x_stride, uint8_t* q, float* scale) {
+                                            int64_t x_stride, uint8_t* q, float* scale,
+                                            bool scales_by_group) {
   grid_dependency_wait();
   grid_dependency_trigger();
   const int64_t groups = (in + kGroup - 1) / kGroup;
@@ -43,20 +44,21 @@ __global__ void quantize_e4m3_groups_kernel(const float* x, int64_t rows, int64_
     // Round to nearest even, saturating to +-448 (x / s can round past 448).
     if (col < in) q[row * in + col] = __nv_fp8_e4m3(__fdiv_rn(values[i], s)).__x;
   }
-  if (lane == 0) scale[row * groups + col0 / kGroup] = s;
+  if (lane == 0)
+    scale[scales_by_group ? (col0 / kGroup) * rows + row : row * groups + col0 / kGroup] = s;
 }
 
 }  // namespace
 
 void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_stride, uint8_t* q,
-                          float* scale, cudaStream_t stream) {
+                          float* scale, cudaStream_t stream, bool scales_by_group) {
   const int64_t warps = rows * ((in + kGroup - 1) / kGroup);
   if (warps == 0) return;
   constexpr int kThreads = 256;
   constexpr int64_t kWarpsPerBlock = kThreads / 32;
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   launch_kernel(quantize_e4m3_groups_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, x,
-                rows, in, x_stride, q, scale);
+                rows, in, x_stride, q, scale, scales_by_group);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

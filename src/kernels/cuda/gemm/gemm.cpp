@@ -58,6 +58,9 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   // MEGACTX_FP8_TENSOR_CORES=0 (the tiled SIMT kernel, e.g. to compare).
   const char* tensor_cores = std::getenv("MEGACTX_FP8_TENSOR_CORES");
   fp8_tensor_cores_ = tensor_cores == nullptr || std::string_view(tensor_cores) != "0";
+  const char* cublaslt = std::getenv("MEGACTX_FP8_CUBLASLT");
+  fp8_cublaslt_ = cublaslt == nullptr || std::string_view(cublaslt) != "0";
+  fp8_lt_ = std::make_unique<Fp8LtGemm>(stream);
 }
 
 Blas::~Blas() {
@@ -108,7 +111,30 @@ void* Blas::grow(void*& buffer, size_t& capacity, size_t bytes) {
 
 void Blas::set_workspace(void* data, size_t bytes) {
   check(cublasSetWorkspace(static_cast<cublasHandle_t>(handle_), data, bytes), "set workspace");
+  fp8_lt_->set_workspace(data, bytes);  // the same stream: never used at once
 }
+
+int64_t Blas::fp8_cublaslt_runs() const {
+  return fp8_lt_->runs();
+}
+
+namespace {
+
+// Where cuBLASLt's block-scaled GEMM beats the hand-written fp8 kernels
+// (fp8_linear_bench and the H200 probe of 2026-12-03, weights from HBM): past
+// 64 rows always (the alternative is the 64x64 tiled kernel, 5-10x slower);
+// from 16 rows for weights of 16M+ elements (GLM-5.2's q_b 33.5M at 16
+// rows: 15.2 against 23.4 us; o_proj 100M: 36 against 69 us); from 33 rows
+// for 4M+ (glm_1b's MLP down 11.5M at 64 rows: 15.2 against 22.4 us). Small
+// matrices stay on the few-row kernel (glm_1b's q_a, 1.5M: 7.9 against 10.2
+// us at 64 rows).
+bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
+  const int64_t elements = in * out;
+  return rows > 64 || (rows >= 16 && elements >= (int64_t{16} << 20)) ||
+         (rows > 32 && elements >= (int64_t{4} << 20));
+}
+
+}  // namespace
 
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride) {
@@ -153,7 +179,6 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   auto* q = static_cast<uint8_t*>(grow(x_fp8_, x_fp8_bytes_, static_cast<size_t>(rows * in)));
   auto* scale = static_cast<float*>(
       grow(x_scale_, x_scale_bytes_, static_cast<size_t>(rows * groups) * sizeof(float)));
-  quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
   Fp8BlockGemm g;
   g.x = q;
   g.x_type = ActType::E4M3;
@@ -168,6 +193,12 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.rows = rows;
   g.in = in;
   g.out = out;
+  if (!batch_invariant_ && fp8_cublaslt_ && fp8_lt_rows(rows, in, out) && fp8_lt_->supports(g)) {
+    quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
+    fp8_lt_->run(g);
+    return;
+  }
+  quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
   // One row streams the weights once per warp on CUDA cores; up to 64 rows
   // (decode batches, MTP verifications) stream them once per 32 rows on
   // tensor cores (fp8_linear_bench: from 4 rows on, 1.3-4x faster than the

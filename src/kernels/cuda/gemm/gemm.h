@@ -9,6 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
+
+#include "kernels/cuda/gemm/fp8_block_gemm_lt.h"
 
 namespace megactx::cuda {
 
@@ -34,9 +37,10 @@ struct DeviceMatrix {
 // in] float32 (row stride x_stride) -> q [rows, in] e4m3 (dense) and scale
 // [rows, ceil(in / 128)] with scale = amax(group) / 448 (1 for an all-zero
 // group) and q = e4m3(x / scale), round to nearest even, saturating. One warp
-// per group; no host sync, graph-capturable.
+// per group; no host sync, graph-capturable. scales_by_group: scale laid out
+// [ceil(in / 128), rows] instead (what cuBLASLt's VEC128 scales read).
 void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_stride, uint8_t* q,
-                          float* scale, cudaStream_t stream);
+                          float* scale, cudaStream_t stream, bool scales_by_group = false);
 
 // x [rows, n] float32 (row stride x_stride) -> y [rows, n] bf16 (dense).
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
@@ -105,6 +109,13 @@ class Blas {
   // loops and the CPU emulation pass on the H200); the environment variable
   // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
+  // fp8 linears on cuBLASLt's block-scaled GEMM (fp8_block_gemm_lt.h) where it
+  // beats the hand-written kernels: more than 64 rows, or from 16 rows on for
+  // large weights (fp8_lt_rows). On by default; MEGACTX_FP8_CUBLASLT=0 turns
+  // it off for every Blas created afterwards (A/B runs).
+  void set_fp8_cublaslt(bool on) { fp8_cublaslt_ = on; }
+  // fp8 linears cuBLASLt ran so far (tests: the path was taken).
+  int64_t fp8_cublaslt_runs() const;
   // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
   // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
   // block-scaled kernel at every row count.
@@ -148,6 +159,8 @@ class Blas {
   size_t x_scale_bytes_ = 0;
   uint64_t reallocations_ = 0;
   bool fp8_tensor_cores_ = true;
+  bool fp8_cublaslt_ = true;
+  std::unique_ptr<Fp8LtGemm> fp8_lt_;
   bool batch_invariant_ = false;
 };
 
