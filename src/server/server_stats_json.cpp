@@ -36,6 +36,13 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
                            {"host_latent_read_steps", stats.host_latent_read_steps},
                            {"spec_accepted_tokens", stats.spec_accepted_tokens},
                            {"spec_verify_steps", stats.spec_verify_steps}};
+  // Data-parallel attention only (a plain server's JSON keeps its keys).
+  for (const DataParallelRankStats& rank : stats.data_parallel_ranks)
+    engine["data_parallel_ranks"].push_back({{"running_requests", rank.running_requests},
+                                             {"admissions", rank.admissions},
+                                             {"kv_pages_total", rank.kv_pages_total},
+                                             {"kv_pages_free", rank.kv_pages_free},
+                                             {"prefix_cache_pages", rank.prefix_cache_pages}});
   nlohmann::json counters = {{"prompt_tokens", metrics.prompt_tokens.load()},
                              {"generated_tokens", metrics.generated_tokens.load()},
                              {"cached_tokens", metrics.cached_tokens.load()},

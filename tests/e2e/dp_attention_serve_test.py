@@ -174,7 +174,9 @@ def main():
         pages, _ = kv_pages(server.log)
     same, worst = compare(got, want)
     preemptions = stats["engine"]["preemptions"]
-    ok = same and worst <= 1e-4 and preemptions > 0
+    ranks_json = stats["engine"].get("data_parallel_ranks", [])
+    ok = same and worst <= 1e-4 and preemptions > 0 and len(ranks_json) == 2 and \
+        all(r["kv_pages_total"] == pages // 2 for r in ranks_json)
     failures = check(failures, ok,
                      f"2 ranks of {pages // 2} pages each: {preemptions} preemptions, greedy ids "
                      f"{'equal to' if same else 'DIFFERENT from'} one process's, max |logprob "
