@@ -186,8 +186,8 @@ int run_serve(const ServeOptions& options) {
                   "--enable-dp-attention is not combined with --host-kv-memory or "
                   "--host-latent-memory yet (the host tiers hold one rank's pages)");
     MEGACTX_CHECK(options.device == "cpu",
-                  "--enable-dp-attention runs on the CPU only so far (the CUDA model has no "
-                  "group yet)");
+                  "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
+                  "is tensor-parallel only)");
   } else {
     MEGACTX_CHECK(options.data_parallel_size == 1,
                   "--data-parallel-size {} needs --enable-dp-attention (replicas of the whole "
