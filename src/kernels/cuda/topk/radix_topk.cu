@@ -5,6 +5,10 @@
 //   [2] how many scores tied with the prefix are still needed (the k-th lies there)
 //   [3] slots written above the threshold    [4] ties seen at the threshold
 //   [5] ticket of the collect pass
+//   [6] settled: 1 + the shift of the digit whose bin holds exactly the ties
+//       still needed (every one of them is taken, so the lower digits'
+//       passes return at once and the collect compares key >> shift); 0 while
+//       open. With distinct scores that is usually the second pass.
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -49,6 +53,7 @@ __global__ void __launch_bounds__(kThreads) topk_digit_pass(TopkParams p) {
   const int visible = p.row_visible[row];
   if (visible <= p.top_k) return;  // every position is taken: the collect pass does it alone
   int32_t* state = p.row_state + static_cast<int64_t>(row) * kTopkRowState;
+  if (Level > 0 && state[6] != 0) return;  // settled by an earlier pass (its tickets are reset)
   const uint32_t prefix = Level == 0 ? 0u : static_cast<uint32_t>(state[1]);
   const int need = Level == 0 ? p.top_k : state[2];
 
@@ -94,6 +99,7 @@ __global__ void __launch_bounds__(kThreads) topk_digit_pass(TopkParams p) {
         state[1] = static_cast<int32_t>((Level == 0 ? 0u : (prefix << kDigitBits)) |
                                         static_cast<uint32_t>(b));
         state[2] = need - count;
+        if (here == need - count) state[6] = kShift + 1;  // the whole bin is taken
         break;
       }
       count += here;
@@ -122,10 +128,11 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
   } else {
     const uint32_t threshold = static_cast<uint32_t>(state[1]);
     const int ties_needed = state[2];
+    const int shift = state[6] != 0 ? state[6] - 1 : 0;  // the settled digit's: compare its prefix
     const int above_total = taken - ties_needed;
     const float* row_scores = p.scores + static_cast<int64_t>(row) * p.score_stride;
     for (int64_t position = begin + threadIdx.x; position < end; position += kThreads) {
-      const uint32_t key = float_to_ordered(row_scores[position]);
+      const uint32_t key = float_to_ordered(row_scores[position]) >> shift;
       if (key > threshold) {
         out[atomicAdd(&state[3], 1)] = position_to_slot(table, position);
       } else if (key == threshold) {
@@ -156,7 +163,7 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   using BlockScan = cub::BlockScan<int, kSmallThreads>;
   __shared__ uint32_t histogram[kTopkHistogramBins];
   __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int found_digit, found_need, above_count, tie_count;
+  __shared__ int found_digit, found_need, found_whole, above_count, tie_count;
 
   const int64_t row = blockIdx.x;
   const int visible = p.row_visible[row];
@@ -176,6 +183,7 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
 
   uint32_t prefix = 0;
   int need = k;
+  int settled_shift = 0;  // the digits below it are not looked at (see [6] above)
 #pragma unroll
   for (int level = 0; level < 3; ++level) {
     const int shift = level == 0 ? 20 : (level == 1 ? 8 : 0);
@@ -203,6 +211,7 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
         if (count + here >= need) {
           found_digit = b;
           found_need = need - count;
+          found_whole = here == need - count;
           break;
         }
         count += here;
@@ -212,14 +221,19 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
     prefix = level == 0 ? static_cast<uint32_t>(found_digit)
                         : ((prefix << bits) | static_cast<uint32_t>(found_digit));
     need = found_need;
+    const bool whole = found_whole;
     __syncthreads();  // found_* and the histogram are reused by the next level
+    if (whole) {      // every key of the threshold bin is taken: the lower digits decide nothing
+      settled_shift = shift;
+      break;
+    }
   }
 
   if (threadIdx.x == 0) above_count = tie_count = 0;
   __syncthreads();
   const int above_total = taken - need;
   for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
-    const uint32_t key = keys[position];
+    const uint32_t key = keys[position] >> settled_shift;
     if (key > prefix) {
       out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
     } else if (key == prefix) {
