@@ -69,10 +69,11 @@ void copy_kv_pages_on_host(const PagedKvCache& from, std::span<const int32_t> fr
                     });
 }
 
-HostKvTier::HostKvTier(PagedKvCache& device, std::unique_ptr<PagedKvCache> host, KvPageCopy copy)
+HostKvTier::HostKvTier(PagedKvCache& device, std::unique_ptr<PagedKvCache> host, KvPageCopy copy,
+                       int ranks)
     : device_(device),
       host_(std::move(host)),
-      allocator_(host_ ? host_->spec().num_pages : 0),
+      allocator_(host_ ? host_->spec().num_pages * ranks : 0, 0, ranks),
       copy_(std::move(copy)) {
   MEGACTX_CHECK(host_ != nullptr && host_->spec().device == Device::CPU,
                 "host KV tier: its pools must be in host memory");

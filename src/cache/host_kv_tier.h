@@ -52,9 +52,12 @@ void check_kv_page_copy(const PagedKvCache& from, std::span<const int32_t> from_
 class HostKvTier {
  public:
   // `host` holds the tier's pages (host memory; pinned for a CUDA model) in
-  // `device`'s layout. `device` must outlive the tier.
+  // `device`'s layout. `device` must outlive the tier. Data-parallel
+  // attention (`ranks` > 1): `device` and `host` are rank 0's shares, every
+  // rank's tier holds as many pages, numbered in one space with a range per
+  // rank (page_allocator.h), and `copy` takes pages in that numbering.
   HostKvTier(PagedKvCache& device, std::unique_ptr<PagedKvCache> host,
-             KvPageCopy copy = copy_kv_pages_on_host);
+             KvPageCopy copy = copy_kv_pages_on_host, int ranks = 1);
 
   PageAllocator& allocator() { return allocator_; }
   const PageAllocator& allocator() const { return allocator_; }

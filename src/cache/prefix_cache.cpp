@@ -55,10 +55,10 @@ PrefixCache::PrefixCache(PageAllocator& allocator, int64_t page_size, HostKvTier
       rank_(rank),
       root_(new Node) {
   MEGACTX_CHECK(page_size > 0, "invalid page size {}", page_size);
-  MEGACTX_CHECK(
-      rank >= 0 && rank < allocator.ranks() && (host_tier == nullptr || allocator.ranks() == 1),
-      "prefix cache of rank {} over {} ranks{}", rank, allocator.ranks(),
-      host_tier != nullptr ? " with a host tier" : "");
+  MEGACTX_CHECK(rank >= 0 && rank < allocator.ranks() &&
+                    (host_tier == nullptr || host_tier->allocator().ranks() == allocator.ranks()),
+                "prefix cache of rank {} over {} ranks{}", rank, allocator.ranks(),
+                host_tier != nullptr ? " with a host tier" : "");
 }
 
 PrefixCache::~PrefixCache() {
@@ -94,7 +94,7 @@ int64_t PrefixCache::cached_prefix_tokens(std::span<const int32_t> tokens) const
   for (int64_t i = 0; i < static_cast<int64_t>(tokens.size()) / page_size_; ++i) {
     auto page_tokens = tokens.subspan(static_cast<size_t>(i * page_size_), page_size_);
     cursor = find_child(const_cast<Node*>(cursor), page_tokens, hash_page(page_tokens));
-    if (cursor == nullptr || cursor->page < 0) break;
+    if (cursor == nullptr) break;
     ++pages;
   }
   return pages * page_size_;
@@ -310,8 +310,8 @@ void PrefixCache::remove_subtree(Node* node) {
 
 bool PrefixCache::save_to_host(Node* node) {
   if (node->host_page < 0) {
-    std::optional<int32_t> host_page = host_tier_->allocator().allocate();
-    if (!host_page && evict_host(1) == 1) host_page = host_tier_->allocator().allocate();
+    std::optional<int32_t> host_page = host_tier_->allocator().allocate(rank_);
+    if (!host_page && evict_host(1) == 1) host_page = host_tier_->allocator().allocate(rank_);
     if (!host_page) return false;
     // Copied before the device page is released, so before anything reuses it.
     const int32_t device_pages[] = {node->page};
@@ -392,9 +392,9 @@ void PrefixCache::retire() {
   for (const auto& node : nodes_) node->stale = true;
 }
 
-void PrefixCache::check_integrity(
-    std::vector<int32_t>& holders,
-    const std::unordered_map<const Node*, int64_t>& request_locks) const {
+void PrefixCache::check_integrity(std::vector<int32_t>& holders,
+                                  const std::unordered_map<const Node*, int64_t>& request_locks,
+                                  std::vector<int32_t>* tier_holders) const {
   MEGACTX_CHECK(static_cast<int64_t>(nodes_.size()) == num_nodes_,
                 "integrity: prefix cache counts {} nodes but holds {}", num_nodes_, nodes_.size());
   MEGACTX_CHECK(root_->lock == 0 && root_->depth == 0, "integrity: prefix cache root changed");
@@ -484,7 +484,14 @@ void PrefixCache::check_integrity(
   MEGACTX_CHECK(
       root_->device_children == (device_children.contains(root_) ? device_children[root_] : 0),
       "integrity: prefix cache root counts {} device children", root_->device_children);
-  if (host_tier_ != nullptr) host_tier_->allocator().check_integrity(host_holders);
+  if (host_tier_ == nullptr) return;
+  if (tier_holders == nullptr) {
+    host_tier_->allocator().check_integrity(host_holders);
+    return;
+  }
+  tier_holders->resize(host_holders.size(), 0);
+  for (size_t page = 0; page < host_holders.size(); ++page)
+    (*tier_holders)[page] += host_holders[page];
 }
 
 }  // namespace megactx

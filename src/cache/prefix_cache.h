@@ -65,8 +65,9 @@ class PrefixCache {
   // ones, or ones evicted for them) while there are any; the match ends where
   // none can be had. Counts tokens.size() as queried and the match as hits.
   Match match(std::span<const int32_t> tokens);
-  // The tokens match() would find on the device now, without taking or
-  // counting anything (data-parallel attention: which rank holds a prefix).
+  // The tokens match() would find now, on the device or in the host tier,
+  // without taking or counting anything (data-parallel attention: which rank
+  // holds a prefix).
   int64_t cached_prefix_tokens(std::span<const int32_t> tokens) const;
 
   // Adds the first `num_full_pages` pages of a sequence (`tokens` holds at
@@ -110,9 +111,13 @@ class PrefixCache {
   // its subtree; parent/child links, depths and hashes must agree; a page
   // must appear in one node only; the device nodes form a subtree at the
   // root holding every lock; the host tier's pages are the host-resident
-  // nodes', each once.
+  // nodes', each once. `tier_holders` (data-parallel attention: the trees of
+  // every rank share one tier): this tree's host pages are counted there and
+  // the caller checks the tier's allocator once.
   void check_integrity(std::vector<int32_t>& holders,
-                       const std::unordered_map<const Node*, int64_t>& request_locks) const;
+                       const std::unordered_map<const Node*, int64_t>& request_locks,
+                       std::vector<int32_t>* tier_holders = nullptr) const;
+  HostKvTier* host_tier() const { return host_tier_; }
 
  private:
   Node* find_child(Node* parent, std::span<const int32_t> page_tokens, uint64_t hash) const;

@@ -182,9 +182,9 @@ int run_serve(const ServeOptions& options) {
                   "--enable-dp-attention is not combined with MTP speculation "
                   "(--speculative-steps) yet: the MTP layer's steps would have to meet in the "
                   "experts' all-to-all");
-    MEGACTX_CHECK(options.host_kv_memory.empty() && options.host_latent_memory.empty(),
-                  "--enable-dp-attention is not combined with --host-kv-memory or "
-                  "--host-latent-memory yet (the host tiers hold one rank's pages)");
+    MEGACTX_CHECK(options.host_latent_memory.empty(),
+                  "--enable-dp-attention is not combined with --host-latent-memory yet (its "
+                  "offload pages are one rank's)");
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
                   "is tensor-parallel only)");

@@ -49,10 +49,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   // Data-parallel attention: each rank's pages hold its own requests.
   const int ranks = model_->data_parallel_ranks();
   MEGACTX_CHECK(
-      ranks == 1 || (config_.speculative_steps == 0 && config_.host_kv_memory_bytes == 0 &&
-                     config_.host_latent_memory_bytes == 0),
-      "data-parallel attention is not combined with MTP speculation, the host KV tier "
-      "or the live host tier yet");
+      ranks == 1 || (config_.speculative_steps == 0 && config_.host_latent_memory_bytes == 0),
+      "data-parallel attention is not combined with MTP speculation or the live host tier yet");
   if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
   capacity_ = plan_kv_capacity(
       model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,
@@ -84,7 +82,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   allocator_ = std::make_unique<PageAllocator>(capacity_.spec.num_pages,
                                                capacity_.spec.offload_pages, ranks);
   if (config_.record_routed_experts) {
-    const int64_t host_pages = config_.host_kv_memory_bytes / capacity_.bytes_per_page;
+    const int64_t host_pages =
+        config_.host_kv_memory_bytes / capacity_.bytes_per_page * capacity_.data_parallel_ranks;
     routed_ = std::make_unique<RoutedExpertsTable>(
         capacity_.spec.total_pages(), host_pages, config_.page_size, model_config.num_hidden_layers,
         std::max<int64_t>(model_config.num_experts_per_tok, 1));
@@ -117,8 +116,11 @@ void Engine::create_host_tier() {
   spec.device = Device::CPU;
   spec.offload_pages = 0;
   // Each rank's host tier holds the pools of its device cache (LayerSplit:
-  // its own layers'), so the largest rank's share bounds the pages.
+  // its own layers'), so the largest rank's share bounds the pages; with
+  // data-parallel attention each rank's tier holds pages of its own requests
+  // (numbered in one space, as the device pages).
   const int64_t bytes_per_page = capacity_.bytes_per_page;
+  const int ranks = capacity_.data_parallel_ranks;
   spec.num_pages = config_.host_kv_memory_bytes / bytes_per_page;
   MEGACTX_CHECK(spec.num_pages > 0,
                 "host KV memory of {} bytes holds no page ({} bytes per page of {} tokens)",
@@ -126,10 +128,13 @@ void Engine::create_host_tier() {
   // Pinned pools and copies on the model's stream for a device model.
   KvPageCopy copy = model_->kv_page_copy();
   if (routed_) copy = routed_->wrap(std::move(copy), *cache_);  // routing moves with its pages
-  host_tier_ =
-      std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec), std::move(copy));
-  spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory)", spec.num_pages,
-               spec.num_pages * spec.page_size, (spec.num_pages * bytes_per_page) >> 20);
+  const int64_t per_rank = spec.num_pages;
+  spec.num_pages *= ranks;
+  host_tier_ = std::make_unique<HostKvTier>(*cache_, model_->make_host_kv_cache(spec),
+                                            std::move(copy), ranks);
+  spdlog::info("host KV tier: {} pages ({} tokens, {} MiB of host memory){}", per_rank,
+               per_rank * spec.page_size, (per_rank * bytes_per_page) >> 20,
+               ranks > 1 ? fmt::format(" on each of {} data-parallel ranks", ranks) : "");
 }
 
 void Engine::plan_offload_pages() {

@@ -521,8 +521,18 @@ void Scheduler::check_integrity() const {
     }
   }
   const std::vector<int32_t> request_holders = holders;
-  for (size_t rank = 0; rank < prefix_caches_.size(); ++rank)
-    prefix_caches_[rank]->check_integrity(holders, locks[rank]);
+  if (ranks() == 1) {
+    prefix_caches_[0]->check_integrity(holders, locks[0]);
+  } else {
+    // The ranks' trees share one host tier (if any): its pages are checked once.
+    std::vector<int32_t> tier_holders;
+    for (size_t rank = 0; rank < prefix_caches_.size(); ++rank)
+      prefix_caches_[rank]->check_integrity(holders, locks[rank], &tier_holders);
+    if (HostKvTier* tier = prefix_caches_[0]->host_tier()) {
+      tier_holders.resize(static_cast<size_t>(tier->num_pages()), 0);
+      tier->allocator().check_integrity(tier_holders);
+    }
+  }
   for (size_t page = 0; page < holders.size(); ++page) {
     const bool in_tree = holders[page] > request_holders[page];
     MEGACTX_CHECK(in_tree || request_holders[page] <= 1,

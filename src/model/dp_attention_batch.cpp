@@ -104,6 +104,27 @@ void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int ra
   }
 }
 
+RankPagePairs rank_page_pairs(std::span<const int32_t> from_pages,
+                              std::span<const int32_t> to_pages, int64_t from_per_rank,
+                              int64_t to_per_rank, int rank, int ranks) {
+  MEGACTX_CHECK(from_pages.size() == to_pages.size() && from_per_rank > 0 && to_per_rank > 0,
+                "data-parallel attention: a copy of {} pages to {}", from_pages.size(),
+                to_pages.size());
+  RankPagePairs out;
+  for (size_t i = 0; i < from_pages.size(); ++i) {
+    const int64_t owner = from_pages[i] / from_per_rank;
+    MEGACTX_CHECK(from_pages[i] >= 0 && to_pages[i] >= 0 && owner < ranks &&
+                      to_pages[i] / to_per_rank == owner,
+                  "data-parallel attention: a copy of page {} to page {} crosses ranks ({} and "
+                  "{} pages per rank)",
+                  from_pages[i], to_pages[i], from_per_rank, to_per_rank);
+    if (owner != rank) continue;
+    out.from.push_back(static_cast<int32_t>(from_pages[i] - rank * from_per_rank));
+    out.to.push_back(static_cast<int32_t>(to_pages[i] - rank * to_per_rank));
+  }
+  return out;
+}
+
 ForwardOutput gather_to_leader(const ForwardBatch& whole, const std::vector<int>& ranks,
                                const ForwardOutput& own, const ModelConfig& config,
                                parallel::Communicator& group) {

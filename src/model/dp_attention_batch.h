@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/language_model.h"
@@ -28,6 +29,17 @@ struct RankBatch {
 };
 void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int rank,
                 int64_t pages_per_rank, RankBatch& out);
+
+// The host KV tier's page copies (device <-> host pages, each numbered with a
+// range per rank): the pairs (from_pages[i], to_pages[i]) of rank `rank`,
+// made local to its caches (`from_per_rank` and `to_per_rank` pages each).
+// Throws megactx::Error when a pair's pages lie on two ranks or past `ranks`.
+struct RankPagePairs {
+  std::vector<int32_t> from, to;
+};
+RankPagePairs rank_page_pairs(std::span<const int32_t> from_pages,
+                              std::span<const int32_t> to_pages, int64_t from_per_rank,
+                              int64_t to_per_rank, int rank, int ranks);
 
 // Every rank's outputs of its share (`own`) to rank 0, which gets the whole
 // batch's in its order: logits rows, and the hidden states and routed experts

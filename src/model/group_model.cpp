@@ -27,7 +27,8 @@ enum class Command : int64_t {
   Release = 7,
   MakeHostCache = 8,
   CopyPages = 9,
-  DpForward = 10  // data-parallel attention: the step's ranks, then its batch
+  DpForward = 10,   // data-parallel attention: the step's ranks, then its batch
+  DpCopyPages = 11  // data-parallel attention: CopyPages in the group's page numbering
 };
 
 // CopyPages directions.
@@ -396,10 +397,17 @@ class GroupLeaderModel final : public LanguageModel {
   }
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
-    MEGACTX_CHECK(!data_parallel_, "data-parallel attention: no host KV tier yet");
+    // Data-parallel attention: each rank's tier holds 1 / size of the pages.
+    KvCacheSpec local = spec;
+    if (data_parallel_) {
+      MEGACTX_CHECK(spec.num_pages % group_.size() == 0,
+                    "data-parallel attention: {} host KV pages over {} ranks", spec.num_pages,
+                    group_.size());
+      local.num_pages = spec.num_pages / group_.size();
+    }
     return watched([&] {
-      send(group_, Command::MakeHostCache, encode_spec(spec));
-      std::unique_ptr<PagedKvCache> host = model_->make_host_kv_cache(spec);
+      send(group_, Command::MakeHostCache, encode_spec(local));
+      std::unique_ptr<PagedKvCache> host = model_->make_host_kv_cache(local);
       host_cache_ = host.get();
       return host;
     });
@@ -425,8 +433,18 @@ class GroupLeaderModel final : public LanguageModel {
       words.insert(words.end(), from_pages.begin(), from_pages.end());
       words.push_back(static_cast<int64_t>(to_pages.size()));
       words.insert(words.end(), to_pages.begin(), to_pages.end());
-      watched([&] { send(group_, Command::CopyPages, words); });
-      inner(from, from_pages, to, to_pages);
+      if (!data_parallel_) {
+        watched([&] { send(group_, Command::CopyPages, words); });
+        inner(from, from_pages, to, to_pages);
+        return;
+      }
+      // Data-parallel attention: every pair on one rank (checked for all of
+      // them here, before any rank copies), each rank copying its own.
+      MEGACTX_CHECK(!within, "data-parallel attention: no page moves within the device cache");
+      const RankPagePairs own = rank_page_pairs(from_pages, to_pages, from.spec().num_pages,
+                                                to.spec().num_pages, 0, group_.size());
+      watched([&] { send(group_, Command::DpCopyPages, words); });
+      inner(from, own.from, to, own.to);
     };
   }
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override {
@@ -618,6 +636,19 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         } else {
           copy(*host_cache, from, *cache, to);
         }
+        break;
+      }
+      case Command::DpCopyPages: {
+        Reader in(words);
+        const int64_t direction = in.next();
+        const std::vector<int32_t> from = in.list<int32_t>(), to = in.list<int32_t>();
+        MEGACTX_CHECK(cache != nullptr && host_cache != nullptr && direction != kCopyWithin,
+                      "parallel group: a KV page copy before the caches");
+        PagedKvCache& source = direction == kCopyToHost ? *cache : *host_cache;
+        PagedKvCache& target = direction == kCopyToHost ? *host_cache : *cache;
+        const RankPagePairs own = rank_page_pairs(
+            from, to, source.spec().num_pages, target.spec().num_pages, group.rank(), group.size());
+        copy(source, own.from, target, own.to);
         break;
       }
       case Command::Release:

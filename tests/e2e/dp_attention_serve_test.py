@@ -11,6 +11,9 @@ out), over 2 and 4 ranks:
   one goes to the rank with more free pages;
 - a rank whose pages run out preempts its own requests, with the outputs unchanged;
 - an aborted request's pages go back to its rank (every rank's pages free after a flush);
+- with a host KV tier (--host-kv-memory, one per rank), a prompt pushed out of its rank's
+  device pages comes back from that rank's host memory (rank 1: a worker's copies), on the same
+  rank, with the cold run's output (the default model);
 - return_routed_experts and return_hidden_states come back from every rank's rows as one
   process gives them;
 - weight updates reach every rank (a trainer's negated lm_head gives one process's output
@@ -105,6 +108,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
     parser.add_argument("--fixture", required=True)
+    parser.add_argument("--default-model", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "default"))
     args = parser.parse_args()
     reference = json.load(open(os.path.join(args.fixture, "reference.json")))
     prompt, greedy = reference["input_ids"], reference["greedy_ids"]
@@ -223,6 +228,41 @@ def main():
                      f"aborts: running per rank {busy} before, finish reason abort: {aborted}, "
                      f"free pages {free} of {total} after a flush")
 
+    # The host KV tier over 2 ranks: 10 pages of f32 KV per rank on the device (the default
+    # model), 64 MiB of host memory per rank; 8 other prompts push the first one's pages out.
+    def vocab_ids(length, seed):
+        rng = random.Random(seed)
+        return [rng.randrange(100, 8000) for _ in range(length)]
+
+    with MegactxServer(args.megactx, args.default_model, *COMMON, *dp(2), "--check-integrity",
+                       "--host-kv-memory", "64MiB", kv_memory="3840KiB", name="host-tier") as server:
+        def on_rank(request_ids):
+            before = rank_series(metrics(server), "megactx_dp_rank_admissions_total")
+            out = generate(server.url, request_ids, 8)
+            after = rank_series(metrics(server), "megactx_dp_rank_admissions_total")
+            return out, [r for r in after if after[r] > before.get(r, 0)]
+
+        # A first prompt holds pages of rank 0, so the measured one runs on rank 1: its
+        # pages are copied by a worker, not by the leader.
+        on_rank(vocab_ids(150, 30))
+        first = vocab_ids(150, 31)
+        cold, cold_rank = on_rank(first)
+        for seed in range(32, 40):
+            on_rank(vocab_ids(200, seed))
+        warm, warm_rank = on_rank(first)
+        text = metrics(server)
+        log = "".join(server.log)
+    host_hits = float(next((line.split()[1] for line in text.splitlines()
+                            if line.startswith("megactx_prefix_cache_host_hit_tokens_total ")), 0))
+    worst = max(abs(a - b) for a, b in zip(warm[1], cold[1]))
+    ok = warm[0] == cold[0] and worst <= 1e-4 and host_hits >= 128 and warm_rank == cold_rank == [1] and \
+        "[error]" not in log
+    failures = check(failures, ok,
+                     f"host KV tier over 2 ranks: {host_hits:.0f} prompt tokens from host memory, "
+                     f"rank {cold_rank} then {warm_rank}, output "
+                     f"{'equal to' if warm[0] == cold[0] else 'DIFFERENT from'} the cold run's "
+                     f"(max |logprob difference| {worst:.2e}), integrity checked every step")
+
     # Routing replay and hidden states: gathered from the ranks with the logits.
     few = prompts[:3]
     want = routing_and_hidden(args.megactx, args.fixture, few)
@@ -250,7 +290,6 @@ def main():
                          ((*dp(2), "--speculative-steps", "2"), "--speculative-steps"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
-                         ((*dp(2), "--host-kv-memory", "64MiB"), "--host-kv-memory"),
                          ((*dp(2), "--host-latent-memory", "64MiB"), "--host-latent-memory"),
                          ((*dp(2), "--device", "cuda"), "CPU only")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",

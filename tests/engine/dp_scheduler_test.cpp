@@ -3,14 +3,18 @@
 // its own rank only; the prefill budget is per rank; a prefix hit brings a
 // request back to the rank that caches it; a rank short of pages preempts its
 // own latest request, not another rank's; a removed request's pages go back
-// to its rank. check_integrity() after every step.
+// to its rank; with a host tier, a rank's evicted prefix goes to host pages
+// of that rank and comes back to device pages of that rank. check_integrity()
+// after every step.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cache/host_kv_tier.h"
 #include "engine/scheduler.h"
+#include "model/dp_attention_batch.h"
 #include "scheduler_request.h"
 
 namespace megactx {
@@ -19,10 +23,10 @@ namespace {
 constexpr int kRanks = 2;
 
 struct DpBench {
-  DpBench(int64_t pages_per_rank, SchedulerConfig config)
+  DpBench(int64_t pages_per_rank, SchedulerConfig config, HostKvTier* tier = nullptr)
       : allocator(pages_per_rank * kRanks, 0, kRanks),
-        caches{std::make_unique<PrefixCache>(allocator, config.page_size, nullptr, 0),
-               std::make_unique<PrefixCache>(allocator, config.page_size, nullptr, 1)},
+        caches{std::make_unique<PrefixCache>(allocator, config.page_size, tier, 0),
+               std::make_unique<PrefixCache>(allocator, config.page_size, tier, 1)},
         scheduler(config, allocator, {caches[0].get(), caches[1].get()}) {}
 
   RequestState* add(const std::string& rid, int64_t prompt_len, int32_t base = 0) {
@@ -147,6 +151,78 @@ TEST(DataParallelScheduler, ARankShortOfPagesPreemptsItsOwnLatestRequest) {
   EXPECT_EQ(d->phase, RequestPhase::Running);
   EXPECT_EQ(a->phase, RequestPhase::Running);
   EXPECT_EQ(bench.scheduler.num_preemptions(), 1);
+}
+
+}  // namespace
+}  // namespace megactx
+
+namespace megactx {
+namespace {
+
+KvCacheSpec tiny_spec(int64_t pages, int64_t page_size) {
+  KvCacheSpec spec;
+  spec.num_pages = pages;
+  spec.page_size = page_size;
+  spec.kv_lora_rank = 4;
+  spec.qk_rope_head_dim = 2;
+  spec.latent_layers = {0};
+  spec.dtype = KvDType::F32;
+  return spec;
+}
+
+// Each rank's device and host pools, as a serving group holds them; the
+// tier's copies go to the pools of the pages' rank (as the group leader
+// sends them), recorded by rank.
+TEST(DataParallelScheduler, AHostTierKeepsEvictedPagesOnTheirRank) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  constexpr int64_t kPages = 4;
+  PagedKvCache device[kRanks] = {PagedKvCache(tiny_spec(kPages, 4)),
+                                 PagedKvCache(tiny_spec(kPages, 4))};
+  PagedKvCache host1(tiny_spec(kPages, 4));
+  auto host0 = std::make_unique<PagedKvCache>(tiny_spec(kPages, 4));
+  PagedKvCache* host[kRanks] = {host0.get(), &host1};
+  std::vector<int> copies_by_rank(kRanks, 0);
+  const KvPageCopy copy = [&](const PagedKvCache& from, std::span<const int32_t> from_pages,
+                              PagedKvCache& to, std::span<const int32_t> to_pages) {
+    const bool to_host = &to == host[0];
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const RankPagePairs own = rank_page_pairs(from_pages, to_pages, kPages, kPages, rank, kRanks);
+      if (own.from.empty()) continue;
+      copies_by_rank[static_cast<size_t>(rank)] += static_cast<int>(own.from.size());
+      if (to_host)
+        copy_kv_pages_on_host(device[rank], own.from, *host[rank], own.to);
+      else
+        copy_kv_pages_on_host(*host[rank], own.from, device[rank], own.to);
+    }
+  };
+  HostKvTier tier(device[0], std::move(host0), copy, kRanks);
+  ASSERT_EQ(tier.num_pages(), kRanks * kPages);
+  DpBench bench(kPages, config, &tier);
+  RequestState* first = bench.add("first", 12, 0);
+  bench.step();
+  bench.scheduler.remove(first);  // 3 full pages cached on rank 0
+  RequestState* b = bench.add("b", 15, 100);
+  bench.step();
+  RequestState* c = bench.add("c", 15, 200);
+  bench.step();
+  ASSERT_EQ(b->dp_rank, 1);
+  ASSERT_EQ(c->dp_rank, 0);  // fewer running requests: it evicts the cached pages to the host
+  EXPECT_EQ(tier.allocator().num_free(0), kPages - 3);
+  EXPECT_EQ(tier.allocator().num_free(1), kPages);
+  EXPECT_EQ(copies_by_rank[0], 3);
+  bench.scheduler.remove(b);
+  bench.scheduler.remove(c);
+  // The first prompt again: back to rank 0, its prefix from rank 0's host pages.
+  RequestState* again = bench.add("again", 13, 0);
+  bench.step();
+  EXPECT_EQ(again->dp_rank, 0);
+  EXPECT_EQ(again->cached_tokens, 12);
+  EXPECT_EQ(bench.caches[0]->host_hit_tokens(), 12);
+  // Its 3 pages loaded, after c's 3 cached pages went to the host to make room.
+  EXPECT_EQ(copies_by_rank[0], 9);
+  EXPECT_EQ(copies_by_rank[1], 0);
+  EXPECT_EQ(tier.allocator().num_free(1), kPages);
 }
 
 }  // namespace
