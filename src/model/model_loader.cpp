@@ -114,6 +114,11 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                 "(expert parallelism, data-parallel attention, context parallelism and LayerSplit "
                 "run on the CPU)",
                 options.group ? options.group->size() : 1);
+  const auto check_fp8_split = [&](const ModelConfig& config) {
+    MEGACTX_CHECK(!gpu_group || !options.cuda.fp8_native || !config.is_fp8_checkpoint(),
+                  "tensor parallelism on GPUs: native fp8 weights are not split yet "
+                  "(--cuda-fp8-upcast loads them as float32 shares)");
+  };
   if (options.random_weights) {
     ModelConfig config;
     if (std::filesystem::is_regular_file(model_dir)) {
@@ -125,10 +130,8 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
     } else {
       config = load_model_config(model_dir);
     }
+    check_fp8_split(config);
     if (options.device == Device::CUDA && options.cuda.fp8_native && config.is_fp8_checkpoint()) {
-      MEGACTX_CHECK(!gpu_group,
-                    "tensor parallelism on GPUs: native fp8 weights are not split "
-                    "yet (--cuda-fp8-upcast loads them as float32 shares)");
       return load_cuda_from_checkpoint(nullptr, config, options);
     }
     auto weights = make_random_weights(options.seed);
@@ -138,12 +141,9 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // --device cuda reads the checkpoint tensor by tensor (no float32 host
   // model: a bf16 checkpoint would need twice its size in host memory);
   // only --cuda-fp8-upcast of an fp8 checkpoint dequantises on the host.
-  const bool fp8_checkpoint = checkpoint->config().is_fp8_checkpoint();
-  MEGACTX_CHECK(!gpu_group || !fp8_checkpoint || !options.cuda.fp8_native,
-                "tensor parallelism on GPUs: native fp8 weights are not split yet "
-                "(--cuda-fp8-upcast loads them as float32 shares)");
+  check_fp8_split(checkpoint->config());
   if (options.device == Device::CUDA && !gpu_group &&
-      options.cuda.reads_checkpoint(fp8_checkpoint)) {
+      options.cuda.reads_checkpoint(checkpoint->config().is_fp8_checkpoint())) {
     return load_cuda_from_checkpoint(checkpoint.get(), checkpoint->config(), options);
   }
   auto weights = make_checkpoint_weights(*checkpoint);

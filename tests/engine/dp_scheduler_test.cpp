@@ -30,19 +30,12 @@ struct DpBench {
         scheduler(config, allocator, {caches[0].get(), caches[1].get()}) {}
 
   RequestState* add(const std::string& rid, int64_t prompt_len, int32_t base = 0) {
-    auto request = scheduler_request(rid, prompt_len, base);
-    scheduler.enqueue(request.get());
-    requests.push_back(std::move(request));
-    return requests.back().get();
+    return enqueue_request(scheduler, requests, rid, prompt_len, base);
   }
 
+  // One step; every running request's pages on its own rank.
   StepPlan step() {
-    StepPlan plan;
-    scheduler.schedule(plan);
-    scheduler.commit(plan);
-    for (const ScheduledChunk& chunk : plan.chunks)
-      if (chunk.samples) chunk.request->tokens.push_back(7);
-    scheduler.check_integrity();
+    StepPlan plan = scheduler_step(scheduler);
     for (const RequestState* request : scheduler.running())
       for (const int32_t page : request->page_table)
         EXPECT_EQ(allocator.rank_of(page), request->dp_rank) << request->request.rid;

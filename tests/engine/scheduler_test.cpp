@@ -17,23 +17,9 @@ struct Bench {
       : allocator(pages), cache(allocator, config.page_size), scheduler(config, allocator, cache) {}
 
   RequestState* add(const std::string& rid, int64_t prompt_len, int32_t base = 0) {
-    auto request = scheduler_request(rid, prompt_len, base);
-    scheduler.enqueue(request.get());
-    requests.push_back(std::move(request));
-    return requests.back().get();
+    return enqueue_request(scheduler, requests, rid, prompt_len, base);
   }
-
-  // One step; every sampled chunk appends token 7.
-  StepPlan step() {
-    StepPlan plan;
-    scheduler.schedule(plan);
-    scheduler.commit(plan);
-    for (const ScheduledChunk& chunk : plan.chunks) {
-      if (chunk.samples) chunk.request->tokens.push_back(7);
-    }
-    scheduler.check_integrity();
-    return plan;
-  }
+  StepPlan step() { return scheduler_step(scheduler); }
 
   PageAllocator allocator;
   PrefixCache cache;

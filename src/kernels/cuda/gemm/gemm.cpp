@@ -175,16 +175,6 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
                       int64_t out, float* y, int64_t y_stride) {
   MEGACTX_CHECK(w.fp8(), "linear_fp8: the weight has no block scales");
   if (rows == 0 || out == 0) return;
-  if (!batch_invariant_ && fp8_cublaslt_ && rows > 64 && rows % 8 != 0) {
-    // A prefill chunk of any length: cuBLASLt takes row counts in multiples
-    // of 8 (fp8_block_gemm_lt.h), so the first rows & ~7 go there and the
-    // last few rows to the decode kernels.
-    const int64_t head = rows & ~int64_t{7};
-    linear_fp8(x, head, in, x_stride, w, out, y, y_stride);
-    linear_fp8(x + head * x_stride, rows - head, in, x_stride, w, out, y + head * y_stride,
-               y_stride);
-    return;
-  }
   const int64_t groups = (in + 127) / 128;
   auto* q = static_cast<uint8_t*>(grow(x_fp8_, x_fp8_bytes_, static_cast<size_t>(rows * in)));
   auto* scale = static_cast<float*>(
@@ -200,14 +190,21 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.y = y;
   g.y_type = ActType::F32;
   g.y_stride = y_stride;
-  g.rows = rows;
   g.in = in;
   g.out = out;
-  if (!batch_invariant_ && fp8_cublaslt_ && fp8_lt_rows(rows, in, out) && fp8_lt_->supports(g)) {
-    quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
+  // cuBLASLt takes row counts in multiples of 8 (fp8_block_gemm_lt.h): a
+  // prefill chunk of any length sends its first rows & ~7 there and its last
+  // few rows to the decode kernels.
+  g.rows = rows > 64 ? rows & ~int64_t{7} : rows;
+  if (!batch_invariant_ && fp8_cublaslt_ && fp8_lt_rows(g.rows, in, out) && fp8_lt_->supports(g)) {
+    quantize_e4m3_groups(x, g.rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
     fp8_lt_->run(g);
+    if (g.rows < rows)
+      linear_fp8(x + g.rows * x_stride, rows - g.rows, in, x_stride, w, out, y + g.rows * y_stride,
+                 y_stride);
     return;
   }
+  g.rows = rows;
   quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
   // One row streams the weights once per warp on CUDA cores; up to 64 rows
   // (decode batches, MTP verifications) stream them once per 32 rows on

@@ -6,8 +6,9 @@
 // to the row's global histogram, and the last CTA to finish (a ticket counter)
 // picks the digit where the k-th largest lies. Digits are 12, 12 and 8 bits of
 // the order-preserving uint32 image of the score, so after three passes the
-// exact k-th value is known; a collect pass then writes the positions above it
-// and as many equal ones as are still needed (ties: any of them) as physical
+// exact k-th value is known (earlier when the threshold bin holds exactly the
+// ties still needed: the row settles there and the later passes return); a collect pass then writes
+// the positions above it and as many equal ones as are still needed (ties: any of them) as physical
 // slots (block_table[p / 64] * 64 + p % 64). Rows with at most k visible keys
 // take them all in one pass; slots past min(k, visible) are -1.
 //
