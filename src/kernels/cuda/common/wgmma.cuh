@@ -52,6 +52,22 @@ __device__ __forceinline__ uint64_t swizzle128_mn_descriptor(uint32_t address, u
   return descriptor;
 }
 
+// The two 32-bit words of the descriptors above, for kernels that step a
+// tile's start address by adding (offset >> 4) to the low word in uniform
+// registers: shared memory lies below 256 KiB, so the 14-bit address field
+// never carries into the leading byte offset.
+inline constexpr uint32_t kSwizzle128DescriptorHigh = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t swizzle128_descriptor_low(uint32_t address) {
+  return ((address & 0x3ffffu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint32_t swizzle128_mn_descriptor_low(uint32_t address,
+                                                                 uint32_t n_stride) {
+  return ((address & 0x3ffffu) >> 4) | (((n_stride >> 4) & 0x3fffu) << 16);
+}
+__device__ __forceinline__ uint64_t descriptor_from_words(uint32_t low, uint32_t high) {
+  return (uint64_t{high} << 32) | low;
+}
+
 // ---- Registers ----------------------------------------------------------------
 // Moves registers between warpgroups (sm_90a); takes effect only when the kernel
 // has a register cap at entry (__launch_bounds__(threads, 1)).

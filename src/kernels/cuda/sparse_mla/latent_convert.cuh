@@ -5,6 +5,7 @@
 
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -22,6 +23,32 @@ __device__ __forceinline__ const uint8_t* latent_entry(const Params& p, int32_t 
   if (s < p.staging_slots) return p.offload_pool + (s - p.pool_slots) * kLatentBytes;
   return p.staging_pool + (s - p.staging_slots) * kLatentBytes;
 }
+
+// latent_entry() without branches, for gathers that resolve many slots per
+// thread: each pool's base with its first slot folded in (modular address
+// arithmetic), picked by two 32-bit compares and selects.
+struct LatentAddressing {
+  uint64_t device_base, offload_base, staging_base;
+  int32_t pool_slots, staging_slots;
+
+  template <typename Params>
+  __device__ explicit LatentAddressing(const Params& p)
+      : device_base(reinterpret_cast<uint64_t>(p.kv_pool)),
+        offload_base(reinterpret_cast<uint64_t>(p.offload_pool) -
+                     static_cast<uint64_t>(p.pool_slots) * kLatentBytes),
+        staging_base(reinterpret_cast<uint64_t>(p.staging_pool) -
+                     static_cast<uint64_t>(p.staging_slots) * kLatentBytes),
+        pool_slots(static_cast<int32_t>(p.pool_slots < INT32_MAX ? p.pool_slots : INT32_MAX)),
+        staging_slots(
+            static_cast<int32_t>(p.staging_slots < INT32_MAX ? p.staging_slots : INT32_MAX)) {}
+
+  // The entry of `slot` (>= 0).
+  __device__ __forceinline__ const uint8_t* operator()(int32_t slot) const {
+    const uint64_t base =
+        slot < pool_slots ? device_base : (slot < staging_slots ? offload_base : staging_base);
+    return reinterpret_cast<const uint8_t*>(base + static_cast<uint64_t>(slot) * kLatentBytes);
+  }
+};
 
 // 8 bf16 (one 16-byte word) times `factor` -> 8 f16 at `destination` (16-byte
 // aligned): the product is exact in fp32 (factor a power of two or 1), then

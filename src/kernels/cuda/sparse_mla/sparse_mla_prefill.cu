@@ -1,15 +1,15 @@
 // Sparse MLA for many query rows (prefill, long verification batches) on
 // Hopper warpgroup MMAs (wgmma, sm_90a). One CTA = one query row x 64 heads
 // over all of its top-k slots (no split: prefill has rows enough to fill the
-// GPU), three warpgroups:
+// GPU), two warpgroups that both gather and compute:
 //
-//   producer (warpgroup 2): gathers the row's selected 656-byte fp8 entries
-//     from the paged pool, dequantises them to f16 (e4m3 -> f16 exact, the
-//     group scale one f16 multiply, rope bf16 -> f16) into K blocks of 32 keys
-//     x 576 in the 128-byte swizzle layout, two blocks per stage, two stages
-//     in a ring (full / empty mbarriers);
-//   consumers (warpgroups 0 and 1), stage after stage, warpgroup c on block c
-//     of the stage:
+//   gather: each stage is two blocks of 32 keys, warpgroup c loads block c's
+//     656-byte fp8 entries from the paged pool (warp w keys 8w .. 8w + 7, one
+//     key per load instruction across the 32 lanes), one stage ahead, and
+//     dequantises them to f16 (e4m3 -> f16 exact, the group scale one f16
+//     multiply, rope bf16 -> f16) into a K block of 32 keys x 576 in the
+//     128-byte swizzle layout; two stages in a ring;
+//   compute, stage after stage, warpgroup c on block c of the stage:
 //       S_c[64 heads][32]  = Q[64][576] . K_c^T          (36 wgmma m64n32k16)
 //       row maxima exchanged in shared memory, so both share one running max;
 //       P_c = exp2(S_c - max) written to its half of P[64][64] (f16, swizzled);
@@ -101,6 +101,7 @@ constexpr int kBuffers = 4;                       // 2 stages x 2 blocks
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kQueryPrescale = 1.f / 64.f;
+constexpr float kRescaleSlack = 8.f;  // log2 units: P < 256
 
 // Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms).
 constexpr int kQOffset = 0;                                  // [9][64 heads][128 B]
@@ -110,9 +111,11 @@ constexpr int kPOffset = kKOffset + kBuffers * kKBytes;      // [64 heads][128 B
 constexpr int kMiscOffset = kPOffset + kHeads * 128;
 
 struct Misc {
-  float row_max[2][kHeads];        // [warpgroup][head]: the block maxima, exchanged every stage
-  float row_sum[2][kHeads];        // [warpgroup][head]: the final sums
-  uint8_t valid[kBuffers][kKeys];  // the key's slot is a real entry (not -1, not past top_k)
+  float row_max[2][kHeads];  // [warpgroup][head]: the block maxima, exchanged every stage
+  float row_sum[2][kHeads];  // [warpgroup][head]: the final sums
+  // Bit k of buffer b (byte w written by warp w): key k's slot is a real entry
+  // (not -1, not past top_k).
+  alignas(4) uint8_t valid_bits[kBuffers][4];
 };
 constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
 static_assert(kSharedBytes <= 227 * 1024, "sparse MLA prefill: shared memory");
@@ -126,60 +129,113 @@ __device__ __forceinline__ int swizzled(int row, int unit) {
   return row * 128 + ((unit ^ (row & 7)) << 4);
 }
 
-// One thread's quarter of a latent entry in registers: 128 e4m3 (dims
-// 128q .. 128q + 128), their group scale and 16 rope bf16 (dims 512 + 16q ..).
-struct EntryQuarter {
-  uint4 latent[8];
-  uint4 rope[2];
-  float scale;
-  bool valid;
+// A warp's share of a K block in registers: 8 keys (8w .. 8w + 7 of the
+// block, warp w of the warpgroup). Each load instruction reads one key's
+// consecutive bytes with the 32 lanes (whole 128-byte lines: ~4 L1 wavefronts
+// per instruction; one key per lane took 32, and ncu found L1 78% busy).
+struct WarpEntries {
+  uint4 latent[8];  // key j: latent bytes 16 lane .. 16 lane + 16 (e4m3 dims 16 lane ..)
+  uint4 rope[2];    // key 4h + lane / 8: rope bytes 16 (lane % 8) .. + 16 (8 bf16)
+  float scale;      // key lane / 4: the scale of group lane % 4
+  int32_t slot;     // key lane % 8 (-1: none)
 };
 
-__device__ __forceinline__ void load_quarter(EntryQuarter& quarter_data, const SparseMlaParams& p,
-                                             int32_t slot, int quarter) {
-  quarter_data.valid = slot >= 0;
-  if (slot < 0) return;
-  const uint8_t* entry = latent_entry(p, slot);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    quarter_data.latent[i] = *reinterpret_cast<const uint4*>(entry + quarter * 128 + i * 16);
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    quarter_data.rope[i] =
-        *reinterpret_cast<const uint4*>(entry + kLatentRopeOffset + quarter * 32 + i * 16);
-  quarter_data.scale = *reinterpret_cast<const float*>(entry + kLatentScaleOffset + quarter * 4);
+// 16 bytes at `address` where `load`, else zeros: one predicated load (a
+// plain load and a select made the warp wait for the data at the select, a
+// stage before the conversion needs it). The entries are read once per CTA:
+// no L1 allocation.
+__device__ __forceinline__ uint4 load_or_zero(const uint8_t* address, bool load) {
+  uint4 v;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+      "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+      "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(address), "r"(static_cast<int>(load)));
+  return v;
+}
+__device__ __forceinline__ float load_or_zero_f32(const uint8_t* address, bool load) {
+  float v;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b32 %0, 0;\n"
+      "@p ld.global.nc.L1::no_allocate.f32 %0, [%1];\n}\n"
+      : "=f"(v)
+      : "l"(address), "r"(static_cast<int>(load)));
+  return v;
 }
 
-// The quarter as f16 into row `key` of a K block (9 swizzled chunks); zeros for
-// a missing slot (P is 0 there, and 0 x NaN of a stale value would poison O).
-__device__ __forceinline__ void store_quarter(const EntryQuarter& quarter_data, uint8_t* tile,
-                                              int key, int quarter) {
-  uint8_t* rope_chunk = tile + 8 * kKChunkBytes;
-  if (!quarter_data.valid) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
+// Missing slots load as zeros: the dequantised row is then exactly 0 (P is 0
+// there too, and 0 x NaN of a stale value would poison O). The slot shuffles
+// all go first, so that the loads issue back to back.
+__device__ __forceinline__ void load_warp_entries(WarpEntries& e, const SparseMlaParams& p,
+                                                  int32_t slot, int lane) {
+  const LatentAddressing entry(p);  // from the kernel parameters at each use: no registers held
+  constexpr unsigned kAll = 0xffffffffu;
+  e.slot = slot;
+  int32_t key_slot[8], rope_slot[2];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint8_t* chunk = tile + (2 * quarter + i / 4) * kKChunkBytes;
-      *reinterpret_cast<uint4*>(chunk + swizzled(key, 2 * (i % 4))) = zero;
-      *reinterpret_cast<uint4*>(chunk + swizzled(key, 2 * (i % 4) + 1)) = zero;
+  for (int j = 0; j < 8; ++j) key_slot[j] = __shfl_sync(kAll, slot, j);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rope_slot[h] = __shfl_sync(kAll, slot, 4 * h + lane / 8);
+  const int32_t scale_slot = __shfl_sync(kAll, slot, lane / 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    e.latent[j] =
+        load_or_zero(entry(key_slot[j] < 0 ? 0 : key_slot[j]) + 16 * lane, key_slot[j] >= 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    e.rope[h] = load_or_zero(
+        entry(rope_slot[h] < 0 ? 0 : rope_slot[h]) + kLatentRopeOffset + 16 * (lane % 8),
+        rope_slot[h] >= 0);
+  e.scale =
+      load_or_zero_f32(entry(scale_slot < 0 ? 0 : scale_slot) + kLatentScaleOffset + 4 * (lane % 4),
+                       scale_slot >= 0);
+}
+
+// The warp's 8 keys as f16 into rows 8w .. 8w + 7 of a K block (9 swizzled
+// chunks). A lane's 16 latent dims are units 2(lane % 4) and + 1 of chunk
+// lane / 4; lanes of odd chunks store their odd unit first, so that the 8
+// lanes of each store phase write 8 distinct units of one row (no conflicts).
+__device__ __forceinline__ void store_warp_entries(const WarpEntries& e, uint8_t* tile, int warp,
+                                                   int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int chunk = lane / 4;
+  const bool odd = (chunk & 1) != 0;
+  const int first_unit = 2 * (lane % 4) + (odd ? 1 : 0), second_unit = first_unit ^ 1;
+  uint8_t* latent_chunk = tile + chunk * kKChunkBytes;
+  // The scales of the lane's group for the 8 keys, shuffled before any use
+  // (each conversion waiting on its own shuffle left the warp idle).
+  float key_scale[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) key_scale[j] = __shfl_sync(kAll, e.scale, 4 * j + lane / 8);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int key = 8 * warp + j;
+    const __half2 scale = __float2half2_rn(key_scale[j]);
+    // The 8 dims of the first store: the low half of the word (even chunks)
+    // or the high half (odd chunks).
+    const uint32_t first[2] = {odd ? e.latent[j].z : e.latent[j].x,
+                               odd ? e.latent[j].w : e.latent[j].y};
+    const uint32_t second[2] = {odd ? e.latent[j].x : e.latent[j].z,
+                                odd ? e.latent[j].y : e.latent[j].w};
+    uint32_t packed[8];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      e4m3x4_scaled_to_half2(first[w], scale, packed[2 * w], packed[2 * w + 1]);
+      e4m3x4_scaled_to_half2(second[w], scale, packed[4 + 2 * w], packed[4 + 2 * w + 1]);
     }
-    *reinterpret_cast<uint4*>(rope_chunk + swizzled(key, 2 * quarter)) = zero;
-    *reinterpret_cast<uint4*>(rope_chunk + swizzled(key, 2 * quarter + 1)) = zero;
-    return;
+    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, first_unit)) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, second_unit)) =
+        make_uint4(packed[4], packed[5], packed[6], packed[7]);
   }
-  const __half2 scale = __float2half2_rn(quarter_data.scale);
-  // Latent dims 128q + 16i .. +16: chunk 2q + i/4, units 2(i%4) and 2(i%4) + 1.
+  // Rope dims 512 + 8u .. + 8 (u = lane % 8): chunk 8, unit u of the key's row.
+  uint8_t* rope_chunk = tile + 8 * kKChunkBytes;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    uint8_t* chunk = tile + (2 * quarter + i / 4) * kKChunkBytes;
-    store_e4m3x16_as_half(quarter_data.latent[i], scale, chunk + swizzled(key, 2 * (i % 4)),
-                          chunk + swizzled(key, 2 * (i % 4) + 1));
-  }
-  // Rope dims 512 + 16q .. +16: chunk 8, units 2q and 2q + 1.
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    store_bf16x8_as_half(quarter_data.rope[i], 1.f,
-                         reinterpret_cast<__half*>(rope_chunk + swizzled(key, 2 * quarter + i)));
+  for (int h = 0; h < 2; ++h)
+    store_bf16x8_as_half(
+        e.rope[h], 1.f,
+        reinterpret_cast<__half*>(rope_chunk + swizzled(8 * warp + 4 * h + lane / 8, lane % 8)));
 }
 
 // The kernel's body for warpgroup C. Each warpgroup runs its own copy with its
@@ -207,29 +263,25 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
   // The gather: warpgroup c writes block c of every stage (so its own score
-  // MMA needs only its own barrier); thread -> key `lane`, quarter = its warp
-  // in the warpgroup. A 16-byte store's 8-lane phase then covers 8 keys of one
-  // chunk and unit, which the swizzle spreads over all 32 banks (with four
-  // quarters of two keys per phase, ncu counted 13-way conflicts: half of the
-  // store wavefronts).
-  const int gather_key = lane, quarter = (tid % 128) / 32;
+  // MMA needs only its own barrier), warp w of it keys 8w .. 8w + 7.
   auto slot_of = [&](int stage) -> int32_t {
-    const int index = (2 * stage + c) * kKeys + gather_key;
+    const int index = (2 * stage + c) * kKeys + 8 * warp + lane % 8;
     return stage < stages && index < p.top_k ? row_slots[index] : -1;
   };
   // Slot ids two stages ahead of the entries, entries one stage ahead of their
   // conversion: the global round trips overlap the MMAs of the stage before.
   int32_t slot_next = slot_of(0), slot_after = slot_of(1);
-  EntryQuarter pending;
+  WarpEntries pending;
   auto fetch_next = [&](int stage) {
-    load_quarter(pending, p, slot_next, quarter);
+    load_warp_entries(pending, p, slot_next, lane);
     slot_next = slot_after;
     slot_after = slot_of(stage + 2);
   };
   auto convert_pending = [&](int stage) {
     const int buffer = 2 * (stage & 1) + c;
-    store_quarter(pending, k_tiles + buffer * kKBytes, gather_key, quarter);
-    if (quarter == 0) misc.valid[buffer][gather_key] = pending.valid;
+    store_warp_entries(pending, k_tiles + buffer * kKBytes, warp, lane);
+    const unsigned valid = __ballot_sync(0xffffffffu, pending.slot >= 0) & 0xffu;
+    if (lane == 0) misc.valid_bits[buffer][warp] = static_cast<uint8_t>(valid);
   };
   fetch_next(0);
 
@@ -275,24 +327,27 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
   float running_max[2] = {-INFINITY, -INFINITY};  // rows g and g + 8 of this warp's 16 heads
   float running_sum[2] = {0.f, 0.f};              // this thread's columns only (reduced at the end)
 
-  // S_c of a stage: 36 k-steps of 16 over Q's and the block's 9 swizzled chunks.
+  // S_c of a stage: 36 k-steps of 16 over Q's and the block's 9 swizzled
+  // chunks. The descriptors' low words are 32-bit adds to a base the compiler
+  // cannot see through (else it hoists all 72 descriptors out of the stage
+  // loop into registers); a runtime loop over the chunks instead made ptxas
+  // wait for every wgmma.
   auto issue_scores = [&](int stage) {
-    // Descriptors as a base plus the k-step's offset (>> 4, within the 14-bit
-    // address field); the opaque copy keeps the compiler from hoisting all 72
-    // of them out of the stage loop into registers.
-    uint32_t q_base = q_address;
-    asm volatile("" : "+r"(q_base));
-    const uint64_t q_descriptor = swizzle128_descriptor(q_base);
-    const uint64_t k_descriptor =
-        swizzle128_descriptor(k_address + (2 * (stage & 1) + c) * kKBytes);
+    uint32_t q_low = swizzle128_descriptor_low(q_address);
+    asm volatile("" : "+r"(q_low));
+    const uint32_t k_low = swizzle128_descriptor_low(k_address + (2 * (stage & 1) + c) * kKBytes);
 #pragma unroll
     for (int i = 0; i < 16; ++i) fence_operand(s[i]);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kDim / 16; ++ks) {
       const uint32_t column = ks / 4, step = (ks % 4) * 32;
-      wgmma_m64n32k16_f16_ss(s, q_descriptor + ((column * kQChunkBytes + step) >> 4),
-                             k_descriptor + ((column * kKChunkBytes + step) >> 4), ks > 0);
+      wgmma_m64n32k16_f16_ss(s,
+                             descriptor_from_words(q_low + ((column * kQChunkBytes + step) >> 4),
+                                                   kSwizzle128DescriptorHigh),
+                             descriptor_from_words(k_low + ((column * kKChunkBytes + step) >> 4),
+                                                   kSwizzle128DescriptorHigh),
+                             ks > 0);
     }
     wgmma_commit();
   };
@@ -310,7 +365,7 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
     // Scale and mask (into a copy: the accumulator registers are written by
     // wgmma only); the block maxima of rows g and g + 8, shared with the other warpgroup.
     float score[16];
-    const uint8_t* valid = misc.valid[2 * ring + c];
+    const uint32_t valid = *reinterpret_cast<const uint32_t*>(misc.valid_bits[2 * ring + c]);
     float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -319,7 +374,8 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& value = score[4 * j + 2 * r + e];
-          value = valid[8 * j + 2 * t + e] ? s[4 * j + 2 * r + e] * scale_log2 : -INFINITY;
+          value =
+              (valid >> (8 * j + 2 * t + e)) & 1u ? s[4 * j + 2 * r + e] * scale_log2 : -INFINITY;
           block_max[r] = fmaxf(block_max[r], value);
         }
 #pragma unroll
@@ -329,13 +385,20 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
       if (t == 0) misc.row_max[c][head_low + 8 * r] = block_max[r];
     }
     named_barrier(kExchangeBarrier, kThreads);
+    // The running max moves only when a block's max passes it by more than
+    // kRescaleSlack (log2 units), FlashAttention-4's lazy rescaling: P stays
+    // below 2^kRescaleSlack (f16 holds it as precisely as values below 1) and
+    // the sums are fp32. Both warpgroups decide from the same values, so they
+    // keep the same max.
     float factor[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float other = misc.row_max[c ^ 1][head_low + 8 * r];
-      const float new_max = fmaxf(running_max[r], fmaxf(block_max[r], other));
+      const float stage_max = fmaxf(block_max[r], other);
+      const bool raise = stage_max > running_max[r] + kRescaleSlack;
+      const float new_max = raise ? stage_max : running_max[r];
+      factor[r] = raise ? exp2f(running_max[r] - new_max) : 1.f;  // -inf - x: 0
       const bool empty = new_max == -INFINITY;  // nothing valid yet: avoid inf - inf
-      factor[r] = empty ? 1.f : exp2f(running_max[r] - new_max);
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -372,13 +435,16 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
     // O_c += P . V: keys 0-31 from block 0's buffer, 32-63 from block 1's;
     // latent columns 256c .. 256c + 256 = chunks 4c .. 4c + 3.
     wgmma_fence();
+    const uint32_t p_low = swizzle128_descriptor_low(p_address);
+    const uint32_t v_low = swizzle128_mn_descriptor_low(
+        k_address + 2 * ring * kKBytes + 4 * c * kKChunkBytes, kKChunkBytes);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      const uint32_t v =
-          k_address + (2 * ring + ks / 2) * kKBytes + (ks % 2) * 16 * 128 + 4 * c * kKChunkBytes;
-      wgmma_m64n256k16_f16_ss_tb(o, swizzle128_descriptor(p_address + ks * 32),
-                                 swizzle128_mn_descriptor(v, kKChunkBytes), 1);
-    }
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_f16_ss_tb(
+          o, descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
+          descriptor_from_words(v_low + (((ks / 2) * kKBytes + (ks % 2) * 16 * 128) >> 4),
+                                kSwizzle128DescriptorHigh),
+          1);
     wgmma_commit();
     if (stage + 1 < stages) {
       // The next stage's block goes where the last stage's was (its PV is done),
