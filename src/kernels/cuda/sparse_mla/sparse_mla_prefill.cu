@@ -140,30 +140,6 @@ struct WarpEntries {
   int32_t slot;     // key lane % 8 (-1: none)
 };
 
-// 16 bytes at `address` where `load`, else zeros: one predicated load (a
-// plain load and a select made the warp wait for the data at the select, a
-// stage before the conversion needs it). The entries are read once per CTA:
-// no L1 allocation.
-__device__ __forceinline__ uint4 load_or_zero(const uint8_t* address, bool load) {
-  uint4 v;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
-      "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-      "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(address), "r"(static_cast<int>(load)));
-  return v;
-}
-__device__ __forceinline__ float load_or_zero_f32(const uint8_t* address, bool load) {
-  float v;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b32 %0, 0;\n"
-      "@p ld.global.nc.L1::no_allocate.f32 %0, [%1];\n}\n"
-      : "=f"(v)
-      : "l"(address), "r"(static_cast<int>(load)));
-  return v;
-}
-
 // Missing slots load as zeros: the dequantised row is then exactly 0 (P is 0
 // there too, and 0 x NaN of a stale value would poison O). The slot shuffles
 // all go first, so that the loads issue back to back.
