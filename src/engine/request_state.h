@@ -91,6 +91,10 @@ struct RequestState {
   RequestPhase phase = RequestPhase::Waiting;
   int64_t admit_order = 0;  // larger = admitted later = preempted first
   int64_t preemptions = 0;
+  // Data-parallel attention: steps in which a later request was admitted
+  // while this one fit no rank (since it last entered the queue); at
+  // SchedulerConfig::dp_admission_max_skips admission stops at it.
+  int64_t admission_skips = 0;
 
   // ---- output processing (engine) ----
   uint64_t seed = 0;

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <limits>
 #include <tuple>
 #include <unordered_map>
@@ -24,6 +25,9 @@ Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator,
                 config.max_running_requests);
   MEGACTX_CHECK(config.max_prefill_tokens > 0, "max_prefill_tokens must be positive, got {}",
                 config.max_prefill_tokens);
+  MEGACTX_CHECK(config.dp_admission_max_skips >= 0 && config.dp_admission_window >= 0,
+                "dp_admission_max_skips ({}) and dp_admission_window ({}) must not be negative",
+                config.dp_admission_max_skips, config.dp_admission_window);
   MEGACTX_CHECK(static_cast<int>(prefix_caches_.size()) == allocator.ranks(),
                 "scheduler: {} prefix caches for {} data-parallel ranks", prefix_caches_.size(),
                 allocator.ranks());
@@ -368,50 +372,82 @@ void Scheduler::schedule(StepPlan& plan) {
     }
   }
 
-  // (2) Admission, FIFO, while the budget, the batch limit and the pages allow.
-  while (!waiting_.empty() && logit_rows > 0 &&
+  // (2) Admission while the budget, the batch limit and the pages allow: in
+  // queue order, with one rank up to the first request that does not fit;
+  // with data-parallel attention past requests that fit no rank, within the
+  // bounds of the header's rule.
+  std::vector<RequestState*> passed;  // fit no rank, passed over since the last admission
+  int64_t window = config_.dp_admission_window;
+  size_t next = 0;
+  while (next < waiting_.size() && logit_rows > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_running_requests) {
-    RequestState* request = waiting_.front();
-    if (request->prefix_node == nullptr) {
-      if (!choose_rank(*request, budget)) break;
-      attach_prefix(*request);
+    RequestState* request = waiting_[next];
+    if (try_admit(*request, budget, logit_rows, plan)) {
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
+      // Each is counted once per step: it is considered once per step.
+      for (RequestState* skipped : passed) ++skipped->admission_skips;
+      passed.clear();
+      continue;
     }
-    const int rank = request->dp_rank;
-    int64_t& rank_budget = budget[static_cast<size_t>(rank)];
-    const int64_t on_rank = running_on(rank);
-    const int64_t remaining = static_cast<int64_t>(request->tokens.size()) - request->num_computed;
-    int64_t count = fit_logit_rows(*request, std::min(remaining, rank_budget), logit_rows);
-    if (on_rank == 0) {
-      // Nothing else runs: at most what the device pages hold (a prompt
-      // longer than they hold goes on in later steps, its full pages moved
-      // to the live host tier in between).
-      const int64_t room =
-          (static_cast<int64_t>(request->page_table.size()) + available_pages(rank)) * page_size_ -
-          request->num_computed;
-      if (room > 0) count = std::min(count, room);
-    }
-    const int64_t needed =
-        pages_for(request->num_computed + count) - static_cast<int64_t>(request->page_table.size());
-    // Keep a page of headroom per running request so decodes rarely preempt.
-    const bool fits = on_rank == 0 || needed + on_rank <= available_pages(rank);
-    if (count == 0 || !fits || !reserve_pages(*request, request->num_computed + count)) {
-      detach(*request, /*park=*/true);
+    if (ranks() == 1 || window == 0 || request->admission_skips >= config_.dp_admission_max_skips ||
+        !any_rank_open(budget)) {
       break;
     }
-    waiting_.pop_front();
-    request->phase = RequestPhase::Running;
-    request->admit_order = next_admit_order_++;
-    ++admissions_[static_cast<size_t>(rank)];
-    if (!request->admitted_once) {
-      request->admitted_once = true;
-      request->cached_tokens = request->num_computed;
-    }
-    running_.push_back(request);
-    plan_chunk(*request, count, plan);
-    plan.prefill_tokens += count;
-    rank_budget -= count;
-    logit_rows -= plan.chunks.back().logits_rows();
+    --window;
+    passed.push_back(request);
+    ++next;
   }
+}
+
+bool Scheduler::any_rank_open(const std::vector<int64_t>& budget) const {
+  for (int rank = 0; rank < ranks(); ++rank) {
+    if (budget[static_cast<size_t>(rank)] > 0 && running_on(rank) < rank_limit_) return true;
+  }
+  return false;
+}
+
+bool Scheduler::try_admit(RequestState& request, std::vector<int64_t>& budget, int64_t& logit_rows,
+                          StepPlan& plan) {
+  if (request.prefix_node == nullptr) {
+    if (!choose_rank(request, budget)) return false;
+    attach_prefix(request);
+  }
+  const int rank = request.dp_rank;
+  int64_t& rank_budget = budget[static_cast<size_t>(rank)];
+  const int64_t on_rank = running_on(rank);
+  const int64_t remaining = static_cast<int64_t>(request.tokens.size()) - request.num_computed;
+  int64_t count = fit_logit_rows(request, std::min(remaining, rank_budget), logit_rows);
+  if (on_rank == 0) {
+    // Nothing else runs: at most what the device pages hold (a prompt
+    // longer than they hold goes on in later steps, its full pages moved
+    // to the live host tier in between).
+    const int64_t room =
+        (static_cast<int64_t>(request.page_table.size()) + available_pages(rank)) * page_size_ -
+        request.num_computed;
+    if (room > 0) count = std::min(count, room);
+  }
+  const int64_t needed =
+      pages_for(request.num_computed + count) - static_cast<int64_t>(request.page_table.size());
+  // Keep a page of headroom per running request so decodes rarely preempt.
+  const bool fits = on_rank == 0 || needed + on_rank <= available_pages(rank);
+  if (count == 0 || !fits || !reserve_pages(request, request.num_computed + count)) {
+    detach(request, /*park=*/true);
+    return false;
+  }
+  request.phase = RequestPhase::Running;
+  request.admit_order = next_admit_order_++;
+  request.admission_skips = 0;
+  ++admissions_[static_cast<size_t>(rank)];
+  if (!request.admitted_once) {
+    request.admitted_once = true;
+    request.cached_tokens = request.num_computed;
+  }
+  running_.push_back(&request);
+  plan_chunk(request, count, plan);
+  plan.prefill_tokens += count;
+  rank_budget -= count;
+  logit_rows -= plan.chunks.back().logits_rows();
+  return true;
 }
 
 void Scheduler::commit(const StepPlan& plan) {

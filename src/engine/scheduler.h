@@ -9,7 +9,7 @@
 // continuation; with a host KV tier its full pages may wait in host memory
 // and come back when it is admitted again). (2) Waiting requests are admitted in FIFO order while
 // the prefill budget, max_running_requests and the free pages allow, starting from their longest
-// cached prefix.
+// cached prefix (with data-parallel attention past requests that fit no rank, bounded: below).
 //
 // The live host tier (offload pages, kv_cache.h): offload_pages() moves a
 // request's full pages (prefilled or decoded) to pages whose latents live in
@@ -31,6 +31,21 @@
 // (max_running_requests / ranks, rounded up) are per rank, and a rank short
 // of pages preempts its own latest request. The logit rows of a step stay
 // one budget (they are all read on one process).
+//
+// Admission with data-parallel attention looks past a request that fits no
+// rank now (a long prompt while every rank is busy): it stays where it is in
+// the queue and later requests that fit some rank are admitted this step (a
+// short one need not wait behind it for pages it cannot use). Two bounds:
+// at most dp_admission_window requests are passed over in one step (so a long
+// queue costs bounded work per step), and a request passed over in
+// dp_admission_max_skips steps (steps in which a later request was admitted
+// while it waited) stops admission there until it fits, as the head of the
+// queue always did with one rank: then only running requests finishing and
+// older requests ahead of it take pages, so it cannot starve (submit() caps
+// every request at one rank's pages). The count starts again at each
+// admission, so a preempted request gets the same bound when it waits again.
+// With one rank admission stays FIFO: the first request that does not fit
+// ends it.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +69,11 @@ struct SchedulerConfig {
   // chunk takes at least one row, a scoring chunk one per scored position;
   // decode rows are set aside first, prefill chunks are cut to what is left.
   int64_t max_logit_rows = 0;
+  // Data-parallel attention only (see above): the steps a waiting request
+  // that fits no rank may be passed over before admission stops at it (0:
+  // FIFO, as with one rank), and the most requests passed over in one step.
+  int64_t dp_admission_max_skips = 32;
+  int64_t dp_admission_window = 64;
 };
 
 struct ScheduledChunk {
@@ -162,6 +182,14 @@ class Scheduler {
   // Data-parallel attention: pins a waiting request to a rank with prefill
   // budget and room for one more request (false: none has).
   bool choose_rank(RequestState& request, const std::vector<int64_t>& budget) const;
+  // Whether some rank has prefill budget and room for one more request.
+  bool any_rank_open(const std::vector<int64_t>& budget) const;
+  // Admits a waiting request (still in the queue) if its first chunk fits:
+  // pins its rank, reserves its pages and plans the chunk, spending `budget`
+  // and `logit_rows`. False leaves it waiting with no cache state but what it
+  // came with (a parked request's offload pages).
+  bool try_admit(RequestState& request, std::vector<int64_t>& budget, int64_t& logit_rows,
+                 StepPlan& plan);
   PrefixCache& cache_of(const RequestState& request) const {
     return *prefix_caches_[static_cast<size_t>(request.dp_rank)];
   }

@@ -4,8 +4,9 @@
 // request back to the rank that caches it; a rank short of pages preempts its
 // own latest request, not another rank's; a removed request's pages go back
 // to its rank; with a host tier, a rank's evicted prefix goes to host pages
-// of that rank and comes back to device pages of that rank. check_integrity()
-// after every step.
+// of that rank and comes back to device pages of that rank; admission passes
+// over a request that fits no rank, within its window and its bound on skips.
+// check_integrity() after every step.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -144,6 +145,104 @@ TEST(DataParallelScheduler, ARankShortOfPagesPreemptsItsOwnLatestRequest) {
   EXPECT_EQ(d->phase, RequestPhase::Running);
   EXPECT_EQ(a->phase, RequestPhase::Running);
   EXPECT_EQ(bench.scheduler.num_preemptions(), 1);
+}
+
+// Admission looks past a request that fits no rank: a short request behind
+// it that fits one is admitted now (FIFO kept it waiting for pages the long
+// one could not use yet).
+TEST(DataParallelScheduler, AShortRequestIsAdmittedPastOneThatFitsNoRank) {
+  SchedulerConfig config;
+  DpBench bench(4, config);  // 4 pages of 64 tokens per rank
+  RequestState* a = bench.add("a", 100, 0);
+  RequestState* b = bench.add("b", 100, 1000);
+  bench.step();
+  ASSERT_EQ(a->dp_rank, 0);
+  ASSERT_EQ(b->dp_rank, 1);
+  // Each rank has 2 free pages and one running request: `big` needs 4 + 1 of
+  // headroom on either, `small` 1 + 1.
+  RequestState* big = bench.add("big", 200, 2000);
+  RequestState* small = bench.add("small", 10, 3000);
+  const StepPlan plan = bench.step();
+  EXPECT_EQ(small->phase, RequestPhase::Running);
+  ASSERT_EQ(plan.chunks.size(), 3u);  // a's and b's decodes, small's prefill
+  EXPECT_EQ(plan.chunks[2].request, small);
+  EXPECT_EQ(plan.prefill_tokens, 10);
+  // The long one keeps its place at the front, counted as passed over once.
+  EXPECT_EQ(big->phase, RequestPhase::Waiting);
+  ASSERT_EQ(bench.scheduler.waiting().size(), 1u);
+  EXPECT_EQ(bench.scheduler.waiting().front(), big);
+  EXPECT_TRUE(big->page_table.empty());
+  EXPECT_EQ(big->admission_skips, 1);
+  // When a rank empties, it goes there.
+  ASSERT_EQ(small->dp_rank, 0);
+  bench.scheduler.remove(a);
+  bench.scheduler.remove(small);
+  bench.step();
+  EXPECT_EQ(big->phase, RequestPhase::Running);
+  EXPECT_EQ(big->dp_rank, 0);
+  EXPECT_EQ(big->admission_skips, 0);
+}
+
+// dp_admission_max_skips: a request passed over in that many steps stops
+// admission until it fits; the short ones behind it wait, so it cannot starve.
+TEST(DataParallelScheduler, ARequestPassedOverTooOftenStopsAdmissionUntilItFits) {
+  SchedulerConfig config;
+  config.dp_admission_max_skips = 2;
+  DpBench bench(8, config);
+  RequestState* a = bench.add("a", 100, 0);
+  RequestState* b = bench.add("b", 100, 1000);
+  bench.step();
+  ASSERT_EQ(b->dp_rank, 1);
+  // 7 pages + 1 of headroom: more than either rank's 6 free pages.
+  RequestState* big = bench.add("big", 400, 2000);
+  RequestState* small1 = bench.add("small1", 10, 3000);
+  bench.step();
+  RequestState* small2 = bench.add("small2", 10, 4000);
+  bench.step();
+  EXPECT_EQ(small1->phase, RequestPhase::Running);
+  EXPECT_EQ(small2->phase, RequestPhase::Running);
+  EXPECT_EQ(big->admission_skips, 2);
+  // Passed over twice: small3 would fit (either rank has 5 free pages) but waits.
+  RequestState* small3 = bench.add("small3", 10, 5000);
+  for (int step = 0; step < 3; ++step) {
+    const StepPlan plan = bench.step();
+    EXPECT_EQ(plan.prefill_tokens, 0);
+    EXPECT_EQ(small3->phase, RequestPhase::Waiting);
+    EXPECT_EQ(big->phase, RequestPhase::Waiting);
+  }
+  EXPECT_EQ(big->admission_skips, 2);
+  ASSERT_EQ(small1->dp_rank, 0);
+  // Rank 0 empties: big goes there first, then small3 on rank 1.
+  bench.scheduler.remove(a);
+  bench.scheduler.remove(small1);
+  const StepPlan plan = bench.step();
+  EXPECT_EQ(big->phase, RequestPhase::Running);
+  EXPECT_EQ(big->dp_rank, 0);
+  EXPECT_EQ(small3->phase, RequestPhase::Running);
+  EXPECT_EQ(small3->dp_rank, 1);
+  EXPECT_EQ(plan.prefill_tokens, 410);
+}
+
+// dp_admission_window: the most requests passed over in one step; past it
+// admission ends for the step even though a later request would fit.
+TEST(DataParallelScheduler, AdmissionLooksPastAtMostTheWindow) {
+  SchedulerConfig config;
+  config.dp_admission_window = 1;
+  DpBench bench(4, config);
+  bench.add("a", 100, 0);
+  bench.add("b", 100, 1000);
+  bench.step();
+  RequestState* big1 = bench.add("big1", 200, 2000);
+  RequestState* big2 = bench.add("big2", 200, 3000);
+  RequestState* small = bench.add("small", 10, 4000);
+  bench.step();
+  EXPECT_EQ(small->phase, RequestPhase::Waiting);
+  // Nothing was admitted past them: neither counts as passed over.
+  EXPECT_EQ(big1->admission_skips, 0);
+  EXPECT_EQ(big2->admission_skips, 0);
+  ASSERT_EQ(bench.scheduler.waiting().size(), 3u);
+  EXPECT_EQ(bench.scheduler.waiting()[0], big1);
+  EXPECT_EQ(bench.scheduler.waiting()[2], small);
 }
 
 }  // namespace

@@ -116,7 +116,8 @@ TEST(Scheduler, BatchLimitAndAdmissionByPages) {
   bench.add("b", 100, 2000);
   bench.add("c", 10, 4000);
   StepPlan plan = bench.step();
-  // a takes 2 pages; b would need 2 more + 1 page of headroom for a.
+  // a takes 2 pages; b would need 2 more + 1 page of headroom for a. c would
+  // fit (1 + 1), but with one rank admission stays FIFO: it waits behind b.
   EXPECT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(bench.scheduler.waiting().size(), 2u);
   bench.scheduler.remove(bench.requests[0].get());
