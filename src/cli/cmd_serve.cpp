@@ -178,10 +178,6 @@ int run_serve(const ServeOptions& options) {
                   options.data_parallel_size, n);
     MEGACTX_CHECK(options.context_parallel_size == 1,
                   "--enable-dp-attention is not combined with --context-parallel-size");
-    MEGACTX_CHECK(options.speculative.steps == 0 && !options.speculative.automatic,
-                  "--enable-dp-attention is not combined with MTP speculation "
-                  "(--speculative-steps) yet: the MTP layer's steps would have to meet in the "
-                  "experts' all-to-all");
     MEGACTX_CHECK(options.host_latent_memory.empty(),
                   "--enable-dp-attention is not combined with --host-latent-memory yet (its "
                   "offload pages are one rank's)");

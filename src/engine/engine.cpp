@@ -46,11 +46,11 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   const ModelConfig& model_config = model_->config();
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
-  // Data-parallel attention: each rank's pages hold its own requests.
+  // Data-parallel attention: each rank's pages hold its own requests (MTP
+  // runs too: the group leader sends each rank its own sequences' rows).
   const int ranks = model_->data_parallel_ranks();
-  MEGACTX_CHECK(
-      ranks == 1 || (config_.speculative_steps == 0 && config_.host_latent_memory_bytes == 0),
-      "data-parallel attention is not combined with MTP speculation or the live host tier yet");
+  MEGACTX_CHECK(ranks == 1 || config_.host_latent_memory_bytes == 0,
+                "data-parallel attention is not combined with the live host tier yet");
   if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
   capacity_ = plan_kv_capacity(
       model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,

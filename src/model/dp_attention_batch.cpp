@@ -1,6 +1,7 @@
 #include "model/dp_attention_batch.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -15,21 +16,34 @@ int64_t token_rows(const SequenceInput& in) {
   return static_cast<int64_t>(in.tokens.size());
 }
 
-// One output of the step gathered on rank 0: every rank sends its rows
-// ([rows, row_bytes], its sequences in batch order) to rank 0, which puts
-// them back in the whole batch's order. `rows_of` gives a sequence's rows.
+// One output of the step gathered on rank 0 (gather_sequence_rows) with the
+// rows of each of `whole`'s sequences given by `rows_of`.
 template <class RowsOf>
 Tensor gather_rows(const ForwardBatch& whole, const std::vector<int>& ranks, const Tensor& own,
                    Shape row_shape, DType dtype, RowsOf rows_of, parallel::Communicator& group) {
+  std::vector<int64_t> rows;
+  rows.reserve(whole.sequences.size());
+  for (const SequenceInput& in : whole.sequences) rows.push_back(rows_of(in));
+  return gather_sequence_rows(rows, ranks, own, std::move(row_shape), dtype, group);
+}
+
+}  // namespace
+
+Tensor gather_sequence_rows(std::span<const int64_t> sequence_rows, const std::vector<int>& ranks,
+                            const Tensor& own, Shape row_shape, DType dtype,
+                            parallel::Communicator& group) {
   const int size = group.size();
+  MEGACTX_CHECK(sequence_rows.size() == ranks.size(),
+                "data-parallel attention: {} row counts for {} sequences", sequence_rows.size(),
+                ranks.size());
   int64_t row_elements = 1;
   for (const int64_t dim : row_shape) row_elements *= dim;
   const int64_t row_bytes = row_elements * static_cast<int64_t>(dtype_size(dtype));
   std::vector<int64_t> rows(static_cast<size_t>(size), 0);
   int64_t total = 0;
-  for (size_t s = 0; s < whole.sequences.size(); ++s) {
-    rows[static_cast<size_t>(ranks[s])] += rows_of(whole.sequences[s]);
-    total += rows_of(whole.sequences[s]);
+  for (size_t s = 0; s < sequence_rows.size(); ++s) {
+    rows[static_cast<size_t>(ranks[s])] += sequence_rows[s];
+    total += sequence_rows[s];
   }
   const int me = group.rank();
   MEGACTX_CHECK(own.numel() == rows[static_cast<size_t>(me)] * row_elements,
@@ -50,8 +64,8 @@ Tensor gather_rows(const ForwardBatch& whole, const std::vector<int>& ranks, con
   Tensor out = Tensor::empty(shape, dtype);
   auto* target = static_cast<uint8_t*>(out.raw());
   int64_t at = 0;
-  for (size_t s = 0; s < whole.sequences.size(); ++s) {
-    const int64_t n = rows_of(whole.sequences[s]);
+  for (size_t s = 0; s < sequence_rows.size(); ++s) {
+    const int64_t n = sequence_rows[s];
     int64_t& from = next[static_cast<size_t>(ranks[s])];
     if (n > 0)
       std::memcpy(target + at * row_bytes, in.data() + from * row_bytes,
@@ -62,23 +76,24 @@ Tensor gather_rows(const ForwardBatch& whole, const std::vector<int>& ranks, con
   return out;
 }
 
-}  // namespace
+int page_table_rank(std::span<const int32_t> pages, int64_t pages_per_rank, int ranks,
+                    size_t sequence) {
+  MEGACTX_CHECK(pages_per_rank > 0, "data-parallel attention: no KV pages per rank");
+  MEGACTX_CHECK(!pages.empty(), "data-parallel attention: sequence {} has no pages", sequence);
+  const int64_t rank = pages[0] / pages_per_rank;
+  for (const int32_t page : pages)
+    MEGACTX_CHECK(page >= 0 && page / pages_per_rank == rank && rank < ranks,
+                  "data-parallel attention: sequence {} has pages {} and {} of different "
+                  "ranks ({} pages each, {} ranks)",
+                  sequence, pages[0], page, pages_per_rank, ranks);
+  return static_cast<int>(rank);
+}
 
 std::vector<int> sequence_ranks(const ForwardBatch& batch, int64_t pages_per_rank, int ranks) {
-  MEGACTX_CHECK(pages_per_rank > 0, "data-parallel attention: no KV pages per rank");
   std::vector<int> out;
   out.reserve(batch.sequences.size());
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceInput& in = batch.sequences[s];
-    MEGACTX_CHECK(!in.page_table.empty(), "data-parallel attention: sequence {} has no pages", s);
-    const int64_t rank = in.page_table[0] / pages_per_rank;
-    for (const int32_t page : in.page_table)
-      MEGACTX_CHECK(page >= 0 && page / pages_per_rank == rank && rank < ranks,
-                    "data-parallel attention: sequence {} has pages {} and {} of different "
-                    "ranks ({} pages each, {} ranks)",
-                    s, in.page_table[0], page, pages_per_rank, ranks);
-    out.push_back(static_cast<int>(rank));
-  }
+  for (size_t s = 0; s < batch.sequences.size(); ++s)
+    out.push_back(page_table_rank(batch.sequences[s].page_table, pages_per_rank, ranks, s));
   return out;
 }
 

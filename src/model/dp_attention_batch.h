@@ -17,6 +17,12 @@
 
 namespace megactx {
 
+// The rank whose range holds `pages` (sequence `sequence`'s page table, for
+// the error): throws megactx::Error when they span two ranks' ranges or lie
+// past `ranks`.
+int page_table_rank(std::span<const int32_t> pages, int64_t pages_per_rank, int ranks,
+                    size_t sequence);
+
 // The rank of each of `batch`'s sequences: the range its first page lies
 // in. Throws megactx::Error when a sequence's pages span two ranks' ranges.
 std::vector<int> sequence_ranks(const ForwardBatch& batch, int64_t pages_per_rank, int ranks);
@@ -40,6 +46,15 @@ struct RankPagePairs {
 RankPagePairs rank_page_pairs(std::span<const int32_t> from_pages,
                               std::span<const int32_t> to_pages, int64_t from_per_rank,
                               int64_t to_per_rank, int rank, int ranks);
+
+// One output gathered on rank 0: sequence s has `sequence_rows[s]` rows
+// (each `row_shape` of `dtype`), computed by rank `ranks[s]`; `own` holds this
+// rank's rows, its sequences in order. Rank 0 gets [sum of rows, row_shape]
+// in the sequences' order (the others an undefined tensor). Called by every
+// rank with the same counts and ranks.
+Tensor gather_sequence_rows(std::span<const int64_t> sequence_rows, const std::vector<int>& ranks,
+                            const Tensor& own, Shape row_shape, DType dtype,
+                            parallel::Communicator& group);
 
 // Every rank's outputs of its share (`own`) to rank 0, which gets the whole
 // batch's in its order: logits rows, and the hidden states and routed experts

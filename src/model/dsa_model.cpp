@@ -295,12 +295,15 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
 
 void DsaModel::run_layer(const LayerWeights& w, int64_t cache_layer,
                          std::span<LayerSequence> sequences, float* x, PagedKvCache& cache) {
-  MEGACTX_CHECK(!sequences.empty(), "run_layer: no sequences");
+  // A data-parallel attention rank with no rows in an MTP step still runs the
+  // layer: its MoE's all-to-all meets the other ranks' (no attention runs).
+  MEGACTX_CHECK(!sequences.empty() || plan_.expert_all_to_all, "run_layer: no sequences");
   MEGACTX_CHECK(cache.has_latent(cache_layer), "KV cache has no latent pool for layer {}",
                 cache_layer);
-  const bool shared = sequences.front().shared;
-  MEGACTX_CHECK(shared || (w.attention.has_indexer && cache.has_indexer(cache_layer)),
-                "run_layer: layer {} needs its indexer and an indexer pool", cache_layer);
+  const bool shared = !sequences.empty() && sequences.front().shared;
+  MEGACTX_CHECK(
+      sequences.empty() || shared || (w.attention.has_indexer && cache.has_indexer(cache_layer)),
+      "run_layer: layer {} needs its indexer and an indexer pool", cache_layer);
   Step step;
   step.page_size = cache.spec().page_size;
   for (const LayerSequence& in : sequences) {

@@ -1,5 +1,6 @@
 #include "model/group_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -27,8 +28,9 @@ enum class Command : int64_t {
   Release = 7,
   MakeHostCache = 8,
   CopyPages = 9,
-  DpForward = 10,   // data-parallel attention: the step's ranks, then its batch
-  DpCopyPages = 11  // data-parallel attention: CopyPages in the group's page numbering
+  DpForward = 10,    // data-parallel attention: the step's ranks, then its batch
+  DpCopyPages = 11,  // data-parallel attention: CopyPages in the group's page numbering
+  DpMtpRun = 12      // data-parallel attention: an MTP run's ranks, then MtpRun's rows
 };
 
 // CopyPages directions.
@@ -61,6 +63,7 @@ std::vector<int64_t> encode_spec(const KvCacheSpec& spec) {
 class Reader {
  public:
   explicit Reader(const std::vector<int64_t>& words) : words_(words) {}
+  size_t size() const { return words_.size(); }
   int64_t next() {
     MEGACTX_CHECK(at_ < words_.size(), "parallel group: a truncated command from the leader");
     return words_[at_++];
@@ -245,10 +248,10 @@ struct DecodedMtpRows {
 
 // The integers; `hidden` is sized for the rows and their pointers set (the
 // caller receives the floats into it).
-void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, DecodedMtpRows& out) {
-  Reader in(words);
+void decode_mtp_rows(Reader& in, int64_t hidden_size, DecodedMtpRows& out) {
+  const size_t words = in.size();
   const int64_t sequences = in.next();
-  MEGACTX_CHECK(sequences >= 0 && static_cast<size_t>(sequences) <= words.size(),
+  MEGACTX_CHECK(sequences >= 0 && static_cast<size_t>(sequences) <= words,
                 "parallel group: an MTP run of {} sequences from the leader", sequences);
   const auto n = static_cast<size_t>(sequences);
   out.rows.assign(n, {});
@@ -260,7 +263,7 @@ void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, Dec
     MtpLayer::Rows& r = out.rows[s];
     r.start = in.next();
     r.count = in.next();
-    MEGACTX_CHECK(r.count >= 0 && r.count <= static_cast<int64_t>(words.size()),
+    MEGACTX_CHECK(r.count >= 0 && r.count <= static_cast<int64_t>(words),
                   "parallel group: an MTP run of {} rows from the leader", r.count);
     out.pages[s] = in.list<int32_t>();
     out.next_tokens[s] = in.list<int32_t>();
@@ -285,21 +288,92 @@ void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, Dec
   }
 }
 
+void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, DecodedMtpRows& out) {
+  Reader in(words);
+  decode_mtp_rows(in, hidden_size, out);
+}
+
 void send(parallel::Communicator& group, Command command, const std::vector<int64_t>& words) {
   Header header{command, static_cast<int64_t>(words.size() * sizeof(int64_t))};
   group.broadcast(&header, sizeof(header), 0);
   if (header.bytes > 0) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
 }
 
-// An MTP run: its rows, then their hidden inputs.
+// An MTP run: its rows (after `prefix`: DpMtpRun's ranks), then their hidden inputs.
 void send_mtp_run(parallel::Communicator& group, std::span<const MtpLayer::Rows> sequences,
-                  int64_t hidden_size) {
-  send(group, Command::MtpRun, encode_mtp_rows(sequences));
+                  int64_t hidden_size, Command command = Command::MtpRun,
+                  std::vector<int64_t> prefix = {}) {
+  const std::vector<int64_t> rows = encode_mtp_rows(sequences);
+  prefix.insert(prefix.end(), rows.begin(), rows.end());
+  send(group, command, prefix);
   std::vector<float> hidden;
   for (const MtpLayer::Rows& r : sequences)
     hidden.insert(hidden.end(), r.hidden, r.hidden + r.count * hidden_size);
   if (!hidden.empty())
     group.broadcast(hidden.data(), static_cast<int64_t>(hidden.size() * sizeof(float)), 0);
+}
+
+// Data-parallel attention: this rank's share of an MTP run over `whole`
+// (the sequences `ranks` gives it, page ids made local) through `mtp`, an
+// empty share too (its MoE's all-to-all meets the others'), and the outputs
+// gathered on rank 0 in the run's order: the logits (when a sequence wants
+// them), the hand-offs and, for unshared runs, the output rows' selections.
+// No greedy drafts: GroupLeaderMtp chains those, a group run per draft step.
+// Called by every rank with the same `whole` and `ranks`; the result is rank 0's.
+MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> whole,
+                               const std::vector<int>& ranks, PagedKvCache& cache,
+                               parallel::Communicator& group) {
+  const int me = group.rank();
+  const int64_t first_page = me * cache.spec().num_pages;
+  std::vector<std::vector<int32_t>> pages;
+  for (size_t s = 0; s < whole.size(); ++s)
+    if (ranks[s] == me) pages.emplace_back();  // sized first: the spans point into it
+  std::vector<MtpLayer::Rows> own;
+  for (size_t s = 0, next = 0; s < whole.size(); ++s) {
+    if (ranks[s] != me) continue;
+    std::vector<int32_t>& local = pages[next++];
+    for (const int32_t page : whole[s].pages)
+      local.push_back(static_cast<int32_t>(page - first_page));
+    MtpLayer::Rows r = whole[s];
+    r.pages = local;
+    r.greedy_drafts = 0;
+    own.push_back(r);
+  }
+  const MtpLayer::Output mine = mtp.run(own, cache);
+  const bool logits = std::any_of(whole.begin(), whole.end(),
+                                  [](const MtpLayer::Rows& r) { return r.want_logits; });
+  const std::vector<int64_t> one(whole.size(), 1);
+  MtpLayer::Output out;
+  if (logits)
+    out.logits =
+        gather_sequence_rows(one, ranks, mine.logits, {mtp.vocab_size()}, DType::F32, group);
+  out.hand_off =
+      gather_sequence_rows(one, ranks, mine.hand_off, {mtp.hidden_size()}, DType::F32, group);
+  const auto n = whole.size();
+  if (whole.empty() || whole.front().shared) {
+    out.last_topk.assign(n, {});
+    out.last_count.assign(n, 0);
+    return out;
+  }
+  // Each own sequence's selection as one row: its count, then its top-k.
+  const int64_t k = mtp.index_topk();
+  Tensor selection = Tensor::empty({static_cast<int64_t>(own.size()), 1 + k}, DType::I32);
+  for (size_t i = 0; i < own.size(); ++i) {
+    MEGACTX_CHECK(static_cast<int64_t>(mine.last_topk[i].size()) == k,
+                  "data-parallel attention: an MTP selection of {} entries (top-k {})",
+                  mine.last_topk[i].size(), k);
+    int32_t* row = selection.data<int32_t>() + static_cast<int64_t>(i) * (1 + k);
+    row[0] = static_cast<int32_t>(mine.last_count[i]);
+    std::copy(mine.last_topk[i].begin(), mine.last_topk[i].end(), row + 1);
+  }
+  const Tensor all = gather_sequence_rows(one, ranks, selection, {1 + k}, DType::I32, group);
+  if (me != 0) return out;
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t* row = all.data<int32_t>() + static_cast<int64_t>(s) * (1 + k);
+    out.last_count.push_back(row[0]);
+    out.last_topk.emplace_back(row + 1, row + 1 + k);
+  }
+  return out;
 }
 
 class GroupLeaderModel;
@@ -308,7 +382,10 @@ class GroupLeaderModel;
 // layers (their shares, loaded from the same checkpoint) run it in lockstep.
 // The greedy drafts a run chains after step 0 are computed the same way on
 // every rank (the same logits after the group's sums), so each rank runs the
-// same draft steps inside its own run.
+// same draft steps inside its own run. With data-parallel attention each
+// rank runs its own sequences' rows, and its chains would be as long as its
+// own longest: the leader chains the drafts instead (greedy_drafts_on_host),
+// each draft step one run of the whole group.
 class GroupLeaderMtp final : public MtpLayer {
  public:
   GroupLeaderMtp(std::unique_ptr<MtpLayer> inner, const ModelConfig& config,
@@ -449,10 +526,6 @@ class GroupLeaderModel final : public LanguageModel {
   }
   std::unique_ptr<MtpLayer> load_mtp_layer(const Checkpoint& checkpoint) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
-    // Refused here, before the workers try (their refusal would end them).
-    MEGACTX_CHECK(!data_parallel_,
-                  "the MTP layer is not supported with data-parallel attention yet (its steps "
-                  "would have to meet in the experts' all-to-all)");
     return watched([&]() -> std::unique_ptr<MtpLayer> {
       send(group_, Command::LoadMtp, encode_text(checkpoint.directory()));
       return std::make_unique<GroupLeaderMtp>(model_->load_mtp_layer(checkpoint), model_->config(),
@@ -468,6 +541,40 @@ class GroupLeaderModel final : public LanguageModel {
     return watched([&] {
       send_mtp_run(group_, sequences, model_->config().hidden_size);
       return inner.run(sequences, cache);
+    });
+  }
+  bool data_parallel() const { return data_parallel_; }
+  // Data-parallel attention: every rank runs its own sequences' rows (none:
+  // still the run, for the MoE's all-to-all) and rank 0 gets the outputs.
+  // Every check a rank's run could fail is made here on the whole run first,
+  // so that no rank refuses its share after others entered the collectives.
+  MtpLayer::Output run_mtp_data_parallel(MtpLayer& inner, std::span<const MtpLayer::Rows> sequences,
+                                         PagedKvCache& cache) const {
+    MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
+    const int64_t pages_per_rank = cache.spec().num_pages;
+    const int64_t page_size = cache.spec().page_size;
+    MEGACTX_CHECK(group_spec_.num_pages == pages_per_rank * group_.size(),
+                  "data-parallel attention: an MTP run with a cache the group did not make");
+    std::vector<int64_t> words = {static_cast<int64_t>(sequences.size())};
+    std::vector<int> ranks;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      const MtpLayer::Rows& r = sequences[s];
+      ranks.push_back(page_table_rank(r.pages, pages_per_rank, group_.size(), s));
+      words.push_back(ranks.back());
+      MEGACTX_CHECK(r.shared == sequences.front().shared,
+                    "MTP: a run mixes shared and unshared sequences");
+      const int64_t last = r.shared ? r.shared_context : r.start + r.count;
+      MEGACTX_CHECK(r.start >= 0 && static_cast<int64_t>(r.pages.size()) * page_size >= last,
+                    "MTP: {} pages do not cover {} positions", r.pages.size(), last);
+      MEGACTX_CHECK(
+          !r.shared || (static_cast<int64_t>(r.shared_topk.size()) == inner.index_topk() &&
+                        r.shared_count > 0 && r.shared_count <= r.shared_context),
+          "MTP: a shared selection of {} entries, {} valid (top-k {})", r.shared_topk.size(),
+          r.shared_count, inner.index_topk());
+    }
+    return watched([&] {
+      send_mtp_run(group_, sequences, model_->config().hidden_size, Command::DpMtpRun, words);
+      return run_mtp_share(inner, sequences, ranks, cache, group_);
     });
   }
   // The leader's share first (every check of the update runs there: a
@@ -542,7 +649,25 @@ class GroupLeaderModel final : public LanguageModel {
 };
 
 MtpLayer::Output GroupLeaderMtp::run(std::span<const Rows> sequences, PagedKvCache& cache) {
-  return leader_.run_mtp(*inner_, sequences, cache);
+  if (!leader_.data_parallel()) return leader_.run_mtp(*inner_, sequences, cache);
+  check_rows(sequences);
+  const bool chained = std::any_of(sequences.begin(), sequences.end(),
+                                   [](const Rows& r) { return r.greedy_drafts > 0; });
+  if (!chained) {
+    Output out = leader_.run_mtp_data_parallel(*inner_, sequences, cache);
+    out.drafts.assign(sequences.size(), {});  // as a layer's own run gives them: none each
+    return out;
+  }
+  // Step 0 with the logits the first drafts are taken from, then each draft
+  // step a run of the group (this->run), as long as the longest chain.
+  std::vector<Rows> first(sequences.begin(), sequences.end());
+  for (Rows& r : first) {
+    if (r.greedy_drafts > 0) r.want_logits = true;
+    r.greedy_drafts = 0;
+  }
+  Output out = leader_.run_mtp_data_parallel(*inner_, first, cache);
+  greedy_drafts_on_host(sequences, cache, out);
+  return out;
 }
 
 }  // namespace
@@ -655,6 +780,25 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         mtp.reset();
         model.release_weights();
         break;
+      case Command::DpMtpRun: {
+        Reader in(words);
+        const std::vector<int> ranks = in.list<int>();
+        decode_mtp_rows(in, model.config().hidden_size, mtp_rows);
+        if (!mtp_rows.hidden.empty())
+          group.broadcast(mtp_rows.hidden.data(),
+                          static_cast<int64_t>(mtp_rows.hidden.size() * sizeof(float)), 0);
+        MEGACTX_CHECK(cache != nullptr && mtp != nullptr,
+                      "parallel group: an MTP run before the KV cache or the MTP layer");
+        MEGACTX_CHECK(ranks.size() == mtp_rows.rows.size() &&
+                          std::all_of(ranks.begin(), ranks.end(),
+                                      [&](int r) { return r >= 0 && r < group.size(); }),
+                      "parallel group: an MTP run's ranks do not match its sequences");
+        // Not caught: the leader checked every sequence before sending, so a
+        // failure here would leave it waiting for this rank's outputs; ending
+        // the worker fails the group at once instead.
+        run_mtp_share(*mtp, mtp_rows.rows, ranks, *cache, group);
+        break;
+      }
       case Command::MtpRun: {
         decode_mtp_rows(words, model.config().hidden_size, mtp_rows);
         if (!mtp_rows.hidden.empty())

@@ -175,7 +175,11 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
   const int64_t H = hidden_size();
   const int64_t vocab = vocab_size();
   const float eps = target_.plan().rms_norm_eps;
-  const int64_t total = check_rows(sequences);
+  // With data-parallel attention a rank whose requests have no rows in this
+  // step runs it with none (model/group_model.cpp): its decoder layer's MoE
+  // still meets the other ranks' in the experts' all-to-all.
+  const bool empty_share = sequences.empty() && target_.plan().expert_all_to_all;
+  const int64_t total = empty_share ? 0 : check_rows(sequences);
   // cat: [total, 2H] = [enorm(embed(token_{t+1})) | hnorm(h)].
   std::vector<float> cat(static_cast<size_t>(total * 2 * H));
   std::vector<float> normed(static_cast<size_t>(H));
@@ -240,10 +244,9 @@ MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache&
 }
 
 std::unique_ptr<MtpLayer> DsaModel::load_mtp_layer(const Checkpoint& checkpoint) {
-  // Data-parallel attention gives every rank its own requests: their MTP
-  // steps would have to meet in the experts' all-to-all like the target's.
-  MEGACTX_CHECK(!plan_.expert_all_to_all,
-                "MTP speculation with data-parallel attention is not supported yet");
+  // With data-parallel attention (expert_all_to_all) every rank runs its own
+  // requests' MTP rows, and every run on every rank (an empty one too: the
+  // group leader sends each rank its share) so that the MoE's all-to-all meets.
   auto source = make_checkpoint_weights(checkpoint);
   MtpWeights weights = load_mtp_weights(*this, *source);
   // A rank of a tensor- or expert-parallel group keeps its share of the MTP

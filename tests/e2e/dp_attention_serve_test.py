@@ -18,6 +18,9 @@ out), over 2 and 4 ranks:
   process gives them;
 - weight updates reach every rank (a trainer's negated lm_head gives one process's output
   after the same update; update_weights_from_disk and release / resume bring the original);
+- MTP speculation (--speculative-steps 3, the default model) over 2 ranks: one request alone
+  (the other rank runs every MTP step with no rows) and four at once on both ranks give the
+  greedy ids of one process without MTP, logprobs within 1e-4, with drafts accepted;
 - what it cannot combine with yet is a start-up error.
 
     python3 dp_attention_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
@@ -35,7 +38,7 @@ import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megactx_server import MegactxServer  # noqa: E402
-from tensor_parallel_serve_test import (COMMON, generate, kv_pages,  # noqa: E402
+from tensor_parallel_serve_test import (COMMON, generate, kv_pages, metric,  # noqa: E402
                                         weight_updates_over_two_ranks)
 
 
@@ -97,6 +100,39 @@ def routing_and_hidden(megactx, fixture, prompts, *extra):
 
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             return list(pool.map(one, prompts))
+
+
+def speculation_over_two_ranks(megactx, model):
+    """MTP with data-parallel attention over 2 ranks against one process without MTP: one
+    request alone, then four at once (on both ranks). (ok, message)."""
+    ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
+                            "passkey_8k_ids.txt")
+    text = [int(token) for token in open(ids_file).read().replace(",", " ").split()]
+    prompts = [text[:48]] + [text[100 * i:100 * i + 30 + 17 * i] for i in range(1, 5)]
+    new_tokens = 24
+    with MegactxServer(megactx, model, *COMMON, name="plain-mtp-reference") as server:
+        plain = [generate(server.url, prompts[0], new_tokens)]
+        plain += concurrent_outputs(server, prompts[1:], new_tokens)
+    with MegactxServer(megactx, model, *COMMON, *dp(2), "--speculative-steps", "3",
+                       name="dp2-mtp") as server:
+        alone = generate(server.url, prompts[0], new_tokens)
+        text = metrics(server)
+        alone_accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
+        outputs = [alone] + concurrent_outputs(server, prompts[1:], new_tokens)
+        text = metrics(server)
+    same, worst = compare(outputs, plain)
+    verify = metric(text, "megactx_spec_verify_steps_total") or 0
+    accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
+    admissions = rank_series(text, "megactx_dp_rank_admissions_total")
+    both = len(admissions) == 2 and all(admissions[r] > 0 for r in range(2))
+    ok = same and worst <= 1e-4 and verify > 0 and alone_accepted > 0 and accepted > \
+        alone_accepted and both
+    return ok, (f"{' '.join(dp(2))} --speculative-steps 3, 1 then 4 requests: greedy ids "
+                f"{'equal to' if same else 'DIFFERENT from'} one process without MTP, max "
+                f"|logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
+                f"{verify:.0f} verifications ({alone_accepted:.0f} by the request alone; "
+                f"{1 + accepted / max(verify, 1):.2f} tokens per verification), admissions per "
+                f"rank {admissions}")
 
 
 def check(failures, ok, message):
@@ -280,6 +316,9 @@ def main():
                                                  "--enable-dp-attention"))
     failures = check(failures, ok, message)
 
+    ok, message = speculation_over_two_ranks(args.megactx, args.default_model)
+    failures = check(failures, ok, message)
+
     # Not served yet: start-up errors naming the flag, not hangs or fallbacks.
     for extra, named in ((("--tensor-parallel-size", "2", "--enable-dp-attention"),
                           "--expert-parallel-size"),
@@ -287,7 +326,6 @@ def main():
                          ((*dp(2), "--data-parallel-size", "4"), "--data-parallel-size"),
                          (("--tensor-parallel-size", "2", "--dp-size", "2"),
                           "--enable-dp-attention"),
-                         ((*dp(2), "--speculative-steps", "2"), "--speculative-steps"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
                          ((*dp(2), "--host-latent-memory", "64MiB"), "--host-latent-memory"),

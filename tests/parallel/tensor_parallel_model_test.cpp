@@ -12,8 +12,9 @@
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
 // broadcast of those entries is caught. Shapes that do not divide, CUDA
-// under parallelism, MTP with data-parallel attention and LayerSplit with
-// context parallelism or data-parallel attention are errors.
+// under parallelism and LayerSplit with context parallelism or data-parallel
+// attention are errors (MTP with data-parallel attention runs through the
+// group leader: dp_attention_model_test.cpp).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -487,21 +488,6 @@ TEST(TensorParallelModel, MtpLayerMatchesTheReference) {
     });
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
     return mtp_matches_reference("glm_schedule", group, true);
-  });
-}
-
-TEST(TensorParallelModel, MtpWithDataParallelAttentionIsRefused) {
-  parallel::run_forked_group(2, [](parallel::Communicator& group) {
-    ModelLoadOptions options;
-    options.group = &group;
-    options.expert_parallel = options.data_parallel_attention = true;
-    auto model = load_language_model(mtp_fixture("glm_schedule"), options);
-    try {
-      model->load_mtp_layer(mtp_fixture("glm_schedule"));
-    } catch (const megactx::Error& error) {
-      return std::string(error.what()).find("data-parallel attention") != std::string::npos;
-    }
-    return false;
   });
 }
 
