@@ -25,7 +25,8 @@ struct MlaCase {
   // Only the selected slots hold random entries (the rest zero bytes): a pool
   // of a million-token context without encoding a million entries.
   bool sparse_pool = false;
-  bool wgmma = false;  // the wgmma prefill kernel, whatever the policy would pick
+  bool wgmma = false;        // the wgmma prefill kernel, whatever the policy would pick
+  bool specialized = false;  // with wgmma: the warp-specialised one (a producer warpgroup)
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -53,7 +54,8 @@ cuda::SparseMlaParams make_params(const DeviceBuffer<uint16_t>& q,
 void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
-               (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : ""));
+               (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
+               (c.specialized ? " (warp-specialised)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -97,7 +99,9 @@ void run_case(const MlaCase& c) {
       make_params(device_q, device_slots, device_pool, partial_out, partial_lse, c);
   params.out = device_out.get();
   params.lse = device_lse.get();
-  if (c.wgmma)
+  if (c.wgmma && c.specialized)
+    cuda::detail::launch_sparse_mla_prefill_specialized(params, nullptr);
+  else if (c.wgmma)
     cuda::detail::launch_sparse_mla_prefill(params, nullptr);
   else
     cuda::sparse_mla_attention(params, nullptr);
@@ -162,28 +166,28 @@ TEST(SparseMla, PrefillSplitOddK) {
 // holed and empty rows; top_k not a multiple of the 64-key stage (the last
 // stage's second block partly or wholly past top_k), a single block, 128
 // heads (two head blocks), and a million-token pool.
-TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
-  MlaCase c{12, 64, 2048, 1, 20000, 21};
+// Each case on both wgmma kernels: two warpgroups that gather and compute,
+// and the warp-specialised one.
+void run_wgmma_case(MlaCase c) {
   c.wgmma = true;
   run_case(c);
+  c.specialized = true;
+  run_case(c);
+}
+TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
+  run_wgmma_case({12, 64, 2048, 1, 20000, 21});
 }
 TEST(SparseMla, WgmmaPrefillOddTopK) {
-  for (const int top_k : {1000, 97, 40, 33, 7}) {
-    MlaCase c{7, 64, top_k, 1, 3000, static_cast<uint32_t>(22 + top_k)};
-    c.wgmma = true;
-    run_case(c);
-  }
+  for (const int top_k : {1000, 97, 40, 33, 7})
+    run_wgmma_case({7, 64, top_k, 1, 3000, static_cast<uint32_t>(22 + top_k)});
 }
 TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
-  MlaCase c{5, 128, 1024, 1, 9000, 23};
-  c.wgmma = true;
-  run_case(c);
+  run_wgmma_case({5, 128, 1024, 1, 9000, 23});
 }
 TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
   MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 24};
   c.sparse_pool = true;
-  c.wgmma = true;
-  run_case(c);
+  run_wgmma_case(c);
 }
 // The policy sends many one-split rows to the wgmma kernel, and sparse_mla_attention
 // routes them there (rows enough for 132 CTAs; small top_k keeps the reference quick).

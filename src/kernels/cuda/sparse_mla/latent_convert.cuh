@@ -77,6 +77,13 @@ __device__ __forceinline__ float load_or_zero_f32(const uint8_t* address, bool l
   return v;
 }
 
+// `bytes` (a multiple of 16, the address 16-byte aligned) from global memory
+// into L2 without waiting: one bulk prefetch (sm_90).
+__device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* address, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(address), "r"(bytes)
+               : "memory");
+}
+
 // 8 bf16 (one 16-byte word) times `factor` -> 8 f16 at `destination` (16-byte
 // aligned): the product is exact in fp32 (factor a power of two or 1), then
 // one f16 rounding.

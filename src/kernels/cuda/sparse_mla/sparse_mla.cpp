@@ -54,6 +54,14 @@ bool sparse_mla_prefill_enabled() {
   return enabled;
 }
 
+bool sparse_mla_prefill_specialized_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_PREFILL");
+    return value != nullptr && std::string_view(value) == "specialized";
+  }();
+  return enabled;
+}
+
 bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
   return sparse_mla_prefill_enabled() && !params.cluster_merge && params.num_splits == 1 &&
          (params.fixed_kernel ||
@@ -98,16 +106,20 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
                   "sparse MLA: q, kv_pool and offload_pool must be 16-byte aligned");
     MEGACTX_CHECK(params.pool_slots == INT64_MAX || params.offload_pool != nullptr,
                   "sparse MLA: slots past pool_slots {} but no offload pool", params.pool_slots);
-    MEGACTX_CHECK(params.staging_slots == INT64_MAX ||
-                      (params.staging_pool != nullptr && params.staging_slots >= params.pool_slots &&
-                       reinterpret_cast<uintptr_t>(params.staging_pool) % 16 == 0),
-                  "sparse MLA: slots past staging_slots {} but no aligned staging pool",
-                  params.staging_slots);
+    MEGACTX_CHECK(
+        params.staging_slots == INT64_MAX ||
+            (params.staging_pool != nullptr && params.staging_slots >= params.pool_slots &&
+             reinterpret_cast<uintptr_t>(params.staging_pool) % 16 == 0),
+        "sparse MLA: slots past staging_slots {} but no aligned staging pool",
+        params.staging_slots);
   }
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);
   } else if (sparse_mla_prefill_selected(params)) {
-    detail::launch_sparse_mla_prefill(params, stream);
+    if (sparse_mla_prefill_specialized_enabled())
+      detail::launch_sparse_mla_prefill_specialized(params, stream);
+    else
+      detail::launch_sparse_mla_prefill(params, stream);
   } else {
     detail::launch_sparse_mla(params, stream);
   }

@@ -1,0 +1,355 @@
+// Sparse MLA prefill on wgmma with a producer warpgroup (warp
+// specialisation). The math, the shapes and the shared-memory layout are
+// those of sparse_mla_prefill.cu (sparse_mla_prefill_tiles.cuh): one CTA =
+// one query row x 64 heads over all of its top-k slots, stages of two K
+// blocks of 32 keys in a two-stage ring. The jobs are split:
+//
+//   producer (warpgroup 2, 112 registers after setmaxnreg): gathers both
+//     blocks of every stage from the paged fp8 pool and dequantises them into
+//     the ring; warp w takes keys 16(w % 2) .. + 16 of block w / 2 in two
+//     groups of 8, one group's loads in flight while the previous one is
+//     converted, and the entries of the group after that prefetched into L2
+//     (a long context's pool does not fit L2, and the registers hold one group);
+//   consumers (warpgroups 0 and 1, 200 registers): per stage S_c, the row-max
+//     exchange, P and O_c += P V exactly as in the two-warpgroup kernel, with
+//     no loads or conversions of their own. ncu on that kernel: the tensor
+//     pipe waited for a ~1,500-instruction chain per warp and stage, two
+//     thirds of it the gather.
+//
+// Handshakes on named barriers of all 384 threads: FULL + r (the producer
+// arrives once a stage's blocks are in ring r, the consumers wait before its
+// score MMAs) and EMPTY + r (the consumers arrive once the PV that read ring
+// r has completed, the producer waits before writing the stage after next).
+// setmaxnreg moves registers from the producer to the consumers: ptxas
+// allocates the code after setmaxnreg.inc with the raised count (a 384-thread
+// launch starts every thread at 168).
+//
+// STATUS: written and compiled on the CPU machine at the end of a session
+// whose GPU time was spent; not yet run on a GPU. It is selected only with
+// MEGACTX_SPARSE_MLA_PREFILL=specialized; sparse_mla_test runs its cases
+// against the fp32 reference. The consumers' stage loop and epilogue are a
+// copy of the two-warpgroup kernel's for the A/B: once measured, the slower
+// kernel goes and the copy with it.
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
+
+namespace megactx::cuda {
+namespace {
+
+using namespace sparse_mla_prefill;
+
+constexpr int kThreads = 384;  // consumers 0-255, producer 256-383
+constexpr int kConsumerThreads = 256;
+constexpr int kConsumerRegisters = 200;  // 2 x 128 x 200 + 128 x 112 = 65536
+constexpr int kProducerRegisters = 112;  // fewer spill (96: 60 bytes, 72: 164)
+
+constexpr int kExchangeBarrier = 1;  // consumers only
+constexpr int kProbBarrier = 2;
+constexpr int kQueryBarrier = 3;
+constexpr int kFullBarrier = 4;   // + ring: all 384 threads
+constexpr int kEmptyBarrier = 6;  // + ring: all 384 threads
+
+// The producer warpgroup: `stages` stages of 64 keys; group g = 2 stage + h
+// of warp w is keys 16 (w % 2) + 8 h .. + 8 of block w / 2.
+__device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParams& p,
+                                                            uint8_t* shared) {
+  set_max_registers_dec<kProducerRegisters>();
+  uint8_t* k_tiles = shared + kKOffset;
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int warp = producer_thread / 32, lane = producer_thread % 32;
+  const int block = warp / 2, key_base = 16 * (warp % 2);
+  const int64_t row = blockIdx.x;
+  const int blocks = (p.top_k + kKeys - 1) / kKeys;
+  const int stages = (blocks + 1) / 2;
+  const int groups = 2 * stages;
+  const int32_t* row_slots = p.slots + row * p.top_k;
+  // The slot of key (lane % 8) of group g, -1 past the row's slots.
+  auto slot_of = [&](int g) -> int32_t {
+    const int index = (g / 2) * (2 * kKeys) + block * kKeys + key_base + 8 * (g % 2) + lane % 8;
+    return g < groups && index < p.top_k ? row_slots[index] : -1;
+  };
+  auto prefetch = [&](int32_t slot) {
+    if (lane < 8 && slot >= 0) prefetch_l2_bulk(LatentAddressing(p)(slot), kLatentBytes);
+  };
+
+  WarpEntries pending;
+  int32_t slot_next = slot_of(1), slot_after = slot_of(2);
+  load_warp_entries(pending, p, slot_of(0), lane);
+  prefetch(slot_next);
+  for (int g = 0; g < groups; ++g) {
+    const int stage = g / 2, h = g % 2, ring = stage & 1;
+    // Stage s + 2 goes where stage s was: wait for its PV.
+    if (h == 0 && stage >= 2) named_barrier(kEmptyBarrier + ring, kThreads);
+    const int buffer = 2 * ring + block;
+    store_warp_entries(pending, k_tiles + buffer * kKBytes, key_base + 8 * h, lane);
+    const unsigned valid = __ballot_sync(0xffffffffu, pending.slot >= 0) & 0xffu;
+    if (lane == 0) misc.valid_bits[buffer][(key_base + 8 * h) / 8] = static_cast<uint8_t>(valid);
+    if (g + 1 < groups) {
+      load_warp_entries(pending, p, slot_next, lane);
+      prefetch(slot_after);
+      slot_next = slot_after;
+      slot_after = slot_of(g + 3);
+    }
+    if (h == 1) {
+      fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
+      named_barrier_arrive(kFullBarrier + ring, kThreads);
+    }
+  }
+}
+
+// A consumer warpgroup C: its block of each stage for the scores, its half of
+// the latent for the output (the two-warpgroup kernel's split).
+template <int C>
+__device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParams& p,
+                                                            uint8_t* shared) {
+  set_max_registers_inc<kConsumerRegisters>();
+  uint8_t* q_tile = shared + kQOffset;
+  uint8_t* k_tiles = shared + kKOffset;
+  uint8_t* p_tile = shared + kPOffset;
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int c = C;
+  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row = blockIdx.x;
+  const int head0 = static_cast<int>(blockIdx.y) * kHeads;
+  const int blocks = (p.top_k + kKeys - 1) / kKeys;
+  const int stages = (blocks + 1) / 2;
+  const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
+
+  // Q [64 heads][576] bf16 -> f16 x 2^-6, swizzled chunks: 4608 16-byte units, 18 per thread.
+  {
+    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+    constexpr int kUnitsPerHead = kDim / 8;                                // 72
+    constexpr int kPerThread = kHeads * kUnitsPerHead / kConsumerThreads;  // 18
+#pragma unroll
+    for (int batch = 0; batch < 2; ++batch) {
+      uint4 raw[kPerThread / 2];
+#pragma unroll
+      for (int r = 0; r < kPerThread / 2; ++r) {
+        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
+        raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / kUnitsPerHead) * kDim +
+                                                 (i % kUnitsPerHead) * 8);
+      }
+#pragma unroll
+      for (int r = 0; r < kPerThread / 2; ++r) {
+        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
+        const int head = i / kUnitsPerHead, unit = i % kUnitsPerHead;
+        store_bf16x8_as_half(raw[r], kQueryPrescale,
+                             reinterpret_cast<__half*>(q_tile + (unit / 8) * kQChunkBytes +
+                                                       swizzled(head, unit % 8)));
+      }
+    }
+  }
+  fence_proxy_async_shared();  // st.shared -> the wgmma operand reads (async proxy)
+  named_barrier(kQueryBarrier, kConsumerThreads);
+
+  const uint32_t q_address = shared_address(q_tile);
+  const uint32_t k_address = shared_address(k_tiles);
+  const uint32_t p_address = shared_address(p_tile);
+  float s[16];
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) {
+    o[i] = 0.f;
+    fence_operand(o[i]);
+  }
+  float running_max[2] = {-INFINITY, -INFINITY};  // rows g and g + 8 of this warp's 16 heads
+  float running_sum[2] = {0.f, 0.f};              // this thread's columns only (reduced at the end)
+
+  // S_c of a stage: 36 k-steps of 16 over Q's and the block's 9 swizzled
+  // chunks. The descriptors' low words are 32-bit adds to a base the compiler
+  // cannot see through (else it hoists all 72 descriptors out of the stage
+  // loop into registers); a runtime loop over the chunks instead made ptxas
+  // wait for every wgmma.
+  auto issue_scores = [&](int stage) {
+    uint32_t q_low = swizzle128_descriptor_low(q_address);
+    asm volatile("" : "+r"(q_low));
+    const uint32_t k_low = swizzle128_descriptor_low(k_address + (2 * (stage & 1) + c) * kKBytes);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) fence_operand(s[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const uint32_t column = ks / 4, step = (ks % 4) * 32;
+      wgmma_m64n32k16_f16_ss(s,
+                             descriptor_from_words(q_low + ((column * kQChunkBytes + step) >> 4),
+                                                   kSwizzle128DescriptorHigh),
+                             descriptor_from_words(k_low + ((column * kKChunkBytes + step) >> 4),
+                                                   kSwizzle128DescriptorHigh),
+                             ks > 0);
+    }
+    wgmma_commit();
+  };
+
+  const int head_low = warp * 16 + g;
+  named_barrier(kFullBarrier, kThreads);  // stage 0 in ring 0
+  issue_scores(0);
+  for (int stage = 0; stage < stages; ++stage) {
+    const int ring = stage & 1;
+    wgmma_wait_all();  // S of this stage, and the PV of the last one
+    // The last stage's ring is free again: the producer writes stage + 1 there.
+    if (stage >= 1 && stage + 1 < stages)
+      named_barrier_arrive(kEmptyBarrier + (ring ^ 1), kThreads);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) fence_operand(s[i]);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+
+    // Scale and mask (into a copy: the accumulator registers are written by
+    // wgmma only); the block maxima of rows g and g + 8, shared with the other warpgroup.
+    float score[16];
+    const uint32_t valid = *reinterpret_cast<const uint32_t*>(misc.valid_bits[2 * ring + c]);
+    float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& value = score[4 * j + 2 * r + e];
+          value =
+              (valid >> (8 * j + 2 * t + e)) & 1u ? s[4 * j + 2 * r + e] * scale_log2 : -INFINITY;
+          block_max[r] = fmaxf(block_max[r], value);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
+      block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
+      if (t == 0) misc.row_max[c][head_low + 8 * r] = block_max[r];
+    }
+    named_barrier(kExchangeBarrier, kConsumerThreads);
+    // The running max moves only when a block's max passes it by more than
+    // kRescaleSlack (log2 units), FlashAttention-4's lazy rescaling: P stays
+    // below 2^kRescaleSlack (f16 holds it as precisely as values below 1) and
+    // the sums are fp32. Both warpgroups decide from the same values, so they
+    // keep the same max.
+    float factor[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float other = misc.row_max[c ^ 1][head_low + 8 * r];
+      const float stage_max = fmaxf(block_max[r], other);
+      const bool raise = stage_max > running_max[r] + kRescaleSlack;
+      const float new_max = raise ? stage_max : running_max[r];
+      factor[r] = raise ? exp2f(running_max[r] - new_max) : 1.f;  // -inf - x: 0
+      const bool empty = new_max == -INFINITY;  // nothing valid yet: avoid inf - inf
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& value = score[4 * j + 2 * r + e];
+          value = empty ? 0.f : exp2f(value - new_max);
+          sum += value;
+        }
+      running_sum[r] = running_sum[r] * factor[r] + sum;
+      running_max[r] = new_max;
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= factor[0];
+      o[4 * j + 1] *= factor[0];
+      o[4 * j + 2] *= factor[1];
+      o[4 * j + 3] *= factor[1];
+    }
+    // P_c -> columns 32c .. 32c + 32 of P (f16, K-major, swizzled): unit 4c + j.
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(p_tile + swizzled(head_low + 8 * r, 4 * c + j) + 4 * t) =
+            pack_half2(score[4 * j + 2 * r], score[4 * j + 2 * r + 1]);
+    fence_proxy_async_shared();
+    named_barrier(kProbBarrier, kConsumerThreads);
+    // The rescaled O must be in its registers before the MMAs that accumulate
+    // into it are issued (else ptxas serialises every wgmma of the kernel).
+#pragma unroll
+    for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+
+    // O_c += P . V: keys 0-31 from block 0's buffer, 32-63 from block 1's;
+    // latent columns 256c .. 256c + 256 = chunks 4c .. 4c + 3.
+    wgmma_fence();
+    const uint32_t p_low = swizzle128_descriptor_low(p_address);
+    const uint32_t v_low = swizzle128_mn_descriptor_low(
+        k_address + 2 * ring * kKBytes + 4 * c * kKChunkBytes, kKChunkBytes);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wgmma_m64n256k16_f16_ss_tb(
+          o, descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
+          descriptor_from_words(v_low + (((ks / 2) * kKBytes + (ks % 2) * 16 * 128) >> 4),
+                                kSwizzle128DescriptorHigh),
+          1);
+    wgmma_commit();
+    if (stage + 1 < stages) {
+      // The next stage's blocks (written by the producer while this stage's
+      // softmax ran), then its scores, queued behind this PV.
+      named_barrier(kFullBarrier + (ring ^ 1), kThreads);
+      issue_scores(stage + 1);
+    }
+  }
+  wgmma_wait_all();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+
+    // Finalise: the row sums of both warpgroups, then out = O / sum and the lse.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 1);
+    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 2);
+    if (t == 0) misc.row_sum[c][head_low + 8 * r] = running_sum[r];
+  }
+  named_barrier(kExchangeBarrier, kConsumerThreads);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head_low + 8 * r;
+    const float total = misc.row_sum[0][head] + misc.row_sum[1][head];
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    uint16_t* out = p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<uint32_t*>(out + 8 * j) =
+          pack_bf16x2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+    if (c == 0 && t == 0)
+      p.lse[row * p.heads + head0 + head] =
+          total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_mla_prefill_specialized_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  if (threadIdx.x >= kConsumerThreads)
+    sparse_mla_prefill_producer(p, shared);
+  else if (threadIdx.x < 128)
+    sparse_mla_prefill_consumer<0>(p, shared);
+  else
+    sparse_mla_prefill_consumer<1>(p, shared);
+}
+
+}  // namespace
+
+namespace detail {
+
+void launch_sparse_mla_prefill_specialized(const SparseMlaParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return;
+  static const bool configured = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_prefill_specialized_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kSharedBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
+  launch_kernel(sparse_mla_prefill_specialized_kernel, grid, kThreads, kSharedBytes, stream,
+                params);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+}  // namespace megactx::cuda

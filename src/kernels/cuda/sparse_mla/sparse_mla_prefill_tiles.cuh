@@ -1,0 +1,190 @@
+// What both wgmma sparse MLA prefill kernels share: the wgmma shapes, the
+// shared-memory layout of a CTA (one query row x 64 heads: Q, a ring of two
+// stages of two K blocks of 32 keys, P, the row statistics), and the gather
+// of a warp's 8 keys from the paged fp8 pool into an f16 K block. Only for
+// .cu files; see sparse_mla_prefill.cu (two warpgroups that gather and
+// compute) and sparse_mla_prefill_specialized.cu (a producer warpgroup that
+// gathers, two that compute).
+#pragma once
+
+#include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/wgmma.cuh"
+#include "kernels/cuda/sparse_mla/latent_convert.cuh"
+#include "kernels/cuda/sparse_mla/sparse_mla.h"
+
+namespace megactx::cuda::sparse_mla_prefill {
+
+// D[64 x 32] (+)= A[64 x 16] * B[16 x 32], f16 in, fp32 accumulate, both from
+// shared memory, K-major (`a`, `b` their descriptors). accumulate == 0 ignores
+// D's old value. Thread (warp w, lane g*4+t): d[4j + 2r + e] = D[16w + g + 8r][8j + 2t + e].
+__device__ __forceinline__ void wgmma_m64n32k16_f16_ss(float (&d)[16], uint64_t a, uint64_t b,
+                                                       int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 256] (+)= A[64 x 16] * B[16 x 256], f16 in, fp32 accumulate; A from
+// shared memory K-major, B from shared memory MN-major (imm-trans-b = 1: the
+// latent rows read as V without a transpose). Same accumulator layout, j < 32.
+__device__ __forceinline__ void wgmma_m64n256k16_f16_ss_tb(float (&d)[128], uint64_t a, uint64_t b,
+                                                           int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "
+      "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "
+      "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, "
+      "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, "
+      "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+constexpr int kHeads = kSparseMlaHeadBlock;       // 64
+constexpr int kDim = kSparseMlaQueryDim;          // 576
+constexpr int kKeys = kSparseMlaPrefillKeyBlock;  // 32 keys per block, two blocks per stage
+constexpr int kChunks = kDim / 64;                // column chunks of 64 f16 = one 128-byte row
+constexpr int kQChunkBytes = kHeads * 128;        // 8192
+constexpr int kKChunkBytes = kKeys * 128;         // 4096
+constexpr int kBuffers = 4;                       // 2 stages x 2 blocks
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kQueryPrescale = 1.f / 64.f;
+constexpr float kRescaleSlack = 8.f;  // log2 units: P < 256
+
+// Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms).
+constexpr int kQOffset = 0;                                  // [9][64 heads][128 B]
+constexpr int kKOffset = kQOffset + kChunks * kQChunkBytes;  // [4][9][32 keys][128 B]
+constexpr int kKBytes = kChunks * kKChunkBytes;              // 36864 per block
+constexpr int kPOffset = kKOffset + kBuffers * kKBytes;      // [64 heads][128 B]: P of both blocks
+constexpr int kMiscOffset = kPOffset + kHeads * 128;
+
+struct Misc {
+  float row_max[2][kHeads];  // [warpgroup][head]: the block maxima, exchanged every stage
+  float row_sum[2][kHeads];  // [warpgroup][head]: the final sums
+  // Bit k of buffer b (byte w written by warp w): key k's slot is a real entry
+  // (not -1, not past top_k).
+  alignas(4) uint8_t valid_bits[kBuffers][4];
+};
+constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
+static_assert(kSharedBytes <= 227 * 1024, "sparse MLA prefill: shared memory");
+
+// Byte offset of 16-byte unit `unit` (0..7) of row `row` in a 128-byte-swizzled tile.
+__device__ __forceinline__ int swizzled(int row, int unit) {
+  return row * 128 + ((unit ^ (row & 7)) << 4);
+}
+
+// A warp's share of a K block in registers: 8 keys of the block. Each load instruction reads one
+// key's consecutive bytes with the 32 lanes (whole 128-byte lines: ~4 L1 wavefronts per
+// instruction; one key per lane took 32, and ncu found L1 78% busy).
+struct WarpEntries {
+  uint4 latent[8];  // key j: latent bytes 16 lane .. 16 lane + 16 (e4m3 dims 16 lane ..)
+  uint4 rope[2];    // key 4h + lane / 8: rope bytes 16 (lane % 8) .. + 16 (8 bf16)
+  float scale;      // key lane / 4: the scale of group lane % 4
+  int32_t slot;     // key lane % 8 (-1: none)
+};
+
+// Missing slots load as zeros: the dequantised row is then exactly 0 (P is 0
+// there too, and 0 x NaN of a stale value would poison O). The slot shuffles
+// all go first, so that the loads issue back to back.
+__device__ __forceinline__ void load_warp_entries(WarpEntries& e, const SparseMlaParams& p,
+                                                  int32_t slot, int lane) {
+  const LatentAddressing entry(p);  // from the kernel parameters at each use: no registers held
+  constexpr unsigned kAll = 0xffffffffu;
+  e.slot = slot;
+  int32_t key_slot[8], rope_slot[2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) key_slot[j] = __shfl_sync(kAll, slot, j);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rope_slot[h] = __shfl_sync(kAll, slot, 4 * h + lane / 8);
+  const int32_t scale_slot = __shfl_sync(kAll, slot, lane / 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    e.latent[j] =
+        load_or_zero(entry(key_slot[j] < 0 ? 0 : key_slot[j]) + 16 * lane, key_slot[j] >= 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    e.rope[h] = load_or_zero(
+        entry(rope_slot[h] < 0 ? 0 : rope_slot[h]) + kLatentRopeOffset + 16 * (lane % 8),
+        rope_slot[h] >= 0);
+  e.scale =
+      load_or_zero_f32(entry(scale_slot < 0 ? 0 : scale_slot) + kLatentScaleOffset + 4 * (lane % 4),
+                       scale_slot >= 0);
+}
+
+// The warp's 8 keys as f16 into rows key0 .. key0 + 7 of a K block (9 swizzled
+// chunks). A lane's 16 latent dims are units 2(lane % 4) and + 1 of chunk
+// lane / 4; lanes of odd chunks store their odd unit first, so that the 8
+// lanes of each store phase write 8 distinct units of one row (no conflicts).
+__device__ __forceinline__ void store_warp_entries(const WarpEntries& e, uint8_t* tile, int key0,
+                                                   int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int chunk = lane / 4;
+  const bool odd = (chunk & 1) != 0;
+  const int first_unit = 2 * (lane % 4) + (odd ? 1 : 0), second_unit = first_unit ^ 1;
+  uint8_t* latent_chunk = tile + chunk * kKChunkBytes;
+  // The scales of the lane's group for the 8 keys, shuffled before any use
+  // (each conversion waiting on its own shuffle left the warp idle).
+  float key_scale[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) key_scale[j] = __shfl_sync(kAll, e.scale, 4 * j + lane / 8);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int key = key0 + j;
+    const __half2 scale = __float2half2_rn(key_scale[j]);
+    // The 8 dims of the first store: the low half of the word (even chunks)
+    // or the high half (odd chunks).
+    const uint32_t first[2] = {odd ? e.latent[j].z : e.latent[j].x,
+                               odd ? e.latent[j].w : e.latent[j].y};
+    const uint32_t second[2] = {odd ? e.latent[j].x : e.latent[j].z,
+                                odd ? e.latent[j].y : e.latent[j].w};
+    uint32_t packed[8];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      e4m3x4_scaled_to_half2(first[w], scale, packed[2 * w], packed[2 * w + 1]);
+      e4m3x4_scaled_to_half2(second[w], scale, packed[4 + 2 * w], packed[4 + 2 * w + 1]);
+    }
+    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, first_unit)) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, second_unit)) =
+        make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  }
+  // Rope dims 512 + 8u .. + 8 (u = lane % 8): chunk 8, unit u of the key's row.
+  uint8_t* rope_chunk = tile + 8 * kKChunkBytes;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    store_bf16x8_as_half(
+        e.rope[h], 1.f,
+        reinterpret_cast<__half*>(rope_chunk + swizzled(key0 + 4 * h + lane / 8, lane % 8)));
+}
+
+}  // namespace megactx::cuda::sparse_mla_prefill
