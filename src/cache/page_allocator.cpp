@@ -8,21 +8,25 @@ PageAllocator::PageAllocator(int64_t num_pages, int64_t offload_pages, int ranks
     : device_pages_(num_pages) {
   MEGACTX_CHECK(num_pages >= 0 && offload_pages >= 0 && num_pages + offload_pages <= INT32_MAX,
                 "invalid KV page counts {} + {}", num_pages, offload_pages);
-  MEGACTX_CHECK(ranks >= 1 && num_pages % ranks == 0 && (ranks == 1 || offload_pages == 0),
-                "KV pages: {} device pages over {} data-parallel ranks ({} offload pages)",
-                num_pages, ranks, offload_pages);
+  MEGACTX_CHECK(ranks >= 1 && num_pages % ranks == 0 && offload_pages % ranks == 0,
+                "KV pages: {} device and {} offload pages do not split over {} data-parallel "
+                "ranks",
+                num_pages, offload_pages, ranks);
+  layout_ = {num_pages / ranks, offload_pages / ranks, ranks};
   ref_counts_.assign(static_cast<size_t>(num_pages + offload_pages), 0);
   free_pages_.assign(static_cast<size_t>(ranks), {});
-  const int64_t per_rank = num_pages / ranks;
-  for (int rank = 0; rank < ranks; ++rank) {
-    std::vector<int32_t>& list = free_pages_[static_cast<size_t>(rank)];
-    list.reserve(static_cast<size_t>(per_rank));
-    for (int64_t page = (rank + 1) * per_rank - 1; page >= rank * per_rank; --page)
+  free_offload_pages_.assign(static_cast<size_t>(ranks), {});
+  // Highest first: the lowest ids come out first.
+  const auto fill = [](std::vector<int32_t>& list, int64_t first, int64_t count) {
+    list.reserve(static_cast<size_t>(count));
+    for (int64_t page = first + count - 1; page >= first; --page)
       list.push_back(static_cast<int32_t>(page));
-  }
-  free_offload_pages_.reserve(static_cast<size_t>(offload_pages));
-  for (int64_t page = num_pages + offload_pages - 1; page >= num_pages; --page) {
-    free_offload_pages_.push_back(static_cast<int32_t>(page));
+  };
+  for (int rank = 0; rank < ranks; ++rank) {
+    fill(free_pages_[static_cast<size_t>(rank)], rank * layout_.device_per_rank,
+         layout_.device_per_rank);
+    fill(free_offload_pages_[static_cast<size_t>(rank)],
+         num_pages + rank * layout_.offload_per_rank, layout_.offload_per_rank);
   }
 }
 
@@ -49,8 +53,16 @@ std::optional<int32_t> PageAllocator::allocate(int rank) {
   return take(free_pages_[static_cast<size_t>(rank)], ref_counts_);
 }
 
-std::optional<int32_t> PageAllocator::allocate_offload() {
-  return take(free_offload_pages_, ref_counts_);
+int64_t PageAllocator::num_free_offload() const {
+  int64_t free = 0;
+  for (const std::vector<int32_t>& list : free_offload_pages_)
+    free += static_cast<int64_t>(list.size());
+  return free;
+}
+
+std::optional<int32_t> PageAllocator::allocate_offload(int rank) {
+  MEGACTX_CHECK(rank >= 0 && rank < ranks(), "offload pages of rank {} of {}", rank, ranks());
+  return take(free_offload_pages_[static_cast<size_t>(rank)], ref_counts_);
 }
 
 void PageAllocator::check_page(int32_t page) const {
@@ -70,7 +82,7 @@ void PageAllocator::release(int32_t page) {
   int32_t& count = ref_counts_[static_cast<size_t>(page)];
   MEGACTX_CHECK(count > 0, "release of free KV page {}", page);
   if (--count == 0)
-    (is_offload(page) ? free_offload_pages_ : free_pages_[static_cast<size_t>(rank_of(page))])
+    (is_offload(page) ? free_offload_pages_ : free_pages_)[static_cast<size_t>(rank_of(page))]
         .push_back(page);
 }
 
@@ -88,19 +100,20 @@ void PageAllocator::check_integrity(const std::vector<int32_t>& expected) const 
                   ref_counts_[page], expected[page]);
   }
   std::vector<char> seen(ref_counts_.size(), 0);
-  std::vector<const std::vector<int32_t>*> lists = {&free_offload_pages_};
-  for (const std::vector<int32_t>& list : free_pages_) lists.push_back(&list);
-  for (size_t l = 0; l < lists.size(); ++l) {
-    for (const int32_t page : *lists[l]) {
-      check_page(page);
-      MEGACTX_CHECK(
-          is_offload(page) == (l == 0) && (l == 0 || rank_of(page) + 1 == static_cast<int>(l)),
-          "integrity: KV page {} on another kind's or rank's free list", page);
-      MEGACTX_CHECK(!seen[static_cast<size_t>(page)],
-                    "integrity: KV page {} twice on the free list", page);
-      seen[static_cast<size_t>(page)] = 1;
-      MEGACTX_CHECK(ref_counts_[static_cast<size_t>(page)] == 0,
-                    "integrity: KV page {} is both free and used", page);
+  for (const bool offload : {false, true}) {
+    for (int rank = 0; rank < ranks(); ++rank) {
+      const std::vector<int32_t>& list =
+          (offload ? free_offload_pages_ : free_pages_)[static_cast<size_t>(rank)];
+      for (const int32_t page : list) {
+        check_page(page);
+        MEGACTX_CHECK(is_offload(page) == offload && rank_of(page) == rank,
+                      "integrity: KV page {} on another kind's or rank's free list", page);
+        MEGACTX_CHECK(!seen[static_cast<size_t>(page)],
+                      "integrity: KV page {} twice on the free list", page);
+        seen[static_cast<size_t>(page)] = 1;
+        MEGACTX_CHECK(ref_counts_[static_cast<size_t>(page)] == 0,
+                      "integrity: KV page {} is both free and used", page);
+      }
     }
   }
   for (size_t page = 0; page < ref_counts_.size(); ++page) {

@@ -6,23 +6,27 @@
 //
 // With the live host tier, ids [device_pages, device_pages + offload_pages)
 // are offload pages (latents in host memory, kv_cache.h), handed out by
-// allocate_offload() from their own free list.
+// allocate_offload() from their own free lists.
 //
 // Data-parallel attention (`ranks` > 1): the device pages are `ranks` equal
 // ranges, range r [r * pages_per_rank, (r + 1) * pages_per_rank) held by
-// rank r's KV pools; allocate(r) hands out pages of rank r only, since a
-// sequence's rows run on the rank that holds all its pages.
+// rank r's KV pools, and so are the offload pages after them (numbered as
+// cache/rank_pages.h says); allocate(r) and allocate_offload(r) hand out
+// pages of rank r only, since a sequence's rows run on the rank that holds
+// all its pages.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <vector>
 
+#include "cache/rank_pages.h"
+
 namespace megactx {
 
 class PageAllocator {
  public:
-  // `ranks` must divide num_pages; offload pages only with one rank.
+  // `ranks` must divide num_pages and offload_pages.
   explicit PageAllocator(int64_t num_pages, int64_t offload_pages = 0, int ranks = 1);
 
   // Every page id, device and offload.
@@ -32,22 +36,33 @@ class PageAllocator {
   int64_t num_free() const;
   int64_t num_used() const { return device_pages_ - num_free(); }
   // Data-parallel ranks, each pages_per_rank() device pages.
-  int ranks() const { return static_cast<int>(free_pages_.size()); }
-  int64_t pages_per_rank() const { return device_pages_ / ranks(); }
-  int rank_of(int32_t page) const { return static_cast<int>(page / pages_per_rank()); }
+  int ranks() const { return layout_.ranks; }
+  int64_t pages_per_rank() const { return layout_.device_per_rank; }
+  // The numbering of every rank's pages (one rank: ids as the cache's).
+  const RankPages& layout() const { return layout_; }
+  // The rank holding `page`, device or offload.
+  int rank_of(int32_t page) const { return layout_.rank_of(page); }
   int64_t num_free(int rank) const {
     return static_cast<int64_t>(free_pages_[static_cast<size_t>(rank)].size());
   }
+  // Offload pages: of every rank, then per rank.
   int64_t offload_pages() const { return num_pages() - device_pages_; }
-  int64_t num_free_offload() const { return static_cast<int64_t>(free_offload_pages_.size()); }
+  int64_t num_free_offload() const;
   int64_t num_used_offload() const { return offload_pages() - num_free_offload(); }
+  int64_t offload_pages_per_rank() const { return layout_.offload_per_rank; }
+  int64_t num_free_offload(int rank) const {
+    return static_cast<int64_t>(free_offload_pages_[static_cast<size_t>(rank)].size());
+  }
+  int64_t num_used_offload(int rank) const {
+    return offload_pages_per_rank() - num_free_offload(rank);
+  }
   bool is_offload(int32_t page) const { return page >= device_pages_; }
 
   // A free device page of `rank` with reference count 1, or nothing when
   // none is free.
   std::optional<int32_t> allocate(int rank = 0);
-  // The same for an offload page.
-  std::optional<int32_t> allocate_offload();
+  // The same for an offload page of `rank`.
+  std::optional<int32_t> allocate_offload(int rank = 0);
   void add_ref(int32_t page);
   // Drops one reference; the page is free again at zero.
   void release(int32_t page);
@@ -63,8 +78,9 @@ class PageAllocator {
   std::vector<int32_t> ref_counts_;  // [num_pages]
   // [ranks] stacks; the lowest ids come out first.
   std::vector<std::vector<int32_t>> free_pages_;
-  std::vector<int32_t> free_offload_pages_;  // the same for offload pages
+  std::vector<std::vector<int32_t>> free_offload_pages_;  // the same for offload pages
   int64_t device_pages_ = 0;
+  RankPages layout_;
 };
 
 }  // namespace megactx

@@ -178,9 +178,6 @@ int run_serve(const ServeOptions& options) {
                   options.data_parallel_size, n);
     MEGACTX_CHECK(options.context_parallel_size == 1,
                   "--enable-dp-attention is not combined with --context-parallel-size");
-    MEGACTX_CHECK(options.host_latent_memory.empty(),
-                  "--enable-dp-attention is not combined with --host-latent-memory yet (its "
-                  "offload pages are one rank's)");
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
                   "is tensor-parallel only)");

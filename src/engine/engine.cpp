@@ -47,10 +47,9 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   MEGACTX_CHECK(config_.speculative_steps >= 0, "speculative_steps must be >= 0, got {}",
                 config_.speculative_steps);
   // Data-parallel attention: each rank's pages hold its own requests (MTP
-  // runs too: the group leader sends each rank its own sequences' rows).
+  // runs too: the group leader sends each rank its own sequences' rows), and
+  // so do its offload pages with the live host tier.
   const int ranks = model_->data_parallel_ranks();
-  MEGACTX_CHECK(ranks == 1 || config_.host_latent_memory_bytes == 0,
-                "data-parallel attention is not combined with the live host tier yet");
   if (config_.speculative_steps > 0) speculator_ = std::make_unique<Speculator>(config_, *model_);
   capacity_ = plan_kv_capacity(
       model_config, config_.kv_dtype, config_.kv_memory_bytes, config_.page_size,
@@ -65,10 +64,13 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   max_total_tokens_ = std::min(context, capacity_.max_tokens);
   if (capacity_.spec.offload_pages > 0) {
     // A request may hold every offload page and all but two device pages
-    // (its unmoved tail and a chunk: Scheduler shortens chunks to fit).
+    // (its unmoved tail and a chunk: Scheduler shortens chunks to fit), of
+    // its rank with data-parallel attention.
     const KvCacheSpec& spec = capacity_.spec;
-    max_total_tokens_ = std::min(
-        context, (spec.offload_pages + std::max<int64_t>(spec.num_pages - 2, 0)) * spec.page_size);
+    const int64_t offload_per_rank = spec.offload_pages / ranks;
+    max_total_tokens_ =
+        std::min(context, (offload_per_rank + std::max<int64_t>(capacity_.pages_per_rank - 2, 0)) *
+                              spec.page_size);
     max_total_tokens_ = std::max(max_total_tokens_, std::min(context, capacity_.max_tokens));
   }
   vocab_size_ = model_config.vocab_size;
@@ -142,7 +144,10 @@ void Engine::plan_offload_pages() {
   // Every rank's pools (LayerSplit: each its own layers', else the whole
   // model's): each rank holds the offload pages' latents of its pools in its
   // host memory and their indexer keys beside its device pools, so the pages
-  // are what fits every rank's budgets.
+  // are what fits every rank's budgets. With data-parallel attention the
+  // budgets are each rank's for its own requests' pages (as --kv-memory and
+  // --host-kv-memory are), numbered in one space (cache/rank_pages.h).
+  const int ranks = capacity_.data_parallel_ranks;
   const std::vector<KvCacheSpec> pools =
       capacity_.shares.empty() ? std::vector<KvCacheSpec>{spec} : capacity_.shares;
   int64_t latent_bytes = 0;  // per offload page, the largest rank's
@@ -156,7 +161,7 @@ void Engine::plan_offload_pages() {
   MEGACTX_CHECK(config_.host_latent_min_tokens >= 0, "host_latent_min_tokens must be >= 0, got {}",
                 config_.host_latent_min_tokens);
   // Their indexer keys live beside the pools, out of the same budget.
-  int64_t device_pages = spec.num_pages, indexer_bytes = 0, total_bytes = 0;
+  int64_t device_pages = capacity_.pages_per_rank, indexer_bytes = 0, total_bytes = 0;
   for (const KvCacheSpec& rank : pools) {
     const int64_t page = rank.bytes_per_page(),
                   keys = spec.offload_pages * rank.indexer_bytes_per_page();
@@ -171,19 +176,24 @@ void Engine::plan_offload_pages() {
   for (const KvCacheSpec& rank : pools)
     total_bytes = std::max(total_bytes, device_pages * rank.bytes_per_page() +
                                             spec.offload_pages * rank.indexer_bytes_per_page());
-  spec.num_pages = device_pages;
+  const int64_t offload_per_rank = spec.offload_pages;
+  spec.num_pages = device_pages * ranks;
+  spec.offload_pages = offload_per_rank * ranks;
   for (KvCacheSpec& share : capacity_.shares) {
     share.num_pages = device_pages;
-    share.offload_pages = spec.offload_pages;
+    share.offload_pages = offload_per_rank;
   }
+  capacity_.pages_per_rank = device_pages;
   capacity_.max_tokens = device_pages * spec.page_size;
   capacity_.total_bytes = total_bytes;
   spdlog::info(
       "live host tier: {} offload pages ({} tokens; {} MiB of latents in host memory, {} MiB of "
       "indexer keys beside the pools{})",
-      spec.offload_pages, spec.offload_pages * spec.page_size,
-      (spec.offload_pages * latent_bytes) >> 20, indexer_bytes >> 20,
-      pools.size() > 1 ? ", on the largest rank" : "");
+      offload_per_rank, offload_per_rank * spec.page_size, (offload_per_rank * latent_bytes) >> 20,
+      indexer_bytes >> 20,
+      pools.size() > 1 ? ", on the largest rank"
+      : ranks > 1      ? fmt::format(", on each of {} data-parallel ranks", ranks)
+                       : "");
 }
 
 void Engine::offload_latents() {
@@ -198,26 +208,33 @@ void Engine::offload_latents() {
   // A request moves once its context reaches host_latent_min_tokens, or half
   // the device pages, whichever comes first: one that outgrows the device
   // pages while alone must be moving by then (prompts too, chunk by chunk).
-  const int64_t device_tokens = capacity_.spec.num_pages * capacity_.spec.page_size;
+  // With data-parallel attention every figure is its rank's: its device
+  // pages, its free offload pages, its parked requests.
+  const int64_t device_tokens = capacity_.pages_per_rank * capacity_.spec.page_size;
   const int64_t threshold = std::min(config_.host_latent_min_tokens, device_tokens / 2);
+  std::vector<int64_t> moved(static_cast<size_t>(scheduler_->ranks()), 0);  // pages per rank
   for (RequestState* request : scheduler_->running()) {
     if (static_cast<int64_t>(request->tokens.size()) < threshold) continue;
     const int64_t wanted = scheduler_->offloadable_pages(*request);
     if (wanted == 0) continue;
-    const int64_t missing = wanted - allocator_->num_free_offload();
+    const int rank = request->dp_rank;
+    const int64_t missing = wanted - allocator_->num_free_offload(rank);
     // Parked requests give their offload pages up only to one that must
     // move: the device pages are short, or it cannot finish on them.
     const int64_t longest =
         request->prompt_len +
         std::clamp<int64_t>(request->request.sampling.max_new_tokens, 0, max_total_tokens_);
-    if (missing > 0 && (scheduler_->available_pages() < wanted || longest > device_tokens)) {
-      scheduler_->drop_parked(missing);
+    if (missing > 0 && (scheduler_->available_pages(rank) < wanted || longest > device_tokens)) {
+      scheduler_->drop_parked(missing, rank);
     }
-    scheduler_->offload_pages(*request, std::numeric_limits<int64_t>::max(), record);
+    moved[static_cast<size_t>(rank)] +=
+        scheduler_->offload_pages(*request, std::numeric_limits<int64_t>::max(), record);
   }
   if (from.empty()) return;
   offload_copy_(*cache_, from, *cache_, to);
   offloaded_pages_ += static_cast<int64_t>(from.size());
+  offloaded_by_rank_.resize(moved.size(), 0);
+  for (size_t rank = 0; rank < moved.size(); ++rank) offloaded_by_rank_[rank] += moved[rank];
 }
 
 Engine::~Engine() {
@@ -964,6 +981,11 @@ void Engine::update_stats() {
       r.kv_pages_total = allocator_->pages_per_rank();
       r.kv_pages_free = allocator_->num_free(rank);
       r.prefix_cache_pages = prefix_caches_[static_cast<size_t>(rank)]->cached_pages();
+      r.host_latent_pages_total = allocator_->offload_pages_per_rank();
+      r.host_latent_pages_used = allocator_->num_used_offload(rank);
+      r.host_latent_moved_pages = static_cast<size_t>(rank) < offloaded_by_rank_.size()
+                                      ? offloaded_by_rank_[static_cast<size_t>(rank)]
+                                      : 0;
     }
   }
   if (host_tier_) {

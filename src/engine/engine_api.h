@@ -24,6 +24,11 @@ struct DataParallelRankStats {
   int64_t kv_pages_total = 0;
   int64_t kv_pages_free = 0;       // not held by a request or the prefix cache
   int64_t prefix_cache_pages = 0;  // its prefix cache's pages
+  // The live host tier: its offload pages (0 without the tier), and those
+  // held by its running and parked requests.
+  int64_t host_latent_pages_total = 0;
+  int64_t host_latent_pages_used = 0;
+  int64_t host_latent_moved_pages = 0;  // its device pages moved to its offload pages so far
 };
 
 struct EngineStats {

@@ -134,11 +134,13 @@ int64_t Scheduler::offloadable_pages(const RequestState& request) const {
   return full_pages - first;
 }
 
-int64_t Scheduler::drop_parked(int64_t pages) {
+int64_t Scheduler::drop_parked(int64_t pages, int rank) {
   int64_t freed = 0;
   for (auto it = waiting_.rbegin(); it != waiting_.rend() && freed < pages; ++it) {
     RequestState& request = **it;
-    if (!request.latents_offloaded || request.page_table.empty()) continue;
+    // Another rank's offload pages would not help (allocate_offload(rank)).
+    if (!request.latents_offloaded || request.page_table.empty() || request.dp_rank != rank)
+      continue;
     freed += static_cast<int64_t>(request.page_table.size());
     release_pages(request);  // parked: no prefix node, only offload pages
     ++dropped_parked_;
@@ -154,7 +156,8 @@ int64_t Scheduler::offload_pages(
   const auto [first, full_pages] = offload_candidates(request);
   std::vector<int32_t> device, offload;
   for (int64_t i = first; i < full_pages && static_cast<int64_t>(device.size()) < max_pages; ++i) {
-    const std::optional<int32_t> target = allocator_.allocate_offload();
+    // Its rank's: the rank that reads its pages holds their latents.
+    const std::optional<int32_t> target = allocator_.allocate_offload(request.dp_rank);
     if (!target) break;
     device.push_back(request.page_table[static_cast<size_t>(i)]);
     offload.push_back(*target);
@@ -528,7 +531,7 @@ void Scheduler::check_integrity() const {
     for (const int32_t page : request->page_table) {
       MEGACTX_CHECK(page >= 0 && page < allocator_.num_pages(), "integrity: bad page {}", page);
       const bool offload = allocator_.is_offload(page);
-      MEGACTX_CHECK(offload || allocator_.rank_of(page) == request->dp_rank,
+      MEGACTX_CHECK(allocator_.rank_of(page) == request->dp_rank,
                     "integrity: request {} of data-parallel rank {} holds page {} of rank {}",
                     request->request.rid, request->dp_rank, page, allocator_.rank_of(page));
       MEGACTX_CHECK(!offload || (request->latents_offloaded && !device_seen),
@@ -553,6 +556,11 @@ void Scheduler::check_integrity() const {
       MEGACTX_CHECK(allocator_.is_offload(page) && page < allocator_.num_pages(),
                     "integrity: parked request {} holds device page {}", request->request.rid,
                     page);
+      // Admission brings it back to this rank (choose_rank).
+      MEGACTX_CHECK(allocator_.rank_of(page) == request->dp_rank,
+                    "integrity: parked request {} of data-parallel rank {} holds offload page {} "
+                    "of rank {}",
+                    request->request.rid, request->dp_rank, page, allocator_.rank_of(page));
       ++holders[static_cast<size_t>(page)];
     }
   }

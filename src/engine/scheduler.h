@@ -20,7 +20,10 @@
 // for its next chunk gets a shorter chunk (its full pages move between
 // steps), so a prompt longer than the device pages hold prefills into the
 // tier; drop_parked() takes parked requests' offload pages back when a
-// running one must move.
+// running one must move. With data-parallel attention the offload pages are
+// per rank too (cache/rank_pages.h): a request moves to its own rank's, a
+// parked one keeps its rank, and only the parked requests of a rank give
+// theirs up to a request of that rank.
 //
 // Data-parallel attention (an allocator of several ranks, one prefix cache
 // per rank): every request runs on one rank while admitted, all its pages
@@ -131,10 +134,11 @@ class Scheduler {
       const std::function<void(std::span<const int32_t>, std::span<const int32_t>)>& copy);
   // The full device pages offload_pages() would move now, offload pages permitting.
   int64_t offloadable_pages(const RequestState& request) const;
-  // Frees offload pages for a running request that must move its latents: parked
-  // requests, last queued first, lose theirs (they recompute when admitted
-  // again) until `pages` are free or none is parked. Returns the pages freed.
-  int64_t drop_parked(int64_t pages);
+  // Frees offload pages of data-parallel rank `rank` for a running request
+  // of that rank that must move its latents: parked requests of the rank,
+  // last queued first, lose theirs (they recompute when admitted again)
+  // until `pages` are free or none is parked. Returns the pages freed.
+  int64_t drop_parked(int64_t pages, int rank = 0);
 
   const std::vector<RequestState*>& running() const { return running_; }
   const std::deque<RequestState*>& waiting() const { return waiting_; }

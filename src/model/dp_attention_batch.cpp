@@ -76,29 +76,33 @@ Tensor gather_sequence_rows(std::span<const int64_t> sequence_rows, const std::v
   return out;
 }
 
-int page_table_rank(std::span<const int32_t> pages, int64_t pages_per_rank, int ranks,
-                    size_t sequence) {
-  MEGACTX_CHECK(pages_per_rank > 0, "data-parallel attention: no KV pages per rank");
+int page_table_rank(std::span<const int32_t> pages, const RankPages& layout, size_t sequence) {
+  MEGACTX_CHECK(layout.device_per_rank > 0, "data-parallel attention: no KV pages per rank");
   MEGACTX_CHECK(!pages.empty(), "data-parallel attention: sequence {} has no pages", sequence);
-  const int64_t rank = pages[0] / pages_per_rank;
+  MEGACTX_CHECK(layout.contains(pages[0]),
+                "data-parallel attention: sequence {} has page {} outside the {} pages of {} "
+                "ranks",
+                sequence, pages[0], layout.total(), layout.ranks);
+  const int rank = layout.rank_of(pages[0]);
   for (const int32_t page : pages)
-    MEGACTX_CHECK(page >= 0 && page / pages_per_rank == rank && rank < ranks,
+    MEGACTX_CHECK(layout.contains(page) && layout.rank_of(page) == rank,
                   "data-parallel attention: sequence {} has pages {} and {} of different "
-                  "ranks ({} pages each, {} ranks)",
-                  sequence, pages[0], page, pages_per_rank, ranks);
-  return static_cast<int>(rank);
+                  "ranks ({} device and {} offload pages each, {} ranks)",
+                  sequence, pages[0], page, layout.device_per_rank, layout.offload_per_rank,
+                  layout.ranks);
+  return rank;
 }
 
-std::vector<int> sequence_ranks(const ForwardBatch& batch, int64_t pages_per_rank, int ranks) {
+std::vector<int> sequence_ranks(const ForwardBatch& batch, const RankPages& layout) {
   std::vector<int> out;
   out.reserve(batch.sequences.size());
   for (size_t s = 0; s < batch.sequences.size(); ++s)
-    out.push_back(page_table_rank(batch.sequences[s].page_table, pages_per_rank, ranks, s));
+    out.push_back(page_table_rank(batch.sequences[s].page_table, layout, s));
   return out;
 }
 
 void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int rank,
-                int64_t pages_per_rank, RankBatch& out) {
+                const RankPages& layout, RankBatch& out) {
   out.batch = ForwardBatch{};
   out.batch.want_hidden_states = whole.want_hidden_states;
   out.batch.want_routed_experts = whole.want_routed_experts;
@@ -106,13 +110,11 @@ void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int ra
   for (size_t s = 0; s < whole.sequences.size(); ++s)
     if (ranks[s] == rank) out.pages.emplace_back();  // sized first: the spans point into it
   size_t next = 0;
-  const int64_t first_page = rank * pages_per_rank;
   for (size_t s = 0; s < whole.sequences.size(); ++s) {
     if (ranks[s] != rank) continue;
     const SequenceInput& in = whole.sequences[s];
     std::vector<int32_t>& pages = out.pages[next++];
-    for (const int32_t page : in.page_table)
-      pages.push_back(static_cast<int32_t>(page - first_page));
+    for (const int32_t page : in.page_table) pages.push_back(layout.local(page));
     SequenceInput local = in;
     local.page_table = pages;
     out.batch.sequences.push_back(local);
@@ -120,22 +122,25 @@ void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int ra
 }
 
 RankPagePairs rank_page_pairs(std::span<const int32_t> from_pages,
-                              std::span<const int32_t> to_pages, int64_t from_per_rank,
-                              int64_t to_per_rank, int rank, int ranks) {
-  MEGACTX_CHECK(from_pages.size() == to_pages.size() && from_per_rank > 0 && to_per_rank > 0,
+                              std::span<const int32_t> to_pages, const RankPages& from_layout,
+                              const RankPages& to_layout, int rank) {
+  MEGACTX_CHECK(from_pages.size() == to_pages.size() && from_layout.device_per_rank > 0 &&
+                    to_layout.device_per_rank > 0 && from_layout.ranks == to_layout.ranks,
                 "data-parallel attention: a copy of {} pages to {}", from_pages.size(),
                 to_pages.size());
   RankPagePairs out;
   for (size_t i = 0; i < from_pages.size(); ++i) {
-    const int64_t owner = from_pages[i] / from_per_rank;
-    MEGACTX_CHECK(from_pages[i] >= 0 && to_pages[i] >= 0 && owner < ranks &&
-                      to_pages[i] / to_per_rank == owner,
-                  "data-parallel attention: a copy of page {} to page {} crosses ranks ({} and "
-                  "{} pages per rank)",
-                  from_pages[i], to_pages[i], from_per_rank, to_per_rank);
+    const bool known = from_layout.contains(from_pages[i]) && to_layout.contains(to_pages[i]);
+    const int owner = known ? from_layout.rank_of(from_pages[i]) : -1;
+    MEGACTX_CHECK(known && to_layout.rank_of(to_pages[i]) == owner,
+                  "data-parallel attention: a copy of page {} to page {} crosses ranks ({} + {} "
+                  "and {} + {} pages per rank, {} ranks)",
+                  from_pages[i], to_pages[i], from_layout.device_per_rank,
+                  from_layout.offload_per_rank, to_layout.device_per_rank,
+                  to_layout.offload_per_rank, from_layout.ranks);
     if (owner != rank) continue;
-    out.from.push_back(static_cast<int32_t>(from_pages[i] - rank * from_per_rank));
-    out.to.push_back(static_cast<int32_t>(to_pages[i] - rank * to_per_rank));
+    out.from.push_back(from_layout.local(from_pages[i]));
+    out.to.push_back(to_layout.local(to_pages[i]));
   }
   return out;
 }

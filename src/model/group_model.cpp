@@ -324,7 +324,7 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
                                const std::vector<int>& ranks, PagedKvCache& cache,
                                parallel::Communicator& group) {
   const int me = group.rank();
-  const int64_t first_page = me * cache.spec().num_pages;
+  const RankPages layout = rank_pages(cache.spec(), group.size());
   std::vector<std::vector<int32_t>> pages;
   for (size_t s = 0; s < whole.size(); ++s)
     if (ranks[s] == me) pages.emplace_back();  // sized first: the spans point into it
@@ -332,8 +332,7 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
   for (size_t s = 0, next = 0; s < whole.size(); ++s) {
     if (ranks[s] != me) continue;
     std::vector<int32_t>& local = pages[next++];
-    for (const int32_t page : whole[s].pages)
-      local.push_back(static_cast<int32_t>(page - first_page));
+    for (const int32_t page : whole[s].pages) local.push_back(layout.local(page));
     MtpLayer::Rows r = whole[s];
     r.pages = local;
     r.greedy_drafts = 0;
@@ -456,15 +455,18 @@ class GroupLeaderModel final : public LanguageModel {
     });
   }
   // Data-parallel attention: `spec` numbers every rank's pages, each rank's
-  // cache holds its 1 / size of them.
+  // cache holds its 1 / size of them: of the device pages and of the live
+  // host tier's offload pages (cache/rank_pages.h).
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
     KvCacheSpec local = spec;
     if (data_parallel_) {
-      MEGACTX_CHECK(spec.num_pages % group_.size() == 0 && spec.offload_pages == 0,
-                    "data-parallel attention: {} KV pages over {} ranks ({} offload pages)",
-                    spec.num_pages, group_.size(), spec.offload_pages);
+      MEGACTX_CHECK(spec.num_pages % group_.size() == 0 && spec.offload_pages % group_.size() == 0,
+                    "data-parallel attention: {} KV pages and {} offload pages do not split over "
+                    "{} ranks",
+                    spec.num_pages, spec.offload_pages, group_.size());
       local.num_pages = spec.num_pages / group_.size();
+      local.offload_pages = spec.offload_pages / group_.size();
       group_spec_ = spec;
     }
     return watched([&] {
@@ -490,9 +492,11 @@ class GroupLeaderModel final : public LanguageModel {
     });
   }
   // The host tier's page copies (prefix-cache evictions to host memory and
-  // hits copied back) run on every rank: each holds its own copy of the
-  // pages (MLA's latent cache is whole on every rank), so the workers repeat
-  // each copy between their device cache and their host cache.
+  // hits copied back) and the live host tier's moves to offload pages run on
+  // every rank: each holds its own copy of the pages (MLA's latent cache is
+  // whole on every rank), so the workers repeat each copy between their
+  // device cache and their host cache. With data-parallel attention each
+  // rank copies only the pairs of its own pages instead.
   KvPageCopy kv_page_copy() const override {
     return [this, inner = model_->kv_page_copy()](
                const PagedKvCache& from, std::span<const int32_t> from_pages, PagedKvCache& to,
@@ -516,10 +520,11 @@ class GroupLeaderModel final : public LanguageModel {
         return;
       }
       // Data-parallel attention: every pair on one rank (checked for all of
-      // them here, before any rank copies), each rank copying its own.
-      MEGACTX_CHECK(!within, "data-parallel attention: no page moves within the device cache");
-      const RankPagePairs own = rank_page_pairs(from_pages, to_pages, from.spec().num_pages,
-                                                to.spec().num_pages, 0, group_.size());
+      // them here, before any rank copies), each rank copying its own (a
+      // move to offload pages: its device page to its offload page).
+      const RankPagePairs own =
+          rank_page_pairs(from_pages, to_pages, rank_pages(from.spec(), group_.size()),
+                          rank_pages(to.spec(), group_.size()), 0);
       watched([&] { send(group_, Command::DpCopyPages, words); });
       inner(from, own.from, to, own.to);
     };
@@ -551,15 +556,16 @@ class GroupLeaderModel final : public LanguageModel {
   MtpLayer::Output run_mtp_data_parallel(MtpLayer& inner, std::span<const MtpLayer::Rows> sequences,
                                          PagedKvCache& cache) const {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
-    const int64_t pages_per_rank = cache.spec().num_pages;
+    const RankPages layout = rank_pages(cache.spec(), group_.size());
     const int64_t page_size = cache.spec().page_size;
-    MEGACTX_CHECK(group_spec_.num_pages == pages_per_rank * group_.size(),
+    MEGACTX_CHECK(group_spec_.num_pages == layout.device_pages() &&
+                      group_spec_.total_pages() == layout.total(),
                   "data-parallel attention: an MTP run with a cache the group did not make");
     std::vector<int64_t> words = {static_cast<int64_t>(sequences.size())};
     std::vector<int> ranks;
     for (size_t s = 0; s < sequences.size(); ++s) {
       const MtpLayer::Rows& r = sequences[s];
-      ranks.push_back(page_table_rank(r.pages, pages_per_rank, group_.size(), s));
+      ranks.push_back(page_table_rank(r.pages, layout, s));
       words.push_back(ranks.back());
       MEGACTX_CHECK(r.shared == sequences.front().shared,
                     "MTP: a run mixes shared and unshared sequences");
@@ -598,7 +604,9 @@ class GroupLeaderModel final : public LanguageModel {
   }
   Tensor to_host(const Tensor& tensor) const override { return model_->to_host(tensor); }
   void* compute_stream() const override { return model_->compute_stream(); }
-  // The leader's share (every rank stages the same selections of its heads).
+  // The leader's share (every rank stages the same selections of its heads;
+  // with data-parallel attention rank 0's own requests only, but only the
+  // CUDA model counts these reads and its group is tensor-parallel only).
   OffloadReadStats offload_read_stats() const override { return model_->offload_read_stats(); }
 
  private:
@@ -607,14 +615,17 @@ class GroupLeaderModel final : public LanguageModel {
   // checked here first, so that no rank refuses its share after others
   // entered the forward's collectives.
   ForwardOutput forward_data_parallel(const ForwardBatch& batch, PagedKvCache& cache) {
-    const int64_t pages_per_rank = cache.spec().num_pages;
-    MEGACTX_CHECK(group_spec_.num_pages == pages_per_rank * group_.size(),
+    const RankPages layout = rank_pages(cache.spec(), group_.size());
+    MEGACTX_CHECK(group_spec_.num_pages == layout.device_pages() &&
+                      group_spec_.total_pages() == layout.total(),
                   "data-parallel attention: a forward with a cache the group did not make");
+    // In the group's numbering every device page is below every offload
+    // page, so this also refuses new tokens on any rank's offload pages.
     check_sequence_inputs(batch, group_spec_, model_->config().vocab_size);
-    const std::vector<int> ranks = sequence_ranks(batch, pages_per_rank, group_.size());
+    const std::vector<int> ranks = sequence_ranks(batch, layout);
     return watched([&] {
       send(group_, Command::DpForward, encode_dp_step(batch, ranks));
-      rank_share(batch, ranks, 0, pages_per_rank, share_);
+      rank_share(batch, ranks, 0, layout, share_);
       const ForwardOutput own = model_->forward(share_.batch, cache);
       return gather_to_leader(batch, ranks, own, model_->config(), group_);
     });
@@ -718,7 +729,8 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
       case Command::DpForward: {
         MEGACTX_CHECK(cache != nullptr, "parallel group: a forward before the KV cache");
         const std::vector<int> ranks = decode_dp_step(words, group.size(), batch);
-        rank_share(batch.batch, ranks, group.rank(), cache->spec().num_pages, share);
+        rank_share(batch.batch, ranks, group.rank(), rank_pages(cache->spec(), group.size()),
+                   share);
         ForwardOutput own;
         try {
           own = model.forward(share.batch, *cache);
@@ -767,12 +779,14 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         Reader in(words);
         const int64_t direction = in.next();
         const std::vector<int32_t> from = in.list<int32_t>(), to = in.list<int32_t>();
-        MEGACTX_CHECK(cache != nullptr && host_cache != nullptr && direction != kCopyWithin,
+        MEGACTX_CHECK(cache != nullptr && (direction == kCopyWithin || host_cache != nullptr),
                       "parallel group: a KV page copy before the caches");
-        PagedKvCache& source = direction == kCopyToHost ? *cache : *host_cache;
+        // Within: the live host tier's moves of device pages to offload pages.
+        PagedKvCache& source = direction == kCopyFromHost ? *host_cache : *cache;
         PagedKvCache& target = direction == kCopyToHost ? *host_cache : *cache;
-        const RankPagePairs own = rank_page_pairs(
-            from, to, source.spec().num_pages, target.spec().num_pages, group.rank(), group.size());
+        const RankPagePairs own =
+            rank_page_pairs(from, to, rank_pages(source.spec(), group.size()),
+                            rank_pages(target.spec(), group.size()), group.rank());
         copy(source, own.from, target, own.to);
         break;
       }

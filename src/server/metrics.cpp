@@ -84,7 +84,17 @@ std::string data_parallel_ranks(const std::vector<DataParallelRankStats>& ranks)
        &DataParallelRankStats::kv_pages_free},
       {"megactx_dp_rank_prefix_cache_pages", "gauge",
        "KV pages the prefix cache of a data-parallel attention rank holds.",
-       &DataParallelRankStats::prefix_cache_pages}};
+       &DataParallelRankStats::prefix_cache_pages},
+      {"megactx_dp_rank_host_latent_pages_total", "gauge",
+       "Offload pages of the live host tier of a data-parallel attention rank.",
+       &DataParallelRankStats::host_latent_pages_total},
+      {"megactx_dp_rank_host_latent_pages_used", "gauge",
+       "Offload pages of a data-parallel attention rank held by its running and parked "
+       "requests.",
+       &DataParallelRankStats::host_latent_pages_used},
+      {"megactx_dp_rank_host_latent_moved_pages_total", "counter",
+       "Device pages of a data-parallel attention rank's requests moved to its offload pages.",
+       &DataParallelRankStats::host_latent_moved_pages}};
   std::string out;
   for (const Series& series : kSeries) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", series.name, series.help, series.name,

@@ -38,11 +38,15 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
                            {"spec_verify_steps", stats.spec_verify_steps}};
   // Data-parallel attention only (a plain server's JSON keeps its keys).
   for (const DataParallelRankStats& rank : stats.data_parallel_ranks)
-    engine["data_parallel_ranks"].push_back({{"running_requests", rank.running_requests},
-                                             {"admissions", rank.admissions},
-                                             {"kv_pages_total", rank.kv_pages_total},
-                                             {"kv_pages_free", rank.kv_pages_free},
-                                             {"prefix_cache_pages", rank.prefix_cache_pages}});
+    engine["data_parallel_ranks"].push_back(
+        {{"running_requests", rank.running_requests},
+         {"admissions", rank.admissions},
+         {"kv_pages_total", rank.kv_pages_total},
+         {"kv_pages_free", rank.kv_pages_free},
+         {"prefix_cache_pages", rank.prefix_cache_pages},
+         {"host_latent_pages_total", rank.host_latent_pages_total},
+         {"host_latent_pages_used", rank.host_latent_pages_used},
+         {"host_latent_moved_pages", rank.host_latent_moved_pages}});
   nlohmann::json counters = {{"prompt_tokens", metrics.prompt_tokens.load()},
                              {"generated_tokens", metrics.generated_tokens.load()},
                              {"cached_tokens", metrics.cached_tokens.load()},

@@ -158,5 +158,41 @@ TEST(OffloadPages, TheAllocatorHandsOutTheTwoKindsSeparately) {
   EXPECT_THROW(allocator.check_integrity({1, 0, 0, 1, 0}), Error);
 }
 
+// Data-parallel attention: the offload pages after every rank's device
+// pages, a range per rank (cache/rank_pages.h), each rank's from its own
+// free list and back to it.
+TEST(OffloadPages, EachDataParallelRankHasItsOwnOffloadPages) {
+  // 2 ranks of 2 device pages (0-1, 2-3) and 3 offload pages (4-6, 7-9).
+  PageAllocator allocator(4, 6, 2);
+  EXPECT_EQ(allocator.offload_pages_per_rank(), 3);
+  EXPECT_EQ(allocator.allocate_offload(1), 7);
+  EXPECT_EQ(allocator.allocate_offload(0), 4);
+  EXPECT_EQ(allocator.allocate_offload(1), 8);
+  EXPECT_EQ(allocator.allocate_offload(1), 9);
+  EXPECT_FALSE(allocator.allocate_offload(1).has_value());  // rank 0's are not rank 1's
+  EXPECT_EQ(allocator.num_free_offload(0), 2);
+  EXPECT_EQ(allocator.num_used_offload(1), 3);
+  EXPECT_EQ(allocator.num_used_offload(), 4);
+  EXPECT_EQ(allocator.allocate(1), 2);
+  EXPECT_EQ(allocator.rank_of(7), 1);
+  EXPECT_EQ(allocator.rank_of(6), 0);
+  allocator.release(8);
+  EXPECT_EQ(allocator.num_free_offload(1), 1);
+  EXPECT_EQ(allocator.num_free_offload(0), 2);
+  EXPECT_EQ(allocator.allocate_offload(1), 8);  // back on its rank's list
+  allocator.check_integrity({0, 0, 1, 0, 1, 0, 0, 1, 1, 1});
+  EXPECT_THROW(PageAllocator(4, 5, 2), Error);  // 5 offload pages do not split over 2 ranks
+  EXPECT_THROW(allocator.allocate_offload(2), Error);
+
+  // Each rank's cache numbers its own pages as one process's does: device
+  // pages first, then its offload pages.
+  const RankPages& layout = allocator.layout();
+  EXPECT_EQ(layout.total(), 10);
+  EXPECT_EQ(layout.local(3), 1);  // rank 1's second device page
+  EXPECT_EQ(layout.local(4), 2);  // rank 0's first offload page
+  EXPECT_EQ(layout.local(9), 4);  // rank 1's last offload page
+  EXPECT_FALSE(layout.contains(10));
+}
+
 }  // namespace
 }  // namespace megactx

@@ -18,6 +18,11 @@ out), over 2 and 4 ranks:
   process gives them;
 - weight updates reach every rank (a trainer's negated lm_head gives one process's output
   after the same update; update_weights_from_disk and release / resume bring the original);
+- the live host tier (--host-latent-memory, offload pages per rank) over 2 ranks with device
+  pages too few for any one request (the default model): four concurrent requests on both ranks
+  move their full pages to their own rank's offload pages and give one process's greedy ids,
+  logprobs within 1e-4; /metrics counts the moves per rank and in all, and every offload page is
+  free again at the end;
 - MTP speculation (--speculative-steps 3, the default model) over 2 ranks: one request alone
   (the other rank runs every MTP step with no rows) and four at once on both ranks give the
   greedy ids of one process without MTP, logprobs within 1e-4, with drafts accepted;
@@ -40,6 +45,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megactx_server import MegactxServer  # noqa: E402
 from tensor_parallel_serve_test import (COMMON, generate, kv_pages, metric,  # noqa: E402
                                         weight_updates_over_two_ranks)
+
+# The live host tier's case: the default model's f32 KV takes 384 KiB a page (320 KiB of
+# latents, 64 KiB of indexer keys), so 16 MiB of host memory per rank holds 51 offload pages,
+# whose keys take 9 pages of the KV budget: 14 pages' worth leaves each rank 5 device pages.
+LIVE_TIER_KV_MEMORY = "5376KiB"
+LIVE_TIER_PAGES_PER_RANK = 5
 
 
 def dp(ranks):
@@ -133,6 +144,46 @@ def speculation_over_two_ranks(megactx, model):
                 f"{verify:.0f} verifications ({alone_accepted:.0f} by the request alone; "
                 f"{1 + accepted / max(verify, 1):.2f} tokens per verification), admissions per "
                 f"rank {admissions}")
+
+
+def live_host_tier_over_two_ranks(megactx, model):
+    """The live host tier with 2 data-parallel ranks: each rank 5 device pages (320 tokens,
+    less than any of the four requests below reaches), so their full pages must move to the
+    offload pages of their own rank while they prefill and decode. Against one process without
+    the tier: (ok, message)."""
+    def vocab_ids(length, seed):
+        rng = random.Random(seed)
+        return [rng.randrange(100, 8000) for _ in range(length)]
+
+    prompts = [vocab_ids(300 + 20 * i, 80 + i) for i in range(4)]
+    new_tokens = 40
+    with MegactxServer(megactx, model, *COMMON, name="live-plain") as server:
+        want = concurrent_outputs(server, prompts, new_tokens)
+    with MegactxServer(megactx, model, *COMMON, *dp(2), "--check-integrity",
+                       "--host-latent-memory", "16MiB", kv_memory=LIVE_TIER_KV_MEMORY,
+                       name="live-dp") as server:
+        got = concurrent_outputs(server, prompts, new_tokens)
+        text = metrics(server)
+        pages, _ = kv_pages(server.log)
+        log = "".join(server.log)
+    same, worst = compare(got, want)
+    admissions = rank_series(text, "megactx_dp_rank_admissions_total")
+    moved = rank_series(text, "megactx_dp_rank_host_latent_moved_pages_total")
+    used = rank_series(text, "megactx_dp_rank_host_latent_pages_used")
+    total = rank_series(text, "megactx_dp_rank_host_latent_pages_total")
+    moved_all = metric(text, "megactx_host_latent_moved_pages_total") or 0
+    total_all = metric(text, "megactx_host_latent_pages_total") or 0
+    ok = same and worst <= 1e-4 and pages == 2 * LIVE_TIER_PAGES_PER_RANK and \
+        all(admissions.get(r, 0) > 0 and moved.get(r, 0) > 0 for r in range(2)) and \
+        sum(moved.values()) == moved_all and used == {0: 0, 1: 0} and \
+        len(total) == 2 and total[0] == total[1] > 0 and sum(total.values()) == total_all and \
+        "[error]" not in log
+    return ok, (f"live host tier over 2 data-parallel ranks of {pages // 2} device pages: "
+                f"admissions per rank {admissions}, pages moved per rank {moved} "
+                f"({moved_all:.0f} in all), offload pages per rank {total}, used at the end "
+                f"{used}; greedy ids {'equal to' if same else 'DIFFERENT from'} one process "
+                f"without the tier, max |logprob difference| {worst:.2e}, integrity checked "
+                f"every step")
 
 
 def check(failures, ok, message):
@@ -319,6 +370,9 @@ def main():
     ok, message = speculation_over_two_ranks(args.megactx, args.default_model)
     failures = check(failures, ok, message)
 
+    ok, message = live_host_tier_over_two_ranks(args.megactx, args.default_model)
+    failures = check(failures, ok, message)
+
     # Not served yet: start-up errors naming the flag, not hangs or fallbacks.
     for extra, named in ((("--tensor-parallel-size", "2", "--enable-dp-attention"),
                           "--expert-parallel-size"),
@@ -328,7 +382,6 @@ def main():
                           "--enable-dp-attention"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
-                         ((*dp(2), "--host-latent-memory", "64MiB"), "--host-latent-memory"),
                          ((*dp(2), "--device", "cuda"), "CPU only")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)

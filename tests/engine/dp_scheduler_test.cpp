@@ -5,15 +5,20 @@
 // own latest request, not another rank's; a removed request's pages go back
 // to its rank; with a host tier, a rank's evicted prefix goes to host pages
 // of that rank and comes back to device pages of that rank; admission passes
-// over a request that fits no rank, within its window and its bound on skips.
+// over a request that fits no rank, within its window and its bound on skips;
+// with the live host tier a request's pages move to its own rank's offload
+// pages (read there with local ids), and a parked request's pages go back
+// only to a request of its rank.
 // check_integrity() after every step.
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cache/host_kv_tier.h"
+#include "core/error.h"
 #include "engine/scheduler.h"
 #include "model/dp_attention_batch.h"
 #include "scheduler_request.h"
@@ -24,8 +29,9 @@ namespace {
 constexpr int kRanks = 2;
 
 struct DpBench {
-  DpBench(int64_t pages_per_rank, SchedulerConfig config, HostKvTier* tier = nullptr)
-      : allocator(pages_per_rank * kRanks, 0, kRanks),
+  DpBench(int64_t pages_per_rank, SchedulerConfig config, HostKvTier* tier = nullptr,
+          int64_t offload_per_rank = 0)
+      : allocator(pages_per_rank * kRanks, offload_per_rank * kRanks, kRanks),
         caches{std::make_unique<PrefixCache>(allocator, config.page_size, tier, 0),
                std::make_unique<PrefixCache>(allocator, config.page_size, tier, 1)},
         scheduler(config, allocator, {caches[0].get(), caches[1].get()}) {}
@@ -279,7 +285,8 @@ TEST(DataParallelScheduler, AHostTierKeepsEvictedPagesOnTheirRank) {
                               PagedKvCache& to, std::span<const int32_t> to_pages) {
     const bool to_host = &to == host[0];
     for (int rank = 0; rank < kRanks; ++rank) {
-      const RankPagePairs own = rank_page_pairs(from_pages, to_pages, kPages, kPages, rank, kRanks);
+      const RankPagePairs own = rank_page_pairs(from_pages, to_pages, RankPages{kPages, 0, kRanks},
+                                                RankPages{kPages, 0, kRanks}, rank);
       if (own.from.empty()) continue;
       copies_by_rank[static_cast<size_t>(rank)] += static_cast<int>(own.from.size());
       if (to_host)
@@ -315,6 +322,84 @@ TEST(DataParallelScheduler, AHostTierKeepsEvictedPagesOnTheirRank) {
   EXPECT_EQ(copies_by_rank[0], 9);
   EXPECT_EQ(copies_by_rank[1], 0);
   EXPECT_EQ(tier.allocator().num_free(1), kPages);
+}
+
+// The live host tier over 2 ranks (page_size 4; 6 device and 4 offload
+// pages per rank: device 0-5 and 6-11, offload 12-15 and 16-19).
+TEST(DataParallelScheduler, TheLiveHostTierMovesPagesToTheirOwnRank) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  constexpr int64_t kDevice = 6, kOffload = 4;
+  DpBench bench(kDevice, config, nullptr, kOffload);
+  RequestState* a = bench.add("a", 20, 0);  // rank 0, 5 of its 6 pages
+  RequestState* c = bench.add("c", 4, 1000);
+  bench.step();
+  ASSERT_EQ(a->dp_rank, 0);
+  ASSERT_EQ(c->dp_rank, 1);
+  RequestState* b = bench.add("b", 8, 2000);  // rank 0 has no room for it
+  bench.step();
+  ASSERT_EQ(b->dp_rank, 1);
+  ASSERT_EQ(b->num_computed, 8);
+  bench.scheduler.remove(a);  // a would outgrow rank 0's pages alone
+
+  // Its 2 full pages move to rank 1's offload pages.
+  std::vector<int32_t> moved_from, moved_to;
+  const auto record = [&](std::span<const int32_t> device, std::span<const int32_t> offload) {
+    moved_from.assign(device.begin(), device.end());
+    moved_to.assign(offload.begin(), offload.end());
+  };
+  ASSERT_EQ(bench.scheduler.offload_pages(*b, 100, record), 2);
+  EXPECT_EQ(moved_to, (std::vector<int32_t>{16, 17}));
+  EXPECT_EQ(bench.allocator.num_used_offload(1), 2);
+  EXPECT_EQ(bench.allocator.num_used_offload(0), 0);
+  // Rank 1 copies both pairs with its own ids (its offload pages follow its
+  // 6 device pages); rank 0 none.
+  const RankPages layout = bench.allocator.layout();
+  const RankPagePairs own = rank_page_pairs(moved_from, moved_to, layout, layout, 1);
+  ASSERT_EQ(own.from.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(own.from[i], moved_from[i] - kDevice);
+  EXPECT_EQ(own.to, (std::vector<int32_t>{6, 7}));
+  EXPECT_TRUE(rank_page_pairs(moved_from, moved_to, layout, layout, 0).from.empty());
+  // A copy from a device page of rank 0 to an offload page of rank 1 is refused.
+  const std::vector<int32_t> zero = {0}, sixteen = {16};
+  EXPECT_THROW(rank_page_pairs(zero, sixteen, layout, layout, 0), Error);
+
+  // A step's sequence with those pages runs on rank 1, its pages local to
+  // rank 1's cache.
+  bench.step();
+  ForwardBatch batch;
+  const std::vector<int32_t> token = {1};
+  SequenceInput in;
+  in.tokens = token;
+  in.start_position = 8;
+  in.page_table = b->page_table;
+  batch.sequences.push_back(in);
+  const std::vector<int> ranks = sequence_ranks(batch, layout);
+  ASSERT_EQ(ranks, std::vector<int>{1});
+  RankBatch share;
+  rank_share(batch, ranks, 1, layout, share);
+  ASSERT_EQ(share.pages.size(), 1u);
+  EXPECT_EQ(share.pages[0][0], 6);
+  EXPECT_EQ(share.pages[0][1], 7);
+  EXPECT_EQ(share.pages[0][2], b->page_table[2] - kDevice);
+  // Pages of rank 0's offload range and rank 1's device range: refused.
+  const std::vector<int32_t> mixed = {12, 7};
+  batch.sequences[0].page_table = mixed;
+  EXPECT_THROW(sequence_ranks(batch, layout), Error);
+
+  // c and b grow on rank 1 until it is short of pages: b, its latest, is
+  // parked with its offload pages.
+  for (int i = 0; i < 40 && b->phase == RequestPhase::Running; ++i) bench.step();
+  ASSERT_EQ(b->phase, RequestPhase::Waiting);
+  ASSERT_EQ(bench.scheduler.num_parked(), 1);
+  EXPECT_EQ(b->page_table, (std::vector<int32_t>{16, 17}));
+  // Rank 0's request would get nothing from it; rank 1's does.
+  EXPECT_EQ(bench.scheduler.drop_parked(10, 0), 0);
+  EXPECT_EQ(b->page_table.size(), 2u);
+  EXPECT_EQ(bench.scheduler.drop_parked(10, 1), 2);
+  EXPECT_TRUE(b->page_table.empty());
+  EXPECT_EQ(bench.allocator.num_free_offload(1), kOffload);
+  bench.scheduler.check_integrity();
 }
 
 }  // namespace

@@ -10,7 +10,10 @@
 // step. MTP runs through the leader's MTP layer (each rank its own
 // sequences' rows, a rank with none still in every run, greedy draft chains
 // of different lengths on the two ranks) give the single-process layer's
-// logits, hand-offs, selections and drafts.
+// logits, hand-offs, selections and drafts. With the live host tier's
+// offload pages (a range per rank after every rank's device pages), each
+// rank moves its own sequences' pages to its own offload pages and decodes
+// from them as one process does; a move across ranks is refused.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -309,6 +312,75 @@ bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator&
   ok &= same_mtp_run(*group_mtp, *group_cache, *whole_mtp, *whole_cache, {shared_b},
                      label + " a run after the refusal");
   return ok;
+}
+
+// The live host tier over the group: 2 ranks of kPagesPerRank device pages
+// (0-3, 4-7) and 2 offload pages each (8-9 for rank 0, 10-11 for rank 1),
+// one process numbering the same pages in one cache.
+bool dp_offload_pages_match_one_process(const std::string& name, parallel::Communicator& group) {
+  const HfFixture f = load_fixture(name);
+  ModelLoadOptions options;
+  options.group = &group;
+  options.expert_parallel = options.data_parallel_attention = true;
+  auto model = load_language_model(f.dir, options);
+  if (group.rank() != 0) {
+    run_group_worker(*model, group);
+    return true;
+  }
+  constexpr int64_t kOffloadPerRank = 2;
+  const int size = group.size();
+  auto leader = make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true);
+  auto whole = load_language_model(f.dir, {});
+  KvCacheSpec spec = make_kv_cache_spec(whole->config(), size * kPagesPerRank, KvDType::F32,
+                                        kPageSize, /*with_mtp_layer=*/false);
+  spec.offload_pages = size * kOffloadPerRank;
+  auto group_cache = leader->make_kv_cache(spec);
+  auto whole_cache = whole->make_kv_cache(spec);
+  if (group_cache->spec().offload_pages != kOffloadPerRank) {  // rank 0's share only
+    std::printf("rank 0's cache holds %lld offload pages\n",
+                static_cast<long long>(group_cache->spec().offload_pages));
+    return false;
+  }
+  const auto tokens = [&](size_t offset, size_t length) {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < length; ++i) out.push_back(f.input_ids[(offset + i) % 64]);
+    return out;
+  };
+  // Sequence 0 on rank 1 (device pages 4, 5), sequence 1 on rank 0 (0, 1).
+  std::vector<Sequence> s = {{tokens(0, 100), {4, 5}}, {tokens(11, 80), {0, 1}}};
+  const std::string label = fmt::format("{}, {} ranks, offload pages", name, size);
+  bool ok = same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 90}, {1, 70}}, false,
+                      label + ", prefill");
+  // Each sequence's full first page moves to its own rank's first offload
+  // page, in one copy for both ranks (rank 1's done by the worker).
+  const std::vector<int32_t> device = {4, 0}, offload = {10, 8};
+  leader->kv_page_copy()(*group_cache, device, *group_cache, offload);
+  whole->kv_page_copy()(*whole_cache, device, *whole_cache, offload);
+  s[0].pages[0] = 10;
+  s[1].pages[0] = 8;
+  for (int step = 0; step < 3; ++step)
+    ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 1}, {1, 1}}, false,
+                    label + fmt::format(", decode step {} from offload pages", step + 1));
+  // Rank 0's device page to rank 1's offload page: refused before any rank copies.
+  bool refused = false;
+  try {
+    const std::vector<int32_t> from = {2}, to = {11};
+    leader->kv_page_copy()(*group_cache, from, *group_cache, to);
+  } catch (const megactx::Error& error) {
+    refused = std::string(error.what()).find("crosses ranks") != std::string::npos;
+  }
+  std::printf("%s: a move across ranks %s\n", label.c_str(),
+              refused ? "is refused" : "was NOT refused");
+  ok &= refused;
+  ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 1}, {1, 1}}, false,
+                  label + ", a step after the refusal");
+  return ok;
+}
+
+TEST(DataParallelAttentionGroup, OffloadPagesOfEachRankMatchOneProcess) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    return dp_offload_pages_match_one_process("glm_schedule", group);
+  });
 }
 
 TEST(DataParallelAttentionGroup, MtpRunsMatchOneProcess) {
