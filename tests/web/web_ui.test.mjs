@@ -132,7 +132,10 @@ test('the page and its files come compressed from the server itself', async () =
 
 test('chat: tokens stream in, reasoning apart, token heat map with MTP marks', async () => {
   await setParameter('Temperature', 0);
-  await setParameter('Max tokens', 64);
+  // Long enough that the stream outlasts a busy browser's batching: with 64
+  // tokens (~0.5 s) under a loaded CI machine the whole answer once arrived
+  // in one render ("text did not arrive in pieces: 192").
+  await setParameter('Max tokens', 256);
   // Record every length the answer's text passes through while it streams.
   await page.evaluate(() => {
     window.__lengths = [];
