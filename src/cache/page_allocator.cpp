@@ -4,8 +4,7 @@
 
 namespace megactx {
 
-PageAllocator::PageAllocator(int64_t num_pages, int64_t offload_pages, int ranks)
-    : device_pages_(num_pages) {
+PageAllocator::PageAllocator(int64_t num_pages, int64_t offload_pages, int ranks) {
   MEGACTX_CHECK(num_pages >= 0 && offload_pages >= 0 && num_pages + offload_pages <= INT32_MAX,
                 "invalid KV page counts {} + {}", num_pages, offload_pages);
   MEGACTX_CHECK(ranks >= 1 && num_pages % ranks == 0 && offload_pages % ranks == 0,

@@ -32,9 +32,9 @@ class PageAllocator {
   // Every page id, device and offload.
   int64_t num_pages() const { return static_cast<int64_t>(ref_counts_.size()); }
   // Device pages: what num_free / num_used / allocate count and give.
-  int64_t device_pages() const { return device_pages_; }
+  int64_t device_pages() const { return layout_.device_pages(); }
   int64_t num_free() const;
-  int64_t num_used() const { return device_pages_ - num_free(); }
+  int64_t num_used() const { return device_pages() - num_free(); }
   // Data-parallel ranks, each pages_per_rank() device pages.
   int ranks() const { return layout_.ranks; }
   int64_t pages_per_rank() const { return layout_.device_per_rank; }
@@ -46,7 +46,7 @@ class PageAllocator {
     return static_cast<int64_t>(free_pages_[static_cast<size_t>(rank)].size());
   }
   // Offload pages: of every rank, then per rank.
-  int64_t offload_pages() const { return num_pages() - device_pages_; }
+  int64_t offload_pages() const { return num_pages() - device_pages(); }
   int64_t num_free_offload() const;
   int64_t num_used_offload() const { return offload_pages() - num_free_offload(); }
   int64_t offload_pages_per_rank() const { return layout_.offload_per_rank; }
@@ -56,7 +56,7 @@ class PageAllocator {
   int64_t num_used_offload(int rank) const {
     return offload_pages_per_rank() - num_free_offload(rank);
   }
-  bool is_offload(int32_t page) const { return page >= device_pages_; }
+  bool is_offload(int32_t page) const { return page >= device_pages(); }
 
   // A free device page of `rank` with reference count 1, or nothing when
   // none is free.
@@ -79,7 +79,6 @@ class PageAllocator {
   // [ranks] stacks; the lowest ids come out first.
   std::vector<std::vector<int32_t>> free_pages_;
   std::vector<std::vector<int32_t>> free_offload_pages_;  // the same for offload pages
-  int64_t device_pages_ = 0;
   RankPages layout_;
 };
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "core/error.h"
@@ -871,8 +872,9 @@ void Engine::update_stats() {
   }
   stats.host_latent_pages_total = allocator_->offload_pages();
   stats.host_latent_pages_used = allocator_->num_used_offload();
-  stats.host_latent_moved_pages = offloaded_pages_;
-  stats.host_latent_moved_bytes = offloaded_pages_ * capacity_.bytes_per_page;
+  stats.host_latent_moved_pages =
+      std::accumulate(offloaded_by_rank_.begin(), offloaded_by_rank_.end(), int64_t{0});
+  stats.host_latent_moved_bytes = stats.host_latent_moved_pages * capacity_.bytes_per_page;
   stats.host_latent_parked = scheduler_->num_parked();
   stats.host_latent_dropped = scheduler_->num_dropped_parked();
   if (capacity_.spec.offload_pages > 0) {

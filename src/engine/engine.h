@@ -177,8 +177,7 @@ class Engine : public EngineApi {
   mutable std::mutex engine_mutex_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<HostKvTier> host_tier_;   // host_kv_memory_bytes > 0
-  int64_t offloaded_pages_ = 0;             // moved to offload pages so far
-  std::vector<int64_t> offloaded_by_rank_;  // the same per data-parallel rank
+  std::vector<int64_t> offloaded_by_rank_;  // pages moved to offload pages so far, per rank
   int64_t steps_run_ = 0, step_tokens_ = 0, step_microseconds_ = 0;  // EngineStats::steps...
   KvPageCopy offload_copy_;                     // the model's page copy (offload pages on)
   std::unique_ptr<RoutedExpertsTable> routed_;  // record_routed_experts

@@ -112,7 +112,7 @@ void Engine::offload_latents() {
   // pages, its free offload pages, its parked requests.
   const int64_t device_tokens = capacity_.pages_per_rank * capacity_.spec.page_size;
   const int64_t threshold = std::min(config_.host_latent_min_tokens, device_tokens / 2);
-  std::vector<int64_t> moved(static_cast<size_t>(scheduler_->ranks()), 0);  // pages per rank
+  offloaded_by_rank_.resize(static_cast<size_t>(scheduler_->ranks()), 0);
   for (RequestState* request : scheduler_->running()) {
     if (static_cast<int64_t>(request->tokens.size()) < threshold) continue;
     const int64_t wanted = scheduler_->offloadable_pages(*request);
@@ -127,14 +127,11 @@ void Engine::offload_latents() {
     if (missing > 0 && (scheduler_->available_pages(rank) < wanted || longest > device_tokens)) {
       scheduler_->drop_parked(missing, rank);
     }
-    moved[static_cast<size_t>(rank)] +=
+    offloaded_by_rank_[static_cast<size_t>(rank)] +=
         scheduler_->offload_pages(*request, std::numeric_limits<int64_t>::max(), record);
   }
   if (from.empty()) return;
   offload_copy_(*cache_, from, *cache_, to);
-  offloaded_pages_ += static_cast<int64_t>(from.size());
-  offloaded_by_rank_.resize(moved.size(), 0);
-  for (size_t rank = 0; rank < moved.size(); ++rank) offloaded_by_rank_[rank] += moved[rank];
 }
 
 }  // namespace megactx

@@ -91,8 +91,8 @@ constexpr int kMiscOffset = kPOffset + kHeads * 128;
 struct Misc {
   float row_max[2][kHeads];  // [warpgroup][head]: the block maxima, exchanged every stage
   float row_sum[2][kHeads];  // [warpgroup][head]: the final sums
-  // Bit k of buffer b (byte w written by warp w): key k's slot is a real entry
-  // (not -1, not past top_k).
+  // Bit k of buffer b (byte i for keys 8i .. 8i + 7, written by the warp that
+  // gathered them): key k's slot is a real entry (not -1, not past top_k).
   alignas(4) uint8_t valid_bits[kBuffers][4];
 };
 constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
