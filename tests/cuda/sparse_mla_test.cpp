@@ -27,6 +27,9 @@ struct MlaCase {
   bool sparse_pool = false;
   bool wgmma = false;        // the wgmma prefill kernel, whatever the policy would pick
   bool specialized = false;  // with wgmma: the warp-specialised one (a producer warpgroup)
+  // The pool's second half addressed as a host tier's offload pool (slots past
+  // pool_slots): the kernels' tiered addressing, with the same entries.
+  bool split_pool = false;
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -55,7 +58,8 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.specialized ? " (warp-specialised)" : ""));
+               (c.specialized ? " (warp-specialised)" : "") +
+               (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -99,6 +103,11 @@ void run_case(const MlaCase& c) {
       make_params(device_q, device_slots, device_pool, partial_out, partial_lse, c);
   params.out = device_out.get();
   params.lse = device_lse.get();
+  if (c.split_pool) {
+    params.pool_slots = c.num_slots / 2;
+    params.offload_pool =
+        device_pool.get() + static_cast<size_t>(params.pool_slots) * reference::kLatentEntryBytes;
+  }
   if (c.wgmma && c.specialized)
     cuda::detail::launch_sparse_mla_prefill_specialized(params, nullptr);
   else if (c.wgmma)
@@ -183,6 +192,11 @@ TEST(SparseMla, WgmmaPrefillOddTopK) {
 }
 TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
   run_wgmma_case({5, 128, 1024, 1, 9000, 23});
+}
+TEST(SparseMla, WgmmaPrefillWithAnOffloadPool) {
+  MlaCase c{7, 64, 2048, 1, 20000, 25};
+  c.split_pool = true;
+  run_wgmma_case(c);
 }
 TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
   MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 24};

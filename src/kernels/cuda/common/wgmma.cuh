@@ -21,6 +21,11 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most `Pending` committed groups are still running.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
 // Keeps the compiler from moving reads of an accumulator across wgmma_wait_all
 // (the asm statements above name no registers).
 __device__ __forceinline__ void fence_operand(float& value) {

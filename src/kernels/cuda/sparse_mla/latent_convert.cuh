@@ -50,6 +50,23 @@ struct LatentAddressing {
   }
 };
 
+// LatentAddressing for a launch without a host tier (pool_slots past every
+// slot): one multiply-add per entry instead of two compares and the selects
+// of 64-bit bases, which a gather that resolves ~24 addresses per warp and
+// stage pays on its critical chain.
+struct DeviceLatentAddressing {
+  uint64_t device_base;
+
+  template <typename Params>
+  __device__ explicit DeviceLatentAddressing(const Params& p)
+      : device_base(reinterpret_cast<uint64_t>(p.kv_pool)) {}
+
+  __device__ __forceinline__ const uint8_t* operator()(int32_t slot) const {
+    return reinterpret_cast<const uint8_t*>(device_base +
+                                            static_cast<uint64_t>(slot) * kLatentBytes);
+  }
+};
+
 // Cache-entry words at `address` where `load`, else zeros: one predicated
 // load each. A plain load and a select would make the warp wait for the data
 // at the select, where the gathers want it only later, at the conversion.

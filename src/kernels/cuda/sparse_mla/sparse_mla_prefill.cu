@@ -71,7 +71,7 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
   // Slot ids two stages ahead of the entries, entries one stage ahead of their
   // conversion: the global round trips overlap the MMAs of the stage before.
   int32_t slot_next = slot_of(0), slot_after = slot_of(1);
-  WarpEntries pending;
+  WarpEntries<> pending;
   auto fetch_next = [&](int stage) {
     load_warp_entries(pending, p, slot_next, lane);
     slot_next = slot_after;

@@ -4,13 +4,12 @@
 // one query row x 64 heads over all of its top-k slots, stages of two K
 // blocks of 32 keys in a two-stage ring. The jobs are split:
 //
-//   producer (warpgroup 2, 112 registers after setmaxnreg): gathers both
+//   producer (warpgroup 2, 120 registers after setmaxnreg): gathers both
 //     blocks of every stage from the paged fp8 pool and dequantises them into
-//     the ring; warp w takes keys 16(w % 2) .. + 16 of block w / 2 in two
-//     groups of 8, one group's loads in flight while the previous one is
-//     converted, and the entries of the group after that prefetched into L2
-//     (a long context's pool does not fit L2, and the registers hold one group);
-//   consumers (warpgroups 0 and 1, 200 registers): per stage S_c, the row-max
+//     the ring; warp w takes keys 16(w % 2) .. + 16 of block w / 2 in four
+//     groups of 4, one group's loads in flight while the other is converted,
+//     and the entries of the next stage prefetched into L2;
+//   consumers (warpgroups 0 and 1, 192 registers): per stage S_c, the row-max
 //     exchange, P and O_c += P V exactly as in the two-warpgroup kernel, with
 //     no loads or conversions of their own. ncu on that kernel: the tensor
 //     pipe waited for a ~1,500-instruction chain per warp and stage, two
@@ -30,6 +29,9 @@
 // against the fp32 reference. The consumers' stage loop and epilogue are a
 // copy of the two-warpgroup kernel's for the A/B: once measured, the slower
 // kernel goes and the copy with it.
+#include <climits>
+#include <type_traits>
+
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
@@ -41,8 +43,17 @@ using namespace sparse_mla_prefill;
 
 constexpr int kThreads = 384;  // consumers 0-255, producer 256-383
 constexpr int kConsumerThreads = 256;
-constexpr int kConsumerRegisters = 200;  // 2 x 128 x 200 + 128 x 112 = 65536
-constexpr int kProducerRegisters = 112;  // fewer spill (96: 60 bytes, 72: 164)
+// setmaxnreg.inc only takes registers that setmaxnreg.dec gave back: the
+// launch holds 168 per thread (384 x 168 = 64,512), so 2 x 128 x consumer +
+// 128 x producer must not exceed that, or the consumers' inc waits forever
+// (the first GPU run of this kernel hung at 200 / 112).
+constexpr int kLaunchRegisters = 168;    // 65,536 / 384, rounded down to 8
+constexpr int kConsumerRegisters = 192;  // ptxas: no spills at 192 / 120
+constexpr int kProducerRegisters = 120;
+static_assert(kConsumerThreads * kConsumerRegisters +
+                      (kThreads - kConsumerThreads) * kProducerRegisters <=
+                  kThreads * kLaunchRegisters,
+              "setmaxnreg would ask for more registers than the launch holds");
 
 constexpr int kExchangeBarrier = 1;  // consumers only
 constexpr int kProbBarrier = 2;
@@ -50,11 +61,17 @@ constexpr int kQueryBarrier = 3;
 constexpr int kFullBarrier = 4;   // + ring: all 384 threads
 constexpr int kEmptyBarrier = 6;  // + ring: all 384 threads
 
-// The producer warpgroup: `stages` stages of 64 keys; group g = 2 stage + h
-// of warp w is keys 16 (w % 2) + 8 h .. + 8 of block w / 2.
+// The producer warpgroup: `stages` stages of 64 keys; warp w gathers keys
+// 16 (w % 2) .. + 16 of block w / 2 of each stage, in four groups of 4 keys
+// with two groups in registers: while one is converted into the ring, the
+// next one's loads are in flight (with one group of 8, its loads issued right
+// before its conversion, the first profile of this kernel had the producer
+// waiting for them once per group and the consumers waiting for the producer).
+template <typename Addressing>
 __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
   set_max_registers_dec<kProducerRegisters>();
+  constexpr unsigned kAll = 0xffffffffu;
   uint8_t* k_tiles = shared + kKOffset;
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
@@ -63,39 +80,50 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
   const int64_t row = blockIdx.x;
   const int blocks = (p.top_k + kKeys - 1) / kKeys;
   const int stages = (blocks + 1) / 2;
-  const int groups = 2 * stages;
   const int32_t* row_slots = p.slots + row * p.top_k;
-  // The slot of key (lane % 8) of group g, -1 past the row's slots.
-  auto slot_of = [&](int g) -> int32_t {
-    const int index = (g / 2) * (2 * kKeys) + block * kKeys + key_base + 8 * (g % 2) + lane % 8;
-    return g < groups && index < p.top_k ? row_slots[index] : -1;
+  // Lane l: the slot of the warp's key l % 16 of a stage (-1 past the row's
+  // slots). Read two stages ahead, so that neither the loads nor the L2
+  // prefetch (one stage ahead: the pool of a long context does not fit L2)
+  // wait for them.
+  auto stage_slot = [&](int stage) -> int32_t {
+    const int index = stage * (2 * kKeys) + block * kKeys + key_base + lane % 16;
+    return stage < stages && index < p.top_k ? row_slots[index] : -1;
   };
-  auto prefetch = [&](int32_t slot) {
-    if (lane < 8 && slot >= 0) prefetch_l2_bulk(LatentAddressing(p)(slot), kLatentBytes);
+  // Group q's slots as load_warp_entries takes them (lane l: key l % 4).
+  auto group_slot = [&](int32_t slots, int q) {
+    return __shfl_sync(kAll, slots, 4 * q + lane % 4);
+  };
+  auto prefetch_stage = [&](int32_t slots) {
+    if (lane < 16 && slots >= 0) prefetch_l2_bulk(Addressing(p)(slots), kLatentBytes);
   };
 
-  WarpEntries pending;
-  int32_t slot_next = slot_of(1), slot_after = slot_of(2);
-  load_warp_entries(pending, p, slot_of(0), lane);
-  prefetch(slot_next);
-  for (int g = 0; g < groups; ++g) {
-    const int stage = g / 2, h = g % 2, ring = stage & 1;
+  int32_t current = stage_slot(0), next = stage_slot(1), far = stage_slot(2);
+  WarpEntries<4> entries[2];  // groups q and q + 1 of the stage (q even)
+  load_warp_entries<Addressing>(entries[0], p, group_slot(current, 0), lane);
+  load_warp_entries<Addressing>(entries[1], p, group_slot(current, 1), lane);
+  prefetch_stage(next);
+  for (int stage = 0; stage < stages; ++stage) {
+    const int ring = stage & 1, buffer = 2 * ring + block;
+    uint8_t* tile = k_tiles + buffer * kKBytes;
     // Stage s + 2 goes where stage s was: wait for its PV.
-    if (h == 0 && stage >= 2) named_barrier(kEmptyBarrier + ring, kThreads);
-    const int buffer = 2 * ring + block;
-    store_warp_entries(pending, k_tiles + buffer * kKBytes, key_base + 8 * h, lane);
-    const unsigned valid = __ballot_sync(0xffffffffu, pending.slot >= 0) & 0xffu;
-    if (lane == 0) misc.valid_bits[buffer][(key_base + 8 * h) / 8] = static_cast<uint8_t>(valid);
-    if (g + 1 < groups) {
-      load_warp_entries(pending, p, slot_next, lane);
-      prefetch(slot_after);
-      slot_next = slot_after;
-      slot_after = slot_of(g + 3);
+    if (stage >= 2) named_barrier(kEmptyBarrier + ring, kThreads);
+    const unsigned valid = __ballot_sync(kAll, current >= 0) & 0xffffu;
+    if (lane == 0)
+      *reinterpret_cast<uint16_t*>(&misc.valid_bits[buffer][key_base / 8]) =
+          static_cast<uint16_t>(valid);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      store_warp_entries(entries[q % 2], tile, key_base + 4 * q, lane);
+      // Two groups ahead: group q + 2 of this stage or q - 2 of the next.
+      const int32_t slot = q < 2 ? group_slot(current, q + 2) : group_slot(next, q - 2);
+      if (q < 2 || stage + 1 < stages) load_warp_entries<Addressing>(entries[q % 2], p, slot, lane);
     }
-    if (h == 1) {
-      fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
-      named_barrier_arrive(kFullBarrier + ring, kThreads);
-    }
+    fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
+    named_barrier_arrive(kFullBarrier + ring, kThreads);
+    prefetch_stage(far);
+    current = next;
+    next = far;
+    far = stage_slot(stage + 3);
   }
 }
 
@@ -190,10 +218,12 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   issue_scores(0);
   for (int stage = 0; stage < stages; ++stage) {
     const int ring = stage & 1;
-    wgmma_wait_all();  // S of this stage, and the PV of the last one
-    // The last stage's ring is free again: the producer writes stage + 1 there.
+    // The last stage's ring is free once its PV is done (committed before
+    // this stage's S): the producer writes stage + 1 there while S runs.
+    wgmma_wait<1>();
     if (stage >= 1 && stage + 1 < stages)
       named_barrier_arrive(kEmptyBarrier + (ring ^ 1), kThreads);
+    wgmma_wait_all();  // S of this stage
 #pragma unroll
     for (int i = 0; i < 16; ++i) fence_operand(s[i]);
 #pragma unroll
@@ -318,6 +348,8 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   }
 }
 
+// kTiered: slots may be past pool_slots (a host tier's entries).
+template <bool kTiered>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_prefill_specialized_kernel(SparseMlaParams p) {
   grid_dependency_wait();
@@ -325,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
   if (threadIdx.x >= kConsumerThreads)
-    sparse_mla_prefill_producer(p, shared);
+    sparse_mla_prefill_producer<
+        std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
   else if (threadIdx.x < 128)
     sparse_mla_prefill_consumer<0>(p, shared);
   else
@@ -339,15 +372,18 @@ namespace detail {
 void launch_sparse_mla_prefill_specialized(const SparseMlaParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_prefill_specialized_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kSharedBytes));
+    for (auto kernel : {sparse_mla_prefill_specialized_kernel<false>,
+                        sparse_mla_prefill_specialized_kernel<true>})
+      MEGACTX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
-  launch_kernel(sparse_mla_prefill_specialized_kernel, grid, kThreads, kSharedBytes, stream,
-                params);
+  const bool tiered = params.pool_slots != INT64_MAX;
+  launch_kernel(tiered ? sparse_mla_prefill_specialized_kernel<true>
+                       : sparse_mla_prefill_specialized_kernel<false>,
+                grid, kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
