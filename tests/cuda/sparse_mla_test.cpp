@@ -25,8 +25,7 @@ struct MlaCase {
   // Only the selected slots hold random entries (the rest zero bytes): a pool
   // of a million-token context without encoding a million entries.
   bool sparse_pool = false;
-  bool wgmma = false;        // the wgmma prefill kernel, whatever the policy would pick
-  bool specialized = false;  // with wgmma: the warp-specialised one (a producer warpgroup)
+  bool wgmma = false;  // the wgmma prefill kernel, whatever the policy would pick
   // The pool's second half addressed as a host tier's offload pool (slots past
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
@@ -58,7 +57,6 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.specialized ? " (warp-specialised)" : "") +
                (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
@@ -108,9 +106,7 @@ void run_case(const MlaCase& c) {
     params.offload_pool =
         device_pool.get() + static_cast<size_t>(params.pool_slots) * reference::kLatentEntryBytes;
   }
-  if (c.wgmma && c.specialized)
-    cuda::detail::launch_sparse_mla_prefill_specialized(params, nullptr);
-  else if (c.wgmma)
+  if (c.wgmma)
     cuda::detail::launch_sparse_mla_prefill(params, nullptr);
   else
     cuda::sparse_mla_attention(params, nullptr);
@@ -174,13 +170,9 @@ TEST(SparseMla, PrefillSplitOddK) {
 // The wgmma prefill kernel (two K blocks of 32 per stage): full, partial,
 // holed and empty rows; top_k not a multiple of the 64-key stage (the last
 // stage's second block partly or wholly past top_k), a single block, 128
-// heads (two head blocks), and a million-token pool.
-// Each case on both wgmma kernels: two warpgroups that gather and compute,
-// and the warp-specialised one.
+// heads (two head blocks), an offload pool and a million-token pool.
 void run_wgmma_case(MlaCase c) {
   c.wgmma = true;
-  run_case(c);
-  c.specialized = true;
   run_case(c);
 }
 TEST(SparseMla, WgmmaPrefillMatchesTheReference) {

@@ -54,14 +54,6 @@ bool sparse_mla_prefill_enabled() {
   return enabled;
 }
 
-bool sparse_mla_prefill_specialized_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MEGACTX_SPARSE_MLA_PREFILL");
-    return value != nullptr && std::string_view(value) == "specialized";
-  }();
-  return enabled;
-}
-
 bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
   return sparse_mla_prefill_enabled() && !params.cluster_merge && params.num_splits == 1 &&
          (params.fixed_kernel ||
@@ -116,10 +108,7 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);
   } else if (sparse_mla_prefill_selected(params)) {
-    if (sparse_mla_prefill_specialized_enabled())
-      detail::launch_sparse_mla_prefill_specialized(params, stream);
-    else
-      detail::launch_sparse_mla_prefill(params, stream);
+    detail::launch_sparse_mla_prefill(params, stream);
   } else {
     detail::launch_sparse_mla(params, stream);
   }

@@ -91,10 +91,6 @@ bool sparse_mla_cluster_enabled();
 // (A/B runs).
 bool sparse_mla_prefill_selected(const SparseMlaParams& params);
 bool sparse_mla_prefill_enabled();
-// MEGACTX_SPARSE_MLA_PREFILL=specialized: the wgmma prefill rows go to the
-// warp-specialised kernel (sparse_mla_prefill_specialized.cu, a producer
-// warpgroup; not yet measured on a GPU) instead of the two-warpgroup one.
-bool sparse_mla_prefill_specialized_enabled();
 
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
@@ -113,8 +109,6 @@ void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t strea
 // The wgmma prefill kernel whatever the policy (num_splits must be 1; tests
 // compare it with the general kernel).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
-// The warp-specialised wgmma prefill kernel, same contract.
-void launch_sparse_mla_prefill_specialized(const SparseMlaParams& params, cudaStream_t stream);
 // 16 when a 16-CTA cluster of the kernel can be resident on this GPU, else 8.
 int sparse_mla_cluster_max_splits();
 }  // namespace detail

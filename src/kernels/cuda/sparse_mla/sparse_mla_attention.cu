@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
       const int key = piece / kEntryPieces, offset = (piece % kEntryPieces) * 16;
       const int32_t slot = sh.slot_ids[buffer][key];
       if (slot >= 0)
-        cp_async_16(&sh.raw[stage][key * kLatentBytes + offset],
-                    latent_entry(p, slot) + offset);
+        cp_async_16(&sh.raw[stage][key * kLatentBytes + offset], latent_entry(p, slot) + offset);
     }
     cp_async_commit();
   };

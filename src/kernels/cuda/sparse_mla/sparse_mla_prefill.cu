@@ -1,15 +1,20 @@
 // Sparse MLA for many query rows (prefill, long verification batches) on
 // Hopper warpgroup MMAs (wgmma, sm_90a). One CTA = one query row x 64 heads
 // over all of its top-k slots (no split: prefill has rows enough to fill the
-// GPU), two warpgroups that both gather and compute:
+// GPU); stages of two K blocks of 32 keys in a two-stage ring
+// (sparse_mla_prefill_tiles.cuh: shapes, shared memory, the gather). Warp
+// specialisation, three warpgroups:
 //
-//   gather: each stage is two blocks of 32 keys, warpgroup c loads block c's
-//     656-byte fp8 entries from the paged pool (warp w keys 8w .. 8w + 7, one
-//     key per load instruction across the 32 lanes), one stage ahead, and
-//     dequantises them to f16 (e4m3 -> f16 exact, the group scale one f16
-//     multiply, rope bf16 -> f16) into a K block of 32 keys x 576 in the
-//     128-byte swizzle layout; two stages in a ring;
-//   compute, stage after stage, warpgroup c on block c of the stage:
+//   producer (warpgroup 2, 120 registers after setmaxnreg): gathers both
+//     blocks of every stage from the paged fp8 pool (656-byte entries, one key
+//     per load instruction across the 32 lanes) and dequantises them to f16
+//     (e4m3 -> f16 exact, the group scale one f16 multiply, rope bf16 -> f16)
+//     into the ring in the 128-byte swizzle layout; warp w takes keys
+//     16 (w % 2) .. + 16 of block w / 2 in four groups of 4, one group's loads
+//     in flight while the other is converted, and the entries of the next
+//     stage prefetched into L2;
+//   consumers (warpgroups 0 and 1, 192 registers), stage after stage,
+//     warpgroup c on block c of the stage:
 //       S_c[64 heads][32]  = Q[64][576] . K_c^T          (36 wgmma m64n32k16)
 //       row maxima exchanged in shared memory, so both share one running max;
 //       P_c = exp2(S_c - max) written to its half of P[64][64] (f16, swizzled);
@@ -20,9 +25,23 @@
 //     the work between two warpgroups), so no MMA is done twice. K doubles as
 //     V (the value is the latent itself), read MN-major by the PV MMA.
 //
+// Handshakes on named barriers of all 384 threads: FULL + r (the producer
+// arrives once a stage's blocks are in ring r, the consumers wait before its
+// score MMAs) and EMPTY + r (the consumers arrive once the PV that read ring
+// r has completed, the producer waits before writing the stage after next).
+// setmaxnreg moves registers from the producer to the consumers: ptxas
+// allocates the code after setmaxnreg.inc with the raised count (a 384-thread
+// launch starts every thread at 168). An earlier kernel whose two warpgroups
+// both gathered and computed in lockstep (255 registers) reached 302 / 292
+// TFLOP/s at 32K / 128K prompts, this one 317 / 303 in the same run
+// (docs/benchmarks.md).
+//
 // Q is stored as f16 times 2^-6 (|q| up to 4e6 fits f16), folded back into the
 // softmax scale; the online softmax runs in the log2 domain. The results are
 // the general kernel's (sparse_mla_attention.cu) up to summation order.
+#include <climits>
+#include <type_traits>
+
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
@@ -32,76 +51,130 @@ namespace {
 
 using namespace sparse_mla_prefill;
 
-constexpr int kThreads = 256;  // two warpgroups, 255 registers each
+constexpr int kThreads = 384;  // consumers 0-255, producer 256-383
+constexpr int kConsumerThreads = 256;
+// setmaxnreg.inc only takes registers that setmaxnreg.dec gave back: the
+// launch holds 168 per thread (384 x 168 = 64,512), so 2 x 128 x consumer +
+// 128 x producer must not exceed that, or the consumers' inc waits forever
+// (the first GPU run of this kernel hung at 200 / 112).
+constexpr int kLaunchRegisters = 168;    // 65,536 / 384, rounded down to 8
+constexpr int kConsumerRegisters = 192;  // ptxas: no spills at 192 / 120
+constexpr int kProducerRegisters = 120;
+static_assert(kConsumerThreads * kConsumerRegisters +
+                      (kThreads - kConsumerThreads) * kProducerRegisters <=
+                  kThreads * kLaunchRegisters,
+              "setmaxnreg would ask for more registers than the launch holds");
 
-constexpr int kExchangeBarrier = 1;  // named barriers of both warpgroups
+constexpr int kExchangeBarrier = 1;  // consumers only
 constexpr int kProbBarrier = 2;
-constexpr int kBlockBarrier = 3;  // + warpgroup: its own K block is written
+constexpr int kQueryBarrier = 3;
+constexpr int kFullBarrier = 4;   // + ring: all 384 threads
+constexpr int kEmptyBarrier = 6;  // + ring: all 384 threads
 
-// The kernel's body for warpgroup C. Each warpgroup runs its own copy with its
-// index a constant, so that the shared-memory addresses and wgmma descriptors
-// it builds are warp-uniform to the compiler (uniform registers instead of
-// per-stage register-to-uniform moves; the same change took the fused
-// indexer from 586 to 627 TFLOP/s).
+// The producer warpgroup: `stages` stages of 64 keys; warp w gathers keys
+// 16 (w % 2) .. + 16 of block w / 2 of each stage, in four groups of 4 keys
+// with two groups in registers: while one is converted into the ring, the
+// next one's loads are in flight (with one group of 8, its loads issued right
+// before its conversion, the first profile of this kernel had the producer
+// waiting for them once per group and the consumers waiting for the producer).
+template <typename Addressing>
+__device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParams& p,
+                                                            uint8_t* shared) {
+  set_max_registers_dec<kProducerRegisters>();
+  constexpr unsigned kAll = 0xffffffffu;
+  uint8_t* k_tiles = shared + kKOffset;
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int warp = producer_thread / 32, lane = producer_thread % 32;
+  const int block = warp / 2, key_base = 16 * (warp % 2);
+  const int64_t row = blockIdx.x;
+  const int blocks = (p.top_k + kKeys - 1) / kKeys;
+  const int stages = (blocks + 1) / 2;
+  const int32_t* row_slots = p.slots + row * p.top_k;
+  // Lane l: the slot of the warp's key l % 16 of a stage (-1 past the row's
+  // slots). Read two stages ahead, so that neither the loads nor the L2
+  // prefetch (one stage ahead: the pool of a long context does not fit L2)
+  // wait for them.
+  auto stage_slot = [&](int stage) -> int32_t {
+    const int index = stage * (2 * kKeys) + block * kKeys + key_base + lane % 16;
+    return stage < stages && index < p.top_k ? row_slots[index] : -1;
+  };
+  // Group q's slots as load_warp_entries takes them (lane l: key l % 4).
+  auto group_slot = [&](int32_t slots, int q) {
+    return __shfl_sync(kAll, slots, 4 * q + lane % 4);
+  };
+  auto prefetch_stage = [&](int32_t slots) {
+    if (lane < 16 && slots >= 0) prefetch_l2_bulk(Addressing(p)(slots), kLatentBytes);
+  };
+
+  int32_t current = stage_slot(0), next = stage_slot(1), far = stage_slot(2);
+  WarpEntries entries[2];  // groups q and q + 1 of the stage (q even)
+  load_warp_entries<Addressing>(entries[0], p, group_slot(current, 0), lane);
+  load_warp_entries<Addressing>(entries[1], p, group_slot(current, 1), lane);
+  prefetch_stage(next);
+  for (int stage = 0; stage < stages; ++stage) {
+    const int ring = stage & 1, buffer = 2 * ring + block;
+    uint8_t* tile = k_tiles + buffer * kKBytes;
+    // Stage s + 2 goes where stage s was: wait for its PV.
+    if (stage >= 2) named_barrier(kEmptyBarrier + ring, kThreads);
+    const unsigned valid = __ballot_sync(kAll, current >= 0) & 0xffffu;
+    if (lane == 0)
+      *reinterpret_cast<uint16_t*>(&misc.valid_bits[buffer][key_base / 8]) =
+          static_cast<uint16_t>(valid);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      store_warp_entries(entries[q % 2], tile, key_base + 4 * q, lane);
+      // Two groups ahead: group q + 2 of this stage or q - 2 of the next.
+      const int32_t slot = q < 2 ? group_slot(current, q + 2) : group_slot(next, q - 2);
+      if (q < 2 || stage + 1 < stages) load_warp_entries<Addressing>(entries[q % 2], p, slot, lane);
+    }
+    fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
+    named_barrier_arrive(kFullBarrier + ring, kThreads);
+    prefetch_stage(far);
+    current = next;
+    next = far;
+    far = stage_slot(stage + 3);
+  }
+}
+
+// A consumer warpgroup C: its block of each stage for the scores, its half of
+// the latent for the output (FlashMLA's split, above).
 template <int C>
-__device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaParams& p,
-                                                             uint8_t* shared) {
+__device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParams& p,
+                                                            uint8_t* shared) {
+  set_max_registers_inc<kConsumerRegisters>();
   uint8_t* q_tile = shared + kQOffset;
   uint8_t* k_tiles = shared + kKOffset;
   uint8_t* p_tile = shared + kPOffset;
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int c = C;  // warpgroup: its block of each stage, and its half of the latent
+  const int c = C;
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t row = blockIdx.x;
   const int head0 = static_cast<int>(blockIdx.y) * kHeads;
   const int blocks = (p.top_k + kKeys - 1) / kKeys;
   const int stages = (blocks + 1) / 2;
-  const int32_t* row_slots = p.slots + row * p.top_k;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
-
-  // The gather: warpgroup c writes block c of every stage (so its own score
-  // MMA needs only its own barrier), warp w of it keys 8w .. 8w + 7.
-  auto slot_of = [&](int stage) -> int32_t {
-    const int index = (2 * stage + c) * kKeys + 8 * warp + lane % 8;
-    return stage < stages && index < p.top_k ? row_slots[index] : -1;
-  };
-  // Slot ids two stages ahead of the entries, entries one stage ahead of their
-  // conversion: the global round trips overlap the MMAs of the stage before.
-  int32_t slot_next = slot_of(0), slot_after = slot_of(1);
-  WarpEntries<> pending;
-  auto fetch_next = [&](int stage) {
-    load_warp_entries(pending, p, slot_next, lane);
-    slot_next = slot_after;
-    slot_after = slot_of(stage + 2);
-  };
-  auto convert_pending = [&](int stage) {
-    const int buffer = 2 * (stage & 1) + c;
-    store_warp_entries(pending, k_tiles + buffer * kKBytes, 8 * warp, lane);
-    const unsigned valid = __ballot_sync(0xffffffffu, pending.slot >= 0) & 0xffu;
-    if (lane == 0) misc.valid_bits[buffer][warp] = static_cast<uint8_t>(valid);
-  };
-  fetch_next(0);
 
   // Q [64 heads][576] bf16 -> f16 x 2^-6, swizzled chunks: 4608 16-byte units, 18 per thread.
   {
     const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    constexpr int kUnitsPerHead = kDim / 8;                        // 72
-    constexpr int kPerThread = kHeads * kUnitsPerHead / kThreads;  // 18
+    constexpr int kUnitsPerHead = kDim / 8;                                // 72
+    constexpr int kPerThread = kHeads * kUnitsPerHead / kConsumerThreads;  // 18
 #pragma unroll
     for (int batch = 0; batch < 2; ++batch) {
       uint4 raw[kPerThread / 2];
 #pragma unroll
       for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kThreads;
+        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
         raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / kUnitsPerHead) * kDim +
                                                  (i % kUnitsPerHead) * 8);
       }
 #pragma unroll
       for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kThreads;
+        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
         const int head = i / kUnitsPerHead, unit = i % kUnitsPerHead;
         store_bf16x8_as_half(raw[r], kQueryPrescale,
                              reinterpret_cast<__half*>(q_tile + (unit / 8) * kQChunkBytes +
@@ -109,10 +182,8 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
       }
     }
   }
-  convert_pending(0);
-  if (stages > 1) fetch_next(1);
   fence_proxy_async_shared();  // st.shared -> the wgmma operand reads (async proxy)
-  __syncthreads();
+  named_barrier(kQueryBarrier, kConsumerThreads);
 
   const uint32_t q_address = shared_address(q_tile);
   const uint32_t k_address = shared_address(k_tiles);
@@ -153,10 +224,16 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
   };
 
   const int head_low = warp * 16 + g;
+  named_barrier(kFullBarrier, kThreads);  // stage 0 in ring 0
   issue_scores(0);
   for (int stage = 0; stage < stages; ++stage) {
     const int ring = stage & 1;
-    wgmma_wait_all();  // S of this stage, and the PV of the last one
+    // The last stage's ring is free once its PV is done (committed before
+    // this stage's S): the producer writes stage + 1 there while S runs.
+    wgmma_wait<1>();
+    if (stage >= 1 && stage + 1 < stages)
+      named_barrier_arrive(kEmptyBarrier + (ring ^ 1), kThreads);
+    wgmma_wait_all();  // S of this stage
 #pragma unroll
     for (int i = 0; i < 16; ++i) fence_operand(s[i]);
 #pragma unroll
@@ -184,7 +261,7 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
       block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
       if (t == 0) misc.row_max[c][head_low + 8 * r] = block_max[r];
     }
-    named_barrier(kExchangeBarrier, kThreads);
+    named_barrier(kExchangeBarrier, kConsumerThreads);
     // The running max moves only when a block's max passes it by more than
     // kRescaleSlack (log2 units), FlashAttention-4's lazy rescaling: P stays
     // below 2^kRescaleSlack (f16 holds it as precisely as values below 1) and
@@ -226,7 +303,7 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
         *reinterpret_cast<uint32_t*>(p_tile + swizzled(head_low + 8 * r, 4 * c + j) + 4 * t) =
             pack_half2(score[4 * j + 2 * r], score[4 * j + 2 * r + 1]);
     fence_proxy_async_shared();
-    named_barrier(kProbBarrier, kThreads);
+    named_barrier(kProbBarrier, kConsumerThreads);
     // The rescaled O must be in its registers before the MMAs that accumulate
     // into it are issued (else ptxas serialises every wgmma of the kernel).
 #pragma unroll
@@ -247,13 +324,10 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
           1);
     wgmma_commit();
     if (stage + 1 < stages) {
-      // The next stage's block goes where the last stage's was (its PV is done),
-      // while this PV runs; then its scores; then the entries after it are fetched.
-      convert_pending(stage + 1);
-      fence_proxy_async_shared();
-      named_barrier(kBlockBarrier + c, 128);
+      // The next stage's blocks (written by the producer while this stage's
+      // softmax ran), then its scores, queued behind this PV.
+      named_barrier(kFullBarrier + (ring ^ 1), kThreads);
       issue_scores(stage + 1);
-      if (stage + 2 < stages) fetch_next(stage + 2);
     }
   }
   wgmma_wait_all();
@@ -267,7 +341,7 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
     running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 2);
     if (t == 0) misc.row_sum[c][head_low + 8 * r] = running_sum[r];
   }
-  named_barrier(kExchangeBarrier, kThreads);
+  named_barrier(kExchangeBarrier, kConsumerThreads);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int head = head_low + 8 * r;
@@ -284,15 +358,20 @@ __device__ __forceinline__ void sparse_mla_prefill_warpgroup(const SparseMlaPara
   }
 }
 
+// kTiered: slots may be past pool_slots (a host tier's entries).
+template <bool kTiered>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseMlaParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
-  if (threadIdx.x < 128)
-    sparse_mla_prefill_warpgroup<0>(p, shared);
+  if (threadIdx.x >= kConsumerThreads)
+    sparse_mla_prefill_producer<
+        std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
+  else if (threadIdx.x < 128)
+    sparse_mla_prefill_consumer<0>(p, shared);
   else
-    sparse_mla_prefill_warpgroup<1>(p, shared);
+    sparse_mla_prefill_consumer<1>(p, shared);
 }
 
 }  // namespace
@@ -302,13 +381,16 @@ namespace detail {
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-        sparse_mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    for (auto kernel : {sparse_mla_prefill_kernel<false>, sparse_mla_prefill_kernel<true>})
+      MEGACTX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
-  launch_kernel(sparse_mla_prefill_kernel, grid, kThreads, kSharedBytes, stream, params);
+  const bool tiered = params.pool_slots != INT64_MAX;
+  launch_kernel(tiered ? sparse_mla_prefill_kernel<true> : sparse_mla_prefill_kernel<false>, grid,
+                kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

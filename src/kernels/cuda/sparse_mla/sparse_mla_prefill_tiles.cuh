@@ -1,10 +1,8 @@
-// What both wgmma sparse MLA prefill kernels share: the wgmma shapes, the
-// shared-memory layout of a CTA (one query row x 64 heads: Q, a ring of two
-// stages of two K blocks of 32 keys, P, the row statistics), and the gather
-// of a warp's 8 keys from the paged fp8 pool into an f16 K block. Only for
-// .cu files; see sparse_mla_prefill.cu (two warpgroups that gather and
-// compute) and sparse_mla_prefill_specialized.cu (a producer warpgroup that
-// gathers, two that compute).
+// The tiles of the wgmma sparse MLA prefill kernel (sparse_mla_prefill.cu):
+// the wgmma shapes, the shared-memory layout of a CTA (one query row x 64
+// heads: Q, a ring of two stages of two K blocks of 32 keys, P, the row
+// statistics), and the gather of a warp's keys from the paged fp8 pool into
+// an f16 K block. Only for .cu files.
 #pragma once
 
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -103,41 +101,40 @@ __device__ __forceinline__ int swizzled(int row, int unit) {
   return row * 128 + ((unit ^ (row & 7)) << 4);
 }
 
-// A warp's share of a K block in registers: Keys (8 or 4) keys of the block.
+// A warp's share of a K block in registers: a group of 4 keys of the block.
 // Each load instruction reads one key's consecutive bytes with the 32 lanes
 // (whole 128-byte lines: ~4 L1 wavefronts per instruction; one key per lane
 // took 32, and ncu found L1 78% busy).
-template <int Keys = 8>
+constexpr int kGroupKeys = 4;
 struct WarpEntries {
-  static_assert(Keys == 8 || Keys == 4, "a warp gathers 8 or 4 keys at a time");
-  uint4 latent[Keys];    // key j: latent bytes 16 lane .. 16 lane + 16 (e4m3 dims 16 lane ..)
-  uint4 rope[Keys / 4];  // key 4h + lane / 8: rope bytes 16 (lane % 8) .. + 16 (8 bf16)
-  float scale;           // key (lane / 4) % Keys: the scale of group lane % 4
-  int32_t slot;          // key lane % Keys (-1: none)
+  uint4 latent[kGroupKeys];    // key j: latent bytes 16 lane .. 16 lane + 16 (e4m3 dims 16 lane ..)
+  uint4 rope[kGroupKeys / 4];  // key 4h + lane / 8: rope bytes 16 (lane % 8) .. + 16 (8 bf16)
+  float scale;                 // key (lane / 4) % kGroupKeys: the scale of group lane % 4
+  int32_t slot;                // key lane % kGroupKeys (-1: none)
 };
 
 // Missing slots load as zeros: the dequantised row is then exactly 0 (P is 0
 // there too, and 0 x NaN of a stale value would poison O). The slot shuffles
-// all go first, so that the loads issue back to back. `slot` is lane % Keys's.
+// all go first, so that the loads issue back to back. `slot` is lane % kGroupKeys's.
 // Addressing: LatentAddressing, or DeviceLatentAddressing without a host tier.
-template <typename Addressing = LatentAddressing, int Keys>
-__device__ __forceinline__ void load_warp_entries(WarpEntries<Keys>& e, const SparseMlaParams& p,
+template <typename Addressing = LatentAddressing>
+__device__ __forceinline__ void load_warp_entries(WarpEntries& e, const SparseMlaParams& p,
                                                   int32_t slot, int lane) {
   const Addressing entry(p);  // from the kernel parameters at each use: no registers held
   constexpr unsigned kAll = 0xffffffffu;
   e.slot = slot;
-  int32_t key_slot[Keys], rope_slot[Keys / 4];
+  int32_t key_slot[kGroupKeys], rope_slot[kGroupKeys / 4];
 #pragma unroll
-  for (int j = 0; j < Keys; ++j) key_slot[j] = __shfl_sync(kAll, slot, j);
+  for (int j = 0; j < kGroupKeys; ++j) key_slot[j] = __shfl_sync(kAll, slot, j);
 #pragma unroll
-  for (int h = 0; h < Keys / 4; ++h) rope_slot[h] = __shfl_sync(kAll, slot, 4 * h + lane / 8);
-  const int32_t scale_slot = __shfl_sync(kAll, slot, (lane / 4) % Keys);
+  for (int h = 0; h < kGroupKeys / 4; ++h) rope_slot[h] = __shfl_sync(kAll, slot, 4 * h + lane / 8);
+  const int32_t scale_slot = __shfl_sync(kAll, slot, (lane / 4) % kGroupKeys);
 #pragma unroll
-  for (int j = 0; j < Keys; ++j)
+  for (int j = 0; j < kGroupKeys; ++j)
     e.latent[j] =
         load_or_zero(entry(key_slot[j] < 0 ? 0 : key_slot[j]) + 16 * lane, key_slot[j] >= 0);
 #pragma unroll
-  for (int h = 0; h < Keys / 4; ++h)
+  for (int h = 0; h < kGroupKeys / 4; ++h)
     e.rope[h] = load_or_zero(
         entry(rope_slot[h] < 0 ? 0 : rope_slot[h]) + kLatentRopeOffset + 16 * (lane % 8),
         rope_slot[h] >= 0);
@@ -146,13 +143,12 @@ __device__ __forceinline__ void load_warp_entries(WarpEntries<Keys>& e, const Sp
                        scale_slot >= 0);
 }
 
-// The warp's keys as f16 into rows key0 .. key0 + Keys - 1 of a K block (9
+// The warp's keys as f16 into rows key0 .. key0 + 3 of a K block (9
 // swizzled chunks). A lane's 16 latent dims are units 2(lane % 4) and + 1 of
 // chunk lane / 4; lanes of odd chunks store their odd unit first, so that the
 // 8 lanes of each store phase write 8 distinct units of one row (no conflicts).
-template <int Keys>
-__device__ __forceinline__ void store_warp_entries(const WarpEntries<Keys>& e, uint8_t* tile,
-                                                   int key0, int lane) {
+__device__ __forceinline__ void store_warp_entries(const WarpEntries& e, uint8_t* tile, int key0,
+                                                   int lane) {
   constexpr unsigned kAll = 0xffffffffu;
   const int chunk = lane / 4;
   const bool odd = (chunk & 1) != 0;
@@ -160,11 +156,11 @@ __device__ __forceinline__ void store_warp_entries(const WarpEntries<Keys>& e, u
   uint8_t* latent_chunk = tile + chunk * kKChunkBytes;
   // The scales of the lane's group for the keys, shuffled before any use
   // (each conversion waiting on its own shuffle left the warp idle).
-  float key_scale[Keys];
+  float key_scale[kGroupKeys];
 #pragma unroll
-  for (int j = 0; j < Keys; ++j) key_scale[j] = __shfl_sync(kAll, e.scale, 4 * j + lane / 8);
+  for (int j = 0; j < kGroupKeys; ++j) key_scale[j] = __shfl_sync(kAll, e.scale, 4 * j + lane / 8);
 #pragma unroll
-  for (int j = 0; j < Keys; ++j) {
+  for (int j = 0; j < kGroupKeys; ++j) {
     const int key = key0 + j;
     const __half2 scale = __float2half2_rn(key_scale[j]);
     // The 8 dims of the first store: the low half of the word (even chunks)
@@ -187,7 +183,7 @@ __device__ __forceinline__ void store_warp_entries(const WarpEntries<Keys>& e, u
   // Rope dims 512 + 8u .. + 8 (u = lane % 8): chunk 8, unit u of the key's row.
   uint8_t* rope_chunk = tile + 8 * kKChunkBytes;
 #pragma unroll
-  for (int h = 0; h < Keys / 4; ++h)
+  for (int h = 0; h < kGroupKeys / 4; ++h)
     store_bf16x8_as_half(
         e.rope[h], 1.f,
         reinterpret_cast<__half*>(rope_chunk + swizzled(key0 + 4 * h + lane / 8, lane % 8)));
