@@ -36,10 +36,17 @@
 // TFLOP/s at 32K / 128K prompts, this one 317 / 303 in the same run
 // (docs/benchmarks.md).
 //
+// A second layout (Layout<2>, MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS=2, not yet
+// run on a GPU): two producer warpgroups (512 threads, 64 registers each,
+// 8 keys per warp and stage, one group in registers) so that two producer
+// warps share each scheduler; the PV then runs as two m64n128 halves.
+//
 // Q is stored as f16 times 2^-6 (|q| up to 4e6 fits f16), folded back into the
 // softmax scale; the online softmax runs in the log2 domain. The results are
 // the general kernel's (sparse_mla_attention.cu) up to summation order.
 #include <climits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -51,85 +58,116 @@ namespace {
 
 using namespace sparse_mla_prefill;
 
-constexpr int kThreads = 384;  // consumers 0-255, producer 256-383
-constexpr int kConsumerThreads = 256;
-// setmaxnreg.inc only takes registers that setmaxnreg.dec gave back: the
-// launch holds 168 per thread (384 x 168 = 64,512), so 2 x 128 x consumer +
-// 128 x producer must not exceed that, or the consumers' inc waits forever
-// (the first GPU run of this kernel hung at 200 / 112).
-constexpr int kLaunchRegisters = 168;    // 65,536 / 384, rounded down to 8
-constexpr int kConsumerRegisters = 192;  // ptxas: no spills at 192 / 120
-constexpr int kProducerRegisters = 120;
-static_assert(kConsumerThreads * kConsumerRegisters +
-                      (kThreads - kConsumerThreads) * kProducerRegisters <=
-                  kThreads * kLaunchRegisters,
-              "setmaxnreg would ask for more registers than the launch holds");
+constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+
+// The CTA's split between the producer and the consumers, by the number of
+// producer warpgroups (1: 384 threads, the default; 2: 512 threads, behind
+// MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS=2 until measured). setmaxnreg.inc only
+// takes registers that setmaxnreg.dec gave back: the launch holds 65,536 /
+// threads per thread (168 at 384, 128 at 512), so 256 x consumer + producer
+// threads x producer must not exceed that, or the consumers' inc waits
+// forever (the first GPU run of this kernel hung at 200 / 112).
+template <int ProducerWarpgroups>
+struct Layout {
+  static_assert(ProducerWarpgroups == 1 || ProducerWarpgroups == 2);
+  static constexpr int kThreads = kConsumerThreads + 128 * ProducerWarpgroups;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kConsumerRegisters = 192;  // ptxas: no spills at 192 / 120
+  static constexpr int kProducerRegisters = ProducerWarpgroups == 1 ? 120 : 64;
+  static constexpr int kProducerWarps = 4 * ProducerWarpgroups;
+  // A producer warp's keys per stage (16 or 8), in groups of kGroupKeys, and
+  // how many groups it holds in registers: two at 120 registers (one's loads
+  // in flight while the other converts), one at 64 (the other warp on the
+  // scheduler hides the latency).
+  static constexpr int kWarpKeys = 2 * kKeys / kProducerWarps;
+  static constexpr int kWarpGroups = kWarpKeys / kGroupKeys;
+  static constexpr int kGroupsInFlight = ProducerWarpgroups == 1 ? 2 : 1;
+  // ptxas applies the launch's register cap to every instruction: an
+  // m64n256 wgmma (128 accumulators) needs 154 and does not compile under
+  // 128, so the 512-thread layout issues the PV as two m64n128 halves.
+  static constexpr bool kSplitPv = kLaunchRegisters < 154;
+  static_assert(kConsumerThreads * kConsumerRegisters +
+                        (kThreads - kConsumerThreads) * kProducerRegisters <=
+                    kThreads * kLaunchRegisters,
+                "setmaxnreg would ask for more registers than the launch holds");
+  static_assert(kWarpGroups % kGroupsInFlight == 0);
+};
 
 constexpr int kExchangeBarrier = 1;  // consumers only
 constexpr int kProbBarrier = 2;
 constexpr int kQueryBarrier = 3;
-constexpr int kFullBarrier = 4;   // + ring: all 384 threads
-constexpr int kEmptyBarrier = 6;  // + ring: all 384 threads
+constexpr int kFullBarrier = 4;   // + ring: all threads
+constexpr int kEmptyBarrier = 6;  // + ring: all threads
 
-// The producer warpgroup: `stages` stages of 64 keys; warp w gathers keys
-// 16 (w % 2) .. + 16 of block w / 2 of each stage, in four groups of 4 keys
-// with two groups in registers: while one is converted into the ring, the
-// next one's loads are in flight (with one group of 8, its loads issued right
-// before its conversion, the first profile of this kernel had the producer
-// waiting for them once per group and the consumers waiting for the producer).
-template <typename Addressing>
+// The producer: `stages` stages of 64 keys; warp w gathers L::kWarpKeys
+// keys of block w / (L::kProducerWarps / 2) of each stage, in groups of 4
+// keys (with one group of 8, its loads issued right before its conversion,
+// the first profile of this kernel had the producer waiting for them once
+// per group and the consumers waiting for the producer).
+template <typename L, typename Addressing>
 __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
-  set_max_registers_dec<kProducerRegisters>();
+  set_max_registers_dec<L::kProducerRegisters>();
   constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kWarpKeys = L::kWarpKeys, kWarpGroups = L::kWarpGroups;
+  constexpr int kInFlight = L::kGroupsInFlight;
   uint8_t* k_tiles = shared + kKOffset;
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
   const int warp = producer_thread / 32, lane = producer_thread % 32;
-  const int block = warp / 2, key_base = 16 * (warp % 2);
+  const int block = warp / (L::kProducerWarps / 2);
+  const int key_base = kWarpKeys * (warp % (L::kProducerWarps / 2));
   const int64_t row = blockIdx.x;
   const int blocks = (p.top_k + kKeys - 1) / kKeys;
   const int stages = (blocks + 1) / 2;
   const int32_t* row_slots = p.slots + row * p.top_k;
-  // Lane l: the slot of the warp's key l % 16 of a stage (-1 past the row's
-  // slots). Read two stages ahead, so that neither the loads nor the L2
+  // Lane l: the slot of the warp's key l % kWarpKeys of a stage (-1 past the
+  // row's slots). Read two stages ahead, so that neither the loads nor the L2
   // prefetch (one stage ahead: the pool of a long context does not fit L2)
   // wait for them.
   auto stage_slot = [&](int stage) -> int32_t {
-    const int index = stage * (2 * kKeys) + block * kKeys + key_base + lane % 16;
+    const int index = stage * (2 * kKeys) + block * kKeys + key_base + lane % kWarpKeys;
     return stage < stages && index < p.top_k ? row_slots[index] : -1;
   };
   // Group q's slots as load_warp_entries takes them (lane l: key l % 4).
   auto group_slot = [&](int32_t slots, int q) {
-    return __shfl_sync(kAll, slots, 4 * q + lane % 4);
+    return __shfl_sync(kAll, slots, kGroupKeys * q + lane % kGroupKeys);
   };
   auto prefetch_stage = [&](int32_t slots) {
-    if (lane < 16 && slots >= 0) prefetch_l2_bulk(Addressing(p)(slots), kLatentBytes);
+    if (lane < kWarpKeys && slots >= 0) prefetch_l2_bulk(Addressing(p)(slots), kLatentBytes);
   };
 
   int32_t current = stage_slot(0), next = stage_slot(1), far = stage_slot(2);
-  WarpEntries entries[2];  // groups q and q + 1 of the stage (q even)
-  load_warp_entries<Addressing>(entries[0], p, group_slot(current, 0), lane);
-  load_warp_entries<Addressing>(entries[1], p, group_slot(current, 1), lane);
+  WarpEntries entries[kInFlight];  // group q in entries[q % kInFlight]
+#pragma unroll
+  for (int q = 0; q < kInFlight; ++q)
+    load_warp_entries<Addressing>(entries[q], p, group_slot(current, q), lane);
   prefetch_stage(next);
   for (int stage = 0; stage < stages; ++stage) {
     const int ring = stage & 1, buffer = 2 * ring + block;
     uint8_t* tile = k_tiles + buffer * kKBytes;
     // Stage s + 2 goes where stage s was: wait for its PV.
-    if (stage >= 2) named_barrier(kEmptyBarrier + ring, kThreads);
-    const unsigned valid = __ballot_sync(kAll, current >= 0) & 0xffffu;
-    if (lane == 0)
-      *reinterpret_cast<uint16_t*>(&misc.valid_bits[buffer][key_base / 8]) =
-          static_cast<uint16_t>(valid);
+    if (stage >= 2) named_barrier(kEmptyBarrier + ring, L::kThreads);
+    const unsigned valid = __ballot_sync(kAll, current >= 0);
+    if (lane == 0) {
+      uint8_t* bits = &misc.valid_bits[buffer][key_base / 8];
+      if constexpr (kWarpKeys == 16)
+        *reinterpret_cast<uint16_t*>(bits) = static_cast<uint16_t>(valid);
+      else
+        *bits = static_cast<uint8_t>(valid);
+    }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      store_warp_entries(entries[q % 2], tile, key_base + 4 * q, lane);
-      // Two groups ahead: group q + 2 of this stage or q - 2 of the next.
-      const int32_t slot = q < 2 ? group_slot(current, q + 2) : group_slot(next, q - 2);
-      if (q < 2 || stage + 1 < stages) load_warp_entries<Addressing>(entries[q % 2], p, slot, lane);
+    for (int q = 0; q < kWarpGroups; ++q) {
+      store_warp_entries(entries[q % kInFlight], tile, key_base + kGroupKeys * q, lane);
+      // kInFlight groups ahead: in this stage or the next.
+      const int ahead = q + kInFlight;
+      const int32_t slot =
+          ahead < kWarpGroups ? group_slot(current, ahead) : group_slot(next, ahead - kWarpGroups);
+      if (ahead < kWarpGroups || stage + 1 < stages)
+        load_warp_entries<Addressing>(entries[q % kInFlight], p, slot, lane);
     }
     fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
-    named_barrier_arrive(kFullBarrier + ring, kThreads);
+    named_barrier_arrive(kFullBarrier + ring, L::kThreads);
     prefetch_stage(far);
     current = next;
     next = far;
@@ -139,10 +177,10 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
 
 // A consumer warpgroup C: its block of each stage for the scores, its half of
 // the latent for the output (FlashMLA's split, above).
-template <int C>
+template <typename L, int C>
 __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
-  set_max_registers_inc<kConsumerRegisters>();
+  set_max_registers_inc<L::kConsumerRegisters>();
   uint8_t* q_tile = shared + kQOffset;
   uint8_t* k_tiles = shared + kKOffset;
   uint8_t* p_tile = shared + kPOffset;
@@ -224,7 +262,7 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   };
 
   const int head_low = warp * 16 + g;
-  named_barrier(kFullBarrier, kThreads);  // stage 0 in ring 0
+  named_barrier(kFullBarrier, L::kThreads);  // stage 0 in ring 0
   issue_scores(0);
   for (int stage = 0; stage < stages; ++stage) {
     const int ring = stage & 1;
@@ -232,7 +270,7 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
     // this stage's S): the producer writes stage + 1 there while S runs.
     wgmma_wait<1>();
     if (stage >= 1 && stage + 1 < stages)
-      named_barrier_arrive(kEmptyBarrier + (ring ^ 1), kThreads);
+      named_barrier_arrive(kEmptyBarrier + (ring ^ 1), L::kThreads);
     wgmma_wait_all();  // S of this stage
 #pragma unroll
     for (int i = 0; i < 16; ++i) fence_operand(s[i]);
@@ -313,20 +351,36 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
     // latent columns 256c .. 256c + 256 = chunks 4c .. 4c + 3.
     wgmma_fence();
     const uint32_t p_low = swizzle128_descriptor_low(p_address);
-    const uint32_t v_low = swizzle128_mn_descriptor_low(
-        k_address + 2 * ring * kKBytes + 4 * c * kKChunkBytes, kKChunkBytes);
+    const uint32_t v_base = k_address + 2 * ring * kKBytes + 4 * c * kKChunkBytes;
+    // Key step ks: keys 16 ks .. + 16, in block ks / 2's buffer.
+    auto v_step = [](uint32_t v_low, int ks) {
+      return descriptor_from_words(v_low + (((ks / 2) * kKBytes + (ks % 2) * 16 * 128) >> 4),
+                                   kSwizzle128DescriptorHigh);
+    };
+    if constexpr (L::kSplitPv) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_m64n256k16_f16_ss_tb(
-          o, descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
-          descriptor_from_words(v_low + (((ks / 2) * kKBytes + (ks % 2) * 16 * 128) >> 4),
-                                kSwizzle128DescriptorHigh),
-          1);
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t v_low =
+            swizzle128_mn_descriptor_low(v_base + 2 * half * kKChunkBytes, kKChunkBytes);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_m64n128k16_f16_ss_tb(
+              o + 64 * half, descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
+              v_step(v_low, ks));
+      }
+    } else {
+      const uint32_t v_low = swizzle128_mn_descriptor_low(v_base, kKChunkBytes);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n256k16_f16_ss_tb(o,
+                                   descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
+                                   v_step(v_low, ks), 1);
+    }
     wgmma_commit();
     if (stage + 1 < stages) {
       // The next stage's blocks (written by the producer while this stage's
       // softmax ran), then its scores, queued behind this PV.
-      named_barrier(kFullBarrier + (ring ^ 1), kThreads);
+      named_barrier(kFullBarrier + (ring ^ 1), L::kThreads);
       issue_scores(stage + 1);
     }
   }
@@ -359,29 +413,28 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
 }
 
 // kTiered: slots may be past pool_slots (a host tier's entries).
-template <bool kTiered>
-__global__ void __launch_bounds__(kThreads, 1) sparse_mla_prefill_kernel(SparseMlaParams p) {
+template <int ProducerWarpgroups, bool kTiered>
+__global__ void __launch_bounds__(Layout<ProducerWarpgroups>::kThreads, 1)
+    sparse_mla_prefill_kernel(SparseMlaParams p) {
+  using L = Layout<ProducerWarpgroups>;
   grid_dependency_wait();
   grid_dependency_trigger();
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
   if (threadIdx.x >= kConsumerThreads)
     sparse_mla_prefill_producer<
-        std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
+        L, std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
   else if (threadIdx.x < 128)
-    sparse_mla_prefill_consumer<0>(p, shared);
+    sparse_mla_prefill_consumer<L, 0>(p, shared);
   else
-    sparse_mla_prefill_consumer<1>(p, shared);
+    sparse_mla_prefill_consumer<L, 1>(p, shared);
 }
 
-}  // namespace
-
-namespace detail {
-
-void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
-  if (params.rows == 0) return;
+template <int ProducerWarpgroups>
+void launch_layout(const SparseMlaParams& params, cudaStream_t stream) {
   static const bool configured = [] {
-    for (auto kernel : {sparse_mla_prefill_kernel<false>, sparse_mla_prefill_kernel<true>})
+    for (auto kernel : {sparse_mla_prefill_kernel<ProducerWarpgroups, false>,
+                        sparse_mla_prefill_kernel<ProducerWarpgroups, true>})
       MEGACTX_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
@@ -389,9 +442,30 @@ void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t strea
   (void)configured;
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
   const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(tiered ? sparse_mla_prefill_kernel<true> : sparse_mla_prefill_kernel<false>, grid,
-                kThreads, kSharedBytes, stream, params);
+  launch_kernel(tiered ? sparse_mla_prefill_kernel<ProducerWarpgroups, true>
+                       : sparse_mla_prefill_kernel<ProducerWarpgroups, false>,
+                grid, Layout<ProducerWarpgroups>::kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+namespace detail {
+
+void launch_sparse_mla_prefill(const SparseMlaParams& params, int producer_warpgroups,
+                               cudaStream_t stream) {
+  if (producer_warpgroups != 1 && producer_warpgroups != 2)
+    throw std::invalid_argument("sparse MLA prefill: 1 or 2 producer warpgroups, not " +
+                                std::to_string(producer_warpgroups));
+  if (params.rows == 0) return;
+  if (producer_warpgroups == 2)
+    launch_layout<2>(params, stream);
+  else
+    launch_layout<1>(params, stream);
+}
+
+void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
+  launch_sparse_mla_prefill(params, sparse_mla_prefill_producer_warpgroups(), stream);
 }
 
 }  // namespace detail
