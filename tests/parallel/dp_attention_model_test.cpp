@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,19 +104,38 @@ bool same_step(LanguageModel& leader, PagedKvCache& group_cache, LanguageModel& 
   return ok;
 }
 
-bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group) {
-  const HfFixture f = load_fixture(name);
+// Checkpoint `dir` over the group with data-parallel attention and expert
+// parallelism. Ranks past 0 serve the leader's runs here and get nothing
+// back; rank 0 gets the group's leader and the same checkpoint in one process.
+struct DpModels {
+  std::unique_ptr<LanguageModel> leader, whole;
+};
+std::optional<DpModels> load_dp_models(const std::string& dir, parallel::Communicator& group) {
   ModelLoadOptions options;
   options.group = &group;
   options.expert_parallel = options.data_parallel_attention = true;
-  auto model = load_language_model(f.dir, options);
+  auto model = load_language_model(dir, options);
   if (group.rank() != 0) {
     run_group_worker(*model, group);
-    return true;
+    return std::nullopt;
   }
+  return DpModels{make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true),
+                  load_language_model(dir, {})};
+}
+
+// `length` prompt ids of a fixture from `offset` on (its 64 ids, repeated).
+std::vector<int32_t> fixture_tokens(const HfFixture& f, size_t offset, size_t length) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < length; ++i) out.push_back(f.input_ids[(offset + i) % 64]);
+  return out;
+}
+
+bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group) {
+  const HfFixture f = load_fixture(name);
+  auto models = load_dp_models(f.dir, group);
+  if (!models) return true;
+  auto& [leader, whole] = *models;
   const int size = group.size();
-  auto leader = make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true);
-  auto whole = load_language_model(f.dir, {});
   if (leader->data_parallel_ranks() != size) {
     std::printf("the leader reports %d data-parallel ranks\n", leader->data_parallel_ranks());
     return false;
@@ -132,9 +153,7 @@ bool dp_steps_match_one_process(const std::string& name, parallel::Communicator&
   // Sequences of different lengths on ranks 1, 0 and size - 1 (and 2 with 4
   // ranks): rank 1 holds two with 2 ranks, rank 0 none in the first step.
   const auto tokens = [&](size_t offset, size_t length) {
-    std::vector<int32_t> out;
-    for (size_t i = 0; i < length; ++i) out.push_back(f.input_ids[(offset + i) % 64]);
-    return out;
+    return fixture_tokens(f, offset, length);
   };
   const auto pages = [](int rank, int32_t first) {
     return std::vector<int32_t>{static_cast<int32_t>(rank * kPagesPerRank) + first,
@@ -218,16 +237,9 @@ bool same_mtp_run(MtpLayer& group_mtp, PagedKvCache& group_cache, MtpLayer& whol
 
 bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator& group) {
   const std::string dir = mtp_fixture(name);
-  ModelLoadOptions options;
-  options.group = &group;
-  options.expert_parallel = options.data_parallel_attention = true;
-  auto model = load_language_model(dir, options);
-  if (group.rank() != 0) {
-    run_group_worker(*model, group);
-    return true;
-  }
-  auto leader = make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true);
-  auto whole = load_language_model(dir, {});
+  auto models = load_dp_models(dir, group);
+  if (!models) return true;
+  auto& [leader, whole] = *models;
   const auto group_mtp = leader->load_mtp_layer(dir);
   const auto whole_mtp = whole->load_mtp_layer(dir);
   const KvCacheSpec spec = make_kv_cache_spec(whole->config(), group.size() * kPagesPerRank,
@@ -319,18 +331,11 @@ bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator&
 // one process numbering the same pages in one cache.
 bool dp_offload_pages_match_one_process(const std::string& name, parallel::Communicator& group) {
   const HfFixture f = load_fixture(name);
-  ModelLoadOptions options;
-  options.group = &group;
-  options.expert_parallel = options.data_parallel_attention = true;
-  auto model = load_language_model(f.dir, options);
-  if (group.rank() != 0) {
-    run_group_worker(*model, group);
-    return true;
-  }
+  auto models = load_dp_models(f.dir, group);
+  if (!models) return true;
+  auto& [leader, whole] = *models;
   constexpr int64_t kOffloadPerRank = 2;
   const int size = group.size();
-  auto leader = make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true);
-  auto whole = load_language_model(f.dir, {});
   KvCacheSpec spec = make_kv_cache_spec(whole->config(), size * kPagesPerRank, KvDType::F32,
                                         kPageSize, /*with_mtp_layer=*/false);
   spec.offload_pages = size * kOffloadPerRank;
@@ -342,9 +347,7 @@ bool dp_offload_pages_match_one_process(const std::string& name, parallel::Commu
     return false;
   }
   const auto tokens = [&](size_t offset, size_t length) {
-    std::vector<int32_t> out;
-    for (size_t i = 0; i < length; ++i) out.push_back(f.input_ids[(offset + i) % 64]);
-    return out;
+    return fixture_tokens(f, offset, length);
   };
   // Sequence 0 on rank 1 (device pages 4, 5), sequence 1 on rank 0 (0, 1).
   std::vector<Sequence> s = {{tokens(0, 100), {4, 5}}, {tokens(11, 80), {0, 1}}};
