@@ -29,7 +29,6 @@ struct MlaCase {
   // The pool's second half addressed as a host tier's offload pool (slots past
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
-  int producer_warpgroups = 1;  // with wgmma: the kernel's layout
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -58,8 +57,7 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.split_pool ? " (offload pool)" : "") +
-               (c.wgmma ? " producer warpgroups " + std::to_string(c.producer_warpgroups) : ""));
+               (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -109,7 +107,7 @@ void run_case(const MlaCase& c) {
         device_pool.get() + static_cast<size_t>(params.pool_slots) * reference::kLatentEntryBytes;
   }
   if (c.wgmma)
-    cuda::detail::launch_sparse_mla_prefill(params, c.producer_warpgroups, nullptr);
+    cuda::detail::launch_sparse_mla_prefill(params, nullptr);
   else
     cuda::sparse_mla_attention(params, nullptr);
   MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
@@ -172,14 +170,10 @@ TEST(SparseMla, PrefillSplitOddK) {
 // The wgmma prefill kernel (two K blocks of 32 per stage): full, partial,
 // holed and empty rows; top_k not a multiple of the 64-key stage (the last
 // stage's second block partly or wholly past top_k), a single block, 128
-// heads (two head blocks), an offload pool and a million-token pool; each on
-// both layouts of the kernel (one and two producer warpgroups).
+// heads (two head blocks), an offload pool and a million-token pool.
 void run_wgmma_case(MlaCase c) {
   c.wgmma = true;
-  for (const int producers : {1, 2}) {
-    c.producer_warpgroups = producers;
-    run_case(c);
-  }
+  run_case(c);
 }
 TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
   run_wgmma_case({12, 64, 2048, 1, 20000, 21});

@@ -54,14 +54,6 @@ bool sparse_mla_prefill_enabled() {
   return enabled;
 }
 
-int sparse_mla_prefill_producer_warpgroups() {
-  static const int warpgroups = [] {
-    const char* value = std::getenv("MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS");
-    return value != nullptr && std::string_view(value) == "2" ? 2 : 1;
-  }();
-  return warpgroups;
-}
-
 bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
   return sparse_mla_prefill_enabled() && !params.cluster_merge && params.num_splits == 1 &&
          (params.fixed_kernel ||

@@ -91,10 +91,6 @@ bool sparse_mla_cluster_enabled();
 // (A/B runs).
 bool sparse_mla_prefill_selected(const SparseMlaParams& params);
 bool sparse_mla_prefill_enabled();
-// The wgmma prefill kernel's producer warpgroups: 1 (384 threads), or 2 (512
-// threads, the PV as two m64n128 halves) with MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS=2,
-// an A/B switch until the 512-thread layout is measured on a GPU.
-int sparse_mla_prefill_producer_warpgroups();
 
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
@@ -113,9 +109,6 @@ void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t strea
 // The wgmma prefill kernel whatever the policy (num_splits must be 1; tests
 // compare it with the general kernel).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
-// With the producer warpgroups chosen (1 or 2; tests run both).
-void launch_sparse_mla_prefill(const SparseMlaParams& params, int producer_warpgroups,
-                               cudaStream_t stream);
 // 16 when a 16-CTA cluster of the kernel can be resident on this GPU, else 8.
 int sparse_mla_cluster_max_splits();
 }  // namespace detail

@@ -3,50 +3,46 @@
 // over all of its top-k slots (no split: prefill has rows enough to fill the
 // GPU); stages of two K blocks of 32 keys in a two-stage ring
 // (sparse_mla_prefill_tiles.cuh: shapes, shared memory, the gather). Warp
-// specialisation, three warpgroups:
+// specialisation, four warpgroups (512 threads):
 //
-//   producer (warpgroup 2, 120 registers after setmaxnreg): gathers both
-//     blocks of every stage from the paged fp8 pool (656-byte entries, one key
-//     per load instruction across the 32 lanes) and dequantises them to f16
-//     (e4m3 -> f16 exact, the group scale one f16 multiply, rope bf16 -> f16)
-//     into the ring in the 128-byte swizzle layout; warp w takes keys
-//     16 (w % 2) .. + 16 of block w / 2 in four groups of 4, one group's loads
-//     in flight while the other is converted, and the entries of the next
-//     stage prefetched into L2;
+//   producers (warpgroups 2 and 3, 64 registers after setmaxnreg): gather
+//     both blocks of every stage from the paged fp8 pool (656-byte entries,
+//     one key per load instruction across the 32 lanes) and dequantise them
+//     to f16 (e4m3 -> f16 exact, the group scale one f16 multiply, rope
+//     bf16 -> f16) into the ring in the 128-byte swizzle layout; producer warp
+//     w takes keys 8 (w % 4) .. + 8 of block w / 4 in two groups of 4, and
+//     prefetches the entries of the next stage into L2. Two producer warps
+//     share each scheduler, so one's conversions hide the other's loads;
 //   consumers (warpgroups 0 and 1, 192 registers), stage after stage,
 //     warpgroup c on block c of the stage:
 //       S_c[64 heads][32]  = Q[64][576] . K_c^T          (36 wgmma m64n32k16)
 //       row maxima exchanged in shared memory, so both share one running max;
 //       P_c = exp2(S_c - max) written to its half of P[64][64] (f16, swizzled);
 //       O_c[64][256]      += P[64][64] . [K_0; K_1][:, 256c .. 256c+256)
-//                                                           (4 wgmma m64n256k16)
+//                                               (2 x 4 wgmma m64n128k16)
 //     i.e. each consumer computes the scores of its own block and the output
 //     columns of its half of the latent over both blocks (FlashMLA's split of
 //     the work between two warpgroups), so no MMA is done twice. K doubles as
 //     V (the value is the latent itself), read MN-major by the PV MMA.
 //
-// Handshakes on named barriers of all 384 threads: FULL + r (the producer
+// Handshakes on named barriers of all 512 threads: FULL + r (the producer
 // arrives once a stage's blocks are in ring r, the consumers wait before its
 // score MMAs) and EMPTY + r (the consumers arrive once the PV that read ring
 // r has completed, the producer waits before writing the stage after next).
-// setmaxnreg moves registers from the producer to the consumers: ptxas
-// allocates the code after setmaxnreg.inc with the raised count (a 384-thread
-// launch starts every thread at 168). An earlier kernel whose two warpgroups
-// both gathered and computed in lockstep (255 registers) reached 302 / 292
-// TFLOP/s at 32K / 128K prompts, this one 317 / 303 in the same run
-// (docs/benchmarks.md).
-//
-// A second layout (Layout<2>, MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS=2, not yet
-// run on a GPU): two producer warpgroups (512 threads, 64 registers each,
-// 8 keys per warp and stage, one group in registers) so that two producer
-// warps share each scheduler; the PV then runs as two m64n128 halves.
+// setmaxnreg moves registers from the producers to the consumers: ptxas
+// allocates the code after setmaxnreg.inc with the raised count (a 512-thread
+// launch starts every thread at 128). But ptxas applies the launch's cap to
+// every instruction: an m64n256 wgmma (128 accumulators) needs 154 registers,
+// hence the PV as two m64n128 halves. Measured (docs/benchmarks.md): an
+// earlier kernel whose two warpgroups both gathered and computed in lockstep
+// 302 / 292 TFLOP/s at 32K / 128K prompts; one producer warpgroup (384
+// threads, 120 registers, two 4-key groups in flight) 317 / 299; this layout
+// 338-352 / 319.
 //
 // Q is stored as f16 times 2^-6 (|q| up to 4e6 fits f16), folded back into the
 // softmax scale; the online softmax runs in the log2 domain. The results are
 // the general kernel's (sparse_mla_attention.cu) up to summation order.
 #include <climits>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -60,37 +56,24 @@ using namespace sparse_mla_prefill;
 
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 
-// The CTA's split between the producer and the consumers, by the number of
-// producer warpgroups (1: 384 threads, the default; 2: 512 threads, behind
-// MEGACTX_SPARSE_MLA_PREFILL_PRODUCERS=2 until measured). setmaxnreg.inc only
-// takes registers that setmaxnreg.dec gave back: the launch holds 65,536 /
-// threads per thread (168 at 384, 128 at 512), so 256 x consumer + producer
-// threads x producer must not exceed that, or the consumers' inc waits
-// forever (the first GPU run of this kernel hung at 200 / 112).
-template <int ProducerWarpgroups>
+// The CTA's split between the producers and the consumers. setmaxnreg.inc
+// only takes registers that setmaxnreg.dec gave back: the launch holds
+// 65,536 / 512 = 128 per thread, so 256 x consumer + 256 x producer must not
+// exceed that, or the consumers' inc waits forever (a 384-thread kernel hung
+// at 200 / 112).
 struct Layout {
-  static_assert(ProducerWarpgroups == 1 || ProducerWarpgroups == 2);
-  static constexpr int kThreads = kConsumerThreads + 128 * ProducerWarpgroups;
-  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-  static constexpr int kConsumerRegisters = 192;  // ptxas: no spills at 192 / 120
-  static constexpr int kProducerRegisters = ProducerWarpgroups == 1 ? 120 : 64;
-  static constexpr int kProducerWarps = 4 * ProducerWarpgroups;
-  // A producer warp's keys per stage (16 or 8), in groups of kGroupKeys, and
-  // how many groups it holds in registers: two at 120 registers (one's loads
-  // in flight while the other converts), one at 64 (the other warp on the
-  // scheduler hides the latency).
+  static constexpr int kThreads = 512;
+  static constexpr int kLaunchRegisters = 65536 / kThreads;
+  static constexpr int kConsumerRegisters = 192;
+  static constexpr int kProducerRegisters = 64;  // ptxas: no spills untiered at 192 / 64
+  static constexpr int kProducerWarps = (kThreads - kConsumerThreads) / 32;
+  // A producer warp's keys per stage, in groups of kGroupKeys.
   static constexpr int kWarpKeys = 2 * kKeys / kProducerWarps;
   static constexpr int kWarpGroups = kWarpKeys / kGroupKeys;
-  static constexpr int kGroupsInFlight = ProducerWarpgroups == 1 ? 2 : 1;
-  // ptxas applies the launch's register cap to every instruction: an
-  // m64n256 wgmma (128 accumulators) needs 154 and does not compile under
-  // 128, so the 512-thread layout issues the PV as two m64n128 halves.
-  static constexpr bool kSplitPv = kLaunchRegisters < 154;
   static_assert(kConsumerThreads * kConsumerRegisters +
                         (kThreads - kConsumerThreads) * kProducerRegisters <=
                     kThreads * kLaunchRegisters,
                 "setmaxnreg would ask for more registers than the launch holds");
-  static_assert(kWarpGroups % kGroupsInFlight == 0);
 };
 
 constexpr int kExchangeBarrier = 1;  // consumers only
@@ -99,18 +82,18 @@ constexpr int kQueryBarrier = 3;
 constexpr int kFullBarrier = 4;   // + ring: all threads
 constexpr int kEmptyBarrier = 6;  // + ring: all threads
 
-// The producer: `stages` stages of 64 keys; warp w gathers L::kWarpKeys
-// keys of block w / (L::kProducerWarps / 2) of each stage, in groups of 4
+// A producer: `stages` stages of 64 keys; warp w gathers Layout::kWarpKeys
+// keys of block w / (Layout::kProducerWarps / 2) of each stage, in groups of 4
 // keys (with one group of 8, its loads issued right before its conversion,
 // the first profile of this kernel had the producer waiting for them once
 // per group and the consumers waiting for the producer).
-template <typename L, typename Addressing>
+template <typename Addressing>
 __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
+  using L = Layout;
   set_max_registers_dec<L::kProducerRegisters>();
   constexpr unsigned kAll = 0xffffffffu;
   constexpr int kWarpKeys = L::kWarpKeys, kWarpGroups = L::kWarpGroups;
-  constexpr int kInFlight = L::kGroupsInFlight;
   uint8_t* k_tiles = shared + kKOffset;
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
@@ -138,10 +121,8 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
   };
 
   int32_t current = stage_slot(0), next = stage_slot(1), far = stage_slot(2);
-  WarpEntries entries[kInFlight];  // group q in entries[q % kInFlight]
-#pragma unroll
-  for (int q = 0; q < kInFlight; ++q)
-    load_warp_entries<Addressing>(entries[q], p, group_slot(current, q), lane);
+  WarpEntries entries;  // the next group to store, its loads in flight
+  load_warp_entries<Addressing>(entries, p, group_slot(current, 0), lane);
   prefetch_stage(next);
   for (int stage = 0; stage < stages; ++stage) {
     const int ring = stage & 1, buffer = 2 * ring + block;
@@ -158,13 +139,11 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
     }
 #pragma unroll
     for (int q = 0; q < kWarpGroups; ++q) {
-      store_warp_entries(entries[q % kInFlight], tile, key_base + kGroupKeys * q, lane);
-      // kInFlight groups ahead: in this stage or the next.
-      const int ahead = q + kInFlight;
-      const int32_t slot =
-          ahead < kWarpGroups ? group_slot(current, ahead) : group_slot(next, ahead - kWarpGroups);
-      if (ahead < kWarpGroups || stage + 1 < stages)
-        load_warp_entries<Addressing>(entries[q % kInFlight], p, slot, lane);
+      store_warp_entries(entries, tile, key_base + kGroupKeys * q, lane);
+      // The following group: in this stage or the next.
+      const int32_t slot = q + 1 < kWarpGroups ? group_slot(current, q + 1) : group_slot(next, 0);
+      if (q + 1 < kWarpGroups || stage + 1 < stages)
+        load_warp_entries<Addressing>(entries, p, slot, lane);
     }
     fence_proxy_async_shared();  // st.shared -> the consumers' wgmma reads (async proxy)
     named_barrier_arrive(kFullBarrier + ring, L::kThreads);
@@ -177,9 +156,10 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
 
 // A consumer warpgroup C: its block of each stage for the scores, its half of
 // the latent for the output (FlashMLA's split, above).
-template <typename L, int C>
+template <int C>
 __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
+  using L = Layout;
   set_max_registers_inc<L::kConsumerRegisters>();
   uint8_t* q_tile = shared + kQOffset;
   uint8_t* k_tiles = shared + kKOffset;
@@ -357,24 +337,15 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
       return descriptor_from_words(v_low + (((ks / 2) * kKBytes + (ks % 2) * 16 * 128) >> 4),
                                    kSwizzle128DescriptorHigh);
     };
-    if constexpr (L::kSplitPv) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t v_low =
-            swizzle128_mn_descriptor_low(v_base + 2 * half * kKChunkBytes, kKChunkBytes);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wgmma_m64n128k16_f16_ss_tb(
-              o + 64 * half, descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
-              v_step(v_low, ks));
-      }
-    } else {
-      const uint32_t v_low = swizzle128_mn_descriptor_low(v_base, kKChunkBytes);
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t v_low =
+          swizzle128_mn_descriptor_low(v_base + 2 * half * kKChunkBytes, kKChunkBytes);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_m64n256k16_f16_ss_tb(o,
+        wgmma_m64n128k16_f16_ss_tb(o + 64 * half,
                                    descriptor_from_words(p_low + 2 * ks, kSwizzle128DescriptorHigh),
-                                   v_step(v_low, ks), 1);
+                                   v_step(v_low, ks));
     }
     wgmma_commit();
     if (stage + 1 < stages) {
@@ -413,28 +384,30 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
 }
 
 // kTiered: slots may be past pool_slots (a host tier's entries).
-template <int ProducerWarpgroups, bool kTiered>
-__global__ void __launch_bounds__(Layout<ProducerWarpgroups>::kThreads, 1)
+template <bool kTiered>
+__global__ void __launch_bounds__(Layout::kThreads, 1)
     sparse_mla_prefill_kernel(SparseMlaParams p) {
-  using L = Layout<ProducerWarpgroups>;
   grid_dependency_wait();
   grid_dependency_trigger();
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
   if (threadIdx.x >= kConsumerThreads)
     sparse_mla_prefill_producer<
-        L, std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
+        std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
   else if (threadIdx.x < 128)
-    sparse_mla_prefill_consumer<L, 0>(p, shared);
+    sparse_mla_prefill_consumer<0>(p, shared);
   else
-    sparse_mla_prefill_consumer<L, 1>(p, shared);
+    sparse_mla_prefill_consumer<1>(p, shared);
 }
 
-template <int ProducerWarpgroups>
-void launch_layout(const SparseMlaParams& params, cudaStream_t stream) {
+}  // namespace
+
+namespace detail {
+
+void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return;
   static const bool configured = [] {
-    for (auto kernel : {sparse_mla_prefill_kernel<ProducerWarpgroups, false>,
-                        sparse_mla_prefill_kernel<ProducerWarpgroups, true>})
+    for (auto kernel : {sparse_mla_prefill_kernel<false>, sparse_mla_prefill_kernel<true>})
       MEGACTX_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
@@ -442,30 +415,9 @@ void launch_layout(const SparseMlaParams& params, cudaStream_t stream) {
   (void)configured;
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
   const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(tiered ? sparse_mla_prefill_kernel<ProducerWarpgroups, true>
-                       : sparse_mla_prefill_kernel<ProducerWarpgroups, false>,
-                grid, Layout<ProducerWarpgroups>::kThreads, kSharedBytes, stream, params);
+  launch_kernel(tiered ? sparse_mla_prefill_kernel<true> : sparse_mla_prefill_kernel<false>, grid,
+                Layout::kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
-}
-
-}  // namespace
-
-namespace detail {
-
-void launch_sparse_mla_prefill(const SparseMlaParams& params, int producer_warpgroups,
-                               cudaStream_t stream) {
-  if (producer_warpgroups != 1 && producer_warpgroups != 2)
-    throw std::invalid_argument("sparse MLA prefill: 1 or 2 producer warpgroups, not " +
-                                std::to_string(producer_warpgroups));
-  if (params.rows == 0) return;
-  if (producer_warpgroups == 2)
-    launch_layout<2>(params, stream);
-  else
-    launch_layout<1>(params, stream);
-}
-
-void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
-  launch_sparse_mla_prefill(params, sparse_mla_prefill_producer_warpgroups(), stream);
 }
 
 }  // namespace detail
