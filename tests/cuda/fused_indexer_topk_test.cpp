@@ -212,6 +212,7 @@ struct FusedRun {
   bool positions_input = false;  // rows given by positions instead of visible lengths
   bool ping_pong = false;        // wgmma, fp32 head sum: the warpgroups take turns issuing MMAs
   bool tensor_head_sum = true;   // wgmma: the head sum on the tensor cores (bf16)
+  int consumer_warpgroups = 0;   // 0: the kernel's choice (4 with the bf16 head sum)
 };
 
 bool bf16_head_sum(const FusedRun& run) {
@@ -233,15 +234,19 @@ float head_sum_allowance(const FusedRun& run, const std::vector<float>& magnitud
 std::string run_name(const FusedRun& run) {
   return std::string(run.wgmma ? (run.ping_pong ? "wgmma ping-pong" : "wgmma free-running")
                                : "mma.sync") +
-         (bf16_head_sum(run) ? ", bf16 head sum" : ", fp32 head sum") + ", ctas " +
-         std::to_string(run.ctas);
+         (bf16_head_sum(run) ? ", bf16 head sum" : ", fp32 head sum") +
+         (run.consumer_warpgroups ? ", " + std::to_string(run.consumer_warpgroups) + " warpgroups"
+                                  : "") +
+         ", ctas " + std::to_string(run.ctas);
 }
 
 // wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
-// (bf16 head sum on the tensor cores; twice on one workspace), wgmma
-// free-running with the fp32 head sum, mma.sync (fp32 head sum).
+// (bf16 head sum on the tensor cores, four consumer warpgroups; twice on one
+// workspace), the same with two warpgroups, wgmma free-running with the fp32
+// head sum, mma.sync (fp32 head sum).
 const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
                                             {true, 0, 2, false, false},
+                                            {true, 0, 1, false, false, true, 2},
                                             {true, 0, 1, false, false, false},
                                             {false, 0, 1, false, false}};
 
@@ -283,6 +288,7 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.wgmma = run.wgmma;
     params.ping_pong = run.ping_pong;
     params.tensor_head_sum = run.tensor_head_sum;
+    params.consumer_warpgroups = run.consumer_warpgroups;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -425,6 +431,7 @@ void check_scores(int heads, uint32_t seed) {
     params.wgmma = run.wgmma;
     params.ping_pong = run.ping_pong;
     params.tensor_head_sum = run.tensor_head_sum;
+    params.consumer_warpgroups = run.consumer_warpgroups;
     params.debug_scores = debug.get();
     params.debug_stride = problem.max_visible;
     cuda::fused_indexer_topk(params, nullptr);
@@ -597,7 +604,10 @@ TEST(FusedIndexerTopk, OneMillionKeys) {
   FusedProblem problem;
   problem.keys = Keys::FastRandom;
   problem.chunks = {{1048576 - 16, 16}, {1048539 - 5, 5}};
-  check_problem(problem, 19, {{true, 0, 1, false, true, false}, {true, 0, 1, false, false}});
+  check_problem(problem, 19,
+                {{true, 0, 1, false, true, false},
+                 {true, 0, 1, false, false},
+                 {true, 0, 1, false, false, true, 2}});
 }
 
 TEST(FusedIndexerTopk, RejectsBadShapes) {
@@ -612,6 +622,13 @@ TEST(FusedIndexerTopk, RejectsBadShapes) {
   params.rows = 3;  // null pointers
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
   params.rows = 0;
+  EXPECT_NO_THROW(cuda::fused_indexer_topk(params, nullptr));
+  params.consumer_warpgroups = 3;
+  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
+  params.consumer_warpgroups = 4;  // only with the tensor-core head sum
+  params.tensor_head_sum = false;
+  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
+  params.tensor_head_sum = true;
   EXPECT_NO_THROW(cuda::fused_indexer_topk(params, nullptr));
 }
 

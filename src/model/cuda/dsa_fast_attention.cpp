@@ -138,6 +138,13 @@ bool fp32_head_sum_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
+// MEGACTX_CUDA_INDEXER_WARPGROUPS=2: the fused indexer's two-warpgroup layout
+// with the tensor-core head sum (A/B runs; the default is four).
+int indexer_warpgroups_forced() {
+  const char* value = std::getenv("MEGACTX_CUDA_INDEXER_WARPGROUPS");
+  return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : 0;
+}
+
 }  // namespace
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
@@ -257,6 +264,7 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
     select.out_counts = step.counts;
     select.ctas = fast_multiprocessors_;
     select.tensor_head_sum = !fp32_head_sum_forced();
+    if (select.tensor_head_sum) select.consumer_warpgroups = indexer_warpgroups_forced();
     select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
     select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
     fused_indexer_topk(select, stream_);

@@ -28,6 +28,13 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
   MEGACTX_CHECK(!(params.wgmma && params.ping_pong && params.tensor_head_sum),
                 "fused indexer top-k: ping-pong is a variant of the fp32 head sum "
                 "(tensor_head_sum = false)");
+  MEGACTX_CHECK(params.consumer_warpgroups == 0 || params.consumer_warpgroups == 2 ||
+                    params.consumer_warpgroups == 4,
+                "fused indexer top-k: {} consumer warpgroups (supported: 0 = default, 2, 4)",
+                params.consumer_warpgroups);
+  MEGACTX_CHECK(
+      params.consumer_warpgroups != 4 || (params.wgmma && params.tensor_head_sum),
+      "fused indexer top-k: four consumer warpgroups need the wgmma tensor-core head sum");
   if (params.rows == 0) return;
   MEGACTX_CHECK(params.queries && params.weights && params.key_pool && params.page_tables &&
                     params.row_table && (params.row_visible || params.row_positions) &&

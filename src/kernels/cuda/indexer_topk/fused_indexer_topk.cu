@@ -35,39 +35,57 @@ namespace {
 
 using namespace fused;
 
-constexpr int kConsumers = 256;             // two warpgroups
-constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
-// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 <= 64K. (ptxas
-// still allocates every path of the kernel within 168, the cap of 384 threads:
-// the consumers hold at most 128 fp32 accumulators + 16 A-fragment registers.)
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
-constexpr int kTileBarrier = 4;  // named barrier of all kThreads (ids 1..3: consumers, warpgroups)
-// Ping-pong: barrier kTurnBarrier + w = warpgroup w may issue its MMAs (the
-// other warpgroup arrives on it after issuing its own).
-constexpr int kTurnBarrier = 5;
+// The CTA by its consumer warpgroups; warpgroup w scores tile columns
+// [w, w + 1) x kWgColumns.
+//   Wgs = 4 (the default with the tensor-core head sum): 512 threads, all
+//     consumers (m64n128 MMAs, 64 accumulators); thread 0 also issues the
+//     key pages' bulk copies. No producer warpgroup: with one, the launch's
+//     640 threads would cap every thread at 96 registers, and ptxas allocates
+//     the consumers within that cap (setmaxnreg does not lift it): they spilled.
+//   Wgs = 2 (every variant): 256 consumer threads (m64n256, 128 accumulators)
+//     + a producer warpgroup whose first warp issues the copies; setmaxnreg
+//     moves registers to the consumers (128 x 40 + 256 x 232 <= 384 x 168).
+template <int Wgs>
+struct Cta {
+  static_assert(Wgs == 2 || Wgs == 4);
+  static constexpr bool kProducerWarpgroup = Wgs == 2;
+  static constexpr int kConsumers = 128 * Wgs;
+  static constexpr int kThreads = kConsumers + (kProducerWarpgroup ? 128 : 0);
+  static constexpr int kWgColumns = 512 / Wgs;                      // 256 or 128
+  static constexpr int kQTileBytes = kWgColumns * kIndexerHeadDim;  // 32 or 16 KiB
+  static constexpr int kAccumulators = kWgColumns / 2;              // fp32 per thread and page
+  static constexpr int kHeadSumTileBytes = 16 * kWgColumns * 2;     // W: [16 sums][columns] bf16
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168);
+};
+constexpr int kMaxWgs = 4;
+// Named barriers: 1 all consumers, 2 + w warpgroup w, kTileBarrier all threads.
+constexpr int kTileBarrier = 2 + kMaxWgs;
+// Ping-pong (two warpgroups): barrier kTurnBarrier + w = warpgroup w may issue
+// its MMAs (the other warpgroup arrives on it after issuing its own).
+constexpr int kTurnBarrier = kTileBarrier + 1;
 constexpr int kStages = 4;                                  // key pages in flight per CTA
 constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448
-constexpr int kWgColumns = 256;                             // (row, head) columns per warpgroup
-constexpr int kQTileBytes = kWgColumns * kIndexerHeadDim;   // 32 KiB
 constexpr int kBins = 2048;                                 // radix digits of 11 bits
 constexpr int kHighWater = kFusedCandidates - kPageTokens;  // compact past this many entries
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms).
-constexpr int kQOffset = 0;                               // [2][256][128 B]
-constexpr int kStageOffset = kQOffset + 2 * kQTileBytes;  // [kStages][64][132 B]
+// Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms);
+// the same for both CTA shapes.
+constexpr int kQOffset = 0;                         // [512 columns][128 B]: Wgs tiles
+constexpr int kStageOffset = kQOffset + 512 * 128;  // [kStages][64][132 B]
 constexpr int kSelectOffset = kStageOffset + kStages * kPageBytes;
-constexpr int kSelectKeys = 0;                                     // uint32 [kFusedCandidates]
-constexpr int kSelectKept = kSelectKeys + kFusedCandidates * 4;    // uint2 [kFusedMaxTopk]
+// Per warpgroup, for the radix select (the candidate keys stay in global
+// memory: a 32 KiB copy per warpgroup would not fit four).
+constexpr int kSelectKept = 0;                                     // uint2 [kFusedMaxTopk]
 constexpr int kSelectHistogram = kSelectKept + kFusedMaxTopk * 8;  // uint32 [kBins]
-constexpr int kSelectBytes = kSelectHistogram + kBins * 4;         // per warpgroup
-// The head weights: float [512] for the CUDA-core head sum, or the two
+constexpr int kSelectBytes = kSelectHistogram + kBins * 4;         // 24 KiB
+// The head weights: float [512] for the CUDA-core head sum, or the
 // warpgroups' bf16 W tiles for the tensor-core one (1024-byte aligned).
-constexpr int kHeadSumTileBytes = 16 * 256 * 2;
-constexpr int kWeightOffset = kSelectOffset + 2 * kSelectBytes;
-constexpr int kMiscOffset = kWeightOffset + 2 * kHeadSumTileBytes;
-static_assert(kWeightOffset % 1024 == 0, "the W tiles are swizzle atoms");
+constexpr int kWeightOffset = kSelectOffset + kMaxWgs * kSelectBytes;
+constexpr int kMiscOffset = kWeightOffset + 16 * 512 * 2;
+static_assert(kWeightOffset % 1024 == 0 && kStageOffset % 1024 == 0, "swizzle atoms");
 
 struct Misc {
   uint64_t full[kStages];                 // a page landed (producer's expect_tx + the copy)
@@ -78,10 +96,10 @@ struct Misc {
   // [warpgroup][page parity]: bit i = the warpgroup's row i passed the high
   // water mark during a page of that parity (parity keeps the next page's
   // atomics off the word being read).
-  uint32_t need[2][2];
-  int warp_sums[2][4];  // per-warpgroup scan scratch of the radix select
-  int found_digit[2], found_need[2];
-  int above[2], ties[2];
+  uint32_t need[kMaxWgs][2];
+  int warp_sums[kMaxWgs][4];  // per-warpgroup scan scratch of the radix select
+  int found_digit[kMaxWgs], found_need[kMaxWgs];
+  int above[kMaxWgs], ties[kMaxWgs];
 };
 constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
 static_assert(kSharedBytes <= 227 * 1024, "shared memory of one CTA");
@@ -162,7 +180,8 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* pointer) {
 
 // The exact top_k of a row's candidate buffer (count > top_k entries, or any
 // count when Final), by the 128 threads of warpgroup `wg`: three radix passes
-// (11, 11, 10 bits) over the keys copied into shared memory, then the kept
+// (11, 11, 10 bits) over the keys (read from the global buffer, 16 per thread
+// in flight: a compaction is rare, a few per row per million keys), then the kept
 // entries (all above the k-th key, ties at it up to top_k) gathered in
 // shared memory. Final: their positions go to out_row [top_k] (-1 padding
 // when count <= top_k). Otherwise they become the buffer's first top_k
@@ -174,7 +193,6 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   const int wtid = static_cast<int>(threadIdx.x) % 128;
   const int lane = wtid % 32, warp = wtid / 32;
   const int barrier = 2 + wg;
-  uint32_t* keys_s = reinterpret_cast<uint32_t*>(scratch + kSelectKeys);
   uint2* kept_s = reinterpret_cast<uint2*>(scratch + kSelectKept);
   uint32_t* histogram = reinterpret_cast<uint32_t*>(scratch + kSelectHistogram);
   constexpr int kPerThread = kFusedMaxTopk / 128;  // kept entries per thread
@@ -192,12 +210,12 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
       if (wtid + 128 * m < top_k) out_row[wtid + 128 * m] = taken[m];
     return;
   }
-  // The keys into shared memory, 16 bytes per load, a batch of loads in flight.
-  {
-    constexpr int kBatch = 8;
+  // The buffer's keys, n of them: f(key) for each, a batch of 16-byte loads in
+  // flight per thread (the tail one key at a time).
+  auto for_each_key = [&](auto&& f) {
+    constexpr int kBatch = 4;
     const int vectors = n / 4;
     const uint4* source = reinterpret_cast<const uint4*>(keys_g);
-    uint4* destination = reinterpret_cast<uint4*>(keys_s);
     for (int base = 0; base < vectors; base += 128 * kBatch) {
       uint4 v[kBatch];
 #pragma unroll
@@ -206,14 +224,16 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
         v[m] = i < vectors ? source[i] : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int m = 0; m < kBatch; ++m) {
-        const int i = base + wtid + 128 * m;
-        if (i < vectors) destination[i] = v[m];
-      }
+      for (int m = 0; m < kBatch; ++m)
+        if (base + wtid + 128 * m < vectors) {
+          f(v[m].x);
+          f(v[m].y);
+          f(v[m].z);
+          f(v[m].w);
+        }
     }
-    for (int i = vectors * 4 + wtid; i < n; i += 128) keys_s[i] = keys_g[i];
-  }
-  named_barrier(barrier, 128);
+    for (int i = vectors * 4 + wtid; i < n; i += 128) f(keys_g[i]);
+  };
 
   uint32_t prefix = 0;
   int need = top_k;
@@ -224,11 +244,10 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
     const int bins = 1 << bits;
     for (int i = wtid; i < bins; i += 128) histogram[i] = 0;
     named_barrier(barrier, 128);
-    for (int i = wtid; i < n; i += 128) {
-      const uint32_t key = keys_s[i];
+    for_each_key([&](uint32_t key) {
       if (level == 0 || (key >> (shift + bits)) == prefix)
         atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
-    }
+    });
     named_barrier(barrier, 128);
     // Thread i owns `per` bins i-th from the top; an exclusive scan counts
     // the keys in bins above its own.
@@ -267,27 +286,39 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   named_barrier(barrier, 128);
   const int above_total = top_k - need;
   const unsigned lower_lanes = (1u << lane) - 1;
-  for (int base = 0; base < n; base += 128) {
-    const int i = base + wtid;
-    const uint32_t key = i < n ? keys_s[i] : 0u;
-    const bool is_above = i < n && key > prefix;
-    const bool is_tie = i < n && key == prefix;
-    const unsigned above_mask = __ballot_sync(kFullMask, is_above);
-    const unsigned tie_mask = __ballot_sync(kFullMask, is_tie);
-    int above_base = 0, tie_base = 0;
-    if (lane == 0) {
-      if (above_mask) above_base = atomicAdd(&misc.above[wg], __popc(above_mask));
-      if (tie_mask) tie_base = atomicAdd(&misc.ties[wg], __popc(tie_mask));
+  // Batches of 4 x 128 keys, loaded before any is placed.
+  constexpr int kScanBatch = 4;
+  for (int batch = 0; batch < n; batch += 128 * kScanBatch) {
+    uint32_t keys[kScanBatch];
+#pragma unroll
+    for (int m = 0; m < kScanBatch; ++m) {
+      const int i = batch + 128 * m + wtid;
+      keys[m] = i < n ? keys_g[i] : 0u;
     }
-    above_base = __shfl_sync(kFullMask, above_base, 0);
-    tie_base = __shfl_sync(kFullMask, tie_base, 0);
-    // Kept: (key, buffer index); the positions are gathered below in one batch.
-    if (is_above) {
-      kept_s[above_base + __popc(above_mask & lower_lanes)] =
-          make_uint2(key, static_cast<uint32_t>(i));
-    } else if (is_tie) {
-      const int tie = tie_base + __popc(tie_mask & lower_lanes);
-      if (tie < need) kept_s[above_total + tie] = make_uint2(key, static_cast<uint32_t>(i));
+#pragma unroll
+    for (int m = 0; m < kScanBatch; ++m) {
+      const int i = batch + 128 * m + wtid;
+      if (batch + 128 * m >= n) break;  // uniform over the warpgroup
+      const uint32_t key = keys[m];
+      const bool is_above = i < n && key > prefix;
+      const bool is_tie = i < n && key == prefix;
+      const unsigned above_mask = __ballot_sync(kFullMask, is_above);
+      const unsigned tie_mask = __ballot_sync(kFullMask, is_tie);
+      int above_base = 0, tie_base = 0;
+      if (lane == 0) {
+        if (above_mask) above_base = atomicAdd(&misc.above[wg], __popc(above_mask));
+        if (tie_mask) tie_base = atomicAdd(&misc.ties[wg], __popc(tie_mask));
+      }
+      above_base = __shfl_sync(kFullMask, above_base, 0);
+      tie_base = __shfl_sync(kFullMask, tie_base, 0);
+      // Kept: (key, buffer index); the positions are gathered below in one batch.
+      if (is_above) {
+        kept_s[above_base + __popc(above_mask & lower_lanes)] =
+            make_uint2(key, static_cast<uint32_t>(i));
+      } else if (is_tie) {
+        const int tie = tie_base + __popc(tie_mask & lower_lanes);
+        if (tie < need) kept_s[above_total + tie] = make_uint2(key, static_cast<uint32_t>(i));
+      }
     }
   }
   named_barrier(barrier, 128);
@@ -321,17 +352,27 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   named_barrier(barrier, 128);
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum>
-__global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelParams kp) {
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs>
+__global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
+    fused_indexer_topk_kernel(KernelParams kp) {
   static_assert(Wgmma || !PingPong, "ping-pong needs asynchronous MMAs");
   static_assert(Wgmma || !TensorSum, "the tensor-core head sum is a wgmma");
-  constexpr int kRowsPerWg = kWgColumns / Heads;  // 8 or 4
-  constexpr int kTileRows = 2 * kRowsPerWg;       // 16 or 8
+  static_assert(Wgs == 2 || (TensorSum && !PingPong), "four warpgroups: tensor-core head sum only");
+  using C = Cta<Wgs>;
+  constexpr int kConsumers = C::kConsumers, kThreads = C::kThreads;
+  constexpr int kWgColumns = C::kWgColumns, kQTileBytes = C::kQTileBytes;
+  constexpr int kHeadSumTileBytes = C::kHeadSumTileBytes;
+  constexpr int kRowsPerWg = kWgColumns / Heads;  // 8 or 4 (two warpgroups), 4 or 2 (four)
+  constexpr int kTileRows = Wgs * kRowsPerWg;     // 16 or 8
   constexpr int kGroupsPerRow = Heads / 8;        // accumulator column groups of one row
   constexpr int kHalf = kRowsPerWg / 2;
-  constexpr int kRowsPerLane = kRowsPerWg / 4;  // rows a lane holds after the reduction over t
+  // Rows a lane holds after the head sum (lane t: rows t * kRowsPerLane + i;
+  // with 2 rows per warpgroup lanes 2 and 3 hold none).
+  constexpr int kRowsPerLane = kRowsPerWg >= 4 ? kRowsPerWg / 4 : 1;
   constexpr int kWeightsPerLane = 2 * kGroupsPerRow;
-  constexpr int kSumColumn = 8 / kRowsPerWg;  // W's sum n of the warpgroup's row q: q * kSumColumn
+  // W's sum n of the warpgroup's row q: q * kSumColumn (columns 2t, 2t + 1
+  // are lane t's).
+  constexpr int kSumColumn = kRowsPerWg >= 4 ? 8 / kRowsPerWg : 2;
   static_assert(kTileRows <= kFusedMaxTileRows && kTileRows * Heads == 512);
   const FusedIndexerTopkParams& p = kp.p;
 
@@ -355,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   }
   __syncthreads();
 
-  // Pages streamed so far (both roles count the same pages): ring slot and phase.
+  // Pages streamed so far (every thread counts the same pages): ring slot and phase.
   uint32_t ring = 0;
   const int64_t buffer0 = static_cast<int64_t>(blockIdx.x) * kFusedMaxTileRows;
   // Both roles claim the same tiles: one thread takes the next from the queue
@@ -363,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   int row0 = 0, tile_rows = 0, pages = 0;
   auto next_tile = [&]() -> bool {
     named_barrier(kTileBarrier, kThreads);
-    if (tid == kConsumers) misc.tile = atomicAdd(&kp.counters[1], 1);
+    if (tid == (C::kProducerWarpgroup ? kConsumers : 0)) misc.tile = atomicAdd(&kp.counters[1], 1);
     named_barrier(kTileBarrier, kThreads);
     const int tile_count = kp.counters[0];
     const int claimed = misc.tile;
@@ -377,10 +418,21 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
     return true;
   };
 
-  if (producer) {
+  // The bulk copy of the tile's page `page_id` into the ring slot of the
+  // ring-th page streamed (once the slot's previous page has been read by all).
+  auto issue_page = [&](uint32_t ring, int page_id) {
+    const int stage = static_cast<int>(ring % kStages);
+    mbarrier_wait(&misc.empty[stage], ((ring / kStages) & 1u) ^ 1u);
+    mbarrier_arrive_expect_bytes(&misc.full[stage], kPageBytes);
+    bulk_copy_to_shared(stages + stage * kPageBytes,
+                        p.key_pool + static_cast<int64_t>(page_id) * kPageBytes, kPageBytes,
+                        &misc.full[stage]);
+  };
+
+  if (C::kProducerWarpgroup && producer) {
     // The producer warpgroup gives registers to the consumers; its first warp
     // streams the pages, the other three only follow the tile barriers.
-    set_max_registers_dec<kProducerRegisters>();
+    set_max_registers_dec<C::kProducerRegisters>();
     while (next_tile()) {
       if (tid >= kConsumers + 32) continue;
       // Page ids 32 at a time (one per lane), the next 32 loaded a block ahead.
@@ -392,14 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         const int count = min(32, pages - base);
         for (int i = 0; i < count; ++i, ++ring) {
           const int page_id = __shfl_sync(kFullMask, ids, i);
-          if (lane == 0) {
-            const int stage = static_cast<int>(ring % kStages);
-            mbarrier_wait(&misc.empty[stage], ((ring / kStages) & 1u) ^ 1u);
-            mbarrier_arrive_expect_bytes(&misc.full[stage], kPageBytes);
-            bulk_copy_to_shared(stages + stage * kPageBytes,
-                                p.key_pool + static_cast<int64_t>(page_id) * kPageBytes, kPageBytes,
-                                &misc.full[stage]);
-          }
+          if (lane == 0) issue_page(ring, page_id);
         }
       }
       __syncwarp();
@@ -407,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
     return;
   }
 
-  set_max_registers_inc<kConsumerRegisters>();
+  if constexpr (C::kProducerWarpgroup) set_max_registers_inc<C::kConsumerRegisters>();
   // Each warpgroup runs its own copy of the consumer loop with its index a
   // constant, so that every shared-memory address and wgmma descriptor it
   // builds is warp-uniform to the compiler (uniform registers, no per-page
@@ -452,8 +497,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
       }
       if constexpr (TensorSum) {
         // W, 16-byte chunks of 8 columns: (warpgroup, sum n, chunk kc of 32).
-        for (int chunk = tid; chunk < 2 * 16 * 32; chunk += kConsumers) {
-          const int owner = chunk / 512, n = (chunk / 32) % 16, kc = chunk % 32;
+        constexpr int kChunks = kWgColumns / 8;  // per sum n
+        for (int chunk = tid; chunk < Wgs * 16 * kChunks; chunk += kConsumers) {
+          const int owner = chunk / (16 * kChunks), n = (chunk / kChunks) % 16,
+                    kc = chunk % kChunks;
           const int q = 8 * kc / Heads;  // the warpgroup's row of these 8 columns
           const int row = owner * kRowsPerWg + q;
           uint32_t packed[4] = {0u, 0u, 0u, 0u};
@@ -478,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         misc.count[tid] = 0;
         misc.threshold[tid] = 0;  // every ordered score but NaN's lowest code is above it
       }
-      if (tid < 4) misc.need[tid / 2][tid % 2] = 0;
+      if (tid < 2 * Wgs) misc.need[tid / 2][tid % 2] = 0;
       fence_proxy_async_shared();  // the Q tile is read by wgmma (async proxy)
       named_barrier(1, kConsumers);
       // Ping-pong: warpgroup 0 issues first in every tile; afterwards each
@@ -546,11 +593,28 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
         uint32_t my_threshold[kRowsPerLane];
 #pragma unroll
         for (int i = 0; i < kRowsPerLane; ++i) {
-          my_row[i] = wg * kRowsPerWg + t * kRowsPerLane + i;
-          my_visible[i] = my_row[i] < tile_rows ? kp.visible[row0 + my_row[i]] : 0;
+          const int q = t * kRowsPerLane + i;  // the lane's row of the warpgroup, if any
+          my_row[i] = wg * kRowsPerWg + (q < kRowsPerWg ? q : 0);
+          my_visible[i] =
+              q < kRowsPerWg && my_row[i] < tile_rows ? kp.visible[row0 + my_row[i]] : 0;
           my_threshold[i] = 0;
         }
+        // Without a producer warpgroup thread 0 streams the tile's pages,
+        // kStages - 1 ahead of its own (the page id one further ahead loaded).
+        const bool issuer = !C::kProducerWarpgroup && kWg == 0 && wtid == 0;
+        const int32_t* table = issuer ? p.page_tables + p.row_table[row0] : nullptr;
+        int pending_id = 0;
+        if (issuer) {
+          const int ahead = min(kStages - 1, pages);
+          for (int q = 0; q < ahead; ++q) issue_page(ring + q, table[q]);
+          if (ahead < pages) pending_id = table[ahead];
+        }
         for (int page = 0; page < pages; ++page, ++ring) {
+          if (issuer && page + kStages - 1 < pages) {
+            issue_page(ring + kStages - 1, pending_id);
+            if (page + kStages < pages) pending_id = table[page + kStages];
+          }
+          __syncwarp();
           const int stage = static_cast<int>(ring % kStages);
           mbarrier_wait(&misc.full[stage], (ring / kStages) & 1u);
           const uint8_t* keys = stages + stage * kPageBytes;
@@ -581,13 +645,16 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
           }
 
           // acc[key, column] for this warp's 16 keys (rows g, g + 8) x 256 columns.
-          float d[128];
+          float d[C::kAccumulators];
           if constexpr (Wgmma) {
             const uint32_t q_address = shared_address(q_tile);
             wgmma_fence();
 #pragma unroll
             for (int s = 0; s < 4; ++s)
-              wgmma_m64n256k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
+              if constexpr (Wgs == 2)
+                wgmma_m64n256k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
+              else
+                wgmma_m64n128k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
             wgmma_commit();
             // The other warpgroup's MMAs queue behind these and run during this
             // one's epilogue.
@@ -614,14 +681,15 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
           float score[2][kRowsPerLane];
           if constexpr (TensorSum) {
             // sums[key, n] = relu(acc) . W: the accumulator pairs are the A fragments.
-            uint32_t relu_pairs[64];
+            uint32_t relu_pairs[C::kAccumulators / 2];
 #pragma unroll
-            for (int i = 0; i < 64; ++i) relu_pairs[i] = relu_bf16x2(d[2 * i], d[2 * i + 1]);
+            for (int i = 0; i < C::kAccumulators / 2; ++i)
+              relu_pairs[i] = relu_bf16x2(d[2 * i], d[2 * i + 1]);
             float sums[8];
             const uint32_t w_address = shared_address(weight_tiles + wg * kHeadSumTileBytes);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 16; ++kk)
+            for (int kk = 0; kk < kWgColumns / 16; ++kk)
               wgmma_m64n16k16_bf16(
                   sums, relu_pairs + 4 * kk,
                   swizzle128_descriptor(w_address + (kk / 4) * 2048 + (kk % 4) * 32), kk);
@@ -629,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
             wgmma_wait_all();
 #pragma unroll
             for (int i = 0; i < 8; ++i) fence_operand(sums[i]);
-              // Lane t's rows are sums t * kRowsPerLane + i (32 heads) or 2t (64 heads).
+              // Lane t's rows are sums 2t + i (high parts) and 8 + 2t + i (low parts).
 #pragma unroll
             for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -713,15 +781,21 @@ __global__ void __launch_bounds__(kThreads, 1) fused_indexer_topk_kernel(KernelP
   };
   if (tid < 128)
     consume.template operator()<0>();
-  else
+  else if (tid < 256)
     consume.template operator()<1>();
+  else if constexpr (Wgs == 4) {
+    if (tid < 384)
+      consume.template operator()<2>();
+    else
+      consume.template operator()<3>();
+  }
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum>
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs = 2>
 void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream) {
   static const bool configured = [] {
     MEGACTX_CUDA_CHECK(
-        cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum>,
+        cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
@@ -750,8 +824,8 @@ void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream)
   kernel.keys = reinterpret_cast<uint32_t*>(workspace + layout.keys);
   kernel.positions = reinterpret_cast<int32_t*>(workspace + layout.positions);
   const unsigned grid = static_cast<unsigned>(std::min(ctas, params.rows));
-  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum>
-      <<<grid, kThreads, kSharedBytes, stream>>>(kernel);
+  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs>
+      <<<grid, Cta<Wgs>::kThreads, kSharedBytes, stream>>>(kernel);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -765,7 +839,10 @@ void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
   const bool ping_pong = params.wgmma && params.ping_pong;
   const bool tensor_sum = params.wgmma && params.tensor_head_sum;  // never with ping_pong
   auto wgmma = [&]<int Heads>() {
-    if (tensor_sum) return launch<Heads, true, false, true>(params, ctas, stream);
+    if (tensor_sum)
+      return params.consumer_warpgroups == 2
+                 ? launch<Heads, true, false, true, 2>(params, ctas, stream)
+                 : launch<Heads, true, false, true, 4>(params, ctas, stream);
     ping_pong ? launch<Heads, true, true, false>(params, ctas, stream)
               : launch<Heads, true, false, false>(params, ctas, stream);
   };

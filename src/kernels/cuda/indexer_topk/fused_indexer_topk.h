@@ -14,9 +14,10 @@
 // rows each (16 for 32 heads, 8 for 64). A persistent grid (one CTA per SM)
 // takes tiles from a queue, heaviest first. In a CTA one producer warp streams
 // the tile's key pages (64 keys, 8448 B) with TMA bulk copies through a
-// 4-stage ring; two consumer warpgroups each own half of the tile's rows
-// (256 = rows x heads tensor-core columns) and score every page:
-//   acc[key, (row, head)] = k8[key, :] . q8[row, head, :]   (wgmma m64n256k32
+// 4-stage ring; four consumer warpgroups each own a quarter of the tile's rows
+// (128 = rows x heads tensor-core columns; two warpgroups of 256 columns in
+// the other variants) and score every page:
+//   acc[key, (row, head)] = k8[key, :] . q8[row, head, :]   (wgmma m64n128k32
 //   e4m3, keys from registers, queries from shared memory)
 // then relu * weight summed over heads (on the tensor cores: relu(acc) in bf16
 // times the weights, a second wgmma whose A fragments are the accumulator
@@ -90,6 +91,12 @@ struct FusedIndexerTopkParams {
   // free-running warpgroups (1M keys 31.2 vs 30.3 ms, 128K prompt 188 vs
   // 180 ms), so off by default; kept as a tested variant.
   bool ping_pong = false;
+  // Consumer warpgroups per CTA with the tensor-core head sum: 4 (each scores
+  // a quarter of the tile's 512 (row, head) columns with m64n128 MMAs, so
+  // three warpgroups' MMAs can run while one is in its epilogue) or 2 (halves,
+  // m64n256). 0 picks 4 for the tensor-core head sum and 2 for the other
+  // paths, which have only the two-warpgroup layout (4 there is an error).
+  int consumer_warpgroups = 0;
   // Tests only: when set, every score the kernel computes for a visible key is
   // also written here ([rows, debug_stride] fp32), to tell scoring from selection.
   float* debug_scores = nullptr;
