@@ -261,8 +261,17 @@ class CudaDsaModel final : public LanguageModel {
   bool stage_offload_union(int64_t layer, const Step& step, PagedKvCache& cache);
   // A full layer's assignment right after its indexer (decode-sized steps).
   void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
+  // The sparse MLA of the fast path: o_latent = fp32 [n, heads, lora]; null
+  // leaves the output bf16 [n, padded heads, lora] in fast_scratch_.out_bf16
+  // (bf16_w_uv's input).
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
                        PagedKvCache& cache, float* o_latent);
+  // Whether a fast-path block of `rows` rows takes W_UV as a bf16 product of
+  // the sparse MLA's bf16 output (bf16 weights, not the deterministic mode,
+  // CudaModelOptions::bf16_w_uv_min_rows), and that product: o = fp32
+  // [rows, heads * value].
+  bool bf16_w_uv(int64_t rows) const;
+  void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
@@ -287,6 +296,7 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
+    DeviceBuffer w_uv_bf16;  // [heads, value, lora] bf16: W_UV for the bf16 product (bf16_w_uv)
     DeviceBuffer fused;
     // The live host tier: staged slots [rows, top_k] and the staged entries
     // of offload pages [rows x top_k, 656] (at most kOffloadStagingRows rows).

@@ -99,9 +99,11 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
                           heads * lora, lora, heads);
 
     // Sparse attention over the selected positions, read from the paged pool.
-    if (use_fast_attention(part)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
+    const bool fast = use_fast_attention(part);
+    const bool bf16_output = fast && bf16_w_uv(rows);
+    if (fast) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
       timer_.mark("attn sparse MLA", stream_);
-      fast_sparse_mla(q_latent, q, layer, part, cache, o_latent);
+      fast_sparse_mla(q_latent, q, layer, part, cache, bf16_output ? nullptr : o_latent);
     } else {
       MlaFallbackParams p;
       p.q_latent = q_latent;
@@ -125,8 +127,12 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     }
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
-    blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora, o,
-                          heads * value, value, heads);
+    if (bf16_output) {
+      w_uv_bf16(w, rows, o);
+    } else {
+      blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
+                            o, heads * value, value, heads);
+    }
     blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
   }
   if (q_resid != nullptr) blas_->unshare_input(q_resid);

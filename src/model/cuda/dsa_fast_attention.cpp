@@ -649,6 +649,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
     attend.partial_lse = fs.partial_lse.get<float>(n * attend.num_splits * padded);
   }
   sparse_mla_attention(attend, stream_);
+  if (o_latent == nullptr) return;  // bf16_w_uv reads attend.out
 
   // bf16 [n, padded, 512] -> fp32 o_latent [n, heads, 512] for W_UV.
   MlaOutputUnpackParams unpack;
@@ -659,6 +660,24 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   unpack.lora = kLatentRank;
   unpack.out = o_latent;
   unpack_mla_output(unpack, stream_);
+}
+
+bool CudaDsaModel::bf16_w_uv(int64_t rows) const {
+  return options_.bf16_weights && !options_.batch_invariant && rows >= options_.bf16_w_uv_min_rows;
+}
+
+void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t heads = plan_.attention.heads;
+  const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
+  const int64_t value = config_.v_head_dim;
+  // W_UV [heads, value, lora] rounded to bf16 at each use: ~17 MB per layer
+  // at GLM-5.2's shapes, microseconds against a prefill block's product.
+  void* weight = fs.w_uv_bf16.get<uint16_t>(heads * value * kLatentRank);
+  float_to_bf16_rows(w.w_uv, heads * value, kLatentRank, kLatentRank, weight, stream_);
+  blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
+                             kLatentRank, weight, value, value * kLatentRank, o, heads * value,
+                             value, heads);
 }
 
 void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,
