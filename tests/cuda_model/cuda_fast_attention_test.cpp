@@ -186,18 +186,20 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
   }
 }
 
-TEST(CudaFastAttention, Bf16WuvProductMatchesTheTf32One) {
-  // The bf16 mode's W_UV as a bf16 product of the sparse MLA's bf16 output
-  // (here from blocks of one row on) against the unpacked float32 output's
-  // TF32 product: the same attention, W_UV and its input rounded to bf16
-  // instead of TF32 (2^-9 against 2^-11 relative per term).
+TEST(CudaFastAttention, Bf16AbsorbedProductsMatchTheTf32Ones) {
+  // The bf16 mode's absorbed products in bf16 (here from blocks of one row
+  // on: W_UK into the packed bf16 queries, W_UV from the sparse MLA's bf16
+  // output) against the float32 TF32 products with the pack / unpack copies:
+  // the weights and q_nope rounded to bf16 instead of TF32 (2^-9 against
+  // 2^-11 relative per term); the packed queries and the attention output
+  // were bf16 in both.
   for (const Shape& shape : kShapes) {
     SCOPED_TRACE(shape_name(shape));
     auto host = host_model(shape, 64);
     auto model = [&](int64_t min_rows) {
       CudaModelOptions options;
       options.bf16_weights = true;
-      options.bf16_w_uv_min_rows = min_rows;
+      options.bf16_absorbed_min_rows = min_rows;
       return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
     };
     auto bf16 = model(1);
@@ -208,9 +210,11 @@ TEST(CudaFastAttention, Bf16WuvProductMatchesTheTf32One) {
     const double error = relative_error(got.logits.data(), want.logits.data(), want.logits.size());
     const double agreement = argmax_agreement(got.logits.data(), want.logits.data(), want.rows,
                                               host->config().vocab_size);
-    std::printf("bf16 vs TF32 W_UV, %s: relative logit error %.3g, argmax agreement %.4f\n",
-                shape_name(shape).c_str(), error, agreement);
-    EXPECT_GT(error, 0.0) << "the bf16 product is not in use";
+    std::printf(
+        "bf16 vs TF32 absorbed products, %s: relative logit error %.3g, argmax agreement "
+        "%.4f\n",
+        shape_name(shape).c_str(), error, agreement);
+    EXPECT_GT(error, 0.0) << "the bf16 products are not in use";
     EXPECT_LE(error, 2e-2);
     EXPECT_GE(agreement, 0.95);
   }

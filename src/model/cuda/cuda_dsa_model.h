@@ -261,16 +261,21 @@ class CudaDsaModel final : public LanguageModel {
   bool stage_offload_union(int64_t layer, const Step& step, PagedKvCache& cache);
   // A full layer's assignment right after its indexer (decode-sized steps).
   void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
-  // The sparse MLA of the fast path: o_latent = fp32 [n, heads, lora]; null
-  // leaves the output bf16 [n, padded heads, lora] in fast_scratch_.out_bf16
-  // (bf16_w_uv's input).
+  // The sparse MLA of the fast path. q_latent = fp32 [n, heads, lora], or
+  // null: w_uk_bf16 has written the latent half of the packed queries
+  // (fast_scratch_.q_bf16). o_latent = fp32 [n, heads, lora] out, or null: the
+  // output stays bf16 [n, padded heads, lora] in fast_scratch_.out_bf16
+  // (w_uv_bf16's input).
   void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
                        PagedKvCache& cache, float* o_latent);
-  // Whether a fast-path block of `rows` rows takes W_UV as a bf16 product of
-  // the sparse MLA's bf16 output (bf16 weights, not the deterministic mode,
-  // CudaModelOptions::bf16_w_uv_min_rows), and that product: o = fp32
-  // [rows, heads * value].
-  bool bf16_w_uv(int64_t rows) const;
+  // Whether a fast-path block of `rows` rows runs the absorbed products in
+  // bf16 (bf16 weights, not the deterministic mode,
+  // CudaModelOptions::bf16_absorbed_min_rows), and the two products:
+  // W_UK: q fp32 [rows, heads, nope | rope] -> fast_scratch_.q_bf16 [rows,
+  // padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16 -> o fp32
+  // [rows, heads * value]. The weights are rounded to bf16 at each use.
+  bool bf16_absorbed(int64_t rows) const;
+  void w_uk_bf16(const DeviceLayer& w, const float* q, int64_t rows);
   void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
@@ -296,7 +301,9 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
-    DeviceBuffer w_uv_bf16;  // [heads, value, lora] bf16: W_UV for the bf16 product (bf16_w_uv)
+    // bf16_absorbed: q [rows, heads, qk], W_UK^T [heads, lora, nope] and
+    // W_UV [heads, value, lora] in bf16.
+    DeviceBuffer absorb_q_bf16, w_uk_bf16, w_uv_bf16;
     DeviceBuffer fused;
     // The live host tier: staged slots [rows, top_k] and the staged entries
     // of offload pages [rows x top_k, 656] (at most kOffloadStagingRows rows).

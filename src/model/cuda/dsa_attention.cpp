@@ -94,16 +94,22 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
                stream_);
     timer_.mark("attn absorb W_UK", stream_);
     // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
-    // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora].
-    blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
-                          heads * lora, lora, heads);
+    // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora]; in bf16 straight
+    // into the fast path's packed queries (bf16_absorbed).
+    const bool fast = use_fast_attention(part);
+    const bool bf16_products = fast && bf16_absorbed(rows);
+    if (bf16_products) {
+      w_uk_bf16(w, q, rows);
+    } else {
+      blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
+                            heads * lora, lora, heads);
+    }
 
     // Sparse attention over the selected positions, read from the paged pool.
-    const bool fast = use_fast_attention(part);
-    const bool bf16_output = fast && bf16_w_uv(rows);
     if (fast) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
       timer_.mark("attn sparse MLA", stream_);
-      fast_sparse_mla(q_latent, q, layer, part, cache, bf16_output ? nullptr : o_latent);
+      fast_sparse_mla(bf16_products ? nullptr : q_latent, q, layer, part, cache,
+                      bf16_products ? nullptr : o_latent);
     } else {
       MlaFallbackParams p;
       p.q_latent = q_latent;
@@ -127,7 +133,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     }
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
-    if (bf16_output) {
+    if (bf16_products) {
       w_uv_bf16(w, rows, o);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,

@@ -157,10 +157,12 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   const FastScratch& fs = fast_scratch_;
   size_t total = 0;
   for (const DeviceBuffer* buffer :
-       {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_bf16, &fs.iw_padded, &fs.iq_fp8, &fs.iw_folded,
-        &fs.topk_histogram, &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse,
-        &fs.partial_out, &fs.partial_lse, &fs.fused, &fs.staged_slots, &fs.staging,
-        &fs.offload_copy})
+       {&fs.tables,       &fs.visible,     &fs.row_ids,      &fs.iq_bf16,
+        &fs.iw_padded,    &fs.iq_fp8,      &fs.iw_folded,    &fs.topk_histogram,
+        &fs.topk_state,   &fs.slots,       &fs.q_bf16,       &fs.out_bf16,
+        &fs.lse,          &fs.partial_out, &fs.partial_lse,  &fs.fused,
+        &fs.staged_slots, &fs.staging,     &fs.offload_copy, &fs.absorb_q_bf16,
+        &fs.w_uk_bf16,    &fs.w_uv_bf16})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -649,7 +651,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
     attend.partial_lse = fs.partial_lse.get<float>(n * attend.num_splits * padded);
   }
   sparse_mla_attention(attend, stream_);
-  if (o_latent == nullptr) return;  // bf16_w_uv reads attend.out
+  if (o_latent == nullptr) return;  // w_uv_bf16 reads attend.out
 
   // bf16 [n, padded, 512] -> fp32 o_latent [n, heads, 512] for W_UV.
   MlaOutputUnpackParams unpack;
@@ -662,8 +664,27 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   unpack_mla_output(unpack, stream_);
 }
 
-bool CudaDsaModel::bf16_w_uv(int64_t rows) const {
-  return options_.bf16_weights && !options_.batch_invariant && rows >= options_.bf16_w_uv_min_rows;
+bool CudaDsaModel::bf16_absorbed(int64_t rows) const {
+  return options_.bf16_weights && !options_.batch_invariant &&
+         rows >= options_.bf16_absorbed_min_rows;
+}
+
+void CudaDsaModel::w_uk_bf16(const DeviceLayer& w, const float* q, int64_t rows) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t heads = plan_.attention.heads;
+  const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
+  const int64_t nope = config_.qk_nope_head_dim;
+  const int64_t qk = nope + config_.qk_rope_head_dim;
+  void* q16 = fs.absorb_q_bf16.get<uint16_t>(rows * heads * qk);
+  float_to_bf16_rows(q, rows, heads * qk, heads * qk, q16, stream_);
+  void* weight = fs.w_uk_bf16.get<uint16_t>(heads * kLatentRank * nope);
+  float_to_bf16_rows(w.w_uk_t, heads * kLatentRank, nope, nope, weight, stream_);
+  // Into the packed queries [rows, padded, lora + rope]: head h's latent
+  // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
+  uint16_t* packed = fs.q_bf16.get<uint16_t>(rows * padded * kSparseMlaQueryDim);
+  blas_->linear_batched_bf16(q16, rows, nope, heads * qk, qk, weight, kLatentRank,
+                             kLatentRank * nope, packed, padded * kSparseMlaQueryDim,
+                             kSparseMlaQueryDim, heads, /*y_f32=*/false);
 }
 
 void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o) {
@@ -677,7 +698,7 @@ void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o) {
   float_to_bf16_rows(w.w_uv, heads * value, kLatentRank, kLatentRank, weight, stream_);
   blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
                              kLatentRank, weight, value, value * kLatentRank, o, heads * value,
-                             value, heads);
+                             value, heads, /*y_f32=*/true);
 }
 
 void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,

@@ -61,13 +61,16 @@ struct CudaModelOptions {
   // step is bit-identical to the whole one: CudaFastAttention.RowBlocksMatchTheWholeStep).
   int64_t row_block = 1024;
   // The bf16 mode, fast attention: attention blocks of at least this many
-  // rows take W_UV as a bf16 product of the sparse MLA's bf16 output instead
-  // of unpacking it to float32 for a TF32 product. Off by default (the
-  // largest value): written and compiled after the session's GPU time was
-  // spent, NOT yet run on a GPU (CudaFastAttention.Bf16WuvProductMatchesTheTf32One
-  // runs it from one row on); once it passes there, 1024 (prefill blocks, not
-  // the decode sizes CUDA Graphs capture) is the intended default.
-  int64_t bf16_w_uv_min_rows = std::numeric_limits<int64_t>::max();
+  // rows run the absorbed per-head products on bf16 tensor cores with bf16
+  // outputs where the next kernel reads bf16: W_UK writes the latent half of
+  // the sparse MLA's packed bf16 queries, W_UV reads the sparse MLA's bf16
+  // output (instead of float32 TF32 products and the pack / unpack copies).
+  // Off by default (the largest value): written and compiled after the
+  // session's GPU time was spent, NOT yet run on a GPU
+  // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones runs them from one
+  // row on); once that passes, 1024 (prefill blocks, not the decode sizes CUDA
+  // Graphs capture) is the intended default.
+  int64_t bf16_absorbed_min_rows = std::numeric_limits<int64_t>::max();
   int device_ordinal = 0;
   // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
   // rank per GPU. The model joins an NCCL communicator of the same ranks on

@@ -93,6 +93,7 @@ __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
     const int64_t c = i % width;
     const int64_t head_row = i / width;
     const int64_t h = head_row % p.padded_heads, t = head_row / p.padded_heads;
+    if (p.q_latent == nullptr && h < p.heads && c < p.lora) continue;  // written in bf16 already
     float value = 0.f;
     if (h < p.heads)
       value = c < p.lora ? p.q_latent[(t * p.heads + h) * p.lora + c]

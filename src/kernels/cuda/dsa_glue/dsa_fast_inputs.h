@@ -63,9 +63,10 @@ struct PositionsToSlotsParams {
 void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream);
 
 // q[t, h, :] = bf16([q_latent[t, h, 0:lora] | q_rope[t, h, 0:rope]]) for h < heads,
-// zero rows for heads <= h < padded_heads.
+// zero rows for heads <= h < padded_heads. A null q_latent leaves q[t, h,
+// 0:lora] of h < heads as they are (a bf16 product wrote them there).
 struct MlaQueryPackParams {
-  const float* q_latent = nullptr;  // [tokens, heads, lora]
+  const float* q_latent = nullptr;  // [tokens, heads, lora] or null
   const float* q_rope =
       nullptr;  // token t head h at q_rope + t*rope_row_stride + h*rope_head_stride
   int64_t rope_row_stride = 0, rope_head_stride = 0;

@@ -304,8 +304,8 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
 
 void Blas::linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride,
                                int64_t x_batch_stride, const void* w, int64_t out,
-                               int64_t w_batch_stride, float* y, int64_t y_stride,
-                               int64_t y_batch_stride, int64_t batch) {
+                               int64_t w_batch_stride, void* y, int64_t y_stride,
+                               int64_t y_batch_stride, int64_t batch, bool y_f32) {
   if (rows == 0 || out == 0 || batch == 0) return;
   MEGACTX_CHECK(!batch_invariant_, "linear_batched_bf16: not in the deterministic mode");
   auto handle = static_cast<cublasHandle_t>(handle_);
@@ -314,8 +314,9 @@ void Blas::linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t 
   const cublasStatus_t status = cublasGemmStridedBatchedEx(
       handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"),
       &one, w, CUDA_R_16BF, narrow(in, "ldw"), w_batch_stride, x, CUDA_R_16BF,
-      narrow(x_stride, "ldx"), x_batch_stride, &zero, y, CUDA_R_32F, narrow(y_stride, "ldy"),
-      y_batch_stride, narrow(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      narrow(x_stride, "ldx"), x_batch_stride, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+      narrow(y_stride, "ldy"), y_batch_stride, narrow(batch, "batch"), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
   check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
   check(status, "bf16 gemm batched");
 }

@@ -83,12 +83,13 @@ class Blas {
                       int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
                       float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
   // linear_batched on bf16 inputs and weights (tensor cores, float32
-  // accumulate and output): for products whose input a kernel already wrote in
-  // bf16 (the sparse MLA's output into W_UV). Not for the deterministic mode.
+  // accumulate; y float32 when y_f32, else bf16): for products whose input
+  // or consumer is bf16 already (the sparse MLA's packed queries and its
+  // output). Not for the deterministic mode.
   void linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride,
                            int64_t x_batch_stride, const void* w, int64_t out,
-                           int64_t w_batch_stride, float* y, int64_t y_stride,
-                           int64_t y_batch_stride, int64_t batch);
+                           int64_t w_batch_stride, void* y, int64_t y_stride,
+                           int64_t y_batch_stride, int64_t batch, bool y_f32);
   // Inputs already rounded to bf16 by the kernel that wrote them (rmsnorm,
   // add_rmsnorm, silu_mul with their bf16 outputs): share_input(x, ..., x_bf16)
   // says that x [rows, in] (row stride x_stride) has the copy x_bf16 [rows, in]
