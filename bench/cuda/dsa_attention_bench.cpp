@@ -488,9 +488,40 @@ int main(int argc, char** argv) {
     // ---- 4. Prefill throughput ----------------------------------------------------------
     std::printf("\n## Prefill, one layer (causal, every prompt token gets its own top-k 2048)\n\n");
     std::printf(
-        "| prompt | indexer+top-k ms | tokens/s | indexer TFLOP/s | sparse MLA ms | tokens/s | MLA "
+        "| prompt | two-kernel indexer+top-k ms | tokens/s | indexer TFLOP/s | sparse MLA ms | "
+        "tokens/s | MLA "
         "TFLOP/s | general kernel ms | its TFLOP/s |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    // Sparse MLA over `rows` rows of kTopK slots each, chunks of 256 rows (the
+    // per-layer q/out buffers hold 128 rows x 128 heads); `general`: the
+    // mma.sync kernel that served prefill before the wgmma one (the A/B of
+    // the same rows and slots).
+    const int mla_chunk = 2 * Stack::kMaxRows;
+    auto time_mla = [&](const int32_t* slots, int64_t rows, bool general) {
+      return stream_median_ms(
+          stream,
+          [&] {
+            for (int64_t row0 = 0; row0 < rows; row0 += mla_chunk) {
+              SparseMlaParams p;
+              p.q = s.q[0];
+              p.slots = slots + row0 * kTopK;
+              p.kv_pool = s.latent[0];
+              p.out = s.out[0];
+              p.lse = s.lse[0];
+              p.rows = mla_chunk;
+              p.heads = kHeads;
+              p.top_k = kTopK;
+              p.num_splits = 1;
+              p.softmax_scale = 1.f / std::sqrt(256.f);
+              if (general)
+                detail::launch_sparse_mla(p, stream);
+              else
+                sparse_mla_attention(p, stream);
+            }
+          },
+          quick ? 1 : 2);
+    };
+    auto mla_flops = [](int64_t rows) { return 2.0 * double(rows) * kHeads * kTopK * (576 + 512); };
     for (int64_t prompt : {32768LL, 131072LL}) {
       if (prompt > s.max_tokens || (quick && prompt > 32768)) continue;
       // Indexer: groups of 8 prompt rows; a chunk of rows shares the scores
@@ -531,49 +562,34 @@ int main(int argc, char** argv) {
           },
           quick ? 1 : 2);
       const double indexer_flops = 2.0 * kIndexHeads * 128 * (double(prompt) * (prompt + 1) / 2);
-      // Sparse MLA: every prompt row over 2048 random slots, chunks of 256 rows
-      // (the per-layer q/out buffers hold 128 rows x 128 heads).
+      // Sparse MLA: every prompt row over 2048 random slots of the prompt.
       fill_random_slots(prompt_slots, int64_t(prompt) * kTopK, prompt, 13, stream);
-      const int mla_chunk = 2 * Stack::kMaxRows;
-      // `general`: the mma.sync kernel that served prefill before the wgmma one
-      // (the A/B of the same rows and slots).
-      auto time_mla = [&](bool general) {
-        return stream_median_ms(
-            stream,
-            [&] {
-              for (int64_t row0 = 0; row0 < prompt; row0 += mla_chunk) {
-                SparseMlaParams p;
-                p.q = s.q[0];
-                p.slots = prompt_slots + row0 * kTopK;
-                p.kv_pool = s.latent[0];
-                p.out = s.out[0];
-                p.lse = s.lse[0];
-                p.rows = mla_chunk;
-                p.heads = kHeads;
-                p.top_k = kTopK;
-                p.num_splits = 1;
-                p.softmax_scale = 1.f / std::sqrt(256.f);
-                if (general)
-                  detail::launch_sparse_mla(p, stream);
-                else
-                  sparse_mla_attention(p, stream);
-              }
-            },
-            quick ? 1 : 2);
-      };
-      const double mla_ms = time_mla(false);
-      const double general_ms = time_mla(true);
-      const double mla_flops = 2.0 * double(prompt) * kHeads * kTopK * (576 + 512);
+      const double mla_ms = time_mla(prompt_slots, prompt, false);
+      const double general_ms = time_mla(prompt_slots, prompt, true);
       std::printf("| %lldK | %.1f | %.0f | %.0f | %.1f | %.0f | %.0f | %.1f | %.0f |\n",
                   (long long)(prompt / 1024), indexer_ms, prompt / (indexer_ms * 1e-3),
                   indexer_flops / (indexer_ms * 1e-3) / 1e12, mla_ms, prompt / (mla_ms * 1e-3),
-                  mla_flops / (mla_ms * 1e-3) / 1e12, general_ms,
-                  mla_flops / (general_ms * 1e-3) / 1e12);
+                  mla_flops(prompt) / (mla_ms * 1e-3) / 1e12, general_ms,
+                  mla_flops(prompt) / (general_ms * 1e-3) / 1e12);
       MEGACTX_CUDA_CHECK(cudaFree(all_visible));
       MEGACTX_CUDA_CHECK(cudaFree(all_request));
       MEGACTX_CUDA_CHECK(cudaFree(prompt_q));
       MEGACTX_CUDA_CHECK(cudaFree(prompt_w));
       MEGACTX_CUDA_CHECK(cudaFree(prompt_slots));
+    }
+    // The sparse MLA alone over a million-token pool: a prefill chunk's 16K
+    // rows with slots spread over all of it, the regime of a 1M-token prompt
+    // whose gathers miss L2 (the prompt rows above gather from at most 128K).
+    if (s.max_tokens >= 1048576 && !quick) {
+      constexpr int64_t kRows = 16384;
+      int32_t* slots = device_alloc<int32_t>(size_t(kRows) * kTopK);
+      fill_random_slots(slots, kRows * kTopK, s.max_tokens, 14, stream);
+      const double mla_ms = time_mla(slots, kRows, false);
+      std::printf(
+          "| 16K rows over a 1M pool (sparse MLA only) | - | - | - | %.1f | %.0f | %.0f | - | - "
+          "|\n",
+          mla_ms, kRows / (mla_ms * 1e-3), mla_flops(kRows) / (mla_ms * 1e-3) / 1e12);
+      MEGACTX_CUDA_CHECK(cudaFree(slots));
     }
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     print_rule();
