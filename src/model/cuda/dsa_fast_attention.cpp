@@ -665,8 +665,14 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
 }
 
 bool CudaDsaModel::bf16_absorbed(int64_t rows) const {
-  return options_.bf16_weights && !options_.batch_invariant &&
-         rows >= options_.bf16_absorbed_min_rows;
+  // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS=N overrides the option (A/B runs
+  // through serve; read once).
+  static const int64_t forced = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS");
+    return value != nullptr && *value != '\0' ? std::max<int64_t>(1, std::atoll(value)) : 0;
+  }();
+  const int64_t min_rows = forced > 0 ? forced : options_.bf16_absorbed_min_rows;
+  return options_.bf16_weights && !options_.batch_invariant && rows >= min_rows;
 }
 
 void CudaDsaModel::w_uk_bf16(const DeviceLayer& w, const float* q, int64_t rows) {

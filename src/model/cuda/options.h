@@ -69,7 +69,8 @@ struct CudaModelOptions {
   // session's GPU time was spent, NOT yet run on a GPU
   // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones runs them from one
   // row on); once that passes, 1024 (prefill blocks, not the decode sizes CUDA
-  // Graphs capture) is the intended default.
+  // Graphs capture) is the intended default. MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS
+  // overrides it (A/B runs through serve).
   int64_t bf16_absorbed_min_rows = std::numeric_limits<int64_t>::max();
   int device_ordinal = 0;
   // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
