@@ -34,6 +34,10 @@ memory plan (its "CUDA memory plan" log line).
   python3 tools/bench/prefill_serve_bench.py --megactx build/megactx \\
       --checkpoint /tmp/glm52_attention_ckpt --json ttft.json --plot ttft.svg
 
+--ab-env KEY=VALUE (repeatable) runs every length again through a second
+server with that environment (an A/B in one run, e.g. a kernel switch), as a
+last column.
+
 Arguments after `--` go to `megactx serve` and replace the script's own value
 of any flag they repeat. Needs torch and transformers (the GPU machine) for
 everything but --help.
@@ -475,9 +479,10 @@ def seconds_text(value):
 
 def print_table(rows, ceilings, plan):
     print()
+    ab = rows[0].get("ab_env") if rows else None
     print("| length | TTFT s | server TTFT s | prefill tok/s | floor s (GEMM / indexer / MLA) | "
-          "TTFT / floor | HF transformers s |")
-    print("|---|---|---|---|---|---|---|")
+          "TTFT / floor | HF transformers s |" + (f" TTFT s with {ab} |" if ab else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if ab else ""))
     for row in rows:
         ttft = row.get("ttft_s")
         floor = (f"{seconds_text(row['floor_s'])} ({seconds_text(row['gemm_s'])} / "
@@ -488,7 +493,8 @@ def print_table(rows, ceilings, plan):
         else:  # not measured: why, in the TTFT column
             cells = [row.get("error", "skipped")[:60].replace("|", "/"), "-", "-"]
         print(f"| {row['length']} | {cells[0]} | {seconds_text(row.get('server_ttft_s'))} | "
-              f"{cells[1]} | {floor} | {cells[2]} | {seconds_text(row.get('hf_s'))} |")
+              f"{cells[1]} | {floor} | {cells[2]} | {seconds_text(row.get('hf_s'))} |"
+              + (f" {seconds_text(row.get('ab_ttft_s'))} |" if ab else ""))
     print()
     print(f"ceilings: {ceilings['gpu']}: bf16 GEMM {ceilings['bf16_tflops']:.0f} TFLOP/s, "
           f"fp8 e4m3 GEMM {ceilings['fp8_tflops']:.0f} TFLOP/s (8192^3, torch)"
@@ -531,8 +537,14 @@ def main():
     parser.add_argument("--json", default="", help="also write every number here")
     parser.add_argument("--server-log", default="", help="write the server's whole log here")
     parser.add_argument("--plot", default="", help="also write a log-log SVG chart here")
+    parser.add_argument("--ab-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="also run every length through a second server with this "
+                             "environment variable set (an A/B in one run; repeatable)")
     parser.add_argument("serve_args", nargs="*", help="after --: passed to megactx serve")
     args = parser.parse_args()
+    for item in args.ab_env:
+        if "=" not in item or item.startswith("="):
+            parser.error(f"--ab-env {item}: expected KEY=VALUE")
 
     with open(args.config) as f:
         config = json.load(f)
@@ -565,6 +577,24 @@ def main():
     for row in rows:
         row.update(measured.get(row["length"], {}))
     write_json(serve, plan)  # now, in case the peer below runs past the caller's timeout
+    if args.ab_env:
+        variant = dict(item.split("=", 1) for item in args.ab_env)
+        print(f"A/B: the same lengths with {' '.join(args.ab_env)}", flush=True)
+        saved = dict(os.environ)
+        os.environ.update(variant)  # the server inherits it
+        server_log = args.server_log
+        if server_log:
+            args.server_log = server_log + ".ab"
+        try:
+            measured_b, _, _ = run_server(args, lengths, vocab)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            args.server_log = server_log
+        for row in rows:
+            row["ab_env"] = " ".join(args.ab_env)
+            row["ab_ttft_s"] = measured_b.get(row["length"], {}).get("ttft_s")
+        write_json(serve, plan)
 
     if not args.no_hf:
         try:
