@@ -14,7 +14,12 @@
 // from the step where every request has its first token (prefill done) to the
 // last step; decode tokens/s = tokens emitted in that window / its time.
 // accepted length = 1 + accepted drafts / verifications (tokens per target
-// forward of a speculating request).
+// forward of a speculating request). The floor beside each row: the decode
+// tok/s of steps that only read the target's GEMM weights the batch touches
+// (support/decode_bytes.h) at the read-only bandwidth measured in the same run
+// (support/read_bandwidth.h), one token per sequence and step: plain decoding
+// cannot pass it (KV reads only lower it); MTP can, by emitting more than one
+// token per weight read.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -27,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/support/decode_bytes.h"
+#include "bench/cuda/support/read_bandwidth.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/engine_config.h"
@@ -157,18 +164,28 @@ int main(int argc, char** argv) {
                   "the prompt text {} has {} tokens (run from the repository root or pass --text)",
                   text_path, text.size());
     const KvDType kv_dtype = parse_kv_dtype(kv_text);
+    const ModelConfig config = load_model_config(model_dir);
+    const cuda::ReadBandwidth read = cuda::measure_read_bandwidth();
     std::printf(
         "# MTP speculative decoding on the GPU: %s, prompt %ld, %ld new tokens, %s KV, "
         "IndexShare+KVShare %s, greedy\n\n",
         model_dir.c_str(), static_cast<long>(prompt_len), static_cast<long>(new_tokens),
         kv_text.c_str(), share ? "on" : "off");
     std::printf(
-        "| precision | batch | k | decode tok/s | vs k=0 | accepted length | wall s | target "
-        "graph replays / eager / invalidations | MTP graph replays / eager / invalidations |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+        "read-only bandwidth %.0f GB/s (D2D copy %.0f GB/s, read + write), measured here: the "
+        "floor column is one token per sequence and step reading only the GEMM weights at it\n\n",
+        read.read_gbs, read.copy_gbs);
+    std::printf(
+        "| precision | batch | k | decode tok/s | vs k=0 | weight-read floor tok/s | of floor | "
+        "accepted length | wall s | target graph replays / eager / invalidations | MTP graph "
+        "replays / eager / invalidations |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& precision : precisions) {
       for (const int64_t batch : batches) {
         double baseline = 0;
+        const double floor_tok_s =
+            static_cast<double>(batch) * read.read_gbs * 1e9 /
+            bench::step_weight_bytes(config, batch, bench::weight_bytes_of(precision));
         for (const int64_t k : steps) {
           // Best of `repeats` runs (the first run of a process pays cuBLAS and
           // allocator warm-up).
@@ -182,13 +199,15 @@ int main(int argc, char** argv) {
           const std::string accepted =
               k == 0 ? std::string("-") : fmt::format("{:.2f}", r.accepted_length);
           std::printf(
-              "| %s | %ld | %ld | %.0f | %s | %s | %.2f | %ld / %ld / %ld | %ld / %ld / %ld |\n",
+              "| %s | %ld | %ld | %.0f | %s | %.0f | %.1f%% | %s | %.2f | %ld / %ld / %ld | %ld / "
+              "%ld / %ld |\n",
               precision.c_str(), static_cast<long>(batch), static_cast<long>(k),
               r.decode_tokens_per_s,
               baseline > 0 ? fmt::format("{:.2f}x", r.decode_tokens_per_s / baseline).c_str() : "-",
-              accepted.c_str(), r.total_s, static_cast<long>(r.graphs.replays),
-              static_cast<long>(r.graphs.eager_steps), static_cast<long>(r.graphs.invalidations),
-              static_cast<long>(r.mtp_graphs.replays), static_cast<long>(r.mtp_graphs.eager_steps),
+              floor_tok_s, 100.0 * r.decode_tokens_per_s / floor_tok_s, accepted.c_str(), r.total_s,
+              static_cast<long>(r.graphs.replays), static_cast<long>(r.graphs.eager_steps),
+              static_cast<long>(r.graphs.invalidations), static_cast<long>(r.mtp_graphs.replays),
+              static_cast<long>(r.mtp_graphs.eager_steps),
               static_cast<long>(r.mtp_graphs.invalidations));
           std::fflush(stdout);
         }
