@@ -273,10 +273,12 @@ class CudaDsaModel final : public LanguageModel {
   // CudaModelOptions::bf16_absorbed_min_rows), and the two products:
   // W_UK: q fp32 [rows, heads, nope | rope] -> fast_scratch_.q_bf16 [rows,
   // padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16 -> o fp32
-  // [rows, heads * value]. The weights are rounded to bf16 at each use.
+  // [rows, heads * value]; both read the layer's weights as
+  // absorbed_weights_bf16 rounded them (once per layer and step).
   bool bf16_absorbed(int64_t rows) const;
-  void w_uk_bf16(const DeviceLayer& w, const float* q, int64_t rows);
-  void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o);
+  void absorbed_weights_bf16(const DeviceLayer& w);
+  void w_uk_bf16(const float* q, int64_t rows);
+  void w_uv_bf16(int64_t rows, float* o);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
@@ -301,7 +303,7 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
-    // bf16_absorbed: q [rows, heads, qk], W_UK^T [heads, lora, nope] and
+    // bf16_absorbed: q_nope [rows, heads, nope], W_UK^T [heads, lora, nope] and
     // W_UV [heads, value, lora] in bf16.
     DeviceBuffer absorb_q_bf16, w_uk_bf16, w_uv_bf16;
     DeviceBuffer fused;

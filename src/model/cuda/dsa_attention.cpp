@@ -81,6 +81,9 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   float* q_latent = sc.q_latent.get<float>(block * heads * lora);
   float* o_latent = sc.o_latent.get<float>(block * heads * lora);
   float* o = sc.o.get<float>(block * heads * value);
+  // The first block is the largest: if no block takes the bf16 absorbed
+  // products, it does not either.
+  if (use_fast_attention(step) && bf16_absorbed(std::min(block, n))) absorbed_weights_bf16(w);
   for (int64_t first = 0; first < n; first += block) {
     const int64_t rows = std::min(block, n - first);
     const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
@@ -99,7 +102,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     const bool fast = use_fast_attention(part);
     const bool bf16_products = fast && bf16_absorbed(rows);
     if (bf16_products) {
-      w_uk_bf16(w, q, rows);
+      w_uk_bf16(q, rows);
     } else {
       blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
                             heads * lora, lora, heads);
@@ -134,7 +137,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
     if (bf16_products) {
-      w_uv_bf16(w, rows, o);
+      w_uv_bf16(rows, o);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
                             o, heads * value, value, heads);

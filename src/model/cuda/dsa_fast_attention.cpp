@@ -675,36 +675,44 @@ bool CudaDsaModel::bf16_absorbed(int64_t rows) const {
   return options_.bf16_weights && !options_.batch_invariant && rows >= min_rows;
 }
 
-void CudaDsaModel::w_uk_bf16(const DeviceLayer& w, const float* q, int64_t rows) {
+void CudaDsaModel::absorbed_weights_bf16(const DeviceLayer& w) {
+  FastScratch& fs = fast_scratch_;
+  const int64_t heads = plan_.attention.heads;
+  const int64_t nope = config_.qk_nope_head_dim, value = config_.v_head_dim;
+  // W_UK^T [heads, lora, nope] and W_UV [heads, value, lora] rounded to bf16
+  // once per layer and step: ~30 MB at GLM-5.2's shapes, microseconds against
+  // a prefill step's products.
+  float_to_bf16_rows(w.w_uk_t, heads * kLatentRank, nope, nope,
+                     fs.w_uk_bf16.get<uint16_t>(heads * kLatentRank * nope), stream_);
+  float_to_bf16_rows(w.w_uv, heads * value, kLatentRank, kLatentRank,
+                     fs.w_uv_bf16.get<uint16_t>(heads * value * kLatentRank), stream_);
+}
+
+void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t nope = config_.qk_nope_head_dim;
   const int64_t qk = nope + config_.qk_rope_head_dim;
-  void* q16 = fs.absorb_q_bf16.get<uint16_t>(rows * heads * qk);
-  float_to_bf16_rows(q, rows, heads * qk, heads * qk, q16, stream_);
-  void* weight = fs.w_uk_bf16.get<uint16_t>(heads * kLatentRank * nope);
-  float_to_bf16_rows(w.w_uk_t, heads * kLatentRank, nope, nope, weight, stream_);
+  // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
+  void* q16 = fs.absorb_q_bf16.get<uint16_t>(rows * heads * nope);
+  float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
   // Into the packed queries [rows, padded, lora + rope]: head h's latent
   // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
   uint16_t* packed = fs.q_bf16.get<uint16_t>(rows * padded * kSparseMlaQueryDim);
-  blas_->linear_batched_bf16(q16, rows, nope, heads * qk, qk, weight, kLatentRank,
-                             kLatentRank * nope, packed, padded * kSparseMlaQueryDim,
+  blas_->linear_batched_bf16(q16, rows, nope, heads * nope, nope, fs.w_uk_bf16.as<uint16_t>(),
+                             kLatentRank, kLatentRank * nope, packed, padded * kSparseMlaQueryDim,
                              kSparseMlaQueryDim, heads, /*y_f32=*/false);
 }
 
-void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o) {
+void CudaDsaModel::w_uv_bf16(int64_t rows, float* o) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t value = config_.v_head_dim;
-  // W_UV [heads, value, lora] rounded to bf16 at each use: ~17 MB per layer
-  // at GLM-5.2's shapes, microseconds against a prefill block's product.
-  void* weight = fs.w_uv_bf16.get<uint16_t>(heads * value * kLatentRank);
-  float_to_bf16_rows(w.w_uv, heads * value, kLatentRank, kLatentRank, weight, stream_);
   blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
-                             kLatentRank, weight, value, value * kLatentRank, o, heads * value,
-                             value, heads, /*y_f32=*/true);
+                             kLatentRank, fs.w_uv_bf16.as<uint16_t>(), value, value * kLatentRank,
+                             o, heads * value, value, heads, /*y_f32=*/true);
 }
 
 void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,
