@@ -192,10 +192,14 @@ TEST(CudaFastAttention, Bf16AbsorbedProductsMatchTheTf32Ones) {
   // output) against the float32 TF32 products with the pack / unpack copies:
   // the weights and q_nope rounded to bf16 instead of TF32 (2^-9 against
   // 2^-11 relative per term); the packed queries and the attention output
-  // were bf16 in both.
+  // were bf16 in both. Dense selection (index_topk 4096 >= every context), as
+  // in DenseSelectionMatchesFallbackWithinBf16Rounding: with a top-64 the
+  // rounding moves near-ties of later layers' selections on these random
+  // models (measured on the H200: 0.058-0.065 relative logit error, argmax
+  // 0.94-0.95), which says nothing about the products.
   for (const Shape& shape : kShapes) {
     SCOPED_TRACE(shape_name(shape));
-    auto host = host_model(shape, 64);
+    auto host = host_model(shape, 4096);
     auto model = [&](int64_t min_rows) {
       CudaModelOptions options;
       options.bf16_weights = true;

@@ -16,6 +16,7 @@
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/reference/dense_ops.h"
 #include "kernels/reference/sparse_attention.h"
+#include "model/rope.h"
 
 namespace megactx::cuda {
 namespace {
@@ -53,7 +54,8 @@ double max_error(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0.0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(double{a[i]} - b[i]) / std::max(1.0, std::fabs(double{b[i]})));
+    worst =
+        std::max(worst, std::fabs(double{a[i]} - b[i]) / std::max(1.0, std::fabs(double{b[i]})));
   }
   return worst;
 }
@@ -126,12 +128,44 @@ TEST(CudaOps, RopeMatchesTheReferenceInBothLayouts) {
         sin[i] = std::sin(0.1f * static_cast<float>(i));
       }
       DeviceArray<float> d_x(x), d_cos(cos), d_sin(sin);
-      rope(d_x.data, rows, heads, row_stride, head_stride, dim, d_cos.data, d_sin.data,
-           interleaved, nullptr);
+      rope(d_x.data, rows, heads, row_stride, head_stride, dim, d_cos.data, d_sin.data, interleaved,
+           nullptr);
       reference::rope(x.data(), rows, heads, row_stride, head_stride, dim, cos.data(), sin.data(),
                       interleaved);
       EXPECT_LT(max_error(d_x.host(), x), kTolerance) << (interleaved ? "interleaved" : "halves");
     }
+  }
+}
+
+TEST(CudaOps, RopeTablesAreTheHostTablesBitForBit) {
+  // The prefill's tables on the device against RopeTable::fill, for the
+  // default and the YaRN frequencies, at positions up to past 1M (the angles
+  // there reach ~1e6 radians: where a float sin/cos would differ).
+  ModelConfig config;
+  config.qk_rope_head_dim = 64;
+  config.rope.rope_theta = 8e6;
+  std::vector<int32_t> positions;
+  for (int32_t p = 0; p < 4096; ++p) positions.push_back(p);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 4096; ++i) positions.push_back(static_cast<int32_t>(rng() % 1100000));
+  const std::vector<int64_t> positions64(positions.begin(), positions.end());
+  for (const char* type : {"default", "yarn"}) {
+    SCOPED_TRACE(type);
+    config.rope.rope_type = type;
+    config.rope.factor = 40.0;
+    config.rope.original_max_position_embeddings = 4096;
+    config.rope.mscale = 1.0;
+    config.rope.mscale_all_dim = 0.707;
+    const RopeTable table = make_rope_table(config);
+    const int64_t count = static_cast<int64_t>(positions.size()), half = table.dim / 2;
+    std::vector<float> cos(static_cast<size_t>(count * half)), sin(cos.size());
+    table.fill(positions64.data(), count, cos.data(), sin.data());
+    DeviceArray<int32_t> d_positions(positions);
+    DeviceArray<float> d_inv_freq(table.inv_freq), d_cos(cos.size()), d_sin(sin.size());
+    rope_tables(d_positions.data, count, d_inv_freq.data, half, table.attention_factor, d_cos.data,
+                d_sin.data, nullptr);
+    EXPECT_EQ(d_cos.host(), cos);
+    EXPECT_EQ(d_sin.host(), sin);
   }
 }
 
@@ -205,7 +239,8 @@ TEST(CudaOps, MoeRouteMatchesTheReferenceRouter) {
     const int64_t rows = 37;
     const auto logits = random_values(static_cast<size_t>(rows * c.experts), 14, 2.0f);
     const auto bias = random_values(static_cast<size_t>(c.experts), 15, 0.1f);
-    DeviceArray<float> d_logits(logits), d_bias(bias), d_weights(static_cast<size_t>(rows * c.top_k));
+    DeviceArray<float> d_logits(logits), d_bias(bias),
+        d_weights(static_cast<size_t>(rows * c.top_k));
     DeviceArray<int32_t> d_ids(static_cast<size_t>(rows * c.top_k));
     RouteParams params{c.experts, c.n_group, c.topk_group, c.top_k, c.norm, c.scaling};
     moe_route(d_logits.data, d_bias.data, rows, params, d_ids.data, d_weights.data, nullptr);

@@ -341,6 +341,7 @@ class CudaDsaModel final : public LanguageModel {
   ModelPlan plan_;  // the description both forward passes read (model_plan.h)
   int64_t index_topk_ = 0;
   RopeTable rope_;
+  DeviceBuffer rope_inv_freq_;  // rope_.inv_freq [rope / 2] for rope_tables (eager forwards)
   float softmax_scale_ = 1.0f;
   cudaStream_t stream_ = nullptr;
   // The NCCL communicator of options.group's ranks, on stream_ (null: none).

@@ -134,6 +134,21 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_s
   }
 }
 
+__global__ void rope_tables_kernel(const int32_t* positions, int64_t count, const float* inv_freq,
+                                   int64_t half, float attention_factor, float* cos, float* sin) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < count * half;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    // Rounded as the host's float expressions: no contraction into an FMA.
+    const float angle = __fmul_rn(inv_freq[t % half], static_cast<float>(positions[t / half]));
+    double s = 0.0, c = 0.0;
+    ::sincos(static_cast<double>(angle), &s, &c);
+    cos[t] = __fmul_rn(static_cast<float>(c), attention_factor);
+    sin[t] = __fmul_rn(static_cast<float>(s), attention_factor);
+  }
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
                                 int64_t stride, float* out, __nv_bfloat16* out_bf16) {
   grid_dependency_wait();
@@ -338,6 +353,14 @@ void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t hea
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
+void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq, int64_t half,
+                 float attention_factor, float* cos, float* sin, cudaStream_t stream) {
+  if (count == 0) return;
+  launch_kernel(rope_tables_kernel, blocks_for(count * half), kThreads, 0, stream, positions, count,
+                inv_freq, half, attention_factor, cos, sin);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
               float* out, cudaStream_t stream, void* out_bf16) {
   launch_kernel(silu_mul_kernel, blocks_for(rows * n), kThreads, 0, stream, gate, up, rows, n,
@@ -357,16 +380,16 @@ void scale(float* x, float factor, int64_t count, cudaStream_t stream) {
 
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t hidden, float* out,
                  cudaStream_t stream) {
-  launch_kernel(gather_rows_kernel<float>, blocks_for(n * hidden), kThreads, 0, stream, x, rows, n, hidden,
-                out);
+  launch_kernel(gather_rows_kernel<float>, blocks_for(n * hidden), kThreads, 0, stream, x, rows, n,
+                hidden, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const int32_t* x, const int32_t* rows, int64_t n, int64_t hidden, int32_t* out,
                  cudaStream_t stream) {
   if (n * hidden == 0) return;
-  launch_kernel(gather_rows_kernel<int32_t>, blocks_for(n * hidden), kThreads, 0, stream, x, rows, n, hidden,
-                out);
+  launch_kernel(gather_rows_kernel<int32_t>, blocks_for(n * hidden), kThreads, 0, stream, x, rows,
+                n, hidden, out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -36,6 +36,14 @@ void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, con
 void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
           int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream);
 
+// RoPE tables on the device, the same bits as RopeTable::fill (model/rope.h):
+// cos/sin [count, half] = float(cos/sin(double(inv_freq[i] * float(pos)))) *
+// attention_factor, positions [count] and inv_freq [half] on the device. A
+// prefill chunk's tables (16K rows x 32 pairs, 1M double cos / sin: ~20 ms on
+// the host) take microseconds here.
+void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq, int64_t half,
+                 float attention_factor, float* cos, float* sin, cudaStream_t stream);
+
 // out[rows, n] = silu(gate) * up; gate/up rows have stride `stride`. With
 // out_bf16, also out rounded to bf16 there (as rmsnorm's y_bf16).
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
