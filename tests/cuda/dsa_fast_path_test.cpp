@@ -236,6 +236,21 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
         ASSERT_EQ(packed[(i * mla_padded + h) * (lora + rope) + c], float_to_bf16(want))
             << "token " << i << " head " << h << " column " << c;
       }
+  // Without q_latent (a bf16 product wrote the latent columns): those stay
+  // as they are, the rope columns and the padded heads are written.
+  std::vector<uint16_t> marked(packed.size(), 0x1234);
+  DeviceBuffer<uint16_t> d_marked(marked);
+  pack.q_latent = nullptr;
+  pack.q = d_marked.get();
+  cuda::pack_mla_queries(pack, nullptr);
+  const auto rope_only = d_marked.download();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < mla_padded; ++h)
+      for (int64_t c = 0; c < lora + rope; ++c) {
+        const size_t at = (i * mla_padded + h) * (lora + rope) + c;
+        ASSERT_EQ(rope_only[at], h < mla_heads && c < lora ? uint16_t{0x1234} : packed[at])
+            << "token " << i << " head " << h << " column " << c;
+      }
   std::vector<uint16_t> attention(n * mla_padded * lora);
   for (uint16_t& v : attention) v = float_to_bf16(normal(rng));
   DeviceBuffer<uint16_t> d_attention(attention);

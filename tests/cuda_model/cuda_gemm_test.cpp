@@ -160,6 +160,31 @@ TEST(CudaGemm, SmallBatchedLinearMatchesDouble) {
   EXPECT_FALSE(small_batched_linear(wide, nullptr));
 }
 
+TEST(CudaGemm, FloatToBf16RowsRoundsEveryElementToNearestEven) {
+  // The vector path (n and the stride multiples of 4) and the scalar one (an
+  // odd width, an odd stride), one row and many, against the host's rounding.
+  struct Case {
+    int64_t rows, n, stride;
+  };
+  for (const Case c : {Case{1, 2048, 2048}, Case{3, 4, 8}, Case{70000, 12, 16}, Case{5, 517, 521},
+                       Case{40, 1024, 1536}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.n) + " stride " +
+                 std::to_string(c.stride));
+    auto x = random_values(static_cast<size_t>(c.rows * c.stride), 11);
+    x[0] = 1.00390625f;  // a tie: 1 + 2^-8 rounds to even (1.0)
+    float* dx = to_device(x);
+    uint16_t* dy = nullptr;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(c.rows * c.n) * 2));
+    float_to_bf16_rows(dx, c.rows, c.n, c.stride, dy, nullptr);
+    const auto got = to_host(dy, static_cast<size_t>(c.rows * c.n));
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < c.n; ++i)
+        ASSERT_EQ(got[r * c.n + i], float_to_bf16(x[r * c.stride + i])) << r << ", " << i;
+    cudaFree(dx);
+    cudaFree(dy);
+  }
+}
+
 TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   const int64_t rows = 20, in = 256, out = 96;
   auto x = random_values(static_cast<size_t>(rows * in), 3);

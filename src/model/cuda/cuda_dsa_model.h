@@ -272,13 +272,14 @@ class CudaDsaModel final : public LanguageModel {
   // bf16 (bf16 weights, not the deterministic mode,
   // CudaModelOptions::bf16_absorbed_min_rows), and the two products:
   // W_UK: q fp32 [rows, heads, nope | rope] -> fast_scratch_.q_bf16 [rows,
-  // padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16 -> o fp32
-  // [rows, heads * value]; both read the layer's weights as
-  // absorbed_weights_bf16 rounded them (once per layer and step).
+  // padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16 -> o [rows,
+  // heads * value] (bf16 for bf16 o_proj weights, else fp32 in `o`), then
+  // o_proj into out [rows, hidden]; both products read the layer's weights
+  // as absorbed_weights_bf16 rounded them (once per layer and step).
   bool bf16_absorbed(int64_t rows) const;
   void absorbed_weights_bf16(const DeviceLayer& w);
   void w_uk_bf16(const float* q, int64_t rows);
-  void w_uv_bf16(int64_t rows, float* o);
+  void w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
@@ -303,8 +304,8 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer tables, visible, row_ids;
     DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
-    // bf16_absorbed: q_nope [rows, heads, nope], W_UK^T [heads, lora, nope] and
-    // W_UV [heads, value, lora] in bf16.
+    // bf16_absorbed: q_nope [rows, heads, nope] (then W_UV's bf16 output [rows,
+    // heads, value]), W_UK^T [heads, lora, nope] and W_UV [heads, value, lora] in bf16.
     DeviceBuffer absorb_q_bf16, w_uk_bf16, w_uv_bf16;
     DeviceBuffer fused;
     // The live host tier: staged slots [rows, top_k] and the staged entries

@@ -137,12 +137,12 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
     if (bf16_products) {
-      w_uv_bf16(rows, o);
+      w_uv_bf16(rows, w.o, o, out + first * hidden);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
                             o, heads * value, value, heads);
+      blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
     }
-    blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
   }
   if (q_resid != nullptr) blas_->unshare_input(q_resid);
 }

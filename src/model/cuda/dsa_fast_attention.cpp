@@ -695,7 +695,8 @@ void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
   const int64_t nope = config_.qk_nope_head_dim;
   const int64_t qk = nope + config_.qk_rope_head_dim;
   // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
-  void* q16 = fs.absorb_q_bf16.get<uint16_t>(rows * heads * nope);
+  void* q16 = fs.absorb_q_bf16.get<uint16_t>(
+      rows * heads * std::max(nope, static_cast<int64_t>(config_.v_head_dim)));
   float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
   // Into the packed queries [rows, padded, lora + rope]: head h's latent
   // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
@@ -705,14 +706,27 @@ void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
                              kSparseMlaQueryDim, heads, /*y_f32=*/false);
 }
 
-void CudaDsaModel::w_uv_bf16(int64_t rows, float* o) {
+void CudaDsaModel::w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
-  const int64_t value = config_.v_head_dim;
+  const int64_t value = config_.v_head_dim, hidden = config_.hidden_size;
+  // bf16 o_proj weights: W_UV writes o in bf16 ([rows, heads * value], in
+  // absorb_q_bf16: W_UK's input is dead by now) and o_proj reads it as it is,
+  // instead of an fp32 o that the bf16 linear would round again.
+  const bool bf16_o = o_proj.bf16 && !o_proj.fp8();
+  void* y = bf16_o ? static_cast<void*>(fs.absorb_q_bf16.get<uint16_t>(
+                         rows * heads * std::max(config_.qk_nope_head_dim, value)))
+                   : static_cast<void*>(o);
   blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
                              kLatentRank, fs.w_uv_bf16.as<uint16_t>(), value, value * kLatentRank,
-                             o, heads * value, value, heads, /*y_f32=*/true);
+                             y, heads * value, value, heads, /*y_f32=*/!bf16_o);
+  if (bf16_o) {
+    blas_->linear_bf16(y, rows, heads * value, heads * value, o_proj.data, hidden, out, hidden,
+                       /*y_f32=*/true);
+  } else {
+    blas_->linear(o, rows, heads * value, o_proj, hidden, out);
+  }
 }
 
 void CudaDsaModel::invalidate_offload_lines(std::span<const int32_t> pages,

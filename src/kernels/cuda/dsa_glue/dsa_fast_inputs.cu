@@ -2,6 +2,7 @@
 // one grid-stride loop each over the output elements.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/row_launch.cuh"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 
 namespace megactx::cuda {
@@ -53,64 +54,80 @@ __global__ void build_token_tables_kernel(TokenTablesParams p) {
   }
 }
 
+// The kernels below run on row_launch (common/row_launch.cuh): a token per grid
+// row, its elements along x, at most an int32 division per element.
 __global__ void pad_indexer_queries_kernel(IndexerQueryPadParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t total = p.tokens * p.padded_heads * p.dim;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    const int64_t d = i % p.dim;
-    const int64_t head_row = i / p.dim;  // t * padded_heads + h
-    const int64_t h = head_row % p.padded_heads, t = head_row / p.padded_heads;
-    const bool real = h < p.heads;
-    p.q_bf16[i] = real ? float_to_bf16_bits(p.q[(t * p.heads + h) * p.dim + d]) : uint16_t{0};
-    if (d == 0) p.weights_padded[head_row] = real ? p.weights[t * p.heads + h] : 0.f;
+  const int32_t dim = static_cast<int32_t>(p.dim);
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    for (ROW_LAUNCH_COLUMNS(j, p.padded_heads * p.dim)) {
+      const int32_t h = static_cast<int32_t>(j) / dim, d = static_cast<int32_t>(j) - h * dim;
+      const bool real = h < p.heads;
+      p.q_bf16[t * p.padded_heads * p.dim + j] =
+          real ? float_to_bf16_bits(p.q[(t * p.heads + h) * p.dim + d]) : uint16_t{0};
+      if (d == 0)
+        p.weights_padded[t * p.padded_heads + h] = real ? p.weights[t * p.heads + h] : 0.f;
+    }
   }
 }
 
 __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t total = p.tokens * p.top_k;
-  const int64_t page_size = p.rows.page_size;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    const int64_t t = i / p.top_k, k = i % p.top_k;
-    const int64_t position = p.selected[t * p.selected_stride + k];
-    int32_t slot = -1;
-    if (k < p.counts[t] && position >= 0 && position <= p.rows.positions[t]) {
-      const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];
-      slot = static_cast<int32_t>(table[position / page_size] * page_size + position % page_size);
+  const int32_t page_size = static_cast<int32_t>(p.rows.page_size);
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];
+    const int64_t count = p.counts[t], last = p.rows.positions[t];
+    for (ROW_LAUNCH_COLUMNS(k, p.top_k)) {
+      const int32_t position = p.selected[t * p.selected_stride + k];
+      int32_t slot = -1;
+      if (k < count && position >= 0 && position <= last)
+        slot = table[position / page_size] * page_size + position % page_size;
+      p.slots[t * p.top_k + k] = slot;
     }
-    p.slots[i] = slot;
   }
 }
 
+// Columns along x: the real heads' rope columns, then (with q_latent) their
+// latent columns, then every column of the padded heads; a null q_latent
+// leaves the latent columns (the bf16 product wrote them) untouched.
 __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t width = p.lora + p.rope;
-  const int64_t total = p.tokens * p.padded_heads * width;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    const int64_t c = i % width;
-    const int64_t head_row = i / width;
-    const int64_t h = head_row % p.padded_heads, t = head_row / p.padded_heads;
-    if (p.q_latent == nullptr && h < p.heads && c < p.lora) continue;  // written in bf16 already
-    float value = 0.f;
-    if (h < p.heads)
-      value = c < p.lora ? p.q_latent[(t * p.heads + h) * p.lora + c]
-                         : p.q_rope[t * p.rope_row_stride + h * p.rope_head_stride + (c - p.lora)];
-    p.q[i] = float_to_bf16_bits(value);
+  const int32_t lora = static_cast<int32_t>(p.lora), rope = static_cast<int32_t>(p.rope);
+  const int32_t width = lora + rope, heads = static_cast<int32_t>(p.heads);
+  const int64_t rope_part = p.heads * p.rope;
+  const int64_t latent_part = p.q_latent != nullptr ? p.heads * p.lora : 0;
+  const int64_t columns = rope_part + latent_part + (p.padded_heads - p.heads) * width;
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    uint16_t* out = p.q + t * p.padded_heads * width;
+    for (ROW_LAUNCH_COLUMNS(j, columns)) {
+      if (j < rope_part) {
+        const int32_t h = static_cast<int32_t>(j) / rope, c = static_cast<int32_t>(j) - h * rope;
+        out[h * width + lora + c] =
+            float_to_bf16_bits(p.q_rope[t * p.rope_row_stride + h * p.rope_head_stride + c]);
+      } else if (j < rope_part + latent_part) {
+        const int32_t i = static_cast<int32_t>(j - rope_part);
+        const int32_t h = i / lora, c = i - h * lora;
+        out[h * width + c] = float_to_bf16_bits(p.q_latent[(t * p.heads + h) * p.lora + c]);
+      } else {
+        out[heads * width + (j - rope_part - latent_part)] = 0;
+      }
+    }
   }
 }
 
 __global__ void unpack_mla_output_kernel(MlaOutputUnpackParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t total = p.tokens * p.heads * p.lora;
-  for (int64_t i = grid_start(); i < total; i += grid_step()) {
-    const int64_t c = i % p.lora;
-    const int64_t head_row = i / p.lora;
-    const int64_t h = head_row % p.heads, t = head_row / p.heads;
-    p.out[i] = bf16_bits_to_float(p.attention[(t * p.padded_heads + h) * p.lora + c]);
+  const int32_t lora = static_cast<int32_t>(p.lora);
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    for (ROW_LAUNCH_COLUMNS(j, p.heads * p.lora)) {
+      const int32_t h = static_cast<int32_t>(j) / lora, c = static_cast<int32_t>(j) - h * lora;
+      p.out[t * p.heads * p.lora + j] =
+          bf16_bits_to_float(p.attention[(t * p.padded_heads + h) * p.lora + c]);
+    }
   }
 }
 
@@ -124,30 +141,33 @@ void build_token_tables(const TokenTablesParams& p, cudaStream_t stream) {
 }
 
 void pad_indexer_queries(const IndexerQueryPadParams& p, cudaStream_t stream) {
-  const int64_t total = p.tokens * p.padded_heads * p.dim;
-  if (total == 0) return;
-  launch_kernel(pad_indexer_queries_kernel, blocks_for(total), kThreads, 0, stream, p);
+  if (p.tokens * p.padded_heads * p.dim == 0) return;
+  const RowLaunch shape = row_launch(p.tokens, p.padded_heads * p.dim);
+  launch_kernel(pad_indexer_queries_kernel, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
-  const int64_t total = p.tokens * p.top_k;
-  if (total == 0) return;
-  launch_kernel(positions_to_slots_kernel, blocks_for(total), kThreads, 0, stream, p);
+  if (p.tokens * p.top_k == 0) return;
+  const RowLaunch shape = row_launch(p.tokens, p.top_k);
+  launch_kernel(positions_to_slots_kernel, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void pack_mla_queries(const MlaQueryPackParams& p, cudaStream_t stream) {
-  const int64_t total = p.tokens * p.padded_heads * (p.lora + p.rope);
-  if (total == 0) return;
-  launch_kernel(pack_mla_queries_kernel, blocks_for(total), kThreads, 0, stream, p);
+  if (p.tokens * p.padded_heads == 0) return;
+  // The columns one token's thread row covers (pack_mla_queries_kernel).
+  const int64_t columns = p.heads * p.rope + (p.q_latent != nullptr ? p.heads * p.lora : 0) +
+                          (p.padded_heads - p.heads) * (p.lora + p.rope);
+  const RowLaunch shape = row_launch(p.tokens, columns);
+  launch_kernel(pack_mla_queries_kernel, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void unpack_mla_output(const MlaOutputUnpackParams& p, cudaStream_t stream) {
-  const int64_t total = p.tokens * p.heads * p.lora;
-  if (total == 0) return;
-  launch_kernel(unpack_mla_output_kernel, blocks_for(total), kThreads, 0, stream, p);
+  if (p.tokens * p.heads * p.lora == 0) return;
+  const RowLaunch shape = row_launch(p.tokens, p.heads * p.lora);
+  launch_kernel(unpack_mla_output_kernel, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

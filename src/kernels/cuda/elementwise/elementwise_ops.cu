@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/row_launch.cuh"
 #include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 
@@ -20,14 +21,14 @@ int blocks_for(int64_t count) {
   return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
 }
 
+// On row_launch (common/row_launch.cuh).
 __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
                                     int64_t hidden, float* out) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * hidden;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / hidden;
-    out[i] = table[static_cast<int64_t>(ids[row]) * hidden + i % hidden];
+  for (ROW_LAUNCH_ROWS(row, n)) {
+    const float* source = table + static_cast<int64_t>(ids[row]) * hidden;
+    for (ROW_LAUNCH_COLUMNS(i, hidden)) out[row * hidden + i] = source[i];
   }
 }
 
@@ -112,25 +113,24 @@ __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight,
     yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
 }
 
+// On row_launch (common/row_launch.cuh): (head, pair) along x.
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t row_stride,
                             int64_t head_stride, int64_t dim, const float* cos, const float* sin,
                             bool interleaved) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t half = dim / 2;
-  const int64_t total = rows * heads * half;
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = t % half;
-    const int64_t h = (t / half) % heads;
-    const int64_t r = t / (half * heads);
-    float* v = x + r * row_stride + h * head_stride;
-    float* a = interleaved ? v + 2 * i : v + i;
-    float* b = interleaved ? v + 2 * i + 1 : v + i + half;
-    const float c = cos[r * half + i], s = sin[r * half + i];
-    const float x1 = *a, x2 = *b;
-    *a = rope_first(x1, x2, c, s);
-    *b = rope_second(x1, x2, c, s);
+  const int32_t half = static_cast<int32_t>(dim / 2);
+  for (ROW_LAUNCH_ROWS(r, rows)) {
+    for (ROW_LAUNCH_COLUMNS(j, heads * half)) {
+      const int32_t h = static_cast<int32_t>(j) / half, i = static_cast<int32_t>(j) - h * half;
+      float* v = x + r * row_stride + h * head_stride;
+      float* a = interleaved ? v + 2 * i : v + i;
+      float* b = interleaved ? v + 2 * i + 1 : v + i + half;
+      const float c = cos[r * half + i], s = sin[r * half + i];
+      const float x1 = *a, x2 = *b;
+      *a = rope_first(x1, x2, c, s);
+      *b = rope_second(x1, x2, c, s);
+    }
   }
 }
 
@@ -149,17 +149,18 @@ __global__ void rope_tables_kernel(const int32_t* positions, int64_t count, cons
   }
 }
 
+// On row_launch (common/row_launch.cuh).
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
                                 int64_t stride, float* out, __nv_bfloat16* out_bf16) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * n;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = t / n, i = t % n;
-    const float g = gate[r * stride + i];
-    const float value = g / (1.0f + expf(-g)) * up[r * stride + i];
-    out[t] = value;
-    if (out_bf16 != nullptr) out_bf16[t] = __float2bfloat16_rn(value);
+  for (ROW_LAUNCH_ROWS(r, rows)) {
+    for (ROW_LAUNCH_COLUMNS(i, n)) {
+      const float g = gate[r * stride + i];
+      const float value = g / (1.0f + expf(-g)) * up[r * stride + i];
+      out[r * n + i] = value;
+      if (out_bf16 != nullptr) out_bf16[r * n + i] = __float2bfloat16_rn(value);
+    }
   }
 }
 
@@ -315,8 +316,9 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, RoutePa
 
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
                   cudaStream_t stream) {
-  launch_kernel(embed_gather_kernel, blocks_for(n * hidden), kThreads, 0, stream, table, ids, n,
-                hidden, out);
+  const RowLaunch shape = row_launch(n, hidden);
+  launch_kernel(embed_gather_kernel, shape.grid, shape.block, 0, stream, table, ids, n, hidden,
+                out);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -348,8 +350,9 @@ void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, con
 
 void rope(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
           int64_t dim, const float* cos, const float* sin, bool interleaved, cudaStream_t stream) {
-  launch_kernel(rope_kernel, blocks_for(rows * heads * (dim / 2)), kThreads, 0, stream, x, rows,
-                heads, row_stride, head_stride, dim, cos, sin, interleaved);
+  const RowLaunch shape = row_launch(rows, heads * (dim / 2));
+  launch_kernel(rope_kernel, shape.grid, shape.block, 0, stream, x, rows, heads, row_stride,
+                head_stride, dim, cos, sin, interleaved);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -363,8 +366,9 @@ void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq,
 
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
               float* out, cudaStream_t stream, void* out_bf16) {
-  launch_kernel(silu_mul_kernel, blocks_for(rows * n), kThreads, 0, stream, gate, up, rows, n,
-                stride, out, static_cast<__nv_bfloat16*>(out_bf16));
+  const RowLaunch shape = row_launch(rows, n);
+  launch_kernel(silu_mul_kernel, shape.grid, shape.block, 0, stream, gate, up, rows, n, stride, out,
+                static_cast<__nv_bfloat16*>(out_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

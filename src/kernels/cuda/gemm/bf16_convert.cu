@@ -1,22 +1,42 @@
 // float32 -> bf16 rows for the bf16 GEMM path of Blas (gemm.h).
-#include <cuda_bf16.h>
+#include <cstdint>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/row_launch.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 
 namespace megactx::cuda {
 namespace {
 
+// bf16 bits of x, round to nearest even, in integer arithmetic (the vector
+// stores below write whole words of two values).
+__device__ __forceinline__ uint32_t bf16_bits(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return bits >> 16;
+}
+
+// On row_launch (common/row_launch.cuh). Vec: four columns per thread (float4
+// loads, 8-byte stores).
+template <bool Vec>
 __global__ void float_to_bf16_kernel(const float* x, int64_t rows, int64_t n, int64_t x_stride,
-                                     __nv_bfloat16* y) {
+                                     uint16_t* y) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t total = rows * n;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / n, c = i % n;
-    y[i] = __float2bfloat16_rn(x[r * x_stride + c]);
+  for (ROW_LAUNCH_ROWS(r, rows)) {
+    const float* source = x + r * x_stride;
+    uint16_t* out = y + r * n;
+    if constexpr (Vec) {
+      for (ROW_LAUNCH_COLUMNS(q, n / 4)) {
+        const float4 v = reinterpret_cast<const float4*>(source)[q];
+        reinterpret_cast<uint2*>(out)[q] = make_uint2(bf16_bits(v.x) | (bf16_bits(v.y) << 16),
+                                                      bf16_bits(v.z) | (bf16_bits(v.w) << 16));
+      }
+    } else {
+      for (ROW_LAUNCH_COLUMNS(c, n)) out[c] = static_cast<uint16_t>(bf16_bits(source[c]));
+    }
   }
 }
 
@@ -24,12 +44,19 @@ __global__ void float_to_bf16_kernel(const float* x, int64_t rows, int64_t n, in
 
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
                         cudaStream_t stream) {
-  const int64_t total = rows * n;
-  if (total == 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  launch_kernel(float_to_bf16_kernel, static_cast<unsigned>(blocks < 4096 ? blocks : 4096),
-                kThreads, 0, stream, x, rows, n, x_stride, static_cast<__nv_bfloat16*>(y));
+  if (rows * n == 0) return;
+  auto* out = static_cast<uint16_t*>(y);
+  const bool vec = n % 4 == 0 && x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(y) % 8 == 0;
+  if (vec) {
+    const RowLaunch shape = row_launch(rows, n / 4);
+    launch_kernel(float_to_bf16_kernel<true>, shape.grid, shape.block, 0, stream, x, rows, n,
+                  x_stride, out);
+  } else {
+    const RowLaunch shape = row_launch(rows, n);
+    launch_kernel(float_to_bf16_kernel<false>, shape.grid, shape.block, 0, stream, x, rows, n,
+                  x_stride, out);
+  }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
