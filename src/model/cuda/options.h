@@ -65,14 +65,14 @@ struct CudaModelOptions {
   // outputs where the next kernel reads bf16: W_UK writes the latent half of
   // the sparse MLA's packed bf16 queries, W_UV reads the sparse MLA's bf16
   // output (instead of float32 TF32 products and the pack / unpack copies).
-  // 1024: prefill blocks (row_block), not the decode sizes CUDA Graphs capture
-  // (there the per-step bf16 copy of the two weights would cost more than the
-  // products). Measured on the H200 through serve (GLM-5.2 attention config):
+  // 512: prefill blocks (row_block's 1024 rows and a chunk's last, shorter
+  // block), not the decode sizes CUDA Graphs capture (there the per-step bf16
+  // copy of the two weights would cost more than the products). Measured on the H200 through serve (GLM-5.2 attention config):
   // TTFT 2.50 -> 2.28 s at 128K, 32.4 -> 30.8 s at 1M. Logits within the bf16
   // mode's 2e-2 of the TF32 products
   // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones).
   // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS overrides it (A/B runs through serve).
-  int64_t bf16_absorbed_min_rows = 1024;
+  int64_t bf16_absorbed_min_rows = 512;
   int device_ordinal = 0;
   // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
   // rank per GPU. The model joins an NCCL communicator of the same ranks on
