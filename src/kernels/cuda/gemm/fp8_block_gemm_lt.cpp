@@ -21,6 +21,18 @@ bool aligned(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
+// The largest power of two up to 256 that divides every pointer of the call:
+// cuBLASLt's heuristic assumes 256-byte aligned operands unless the
+// preference says less, and its algorithms for those refuse others at
+// matmul time (CUBLAS_STATUS_NOT_SUPPORTED: a view at a row or expert offset).
+int64_t common_alignment(const Fp8BlockGemm& g) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(g.x) | reinterpret_cast<uintptr_t>(g.w) |
+                         reinterpret_cast<uintptr_t>(g.y);
+  int64_t alignment = 256;
+  while (alignment > 16 && bits % static_cast<uintptr_t>(alignment) != 0) alignment /= 2;
+  return alignment;
+}
+
 void set_scales(cublasLtMatmulDesc_t desc, const Fp8BlockGemm& g) {
   const void* weight_scale = g.scale;
   const void* input_scale = g.x_scale;
@@ -67,7 +79,7 @@ Fp8LtGemm::Plan* Fp8LtGemm::plan(const Key& key, const Fp8BlockGemm& g) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   // Prefill chunks bring new row counts: a bounded cache, cleared when full.
   if (plans_.size() >= 512) plans_.clear();
-  const auto [rows, in, out, y_stride] = key;
+  const auto [rows, in, out, y_stride, alignment] = key;
   auto plan = std::make_unique<Plan>();
   check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
   const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
@@ -100,6 +112,12 @@ Fp8LtGemm::Plan* Fp8LtGemm::plan(const Key& key, const Fp8BlockGemm& g) {
   check(cublasLtMatmulPreferenceCreate(&preference), "preference");
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &workspace_bytes_, sizeof workspace_bytes_);
+  const uint32_t min_alignment = static_cast<uint32_t>(alignment);
+  for (const cublasLtMatmulPreferenceAttributes_t attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(preference, attribute, &min_alignment,
+                                         sizeof min_alignment);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status =
@@ -128,12 +146,16 @@ bool Fp8LtGemm::supports(const Fp8BlockGemm& g) {
   if (g.in % 128 != 0 || g.out % 128 != 0 || g.rows % 8 != 0 || g.y_stride % 4 != 0 ||
       (g.scale_split > 0 && g.scale_split % 128 != 0))
     return false;
-  if (!aligned(g.x) || !aligned(g.w) || !aligned(g.y)) return false;
-  return plan({g.rows, g.in, g.out, g.y_stride}, g)->found;
+  // The scale tensors too: a per-expert view of small stacked experts can
+  // start its scales at an 8-byte offset (cuda_moe_fp8_test's down matrices,
+  // 2 scales per expert), which cuBLASLt refused at matmul time (status 15).
+  if (!aligned(g.x) || !aligned(g.w) || !aligned(g.y) || !aligned(g.scale) || !aligned(g.x_scale))
+    return false;
+  return plan({g.rows, g.in, g.out, g.y_stride, common_alignment(g)}, g)->found;
 }
 
 void Fp8LtGemm::run(const Fp8BlockGemm& g) {
-  Plan* p = plan({g.rows, g.in, g.out, g.y_stride}, g);
+  Plan* p = plan({g.rows, g.in, g.out, g.y_stride, common_alignment(g)}, g);
   MEGACTX_CHECK(p->found, "cuBLASLt fp8 GEMM: no algorithm for {} x {} -> {}", g.rows, g.in, g.out);
   // The scale pointers change with every weight: set per call (host-side).
   set_scales(p->desc, g);

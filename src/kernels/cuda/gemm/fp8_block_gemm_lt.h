@@ -50,7 +50,9 @@ class Fp8LtGemm {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // rows, in, out, y_stride
+  // rows, in, out, y_stride, and the alignment (bytes, 16..256) common to the
+  // x, w and y pointers, which the heuristic must be told (it assumes 256).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
   Plan* plan(const Key& key, const Fp8BlockGemm& g);
 
   cudaStream_t stream_ = nullptr;
