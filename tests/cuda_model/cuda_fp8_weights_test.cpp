@@ -203,6 +203,7 @@ TEST(CudaFp8Gemm, ActivationQuantisationIsBitExact) {
 TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
   struct Case {
     int64_t rows, in, out, split, x_pad, y_pad;
+    int64_t scale_offset = 0;  // floats before the scales (2: an 8-byte aligned view)
   };
   cudaStream_t stream = nullptr;
   MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -212,7 +213,9 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
   // kernel, and cuBLASLt's block-scaled GEMM past 64 rows or for the larger
   // weights (the 96-, 40- and 200-row cases below, and the first 200 rows of
   // the 203-row one, its last 3 on the few-row kernel; not with a scale grid
-  // split off 128, the 130-row one).
+  // split off 128, the 130-row one, nor with scales at an 8-byte aligned
+  // address, the second 200-row one: a per-expert view of small stacked
+  // experts, which cuBLASLt refused at matmul time).
   for (const bool tensor_cores : {false, true}) {
     cuda::Blas blas(stream);
     blas.set_fp8_tensor_cores(tensor_cores);
@@ -224,7 +227,8 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
           Case{64, 256, 544, 272, 0, 0}, Case{2, 144, 96, 0, 1, 1}, Case{130, 384, 200, 70, 4, 3},
           Case{1, 80, 320, 160, 0, 0}, Case{3, 100, 64, 0, 0, 0}, Case{8, 528, 200, 0, 2, 0},
           Case{9, 528, 136, 0, 0, 0}, Case{96, 512, 384, 0, 0, 0}, Case{40, 2048, 2304, 0, 0, 4},
-          Case{200, 1024, 640, 256, 0, 0}, Case{203, 512, 256, 0, 2, 4}}) {
+          Case{200, 1024, 640, 256, 0, 0}, Case{203, 512, 256, 0, 2, 4},
+          Case{200, 1024, 640, 0, 0, 0, 2}}) {
       const std::string where = std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " +
                                 std::to_string(c.out) + " split " + std::to_string(c.split) +
                                 (tensor_cores ? " (tensor cores allowed)" : " (SIMT kernels)");
@@ -234,13 +238,15 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
           normal_values(static_cast<size_t>(c.rows * x_stride), static_cast<uint32_t>(seed++));
       DeviceArray<float> dx(x);
       DeviceArray<uint8_t> dw(weight.bytes);
-      DeviceArray<float> dscale(weight.scales);
+      std::vector<float> scales(static_cast<size_t>(c.scale_offset), 0.0f);
+      scales.insert(scales.end(), weight.scales.begin(), weight.scales.end());
+      DeviceArray<float> dscale(scales);
       // Padding columns of y must stay untouched: fill with a sentinel.
       const std::vector<float> sentinel(static_cast<size_t>(c.rows * y_stride), -7.0f);
       DeviceArray<float> dy(sentinel);
       cuda::DeviceMatrix w;
       w.data = dw.data;
-      w.scale = dscale.data;
+      w.scale = dscale.data + c.scale_offset;
       w.scale_split = c.split;
       blas.linear(dx.data, c.rows, c.in, x_stride, w, c.out, dy.data, y_stride);
       const std::vector<float> y = dy.host(sentinel.size());
