@@ -357,5 +357,69 @@ TEST(DsaFallback, FusedLatentWriteEqualsTheThreeLaunches) {
       }
 }
 
+TEST(DsaFallback, FusedIndexerKeyWriteEqualsTheThreeLaunches) {
+  // norm_rope_write_indexer_key against layernorm + rope + write_cache_rows:
+  // the same keys, the same pool bytes; F32, BF16 and FP8 pools (the FP8
+  // indexer entry is all e4m3: 128 codes and a scale), interleaved and
+  // half-split RoPE on the first `rope` values, GLM-5's and a small model's
+  // widths, in place and into another buffer, a padding row that writes nothing.
+  struct Shape {
+    int64_t dim, rope;
+  };
+  uint32_t seed = 400;
+  for (CacheDType dtype : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8})
+    for (const Shape shape : {Shape{128, 64}, Shape{64, 32}})
+      for (const bool interleaved : {true, false})
+        for (const bool in_place : {false, true}) {
+          SCOPED_TRACE(std::string(name(dtype)) + " dim " + std::to_string(shape.dim) +
+                       (interleaved ? " interleaved" : " halves") + (in_place ? " in place" : ""));
+          std::mt19937 rng(seed++);
+          const Rows rows = make_rows({0, 70, -1, 200, 5}, rng);
+          const int64_t tokens = static_cast<int64_t>(rows.positions.size());
+          const CacheLayout layout{dtype, shape.dim, dtype == CacheDType::FP8 ? shape.dim : 0};
+          const Pool pool = random_pool(layout, rows.slots, rng);
+          const std::vector<float> k_raw =
+              normal_values(static_cast<size_t>(tokens * shape.dim), rng, 2.f);
+          const std::vector<float> weight = normal_values(static_cast<size_t>(shape.dim), rng);
+          const std::vector<float> bias = normal_values(static_cast<size_t>(shape.dim), rng);
+          const std::vector<float> angles =
+              normal_values(static_cast<size_t>(tokens * shape.rope / 2), rng);
+          std::vector<float> cos(angles.size()), sin(angles.size());
+          for (size_t i = 0; i < angles.size(); ++i) {
+            cos[i] = std::cos(angles[i]);
+            sin[i] = std::sin(angles[i]);
+          }
+          DeviceBuffer<uint8_t> fused_pool(pool.bytes), separate_pool(pool.bytes);
+          DeviceBuffer<float> fused_raw(k_raw), separate_raw(k_raw), fused_k(k_raw.size()),
+              separate_k(k_raw.size()), d_weight(weight), d_bias(bias), d_cos(cos), d_sin(sin);
+          DeviceBuffer<int32_t> d_tables(rows.tables), d_offsets(rows.table_offset),
+              d_positions(rows.positions);
+          cuda::IndexerKeyWriteParams p;
+          p.tokens = tokens;
+          p.dim = shape.dim;
+          p.rope = shape.rope;
+          p.norm_weight = d_weight.get();
+          p.norm_bias = d_bias.get();
+          p.eps = 1e-6f;
+          p.cos = d_cos.get();
+          p.sin = d_sin.get();
+          p.interleaved = interleaved;
+          p.layout = layout;
+          p.rows = {d_tables.get(), d_offsets.get(), d_positions.get(), 64};
+          p.k_raw = fused_raw.get();
+          p.k = in_place ? fused_raw.get() : fused_k.get();
+          p.pool = fused_pool.get();
+          cuda::norm_rope_write_indexer_key(p, nullptr);
+          const std::vector<float> a = (in_place ? fused_raw : fused_k).download();
+          p.k_raw = separate_raw.get();
+          p.k = in_place ? separate_raw.get() : separate_k.get();
+          p.pool = separate_pool.get();
+          cuda::detail::norm_rope_write_indexer_key_separately(p, nullptr);
+          const std::vector<float> b = (in_place ? separate_raw : separate_k).download();
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "keys differ";
+          EXPECT_EQ(fused_pool.download(), separate_pool.download()) << "pool bytes differ";
+        }
+}
+
 }  // namespace
 }  // namespace megactx::test

@@ -160,15 +160,34 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   float* q = sc.iq.get<float>(n * heads * dim);
   blas_->linear(q_resid, n, q_lora, w.wq_b, heads * dim, q);
   cuda::rope(q, n, heads, heads * dim, dim, rope, step.cos, step.sin, interleaved, stream_);
+  // The key: LayerNorm, RoPE on its first `rope` values, into the cache (one
+  // launch, or the three with MEGACTX_FUSED_LATENT_WRITE=0).
   float* k_raw = sc.k_raw.get<float>(n * dim);
   float* k = sc.k.get<float>(n * dim);
   blas_->linear(h, n, hidden, w.wk, dim, k_raw);
-  layernorm(k_raw, n, dim, w.k_norm_weight, w.k_norm_bias, kIndexerNormEps, k, stream_);
-  cuda::rope(k, n, 1, dim, 0, rope, step.cos, step.sin, interleaved, stream_);
+  IndexerKeyWriteParams key;
+  key.k_raw = k_raw;
+  key.k = k;
+  key.tokens = n;
+  key.dim = dim;
+  key.rope = rope;
+  key.norm_weight = w.k_norm_weight;
+  key.norm_bias = w.k_norm_bias;
+  key.eps = kIndexerNormEps;
+  key.cos = step.cos;
+  key.sin = step.sin;
+  key.interleaved = interleaved;
+  key.pool = cache.indexer_pool(layer).raw();
+  key.layout = step.indexer;
+  key.rows = step.rows;
+  if (fused_latent_write()) {
+    norm_rope_write_indexer_key(key, stream_);
+  } else {
+    detail::norm_rope_write_indexer_key_separately(key, stream_);
+  }
   float* weights = sc.iw.get<float>(n * heads);
   blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
   scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
-  write_cache_rows(cache.indexer_pool(layer).raw(), step.indexer, step.rows, n, k, dim, stream_);
   if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("indexer scores + top-k", stream_);
     fast_indexer(q, weights, layer, step, cache);

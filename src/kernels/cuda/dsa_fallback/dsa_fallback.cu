@@ -196,6 +196,49 @@ __global__ void write_fp8_warp_kernel(void* pool, CacheLayout layout, PagedRows 
   }
 }
 
+// The rotary pairs of one row's `rope` values at x by a block (the rope
+// kernel's arithmetic); cos / sin: the row's [rope / 2].
+__device__ void rope_row(float* x, int64_t rope, const float* cos, const float* sin,
+                         bool interleaved) {
+  const int64_t half = rope / 2;
+  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
+    float* a = x + (interleaved ? 2 * i : i);
+    float* b = x + (interleaved ? 2 * i + 1 : i + half);
+    const float x1 = *a, x2 = *b;
+    *a = rope_first(x1, x2, cos[i], sin[i]);
+    *b = rope_second(x1, x2, cos[i], sin[i]);
+  }
+}
+
+// Row x (final in global memory for the block) into token t's slot by a
+// block, as write_cache_rows encodes it; a padding row writes nothing.
+__device__ void write_row(const float* x, void* pool_bytes, const CacheLayout& layout,
+                          const PagedRows& rows, int64_t t) {
+  if (rows.positions[t] < 0) return;
+  uint8_t* pool = static_cast<uint8_t*>(pool_bytes);
+  const int64_t slot = slot_of(rows, t, rows.positions[t]);
+  if (layout.dtype == CacheDType::FP8) {
+    uint8_t* entry = pool + slot * layout.bytes();
+    const int64_t groups = (layout.fp8_count + 127) / 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t g = warp; g <= groups; g += kThreads / 32) {
+      if (g == groups) {
+        store_bf16_tail(entry + layout.fp8_count + 4 * groups, x, layout, layout.fp8_count + lane,
+                        32);
+      } else {
+        store_fp8_group(entry, x, layout, g, lane);
+      }
+    }
+  } else if (layout.dtype == CacheDType::BF16) {
+    auto* entry = reinterpret_cast<__nv_bfloat16*>(pool) + slot * layout.width;
+    for (int64_t i = threadIdx.x; i < layout.width; i += kThreads)
+      entry[i] = __float2bfloat16_rn(x[i]);
+  } else {
+    float* entry = reinterpret_cast<float*>(pool) + slot * layout.width;
+    for (int64_t i = threadIdx.x; i < layout.width; i += kThreads) entry[i] = x[i];
+  }
+}
+
 // norm_rope_write_latent: a block per token row; the operations of rmsnorm,
 // rope and write_cache_rows in their order, so the same bits.
 __global__ void __launch_bounds__(kThreads) norm_rope_write_kernel(LatentWriteParams p) {
@@ -208,39 +251,25 @@ __global__ void __launch_bounds__(kThreads) norm_rope_write_kernel(LatentWritePa
   for (int64_t i = threadIdx.x; i < p.lora; i += kThreads) sum += x[i] * x[i];
   const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(p.lora) + p.eps);
   for (int64_t i = threadIdx.x; i < p.lora; i += kThreads) x[i] = p.norm_weight[i] * (x[i] * inv);
-  const int64_t half = p.rope / 2;
-  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
-    float* a = x + p.lora + (p.interleaved ? 2 * i : i);
-    float* b = x + p.lora + (p.interleaved ? 2 * i + 1 : i + half);
-    const float c = p.cos[t * half + i], s = p.sin[t * half + i];
-    const float x1 = *a, x2 = *b;
-    *a = rope_first(x1, x2, c, s);
-    *b = rope_second(x1, x2, c, s);
-  }
-  __syncthreads();                      // the row is final in global memory for the whole block
-  if (p.rows.positions[t] < 0) return;  // a padding row writes nothing
-  uint8_t* pool = static_cast<uint8_t*>(p.pool);
-  const int64_t slot = slot_of(p.rows, t, p.rows.positions[t]);
-  if (p.layout.dtype == CacheDType::FP8) {
-    uint8_t* entry = pool + slot * p.layout.bytes();
-    const int64_t groups = (p.layout.fp8_count + 127) / 128;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int64_t g = warp; g <= groups; g += kThreads / 32) {
-      if (g == groups) {
-        store_bf16_tail(entry + p.layout.fp8_count + 4 * groups, x, p.layout,
-                        p.layout.fp8_count + lane, 32);
-      } else {
-        store_fp8_group(entry, x, p.layout, g, lane);
-      }
-    }
-  } else if (p.layout.dtype == CacheDType::BF16) {
-    auto* entry = reinterpret_cast<__nv_bfloat16*>(pool) + slot * p.layout.width;
-    for (int64_t i = threadIdx.x; i < p.layout.width; i += kThreads)
-      entry[i] = __float2bfloat16_rn(x[i]);
-  } else {
-    float* entry = reinterpret_cast<float*>(pool) + slot * p.layout.width;
-    for (int64_t i = threadIdx.x; i < p.layout.width; i += kThreads) entry[i] = x[i];
-  }
+  rope_row(x + p.lora, p.rope, p.cos + t * (p.rope / 2), p.sin + t * (p.rope / 2), p.interleaved);
+  __syncthreads();  // the row is final in global memory for the whole block
+  write_row(x, p.pool, p.layout, p.rows, t);
+}
+
+// norm_rope_write_indexer_key: a block per token row; layernorm, rope and
+// write_cache_rows in their order (layernorm_row is the layernorm kernel's
+// code), so the same bits.
+__global__ void __launch_bounds__(kThreads) indexer_key_write_kernel(IndexerKeyWriteParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  __shared__ float shared[kThreads / 32];
+  const int64_t t = blockIdx.x;
+  float* x = p.k + t * p.dim;
+  layernorm_row<kThreads>(p.k_raw + t * p.dim, p.dim, p.norm_weight, p.norm_bias, p.eps, x, shared);
+  __syncthreads();  // the normed row is in global memory for the whole block
+  rope_row(x, p.rope, p.cos + t * (p.rope / 2), p.sin + t * (p.rope / 2), p.interleaved);
+  __syncthreads();  // the row is final for the whole block
+  write_row(x, p.pool, p.layout, p.rows, t);
 }
 
 // Blocks (token, chunk of kThreads positions); q[t] staged in shared memory
@@ -754,6 +783,19 @@ void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
+void norm_rope_write_indexer_key(const IndexerKeyWriteParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  const bool fp8_aligned = p.layout.bytes() % 4 == 0 && p.layout.fp8_count % 4 == 0 &&
+                           (reinterpret_cast<uintptr_t>(p.pool) & 3u) == 0;
+  if (p.layout.dtype == CacheDType::FP8 && !fp8_aligned) {
+    // The thread-per-group writer: the same three steps as separate launches.
+    detail::norm_rope_write_indexer_key_separately(p, stream);
+    return;
+  }
+  launch_kernel(indexer_key_write_kernel, static_cast<unsigned>(p.tokens), kThreads, 0, stream, p);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
 void indexer_topk_fallback(const IndexerFallbackParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   indexer_scores(p, plain_fallback(), stream);
@@ -784,6 +826,12 @@ void norm_rope_write_latent_separately(const LatentWriteParams& p, cudaStream_t 
   rmsnorm(p.kv, p.tokens, p.lora, p.stride, p.norm_weight, p.eps, p.kv, p.stride, stream);
   rope(p.kv + p.lora, p.tokens, 1, p.stride, 0, p.rope, p.cos, p.sin, p.interleaved, stream);
   write_cache_rows(p.pool, p.layout, p.rows, p.tokens, p.kv, p.stride, stream);
+}
+
+void norm_rope_write_indexer_key_separately(const IndexerKeyWriteParams& p, cudaStream_t stream) {
+  layernorm(p.k_raw, p.tokens, p.dim, p.norm_weight, p.norm_bias, p.eps, p.k, stream);
+  rope(p.k, p.tokens, 1, p.dim, 0, p.rope, p.cos, p.sin, p.interleaved, stream);
+  write_cache_rows(p.pool, p.layout, p.rows, p.tokens, p.k, p.dim, stream);
 }
 
 void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStream_t stream) {

@@ -77,6 +77,30 @@ void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream);
 inline constexpr bool kFusedLatentWrite = true;
 bool fused_latent_write();
 
+// The indexer's new keys into its cache in one launch, as the latent rows
+// above: k [tokens, dim] (dense) <- LayerNorm(k_raw) * weight + bias, its
+// first `rope` values turned by (cos, sin) [tokens, rope / 2] (the indexer's
+// heads are [rope | nope]), then each row written to its slot as
+// write_cache_rows writes it. k may be k_raw. The operations of layernorm +
+// rope + write_cache_rows in their order, so the same bits
+// (detail::norm_rope_write_indexer_key_separately runs those three); two
+// launches fewer per full indexer layer. fused_latent_write() picks it too.
+struct IndexerKeyWriteParams {
+  const float* k_raw = nullptr;
+  float* k = nullptr;
+  int64_t tokens = 0, dim = 0, rope = 0;
+  const float* norm_weight = nullptr;
+  const float* norm_bias = nullptr;
+  float eps = 0.0f;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  bool interleaved = false;
+  void* pool = nullptr;
+  CacheLayout layout;  // width == dim
+  PagedRows rows;
+};
+void norm_rope_write_indexer_key(const IndexerKeyWriteParams& p, cudaStream_t stream);
+
 // scores[t, p] for p < positions[t] + 1 (causal), = sum_h weights[t,h] *
 // relu(scale * q[t,h,:] . key[p]); keys read from the indexer pool. Then
 // indices[t, 0:topk) = the top-k positions (ties to the lower position) in
@@ -128,6 +152,8 @@ void indexer_scores_fallback(const IndexerFallbackParams& p, bool plain, cudaStr
 void mla_attention_fallback_plain(const MlaFallbackParams& p, cudaStream_t stream);
 // norm_rope_write_latent as three launches (rmsnorm, rope, write_cache_rows).
 void norm_rope_write_latent_separately(const LatentWriteParams& p, cudaStream_t stream);
+// norm_rope_write_indexer_key as three launches (layernorm, rope, write_cache_rows).
+void norm_rope_write_indexer_key_separately(const IndexerKeyWriteParams& p, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace megactx::cuda

@@ -101,16 +101,7 @@ __global__ void layernorm_kernel(const float* x, int64_t n, const float* weight,
   grid_dependency_wait();
   grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
-  const float* xr = x + blockIdx.x * n;
-  float* yr = y + blockIdx.x * n;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += xr[i];
-  const float mean = block_sum<kThreads>(sum, shared) / static_cast<float>(n);
-  float var = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) var += (xr[i] - mean) * (xr[i] - mean);
-  const float inv = rsqrtf(block_sum<kThreads>(var, shared) / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += kThreads)
-    yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
+  layernorm_row<kThreads>(x + blockIdx.x * n, n, weight, bias, eps, y + blockIdx.x * n, shared);
 }
 
 // On row_launch (common/row_launch.cuh): (head, pair) along x.
