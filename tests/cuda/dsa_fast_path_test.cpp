@@ -345,6 +345,23 @@ void check_indexer(int64_t heads, int64_t top_k, uint32_t seed) {
   quantize.heads = static_cast<int>(padded);
   quantize.softmax_scale = scale;
   cuda::quantize_indexer_queries(quantize, nullptr);
+  {
+    // The one-launch form the model runs (straight from the float32 queries
+    // and weights, padded heads as zeros): the same bytes and weights.
+    DeviceBuffer<uint8_t> direct_fp8(n * padded * dim);
+    DeviceBuffer<float> direct_weights(n * padded);
+    cuda::QuantizeIndexerParams direct = quantize;
+    direct.queries = nullptr;
+    direct.head_weights = nullptr;
+    direct.queries_f32 = d_q.get();
+    direct.head_weights_f32 = d_weights.get();
+    direct.source_heads = static_cast<int>(heads);
+    direct.queries_fp8 = direct_fp8.get();
+    direct.weights = direct_weights.get();
+    cuda::quantize_indexer_queries(direct, nullptr);
+    EXPECT_EQ(direct_fp8.download(), q_fp8.download()) << "fp8 queries differ";
+    EXPECT_EQ(direct_weights.download(), weights_folded.download()) << "folded weights differ";
+  }
   DeviceBuffer<float> scores(n * b.max_context);
   scores.fill_bytes(0xff);
   cuda::IndexerScoreParams score;

@@ -48,11 +48,11 @@ TEST(FastAttentionPlan, ScratchBoundGrowsAsTheBuffers) {
   const ModelConfig glm = config_named("glm5_2");             // 64 heads, 32 indexer heads
   const ModelConfig deepseek = config_named("deepseek_v32");  // 128 heads, 64 indexer heads
   // One more token adds at least its bf16 MLA query [heads, 576] and output
-  // [heads, 512], its bf16 + e4m3 indexer queries [index heads, 128], its
-  // slot list min(top_k, context) and page list.
+  // [heads, 512], its e4m3 indexer queries [index heads, 128], its slot
+  // list min(top_k, context) and page list.
   auto per_token = [](const ModelConfig& c, int64_t context) {
     const int64_t columns = std::min<int64_t>(2048, context);
-    return c.num_attention_heads * (2 * 576 + 2 * 512) + c.index_n_heads * 128 * 3 + 4 * columns +
+    return c.num_attention_heads * (2 * 576 + 2 * 512) + c.index_n_heads * 128 + 4 * columns +
            4 * ((context + 63) / 64);
   };
   for (const ModelConfig* c : {&glm, &deepseek})

@@ -302,7 +302,7 @@ class CudaDsaModel final : public LanguageModel {
   SlotsKey selection_key(const Step& step, int64_t top_k, const int32_t* slots) const;
   struct FastScratch {
     DeviceBuffer tables, visible, row_ids;
-    DeviceBuffer iq_bf16, iw_padded, iq_fp8, iw_folded, topk_histogram, topk_state;
+    DeviceBuffer iq_fp8, iw_folded, topk_histogram, topk_state;
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
     // bf16_absorbed: q_nope [rows, heads, nope] (then W_UV's bf16 output [rows,
     // heads, value]), W_UK^T [heads, lora, nope] and W_UV [heads, value, lora] in bf16.

@@ -157,12 +157,11 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   const FastScratch& fs = fast_scratch_;
   size_t total = 0;
   for (const DeviceBuffer* buffer :
-       {&fs.tables,       &fs.visible,     &fs.row_ids,      &fs.iq_bf16,
-        &fs.iw_padded,    &fs.iq_fp8,      &fs.iw_folded,    &fs.topk_histogram,
-        &fs.topk_state,   &fs.slots,       &fs.q_bf16,       &fs.out_bf16,
-        &fs.lse,          &fs.partial_out, &fs.partial_lse,  &fs.fused,
-        &fs.staged_slots, &fs.staging,     &fs.offload_copy, &fs.absorb_q_bf16,
-        &fs.w_uk_bf16,    &fs.w_uv_bf16})
+       {&fs.tables,       &fs.visible,        &fs.row_ids,      &fs.iq_fp8,
+        &fs.iw_folded,    &fs.topk_histogram, &fs.topk_state,   &fs.slots,
+        &fs.q_bf16,       &fs.out_bf16,       &fs.lse,          &fs.partial_out,
+        &fs.partial_lse,  &fs.fused,          &fs.staged_slots, &fs.staging,
+        &fs.offload_copy, &fs.absorb_q_bf16,  &fs.w_uk_bf16,    &fs.w_uv_bf16})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -220,21 +219,12 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
     step.table_stride = t.table_stride;
   }
 
-  // fp32 [n, heads, 128] -> bf16 [n, padded, 128] -> e4m3 with folded weights.
-  IndexerQueryPadParams pad;
-  pad.q = q;
-  pad.weights = weights;
-  pad.tokens = n;
-  pad.heads = heads;
-  pad.padded_heads = padded;
-  pad.dim = dim;
-  pad.q_bf16 = fs.iq_bf16.get<uint16_t>(n * padded * dim);
-  pad.weights_padded = fs.iw_padded.get<float>(n * padded);
-  pad_indexer_queries(pad, stream_);
-
+  // fp32 [n, heads, 128] -> e4m3 [n, padded, 128] (each value rounded to
+  // bf16 first, as pad_indexer_queries would) with folded weights, one launch.
   QuantizeIndexerParams quantize;
-  quantize.queries = pad.q_bf16;
-  quantize.head_weights = pad.weights_padded;
+  quantize.queries_f32 = q;
+  quantize.head_weights_f32 = weights;
+  quantize.source_heads = static_cast<int>(heads);
   quantize.queries_fp8 = fs.iq_fp8.get<uint8_t>(n * padded * dim);
   quantize.weights = fs.iw_folded.get<float>(n * padded);
   quantize.rows = static_cast<int>(n);

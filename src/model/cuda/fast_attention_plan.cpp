@@ -71,10 +71,10 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   const int64_t columns = std::max<int64_t>(1, std::min(index_topk, max_context));
   const bool fused = cuda_fused_indexer_serves(config, index_topk);
   int64_t per_token = 0;
-  per_token += 4 + 4;                                    // visible, row ids
-  per_token += index_heads * kIndexerHeadDim * (2 + 1);  // bf16 and e4m3 queries
-  per_token += index_heads * 4 * 2;                      // padded and folded weights
-  per_token += kTopkRowStateBytes;                       // top-k row state
+  per_token += 4 + 4;                          // visible, row ids
+  per_token += index_heads * kIndexerHeadDim;  // e4m3 queries
+  per_token += index_heads * 4;                // folded weights
+  per_token += kTopkRowStateBytes;             // top-k row state
   int64_t per_block_row = 0;
   per_block_row += 4 * columns;                                                      // slots
   per_block_row += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse

@@ -185,6 +185,17 @@ __device__ __forceinline__ uint8_t float_to_e4m3(float value) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
 }
 
+// bf16 bits of x, round to nearest even, in integer arithmetic (NaN ->
+// 0x7fc0): the glue kernels' rounding (CUDA 13.0 mis-stored the low byte of a
+// __nv_bfloat16 there: docs/benchmarks.md), shared so that a fused kernel
+// rounds as the pair of kernels it replaces.
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
   return *reinterpret_cast<const uint32_t*>(&pair);

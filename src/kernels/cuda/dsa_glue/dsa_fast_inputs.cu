@@ -1,6 +1,7 @@
 // Element-wise glue kernels of the fast DSA path (see dsa_fast_inputs.h):
 // one grid-stride loop each over the output elements.
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/row_launch.cuh"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
@@ -14,15 +15,6 @@ constexpr int64_t kMaxBlocks = 8192;
 unsigned blocks_for(int64_t total) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
-// bf16 bits of x, round to nearest even, with integer arithmetic only (CUDA
-// 13.0 mis-stored the low byte of a __nv_bfloat16: docs/benchmarks.md).
-__device__ __forceinline__ uint16_t float_to_bf16_bits(float x) {
-  uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {

@@ -2,21 +2,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/row_launch.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 
 namespace megactx::cuda {
 namespace {
-
-// bf16 bits of x, round to nearest even, in integer arithmetic (the vector
-// stores below write whole words of two values).
-__device__ __forceinline__ uint32_t bf16_bits(float x) {
-  uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return bits >> 16;
-}
 
 // On row_launch (common/row_launch.cuh). Vec: four columns per thread (float4
 // loads, 8-byte stores).
@@ -31,11 +23,13 @@ __global__ void float_to_bf16_kernel(const float* x, int64_t rows, int64_t n, in
     if constexpr (Vec) {
       for (ROW_LAUNCH_COLUMNS(q, n / 4)) {
         const float4 v = reinterpret_cast<const float4*>(source)[q];
-        reinterpret_cast<uint2*>(out)[q] = make_uint2(bf16_bits(v.x) | (bf16_bits(v.y) << 16),
-                                                      bf16_bits(v.z) | (bf16_bits(v.w) << 16));
+        // Two bf16 per word (float_to_bf16_bits: integer rounding, whole-word stores).
+        reinterpret_cast<uint2*>(out)[q] =
+            make_uint2(float_to_bf16_bits(v.x) | (uint32_t{float_to_bf16_bits(v.y)} << 16),
+                       float_to_bf16_bits(v.z) | (uint32_t{float_to_bf16_bits(v.w)} << 16));
       }
     } else {
-      for (ROW_LAUNCH_COLUMNS(c, n)) out[c] = static_cast<uint16_t>(bf16_bits(source[c]));
+      for (ROW_LAUNCH_COLUMNS(c, n)) out[c] = float_to_bf16_bits(source[c]);
     }
   }
 }

@@ -34,6 +34,13 @@ void quantize_indexer_queries(const QuantizeIndexerParams& params, cudaStream_t 
                 "quantize_indexer_queries: bad shape [{}, {}]", params.rows, params.heads);
   MEGACTX_CHECK(params.softmax_scale > 0,
                 "quantize_indexer_queries: softmax_scale must be positive");
+  const bool from_f32 = params.queries_f32 != nullptr;
+  MEGACTX_CHECK(from_f32 ? params.queries == nullptr && params.head_weights == nullptr &&
+                               params.head_weights_f32 != nullptr && params.source_heads > 0 &&
+                               params.source_heads <= params.heads
+                         : params.queries != nullptr && params.head_weights != nullptr,
+                "quantize_indexer_queries: give bf16 queries and weights, or float32 ones with "
+                "0 < source_heads <= heads");
   detail::launch_quantize_indexer_queries(params, stream);
 }
 

@@ -46,8 +46,16 @@ struct IndexerScoreParams {
 struct QuantizeIndexerParams {
   const uint16_t* queries = nullptr;    // [rows, heads, 128] bf16 (after RoPE)
   const float* head_weights = nullptr;  // [rows, heads] weights_proj(h) * heads^-0.5
-  uint8_t* queries_fp8 = nullptr;       // [rows, heads, 128] out
-  float* weights = nullptr;             // [rows, heads] out: head_weights * q scale * softmax_scale
+  // Or, with queries and head_weights null, straight from the model's float32
+  // queries [rows, source_heads, 128] and weights [rows, source_heads]
+  // (source_heads <= heads; the padded heads quantise as zeros with weight 0),
+  // each value rounded to bf16 first: the same bytes as pad_indexer_queries
+  // (dsa_glue/dsa_fast_inputs.h) followed by this, in one launch.
+  const float* queries_f32 = nullptr;
+  const float* head_weights_f32 = nullptr;
+  int source_heads = 0;
+  uint8_t* queries_fp8 = nullptr;  // [rows, heads, 128] out
+  float* weights = nullptr;        // [rows, heads] out: head_weights * q scale * softmax_scale
   int rows = 0;
   int heads = 0;
   float softmax_scale = 0;  // 128^-0.5

@@ -213,14 +213,28 @@ __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (item >= static_cast<int64_t>(p.rows) * p.heads) return;
-  const uint16_t* source = p.queries + item * kIndexerHeadDim + lane * 4;
   float values[4];
+  float head_weight = 0.f;
+  if (p.queries_f32 != nullptr) {
+    // Padded from the float32 queries (pad_indexer_queries' rounding).
+    const int row = static_cast<int>(item / p.heads),
+              h = static_cast<int>(item - int64_t{row} * p.heads);
+    const bool real = h < p.source_heads;
+    const int64_t source_item = int64_t{row} * p.source_heads + h;
+    const float* source = p.queries_f32 + source_item * kIndexerHeadDim + lane * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      values[i] = real ? __uint_as_float(uint32_t{float_to_bf16_bits(source[i])} << 16) : 0.f;
+    if (lane == 0 && real) head_weight = p.head_weights_f32[source_item];
+  } else {
+    const uint16_t* source = p.queries + item * kIndexerHeadDim + lane * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) values[i] = __uint_as_float(static_cast<uint32_t>(source[i]) << 16);
+    if (lane == 0) head_weight = p.head_weights[item];
+  }
   float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    values[i] = __uint_as_float(static_cast<uint32_t>(source[i]) << 16);
-    amax = fmaxf(amax, fabsf(values[i]));
-  }
+  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(values[i]));
 #pragma unroll
   for (int mask = 1; mask < 32; mask <<= 1)
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
@@ -230,7 +244,7 @@ __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
   for (int i = 0; i < 4; ++i)
     packed |= static_cast<uint32_t>(float_to_e4m3(values[i] / scale)) << (8 * i);
   *reinterpret_cast<uint32_t*>(p.queries_fp8 + item * kIndexerHeadDim + lane * 4) = packed;
-  if (lane == 0) p.weights[item] = p.head_weights[item] * scale * p.softmax_scale;
+  if (lane == 0) p.weights[item] = head_weight * scale * p.softmax_scale;
 }
 
 template <int MTiles, bool Bulk>
