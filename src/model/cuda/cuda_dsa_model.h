@@ -219,10 +219,11 @@ class CudaDsaModel final : public LanguageModel {
   // (model/cuda/dsa_fast_attention.cpp): CudaModelOptions::fast_attention, an FP8
   // cache of 64-token pages, kv_lora 512, rope 64, index dim 128.
   bool use_fast_attention(const Step& step) const;
-  // q [n, index_heads, 128] (after RoPE), weights [n, index_heads] (weights_proj
-  // * heads^-0.5) -> step.topk positions [n, index_topk], step.counts.
-  void fast_indexer(const float* q, const float* weights, int64_t layer, Step& step,
-                    PagedKvCache& cache);
+  // q [n, index_heads, 128] (after RoPE), weights [n, index_heads]
+  // (weights_proj(h), times weight_scale = heads^-0.5 here) -> step.topk
+  // positions [n, index_topk], step.counts.
+  void fast_indexer(const float* q, const float* weights, float weight_scale, int64_t layer,
+                    Step& step, PagedKvCache& cache);
   // q_latent [n, heads, 512], q [n, heads, nope | rope] (roped), over step.topk
   // -> o_latent [n, heads, 512].
   IndexerScoreParams indexer_score_rows(const uint8_t* queries_fp8, const float* weights,

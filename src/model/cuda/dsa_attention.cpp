@@ -185,14 +185,17 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   } else {
     detail::norm_rope_write_indexer_key_separately(key, stream_);
   }
+  // weights [n, heads] = weights_proj(h) * heads^-0.5; the fast path's
+  // quantisation applies the factor itself (one launch fewer).
   float* weights = sc.iw.get<float>(n * heads);
   blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
-  scale(weights, 1.0f / std::sqrt(static_cast<float>(heads)), n * heads, stream_);
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("indexer scores + top-k", stream_);
-    fast_indexer(q, weights, layer, step, cache);
+    fast_indexer(q, weights, head_scale, layer, step, cache);
     return;
   }
+  scale(weights, head_scale, n * heads, stream_);
 
   IndexerFallbackParams p;
   p.q = q;

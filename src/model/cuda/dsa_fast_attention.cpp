@@ -186,8 +186,8 @@ CudaDsaModel::Selection CudaDsaModel::last_selection(int64_t tokens) const {
   return out;
 }
 
-void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t layer, Step& step,
-                                PagedKvCache& cache) {
+void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weight_scale,
+                                int64_t layer, Step& step, PagedKvCache& cache) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
   const int64_t heads = config_.index_n_heads;
@@ -225,6 +225,7 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, int64_t la
   quantize.queries_f32 = q;
   quantize.head_weights_f32 = weights;
   quantize.source_heads = static_cast<int>(heads);
+  quantize.head_weight_scale = weight_scale;
   quantize.queries_fp8 = fs.iq_fp8.get<uint8_t>(n * padded * dim);
   quantize.weights = fs.iw_folded.get<float>(n * padded);
   quantize.rows = static_cast<int>(n);

@@ -67,9 +67,9 @@ struct CudaModelOptions {
   // output (instead of float32 TF32 products and the pack / unpack copies).
   // 512: prefill blocks (row_block's 1024 rows and a chunk's last, shorter
   // block), not the decode sizes CUDA Graphs capture (there the per-step bf16
-  // copy of the two weights would cost more than the products). Measured on the H200 through serve (GLM-5.2 attention config):
-  // TTFT 2.50 -> 2.28 s at 128K, 32.4 -> 30.8 s at 1M. Logits within the bf16
-  // mode's 2e-2 of the TF32 products
+  // copy of the two weights would cost more than the products). Measured on the H200 through serve
+  // (GLM-5.2 attention config): TTFT 2.50 -> 2.28 s at 128K, 32.4 -> 30.8 s at 1M. Logits within
+  // the bf16 mode's 2e-2 of the TF32 products
   // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones).
   // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS overrides it (A/B runs through serve).
   int64_t bf16_absorbed_min_rows = 512;

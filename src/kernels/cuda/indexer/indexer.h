@@ -54,6 +54,9 @@ struct QuantizeIndexerParams {
   const float* queries_f32 = nullptr;
   const float* head_weights_f32 = nullptr;
   int source_heads = 0;
+  // The f32 form's weights times this first (heads^-0.5 for the raw
+  // weights_proj output: the same product the model's separate scale kernel made).
+  float head_weight_scale = 1.0f;
   uint8_t* queries_fp8 = nullptr;  // [rows, heads, 128] out
   float* weights = nullptr;        // [rows, heads] out: head_weights * q scale * softmax_scale
   int rows = 0;

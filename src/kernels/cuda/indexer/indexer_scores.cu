@@ -225,7 +225,7 @@ __global__ void quantize_indexer_queries_kernel(QuantizeIndexerParams p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       values[i] = real ? __uint_as_float(uint32_t{float_to_bf16_bits(source[i])} << 16) : 0.f;
-    if (lane == 0 && real) head_weight = p.head_weights_f32[source_item];
+    if (lane == 0 && real) head_weight = p.head_weights_f32[source_item] * p.head_weight_scale;
   } else {
     const uint16_t* source = p.queries + item * kIndexerHeadDim + lane * 4;
 #pragma unroll
