@@ -37,7 +37,9 @@ void build_token_tables(const TokenTablesParams& p, cudaStream_t stream);
 
 // q_bf16[t, h, :] = bf16(q[t, h, :]) and weights_padded[t, h] = weights[t, h]
 // for h < heads; zero for heads <= h < padded_heads (a zero query with a zero
-// weight adds relu(0) * 0 to every score).
+// weight adds relu(0) * 0 to every score). The model no longer runs it:
+// quantize_indexer_queries' float32 form (indexer/indexer.h) pads and
+// quantises in one launch; this is what the tests hold that form to.
 struct IndexerQueryPadParams {
   const float* q = nullptr;        // [tokens, heads, dim]
   const float* weights = nullptr;  // [tokens, heads]
