@@ -2,7 +2,7 @@
 # The one script for the GPU machine: runs every GPU test (label gpu) and the
 # DSA benchmarks, writes full logs to $OUT and prints a short summary last.
 #
-#   scripts/gpu-check.sh --pack BUILD_DIR PACK_DIR   (on the build machine)
+#   [GPU_PACK_ONLY="megactx a_test ..."] scripts/gpu-check.sh --pack BUILD_DIR PACK_DIR   (build machine)
 #       copies the GPU test binaries (every tests/<folder> whose CMakeLists.txt
 #       says LABELS gpu) and the bench/cuda executables out of a CUDA build
 #       (cmake -S . -B BUILD_DIR -G Ninja -DMEGACTX_CUDA=ON; build those
@@ -26,6 +26,9 @@ if [[ "${1:-}" == "--pack" ]]; then
   for binary in "${binaries[@]}"; do
     [[ -f "$binary" ]] || continue
     [[ -x "$binary" ]] || continue
+    # GPU_PACK_ONLY="megactx cuda_ops_test ...": only these binaries (the run
+    # tool carries at most 64 MiB together with the tracked tree, ~46 MiB).
+    [[ -z "${GPU_PACK_ONLY:-}" || " $GPU_PACK_ONLY " == *" $(basename "$binary") "* ]] || continue
     cp "$binary" "$pack/bin/" && strip "$pack/bin/$(basename "$binary")"
     ldd "$binary" | awk '/=> \// {print $3}' | while read -r library; do
       case "$(basename "$library")" in
