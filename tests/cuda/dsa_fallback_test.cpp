@@ -113,6 +113,20 @@ std::vector<float> normal_values(size_t count, std::mt19937& rng, float sigma = 
   return v;
 }
 
+// RoPE tables [count] of random angles: the cos and the sin.
+struct RopeTables {
+  std::vector<float> cos, sin;
+};
+RopeTables random_rope_tables(size_t count, std::mt19937& rng) {
+  const std::vector<float> angles = normal_values(count, rng);
+  RopeTables t{std::vector<float>(count), std::vector<float>(count)};
+  for (size_t i = 0; i < count; ++i) {
+    t.cos[i] = std::cos(angles[i]);
+    t.sin[i] = std::sin(angles[i]);
+  }
+  return t;
+}
+
 struct IndexerCase {
   CacheDType dtype;
   int64_t dim, heads;
@@ -322,15 +336,11 @@ TEST(DsaFallback, FusedLatentWriteEqualsTheThreeLaunches) {
         const Pool pool = random_pool(layout, rows.slots, rng);
         const std::vector<float> kv = normal_values(static_cast<size_t>(tokens * width), rng, 2.f);
         std::vector<float> weight = normal_values(static_cast<size_t>(shape.lora), rng);
-        std::vector<float> angles =
-            normal_values(static_cast<size_t>(tokens * shape.rope / 2), rng);
-        std::vector<float> cos(angles.size()), sin(angles.size());
-        for (size_t i = 0; i < angles.size(); ++i) {
-          cos[i] = std::cos(angles[i]);
-          sin[i] = std::sin(angles[i]);
-        }
+        const RopeTables turns =
+            random_rope_tables(static_cast<size_t>(tokens * shape.rope / 2), rng);
         DeviceBuffer<uint8_t> fused_pool(pool.bytes), separate_pool(pool.bytes);
-        DeviceBuffer<float> fused_kv(kv), separate_kv(kv), d_weight(weight), d_cos(cos), d_sin(sin);
+        DeviceBuffer<float> fused_kv(kv), separate_kv(kv), d_weight(weight), d_cos(turns.cos),
+            d_sin(turns.sin);
         DeviceBuffer<int32_t> d_tables(rows.tables), d_offsets(rows.table_offset),
             d_positions(rows.positions);
         cuda::LatentWriteParams p;
@@ -382,16 +392,12 @@ TEST(DsaFallback, FusedIndexerKeyWriteEqualsTheThreeLaunches) {
               normal_values(static_cast<size_t>(tokens * shape.dim), rng, 2.f);
           const std::vector<float> weight = normal_values(static_cast<size_t>(shape.dim), rng);
           const std::vector<float> bias = normal_values(static_cast<size_t>(shape.dim), rng);
-          const std::vector<float> angles =
-              normal_values(static_cast<size_t>(tokens * shape.rope / 2), rng);
-          std::vector<float> cos(angles.size()), sin(angles.size());
-          for (size_t i = 0; i < angles.size(); ++i) {
-            cos[i] = std::cos(angles[i]);
-            sin[i] = std::sin(angles[i]);
-          }
+          const RopeTables turns =
+              random_rope_tables(static_cast<size_t>(tokens * shape.rope / 2), rng);
           DeviceBuffer<uint8_t> fused_pool(pool.bytes), separate_pool(pool.bytes);
           DeviceBuffer<float> fused_raw(k_raw), separate_raw(k_raw), fused_k(k_raw.size()),
-              separate_k(k_raw.size()), d_weight(weight), d_bias(bias), d_cos(cos), d_sin(sin);
+              separate_k(k_raw.size()), d_weight(weight), d_bias(bias), d_cos(turns.cos),
+              d_sin(turns.sin);
           DeviceBuffer<int32_t> d_tables(rows.tables), d_offsets(rows.table_offset),
               d_positions(rows.positions);
           cuda::IndexerKeyWriteParams p;

@@ -69,6 +69,7 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
       "CUDA model: rank {} of a tensor-parallel plan over {} ranks needs its group",
       plan_.tensor_parallel_rank, plan_.tensor_parallel_size);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  upload(rope_inv_freq_, rope_.inv_freq, stream_);  // rope_tables' frequencies, once
   if (options.group != nullptr) {
     parallel::NcclCommunicatorOptions nccl;
     nccl.rank = options.group->rank();
@@ -180,7 +181,6 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   step.rows.positions = upload(sc.positions, positions, stream_);
   // RoPE tables from the uploaded positions, on the device (the host's
   // double cos / sin took ~20 ms per 16K-row chunk, the GPU idle meanwhile).
-  if (rope_inv_freq_.bytes() == 0) upload(rope_inv_freq_, rope_.inv_freq, stream_);
   float* cos = sc.cos.get<float>(n * half);
   float* sin = sc.sin.get<float>(n * half);
   rope_tables(step.rows.positions, n, rope_inv_freq_.as<float>(), half, rope_.attention_factor, cos,

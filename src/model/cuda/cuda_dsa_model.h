@@ -280,6 +280,8 @@ class CudaDsaModel final : public LanguageModel {
   bool bf16_absorbed(int64_t rows) const;
   void absorbed_weights_bf16(const DeviceLayer& w);
   void w_uk_bf16(const float* q, int64_t rows);
+  // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(nope, value)] bf16.
+  uint16_t* absorb_bf16(int64_t rows);
   void w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps

@@ -679,6 +679,13 @@ void CudaDsaModel::absorbed_weights_bf16(const DeviceLayer& w) {
                      fs.w_uv_bf16.get<uint16_t>(heads * value * kLatentRank), stream_);
 }
 
+uint16_t* CudaDsaModel::absorb_bf16(int64_t rows) {
+  // One size for both users (W_UK's bf16 q_nope, then W_UV's bf16 o), so the
+  // grow-only buffer never reallocates (and synchronises) between them.
+  const int64_t per_head = std::max(config_.qk_nope_head_dim, config_.v_head_dim);
+  return fast_scratch_.absorb_q_bf16.get<uint16_t>(rows * plan_.attention.heads * per_head);
+}
+
 void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
@@ -686,8 +693,7 @@ void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
   const int64_t nope = config_.qk_nope_head_dim;
   const int64_t qk = nope + config_.qk_rope_head_dim;
   // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
-  void* q16 = fs.absorb_q_bf16.get<uint16_t>(
-      rows * heads * std::max(nope, static_cast<int64_t>(config_.v_head_dim)));
+  void* q16 = absorb_bf16(rows);
   float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
   // Into the packed queries [rows, padded, lora + rope]: head h's latent
   // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
@@ -706,9 +712,7 @@ void CudaDsaModel::w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o,
   // absorb_q_bf16: W_UK's input is dead by now) and o_proj reads it as it is,
   // instead of an fp32 o that the bf16 linear would round again.
   const bool bf16_o = o_proj.bf16 && !o_proj.fp8();
-  void* y = bf16_o ? static_cast<void*>(fs.absorb_q_bf16.get<uint16_t>(
-                         rows * heads * std::max(config_.qk_nope_head_dim, value)))
-                   : static_cast<void*>(o);
+  void* y = bf16_o ? static_cast<void*>(absorb_bf16(rows)) : static_cast<void*>(o);
   blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
                              kLatentRank, fs.w_uv_bf16.as<uint16_t>(), value, value * kLatentRank,
                              y, heads * value, value, heads, /*y_f32=*/!bf16_o);
