@@ -251,6 +251,54 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
         ASSERT_EQ(rope_only[at], h < mla_heads && c < lora ? uint16_t{0x1234} : packed[at])
             << "token " << i << " head " << h << " column " << c;
       }
+  // Unrotated bf16 rope columns (the bf16 q_b output), rotated by the pack
+  // in float32 with the rope() kernel's rounding: x1 c - x2 s and x2 c + x1 s,
+  // both pair layouts; the latent columns stay as the bf16 product wrote them.
+  std::vector<uint16_t> q16(q_full.size());
+  for (size_t i = 0; i < q_full.size(); ++i) q16[i] = float_to_bf16(q_full[i]);
+  std::vector<float> cos(n * rope / 2), sin(n * rope / 2);
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const double angle = 0.37 * static_cast<double>(i) + 0.1;
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+  DeviceBuffer<uint16_t> d_q16(q16);
+  DeviceBuffer<float> d_cos(cos), d_sin(sin);
+  for (const bool interleaved : {false, true}) {
+    DeviceBuffer<uint16_t> d_rotated(marked);
+    pack.q_rope = nullptr;
+    pack.q_rope_bf16 = d_q16.get() + 64;
+    pack.cos = d_cos.get();
+    pack.sin = d_sin.get();
+    pack.interleaved = interleaved;
+    pack.q = d_rotated.get();
+    cuda::pack_mla_queries(pack, nullptr);
+    const auto rotated = d_rotated.download();
+    const int64_t half = rope / 2;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < mla_padded; ++h)
+        for (int64_t c = 0; c < lora + rope; ++c) {
+          const size_t at = (i * mla_padded + h) * (lora + rope) + c;
+          uint16_t want = packed[at];  // padded heads: zeros
+          if (h < mla_heads && c < lora) {
+            want = 0x1234;
+          } else if (h < mla_heads) {
+            const int64_t r = c - lora;
+            const bool first = interleaved ? r % 2 == 0 : r < half;
+            const int64_t pair = interleaved ? r / 2 : (first ? r : r - half);
+            const int64_t a = interleaved ? 2 * pair : pair,
+                          b = interleaved ? 2 * pair + 1 : pair + half;
+            const uint16_t* head = q16.data() + (i * mla_heads + h) * qk + 64;
+            const float x1 = bf16_to_float(head[a]), x2 = bf16_to_float(head[b]);
+            const float cs = cos[i * half + pair], sn = sin[i * half + pair];
+            const float x2s = x2 * sn, x1s = x1 * sn;
+            want = float_to_bf16(first ? std::fma(x1, cs, -x2s) : std::fma(x2, cs, x1s));
+          }
+          ASSERT_EQ(rotated[at], want) << "interleaved " << interleaved << " token " << i
+                                       << " head " << h << " column " << c;
+        }
+  }
+  pack.q_rope_bf16 = nullptr;
   std::vector<uint16_t> attention(n * mla_padded * lora);
   for (uint16_t& v : attention) v = float_to_bf16(normal(rng));
   DeviceBuffer<uint16_t> d_attention(attention);

@@ -200,27 +200,36 @@ TEST(CudaFastAttention, Bf16AbsorbedProductsMatchTheTf32Ones) {
   for (const Shape& shape : kShapes) {
     SCOPED_TRACE(shape_name(shape));
     auto host = host_model(shape, 4096);
-    auto model = [&](int64_t min_rows) {
+    auto model = [&](int64_t min_rows, bool activations) {
       CudaModelOptions options;
       options.bf16_weights = true;
       options.bf16_absorbed_min_rows = min_rows;
+      options.bf16_activations = activations;
       return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
     };
-    auto bf16 = model(1);
-    auto tf32 = model(std::numeric_limits<int64_t>::max());
-    const Outcome got = run(*bf16, KvDType::FP8);
+    auto tf32 = model(std::numeric_limits<int64_t>::max(), true);
     const Outcome want = run(*tf32, KvDType::FP8);
-    ASSERT_EQ(got.logits.size(), want.logits.size());
-    const double error = relative_error(got.logits.data(), want.logits.data(), want.logits.size());
-    const double agreement = argmax_agreement(got.logits.data(), want.logits.data(), want.rows,
-                                              host->config().vocab_size);
-    std::printf(
-        "bf16 vs TF32 absorbed products, %s: relative logit error %.3g, argmax agreement "
-        "%.4f\n",
-        shape_name(shape).c_str(), error, agreement);
-    EXPECT_GT(error, 0.0) << "the bf16 products are not in use";
-    EXPECT_LE(error, 2e-2);
-    EXPECT_GE(agreement, 0.95);
+    // With and without the bf16 activations of the same blocks (q from q_b,
+    // the dense MLP's gate / up: CudaModelOptions::bf16_activations).
+    double errors[2] = {0, 0};
+    for (const bool activations : {false, true}) {
+      auto bf16 = model(1, activations);
+      const Outcome got = run(*bf16, KvDType::FP8);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      const double error =
+          relative_error(got.logits.data(), want.logits.data(), want.logits.size());
+      const double agreement = argmax_agreement(got.logits.data(), want.logits.data(), want.rows,
+                                                host->config().vocab_size);
+      std::printf(
+          "bf16 vs TF32 absorbed products%s, %s: relative logit error %.3g, argmax agreement "
+          "%.4f\n",
+          activations ? " and bf16 activations" : "", shape_name(shape).c_str(), error, agreement);
+      EXPECT_GT(error, 0.0) << "the bf16 products are not in use";
+      EXPECT_LE(error, 2e-2);
+      EXPECT_GE(agreement, 0.95);
+      errors[activations] = error;
+    }
+    EXPECT_NE(errors[0], errors[1]) << "the bf16 activations are not in use";
   }
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/reference/dense_ops.h"
@@ -189,6 +190,32 @@ TEST(CudaOps, ElementwiseOpsMatchTheirDefinitions) {
     scale(d_a.data, -0.5f, static_cast<int64_t>(a.size()), nullptr);
     for (float& v : sum) v *= -0.5f;
     EXPECT_EQ(d_a.host(), sum);
+  }
+}
+
+TEST(CudaOps, SiluMulOnBf16MatchesTheFloatReferenceRounded) {
+  // The bf16 MLP of prefill blocks: bf16 gate / up in, bf16 out, float32
+  // arithmetic between. Against the float reference on the same bf16 values,
+  // rounded once: within one bf16 step (expf's last bit may differ).
+  for (auto [rows, n] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {3, 8}, {17, 130}, {70000, 64}}) {
+    const int64_t stride = 2 * n;
+    auto gate_up = random_values(static_cast<size_t>(rows * stride), 11, 3.0f);
+    std::vector<uint16_t> bits(gate_up.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = float_to_bf16(gate_up[i]);
+      gate_up[i] = bf16_to_float(bits[i]);
+    }
+    std::vector<float> want(static_cast<size_t>(rows * n));
+    reference::silu_mul(gate_up.data(), gate_up.data() + n, rows, n, stride, want.data());
+    DeviceArray<uint16_t> d_gu(bits), d_out(want.size());
+    silu_mul_bf16(d_gu.data, d_gu.data + n, rows, n, stride, d_out.data, nullptr);
+    const auto got = d_out.host();
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float value = bf16_to_float(got[i]);
+      ASSERT_LE(std::abs(value - want[i]), std::abs(want[i]) * 0x1p-7f + 1e-30f)
+          << "rows " << rows << " n " << n << " at " << i;
+    }
   }
 }
 

@@ -264,23 +264,28 @@ class CudaDsaModel final : public LanguageModel {
   void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
   // The sparse MLA of the fast path. q_latent = fp32 [n, heads, lora], or
   // null: w_uk_bf16 has written the latent half of the packed queries
-  // (fast_scratch_.q_bf16). o_latent = fp32 [n, heads, lora] out, or null: the
-  // output stays bf16 [n, padded heads, lora] in fast_scratch_.out_bf16
-  // (w_uv_bf16's input).
-  void fast_sparse_mla(const float* q_latent, const float* q, int64_t layer, const Step& step,
-                       PagedKvCache& cache, float* o_latent);
+  // (fast_scratch_.q_bf16). The rope columns: q = fp32 [n, heads, nope |
+  // rope] rotated, or q16 = bf16 of the same shape unrotated (the pack
+  // rotates them with step's tables). o_latent = fp32 [n, heads, lora] out,
+  // or null: the output stays bf16 [n, padded heads, lora] in
+  // fast_scratch_.out_bf16 (w_uv_bf16's input).
+  void fast_sparse_mla(const float* q_latent, const float* q, const uint16_t* q16, int64_t layer,
+                       const Step& step, PagedKvCache& cache, float* o_latent);
   // Whether a fast-path block of `rows` rows runs the absorbed products in
   // bf16 (bf16 weights, not the deterministic mode,
   // CudaModelOptions::bf16_absorbed_min_rows), and the two products:
-  // W_UK: q fp32 [rows, heads, nope | rope] -> fast_scratch_.q_bf16 [rows,
-  // padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16 -> o [rows,
-  // heads * value] (bf16 for bf16 o_proj weights, else fp32 in `o`), then
-  // o_proj into out [rows, hidden]; both products read the layer's weights
-  // as absorbed_weights_bf16 rounded them (once per layer and step).
+  // W_UK: q16 bf16 [rows, heads, head_stride] (q_nope the first nope of each
+  // head) -> fast_scratch_.q_bf16 [rows, padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16
+  // -> o [rows, heads * value] (bf16 for bf16 o_proj weights, else fp32 in `o`), then o_proj into
+  // out [rows, hidden]; both products read the layer's weights as absorbed_weights_bf16 rounded
+  // them (once per layer and step).
   bool bf16_absorbed(int64_t rows) const;
+  // Whether a block of `rows` rows keeps the output of `writer` (a bf16
+  // weight) in bf16 (CudaModelOptions::bf16_activations).
+  bool bf16_activations(int64_t rows, const DeviceMatrix& writer) const;
   void absorbed_weights_bf16(const DeviceLayer& w);
-  void w_uk_bf16(const float* q, int64_t rows);
-  // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(nope, value)] bf16.
+  void w_uk_bf16(const uint16_t* q16, int64_t rows, int64_t head_stride);
+  // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(qk, value)] bf16.
   uint16_t* absorb_bf16(int64_t rows);
   void w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).

@@ -88,21 +88,34 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     const int64_t rows = std::min(block, n - first);
     const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
     timer_.mark("attn projections", stream_);
-    if (q_resid != nullptr) {
-      blas_->linear(q_resid + first * q_lora, rows, q_lora, w.q_b, heads * qk, q);
+    const bool fast = use_fast_attention(part);
+    const bool bf16_products = fast && bf16_absorbed(rows);
+    // The bf16 absorbed products with bf16 q_b weights take q in bf16 straight
+    // from the GEMM ([rows, heads, nope | rope], unrotated: the query pack
+    // rotates the rope columns), instead of an fp32 q rotated, then converted.
+    const bool bf16_q = bf16_products && bf16_activations(rows, w.q_b);
+    const float* q_input = q_resid != nullptr ? q_resid + first * q_lora : h + first * hidden;
+    const int64_t q_in = q_resid != nullptr ? q_lora : hidden;
+    uint16_t* q16 = nullptr;
+    if (bf16_q) {
+      q16 = absorb_bf16(rows);
+      blas_->linear_to_bf16(q_input, rows, q_in, q_in, w.q_b, heads * qk, q16, heads * qk);
     } else {
-      blas_->linear(h + first * hidden, rows, hidden, w.q_b, heads * qk, q);
+      blas_->linear(q_input, rows, q_in, w.q_b, heads * qk, q);
+      cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
+                 stream_);
     }
-    cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
-               stream_);
     timer_.mark("attn absorb W_UK", stream_);
     // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
     // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora]; in bf16 straight
     // into the fast path's packed queries (bf16_absorbed).
-    const bool fast = use_fast_attention(part);
-    const bool bf16_products = fast && bf16_absorbed(rows);
-    if (bf16_products) {
-      w_uk_bf16(q, rows);
+    if (bf16_q) {
+      w_uk_bf16(q16, rows, qk);
+    } else if (bf16_products) {
+      // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
+      q16 = absorb_bf16(rows);
+      float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
+      w_uk_bf16(q16, rows, nope);
     } else {
       blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
                             heads * lora, lora, heads);
@@ -111,7 +124,8 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     // Sparse attention over the selected positions, read from the paged pool.
     if (fast) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
       timer_.mark("attn sparse MLA", stream_);
-      fast_sparse_mla(bf16_products ? nullptr : q_latent, q, layer, part, cache,
+      fast_sparse_mla(bf16_products ? nullptr : q_latent, bf16_q ? nullptr : q,
+                      bf16_q ? q16 : nullptr, layer, part, cache,
                       bf16_products ? nullptr : o_latent);
     } else {
       MlaFallbackParams p;

@@ -540,8 +540,9 @@ bool CudaDsaModel::stage_offload_union(int64_t layer, const Step& step, PagedKvC
   return true;
 }
 
-void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_t layer,
-                                   const Step& step, PagedKvCache& cache, float* o_latent) {
+void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const uint16_t* q16,
+                                   int64_t layer, const Step& step, PagedKvCache& cache,
+                                   float* o_latent) {
   FastScratch& fs = fast_scratch_;
   const int64_t n = step.tokens;
   const int64_t heads = plan_.attention.heads;  // this rank's (tensor parallel)
@@ -560,7 +561,14 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, int64_
   // q = bf16 [q_latent | q_pe] per head: [n, padded, 576].
   MlaQueryPackParams pack;
   pack.q_latent = q_latent;
-  pack.q_rope = q + config_.qk_nope_head_dim;
+  if (q16 != nullptr) {  // unrotated bf16: the pack rotates
+    pack.q_rope_bf16 = q16 + config_.qk_nope_head_dim;
+    pack.cos = step.cos;
+    pack.sin = step.sin;
+    pack.interleaved = plan_.attention.rope_interleave;
+  } else {
+    pack.q_rope = q + config_.qk_nope_head_dim;
+  }
   pack.rope_row_stride = heads * qk;
   pack.rope_head_stride = qk;
   pack.tokens = n;
@@ -666,6 +674,14 @@ bool CudaDsaModel::bf16_absorbed(int64_t rows) const {
   return options_.bf16_weights && !options_.batch_invariant && rows >= min_rows;
 }
 
+bool CudaDsaModel::bf16_activations(int64_t rows, const DeviceMatrix& writer) const {
+  static const bool off = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_BF16_ACTIVATIONS");
+    return value != nullptr && value[0] == '0';
+  }();
+  return !off && options_.bf16_activations && bf16_absorbed(rows) && writer.bf16 && !writer.fp8();
+}
+
 void CudaDsaModel::absorbed_weights_bf16(const DeviceLayer& w) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
@@ -680,27 +696,26 @@ void CudaDsaModel::absorbed_weights_bf16(const DeviceLayer& w) {
 }
 
 uint16_t* CudaDsaModel::absorb_bf16(int64_t rows) {
-  // One size for both users (W_UK's bf16 q_nope, then W_UV's bf16 o), so the
-  // grow-only buffer never reallocates (and synchronises) between them.
-  const int64_t per_head = std::max(config_.qk_nope_head_dim, config_.v_head_dim);
+  // One size for every user (q_b's bf16 q or W_UK's bf16 q_nope, then W_UV's
+  // bf16 o), so the grow-only buffer never reallocates (and synchronises)
+  // between them.
+  const int64_t per_head =
+      std::max(config_.qk_nope_head_dim + config_.qk_rope_head_dim, config_.v_head_dim);
   return fast_scratch_.absorb_q_bf16.get<uint16_t>(rows * plan_.attention.heads * per_head);
 }
 
-void CudaDsaModel::w_uk_bf16(const float* q, int64_t rows) {
+void CudaDsaModel::w_uk_bf16(const uint16_t* q16, int64_t rows, int64_t head_stride) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t nope = config_.qk_nope_head_dim;
-  const int64_t qk = nope + config_.qk_rope_head_dim;
-  // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
-  void* q16 = absorb_bf16(rows);
-  float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
   // Into the packed queries [rows, padded, lora + rope]: head h's latent
   // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
   uint16_t* packed = fs.q_bf16.get<uint16_t>(rows * padded * kSparseMlaQueryDim);
-  blas_->linear_batched_bf16(q16, rows, nope, heads * nope, nope, fs.w_uk_bf16.as<uint16_t>(),
-                             kLatentRank, kLatentRank * nope, packed, padded * kSparseMlaQueryDim,
-                             kSparseMlaQueryDim, heads, /*y_f32=*/false);
+  blas_->linear_batched_bf16(q16, rows, nope, heads * head_stride, head_stride,
+                             fs.w_uk_bf16.as<uint16_t>(), kLatentRank, kLatentRank * nope, packed,
+                             padded * kSparseMlaQueryDim, kSparseMlaQueryDim, heads,
+                             /*y_f32=*/false);
 }
 
 void CudaDsaModel::w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out) {

@@ -73,6 +73,14 @@ struct CudaModelOptions {
   // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones).
   // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS overrides it (A/B runs through serve).
   int64_t bf16_absorbed_min_rows = 512;
+  // Blocks of that size also keep two activations in bf16 from the GEMM that
+  // writes them, as the next GEMM reads them anyway: the attention's q (q_b
+  // writes bf16; W_UK reads its nope columns in place, the query pack rotates
+  // its rope columns) and the dense MLP's gate / up (silu_mul reads bf16 and
+  // writes only the bf16 input of down). Instead of float32 outputs rounded
+  // by a conversion after. bf16 weights only (not fp8 ones).
+  // MEGACTX_CUDA_BF16_ACTIVATIONS=0 turns it off (A/B runs through serve).
+  bool bf16_activations = true;
   int device_ordinal = 0;
   // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
   // rank per GPU. The model joins an NCCL communicator of the same ranks on

@@ -4,6 +4,7 @@
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/row_launch.cuh"
+#include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 
 namespace megactx::cuda {
@@ -97,8 +98,22 @@ __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
     for (ROW_LAUNCH_COLUMNS(j, columns)) {
       if (j < rope_part) {
         const int32_t h = static_cast<int32_t>(j) / rope, c = static_cast<int32_t>(j) - h * rope;
-        out[h * width + lora + c] =
-            float_to_bf16_bits(p.q_rope[t * p.rope_row_stride + h * p.rope_head_stride + c]);
+        const int64_t at = t * p.rope_row_stride + h * p.rope_head_stride;
+        float value;
+        if (p.q_rope_bf16 == nullptr) {
+          value = p.q_rope[at + c];
+        } else {
+          // Column c is the first or second of its rotated pair (i, partner).
+          const int32_t half = rope / 2;
+          const bool first = p.interleaved ? (c & 1) == 0 : c < half;
+          const int32_t i = p.interleaved ? c / 2 : (first ? c : c - half);
+          const int32_t a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
+          const float x1 = bf16_bits_to_float(p.q_rope_bf16[at + a]);
+          const float x2 = bf16_bits_to_float(p.q_rope_bf16[at + b]);
+          const float cs = p.cos[t * half + i], sn = p.sin[t * half + i];
+          value = first ? rope_first(x1, x2, cs, sn) : rope_second(x1, x2, cs, sn);
+        }
+        out[h * width + lora + c] = float_to_bf16_bits(value);
       } else if (j < rope_part + latent_part) {
         const int32_t i = static_cast<int32_t>(j - rope_part);
         const int32_t h = i / lora, c = i - h * lora;

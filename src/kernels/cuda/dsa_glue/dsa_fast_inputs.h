@@ -67,10 +67,17 @@ void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream);
 // q[t, h, :] = bf16([q_latent[t, h, 0:lora] | q_rope[t, h, 0:rope]]) for h < heads,
 // zero rows for heads <= h < padded_heads. A null q_latent leaves q[t, h,
 // 0:lora] of h < heads as they are (a bf16 product wrote them there).
+// The rope columns come rotated in float32 (q_rope), or unrotated in bf16
+// (q_rope_bf16, the bf16 q_b output of the bf16 absorbed products): then the
+// pack rotates them with cos / sin [tokens, rope / 2] (rope() of
+// elementwise_ops.h, in float32 on the bf16 values) before rounding.
 struct MlaQueryPackParams {
   const float* q_latent = nullptr;  // [tokens, heads, lora] or null
-  const float* q_rope =
-      nullptr;  // token t head h at q_rope + t*rope_row_stride + h*rope_head_stride
+  // Token t head h at q_rope + t*rope_row_stride + h*rope_head_stride (either).
+  const float* q_rope = nullptr;
+  const uint16_t* q_rope_bf16 = nullptr;
+  const float *cos = nullptr, *sin = nullptr;  // q_rope_bf16's rotation
+  bool interleaved = false;                    // pairs (2i, 2i+1), else (i, i + rope/2)
   int64_t rope_row_stride = 0, rope_head_stride = 0;
   int64_t tokens = 0, heads = 0, padded_heads = 0, lora = 0, rope = 0;
   uint16_t* q = nullptr;  // [tokens, padded_heads, lora + rope] out

@@ -155,6 +155,22 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows
   }
 }
 
+// On row_launch, two columns per thread (n even: 4-byte bf16 pairs).
+__global__ void silu_mul_bf16_kernel(const __nv_bfloat162* gate, const __nv_bfloat162* up,
+                                     int64_t rows, int64_t pairs, int64_t stride,
+                                     __nv_bfloat162* out) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (ROW_LAUNCH_ROWS(r, rows)) {
+    for (ROW_LAUNCH_COLUMNS(i, pairs)) {
+      const float2 g = __bfloat1622float2(gate[r * stride + i]);
+      const float2 u = __bfloat1622float2(up[r * stride + i]);
+      out[r * pairs + i] =
+          __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+    }
+  }
+}
+
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -360,6 +376,17 @@ void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64
   const RowLaunch shape = row_launch(rows, n);
   launch_kernel(silu_mul_kernel, shape.grid, shape.block, 0, stream, gate, up, rows, n, stride, out,
                 static_cast<__nv_bfloat16*>(out_bf16));
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t n,
+                   int64_t stride, uint16_t* out_bf16, cudaStream_t stream) {
+  if (rows * n == 0) return;
+  const RowLaunch shape = row_launch(rows, n / 2);
+  launch_kernel(silu_mul_bf16_kernel, shape.grid, shape.block, 0, stream,
+                reinterpret_cast<const __nv_bfloat162*>(gate),
+                reinterpret_cast<const __nv_bfloat162*>(up), rows, n / 2, stride / 2,
+                reinterpret_cast<__nv_bfloat162*>(out_bf16));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

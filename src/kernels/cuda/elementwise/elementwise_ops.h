@@ -49,6 +49,12 @@ void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq,
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
               float* out, cudaStream_t stream, void* out_bf16 = nullptr);
 
+// The same on bf16 gate / up, writing only out_bf16 [rows, n] (float32
+// arithmetic, one rounding at the end). Column pairs: n and stride even, the
+// pointers 4-byte aligned.
+void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t n,
+                   int64_t stride, uint16_t* out_bf16, cudaStream_t stream);
+
 // x[i] += y[i] for i < count.
 void add_into(float* x, const float* y, int64_t count, cudaStream_t stream);
 // x[i] *= factor.

@@ -154,6 +154,20 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
     batch_invariant_gemm(g, stream_);
     return;
   }
+  linear_bf16(bf16_input(x, rows, in, x_stride), rows, in, in, w.data, out, y, y_stride,
+              /*y_f32=*/true);
+}
+
+void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                          DeviceMatrix w, int64_t out, void* y, int64_t y_stride) {
+  MEGACTX_CHECK(w.bf16 && !w.fp8() && !batch_invariant_,
+                "linear_to_bf16: bf16 weights outside the deterministic mode only");
+  if (rows == 0 || out == 0) return;
+  linear_bf16(bf16_input(x, rows, in, x_stride), rows, in, in, w.data, out, y, y_stride,
+              /*y_f32=*/false);
+}
+
+const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x_stride) {
   for (const SharedInput& shared : shared_) {
     if (shared.x == nullptr || shared.in != in || shared.stride != x_stride) continue;
     // x may start at a row of the shared input (a row block of it).
@@ -162,13 +176,11 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
     if (at < base || (at - base) % row_bytes != 0) continue;
     const auto row = static_cast<int64_t>((at - base) / row_bytes);
     if (row + rows > shared.rows) continue;
-    const auto* bf16 = static_cast<const uint16_t*>(shared.bf16) + row * in;
-    linear_bf16(bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
-    return;
+    return static_cast<const uint16_t*>(shared.bf16) + row * in;
   }
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);
   float_to_bf16_rows(x, rows, in, x_stride, x_bf16, stream_);
-  linear_bf16(x_bf16, rows, in, in, w.data, out, y, y_stride, /*y_f32=*/true);
+  return x_bf16;
 }
 
 void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,

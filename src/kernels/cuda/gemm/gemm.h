@@ -76,6 +76,12 @@ class Blas {
   void linear(const float* x, int64_t rows, int64_t in, DeviceMatrix w, int64_t out, float* y) {
     linear(x, rows, in, in, w, out, y, out);
   }
+  // The same with y in bf16 [rows, out] (row stride y_stride): for outputs
+  // whose consumers read bf16 anyway (the MLA queries of the bf16 absorbed
+  // products), half the bytes and no conversion after. bf16 weights only, not
+  // in the deterministic mode.
+  void linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                      int64_t out, void* y, int64_t y_stride);
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
   // w_batch_stride, y_b = y + b * y_batch_stride (per-head MLA absorption).
   // Up to small_batched_linear_rows() rows on small_batched_linear.h's kernel.
@@ -155,6 +161,9 @@ class Blas {
   cudaStream_t stream_ = nullptr;
   void* x_bf16_ = nullptr;  // [rows, in] bf16 inputs of the last bf16 linear
   size_t x_bf16_bytes_ = 0;
+  // x [rows, in] (row stride x_stride) in bf16: the shared copy
+  // (share_input) when there is one, else converted into x_bf16_.
+  const void* bf16_input(const float* x, int64_t rows, int64_t in, int64_t x_stride);
   struct SharedInput {
     const float* x = nullptr;  // null: the slot is free
     int64_t rows = 0, in = 0, stride = 0;
