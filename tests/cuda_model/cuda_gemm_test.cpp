@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
@@ -205,6 +206,42 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   cudaFree(dx);
   cudaFree(dw);
   cudaFree(dy);
+}
+
+TEST(CudaGemm, SharedInputsWithoutFloatValuesFeedOnlyBf16Linears) {
+  // share_input(..., f32_written = false): a bf16 linear of the input (or of
+  // a block of its rows) reads the copy; one that would read the float32
+  // values (float32 weights, or rows outside the copy) throws.
+  const int64_t rows = 8, in = 128, out = 32;
+  auto x = random_values(static_cast<size_t>(rows * in), 5);
+  auto w = random_values(static_cast<size_t>(out * in), 6);
+  std::vector<uint16_t> xb(x.size()), wb(w.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i] = float_to_bf16(x[i]));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  std::vector<float> unwritten(x.size(), std::nanf(""));
+  float* dx = to_device(unwritten);  // the float32 values were never written
+  uint16_t* dxb = to_device(xb);
+  uint16_t* dwb = to_device(wb);
+  float* dw = to_device(w);
+  float* dy = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(rows * out) * sizeof(float)));
+  Blas blas(nullptr);
+  blas.share_input(dx, rows, in, in, dxb, /*f32_written=*/false);
+  DeviceMatrix matrix;
+  matrix.data = dwb;
+  matrix.bf16 = true;
+  blas.linear(dx + 2 * in, rows - 2, in, in, matrix, out, dy, out);
+  std::vector<float> tail(x.begin() + 2 * in, x.end());
+  EXPECT_LE(max_relative(to_host(dy, static_cast<size_t>((rows - 2) * out)),
+                         reference(tail, w, rows - 2, in, out)),
+            1e-5);
+  EXPECT_THROW(blas.linear(dx, rows, in, dw, out, dy), Error);
+  blas.unshare_input(dx);
+  EXPECT_NO_THROW(blas.linear(dx, rows, in, dw, out, dy));
+  MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dxb), static_cast<void*>(dwb),
+                  static_cast<void*>(dw), static_cast<void*>(dy)})
+    cudaFree(p);
 }
 
 // The deterministic mode's Blas (batch_invariant_gemm): fp32 and bf16 weights,

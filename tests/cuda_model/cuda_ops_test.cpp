@@ -118,6 +118,29 @@ TEST(CudaOps, NormsMatchTheReferenceWithStridesAndInPlace) {
   }
 }
 
+TEST(CudaOps, AddRmsnormWithoutFloatOutputWritesTheSameBf16Copy) {
+  // Prefill layers whose norm feeds only bf16 linears skip the float32 y:
+  // x's update and the bf16 copy are the bits of the full launch. Rows wider
+  // than the cached path (6144: GLM-5.2's hidden) and narrower ones.
+  for (int64_t n : {7, 2048, 6144, 9000}) {
+    const int64_t rows = 5;
+    const auto x = random_values(static_cast<size_t>(rows * n), 21, 2.0f);
+    const auto branch = random_values(x.size(), 22);
+    const auto weight = random_values(static_cast<size_t>(n), 23);
+    DeviceArray<float> x_full(x), x_copy(x), d_branch(branch), d_w(weight), d_y(x.size());
+    DeviceArray<uint16_t> bf16_full(x.size()), bf16_copy(x.size());
+    add_rmsnorm(x_full.data, d_branch.data, rows, n, d_w.data, 1e-6f, d_y.data, nullptr,
+                bf16_full.data);
+    add_rmsnorm(x_copy.data, d_branch.data, rows, n, d_w.data, 1e-6f, nullptr, nullptr,
+                bf16_copy.data);
+    EXPECT_EQ(x_copy.host(), x_full.host()) << n;
+    EXPECT_EQ(bf16_copy.host(), bf16_full.host()) << n;
+    const auto y = d_y.host();
+    const auto copy = bf16_copy.host();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(copy[i], float_to_bf16(y[i])) << n << " " << i;
+  }
+}
+
 TEST(CudaOps, RopeMatchesTheReferenceInBothLayouts) {
   for (const bool interleaved : {false, true}) {
     for (auto [rows, heads] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 3}, {33, 8}}) {

@@ -302,6 +302,20 @@ void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
   return options_.bf16_weights ? buffer.get<uint16_t>(count) : nullptr;
 }
 
+bool CudaDsaModel::reads_f32_norm(const DeviceLayer& w, bool attention) const {
+  // Only bf16 linears (outside the deterministic mode) read the bf16 copy
+  // alone; fp8 and float32 weights quantise / read the float32 values, and so
+  // does the MoE's router.
+  if (!options_.bf16_weights || options_.batch_invariant) return true;
+  auto bf16 = [](const DeviceMatrix& m) { return m.bf16 && !m.fp8(); };
+  if (attention) {
+    const bool q = plan_.attention.q_lora > 0 ? bf16(w.q_a) : bf16(w.q_b);
+    const bool indexer = !w.has_indexer || (bf16(w.wk) && bf16(w.weights_proj));
+    return !(q && bf16(w.kv_a) && indexer);
+  }
+  return w.is_moe || !bf16(w.dense.gate_up);
+}
+
 void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,
                                  PagedKvCache& cache, float* x, bool input_normed,
                                  const float* next_norm) {
@@ -312,12 +326,20 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   void* h_bf16 = gemm_input_copy(scratch_.h_bf16, n * hidden);
   float* branch = scratch_.branch.get<float>(n * hidden);
   timer_.mark("norms + residual", stream_);
-  if (!input_normed) rmsnorm(x, n, hidden, hidden, w.input_norm, eps, h, hidden, stream_, h_bf16);
-  blas_->share_input(h, n, hidden, hidden, h_bf16);
+  // The norms write h in float32 only where something reads it so (the
+  // previous layer's last norm is this one's input norm: its choice is
+  // this layer's attention's: reads_f32_norm).
+  const bool attention_f32 = reads_f32_norm(w, /*attention=*/true);
+  if (!input_normed)
+    rmsnorm(x, n, hidden, hidden, w.input_norm, eps, attention_f32 ? h : nullptr, hidden, stream_,
+            h_bf16);
+  blas_->share_input(h, n, hidden, hidden, h_bf16, attention_f32);
   attention(w, layer, h, step, cache, branch);
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's heads' share of o_proj
   timer_.mark("norms + residual", stream_);
-  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, h, stream_, h_bf16);
+  const bool mlp_f32 = reads_f32_norm(w, /*attention=*/false);
+  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, stream_, h_bf16);
+  blas_->share_input(h, n, hidden, hidden, h_bf16, mlp_f32);
   // The feed-forward in blocks of row_block(n) rows, as attention's core: its
   // activations are [block, ...] whatever n is.
   const int64_t block = row_block(n);
@@ -338,7 +360,9 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's share of every MLP's width
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
-    add_rmsnorm(x, branch, n, hidden, next_norm, eps, h, stream_, h_bf16);
+    // The next layer's input norm, read by its attention.
+    const bool next_f32 = reads_f32_norm(weights_->layers[layer + 1], /*attention=*/true);
+    add_rmsnorm(x, branch, n, hidden, next_norm, eps, next_f32 ? h : nullptr, stream_, h_bf16);
   } else {
     add_into(x, branch, n * hidden, stream_);
     blas_->unshare_input(h);

@@ -189,6 +189,10 @@ class CudaDsaModel final : public LanguageModel {
   // writes (Blas::share_input): `buffer` grown to `count` bf16 values when the
   // model's matrices are bf16, else null (no copy is made).
   void* gemm_input_copy(DeviceBuffer& buffer, int64_t count);
+  // Whether anything reads the float32 output of the norm before layer w's
+  // attention (attention) or its MLP / MoE (otherwise); if not, the norm
+  // writes only the bf16 copy (Blas::share_input's f32_written).
+  bool reads_f32_norm(const DeviceLayer& w, bool attention) const;
   // data [count] on the device: this rank's partial sum of an attention or
   // feed-forward output, summed over the tensor-parallel group in place (on
   // stream_; nothing without a group).

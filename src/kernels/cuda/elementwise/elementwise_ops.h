@@ -23,7 +23,8 @@ void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const fl
 
 // x[r] += branch[r], then rmsnorm(x[r]) -> y[r] (and y_bf16) in one launch: a
 // decoder layer's residual add and the norm after it. The same operations as
-// add_into + rmsnorm, so the same bits. x, branch, y [rows, n], dense.
+// add_into + rmsnorm, so the same bits. x, branch, y [rows, n], dense. A null
+// y writes only y_bf16 (every reader of the norm is a bf16 linear).
 void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
                  float eps, float* y, cudaStream_t stream, void* y_bf16 = nullptr);
 

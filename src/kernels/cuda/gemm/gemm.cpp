@@ -71,7 +71,7 @@ Blas::~Blas() {
 }
 
 void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride,
-                       const void* x_bf16) {
+                       const void* x_bf16, bool f32_written) {
   if (x_bf16 == nullptr) return;
   SharedInput* slot = nullptr;  // x's slot, else the first free one
   for (SharedInput& shared : shared_) {
@@ -83,7 +83,18 @@ void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_strid
   }
   MEGACTX_CHECK(slot != nullptr, "Blas::share_input: more than {} shared inputs at once",
                 kSharedInputs);
-  *slot = SharedInput{x, rows, in, x_stride, x_bf16};
+  *slot = SharedInput{x, rows, in, x_stride, x_bf16, f32_written};
+}
+
+void Blas::check_f32_written(const float* x) const {
+  for (const SharedInput& shared : shared_) {
+    if (shared.x == nullptr || shared.f32_written) continue;
+    const auto at = reinterpret_cast<uintptr_t>(x), base = reinterpret_cast<uintptr_t>(shared.x);
+    const auto bytes = static_cast<uintptr_t>(shared.rows * shared.stride) * sizeof(float);
+    MEGACTX_CHECK(at < base || at >= base + bytes,
+                  "Blas: a linear reads float32 values of a shared input that only has its bf16 "
+                  "copy written");
+  }
 }
 
 void Blas::unshare_input(const float* x) {
@@ -138,6 +149,7 @@ bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
 
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride) {
+  if (w.fp8() || !w.bf16 || batch_invariant_) check_f32_written(x);
   if (w.fp8()) {
     linear_fp8(x, rows, in, x_stride, w, out, y, y_stride);
     return;
@@ -178,6 +190,7 @@ const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x
     if (row + rows > shared.rows) continue;
     return static_cast<const uint16_t*>(shared.bf16) + row * in;
   }
+  check_f32_written(x);
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);
   float_to_bf16_rows(x, rows, in, x_stride, x_bf16, stream_);
   return x_bf16;
@@ -186,6 +199,7 @@ const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x
 void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                       int64_t out, float* y, int64_t y_stride) {
   MEGACTX_CHECK(w.fp8(), "linear_fp8: the weight has no block scales");
+  check_f32_written(x);
   if (rows == 0 || out == 0) return;
   const int64_t groups = (in + 127) / 128;
   auto* q = static_cast<uint8_t*>(grow(x_fp8_, x_fp8_bytes_, static_cast<size_t>(rows * in)));
@@ -238,6 +252,7 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, const float* w,
                   int64_t out, float* y, int64_t y_stride) {
   if (rows == 0 || out == 0) return;
+  check_f32_written(x);
   if (batch_invariant_) {
     batch_invariant_gemm(invariant_gemm(x, x_stride, w, y, y_stride, rows, in, out), stream_);
     return;
@@ -268,6 +283,7 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
                           int64_t w_batch_stride, float* y, int64_t y_stride,
                           int64_t y_batch_stride, int64_t batch) {
   if (rows == 0 || out == 0 || batch == 0) return;
+  check_f32_written(x);
   if (batch_invariant_) {
     MEGACTX_CHECK(w_batch_stride >= out * in || batch == 1,
                   "linear_batched: overlapping weights need cuBLAS");

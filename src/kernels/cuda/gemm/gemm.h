@@ -105,8 +105,13 @@ class Blas {
   // must write the copy too. float32 and fp8 weights, and the deterministic
   // mode, read x as before. At most kSharedInputs at a time; a null x_bf16
   // shares nothing (the float32 mode makes no copies).
+  // f32_written = false: the writer wrote only the copy (every linear of x
+  // has bf16 weights); a linear that would read x itself (float32 or fp8
+  // weights, the deterministic mode, a block outside the shared rows) throws
+  // instead of reading what was never written.
   static constexpr int kSharedInputs = 2;
-  void share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride, const void* x_bf16);
+  void share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride, const void* x_bf16,
+                   bool f32_written = true);
   void unshare_input(const float* x);
   void clear_shared_inputs();
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
@@ -168,7 +173,11 @@ class Blas {
     const float* x = nullptr;  // null: the slot is free
     int64_t rows = 0, in = 0, stride = 0;
     const void* bf16 = nullptr;  // [rows, in] bf16, written beside x
+    bool f32_written = true;     // false: only the copy holds the values
   };
+  // Throws when x points into a shared input whose float32 values were not
+  // written (share_input's f32_written = false).
+  void check_f32_written(const float* x) const;
   SharedInput shared_[kSharedInputs];
   void* x_fp8_ = nullptr;  // [rows, in] e4m3 inputs of the last fp8 linear
   size_t x_fp8_bytes_ = 0;
