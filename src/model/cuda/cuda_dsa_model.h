@@ -281,17 +281,16 @@ class CudaDsaModel final : public LanguageModel {
   // W_UK: q16 bf16 [rows, heads, head_stride] (q_nope the first nope of each
   // head) -> fast_scratch_.q_bf16 [rows, padded heads, 0:lora] bf16; W_UV: fast_scratch_.out_bf16
   // -> o [rows, heads * value] (bf16 for bf16 o_proj weights, else fp32 in `o`), then o_proj into
-  // out [rows, hidden]; both products read the layer's weights as absorbed_weights_bf16 rounded
-  // them (once per layer and step).
+  // out [rows, hidden]; both products read the layer's bf16 copies of W_UK^T / W_UV (rounded once
+  // at load: DeviceLayer::w_uk_t_bf16, w_uv_bf16).
   bool bf16_absorbed(int64_t rows) const;
   // Whether a block of `rows` rows keeps the output of `writer` (a bf16
   // weight) in bf16 (CudaModelOptions::bf16_activations).
   bool bf16_activations(int64_t rows, const DeviceMatrix& writer) const;
-  void absorbed_weights_bf16(const DeviceLayer& w);
-  void w_uk_bf16(const uint16_t* q16, int64_t rows, int64_t head_stride);
+  void w_uk_bf16(const DeviceLayer& w, const uint16_t* q16, int64_t rows, int64_t head_stride);
   // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(qk, value)] bf16.
   uint16_t* absorb_bf16(int64_t rows);
-  void w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out);
+  void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
@@ -318,7 +317,7 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer slots, q_bf16, out_bf16, lse, partial_out, partial_lse;
     // bf16_absorbed: q_nope [rows, heads, nope] (then W_UV's bf16 output [rows,
     // heads, value]), W_UK^T [heads, lora, nope] and W_UV [heads, value, lora] in bf16.
-    DeviceBuffer absorb_q_bf16, w_uk_bf16, w_uv_bf16;
+    DeviceBuffer absorb_q_bf16;
     DeviceBuffer fused;
     // The live host tier: staged slots [rows, top_k] and the staged entries
     // of offload pages [rows x top_k, 656] (at most kOffloadStagingRows rows).

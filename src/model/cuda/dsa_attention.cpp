@@ -81,15 +81,12 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   float* q_latent = sc.q_latent.get<float>(block * heads * lora);
   float* o_latent = sc.o_latent.get<float>(block * heads * lora);
   float* o = sc.o.get<float>(block * heads * value);
-  // The first block is the largest: if no block takes the bf16 absorbed
-  // products, it does not either.
-  if (use_fast_attention(step) && bf16_absorbed(std::min(block, n))) absorbed_weights_bf16(w);
   for (int64_t first = 0; first < n; first += block) {
     const int64_t rows = std::min(block, n - first);
     const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
     timer_.mark("attn projections", stream_);
     const bool fast = use_fast_attention(part);
-    const bool bf16_products = fast && bf16_absorbed(rows);
+    const bool bf16_products = fast && bf16_absorbed(rows) && w.w_uk_t_bf16 != nullptr;
     // The bf16 absorbed products with bf16 q_b weights take q in bf16 straight
     // from the GEMM ([rows, heads, nope | rope], unrotated: the query pack
     // rotates the rope columns), instead of an fp32 q rotated, then converted.
@@ -110,12 +107,12 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora]; in bf16 straight
     // into the fast path's packed queries (bf16_absorbed).
     if (bf16_q) {
-      w_uk_bf16(q16, rows, qk);
+      w_uk_bf16(w, q16, rows, qk);
     } else if (bf16_products) {
       // q_nope [rows * heads, nope] in bf16 (the rope columns stay behind).
       q16 = absorb_bf16(rows);
       float_to_bf16_rows(q, rows * heads, nope, qk, q16, stream_);
-      w_uk_bf16(q16, rows, nope);
+      w_uk_bf16(w, q16, rows, nope);
     } else {
       blas_->linear_batched(q, rows, nope, heads * qk, qk, w.w_uk_t, lora, lora * nope, q_latent,
                             heads * lora, lora, heads);
@@ -151,7 +148,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
     if (bf16_products) {
-      w_uv_bf16(rows, w.o, o, out + first * hidden);
+      w_uv_bf16(w, rows, o, out + first * hidden);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
                             o, heads * value, value, heads);

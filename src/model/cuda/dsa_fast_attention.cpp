@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "kernels/cuda/dsa_fallback/position_topk.h"
@@ -157,11 +158,10 @@ int64_t CudaDsaModel::fast_scratch_bytes() const {
   const FastScratch& fs = fast_scratch_;
   size_t total = 0;
   for (const DeviceBuffer* buffer :
-       {&fs.tables,       &fs.visible,        &fs.row_ids,      &fs.iq_fp8,
-        &fs.iw_folded,    &fs.topk_histogram, &fs.topk_state,   &fs.slots,
-        &fs.q_bf16,       &fs.out_bf16,       &fs.lse,          &fs.partial_out,
-        &fs.partial_lse,  &fs.fused,          &fs.staged_slots, &fs.staging,
-        &fs.offload_copy, &fs.absorb_q_bf16,  &fs.w_uk_bf16,    &fs.w_uv_bf16})
+       {&fs.tables, &fs.visible, &fs.row_ids, &fs.iq_fp8, &fs.iw_folded, &fs.topk_histogram,
+        &fs.topk_state, &fs.slots, &fs.q_bf16, &fs.out_bf16, &fs.lse, &fs.partial_out,
+        &fs.partial_lse, &fs.fused, &fs.staged_slots, &fs.staging, &fs.offload_copy,
+        &fs.absorb_q_bf16})
     total += buffer->bytes();
   return static_cast<int64_t>(total);
 }
@@ -665,12 +665,14 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
 
 bool CudaDsaModel::bf16_absorbed(int64_t rows) const {
   // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS=N overrides the option (A/B runs
-  // through serve; read once).
-  static const int64_t forced = [] {
+  // through serve; 0: never; read once).
+  static const std::optional<int64_t> forced = []() -> std::optional<int64_t> {
     const char* value = std::getenv("MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS");
-    return value != nullptr && *value != '\0' ? std::max<int64_t>(1, std::atoll(value)) : 0;
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    const int64_t rows = std::atoll(value);
+    return rows > 0 ? rows : std::numeric_limits<int64_t>::max();
   }();
-  const int64_t min_rows = forced > 0 ? forced : options_.bf16_absorbed_min_rows;
+  const int64_t min_rows = forced.value_or(options_.bf16_absorbed_min_rows);
   return options_.bf16_weights && !options_.batch_invariant && rows >= min_rows;
 }
 
@@ -682,19 +684,6 @@ bool CudaDsaModel::bf16_activations(int64_t rows, const DeviceMatrix& writer) co
   return !off && options_.bf16_activations && bf16_absorbed(rows) && writer.bf16 && !writer.fp8();
 }
 
-void CudaDsaModel::absorbed_weights_bf16(const DeviceLayer& w) {
-  FastScratch& fs = fast_scratch_;
-  const int64_t heads = plan_.attention.heads;
-  const int64_t nope = config_.qk_nope_head_dim, value = config_.v_head_dim;
-  // W_UK^T [heads, lora, nope] and W_UV [heads, value, lora] rounded to bf16
-  // once per layer and step: ~30 MB at GLM-5.2's shapes, microseconds against
-  // a prefill step's products.
-  float_to_bf16_rows(w.w_uk_t, heads * kLatentRank, nope, nope,
-                     fs.w_uk_bf16.get<uint16_t>(heads * kLatentRank * nope), stream_);
-  float_to_bf16_rows(w.w_uv, heads * value, kLatentRank, kLatentRank,
-                     fs.w_uv_bf16.get<uint16_t>(heads * value * kLatentRank), stream_);
-}
-
 uint16_t* CudaDsaModel::absorb_bf16(int64_t rows) {
   // One size for every user (q_b's bf16 q or W_UK's bf16 q_nope, then W_UV's
   // bf16 o), so the grow-only buffer never reallocates (and synchronises)
@@ -704,7 +693,8 @@ uint16_t* CudaDsaModel::absorb_bf16(int64_t rows) {
   return fast_scratch_.absorb_q_bf16.get<uint16_t>(rows * plan_.attention.heads * per_head);
 }
 
-void CudaDsaModel::w_uk_bf16(const uint16_t* q16, int64_t rows, int64_t head_stride) {
+void CudaDsaModel::w_uk_bf16(const DeviceLayer& w, const uint16_t* q16, int64_t rows,
+                             int64_t head_stride) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
@@ -712,25 +702,26 @@ void CudaDsaModel::w_uk_bf16(const uint16_t* q16, int64_t rows, int64_t head_str
   // Into the packed queries [rows, padded, lora + rope]: head h's latent
   // columns; fast_sparse_mla's pack adds the rope columns and zero padded heads.
   uint16_t* packed = fs.q_bf16.get<uint16_t>(rows * padded * kSparseMlaQueryDim);
-  blas_->linear_batched_bf16(q16, rows, nope, heads * head_stride, head_stride,
-                             fs.w_uk_bf16.as<uint16_t>(), kLatentRank, kLatentRank * nope, packed,
-                             padded * kSparseMlaQueryDim, kSparseMlaQueryDim, heads,
+  blas_->linear_batched_bf16(q16, rows, nope, heads * head_stride, head_stride, w.w_uk_t_bf16,
+                             kLatentRank, kLatentRank * nope, packed, padded * kSparseMlaQueryDim,
+                             kSparseMlaQueryDim, heads,
                              /*y_f32=*/false);
 }
 
-void CudaDsaModel::w_uv_bf16(int64_t rows, const DeviceMatrix& o_proj, float* o, float* out) {
+void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
   const int64_t value = config_.v_head_dim, hidden = config_.hidden_size;
+  const DeviceMatrix& o_proj = w.o;
   // bf16 o_proj weights: W_UV writes o in bf16 ([rows, heads * value], in
   // absorb_q_bf16: W_UK's input is dead by now) and o_proj reads it as it is,
   // instead of an fp32 o that the bf16 linear would round again.
   const bool bf16_o = o_proj.bf16 && !o_proj.fp8();
   void* y = bf16_o ? static_cast<void*>(absorb_bf16(rows)) : static_cast<void*>(o);
   blas_->linear_batched_bf16(fs.out_bf16.as<uint16_t>(), rows, kLatentRank, padded * kLatentRank,
-                             kLatentRank, fs.w_uv_bf16.as<uint16_t>(), value, value * kLatentRank,
-                             y, heads * value, value, heads, /*y_f32=*/!bf16_o);
+                             kLatentRank, w.w_uv_bf16, value, value * kLatentRank, y, heads * value,
+                             value, heads, /*y_f32=*/!bf16_o);
   if (bf16_o) {
     blas_->linear_bf16(y, rows, heads * value, heads * value, o_proj.data, hidden, out, hidden,
                        /*y_f32=*/true);

@@ -79,11 +79,11 @@ int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tok
   per_block_row += 4 * columns;                                                      // slots
   per_block_row += heads * (2 * (kLatentRank + kLatentRope) + 2 * kLatentRank + 4);  // q, out, lse
   // The bf16 absorbed products (CudaModelOptions::bf16_absorbed_min_rows):
-  // q_b's output (then W_UV's) in bf16 per block row, W_UK^T and W_UV in bf16 once.
+  // q_b's output (then W_UV's) in bf16 per block row (their weights' bf16
+  // copies are the model's, DeviceLayer::w_uk_t_bf16).
   const int64_t nope = config.qk_nope_head_dim, value = config.v_head_dim;
   per_block_row += 2 * heads * std::max(nope + config.qk_rope_head_dim, value);
   int64_t bytes = per_token * n + per_block_row * (row_block > 0 ? std::min(n, row_block) : n);
-  bytes += 2 * heads * kLatentRank * (nope + value);
   // The two-kernel path's per-token page tables [rows, pages] and top-k
   // histograms: with the fused path only steps of rows x context <= the cap
   // take it, so rows x pages <= cap / 64 + rows and rows <= cap / context.

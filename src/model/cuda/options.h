@@ -65,14 +65,16 @@ struct CudaModelOptions {
   // outputs where the next kernel reads bf16: W_UK writes the latent half of
   // the sparse MLA's packed bf16 queries, W_UV reads the sparse MLA's bf16
   // output (instead of float32 TF32 products and the pack / unpack copies).
-  // 512: prefill blocks (row_block's 1024 rows and a chunk's last, shorter
-  // block), not the decode sizes CUDA Graphs capture (there the per-step bf16
-  // copy of the two weights would cost more than the products). Measured on the H200 through serve
-  // (GLM-5.2 attention config): TTFT 2.50 -> 2.28 s at 128K, 32.4 -> 30.8 s at 1M. Logits within
-  // the bf16 mode's 2e-2 of the TF32 products
+  // 1: every block, decode included, since the weights' bf16 copies are made
+  // once at load (DeviceLayer::w_uk_t_bf16; until then a per-step copy made
+  // 512 the threshold). Measured on the H200 through serve (GLM-5.2 attention
+  // config): TTFT 2.50 -> 2.28 s at 128K, 32.4 -> 30.8 s at 1M; decode
+  // (model_decode_bench, with the norms' weights loaded early) 1.64 -> 1.34
+  // ms at batch 1. Logits within the bf16 mode's 2e-2 of the TF32 products
   // (CudaFastAttention.Bf16AbsorbedProductsMatchTheTf32Ones).
-  // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS overrides it (A/B runs through serve).
-  int64_t bf16_absorbed_min_rows = 512;
+  // MEGACTX_CUDA_BF16_ABSORBED_MIN_ROWS overrides it (A/B runs through serve;
+  // 0 turns the bf16 products off).
+  int64_t bf16_absorbed_min_rows = 1;
   // Blocks of that size also keep two activations in bf16 from the GEMM that
   // writes them, as the next GEMM reads them anyway: the attention's q (q_b
   // writes bf16; W_UK reads its nope columns in place, the query pack rotates

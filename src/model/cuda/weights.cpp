@@ -48,6 +48,23 @@ DeviceMatrix CudaWeights::upload_matrix(const Tensor& tensor) {
   return {upload_bytes(bits.data(), bits.size() * 2), true};
 }
 
+void CudaWeights::upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d) {
+  d.w_uk_t = upload(w_uk_t);
+  d.w_uv = upload(w_uv);
+  if (!bf16_) return;
+  // Rounded as upload_matrix does (nearest even); not GEMM matrices of the
+  // read-per-step count (matrix_bytes): a step reads one of the two copies.
+  auto bf16_copy = [&](const Tensor& tensor) -> const uint16_t* {
+    if (!tensor.defined() || tensor.numel() == 0) return nullptr;
+    const float* values = tensor.data<float>();
+    std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16(values[i]);
+    return static_cast<const uint16_t*>(upload_bytes(bits.data(), bits.size() * 2));
+  };
+  d.w_uk_t_bf16 = bf16_copy(w_uk_t);
+  d.w_uv_bf16 = bf16_copy(w_uv);
+}
+
 void* CudaWeights::reserve_bytes(size_t bytes) {
   size_t free_bytes = 0, total_bytes = 0;
   MEGACTX_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -132,8 +149,7 @@ DeviceLayer CudaWeights::upload_layer(const LayerWeights& w) {
   d.q_b = upload_matrix(a.q_b);
   d.kv_a = upload_matrix(a.kv_a);
   d.kv_a_norm = upload(a.kv_a_norm);
-  d.w_uk_t = upload(a.w_uk_t);
-  d.w_uv = upload(a.w_uv);
+  upload_absorbed(a.w_uk_t, a.w_uv, d);
   d.o = upload_matrix(a.o);
   d.has_indexer = a.has_indexer;
   if (a.has_indexer) {

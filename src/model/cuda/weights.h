@@ -2,8 +2,8 @@
 // by one CudaWeights; null where the host tensor is absent (no q_lora, no
 // indexer on a shared layer). GEMM weights are DeviceMatrix: float32 in the
 // parity mode, bf16 in the bf16 mode. Norms, the router (expert choice must
-// not flip on rounding), the per-head absorbed W_UK/W_UV (small, batched) and
-// the embedding (a gather) stay float32 in both.
+// not flip on rounding), the per-head absorbed W_UK/W_UV (small, batched; the
+// bf16 mode adds bf16 copies) and the embedding (a gather) stay float32 in both.
 #pragma once
 
 #include <vector>
@@ -29,6 +29,10 @@ struct DeviceLayer {
   // Attention (shapes as AttentionWeights).
   DeviceMatrix q_a, q_b, kv_a, o;
   const float *q_a_norm = nullptr, *kv_a_norm = nullptr, *w_uk_t = nullptr, *w_uv = nullptr;
+  // The bf16 mode: the same two rounded to bf16 once at load (the bf16
+  // absorbed products' weights, CudaModelOptions::bf16_absorbed_min_rows);
+  // null in the float32 mode.
+  const uint16_t *w_uk_t_bf16 = nullptr, *w_uv_bf16 = nullptr;
   bool has_indexer = false;
   DeviceMatrix wq_b, wk, weights_proj;
   const float *k_norm_weight = nullptr, *k_norm_bias = nullptr;
@@ -84,6 +88,8 @@ class CudaWeights {
   DeviceLayer upload_layer(const LayerWeights& w);
 
  private:
+  // The absorbed W_UK^T / W_UV (float32) and, in the bf16 mode, their bf16 copies.
+  void upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d);
   DeviceMlp upload(const MlpWeights& mlp);
   DeviceMatrix upload_matrix(const CheckpointMatrix& matrix);
   DeviceMlp upload_mlp(MatrixSource& source, const std::string& prefix, int64_t hidden,

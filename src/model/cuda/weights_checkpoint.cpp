@@ -199,8 +199,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
     std::memcpy(w_uv.data<float>() + h * value * lora, block + nope * lora,
                 static_cast<size_t>(value * lora) * sizeof(float));
   }
-  d.w_uk_t = upload(w_uk_t);
-  d.w_uv = upload(w_uv);
+  upload_absorbed(w_uk_t, w_uv, d);
   d.o = matrix(a + "o_proj.weight", hidden, heads * value);
   d.has_indexer = layer.runs_indexer;
   if (d.has_indexer) {

@@ -51,11 +51,15 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
   float* yr = y != nullptr ? y + blockIdx.x * y_stride : nullptr;
   float sum = 0.0f;
   if (n <= kCachedPerThread * kThreads) {
-    float values[kCachedPerThread];
+    // The weights too, with the row's loads: at decode sizes (a block or a
+    // few per launch) the launch is a chain of memory round trips, and
+    // loading them after the sum would add one.
+    float values[kCachedPerThread], weights[kCachedPerThread];
 #pragma unroll
     for (int k = 0; k < kCachedPerThread; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
       values[k] = i < n ? xr[i] : 0.0f;
+      weights[k] = i < n ? weight[i] : 0.0f;
       if constexpr (kAdd) {
         if (i < n) values[k] += branch[blockIdx.x * n + i];
       }
@@ -73,7 +77,7 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
     for (int k = 0; k < kCachedPerThread; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
       if (i < n) {
-        const float out = weight[i] * (values[k] * inv);
+        const float out = weights[k] * (values[k] * inv);
         if (y != nullptr) yr[i] = out;
         if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(out);
       }
