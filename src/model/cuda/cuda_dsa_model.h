@@ -199,8 +199,9 @@ class CudaDsaModel final : public LanguageModel {
   void reduce_partial(float* data, int64_t count);
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
                  PagedKvCache& cache, float* out);
+  // q_resid: [n, q_lora] with row stride q_resid_stride (the stacked q_a | kv_a output).
   void indexer(const DeviceLayer& w, int64_t layer, const float* h, const float* q_resid,
-               Step& step, PagedKvCache& cache);
+               int64_t q_resid_stride, Step& step, PagedKvCache& cache);
   // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);

@@ -3,6 +3,7 @@
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/cuda/cuda_dsa_model.h"
@@ -12,6 +13,16 @@ namespace {
 
 // HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps; the
 // indexer's key LayerNorm uses 1e-6 too (as dsa_model.cpp).
+
+// MEGACTX_CUDA_STACKED_QKV_A=0: q_a and kv_a as two GEMMs on their views of
+// the stacked weight (A/B runs; read once).
+bool stacked_qkv_a() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_STACKED_QKV_A");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -26,26 +37,41 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // h (shared by decoder_layer) feeds q_a, kv_a and the indexer's wk /
   // weights_proj; q_resid feeds q_b and wq_b: the bf16 linears read the copies
   // their norms wrote (Blas::share_input) instead of converting them each.
-  // q_resid: [n, q_lora] (the indexer reads it too).
+  // q_resid: [n, q_lora] (the indexer reads it too), row stride q_stride.
+  // With the stacked q_a | kv_a weight one GEMM writes [n, q_lora | entry]
+  // (in the q_resid buffer, which the memory plan sizes for both): q_resid
+  // and kv are its column ranges.
   float* q_resid = nullptr;
-  if (q_lora > 0) {
+  float* kv = nullptr;
+  int64_t q_stride = q_lora, kv_stride = entry;
+  if (q_lora > 0 && w.qkv_a && stacked_qkv_a()) {
+    q_stride = kv_stride = q_lora + entry;
+    q_resid = sc.q_resid.get<float>(n * q_stride);
+    blas_->linear(h, n, hidden, w.qkv_a, q_stride, q_resid);
+    kv = q_resid + q_lora;
+  } else if (q_lora > 0) {
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
+  }
+  if (q_lora > 0) {
     void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
-    rmsnorm(q_resid, n, q_lora, q_lora, w.q_a_norm, kLatentNormEps, q_resid, q_lora, stream_,
+    rmsnorm(q_resid, n, q_lora, q_stride, w.q_a_norm, kLatentNormEps, q_resid, q_stride, stream_,
             q_resid_bf16);
-    blas_->share_input(q_resid, n, q_lora, q_lora, q_resid_bf16);
+    blas_->share_input(q_resid, n, q_lora, q_stride, q_resid_bf16);
   }
 
   // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
   // Shared MTP draft rows (KVShare) need no key: they leave the cache as
-  // step 0 wrote it and attend through step 0's selection.
+  // step 0 wrote it and attend through step 0's selection (with the stacked
+  // weight their kv columns are computed and left unused).
   if (!step.shared) {
-    float* kv = sc.kv.get<float>(n * entry);
-    blas_->linear(h, n, hidden, w.kv_a, entry, kv);
+    if (kv == nullptr) {
+      kv = sc.kv.get<float>(n * entry);
+      blas_->linear(h, n, hidden, w.kv_a, entry, kv);
+    }
     LatentWriteParams latent;
     latent.kv = kv;
-    latent.stride = entry;
+    latent.stride = kv_stride;
     latent.tokens = n;
     latent.lora = lora;
     latent.rope = rope;
@@ -66,7 +92,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 
   if (w.has_indexer && !step.shared) {
     timer_.mark("indexer proj + cache", stream_);
-    indexer(w, layer, h, q_resid, step, cache);
+    indexer(w, layer, h, q_resid, q_stride, step, cache);
     assign_offload_early(layer, step, cache);
   }
 
@@ -91,14 +117,16 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     // from the GEMM ([rows, heads, nope | rope], unrotated: the query pack
     // rotates the rope columns), instead of an fp32 q rotated, then converted.
     const bool bf16_q = bf16_products && bf16_activations(rows, w.q_b);
-    const float* q_input = q_resid != nullptr ? q_resid + first * q_lora : h + first * hidden;
+    const float* q_input = q_resid != nullptr ? q_resid + first * q_stride : h + first * hidden;
     const int64_t q_in = q_resid != nullptr ? q_lora : hidden;
+    const int64_t q_input_stride = q_resid != nullptr ? q_stride : hidden;
     uint16_t* q16 = nullptr;
     if (bf16_q) {
       q16 = absorb_bf16(rows);
-      blas_->linear_to_bf16(q_input, rows, q_in, q_in, w.q_b, heads * qk, q16, heads * qk);
+      blas_->linear_to_bf16(q_input, rows, q_in, q_input_stride, w.q_b, heads * qk, q16,
+                            heads * qk);
     } else {
-      blas_->linear(q_input, rows, q_in, w.q_b, heads * qk, q);
+      blas_->linear(q_input, rows, q_in, q_input_stride, w.q_b, heads * qk, q, heads * qk);
       cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
                  stream_);
     }
@@ -159,7 +187,8 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 }
 
 void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
-                           const float* q_resid, Step& step, PagedKvCache& cache) {
+                           const float* q_resid, int64_t q_resid_stride, Step& step,
+                           PagedKvCache& cache) {
   Scratch& sc = scratch_;
   ++selection_epoch_;  // step.topk is written below
   const AttentionDims& d = plan_.attention;
@@ -169,7 +198,7 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
 
   // Heads are [rope | nope] (rope first, unlike MLA).
   float* q = sc.iq.get<float>(n * heads * dim);
-  blas_->linear(q_resid, n, q_lora, w.wq_b, heads * dim, q);
+  blas_->linear(q_resid, n, q_lora, q_resid_stride, w.wq_b, heads * dim, q, heads * dim);
   cuda::rope(q, n, heads, heads * dim, dim, rope, step.cos, step.sin, interleaved, stream_);
   // The key: LayerNorm, RoPE on its first `rope` values, into the cache (one
   // launch, or the three with MEGACTX_FUSED_LATENT_WRITE=0).

@@ -48,6 +48,27 @@ DeviceMatrix CudaWeights::upload_matrix(const Tensor& tensor) {
   return {upload_bytes(bits.data(), bits.size() * 2), true};
 }
 
+void CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
+                                 DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second) {
+  if (top.fp8() != bottom.fp8()) {  // stack_rows would dequantise the fp8 one
+    first = upload_matrix(top);
+    second = upload_matrix(bottom);
+    stacked = {};
+    return;
+  }
+  stacked = upload_matrix(stack_rows(top, bottom));
+  const int64_t element = top.fp8() ? 1 : (bf16_ ? 2 : 4);
+  first = stacked;
+  first.scale_split = 0;  // its rows are all before the split
+  second = stacked;
+  second.scale_split = 0;
+  second.data = static_cast<const char*>(stacked.data) + top.rows() * top.cols() * element;
+  if (top.fp8()) {
+    // Bottom's scale rows follow top's ceil(rows / 128) (stack_rows).
+    second.scale = stacked.scale + (top.rows() + 127) / 128 * ((top.cols() + 127) / 128);
+  }
+}
+
 void CudaWeights::upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d) {
   d.w_uk_t = upload(w_uk_t);
   d.w_uv = upload(w_uv);
@@ -144,10 +165,14 @@ DeviceLayer CudaWeights::upload_layer(const LayerWeights& w) {
   d.input_norm = upload(w.input_norm);
   d.post_norm = upload(w.post_norm);
   const AttentionWeights& a = w.attention;
-  d.q_a = upload_matrix(a.q_a);
+  if (a.q_a.defined() && a.q_a.numel() > 0) {
+    upload_stacked(CheckpointMatrix{a.q_a, {}, 0}, CheckpointMatrix{a.kv_a, {}, 0}, d.qkv_a, d.q_a,
+                   d.kv_a);
+  } else {
+    d.kv_a = upload_matrix(a.kv_a);
+  }
   d.q_a_norm = upload(a.q_a_norm);
   d.q_b = upload_matrix(a.q_b);
-  d.kv_a = upload_matrix(a.kv_a);
   d.kv_a_norm = upload(a.kv_a_norm);
   upload_absorbed(a.w_uk_t, a.w_uv, d);
   d.o = upload_matrix(a.o);

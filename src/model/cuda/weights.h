@@ -28,6 +28,10 @@ struct DeviceLayer {
   const float* post_norm = nullptr;
   // Attention (shapes as AttentionWeights).
   DeviceMatrix q_a, q_b, kv_a, o;
+  // q_a's rows then kv_a's, [q_lora + kv_lora + rope, H], stored once: one
+  // GEMM reads h for both (q_a and kv_a are views into it). Empty without a
+  // q-LoRA or when only one of the two is fp8.
+  DeviceMatrix qkv_a;
   const float *q_a_norm = nullptr, *kv_a_norm = nullptr, *w_uk_t = nullptr, *w_uv = nullptr;
   // The bf16 mode: the same two rounded to bf16 once at load (the bf16
   // absorbed products' weights, CudaModelOptions::bf16_absorbed_min_rows);
@@ -88,6 +92,11 @@ class CudaWeights {
   DeviceLayer upload_layer(const LayerWeights& w);
 
  private:
+  // `top` and `bottom` stacked by rows into one allocation (`stacked`), with
+  // views of each (`first`, `second`; fp8 scale pointers adjusted); each
+  // alone, and `stacked` empty, when only one of them is fp8.
+  void upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
+                      DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second);
   // The absorbed W_UK^T / W_UV (float32) and, in the bf16 mode, their bf16 copies.
   void upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d);
   DeviceMlp upload(const MlpWeights& mlp);

@@ -176,15 +176,18 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
   d.post_norm = vector(prefix + "post_attention_layernorm.weight", hidden);
 
   const std::string a = prefix + "self_attn.";
+  const std::string kv_a = a + "kv_a_proj_with_mqa.weight";
   if (c.q_lora_rank) {
     const int64_t q = *c.q_lora_rank;
-    d.q_a = matrix(a + "q_a_proj.weight", q, hidden);
+    upload_stacked(source.matrix(a + "q_a_proj.weight", {q, hidden}),
+                   source.matrix(kv_a, {lora + c.qk_rope_head_dim, hidden}), d.qkv_a, d.q_a,
+                   d.kv_a);
     d.q_a_norm = vector(a + "q_a_layernorm.weight", q);
     d.q_b = matrix(a + "q_b_proj.weight", heads * c.qk_head_dim(), q);
   } else {
     d.q_b = matrix(a + "q_proj.weight", heads * c.qk_head_dim(), hidden);
+    d.kv_a = matrix(kv_a, lora + c.qk_rope_head_dim, hidden);
   }
-  d.kv_a = matrix(a + "kv_a_proj_with_mqa.weight", lora + c.qk_rope_head_dim, hidden);
   d.kv_a_norm = vector(a + "kv_a_layernorm.weight", lora);
   // kv_b_proj [Nh (Dn + Dv), L]: head h's first Dn rows are W_UK[h], the next
   // Dv rows W_UV[h] (as dsa_weights.cpp): W_UK^T [Nh, L, Dn], W_UV [Nh, Dv, L].
