@@ -8,7 +8,7 @@
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --enable-dp-attention [--data-parallel-size N]]]
-//   [--context-parallel-size N]
+//   [--context-parallel-size N [--expert-parallel-size N]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -30,7 +30,9 @@
 // on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the
 // entries a step selected to the others. --context-parallel-size N (CPU so
 // far): N processes with the whole model, each prefill step's rows split over
-// them (the new latents and indexer keys gathered into every rank's cache).
+// them (the new latents and indexer keys gathered into every rank's cache);
+// with --expert-parallel-size N (= N) each rank holds 1 / N of the routed
+// experts and its rows reach them by all-to-all.
 // --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
 // --data-parallel-size / --dp-size, which must then be N): every rank holds
 // attention and the dense weights whole and runs its own requests, in its
@@ -138,11 +140,13 @@ int run_serve(const ServeOptions& options) {
   // The serving group, forked before any thread starts (its ranks load the
   // same model with the same options); it outlives the engine below.
   MEGACTX_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive");
-  MEGACTX_CHECK(options.expert_parallel_size == 1 ||
-                    options.expert_parallel_size == options.tensor_parallel_size,
-                "--expert-parallel-size {} must be 1 or the tensor-parallel size {} (experts are "
-                "sharded over the tensor-parallel group)",
-                options.expert_parallel_size, options.tensor_parallel_size);
+  // Experts are sharded over the serving group: the tensor-parallel one, or
+  // the context-parallel one (each rank's rows reach their experts by all-to-all).
+  const int sharding_group = std::max(options.tensor_parallel_size, options.context_parallel_size);
+  MEGACTX_CHECK(options.expert_parallel_size == 1 || options.expert_parallel_size == sharding_group,
+                "--expert-parallel-size {} must be 1 or the group's size {} (experts are "
+                "sharded over the tensor- or context-parallel group)",
+                options.expert_parallel_size, sharding_group);
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.
@@ -424,7 +428,8 @@ CommandRegistration registration{
           ->capture_default_str();
       command
           .add_option("--expert-parallel-size", options->expert_parallel_size,
-                      "1, or the tensor-parallel size: routed experts sharded over the group")
+                      "1, or the tensor- or context-parallel size: routed experts sharded over "
+                      "the group")
           ->capture_default_str();
       command
           .add_option("--context-parallel-size", options->context_parallel_size,

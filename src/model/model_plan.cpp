@@ -94,19 +94,36 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       "--enable-layer-split: the layers' caches are split over the tensor-parallel "
       "group, not with {}",
       layout.context_parallel ? "context parallelism" : "data-parallel attention");
-  if (layout.context_parallel) {
-    MEGACTX_CHECK(!layout.expert_parallel && !layout.data_parallel_attention,
-                  "--context-parallel-size: not combined with expert parallelism or "
-                  "data-parallel attention yet");
-    plan.context_parallel_rank = rank;
-    plan.context_parallel_size = size;
-    return plan;
-  }
   const auto divides = [size](int64_t value) { return value % size == 0; };
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
-  const bool tensor = !layout.data_parallel_attention;
   const bool experts = layout.expert_parallel && moe;
+  // Routed experts [rank * E / size, ...) on this rank; with all_to_all the
+  // rows this rank holds (its own requests, or its share of a step's rows)
+  // go to their experts' ranks and back.
+  const auto shard_experts = [&](bool all_to_all) {
+    MEGACTX_CHECK(divides(config.n_routed_experts),
+                  "--expert-parallel-size {}: the model's {} routed experts do not divide", size,
+                  config.n_routed_experts);
+    plan.expert_parallel_rank = rank;
+    plan.expert_parallel_size = size;
+    plan.local_experts = config.n_routed_experts / size;
+    plan.first_expert = rank * plan.local_experts;
+    plan.expert_all_to_all = all_to_all;
+  };
+  if (layout.context_parallel) {
+    MEGACTX_CHECK(!layout.data_parallel_attention,
+                  "--context-parallel-size: not combined with data-parallel attention yet");
+    plan.context_parallel_rank = rank;
+    plan.context_parallel_size = size;
+    // Each rank computes its share of the rows: with expert parallelism they
+    // reach their experts by all-to-all, as data-parallel attention's do (a
+    // step too small to split runs whole on every rank, and each rank's
+    // copy of a row comes back from the experts' ranks alike).
+    if (experts) shard_experts(/*all_to_all=*/true);
+    return plan;
+  }
+  const bool tensor = !layout.data_parallel_attention;
   if (tensor) {
     MEGACTX_CHECK(divides(whole.attention.heads),
                   "--tensor-parallel-size {}: the model's {} attention heads do not divide", size,
@@ -128,16 +145,7 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.kv_owner = layer_split_owners(whole.layers, whole.attention, size);
     }
   }
-  if (experts) {
-    MEGACTX_CHECK(divides(config.n_routed_experts),
-                  "--expert-parallel-size {}: the model's {} routed experts do not divide", size,
-                  config.n_routed_experts);
-    plan.expert_parallel_rank = rank;
-    plan.expert_parallel_size = size;
-    plan.local_experts = config.n_routed_experts / size;
-    plan.first_expert = rank * plan.local_experts;
-    plan.expert_all_to_all = layout.data_parallel_attention;
-  }
+  if (experts) shard_experts(/*all_to_all=*/layout.data_parallel_attention);
   return plan;
 }
 

@@ -4,7 +4,8 @@ routed experts sharded with --expert-parallel-size N; with
 --enable-layer-split each layer's KV cache on one rank, which sends the
 entries a step selected to the others; or, with
 --context-parallel-size N, every prefill step's rows split over ranks that
-each hold the whole model), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
+each hold the whole model, or all of it but 1 / N of the routed experts with
+--expert-parallel-size N), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
@@ -243,6 +244,7 @@ def main():
                              "--enable-layer-split"), 1),
                            (("--tensor-parallel-size", "4", "--enable-layer-split"), 3),
                            (("--context-parallel-size", "2"), 1),
+                           (("--context-parallel-size", "2", "--expert-parallel-size", "2"), 1),
                            (("--context-parallel-size", "3"), 2)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
@@ -288,6 +290,7 @@ def main():
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2"),
+                  ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--context-parallel-size", "2", "--enable-return-routed-experts"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--context-parallel-size", "2", "--enable-layer-split"),

@@ -8,7 +8,8 @@
 // HF's own logits. The MTP layer under tensor and expert parallelism
 // matches the PyTorch reference of tests/mtp (step 0, the shared and
 // unshared draft steps, greedy draft chains). Context parallelism (every
-// prefill's rows split over the group) gives the same logits too, and so does
+// prefill's rows split over the group; also with the experts sharded over
+// it) gives the same logits too, and so does
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
 // broadcast of those entries is caught. Shapes that do not divide, CUDA
@@ -80,6 +81,13 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.data_parallel_attention = layout.data_parallel_attention;
   options.context_parallel = layout.context_parallel;
   auto model = load_language_model(f.dir, options);
+  if (layout.expert_parallel) {
+    // The routed experts really are sharded (each rank its 1 / size of them).
+    const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
+    if (dsa == nullptr || dsa->plan().expert_parallel_size != group.size() ||
+        dsa->plan().local_experts * group.size() != dsa->config().n_routed_experts)
+      return false;
+  }
   const std::vector<float> split = prefill_then_decode(*model, prompt, f.greedy_ids);
   if (split.size() != whole.size()) return false;
   const double error = relative_error(split.data(), whole.data(), whole.size());
@@ -144,6 +152,20 @@ TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {false, false, true});
+  });
+}
+
+// Context parallelism with the routed experts sharded over the group: each
+// rank's share of a prefill's rows goes to their experts' ranks and back by
+// all-to-all; a decode step too small to split runs whole on every rank,
+// each rank's copy of the row answered alike.
+TEST(TensorParallelModel, ExpertParallelOverContextParallelPrefill) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return matches_the_whole_model(name, group, {true, false, true});
+    });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, {true, false, true});
   });
 }
 
