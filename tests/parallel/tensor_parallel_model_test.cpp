@@ -453,6 +453,18 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
     }
     return false;
   });
+  // glm_schedule's 8 routed experts over a context-parallel group of 3.
+  parallel::run_forked_group(3, [](parallel::Communicator& group) {
+    ModelLoadOptions options;
+    options.group = &group;
+    options.context_parallel = options.expert_parallel = true;
+    try {
+      load_language_model(fixture_dir("glm_schedule"), options);
+    } catch (const megactx::Error& error) {
+      return std::string(error.what()).find("routed experts do not divide") != std::string::npos;
+    }
+    return false;
+  });
 }
 
 // On GPUs the CUDA model runs tensor parallelism only (over NCCL,
