@@ -12,7 +12,7 @@ logprobs agree with it within 1e-4, concurrent requests do not mix, the
 workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
 (--speculative-steps 3) on the default model over 2 ranks (tensor or context
-parallel) gives the single-process plain decoding's greedy ids and logprobs,
+parallel, the latter also with the experts sharded) gives the single-process plain decoding's greedy ids and logprobs,
 with drafts accepted, also with LayerSplit. Weight updates reach every rank: a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
@@ -269,6 +269,7 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)}: {seen} workers, greedy ids equal to "
               f"HF's and one process's, max |logprob difference| {worst:.2e}{split}")
     for layout in (("--tensor-parallel-size", "2"), ("--context-parallel-size", "2"),
+                   ("--context-parallel-size", "2", "--expert-parallel-size", "2"),
                    ("--tensor-parallel-size", "2", "--enable-layer-split")):
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
