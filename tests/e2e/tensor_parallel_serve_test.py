@@ -13,7 +13,8 @@ workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
 (--speculative-steps 3) on the default model over 2 ranks (tensor or context
 parallel, the latter also with the experts sharded) gives the single-process plain decoding's greedy ids and logprobs,
-with drafts accepted, also with LayerSplit. Weight updates reach every rank: a trainer's tensor (the negated
+with drafts accepted, also with LayerSplit. Weight updates reach every rank (tensor parallel, with LayerSplit, and
+context parallel with the experts sharded): a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
 the original output. With a host KV tier over 2 ranks, a prompt pushed out
@@ -103,7 +104,8 @@ def post(server, path, payload):
     return response
 
 
-def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()):
+def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=(),
+                                  layout=("--tensor-parallel-size", "2")):
     """Updates through a 2-rank server against one process: (ok, message)."""
     dtype, shape, raw = fixture_tensor(fixture, "lm_head.weight")
     assert dtype == "F32", dtype
@@ -114,8 +116,7 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
     with MegactxServer(megactx, fixture, *COMMON, name="single") as server:
         update_body(server, bucket).raise_for_status()
         want = generate(server.url, prompt, new_tokens)
-    with MegactxServer(megactx, fixture, *COMMON, "--tensor-parallel-size", "2", *extra,
-                       name="tp-updates") as server:
+    with MegactxServer(megactx, fixture, *COMMON, *layout, *extra, name="tp-updates") as server:
         before = generate(server.url, prompt, new_tokens)
         update_body(server, bucket).raise_for_status()
         after = generate(server.url, prompt, new_tokens)
@@ -127,7 +128,8 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
     worst = max(abs(a - b) for a, b in zip(after[1], want[1]))
     ok = after[0] == want[0] and worst <= 1e-4 and after[0] != before[0] and \
         restored == before and resumed[0] == before[0]
-    return ok, (f"weight updates over 2 ranks{''.join(' ' + a for a in extra)}: a trainer's "
+    return ok, (f"weight updates over 2 ranks{''.join(' ' + a for a in layout + extra)}: a "
+                f"trainer's "
                 f"lm_head "
                 f"{'gives' if after[0] == want[0] else 'does NOT give'} one process's output "
                 f"(max |logprob difference| {worst:.2e}, output changed: {after[0] != before[0]}); "
@@ -274,9 +276,11 @@ def main():
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
-    for extra in ((), ("--enable-layer-split",)):
+    for extra, layout in (((), ("--tensor-parallel-size", "2")),
+                          (("--enable-layer-split",), ("--tensor-parallel-size", "2")),
+                          ((), ("--context-parallel-size", "2", "--expert-parallel-size", "2"))):
         ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt,
-                                                    new_tokens, extra)
+                                                    new_tokens, extra, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
     for extra, kv_memory in (((), "3840KiB"), (("--enable-layer-split",), "1920KiB")):
