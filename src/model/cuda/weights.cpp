@@ -38,14 +38,18 @@ DeviceMatrix CudaWeights::upload_matrix(const Tensor& tensor) {
     matrix_bytes_ += static_cast<size_t>(tensor.numel()) * sizeof(float);
     return {data, false};
   }
+  matrix_bytes_ += static_cast<size_t>(tensor.numel()) * 2;
+  return {upload_bf16(tensor), true};
+}
+
+const uint16_t* CudaWeights::upload_bf16(const Tensor& tensor) {
   MEGACTX_CHECK(tensor.dtype() == DType::F32 && tensor.device() == Device::CPU,
                 "CUDA model: weights must be host float32");
   // Round to nearest even on the host (a bf16 checkpoint round-trips exactly).
   const float* values = tensor.data<float>();
   std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
   for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16(values[i]);
-  matrix_bytes_ += bits.size() * 2;
-  return {upload_bytes(bits.data(), bits.size() * 2), true};
+  return static_cast<const uint16_t*>(upload_bytes(bits.data(), bits.size() * 2));
 }
 
 void CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
@@ -72,18 +76,11 @@ void CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMa
 void CudaWeights::upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d) {
   d.w_uk_t = upload(w_uk_t);
   d.w_uv = upload(w_uv);
-  if (!bf16_) return;
-  // Rounded as upload_matrix does (nearest even); not GEMM matrices of the
-  // read-per-step count (matrix_bytes): a step reads one of the two copies.
-  auto bf16_copy = [&](const Tensor& tensor) -> const uint16_t* {
-    if (!tensor.defined() || tensor.numel() == 0) return nullptr;
-    const float* values = tensor.data<float>();
-    std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16(values[i]);
-    return static_cast<const uint16_t*>(upload_bytes(bits.data(), bits.size() * 2));
-  };
-  d.w_uk_t_bf16 = bf16_copy(w_uk_t);
-  d.w_uv_bf16 = bf16_copy(w_uv);
+  if (!bf16_ || d.w_uk_t == nullptr) return;
+  // Not GEMM matrices of the read-per-step count (matrix_bytes): a step
+  // reads one of the two copies.
+  d.w_uk_t_bf16 = upload_bf16(w_uk_t);
+  d.w_uv_bf16 = upload_bf16(w_uv);
 }
 
 void* CudaWeights::reserve_bytes(size_t bytes) {

@@ -97,6 +97,8 @@ class CudaWeights {
   // alone, and `stacked` empty, when only one of them is fp8.
   void upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
                       DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second);
+  // A host float32 tensor rounded to bf16 (nearest even) and uploaded.
+  const uint16_t* upload_bf16(const Tensor& tensor);
   // The absorbed W_UK^T / W_UV (float32) and, in the bf16 mode, their bf16 copies.
   void upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d);
   DeviceMlp upload(const MlpWeights& mlp);

@@ -762,6 +762,18 @@ bool launch_tile_mla(const MlaFallbackParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+
+// The fused writers store FP8 entries a 4-byte word at a time: entries,
+// their e4m3 part and the pool must be word aligned (else the
+// thread-per-group writer of the separate launches).
+bool word_writes_fit(const CacheLayout& layout, const void* pool) {
+  return layout.dtype != CacheDType::FP8 || (layout.bytes() % 4 == 0 && layout.fp8_count % 4 == 0 &&
+                                             (reinterpret_cast<uintptr_t>(pool) & 3u) == 0);
+}
+
+}  // namespace
+
 bool fused_latent_write() {
   static const bool on = [] {
     const char* value = std::getenv("MEGACTX_FUSED_LATENT_WRITE");
@@ -772,9 +784,7 @@ bool fused_latent_write() {
 
 void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  const bool fp8_aligned = p.layout.bytes() % 4 == 0 && p.layout.fp8_count % 4 == 0 &&
-                           (reinterpret_cast<uintptr_t>(p.pool) & 3u) == 0;
-  if (p.layout.dtype == CacheDType::FP8 && !fp8_aligned) {
+  if (!word_writes_fit(p.layout, p.pool)) {
     // The thread-per-group writer: the same three steps as separate launches.
     detail::norm_rope_write_latent_separately(p, stream);
     return;
@@ -785,9 +795,7 @@ void norm_rope_write_latent(const LatentWriteParams& p, cudaStream_t stream) {
 
 void norm_rope_write_indexer_key(const IndexerKeyWriteParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  const bool fp8_aligned = p.layout.bytes() % 4 == 0 && p.layout.fp8_count % 4 == 0 &&
-                           (reinterpret_cast<uintptr_t>(p.pool) & 3u) == 0;
-  if (p.layout.dtype == CacheDType::FP8 && !fp8_aligned) {
+  if (!word_writes_fit(p.layout, p.pool)) {
     // The thread-per-group writer: the same three steps as separate launches.
     detail::norm_rope_write_indexer_key_separately(p, stream);
     return;

@@ -149,7 +149,6 @@ bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
 
 void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride) {
-  if (w.fp8() || !w.bf16 || batch_invariant_) check_f32_written(x);
   if (w.fp8()) {
     linear_fp8(x, rows, in, x_stride, w, out, y, y_stride);
     return;
@@ -160,6 +159,7 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
   }
   if (rows == 0 || out == 0) return;
   if (batch_invariant_) {
+    check_f32_written(x);  // the fp32 and fp8 paths check in their own calls
     InvariantGemm g = invariant_gemm(x, x_stride, w.data, y, y_stride, rows, in, out);
     g.round_x_to_bf16 = true;  // as the cuBLAS path below: bf16 products
     g.w_type = GemmElement::BF16;
