@@ -312,7 +312,8 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
 TEST(CudaFp8Gemm, GemvAndTiledKernelsAgreeWithTheReference) {
   int seed = 300;
   for (int64_t rows = 1; rows <= cuda::kFp8GemvMaxRows; ++rows) {
-    for (const int64_t in : {int64_t{16}, int64_t{160}, int64_t{528}, int64_t{1024}}) {
+    for (const int64_t in :
+         {int64_t{16}, int64_t{160}, int64_t{528}, int64_t{1024}, int64_t{2576}}) {
       const int64_t out = 72, split = in == 160 ? 40 : 0;
       const E4m3Problem problem(rows, in, out, split, seed);
       const std::vector<float> xr = fp8_rounded_inputs(problem.x.data(), rows, in, in);

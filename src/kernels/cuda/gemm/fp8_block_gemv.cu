@@ -9,8 +9,10 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 
@@ -38,7 +40,10 @@ __device__ void unpack16(uint4 packed, float scale, float out[16]) {
       out[4 * i + j] = e4m3_to_float((words[i] >> (8 * j)) & 0xffu) * scale;
 }
 
-template <int kRows>
+// kUnroll weight loads of a lane in flight before their products: one 16-byte
+// load per lane at a time left the GEMV at ~40% of the read bandwidth
+// (a warp's 512 bytes in flight per step are too few to cover the latency).
+template <int kRows, int kUnroll>
 __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -52,16 +57,28 @@ __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  for (int64_t k = static_cast<int64_t>(lane) * kBytesPerLane; k < g.in; k += kWarpStep) {
-    float w[16];
-    unpack16(*reinterpret_cast<const uint4*>(w_row + k), w_scales[k / kBlockScale], w);
+  for (int64_t k0 = static_cast<int64_t>(lane) * kBytesPerLane; k0 < g.in;
+       k0 += kUnroll * kWarpStep) {
+    uint4 packed[kUnroll];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float xv[16];
-      unpack16(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k),
-               g.x_scale[r * groups + k / kBlockScale], xv);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      packed[u] = k < g.in ? *reinterpret_cast<const uint4*>(w_row + k) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int j = 0; j < 16; ++j) acc[r] += xv[j] * w[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      if (k >= g.in) break;
+      float w[16];
+      unpack16(packed[u], w_scales[k / kBlockScale], w);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float xv[16];
+        unpack16(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k),
+                 g.x_scale[r * groups + k / kBlockScale], xv);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[r] += xv[j] * w[j];
+      }
     }
   }
 #pragma unroll
@@ -81,15 +98,113 @@ __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
   }
 }
 
+// One row (decode at batch 1), the same products and the same order as
+// fp8_block_gemv_kernel<1>, for fewer instructions: the per-element path
+// above spends ~150 instructions per 16 weight bytes (two byte-wise e4m3
+// conversions and two scalings per product), which bounds it near half the
+// read bandwidth. Here the block first writes x * its group scale as floats
+// into shared memory, once for its 16 columns, and a lane converts its
+// weights two at a time (cvt f16x2.e4m3x2, exact).
+// Shared layout, conflict-free float2 reads: element k = 512 s + 16 l + 2 p + e
+// (warp step s, lane l, pair p) at float 512 s + 64 p + 2 l + e.
+constexpr int kRowWarps = 16;
+
+__device__ __forceinline__ int row_x_index(int64_t k) {
+  const int64_t step = k / kWarpStep;
+  const int within = static_cast<int>(k % kWarpStep);
+  const int lane = within / kBytesPerLane, j = within % kBytesPerLane;
+  return static_cast<int>(step * kWarpStep) + (j / 2) * 64 + lane * 2 + (j % 2);
+}
+
+template <int kUnroll>
+__global__ void __launch_bounds__(kRowWarps * 32) fp8_block_gemv_row_kernel(Fp8BlockGemm g) {
+  extern __shared__ float xs[];  // [round_up(in, 512)], the layout above
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const auto* x = static_cast<const uint8_t*>(g.x);
+  for (int64_t k = 4 * static_cast<int64_t>(threadIdx.x); k < g.in; k += 4 * blockDim.x) {
+    float v[4];
+    e4m3x4_to_float(*reinterpret_cast<const uint32_t*>(x + k), v);
+    const float scale = g.x_scale[k / kBlockScale];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xs[row_x_index(k + e)] = v[e] * scale;
+  }
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (col >= g.out) return;  // the whole warp
+  const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
+  const uint8_t* w_row = g.w + col * g.in;                                       // [in]
+  const float* w_scales = g.scale + fp8_scale_row(col, g.scale_split) * groups;  // [groups]
+  const float2* x2 = reinterpret_cast<const float2*>(xs);
+  float acc = 0.0f;
+  for (int64_t k0 = static_cast<int64_t>(lane) * kBytesPerLane; k0 < g.in;
+       k0 += kUnroll * kWarpStep) {
+    uint4 packed[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      packed[u] = k < g.in ? *reinterpret_cast<const uint4*>(w_row + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      if (k >= g.in) break;
+      const float scale = w_scales[k / kBlockScale];
+      const float2* xk = x2 + (k / kWarpStep) * (kWarpStep / 2) + lane;  // pair p at + 32 p
+      const uint32_t words[4] = {packed[u].x, packed[u].y, packed[u].z, packed[u].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float w[4];
+        e4m3x4_to_float(words[i], w);
+        const float2 a = xk[32 * (2 * i)], b = xk[32 * (2 * i + 1)];
+        acc += a.x * (w[0] * scale);
+        acc += a.y * (w[1] * scale);
+        acc += b.x * (w[2] * scale);
+        acc += b.y * (w[3] * scale);
+      }
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (lane != 0) return;
+  if (g.y_type == ActType::F32) {
+    static_cast<float*>(g.y)[col] = acc;
+  } else {
+    static_cast<__nv_bfloat16*>(g.y)[col] = __float2bfloat16_rn(acc);
+  }
+}
+
+// The row kernel's shared bytes; 0 when x does not fit (the general kernel then).
+size_t row_kernel_shared_bytes(int64_t in) {
+  const int64_t bytes = (in + kWarpStep - 1) / kWarpStep * kWarpStep * 4;
+  return bytes <= 200 * 1024 ? static_cast<size_t>(bytes) : 0;
+}
+
 bool aligned16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+// MEGACTX_FP8_GEMV_FAST=0: the per-element kernel with one load in flight per
+// lane, as before the row kernel and the unrolled loads (A/B runs; read once).
+bool fast_gemv() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_FP8_GEMV_FAST");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  return on;
 }
 
 template <int kRows>
 void launch(const Fp8BlockGemm& g, cudaStream_t stream) {
   const int64_t blocks = (g.out + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  launch_kernel(fp8_block_gemv_kernel<kRows>, static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0,
-                stream, g);
+  // Up to 4 rows: 4 loads in flight (more rows hold more x registers per load).
+  constexpr int kUnroll = kRows <= 4 ? 4 : 2;
+  if (fast_gemv())
+    launch_kernel(fp8_block_gemv_kernel<kRows, kUnroll>, static_cast<unsigned>(blocks),
+                  kWarpsPerBlock * 32, 0, stream, g);
+  else
+    launch_kernel(fp8_block_gemv_kernel<kRows, 1>, static_cast<unsigned>(blocks),
+                  kWarpsPerBlock * 32, 0, stream, g);
 }
 
 }  // namespace
@@ -102,6 +217,21 @@ bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream) {
     return false;
   }
   if (g.out == 0) return true;
+  if (g.rows == 1 && fast_gemv()) {
+    if (const size_t shared = row_kernel_shared_bytes(g.in)) {
+      static const bool configured = [] {
+        MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
+            fp8_block_gemv_row_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        return true;
+      }();
+      (void)configured;
+      const int64_t blocks = (g.out + kRowWarps - 1) / kRowWarps;
+      launch_kernel(fp8_block_gemv_row_kernel<4>, static_cast<unsigned>(blocks), kRowWarps * 32,
+                    shared, stream, g);
+      MEGACTX_CUDA_CHECK(cudaGetLastError());
+      return true;
+    }
+  }
   switch (g.rows) {
     case 1:
       launch<1>(g, stream);

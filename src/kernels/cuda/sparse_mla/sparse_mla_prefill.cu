@@ -43,6 +43,7 @@
 // softmax scale; the online softmax runs in the log2 domain. The results are
 // the general kernel's (sparse_mla_attention.cu) up to summation order.
 #include <climits>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -156,7 +157,7 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
 
 // A consumer warpgroup C: its block of each stage for the scores, its half of
 // the latent for the output (FlashMLA's split, above).
-template <int C>
+template <int C, bool kSkipUnitRescale>
 __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParams& p,
                                                             uint8_t* shared) {
   using L = Layout;
@@ -306,12 +307,16 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
       running_sum[r] = running_sum[r] * factor[r] + sum;
       running_max[r] = new_max;
     }
+    // With the lazy rescaling a raise is rare: most stages leave both of the
+    // thread's rows as they are (128 multiplies by 1 skipped).
+    if (!kSkipUnitRescale || factor[0] != 1.f || factor[1] != 1.f) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= factor[0];
-      o[4 * j + 1] *= factor[0];
-      o[4 * j + 2] *= factor[1];
-      o[4 * j + 3] *= factor[1];
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= factor[0];
+        o[4 * j + 1] *= factor[0];
+        o[4 * j + 2] *= factor[1];
+        o[4 * j + 3] *= factor[1];
+      }
     }
     // P_c -> columns 32c .. 32c + 32 of P (f16, K-major, swizzled): unit 4c + j.
 #pragma unroll
@@ -384,7 +389,8 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
 }
 
 // kTiered: slots may be past pool_slots (a host tier's entries).
-template <bool kTiered>
+// kSkipUnitRescale: O's rows are multiplied only when their max moved.
+template <bool kTiered, bool kSkipUnitRescale>
 __global__ void __launch_bounds__(Layout::kThreads, 1)
     sparse_mla_prefill_kernel(SparseMlaParams p) {
   grid_dependency_wait();
@@ -395,9 +401,9 @@ __global__ void __launch_bounds__(Layout::kThreads, 1)
     sparse_mla_prefill_producer<
         std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p, shared);
   else if (threadIdx.x < 128)
-    sparse_mla_prefill_consumer<0>(p, shared);
+    sparse_mla_prefill_consumer<0, kSkipUnitRescale>(p, shared);
   else
-    sparse_mla_prefill_consumer<1>(p, shared);
+    sparse_mla_prefill_consumer<1, kSkipUnitRescale>(p, shared);
 }
 
 }  // namespace
@@ -407,16 +413,27 @@ namespace detail {
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   static const bool configured = [] {
-    for (auto kernel : {sparse_mla_prefill_kernel<false>, sparse_mla_prefill_kernel<true>})
+    for (auto kernel :
+         {sparse_mla_prefill_kernel<false, false>, sparse_mla_prefill_kernel<true, false>,
+          sparse_mla_prefill_kernel<false, true>, sparse_mla_prefill_kernel<true, true>})
       MEGACTX_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
   (void)configured;
+  // MEGACTX_SPARSE_MLA_SKIP_UNIT_RESCALE=0: rescale O every stage (A/B runs; read once).
+  static const bool skip = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_SKIP_UNIT_RESCALE");
+    return !(value != nullptr && value[0] == '0');
+  }();
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
   const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(tiered ? sparse_mla_prefill_kernel<true> : sparse_mla_prefill_kernel<false>, grid,
-                Layout::kThreads, kSharedBytes, stream, params);
+  auto kernel =
+      tiered
+          ? (skip ? sparse_mla_prefill_kernel<true, true> : sparse_mla_prefill_kernel<true, false>)
+          : (skip ? sparse_mla_prefill_kernel<false, true>
+                  : sparse_mla_prefill_kernel<false, false>);
+  launch_kernel(kernel, grid, Layout::kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
