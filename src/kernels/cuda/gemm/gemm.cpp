@@ -222,14 +222,30 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   // prefill chunk of any length sends its first rows & ~7 there and its last
   // few rows to the decode kernels.
   g.rows = rows > 64 ? rows & ~int64_t{7} : rows;
-  if (!batch_invariant_ && fp8_cublaslt_ && fp8_lt_rows(g.rows, in, out) && fp8_lt_->supports(g)) {
+  // It takes whole 128-row blocks of the weight too: an output width that is
+  // not a multiple of 128 (the stacked q_a | kv_a, 2048 + 576) sends its
+  // first out & ~127 outputs there and the last few to the hand-written
+  // kernels (whose 64-row kernel took 38 us for that weight at 64 rows).
+  g.out = out & ~int64_t{127};
+  if (!batch_invariant_ && fp8_cublaslt_ && g.out > 0 && fp8_lt_rows(g.rows, in, out) &&
+      fp8_lt_->supports(g)) {
     quantize_e4m3_groups(x, g.rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
     fp8_lt_->run(g);
+    if (g.out < out) {
+      // Weight rows g.out.. : g.out is a multiple of 128 (and so is any
+      // scale_split that supports() took), so their scale rows start at g.out / 128.
+      DeviceMatrix tail = w;
+      tail.data = static_cast<const uint8_t*>(w.data) + g.out * in;
+      tail.scale = w.scale + (g.out / 128) * groups;
+      tail.scale_split = w.scale_split > g.out ? w.scale_split - g.out : 0;
+      linear_fp8(x, g.rows, in, x_stride, tail, out - g.out, y + g.out, y_stride);
+    }
     if (g.rows < rows)
       linear_fp8(x + g.rows * x_stride, rows - g.rows, in, x_stride, w, out, y + g.rows * y_stride,
                  y_stride);
     return;
   }
+  g.out = out;
   g.rows = rows;
   quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
   // One row streams the weights once per warp on CUDA cores; up to 64 rows
