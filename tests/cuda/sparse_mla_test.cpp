@@ -195,23 +195,56 @@ TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
   c.sparse_pool = true;
   run_wgmma_case(c);
 }
-// The policy sends many one-split rows to the wgmma kernel, and sparse_mla_attention
-// routes them there (rows enough for 132 CTAs; small top_k keeps the reference quick).
+// Decode and MTP batches on the wgmma kernel: the slots split in whole 64-key
+// stages and merged. Even and uneven splits (7 asked over 32 stages runs 7 of
+// 5 stages, the last 2; 5 over 2 stages runs 2), top_k off the stage, rows
+// with holes, fewer slots than the split's range or none, 128 heads, an
+// offload pool and a million-token pool.
+TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
+  run_wgmma_case({16, 64, 2048, 8, 20000, 31});
+  run_wgmma_case({3, 64, 2048, 7, 5000, 32});
+  run_wgmma_case({5, 64, 97, 5, 3000, 33});
+  run_wgmma_case({4, 64, 1000, 3, 3000, 34});
+  run_wgmma_case({4, 128, 2048, 16, 9000, 35});
+  MlaCase pool{6, 64, 2048, 4, 20000, 36};
+  pool.split_pool = true;
+  run_wgmma_case(pool);
+  MlaCase million{3, 64, 2048, 8, int64_t{1} << 20, 37};
+  million.sparse_pool = true;
+  run_wgmma_case(million);
+}
+TEST(SparseMla, WgmmaSplitsNeverEmpty) {
+  EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each
+  EXPECT_EQ(cuda::sparse_mla_prefill_splits(7, 2048), 7);    // 5 each, the last 2
+  EXPECT_EQ(cuda::sparse_mla_prefill_splits(12, 2048), 11);  // 3 each: 11 splits
+  EXPECT_EQ(cuda::sparse_mla_prefill_splits(5, 97), 2);      // 2 stages
+  EXPECT_EQ(cuda::sparse_mla_prefill_splits(1, 7), 1);
+}
+
+// The policy sends many one-split rows to the wgmma kernel, and the few rows
+// of decode with their splits too; sparse_mla_attention routes them there
+// (small top_k keeps the reference quick).
 TEST(SparseMla, PrefillRowsTakeTheWgmmaKernel) {
+  const bool enabled = cuda::sparse_mla_prefill_enabled();
+  const bool decode = enabled && cuda::sparse_mla_prefill_decode_enabled();
   cuda::SparseMlaParams params;
   params.rows = 140;
   params.heads = 64;
   params.num_splits = 1;
-  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), cuda::sparse_mla_prefill_enabled());
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), enabled);
   params.rows = 4;
-  EXPECT_FALSE(cuda::sparse_mla_prefill_selected(params));
-  params.fixed_kernel = true;  // the batch-invariant mode: whatever the row count
-  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), cuda::sparse_mla_prefill_enabled());
-  params.fixed_kernel = false;
-  params.rows = 140;
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), decode);
   params.num_splits = 2;
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), decode);
+  params.fixed_kernel = true;  // the batch-invariant mode: one split, whatever the row count
+  EXPECT_FALSE(cuda::sparse_mla_prefill_selected(params));
+  params.num_splits = 1;
+  EXPECT_EQ(cuda::sparse_mla_prefill_selected(params), enabled);
+  params.fixed_kernel = false;
+  params.cluster_merge = true;
   EXPECT_FALSE(cuda::sparse_mla_prefill_selected(params));
   run_case({140, 64, 96, 1, 4000, 25});
+  run_case({6, 64, 2048, 4, 5000, 26});  // through sparse_mla_attention's policy
 }
 
 // The cluster kernel (splits merged in distributed shared memory): one row,

@@ -54,10 +54,30 @@ bool sparse_mla_prefill_enabled() {
   return enabled;
 }
 
+bool sparse_mla_prefill_decode_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_WGMMA_DECODE");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
 bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
-  return sparse_mla_prefill_enabled() && !params.cluster_merge && params.num_splits == 1 &&
-         (params.fixed_kernel ||
-          int64_t{params.rows} * (params.heads / kSparseMlaHeadBlock) >= kSparseMlaPrefillMinCtas);
+  if (!sparse_mla_prefill_enabled() || params.cluster_merge) return false;
+  const bool many_rows =
+      int64_t{params.rows} * (params.heads / kSparseMlaHeadBlock) >= kSparseMlaPrefillMinCtas;
+  if (params.num_splits == 1 && (params.fixed_kernel || many_rows)) return true;
+  // Fewer rows (decode, MTP verification): the same kernel over splits of the
+  // slots, ~3x the general kernel's rate per CTA (docs/benchmarks.md). Not in
+  // the batch-invariant mode, whose results may not follow the split count.
+  return !params.fixed_kernel && sparse_mla_prefill_decode_enabled();
+}
+
+int sparse_mla_prefill_splits(int num_splits, int top_k) {
+  const int stages =
+      std::max(1, (top_k + 2 * kSparseMlaPrefillKeyBlock - 1) / (2 * kSparseMlaPrefillKeyBlock));
+  const int per_split = (stages + std::max(1, num_splits) - 1) / std::max(1, num_splits);
+  return (stages + per_split - 1) / per_split;
 }
 
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {

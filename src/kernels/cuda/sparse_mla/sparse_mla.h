@@ -86,11 +86,19 @@ int sparse_mla_cluster_splits(int rows, int heads, int top_k);
 bool sparse_mla_cluster_enabled();
 
 // Whether sparse_mla_attention runs these params on the wgmma prefill kernel:
-// one split, no cluster merge, at least kSparseMlaPrefillMinCtas CTAs (or
-// fixed_kernel), and the environment does not set MEGACTX_SPARSE_MLA_WGMMA=0
-// (A/B runs).
+// no cluster merge and the environment does not set MEGACTX_SPARSE_MLA_WGMMA=0
+// (A/B runs); then one split with at least kSparseMlaPrefillMinCtas CTAs (or
+// fixed_kernel), or any other split count (decode and MTP batches: the
+// kernel splits the slots in whole 64-key stages and the merge combines
+// them) unless MEGACTX_SPARSE_MLA_WGMMA_DECODE=0 (A/B runs: the general
+// kernel for those, as before).
 bool sparse_mla_prefill_selected(const SparseMlaParams& params);
 bool sparse_mla_prefill_enabled();
+bool sparse_mla_prefill_decode_enabled();
+// The split count the wgmma kernel uses for `num_splits` requested over
+// top_k: at most num_splits, each split at least one 64-key stage, none
+// empty (the partial buffers sized for num_splits hold them).
+int sparse_mla_prefill_splits(int num_splits, int top_k);
 
 // Validates (megactx::Error) and launches on `stream` (attention + merge).
 void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream);
@@ -106,9 +114,15 @@ void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
 // With the merge chosen (tests compare the two).
 void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaStream_t stream);
 void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t stream);
-// The wgmma prefill kernel whatever the policy (num_splits must be 1; tests
-// compare it with the general kernel).
+// The wgmma prefill kernel whatever the policy (tests compare it with the
+// general kernel), and the merge after it when num_splits > 1: each split
+// takes whole 64-key stages, and num_splits must leave none without a slot
+// (sparse_mla_prefill_splits).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
+// The split merge of partial_out / partial_lse into out / lse.
+void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
+void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,
+                             cudaStream_t stream);
 // 16 when a 16-CTA cluster of the kernel can be resident on this GPU, else 8.
 int sparse_mla_cluster_max_splits();
 }  // namespace detail

@@ -409,15 +409,22 @@ void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaS
                   static_cast<unsigned>(params.heads / kHeads));
   launch_kernel(sparse_mla_kernel, grid, kThreads, shared_bytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
-  if (params.num_splits > 1) {
-    const unsigned merges = static_cast<unsigned>(static_cast<int64_t>(params.rows) * params.heads);
-    if (prefetch_merge && params.num_splits <= kMergeMaxSplits) {
-      launch_kernel(sparse_mla_merge_prefetch_kernel, merges, 128, 0, stream, params);
-    } else {
-      launch_kernel(sparse_mla_merge_kernel, merges, 128, 0, stream, params);
-    }
-    MEGACTX_CUDA_CHECK(cudaGetLastError());
+  if (params.num_splits > 1) launch_sparse_mla_merge(params, prefetch_merge, stream);
+}
+
+void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream) {
+  launch_sparse_mla_merge(params, kSparseMlaPrefetchMerge, stream);
+}
+
+void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,
+                             cudaStream_t stream) {
+  const unsigned merges = static_cast<unsigned>(static_cast<int64_t>(params.rows) * params.heads);
+  if (prefetch_merge && params.num_splits <= kMergeMaxSplits) {
+    launch_kernel(sparse_mla_merge_prefetch_kernel, merges, 128, 0, stream, params);
+  } else {
+    launch_kernel(sparse_mla_merge_kernel, merges, 128, 0, stream, params);
   }
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
-// Sparse MLA for many query rows (prefill, long verification batches) on
-// Hopper warpgroup MMAs (wgmma, sm_90a). One CTA = one query row x 64 heads
-// over all of its top-k slots (no split: prefill has rows enough to fill the
-// GPU); stages of two K blocks of 32 keys in a two-stage ring
+// Sparse MLA on Hopper warpgroup MMAs (wgmma, sm_90a). One CTA = one query
+// row x 64 heads x one split of its top-k slots: prefill has rows enough to
+// fill the GPU with one split; decode and MTP batches split the slots in
+// whole 64-key stages (blockIdx.z) into partial states that the general
+// kernel's merge combines. Stages of two K blocks of 32 keys in a two-stage ring
 // (sparse_mla_prefill_tiles.cuh: shapes, shared memory, the gather). Warp
 // specialisation, four warpgroups (512 threads):
 //
@@ -83,6 +84,20 @@ constexpr int kQueryBarrier = 3;
 constexpr int kFullBarrier = 4;   // + ring: all threads
 constexpr int kEmptyBarrier = 6;  // + ring: all threads
 
+// The slots [begin, end) of this CTA's split (blockIdx.z of num_splits):
+// whole 64-key stages, ceil(stages / num_splits) each (the host launches no
+// split without a slot: effective_prefill_splits).
+struct SplitRange {
+  int begin, end, stages;
+};
+__device__ __forceinline__ SplitRange split_range(const SparseMlaParams& p) {
+  const int all_stages = (p.top_k + 2 * kKeys - 1) / (2 * kKeys);
+  const int per_split = (all_stages + p.num_splits - 1) / p.num_splits;
+  const int begin = static_cast<int>(blockIdx.z) * per_split * 2 * kKeys;
+  const int end = min(p.top_k, begin + per_split * 2 * kKeys);
+  return {begin, end, (end - begin + 2 * kKeys - 1) / (2 * kKeys)};
+}
+
 // A producer: `stages` stages of 64 keys; warp w gathers Layout::kWarpKeys
 // keys of block w / (Layout::kProducerWarps / 2) of each stage, in groups of 4
 // keys (with one group of 8, its loads issued right before its conversion,
@@ -102,16 +117,17 @@ __device__ __forceinline__ void sparse_mla_prefill_producer(const SparseMlaParam
   const int block = warp / (L::kProducerWarps / 2);
   const int key_base = kWarpKeys * (warp % (L::kProducerWarps / 2));
   const int64_t row = blockIdx.x;
-  const int blocks = (p.top_k + kKeys - 1) / kKeys;
-  const int stages = (blocks + 1) / 2;
+  const SplitRange range = split_range(p);
+  const int stages = range.stages;
   const int32_t* row_slots = p.slots + row * p.top_k;
   // Lane l: the slot of the warp's key l % kWarpKeys of a stage (-1 past the
   // row's slots). Read two stages ahead, so that neither the loads nor the L2
   // prefetch (one stage ahead: the pool of a long context does not fit L2)
   // wait for them.
   auto stage_slot = [&](int stage) -> int32_t {
-    const int index = stage * (2 * kKeys) + block * kKeys + key_base + lane % kWarpKeys;
-    return stage < stages && index < p.top_k ? row_slots[index] : -1;
+    const int index =
+        range.begin + stage * (2 * kKeys) + block * kKeys + key_base + lane % kWarpKeys;
+    return stage < stages && index < range.end ? row_slots[index] : -1;
   };
   // Group q's slots as load_warp_entries takes them (lane l: key l % 4).
   auto group_slot = [&](int32_t slots, int q) {
@@ -173,8 +189,7 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   const int g = lane / 4, t = lane % 4;
   const int64_t row = blockIdx.x;
   const int head0 = static_cast<int>(blockIdx.y) * kHeads;
-  const int blocks = (p.top_k + kKeys - 1) / kKeys;
-  const int stages = (blocks + 1) / 2;
+  const int stages = split_range(p).stages;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
   // Q [64 heads][576] bf16 -> f16 x 2^-6, swizzled chunks: 4608 16-byte units, 18 per thread.
@@ -377,14 +392,24 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
     const int head = head_low + 8 * r;
     const float total = misc.row_sum[0][head] + misc.row_sum[1][head];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    uint16_t* out = p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 2 * t;
+    const float lse = total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
+    if (p.num_splits == 1) {
+      uint16_t* out = p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 2 * t;
 #pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<uint32_t*>(out + 8 * j) =
-          pack_bf16x2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-    if (c == 0 && t == 0)
-      p.lse[row * p.heads + head0 + head] =
-          total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) =
+            pack_bf16x2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      if (c == 0 && t == 0) p.lse[row * p.heads + head0 + head] = lse;
+    } else {
+      // The split's normalised state for the merge (sparse_mla_attention.cu's layout).
+      const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head;
+      float* out = p.partial_out + state * kLatentRank + 256 * c + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(out + 8 * j) =
+            make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      if (c == 0 && t == 0) p.partial_lse[state] = lse;
+    }
   }
 }
 
@@ -410,8 +435,12 @@ __global__ void __launch_bounds__(Layout::kThreads, 1)
 
 namespace detail {
 
-void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
-  if (params.rows == 0) return;
+void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t stream) {
+  if (requested.rows == 0) return;
+  // Whole 64-key stages per split, none empty (fewer splits than asked for
+  // when they do not divide; the partial buffers hold num_splits).
+  SparseMlaParams params = requested;
+  params.num_splits = sparse_mla_prefill_splits(requested.num_splits, requested.top_k);
   static const bool configured = [] {
     for (auto kernel :
          {sparse_mla_prefill_kernel<false, false>, sparse_mla_prefill_kernel<true, false>,
@@ -426,7 +455,8 @@ void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t strea
     const char* value = std::getenv("MEGACTX_SPARSE_MLA_SKIP_UNIT_RESCALE");
     return !(value != nullptr && value[0] == '0');
   }();
-  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads));
+  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
+                  static_cast<unsigned>(params.num_splits));
   const bool tiered = params.pool_slots != INT64_MAX;
   auto kernel =
       tiered
@@ -435,6 +465,7 @@ void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t strea
                   : sparse_mla_prefill_kernel<false, false>);
   launch_kernel(kernel, grid, Layout::kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+  if (params.num_splits > 1) launch_sparse_mla_merge(params, stream);
 }
 
 }  // namespace detail
