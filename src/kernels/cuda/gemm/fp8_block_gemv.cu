@@ -40,23 +40,15 @@ __device__ void unpack16(uint4 packed, float scale, float out[16]) {
       out[4 * i + j] = e4m3_to_float((words[i] >> (8 * j)) & 0xffu) * scale;
 }
 
-// kUnroll weight loads of a lane in flight before their products: one 16-byte
-// load per lane at a time left the GEMV at ~40% of the read bandwidth
-// (a warp's 512 bytes in flight per step are too few to cover the latency).
-template <int kRows, int kUnroll>
-__global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
+// Walks column col's weight row as lane `lane` reads it: 16-byte loads at
+// k = 16 lane, + 512, ..., kUnroll of them issued back to back before any is
+// used, and consume(packed, k, its block scale) for each in k order.
+template <int kUnroll, typename Consume>
+__device__ __forceinline__ void for_each_weight_load(const Fp8BlockGemm& g, int64_t col, int lane,
+                                                     Consume&& consume) {
   const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
   const uint8_t* w_row = g.w + col * g.in;                                       // [in]
   const float* w_scales = g.scale + fp8_scale_row(col, g.scale_split) * groups;  // [groups]
-  const auto* x = static_cast<const uint8_t*>(g.x);  // [kRows, x_stride]
-  float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
   for (int64_t k0 = static_cast<int64_t>(lane) * kBytesPerLane; k0 < g.in;
        k0 += kUnroll * kWarpStep) {
     uint4 packed[kUnroll];
@@ -69,18 +61,38 @@ __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kWarpStep;
       if (k >= g.in) break;
-      float w[16];
-      unpack16(packed[u], w_scales[k / kBlockScale], w);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float xv[16];
-        unpack16(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k),
-                 g.x_scale[r * groups + k / kBlockScale], xv);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) acc[r] += xv[j] * w[j];
-      }
+      consume(packed[u], k, w_scales[k / kBlockScale]);
     }
   }
+}
+
+// kUnroll weight loads of a lane in flight before their products: one 16-byte
+// load per lane at a time left the GEMV at ~40% of the read bandwidth
+// (a warp's 512 bytes in flight per step are too few to cover the latency).
+template <int kRows, int kUnroll>
+__global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
+  const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
+  const auto* x = static_cast<const uint8_t*>(g.x);  // [kRows, x_stride]
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for_each_weight_load<kUnroll>(g, col, lane, [&](uint4 packed, int64_t k, float scale) {
+    float w[16];
+    unpack16(packed, scale, w);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float xv[16];
+      unpack16(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k),
+               g.x_scale[r * groups + k / kBlockScale], xv);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[r] += xv[j] * w[j];
+    }
+  });
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     for (int offset = 16; offset > 0; offset /= 2)
@@ -133,38 +145,22 @@ __global__ void __launch_bounds__(kRowWarps * 32) fp8_block_gemv_row_kernel(Fp8B
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (col >= g.out) return;  // the whole warp
-  const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
-  const uint8_t* w_row = g.w + col * g.in;                                       // [in]
-  const float* w_scales = g.scale + fp8_scale_row(col, g.scale_split) * groups;  // [groups]
   const float2* x2 = reinterpret_cast<const float2*>(xs);
   float acc = 0.0f;
-  for (int64_t k0 = static_cast<int64_t>(lane) * kBytesPerLane; k0 < g.in;
-       k0 += kUnroll * kWarpStep) {
-    uint4 packed[kUnroll];
+  for_each_weight_load<kUnroll>(g, col, lane, [&](uint4 packed, int64_t k, float scale) {
+    const float2* xk = x2 + (k / kWarpStep) * (kWarpStep / 2) + lane;  // pair p at + 32 p
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * kWarpStep;
-      packed[u] = k < g.in ? *reinterpret_cast<const uint4*>(w_row + k) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 4; ++i) {
+      float w[4];
+      e4m3x4_to_float(words[i], w);
+      const float2 a = xk[32 * (2 * i)], b = xk[32 * (2 * i + 1)];
+      acc += a.x * (w[0] * scale);
+      acc += a.y * (w[1] * scale);
+      acc += b.x * (w[2] * scale);
+      acc += b.y * (w[3] * scale);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * kWarpStep;
-      if (k >= g.in) break;
-      const float scale = w_scales[k / kBlockScale];
-      const float2* xk = x2 + (k / kWarpStep) * (kWarpStep / 2) + lane;  // pair p at + 32 p
-      const uint32_t words[4] = {packed[u].x, packed[u].y, packed[u].z, packed[u].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float w[4];
-        e4m3x4_to_float(words[i], w);
-        const float2 a = xk[32 * (2 * i)], b = xk[32 * (2 * i + 1)];
-        acc += a.x * (w[0] * scale);
-        acc += a.y * (w[1] * scale);
-        acc += b.x * (w[2] * scale);
-        acc += b.y * (w[3] * scale);
-      }
-    }
-  }
+  });
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   if (lane != 0) return;
   if (g.y_type == ActType::F32) {
