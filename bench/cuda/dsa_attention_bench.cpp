@@ -422,6 +422,65 @@ int main(int argc, char** argv) {
               byte_floor, flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
         }
 
+      // ---- 2b. The wgmma kernel's split count at decode row counts ---------------------
+      // sparse_mla_attention takes the split count the general kernel's rule gives
+      // (sparse_mla_default_splits); the wgmma kernel splits in whole 64-key stages, and
+      // a split also loads its 72 KB of queries: this sweep is what a rule of its own
+      // would be fitted to.
+      std::printf(
+          "\n## Sparse MLA decode on the wgmma kernel: us per layer by split count (top-k %d, "
+          "64 heads, %d layers rotated; * = the count the policy asks for)\n\n",
+          kTopK, kLayers);
+      const std::vector<int> sweep = {1, 2, 4, 8, 16, 32};
+      std::printf("| batch x tokens |");
+      for (int splits : sweep) std::printf(" %d |", splits);
+      std::printf("\n|---|");
+      for (size_t i = 0; i < sweep.size(); ++i) std::printf("---|");
+      std::printf("\n");
+      struct SweepShape {
+        int batch, tokens;
+      };
+      for (SweepShape shape :
+           {SweepShape{4, 1}, SweepShape{8, 1}, SweepShape{16, 1}, SweepShape{16, 2},
+            SweepShape{32, 4}, SweepShape{64, 1}, SweepShape{64, 2}}) {
+        const int rows = shape.batch * shape.tokens;
+        fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 700 + rows, stream);
+        const int asked = sparse_mla_default_splits(rows, kHeads, kTopK, props.multiProcessorCount);
+        std::printf("| %dx%d |", shape.batch, shape.tokens);
+        for (int splits : sweep) {
+          if (rows * splits > 4 * Stack::kMaxRows) {  // the partial buffers hold 512 at 64 heads
+            std::printf(" - |");
+            continue;
+          }
+          auto params_for = [&](int layer) {
+            SparseMlaParams p;
+            p.q = s.q[layer];
+            p.slots = s.slots;
+            p.kv_pool = s.latent[layer];
+            p.out = s.out[layer];
+            p.lse = s.lse[layer];
+            p.partial_out = s.partial_out;
+            p.partial_lse = s.partial_lse;
+            p.rows = rows;
+            p.heads = kHeads;
+            p.top_k = kTopK;
+            p.num_splits = splits;
+            p.softmax_scale = 1.f / std::sqrt(256.f);
+            return p;
+          };
+          const double ms = graph_median_ms(
+                                stream,
+                                [&] {
+                                  for (int l = 0; l < kLayers; ++l)
+                                    detail::launch_sparse_mla_prefill(params_for(l), stream);
+                                },
+                                reps) /
+                            kLayers;
+          std::printf(" %.1f%s |", ms * 1e3, splits == asked ? "*" : "");
+        }
+        std::printf("\n");
+      }
+
       // ---- 3. Decode step, attention side: IndexShare vs indexer on every layer ----------
       std::printf(
           "\n## Decode step, attention side (batch 1, 1 token, 78 layers; projections "
