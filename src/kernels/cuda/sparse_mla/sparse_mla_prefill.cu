@@ -86,7 +86,7 @@ constexpr int kEmptyBarrier = 6;  // + ring: all threads
 
 // The slots [begin, end) of this CTA's split (blockIdx.z of num_splits):
 // whole 64-key stages, ceil(stages / num_splits) each (the host launches no
-// split without a slot: effective_prefill_splits).
+// split without a slot: sparse_mla_prefill_splits).
 struct SplitRange {
   int begin, end, stages;
 };
