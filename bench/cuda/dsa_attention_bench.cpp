@@ -256,6 +256,25 @@ TopkParams topk_params(const Stack& s, int rows, int64_t context) {
   return p;
 }
 
+// Sparse MLA over layer `layer`'s queries, pool and outputs of the stack, on
+// its slots (filled by the caller), with `splits` splits into its partial buffers.
+SparseMlaParams mla_params(const Stack& s, int layer, int rows, int heads, int splits) {
+  SparseMlaParams p;
+  p.q = s.q[layer];
+  p.slots = s.slots;
+  p.kv_pool = s.latent[layer];
+  p.out = s.out[layer];
+  p.lse = s.lse[layer];
+  p.partial_out = s.partial_out;
+  p.partial_lse = s.partial_lse;
+  p.rows = rows;
+  p.heads = heads;
+  p.top_k = kTopK;
+  p.num_splits = splits;
+  p.softmax_scale = 1.f / std::sqrt(256.f);
+  return p;
+}
+
 void print_rule() {
   std::printf("\n");
 }
@@ -386,20 +405,8 @@ int main(int argc, char** argv) {
                                                                       props.multiProcessorCount),
                                             (2 * Stack::kMaxRows) / rows);
           auto params_for = [&](int layer) {
-            SparseMlaParams p;
-            p.q = s.q[layer];
-            p.slots = s.slots;
-            p.kv_pool = s.latent[layer];
-            p.out = s.out[layer];
-            p.lse = s.lse[layer];
-            p.partial_out = s.partial_out;
-            p.partial_lse = s.partial_lse;
-            p.rows = rows;
-            p.heads = shape.heads;
-            p.top_k = kTopK;
-            p.num_splits = splits;
+            SparseMlaParams p = mla_params(s, layer, rows, shape.heads, splits);
             p.cluster_merge = cluster;
-            p.softmax_scale = 1.f / std::sqrt(256.f);
             return p;
           };
           const double ms = graph_median_ms(
@@ -452,22 +459,7 @@ int main(int argc, char** argv) {
             std::printf(" - |");
             continue;
           }
-          auto params_for = [&](int layer) {
-            SparseMlaParams p;
-            p.q = s.q[layer];
-            p.slots = s.slots;
-            p.kv_pool = s.latent[layer];
-            p.out = s.out[layer];
-            p.lse = s.lse[layer];
-            p.partial_out = s.partial_out;
-            p.partial_lse = s.partial_lse;
-            p.rows = rows;
-            p.heads = kHeads;
-            p.top_k = kTopK;
-            p.num_splits = splits;
-            p.softmax_scale = 1.f / std::sqrt(256.f);
-            return p;
-          };
+          auto params_for = [&](int layer) { return mla_params(s, layer, rows, kHeads, splits); };
           const double ms = graph_median_ms(
                                 stream,
                                 [&] {

@@ -35,6 +35,7 @@
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "model/cuda/cuda_model.h"
@@ -198,6 +199,95 @@ TEST(CudaFp8Gemm, ActivationQuantisationIsBitExact) {
     EXPECT_EQ(scale_mismatches, 0) << c.rows << "x" << c.in << ": " << scale_mismatches << " of "
                                    << s.size() << " group scales differ";
   }
+}
+
+// The norms' e4m3 copy (Fp8Copy) is what quantize_e4m3_groups writes from
+// their float32 output, in both scale layouts, bit for bit: rmsnorm with a
+// row stride, add_rmsnorm, a width off 128 and the widest row held in registers.
+TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
+  for (const bool add : {false, true})
+    for (const int64_t n : {int64_t{160}, int64_t{2048}, int64_t{6144}, cuda::kFp8CopyMaxWidth})
+      for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{70}}) {
+        const int64_t stride = add ? n : n + 8, groups = (n + 127) / 128;
+        std::vector<float> x = normal_values(static_cast<size_t>(rows * stride), 21, 2.0f);
+        for (int64_t k = 0; k < std::min<int64_t>(n, 128); ++k) x[k] = 0.0f;  // a zero group
+        const std::vector<float> branch = normal_values(static_cast<size_t>(rows * n), 22, 1.0f);
+        const std::vector<float> weight = normal_values(static_cast<size_t>(n), 23, 1.0f);
+        DeviceArray<float> dx(x), db(branch), dw(weight), dy(static_cast<size_t>(rows * stride));
+        DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n)),
+            want_q(static_cast<size_t>(rows * n));
+        DeviceArray<float> scales(static_cast<size_t>(2 * rows * groups));
+        DeviceArray<float> want_rows(static_cast<size_t>(rows * groups));
+        DeviceArray<float> want_groups(static_cast<size_t>(rows * groups));
+        cuda::Fp8Copy copy{dq.data, scales.data, scales.data + rows * groups};
+        if (add) {
+          cuda::add_rmsnorm(dx.data, db.data, rows, n, dw.data, 1e-6f, dy.data, nullptr, nullptr,
+                            copy);
+        } else {
+          cuda::rmsnorm(dx.data, rows, n, stride, dw.data, 1e-6f, dy.data, stride, nullptr, nullptr,
+                        copy);
+        }
+        cuda::quantize_e4m3_groups(dy.data, rows, n, stride, want_q.data, want_rows.data, nullptr);
+        cuda::quantize_e4m3_groups(dy.data, rows, n, stride, want_q.data, want_groups.data, nullptr,
+                                   /*scales_by_group=*/true);
+        const std::string where = std::string(add ? "add_rmsnorm " : "rmsnorm ") +
+                                  std::to_string(rows) + "x" + std::to_string(n);
+        EXPECT_EQ(dq.host(static_cast<size_t>(rows * n)),
+                  want_q.host(static_cast<size_t>(rows * n)))
+            << where;
+        const std::vector<float> got = scales.host(static_cast<size_t>(2 * rows * groups));
+        EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + rows * groups),
+                  want_rows.host(static_cast<size_t>(rows * groups)))
+            << where << ": scales by row";
+        EXPECT_EQ(std::vector<float>(got.begin() + rows * groups, got.end()),
+                  want_groups.host(static_cast<size_t>(rows * groups)))
+            << where << ": scales by group";
+      }
+}
+
+// An fp8 linear of an input with a shared e4m3 copy (Blas::share_fp8_input)
+// gives the bits it gives when it quantises the input itself: the GEMV, the
+// few-row kernel, cuBLASLt (all rows) and a block of the rows.
+TEST(CudaFp8Gemm, SharedFp8CopiesGiveTheSameBits) {
+  cudaStream_t stream = nullptr;
+  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
+  const int64_t in = 2048, out = 2048 + 576, groups = in / 128;
+  const Fp8Weight weight(out, in, 2048, 51);
+  DeviceArray<uint8_t> dw(weight.bytes);
+  DeviceArray<float> dscale(weight.scales);
+  cuda::DeviceMatrix w;
+  w.data = dw.data;
+  w.scale = dscale.data;
+  w.scale_split = 2048;
+  for (const int64_t rows : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{64}, int64_t{80}}) {
+    const std::vector<float> x = normal_values(static_cast<size_t>(rows * in), 52, 1.0f);
+    DeviceArray<float> dx(x), plain(static_cast<size_t>(rows * out)),
+        shared(static_cast<size_t>(rows * out)), block(static_cast<size_t>(rows * out));
+    DeviceArray<uint8_t> q(static_cast<size_t>(rows * in));
+    DeviceArray<float> by_row(static_cast<size_t>(rows * groups)),
+        by_group(static_cast<size_t>(rows * groups));
+    cuda::quantize_e4m3_groups(dx.data, rows, in, in, q.data, by_row.data, stream);
+    cuda::quantize_e4m3_groups(dx.data, rows, in, in, q.data, by_group.data, stream, true);
+    cuda::Blas blas(stream);
+    blas.linear(dx.data, rows, in, in, w, out, plain.data, out);
+    blas.share_fp8_input(dx.data, rows, in, in, q.data, by_row.data, by_group.data);
+    blas.linear(dx.data, rows, in, in, w, out, shared.data, out);
+    // The last rows alone (a block of the shared rows: the row-layout scales).
+    const int64_t first = rows / 2;
+    blas.linear(dx.data + first * in, rows - first, in, in, w, out, block.data, out);
+    blas.unshare_input(dx.data);
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> want = plain.host(static_cast<size_t>(rows * out));
+    EXPECT_EQ(shared.host(static_cast<size_t>(rows * out)), want) << rows << " rows";
+    // The block against the plain linear of the same rows.
+    DeviceArray<float> block_plain(static_cast<size_t>((rows - first) * out));
+    blas.linear(dx.data + first * in, rows - first, in, in, w, out, block_plain.data, out);
+    MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> got_block = block.host(static_cast<size_t>((rows - first) * out));
+    EXPECT_EQ(got_block, block_plain.host(static_cast<size_t>((rows - first) * out)))
+        << rows << " rows, block from row " << first;
+  }
+  MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {

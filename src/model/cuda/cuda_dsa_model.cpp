@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
@@ -316,6 +317,27 @@ bool CudaDsaModel::reads_f32_norm(const DeviceLayer& w, bool attention) const {
   return w.is_moe || !bf16(w.dense.gate_up);
 }
 
+bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {
+  if (attention) return w.qkv_a ? w.qkv_a.fp8() : (w.q_a ? w.q_a.fp8() : w.q_b.fp8());
+  return !w.is_moe && w.dense.gate_up.fp8();
+}
+
+Fp8Copy CudaDsaModel::h_fp8_copy(int64_t n, bool fp8_readers) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_FP8_NORM_COPY");
+    return value != nullptr && value[0] == '1';
+  }();
+  const int64_t hidden = config_.hidden_size;
+  if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || hidden > kFp8CopyMaxWidth) return {};
+  const int64_t groups = (hidden + 127) / 128;
+  Fp8Copy copy;
+  copy.q = scratch_.h_fp8.get<uint8_t>(n * hidden);
+  float* scales = scratch_.h_fp8_scales.get<float>(2 * n * groups);
+  copy.scale_rows = scales;
+  copy.scale_groups = scales + n * groups;
+  return copy;
+}
+
 void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,
                                  PagedKvCache& cache, float* x, bool input_normed,
                                  const float* next_norm) {
@@ -330,16 +352,24 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   // previous layer's last norm is this one's input norm: its choice is
   // this layer's attention's: reads_f32_norm).
   const bool attention_f32 = reads_f32_norm(w, /*attention=*/true);
+  // The e4m3 copy of h for fp8 linears: written by this norm, or by the
+  // previous layer's fused one (input_normed), which decides by this layer's weights too.
+  const Fp8Copy attention_fp8 = h_fp8_copy(n, reads_fp8_norm(w, /*attention=*/true));
   if (!input_normed)
     rmsnorm(x, n, hidden, hidden, w.input_norm, eps, attention_f32 ? h : nullptr, hidden, stream_,
-            h_bf16);
+            h_bf16, attention_fp8);
   blas_->share_input(h, n, hidden, hidden, h_bf16, attention_f32);
+  blas_->share_fp8_input(h, n, hidden, hidden, attention_fp8.q, attention_fp8.scale_rows,
+                         attention_fp8.scale_groups);
   attention(w, layer, h, step, cache, branch);
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's heads' share of o_proj
   timer_.mark("norms + residual", stream_);
   const bool mlp_f32 = reads_f32_norm(w, /*attention=*/false);
-  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, stream_, h_bf16);
+  const Fp8Copy mlp_fp8 = h_fp8_copy(n, reads_fp8_norm(w, /*attention=*/false));
+  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, stream_, h_bf16,
+              mlp_fp8);
   blas_->share_input(h, n, hidden, hidden, h_bf16, mlp_f32);
+  blas_->share_fp8_input(h, n, hidden, hidden, mlp_fp8.q, mlp_fp8.scale_rows, mlp_fp8.scale_groups);
   // The feed-forward in blocks of row_block(n) rows, as attention's core: its
   // activations are [block, ...] whatever n is.
   const int64_t block = row_block(n);
@@ -361,8 +391,10 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
     // The next layer's input norm, read by its attention.
-    const bool next_f32 = reads_f32_norm(weights_->layers[layer + 1], /*attention=*/true);
-    add_rmsnorm(x, branch, n, hidden, next_norm, eps, next_f32 ? h : nullptr, stream_, h_bf16);
+    const DeviceLayer& next = weights_->layers[layer + 1];
+    const bool next_f32 = reads_f32_norm(next, /*attention=*/true);
+    add_rmsnorm(x, branch, n, hidden, next_norm, eps, next_f32 ? h : nullptr, stream_, h_bf16,
+                h_fp8_copy(n, reads_fp8_norm(next, /*attention=*/true)));
   } else {
     add_into(x, branch, n * hidden, stream_);
     blas_->unshare_input(h);

@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/kv_copy/stage_offload.h"
@@ -137,6 +138,8 @@ class CudaDsaModel final : public LanguageModel {
     // bf16 copies of GEMM inputs, written with them (gemm_input_copy): the
     // normed hidden rows h, q_resid and the MLPs' activations.
     DeviceBuffer h_bf16, q_resid_bf16, act_bf16;
+    // The e4m3 copy of h and its group scales (h_fp8_copy), decode sizes only.
+    DeviceBuffer h_fp8, h_fp8_scales;
     DeviceBuffer q_resid, q, kv, q_latent, o_latent, o;
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
@@ -185,6 +188,15 @@ class CudaDsaModel final : public LanguageModel {
   // plain residual add.
   void decoder_layer(const DeviceLayer& w, int64_t layer, Step& step, PagedKvCache& cache, float* x,
                      bool input_normed = false, const float* next_norm = nullptr);
+  // The e4m3 copy of scratch h [n, hidden] that its norm writes for the fp8
+  // linears reading it (Fp8Copy, Blas::share_fp8_input), when `fp8_readers`
+  // and MEGACTX_CUDA_FP8_NORM_COPY=1 (not yet the default: written without a
+  // GPU run) and n <= kFp8NormCopyMaxRows (decode and MTP steps: the buffers
+  // stay small enough to leave out of the memory plan); else none.
+  static constexpr int64_t kFp8NormCopyMaxRows = 256;
+  Fp8Copy h_fp8_copy(int64_t n, bool fp8_readers);
+  // Whether layer w's attention (or its MLP) reads h through an fp8 linear.
+  static bool reads_fp8_norm(const DeviceLayer& w, bool attention);
   // The bf16 copy of a GEMM input that the kernel writing the input also
   // writes (Blas::share_input): `buffer` grown to `count` bf16 values when the
   // model's matrices are bf16, else null (no copy is made).

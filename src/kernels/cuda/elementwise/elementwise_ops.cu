@@ -2,6 +2,7 @@
 // block where a reduction is needed: they carry the exact-parity mode, the
 // bf16/fp8 fast path replaces the heavy ones.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 
@@ -40,13 +41,52 @@ __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int6
 // 2048-wide row, ncu). The sum runs in the same order either way (same bits).
 constexpr int kCachedPerThread = 32;
 
-template <bool kAdd>
+static_assert(kCachedPerThread * kThreads == kFp8CopyMaxWidth);
+
+// The e4m3 copy of a row held as kCachedPerThread values per thread (element
+// threadIdx.x + 256 k): the 128-group of element i is four warps' values at
+// one k, so each warp's amax goes through shared memory. The amax, scale and
+// codes are quantize_e4m3_groups' (the same IEEE division and rounding).
+__device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCachedPerThread], int64_t n,
+                                               const Fp8Copy& fp8,
+                                               float (&warp_max)[kCachedPerThread][kThreads / 32]) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int k = 0; k < kCachedPerThread; ++k) {
+    float m = fabsf(outs[k]);  // 0 past n, as the quantiser's padding
+    for (int offset = 16; offset > 0; offset /= 2)
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    if (lane == 0) warp_max[k][warp] = m;
+  }
+  __syncthreads();
+  const int64_t row = blockIdx.x, rows = gridDim.x, groups = (n + 127) / 128;
+  const int half = static_cast<int>(threadIdx.x) / 128;  // which group of the 256 at k
+#pragma unroll
+  for (int k = 0; k < kCachedPerThread; ++k) {
+    const int64_t group = 2 * int64_t{k} + half;
+    if (group >= groups) continue;
+    const float* m = warp_max[k] + 4 * half;
+    const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+    if (i < n) fp8.q[row * n + i] = __nv_fp8_e4m3(__fdiv_rn(outs[k], s)).__x;
+    if (threadIdx.x % 128 == 0) {
+      fp8.scale_rows[row * groups + group] = s;
+      fp8.scale_groups[group * rows + row] = s;
+    }
+  }
+}
+
+// kFp8: write fp8's copy too (a separate instantiation: the plain norm keeps
+// its registers).
+template <bool kAdd, bool kFp8>
 __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t x_stride,
                                const float* weight, float eps, float* y, int64_t y_stride,
-                               __nv_bfloat16* y_bf16) {
+                               __nv_bfloat16* y_bf16, Fp8Copy fp8) {
   grid_dependency_wait();
   grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
+  __shared__ float warp_max[kCachedPerThread][kThreads / 32];  // fp8 copies only
   float* xr = x + blockIdx.x * x_stride;
   float* yr = y != nullptr ? y + blockIdx.x * y_stride : nullptr;
   float sum = 0.0f;
@@ -73,15 +113,18 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
       }
     }
     const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(n) + eps);
+    float outs[kCachedPerThread];
 #pragma unroll
     for (int k = 0; k < kCachedPerThread; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+      outs[k] = 0.0f;
       if (i < n) {
-        const float out = weights[k] * (values[k] * inv);
-        if (y != nullptr) yr[i] = out;
-        if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(out);
+        outs[k] = weights[k] * (values[k] * inv);
+        if (y != nullptr) yr[i] = outs[k];
+        if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(outs[k]);
       }
     }
+    if constexpr (kFp8) write_fp8_copy(outs, n, fp8, warp_max);
     return;
   }
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
@@ -334,20 +377,22 @@ void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hid
 }
 
 void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
-             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16) {
+             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16,
+             Fp8Copy fp8) {
   if (rows == 0) return;
   // kAdd false: x is only read.
-  launch_kernel(rmsnorm_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, stream,
-                const_cast<float*>(x), nullptr, n, x_stride, weight, eps, y, y_stride,
-                static_cast<__nv_bfloat16*>(y_bf16));
+  launch_kernel(fp8.q != nullptr ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>,
+                static_cast<unsigned>(rows), kThreads, 0, stream, const_cast<float*>(x), nullptr, n,
+                x_stride, weight, eps, y, y_stride, static_cast<__nv_bfloat16*>(y_bf16), fp8);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
-                 float eps, float* y, cudaStream_t stream, void* y_bf16) {
+                 float eps, float* y, cudaStream_t stream, void* y_bf16, Fp8Copy fp8) {
   if (rows == 0) return;
-  launch_kernel(rmsnorm_kernel<true>, static_cast<unsigned>(rows), kThreads, 0, stream, x, branch,
-                n, n, weight, eps, y, n, static_cast<__nv_bfloat16*>(y_bf16));
+  launch_kernel(fp8.q != nullptr ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>,
+                static_cast<unsigned>(rows), kThreads, 0, stream, x, branch, n, n, weight, eps, y,
+                n, static_cast<__nv_bfloat16*>(y_bf16), fp8);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,19 +14,35 @@ namespace megactx::cuda {
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
                   cudaStream_t stream);
 
+// An e4m3 copy of a norm's output for the fp8 linears that read it
+// (Blas::share_fp8_input), exactly as quantize_e4m3_groups (gemm.h) would
+// write it from the float32 output: q [rows, n] (dense) and every 1x128
+// group's scale in both of its layouts, scale_rows [rows, groups] (the
+// hand-written kernels) and scale_groups [groups, rows] (cuBLASLt). A null q:
+// no copy. Only rows up to kFp8CopyMaxWidth wide get one (the norm holds them
+// in registers): the caller checks the width.
+struct Fp8Copy {
+  uint8_t* q = nullptr;
+  float* scale_rows = nullptr;
+  float* scale_groups = nullptr;
+};
+inline constexpr int64_t kFp8CopyMaxWidth = 8192;
+
 // y[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps); x and y may alias. With
 // y_bf16, also y rounded to bf16 there ([rows, n], dense): the copy the bf16
 // linears that read y take instead of converting it themselves
-// (Blas::share_input).
+// (Blas::share_input); with fp8.q, the e4m3 copy above.
 void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const float* weight,
-             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16 = nullptr);
+             float eps, float* y, int64_t y_stride, cudaStream_t stream, void* y_bf16 = nullptr,
+             Fp8Copy fp8 = {});
 
 // x[r] += branch[r], then rmsnorm(x[r]) -> y[r] (and y_bf16) in one launch: a
 // decoder layer's residual add and the norm after it. The same operations as
 // add_into + rmsnorm, so the same bits. x, branch, y [rows, n], dense. A null
 // y writes only y_bf16 (every reader of the norm is a bf16 linear).
 void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
-                 float eps, float* y, cudaStream_t stream, void* y_bf16 = nullptr);
+                 float eps, float* y, cudaStream_t stream, void* y_bf16 = nullptr,
+                 Fp8Copy fp8 = {});
 
 // torch.nn.LayerNorm (biased variance); x, y [rows, n].
 void layernorm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,

@@ -70,9 +70,7 @@ Blas::~Blas() {
   if (x_scale_ != nullptr) cudaFree(x_scale_);
 }
 
-void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride,
-                       const void* x_bf16, bool f32_written) {
-  if (x_bf16 == nullptr) return;
+Blas::SharedInput* Blas::slot_for(const float* x, const char* caller) {
   SharedInput* slot = nullptr;  // x's slot, else the first free one
   for (SharedInput& shared : shared_) {
     if (shared.x == x) {
@@ -81,8 +79,18 @@ void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_strid
     }
     if (shared.x == nullptr && slot == nullptr) slot = &shared;
   }
-  MEGACTX_CHECK(slot != nullptr, "Blas::share_input: more than {} shared inputs at once",
+  MEGACTX_CHECK(slot != nullptr, "Blas::{}: more than {} shared inputs at once", caller,
                 kSharedInputs);
+  return slot;
+}
+
+void Blas::share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                       const void* x_bf16, bool f32_written) {
+  if (x_bf16 == nullptr) {
+    unshare_input(x);  // x is being rewritten: no copy of its old values may stay
+    return;
+  }
+  SharedInput* slot = slot_for(x, "share_input");
   *slot = SharedInput{x, rows, in, x_stride, x_bf16, f32_written};
 }
 
@@ -95,6 +103,39 @@ void Blas::check_f32_written(const float* x) const {
                   "Blas: a linear reads float32 values of a shared input that only has its bf16 "
                   "copy written");
   }
+}
+
+void Blas::share_fp8_input(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                           const uint8_t* q, const float* scale_rows, const float* scale_groups) {
+  if (q == nullptr) {  // x rewritten without an e4m3 copy: drop an old one
+    for (SharedInput& shared : shared_)
+      if (shared.x == x) shared.fp8 = nullptr;
+    return;
+  }
+  SharedInput* slot = slot_for(x, "share_fp8_input");  // share_input's, if it ran
+  MEGACTX_CHECK(slot->x == nullptr || (slot->rows == rows && slot->in == in &&
+                                       slot->stride == x_stride && slot->f32_written),
+                "Blas::share_fp8_input: x is shared with another shape or without its float32 "
+                "values");
+  if (slot->x == nullptr) *slot = SharedInput{x, rows, in, x_stride, nullptr, true};
+  slot->fp8 = q;
+  slot->fp8_scale_rows = scale_rows;
+  slot->fp8_scale_groups = scale_groups;
+}
+
+const Blas::SharedInput* Blas::shared_fp8(const float* x, int64_t rows, int64_t in,
+                                          int64_t x_stride, int64_t& row) const {
+  for (const SharedInput& shared : shared_) {
+    if (shared.x == nullptr || shared.fp8 == nullptr || shared.in != in ||
+        shared.stride != x_stride)
+      continue;
+    const auto at = reinterpret_cast<uintptr_t>(x), base = reinterpret_cast<uintptr_t>(shared.x);
+    const auto row_bytes = static_cast<uintptr_t>(x_stride) * sizeof(float);
+    if (at < base || (at - base) % row_bytes != 0) continue;
+    row = static_cast<int64_t>((at - base) / row_bytes);
+    if (row + rows <= shared.rows) return &shared;
+  }
+  return nullptr;
 }
 
 void Blas::unshare_input(const float* x) {
@@ -227,9 +268,18 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   // first out & ~127 outputs there and the last few to the hand-written
   // kernels (whose 64-row kernel took 38 us for that weight at 64 rows).
   g.out = out & ~int64_t{127};
+  // An e4m3 copy the producer of x wrote (share_fp8_input): the same codes
+  // and scales the quantisation below would write, so it is skipped.
+  int64_t copy_row = 0;
+  const SharedInput* copy = shared_fp8(x, rows, in, x_stride, copy_row);
   if (!batch_invariant_ && fp8_cublaslt_ && g.out > 0 && fp8_lt_rows(g.rows, in, out) &&
       fp8_lt_->supports(g)) {
-    quantize_e4m3_groups(x, g.rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
+    if (copy != nullptr && copy_row == 0 && g.rows == copy->rows) {
+      g.x = copy->fp8;
+      g.x_scale = copy->fp8_scale_groups;
+    } else {
+      quantize_e4m3_groups(x, g.rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
+    }
     fp8_lt_->run(g);
     if (g.out < out) {
       // Weight rows g.out.. : g.out is a multiple of 128 (and so is any
@@ -247,7 +297,12 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   }
   g.out = out;
   g.rows = rows;
-  quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
+  if (copy != nullptr) {
+    g.x = copy->fp8 + copy_row * in;
+    g.x_scale = copy->fp8_scale_rows + copy_row * groups;
+  } else {
+    quantize_e4m3_groups(x, rows, in, x_stride, q, scale, stream_);
+  }
   // One row streams the weights once per warp on CUDA cores; up to 64 rows
   // (decode batches, MTP verifications) stream them once per 32 rows on
   // tensor cores (fp8_linear_bench: from 4 rows on, 1.3-4x faster than the

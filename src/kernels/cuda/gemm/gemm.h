@@ -112,6 +112,14 @@ class Blas {
   static constexpr int kSharedInputs = 2;
   void share_input(const float* x, int64_t rows, int64_t in, int64_t x_stride, const void* x_bf16,
                    bool f32_written = true);
+  // The same for an e4m3 copy (rmsnorm's Fp8Copy: q [rows, in] dense, the
+  // group scales [rows, groups] and [groups, rows]): an fp8 linear of x, or
+  // of a block of its rows, reads it instead of quantising x (cuBLASLt only
+  // for all of x's rows: its scale layout has the row count as its stride).
+  // Call after share_input of the same x (which replaces the slot); the
+  // float32 values stay written (a linear outside the copy reads them).
+  void share_fp8_input(const float* x, int64_t rows, int64_t in, int64_t x_stride, const uint8_t* q,
+                       const float* scale_rows, const float* scale_groups);
   void unshare_input(const float* x);
   void clear_shared_inputs();
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
@@ -172,9 +180,18 @@ class Blas {
   struct SharedInput {
     const float* x = nullptr;  // null: the slot is free
     int64_t rows = 0, in = 0, stride = 0;
-    const void* bf16 = nullptr;  // [rows, in] bf16, written beside x
-    bool f32_written = true;     // false: only the copy holds the values
+    const void* bf16 = nullptr;               // [rows, in] bf16, written beside x
+    bool f32_written = true;                  // false: only the copy holds the values
+    const uint8_t* fp8 = nullptr;             // [rows, in] e4m3 (share_fp8_input)
+    const float* fp8_scale_rows = nullptr;    // [rows, groups]
+    const float* fp8_scale_groups = nullptr;  // [groups, rows]
   };
+  // x's slot, else a free one (megactx::Error naming `caller` when none is).
+  SharedInput* slot_for(const float* x, const char* caller);
+  // The shared input whose rows hold x [rows, in] (row stride x_stride) with
+  // an e4m3 copy, and x's first row in it; null when none.
+  const SharedInput* shared_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                                int64_t& row) const;
   // Throws when x points into a shared input whose float32 values were not
   // written (share_input's f32_written = false).
   void check_f32_written(const float* x) const;
