@@ -322,20 +322,24 @@ bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {
   return !w.is_moe && w.dense.gate_up.fp8();
 }
 
-Fp8Copy CudaDsaModel::h_fp8_copy(int64_t n, bool fp8_readers) {
+Fp8Copy CudaDsaModel::fp8_copy(DeviceBuffer& codes, DeviceBuffer& scales, int64_t n, int64_t width,
+                               bool fp8_readers) {
   static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_CUDA_FP8_NORM_COPY");
     return value != nullptr && value[0] == '1';
   }();
-  const int64_t hidden = config_.hidden_size;
-  if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || hidden > kFp8CopyMaxWidth) return {};
-  const int64_t groups = (hidden + 127) / 128;
+  if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || width > kFp8CopyMaxWidth) return {};
+  const int64_t groups = (width + 127) / 128;
   Fp8Copy copy;
-  copy.q = scratch_.h_fp8.get<uint8_t>(n * hidden);
-  float* scales = scratch_.h_fp8_scales.get<float>(2 * n * groups);
-  copy.scale_rows = scales;
-  copy.scale_groups = scales + n * groups;
+  copy.q = codes.get<uint8_t>(n * width);
+  float* both = scales.get<float>(2 * n * groups);
+  copy.scale_rows = both;
+  copy.scale_groups = both + n * groups;
   return copy;
+}
+
+Fp8Copy CudaDsaModel::h_fp8_copy(int64_t n, bool fp8_readers) {
+  return fp8_copy(scratch_.h_fp8, scratch_.h_fp8_scales, n, config_.hidden_size, fp8_readers);
 }
 
 void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step,

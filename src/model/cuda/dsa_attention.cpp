@@ -55,9 +55,14 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   }
   if (q_lora > 0) {
     void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
+    // q_b's (and the indexer's wq_b's) e4m3 input, when they are fp8 (fp8_copy).
+    const Fp8Copy q_resid_fp8 =
+        fp8_copy(sc.q_resid_fp8, sc.q_resid_fp8_scales, n, q_lora, w.q_b.fp8());
     rmsnorm(q_resid, n, q_lora, q_stride, w.q_a_norm, kLatentNormEps, q_resid, q_stride, stream_,
-            q_resid_bf16);
+            q_resid_bf16, q_resid_fp8);
     blas_->share_input(q_resid, n, q_lora, q_stride, q_resid_bf16);
+    blas_->share_fp8_input(q_resid, n, q_lora, q_stride, q_resid_fp8.q, q_resid_fp8.scale_rows,
+                           q_resid_fp8.scale_groups);
   }
 
   // kv: [n, c_kv | k_rope] -> normed latent and rotated key, into the cache.
