@@ -123,12 +123,13 @@ void Blas::share_fp8_input(const float* x, int64_t rows, int64_t in, int64_t x_s
   slot->fp8_scale_groups = scale_groups;
 }
 
-const Blas::SharedInput* Blas::shared_fp8(const float* x, int64_t rows, int64_t in,
-                                          int64_t x_stride, int64_t& row) const {
+const Blas::SharedInput* Blas::shared_copy(const float* x, int64_t rows, int64_t in,
+                                           int64_t x_stride, bool fp8, int64_t& row) const {
   for (const SharedInput& shared : shared_) {
-    if (shared.x == nullptr || shared.fp8 == nullptr || shared.in != in ||
-        shared.stride != x_stride)
+    if (shared.x == nullptr || (fp8 ? shared.fp8 == nullptr : shared.bf16 == nullptr) ||
+        shared.in != in || shared.stride != x_stride)
       continue;
+    // x may start at a row of the shared input (a row block of it).
     const auto at = reinterpret_cast<uintptr_t>(x), base = reinterpret_cast<uintptr_t>(shared.x);
     const auto row_bytes = static_cast<uintptr_t>(x_stride) * sizeof(float);
     if (at < base || (at - base) % row_bytes != 0) continue;
@@ -221,16 +222,9 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
 }
 
 const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x_stride) {
-  for (const SharedInput& shared : shared_) {
-    if (shared.x == nullptr || shared.in != in || shared.stride != x_stride) continue;
-    // x may start at a row of the shared input (a row block of it).
-    const auto at = reinterpret_cast<uintptr_t>(x), base = reinterpret_cast<uintptr_t>(shared.x);
-    const auto row_bytes = static_cast<uintptr_t>(x_stride) * sizeof(float);
-    if (at < base || (at - base) % row_bytes != 0) continue;
-    const auto row = static_cast<int64_t>((at - base) / row_bytes);
-    if (row + rows > shared.rows) continue;
-    return static_cast<const uint16_t*>(shared.bf16) + row * in;
-  }
+  int64_t row = 0;
+  if (const SharedInput* shared = shared_copy(x, rows, in, x_stride, /*fp8=*/false, row))
+    return static_cast<const uint16_t*>(shared->bf16) + row * in;
   check_f32_written(x);
   void* x_bf16 = grow(x_bf16_, x_bf16_bytes_, static_cast<size_t>(rows * in) * 2);
   float_to_bf16_rows(x, rows, in, x_stride, x_bf16, stream_);
@@ -271,7 +265,7 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   // An e4m3 copy the producer of x wrote (share_fp8_input): the same codes
   // and scales the quantisation below would write, so it is skipped.
   int64_t copy_row = 0;
-  const SharedInput* copy = shared_fp8(x, rows, in, x_stride, copy_row);
+  const SharedInput* copy = shared_copy(x, rows, in, x_stride, /*fp8=*/true, copy_row);
   if (!batch_invariant_ && fp8_cublaslt_ && g.out > 0 && fp8_lt_rows(g.rows, in, out) &&
       fp8_lt_->supports(g)) {
     if (copy != nullptr && copy_row == 0 && g.rows == copy->rows) {

@@ -189,9 +189,9 @@ class Blas {
   // x's slot, else a free one (megactx::Error naming `caller` when none is).
   SharedInput* slot_for(const float* x, const char* caller);
   // The shared input whose rows hold x [rows, in] (row stride x_stride) with
-  // an e4m3 copy, and x's first row in it; null when none.
-  const SharedInput* shared_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride,
-                                int64_t& row) const;
+  // a bf16 copy (or, with fp8, an e4m3 one), and x's first row in it; null when none.
+  const SharedInput* shared_copy(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                                 bool fp8, int64_t& row) const;
   // Throws when x points into a shared input whose float32 values were not
   // written (share_input's f32_written = false).
   void check_f32_written(const float* x) const;
