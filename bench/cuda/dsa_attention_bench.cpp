@@ -399,11 +399,11 @@ int main(int argc, char** argv) {
           const int cluster_splits = sparse_mla_cluster_splits(rows, shape.heads, kTopK);
           if (cluster && cluster_splits == 0) continue;
           fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
-          const int splits = cluster
-                                 ? cluster_splits
-                                 : std::min(sparse_mla_default_splits(rows, shape.heads, kTopK,
-                                                                      props.multiProcessorCount),
-                                            (2 * Stack::kMaxRows) / rows);
+          const int splits =
+              cluster
+                  ? cluster_splits
+                  : std::min(sparse_mla_splits(rows, shape.heads, kTopK, props.multiProcessorCount),
+                             (2 * Stack::kMaxRows) / rows);
           auto params_for = [&](int layer) {
             SparseMlaParams p = mla_params(s, layer, rows, shape.heads, splits);
             p.cluster_merge = cluster;
@@ -430,10 +430,8 @@ int main(int argc, char** argv) {
         }
 
       // ---- 2b. The wgmma kernel's split count at decode row counts ---------------------
-      // sparse_mla_attention takes the split count the general kernel's rule gives
-      // (sparse_mla_default_splits); the wgmma kernel splits in whole 64-key stages, and
-      // a split also loads its 72 KB of queries: this sweep is what a rule of its own
-      // would be fitted to.
+      // The wgmma kernel splits in whole 64-key stages, and a split also loads its 72 KB
+      // of queries: sparse_mla_splits is fitted to this sweep.
       std::printf(
           "\n## Sparse MLA decode on the wgmma kernel: us per layer by split count (top-k %d, "
           "64 heads, %d layers rotated; * = the count the policy asks for)\n\n",
@@ -452,7 +450,7 @@ int main(int argc, char** argv) {
             SweepShape{32, 4}, SweepShape{64, 1}, SweepShape{64, 2}}) {
         const int rows = shape.batch * shape.tokens;
         fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 700 + rows, stream);
-        const int asked = sparse_mla_default_splits(rows, kHeads, kTopK, props.multiProcessorCount);
+        const int asked = sparse_mla_splits(rows, kHeads, kTopK, props.multiProcessorCount);
         std::printf("| %dx%d |", shape.batch, shape.tokens);
         for (int splits : sweep) {
           if (rows * splits > 4 * Stack::kMaxRows) {  // the partial buffers hold 512 at 64 heads
@@ -492,9 +490,9 @@ int main(int argc, char** argv) {
         // As the model plans a decode step: the cluster kernel where it applies.
         const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
         shape.cluster_merge = cluster_splits > 0;
-        shape.num_splits = shape.cluster_merge ? cluster_splits
-                                               : sparse_mla_default_splits(
-                                                     1, kHeads, kTopK, props.multiProcessorCount);
+        shape.num_splits = shape.cluster_merge
+                               ? cluster_splits
+                               : sparse_mla_splits(1, kHeads, kTopK, props.multiProcessorCount);
         shape.softmax_scale = 1.f / std::sqrt(256.f);
         shape.block_table = s.block_table;
         shape.block_table_stride = s.block_table_stride;

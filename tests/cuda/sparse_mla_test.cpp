@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "dsa_test_support.h"
@@ -159,6 +161,22 @@ TEST(SparseMla, DefaultSplitsFillTheGpu) {
   const int splits = cuda::sparse_mla_default_splits(3, 64, 2048, 132);
   EXPECT_GE(splits, 2);
   run_case({3, 64, 2048, splits, 4000, 4});
+}
+// The wgmma kernel's decode split counts (sparse_mla_splits' sweep on the
+// H200): the SMs filled once, at least 4 stages per split from 8 CTAs on.
+TEST(SparseMla, DecodeSplitsFollowTheWgmmaFit) {
+  if (!cuda::sparse_mla_prefill_enabled() || !cuda::sparse_mla_prefill_decode_enabled())
+    GTEST_SKIP() << "the wgmma decode path is switched off by the environment";
+  const std::vector<std::pair<int, int>> expected = {{1, 16}, {4, 16}, {8, 8},   {16, 8},
+                                                     {32, 4}, {64, 2}, {128, 1}, {512, 1}};
+  for (auto [rows, splits] : expected)
+    EXPECT_EQ(cuda::sparse_mla_splits(rows, 64, 2048, 132), splits) << rows << " rows";
+  EXPECT_EQ(cuda::sparse_mla_splits(2, 128, 2048, 132), 16);  // 4 CTAs
+  EXPECT_EQ(cuda::sparse_mla_splits(4, 128, 2048, 132), 8);   // 8 CTAs
+  EXPECT_EQ(cuda::sparse_mla_splits(64, 128, 2048, 132), 1);
+  // Never more splits than 64-key stages.
+  EXPECT_EQ(cuda::sparse_mla_splits(1, 64, 100, 132), 2);
+  run_case({4, 64, 2048, cuda::sparse_mla_splits(4, 64, 2048, 132), 4100, 4});
 }
 TEST(SparseMla, PrefillRowsWithTheirOwnSlotsAndOddK) {
   run_case({40, 64, 500, 1, 2000, 5});

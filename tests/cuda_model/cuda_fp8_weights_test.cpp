@@ -211,6 +211,11 @@ TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
         const int64_t stride = add ? n : n + 8, groups = (n + 127) / 128;
         std::vector<float> x = normal_values(static_cast<size_t>(rows * stride), 21, 2.0f);
         for (int64_t k = 0; k < std::min<int64_t>(n, 128); ++k) x[k] = 0.0f;  // a zero group
+        // Values whose quotient by their group's scale is subnormal (the
+        // norm's division without a division is exact only above 2^-126):
+        // e4m3 rounds them to a signed zero either way.
+        for (int64_t k = 130; k < std::min<int64_t>(n, 150); ++k)
+          x[k] = (k % 2 ? 1e-30f : -3e-39f) * static_cast<float>(k);
         const std::vector<float> branch = normal_values(static_cast<size_t>(rows * n), 22, 1.0f);
         const std::vector<float> weight = normal_values(static_cast<size_t>(n), 23, 1.0f);
         DeviceArray<float> dx(x), db(branch), dw(weight), dy(static_cast<size_t>(rows * stride));
@@ -243,6 +248,40 @@ TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
                   want_groups.host(static_cast<size_t>(rows * groups)))
             << where << ": scales by group";
       }
+}
+
+// silu_mul's e4m3 copy (a dense MLP's down input) is the quantiser's, at
+// widths past the norms' limit too, and its float32 output is unchanged.
+TEST(CudaFp8Gemm, SiluMulWritesTheQuantisersFp8Copy) {
+  for (const int64_t n : {int64_t{160}, int64_t{2048}, int64_t{12288}})
+    for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{70}}) {
+      const int64_t groups = (n + 127) / 128;
+      std::vector<float> gate_up = normal_values(static_cast<size_t>(rows * 2 * n), 31, 2.0f);
+      for (int64_t k = 0; k < std::min<int64_t>(n, 128); ++k) gate_up[k] = 0.0f;  // a zero group
+      DeviceArray<float> dgu(gate_up), plain(static_cast<size_t>(rows * n)),
+          with_copy(static_cast<size_t>(rows * n));
+      DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n)), want_q(static_cast<size_t>(rows * n));
+      DeviceArray<float> scales(static_cast<size_t>(2 * rows * groups));
+      DeviceArray<float> want_rows(static_cast<size_t>(rows * groups));
+      DeviceArray<float> want_groups(static_cast<size_t>(rows * groups));
+      cuda::silu_mul(dgu.data, dgu.data + n, rows, n, 2 * n, plain.data, nullptr);
+      cuda::silu_mul(dgu.data, dgu.data + n, rows, n, 2 * n, with_copy.data, nullptr, nullptr,
+                     cuda::Fp8Copy{dq.data, scales.data, scales.data + rows * groups});
+      cuda::quantize_e4m3_groups(plain.data, rows, n, n, want_q.data, want_rows.data, nullptr);
+      cuda::quantize_e4m3_groups(plain.data, rows, n, n, want_q.data, want_groups.data, nullptr,
+                                 /*scales_by_group=*/true);
+      const std::string where = "silu_mul " + std::to_string(rows) + "x" + std::to_string(n);
+      const size_t count = static_cast<size_t>(rows * n);
+      EXPECT_EQ(with_copy.host(count), plain.host(count)) << where;
+      EXPECT_EQ(dq.host(count), want_q.host(count)) << where;
+      const std::vector<float> got = scales.host(static_cast<size_t>(2 * rows * groups));
+      EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + rows * groups),
+                want_rows.host(static_cast<size_t>(rows * groups)))
+          << where << ": scales by row";
+      EXPECT_EQ(std::vector<float>(got.begin() + rows * groups, got.end()),
+                want_groups.host(static_cast<size_t>(rows * groups)))
+          << where << ": scales by group";
+    }
 }
 
 // An fp8 linear of an input with a shared e4m3 copy (Blas::share_fp8_input)

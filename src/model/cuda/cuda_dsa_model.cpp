@@ -323,12 +323,13 @@ bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {
 }
 
 Fp8Copy CudaDsaModel::fp8_copy(DeviceBuffer& codes, DeviceBuffer& scales, int64_t n, int64_t width,
-                               bool fp8_readers) {
+                               bool fp8_readers, bool norm) {
   static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_CUDA_FP8_NORM_COPY");
     return value != nullptr && value[0] == '1';
   }();
-  if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || width > kFp8CopyMaxWidth) return {};
+  if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || (norm && width > kFp8CopyMaxWidth))
+    return {};
   const int64_t groups = (width + 127) / 128;
   Fp8Copy copy;
   copy.q = codes.get<uint8_t>(n * width);

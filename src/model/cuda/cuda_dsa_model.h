@@ -138,9 +138,9 @@ class CudaDsaModel final : public LanguageModel {
     // bf16 copies of GEMM inputs, written with them (gemm_input_copy): the
     // normed hidden rows h, q_resid and the MLPs' activations.
     DeviceBuffer h_bf16, q_resid_bf16, act_bf16;
-    // The e4m3 copies of h and q_resid and their group scales (fp8_copy),
-    // decode sizes only.
-    DeviceBuffer h_fp8, h_fp8_scales, q_resid_fp8, q_resid_fp8_scales;
+    // The e4m3 copies of h, q_resid and the dense MLP's activation and their
+    // group scales (fp8_copy), decode sizes only.
+    DeviceBuffer h_fp8, h_fp8_scales, q_resid_fp8, q_resid_fp8_scales, act_fp8, act_fp8_scales;
     DeviceBuffer q_resid, q, kv, q_latent, o_latent, o;
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
@@ -196,9 +196,10 @@ class CudaDsaModel final : public LanguageModel {
   // stay small enough to leave out of the memory plan); else none.
   static constexpr int64_t kFp8NormCopyMaxRows = 256;
   Fp8Copy h_fp8_copy(int64_t n, bool fp8_readers);
-  // The same for any [n, width] norm output, in `codes` and `scales`.
+  // The same for any [n, width] output, in `codes` and `scales`; a norm's
+  // only up to kFp8CopyMaxWidth wide (`norm`).
   Fp8Copy fp8_copy(DeviceBuffer& codes, DeviceBuffer& scales, int64_t n, int64_t width,
-                   bool fp8_readers);
+                   bool fp8_readers, bool norm = true);
   // Whether layer w's attention (or its MLP) reads h through an fp8 linear.
   static bool reads_fp8_norm(const DeviceLayer& w, bool attention);
   // The bf16 copy of a GEMM input that the kernel writing the input also

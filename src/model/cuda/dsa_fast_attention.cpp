@@ -636,11 +636,11 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
                                : sparse_mla_cluster_splits(attend.rows, active_heads, attend.top_k);
   attend.cluster_merge = cluster_splits > 0;
   attend.active_heads = attend.cluster_merge ? active_heads : 0;
-  attend.num_splits = attend.cluster_merge ? cluster_splits
-                      : options_.batch_invariant
-                          ? 1
-                          : sparse_mla_default_splits(attend.rows, attend.heads, attend.top_k,
-                                                      fast_multiprocessors_);
+  attend.num_splits =
+      attend.cluster_merge ? cluster_splits
+      : options_.batch_invariant
+          ? 1
+          : sparse_mla_splits(attend.rows, attend.heads, attend.top_k, fast_multiprocessors_);
   attend.fixed_kernel = options_.batch_invariant;
   attend.softmax_scale = softmax_scale_;
   attend.out = fs.out_bf16.get<uint16_t>(n * padded * kLatentRank);

@@ -35,9 +35,14 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   float* gate_up = scratch_.gate_up.get<float>(rows * 2 * inter);
   float* act = scratch_.act.get<float>(rows * inter);
   void* act_bf16 = gemm_input_copy(scratch_.act_bf16, rows * inter);
+  // down's e4m3 input, when it is fp8 (fp8_copy).
+  const Fp8Copy act_fp8 = fp8_copy(scratch_.act_fp8, scratch_.act_fp8_scales, rows, inter,
+                                   w.down.fp8(), /*norm=*/false);
   blas_->linear(h, rows, hidden, w.gate_up, 2 * inter, gate_up);
-  silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_, act_bf16);
+  silu_mul(gate_up, gate_up + inter, rows, inter, 2 * inter, act, stream_, act_bf16, act_fp8);
   blas_->share_input(act, rows, inter, inter, act_bf16);
+  blas_->share_fp8_input(act, rows, inter, inter, act_fp8.q, act_fp8.scale_rows,
+                         act_fp8.scale_groups);
   blas_->linear(act, rows, inter, w.down, hidden, out);
   blas_->unshare_input(act);
 }

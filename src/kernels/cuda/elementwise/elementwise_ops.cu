@@ -45,35 +45,59 @@ static_assert(kCachedPerThread * kThreads == kFp8CopyMaxWidth);
 
 // The e4m3 copy of a row held as kCachedPerThread values per thread (element
 // threadIdx.x + 256 k): the 128-group of element i is four warps' values at
-// one k, so each warp's amax goes through shared memory. The amax, scale and
-// codes are quantize_e4m3_groups' (the same IEEE division and rounding).
+// one k, so each warp's amax goes through shared memory, and one thread per
+// group turns it into the group's scale s (quantize_e4m3_groups' IEEE
+// division) and 1 / s, correctly rounded. Each value is then divided by s
+// without a division: q0 = x * (1 / s), one FMA for the exact remainder
+// x - q0 s, one more for q0 + remainder / s -- Markstein's correction, which
+// gives the correctly rounded quotient (the IEEE division's bits) whenever the
+// quotient is a normal number; below 2^-126 it may differ by an ulp, and
+// there e4m3 rounds both to the same signed zero (x's sign, kept explicitly). A per-element
+// __fdiv_rn (a branch to its slow path each) took the norm from 5.6 to 12.5 us per launch at batch
+// 1 (ncu, H200): 24 of them in a row per thread.
+struct Fp8GroupScales {
+  float scale[kFp8CopyMaxWidth / 128];
+  float inverse[kFp8CopyMaxWidth / 128];
+};
+
 __device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCachedPerThread], int64_t n,
                                                const Fp8Copy& fp8,
-                                               float (&warp_max)[kCachedPerThread][kThreads / 32]) {
+                                               float (&warp_max)[kCachedPerThread][kThreads / 32],
+                                               Fp8GroupScales& groups_shared) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 #pragma unroll
   for (int k = 0; k < kCachedPerThread; ++k) {
-    float m = fabsf(outs[k]);  // 0 past n, as the quantiser's padding
+    if (int64_t{k} * kThreads >= n) break;  // uniform: the rest of the row is padding
+    float m = fabsf(outs[k]);               // 0 past n, as the quantiser's padding
     for (int offset = 16; offset > 0; offset /= 2)
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
     if (lane == 0) warp_max[k][warp] = m;
   }
   __syncthreads();
   const int64_t row = blockIdx.x, rows = gridDim.x, groups = (n + 127) / 128;
+  if (threadIdx.x < groups) {
+    // Group g is k = g / 2, warps 4 (g % 2) .. 4 (g % 2) + 3.
+    const float* m = warp_max[threadIdx.x / 2] + 4 * (threadIdx.x % 2);
+    const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    groups_shared.scale[threadIdx.x] = s;
+    groups_shared.inverse[threadIdx.x] = __frcp_rn(s);
+    fp8.scale_rows[row * groups + threadIdx.x] = s;
+    fp8.scale_groups[threadIdx.x * rows + row] = s;
+  }
+  __syncthreads();
   const int half = static_cast<int>(threadIdx.x) / 128;  // which group of the 256 at k
 #pragma unroll
   for (int k = 0; k < kCachedPerThread; ++k) {
-    const int64_t group = 2 * int64_t{k} + half;
-    if (group >= groups) continue;
-    const float* m = warp_max[k] + 4 * half;
-    const float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
     const int64_t i = threadIdx.x + int64_t{k} * kThreads;
-    if (i < n) fp8.q[row * n + i] = __nv_fp8_e4m3(__fdiv_rn(outs[k], s)).__x;
-    if (threadIdx.x % 128 == 0) {
-      fp8.scale_rows[row * groups + group] = s;
-      fp8.scale_groups[group * rows + row] = s;
-    }
+    if (int64_t{k} * kThreads >= n) break;
+    if (i >= n) continue;
+    const float s = groups_shared.scale[2 * k + half],
+                inverse = groups_shared.inverse[2 * k + half];
+    const float q0 = __fmul_rn(outs[k], inverse);
+    const float remainder = __fmaf_rn(-q0, s, outs[k]);  // exact
+    // The quotient's sign is x's (the FMAs would turn -0 into +0).
+    fp8.q[row * n + i] = __nv_fp8_e4m3(copysignf(__fmaf_rn(remainder, inverse, q0), outs[k])).__x;
   }
 }
 
@@ -87,6 +111,7 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
   grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
   __shared__ float warp_max[kCachedPerThread][kThreads / 32];  // fp8 copies only
+  __shared__ Fp8GroupScales fp8_groups;                        // fp8 copies only
   float* xr = x + blockIdx.x * x_stride;
   float* yr = y != nullptr ? y + blockIdx.x * y_stride : nullptr;
   float sum = 0.0f;
@@ -124,7 +149,7 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
         if (y_bf16 != nullptr) y_bf16[blockIdx.x * n + i] = __float2bfloat16_rn(outs[k]);
       }
     }
-    if constexpr (kFp8) write_fp8_copy(outs, n, fp8, warp_max);
+    if constexpr (kFp8) write_fp8_copy(outs, n, fp8, warp_max, fp8_groups);
     return;
   }
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
@@ -199,6 +224,48 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t rows
       out[r * n + i] = value;
       if (out_bf16 != nullptr) out_bf16[r * n + i] = __float2bfloat16_rn(value);
     }
+  }
+}
+
+// silu_mul with the e4m3 copy of out (Fp8Copy) for an fp8 down projection:
+// one warp per (row, 128-column group), as quantize_e4m3_groups, so that the
+// group's amax is a shuffle reduction; the values are silu_mul_kernel's
+// expression (the same bits) and the codes and scales the quantiser's.
+__global__ void silu_mul_fp8_kernel(const float* gate, const float* up, int64_t rows, int64_t n,
+                                    int64_t stride, float* out, __nv_bfloat16* out_bf16,
+                                    Fp8Copy fp8) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int64_t groups = (n + 127) / 128;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (warp >= rows * groups) return;  // whole warps leave together
+  const int64_t row = warp / groups, group = warp % groups, col0 = group * 128;
+  float values[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t col = col0 + lane + 32 * i;
+    values[i] = 0.0f;
+    if (col < n) {
+      const float g = gate[row * stride + col];
+      values[i] = g / (1.0f + expf(-g)) * up[row * stride + col];
+      out[row * n + col] = values[i];
+      if (out_bf16 != nullptr) out_bf16[row * n + col] = __float2bfloat16_rn(values[i]);
+    }
+    amax = fmaxf(amax, fabsf(values[i]));
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t col = col0 + lane + 32 * i;
+    if (col < n) fp8.q[row * n + col] = __nv_fp8_e4m3(__fdiv_rn(values[i], s)).__x;
+  }
+  if (lane == 0) {
+    fp8.scale_rows[row * groups + group] = s;
+    fp8.scale_groups[group * rows + row] = s;
   }
 }
 
@@ -421,7 +488,17 @@ void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq,
 }
 
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
-              float* out, cudaStream_t stream, void* out_bf16) {
+              float* out, cudaStream_t stream, void* out_bf16, Fp8Copy fp8) {
+  if (fp8.q != nullptr) {
+    const int64_t warps = rows * ((n + 127) / 128);
+    if (warps == 0) return;
+    launch_kernel(silu_mul_fp8_kernel,
+                  static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
+                  stream, gate, up, rows, n, stride, out, static_cast<__nv_bfloat16*>(out_bf16),
+                  fp8);
+    MEGACTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const RowLaunch shape = row_launch(rows, n);
   launch_kernel(silu_mul_kernel, shape.grid, shape.block, 0, stream, gate, up, rows, n, stride, out,
                 static_cast<__nv_bfloat16*>(out_bf16));

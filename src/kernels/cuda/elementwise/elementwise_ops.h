@@ -14,13 +14,13 @@ namespace megactx::cuda {
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
                   cudaStream_t stream);
 
-// An e4m3 copy of a norm's output for the fp8 linears that read it
+// An e4m3 copy of a norm's (or silu_mul's) output for the fp8 linears that read it
 // (Blas::share_fp8_input), exactly as quantize_e4m3_groups (gemm.h) would
 // write it from the float32 output: q [rows, n] (dense) and every 1x128
 // group's scale in both of its layouts, scale_rows [rows, groups] (the
 // hand-written kernels) and scale_groups [groups, rows] (cuBLASLt). A null q:
-// no copy. Only rows up to kFp8CopyMaxWidth wide get one (the norm holds them
-// in registers): the caller checks the width.
+// no copy. A norm writes one only for rows up to kFp8CopyMaxWidth wide (it
+// holds them in registers): the caller checks the width.
 struct Fp8Copy {
   uint8_t* q = nullptr;
   float* scale_rows = nullptr;
@@ -62,9 +62,10 @@ void rope_tables(const int32_t* positions, int64_t count, const float* inv_freq,
                  float attention_factor, float* cos, float* sin, cudaStream_t stream);
 
 // out[rows, n] = silu(gate) * up; gate/up rows have stride `stride`. With
-// out_bf16, also out rounded to bf16 there (as rmsnorm's y_bf16).
+// out_bf16, also out rounded to bf16 there (as rmsnorm's y_bf16); with fp8.q,
+// out's e4m3 copy (Fp8Copy above; any width).
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t n, int64_t stride,
-              float* out, cudaStream_t stream, void* out_bf16 = nullptr);
+              float* out, cudaStream_t stream, void* out_bf16 = nullptr, Fp8Copy fp8 = {});
 
 // The same on bf16 gate / up, writing only out_bf16 [rows, n] (float32
 // arithmetic, one rounding at the end). Column pairs: n and stride even, the

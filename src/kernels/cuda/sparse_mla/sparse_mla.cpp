@@ -73,6 +73,28 @@ bool sparse_mla_prefill_selected(const SparseMlaParams& params) {
   return !params.fixed_kernel && sparse_mla_prefill_decode_enabled();
 }
 
+int sparse_mla_splits(int rows, int heads, int top_k, int multiprocessors) {
+  if (!sparse_mla_prefill_enabled() || !sparse_mla_prefill_decode_enabled())
+    return sparse_mla_default_splits(rows, heads, top_k, multiprocessors);
+  // Fitted to dsa_attention_bench's sweep on the H200 (132 SMs, top-k 2048 =
+  // 32 stages of 64 keys, 64 heads; us per layer, best in brackets):
+  //   rows      1 split  2      4      8      16     32
+  //   4         101.6    55.0   32.9   21.4  [17.6]  29.7
+  //   8         102.8    57.1   33.3  [22.8]  26.4   42.2
+  //   16        104.3    58.5   35.9  [28.6]  42.5   77.9
+  //   32        104.1    59.8  [39.9]  51.5   84.4
+  //   64        102.7   [66.8]  78.3  108.1
+  //   128      [112.7]  137.7  160.4
+  // The best fills the SMs once (CTAs x splits <= SMs), and from 8 CTAs on
+  // keeps at least 4 stages per split (the merge of 16 splits of 8 rows costs
+  // more than their shorter splits save); at most 16 splits (2 stages) at all.
+  const int64_t ctas = std::max<int64_t>(1, int64_t{rows} * (heads / kSparseMlaHeadBlock));
+  const int64_t most = ctas <= 4 ? 16 : 8;
+  int splits = 1;
+  while (splits * 2 <= most && ctas * splits * 2 <= multiprocessors) splits *= 2;
+  return sparse_mla_prefill_splits(splits, top_k);
+}
+
 int sparse_mla_prefill_splits(int num_splits, int top_k) {
   const int stages =
       std::max(1, (top_k + 2 * kSparseMlaPrefillKeyBlock - 1) / (2 * kSparseMlaPrefillKeyBlock));

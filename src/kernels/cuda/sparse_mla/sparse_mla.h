@@ -75,8 +75,14 @@ struct SparseMlaParams {
   bool fixed_kernel = false;
 };
 
-// Splits that fill `multiprocessors` SMs for this many rows x head blocks.
+// Splits that fill `multiprocessors` SMs for this many rows x head blocks
+// (fitted to the general kernel).
 int sparse_mla_default_splits(int rows, int heads, int top_k, int multiprocessors);
+
+// The split count of a launch that is neither a cluster launch nor in the
+// batch-invariant mode: fitted to the wgmma kernel where decode batches take
+// it (sparse_mla_prefill_selected), else sparse_mla_default_splits.
+int sparse_mla_splits(int rows, int heads, int top_k, int multiprocessors);
 
 // The cluster kernel's split count for rows x heads (the heads it computes)
 // and top_k: 16 or 8, or 0 where the general kernel is faster (measured: past
