@@ -65,6 +65,8 @@ bool fp8_block_gemv(const Fp8BlockGemm& g, cudaStream_t stream);
 constexpr int64_t kFp8SkinnyMaxRows = 64;
 bool fp8_block_gemm_skinny(const Fp8BlockGemm& g, cudaStream_t stream);
 int fp8_block_gemm_skinny_split(int64_t rows, int64_t in, int64_t out, int multiprocessors);
+// Its input tile: 8 x 1, 2 or 4 rows (the MMA's N per column group).
+int fp8_block_gemm_skinny_column_groups(int64_t rows, int64_t out, int multiprocessors);
 
 // Tensor cores (fp8_block_gemm_mma.cu, mma.sync m16n8k32 e4m3, per-128-group
 // promotion to float32 with both scales): E4M3 inputs, `in` and x_stride

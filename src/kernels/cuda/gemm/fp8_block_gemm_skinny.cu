@@ -6,12 +6,14 @@
 // weight rows are the MMA's M, up to 32 input rows its N). Grid (weight-row
 // blocks, 32-row input tiles); a CTA of 4 warps takes 64 weight rows, or,
 // where that leaves SMs idle, 32 or 16 weight rows with the 128-column
-// groups dealt out to 2 or 4 warps and their sums added in shared memory in
-// warp order (deterministic).
+// groups dealt out to 2 or 4 warps in contiguous shares and their sums added
+// in shared memory in warp order (deterministic).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
@@ -25,7 +27,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 
-template <int kColumnGroups, int kSplitK>
+template <int kColumnGroups, int kSplitK, int kStages>
 __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -67,7 +69,9 @@ __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
   for (int q = 0; q < kColumnGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma(rows, split, kSplitK, acc);
+  // Split s takes a contiguous share of the groups (the sums still added in warp order).
+  fp8_weight_rows_mma<kColumnGroups, kStages>(rows, groups * split / kSplitK,
+                                              groups * (split + 1) / kSplitK, acc);
 
   if constexpr (kSplitK > 1) {
     // [warp, value, lane]: a warp's stores and loads touch 32 consecutive words.
@@ -102,12 +106,26 @@ __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
   }
 }
 
+// MEGACTX_FP8_SKINNY_STAGES=2: two groups in flight per warp whatever the
+// column groups (as before kFp8GroupsInFlight; A/B runs).
+bool shallow_pipeline() {
+  static const bool shallow = [] {
+    const char* value = std::getenv("MEGACTX_FP8_SKINNY_STAGES");
+    return value != nullptr && std::string_view(value) == "2";
+  }();
+  return shallow;
+}
+
 template <int kColumnGroups, int kSplitK>
 void launch(const Fp8BlockGemm& g, cudaStream_t stream) {
   constexpr int64_t kRowsPerCta = 16 * (kWarps / kSplitK);
   const dim3 grid(static_cast<unsigned>((g.out + kRowsPerCta - 1) / kRowsPerCta),
                   static_cast<unsigned>((g.rows + 8 * kColumnGroups - 1) / (8 * kColumnGroups)));
-  launch_kernel(fp8_skinny_kernel<kColumnGroups, kSplitK>, grid, kThreads, 0, stream, g);
+  if (shallow_pipeline())
+    launch_kernel(fp8_skinny_kernel<kColumnGroups, kSplitK, 2>, grid, kThreads, 0, stream, g);
+  else
+    launch_kernel(fp8_skinny_kernel<kColumnGroups, kSplitK, kFp8GroupsInFlight<kColumnGroups>>,
+                  grid, kThreads, 0, stream, g);
 }
 
 template <int kColumnGroups>
@@ -127,10 +145,28 @@ bool aligned8(const void* pointer) {
 
 }  // namespace
 
+int fp8_block_gemm_skinny_column_groups(int64_t rows, int64_t out, int multiprocessors) {
+  if (rows <= 8) return 1;
+  if (rows <= 16) return 2;
+  // 32-row tiles read the weights once per 32 rows; a weight too small to
+  // give every SM a 64-row block at that (the stacked q_a | kv_a's 64-row
+  // tail: 8 CTAs took ~20 us at 64 rows, ncu) takes 16-row tiles, twice the
+  // CTAs, each with twice the groups in flight (kFp8GroupsInFlight).
+  const int64_t blocks = (out + 63) / 64 * ((rows + 31) / 32);
+  return blocks >= multiprocessors ? 4 : 2;
+}
+
 int fp8_block_gemm_skinny_split(int64_t rows, int64_t in, int64_t out, int multiprocessors) {
-  const int64_t column_groups = rows <= 8 ? 1 : (rows <= 16 ? 2 : 4);
+  const int64_t column_groups = fp8_block_gemm_skinny_column_groups(rows, out, multiprocessors);
   const int64_t tiles = (rows + 8 * column_groups - 1) / (8 * column_groups);
   const int64_t groups = (in + kFp8MmaGroup - 1) / kFp8MmaGroup;
+  // MEGACTX_FP8_SKINNY_SPLIT=1|2|4 (A/B runs): that split wherever the groups allow it.
+  static const int forced = [] {
+    const char* value = std::getenv("MEGACTX_FP8_SKINNY_SPLIT");
+    const int split = value != nullptr ? std::atoi(value) : 0;
+    return split == 1 || split == 2 || split == 4 ? split : 0;
+  }();
+  if (forced > 0) return groups >= 2 * forced ? forced : 1;
   // The fewest splits that give every SM a CTA, and no more splits than groups.
   for (const int split : {1, 2}) {
     const int64_t ctas = (out + 16 * (kWarps / split) - 1) / (16 * (kWarps / split)) * tiles;
@@ -145,14 +181,18 @@ bool fp8_block_gemm_skinny(const Fp8BlockGemm& g, cudaStream_t stream) {
     return false;
   }
   if (g.out == 0) return true;
-  const int split =
-      fp8_block_gemm_skinny_split(g.rows, g.in, g.out, current_device_multiprocessors());
-  if (g.rows <= 8) {
-    launch_split<1>(g, split, stream);
-  } else if (g.rows <= 16) {
-    launch_split<2>(g, split, stream);
-  } else {
-    launch_split<4>(g, split, stream);
+  const int multiprocessors = current_device_multiprocessors();
+  const int split = fp8_block_gemm_skinny_split(g.rows, g.in, g.out, multiprocessors);
+  switch (fp8_block_gemm_skinny_column_groups(g.rows, g.out, multiprocessors)) {
+    case 1:
+      launch_split<1>(g, split, stream);
+      break;
+    case 2:
+      launch_split<2>(g, split, stream);
+      break;
+    default:
+      launch_split<4>(g, split, stream);
+      break;
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
   return true;

@@ -110,25 +110,36 @@ __device__ __forceinline__ void fp8_mma_group(const Fp8GroupOperands<kColumnGrou
   }
 }
 
-// Adds groups first, first + step, ... of the product into acc (zeroed by the
-// caller), the next group's loads in flight while the current one's MMAs run.
+// How many 128-column groups a warp keeps in flight: the loop is bound by a
+// memory round trip per group whatever the MMAs cost (fp8_linear_bench on the
+// H200: two in flight streamed GLM-5.2's o_proj at 1.45 TB/s at 16 rows, the
+// latency of one group per iteration), so up to 2 column groups keep four
+// (~34 registers each); 4 column groups (~58 each) keep two (three spill).
 template <int kColumnGroups>
+inline constexpr int kFp8GroupsInFlight = kColumnGroups <= 2 ? 4 : 2;
+
+// Adds groups [begin, end) of the product into acc (zeroed by the caller) in
+// that order, the next kStages - 1 groups' loads in flight while the current
+// one's MMAs run (a ring of operand sets, indexed at compile time so that it
+// stays in registers). A contiguous range keeps each weight row's loads in
+// flight contiguous too (kStages x 128 bytes).
+template <int kColumnGroups, int kStages = kFp8GroupsInFlight<kColumnGroups>>
 __device__ __forceinline__ void fp8_weight_rows_mma(const Fp8WeightRows<kColumnGroups>& rows,
-                                                    int64_t first, int64_t step,
+                                                    int64_t begin, int64_t end,
                                                     float (&acc)[kColumnGroups][4]) {
-  const int64_t groups = (rows.in + kFp8MmaGroup - 1) / kFp8MmaGroup;
-  Fp8GroupOperands<kColumnGroups> even, odd;
-  int64_t group = first;
-  if (group < groups) fp8_load_group(rows, group, even);
-  while (group < groups) {
-    const int64_t next = group + step;
-    if (next < groups) fp8_load_group(rows, next, odd);
-    fp8_mma_group(even, rows.active_groups, acc);
-    if (next >= groups) break;
-    const int64_t after = next + step;
-    if (after < groups) fp8_load_group(rows, after, even);
-    fp8_mma_group(odd, rows.active_groups, acc);
-    group = after;
+  static_assert(kStages >= 1);
+  Fp8GroupOperands<kColumnGroups> ring[kStages];
+#pragma unroll
+  for (int s = 0; s < kStages; ++s)
+    if (begin + s < end) fp8_load_group(rows, begin + s, ring[s]);
+  for (int64_t base = begin; base < end; base += kStages) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      const int64_t group = base + s;
+      if (group >= end) break;  // uniform over the warp
+      fp8_mma_group(ring[s], rows.active_groups, acc);
+      if (group + kStages < end) fp8_load_group(rows, group + kStages, ring[s]);
+    }
   }
 }
 

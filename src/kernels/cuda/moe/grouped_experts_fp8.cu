@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   for (int q = 0; q < kColumnGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma(rows, 0, 1, acc);
+  fp8_weight_rows_mma(rows, 0, (rows.in + kFp8MmaGroup - 1) / kFp8MmaGroup, acc);
 
 #pragma unroll
   for (int q = 0; q < kColumnGroups; ++q) {
