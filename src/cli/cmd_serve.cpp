@@ -199,8 +199,6 @@ int run_serve(const ServeOptions& options) {
                   "--context-parallel-size and --tensor-parallel-size are not combined yet");
     MEGACTX_CHECK(options.device == "cpu",
                   "--context-parallel-size runs on the CPU only so far (one GPU is lent here)");
-    MEGACTX_CHECK(!options.enable_return_routed_experts,
-                  "--context-parallel-size: not yet with --enable-return-routed-experts");
   }
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;

@@ -122,17 +122,17 @@ DsaModel::Step DsaModel::share_of(const Step& whole) const {
   return share;
 }
 
-std::vector<float> DsaModel::gather_rows(const float* rows, int64_t width, const Step& share) {
+template <typename T>
+std::vector<T> DsaModel::gather_rows(const T* rows, int64_t width, const Step& share) {
   const int size = plan_.context_parallel_size;
   const int64_t total = share.whole->tokens;
   const int64_t longest = share_rows(total, 0, size).second;  // rank 0's share is a longest one
   // Every rank's share padded to the longest, gathered, then packed in row order.
-  std::vector<float> padded(static_cast<size_t>(longest * width), 0.f);
+  std::vector<T> padded(static_cast<size_t>(longest * width), T{});
   std::copy_n(rows, share.tokens * width, padded.begin());
-  std::vector<float> all(static_cast<size_t>(size * longest * width));
-  group_->all_gather(padded.data(), all.data(),
-                     longest * width * static_cast<int64_t>(sizeof(float)));
-  std::vector<float> out(static_cast<size_t>(total * width));
+  std::vector<T> all(static_cast<size_t>(size * longest * width));
+  group_->all_gather(padded.data(), all.data(), longest * width * static_cast<int64_t>(sizeof(T)));
+  std::vector<T> out(static_cast<size_t>(total * width));
   for (int r = 0; r < size; ++r) {
     const auto [first, last] = share_rows(total, r, size);
     std::copy_n(all.begin() + r * longest * width, (last - first) * width,
@@ -214,8 +214,6 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   // steps smaller than the group run whole on every rank: the same rows, the
   // same cache writes, no collective).
   const bool split_rows = plan_.context_parallel_size > 1 && n >= plan_.context_parallel_size;
-  MEGACTX_CHECK(!split_rows || !batch.want_routed_experts,
-                "return_routed_experts is not supported with context parallelism yet");
   Step share;
   if (split_rows) share = share_of(step);
   Step& run = split_rows ? share : step;
@@ -235,18 +233,33 @@ ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) 
   }
   const float eps = plan_.rms_norm_eps;
   ForwardOutput output;
+  // The routed experts of every row and layer, [rows, layers, top_k] (-1 for
+  // dense layers); under context parallelism each rank records its share's
+  // rows and the group gathers them with the final states.
+  const int64_t routed_row = config_.num_hidden_layers * config_.num_experts_per_tok;
+  std::vector<int32_t> routed_share;
   if (batch.want_routed_experts) {
     output.routed_experts =
         Tensor::empty({n, config_.num_hidden_layers, config_.num_experts_per_tok}, DType::I32);
     std::fill_n(output.routed_experts.data<int32_t>(), output.routed_experts.numel(), -1);
     routed_.ids = output.routed_experts.data<int32_t>();
+    if (split_rows) {
+      routed_share.assign(static_cast<size_t>(run.tokens * routed_row), -1);
+      routed_.ids = routed_share.data();
+    }
   }
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     routed_.layer = layer;
     decoder_layer(weights_.layers[layer], layer, run, cache, x.data());
   }
-  routed_.ids = nullptr;                                     // the MTP layer's runs record nothing
-  if (split_rows) x = gather_rows(x.data(), hidden, share);  // every row's final state
+  routed_.ids = nullptr;  // the MTP layer's runs record nothing
+  if (split_rows) {
+    x = gather_rows(x.data(), hidden, share);  // every row's final state
+    if (batch.want_routed_experts) {
+      const std::vector<int32_t> all = gather_rows(routed_share.data(), routed_row, share);
+      std::copy(all.begin(), all.end(), output.routed_experts.data<int32_t>());
+    }
+  }
 
   if (batch.want_hidden_states) {
     output.hidden_states = Tensor::empty({n, hidden});

@@ -92,7 +92,8 @@ class DsaModel final : public LanguageModel {
   // Step whose `whole` is `whole`), and rows [rows of the share, width] of
   // every rank gathered into [whole.tokens, width] in row order (collective).
   Step share_of(const Step& whole) const;
-  std::vector<float> gather_rows(const float* rows, int64_t width, const Step& share);
+  template <typename T>
+  std::vector<T> gather_rows(const T* rows, int64_t width, const Step& share);
   void attention(const LayerWeights& lw, int64_t layer, const float* h, Step& step,
                  PagedKvCache& cache, float* out);
   void indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,

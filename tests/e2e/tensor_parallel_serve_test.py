@@ -23,7 +23,8 @@ of the device pool comes back from host memory with the cold run's output
 LayerSplit the start-up log shows each rank's share of the KV pools and the
 same --kv-memory holds about N times the pages. Requests that decode from
 pages moved to the live host tier (--host-latent-memory) over 2 ranks,
-replicated and with LayerSplit, give one process's output.
+replicated and with LayerSplit, give one process's output. Context-parallel
+prefills return one process's routed experts (--enable-return-routed-experts).
 
     python3 tensor_parallel_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule \
         --mtp-model models/default
@@ -222,6 +223,24 @@ def run(megactx, fixture, extra, prompts, new_tokens):
     return outputs, info, len(workers)
 
 
+def routed_experts(megactx, fixture, prompts, extra):
+    """(output ids, routed experts) of each prompt, all sent at once, from a server with
+    --enable-return-routed-experts and `extra`."""
+    with MegactxServer(megactx, fixture, *COMMON, "--enable-return-routed-experts", *extra,
+                       name="routing") as server:
+        def one(request_ids):
+            response = requests.post(server.url + "/generate", json={
+                "input_ids": request_ids, "return_routed_experts": True,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}},
+                timeout=300)
+            response.raise_for_status()
+            body = response.json()
+            return body["output_ids"], body["meta_info"]["routed_experts"]
+
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, prompts))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
@@ -290,13 +309,22 @@ def main():
     for ok, message in live_host_tier_over_two_ranks(args.megactx, args.mtp_model):
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    # The routed experts of context-parallel prefills (each rank's rows gathered) are one
+    # process's, with the experts whole on every rank and sharded over the group.
+    plain_routing = routed_experts(args.megactx, args.fixture, prompts, ())
+    for extra in (("--context-parallel-size", "2"),
+                  ("--context-parallel-size", "2", "--expert-parallel-size", "2")):
+        routing = routed_experts(args.megactx, args.fixture, prompts, extra)
+        ok = routing == plain_routing and all(r for _, r in routing)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {' '.join(extra)} --enable-return-routed-experts: "
+              f"output ids and routed experts {'equal to' if ok else 'DIFFER from'} one process's")
     # Not served yet: start-up errors, not hangs.
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2"),
                   ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
-                  ("--context-parallel-size", "2", "--enable-return-routed-experts"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--context-parallel-size", "2", "--enable-layer-split"),
                   ("--tensor-parallel-size", "2", "--enable-layer-split", "--enable-dp-attention"),

@@ -9,7 +9,7 @@
 // matches the PyTorch reference of tests/mtp (step 0, the shared and
 // unshared draft steps, greedy draft chains). Context parallelism (every
 // prefill's rows split over the group; also with the experts sharded over
-// it) gives the same logits too, and so does
+// it) gives the same logits too (and the same routed experts), and so does
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
 // broadcast of those entries is caught. Shapes that do not divide, CUDA
@@ -166,6 +166,70 @@ TEST(TensorParallelModel, ExpertParallelOverContextParallelPrefill) {
     });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_pattern", group, {true, false, true});
+  });
+}
+
+// The routed experts a prefill returns under context parallelism (each rank
+// records its share's rows, the group gathers them) are the single process's,
+// row for row and layer for layer, and so are the final hidden states; a
+// decode row (too small to split) too. With the experts sharded over the
+// group as well, and over 3 ranks (shares of unequal length).
+bool routed_experts_match_one_process(const std::string& name, parallel::Communicator& group,
+                                      bool expert_parallel) {
+  const HfFixture f = load_fixture(name);
+  ModelLoadOptions options;
+  options.group = &group;
+  options.context_parallel = true;
+  options.expert_parallel = expert_parallel;
+  auto split = load_language_model(f.dir, options);
+  auto whole = load_language_model(f.dir, {});
+  const std::vector<int32_t> tokens(f.input_ids.begin(), f.input_ids.end());
+  const KvCacheSpec spec =
+      make_kv_cache_spec(whole->config(), 4, KvDType::F32, 64, /*with_mtp_layer=*/false);
+  auto split_cache = split->make_kv_cache(spec);
+  auto whole_cache = whole->make_kv_cache(spec);
+  const std::vector<int32_t> pages = {2, 0, 3, 1};
+  bool ok = true;
+  int64_t position = 0;
+  for (const int64_t count : {static_cast<int64_t>(tokens.size()) - 1, int64_t{1}}) {
+    ForwardBatch batch;
+    batch.want_hidden_states = batch.want_routed_experts = true;
+    batch.sequences.push_back({std::span<const int32_t>(tokens).subspan(
+                                   static_cast<size_t>(position), static_cast<size_t>(count)),
+                               position, pages, -1});
+    const ForwardOutput got = split->forward(batch, *split_cache);
+    const ForwardOutput want = whole->forward(batch, *whole_cache);
+    position += count;
+    const bool shapes = got.routed_experts.shape() == want.routed_experts.shape() &&
+                        got.hidden_states.shape() == want.hidden_states.shape();
+    const bool routed =
+        shapes && std::equal(want.routed_experts.data<int32_t>(),
+                             want.routed_experts.data<int32_t>() + want.routed_experts.numel(),
+                             got.routed_experts.data<int32_t>());
+    // Some layer of every row routed somewhere (the fixture has MoE layers).
+    const bool recorded =
+        shapes && std::count(want.routed_experts.data<int32_t>(),
+                             want.routed_experts.data<int32_t>() + want.routed_experts.numel(),
+                             -1) < want.routed_experts.numel();
+    const double hidden_error =
+        shapes ? relative_error(got.hidden_states.data<float>(), want.hidden_states.data<float>(),
+                                static_cast<size_t>(want.hidden_states.numel()))
+               : 1.0;
+    std::printf("%s, rank %d of %d%s, %lld rows: routed experts %s, hidden states %.3g\n",
+                name.c_str(), group.rank(), group.size(), expert_parallel ? ", experts split" : "",
+                static_cast<long long>(count), routed ? "equal" : "DIFFER", hidden_error);
+    ok &= routed && recorded && hidden_error <= 1e-5;
+  }
+  return ok;
+}
+
+TEST(TensorParallelModel, ContextParallelPrefillReturnsTheRoutedExperts) {
+  for (const bool expert_parallel : {false, true})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return routed_experts_match_one_process("glm_schedule", group, expert_parallel);
+    });
+  parallel::run_forked_group(3, [](parallel::Communicator& group) {
+    return routed_experts_match_one_process("dsv32_yarn", group, false);
   });
 }
 
