@@ -1,7 +1,9 @@
 // The fp8 block-scaled linears of decode (kernels/cuda/gemm/fp8_block_gemm.h)
 // at the row counts of decode batches and MTP verifications: the CUDA-core
-// GEMV (<= 8 rows), the few-row tensor-core kernel (<= 64 rows) and the
-// 64 x 64 tensor-core tile kernel, beside cuBLAS on the same shape in bf16
+// GEMV (<= 8 rows), the few-row tensor-core kernel (<= 64 rows), the
+// 64 x 64 tensor-core tile kernel and cuBLASLt's block-scaled GEMM (where it
+// takes the shape; MEGACTX_FP8_LT_SPLITK=0 picks its algorithms without
+// split-k), beside cuBLAS on the same shape in bf16
 // (twice the weight bytes: the peer) and the read-only bandwidth measured in
 // the same run. Each timed call reads a different copy of the weight (copies
 // totalling > 4x L2), so weights come from HBM as in a decode step. Achieved
@@ -24,6 +26,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
+#include "kernels/cuda/gemm/fp8_block_gemm_lt.h"
 #include "kernels/cuda/gemm/gemm.h"
 
 using namespace megactx::cuda;
@@ -93,6 +96,9 @@ int main(int argc, char** argv) {
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
   cublasSetStream(handle, stream);
+  Fp8LtGemm lt(stream);
+  const size_t lt_workspace_bytes = size_t{32} << 20;
+  lt.set_workspace(device_alloc<uint8_t>(lt_workspace_bytes), lt_workspace_bytes);
 
   const std::vector<Shape> shapes = {
       {"glm_1b q_a 2048->768", 2048, 768},      {"glm_1b dense MLP down 5632->2048", 5632, 2048},
@@ -102,8 +108,8 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> row_counts =
       quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 4, 8, 16, 32, 64};
   std::printf(
-      "| shape | rows | GEMV us | few-row MMA us | 64x64 MMA us | cuBLAS bf16 us | best fp8 GB/s "
-      "| of floor | k split |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | rows | GEMV us | few-row MMA us | 64x64 MMA us | cuBLASLt us | cuBLAS bf16 us | "
+      "best fp8 GB/s | of floor | k split |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     const int64_t groups = (s.in + 127) / 128, scale_rows = (s.out + 127) / 128;
     const size_t weight_bytes = static_cast<size_t>(s.in * s.out);
@@ -132,6 +138,7 @@ int main(int argc, char** argv) {
     });
     uint8_t* xq = device_alloc<uint8_t>(static_cast<size_t>(max_rows * s.in));
     float* xs = device_alloc<float>(static_cast<size_t>(max_rows * groups));
+    float* xs_by_group = device_alloc<float>(static_cast<size_t>(max_rows * groups));
     __nv_bfloat16* xb = device_alloc<__nv_bfloat16>(static_cast<size_t>(max_rows * s.in));
     MEGACTX_CUDA_CHECK(cudaMemset(xb, 0, static_cast<size_t>(max_rows * s.in) * 2));
     float* y = device_alloc<float>(static_cast<size_t>(max_rows * s.out));
@@ -160,6 +167,16 @@ int main(int argc, char** argv) {
                          [&](int c) { fp8_block_gemm_skinny(gemm_of(c), stream); });
       tiles = median_us(stream, copies, calls,
                         [&](int c) { fp8_block_gemm_tensor_cores(gemm_of(c), stream); });
+      // cuBLASLt reads the activations' scales by group ([groups, rows]).
+      double cublaslt = -1;
+      quantize_e4m3_groups(x, rows, s.in, s.in, xq, xs_by_group, stream, /*scales_by_group=*/true);
+      auto lt_gemm_of = [&](int c) {
+        Fp8BlockGemm g = gemm_of(c);
+        g.x_scale = xs_by_group;
+        return g;
+      };
+      if (lt.supports(lt_gemm_of(0)))
+        cublaslt = median_us(stream, copies, calls, [&](int c) { lt.run(lt_gemm_of(c)); });
       const float one = 1.f, zero = 0.f;
       const double bf16 = median_us(stream, copies, calls, [&](int c) {
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.out),
@@ -170,12 +187,14 @@ int main(int argc, char** argv) {
       double best = skinny;
       if (gemv > 0) best = std::min(best, gemv);
       best = std::min(best, tiles);
+      if (cublaslt > 0) best = std::min(best, cublaslt);
       const double bytes = static_cast<double>(weight_bytes) + 4.0 * scale_rows * groups;
       const double gbs = bytes / (best * 1e-6) / 1e9;
-      char gemv_text[32] = "-";
+      char gemv_text[32] = "-", lt_text[32] = "-";
       if (gemv > 0) std::snprintf(gemv_text, sizeof(gemv_text), "%.2f", gemv);
-      std::printf("| %s | %lld | %s | %.2f | %.2f | %.2f | %.0f | %.0f%% | %d |\n", s.name,
-                  static_cast<long long>(rows), gemv_text, skinny, tiles, bf16, gbs,
+      if (cublaslt > 0) std::snprintf(lt_text, sizeof(lt_text), "%.2f", cublaslt);
+      std::printf("| %s | %lld | %s | %.2f | %.2f | %s | %.2f | %.0f | %.0f%% | %d |\n", s.name,
+                  static_cast<long long>(rows), gemv_text, skinny, tiles, lt_text, bf16, gbs,
                   100.0 * gbs / floor.read_gbs,
                   fp8_block_gemm_skinny_split(rows, s.in, s.out, current_device_multiprocessors()));
     }
@@ -187,6 +206,7 @@ int main(int argc, char** argv) {
     cudaFree(x);
     cudaFree(xq);
     cudaFree(xs);
+    cudaFree(xs_by_group);
     cudaFree(xb);
     cudaFree(y);
   }

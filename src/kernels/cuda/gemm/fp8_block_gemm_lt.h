@@ -2,7 +2,7 @@
 // 128x128 scales as CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, the
 // activations' 1x128 group scales as VEC128_32F, fp32 output. Why beside the
 // hand-written kernels of fp8_block_gemm.h: on wgmma with TMA it reads the
-// weights at 2.1-2.8 TB/s from 16 rows on for GLM-5.2's shapes (q_b, o_proj,
+// weights at 2.1-2.8 TB/s from 8 rows on for GLM-5.2's shapes (q_b, o_proj,
 // experts), where the few-row mma.sync kernel stays latency-bound (o_proj at
 // 64 rows: 36 against 206 us) and the 64x64 tiled kernel is 10x slower still;
 // for small matrices (glm_1b's q_a) the few-row kernel stays faster. Blas

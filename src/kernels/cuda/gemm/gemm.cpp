@@ -176,14 +176,16 @@ namespace {
 // Where cuBLASLt's block-scaled GEMM beats the hand-written fp8 kernels
 // (fp8_linear_bench and the H200 probe of 2026-12-03, weights from HBM): past
 // 64 rows always (the alternative is the 64x64 tiled kernel, 5-10x slower);
-// from 16 rows for weights of 16M+ elements (GLM-5.2's q_b 33.5M at 16
-// rows: 15.2 against 23.4 us; o_proj 100M: 36 against 69 us); from 33 rows
-// for 4M+ (glm_1b's MLP down 11.5M at 64 rows: 15.2 against 22.4 us). Small
-// matrices stay on the few-row kernel (glm_1b's q_a, 1.5M: 7.9 against 10.2
-// us at 64 rows).
+// from 8 rows (its smallest row count) for weights of 16M+ elements
+// (GLM-5.2's o_proj 100M at 8 rows: 37.1 against 46.1 us on the few-row
+// kernel with four groups in flight, at 16 rows 36.7 against 62.4; q_b
+// 33.5M at 8 rows 16.2 against 18.6); from 33 rows for 4M+ (glm_1b's MLP
+// down 11.5M at 64 rows: 14.8 against 22.7 us; at 16 rows the few-row
+// kernel wins, 12.2 against 14.2). Small matrices stay on the few-row kernel
+// (glm_1b's q_a, 1.5M: 7.9 against 10.1 us at 64 rows).
 bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
   const int64_t elements = in * out;
-  return rows > 64 || (rows >= 16 && elements >= (int64_t{16} << 20)) ||
+  return rows > 64 || (rows >= 8 && elements >= (int64_t{16} << 20)) ||
          (rows > 32 && elements >= (int64_t{4} << 20));
 }
 

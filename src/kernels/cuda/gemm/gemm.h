@@ -137,7 +137,7 @@ class Blas {
   // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
   // fp8 linears on cuBLASLt's block-scaled GEMM (fp8_block_gemm_lt.h) where it
-  // beats the hand-written kernels: more than 64 rows, or from 16 rows on for
+  // beats the hand-written kernels: more than 64 rows, or from 8 rows on for
   // large weights (fp8_lt_rows). On by default; MEGACTX_FP8_CUBLASLT=0 turns
   // it off for every Blas created afterwards (A/B runs).
   void set_fp8_cublaslt(bool on) { fp8_cublaslt_ = on; }
