@@ -201,6 +201,29 @@ TEST(CudaFp8Gemm, ActivationQuantisationIsBitExact) {
   }
 }
 
+// An Fp8Copy of y [rows, n] (row stride `stride`, on the device) holds
+// quantize_e4m3_groups' codes and both of its scale layouts, bit for bit.
+void expect_the_quantisers_copy(const float* y, int64_t rows, int64_t n, int64_t stride,
+                                DeviceArray<uint8_t>& q, DeviceArray<float>& scales,
+                                const std::string& where) {
+  const int64_t groups = (n + 127) / 128;
+  const size_t count = static_cast<size_t>(rows * n),
+               group_count = static_cast<size_t>(rows * groups);
+  DeviceArray<uint8_t> want_q(count);
+  DeviceArray<float> want_rows(group_count), want_groups(group_count);
+  cuda::quantize_e4m3_groups(y, rows, n, stride, want_q.data, want_rows.data, nullptr);
+  cuda::quantize_e4m3_groups(y, rows, n, stride, want_q.data, want_groups.data, nullptr,
+                             /*scales_by_group=*/true);
+  EXPECT_EQ(q.host(count), want_q.host(count)) << where;
+  const std::vector<float> got = scales.host(2 * group_count);
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + rows * groups),
+            want_rows.host(group_count))
+      << where << ": scales by row";
+  EXPECT_EQ(std::vector<float>(got.begin() + rows * groups, got.end()),
+            want_groups.host(group_count))
+      << where << ": scales by group";
+}
+
 // The norms' e4m3 copy (Fp8Copy) is what quantize_e4m3_groups writes from
 // their float32 output, in both scale layouts, bit for bit: rmsnorm with a
 // row stride, add_rmsnorm, a width off 128 and the widest row held in registers.
@@ -219,11 +242,8 @@ TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
         const std::vector<float> branch = normal_values(static_cast<size_t>(rows * n), 22, 1.0f);
         const std::vector<float> weight = normal_values(static_cast<size_t>(n), 23, 1.0f);
         DeviceArray<float> dx(x), db(branch), dw(weight), dy(static_cast<size_t>(rows * stride));
-        DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n)),
-            want_q(static_cast<size_t>(rows * n));
+        DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n));
         DeviceArray<float> scales(static_cast<size_t>(2 * rows * groups));
-        DeviceArray<float> want_rows(static_cast<size_t>(rows * groups));
-        DeviceArray<float> want_groups(static_cast<size_t>(rows * groups));
         cuda::Fp8Copy copy{dq.data, scales.data, scales.data + rows * groups};
         if (add) {
           cuda::add_rmsnorm(dx.data, db.data, rows, n, dw.data, 1e-6f, dy.data, nullptr, nullptr,
@@ -232,21 +252,9 @@ TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
           cuda::rmsnorm(dx.data, rows, n, stride, dw.data, 1e-6f, dy.data, stride, nullptr, nullptr,
                         copy);
         }
-        cuda::quantize_e4m3_groups(dy.data, rows, n, stride, want_q.data, want_rows.data, nullptr);
-        cuda::quantize_e4m3_groups(dy.data, rows, n, stride, want_q.data, want_groups.data, nullptr,
-                                   /*scales_by_group=*/true);
-        const std::string where = std::string(add ? "add_rmsnorm " : "rmsnorm ") +
-                                  std::to_string(rows) + "x" + std::to_string(n);
-        EXPECT_EQ(dq.host(static_cast<size_t>(rows * n)),
-                  want_q.host(static_cast<size_t>(rows * n)))
-            << where;
-        const std::vector<float> got = scales.host(static_cast<size_t>(2 * rows * groups));
-        EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + rows * groups),
-                  want_rows.host(static_cast<size_t>(rows * groups)))
-            << where << ": scales by row";
-        EXPECT_EQ(std::vector<float>(got.begin() + rows * groups, got.end()),
-                  want_groups.host(static_cast<size_t>(rows * groups)))
-            << where << ": scales by group";
+        expect_the_quantisers_copy(dy.data, rows, n, stride, dq, scales,
+                                   std::string(add ? "add_rmsnorm " : "rmsnorm ") +
+                                       std::to_string(rows) + "x" + std::to_string(n));
       }
 }
 
@@ -260,27 +268,15 @@ TEST(CudaFp8Gemm, SiluMulWritesTheQuantisersFp8Copy) {
       for (int64_t k = 0; k < std::min<int64_t>(n, 128); ++k) gate_up[k] = 0.0f;  // a zero group
       DeviceArray<float> dgu(gate_up), plain(static_cast<size_t>(rows * n)),
           with_copy(static_cast<size_t>(rows * n));
-      DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n)), want_q(static_cast<size_t>(rows * n));
+      DeviceArray<uint8_t> dq(static_cast<size_t>(rows * n));
       DeviceArray<float> scales(static_cast<size_t>(2 * rows * groups));
-      DeviceArray<float> want_rows(static_cast<size_t>(rows * groups));
-      DeviceArray<float> want_groups(static_cast<size_t>(rows * groups));
       cuda::silu_mul(dgu.data, dgu.data + n, rows, n, 2 * n, plain.data, nullptr);
       cuda::silu_mul(dgu.data, dgu.data + n, rows, n, 2 * n, with_copy.data, nullptr, nullptr,
                      cuda::Fp8Copy{dq.data, scales.data, scales.data + rows * groups});
-      cuda::quantize_e4m3_groups(plain.data, rows, n, n, want_q.data, want_rows.data, nullptr);
-      cuda::quantize_e4m3_groups(plain.data, rows, n, n, want_q.data, want_groups.data, nullptr,
-                                 /*scales_by_group=*/true);
       const std::string where = "silu_mul " + std::to_string(rows) + "x" + std::to_string(n);
       const size_t count = static_cast<size_t>(rows * n);
       EXPECT_EQ(with_copy.host(count), plain.host(count)) << where;
-      EXPECT_EQ(dq.host(count), want_q.host(count)) << where;
-      const std::vector<float> got = scales.host(static_cast<size_t>(2 * rows * groups));
-      EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + rows * groups),
-                want_rows.host(static_cast<size_t>(rows * groups)))
-          << where << ": scales by row";
-      EXPECT_EQ(std::vector<float>(got.begin() + rows * groups, got.end()),
-                want_groups.host(static_cast<size_t>(rows * groups)))
-          << where << ": scales by group";
+      expect_the_quantisers_copy(plain.data, rows, n, n, dq, scales, where);
     }
 }
 
