@@ -8,7 +8,7 @@
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --enable-dp-attention [--data-parallel-size N]]]
-//   [--context-parallel-size N [--expert-parallel-size N]]
+//   [--context-parallel-size N [--expert-parallel-size N | --tensor-parallel-size T]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -32,7 +32,8 @@
 // far): N processes with the whole model, each prefill step's rows split over
 // them (the new latents and indexer keys gathered into every rank's cache);
 // with --expert-parallel-size N (= N) each rank holds 1 / N of the routed
-// experts and its rows reach them by all-to-all.
+// experts and its rows reach them by all-to-all; with --tensor-parallel-size T,
+// N x T processes: N context shares of T tensor-parallel ranks each.
 // --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
 // --data-parallel-size / --dp-size, which must then be N): every rank holds
 // attention and the dense weights whole and runs its own requests, in its
@@ -147,6 +148,11 @@ int run_serve(const ServeOptions& options) {
                 "--expert-parallel-size {} must be 1 or the group's size {} (experts are "
                 "sharded over the tensor- or context-parallel group)",
                 options.expert_parallel_size, sharding_group);
+  const bool context_and_tensor =
+      options.context_parallel_size > 1 && options.tensor_parallel_size > 1;
+  MEGACTX_CHECK(!context_and_tensor || options.expert_parallel_size == 1,
+                "--expert-parallel-size with both --context-parallel-size and "
+                "--tensor-parallel-size: not combined yet");
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.
@@ -195,16 +201,17 @@ int run_serve(const ServeOptions& options) {
                 "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
   if (options.context_parallel_size > 1) {
-    MEGACTX_CHECK(options.tensor_parallel_size == 1,
-                  "--context-parallel-size and --tensor-parallel-size are not combined yet");
     MEGACTX_CHECK(options.device == "cpu",
                   "--context-parallel-size runs on the CPU only so far (one GPU is lent here)");
   }
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;
+  // Context shares of tensor-parallel ranks: C x T processes, the tensor
+  // rank innermost (ParallelLayout).
+  load.load.context_parallel_size = options.context_parallel_size;
   load.load.layer_split = options.enable_layer_split;
   load.load.data_parallel_attention = options.enable_dp_attention;
-  const int group_size = std::max(options.tensor_parallel_size, options.context_parallel_size);
+  const int group_size = options.tensor_parallel_size * options.context_parallel_size;
   std::unique_ptr<ServeGroup> group;
   // A group that lost a rank cannot serve: the server shuts down (exit 1).
   static std::atomic<bool> group_failed{false};
@@ -431,8 +438,8 @@ CommandRegistration registration{
           ->capture_default_str();
       command
           .add_option("--context-parallel-size", options->context_parallel_size,
-                      "Processes that each hold the whole model and split every prefill step's "
-                      "rows (long prompts; CPU)")
+                      "Shares of every prefill step's rows, each on a process with the whole "
+                      "model or on --tensor-parallel-size processes (long prompts; CPU)")
           ->capture_default_str();
       command.add_flag("--enable-layer-split", options->enable_layer_split,
                        "LayerSplit: each layer's KV cache on one rank of the tensor-parallel "

@@ -43,7 +43,7 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
   int status = 1;
   try {
     auto communicator = parallel::make_cpu_communicator(group_options(rank, size, folder));
-    communicator->barrier();  // every rank is connected: rank 0 may remove the rendezvous folder
+    communicator->barrier();  // every rank is connected
     load.group = communicator.get();
     auto model = load_language_model(model_dir, load);
     run_group_worker(*model, *communicator);
@@ -62,6 +62,7 @@ ServeGroup::ServeGroup(int size, const std::string& model_dir, const ModelLoadOp
   char pattern[] = "/tmp/megactx-group-XXXXXX";
   MEGACTX_CHECK(::mkdtemp(pattern) != nullptr, "serve: cannot make a rendezvous folder in /tmp");
   const std::string folder = pattern;
+  folder_ = folder;
   std::fflush(stdout);
   std::fflush(stderr);
   for (int rank = 1; rank < size; ++rank) {
@@ -72,8 +73,6 @@ ServeGroup::ServeGroup(int size, const std::string& model_dir, const ModelLoadOp
   }
   try {
     communicator_ = parallel::make_cpu_communicator(group_options(0, size, folder));
-    // Rank 0's own connections are up before the others have read every
-    // address: the folder goes only when every rank is connected.
     communicator_->barrier();
   } catch (...) {
     for (const pid_t child : children_) ::kill(child, SIGTERM);
@@ -81,7 +80,8 @@ ServeGroup::ServeGroup(int size, const std::string& model_dir, const ModelLoadOp
     std::filesystem::remove_all(folder);
     throw;
   }
-  std::filesystem::remove_all(folder);  // the group is up: the addresses are not needed any more
+  // The folder stays while the group lives: the models split the group
+  // (Communicator::split: context shares of tensor-parallel ranks) through it.
 }
 
 ServeGroup::~ServeGroup() {
@@ -89,6 +89,8 @@ ServeGroup::~ServeGroup() {
   // command (when the server failed before its model could stop them).
   communicator_.reset();
   for (const pid_t child : children_) ::waitpid(child, nullptr, 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(folder_, ignored);
 }
 
 }  // namespace megactx::cli

@@ -34,6 +34,7 @@ class ServeGroup {
  private:
   std::unique_ptr<parallel::Communicator> communicator_;
   std::vector<pid_t> children_;
+  std::string folder_;  // the rendezvous folder, removed with the group
 };
 
 }  // namespace megactx::cli

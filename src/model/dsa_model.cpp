@@ -71,9 +71,18 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
       plan_(std::move(plan)),
       group_(group) {
   const int split = std::max(
-      {plan_.tensor_parallel_size, plan_.expert_parallel_size, plan_.context_parallel_size});
+      {plan_.tensor_parallel_size * plan_.context_parallel_size, plan_.expert_parallel_size});
   MEGACTX_CHECK(split == 1 || (group_ != nullptr && group_->size() == split),
                 "DsaModel: a parallel plan needs its group");
+  tensor_group_ = context_group_ = group_;
+  if (plan_.tensor_parallel_size > 1 && plan_.context_parallel_size > 1) {
+    // Context shares of tensor-parallel ranks (ParallelLayout): the heads'
+    // partial sums within a share, the rows' gathers across the shares.
+    tensor_split_ = group_->split(plan_.context_parallel_rank, plan_.tensor_parallel_rank);
+    context_split_ = group_->split(plan_.tensor_parallel_rank, plan_.context_parallel_rank);
+    tensor_group_ = tensor_split_.get();
+    context_group_ = context_split_.get();
+  }
 }
 
 std::unique_ptr<PagedKvCache> DsaModel::make_kv_cache(const KvCacheSpec& spec) const {
@@ -94,7 +103,8 @@ std::vector<KvCacheSpec> DsaModel::kv_cache_shares(const KvCacheSpec& whole) con
 }
 
 void DsaModel::reduce_partial(float* data, int64_t count) {
-  if (plan_.tensor_parallel_size > 1) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
+  if (plan_.tensor_parallel_size > 1)
+    tensor_group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
 
 DsaModel::Step DsaModel::share_of(const Step& whole) const {
@@ -131,7 +141,8 @@ std::vector<T> DsaModel::gather_rows(const T* rows, int64_t width, const Step& s
   std::vector<T> padded(static_cast<size_t>(longest * width), T{});
   std::copy_n(rows, share.tokens * width, padded.begin());
   std::vector<T> all(static_cast<size_t>(size * longest * width));
-  group_->all_gather(padded.data(), all.data(), longest * width * static_cast<int64_t>(sizeof(T)));
+  context_group_->all_gather(padded.data(), all.data(),
+                             longest * width * static_cast<int64_t>(sizeof(T)));
   std::vector<T> out(static_cast<size_t>(total * width));
   for (int r = 0; r < size; ++r) {
     const auto [first, last] = share_rows(total, r, size);
@@ -148,10 +159,14 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
   DsaWeights loaded = load_dsa_weights(config, plan, weights);
   parallel::Communicator* group = options.group;
   if (group != nullptr && group->size() > 1) {
-    plan = parallel_plan(
-        plan, config,
-        {group->rank(), group->size(), options.expert_parallel, options.data_parallel_attention,
-         options.context_parallel, options.layer_split});
+    plan = parallel_plan(plan, config,
+                         {.rank = group->rank(),
+                          .size = group->size(),
+                          .expert_parallel = options.expert_parallel,
+                          .data_parallel_attention = options.data_parallel_attention,
+                          .context_parallel = options.context_parallel,
+                          .context_parallel_size = options.context_parallel_size,
+                          .layer_split = options.layer_split});
     loaded = parallel_shard(loaded, plan);
   }
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),

@@ -30,6 +30,7 @@ struct DsaModelOptions {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
+  int context_parallel_size = 0;  // ParallelLayout's: 0 = the whole group
   // LayerSplit over the tensor-parallel group (ModelPlan::kv_owner).
   bool layer_split = false;
 };
@@ -130,6 +131,11 @@ class DsaModel final : public LanguageModel {
   RopeTable rope_;
   ModelPlan plan_;
   parallel::Communicator* group_ = nullptr;
+  // The groups of the tensor-parallel sums and the context-parallel gathers:
+  // group_ itself, or with both kinds of parallelism its splits (owned here).
+  parallel::Communicator* tensor_group_ = nullptr;
+  parallel::Communicator* context_group_ = nullptr;
+  std::unique_ptr<parallel::Communicator> tensor_split_, context_split_;
 };
 
 // Plans the model (the architecture's checks first), loads every weight the

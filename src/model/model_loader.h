@@ -53,6 +53,9 @@ struct ModelLoadOptions {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
+  // With context_parallel: the group is this many context shares of
+  // tensor-parallel ranks (0: context parallelism over the whole group).
+  int context_parallel_size = 0;
   // LayerSplit over the tensor-parallel group: each decoder layer's KV
   // caches on one rank (model_plan.h: ModelPlan::kv_owner); make_kv_cache
   // then allocates this rank's layers only.

@@ -94,7 +94,15 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       "--enable-layer-split: the layers' caches are split over the tensor-parallel "
       "group, not with {}",
       layout.context_parallel ? "context parallelism" : "data-parallel attention");
-  const auto divides = [size](int64_t value) { return value % size == 0; };
+  // Context parallelism over the whole group, or over shares of
+  // tensor-parallel ranks (the tensor rank innermost).
+  const int context = !layout.context_parallel           ? 1
+                      : layout.context_parallel_size > 0 ? layout.context_parallel_size
+                                                         : size;
+  MEGACTX_CHECK(context >= 1 && size % context == 0,
+                "--context-parallel-size {} does not divide the group of {}", context, size);
+  const int tensor_size = size / context, tensor_rank = rank % tensor_size;
+  const auto divides = [tensor_size](int64_t value) { return value % tensor_size == 0; };
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
   const bool experts = layout.expert_parallel && moe;
@@ -102,7 +110,7 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   // rows this rank holds (its own requests, or its share of a step's rows)
   // go to their experts' ranks and back.
   const auto shard_experts = [&](bool all_to_all) {
-    MEGACTX_CHECK(divides(config.n_routed_experts),
+    MEGACTX_CHECK(config.n_routed_experts % size == 0,
                   "--expert-parallel-size {}: the model's {} routed experts do not divide", size,
                   config.n_routed_experts);
     plan.expert_parallel_rank = rank;
@@ -114,35 +122,40 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   if (layout.context_parallel) {
     MEGACTX_CHECK(!layout.data_parallel_attention,
                   "--context-parallel-size: not combined with data-parallel attention yet");
-    plan.context_parallel_rank = rank;
-    plan.context_parallel_size = size;
-    // Each rank computes its share of the rows: with expert parallelism they
-    // reach their experts by all-to-all, as data-parallel attention's do (a
-    // step too small to split runs whole on every rank, and each rank's
-    // copy of a row comes back from the experts' ranks alike).
-    if (experts) shard_experts(/*all_to_all=*/true);
-    return plan;
+    plan.context_parallel_rank = rank / tensor_size;
+    plan.context_parallel_size = context;
+    if (tensor_size == 1) {
+      // Each rank computes its share of the rows: with expert parallelism
+      // they reach their experts by all-to-all, as data-parallel attention's
+      // do (a step too small to split runs whole on every rank, and each
+      // rank's copy of a row comes back from the experts' ranks alike).
+      if (experts) shard_experts(/*all_to_all=*/true);
+      return plan;
+    }
+    MEGACTX_CHECK(!layout.expert_parallel,
+                  "--expert-parallel-size with both --context-parallel-size and "
+                  "--tensor-parallel-size: not combined yet");
   }
   const bool tensor = !layout.data_parallel_attention;
   if (tensor) {
     MEGACTX_CHECK(divides(whole.attention.heads),
-                  "--tensor-parallel-size {}: the model's {} attention heads do not divide", size,
-                  whole.attention.heads);
+                  "--tensor-parallel-size {}: the model's {} attention heads do not divide",
+                  tensor_size, whole.attention.heads);
     MEGACTX_CHECK(!dense || divides(config.intermediate_size),
-                  "--tensor-parallel-size {}: the MLP width {} does not divide", size,
+                  "--tensor-parallel-size {}: the MLP width {} does not divide", tensor_size,
                   config.intermediate_size);
     MEGACTX_CHECK(!moe || divides(config.n_shared_experts * config.moe_intermediate_size),
-                  "--tensor-parallel-size {}: the shared experts' width {} does not divide", size,
-                  config.n_shared_experts * config.moe_intermediate_size);
+                  "--tensor-parallel-size {}: the shared experts' width {} does not divide",
+                  tensor_size, config.n_shared_experts * config.moe_intermediate_size);
     MEGACTX_CHECK(!moe || experts || divides(config.moe_intermediate_size),
-                  "--tensor-parallel-size {}: the expert width {} does not divide", size,
+                  "--tensor-parallel-size {}: the expert width {} does not divide", tensor_size,
                   config.moe_intermediate_size);
-    plan.attention.heads = whole.attention.heads / size;
-    plan.tensor_parallel_rank = rank;
-    plan.tensor_parallel_size = size;
+    plan.attention.heads = whole.attention.heads / tensor_size;
+    plan.tensor_parallel_rank = tensor_rank;
+    plan.tensor_parallel_size = tensor_size;
     if (layout.layer_split) {
       plan.layer_split = true;
-      plan.kv_owner = layer_split_owners(whole.layers, whole.attention, size);
+      plan.kv_owner = layer_split_owners(whole.layers, whole.attention, tensor_size);
     }
   }
   if (experts) shard_experts(/*all_to_all=*/layout.data_parallel_attention);

@@ -123,13 +123,16 @@ ModelPlan plan_model(const ModelConfig& config, std::optional<int64_t> index_top
 // How a model is spread over a group of `size` processes (rank `rank`):
 // tensor-parallel attention and MLPs unless data_parallel_attention, routed
 // experts sharded by index when expert_parallel; or every step's rows split
-// when context_parallel.
+// when context_parallel, over the whole group (weights whole) or, with
+// context_parallel_size C dividing size, over C shares of size / C
+// tensor-parallel ranks each (rank = context rank x (size / C) + tensor rank).
 struct ParallelLayout {
   int rank = 0;
   int size = 1;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
-  bool context_parallel = false;  // neither of the two above: rows split, weights whole
+  bool context_parallel = false;  // not with data-parallel attention
+  int context_parallel_size = 0;  // with context_parallel: the shares (0: size)
   // LayerSplit over the tensor-parallel group (not with data-parallel
   // attention or context parallelism): see ModelPlan::kv_owner.
   bool layer_split = false;

@@ -38,6 +38,11 @@ class Communicator {
   virtual void all_to_all(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) = 0;
   virtual void barrier() = 0;
+  // The ranks that pass the same `color` form a new group, ranked by `key`
+  // (ties by rank in this group): MPI_Comm_split / ncclCommSplit. Collective
+  // over this group; the new group's calls are independent of this one's (a
+  // 2D layout: context-parallel rows over tensor-parallel heads).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
 // How a CPU communicator finds its group: every rank names the same

@@ -12,6 +12,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <numeric>
@@ -24,7 +25,7 @@ namespace {
 
 class GlooCommunicator final : public Communicator {
  public:
-  explicit GlooCommunicator(const CpuCommunicatorOptions& options) {
+  explicit GlooCommunicator(const CpuCommunicatorOptions& options) : options_(options) {
     MEGACTX_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size,
                   "communicator: rank {} outside a group of {}", options.rank, options.size);
     MEGACTX_CHECK(std::filesystem::is_directory(options.rendezvous_dir),
@@ -120,6 +121,26 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    // Every rank's (color, key), then a new group through the same store
+    // under a name of its own: this group's name, the split's ordinal (the
+    // same on every rank: splits are collective) and the color.
+    const int32_t mine[2] = {color, key};
+    std::vector<int32_t> all(static_cast<size_t>(2 * size()));
+    all_gather(mine, all.data(), sizeof mine);
+    std::vector<int> members;  // ranks of this group in the new one, in its order
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+    CpuCommunicatorOptions options = options_;
+    options.rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+    options.size = static_cast<int>(members.size());
+    options.group = fmt::format("{}/split{}/color{}", options_.group, splits_++, color);
+    return std::make_unique<GlooCommunicator>(options);
+  }
+
  private:
   // Every collective of a group has its own tag, the same on every rank
   // (collectives are called in the same order everywhere).
@@ -136,6 +157,8 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  CpuCommunicatorOptions options_;  // how this group assembled (split() reuses the store)
+  int splits_ = 0;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t tag_ = 0;

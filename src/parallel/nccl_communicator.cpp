@@ -48,6 +48,10 @@ struct NcclApi {
   int (*group_start)() = nullptr;
   int (*group_end)() = nullptr;
   const char* (*error_string)(int) = nullptr;
+  // NCCL 2.18+ only (split() says so where they are missing).
+  int (*comm_split)(NcclComm, int, int, NcclComm*, void*) = nullptr;
+  int (*comm_count)(NcclComm, int*) = nullptr;
+  int (*comm_user_rank)(NcclComm, int*) = nullptr;
 };
 
 std::string library_path(const std::string& library) {
@@ -90,7 +94,11 @@ const NcclApi* load_nccl(const std::string& path, std::string* why) {
   resolve(api.group_start, "ncclGroupStart");
   resolve(api.group_end, "ncclGroupEnd");
   resolve(api.error_string, "ncclGetErrorString");
-  if (!complete) return nullptr;  // the handle stays open: dlclose of NCCL is not safe
+  if (!complete) return nullptr;
+  api.comm_split = reinterpret_cast<decltype(api.comm_split)>(::dlsym(handle, "ncclCommSplit"));
+  api.comm_count = reinterpret_cast<decltype(api.comm_count)>(::dlsym(handle, "ncclCommCount"));
+  api.comm_user_rank = reinterpret_cast<decltype(api.comm_user_rank)>(
+      ::dlsym(handle, "ncclCommUserRank"));  // the handle stays open: dlclose of NCCL is not safe
   if (api.get_version(&api.version) != kNcclSuccess) {
     *why = path + ": ncclGetVersion failed";
     return nullptr;
@@ -121,6 +129,11 @@ class NcclCommunicator final : public Communicator {
       cudaFree(barrier_word_);  // no destructor runs for a constructor that throws
       throw;
     }
+  }
+  // A group ncclCommSplit made: its communicator, on the parent's stream.
+  NcclCommunicator(const NcclApi& api, NcclComm comm, int rank, int size, cudaStream_t stream)
+      : api_(api), rank_(rank), size_(size), stream_(stream), comm_(comm) {
+    check_cuda(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc");
   }
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
@@ -200,6 +213,20 @@ class NcclCommunicator final : public Communicator {
   void barrier() override {
     all_reduce(barrier_word_, 1, ReduceOp::Sum);
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MEGACTX_CHECK(
+        api_.comm_split != nullptr && api_.comm_count != nullptr && api_.comm_user_rank != nullptr,
+        "NCCL communicator: NCCL version code {} has no ncclCommSplit (2.18 or later)",
+        api_.version);
+    MEGACTX_CHECK(color >= 0, "NCCL communicator: split color {} (must be >= 0)", color);
+    NcclComm comm = nullptr;
+    check(api_.comm_split(comm_, color, key, &comm, nullptr), "ncclCommSplit");
+    int rank = 0, size = 0;
+    check(api_.comm_user_rank(comm, &rank), "ncclCommUserRank");
+    check(api_.comm_count(comm, &size), "ncclCommCount");
+    return std::make_unique<NcclCommunicator>(api_, comm, rank, size, stream_);
   }
 
  private:

@@ -88,6 +88,18 @@ TEST_F(NcclOneRank, EveryCollectiveGivesTheRanksOwnData) {
   cudaFree(out);
 }
 
+// ncclCommSplit of one rank: a group of one that runs collectives.
+TEST_F(NcclOneRank, SplitGivesAGroupOfOne) {
+  auto part = communicator_->split(0, 0);
+  ASSERT_EQ(part->rank(), 0);
+  ASSERT_EQ(part->size(), 1);
+  float* data = upload(std::vector<float>{3.f, -1.f});
+  part->all_reduce(data, 2, ReduceOp::Sum);
+  EXPECT_EQ(download(data, 2, stream_), (std::vector<float>{3.f, -1.f}));
+  part->barrier();
+  cudaFree(data);
+}
+
 TEST_F(NcclOneRank, BadArgumentsAreErrorsBeforeNccl) {
   float* word = upload(std::vector<float>{1.f});
   EXPECT_THROW(communicator_->broadcast(word, 4, 1), Error);

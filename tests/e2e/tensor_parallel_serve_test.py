@@ -5,7 +5,8 @@ routed experts sharded with --expert-parallel-size N; with
 entries a step selected to the others; or, with
 --context-parallel-size N, every prefill step's rows split over ranks that
 each hold the whole model, or all of it but 1 / N of the routed experts with
---expert-parallel-size N), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
+--expert-parallel-size N, or over N shares of --tensor-parallel-size T
+ranks), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
 logprobs agree with it within 1e-4, concurrent requests do not mix, the
@@ -266,7 +267,8 @@ def main():
                            (("--tensor-parallel-size", "4", "--enable-layer-split"), 3),
                            (("--context-parallel-size", "2"), 1),
                            (("--context-parallel-size", "2", "--expert-parallel-size", "2"), 1),
-                           (("--context-parallel-size", "3"), 2)):
+                           (("--context-parallel-size", "3"), 2),
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
         for (ids, logprobs), (want_ids, want_logprobs) in zip(outputs, plain):
@@ -323,7 +325,8 @@ def main():
     for extra in (("--tensor-parallel-size", "2", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
-                  ("--context-parallel-size", "2", "--tensor-parallel-size", "2"),
+                  ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                   "--expert-parallel-size", "2"),
                   ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--context-parallel-size", "2", "--enable-layer-split"),

@@ -103,6 +103,33 @@ TEST(CpuCommunicator, EveryCollectiveWithFourRanks) {
   run_forked_group(4, every_collective);
 }
 
+// A group of 4 split two ways (rows of 2 by rank / 2, ranked in reverse
+// order; columns by rank % 2): each new group reduces and gathers over its
+// members only, in its own rank order, and the parent group still works.
+bool splits_into_independent_groups(Communicator& group) {
+  const int me = group.rank();
+  auto rows = group.split(me / 2, -me);
+  auto columns = group.split(me % 2, me);
+  bool ok = rows->size() == 2 && rows->rank() == 1 - me % 2 && columns->size() == 2 &&
+            columns->rank() == me / 2;
+  float sum = static_cast<float>(me + 1);
+  rows->all_reduce(&sum, 1, ReduceOp::Sum);
+  ok &= sum == static_cast<float>(me / 2 == 0 ? 1 + 2 : 3 + 4);
+  int32_t ranks[2] = {};
+  columns->all_gather(&me, ranks, sizeof me);
+  ok &= ranks[0] == me % 2 && ranks[1] == me % 2 + 2;
+  float total = 1.0f;
+  group.all_reduce(&total, 1, ReduceOp::Sum);
+  ok &= total == 4.0f;
+  auto alone = group.split(me, 0);  // every rank its own group
+  ok &= alone->size() == 1 && alone->rank() == 0;
+  return ok;
+}
+
+TEST(CpuCommunicator, SplitGroupsAreIndependent) {
+  run_forked_group(4, splits_into_independent_groups);
+}
+
 TEST(CpuCommunicator, AMissingRankIsAnErrorNotAHang) {
   // Rank 0 of a group of two alone: the rendezvous gives up after the timeout.
   const std::string folder = rendezvous_folder();

@@ -9,7 +9,8 @@
 // matches the PyTorch reference of tests/mtp (step 0, the shared and
 // unshared draft steps, greedy draft chains). Context parallelism (every
 // prefill's rows split over the group; also with the experts sharded over
-// it) gives the same logits too (and the same routed experts), and so does
+// it, or over shares of tensor-parallel ranks) gives the same logits too (and
+// the same routed experts), and so does
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
 // broadcast of those entries is caught. Shapes that do not divide, CUDA
@@ -62,6 +63,7 @@ struct Layout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
+  int context_parallel_size = 0;  // with context_parallel: shares of tensor-parallel ranks
 };
 
 // The fixture's prompt through the group (every rank the same prompt with
@@ -80,7 +82,18 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.expert_parallel = layout.expert_parallel;
   options.data_parallel_attention = layout.data_parallel_attention;
   options.context_parallel = layout.context_parallel;
+  options.context_parallel_size = layout.context_parallel_size;
   auto model = load_language_model(f.dir, options);
+  if (layout.context_parallel_size > 1) {
+    // Context shares of tensor-parallel ranks, the tensor rank innermost.
+    const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
+    const int tensor = group.size() / layout.context_parallel_size;
+    if (dsa == nullptr || dsa->plan().context_parallel_size != layout.context_parallel_size ||
+        dsa->plan().context_parallel_rank != group.rank() / tensor ||
+        dsa->plan().tensor_parallel_size != tensor ||
+        dsa->plan().tensor_parallel_rank != group.rank() % tensor)
+      return false;
+  }
   if (layout.expert_parallel) {
     // The routed experts really are sharded (each rank its 1 / size of them).
     const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
@@ -100,7 +113,13 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
       "%.3g against HF's prefill\n",
       name.c_str(), group.rank(), group.size(), layout.expert_parallel ? ", experts split" : "",
       layout.data_parallel_attention ? ", data-parallel attention" : "",
-      layout.context_parallel ? ", context parallel" : "", error, hf_error);
+      !layout.context_parallel ? ""
+      : layout.context_parallel_size > 1
+          ? fmt::format(", {} context shares of {} tensor ranks", layout.context_parallel_size,
+                        group.size() / layout.context_parallel_size)
+                .c_str()
+          : ", context parallel",
+      error, hf_error);
   return error <= 1e-5 && hf_error <= 1e-4;
 }
 
@@ -152,6 +171,32 @@ TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {false, false, true});
+  });
+}
+
+// Context parallelism over tensor parallelism: C shares of T ranks (the heads
+// and MLP widths split within a share, the rows across the shares, every
+// collective in its own split of the group); 2 x 2 on both architectures,
+// 3 x 2 (shares of unequal length). The experts sharded as well are refused.
+TEST(TensorParallelModel, ContextParallelOverTensorParallelMatchesOneProcess) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(4, [&](parallel::Communicator& group) {
+      return matches_the_whole_model(name, group, {false, false, true, 2});
+    });
+  parallel::run_forked_group(6, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, {false, false, true, 3});
+  });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    ModelLoadOptions options;
+    options.group = &group;
+    options.context_parallel = options.expert_parallel = true;
+    options.context_parallel_size = 2;
+    try {
+      load_language_model(fixture_dir("glm_schedule"), options);
+    } catch (const megactx::Error& error) {
+      return std::string(error.what()).find("not combined yet") != std::string::npos;
+    }
+    return false;
   });
 }
 
@@ -272,6 +317,9 @@ class CorruptingCommunicator final : public parallel::Communicator {
     inner_.all_to_all(in, send_bytes, out, recv_bytes);
   }
   void barrier() override { inner_.barrier(); }
+  std::unique_ptr<parallel::Communicator> split(int color, int key) override {
+    return inner_.split(color, key);
+  }
   int64_t corrupted() const { return corrupted_; }
   int64_t broadcast_bytes() const { return broadcast_bytes_; }
 
