@@ -142,17 +142,17 @@ int run_serve(const ServeOptions& options) {
   // same model with the same options); it outlives the engine below.
   MEGACTX_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive");
   // Experts are sharded over the serving group: the tensor-parallel one, or
-  // the context-parallel one (each rank's rows reach their experts by all-to-all).
-  const int sharding_group = std::max(options.tensor_parallel_size, options.context_parallel_size);
-  MEGACTX_CHECK(options.expert_parallel_size == 1 || options.expert_parallel_size == sharding_group,
-                "--expert-parallel-size {} must be 1 or the group's size {} (experts are "
-                "sharded over the tensor- or context-parallel group)",
-                options.expert_parallel_size, sharding_group);
+  // the context-parallel one (each rank's rows reach their experts by
+  // all-to-all); with both, over each context share's tensor-parallel ranks.
   const bool context_and_tensor =
       options.context_parallel_size > 1 && options.tensor_parallel_size > 1;
-  MEGACTX_CHECK(!context_and_tensor || options.expert_parallel_size == 1,
-                "--expert-parallel-size with both --context-parallel-size and "
-                "--tensor-parallel-size: not combined yet");
+  const int sharding_group =
+      context_and_tensor ? options.tensor_parallel_size
+                         : std::max(options.tensor_parallel_size, options.context_parallel_size);
+  MEGACTX_CHECK(options.expert_parallel_size == 1 || options.expert_parallel_size == sharding_group,
+                "--expert-parallel-size {} must be 1 or {} (experts are sharded over the "
+                "tensor-parallel group, else the context-parallel one)",
+                options.expert_parallel_size, sharding_group);
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.

@@ -106,17 +106,18 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
   const bool experts = layout.expert_parallel && moe;
-  // Routed experts [rank * E / size, ...) on this rank; with all_to_all the
-  // rows this rank holds (its own requests, or its share of a step's rows)
-  // go to their experts' ranks and back.
-  const auto shard_experts = [&](bool all_to_all) {
-    MEGACTX_CHECK(config.n_routed_experts % size == 0,
-                  "--expert-parallel-size {}: the model's {} routed experts do not divide", size,
-                  config.n_routed_experts);
-    plan.expert_parallel_rank = rank;
-    plan.expert_parallel_size = size;
-    plan.local_experts = config.n_routed_experts / size;
-    plan.first_expert = rank * plan.local_experts;
+  // Routed experts [r * E / n, ...) on expert rank r of n; with all_to_all
+  // the rows this rank holds (its own requests, or its share of a step's
+  // rows) go to their experts' ranks and back, else every rank applies its
+  // experts to all of its rows and the tensor-parallel sum adds them.
+  const auto shard_experts = [&](int expert_rank, int expert_size, bool all_to_all) {
+    MEGACTX_CHECK(config.n_routed_experts % expert_size == 0,
+                  "--expert-parallel-size {}: the model's {} routed experts do not divide",
+                  expert_size, config.n_routed_experts);
+    plan.expert_parallel_rank = expert_rank;
+    plan.expert_parallel_size = expert_size;
+    plan.local_experts = config.n_routed_experts / expert_size;
+    plan.first_expert = expert_rank * plan.local_experts;
     plan.expert_all_to_all = all_to_all;
   };
   if (layout.context_parallel) {
@@ -129,12 +130,11 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       // they reach their experts by all-to-all, as data-parallel attention's
       // do (a step too small to split runs whole on every rank, and each
       // rank's copy of a row comes back from the experts' ranks alike).
-      if (experts) shard_experts(/*all_to_all=*/true);
+      if (experts) shard_experts(rank, size, /*all_to_all=*/true);
       return plan;
     }
-    MEGACTX_CHECK(!layout.expert_parallel,
-                  "--expert-parallel-size with both --context-parallel-size and "
-                  "--tensor-parallel-size: not combined yet");
+    // With tensor parallelism too, the experts are sharded over each share's
+    // tensor-parallel ranks (below), whose sum adds them.
   }
   const bool tensor = !layout.data_parallel_attention;
   if (tensor) {
@@ -158,7 +158,8 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.kv_owner = layer_split_owners(whole.layers, whole.attention, tensor_size);
     }
   }
-  if (experts) shard_experts(/*all_to_all=*/layout.data_parallel_attention);
+  if (experts)
+    shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
   return plan;
 }
 

@@ -268,7 +268,9 @@ def main():
                            (("--context-parallel-size", "2"), 1),
                            (("--context-parallel-size", "2", "--expert-parallel-size", "2"), 1),
                            (("--context-parallel-size", "3"), 2),
-                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3)):
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3),
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                             "--expert-parallel-size", "2"), 3)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
         for (ids, logprobs), (want_ids, want_logprobs) in zip(outputs, plain):
@@ -326,7 +328,7 @@ def main():
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
-                   "--expert-parallel-size", "2"),
+                   "--expert-parallel-size", "4"),
                   ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--context-parallel-size", "2", "--enable-layer-split"),
