@@ -156,9 +156,6 @@ int run_serve(const ServeOptions& options) {
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.
-    MEGACTX_CHECK(options.context_parallel_size == 1,
-                  "--enable-layer-split is not combined with --context-parallel-size (its "
-                  "ranks hold the whole cache to write every rank's rows)");
     MEGACTX_CHECK(!options.enable_dp_attention,
                   "--enable-layer-split splits the caches of one set of requests over the "
                   "tensor-parallel group: not with --enable-dp-attention");

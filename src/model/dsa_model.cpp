@@ -87,7 +87,7 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
 
 std::unique_ptr<PagedKvCache> DsaModel::make_kv_cache(const KvCacheSpec& spec) const {
   return std::make_unique<PagedKvCache>(
-      layer_split_spec(plan_, spec, plan_.layer_split ? group_->rank() : 0));
+      layer_split_spec(plan_, spec, plan_.layer_split ? plan_.tensor_parallel_rank : 0));
 }
 
 std::unique_ptr<PagedKvCache> DsaModel::make_host_kv_cache(const KvCacheSpec& spec) const {
@@ -97,7 +97,7 @@ std::unique_ptr<PagedKvCache> DsaModel::make_host_kv_cache(const KvCacheSpec& sp
 std::vector<KvCacheSpec> DsaModel::kv_cache_shares(const KvCacheSpec& whole) const {
   if (!plan_.layer_split) return {whole};
   std::vector<KvCacheSpec> shares;
-  for (int rank = 0; rank < group_->size(); ++rank)
+  for (int rank = 0; rank < plan_.tensor_parallel_size; ++rank)
     shares.push_back(layer_split_spec(plan_, whole, rank));
   return shares;
 }
@@ -500,7 +500,7 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
                       cache.latent_entry(layer, step.slot(step.sequences[i], selected[i][k])),
                       static_cast<size_t>(bytes));
     }
-    if (!raw.empty()) group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
+    if (!raw.empty()) tensor_group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
     for (int64_t k = 0; k < first.back(); ++k) {
       float* e = latents.data() + k * entry;
       decode_latent_entry(spec, raw.data() + k * bytes, e, e + lora);
@@ -602,7 +602,7 @@ void DsaModel::share_topk(Step& step, int owner) {
   // One broadcast: [tokens, index_topk] positions, then [tokens] counts (int32).
   const int64_t topk = plan_.attention.index_topk, n = step.tokens;
   std::vector<int32_t> words(static_cast<size_t>(n * (topk + 1)));
-  const bool holds = group_->rank() == owner;
+  const bool holds = plan_.tensor_parallel_rank == owner;
   if (holds) {
     for (const Step::Sequence& s : step.sequences) {
       std::copy(s.topk.begin(), s.topk.end(), words.begin() + s.offset * topk);
@@ -610,7 +610,8 @@ void DsaModel::share_topk(Step& step, int owner) {
         words[n * topk + s.offset + i] = static_cast<int32_t>(s.counts[i]);
     }
   }
-  group_->broadcast(words.data(), static_cast<int64_t>(words.size() * sizeof(int32_t)), owner);
+  tensor_group_->broadcast(words.data(), static_cast<int64_t>(words.size() * sizeof(int32_t)),
+                           owner);
   if (holds) return;
   for (Step::Sequence& s : step.sequences) {
     s.topk.assign(words.begin() + s.offset * topk, words.begin() + (s.offset + s.count) * topk);

@@ -89,11 +89,6 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
                 "parallelism: the plan is already split");
   ModelPlan plan = whole;
   if (size == 1) return plan;
-  MEGACTX_CHECK(
-      !layout.layer_split || (!layout.context_parallel && !layout.data_parallel_attention),
-      "--enable-layer-split: the layers' caches are split over the tensor-parallel "
-      "group, not with {}",
-      layout.context_parallel ? "context parallelism" : "data-parallel attention");
   // Context parallelism over the whole group, or over shares of
   // tensor-parallel ranks (the tensor rank innermost).
   const int context = !layout.context_parallel           ? 1
@@ -102,6 +97,13 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   MEGACTX_CHECK(context >= 1 && size % context == 0,
                 "--context-parallel-size {} does not divide the group of {}", context, size);
   const int tensor_size = size / context, tensor_rank = rank % tensor_size;
+  // LayerSplit splits the caches over the tensor-parallel ranks (of each
+  // context share): it needs two or more of them.
+  MEGACTX_CHECK(!layout.layer_split || (!layout.data_parallel_attention && tensor_size > 1),
+                "--enable-layer-split: the layers' caches are split over the tensor-parallel "
+                "group, not with {}",
+                layout.data_parallel_attention ? "data-parallel attention"
+                                               : "context parallelism over the whole group");
   const auto divides = [tensor_size](int64_t value) { return value % tensor_size == 0; };
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;

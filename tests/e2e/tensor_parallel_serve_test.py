@@ -270,7 +270,10 @@ def main():
                            (("--context-parallel-size", "3"), 2),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
-                             "--expert-parallel-size", "2"), 3)):
+                             "--expert-parallel-size", "2"), 3),
+                           # Each context share's caches split over its 2 tensor ranks.
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                             "--enable-layer-split"), 3)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
         for (ids, logprobs), (want_ids, want_logprobs) in zip(outputs, plain):
@@ -284,8 +287,8 @@ def main():
         if "--enable-layer-split" in extra:
             # Each rank holds its layers' pools only: the same --kv-memory holds more pages
             # (the fixture's 8 layers, 4 of them with an indexer pool, split evenly over 2 and
-            # 4 ranks: exactly 2x and 4x; the largest rank's share bounds them in general).
-            ranks = int(extra[1])
+            # 4 tensor ranks: exactly 2x and 4x; the largest rank's share bounds them in general).
+            ranks = int(extra[extra.index("--tensor-parallel-size") + 1])
             ratio = info["kv_pages"] / max(plain_info["kv_pages"], 1)
             ok = ok and info.get("enable_layer_split") is True and \
                 f"split over {ranks} ranks (LayerSplit)" in info["kv_line"] and ratio >= 0.99 * ranks

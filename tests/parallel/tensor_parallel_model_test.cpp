@@ -13,9 +13,10 @@
 // the same routed experts), and so does
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
-// broadcast of those entries is caught. Shapes that do not divide, CUDA
-// under parallelism and LayerSplit with context parallelism or data-parallel
-// attention are errors (MTP with data-parallel attention runs through the
+// broadcast of those entries is caught (also over context shares of
+// tensor-parallel ranks). Shapes that do not divide, CUDA under parallelism
+// and LayerSplit with context parallelism over the whole group or
+// data-parallel attention are errors (MTP with data-parallel attention runs through the
 // group leader: dp_attention_model_test.cpp).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -396,6 +397,9 @@ struct LayerSplitCase {
   const char* name = "glm_schedule";
   KvDType dtype = KvDType::F32;
   bool expert_parallel = false;
+  // > 1: the group is this many context shares of tensor-parallel ranks,
+  // each share's caches split over its ranks.
+  int context_parallel_size = 0;
 };
 
 bool f32_cache(const LayerSplitCase& c) {
@@ -408,6 +412,8 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
   ModelLoadOptions options;
   options.group = &group;
   options.expert_parallel = c.expert_parallel;
+  options.context_parallel = c.context_parallel_size > 1;
+  options.context_parallel_size = c.context_parallel_size;
   const std::vector<float> replicated =
       layer_split_script(*load_language_model(f.dir, options), f, c.dtype);
   const std::vector<float> whole = layer_split_script(*load_language_model(f.dir, {}), f, c.dtype);
@@ -420,7 +426,7 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
   // Its pools and its kv_a (and indexer) weights: its own layers' only.
   std::vector<int64_t> owned, weighted;
   for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer) {
-    if (plan.kv_owner_of(layer) == group.rank()) owned.push_back(layer);
+    if (plan.kv_owner_of(layer) == plan.tensor_parallel_rank) owned.push_back(layer);
     if (static_cast<const DsaModel&>(*model).weights().layers[layer].attention.kv_a.defined())
       weighted.push_back(layer);
   }
@@ -442,10 +448,13 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
   const char* dtype = f32 ? "f32" : c.dtype == KvDType::BF16 ? "bf16" : "fp8";
   const std::string hf = f32 ? fmt::format(", {:.3g} against HF's prefill", hf_error) : "";
   std::printf(
-      "%s, LayerSplit rank %d of %d%s, %s cache, layers%s: max relative logit difference %.3g "
-      "against the replicated group, %.3g against one process%s\n",
-      c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "", dtype,
-      layers.c_str(), error, whole_error, hf.c_str());
+      "%s, LayerSplit rank %d of %d%s%s, %s cache, layers%s: max relative logit difference "
+      "%.3g against the replicated group, %.3g against one process%s\n",
+      c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "",
+      c.context_parallel_size > 1
+          ? fmt::format(", {} context shares", c.context_parallel_size).c_str()
+          : "",
+      dtype, layers.c_str(), error, whole_error, hf.c_str());
   return error <= 1e-6 && (!f32 || (whole_error <= 1e-5 && hf_error <= 1e-4));
 }
 
@@ -487,6 +496,11 @@ TEST(TensorParallelModel, LayerSplitMatchesOneProcess) {
   run(2, {"glm_schedule", KvDType::FP8, true});
   run(4, {"glm_pattern"});
   run(4, {"glm_schedule", KvDType::BF16, true});
+  // Over context shares of tensor-parallel ranks: each share's caches split
+  // over its ranks, the owners' new rows gathered across the shares.
+  run(4, {"glm_schedule", KvDType::F32, false, 2});
+  run(4, {"dsv32_yarn", KvDType::FP8, false, 2});
+  run(6, {"glm_pattern", KvDType::F32, false, 3});
 }
 
 // The same parity check catches a broken broadcast of the gathered entries
