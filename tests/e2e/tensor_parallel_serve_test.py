@@ -14,8 +14,9 @@ workers exit with the server, a server whose worker dies shuts down, and the
 configurations that are not served yet are start-up errors. MTP speculation
 (--speculative-steps 3) on the default model over 2 ranks (tensor or context
 parallel, the latter also with the experts sharded) gives the single-process plain decoding's greedy ids and logprobs,
-with drafts accepted, also with LayerSplit. Weight updates reach every rank (tensor parallel, with LayerSplit, and
-context parallel with the experts sharded): a trainer's tensor (the negated
+with drafts accepted, also with LayerSplit (and over 2 context shares of 2 tensor ranks with
+LayerSplit). Weight updates reach every rank (tensor parallel, with LayerSplit,
+context parallel with the experts sharded, and context over tensor parallel): a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
 the original output. With a host KV tier over 2 ranks, a prompt pushed out
@@ -298,13 +299,16 @@ def main():
               f"HF's and one process's, max |logprob difference| {worst:.2e}{split}")
     for layout in (("--tensor-parallel-size", "2"), ("--context-parallel-size", "2"),
                    ("--context-parallel-size", "2", "--expert-parallel-size", "2"),
-                   ("--tensor-parallel-size", "2", "--enable-layer-split")):
+                   ("--tensor-parallel-size", "2", "--enable-layer-split"),
+                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                    "--enable-layer-split")):
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
     for extra, layout in (((), ("--tensor-parallel-size", "2")),
                           (("--enable-layer-split",), ("--tensor-parallel-size", "2")),
-                          ((), ("--context-parallel-size", "2", "--expert-parallel-size", "2"))):
+                          ((), ("--context-parallel-size", "2", "--expert-parallel-size", "2")),
+                          ((), ("--context-parallel-size", "2", "--tensor-parallel-size", "2"))):
         ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt,
                                                     new_tokens, extra, layout)
         failures += not ok
