@@ -7,7 +7,7 @@
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
-//   [--enable-layer-split | --enable-dp-attention [--data-parallel-size N]]]
+//   [--enable-layer-split | --split-indexer | --enable-dp-attention [--data-parallel-size N]]]
 //   [--context-parallel-size N [--expert-parallel-size N | --tensor-parallel-size T]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
@@ -111,6 +111,7 @@ struct ServeOptions {
   int data_parallel_size = 1;
   bool enable_layer_split = false;
   bool enable_dp_attention = false;
+  bool split_indexer = false;
 };
 
 int run_serve(const ServeOptions& options) {
@@ -207,6 +208,10 @@ int run_serve(const ServeOptions& options) {
   // rank innermost (ParallelLayout).
   load.load.context_parallel_size = options.context_parallel_size;
   load.load.layer_split = options.enable_layer_split;
+  MEGACTX_CHECK(!options.split_indexer || options.tensor_parallel_size > 1,
+                "--split-indexer splits the indexer's heads over the tensor-parallel group: it "
+                "needs --tensor-parallel-size 2 or more");
+  load.load.split_indexer = options.split_indexer;
   load.load.data_parallel_attention = options.enable_dp_attention;
   const int group_size = options.tensor_parallel_size * options.context_parallel_size;
   std::unique_ptr<ServeGroup> group;
@@ -438,6 +443,10 @@ CommandRegistration registration{
                       "Shares of every prefill step's rows, each on a process with the whole "
                       "model or on --tensor-parallel-size processes (long prompts; CPU)")
           ->capture_default_str();
+      command.add_flag("--split-indexer", options->split_indexer,
+                       "Split the DSA indexer's heads over the tensor-parallel group (their "
+                       "scores summed by an all_reduce over the context) instead of running it "
+                       "whole on every rank (CPU)");
       command.add_flag("--enable-layer-split", options->enable_layer_split,
                        "LayerSplit: each layer's KV cache on one rank of the tensor-parallel "
                        "group, which sends the entries a step selected to the others (about "

@@ -30,6 +30,12 @@ struct IndexerTopkOp {
   float scale = 1.0f;          // dim^-0.5
   int32_t* indices = nullptr;  // [queries, topk] out, increasing, tail -1
   int64_t* counts = nullptr;   // [queries] out
+  // The indexer split over ranks (ModelPlan::indexer_split), in two calls:
+  // with scores_out, only the scores over these heads, [queries, keys_count]
+  // (0 past visible[i]), and no top-k; with scores_in (the group's sums, the
+  // same layout), only their top-k (q, weights and keys unused).
+  float* scores_out = nullptr;
+  const float* scores_in = nullptr;
 };
 
 struct MlaAttentionOp {

@@ -1,5 +1,6 @@
 // The CPU backend (OpenBLAS + thread pool) and the reference backend (plain
 // fp32 loops), both behind model/backend.h.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -52,7 +53,8 @@ class CpuBackend final : public Backend {
   }
   void indexer_topk(const IndexerTopkOp& op) override {
     cpu::indexer_topk({op.q, op.weights, op.keys, op.visible, op.queries, op.heads, op.dim,
-                       op.keys_count, op.topk, op.scale, op.indices, op.counts});
+                       op.keys_count, op.topk, op.scale, op.indices, op.counts, op.scores_out,
+                       op.scores_in});
   }
   void mla_attention(const MlaAttentionOp& op) override {
     cpu::mla_attention({op.q_latent, op.q_rope, op.latents, op.indices, op.counts, op.index_stride,
@@ -101,8 +103,18 @@ class ReferenceBackend final : public Backend {
     for (int64_t i = 0; i < op.queries; ++i) {
       const int64_t n = op.visible[i];
       scores.resize(static_cast<size_t>(n));
-      reference::indexer_scores(op.q + i * op.heads * op.dim, op.weights + i * op.heads, op.heads,
-                                op.dim, op.keys, n, op.scale, scores.data());
+      if (op.scores_in != nullptr) {
+        std::copy_n(op.scores_in + i * op.keys_count, n, scores.begin());
+      } else {
+        reference::indexer_scores(op.q + i * op.heads * op.dim, op.weights + i * op.heads, op.heads,
+                                  op.dim, op.keys, n, op.scale, scores.data());
+      }
+      if (op.scores_out != nullptr) {
+        std::copy(scores.begin(), scores.end(), op.scores_out + i * op.keys_count);
+        std::fill(op.scores_out + i * op.keys_count + n, op.scores_out + (i + 1) * op.keys_count,
+                  0.0f);
+        continue;
+      }
       int32_t* out = op.indices + i * op.topk;
       const int64_t count = reference::topk_indices(scores.data(), n, op.topk, out);
       for (int64_t j = count; j < op.topk; ++j) out[j] = -1;

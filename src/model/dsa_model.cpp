@@ -166,7 +166,8 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
                           .data_parallel_attention = options.data_parallel_attention,
                           .context_parallel = options.context_parallel,
                           .context_parallel_size = options.context_parallel_size,
-                          .layer_split = options.layer_split});
+                          .layer_split = options.layer_split,
+                          .split_indexer = options.split_indexer});
     loaded = parallel_shard(loaded, plan);
   }
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
@@ -556,7 +557,9 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
   backend_->rope(k.data(), n, 1, dim, 0, rope, step.cos.data(), step.sin.data(), interleaved);
   std::vector<float> weights(static_cast<size_t>(n * heads));
   backend_->linear(h, n, hidden, w.weights_proj.data<float>(), heads, weights.data());
-  const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
+  // heads^-0.5 of the whole indexer's heads (this rank's share of them with indexer_split).
+  const int64_t all_heads = plan_.indexer_split ? heads * plan_.tensor_parallel_size : heads;
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(all_heads));
   for (float& value : weights) value *= head_scale;
 
   {
@@ -593,6 +596,17 @@ void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, co
     op.scale = 1.0f / std::sqrt(static_cast<float>(dim));
     op.indices = s.topk.data();
     op.counts = s.counts.data();
+    std::vector<float> scores;  // indexer_split: [count, context], the group's sums
+    if (plan_.indexer_split) {
+      // This rank's heads' scores, the group's sum, then everyone's top-k.
+      scores.resize(static_cast<size_t>(s.count * context));
+      op.scores_out = scores.data();
+      backend_->indexer_topk(op);
+      tensor_group_->all_reduce(scores.data(), static_cast<int64_t>(scores.size()),
+                                parallel::ReduceOp::Sum);
+      op.scores_out = nullptr;
+      op.scores_in = scores.data();
+    }
     backend_->indexer_topk(op);
     s.has_topk = true;
   }

@@ -31,6 +31,7 @@ struct DsaModelOptions {
   bool data_parallel_attention = false;
   bool context_parallel = false;
   int context_parallel_size = 0;  // ParallelLayout's: 0 = the whole group
+  bool split_indexer = false;     // ModelPlan::indexer_split
   // LayerSplit over the tensor-parallel group (ModelPlan::kv_owner).
   bool layer_split = false;
 };

@@ -173,6 +173,14 @@ LayerWeights parallel_shard_layer(const LayerWeights& layer, const ModelPlan& pl
     out.attention.w_uv = copy_rows(a.w_uv, first_head, first_head + d.heads);
     out.attention.o = copy_columns(a.o, first_head * d.value, (first_head + d.heads) * d.value);
     if (!layer.is_moe) out.dense = shard_mlp(layer.dense, rank, size);
+    if (plan.indexer_split && a.indexer.wq_b.defined()) {
+      // This rank's indexer heads: their rows of wq_b ([heads * dim, q_lora])
+      // and of weights_proj ([heads, hidden]).
+      const int64_t heads = d.index_heads, first = rank * heads;
+      out.attention.indexer.wq_b =
+          copy_rows(a.indexer.wq_b, first * d.index_dim, (first + heads) * d.index_dim);
+      out.attention.indexer.weights_proj = copy_rows(a.indexer.weights_proj, first, first + heads);
+    }
     if (layer.is_moe && layer.moe.shared.intermediate > 0)
       out.moe.shared = shard_mlp(layer.moe.shared, rank, size);
     if (layer.is_moe && !experts)

@@ -32,6 +32,7 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
   model_options.data_parallel_attention = options.data_parallel_attention;
   model_options.context_parallel = options.context_parallel;
   model_options.context_parallel_size = options.context_parallel_size;
+  model_options.split_indexer = options.split_indexer;
   model_options.layer_split = options.layer_split;
   return build_dsa_model(config, weights, make_backend(options), model_options);
 }
@@ -109,12 +110,13 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // below uploads whole tensors).
   const bool gpu_group =
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
-  MEGACTX_CHECK(!gpu_group || (!options.expert_parallel && !options.data_parallel_attention &&
-                               !options.context_parallel && !options.layer_split),
-                "--device cuda with a group of {}: only tensor parallelism runs on GPUs so far "
-                "(expert parallelism, data-parallel attention, context parallelism and LayerSplit "
-                "run on the CPU)",
-                options.group ? options.group->size() : 1);
+  MEGACTX_CHECK(
+      !gpu_group || (!options.expert_parallel && !options.data_parallel_attention &&
+                     !options.context_parallel && !options.layer_split && !options.split_indexer),
+      "--device cuda with a group of {}: only tensor parallelism runs on GPUs so far "
+      "(expert parallelism, data-parallel attention, context parallelism, LayerSplit "
+      "and the split indexer run on the CPU)",
+      options.group ? options.group->size() : 1);
   const auto check_fp8_split = [&](const ModelConfig& config) {
     MEGACTX_CHECK(!gpu_group || !options.cuda.fp8_native || !config.is_fp8_checkpoint(),
                   "tensor parallelism on GPUs: native fp8 weights are not split yet "

@@ -56,6 +56,9 @@ struct ModelLoadOptions {
   // With context_parallel: the group is this many context shares of
   // tensor-parallel ranks (0: context parallelism over the whole group).
   int context_parallel_size = 0;
+  // The indexer's heads split over the tensor-parallel group, their scores
+  // summed (ModelPlan::indexer_split); else it is whole on every rank.
+  bool split_indexer = false;
   // LayerSplit over the tensor-parallel group: each decoder layer's KV
   // caches on one rank (model_plan.h: ModelPlan::kv_owner); make_kv_cache
   // then allocates this rank's layers only.

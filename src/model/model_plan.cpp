@@ -97,6 +97,9 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   MEGACTX_CHECK(context >= 1 && size % context == 0,
                 "--context-parallel-size {} does not divide the group of {}", context, size);
   const int tensor_size = size / context, tensor_rank = rank % tensor_size;
+  MEGACTX_CHECK(!layout.split_indexer || (!layout.data_parallel_attention && tensor_size > 1),
+                "--split-indexer splits the indexer's heads over the tensor-parallel group: it "
+                "needs --tensor-parallel-size 2 or more (not data-parallel attention)");
   // LayerSplit splits the caches over the tensor-parallel ranks (of each
   // context share): it needs two or more of them.
   MEGACTX_CHECK(!layout.layer_split || (!layout.data_parallel_attention && tensor_size > 1),
@@ -159,6 +162,16 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.layer_split = true;
       plan.kv_owner = layer_split_owners(whole.layers, whole.attention, tensor_size);
     }
+    if (layout.split_indexer) {
+      MEGACTX_CHECK(!layout.layer_split,
+                    "--split-indexer: with --enable-layer-split each layer's indexer runs on "
+                    "its owner alone");
+      MEGACTX_CHECK(divides(whole.attention.index_heads),
+                    "--split-indexer over {} ranks: the indexer's {} heads do not divide",
+                    tensor_size, whole.attention.index_heads);
+      plan.indexer_split = true;
+      plan.attention.index_heads = whole.attention.index_heads / tensor_size;
+    }
   }
   if (experts)
     shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
@@ -203,6 +216,8 @@ KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, in
 ModelPlan whole_model_plan(const ModelPlan& rank_plan) {
   ModelPlan whole = rank_plan;
   whole.attention.heads *= rank_plan.tensor_parallel_size;
+  if (rank_plan.indexer_split) whole.attention.index_heads *= rank_plan.tensor_parallel_size;
+  whole.indexer_split = false;
   whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
   whole.tensor_parallel_size = whole.expert_parallel_size = 1;
   whole.expert_all_to_all = false;

@@ -93,6 +93,13 @@ struct ModelPlan {
   //   own heads over them (dsa_model.cpp).
   bool layer_split = false;
   std::vector<int> kv_owner;  // [num_hidden_layers] with layer_split, else empty
+  // * The indexer split over the tensor-parallel group (indexer_split): this
+  //   rank holds attention.index_heads of the indexer's heads (its rank-th
+  //   share of wq_b's and weights_proj's rows) and scores the context with
+  //   them; the group adds the partial scores (an all_reduce of [rows,
+  //   context] floats per indexer layer) and every rank takes the same top-k.
+  //   Without it the indexer is whole on every rank (no communication).
+  bool indexer_split = false;
 
   const LayerPlan& layer(int64_t index) const {
     return index == static_cast<int64_t>(layers.size()) ? mtp
@@ -136,6 +143,9 @@ struct ParallelLayout {
   // LayerSplit over the tensor-parallel group (not with data-parallel
   // attention or context parallelism): see ModelPlan::kv_owner.
   bool layer_split = false;
+  // The indexer's heads split over the tensor-parallel group
+  // (ModelPlan::indexer_split; not with LayerSplit, whose owner runs it).
+  bool split_indexer = false;
 };
 
 // LayerSplit's owners of `layers` decoder layers over `size` ranks: the

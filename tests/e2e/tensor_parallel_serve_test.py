@@ -6,6 +6,7 @@ entries a step selected to the others; or, with
 --context-parallel-size N, every prefill step's rows split over ranks that
 each hold the whole model, or all of it but 1 / N of the routed experts with
 --expert-parallel-size N, or over N shares of --tensor-parallel-size T
+ranks; --split-indexer splits the indexer's heads over the tensor-parallel
 ranks), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
@@ -272,6 +273,8 @@ def main():
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
                              "--expert-parallel-size", "2"), 3),
+                           # The indexer's heads split over the ranks, the scores summed.
+                           (("--tensor-parallel-size", "2", "--split-indexer"), 1),
                            # Each context share's caches split over its 2 tensor ranks.
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
                              "--enable-layer-split"), 3)):
@@ -338,6 +341,8 @@ def main():
                    "--expert-parallel-size", "4"),
                   ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
+                  ("--split-indexer",),
+                  ("--tensor-parallel-size", "2", "--split-indexer", "--enable-layer-split"),
                   ("--context-parallel-size", "2", "--enable-layer-split"),
                   ("--tensor-parallel-size", "2", "--enable-layer-split", "--enable-dp-attention"),
                   ("--tensor-parallel-size", "2", "--enable-layer-split", "--device", "cuda")):

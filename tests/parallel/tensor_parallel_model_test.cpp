@@ -14,7 +14,8 @@
 // LayerSplit (each layer's caches on one rank, the selected entries sent to
 // the others) through chunked prefill, decode and a prefix-cache hit; a broken
 // broadcast of those entries is caught (also over context shares of
-// tensor-parallel ranks). Shapes that do not divide, CUDA under parallelism
+// tensor-parallel ranks). The indexer's heads split over the ranks (scores
+// summed) give the same logits too. Shapes that do not divide, CUDA under parallelism
 // and LayerSplit with context parallelism over the whole group or
 // data-parallel attention are errors (MTP with data-parallel attention runs through the
 // group leader: dp_attention_model_test.cpp).
@@ -65,6 +66,7 @@ struct Layout {
   bool data_parallel_attention = false;
   bool context_parallel = false;
   int context_parallel_size = 0;  // with context_parallel: shares of tensor-parallel ranks
+  bool split_indexer = false;     // the indexer's heads over the tensor-parallel ranks
 };
 
 // The fixture's prompt through the group (every rank the same prompt with
@@ -84,7 +86,16 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.data_parallel_attention = layout.data_parallel_attention;
   options.context_parallel = layout.context_parallel;
   options.context_parallel_size = layout.context_parallel_size;
+  options.split_indexer = layout.split_indexer;
   auto model = load_language_model(f.dir, options);
+  if (layout.split_indexer) {
+    // Each rank scores with its share of the indexer's heads.
+    const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
+    if (dsa == nullptr || !dsa->plan().indexer_split ||
+        dsa->plan().attention.index_heads * dsa->plan().tensor_parallel_size !=
+            dsa->config().index_n_heads)
+      return false;
+  }
   if (layout.context_parallel_size > 1) {
     // Context shares of tensor-parallel ranks, the tensor rank innermost.
     const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
@@ -117,7 +128,9 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
       "%s, rank %d of %d%s%s%s: max relative logit difference %.3g against one process, "
       "%.3g against HF's prefill\n",
       name.c_str(), group.rank(), group.size(), layout.expert_parallel ? ", experts split" : "",
-      layout.data_parallel_attention ? ", data-parallel attention" : "",
+      layout.data_parallel_attention ? ", data-parallel attention"
+      : layout.split_indexer         ? ", indexer split"
+                                     : "",
       !layout.context_parallel ? ""
       : layout.context_parallel_size > 1
           ? fmt::format(", {} context shares of {} tensor ranks", layout.context_parallel_size,
@@ -194,6 +207,48 @@ TEST(TensorParallelModel, ContextParallelOverTensorParallelMatchesOneProcess) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {true, false, true, 2});
+  });
+}
+
+// The indexer's heads split over the tensor-parallel ranks (their partial
+// scores summed by an all_reduce, the top-k taken from the sums): the same
+// logits as the whole indexer's within fp32 rounding of the head sum's order,
+// over 2 and 4 ranks, with the experts sharded, and over context shares of
+// tensor ranks; with LayerSplit, data-parallel attention or context
+// parallelism over the whole group it is refused.
+TEST(TensorParallelModel, SplitIndexerMatchesOneProcess) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return matches_the_whole_model(name, group, {.split_indexer = true});
+    });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, {.split_indexer = true});
+  });
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_schedule", group,
+                                   {.expert_parallel = true, .split_indexer = true});
+  });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model(
+        "glm_schedule", group,
+        {.context_parallel = true, .context_parallel_size = 2, .split_indexer = true});
+  });
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    int refused = 0;
+    for (int variant = 0; variant < 3; ++variant) {
+      ModelLoadOptions options;
+      options.group = &group;
+      options.split_indexer = true;
+      options.layer_split = variant == 0;
+      options.data_parallel_attention = options.expert_parallel = variant == 1;
+      options.context_parallel = variant == 2;
+      try {
+        load_language_model(fixture_dir("glm_schedule"), options);
+      } catch (const megactx::Error& error) {
+        refused += std::string(error.what()).find("--split-indexer") != std::string::npos;
+      }
+    }
+    return refused == 3;
   });
 }
 
@@ -594,13 +649,14 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 // before anything loads, on any machine.
 TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
-    for (int layout = 0; layout < 3; ++layout) {
+    for (int layout = 0; layout < 4; ++layout) {
       ModelLoadOptions options;
       options.group = &group;
       options.device = Device::CUDA;
       options.expert_parallel = layout == 0;
       options.context_parallel = layout == 1;
       options.layer_split = layout == 2;
+      options.split_indexer = layout == 3;
       try {
         load_language_model(fixture_dir("glm_schedule"), options);
         return false;

@@ -29,6 +29,18 @@ float dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void indexer_topk(const IndexerTopkArgs& a) {
+  if (a.scores_in != nullptr) {
+    ThreadPool::global().parallel_for(a.queries, [&](int64_t begin, int64_t end) {
+      for (int64_t query = begin; query < end; ++query) {
+        int32_t* out = a.indices + query * a.topk;
+        const int64_t count = reference::topk_indices(a.scores_in + query * a.keys_count,
+                                                      a.visible[query], a.topk, out);
+        std::fill(out + count, out + a.topk, -1);
+        a.counts[query] = count;
+      }
+    });
+    return;
+  }
   // Queries in blocks so the [block * heads, keys] logit matrix stays bounded.
   const int64_t block = std::max<int64_t>(
       1, std::min<int64_t>(64, (1 << 22) / std::max<int64_t>(1, a.heads * a.keys_count)));
@@ -53,6 +65,12 @@ void indexer_topk(const IndexerTopkArgs& a) {
             const float v = row[s] * a.scale;
             if (v > 0.0f) scores[s] += w * v;
           }
+        }
+        if (a.scores_out != nullptr) {
+          float* row = a.scores_out + query * a.keys_count;
+          std::copy(scores.begin(), scores.end(), row);
+          std::fill(row + n, row + a.keys_count, 0.0f);
+          continue;
         }
         int32_t* out = a.indices + query * a.topk;
         const int64_t count = reference::topk_indices(scores.data(), n, a.topk, out);

@@ -22,6 +22,11 @@ struct IndexerTopkArgs {
   float scale = 1.0f;          // dim^-0.5
   int32_t* indices = nullptr;  // [queries, topk], increasing; unused tail = -1
   int64_t* counts = nullptr;   // [queries]: min(topk, visible)
+  // Either step alone: scores_out [queries, keys] gets the scores (0 past
+  // visible) and no top-k is taken; scores_in (that layout) is ranked instead
+  // of scoring.
+  float* scores_out = nullptr;
+  const float* scores_in = nullptr;
 };
 void indexer_topk(const IndexerTopkArgs& args);
 
