@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "core/error.h"
@@ -82,6 +83,12 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
     context_split_ = group_->split(plan_.tensor_parallel_rank, plan_.context_parallel_rank);
     tensor_group_ = tensor_split_.get();
     context_group_ = context_split_.get();
+  }
+  if (plan_.layer_split) {
+    // LayerSplit's selected entries travel on a group of their own, in a
+    // thread beside the absorbed-query products (attention()).
+    entry_split_ = tensor_group_->split(0, plan_.tensor_parallel_rank);
+    entry_group_ = entry_split_.get();
   }
 }
 
@@ -438,22 +445,6 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     if (owner >= 0) share_topk(step, owner);
   }
 
-  // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
-  std::vector<float> q_latent(static_cast<size_t>(n * heads * lora));
-  std::vector<float> q_rope(static_cast<size_t>(n * heads * rope));
-  for (int64_t head = 0; head < heads; ++head) {
-    backend_->linear(q.data() + head * qk, n, nope, heads * qk,
-                     w.w_uk_t.data<float>() + head * lora * nope, lora,
-                     q_latent.data() + head * lora, heads * lora);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t head = 0; head < heads; ++head) {
-      std::memcpy(q_rope.data() + (t * heads + head) * rope,
-                  q.data() + (t * heads + head) * qk + nope,
-                  static_cast<size_t>(rope) * sizeof(float));
-    }
-  }
-
   // Sparse attention, per sequence, over latents read back from the cache
   // (prefill and decode read the same layout the same way). Only the rows
   // some query selected are decoded: decode reads top-k entries, not the
@@ -480,6 +471,12 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     first[i + 1] = first[i] + static_cast<int64_t>(selected[i].size());
   }
   std::vector<float> latents(static_cast<size_t>(first.back() * entry));
+  // LayerSplit: the selected entries as the owner's cache holds them, in
+  // flight while the absorbed queries are computed.
+  const KvCacheSpec& spec = cache.spec();
+  const int64_t bytes = spec.latent_bytes_per_token();
+  std::vector<std::byte> raw;
+  std::future<void> entries_sent;
   if (owner < 0) {
     for (size_t i = 0; i < sequences; ++i)
       for (size_t k = 0; k < selected[i].size(); ++k) {
@@ -491,9 +488,7 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     // them ([entries, latent bytes per token]: 656 B each in fp8, 1152 in
     // bf16) and broadcasts them; every rank decodes the same bytes, so its
     // heads see what the replicated cache would give them.
-    const KvCacheSpec& spec = cache.spec();
-    const int64_t bytes = spec.latent_bytes_per_token();
-    std::vector<std::byte> raw(static_cast<size_t>(first.back() * bytes));
+    raw.resize(static_cast<size_t>(first.back() * bytes));
     if (holds) {
       for (size_t i = 0; i < sequences; ++i)
         for (size_t k = 0; k < selected[i].size(); ++k)
@@ -501,7 +496,31 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
                       cache.latent_entry(layer, step.slot(step.sequences[i], selected[i][k])),
                       static_cast<size_t>(bytes));
     }
-    if (!raw.empty()) tensor_group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
+    // On their own group, beside the absorbed products below (no other
+    // collective runs until they are back).
+    if (!raw.empty())
+      entries_sent = std::async(std::launch::async, [&] {
+        entry_group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
+      });
+  }
+  // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
+  std::vector<float> q_latent(static_cast<size_t>(n * heads * lora));
+  std::vector<float> q_rope(static_cast<size_t>(n * heads * rope));
+  for (int64_t head = 0; head < heads; ++head) {
+    backend_->linear(q.data() + head * qk, n, nope, heads * qk,
+                     w.w_uk_t.data<float>() + head * lora * nope, lora,
+                     q_latent.data() + head * lora, heads * lora);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t head = 0; head < heads; ++head) {
+      std::memcpy(q_rope.data() + (t * heads + head) * rope,
+                  q.data() + (t * heads + head) * qk + nope,
+                  static_cast<size_t>(rope) * sizeof(float));
+    }
+  }
+
+  if (owner >= 0) {
+    if (entries_sent.valid()) entries_sent.get();  // rethrows the group's error
     for (int64_t k = 0; k < first.back(); ++k) {
       float* e = latents.data() + k * entry;
       decode_latent_entry(spec, raw.data() + k * bytes, e, e + lora);

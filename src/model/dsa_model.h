@@ -137,6 +137,10 @@ class DsaModel final : public LanguageModel {
   parallel::Communicator* tensor_group_ = nullptr;
   parallel::Communicator* context_group_ = nullptr;
   std::unique_ptr<parallel::Communicator> tensor_split_, context_split_;
+  // LayerSplit: the tensor group's copy that carries the selected entries
+  // while the ranks compute (attention()).
+  parallel::Communicator* entry_group_ = nullptr;
+  std::unique_ptr<parallel::Communicator> entry_split_;
 };
 
 // Plans the model (the architecture's checks first), loads every weight the

@@ -23,9 +23,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -342,6 +344,14 @@ class CorruptingCommunicator final : public parallel::Communicator {
  public:
   explicit CorruptingCommunicator(parallel::Communicator& inner, bool corrupt = true)
       : inner_(inner), corrupt_(corrupt) {}
+  // A split of `parent`'s group (LayerSplit's entry group): the same
+  // corruption, counted in the parent.
+  CorruptingCommunicator(std::unique_ptr<parallel::Communicator> owned,
+                         CorruptingCommunicator& parent)
+      : owned_(std::move(owned)),
+        inner_(*owned_),
+        corrupt_(parent.corrupt_),
+        counts_(parent.counts_) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   void all_reduce(float* data, int64_t count, parallel::ReduceOp op) override {
@@ -352,7 +362,7 @@ class CorruptingCommunicator final : public parallel::Communicator {
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     inner_.broadcast(data, bytes, root);
-    broadcast_bytes_ += bytes;
+    counts_->broadcast_bytes += bytes;
     if (root == rank() || !corrupt_) return;
     auto* bytes_in = static_cast<unsigned char*>(data);
     for (int64_t at = 0; at + 4 <= bytes; at += 4) {
@@ -361,7 +371,7 @@ class CorruptingCommunicator final : public parallel::Communicator {
       if (!std::isnormal(value)) continue;
       value += 0.25f;
       std::memcpy(bytes_in + at, &value, 4);
-      ++corrupted_;
+      ++counts_->corrupted;
     }
   }
   void all_to_all(const void* in, const std::vector<int64_t>& send_bytes, void* out,
@@ -370,16 +380,19 @@ class CorruptingCommunicator final : public parallel::Communicator {
   }
   void barrier() override { inner_.barrier(); }
   std::unique_ptr<parallel::Communicator> split(int color, int key) override {
-    return inner_.split(color, key);
+    return std::make_unique<CorruptingCommunicator>(inner_.split(color, key), *this);
   }
-  int64_t corrupted() const { return corrupted_; }
-  int64_t broadcast_bytes() const { return broadcast_bytes_; }
+  int64_t corrupted() const { return counts_->corrupted; }
+  int64_t broadcast_bytes() const { return counts_->broadcast_bytes; }
 
  private:
+  struct Counts {
+    std::atomic<int64_t> corrupted{0}, broadcast_bytes{0};
+  };
+  std::unique_ptr<parallel::Communicator> owned_;
   parallel::Communicator& inner_;
   bool corrupt_ = true;
-  int64_t corrupted_ = 0;
-  int64_t broadcast_bytes_ = 0;
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
 };
 
 // One sequence then two through `model`'s own cache (16-token pages, in a
