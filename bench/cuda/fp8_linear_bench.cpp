@@ -1,13 +1,17 @@
-// The fp8 block-scaled linears of decode (kernels/cuda/gemm/fp8_block_gemm.h)
-// at the row counts of decode batches and MTP verifications: the CUDA-core
-// GEMV (<= 8 rows), the few-row tensor-core kernel (<= 64 rows), the
-// 64 x 64 tensor-core tile kernel and cuBLASLt's block-scaled GEMM (where it
-// takes the shape; MEGACTX_FP8_LT_SPLITK=0 picks its algorithms without
-// split-k), beside cuBLAS on the same shape in bf16
-// (twice the weight bytes: the peer) and the read-only bandwidth measured in
-// the same run. Each timed call reads a different copy of the weight (copies
-// totalling > 4x L2), so weights come from HBM as in a decode step. Achieved
-// GB/s counts the weight bytes (fp8: 1 per parameter + scales; bf16: 2).
+// The linears of decode (kernels/cuda/gemm/) at the row counts of decode
+// batches and MTP verifications. fp8 block-scaled: the CUDA-core GEMV (<= 8
+// rows), the few-row tensor-core kernel (<= 64 rows), the 64 x 64
+// tensor-core tile kernel and cuBLASLt's block-scaled GEMM (where it takes
+// the shape) with its split-K reduction left to the heuristic ("any") and
+// kept in the GEMM's kernel ("in-kernel"). bf16 (twice the weight bytes: the
+// peer): cuBLAS (cublasGemmEx, what Blas ran before), cuBLASLt's first
+// answer under the in-kernel policy (float32 output; a bf16 output sums its
+// parts in float32), and the fastest of the heuristic's candidates under
+// either policy, timed here, with its split-K parts and reduction (what
+// Blas's autotuned plans pick, up to 64 rows). Read-only bandwidth measured in the same run. Each
+// timed call reads a different copy of the weight (copies totalling > 4x
+// L2), so weights come from HBM as in a decode step. Achieved GB/s counts
+// the weight bytes (fp8: 1 per parameter + scales; bf16: 2).
 //
 //   fp8_linear_bench [--quick]
 #include <cublas_v2.h>
@@ -25,8 +29,8 @@
 #include "bench/cuda/support/read_bandwidth.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/gemm/cublaslt_gemm.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
-#include "kernels/cuda/gemm/fp8_block_gemm_lt.h"
 #include "kernels/cuda/gemm/gemm.h"
 
 using namespace megactx::cuda;
@@ -96,20 +100,34 @@ int main(int argc, char** argv) {
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
   cublasSetStream(handle, stream);
-  Fp8LtGemm lt(stream);
+  // Two planners: the heuristic's choice of split-K reduction, and only
+  // algorithms that sum in their own kernel.
+  LtGemm lt(stream), lt_in_kernel(stream);
   const size_t lt_workspace_bytes = size_t{32} << 20;
-  lt.set_workspace(device_alloc<uint8_t>(lt_workspace_bytes), lt_workspace_bytes);
+  void* lt_workspace = device_alloc<uint8_t>(lt_workspace_bytes);
+  lt.set_workspace(lt_workspace, lt_workspace_bytes);
+  lt.set_reduction(LtReduction::Any, LtReduction::Any);
+  lt_in_kernel.set_workspace(lt_workspace, lt_workspace_bytes);
+  lt_in_kernel.set_reduction(LtReduction::InKernel, LtReduction::InKernel);
 
   const std::vector<Shape> shapes = {
-      {"glm_1b q_a 2048->768", 2048, 768},      {"glm_1b dense MLP down 5632->2048", 5632, 2048},
-      {"GLM-5.2 q_b 2048->16384", 2048, 16384}, {"GLM-5.2 o_proj 16384->6144", 16384, 6144},
-      {"GLM-5.2 kv_a 6144->576", 6144, 576},    {"GLM-5.2 expert gate_up 6144->4096", 6144, 4096},
+      {"glm_1b q_a 2048->768", 2048, 768},
+      {"glm_1b dense MLP down 5632->2048", 5632, 2048},
+      {"GLM-5.2 q_b 2048->16384", 2048, 16384},
+      {"GLM-5.2 o_proj 16384->6144", 16384, 6144},
+      {"GLM-5.2 kv_a 6144->576", 6144, 576},
+      {"GLM-5.2 expert gate_up 6144->4096", 6144, 4096},
+      {"GLM-5.2 q_a|kv_a 6144->2624", 6144, 2624},
+      {"GLM-5.2 indexer wq_b 2048->4096", 2048, 4096},
+      {"GLM-5.2 attention config MLP down 2048->6144", 2048, 6144},
   };
   const std::vector<int64_t> row_counts =
       quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 4, 8, 16, 32, 64};
   std::printf(
-      "| shape | rows | GEMV us | few-row MMA us | 64x64 MMA us | cuBLASLt us | cuBLAS bf16 us | "
-      "best fp8 GB/s | of floor | k split |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | rows | GEMV us | few-row MMA us | 64x64 MMA us | cuBLASLt us (any / in-kernel) | "
+      "best fp8 GB/s | of floor | k split | cuBLAS bf16 us | cuBLASLt bf16 in-kernel us (f32 / "
+      "bf16 out) | fastest bf16 candidate us (split, reduction) | bf16 GB/s | of floor |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     const int64_t groups = (s.in + 127) / 128, scale_rows = (s.out + 127) / 128;
     const size_t weight_bytes = static_cast<size_t>(s.in * s.out);
@@ -175,8 +193,12 @@ int main(int argc, char** argv) {
         g.x_scale = xs_by_group;
         return g;
       };
+      double cublaslt_in_kernel = -1;
       if (lt.supports(lt_gemm_of(0)))
         cublaslt = median_us(stream, copies, calls, [&](int c) { lt.run(lt_gemm_of(c)); });
+      if (lt_in_kernel.supports(lt_gemm_of(0)))
+        cublaslt_in_kernel =
+            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(lt_gemm_of(c)); });
       const float one = 1.f, zero = 0.f;
       const double bf16 = median_us(stream, copies, calls, [&](int c) {
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.out),
@@ -184,19 +206,71 @@ int main(int argc, char** argv) {
                      static_cast<int>(s.in), xb, CUDA_R_16BF, static_cast<int>(s.in), &zero, y,
                      CUDA_R_32F, static_cast<int>(s.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
+      auto bf16_gemm_of = [&](int c) {
+        Bf16LtGemm g;
+        g.x = xb;
+        g.x_stride = s.in;
+        g.w = w_bf16[c];
+        g.y = y;
+        g.y_stride = s.out;
+        g.rows = rows;
+        g.in = s.in;
+        g.out = s.out;
+        return g;
+      };
+      double bf16_in_kernel = -1, bf16_fastest = -1, bf16_out_in_kernel = -1;
+      auto bf16_out_gemm_of = [&](int c) {
+        Bf16LtGemm g = bf16_gemm_of(c);
+        g.y_f32 = false;  // y is large enough for either type
+        return g;
+      };
+      if (lt_in_kernel.supports(bf16_out_gemm_of(0)))
+        bf16_out_in_kernel =
+            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(bf16_out_gemm_of(c)); });
+      std::string fastest_is = "-";
+      if (lt_in_kernel.supports(bf16_gemm_of(0)))
+        bf16_in_kernel =
+            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(bf16_gemm_of(c)); });
+      for (LtGemm* planner : {&lt, &lt_in_kernel}) {
+        if (!planner->supports(bf16_gemm_of(0))) continue;
+        for (int i = 0; i < planner->candidates(bf16_gemm_of(0)); ++i) {
+          // The plan is per shape and alignment, the same for every copy.
+          planner->choose(bf16_gemm_of(0), i);
+          const double us =
+              median_us(stream, copies, calls, [&](int c) { planner->run(bf16_gemm_of(c)); });
+          if (bf16_fastest < 0 || us < bf16_fastest) {
+            bf16_fastest = us;
+            fastest_is = planner->describe(bf16_gemm_of(0), i);
+          }
+        }
+        planner->choose(bf16_gemm_of(0), 0);
+      }
       double best = skinny;
       if (gemv > 0) best = std::min(best, gemv);
       best = std::min(best, tiles);
       if (cublaslt > 0) best = std::min(best, cublaslt);
+      if (cublaslt_in_kernel > 0) best = std::min(best, cublaslt_in_kernel);
       const double bytes = static_cast<double>(weight_bytes) + 4.0 * scale_rows * groups;
       const double gbs = bytes / (best * 1e-6) / 1e9;
-      char gemv_text[32] = "-", lt_text[32] = "-";
-      if (gemv > 0) std::snprintf(gemv_text, sizeof(gemv_text), "%.2f", gemv);
-      if (cublaslt > 0) std::snprintf(lt_text, sizeof(lt_text), "%.2f", cublaslt);
-      std::printf("| %s | %lld | %s | %.2f | %.2f | %s | %.2f | %.0f | %.0f%% | %d |\n", s.name,
-                  static_cast<long long>(rows), gemv_text, skinny, tiles, lt_text, bf16, gbs,
-                  100.0 * gbs / floor.read_gbs,
-                  fp8_block_gemm_skinny_split(rows, s.in, s.out, current_device_multiprocessors()));
+      double best_bf16 = bf16;
+      if (bf16_in_kernel > 0) best_bf16 = std::min(best_bf16, bf16_in_kernel);
+      const double bf16_gbs = 2.0 * static_cast<double>(weight_bytes) / (best_bf16 * 1e-6) / 1e9;
+      auto text = [](double us) {
+        char buffer[32] = "-";
+        if (us > 0) std::snprintf(buffer, sizeof(buffer), "%.2f", us);
+        return std::string(buffer);
+      };
+      std::printf(
+          "| %s | %lld | %s | %.2f | %.2f | %s / %s | %.0f | %.0f%% | %d | %.2f | %s / %s | %s "
+          "(%s) "
+          "| %.0f | %.0f%% |\n",
+          s.name, static_cast<long long>(rows), text(gemv).c_str(), skinny, tiles,
+          text(cublaslt).c_str(), text(cublaslt_in_kernel).c_str(), gbs,
+          100.0 * gbs / floor.read_gbs,
+          fp8_block_gemm_skinny_split(rows, s.in, s.out, current_device_multiprocessors()), bf16,
+          text(bf16_in_kernel).c_str(), text(bf16_out_in_kernel).c_str(),
+          text(bf16_fastest).c_str(), fastest_is.c_str(), bf16_gbs,
+          100.0 * bf16_gbs / floor.read_gbs);
     }
     for (int c = 0; c < copies; ++c) {
       cudaFree(w[c]);

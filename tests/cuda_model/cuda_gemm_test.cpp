@@ -208,6 +208,75 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   cudaFree(dy);
 }
 
+// Decode sizes (a few rows, a long `in`) on cuBLASLt (Blas's opt-in path,
+// its plans autotuned): the same sums as double loops over the bf16 inputs,
+// every row count up to Blas::kBf16LtMaxRows on that path, and every
+// candidate of each plan (the ones the benchmark and autotuning time) right.
+TEST(CudaGemm, Bf16LinearsOfDecodeSizesOnCublasLtMatchDoubleLoops) {
+  const int64_t in = 6144, out = 384, max_rows = 80;
+  auto x = random_values(static_cast<size_t>(max_rows * in), 31);
+  auto w = random_values(static_cast<size_t>(out * in), 32);
+  std::vector<uint16_t> xb(x.size()), wb(w.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i] = float_to_bf16(x[i]));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  uint16_t* dx = to_device(xb);
+  uint16_t* dw = to_device(wb);
+  float* dy = nullptr;
+  MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(max_rows * out) * sizeof(float)));
+  void* workspace = nullptr;
+  const size_t workspace_bytes = size_t{32} << 20;  // room for split-K's counters
+  MEGACTX_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+  Blas blas(nullptr);
+  blas.set_workspace(workspace, workspace_bytes);
+  blas.set_bf16_cublaslt(true);  // off by default (measured neutral to mixed)
+  const auto want = reference(x, w, max_rows, in, out);
+  for (const int64_t rows : {1, 3, 8, 16, 33, 64, 80}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const std::vector<double> rows_want(want.begin(), want.begin() + rows * out);
+    const int64_t runs = blas.bf16_cublaslt_runs();
+    blas.linear_bf16(dx, rows, in, in, dw, out, dy, out, /*y_f32=*/true);
+    EXPECT_LE(max_relative(to_host(dy, static_cast<size_t>(rows * out)), rows_want), 1e-5);
+    EXPECT_EQ(blas.bf16_cublaslt_runs() - runs, rows <= Blas::kBf16LtMaxRows ? 1 : 0);
+    // bf16 output: one rounding of the fp32 sum (2^-9 relative).
+    blas.linear_bf16(dx, rows, in, in, dw, out, dy, out, /*y_f32=*/false);
+    const auto yb = to_host(reinterpret_cast<const uint16_t*>(dy), static_cast<size_t>(rows * out));
+    std::vector<float> y(yb.size());
+    for (size_t i = 0; i < yb.size(); ++i) y[i] = bf16_to_float(yb[i]);
+    EXPECT_LE(max_relative(y, rows_want), 4e-3);
+  }
+  // Every candidate the heuristic offers sums right (under both policies, and
+  // the union that autotuning times).
+  for (const int policy : {0, 1, 2}) {
+    LtGemm lt(nullptr);
+    lt.set_workspace(workspace, workspace_bytes);
+    const LtReduction reduction = policy == 0 ? LtReduction::Any : LtReduction::InKernel;
+    lt.set_reduction(reduction, reduction);
+    lt.set_autotune(policy == 2);
+    Bf16LtGemm g;
+    g.x = dx;
+    g.x_stride = in;
+    g.w = dw;
+    g.y = dy;
+    g.y_stride = out;
+    g.rows = 16;
+    g.in = in;
+    g.out = out;
+    ASSERT_TRUE(lt.supports(g));
+    const std::vector<double> rows_want(want.begin(), want.begin() + g.rows * out);
+    for (int i = 0; i < lt.candidates(g); ++i) {
+      SCOPED_TRACE(lt.describe(g, i));
+      lt.choose(g, i);
+      MEGACTX_CUDA_CHECK(cudaMemset(dy, 0xff, static_cast<size_t>(g.rows * out) * sizeof(float)));
+      lt.run(g);
+      EXPECT_LE(max_relative(to_host(dy, static_cast<size_t>(g.rows * out)), rows_want), 1e-5);
+    }
+  }
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
+  cudaFree(workspace);
+}
+
 TEST(CudaGemm, SharedInputsWithoutFloatValuesFeedOnlyBf16Linears) {
   // share_input(..., f32_written = false): a bf16 linear of the input (or of
   // a block of its rows) reads the copy; one that would read the float32

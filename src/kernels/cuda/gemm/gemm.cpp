@@ -23,6 +23,16 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
+// An A/B switch of cuBLASLt's split-K policy: "any" or "inkernel".
+LtReduction lt_reduction(const char* variable, LtReduction fallback) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return fallback;
+  const std::string_view text(value);
+  MEGACTX_CHECK(text == "any" || text == "inkernel", "{}={}: expected any or inkernel", variable,
+                text);
+  return text == "any" ? LtReduction::Any : LtReduction::InKernel;
+}
+
 int narrow(int64_t value, const char* what) {
   MEGACTX_CHECK(value >= 0 && value <= INT32_MAX, "GEMM {} = {} does not fit cuBLAS int", what,
                 value);
@@ -60,7 +70,13 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   fp8_tensor_cores_ = tensor_cores == nullptr || std::string_view(tensor_cores) != "0";
   const char* cublaslt = std::getenv("MEGACTX_FP8_CUBLASLT");
   fp8_cublaslt_ = cublaslt == nullptr || std::string_view(cublaslt) != "0";
-  fp8_lt_ = std::make_unique<Fp8LtGemm>(stream);
+  const char* bf16_cublaslt = std::getenv("MEGACTX_BF16_CUBLASLT");
+  bf16_cublaslt_ = bf16_cublaslt != nullptr && std::string_view(bf16_cublaslt) == "1";
+  lt_ = std::make_unique<LtGemm>(stream);
+  lt_->set_reduction(lt_reduction("MEGACTX_FP8_LT_REDUCTION", LtReduction::Any),
+                     lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
+  const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
+  lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
 
 Blas::~Blas() {
@@ -164,11 +180,15 @@ void* Blas::grow(void*& buffer, size_t& capacity, size_t bytes) {
 
 void Blas::set_workspace(void* data, size_t bytes) {
   check(cublasSetWorkspace(static_cast<cublasHandle_t>(handle_), data, bytes), "set workspace");
-  fp8_lt_->set_workspace(data, bytes);  // the same stream: never used at once
+  lt_->set_workspace(data, bytes);  // the same stream: never used at once
 }
 
 int64_t Blas::fp8_cublaslt_runs() const {
-  return fp8_lt_->runs();
+  return lt_->fp8_runs();
+}
+
+int64_t Blas::bf16_cublaslt_runs() const {
+  return lt_->bf16_runs();
 }
 
 namespace {
@@ -255,7 +275,7 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.y_stride = y_stride;
   g.in = in;
   g.out = out;
-  // cuBLASLt takes row counts in multiples of 8 (fp8_block_gemm_lt.h): a
+  // cuBLASLt takes row counts in multiples of 8 (cublaslt_gemm.h): a
   // prefill chunk of any length sends its first rows & ~7 there and its last
   // few rows to the decode kernels.
   g.rows = rows > 64 ? rows & ~int64_t{7} : rows;
@@ -269,14 +289,14 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   int64_t copy_row = 0;
   const SharedInput* copy = shared_copy(x, rows, in, x_stride, /*fp8=*/true, copy_row);
   if (!batch_invariant_ && fp8_cublaslt_ && g.out > 0 && fp8_lt_rows(g.rows, in, out) &&
-      fp8_lt_->supports(g)) {
+      lt_->supports(g)) {
     if (copy != nullptr && copy_row == 0 && g.rows == copy->rows) {
       g.x = copy->fp8;
       g.x_scale = copy->fp8_scale_groups;
     } else {
       quantize_e4m3_groups(x, g.rows, in, x_stride, q, scale, stream_, /*scales_by_group=*/true);
     }
-    fp8_lt_->run(g);
+    lt_->run(g);
     if (g.out < out) {
       // Weight rows g.out.. : g.out is a multiple of 128 (and so is any
       // scale_split that supports() took), so their scale rows start at g.out / 128.
@@ -426,6 +446,22 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     g.y_type = y_f32 ? GemmElement::F32 : GemmElement::BF16;
     batch_invariant_gemm(g, stream_);
     return;
+  }
+  if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
+    Bf16LtGemm g;
+    g.x = x;
+    g.x_stride = x_stride;
+    g.w = w;
+    g.y = y;
+    g.y_stride = y_stride;
+    g.y_f32 = y_f32;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    if (lt_->supports(g)) {
+      lt_->run(g);
+      return;
+    }
   }
   auto handle = static_cast<cublasHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;

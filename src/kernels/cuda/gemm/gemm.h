@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/cuda/gemm/fp8_block_gemm_lt.h"
+#include "kernels/cuda/gemm/cublaslt_gemm.h"
 
 namespace megactx::cuda {
 
@@ -136,13 +136,28 @@ class Blas {
   // loops and the CPU emulation pass on the H200); the environment variable
   // MEGACTX_FP8_TENSOR_CORES=0 turns it off for every Blas created afterwards.
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
-  // fp8 linears on cuBLASLt's block-scaled GEMM (fp8_block_gemm_lt.h) where it
+  // fp8 linears on cuBLASLt's block-scaled GEMM (cublaslt_gemm.h) where it
   // beats the hand-written kernels: more than 64 rows, or from 8 rows on for
   // large weights (fp8_lt_rows). On by default; MEGACTX_FP8_CUBLASLT=0 turns
   // it off for every Blas created afterwards (A/B runs).
   void set_fp8_cublaslt(bool on) { fp8_cublaslt_ = on; }
-  // fp8 linears cuBLASLt ran so far (tests: the path was taken).
+  // bf16 linears of up to kBf16LtMaxRows rows on cuBLASLt, its candidates
+  // timed per shape (cublaslt_gemm.h: cuBLAS's own choice at decode sizes
+  // adds a split-K reduction kernel per linear). Off by default: through
+  // CUDA Graphs it measured neutral to 2.5% faster on the GLM-5.2 attention
+  // config (batch 64: 1.97 against 2.02 ms) and 2-5% slower on glm_1b
+  // (batch 4: 1.81 against 1.73 ms; docs/benchmarks.md);
+  // MEGACTX_BF16_CUBLASLT=1 turns it on for every Blas created afterwards.
+  // Each shape's cuBLASLt plan (fp8 too) times the heuristic's candidates on
+  // its first (eager) call and keeps the fastest (LtGemm::set_autotune);
+  // MEGACTX_LT_AUTOTUNE=0 takes the heuristic's first answer under the
+  // split-K policy of MEGACTX_FP8_LT_REDUCTION / MEGACTX_BF16_LT_REDUCTION =
+  // any | inkernel (defaults: any / inkernel).
+  static constexpr int64_t kBf16LtMaxRows = 64;
+  void set_bf16_cublaslt(bool on) { bf16_cublaslt_ = on; }
+  // Linears cuBLASLt ran so far (tests: the path was taken).
   int64_t fp8_cublaslt_runs() const;
+  int64_t bf16_cublaslt_runs() const;
   // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
   // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
   // block-scaled kernel at every row count.
@@ -203,7 +218,8 @@ class Blas {
   uint64_t reallocations_ = 0;
   bool fp8_tensor_cores_ = true;
   bool fp8_cublaslt_ = true;
-  std::unique_ptr<Fp8LtGemm> fp8_lt_;
+  bool bf16_cublaslt_ = false;
+  std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
 };
 
