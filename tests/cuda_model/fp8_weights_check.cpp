@@ -140,6 +140,26 @@ TEST(CheckpointMatrix, StackedGateUpKeepsEveryRowsBlockScale) {
   EXPECT_EQ(plain.values.data<float>()[3], -1.0f);
 }
 
+TEST(CheckpointMatrix, PaddedRowsAreZerosWithinTheLastScaleBlock) {
+  SyntheticCheckpoint s(good_tensors());
+  const CheckpointMatrix gate = read_checkpoint_matrix(*s.checkpoint, "w.weight", {130, 200});
+  const CheckpointMatrix up = read_checkpoint_matrix(*s.checkpoint, "up.weight", {70, 200});
+  // Alone (70 rows: one partial block) and stacked after a split at 130 (up's
+  // rows 130..199 in a block that runs to 257).
+  for (const auto& [matrix, most] :
+       std::vector<std::pair<CheckpointMatrix, int64_t>>{{up, 128}, {stack_rows(gate, up), 258}}) {
+    const CheckpointMatrix padded = pad_rows(matrix, most);
+    EXPECT_EQ(padded.values.shape(), (Shape{most, 200}));
+    EXPECT_EQ(padded.scales.shape(), matrix.scales.shape());
+    EXPECT_EQ(padded.scale_split, matrix.scale_split);
+    const Tensor before = dequantize(matrix), after = dequantize(padded);
+    EXPECT_EQ(std::memcmp(after.raw(), before.raw(), before.nbytes()), 0);
+    for (int64_t i = before.numel(); i < after.numel(); ++i)
+      ASSERT_EQ(after.data<float>()[i], 0.0f) << i;
+    EXPECT_THROW(pad_rows(matrix, most + 1), Error);  // a new scale row
+  }
+}
+
 TEST(CheckpointMatrix, BadScalesAreErrorsNamingTheTensor) {
   std::vector<RawTensor> tensors = good_tensors();
   tensors.push_back({"missing.weight", "F8_E4M3", {4, 8}, fp8_bytes(32, 5)});

@@ -95,6 +95,22 @@ CheckpointMatrix stack_rows(const CheckpointMatrix& top, const CheckpointMatrix&
   return stacked;
 }
 
+CheckpointMatrix pad_rows(const CheckpointMatrix& matrix, int64_t rows) {
+  MEGACTX_CHECK(matrix.fp8() && rows >= matrix.rows(), "pad_rows: fp8 matrices, {} -> {} rows",
+                matrix.rows(), rows);
+  // The padding's scale rows are those of the last rows: no new scale row.
+  MEGACTX_CHECK(fp8_block_scale_row(rows - 1, matrix.scale_split) ==
+                    fp8_block_scale_row(matrix.rows() - 1, matrix.scale_split),
+                "pad_rows: {} -> {} rows leaves the last 128-row block", matrix.rows(), rows);
+  CheckpointMatrix padded;
+  padded.values = Tensor::empty({rows, matrix.cols()}, DType::F8_E4M3);
+  std::memset(padded.values.raw(), 0, padded.values.nbytes());  // e4m3 +0
+  std::memcpy(padded.values.raw(), matrix.values.raw(), matrix.values.nbytes());
+  padded.scales = matrix.scales;
+  padded.scale_split = matrix.scale_split;
+  return padded;
+}
+
 Tensor dequantize(const CheckpointMatrix& matrix) {
   if (!matrix.fp8()) return matrix.values.clone();
   const int64_t rows = matrix.rows(), cols = matrix.cols();

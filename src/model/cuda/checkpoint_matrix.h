@@ -46,6 +46,14 @@ CheckpointMatrix read_checkpoint_matrix(const Checkpoint& checkpoint, const std:
 // top's rows); if either is not fp8 both are stacked as float32.
 CheckpointMatrix stack_rows(const CheckpointMatrix& top, const CheckpointMatrix& bottom);
 
+// An fp8 matrix whose rows after scale_split (all of them when 0) end in a
+// partial 128-row block, padded with zero rows (e4m3 +0) to `rows`, which
+// must stay within that last block: the scale grid is unchanged. Why: the
+// stacked q_a | kv_a (2048 + 576 rows) then is whole 128-row blocks, which
+// cuBLASLt takes in one GEMM (else its last 64 rows run as a second GEMM
+// with a second quantisation of the input).
+CheckpointMatrix pad_rows(const CheckpointMatrix& matrix, int64_t rows);
+
 // float32 [out, in]: values times their block scales (fp8), else a copy.
 Tensor dequantize(const CheckpointMatrix& matrix);
 

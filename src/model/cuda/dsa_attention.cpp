@@ -39,13 +39,14 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // their norms wrote (Blas::share_input) instead of converting them each.
   // q_resid: [n, q_lora] (the indexer reads it too), row stride q_stride.
   // With the stacked q_a | kv_a weight one GEMM writes [n, q_lora | entry]
-  // (in the q_resid buffer, which the memory plan sizes for both): q_resid
-  // and kv are its column ranges.
+  // (in the q_resid buffer, which the memory plan sizes for both; fp8 stacks
+  // add zero columns up to whole 128-blocks, w.qkv_a_rows): q_resid and kv
+  // are its column ranges.
   float* q_resid = nullptr;
   float* kv = nullptr;
   int64_t q_stride = q_lora, kv_stride = entry;
   if (q_lora > 0 && w.qkv_a && stacked_qkv_a()) {
-    q_stride = kv_stride = q_lora + entry;
+    q_stride = kv_stride = w.qkv_a_rows;
     q_resid = sc.q_resid.get<float>(n * q_stride);
     blas_->linear(h, n, hidden, w.qkv_a, q_stride, q_resid);
     kv = q_resid + q_lora;

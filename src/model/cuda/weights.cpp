@@ -1,10 +1,12 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda/weights.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp8_blocks.h"
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
@@ -52,15 +54,26 @@ const uint16_t* CudaWeights::upload_bf16(const Tensor& tensor) {
   return static_cast<const uint16_t*>(upload_bytes(bits.data(), bits.size() * 2));
 }
 
-void CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
-                                 DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second) {
+int64_t CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
+                                    DeviceMatrix& stacked, DeviceMatrix& first,
+                                    DeviceMatrix& second) {
   if (top.fp8() != bottom.fp8()) {  // stack_rows would dequantise the fp8 one
     first = upload_matrix(top);
     second = upload_matrix(bottom);
     stacked = {};
-    return;
+    return 0;
   }
-  stacked = upload_matrix(stack_rows(top, bottom));
+  CheckpointMatrix both = stack_rows(top, bottom);
+  const int64_t whole = (both.rows() + kFp8WeightBlock - 1) / kFp8WeightBlock * kFp8WeightBlock;
+  // MEGACTX_CUDA_PAD_STACKED=0: no padding (A/B runs).
+  static const bool pad = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_PAD_STACKED");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  if (pad && both.fp8() && top.rows() % kFp8WeightBlock == 0 && whole != both.rows())
+    both = pad_rows(both, whole);
+  const int64_t rows = both.rows();
+  stacked = upload_matrix(both);
   const int64_t element = top.fp8() ? 1 : (bf16_ ? 2 : 4);
   first = stacked;
   first.scale_split = 0;  // its rows are all before the split
@@ -71,6 +84,7 @@ void CudaWeights::upload_stacked(const CheckpointMatrix& top, const CheckpointMa
     // Bottom's scale rows follow top's ceil(rows / 128) (stack_rows).
     second.scale = stacked.scale + (top.rows() + 127) / 128 * ((top.cols() + 127) / 128);
   }
+  return rows;
 }
 
 void CudaWeights::upload_absorbed(const Tensor& w_uk_t, const Tensor& w_uv, DeviceLayer& d) {
@@ -163,8 +177,8 @@ DeviceLayer CudaWeights::upload_layer(const LayerWeights& w) {
   d.post_norm = upload(w.post_norm);
   const AttentionWeights& a = w.attention;
   if (a.q_a.defined() && a.q_a.numel() > 0) {
-    upload_stacked(CheckpointMatrix{a.q_a, {}, 0}, CheckpointMatrix{a.kv_a, {}, 0}, d.qkv_a, d.q_a,
-                   d.kv_a);
+    d.qkv_a_rows = upload_stacked(CheckpointMatrix{a.q_a, {}, 0}, CheckpointMatrix{a.kv_a, {}, 0},
+                                  d.qkv_a, d.q_a, d.kv_a);
   } else {
     d.kv_a = upload_matrix(a.kv_a);
   }

@@ -30,8 +30,11 @@ struct DeviceLayer {
   DeviceMatrix q_a, q_b, kv_a, o;
   // q_a's rows then kv_a's, [q_lora + kv_lora + rope, H], stored once: one
   // GEMM reads h for both (q_a and kv_a are views into it). Empty without a
-  // q-LoRA or when only one of the two is fp8.
+  // q-LoRA or when only one of the two is fp8. fp8 stacks end in zero rows
+  // up to whole 128-row blocks where q_a's rows are whole blocks (pad_rows:
+  // one cuBLASLt GEMM); qkv_a_rows counts them (the GEMM's output width).
   DeviceMatrix qkv_a;
+  int64_t qkv_a_rows = 0;
   const float *q_a_norm = nullptr, *kv_a_norm = nullptr, *w_uk_t = nullptr, *w_uv = nullptr;
   // The bf16 mode: the same two rounded to bf16 once at load (the bf16
   // absorbed products' weights, CudaModelOptions::bf16_absorbed_min_rows);
@@ -94,9 +97,12 @@ class CudaWeights {
  private:
   // `top` and `bottom` stacked by rows into one allocation (`stacked`), with
   // views of each (`first`, `second`; fp8 scale pointers adjusted); each
-  // alone, and `stacked` empty, when only one of them is fp8.
-  void upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
-                      DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second);
+  // alone, and `stacked` empty, when only one of them is fp8. fp8 stacks
+  // are padded with zero rows to whole 128-row blocks when top's rows are
+  // whole blocks (pad_rows). Returns the stacked rows, padding included (0
+  // when not stacked).
+  int64_t upload_stacked(const CheckpointMatrix& top, const CheckpointMatrix& bottom,
+                         DeviceMatrix& stacked, DeviceMatrix& first, DeviceMatrix& second);
   // A host float32 tensor rounded to bf16 (nearest even) and uploaded.
   const uint16_t* upload_bf16(const Tensor& tensor);
   // The absorbed W_UK^T / W_UV (float32) and, in the bf16 mode, their bf16 copies.
