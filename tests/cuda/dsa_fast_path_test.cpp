@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <unordered_set>
 
@@ -236,6 +237,16 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
         ASSERT_EQ(packed[(i * mla_padded + h) * (lora + rope) + c], float_to_bf16(want))
             << "token " << i << " head " << h << " column " << c;
       }
+  // The same into a q that is not 16-byte aligned: the padded heads' zeros
+  // one column at a time instead of in 16-byte stores, the same bytes.
+  {
+    DeviceBuffer<uint16_t> d_offset(std::vector<uint16_t>(packed.size() + 1, 0x1234));
+    pack.q = d_offset.get() + 1;
+    cuda::pack_mla_queries(pack, nullptr);
+    const auto offset = d_offset.download();
+    ASSERT_EQ(std::memcmp(offset.data() + 1, packed.data(), packed.size() * 2), 0);
+    pack.q = d_packed.get();
+  }
   // Without q_latent (a bf16 product wrote the latent columns): those stay
   // as they are, the rope columns and the padded heads are written.
   std::vector<uint16_t> marked(packed.size(), 0x1234);
