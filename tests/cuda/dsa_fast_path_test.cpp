@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <unordered_set>
 
 #include "dsa_test_support.h"

@@ -346,11 +346,15 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
   // first out & ~127 outputs on cuBLASLt, the rest on the hand-written
   // kernels; in = 256 stays off cuBLASLt (the other 80-row cases: its sums
   // were wrong there).
+  // Each case also runs with a bf16 output (Blas::linear_to_bf16: the same
+  // kernels writing bf16, cuBLASLt's tails at their bf16 offsets): within the
+  // bound plus the output's rounding (2^-8 relative), padding untouched.
   for (const bool tensor_cores : {false, true}) {
     cuda::Blas blas(stream);
     blas.set_fp8_tensor_cores(tensor_cores);
     blas.set_fp8_cublaslt(tensor_cores);
     const double bound = tensor_cores ? 1e-3 : 1e-4;
+    int64_t f32_lt_runs = 0, bf16_lt_runs = 0;
     int seed = 100;
     for (const Case& c : {Case{1, 128, 128, 0, 0, 0},       Case{7, 160, 272, 0, 3, 0},
                           Case{33, 300, 130, 0, 0, 5},      Case{64, 256, 544, 272, 0, 0},
@@ -382,8 +386,16 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
       w.data = dw.data;
       w.scale = dscale.data + c.scale_offset;
       w.scale_split = c.split;
+      int64_t runs = blas.fp8_cublaslt_runs();
       blas.linear(dx.data, c.rows, c.in, x_stride, w, c.out, dy.data, y_stride);
+      f32_lt_runs += blas.fp8_cublaslt_runs() - runs;
       const std::vector<float> y = dy.host(sentinel.size());
+      const std::vector<uint16_t> sentinel16(sentinel.size(), 0x7777);
+      DeviceArray<uint16_t> dy16(sentinel16);
+      runs = blas.fp8_cublaslt_runs();
+      blas.linear_to_bf16(dx.data, c.rows, c.in, x_stride, w, c.out, dy16.data, y_stride);
+      bf16_lt_runs += blas.fp8_cublaslt_runs() - runs;
+      const std::vector<uint16_t> y16 = dy16.host(sentinel16.size());
 
       // Reference: double loops over the host-rounded inputs and the
       // dequantised weights.
@@ -400,12 +412,25 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
           max_ref = std::max(max_ref, std::fabs(sum));
           max_diff = std::max(max_diff, std::fabs(sum - y[r * y_stride + o]));
         }
-      int64_t touched = 0;
-      for (int64_t r = 0; r < c.rows; ++r)
-        for (int64_t o = c.out; o < y_stride; ++o) touched += y[r * y_stride + o] != -7.0f;
+      int64_t touched = 0, touched16 = 0;
+      double max_diff16 = 0.0;
+      for (int64_t r = 0; r < c.rows; ++r) {
+        for (int64_t o = c.out; o < y_stride; ++o) {
+          touched += y[r * y_stride + o] != -7.0f;
+          touched16 += y16[r * y_stride + o] != 0x7777;
+        }
+        for (int64_t o = 0; o < c.out; ++o) {
+          const double want = ref[r * c.out + o];
+          const double excess = std::fabs(bf16_to_float(y16[r * y_stride + o]) - want) -
+                                std::ldexp(std::fabs(want), -8);
+          max_diff16 = std::max(max_diff16, excess);
+        }
+      }
       EXPECT_EQ(touched, 0) << where << ": y padding columns written";
+      EXPECT_EQ(touched16, 0) << where << ": bf16 y padding columns written";
       EXPECT_LE(max_diff / max_ref, bound)
           << where << ": max |y - ref| " << max_diff << ", max |ref| " << max_ref;
+      EXPECT_LE(max_diff16 / max_ref, bound) << where << ": bf16 output";
 
       // The same weights dequantised into a bf16 GEMM (unrounded float32
       // inputs): they differ by the e4m3 input rounding, rms ~0.027 relative
@@ -435,7 +460,11 @@ TEST(CudaFp8Gemm, LinearMatchesRoundedInputsAndDequantizedBf16) {
       EXPECT_LE(rms, 0.0625) << where;
       EXPECT_GT(rms, 1e-3) << where << ": the inputs are really rounded to e4m3";
     }
-    EXPECT_EQ(blas.fp8_cublaslt_runs(), tensor_cores ? 7 : 0);
+    EXPECT_EQ(f32_lt_runs, tensor_cores ? 7 : 0);
+    // cuBLASLt writes bf16 for the same cases where it has an algorithm.
+    std::printf("cuBLASLt ran %lld of the bf16-output cases (float32: %lld)\n",
+                static_cast<long long>(bf16_lt_runs), static_cast<long long>(f32_lt_runs));
+    EXPECT_LE(bf16_lt_runs, f32_lt_runs);
   }
   MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -304,8 +304,8 @@ class CudaDsaModel final : public LanguageModel {
   // out [rows, hidden]; both products read the layer's bf16 copies of W_UK^T / W_UV (rounded once
   // at load: DeviceLayer::w_uk_t_bf16, w_uv_bf16).
   bool bf16_absorbed(int64_t rows) const;
-  // Whether a block of `rows` rows keeps the output of `writer` (a bf16
-  // weight) in bf16 (CudaModelOptions::bf16_activations).
+  // Whether a block of `rows` rows keeps the output of `writer` (a bf16 or
+  // fp8 weight) in bf16 (CudaModelOptions::bf16_activations).
   bool bf16_activations(int64_t rows, const DeviceMatrix& writer) const;
   void w_uk_bf16(const DeviceLayer& w, const uint16_t* q16, int64_t rows, int64_t head_stride);
   // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(qk, value)] bf16.

@@ -681,7 +681,7 @@ bool CudaDsaModel::bf16_activations(int64_t rows, const DeviceMatrix& writer) co
     const char* value = std::getenv("MEGACTX_CUDA_BF16_ACTIVATIONS");
     return value != nullptr && value[0] == '0';
   }();
-  return !off && options_.bf16_activations && bf16_absorbed(rows) && writer.bf16 && !writer.fp8();
+  return !off && options_.bf16_activations && bf16_absorbed(rows) && (writer.bf16 || writer.fp8());
 }
 
 uint16_t* CudaDsaModel::absorb_bf16(int64_t rows) {

@@ -42,7 +42,7 @@ int64_t step_row_words(const ModelConfig& config, int64_t index_topk) {
   const int64_t entry = config.kv_lora_rank + config.qk_rope_head_dim;
   const int64_t q_lora = config.q_lora_rank.value_or(0);
   int64_t per_token = 0;
-  per_token += 3 * hidden;                                        // x, h, branch
+  per_token += 3 * hidden;                          // x, h, branch
   per_token += (q_lora + entry + 127) / 128 * 128;  // q_resid, kv (fp8 stacks: whole blocks)
   per_token += config.index_n_heads * config.index_head_dim;      // indexer q
   per_token += 2 * config.index_head_dim + config.index_n_heads;  // k_raw, k, weights

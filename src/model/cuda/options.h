@@ -80,7 +80,8 @@ struct CudaModelOptions {
   // writes bf16; W_UK reads its nope columns in place, the query pack rotates
   // its rope columns) and the dense MLP's gate / up (silu_mul reads bf16 and
   // writes only the bf16 input of down). Instead of float32 outputs rounded
-  // by a conversion after. bf16 weights only (not fp8 ones).
+  // by a conversion after. bf16 or fp8 weights (fp8: the block-scaled GEMM
+  // writes bf16; the MLP takes it only when down is bf16 too).
   // MEGACTX_CUDA_BF16_ACTIVATIONS=0 turns it off (A/B runs through serve).
   bool bf16_activations = true;
   int device_ordinal = 0;

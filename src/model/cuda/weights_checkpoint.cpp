@@ -180,8 +180,8 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
   if (c.q_lora_rank) {
     const int64_t q = *c.q_lora_rank;
     d.qkv_a_rows = upload_stacked(source.matrix(a + "q_a_proj.weight", {q, hidden}),
-                                  source.matrix(kv_a, {lora + c.qk_rope_head_dim, hidden}),
-                                  d.qkv_a, d.q_a, d.kv_a);
+                                  source.matrix(kv_a, {lora + c.qk_rope_head_dim, hidden}), d.qkv_a,
+                                  d.q_a, d.kv_a);
     d.q_a_norm = vector(a + "q_a_layernorm.weight", q);
     d.q_b = matrix(a + "q_b_proj.weight", heads * c.qk_head_dim(), q);
   } else {

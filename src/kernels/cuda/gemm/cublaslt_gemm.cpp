@@ -46,7 +46,7 @@ void set_scales(cublasLtMatmulDesc_t desc, const Fp8BlockGemm& g) {
         "B scale");
 }
 
-constexpr int kFp8 = 0, kBf16ToF32 = 1, kBf16ToBf16 = 2;
+constexpr int kFp8 = 0, kBf16ToF32 = 1, kBf16ToBf16 = 2, kFp8ToBf16 = 3;
 
 }  // namespace
 
@@ -92,7 +92,13 @@ void LtGemm::set_reduction(LtReduction fp8, LtReduction bf16) {
 }
 
 LtGemm::Key LtGemm::key_of(const Fp8BlockGemm& g) {
-  return {kFp8, g.rows, g.in, g.out, g.x_stride, g.y_stride, common_alignment(g.x, g.w, g.y)};
+  return {g.y_type == ActType::F32 ? kFp8 : kFp8ToBf16,
+          g.rows,
+          g.in,
+          g.out,
+          g.x_stride,
+          g.y_stride,
+          common_alignment(g.x, g.w, g.y)};
 }
 
 LtGemm::Key LtGemm::key_of(const Bf16LtGemm& g) {
@@ -214,13 +220,14 @@ LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
   check(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(g.in),
                                    static_cast<uint64_t>(g.rows), g.x_stride),
         "B layout");
-  check(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(g.out),
-                                   static_cast<uint64_t>(g.rows), g.y_stride),
+  check(cublasLtMatrixLayoutCreate(&plan->d, g.y_type == ActType::F32 ? CUDA_R_32F : CUDA_R_16BF,
+                                   static_cast<uint64_t>(g.out), static_cast<uint64_t>(g.rows),
+                                   g.y_stride),
         "D layout");
   // The heuristic asks for the scale pointers of the block-scaled modes too
   // (run() sets them again per call: they change with every weight).
   set_scales(plan->desc, g);
-  find_algorithms(*plan, fp8_reduction_, std::get<6>(key), /*f32_output=*/true);
+  find_algorithms(*plan, fp8_reduction_, std::get<6>(key), g.y_type == ActType::F32);
   if (plan->found()) tune(*plan, g.w, g.x, g.y);
   if (!plan->found())
     spdlog::warn(
@@ -257,7 +264,9 @@ LtGemm::Plan* LtGemm::plan(const Bf16LtGemm& g) {
 }
 
 bool LtGemm::supports(const Fp8BlockGemm& g) {
-  if (g.x_type != ActType::E4M3 || g.y_type != ActType::F32 || g.x_stride != g.in) return false;
+  if (g.x_type != ActType::E4M3 || (g.y_type != ActType::F32 && g.y_type != ActType::BF16) ||
+      g.x_stride != g.in)
+    return false;
   // The envelope checked against double loops on the H200: whole 128 blocks
   // both ways and row counts in multiples of 8 (the model's fp8 tests with
   // ragged blocks or odd prefill chunks gave wrong sums through cuBLASLt:
@@ -266,8 +275,9 @@ bool LtGemm::supports(const Fp8BlockGemm& g) {
   // And at least 4 blocks along `in`: with in = 256 its sums were wrong
   // (rms 0.57 of the result at 80 x 256 -> 256, cuda_fp8_weights_test), from
   // 512 on right; the model's shapes have in >= 2048.
-  if (g.in % 128 != 0 || g.in < 512 || g.out % 128 != 0 || g.rows % 8 != 0 || g.y_stride % 4 != 0 ||
-      (g.scale_split > 0 && g.scale_split % 128 != 0))
+  const int64_t y_per_16_bytes = g.y_type == ActType::F32 ? 4 : 8;
+  if (g.in % 128 != 0 || g.in < 512 || g.out % 128 != 0 || g.rows % 8 != 0 ||
+      g.y_stride % y_per_16_bytes != 0 || (g.scale_split > 0 && g.scale_split % 128 != 0))
     return false;
   // The scale tensors too: a per-expert view of small stacked experts can
   // start its scales at an 8-byte offset (cuda_moe_fp8_test's down matrices,

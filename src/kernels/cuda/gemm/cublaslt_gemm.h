@@ -88,7 +88,7 @@ class LtGemm {
   void set_autotune(bool on);
 
   // Whether cuBLASLt has an algorithm for this shape and layout: e4m3 x,
-  // float32 y, `in` and `out` multiples of 128, rows a multiple of 8, the
+  // float32 or bf16 y, `in` and `out` multiples of 128, rows a multiple of 8, the
   // weight's scale grid a plain one (scale_split 0 or a multiple of 128),
   // 16-byte aligned x, w and y rows.
   // Plans the shape on first sight (a heuristic query, host only).
@@ -115,7 +115,7 @@ class LtGemm {
 
  private:
   struct Plan;
-  // Kind (0 fp8, 1 bf16 -> f32, 2 bf16 -> bf16), rows, in, out, x_stride,
+  // Kind (0 fp8 -> f32, 1 bf16 -> f32, 2 bf16 -> bf16, 3 fp8 -> bf16), rows, in, out, x_stride,
   // y_stride, and the alignment (bytes, 16..256) common to the x, w and y
   // pointers, which the heuristic must be told (it assumes 256).
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;

@@ -236,9 +236,13 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, De
 
 void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                           DeviceMatrix w, int64_t out, void* y, int64_t y_stride) {
-  MEGACTX_CHECK(w.bf16 && !w.fp8() && !batch_invariant_,
-                "linear_to_bf16: bf16 weights outside the deterministic mode only");
+  MEGACTX_CHECK((w.bf16 || w.fp8()) && !batch_invariant_,
+                "linear_to_bf16: bf16 or fp8 weights outside the deterministic mode only");
   if (rows == 0 || out == 0) return;
+  if (w.fp8()) {
+    linear_fp8(x, rows, in, x_stride, w, out, y, y_stride, ActType::BF16);
+    return;
+  }
   linear_bf16(bf16_input(x, rows, in, x_stride), rows, in, in, w.data, out, y, y_stride,
               /*y_f32=*/false);
 }
@@ -255,7 +259,15 @@ const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x
 
 void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                       int64_t out, float* y, int64_t y_stride) {
+  linear_fp8(x, rows, in, x_stride, w, out, y, y_stride, ActType::F32);
+}
+
+void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                      int64_t out, void* y, int64_t y_stride, ActType y_type) {
   MEGACTX_CHECK(w.fp8(), "linear_fp8: the weight has no block scales");
+  MEGACTX_CHECK(y_type == ActType::F32 || y_type == ActType::BF16,
+                "linear_fp8: float32 or bf16 outputs");
+  const int64_t y_element = y_type == ActType::F32 ? 4 : 2;
   check_f32_written(x);
   if (rows == 0 || out == 0) return;
   const int64_t groups = (in + 127) / 128;
@@ -271,7 +283,7 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   g.scale = w.scale;
   g.scale_split = w.scale_split;
   g.y = y;
-  g.y_type = ActType::F32;
+  g.y_type = y_type;
   g.y_stride = y_stride;
   g.in = in;
   g.out = out;
@@ -304,11 +316,12 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
       tail.data = static_cast<const uint8_t*>(w.data) + g.out * in;
       tail.scale = w.scale + (g.out / 128) * groups;
       tail.scale_split = w.scale_split > g.out ? w.scale_split - g.out : 0;
-      linear_fp8(x, g.rows, in, x_stride, tail, out - g.out, y + g.out, y_stride);
+      linear_fp8(x, g.rows, in, x_stride, tail, out - g.out,
+                 static_cast<char*>(y) + g.out * y_element, y_stride, y_type);
     }
     if (g.rows < rows)
-      linear_fp8(x + g.rows * x_stride, rows - g.rows, in, x_stride, w, out, y + g.rows * y_stride,
-                 y_stride);
+      linear_fp8(x + g.rows * x_stride, rows - g.rows, in, x_stride, w, out,
+                 static_cast<char*>(y) + g.rows * y_stride * y_element, y_stride, y_type);
     return;
   }
   g.out = out;

@@ -78,8 +78,8 @@ class Blas {
   }
   // The same with y in bf16 [rows, out] (row stride y_stride): for outputs
   // whose consumers read bf16 anyway (the MLA queries of the bf16 absorbed
-  // products), half the bytes and no conversion after. bf16 weights only, not
-  // in the deterministic mode.
+  // products), half the bytes and no conversion after. bf16 or fp8 weights
+  // (fp8: the block-scaled GEMM writes bf16), not in the deterministic mode.
   void linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                       int64_t out, void* y, int64_t y_stride);
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
@@ -130,6 +130,9 @@ class Blas {
   // group / block is handled by the kernels (no padding, no dequantised copy).
   void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                   int64_t out, float* y, int64_t y_stride);
+  // The same with y float32 or bf16 (y_type; linear_to_bf16's fp8 weights).
+  void linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
+                  int64_t out, void* y, int64_t y_stride, ActType y_type);
   // Two or more rows on the tensor-core fp8 kernels (fp8_block_gemm_skinny up
   // to 64 rows, fp8_block_gemm_tensor_cores beyond) instead of the SIMT ones
   // (the GEMV up to 8 rows, the tiled kernel). On by default (its GPU tests against double
