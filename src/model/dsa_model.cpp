@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <utility>
@@ -214,6 +215,7 @@ void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache)
 
 ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
   check_batch(batch, cache);
+  drop_prefetch();  // one a failed forward may have left
   const int64_t hidden = config_.hidden_size;
   Step step;
   step.page_size = cache.spec().page_size;
@@ -475,7 +477,8 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   // flight while the absorbed queries are computed.
   const KvCacheSpec& spec = cache.spec();
   const int64_t bytes = spec.latent_bytes_per_token();
-  std::vector<std::byte> raw;
+  std::vector<std::byte> raw, fresh_raw;
+  std::vector<std::pair<int64_t, int64_t>> fresh;  // (entry index, cache slot) sent now
   std::future<void> entries_sent;
   if (owner < 0) {
     for (size_t i = 0; i < sequences; ++i)
@@ -487,20 +490,39 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     // LayerSplit: the owner copies the selected entries as its cache holds
     // them ([entries, latent bytes per token]: 656 B each in fp8, 1152 in
     // bf16) and broadcasts them; every rank decodes the same bytes, so its
-    // heads see what the replicated cache would give them.
+    // heads see what the replicated cache would give them. Entries the
+    // previous layer's prefetch carried (the same selection, positions
+    // before this step's rows) are taken from it; the rest travel now.
     raw.resize(static_cast<size_t>(first.back() * bytes));
-    if (holds) {
-      for (size_t i = 0; i < sequences; ++i)
-        for (size_t k = 0; k < selected[i].size(); ++k)
-          std::memcpy(raw.data() + (first[i] + static_cast<int64_t>(k)) * bytes,
-                      cache.latent_entry(layer, step.slot(step.sequences[i], selected[i][k])),
+    const bool prefetched =
+        prefetch_.layer == layer && prefetch_.step == &step && prefetch_.selected == selected;
+    if (prefetched && prefetch_.sent.valid()) prefetch_.sent.get();  // rethrows the group's error
+    int64_t carried = 0;
+    fresh.clear();
+    for (size_t i = 0; i < sequences; ++i)
+      for (size_t k = 0; k < selected[i].size(); ++k) {
+        const int64_t index = first[i] + static_cast<int64_t>(k);
+        if (prefetched && selected[i][k] < step.sequences[i].start) {
+          std::memcpy(raw.data() + index * bytes, prefetch_.raw.data() + carried * bytes,
                       static_cast<size_t>(bytes));
+          ++carried;
+        } else {
+          fresh.push_back({index, step.slot(step.sequences[i], selected[i][k])});
+        }
+      }
+    prefetched_entries_ += carried;
+    drop_prefetch();
+    fresh_raw.resize(fresh.size() * static_cast<size_t>(bytes));
+    if (holds) {
+      for (size_t j = 0; j < fresh.size(); ++j)
+        std::memcpy(fresh_raw.data() + j * static_cast<size_t>(bytes),
+                    cache.latent_entry(layer, fresh[j].second), static_cast<size_t>(bytes));
     }
     // On their own group, beside the absorbed products below (no other
     // collective runs until they are back).
-    if (!raw.empty())
+    if (!fresh_raw.empty())
       entries_sent = std::async(std::launch::async, [&] {
-        entry_group_->broadcast(raw.data(), static_cast<int64_t>(raw.size()), owner);
+        entry_group_->broadcast(fresh_raw.data(), static_cast<int64_t>(fresh_raw.size()), owner);
       });
   }
   // Absorbed queries: q_latent[t, head] = q_nope[t, head] . W_UK[head]  -> [n, heads, lora].
@@ -521,10 +543,16 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
 
   if (owner >= 0) {
     if (entries_sent.valid()) entries_sent.get();  // rethrows the group's error
+    for (size_t j = 0; j < fresh.size(); ++j)
+      std::memcpy(raw.data() + fresh[j].first * bytes,
+                  fresh_raw.data() + j * static_cast<size_t>(bytes), static_cast<size_t>(bytes));
     for (int64_t k = 0; k < first.back(); ++k) {
       float* e = latents.data() + k * entry;
       decode_latent_entry(spec, raw.data() + k * bytes, e, e + lora);
     }
+    // The next layer's old entries travel while this one's attention and
+    // feed-forward run.
+    prefetch_entries(layer + 1, step, selected, cache);
   }
   std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
   for (size_t i = 0; i < sequences; ++i) {
@@ -553,6 +581,56 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
                      heads * value);
   }
   backend_->linear(o.data(), n, heads * value, w.o.data<float>(), hidden, out);
+}
+
+void DsaModel::drop_prefetch() {
+  if (prefetch_.sent.valid()) prefetch_.sent.get();
+  prefetch_.layer = -1;
+  prefetch_.step = nullptr;
+}
+
+void DsaModel::prefetch_entries(int64_t next, const Step& step,
+                                const std::vector<std::vector<int32_t>>& selected,
+                                PagedKvCache& cache) {
+  // Only a layer of the same forward that reuses this selection (no indexer
+  // of its own) and whose rows write its cache (no KVShare draft rows, no
+  // context-parallel share whose old context is another share's); every
+  // rank decides the same (the plan, the weights and the shared selection),
+  // owner or not.
+  // MEGACTX_LAYER_SPLIT_PREFETCH=0: every layer's entries at that layer
+  // (A/B runs; read once, and every rank of a serve group inherits it).
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  if (!enabled || next >= config_.num_hidden_layers ||
+      weights_.layers[next].attention.has_indexer || plan_.kv_owner_of(next) < 0 ||
+      step.whole != nullptr)
+    return;
+  for (const Step::Sequence& s : step.sequences)
+    if (s.shared) return;
+  drop_prefetch();
+  const int owner = plan_.kv_owner_of(next);
+  const int64_t bytes = cache.spec().latent_bytes_per_token();
+  std::vector<int64_t> slots;
+  for (size_t i = 0; i < step.sequences.size(); ++i)
+    for (const int32_t position : selected[i])
+      if (position < step.sequences[i].start)
+        slots.push_back(step.slot(step.sequences[i], position));
+  prefetch_.layer = next;
+  prefetch_.step = &step;
+  prefetch_.selected = selected;
+  prefetch_.raw.resize(slots.size() * static_cast<size_t>(bytes));
+  if (plan_.holds_kv(next)) {
+    for (size_t j = 0; j < slots.size(); ++j)
+      std::memcpy(prefetch_.raw.data() + j * static_cast<size_t>(bytes),
+                  cache.latent_entry(next, slots[j]), static_cast<size_t>(bytes));
+  }
+  if (!prefetch_.raw.empty())
+    prefetch_.sent = std::async(std::launch::async, [this, owner] {
+      entry_group_->broadcast(prefetch_.raw.data(), static_cast<int64_t>(prefetch_.raw.size()),
+                              owner);
+    });
 }
 
 void DsaModel::indexer(const LayerWeights& lw, int64_t layer, const float* h, const float* q_resid,

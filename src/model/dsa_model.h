@@ -5,6 +5,8 @@
 // specific to each and build it.
 #pragma once
 
+#include <cstddef>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -57,6 +59,9 @@ class DsaModel final : public LanguageModel {
   std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const override;
 
   int64_t index_topk() const { return plan_.attention.index_topk; }
+  // LayerSplit: selected latent entries that travelled ahead of their layer
+  // (attention()'s prefetch of a shared layer's old-context entries), so far.
+  int64_t prefetched_entries() const { return prefetched_entries_; }
   const ModelPlan& plan() const { return plan_; }
   const DsaWeights& weights() const { return weights_; }
   Backend& backend() { return *backend_; }
@@ -141,6 +146,28 @@ class DsaModel final : public LanguageModel {
   // while the ranks compute (attention()).
   parallel::Communicator* entry_group_ = nullptr;
   std::unique_ptr<parallel::Communicator> entry_split_;
+  // LayerSplit's second entry slot: the next layer's selected entries from
+  // before this step (its cache already holds them), sent by their owner on
+  // entry_group_ while this layer's attention and feed-forward run, when the
+  // next layer shares this one's selection (IndexShare: the same selected
+  // positions). The next layer checks the selection is the same and sends
+  // only the entries of this step's own rows (written by that layer).
+  struct EntryPrefetch {
+    int64_t layer = -1;  // -1: none
+    const Step* step = nullptr;
+    std::vector<std::vector<int32_t>> selected;  // per sequence, attention()'s order
+    std::vector<std::byte> raw;                  // the old entries, [entries, latent bytes]
+    std::future<void> sent;
+  };
+  EntryPrefetch prefetch_;
+  int64_t prefetched_entries_ = 0;
+  // Starts the prefetch of layer `next`'s entries of `selected` (the
+  // positions before each sequence's new rows) when it applies.
+  void prefetch_entries(int64_t next, const Step& step,
+                        const std::vector<std::vector<int32_t>>& selected, PagedKvCache& cache);
+  // Waits for a prefetch in flight (entry_group_ carries one collective at a
+  // time) and forgets it.
+  void drop_prefetch();
 };
 
 // Plans the model (the architecture's checks first), loads every weight the

@@ -512,18 +512,27 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
                    : 0.0;
   std::string layers;
   for (const int64_t layer : owned) layers += " " + std::to_string(layer);
+  // A layer that shares the one before it's selection (IndexShare) gets its
+  // old entries ahead, during that layer (DsaModel::prefetched_entries); a
+  // model with an indexer on every layer (dsv32_yarn) gets none.
+  const auto& dsa = static_cast<const DsaModel&>(*model);
+  bool any_shared = false;
+  for (int64_t layer = 1; layer < model->config().num_hidden_layers; ++layer)
+    any_shared = any_shared || !dsa.weights().layers[layer].attention.has_indexer;
+  const int64_t prefetched = dsa.prefetched_entries();
+  const bool prefetch_ok = any_shared ? prefetched > 0 : prefetched == 0;
   const bool f32 = f32_cache(c);
   const char* dtype = f32 ? "f32" : c.dtype == KvDType::BF16 ? "bf16" : "fp8";
   const std::string hf = f32 ? fmt::format(", {:.3g} against HF's prefill", hf_error) : "";
   std::printf(
       "%s, LayerSplit rank %d of %d%s%s, %s cache, layers%s: max relative logit difference "
-      "%.3g against the replicated group, %.3g against one process%s\n",
+      "%.3g against the replicated group, %.3g against one process%s; %lld entries sent ahead\n",
       c.name, group.rank(), group.size(), c.expert_parallel ? ", experts split" : "",
       c.context_parallel_size > 1
           ? fmt::format(", {} context shares", c.context_parallel_size).c_str()
           : "",
-      dtype, layers.c_str(), error, whole_error, hf.c_str());
-  return error <= 1e-6 && (!f32 || (whole_error <= 1e-5 && hf_error <= 1e-4));
+      dtype, layers.c_str(), error, whole_error, hf.c_str(), static_cast<long long>(prefetched));
+  return prefetch_ok && error <= 1e-6 && (!f32 || (whole_error <= 1e-5 && hf_error <= 1e-4));
 }
 
 TEST(TensorParallelModel, LayerSplitOwnersBalanceThePools) {
