@@ -494,8 +494,8 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
     // previous layer's prefetch carried (the same selection, positions
     // before this step's rows) are taken from it; the rest travel now.
     raw.resize(static_cast<size_t>(first.back() * bytes));
-    const bool prefetched =
-        prefetch_.layer == layer && prefetch_.step == &step && prefetch_.selected == selected;
+    const bool prefetched = prefetch_.layer == layer && prefetch_.step == &step &&
+                            (prefetch_.whole || prefetch_.selected == selected);
     if (prefetched && prefetch_.sent.valid()) prefetch_.sent.get();  // rethrows the group's error
     int64_t carried = 0;
     fresh.clear();
@@ -503,7 +503,10 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
       for (size_t k = 0; k < selected[i].size(); ++k) {
         const int64_t index = first[i] + static_cast<int64_t>(k);
         if (prefetched && selected[i][k] < step.sequences[i].start) {
-          std::memcpy(raw.data() + index * bytes, prefetch_.raw.data() + carried * bytes,
+          // The whole old context by position, or the selection's old entries in order.
+          const int64_t from =
+              prefetch_.whole ? prefetch_.sequence_first[i] + selected[i][k] : carried;
+          std::memcpy(raw.data() + index * bytes, prefetch_.raw.data() + from * bytes,
                       static_cast<size_t>(bytes));
           ++carried;
         } else {
@@ -592,34 +595,52 @@ void DsaModel::drop_prefetch() {
 void DsaModel::prefetch_entries(int64_t next, const Step& step,
                                 const std::vector<std::vector<int32_t>>& selected,
                                 PagedKvCache& cache) {
-  // Only a layer of the same forward that reuses this selection (no indexer
-  // of its own) and whose rows write its cache (no KVShare draft rows, no
-  // context-parallel share whose old context is another share's); every
-  // rank decides the same (the plan, the weights and the shared selection),
-  // owner or not.
+  // Only a layer of the same forward whose rows write its cache (no KVShare
+  // draft rows, no context-parallel share whose old context is another
+  // share's). A layer that reuses this selection (no indexer of its own)
+  // gets its selected old entries; one that runs its indexer gets every old
+  // entry when its selection could cover them all (each sequence's rows x
+  // top-k at least its old context: prefill chunks), and nothing otherwise
+  // (decode: its selection is a small part of a long context). Every rank
+  // decides the same (the plan, the weights, the step and the shared
+  // selection), owner or not.
   // MEGACTX_LAYER_SPLIT_PREFETCH=0: every layer's entries at that layer
   // (A/B runs; read once, and every rank of a serve group inherits it).
   static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
     return !(value != nullptr && value[0] == '0');
   }();
-  if (!enabled || next >= config_.num_hidden_layers ||
-      weights_.layers[next].attention.has_indexer || plan_.kv_owner_of(next) < 0 ||
+  if (!enabled || next >= config_.num_hidden_layers || plan_.kv_owner_of(next) < 0 ||
       step.whole != nullptr)
     return;
-  for (const Step::Sequence& s : step.sequences)
+  const bool whole = weights_.layers[next].attention.has_indexer;
+  int64_t old_entries = 0;
+  for (const Step::Sequence& s : step.sequences) {
     if (s.shared) return;
+    if (whole && s.count * plan_.attention.index_topk < s.start) return;
+    old_entries += s.start;
+  }
+  if (whole && old_entries == 0) return;
   drop_prefetch();
   const int owner = plan_.kv_owner_of(next);
   const int64_t bytes = cache.spec().latent_bytes_per_token();
   std::vector<int64_t> slots;
-  for (size_t i = 0; i < step.sequences.size(); ++i)
-    for (const int32_t position : selected[i])
-      if (position < step.sequences[i].start)
-        slots.push_back(step.slot(step.sequences[i], position));
+  prefetch_.sequence_first.clear();
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const Step::Sequence& s = step.sequences[i];
+    prefetch_.sequence_first.push_back(static_cast<int64_t>(slots.size()));
+    if (whole) {
+      for (int64_t position = 0; position < s.start; ++position)
+        slots.push_back(step.slot(s, position));
+    } else {
+      for (const int32_t position : selected[i])
+        if (position < s.start) slots.push_back(step.slot(s, position));
+    }
+  }
   prefetch_.layer = next;
   prefetch_.step = &step;
-  prefetch_.selected = selected;
+  prefetch_.whole = whole;
+  prefetch_.selected = whole ? std::vector<std::vector<int32_t>>{} : selected;
   prefetch_.raw.resize(slots.size() * static_cast<size_t>(bytes));
   if (plan_.holds_kv(next)) {
     for (size_t j = 0; j < slots.size(); ++j)

@@ -146,16 +146,21 @@ class DsaModel final : public LanguageModel {
   // while the ranks compute (attention()).
   parallel::Communicator* entry_group_ = nullptr;
   std::unique_ptr<parallel::Communicator> entry_split_;
-  // LayerSplit's second entry slot: the next layer's selected entries from
-  // before this step (its cache already holds them), sent by their owner on
-  // entry_group_ while this layer's attention and feed-forward run, when the
-  // next layer shares this one's selection (IndexShare: the same selected
-  // positions). The next layer checks the selection is the same and sends
-  // only the entries of this step's own rows (written by that layer).
+  // LayerSplit's second entry slot: the next layer's entries from before
+  // this step (its cache already holds them), sent by their owner on
+  // entry_group_ while this layer's attention and feed-forward run: the
+  // selected ones when the next layer shares this one's selection
+  // (IndexShare), every one when it runs its own indexer over a step whose
+  // selection can cover its whole context (a prefill chunk: the layer
+  // streamed ahead). The next layer checks the selection is the same (or
+  // takes its entries by position) and sends only the entries of this step's
+  // own rows (written by that layer).
   struct EntryPrefetch {
     int64_t layer = -1;  // -1: none
     const Step* step = nullptr;
+    bool whole = false;  // every old position, else the old ones of `selected`
     std::vector<std::vector<int32_t>> selected;  // per sequence, attention()'s order
+    std::vector<int64_t> sequence_first;         // whole: sequence i's first entry in raw
     std::vector<std::byte> raw;                  // the old entries, [entries, latent bytes]
     std::future<void> sent;
   };

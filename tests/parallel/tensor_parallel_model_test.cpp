@@ -512,15 +512,19 @@ bool layer_split_matches(const LayerSplitCase& c, parallel::Communicator& group,
                    : 0.0;
   std::string layers;
   for (const int64_t layer : owned) layers += " " + std::to_string(layer);
-  // A layer that shares the one before it's selection (IndexShare) gets its
-  // old entries ahead, during that layer (DsaModel::prefetched_entries); a
-  // model with an indexer on every layer (dsv32_yarn) gets none.
+  // Entries go ahead of their layer (DsaModel::prefetched_entries): a layer
+  // that shares the one before it's selection (IndexShare) gets its selected
+  // old entries, and the script's later prefill chunks stream every layer's
+  // old context ahead. Under context shares a prefill chunk's rows are split
+  // (nothing ahead), so dsv32_yarn (an indexer on every layer, so nothing
+  // ahead at decode either) gets none there.
   const auto& dsa = static_cast<const DsaModel&>(*model);
   bool any_shared = false;
   for (int64_t layer = 1; layer < model->config().num_hidden_layers; ++layer)
     any_shared = any_shared || !dsa.weights().layers[layer].attention.has_indexer;
   const int64_t prefetched = dsa.prefetched_entries();
-  const bool prefetch_ok = any_shared ? prefetched > 0 : prefetched == 0;
+  const bool prefetch_ok =
+      c.context_parallel_size > 1 && !any_shared ? prefetched == 0 : prefetched > 0;
   const bool f32 = f32_cache(c);
   const char* dtype = f32 ? "f32" : c.dtype == KvDType::BF16 ? "bf16" : "fp8";
   const std::string hf = f32 ? fmt::format(", {:.3g} against HF's prefill", hf_error) : "";
