@@ -42,6 +42,14 @@ std::vector<float> random_values(size_t count, uint32_t seed) {
   return values;
 }
 
+// values rounded to bf16 in place; their bf16 bits.
+std::vector<uint16_t> round_to_bf16(std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = bf16_to_float(bits[i] = float_to_bf16(values[i]));
+  return bits;
+}
+
 // y[r, o] = sum_i x[r, i] * w[o, i], in double.
 std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& w,
                               int64_t rows, int64_t in, int64_t out) {
@@ -190,9 +198,7 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   const int64_t rows = 20, in = 256, out = 96;
   auto x = random_values(static_cast<size_t>(rows * in), 3);
   auto w = random_values(static_cast<size_t>(out * in), 4);
-  std::vector<uint16_t> xb(x.size()), wb(w.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i] = float_to_bf16(x[i]));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
   uint16_t* dx = to_device(xb);
   uint16_t* dw = to_device(wb);
   float* dy = nullptr;
@@ -216,9 +222,7 @@ TEST(CudaGemm, Bf16LinearsOfDecodeSizesOnCublasLtMatchDoubleLoops) {
   const int64_t in = 6144, out = 384, max_rows = 80;
   auto x = random_values(static_cast<size_t>(max_rows * in), 31);
   auto w = random_values(static_cast<size_t>(out * in), 32);
-  std::vector<uint16_t> xb(x.size()), wb(w.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i] = float_to_bf16(x[i]));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
   uint16_t* dx = to_device(xb);
   uint16_t* dw = to_device(wb);
   float* dy = nullptr;
@@ -284,9 +288,7 @@ TEST(CudaGemm, SharedInputsWithoutFloatValuesFeedOnlyBf16Linears) {
   const int64_t rows = 8, in = 128, out = 32;
   auto x = random_values(static_cast<size_t>(rows * in), 5);
   auto w = random_values(static_cast<size_t>(out * in), 6);
-  std::vector<uint16_t> xb(x.size()), wb(w.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i] = float_to_bf16(x[i]));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(wb[i] = float_to_bf16(w[i]));
+  const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
   std::vector<float> unwritten(x.size(), std::nanf(""));
   float* dx = to_device(unwritten);  // the float32 values were never written
   uint16_t* dxb = to_device(xb);

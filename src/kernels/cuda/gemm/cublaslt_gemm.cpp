@@ -55,6 +55,7 @@ struct LtGemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's answers, best first
   int chosen = 0;
+  bool tuned = false;  // timed (autotuning) or chosen by hand: chosen stays
   ~Plan() {
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     for (cublasLtMatrixLayout_t layout : {a, b, d})
@@ -150,8 +151,8 @@ void LtGemm::find_algorithms(Plan& p, LtReduction reduction, int64_t alignment, 
   }
 }
 
-void LtGemm::tune(Plan& p, const void* w, const void* x, void* y) {
-  if (!autotune_ || p.algos.size() < 2) return;
+void LtGemm::tune(Plan& p, int64_t rows, const void* w, const void* x, void* y) {
+  if (p.tuned || !autotune_ || rows > kAutotuneMaxRows || p.algos.size() < 2) return;
   // Only outside a capture: timing synchronises (the model's first step of
   // a shape runs eagerly before it is captured, decode_graph.h).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -193,11 +194,11 @@ void LtGemm::tune(Plan& p, const void* w, const void* x, void* y) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   p.chosen = chosen;
+  p.tuned = true;
 }
 
-LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
-  const Key key = key_of(g);
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+std::unique_ptr<LtGemm::Plan> LtGemm::new_plan(int element, int output, int64_t rows, int64_t in,
+                                               int64_t out, int64_t x_stride, int64_t y_stride) {
   auto plan = std::make_unique<Plan>();
   check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
   const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
@@ -206,6 +207,25 @@ LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
         "transa");
   check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none),
         "transb");
+  const auto type = static_cast<cudaDataType_t>(element);
+  check(cublasLtMatrixLayoutCreate(&plan->a, type, static_cast<uint64_t>(in),
+                                   static_cast<uint64_t>(out), in),
+        "A layout");
+  check(cublasLtMatrixLayoutCreate(&plan->b, type, static_cast<uint64_t>(in),
+                                   static_cast<uint64_t>(rows), x_stride),
+        "B layout");
+  check(
+      cublasLtMatrixLayoutCreate(&plan->d, static_cast<cudaDataType_t>(output),
+                                 static_cast<uint64_t>(out), static_cast<uint64_t>(rows), y_stride),
+      "D layout");
+  return plan;
+}
+
+LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
+  const Key key = key_of(g);
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  auto plan = new_plan(CUDA_R_8F_E4M3, g.y_type == ActType::F32 ? CUDA_R_32F : CUDA_R_16BF, g.rows,
+                       g.in, g.out, g.x_stride, g.y_stride);
   const int32_t weight_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
   const int32_t input_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &weight_mode,
@@ -214,21 +234,10 @@ LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
   check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &input_mode,
                                        sizeof input_mode),
         "B scale mode");
-  check(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(g.in),
-                                   static_cast<uint64_t>(g.out), g.in),
-        "A layout");
-  check(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(g.in),
-                                   static_cast<uint64_t>(g.rows), g.x_stride),
-        "B layout");
-  check(cublasLtMatrixLayoutCreate(&plan->d, g.y_type == ActType::F32 ? CUDA_R_32F : CUDA_R_16BF,
-                                   static_cast<uint64_t>(g.out), static_cast<uint64_t>(g.rows),
-                                   g.y_stride),
-        "D layout");
   // The heuristic asks for the scale pointers of the block-scaled modes too
   // (run() sets them again per call: they change with every weight).
   set_scales(plan->desc, g);
   find_algorithms(*plan, fp8_reduction_, std::get<6>(key), g.y_type == ActType::F32);
-  if (plan->found()) tune(*plan, g.w, g.x, g.y);
   if (!plan->found())
     spdlog::warn(
         "cuBLASLt has no block-scaled fp8 GEMM for {} x {} -> {}: the hand-written fp8 kernels "
@@ -240,26 +249,9 @@ LtGemm::Plan* LtGemm::plan(const Fp8BlockGemm& g) {
 LtGemm::Plan* LtGemm::plan(const Bf16LtGemm& g) {
   const Key key = key_of(g);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  auto plan = std::make_unique<Plan>();
-  check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                       sizeof transpose),
-        "transa");
-  check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none),
-        "transb");
-  check(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, static_cast<uint64_t>(g.in),
-                                   static_cast<uint64_t>(g.out), g.in),
-        "A layout");
-  check(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, static_cast<uint64_t>(g.in),
-                                   static_cast<uint64_t>(g.rows), g.x_stride),
-        "B layout");
-  check(cublasLtMatrixLayoutCreate(&plan->d, g.y_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                                   static_cast<uint64_t>(g.out), static_cast<uint64_t>(g.rows),
-                                   g.y_stride),
-        "D layout");
+  auto plan = new_plan(CUDA_R_16BF, g.y_f32 ? CUDA_R_32F : CUDA_R_16BF, g.rows, g.in, g.out,
+                       g.x_stride, g.y_stride);
   find_algorithms(*plan, bf16_reduction_, std::get<6>(key), g.y_f32);
-  if (plan->found()) tune(*plan, g.w, g.x, g.y);
   return remember(key, std::move(plan));
 }
 
@@ -309,6 +301,7 @@ void LtGemm::run(const Fp8BlockGemm& g) {
                 g.out);
   // The scale pointers change with every weight: set per call (host-side).
   set_scales(p->desc, g);
+  tune(*p, g.rows, g.w, g.x, g.y);
   launch(*p, g.w, g.x, g.y);
   ++fp8_runs_;
 }
@@ -317,6 +310,7 @@ void LtGemm::run(const Bf16LtGemm& g) {
   Plan* p = plan(g);
   MEGACTX_CHECK(p->found(), "cuBLASLt bf16 GEMM: no algorithm for {} x {} -> {}", g.rows, g.in,
                 g.out);
+  tune(*p, g.rows, g.w, g.x, g.y);
   launch(*p, g.w, g.x, g.y);
   ++bf16_runs_;
 }
@@ -329,18 +323,19 @@ int LtGemm::candidates(const Bf16LtGemm& g) {
   return static_cast<int>(plan(g)->algos.size());
 }
 
+void LtGemm::choose(Plan& p, int candidate) {
+  MEGACTX_CHECK(candidate >= 0 && candidate < static_cast<int>(p.algos.size()),
+                "LtGemm::choose: candidate {} of {}", candidate, p.algos.size());
+  p.chosen = candidate;
+  p.tuned = true;  // a choice by hand is not timed over
+}
+
 void LtGemm::choose(const Fp8BlockGemm& g, int candidate) {
-  Plan* p = plan(g);
-  MEGACTX_CHECK(candidate >= 0 && candidate < static_cast<int>(p->algos.size()),
-                "LtGemm::choose: candidate {} of {}", candidate, p->algos.size());
-  p->chosen = candidate;
+  choose(*plan(g), candidate);
 }
 
 void LtGemm::choose(const Bf16LtGemm& g, int candidate) {
-  Plan* p = plan(g);
-  MEGACTX_CHECK(candidate >= 0 && candidate < static_cast<int>(p->algos.size()),
-                "LtGemm::choose: candidate {} of {}", candidate, p->algos.size());
-  p->chosen = candidate;
+  choose(*plan(g), candidate);
 }
 
 namespace {

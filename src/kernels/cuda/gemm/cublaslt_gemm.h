@@ -29,8 +29,11 @@
 // a split a long `in` is 2-7x slower (fp8_linear_bench).
 //
 // Every plan keeps the heuristic's answers (up to kMaxCandidates per query).
-// With autotuning (set_autotune) a new plan times them on its first call's
-// operands, when the stream is not being captured, and keeps the fastest:
+// With autotuning (set_autotune) a plan of up to kAutotuneMaxRows rows (the
+// decode shapes that CUDA Graphs replay; a prefill chunk's row count would
+// time its large GEMMs for every new chunk length) times them on the first
+// run() outside a graph capture, with that call's operands, and keeps the
+// fastest:
 // the heuristic's first answer was up to 1.3x slower than the best of them
 // at decode sizes (fp8_linear_bench). choose() picks one by hand
 // (benchmarks and tests).
@@ -70,6 +73,7 @@ enum class LtReduction {
 class LtGemm {
  public:
   static constexpr int kMaxCandidates = 8;
+  static constexpr int64_t kAutotuneMaxRows = 64;
 
   explicit LtGemm(cudaStream_t stream);
   ~LtGemm();
@@ -83,8 +87,8 @@ class LtGemm {
   // The reduction policy of plans made afterwards (clears the plans); with
   // autotuning, float32 outputs take the candidates of both policies.
   void set_reduction(LtReduction fp8, LtReduction bf16);
-  // Whether new plans time their candidates (clears the plans). Off by
-  // default; Blas turns it on.
+  // Whether plans time their candidates (clears the plans). Off by default;
+  // Blas turns it on.
   void set_autotune(bool on);
 
   // Whether cuBLASLt has an algorithm for this shape and layout: e4m3 x,
@@ -102,7 +106,8 @@ class LtGemm {
   void run(const Bf16LtGemm& g);
 
   // The plan's candidates (the heuristic's answers, best first), the one
-  // run() takes, and what each is (split-K parts and reduction scheme).
+  // run() takes (a choice by hand ends autotuning for the plan), and what
+  // each is (split-K parts and reduction scheme).
   int candidates(const Fp8BlockGemm& g);
   int candidates(const Bf16LtGemm& g);
   void choose(const Fp8BlockGemm& g, int candidate);
@@ -123,10 +128,16 @@ class LtGemm {
   static Key key_of(const Bf16LtGemm& g);
   Plan* plan(const Fp8BlockGemm& g);
   Plan* plan(const Bf16LtGemm& g);
+  // A plan's descriptor (fp32 compute, w transposed) and layouts: A and B of
+  // cudaDataType `element`, D of `output`.
+  static std::unique_ptr<Plan> new_plan(int element, int output, int64_t rows, int64_t in,
+                                        int64_t out, int64_t x_stride, int64_t y_stride);
+  void choose(Plan& p, int candidate);
   // Asks the heuristic for `p`'s candidates under `reduction`.
   void find_algorithms(Plan& p, LtReduction reduction, int64_t alignment, bool f32_output);
-  // Times p's candidates on these operands (autotuning) and chooses the fastest.
-  void tune(Plan& p, const void* w, const void* x, void* y);
+  // Times p's candidates on these operands and chooses the fastest, once per
+  // plan (autotuning; decode row counts; not inside a graph capture).
+  void tune(Plan& p, int64_t rows, const void* w, const void* x, void* y);
   Plan* remember(const Key& key, std::unique_ptr<Plan> plan);
   void launch(Plan& p, const void* w, const void* x, void* y);
 

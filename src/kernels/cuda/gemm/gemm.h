@@ -151,8 +151,8 @@ class Blas {
   // config (batch 64: 1.97 against 2.02 ms) and 2-5% slower on glm_1b
   // (batch 4: 1.81 against 1.73 ms; docs/benchmarks.md);
   // MEGACTX_BF16_CUBLASLT=1 turns it on for every Blas created afterwards.
-  // Each shape's cuBLASLt plan (fp8 too) times the heuristic's candidates on
-  // its first (eager) call and keeps the fastest (LtGemm::set_autotune);
+  // Each decode-size cuBLASLt plan (fp8 too) times the heuristic's candidates
+  // on its first eager call and keeps the fastest (LtGemm::set_autotune);
   // MEGACTX_LT_AUTOTUNE=0 takes the heuristic's first answer under the
   // split-K policy of MEGACTX_FP8_LT_REDUCTION / MEGACTX_BF16_LT_REDUCTION =
   // any | inkernel (defaults: any / inkernel).
