@@ -86,13 +86,30 @@ __device__ __forceinline__ void set_max_registers_inc() {
 }
 
 // ---- Barriers -----------------------------------------------------------------
-// Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
+// Named barrier `id` (1..15) over `threads` threads (a multiple of 32), in
+// its non-aligned form (`barrier.sync`), which any thread may reach on its own
+// path. The aligned `bar.sync` (= `barrier.sync.aligned`) requires every thread
+// of the CTA that reaches the barrier to do so at the same instruction,
+// converged; warp-specialised kernels reach a shared barrier from different
+// code (producer and consumers, one instantiation per warpgroup), and with
+// `bar.sync` there the fused indexer + top-k lost candidates about one run in
+// six (synccheck: "divergent threads in block"); __syncwarp before `bar.sync`
+// did not cure it.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Arrives at named barrier `id` without waiting (the barrier completes when
 // `threads` threads have arrived or synced).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The aligned forms, for a barrier in a hot loop that every participating
+// thread reaches at this one instruction with its warp converged (the fused
+// indexer's per-page barriers: the non-aligned form made it 11% slower).
+__device__ __forceinline__ void named_barrier_aligned(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive_aligned(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // One plain arrival (no transaction bytes) on an mbarrier in shared memory.

@@ -12,7 +12,9 @@
 // Work split. A planning kernel cuts the rows into tiles of consecutive rows
 // that share a page table (a segment of one request), kFusedTileRows(heads)
 // rows each (16 for 32 heads, 8 for 64). A persistent grid (one CTA per SM)
-// takes tiles from a queue, heaviest first. In a CTA one producer warp streams
+// is dealt the tiles in a fixed order, heaviest first, snaking over the CTAs
+// round by round (no claim to share, so no CTA-wide barrier between tiles;
+// each warpgroup loads its own rows' queries). In a CTA one producer warp streams
 // the tile's key pages (64 keys, 8448 B) with TMA bulk copies through a
 // 4-stage ring; four consumer warpgroups each own a quarter of the tile's rows
 // (128 = rows x heads tensor-core columns; two warpgroups of 256 columns in

@@ -14,7 +14,7 @@ inline size_t round_up_256(size_t bytes) {
 }
 
 struct WorkspaceLayout {
-  size_t counters = 0;   // int32 [4]: tile count, queue head
+  size_t counters = 0;   // int32 [4]: the tile count (the rest spare)
   size_t visible = 0;    // int32 [rows]
   size_t tiles = 0;      // int2 [rows]: first row, row count
   size_t keys = 0;       // uint32 [ctas, kFusedMaxTileRows, kFusedCandidates]
