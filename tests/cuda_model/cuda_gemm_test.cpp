@@ -169,6 +169,105 @@ TEST(CudaGemm, SmallBatchedLinearMatchesDouble) {
   EXPECT_FALSE(small_batched_linear(wide, nullptr));
 }
 
+TEST(CudaGemm, SmallBatchedBf16LinearMatchesDouble) {
+  // The few-row tensor-core kernel (small_batched_linear.h) on the absorbed MLA
+  // shapes of the bf16 decode: W_UK reads q_nope in rows of heads x (nope +
+  // rope) and writes the packed queries [rows, padded heads, 576]; W_UV reads
+  // the attention output [rows, padded heads, 512] and writes [rows, heads x
+  // v]; both outputs; every m16 tile count, rows not a multiple of 16, a `in`
+  // not a multiple of the kernel's 4-block unroll (96, 160).
+  struct Shape {
+    int64_t heads, in, out, x_batch_stride, x_row, y_batch_stride, y_row, rows;
+  };
+  const std::vector<Shape> shapes = {
+      {64, 192, 512, 256, 64 * 256, 576, 64 * 576, 1},   // W_UK, GLM-5.2
+      {64, 192, 512, 256, 64 * 256, 576, 64 * 576, 16},  // W_UK, batch 16
+      {64, 512, 256, 512, 64 * 512, 256, 64 * 256, 17},  // W_UV
+      {16, 512, 256, 512, 64 * 512, 256, 16 * 256, 40},  // W_UV, 16 heads padded to 64
+      {16, 128, 512, 192, 16 * 192, 576, 64 * 576, 64},  // W_UK, nope 128
+      {8, 96, 48, 96, 8 * 96, 48, 8 * 48, 33},           // 3 k blocks
+      {3, 160, 16, 168, 3 * 168, 16, 3 * 16, 5}};
+  for (const bool y_f32 : {true, false})
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE("heads " + std::to_string(s.heads) + " in " + std::to_string(s.in) + " out " +
+                   std::to_string(s.out) + " rows " + std::to_string(s.rows) +
+                   (y_f32 ? " f32" : " bf16"));
+      std::vector<float> x = random_values(static_cast<size_t>(s.rows * s.x_row), 21);
+      std::vector<float> w = random_values(static_cast<size_t>(s.heads * s.out * s.in), 22);
+      const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
+      uint16_t* d_x = to_device(xb);
+      uint16_t* d_w = to_device(wb);
+      const size_t y_count = static_cast<size_t>(s.rows * s.y_row);
+      void* d_y = nullptr;
+      MEGACTX_CUDA_CHECK(cudaMalloc(&d_y, y_count * 4));
+      MEGACTX_CUDA_CHECK(cudaMemset(d_y, 0xff, y_count * 4));  // NaN in both types
+      SmallBatchedLinearBf16 g;
+      g.x = d_x;
+      g.w = d_w;
+      g.y = d_y;
+      g.y_f32 = y_f32;
+      g.rows = s.rows;
+      g.in = s.in;
+      g.out = s.out;
+      g.batch = s.heads;
+      g.x_stride = s.x_row;
+      g.x_batch_stride = s.x_batch_stride;
+      g.w_batch_stride = s.out * s.in;
+      g.y_stride = s.y_row;
+      g.y_batch_stride = s.y_batch_stride;
+      ASSERT_TRUE(small_batched_linear_bf16(g, nullptr));
+      MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<float> y(y_count);
+      if (y_f32) {
+        y = to_host(static_cast<float*>(d_y), y_count);
+      } else {
+        const std::vector<uint16_t> bits = to_host(static_cast<uint16_t*>(d_y), y_count);
+        for (size_t i = 0; i < y_count; ++i) y[i] = bf16_to_float(bits[i]);
+      }
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t o = 0; o < s.out; ++o) {
+            double want = 0.0, magnitude = 0.0;
+            for (int64_t i = 0; i < s.in; ++i) {
+              const double p = static_cast<double>(x[r * s.x_row + h * s.x_batch_stride + i]) *
+                               w[(h * s.out + o) * s.in + i];
+              want += p;
+              magnitude += std::fabs(p);
+            }
+            const float got = y[r * s.y_row + h * s.y_batch_stride + o];
+            ASSERT_FALSE(std::isnan(got)) << "row " << r << " head " << h << " out " << o;
+            // float32 sums of products that are exact; a bf16 output is then
+            // rounded to nearest (half a unit: 2^-9 relative).
+            const double tolerance =
+                1e-6 * magnitude + (y_f32 ? 0.0 : std::ldexp(std::fabs(want), -8));
+            ASSERT_NEAR(got, want, tolerance) << "row " << r << " head " << h << " out " << o;
+          }
+      // Columns between one head's outputs and the next head's untouched.
+      if (s.y_batch_stride > s.out) {
+        EXPECT_TRUE(std::isnan(y[s.out]));
+      }
+      cudaFree(d_x);
+      cudaFree(d_w);
+      cudaFree(d_y);
+    }
+  // Shapes it leaves to cuBLAS.
+  SmallBatchedLinearBf16 other;
+  other.rows = 65;
+  other.in = 128;
+  other.out = 64;
+  other.batch = 1;
+  EXPECT_FALSE(small_batched_linear_bf16(other, nullptr));  // too many rows
+  other.rows = 8;
+  other.in = 48;
+  EXPECT_FALSE(small_batched_linear_bf16(other, nullptr));  // in not a multiple of 32
+  other.in = 64;
+  other.out = 24;
+  EXPECT_FALSE(small_batched_linear_bf16(other, nullptr));  // out not a multiple of 16
+  other.out = 32;
+  other.x = reinterpret_cast<const void*>(uintptr_t{8});
+  EXPECT_FALSE(small_batched_linear_bf16(other, nullptr));  // x not 16-byte aligned
+}
+
 TEST(CudaGemm, FloatToBf16RowsRoundsEveryElementToNearestEven) {
   // The vector path (n and the stride multiples of 4) and the scalar one (an
   // odd width, an odd stride), one row and many, against the host's rounding.

@@ -28,4 +28,28 @@ struct SmallBatchedLinear {
 // shared memory); false otherwise (the caller runs cuBLAS).
 bool small_batched_linear(const SmallBatchedLinear& g, cudaStream_t stream);
 
+// The same product in bf16 on the tensor cores (small_batched_linear_bf16.cu):
+// x and w bf16, float32 accumulation, y float32 (y_f32) or bf16 (rounded to
+// nearest even): the absorbed W_UK / W_UV of the bf16 decode, whose cuBLAS
+// batched GEMM took 6.8 / 8.0 us per layer at 16 rows for 12.6 / 16.8 MB of
+// weights (2.9 / 3.8 us at the read rate; GLM-5.2 attention config, ncu).
+// Opt-in through Blas::linear_batched_bf16 (MEGACTX_SMALL_BATCHED_BF16_ROWS):
+// its first version was slower than cuBLAS in the model.
+inline constexpr int64_t kSmallBatchedLinearBf16MaxRows = 64;
+
+struct SmallBatchedLinearBf16 {
+  const void* x = nullptr;  // bf16
+  const void* w = nullptr;  // bf16
+  void* y = nullptr;        // float32 or bf16
+  bool y_f32 = true;
+  int64_t rows = 0, in = 0, out = 0, batch = 0;
+  int64_t x_stride = 0, x_batch_stride = 0, w_batch_stride = 0, y_stride = 0, y_batch_stride = 0;
+};
+
+// Launches it when it serves the shape: 1..kSmallBatchedLinearBf16MaxRows rows,
+// `in` a multiple of 32 up to 1024, `out` a multiple of 16, x and w rows in
+// whole 16-byte chunks (pointers 16-byte aligned, strides multiples of 8),
+// y's pairs aligned (even strides); false otherwise (the caller runs cuBLAS).
+bool small_batched_linear_bf16(const SmallBatchedLinearBf16& g, cudaStream_t stream);
+
 }  // namespace megactx::cuda
