@@ -397,18 +397,11 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
   }
   if (rows <= small_batched_linear_rows()) {
     SmallBatchedLinear g;
+    static_cast<BatchedLinearShape&>(g) = {
+        rows, in, out, batch, x_stride, x_batch_stride, w_batch_stride, y_stride, y_batch_stride};
     g.x = x;
     g.w = w;
     g.y = y;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
-    g.batch = batch;
-    g.x_stride = x_stride;
-    g.x_batch_stride = x_batch_stride;
-    g.w_batch_stride = w_batch_stride;
-    g.y_stride = y_stride;
-    g.y_batch_stride = y_batch_stride;
     if (small_batched_linear(g, stream_)) return;
   }
   const float one = 1.0f, zero = 0.0f;
@@ -452,19 +445,12 @@ void Blas::linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t 
   MEGACTX_CHECK(!batch_invariant_, "linear_batched_bf16: not in the deterministic mode");
   if (rows <= small_batched_linear_bf16_rows()) {
     SmallBatchedLinearBf16 g;
+    static_cast<BatchedLinearShape&>(g) = {
+        rows, in, out, batch, x_stride, x_batch_stride, w_batch_stride, y_stride, y_batch_stride};
     g.x = x;
     g.w = w;
     g.y = y;
     g.y_f32 = y_f32;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
-    g.batch = batch;
-    g.x_stride = x_stride;
-    g.x_batch_stride = x_batch_stride;
-    g.w_batch_stride = w_batch_stride;
-    g.y_stride = y_stride;
-    g.y_batch_stride = y_batch_stride;
     if (small_batched_linear_bf16(g, stream_)) return;
   }
   auto handle = static_cast<cublasHandle_t>(handle_);

@@ -15,12 +15,16 @@ namespace megactx::cuda {
 
 inline constexpr int64_t kSmallBatchedLinearMaxRows = 16;
 
-struct SmallBatchedLinear {
+// The geometry both kernels take (strides in elements).
+struct BatchedLinearShape {
+  int64_t rows = 0, in = 0, out = 0, batch = 0;
+  int64_t x_stride = 0, x_batch_stride = 0, w_batch_stride = 0, y_stride = 0, y_batch_stride = 0;
+};
+
+struct SmallBatchedLinear : BatchedLinearShape {
   const float* x = nullptr;
   const float* w = nullptr;
   float* y = nullptr;
-  int64_t rows = 0, in = 0, out = 0, batch = 0;
-  int64_t x_stride = 0, x_batch_stride = 0, w_batch_stride = 0, y_stride = 0, y_batch_stride = 0;
 };
 
 // Launches it when it serves the shape (1..kSmallBatchedLinearMaxRows rows, in a
@@ -37,13 +41,11 @@ bool small_batched_linear(const SmallBatchedLinear& g, cudaStream_t stream);
 // its first version was slower than cuBLAS in the model.
 inline constexpr int64_t kSmallBatchedLinearBf16MaxRows = 64;
 
-struct SmallBatchedLinearBf16 {
+struct SmallBatchedLinearBf16 : BatchedLinearShape {
   const void* x = nullptr;  // bf16
   const void* w = nullptr;  // bf16
   void* y = nullptr;        // float32 or bf16
   bool y_f32 = true;
-  int64_t rows = 0, in = 0, out = 0, batch = 0;
-  int64_t x_stride = 0, x_batch_stride = 0, w_batch_stride = 0, y_stride = 0, y_batch_stride = 0;
 };
 
 // Launches it when it serves the shape: 1..kSmallBatchedLinearBf16MaxRows rows,
