@@ -8,7 +8,8 @@
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --split-indexer | --enable-dp-attention [--data-parallel-size N]]]
-//   [--context-parallel-size N [--expert-parallel-size N | --tensor-parallel-size T]]
+//   [--context-parallel-size N [--expert-parallel-size N |
+//                               --tensor-parallel-size T [--expert-parallel-size T | N x T]]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
@@ -33,7 +34,9 @@
 // them (the new latents and indexer keys gathered into every rank's cache);
 // with --expert-parallel-size N (= N) each rank holds 1 / N of the routed
 // experts and its rows reach them by all-to-all; with --tensor-parallel-size T,
-// N x T processes: N context shares of T tensor-parallel ranks each.
+// N x T processes: N context shares of T tensor-parallel ranks each, the
+// experts (--expert-parallel-size) over each share's T ranks or, with N x T,
+// over the whole group (each MoE layer gathers the shares' rows).
 // --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
 // --data-parallel-size / --dp-size, which must then be N): every rank holds
 // attention and the dense weights whole and runs its own requests, in its
@@ -144,16 +147,30 @@ int run_serve(const ServeOptions& options) {
   MEGACTX_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive");
   // Experts are sharded over the serving group: the tensor-parallel one, or
   // the context-parallel one (each rank's rows reach their experts by
-  // all-to-all); with both, over each context share's tensor-parallel ranks.
+  // all-to-all); with both, over each context share's tensor-parallel ranks
+  // (--expert-parallel-size T) or over the whole group of C x T ranks
+  // (--expert-parallel-size C x T: 1 / (C x T) of the experts per rank, every
+  // share's rows gathered for them).
   const bool context_and_tensor =
       options.context_parallel_size > 1 && options.tensor_parallel_size > 1;
   const int sharding_group =
       context_and_tensor ? options.tensor_parallel_size
                          : std::max(options.tensor_parallel_size, options.context_parallel_size);
-  MEGACTX_CHECK(options.expert_parallel_size == 1 || options.expert_parallel_size == sharding_group,
-                "--expert-parallel-size {} must be 1 or {} (experts are sharded over the "
-                "tensor-parallel group, else the context-parallel one)",
-                options.expert_parallel_size, sharding_group);
+  const int whole_group = options.tensor_parallel_size * options.context_parallel_size;
+  const bool experts_over_group = context_and_tensor && options.expert_parallel_size == whole_group;
+  if (context_and_tensor) {
+    MEGACTX_CHECK(options.expert_parallel_size == 1 ||
+                      options.expert_parallel_size == sharding_group || experts_over_group,
+                  "--expert-parallel-size {} must be 1, {} (the experts sharded over each context "
+                  "share's tensor-parallel ranks) or {} (over the whole group)",
+                  options.expert_parallel_size, sharding_group, whole_group);
+  } else {
+    MEGACTX_CHECK(
+        options.expert_parallel_size == 1 || options.expert_parallel_size == sharding_group,
+        "--expert-parallel-size {} must be 1 or {} (experts are sharded over the "
+        "tensor-parallel group, else the context-parallel one)",
+        options.expert_parallel_size, sharding_group);
+  }
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.
@@ -207,6 +224,7 @@ int run_serve(const ServeOptions& options) {
   // Context shares of tensor-parallel ranks: C x T processes, the tensor
   // rank innermost (ParallelLayout).
   load.load.context_parallel_size = options.context_parallel_size;
+  load.load.experts_over_group = experts_over_group;
   load.load.layer_split = options.enable_layer_split;
   MEGACTX_CHECK(!options.split_indexer || options.tensor_parallel_size > 1,
                 "--split-indexer splits the indexer's heads over the tensor-parallel group: it "
@@ -436,7 +454,8 @@ CommandRegistration registration{
       command
           .add_option("--expert-parallel-size", options->expert_parallel_size,
                       "1, or the tensor- or context-parallel size: routed experts sharded over "
-                      "the group")
+                      "the group (with both, the tensor-parallel size or their product: over "
+                      "each context share's tensor ranks or over the whole group)")
           ->capture_default_str();
       command
           .add_option("--context-parallel-size", options->context_parallel_size,

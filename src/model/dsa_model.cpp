@@ -174,6 +174,7 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
                           .data_parallel_attention = options.data_parallel_attention,
                           .context_parallel = options.context_parallel,
                           .context_parallel_size = options.context_parallel_size,
+                          .experts_over_group = options.experts_over_group,
                           .layer_split = options.layer_split,
                           .split_indexer = options.split_indexer});
     loaded = parallel_shard(loaded, plan);
@@ -322,12 +323,16 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
   reduce_partial(branch.data(), n * hidden);
   add_into(x, branch.data(), n * hidden);
   backend_->rmsnorm(x, n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(), hidden);
-  if (w.is_moe) {
-    moe(w.moe, h.data(), n, branch.data());
+  if (w.is_moe && plan_.experts_over_shares) {
+    moe_over_shares(w.moe, h.data(), step, branch.data());  // summed over the whole group
   } else {
-    mlp(w.dense, h.data(), n, branch.data());
+    if (w.is_moe) {
+      moe(w.moe, h.data(), n, branch.data());
+    } else {
+      mlp(w.dense, h.data(), n, branch.data());
+    }
+    reduce_partial(branch.data(), n * hidden);
   }
-  reduce_partial(branch.data(), n * hidden);
   add_into(x, branch.data(), n * hidden);
 }
 
@@ -764,6 +769,41 @@ void DsaModel::mlp(const MlpWeights& w, const float* h, int64_t rows, float* out
 }
 
 void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out) {
+  moe_routed(w, h, rows, out, 0, rows);
+  if (config_.n_shared_experts > 0) {
+    const int64_t hidden = config_.hidden_size;
+    std::vector<float> result(static_cast<size_t>(rows * hidden));
+    mlp(w.shared, h, rows, result.data());
+    add_into(out, result.data(), rows * hidden);
+  }
+}
+
+void DsaModel::moe_over_shares(const MoeWeights& w, const float* h, const Step& step, float* out) {
+  const int64_t hidden = config_.hidden_size, n = step.tokens;
+  // A step split over the shares: every share's rows, gathered in row order
+  // ([whole rows, hidden]); a step too small to split is the same rows on
+  // every share already.
+  const bool split = step.whole != nullptr;
+  std::vector<float> gathered;
+  if (split) gathered = gather_rows(h, hidden, step);
+  const float* all = split ? gathered.data() : h;
+  const int64_t total = split ? step.whole->tokens : n, first = split ? step.first_row : 0;
+  // This rank's experts applied to every row (each expert is on one rank of
+  // the group), its share of the shared experts to its own share's rows (on
+  // one share only when every share has the same rows), then the group's sum.
+  std::vector<float> sum(static_cast<size_t>(total * hidden));
+  moe_routed(w, all, total, sum.data(), first, n);
+  if (config_.n_shared_experts > 0 && (split || plan_.context_parallel_rank == 0)) {
+    std::vector<float> result(static_cast<size_t>(n * hidden));
+    mlp(w.shared, h, n, result.data());
+    add_into(sum.data() + first * hidden, result.data(), n * hidden);
+  }
+  group_->all_reduce(sum.data(), total * hidden, parallel::ReduceOp::Sum);
+  std::copy_n(sum.data() + first * hidden, n * hidden, out);
+}
+
+void DsaModel::moe_routed(const MoeWeights& w, const float* h, int64_t rows, float* out,
+                          int64_t record_first, int64_t record_rows) {
   const int64_t hidden = config_.hidden_size;
   const int64_t experts = config_.n_routed_experts;
   const int64_t top_k = config_.num_experts_per_tok;
@@ -778,8 +818,8 @@ void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out
   backend_->moe_route(logits.data(), w.bias.data<float>(), rows, params, ids.data(), gates.data());
   if (routed_.ids != nullptr) {
     const int64_t layers = config_.num_hidden_layers;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(ids.data() + r * top_k, top_k,
+    for (int64_t r = 0; r < record_rows; ++r) {
+      std::copy_n(ids.data() + (record_first + r) * top_k, top_k,
                   routed_.ids + (r * layers + routed_.layer) * top_k);
     }
   }
@@ -816,11 +856,6 @@ void DsaModel::moe(const MoeWeights& w, const float* h, int64_t rows, float* out
         for (int64_t d = 0; d < hidden; ++d) target[d] += list[i].second * source[d];
       }
     }
-  }
-  if (config_.n_shared_experts > 0) {
-    result.resize(static_cast<size_t>(rows * hidden));
-    mlp(w.shared, h, rows, result.data());
-    add_into(out, result.data(), rows * hidden);
   }
 }
 

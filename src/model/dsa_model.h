@@ -32,8 +32,9 @@ struct DsaModelOptions {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
-  int context_parallel_size = 0;  // ParallelLayout's: 0 = the whole group
-  bool split_indexer = false;     // ModelPlan::indexer_split
+  int context_parallel_size = 0;    // ParallelLayout's: 0 = the whole group
+  bool experts_over_group = false;  // ParallelLayout's (ModelPlan::experts_over_shares)
+  bool split_indexer = false;       // ModelPlan::indexer_split
   // LayerSplit over the tensor-parallel group (ModelPlan::kv_owner).
   bool layer_split = false;
 };
@@ -111,7 +112,16 @@ class DsaModel final : public LanguageModel {
   void decoder_layer(const LayerWeights& w, int64_t layer, Step& step, PagedKvCache& cache,
                      float* x);
   void mlp(const MlpWeights& w, const float* h, int64_t rows, float* out);
+  // The MoE of `rows` rows into out [rows, hidden]: routed (this rank's
+  // experts) plus shared experts.
   void moe(const MoeWeights& w, const float* h, int64_t rows, float* out);
+  // The routed part alone (out zeroed first); the routing of rows
+  // [record_first, record_first + record_rows) is what forward() captures.
+  void moe_routed(const MoeWeights& w, const float* h, int64_t rows, float* out,
+                  int64_t record_first, int64_t record_rows);
+  // ModelPlan::experts_over_shares: the MoE of this share's rows of `step`,
+  // complete (the sum over the whole group is taken here).
+  void moe_over_shares(const MoeWeights& w, const float* h, const Step& step, float* out);
   // forward()'s routed-expert capture (ForwardBatch::want_routed_experts):
   // ids [tokens, layers, top_k]; `layer` is the decoder layer moe() serves.
   struct RoutedCapture {

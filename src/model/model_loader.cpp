@@ -32,6 +32,7 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
   model_options.data_parallel_attention = options.data_parallel_attention;
   model_options.context_parallel = options.context_parallel;
   model_options.context_parallel_size = options.context_parallel_size;
+  model_options.experts_over_group = options.experts_over_group;
   model_options.split_indexer = options.split_indexer;
   model_options.layer_split = options.layer_split;
   return build_dsa_model(config, weights, make_backend(options), model_options);

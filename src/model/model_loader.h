@@ -59,6 +59,10 @@ struct ModelLoadOptions {
   // The indexer's heads split over the tensor-parallel group, their scores
   // summed (ModelPlan::indexer_split); else it is whole on every rank.
   bool split_indexer = false;
+  // With expert_parallel over context shares of tensor-parallel ranks: the
+  // experts sharded over the whole group (ModelPlan::experts_over_shares)
+  // instead of over each share's tensor-parallel ranks.
+  bool experts_over_group = false;
   // LayerSplit over the tensor-parallel group: each decoder layer's KV
   // caches on one rank (model_plan.h: ModelPlan::kv_owner); make_kv_cache
   // then allocates this rank's layers only.

@@ -97,6 +97,11 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   MEGACTX_CHECK(context >= 1 && size % context == 0,
                 "--context-parallel-size {} does not divide the group of {}", context, size);
   const int tensor_size = size / context, tensor_rank = rank % tensor_size;
+  MEGACTX_CHECK(!layout.experts_over_group ||
+                    (layout.expert_parallel && layout.context_parallel && tensor_size > 1),
+                "experts over the whole group: for context shares of tensor-parallel ranks with "
+                "expert parallelism (--context-parallel-size C --tensor-parallel-size T "
+                "--expert-parallel-size C x T)");
   MEGACTX_CHECK(!layout.split_indexer || (!layout.data_parallel_attention && tensor_size > 1),
                 "--split-indexer splits the indexer's heads over the tensor-parallel group: it "
                 "needs --tensor-parallel-size 2 or more (not data-parallel attention)");
@@ -139,7 +144,12 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       return plan;
     }
     // With tensor parallelism too, the experts are sharded over each share's
-    // tensor-parallel ranks (below), whose sum adds them.
+    // tensor-parallel ranks (below), whose sum adds them, or over the whole
+    // group (the MoE then sums over the group: DsaModel::moe_over_shares).
+    if (experts && layout.experts_over_group) {
+      shard_experts(rank, size, /*all_to_all=*/false);
+      plan.experts_over_shares = true;
+    }
   }
   const bool tensor = !layout.data_parallel_attention;
   if (tensor) {
@@ -173,7 +183,7 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.attention.index_heads = whole.attention.index_heads / tensor_size;
     }
   }
-  if (experts)
+  if (experts && !plan.experts_over_shares)
     shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
   return plan;
 }
@@ -220,7 +230,7 @@ ModelPlan whole_model_plan(const ModelPlan& rank_plan) {
   whole.indexer_split = false;
   whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
   whole.tensor_parallel_size = whole.expert_parallel_size = 1;
-  whole.expert_all_to_all = false;
+  whole.expert_all_to_all = whole.experts_over_shares = false;
   whole.first_expert = whole.local_experts = 0;
   return whole;
 }

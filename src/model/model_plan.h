@@ -83,6 +83,14 @@ struct ModelPlan {
   int expert_parallel_rank = 0;
   int expert_parallel_size = 1;
   bool expert_all_to_all = false;
+  // * experts over the shares (experts_over_shares: context shares of
+  //   tensor-parallel ranks with the routed experts sharded over the whole
+  //   group, expert rank = rank): a MoE layer gathers every share's rows,
+  //   applies this rank's experts to all of them, adds this rank's share of
+  //   the shared experts to its own share's rows, and one sum over the whole
+  //   group completes every row's MoE (each share keeps its rows). Each rank
+  //   holds 1 / (shares x tensor ranks) of the experts, not 1 / tensor ranks.
+  bool experts_over_shares = false;
   int64_t first_expert = 0;
   int64_t local_experts = 0;  // 0: all of them (no expert parallelism)
   // * LayerSplit (layer_split, over the tensor-parallel group): each decoder
@@ -140,6 +148,10 @@ struct ParallelLayout {
   bool data_parallel_attention = false;
   bool context_parallel = false;  // not with data-parallel attention
   int context_parallel_size = 0;  // with context_parallel: the shares (0: size)
+  // With expert_parallel and context shares of tensor-parallel ranks: the
+  // experts sharded over the whole group (ModelPlan::experts_over_shares)
+  // instead of over each share's tensor-parallel ranks.
+  bool experts_over_group = false;
   // LayerSplit over the tensor-parallel group (not with data-parallel
   // attention or context parallelism): see ModelPlan::kv_owner.
   bool layer_split = false;

@@ -6,7 +6,8 @@ entries a step selected to the others; or, with
 --context-parallel-size N, every prefill step's rows split over ranks that
 each hold the whole model, or all of it but 1 / N of the routed experts with
 --expert-parallel-size N, or over N shares of --tensor-parallel-size T
-ranks; --split-indexer splits the indexer's heads over the tensor-parallel
+ranks, the experts over each share's T ranks or, with --expert-parallel-size
+N x T, over the whole group; --split-indexer splits the indexer's heads over the tensor-parallel
 ranks), one engine and HTTP front. On an HF fixture (glm_moe_dsa with IndexShare and MoE layers, token
 ids in and out) the greedy continuation equals HF transformers' greedy ids
 (the fixture's reference.json) and the single-process server's output, the
@@ -273,6 +274,10 @@ def main():
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
                              "--expert-parallel-size", "2"), 3),
+                           # The experts over the whole group of 4 (each MoE layer gathers
+                           # both shares' rows), not over each share's 2 tensor ranks.
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                             "--expert-parallel-size", "4"), 3),
                            # The indexer's heads split over the ranks, the scores summed.
                            (("--tensor-parallel-size", "2", "--split-indexer"), 1),
                            # Each context share's caches split over its 2 tensor ranks.
@@ -304,7 +309,9 @@ def main():
                    ("--context-parallel-size", "2", "--expert-parallel-size", "2"),
                    ("--tensor-parallel-size", "2", "--enable-layer-split"),
                    ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
-                    "--enable-layer-split")):
+                    "--enable-layer-split"),
+                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                    "--expert-parallel-size", "4")):
         ok, message = speculation_over_two_ranks(args.megactx, args.mtp_model, layout)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {message}")
@@ -327,7 +334,9 @@ def main():
     # process's, with the experts whole on every rank and sharded over the group.
     plain_routing = routed_experts(args.megactx, args.fixture, prompts, ())
     for extra in (("--context-parallel-size", "2"),
-                  ("--context-parallel-size", "2", "--expert-parallel-size", "2")):
+                  ("--context-parallel-size", "2", "--expert-parallel-size", "2"),
+                  ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                   "--expert-parallel-size", "4")):
         routing = routed_experts(args.megactx, args.fixture, prompts, extra)
         ok = routing == plain_routing and all(r for _, r in routing)
         failures += not ok
@@ -338,7 +347,7 @@ def main():
                   ("--tensor-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--tensor-parallel-size", "3"),  # 4 heads do not divide by 3
                   ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
-                   "--expert-parallel-size", "4"),
+                   "--expert-parallel-size", "3"),
                   ("--context-parallel-size", "2", "--expert-parallel-size", "3"),
                   ("--enable-layer-split",),  # no tensor-parallel group to split over
                   ("--split-indexer",),

@@ -67,8 +67,9 @@ struct Layout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;
   bool context_parallel = false;
-  int context_parallel_size = 0;  // with context_parallel: shares of tensor-parallel ranks
-  bool split_indexer = false;     // the indexer's heads over the tensor-parallel ranks
+  int context_parallel_size = 0;    // with context_parallel: shares of tensor-parallel ranks
+  bool split_indexer = false;       // the indexer's heads over the tensor-parallel ranks
+  bool experts_over_group = false;  // shares' experts over the whole group, not each share
 };
 
 // The fixture's prompt through the group (every rank the same prompt with
@@ -89,6 +90,7 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.context_parallel = layout.context_parallel;
   options.context_parallel_size = layout.context_parallel_size;
   options.split_indexer = layout.split_indexer;
+  options.experts_over_group = layout.experts_over_group;
   auto model = load_language_model(f.dir, options);
   if (layout.split_indexer) {
     // Each rank scores with its share of the indexer's heads.
@@ -110,13 +112,15 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   }
   if (layout.expert_parallel) {
     // The routed experts really are sharded (each rank its 1 / size of them;
-    // over context shares of tensor-parallel ranks, 1 / ranks per share).
-    const int experts_over = layout.context_parallel_size > 1
+    // over context shares of tensor-parallel ranks, 1 / ranks per share, or
+    // 1 / size over the whole group).
+    const int experts_over = layout.context_parallel_size > 1 && !layout.experts_over_group
                                  ? group.size() / layout.context_parallel_size
                                  : group.size();
     const auto* dsa = dynamic_cast<const DsaModel*>(model.get());
     if (dsa == nullptr || dsa->plan().expert_parallel_size != experts_over ||
-        dsa->plan().local_experts * experts_over != dsa->config().n_routed_experts)
+        dsa->plan().local_experts * experts_over != dsa->config().n_routed_experts ||
+        dsa->plan().experts_over_shares != layout.experts_over_group)
       return false;
   }
   const std::vector<float> split = prefill_then_decode(*model, prompt, f.greedy_ids);
@@ -129,7 +133,10 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   std::printf(
       "%s, rank %d of %d%s%s%s: max relative logit difference %.3g against one process, "
       "%.3g against HF's prefill\n",
-      name.c_str(), group.rank(), group.size(), layout.expert_parallel ? ", experts split" : "",
+      name.c_str(), group.rank(), group.size(),
+      !layout.expert_parallel     ? ""
+      : layout.experts_over_group ? ", experts split over the whole group"
+                                  : ", experts split",
       layout.data_parallel_attention ? ", data-parallel attention"
       : layout.split_indexer         ? ", indexer split"
                                      : "",
@@ -198,7 +205,9 @@ TEST(TensorParallelModel, ContextParallelPrefillMatchesOneProcess) {
 // and MLP widths split within a share, the rows across the shares, every
 // collective in its own split of the group); 2 x 2 on both architectures,
 // 3 x 2 (shares of unequal length), and 2 x 2 with the routed experts sharded
-// over each share's tensor-parallel ranks.
+// over each share's tensor-parallel ranks or over the whole group (each MoE
+// layer gathers the shares' rows for them; a decode step too small to split
+// runs whole on every share, the shared experts then added by one share).
 TEST(TensorParallelModel, ContextParallelOverTensorParallelMatchesOneProcess) {
   for (const char* name : {"glm_schedule", "dsv32_yarn"})
     parallel::run_forked_group(4, [&](parallel::Communicator& group) {
@@ -209,6 +218,30 @@ TEST(TensorParallelModel, ContextParallelOverTensorParallelMatchesOneProcess) {
   });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_schedule", group, {true, false, true, 2});
+  });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_schedule", group,
+                                   {.expert_parallel = true,
+                                    .context_parallel = true,
+                                    .context_parallel_size = 2,
+                                    .experts_over_group = true});
+  });
+}
+
+// Experts over the whole group is a layout of context shares of
+// tensor-parallel ranks only: with tensor parallelism alone it is refused.
+TEST(TensorParallelModel, ExpertsOverTheWholeGroupNeedContextShares) {
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    ModelLoadOptions options;
+    options.group = &group;
+    options.expert_parallel = true;
+    options.experts_over_group = true;
+    try {
+      load_language_model(fixture_dir("glm_schedule"), options);
+    } catch (const megactx::Error& error) {
+      return std::string(error.what()).find("experts over the whole group") != std::string::npos;
+    }
+    return false;
   });
 }
 
