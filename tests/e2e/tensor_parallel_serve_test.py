@@ -318,7 +318,9 @@ def main():
     for extra, layout in (((), ("--tensor-parallel-size", "2")),
                           (("--enable-layer-split",), ("--tensor-parallel-size", "2")),
                           ((), ("--context-parallel-size", "2", "--expert-parallel-size", "2")),
-                          ((), ("--context-parallel-size", "2", "--tensor-parallel-size", "2"))):
+                          ((), ("--context-parallel-size", "2", "--tensor-parallel-size", "2")),
+                          ((), ("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                                "--expert-parallel-size", "4"))):
         ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt,
                                                     new_tokens, extra, layout)
         failures += not ok
