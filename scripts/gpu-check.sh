@@ -107,6 +107,15 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
     sanitize racecheck "$pack/bin/fused_indexer_topk_test" '*ScoresMatch*:*FewCtas*:*DecodeLike*' \
       >"$out/racecheck_fused_indexer.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
+  # synccheck on the warp-specialised kernels: their named barriers must be
+  # reached as PTX allows (an aligned barrier from one instruction, converged);
+  # the fused indexer lost candidates when they were not.
+  [[ -x "$pack/bin/fused_indexer_topk_test" ]] &&
+    sanitize synccheck "$pack/bin/fused_indexer_topk_test" '*FewCtas*:*SixtyFourHeads*' \
+      >"$out/synccheck_fused_indexer.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
+  sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
     >"$out/racecheck_position_topk.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
