@@ -10,7 +10,7 @@
 #       dsa_attention_bench) with the non-system shared libraries they need
 #       into PACK_DIR/{bin,lib}.
 #   scripts/gpu-check.sh PACK_DIR [--quick]            (on the GPU machine)
-#       runs them: tests in parallel, compute-sanitizer memcheck + racecheck,
+#       runs them: tests in parallel, compute-sanitizer memcheck + racecheck + synccheck,
 #       then the benchmark and the PyTorch peer baselines one at a time.
 set -uo pipefail
 
