@@ -7,7 +7,8 @@
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
-//   [--enable-layer-split | --split-indexer | --enable-dp-attention [--data-parallel-size N]]]
+//   [--enable-layer-split | --split-indexer |
+//    --enable-dp-attention [--data-parallel-size N] [--load-balance-method M]]]
 //   [--context-parallel-size N [--expert-parallel-size N |
 //                               --tensor-parallel-size T [--expert-parallel-size T | N x T]]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -114,6 +115,7 @@ struct ServeOptions {
   int data_parallel_size = 1;
   bool enable_layer_split = false;
   bool enable_dp_attention = false;
+  std::string load_balance_method;  // --load-balance-method (DP attention; "": cache_aware)
   bool split_indexer = false;
 };
 
@@ -203,10 +205,16 @@ int run_serve(const ServeOptions& options) {
                   options.data_parallel_size, n);
     MEGACTX_CHECK(options.context_parallel_size == 1,
                   "--enable-dp-attention is not combined with --context-parallel-size");
+    // A bad method name is a start-up error before the group forks.
+    if (!options.load_balance_method.empty())
+      (void)parse_dp_load_balance(options.load_balance_method);
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
                   "is tensor-parallel only)");
   } else {
+    MEGACTX_CHECK(options.load_balance_method.empty(),
+                  "--load-balance-method picks a data-parallel rank for each request: it needs "
+                  "--enable-dp-attention");
     MEGACTX_CHECK(options.data_parallel_size == 1,
                   "--data-parallel-size {} needs --enable-dp-attention (replicas of the whole "
                   "model behind one front are not served)",
@@ -277,6 +285,8 @@ int run_serve(const ServeOptions& options) {
   MEGACTX_CHECK(options.max_logit_rows >= 0, "--max-logit-rows must be 0 or positive, got {}",
                 options.max_logit_rows);
   engine_config.max_logit_rows = options.max_logit_rows;
+  if (!options.load_balance_method.empty())
+    engine_config.dp_load_balance = parse_dp_load_balance(options.load_balance_method);
   engine_config.context_length = options.context_length;
   apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
@@ -323,6 +333,7 @@ int run_serve(const ServeOptions& options) {
       {"context_parallel_size", options.context_parallel_size},
       {"enable_layer_split", options.enable_layer_split},
       {"enable_dp_attention", options.enable_dp_attention},
+      {"load_balance_method", dp_load_balance_name(engine_config.dp_load_balance)},
       {"dp_size", options.enable_dp_attention ? options.tensor_parallel_size : 1}};
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
@@ -476,6 +487,12 @@ CommandRegistration registration{
                        "--expert-parallel-size N: each rank runs attention whole for its own "
                        "requests in its own KV pages (N times the requests), the routed experts "
                        "sharded and reached by all-to-all (CPU)");
+      command.add_option("--load-balance-method", options->load_balance_method,
+                         "With --enable-dp-attention: how a request is pinned to a rank, among "
+                         "those where it fits now: cache_aware (default: the rank caching its "
+                         "longest prefix, then the fewest running requests), round_robin, "
+                         "shortest_queue (fewest running requests) or minimum_tokens (fewest "
+                         "tokens of running requests)");
       command
           .add_option("--data-parallel-size,--dp-size", options->data_parallel_size,
                       "With --enable-dp-attention: the data-parallel ranks (must equal "

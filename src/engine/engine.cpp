@@ -108,6 +108,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.page_size = config_.page_size;
   scheduler_config.enable_prefix_cache = config_.enable_prefix_cache;
   scheduler_config.max_logit_rows = step_logit_rows(config_);
+  scheduler_config.dp_load_balance = config_.dp_load_balance;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, std::move(prefix_caches));
   sampler_ = make_sampler(*model_, config_.deterministic);
   update_stats();

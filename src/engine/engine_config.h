@@ -11,6 +11,7 @@
 
 #include "cache/host_kv_tier.h"
 #include "cache/kv_cache.h"
+#include "engine/dp_load_balance.h"
 #include "engine/rejection_sampler.h"
 
 namespace megactx {
@@ -28,6 +29,9 @@ struct EngineConfig {
   // The CUDA memory plan sizes the logits buffer by it (at GLM-5.2's vocab a
   // row is 0.6 MiB: 16K rows would be 10 GB).
   int64_t max_logit_rows = 0;
+  // Data-parallel attention: how a new request is pinned to a rank
+  // (--load-balance-method; engine/scheduler.h: DpLoadBalance).
+  DpLoadBalance dp_load_balance = DpLoadBalance::CacheAware;
   int64_t kv_memory_bytes = int64_t{4} << 30;  // --kv-memory, all pools together
   KvDType kv_dtype = KvDType::BF16;
   int64_t context_length = 0;  // 0: the model's max_position_embeddings

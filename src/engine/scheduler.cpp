@@ -57,6 +57,14 @@ int64_t Scheduler::running_on(int rank) const {
                        [rank](const RequestState* request) { return request->dp_rank == rank; });
 }
 
+int64_t Scheduler::running_tokens_on(int rank) const {
+  int64_t tokens = 0;
+  for (const RequestState* request : running_)
+    if (ranks() == 1 || request->dp_rank == rank)
+      tokens += static_cast<int64_t>(request->tokens.size());
+  return tokens;
+}
+
 bool Scheduler::reserve_pages(RequestState& request, int64_t tokens) {
   const int64_t needed = pages_for(tokens);
   while (static_cast<int64_t>(request.page_table.size()) < needed) {
@@ -200,9 +208,11 @@ bool Scheduler::choose_rank(RequestState& request, const std::vector<int64_t>& b
   const int64_t limit = prefix_limit(request);
   const std::span<const int32_t> prefix(request.tokens.data(), static_cast<size_t>(limit));
   // A rank where its first chunk fits now first (as admission will check it,
-  // from the prefix that rank caches), then prefix-cache affinity, then the
-  // fewest running requests, then the most free pages (a rank whose pages
-  // hold cached prefixes has fewer), then the lowest rank.
+  // from the prefix that rank caches), then the load-balance method's order
+  // (DpLoadBalance; by default prefix-cache affinity, then the fewest running
+  // requests), then the most free pages (a rank whose pages hold cached
+  // prefixes has fewer), then the lowest rank.
+  const DpLoadBalance method = config_.dp_load_balance;
   int best = -1;
   std::tuple<bool, int64_t, int64_t, int64_t> best_key;
   for (int rank = 0; rank < ranks(); ++rank) {
@@ -215,7 +225,23 @@ bool Scheduler::choose_rank(RequestState& request, const std::vector<int64_t>& b
     // Its cached pages count as taken (a match locks them).
     const bool fits = on_rank == 0 || pages_for(cached + chunk) - cached / page_size_ + on_rank <=
                                           available_pages(rank) - cached / page_size_;
-    const std::tuple<bool, int64_t, int64_t, int64_t> key = {fits, cached, -on_rank,
+    int64_t first = 0, second = 0;  // larger is better
+    switch (method) {
+      case DpLoadBalance::CacheAware:
+        first = cached;
+        second = -on_rank;
+        break;
+      case DpLoadBalance::RoundRobin:  // the rank in turn first, then the ones after it
+        first = -((rank - round_robin_next_ + ranks()) % ranks());
+        break;
+      case DpLoadBalance::ShortestQueue:
+        first = -on_rank;
+        break;
+      case DpLoadBalance::MinimumTokens:
+        first = -running_tokens_on(rank);
+        break;
+    }
+    const std::tuple<bool, int64_t, int64_t, int64_t> key = {fits, first, second,
                                                              allocator_.num_free(rank)};
     if (best < 0 || key > best_key) {
       best = rank;
@@ -439,6 +465,7 @@ bool Scheduler::try_admit(RequestState& request, std::vector<int64_t>& budget, i
   }
   request.phase = RequestPhase::Running;
   request.admit_order = next_admit_order_++;
+  if (ranks() > 1) round_robin_next_ = (rank + 1) % ranks();
   request.admission_skips = 0;
   ++admissions_[static_cast<size_t>(rank)];
   if (!request.admitted_once) {

@@ -59,6 +59,7 @@
 
 #include "cache/page_allocator.h"
 #include "cache/prefix_cache.h"
+#include "engine/dp_load_balance.h"
 #include "engine/request_state.h"
 
 namespace megactx {
@@ -77,6 +78,7 @@ struct SchedulerConfig {
   // FIFO, as with one rank), and the most requests passed over in one step.
   int64_t dp_admission_max_skips = 32;
   int64_t dp_admission_window = 64;
+  DpLoadBalance dp_load_balance = DpLoadBalance::CacheAware;
 };
 
 struct ScheduledChunk {
@@ -153,6 +155,8 @@ class Scheduler {
   // Data-parallel ranks: their running requests now, and admissions so far.
   int ranks() const { return static_cast<int>(prefix_caches_.size()); }
   int64_t running_on(int rank) const;
+  // Tokens (prompt and output so far) of the running requests on `rank`.
+  int64_t running_tokens_on(int rank) const;
   int64_t admissions(int rank) const { return admissions_[static_cast<size_t>(rank)]; }
 
   // Throws megactx::Error on any broken invariant of the allocator, the
@@ -203,6 +207,7 @@ class Scheduler {
   PageAllocator& allocator_;
   std::vector<PrefixCache*> prefix_caches_;  // [ranks]
   int64_t rank_limit_ = 0;                   // running requests per rank
+  int round_robin_next_ = 0;                 // DpLoadBalance::RoundRobin's next rank
   std::vector<int64_t> admissions_;          // [ranks]
   std::vector<RequestState*> running_;       // admission order
   std::deque<RequestState*> waiting_;

@@ -253,6 +253,24 @@ def main():
                      f"rank {other} (more free pages), one sharing 192 tokens of the first back on "
                      f"rank {again} with {cached} cached tokens")
 
+    # --load-balance-method round_robin (SGLang's flag): the ranks take turns, a cached
+    # prefix aside.
+    with MegactxServer(args.megactx, args.fixture, *COMMON, *dp(2), "--load-balance-method",
+                       "round_robin", name="round-robin") as server:
+        turns = []
+        for request_ids in (long_prompt, long_prompt[:192] + ids(30, 6), ids(150, 5)):
+            before = rank_series(metrics(server), "megactx_dp_rank_admissions_total")
+            generate(server.url, request_ids, 4)
+            after = rank_series(metrics(server), "megactx_dp_rank_admissions_total")
+            turns += [r for r in after if after[r] > before.get(r, 0)]
+        method = requests.get(server.url + "/get_server_info", timeout=30).json().get(
+            "load_balance_method")
+    ok = turns == [0, 1, 0] and method == "round_robin"
+    failures = check(failures, ok,
+                     f"--load-balance-method round_robin: three sequential requests on ranks "
+                     f"{turns} (the second shares 192 tokens cached on rank 0), server info "
+                     f"{method!r}")
+
     # Preemption: each rank holds 12 pages (the fixture's 1536 B/token: 96 KiB a page), and
     # 8 requests growing to 4 pages each do not fit at once (the fixture's context is 256).
     long_prompts = [ids(60 + 10 * i, 40 + i) for i in range(8)]
@@ -382,7 +400,9 @@ def main():
                           "--enable-dp-attention"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
-                         ((*dp(2), "--device", "cuda"), "CPU only")):
+                         ((*dp(2), "--device", "cuda"), "CPU only"),
+                         (("--load-balance-method", "round_robin"), "--enable-dp-attention"),
+                         ((*dp(2), "--load-balance-method", "random"), "round_robin")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""

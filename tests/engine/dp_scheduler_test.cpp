@@ -105,6 +105,80 @@ TEST(DataParallelScheduler, APrefixHitKeepsARequestOnItsRank) {
   EXPECT_EQ(third->dp_rank, 1);  // both run one: rank 1 has more free pages (6 to 4)
 }
 
+// --load-balance-method: a prompt sharing a prefix cached on rank 0 goes there
+// with cache_aware, to the rank in turn with round_robin, to the rank with
+// fewer running requests with shortest_queue; minimum_tokens weighs the
+// running requests by their tokens.
+TEST(DataParallelScheduler, TheLoadBalanceMethodsPickTheirOwnRanks) {
+  const auto prefix_then_again = [](DpLoadBalance method) {
+    SchedulerConfig config;
+    config.dp_load_balance = method;
+    DpBench bench(32, config);
+    RequestState* first = bench.add("first", 200, 0);
+    bench.step();
+    EXPECT_EQ(first->dp_rank, 0);
+    bench.scheduler.remove(first);  // 3 full pages cached on rank 0
+    RequestState* a = bench.add("a", 100, 3000);
+    bench.step();
+    RequestState* b = bench.add("b", 100, 4000);
+    bench.step();
+    EXPECT_NE(a->dp_rank, b->dp_rank);
+    // Rank 0 runs one request and caches the prefix; rank 1 runs none.
+    bench.scheduler.remove(a->dp_rank == 1 ? a : b);
+    RequestState* again = bench.add("again", 230, 0);
+    bench.step();
+    return again->dp_rank;
+  };
+  EXPECT_EQ(prefix_then_again(DpLoadBalance::CacheAware), 0);     // its cached prefix
+  EXPECT_EQ(prefix_then_again(DpLoadBalance::ShortestQueue), 1);  // 0 running against 1
+  {
+    // Round robin: every admission passes the turn on, the cached prefix aside.
+    SchedulerConfig config;
+    config.dp_load_balance = DpLoadBalance::RoundRobin;
+    DpBench bench(32, config);
+    RequestState* first = bench.add("first", 200, 0);
+    bench.step();
+    bench.scheduler.remove(first);
+    RequestState* again = bench.add("again", 230, 0);
+    RequestState* next = bench.add("next", 100, 5000);
+    RequestState* last = bench.add("last", 100, 6000);
+    bench.step();
+    EXPECT_EQ(first->dp_rank, 0);
+    EXPECT_EQ(again->dp_rank, 1);
+    EXPECT_EQ(again->cached_tokens, 0);
+    EXPECT_EQ(next->dp_rank, 0);
+    EXPECT_EQ(last->dp_rank, 1);
+  }
+  const auto long_and_short = [](DpLoadBalance method) {
+    SchedulerConfig config;
+    config.dp_load_balance = method;
+    DpBench bench(32, config);
+    RequestState* heavy = bench.add("long", 1000, 10000);
+    bench.step();
+    RequestState* s1 = bench.add("s1", 100, 20000);
+    bench.step();
+    RequestState* s2 = bench.add("s2", 100, 30000);
+    bench.step();
+    EXPECT_EQ(heavy->dp_rank, 0);
+    EXPECT_EQ(s1->dp_rank, 1);
+    EXPECT_EQ(s2->dp_rank, 1);
+    // Rank 0: one request of 1000 tokens; rank 1: two of 100.
+    RequestState* s3 = bench.add("s3", 100, 40000);
+    bench.step();
+    return s3->dp_rank;
+  };
+  EXPECT_EQ(long_and_short(DpLoadBalance::ShortestQueue), 0);
+  EXPECT_EQ(long_and_short(DpLoadBalance::MinimumTokens), 1);
+  for (const char* name : {"cache_aware", "round_robin", "shortest_queue", "minimum_tokens"})
+    EXPECT_STREQ(dp_load_balance_name(parse_dp_load_balance(name)), name);
+  try {
+    parse_dp_load_balance("random");
+    ADD_FAILURE() << "an unknown method was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("round_robin"), std::string::npos) << error.what();
+  }
+}
+
 TEST(DataParallelScheduler, ARequestGoesWhereItFitsBeforeItsCachedPrefix) {
   SchedulerConfig config;
   DpBench bench(8, config);
