@@ -230,6 +230,13 @@ TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
   MlaCase million{3, 64, 2048, 8, int64_t{1} << 20, 37};
   million.sparse_pool = true;
   run_wgmma_case(million);
+  // glm_1b's 16 heads of a 64-head layout: the merge combines those only.
+  MlaCase few_heads{16, 64, 2048, 8, 20000, 38};
+  few_heads.active_heads = 16;
+  run_wgmma_case(few_heads);
+  few_heads.active_heads = 48;
+  few_heads.seed = 39;
+  run_wgmma_case(few_heads);
 }
 TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each

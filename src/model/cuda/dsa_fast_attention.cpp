@@ -635,7 +635,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
       options_.batch_invariant ? 0
                                : sparse_mla_cluster_splits(attend.rows, active_heads, attend.top_k);
   attend.cluster_merge = cluster_splits > 0;
-  attend.active_heads = attend.cluster_merge ? active_heads : 0;
+  attend.active_heads = active_heads;  // the cluster kernel and the split merge skip the padding
   attend.num_splits =
       attend.cluster_merge ? cluster_splits
       : options_.batch_invariant

@@ -109,11 +109,11 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.rows >= 0, "sparse MLA: negative row count {}", params.rows);
   MEGACTX_CHECK(params.top_k >= 1, "sparse MLA: top_k must be positive, got {}", params.top_k);
   const int blocks = (params.top_k + kSparseMlaKeyBlock - 1) / kSparseMlaKeyBlock;
+  MEGACTX_CHECK(params.active_heads >= 0 && params.active_heads <= params.heads &&
+                    params.active_heads % kSparseMlaClusterHeads == 0,
+                "sparse MLA: active_heads {} (a multiple of {} up to heads {})",
+                params.active_heads, kSparseMlaClusterHeads, params.heads);
   if (params.cluster_merge) {
-    MEGACTX_CHECK(params.active_heads >= 0 && params.active_heads <= params.heads &&
-                      params.active_heads % kSparseMlaClusterHeads == 0,
-                  "sparse MLA: active_heads {} (a multiple of {} up to heads {})",
-                  params.active_heads, kSparseMlaClusterHeads, params.heads);
     MEGACTX_CHECK(params.num_splits == 8 ||
                       (params.num_splits == 16 && detail::sparse_mla_cluster_max_splits() == 16),
                   "sparse MLA: a cluster of {} splits (8, or 16 where the GPU can hold one)",

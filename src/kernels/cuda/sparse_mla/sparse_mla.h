@@ -65,9 +65,11 @@ struct SparseMlaParams {
   // thread-block cluster per (row, 16 heads) split the slots and merge in
   // distributed shared memory; partial_out / partial_lse are not used.
   bool cluster_merge = false;
-  // Cluster kernel only: heads [0, active_heads) are computed (a multiple of
-  // 16; 0: all), the others' out / lse left unwritten: a model with fewer
-  // heads than the 64 its q layout is padded to (glm_1b: 16) skips the padding.
+  // Heads [0, active_heads) are the model's (a multiple of 16; 0: all), the
+  // others' out / lse left unwritten: the cluster kernel computes only those,
+  // the split merge merges only those (the general kernels still compute
+  // every head of their 64-head blocks): a model with fewer heads than the 64
+  // its q layout is padded to (glm_1b: 16) skips the padding.
   int active_heads = 0;
   // The batch-invariant mode: the kernel may not follow the row count (a row's
   // result may not depend on the rows launched with it), so one-split launches

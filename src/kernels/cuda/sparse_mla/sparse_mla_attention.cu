@@ -296,6 +296,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(SparseMlaParams
   }
 }
 
+// The heads a merge combines: [0, active_heads) when set (a model with fewer
+// heads than its q layout is padded to: glm_1b's 16 of 64; the padded heads'
+// out / lse stay unwritten), else all of them.
+__host__ __device__ __forceinline__ int merged_heads(const SparseMlaParams& p) {
+  return p.active_heads > 0 ? p.active_heads : p.heads;
+}
+
 // A merge's result: this thread's 4 output dims of (row, head) normalised,
 // and the head's lse.
 __device__ __forceinline__ void write_merged(const SparseMlaParams& p, int64_t row, int head,
@@ -313,8 +320,9 @@ __device__ __forceinline__ void write_merged(const SparseMlaParams& p, int64_t r
 __global__ void __launch_bounds__(128) sparse_mla_merge_kernel(SparseMlaParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  const int64_t row = blockIdx.x / p.heads;
-  const int head = static_cast<int>(blockIdx.x % p.heads);
+  const int merged = merged_heads(p);
+  const int64_t row = blockIdx.x / merged;
+  const int head = static_cast<int>(blockIdx.x % merged);
   float max_lse = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s)
     max_lse = fmaxf(max_lse, p.partial_lse[(row * p.num_splits + s) * p.heads + head]);
@@ -350,8 +358,9 @@ __global__ void __launch_bounds__(128) sparse_mla_merge_prefetch_kernel(SparseMl
   grid_dependency_wait();
   grid_dependency_trigger();
   __shared__ float split_lse[kMergeMaxSplits];
-  const int64_t row = blockIdx.x / p.heads;
-  const int head = static_cast<int>(blockIdx.x % p.heads);
+  const int merged = merged_heads(p);
+  const int64_t row = blockIdx.x / merged;
+  const int head = static_cast<int>(blockIdx.x % merged);
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x)
     split_lse[s] = p.partial_lse[(row * p.num_splits + s) * p.heads + head];
   __syncthreads();
@@ -418,7 +427,8 @@ void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream)
 
 void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,
                              cudaStream_t stream) {
-  const unsigned merges = static_cast<unsigned>(static_cast<int64_t>(params.rows) * params.heads);
+  const unsigned merges =
+      static_cast<unsigned>(static_cast<int64_t>(params.rows) * merged_heads(params));
   if (prefetch_merge && params.num_splits <= kMergeMaxSplits) {
     launch_kernel(sparse_mla_merge_prefetch_kernel, merges, 128, 0, stream, params);
   } else {
