@@ -282,7 +282,10 @@ def main():
                            (("--tensor-parallel-size", "2", "--split-indexer"), 1),
                            # Each context share's caches split over its 2 tensor ranks.
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
-                             "--enable-layer-split"), 3)):
+                             "--enable-layer-split"), 3),
+                           # ... and the experts over the whole group of 4.
+                           (("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                             "--enable-layer-split", "--expert-parallel-size", "4"), 3)):
         outputs, info, seen = run(args.megactx, args.fixture, extra, prompts, new_tokens)
         worst = 0.0
         for (ids, logprobs), (want_ids, want_logprobs) in zip(outputs, plain):
