@@ -21,6 +21,8 @@ std::string error_type_for_status(int status) {
       return "invalid_request_error";
     case 401:
       return "authentication_error";
+    case 501:  // a route megactx knows but does not serve (e.g. NCCL weight updates)
+      return "not_implemented_error";
     case 503:
       return "server_overloaded";
     default:

@@ -4,12 +4,11 @@
 // in-memory transport: one safetensors bucket per call, in the body or as a
 // file such as /dev/shm/bucket.safetensors; the last one commits),
 // /get_weight_version, /release_memory_occupation and
-// /resume_memory_occupation. Calls that block (updates, memory) run on the
-// state's control thread; a failure answers {"success": false, "message"}
-// with status 400 beside the usual error object, and changes nothing. That
-// holds for requests refused before they reach the engine too (a bucket that
-// is no safetensors file, a tensor of an integer dtype, a bad option):
-// trainers read `success` of every answer.
+// /resume_memory_occupation; SGLang's NCCL and CUDA-IPC transports answer
+// 501. Calls that block (updates, memory) run on the state's control thread; a failure answers
+// {"success": false, "message"} with status 400 beside the usual error object, and changes nothing.
+// That holds for requests refused before they reach the engine too (a bucket that is no safetensors
+// file, a tensor of an integer dtype, a bad option): trainers read `success` of every answer.
 #include <map>
 #include <memory>
 
@@ -209,6 +208,19 @@ void handle_update_weights_from_safetensors(ServerState& state, const HttpReques
 void handle_get_weight_version(ServerState& state, const HttpRequest&,
                                std::shared_ptr<ResponseChannel> channel) {
   channel->respond(json_response({{"weight_version", state.engine().weight_version()}}));
+}
+
+void handle_unserved_weight_transport(ServerState&, const HttpRequest& request,
+                                      std::shared_ptr<ResponseChannel> channel) {
+  const bool nccl = request.path != "/update_weights_from_tensor";
+  channel->respond(failure(
+      std::string(nccl ? "NCCL weight updates (" : "CUDA-IPC weight updates (") +
+          request.path.substr(1) +
+          ") are not served by megactx yet: send the weights with /update_weights_from_disk "
+          "(slime: --update-weight-transport disk) or as safetensors buckets to "
+          "/update_weights_from_safetensors (a path such as /dev/shm/bucket.safetensors, or "
+          "the bytes as the body)",
+      "", 501));
 }
 
 void handle_release_memory(ServerState& state, const HttpRequest& request,

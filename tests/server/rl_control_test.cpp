@@ -131,6 +131,24 @@ TEST(RlControl, WeightUpdatesAndVersions) {
   EXPECT_EQ(f.engine.weight_updates().size(), updates);
 }
 
+// SGLang's NCCL and CUDA-IPC weight transports are not served: each route
+// answers 501 with success false and a message naming the transports that are.
+TEST(RlControl, UnservedWeightTransportsSayWhatIsServed) {
+  ServerFixture f;
+  for (const char* path : {"/init_weights_update_group", "/update_weights_from_distributed",
+                           "/destroy_weights_update_group", "/update_weights_from_tensor"}) {
+    auto r = f.call("POST", path, {{"group_name", "weight_update_group"}});
+    ASSERT_EQ(r->status, 501) << path << ": " << r->body;
+    const json body = r->json();
+    EXPECT_FALSE(body["success"].get<bool>()) << path;
+    const std::string message = body["message"].get<std::string>();
+    EXPECT_NE(message.find(path + 1), std::string::npos) << message;
+    EXPECT_NE(message.find("/update_weights_from_disk"), std::string::npos) << message;
+    EXPECT_EQ(body["error"]["type"], "not_implemented_error");
+  }
+  EXPECT_EQ(f.engine.weight_version(), "default");  // nothing changed
+}
+
 TEST(RlControl, MemoryTags) {
   ServerFixture f;
   EXPECT_EQ(f.call("POST", "/release_memory_occupation", {{"tags", {"kv_cache"}}})->status, 200);
