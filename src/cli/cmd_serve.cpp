@@ -186,6 +186,7 @@ int run_serve(const ServeOptions& options) {
                   "--enable-layer-split runs on the CPU only so far (the CUDA model has no "
                   "group yet)");
   }
+  DpLoadBalance load_balance = DpLoadBalance::CacheAware;  // --load-balance-method
   if (options.enable_dp_attention) {
     // Data-parallel attention is the tensor-parallel group's ranks each with
     // their own requests: what it cannot combine with yet is refused here.
@@ -207,7 +208,7 @@ int run_serve(const ServeOptions& options) {
                   "--enable-dp-attention is not combined with --context-parallel-size");
     // A bad method name is a start-up error before the group forks.
     if (!options.load_balance_method.empty())
-      (void)parse_dp_load_balance(options.load_balance_method);
+      load_balance = parse_dp_load_balance(options.load_balance_method);
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
                   "is tensor-parallel only)");
@@ -285,8 +286,7 @@ int run_serve(const ServeOptions& options) {
   MEGACTX_CHECK(options.max_logit_rows >= 0, "--max-logit-rows must be 0 or positive, got {}",
                 options.max_logit_rows);
   engine_config.max_logit_rows = options.max_logit_rows;
-  if (!options.load_balance_method.empty())
-    engine_config.dp_load_balance = parse_dp_load_balance(options.load_balance_method);
+  engine_config.dp_load_balance = load_balance;
   engine_config.context_length = options.context_length;
   apply_speculative_options(options.speculative, engine_config);
   engine_config.check_integrity_every_step = options.check_integrity;
