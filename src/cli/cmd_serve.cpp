@@ -12,6 +12,7 @@
 //   [--context-parallel-size N [--expert-parallel-size N |
 //                               --tensor-parallel-size T [--expert-parallel-size T | N x T]]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
+//   [--weight-update-python PYTHON] [--weight-update-timeout S]
 //   [--gateway-guard off|flag|intercept] [--gateway-rules FILE] [--gateway-judge-url self|off|URL]
 //   [--gateway-judge-model M] [--gateway-judge-api-key K] [--gateway-intercept-text TEXT]
 //   [--gateway-max-sessions N] [--gateway-max-memory 1GiB] [--gateway-idle-seconds S]
@@ -117,6 +118,8 @@ struct ServeOptions {
   bool enable_dp_attention = false;
   std::string load_balance_method;  // --load-balance-method (DP attention; "": cache_aware)
   bool split_indexer = false;
+  std::string weight_update_python = "python3";
+  double weight_update_timeout = 600;
 };
 
 int run_serve(const ServeOptions& options) {
@@ -335,6 +338,11 @@ int run_serve(const ServeOptions& options) {
       {"enable_dp_attention", options.enable_dp_attention},
       {"load_balance_method", dp_load_balance_name(engine_config.dp_load_balance)},
       {"dp_size", options.enable_dp_attention ? options.tensor_parallel_size : 1}};
+  MEGACTX_CHECK(options.weight_update_timeout > 0, "--weight-update-timeout must be positive");
+  server_config.weight_groups.python = options.weight_update_python;
+  server_config.weight_groups.timeout_s = options.weight_update_timeout;
+  server_config.weight_groups.ranks = group_size;
+  server_config.weight_groups.cuda = load.load.device == Device::CUDA;
   server::ServerState state(engine, server_config,
                             server::load_chat_setup(options.model_dir, config.model_type_name));
   server::Router router = server::make_router(state);
@@ -506,6 +514,17 @@ CommandRegistration registration{
                        "Let /generate requests ask for return_hidden_states (the final hidden "
                        "state of every token, SGLang's format; steps that run such requests copy "
                        "their hidden states to the host, and they compute their whole prompt)");
+      command
+          .add_option("--weight-update-python", options->weight_update_python,
+                      "The Python (with torch) that joins an RL trainer's torch.distributed "
+                      "group for /init_weights_update_group and "
+                      "/update_weights_from_distributed, once per rank of this server")
+          ->capture_default_str();
+      command
+          .add_option("--weight-update-timeout", options->weight_update_timeout,
+                      "Seconds the trainer's group may take to form and each broadcast to "
+                      "arrive")
+          ->capture_default_str();
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
       command

@@ -47,11 +47,18 @@ void handle_update_weights_from_safetensors(ServerState& state, const HttpReques
                                             std::shared_ptr<ResponseChannel> channel);
 void handle_get_weight_version(ServerState& state, const HttpRequest& request,
                                std::shared_ptr<ResponseChannel> channel);
-// SGLang's NCCL (init_weights_update_group, update_weights_from_distributed,
-// destroy_weights_update_group) and CUDA-IPC (update_weights_from_tensor)
-// weight transports, which megactx does not serve: 501 with
-// {"success": false, "message"} naming the transports it serves, so that a
-// trainer stops with that message instead of a 404.
+// SGLang's NCCL weight transport: the trainer's torch.distributed group
+// (weight_groups.h); the server joins, receives buckets and leaves.
+void handle_init_weights_update_group(ServerState& state, const HttpRequest& request,
+                                      std::shared_ptr<ResponseChannel> channel);
+void handle_update_weights_from_distributed(ServerState& state, const HttpRequest& request,
+                                            std::shared_ptr<ResponseChannel> channel);
+void handle_destroy_weights_update_group(ServerState& state, const HttpRequest& request,
+                                         std::shared_ptr<ResponseChannel> channel);
+// SGLang's CUDA-IPC weight transport (update_weights_from_tensor), which
+// megactx does not serve: 501 with {"success": false, "message"} naming the
+// transports it serves, so that a trainer stops with that message instead of
+// a 404.
 void handle_unserved_weight_transport(ServerState& state, const HttpRequest& request,
                                       std::shared_ptr<ResponseChannel> channel);
 void handle_release_memory(ServerState& state, const HttpRequest& request,

@@ -4,14 +4,19 @@
 // in-memory transport: one safetensors bucket per call, in the body or as a
 // file such as /dev/shm/bucket.safetensors; the last one commits),
 // /get_weight_version, /release_memory_occupation and
-// /resume_memory_occupation; SGLang's NCCL and CUDA-IPC transports answer
-// 501. Calls that block (updates, memory) run on the state's control thread; a failure answers
+// /resume_memory_occupation, and SGLang's NCCL transport
+// (/init_weights_update_group, /update_weights_from_distributed,
+// /destroy_weights_update_group: weight_groups.h); its CUDA-IPC transport
+// (/update_weights_from_tensor) answers 501. Calls that block (updates, memory) run on the state's
+// control thread; a failure answers
 // {"success": false, "message"} with status 400 beside the usual error object, and changes nothing.
 // That holds for requests refused before they reach the engine too (a bucket that is no safetensors
 // file, a tensor of an integer dtype, a bad option): trainers read `success` of every answer.
+#include <limits>
 #include <map>
 #include <memory>
 
+#include "io/torch_group_member.h"
 #include "io/weight_update.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
@@ -212,15 +217,135 @@ void handle_get_weight_version(ServerState& state, const HttpRequest&,
 
 void handle_unserved_weight_transport(ServerState&, const HttpRequest& request,
                                       std::shared_ptr<ResponseChannel> channel) {
-  const bool nccl = request.path != "/update_weights_from_tensor";
   channel->respond(failure(
-      std::string(nccl ? "NCCL weight updates (" : "CUDA-IPC weight updates (") +
-          request.path.substr(1) +
+      "CUDA-IPC weight updates (" + request.path.substr(1) +
           ") are not served by megactx yet: send the weights with /update_weights_from_disk "
-          "(slime: --update-weight-transport disk) or as safetensors buckets to "
-          "/update_weights_from_safetensors (a path such as /dev/shm/bucket.safetensors, or "
-          "the bytes as the body)",
+          "(slime: --update-weight-transport disk), through a trainer's group "
+          "(/init_weights_update_group, /update_weights_from_distributed) or as safetensors "
+          "buckets to /update_weights_from_safetensors (a path such as "
+          "/dev/shm/bucket.safetensors, or the bytes as the body)",
       "", 501));
+}
+
+namespace {
+
+std::string group_name_of(const nlohmann::json& body) {
+  return get_string(body, "group_name").value_or("weight_update_group");
+}
+
+int int_field(const nlohmann::json& body, const std::string& name) {
+  auto value = get_integer(body, name);
+  if (!value) throw_invalid(name, "give '" + name + "' (an integer)");
+  if (*value < std::numeric_limits<int>::min() || *value > std::numeric_limits<int>::max())
+    throw_invalid(name, "'" + name + "' is out of range");
+  return static_cast<int>(*value);
+}
+
+// names, dtypes and shapes of /update_weights_from_distributed, checked before
+// anything is received (ApiError 400 naming the field).
+std::vector<AnnouncedTensor> announced_tensors(const nlohmann::json& body) {
+  for (const char* field : {"names", "dtypes", "shapes"})
+    if (!has_field(body, field) || !body[field].is_array())
+      throw_invalid(field, std::string("give '") + field + "' (a list, one entry per tensor)");
+  const auto& names = body["names"];
+  const auto& dtypes = body["dtypes"];
+  const auto& shapes = body["shapes"];
+  if (dtypes.size() != names.size() || shapes.size() != names.size())
+    throw_invalid("names", "'names', 'dtypes' and 'shapes' must have one entry per tensor (" +
+                               std::to_string(names.size()) + ", " + std::to_string(dtypes.size()) +
+                               ", " + std::to_string(shapes.size()) + ")");
+  if (names.empty()) throw_invalid("names", "'names' is empty: no tensor to receive");
+  std::vector<AnnouncedTensor> tensors;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!names[i].is_string() || !dtypes[i].is_string())
+      throw_invalid(names[i].is_string() ? "dtypes" : "names",
+                    "'names' and 'dtypes' must be lists of strings");
+    Shape shape;
+    if (!shapes[i].is_array()) throw_invalid("shapes", "'shapes' must be a list of lists");
+    for (const auto& size : shapes[i]) {
+      if (!size.is_number_integer() || size.get<int64_t>() < 0)
+        throw_invalid("shapes", "the shape of " + names[i].get<std::string>() +
+                                    " must list sizes of 0 or more");
+      shape.push_back(size.get<int64_t>());
+    }
+    try {
+      tensors.push_back(
+          announced_tensor(names[i].get<std::string>(), dtypes[i].get<std::string>(), shape));
+    } catch (const Error& error) {
+      throw ApiError(400, error.what(), "dtypes");
+    }
+  }
+  return tensors;
+}
+
+}  // namespace
+
+void handle_init_weights_update_group(ServerState& state, const HttpRequest& request,
+                                      std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const nlohmann::json body = parse_request_json(request.body);
+    WeightGroupJoin join;
+    join.group_name = group_name_of(body);
+    join.master_address = get_string(body, "master_address").value_or("");
+    join.master_port = int_field(body, "master_port");
+    join.rank_offset = int_field(body, "rank_offset");
+    join.world_size = int_field(body, "world_size");
+    join.backend = get_string(body, "backend").value_or("nccl");
+    WeightGroups& groups = state.weight_groups();
+    groups.check_join(join);
+    const std::string name = join.group_name;
+    groups.join(std::move(join), [channel, name](const std::string& error) {
+      if (!error.empty()) return channel->respond(failure(error));
+      channel->respond(json_response(
+          {{"success", true}, {"message", "joined weight-update group '" + name + "'"}}));
+    });
+  });
+}
+
+void handle_update_weights_from_distributed(ServerState& state, const HttpRequest& request,
+                                            std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const nlohmann::json body = parse_request_json(request.body);
+    const std::string name = group_name_of(body);
+    WeightUpdateRequest update = update_fields(body);
+    update.commit = get_bool(body, "commit").value_or(true);
+    if (auto format = get_string(body, "load_format"))
+      throw_invalid("load_format", "'load_format' " + *format +
+                                       " is not served: megactx receives the tensors as named "
+                                       "(leave load_format out)");
+    std::vector<AnnouncedTensor> tensors = announced_tensors(body);
+    state.weight_groups().check_known(name);
+    if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
+    state.weight_groups().receive(
+        name, std::move(tensors),
+        [&state, channel, update](const std::string& error,
+                                  std::shared_ptr<TensorBucket> bucket) mutable {
+          if (!error.empty()) return channel->respond(failure(error));
+          update.bucket = std::move(bucket);
+          on_control_thread(state, channel, [&state, update] {
+            const WeightUpdateResult result = state.engine().update_weights(update);
+            return nlohmann::json{
+                {"success", true},
+                {"message", result.committed ? "weights updated" : "weights staged"},
+                {"committed", result.committed},
+                {"tensors", result.tensors},
+                {"weight_version", result.weight_version}};
+          });
+        });
+  });
+}
+
+void handle_destroy_weights_update_group(ServerState& state, const HttpRequest& request,
+                                         std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const std::string name = group_name_of(body_object(request));
+    state.weight_groups().check_known(name);
+    state.weight_groups().destroy(name, [channel, name](const std::string& error) {
+      if (!error.empty()) return channel->respond(failure(error));
+      channel->respond(json_response(
+          {{"success", true}, {"message", "left weight-update group '" + name + "'"}}));
+    });
+  });
 }
 
 void handle_release_memory(ServerState& state, const HttpRequest& request,

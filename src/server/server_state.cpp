@@ -19,9 +19,11 @@ ServerState::ServerState(EngineApi& engine, ServerConfig config, ChatSetup chat)
              static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   workers_.emplace(static_cast<size_t>(std::max(1, config_.worker_threads)));
   control_.emplace(1);
+  weight_groups_ = std::make_unique<WeightGroups>(config_.weight_groups);
 }
 
 void ServerState::run_control(std::function<void()> task) {
+  if (!control_) return;  // shut down: the request's connection is going too
   boost::asio::post(*control_, std::move(task));
 }
 
@@ -87,6 +89,8 @@ void ServerState::drain() {
     gate_->open = false;
   }
   if (chat_hook_) chat_hook_->shutdown();
+  // Before the control thread: a group's last answer may still go through it.
+  weight_groups_.reset();
   if (control_) {
     control_->join();
     control_.reset();

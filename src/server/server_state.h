@@ -18,6 +18,7 @@
 #include "server/chat_hook.h"
 #include "server/chat_setup.h"
 #include "server/metrics.h"
+#include "server/weight_groups.h"
 
 namespace megactx::server {
 
@@ -30,6 +31,8 @@ struct ServerConfig {
   nlohmann::json server_info = nlohmann::json::object();  // extra fields for /get_server_info
   // generation_config.json defaults (temperature, top_p, top_k) under every request.
   SamplingParams default_sampling;
+  // The trainers' torch.distributed groups for NCCL weight updates.
+  WeightGroupSettings weight_groups;
 };
 
 class ServerState {
@@ -41,6 +44,7 @@ class ServerState {
   const ServerConfig& config() const { return config_; }
   const ChatSetup& chat() const { return chat_; }
   ServerMetrics& metrics() { return metrics_; }
+  WeightGroups& weight_groups() { return *weight_groups_; }  // until drain()
 
   // "chatcmpl-<hex>" etc.: unique within this process and across restarts.
   std::string new_id(const std::string& prefix);
@@ -87,6 +91,9 @@ class ServerState {
     bool open = true;
   };
   std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
+  // Last: its threads answer through the control thread and the workers, so
+  // it goes first.
+  std::unique_ptr<WeightGroups> weight_groups_;
 };
 
 }  // namespace megactx::server

@@ -133,20 +133,81 @@ TEST(RlControl, WeightUpdatesAndVersions) {
 
 // SGLang's NCCL and CUDA-IPC weight transports are not served: each route
 // answers 501 with success false and a message naming the transports that are.
-TEST(RlControl, UnservedWeightTransportsSayWhatIsServed) {
+TEST(RlControl, CudaIpcUpdatesSayWhatIsServed) {
   ServerFixture f;
-  for (const char* path : {"/init_weights_update_group", "/update_weights_from_distributed",
-                           "/destroy_weights_update_group", "/update_weights_from_tensor"}) {
-    auto r = f.call("POST", path, {{"group_name", "weight_update_group"}});
-    ASSERT_EQ(r->status, 501) << path << ": " << r->body;
-    const json body = r->json();
-    EXPECT_FALSE(body["success"].get<bool>()) << path;
-    const std::string message = body["message"].get<std::string>();
-    EXPECT_NE(message.find(path + 1), std::string::npos) << message;
-    EXPECT_NE(message.find("/update_weights_from_disk"), std::string::npos) << message;
-    EXPECT_EQ(body["error"]["type"], "not_implemented_error");
-  }
+  auto r = f.call("POST", "/update_weights_from_tensor", {{"serialized_named_tensors", {}}});
+  ASSERT_EQ(r->status, 501) << r->body;
+  const json body = r->json();
+  EXPECT_FALSE(body["success"].get<bool>());
+  const std::string message = body["message"].get<std::string>();
+  EXPECT_NE(message.find("update_weights_from_tensor"), std::string::npos) << message;
+  EXPECT_NE(message.find("/update_weights_from_disk"), std::string::npos) << message;
+  EXPECT_NE(message.find("/update_weights_from_distributed"), std::string::npos) << message;
+  EXPECT_EQ(body["error"]["type"], "not_implemented_error");
   EXPECT_EQ(f.engine.weight_version(), "default");  // nothing changed
+}
+
+// The NCCL transport's requests are checked before any group member starts
+// (the group itself, with a torch trainer: tests/e2e/trainer_loop_test.py).
+TEST(RlControl, WeightGroupRequestsAreCheckedFirst) {
+  ServerFixture f;  // a CPU server of one rank
+  const json good = {{"master_address", "127.0.0.1"},
+                     {"master_port", 29500},
+                     {"rank_offset", 1},
+                     {"world_size", 2},
+                     {"group_name", "g"},
+                     {"backend", "gloo"}};
+  auto refused = [&](const std::string& path, json body, const std::string& param,
+                     const std::string& words) {
+    auto r = f.call("POST", path, body);
+    EXPECT_EQ(r->status, 400) << path << ": " << r->body;
+    const json answer = r->json();
+    EXPECT_FALSE(answer["success"].get<bool>()) << r->body;
+    EXPECT_EQ(answer["error"]["param"], param) << r->body;
+    EXPECT_NE(answer["message"].get<std::string>().find(words), std::string::npos) << r->body;
+  };
+  auto with = [&](const std::string& field, json value) {
+    json body = good;
+    if (value.is_null())
+      body.erase(field);
+    else
+      body[field] = value;
+    return body;
+  };
+  const std::string init = "/init_weights_update_group";
+  refused(init, with("master_address", nullptr), "master_address", "master_address");
+  refused(init, with("master_port", 70000), "master_port", "port number");
+  refused(init, with("master_port", "x"), "master_port", "integer");
+  refused(init, with("rank_offset", 0), "rank_offset", "rank 0 is the trainer");
+  refused(init, with("world_size", 1), "world_size", "no room");
+  refused(init, with("backend", "mpi"), "backend", "nccl or gloo");
+  refused(init, with("backend", nullptr), "backend", "NCCL needs GPUs");  // nccl by default
+  refused(init, with("group_name", ""), "group_name", "empty");
+
+  const std::string update = "/update_weights_from_distributed";
+  const json tensors = {{"names", {"model.norm.weight"}},
+                        {"dtypes", {"float32"}},
+                        {"shapes", {{4}}},
+                        {"group_name", "g"}};
+  refused(update, tensors, "group_name", "init_weights_update_group first");
+  json body = tensors;
+  body["dtypes"] = {"int64"};
+  refused(update, body, "dtypes", "'int64'");
+  body = tensors;
+  body["shapes"] = json::array();
+  refused(update, body, "names", "one entry per tensor");
+  body = tensors;
+  body["shapes"] = {{-4}};
+  refused(update, body, "shapes", "sizes of 0 or more");
+  body = tensors;
+  body["load_format"] = "flattened_bucket";
+  refused(update, body, "load_format", "flattened_bucket");
+  body = tensors;
+  body.erase("names");
+  refused(update, body, "names", "give 'names'");
+  refused("/destroy_weights_update_group", {{"group_name", "g"}}, "group_name",
+          "no weight-update group named 'g'");
+  EXPECT_TRUE(f.engine.weight_updates().empty());  // nothing reached the engine
 }
 
 TEST(RlControl, MemoryTags) {
