@@ -49,6 +49,11 @@ import requests
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megactx_server import MegactxServer  # noqa: E402
 from weight_buckets import safetensors_bytes, update_body  # noqa: E402
+try:  # SGLang's NCCL transport needs a torch trainer (Debian's python3-torch in CI)
+    import torch
+    from trainer_group import TrainerGroup
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
 
 COMMON = ("--skip-tokenizer-init", "--kv-dtype", "f32", "--max-running-requests", "8")
 
@@ -121,7 +126,13 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
     with MegactxServer(megactx, fixture, *COMMON, name="single") as server:
         update_body(server, bucket).raise_for_status()
         want = generate(server.url, prompt, new_tokens)
-    with MegactxServer(megactx, fixture, *COMMON, *layout, *extra, name="tp-updates") as server:
+    # The serving group's processes: each is a rank of a trainer's weight-update group.
+    sizes = {flag: int(value) for flag, value in zip(layout[::2], layout[1::2])}
+    ranks = sizes.get("--tensor-parallel-size", 1) * sizes.get("--context-parallel-size", 1)
+    group_args = ("--weight-update-python", sys.executable) if torch is not None else ()
+    via_group, group_note = None, "the trainer's group: skipped (no torch)"
+    with MegactxServer(megactx, fixture, *COMMON, *layout, *extra, *group_args,
+                       name="tp-updates") as server:
         before = generate(server.url, prompt, new_tokens)
         update_body(server, bucket).raise_for_status()
         after = generate(server.url, prompt, new_tokens)
@@ -130,16 +141,28 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
         post(server, "/release_memory_occupation", {"tags": ["weights"]})
         post(server, "/resume_memory_occupation", {"tags": ["weights"]})
         resumed = generate(server.url, prompt, new_tokens)
+        if torch is not None:
+            # SGLang's NCCL transport on gloo: the trainer is rank 0 of 1 + `ranks`.
+            group = TrainerGroup(server.url, "tp-updates", engine_ranks=ranks)
+            assert group.status == 200, group.answer
+            status, answer = group.update({"lm_head.weight": torch.frombuffer(
+                bytearray(negated), dtype=torch.float32).reshape(shape)})
+            assert status == 200, answer
+            via_group = generate(server.url, prompt, new_tokens)
+            assert group.destroy()[0] == 200
+            group_note = ("through the trainer's group ({} ranks of {}): {}".format(
+                ranks, ranks + 1, "the same" if via_group[0] == want[0] else "NOT the same"))
     worst = max(abs(a - b) for a, b in zip(after[1], want[1]))
     ok = after[0] == want[0] and worst <= 1e-4 and after[0] != before[0] and \
-        restored == before and resumed[0] == before[0]
+        restored == before and resumed[0] == before[0] and \
+        (via_group is None or via_group[0] == want[0])
     return ok, (f"weight updates over 2 ranks{''.join(' ' + a for a in layout + extra)}: a "
                 f"trainer's "
                 f"lm_head "
                 f"{'gives' if after[0] == want[0] else 'does NOT give'} one process's output "
                 f"(max |logprob difference| {worst:.2e}, output changed: {after[0] != before[0]}); "
                 f"update_weights_from_disk restores it: {restored == before}; release + resume: "
-                f"{resumed[0] == before[0]}")
+                f"{resumed[0] == before[0]}; {group_note}")
 
 
 def host_tier_over_two_ranks(megactx, model, extra=(), kv_memory="3840KiB"):

@@ -14,8 +14,10 @@ iteration of the loop:
      (PPO-clipped) plus the forward KL on the teacher's top-K;
   4. pushes the new weights through one transport per iteration: update_weights_from_disk with
      an HF folder, update_weights_from_safetensors with buckets as request bodies, with buckets
-     as /dev/shm files, and a partial update (only the trained tensors) mixing both; the last
-     bucket commits and names the weight_version;
+     as /dev/shm files, a partial update (only the trained tensors) mixing both, and SGLang's
+     NCCL transport (init_weights_update_group, update_weights_from_distributed per bucket,
+     destroy_weights_update_group) over a torch.distributed group on gloo, the CPU's backend;
+     the last bucket commits and names the weight_version;
   5. checks that the policy's scoring logprobs equal PyTorch's forward of the new weights
      within 1e-4, that the push was visible (the old server scores were more than ten times
      that away), and that weight_version advanced (/get_weight_version, /get_server_info,
@@ -25,8 +27,9 @@ iteration of the loop:
 Beside the loop: pause_generation (in_place, retract, abort) and continue_generation,
 /abort_request + /v1/loads polling, /flush_cache refusing while a request runs, bad updates
 (wrong name, shape, dtype, architecture, a bad bucket after staged ones) that are errors naming
-the tensor while the old weights keep serving, and release/resume of memory that brings back
-the latest weights.
+the tensor while the old weights keep serving, the weight-update group's failures (a wrong
+name received and refused with the group still in step, a group that does not form within the
+timeout, a destroyed group), and release/resume of memory that brings back the latest weights.
 
 Safetensors files are written by weight_buckets.py (stdlib: the safetensors package is not a
 dependency). PyTorch runs on the CPU in float32 (Debian's python3-torch in CI). Without
@@ -64,6 +67,7 @@ import requests  # noqa: E402
 
 import export  # noqa: E402  (tools/train: HF names <-> model.py parameters, RoPE layout)
 from megactx_server import MegactxServer  # noqa: E402
+from trainer_group import TrainerGroup, free_port  # noqa: E402
 import weight_buckets  # noqa: E402
 from weight_buckets import shm_dir  # noqa: E402
 
@@ -83,6 +87,7 @@ STEPS_PER_ITERATION = 2
 # logprobs still move by 0.08 to 1.5 per push, far beyond the tolerance.
 LEARNING_RATE = 1e-5
 BUCKET_BYTES = 16 << 20  # under serve's default --max-request-bytes (32 MiB)
+GROUP_TIMEOUT_S = 20  # serve --weight-update-timeout: a group that cannot form fails this fast
 PROMPTS = [
     [{"role": "user", "content": "Name three colours."}],
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -442,7 +447,9 @@ class TrainerLoop(unittest.TestCase):
         tensors = hub_tensors(self.policy)
         if transport == "partial":
             tensors = {name: tensors[name] for name in self.partial_names()}
-        if transport == "disk":
+        if transport == "distributed":
+            answer = self.push_through_group(tensors, version, before, probes)
+        elif transport == "disk":
             folder = os.path.join(self.tmp, version)
             write_model_dir(folder, tensors, ARGS.model)
             response = post(POLICY, "/update_weights_from_disk",
@@ -480,6 +487,29 @@ class TrainerLoop(unittest.TestCase):
         self.assertEqual(answer["weight_version"], version)
         return version, len(tensors)
 
+    def push_through_group(self, tensors, version, before, probes):
+        """SGLang's NCCL transport (gloo here): join, one update per bucket, leave."""
+        group = TrainerGroup(POLICY.url, "policy-weights", timeout_s=GROUP_TIMEOUT_S)
+        self.assertEqual(group.status, 200, group.answer)
+        self.assertTrue(group.answer["success"])
+        buckets = buckets_of(tensors)
+        self.assertGreater(len(buckets), 1, "the transport is meant to see several buckets")
+        for index, bucket in enumerate(buckets):
+            last = index == len(buckets) - 1
+            fields = {"commit": last, "flush_cache": True}
+            if last:
+                fields["weight_version"] = version
+            status, answer = group.update(bucket, **fields)
+            self.assertEqual(status, 200, answer)
+            self.assertTrue(answer["success"])
+            self.assertEqual(answer["committed"], last)
+            if index == 0:
+                self.assertEqual(answer["weight_version"], self.version)
+                self.assert_scores_near(probes, before)
+        status, left = group.destroy()
+        self.assertEqual(status, 200, left)
+        return answer
+
     def partial_names(self):
         """The tensors the partial iteration trains: the head, the final norm, the last layer."""
         last = "model.layers.{}.".format(self.policy.cfg.num_hidden_layers - 1)
@@ -496,7 +526,8 @@ class TrainerLoop(unittest.TestCase):
         self.check_version(self.version)
         first_kl = None
         # No subTest: each iteration starts from what the previous one pushed.
-        for iteration, transport in enumerate(("disk", "body", "shm", "partial"), start=1):
+        for iteration, transport in enumerate(("disk", "body", "shm", "partial", "distributed"),
+                                              start=1):
             samples = self.rollout()
             self.teacher_scores(samples)
             probes = [s["sequence"] for s in samples[::SAMPLES]] + [self.probe]
@@ -527,7 +558,7 @@ class TrainerLoop(unittest.TestCase):
         last_kl = self.distillation_loss(samples)[1].item()
         self.note("top-{} KL to the teacher on fresh rollouts: {:.4f} at the start, {:.4f} "
                   "after the loop".format(TOP_K, first_kl, last_kl))
-        # Real gradients: four iterations cut the KL to the teacher by a third (on the CPU).
+        # Real gradients: the iterations cut the KL to the teacher by a third (on the CPU).
         self.assertLess(last_kl, first_kl)
         # Rollout logprobs (sampled in decode) equal PyTorch's forward, hence the scoring.
         self.assertLess(self.rollout_worst, TOLERANCE,
@@ -699,6 +730,64 @@ class TrainerLoop(unittest.TestCase):
                      "num_attention_heads")
         self.check_policy_matches(probes, "after the bad updates")
 
+    def test_weight_group_failures_keep_the_old_weights(self):
+        probes = [self.probe]
+        before = self.check_policy_matches(probes, "before the group's failures")
+        norm = hub_tensors(self.policy)["model.norm.weight"]
+        group = TrainerGroup(POLICY.url, "failures", timeout_s=GROUP_TIMEOUT_S)
+        self.assertEqual(group.status, 200, group.answer)
+        # The same name again while it exists; NCCL on a CPU server.
+        again = post(POLICY, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
+            "world_size": 2, "group_name": "failures", "backend": "gloo"})
+        self.assertEqual(again.status_code, 400, again.text)
+        self.assertIn("exists already", again.json()["message"])
+        if ARGS.device == "cpu":
+            nccl = post(POLICY, "/init_weights_update_group", {
+                "master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
+                "world_size": 2, "group_name": "nccl", "backend": "nccl"})
+            self.assertEqual(nccl.status_code, 400, nccl.text)
+            self.assertIn("gloo", nccl.json()["message"])
+        # A name the model does not have: received (the group stays in step), then refused.
+        wrong = "model.layers.0.self_attn.q_proj.weight"
+        status, answer = group.update({wrong: norm.clone()}, weight_version="bad")
+        self.assertEqual(status, 400, answer)
+        self.assertFalse(answer["success"])
+        self.assertIn(wrong, answer["message"])
+        self.check_version(self.version)
+        self.assert_scores_near(probes, before)
+        # A dtype megactx does not take is refused before anything is received.
+        status, answer = group.update({"model.norm.weight": norm.to(torch.int64)},
+                                      broadcast=False)
+        self.assertEqual(status, 400, answer)
+        self.assertEqual(answer["error"]["param"], "dtypes")
+        # The group is still in step: an update of the unchanged norm goes through.
+        status, answer = group.update({"model.norm.weight": norm}, weight_version=self.version)
+        self.assertEqual(status, 200, answer)
+        self.assertEqual(answer["tensors"], 1)
+        self.assert_scores_near(probes, before)
+        status, left = group.destroy()
+        self.assertEqual(status, 200, left)
+        for route in ("/update_weights_from_distributed", "/destroy_weights_update_group"):
+            gone = post(POLICY, route, {"group_name": "failures", "names": ["model.norm.weight"],
+                                        "dtypes": ["float32"], "shapes": [list(norm.shape)]})
+            self.assertEqual(gone.status_code, 400, gone.text)
+            self.assertIn("no weight-update group named 'failures'", gone.json()["message"])
+        # A trainer that never comes: the join fails within the timeout, with torch's reason.
+        start = time.time()
+        lonely = post(POLICY, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
+            "world_size": 2, "group_name": "lonely", "backend": "gloo"})
+        waited = time.time() - start
+        self.assertEqual(lonely.status_code, 400, lonely.text)
+        self.assertIn("joining the group failed", lonely.json()["message"])
+        self.assertLess(waited, GROUP_TIMEOUT_S + 60)
+        self.note("weight-update group: a trainer that never came failed the join after "
+                  "{:.1f} s (--weight-update-timeout {})".format(waited, GROUP_TIMEOUT_S))
+        # The name is free again, and the weights never moved.
+        self.check_version(self.version)
+        self.check_policy_matches(probes, "after the group's failures")
+
     # ------------------------------------------------------------ routing replay
 
     def test_routed_experts_equal_pytorch_routing(self):
@@ -867,13 +956,18 @@ def main():
                         ARGS.model)
         with MegactxServer(ARGS.megactx, ARGS.model, *server_args, "--enable-return-routed-experts",
                            "--enable-return-hidden-states",
-                           "--enable-memory-saver", name="policy") as policy, \
+                           "--enable-memory-saver",
+                           # The weight-update group's members: this Python, which has torch.
+                           "--weight-update-python", sys.executable,
+                           "--weight-update-timeout", str(GROUP_TIMEOUT_S),
+                           name="policy") as policy, \
                 MegactxServer(ARGS.megactx, teacher_dir, *server_args, name="teacher") as scorer:
             POLICY, TEACHER = policy, scorer
             # The loop first, so that the other tests run on trained weights (they hold for
             # any weights and leave them as they were).
             names = ["test_trainer_loop", "test_pause_modes_resume_and_abort",
                      "test_bad_updates_keep_the_old_weights",
+                     "test_weight_group_failures_keep_the_old_weights",
                      "test_routed_experts_equal_pytorch_routing",
                      "test_hidden_states_equal_pytorch",
                      "test_release_and_resume_bring_back_the_latest_weights"]

@@ -55,7 +55,7 @@ def join(config):
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.rendezvous import rendezvous
 
-    if config["device"] != "cpu":
+    if config["device"] != "cpu" and config["backend"] == "nccl":
         torch.cuda.set_device(int(config["device"]))
     timeout = timedelta(seconds=float(config["timeout_s"]))
     url = "tcp://{}:{}".format(config["master_address"], config["master_port"])
@@ -89,7 +89,9 @@ def main():
         answer({"ok": False, "error": "joining the group failed: {}: {}".format(
             type(error).__name__, error)})
         return 1
-    device = "cpu" if config["device"] == "cpu" else "cuda:{}".format(config["device"])
+    # gloo broadcasts host tensors (the server copies them to its GPU either way).
+    on_host = config["device"] == "cpu" or config["backend"] == "gloo"
+    device = "cpu" if on_host else "cuda:{}".format(config["device"])
     answer({"ok": True, "torch": torch.__version__, "backend": config["backend"]})
     for line in sys.stdin:
         command = json.loads(line)
