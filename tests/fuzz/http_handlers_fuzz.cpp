@@ -49,6 +49,9 @@ constexpr Route kRoutes[] = {
     {"POST", "/update_weights_from_disk"},
     {"POST", "/update_weights_from_safetensors"},
     {"GET", "/get_weight_version"},
+    {"POST", "/init_weights_update_group"},
+    {"POST", "/update_weights_from_distributed"},
+    {"POST", "/destroy_weights_update_group"},
     {"POST", "/release_memory_occupation"},
     {"POST", "/resume_memory_occupation"},
     {"POST", "/v1/chat/completions", true},
@@ -89,6 +92,9 @@ struct Server {
     ServerConfig c;
     c.served_model_name = "fuzz";
     c.max_waiting_requests = 1 << 20;
+    // A group that passes the checks starts its member with this interpreter,
+    // which does not exist: an answer at once, never a process per input.
+    c.weight_groups.python = "/nonexistent/megactx-fuzz-python";
     return c;
   }
   static ChatSetup chat() {
