@@ -55,12 +55,10 @@ void handle_update_weights_from_distributed(ServerState& state, const HttpReques
                                             std::shared_ptr<ResponseChannel> channel);
 void handle_destroy_weights_update_group(ServerState& state, const HttpRequest& request,
                                          std::shared_ptr<ResponseChannel> channel);
-// SGLang's CUDA-IPC weight transport (update_weights_from_tensor), which
-// megactx does not serve: 501 with {"success": false, "message"} naming the
-// transports it serves, so that a trainer stops with that message instead of
-// a 404.
-void handle_unserved_weight_transport(ServerState& state, const HttpRequest& request,
-                                      std::shared_ptr<ResponseChannel> channel);
+// SGLang's tensor transport: tensors pickled with torch's multiprocessing
+// reductions (CUDA IPC handles on one host), opened by a torch helper.
+void handle_update_weights_from_tensor(ServerState& state, const HttpRequest& request,
+                                       std::shared_ptr<ResponseChannel> channel);
 void handle_release_memory(ServerState& state, const HttpRequest& request,
                            std::shared_ptr<ResponseChannel> channel);
 void handle_resume_memory(ServerState& state, const HttpRequest& request,

@@ -6,9 +6,10 @@
 // /get_weight_version, /release_memory_occupation and
 // /resume_memory_occupation, and SGLang's NCCL transport
 // (/init_weights_update_group, /update_weights_from_distributed,
-// /destroy_weights_update_group: weight_groups.h); its CUDA-IPC transport
-// (/update_weights_from_tensor) answers 501. Calls that block (updates, memory) run on the state's
-// control thread; a failure answers
+// /destroy_weights_update_group) and its tensor transport
+// (/update_weights_from_tensor: CUDA IPC handles or shared-memory files in a
+// torch pickle), both through torch helpers (weight_groups.h). Calls that block (updates, memory)
+// run on the state's control thread; a failure answers
 // {"success": false, "message"} with status 400 beside the usual error object, and changes nothing.
 // That holds for requests refused before they reach the engine too (a bucket that is no safetensors
 // file, a tensor of an integer dtype, a bad option): trainers read `success` of every answer.
@@ -16,7 +17,7 @@
 #include <map>
 #include <memory>
 
-#include "io/torch_group_member.h"
+#include "io/torch_helper.h"
 #include "io/weight_update.h"
 #include "server/api_error.h"
 #include "server/endpoints.h"
@@ -215,16 +216,48 @@ void handle_get_weight_version(ServerState& state, const HttpRequest&,
   channel->respond(json_response({{"weight_version", state.engine().weight_version()}}));
 }
 
-void handle_unserved_weight_transport(ServerState&, const HttpRequest& request,
-                                      std::shared_ptr<ResponseChannel> channel) {
-  channel->respond(failure(
-      "CUDA-IPC weight updates (" + request.path.substr(1) +
-          ") are not served by megactx yet: send the weights with /update_weights_from_disk "
-          "(slime: --update-weight-transport disk), through a trainer's group "
-          "(/init_weights_update_group, /update_weights_from_distributed) or as safetensors "
-          "buckets to /update_weights_from_safetensors (a path such as "
-          "/dev/shm/bucket.safetensors, or the bytes as the body)",
-      "", 501));
+void handle_update_weights_from_tensor(ServerState& state, const HttpRequest& request,
+                                       std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const nlohmann::json body = parse_request_json(request.body);
+    WeightUpdateRequest update = update_fields(body);
+    update.commit = get_bool(body, "commit").value_or(true);
+    std::string load_format = get_string(body, "load_format").value_or("");
+    if (load_format == "direct") load_format.clear();  // the same tensors, loaded as named
+    if (!load_format.empty() && load_format != "flattened_bucket")
+      throw_invalid("load_format", "'load_format' " + load_format +
+                                       " is not served: leave it out, or direct or "
+                                       "flattened_bucket");
+    // One payload per rank of the engine (SGLang's tp ranks), each naming the
+    // same weights for its GPU; rank 0's is read and the bucket path hands the
+    // tensors to every rank.
+    const int ranks = state.weight_groups().settings().ranks;
+    if (!has_field(body, "serialized_named_tensors") ||
+        !body["serialized_named_tensors"].is_array() ||
+        body["serialized_named_tensors"].size() != static_cast<size_t>(ranks) ||
+        !body["serialized_named_tensors"][0].is_string())
+      throw_invalid("serialized_named_tensors",
+                    "give 'serialized_named_tensors': a list of " + std::to_string(ranks) +
+                        " base64 string(s), one per rank of this server "
+                        "(MultiprocessingSerializer.serialize(..., output_str=True))");
+    if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
+    state.weight_groups().read_tensors(
+        body["serialized_named_tensors"][0].get<std::string>(), load_format,
+        [&state, channel, update](const std::string& error,
+                                  std::shared_ptr<TensorBucket> bucket) mutable {
+          if (!error.empty()) return channel->respond(failure(error));
+          update.bucket = std::move(bucket);
+          on_control_thread(state, channel, [&state, update] {
+            const WeightUpdateResult result = state.engine().update_weights(update);
+            return nlohmann::json{
+                {"success", true},
+                {"message", result.committed ? "weights updated" : "weights staged"},
+                {"committed", result.committed},
+                {"tensors", result.tensors},
+                {"weight_version", result.weight_version}};
+          });
+        });
+  });
 }
 
 namespace {

@@ -52,7 +52,7 @@ Router make_router(ServerState& state) {
   router.add("POST", "/update_weights_from_distributed",
              bind(handle_update_weights_from_distributed));
   router.add("POST", "/destroy_weights_update_group", bind(handle_destroy_weights_update_group));
-  router.add("POST", "/update_weights_from_tensor", bind(handle_unserved_weight_transport));
+  router.add("POST", "/update_weights_from_tensor", bind(handle_update_weights_from_tensor));
   router.add("POST", "/release_memory_occupation", bind(handle_release_memory));
   router.add("POST", "/resume_memory_occupation", bind(handle_resume_memory));
   // Liveness and scraping stay open so probes need no key.

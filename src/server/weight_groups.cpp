@@ -20,6 +20,8 @@ WeightGroups::~WeightGroups() {
     for (auto* groups : {&groups_, &joining_})
       for (auto& [name, group] : *groups)
         for (auto& member : group->members) member->kill();
+    if (reader_)
+      for (auto& member : reader_->members) member->kill();
   }
   worker_->join();
 }
@@ -87,11 +89,11 @@ void WeightGroups::join(WeightGroupJoin join, std::function<void(const std::stri
         // Every rank of the serving group takes the whole tensors (as SGLang's
         // do); one copy is enough here: the engine hands the bucket to its ranks.
         member.send_bytes = i == 0;
-        auto started = TorchGroupMember::start(member);
+        auto started = TorchHelper::start(member);
         std::lock_guard lock(mutex_);  // the destructor may kill members meanwhile
         group->members.push_back(std::move(started));
       }
-      for (auto& member : group->members) member->wait_joined();
+      for (auto& member : group->members) member->wait_ready();
     } catch (const std::exception& failure) {
       error = failure.what();
     }
@@ -159,6 +161,40 @@ void WeightGroups::destroy(std::string group_name, std::function<void(const std:
     for (auto& member : group->members) member->destroy();
     spdlog::info("left weight-update group '{}'", group_name);
     done("");
+  });
+}
+
+void WeightGroups::read_tensors(
+    std::string payload, std::string load_format,
+    std::function<void(const std::string&, std::shared_ptr<TensorBucket>)> done) {
+  boost::asio::post(*worker_, [this, payload = std::move(payload),
+                               load_format = std::move(load_format), done = std::move(done)] {
+    std::string error;
+    auto bucket = std::make_shared<TensorBucket>();
+    try {
+      std::shared_ptr<Group> reader;
+      {
+        std::lock_guard lock(mutex_);
+        if (reader_ && !reader_->members.front()->alive()) reader_.reset();
+        reader = reader_;
+      }
+      if (!reader) {
+        reader = std::make_shared<Group>();
+        auto started = TorchHelper::start_reader(
+            settings_.python, settings_.cuda ? std::to_string(settings_.device_ordinal) : "cpu",
+            settings_.timeout_s);
+        {
+          std::lock_guard lock(mutex_);  // the destructor may kill it meanwhile
+          reader->members.push_back(std::move(started));
+          reader_ = reader;
+        }
+        reader->members.front()->wait_ready();
+      }
+      *bucket = std::move(reader->members.front()->read(payload, load_format, 0).bucket);
+    } catch (const std::exception& failure) {
+      error = failure.what();
+    }
+    done(error, error.empty() ? bucket : nullptr);
   });
 }
 

@@ -1,11 +1,13 @@
-// The trainers' torch.distributed groups this server joined for SGLang's NCCL
-// weight updates: /init_weights_update_group makes the server's ranks members
-// (one TorchGroupMember per rank of the serving group, ranks rank_offset ..
-// rank_offset + ranks - 1), /update_weights_from_distributed receives one
-// bucket of broadcast tensors through them, /destroy_weights_update_group
-// leaves. Joining and receiving block until the trainer takes part, so they
-// run on a thread of their own (one at a time), never on the HTTP or control
-// threads.
+// The torch helpers (io/torch_helper.h) behind SGLang's two torch-format
+// weight transports. The trainers' torch.distributed groups this server
+// joined for NCCL weight updates: /init_weights_update_group makes the
+// server's ranks members (one helper per rank of the serving group, ranks
+// rank_offset .. rank_offset + ranks - 1), /update_weights_from_distributed
+// receives one bucket of broadcast tensors through them,
+// /destroy_weights_update_group leaves. And one reader, started at the first
+// /update_weights_from_tensor, that opens its pickled tensors. Joining and
+// receiving block until the trainer takes part, so all of it runs on a thread
+// of its own (one call at a time), never on the HTTP or control threads.
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
@@ -18,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "io/torch_group_member.h"
+#include "io/torch_helper.h"
 #include "io/weight_update.h"
 
 namespace megactx::server {
@@ -60,18 +62,24 @@ class WeightGroups {
   void receive(std::string group_name, std::vector<AnnouncedTensor> tensors,
                std::function<void(const std::string& error, std::shared_ptr<TensorBucket>)> done);
   void destroy(std::string group_name, std::function<void(const std::string&)> done);
+  // Opens one /update_weights_from_tensor payload (TorchHelper::read) on the
+  // reader, started (or restarted, if it died) here.
+  void read_tensors(
+      std::string payload, std::string load_format,
+      std::function<void(const std::string& error, std::shared_ptr<TensorBucket>)> done);
 
   std::vector<std::string> names() const;
 
  private:
   struct Group {
-    std::vector<std::unique_ptr<TorchGroupMember>> members;
+    std::vector<std::unique_ptr<TorchHelper>> members;
   };
 
   WeightGroupSettings settings_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Group>> groups_;
   std::map<std::string, std::shared_ptr<Group>> joining_;  // being formed now
+  std::shared_ptr<Group> reader_;  // one member: the payload reader (worker thread only)
   std::optional<boost::asio::thread_pool> worker_;
 };
 

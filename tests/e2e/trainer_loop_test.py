@@ -16,8 +16,10 @@ iteration of the loop:
      an HF folder, update_weights_from_safetensors with buckets as request bodies, with buckets
      as /dev/shm files, a partial update (only the trained tensors) mixing both, and SGLang's
      NCCL transport (init_weights_update_group, update_weights_from_distributed per bucket,
-     destroy_weights_update_group) over a torch.distributed group on gloo, the CPU's backend;
-     the last bucket commits and names the weight_version;
+     destroy_weights_update_group) over a torch.distributed group on gloo, the CPU's backend,
+     and its tensor transport (update_weights_from_tensor: slime's flattened buckets of
+     torch-pickled tensors, shared-memory files on the CPU, CUDA IPC handles with --device
+     cuda); the last bucket commits and names the weight_version;
   5. checks that the policy's scoring logprobs equal PyTorch's forward of the new weights
      within 1e-4, that the push was visible (the old server scores were more than ten times
      that away), and that weight_version advanced (/get_weight_version, /get_server_info,
@@ -29,7 +31,9 @@ Beside the loop: pause_generation (in_place, retract, abort) and continue_genera
 (wrong name, shape, dtype, architecture, a bad bucket after staged ones) that are errors naming
 the tensor while the old weights keep serving, the weight-update group's failures (a wrong
 name received and refused with the group still in step, a group that does not form within the
-timeout, a destroyed group), and release/resume of memory that brings back the latest weights.
+timeout, a destroyed group), tensor payloads that are refused (a pickle naming anything but
+torch's tensors, a host tensor shared by file descriptor, bad base64), and release/resume of
+memory that brings back the latest weights.
 
 Safetensors files are written by weight_buckets.py (stdlib: the safetensors package is not a
 dependency). PyTorch runs on the CPU in float32 (Debian's python3-torch in CI). Without
@@ -68,6 +72,7 @@ import requests  # noqa: E402
 import export  # noqa: E402  (tools/train: HF names <-> model.py parameters, RoPE layout)
 from megactx_server import MegactxServer  # noqa: E402
 from trainer_group import TrainerGroup, free_port  # noqa: E402
+import tensor_payloads  # noqa: E402
 import weight_buckets  # noqa: E402
 from weight_buckets import shm_dir  # noqa: E402
 
@@ -449,6 +454,8 @@ class TrainerLoop(unittest.TestCase):
             tensors = {name: tensors[name] for name in self.partial_names()}
         if transport == "distributed":
             answer = self.push_through_group(tensors, version, before, probes)
+        elif transport == "tensor":
+            answer = self.push_as_tensors(tensors, version, before, probes)
         elif transport == "disk":
             folder = os.path.join(self.tmp, version)
             write_model_dir(folder, tensors, ARGS.model)
@@ -510,6 +517,35 @@ class TrainerLoop(unittest.TestCase):
         self.assertEqual(status, 200, left)
         return answer
 
+    def push_as_tensors(self, tensors, version, before, probes):
+        """SGLang's tensor transport as slime uses it: flattened buckets, torch-pickled (CUDA
+        tensors by IPC handle when the server runs on the GPU, else shared-memory files); verl's
+        LocalSerializedTensor list for the last bucket."""
+        cuda = ARGS.device == "cuda" and torch.cuda.is_available()
+        buckets = buckets_of(tensors)
+        self.assertGreater(len(buckets), 1, "the transport is meant to see several buckets")
+        for index, bucket in enumerate(buckets):
+            last = index == len(buckets) - 1
+            if cuda:
+                bucket = {name: tensor.cuda() for name, tensor in bucket.items()}
+            if last:
+                payload, keep = tensor_payloads.named_payload(bucket, local=True), bucket
+                fields = {"weight_version": version}
+            else:
+                payload, keep = tensor_payloads.flattened_payload(bucket)
+                fields = {"load_format": "flattened_bucket", "commit": False}
+            response = post(POLICY, "/update_weights_from_tensor",
+                            dict(fields, serialized_named_tensors=[payload], flush_cache=True))
+            del keep  # the server answered: it has copied the tensors
+            self.assertEqual(response.status_code, 200, response.text)
+            answer = response.json()
+            self.assertTrue(answer["success"])
+            self.assertEqual(answer["committed"], last)
+            if index == 0:
+                self.assertEqual(answer["weight_version"], self.version)
+                self.assert_scores_near(probes, before)
+        return answer
+
     def partial_names(self):
         """The tensors the partial iteration trains: the head, the final norm, the last layer."""
         last = "model.layers.{}.".format(self.policy.cfg.num_hidden_layers - 1)
@@ -526,8 +562,8 @@ class TrainerLoop(unittest.TestCase):
         self.check_version(self.version)
         first_kl = None
         # No subTest: each iteration starts from what the previous one pushed.
-        for iteration, transport in enumerate(("disk", "body", "shm", "partial", "distributed"),
-                                              start=1):
+        for iteration, transport in enumerate(("disk", "body", "shm", "partial", "distributed",
+                                               "tensor"), start=1):
             samples = self.rollout()
             self.teacher_scores(samples)
             probes = [s["sequence"] for s in samples[::SAMPLES]] + [self.probe]
@@ -788,6 +824,45 @@ class TrainerLoop(unittest.TestCase):
         self.check_version(self.version)
         self.check_policy_matches(probes, "after the group's failures")
 
+    def test_tensor_payload_failures_keep_the_old_weights(self):
+        probes = [self.probe]
+        before = self.check_policy_matches(probes, "before the refused payloads")
+        norm = hub_tensors(self.policy)["model.norm.weight"]
+        marker = os.path.join(self.tmp, "payload-ran")
+
+        def refused(payload, words, **fields):
+            response = post(POLICY, "/update_weights_from_tensor",
+                            dict(fields, serialized_named_tensors=[payload],
+                                 weight_version="bad"))
+            self.assertEqual(response.status_code, 400, response.text)
+            self.assertFalse(response.json()["success"])
+            self.assertIn(words, response.json()["message"])
+
+        # A pickle that would run a command is refused by name, and nothing ran.
+        evil = base64.b64encode("cos\nsystem\n(S'touch {}'\ntR.".format(marker).encode())
+        refused(evil.decode(), "os.system")
+        self.assertFalse(os.path.exists(marker))
+        # A host tensor shared by file descriptor (torch's default strategy) cannot arrive.
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        try:
+            by_fd = tensor_payloads.named_payload({"model.norm.weight": norm.clone()})
+        finally:
+            torch.multiprocessing.set_sharing_strategy("file_system")
+        refused(by_fd, "set_sharing_strategy('file_system')")
+        refused("not base64!", "base64")
+        refused(tensor_payloads.serialize({"flattened_tensor": norm}), "not a list of (name, tensor)")
+        wrong = "model.layers.0.self_attn.q_proj.weight"
+        refused(tensor_payloads.named_payload({wrong: norm}), wrong)
+        for fields, param in (({"load_format": "npz"}, "load_format"),
+                              ({"serialized_named_tensors": []}, "serialized_named_tensors")):
+            body = dict({"serialized_named_tensors": [tensor_payloads.named_payload(
+                {"model.norm.weight": norm})]}, **fields)
+            response = post(POLICY, "/update_weights_from_tensor", body)
+            self.assertEqual(response.status_code, 400, response.text)
+            self.assertEqual(response.json()["error"]["param"], param)
+        self.check_version(self.version)
+        self.check_policy_matches(probes, "after the refused payloads")
+
     # ------------------------------------------------------------ routing replay
 
     def test_routed_experts_equal_pytorch_routing(self):
@@ -968,6 +1043,7 @@ def main():
             names = ["test_trainer_loop", "test_pause_modes_resume_and_abort",
                      "test_bad_updates_keep_the_old_weights",
                      "test_weight_group_failures_keep_the_old_weights",
+                     "test_tensor_payload_failures_keep_the_old_weights",
                      "test_routed_experts_equal_pytorch_routing",
                      "test_hidden_states_equal_pytorch",
                      "test_release_and_resume_bring_back_the_latest_weights"]

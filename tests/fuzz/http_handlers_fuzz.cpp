@@ -52,6 +52,7 @@ constexpr Route kRoutes[] = {
     {"POST", "/init_weights_update_group"},
     {"POST", "/update_weights_from_distributed"},
     {"POST", "/destroy_weights_update_group"},
+    {"POST", "/update_weights_from_tensor"},
     {"POST", "/release_memory_occupation"},
     {"POST", "/resume_memory_occupation"},
     {"POST", "/v1/chat/completions", true},
@@ -92,8 +93,9 @@ struct Server {
     ServerConfig c;
     c.served_model_name = "fuzz";
     c.max_waiting_requests = 1 << 20;
-    // A group that passes the checks starts its member with this interpreter,
-    // which does not exist: an answer at once, never a process per input.
+    // A group or tensor payload that passes the checks starts its torch helper
+    // with this interpreter, which does not exist: an answer at once, never a
+    // process per input.
     c.weight_groups.python = "/nonexistent/megactx-fuzz-python";
     return c;
   }

@@ -133,18 +133,24 @@ TEST(RlControl, WeightUpdatesAndVersions) {
 
 // SGLang's NCCL and CUDA-IPC weight transports are not served: each route
 // answers 501 with success false and a message naming the transports that are.
-TEST(RlControl, CudaIpcUpdatesSayWhatIsServed) {
-  ServerFixture f;
-  auto r = f.call("POST", "/update_weights_from_tensor", {{"serialized_named_tensors", {}}});
-  ASSERT_EQ(r->status, 501) << r->body;
-  const json body = r->json();
-  EXPECT_FALSE(body["success"].get<bool>());
-  const std::string message = body["message"].get<std::string>();
-  EXPECT_NE(message.find("update_weights_from_tensor"), std::string::npos) << message;
-  EXPECT_NE(message.find("/update_weights_from_disk"), std::string::npos) << message;
-  EXPECT_NE(message.find("/update_weights_from_distributed"), std::string::npos) << message;
-  EXPECT_EQ(body["error"]["type"], "not_implemented_error");
-  EXPECT_EQ(f.engine.weight_version(), "default");  // nothing changed
+// The tensor transport's requests are checked before the reader opens
+// anything (the payloads themselves: tests/e2e/trainer_loop_test.py).
+TEST(RlControl, TensorUpdateRequestsAreCheckedFirst) {
+  ServerFixture f;  // one rank
+  auto refused = [&](json body, const std::string& param, const std::string& words) {
+    auto r = f.call("POST", "/update_weights_from_tensor", body);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const json answer = r->json();
+    EXPECT_FALSE(answer["success"].get<bool>()) << r->body;
+    EXPECT_EQ(answer["error"]["param"], param) << r->body;
+    EXPECT_NE(answer["message"].get<std::string>().find(words), std::string::npos) << r->body;
+  };
+  refused(json::object(), "serialized_named_tensors", "a list of 1 base64 string");
+  refused({{"serialized_named_tensors", {"a", "b"}}}, "serialized_named_tensors", "one per rank");
+  refused({{"serialized_named_tensors", {7}}}, "serialized_named_tensors", "base64");
+  refused({{"serialized_named_tensors", {"AAAA"}}, {"load_format", "npz"}}, "load_format",
+          "flattened_bucket");
+  EXPECT_TRUE(f.engine.weight_updates().empty());
 }
 
 // The NCCL transport's requests are checked before any group member starts

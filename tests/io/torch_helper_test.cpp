@@ -1,8 +1,9 @@
-// The weight-update group member's process handling, without torch: an
-// interpreter that cannot start or that exits without answering is an error
-// naming the group and the rank, never a hang. The member joined to a real
-// torch.distributed group is tested end to end (tests/e2e/trainer_loop_test.py).
-#include "io/torch_group_member.h"
+// The torch helper's process handling, without torch: an interpreter that
+// cannot start or that exits without answering is an error naming the group
+// and the rank (or the reader), never a hang. A member joined to a real
+// torch.distributed group and the reader of real payloads are tested end to
+// end (tests/e2e/trainer_loop_test.py).
+#include "io/torch_helper.h"
 
 #include <gtest/gtest.h>
 
@@ -43,18 +44,17 @@ std::string error_of(const std::function<void()>& call) {
   return "";
 }
 
-TEST(TorchGroupMember, AnInterpreterThatCannotStartIsAnError) {
-  const std::string error =
-      error_of([] { TorchGroupMember::start(test_join("/nonexistent/python3")); });
+TEST(TorchHelper, AnInterpreterThatCannotStartIsAnError) {
+  const std::string error = error_of([] { TorchHelper::start(test_join("/nonexistent/python3")); });
   EXPECT_NE(error.find("cannot start '/nonexistent/python3'"), std::string::npos) << error;
   EXPECT_NE(error.find("--weight-update-python"), std::string::npos) << error;
 }
 
-TEST(TorchGroupMember, AMemberThatExitsWithoutAnswerIsAnErrorAtOnce) {
+TEST(TorchHelper, AMemberThatExitsWithoutAnswerIsAnErrorAtOnce) {
   // /bin/sh runs the Python text as a shell script, which fails at once.
-  auto member = TorchGroupMember::start(test_join("/bin/sh"));
+  auto member = TorchHelper::start(test_join("/bin/sh"));
   const auto start = std::chrono::steady_clock::now();
-  const std::string error = error_of([&] { member->wait_joined(); });
+  const std::string error = error_of([&] { member->wait_ready(); });
   EXPECT_NE(error.find("weight-update group 'g', rank 1"), std::string::npos) << error;
   EXPECT_NE(error.find("exited without an answer"), std::string::npos) << error;
   EXPECT_NE(error.find("stderr"), std::string::npos) << error;  // the shell's complaint
@@ -63,7 +63,14 @@ TEST(TorchGroupMember, AMemberThatExitsWithoutAnswerIsAnErrorAtOnce) {
   member->destroy(1);  // nothing left to do, and no hang
 }
 
-TEST(TorchGroupMember, KillEndsAMemberBlockedInTheRendezvous) {
+TEST(TorchHelper, AReaderThatExitsWithoutAnswerIsAnError) {
+  auto reader = TorchHelper::start_reader("/bin/sh", "cpu", 5);
+  const std::string error = error_of([&] { reader->wait_ready(); });
+  EXPECT_NE(error.find("the weight-update tensor reader"), std::string::npos) << error;
+  EXPECT_NE(error.find("exited without an answer"), std::string::npos) << error;
+}
+
+TEST(TorchHelper, KillEndsAMemberBlockedInTheRendezvous) {
   // A real member (Python with torch) whose rendezvous host accepts the
   // connection and never answers: it would wait out its timeout; kill() must
   // end the wait at once. (A destroyed group or a shutting-down server does this.)
@@ -81,20 +88,20 @@ TEST(TorchGroupMember, KillEndsAMemberBlockedInTheRendezvous) {
   TorchGroupJoin join = test_join("python3");
   join.master_port = ntohs(address.sin_port);
   join.timeout_s = 600;
-  auto member = TorchGroupMember::start(join);
+  auto member = TorchHelper::start(join);
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::seconds(3));  // torch imported, connected
     member->kill();
   });
   const auto start = std::chrono::steady_clock::now();
-  const std::string error = error_of([&] { member->wait_joined(); });
+  const std::string error = error_of([&] { member->wait_ready(); });
   killer.join();
   ::close(listener);
   EXPECT_NE(error.find("exited without an answer"), std::string::npos) << error;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 
-TEST(TorchGroupMember, AnnouncedDtypesAreTorchNames) {
+TEST(TorchHelper, AnnouncedDtypesAreTorchNames) {
   EXPECT_EQ(announced_tensor("w", "bfloat16", {2, 3}).dtype, DType::BF16);
   EXPECT_EQ(announced_tensor("w", "torch.float32", {2}).dtype, DType::F32);
   EXPECT_EQ(announced_tensor("w", "float", {}).torch_dtype, "float32");
@@ -106,10 +113,11 @@ TEST(TorchGroupMember, AnnouncedDtypesAreTorchNames) {
   EXPECT_THROW(announced_tensor("w", "float32", {-1}), Error);
 }
 
-TEST(TorchGroupMember, TheScriptIsCompiledIn) {
-  const std::string_view script = torch_group_member_script();
+TEST(TorchHelper, TheScriptIsCompiledIn) {
+  const std::string_view script = torch_helper_script();
   EXPECT_NE(script.find("_new_process_group_helper"), std::string_view::npos);
   EXPECT_NE(script.find("PR_SET_PDEATHSIG"), std::string_view::npos);
+  EXPECT_NE(script.find("class PayloadUnpickler"), std::string_view::npos);
 }
 
 }  // namespace

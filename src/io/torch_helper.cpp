@@ -1,4 +1,4 @@
-#include "io/torch_group_member.h"
+#include "io/torch_helper.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -68,8 +69,9 @@ AnnouncedTensor announced_tensor(std::string name, std::string_view torch_dtype,
   return tensor;
 }
 
-std::unique_ptr<TorchGroupMember> TorchGroupMember::start(const TorchGroupJoin& join) {
-  const nlohmann::json config = {{"master_address", join.master_address},
+std::unique_ptr<TorchHelper> TorchHelper::start(const TorchGroupJoin& join) {
+  const nlohmann::json config = {{"mode", "group"},
+                                 {"master_address", join.master_address},
                                  {"master_port", join.master_port},
                                  {"rank", join.rank},
                                  {"world_size", join.world_size},
@@ -78,13 +80,30 @@ std::unique_ptr<TorchGroupMember> TorchGroupMember::start(const TorchGroupJoin& 
                                  {"timeout_s", join.timeout_s},
                                  {"device", join.device},
                                  {"send_bytes", join.send_bytes}};
+  return spawn(join, config.dump());
+}
+
+std::unique_ptr<TorchHelper> TorchHelper::start_reader(const std::string& python,
+                                                       const std::string& device,
+                                                       double timeout_s) {
+  TorchGroupJoin reader;  // the fields a reader has: its interpreter, device and timeout
+  reader.python = python;
+  reader.device = device;
+  reader.timeout_s = timeout_s;
+  reader.group_name = "";
+  const nlohmann::json config = {{"mode", "tensors"}, {"device", device}, {"timeout_s", timeout_s}};
+  return spawn(reader, config.dump());
+}
+
+std::unique_ptr<TorchHelper> TorchHelper::spawn(const TorchGroupJoin& join,
+                                                const std::string& config_text) {
   int to_member[2], from_member[2];
   MEGACTX_CHECK(::pipe2(to_member, O_CLOEXEC) == 0, "pipe: {}", std::strerror(errno));
   if (::pipe2(from_member, O_CLOEXEC) != 0) {
     ::close(to_member[0]), ::close(to_member[1]);
     ::megactx::fail("pipe: {}", std::strerror(errno));
   }
-  char stderr_template[] = "/tmp/megactx-group-member-XXXXXX";
+  char stderr_template[] = "/tmp/megactx-torch-helper-XXXXXX";
   const int stderr_fd = ::mkstemp(stderr_template);
   auto close_all = [&] {
     for (int fd : {to_member[0], to_member[1], from_member[0], from_member[1], stderr_fd})
@@ -92,7 +111,7 @@ std::unique_ptr<TorchGroupMember> TorchGroupMember::start(const TorchGroupJoin& 
   };
   if (stderr_fd < 0) {
     close_all();
-    ::megactx::fail("a file for the group member's stderr: {}", std::strerror(errno));
+    ::megactx::fail("a file for the weight-update helper's stderr: {}", std::strerror(errno));
   }
   // The child gets the pipes as 0 / 1, the file as 2, and nothing else (the
   // server's sockets must not outlive it in the member).
@@ -102,8 +121,7 @@ std::unique_ptr<TorchGroupMember> TorchGroupMember::start(const TorchGroupJoin& 
   posix_spawn_file_actions_adddup2(&actions, from_member[1], 1);
   posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2);
   posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  const std::string script(torch_group_member_script());
-  const std::string config_text = config.dump();
+  const std::string script(torch_helper_script());
   std::vector<char*> argv = {const_cast<char*>(join.python.c_str()), const_cast<char*>("-c"),
                              const_cast<char*>(script.c_str()),
                              const_cast<char*>(config_text.c_str()), nullptr};
@@ -127,23 +145,23 @@ std::unique_ptr<TorchGroupMember> TorchGroupMember::start(const TorchGroupJoin& 
   if (spawned != 0) {
     ::close(to_member[1]), ::close(from_member[0]), ::unlink(stderr_template);
     ::megactx::fail(
-        "cannot start '{}' for the weight-update group member: {} (serve "
+        "cannot start '{}' for the weight-update helper: {} (serve "
         "--weight-update-python names an interpreter with torch)",
         join.python, std::strerror(spawned));
   }
-  return std::unique_ptr<TorchGroupMember>(
-      new TorchGroupMember(join, pid, to_member[1], from_member[0], stderr_template));
+  return std::unique_ptr<TorchHelper>(
+      new TorchHelper(join, pid, to_member[1], from_member[0], stderr_template));
 }
 
-TorchGroupMember::TorchGroupMember(TorchGroupJoin join, pid_t pid, int to_member, int from_member,
-                                   std::string stderr_path)
+TorchHelper::TorchHelper(TorchGroupJoin join, pid_t pid, int to_member, int from_member,
+                         std::string stderr_path)
     : join_(std::move(join)),
       pid_(pid),
       to_member_(to_member),
       from_member_(from_member),
       stderr_path_(std::move(stderr_path)) {}
 
-TorchGroupMember::~TorchGroupMember() {
+TorchHelper::~TorchHelper() {
   if (to_member_ >= 0) ::close(to_member_);
   if (from_member_ >= 0) ::close(from_member_);
   if (pid_ > 0) {
@@ -153,18 +171,20 @@ TorchGroupMember::~TorchGroupMember() {
   ::unlink(stderr_path_.c_str());
 }
 
-void TorchGroupMember::fail_member(const std::string& what) {
+void TorchHelper::fail_member(const std::string& what) {
   // The member may be on its way out: give it a moment so its status and
   // traceback are complete.
   reap(2);
-  std::string message = "weight-update group '" + join_.group_name + "', rank " +
-                        std::to_string(join_.rank) + ": " + what;
+  std::string message = join_.group_name.empty()
+                            ? "the weight-update tensor reader: " + what
+                            : "weight-update group '" + join_.group_name + "', rank " +
+                                  std::to_string(join_.rank) + ": " + what;
   const std::string tail = file_tail(stderr_path_);
   if (!tail.empty()) message += "\n(the member's stderr ends with)\n" + tail;
   throw Error(message);
 }
 
-void TorchGroupMember::reap(double grace_s) {
+void TorchHelper::reap(double grace_s) {
   if (pid_ <= 0) return;
   const double deadline = now_s() + grace_s;
   while (true) {
@@ -179,7 +199,7 @@ void TorchGroupMember::reap(double grace_s) {
   }
 }
 
-std::string TorchGroupMember::read_line(double deadline_s) {
+std::string TorchHelper::read_line(double deadline_s) {
   while (true) {
     if (auto end = buffer_.find('\n'); end != std::string::npos) {
       std::string line = buffer_.substr(0, end);
@@ -204,7 +224,7 @@ std::string TorchGroupMember::read_line(double deadline_s) {
   }
 }
 
-void TorchGroupMember::read_exact(char* out, size_t size) {
+void TorchHelper::read_exact(char* out, size_t size) {
   const size_t buffered = std::min(size, buffer_.size());
   std::memcpy(out, buffer_.data(), buffered);
   buffer_.erase(0, buffered);
@@ -217,7 +237,7 @@ void TorchGroupMember::read_exact(char* out, size_t size) {
   }
 }
 
-void TorchGroupMember::write_line(const std::string& line) {
+void TorchHelper::write_line(const std::string& line) {
   // A member that died closes the pipe: the write must fail with EPIPE, not
   // raise SIGPIPE in the server. Blocked on this thread, and a pending one
   // taken back before unblocking.
@@ -245,52 +265,104 @@ void TorchGroupMember::write_line(const std::string& line) {
   if (error != 0) fail_member(std::string("cannot write to the member: ") + std::strerror(error));
 }
 
-void TorchGroupMember::wait_joined() {
-  // Python and torch take seconds to start; the rendezvous waits up to the timeout.
-  const nlohmann::json answer =
-      nlohmann::json::parse(read_line(now_s() + join_.timeout_s + 60), nullptr, false);
-  if (answer.is_discarded() || !answer.is_object())
-    fail_member("the member's answer is no JSON object");
-  if (!answer.value("ok", false)) fail_member(answer.value("error", std::string("joining failed")));
+std::vector<uint64_t> TorchHelper::read_answer(double deadline_s, nlohmann::json* answer) {
+  *answer = nlohmann::json::parse(read_line(deadline_s), nullptr, false);
+  if (answer->is_discarded() || !answer->is_object())
+    fail_member("the helper's answer is no JSON object");
+  if (!answer->value("ok", false))
+    fail_member(answer->value("error", std::string("the helper failed")));
+  std::vector<uint64_t> sizes;
+  if (answer->contains("bytes")) {
+    const nlohmann::json& list = answer->at("bytes");
+    if (!list.is_array()) fail_member("the helper's 'bytes' is no list");
+    for (const auto& size : list) {
+      if (!size.is_number_unsigned()) fail_member("the helper's 'bytes' lists no sizes");
+      sizes.push_back(size.get<uint64_t>());
+    }
+  }
+  return sizes;
 }
 
-void TorchGroupMember::request(const std::vector<AnnouncedTensor>& tensors) {
+void TorchHelper::wait_ready() {
+  // Python and torch take seconds to start; the rendezvous waits up to the timeout.
+  nlohmann::json answer;
+  read_answer(now_s() + join_.timeout_s + 60, &answer);
+}
+
+void TorchHelper::request(const std::vector<AnnouncedTensor>& tensors) {
   nlohmann::json specs = nlohmann::json::array();
   for (const AnnouncedTensor& tensor : tensors)
     specs.push_back({{"dtype", tensor.torch_dtype}, {"shape", tensor.shape}});
   write_line(nlohmann::json{{"cmd", "receive"}, {"tensors", specs}}.dump());
 }
 
-void TorchGroupMember::finish(const std::vector<AnnouncedTensor>& tensors, TensorBucket* bucket) {
+void TorchHelper::finish(const std::vector<AnnouncedTensor>& tensors, TensorBucket* bucket) {
   // Every broadcast is bounded by torch's own timeout; this one only guards
   // against a member that stopped answering altogether.
   const double deadline = now_s() + join_.timeout_s * (2.0 + static_cast<double>(tensors.size()));
-  const nlohmann::json answer = nlohmann::json::parse(read_line(deadline), nullptr, false);
-  if (answer.is_discarded() || !answer.is_object())
-    fail_member("the member's answer is no JSON object");
-  if (!answer.value("ok", false))
-    fail_member(answer.value("error", std::string("receiving failed")));
+  nlohmann::json answer;
+  const std::vector<uint64_t> sizes = read_answer(deadline, &answer);
   if (!join_.send_bytes) return;
-  const nlohmann::json& sizes = answer.at("bytes");
-  MEGACTX_CHECK(sizes.is_array() && sizes.size() == tensors.size(),
+  MEGACTX_CHECK(sizes.size() == tensors.size(),
                 "the group member announced {} tensors' bytes for {} tensors", sizes.size(),
                 tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     Tensor tensor = Tensor::empty(tensors[i].shape, tensors[i].dtype);
-    MEGACTX_CHECK(sizes[i].get<uint64_t>() == tensor.nbytes(),
-                  "the group member sends {} bytes for tensor {} of {} bytes",
-                  sizes[i].get<uint64_t>(), tensors[i].name, tensor.nbytes());
+    MEGACTX_CHECK(sizes[i] == tensor.nbytes(),
+                  "the group member sends {} bytes for tensor {} of {} bytes", sizes[i],
+                  tensors[i].name, tensor.nbytes());
     if (tensor.nbytes() > 0) read_exact(static_cast<char*>(tensor.raw()), tensor.nbytes());
     if (bucket) bucket->put(tensors[i].name, std::move(tensor));
   }
 }
 
-void TorchGroupMember::kill() {
+ReadTensors TorchHelper::read(const std::string& payload, const std::string& load_format,
+                              int rank) {
+  nlohmann::json command = {{"cmd", "load"}, {"payload", payload}, {"rank", rank}};
+  command["load_format"] = load_format.empty() ? nlohmann::json() : nlohmann::json(load_format);
+  write_line(command.dump());
+  nlohmann::json answer;
+  const std::vector<uint64_t> sizes = read_answer(now_s() + join_.timeout_s, &answer);
+  const auto& names = answer.at("names");
+  const auto& dtypes = answer.at("dtypes");
+  const auto& shapes = answer.at("shapes");
+  if (!names.is_array() || names.size() != sizes.size() || dtypes.size() != sizes.size() ||
+      shapes.size() != sizes.size())
+    fail_member("the reader's answer lists names, dtypes, shapes and bytes of different lengths");
+  ReadTensors out;
+  // Every tensor's bytes are read, a refused one's too, so that the pipe
+  // stays in step; the first refusal is thrown after.
+  std::string refused;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Shape shape;
+    for (const auto& size : shapes[i]) shape.push_back(size.get<int64_t>());
+    std::optional<AnnouncedTensor> tensor;
+    try {
+      tensor = announced_tensor(names[i].get<std::string>(), dtypes[i].get<std::string>(), shape);
+    } catch (const Error& error) {
+      if (refused.empty()) refused = error.what();
+    }
+    Tensor data = tensor ? Tensor::empty(tensor->shape, tensor->dtype)
+                         : Tensor::empty({static_cast<int64_t>(sizes[i])}, DType::U8);
+    if (data.nbytes() != sizes[i])
+      fail_member(fmt::format("the reader sends {} bytes for tensor {} of {} bytes", sizes[i],
+                              names[i].get<std::string>(), data.nbytes()));
+    if (data.nbytes() > 0) read_exact(static_cast<char*>(data.raw()), data.nbytes());
+    if (tensor) {
+      out.bucket.put(tensor->name, std::move(data));
+      out.tensors.push_back(std::move(*tensor));
+    }
+  }
+  if (!refused.empty()) throw Error(refused);
+  return out;
+}
+
+void TorchHelper::kill() {
   killed_ = true;
   if (const pid_t pid = pid_; pid > 0) ::kill(pid, SIGKILL);
 }
 
-void TorchGroupMember::destroy(double grace_s) {
+void TorchHelper::destroy(double grace_s) {
   if (pid_ <= 0) return;
   try {
     write_line(R"({"cmd": "destroy"})");
