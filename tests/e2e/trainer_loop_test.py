@@ -115,18 +115,7 @@ def safetensors_bytes(tensors):
 
 
 def buckets_of(tensors, limit=BUCKET_BYTES):
-    """Splits {name: tensor} into dicts of at most `limit` bytes each (slime-style buckets)."""
-    buckets, current, size = [], {}, 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if current and size + nbytes > limit:
-            buckets.append(current)
-            current, size = {}, 0
-        current[name] = tensor
-        size += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
+    return weight_buckets.buckets_of(tensors, limit)
 
 
 # ---------------------------------------------------------------- the PyTorch side

@@ -26,6 +26,22 @@ def safetensors_bytes(tensors):
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
+def buckets_of(tensors, limit):
+    """Splits {name: tensor} into dicts of at most `limit` bytes each (slime-style buckets; a
+    tensor larger than `limit` is a bucket of its own)."""
+    buckets, current, size = [], {}, 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > limit:
+            buckets.append(current)
+            current, size = {}, 0
+        current[name] = tensor
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 def shm_dir():
     """Where a colocated trainer hands buckets over: /dev/shm when the machine has it."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
