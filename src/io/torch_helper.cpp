@@ -289,11 +289,12 @@ void TorchHelper::wait_ready() {
   read_answer(now_s() + join_.timeout_s + 60, &answer);
 }
 
-void TorchHelper::request(const std::vector<AnnouncedTensor>& tensors) {
+void TorchHelper::request(const std::vector<AnnouncedTensor>& tensors, bool flattened) {
   nlohmann::json specs = nlohmann::json::array();
   for (const AnnouncedTensor& tensor : tensors)
     specs.push_back({{"dtype", tensor.torch_dtype}, {"shape", tensor.shape}});
-  write_line(nlohmann::json{{"cmd", "receive"}, {"tensors", specs}}.dump());
+  write_line(
+      nlohmann::json{{"cmd", "receive"}, {"tensors", specs}, {"flattened", flattened}}.dump());
 }
 
 void TorchHelper::finish(const std::vector<AnnouncedTensor>& tensors, TensorBucket* bucket) {

@@ -81,8 +81,9 @@ class TorchHelper {
   // megactx::Error with the helper's message and the tail of its stderr.
   void wait_ready();
   // Asks for the broadcast of `tensors`, in order (returns at once: every
-  // member of an engine must be asked before any is waited for).
-  void request(const std::vector<AnnouncedTensor>& tensors);
+  // member of an engine must be asked before any is waited for); `flattened`:
+  // one broadcast of all their bytes (SGLang's flattened_bucket).
+  void request(const std::vector<AnnouncedTensor>& tensors, bool flattened = false);
   // Waits for the answer to request(); a member with send_bytes puts the
   // tensors into `bucket` under their names (null: `send_bytes` was false).
   // Throws as wait_joined() does; the member stays usable after a failed

@@ -342,15 +342,16 @@ void handle_update_weights_from_distributed(ServerState& state, const HttpReques
     const std::string name = group_name_of(body);
     WeightUpdateRequest update = update_fields(body);
     update.commit = get_bool(body, "commit").value_or(true);
-    if (auto format = get_string(body, "load_format"))
-      throw_invalid("load_format", "'load_format' " + *format +
-                                       " is not served: megactx receives the tensors as named "
-                                       "(leave load_format out)");
+    const std::string format = get_string(body, "load_format").value_or("");
+    if (!format.empty() && format != "flattened_bucket")
+      throw_invalid("load_format", "'load_format' " + format +
+                                       " is not served: leave it out (one broadcast per "
+                                       "tensor) or flattened_bucket (one of all their bytes)");
     std::vector<AnnouncedTensor> tensors = announced_tensors(body);
     state.weight_groups().check_known(name);
     if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
     state.weight_groups().receive(
-        name, std::move(tensors),
+        name, std::move(tensors), format == "flattened_bucket",
         [&state, channel, update](const std::string& error,
                                   std::shared_ptr<TensorBucket> bucket) mutable {
           if (!error.empty()) return channel->respond(failure(error));

@@ -111,10 +111,10 @@ void WeightGroups::join(WeightGroupJoin join, std::function<void(const std::stri
 }
 
 void WeightGroups::receive(
-    std::string group_name, std::vector<AnnouncedTensor> tensors,
+    std::string group_name, std::vector<AnnouncedTensor> tensors, bool flattened,
     std::function<void(const std::string&, std::shared_ptr<TensorBucket>)> done) {
   boost::asio::post(*worker_, [this, group_name = std::move(group_name),
-                               tensors = std::move(tensors), done = std::move(done)] {
+                               tensors = std::move(tensors), flattened, done = std::move(done)] {
     std::shared_ptr<Group> group;
     {
       std::lock_guard lock(mutex_);
@@ -127,7 +127,7 @@ void WeightGroups::receive(
     auto bucket = std::make_shared<TensorBucket>();
     std::string error;
     try {
-      for (auto& member : group->members) member->request(tensors);
+      for (auto& member : group->members) member->request(tensors, flattened);
       for (auto& member : group->members)
         member->finish(tensors, member->join().send_bytes ? bucket.get() : nullptr);
     } catch (const std::exception& failure) {

@@ -59,7 +59,7 @@ class WeightGroups {
   // of `tensors` (a member lost on the way takes its group with it);
   // `destroy` leaves.
   void join(WeightGroupJoin join, std::function<void(const std::string&)> done);
-  void receive(std::string group_name, std::vector<AnnouncedTensor> tensors,
+  void receive(std::string group_name, std::vector<AnnouncedTensor> tensors, bool flattened,
                std::function<void(const std::string& error, std::shared_ptr<TensorBucket>)> done);
   void destroy(std::string group_name, std::function<void(const std::string&)> done);
   // Opens one /update_weights_from_tensor payload (TorchHelper::read) on the

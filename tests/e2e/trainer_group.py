@@ -77,15 +77,22 @@ class TrainerGroup:
                                                group_name, backend, timeout_s)
         self.status, self.answer = answer(connection)
 
-    def update(self, tensors, broadcast=True, **fields):
-        """One /update_weights_from_distributed call: {name: tensor}, broadcast in order."""
+    def update(self, tensors, broadcast=True, flattened=False, **fields):
+        """One /update_weights_from_distributed call: {name: tensor}, broadcast in order, or
+        (flattened) SGLang's flattened_bucket: one broadcast of all their bytes as uint8."""
         body = {"names": list(tensors),
                 "dtypes": [str(t.dtype).replace("torch.", "") for t in tensors.values()],
                 "shapes": [list(t.shape) for t in tensors.values()],
                 "group_name": self.name}
         body.update(fields)
+        if flattened:
+            body["load_format"] = "flattened_bucket"
         connection = send(self.url, "/update_weights_from_distributed", body)
-        if broadcast:
+        if broadcast and flattened:
+            flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8)
+                              for t in tensors.values()])
+            dist.broadcast(flat, src=0, group=self.group)
+        elif broadcast:
             for tensor in tensors.values():
                 dist.broadcast(tensor.contiguous(), src=0, group=self.group)
         return answer(connection)

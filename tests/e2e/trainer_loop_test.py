@@ -495,7 +495,8 @@ class TrainerLoop(unittest.TestCase):
             fields = {"commit": last, "flush_cache": True}
             if last:
                 fields["weight_version"] = version
-            status, answer = group.update(bucket, **fields)
+            # Every other bucket as SGLang's flattened_bucket (one broadcast of all its bytes).
+            status, answer = group.update(bucket, flattened=index % 2 == 1, **fields)
             self.assertEqual(status, 200, answer)
             self.assertTrue(answer["success"])
             self.assertEqual(answer["committed"], last)

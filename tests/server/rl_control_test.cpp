@@ -206,7 +206,7 @@ TEST(RlControl, WeightGroupRequestsAreCheckedFirst) {
   body["shapes"] = {{-4}};
   refused(update, body, "shapes", "sizes of 0 or more");
   body = tensors;
-  body["load_format"] = "flattened_bucket";
+  body["load_format"] = "npz";
   refused(update, body, "load_format", "flattened_bucket");
   body = tensors;
   body.erase("names");

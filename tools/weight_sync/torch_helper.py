@@ -27,8 +27,10 @@ Protocol (the server is the only peer):
            successful answer that lists "bytes", every tensor's bytes follow, in order,
            row-major (nothing else ever goes to stdout: fd 1 is re-pointed at stderr).
   stdin    one JSON command per line:
-           group:   {"cmd": "receive", "tensors": [{"dtype": "bfloat16", "shape": [4, 8]}, ...]}
-                    dist.broadcast of each tensor from group rank 0, in order;
+           group:   {"cmd": "receive", "tensors": [{"dtype": "bfloat16", "shape": [4, 8]}, ...],
+                     "flattened": false}
+                    dist.broadcast of each tensor from group rank 0, in order (flattened: one
+                    broadcast of all their bytes as one uint8 tensor);
            tensors: {"cmd": "load", "payload": "<base64>", "load_format": null | "direct" |
                     "flattened_bucket", "rank": 0} -> {"ok", "names", "dtypes", "shapes",
                     "bytes"} and the bytes;
@@ -108,6 +110,13 @@ def join(config):
     return torch, dist, group
 
 
+def _numel(shape):
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count
+
+
 def serve_group(config):
     try:
         torch, dist, group = join(config)
@@ -129,14 +138,29 @@ def serve_group(config):
             return 0
         received = []
         try:
+            specs = []
             for spec in command["tensors"]:
                 dtype = getattr(torch, spec["dtype"], None)
                 if not isinstance(dtype, torch.dtype):
                     raise ValueError("torch {} has no dtype {}".format(torch.__version__,
                                                                        spec["dtype"]))
-                tensor = torch.empty(spec["shape"], dtype=dtype, device=device)
-                dist.broadcast(tensor, src=0, group=group)
-                received.append(tensor)
+                specs.append((dtype, spec["shape"]))
+            if command.get("flattened"):
+                # SGLang's flattened_bucket: one broadcast of every tensor's bytes, in order,
+                # as one uint8 tensor (FlattenedTensorBucket's layout).
+                sizes = [torch.empty(0, dtype=dtype).element_size() * _numel(shape)
+                         for dtype, shape in specs]
+                flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+                dist.broadcast(flat, src=0, group=group)
+                offset = 0
+                for (dtype, shape), size in zip(specs, sizes):
+                    received.append(flat[offset:offset + size].view(dtype).reshape(shape))
+                    offset += size
+            else:
+                for dtype, shape in specs:
+                    tensor = torch.empty(shape, dtype=dtype, device=device)
+                    dist.broadcast(tensor, src=0, group=group)
+                    received.append(tensor)
         except Exception as error:  # noqa: BLE001
             answer({"ok": False, "error": "receiving tensor {} of {} failed: {}: {}".format(
                 len(received) + 1, len(command["tensors"]), type(error).__name__, error)})
