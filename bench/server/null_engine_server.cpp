@@ -93,6 +93,7 @@ class NullEngine : public EngineApi {
     fail("the null engine has no weights");
   }
   std::string weight_version() const override { return "default"; }
+  void set_weight_version(const std::string&) override {}
   void release_memory(const MemoryTags&) override { fail("the null engine holds no memory"); }
   void resume_memory(const MemoryTags&) override {}
 

@@ -63,6 +63,7 @@ class Engine : public EngineApi {
   bool paused() const override;
   WeightUpdateResult update_weights(const WeightUpdateRequest& request) override;
   std::string weight_version() const override;
+  void set_weight_version(const std::string& version) override;
   void release_memory(const MemoryTags& tags) override;
   void resume_memory(const MemoryTags& tags) override;
   const Tokenizer& tokenizer() const override { return *tokenizer_; }

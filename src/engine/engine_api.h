@@ -133,6 +133,9 @@ class EngineApi {
   // engine serving the old weights, with nothing staged.
   virtual WeightUpdateResult update_weights(const WeightUpdateRequest& request) = 0;
   virtual std::string weight_version() const = 0;
+  // /update_weight_version: names the weights now served (a trainer that
+  // changed them by other means); the weights themselves stay.
+  virtual void set_weight_version(const std::string& version) = 0;
   // Frees the device memory of the weights and/or the KV pools (a colocated
   // trainer borrows it) and brings it back; the KV cache can be released
   // only while no request is live, and nothing runs in between.

@@ -49,6 +49,15 @@ std::string Engine::weight_version() const {
   return weight_version_;
 }
 
+void Engine::set_weight_version(const std::string& version) {
+  {
+    std::lock_guard lock(stats_mutex_);
+    weight_version_ = version;
+  }
+  spdlog::info("weight_version {} (weights unchanged)", version);
+  update_stats();
+}
+
 WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
   std::lock_guard lock(engine_mutex_);
   MEGACTX_CHECK(!weights_released_,

@@ -47,6 +47,8 @@ void handle_update_weights_from_safetensors(ServerState& state, const HttpReques
                                             std::shared_ptr<ResponseChannel> channel);
 void handle_get_weight_version(ServerState& state, const HttpRequest& request,
                                std::shared_ptr<ResponseChannel> channel);
+void handle_update_weight_version(ServerState& state, const HttpRequest& request,
+                                  std::shared_ptr<ResponseChannel> channel);
 // SGLang's NCCL weight transport: the trainer's torch.distributed group
 // (weight_groups.h); the server joins, receives buckets and leaves.
 void handle_init_weights_update_group(ServerState& state, const HttpRequest& request,

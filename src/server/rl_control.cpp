@@ -3,7 +3,7 @@
 // /update_weights_from_disk, /update_weights_from_safetensors (megactx's
 // in-memory transport: one safetensors bucket per call, in the body or as a
 // file such as /dev/shm/bucket.safetensors; the last one commits),
-// /get_weight_version, /release_memory_occupation and
+// /get_weight_version, /update_weight_version, /release_memory_occupation and
 // /resume_memory_occupation, and SGLang's NCCL transport
 // (/init_weights_update_group, /update_weights_from_distributed,
 // /destroy_weights_update_group) and its tensor transport
@@ -208,6 +208,21 @@ void handle_update_weights_from_safetensors(ServerState& state, const HttpReques
                             {"tensors", result.tensors},
                             {"weight_version", result.weight_version}};
     });
+  });
+}
+
+void handle_update_weight_version(ServerState& state, const HttpRequest& request,
+                                  std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const nlohmann::json body = parse_request_json(request.body);
+    const auto version = get_string(body, "new_version");
+    if (!version || version->empty())
+      throw_invalid("new_version", "give 'new_version' (the weight_version to report)");
+    if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
+    state.engine().set_weight_version(*version);
+    channel->respond(json_response({{"success", true},
+                                    {"new_version", *version},
+                                    {"message", "weight_version is " + *version}}));
   });
 }
 

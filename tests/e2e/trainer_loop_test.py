@@ -814,6 +814,23 @@ class TrainerLoop(unittest.TestCase):
         self.check_version(self.version)
         self.check_policy_matches(probes, "after the group's failures")
 
+    def test_update_weight_version_renames_only(self):
+        """/update_weight_version: the served weights get a new name, nothing else moves."""
+        probes = [self.probe]
+        before = [scored_logprobs(item) for item in score(POLICY, probes)]
+        renamed = self.version + "-renamed"
+        response = post(POLICY, "/update_weight_version", {"new_version": renamed})
+        self.assertEqual(response.status_code, 200, response.text)
+        self.assertEqual(response.json()["new_version"], renamed)
+        try:
+            self.check_version(renamed)
+            item = score(POLICY, probes)[0]
+            self.assertEqual(item["meta_info"]["weight_version"], renamed)
+            self.assertLess(max_difference(scored_logprobs(item), before[0]), TOLERANCE)
+        finally:
+            post(POLICY, "/update_weight_version", {"new_version": self.version})
+        self.check_version(self.version)
+
     def test_tensor_payload_failures_keep_the_old_weights(self):
         probes = [self.probe]
         before = self.check_policy_matches(probes, "before the refused payloads")
@@ -1034,6 +1051,7 @@ def main():
                      "test_bad_updates_keep_the_old_weights",
                      "test_weight_group_failures_keep_the_old_weights",
                      "test_tensor_payload_failures_keep_the_old_weights",
+                     "test_update_weight_version_renames_only",
                      "test_routed_experts_equal_pytorch_routing",
                      "test_hidden_states_equal_pytorch",
                      "test_release_and_resume_bring_back_the_latest_weights"]

@@ -161,6 +161,10 @@ class FakeEngine : public EngineApi {
     std::lock_guard lock(mutex_);
     return version_;
   }
+  void set_weight_version(const std::string& version) override {
+    std::lock_guard lock(mutex_);
+    version_ = version;
+  }
   void release_memory(const MemoryTags& tags) override {
     std::lock_guard lock(mutex_);
     released_.push_back({tags.weights, tags.kv_cache});

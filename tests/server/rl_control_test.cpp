@@ -216,6 +216,20 @@ TEST(RlControl, WeightGroupRequestsAreCheckedFirst) {
   EXPECT_TRUE(f.engine.weight_updates().empty());  // nothing reached the engine
 }
 
+TEST(RlControl, UpdateWeightVersionNamesTheWeightsServed) {
+  ServerFixture f;
+  auto r = f.call("POST", "/update_weight_version", {{"new_version", "step-7"}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_TRUE(r->json()["success"].get<bool>());
+  EXPECT_EQ(r->json()["new_version"], "step-7");
+  EXPECT_EQ(f.call("GET", "/get_weight_version")->json()["weight_version"], "step-7");
+  EXPECT_TRUE(f.engine.weight_updates().empty());  // the weights were not touched
+  auto bad = f.call("POST", "/update_weight_version", json::object());
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(bad->json()["error"]["param"], "new_version");
+  EXPECT_FALSE(bad->json()["success"].get<bool>());
+}
+
 TEST(RlControl, MemoryTags) {
   ServerFixture f;
   EXPECT_EQ(f.call("POST", "/release_memory_occupation", {{"tags", {"kv_cache"}}})->status, 200);
