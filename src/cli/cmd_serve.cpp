@@ -8,7 +8,7 @@
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
 //   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --split-indexer |
-//    --enable-dp-attention [--data-parallel-size N] [--load-balance-method M]]]
+//    --enable-dp-attention [--data-parallel-size D] [--load-balance-method M]]]
 //   [--context-parallel-size N [--expert-parallel-size N |
 //                               --tensor-parallel-size T [--expert-parallel-size T | N x T]]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -203,9 +203,13 @@ int run_serve(const ServeOptions& options) {
         "the routed experts are sharded over the ranks, every other weight is whole on "
         "each",
         n);
-    MEGACTX_CHECK(options.data_parallel_size == 1 || options.data_parallel_size == n,
-                  "--data-parallel-size {} must equal --tensor-parallel-size {} with "
-                  "--enable-dp-attention (every rank is one attention replica)",
+    // --data-parallel-size D below N (SGLang's --dp-size under --tp-size):
+    // D replicas of N / D tensor-parallel ranks each.
+    const int replicas = options.data_parallel_size == 1 ? n : options.data_parallel_size;
+    MEGACTX_CHECK(replicas >= 1 && replicas <= n && n % replicas == 0,
+                  "--data-parallel-size {} must divide --tensor-parallel-size {} with "
+                  "--enable-dp-attention (replicas of --tensor-parallel-size / "
+                  "--data-parallel-size ranks each)",
                   options.data_parallel_size, n);
     MEGACTX_CHECK(options.context_parallel_size == 1,
                   "--enable-dp-attention is not combined with --context-parallel-size");
@@ -243,6 +247,10 @@ int run_serve(const ServeOptions& options) {
                 "needs --tensor-parallel-size 2 or more");
   load.load.split_indexer = options.split_indexer;
   load.load.data_parallel_attention = options.enable_dp_attention;
+  // Replicas of the attention: one per rank unless --data-parallel-size is below it.
+  load.load.data_parallel_size = options.enable_dp_attention && options.data_parallel_size > 1
+                                     ? options.data_parallel_size
+                                     : 0;
   const int group_size = options.tensor_parallel_size * options.context_parallel_size;
   std::unique_ptr<ServeGroup> group;
   // A group that lost a rank cannot serve: the server shuts down (exit 1).
@@ -337,7 +345,9 @@ int run_serve(const ServeOptions& options) {
       {"enable_layer_split", options.enable_layer_split},
       {"enable_dp_attention", options.enable_dp_attention},
       {"load_balance_method", dp_load_balance_name(engine_config.dp_load_balance)},
-      {"dp_size", options.enable_dp_attention ? options.tensor_parallel_size : 1}};
+      {"dp_size", !options.enable_dp_attention     ? 1
+                  : options.data_parallel_size > 1 ? options.data_parallel_size
+                                                   : options.tensor_parallel_size}};
   MEGACTX_CHECK(options.weight_update_timeout > 0, "--weight-update-timeout must be positive");
   server_config.weight_groups.python = options.weight_update_python;
   server_config.weight_groups.timeout_s = options.weight_update_timeout;
@@ -503,8 +513,9 @@ CommandRegistration registration{
                          "tokens of running requests)");
       command
           .add_option("--data-parallel-size,--dp-size", options->data_parallel_size,
-                      "With --enable-dp-attention: the data-parallel ranks (must equal "
-                      "--tensor-parallel-size)")
+                      "With --enable-dp-attention: the attention replicas (default "
+                      "--tensor-parallel-size, one per rank; a divisor of it below: replicas of "
+                      "--tensor-parallel-size / --data-parallel-size tensor-parallel ranks)")
           ->capture_default_str();
       command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,
                        "Load no tokenizer (also right for a model folder without "

@@ -46,7 +46,7 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     communicator->barrier();  // every rank is connected
     load.group = communicator.get();
     auto model = load_language_model(model_dir, load);
-    run_group_worker(*model, *communicator);
+    run_group_worker(*model, *communicator, load.data_parallel_size);
     status = 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "serve: rank %d of %d: %s\n", rank, size, error.what());

@@ -108,7 +108,7 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
   // Rank 0 of a parallel group: every cache and forward goes to the other ranks too.
   if (load.group != nullptr && load.group->size() > 1) {
     model = make_group_leader(std::move(model), *load.group, options.on_group_failure,
-                              load.data_parallel_attention);
+                              load.data_parallel_attention, load.data_parallel_size);
   }
   loaded.engine = Engine::create(engine, std::move(model), loaded.tokenizer, loaded.defaults);
   return loaded;

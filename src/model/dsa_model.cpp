@@ -85,6 +85,12 @@ DsaModel::DsaModel(ModelConfig config, ModelPlan plan, DsaWeights weights,
     tensor_group_ = tensor_split_.get();
     context_group_ = context_split_.get();
   }
+  if (plan_.tensor_parallel_size > 1 && plan_.data_parallel_size > 1) {
+    // Data-parallel shares of tensor-parallel ranks: the heads' partial sums
+    // within a share; the routed experts' all-to-all over the whole group.
+    tensor_split_ = group_->split(plan_.data_parallel_rank, plan_.tensor_parallel_rank);
+    tensor_group_ = tensor_split_.get();
+  }
   if (plan_.layer_split) {
     // LayerSplit's selected entries travel on a group of their own, in a
     // thread beside the absorbed-query products (attention()).
@@ -111,7 +117,9 @@ std::vector<KvCacheSpec> DsaModel::kv_cache_shares(const KvCacheSpec& whole) con
 }
 
 void DsaModel::reduce_partial(float* data, int64_t count) {
-  if (plan_.tensor_parallel_size > 1)
+  // count 0: a data-parallel share without rows this step (its every tensor
+  // rank has none), which still runs the layers for the experts' all-to-all.
+  if (plan_.tensor_parallel_size > 1 && count > 0)
     tensor_group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
 
@@ -172,6 +180,7 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
                           .size = group->size(),
                           .expert_parallel = options.expert_parallel,
                           .data_parallel_attention = options.data_parallel_attention,
+                          .data_parallel_size = options.data_parallel_size,
                           .context_parallel = options.context_parallel,
                           .context_parallel_size = options.context_parallel_size,
                           .experts_over_group = options.experts_over_group,
@@ -325,6 +334,8 @@ void DsaModel::decoder_layer(const LayerWeights& w, int64_t layer, Step& step, P
   backend_->rmsnorm(x, n, hidden, hidden, w.post_norm.data<float>(), eps, h.data(), hidden);
   if (w.is_moe && plan_.experts_over_shares) {
     moe_over_shares(w.moe, h.data(), step, branch.data());  // summed over the whole group
+  } else if (w.is_moe && plan_.data_parallel_size > 1 && plan_.tensor_parallel_size > 1) {
+    moe_over_tensor_slices(w.moe, h.data(), n, branch.data());  // complete within the share
   } else {
     if (w.is_moe) {
       moe(w.moe, h.data(), n, branch.data());
@@ -800,6 +811,56 @@ void DsaModel::moe_over_shares(const MoeWeights& w, const float* h, const Step& 
   }
   group_->all_reduce(sum.data(), total * hidden, parallel::ReduceOp::Sum);
   std::copy_n(sum.data() + first * hidden, n * hidden, out);
+}
+
+void DsaModel::moe_over_tensor_slices(const MoeWeights& w, const float* h, int64_t rows,
+                                      float* out) {
+  const int64_t hidden = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  const int tensor = plan_.tensor_parallel_size;
+  const auto [first, last] = share_rows(rows, plan_.tensor_parallel_rank, tensor);
+  const int64_t slice = last - first;
+  const int64_t longest = share_rows(rows, 0, tensor).second;  // tensor rank 0's is a longest
+  // This rank's slice through the routed experts (every rank of the group
+  // takes part in the all-to-all, a slice of no rows too); its routing
+  // recorded at its rows.
+  std::vector<float> routed(static_cast<size_t>(longest * hidden), 0.0f);
+  int32_t* const capture = routed_.ids;
+  const int64_t layers = config_.num_hidden_layers;
+  if (capture != nullptr) routed_.ids = capture + first * layers * top_k;
+  moe_routed(w, h + first * hidden, slice, routed.data(), 0, slice);
+  routed_.ids = capture;
+  // The share's rows back from its tensor ranks' slices (padded to the longest).
+  std::vector<float> all(static_cast<size_t>(tensor * longest * hidden));
+  if (longest > 0)
+    tensor_group_->all_gather(routed.data(), all.data(),
+                              longest * hidden * static_cast<int64_t>(sizeof(float)));
+  for (int r = 0; r < tensor; ++r) {
+    const auto [from, to] = share_rows(rows, r, tensor);
+    std::copy_n(all.begin() + r * longest * hidden, (to - from) * hidden, out + from * hidden);
+  }
+  if (capture != nullptr && longest > 0) {
+    // The recorded routing of this layer, likewise: [rows, top_k] of the capture.
+    std::vector<int32_t> mine(static_cast<size_t>(longest * top_k), 0);
+    for (int64_t i = 0; i < slice; ++i)
+      std::copy_n(capture + ((first + i) * layers + routed_.layer) * top_k, top_k,
+                  mine.begin() + i * top_k);
+    std::vector<int32_t> every(static_cast<size_t>(tensor * longest * top_k));
+    tensor_group_->all_gather(mine.data(), every.data(),
+                              longest * top_k * static_cast<int64_t>(sizeof(int32_t)));
+    for (int r = 0; r < tensor; ++r) {
+      const auto [from, to] = share_rows(rows, r, tensor);
+      for (int64_t i = from; i < to; ++i)
+        std::copy_n(every.begin() + (r * longest + i - from) * top_k, top_k,
+                    capture + (i * layers + routed_.layer) * top_k);
+    }
+  }
+  if (config_.n_shared_experts > 0 && rows > 0) {
+    // The shared experts' width is split over the share's tensor ranks.
+    std::vector<float> shared(static_cast<size_t>(rows * hidden));
+    mlp(w.shared, h, rows, shared.data());
+    tensor_group_->all_reduce(shared.data(), rows * hidden, parallel::ReduceOp::Sum);
+    add_into(out, shared.data(), rows * hidden);
+  }
 }
 
 void DsaModel::moe_routed(const MoeWeights& w, const float* h, int64_t rows, float* out,

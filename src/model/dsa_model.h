@@ -31,6 +31,7 @@ struct DsaModelOptions {
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  int data_parallel_size = 0;  // ParallelLayout's: 0 = one replica per rank
   bool context_parallel = false;
   int context_parallel_size = 0;    // ParallelLayout's: 0 = the whole group
   bool experts_over_group = false;  // ParallelLayout's (ModelPlan::experts_over_shares)
@@ -122,6 +123,13 @@ class DsaModel final : public LanguageModel {
   // ModelPlan::experts_over_shares: the MoE of this share's rows of `step`,
   // complete (the sum over the whole group is taken here).
   void moe_over_shares(const MoeWeights& w, const float* h, const Step& step, float* out);
+  // Data-parallel attention over shares of tensor-parallel ranks
+  // (ModelPlan::data_parallel_rank): the MoE of the share's `rows` rows of
+  // `h` ([rows, hidden], the same on every tensor rank of the share),
+  // complete: each tensor rank's slice of the rows to the routed experts by
+  // all-to-all over the whole group, the slices gathered back within the
+  // share, plus the shared experts' sum over the share.
+  void moe_over_tensor_slices(const MoeWeights& w, const float* h, int64_t rows, float* out);
   // forward()'s routed-expert capture (ForwardBatch::want_routed_experts):
   // ids [tokens, layers, top_k]; `layer` is the decoder layer moe() serves.
   struct RoutedCapture {

@@ -299,6 +299,41 @@ void send(parallel::Communicator& group, Command command, const std::vector<int6
   if (header.bytes > 0) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
 }
 
+// Data-parallel attention's replicas: `shares` of `tensor` ranks each (one
+// rank each without tensor parallelism), the tensor rank innermost. Every
+// rank of a share computes the same rows; its tensor rank 0 reports them.
+struct DpShares {
+  int shares = 1;
+  int tensor = 1;
+  int share_of(int rank) const { return rank / tensor; }
+  bool reports(int rank) const { return rank % tensor == 0; }
+  // The reporting rank of each sequence, from the share of each.
+  std::vector<int> reporters(const std::vector<int>& share_of_sequence) const {
+    std::vector<int> out;
+    out.reserve(share_of_sequence.size());
+    for (const int share : share_of_sequence) out.push_back(share * tensor);
+    return out;
+  }
+};
+
+// The outputs of a rank that reports no rows (another rank of its share does).
+ForwardOutput no_rows(const ModelConfig& config) {
+  ForwardOutput out;
+  out.logits = Tensor::empty({0, config.vocab_size});
+  out.hidden_states = Tensor::empty({0, config.hidden_size});
+  out.routed_experts =
+      Tensor::empty({0, config.num_hidden_layers, config.num_experts_per_tok}, DType::I32);
+  return out;
+}
+
+DpShares dp_shares(int group_size, int replicas) {
+  const int shares = replicas > 0 ? replicas : group_size;
+  MEGACTX_CHECK(shares >= 1 && group_size % shares == 0,
+                "data-parallel attention: {} replicas do not divide a group of {}", shares,
+                group_size);
+  return {shares, group_size / shares};
+}
+
 // An MTP run: its rows (after `prefix`: DpMtpRun's ranks), then their hidden inputs.
 void send_mtp_run(parallel::Communicator& group, std::span<const MtpLayer::Rows> sequences,
                   int64_t hidden_size, Command command = Command::MtpRun,
@@ -321,16 +356,18 @@ void send_mtp_run(parallel::Communicator& group, std::span<const MtpLayer::Rows>
 // No greedy drafts: GroupLeaderMtp chains those, a group run per draft step.
 // Called by every rank with the same `whole` and `ranks`; the result is rank 0's.
 MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> whole,
-                               const std::vector<int>& ranks, PagedKvCache& cache,
-                               parallel::Communicator& group) {
-  const int me = group.rank();
-  const RankPages layout = rank_pages(cache.spec(), group.size());
+                               const std::vector<int>& shares_of, PagedKvCache& cache,
+                               parallel::Communicator& group, DpShares dp) {
+  const int me = dp.share_of(group.rank());
+  const bool reports = dp.reports(group.rank());
+  const std::vector<int> ranks = dp.reporters(shares_of);
+  const RankPages layout = rank_pages(cache.spec(), dp.shares);
   std::vector<std::vector<int32_t>> pages;
   for (size_t s = 0; s < whole.size(); ++s)
-    if (ranks[s] == me) pages.emplace_back();  // sized first: the spans point into it
+    if (shares_of[s] == me) pages.emplace_back();  // sized first: the spans point into it
   std::vector<MtpLayer::Rows> own;
   for (size_t s = 0, next = 0; s < whole.size(); ++s) {
-    if (ranks[s] != me) continue;
+    if (shares_of[s] != me) continue;
     std::vector<int32_t>& local = pages[next++];
     for (const int32_t page : whole[s].pages) local.push_back(layout.local(page));
     MtpLayer::Rows r = whole[s];
@@ -338,7 +375,14 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
     r.greedy_drafts = 0;
     own.push_back(r);
   }
-  const MtpLayer::Output mine = mtp.run(own, cache);
+  MtpLayer::Output mine = mtp.run(own, cache);
+  if (!reports) {
+    // Another rank of this share reports its rows.
+    own.clear();
+    mine = MtpLayer::Output{};
+    mine.logits = Tensor::empty({0, mtp.vocab_size()});
+    mine.hand_off = Tensor::empty({0, mtp.hidden_size()});
+  }
   const bool logits = std::any_of(whole.begin(), whole.end(),
                                   [](const MtpLayer::Rows& r) { return r.want_logits; });
   const std::vector<int64_t> one(whole.size(), 1);
@@ -366,7 +410,7 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
     std::copy(mine.last_topk[i].begin(), mine.last_topk[i].end(), row + 1);
   }
   const Tensor all = gather_sequence_rows(one, ranks, selection, {1 + k}, DType::I32, group);
-  if (me != 0) return out;
+  if (group.rank() != 0) return out;
   for (size_t s = 0; s < n; ++s) {
     const int32_t* row = all.data<int32_t>() + static_cast<int64_t>(s) * (1 + k);
     out.last_count.push_back(row[0]);
@@ -428,11 +472,13 @@ std::vector<int> decode_dp_step(const std::vector<int64_t>& words, int size, Dec
 class GroupLeaderModel final : public LanguageModel {
  public:
   GroupLeaderModel(std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
-                   std::function<void(const std::string&)> on_failure, bool data_parallel)
+                   std::function<void(const std::string&)> on_failure, bool data_parallel,
+                   int replicas)
       : model_(std::move(model)),
         group_(group),
         on_failure_(std::move(on_failure)),
-        data_parallel_(data_parallel) {
+        data_parallel_(data_parallel),
+        dp_(dp_shares(group.size(), data_parallel ? replicas : 1)) {
     MEGACTX_CHECK(group_.rank() == 0, "the group leader is rank 0, not {}", group_.rank());
   }
   ~GroupLeaderModel() override {
@@ -445,7 +491,7 @@ class GroupLeaderModel final : public LanguageModel {
 
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
-  int data_parallel_ranks() const override { return data_parallel_ ? group_.size() : 1; }
+  int data_parallel_ranks() const override { return data_parallel_ ? dp_.shares : 1; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
     if (data_parallel_) return forward_data_parallel(batch, cache);
@@ -454,19 +500,20 @@ class GroupLeaderModel final : public LanguageModel {
       return model_->forward(batch, cache);
     });
   }
-  // Data-parallel attention: `spec` numbers every rank's pages, each rank's
-  // cache holds its 1 / size of them: of the device pages and of the live
-  // host tier's offload pages (cache/rank_pages.h).
+  // Data-parallel attention: `spec` numbers every replica's pages, each
+  // replica's cache (every rank of a share of tensor ranks) holds its
+  // 1 / replicas of them: of the device pages and of the live host tier's
+  // offload pages (cache/rank_pages.h).
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
     KvCacheSpec local = spec;
     if (data_parallel_) {
-      MEGACTX_CHECK(spec.num_pages % group_.size() == 0 && spec.offload_pages % group_.size() == 0,
+      MEGACTX_CHECK(spec.num_pages % dp_.shares == 0 && spec.offload_pages % dp_.shares == 0,
                     "data-parallel attention: {} KV pages and {} offload pages do not split over "
-                    "{} ranks",
-                    spec.num_pages, spec.offload_pages, group_.size());
-      local.num_pages = spec.num_pages / group_.size();
-      local.offload_pages = spec.offload_pages / group_.size();
+                    "{} replicas",
+                    spec.num_pages, spec.offload_pages, dp_.shares);
+      local.num_pages = spec.num_pages / dp_.shares;
+      local.offload_pages = spec.offload_pages / dp_.shares;
       group_spec_ = spec;
     }
     return watched([&] {
@@ -479,10 +526,10 @@ class GroupLeaderModel final : public LanguageModel {
     // Data-parallel attention: each rank's tier holds 1 / size of the pages.
     KvCacheSpec local = spec;
     if (data_parallel_) {
-      MEGACTX_CHECK(spec.num_pages % group_.size() == 0,
-                    "data-parallel attention: {} host KV pages over {} ranks", spec.num_pages,
-                    group_.size());
-      local.num_pages = spec.num_pages / group_.size();
+      MEGACTX_CHECK(spec.num_pages % dp_.shares == 0,
+                    "data-parallel attention: {} host KV pages over {} replicas", spec.num_pages,
+                    dp_.shares);
+      local.num_pages = spec.num_pages / dp_.shares;
     }
     return watched([&] {
       send(group_, Command::MakeHostCache, encode_spec(local));
@@ -523,8 +570,8 @@ class GroupLeaderModel final : public LanguageModel {
       // them here, before any rank copies), each rank copying its own (a
       // move to offload pages: its device page to its offload page).
       const RankPagePairs own =
-          rank_page_pairs(from_pages, to_pages, rank_pages(from.spec(), group_.size()),
-                          rank_pages(to.spec(), group_.size()), 0);
+          rank_page_pairs(from_pages, to_pages, rank_pages(from.spec(), dp_.shares),
+                          rank_pages(to.spec(), dp_.shares), 0);
       watched([&] { send(group_, Command::DpCopyPages, words); });
       inner(from, own.from, to, own.to);
     };
@@ -556,7 +603,7 @@ class GroupLeaderModel final : public LanguageModel {
   MtpLayer::Output run_mtp_data_parallel(MtpLayer& inner, std::span<const MtpLayer::Rows> sequences,
                                          PagedKvCache& cache) const {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
-    const RankPages layout = rank_pages(cache.spec(), group_.size());
+    const RankPages layout = rank_pages(cache.spec(), dp_.shares);
     const int64_t page_size = cache.spec().page_size;
     MEGACTX_CHECK(group_spec_.num_pages == layout.device_pages() &&
                       group_spec_.total_pages() == layout.total(),
@@ -580,7 +627,7 @@ class GroupLeaderModel final : public LanguageModel {
     }
     return watched([&] {
       send_mtp_run(group_, sequences, model_->config().hidden_size, Command::DpMtpRun, words);
-      return run_mtp_share(inner, sequences, ranks, cache, group_);
+      return run_mtp_share(inner, sequences, ranks, cache, group_, dp_);
     });
   }
   // The leader's share first (every check of the update runs there: a
@@ -615,7 +662,7 @@ class GroupLeaderModel final : public LanguageModel {
   // checked here first, so that no rank refuses its share after others
   // entered the forward's collectives.
   ForwardOutput forward_data_parallel(const ForwardBatch& batch, PagedKvCache& cache) {
-    const RankPages layout = rank_pages(cache.spec(), group_.size());
+    const RankPages layout = rank_pages(cache.spec(), dp_.shares);
     MEGACTX_CHECK(group_spec_.num_pages == layout.device_pages() &&
                       group_spec_.total_pages() == layout.total(),
                   "data-parallel attention: a forward with a cache the group did not make");
@@ -627,7 +674,7 @@ class GroupLeaderModel final : public LanguageModel {
       send(group_, Command::DpForward, encode_dp_step(batch, ranks));
       rank_share(batch, ranks, 0, layout, share_);
       const ForwardOutput own = model_->forward(share_.batch, cache);
-      return gather_to_leader(batch, ranks, own, model_->config(), group_);
+      return gather_to_leader(batch, dp_.reporters(ranks), own, model_->config(), group_);
     });
   }
 
@@ -653,6 +700,7 @@ class GroupLeaderModel final : public LanguageModel {
   std::function<void(const std::string&)> on_failure_;
   mutable const PagedKvCache* host_cache_ = nullptr;  // the host tier's pages (the engine's)
   bool data_parallel_ = false;
+  DpShares dp_;                     // data-parallel attention's replicas
   mutable KvCacheSpec group_spec_;  // data-parallel attention: every rank's pages
   RankBatch share_;                 // rank 0's share of the step (buffers reused)
   mutable bool failed_ = false;
@@ -686,13 +734,15 @@ MtpLayer::Output GroupLeaderMtp::run(std::span<const Rows> sequences, PagedKvCac
 std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> model,
                                                  parallel::Communicator& group,
                                                  std::function<void(const std::string&)> on_failure,
-                                                 bool data_parallel_attention) {
+                                                 bool data_parallel_attention,
+                                                 int data_parallel_size) {
   return std::make_unique<GroupLeaderModel>(std::move(model), group, std::move(on_failure),
-                                            data_parallel_attention);
+                                            data_parallel_attention, data_parallel_size);
 }
 
-void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
+void run_group_worker(LanguageModel& model, parallel::Communicator& group, int data_parallel_size) {
   MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
+  const DpShares dp = dp_shares(group.size(), data_parallel_size);
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<PagedKvCache> host_cache;  // the host tier's pages
   const KvPageCopy copy = model.kv_page_copy();
@@ -728,16 +778,18 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         break;
       case Command::DpForward: {
         MEGACTX_CHECK(cache != nullptr, "parallel group: a forward before the KV cache");
-        const std::vector<int> ranks = decode_dp_step(words, group.size(), batch);
-        rank_share(batch.batch, ranks, group.rank(), rank_pages(cache->spec(), group.size()),
-                   share);
+        const std::vector<int> ranks = decode_dp_step(words, dp.shares, batch);
+        rank_share(batch.batch, ranks, dp.share_of(group.rank()),
+                   rank_pages(cache->spec(), dp.shares), share);
         ForwardOutput own;
         try {
           own = model.forward(share.batch, *cache);
         } catch (const megactx::Error&) {
           break;  // as for Forward: the leader failed at the same point
         }
-        gather_to_leader(batch.batch, ranks, own, model.config(), group);
+        // Another rank of this share reports its rows.
+        if (!dp.reports(group.rank())) own = no_rows(model.config());
+        gather_to_leader(batch.batch, dp.reporters(ranks), own, model.config(), group);
         break;
       }
       case Command::LoadMtp: {
@@ -785,8 +837,8 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
         PagedKvCache& source = direction == kCopyFromHost ? *host_cache : *cache;
         PagedKvCache& target = direction == kCopyToHost ? *host_cache : *cache;
         const RankPagePairs own =
-            rank_page_pairs(from, to, rank_pages(source.spec(), group.size()),
-                            rank_pages(target.spec(), group.size()), group.rank());
+            rank_page_pairs(from, to, rank_pages(source.spec(), dp.shares),
+                            rank_pages(target.spec(), dp.shares), dp.share_of(group.rank()));
         copy(source, own.from, target, own.to);
         break;
       }
@@ -805,12 +857,12 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group) {
                       "parallel group: an MTP run before the KV cache or the MTP layer");
         MEGACTX_CHECK(ranks.size() == mtp_rows.rows.size() &&
                           std::all_of(ranks.begin(), ranks.end(),
-                                      [&](int r) { return r >= 0 && r < group.size(); }),
+                                      [&](int r) { return r >= 0 && r < dp.shares; }),
                       "parallel group: an MTP run's ranks do not match its sequences");
         // Not caught: the leader checked every sequence before sending, so a
         // failure here would leave it waiting for this rank's outputs; ending
         // the worker fails the group at once instead.
-        run_mtp_share(*mtp, mtp_rows.rows, ranks, *cache, group);
+        run_mtp_share(*mtp, mtp_rows.rows, ranks, *cache, group, dp);
         break;
       }
       case Command::MtpRun: {

@@ -30,12 +30,19 @@ namespace megactx {
 // each rank's cache 1 / size of the engine's pages), and each forward sends
 // every rank its own sequences (model/dp_attention_batch.h); a rank with none
 // still runs the forward's collectives, and rank 0 gets every row's output.
+// `data_parallel_size` replicas of the attention (0: one per rank); fewer
+// than the group's ranks: shares of tensor-parallel ranks (the tensor rank
+// innermost), each share's ranks computing its requests together and its
+// tensor rank 0 reporting their outputs.
 std::unique_ptr<LanguageModel> make_group_leader(
     std::unique_ptr<LanguageModel> model, parallel::Communicator& group,
-    std::function<void(const std::string&)> on_failure = {}, bool data_parallel_attention = false);
+    std::function<void(const std::string&)> on_failure = {}, bool data_parallel_attention = false,
+    int data_parallel_size = 0);
 
 // Ranks 1..: repeats the leader's calls on `model` (built with `group`) until
-// the leader stops (returns) or the group fails (megactx::Error).
-void run_group_worker(LanguageModel& model, parallel::Communicator& group);
+// the leader stops (returns) or the group fails (megactx::Error);
+// `data_parallel_size` as the leader's.
+void run_group_worker(LanguageModel& model, parallel::Communicator& group,
+                      int data_parallel_size = 0);
 
 }  // namespace megactx

@@ -30,6 +30,7 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
   model_options.group = options.group;
   model_options.expert_parallel = options.expert_parallel;
   model_options.data_parallel_attention = options.data_parallel_attention;
+  model_options.data_parallel_size = options.data_parallel_size;
   model_options.context_parallel = options.context_parallel;
   model_options.context_parallel_size = options.context_parallel_size;
   model_options.experts_over_group = options.experts_over_group;

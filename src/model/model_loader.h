@@ -52,6 +52,9 @@ struct ModelLoadOptions {
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  // With data_parallel_attention: the attention replicas (0: one per rank;
+  // fewer: shares of tensor-parallel ranks, ModelPlan::data_parallel_rank).
+  int data_parallel_size = 0;
   bool context_parallel = false;
   // With context_parallel: the group is this many context shares of
   // tensor-parallel ranks (0: context parallelism over the whole group).

@@ -96,7 +96,16 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
                                                          : size;
   MEGACTX_CHECK(context >= 1 && size % context == 0,
                 "--context-parallel-size {} does not divide the group of {}", context, size);
-  const int tensor_size = size / context, tensor_rank = rank % tensor_size;
+  // Data-parallel attention's replicas: one per rank, or shares of
+  // tensor-parallel ranks (the tensor rank innermost).
+  const int replicas = !layout.data_parallel_attention ? 1
+                       : layout.data_parallel_size > 0 ? layout.data_parallel_size
+                                                       : size;
+  MEGACTX_CHECK(replicas >= 1 && size % replicas == 0,
+                "--data-parallel-size {} does not divide the group of {}", replicas, size);
+  const bool replicas_of_tensor = layout.data_parallel_attention && replicas < size;
+  const int tensor_size = replicas_of_tensor ? size / replicas : size / context,
+            tensor_rank = rank % tensor_size;
   MEGACTX_CHECK(!layout.experts_over_group ||
                     (layout.expert_parallel && layout.context_parallel && tensor_size > 1),
                 "experts over the whole group: for context shares of tensor-parallel ranks with "
@@ -151,7 +160,16 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.experts_over_shares = true;
     }
   }
-  const bool tensor = !layout.data_parallel_attention;
+  if (replicas_of_tensor) {
+    MEGACTX_CHECK(experts,
+                  "data-parallel attention over shares of tensor-parallel ranks: the routed "
+                  "experts are sharded over the whole group (--expert-parallel-size {})",
+                  size);
+    plan.data_parallel_rank = rank / tensor_size;
+    plan.data_parallel_size = replicas;
+    shard_experts(rank, size, /*all_to_all=*/true);  // every rank's slice of its share's rows
+  }
+  const bool tensor = !layout.data_parallel_attention || replicas_of_tensor;
   if (tensor) {
     MEGACTX_CHECK(divides(whole.attention.heads),
                   "--tensor-parallel-size {}: the model's {} attention heads do not divide",
@@ -183,7 +201,7 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.attention.index_heads = whole.attention.index_heads / tensor_size;
     }
   }
-  if (experts && !plan.experts_over_shares)
+  if (experts && !plan.experts_over_shares && !replicas_of_tensor)
     shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
   return plan;
 }
@@ -228,8 +246,8 @@ ModelPlan whole_model_plan(const ModelPlan& rank_plan) {
   whole.attention.heads *= rank_plan.tensor_parallel_size;
   if (rank_plan.indexer_split) whole.attention.index_heads *= rank_plan.tensor_parallel_size;
   whole.indexer_split = false;
-  whole.tensor_parallel_rank = whole.expert_parallel_rank = 0;
-  whole.tensor_parallel_size = whole.expert_parallel_size = 1;
+  whole.tensor_parallel_rank = whole.expert_parallel_rank = whole.data_parallel_rank = 0;
+  whole.tensor_parallel_size = whole.expert_parallel_size = whole.data_parallel_size = 1;
   whole.expert_all_to_all = whole.experts_over_shares = false;
   whole.first_expert = whole.local_experts = 0;
   return whole;

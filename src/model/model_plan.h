@@ -78,6 +78,15 @@ struct ModelPlan {
   //   logits.
   int context_parallel_rank = 0;
   int context_parallel_size = 1;
+  // * data-parallel attention over shares of tensor-parallel ranks
+  //   (data_parallel_size > 1 with tensor_parallel_size > 1): each share
+  //   serves its own requests with the heads, dense MLPs and shared experts
+  //   split over its tensor ranks (their sums within the share); a MoE layer
+  //   gives each tensor rank a slice of its share's rows, sends the slices to
+  //   the routed experts (sharded over the whole group) by all-to-all and
+  //   gathers the share's rows back (DsaModel::moe_over_tensor_slices).
+  int data_parallel_rank = 0;
+  int data_parallel_size = 1;
   int tensor_parallel_rank = 0;
   int tensor_parallel_size = 1;
   int expert_parallel_rank = 0;
@@ -146,6 +155,10 @@ struct ParallelLayout {
   int size = 1;
   bool expert_parallel = false;
   bool data_parallel_attention = false;
+  // With data-parallel attention: the attention replicas (0: size, one rank
+  // each). Fewer: shares of size / data_parallel_size tensor-parallel ranks
+  // (SGLang's --dp-size below --tp-size), the tensor rank innermost.
+  int data_parallel_size = 0;
   bool context_parallel = false;  // not with data-parallel attention
   int context_parallel_size = 0;  // with context_parallel: the shares (0: size)
   // With expert_parallel and context shares of tensor-parallel ranks: the

@@ -26,6 +26,12 @@ out), over 2 and 4 ranks:
 - MTP speculation (--speculative-steps 3, the default model) over 2 ranks: one request alone
   (the other rank runs every MTP step with no rows) and four at once on both ranks give the
   greedy ids of one process without MTP, logprobs within 1e-4, with drafts accepted;
+- replicas of tensor-parallel ranks (--tensor-parallel-size 4 --data-parallel-size 2, SGLang's
+  --dp-size below --tp-size: two replicas, each its requests' attention and dense MLPs split
+  over its two ranks, the routed experts over all four): concurrent requests give one process's
+  greedy ids and logprobs within 1e-4 on both replicas with twice one process's pages; routed
+  experts and hidden states, weight updates (a trainer's group of 4 + 1 ranks too) and MTP
+  speculation as one process gives them;
 - what it cannot combine with yet is a start-up error.
 
     python3 dp_attention_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
@@ -113,9 +119,9 @@ def routing_and_hidden(megactx, fixture, prompts, *extra):
             return list(pool.map(one, prompts))
 
 
-def speculation_over_two_ranks(megactx, model):
-    """MTP with data-parallel attention over 2 ranks against one process without MTP: one
-    request alone, then four at once (on both ranks). (ok, message)."""
+def speculation_over_two_ranks(megactx, model, layout=dp(2)):
+    """MTP with data-parallel attention over 2 replicas (`layout`) against one process without
+    MTP: one request alone, then four at once (on both replicas). (ok, message)."""
     ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
                             "passkey_8k_ids.txt")
     text = [int(token) for token in open(ids_file).read().replace(",", " ").split()]
@@ -124,7 +130,7 @@ def speculation_over_two_ranks(megactx, model):
     with MegactxServer(megactx, model, *COMMON, name="plain-mtp-reference") as server:
         plain = [generate(server.url, prompts[0], new_tokens)]
         plain += concurrent_outputs(server, prompts[1:], new_tokens)
-    with MegactxServer(megactx, model, *COMMON, *dp(2), "--speculative-steps", "3",
+    with MegactxServer(megactx, model, *COMMON, *layout, "--speculative-steps", "3",
                        name="dp2-mtp") as server:
         alone = generate(server.url, prompts[0], new_tokens)
         text = metrics(server)
@@ -138,7 +144,7 @@ def speculation_over_two_ranks(megactx, model):
     both = len(admissions) == 2 and all(admissions[r] > 0 for r in range(2))
     ok = same and worst <= 1e-4 and verify > 0 and alone_accepted > 0 and accepted > \
         alone_accepted and both
-    return ok, (f"{' '.join(dp(2))} --speculative-steps 3, 1 then 4 requests: greedy ids "
+    return ok, (f"{' '.join(layout)} --speculative-steps 3, 1 then 4 requests: greedy ids "
                 f"{'equal to' if same else 'DIFFERENT from'} one process without MTP, max "
                 f"|logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
                 f"{verify:.0f} verifications ({alone_accepted:.0f} by the request alone; "
@@ -184,6 +190,44 @@ def live_host_tier_over_two_ranks(megactx, model):
                 f"{used}; greedy ids {'equal to' if same else 'DIFFERENT from'} one process "
                 f"without the tier, max |logprob difference| {worst:.2e}, integrity checked "
                 f"every step")
+
+
+# Two replicas of two tensor-parallel ranks each (SGLang's --dp-size below --tp-size).
+DP_OF_TP = ("--tensor-parallel-size", "4", "--expert-parallel-size", "4", "--enable-dp-attention",
+            "--data-parallel-size", "2")
+
+
+def replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt, new_tokens):
+    with MegactxServer(args.megactx, args.fixture, *COMMON, *DP_OF_TP, name="dp2-of-tp2") as server:
+        outputs = concurrent_outputs(server, prompts, new_tokens)
+        text = metrics(server)
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        pages, line = kv_pages(server.log)
+    same, worst = compare(outputs, plain)
+    admissions = rank_series(text, "megactx_dp_rank_admissions_total")
+    ok = same and worst <= 1e-4 and len(admissions) == 2 and all(
+        admissions[r] > 0 for r in range(2)) and pages == 2 * plain_pages and \
+        info.get("dp_size") == 2 and "over 2 data-parallel ranks" in line
+    failures = check(failures, ok,
+                     f"{' '.join(DP_OF_TP)}: {len(prompts)} concurrent requests, greedy ids "
+                     f"{'equal to' if same else 'DIFFERENT from'} one process's, max |logprob "
+                     f"difference| {worst:.2e}, admissions per replica "
+                     f"{[admissions.get(r) for r in range(2)]}, {pages} KV pages "
+                     f"({pages / max(plain_pages, 1):.2f}x one process's)")
+    few = prompts[:3]
+    want = routing_and_hidden(args.megactx, args.fixture, few)
+    got = routing_and_hidden(args.megactx, args.fixture, few, *DP_OF_TP)
+    routed = all(g[0] == w[0] and g[1] == w[1] for g, w in zip(got, want))
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[2], w[2]))
+    failures = check(failures, routed and worst <= 1e-4,
+                     f"2 replicas of 2 tensor ranks: routed experts "
+                     f"{'equal to' if routed else 'DIFFERENT from'} one process's, hidden states "
+                     f"within {worst:.2e}")
+    ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens,
+                                                layout=DP_OF_TP)
+    failures = check(failures, ok, message)
+    ok, message = speculation_over_two_ranks(args.megactx, args.default_model, DP_OF_TP)
+    return check(failures, ok, message)
 
 
 def check(failures, ok, message):
@@ -391,11 +435,15 @@ def main():
     ok, message = live_host_tier_over_two_ranks(args.megactx, args.default_model)
     failures = check(failures, ok, message)
 
+    failures = replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt,
+                                        new_tokens)
+
     # Not served yet: start-up errors naming the flag, not hangs or fallbacks.
     for extra, named in ((("--tensor-parallel-size", "2", "--enable-dp-attention"),
                           "--expert-parallel-size"),
                          (("--enable-dp-attention",), "--tensor-parallel-size 2"),
                          ((*dp(2), "--data-parallel-size", "4"), "--data-parallel-size"),
+                         ((*dp(4), "--data-parallel-size", "3"), "--data-parallel-size"),
                          (("--tensor-parallel-size", "2", "--dp-size", "2"),
                           "--enable-dp-attention"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),

@@ -127,7 +127,8 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
         update_body(server, bucket).raise_for_status()
         want = generate(server.url, prompt, new_tokens)
     # The serving group's processes: each is a rank of a trainer's weight-update group.
-    sizes = {flag: int(value) for flag, value in zip(layout[::2], layout[1::2])}
+    sizes = {flag: int(layout[i + 1]) for i, flag in enumerate(layout)
+             if flag in ("--tensor-parallel-size", "--context-parallel-size")}
     ranks = sizes.get("--tensor-parallel-size", 1) * sizes.get("--context-parallel-size", 1)
     group_args = ("--weight-update-python", sys.executable) if torch is not None else ()
     via_group, group_note = None, "the trainer's group: skipped (no torch)"

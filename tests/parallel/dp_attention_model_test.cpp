@@ -13,7 +13,9 @@
 // logits, hand-offs, selections and drafts. With the live host tier's
 // offload pages (a range per rank after every rank's device pages), each
 // rank moves its own sequences' pages to its own offload pages and decodes
-// from them as one process does; a move across ranks is refused.
+// from them as one process does; a move across ranks is refused. Two
+// replicas of two tensor-parallel ranks each (SGLang's --dp-size below
+// --tp-size) run the same steps and MTP runs as one process.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -110,17 +112,21 @@ bool same_step(LanguageModel& leader, PagedKvCache& group_cache, LanguageModel& 
 struct DpModels {
   std::unique_ptr<LanguageModel> leader, whole;
 };
-std::optional<DpModels> load_dp_models(const std::string& dir, parallel::Communicator& group) {
+// `replicas` below the group's size: replicas of tensor-parallel ranks.
+std::optional<DpModels> load_dp_models(const std::string& dir, parallel::Communicator& group,
+                                       int replicas = 0) {
   ModelLoadOptions options;
   options.group = &group;
   options.expert_parallel = options.data_parallel_attention = true;
+  options.data_parallel_size = replicas;
   auto model = load_language_model(dir, options);
   if (group.rank() != 0) {
-    run_group_worker(*model, group);
+    run_group_worker(*model, group, replicas);
     return std::nullopt;
   }
-  return DpModels{make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true),
-                  load_language_model(dir, {})};
+  return DpModels{
+      make_group_leader(std::move(model), group, {}, /*data_parallel_attention=*/true, replicas),
+      load_language_model(dir, {})};
 }
 
 // `length` prompt ids of a fixture from `offset` on (its 64 ids, repeated).
@@ -130,12 +136,13 @@ std::vector<int32_t> fixture_tokens(const HfFixture& f, size_t offset, size_t le
   return out;
 }
 
-bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group) {
+bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group,
+                                int replicas = 0) {
   const HfFixture f = load_fixture(name);
-  auto models = load_dp_models(f.dir, group);
+  auto models = load_dp_models(f.dir, group, replicas);
   if (!models) return true;
   auto& [leader, whole] = *models;
-  const int size = group.size();
+  const int size = replicas > 0 ? replicas : group.size();  // the replicas ("ranks" below)
   if (leader->data_parallel_ranks() != size) {
     std::printf("the leader reports %d data-parallel ranks\n", leader->data_parallel_ranks());
     return false;
@@ -163,7 +170,9 @@ bool dp_steps_match_one_process(const std::string& name, parallel::Communicator&
                              {tokens(7, 40), pages(0, 0)},
                              {tokens(13, 100), pages(size - 1, 2)},
                              {tokens(29, 70), pages(size > 2 ? 2 : 0, 2)}};
-  const std::string label = fmt::format("{}, {} ranks", name, size);
+  const std::string label =
+      replicas > 0 ? fmt::format("{}, {} replicas of {} ranks", name, size, group.size() / size)
+                   : fmt::format("{}, {} ranks", name, size);
   bool ok = true;
   // Only rank 1 has rows: the leader forwards none.
   ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 64}}, false,
@@ -235,15 +244,17 @@ bool same_mtp_run(MtpLayer& group_mtp, PagedKvCache& group_cache, MtpLayer& whol
   return ok;
 }
 
-bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator& group) {
+bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator& group,
+                                int replicas = 0) {
   const std::string dir = mtp_fixture(name);
-  auto models = load_dp_models(dir, group);
+  auto models = load_dp_models(dir, group, replicas);
   if (!models) return true;
   auto& [leader, whole] = *models;
   const auto group_mtp = leader->load_mtp_layer(dir);
   const auto whole_mtp = whole->load_mtp_layer(dir);
-  const KvCacheSpec spec = make_kv_cache_spec(whole->config(), group.size() * kPagesPerRank,
-                                              KvDType::F32, kPageSize, /*with_mtp_layer=*/true);
+  const int shares = replicas > 0 ? replicas : group.size();
+  const KvCacheSpec spec = make_kv_cache_spec(whole->config(), shares * kPagesPerRank, KvDType::F32,
+                                              kPageSize, /*with_mtp_layer=*/true);
   auto group_cache = leader->make_kv_cache(spec);
   auto whole_cache = whole->make_kv_cache(spec);
 
@@ -268,7 +279,10 @@ bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator&
     r.hidden = hidden.data() + start * H;
     return r;
   };
-  const std::string label = name + ", 2 ranks, MTP";
+  const std::string label =
+      name + (replicas > 0 ? fmt::format(", {} replicas of {} ranks, MTP", shares,
+                                         group.size() / shares)
+                           : std::string(", 2 ranks, MTP"));
   bool ok = true;
   // Rank 1's rows only (the leader runs none), then rank 0's only.
   ok &= same_mtp_run(*group_mtp, *group_cache, *whole_mtp, *whole_cache, {step0(pages_a, 0, P)},
@@ -396,6 +410,17 @@ TEST(DataParallelAttentionGroup, TwoRanksMatchOneProcess) {
   for (const char* name : {"glm_schedule", "dsv32_yarn"})
     parallel::run_forked_group(
         2, [&](parallel::Communicator& group) { return dp_steps_match_one_process(name, group); });
+}
+
+TEST(DataParallelAttentionGroup, ReplicasOfTensorRanksMatchOneProcess) {
+  // Four ranks as two replicas of two tensor-parallel ranks: steps and MTP runs.
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(4, [&](parallel::Communicator& group) {
+      return dp_steps_match_one_process(name, group, /*replicas=*/2);
+    });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return dp_mtp_matches_one_process("glm_schedule", group, /*replicas=*/2);
+  });
 }
 
 TEST(DataParallelAttentionGroup, FourRanksMatchOneProcess) {
