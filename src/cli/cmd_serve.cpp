@@ -179,9 +179,12 @@ int run_serve(const ServeOptions& options) {
   if (options.enable_layer_split) {
     // LayerSplit is the tensor-parallel group's: what it cannot combine with
     // is refused here rather than silently left replicated.
-    MEGACTX_CHECK(!options.enable_dp_attention,
-                  "--enable-layer-split splits the caches of one set of requests over the "
-                  "tensor-parallel group: not with --enable-dp-attention");
+    MEGACTX_CHECK(
+        !options.enable_dp_attention || (options.data_parallel_size > 1 &&
+                                         options.data_parallel_size < options.tensor_parallel_size),
+        "--enable-layer-split splits the caches of one set of requests over "
+        "tensor-parallel ranks: with --enable-dp-attention it needs replicas of "
+        "several ranks (--data-parallel-size below --tensor-parallel-size)");
     MEGACTX_CHECK(options.tensor_parallel_size > 1,
                   "--enable-layer-split splits each layer's KV cache over the tensor-parallel "
                   "group: it needs --tensor-parallel-size 2 or more");

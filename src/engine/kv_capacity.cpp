@@ -28,11 +28,18 @@ std::string KvCapacityPlan::summary() const {
       spec.num_pages, spec.page_size, max_tokens, spec.latent_layers.size(),
       spec.indexer_layers.size(), kv_dtype_name(spec.dtype));
   if (data_parallel_ranks > 1) {
-    return line + fmt::format(
-                      " over {} data-parallel ranks ({} pages = {} tokens of their own requests "
-                      "each), {} B/token, {:.2f} GiB per rank",
-                      data_parallel_ranks, pages_per_rank, pages_per_rank * spec.page_size,
-                      bytes_per_token, static_cast<double>(total_bytes) / kGiB);
+    line += fmt::format(
+        " over {} data-parallel ranks ({} pages = {} tokens of their own requests each), {} "
+        "B/token, {:.2f} GiB per rank",
+        data_parallel_ranks, pages_per_rank, pages_per_rank * spec.page_size, bytes_per_token,
+        static_cast<double>(total_bytes) / kGiB);
+    if (shares.size() <= 1) return line;
+    line +=
+        fmt::format("; each replica's pools split over its {} ranks (LayerSplit):", shares.size());
+    for (size_t rank = 0; rank < shares.size(); ++rank)
+      line += fmt::format("{} rank {} {} latent + {} indexer pools", rank ? ";" : "", rank,
+                          shares[rank].latent_layers.size(), shares[rank].indexer_layers.size());
+    return line;
   }
   if (shares.size() <= 1) {
     return line + fmt::format(", {} B/token, {:.2f} GiB", bytes_per_token,
@@ -84,8 +91,9 @@ KvCapacityPlan plan_kv_capacity(const ModelConfig& model, KvDType dtype, int64_t
   plan.total_bytes = spec.num_pages * plan.bytes_per_page;
   plan.max_tokens = spec.num_pages * page_size;
   plan.pages_per_rank = spec.num_pages;
-  MEGACTX_CHECK(data_parallel_ranks >= 1 && (data_parallel_ranks == 1 || plan.shares.empty()) &&
-                    spec.num_pages * data_parallel_ranks <= INT32_MAX,
+  // LayerSplit with data-parallel attention: each replica's ranks split the
+  // replica's pools (the shares), every replica the same.
+  MEGACTX_CHECK(data_parallel_ranks >= 1 && spec.num_pages * data_parallel_ranks <= INT32_MAX,
                 "KV pages: {} per rank over {} data-parallel ranks", spec.num_pages,
                 data_parallel_ranks);
   plan.data_parallel_ranks = data_parallel_ranks;

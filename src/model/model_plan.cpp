@@ -116,10 +116,15 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
                 "needs --tensor-parallel-size 2 or more (not data-parallel attention)");
   // LayerSplit splits the caches over the tensor-parallel ranks (of each
   // context share): it needs two or more of them.
-  MEGACTX_CHECK(!layout.layer_split || (!layout.data_parallel_attention && tensor_size > 1),
+  // With data-parallel attention: over each replica's tensor-parallel ranks.
+  const bool replica_tensor_ranks = layout.data_parallel_attention &&
+                                    layout.data_parallel_size > 0 &&
+                                    layout.data_parallel_size < size;
+  MEGACTX_CHECK(!layout.layer_split ||
+                    ((!layout.data_parallel_attention || replica_tensor_ranks) && tensor_size > 1),
                 "--enable-layer-split: the layers' caches are split over the tensor-parallel "
                 "group, not with {}",
-                layout.data_parallel_attention ? "data-parallel attention"
+                layout.data_parallel_attention ? "data-parallel attention of one rank per replica"
                                                : "context parallelism over the whole group");
   const auto divides = [tensor_size](int64_t value) { return value % tensor_size == 0; };
   bool dense = false, moe = false;

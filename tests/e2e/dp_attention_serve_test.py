@@ -31,7 +31,8 @@ out), over 2 and 4 ranks:
   over its two ranks, the routed experts over all four): concurrent requests give one process's
   greedy ids and logprobs within 1e-4 on both replicas with twice one process's pages; routed
   experts and hidden states, weight updates (a trainer's group of 4 + 1 ranks too) and MTP
-  speculation as one process gives them;
+  speculation as one process gives them; with LayerSplit inside each replica, more pages from
+  the same budget and the same outputs;
 - what it cannot combine with yet is a start-up error.
 
     python3 dp_attention_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
@@ -214,6 +215,19 @@ def replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt
                      f"difference| {worst:.2e}, admissions per replica "
                      f"{[admissions.get(r) for r in range(2)]}, {pages} KV pages "
                      f"({pages / max(plain_pages, 1):.2f}x one process's)")
+    # LayerSplit inside each replica: its two ranks hold alternate layers' caches, so the
+    # same budget holds more pages; the outputs stay one process's.
+    with MegactxServer(args.megactx, args.fixture, *COMMON, *DP_OF_TP, "--enable-layer-split",
+                       name="dp2-of-tp2-layersplit") as server:
+        outputs = concurrent_outputs(server, prompts, new_tokens)
+        split_pages, line = kv_pages(server.log)
+    same, worst = compare(outputs, plain)
+    ok = same and worst <= 1e-4 and split_pages > 2 * plain_pages and "LayerSplit" in line
+    failures = check(failures, ok,
+                     f"{' '.join(DP_OF_TP)} --enable-layer-split: greedy ids "
+                     f"{'equal to' if same else 'DIFFERENT from'} one process's, max |logprob "
+                     f"difference| {worst:.2e}, {split_pages} KV pages "
+                     f"({split_pages / max(plain_pages, 1):.2f}x one process's)")
     few = prompts[:3]
     want = routing_and_hidden(args.megactx, args.fixture, few)
     got = routing_and_hidden(args.megactx, args.fixture, few, *DP_OF_TP)

@@ -114,11 +114,12 @@ struct DpModels {
 };
 // `replicas` below the group's size: replicas of tensor-parallel ranks.
 std::optional<DpModels> load_dp_models(const std::string& dir, parallel::Communicator& group,
-                                       int replicas = 0) {
+                                       int replicas = 0, bool layer_split = false) {
   ModelLoadOptions options;
   options.group = &group;
   options.expert_parallel = options.data_parallel_attention = true;
   options.data_parallel_size = replicas;
+  options.layer_split = layer_split;
   auto model = load_language_model(dir, options);
   if (group.rank() != 0) {
     run_group_worker(*model, group, replicas);
@@ -137,9 +138,9 @@ std::vector<int32_t> fixture_tokens(const HfFixture& f, size_t offset, size_t le
 }
 
 bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group,
-                                int replicas = 0) {
+                                int replicas = 0, bool layer_split = false) {
   const HfFixture f = load_fixture(name);
-  auto models = load_dp_models(f.dir, group, replicas);
+  auto models = load_dp_models(f.dir, group, replicas, layer_split);
   if (!models) return true;
   auto& [leader, whole] = *models;
   const int size = replicas > 0 ? replicas : group.size();  // the replicas ("ranks" below)
@@ -171,7 +172,8 @@ bool dp_steps_match_one_process(const std::string& name, parallel::Communicator&
                              {tokens(13, 100), pages(size - 1, 2)},
                              {tokens(29, 70), pages(size > 2 ? 2 : 0, 2)}};
   const std::string label =
-      replicas > 0 ? fmt::format("{}, {} replicas of {} ranks", name, size, group.size() / size)
+      replicas > 0 ? fmt::format("{}, {} replicas of {} ranks{}", name, size, group.size() / size,
+                                 layer_split ? " (LayerSplit)" : "")
                    : fmt::format("{}, {} ranks", name, size);
   bool ok = true;
   // Only rank 1 has rows: the leader forwards none.
@@ -279,10 +281,9 @@ bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator&
     r.hidden = hidden.data() + start * H;
     return r;
   };
-  const std::string label =
-      name + (replicas > 0 ? fmt::format(", {} replicas of {} ranks, MTP", shares,
-                                         group.size() / shares)
-                           : std::string(", 2 ranks, MTP"));
+  const std::string label = name + (replicas > 0 ? fmt::format(", {} replicas of {} ranks, MTP",
+                                                               shares, group.size() / shares)
+                                                 : std::string(", 2 ranks, MTP"));
   bool ok = true;
   // Rank 1's rows only (the leader runs none), then rank 0's only.
   ok &= same_mtp_run(*group_mtp, *group_cache, *whole_mtp, *whole_cache, {step0(pages_a, 0, P)},
@@ -420,6 +421,11 @@ TEST(DataParallelAttentionGroup, ReplicasOfTensorRanksMatchOneProcess) {
     });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return dp_mtp_matches_one_process("glm_schedule", group, /*replicas=*/2);
+  });
+  // LayerSplit inside each replica: its two ranks hold the layers' caches alternately.
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return dp_steps_match_one_process("glm_schedule", group, /*replicas=*/2,
+                                      /*layer_split=*/true);
   });
 }
 
