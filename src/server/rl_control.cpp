@@ -13,6 +13,7 @@
 // {"success": false, "message"} with status 400 beside the usual error object, and changes nothing.
 // That holds for requests refused before they reach the engine too (a bucket that is no safetensors
 // file, a tensor of an integer dtype, a bad option): trainers read `success` of every answer.
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -86,6 +87,28 @@ MemoryTags parse_tags(const nlohmann::json& body) {
       throw_invalid("tags", "unknown memory tag " + tag.dump() + " (weights or kv_cache)");
   }
   return tags;
+}
+
+WeightUpdateRequest update_fields(const nlohmann::json& body);
+
+// What a torch helper's tensors go through once received (weight_groups.h):
+// `update` with them as its bucket, on the control thread, answered on
+// `channel`; a helper's error is the answer instead.
+std::function<void(const std::string&, std::shared_ptr<TensorBucket>)> applied_when_received(
+    ServerState& state, std::shared_ptr<ResponseChannel> channel, WeightUpdateRequest update) {
+  return [&state, channel, update = std::move(update)](
+             const std::string& error, std::shared_ptr<TensorBucket> bucket) mutable {
+    if (!error.empty()) return channel->respond(failure(error));
+    update.bucket = std::move(bucket);
+    on_control_thread(state, channel, [&state, update] {
+      const WeightUpdateResult result = state.engine().update_weights(update);
+      return nlohmann::json{{"success", true},
+                            {"message", result.committed ? "weights updated" : "weights staged"},
+                            {"committed", result.committed},
+                            {"tensors", result.tensors},
+                            {"weight_version", result.weight_version}};
+    });
+  };
 }
 
 WeightUpdateRequest update_fields(const nlohmann::json& body) {
@@ -256,22 +279,9 @@ void handle_update_weights_from_tensor(ServerState& state, const HttpRequest& re
                         " base64 string(s), one per rank of this server "
                         "(MultiprocessingSerializer.serialize(..., output_str=True))");
     if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
-    state.weight_groups().read_tensors(
-        body["serialized_named_tensors"][0].get<std::string>(), load_format,
-        [&state, channel, update](const std::string& error,
-                                  std::shared_ptr<TensorBucket> bucket) mutable {
-          if (!error.empty()) return channel->respond(failure(error));
-          update.bucket = std::move(bucket);
-          on_control_thread(state, channel, [&state, update] {
-            const WeightUpdateResult result = state.engine().update_weights(update);
-            return nlohmann::json{
-                {"success", true},
-                {"message", result.committed ? "weights updated" : "weights staged"},
-                {"committed", result.committed},
-                {"tensors", result.tensors},
-                {"weight_version", result.weight_version}};
-          });
-        });
+    state.weight_groups().read_tensors(body["serialized_named_tensors"][0].get<std::string>(),
+                                       load_format,
+                                       applied_when_received(state, channel, std::move(update)));
   });
 }
 
@@ -365,22 +375,8 @@ void handle_update_weights_from_distributed(ServerState& state, const HttpReques
     std::vector<AnnouncedTensor> tensors = announced_tensors(body);
     state.weight_groups().check_known(name);
     if (get_bool(body, "abort_all_requests").value_or(false)) state.engine().abort_all();
-    state.weight_groups().receive(
-        name, std::move(tensors), format == "flattened_bucket",
-        [&state, channel, update](const std::string& error,
-                                  std::shared_ptr<TensorBucket> bucket) mutable {
-          if (!error.empty()) return channel->respond(failure(error));
-          update.bucket = std::move(bucket);
-          on_control_thread(state, channel, [&state, update] {
-            const WeightUpdateResult result = state.engine().update_weights(update);
-            return nlohmann::json{
-                {"success", true},
-                {"message", result.committed ? "weights updated" : "weights staged"},
-                {"committed", result.committed},
-                {"tensors", result.tensors},
-                {"weight_version", result.weight_version}};
-          });
-        });
+    state.weight_groups().receive(name, std::move(tensors), format == "flattened_bucket",
+                                  applied_when_received(state, channel, std::move(update)));
   });
 }
 

@@ -120,6 +120,19 @@ def routing_and_hidden(megactx, fixture, prompts, *extra):
             return list(pool.map(one, prompts))
 
 
+def routing_matches(args, prompts, layout, label):
+    """Routed experts and hidden states of `prompts` at once through `layout` against one
+    process: (ok, message)."""
+    want = routing_and_hidden(args.megactx, args.fixture, prompts)
+    got = routing_and_hidden(args.megactx, args.fixture, prompts, *layout)
+    routed = all(g[0] == w[0] and g[1] == w[1] for g, w in zip(got, want))
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[2], w[2]))
+    sizes = all(len(g[2]) == len(w[2]) > 0 for g, w in zip(got, want))
+    return routed and sizes and worst <= 1e-4, (
+        f"{label}: routed experts {'equal to' if routed else 'DIFFERENT from'} one process's, "
+        f"hidden states within {worst:.2e}")
+
+
 def speculation_over_two_ranks(megactx, model, layout=dp(2)):
     """MTP with data-parallel attention over 2 replicas (`layout`) against one process without
     MTP: one request alone, then four at once (on both replicas). (ok, message)."""
@@ -228,15 +241,8 @@ def replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt
                      f"{'equal to' if same else 'DIFFERENT from'} one process's, max |logprob "
                      f"difference| {worst:.2e}, {split_pages} KV pages "
                      f"({split_pages / max(plain_pages, 1):.2f}x one process's)")
-    few = prompts[:3]
-    want = routing_and_hidden(args.megactx, args.fixture, few)
-    got = routing_and_hidden(args.megactx, args.fixture, few, *DP_OF_TP)
-    routed = all(g[0] == w[0] and g[1] == w[1] for g, w in zip(got, want))
-    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[2], w[2]))
-    failures = check(failures, routed and worst <= 1e-4,
-                     f"2 replicas of 2 tensor ranks: routed experts "
-                     f"{'equal to' if routed else 'DIFFERENT from'} one process's, hidden states "
-                     f"within {worst:.2e}")
+    failures = check(failures, *routing_matches(args, prompts[:3], DP_OF_TP,
+                                                 "2 replicas of 2 tensor ranks"))
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens,
                                                 layout=DP_OF_TP)
     failures = check(failures, ok, message)
@@ -427,16 +433,8 @@ def main():
                      f"(max |logprob difference| {worst:.2e}), integrity checked every step")
 
     # Routing replay and hidden states: gathered from the ranks with the logits.
-    few = prompts[:3]
-    want = routing_and_hidden(args.megactx, args.fixture, few)
-    got = routing_and_hidden(args.megactx, args.fixture, few, *dp(2))
-    routed = all(g[0] == w[0] and g[1] == w[1] for g, w in zip(got, want))
-    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[2], w[2]))
-    sizes = all(len(g[2]) == len(w[2]) > 0 for g, w in zip(got, want))
-    failures = check(failures, routed and sizes and worst <= 1e-4,
-                     f"2 ranks, 3 concurrent requests: routed experts "
-                     f"{'equal to' if routed else 'DIFFERENT from'} one process's, hidden states "
-                     f"within {worst:.2e}")
+    failures = check(failures, *routing_matches(args, prompts[:3], dp(2),
+                                                 "2 ranks, 3 concurrent requests"))
 
     ok, message = weight_updates_over_two_ranks(args.megactx, args.fixture, prompt, new_tokens,
                                                 ("--expert-parallel-size", "2",

@@ -10,16 +10,18 @@ that order. The HTTP call and the collective must overlap: the request is sent f
 thread waits on the GIL while torch blocks in C++.
 """
 import http.client
-import inspect
 import json
+import os
 import socket
-from datetime import timedelta
+import sys
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
-from torch.distributed.rendezvous import rendezvous
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "weight_sync"))
+from torch_helper import init_custom_process_group  # noqa: E402  (the server's side uses it too)
 
 
 def free_port():
@@ -41,26 +43,6 @@ def answer(connection):
     status, text = response.status, response.read().decode()
     connection.close()
     return status, json.loads(text)
-
-
-def init_custom_process_group(address, port, world_size, rank, group_name, backend, timeout_s):
-    """SGLang's init_custom_process_group (python/sglang/srt/utils), for torch 1.13 to 2.x."""
-    timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous("tcp://{}:{}".format(address, port), rank,
-                                              world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = dist.PrefixStore(group_name, store)
-    parameters = inspect.signature(c10d._new_process_group_helper).parameters
-    options = {"backend_options" if "backend_options" in parameters else "pg_options": None}
-    made = c10d._new_process_group_helper(world_size, rank, [], backend, store,
-                                          group_name=group_name, timeout=timeout, **options)
-    group = made[0] if isinstance(made, tuple) else made
-    ranks = {i: i for i in range(world_size)}
-    if hasattr(c10d, "_world"):
-        c10d._world.pg_group_ranks[group] = ranks
-    else:
-        c10d._pg_group_ranks[group] = ranks
-    return group
 
 
 class TrainerGroup:

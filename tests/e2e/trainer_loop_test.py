@@ -471,17 +471,22 @@ class TrainerLoop(unittest.TestCase):
                     response = update_file(POLICY, bucket, shm_dir(), **options)
                 else:
                     response = update_body(POLICY, bucket, **options)
-                self.assertEqual(response.status_code, 200, response.text)
-                answer = response.json()
-                self.assertTrue(answer["success"])
-                self.assertEqual(answer["committed"], last)
-                if index == 0:
-                    # Staged, not applied: the old weights serve until the commit.
-                    self.assertEqual(answer["weight_version"], self.version)
-                    self.assert_scores_near(probes, before)
+                answer = self.check_bucket(response.status_code, response.json(), index, last,
+                                           before, probes)
             self.assertEqual(answer["tensors"], len(tensors))
         self.assertEqual(answer["weight_version"], version)
         return version, len(tensors)
+
+    def check_bucket(self, status, answer, index, last, before, probes):
+        """One bucket's answer: accepted, committed only if last; the first one staged, not
+        applied (the old weights serve until the commit). Returns the answer."""
+        self.assertEqual(status, 200, answer)
+        self.assertTrue(answer["success"])
+        self.assertEqual(answer["committed"], last)
+        if index == 0:
+            self.assertEqual(answer["weight_version"], self.version)
+            self.assert_scores_near(probes, before)
+        return answer
 
     def push_through_group(self, tensors, version, before, probes):
         """SGLang's NCCL transport (gloo here): join, one update per bucket, leave."""
@@ -497,12 +502,7 @@ class TrainerLoop(unittest.TestCase):
                 fields["weight_version"] = version
             # Every other bucket as SGLang's flattened_bucket (one broadcast of all its bytes).
             status, answer = group.update(bucket, flattened=index % 2 == 1, **fields)
-            self.assertEqual(status, 200, answer)
-            self.assertTrue(answer["success"])
-            self.assertEqual(answer["committed"], last)
-            if index == 0:
-                self.assertEqual(answer["weight_version"], self.version)
-                self.assert_scores_near(probes, before)
+            self.check_bucket(status, answer, index, last, before, probes)
         status, left = group.destroy()
         self.assertEqual(status, 200, left)
         return answer
@@ -527,13 +527,8 @@ class TrainerLoop(unittest.TestCase):
             response = post(POLICY, "/update_weights_from_tensor",
                             dict(fields, serialized_named_tensors=[payload], flush_cache=True))
             del keep  # the server answered: it has copied the tensors
-            self.assertEqual(response.status_code, 200, response.text)
-            answer = response.json()
-            self.assertTrue(answer["success"])
-            self.assertEqual(answer["committed"], last)
-            if index == 0:
-                self.assertEqual(answer["weight_version"], self.version)
-                self.assert_scores_near(probes, before)
+            answer = self.check_bucket(response.status_code, response.json(), index, last, before,
+                                       probes)
         return answer
 
     def partial_names(self):

@@ -36,6 +36,7 @@ Protocol (the server is the only peer):
                     "bytes"} and the bytes;
            both:    {"cmd": "destroy"} leaves (the group) and exits. End of input: exits.
 The script dies with the server (PR_SET_PDEATHSIG), so a killed server leaves no helper behind.
+Importing it runs nothing: tests take init_custom_process_group from here for the trainer's side.
 """
 import base64
 import io
@@ -45,8 +46,7 @@ import pickle
 import sys
 from datetime import timedelta
 
-PROTOCOL = os.fdopen(os.dup(1), "wb")
-os.dup2(2, 1)  # torch and NCCL log to stdout at times: never into the protocol
+PROTOCOL = None  # main(): the server's end of the pipe
 
 
 def answer(fields):
@@ -79,34 +79,43 @@ def die_with_parent():
 
 # ---------------------------------------------------------------- mode "group"
 
-def join(config):
-    import torch
+def init_custom_process_group(address, port, world_size, rank, group_name, backend, timeout_s):
+    """What SGLang's init_custom_process_group does (slime copies it for the trainer's side), for
+    torch 1.13 to 2.x: a tcp:// rendezvous, a PrefixStore named by the group, then torch's own
+    process-group constructor; the group registered so that dist.broadcast takes it."""
+    import inspect
+
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.rendezvous import rendezvous
 
-    if config["device"] != "cpu" and config["backend"] == "nccl":
-        torch.cuda.set_device(int(config["device"]))
-    timeout = timedelta(seconds=float(config["timeout_s"]))
-    url = "tcp://{}:{}".format(config["master_address"], config["master_port"])
-    store, rank, world_size = next(rendezvous(url, config["rank"], config["world_size"],
-                                              timeout=timeout))
+    timeout = timedelta(seconds=float(timeout_s))
+    url = "tcp://{}:{}".format(address, port)
+    store, rank, world_size = next(rendezvous(url, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    # What SGLang's init_custom_process_group does, so that the trainer's side (the same
-    # function in slime and SGLang) finds this rank's keys.
-    store = dist.PrefixStore(config["group_name"], store)
-    import inspect
+    store = dist.PrefixStore(group_name, store)
     parameters = inspect.signature(c10d._new_process_group_helper).parameters
     options = {"backend_options" if "backend_options" in parameters else "pg_options": None}
-    made = c10d._new_process_group_helper(world_size, rank, [], config["backend"], store,
-                                          group_name=config["group_name"], timeout=timeout,
-                                          **options)
+    made = c10d._new_process_group_helper(world_size, rank, [], backend, store,
+                                          group_name=group_name, timeout=timeout, **options)
     group = made[0] if isinstance(made, tuple) else made
     ranks = {i: i for i in range(world_size)}
     if hasattr(c10d, "_world"):
         c10d._world.pg_group_ranks[group] = ranks
     else:
         c10d._pg_group_ranks[group] = ranks
+    return group
+
+
+def join(config):
+    import torch
+    import torch.distributed as dist
+
+    if config["device"] != "cpu" and config["backend"] == "nccl":
+        torch.cuda.set_device(int(config["device"]))
+    group = init_custom_process_group(config["master_address"], config["master_port"],
+                                      config["world_size"], config["rank"], config["group_name"],
+                                      config["backend"], config["timeout_s"])
     return torch, dist, group
 
 
@@ -325,6 +334,9 @@ def serve_tensors(config):
 
 
 def main():
+    global PROTOCOL
+    PROTOCOL = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # torch and NCCL log to stdout at times: never into the protocol
     die_with_parent()
     config = json.loads(sys.argv[1])
     if config.get("mode", "group") == "tensors":
