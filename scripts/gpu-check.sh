@@ -293,7 +293,9 @@ fi
 #    config, against its FLOP floor and transformers, with a chart), "fp8linear" (the fp8
 #    linears at decode row counts against cuBLAS bf16 and the read floor), "longdecode" (decode
 #    tok/s through serve at 1K to 1M tokens of context and 1 / 4 / 16 requests on that config,
-#    against its memory-read floor, with a chart), any comma list, or 0. "decode" is matched as
+#    against its memory-read floor, with a chart), "weightsync" (a whole-model push of the
+#    default model through every weight transport into a --device cuda server, CUDA tensors by
+#    IPC handle for the tensor transport), any comma list, or 0. "decode" is matched as
 #    a whole word of the list, so that "longdecode" does not run the default-model sweep too.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
@@ -394,6 +396,14 @@ if [[ "$benches" == *hostlatent* ]]; then
     --checkpoint /tmp/glm52_attention_ckpt --json "$out/host_latent.json" --plot "$out/host_latent.svg" \
     ${HOST_LATENT_ARGS:-} >"$out/host_latent.md" 2>&1
   note "hostlatent (the live host tier through serve) exit $?"
+fi
+if [[ "$benches" == *weightsync* ]]; then
+  # Weight sync through every transport (disk, body, shm, distributed on gloo, tensor by CUDA IPC:
+  # NCCL needs a trainer GPU beside the server's, which one GPU cannot give).
+  timeout "${WEIGHT_SYNC_TIMEOUT:-300}" python3 tools/bench/weight_update_bench.py \
+    --megactx "$pack/bin/megactx" --model models/default --rounds 6 --cuda-tensors \
+    -- --device cuda --cuda-bf16 >"$out/weight_sync.md" 2>&1
+  note "weightsync (weight sync through every transport) exit $?"
 fi
 if [[ "$benches" == *hosttier* ]]; then
   # The host KV tier's page copies against one contiguous pinned copy, and a
