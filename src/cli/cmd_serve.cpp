@@ -530,14 +530,15 @@ CommandRegistration registration{
                        "their hidden states to the host, and they compute their whole prompt)");
       command
           .add_option("--weight-update-python", options->weight_update_python,
-                      "The Python (with torch) that joins an RL trainer's torch.distributed "
-                      "group for /init_weights_update_group and "
-                      "/update_weights_from_distributed, once per rank of this server")
+                      "The Python (with the trainer's torch) that runs the torch helpers: a "
+                      "rank of an RL trainer's torch.distributed group per rank of this server "
+                      "(/init_weights_update_group, /update_weights_from_distributed) and the "
+                      "reader of /update_weights_from_tensor's pickled tensors")
           ->capture_default_str();
       command
           .add_option("--weight-update-timeout", options->weight_update_timeout,
-                      "Seconds the trainer's group may take to form and each broadcast to "
-                      "arrive")
+                      "Seconds the trainer's group may take to form, each broadcast to arrive "
+                      "and a tensor payload to be read")
           ->capture_default_str();
       add_speculative_options(command, options->speculative);
       gateway::GatewayConfig& gateway = options->gateway;
