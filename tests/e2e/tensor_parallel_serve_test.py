@@ -21,7 +21,9 @@ LayerSplit). Weight updates reach every rank (tensor parallel, with LayerSplit,
 context parallel with the experts sharded, and context over tensor parallel): a trainer's tensor (the negated
 lm_head) gives the single-process server's output after the same update,
 update_weights_from_disk and a release / resume of the weights bring back
-the original output. With a host KV tier over 2 ranks, a prompt pushed out
+the original output; so do the same tensor through a trainer's torch.distributed
+group of 1 + N ranks (gloo) and as pickled tensors (one payload per rank), when
+torch is here. With a host KV tier over 2 ranks, a prompt pushed out
 of the device pool comes back from host memory with the cold run's output
 (also with LayerSplit, whose ranks' host tiers hold their own layers). With
 LayerSplit the start-up log shows each rank's share of the KV pools and the
@@ -52,6 +54,7 @@ from weight_buckets import safetensors_bytes, update_body  # noqa: E402
 try:  # SGLang's NCCL transport needs a torch trainer (Debian's python3-torch in CI)
     import torch
     from trainer_group import TrainerGroup
+    import tensor_payloads
 except ImportError:  # pragma: no cover - depends on the machine
     torch = None
 
@@ -131,7 +134,8 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
              if flag in ("--tensor-parallel-size", "--context-parallel-size")}
     ranks = sizes.get("--tensor-parallel-size", 1) * sizes.get("--context-parallel-size", 1)
     group_args = ("--weight-update-python", sys.executable) if torch is not None else ()
-    via_group, group_note = None, "the trainer's group: skipped (no torch)"
+    via_group = via_tensor = None
+    group_note = "the trainer's group and pickled tensors: skipped (no torch)"
     with MegactxServer(megactx, fixture, *COMMON, *layout, *extra, *group_args,
                        name="tp-updates") as server:
         before = generate(server.url, prompt, new_tokens)
@@ -151,12 +155,25 @@ def weight_updates_over_two_ranks(megactx, fixture, prompt, new_tokens, extra=()
             assert status == 200, answer
             via_group = generate(server.url, prompt, new_tokens)
             assert group.destroy()[0] == 200
-            group_note = ("through the trainer's group ({} ranks of {}): {}".format(
-                ranks, ranks + 1, "the same" if via_group[0] == want[0] else "NOT the same"))
+            # SGLang's tensor transport: one payload per rank of the server, then the original
+            # back the same way.
+            restore = post(server, "/update_weights_from_disk", {"model_path": fixture})
+            assert restore.status_code == 200
+            negated_tensor = torch.frombuffer(bytearray(negated), dtype=torch.float32).reshape(shape)
+            payload = tensor_payloads.named_payload({"lm_head.weight": negated_tensor})
+            post(server, "/update_weights_from_tensor",
+                 {"serialized_named_tensors": [payload] * ranks})
+            via_tensor = generate(server.url, prompt, new_tokens)
+            group_note = ("through the trainer's group ({} ranks of {}): {}; as pickled tensors "
+                          "({} payloads): {}".format(
+                              ranks, ranks + 1,
+                              "the same" if via_group[0] == want[0] else "NOT the same", ranks,
+                              "the same" if via_tensor[0] == want[0] else "NOT the same"))
     worst = max(abs(a - b) for a, b in zip(after[1], want[1]))
     ok = after[0] == want[0] and worst <= 1e-4 and after[0] != before[0] and \
         restored == before and resumed[0] == before[0] and \
-        (via_group is None or via_group[0] == want[0])
+        (via_group is None or via_group[0] == want[0]) and \
+        (via_tensor is None or via_tensor[0] == want[0])
     return ok, (f"weight updates over 2 ranks{''.join(' ' + a for a in layout + extra)}: a "
                 f"trainer's "
                 f"lm_head "
