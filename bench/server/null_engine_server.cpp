@@ -94,6 +94,9 @@ class NullEngine : public EngineApi {
   }
   std::string weight_version() const override { return "default"; }
   void set_weight_version(const std::string&) override {}
+  Tensor weight_by_name(const std::string& name) override {
+    fail("the null engine has no tensor '{}'", name);
+  }
   void release_memory(const MemoryTags&) override { fail("the null engine holds no memory"); }
   void resume_memory(const MemoryTags&) override {}
 

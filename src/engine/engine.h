@@ -64,6 +64,7 @@ class Engine : public EngineApi {
   WeightUpdateResult update_weights(const WeightUpdateRequest& request) override;
   std::string weight_version() const override;
   void set_weight_version(const std::string& version) override;
+  Tensor weight_by_name(const std::string& name) override;
   void release_memory(const MemoryTags& tags) override;
   void resume_memory(const MemoryTags& tags) override;
   const Tokenizer& tokenizer() const override { return *tokenizer_; }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "engine/request.h"
 
 namespace megactx {
@@ -136,6 +137,11 @@ class EngineApi {
   // /update_weight_version: names the weights now served (a trainer that
   // changed them by other means); the weights themselves stay.
   virtual void set_weight_version(const std::string& version) = 0;
+  // /get_weights_by_name: the served tensor under its checkpoint name, as
+  // float32 (the checkpoint's tensor with every committed update in front;
+  // an e4m3 matrix as its codes' values, its scales a tensor of their own).
+  // Throws megactx::Error naming an unknown tensor.
+  virtual Tensor weight_by_name(const std::string& name) = 0;
   // Frees the device memory of the weights and/or the KV pools (a colocated
   // trainer borrows it) and brings it back; the KV cache can be released
   // only while no request is live, and nothing runs in between.

@@ -58,6 +58,13 @@ void Engine::set_weight_version(const std::string& version) {
   update_stats();
 }
 
+Tensor Engine::weight_by_name(const std::string& name) {
+  std::lock_guard lock(engine_mutex_);  // between steps and updates
+  const std::shared_ptr<const Checkpoint> checkpoint = weights_.current();
+  MEGACTX_CHECK(checkpoint->has(name), "the model has no tensor '{}'", name);
+  return checkpoint->get_float(name, checkpoint->shape_of(name));
+}
+
 WeightUpdateResult Engine::update_weights(const WeightUpdateRequest& update) {
   std::lock_guard lock(engine_mutex_);
   MEGACTX_CHECK(!weights_released_,

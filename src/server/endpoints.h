@@ -49,6 +49,10 @@ void handle_get_weight_version(ServerState& state, const HttpRequest& request,
                                std::shared_ptr<ResponseChannel> channel);
 void handle_update_weight_version(ServerState& state, const HttpRequest& request,
                                   std::shared_ptr<ResponseChannel> channel);
+// SGLang's /get_weights_by_name {"name", "truncate_size"}: the served tensor's
+// first rows as nested lists (trainers check that an update landed).
+void handle_get_weights_by_name(ServerState& state, const HttpRequest& request,
+                                std::shared_ptr<ResponseChannel> channel);
 // SGLang's NCCL weight transport: the trainer's torch.distributed group
 // (weight_groups.h); the server joins, receives buckets and leaves.
 void handle_init_weights_update_group(ServerState& state, const HttpRequest& request,

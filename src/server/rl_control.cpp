@@ -249,6 +249,39 @@ void handle_update_weight_version(ServerState& state, const HttpRequest& request
   });
 }
 
+void handle_get_weights_by_name(ServerState& state, const HttpRequest& request,
+                                std::shared_ptr<ResponseChannel> channel) {
+  answer_failures(channel, [&] {
+    const nlohmann::json body = body_object(request);
+    const auto name = get_string(body, "name");
+    if (!name || name->empty()) throw_invalid("name", "give 'name' (a checkpoint tensor name)");
+    const int64_t truncate = get_integer(body, "truncate_size").value_or(100);
+    if (truncate < 1) throw_invalid("truncate_size", "'truncate_size' must be 1 or more");
+    on_control_thread(state, channel, [&state, name = *name, truncate] {
+      // SGLang's answer: the tensor as nested lists, its first `truncate` rows.
+      const Tensor tensor = state.engine().weight_by_name(name);
+      if (tensor.rank() == 0) return nlohmann::json(tensor.data<float>()[0]);
+      std::vector<int64_t> strides(static_cast<size_t>(tensor.rank()), 1);
+      for (int axis = tensor.rank() - 2; axis >= 0; --axis)
+        strides[static_cast<size_t>(axis)] =
+            strides[static_cast<size_t>(axis) + 1] * tensor.dim(axis + 1);
+      std::function<nlohmann::json(const float*, int, int64_t)> nested = [&](const float* at,
+                                                                             int axis,
+                                                                             int64_t count) {
+        nlohmann::json list = nlohmann::json::array();
+        for (int64_t i = 0; i < count; ++i) {
+          const float* item = at + i * strides[static_cast<size_t>(axis)];
+          list.push_back(axis + 1 == tensor.rank() ? nlohmann::json(*item)
+                                                   : nested(item, axis + 1, tensor.dim(axis + 1)));
+        }
+        return list;
+      };
+      nlohmann::json out = nested(tensor.data<float>(), 0, std::min(tensor.dim(0), truncate));
+      return out;
+    });
+  });
+}
+
 void handle_get_weight_version(ServerState& state, const HttpRequest&,
                                std::shared_ptr<ResponseChannel> channel) {
   channel->respond(json_response({{"weight_version", state.engine().weight_version()}}));

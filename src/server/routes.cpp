@@ -49,6 +49,8 @@ Router make_router(ServerState& state) {
              bind(handle_update_weights_from_safetensors));
   router.add("GET", "/get_weight_version", bind(handle_get_weight_version));
   router.add("POST", "/update_weight_version", bind(handle_update_weight_version));
+  router.add("POST", "/get_weights_by_name", bind(handle_get_weights_by_name));
+  router.add("GET", "/get_weights_by_name", bind(handle_get_weights_by_name));
   router.add("POST", "/init_weights_update_group", bind(handle_init_weights_update_group));
   router.add("POST", "/update_weights_from_distributed",
              bind(handle_update_weights_from_distributed));

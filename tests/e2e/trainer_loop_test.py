@@ -573,6 +573,12 @@ class TrainerLoop(unittest.TestCase):
             self.note("pushed {} tensors by {} as {} (old scores were {:.2e} away)".format(
                 count, transport, version, moved))
             self.check_policy_matches(probes, "after {}".format(transport))
+        # /get_weights_by_name serves the last push's tensors exactly (float32 as sent).
+        tensors = hub_tensors(self.policy)
+        for name, rows in (("model.norm.weight", 100), ("lm_head.weight", 2)):
+            got = post(POLICY, "/get_weights_by_name", {"name": name, "truncate_size": rows})
+            self.assertEqual(got.status_code, 200, got.text)
+            self.assertEqual(got.json(), tensors[name][:rows].tolist(), name)
         # Across the loop the student came closer to the teacher on fresh rollouts.
         samples = self.rollout()
         self.teacher_scores(samples)

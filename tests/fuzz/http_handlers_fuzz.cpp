@@ -50,6 +50,7 @@ constexpr Route kRoutes[] = {
     {"POST", "/update_weights_from_safetensors"},
     {"GET", "/get_weight_version"},
     {"POST", "/update_weight_version"},
+    {"POST", "/get_weights_by_name"},
     {"POST", "/init_weights_update_group"},
     {"POST", "/update_weights_from_distributed"},
     {"POST", "/destroy_weights_update_group"},

@@ -165,6 +165,13 @@ class FakeEngine : public EngineApi {
     std::lock_guard lock(mutex_);
     version_ = version;
   }
+  // One tensor, "w" [2, 3] = 0, 1, .. 5.
+  Tensor weight_by_name(const std::string& name) override {
+    if (name != "w") fail("the model has no tensor '{}'", name);
+    Tensor w = Tensor::empty({2, 3});
+    for (int i = 0; i < 6; ++i) w.data<float>()[i] = static_cast<float>(i);
+    return w;
+  }
   void release_memory(const MemoryTags& tags) override {
     std::lock_guard lock(mutex_);
     released_.push_back({tags.weights, tags.kv_cache});

@@ -230,6 +230,21 @@ TEST(RlControl, UpdateWeightVersionNamesTheWeightsServed) {
   EXPECT_FALSE(bad->json()["success"].get<bool>());
 }
 
+TEST(RlControl, GetWeightsByNameAnswersTheFirstRows) {
+  ServerFixture f;
+  auto r = f.call("POST", "/get_weights_by_name", {{"name", "w"}, {"truncate_size", 1}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->json(), json::parse("[[0.0, 1.0, 2.0]]"));
+  r = f.call("POST", "/get_weights_by_name", {{"name", "w"}});
+  EXPECT_EQ(r->json(), json::parse("[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"));
+  auto unknown = f.call("POST", "/get_weights_by_name", {{"name", "nope"}});
+  EXPECT_EQ(unknown->status, 400);
+  EXPECT_NE(unknown->json()["message"].get<std::string>().find("'nope'"), std::string::npos);
+  EXPECT_EQ(f.call("POST", "/get_weights_by_name", json::object())->status, 400);
+  EXPECT_EQ(f.call("POST", "/get_weights_by_name", {{"name", "w"}, {"truncate_size", 0}})->status,
+            400);
+}
+
 TEST(RlControl, MemoryTags) {
   ServerFixture f;
   EXPECT_EQ(f.call("POST", "/release_memory_occupation", {{"tags", {"kv_cache"}}})->status, 200);
