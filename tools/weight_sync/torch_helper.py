@@ -330,6 +330,11 @@ def serve_tensors(config):
                 type(error).__name__, error)})
             continue
         send_tensors(torch, tensors, fields)
+        # The server has the bytes: let go of the trainer's memory now (a colocated trainer
+        # wants it back, and a CUDA producer must not exit while this process holds it).
+        del named, tensors
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()
     return 0
 
 
