@@ -53,11 +53,12 @@ int64_t cuda_fast_attention_score_floats(const ModelConfig& config, int64_t inde
 }
 
 int64_t cuda_fused_indexer_workspace_bytes(int64_t rows, int64_t multiprocessors) {
-  // Counters, then visible [rows] and tiles [rows] (int2), each rounded up to
-  // 256 bytes, then keys and positions [ctas, 16, kFusedCandidates].
+  // Counters, then visible [rows] and tiles [rows] (int4: first row, rows,
+  // pages), each rounded up to 256 bytes, then keys and positions [ctas, 16,
+  // kFusedCandidates].
   const int64_t n = std::max<int64_t>(rows, 1);
   const int64_t ctas = std::max<int64_t>(multiprocessors, 1);
-  return 256 + (4 * n + 255) + (8 * n + 255) + 2 * ctas * kFusedMaxTileRows * kFusedCandidates * 4;
+  return 256 + (4 * n + 255) + (16 * n + 255) + 2 * ctas * kFusedMaxTileRows * kFusedCandidates * 4;
 }
 
 int64_t cuda_fast_attention_scratch_bytes(const ModelConfig& config, int64_t tokens,

@@ -16,7 +16,7 @@ inline size_t round_up_256(size_t bytes) {
 struct WorkspaceLayout {
   size_t counters = 0;   // int32 [4]: the tile count (the rest spare)
   size_t visible = 0;    // int32 [rows]
-  size_t tiles = 0;      // int2 [rows]: first row, row count
+  size_t tiles = 0;      // int4 [rows]: first row, row count, key pages of the longest row
   size_t keys = 0;       // uint32 [ctas, kFusedMaxTileRows, kFusedCandidates]
   size_t positions = 0;  // int32 [ctas, kFusedMaxTileRows, kFusedCandidates]
   size_t total = 0;
@@ -30,7 +30,7 @@ inline WorkspaceLayout workspace_layout(int64_t rows, int ctas) {
   layout.counters = 0;
   layout.visible = 256;
   layout.tiles = layout.visible + round_up_256(4 * n);
-  layout.keys = layout.tiles + round_up_256(8 * n);
+  layout.keys = layout.tiles + round_up_256(16 * n);
   layout.positions = layout.keys + buffers;
   layout.total = layout.positions + buffers;
   return layout;
