@@ -240,6 +240,13 @@ if [[ "${GPU_CHECK_CLI:-1}" == 1 ]]; then
   timeout "${CLI_TIMEOUT:-400}" python3 tests/web/web_api_devices_test.py --megactx "$pack/bin/megactx" \
     --cuda >"$out/web_api_devices.log" 2>&1
   note "web_api_devices_test --cuda exit $?"
+  # serve --device cuda --tensor-parallel-size 2 (and experts split) on this
+  # machine's GPU(s): ranks on one GPU over host collectives and over NCCL.
+  timeout "${CLI_TIMEOUT:-400}" python3 tests/cuda_engine/cuda_group_serve_test.py \
+    --megactx "$pack/bin/megactx" --fixture tests/fixtures/hf/glm_schedule \
+    >"$out/cuda_group_serve.log" 2>&1
+  note "cuda_group_serve_test exit $?"
+  grep -E "^(ok|FAIL)" "$out/cuda_group_serve.log" | tee -a "$summary"
 fi
 
 # The RL trainer loop with the policy and teacher servers on the GPU in the

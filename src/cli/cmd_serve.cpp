@@ -2,6 +2,7 @@
 //   [--kv-dtype bf16|fp8|f32] [--kv-memory 2GiB] [--host-kv-memory 16GiB]
 //   [--gpu-memory-utilization 0.9] [--cuda-bf16]
 //   [--cuda-fp8-upcast] [--no-cuda-graphs] [--cuda-fallback-attention] [--cuda-host-moe]
+//   [--base-gpu-id N] [--gpu-id-step N] [--cuda-collectives nccl|host]
 //   [--api-key K]
 //   [--max-running-requests N] [--context-length N] [--index-topk N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
@@ -26,19 +27,18 @@
 // --host-kv-memory: the prefix cache's host tier (engine/engine_config.h):
 // evicted pages wait in that much host memory (pinned with --device cuda) for
 // a prefix hit instead of being recomputed.
-// --tensor-parallel-size N (CPU so far): N processes, this one and N - 1
-// forked workers (cli/serve_group.h), each with its share of the heads and MLP
-// widths; --expert-parallel-size N (= N) shards the routed experts over them
-// instead of their widths; --enable-layer-split keeps each layer's KV caches
-// on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the
-// entries a step selected to the others. --context-parallel-size N (CPU so
-// far): N processes with the whole model, each prefill step's rows split over
-// them (the new latents and indexer keys gathered into every rank's cache);
-// with --expert-parallel-size N (= N) each rank holds 1 / N of the routed
-// experts and its rows reach them by all-to-all; with --tensor-parallel-size T,
-// N x T processes: N context shares of T tensor-parallel ranks each, the
-// experts (--expert-parallel-size) over each share's T ranks or, with N x T,
-// over the whole group (each MoE layer gathers the shares' rows).
+// --tensor-parallel-size N: N processes, this one and N - 1 forked workers
+// (cli/serve_group.h), each with its share of the heads and MLP widths (with
+// --device cuda rank r on GPU --base-gpu-id + r x --gpu-id-step, its sums over
+// NCCL; there only this and --expert-parallel-size N so far); --expert-parallel-size N (= N) shards
+// the routed experts over them instead of their widths; --enable-layer-split keeps each layer's KV
+// caches on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the entries a step
+// selected to the others. --context-parallel-size N (CPU so far): N processes with the whole model,
+// each prefill step's rows split over them (the new latents and indexer keys gathered into every
+// rank's cache); with --expert-parallel-size N (= N) each rank holds 1 / N of the routed experts
+// and its rows reach them by all-to-all; with --tensor-parallel-size T, N x T processes: N context
+// shares of T tensor-parallel ranks each, the experts (--expert-parallel-size) over each share's T
+// ranks or, with N x T, over the whole group (each MoE layer gathers the shares' rows).
 // --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
 // --data-parallel-size / --dp-size, which must then be N): every rank holds
 // attention and the dense weights whole and runs its own requests, in its
@@ -189,8 +189,8 @@ int run_serve(const ServeOptions& options) {
                   "--enable-layer-split splits each layer's KV cache over the tensor-parallel "
                   "group: it needs --tensor-parallel-size 2 or more");
     MEGACTX_CHECK(options.device == "cpu",
-                  "--enable-layer-split runs on the CPU only so far (the CUDA model has no "
-                  "group yet)");
+                  "--enable-layer-split runs on the CPU only so far (the CUDA model's groups "
+                  "are tensor and expert parallel)");
   }
   DpLoadBalance load_balance = DpLoadBalance::CacheAware;  // --load-balance-method
   if (options.enable_dp_attention) {
@@ -220,8 +220,8 @@ int run_serve(const ServeOptions& options) {
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
     MEGACTX_CHECK(options.device == "cpu",
-                  "--enable-dp-attention runs on the CPU only so far (the CUDA model's group "
-                  "is tensor-parallel only)");
+                  "--enable-dp-attention runs on the CPU only so far (the CUDA model's groups "
+                  "are tensor and expert parallel: no expert all-to-all yet)");
   } else {
     MEGACTX_CHECK(options.load_balance_method.empty(),
                   "--load-balance-method picks a data-parallel rank for each request: it needs "
@@ -231,8 +231,12 @@ int run_serve(const ServeOptions& options) {
                   "model behind one front are not served)",
                   options.data_parallel_size);
   }
-  MEGACTX_CHECK(options.tensor_parallel_size == 1 || options.device == "cpu",
-                "--tensor-parallel-size runs on the CPU only so far (one GPU is lent here)");
+  // On GPUs: tensor parallelism and expert parallelism over it, one process
+  // per GPU (--base-gpu-id, --gpu-id-step); the other layouts are refused
+  // here, before the group forks (and by the loader).
+  MEGACTX_CHECK(!options.split_indexer || options.device == "cpu",
+                "--split-indexer runs on the CPU only so far (the CUDA model's groups are "
+                "tensor and expert parallel)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
   if (options.context_parallel_size > 1) {
     MEGACTX_CHECK(options.device == "cpu",

@@ -2,6 +2,7 @@
 // Error without --device cuda), and how they set ModelLoadOptions:
 //   [--cuda-bf16] [--cuda-fp8-upcast] [--no-cuda-graphs]
 //   [--cuda-fallback-attention] [--cuda-host-moe]
+//   [--base-gpu-id N] [--gpu-id-step N] [--cuda-collectives nccl|host]
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -51,6 +52,27 @@ inline void add_cuda_options(CLI::App& command, CudaModelOptions& options, bool 
       "--cuda-host-moe", [&options] { options.device_moe = false; },
       "--device cuda: MoE experts dispatched from the host (expert ids read back per layer; no "
       "CUDA Graphs) instead of the device MoE");
+  command
+      .add_option("--base-gpu-id", options.device_ordinal,
+                  "--device cuda: the GPU of this process (rank 0 of a parallel group)")
+      ->check(CLI::NonNegativeNumber);
+  command
+      .add_option("--gpu-id-step", options.gpu_id_step,
+                  "--device cuda with a parallel group: rank r runs on GPU --base-gpu-id + r x "
+                  "this; 0 puts every rank on one GPU (a test set-up: NCCL's ranks then meet over "
+                  "loopback sockets, or use --cuda-collectives host)")
+      ->check(CLI::NonNegativeNumber);
+  command
+      .add_option_function<std::string>(
+          "--cuda-collectives",
+          [&options](const std::string& kind) {
+            options.collectives = kind == "host" ? CudaModelOptions::Collectives::host
+                                                 : CudaModelOptions::Collectives::nccl;
+          },
+          "--device cuda with a parallel group: `nccl` (default; also inside CUDA Graphs) or "
+          "`host`: partial sums through host memory over the CPU group (no CUDA Graphs; for "
+          "tests with several ranks on one GPU)")
+      ->check(CLI::IsMember({"nccl", "host"}));
 }
 
 // Sets load.cuda from the parsed switches (load.device already parsed); the
@@ -65,6 +87,10 @@ inline void apply_cuda_options(const CudaModelOptions& given, ModelLoadOptions& 
     MEGACTX_CHECK(given.fast_attention == defaults.fast_attention,
                   "--cuda-fallback-attention needs --device cuda");
     MEGACTX_CHECK(given.device_moe == defaults.device_moe, "--cuda-host-moe needs --device cuda");
+    MEGACTX_CHECK(given.device_ordinal == defaults.device_ordinal &&
+                      given.gpu_id_step == defaults.gpu_id_step &&
+                      given.collectives == defaults.collectives,
+                  "--base-gpu-id, --gpu-id-step and --cuda-collectives need --device cuda");
   }
   load.cuda = given;
 }

@@ -45,9 +45,11 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
 CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
   CudaModelOptions cuda_options = options.cuda;
   cuda_options.batch_invariant = options.deterministic;
-  // One GPU per rank of a group: rank r on device device_ordinal + r.
+  // One GPU per rank of a group: rank r on device device_ordinal + r *
+  // gpu_id_step (0: the whole group on one GPU, CudaModelOptions).
   cuda_options.group = options.group;
-  if (options.group != nullptr) cuda_options.device_ordinal += options.group->rank();
+  if (options.group != nullptr)
+    cuda_options.device_ordinal += options.group->rank() * cuda_options.gpu_id_step;
   return cuda_options;
 }
 #endif
@@ -107,17 +109,17 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options) {
-  // A group on GPUs: tensor parallelism only so far, and through the host's
-  // float32 weights (parallel_shard cuts them; the direct checkpoint read
-  // below uploads whole tensors).
+  // A group on GPUs: tensor parallelism, and expert parallelism over it,
+  // only so far, and through the host's float32 weights (parallel_shard cuts
+  // them; the direct checkpoint read below uploads whole tensors).
   const bool gpu_group =
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
   MEGACTX_CHECK(
-      !gpu_group || (!options.expert_parallel && !options.data_parallel_attention &&
-                     !options.context_parallel && !options.layer_split && !options.split_indexer),
-      "--device cuda with a group of {}: only tensor parallelism runs on GPUs so far "
-      "(expert parallelism, data-parallel attention, context parallelism, LayerSplit "
-      "and the split indexer run on the CPU)",
+      !gpu_group || (!options.data_parallel_attention && !options.context_parallel &&
+                     !options.layer_split && !options.split_indexer),
+      "--device cuda with a group of {}: only tensor parallelism and expert parallelism over "
+      "it run on GPUs so far (data-parallel attention, context parallelism, LayerSplit and "
+      "the split indexer run on the CPU)",
       options.group ? options.group->size() : 1);
   const auto check_fp8_split = [&](const ModelConfig& config) {
     MEGACTX_CHECK(!gpu_group || !options.cuda.fp8_native || !config.is_fp8_checkpoint(),

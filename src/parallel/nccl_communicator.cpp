@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -121,6 +122,12 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaSetDevice(options.device), "cudaSetDevice");
     check_cuda(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc");
     try {
+      if (options.ranks_share_device && size_ > 1) {
+        // Before NCCL's first init in this process reads them (nccl_communicator.h).
+        const std::string host_id = "megactx-rank-" + std::to_string(rank_);
+        ::setenv("NCCL_HOSTID", host_id.c_str(), /*overwrite=*/1);  // must differ by rank
+        ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
+      }
       NcclUniqueId id{};
       if (rank_ == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");
       if (size_ > 1) options.bootstrap->broadcast(&id, sizeof id, 0);

@@ -31,6 +31,13 @@ struct NcclCommunicatorOptions {
   // unique id from rank 0 to the others; may be null when size is 1.
   Communicator* bootstrap = nullptr;
   std::string library;  // "" : $MEGACTX_NCCL_LIBRARY, else libnccl.so.2
+  // Several ranks of the group on one GPU (CudaModelOptions::gpu_id_step 0,
+  // for tests where one GPU is lent). NCCL refuses two ranks on one device of
+  // one host ("Duplicate GPU detected"), so each rank names itself a host of
+  // its own (NCCL_HOSTID, set per rank) and the ranks
+  // then meet over NCCL's socket transport on the loopback interface
+  // (NCCL_SOCKET_IFNAME=lo, unless set): slow, but the same collectives.
+  bool ranks_share_device = false;
 };
 
 // Joins the group (collective over the bootstrap group); megactx::Error when

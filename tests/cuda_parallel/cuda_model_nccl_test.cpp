@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/hf_fixture.h"
+#include "cuda_group_helpers.h"
 #include "model/cuda/cuda_model.h"
 #include "model/model_loader.h"
 #include "parallel/communicator.h"
@@ -47,34 +47,6 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   return load_language_model(fixture_dir(fixture), options);
 }
 
-// Prefill of the fixture's prompt in two chunks, then `steps` greedy decode
-// steps (CUDA graphs from the second): every logit, in order.
-std::vector<float> run(LanguageModel& model, const HfFixture& f, int64_t steps) {
-  const int64_t prompt = static_cast<int64_t>(f.input_ids.size());
-  const int64_t pages = (prompt + steps + 63) / 64 + 1;
-  auto cache = make_cuda_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
-  std::vector<int32_t> table;
-  for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
-  std::vector<float> out;
-  auto step = [&](std::span<const int32_t> tokens, int64_t start) {
-    ForwardBatch batch;
-    batch.sequences.push_back({tokens, start, table, 0});
-    const Tensor logits = model.to_host(model.forward(batch, *cache).logits);
-    out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
-    return argmax(logits.data<float>() + logits.numel() - f.vocab, f.vocab);
-  };
-  const int64_t half = prompt / 2;
-  step(std::span<const int32_t>(f.input_ids.data(), static_cast<size_t>(half)), 0);
-  int32_t next =
-      step(std::span<const int32_t>(f.input_ids.data() + half, static_cast<size_t>(prompt - half)),
-           half);
-  for (int64_t i = 0; i < steps; ++i) {
-    const std::vector<int32_t> token = {next};
-    next = step(token, prompt + i);
-  }
-  return out;
-}
-
 class CudaModelNccl : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
@@ -94,8 +66,8 @@ TEST_P(CudaModelNccl, OneRankGroupGivesTheModelsOwnLogitsBitForBit) {
     auto group = one_rank_group();
     auto plain = load(fixture, nullptr, bf16);
     auto grouped = load(fixture, group.get(), bf16);
-    const std::vector<float> expected = run(*plain, f, 6);
-    const std::vector<float> got = run(*grouped, f, 6);
+    const std::vector<float> expected = prefill_and_decode_logits(*plain, f, 6);
+    const std::vector<float> got = prefill_and_decode_logits(*grouped, f, 6);
     ASSERT_EQ(got.size(), expected.size());
     int64_t differing = 0;
     for (size_t i = 0; i < got.size(); ++i) differing += got[i] != expected[i];

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
+#include "parallel/host_staged_communicator.h"
 #include "parallel/nccl_communicator.h"
 
 namespace megactx {
@@ -55,14 +56,18 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                     static_cast<int64_t>(weights->layers.size()) == config_.num_hidden_layers,
                 "CUDA model: weights for {} layers, the config has {}",
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
-  // Of the parallel layouts only tensor parallelism runs on the GPU so far:
-  // the others need the expert all-to-all, row shares or LayerSplit's
-  // broadcasts in the CUDA forward (they run on the CPU, dsa_model.cpp).
-  MEGACTX_CHECK(plan_.expert_parallel_size == 1 && !plan_.expert_all_to_all &&
-                    plan_.context_parallel_size == 1 && !plan_.layer_split,
-                "CUDA model: of the parallel layouts only tensor parallelism runs on the GPU so "
-                "far (expert parallelism, data-parallel attention, context parallelism and "
-                "LayerSplit run on the CPU)");
+  // Of the parallel layouts tensor parallelism and expert parallelism over
+  // it (each rank its experts for every row, summed with the rest) run on the
+  // GPU so far: the others need the expert all-to-all, row shares or
+  // LayerSplit's broadcasts in the CUDA forward (they run on the CPU,
+  // dsa_model.cpp).
+  MEGACTX_CHECK(!plan_.expert_all_to_all && !plan_.experts_over_shares &&
+                    plan_.context_parallel_size == 1 && !plan_.layer_split && !plan_.indexer_split,
+                "CUDA model: of the parallel layouts only tensor parallelism and expert "
+                "parallelism over it run on the GPU so far (data-parallel attention, context "
+                "parallelism, LayerSplit and the split indexer run on the CPU)");
+  MEGACTX_CHECK(options.gpu_id_step >= 0, "CUDA model: gpu_id_step {} (must be >= 0)",
+                options.gpu_id_step);
   MEGACTX_CHECK(
       plan_.tensor_parallel_size == 1 ||
           (options.group != nullptr && options.group->size() == plan_.tensor_parallel_size &&
@@ -71,16 +76,23 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
       plan_.tensor_parallel_rank, plan_.tensor_parallel_size);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   upload(rope_inv_freq_, rope_.inv_freq, stream_);  // rope_tables' frequencies, once
-  if (options.group != nullptr) {
+  if (options.group != nullptr && options.collectives == CudaModelOptions::Collectives::host) {
+    // Every collective waits for the stream: no graph could hold one.
+    group_ = parallel::make_host_staged_communicator(*options.group, stream_);
+    options_.cuda_graphs = false;
+  } else if (options.group != nullptr) {
     parallel::NcclCommunicatorOptions nccl;
     nccl.rank = options.group->rank();
     nccl.size = options.group->size();
     nccl.device = options.device_ordinal;
     nccl.stream = stream_;
     nccl.bootstrap = options.group->size() > 1 ? options.group : nullptr;
+    nccl.ranks_share_device = options.gpu_id_step == 0;
     group_ = parallel::make_nccl_communicator(nccl);
   }
-  options_.group = nullptr;  // the CPU group is only NCCL's bootstrap
+  // The CPU group is only NCCL's bootstrap, or the host collectives' carrier
+  // (through group_).
+  options_.group = nullptr;
   blas_ = std::make_unique<Blas>(stream_);
   blas_->set_batch_invariant(options.batch_invariant);
   // Not in the fp32 mode (exact parity): fp8_native is the CLI's default even

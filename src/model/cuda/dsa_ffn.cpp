@@ -99,6 +99,16 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
                                          cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // Expert parallelism over tensor-parallel attention (model_plan.h): this
+  // rank holds experts [first_expert, first_expert + local_experts) and
+  // applies them to every row; the group's sum after the MoE (the same
+  // reduce_partial as the shared expert's width share) completes it. The
+  // other ranks' pairs become -1, which both paths below leave out. After the
+  // routing record, which keeps the global ids.
+  const int64_t local = static_cast<int64_t>(w.experts.size());
+  if (plan_.local_experts > 0 && plan_.local_experts < experts)
+    localize_expert_ids(ids, rows * top_k, plan_.first_expert, plan_.local_experts, stream_);
+
   // moe_on_device (model/cuda/dsa_graph_forward.cpp) also decides whether a decode
   // step can be captured: one predicate, so the two cannot drift.
   if (moe_on_device(w, rows)) {
@@ -133,19 +143,21 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
                                      cudaMemcpyDeviceToHost, stream_));
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
-  // Rows grouped by expert: starts[e] .. starts[e + 1] in rows_by_expert.
-  std::vector<int64_t> starts(static_cast<size_t>(experts + 1), 0);
+  // Rows grouped by this rank's experts: starts[e] .. starts[e + 1] in
+  // rows_by_expert (-1: another rank's expert).
+  std::vector<int64_t> starts(static_cast<size_t>(local + 1), 0);
   for (int32_t e : host_ids) {
-    MEGACTX_CHECK(e >= 0 && e < experts, "MoE routing produced expert {} of {}", e, experts);
-    ++starts[e + 1];
+    MEGACTX_CHECK(e >= -1 && e < local, "MoE routing produced expert {} of {}", e, local);
+    if (e >= 0) ++starts[e + 1];
   }
-  for (int64_t e = 0; e < experts; ++e) starts[e + 1] += starts[e];
+  for (int64_t e = 0; e < local; ++e) starts[e + 1] += starts[e];
   std::vector<int32_t> rows_by_expert(host_ids.size());
   std::vector<float> gates_by_expert(host_ids.size());
   std::vector<int64_t> fill(starts.begin(), starts.end() - 1);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < top_k; ++j) {
       const int64_t e = host_ids[r * top_k + j];
+      if (e < 0) continue;
       rows_by_expert[fill[e]] = static_cast<int32_t>(r);
       gates_by_expert[fill[e]++] = host_gates[r * top_k + j];
     }
@@ -158,10 +170,10 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
       cudaMemsetAsync(out, 0, static_cast<size_t>(rows * hidden) * sizeof(float), stream_));
   // Sized for the busiest expert once, so no buffer grows mid-layer.
   int64_t busiest = 0;
-  for (int64_t e = 0; e < experts; ++e) busiest = std::max(busiest, starts[e + 1] - starts[e]);
+  for (int64_t e = 0; e < local; ++e) busiest = std::max(busiest, starts[e + 1] - starts[e]);
   float* input = sc.expert_in.get<float>(busiest * hidden);
   float* result = sc.expert_out.get<float>(std::max(busiest, rows) * hidden);
-  for (int64_t e = 0; e < experts; ++e) {
+  for (int64_t e = 0; e < local; ++e) {
     const int64_t m = starts[e + 1] - starts[e];
     if (m == 0) continue;
     gather_rows(h, d_rows + starts[e], m, hidden, input, stream_);

@@ -92,6 +92,19 @@ struct CudaModelOptions {
   // graphs. A group of one rank runs the same calls (a one-rank NCCL
   // communicator). Not owned; outlives the model. Null: no collectives.
   parallel::Communicator* group = nullptr;
+  // Rank r of a group runs on device device_ordinal + r * gpu_id_step
+  // (SGLang's --base-gpu-id / --gpu-id-step; the loader applies it). 0 puts
+  // the whole group on one GPU: a test set-up, so that a machine with one GPU
+  // runs the parallel layouts' code with several ranks (NCCL then needs
+  // NcclCommunicatorOptions::ranks_share_device, or host collectives).
+  int gpu_id_step = 1;
+  // How a group's partial sums travel: NCCL on the model's stream (also
+  // inside captured graphs), or `host`: through host memory over the CPU
+  // group (parallel/host_staged_communicator.h: every collective waits for
+  // the stream, so the model runs without CUDA Graphs). Host collectives are
+  // for tests on one GPU where NCCL cannot form the group.
+  enum class Collectives { nccl, host };
+  Collectives collectives = Collectives::nccl;
 
   // Whether a CUDA model is built (and reloaded) straight from a checkpoint:
   // always, but for an fp8 checkpoint whose e4m3 matrices are to be

@@ -359,6 +359,17 @@ __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, con
   }
 }
 
+__global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t first,
+                                           int64_t local) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t e = static_cast<int64_t>(ids[i]) - first;
+    ids[i] = e >= 0 && e < local ? static_cast<int32_t>(e) : -1;
+  }
+}
+
 // True when a ranks above b: larger value, ties to the lower index (the CPU
 // reference's topk_indices order).
 __device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
@@ -554,6 +565,14 @@ void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, i
                       int64_t hidden, float* out, cudaStream_t stream) {
   launch_kernel(scatter_add_rows_kernel, blocks_for(n * hidden), kThreads, 0, stream, y, rows,
                 gates, n, hidden, out);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void localize_expert_ids(int32_t* ids, int64_t n, int64_t first, int64_t local,
+                         cudaStream_t stream) {
+  if (n == 0) return;
+  launch_kernel(localize_expert_ids_kernel, blocks_for(n), kThreads, 0, stream, ids, n, first,
+                local);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -102,4 +102,10 @@ struct RouteParams {
 void moe_route(const float* logits, const float* bias, int64_t rows, const RouteParams& params,
                int32_t* ids, float* weights, cudaStream_t stream);
 
+// Expert parallelism: ids [n] (moe_route's, global expert indices) become
+// this rank's local indices, id - first for first <= id < first + local, and
+// -1 for the other ranks' experts (which the grouped MoE leaves out). In place.
+void localize_expert_ids(int32_t* ids, int64_t n, int64_t first, int64_t local,
+                         cudaStream_t stream);
+
 }  // namespace megactx::cuda

@@ -1,0 +1,87 @@
+"""`megactx serve --device cuda --tensor-parallel-size 2` on ONE GPU
+(`--gpu-id-step 0`): the serving group's ranks, each a CUDA model with its
+share of the heads and MLP widths (or of the routed experts, with
+`--expert-parallel-size 2`), give the single-process CUDA server's greedy ids
+(and HF's, the fixture's reference.json) with logprobs within 1e-4, for three
+concurrent requests. The partial sums travel through host memory over the CPU
+group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
+named a host of its own (the default `nccl`, graphs replayed). On a machine
+with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
+the default); that case runs where `nvidia-smi` lists two GPUs.
+
+    python3 tests/cuda_engine/cuda_group_serve_test.py --megactx build/megactx \
+        --fixture tests/fixtures/hf/glm_schedule
+
+Exit 77 without a GPU. Run by scripts/gpu-check.sh.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+from tensor_parallel_serve_test import run  # noqa: E402
+
+# MegactxServer passes --kv-memory (256 MiB per rank): two ranks on one GPU
+# do not each take a fraction of the whole device.
+CUDA = ("--device", "cuda")
+
+
+def gpus():
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megactx", required=True)
+    parser.add_argument("--fixture", required=True)
+    args = parser.parse_args()
+    count = gpus()
+    if count < 1:
+        print("skipped: no GPU (nvidia-smi lists none)")
+        return 77
+    reference = json.load(open(os.path.join(args.fixture, "reference.json")))
+    prompt, greedy = reference["input_ids"], reference["greedy_ids"]
+    prompts = [prompt, prompt[3:] + prompt[:3], list(reversed(prompt))]
+    new_tokens = len(greedy)
+    plain, _, _ = run(args.megactx, args.fixture, CUDA, prompts, new_tokens)
+    failures = 0
+    if plain[0][0] != greedy:
+        print(f"FAIL one CUDA process: {plain[0][0]} != HF's {greedy}")
+        failures += 1
+    layouts = []
+    for collectives in ("host", "nccl"):
+        for experts in ((), ("--expert-parallel-size", "2")):
+            layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
+                            "--cuda-collectives", collectives))
+    if count >= 2:
+        layouts.append(("--tensor-parallel-size", "2"))
+        layouts.append(("--tensor-parallel-size", "2", "--expert-parallel-size", "2"))
+    for layout in layouts:
+        try:
+            outputs, info, workers = run(args.megactx, args.fixture, CUDA + layout, prompts,
+                                         new_tokens)
+        except Exception as error:  # a server that did not start: its log says why
+            failures += 1
+            print(f"FAIL {' '.join(layout)}: {str(error).strip().splitlines()[-1:]}")
+            continue
+        same = all(got[0] == want[0] for got, want in zip(outputs, plain))
+        worst = max(abs(a - b) for got, want in zip(outputs, plain)
+                    for a, b in zip(got[1], want[1]))
+        ok = same and worst <= 1e-4 and workers == 1 and info.get("tensor_parallel_size") == 2
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} worker, greedy ids "
+              f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "
+              f"max |logprob difference| {worst:.2e}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
