@@ -85,14 +85,16 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
                   options.gpu_memory_utilization);
     // What the load takes on the device is measured, not estimated: it covers
     // the weights in whatever precision the CUDA model keeps them.
-    const DeviceMemoryInfo before = query_device_memory();
+    const DeviceMemoryInfo before = query_device_memory(load.cuda.device_ordinal);
     check_weights_fit(config, options, before);
-    load.cuda.logits_on_device = true;  // the engine samples on the device
+    // The engine samples on the device, but for data-parallel attention,
+    // whose ranks' rows are gathered on the host (group_model.cpp).
+    load.cuda.logits_on_device = !load.data_parallel_attention;
     model = load_language_model(options.model_dir, load);
     // The MTP layer's weights are part of what the plan measures.
     if (engine.speculative_steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);
     DeviceKvRequest request;
-    request.memory = query_device_memory();
+    request.memory = query_device_memory(load.cuda.device_ordinal);
     request.model_bytes = std::max<int64_t>(before.free_bytes - request.memory.free_bytes, 0);
     request.gpu_memory_utilization = options.gpu_memory_utilization;
     request.kv_memory_bytes = engine.kv_memory_bytes;

@@ -171,25 +171,30 @@ std::vector<T> DsaModel::gather_rows(const T* rows, int64_t width, const Step& s
 std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSource& weights,
                                           std::unique_ptr<Backend> backend,
                                           const DsaModelOptions& options) {
-  ModelPlan plan = plan_model(config, options.index_topk_override);
-  DsaWeights loaded = load_dsa_weights(config, plan, weights);
+  DsaWeights loaded =
+      load_dsa_weights(config, plan_model(config, options.index_topk_override), weights);
+  ModelPlan plan = rank_model_plan(config, options);
   parallel::Communicator* group = options.group;
-  if (group != nullptr && group->size() > 1) {
-    plan = parallel_plan(plan, config,
-                         {.rank = group->rank(),
-                          .size = group->size(),
-                          .expert_parallel = options.expert_parallel,
-                          .data_parallel_attention = options.data_parallel_attention,
-                          .data_parallel_size = options.data_parallel_size,
-                          .context_parallel = options.context_parallel,
-                          .context_parallel_size = options.context_parallel_size,
-                          .experts_over_group = options.experts_over_group,
-                          .layer_split = options.layer_split,
-                          .split_indexer = options.split_indexer});
-    loaded = parallel_shard(loaded, plan);
-  }
+  if (group != nullptr && group->size() > 1) loaded = parallel_shard(loaded, plan);
   return std::make_unique<DsaModel>(config, std::move(plan), std::move(loaded), std::move(backend),
                                     group);
+}
+
+ModelPlan rank_model_plan(const ModelConfig& config, const DsaModelOptions& options) {
+  ModelPlan plan = plan_model(config, options.index_topk_override);
+  const parallel::Communicator* group = options.group;
+  if (group == nullptr || group->size() == 1) return plan;
+  return parallel_plan(plan, config,
+                       {.rank = group->rank(),
+                        .size = group->size(),
+                        .expert_parallel = options.expert_parallel,
+                        .data_parallel_attention = options.data_parallel_attention,
+                        .data_parallel_size = options.data_parallel_size,
+                        .context_parallel = options.context_parallel,
+                        .context_parallel_size = options.context_parallel_size,
+                        .experts_over_group = options.experts_over_group,
+                        .layer_split = options.layer_split,
+                        .split_indexer = options.split_indexer});
 }
 
 void DsaModel::reload_weights(const Checkpoint& checkpoint) {

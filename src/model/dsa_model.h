@@ -199,4 +199,9 @@ std::unique_ptr<DsaModel> build_dsa_model(const ModelConfig& config, WeightSourc
                                           std::unique_ptr<Backend> backend,
                                           const DsaModelOptions& options);
 
+// This process's plan: plan_model(config, options.index_topk_override), cut
+// for its rank by parallel_plan when options.group has several ranks (the
+// host model's and the CUDA model's checkpoint load's, one rule).
+ModelPlan rank_model_plan(const ModelConfig& config, const DsaModelOptions& options);
+
 }  // namespace megactx

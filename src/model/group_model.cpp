@@ -316,16 +316,6 @@ struct DpShares {
   }
 };
 
-// The outputs of a rank that reports no rows (another rank of its share does).
-ForwardOutput no_rows(const ModelConfig& config) {
-  ForwardOutput out;
-  out.logits = Tensor::empty({0, config.vocab_size});
-  out.hidden_states = Tensor::empty({0, config.hidden_size});
-  out.routed_experts =
-      Tensor::empty({0, config.num_hidden_layers, config.num_experts_per_tok}, DType::I32);
-  return out;
-}
-
 DpShares dp_shares(int group_size, int replicas) {
   const int shares = replicas > 0 ? replicas : group_size;
   MEGACTX_CHECK(shares >= 1 && group_size % shares == 0,
@@ -788,7 +778,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
           break;  // as for Forward: the leader failed at the same point
         }
         // Another rank of this share reports its rows.
-        if (!dp.reports(group.rank())) own = no_rows(model.config());
+        if (!dp.reports(group.rank())) own = no_rows_output(model.config());
         gather_to_leader(batch.batch, dp.reporters(ranks), own, model.config(), group);
         break;
       }

@@ -38,4 +38,13 @@ void LanguageModel::release_weights() {
   fail("this model cannot release its weights");
 }
 
+ForwardOutput no_rows_output(const ModelConfig& config) {
+  ForwardOutput out;
+  out.logits = Tensor::empty({0, config.vocab_size});
+  out.hidden_states = Tensor::empty({0, config.hidden_size});
+  out.routed_experts =
+      Tensor::empty({0, config.num_hidden_layers, config.num_experts_per_tok}, DType::I32);
+  return out;
+}
+
 }  // namespace megactx

@@ -48,6 +48,11 @@ struct ForwardOutput {
   Tensor routed_experts;
 };
 
+// The outputs of a forward with no rows, on the host: logits [0, vocab],
+// hidden states [0, hidden], routed experts [0, layers, top_k] (a rank of a
+// data-parallel group without rows in a step, or one that reports none).
+ForwardOutput no_rows_output(const ModelConfig& config);
+
 // What reading the live host tier's offload pages cost so far (cache/kv_cache.h;
 // counts since the model was made). A device model stages the selected
 // entries of offload pages through a hot cache kept across steps

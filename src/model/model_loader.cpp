@@ -23,8 +23,8 @@ std::unique_ptr<Backend> make_backend(const ModelLoadOptions& options) {
   fail("unknown CPU backend '{}' (cpu or reference)", options.cpu_backend);
 }
 
-std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSource& weights,
-                                          const ModelLoadOptions& options) {
+// The model's top-k override, group and layout (both load paths).
+DsaModelOptions dsa_model_options(const ModelLoadOptions& options) {
   DsaModelOptions model_options;
   model_options.index_topk_override = options.index_topk_override;
   model_options.group = options.group;
@@ -36,7 +36,12 @@ std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSourc
   model_options.experts_over_group = options.experts_over_group;
   model_options.split_indexer = options.split_indexer;
   model_options.layer_split = options.layer_split;
-  return build_dsa_model(config, weights, make_backend(options), model_options);
+  return model_options;
+}
+
+std::unique_ptr<LanguageModel> build_host(const ModelConfig& config, WeightSource& weights,
+                                          const ModelLoadOptions& options) {
+  return build_dsa_model(config, weights, make_backend(options), dsa_model_options(options));
 }
 
 #if MEGACTX_HAVE_CUDA
@@ -77,8 +82,7 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
                                                          const ModelLoadOptions& options) {
 #if MEGACTX_HAVE_CUDA
   const CudaModelOptions cuda_options = cuda_model_options(options);
-  DsaModelOptions model_options;
-  model_options.index_topk_override = options.index_topk_override;
+  DsaModelOptions model_options = dsa_model_options(options);
   auto model =
       checkpoint != nullptr
           ? make_cuda_dsa_model_from_checkpoint(*checkpoint, cuda_options, model_options)
@@ -109,23 +113,23 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options) {
-  // A group on GPUs: tensor parallelism, and expert parallelism over it,
-  // only so far, and through the host's float32 weights (parallel_shard cuts
-  // them; the direct checkpoint read below uploads whole tensors).
+  // A group on GPUs: tensor parallelism, expert parallelism over it and
+  // data-parallel attention (one rank per replica) only so far; each rank
+  // reads its share of the checkpoint
+  // (checkpoint_shares.h), e4m3 weights kept native.
   const bool gpu_group =
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
+  const bool replica_per_rank =
+      options.data_parallel_size == 0 ||
+      (options.group != nullptr && options.data_parallel_size == options.group->size());
   MEGACTX_CHECK(
-      !gpu_group || (!options.data_parallel_attention && !options.context_parallel &&
-                     !options.layer_split && !options.split_indexer),
-      "--device cuda with a group of {}: only tensor parallelism and expert parallelism over "
-      "it run on GPUs so far (data-parallel attention, context parallelism, LayerSplit and "
-      "the split indexer run on the CPU)",
+      !gpu_group || ((!options.data_parallel_attention || replica_per_rank) &&
+                     !options.context_parallel && !options.layer_split && !options.split_indexer),
+      "--device cuda with a group of {}: only tensor parallelism, expert parallelism over it "
+      "and data-parallel attention with one rank per replica run on GPUs so far (context "
+      "parallelism, LayerSplit, the split indexer and replicas of tensor-parallel ranks run "
+      "on the CPU)",
       options.group ? options.group->size() : 1);
-  const auto check_fp8_split = [&](const ModelConfig& config) {
-    MEGACTX_CHECK(!gpu_group || !options.cuda.fp8_native || !config.is_fp8_checkpoint(),
-                  "tensor parallelism on GPUs: native fp8 weights are not split yet "
-                  "(--cuda-fp8-upcast loads them as float32 shares)");
-  };
   if (options.random_weights) {
     ModelConfig config;
     if (std::filesystem::is_regular_file(model_dir)) {
@@ -137,7 +141,6 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
     } else {
       config = load_model_config(model_dir);
     }
-    check_fp8_split(config);
     if (options.device == Device::CUDA && options.cuda.fp8_native && config.is_fp8_checkpoint()) {
       return load_cuda_from_checkpoint(nullptr, config, options);
     }
@@ -148,8 +151,7 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // --device cuda reads the checkpoint tensor by tensor (no float32 host
   // model: a bf16 checkpoint would need twice its size in host memory);
   // only --cuda-fp8-upcast of an fp8 checkpoint dequantises on the host.
-  check_fp8_split(checkpoint->config());
-  if (options.device == Device::CUDA && !gpu_group &&
+  if (options.device == Device::CUDA &&
       options.cuda.reads_checkpoint(checkpoint->config().is_fp8_checkpoint())) {
     return load_cuda_from_checkpoint(checkpoint.get(), checkpoint->config(), options);
   }

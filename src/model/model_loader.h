@@ -47,8 +47,10 @@ struct ModelLoadOptions {
   // tensor-parallel attention and MLPs unless data_parallel_attention, routed
   // experts sharded when expert_parallel; every step's rows split over the
   // group when context_parallel (model_plan.h). With --device cuda only
-  // tensor parallelism so far, one GPU per rank (device_ordinal + rank), the
-  // collectives on NCCL (CudaModelOptions::group); null: the whole model.
+  // tensor parallelism and expert parallelism over it so far, rank r on GPU
+  // device_ordinal + r x gpu_id_step, each rank reading its share of the
+  // checkpoint (model/cuda/checkpoint_shares.h), the collectives on NCCL or
+  // host memory (CudaModelOptions::group, collectives); null: the whole model.
   parallel::Communicator* group = nullptr;
   bool expert_parallel = false;
   bool data_parallel_attention = false;

@@ -1,9 +1,11 @@
 """`megactx serve --device cuda --tensor-parallel-size 2` on ONE GPU
 (`--gpu-id-step 0`): the serving group's ranks, each a CUDA model with its
 share of the heads and MLP widths (or of the routed experts, with
-`--expert-parallel-size 2`), give the single-process CUDA server's greedy ids
+`--expert-parallel-size 2`; or attention whole and its own requests, with
+`--enable-dp-attention`), give the single-process CUDA server's greedy ids
 (and HF's, the fixture's reference.json) with logprobs within 1e-4, for three
-concurrent requests. The partial sums travel through host memory over the CPU
+concurrent requests; with MTP speculation (`--speculative-steps 3`, the
+default model) one process's plain greedy ids, drafts accepted. The partial sums travel through host memory over the CPU
 group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
 named a host of its own (the default `nccl`, graphs replayed). On a machine
 with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
@@ -22,7 +24,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from tensor_parallel_serve_test import run  # noqa: E402
+from tensor_parallel_serve_test import run, speculation_over_two_ranks  # noqa: E402
 
 # MegactxServer passes --kv-memory (256 MiB per rank): two ranks on one GPU
 # do not each take a fraction of the whole device.
@@ -42,6 +44,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
     parser.add_argument("--fixture", required=True)
+    parser.add_argument("--mtp-model", default=os.path.join(HERE, "..", "..", "models", "default"))
     args = parser.parse_args()
     count = gpus()
     if count < 1:
@@ -58,7 +61,8 @@ def main():
         failures += 1
     layouts = []
     for collectives in ("host", "nccl"):
-        for experts in ((), ("--expert-parallel-size", "2")):
+        for experts in ((), ("--expert-parallel-size", "2"),
+                        ("--expert-parallel-size", "2", "--enable-dp-attention")):
             layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
     if count >= 2:
@@ -80,6 +84,15 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} worker, greedy ids "
               f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "
               f"max |logprob difference| {worst:.2e}")
+    # MTP speculation (drafts chained on the device) over the 2 ranks on one GPU,
+    # against one process without MTP (on the CPU: the fp32 mode is HF's within 1e-6).
+    for collectives in ("host", "nccl"):
+        ok, message = speculation_over_two_ranks(
+            args.megactx, args.mtp_model,
+            ("--device", "cuda", "--tensor-parallel-size", "2", "--gpu-id-step", "0",
+             "--cuda-collectives", collectives))
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {message}")
     return 1 if failures else 0
 
 

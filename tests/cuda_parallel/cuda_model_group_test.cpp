@@ -1,6 +1,8 @@
 // The CUDA model's parallel layouts with two ranks on ONE GPU
 // (CudaModelOptions::gpu_id_step = 0): tensor parallelism, and expert
-// parallelism over it, give the logits of the model without a group. The
+// parallelism over it, give the logits of the model without a group; with
+// data-parallel attention each rank's own rows (steps where the other rank
+// has none included) give the logits of one process running them alone. The
 // ranks hold their shares of the weights and add up their partial sums
 // exactly as ranks on two GPUs do; only the transport differs:
 //   * host collectives (parallel/host_staged_communicator.h): device data
@@ -9,19 +11,25 @@
 //     socket transport; NcclCommunicatorOptions::ranks_share_device), decode
 //     steps replayed as graphs with the NCCL calls inside.
 // Each rank runs a prefill in two chunks and greedy decode steps; rank 0 also
-// runs the model without a group and compares. This process never touches
+// runs the model without a group and compares. The fixtures' checkpoints are
+// read by each rank as its share (model/cuda/checkpoint_shares.h); so are
+// random fp8 weights of a GLM shape whose cuts keep the e4m3 blocks. This process never touches
 // CUDA itself (a forked child cannot use its parent's CUDA context): it
 // counts the GPUs with nvidia-smi and skips below one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../parallel/forked_group.h"
 #include "cuda_group_helpers.h"
+#include "io/model_config.h"
 #include "model/cuda/cuda_model.h"
+#include "model/dsa_model.h"
 #include "model/model_loader.h"
 #include "parallel/nccl_communicator.h"
 
@@ -30,6 +38,7 @@ namespace {
 
 struct Layout {
   bool expert_parallel = false;
+  bool data_parallel_attention = false;  // with expert_parallel: each rank its own rows
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -44,7 +53,74 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.cuda.collectives = layout.collectives;
   options.group = group;
   options.expert_parallel = group != nullptr && layout.expert_parallel;
+  options.data_parallel_attention = group != nullptr && layout.data_parallel_attention;
   return load_language_model(fixture_dir(fixture), options);
+}
+
+// Data-parallel attention: rank r's own sequence (the fixture's prompt, or
+// it reversed on rank 1) in steps where the other rank may have no rows at
+// all: a prefill of half the prompt on both, the rest on rank 0 while rank 1
+// has none, then on rank 1 while rank 0 has none, then `steps` greedy decode
+// steps on both. `alone` (no group): the same steps of this rank's sequence,
+// without the empty ones. Every logit of this rank's rows, in order.
+std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f, int rank,
+                                       int64_t steps, bool alone) {
+  std::vector<int32_t> prompt = f.input_ids;
+  if (rank == 1) std::reverse(prompt.begin(), prompt.end());
+  const auto length = static_cast<int64_t>(prompt.size());
+  const int64_t pages = (length + steps + 63) / 64 + 1;
+  auto cache = make_cuda_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
+  std::vector<int32_t> table;
+  for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
+  std::vector<float> out;
+  int32_t next = 0;
+  auto step = [&](std::span<const int32_t> tokens, int64_t start) {
+    ForwardBatch batch;
+    if (!tokens.empty()) batch.sequences.push_back({tokens, start, table, 0});
+    if (batch.sequences.empty() && alone) return;
+    const Tensor logits = model.to_host(model.forward(batch, *cache).logits);
+    if (tokens.empty()) return;
+    out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+    next = argmax(logits.data<float>() + logits.numel() - f.vocab, f.vocab);
+  };
+  const int64_t half = length / 2;
+  const std::span<const int32_t> first(prompt.data(), static_cast<size_t>(half));
+  const std::span<const int32_t> rest(prompt.data() + half, static_cast<size_t>(length - half));
+  step(first, 0);
+  step(rank == 0 ? rest : std::span<const int32_t>(), half);
+  step(rank == 1 ? rest : std::span<const int32_t>(), half);
+  for (int64_t i = 0; i < steps; ++i) {
+    const std::vector<int32_t> token = {next};
+    step(token, length + i);
+  }
+  return out;
+}
+
+// Each rank against one process running its sequence alone.
+bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const char* fixture,
+                                            const Layout& layout) {
+  const HfFixture f = load_fixture(fixture);
+  std::vector<float> got;
+  {
+    auto model = load(fixture, &group, layout);
+    got = data_parallel_steps(*model, f, group.rank(), 5, /*alone=*/false);
+  }
+  group.barrier();  // every rank's group model is gone before the plain ones load
+  auto plain = load(fixture, nullptr, layout);
+  const std::vector<float> expected =
+      data_parallel_steps(*plain, f, group.rank(), 5, /*alone=*/true);
+  if (got.size() != expected.size()) {
+    std::fprintf(stderr, "rank %d: %zu logits, one process %zu\n", group.rank(), got.size(),
+                 expected.size());
+    return false;
+  }
+  const double error = relative_error(got.data(), expected.data(), got.size());
+  std::printf(
+      "%s, data-parallel attention, rank %d of 2 on one GPU, %s collectives: relative "
+      "error %.3g\n",
+      fixture, group.rank(),
+      layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error);
+  return error <= 1e-5;
 }
 
 // One rank's side: its logits; rank 0 compares them with one process's.
@@ -110,6 +186,27 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverHostCollectivesMatchOneProcess) {
   }
 }
 
+TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
+  for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
+    for (const auto collectives :
+         {CudaModelOptions::Collectives::host, CudaModelOptions::Collectives::nccl}) {
+      if (collectives == CudaModelOptions::Collectives::nccl && !parallel::nccl_available())
+        continue;
+      SCOPED_TRACE(fixture);
+      Layout layout;
+      layout.expert_parallel = true;
+      layout.data_parallel_attention = true;
+      layout.collectives = collectives;
+      parallel::run_forked_group(
+          2,
+          [&](parallel::Communicator& group) {
+            return data_parallel_rank_matches_one_process(group, fixture, layout);
+          },
+          std::chrono::milliseconds(300000));
+    }
+  }
+}
+
 // Unverified before it first runs: whether NCCL forms a group of two ranks on
 // one GPU when each names itself another host. If it does not, this fails
 // with NCCL's reason (the host-collectives test above still covers the
@@ -126,6 +223,55 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverNcclMatchOneProcess) {
         2,
         [&](parallel::Communicator& group) {
           return rank_matches_one_process(group, "glm_schedule", layout);
+        },
+        std::chrono::milliseconds(300000));
+  }
+}
+
+// GLM-shaped random fp8 weights (bench/cuda/configs/glm_1b.json: 16 heads,
+// widths that split into whole 128 x 128 scale blocks over 2 ranks), each
+// rank reading its share of the e4m3 matrices (checkpoint_shares.h): the
+// same fp8 GEMMs on the same bytes as one process (activation groups of 128
+// fall on the cuts), so only the order of float32 sums moves.
+bool fp8_rank_matches_one_process(parallel::Communicator& group, bool experts,
+                                  CudaModelOptions::Collectives collectives) {
+  const ModelConfig config =
+      load_model_config(std::string(MEGACTX_SOURCE_DIR) + "/bench/cuda/configs/glm_1b.json");
+  HfFixture f;
+  f.vocab = config.vocab_size;
+  for (int32_t i = 0; i < 40; ++i) f.input_ids.push_back(17 + 31 * i);
+  CudaModelOptions options;
+  options.fp8_native = true;
+  options.gpu_id_step = 0;
+  options.collectives = collectives;
+  std::vector<float> got;
+  {
+    CudaModelOptions ranked = options;
+    ranked.group = &group;
+    DsaModelOptions layout;
+    layout.group = &group;
+    layout.expert_parallel = experts;
+    auto model = make_cuda_dsa_model_random_fp8(config, /*seed=*/3, ranked, layout);
+    if (cuda_weight_bytes(*model).fp8_parameters == 0) return false;
+    got = prefill_and_decode_logits(*model, f, 4);
+  }
+  if (group.rank() != 0) return true;
+  auto plain = make_cuda_dsa_model_random_fp8(config, /*seed=*/3, options);
+  const std::vector<float> expected = prefill_and_decode_logits(*plain, f, 4);
+  if (got.size() != expected.size()) return false;
+  const double error = relative_error(got.data(), expected.data(), got.size());
+  std::printf("glm_1b random fp8 weights, 2 ranks on one GPU, %s: relative error %.3g\n",
+              experts ? "experts split" : "tensor parallel", error);
+  return error <= 1e-3;
+}
+
+TEST_F(CudaModelGroup, Fp8SharesReadFromTheWeightsMatchOneProcess) {
+  for (const bool experts : {false, true}) {
+    SCOPED_TRACE(experts ? "experts split" : "tensor parallel");
+    parallel::run_forked_group(
+        2,
+        [&](parallel::Communicator& group) {
+          return fp8_rank_matches_one_process(group, experts, CudaModelOptions::Collectives::host);
         },
         std::chrono::milliseconds(300000));
   }

@@ -56,16 +56,21 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                     static_cast<int64_t>(weights->layers.size()) == config_.num_hidden_layers,
                 "CUDA model: weights for {} layers, the config has {}",
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
-  // Of the parallel layouts tensor parallelism and expert parallelism over
-  // it (each rank its experts for every row, summed with the rest) run on the
-  // GPU so far: the others need the expert all-to-all, row shares or
-  // LayerSplit's broadcasts in the CUDA forward (they run on the CPU,
-  // dsa_model.cpp).
-  MEGACTX_CHECK(!plan_.expert_all_to_all && !plan_.experts_over_shares &&
-                    plan_.context_parallel_size == 1 && !plan_.layer_split && !plan_.indexer_split,
-                "CUDA model: of the parallel layouts only tensor parallelism and expert "
-                "parallelism over it run on the GPU so far (data-parallel attention, context "
-                "parallelism, LayerSplit and the split indexer run on the CPU)");
+  // Of the parallel layouts tensor parallelism, expert parallelism over it
+  // (each rank its experts for every row, summed with the rest) and
+  // data-parallel attention with one rank per replica (the expert
+  // all-to-all, dsa_expert_all_to_all.cpp) run on the GPU so far: the others
+  // need row shares, a replica's own tensor group or LayerSplit's broadcasts
+  // in the CUDA forward (they run on the CPU, dsa_model.cpp).
+  MEGACTX_CHECK(!plan_.experts_over_shares && plan_.context_parallel_size == 1 &&
+                    !plan_.layer_split && !plan_.indexer_split &&
+                    (!plan_.expert_all_to_all || plan_.tensor_parallel_size == 1),
+                "CUDA model: of the parallel layouts only tensor parallelism, expert "
+                "parallelism over it and data-parallel attention with one rank per replica run "
+                "on the GPU so far (context parallelism, LayerSplit, the split indexer and "
+                "replicas of tensor-parallel ranks run on the CPU)");
+  MEGACTX_CHECK(!plan_.expert_all_to_all || options.group != nullptr,
+                "CUDA model: data-parallel attention needs its group");
   MEGACTX_CHECK(options.gpu_id_step >= 0, "CUDA model: gpu_id_step {} (must be >= 0)",
                 options.gpu_id_step);
   MEGACTX_CHECK(
@@ -135,6 +140,9 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
 }
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
+  // A rank of data-parallel attention without rows in this step still
+  // serves the other ranks' expert pairs.
+  if (batch.sequences.empty() && plan_.expert_all_to_all) return forward_no_rows();
   const auto wall_start = std::chrono::steady_clock::now();
   bool decode_step = true;
   for (const SequenceInput& in : batch.sequences) decode_step &= in.tokens.size() == 1;
@@ -308,7 +316,9 @@ CudaDsaModel::Step CudaDsaModel::Step::rows_of(int64_t first, int64_t count, int
 }
 
 void CudaDsaModel::reduce_partial(float* data, int64_t count) {
-  if (group_ != nullptr) group_->all_reduce(data, count, parallel::ReduceOp::Sum);
+  // Data-parallel attention: every rank's outputs are whole (its own rows).
+  if (group_ != nullptr && !plan_.expert_all_to_all)
+    group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
 
 void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
@@ -392,7 +402,12 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   const int64_t block = row_block(n);
   const int64_t routed_row_words = config_.num_hidden_layers * config_.num_experts_per_tok;
   int32_t* const routed = routed_ids_;
-  for (int64_t first = 0; first < n; first += block) {
+  // Data-parallel attention: one expert all-to-all per MoE layer over all
+  // the rows, since every rank must make the same collectives whatever its
+  // row count.
+  const bool one_call = w.is_moe && plan_.expert_all_to_all;
+  if (one_call) moe(w, h, n, branch);
+  for (int64_t first = 0; first < n && !one_call; first += block) {
     const int64_t rows = std::min(block, n - first);
     if (w.is_moe) {
       // The routed-expert capture of these rows starts at row `first`.

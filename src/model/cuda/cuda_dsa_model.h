@@ -151,6 +151,12 @@ class CudaDsaModel final : public LanguageModel {
     // [pairs, I], per-pair expert outputs [rows, top_k, H]; fp8 experts:
     // the quantised inputs (GroupedMoeLayout::fp8_bytes).
     DeviceBuffer moe_plan, moe_act, moe_pair_out, moe_fp8;
+    // Data-parallel attention's expert all-to-all (moe_all_to_all): pair
+    // counts each way, the rows sent and received with their local expert
+    // ids, the experts' results, the results back, gather indices, the
+    // shared expert's output.
+    DeviceBuffer a2a_counts, a2a_recv_counts, a2a_send, a2a_send_ids, a2a_recv, a2a_recv_ids;
+    DeviceBuffer a2a_results, a2a_back, a2a_index, a2a_ones, a2a_shared;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -224,6 +230,19 @@ class CudaDsaModel final : public LanguageModel {
   // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // The router of a MoE layer: ids (global expert indices) and gates
+  // [rows, top_k] into scratch, copied into the routed-expert capture when
+  // one runs. rows > 0.
+  void route(const DeviceLayer& w, const float* h, int64_t rows, int32_t** ids, float** gates);
+  // Data-parallel attention's MoE layer (ModelPlan::expert_all_to_all;
+  // model/cuda/dsa_expert_all_to_all.cpp): this rank's rows h [rows, H]
+  // (rows may be 0: a rank without rows still serves the others' pairs)
+  // routed, sent to their experts' ranks and back by all-to-all, combined
+  // with the shared expert into out [rows, H]. Host-synchronous.
+  void moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // A step in which this rank of a data-parallel group has no rows: every
+  // MoE layer's all-to-all, so the other ranks' pairs are answered.
+  ForwardOutput forward_no_rows();
   // One grouped device call for `rows` rows (h [rows, H], ids and gates
   // [rows, top_k], shared [rows, H] or null) into out [rows, H].
   void grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids, const float* gates,

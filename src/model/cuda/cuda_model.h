@@ -79,7 +79,9 @@ void* cuda_model_stream(const LanguageModel& model);
 // e4m3 per 1x128 group (as HF's and DeepSeek's fp8 inference do: up to 2^-4
 // relative rounding per input element, 3 mantissa bits); other matrices bf16
 // (options.bf16_weights) or float32. `model_options` supplies
-// index_topk_override. Works for non-fp8 checkpoints too (no fp8 matrices).
+// index_topk_override and the parallel group and layout (a rank reads its
+// share of every tensor: model/cuda/checkpoint_shares.h). Works for non-fp8
+// checkpoints too (no fp8 matrices).
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
     const Checkpoint& checkpoint, const CudaModelOptions& options,
     const DsaModelOptions& model_options = {});

@@ -1,31 +1,51 @@
 // make_cuda_dsa_model_from_checkpoint, make_cuda_dsa_model_random_fp8 and
 // cuda_weight_bytes (model/cuda/cuda_model.h):
 // the fp8-native load feeds the same CudaDsaModel constructor as
-// make_cuda_dsa_model, with CudaWeights read from the checkpoint.
+// make_cuda_dsa_model, with CudaWeights read from the checkpoint (a rank of
+// a group: its share of it).
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
+#include "model/cuda/checkpoint_shares.h"
 #include "model/cuda/cuda_dsa_model.h"
+#include "model/dsa_model.h"
 
 namespace megactx {
+
+namespace {
+
+// The model from `source` in the shapes of this process's plan: a rank of a
+// group reads its share (checkpoint_shares.h), cut from the whole tensors.
+std::unique_ptr<LanguageModel> build(const ModelConfig& config, MatrixSource& source,
+                                     const CudaModelOptions& options,
+                                     const DsaModelOptions& model_options) {
+  const int64_t index_topk = model_options.index_topk_override.value_or(config.index_topk);
+  cuda::CudaDsaModel::prepare_device(config, index_topk, options);
+  ModelPlan plan = rank_model_plan(config, model_options);
+  std::unique_ptr<cuda::CudaWeights> weights;
+  if (plan.tensor_parallel_size > 1 || plan.expert_parallel_size > 1) {
+    const std::unique_ptr<MatrixSource> share = make_share_matrices(source, config, plan);
+    weights = std::make_unique<cuda::CudaWeights>(config, *share, options.bf16_weights, plan);
+  } else {
+    weights = std::make_unique<cuda::CudaWeights>(config, source, options.bf16_weights, plan);
+  }
+  return std::make_unique<cuda::CudaDsaModel>(config, index_topk, std::move(weights), options,
+                                              std::move(plan));
+}
+
+}  // namespace
 
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
     const Checkpoint& checkpoint, const CudaModelOptions& options,
     const DsaModelOptions& model_options) {
-  const ModelConfig& config = checkpoint.config();
-  const int64_t index_topk = model_options.index_topk_override.value_or(config.index_topk);
-  cuda::CudaDsaModel::prepare_device(config, index_topk, options);
-  auto weights = std::make_unique<cuda::CudaWeights>(config, checkpoint, options.bf16_weights);
-  return std::make_unique<cuda::CudaDsaModel>(config, index_topk, std::move(weights), options);
+  const std::unique_ptr<MatrixSource> source = make_checkpoint_matrices(checkpoint);
+  return build(checkpoint.config(), *source, options, model_options);
 }
 
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(
     const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,
     const DsaModelOptions& model_options) {
-  const int64_t index_topk = model_options.index_topk_override.value_or(config.index_topk);
-  cuda::CudaDsaModel::prepare_device(config, index_topk, options);
   const std::unique_ptr<MatrixSource> source = make_random_fp8_matrices(seed);
-  auto weights = std::make_unique<cuda::CudaWeights>(config, *source, options.bf16_weights);
-  return std::make_unique<cuda::CudaDsaModel>(config, index_topk, std::move(weights), options);
+  return build(config, *source, options, model_options);
 }
 
 CudaWeightBytes cuda_weight_bytes(const LanguageModel& model) {

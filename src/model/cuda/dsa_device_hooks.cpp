@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/reference/dense_ops.h"
+#include "model/cuda/checkpoint_shares.h"
 #include "model/cuda/fast_attention_plan.h"
 #include "model/weight_source.h"
 
@@ -46,18 +47,20 @@ void CudaDsaModel::reload_weights(const Checkpoint& checkpoint) {
   // (e4m3 kept as shipped), or float32 on the host first for the upcast of an
   // fp8 checkpoint.
   std::unique_ptr<CudaWeights> loaded;
-  if (plan_.tensor_parallel_size > 1) {
-    // A rank of a tensor-parallel group: the whole model's shapes on the
-    // host, then its share (as the initial load, model_loader.cpp).
-    auto source = make_checkpoint_weights(checkpoint);
-    const DsaWeights host =
-        parallel_shard(load_dsa_weights(config_, whole_model_plan(plan_), *source), plan_);
-    loaded = std::make_unique<CudaWeights>(host, options_.bf16_weights);
-  } else if (options_.reads_checkpoint(config_.is_fp8_checkpoint())) {
-    loaded = std::make_unique<CudaWeights>(config_, checkpoint, options_.bf16_weights);
+  const bool share = plan_.tensor_parallel_size > 1 || plan_.expert_parallel_size > 1;
+  if (options_.reads_checkpoint(config_.is_fp8_checkpoint())) {
+    // A rank of a group reads its share (checkpoint_shares.h).
+    const std::unique_ptr<MatrixSource> matrices = make_checkpoint_matrices(checkpoint);
+    const std::unique_ptr<MatrixSource> source =
+        share ? make_share_matrices(*matrices, config_, plan_) : nullptr;
+    loaded = std::make_unique<CudaWeights>(config_, share ? *source : *matrices,
+                                           options_.bf16_weights, plan_);
   } else {
+    // The upcast of an fp8 checkpoint: float32 on the host (the whole
+    // model's shapes, then a rank's share).
     auto source = make_checkpoint_weights(checkpoint);
-    const DsaWeights host = load_dsa_weights(config_, plan_, *source);
+    DsaWeights host = load_dsa_weights(config_, whole_model_plan(plan_), *source);
+    if (share) host = parallel_shard(host, plan_);
     loaded = std::make_unique<CudaWeights>(host, options_.bf16_weights);
   }
   // Nothing may still read the old weights; graphs hold their addresses.

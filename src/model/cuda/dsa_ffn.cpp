@@ -76,7 +76,8 @@ void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const i
   grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
 }
 
-void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+void CudaDsaModel::route(const DeviceLayer& w, const float* h, int64_t rows, int32_t** ids_out,
+                         float** gates_out) {
   Scratch& sc = scratch_;
   const int64_t hidden = config_.hidden_size;
   const int64_t experts = config_.n_routed_experts;
@@ -98,6 +99,22 @@ void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float
                                          ids, row_bytes, row_bytes, static_cast<size_t>(rows),
                                          cudaMemcpyDeviceToDevice, stream_));
   }
+  *ids_out = ids;
+  *gates_out = gates;
+}
+
+void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+  if (plan_.expert_all_to_all) {
+    moe_all_to_all(w, h, rows, out);
+    return;
+  }
+  Scratch& sc = scratch_;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t experts = config_.n_routed_experts;
+  const int64_t top_k = config_.num_experts_per_tok;
+  int32_t* ids = nullptr;
+  float* gates = nullptr;
+  route(w, h, rows, &ids, &gates);
 
   // Expert parallelism over tensor-parallel attention (model_plan.h): this
   // rank holds experts [first_expert, first_expert + local_experts) and

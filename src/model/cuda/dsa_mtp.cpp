@@ -37,6 +37,10 @@ namespace cuda {
 
 void CudaDsaModel::load_mtp(const MtpWeights& host, MtpHandOff hand_off) {
   MEGACTX_CHECK(host.layer.attention.has_indexer, "the MTP layer needs its indexer weights");
+  // Its runs would need the expert all-to-all with rows of other ranks' runs
+  // (run_mtp_share, group_model.cpp), written for the CPU model only so far.
+  MEGACTX_CHECK(!plan_.expert_all_to_all,
+                "MTP speculation with data-parallel attention runs on the CPU only so far");
   auto mtp = std::make_unique<DeviceMtp>();
   mtp->enorm = weights_->upload(host.enorm);
   mtp->hnorm = weights_->upload(host.hnorm);

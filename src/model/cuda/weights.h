@@ -72,8 +72,11 @@ class CudaWeights {
   // into the float32 W_UK^T / W_UV. Checks names, shapes, scale shapes and
   // unexpected tensors like load_dsa_weights.
   CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint, bool bf16);
-  // The same from any MatrixSource (random fp8 weights for benchmarks).
-  CudaWeights(const ModelConfig& config, MatrixSource& source, bool bf16);
+  // The same from any MatrixSource (random fp8 weights for benchmarks), in
+  // the shapes of `plan`: a rank of a parallel group asks for its heads,
+  // widths and experts (plan.first_expert ..), which a share source cuts
+  // (model/cuda/checkpoint_shares.h); plan_model(config) is the whole model.
+  CudaWeights(const ModelConfig& config, MatrixSource& source, bool bf16, const ModelPlan& plan);
 
   const float* embed = nullptr;       // [V, H]
   const float* final_norm = nullptr;  // [H]
@@ -112,12 +115,14 @@ class CudaWeights {
   DeviceMlp upload_mlp(MatrixSource& source, const std::string& prefix, int64_t hidden,
                        int64_t intermediate);
   DeviceLayer upload_checkpoint_layer(const ModelConfig& config, MatrixSource& source,
-                                      const LayerPlan& layer);
-  // The routed experts of a checkpoint layer (`prefix` "model.layers.N.mlp.")
-  // stacked into d.experts_gate_up / d.experts_down with d.experts as views,
-  // one expert read from `source` at a time (model/cuda/weights_checkpoint.cpp).
-  void upload_checkpoint_experts(MatrixSource& source, const std::string& prefix, int64_t experts,
-                                 int64_t hidden, int64_t intermediate, DeviceLayer& d);
+                                      const ModelPlan& plan, const LayerPlan& layer);
+  // The routed experts first .. first + experts - 1 of a checkpoint layer
+  // (`prefix` "model.layers.N.mlp.") stacked into d.experts_gate_up /
+  // d.experts_down with d.experts as views (d.experts[e - first]), one expert
+  // read from `source` at a time (model/cuda/weights_checkpoint.cpp).
+  void upload_checkpoint_experts(MatrixSource& source, const std::string& prefix, int64_t first,
+                                 int64_t experts, int64_t hidden, int64_t intermediate,
+                                 DeviceLayer& d);
   // One stacked slot: an fp8 matrix's bytes and scales (accounted as
   // upload_matrix(CheckpointMatrix) does), else its float32 values in the
   // mode's precision.

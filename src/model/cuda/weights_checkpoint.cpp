@@ -61,14 +61,14 @@ void CudaWeights::copy_checkpoint_matrix(const CheckpointMatrix& matrix, void* v
 }
 
 void CudaWeights::upload_checkpoint_experts(MatrixSource& source, const std::string& prefix,
-                                            int64_t experts, int64_t hidden, int64_t intermediate,
-                                            DeviceLayer& d) {
+                                            int64_t first_expert, int64_t experts, int64_t hidden,
+                                            int64_t intermediate, DeviceLayer& d) {
   struct Expert {
     CheckpointMatrix gate_up;  // [2I, H]: gate rows then up rows
     CheckpointMatrix down;     // [H, I]
   };
   auto read = [&](int64_t e) {
-    const std::string p = fmt::format("{}experts.{}.", prefix, e);
+    const std::string p = fmt::format("{}experts.{}.", prefix, first_expert + e);
     Expert x;
     x.gate_up = stack_rows(source.matrix(p + "gate_proj.weight", {intermediate, hidden}),
                            source.matrix(p + "up_proj.weight", {intermediate, hidden}));
@@ -157,10 +157,15 @@ DeviceMlp CudaWeights::upload_mlp(MatrixSource& source, const std::string& prefi
 }
 
 DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSource& source,
-                                                 const LayerPlan& layer) {
+                                                 const ModelPlan& plan, const LayerPlan& layer) {
   const int64_t index = layer.layer;
   const int64_t hidden = c.hidden_size;
-  const int64_t heads = c.num_attention_heads;
+  // A rank's shapes (parallel_shard_layer's, dsa_weights.h): its heads and
+  // its share of every MLP width over the tensor-parallel group; its routed
+  // experts whole under expert parallelism.
+  const int64_t heads = plan.attention.heads;
+  const int64_t tensor_ranks = plan.tensor_parallel_size;
+  const bool expert_parallel = plan.expert_parallel_size > 1;
   const int64_t lora = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim;
   const int64_t value = c.v_head_dim;
@@ -218,7 +223,7 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
 
   d.is_moe = layer.moe;
   if (!d.is_moe) {
-    d.dense = upload_mlp(source, prefix + "mlp.", hidden, c.intermediate_size);
+    d.dense = upload_mlp(source, prefix + "mlp.", hidden, c.intermediate_size / tensor_ranks);
     return d;
   }
   const int64_t experts = c.n_routed_experts;  // plan_model checked the MoE shapes
@@ -226,20 +231,28 @@ DeviceLayer CudaWeights::upload_checkpoint_layer(const ModelConfig& c, MatrixSou
   const std::string bias = prefix + "mlp.gate.e_score_correction_bias";
   d.bias =
       upload(source.has(bias) ? source.float_tensor(bias, {experts}) : Tensor::zeros({experts}));
-  upload_checkpoint_experts(source, prefix + "mlp.", experts, hidden, c.moe_intermediate_size, d);
+  if (expert_parallel) {
+    upload_checkpoint_experts(source, prefix + "mlp.", plan.first_expert, plan.local_experts,
+                              hidden, c.moe_intermediate_size, d);
+  } else {
+    upload_checkpoint_experts(source, prefix + "mlp.", 0, experts, hidden,
+                              c.moe_intermediate_size / tensor_ranks, d);
+  }
   if (c.n_shared_experts > 0) {
     d.shared = upload_mlp(source, prefix + "mlp.shared_experts.", hidden,
-                          c.moe_intermediate_size * c.n_shared_experts);
+                          c.moe_intermediate_size * c.n_shared_experts / tensor_ranks);
   }
   return d;
 }
 
 CudaWeights::CudaWeights(const ModelConfig& config, const Checkpoint& checkpoint, bool bf16)
-    : CudaWeights(config, *make_checkpoint_matrices(checkpoint), bf16) {}
+    : CudaWeights(config, *make_checkpoint_matrices(checkpoint), bf16, plan_model(config)) {}
 
-CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16) : bf16_(bf16) {
-  // Every check of the other load paths (model_plan.h), before any upload.
-  const ModelPlan plan = plan_model(c);
+CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16,
+                         const ModelPlan& plan)
+    : bf16_(bf16) {
+  // plan_model's checks ran when the plan was made (model_plan.h), before
+  // any upload.
   const int64_t hidden = c.hidden_size;
   {
     // One [V, H] float32 host copy at a time (the embedding is a gather and
@@ -256,7 +269,7 @@ CudaWeights::CudaWeights(const ModelConfig& c, MatrixSource& source, bool bf16) 
   }
   final_norm = upload(source.float_tensor("model.norm.weight", {hidden}));
   for (const LayerPlan& layer : plan.layers)
-    layers.push_back(upload_checkpoint_layer(c, source, layer));
+    layers.push_back(upload_checkpoint_layer(c, source, plan, layer));
   // Nothing left unread but the MTP layers (as load_dsa_weights).
   std::vector<std::string> mtp;
   for (int64_t i = 0; i < std::max<int64_t>(c.num_nextn_predict_layers, 1); ++i) {

@@ -1,0 +1,186 @@
+// CudaDsaModel::moe_all_to_all and forward_no_rows: the MoE layers of
+// data-parallel attention on GPUs (ModelPlan::expert_all_to_all), as the CPU
+// model's DsaModel::routed_experts_all_to_all. Each rank holds attention,
+// the dense MLPs and the shared expert whole and `experts / ranks` routed
+// experts; a MoE layer routes this rank's rows, sends every (row, slot) pair
+// to the rank of its expert, runs its own experts on the pairs it received,
+// sends the results back, and combines them with the gates in slot order.
+//
+// Every rank makes the same collectives in the same order, whatever its row
+// count (zero included: it still answers the pairs the others send it):
+//   1. all_to_all of the pair counts (one int64 per rank pair),
+//   2. all_to_all of the pairs' hidden rows [pairs, H] float32 and of their
+//      experts' local indices [pairs] int32,
+//   3. all_to_all of the results [pairs, H] back.
+// The counts and the received expert ids are read on the host (one sync
+// each), so these layers run eagerly, never inside a CUDA Graph. Why not a
+// fixed-size device dispatch (DeepEP's low-latency mode, graph-capturable):
+// first the same numbers as the CPU path on GPUs, then the speed.
+#if MEGACTX_HAVE_CUDA
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
+#include "kernels/cuda/moe/grouped_moe.h"
+#include "model/cuda/cuda_dsa_model.h"
+
+namespace megactx::cuda {
+namespace {
+
+template <typename T>
+std::vector<T> download(const T* device, int64_t count, cudaStream_t stream) {
+  std::vector<T> host(static_cast<size_t>(count));
+  if (count > 0) {
+    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(T),
+                                       cudaMemcpyDeviceToHost, stream));
+  }
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+// Byte counts per rank of `per_item` bytes times each count.
+std::vector<int64_t> bytes_of(const std::vector<int64_t>& counts, int64_t per_item) {
+  std::vector<int64_t> bytes(counts.size());
+  for (size_t q = 0; q < counts.size(); ++q) bytes[q] = counts[q] * per_item;
+  return bytes;
+}
+
+}  // namespace
+
+void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+  MEGACTX_CHECK(group_ != nullptr && plan_.local_experts > 0,
+                "CUDA model: the expert all-to-all needs a group and a share of the experts");
+  Scratch& sc = scratch_;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t top_k = config_.num_experts_per_tok;
+  const int64_t per_rank = plan_.local_experts;
+  const int size = group_->size();
+  const auto row_bytes = static_cast<int64_t>(hidden * sizeof(float));
+
+  // This rank's pairs: routed, their global expert ids read back.
+  int32_t* ids = nullptr;
+  float* gates = nullptr;
+  const float* shared = nullptr;
+  std::vector<int32_t> host_ids;
+  if (rows > 0) {
+    route(w, h, rows, &ids, &gates);
+    if (config_.n_shared_experts > 0) {
+      timer_.mark("moe shared expert", stream_);
+      float* result = sc.a2a_shared.get<float>(rows * hidden);
+      mlp(w.shared, h, rows, result);
+      shared = result;
+    }
+    timer_.mark("moe all-to-all", stream_);
+    host_ids = download(ids, rows * top_k, stream_);
+  }
+
+  // Pairs (row * top_k + slot) by the rank of their expert, in pair order.
+  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(size));
+  for (int64_t pair = 0; pair < rows * top_k; ++pair) {
+    const int32_t e = host_ids[static_cast<size_t>(pair)];
+    MEGACTX_CHECK(e >= 0 && e < config_.n_routed_experts, "MoE routing produced expert {} of {}", e,
+                  config_.n_routed_experts);
+    by_rank[static_cast<size_t>(e / per_rank)].push_back(pair);
+  }
+  std::vector<int64_t> send_pairs(static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) send_pairs[q] = static_cast<int64_t>(by_rank[q].size());
+
+  // 1. Pair counts both ways.
+  const std::vector<int64_t> one_count(static_cast<size_t>(size), sizeof(int64_t));
+  int64_t* d_send_counts = upload(sc.a2a_counts, send_pairs, stream_);
+  int64_t* d_recv_counts = sc.a2a_recv_counts.get<int64_t>(size);
+  group_->all_to_all(d_send_counts, one_count, d_recv_counts, one_count);
+  const std::vector<int64_t> recv_pairs = download(d_recv_counts, size, stream_);
+  int64_t received = 0;
+  for (const int64_t c : recv_pairs) {
+    MEGACTX_CHECK(c >= 0 && c <= int64_t{1} << 31, "expert all-to-all: {} pairs received", c);
+    received += c;
+  }
+
+  // 2. The pairs' rows and local expert ids to their experts' ranks.
+  std::vector<int32_t> send_rows, send_experts;
+  std::vector<int32_t> position_of_pair(static_cast<size_t>(rows * top_k));
+  for (int q = 0; q < size; ++q) {
+    for (const int64_t pair : by_rank[q]) {
+      position_of_pair[static_cast<size_t>(pair)] = static_cast<int32_t>(send_rows.size());
+      send_rows.push_back(static_cast<int32_t>(pair / top_k));
+      send_experts.push_back(host_ids[static_cast<size_t>(pair)] % static_cast<int32_t>(per_rank));
+    }
+  }
+  const auto sent = static_cast<int64_t>(send_rows.size());
+  float* send_buffer = sc.a2a_send.get<float>(sent * hidden);
+  if (sent > 0) {
+    gather_rows(h, upload(sc.a2a_index, send_rows, stream_), sent, hidden, send_buffer, stream_);
+  }
+  int32_t* d_send_experts = upload(sc.a2a_send_ids, send_experts, stream_);
+  float* recv_buffer = sc.a2a_recv.get<float>(received * hidden);
+  int32_t* d_recv_experts = sc.a2a_recv_ids.get<int32_t>(received);
+  group_->all_to_all(send_buffer, bytes_of(send_pairs, row_bytes), recv_buffer,
+                     bytes_of(recv_pairs, row_bytes));
+  group_->all_to_all(d_send_experts, bytes_of(send_pairs, sizeof(int32_t)), d_recv_experts,
+                     bytes_of(recv_pairs, sizeof(int32_t)));
+
+  // This rank's experts on the pairs it received: one GEMM chain per expert
+  // over its rows (gathered, then scattered back in place with gate 1).
+  const std::vector<int32_t> recv_experts = download(d_recv_experts, received, stream_);
+  std::vector<int64_t> starts(static_cast<size_t>(per_rank + 1), 0);
+  for (const int32_t e : recv_experts) {
+    MEGACTX_CHECK(e >= 0 && e < per_rank, "expert all-to-all: local expert {} of {} received", e,
+                  per_rank);
+    ++starts[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < per_rank; ++e) starts[e + 1] += starts[e];
+  std::vector<int32_t> by_expert(static_cast<size_t>(received));
+  std::vector<int64_t> fill(starts.begin(), starts.end() - 1);
+  for (int64_t i = 0; i < received; ++i)
+    by_expert[static_cast<size_t>(fill[recv_experts[static_cast<size_t>(i)]]++)] =
+        static_cast<int32_t>(i);
+  float* results = sc.a2a_results.get<float>(received * hidden);
+  if (received > 0) {
+    MEGACTX_CUDA_CHECK(cudaMemsetAsync(
+        results, 0, static_cast<size_t>(received * hidden) * sizeof(float), stream_));
+    const int32_t* d_by_expert = upload(sc.expert_rows, by_expert, stream_);
+    const float* d_ones =
+        upload(sc.a2a_ones, std::vector<float>(static_cast<size_t>(received), 1.0f), stream_);
+    int64_t busiest = 0;
+    for (int64_t e = 0; e < per_rank; ++e) busiest = std::max(busiest, starts[e + 1] - starts[e]);
+    float* input = sc.expert_in.get<float>(busiest * hidden);
+    float* result = sc.expert_out.get<float>(busiest * hidden);
+    timer_.mark("moe routed experts", stream_);
+    for (int64_t e = 0; e < per_rank; ++e) {
+      const int64_t m = starts[e + 1] - starts[e];
+      if (m == 0) continue;
+      gather_rows(recv_buffer, d_by_expert + starts[e], m, hidden, input, stream_);
+      mlp(w.experts[static_cast<size_t>(e)], input, m, result);
+      scatter_add_rows(result, d_by_expert + starts[e], d_ones, m, hidden, results, stream_);
+    }
+  }
+
+  // 3. The results back to the ranks that sent the pairs.
+  timer_.mark("moe all-to-all", stream_);
+  float* back = sc.a2a_back.get<float>(sent * hidden);
+  group_->all_to_all(results, bytes_of(recv_pairs, row_bytes), back,
+                     bytes_of(send_pairs, row_bytes));
+  if (rows == 0) return;
+  // In pair order [rows, top_k, H], then gate-weighted in slot order with
+  // the shared expert last (the grouped path's combine).
+  float* pair_out = sc.moe_pair_out.get<float>(rows * top_k * hidden);
+  gather_rows(back, upload(sc.a2a_index, position_of_pair, stream_), rows * top_k, hidden, pair_out,
+              stream_);
+  GroupedMoeShape shape{rows, hidden, config_.moe_intermediate_size, config_.n_routed_experts,
+                        top_k};
+  grouped_moe_combine(ids, gates, shape, pair_out, shared, out, stream_);
+}
+
+ForwardOutput CudaDsaModel::forward_no_rows() {
+  MEGACTX_CHECK(weights_ != nullptr,
+                "the model's weights are released (resume_memory_occupation brings them back)");
+  blas_->clear_shared_inputs();
+  for (const DeviceLayer& w : weights_->layers)
+    if (w.is_moe) moe_all_to_all(w, nullptr, 0, nullptr);
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return no_rows_output(config_);  // on the host: the group gathers them
+}
+
+}  // namespace megactx::cuda
+#endif  // MEGACTX_HAVE_CUDA
