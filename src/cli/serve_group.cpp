@@ -45,6 +45,10 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     auto communicator = parallel::make_cpu_communicator(group_options(rank, size, folder));
     communicator->barrier();  // every rank is connected
     load.group = communicator.get();
+    // A tensor-parallel worker's logits are the leader's too and nobody reads
+    // them: left on the device, no copy per step. Data-parallel ranks send
+    // their rows' logits to the leader from the host.
+    load.cuda.logits_on_device = !load.data_parallel_attention;
     auto model = load_language_model(model_dir, load);
     run_group_worker(*model, *communicator, load.data_parallel_size);
     status = 0;

@@ -43,17 +43,21 @@ void check_weights_fit(const ModelConfig& config, const EngineLoadOptions& optio
   const int64_t bytes_per_parameter = config.is_fp8_checkpoint() && options.load.cuda.fp8_native ? 1
                                       : options.load.cuda.bf16_weights                           ? 2
                                                                        : 4;
-  const int64_t least_weight_bytes = parameters * bytes_per_parameter;
+  // A rank of a parallel group holds at least its 1 / N of them (the split
+  // weights' share plus the ones every rank holds whole).
+  const int64_t ranks = options.load.group != nullptr ? options.load.group->size() : 1;
+  const int64_t least_weight_bytes = parameters * bytes_per_parameter / ranks;
   double usable = static_cast<double>(before.free_bytes);
   if (options.engine.kv_memory_bytes <= 0) {
     usable =
         std::min(usable, options.gpu_memory_utilization * static_cast<double>(before.total_bytes));
   }
   MEGACTX_CHECK(static_cast<double>(least_weight_bytes) < usable,
-                "the model does not fit on the device: its {} parameters need at least {} MiB, "
-                "{:.0f} MiB are usable ({} of {} MiB free, --gpu-memory-utilization {})",
-                parameters, least_weight_bytes >> 20, usable / (1 << 20), before.free_bytes >> 20,
-                before.total_bytes >> 20, options.gpu_memory_utilization);
+                "the model does not fit on the device: its {} parameters need at least {} MiB "
+                "per rank of {}, {:.0f} MiB are usable ({} of {} MiB free, "
+                "--gpu-memory-utilization {})",
+                parameters, least_weight_bytes >> 20, ranks, usable / (1 << 20),
+                before.free_bytes >> 20, before.total_bytes >> 20, options.gpu_memory_utilization);
 }
 
 }  // namespace
