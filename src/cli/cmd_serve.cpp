@@ -220,14 +220,11 @@ int run_serve(const ServeOptions& options) {
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
     // On GPUs: one rank per replica (the CUDA model has no replica tensor
-    // group yet) and no MTP (its runs' all-to-all is the CPU model's only).
+    // group yet).
     MEGACTX_CHECK(options.device == "cpu" || replicas == n,
                   "--enable-dp-attention with --device cuda: one rank per replica only so far "
                   "(--data-parallel-size {} of {} runs on the CPU)",
                   options.data_parallel_size, n);
-    MEGACTX_CHECK(options.device == "cpu" || options.speculative.steps == 0,
-                  "--enable-dp-attention with --device cuda: MTP speculation runs on the CPU "
-                  "only so far");
   } else {
     MEGACTX_CHECK(options.load_balance_method.empty(),
                   "--load-balance-method picks a data-parallel rank for each request: it needs "

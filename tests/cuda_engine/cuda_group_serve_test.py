@@ -5,7 +5,8 @@ share of the heads and MLP widths (or of the routed experts, with
 `--enable-dp-attention`), give the single-process CUDA server's greedy ids
 (and HF's, the fixture's reference.json) with logprobs within 1e-4, for three
 concurrent requests; with MTP speculation (`--speculative-steps 3`, the
-default model) one process's plain greedy ids, drafts accepted. The partial sums travel through host memory over the CPU
+default model; tensor parallel and data-parallel attention) one process's
+plain greedy ids, drafts accepted. The partial sums travel through host memory over the CPU
 group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
 named a host of its own (the default `nccl`, graphs replayed). On a machine
 with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
@@ -87,12 +88,13 @@ def main():
     # MTP speculation (drafts chained on the device) over the 2 ranks on one GPU,
     # against one process without MTP (on the CPU: the fp32 mode is HF's within 1e-6).
     for collectives in ("host", "nccl"):
-        ok, message = speculation_over_two_ranks(
-            args.megactx, args.mtp_model,
-            ("--device", "cuda", "--tensor-parallel-size", "2", "--gpu-id-step", "0",
-             "--cuda-collectives", collectives))
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {message}")
+        for dp in ((), ("--expert-parallel-size", "2", "--enable-dp-attention")):
+            ok, message = speculation_over_two_ranks(
+                args.megactx, args.mtp_model,
+                ("--device", "cuda", "--tensor-parallel-size", "2", *dp, "--gpu-id-step", "0",
+                 "--cuda-collectives", collectives))
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {message}")
     return 1 if failures else 0
 
 

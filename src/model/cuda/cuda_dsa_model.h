@@ -76,6 +76,11 @@ class CudaDsaModel final : public LanguageModel {
   // MtpLayer::run on the GPU (see model/mtp_layer.h), over cache layer
   // num_hidden_layers of `cache`.
   MtpLayer::Output run_mtp(std::span<const MtpLayer::Rows> sequences, PagedKvCache& cache);
+  // Data-parallel attention: a run in which this rank has no rows still
+  // answers the other ranks' expert pairs (the MTP layer's MoE all-to-all);
+  // empty host outputs.
+  MtpLayer::Output run_mtp_no_rows();
+  bool expert_all_to_all() const { return plan_.expert_all_to_all; }
 
   // Tests: the selection the latest full layer of the last forward() of
   // `tokens` tokens left (positions [tokens, top_k], -1 past counts; in no

@@ -37,10 +37,6 @@ namespace cuda {
 
 void CudaDsaModel::load_mtp(const MtpWeights& host, MtpHandOff hand_off) {
   MEGACTX_CHECK(host.layer.attention.has_indexer, "the MTP layer needs its indexer weights");
-  // Its runs would need the expert all-to-all with rows of other ranks' runs
-  // (run_mtp_share, group_model.cpp), written for the CPU model only so far.
-  MEGACTX_CHECK(!plan_.expert_all_to_all,
-                "MTP speculation with data-parallel attention runs on the CPU only so far");
   auto mtp = std::make_unique<DeviceMtp>();
   mtp->enorm = weights_->upload(host.enorm);
   mtp->hnorm = weights_->upload(host.hnorm);
@@ -109,7 +105,8 @@ int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
                                                           const PagedKvCache& cache,
                                                           int64_t chain) const {
-  if (!options_.cuda_graphs || timer_.enabled()) return std::nullopt;
+  // Data-parallel attention's expert all-to-all reads its counts on the host.
+  if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all) return std::nullopt;
   const int64_t count = sequences.front().count;
   for (const MtpLayer::Rows& r : sequences) {
     if (r.count != count) return std::nullopt;
@@ -134,6 +131,18 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
   key.mtp_shared = sequences.front().shared;
   key.mtp_drafts = chain;
   return key;
+}
+
+MtpLayer::Output CudaDsaModel::run_mtp_no_rows() {
+  MEGACTX_CHECK(mtp_ != nullptr, "CUDA model: no MTP layer loaded (load_mtp)");
+  // One decoder-layer pass per group run (the leader chains the drafts, one
+  // run each), so one exchange, as the ranks with rows make.
+  if (mtp_->layer.is_moe) moe_all_to_all(mtp_->layer, nullptr, 0, nullptr);
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MtpLayer::Output output;
+  output.logits = Tensor::empty({0, config_.vocab_size});
+  output.hand_off = Tensor::empty({0, config_.hidden_size});
+  return output;
 }
 
 MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences,
@@ -423,6 +432,8 @@ class CudaMtpLayer final : public MtpLayer {
   CudaMtpLayer(cuda::CudaDsaModel& model, MtpHandOff hand_off)
       : MtpLayer(model.config(), model.index_topk(), hand_off), model_(model) {}
   Output run(std::span<const Rows> sequences, PagedKvCache& cache) override {
+    // A data-parallel rank's empty share of a group run (run_mtp_share).
+    if (sequences.empty() && model_.expert_all_to_all()) return model_.run_mtp_no_rows();
     check_rows(sequences);
     return model_.run_mtp(sequences, cache);
   }
