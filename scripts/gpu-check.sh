@@ -253,7 +253,7 @@ fi
 # fp32 mode; the machine's PyTorch trains on its CPU (exit 77: no torch).
 if [[ "${GPU_CHECK_TRAINER:-1}" == 1 ]]; then
   timeout "${TRAINER_TIMEOUT:-600}" python3 tests/e2e/trainer_loop_test.py --megactx "$pack/bin/megactx" \
-    --model models/default --device cuda >"$out/trainer_loop.log" 2>&1
+    --model models/default --device cuda --nccl-group >"$out/trainer_loop.log" 2>&1
   note "trainer_loop_test --device cuda exit $?"
   grep -E "max \|" "$out/trainer_loop.log" | sed 's/^ *//' | tee -a "$summary"
   # Weight updates of a native fp8 checkpoint on the GPU (fp8 weights, the CUDA default).

@@ -16,7 +16,8 @@ iteration of the loop:
      an HF folder, update_weights_from_safetensors with buckets as request bodies, with buckets
      as /dev/shm files, a partial update (only the trained tensors) mixing both, and SGLang's
      NCCL transport (init_weights_update_group, update_weights_from_distributed per bucket,
-     destroy_weights_update_group) over a torch.distributed group on gloo, the CPU's backend,
+     destroy_weights_update_group) over a torch.distributed group on gloo, the CPU's backend
+     (with --nccl-group also on NCCL, the trainer's GPU to the server's),
      and its tensor transport (update_weights_from_tensor: slime's flattened buckets of
      torch-pickled tensors, shared-memory files on the CPU, CUDA IPC handles with --device
      cuda); the last bucket commits and names the weight_version;
@@ -349,8 +350,9 @@ class TrainerLoop(unittest.TestCase):
         tensors = hub_tensors(self.policy)
         if transport == "partial":
             tensors = {name: tensors[name] for name in self.partial_names()}
-        if transport == "distributed":
-            answer = self.push_through_group(tensors, version, before, probes)
+        if transport in ("distributed", "distributed-nccl"):
+            answer = self.push_through_group(tensors, version, before, probes,
+                                             nccl=transport == "distributed-nccl")
         elif transport == "tensor":
             answer = self.push_as_tensors(tensors, version, before, probes)
         elif transport == "disk":
@@ -396,9 +398,13 @@ class TrainerLoop(unittest.TestCase):
             self.assert_scores_near(probes, before)
         return answer
 
-    def push_through_group(self, tensors, version, before, probes):
-        """SGLang's NCCL transport (gloo here): join, one update per bucket, leave."""
-        group = TrainerGroup(POLICY.url, "policy-weights", timeout_s=GROUP_TIMEOUT_S)
+    def push_through_group(self, tensors, version, before, probes, nccl=False):
+        """SGLang's NCCL transport (gloo, or with `nccl` NCCL itself between this process's GPU
+        and the server's): join, one update per bucket, leave."""
+        if nccl:
+            tensors = {name: tensor.cuda() for name, tensor in tensors.items()}
+        group = TrainerGroup(POLICY.url, "policy-weights-nccl" if nccl else "policy-weights",
+                             backend="nccl" if nccl else "gloo", timeout_s=GROUP_TIMEOUT_S)
         self.assertEqual(group.status, 200, group.answer)
         self.assertTrue(group.answer["success"])
         buckets = buckets_of(tensors)
@@ -455,8 +461,9 @@ class TrainerLoop(unittest.TestCase):
         self.check_version(self.version)
         first_kl = None
         # No subTest: each iteration starts from what the previous one pushed.
-        for iteration, transport in enumerate(("disk", "body", "shm", "partial", "distributed",
-                                               "tensor"), start=1):
+        transports = ("disk", "body", "shm", "partial", "distributed", "tensor") + \
+            (("distributed-nccl",) if ARGS.nccl_group else ())
+        for iteration, transport in enumerate(transports, start=1):
             samples = self.rollout()
             self.teacher_scores(samples)
             probes = [s["sequence"] for s in samples[::SAMPLES]] + [self.probe]
@@ -934,7 +941,17 @@ def main():
     # One thread: PyTorch's tensors here are small, and its OpenMP threads spin-wait, which
     # made a training step 15 times slower on 2 cores shared with the two servers.
     parser.add_argument("--torch-threads", type=int, default=1)
+    # With --device cuda: one more iteration through a weight-update group on NCCL itself,
+    # this process's GPU to the server's. On one GPU NCCL refuses two ranks of one host there,
+    # so the server and this process name themselves different hosts (NCCL_HOSTID) and meet
+    # over NCCL's socket transport on loopback.
+    parser.add_argument("--nccl-group", action="store_true")
     ARGS, rest = parser.parse_known_args()
+    if ARGS.nccl_group:
+        if ARGS.device != "cuda" or not torch.cuda.is_available():
+            parser.error("--nccl-group needs --device cuda and a GPU here")
+        os.environ["NCCL_HOSTID"] = "megactx-server"  # the servers' torch helpers inherit it
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     torch.set_num_threads(ARGS.torch_threads)
     with open(os.path.join(ARGS.model, "config.json")) as f:
         config = json.load(f)
@@ -954,6 +971,8 @@ def main():
                            name="policy") as policy, \
                 MegactxServer(ARGS.megactx, teacher_dir, *server_args, name="teacher") as scorer:
             POLICY, TEACHER = policy, scorer
+            if ARGS.nccl_group:
+                os.environ["NCCL_HOSTID"] = "megactx-trainer"  # read at this process's NCCL init
             # The loop first, so that the other tests run on trained weights (they hold for
             # any weights and leave them as they were).
             names = ["test_trainer_loop", "test_pause_modes_resume_and_abort",
