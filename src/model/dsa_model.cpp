@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/batch_checks.h"
+#include "model/expert_dispatch.h"
 
 namespace megactx {
 namespace {
@@ -932,65 +933,53 @@ void DsaModel::routed_experts_all_to_all(const MoeWeights& w, const float* h, in
   const int64_t per_rank = plan_.local_experts;
   const int size = group_->size();
   // This rank's pairs (row * top_k + j) by the rank that owns their expert.
-  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(size));
-  for (int64_t pair = 0; pair < rows * top_k; ++pair) by_rank[ids[pair] / per_rank].push_back(pair);
+  const ExpertSends sends =
+      plan_expert_sends(std::span<const int32_t>(ids.data(), static_cast<size_t>(rows * top_k)),
+                        top_k, config_.n_routed_experts, size);
   // Pair counts both ways (one int64 to and from every rank).
-  std::vector<int64_t> send_pairs(static_cast<size_t>(size)), recv_pairs(send_pairs.size());
-  for (int q = 0; q < size; ++q) send_pairs[q] = static_cast<int64_t>(by_rank[q].size());
+  std::vector<int64_t> recv_pairs(static_cast<size_t>(size));
   const std::vector<int64_t> one_count(static_cast<size_t>(size), sizeof(int64_t));
-  group_->all_to_all(send_pairs.data(), one_count, recv_pairs.data(), one_count);
-  int64_t sent = 0, received = 0;
-  std::vector<int64_t> send_rows(send_pairs.size()), recv_rows(send_pairs.size());
-  std::vector<int64_t> send_ids(send_pairs.size()), recv_ids(send_pairs.size());
-  for (int q = 0; q < size; ++q) {
-    sent += send_pairs[q];
-    received += recv_pairs[q];
-    send_rows[q] = send_pairs[q] * hidden * static_cast<int64_t>(sizeof(float));
-    recv_rows[q] = recv_pairs[q] * hidden * static_cast<int64_t>(sizeof(float));
-    send_ids[q] = send_pairs[q] * static_cast<int64_t>(sizeof(int32_t));
-    recv_ids[q] = recv_pairs[q] * static_cast<int64_t>(sizeof(int32_t));
-  }
+  group_->all_to_all(sends.pairs.data(), one_count, recv_pairs.data(), one_count);
+  int64_t received = 0;
+  for (const int64_t c : recv_pairs) received += c;
+  const auto sent = static_cast<int64_t>(sends.rows.size());
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(float));
+  const std::vector<int64_t> send_rows = byte_counts(sends.pairs, row_bytes);
+  const std::vector<int64_t> recv_rows = byte_counts(recv_pairs, row_bytes);
   // Dispatch: each pair's hidden row and its expert's index on the owner.
   std::vector<float> rows_out(static_cast<size_t>(sent * hidden)),
       rows_in(static_cast<size_t>(received * hidden));
-  std::vector<int32_t> experts_out(static_cast<size_t>(sent)),
-      experts_in(static_cast<size_t>(received));
-  int64_t at = 0;
-  for (int q = 0; q < size; ++q)
-    for (const int64_t pair : by_rank[q]) {
-      std::memcpy(rows_out.data() + at * hidden, h + (pair / top_k) * hidden,
-                  static_cast<size_t>(hidden) * sizeof(float));
-      experts_out[at++] = static_cast<int32_t>(ids[pair] % per_rank);
-    }
+  std::vector<int32_t> experts_in(static_cast<size_t>(received));
+  for (int64_t at = 0; at < sent; ++at)
+    std::memcpy(rows_out.data() + at * hidden, h + sends.rows[at] * hidden,
+                static_cast<size_t>(hidden) * sizeof(float));
   group_->all_to_all(rows_out.data(), send_rows, rows_in.data(), recv_rows);
-  group_->all_to_all(experts_out.data(), send_ids, experts_in.data(), recv_ids);
+  group_->all_to_all(sends.experts.data(), byte_counts(sends.pairs, sizeof(int32_t)),
+                     experts_in.data(), byte_counts(recv_pairs, sizeof(int32_t)));
   // This rank's experts over the rows sent to it, one GEMM chain per expert.
-  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(per_rank));
-  for (int64_t i = 0; i < received; ++i) assigned[experts_in[i]].push_back(i);
+  const ExpertGroups groups = group_by_expert(experts_in, per_rank);
   std::vector<float> results(rows_in.size()), input, result;
   for (int64_t e = 0; e < per_rank; ++e) {
-    const auto& list = assigned[e];
-    if (list.empty()) continue;
-    const int64_t m = static_cast<int64_t>(list.size());
+    const int64_t first = groups.starts[e], m = groups.starts[e + 1] - first;
+    if (m == 0) continue;
     input.resize(static_cast<size_t>(m * hidden));
     result.resize(input.size());
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(input.data() + i * hidden, rows_in.data() + list[i] * hidden,
+      std::memcpy(input.data() + i * hidden, rows_in.data() + groups.order[first + i] * hidden,
                   static_cast<size_t>(hidden) * sizeof(float));
     mlp(w.experts[e], input.data(), m, result.data());
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(results.data() + list[i] * hidden, result.data() + i * hidden,
+      std::memcpy(results.data() + groups.order[first + i] * hidden, result.data() + i * hidden,
                   static_cast<size_t>(hidden) * sizeof(float));
   }
   // Combine: the results go back the way their rows came, in the same order.
   group_->all_to_all(results.data(), recv_rows, rows_out.data(), send_rows);
-  at = 0;
-  for (int q = 0; q < size; ++q)
-    for (const int64_t pair : by_rank[q]) {
-      float* target = out + (pair / top_k) * hidden;
-      const float* source = rows_out.data() + (at++) * hidden;
-      for (int64_t d = 0; d < hidden; ++d) target[d] += gates[pair] * source[d];
-    }
+  for (int64_t at = 0; at < sent; ++at) {
+    const int32_t pair = sends.pair_of[at];
+    float* target = out + (pair / top_k) * hidden;
+    const float* source = rows_out.data() + at * hidden;
+    for (int64_t d = 0; d < hidden; ++d) target[d] += gates[pair] * source[d];
+  }
 }
 
 }  // namespace megactx

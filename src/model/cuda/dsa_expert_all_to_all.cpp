@@ -23,6 +23,7 @@
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_dsa_model.h"
+#include "model/expert_dispatch.h"
 
 namespace megactx::cuda {
 namespace {
@@ -36,13 +37,6 @@ std::vector<T> download(const T* device, int64_t count, cudaStream_t stream) {
   }
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
-}
-
-// Byte counts per rank of `per_item` bytes times each count.
-std::vector<int64_t> bytes_of(const std::vector<int64_t>& counts, int64_t per_item) {
-  std::vector<int64_t> bytes(counts.size());
-  for (size_t q = 0; q < counts.size(); ++q) bytes[q] = counts[q] * per_item;
-  return bytes;
 }
 
 }  // namespace
@@ -74,20 +68,12 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
     host_ids = download(ids, rows * top_k, stream_);
   }
 
-  // Pairs (row * top_k + slot) by the rank of their expert, in pair order.
-  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(size));
-  for (int64_t pair = 0; pair < rows * top_k; ++pair) {
-    const int32_t e = host_ids[static_cast<size_t>(pair)];
-    MEGACTX_CHECK(e >= 0 && e < config_.n_routed_experts, "MoE routing produced expert {} of {}", e,
-                  config_.n_routed_experts);
-    by_rank[static_cast<size_t>(e / per_rank)].push_back(pair);
-  }
-  std::vector<int64_t> send_pairs(static_cast<size_t>(size));
-  for (int q = 0; q < size; ++q) send_pairs[q] = static_cast<int64_t>(by_rank[q].size());
+  // Pairs (row * top_k + slot) by the rank of their expert (expert_dispatch.h).
+  const ExpertSends sends = plan_expert_sends(host_ids, top_k, config_.n_routed_experts, size);
 
   // 1. Pair counts both ways.
   const std::vector<int64_t> one_count(static_cast<size_t>(size), sizeof(int64_t));
-  int64_t* d_send_counts = upload(sc.a2a_counts, send_pairs, stream_);
+  int64_t* d_send_counts = upload(sc.a2a_counts, sends.pairs, stream_);
   int64_t* d_recv_counts = sc.a2a_recv_counts.get<int64_t>(size);
   group_->all_to_all(d_send_counts, one_count, d_recv_counts, one_count);
   const std::vector<int64_t> recv_pairs = download(d_recv_counts, size, stream_);
@@ -98,74 +84,55 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   }
 
   // 2. The pairs' rows and local expert ids to their experts' ranks.
-  std::vector<int32_t> send_rows, send_experts;
-  std::vector<int32_t> position_of_pair(static_cast<size_t>(rows * top_k));
-  for (int q = 0; q < size; ++q) {
-    for (const int64_t pair : by_rank[q]) {
-      position_of_pair[static_cast<size_t>(pair)] = static_cast<int32_t>(send_rows.size());
-      send_rows.push_back(static_cast<int32_t>(pair / top_k));
-      send_experts.push_back(host_ids[static_cast<size_t>(pair)] % static_cast<int32_t>(per_rank));
-    }
-  }
-  const auto sent = static_cast<int64_t>(send_rows.size());
+  const auto sent = static_cast<int64_t>(sends.rows.size());
   float* send_buffer = sc.a2a_send.get<float>(sent * hidden);
   if (sent > 0) {
-    gather_rows(h, upload(sc.a2a_index, send_rows, stream_), sent, hidden, send_buffer, stream_);
+    gather_rows(h, upload(sc.a2a_index, sends.rows, stream_), sent, hidden, send_buffer, stream_);
   }
-  int32_t* d_send_experts = upload(sc.a2a_send_ids, send_experts, stream_);
+  int32_t* d_send_experts = upload(sc.a2a_send_ids, sends.experts, stream_);
   float* recv_buffer = sc.a2a_recv.get<float>(received * hidden);
   int32_t* d_recv_experts = sc.a2a_recv_ids.get<int32_t>(received);
-  group_->all_to_all(send_buffer, bytes_of(send_pairs, row_bytes), recv_buffer,
-                     bytes_of(recv_pairs, row_bytes));
-  group_->all_to_all(d_send_experts, bytes_of(send_pairs, sizeof(int32_t)), d_recv_experts,
-                     bytes_of(recv_pairs, sizeof(int32_t)));
+  group_->all_to_all(send_buffer, byte_counts(sends.pairs, row_bytes), recv_buffer,
+                     byte_counts(recv_pairs, row_bytes));
+  group_->all_to_all(d_send_experts, byte_counts(sends.pairs, sizeof(int32_t)), d_recv_experts,
+                     byte_counts(recv_pairs, sizeof(int32_t)));
 
   // This rank's experts on the pairs it received: one GEMM chain per expert
   // over its rows (gathered, then scattered back in place with gate 1).
-  const std::vector<int32_t> recv_experts = download(d_recv_experts, received, stream_);
-  std::vector<int64_t> starts(static_cast<size_t>(per_rank + 1), 0);
-  for (const int32_t e : recv_experts) {
-    MEGACTX_CHECK(e >= 0 && e < per_rank, "expert all-to-all: local expert {} of {} received", e,
-                  per_rank);
-    ++starts[static_cast<size_t>(e) + 1];
-  }
-  for (int64_t e = 0; e < per_rank; ++e) starts[e + 1] += starts[e];
-  std::vector<int32_t> by_expert(static_cast<size_t>(received));
-  std::vector<int64_t> fill(starts.begin(), starts.end() - 1);
-  for (int64_t i = 0; i < received; ++i)
-    by_expert[static_cast<size_t>(fill[recv_experts[static_cast<size_t>(i)]]++)] =
-        static_cast<int32_t>(i);
+  const ExpertGroups groups =
+      group_by_expert(download(d_recv_experts, received, stream_), per_rank);
   float* results = sc.a2a_results.get<float>(received * hidden);
   if (received > 0) {
     MEGACTX_CUDA_CHECK(cudaMemsetAsync(
         results, 0, static_cast<size_t>(received * hidden) * sizeof(float), stream_));
-    const int32_t* d_by_expert = upload(sc.expert_rows, by_expert, stream_);
+    const int32_t* d_by_expert = upload(sc.expert_rows, groups.order, stream_);
     const float* d_ones =
         upload(sc.a2a_ones, std::vector<float>(static_cast<size_t>(received), 1.0f), stream_);
     int64_t busiest = 0;
-    for (int64_t e = 0; e < per_rank; ++e) busiest = std::max(busiest, starts[e + 1] - starts[e]);
+    for (int64_t e = 0; e < per_rank; ++e)
+      busiest = std::max(busiest, groups.starts[e + 1] - groups.starts[e]);
     float* input = sc.expert_in.get<float>(busiest * hidden);
     float* result = sc.expert_out.get<float>(busiest * hidden);
     timer_.mark("moe routed experts", stream_);
     for (int64_t e = 0; e < per_rank; ++e) {
-      const int64_t m = starts[e + 1] - starts[e];
+      const int64_t first = groups.starts[e], m = groups.starts[e + 1] - first;
       if (m == 0) continue;
-      gather_rows(recv_buffer, d_by_expert + starts[e], m, hidden, input, stream_);
+      gather_rows(recv_buffer, d_by_expert + first, m, hidden, input, stream_);
       mlp(w.experts[static_cast<size_t>(e)], input, m, result);
-      scatter_add_rows(result, d_by_expert + starts[e], d_ones, m, hidden, results, stream_);
+      scatter_add_rows(result, d_by_expert + first, d_ones, m, hidden, results, stream_);
     }
   }
 
   // 3. The results back to the ranks that sent the pairs.
   timer_.mark("moe all-to-all", stream_);
   float* back = sc.a2a_back.get<float>(sent * hidden);
-  group_->all_to_all(results, bytes_of(recv_pairs, row_bytes), back,
-                     bytes_of(send_pairs, row_bytes));
+  group_->all_to_all(results, byte_counts(recv_pairs, row_bytes), back,
+                     byte_counts(sends.pairs, row_bytes));
   if (rows == 0) return;
   // In pair order [rows, top_k, H], then gate-weighted in slot order with
   // the shared expert last (the grouped path's combine).
   float* pair_out = sc.moe_pair_out.get<float>(rows * top_k * hidden);
-  gather_rows(back, upload(sc.a2a_index, position_of_pair, stream_), rows * top_k, hidden, pair_out,
+  gather_rows(back, upload(sc.a2a_index, sends.position, stream_), rows * top_k, hidden, pair_out,
               stream_);
   GroupedMoeShape shape{rows, hidden, config_.moe_intermediate_size, config_.n_routed_experts,
                         top_k};
