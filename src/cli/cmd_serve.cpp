@@ -30,15 +30,16 @@
 // --tensor-parallel-size N: N processes, this one and N - 1 forked workers
 // (cli/serve_group.h), each with its share of the heads and MLP widths (with
 // --device cuda rank r on GPU --base-gpu-id + r x --gpu-id-step, its sums over
-// NCCL; there only this and --expert-parallel-size N so far); --expert-parallel-size N (= N) shards
-// the routed experts over them instead of their widths; --enable-layer-split keeps each layer's KV
-// caches on one rank of them (model_plan.h: ModelPlan::kv_owner), which sends the entries a step
-// selected to the others. --context-parallel-size N (CPU so far): N processes with the whole model,
-// each prefill step's rows split over them (the new latents and indexer keys gathered into every
-// rank's cache); with --expert-parallel-size N (= N) each rank holds 1 / N of the routed experts
-// and its rows reach them by all-to-all; with --tensor-parallel-size T, N x T processes: N context
-// shares of T tensor-parallel ranks each, the experts (--expert-parallel-size) over each share's T
-// ranks or, with N x T, over the whole group (each MoE layer gathers the shares' rows).
+// NCCL; there this, --expert-parallel-size N and --enable-dp-attention so far);
+// --expert-parallel-size N (= N) shards the routed experts over them instead of their widths;
+// --enable-layer-split keeps each layer's KV caches on one rank of them (model_plan.h:
+// ModelPlan::kv_owner), which sends the entries a step selected to the others.
+// --context-parallel-size N (CPU so far): N processes with the whole model, each prefill step's
+// rows split over them (the new latents and indexer keys gathered into every rank's cache); with
+// --expert-parallel-size N (= N) each rank holds 1 / N of the routed experts and its rows reach
+// them by all-to-all; with --tensor-parallel-size T, N x T processes: N context shares of T
+// tensor-parallel ranks each, the experts (--expert-parallel-size) over each share's T ranks or,
+// with N x T, over the whole group (each MoE layer gathers the shares' rows).
 // --enable-dp-attention (with --expert-parallel-size N; SGLang's flag, as is
 // --data-parallel-size / --dp-size, which must then be N): every rank holds
 // attention and the dense weights whole and runs its own requests, in its
@@ -190,7 +191,7 @@ int run_serve(const ServeOptions& options) {
                   "group: it needs --tensor-parallel-size 2 or more");
     MEGACTX_CHECK(options.device == "cpu",
                   "--enable-layer-split runs on the CPU only so far (the CUDA model's groups "
-                  "are tensor and expert parallel)");
+                  "are tensor, expert and data parallel)");
   }
   DpLoadBalance load_balance = DpLoadBalance::CacheAware;  // --load-balance-method
   if (options.enable_dp_attention) {
@@ -219,12 +220,6 @@ int run_serve(const ServeOptions& options) {
     // A bad method name is a start-up error before the group forks.
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
-    // On GPUs: one rank per replica (the CUDA model has no replica tensor
-    // group yet).
-    MEGACTX_CHECK(options.device == "cpu" || replicas == n,
-                  "--enable-dp-attention with --device cuda: one rank per replica only so far "
-                  "(--data-parallel-size {} of {} runs on the CPU)",
-                  options.data_parallel_size, n);
   } else {
     MEGACTX_CHECK(options.load_balance_method.empty(),
                   "--load-balance-method picks a data-parallel rank for each request: it needs "
@@ -234,12 +229,13 @@ int run_serve(const ServeOptions& options) {
                   "model behind one front are not served)",
                   options.data_parallel_size);
   }
-  // On GPUs: tensor parallelism and expert parallelism over it, one process
-  // per GPU (--base-gpu-id, --gpu-id-step); the other layouts are refused
-  // here, before the group forks (and by the loader).
+  // On GPUs: tensor parallelism, expert parallelism over it and
+  // data-parallel attention, one process per GPU (--base-gpu-id,
+  // --gpu-id-step); the other layouts are refused here, before the group
+  // forks (and by the loader).
   MEGACTX_CHECK(!options.split_indexer || options.device == "cpu",
                 "--split-indexer runs on the CPU only so far (the CUDA model's groups are "
-                "tensor and expert parallel)");
+                "tensor, expert and data parallel)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
   if (options.context_parallel_size > 1) {
     MEGACTX_CHECK(options.device == "cpu",

@@ -21,14 +21,6 @@ void add_into(float* x, const float* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] += y[i];
 }
 
-// Context parallelism: rank `rank`'s rows [first, last) of a step of `rows`
-// rows over `size` ranks (contiguous shares, the first rows % size one longer).
-std::pair<int64_t, int64_t> share_rows(int64_t rows, int rank, int size) {
-  const int64_t base = rows / size, extra = rows % size;
-  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
-  return {first, first + base + (rank < extra ? 1 : 0)};
-}
-
 }  // namespace
 
 // Per-forward bookkeeping: where each sequence's new tokens sit in the batch,

@@ -246,6 +246,12 @@ KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, in
   return spec;
 }
 
+std::pair<int64_t, int64_t> share_rows(int64_t rows, int rank, int size) {
+  const int64_t base = rows / size, extra = rows % size;
+  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
+  return {first, first + base + (rank < extra ? 1 : 0)};
+}
+
 ModelPlan whole_model_plan(const ModelPlan& rank_plan) {
   ModelPlan whole = rank_plan;
   whole.attention.heads *= rank_plan.tensor_parallel_size;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cache/kv_cache.h"
@@ -201,6 +202,11 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
 // the schedule as they are). A rank reloading weights loads these shapes,
 // then keeps its share (parallel_shard).
 ModelPlan whole_model_plan(const ModelPlan& rank_plan);
+
+// Rank `rank`'s rows [first, last) of a step of `rows` rows over `size`
+// ranks: contiguous shares, the first rows % size one longer (context
+// parallelism's row shares, data-parallel replicas' tensor slices of the MoE).
+std::pair<int64_t, int64_t> share_rows(int64_t rows, int rank, int size);
 
 // `update` describes the same network as `current` (weight updates must not
 // change a shape): the same plan, vocabulary, MLP and expert sizes. Throws

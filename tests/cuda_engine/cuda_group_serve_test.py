@@ -66,6 +66,10 @@ def main():
                         ("--expert-parallel-size", "2", "--enable-dp-attention")):
             layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
+        # SGLang's --dp-size below --tp-size: 2 replicas of 2 tensor-parallel ranks.
+        layouts.append(("--tensor-parallel-size", "4", "--expert-parallel-size", "4",
+                        "--enable-dp-attention", "--data-parallel-size", "2", "--gpu-id-step", "0",
+                        "--cuda-collectives", collectives))
     if count >= 2:
         layouts.append(("--tensor-parallel-size", "2"))
         layouts.append(("--tensor-parallel-size", "2", "--expert-parallel-size", "2"))
@@ -80,9 +84,11 @@ def main():
         same = all(got[0] == want[0] for got, want in zip(outputs, plain))
         worst = max(abs(a - b) for got, want in zip(outputs, plain)
                     for a, b in zip(got[1], want[1]))
-        ok = same and worst <= 1e-4 and workers == 1 and info.get("tensor_parallel_size") == 2
+        ranks = int(layout[layout.index("--tensor-parallel-size") + 1])
+        ok = same and worst <= 1e-4 and workers == ranks - 1 and \
+            info.get("tensor_parallel_size") == ranks
         failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} worker, greedy ids "
+        print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} workers, greedy ids "
               f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "
               f"max |logprob difference| {worst:.2e}")
     # MTP speculation (drafts chained on the device) over the 2 ranks on one GPU,

@@ -39,6 +39,7 @@ namespace {
 struct Layout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;  // with expert_parallel: each rank its own rows
+  int data_parallel_size = 0;            // replicas (0: one per rank)
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -54,19 +55,20 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.group = group;
   options.expert_parallel = group != nullptr && layout.expert_parallel;
   options.data_parallel_attention = group != nullptr && layout.data_parallel_attention;
+  options.data_parallel_size = group != nullptr ? layout.data_parallel_size : 0;
   return load_language_model(fixture_dir(fixture), options);
 }
 
-// Data-parallel attention: rank r's own sequence (the fixture's prompt, or
-// it reversed on rank 1) in steps where the other rank may have no rows at
-// all: a prefill of half the prompt on both, the rest on rank 0 while rank 1
-// has none, then on rank 1 while rank 0 has none, then `steps` greedy decode
-// steps on both. `alone` (no group): the same steps of this rank's sequence,
+// Data-parallel attention: replica r's own sequence (the fixture's prompt,
+// or it reversed on replica 1) in steps where the other replica may have no
+// rows at all: a prefill of half the prompt on both, the rest on replica 0
+// while replica 1 has none, then on replica 1 while replica 0 has none, then
+// `steps` greedy decode steps on both. `alone` (no group): the same steps of this rank's sequence,
 // without the empty ones. Every logit of this rank's rows, in order.
-std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f, int rank,
+std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f, int replica,
                                        int64_t steps, bool alone) {
   std::vector<int32_t> prompt = f.input_ids;
-  if (rank == 1) std::reverse(prompt.begin(), prompt.end());
+  if (replica == 1) std::reverse(prompt.begin(), prompt.end());
   const auto length = static_cast<int64_t>(prompt.size());
   const int64_t pages = (length + steps + 63) / 64 + 1;
   auto cache = make_cuda_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
@@ -87,8 +89,8 @@ std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f,
   const std::span<const int32_t> first(prompt.data(), static_cast<size_t>(half));
   const std::span<const int32_t> rest(prompt.data() + half, static_cast<size_t>(length - half));
   step(first, 0);
-  step(rank == 0 ? rest : std::span<const int32_t>(), half);
-  step(rank == 1 ? rest : std::span<const int32_t>(), half);
+  step(replica == 0 ? rest : std::span<const int32_t>(), half);
+  step(replica == 1 ? rest : std::span<const int32_t>(), half);
   for (int64_t i = 0; i < steps; ++i) {
     const std::vector<int32_t> token = {next};
     step(token, length + i);
@@ -100,15 +102,16 @@ std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f,
 bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const char* fixture,
                                             const Layout& layout) {
   const HfFixture f = load_fixture(fixture);
+  const int replicas = layout.data_parallel_size > 0 ? layout.data_parallel_size : group.size();
+  const int replica = group.rank() / (group.size() / replicas);
   std::vector<float> got;
   {
     auto model = load(fixture, &group, layout);
-    got = data_parallel_steps(*model, f, group.rank(), 5, /*alone=*/false);
+    got = data_parallel_steps(*model, f, replica, 5, /*alone=*/false);
   }
   group.barrier();  // every rank's group model is gone before the plain ones load
   auto plain = load(fixture, nullptr, layout);
-  const std::vector<float> expected =
-      data_parallel_steps(*plain, f, group.rank(), 5, /*alone=*/true);
+  const std::vector<float> expected = data_parallel_steps(*plain, f, replica, 5, /*alone=*/true);
   if (got.size() != expected.size()) {
     std::fprintf(stderr, "rank %d: %zu logits, one process %zu\n", group.rank(), got.size(),
                  expected.size());
@@ -116,9 +119,9 @@ bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const
   }
   const double error = relative_error(got.data(), expected.data(), got.size());
   std::printf(
-      "%s, data-parallel attention, rank %d of 2 on one GPU, %s collectives: relative "
-      "error %.3g\n",
-      fixture, group.rank(),
+      "%s, data-parallel attention, rank %d of %d (%d replicas) on one GPU, %s collectives: "
+      "relative error %.3g\n",
+      fixture, group.rank(), group.size(), replicas,
       layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error);
   return error <= 1e-5;
 }
@@ -204,6 +207,24 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
           },
           std::chrono::milliseconds(300000));
     }
+  }
+}
+
+// SGLang's --dp-size below --tp-size: 2 replicas of 2 tensor-parallel ranks
+// (4 ranks on one GPU), each replica its own sequence.
+TEST_F(CudaModelGroup, ReplicasOfTensorRanksMatchOneProcessEach) {
+  for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
+    SCOPED_TRACE(fixture);
+    Layout layout;
+    layout.expert_parallel = true;
+    layout.data_parallel_attention = true;
+    layout.data_parallel_size = 2;
+    parallel::run_forked_group(
+        4,
+        [&](parallel::Communicator& group) {
+          return data_parallel_rank_matches_one_process(group, fixture, layout);
+        },
+        std::chrono::milliseconds(300000));
   }
 }
 

@@ -460,9 +460,9 @@ def main():
                           "--enable-dp-attention"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
-                         # On GPUs: one rank per replica so far.
-                         ((*dp(4), "--data-parallel-size", "2", "--device", "cuda"),
-                          "one rank per replica"),
+                         # On GPUs: not with LayerSplit inside the replicas yet.
+                         ((*dp(4), "--data-parallel-size", "2", "--enable-layer-split",
+                           "--device", "cuda"), "--enable-layer-split"),
                          (("--load-balance-method", "round_robin"), "--enable-dp-attention"),
                          ((*dp(2), "--load-balance-method", "random"), "round_robin")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",

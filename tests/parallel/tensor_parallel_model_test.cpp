@@ -704,20 +704,16 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 }
 
 // On GPUs the CUDA model runs tensor parallelism, expert parallelism over it
-// and data-parallel attention with one rank per replica only
-// (tests/cuda_parallel/cuda_model_group_test.cpp): the other layouts are
-// refused before anything loads, on any machine.
+// and data-parallel attention only (tests/cuda_parallel/cuda_model_group_test.cpp):
+// the other layouts are refused before anything loads, on any machine.
 TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
     for (int layout = 0; layout < 4; ++layout) {
       ModelLoadOptions options;
       options.group = &group;
       options.device = Device::CUDA;
-      options.expert_parallel = layout == 0;
-      // Replicas of tensor-parallel ranks (one replica of the 2 ranks here).
-      options.data_parallel_attention = layout == 0;
-      options.data_parallel_size = layout == 0 ? 1 : 0;
-      options.context_parallel = layout == 1;
+      options.expert_parallel = layout == 0;  // experts over context shares
+      options.context_parallel = layout == 1 || layout == 0;
       options.layer_split = layout == 2;
       options.split_indexer = layout == 3;
       try {

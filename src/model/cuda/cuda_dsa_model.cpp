@@ -4,6 +4,7 @@
 #if MEGACTX_HAVE_CUDA
 #include "model/cuda/cuda_dsa_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -63,22 +64,18 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   // need row shares, a replica's own tensor group or LayerSplit's broadcasts
   // in the CUDA forward (they run on the CPU, dsa_model.cpp).
   MEGACTX_CHECK(!plan_.experts_over_shares && plan_.context_parallel_size == 1 &&
-                    !plan_.layer_split && !plan_.indexer_split &&
-                    (!plan_.expert_all_to_all || plan_.tensor_parallel_size == 1),
+                    !plan_.layer_split && !plan_.indexer_split,
                 "CUDA model: of the parallel layouts only tensor parallelism, expert "
-                "parallelism over it and data-parallel attention with one rank per replica run "
-                "on the GPU so far (context parallelism, LayerSplit, the split indexer and "
-                "replicas of tensor-parallel ranks run on the CPU)");
-  MEGACTX_CHECK(!plan_.expert_all_to_all || options.group != nullptr,
-                "CUDA model: data-parallel attention needs its group");
+                "parallelism over it and data-parallel attention run on the GPU so far (context "
+                "parallelism, LayerSplit and the split indexer run on the CPU)");
+  // The group's size, as the host model's (dsa_model.cpp): tensor ranks (of
+  // every data-parallel replica) or expert ranks, whichever is more.
+  const int ranks =
+      std::max(plan_.tensor_parallel_size * plan_.data_parallel_size, plan_.expert_parallel_size);
   MEGACTX_CHECK(options.gpu_id_step >= 0, "CUDA model: gpu_id_step {} (must be >= 0)",
                 options.gpu_id_step);
-  MEGACTX_CHECK(
-      plan_.tensor_parallel_size == 1 ||
-          (options.group != nullptr && options.group->size() == plan_.tensor_parallel_size &&
-           options.group->rank() == plan_.tensor_parallel_rank),
-      "CUDA model: rank {} of a tensor-parallel plan over {} ranks needs its group",
-      plan_.tensor_parallel_rank, plan_.tensor_parallel_size);
+  MEGACTX_CHECK(ranks == 1 || (options.group != nullptr && options.group->size() == ranks),
+                "CUDA model: a parallel plan over {} ranks needs its group", ranks);
   MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   upload(rope_inv_freq_, rope_.inv_freq, stream_);  // rope_tables' frequencies, once
   if (options.group != nullptr && options.collectives == CudaModelOptions::Collectives::host) {
@@ -98,6 +95,13 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   // The CPU group is only NCCL's bootstrap, or the host collectives' carrier
   // (through group_).
   options_.group = nullptr;
+  tensor_group_ = group_.get();
+  if (group_ != nullptr && plan_.tensor_parallel_size > 1 && plan_.data_parallel_size > 1) {
+    // Data-parallel replicas of tensor-parallel ranks: the heads' partial
+    // sums within a replica, the experts' all-to-all over the whole group.
+    tensor_split_ = group_->split(plan_.data_parallel_rank, plan_.tensor_parallel_rank);
+    tensor_group_ = tensor_split_.get();
+  }
   blas_ = std::make_unique<Blas>(stream_);
   blas_->set_batch_invariant(options.batch_invariant);
   // Not in the fp32 mode (exact parity): fp8_native is the CLI's default even
@@ -118,6 +122,7 @@ CudaDsaModel::~CudaDsaModel() {
     std::fprintf(stderr, "%swall time of those forwards (host, incl. bookkeeping): %.3f ms\n",
                  timer_.report().c_str(), forward_wall_ms_);
   }
+  tensor_split_.reset();
   group_.reset();  // NCCL synchronises the stream it was given: before it goes
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
@@ -316,9 +321,15 @@ CudaDsaModel::Step CudaDsaModel::Step::rows_of(int64_t first, int64_t count, int
 }
 
 void CudaDsaModel::reduce_partial(float* data, int64_t count) {
-  // Data-parallel attention: every rank's outputs are whole (its own rows).
-  if (group_ != nullptr && !plan_.expert_all_to_all)
+  if (group_ == nullptr) return;
+  // Data-parallel attention: a rank's outputs are whole (its own rows), or
+  // with replicas of tensor ranks summed within the replica (whose ranks all
+  // have the same rows: none, in a step without any, which still runs the
+  // layers for the experts' all-to-all).
+  if (!plan_.expert_all_to_all)
     group_->all_reduce(data, count, parallel::ReduceOp::Sum);
+  else if (plan_.tensor_parallel_size > 1 && count > 0)
+    tensor_group_->all_reduce(data, count, parallel::ReduceOp::Sum);
 }
 
 void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
@@ -406,7 +417,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   // the rows, since every rank must make the same collectives whatever its
   // row count.
   const bool one_call = w.is_moe && plan_.expert_all_to_all;
-  if (one_call) moe(w, h, n, branch);
+  if (one_call) data_parallel_moe(w, h, n, branch);
   for (int64_t first = 0; first < n && !one_call; first += block) {
     const int64_t rows = std::min(block, n - first);
     if (w.is_moe) {

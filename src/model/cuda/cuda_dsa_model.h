@@ -162,6 +162,9 @@ class CudaDsaModel final : public LanguageModel {
     // shared expert's output.
     DeviceBuffer a2a_counts, a2a_recv_counts, a2a_send, a2a_send_ids, a2a_recv, a2a_recv_ids;
     DeviceBuffer a2a_results, a2a_back, a2a_index, a2a_ones, a2a_shared;
+    // Replicas of tensor ranks: this rank's slice of the MoE output and of
+    // the routing record, and every slice of the replica (gathered).
+    DeviceBuffer a2a_slice, a2a_slices, a2a_slice_ids, a2a_slices_ids;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -244,7 +247,19 @@ class CudaDsaModel final : public LanguageModel {
   // (rows may be 0: a rank without rows still serves the others' pairs)
   // routed, sent to their experts' ranks and back by all-to-all, combined
   // with the shared expert into out [rows, H]. Host-synchronous.
-  void moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // with_shared: add the shared expert (whole on this rank); off for a
+  // replica of tensor ranks, whose shared expert is split over them.
+  void moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out,
+                      bool with_shared = true);
+  // Data-parallel attention's MoE layer for this rank's replica's `rows`
+  // rows: moe_all_to_all, or with replicas of tensor-parallel ranks
+  // (ModelPlan::data_parallel_size > 1) moe_over_tensor_slices. rows may be 0.
+  void data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // A replica of tensor ranks (as DsaModel::moe_over_tensor_slices): each
+  // tensor rank sends a contiguous slice of the replica's rows through the
+  // all-to-all, the slices are gathered back over the replica (its routing
+  // record too), and the shared expert's width shares are summed over it.
+  void moe_over_tensor_slices(const DeviceLayer& w, const float* h, int64_t rows, float* out);
   // A step in which this rank of a data-parallel group has no rows: every
   // MoE layer's all-to-all, so the other ranks' pairs are answered.
   ForwardOutput forward_no_rows();
@@ -402,6 +417,10 @@ class CudaDsaModel final : public LanguageModel {
   cudaStream_t stream_ = nullptr;
   // The NCCL communicator of options.group's ranks, on stream_ (null: none).
   std::unique_ptr<parallel::Communicator> group_;
+  // The ranks whose partial sums meet: group_, or with replicas of
+  // tensor-parallel ranks a split of it (this replica's tensor ranks).
+  std::unique_ptr<parallel::Communicator> tensor_split_;
+  parallel::Communicator* tensor_group_ = nullptr;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   // final_norm's host copy of weights_->final_norm [H] (empty until first

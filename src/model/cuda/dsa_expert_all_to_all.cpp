@@ -1,4 +1,5 @@
-// CudaDsaModel::moe_all_to_all and forward_no_rows: the MoE layers of
+// CudaDsaModel::moe_all_to_all, moe_over_tensor_slices and
+// forward_no_rows: the MoE layers of
 // data-parallel attention on GPUs (ModelPlan::expert_all_to_all), as the CPU
 // model's DsaModel::routed_experts_all_to_all. Each rank holds attention,
 // the dense MLPs and the shared expert whole and `experts / ranks` routed
@@ -41,7 +42,8 @@ std::vector<T> download(const T* device, int64_t count, cudaStream_t stream) {
 
 }  // namespace
 
-void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out,
+                                  bool with_shared) {
   MEGACTX_CHECK(group_ != nullptr && plan_.local_experts > 0,
                 "CUDA model: the expert all-to-all needs a group and a share of the experts");
   Scratch& sc = scratch_;
@@ -58,7 +60,7 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   std::vector<int32_t> host_ids;
   if (rows > 0) {
     route(w, h, rows, &ids, &gates);
-    if (config_.n_shared_experts > 0) {
+    if (config_.n_shared_experts > 0 && with_shared) {
       timer_.mark("moe shared expert", stream_);
       float* result = sc.a2a_shared.get<float>(rows * hidden);
       mlp(w.shared, h, rows, result);
@@ -139,12 +141,85 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   grouped_moe_combine(ids, gates, shape, pair_out, shared, out, stream_);
 }
 
+void CudaDsaModel::data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows,
+                                     float* out) {
+  if (plan_.tensor_parallel_size > 1)
+    moe_over_tensor_slices(w, h, rows, out);
+  else
+    moe_all_to_all(w, h, rows, out);
+}
+
+void CudaDsaModel::moe_over_tensor_slices(const DeviceLayer& w, const float* h, int64_t rows,
+                                          float* out) {
+  Scratch& sc = scratch_;
+  const int64_t hidden = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  const int tensor = plan_.tensor_parallel_size;
+  const auto [first, last] = share_rows(rows, plan_.tensor_parallel_rank, tensor);
+  const int64_t slice = last - first;
+  const int64_t longest = share_rows(rows, 0, tensor).second;  // tensor rank 0's is a longest
+  // This rank's slice through the routed experts (every rank of the group
+  // takes part in the all-to-all, a slice of no rows too), its routing
+  // recorded at its rows; padded to the longest slice for the gather.
+  float* routed = sc.a2a_slice.get<float>(longest * hidden);
+  if (longest > 0) {
+    MEGACTX_CUDA_CHECK(
+        cudaMemsetAsync(routed, 0, static_cast<size_t>(longest * hidden) * sizeof(float), stream_));
+  }
+  int32_t* const capture = routed_ids_;
+  const int64_t words = config_.num_hidden_layers * top_k;  // a capture row
+  if (capture != nullptr) routed_ids_ = capture + first * words;
+  moe_all_to_all(w, h != nullptr ? h + first * hidden : nullptr, slice, routed,
+                 /*with_shared=*/false);
+  routed_ids_ = capture;
+  if (longest == 0) return;  // the replica has no rows: every tensor rank of it stops here
+  // The replica's rows back from its tensor ranks' slices.
+  float* all = sc.a2a_slices.get<float>(tensor * longest * hidden);
+  tensor_group_->all_gather(routed, all, longest * hidden * static_cast<int64_t>(sizeof(float)));
+  for (int r = 0; r < tensor; ++r) {
+    const auto [from, to] = share_rows(rows, r, tensor);
+    if (to > from) {
+      MEGACTX_CUDA_CHECK(cudaMemcpyAsync(out + from * hidden, all + r * longest * hidden,
+                                         static_cast<size_t>((to - from) * hidden) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  if (capture != nullptr) {
+    // The recorded routing of this layer likewise: this slice's [slice,
+    // top_k] out of the capture rows, gathered, and every slice's written back.
+    const size_t row_bytes = static_cast<size_t>(top_k) * sizeof(int32_t);
+    const size_t pitch = static_cast<size_t>(words) * sizeof(int32_t);
+    auto* mine = sc.a2a_slice_ids.get<int32_t>(longest * top_k);
+    auto* every = sc.a2a_slices_ids.get<int32_t>(tensor * longest * top_k);
+    int32_t* layer_column = capture + routed_layer_ * top_k;
+    if (slice > 0) {
+      MEGACTX_CUDA_CHECK(cudaMemcpy2DAsync(mine, row_bytes, layer_column + first * words, pitch,
+                                           row_bytes, static_cast<size_t>(slice),
+                                           cudaMemcpyDeviceToDevice, stream_));
+    }
+    tensor_group_->all_gather(mine, every, longest * top_k * static_cast<int64_t>(sizeof(int32_t)));
+    for (int r = 0; r < tensor; ++r) {
+      const auto [from, to] = share_rows(rows, r, tensor);
+      if (to == from) continue;
+      MEGACTX_CUDA_CHECK(cudaMemcpy2DAsync(
+          layer_column + from * words, pitch, every + r * longest * top_k, row_bytes, row_bytes,
+          static_cast<size_t>(to - from), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  if (config_.n_shared_experts > 0) {
+    // The shared experts' width is split over the replica's tensor ranks.
+    float* shared = sc.a2a_shared.get<float>(rows * hidden);
+    mlp(w.shared, h, rows, shared);
+    tensor_group_->all_reduce(shared, rows * hidden, parallel::ReduceOp::Sum);
+    add_into(out, shared, rows * hidden, stream_);
+  }
+}
+
 ForwardOutput CudaDsaModel::forward_no_rows() {
   MEGACTX_CHECK(weights_ != nullptr,
                 "the model's weights are released (resume_memory_occupation brings them back)");
   blas_->clear_shared_inputs();
   for (const DeviceLayer& w : weights_->layers)
-    if (w.is_moe) moe_all_to_all(w, nullptr, 0, nullptr);
+    if (w.is_moe) data_parallel_moe(w, nullptr, 0, nullptr);
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return no_rows_output(config_);  // on the host: the group gathers them
 }

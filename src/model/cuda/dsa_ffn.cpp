@@ -105,7 +105,7 @@ void CudaDsaModel::route(const DeviceLayer& w, const float* h, int64_t rows, int
 
 void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
   if (plan_.expert_all_to_all) {
-    moe_all_to_all(w, h, rows, out);
+    data_parallel_moe(w, h, rows, out);
     return;
   }
   Scratch& sc = scratch_;

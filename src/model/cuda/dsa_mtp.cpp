@@ -137,7 +137,7 @@ MtpLayer::Output CudaDsaModel::run_mtp_no_rows() {
   MEGACTX_CHECK(mtp_ != nullptr, "CUDA model: no MTP layer loaded (load_mtp)");
   // One decoder-layer pass per group run (the leader chains the drafts, one
   // run each), so one exchange, as the ranks with rows make.
-  if (mtp_->layer.is_moe) moe_all_to_all(mtp_->layer, nullptr, 0, nullptr);
+  if (mtp_->layer.is_moe) data_parallel_moe(mtp_->layer, nullptr, 0, nullptr);
   MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MtpLayer::Output output;
   output.logits = Tensor::empty({0, config_.vocab_size});
