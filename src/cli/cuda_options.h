@@ -87,10 +87,11 @@ inline void apply_cuda_options(const CudaModelOptions& given, ModelLoadOptions& 
     MEGACTX_CHECK(given.fast_attention == defaults.fast_attention,
                   "--cuda-fallback-attention needs --device cuda");
     MEGACTX_CHECK(given.device_moe == defaults.device_moe, "--cuda-host-moe needs --device cuda");
-    MEGACTX_CHECK(given.device_ordinal == defaults.device_ordinal &&
-                      given.gpu_id_step == defaults.gpu_id_step &&
-                      given.collectives == defaults.collectives,
-                  "--base-gpu-id, --gpu-id-step and --cuda-collectives need --device cuda");
+    MEGACTX_CHECK(given.device_ordinal == defaults.device_ordinal,
+                  "--base-gpu-id needs --device cuda");
+    MEGACTX_CHECK(given.gpu_id_step == defaults.gpu_id_step, "--gpu-id-step needs --device cuda");
+    MEGACTX_CHECK(given.collectives == defaults.collectives,
+                  "--cuda-collectives needs --device cuda");
   }
   load.cuda = given;
 }

@@ -83,7 +83,9 @@ def start_up_error(megactx, model, *extra):
 
 
 # Switches of the CUDA model: each needs --device cuda.
-CUDA_ONLY_FLAGS = ["--cuda-fallback-attention", "--cuda-host-moe", "--no-cuda-graphs"]
+CUDA_ONLY_FLAGS = [["--cuda-fallback-attention"], ["--cuda-host-moe"], ["--no-cuda-graphs"],
+                   ["--base-gpu-id", "1"], ["--gpu-id-step", "0"],
+                   ["--cuda-collectives", "host"]]
 
 
 def cuda_flag_error(megactx, command, model, flag):
@@ -91,7 +93,7 @@ def cuda_flag_error(megactx, command, model, flag):
     extra = {"generate": ["--input-ids", PROMPT, "--max-new-tokens", "2"],
              "logits": ["--input-ids", PROMPT, "--out", os.devnull],
              "serve": ["--port", "0"]}[command]
-    result = subprocess.run([megactx, command, "--model", model, *extra, flag],
+    result = subprocess.run([megactx, command, "--model", model, *extra, *flag],
                             capture_output=True, text=True, timeout=600)
     return result.returncode, result.stderr.strip()
 
@@ -102,13 +104,14 @@ def check_cuda_flags_need_cuda(megactx, model):
     if os.path.exists(os.path.join(model, "tokenizer.json")):
         commands.append("serve")  # serve loads the tokenizer first
     for command in commands:
-        flags = CUDA_ONLY_FLAGS + (["--cuda-bf16"] if command != "logits" else [])
+        flags = CUDA_ONLY_FLAGS + ([["--cuda-bf16"]] if command != "logits" else [])
         for flag in flags:
             code, text = cuda_flag_error(megactx, command, model, flag)
             lines = text.splitlines()
             check(code == 1 and len(lines) >= 1 and "error" in lines[-1] and
-                  f"{flag} needs --device cuda" in lines[-1],
-                  f"{name}: {command} {flag} without --device cuda is an error: {text[-300:]}")
+                  f"{flag[0]} needs --device cuda" in lines[-1],
+                  f"{name}: {command} {' '.join(flag)} without --device cuda is an error: "
+                  f"{text[-300:]}")
 
 
 def check_host_kv_memory_errors(megactx, model):
