@@ -127,6 +127,8 @@ class NcclCommunicator final : public Communicator {
         const std::string host_id = "megactx-rank-" + std::to_string(rank_);
         ::setenv("NCCL_HOSTID", host_id.c_str(), /*overwrite=*/1);  // must differ by rank
         ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
+        // Loopback sockets, not an InfiniBand NIC the machine may have.
+        ::setenv("NCCL_IB_DISABLE", "1", /*overwrite=*/0);
       }
       NcclUniqueId id{};
       if (rank_ == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");

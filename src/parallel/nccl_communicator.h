@@ -36,7 +36,8 @@ struct NcclCommunicatorOptions {
   // one host ("Duplicate GPU detected"), so each rank names itself a host of
   // its own (NCCL_HOSTID, set per rank) and the ranks
   // then meet over NCCL's socket transport on the loopback interface
-  // (NCCL_SOCKET_IFNAME=lo, unless set): slow, but the same collectives.
+  // (NCCL_SOCKET_IFNAME=lo and NCCL_IB_DISABLE=1, unless set): slow, but the
+  // same collectives.
   bool ranks_share_device = false;
 };
 

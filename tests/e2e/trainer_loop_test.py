@@ -952,6 +952,7 @@ def main():
             parser.error("--nccl-group needs --device cuda and a GPU here")
         os.environ["NCCL_HOSTID"] = "megactx-server"  # the servers' torch helpers inherit it
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_IB_DISABLE", "1")
     torch.set_num_threads(ARGS.torch_threads)
     with open(os.path.join(ARGS.model, "config.json")) as f:
         config = json.load(f)
