@@ -59,9 +59,9 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
   // Of the parallel layouts tensor parallelism, expert parallelism over it
   // (each rank its experts for every row, summed with the rest) and
-  // data-parallel attention with one rank per replica (the expert
-  // all-to-all, dsa_expert_all_to_all.cpp) run on the GPU so far: the others
-  // need row shares, a replica's own tensor group or LayerSplit's broadcasts
+  // data-parallel attention (the expert all-to-all,
+  // dsa_expert_all_to_all.cpp; replicas of one rank or of tensor ranks) run
+  // on the GPU so far: the others need row shares or LayerSplit's broadcasts
   // in the CUDA forward (they run on the CPU, dsa_model.cpp).
   MEGACTX_CHECK(!plan_.experts_over_shares && plan_.context_parallel_size == 1 &&
                     !plan_.layer_split && !plan_.indexer_split,
