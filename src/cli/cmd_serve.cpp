@@ -238,8 +238,9 @@ int run_serve(const ServeOptions& options) {
                 "tensor, expert and data parallel)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
   if (options.context_parallel_size > 1) {
-    MEGACTX_CHECK(options.device == "cpu",
-                  "--context-parallel-size runs on the CPU only so far (one GPU is lent here)");
+    MEGACTX_CHECK(options.device == "cpu" || options.tensor_parallel_size == 1,
+                  "--context-parallel-size with --tensor-parallel-size runs on the CPU only so "
+                  "far (on GPUs: context parallelism over the whole group)");
   }
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;

@@ -113,17 +113,23 @@ std::unique_ptr<LanguageModel> load_cuda_from_checkpoint(const Checkpoint* check
 
 std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
                                                    const ModelLoadOptions& options) {
-  // A group on GPUs: tensor parallelism, expert parallelism over it and
-  // data-parallel attention only so far; each rank reads its share of the
-  // checkpoint
+  // A group on GPUs: tensor parallelism, expert parallelism over it,
+  // data-parallel attention and context parallelism over the whole group only
+  // so far; each rank reads its share of the checkpoint
   // (checkpoint_shares.h), e4m3 weights kept native.
   const bool gpu_group =
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
+  const bool context_over_group =
+      options.context_parallel &&
+      (options.context_parallel_size == 0 ||
+       (options.group != nullptr && options.context_parallel_size == options.group->size()));
   MEGACTX_CHECK(
-      !gpu_group || (!options.context_parallel && !options.layer_split && !options.split_indexer),
-      "--device cuda with a group of {}: only tensor parallelism, expert parallelism over it "
-      "and data-parallel attention run on GPUs so far (context parallelism, LayerSplit and the "
-      "split indexer run on the CPU)",
+      !gpu_group || ((!options.context_parallel || context_over_group) && !options.layer_split &&
+                     !options.split_indexer),
+      "--device cuda with a group of {}: only tensor parallelism, expert parallelism over it, "
+      "data-parallel attention and context parallelism over the whole group run on GPUs so far "
+      "(context shares of tensor-parallel ranks, LayerSplit and the split indexer run on the "
+      "CPU)",
       options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;

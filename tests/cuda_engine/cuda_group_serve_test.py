@@ -2,7 +2,8 @@
 (`--gpu-id-step 0`): the serving group's ranks, each a CUDA model with its
 share of the heads and MLP widths (or of the routed experts, with
 `--expert-parallel-size 2`; or attention whole and its own requests, with
-`--enable-dp-attention`), give the single-process CUDA server's greedy ids
+`--enable-dp-attention`; or every prefill step's rows split, with
+`--context-parallel-size 2`), give the single-process CUDA server's greedy ids
 (and HF's, the fixture's reference.json) with logprobs within 1e-4, for three
 concurrent requests; with MTP speculation (`--speculative-steps 3`, the
 default model; tensor parallel and data-parallel attention) one process's
@@ -66,6 +67,10 @@ def main():
                         ("--expert-parallel-size", "2", "--enable-dp-attention")):
             layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
+        # Context parallelism: every prefill step's rows split over 2 ranks.
+        for experts in ((), ("--expert-parallel-size", "2")):
+            layouts.append(("--context-parallel-size", "2", *experts, "--gpu-id-step", "0",
+                            "--cuda-collectives", collectives))
         # SGLang's --dp-size below --tp-size: 2 replicas of 2 tensor-parallel ranks.
         layouts.append(("--tensor-parallel-size", "4", "--expert-parallel-size", "4",
                         "--enable-dp-attention", "--data-parallel-size", "2", "--gpu-id-step", "0",
@@ -84,9 +89,13 @@ def main():
         same = all(got[0] == want[0] for got, want in zip(outputs, plain))
         worst = max(abs(a - b) for got, want in zip(outputs, plain)
                     for a, b in zip(got[1], want[1]))
-        ranks = int(layout[layout.index("--tensor-parallel-size") + 1])
-        ok = same and worst <= 1e-4 and workers == ranks - 1 and \
-            info.get("tensor_parallel_size") == ranks
+        sizes = {flag: int(layout[i + 1]) for i, flag in enumerate(layout)
+                 if flag in ("--tensor-parallel-size", "--context-parallel-size")}
+        tensor = sizes.get("--tensor-parallel-size", 1)
+        context = sizes.get("--context-parallel-size", 1)
+        ok = same and worst <= 1e-4 and workers == tensor * context - 1 and \
+            info.get("tensor_parallel_size") == tensor and \
+            info.get("context_parallel_size", 1) == context
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} workers, greedy ids "
               f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "

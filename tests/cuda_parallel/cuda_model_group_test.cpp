@@ -40,6 +40,7 @@ struct Layout {
   bool expert_parallel = false;
   bool data_parallel_attention = false;  // with expert_parallel: each rank its own rows
   int data_parallel_size = 0;            // replicas (0: one per rank)
+  bool context_parallel = false;         // every step's rows split over the ranks
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -56,6 +57,7 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.expert_parallel = group != nullptr && layout.expert_parallel;
   options.data_parallel_attention = group != nullptr && layout.data_parallel_attention;
   options.data_parallel_size = group != nullptr ? layout.data_parallel_size : 0;
+  options.context_parallel = group != nullptr && layout.context_parallel;
   return load_language_model(fixture_dir(fixture), options);
 }
 
@@ -155,7 +157,11 @@ bool rank_matches_one_process(parallel::Communicator& group, const char* fixture
   std::printf(
       "%s, 2 ranks on one GPU, %s%s, %s collectives: relative error %.3g (bound %.0g), "
       "%lld graph replays\n",
-      fixture, layout.expert_parallel ? "experts split" : "tensor parallel",
+      fixture,
+      layout.context_parallel ? (layout.expert_parallel ? "context parallel, experts split"
+                                                        : "context parallel")
+      : layout.expert_parallel ? "experts split"
+                               : "tensor parallel",
       layout.bf16 ? ", bf16" : "",
       layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error, bound,
       static_cast<long long>(replays));
@@ -204,6 +210,26 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
           2,
           [&](parallel::Communicator& group) {
             return data_parallel_rank_matches_one_process(group, fixture, layout);
+          },
+          std::chrono::milliseconds(300000));
+    }
+  }
+}
+
+// Context parallelism over 2 ranks on one GPU: each prefill chunk's rows
+// split (a decode step's one row runs whole on both), the experts whole or
+// sharded and reached by all-to-all.
+TEST_F(CudaModelGroup, ContextParallelRanksMatchOneProcess) {
+  for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
+    for (const bool experts : {false, true}) {
+      SCOPED_TRACE(std::string(fixture) + (experts ? " experts split" : ""));
+      Layout layout;
+      layout.context_parallel = true;
+      layout.expert_parallel = experts;
+      parallel::run_forked_group(
+          2,
+          [&](parallel::Communicator& group) {
+            return rank_matches_one_process(group, fixture, layout);
           },
           std::chrono::milliseconds(300000));
     }

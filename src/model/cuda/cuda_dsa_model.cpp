@@ -58,20 +58,25 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
                 "CUDA model: weights for {} layers, the config has {}",
                 weights ? weights->layers.size() : 0, config_.num_hidden_layers);
   // Of the parallel layouts tensor parallelism, expert parallelism over it
-  // (each rank its experts for every row, summed with the rest) and
+  // (each rank its experts for every row, summed with the rest),
   // data-parallel attention (the expert all-to-all,
-  // dsa_expert_all_to_all.cpp; replicas of one rank or of tensor ranks) run
-  // on the GPU so far: the others need row shares or LayerSplit's broadcasts
-  // in the CUDA forward (they run on the CPU, dsa_model.cpp).
-  MEGACTX_CHECK(!plan_.experts_over_shares && plan_.context_parallel_size == 1 &&
-                    !plan_.layer_split && !plan_.indexer_split,
+  // dsa_expert_all_to_all.cpp; replicas of one rank or of tensor ranks) and
+  // context parallelism over the whole group (dsa_context_parallel.cpp; its
+  // experts whole or by all-to-all) run on the GPU so far: context shares of
+  // tensor ranks, LayerSplit's broadcasts and the split indexer run on the
+  // CPU (dsa_model.cpp).
+  MEGACTX_CHECK(!plan_.experts_over_shares && !plan_.layer_split && !plan_.indexer_split &&
+                    (plan_.context_parallel_size == 1 || plan_.tensor_parallel_size == 1),
                 "CUDA model: of the parallel layouts only tensor parallelism, expert "
-                "parallelism over it and data-parallel attention run on the GPU so far (context "
-                "parallelism, LayerSplit and the split indexer run on the CPU)");
+                "parallelism over it, data-parallel attention and context parallelism over the "
+                "whole group run on the GPU so far (context shares of tensor-parallel ranks, "
+                "LayerSplit and the split indexer run on the CPU)");
   // The group's size, as the host model's (dsa_model.cpp): tensor ranks (of
-  // every data-parallel replica) or expert ranks, whichever is more.
+  // every data-parallel replica or context share) or expert ranks, whichever
+  // is more.
   const int ranks =
-      std::max(plan_.tensor_parallel_size * plan_.data_parallel_size, plan_.expert_parallel_size);
+      std::max(plan_.tensor_parallel_size * plan_.data_parallel_size * plan_.context_parallel_size,
+               plan_.expert_parallel_size);
   MEGACTX_CHECK(options.gpu_id_step >= 0, "CUDA model: gpu_id_step {} (must be >= 0)",
                 options.gpu_id_step);
   MEGACTX_CHECK(ranks == 1 || (options.group != nullptr && options.group->size() == ranks),
@@ -326,7 +331,8 @@ void CudaDsaModel::reduce_partial(float* data, int64_t count) {
   // with replicas of tensor ranks summed within the replica (whose ranks all
   // have the same rows: none, in a step without any, which still runs the
   // layers for the experts' all-to-all).
-  if (!plan_.expert_all_to_all)
+  // Context parallelism: the branches are gathered whole, nothing to sum.
+  if (!plan_.expert_all_to_all && plan_.context_parallel_size == 1)
     group_->all_reduce(data, count, parallel::ReduceOp::Sum);
   else if (plan_.tensor_parallel_size > 1 && count > 0)
     tensor_group_->all_reduce(data, count, parallel::ReduceOp::Sum);
@@ -399,7 +405,13 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   blas_->share_input(h, n, hidden, hidden, h_bf16, attention_f32);
   blas_->share_fp8_input(h, n, hidden, hidden, attention_fp8.q, attention_fp8.scale_rows,
                          attention_fp8.scale_groups);
-  attention(w, layer, h, step, cache, branch);
+  // Context parallelism: this rank's share of the rows (every row's latent
+  // and key still go into its cache); the others' outputs gathered after.
+  const auto [own_first, own_last] = context_rows(n);
+  const int64_t own = own_last - own_first;
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(float));
+  attention(w, layer, h, step, cache, branch, own_first, own_last);
+  if (own < n) gather_context_rows(branch, row_bytes, row_bytes, n, own_first, own_last);
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's heads' share of o_proj
   timer_.mark("norms + residual", stream_);
   const bool mlp_f32 = reads_f32_norm(w, /*attention=*/false);
@@ -409,17 +421,20 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   blas_->share_input(h, n, hidden, hidden, h_bf16, mlp_f32);
   blas_->share_fp8_input(h, n, hidden, hidden, mlp_fp8.q, mlp_fp8.scale_rows, mlp_fp8.scale_groups);
   // The feed-forward in blocks of row_block(n) rows, as attention's core: its
-  // activations are [block, ...] whatever n is.
-  const int64_t block = row_block(n);
+  // activations are [block, ...] whatever n is. This rank's rows.
+  const int64_t block = row_block(own);
   const int64_t routed_row_words = config_.num_hidden_layers * config_.num_experts_per_tok;
   int32_t* const routed = routed_ids_;
   // Data-parallel attention: one expert all-to-all per MoE layer over all
   // the rows, since every rank must make the same collectives whatever its
   // row count.
   const bool one_call = w.is_moe && plan_.expert_all_to_all;
-  if (one_call) data_parallel_moe(w, h, n, branch);
-  for (int64_t first = 0; first < n && !one_call; first += block) {
-    const int64_t rows = std::min(block, n - first);
+  if (one_call) {
+    if (routed != nullptr) routed_ids_ = routed + own_first * routed_row_words;
+    data_parallel_moe(w, h + own_first * hidden, own, branch + own_first * hidden);
+  }
+  for (int64_t first = own_first; first < own_last && !one_call; first += block) {
+    const int64_t rows = std::min(block, own_last - first);
     if (w.is_moe) {
       // The routed-expert capture of these rows starts at row `first`.
       if (routed != nullptr) routed_ids_ = routed + first * routed_row_words;
@@ -430,6 +445,16 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
     }
   }
   routed_ids_ = routed;
+  if (own < n) {
+    gather_context_rows(branch, row_bytes, row_bytes, n, own_first, own_last);
+    if (w.is_moe && routed != nullptr) {
+      // The routing record of this layer: [n, top_k] of the capture rows.
+      const int64_t top_k = config_.num_experts_per_tok;
+      gather_context_rows(routed + layer * top_k, top_k * static_cast<int64_t>(sizeof(int32_t)),
+                          routed_row_words * static_cast<int64_t>(sizeof(int32_t)), n, own_first,
+                          own_last);
+    }
+  }
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's share of every MLP's width
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {

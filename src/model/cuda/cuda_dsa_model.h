@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/dsa_fallback/dsa_fallback.h"
@@ -165,6 +166,8 @@ class CudaDsaModel final : public LanguageModel {
     // Replicas of tensor ranks: this rank's slice of the MoE output and of
     // the routing record, and every slice of the replica (gathered).
     DeviceBuffer a2a_slice, a2a_slices, a2a_slice_ids, a2a_slices_ids;
+    // Context parallelism: this rank's rows packed, and every rank's.
+    DeviceBuffer context_mine, context_all;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -230,11 +233,27 @@ class CudaDsaModel final : public LanguageModel {
   // feed-forward output, summed over the tensor-parallel group in place (on
   // stream_; nothing without a group).
   void reduce_partial(float* data, int64_t count);
+  // Rows [first, last) of the step are this rank's: all of them, or with
+  // context parallelism its share (context_rows). Every row's latent and
+  // indexer key are written to the cache; the queries, the indexer's scores
+  // and the sparse attention are computed for this rank's rows only, into
+  // out [n, H] at their places.
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
-                 PagedKvCache& cache, float* out);
-  // q_resid: [n, q_lora] with row stride q_resid_stride (the stacked q_a | kv_a output).
+                 PagedKvCache& cache, float* out, int64_t first, int64_t last);
+  // q_resid: [n, q_lora] with row stride q_resid_stride (the stacked q_a | kv_a
+  // output). Keys for all n rows, scores and top-k for rows [first, last).
   void indexer(const DeviceLayer& w, int64_t layer, const float* h, const float* q_resid,
-               int64_t q_resid_stride, Step& step, PagedKvCache& cache);
+               int64_t q_resid_stride, Step& step, PagedKvCache& cache, int64_t first,
+               int64_t last);
+  // Context parallelism (ModelPlan::context_parallel_size > 1, over the whole
+  // group; model/cuda/dsa_context_parallel.cpp): this rank's rows of a step of
+  // n rows (all of them when n is smaller than the group, as the host model).
+  std::pair<int64_t, int64_t> context_rows(int64_t n) const;
+  // data: rows of `row_bytes` bytes `pitch` bytes apart, [n] of them, this
+  // rank's [first, last) written: every rank's rows gathered into every
+  // rank's copy (one all_gather of the longest share, padded).
+  void gather_context_rows(void* data, int64_t row_bytes, int64_t pitch, int64_t n, int64_t first,
+                           int64_t last);
   // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
   void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);

@@ -27,7 +27,7 @@ bool stacked_qkv_a() {
 }  // namespace
 
 void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
-                             PagedKvCache& cache, float* out) {
+                             PagedKvCache& cache, float* out, int64_t own_first, int64_t own_last) {
   Scratch& sc = scratch_;
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
@@ -98,14 +98,15 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 
   if (w.has_indexer && !step.shared) {
     timer_.mark("indexer proj + cache", stream_);
-    indexer(w, layer, h, q_resid, q_stride, step, cache);
+    indexer(w, layer, h, q_resid, q_stride, step, cache, own_first, own_last);
     assign_offload_early(layer, step, cache);
   }
 
   // The attention core, in blocks of row_block(n) rows: every row's key is in
   // the cache and its selection in step.topk, so a block needs nothing of the
-  // others, and its activations below are [block, ...] whatever n is.
-  const int64_t block = row_block(n);
+  // others, and its activations below are [block, ...] whatever n is. This
+  // rank's rows only (context parallelism: its share).
+  const int64_t block = row_block(own_last - own_first);
   // The live host tier, large steps: the union of the step's selected
   // offload entries into device rows, for all of its blocks at once.
   stage_offload_union(layer, step, cache);
@@ -113,8 +114,8 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   float* q_latent = sc.q_latent.get<float>(block * heads * lora);
   float* o_latent = sc.o_latent.get<float>(block * heads * lora);
   float* o = sc.o.get<float>(block * heads * value);
-  for (int64_t first = 0; first < n; first += block) {
-    const int64_t rows = std::min(block, n - first);
+  for (int64_t first = own_first; first < own_last; first += block) {
+    const int64_t rows = std::min(block, own_last - first);
     const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
     timer_.mark("attn projections", stream_);
     const bool fast = use_fast_attention(part);
@@ -194,7 +195,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
 
 void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
                            const float* q_resid, int64_t q_resid_stride, Step& step,
-                           PagedKvCache& cache) {
+                           PagedKvCache& cache, int64_t own_first, int64_t own_last) {
   Scratch& sc = scratch_;
   ++selection_epoch_;  // step.topk is written below
   const AttentionDims& d = plan_.attention;
@@ -202,10 +203,19 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   const int64_t rope = d.rope, q_lora = d.q_lora;  // prepare_device checked the q-LoRA
   const bool interleaved = d.indexer_rope_interleave;
 
+  // This rank's rows score (context parallelism: its share); every row's key
+  // goes into the cache.
+  const int64_t own = own_last - own_first;
+  // The scoring rows' step: the step itself (its lazily built row tables
+  // stay with it), or this rank's rows of it.
+  Step share;
+  if (own != n) share = step.rows_of(own_first, own, rope / 2, index_topk_);
+  Step& part = own == n ? step : share;
   // Heads are [rope | nope] (rope first, unlike MLA).
-  float* q = sc.iq.get<float>(n * heads * dim);
-  blas_->linear(q_resid, n, q_lora, q_resid_stride, w.wq_b, heads * dim, q, heads * dim);
-  cuda::rope(q, n, heads, heads * dim, dim, rope, step.cos, step.sin, interleaved, stream_);
+  float* q = sc.iq.get<float>(own * heads * dim);
+  blas_->linear(q_resid + own_first * q_resid_stride, own, q_lora, q_resid_stride, w.wq_b,
+                heads * dim, q, heads * dim);
+  cuda::rope(q, own, heads, heads * dim, dim, rope, part.cos, part.sin, interleaved, stream_);
   // The key: LayerNorm, RoPE on its first `rope` values, into the cache (one
   // launch, or the three with MEGACTX_FUSED_LATENT_WRITE=0).
   float* k_raw = sc.k_raw.get<float>(n * dim);
@@ -233,31 +243,31 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   }
   // weights [n, heads] = weights_proj(h) * heads^-0.5; the fast path's
   // quantisation applies the factor itself (one launch fewer).
-  float* weights = sc.iw.get<float>(n * heads);
-  blas_->linear(h, n, hidden, w.weights_proj, heads, weights);
+  float* weights = sc.iw.get<float>(own * heads);
+  blas_->linear(h + own_first * hidden, own, hidden, w.weights_proj, heads, weights);
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
-  if (use_fast_attention(step)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
+  if (use_fast_attention(part)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("indexer scores + top-k", stream_);
-    fast_indexer(q, weights, head_scale, layer, step, cache);
+    fast_indexer(q, weights, head_scale, layer, part, cache);
     return;
   }
-  scale(weights, head_scale, n * heads, stream_);
+  scale(weights, head_scale, own * heads, stream_);
 
   IndexerFallbackParams p;
   p.q = q;
   p.weights = weights;
   p.pool = cache.indexer_pool(layer).raw();
-  p.layout = step.indexer;
-  p.rows = step.rows;
-  p.tokens = n;
+  p.layout = part.indexer;
+  p.rows = part.rows;
+  p.tokens = own;
   p.heads = heads;
   p.dim = dim;
   p.topk = index_topk_;
-  p.max_context = step.max_context;
+  p.max_context = part.max_context;
   p.scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  p.scores = sc.scores.get<float>(n * step.max_context);
-  p.indices = step.topk;
-  p.counts = step.counts;
+  p.scores = sc.scores.get<float>(own * part.max_context);
+  p.indices = part.topk;
+  p.counts = part.counts;
   timer_.mark("indexer scores + top-k", stream_);
   indexer_topk_fallback(p, stream_);
 }

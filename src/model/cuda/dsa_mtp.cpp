@@ -105,8 +105,11 @@ int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
                                                           const PagedKvCache& cache,
                                                           int64_t chain) const {
-  // Data-parallel attention's expert all-to-all reads its counts on the host.
-  if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all) return std::nullopt;
+  // Data-parallel attention's expert all-to-all reads its counts on the
+  // host; context parallelism's row shares are not captured either.
+  if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all ||
+      plan_.context_parallel_size > 1)
+    return std::nullopt;
   const int64_t count = sequences.front().count;
   for (const MtpLayer::Rows& r : sequences) {
     if (r.count != count) return std::nullopt;
