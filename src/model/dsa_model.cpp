@@ -102,11 +102,7 @@ std::unique_ptr<PagedKvCache> DsaModel::make_host_kv_cache(const KvCacheSpec& sp
 }
 
 std::vector<KvCacheSpec> DsaModel::kv_cache_shares(const KvCacheSpec& whole) const {
-  if (!plan_.layer_split) return {whole};
-  std::vector<KvCacheSpec> shares;
-  for (int rank = 0; rank < plan_.tensor_parallel_size; ++rank)
-    shares.push_back(layer_split_spec(plan_, whole, rank));
-  return shares;
+  return layer_split_shares(plan_, whole);
 }
 
 void DsaModel::reduce_partial(float* data, int64_t count) {

@@ -63,6 +63,11 @@ CudaModelOptions cuda_model_options(const ModelLoadOptions& options) {
 // and is freed.
 std::unique_ptr<LanguageModel> build(const ModelConfig& config, WeightSource& weights,
                                      const ModelLoadOptions& options) {
+  // LayerSplit on GPUs: the host shares drop the kv_a and indexer weights of
+  // the layers another rank owns, which the CUDA upload does not take yet.
+  MEGACTX_CHECK(options.device != Device::CUDA || !options.layer_split,
+                "LayerSplit on GPUs loads each rank's share straight from the checkpoint: not "
+                "with --cuda-fp8-upcast or random float weights");
   std::unique_ptr<LanguageModel> host = build_host(config, weights, options);
   if (options.device != Device::CUDA) return host;
 #if MEGACTX_HAVE_CUDA
@@ -124,12 +129,13 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
       (options.context_parallel_size == 0 ||
        (options.group != nullptr && options.context_parallel_size == options.group->size()));
   MEGACTX_CHECK(
-      !gpu_group || ((!options.context_parallel || context_over_group) && !options.layer_split &&
-                     !options.split_indexer),
-      "--device cuda with a group of {}: only tensor parallelism, expert parallelism over it, "
-      "data-parallel attention and context parallelism over the whole group run on GPUs so far "
-      "(context shares of tensor-parallel ranks, LayerSplit and the split indexer run on the "
-      "CPU)",
+      !gpu_group || ((!options.context_parallel || context_over_group) && !options.split_indexer &&
+                     (!options.layer_split ||
+                      (!options.context_parallel && !options.data_parallel_attention))),
+      "--device cuda with a group of {}: only tensor parallelism (with LayerSplit), expert "
+      "parallelism over it, data-parallel attention and context parallelism over the whole group "
+      "run on GPUs so far (context shares of tensor-parallel ranks, LayerSplit with "
+      "data-parallel attention or context parallelism and the split indexer run on the CPU)",
       options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;

@@ -232,6 +232,14 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
   return owners;
 }
 
+std::vector<KvCacheSpec> layer_split_shares(const ModelPlan& plan, const KvCacheSpec& whole) {
+  if (!plan.layer_split) return {whole};
+  std::vector<KvCacheSpec> shares;
+  for (int rank = 0; rank < plan.tensor_parallel_size; ++rank)
+    shares.push_back(layer_split_spec(plan, whole, rank));
+  return shares;
+}
+
 KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank) {
   if (!plan.layer_split) return whole;
   KvCacheSpec spec = whole;

@@ -190,6 +190,9 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
 // the decoder layers it owns, and the MTP layer's when `whole` has them);
 // `whole` itself without LayerSplit.
 KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank);
+// Every tensor-parallel rank's layer_split_spec of `whole` (LanguageModel::
+// kv_cache_shares), or {whole} without LayerSplit.
+std::vector<KvCacheSpec> layer_split_shares(const ModelPlan& plan, const KvCacheSpec& whole);
 
 // The plan of one rank from the whole model's plan (see ModelPlan). Throws
 // megactx::Error when the heads, the MLP, shared-expert or expert widths or

@@ -67,6 +67,9 @@ def main():
                         ("--expert-parallel-size", "2", "--enable-dp-attention")):
             layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
+        # LayerSplit: each layer's KV cache on one of the 2 ranks.
+        layouts.append(("--tensor-parallel-size", "2", "--enable-layer-split", "--gpu-id-step",
+                        "0", "--cuda-collectives", collectives))
         # Context parallelism: every prefill step's rows split over 2 ranks.
         for experts in ((), ("--expert-parallel-size", "2")):
             layouts.append(("--context-parallel-size", "2", *experts, "--gpu-id-step", "0",

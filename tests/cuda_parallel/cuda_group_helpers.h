@@ -33,7 +33,8 @@ inline std::vector<float> prefill_and_decode_logits(LanguageModel& model, const 
                                                     int64_t steps) {
   const int64_t prompt = static_cast<int64_t>(f.input_ids.size());
   const int64_t pages = (prompt + steps + 63) / 64 + 1;
-  auto cache = make_cuda_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
+  // The model's own cache: a LayerSplit rank holds its layers' pools only.
+  auto cache = model.make_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
   std::vector<int32_t> table;
   for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
   std::vector<float> out;

@@ -41,6 +41,7 @@ struct Layout {
   bool data_parallel_attention = false;  // with expert_parallel: each rank its own rows
   int data_parallel_size = 0;            // replicas (0: one per rank)
   bool context_parallel = false;         // every step's rows split over the ranks
+  bool layer_split = false;              // each layer's KV on one rank
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -58,6 +59,7 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.data_parallel_attention = group != nullptr && layout.data_parallel_attention;
   options.data_parallel_size = group != nullptr ? layout.data_parallel_size : 0;
   options.context_parallel = group != nullptr && layout.context_parallel;
+  options.layer_split = group != nullptr && layout.layer_split;
   return load_language_model(fixture_dir(fixture), options);
 }
 
@@ -158,8 +160,9 @@ bool rank_matches_one_process(parallel::Communicator& group, const char* fixture
       "%s, 2 ranks on one GPU, %s%s, %s collectives: relative error %.3g (bound %.0g), "
       "%lld graph replays\n",
       fixture,
-      layout.context_parallel ? (layout.expert_parallel ? "context parallel, experts split"
-                                                        : "context parallel")
+      layout.context_parallel
+          ? (layout.expert_parallel ? "context parallel, experts split" : "context parallel")
+      : layout.layer_split ? (layout.expert_parallel ? "LayerSplit, experts split" : "LayerSplit")
       : layout.expert_parallel ? "experts split"
                                : "tensor parallel",
       layout.bf16 ? ", bf16" : "",
@@ -210,6 +213,26 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
           2,
           [&](parallel::Communicator& group) {
             return data_parallel_rank_matches_one_process(group, fixture, layout);
+          },
+          std::chrono::milliseconds(300000));
+    }
+  }
+}
+
+// LayerSplit over 2 tensor-parallel ranks on one GPU: each layer's pools on
+// its owner, which sends the others its latent pool and, on an indexer
+// layer, its selection; the experts split too.
+TEST_F(CudaModelGroup, LayerSplitRanksMatchOneProcess) {
+  for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
+    for (const bool experts : {false, true}) {
+      SCOPED_TRACE(std::string(fixture) + (experts ? " experts split" : ""));
+      Layout layout;
+      layout.layer_split = true;
+      layout.expert_parallel = experts;
+      parallel::run_forked_group(
+          2,
+          [&](parallel::Communicator& group) {
+            return rank_matches_one_process(group, fixture, layout);
           },
           std::chrono::milliseconds(300000));
     }

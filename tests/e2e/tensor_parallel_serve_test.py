@@ -400,7 +400,8 @@ def main():
                   ("--tensor-parallel-size", "2", "--split-indexer", "--enable-layer-split"),
                   ("--context-parallel-size", "2", "--enable-layer-split"),
                   ("--tensor-parallel-size", "2", "--enable-layer-split", "--enable-dp-attention"),
-                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--device", "cuda")):
+                  ("--tensor-parallel-size", "2", "--enable-layer-split", "--host-latent-memory",
+                   "64MiB", "--device", "cuda")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)
         refused = result.returncode != 0 and "error" in result.stderr.lower() and \

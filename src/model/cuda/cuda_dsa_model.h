@@ -55,6 +55,8 @@ class CudaDsaModel final : public LanguageModel {
   // Device pools, pinned host-tier pools with copies on stream(), the MTP
   // layer on the device (model/cuda/dsa_device_hooks.cpp).
   std::unique_ptr<PagedKvCache> make_kv_cache(const KvCacheSpec& spec) const override;
+  // LayerSplit: each rank's pools (layer_split_spec), as the host model's.
+  std::vector<KvCacheSpec> kv_cache_shares(const KvCacheSpec& whole) const override;
   std::unique_ptr<PagedKvCache> make_host_kv_cache(const KvCacheSpec& spec) const override;
   KvPageCopy kv_page_copy() const override;
   using LanguageModel::load_mtp_layer;
@@ -168,6 +170,8 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer a2a_slice, a2a_slices, a2a_slice_ids, a2a_slices_ids;
     // Context parallelism: this rank's rows packed, and every rank's.
     DeviceBuffer context_mine, context_all;
+    // LayerSplit: the owner's latent pool of the layer being computed.
+    DeviceBuffer borrowed_latent;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -249,6 +253,16 @@ class CudaDsaModel final : public LanguageModel {
   // group; model/cuda/dsa_context_parallel.cpp): this rank's rows of a step of
   // n rows (all of them when n is smaller than the group, as the host model).
   std::pair<int64_t, int64_t> context_rows(int64_t n) const;
+  // LayerSplit (ModelPlan::kv_owner, model/cuda/dsa_layer_split.cpp): after
+  // the owner of `layer` wrote the step's rows into its pools (and, on a
+  // layer that runs its indexer, chose their top-k), its latent pool goes to
+  // the other ranks' scratch pool and its selection to their step.topk /
+  // counts, so every rank's attention core reads them. No-op without
+  // LayerSplit or on the MTP layer (whose pools every rank holds).
+  void share_layer_kv(int64_t layer, bool indexer, Step& step, PagedKvCache& cache);
+  // The latent pool the attention core of `layer` reads: the cache's, or on a
+  // rank that does not own the layer the scratch share_layer_kv filled.
+  const void* latent_pool_of(const PagedKvCache& cache, int64_t layer) const;
   // data: rows of `row_bytes` bytes `pitch` bytes apart, [n] of them, this
   // rank's [first, last) written: every rank's rows gathered into every
   // rank's copy (one all_gather of the longest share, padded).
@@ -440,6 +454,9 @@ class CudaDsaModel final : public LanguageModel {
   // tensor-parallel ranks a split of it (this replica's tensor ranks).
   std::unique_ptr<parallel::Communicator> tensor_split_;
   parallel::Communicator* tensor_group_ = nullptr;
+  // LayerSplit: the layer whose latent pool scratch_.borrowed_latent holds
+  // (-1: none).
+  int64_t borrowed_layer_ = -1;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   // final_norm's host copy of weights_->final_norm [H] (empty until first

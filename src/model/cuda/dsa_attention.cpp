@@ -70,7 +70,10 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // Shared MTP draft rows (KVShare) need no key: they leave the cache as
   // step 0 wrote it and attend through step 0's selection (with the stacked
   // weight their kv columns are computed and left unused).
-  if (!step.shared) {
+  // LayerSplit: only the layer's owner holds its pools and writes them
+  // (share_layer_kv then hands them to the others).
+  const bool owner = plan_.holds_kv(layer);
+  if (!step.shared && owner) {
     if (kv == nullptr) {
       kv = sc.kv.get<float>(n * entry);
       blas_->linear(h, n, hidden, w.kv_a, entry, kv);
@@ -96,11 +99,13 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     }
   }
 
-  if (w.has_indexer && !step.shared) {
+  const bool runs_indexer = w.has_indexer && !step.shared;
+  if (runs_indexer && owner) {
     timer_.mark("indexer proj + cache", stream_);
     indexer(w, layer, h, q_resid, q_stride, step, cache, own_first, own_last);
     assign_offload_early(layer, step, cache);
   }
+  if (plan_.layer_split && !step.shared) share_layer_kv(layer, runs_indexer, step, cache);
 
   // The attention core, in blocks of row_block(n) rows: every row's key is in
   // the cache and its selection in step.topk, so a block needs nothing of the
@@ -165,7 +170,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
       p.q_rope = q + nope;
       p.rope_row_stride = heads * qk;
       p.rope_head_stride = qk;
-      p.pool = cache.latent_pool(layer).raw();
+      p.pool = latent_pool_of(cache, layer);
       p.layout = part.latent;
       p.rows = part.rows;
       p.indices = part.topk;

@@ -25,8 +25,13 @@ std::unique_ptr<PagedKvCache> CudaDsaModel::make_kv_cache(const KvCacheSpec& spe
                 "the live host tier (--host-latent-memory) on CUDA needs the fp8 KV cache "
                 "(--kv-dtype fp8) and the fp8 DSA kernels (GLM-5.x / DeepSeek-V3.2 attention "
                 "shapes)");
+  MEGACTX_CHECK(spec.offload_pages == 0 || !plan_.layer_split,
+                "the live host tier (--host-latent-memory) with LayerSplit runs on the CPU only "
+                "so far");
   reset_offload_hot();
-  return make_cuda_kv_cache(spec);
+  // LayerSplit: this rank's layers' pools only (model_plan.h: layer_split_spec).
+  return make_cuda_kv_cache(
+      plan_.layer_split ? layer_split_spec(plan_, spec, plan_.tensor_parallel_rank) : spec);
 }
 
 std::unique_ptr<PagedKvCache> CudaDsaModel::make_host_kv_cache(const KvCacheSpec& spec) const {

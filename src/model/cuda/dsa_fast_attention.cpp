@@ -582,7 +582,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   SparseMlaParams attend;
   attend.q = pack.q;
   attend.slots = selected.slots;
-  attend.kv_pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
+  attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
   if (cache.spec().offload_pages > 0) {
     // The live host tier: the selected entries of offload pages are staged in
     // device memory before the attention reads them, kept across steps in the

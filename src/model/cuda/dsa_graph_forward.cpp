@@ -65,8 +65,9 @@ bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
 
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
   // Data-parallel attention's expert all-to-all reads its counts on the
-  // host; context parallelism's row shares are not captured either.
-  if (plan_.expert_all_to_all || plan_.context_parallel_size > 1) return false;
+  // host; context parallelism's row shares and LayerSplit's exchanges are
+  // not captured either (eager first).
+  if (plan_.expert_all_to_all || plan_.context_parallel_size > 1 || plan_.layer_split) return false;
   // The host dispatch reads expert ids back and cannot be captured. (A
   // capture that still hits a sync fails cleanly and the key runs eagerly
   // from then on: DecodeGraphCache::capture.)

@@ -108,7 +108,7 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
   // Data-parallel attention's expert all-to-all reads its counts on the
   // host; context parallelism's row shares are not captured either.
   if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all ||
-      plan_.context_parallel_size > 1)
+      plan_.context_parallel_size > 1 || plan_.layer_split)
     return std::nullopt;
   const int64_t count = sequences.front().count;
   for (const MtpLayer::Rows& r : sequences) {
