@@ -129,6 +129,10 @@ class CudaDsaModel final : public LanguageModel {
     const int32_t* row_visible = nullptr;   // [tokens] position + 1
     const int32_t* row_ids = nullptr;       // [tokens] 0..tokens-1
     int64_t table_stride = 0;
+    // Pages [0, pages_in_use) hold every entry the step reads (its page
+    // tables' largest id + 1; 0: unknown, every page): LayerSplit sends that
+    // much of a layer's pool.
+    int64_t pages_in_use = 0;
     // Rows [first, first + count) as a step of their own, for the attention
     // core of a long step in row blocks: its rows, RoPE tables ([tokens,
     // rope_half]) and selections ([tokens, index_stride]); the fast indexer's

@@ -4,16 +4,19 @@
 // and runs the layer's indexer; the others hold no pool of the layer.
 //
 // This first GPU form favours the simplest correct exchange: after the
-// owner's writes (and top-k), its whole latent pool of the layer is
-// broadcast into one scratch pool on the other ranks, and the selection
-// (positions [rows, top-k] and counts) with it on layers that run their
-// indexer; every rank's attention core then reads its heads' entries as
-// usual. A pool of P pages costs P x 64 x 656 bytes per layer and step (fp8):
+// owner's writes (and top-k), its latent pool of the layer (the pages up to
+// the largest the step reads) is broadcast into one scratch pool on the
+// other ranks, and the selection (positions [rows, top-k] and counts) with
+// it on layers that run their indexer; every rank's attention core then
+// reads its heads' entries as usual. P pages cost P x 64 x 656 bytes per
+// layer and step (fp8):
 // the form Z.ai describes sends only what is needed ahead of use (the step's
 // selected entries for decode, the context's pages for prefill) into two
 // scratch slots on a side stream, overlapped with the indexer or the MoE:
 // that is the next step, once this one has run. Eager steps (no graphs).
 #if MEGACTX_HAVE_CUDA
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/cuda/cuda_dsa_model.h"
 
@@ -35,11 +38,16 @@ void CudaDsaModel::share_layer_kv(int64_t layer, bool indexer, Step& step, Paged
     tensor_group_->broadcast(step.counts, step.tokens * word, owner);
     if (!mine) ++selection_epoch_;  // step.topk changed under the cached slot tables
   }
-  // The layer's latent pool, in the cache's layout (every layer's is the same size).
+  // The layer's latent pool, in the cache's layout (every layer's is the
+  // same size; entries token-major, page p's at p x page_size): the pages up
+  // to the largest one the step reads.
   const KvCacheSpec& spec = cache.spec();
-  const int64_t bytes = spec.num_pages * spec.page_size * spec.latent_bytes_per_token();
-  void* pool = mine ? cache.latent_pool(layer).raw() : scratch_.borrowed_latent.get<uint8_t>(bytes);
-  tensor_group_->broadcast(pool, bytes, owner);
+  const int64_t entry = spec.page_size * spec.latent_bytes_per_token();
+  const int64_t pages =
+      step.pages_in_use > 0 ? std::min(step.pages_in_use, spec.num_pages) : spec.num_pages;
+  void* pool = mine ? cache.latent_pool(layer).raw()
+                    : scratch_.borrowed_latent.get<uint8_t>(spec.num_pages * entry);
+  tensor_group_->broadcast(pool, pages * entry, owner);
   if (!mine) borrowed_layer_ = layer;
 }
 
