@@ -241,9 +241,10 @@ int run_serve(const ServeOptions& options) {
                 "tensor, expert and data parallel)");
   MEGACTX_CHECK(options.context_parallel_size >= 1, "--context-parallel-size must be positive");
   if (options.context_parallel_size > 1) {
-    MEGACTX_CHECK(options.device == "cpu" || options.tensor_parallel_size == 1,
-                  "--context-parallel-size with --tensor-parallel-size runs on the CPU only so "
-                  "far (on GPUs: context parallelism over the whole group)");
+    MEGACTX_CHECK(options.device == "cpu" || !experts_over_group,
+                  "--context-parallel-size with the experts over the whole group "
+                  "(--expert-parallel-size C x T) runs on the CPU only so far (on GPUs the "
+                  "experts go over each share's tensor ranks: --expert-parallel-size T)");
   }
   load.load.expert_parallel = options.expert_parallel_size > 1;
   load.load.context_parallel = options.context_parallel_size > 1;

@@ -124,18 +124,14 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
   // (checkpoint_shares.h), e4m3 weights kept native.
   const bool gpu_group =
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
-  const bool context_over_group =
-      options.context_parallel &&
-      (options.context_parallel_size == 0 ||
-       (options.group != nullptr && options.context_parallel_size == options.group->size()));
   MEGACTX_CHECK(
-      !gpu_group || ((!options.context_parallel || context_over_group) && !options.split_indexer &&
+      !gpu_group || (!options.experts_over_group && !options.split_indexer &&
                      (!options.layer_split ||
                       (!options.context_parallel && !options.data_parallel_attention))),
       "--device cuda with a group of {}: only tensor parallelism (with LayerSplit), expert "
-      "parallelism over it, data-parallel attention and context parallelism over the whole group "
-      "run on GPUs so far (context shares of tensor-parallel ranks, LayerSplit with "
-      "data-parallel attention or context parallelism and the split indexer run on the CPU)",
+      "parallelism over it, data-parallel attention and context parallelism run on GPUs so far "
+      "(the experts over every context share's ranks, LayerSplit with data-parallel attention "
+      "or context parallelism and the split indexer run on the CPU)",
       options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;

@@ -74,6 +74,10 @@ def main():
         for experts in ((), ("--expert-parallel-size", "2")):
             layouts.append(("--context-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
+        # Context shares of tensor ranks: 2 shares of 2 (the experts over each share's 2).
+        for experts in ((), ("--expert-parallel-size", "2")):
+            layouts.append(("--context-parallel-size", "2", "--tensor-parallel-size", "2",
+                            *experts, "--gpu-id-step", "0", "--cuda-collectives", collectives))
         # SGLang's --dp-size below --tp-size: 2 replicas of 2 tensor-parallel ranks.
         layouts.append(("--tensor-parallel-size", "4", "--expert-parallel-size", "4",
                         "--enable-dp-attention", "--data-parallel-size", "2", "--gpu-id-step", "0",

@@ -41,6 +41,7 @@ struct Layout {
   bool data_parallel_attention = false;  // with expert_parallel: each rank its own rows
   int data_parallel_size = 0;            // replicas (0: one per rank)
   bool context_parallel = false;         // every step's rows split over the ranks
+  int context_parallel_size = 0;         // context shares (0: one per rank)
   bool layer_split = false;              // each layer's KV on one rank
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
@@ -59,6 +60,7 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.data_parallel_attention = group != nullptr && layout.data_parallel_attention;
   options.data_parallel_size = group != nullptr ? layout.data_parallel_size : 0;
   options.context_parallel = group != nullptr && layout.context_parallel;
+  options.context_parallel_size = group != nullptr ? layout.context_parallel_size : 0;
   options.layer_split = group != nullptr && layout.layer_split;
   return load_language_model(fixture_dir(fixture), options);
 }
@@ -157,9 +159,9 @@ bool rank_matches_one_process(parallel::Communicator& group, const char* fixture
   const bool graphs_as_expected =
       layout.collectives == CudaModelOptions::Collectives::nccl ? replays > 0 : replays == 0;
   std::printf(
-      "%s, 2 ranks on one GPU, %s%s, %s collectives: relative error %.3g (bound %.0g), "
+      "%s, %d ranks on one GPU, %s%s, %s collectives: relative error %.3g (bound %.0g), "
       "%lld graph replays\n",
-      fixture,
+      fixture, group.size(),
       layout.context_parallel
           ? (layout.expert_parallel ? "context parallel, experts split" : "context parallel")
       : layout.layer_split ? (layout.expert_parallel ? "LayerSplit, experts split" : "LayerSplit")
@@ -256,6 +258,25 @@ TEST_F(CudaModelGroup, ContextParallelRanksMatchOneProcess) {
           },
           std::chrono::milliseconds(300000));
     }
+  }
+}
+
+// Context shares of tensor-parallel ranks: 2 shares of 2 (4 ranks on one
+// GPU), the heads' sums within a share, the rows' gathers across them; the
+// experts whole or over each share's 2 ranks.
+TEST_F(CudaModelGroup, ContextSharesOfTensorRanksMatchOneProcess) {
+  for (const bool experts : {false, true}) {
+    SCOPED_TRACE(experts ? "experts split" : "experts whole");
+    Layout layout;
+    layout.context_parallel = true;
+    layout.context_parallel_size = 2;
+    layout.expert_parallel = experts;
+    parallel::run_forked_group(
+        4,
+        [&](parallel::Communicator& group) {
+          return rank_matches_one_process(group, "glm_schedule", layout);
+        },
+        std::chrono::milliseconds(300000));
   }
 }
 

@@ -704,22 +704,24 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 }
 
 // On GPUs the CUDA model runs tensor parallelism (with LayerSplit), expert
-// parallelism over it, data-parallel attention and context parallelism over
-// the whole group only (tests/cuda_parallel/cuda_model_group_test.cpp): the
-// other layouts are refused before anything loads, on any machine.
+// parallelism over it, data-parallel attention and context parallelism only
+// (tests/cuda_parallel/cuda_model_group_test.cpp): the other layouts are
+// refused before anything loads, on any machine.
 TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
     for (int layout = 0; layout < 3; ++layout) {
       ModelLoadOptions options;
       options.group = &group;
       options.device = Device::CUDA;
-      // 0: context shares of tensor-parallel ranks (one share of both ranks);
-      // 1: LayerSplit inside a data-parallel replica of both ranks; 2: the
-      // split indexer.
+      // 0: the experts over every context share's ranks (one share of both
+      // ranks here); 1: LayerSplit inside a data-parallel replica of both
+      // ranks; 2: the split indexer.
       options.context_parallel = layout == 0;
       options.context_parallel_size = layout == 0 ? 1 : 0;
+      options.experts_over_group = layout == 0;
       options.layer_split = layout == 1;
-      options.data_parallel_attention = options.expert_parallel = layout == 1;
+      options.data_parallel_attention = layout == 1;
+      options.expert_parallel = layout <= 1;
       options.data_parallel_size = layout == 1 ? 1 : 0;
       options.split_indexer = layout == 2;
       try {

@@ -62,19 +62,17 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   // data-parallel attention (the expert all-to-all,
   // dsa_expert_all_to_all.cpp; replicas of one rank or of tensor ranks) and
   // context parallelism over the whole group (dsa_context_parallel.cpp; its
-  // experts whole or by all-to-all) and LayerSplit over tensor parallelism
-  // (dsa_layer_split.cpp) run on the GPU so far: context shares of tensor
-  // ranks, LayerSplit combined with the others and the split indexer run on
-  // the CPU (dsa_model.cpp).
+  // experts whole or by all-to-all; or over context shares of tensor ranks)
+  // and LayerSplit over tensor parallelism (dsa_layer_split.cpp) run on the
+  // GPU so far: the experts over every share's ranks, LayerSplit combined
+  // with the others and the split indexer run on the CPU (dsa_model.cpp).
   MEGACTX_CHECK(
       !plan_.experts_over_shares && !plan_.indexer_split &&
-          (plan_.context_parallel_size == 1 || plan_.tensor_parallel_size == 1) &&
           (!plan_.layer_split || (plan_.context_parallel_size == 1 && !plan_.expert_all_to_all)),
       "CUDA model: of the parallel layouts only tensor parallelism (with LayerSplit), "
-      "expert parallelism over it, data-parallel attention and context parallelism "
-      "over the whole group run on the GPU so far (context shares of tensor-parallel "
-      "ranks, LayerSplit with data-parallel attention or context parallelism and the "
-      "split indexer run on the CPU)");
+      "expert parallelism over it, data-parallel attention and context parallelism run on the "
+      "GPU so far (the experts over every context share's ranks, LayerSplit with "
+      "data-parallel attention or context parallelism and the split indexer run on the CPU)");
   // The group's size, as the host model's (dsa_model.cpp): tensor ranks (of
   // every data-parallel replica or context share) or expert ranks, whichever
   // is more.
@@ -104,12 +102,20 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   // The CPU group is only NCCL's bootstrap, or the host collectives' carrier
   // (through group_).
   options_.group = nullptr;
-  tensor_group_ = group_.get();
+  tensor_group_ = context_group_ = group_.get();
   if (group_ != nullptr && plan_.tensor_parallel_size > 1 && plan_.data_parallel_size > 1) {
     // Data-parallel replicas of tensor-parallel ranks: the heads' partial
     // sums within a replica, the experts' all-to-all over the whole group.
     tensor_split_ = group_->split(plan_.data_parallel_rank, plan_.tensor_parallel_rank);
     tensor_group_ = tensor_split_.get();
+  }
+  if (group_ != nullptr && plan_.tensor_parallel_size > 1 && plan_.context_parallel_size > 1) {
+    // Context shares of tensor-parallel ranks (as the host model): the
+    // heads' partial sums within a share, the rows' gathers across shares.
+    tensor_split_ = group_->split(plan_.context_parallel_rank, plan_.tensor_parallel_rank);
+    context_split_ = group_->split(plan_.tensor_parallel_rank, plan_.context_parallel_rank);
+    tensor_group_ = tensor_split_.get();
+    context_group_ = context_split_.get();
   }
   blas_ = std::make_unique<Blas>(stream_);
   blas_->set_batch_invariant(options.batch_invariant);
@@ -131,6 +137,7 @@ CudaDsaModel::~CudaDsaModel() {
     std::fprintf(stderr, "%swall time of those forwards (host, incl. bookkeeping): %.3f ms\n",
                  timer_.report().c_str(), forward_wall_ms_);
   }
+  context_split_.reset();
   tensor_split_.reset();
   group_.reset();  // NCCL synchronises the stream it was given: before it goes
   if (stream_ != nullptr) {

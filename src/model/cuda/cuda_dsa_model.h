@@ -458,6 +458,11 @@ class CudaDsaModel final : public LanguageModel {
   // tensor-parallel ranks a split of it (this replica's tensor ranks).
   std::unique_ptr<parallel::Communicator> tensor_split_;
   parallel::Communicator* tensor_group_ = nullptr;
+  // The ranks over which context parallelism splits a step's rows: group_,
+  // or with context shares of tensor ranks a split of it (the ranks of this
+  // tensor rank in every share).
+  std::unique_ptr<parallel::Communicator> context_split_;
+  parallel::Communicator* context_group_ = nullptr;
   // LayerSplit: the layer whose latent pool scratch_.borrowed_latent holds
   // (-1: none).
   int64_t borrowed_layer_ = -1;

@@ -1,7 +1,9 @@
 // CudaDsaModel::context_rows and gather_context_rows: context parallelism on
-// GPUs (ModelPlan::context_parallel_size > 1 over the whole group, the
-// weights whole on every rank), as the host model's (dsa_model.cpp), in the
-// form that needs the fewest changes to the attention path:
+// GPUs (ModelPlan::context_parallel_size > 1: over the whole group, the
+// weights whole on every rank, or over shares of tensor-parallel ranks, whose
+// sums stay within a share and whose gathers go across the shares), as the
+// host model's (dsa_model.cpp), in the form that needs the fewest changes to
+// the attention path:
 //   * every rank keeps the whole residual stream x [n, H] of the step and
 //     writes every row's latent and indexer key into its (whole) cache, so
 //     the q_a | kv_a and wk GEMMs run over all rows on every rank (about 4%
@@ -43,7 +45,7 @@ void CudaDsaModel::gather_context_rows(void* data, int64_t row_bytes, int64_t pi
         cudaMemcpy2DAsync(mine, width, bytes + first * pitch, static_cast<size_t>(pitch), width,
                           static_cast<size_t>(last - first), cudaMemcpyDeviceToDevice, stream_));
   }
-  group_->all_gather(mine, all, longest * row_bytes);
+  context_group_->all_gather(mine, all, longest * row_bytes);
   for (int r = 0; r < size; ++r) {
     const auto [from, to] = share_rows(n, r, size);
     if (to == from || r == plan_.context_parallel_rank) continue;
