@@ -34,7 +34,7 @@
 // --expert-parallel-size N (= N) shards the routed experts over them instead of their widths;
 // --enable-layer-split keeps each layer's KV caches on one rank of them (model_plan.h:
 // ModelPlan::kv_owner), which sends the entries a step selected to the others.
-// --context-parallel-size N (CPU so far): N processes with the whole model, each prefill step's
+// --context-parallel-size N: N processes with the whole model, each prefill step's
 // rows split over them (the new latents and indexer keys gathered into every rank's cache); with
 // --expert-parallel-size N (= N) each rank holds 1 / N of the routed experts and its rows reach
 // them by all-to-all; with --tensor-parallel-size T, N x T processes: N context shares of T
