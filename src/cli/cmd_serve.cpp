@@ -30,7 +30,9 @@
 // --tensor-parallel-size N: N processes, this one and N - 1 forked workers
 // (cli/serve_group.h), each with its share of the heads and MLP widths (with
 // --device cuda rank r on GPU --base-gpu-id + r x --gpu-id-step, its sums over
-// NCCL; every layout below but the split indexer, not yet run on GPUs);
+// NCCL; the layouts below but the split indexer, the experts over every
+// context share and LayerSplit beside DP attention or context parallelism,
+// none of it run on a GPU yet: docs/parallel.md);
 // --expert-parallel-size N (= N) shards the routed experts over them instead of their widths;
 // --enable-layer-split keeps each layer's KV caches on one rank of them (model_plan.h:
 // ModelPlan::kv_owner), which sends the entries a step selected to the others.
