@@ -173,6 +173,15 @@ bool rank_matches_one_process(parallel::Communicator& group, const char* fixture
   return error <= bound && graphs_as_expected;
 }
 
+// `ranks` forked ranks on one GPU in `layout`, each checked by `check`.
+using RankCheck = bool (*)(parallel::Communicator&, const char*, const Layout&);
+void expect_group_matches(int ranks, const char* fixture, const Layout& layout,
+                          RankCheck check = rank_matches_one_process) {
+  parallel::run_forked_group(
+      ranks, [&](parallel::Communicator& group) { return check(group, fixture, layout); },
+      std::chrono::milliseconds(300000));
+}
+
 class CudaModelGroup : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -189,12 +198,7 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverHostCollectivesMatchOneProcess) {
         Layout layout;
         layout.expert_parallel = experts;
         layout.bf16 = bf16;
-        parallel::run_forked_group(
-            2,
-            [&](parallel::Communicator& group) {
-              return rank_matches_one_process(group, fixture, layout);
-            },
-            std::chrono::milliseconds(300000));
+        expect_group_matches(2, fixture, layout);
       }
     }
   }
@@ -211,12 +215,7 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
       layout.expert_parallel = true;
       layout.data_parallel_attention = true;
       layout.collectives = collectives;
-      parallel::run_forked_group(
-          2,
-          [&](parallel::Communicator& group) {
-            return data_parallel_rank_matches_one_process(group, fixture, layout);
-          },
-          std::chrono::milliseconds(300000));
+      expect_group_matches(2, fixture, layout, data_parallel_rank_matches_one_process);
     }
   }
 }
@@ -231,12 +230,7 @@ TEST_F(CudaModelGroup, LayerSplitRanksMatchOneProcess) {
       Layout layout;
       layout.layer_split = true;
       layout.expert_parallel = experts;
-      parallel::run_forked_group(
-          2,
-          [&](parallel::Communicator& group) {
-            return rank_matches_one_process(group, fixture, layout);
-          },
-          std::chrono::milliseconds(300000));
+      expect_group_matches(2, fixture, layout);
     }
   }
 }
@@ -251,12 +245,7 @@ TEST_F(CudaModelGroup, ContextParallelRanksMatchOneProcess) {
       Layout layout;
       layout.context_parallel = true;
       layout.expert_parallel = experts;
-      parallel::run_forked_group(
-          2,
-          [&](parallel::Communicator& group) {
-            return rank_matches_one_process(group, fixture, layout);
-          },
-          std::chrono::milliseconds(300000));
+      expect_group_matches(2, fixture, layout);
     }
   }
 }
@@ -271,12 +260,7 @@ TEST_F(CudaModelGroup, ContextSharesOfTensorRanksMatchOneProcess) {
     layout.context_parallel = true;
     layout.context_parallel_size = 2;
     layout.expert_parallel = experts;
-    parallel::run_forked_group(
-        4,
-        [&](parallel::Communicator& group) {
-          return rank_matches_one_process(group, "glm_schedule", layout);
-        },
-        std::chrono::milliseconds(300000));
+    expect_group_matches(4, "glm_schedule", layout);
   }
 }
 
@@ -289,12 +273,7 @@ TEST_F(CudaModelGroup, ReplicasOfTensorRanksMatchOneProcessEach) {
     layout.expert_parallel = true;
     layout.data_parallel_attention = true;
     layout.data_parallel_size = 2;
-    parallel::run_forked_group(
-        4,
-        [&](parallel::Communicator& group) {
-          return data_parallel_rank_matches_one_process(group, fixture, layout);
-        },
-        std::chrono::milliseconds(300000));
+    expect_group_matches(4, fixture, layout, data_parallel_rank_matches_one_process);
   }
 }
 
@@ -310,12 +289,7 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverNcclMatchOneProcess) {
     Layout layout;
     layout.expert_parallel = experts;
     layout.collectives = CudaModelOptions::Collectives::nccl;
-    parallel::run_forked_group(
-        2,
-        [&](parallel::Communicator& group) {
-          return rank_matches_one_process(group, "glm_schedule", layout);
-        },
-        std::chrono::milliseconds(300000));
+    expect_group_matches(2, "glm_schedule", layout);
   }
 }
 

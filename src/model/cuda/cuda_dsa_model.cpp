@@ -211,8 +211,10 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
     offset += n;
   }
   step.tokens = offset;
-  for (const int32_t page : page_tables)
-    step.pages_in_use = std::max<int64_t>(step.pages_in_use, int64_t{page} + 1);
+  if (plan_.layer_split) {  // what share_layer_kv sends (LayerSplit only)
+    for (const int32_t page : page_tables)
+      step.pages_in_use = std::max<int64_t>(step.pages_in_use, int64_t{page} + 1);
+  }
   const int64_t n = step.tokens;
   const int64_t half = config_.qk_rope_head_dim / 2;
 
