@@ -11,6 +11,8 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "engine/cuda_sampler.h"
+#include "engine/rank_sampler.h"
 #include "model/group_model.h"
 
 namespace megactx::cli {
@@ -50,7 +52,13 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     // their rows' logits to the leader from the host.
     load.cuda.logits_on_device = !load.data_parallel_attention;
     auto model = load_language_model(model_dir, load);
-    run_group_worker(*model, *communicator, load.data_parallel_size);
+    // Data-parallel attention: this rank samples the rows it computed
+    // (engine/rank_sampler.h), with the sampler rank 0's engine would use.
+    const std::unique_ptr<Sampler> sampler = make_sampler(*model, load.deterministic);
+    run_group_worker(*model, *communicator, load.data_parallel_size,
+                     [&](const Tensor& own_logits, parallel::Communicator& group) {
+                       sample_own_rows(own_logits, *sampler, group);
+                     });
     status = 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "serve: rank %d of %d: %s\n", rank, size, error.what());

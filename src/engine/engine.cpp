@@ -111,6 +111,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.dp_load_balance = config_.dp_load_balance;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, std::move(prefix_caches));
   sampler_ = make_sampler(*model_, config_.deterministic);
+  if (RankRows* rows = model_->rank_rows()) rank_sampler_ = std::make_unique<RankSampler>(*rows);
   update_stats();
 }
 
@@ -490,7 +491,7 @@ void Engine::run_plan() {
   }
   {
     Timed timed(phase_times_, EnginePhaseTimes::Collect);
-    collect_outputs(output.logits);
+    collect_outputs(output);
   }
   // The MTP layer writes its entries of this step's rows before commit()
   // shares newly full pages, so no request ever writes into a shared page.
@@ -518,6 +519,14 @@ ForwardOutput Engine::forward_plan() {
   // Every forward, not only those of requests that ask: a later request may
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;
+  // Data-parallel attention: the ranks sample their own rows, unless rank 0
+  // reads logits itself (the verification of drafts, input logprobs). The
+  // drafts of this step are made (run_plan), so `verifying` is known.
+  batch_.logits_at_ranks =
+      rank_sampler_ != nullptr &&
+      std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
+        return chunk.request->wants_input_logprobs() || chunk.request->spec.verifying;
+      });
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;
@@ -621,7 +630,8 @@ void Engine::fill_grammar_masks() {
     if (!grammar_allowed_[i]) failed.push_back(grammar_chunks_[i]->request);
 }
 
-void Engine::collect_outputs(const Tensor& logits) {
+void Engine::collect_outputs(const ForwardOutput& output) {
+  const Tensor& logits = output.logits;
   StepOutputs& out = outputs_;
   out.clear_collected();
   if (speculator_) speculator_->begin_verification(plan_, logits, out, *sampler_);
@@ -681,6 +691,8 @@ void Engine::collect_outputs(const Tensor& logits) {
     }
     row += rows;
   }
+  MEGACTX_CHECK(out.logprob_queries.empty() || output.logits_ranks.empty(),
+                "engine: input logprobs of a step whose logits stayed with their ranks");
   if (!out.logprob_queries.empty()) {
     out.logprob_results.resize(out.logprob_queries.size());
     sampler_->score(logits, out.logprob_queries, out.logprob_results);
@@ -689,7 +701,13 @@ void Engine::collect_outputs(const Tensor& logits) {
     }
   }
   out.samples.resize(out.sampling_rows.size());
-  if (!out.sampling_rows.empty()) sampler_->sample(logits, out.sampling_rows, out.samples);
+  if (out.sampling_rows.empty()) return;
+  if (!output.logits_ranks.empty()) {
+    rank_sampler_->sample(*sampler_, logits, output.logits_ranks, out.sampling_rows, out.samples,
+                          sampled_by_rank_);
+  } else {
+    sampler_->sample(logits, out.sampling_rows, out.samples);
+  }
 }
 
 void Engine::apply_outputs() {
@@ -855,6 +873,9 @@ void Engine::update_stats() {
       DataParallelRankStats& r = stats.data_parallel_ranks.emplace_back();
       r.running_requests = scheduler_->running_on(rank);
       r.admissions = scheduler_->admissions(rank);
+      r.sampled_rows = static_cast<size_t>(rank) < sampled_by_rank_.size()
+                           ? sampled_by_rank_[static_cast<size_t>(rank)]
+                           : 0;
       r.kv_pages_total = allocator_->pages_per_rank();
       r.kv_pages_free = allocator_->num_free(rank);
       r.prefix_cache_pages = prefix_caches_[static_cast<size_t>(rank)]->cached_pages();

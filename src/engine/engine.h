@@ -33,6 +33,7 @@
 #include "engine/engine_config.h"
 #include "engine/engine_phase_times.h"
 #include "engine/kv_capacity.h"
+#include "engine/rank_sampler.h"
 #include "engine/request_state.h"
 #include "engine/routed_experts.h"
 #include "engine/sampler.h"
@@ -131,7 +132,7 @@ class Engine : public EngineApi {
   void record_hidden_states(const ScheduledChunk& chunk, const Tensor& hidden, int64_t row);
   // After the forward: input logprobs, samples and verification results of
   // every chunk into outputs_ (no request changes yet).
-  void collect_outputs(const Tensor& logits);
+  void collect_outputs(const ForwardOutput& output);
   // After commit: tokens appended (or drafts accepted), stops, finishes.
   void apply_outputs();
   void append_token(RequestState& request, const SampleResult& sample);
@@ -187,6 +188,10 @@ class Engine : public EngineApi {
   std::vector<std::unique_ptr<PrefixCache>> prefix_caches_;  // one per data-parallel rank
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Sampler> sampler_;
+  // Data-parallel attention over a group: each rank samples its own rows
+  // when the step needs no logits on rank 0 (forward_plan).
+  std::unique_ptr<RankSampler> rank_sampler_;
+  std::vector<int64_t> sampled_by_rank_;  // rows each data-parallel rank sampled so far
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestState*> updated_;                   // requests with an update this step
   std::vector<std::unique_ptr<RequestState>> finished_;  // freed after delivery

@@ -22,6 +22,8 @@ class GrammarCompiler;
 struct DataParallelRankStats {
   int64_t running_requests = 0;
   int64_t admissions = 0;  // requests admitted to run on this rank so far
+  // Rows this rank sampled from its own logits so far (engine/rank_sampler.h).
+  int64_t sampled_rows = 0;
   int64_t kv_pages_total = 0;
   int64_t kv_pages_free = 0;       // not held by a request or the prefix cache
   int64_t prefix_cache_pages = 0;  // its prefix cache's pages

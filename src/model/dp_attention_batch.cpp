@@ -9,7 +9,7 @@ namespace megactx {
 namespace {
 
 int64_t logits_rows(const SequenceInput& in) {
-  return in.logits_from < 0 ? 1 : static_cast<int64_t>(in.tokens.size()) - in.logits_from;
+  return in.logits_rows();
 }
 
 int64_t token_rows(const SequenceInput& in) {
@@ -149,8 +149,9 @@ ForwardOutput gather_to_leader(const ForwardBatch& whole, const std::vector<int>
                                const ForwardOutput& own, const ModelConfig& config,
                                parallel::Communicator& group) {
   ForwardOutput out;
-  out.logits =
-      gather_rows(whole, ranks, own.logits, {config.vocab_size}, DType::F32, logits_rows, group);
+  if (!whole.logits_at_ranks)
+    out.logits =
+        gather_rows(whole, ranks, own.logits, {config.vocab_size}, DType::F32, logits_rows, group);
   if (whole.want_hidden_states)
     out.hidden_states = gather_rows(whole, ranks, own.hidden_states, {config.hidden_size},
                                     DType::F32, token_rows, group);

@@ -64,9 +64,10 @@ Tensor gather_sequence_rows(std::span<const int64_t> sequence_rows, const std::v
                             const Tensor& own, Shape row_shape, DType dtype,
                             parallel::Communicator& group);
 
-// Every rank's outputs of its share (`own`) to rank 0, which gets the whole
-// batch's in its order: logits rows, and the hidden states and routed experts
-// when the batch asked for them. Called by every rank with the same `whole`
+// Every rank's outputs of its share (`own`, logits on the host) to rank 0,
+// which gets the whole batch's in its order: logits rows (unless the batch
+// leaves them at the ranks: logits_at_ranks), and the hidden states and
+// routed experts when the batch asked for them. Called by every rank with the same `whole`
 // and `ranks`; the result is rank 0's (empty elsewhere).
 ForwardOutput gather_to_leader(const ForwardBatch& whole, const std::vector<int>& ranks,
                                const ForwardOutput& own, const ModelConfig& config,

@@ -30,7 +30,8 @@ enum class Command : int64_t {
   CopyPages = 9,
   DpForward = 10,    // data-parallel attention: the step's ranks, then its batch
   DpCopyPages = 11,  // data-parallel attention: CopyPages in the group's page numbering
-  DpMtpRun = 12      // data-parallel attention: an MTP run's ranks, then MtpRun's rows
+  DpMtpRun = 12,     // data-parallel attention: an MTP run's ranks, then MtpRun's rows
+  RankRows = 13      // data-parallel attention: RankRows::run (its collectives follow)
 };
 
 // CopyPages directions.
@@ -107,7 +108,8 @@ KvCacheSpec decode_spec(const std::vector<int64_t>& words) {
 
 std::vector<int64_t> encode_batch(const ForwardBatch& batch) {
   std::vector<int64_t> words = {static_cast<int64_t>(batch.sequences.size()),
-                                batch.want_hidden_states, batch.want_routed_experts};
+                                batch.want_hidden_states, batch.want_routed_experts,
+                                batch.logits_at_ranks};
   for (const SequenceInput& in : batch.sequences) {
     words.push_back(in.start_position);
     words.push_back(in.logits_from);
@@ -133,6 +135,7 @@ void decode_batch(const std::vector<int64_t>& words, DecodedBatch& out) {
   out.batch = ForwardBatch{};
   out.batch.want_hidden_states = in.next() != 0;
   out.batch.want_routed_experts = in.next() != 0;
+  out.batch.logits_at_ranks = in.next() != 0;
   out.tokens.assign(static_cast<size_t>(sequences), {});
   out.pages.assign(static_cast<size_t>(sequences), {});
   for (int64_t s = 0; s < sequences; ++s) {
@@ -307,11 +310,12 @@ struct DpShares {
   int tensor = 1;
   int share_of(int rank) const { return rank / tensor; }
   bool reports(int rank) const { return rank % tensor == 0; }
+  int reporter(int share) const { return share * tensor; }
   // The reporting rank of each sequence, from the share of each.
   std::vector<int> reporters(const std::vector<int>& share_of_sequence) const {
     std::vector<int> out;
     out.reserve(share_of_sequence.size());
-    for (const int share : share_of_sequence) out.push_back(share * tensor);
+    for (const int share : share_of_sequence) out.push_back(reporter(share));
     return out;
   }
 };
@@ -482,6 +486,7 @@ class GroupLeaderModel final : public LanguageModel {
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
   int data_parallel_ranks() const override { return data_parallel_ ? dp_.shares : 1; }
+  RankRows* rank_rows() override { return data_parallel_ ? &rank_rows_ : nullptr; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache& cache) override {
     MEGACTX_CHECK(!failed_, "the parallel group failed: {}", failure_);
     if (data_parallel_) return forward_data_parallel(batch, cache);
@@ -663,10 +668,36 @@ class GroupLeaderModel final : public LanguageModel {
     return watched([&] {
       send(group_, Command::DpForward, encode_dp_step(batch, ranks));
       rank_share(batch, ranks, 0, layout, share_);
-      const ForwardOutput own = model_->forward(share_.batch, cache);
-      return gather_to_leader(batch, dp_.reporters(ranks), own, model_->config(), group_);
+      ForwardOutput own = model_->forward(share_.batch, cache);
+      if (!batch.logits_at_ranks) own.logits = model_->to_host(own.logits);
+      ForwardOutput out =
+          gather_to_leader(batch, dp_.reporters(ranks), own, model_->config(), group_);
+      if (batch.logits_at_ranks) {
+        out.logits = std::move(own.logits);  // rank 0 reports its share's rows
+        for (size_t s = 0; s < ranks.size(); ++s)
+          out.logits_ranks.insert(out.logits_ranks.end(),
+                                  static_cast<size_t>(batch.sequences[s].logits_rows()), ranks[s]);
+      }
+      return out;
     });
   }
+
+  // RankRows over the leader's group.
+  class LeaderRankRows final : public RankRows {
+   public:
+    explicit LeaderRankRows(GroupLeaderModel& leader) : leader_(leader) {}
+    void run(const std::function<void(parallel::Communicator&)>& body) override {
+      MEGACTX_CHECK(!leader_.failed_, "the parallel group failed: {}", leader_.failure_);
+      leader_.watched([&] {
+        send(leader_.group_, Command::RankRows, {});
+        body(leader_.group_);
+      });
+    }
+    int holder(int share) const override { return leader_.dp_.reporter(share); }
+
+   private:
+    GroupLeaderModel& leader_;
+  };
 
   // Runs `body`; an error of the group's collectives (their messages start
   // with "communicator") marks the group failed and is reported once.
@@ -693,6 +724,7 @@ class GroupLeaderModel final : public LanguageModel {
   DpShares dp_;                     // data-parallel attention's replicas
   mutable KvCacheSpec group_spec_;  // data-parallel attention: every rank's pages
   RankBatch share_;                 // rank 0's share of the step (buffers reused)
+  LeaderRankRows rank_rows_{*this};
   mutable bool failed_ = false;
   mutable std::string failure_;
 };
@@ -730,7 +762,8 @@ std::unique_ptr<LanguageModel> make_group_leader(std::unique_ptr<LanguageModel> 
                                             data_parallel_attention, data_parallel_size);
 }
 
-void run_group_worker(LanguageModel& model, parallel::Communicator& group, int data_parallel_size) {
+void run_group_worker(LanguageModel& model, parallel::Communicator& group, int data_parallel_size,
+                      RankRowsHandler rank_rows) {
   MEGACTX_CHECK(group.rank() != 0, "rank 0 leads the group; it does not run a worker");
   const DpShares dp = dp_shares(group.size(), data_parallel_size);
   std::unique_ptr<PagedKvCache> cache;
@@ -742,6 +775,9 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
   DecodedBatch batch;
   DecodedMtpRows mtp_rows;
   RankBatch share;
+  // The logits of this rank's rows that the last forward left here
+  // (ForwardBatch::logits_at_ranks; [0, vocab] when it reports none).
+  Tensor kept_logits = no_rows_output(model.config()).logits;
   for (;;) {
     Header header;
     group.broadcast(&header, sizeof(header), 0);
@@ -772,6 +808,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
         rank_share(batch.batch, ranks, dp.share_of(group.rank()),
                    rank_pages(cache->spec(), dp.shares), share);
         ForwardOutput own;
+        kept_logits = no_rows_output(model.config()).logits;
         try {
           own = model.forward(share.batch, *cache);
         } catch (const megactx::Error&) {
@@ -779,9 +816,22 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
         }
         // Another rank of this share reports its rows.
         if (!dp.reports(group.rank())) own = no_rows_output(model.config());
+        if (batch.batch.logits_at_ranks) {
+          kept_logits = std::move(own.logits);
+          own.logits = Tensor();
+        } else {
+          own.logits = model.to_host(own.logits);
+        }
         gather_to_leader(batch.batch, dp.reporters(ranks), own, model.config(), group);
         break;
       }
+      case Command::RankRows:
+        // Without a handler this rank cannot make the leader's collectives:
+        // ending the worker fails the group at once instead of a hang.
+        MEGACTX_CHECK(rank_rows != nullptr,
+                      "parallel group: rank {} has no way to sample its own rows", group.rank());
+        rank_rows(kept_logits, group);
+        break;
       case Command::LoadMtp: {
         // The MTP layer of the weights the leader holds: the last reload's
         // (a trainer's tensors included), else the folder's.

@@ -20,6 +20,7 @@ namespace megactx {
 
 class Checkpoint;  // io/checkpoint.h
 class MtpLayer;    // model/mtp_layer.h
+class RankRows;    // model/group_model.h
 
 struct SequenceInput {
   std::span<const int32_t>
@@ -27,6 +28,10 @@ struct SequenceInput {
   int64_t start_position = 0;  // tokens of this sequence already in the cache
   std::span<const int32_t> page_table;  // pages covering positions [0, start_position + n)
   int64_t logits_from = -1;  // logits for new tokens [logits_from, n); -1 means n - 1 only
+  // How many logits rows the sequence asks for.
+  int64_t logits_rows() const {
+    return logits_from < 0 ? 1 : static_cast<int64_t>(tokens.size()) - logits_from;
+  }
 };
 
 struct ForwardBatch {
@@ -34,11 +39,17 @@ struct ForwardBatch {
   bool want_hidden_states = false;  // the MTP head needs the last layer's hidden states
   // Routing replay for MoE RL: the experts every new token was routed to.
   bool want_routed_experts = false;
+  // Data-parallel attention over a group (LanguageModel::rank_rows): each
+  // logits row stays with the rank that computed it, which samples it
+  // (engine/rank_sampler.h), instead of every row going to rank 0. Ignored
+  // by a model without rank_rows.
+  bool logits_at_ranks = false;
 };
 
 struct ForwardOutput {
   // [rows, vocab] float32; rows are the requested positions, sequence by
   // sequence in batch order. On the CUDA backend it stays on the device.
+  // With ForwardBatch::logits_at_ranks: rank 0's rows only, in order.
   Tensor logits;
   // [total new tokens, hidden] (before the final norm) when asked for.
   Tensor hidden_states;
@@ -46,6 +57,9 @@ struct ForwardOutput {
   // host when asked for: the routed expert ids (selection order) of every
   // token at every MoE layer, -1 at dense layers.
   Tensor routed_experts;
+  // With ForwardBatch::logits_at_ranks: [rows] the data-parallel rank
+  // (0 .. data_parallel_ranks() - 1) holding each requested row's logits.
+  std::vector<int> logits_ranks;
 };
 
 // The outputs of a forward with no rows, on the host: logits [0, vocab],
@@ -97,6 +111,10 @@ class LanguageModel {
   // sequence's pages must lie in one range (its rows run on that rank).
   // 1: every page on every rank that holds the cache.
   virtual int data_parallel_ranks() const { return 1; }
+  // Data-parallel attention over a group: how the ranks sample the rows a
+  // forward with ForwardBatch::logits_at_ranks left with them; null when
+  // every logits row reaches rank 0.
+  virtual RankRows* rank_rows() { return nullptr; }
   // The checkpoint's MTP layer beside this model (its weights from
   // `checkpoint`, or the one at `model_dir`); an Error for a model that cannot
   // run one. Load it again after reload_weights.

@@ -77,6 +77,10 @@ std::string data_parallel_ranks(const std::vector<DataParallelRankStats>& ranks)
       {"megactx_dp_rank_admissions_total", "counter",
        "Requests admitted to run on a data-parallel attention rank.",
        &DataParallelRankStats::admissions},
+      {"megactx_dp_rank_sampled_rows_total", "counter",
+       "Rows a data-parallel attention rank sampled from its own logits (none gathered on rank "
+       "0).",
+       &DataParallelRankStats::sampled_rows},
       {"megactx_dp_rank_kv_pages_total", "gauge", "KV pages of a data-parallel attention rank.",
        &DataParallelRankStats::kv_pages_total},
       {"megactx_dp_rank_kv_pages_free", "gauge",

@@ -41,6 +41,7 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
     engine["data_parallel_ranks"].push_back(
         {{"running_requests", rank.running_requests},
          {"admissions", rank.admissions},
+         {"sampled_rows", rank.sampled_rows},
          {"kv_pages_total", rank.kv_pages_total},
          {"kv_pages_free", rank.kv_pages_free},
          {"prefix_cache_pages", rank.prefix_cache_pages},

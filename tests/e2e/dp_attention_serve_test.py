@@ -6,6 +6,9 @@ out), over 2 and 4 ranks:
 
 - concurrent requests give the single-process server's greedy ids (HF's for the fixture's
   prompt) and logprobs within 1e-4, and land on every rank (/metrics: admissions per rank);
+- seeded sampling with every sampler option (top-k/p, min-p, the three penalties, logit_bias,
+  min_new_tokens, top and asked-for logprobs) gives one process's ids and logprobs, each rank
+  sampling its own rows (/metrics: rows sampled per rank);
 - the same --kv-memory holds N times one process's pages (a budget per rank);
 - a prompt sharing a cached prefix goes back to the rank that caches it, while an unrelated
   one goes to the rank with more free pages;
@@ -87,6 +90,33 @@ def ids(length, seed, vocab=256):
 def concurrent_outputs(server, prompts, new_tokens):
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(lambda p: generate(server.url, p, new_tokens), prompts))
+
+
+def sampled(url, request_ids, index, new_tokens):
+    """Seeded sampling with every option the samplers read (on DP ranks each rank samples
+    its own rows): (ids, [logprob, top-3 alternatives, asked-for ids' logprobs] per token)."""
+    response = requests.post(url + "/generate", json={
+        "input_ids": request_ids, "return_logprob": True, "top_logprobs_num": 3,
+        "token_ids_logprob": [1, 2, 100],
+        "sampling_params": {
+            "temperature": 0.9 + 0.1 * (index % 3), "top_k": 40 if index % 2 else -1,
+            "top_p": 0.95, "min_p": 0.02, "repetition_penalty": 1.1,
+            "frequency_penalty": 0.3, "presence_penalty": 0.2, "logit_bias": {"5": 3.0},
+            "min_new_tokens": 4, "stop_token_ids": [7], "sampling_seed": 1234 + index,
+            "max_new_tokens": new_tokens}},
+        timeout=300)
+    response.raise_for_status()
+    meta = response.json()["meta_info"]
+    values = [entry[0] for entry in meta["output_token_logprobs"]]
+    values += [entry[0] for row in meta["output_top_logprobs"] for entry in row]
+    values += [entry[0] for row in meta["output_token_ids_logprobs"] for entry in row]
+    return response.json()["output_ids"], values
+
+
+def concurrent_sampled(server, prompts, new_tokens):
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda ip: sampled(server.url, ip[1], ip[0], new_tokens),
+                             enumerate(prompts)))
 
 
 def compare(outputs, plain):
@@ -270,6 +300,7 @@ def main():
     with MegactxServer(args.megactx, args.fixture, *COMMON, name="single") as server:
         plain = concurrent_outputs(server, prompts, new_tokens)
         plain_pages, _ = kv_pages(server.log)
+        plain_sampled = concurrent_sampled(server, prompts, new_tokens)
     assert plain[0][0] == greedy, f"one process: {plain[0][0]} != HF's {greedy}"
     failures = 0
 
@@ -278,6 +309,8 @@ def main():
                            name=f"dp{ranks}") as server:
             outputs = concurrent_outputs(server, prompts, new_tokens)
             text = metrics(server)
+            outputs_sampled = concurrent_sampled(server, prompts, new_tokens)
+            sampled_text = metrics(server)
             info = requests.get(server.url + "/get_server_info", timeout=30).json()
             pages, line = kv_pages(server.log)
         same, worst = compare(outputs, plain)
@@ -289,6 +322,16 @@ def main():
                          f"{'equal to' if same else 'DIFFERENT from'} one process's (HF's for the "
                          f"fixture's prompt), max |logprob difference| {worst:.2e}, admissions per "
                          f"rank {[admissions.get(r) for r in range(ranks)]}")
+        # Each rank samples its own rows: no rank's logits reach rank 0.
+        same, worst = compare(outputs_sampled, plain_sampled)
+        rows = rank_series(sampled_text, "megactx_dp_rank_sampled_rows_total")
+        ok = same and worst <= 1e-4 and len(rows) == ranks and all(rows[r] > 0 for r in range(ranks))
+        failures = check(failures, ok,
+                         f"{ranks} ranks: seeded sampling with top-k/p, min-p, penalties, "
+                         f"logit_bias, min_new_tokens, top and asked-for logprobs: ids "
+                         f"{'equal to' if same else 'DIFFERENT from'} one process's, max "
+                         f"|logprob difference| {worst:.2e}; rows sampled on each rank "
+                         f"{[rows.get(r) for r in range(ranks)]}")
         ok = pages == ranks * plain_pages and info.get("enable_dp_attention") is True and \
             info.get("dp_size") == ranks and f"over {ranks} data-parallel ranks" in line
         failures = check(failures, ok, f"{ranks} ranks: {pages} KV pages from the same --kv-memory, "

@@ -100,7 +100,9 @@ class FakeModel : public LanguageModel {
         if (i >= from) write_logits(state, logits.data<float>() + row++ * config_.vocab_size);
       }
     }
-    return ForwardOutput{logits, Tensor(), Tensor()};
+    ForwardOutput out;
+    out.logits = logits;
+    return out;
   }
 
   // The same computation over a plain token list (no pages, no cache):
@@ -189,7 +191,9 @@ class ScriptedModel : public LanguageModel {
         logits.data<float>()[row++ * config_.vocab_size + token] = 10.0f;
       }
     }
-    return ForwardOutput{logits, Tensor(), Tensor()};
+    ForwardOutput out;
+    out.logits = logits;
+    return out;
   }
 
  private:

@@ -1,0 +1,366 @@
+#include "engine/rank_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "model/group_model.h"
+
+namespace megactx {
+namespace {
+
+// Rows and results travel as packed bytes: plain values in host order (every
+// rank is the same build on one host's kind of CPU), lists as a count then
+// their elements.
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  template <class T>
+  void put(T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &value, sizeof(T));
+  }
+  template <class T>
+  void list(std::span<const T> values) {
+    put<int64_t>(static_cast<int64_t>(values.size()));
+    const size_t at = out_.size();
+    out_.resize(at + values.size_bytes());
+    if (!values.empty()) std::memcpy(out_.data() + at, values.data(), values.size_bytes());
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  template <class T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    MEGACTX_CHECK(in_.size() - at_ >= sizeof(T), "rank sampling: a message cut short");
+    T value;
+    std::memcpy(&value, in_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  template <class T>
+  std::vector<T> list() {
+    const auto count = get<int64_t>();
+    MEGACTX_CHECK(count >= 0 && static_cast<uint64_t>(count) <= (in_.size() - at_) / sizeof(T),
+                  "rank sampling: a list of {} elements in {} bytes", count, in_.size() - at_);
+    std::vector<T> out(static_cast<size_t>(count));
+    if (count > 0) std::memcpy(out.data(), in_.data() + at_, out.size() * sizeof(T));
+    at_ += out.size() * sizeof(T);
+    return out;
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  std::span<const uint8_t> in_;
+  size_t at_ = 0;
+};
+
+using TokenPairs = std::vector<std::pair<int32_t, float>>;
+
+void put_pairs(Writer& out, const TokenPairs& pairs) {
+  out.put<int64_t>(static_cast<int64_t>(pairs.size()));
+  for (const auto& [token, value] : pairs) {
+    out.put<int32_t>(token);
+    out.put<float>(value);
+  }
+}
+
+TokenPairs get_pairs(Reader& in) {
+  const auto count = in.get<int64_t>();
+  MEGACTX_CHECK(count >= 0, "rank sampling: {} pairs", count);
+  TokenPairs out;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto token = in.get<int32_t>();
+    out.emplace_back(token, in.get<float>());
+  }
+  return out;
+}
+
+// One row: what the samplers read of a SamplingRow and its parameters
+// (engine/sampler.h). `logits_row` is the row's index among its rank's rows.
+// The prompt's distinct tokens go only with a repetition penalty, the only
+// thing that reads them.
+void put_row(Writer& out, const SamplingRow& row, int64_t logits_row) {
+  const SamplingParams& p = *row.params;
+  out.put<int64_t>(logits_row);
+  out.put<double>(p.temperature);
+  out.put<double>(p.top_p);
+  out.put<int64_t>(p.top_k);
+  out.put<double>(p.min_p);
+  out.put<double>(p.presence_penalty);
+  out.put<double>(p.frequency_penalty);
+  out.put<double>(p.repetition_penalty);
+  put_pairs(out, p.logit_bias);
+  out.put<uint8_t>(row.output_counts != nullptr);
+  if (row.output_counts != nullptr) {
+    out.put<int64_t>(static_cast<int64_t>(row.output_counts->size()));
+    for (const auto& [token, count] : *row.output_counts) {
+      out.put<int32_t>(token);
+      out.put<int32_t>(count);
+    }
+  }
+  out.list(p.repetition_penalty != 1.0 ? row.prompt_tokens : std::span<const int32_t>());
+  out.list(row.masked_tokens);
+  out.list(row.allowed);
+  out.put<uint64_t>(row.seed);
+  out.put<uint64_t>(row.draw_index);
+  out.put<uint8_t>(row.want_logprob);
+  out.put<int64_t>(row.top_logprobs);
+  out.list(row.logprob_token_ids);
+  out.put<double>(row.logprob_temperature);
+}
+
+// A decoded row: `row`'s plain fields, and the storage view() points it
+// into (once every row is decoded: the rows' vector does not move then).
+struct HeldRow {
+  SamplingParams params;
+  bool has_counts = false;
+  std::unordered_map<int32_t, int32_t> counts;
+  std::vector<int32_t> prompt_tokens, masked_tokens, logprob_token_ids;
+  std::vector<uint32_t> allowed;
+  SamplingRow row;
+
+  SamplingRow view() const {
+    SamplingRow out = row;
+    out.params = &params;
+    out.output_counts = has_counts ? &counts : nullptr;
+    out.prompt_tokens = prompt_tokens;
+    out.masked_tokens = masked_tokens;
+    out.allowed = allowed;
+    out.logprob_token_ids = logprob_token_ids;
+    return out;
+  }
+};
+
+void get_row(Reader& in, HeldRow& held) {
+  SamplingParams& p = held.params;
+  SamplingRow& row = held.row;
+  row = SamplingRow{};
+  row.logits_row = in.get<int64_t>();
+  p.temperature = in.get<double>();
+  p.top_p = in.get<double>();
+  p.top_k = in.get<int64_t>();
+  p.min_p = in.get<double>();
+  p.presence_penalty = in.get<double>();
+  p.frequency_penalty = in.get<double>();
+  p.repetition_penalty = in.get<double>();
+  p.logit_bias = get_pairs(in);
+  held.counts.clear();
+  held.has_counts = in.get<uint8_t>() != 0;
+  if (held.has_counts) {
+    const auto count = in.get<int64_t>();
+    MEGACTX_CHECK(count >= 0, "rank sampling: {} output counts", count);
+    for (int64_t i = 0; i < count; ++i) {
+      const auto token = in.get<int32_t>();
+      held.counts[token] = in.get<int32_t>();
+    }
+  }
+  held.prompt_tokens = in.list<int32_t>();
+  held.masked_tokens = in.list<int32_t>();
+  held.allowed = in.list<uint32_t>();
+  row.seed = in.get<uint64_t>();
+  row.draw_index = in.get<uint64_t>();
+  row.want_logprob = in.get<uint8_t>() != 0;
+  row.top_logprobs = in.get<int64_t>();
+  held.logprob_token_ids = in.list<int32_t>();
+  row.logprob_temperature = in.get<double>();
+}
+
+// Results: a status byte (0: sampled; 1: an error message follows), then
+// each row's token, logprob, top alternatives and asked-for ids.
+void put_results(Writer& out, std::span<const SampleResult> results) {
+  out.put<uint8_t>(0);
+  for (const SampleResult& r : results) {
+    out.put<int32_t>(r.token);
+    out.put<float>(r.logprob);
+    put_pairs(out, r.top);
+    put_pairs(out, r.token_ids);
+  }
+}
+
+void get_result(Reader& in, SampleResult& r) {
+  r.token = in.get<int32_t>();
+  r.logprob = in.get<float>();
+  r.top = get_pairs(in);
+  r.token_ids = get_pairs(in);
+}
+
+// The two exchanges of a side: `rows_out` (rank 0: every rank's rows, rank
+// order; `row_bytes` their sizes) go out, this rank's come back as the
+// returned bytes.
+std::vector<uint8_t> exchange_rows(parallel::Communicator& group,
+                                   const std::vector<uint8_t>& rows_out,
+                                   std::vector<int64_t> row_bytes) {
+  const auto size = static_cast<size_t>(group.size());
+  row_bytes.resize(size, 0);
+  group.broadcast(row_bytes.data(), static_cast<int64_t>(size * sizeof(int64_t)), 0);
+  const bool leader = group.rank() == 0;
+  std::vector<int64_t> send(size, 0), receive(size, 0);
+  if (leader) send = row_bytes;
+  send[0] = 0;
+  receive[0] = leader ? 0 : row_bytes[static_cast<size_t>(group.rank())];
+  MEGACTX_CHECK(receive[0] >= 0, "rank sampling: {} bytes of rows", receive[0]);
+  std::vector<uint8_t> mine(static_cast<size_t>(receive[0]));
+  group.all_to_all(rows_out.data(), send, mine.data(), receive);
+  return mine;
+}
+
+// Every rank's results to rank 0: rank 0 gets them in rank order with their
+// sizes; the others send `mine`.
+std::vector<uint8_t> exchange_results(parallel::Communicator& group,
+                                      const std::vector<uint8_t>& mine,
+                                      std::vector<int64_t>& result_bytes) {
+  const auto size = static_cast<size_t>(group.size());
+  const auto own = static_cast<int64_t>(mine.size());
+  result_bytes.assign(size, 0);
+  group.all_gather(&own, result_bytes.data(), sizeof(int64_t));
+  const bool leader = group.rank() == 0;
+  std::vector<int64_t> send(size, 0), receive(size, 0);
+  if (!leader) send[0] = own;
+  int64_t total = 0;
+  if (leader) {
+    receive = result_bytes;
+    receive[0] = 0;
+    for (const int64_t bytes : receive) {
+      MEGACTX_CHECK(bytes >= 0, "rank sampling: {} bytes of results", bytes);
+      total += bytes;
+    }
+  }
+  std::vector<uint8_t> all(static_cast<size_t>(total));
+  group.all_to_all(mine.data(), send, all.data(), receive);
+  return all;
+}
+
+}  // namespace
+
+void RankSampler::sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+                         std::span<const SamplingRow> rows, std::span<SampleResult> results,
+                         std::vector<int64_t>& sampled_per_rank) {
+  MEGACTX_CHECK(results.size() >= rows.size(), "sampler: {} results for {} rows", results.size(),
+                rows.size());
+  // Each logits row's index among its rank's rows.
+  std::vector<int64_t> local_row(row_ranks.size());
+  std::unordered_map<int, int64_t> held;
+  for (size_t r = 0; r < row_ranks.size(); ++r) local_row[r] = held[row_ranks[r]]++;
+  // The rows of each group rank, in order.
+  std::vector<std::vector<size_t>> of_rank;
+  std::vector<std::vector<uint8_t>> bytes;
+  own_rows_.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SamplingRow& row = rows[i];
+    MEGACTX_CHECK(row.params != nullptr, "sampler: row {} has no parameters", i);
+    MEGACTX_CHECK(row.logits_row >= 0 && row.logits_row < static_cast<int64_t>(row_ranks.size()),
+                  "sampler: logits row {} of {}", row.logits_row, row_ranks.size());
+    const int share = row_ranks[static_cast<size_t>(row.logits_row)];
+    MEGACTX_CHECK(share >= 0, "sampler: logits row {} on rank {}", row.logits_row, share);
+    if (sampled_per_rank.size() <= static_cast<size_t>(share))
+      sampled_per_rank.resize(static_cast<size_t>(share) + 1, 0);
+    ++sampled_per_rank[static_cast<size_t>(share)];
+    const auto rank = static_cast<size_t>(rank_rows_.holder(share));
+    if (of_rank.size() <= rank) {
+      of_rank.resize(rank + 1);
+      bytes.resize(rank + 1);
+    }
+    of_rank[rank].push_back(i);
+    const int64_t at = local_row[static_cast<size_t>(row.logits_row)];
+    if (rank == 0) {
+      own_rows_.push_back(row);
+      own_rows_.back().logits_row = at;
+    } else {
+      Writer out(bytes[rank]);
+      put_row(out, row, at);
+    }
+  }
+  if (rows.empty()) return;
+  // Only rank 0's rows: nothing to send.
+  if (of_rank.size() == 1) {
+    local.sample(own_logits, own_rows_, results.first(rows.size()));
+    return;
+  }
+  rank_rows_.run([&](parallel::Communicator& group) {
+    MEGACTX_CHECK(of_rank.size() <= static_cast<size_t>(group.size()),
+                  "sampler: rows of rank {} in a group of {}", of_rank.size() - 1, group.size());
+    std::vector<uint8_t> all_rows;
+    std::vector<int64_t> row_bytes;
+    for (const std::vector<uint8_t>& b : bytes) {
+      row_bytes.push_back(static_cast<int64_t>(b.size()));
+      all_rows.insert(all_rows.end(), b.begin(), b.end());
+    }
+    exchange_rows(group, all_rows, row_bytes);
+    // Rank 0's rows while the others sample theirs.
+    own_results_.resize(own_rows_.size());
+    std::string own_error;
+    try {
+      if (!own_rows_.empty()) local.sample(own_logits, own_rows_, own_results_);
+    } catch (const megactx::Error& error) {
+      own_error = error.what();  // after the exchange: the ranks stay in step
+    }
+    std::vector<int64_t> result_bytes;
+    const std::vector<uint8_t> all = exchange_results(group, {}, result_bytes);
+    MEGACTX_CHECK(own_error.empty(), "{}", own_error);
+    for (size_t i = 0; i < own_rows_.size(); ++i)
+      results[of_rank[0][i]] = std::move(own_results_[i]);
+    size_t at = 0;
+    for (size_t rank = 1; rank < result_bytes.size(); ++rank) {
+      Reader in(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(result_bytes[rank])));
+      at += static_cast<size_t>(result_bytes[rank]);
+      const size_t count = rank < of_rank.size() ? of_rank[rank].size() : 0;
+      if (count == 0 && result_bytes[rank] == 0) continue;
+      if (in.get<uint8_t>() != 0) {
+        const std::vector<char> message = in.list<char>();
+        fail("rank {} could not sample its rows: {}", rank,
+             std::string(message.begin(), message.end()));
+      }
+      for (size_t i = 0; i < count; ++i) get_result(in, results[of_rank[rank][i]]);
+      MEGACTX_CHECK(in.done(), "rank sampling: rank {} sent more results than rows", rank);
+    }
+  });
+}
+
+void sample_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group) {
+  const std::vector<uint8_t> mine = exchange_rows(group, {}, {});
+  std::vector<uint8_t> reply;
+  Writer out(reply);
+  if (!mine.empty()) {
+    try {
+      Reader in(mine);
+      std::vector<HeldRow> held;
+      while (!in.done()) get_row(in, held.emplace_back());
+      std::vector<SamplingRow> rows;
+      rows.reserve(held.size());
+      const int64_t vocab = own_logits.dim(1);
+      for (const HeldRow& h : held) {
+        rows.push_back(h.view());
+        // The leader checked these; a bad id would read past the row.
+        for (const int32_t id : h.logprob_token_ids)
+          MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
+      }
+      std::vector<SampleResult> results(rows.size());
+      local.sample(own_logits, rows, results);
+      put_results(out, results);
+    } catch (const std::exception& error) {
+      // Rank 0 waits for these results: it gets the reason instead, and the
+      // group stays in step.
+      reply.clear();
+      out.put<uint8_t>(1);
+      const std::string what = error.what();
+      out.list(std::span<const char>(what.data(), what.size()));
+    }
+  }
+  std::vector<int64_t> ignored;
+  exchange_results(group, reply, ignored);
+}
+
+}  // namespace megactx

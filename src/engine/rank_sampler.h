@@ -1,0 +1,56 @@
+// Sampling where the rows are (data-parallel attention over a group,
+// model/group_model.h's RankRows): after a forward that left each logits row
+// with the rank that computed it, rank 0 sends every other rank the sampling
+// rows of its own logits rows (parameters, penalty counts, grammar masks,
+// seeds, logprob options: a few KiB against the row's vocab x 4 bytes of
+// logits), each rank samples them with its own sampler (the same semantics,
+// engine/sampler.h) while rank 0 samples its own, and the results come back
+// to rank 0 in the rows' order. Seeded draws are a hash of (seed, draw
+// index), so a row gives the same token on any rank.
+//
+// The exchange, made by rank 0 (RankSampler::sample) and every worker
+// (sample_own_rows) in the same order over the whole group:
+//   broadcast [size] int64: the bytes of each rank's rows (0 for rank 0)
+//   all_to_all: rank 0 -> each rank its rows
+//   all_gather [size] int64: the bytes of each rank's results
+//   all_to_all: each rank -> rank 0 its results
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "engine/sampler.h"
+#include "parallel/communicator.h"
+
+namespace megactx {
+
+class RankRows;  // model/group_model.h
+
+class RankSampler {
+ public:
+  explicit RankSampler(RankRows& rank_rows) : rank_rows_(rank_rows) {}
+
+  // `own_logits` [rank 0's rows, vocab] (ForwardOutput::logits) and
+  // `row_ranks` [rows] (ForwardOutput::logits_ranks): rows[i].logits_row
+  // indexes row_ranks; results[i] for rows[i]. `local` samples rank 0's rows.
+  // Adds the rows each data-parallel rank sampled to `sampled_per_rank`
+  // (resized to the ranks seen).
+  void sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+              std::span<const SamplingRow> rows, std::span<SampleResult> results,
+              std::vector<int64_t>& sampled_per_rank);
+
+ private:
+  RankRows& rank_rows_;
+  std::vector<SamplingRow> own_rows_;  // rank 0's rows, logits_row made local
+  std::vector<SampleResult> own_results_;
+};
+
+// A worker's side of RankSampler::sample (RankRowsHandler): samples the rows
+// rank 0 sends it from `own_logits` with `local`, and sends the results back.
+// Rows that do not decode, or name a logits row it does not hold, throw
+// megactx::Error (the group then fails: rank 0 waits for these results).
+void sample_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group);
+
+}  // namespace megactx

@@ -1,0 +1,317 @@
+// Sampling where the rows are (engine/rank_sampler.h): groups of 2, 3 and 4
+// forked ranks, each holding the logits of its own rows, sample rows with
+// every option the samplers read (temperature, top-k / top-p / min-p, the
+// three penalties with output counts and prompt tokens, logit_bias, masked
+// eos ids, a grammar mask, seeds and draw indices, logprobs with top
+// alternatives, asked-for ids and a logprob temperature). Rank 0 must get
+// exactly what one CpuSampler gives over every row's logits in one tensor:
+// the same tokens and bit-equal logprobs, in the rows' order, with rows on
+// rank 0 only (no exchange), a rank with no rows, rows of data-parallel
+// replicas held by tensor rank 0 of each share (ranks 1 and 3 of 4 hold
+// none), and many rounds in a row. Rows a worker cannot sample (it holds no
+// logits rows) are an error on rank 0 naming the rank, and the group stays
+// in step for the next round.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/cpu_sampler.h"
+#include "engine/rank_sampler.h"
+#include "forked_group.h"
+#include "model/group_model.h"
+
+namespace megactx::testing {
+namespace {
+
+constexpr int64_t kVocab = 300;
+
+// Deterministic logits of global row `row` of round `round` (every rank
+// makes the same ones, so rank 0 has the whole tensor for the reference).
+std::vector<float> row_logits(int round, int64_t row) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * round + row));
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> out(kVocab);
+  for (float& x : out) x = normal(rng);
+  out[static_cast<size_t>(row % kVocab)] += 4.0f;  // a clear favourite, with ties elsewhere
+  out[7] = out[8];
+  return out;
+}
+
+// A row's options, varied by its index.
+struct RowSpec {
+  SamplingParams params;
+  std::unordered_map<int32_t, int32_t> counts;
+  std::vector<int32_t> prompt, masked, ids;
+  std::vector<uint32_t> allowed;
+};
+
+RowSpec row_spec(int64_t i) {
+  RowSpec s;
+  SamplingParams& p = s.params;
+  switch (i % 6) {
+    case 0:
+      p.temperature = 0.0;  // greedy
+      break;
+    case 1:
+      p.temperature = 0.8;
+      p.top_k = 20;
+      p.top_p = 0.9;
+      break;
+    case 2:
+      p.temperature = 1.3;
+      p.min_p = 0.05;
+      p.logit_bias = {{3, 5.0f}, {11, -100.0f}};
+      break;
+    case 3:
+      p.temperature = 1.0;
+      p.repetition_penalty = 1.3;
+      p.frequency_penalty = 0.4;
+      p.presence_penalty = 0.2;
+      s.counts = {{5, 2}, {9, 1}, {250, 3}};
+      s.prompt = {1, 5, 17, 42};
+      break;
+    case 4:
+      p.temperature = 0.7;
+      s.masked = {0, 2};
+      s.allowed.assign((kVocab + 31) / 32, 0);
+      for (int32_t t = 0; t < kVocab; t += 3) s.allowed[t / 32] |= 1u << (t % 32);
+      break;
+    default:
+      p.temperature = 1.0;
+      p.top_k = 1;
+      break;
+  }
+  if (i % 2 == 0) s.ids = {4, 6, 299};
+  return s;
+}
+
+SamplingRow sampling_row(const RowSpec& s, int64_t logits_row, int64_t i) {
+  SamplingRow row;
+  row.logits_row = logits_row;
+  row.params = &s.params;
+  if (!s.counts.empty()) row.output_counts = &s.counts;
+  row.prompt_tokens = s.prompt;
+  row.masked_tokens = s.masked;
+  row.allowed = s.allowed;
+  row.seed = 77 + static_cast<uint64_t>(i);
+  row.draw_index = static_cast<uint64_t>(3 * i);
+  row.want_logprob = i % 3 != 2;
+  row.top_logprobs = i % 4;
+  row.logprob_token_ids = s.ids;
+  row.logprob_temperature = i % 5 == 1 ? 0.5 : 1.0;
+  return row;
+}
+
+// One round: `row_ranks[g]` the data-parallel rank of global logits row g;
+// the sampled rows are `sampled` (indices into the global rows, any order).
+struct Round {
+  std::vector<int> row_ranks;
+  std::vector<int64_t> sampled;
+  bool workers_lost_logits = false;  // the workers sample from no logits rows
+};
+
+std::vector<Round> rounds(int shares) {
+  std::vector<Round> out;
+  // Rows spread over every share, sampled out of order.
+  Round spread;
+  for (int64_t g = 0; g < 12; ++g) spread.row_ranks.push_back(static_cast<int>(g % shares));
+  spread.sampled = {11, 0, 3, 5, 7, 1, 2, 4, 6, 8, 9, 10};
+  out.push_back(spread);
+  // Rank 0 only: no exchange.
+  Round own;
+  own.row_ranks = {0, 0, 0};
+  own.sampled = {2, 0};
+  out.push_back(own);
+  // The last share has no rows; ragged counts on the others.
+  Round ragged;
+  for (int64_t g = 0; g < 9; ++g)
+    ragged.row_ranks.push_back(static_cast<int>(g * g % (shares - 1)));
+  for (int64_t g = 0; g < 9; ++g) ragged.sampled.push_back(g);
+  out.push_back(ragged);
+  // A row a worker cannot sample, then the same rows that it can.
+  Round bad = spread;
+  bad.workers_lost_logits = true;
+  out.push_back(bad);
+  out.push_back(spread);
+  // Every row on the workers.
+  Round workers;
+  for (int64_t g = 0; g < 7; ++g)
+    workers.row_ranks.push_back(shares == 1 ? 0 : 1 + static_cast<int>(g % (shares - 1)));
+  for (int64_t g = 6; g >= 0; --g) workers.sampled.push_back(g);
+  out.push_back(workers);
+  return out;
+}
+
+// RankRows over a test group: a round's command is a broadcast flag (1: the
+// workers run sample_own_rows; 0: stop), as the serving group's command
+// header is; share s is held by group rank s * tensor.
+class TestRankRows final : public RankRows {
+ public:
+  TestRankRows(parallel::Communicator& group, int tensor) : group_(group), tensor_(tensor) {}
+  void run(const std::function<void(parallel::Communicator&)>& body) override {
+    int64_t command = 1;
+    group_.broadcast(&command, sizeof(command), 0);
+    ++runs;
+    body(group_);
+  }
+  int holder(int share) const override { return share * tensor_; }
+  int runs = 0;
+
+ private:
+  parallel::Communicator& group_;
+  int tensor_;
+};
+
+// The logits a group rank holds in round `round`: its share's rows (tensor
+// rank 0 of the share) in order; [0, vocab] otherwise.
+Tensor held_logits(const Round& round, int index, int rank, int tensor) {
+  std::vector<int64_t> rows;
+  if (rank % tensor == 0)
+    for (size_t g = 0; g < round.row_ranks.size(); ++g)
+      if (round.row_ranks[g] == rank / tensor) rows.push_back(static_cast<int64_t>(g));
+  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), kVocab}, DType::F32);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<float> values = row_logits(index, rows[r]);
+    std::memcpy(out.data<float>() + r * kVocab, values.data(), kVocab * sizeof(float));
+  }
+  return out;
+}
+
+bool same(const SampleResult& a, const SampleResult& b) {
+  auto bits = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    return u;
+  };
+  auto same_pairs = [&](const auto& x, const auto& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i].first != y[i].first || bits(x[i].second) != bits(y[i].second)) return false;
+    return true;
+  };
+  return a.token == b.token && bits(a.logprob) == bits(b.logprob) && same_pairs(a.top, b.top) &&
+         same_pairs(a.token_ids, b.token_ids);
+}
+
+bool leader(parallel::Communicator& group, int tensor) {
+  const int shares = group.size() / tensor;
+  TestRankRows rank_rows(group, tensor);
+  RankSampler sampler(rank_rows);
+  CpuSampler local;
+  bool ok = true;
+  const std::vector<Round> all = rounds(shares);
+  std::vector<int64_t> sampled_per_rank;
+  for (size_t index = 0; index < all.size(); ++index) {
+    const Round& round = all[index];
+    const int runs_before = rank_rows.runs;
+    // The reference: every row in one tensor, one CpuSampler.
+    const auto total = static_cast<int64_t>(round.row_ranks.size());
+    Tensor whole = Tensor::empty({total, kVocab}, DType::F32);
+    for (int64_t g = 0; g < total; ++g) {
+      const std::vector<float> values = row_logits(static_cast<int>(index), g);
+      std::memcpy(whole.data<float>() + g * kVocab, values.data(), kVocab * sizeof(float));
+    }
+    std::vector<RowSpec> specs;
+    specs.reserve(round.sampled.size());
+    for (const int64_t g : round.sampled) specs.push_back(row_spec(g));
+    std::vector<SamplingRow> rows;
+    for (size_t i = 0; i < round.sampled.size(); ++i)
+      rows.push_back(sampling_row(specs[i], round.sampled[i], round.sampled[i]));
+    std::vector<SampleResult> got(rows.size());
+    const Tensor own = held_logits(round, static_cast<int>(index), 0, tensor);
+    if (round.workers_lost_logits) {
+      try {
+        sampler.sample(local, own, round.row_ranks, rows, got, sampled_per_rank);
+        std::printf("round %zu: a worker's bad row was not an error\n", index);
+        ok = false;
+      } catch (const Error& error) {
+        const std::string what = error.what();
+        if (what.find("could not sample its rows") == std::string::npos) {
+          std::printf("round %zu: unexpected error: %s\n", index, what.c_str());
+          ok = false;
+        }
+      }
+      continue;
+    }
+    std::vector<SampleResult> want(rows.size());
+    local.sample(whole, rows, want);
+    sampler.sample(local, own, round.row_ranks, rows, got, sampled_per_rank);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!same(got[i], want[i])) {
+        std::printf("round %zu row %zu (logits row %lld): token %d logprob %g, want %d %g\n", index,
+                    i, static_cast<long long>(round.sampled[i]), got[i].token, got[i].logprob,
+                    want[i].token, want[i].logprob);
+        ok = false;
+      }
+    }
+    bool others = false;
+    for (const int64_t g : round.sampled) others |= round.row_ranks[g] != 0;
+    if ((rank_rows.runs > runs_before) != others) {
+      std::printf("round %zu: %d exchanges for rows %s on the workers\n", index,
+                  rank_rows.runs - runs_before, others ? "" : "not");
+      ok = false;
+    }
+  }
+  int64_t stop = 0;
+  group.broadcast(&stop, sizeof(stop), 0);
+  // Every round's sampled rows counted on their ranks, bad rounds included.
+  int64_t counted = 0;
+  for (const int64_t n : sampled_per_rank) counted += n;
+  int64_t sampled = 0;
+  for (const Round& round : all) sampled += static_cast<int64_t>(round.sampled.size());
+  if (counted != sampled) {
+    std::printf("%lld rows counted on ranks, %lld sampled\n", static_cast<long long>(counted),
+                static_cast<long long>(sampled));
+    ok = false;
+  }
+  return ok;
+}
+
+bool worker(parallel::Communicator& group, int tensor) {
+  CpuSampler local;
+  const std::vector<Round> all = rounds(group.size() / tensor);
+  // Which round the leader is in: it skips the exchange for rank-0-only
+  // rounds, so the worker follows the rounds it is called for.
+  for (size_t index = 0;; ++index) {
+    int64_t command = 0;
+    group.broadcast(&command, sizeof(command), 0);
+    if (command == 0) return true;
+    // The next round with rows on some worker.
+    for (;; ++index) {
+      bool others = false;
+      for (const int64_t g : all[index].sampled) others |= all[index].row_ranks[g] != 0;
+      if (others) break;
+    }
+    const Tensor own = all[index].workers_lost_logits
+                           ? Tensor::empty({0, kVocab}, DType::F32)
+                           : held_logits(all[index], static_cast<int>(index), group.rank(), tensor);
+    sample_own_rows(own, local, group);
+  }
+}
+
+void run_group(int size, int tensor) {
+  parallel::run_forked_group(size, [tensor](parallel::Communicator& group) {
+    return group.rank() == 0 ? leader(group, tensor) : worker(group, tensor);
+  });
+}
+
+TEST(RankSampler, TwoRanksMatchOneSampler) {
+  run_group(2, 1);
+}
+TEST(RankSampler, ThreeRanksMatchOneSampler) {
+  run_group(3, 1);
+}
+TEST(RankSampler, ReplicasOfTwoTensorRanksMatchOneSampler) {
+  run_group(4, 2);
+}
+
+}  // namespace
+}  // namespace megactx::testing
