@@ -225,6 +225,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
+    return split_on(color, key, stream_);
+  }
+
+  // split() whose collectives go on `stream`.
+  std::unique_ptr<Communicator> split_on(int color, int key, cudaStream_t stream) {
     MEGACTX_CHECK(
         api_.comm_split != nullptr && api_.comm_count != nullptr && api_.comm_user_rank != nullptr,
         "NCCL communicator: NCCL version code {} has no ncclCommSplit (2.18 or later)",
@@ -235,7 +240,7 @@ class NcclCommunicator final : public Communicator {
     int rank = 0, size = 0;
     check(api_.comm_user_rank(comm, &rank), "ncclCommUserRank");
     check(api_.comm_count(comm, &size), "ncclCommCount");
-    return std::make_unique<NcclCommunicator>(api_, comm, rank, size, stream_);
+    return std::make_unique<NcclCommunicator>(api_, comm, rank, size, stream);
   }
 
  private:
@@ -270,6 +275,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclCommunicatorOptio
   return std::make_unique<NcclCommunicator>(*api, options);
 }
 
+std::unique_ptr<Communicator> split_nccl_on_stream(Communicator& group, int color, int key,
+                                                   void* stream) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&group);
+  if (nccl == nullptr) return nullptr;
+  return nccl->split_on(color, key, static_cast<cudaStream_t>(stream));
+}
+
 bool nccl_available(const std::string& library, std::string* why) {
   std::string reason;
   const NcclApi* api = load_nccl(library_path(library), &reason);
@@ -282,6 +294,10 @@ bool nccl_available(const std::string& library, std::string* why) {
 
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclCommunicatorOptions&) {
   MEGACTX_CHECK(false, "NCCL communicator: megactx was built without CUDA");
+  return nullptr;
+}
+
+std::unique_ptr<Communicator> split_nccl_on_stream(Communicator&, int, int, void*) {
   return nullptr;
 }
 

@@ -45,6 +45,13 @@ struct NcclCommunicatorOptions {
 // NCCL cannot be loaded or the group does not form.
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclCommunicatorOptions& options);
 
+// Communicator::split of an NCCL group whose collectives go on `stream` (a
+// cudaStream_t) instead of the group's: collectives that overlap the group's
+// own (LayerSplit's entries on a side stream). Null when `group` is not an
+// NCCL communicator (host-staged collectives: the caller uses the group).
+std::unique_ptr<Communicator> split_nccl_on_stream(Communicator& group, int color, int key,
+                                                   void* stream);
+
 // Whether NCCL loads from `library` (as above when empty) and reports a
 // version; `why` gets the reason when not, or the version when it does.
 bool nccl_available(const std::string& library = "", std::string* why = nullptr);

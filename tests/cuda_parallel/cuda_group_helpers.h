@@ -30,11 +30,12 @@ inline int gpus_by_nvidia_smi() {
 // steps (CUDA graphs from the second, where the model captures them): every
 // logit, in order.
 inline std::vector<float> prefill_and_decode_logits(LanguageModel& model, const HfFixture& f,
-                                                    int64_t steps) {
+                                                    int64_t steps,
+                                                    KvDType kv_dtype = KvDType::F32) {
   const int64_t prompt = static_cast<int64_t>(f.input_ids.size());
   const int64_t pages = (prompt + steps + 63) / 64 + 1;
   // The model's own cache: a LayerSplit rank holds its layers' pools only.
-  auto cache = model.make_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
+  auto cache = model.make_kv_cache(make_kv_cache_spec(model.config(), pages, kv_dtype));
   std::vector<int32_t> table;
   for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
   std::vector<float> out;

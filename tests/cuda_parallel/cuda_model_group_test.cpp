@@ -298,8 +298,13 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverNcclMatchOneProcess) {
 // rank reading its share of the e4m3 matrices (checkpoint_shares.h): the
 // same fp8 GEMMs on the same bytes as one process (activation groups of 128
 // fall on the cuts), so only the order of float32 sums moves.
+// With `layer_split` (fp8 KV, the fast attention path): each layer's pools
+// on one rank; the prefill chunks get the owner's pool, the decode steps
+// (one row whose selection is smaller than its context's pages) only the
+// selected entries (dsa_layer_split.cpp), through 30 steps past a page's end.
 bool fp8_rank_matches_one_process(parallel::Communicator& group, bool experts,
-                                  CudaModelOptions::Collectives collectives) {
+                                  CudaModelOptions::Collectives collectives,
+                                  bool layer_split = false) {
   const ModelConfig config =
       load_model_config(std::string(MEGACTX_SOURCE_DIR) + "/bench/cuda/configs/glm_1b.json");
   HfFixture f;
@@ -309,6 +314,8 @@ bool fp8_rank_matches_one_process(parallel::Communicator& group, bool experts,
   options.fp8_native = true;
   options.gpu_id_step = 0;
   options.collectives = collectives;
+  const int64_t steps = layer_split ? 30 : 4;
+  const KvDType kv = layer_split ? KvDType::FP8 : KvDType::F32;
   std::vector<float> got;
   {
     CudaModelOptions ranked = options;
@@ -316,17 +323,19 @@ bool fp8_rank_matches_one_process(parallel::Communicator& group, bool experts,
     DsaModelOptions layout;
     layout.group = &group;
     layout.expert_parallel = experts;
+    layout.layer_split = layer_split;
     auto model = make_cuda_dsa_model_random_fp8(config, /*seed=*/3, ranked, layout);
     if (cuda_weight_bytes(*model).fp8_parameters == 0) return false;
-    got = prefill_and_decode_logits(*model, f, 4);
+    got = prefill_and_decode_logits(*model, f, steps, kv);
   }
   if (group.rank() != 0) return true;
   auto plain = make_cuda_dsa_model_random_fp8(config, /*seed=*/3, options);
-  const std::vector<float> expected = prefill_and_decode_logits(*plain, f, 4);
+  const std::vector<float> expected = prefill_and_decode_logits(*plain, f, steps, kv);
   if (got.size() != expected.size()) return false;
   const double error = relative_error(got.data(), expected.data(), got.size());
-  std::printf("glm_1b random fp8 weights, 2 ranks on one GPU, %s: relative error %.3g\n",
-              experts ? "experts split" : "tensor parallel", error);
+  std::printf("glm_1b random fp8 weights, 2 ranks on one GPU, %s%s: relative error %.3g\n",
+              experts ? "experts split" : "tensor parallel", layer_split ? ", LayerSplit" : "",
+              error);
   return error <= 1e-3;
 }
 
@@ -337,6 +346,23 @@ TEST_F(CudaModelGroup, Fp8SharesReadFromTheWeightsMatchOneProcess) {
         2,
         [&](parallel::Communicator& group) {
           return fp8_rank_matches_one_process(group, experts, CudaModelOptions::Collectives::host);
+        },
+        std::chrono::milliseconds(300000));
+  }
+}
+
+// LayerSplit on the fast attention path (fp8 KV): the decode steps read only
+// the entries the owner sent of their selection, on its side stream and
+// communicator (NCCL) or on the compute stream (host collectives).
+TEST_F(CudaModelGroup, Fp8LayerSplitSendsTheSelectedEntries) {
+  for (const auto collectives :
+       {CudaModelOptions::Collectives::host, CudaModelOptions::Collectives::nccl}) {
+    SCOPED_TRACE(collectives == CudaModelOptions::Collectives::host ? "host" : "nccl");
+    parallel::run_forked_group(
+        2,
+        [&](parallel::Communicator& group) {
+          return fp8_rank_matches_one_process(group, /*experts=*/false, collectives,
+                                              /*layer_split=*/true);
         },
         std::chrono::milliseconds(300000));
   }

@@ -137,6 +137,14 @@ CudaDsaModel::~CudaDsaModel() {
     std::fprintf(stderr, "%swall time of those forwards (host, incl. bookkeeping): %.3f ms\n",
                  timer_.report().c_str(), forward_wall_ms_);
   }
+  split_entries_.group.reset();
+  if (split_entries_.side != nullptr) {
+    cudaStreamSynchronize(split_entries_.side);
+    cudaStreamDestroy(split_entries_.side);
+    for (cudaEvent_t event : {split_entries_.gathered[0], split_entries_.gathered[1],
+                              split_entries_.received[0], split_entries_.received[1]})
+      if (event != nullptr) cudaEventDestroy(event);
+  }
   context_split_.reset();
   tensor_split_.reset();
   group_.reset();  // NCCL synchronises the stream it was given: before it goes

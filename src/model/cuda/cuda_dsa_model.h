@@ -267,6 +267,21 @@ class CudaDsaModel final : public LanguageModel {
   // The latent pool the attention core of `layer` reads: the cache's, or on a
   // rank that does not own the layer the scratch share_layer_kv filled.
   const void* latent_pool_of(const PagedKvCache& cache, int64_t layer) const;
+  // LayerSplit, decode-sized steps on the fast path (sends_selected_entries):
+  // instead of the pool, the owner sends only the entries the step's rows
+  // selected ([rows x top_k, 656] bytes, kernels/cuda/kv_copy/gather_entries.h),
+  // on a side stream and communicator of their own, into one of two dense
+  // slots that successive layers take in turn; the attention of a rank that
+  // does not own the layer reads them (borrowed_entries) once they are in.
+  bool sends_selected_entries(const Step& step, const PagedKvCache& cache);
+  void share_selected_entries(int64_t layer, int owner, const Step& step, PagedKvCache& cache);
+  struct BorrowedEntries {
+    const uint8_t* rows = nullptr;   // [rows x top_k, 656]
+    const int32_t* slots = nullptr;  // [rows, top_k] into `rows`, -1 = none
+  };
+  // The entries `layer`'s attention reads on a rank that does not own it
+  // (the compute stream then waits for their broadcast); nullopt otherwise.
+  std::optional<BorrowedEntries> borrowed_entries(int64_t layer);
   // data: rows of `row_bytes` bytes `pitch` bytes apart, [n] of them, this
   // rank's [first, last) written: every rank's rows gathered into every
   // rank's copy (one all_gather of the longest share, padded).
@@ -466,6 +481,24 @@ class CudaDsaModel final : public LanguageModel {
   // LayerSplit: the layer whose latent pool scratch_.borrowed_latent holds
   // (-1: none).
   int64_t borrowed_layer_ = -1;
+  // LayerSplit's selected entries (share_selected_entries): two dense slots,
+  // the slots table into them, the side stream and its communicator (a
+  // split of the tensor group; null with host-staged collectives, which then
+  // carry the entries on the compute stream), an event per slot for the
+  // gather before its broadcast and for the broadcast's end. Made at first use.
+  struct SplitEntries {
+    DeviceBuffer rows[2];
+    DeviceBuffer slots;
+    cudaStream_t side = nullptr;
+    std::unique_ptr<parallel::Communicator> group;
+    cudaEvent_t gathered[2] = {nullptr, nullptr};
+    cudaEvent_t received[2] = {nullptr, nullptr};
+    bool made = false;
+    int next = 0;        // the slot the next layer takes
+    int64_t layer = -1;  // the layer a non-owner's attention reads from slot `slot`
+    int slot = 0;
+  };
+  SplitEntries split_entries_;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   // final_norm's host copy of weights_->final_norm [H] (empty until first

@@ -583,6 +583,11 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   attend.q = pack.q;
   attend.slots = selected.slots;
   attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
+  if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
+    // LayerSplit: the owner's entries of this step's selection, dense.
+    attend.kv_pool = borrowed->rows;
+    attend.slots = borrowed->slots;
+  }
   if (cache.spec().offload_pages > 0) {
     // The live host tier: the selected entries of offload pages are staged in
     // device memory before the attention reads them, kept across steps in the
