@@ -582,11 +582,13 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   SparseMlaParams attend;
   attend.q = pack.q;
   attend.slots = selected.slots;
-  attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
   if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
-    // LayerSplit: the owner's entries of this step's selection, dense.
+    // LayerSplit, a layer this rank does not hold: the owner's entries of
+    // this step's selection, dense.
     attend.kv_pool = borrowed->rows;
     attend.slots = borrowed->slots;
+  } else {
+    attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
   }
   if (cache.spec().offload_pages > 0) {
     // The live host tier: the selected entries of offload pages are staged in
