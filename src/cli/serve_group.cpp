@@ -48,9 +48,10 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     communicator->barrier();  // every rank is connected
     load.group = communicator.get();
     // A tensor-parallel worker's logits are the leader's too and nobody reads
-    // them: left on the device, no copy per step. Data-parallel ranks send
-    // their rows' logits to the leader from the host.
-    load.cuda.logits_on_device = !load.data_parallel_attention;
+    // them: left on the device, no copy per step. Data-parallel ranks sample
+    // their rows there (engine/rank_sampler.h), and copy them to the host
+    // only for a step that gathers every row on the leader.
+    load.cuda.logits_on_device = true;
     auto model = load_language_model(model_dir, load);
     // Data-parallel attention: this rank samples the rows it computed
     // (engine/rank_sampler.h), with the sampler rank 0's engine would use.

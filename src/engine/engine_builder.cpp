@@ -91,9 +91,10 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
     // the weights in whatever precision the CUDA model keeps them.
     const DeviceMemoryInfo before = query_device_memory(load.cuda.device_ordinal);
     check_weights_fit(config, options, before);
-    // The engine samples on the device, but for data-parallel attention,
-    // whose ranks' rows are gathered on the host (group_model.cpp).
-    load.cuda.logits_on_device = !load.data_parallel_attention;
+    // The engine samples on the device (with data-parallel attention each
+    // rank its own rows, engine/rank_sampler.h; steps that gather every row
+    // on rank 0 copy them to the host first, group_model.cpp).
+    load.cuda.logits_on_device = true;
     model = load_language_model(options.model_dir, load);
     // The MTP layer's weights are part of what the plan measures.
     if (engine.speculative_steps > 0) preload_cuda_mtp_layer(*model, options.model_dir);
