@@ -36,11 +36,10 @@ class NullModel : public LanguageModel {
   Device device() const override { return Device::CPU; }
   ForwardOutput forward(const ForwardBatch& batch, PagedKvCache&) override {
     int64_t rows = 0;
-    for (const auto& sequence : batch.sequences) {
-      const auto n = static_cast<int64_t>(sequence.tokens.size());
-      rows += sequence.logits_from >= 0 ? n - sequence.logits_from : 1;
-    }
-    return ForwardOutput{logits_.slice_rows(0, rows), Tensor(), Tensor()};
+    for (const auto& sequence : batch.sequences) rows += sequence.logits_rows();
+    ForwardOutput out;
+    out.logits = logits_.slice_rows(0, rows);
+    return out;
   }
 
  private:

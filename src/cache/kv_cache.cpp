@@ -109,7 +109,8 @@ int64_t KvCacheSpec::indexer_bytes_per_token() const {
 }
 
 int64_t KvCacheSpec::bytes_per_page() const {
-  return latent_bytes_per_page() + indexer_bytes_per_page();
+  return latent_bytes_per_page() + indexer_bytes_per_page() +
+         borrowed_latent_pools * page_size * latent_bytes_per_token();
 }
 
 int64_t KvCacheSpec::latent_bytes_per_page() const {

@@ -56,11 +56,17 @@ struct KvCacheSpec {
   Device device = Device::CPU;
   // Pages whose latents live in host memory (the live host tier; 0: none).
   int64_t offload_pages = 0;
+  // Latent pools of one layer that a rank keeps beside its own for what
+  // another rank sends it (LayerSplit on GPUs: the owner's pool of the layer
+  // being computed, model/cuda/dsa_layer_split.cpp). Counted in
+  // bytes_per_page so the page plan leaves room for them; the cache does not
+  // allocate them.
+  int64_t borrowed_latent_pools = 0;
 
   int64_t total_pages() const { return num_pages + offload_pages; }
   int64_t latent_bytes_per_token() const;
   int64_t indexer_bytes_per_token() const;
-  // Bytes for one page across every pool.
+  // Bytes for one page across every pool (borrowed ones included).
   int64_t bytes_per_page() const;
   // An offload page's bytes: its indexer keys on the pools' device, its
   // latents in host memory.

@@ -50,8 +50,11 @@ std::string KvCapacityPlan::summary() const {
   line += fmt::format(" split over {} ranks (LayerSplit):", shares.size());
   for (size_t rank = 0; rank < shares.size(); ++rank) {
     const KvCacheSpec& share = shares[rank];
-    line += fmt::format("{} rank {} {} latent + {} indexer pools, {} B/token", rank ? ";" : "",
+    line += fmt::format("{} rank {} {} latent + {} indexer pools{}, {} B/token", rank ? ";" : "",
                         rank, share.latent_layers.size(), share.indexer_layers.size(),
+                        share.borrowed_latent_pools > 0
+                            ? fmt::format(" + {} borrowed", share.borrowed_latent_pools)
+                            : std::string(),
                         share.bytes_per_page() / spec.page_size);
   }
   line += fmt::format(

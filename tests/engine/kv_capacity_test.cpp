@@ -101,6 +101,37 @@ TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
   EXPECT_EQ(one.spec.num_pages, whole.spec.num_pages);
 }
 
+// On GPUs a rank that lacks a layer's pool keeps one more, the owner's pool
+// of the layer being computed (the form that sends pools): the plan counts it,
+// so the largest rank's 11 + 1 latent pools bound the pages.
+TEST(KvCapacity, LayerSplitCountsTheBorrowedPool) {
+  const ModelConfig config = glm_like();
+  ModelPlan plan;
+  plan.attention.entry = 512 + 64;
+  plan.attention.index_dim = 128;
+  for (int64_t layer = 0; layer < 78; ++layer)
+    plan.layers.push_back({layer, config.layer_runs_indexer(layer), layer, false});
+  plan.layer_split = true;
+  plan.tensor_parallel_size = 8;
+  plan.kv_owner = layer_split_owners(plan.layers, plan.attention, 8);
+  const int64_t gib = int64_t{1} << 30;
+  const KvCapacityPlan split =
+      plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true, [&](const KvCacheSpec& whole) {
+        return layer_split_shares(plan, whole, /*borrowed_pool=*/true);
+      });
+  ASSERT_EQ(split.shares.size(), 8u);
+  for (const KvCacheSpec& share : split.shares) EXPECT_EQ(share.borrowed_latent_pools, 1);
+  const int64_t largest = (11 + 1) * 656 + 4 * 132;
+  EXPECT_EQ(split.bytes_per_token, largest);
+  EXPECT_EQ(split.spec.num_pages, 10 * gib / (64 * largest));
+  EXPECT_EQ(split.spec.borrowed_latent_pools, 0);  // the engine's numbering of every pool
+  EXPECT_NE(split.summary().find("11 latent + 4 indexer pools + 1 borrowed"), std::string::npos)
+      << split.summary();
+  // The host model's shares borrow none.
+  const std::vector<KvCacheSpec> host = layer_split_shares(plan, split.spec);
+  for (const KvCacheSpec& share : host) EXPECT_EQ(share.borrowed_latent_pools, 0);
+}
+
 TEST(KvCapacity, RejectsABudgetBelowOnePage) {
   EXPECT_THROW(plan_kv_capacity(glm_like(), KvDType::F32, 1000, 64, false), Error);
   ModelConfig no_mtp = glm_like();

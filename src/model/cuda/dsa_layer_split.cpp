@@ -37,7 +37,8 @@
 namespace megactx::cuda {
 
 std::vector<KvCacheSpec> CudaDsaModel::kv_cache_shares(const KvCacheSpec& whole) const {
-  return layer_split_shares(plan_, whole);
+  // Each rank's scratch pool for the owners' pools (share_layer_kv) counts.
+  return layer_split_shares(plan_, whole, /*borrowed_pool=*/true);
 }
 
 void CudaDsaModel::share_layer_kv(int64_t layer, bool indexer, Step& step, PagedKvCache& cache) {
