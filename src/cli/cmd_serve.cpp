@@ -7,7 +7,8 @@
 //   [--max-running-requests N] [--context-length N] [--index-topk N] [--served-model-name NAME]
 //   [--max-request-bytes N] [--max-connections N] [--check-integrity] [--deterministic]
 //   [--enable-return-routed-experts] [--enable-return-hidden-states] [--enable-memory-saver]
-//   [--skip-tokenizer-init] [--tensor-parallel-size N [--expert-parallel-size N]
+//   [--skip-tokenizer-init] [--load-format auto|dummy]
+//   [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --split-indexer |
 //    --enable-dp-attention [--data-parallel-size D] [--load-balance-method M]]]
 //   [--context-parallel-size N [--expert-parallel-size N |
@@ -27,6 +28,12 @@
 // --host-kv-memory: the prefix cache's host tier (engine/engine_config.h):
 // evicted pages wait in that much host memory (pinned with --device cuda) for
 // a prefix hit instead of being recomputed.
+// --load-format dummy (SGLang's): random weights from the config.json in
+// --model's folder (no weights read; a tokenizer.json there is used); with an fp8
+// quantization_config and --device cuda, random e4m3 weights in 128 x 128
+// blocks, each rank of a group making its own share: benchmarks of models
+// whose checkpoints are not at hand (GLM-5.2-FP8 on 8 GPUs,
+// tools/bench/multi_gpu_bench.py).
 // --tensor-parallel-size N: N processes, this one and N - 1 forked workers
 // (cli/serve_group.h), each with its share of the heads and MLP widths (with
 // --device cuda rank r on GPU --base-gpu-id + r x --gpu-id-step, its sums over
@@ -109,6 +116,7 @@ struct ServeOptions {
   bool enable_return_hidden_states = false;
   bool enable_memory_saver = false;
   bool skip_tokenizer_init = false;
+  std::string load_format = "auto";  // auto: the checkpoint; dummy: random weights
   SpeculativeCliOptions speculative;
   gateway::GatewayConfig gateway;
   std::string gateway_guard = "flag";
@@ -149,6 +157,16 @@ int run_serve(const ServeOptions& options) {
   if (options.index_topk > 0) load.load.index_topk_override = options.index_topk;
   load.gpu_memory_utilization = options.gpu_memory_utilization;
   load.skip_tokenizer = options.skip_tokenizer_init;
+  MEGACTX_CHECK(options.load_format == "auto" || options.load_format == "dummy",
+                "unknown --load-format '{}' (auto: the checkpoint; dummy: random weights from "
+                "config.json)",
+                options.load_format);
+  load.load.random_weights = options.load_format == "dummy";
+  // A config.json alone serves token ids (as --skip-tokenizer-init).
+  load.ids_only_without_tokenizer = load.load.random_weights;
+  MEGACTX_CHECK(!load.load.random_weights || options.speculative.steps == 0,
+                "--speculative-steps with --load-format dummy: the MTP layer is read from the "
+                "checkpoint, which a dummy load does not have");
 
   // The serving group, forked before any thread starts (its ranks load the
   // same model with the same options); it outlives the engine below.
@@ -529,6 +547,11 @@ CommandRegistration registration{
                       "With --enable-dp-attention: the attention replicas (default "
                       "--tensor-parallel-size, one per rank; a divisor of it below: replicas of "
                       "--tensor-parallel-size / --data-parallel-size tensor-parallel ranks)")
+          ->capture_default_str();
+      command
+          .add_option("--load-format", options->load_format,
+                      "auto: the checkpoint's weights; dummy: random weights from config.json "
+                      "(benchmarks; fp8 quantization_config: random e4m3 blocks)")
           ->capture_default_str();
       command.add_flag("--skip-tokenizer-init", options->skip_tokenizer_init,
                        "Load no tokenizer (also right for a model folder without "

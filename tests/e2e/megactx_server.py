@@ -14,8 +14,11 @@ class MegactxServer:
     def __init__(self, megactx, model, *extra_args, name="default", timeout=300,
                  kv_memory="256MiB"):
         self.megactx = megactx
+        # kv_memory None: the server's own default (on GPUs what
+        # --gpu-memory-utilization leaves).
+        budget = ["--kv-memory", kv_memory] if kv_memory is not None else []
         self.command = [megactx, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                        "--served-model-name", name, "--kv-memory", kv_memory, *extra_args]
+                        "--served-model-name", name, *budget, *extra_args]
         self.timeout = timeout
         self.url = None
         self.process = None
