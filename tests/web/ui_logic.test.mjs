@@ -5,7 +5,7 @@
 //   node --test ui_logic.test.mjs
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { histogramQuantile, seriesPoint } from '../../web/src/metrics.js';
+import { groupLayout, histogramQuantile, rankRows, seriesPoint } from '../../web/src/metrics.js';
 import { apiMessages, applyChunk, newAssistantTurn, turnSummary } from '../../web/src/chat_state.js';
 
 test('histogramQuantile interpolates inside the bucket, as histogram_quantile does', () => {
@@ -57,6 +57,25 @@ test('seriesPoint: rates and windowed percentiles from snapshot differences', ()
   const tierPoint = seriesPoint([...history, tier]);
   assert.equal(tierPoint.hostLatentHitRate, 75);
   assert.equal(tierPoint.hostLatentCopiedPerStep, 6.56e5);
+});
+
+test('rankRows and groupLayout: the data-parallel ranks and the group in words', () => {
+  const rank = (running, admissions, free, sampled) => ({ running_requests: running, admissions,
+    kv_pages_total: 100, kv_pages_free: free, prefix_cache_pages: 3, sampled_rows: sampled });
+  const at = (ms, ranks) => ({ monotonic_ms: ms, engine: { data_parallel_ranks: ranks } });
+  const history = [at(0, [rank(0, 0, 100, 0), rank(0, 0, 100, 0)]),
+    at(2000, [rank(2, 3, 60, 40), rank(1, 1, 90, 10)])];
+  const rows = rankRows(history);
+  assert.equal(rows.length, 2);
+  assert.deepEqual(rows[0], { rank: 0, running: 2, admissions: 3, kvHeld: 40, kvTotal: 100,
+    prefixPages: 3, sampledPerSecond: 20 });
+  assert.equal(rows[1].sampledPerSecond, 5);
+  assert.equal(rankRows([at(0, [rank(1, 1, 50, 5)])])[0].sampledPerSecond, null);  // one snapshot
+  assert.deepEqual(rankRows([{ monotonic_ms: 0, engine: {} }]), []);  // one process
+  assert.equal(groupLayout({ tensor_parallel_size: 1 }), '');
+  assert.equal(groupLayout({ tensor_parallel_size: 4, expert_parallel_size: 4,
+    enable_dp_attention: true, dp_size: 2, enable_layer_split: true }),
+  'TP 4 · EP 4 · DP attention 2 · LayerSplit');
 });
 
 const chunk = (delta, entries, finish = null) => ({

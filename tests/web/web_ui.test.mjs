@@ -3,8 +3,8 @@
 // the default model (with MTP speculation, so MTP marks and the accepted
 // length show). Chat streaming, reasoning and a tool call answered, a
 // parameter taking effect, the token heat map, the rendered prompt, the
-// long-document prefix reuse, a dashboard plot moving under load, the model
-// card, keyboard use, the narrow layout, the API key, and no console errors
+// long-document prefix reuse, a dashboard plot moving under load (and a
+// data-parallel group's dashboard with a row per rank), the model card, keyboard use, the narrow layout, the API key, and no console errors
 // or requests leaving the server. Screenshots go to MEGACTX_WEB_SHOTS.
 //
 //   node --test --test-concurrency=1 web_ui.test.mjs
@@ -363,3 +363,26 @@ test('API key: the page asks for it and then works', async () => {
   assert.deepEqual(unexpected, []);
   await other.close();
 });
+
+test('dashboard of a data-parallel group: its layout and a row per rank', async () => {
+  const group = await startServer(['--tensor-parallel-size', '2', '--expert-parallel-size', '2',
+    '--enable-dp-attention']);
+  const other = await browser.context.newPage();
+  other.setDefaultTimeout(WAIT);
+  const seen = [];
+  watch(other, group, seen);
+  await other.goto(group + '/#/dashboard');
+  await other.getByTestId('group-layout').getByText('TP 2 · EP 2 · DP attention 2').waitFor();
+  // Two requests at once land on both ranks (the emptier rank takes the second).
+  await Promise.all([0, 1].map((i) => fetch(group + '/v1/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: `Rank ${i}: the Debian project`, max_tokens: 24, ignore_eos: true }),
+  }).then((response) => response.json())));
+  await other.waitForFunction(() => [0, 1].every((r) => Number(document.querySelector(
+    `[data-testid="dp-rank-${r}"] .admitted`)?.textContent) >= 1));
+  await other.screenshot({ path: join(shots, 'dashboard-dp-ranks.png'), fullPage: true });
+  assert.deepEqual(seen, []);
+  await other.close();
+});
+

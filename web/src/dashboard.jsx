@@ -1,11 +1,12 @@
 // The live dashboard: /ui/stats polled once a second (kept for the last 10
 // minutes while the page is open) and plotted with uPlot: output tokens/s,
 // requests running and waiting, KV pages (device and host tier), prefix-cache
-// hit rate, MTP accepted length, TTFT and TPOT percentiles.
+// hit rate, MTP accepted length, TTFT and TPOT percentiles; a serving
+// group's layout, and with data-parallel attention a table of its ranks.
 import { useEffect, useRef, useState } from 'preact/hooks';
 import uPlot from 'uplot';
 import { getJson } from './api.js';
-import { seriesPoint } from './metrics.js';
+import { groupLayout, rankRows, seriesPoint } from './metrics.js';
 
 const POLL_MS = 1000;
 const KEEP_SNAPSHOTS = 600;
@@ -130,6 +131,8 @@ export function Dashboard() {
   const latest = points[points.length - 1];
   const server = stats.snapshots[stats.snapshots.length - 1]?.server ?? {};
   const fmt = (v, digits = 0) => (v === null || v === undefined ? '–' : v.toFixed(digits));
+  const layout = groupLayout(server);
+  const ranks = rankRows(stats.snapshots);
   return (
     <div class="dashboard">
       <div class="row">
@@ -139,6 +142,7 @@ export function Dashboard() {
             {server.host_kv_memory && server.host_kv_memory !== '0' && <> + host {server.host_kv_memory}</>}
             {server.host_latent_memory && server.host_latent_memory !== '0' && <> + live host tier {server.host_latent_memory}</>}
             {' '}· MTP steps {server.speculative_steps ?? 0} · </>}
+          {layout && <span data-testid="group-layout">{layout} · </span>}
           polled every second from /ui/stats · percentiles over the last 30 s
         </span>
       </div>
@@ -159,6 +163,26 @@ export function Dashboard() {
           <Tile label="prefix hit rate (all time)" value={`${fmt(latest.prefixHitRateTotal, 1)}%`} />
           <Tile label="MTP accepted length" value={fmt(latest.specAcceptLengthTotal, 2)} />
           <Tile label="requests finished" value={`${latest.finished}`} testid="tile-finished" />
+        </div>
+      )}
+      {ranks.length > 0 && (
+        <div class="table-scroll dp-ranks">
+          <table class="runs" data-testid="dp-ranks">
+            <caption>Data-parallel attention: each rank's requests, KV pages and sampling</caption>
+            <thead>
+              <tr><th>rank</th><th>running</th><th>admitted</th><th>KV pages held</th>
+                <th>prefix-cache pages</th><th>rows sampled/s</th></tr>
+            </thead>
+            <tbody>
+              {ranks.map((r) => (
+                <tr key={r.rank} data-testid={`dp-rank-${r.rank}`}>
+                  <td>{r.rank}</td><td>{r.running}</td><td class="admitted">{r.admissions}</td>
+                  <td>{r.kvHeld} / {r.kvTotal}</td><td>{r.prefixPages}</td>
+                  <td>{fmt(r.sampledPerSecond, 1)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
         </div>
       )}
       <div class="charts">

@@ -93,3 +93,40 @@ export function seriesPoint(history, { rateSeconds = 2, windowSeconds = 30 } = {
     failed: latest.counters.requests_failed,
   };
 }
+
+// Data-parallel attention: a row per rank of the newest snapshot (none for a
+// server without it): requests running and admitted so far, KV pages held
+// (by requests or the prefix cache) of the rank's total, its prefix cache's
+// pages, and rows the rank sampled per second over the last `rateSeconds`.
+export function rankRows(history, { rateSeconds = 2 } = {}) {
+  const latest = history[history.length - 1];
+  const ranks = latest?.engine?.data_parallel_ranks ?? [];
+  if (!ranks.length) return [];
+  const base = snapshotBefore(history, latest, rateSeconds);
+  const elapsed = (latest.monotonic_ms - base.monotonic_ms) / 1000;
+  return ranks.map((r, i) => {
+    const before = base.engine.data_parallel_ranks?.[i];
+    return {
+      rank: i,
+      running: r.running_requests,
+      admissions: r.admissions,
+      kvHeld: r.kv_pages_total - r.kv_pages_free,
+      kvTotal: r.kv_pages_total,
+      prefixPages: r.prefix_cache_pages,
+      sampledPerSecond: elapsed > 0 && before
+        ? ((r.sampled_rows ?? 0) - (before.sampled_rows ?? 0)) / elapsed : null,
+    };
+  });
+}
+
+// The serving group's layout in a few words ('' for one process), from the
+// server's arguments in /ui/stats.
+export function groupLayout(server) {
+  const parts = [];
+  if ((server.tensor_parallel_size ?? 1) > 1) parts.push(`TP ${server.tensor_parallel_size}`);
+  if ((server.expert_parallel_size ?? 1) > 1) parts.push(`EP ${server.expert_parallel_size}`);
+  if (server.enable_dp_attention) parts.push(`DP attention ${server.dp_size}`);
+  if ((server.context_parallel_size ?? 1) > 1) parts.push(`CP ${server.context_parallel_size}`);
+  if (server.enable_layer_split) parts.push('LayerSplit');
+  return parts.join(' · ');
+}
