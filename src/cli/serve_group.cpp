@@ -58,7 +58,7 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     const std::unique_ptr<Sampler> sampler = make_sampler(*model, load.deterministic);
     run_group_worker(*model, *communicator, load.data_parallel_size,
                      [&](const Tensor& own_logits, parallel::Communicator& group) {
-                       sample_own_rows(own_logits, *sampler, group);
+                       serve_own_rows(own_logits, *sampler, group);
                      });
     status = 0;
   } catch (const std::exception& error) {

@@ -519,14 +519,13 @@ ForwardOutput Engine::forward_plan() {
   // Every forward, not only those of requests that ask: a later request may
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;
-  // Data-parallel attention: the ranks sample their own rows, unless rank 0
-  // reads logits itself (the verification of drafts, input logprobs). The
+  // Data-parallel attention: the ranks sample (and score) their own rows,
+  // unless rank 0 reads logits itself: the verification of drafts. The
   // drafts of this step are made (run_plan), so `verifying` is known.
   batch_.logits_at_ranks =
       rank_sampler_ != nullptr &&
-      std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
-        return chunk.request->wants_input_logprobs() || chunk.request->spec.verifying;
-      });
+      std::none_of(chunks.begin(), chunks.end(),
+                   [](const ScheduledChunk& chunk) { return chunk.request->spec.verifying; });
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;
@@ -691,11 +690,14 @@ void Engine::collect_outputs(const ForwardOutput& output) {
     }
     row += rows;
   }
-  MEGACTX_CHECK(out.logprob_queries.empty() || output.logits_ranks.empty(),
-                "engine: input logprobs of a step whose logits stayed with their ranks");
   if (!out.logprob_queries.empty()) {
     out.logprob_results.resize(out.logprob_queries.size());
-    sampler_->score(logits, out.logprob_queries, out.logprob_results);
+    if (!output.logits_ranks.empty()) {
+      rank_sampler_->score(*sampler_, logits, output.logits_ranks, out.logprob_queries,
+                           out.logprob_results);
+    } else {
+      sampler_->score(logits, out.logprob_queries, out.logprob_results);
+    }
     for (size_t i = 0; i < out.logprob_queries.size(); ++i) {
       out.logprob_requests[i]->input_logprobs.push_back(std::move(out.logprob_results[i]));
     }

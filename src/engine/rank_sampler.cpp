@@ -197,6 +197,51 @@ void get_result(Reader& in, SampleResult& r) {
   r.token_ids = get_pairs(in);
 }
 
+// One logprob query (LogprobQuery), `logits_row` its rank's row.
+void put_query(Writer& out, const LogprobQuery& query, int64_t logits_row) {
+  out.put<int64_t>(logits_row);
+  out.put<int32_t>(query.token);
+  out.put<int64_t>(query.top_logprobs);
+  out.list(query.token_ids);
+  out.put<double>(query.temperature);
+}
+
+struct HeldQuery {
+  LogprobQuery query;
+  std::vector<int32_t> token_ids;
+  LogprobQuery view() const {
+    LogprobQuery out = query;
+    out.token_ids = token_ids;
+    return out;
+  }
+};
+
+void get_query(Reader& in, HeldQuery& held) {
+  held.query = LogprobQuery{};
+  held.query.logits_row = in.get<int64_t>();
+  held.query.token = in.get<int32_t>();
+  held.query.top_logprobs = in.get<int64_t>();
+  held.token_ids = in.list<int32_t>();
+  held.query.temperature = in.get<double>();
+}
+
+void put_scores(Writer& out, std::span<const TokenLogprob> scores) {
+  out.put<uint8_t>(0);
+  for (const TokenLogprob& s : scores) {
+    out.put<int32_t>(s.token_id);
+    out.put<float>(s.logprob);
+    put_pairs(out, s.top);
+    put_pairs(out, s.token_ids);
+  }
+}
+
+void get_score(Reader& in, TokenLogprob& s) {
+  s.token_id = in.get<int32_t>();
+  s.logprob = in.get<float>();
+  s.top = get_pairs(in);
+  s.token_ids = get_pairs(in);
+}
+
 // The two exchanges of a side: `rows_out` (rank 0: every rank's rows, rank
 // order; `row_bytes` their sizes) go out, this rank's come back as the
 // returned bytes.
@@ -243,6 +288,92 @@ std::vector<uint8_t> exchange_results(parallel::Communicator& group,
   return all;
 }
 
+// What one command sends: each item's group rank and row among that rank's
+// rows (the items are logits rows' samples or scores), rank r's items in
+// order, and the bytes that carry them (a kind byte first).
+struct Placed {
+  std::vector<int> rank;
+  std::vector<int64_t> local;
+  std::vector<std::vector<size_t>> of_rank;
+  std::vector<std::vector<uint8_t>> bytes;
+  bool only_rank_0() const { return of_rank.size() <= 1; }
+};
+
+constexpr uint8_t kSample = 0, kScore = 1;
+
+// Places `count` items by their logits rows (row_of(i)) on the ranks holding
+// those rows.
+template <class RowOf>
+Placed place(size_t count, std::span<const int> row_ranks, const RankRows& rank_rows, uint8_t kind,
+             RowOf row_of) {
+  // Each logits row's index among its data-parallel rank's rows.
+  std::vector<int64_t> local_row(row_ranks.size());
+  std::unordered_map<int, int64_t> held;
+  for (size_t r = 0; r < row_ranks.size(); ++r) local_row[r] = held[row_ranks[r]]++;
+  Placed out;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t row = row_of(i);
+    MEGACTX_CHECK(row >= 0 && row < static_cast<int64_t>(row_ranks.size()),
+                  "sampler: logits row {} of {}", row, row_ranks.size());
+    const int share = row_ranks[static_cast<size_t>(row)];
+    MEGACTX_CHECK(share >= 0, "sampler: logits row {} on rank {}", row, share);
+    const int rank = rank_rows.holder(share);
+    const auto r = static_cast<size_t>(rank);
+    if (out.of_rank.size() <= r) {
+      out.of_rank.resize(r + 1);
+      out.bytes.resize(r + 1);
+    }
+    if (rank != 0 && out.bytes[r].empty()) out.bytes[r].push_back(kind);
+    out.of_rank[r].push_back(i);
+    out.rank.push_back(share);
+    out.local.push_back(local_row[static_cast<size_t>(row)]);
+  }
+  return out;
+}
+
+// Rank 0's side of one command: the placed items out, `own()` (rank 0's
+// items) while the others work, then read(item, Reader&) for each item of
+// every other rank, in order. An error in `own` or a rank's reported error
+// is an Error after the exchange (the ranks stay in step).
+template <class Own, class Read>
+void lead(RankRows& rank_rows, const Placed& placed, Own own, Read read) {
+  rank_rows.run([&](parallel::Communicator& group) {
+    MEGACTX_CHECK(placed.of_rank.size() <= static_cast<size_t>(group.size()),
+                  "sampler: rows of rank {} in a group of {}", placed.of_rank.size() - 1,
+                  group.size());
+    std::vector<uint8_t> all_rows;
+    std::vector<int64_t> row_bytes;
+    for (const std::vector<uint8_t>& b : placed.bytes) {
+      row_bytes.push_back(static_cast<int64_t>(b.size()));
+      all_rows.insert(all_rows.end(), b.begin(), b.end());
+    }
+    exchange_rows(group, all_rows, row_bytes);
+    std::string own_error;
+    try {
+      own();
+    } catch (const megactx::Error& error) {
+      own_error = error.what();
+    }
+    std::vector<int64_t> result_bytes;
+    const std::vector<uint8_t> all = exchange_results(group, {}, result_bytes);
+    MEGACTX_CHECK(own_error.empty(), "{}", own_error);
+    size_t at = 0;
+    for (size_t rank = 1; rank < result_bytes.size(); ++rank) {
+      Reader in(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(result_bytes[rank])));
+      at += static_cast<size_t>(result_bytes[rank]);
+      const size_t count = rank < placed.of_rank.size() ? placed.of_rank[rank].size() : 0;
+      if (count == 0 && result_bytes[rank] == 0) continue;
+      if (in.get<uint8_t>() != 0) {
+        const std::vector<char> message = in.list<char>();
+        fail("rank {} could not sample its rows: {}", rank,
+             std::string(message.begin(), message.end()));
+      }
+      for (size_t i = 0; i < count; ++i) read(placed.of_rank[rank][i], in);
+      MEGACTX_CHECK(in.done(), "rank sampling: rank {} sent more results than rows", rank);
+    }
+  });
+}
+
 }  // namespace
 
 void RankSampler::sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
@@ -250,106 +381,107 @@ void RankSampler::sample(Sampler& local, const Tensor& own_logits, std::span<con
                          std::vector<int64_t>& sampled_per_rank) {
   MEGACTX_CHECK(results.size() >= rows.size(), "sampler: {} results for {} rows", results.size(),
                 rows.size());
-  // Each logits row's index among its rank's rows.
-  std::vector<int64_t> local_row(row_ranks.size());
-  std::unordered_map<int, int64_t> held;
-  for (size_t r = 0; r < row_ranks.size(); ++r) local_row[r] = held[row_ranks[r]]++;
-  // The rows of each group rank, in order.
-  std::vector<std::vector<size_t>> of_rank;
-  std::vector<std::vector<uint8_t>> bytes;
+  for (size_t i = 0; i < rows.size(); ++i)
+    MEGACTX_CHECK(rows[i].params != nullptr, "sampler: row {} has no parameters", i);
+  Placed placed = place(rows.size(), row_ranks, rank_rows_, kSample,
+                        [&](size_t i) { return rows[i].logits_row; });
   own_rows_.clear();
   for (size_t i = 0; i < rows.size(); ++i) {
-    const SamplingRow& row = rows[i];
-    MEGACTX_CHECK(row.params != nullptr, "sampler: row {} has no parameters", i);
-    MEGACTX_CHECK(row.logits_row >= 0 && row.logits_row < static_cast<int64_t>(row_ranks.size()),
-                  "sampler: logits row {} of {}", row.logits_row, row_ranks.size());
-    const int share = row_ranks[static_cast<size_t>(row.logits_row)];
-    MEGACTX_CHECK(share >= 0, "sampler: logits row {} on rank {}", row.logits_row, share);
-    if (sampled_per_rank.size() <= static_cast<size_t>(share))
-      sampled_per_rank.resize(static_cast<size_t>(share) + 1, 0);
-    ++sampled_per_rank[static_cast<size_t>(share)];
-    const auto rank = static_cast<size_t>(rank_rows_.holder(share));
-    if (of_rank.size() <= rank) {
-      of_rank.resize(rank + 1);
-      bytes.resize(rank + 1);
-    }
-    of_rank[rank].push_back(i);
-    const int64_t at = local_row[static_cast<size_t>(row.logits_row)];
+    const auto share = static_cast<size_t>(placed.rank[i]);
+    if (sampled_per_rank.size() <= share) sampled_per_rank.resize(share + 1, 0);
+    ++sampled_per_rank[share];
+    const auto rank = static_cast<size_t>(rank_rows_.holder(placed.rank[i]));
     if (rank == 0) {
-      own_rows_.push_back(row);
-      own_rows_.back().logits_row = at;
+      own_rows_.push_back(rows[i]);
+      own_rows_.back().logits_row = placed.local[i];
     } else {
-      Writer out(bytes[rank]);
-      put_row(out, row, at);
+      Writer out(placed.bytes[rank]);
+      put_row(out, rows[i], placed.local[i]);
     }
   }
   if (rows.empty()) return;
-  // Only rank 0's rows: nothing to send.
-  if (of_rank.size() == 1) {
-    local.sample(own_logits, own_rows_, results.first(rows.size()));
-    return;
+  own_results_.assign(own_rows_.size(), SampleResult{});  // as a fresh vector: no stale fields
+  const auto own = [&] {
+    if (!own_rows_.empty()) local.sample(own_logits, own_rows_, own_results_);
+  };
+  if (placed.only_rank_0()) {
+    own();  // nothing to send
+  } else {
+    lead(rank_rows_, placed, own, [&](size_t i, Reader& in) { get_result(in, results[i]); });
   }
-  rank_rows_.run([&](parallel::Communicator& group) {
-    MEGACTX_CHECK(of_rank.size() <= static_cast<size_t>(group.size()),
-                  "sampler: rows of rank {} in a group of {}", of_rank.size() - 1, group.size());
-    std::vector<uint8_t> all_rows;
-    std::vector<int64_t> row_bytes;
-    for (const std::vector<uint8_t>& b : bytes) {
-      row_bytes.push_back(static_cast<int64_t>(b.size()));
-      all_rows.insert(all_rows.end(), b.begin(), b.end());
-    }
-    exchange_rows(group, all_rows, row_bytes);
-    // Rank 0's rows while the others sample theirs.
-    own_results_.resize(own_rows_.size());
-    std::string own_error;
-    try {
-      if (!own_rows_.empty()) local.sample(own_logits, own_rows_, own_results_);
-    } catch (const megactx::Error& error) {
-      own_error = error.what();  // after the exchange: the ranks stay in step
-    }
-    std::vector<int64_t> result_bytes;
-    const std::vector<uint8_t> all = exchange_results(group, {}, result_bytes);
-    MEGACTX_CHECK(own_error.empty(), "{}", own_error);
-    for (size_t i = 0; i < own_rows_.size(); ++i)
-      results[of_rank[0][i]] = std::move(own_results_[i]);
-    size_t at = 0;
-    for (size_t rank = 1; rank < result_bytes.size(); ++rank) {
-      Reader in(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(result_bytes[rank])));
-      at += static_cast<size_t>(result_bytes[rank]);
-      const size_t count = rank < of_rank.size() ? of_rank[rank].size() : 0;
-      if (count == 0 && result_bytes[rank] == 0) continue;
-      if (in.get<uint8_t>() != 0) {
-        const std::vector<char> message = in.list<char>();
-        fail("rank {} could not sample its rows: {}", rank,
-             std::string(message.begin(), message.end()));
-      }
-      for (size_t i = 0; i < count; ++i) get_result(in, results[of_rank[rank][i]]);
-      MEGACTX_CHECK(in.done(), "rank sampling: rank {} sent more results than rows", rank);
-    }
-  });
+  for (size_t i = 0; i < own_rows_.size(); ++i)
+    results[placed.of_rank[0][i]] = std::move(own_results_[i]);
 }
 
-void sample_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group) {
+void RankSampler::score(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+                        std::span<const LogprobQuery> queries, std::span<TokenLogprob> results) {
+  MEGACTX_CHECK(results.size() >= queries.size(), "sampler: {} results for {} queries",
+                results.size(), queries.size());
+  Placed placed = place(queries.size(), row_ranks, rank_rows_, kScore,
+                        [&](size_t i) { return queries[i].logits_row; });
+  own_queries_.clear();
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const auto rank = static_cast<size_t>(rank_rows_.holder(placed.rank[i]));
+    if (rank == 0) {
+      own_queries_.push_back(queries[i]);
+      own_queries_.back().logits_row = placed.local[i];
+    } else {
+      Writer out(placed.bytes[rank]);
+      put_query(out, queries[i], placed.local[i]);
+    }
+  }
+  if (queries.empty()) return;
+  own_scores_.assign(own_queries_.size(), TokenLogprob{});
+  const auto own = [&] {
+    if (!own_queries_.empty()) local.score(own_logits, own_queries_, own_scores_);
+  };
+  if (placed.only_rank_0()) {
+    own();
+  } else {
+    lead(rank_rows_, placed, own, [&](size_t i, Reader& in) { get_score(in, results[i]); });
+  }
+  for (size_t i = 0; i < own_queries_.size(); ++i)
+    results[placed.of_rank[0][i]] = std::move(own_scores_[i]);
+}
+
+void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group) {
   const std::vector<uint8_t> mine = exchange_rows(group, {}, {});
   std::vector<uint8_t> reply;
   Writer out(reply);
   if (!mine.empty()) {
     try {
       Reader in(mine);
-      std::vector<HeldRow> held;
-      while (!in.done()) get_row(in, held.emplace_back());
-      std::vector<SamplingRow> rows;
-      rows.reserve(held.size());
       const int64_t vocab = own_logits.dim(1);
-      for (const HeldRow& h : held) {
-        rows.push_back(h.view());
-        // The leader checked these; a bad id would read past the row.
-        for (const int32_t id : h.logprob_token_ids)
-          MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
+      const auto kind = in.get<uint8_t>();
+      if (kind == kSample) {
+        std::vector<HeldRow> held;
+        while (!in.done()) get_row(in, held.emplace_back());
+        std::vector<SamplingRow> rows;
+        rows.reserve(held.size());
+        for (const HeldRow& h : held) {
+          rows.push_back(h.view());
+          // The leader checked these; a bad id would read past the row.
+          for (const int32_t id : h.logprob_token_ids)
+            MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
+        }
+        std::vector<SampleResult> results(rows.size());
+        local.sample(own_logits, rows, results);
+        put_results(out, results);
+      } else {
+        MEGACTX_CHECK(kind == kScore, "rank sampling: a command of kind {}", kind);
+        std::vector<HeldQuery> held;
+        while (!in.done()) get_query(in, held.emplace_back());
+        std::vector<LogprobQuery> queries;
+        queries.reserve(held.size());
+        for (const HeldQuery& h : held) {
+          queries.push_back(h.view());
+          for (const int32_t id : h.token_ids)
+            MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
+        }
+        std::vector<TokenLogprob> scores(queries.size());
+        local.score(own_logits, queries, scores);
+        put_scores(out, scores);
       }
-      std::vector<SampleResult> results(rows.size());
-      local.sample(own_logits, rows, results);
-      put_results(out, results);
     } catch (const std::exception& error) {
       // Rank 0 waits for these results: it gets the reason instead, and the
       // group stays in step.

@@ -6,10 +6,14 @@
 // logits), each rank samples them with its own sampler (the same semantics,
 // engine/sampler.h) while rank 0 samples its own, and the results come back
 // to rank 0 in the rows' order. Seeded draws are a hash of (seed, draw
-// index), so a row gives the same token on any rank.
+// index), so a row gives the same token on any rank. Input logprobs
+// (scoring) go the same way (RankSampler::score): a query each, a few bytes
+// of result, where gathering a scored prompt's rows would move prompt x
+// vocab x 4 bytes (5 GB for 8K tokens of GLM-5.2).
 //
-// The exchange, made by rank 0 (RankSampler::sample) and every worker
-// (sample_own_rows) in the same order over the whole group:
+// The exchange of one command, made by rank 0 (RankSampler::sample or
+// score) and every worker (serve_own_rows) in the same order over the whole
+// group:
 //   broadcast [size] int64: the bytes of each rank's rows (0 for rank 0)
 //   all_to_all: rank 0 -> each rank its rows
 //   all_gather [size] int64: the bytes of each rank's results
@@ -40,17 +44,23 @@ class RankSampler {
   void sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
               std::span<const SamplingRow> rows, std::span<SampleResult> results,
               std::vector<int64_t>& sampled_per_rank);
+  // Sampler::score of `queries` (logits_row indexes row_ranks) the same way.
+  void score(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+             std::span<const LogprobQuery> queries, std::span<TokenLogprob> results);
 
  private:
   RankRows& rank_rows_;
   std::vector<SamplingRow> own_rows_;  // rank 0's rows, logits_row made local
   std::vector<SampleResult> own_results_;
+  std::vector<LogprobQuery> own_queries_;  // likewise for score
+  std::vector<TokenLogprob> own_scores_;
 };
 
-// A worker's side of RankSampler::sample (RankRowsHandler): samples the rows
-// rank 0 sends it from `own_logits` with `local`, and sends the results back.
-// Rows that do not decode, or name a logits row it does not hold, throw
-// megactx::Error (the group then fails: rank 0 waits for these results).
-void sample_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group);
+// A worker's side of RankSampler::sample and score (RankRowsHandler): samples
+// or scores the rows rank 0 sends it from `own_logits` with `local`, and
+// sends the results back. Rows it cannot answer (they do not decode, name a
+// logits row it does not hold, or the sampler fails) are reported to rank 0,
+// which fails the step with the reason; the group stays in step.
+void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group);
 
 }  // namespace megactx

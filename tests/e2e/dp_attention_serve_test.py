@@ -7,8 +7,9 @@ out), over 2 and 4 ranks:
 - concurrent requests give the single-process server's greedy ids (HF's for the fixture's
   prompt) and logprobs within 1e-4, and land on every rank (/metrics: admissions per rank);
 - seeded sampling with every sampler option (top-k/p, min-p, the three penalties, logit_bias,
-  min_new_tokens, top and asked-for logprobs) gives one process's ids and logprobs, each rank
-  sampling its own rows (/metrics: rows sampled per rank);
+  min_new_tokens, top and asked-for logprobs) and input logprobs (scoring) give one process's
+  ids and logprobs, each rank sampling and scoring its own rows (/metrics: rows sampled per
+  rank);
 - the same --kv-memory holds N times one process's pages (a budget per rank);
 - a prompt sharing a cached prefix goes back to the rank that caches it, while an unrelated
   one goes to the rank with more free pages;
@@ -97,7 +98,7 @@ def sampled(url, request_ids, index, new_tokens):
     its own rows): (ids, [logprob, top-3 alternatives, asked-for ids' logprobs] per token)."""
     response = requests.post(url + "/generate", json={
         "input_ids": request_ids, "return_logprob": True, "top_logprobs_num": 3,
-        "token_ids_logprob": [1, 2, 100],
+        "token_ids_logprob": [1, 2, 100], "logprob_start_len": 0 if index % 2 else -1,
         "sampling_params": {
             "temperature": 0.9 + 0.1 * (index % 3), "top_k": 40 if index % 2 else -1,
             "top_p": 0.95, "min_p": 0.02, "repetition_penalty": 1.1,
@@ -110,6 +111,12 @@ def sampled(url, request_ids, index, new_tokens):
     values = [entry[0] for entry in meta["output_token_logprobs"]]
     values += [entry[0] for row in meta["output_top_logprobs"] for entry in row]
     values += [entry[0] for row in meta["output_token_ids_logprobs"] for entry in row]
+    # Input logprobs (scoring) of every other request: each rank scores its own rows.
+    if index % 2:
+        values += [entry[0] for entry in meta["input_token_logprobs"] if entry[0] is not None]
+        values += [entry[0] for row in meta["input_top_logprobs"] if row for entry in row]
+        values += [entry[0] for row in meta["input_token_ids_logprobs"] if row for entry in row]
+        assert len(meta["input_token_logprobs"]) == len(request_ids), "input logprobs missing"
     return response.json()["output_ids"], values
 
 
@@ -328,8 +335,9 @@ def main():
         ok = same and worst <= 1e-4 and len(rows) == ranks and all(rows[r] > 0 for r in range(ranks))
         failures = check(failures, ok,
                          f"{ranks} ranks: seeded sampling with top-k/p, min-p, penalties, "
-                         f"logit_bias, min_new_tokens, top and asked-for logprobs: ids "
-                         f"{'equal to' if same else 'DIFFERENT from'} one process's, max "
+                         f"logit_bias, min_new_tokens, top and asked-for logprobs, input "
+                         f"logprobs: ids {'equal to' if same else 'DIFFERENT from'} one process's, "
+                         f"max "
                          f"|logprob difference| {worst:.2e}; rows sampled on each rank "
                          f"{[rows.get(r) for r in range(ranks)]}")
         ok = pages == ranks * plain_pages and info.get("enable_dp_attention") is True and \

@@ -5,7 +5,9 @@
 // eos ids, a grammar mask, seeds and draw indices, logprobs with top
 // alternatives, asked-for ids and a logprob temperature). Rank 0 must get
 // exactly what one CpuSampler gives over every row's logits in one tensor:
-// the same tokens and bit-equal logprobs, in the rows' order, with rows on
+// the same tokens and bit-equal logprobs, in the rows' order (and the same
+// for input logprobs, RankSampler::score: top alternatives, asked-for ids, a
+// logprob temperature), with rows on
 // rank 0 only (no exchange), a rank with no rows, rows of data-parallel
 // replicas held by tensor rank 0 of each share (ranks 1 and 3 of 4 hold
 // none), and many rounds in a row. Rows a worker cannot sample (it holds no
@@ -150,20 +152,21 @@ std::vector<Round> rounds(int shares) {
   return out;
 }
 
-// RankRows over a test group: a round's command is a broadcast flag (1: the
-// workers run sample_own_rows; 0: stop), as the serving group's command
-// header is; share s is held by group rank s * tensor.
+// RankRows over a test group: a command is a broadcast word (round + 1: the
+// workers run serve_own_rows on that round's logits; 0: stop), as the
+// serving group's command header is; share s is held by group rank s * tensor.
 class TestRankRows final : public RankRows {
  public:
   TestRankRows(parallel::Communicator& group, int tensor) : group_(group), tensor_(tensor) {}
   void run(const std::function<void(parallel::Communicator&)>& body) override {
-    int64_t command = 1;
+    int64_t command = round + 1;
     group_.broadcast(&command, sizeof(command), 0);
     ++runs;
     body(group_);
   }
   int holder(int share) const override { return share * tensor_; }
   int runs = 0;
+  int64_t round = 0;
 
  private:
   parallel::Communicator& group_;
@@ -211,6 +214,7 @@ bool leader(parallel::Communicator& group, int tensor) {
   std::vector<int64_t> sampled_per_rank;
   for (size_t index = 0; index < all.size(); ++index) {
     const Round& round = all[index];
+    rank_rows.round = static_cast<int64_t>(index);
     const int runs_before = rank_rows.runs;
     // The reference: every row in one tensor, one CpuSampler.
     const auto total = static_cast<int64_t>(round.row_ranks.size());
@@ -254,9 +258,38 @@ bool leader(parallel::Communicator& group, int tensor) {
     }
     bool others = false;
     for (const int64_t g : round.sampled) others |= round.row_ranks[g] != 0;
-    if ((rank_rows.runs > runs_before) != others) {
+    // Input logprobs of every row (scoring), in reverse order, with top
+    // alternatives, asked-for ids and a temperature on some.
+    std::vector<LogprobQuery> queries;
+    const std::vector<int32_t> ids = {0, 9, kVocab - 1};
+    for (int64_t g = total - 1; g >= 0; --g)
+      queries.push_back({g, static_cast<int32_t>((7 * g) % kVocab), g % 4,
+                         g % 2 ? std::span<const int32_t>(ids) : std::span<const int32_t>(),
+                         g % 3 == 1 ? 0.7 : 1.0});
+    std::vector<TokenLogprob> scored(queries.size()), want_scored(queries.size());
+    local.score(whole, queries, want_scored);
+    const int runs_scored = rank_rows.runs;
+    sampler.score(local, own, round.row_ranks, queries, scored);
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const SampleResult a{scored[i].token_id, scored[i].logprob, scored[i].top,
+                           scored[i].token_ids};
+      const SampleResult b{want_scored[i].token_id, want_scored[i].logprob, want_scored[i].top,
+                           want_scored[i].token_ids};
+      if (!same(a, b)) {
+        std::printf("round %zu query %zu (logits row %lld): logprob %g, want %g\n", index, i,
+                    static_cast<long long>(queries[i].logits_row), a.logprob, b.logprob);
+        ok = false;
+      }
+    }
+    bool scored_on_workers = false;
+    for (const int rank : round.row_ranks) scored_on_workers |= rank != 0;
+    if ((rank_rows.runs > runs_scored) != scored_on_workers) {
+      std::printf("round %zu: scoring made %d exchanges\n", index, rank_rows.runs - runs_scored);
+      ok = false;
+    }
+    if ((runs_scored > runs_before) != others) {
       std::printf("round %zu: %d exchanges for rows %s on the workers\n", index,
-                  rank_rows.runs - runs_before, others ? "" : "not");
+                  runs_scored - runs_before, others ? "" : "not");
       ok = false;
     }
   }
@@ -278,22 +311,16 @@ bool leader(parallel::Communicator& group, int tensor) {
 bool worker(parallel::Communicator& group, int tensor) {
   CpuSampler local;
   const std::vector<Round> all = rounds(group.size() / tensor);
-  // Which round the leader is in: it skips the exchange for rank-0-only
-  // rounds, so the worker follows the rounds it is called for.
-  for (size_t index = 0;; ++index) {
+  for (;;) {
     int64_t command = 0;
     group.broadcast(&command, sizeof(command), 0);
     if (command == 0) return true;
-    // The next round with rows on some worker.
-    for (;; ++index) {
-      bool others = false;
-      for (const int64_t g : all[index].sampled) others |= all[index].row_ranks[g] != 0;
-      if (others) break;
-    }
+    const auto index = static_cast<size_t>(command - 1);
+    if (index >= all.size()) return false;
     const Tensor own = all[index].workers_lost_logits
                            ? Tensor::empty({0, kVocab}, DType::F32)
                            : held_logits(all[index], static_cast<int>(index), group.rank(), tensor);
-    sample_own_rows(own, local, group);
+    serve_own_rows(own, local, group);
   }
 }
 
