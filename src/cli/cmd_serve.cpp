@@ -210,11 +210,10 @@ int run_serve(const ServeOptions& options) {
                   "--enable-layer-split splits each layer's KV cache over the tensor-parallel "
                   "group: it needs --tensor-parallel-size 2 or more");
     MEGACTX_CHECK(options.device == "cpu" ||
-                      (!options.enable_dp_attention && options.context_parallel_size == 1 &&
-                       options.host_latent_memory.empty()),
-                  "--enable-layer-split with --device cuda: over tensor parallelism only so far "
-                  "(with --enable-dp-attention, --context-parallel-size or --host-latent-memory "
-                  "it runs on the CPU)");
+                      (options.context_parallel_size == 1 && options.host_latent_memory.empty()),
+                  "--enable-layer-split with --device cuda: over tensor parallelism (or each "
+                  "replica's tensor ranks with --enable-dp-attention) only so far (with "
+                  "--context-parallel-size or --host-latent-memory it runs on the CPU)");
   }
   DpLoadBalance load_balance = DpLoadBalance::CacheAware;  // --load-balance-method
   if (options.enable_dp_attention) {

@@ -126,12 +126,11 @@ std::unique_ptr<LanguageModel> load_language_model(const std::string& model_dir,
       options.device == Device::CUDA && options.group != nullptr && options.group->size() > 1;
   MEGACTX_CHECK(
       !gpu_group || (!options.experts_over_group && !options.split_indexer &&
-                     (!options.layer_split ||
-                      (!options.context_parallel && !options.data_parallel_attention))),
+                     (!options.layer_split || !options.context_parallel)),
       "--device cuda with a group of {}: only tensor parallelism (with LayerSplit), expert "
-      "parallelism over it, data-parallel attention and context parallelism run on GPUs so far "
-      "(the experts over every context share's ranks, LayerSplit with data-parallel attention "
-      "or context parallelism and the split indexer run on the CPU)",
+      "parallelism over it, data-parallel attention (with LayerSplit inside replicas of tensor "
+      "ranks) and context parallelism run on GPUs so far (the experts over every context "
+      "share's ranks, LayerSplit with context parallelism and the split indexer run on the CPU)",
       options.group ? options.group->size() : 1);
   if (options.random_weights) {
     ModelConfig config;

@@ -82,6 +82,11 @@ def main():
         layouts.append(("--tensor-parallel-size", "4", "--expert-parallel-size", "4",
                         "--enable-dp-attention", "--data-parallel-size", "2", "--gpu-id-step", "0",
                         "--cuda-collectives", collectives))
+        # ... with LayerSplit inside each replica: each layer's KV on one of its 2 ranks.
+        layouts.append(("--tensor-parallel-size", "4", "--expert-parallel-size", "4",
+                        "--enable-dp-attention", "--data-parallel-size", "2",
+                        "--enable-layer-split", "--gpu-id-step", "0",
+                        "--cuda-collectives", collectives))
     if count >= 2:
         layouts.append(("--tensor-parallel-size", "2"))
         layouts.append(("--tensor-parallel-size", "2", "--expert-parallel-size", "2"))

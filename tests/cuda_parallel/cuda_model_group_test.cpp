@@ -77,7 +77,8 @@ std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f,
   if (replica == 1) std::reverse(prompt.begin(), prompt.end());
   const auto length = static_cast<int64_t>(prompt.size());
   const int64_t pages = (length + steps + 63) / 64 + 1;
-  auto cache = make_cuda_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
+  // The model's own cache: with LayerSplit a rank holds its layers' pools only.
+  auto cache = model.make_kv_cache(make_kv_cache_spec(model.config(), pages, KvDType::F32));
   std::vector<int32_t> table;
   for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
   std::vector<float> out;
@@ -125,9 +126,9 @@ bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const
   }
   const double error = relative_error(got.data(), expected.data(), got.size());
   std::printf(
-      "%s, data-parallel attention, rank %d of %d (%d replicas) on one GPU, %s collectives: "
+      "%s, data-parallel attention%s, rank %d of %d (%d replicas) on one GPU, %s collectives: "
       "relative error %.3g\n",
-      fixture, group.rank(), group.size(), replicas,
+      fixture, layout.layer_split ? " with LayerSplit" : "", group.rank(), group.size(), replicas,
       layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error);
   return error <= 1e-5;
 }
@@ -273,6 +274,9 @@ TEST_F(CudaModelGroup, ReplicasOfTensorRanksMatchOneProcessEach) {
     layout.expert_parallel = true;
     layout.data_parallel_attention = true;
     layout.data_parallel_size = 2;
+    expect_group_matches(4, fixture, layout, data_parallel_rank_matches_one_process);
+    // LayerSplit inside each replica: each layer's pools on one of its 2 ranks.
+    layout.layer_split = true;
     expect_group_matches(4, fixture, layout, data_parallel_rank_matches_one_process);
   }
 }

@@ -511,9 +511,10 @@ def main():
                           "--enable-dp-attention"),
                          ((*dp(2), "--context-parallel-size", "2"), "--context-parallel-size"),
                          ((*dp(2), "--enable-layer-split"), "--enable-layer-split"),
-                         # On GPUs: not with LayerSplit inside the replicas yet.
+                         # On GPUs: not with the live host tier yet.
                          ((*dp(4), "--data-parallel-size", "2", "--enable-layer-split",
-                           "--device", "cuda"), "--enable-layer-split"),
+                           "--device", "cuda", "--host-latent-memory", "1GiB"),
+                          "--enable-layer-split"),
                          (("--load-balance-method", "round_robin"), "--enable-dp-attention"),
                          ((*dp(2), "--load-balance-method", "random"), "round_robin")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",

@@ -704,7 +704,8 @@ TEST(TensorParallelModel, ShapesThatDoNotDivideAreErrors) {
 }
 
 // On GPUs the CUDA model runs tensor parallelism (with LayerSplit), expert
-// parallelism over it, data-parallel attention and context parallelism only
+// parallelism over it, data-parallel attention (with LayerSplit inside
+// replicas of tensor ranks) and context parallelism only
 // (tests/cuda_parallel/cuda_model_group_test.cpp): the other layouts are
 // refused before anything loads, on any machine.
 TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
@@ -714,15 +715,13 @@ TEST(TensorParallelModel, CudaRefusesTheLayoutsItDoesNotRunYet) {
       options.group = &group;
       options.device = Device::CUDA;
       // 0: the experts over every context share's ranks (one share of both
-      // ranks here); 1: LayerSplit inside a data-parallel replica of both
-      // ranks; 2: the split indexer.
-      options.context_parallel = layout == 0;
+      // ranks here); 1: LayerSplit with context parallelism over both ranks;
+      // 2: the split indexer.
+      options.context_parallel = layout <= 1;
       options.context_parallel_size = layout == 0 ? 1 : 0;
       options.experts_over_group = layout == 0;
       options.layer_split = layout == 1;
-      options.data_parallel_attention = layout == 1;
-      options.expert_parallel = layout <= 1;
-      options.data_parallel_size = layout == 1 ? 1 : 0;
+      options.expert_parallel = layout == 0;
       options.split_indexer = layout == 2;
       try {
         load_language_model(fixture_dir("glm_schedule"), options);

@@ -63,16 +63,19 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
   // dsa_expert_all_to_all.cpp; replicas of one rank or of tensor ranks) and
   // context parallelism over the whole group (dsa_context_parallel.cpp; its
   // experts whole or by all-to-all; or over context shares of tensor ranks)
-  // and LayerSplit over tensor parallelism (dsa_layer_split.cpp) run on the
-  // GPU so far: the experts over every share's ranks, LayerSplit combined
-  // with the others and the split indexer run on the CPU (dsa_model.cpp).
+  // and LayerSplit over tensor parallelism (dsa_layer_split.cpp; also inside
+  // each replica of tensor ranks of data-parallel attention, over the
+  // replica's group) run on the GPU so far: the experts over every share's
+  // ranks, LayerSplit with context parallelism and the split indexer run on
+  // the CPU (dsa_model.cpp).
   MEGACTX_CHECK(
       !plan_.experts_over_shares && !plan_.indexer_split &&
-          (!plan_.layer_split || (plan_.context_parallel_size == 1 && !plan_.expert_all_to_all)),
+          (!plan_.layer_split || plan_.context_parallel_size == 1),
       "CUDA model: of the parallel layouts only tensor parallelism (with LayerSplit), "
-      "expert parallelism over it, data-parallel attention and context parallelism run on the "
-      "GPU so far (the experts over every context share's ranks, LayerSplit with "
-      "data-parallel attention or context parallelism and the split indexer run on the CPU)");
+      "expert parallelism over it, data-parallel attention (with LayerSplit inside replicas of "
+      "tensor ranks) and context parallelism run on the GPU so far (the experts over every "
+      "context share's ranks, LayerSplit with context parallelism and the split indexer run "
+      "on the CPU)");
   // The group's size, as the host model's (dsa_model.cpp): tensor ranks (of
   // every data-parallel replica or context share) or expert ranks, whichever
   // is more.
