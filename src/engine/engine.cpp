@@ -520,12 +520,15 @@ ForwardOutput Engine::forward_plan() {
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;
   // Data-parallel attention: the ranks sample (and score) their own rows,
-  // unless rank 0 reads logits itself: the verification of drafts. The
+  // unless rank 0 reads logits itself: the rejection sampling of sampled
+  // drafts (greedy verification takes each row's argmax from its rank). The
   // drafts of this step are made (run_plan), so `verifying` is known.
   batch_.logits_at_ranks =
       rank_sampler_ != nullptr &&
-      std::none_of(chunks.begin(), chunks.end(),
-                   [](const ScheduledChunk& chunk) { return chunk.request->spec.verifying; });
+      std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
+        return chunk.request->spec.verifying && !is_greedy(chunk.request->request.sampling);
+      });
+  if (rank_sampler_ != nullptr && !batch_.logits_at_ranks) ++gathered_logit_steps_;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;
@@ -633,7 +636,13 @@ void Engine::collect_outputs(const ForwardOutput& output) {
   const Tensor& logits = output.logits;
   StepOutputs& out = outputs_;
   out.clear_collected();
-  if (speculator_) speculator_->begin_verification(plan_, logits, out, *sampler_);
+  // Data-parallel attention with the logits left at their ranks: every
+  // sampler call of the step goes to the rows' ranks.
+  const bool at_ranks = !output.logits_ranks.empty();
+  std::optional<StepRankSampler> ranks;
+  if (at_ranks) ranks.emplace(*rank_sampler_, *sampler_, output.logits_ranks, sampled_by_rank_);
+  Sampler& sampler = at_ranks ? static_cast<Sampler&>(*ranks) : *sampler_;
+  if (speculator_) speculator_->begin_verification(plan_, logits, out, sampler, at_ranks);
   int64_t row = 0;
   for (const ScheduledChunk& chunk : plan_.chunks) {
     RequestState& request = *chunk.request;
@@ -658,7 +667,7 @@ void Engine::collect_outputs(const ForwardOutput& output) {
     if (out.grammar_failed_for(request)) {
       // Nothing to sample: apply_outputs ends the request with an error.
     } else if (request.spec.verifying) {
-      speculator_->verify_chunk(request, logits, row, *sampler_);
+      speculator_->verify_chunk(request, logits, row, sampler);
       out.verifying.push_back(&request);
     } else if (chunk.samples) {
       SamplingRow sampling_row;
@@ -692,24 +701,13 @@ void Engine::collect_outputs(const ForwardOutput& output) {
   }
   if (!out.logprob_queries.empty()) {
     out.logprob_results.resize(out.logprob_queries.size());
-    if (!output.logits_ranks.empty()) {
-      rank_sampler_->score(*sampler_, logits, output.logits_ranks, out.logprob_queries,
-                           out.logprob_results);
-    } else {
-      sampler_->score(logits, out.logprob_queries, out.logprob_results);
-    }
+    sampler.score(logits, out.logprob_queries, out.logprob_results);
     for (size_t i = 0; i < out.logprob_queries.size(); ++i) {
       out.logprob_requests[i]->input_logprobs.push_back(std::move(out.logprob_results[i]));
     }
   }
   out.samples.resize(out.sampling_rows.size());
-  if (out.sampling_rows.empty()) return;
-  if (!output.logits_ranks.empty()) {
-    rank_sampler_->sample(*sampler_, logits, output.logits_ranks, out.sampling_rows, out.samples,
-                          sampled_by_rank_);
-  } else {
-    sampler_->sample(logits, out.sampling_rows, out.samples);
-  }
+  if (!out.sampling_rows.empty()) sampler.sample(logits, out.sampling_rows, out.samples);
 }
 
 void Engine::apply_outputs() {
@@ -909,6 +907,7 @@ void Engine::update_stats() {
     stats.host_latent_read_steps = reads.read_steps;
   }
   stats.preemptions = scheduler_->num_preemptions();
+  stats.dp_gathered_logit_steps = gathered_logit_steps_;
   stats.steps = steps_run_;
   stats.step_tokens = step_tokens_;
   stats.step_microseconds = step_microseconds_;

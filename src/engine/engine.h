@@ -192,6 +192,7 @@ class Engine : public EngineApi {
   // when the step needs no logits on rank 0 (forward_plan).
   std::unique_ptr<RankSampler> rank_sampler_;
   std::vector<int64_t> sampled_by_rank_;  // rows each data-parallel rank sampled so far
+  int64_t gathered_logit_steps_ = 0;      // EngineStats::dp_gathered_logit_steps
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestState*> updated_;                   // requests with an update this step
   std::vector<std::unique_ptr<RequestState>> finished_;  // freed after delivery

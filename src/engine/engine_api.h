@@ -53,6 +53,9 @@ struct EngineStats {
   int64_t kv_page_size = 0;    // tokens per page (max tokens = pages x this)
   int64_t prefix_cache_pages = 0;  // pages the prefix cache holds (shared or evictable)
   int64_t preemptions = 0;         // requests preempted (recomputed) so far
+  // Data-parallel attention: steps whose logits were gathered on rank 0
+  // (sampled verification of MTP drafts) rather than sampled on their ranks.
+  int64_t dp_gathered_logit_steps = 0;
   // The host tier of the prefix cache (all 0 without one).
   int64_t host_kv_pages_total = 0;
   int64_t host_kv_pages_used = 0;

@@ -56,6 +56,33 @@ class RankSampler {
   std::vector<TokenLogprob> own_scores_;
 };
 
+// One step's Sampler over logits left with their ranks: sample and score
+// route each row through `ranks` (rank 0's own rows to `local`), so code
+// written against a Sampler (the engine's collection, the speculator's
+// greedy verification and logprobs) runs unchanged. `own_logits` passed to
+// its calls is rank 0's rows (ForwardOutput::logits); `row_ranks` stays the
+// caller's.
+class StepRankSampler final : public Sampler {
+ public:
+  StepRankSampler(RankSampler& ranks, Sampler& local, std::span<const int> row_ranks,
+                  std::vector<int64_t>& sampled_per_rank)
+      : ranks_(ranks), local_(local), row_ranks_(row_ranks), sampled_per_rank_(sampled_per_rank) {}
+  void sample(const Tensor& own_logits, std::span<const SamplingRow> rows,
+              std::span<SampleResult> results) override {
+    ranks_.sample(local_, own_logits, row_ranks_, rows, results, sampled_per_rank_);
+  }
+  void score(const Tensor& own_logits, std::span<const LogprobQuery> queries,
+             std::span<TokenLogprob> results) override {
+    ranks_.score(local_, own_logits, row_ranks_, queries, results);
+  }
+
+ private:
+  RankSampler& ranks_;
+  Sampler& local_;
+  std::span<const int> row_ranks_;
+  std::vector<int64_t>& sampled_per_rank_;
+};
+
 // A worker's side of RankSampler::sample and score (RankRowsHandler): samples
 // or scores the rows rank 0 sends it from `own_logits` with `local`, and
 // sends the results back. Rows it cannot answer (they do not decode, name a

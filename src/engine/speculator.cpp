@@ -276,14 +276,18 @@ std::vector<const uint32_t*> row_masks(const RequestState& request) {
 }  // namespace
 
 void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
-                                    const StepOutputs& outputs, Sampler& sampler) {
+                                    const StepOutputs& outputs, Sampler& sampler,
+                                    bool rows_at_ranks) {
   logits_host_ = Tensor();
   argmax_rows_.clear();
   argmax_.clear();
   argmax_used_ = 0;
-  if (logits.device() == Device::CPU) return;
-  // Rows of greedy verifications through the sampler on the device: the host
-  // gets k + 1 token ids per request instead of k + 1 logits rows.
+  argmax_verification_ = logits.device() != Device::CPU || rows_at_ranks;
+  rows_at_ranks_ = rows_at_ranks;
+  if (!argmax_verification_) return;
+  // Rows of greedy verifications through the sampler on the device (or on
+  // their ranks): the host gets k + 1 token ids per request instead of k + 1
+  // logits rows.
   static const SamplingParams kGreedy = [] {
     SamplingParams params;
     params.temperature = 0.0;
@@ -325,8 +329,8 @@ void Speculator::verify_chunk(RequestState& request, const Tensor& logits, int64
   const int64_t verified = request.matcher ? std::min(spec.grammar_drafts + 1, k) : k;
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(verified));
-  if (logits.device() != Device::CPU && is_greedy(request.request.sampling)) {
-    // Greedy on device logits: the argmax rows begin_verification made
+  if (argmax_verification_ && is_greedy(request.request.sampling)) {
+    // Greedy on device (or ranks') logits: the argmax rows begin_verification made
     // (verifying requests in chunk order, k + 1 rows each).
     std::vector<int32_t> argmax;
     for (int64_t r = 0; r <= k; ++r) {
@@ -347,6 +351,8 @@ VerifyResult Speculator::verify_on_host(RequestState& request, const Tensor& log
                                         int64_t first_row, std::span<const int32_t> drafts) {
   SpeculationState& spec = request.spec;
   const auto verified = static_cast<int64_t>(drafts.size());  // k, or the grammar's valid drafts
+  MEGACTX_CHECK(!rows_at_ranks_,
+                "engine: a sampled verification in a step whose logits stayed with their ranks");
   // The k + 1 rows on the host: device logits are copied once per step for
   // every verifying request (logits_host_, reset by begin_verification).
   if (logits.device() != Device::CPU && !logits_host_.defined()) {

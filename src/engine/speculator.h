@@ -64,10 +64,12 @@ class Speculator {
   void draft(StepPlan& plan, PagedKvCache& cache);
 
   // ---- collect ----
-  // Per step, before verify_chunk: device logits get the argmax of every
-  // greedy verification row in one sampler call.
+  // Per step, before verify_chunk: device logits, and logits left with the
+  // ranks that computed them (`rows_at_ranks`: data-parallel attention, whose
+  // `sampler` routes each row to its rank), get the argmax of every greedy
+  // verification row in one sampler call.
   void begin_verification(const StepPlan& plan, const Tensor& logits, const StepOutputs& outputs,
-                          Sampler& sampler);
+                          Sampler& sampler, bool rows_at_ranks = false);
   // Verifies one request's drafts against its k + 1 rows from `first_row`
   // (the tokens and logprobs it will emit wait in request.spec).
   void verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row,
@@ -117,6 +119,8 @@ class Speculator {
   std::vector<MtpDraftRequest> draft_requests_;
   Tensor logits_host_;  // the step's device logits on the host (sampled verification)
   std::vector<SamplingRow> argmax_rows_;  // greedy verification rows (device logits)
+  bool argmax_verification_ = false;      // this step's greedy rows take argmax_ (above)
+  bool rows_at_ranks_ = false;            // this step's logits are not all on rank 0
   std::vector<SampleResult> argmax_;      // their argmax, in row order
   size_t argmax_used_ = 0;
 

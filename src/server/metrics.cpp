@@ -213,6 +213,10 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
                 static_cast<double>(stats.spec_accepted_tokens));
   out += scalar("megactx_spec_verify_steps_total", "counter", "Speculative verification steps.",
                 static_cast<double>(stats.spec_verify_steps));
+  out += scalar("megactx_dp_gathered_logit_steps_total", "counter",
+                "Data-parallel attention: steps whose logits were gathered on rank 0 (sampled "
+                "verification of MTP drafts) instead of sampled on their ranks.",
+                static_cast<double>(stats.dp_gathered_logit_steps));
   out += scalar("megactx_spec_off_steps_total", "counter",
                 "Engine steps run without drafts: the decode batch reached "
                 "--speculative-disable-batch-size, or --speculative-auto measured plain "

@@ -29,7 +29,9 @@ out), over 2 and 4 ranks:
   free again at the end;
 - MTP speculation (--speculative-steps 3, the default model) over 2 ranks: one request alone
   (the other rank runs every MTP step with no rows) and four at once on both ranks give the
-  greedy ids of one process without MTP, logprobs within 1e-4, with drafts accepted;
+  greedy ids of one process without MTP, logprobs within 1e-4, with drafts accepted, each
+  verification row's argmax taken on its rank (no step gathers logits on rank 0; a sampled
+  request's rejection sampling does);
 - replicas of tensor-parallel ranks (--tensor-parallel-size 4 --data-parallel-size 2, SGLang's
   --dp-size below --tp-size: two replicas, each its requests' attention and dense MLPs split
   over its two ranks, the routed experts over all four): concurrent requests give one process's
@@ -49,6 +51,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import requests
 
@@ -188,15 +191,27 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
         alone_accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
         outputs = [alone] + concurrent_outputs(server, prompts[1:], new_tokens)
         text = metrics(server)
+        # Greedy verification takes each row's argmax on its rank: no step gathered logits.
+        gathered_greedy = metric(text, "megactx_dp_gathered_logit_steps_total")
+        # A sampled request's verification (rejection sampling) reads its rows on rank 0.
+        response = requests.post(server.url + "/generate", json={
+            "input_ids": prompts[1], "sampling_params": {
+                "temperature": 0.8, "sampling_seed": 5, "max_new_tokens": new_tokens,
+                "ignore_eos": True}}, timeout=300)
+        sampled_tokens = len(response.json().get("output_ids", [])) if response.ok else 0
+        gathered_sampled = metric(metrics(server), "megactx_dp_gathered_logit_steps_total")
     same, worst = compare(outputs, plain)
     verify = metric(text, "megactx_spec_verify_steps_total") or 0
     accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
     admissions = rank_series(text, "megactx_dp_rank_admissions_total")
     both = len(admissions) == 2 and all(admissions[r] > 0 for r in range(2))
     ok = same and worst <= 1e-4 and verify > 0 and alone_accepted > 0 and accepted > \
-        alone_accepted and both
+        alone_accepted and both and gathered_greedy == 0 and gathered_sampled > 0 and \
+        sampled_tokens == new_tokens
     return ok, (f"{' '.join(layout)} --speculative-steps 3, 1 then 4 requests: greedy ids "
-                f"{'equal to' if same else 'DIFFERENT from'} one process without MTP, max "
+                f"{'equal to' if same else 'DIFFERENT from'} one process without MTP (steps "
+                f"that gathered logits on rank 0: {gathered_greedy}; after a sampled request "
+                f"of {sampled_tokens} tokens: {gathered_sampled}), max "
                 f"|logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
                 f"{verify:.0f} verifications ({alone_accepted:.0f} by the request alone; "
                 f"{1 + accepted / max(verify, 1):.2f} tokens per verification), admissions per "
@@ -220,7 +235,14 @@ def live_host_tier_over_two_ranks(megactx, model):
                        "--host-latent-memory", "16MiB", kv_memory=LIVE_TIER_KV_MEMORY,
                        name="live-dp") as server:
         got = concurrent_outputs(server, prompts, new_tokens)
-        text = metrics(server)
+        # The engine publishes its stats after it delivers a step's outputs:
+        # the last request's pages may still count for a moment.
+        for _ in range(100):
+            text = metrics(server)
+            if all(v == 0 for v in
+                   rank_series(text, "megactx_dp_rank_host_latent_pages_used").values()):
+                break
+            time.sleep(0.05)
         pages, _ = kv_pages(server.log)
         log = "".join(server.log)
     same, worst = compare(got, want)
