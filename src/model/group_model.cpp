@@ -238,6 +238,7 @@ std::vector<int64_t> encode_mtp_rows(std::span<const MtpLayer::Rows> sequences) 
     words.push_back(r.output_row);
     words.push_back(r.greedy_drafts);
     words.push_back(r.want_logits);
+    words.push_back(r.want_argmax);
   }
   return words;
 }
@@ -278,6 +279,7 @@ void decode_mtp_rows(Reader& in, int64_t hidden_size, DecodedMtpRows& out) {
     r.output_row = in.next();
     r.greedy_drafts = in.next();
     r.want_logits = in.next() != 0;
+    r.want_argmax = in.next() != 0;
     r.pages = out.pages[s];
     r.next_tokens = out.next_tokens[s];
     r.shared_topk = out.shared_topk[s];
@@ -346,7 +348,8 @@ void send_mtp_run(parallel::Communicator& group, std::span<const MtpLayer::Rows>
 // (the sequences `ranks` gives it, page ids made local) through `mtp`, an
 // empty share too (its MoE's all-to-all meets the others'), and the outputs
 // gathered on rank 0 in the run's order: the logits (when a sequence wants
-// them), the hand-offs and, for unshared runs, the output rows' selections.
+// them; only each row's argmax when every such sequence wants only that),
+// the hand-offs and, for unshared runs, the output rows' selections.
 // No greedy drafts: GroupLeaderMtp chains those, a group run per draft step.
 // Called by every rank with the same `whole` and `ranks`; the result is rank 0's.
 MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> whole,
@@ -377,13 +380,25 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
     mine.logits = Tensor::empty({0, mtp.vocab_size()});
     mine.hand_off = Tensor::empty({0, mtp.hidden_size()});
   }
-  const bool logits = std::any_of(whole.begin(), whole.end(),
-                                  [](const MtpLayer::Rows& r) { return r.want_logits; });
+  const bool logits = std::any_of(whole.begin(), whole.end(), [](const MtpLayer::Rows& r) {
+    return r.want_logits && !r.want_argmax;
+  });
+  const bool argmax = !logits && std::any_of(whole.begin(), whole.end(),
+                                             [](const MtpLayer::Rows& r) { return r.want_argmax; });
   const std::vector<int64_t> one(whole.size(), 1);
   MtpLayer::Output out;
   if (logits)
     out.logits =
         gather_sequence_rows(one, ranks, mine.logits, {mtp.vocab_size()}, DType::F32, group);
+  if (argmax) {
+    // Each own sequence's argmax (-1 where it wanted none), then rank 0 gets them all.
+    Tensor ids = Tensor::empty({static_cast<int64_t>(own.size()), 1}, DType::I32);
+    for (size_t i = 0; i < own.size(); ++i)
+      ids.data<int32_t>()[i] = own[i].want_logits ? mine.argmax_of(i, mtp.vocab_size()) : -1;
+    const Tensor all = gather_sequence_rows(one, ranks, ids, {1}, DType::I32, group);
+    if (group.rank() == 0)
+      out.argmax.assign(all.data<int32_t>(), all.data<int32_t>() + all.numel());
+  }
   out.hand_off =
       gather_sequence_rows(one, ranks, mine.hand_off, {mtp.hidden_size()}, DType::F32, group);
   const auto n = whole.size();
@@ -743,7 +758,12 @@ MtpLayer::Output GroupLeaderMtp::run(std::span<const Rows> sequences, PagedKvCac
   // step a run of the group (this->run), as long as the longest chain.
   std::vector<Rows> first(sequences.begin(), sequences.end());
   for (Rows& r : first) {
-    if (r.greedy_drafts > 0) r.want_logits = true;
+    if (r.greedy_drafts > 0) {
+      // d_1 is the argmax of this row: only the id comes back, unless the
+      // caller reads the logits too.
+      if (!r.want_logits) r.want_argmax = true;
+      r.want_logits = true;
+    }
     r.greedy_drafts = 0;
   }
   Output out = leader_.run_mtp_data_parallel(*inner_, first, cache);

@@ -102,6 +102,17 @@ int64_t MtpLayer::check_rows(std::span<const Rows> sequences) const {
   return total;
 }
 
+int32_t MtpLayer::Output::argmax_of(size_t i, int64_t vocab) const {
+  if (!argmax.empty()) {
+    MEGACTX_CHECK(i < argmax.size() && argmax[i] >= 0, "MTP: no argmax for sequence {}", i);
+    return argmax[i];
+  }
+  MEGACTX_CHECK(logits.defined() && static_cast<int64_t>(i) < logits.dim(0),
+                "MTP: greedy drafts need the step's logits");
+  const float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab;
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // lowest id on ties
+}
+
 void MtpLayer::greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCache& cache,
                                      Output& out) {
   const auto n = sequences.size();
@@ -113,10 +124,7 @@ void MtpLayer::greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCac
     const Rows& r = sequences[i];
     longest = std::max(longest, r.greedy_drafts);
     if (r.greedy_drafts == 0) continue;
-    MEGACTX_CHECK(out.logits.defined(), "MTP: greedy drafts need the step's logits");
-    const float* logits = out.logits.data<float>() + static_cast<int64_t>(i) * vocab_;
-    out.drafts[i].push_back(static_cast<int32_t>(std::max_element(logits, logits + vocab_) -
-                                                 logits));  // lowest id on ties
+    out.drafts[i].push_back(out.argmax_of(i, vocab_));
     const float* h = out.hand_off.data<float>() + static_cast<int64_t>(i) * hidden_;
     hand[i].assign(h, h + hidden_);
   }
@@ -139,15 +147,14 @@ void MtpLayer::greedy_drafts_on_host(std::span<const Rows> sequences, PagedKvCac
       r.shared_context = first.start + first.last_row() + 1;
       r.shared_topk = out.last_topk[i];
       r.shared_count = out.last_count[i];
+      r.want_argmax = true;  // only the next draft is read
       rows.push_back(r);
       owners.push_back(i);
     }
     const Output step = run(rows, cache);
     for (size_t o = 0; o < owners.size(); ++o) {
       const size_t i = owners[o];
-      const float* logits = step.logits.data<float>() + static_cast<int64_t>(o) * vocab_;
-      out.drafts[i].push_back(
-          static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits));
+      out.drafts[i].push_back(step.argmax_of(o, vocab_));
       const float* h = step.hand_off.data<float>() + static_cast<int64_t>(o) * hidden_;
       hand[i].assign(h, h + hidden_);
     }

@@ -110,6 +110,11 @@ class MtpLayer {
     // Whether the caller reads this sequence's logits (a device layer copies
     // them back only when some sequence does).
     bool want_logits = true;
+    // With want_logits: the caller reads only their argmax (lowest id on
+    // ties), so a group that gathers the outputs on one rank may send the id
+    // instead of the row (Output::argmax; data-parallel attention: 4 bytes
+    // against vocab x 4). A layer that returns logits may ignore it.
+    bool want_argmax = false;
     int64_t last_row() const { return output_row >= 0 ? output_row : count - 1; }
   };
   struct Output {
@@ -121,6 +126,11 @@ class MtpLayer {
     std::vector<int64_t> last_count;
     // Per sequence, its Rows::greedy_drafts drafts.
     std::vector<std::vector<int32_t>> drafts;
+    // Per sequence, the argmax of its logits row when the run sent ids
+    // instead of rows (Rows::want_argmax); empty otherwise: read `logits`.
+    std::vector<int32_t> argmax;
+    // The argmax of sequence i's logits row, from whichever of the two the run gave.
+    int32_t argmax_of(size_t i, int64_t vocab) const;
   };
   // One MTP application over every sequence's rows (batched).
   virtual Output run(std::span<const Rows> sequences, PagedKvCache& cache) = 0;

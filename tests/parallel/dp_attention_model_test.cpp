@@ -300,6 +300,22 @@ bool dp_mtp_matches_one_process(const std::string& name, parallel::Communicator&
   b.greedy_drafts = 1;
   ok &= same_mtp_run(*group_mtp, *group_cache, *whole_mtp, *whole_cache, {b, a},
                      label + " refill with draft chains of 1 and 3");
+  // The same with no sequence reading its logits: the drafts come from each
+  // row's argmax taken on its rank (Rows::want_argmax), and no [rows, vocab]
+  // logits reach rank 0. (The refill rewrites the same entries.)
+  MtpLayer::Rows b_ids = b;
+  b_ids.want_logits = false;
+  ok &= same_mtp_run(*group_mtp, *group_cache, *whole_mtp, *whole_cache, {b_ids, a},
+                     label + " refill with draft chains, no logits read");
+  {
+    const MtpLayer::Output ids_only =
+        group_mtp->run(std::vector<MtpLayer::Rows>{b_ids, a}, *group_cache);
+    const bool no_logits = !ids_only.logits.defined() && ids_only.drafts.size() == 2 &&
+                           ids_only.drafts[0].size() == 1 && ids_only.drafts[1].size() == 3;
+    std::printf("%s: draft chains without logits read: %s\n", label.c_str(),
+                no_logits ? "no logits gathered" : "LOGITS GATHERED (or drafts missing)");
+    ok &= no_logits;
+  }
   // Draft steps one run at a time: unshared on rank 1 only, then shared (its
   // step-0 selection) on both.
   const MtpLayer::Output refill = whole_mtp->run(std::vector<MtpLayer::Rows>{a}, *whole_cache);
