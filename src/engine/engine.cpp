@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -111,7 +112,11 @@ Engine::Engine(EngineConfig config, std::unique_ptr<LanguageModel> model,
   scheduler_config.dp_load_balance = config_.dp_load_balance;
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, *allocator_, std::move(prefix_caches));
   sampler_ = make_sampler(*model_, config_.deterministic);
-  if (RankRows* rows = model_->rank_rows()) rank_sampler_ = std::make_unique<RankSampler>(*rows);
+  // MEGACTX_DP_GATHER_LOGITS=1: every step gathers its logits on rank 0 as
+  // before the ranks sampled their own rows (A/B runs).
+  const char* gather = std::getenv("MEGACTX_DP_GATHER_LOGITS");
+  if (RankRows* rows = model_->rank_rows(); rows && !(gather && gather[0] == '1'))
+    rank_sampler_ = std::make_unique<RankSampler>(*rows);
   update_stats();
 }
 
