@@ -351,7 +351,7 @@ void lead(RankRows& rank_rows, const Placed& placed, Own own, Read read) {
     std::string own_error;
     try {
       own();
-    } catch (const megactx::Error& error) {
+    } catch (const std::exception& error) {  // any: the others wait for the exchange below
       own_error = error.what();
     }
     std::vector<int64_t> result_bytes;
