@@ -29,6 +29,7 @@
 #include "engine/rank_sampler.h"
 #include "forked_group.h"
 #include "model/group_model.h"
+#include "test_rank_rows.h"
 
 namespace megactx::testing {
 namespace {
@@ -152,27 +153,6 @@ std::vector<Round> rounds(int shares) {
   return out;
 }
 
-// RankRows over a test group: a command is a broadcast word (round + 1: the
-// workers run serve_own_rows on that round's logits; 0: stop), as the
-// serving group's command header is; share s is held by group rank s * tensor.
-class TestRankRows final : public RankRows {
- public:
-  TestRankRows(parallel::Communicator& group, int tensor) : group_(group), tensor_(tensor) {}
-  void run(const std::function<void(parallel::Communicator&)>& body) override {
-    int64_t command = round + 1;
-    group_.broadcast(&command, sizeof(command), 0);
-    ++runs;
-    body(group_);
-  }
-  int holder(int share) const override { return share * tensor_; }
-  int runs = 0;
-  int64_t round = 0;
-
- private:
-  parallel::Communicator& group_;
-  int tensor_;
-};
-
 // The logits a group rank holds in round `round`: its share's rows (tensor
 // rank 0 of the share) in order; [0, vocab] otherwise.
 Tensor held_logits(const Round& round, int index, int rank, int tensor) {
@@ -293,8 +273,7 @@ bool leader(parallel::Communicator& group, int tensor) {
       ok = false;
     }
   }
-  int64_t stop = 0;
-  group.broadcast(&stop, sizeof(stop), 0);
+  rank_rows.stop();
   // Every round's sampled rows counted on their ranks, bad rounds included.
   int64_t counted = 0;
   for (const int64_t n : sampled_per_rank) counted += n;
@@ -311,17 +290,19 @@ bool leader(parallel::Communicator& group, int tensor) {
 bool worker(parallel::Communicator& group, int tensor) {
   CpuSampler local;
   const std::vector<Round> all = rounds(group.size() / tensor);
-  for (;;) {
-    int64_t command = 0;
-    group.broadcast(&command, sizeof(command), 0);
-    if (command == 0) return true;
-    const auto index = static_cast<size_t>(command - 1);
-    if (index >= all.size()) return false;
+  bool ok = true;
+  serve_test_commands(group, [&](int64_t round) {
+    const auto index = static_cast<size_t>(round);
+    if (index >= all.size()) {
+      ok = false;
+      return;
+    }
     const Tensor own = all[index].workers_lost_logits
                            ? Tensor::empty({0, kVocab}, DType::F32)
                            : held_logits(all[index], static_cast<int>(index), group.rank(), tensor);
     serve_own_rows(own, local, group);
-  }
+  });
+  return ok;
 }
 
 void run_group(int size, int tensor) {
