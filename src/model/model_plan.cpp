@@ -233,13 +233,13 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
 }
 
 std::vector<KvCacheSpec> layer_split_shares(const ModelPlan& plan, const KvCacheSpec& whole,
-                                            bool borrowed_pool) {
+                                            int borrowed_pools) {
   if (!plan.layer_split) return {whole};
   std::vector<KvCacheSpec> shares;
   for (int rank = 0; rank < plan.tensor_parallel_size; ++rank) {
     KvCacheSpec share = layer_split_spec(plan, whole, rank);
-    if (borrowed_pool && share.latent_layers.size() < whole.latent_layers.size())
-      share.borrowed_latent_pools = 1;
+    if (share.latent_layers.size() < whole.latent_layers.size())
+      share.borrowed_latent_pools = borrowed_pools;
     shares.push_back(std::move(share));
   }
   return shares;

@@ -191,12 +191,12 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
 // `whole` itself without LayerSplit.
 KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank);
 // Every tensor-parallel rank's layer_split_spec of `whole` (LanguageModel::
-// kv_cache_shares), or {whole} without LayerSplit. `borrowed_pool`: a rank
-// that lacks some layer's pool also counts one borrowed latent pool
-// (KvCacheSpec::borrowed_latent_pools: the GPU ranks' scratch for an owner's
-// pool; the host model's exchange needs none).
+// kv_cache_shares), or {whole} without LayerSplit. `borrowed_pools`: a rank
+// that lacks some layer's pool also counts that many borrowed latent pools
+// (KvCacheSpec::borrowed_latent_pools: the GPU ranks' two for the owners'
+// pools; the host model's exchange needs none).
 std::vector<KvCacheSpec> layer_split_shares(const ModelPlan& plan, const KvCacheSpec& whole,
-                                            bool borrowed_pool = false);
+                                            int borrowed_pools = 0);
 
 // The plan of one rank from the whole model's plan (see ModelPlan). Throws
 // megactx::Error when the heads, the MLP, shared-expert or expert widths or

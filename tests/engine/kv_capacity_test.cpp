@@ -101,9 +101,10 @@ TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
   EXPECT_EQ(one.spec.num_pages, whole.spec.num_pages);
 }
 
-// On GPUs a rank that lacks a layer's pool keeps one more, the owner's pool
-// of the layer being computed (the form that sends pools): the plan counts it,
-// so the largest rank's 11 + 1 latent pools bound the pages.
+// On GPUs a rank that lacks a layer's pool keeps two more, the owners' pools
+// of the layer being computed and of the next (the form that sends pools,
+// ahead of use): the plan counts them, so the largest rank's 11 + 2 latent
+// pools bound the pages.
 TEST(KvCapacity, LayerSplitCountsTheBorrowedPool) {
   const ModelConfig config = glm_like();
   ModelPlan plan;
@@ -117,15 +118,15 @@ TEST(KvCapacity, LayerSplitCountsTheBorrowedPool) {
   const int64_t gib = int64_t{1} << 30;
   const KvCapacityPlan split =
       plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true, [&](const KvCacheSpec& whole) {
-        return layer_split_shares(plan, whole, /*borrowed_pool=*/true);
+        return layer_split_shares(plan, whole, /*borrowed_pools=*/2);
       });
   ASSERT_EQ(split.shares.size(), 8u);
-  for (const KvCacheSpec& share : split.shares) EXPECT_EQ(share.borrowed_latent_pools, 1);
-  const int64_t largest = (11 + 1) * 656 + 4 * 132;
+  for (const KvCacheSpec& share : split.shares) EXPECT_EQ(share.borrowed_latent_pools, 2);
+  const int64_t largest = (11 + 2) * 656 + 4 * 132;
   EXPECT_EQ(split.bytes_per_token, largest);
   EXPECT_EQ(split.spec.num_pages, 10 * gib / (64 * largest));
   EXPECT_EQ(split.spec.borrowed_latent_pools, 0);  // the engine's numbering of every pool
-  EXPECT_NE(split.summary().find("11 latent + 4 indexer pools + 1 borrowed"), std::string::npos)
+  EXPECT_NE(split.summary().find("11 latent + 4 indexer pools + 2 borrowed"), std::string::npos)
       << split.summary();
   // The host model's shares borrow none.
   const std::vector<KvCacheSpec> host = layer_split_shares(plan, split.spec);

@@ -144,8 +144,9 @@ CudaDsaModel::~CudaDsaModel() {
   if (split_entries_.side != nullptr) {
     cudaStreamSynchronize(split_entries_.side);
     cudaStreamDestroy(split_entries_.side);
-    for (cudaEvent_t event : {split_entries_.gathered[0], split_entries_.gathered[1],
-                              split_entries_.received[0], split_entries_.received[1]})
+    for (cudaEvent_t event :
+         {split_entries_.gathered[0], split_entries_.gathered[1], split_entries_.received[0],
+          split_entries_.received[1], split_entries_.prefetched[0], split_entries_.prefetched[1]})
       if (event != nullptr) cudaEventDestroy(event);
   }
   context_split_.reset();
@@ -225,6 +226,16 @@ ForwardOutput CudaDsaModel::forward_eager(const ForwardBatch& batch, PagedKvCach
   if (plan_.layer_split) {  // what share_layer_kv sends (LayerSplit only)
     for (const int32_t page : page_tables)
       step.pages_in_use = std::max<int64_t>(step.pages_in_use, int64_t{page} + 1);
+    // The new rows' cache slots (the pool form sends them after the owner
+    // writes them).
+    const int64_t page_size = cache.spec().page_size;
+    std::vector<int32_t> new_slots(positions.size());
+    for (size_t t = 0; t < positions.size(); ++t)
+      new_slots[t] = static_cast<int32_t>(
+          int64_t{page_tables[static_cast<size_t>(table_offset[t] + positions[t] / page_size)]} *
+              page_size +
+          positions[t] % page_size);
+    begin_layer_split_step(new_slots);
   }
   const int64_t n = step.tokens;
   const int64_t half = config_.qk_rope_head_dim / 2;

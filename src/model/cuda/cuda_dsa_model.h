@@ -174,8 +174,6 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer a2a_slice, a2a_slices, a2a_slice_ids, a2a_slices_ids;
     // Context parallelism: this rank's rows packed, and every rank's.
     DeviceBuffer context_mine, context_all;
-    // LayerSplit: the owner's latent pool of the layer being computed.
-    DeviceBuffer borrowed_latent;
   };
 
   void check_batch(const ForwardBatch& batch, const PagedKvCache& cache) const;
@@ -265,8 +263,19 @@ class CudaDsaModel final : public LanguageModel {
   // LayerSplit or on the MTP layer (whose pools every rank holds).
   void share_layer_kv(int64_t layer, bool indexer, Step& step, PagedKvCache& cache);
   // The latent pool the attention core of `layer` reads: the cache's, or on a
-  // rank that does not own the layer the scratch share_layer_kv filled.
+  // rank that does not own the layer the borrowed pool share_layer_kv filled.
   const void* latent_pool_of(const PagedKvCache& cache, int64_t layer) const;
+  // LayerSplit's pool form (steps that do not send selected entries): the
+  // owner's pool into borrowed pool layer % 2, ahead of use (the next layer's
+  // during this one; at its turn only the new rows), see dsa_layer_split.cpp.
+  void share_layer_pool(int64_t layer, int owner, const Step& step, PagedKvCache& cache);
+  // Per forward (eager): the slots of the step's new rows (where the pool
+  // form's new rows go), and no pool prefetched yet.
+  void begin_layer_split_step(const std::vector<int32_t>& new_slots);
+  // Before the owner of `layer` writes its new rows: the prefetch that reads
+  // its pool is over.
+  void before_layer_split_write(int64_t layer);
+  static bool prefetch_enabled();
   // LayerSplit, decode-sized steps on the fast path (sends_selected_entries):
   // instead of the pool, the owner sends only the entries the step's rows
   // selected ([rows x top_k, 656] bytes, kernels/cuda/kv_copy/gather_entries.h),
@@ -497,8 +506,19 @@ class CudaDsaModel final : public LanguageModel {
     int next = 0;        // the slot the next layer takes
     int64_t layer = -1;  // the layer a non-owner's attention reads from slot `slot`
     int slot = 0;
+    // The pool form: two borrowed pools (layer l's in pools[l % 2]), the
+    // layer each holds ahead of use in this forward (-1: none) and the event
+    // that marks it in, the step's new rows' slots and their dense copy.
+    DeviceBuffer pools[2];
+    int borrowed_pool = 0;  // the pool borrowed_layer_ is in
+    int64_t prefetched_layer[2] = {-1, -1};
+    cudaEvent_t prefetched[2] = {nullptr, nullptr};
+    DeviceBuffer new_slots, new_dense, new_dense_slots;
+    int64_t new_rows = 0;
   };
   SplitEntries split_entries_;
+  // split_entries_, its side stream, events and communicator made at first use.
+  SplitEntries& split_entries();
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<CudaWeights> weights_;
   // final_norm's host copy of weights_->final_norm [H] (empty until first

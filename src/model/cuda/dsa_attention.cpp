@@ -73,6 +73,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // LayerSplit: only the layer's owner holds its pools and writes them
   // (share_layer_kv then hands them to the others).
   const bool owner = plan_.holds_kv(layer);
+  if (!step.shared && owner && plan_.layer_split) before_layer_split_write(layer);
   if (!step.shared && owner) {
     if (kv == nullptr) {
       kv = sc.kv.get<float>(n * entry);

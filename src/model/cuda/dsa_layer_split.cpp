@@ -17,10 +17,14 @@
 //   layer's attention.
 // - Other steps (prefill chunks, whose rows x top-k outgrow their context,
 //   and the fallback attention): the owner's pool of the layer, the pages up
-//   to the largest the step reads, into one scratch pool, synchronously.
-//   P pages cost P x 64 x 656 bytes per layer (fp8). Sending a chunk's
-//   context ahead during the previous layer (as the host model does) is the
-//   next step.
+//   to the largest the step reads (P pages: P x 64 x 656 bytes in fp8), into
+//   one of two borrowed pools, layer l's in pool l % 2. It goes ahead of use:
+//   while layer l runs, the side stream carries layer l + 1's pool (nothing
+//   writes it until layer l + 1), and at layer l + 1 only the chunk's new
+//   rows follow (the owner writes them, gathers them dense and sends them;
+//   the others scatter them into the borrowed pool). The first layer of a
+//   step, or every layer with MEGACTX_LAYER_SPLIT_PREFETCH=0, sends its pool
+//   at its own turn.
 //
 // Eager steps (no graphs).
 #if MEGACTX_HAVE_CUDA
@@ -37,8 +41,8 @@
 namespace megactx::cuda {
 
 std::vector<KvCacheSpec> CudaDsaModel::kv_cache_shares(const KvCacheSpec& whole) const {
-  // Each rank's scratch pool for the owners' pools (share_layer_kv) counts.
-  return layer_split_shares(plan_, whole, /*borrowed_pool=*/true);
+  // Each rank's two borrowed pools for the owners' pools (share_layer_pool) count.
+  return layer_split_shares(plan_, whole, /*borrowed_pools=*/2);
 }
 
 void CudaDsaModel::share_layer_kv(int64_t layer, bool indexer, Step& step, PagedKvCache& cache) {
@@ -59,16 +63,117 @@ void CudaDsaModel::share_layer_kv(int64_t layer, bool indexer, Step& step, Paged
     return;
   }
   // The layer's latent pool, in the cache's layout (every layer's is the
-  // same size; entries token-major, page p's at p x page_size): the pages up
-  // to the largest one the step reads.
+  // same size; entries token-major, page p's at p x page_size).
+  share_layer_pool(layer, owner, step, cache);
+}
+
+CudaDsaModel::SplitEntries& CudaDsaModel::split_entries() {
+  SplitEntries& e = split_entries_;
+  if (!e.made) {
+    // Collective over the tensor group (ncclCommSplit): every rank reaches
+    // its first LayerSplit exchange at the same layer.
+    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&e.side, cudaStreamNonBlocking));
+    for (int s = 0; s < 2; ++s) {
+      for (cudaEvent_t* event : {&e.gathered[s], &e.received[s], &e.prefetched[s]})
+        MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+    }
+    e.group = parallel::split_nccl_on_stream(*tensor_group_, 0, plan_.tensor_parallel_rank, e.side);
+    e.made = true;
+  }
+  return e;
+}
+
+void CudaDsaModel::begin_layer_split_step(const std::vector<int32_t>& new_slots) {
+  SplitEntries& e = split_entries_;
+  e.prefetched_layer[0] = e.prefetched_layer[1] = -1;
+  e.new_rows = static_cast<int64_t>(new_slots.size());
+  if (!new_slots.empty()) upload(e.new_slots, new_slots, stream_);
+}
+
+bool CudaDsaModel::prefetch_enabled() {
+  // MEGACTX_LAYER_SPLIT_PREFETCH=0: every layer's pool at its own turn (A/B
+  // runs; read once; the host model reads the same switch).
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  return enabled;
+}
+
+void CudaDsaModel::share_layer_pool(int64_t layer, int owner, const Step& step,
+                                    PagedKvCache& cache) {
+  SplitEntries& e = split_entries();
   const KvCacheSpec& spec = cache.spec();
-  const int64_t entry = spec.page_size * spec.latent_bytes_per_token();
+  const int64_t entry = spec.latent_bytes_per_token();
+  const int64_t page_bytes = spec.page_size * entry;
   const int64_t pages =
       step.pages_in_use > 0 ? std::min(step.pages_in_use, spec.num_pages) : spec.num_pages;
-  void* pool = mine ? cache.latent_pool(layer).raw()
-                    : scratch_.borrowed_latent.get<uint8_t>(spec.num_pages * entry);
-  tensor_group_->broadcast(pool, pages * entry, owner);
-  if (!mine) borrowed_layer_ = layer;
+  const bool mine = owner == plan_.tensor_parallel_rank;
+  const int slot = static_cast<int>(layer % 2);
+  uint8_t* borrowed = mine ? nullptr : e.pools[slot].get<uint8_t>(spec.num_pages * page_bytes);
+  timer_.mark("layer split pool", stream_);
+  if (e.prefetched_layer[slot] == layer) {
+    // The old context came during the previous layer: now the chunk's new
+    // rows, which the owner wrote just now ([new rows, entry] dense).
+    uint8_t* dense = e.new_dense.get<uint8_t>(e.new_rows * entry);
+    if (mine) {
+      GatherEntriesParams gather;
+      gather.slots = e.new_slots.as<int32_t>();
+      gather.entries = e.new_rows;
+      gather.dense_slots = e.new_dense_slots.get<int32_t>(e.new_rows);
+      gather.pool = static_cast<const uint8_t*>(cache.latent_pool(layer).raw());
+      gather.dense = dense;
+      gather.entry_bytes = static_cast<int>(entry);
+      gather_entries(gather, stream_);
+    }
+    tensor_group_->broadcast(dense, e.new_rows * entry, owner);
+    if (!mine) {
+      MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.prefetched[slot], 0));
+      ScatterEntriesParams scatter;
+      scatter.dense = dense;
+      scatter.slots = e.new_slots.as<int32_t>();
+      scatter.entries = e.new_rows;
+      scatter.pool = borrowed;
+      scatter.entry_bytes = static_cast<int>(entry);
+      scatter_entries(scatter, stream_);
+    }
+  } else {
+    void* pool = mine ? cache.latent_pool(layer).raw() : borrowed;
+    tensor_group_->broadcast(pool, pages * page_bytes, owner);
+  }
+  if (!mine) {
+    borrowed_layer_ = layer;
+    e.borrowed_pool = slot;
+  }
+  // The next layer's pool, ahead of its use: nothing writes it until then.
+  const int64_t next = layer + 1;
+  const int next_owner = next < config_.num_hidden_layers ? plan_.kv_owner_of(next) : -1;
+  if (!prefetch_enabled() || next_owner < 0 || e.new_rows == 0) return;
+  const int next_slot = static_cast<int>(next % 2);
+  const bool next_mine = next_owner == plan_.tensor_parallel_rank;
+  void* pool = next_mine ? cache.latent_pool(next).raw()
+                         : e.pools[next_slot].get<uint8_t>(spec.num_pages * page_bytes);
+  if (e.group != nullptr) {
+    // The side stream starts after everything queued so far, the attention
+    // of layer next - 2 (the last reader of this borrowed pool) included.
+    MEGACTX_CUDA_CHECK(cudaEventRecord(e.gathered[next_slot], stream_));
+    MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(e.side, e.gathered[next_slot], 0));
+    e.group->broadcast(pool, pages * page_bytes, next_owner);
+    MEGACTX_CUDA_CHECK(cudaEventRecord(e.prefetched[next_slot], e.side));
+  } else {
+    tensor_group_->broadcast(pool, pages * page_bytes, next_owner);
+    MEGACTX_CUDA_CHECK(cudaEventRecord(e.prefetched[next_slot], stream_));
+  }
+  e.prefetched_layer[next_slot] = next;
+}
+
+void CudaDsaModel::before_layer_split_write(int64_t layer) {
+  // The owner's pool of `layer` may still be on its way to the others (the
+  // prefetch during the previous layer): its new rows wait for that.
+  const SplitEntries& e = split_entries_;
+  const int slot = static_cast<int>(layer % 2);
+  if (plan_.layer_split && e.made && e.prefetched_layer[slot] == layer)
+    MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.prefetched[slot], 0));
 }
 
 bool CudaDsaModel::sends_selected_entries(const Step& step, const PagedKvCache& cache) {
@@ -87,18 +192,7 @@ bool CudaDsaModel::sends_selected_entries(const Step& step, const PagedKvCache& 
 
 void CudaDsaModel::share_selected_entries(int64_t layer, int owner, const Step& step,
                                           PagedKvCache& cache) {
-  SplitEntries& e = split_entries_;
-  if (!e.made) {
-    // Collective over the tensor group (ncclCommSplit): every rank reaches
-    // its first such step at the same layer.
-    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&e.side, cudaStreamNonBlocking));
-    for (int s = 0; s < 2; ++s) {
-      MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&e.gathered[s], cudaEventDisableTiming));
-      MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&e.received[s], cudaEventDisableTiming));
-    }
-    e.group = parallel::split_nccl_on_stream(*tensor_group_, 0, plan_.tensor_parallel_rank, e.side);
-    e.made = true;
-  }
+  SplitEntries& e = split_entries();
   const bool mine = owner == plan_.tensor_parallel_rank;
   const LayerSlots selected = layer_slots(step);  // the same slots on every rank
   const int64_t entries = step.tokens * selected.top_k;
@@ -142,7 +236,8 @@ std::optional<CudaDsaModel::BorrowedEntries> CudaDsaModel::borrowed_entries(int6
 }
 
 const void* CudaDsaModel::latent_pool_of(const PagedKvCache& cache, int64_t layer) const {
-  if (layer == borrowed_layer_) return scratch_.borrowed_latent.as<uint8_t>();
+  if (layer == borrowed_layer_)
+    return split_entries_.pools[split_entries_.borrowed_pool].as<uint8_t>();
   return cache.latent_pool(layer).raw();
 }
 
