@@ -7,7 +7,8 @@ share of the heads and MLP widths (or of the routed experts, with
 (and HF's, the fixture's reference.json) with logprobs within 1e-4, for three
 concurrent requests; with MTP speculation (`--speculative-steps 3`, the
 default model; tensor parallel and data-parallel attention) one process's
-plain greedy ids, drafts accepted. The partial sums travel through host memory over the CPU
+plain greedy ids, drafts accepted; with data-parallel attention every replica samples its
+own rows (/metrics). The partial sums travel through host memory over the CPU
 group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
 named a host of its own (the default `nccl`, graphs replayed). On a machine
 with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
@@ -108,10 +109,16 @@ def main():
         ok = same and worst <= 1e-4 and workers == tensor * context - 1 and \
             info.get("tensor_parallel_size") == tensor and \
             info.get("context_parallel_size", 1) == context
+        # Data-parallel attention: every replica sampled its own rows (on its device).
+        sampled = [float(line.split()[-1]) for line in info.get("metrics", "").splitlines()
+                   if line.startswith("megactx_dp_rank_sampled_rows_total{")]
+        if "--enable-dp-attention" in layout:
+            ok = ok and len(sampled) == info.get("dp_size") and all(n > 0 for n in sampled)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} workers, greedy ids "
               f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "
-              f"max |logprob difference| {worst:.2e}")
+              f"max |logprob difference| {worst:.2e}"
+              + (f", rows sampled per replica {sampled}" if sampled else ""))
     # MTP speculation (drafts chained on the device) over the 2 ranks on one GPU,
     # against one process without MTP (on the CPU: the fp32 mode is HF's within 1e-6).
     for collectives in ("host", "nccl"):

@@ -258,6 +258,7 @@ def run(megactx, fixture, extra, prompts, new_tokens):
             outputs = list(pool.map(lambda ids: generate(server.url, ids, new_tokens), prompts))
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
         info["kv_pages"], info["kv_line"] = kv_pages(server.log)
+        info["metrics"] = requests.get(server.url + "/metrics", timeout=30).text
         leader = server.process.pid
         workers = subprocess.run(["pgrep", "-P", str(leader)], capture_output=True,
                                  text=True).stdout.split()
