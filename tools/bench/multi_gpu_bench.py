@@ -10,7 +10,7 @@ blocks), each rank making only its own share; fp8 KV; token ids in and out. Part
               (tokens - 1), the median of `--rounds`. Peer: SGLang's 3.03 ms on 8 H200s.
   throughput  `--concurrency` such requests at once (256): output tokens of the batch over its
               wall time, per GPU. Peer: SGLang's 236 tok/s per GPU on 8 H200s.
-  layersplit  `--contexts` prompts (40K, 80K, 120K tokens), `--split-requests` at once, 256
+  layersplit  `--contexts` prompts (40K, 80K, 120K tokens), `--split-requests` (16) at once, 256
               new tokens each, through tensor parallelism with the experts split, with and
               without --enable-layer-split, from the same memory: the peak of running
               requests, decode tok/s (tokens after each request's first over the time after
@@ -220,7 +220,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="tpot: requests, one at a time")
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--contexts", default="40960,81920,122880")
-    parser.add_argument("--split-requests", type=int, default=64)
+    # 16 at 120K tokens: more than a replicated cache holds at once on 8 H200s (about 6), within
+    # what LayerSplit's holds, and a prefill that fits a 10-minute call.
+    parser.add_argument("--split-requests", type=int, default=16)
     parser.add_argument("--split-new-tokens", type=int, default=256)
     parser.add_argument("--max-prefill-tokens", type=int, default=16384)
     parser.add_argument("--kv-memory", default=None,
