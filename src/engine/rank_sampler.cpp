@@ -178,23 +178,40 @@ void get_row(Reader& in, HeldRow& held) {
   row.logprob_temperature = in.get<double>();
 }
 
-// Results: a status byte (0: sampled; 1: an error message follows), then
-// each row's token, logprob, top alternatives and asked-for ids.
-void put_results(Writer& out, std::span<const SampleResult> results) {
-  out.put<uint8_t>(0);
-  for (const SampleResult& r : results) {
-    out.put<int32_t>(r.token);
-    out.put<float>(r.logprob);
-    put_pairs(out, r.top);
-    put_pairs(out, r.token_ids);
-  }
+// Answers (a sample or a score: the same four fields under other names):
+// a status byte (0: answered; 1: an error message follows), then each one's
+// token, logprob, top alternatives and asked-for ids.
+void put_answer(Writer& out, int32_t token, float logprob, const TokenPairs& top,
+                const TokenPairs& ids) {
+  out.put<int32_t>(token);
+  out.put<float>(logprob);
+  put_pairs(out, top);
+  put_pairs(out, ids);
+}
+void put_answer(Writer& out, const SampleResult& r) {
+  put_answer(out, r.token, r.logprob, r.top, r.token_ids);
+}
+void put_answer(Writer& out, const TokenLogprob& s) {
+  put_answer(out, s.token_id, s.logprob, s.top, s.token_ids);
 }
 
-void get_result(Reader& in, SampleResult& r) {
-  r.token = in.get<int32_t>();
-  r.logprob = in.get<float>();
-  r.top = get_pairs(in);
-  r.token_ids = get_pairs(in);
+template <class Answer>
+void put_answers(Writer& out, const std::vector<Answer>& answers) {
+  out.put<uint8_t>(0);
+  for (const Answer& a : answers) put_answer(out, a);
+}
+
+void get_answer(Reader& in, int32_t& token, float& logprob, TokenPairs& top, TokenPairs& ids) {
+  token = in.get<int32_t>();
+  logprob = in.get<float>();
+  top = get_pairs(in);
+  ids = get_pairs(in);
+}
+void get_answer(Reader& in, SampleResult& r) {
+  get_answer(in, r.token, r.logprob, r.top, r.token_ids);
+}
+void get_answer(Reader& in, TokenLogprob& s) {
+  get_answer(in, s.token_id, s.logprob, s.top, s.token_ids);
 }
 
 // One logprob query (LogprobQuery), `logits_row` its rank's row.
@@ -223,23 +240,6 @@ void get_query(Reader& in, HeldQuery& held) {
   held.query.top_logprobs = in.get<int64_t>();
   held.token_ids = in.list<int32_t>();
   held.query.temperature = in.get<double>();
-}
-
-void put_scores(Writer& out, std::span<const TokenLogprob> scores) {
-  out.put<uint8_t>(0);
-  for (const TokenLogprob& s : scores) {
-    out.put<int32_t>(s.token_id);
-    out.put<float>(s.logprob);
-    put_pairs(out, s.top);
-    put_pairs(out, s.token_ids);
-  }
-}
-
-void get_score(Reader& in, TokenLogprob& s) {
-  s.token_id = in.get<int32_t>();
-  s.logprob = in.get<float>();
-  s.top = get_pairs(in);
-  s.token_ids = get_pairs(in);
 }
 
 // The two exchanges of a side: `rows_out` (rank 0: every rank's rows, rank
@@ -374,74 +374,71 @@ void lead(RankRows& rank_rows, const Placed& placed, Own own, Read read) {
   });
 }
 
+// One command of rank 0 over `items` (rows to sample, or queries to
+// score): each goes to the rank that holds its logits row (put(Writer&,
+// item, its row there)), rank 0's own ones to answer_own(items, answers)
+// with their rows made local, and answers[i] gets item i's answer. The own
+// vectors are the caller's, reused across steps.
+template <class Item, class Answer, class Put, class AnswerOwn>
+void answer_at_ranks(RankRows& rank_rows, std::span<const int> row_ranks, uint8_t kind,
+                     std::span<const Item> items, std::span<Answer> answers,
+                     std::vector<Item>& own_items, std::vector<Answer>& own_answers, Put put,
+                     AnswerOwn answer_own) {
+  MEGACTX_CHECK(answers.size() >= items.size(), "sampler: {} answers for {} rows", answers.size(),
+                items.size());
+  Placed placed = place(items.size(), row_ranks, rank_rows, kind,
+                        [&](size_t i) { return items[i].logits_row; });
+  own_items.clear();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto rank = static_cast<size_t>(rank_rows.holder(placed.rank[i]));
+    if (rank == 0) {
+      own_items.push_back(items[i]);
+      own_items.back().logits_row = placed.local[i];
+    } else {
+      Writer out(placed.bytes[rank]);
+      put(out, items[i], placed.local[i]);
+    }
+  }
+  if (items.empty()) return;
+  own_answers.assign(own_items.size(), Answer{});  // fresh: no stale fields of a reused vector
+  const auto own = [&] {
+    if (!own_items.empty()) answer_own(own_items, own_answers);
+  };
+  if (placed.only_rank_0()) {
+    own();  // nothing to send
+  } else {
+    lead(rank_rows, placed, own, [&](size_t i, Reader& in) { get_answer(in, answers[i]); });
+  }
+  for (size_t i = 0; i < own_items.size(); ++i)
+    answers[placed.of_rank[0][i]] = std::move(own_answers[i]);
+}
+
 }  // namespace
 
 void RankSampler::sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
                          std::span<const SamplingRow> rows, std::span<SampleResult> results,
                          std::vector<int64_t>& sampled_per_rank) {
-  MEGACTX_CHECK(results.size() >= rows.size(), "sampler: {} results for {} rows", results.size(),
-                rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
     MEGACTX_CHECK(rows[i].params != nullptr, "sampler: row {} has no parameters", i);
-  Placed placed = place(rows.size(), row_ranks, rank_rows_, kSample,
-                        [&](size_t i) { return rows[i].logits_row; });
-  own_rows_.clear();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto share = static_cast<size_t>(placed.rank[i]);
+  answer_at_ranks(rank_rows_, row_ranks, kSample, rows, results, own_rows_, own_results_, put_row,
+                  [&](const std::vector<SamplingRow>& own, std::vector<SampleResult>& out) {
+                    local.sample(own_logits, own, out);
+                  });
+  // Every row was placed, so its logits row is one of row_ranks'.
+  for (const SamplingRow& row : rows) {
+    const auto share = static_cast<size_t>(row_ranks[static_cast<size_t>(row.logits_row)]);
     if (sampled_per_rank.size() <= share) sampled_per_rank.resize(share + 1, 0);
     ++sampled_per_rank[share];
-    const auto rank = static_cast<size_t>(rank_rows_.holder(placed.rank[i]));
-    if (rank == 0) {
-      own_rows_.push_back(rows[i]);
-      own_rows_.back().logits_row = placed.local[i];
-    } else {
-      Writer out(placed.bytes[rank]);
-      put_row(out, rows[i], placed.local[i]);
-    }
   }
-  if (rows.empty()) return;
-  own_results_.assign(own_rows_.size(), SampleResult{});  // as a fresh vector: no stale fields
-  const auto own = [&] {
-    if (!own_rows_.empty()) local.sample(own_logits, own_rows_, own_results_);
-  };
-  if (placed.only_rank_0()) {
-    own();  // nothing to send
-  } else {
-    lead(rank_rows_, placed, own, [&](size_t i, Reader& in) { get_result(in, results[i]); });
-  }
-  for (size_t i = 0; i < own_rows_.size(); ++i)
-    results[placed.of_rank[0][i]] = std::move(own_results_[i]);
 }
 
 void RankSampler::score(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
                         std::span<const LogprobQuery> queries, std::span<TokenLogprob> results) {
-  MEGACTX_CHECK(results.size() >= queries.size(), "sampler: {} results for {} queries",
-                results.size(), queries.size());
-  Placed placed = place(queries.size(), row_ranks, rank_rows_, kScore,
-                        [&](size_t i) { return queries[i].logits_row; });
-  own_queries_.clear();
-  for (size_t i = 0; i < queries.size(); ++i) {
-    const auto rank = static_cast<size_t>(rank_rows_.holder(placed.rank[i]));
-    if (rank == 0) {
-      own_queries_.push_back(queries[i]);
-      own_queries_.back().logits_row = placed.local[i];
-    } else {
-      Writer out(placed.bytes[rank]);
-      put_query(out, queries[i], placed.local[i]);
-    }
-  }
-  if (queries.empty()) return;
-  own_scores_.assign(own_queries_.size(), TokenLogprob{});
-  const auto own = [&] {
-    if (!own_queries_.empty()) local.score(own_logits, own_queries_, own_scores_);
-  };
-  if (placed.only_rank_0()) {
-    own();
-  } else {
-    lead(rank_rows_, placed, own, [&](size_t i, Reader& in) { get_score(in, results[i]); });
-  }
-  for (size_t i = 0; i < own_queries_.size(); ++i)
-    results[placed.of_rank[0][i]] = std::move(own_scores_[i]);
+  answer_at_ranks(rank_rows_, row_ranks, kScore, queries, results, own_queries_, own_scores_,
+                  put_query,
+                  [&](const std::vector<LogprobQuery>& own, std::vector<TokenLogprob>& out) {
+                    local.score(own_logits, own, out);
+                  });
 }
 
 void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group) {
@@ -466,7 +463,7 @@ void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communic
         }
         std::vector<SampleResult> results(rows.size());
         local.sample(own_logits, rows, results);
-        put_results(out, results);
+        put_answers(out, results);
       } else {
         MEGACTX_CHECK(kind == kScore, "rank sampling: a command of kind {}", kind);
         std::vector<HeldQuery> held;
@@ -480,7 +477,7 @@ void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communic
         }
         std::vector<TokenLogprob> scores(queries.size());
         local.score(own_logits, queries, scores);
-        put_scores(out, scores);
+        put_answers(out, scores);
       }
     } catch (const std::exception& error) {
       // Rank 0 waits for these results: it gets the reason instead, and the

@@ -40,7 +40,7 @@ class RankSampler {
   // `row_ranks` [rows] (ForwardOutput::logits_ranks): rows[i].logits_row
   // indexes row_ranks; results[i] for rows[i]. `local` samples rank 0's rows.
   // Adds the rows each data-parallel rank sampled to `sampled_per_rank`
-  // (resized to the ranks seen).
+  // (resized to the ranks seen; nothing when the call fails).
   void sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
               std::span<const SamplingRow> rows, std::span<SampleResult> results,
               std::vector<int64_t>& sampled_per_rank);

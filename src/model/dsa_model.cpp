@@ -614,13 +614,7 @@ void DsaModel::prefetch_entries(int64_t next, const Step& step,
   // (decode: its selection is a small part of a long context). Every rank
   // decides the same (the plan, the weights, the step and the shared
   // selection), owner or not.
-  // MEGACTX_LAYER_SPLIT_PREFETCH=0: every layer's entries at that layer
-  // (A/B runs; read once, and every rank of a serve group inherits it).
-  static const bool enabled = [] {
-    const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
-    return !(value != nullptr && value[0] == '0');
-  }();
-  if (!enabled || next >= config_.num_hidden_layers || plan_.kv_owner_of(next) < 0 ||
+  if (!layer_split_prefetch() || next >= config_.num_hidden_layers || plan_.kv_owner_of(next) < 0 ||
       step.whole != nullptr)
     return;
   const bool whole = weights_.layers[next].attention.has_indexer;

@@ -1,6 +1,7 @@
 #include "model/model_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "model/architectures.h"
@@ -230,6 +231,14 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
     owners[i] = rank;
   }
   return owners;
+}
+
+bool layer_split_prefetch() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  return enabled;
 }
 
 std::vector<KvCacheSpec> layer_split_shares(const ModelPlan& plan, const KvCacheSpec& whole,

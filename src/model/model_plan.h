@@ -190,6 +190,12 @@ std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,
 // the decoder layers it owns, and the MTP layer's when `whole` has them);
 // `whole` itself without LayerSplit.
 KvCacheSpec layer_split_spec(const ModelPlan& plan, const KvCacheSpec& whole, int rank);
+// Whether LayerSplit sends a layer's entries ahead of use, during the layer
+// before (both models): MEGACTX_LAYER_SPLIT_PREFETCH=0 sends each at its own
+// layer instead (A/B runs; read once, and every rank of a serve group
+// inherits it).
+bool layer_split_prefetch();
+
 // Every tensor-parallel rank's layer_split_spec of `whole` (LanguageModel::
 // kv_cache_shares), or {whole} without LayerSplit. `borrowed_pools`: a rank
 // that lacks some layer's pool also counts that many borrowed latent pools

@@ -60,22 +60,27 @@ TEST(KvCapacity, MtpLayerAddsALatentAndAnIndexerPool) {
   EXPECT_EQ(plan.bytes_per_token, 79 * 1152 + 22 * 256);
 }
 
-// LayerSplit over 8 ranks (GLM-5.2 on 8 GPUs): each rank its layers' pools
-// and the MTP layer's; the budget is each rank's, so the largest share bounds
-// the pages, 7.07 x what the replicated pools get.
-TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
-  const ModelConfig config = glm_like();
+// GLM-5.2's layer schedule with LayerSplit over 8 tensor-parallel ranks.
+ModelPlan glm_layer_split_plan(const ModelConfig& config) {
   ModelPlan plan;
   plan.attention.entry = 512 + 64;
   plan.attention.index_dim = 128;
   for (int64_t layer = 0; layer < 78; ++layer)
     plan.layers.push_back({layer, config.layer_runs_indexer(layer), layer, false});
   plan.layer_split = true;
+  plan.tensor_parallel_size = 8;
   plan.kv_owner = layer_split_owners(plan.layers, plan.attention, 8);
+  return plan;
+}
+
+// LayerSplit over 8 ranks (GLM-5.2 on 8 GPUs): each rank its layers' pools
+// and the MTP layer's; the budget is each rank's, so the largest share bounds
+// the pages, 7.07 x what the replicated pools get.
+TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
+  const ModelConfig config = glm_like();
+  const ModelPlan plan = glm_layer_split_plan(config);
   const KvCacheShares shares = [&](const KvCacheSpec& whole) {
-    std::vector<KvCacheSpec> out;
-    for (int rank = 0; rank < 8; ++rank) out.push_back(layer_split_spec(plan, whole, rank));
-    return out;
+    return layer_split_shares(plan, whole);
   };
   const int64_t gib = int64_t{1} << 30;
   const KvCapacityPlan split = plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true, shares);
@@ -107,14 +112,7 @@ TEST(KvCapacity, LayerSplitPagesFollowTheLargestRank) {
 // pools bound the pages.
 TEST(KvCapacity, LayerSplitCountsTheBorrowedPool) {
   const ModelConfig config = glm_like();
-  ModelPlan plan;
-  plan.attention.entry = 512 + 64;
-  plan.attention.index_dim = 128;
-  for (int64_t layer = 0; layer < 78; ++layer)
-    plan.layers.push_back({layer, config.layer_runs_indexer(layer), layer, false});
-  plan.layer_split = true;
-  plan.tensor_parallel_size = 8;
-  plan.kv_owner = layer_split_owners(plan.layers, plan.attention, 8);
+  const ModelPlan plan = glm_layer_split_plan(config);
   const int64_t gib = int64_t{1} << 30;
   const KvCapacityPlan split =
       plan_kv_capacity(config, KvDType::FP8, 10 * gib, 64, true, [&](const KvCacheSpec& whole) {

@@ -274,11 +274,12 @@ bool leader(parallel::Communicator& group, int tensor) {
     }
   }
   rank_rows.stop();
-  // Every round's sampled rows counted on their ranks, bad rounds included.
+  // Every round's sampled rows counted on their ranks, the failed round's not.
   int64_t counted = 0;
   for (const int64_t n : sampled_per_rank) counted += n;
   int64_t sampled = 0;
-  for (const Round& round : all) sampled += static_cast<int64_t>(round.sampled.size());
+  for (const Round& round : all)
+    if (!round.workers_lost_logits) sampled += static_cast<int64_t>(round.sampled.size());
   if (counted != sampled) {
     std::printf("%lld rows counted on ranks, %lld sampled\n", static_cast<long long>(counted),
                 static_cast<long long>(sampled));

@@ -275,7 +275,6 @@ class CudaDsaModel final : public LanguageModel {
   // Before the owner of `layer` writes its new rows: the prefetch that reads
   // its pool is over.
   void before_layer_split_write(int64_t layer);
-  static bool prefetch_enabled();
   // LayerSplit, decode-sized steps on the fast path (sends_selected_entries):
   // instead of the pool, the owner sends only the entries the step's rows
   // selected ([rows x top_k, 656] bytes, kernels/cuda/kv_copy/gather_entries.h),

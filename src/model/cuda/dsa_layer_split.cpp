@@ -90,16 +90,6 @@ void CudaDsaModel::begin_layer_split_step(const std::vector<int32_t>& new_slots)
   if (!new_slots.empty()) upload(e.new_slots, new_slots, stream_);
 }
 
-bool CudaDsaModel::prefetch_enabled() {
-  // MEGACTX_LAYER_SPLIT_PREFETCH=0: every layer's pool at its own turn (A/B
-  // runs; read once; the host model reads the same switch).
-  static const bool enabled = [] {
-    const char* value = std::getenv("MEGACTX_LAYER_SPLIT_PREFETCH");
-    return !(value != nullptr && value[0] == '0');
-  }();
-  return enabled;
-}
-
 void CudaDsaModel::share_layer_pool(int64_t layer, int owner, const Step& step,
                                     PagedKvCache& cache) {
   SplitEntries& e = split_entries();
@@ -148,7 +138,7 @@ void CudaDsaModel::share_layer_pool(int64_t layer, int owner, const Step& step,
   // The next layer's pool, ahead of its use: nothing writes it until then.
   const int64_t next = layer + 1;
   const int next_owner = next < config_.num_hidden_layers ? plan_.kv_owner_of(next) : -1;
-  if (!prefetch_enabled() || next_owner < 0 || e.new_rows == 0) return;
+  if (!layer_split_prefetch() || next_owner < 0 || e.new_rows == 0) return;
   const int next_slot = static_cast<int>(next % 2);
   const bool next_mine = next_owner == plan_.tensor_parallel_rank;
   void* pool = next_mine ? cache.latent_pool(next).raw()
