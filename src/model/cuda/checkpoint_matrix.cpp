@@ -188,14 +188,36 @@ class RandomFp8Matrices final : public MatrixSource {
   std::unique_ptr<WeightSource> values_;
 };
 
+// Another source's matrices with their e4m3 values dequantised to float32.
+class DequantizedMatrices final : public MatrixSource {
+ public:
+  explicit DequantizedMatrices(std::unique_ptr<MatrixSource> source) : source_(std::move(source)) {}
+  bool has(const std::string& name) const override { return source_->has(name); }
+  CheckpointMatrix matrix(const std::string& name, const Shape& shape) override {
+    const CheckpointMatrix m = source_->matrix(name, shape);
+    return m.fp8() ? CheckpointMatrix{dequantize(m), {}, 0} : m;
+  }
+  Tensor float_tensor(const std::string& name, const Shape& shape) override {
+    return source_->float_tensor(name, shape);
+  }
+  void check_all_used(const std::vector<std::string>& ignored) const override {
+    source_->check_all_used(ignored);
+  }
+
+ private:
+  std::unique_ptr<MatrixSource> source_;
+};
+
 }  // namespace
 
 std::unique_ptr<MatrixSource> make_checkpoint_matrices(const Checkpoint& checkpoint) {
   return std::make_unique<CheckpointMatrices>(checkpoint);
 }
 
-std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed) {
-  return std::make_unique<RandomFp8Matrices>(seed);
+std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed, bool dequantized) {
+  auto source = std::make_unique<RandomFp8Matrices>(seed);
+  if (!dequantized) return source;
+  return std::make_unique<DequantizedMatrices>(std::move(source));
 }
 
 }  // namespace megactx

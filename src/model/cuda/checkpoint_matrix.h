@@ -85,7 +85,9 @@ std::unique_ptr<MatrixSource> make_checkpoint_matrices(const Checkpoint& checkpo
 // block (values ~ N(0, 1/fan_in) quantised with scale = block amax / 448);
 // lm_head, router and indexer weights_proj float32, norms 1, biases 0, the
 // embedding N(0, 1) (make_random_weights' values). For benchmarks.
-std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed);
+// `dequantized`: the same e4m3 values as float32 matrices (the reference
+// that measures what the fp8 GEMMs' rounding moves).
+std::unique_ptr<MatrixSource> make_random_fp8_matrices(uint64_t seed, bool dequantized = false);
 
 // float32 [out, in] -> e4m3 codes with one scale per 128x128 block
 // (quantize_fp8_blocks in core/fp8_blocks.h), as fp8 checkpoints are made.

@@ -492,7 +492,12 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
                           own_last);
     }
   }
-  reduce_partial(branch, n * hidden);  // tensor parallel: each rank's share of every MLP's width
+  // Tensor parallel: each rank's share of every MLP's width. Not after
+  // moe_over_tensor_slices, whose output is already whole on every rank of
+  // the replica (the slices gathered, the shared expert summed within it),
+  // as DsaModel::decoder_layer.
+  if (!(one_call && plan_.tensor_parallel_size > 1 && plan_.data_parallel_size > 1))
+    reduce_partial(branch, n * hidden);
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
     // The next layer's input norm, read by its attention.

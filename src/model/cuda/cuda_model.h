@@ -87,10 +87,11 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
     const DsaModelOptions& model_options = {});
 // The same with random weights shaped as an fp8 checkpoint ships them
 // (make_random_fp8_matrices in model/cuda/checkpoint_matrix.h): benchmarks of the
-// fp8 path without a checkpoint.
+// fp8 path without a checkpoint. `dequantized`: the same weights' values in
+// float32 (or bf16) matrices, the reference of the fp8 GEMMs' rounding.
 std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(
     const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,
-    const DsaModelOptions& model_options = {});
+    const DsaModelOptions& model_options = {}, bool dequantized = false);
 
 // What a CUDA model keeps on the device for its weights: all of them, the GEMM
 // matrices, and of those the fp8 ones (e4m3 bytes + scales) with their

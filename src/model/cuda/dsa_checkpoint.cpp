@@ -41,10 +41,12 @@ std::unique_ptr<LanguageModel> make_cuda_dsa_model_from_checkpoint(
   return build(checkpoint.config(), *source, options, model_options);
 }
 
-std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(
-    const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,
-    const DsaModelOptions& model_options) {
-  const std::unique_ptr<MatrixSource> source = make_random_fp8_matrices(seed);
+std::unique_ptr<LanguageModel> make_cuda_dsa_model_random_fp8(const ModelConfig& config,
+                                                              uint64_t seed,
+                                                              const CudaModelOptions& options,
+                                                              const DsaModelOptions& model_options,
+                                                              bool dequantized) {
+  const std::unique_ptr<MatrixSource> source = make_random_fp8_matrices(seed, dequantized);
   return build(config, *source, options, model_options);
 }
 
