@@ -1,9 +1,12 @@
 #include "cli/serve_group.h"
 
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -57,8 +60,9 @@ parallel::CpuCommunicatorOptions group_options(int rank, int size, const std::st
     // (engine/rank_sampler.h), with the sampler rank 0's engine would use.
     const std::unique_ptr<Sampler> sampler = make_sampler(*model, load.deterministic);
     run_group_worker(*model, *communicator, load.data_parallel_size,
-                     [&](const Tensor& own_logits, parallel::Communicator& group) {
-                       serve_own_rows(own_logits, *sampler, group);
+                     [&](const Tensor& own_logits, std::span<const int64_t> command,
+                         parallel::Communicator& group) {
+                       serve_own_rows(own_logits, command, *sampler, group);
                      });
     status = 0;
   } catch (const std::exception& error) {
@@ -95,9 +99,59 @@ ServeGroup::ServeGroup(int size, const std::string& model_dir, const ModelLoadOp
   }
   // The folder stays while the group lives: the models split the group
   // (Communicator::split: context shares of tensor-parallel ranks) through it.
+  MEGACTX_CHECK(::pipe(wake_) == 0, "serve: cannot make the group watcher's pipe");
+  watcher_ = std::thread([this] { watch_children(); });
+}
+
+void ServeGroup::watch_children() {
+  // One pidfd per worker (readable once it exits; nothing is reaped here:
+  // the destructor waits for the children) and the wake pipe last. A worker
+  // that exits 0 was stopped by the leader (the server is ending): not a
+  // failure.
+  std::vector<pollfd> fds;
+  std::vector<pid_t> watched;
+  for (const pid_t child : children_) {
+    const auto fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+    if (fd < 0) continue;
+    fds.push_back({fd, POLLIN, 0});
+    watched.push_back(child);
+  }
+  fds.push_back({wake_[0], POLLIN, 0});
+  bool failed = false;
+  while (!failed && !stopping_.load() && fds.size() > 1) {
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (size_t i = 0; i + 1 < fds.size() && !failed; ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
+      siginfo_t info{};
+      const bool stopped =
+          ::waitid(P_PID, static_cast<id_t>(watched[i]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == watched[i] && info.si_code == CLD_EXITED && info.si_status == 0;
+      ::close(fds[i].fd);
+      fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
+      watched.erase(watched.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+      failed = !stopped;
+    }
+  }
+  if (failed && !stopping_.load()) {
+    std::fprintf(stderr, "serve: a worker of the group failed; ending the others\n");
+    for (const pid_t child : children_) ::kill(child, SIGTERM);
+  }
+  for (size_t i = 0; i + 1 < fds.size(); ++i) ::close(fds[i].fd);
 }
 
 ServeGroup::~ServeGroup() {
+  stopping_.store(true);
+  if (wake_[1] >= 0) {
+    const char byte = 0;
+    [[maybe_unused]] const ssize_t written = ::write(wake_[1], &byte, 1);
+  }
+  if (watcher_.joinable()) watcher_.join();
+  for (const int fd : wake_)
+    if (fd >= 0) ::close(fd);
   // Closing rank 0's connections ends a worker that still waits for a
   // command (when the server failed before its model could stop them).
   communicator_.reset();

@@ -7,8 +7,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/model_loader.h"
@@ -32,9 +34,18 @@ class ServeGroup {
   parallel::Communicator& communicator() { return *communicator_; }
 
  private:
+  // A worker that exits while the group serves takes the others with it:
+  // the watcher ends them (SIGTERM), so that no rank waits in a collective
+  // for a peer that will never come (a collective of the survivors need not
+  // touch the dead rank's connection, and a write to it can still succeed),
+  // and rank 0's next or current collective fails with the group's error.
+  void watch_children();
   std::unique_ptr<parallel::Communicator> communicator_;
   std::vector<pid_t> children_;
   std::string folder_;  // the rendezvous folder, removed with the group
+  std::atomic<bool> stopping_{false};
+  int wake_[2] = {-1, -1};  // a pipe: the destructor wakes the watcher
+  std::thread watcher_;
 };
 
 }  // namespace megactx::cli

@@ -242,24 +242,46 @@ void get_query(Reader& in, HeldQuery& held) {
   held.query.temperature = in.get<double>();
 }
 
-// The two exchanges of a side: `rows_out` (rank 0: every rank's rows, rank
-// order; `row_bytes` their sizes) go out, this rank's come back as the
-// returned bytes.
-std::vector<uint8_t> exchange_rows(parallel::Communicator& group,
-                                   const std::vector<uint8_t>& rows_out,
-                                   std::vector<int64_t> row_bytes) {
-  const auto size = static_cast<size_t>(group.size());
-  row_bytes.resize(size, 0);
-  group.broadcast(row_bytes.data(), static_cast<int64_t>(size * sizeof(int64_t)), 0);
-  const bool leader = group.rank() == 0;
-  std::vector<int64_t> send(size, 0), receive(size, 0);
-  if (leader) send = row_bytes;
-  send[0] = 0;
-  receive[0] = leader ? 0 : row_bytes[static_cast<size_t>(group.rank())];
-  MEGACTX_CHECK(receive[0] >= 0, "rank sampling: {} bytes of rows", receive[0]);
-  std::vector<uint8_t> mine(static_cast<size_t>(receive[0]));
-  group.all_to_all(rows_out.data(), send, mine.data(), receive);
-  return mine;
+// The command's payload: the ranks named (n), the bytes of each one's
+// rows, then every rank's rows in rank order, packed into int64 words.
+std::vector<int64_t> encode_rows(const std::vector<std::vector<uint8_t>>& bytes) {
+  std::vector<int64_t> words = {static_cast<int64_t>(bytes.size())};
+  size_t total = 0;
+  for (const std::vector<uint8_t>& b : bytes) {
+    words.push_back(static_cast<int64_t>(b.size()));
+    total += b.size();
+  }
+  const size_t head = words.size();
+  words.resize(head + (total + sizeof(int64_t) - 1) / sizeof(int64_t), 0);
+  auto* packed = reinterpret_cast<uint8_t*>(words.data() + head);
+  for (const std::vector<uint8_t>& b : bytes) {
+    if (!b.empty()) std::memcpy(packed, b.data(), b.size());
+    packed += b.size();
+  }
+  return words;
+}
+
+// Group rank `rank`'s rows out of encode_rows' words (checked: the words
+// come over the group).
+std::vector<uint8_t> rows_of(std::span<const int64_t> words, int rank) {
+  MEGACTX_CHECK(!words.empty(), "rank sampling: an empty command");
+  const int64_t named = words[0];
+  MEGACTX_CHECK(named >= 0 && static_cast<uint64_t>(named) < words.size(),
+                "rank sampling: a command naming {} ranks in {} words", named, words.size());
+  const auto head = static_cast<size_t>(1 + named);
+  const auto room = static_cast<uint64_t>(words.size() - head) * sizeof(int64_t);
+  uint64_t at = 0, mine = 0;
+  for (int64_t r = 0; r < named; ++r) {
+    const int64_t bytes = words[static_cast<size_t>(1 + r)];
+    MEGACTX_CHECK(bytes >= 0 && static_cast<uint64_t>(bytes) <= room - at,
+                  "rank sampling: {} bytes of rows for rank {} past the command's {}", bytes, r,
+                  room);
+    if (r < rank) at += static_cast<uint64_t>(bytes);
+    if (r == rank) mine = static_cast<uint64_t>(bytes);
+  }
+  if (rank >= named) return {};
+  const auto* packed = reinterpret_cast<const uint8_t*>(words.data() + head);
+  return std::vector<uint8_t>(packed + at, packed + at + mine);
 }
 
 // Every rank's results to rank 0: rank 0 gets them in rank order with their
@@ -337,17 +359,10 @@ Placed place(size_t count, std::span<const int> row_ranks, const RankRows& rank_
 // is an Error after the exchange (the ranks stay in step).
 template <class Own, class Read>
 void lead(RankRows& rank_rows, const Placed& placed, Own own, Read read) {
-  rank_rows.run([&](parallel::Communicator& group) {
+  rank_rows.run(encode_rows(placed.bytes), [&](parallel::Communicator& group) {
     MEGACTX_CHECK(placed.of_rank.size() <= static_cast<size_t>(group.size()),
                   "sampler: rows of rank {} in a group of {}", placed.of_rank.size() - 1,
                   group.size());
-    std::vector<uint8_t> all_rows;
-    std::vector<int64_t> row_bytes;
-    for (const std::vector<uint8_t>& b : placed.bytes) {
-      row_bytes.push_back(static_cast<int64_t>(b.size()));
-      all_rows.insert(all_rows.end(), b.begin(), b.end());
-    }
-    exchange_rows(group, all_rows, row_bytes);
     std::string own_error;
     try {
       own();
@@ -441,12 +456,13 @@ void RankSampler::score(Sampler& local, const Tensor& own_logits, std::span<cons
                   });
 }
 
-void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group) {
-  const std::vector<uint8_t> mine = exchange_rows(group, {}, {});
+void serve_own_rows(const Tensor& own_logits, std::span<const int64_t> command, Sampler& local,
+                    parallel::Communicator& group) {
   std::vector<uint8_t> reply;
   Writer out(reply);
-  if (!mine.empty()) {
-    try {
+  try {
+    const std::vector<uint8_t> mine = rows_of(command, group.rank());
+    if (!mine.empty()) {
       Reader in(mine);
       const int64_t vocab = own_logits.dim(1);
       const auto kind = in.get<uint8_t>();
@@ -479,14 +495,14 @@ void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communic
         local.score(own_logits, queries, scores);
         put_answers(out, scores);
       }
-    } catch (const std::exception& error) {
-      // Rank 0 waits for these results: it gets the reason instead, and the
-      // group stays in step.
-      reply.clear();
-      out.put<uint8_t>(1);
-      const std::string what = error.what();
-      out.list(std::span<const char>(what.data(), what.size()));
     }
+  } catch (const std::exception& error) {
+    // Rank 0 waits for these results: it gets the reason instead, and the
+    // group stays in step.
+    reply.clear();
+    out.put<uint8_t>(1);
+    const std::string what = error.what();
+    out.list(std::span<const char>(what.data(), what.size()));
   }
   std::vector<int64_t> ignored;
   exchange_results(group, reply, ignored);

@@ -11,11 +11,12 @@
 // of result, where gathering a scored prompt's rows would move prompt x
 // vocab x 4 bytes (5 GB for 8K tokens of GLM-5.2).
 //
-// The exchange of one command, made by rank 0 (RankSampler::sample or
-// score) and every worker (serve_own_rows) in the same order over the whole
-// group:
-//   broadcast [size] int64: the bytes of each rank's rows (0 for rank 0)
-//   all_to_all: rank 0 -> each rank its rows
+// One command (RankRows::run) carries every rank's rows in its payload
+// (encode: [n] the ranks named, [n] int64 the bytes of each one's rows, then
+// the rows' bytes packed into int64 words; one broadcast where the payload
+// fits the command header), and the results come back in two collectives
+// over the whole group, made by rank 0 (RankSampler::sample or score) and
+// every worker (serve_own_rows) in the same order:
 //   all_gather [size] int64: the bytes of each rank's results
 //   all_to_all: each rank -> rank 0 its results
 #pragma once
@@ -88,6 +89,8 @@ class StepRankSampler final : public Sampler {
 // sends the results back. Rows it cannot answer (they do not decode, name a
 // logits row it does not hold, or the sampler fails) are reported to rank 0,
 // which fails the step with the reason; the group stays in step.
-void serve_own_rows(const Tensor& own_logits, Sampler& local, parallel::Communicator& group);
+// `command` is the RankRows command's payload.
+void serve_own_rows(const Tensor& own_logits, std::span<const int64_t> command, Sampler& local,
+                    parallel::Communicator& group);
 
 }  // namespace megactx

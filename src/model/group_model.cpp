@@ -37,9 +37,15 @@ enum class Command : int64_t {
 // CopyPages directions.
 constexpr int64_t kCopyFromHost = 0, kCopyToHost = 1, kCopyWithin = 2;
 
+// One broadcast per command when its payload fits `inline_words` (a decode
+// step's batch of a few sequences, a sampling command's rows): the
+// collectives' latency, not their bytes, is what a step pays on the CPU
+// group. Larger payloads follow in a second broadcast.
 struct Header {
+  static constexpr size_t kInlineWords = 510;  // 4 KiB in all
   Command command = Command::Stop;
   int64_t bytes = 0;
+  int64_t inline_words[kInlineWords] = {};
 };
 
 // Payloads are int64 words: every field of a KV spec or a forward batch is an
@@ -298,10 +304,29 @@ void decode_mtp_rows(const std::vector<int64_t>& words, int64_t hidden_size, Dec
   decode_mtp_rows(in, hidden_size, out);
 }
 
-void send(parallel::Communicator& group, Command command, const std::vector<int64_t>& words) {
-  Header header{command, static_cast<int64_t>(words.size() * sizeof(int64_t))};
+void send(parallel::Communicator& group, Command command, std::span<const int64_t> words) {
+  Header header;
+  header.command = command;
+  header.bytes = static_cast<int64_t>(words.size_bytes());
+  const bool fits = words.size() <= Header::kInlineWords;
+  if (fits && !words.empty()) std::memcpy(header.inline_words, words.data(), words.size_bytes());
   group.broadcast(&header, sizeof(header), 0);
-  if (header.bytes > 0) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
+  if (!fits) group.broadcast(const_cast<int64_t*>(words.data()), header.bytes, 0);
+}
+
+// A worker's side of send: the next command, its payload in `words`.
+Command receive(parallel::Communicator& group, std::vector<int64_t>& words) {
+  Header header;
+  group.broadcast(&header, sizeof(header), 0);
+  MEGACTX_CHECK(header.bytes >= 0 && header.bytes % sizeof(int64_t) == 0,
+                "parallel group: a command of {} bytes from the leader", header.bytes);
+  words.assign(static_cast<size_t>(header.bytes) / sizeof(int64_t), 0);
+  if (words.size() <= Header::kInlineWords) {
+    std::copy_n(header.inline_words, words.size(), words.begin());
+  } else {
+    group.broadcast(words.data(), header.bytes, 0);
+  }
+  return header.command;
 }
 
 // Data-parallel attention's replicas: `shares` of `tensor` ranks each (one
@@ -701,10 +726,11 @@ class GroupLeaderModel final : public LanguageModel {
   class LeaderRankRows final : public RankRows {
    public:
     explicit LeaderRankRows(GroupLeaderModel& leader) : leader_(leader) {}
-    void run(const std::function<void(parallel::Communicator&)>& body) override {
+    void run(std::span<const int64_t> command,
+             const std::function<void(parallel::Communicator&)>& body) override {
       MEGACTX_CHECK(!leader_.failed_, "the parallel group failed: {}", leader_.failure_);
       leader_.watched([&] {
-        send(leader_.group_, Command::RankRows, {});
+        send(leader_.group_, Command::RankRows, command);
         body(leader_.group_);
       });
     }
@@ -799,13 +825,8 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
   // (ForwardBatch::logits_at_ranks; [0, vocab] when it reports none).
   Tensor kept_logits = no_rows_output(model.config()).logits;
   for (;;) {
-    Header header;
-    group.broadcast(&header, sizeof(header), 0);
-    MEGACTX_CHECK(header.bytes >= 0 && header.bytes % sizeof(int64_t) == 0,
-                  "parallel group: a command of {} bytes from the leader", header.bytes);
-    words.assign(static_cast<size_t>(header.bytes) / sizeof(int64_t), 0);
-    if (header.bytes > 0) group.broadcast(words.data(), header.bytes, 0);
-    switch (header.command) {
+    const Command command = receive(group, words);
+    switch (command) {
       case Command::Stop:
         return;
       case Command::MakeCache:
@@ -850,7 +871,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
         // ending the worker fails the group at once instead of a hang.
         MEGACTX_CHECK(rank_rows != nullptr,
                       "parallel group: rank {} has no way to sample its own rows", group.rank());
-        rank_rows(kept_logits, group);
+        rank_rows(kept_logits, words, group);
         break;
       case Command::LoadMtp: {
         // The MTP layer of the weights the leader holds: the last reload's
@@ -940,8 +961,7 @@ void run_group_worker(LanguageModel& model, parallel::Communicator& group, int d
         break;
       }
       default:
-        fail("parallel group: unknown command {} from the leader",
-             static_cast<int64_t>(header.command));
+        fail("parallel group: unknown command {} from the leader", static_cast<int64_t>(command));
     }
   }
 }

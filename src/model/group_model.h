@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "model/language_model.h"
@@ -26,20 +27,23 @@ namespace megactx {
 class RankRows {
  public:
   virtual ~RankRows() = default;
-  // Runs `body` on rank 0 while every worker runs its RankRowsHandler on the
-  // logits it kept from the last forward: the two make the same collectives
-  // over `group` (the whole group, every rank). An error of those
-  // collectives fails the group as a forward's would.
-  virtual void run(const std::function<void(parallel::Communicator& group)>& body) = 0;
+  // Sends `command` (the command's payload, every worker gets all of it),
+  // then runs `body` on rank 0 while every worker runs its RankRowsHandler
+  // on the logits it kept from the last forward and the payload: the two
+  // make the same collectives over `group` (the whole group, every rank).
+  // An error of those collectives fails the group as a forward's would.
+  virtual void run(std::span<const int64_t> command,
+                   const std::function<void(parallel::Communicator& group)>& body) = 0;
   // The group rank that holds data-parallel rank `share`'s rows (its tensor
   // rank 0).
   virtual int holder(int share) const = 0;
 };
 
 // A worker's side of RankRows::run: `own_logits` [its rows, vocab] (on the
-// model's device; [0, vocab] on a rank that holds none) of the last forward.
-using RankRowsHandler =
-    std::function<void(const Tensor& own_logits, parallel::Communicator& group)>;
+// model's device; [0, vocab] on a rank that holds none) of the last forward,
+// and the command's payload.
+using RankRowsHandler = std::function<void(
+    const Tensor& own_logits, std::span<const int64_t> command, parallel::Communicator& group)>;
 
 // Wraps rank 0's model (built with `group`; the group outlives the wrapper).
 // MTP layers it loads are wrapped too: each run goes to the other ranks,

@@ -179,7 +179,9 @@ bool leader(parallel::Communicator& group) {
 bool worker(parallel::Communicator& group) {
   CudaSampler local(0);
   const Tensor own = device_logits(rows_of_rank(group.rank()));
-  serve_test_commands(group, [&](int64_t) { serve_own_rows(own, local, group); });
+  serve_test_commands(group, [&](int64_t, std::span<const int64_t> payload) {
+    serve_own_rows(own, payload, local, group);
+  });
   return true;
 }
 

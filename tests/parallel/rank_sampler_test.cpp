@@ -292,7 +292,7 @@ bool worker(parallel::Communicator& group, int tensor) {
   CpuSampler local;
   const std::vector<Round> all = rounds(group.size() / tensor);
   bool ok = true;
-  serve_test_commands(group, [&](int64_t round) {
+  serve_test_commands(group, [&](int64_t round, std::span<const int64_t> payload) {
     const auto index = static_cast<size_t>(round);
     if (index >= all.size()) {
       ok = false;
@@ -301,7 +301,7 @@ bool worker(parallel::Communicator& group, int tensor) {
     const Tensor own = all[index].workers_lost_logits
                            ? Tensor::empty({0, kVocab}, DType::F32)
                            : held_logits(all[index], static_cast<int>(index), group.rank(), tensor);
-    serve_own_rows(own, local, group);
+    serve_own_rows(own, payload, local, group);
   });
   return ok;
 }
