@@ -324,9 +324,14 @@ class CudaDsaModel final : public LanguageModel {
   // MoE layer's all-to-all, so the other ranks' pairs are answered.
   ForwardOutput forward_no_rows();
   // One grouped device call for `rows` rows (h [rows, H], ids and gates
-  // [rows, top_k], shared [rows, H] or null) into out [rows, H].
+  // [rows, top_k], shared [rows, H] or null) into out [rows, H]; top_k 0:
+  // the config's.
   void grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids, const float* gates,
-                       const float* shared, int64_t rows, float* out);
+                       const float* shared, int64_t rows, float* out, int64_t top_k = 0);
+  // Whether the (row, expert) pairs an expert all-to-all brought this rank
+  // run as one grouped device call (each pair a row of one expert, gate 1)
+  // instead of a GEMM chain per expert over ids read on the host.
+  bool received_pairs_on_device(const DeviceLayer& w, int64_t pairs) const;
   // The routed-expert capture of the running forward: moe() copies its ids
   // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
   // outside forwards that want them (the MTP layer never records).

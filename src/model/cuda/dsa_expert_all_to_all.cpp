@@ -13,10 +13,14 @@
 //   2. all_to_all of the pairs' hidden rows [pairs, H] float32 and of their
 //      experts' local indices [pairs] int32,
 //   3. all_to_all of the results [pairs, H] back.
-// The counts and the received expert ids are read on the host (one sync
-// each), so these layers run eagerly, never inside a CUDA Graph. Why not a
-// fixed-size device dispatch (DeepEP's low-latency mode, graph-capturable):
-// first the same numbers as the CPU path on GPUs, then the speed.
+// The routed ids (to size the sends) and the received counts are read on
+// the host (one sync each; NCCL takes its sizes from the host), so these
+// layers run eagerly, never inside a CUDA Graph; the received pairs run as
+// one grouped call planned on the device (received_pairs_on_device; else
+// their expert ids are read back too and each expert runs its GEMM chain).
+// Why not a fixed-size device dispatch (DeepEP's low-latency mode,
+// graph-capturable): NCCL's sizes would then be the capacity, not the
+// pairs, for every rank pair and layer.
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
 
@@ -99,12 +103,20 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   group_->all_to_all(d_send_experts, byte_counts(sends.pairs, sizeof(int32_t)), d_recv_experts,
                      byte_counts(recv_pairs, sizeof(int32_t)));
 
-  // This rank's experts on the pairs it received: one GEMM chain per expert
+  // This rank's experts on the pairs it received: one grouped call (each
+  // pair a row of one expert, gate 1; the plan is made on the device from
+  // the received ids, no third host sync), or one GEMM chain per expert
   // over its rows (gathered, then scattered back in place with gate 1).
-  const ExpertGroups groups =
-      group_by_expert(download(d_recv_experts, received, stream_), per_rank);
   float* results = sc.a2a_results.get<float>(received * hidden);
-  if (received > 0) {
+  if (received > 0 && received_pairs_on_device(w, received)) {
+    timer_.mark("moe routed experts", stream_);
+    const float* d_ones =
+        upload(sc.a2a_ones, std::vector<float>(static_cast<size_t>(received), 1.0f), stream_);
+    grouped_experts(w, recv_buffer, d_recv_experts, d_ones, nullptr, received, results,
+                    /*top_k=*/1);
+  } else if (received > 0) {
+    const ExpertGroups groups =
+        group_by_expert(download(d_recv_experts, received, stream_), per_rank);
     MEGACTX_CUDA_CHECK(cudaMemsetAsync(
         results, 0, static_cast<size_t>(received * hidden) * sizeof(float), stream_));
     const int32_t* d_by_expert = upload(sc.expert_rows, groups.order, stream_);

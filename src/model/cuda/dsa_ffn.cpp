@@ -49,10 +49,10 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
 
 void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids,
                                    const float* gates, const float* shared, int64_t rows,
-                                   float* out) {
+                                   float* out, int64_t top_k) {
   Scratch& sc = scratch_;
   GroupedMoeShape shape{rows, config_.hidden_size, w.experts.front().intermediate,
-                        config_.n_routed_experts, config_.num_experts_per_tok};
+                        config_.n_routed_experts, top_k > 0 ? top_k : config_.num_experts_per_tok};
   shape.bf16 = w.experts_gate_up.bf16;
   shape.fp8 = w.experts_gate_up.fp8();
   const GroupedMoeLayout layout = grouped_moe_layout(shape);

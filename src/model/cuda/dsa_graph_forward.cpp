@@ -63,6 +63,13 @@ bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
   return grouped_moe_supported(grouped_shape(config_, w, rows));
 }
 
+bool CudaDsaModel::received_pairs_on_device(const DeviceLayer& w, int64_t pairs) const {
+  if (!options_.device_moe || !stacked_experts(w)) return false;
+  GroupedMoeShape shape = grouped_shape(config_, w, pairs);
+  shape.top_k = 1;
+  return grouped_moe_supported(shape);
+}
+
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
   // Data-parallel attention's expert all-to-all reads its counts on the
   // host; context parallelism's row shares and LayerSplit's exchanges are
