@@ -10,7 +10,8 @@ default model; tensor parallel and data-parallel attention) one process's
 plain greedy ids, drafts accepted; with data-parallel attention every replica samples its
 own rows (/metrics). The partial sums travel through host memory over the CPU
 group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
-named a host of its own (the default `nccl`, graphs replayed). On a machine
+named a host of its own (the default `nccl`; eager too: ranks that share a
+GPU run without CUDA Graphs, whose first capture hung there). On a machine
 with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
 the default); that case runs where `nvidia-smi` lists two GPUs.
 

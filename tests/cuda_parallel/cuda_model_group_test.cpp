@@ -46,7 +46,6 @@ struct Layout {
   int context_parallel_size = 0;         // context shares (0: one per rank)
   bool layer_split = false;              // each layer's KV on one rank
   bool bf16 = false;
-  bool cuda_graphs = true;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
 
@@ -56,7 +55,6 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.device = Device::CUDA;
   options.kv_dtype = KvDType::F32;
   options.cuda.bf16_weights = layout.bf16;
-  options.cuda.cuda_graphs = layout.cuda_graphs;
   options.cuda.gpu_id_step = 0;  // every rank on device 0
   options.cuda.collectives = layout.collectives;
   options.group = group;
@@ -156,12 +154,10 @@ bool rank_matches_one_process(parallel::Communicator& group, const char* fixture
   if (group.rank() != 0) return true;
   const std::vector<float> expected =
       prefill_and_decode_logits(*load(fixture, nullptr, layout), f, steps, KvDType::F32, forced);
-  // NCCL's calls are capturable: decode steps replay graphs. Host
-  // collectives wait for the stream: none.
-  const bool graphs_as_expected =
-      layout.collectives == CudaModelOptions::Collectives::nccl && layout.cuda_graphs
-          ? replays > 0
-          : replays == 0;
+  // Host collectives wait for the stream: no graphs. NCCL's calls are
+  // capturable, but ranks that share a GPU (all of these) run eagerly: their
+  // first captured step hung (cuda_dsa_model.cpp).
+  const bool graphs_as_expected = replays == 0;
   char what[256];
   std::snprintf(
       what, sizeof what, "%s, %d ranks on one GPU, %s%s, %s collectives (%lld graph replays)",
@@ -301,23 +297,19 @@ TEST_F(CudaModelGroup, ReplicasOfTensorRanksMatchOneProcessEach) {
   }
 }
 
-// Unverified before it first runs: whether NCCL forms a group of two ranks on
-// one GPU when each names itself another host. If it does not, this fails
-// with NCCL's reason (the host-collectives test above still covers the
-// model's parallel code on one GPU).
+// NCCL between two ranks of one GPU, each named another host (loopback
+// sockets): the partial sums as on GPUs of their own; the steps run eagerly
+// (ranks sharing a GPU hung in their first captured step: the CUDA model
+// turns graphs off for them).
 TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverNcclMatchOneProcess) {
   std::string why;
   if (!parallel::nccl_available("", &why)) GTEST_SKIP() << "NCCL is not available: " << why;
-  for (const bool graphs : {false, true}) {
-    for (const bool experts : {false, true}) {
-      SCOPED_TRACE(std::string(experts ? "experts split" : "tensor parallel") +
-                   (graphs ? ", graphs" : ", eager"));
-      Layout layout;
-      layout.expert_parallel = experts;
-      layout.collectives = CudaModelOptions::Collectives::nccl;
-      layout.cuda_graphs = graphs;
-      expect_group_matches(2, "glm_schedule", layout);
-    }
+  for (const bool experts : {false, true}) {
+    SCOPED_TRACE(experts ? "experts split" : "tensor parallel");
+    Layout layout;
+    layout.expert_parallel = experts;
+    layout.collectives = CudaModelOptions::Collectives::nccl;
+    expect_group_matches(2, "glm_schedule", layout);
   }
 }
 
