@@ -913,6 +913,15 @@ void Engine::update_stats() {
   }
   stats.preemptions = scheduler_->num_preemptions();
   stats.dp_gathered_logit_steps = gathered_logit_steps_;
+  const CudaGraphStats graphs = model_->graph_stats(), mtp_graphs = model_->graph_stats(true);
+  stats.graph_replays = graphs.replays;
+  stats.graph_eager_steps = graphs.eager_steps;
+  stats.graph_captures = graphs.captures;
+  stats.graph_failed_captures = graphs.failed_captures;
+  stats.mtp_graph_replays = mtp_graphs.replays;
+  stats.mtp_graph_eager_steps = mtp_graphs.eager_steps;
+  stats.mtp_graph_captures = mtp_graphs.captures;
+  stats.mtp_graph_failed_captures = mtp_graphs.failed_captures;
   stats.steps = steps_run_;
   stats.step_tokens = step_tokens_;
   stats.step_microseconds = step_microseconds_;

@@ -56,6 +56,19 @@ struct EngineStats {
   // Data-parallel attention: steps whose logits were gathered on rank 0
   // (sampled verification of MTP drafts) rather than sampled on their ranks.
   int64_t dp_gathered_logit_steps = 0;
+  // CUDA Graphs (LanguageModel::graph_stats; 0 on the host): the target's
+  // decode steps and the MTP layer's runs, each replayed, run eagerly (a
+  // batch bucket's first step, or one that cannot be captured: data-parallel
+  // attention's MoE, context parallelism, LayerSplit), captured, and keys
+  // whose capture failed.
+  int64_t graph_replays = 0;
+  int64_t graph_eager_steps = 0;
+  int64_t graph_captures = 0;
+  int64_t graph_failed_captures = 0;
+  int64_t mtp_graph_replays = 0;
+  int64_t mtp_graph_eager_steps = 0;
+  int64_t mtp_graph_captures = 0;
+  int64_t mtp_graph_failed_captures = 0;
   // The host tier of the prefix cache (all 0 without one).
   int64_t host_kv_pages_total = 0;
   int64_t host_kv_pages_used = 0;

@@ -690,6 +690,7 @@ class GroupLeaderModel final : public LanguageModel {
   // with data-parallel attention rank 0's own requests only, but only the
   // CUDA model counts these reads and its group is tensor-parallel only).
   OffloadReadStats offload_read_stats() const override { return model_->offload_read_stats(); }
+  CudaGraphStats graph_stats(bool mtp) const override { return model_->graph_stats(mtp); }
 
  private:
   // Every rank forwards its own sequences (none: still every collective),

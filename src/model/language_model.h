@@ -79,6 +79,18 @@ struct OffloadReadStats {
   int64_t read_steps = 0;        // forwards that staged offload entries
 };
 
+// What the CUDA-graph decode of a CUDA model did so far
+// (LanguageModel::graph_stats: tests, benchmarks, /metrics); zeros for a
+// model that runs no graphs.
+struct CudaGraphStats {
+  int64_t captures = 0;         // graphs captured
+  int64_t replays = 0;          // steps run by one graph launch
+  int64_t eager_steps = 0;      // bucketed steps run eagerly (a key's first step)
+  int64_t invalidations = 0;    // times every graph was dropped (scratch moved)
+  int64_t failed_captures = 0;  // keys that could not be captured (eager since)
+  int64_t cached = 0;           // graphs held now
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -139,6 +151,12 @@ class LanguageModel {
   // device sampler runs on it, after the forward, without a host sync.
   virtual void* compute_stream() const { return nullptr; }
   virtual OffloadReadStats offload_read_stats() const { return {}; }
+  // The target's decode graphs, or (`mtp`) those of the MTP layer it holds
+  // (refills and draft steps).
+  virtual CudaGraphStats graph_stats(bool mtp = false) const {
+    (void)mtp;
+    return {};
+  }
 };
 
 }  // namespace megactx

@@ -109,6 +109,36 @@ std::string data_parallel_ranks(const std::vector<DataParallelRankStats>& ranks)
   return out;
 }
 
+// CUDA Graphs: one series per graph family (label graphs: the target's
+// decode steps, the MTP layer's runs) of each counter; zeros on the host.
+std::string cuda_graphs(const EngineStats& stats) {
+  struct Series {
+    const char* name;
+    const char* help;
+    int64_t EngineStats::*target;
+    int64_t EngineStats::*mtp;
+  };
+  static constexpr Series kSeries[] = {
+      {"megactx_cuda_graph_replays_total", "Steps run by replaying a captured CUDA Graph.",
+       &EngineStats::graph_replays, &EngineStats::mtp_graph_replays},
+      {"megactx_cuda_graph_eager_steps_total",
+       "Steps of a graph's batch bucket run eagerly (its first step, or a bucket whose capture "
+       "failed).",
+       &EngineStats::graph_eager_steps, &EngineStats::mtp_graph_eager_steps},
+      {"megactx_cuda_graph_captures_total", "CUDA Graphs captured.", &EngineStats::graph_captures,
+       &EngineStats::mtp_graph_captures},
+      {"megactx_cuda_graph_failed_captures_total",
+       "Batch buckets whose capture failed (they run eagerly from then on).",
+       &EngineStats::graph_failed_captures, &EngineStats::mtp_graph_failed_captures}};
+  std::string out;
+  for (const Series& series : kSeries) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", series.name, series.help, series.name);
+    out += fmt::format("{}{{graphs=\"target\"}} {}\n", series.name, stats.*series.target);
+    out += fmt::format("{}{{graphs=\"mtp\"}} {}\n", series.name, stats.*series.mtp);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string ServerMetrics::render(const EngineStats& stats) const {
@@ -230,6 +260,7 @@ std::string ServerMetrics::render(const EngineStats& stats) const {
              stats.spec_verify_steps > 0 ? 1.0 + static_cast<double>(stats.spec_accepted_tokens) /
                                                      static_cast<double>(stats.spec_verify_steps)
                                          : 0.0);
+  out += cuda_graphs(stats);
   out += data_parallel_ranks(stats.data_parallel_ranks);
   return out;
 }

@@ -44,6 +44,14 @@ def gpus():
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
+def graph_replays(info):
+    """The target's CUDA Graph replays in a run's /metrics text."""
+    for line in info.get("metrics", "").splitlines():
+        if line.startswith('megactx_cuda_graph_replays_total{graphs="target"}'):
+            return float(line.split()[-1])
+    return -1.0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--megactx", required=True)
@@ -58,10 +66,14 @@ def main():
     prompt, greedy = reference["input_ids"], reference["greedy_ids"]
     prompts = [prompt, prompt[3:] + prompt[:3], list(reversed(prompt))]
     new_tokens = len(greedy)
-    plain, _, _ = run(args.megactx, args.fixture, CUDA, prompts, new_tokens)
+    plain, plain_info, _ = run(args.megactx, args.fixture, CUDA, prompts, new_tokens)
     failures = 0
     if plain[0][0] != greedy:
         print(f"FAIL one CUDA process: {plain[0][0]} != HF's {greedy}")
+        failures += 1
+    # One process replays its decode steps as CUDA Graphs (/metrics).
+    if graph_replays(plain_info) <= 0:
+        print("FAIL one CUDA process: no decode step replayed a CUDA Graph")
         failures += 1
     layouts = []
     for collectives in ("host", "nccl"):
@@ -115,10 +127,20 @@ def main():
                    if line.startswith("megactx_dp_rank_sampled_rows_total{")]
         if "--enable-dp-attention" in layout:
             ok = ok and len(sampled) == info.get("dp_size") and all(n > 0 for n in sampled)
+        # CUDA Graphs: none through host collectives (each waits for the
+        # stream) nor for NCCL ranks that share a GPU (their first capture
+        # hung: they run eagerly); ranks on GPUs of their own replay them where
+        # the layout captures at all (not data-parallel attention's MoE,
+        # context parallelism or LayerSplit).
+        replays = graph_replays(info)
+        shared_gpu = "--gpu-id-step" in layout
+        captures = not any(flag in layout for flag in (
+            "--enable-dp-attention", "--context-parallel-size", "--enable-layer-split"))
+        ok = ok and (replays > 0 if captures and not shared_gpu else replays == 0)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} workers, greedy ids "
               f"{'equal to' if same else 'DIFFERENT from'} one CUDA process's, "
-              f"max |logprob difference| {worst:.2e}"
+              f"max |logprob difference| {worst:.2e}, {replays:.0f} graph replays"
               + (f", rows sampled per replica {sampled}" if sampled else ""))
     # MTP speculation (drafts chained on the device) over the 2 ranks on one GPU,
     # against one process without MTP (on the CPU: the fp32 mode is HF's within 1e-6).

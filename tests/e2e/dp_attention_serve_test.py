@@ -453,7 +453,14 @@ def main():
         for thread in threads:
             thread.start()
         started.wait(60)
-        running = rank_series(metrics(server), "megactx_dp_rank_running_reqs")
+        # The engine's stats are a snapshot taken after each step: a loaded
+        # machine may stream a first token before the snapshot that counts it.
+        deadline = time.time() + 20
+        while True:
+            running = rank_series(metrics(server), "megactx_dp_rank_running_reqs")
+            if running == {0: 1, 1: 1} or time.time() > deadline:
+                break
+            time.sleep(0.1)
         for i in range(2):
             requests.post(server.url + "/abort_request", json={"rid": f"long-{i}"}, timeout=30)
         for thread in threads:

@@ -130,6 +130,9 @@ class FakeEngine : public EngineApi {
     stats.spec_verify_steps = 10;
     stats.steps = 12;
     stats.step_tokens = 300;
+    stats.graph_replays = 9;
+    stats.graph_eager_steps = 3;
+    stats.mtp_graph_replays = 5;
     stats.step_microseconds = 1500000;
     return stats;
   }

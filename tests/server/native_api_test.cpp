@@ -288,8 +288,8 @@ TEST(NativeGenerate, ParallelSamplesShareTheirPrompt) {
     EXPECT_EQ(*submitted[k].sampling.seed, 7u + index);
   }
   // A batch of two prompts with n = 2: four results, prompt by prompt.
-  auto batch = f.call("POST", "/generate",
-                      {{"input_ids", {{1}, {2}}}, {"sampling_params", {{"n", 2}}}});
+  auto batch =
+      f.call("POST", "/generate", {{"input_ids", {{1}, {2}}}, {"sampling_params", {{"n", 2}}}});
   ASSERT_EQ(batch->status, 200) << batch->body;
   EXPECT_EQ(batch->json().size(), 4u);
   EXPECT_EQ(f.call("POST", "/generate", {{"text", "a"}, {"sampling_params", {{"n", 0}}}})->status,
@@ -313,9 +313,9 @@ TEST(NativeGenerate, TeacherScoringFields) {
   EXPECT_TRUE(meta.contains("input_token_ids_logprobs"));
   EXPECT_TRUE(meta.contains("output_token_ids_logprobs"));
   // A batch: one list for all prompts, or a list per prompt.
-  auto shared = f.call("POST", "/generate",
-                       {{"input_ids", {{1}, {2}}}, {"return_logprob", true},
-                        {"token_ids_logprob", {4}}});
+  auto shared =
+      f.call("POST", "/generate",
+             {{"input_ids", {{1}, {2}}}, {"return_logprob", true}, {"token_ids_logprob", {4}}});
   ASSERT_EQ(shared->status, 200) << shared->body;
   auto submitted = f.engine.submitted();
   EXPECT_EQ(submitted[submitted.size() - 1].token_ids_logprob, (std::vector<int32_t>{4}));
@@ -386,12 +386,22 @@ TEST(NativeAdmin, MetricsInPrometheusFormat) {
                            "megactx_time_per_output_token_seconds_count 1",
                            "megactx_e2e_request_latency_seconds_count 1",
                            "megactx_e2e_request_latency_seconds_bucket{le=\"+Inf\"} 1",
-                           "megactx_generation_tokens_total 4", "megactx_num_running_reqs 1",
-                           "megactx_num_waiting_reqs 0", "megactx_kv_pages_used 7",
-                           "megactx_kv_pages_total 100", "megactx_prefix_cache_hit_rate 0.4",
-                           "megactx_spec_accept_length 4", "megactx_requests_finished_total 1",
-                           "megactx_engine_steps_total 12", "megactx_engine_step_tokens_total 300",
-                           "megactx_engine_step_seconds_total 1.5"})
+                           "megactx_generation_tokens_total 4",
+                           "megactx_num_running_reqs 1",
+                           "megactx_num_waiting_reqs 0",
+                           "megactx_kv_pages_used 7",
+                           "megactx_kv_pages_total 100",
+                           "megactx_prefix_cache_hit_rate 0.4",
+                           "megactx_spec_accept_length 4",
+                           "megactx_requests_finished_total 1",
+                           "megactx_engine_steps_total 12",
+                           "megactx_engine_step_tokens_total 300",
+                           "megactx_engine_step_seconds_total 1.5",
+                           "# TYPE megactx_cuda_graph_replays_total counter",
+                           "megactx_cuda_graph_replays_total{graphs=\"target\"} 9",
+                           "megactx_cuda_graph_replays_total{graphs=\"mtp\"} 5",
+                           "megactx_cuda_graph_eager_steps_total{graphs=\"target\"} 3",
+                           "megactx_cuda_graph_failed_captures_total{graphs=\"mtp\"} 0"})
     EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
 }
 

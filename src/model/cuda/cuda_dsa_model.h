@@ -106,8 +106,9 @@ class CudaDsaModel final : public LanguageModel {
   OffloadReadStats offload_read_stats() const override;
 
   // CUDA-graph decode so far (model/cuda/decode_graph.h).
-  CudaGraphStats graph_stats() const { return graphs_.stats(); }
-  CudaGraphStats mtp_graph_stats() const { return graphs_mtp_.stats(); }
+  CudaGraphStats graph_stats(bool mtp = false) const override {
+    return mtp ? graphs_mtp_.stats() : graphs_.stats();
+  }
 
  private:
   // Per-forward device views: the batch's tokens, paging and RoPE tables.

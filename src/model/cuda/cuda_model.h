@@ -28,15 +28,6 @@
 
 namespace megactx {
 
-// What the CUDA-graph decode of a CUDA model did so far (tests, benchmarks).
-struct CudaGraphStats {
-  int64_t captures = 0;         // graphs captured
-  int64_t replays = 0;          // steps run by one graph launch
-  int64_t eager_steps = 0;      // bucketed steps run eagerly (a key's first step)
-  int64_t invalidations = 0;    // times every graph was dropped (scratch moved)
-  int64_t failed_captures = 0;  // keys that could not be captured (eager since)
-  int64_t cached = 0;           // graphs held now
-};
 // An Error for a model that is not a CUDA model. `mtp`: the MTP layer's runs
 // (refills and draft steps) instead of the target's forwards.
 CudaGraphStats cuda_graph_stats(const LanguageModel& model, bool mtp = false);

@@ -214,7 +214,7 @@ void* cuda_model_stream(const LanguageModel& model) {
 CudaGraphStats cuda_graph_stats(const LanguageModel& model, bool mtp) {
   const auto* cuda_model = dynamic_cast<const cuda::CudaDsaModel*>(&model);
   MEGACTX_CHECK(cuda_model != nullptr, "cuda_graph_stats: not a CUDA model");
-  return mtp ? cuda_model->mtp_graph_stats() : cuda_model->graph_stats();
+  return cuda_model->graph_stats(mtp);
 }
 
 }  // namespace megactx
