@@ -36,7 +36,11 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
                            {"host_latent_read_steps", stats.host_latent_read_steps},
                            {"spec_accepted_tokens", stats.spec_accepted_tokens},
                            {"spec_verify_steps", stats.spec_verify_steps},
-                           {"dp_gathered_logit_steps", stats.dp_gathered_logit_steps}};
+                           {"dp_gathered_logit_steps", stats.dp_gathered_logit_steps},
+                           {"graph_replays", stats.graph_replays},
+                           {"graph_eager_steps", stats.graph_eager_steps},
+                           {"mtp_graph_replays", stats.mtp_graph_replays},
+                           {"mtp_graph_eager_steps", stats.mtp_graph_eager_steps}};
   // Data-parallel attention only (a plain server's JSON keeps its keys).
   for (const DataParallelRankStats& rank : stats.data_parallel_ranks)
     engine["data_parallel_ranks"].push_back(

@@ -51,12 +51,16 @@ test('seriesPoint: rates and windowed percentiles from snapshot differences', ()
   assert.equal(point.prefixHitRateTotal, 40);
   assert.equal(seriesPoint(history.slice(0, 2), { windowSeconds: 1 }).specAcceptLength, null);
   assert.equal(point.hostLatentHitRate, null);  // no live host tier on this server
+  assert.equal(point.graphReplayShare, null);  // no CUDA Graphs on this server
   const tier = snapshot(3000, 150, [5, 4, 0]);
   Object.assign(tier.engine, { host_latent_selected_entries: 400, host_latent_hot_hits: 300,
     host_latent_copied_bytes: 6.56e6, host_latent_read_steps: 10 });
   const tierPoint = seriesPoint([...history, tier]);
   assert.equal(tierPoint.hostLatentHitRate, 75);
   assert.equal(tierPoint.hostLatentCopiedPerStep, 6.56e5);
+  const graphs = snapshot(4000, 160, [5, 4, 0]);
+  Object.assign(graphs.engine, { graph_replays: 90, graph_eager_steps: 10 });
+  assert.equal(seriesPoint([...history, graphs]).graphReplayShare, 90);
 });
 
 test('rankRows and groupLayout: the data-parallel ranks and the group in words', () => {

@@ -162,6 +162,9 @@ export function Dashboard() {
           )}
           <Tile label="prefix hit rate (all time)" value={`${fmt(latest.prefixHitRateTotal, 1)}%`} />
           <Tile label="MTP accepted length" value={fmt(latest.specAcceptLengthTotal, 2)} />
+          {latest.graphReplayShare !== null && (
+            <Tile label="decode steps from CUDA Graphs" value={`${fmt(latest.graphReplayShare, 1)}%`} />
+          )}
           <Tile label="requests finished" value={`${latest.finished}`} testid="tile-finished" />
         </div>
       )}

@@ -77,6 +77,11 @@ export function seriesPoint(history, { rateSeconds = 2, windowSeconds = 30 } = {
       ? (100 * e.host_latent_hot_hits) / e.host_latent_selected_entries : null,
     hostLatentCopiedPerStep: e.host_latent_read_steps > 0
       ? e.host_latent_copied_bytes / e.host_latent_read_steps : null,
+    // CUDA Graphs (all time): the share of the decode steps of a graph's
+    // batch bucket that replayed one (the rest ran eagerly: a bucket's first
+    // step, or a layout that is not captured); null without any.
+    graphReplayShare: (e.graph_replays ?? 0) + (e.graph_eager_steps ?? 0) > 0
+      ? (100 * e.graph_replays) / (e.graph_replays + e.graph_eager_steps) : null,
     prefixHitRate: hitRate === null ? null : hitRate * 100,
     prefixHitRateTotal: (ratio(e.prefix_cache_hits, e.prefix_cache_queries) ?? 0) * 100,
     specAcceptLength: specSteps > 0 ? 1 + specAccepted / specSteps : null,
