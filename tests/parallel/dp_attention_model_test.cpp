@@ -411,6 +411,39 @@ bool dp_offload_pages_match_one_process(const std::string& name, parallel::Commu
   return ok;
 }
 
+// A step whose command does not fit the group's command header (four
+// 128-token prefills: its tokens alone are more than the header's 510
+// inline words) goes out in a second broadcast; the decode steps after it
+// fit the header. Both against one process.
+bool large_step_matches_one_process(parallel::Communicator& group) {
+  const HfFixture f = load_fixture("glm_schedule");
+  auto models = load_dp_models(f.dir, group);
+  if (!models) return true;
+  auto& [leader, whole] = *models;
+  const KvCacheSpec spec = make_kv_cache_spec(whole->config(), 2 * kPagesPerRank, KvDType::F32,
+                                              kPageSize, /*with_mtp_layer=*/false);
+  auto group_cache = leader->make_kv_cache(spec);
+  auto whole_cache = whole->make_kv_cache(spec);
+  std::vector<Sequence> s;
+  for (int32_t i = 0; i < 4; ++i) {
+    const int32_t first = (i / 2) * static_cast<int32_t>(kPagesPerRank) + (i % 2) * 2;
+    s.push_back({fixture_tokens(f, static_cast<size_t>(5 * i), 2 * kPageSize), {first, first + 1}});
+  }
+  const int64_t prompt = 2 * kPageSize - 2;  // room for two decode steps
+  bool ok = same_step(*leader, *group_cache, *whole, *whole_cache, s,
+                      {{0, prompt}, {1, prompt}, {2, prompt}, {3, prompt}}, false,
+                      "glm_schedule, 2 ranks, a 504-token step (two broadcasts)");
+  for (int step = 0; step < 2; ++step)
+    ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s,
+                    {{0, 1}, {1, 1}, {2, 1}, {3, 1}}, false,
+                    fmt::format("glm_schedule, 2 ranks, decode step {} (one broadcast)", step + 1));
+  return ok;
+}
+
+TEST(DataParallelAttentionGroup, AStepLargerThanTheCommandHeaderMatchesOneProcess) {
+  parallel::run_forked_group(2, large_step_matches_one_process);
+}
+
 TEST(DataParallelAttentionGroup, OffloadPagesOfEachRankMatchOneProcess) {
   parallel::run_forked_group(2, [](parallel::Communicator& group) {
     return dp_offload_pages_match_one_process("glm_schedule", group);
