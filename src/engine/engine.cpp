@@ -526,13 +526,15 @@ ForwardOutput Engine::forward_plan() {
   batch_.want_routed_experts = routed_ != nullptr;
   // Data-parallel attention: the ranks sample (and score) their own rows,
   // unless rank 0 reads logits itself: the rejection sampling of sampled
-  // drafts (greedy verification takes each row's argmax from its rank). The
+  // drafts (greedy verification takes each row's argmax from its rank, and
+  // target-only verification each row's draw). The
   // drafts of this step are made (run_plan), so `verifying` is known.
   batch_.logits_at_ranks =
       rank_sampler_ != nullptr &&
-      std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
-        return chunk.request->spec.verifying && !is_greedy(chunk.request->request.sampling);
-      });
+      (config_.speculative_sampled_mode == VerifyMode::TargetOnly ||
+       std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
+         return chunk.request->spec.verifying && !is_greedy(chunk.request->request.sampling);
+       }));
   if (rank_sampler_ != nullptr && !batch_.logits_at_ranks) ++gathered_logit_steps_;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];

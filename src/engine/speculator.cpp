@@ -287,7 +287,10 @@ void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
   if (!argmax_verification_) return;
   // Rows of greedy verifications through the sampler on the device (or on
   // their ranks): the host gets k + 1 token ids per request instead of k + 1
-  // logits rows.
+  // logits rows. Target-only verification of sampled drafts likewise: its
+  // k + 1 draws of the target's own tokens are the sampler's seeded draws
+  // (the speculation stream's seed, draw indices draws .. draws + k: the
+  // uniforms verify_target_only would take, in the same inverse CDF).
   static const SamplingParams kGreedy = [] {
     SamplingParams params;
     params.temperature = 0.0;
@@ -297,14 +300,19 @@ void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
   for (const ScheduledChunk& chunk : plan.chunks) {
     const RequestState& request = *chunk.request;
     const int64_t rows = chunk.logits_rows();
-    if (request.spec.verifying && is_greedy(request.request.sampling) &&
+    const bool greedy = is_greedy(request.request.sampling);
+    if (request.spec.verifying && (greedy || target_only_sampled()) &&
         !outputs.grammar_failed_for(request)) {
       const std::vector<const uint32_t*> masks = row_masks(request);
       const size_t words = request.matcher ? static_cast<size_t>(request.matcher->mask_words()) : 0;
       for (int64_t r = 0; r < rows; ++r) {
         SamplingRow sampling_row;
         sampling_row.logits_row = row + r;
-        sampling_row.params = &kGreedy;
+        sampling_row.params = greedy ? &kGreedy : &request.request.sampling;
+        if (!greedy) {
+          sampling_row.seed = request.seed ^ kSpeculationSeedSalt;
+          sampling_row.draw_index = request.spec.draws + static_cast<uint64_t>(r);
+        }
         if (const uint32_t* mask = masks[static_cast<size_t>(r)])
           sampling_row.allowed = {mask, words};
         argmax_rows_.push_back(sampling_row);
@@ -329,18 +337,25 @@ void Speculator::verify_chunk(RequestState& request, const Tensor& logits, int64
   const int64_t verified = request.matcher ? std::min(spec.grammar_drafts + 1, k) : k;
   const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
                                         static_cast<size_t>(verified));
-  if (argmax_verification_ && is_greedy(request.request.sampling)) {
-    // Greedy on device (or ranks') logits: the argmax rows begin_verification made
-    // (verifying requests in chunk order, k + 1 rows each).
-    std::vector<int32_t> argmax;
+  const bool greedy = is_greedy(request.request.sampling);
+  if (argmax_verification_ && (greedy || target_only_sampled())) {
+    // Greedy or target-only on device (or ranks') logits: the rows
+    // begin_verification made (verifying requests in chunk order, k + 1
+    // rows each) gave the target's k + 1 tokens (its argmax, or its own
+    // draws), and a draft is accepted while it equals the target's token.
+    std::vector<int32_t> target;
     for (int64_t r = 0; r <= k; ++r) {
-      MEGACTX_CHECK(
-          argmax_used_ < argmax_.size() && argmax_rows_[argmax_used_].logits_row == first_row + r,
-          "engine: verification argmax rows out of step");
-      argmax.push_back(argmax_[argmax_used_++].token);
+      MEGACTX_CHECK(argmax_used_ < argmax_.size() &&
+                        argmax_rows_[argmax_used_].logits_row == first_row + r &&
+                        (greedy || argmax_rows_[argmax_used_].draw_index ==
+                                       spec.draws + static_cast<uint64_t>(r)),
+                    "engine: verification rows out of step");
+      target.push_back(argmax_[argmax_used_++].token);
     }
-    argmax.resize(static_cast<size_t>(verified + 1));
-    spec.result = verify_greedy_argmax(argmax, drafts);
+    target.resize(static_cast<size_t>(verified + 1));
+    spec.result = verify_greedy_argmax(target, drafts);
+    // The uniforms verify_target_only would have used: one per examined row.
+    if (!greedy) spec.draws += spec.result.tokens.size();
   } else {
     spec.result = verify_on_host(request, logits, first_row, drafts);
   }

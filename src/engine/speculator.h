@@ -120,8 +120,13 @@ class Speculator {
   Tensor logits_host_;  // the step's device logits on the host (sampled verification)
   std::vector<SamplingRow> argmax_rows_;  // greedy verification rows (device logits)
   bool argmax_verification_ = false;      // this step's greedy rows take argmax_ (above)
-  bool rows_at_ranks_ = false;            // this step's logits are not all on rank 0
-  std::vector<SampleResult> argmax_;      // their argmax, in row order
+  // Sampled requests are verified target-only (no draft distribution q):
+  // their verification goes through the sampler like greedy's.
+  bool target_only_sampled() const {
+    return config_.speculative_sampled_mode == VerifyMode::TargetOnly;
+  }
+  bool rows_at_ranks_ = false;        // this step's logits are not all on rank 0
+  std::vector<SampleResult> argmax_;  // their argmax, in row order
   size_t argmax_used_ = 0;
 
   int64_t accepted_total_ = 0;

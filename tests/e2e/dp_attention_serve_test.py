@@ -218,6 +218,43 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
                 f"rank {admissions}")
 
 
+def target_only_over_two_ranks(megactx, model):
+    """Sampled requests verified target-only (`--spec-verify target-only`) with data-parallel
+    attention over 2 ranks: the target's own draws come from each row's rank (no step gathers
+    logits on rank 0) and give one process's tokens, seeded draw for seeded draw. (ok, message)."""
+    ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
+                            "passkey_8k_ids.txt")
+    text = [int(token) for token in open(ids_file).read().replace(",", " ").split()]
+    prompts = [text[100 * i:100 * i + 40 + 9 * i] for i in range(4)]
+    flags = ("--speculative-steps", "3", "--spec-verify", "target-only")
+
+    def sampled(server):
+        def one(i):
+            response = requests.post(server.url + "/generate", json={
+                "input_ids": prompts[i], "sampling_params": {
+                    "temperature": 0.7, "top_p": 0.9, "sampling_seed": 11 + i,
+                    "max_new_tokens": 24, "ignore_eos": True}}, timeout=300)
+            response.raise_for_status()
+            return response.json()["output_ids"]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, range(len(prompts))))
+
+    with MegactxServer(megactx, model, *COMMON, *flags, name="target-only-one") as server:
+        want = sampled(server)
+    with MegactxServer(megactx, model, *COMMON, *dp(2), *flags, name="target-only-dp2") as server:
+        got = sampled(server)
+        text = metrics(server)
+    gathered = metric(text, "megactx_dp_gathered_logit_steps_total")
+    verify = metric(text, "megactx_spec_verify_steps_total") or 0
+    accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
+    same = got == want
+    ok = same and gathered == 0 and verify > 0 and accepted > 0
+    return ok, (f"2 ranks --spec-verify target-only, 4 sampled requests: ids "
+                f"{'equal to' if same else 'DIFFERENT from'} one process's, steps that gathered "
+                f"logits on rank 0: {gathered}, {accepted:.0f} drafts accepted in {verify:.0f} "
+                f"verifications")
+
+
 def live_host_tier_over_two_ranks(megactx, model):
     """The live host tier with 2 data-parallel ranks: each rank 5 device pages (320 tokens,
     less than any of the four requests below reaches), so their full pages must move to the
@@ -522,6 +559,9 @@ def main():
     failures = check(failures, ok, message)
 
     ok, message = speculation_over_two_ranks(args.megactx, args.default_model)
+    failures = check(failures, ok, message)
+
+    ok, message = target_only_over_two_ranks(args.megactx, args.default_model)
     failures = check(failures, ok, message)
 
     ok, message = live_host_tier_over_two_ranks(args.megactx, args.default_model)
