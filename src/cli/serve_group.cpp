@@ -111,7 +111,11 @@ void ServeGroup::watch_children() {
   std::vector<pollfd> fds;
   std::vector<pid_t> watched;
   for (const pid_t child : children_) {
+#ifdef SYS_pidfd_open
     const auto fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+#else
+    const int fd = -1;  // headers older than Linux 5.3: the worker is not watched
+#endif
     if (fd < 0) continue;
     fds.push_back({fd, POLLIN, 0});
     watched.push_back(child);
