@@ -127,7 +127,9 @@ void ServeGroup::watch_children() {
       if (errno == EINTR) continue;
       break;
     }
-    for (size_t i = 0; i + 1 < fds.size() && !failed; ++i) {
+    // Backwards over the workers (the wake pipe stays last): an exited one
+    // is dropped in place.
+    for (size_t i = watched.size(); i-- > 0 && !failed;) {
       if ((fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
       siginfo_t info{};
       const bool stopped =
@@ -136,7 +138,6 @@ void ServeGroup::watch_children() {
       ::close(fds[i].fd);
       fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
       watched.erase(watched.begin() + static_cast<std::ptrdiff_t>(i));
-      --i;
       failed = !stopped;
     }
   }
@@ -144,7 +145,7 @@ void ServeGroup::watch_children() {
     std::fprintf(stderr, "serve: a worker of the group failed; ending the others\n");
     for (const pid_t child : children_) ::kill(child, SIGTERM);
   }
-  for (size_t i = 0; i + 1 < fds.size(); ++i) ::close(fds[i].fd);
+  for (size_t i = 0; i < watched.size(); ++i) ::close(fds[i].fd);
 }
 
 ServeGroup::~ServeGroup() {

@@ -428,6 +428,27 @@ void answer_at_ranks(RankRows& rank_rows, std::span<const int> row_ranks, uint8_
     answers[placed.of_rank[0][i]] = std::move(own_answers[i]);
 }
 
+// A worker's items of one command (sampling rows or logprob queries: Held,
+// read by get) answered by answer_all(items, answers) and written to `out`;
+// their asked-for ids (ids_of) are checked first: the leader checked them,
+// a bad one would read past the row.
+template <class Held, class Answer, class Get, class IdsOf, class AnswerAll>
+void answer_held(Reader& in, int64_t vocab, Get get, IdsOf ids_of, AnswerAll answer_all,
+                 Writer& out) {
+  std::vector<Held> held;
+  while (!in.done()) get(in, held.emplace_back());
+  std::vector<decltype(held.front().view())> items;
+  items.reserve(held.size());
+  for (const Held& h : held) {
+    items.push_back(h.view());
+    for (const int32_t id : ids_of(items.back()))
+      MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
+  }
+  std::vector<Answer> answers(items.size());
+  answer_all(items, answers);
+  put_answers(out, answers);
+}
+
 }  // namespace
 
 void RankSampler::sample(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
@@ -467,33 +488,15 @@ void serve_own_rows(const Tensor& own_logits, std::span<const int64_t> command, 
       const int64_t vocab = own_logits.dim(1);
       const auto kind = in.get<uint8_t>();
       if (kind == kSample) {
-        std::vector<HeldRow> held;
-        while (!in.done()) get_row(in, held.emplace_back());
-        std::vector<SamplingRow> rows;
-        rows.reserve(held.size());
-        for (const HeldRow& h : held) {
-          rows.push_back(h.view());
-          // The leader checked these; a bad id would read past the row.
-          for (const int32_t id : h.logprob_token_ids)
-            MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
-        }
-        std::vector<SampleResult> results(rows.size());
-        local.sample(own_logits, rows, results);
-        put_answers(out, results);
+        answer_held<HeldRow, SampleResult>(
+            in, vocab, get_row, [](const SamplingRow& r) { return r.logprob_token_ids; },
+            [&](const auto& rows, auto& results) { local.sample(own_logits, rows, results); }, out);
       } else {
         MEGACTX_CHECK(kind == kScore, "rank sampling: a command of kind {}", kind);
-        std::vector<HeldQuery> held;
-        while (!in.done()) get_query(in, held.emplace_back());
-        std::vector<LogprobQuery> queries;
-        queries.reserve(held.size());
-        for (const HeldQuery& h : held) {
-          queries.push_back(h.view());
-          for (const int32_t id : h.token_ids)
-            MEGACTX_CHECK(id >= 0 && id < vocab, "sampler: logprob of token {} of {}", id, vocab);
-        }
-        std::vector<TokenLogprob> scores(queries.size());
-        local.score(own_logits, queries, scores);
-        put_answers(out, scores);
+        answer_held<HeldQuery, TokenLogprob>(
+            in, vocab, get_query, [](const LogprobQuery& q) { return q.token_ids; },
+            [&](const auto& queries, auto& scores) { local.score(own_logits, queries, scores); },
+            out);
       }
     }
   } catch (const std::exception& error) {

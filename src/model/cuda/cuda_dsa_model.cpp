@@ -503,11 +503,9 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
     }
   }
   // Tensor parallel: each rank's share of every MLP's width. Not after
-  // moe_over_tensor_slices, whose output is already whole on every rank of
-  // the replica (the slices gathered, the shared expert summed within it),
-  // as DsaModel::decoder_layer.
-  if (!(one_call && plan_.tensor_parallel_size > 1 && plan_.data_parallel_size > 1))
-    reduce_partial(branch, n * hidden);
+  // moe_over_tensor_slices (the slices gathered, the shared expert summed
+  // within the replica), as DsaModel::decoder_layer.
+  if (!(w.is_moe && moe_over_slices())) reduce_partial(branch, n * hidden);
   timer_.mark("norms + residual", stream_);
   if (next_norm != nullptr) {
     // The next layer's input norm, read by its attention.

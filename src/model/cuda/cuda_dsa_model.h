@@ -314,8 +314,11 @@ class CudaDsaModel final : public LanguageModel {
                       bool with_shared = true);
   // Data-parallel attention's MoE layer for this rank's replica's `rows`
   // rows: moe_all_to_all, or with replicas of tensor-parallel ranks
-  // (ModelPlan::data_parallel_size > 1) moe_over_tensor_slices. rows may be 0.
+  // (moe_over_slices) moe_over_tensor_slices. rows may be 0.
   void data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // Whether a MoE layer runs moe_over_tensor_slices, whose output is whole
+  // on every rank of the replica (no tensor-parallel sum after it).
+  bool moe_over_slices() const { return plan_.expert_all_to_all && plan_.tensor_parallel_size > 1; }
   // A replica of tensor ranks (as DsaModel::moe_over_tensor_slices): each
   // tensor rank sends a contiguous slice of the replica's rows through the
   // all-to-all, the slices are gathered back over the replica (its routing

@@ -155,7 +155,7 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
 
 void CudaDsaModel::data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows,
                                      float* out) {
-  if (plan_.tensor_parallel_size > 1)
+  if (moe_over_slices())
     moe_over_tensor_slices(w, h, rows, out);
   else
     moe_all_to_all(w, h, rows, out);
