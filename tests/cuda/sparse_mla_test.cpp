@@ -31,6 +31,7 @@ struct MlaCase {
   // The pool's second half addressed as a host tier's offload pool (slots past
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
+  bool pingpong = false;  // the ping-pong layout of the wgmma prefill kernel (one split)
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -59,7 +60,7 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.split_pool ? " (offload pool)" : ""));
+               (c.pingpong ? " (ping-pong)" : "") + (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -108,7 +109,9 @@ void run_case(const MlaCase& c) {
     params.offload_pool =
         device_pool.get() + static_cast<size_t>(params.pool_slots) * reference::kLatentEntryBytes;
   }
-  if (c.wgmma)
+  if (c.pingpong)
+    cuda::detail::launch_sparse_mla_prefill_pingpong(params, nullptr);
+  else if (c.wgmma)
     cuda::detail::launch_sparse_mla_prefill(params, nullptr);
   else
     cuda::sparse_mla_attention(params, nullptr);
@@ -212,6 +215,31 @@ TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
   MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 24};
   c.sparse_pool = true;
   run_wgmma_case(c);
+}
+// The ping-pong layout (bunches of two 64-key blocks): the same cases.
+void run_pingpong_case(MlaCase c) {
+  c.pingpong = true;
+  run_case(c);
+}
+TEST(SparseMla, PingPongPrefillMatchesTheReference) {
+  run_pingpong_case({12, 64, 2048, 1, 20000, 41});
+}
+TEST(SparseMla, PingPongPrefillOddTopK) {
+  for (const int top_k : {1000, 200, 97, 64, 40, 7})
+    run_pingpong_case({7, 64, top_k, 1, 3000, static_cast<uint32_t>(42 + top_k)});
+}
+TEST(SparseMla, PingPongPrefillOneHundredTwentyEightHeads) {
+  run_pingpong_case({5, 128, 1024, 1, 9000, 43});
+}
+TEST(SparseMla, PingPongPrefillWithAnOffloadPool) {
+  MlaCase c{7, 64, 2048, 1, 20000, 45};
+  c.split_pool = true;
+  run_pingpong_case(c);
+}
+TEST(SparseMla, PingPongPrefillOverAMillionTokenPool) {
+  MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 44};
+  c.sparse_pool = true;
+  run_pingpong_case(c);
 }
 // Decode and MTP batches on the wgmma kernel: the slots split in whole 64-key
 // stages and merged. Even and uneven splits (7 asked over 32 stages runs 7 of

@@ -127,6 +127,11 @@ void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t strea
 // takes whole 64-key stages, and num_splits must leave none without a slot
 // (sparse_mla_prefill_splits).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
+// The ping-pong layout of the wgmma prefill kernel (sparse_mla_prefill_pingpong.cu),
+// one split only; launch_sparse_mla_prefill takes it for one-split launches
+// when the environment sets MEGACTX_SPARSE_MLA_PINGPONG=1 (an experiment).
+void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStream_t stream);
+bool sparse_mla_pingpong_enabled();
 // The split merge of partial_out / partial_lse into out / lse.
 void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
 void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,

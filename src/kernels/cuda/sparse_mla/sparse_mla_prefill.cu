@@ -437,6 +437,10 @@ namespace detail {
 
 void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t stream) {
   if (requested.rows == 0) return;
+  if (requested.num_splits == 1 && sparse_mla_pingpong_enabled()) {
+    launch_sparse_mla_prefill_pingpong(requested, stream);
+    return;
+  }
   // Whole 64-key stages per split, none empty (fewer splits than asked for
   // when they do not divide; the partial buffers hold num_splits).
   SparseMlaParams params = requested;
