@@ -53,17 +53,6 @@
 namespace megactx::cuda {
 namespace {
 
-// Spins on an mbarrier phase. Not mbarrier_wait: its spin counter and trap
-// cost the consumers a stack frame (ptxas spilled 2.7 KB of O around it).
-__device__ __forceinline__ void wait_phase(uint64_t* barrier, unsigned phase) {
-  asm volatile(
-      "{\n .reg .pred ready;\n wait_phase_loop:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
-      " @!ready bra wait_phase_loop;\n}\n" ::"r"(shared_address(barrier)),
-      "r"(phase)
-      : "memory");
-}
-
 using sparse_mla_prefill::kChunks;
 using sparse_mla_prefill::kDim;
 using sparse_mla_prefill::kHeads;
@@ -304,7 +293,7 @@ __device__ __forceinline__ void pingpong_producer(const SparseMlaParams& p, uint
         if (lane < 16 && next_slots[b] >= 0) prefetch_l2_bulk(entry(next_slots[b]), kLatentBytes);
     }
     load_pass<Addressing>(entries[1], p, slots[buffer], half, 1, lane);
-    if (bunch > 0) wait_phase(&misc.free[buffer][half], (bunch - 1) & 1);
+    if (bunch > 0) mbarrier_wait(&misc.free[buffer][half], (bunch - 1) & 1);
     // The buffer's valid bits go with the half filled first (0: left, 1: right).
     if ((buffer == 0) == (half == kLeft)) {
       const unsigned valid = __ballot_sync(kAll, slots[buffer] >= 0) & 0xffffu;
@@ -416,7 +405,7 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
 #pragma unroll
     for (int i = 0; i < 32; ++i) fence_operand(s[i]);
     wgmma_fence();
-    wait_phase(&misc.ready[C][C == 0 ? kLeft : kRight], phase);
+    mbarrier_wait(&misc.ready[C][C == 0 ? kLeft : kRight], phase);
     if (C == 0)
       issue_chunks(0, 4, true);
     else
@@ -426,7 +415,7 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
       wgmma_wait<1>();
       mbarrier_arrive(C == 0 ? &misc.free[1][kLeft] : &misc.free[0][kRight]);
     }
-    wait_phase(&misc.ready[C][C == 0 ? kRight : kLeft], phase);
+    mbarrier_wait(&misc.ready[C][C == 0 ? kRight : kLeft], phase);
     if (C == 0)
       issue_chunks(4, 5, false);
     else
