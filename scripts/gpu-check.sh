@@ -98,7 +98,7 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   done
   sanitize racecheck "$pack/bin/sparse_mla_test" '*ManySplitsSingleRow*' >"$out/racecheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
-  sanitize racecheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*WgmmaPrefillOneHundred*' \
+  sanitize racecheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*WgmmaPrefillOneHundred*:*PingPongPrefillOddTopK*' \
     >"$out/racecheck_mla_wgmma.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/indexer_topk_test" '*MtpVerification*:*Ties*' >"$out/racecheck_indexer.sanitizer" 2>&1 &
@@ -114,7 +114,7 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
     sanitize synccheck "$pack/bin/fused_indexer_topk_test" '*FewCtas*:*SixtyFourHeads*' \
       >"$out/synccheck_fused_indexer.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
-  sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
+  sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*PingPongPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
     >"$out/racecheck_position_topk.sanitizer" 2>&1 &

@@ -188,58 +188,66 @@ TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
 }
 
-// The wgmma prefill kernel (two K blocks of 32 per stage): full, partial,
-// holed and empty rows; top_k not a multiple of the 64-key stage (the last
-// stage's second block partly or wholly past top_k), a single block, 128
-// heads (two head blocks), an offload pool and a million-token pool.
-void run_wgmma_case(MlaCase c) {
-  c.wgmma = true;
+// The wgmma prefill kernel in both layouts (the default: two K blocks of 32
+// per stage; the ping-pong layout: bunches of two 64-key blocks): full,
+// partial, holed and empty rows; top_k not a multiple of a stage or bunch
+// (the last one partly or wholly past top_k), a single block, 128 heads (two
+// head blocks), an offload pool and a million-token pool.
+enum class Prefill { kDefault, kPingPong };
+void run_prefill_case(MlaCase c, Prefill layout) {
+  c.wgmma = layout == Prefill::kDefault;
+  c.pingpong = layout == Prefill::kPingPong;
   run_case(c);
 }
-TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
-  run_wgmma_case({12, 64, 2048, 1, 20000, 21});
+void prefill_matches_the_reference(Prefill layout) {
+  run_prefill_case({12, 64, 2048, 1, 20000, 21}, layout);
 }
-TEST(SparseMla, WgmmaPrefillOddTopK) {
-  for (const int top_k : {1000, 97, 40, 33, 7})
-    run_wgmma_case({7, 64, top_k, 1, 3000, static_cast<uint32_t>(22 + top_k)});
+void prefill_odd_top_k(Prefill layout) {
+  for (const int top_k : {1000, 200, 97, 64, 40, 33, 7})
+    run_prefill_case({7, 64, top_k, 1, 3000, static_cast<uint32_t>(22 + top_k)}, layout);
 }
-TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
-  run_wgmma_case({5, 128, 1024, 1, 9000, 23});
+void prefill_one_hundred_twenty_eight_heads(Prefill layout) {
+  run_prefill_case({5, 128, 1024, 1, 9000, 23}, layout);
 }
-TEST(SparseMla, WgmmaPrefillWithAnOffloadPool) {
+void prefill_with_an_offload_pool(Prefill layout) {
   MlaCase c{7, 64, 2048, 1, 20000, 25};
   c.split_pool = true;
-  run_wgmma_case(c);
+  run_prefill_case(c, layout);
 }
-TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
+void prefill_over_a_million_token_pool(Prefill layout) {
   MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 24};
   c.sparse_pool = true;
-  run_wgmma_case(c);
+  run_prefill_case(c, layout);
 }
-// The ping-pong layout (bunches of two 64-key blocks): the same cases.
-void run_pingpong_case(MlaCase c) {
-  c.pingpong = true;
-  run_case(c);
+TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
+  prefill_matches_the_reference(Prefill::kDefault);
+}
+TEST(SparseMla, WgmmaPrefillOddTopK) {
+  prefill_odd_top_k(Prefill::kDefault);
+}
+TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
+  prefill_one_hundred_twenty_eight_heads(Prefill::kDefault);
+}
+TEST(SparseMla, WgmmaPrefillWithAnOffloadPool) {
+  prefill_with_an_offload_pool(Prefill::kDefault);
+}
+TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
+  prefill_over_a_million_token_pool(Prefill::kDefault);
 }
 TEST(SparseMla, PingPongPrefillMatchesTheReference) {
-  run_pingpong_case({12, 64, 2048, 1, 20000, 41});
+  prefill_matches_the_reference(Prefill::kPingPong);
 }
 TEST(SparseMla, PingPongPrefillOddTopK) {
-  for (const int top_k : {1000, 200, 97, 64, 40, 7})
-    run_pingpong_case({7, 64, top_k, 1, 3000, static_cast<uint32_t>(42 + top_k)});
+  prefill_odd_top_k(Prefill::kPingPong);
 }
 TEST(SparseMla, PingPongPrefillOneHundredTwentyEightHeads) {
-  run_pingpong_case({5, 128, 1024, 1, 9000, 43});
+  prefill_one_hundred_twenty_eight_heads(Prefill::kPingPong);
 }
 TEST(SparseMla, PingPongPrefillWithAnOffloadPool) {
-  MlaCase c{7, 64, 2048, 1, 20000, 45};
-  c.split_pool = true;
-  run_pingpong_case(c);
+  prefill_with_an_offload_pool(Prefill::kPingPong);
 }
 TEST(SparseMla, PingPongPrefillOverAMillionTokenPool) {
-  MlaCase c{6, 64, 2048, 1, int64_t{1} << 20, 44};
-  c.sparse_pool = true;
-  run_pingpong_case(c);
+  prefill_over_a_million_token_pool(Prefill::kPingPong);
 }
 // Decode and MTP batches on the wgmma kernel: the slots split in whole 64-key
 // stages and merged. Even and uneven splits (7 asked over 32 stages runs 7 of
@@ -247,24 +255,24 @@ TEST(SparseMla, PingPongPrefillOverAMillionTokenPool) {
 // with holes, fewer slots than the split's range or none, 128 heads, an
 // offload pool and a million-token pool.
 TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
-  run_wgmma_case({16, 64, 2048, 8, 20000, 31});
-  run_wgmma_case({3, 64, 2048, 7, 5000, 32});
-  run_wgmma_case({5, 64, 97, 5, 3000, 33});
-  run_wgmma_case({4, 64, 1000, 3, 3000, 34});
-  run_wgmma_case({4, 128, 2048, 16, 9000, 35});
+  run_prefill_case({16, 64, 2048, 8, 20000, 31}, Prefill::kDefault);
+  run_prefill_case({3, 64, 2048, 7, 5000, 32}, Prefill::kDefault);
+  run_prefill_case({5, 64, 97, 5, 3000, 33}, Prefill::kDefault);
+  run_prefill_case({4, 64, 1000, 3, 3000, 34}, Prefill::kDefault);
+  run_prefill_case({4, 128, 2048, 16, 9000, 35}, Prefill::kDefault);
   MlaCase pool{6, 64, 2048, 4, 20000, 36};
   pool.split_pool = true;
-  run_wgmma_case(pool);
+  run_prefill_case(pool, Prefill::kDefault);
   MlaCase million{3, 64, 2048, 8, int64_t{1} << 20, 37};
   million.sparse_pool = true;
-  run_wgmma_case(million);
+  run_prefill_case(million, Prefill::kDefault);
   // glm_1b's 16 heads of a 64-head layout: the merge combines those only.
   MlaCase few_heads{16, 64, 2048, 8, 20000, 38};
   few_heads.active_heads = 16;
-  run_wgmma_case(few_heads);
+  run_prefill_case(few_heads, Prefill::kDefault);
   few_heads.active_heads = 48;
   few_heads.seed = 39;
-  run_wgmma_case(few_heads);
+  run_prefill_case(few_heads, Prefill::kDefault);
 }
 TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each

@@ -192,30 +192,7 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   const int stages = split_range(p).stages;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
-  // Q [64 heads][576] bf16 -> f16 x 2^-6, swizzled chunks: 4608 16-byte units, 18 per thread.
-  {
-    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    constexpr int kUnitsPerHead = kDim / 8;                                // 72
-    constexpr int kPerThread = kHeads * kUnitsPerHead / kConsumerThreads;  // 18
-#pragma unroll
-    for (int batch = 0; batch < 2; ++batch) {
-      uint4 raw[kPerThread / 2];
-#pragma unroll
-      for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
-        raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / kUnitsPerHead) * kDim +
-                                                 (i % kUnitsPerHead) * 8);
-      }
-#pragma unroll
-      for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
-        const int head = i / kUnitsPerHead, unit = i % kUnitsPerHead;
-        store_bf16x8_as_half(raw[r], kQueryPrescale,
-                             reinterpret_cast<__half*>(q_tile + (unit / 8) * kQChunkBytes +
-                                                       swizzled(head, unit % 8)));
-      }
-    }
-  }
+  store_query_tile<kConsumerThreads>(p, row, head0, q_tile, tid);
   fence_proxy_async_shared();  // st.shared -> the wgmma operand reads (async proxy)
   named_barrier(kQueryBarrier, kConsumerThreads);
 

@@ -60,6 +60,7 @@ using sparse_mla_prefill::kLn2;
 using sparse_mla_prefill::kLog2e;
 using sparse_mla_prefill::kQChunkBytes;
 using sparse_mla_prefill::kQueryPrescale;
+using sparse_mla_prefill::store_query_tile;
 using sparse_mla_prefill::swizzled;
 using sparse_mla_prefill::wgmma_m64n256k16_f16_ss_tb;
 
@@ -331,30 +332,7 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
   const int bunches = bunch_count(p);
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
-  // Q [64 heads][576] bf16 -> f16 x 2^-6 in 9 swizzled chunks (both consumers: 18 units each).
-  {
-    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    constexpr int kUnitsPerHead = kDim / 8;
-    constexpr int kPerThread = kHeads * kUnitsPerHead / kConsumerThreads;
-#pragma unroll
-    for (int batch = 0; batch < 2; ++batch) {
-      uint4 raw[kPerThread / 2];
-#pragma unroll
-      for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
-        raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / kUnitsPerHead) * kDim +
-                                                 (i % kUnitsPerHead) * 8);
-      }
-#pragma unroll
-      for (int r = 0; r < kPerThread / 2; ++r) {
-        const int i = tid + (batch * kPerThread / 2 + r) * kConsumerThreads;
-        const int head = i / kUnitsPerHead, unit = i % kUnitsPerHead;
-        store_bf16x8_as_half(raw[r], kQueryPrescale,
-                             reinterpret_cast<__half*>(q_tile + (unit / 8) * kQChunkBytes +
-                                                       swizzled(head, unit % 8)));
-      }
-    }
-  }
+  store_query_tile<kConsumerThreads>(p, row, head0, q_tile, tid);
   fence_proxy_async_shared();
   named_barrier(kQueryBarrier, kConsumerThreads);
 

@@ -125,6 +125,37 @@ __device__ __forceinline__ int swizzled(int row, int unit) {
   return row * 128 + ((unit ^ (row & 7)) << 4);
 }
 
+// Q [64 heads][576] of (row, head0) as f16 times kQueryPrescale into the 9
+// swizzled chunks of `q_tile` ([9][64 heads][128 B]), by threads 0 .. kThreads
+// - 1 (tid): 4608 16-byte units, loaded in two batches so that half of each
+// thread's loads are in flight at once.
+template <int kThreads>
+__device__ __forceinline__ void store_query_tile(const SparseMlaParams& p, int64_t row, int head0,
+                                                 uint8_t* q_tile, int tid) {
+  const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+  constexpr int kUnitsPerHead = kDim / 8;                        // 72
+  constexpr int kPerThread = kHeads * kUnitsPerHead / kThreads;  // 18 at 256 threads
+  static_assert(kPerThread % 2 == 0 && kPerThread * kThreads == kHeads * kUnitsPerHead);
+#pragma unroll
+  for (int batch = 0; batch < 2; ++batch) {
+    uint4 raw[kPerThread / 2];
+#pragma unroll
+    for (int r = 0; r < kPerThread / 2; ++r) {
+      const int i = tid + (batch * kPerThread / 2 + r) * kThreads;
+      raw[r] = *reinterpret_cast<const uint4*>(q_source + (i / kUnitsPerHead) * kDim +
+                                               (i % kUnitsPerHead) * 8);
+    }
+#pragma unroll
+    for (int r = 0; r < kPerThread / 2; ++r) {
+      const int i = tid + (batch * kPerThread / 2 + r) * kThreads;
+      const int head = i / kUnitsPerHead, unit = i % kUnitsPerHead;
+      store_bf16x8_as_half(
+          raw[r], kQueryPrescale,
+          reinterpret_cast<__half*>(q_tile + (unit / 8) * kQChunkBytes + swizzled(head, unit % 8)));
+    }
+  }
+}
+
 // A warp's share of a K block in registers: a group of 4 keys of the block.
 // Each load instruction reads one key's consecutive bytes with the 32 lanes
 // (whole 128-byte lines: ~4 L1 wavefronts per instruction; one key per lane
