@@ -254,25 +254,33 @@ TEST(SparseMla, PingPongPrefillOverAMillionTokenPool) {
 // 5 stages, the last 2; 5 over 2 stages runs 2), top_k off the stage, rows
 // with holes, fewer slots than the split's range or none, 128 heads, an
 // offload pool and a million-token pool.
-TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
-  run_prefill_case({16, 64, 2048, 8, 20000, 31}, Prefill::kDefault);
-  run_prefill_case({3, 64, 2048, 7, 5000, 32}, Prefill::kDefault);
-  run_prefill_case({5, 64, 97, 5, 3000, 33}, Prefill::kDefault);
-  run_prefill_case({4, 64, 1000, 3, 3000, 34}, Prefill::kDefault);
-  run_prefill_case({4, 128, 2048, 16, 9000, 35}, Prefill::kDefault);
+void decode_splits_match_the_reference(Prefill layout) {
+  run_prefill_case({16, 64, 2048, 8, 20000, 31}, layout);
+  run_prefill_case({3, 64, 2048, 7, 5000, 32}, layout);
+  run_prefill_case({5, 64, 97, 5, 3000, 33}, layout);
+  run_prefill_case({4, 64, 1000, 3, 3000, 34}, layout);
+  run_prefill_case({4, 128, 2048, 16, 9000, 35}, layout);
   MlaCase pool{6, 64, 2048, 4, 20000, 36};
   pool.split_pool = true;
-  run_prefill_case(pool, Prefill::kDefault);
+  run_prefill_case(pool, layout);
   MlaCase million{3, 64, 2048, 8, int64_t{1} << 20, 37};
   million.sparse_pool = true;
-  run_prefill_case(million, Prefill::kDefault);
+  run_prefill_case(million, layout);
   // glm_1b's 16 heads of a 64-head layout: the merge combines those only.
   MlaCase few_heads{16, 64, 2048, 8, 20000, 38};
   few_heads.active_heads = 16;
-  run_prefill_case(few_heads, Prefill::kDefault);
+  run_prefill_case(few_heads, layout);
   few_heads.active_heads = 48;
   few_heads.seed = 39;
-  run_prefill_case(few_heads, Prefill::kDefault);
+  run_prefill_case(few_heads, layout);
+}
+TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
+  decode_splits_match_the_reference(Prefill::kDefault);
+}
+// The ping-pong layout splits in 128-key bunches: 8 asked over 16 bunches
+// runs 8, 7 runs 6 of 3 (the last 1), 5 over one bunch (top_k 97) runs 1.
+TEST(SparseMla, PingPongDecodeSplitsMatchTheReference) {
+  decode_splits_match_the_reference(Prefill::kPingPong);
 }
 TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each
@@ -280,6 +288,13 @@ TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(12, 2048), 11);  // 3 each: 11 splits
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(5, 97), 2);      // 2 stages
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(1, 7), 1);
+  // The ping-pong layout's 128-key bunches.
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(8, 2048), 8);   // 16 bunches, 2 each
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(7, 2048), 6);   // 3 each, the last 1
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(12, 2048), 8);  // 2 each
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(20, 2048), 16);
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(5, 97), 1);
+  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(1, 7), 1);
 }
 
 // The policy sends many one-split rows to the wgmma kernel, and the few rows

@@ -128,10 +128,15 @@ void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t strea
 // (sparse_mla_prefill_splits).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
 // The ping-pong layout of the wgmma prefill kernel (sparse_mla_prefill_pingpong.cu),
-// one split only; launch_sparse_mla_prefill takes it for one-split launches
-// when the environment sets MEGACTX_SPARSE_MLA_PINGPONG=1 (an experiment).
+// and the merge after it when num_splits > 1 (each split whole 128-key
+// bunches, as many as sparse_mla_pingpong_splits allows);
+// launch_sparse_mla_prefill takes it instead of the default layout when the
+// environment sets MEGACTX_SPARSE_MLA_PINGPONG=1 (an experiment).
 void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStream_t stream);
 bool sparse_mla_pingpong_enabled();
+// The split count the ping-pong layout uses for `num_splits` requested over
+// top_k: at most num_splits, each split at least one 128-key bunch, none empty.
+int sparse_mla_pingpong_splits(int num_splits, int top_k);
 // The split merge of partial_out / partial_lse into out / lse.
 void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
 void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,

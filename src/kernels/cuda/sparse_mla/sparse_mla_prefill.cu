@@ -414,7 +414,7 @@ namespace detail {
 
 void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t stream) {
   if (requested.rows == 0) return;
-  if (requested.num_splits == 1 && sparse_mla_pingpong_enabled()) {
+  if (sparse_mla_pingpong_enabled()) {
     launch_sparse_mla_prefill_pingpong(requested, stream);
     return;
   }

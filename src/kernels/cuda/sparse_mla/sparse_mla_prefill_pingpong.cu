@@ -1,9 +1,10 @@
 // Sparse MLA prefill, the ping-pong layout (wgmma, sm_90a): one CTA = one
-// query row x 64 heads (one split: prefill rows fill the GPU), three
-// warpgroups (384 threads). An experiment beside sparse_mla_prefill.cu (the
-// default), chosen with MEGACTX_SPARSE_MLA_PINGPONG=1 (written without a GPU:
-// sparse_mla_test's PingPong cases and dsa_attention_bench's ping-pong column
-// are its first checks); what it changes, and why:
+// query row x 64 heads x one split of its slots in whole bunches of 128 keys
+// (prefill rows fill the GPU with one split; decode and MTP batches split and
+// the general kernel's merge combines the splits), three warpgroups (384 threads). An experiment
+// beside sparse_mla_prefill.cu (the default), chosen with MEGACTX_SPARSE_MLA_PINGPONG=1 (written
+// without a GPU: sparse_mla_test's PingPong cases and dsa_attention_bench's ping-pong column are
+// its first checks); what it changes, and why:
 //
 // The default kernel's consumers score 32 keys each per stage (m64n32: both
 // read all of Q from shared memory per 32 keys) and softmax in lockstep, so
@@ -43,6 +44,7 @@
 // Q is f16 times 2^-6 as in the default kernel; the online softmax runs in
 // the log2 domain with an exact running max. Results: the general kernel's up
 // to summation order.
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 
@@ -161,8 +163,17 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16_rs_tb(float (&d)[128], cons
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-__device__ __forceinline__ int bunch_count(const SparseMlaParams& p) {
-  return (p.top_k + kBunchKeys - 1) / kBunchKeys;
+// This CTA's split (blockIdx.z of num_splits): bunches [first, first + count)
+// of the row's slots, ceil(bunches / num_splits) each (the host launches no
+// split without a bunch: sparse_mla_pingpong_splits).
+struct BunchRange {
+  int first, count;
+};
+__device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p) {
+  const int all = (p.top_k + kBunchKeys - 1) / kBunchKeys;
+  const int per_split = (all + p.num_splits - 1) / p.num_splits;
+  const int first = static_cast<int>(blockIdx.z) * per_split;
+  return {first, min(per_split, all - first)};
 }
 
 // ---- The producer -----------------------------------------------------------
@@ -261,12 +272,14 @@ __device__ __forceinline__ void pingpong_producer(const SparseMlaParams& p, uint
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
   const int warp = producer_thread / 32, lane = producer_thread % 32;
   const int64_t row = blockIdx.x;
-  const int32_t* row_slots = p.slots + row * p.top_k;
-  const int bunches = bunch_count(p);
+  const BunchRange range = bunch_range(p);
+  const int32_t* row_slots = p.slots + row * p.top_k + range.first * kBunchKeys;
+  const int bunches = range.count;
+  const int top_k = p.top_k - range.first * kBunchKeys;  // the split's slots from its first
   // Lane l: the slot of key 16 warp + l % 16 of buffer `buffer` in bunch `bunch`.
   auto key_slot = [&](int bunch, int buffer) -> int32_t {
     const int index = bunch * kBunchKeys + buffer * kBlockKeys + 16 * warp + lane % 16;
-    return bunch < bunches && index < p.top_k ? row_slots[index] : -1;
+    return bunch < bunches && index < top_k ? row_slots[index] : -1;
   };
   int32_t slots[2] = {key_slot(0, 0), key_slot(0, 1)};
   int32_t next_slots[2] = {key_slot(1, 0), key_slot(1, 1)};
@@ -329,7 +342,7 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
   const int head_low = 16 * warp + g;  // rows head_low and head_low + 8
   const int64_t row = blockIdx.x;
   const int head0 = static_cast<int>(blockIdx.y) * kHeads;
-  const int bunches = bunch_count(p);
+  const int bunches = bunch_range(p).count;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
   store_query_tile<kConsumerThreads>(p, row, head0, q_tile, tid);
@@ -445,8 +458,11 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
       const bool empty = new_max[r] == -INFINITY;  // nothing valid yet: avoid inf - inf
       const float factor = empty ? 1.f : exp2f(running_max[r] - new_max[r]);
       running_sum[r] *= factor;
+      // Past the first bunches a row's max seldom moves: most rows skip the 64 multiplies.
+      if (factor != 1.f) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) o[4 * j + 2 * r] *= factor, o[4 * j + 2 * r + 1] *= factor;
+        for (int j = 0; j < 32; ++j) o[4 * j + 2 * r] *= factor, o[4 * j + 2 * r + 1] *= factor;
+      }
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -520,12 +536,14 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
       store_p(own_p, __float2half2_rn(factor[0]), __float2half2_rn(factor[1]));
       fence_proxy_async_shared();
       named_barrier_arrive(kP0Barrier, kConsumerThreads);
+      if (factor[0] != 1.f || factor[1] != 1.f) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= factor[0];
-        o[4 * j + 1] *= factor[0];
-        o[4 * j + 2] *= factor[1];
-        o[4 * j + 3] *= factor[1];
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= factor[0];
+          o[4 * j + 1] *= factor[0];
+          o[4 * j + 2] *= factor[1];
+          o[4 * j + 3] *= factor[1];
+        }
       }
       named_barrier(kP1Barrier, kConsumerThreads);
     } else {
@@ -566,18 +584,35 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
     const int head = head_low + 8 * r;
     const float total = misc.row_sum[0][head] + misc.row_sum[1][head];
     inverse[r] = total > 0.f ? 1.f / total : 0.f;
-    if (C == 0 && t == 0)
-      p.lse[row * p.heads + head0 + head] =
-          total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
+    const float lse = total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
+    if (C == 0 && t == 0) {
+      if (p.num_splits == 1)
+        p.lse[row * p.heads + head0 + head] = lse;
+      else
+        p.partial_lse[(row * p.num_splits + blockIdx.z) * p.heads + head0 + head] = lse;
+    }
   }
   // Rows head_low and head_low + 8: columns 256 C + 8 j + 2 t, + 1.
-  uint16_t* out = p.out + (row * p.heads + head0 + head_low) * kLatentRank + 256 * C + 2 * t;
+  if (p.num_splits == 1) {
+    uint16_t* out = p.out + (row * p.heads + head0 + head_low) * kLatentRank + 256 * C + 2 * t;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    *reinterpret_cast<uint32_t*>(out + 8 * j) =
-        pack_bf16x2(o[4 * j] * inverse[0], o[4 * j + 1] * inverse[0]);
-    *reinterpret_cast<uint32_t*>(out + 8 * kLatentRank + 8 * j) =
-        pack_bf16x2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<uint32_t*>(out + 8 * j) =
+          pack_bf16x2(o[4 * j] * inverse[0], o[4 * j + 1] * inverse[0]);
+      *reinterpret_cast<uint32_t*>(out + 8 * kLatentRank + 8 * j) =
+          pack_bf16x2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
+    }
+  } else {
+    // The split's normalised state for the merge (sparse_mla_attention.cu's layout).
+    const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head_low;
+    float* out = p.partial_out + state * kLatentRank + 256 * C + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(out + 8 * j) =
+          make_float2(o[4 * j] * inverse[0], o[4 * j + 1] * inverse[0]);
+      *reinterpret_cast<float2*>(out + 8 * kLatentRank + 8 * j) =
+          make_float2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
+    }
   }
 }
 
@@ -618,8 +653,18 @@ bool sparse_mla_pingpong_enabled() {
   return enabled;
 }
 
-void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStream_t stream) {
-  if (params.rows == 0) return;
+int sparse_mla_pingpong_splits(int num_splits, int top_k) {
+  const int bunches = std::max(1, (top_k + kBunchKeys - 1) / kBunchKeys);
+  const int per_split = (bunches + std::max(1, num_splits) - 1) / std::max(1, num_splits);
+  return (bunches + per_split - 1) / per_split;
+}
+
+void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& requested, cudaStream_t stream) {
+  if (requested.rows == 0) return;
+  // Whole bunches per split, none empty (fewer splits than asked for when
+  // they do not divide; the partial buffers hold num_splits).
+  SparseMlaParams params = requested;
+  params.num_splits = sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
   static const bool configured = [] {
     for (auto kernel : {sparse_mla_pingpong_kernel<false>, sparse_mla_pingpong_kernel<true>})
       MEGACTX_CUDA_CHECK(
@@ -628,11 +673,12 @@ void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStrea
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
-                  1);
+                  static_cast<unsigned>(params.num_splits));
   const bool tiered = params.pool_slots != INT64_MAX;
   launch_kernel(tiered ? sparse_mla_pingpong_kernel<true> : sparse_mla_pingpong_kernel<false>, grid,
                 kThreads, kSharedBytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+  if (params.num_splits > 1) launch_sparse_mla_merge(params, stream);
 }
 
 }  // namespace detail
