@@ -62,6 +62,7 @@ using sparse_mla_prefill::kLn2;
 using sparse_mla_prefill::kLog2e;
 using sparse_mla_prefill::kQChunkBytes;
 using sparse_mla_prefill::kQueryPrescale;
+using sparse_mla_prefill::store_e4m3x16_swizzled;
 using sparse_mla_prefill::store_query_tile;
 using sparse_mla_prefill::swizzled;
 using sparse_mla_prefill::wgmma_m64n256k16_f16_ss_tb;
@@ -194,26 +195,13 @@ __device__ __forceinline__ void store_pass(const PassEntries& e, uint8_t* buffer
   const int s = lane % 16;
   const int chunk = 4 * half + s / 4;
   const bool odd = (chunk & 1) != 0;
-  const int first_unit = 2 * (s % 4) + (odd ? 1 : 0), second_unit = first_unit ^ 1;
+  const int first_unit = 2 * (s % 4) + (odd ? 1 : 0);
   uint8_t* chunk_base = buffer + chunk * kChunkBytes;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int key = key0 + 2 * i + lane / 16;
     const __half2 scale = __float2half2_rn(e.scale[i]);
-    const uint32_t first[2] = {odd ? e.latent[i].z : e.latent[i].x,
-                               odd ? e.latent[i].w : e.latent[i].y};
-    const uint32_t second[2] = {odd ? e.latent[i].x : e.latent[i].z,
-                                odd ? e.latent[i].y : e.latent[i].w};
-    uint32_t packed[8];
-#pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      e4m3x4_scaled_to_half2(first[w], scale, packed[2 * w], packed[2 * w + 1]);
-      e4m3x4_scaled_to_half2(second[w], scale, packed[4 + 2 * w], packed[4 + 2 * w + 1]);
-    }
-    *reinterpret_cast<uint4*>(chunk_base + swizzled(key, first_unit)) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    *reinterpret_cast<uint4*>(chunk_base + swizzled(key, second_unit)) =
-        make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    store_e4m3x16_swizzled(e.latent[i], scale, chunk_base, key, first_unit, odd);
   }
   if (half == kRight) {
     uint8_t* rope_chunk = buffer + 8 * kChunkBytes;

@@ -117,6 +117,28 @@ __device__ __forceinline__ void store_query_tile(const SparseMlaParams& p, int64
   }
 }
 
+// 16 e4m3 (latent dims 8 u .. 8 u + 16 of a chunk, u even) times `scale` as
+// f16 into units u and u + 1 of row `key` of a swizzled chunk. With `odd`
+// (lanes of odd chunks: first_unit = u + 1) the word's high half is stored
+// first, so that the 8 lanes of each store phase write 8 distinct 16-byte
+// columns of one row (no bank conflicts); otherwise first_unit = u.
+__device__ __forceinline__ void store_e4m3x16_swizzled(const uint4& bytes, __half2 scale,
+                                                       uint8_t* chunk, int key, int first_unit,
+                                                       bool odd) {
+  const uint32_t first[2] = {odd ? bytes.z : bytes.x, odd ? bytes.w : bytes.y};
+  const uint32_t second[2] = {odd ? bytes.x : bytes.z, odd ? bytes.y : bytes.w};
+  uint32_t packed[8];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    e4m3x4_scaled_to_half2(first[w], scale, packed[2 * w], packed[2 * w + 1]);
+    e4m3x4_scaled_to_half2(second[w], scale, packed[4 + 2 * w], packed[4 + 2 * w + 1]);
+  }
+  *reinterpret_cast<uint4*>(chunk + swizzled(key, first_unit)) =
+      make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  *reinterpret_cast<uint4*>(chunk + swizzled(key, first_unit ^ 1)) =
+      make_uint4(packed[4], packed[5], packed[6], packed[7]);
+}
+
 // A warp's share of a K block in registers: a group of 4 keys of the block.
 // Each load instruction reads one key's consecutive bytes with the 32 lanes
 // (whole 128-byte lines: ~4 L1 wavefronts per instruction; one key per lane
@@ -168,7 +190,7 @@ __device__ __forceinline__ void store_warp_entries(const WarpEntries& e, uint8_t
   constexpr unsigned kAll = 0xffffffffu;
   const int chunk = lane / 4;
   const bool odd = (chunk & 1) != 0;
-  const int first_unit = 2 * (lane % 4) + (odd ? 1 : 0), second_unit = first_unit ^ 1;
+  const int first_unit = 2 * (lane % 4) + (odd ? 1 : 0);
   uint8_t* latent_chunk = tile + chunk * kKChunkBytes;
   // The scales of the lane's group for the keys, shuffled before any use
   // (each conversion waiting on its own shuffle left the warp idle).
@@ -179,22 +201,7 @@ __device__ __forceinline__ void store_warp_entries(const WarpEntries& e, uint8_t
   for (int j = 0; j < kGroupKeys; ++j) {
     const int key = key0 + j;
     const __half2 scale = __float2half2_rn(key_scale[j]);
-    // The 8 dims of the first store: the low half of the word (even chunks)
-    // or the high half (odd chunks).
-    const uint32_t first[2] = {odd ? e.latent[j].z : e.latent[j].x,
-                               odd ? e.latent[j].w : e.latent[j].y};
-    const uint32_t second[2] = {odd ? e.latent[j].x : e.latent[j].z,
-                                odd ? e.latent[j].y : e.latent[j].w};
-    uint32_t packed[8];
-#pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      e4m3x4_scaled_to_half2(first[w], scale, packed[2 * w], packed[2 * w + 1]);
-      e4m3x4_scaled_to_half2(second[w], scale, packed[4 + 2 * w], packed[4 + 2 * w + 1]);
-    }
-    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, first_unit)) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    *reinterpret_cast<uint4*>(latent_chunk + swizzled(key, second_unit)) =
-        make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    store_e4m3x16_swizzled(e.latent[j], scale, latent_chunk, key, first_unit, odd);
   }
   // Rope dims 512 + 8u .. + 8 (u = lane % 8): chunk 8, unit u of the key's row.
   uint8_t* rope_chunk = tile + 8 * kKChunkBytes;
