@@ -58,41 +58,62 @@ VerifyResult verify_greedy_argmax(std::span<const int32_t> target_argmax,
   return result;
 }
 
+int64_t rejection_accepted(std::span<const float> p_at_draft, std::span<const float> q_at_draft,
+                           const std::function<double()>& uniform) {
+  MEGACTX_CHECK(p_at_draft.size() == q_at_draft.size(),
+                "verify: {} target probabilities for {} drafts", p_at_draft.size(),
+                q_at_draft.size());
+  for (size_t i = 0; i < p_at_draft.size(); ++i) {
+    const double qd = q_at_draft[i];
+    MEGACTX_CHECK(qd > 0.0, "verify: draft {} has q = 0 (not drawn from q)", i);
+    // Accept with probability min(1, p/q): u * q < p.
+    if (!(uniform() * qd < p_at_draft[i])) return static_cast<int64_t>(i);
+  }
+  return static_cast<int64_t>(p_at_draft.size());
+}
+
+int32_t rejection_final_token(std::span<const float> p_row, std::span<const float> q_row,
+                              int32_t draft, bool rejected,
+                              const std::function<double()>& uniform) {
+  if (!rejected) return draw_from(p_row, uniform());  // the bonus token
+  const bool one_hot = q_row.empty();
+  MEGACTX_CHECK(one_hot || q_row.size() == p_row.size(), "verify: q has {} entries, p {}",
+                q_row.size(), p_row.size());
+  // Residual norm(max(0, p - q)); draw_from normalizes.
+  std::vector<float> residual(p_row.size());
+  for (size_t v = 0; v < p_row.size(); ++v) {
+    const float qv = one_hot ? (v == static_cast<size_t>(draft) ? 1.0f : 0.0f) : q_row[v];
+    residual[v] = std::max(p_row[v] - qv, 0.0f);
+  }
+  double mass = 0.0;
+  for (const float r : residual) mass += r;
+  // p == q up to rounding yet rejected (probability ~0): fall back to p.
+  return mass > 0.0 ? draw_from(residual, uniform()) : draw_from(p_row, uniform());
+}
+
 VerifyResult verify_rejection(std::span<const std::vector<float>> p,
                               std::span<const std::vector<float>> q,
                               std::span<const int32_t> drafts,
                               const std::function<double()>& uniform) {
   check_shapes(p.size(), q.size(), drafts.size());
-  VerifyResult result;
+  std::vector<float> p_at_draft, q_at_draft;
   for (size_t i = 0; i < drafts.size(); ++i) {
-    const std::vector<float>& pi = p[i];
     const int32_t d = drafts[i];
-    MEGACTX_CHECK(d >= 0 && static_cast<size_t>(d) < pi.size(), "verify: draft {} outside [0, {})",
-                  d, pi.size());
-    const bool one_hot = q[i].empty();
-    MEGACTX_CHECK(one_hot || q[i].size() == pi.size(), "verify: q has {} entries, p {}",
-                  q[i].size(), pi.size());
-    const double qd = one_hot ? 1.0 : q[i][static_cast<size_t>(d)];
-    MEGACTX_CHECK(qd > 0.0, "verify: draft {} has q = 0 (not drawn from q)", d);
-    // Accept with probability min(1, p/q): u * q < p.
-    if (uniform() * qd < pi[static_cast<size_t>(d)]) {
-      result.tokens.push_back(d);
-      ++result.accepted;
-      continue;
-    }
-    // Residual norm(max(0, p - q)); draw_from normalizes.
-    std::vector<float> residual(pi.size());
-    for (size_t v = 0; v < pi.size(); ++v) {
-      const float qv = one_hot ? (v == static_cast<size_t>(d) ? 1.0f : 0.0f) : q[i][v];
-      residual[v] = std::max(pi[v] - qv, 0.0f);
-    }
-    double mass = 0.0;
-    for (const float r : residual) mass += r;
-    // p == q up to rounding yet rejected (probability ~0): fall back to p.
-    result.tokens.push_back(mass > 0.0 ? draw_from(residual, uniform()) : draw_from(pi, uniform()));
-    return result;
+    MEGACTX_CHECK(d >= 0 && static_cast<size_t>(d) < p[i].size(),
+                  "verify: draft {} outside [0, {})", d, p[i].size());
+    MEGACTX_CHECK(q[i].empty() || q[i].size() == p[i].size(), "verify: q has {} entries, p {}",
+                  q[i].size(), p[i].size());
+    p_at_draft.push_back(p[i][static_cast<size_t>(d)]);
+    q_at_draft.push_back(q[i].empty() ? 1.0f : q[i][static_cast<size_t>(d)]);
   }
-  result.tokens.push_back(draw_from(p.back(), uniform()));  // bonus token
+  VerifyResult result;
+  result.accepted = rejection_accepted(p_at_draft, q_at_draft, uniform);
+  const auto at = static_cast<size_t>(result.accepted);
+  result.tokens.assign(drafts.begin(), drafts.begin() + result.accepted);
+  const bool rejected = at < drafts.size();
+  result.tokens.push_back(rejection_final_token(
+      p[at], rejected ? std::span<const float>(q[at]) : std::span<const float>(),
+      rejected ? drafts[at] : -1, rejected, uniform));
   return result;
 }
 

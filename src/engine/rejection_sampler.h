@@ -52,6 +52,23 @@ VerifyResult verify_rejection(std::span<const std::vector<float>> p,
                               std::span<const int32_t> drafts,
                               const std::function<double()>& uniform);
 
+// Rejection sampling in its two parts, for rows that are not all in one
+// place (data-parallel ranks hold their own rows): the accept tests read only
+// each draft's probabilities; the final draw reads one whole row.
+// verify_rejection is these two, with the same uniforms in the same order.
+//
+// The accept tests: p_at_draft[i] = p_i(d_i), q_at_draft[i] = q_i(d_i) (1 for
+// a greedy draft); one uniform per test. Returns how many drafts pass before
+// the first rejection (k: none rejected).
+int64_t rejection_accepted(std::span<const float> p_at_draft, std::span<const float> q_at_draft,
+                           const std::function<double()>& uniform);
+// The token after `accepted` drafts: with accepted < k, a draw from
+// norm(max(0, p - q)) of the rejecting position (`p_row` = p_accepted,
+// `q_row` its q, empty for a greedy draft of `draft`: one-hot); with all k
+// accepted, the bonus draw from `p_row` = p_k (q_row and draft unused).
+int32_t rejection_final_token(std::span<const float> p_row, std::span<const float> q_row,
+                              int32_t draft, bool rejected, const std::function<double()>& uniform);
+
 VerifyResult verify_target_only(std::span<const std::vector<float>> p,
                                 std::span<const int32_t> drafts,
                                 const std::function<double()>& uniform);

@@ -223,6 +223,33 @@ TEST(RejectionSampling, GreedyVerification) {
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{1}));
 }
 
+// The two parts a verification split over ranks would call: the accept
+// tests from each draft's probabilities alone (one uniform each), then one
+// row's draw. A draft with p >= q always passes, one with p = 0 never; the
+// residual of a greedy (one-hot) draft never gives the draft back; all
+// accepted draws the bonus from the row given.
+TEST(RejectionSampling, TheTwoPartsFromScalarsAndOneRow) {
+  int draws = 0;
+  auto u = [&draws] {
+    ++draws;
+    return 0.999;
+  };
+  const std::vector<float> p_at{0.5f, 0.2f, 0.0f}, q_at{0.5f, 0.1f, 0.3f};
+  EXPECT_EQ(rejection_accepted(p_at, q_at, u), 2);  // the third has p = 0
+  EXPECT_EQ(draws, 3);
+  const std::vector<float> all_pass{0.4f, 1.0f}, greedy{1.0f, 1.0f};
+  EXPECT_EQ(rejection_accepted(all_pass, all_pass, u), 2);
+  const std::vector<float> row{0.25f, 0.5f, 0.25f};
+  for (const double v : {0.0, 0.3, 0.6, 0.999}) {
+    auto fixed = [v] { return v; };
+    EXPECT_NE(rejection_final_token(row, {}, 1, true, fixed), 1) << v;  // one-hot q at 1
+  }
+  auto last = [] { return 0.999; };
+  EXPECT_EQ(rejection_final_token(row, {}, -1, false, last), 2);  // bonus: inverse CDF of p
+  const std::vector<float> zero_q{1.0f, 0.0f};
+  EXPECT_THROW(rejection_accepted(greedy, zero_q, u), Error);
+}
+
 TEST(RejectionSampling, BadInputIsAnError) {
   const std::vector<std::vector<float>> p{{0.5f, 0.5f}, {1.0f, 0.0f}};
   const std::vector<std::vector<float>> q{{1.0f, 0.0f}};
