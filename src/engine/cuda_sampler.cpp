@@ -3,6 +3,7 @@
 #include "engine/cuda_sampler.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -280,6 +281,31 @@ void CudaSampler::score(const Tensor& logits, std::span<const LogprobQuery> quer
   // The CpuSampler checks the token ids against the vocabulary.
   cpu_.score(host_logits_.slice_rows(0, static_cast<int64_t>(copied_rows_.size())), host_queries_,
              results);
+}
+
+Tensor CudaSampler::rows_on_host(const Tensor& logits, std::span<const int64_t> rows) {
+  if (logits.device() == Device::CPU) return Sampler::rows_on_host(logits, rows);
+  // enqueue_row_copies wants distinct rows in ascending order; the answer
+  // keeps the caller's order.
+  copied_rows_.assign(rows.begin(), rows.end());
+  for (const int64_t row : copied_rows_)
+    MEGACTX_CHECK(row >= 0 && row < logits.dim(0), "sampler: logits row {} of {}", row,
+                  logits.dim(0));
+  std::sort(copied_rows_.begin(), copied_rows_.end());
+  copied_rows_.erase(std::unique(copied_rows_.begin(), copied_rows_.end()), copied_rows_.end());
+  MEGACTX_CUDA_CHECK(cudaSetDevice(device_->device));
+  enqueue_row_copies(logits, copied_rows_);
+  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(device_->stream));
+  const int64_t vocab = logits.dim(1);
+  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), vocab});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto at =
+        std::lower_bound(copied_rows_.begin(), copied_rows_.end(), rows[i]) - copied_rows_.begin();
+    std::memcpy(out.data<float>() + static_cast<int64_t>(i) * vocab,
+                host_logits_.data<float>() + at * vocab,
+                static_cast<size_t>(vocab) * sizeof(float));
+  }
+  return out;
 }
 
 #endif  // MEGACTX_HAVE_CUDA

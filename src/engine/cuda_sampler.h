@@ -72,6 +72,8 @@ class CudaSampler final : public Sampler {
               std::span<SampleResult> results) override;
   void score(const Tensor& logits, std::span<const LogprobQuery> queries,
              std::span<TokenLogprob> results) override;
+  // Device rows copied to the host (the verification operations' rows).
+  Tensor rows_on_host(const Tensor& logits, std::span<const int64_t> rows) override;
 
   const CudaSamplerStats& last_stats() const { return stats_; }
   // Every row through the CpuSampler (make_sampler's host_logprobs).

@@ -524,18 +524,15 @@ ForwardOutput Engine::forward_plan() {
   // Every forward, not only those of requests that ask: a later request may
   // find these pages in the prefix cache.
   batch_.want_routed_experts = routed_ != nullptr;
-  // Data-parallel attention: the ranks sample (and score) their own rows,
-  // unless rank 0 reads logits itself: the rejection sampling of sampled
-  // drafts (greedy verification takes each row's argmax from its rank, and
-  // target-only verification each row's draw). The
-  // drafts of this step are made (run_plan), so `verifying` is known.
-  batch_.logits_at_ranks =
-      rank_sampler_ != nullptr &&
-      (config_.speculative_sampled_mode == VerifyMode::TargetOnly ||
-       std::none_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& chunk) {
-         return chunk.request->spec.verifying && !is_greedy(chunk.request->request.sampling);
-       }));
-  if (rank_sampler_ != nullptr && !batch_.logits_at_ranks) ++gathered_logit_steps_;
+  // Data-parallel attention: the ranks sample, score and verify their own
+  // rows (greedy verification takes each row's argmax from its rank,
+  // target-only verification each row's draw, rejection sampling each
+  // request's accept tests and one distribution row per rejected draft:
+  // Speculator::check_drafts_at_ranks); rank 0 never reads a row of another
+  // rank's logits.
+  batch_.logits_at_ranks = rank_sampler_ != nullptr;
+  // Only the A/B switch (MEGACTX_DP_GATHER_LOGITS=1) gathers them now.
+  if (rank_sampler_ == nullptr && model_->rank_rows() != nullptr) ++gathered_logit_steps_;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& chunk = chunks[i];
     const RequestState& request = *chunk.request;

@@ -242,6 +242,99 @@ void get_query(Reader& in, HeldQuery& held) {
   held.query.temperature = in.get<double>();
 }
 
+// A draft check (DraftCheck) and a distribution query (DistributionQuery),
+// `logits_row` their rank's row: the parameters sampling_distribution reads,
+// then their lists.
+void put_transform(Writer& out, const SamplingParams& p) {
+  out.put<double>(p.temperature);
+  out.put<double>(p.top_p);
+  out.put<int64_t>(p.top_k);
+  out.put<double>(p.min_p);
+}
+void get_transform(Reader& in, SamplingParams& p) {
+  p.temperature = in.get<double>();
+  p.top_p = in.get<double>();
+  p.top_k = in.get<int64_t>();
+  p.min_p = in.get<double>();
+}
+
+void put_check(Writer& out, const DraftCheck& check, int64_t logits_row) {
+  out.put<int64_t>(logits_row);
+  put_transform(out, *check.params);
+  out.list(check.drafts);
+  out.list(check.q_at_draft);
+  out.list(check.allowed);
+  out.put<uint64_t>(check.seed);
+  out.put<uint64_t>(check.first_draw);
+}
+
+struct HeldCheck {
+  SamplingParams params;
+  std::vector<int32_t> drafts;
+  std::vector<float> q_at_draft;
+  std::vector<uint32_t> allowed;
+  DraftCheck check;
+  DraftCheck view() const {
+    DraftCheck out = check;
+    out.params = &params;
+    out.drafts = drafts;
+    out.q_at_draft = q_at_draft;
+    out.allowed = allowed;
+    return out;
+  }
+};
+
+void get_check(Reader& in, HeldCheck& held) {
+  held.check = DraftCheck{};
+  held.check.logits_row = in.get<int64_t>();
+  get_transform(in, held.params);
+  held.drafts = in.list<int32_t>();
+  held.q_at_draft = in.list<float>();
+  held.allowed = in.list<uint32_t>();
+  held.check.seed = in.get<uint64_t>();
+  held.check.first_draw = in.get<uint64_t>();
+}
+
+void put_distribution_query(Writer& out, const DistributionQuery& query, int64_t logits_row) {
+  out.put<int64_t>(logits_row);
+  put_transform(out, *query.params);
+  out.list(query.allowed);
+}
+
+struct HeldDistributionQuery {
+  SamplingParams params;
+  std::vector<uint32_t> allowed;
+  DistributionQuery query;
+  DistributionQuery view() const {
+    DistributionQuery out = query;
+    out.params = &params;
+    out.allowed = allowed;
+    return out;
+  }
+};
+
+void get_distribution_query(Reader& in, HeldDistributionQuery& held) {
+  held.query = DistributionQuery{};
+  held.query.logits_row = in.get<int64_t>();
+  get_transform(in, held.params);
+  held.allowed = in.list<uint32_t>();
+}
+
+void put_answer(Writer& out, const DraftVerdict& verdict) {
+  out.put<int64_t>(verdict.accepted);
+  out.put<int32_t>(verdict.bonus);
+}
+void get_answer(Reader& in, DraftVerdict& verdict) {
+  verdict.accepted = in.get<int64_t>();
+  verdict.bonus = in.get<int32_t>();
+}
+void put_answer(Writer& out, const std::vector<float>& distribution) {
+  out.list(std::span<const float>(distribution));
+}
+void get_answer(Reader& in, std::vector<float>& distribution) {
+  distribution = in.list<float>();
+}
+
 // The command's payload: the ranks named (n), the bytes of each one's
 // rows, then every rank's rows in rank order, packed into int64 words.
 std::vector<int64_t> encode_rows(const std::vector<std::vector<uint8_t>>& bytes) {
@@ -321,7 +414,7 @@ struct Placed {
   bool only_rank_0() const { return of_rank.size() <= 1; }
 };
 
-constexpr uint8_t kSample = 0, kScore = 1;
+constexpr uint8_t kSample = 0, kScore = 1, kCheckDrafts = 2, kDistribution = 3;
 
 // Places `count` items by their logits rows (row_of(i)) on the ranks holding
 // those rows.
@@ -477,6 +570,44 @@ void RankSampler::score(Sampler& local, const Tensor& own_logits, std::span<cons
                   });
 }
 
+void RankSampler::check_drafts(Sampler& local, const Tensor& own_logits,
+                               std::span<const int> row_ranks, std::span<const DraftCheck> checks,
+                               std::span<DraftVerdict> verdicts) {
+  for (const DraftCheck& check : checks) {
+    // A request's k + 1 rows are on one rank (its data-parallel rank): the
+    // check goes where its first row is and reads the rows after it there.
+    const int64_t last = check.logits_row + static_cast<int64_t>(check.drafts.size());
+    MEGACTX_CHECK(check.params != nullptr && check.logits_row >= 0 &&
+                      last < static_cast<int64_t>(row_ranks.size()),
+                  "sampler: a draft check of rows {} .. {} of {}", check.logits_row, last,
+                  row_ranks.size());
+    for (int64_t row = check.logits_row + 1; row <= last; ++row)
+      MEGACTX_CHECK(
+          row_ranks[static_cast<size_t>(row)] == row_ranks[static_cast<size_t>(check.logits_row)],
+          "sampler: a draft check's rows on ranks {} and {}",
+          row_ranks[static_cast<size_t>(check.logits_row)], row_ranks[static_cast<size_t>(row)]);
+  }
+  answer_at_ranks(rank_rows_, row_ranks, kCheckDrafts, checks, verdicts, own_checks_, own_verdicts_,
+                  put_check,
+                  [&](const std::vector<DraftCheck>& own, std::vector<DraftVerdict>& out) {
+                    local.check_drafts(own_logits, own, out);
+                  });
+}
+
+void RankSampler::distributions(Sampler& local, const Tensor& own_logits,
+                                std::span<const int> row_ranks,
+                                std::span<const DistributionQuery> queries,
+                                std::span<std::vector<float>> out) {
+  for (const DistributionQuery& query : queries)
+    MEGACTX_CHECK(query.params != nullptr, "sampler: a distribution query without parameters");
+  answer_at_ranks(
+      rank_rows_, row_ranks, kDistribution, queries, out, own_distribution_queries_,
+      own_distributions_, put_distribution_query,
+      [&](const std::vector<DistributionQuery>& own, std::vector<std::vector<float>>& answers) {
+        local.distributions(own_logits, own, answers);
+      });
+}
+
 void serve_own_rows(const Tensor& own_logits, std::span<const int64_t> command, Sampler& local,
                     parallel::Communicator& group) {
   std::vector<uint8_t> reply;
@@ -491,6 +622,22 @@ void serve_own_rows(const Tensor& own_logits, std::span<const int64_t> command, 
         answer_held<HeldRow, SampleResult>(
             in, vocab, get_row, [](const SamplingRow& r) { return r.logprob_token_ids; },
             [&](const auto& rows, auto& results) { local.sample(own_logits, rows, results); }, out);
+      } else if (kind == kCheckDrafts) {
+        // The drafts are checked against the vocabulary by check_drafts.
+        answer_held<HeldCheck, DraftVerdict>(
+            in, vocab, get_check, [](const DraftCheck&) { return std::span<const int32_t>(); },
+            [&](const auto& checks, auto& verdicts) {
+              local.check_drafts(own_logits, checks, verdicts);
+            },
+            out);
+      } else if (kind == kDistribution) {
+        answer_held<HeldDistributionQuery, std::vector<float>>(
+            in, vocab, get_distribution_query,
+            [](const DistributionQuery&) { return std::span<const int32_t>(); },
+            [&](const auto& queries, auto& answers) {
+              local.distributions(own_logits, queries, answers);
+            },
+            out);
       } else {
         MEGACTX_CHECK(kind == kScore, "rank sampling: a command of kind {}", kind);
         answer_held<HeldQuery, TokenLogprob>(

@@ -48,6 +48,14 @@ class RankSampler {
   // Sampler::score of `queries` (logits_row indexes row_ranks) the same way.
   void score(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
              std::span<const LogprobQuery> queries, std::span<TokenLogprob> results);
+  // Sampler::check_drafts and distributions the same way (a check's k + 1
+  // rows are on one rank: the request's); rejection-sampling verification
+  // then moves a verdict per request, and one distribution row per rejected
+  // draft, instead of every row.
+  void check_drafts(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+                    std::span<const DraftCheck> checks, std::span<DraftVerdict> verdicts);
+  void distributions(Sampler& local, const Tensor& own_logits, std::span<const int> row_ranks,
+                     std::span<const DistributionQuery> queries, std::span<std::vector<float>> out);
 
  private:
   RankRows& rank_rows_;
@@ -55,6 +63,10 @@ class RankSampler {
   std::vector<SampleResult> own_results_;
   std::vector<LogprobQuery> own_queries_;  // likewise for score
   std::vector<TokenLogprob> own_scores_;
+  std::vector<DraftCheck> own_checks_;  // likewise for check_drafts and distributions
+  std::vector<DraftVerdict> own_verdicts_;
+  std::vector<DistributionQuery> own_distribution_queries_;
+  std::vector<std::vector<float>> own_distributions_;
 };
 
 // One step's Sampler over logits left with their ranks: sample and score
@@ -75,6 +87,14 @@ class StepRankSampler final : public Sampler {
   void score(const Tensor& own_logits, std::span<const LogprobQuery> queries,
              std::span<TokenLogprob> results) override {
     ranks_.score(local_, own_logits, row_ranks_, queries, results);
+  }
+  void check_drafts(const Tensor& own_logits, std::span<const DraftCheck> checks,
+                    std::span<DraftVerdict> verdicts) override {
+    ranks_.check_drafts(local_, own_logits, row_ranks_, checks, verdicts);
+  }
+  void distributions(const Tensor& own_logits, std::span<const DistributionQuery> queries,
+                     std::span<std::vector<float>> out) override {
+    ranks_.distributions(local_, own_logits, row_ranks_, queries, out);
   }
 
  private:

@@ -65,8 +65,8 @@ struct SamplingRow {
 
 struct SampleResult {
   int32_t token = 0;
-  float logprob = 0.0f;                        // under the unmodified distribution
-  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
+  float logprob = 0.0f;                              // under the unmodified distribution
+  std::vector<std::pair<int32_t, float>> top;        // top_logprobs alternatives, best first
   std::vector<std::pair<int32_t, float>> token_ids;  // logprob_token_ids, in order
 };
 
@@ -79,9 +79,51 @@ struct LogprobQuery {
   double temperature = 1.0;            // as SamplingRow::logprob_temperature
 };
 
+// Rejection-sampling verification of one request's sampled drafts where its
+// k + 1 target rows are (data-parallel ranks keep their rows;
+// engine/rejection_sampler.h's two parts): rows logits_row .. logits_row + k,
+// each row's distribution sampling_distribution(params) of its logits after
+// its grammar mask (`allowed`: k + 1 masks of ceil(vocab / 32) words, or
+// empty), q_at_draft[i] = q_i(d_i) (1 for a greedy draft), and the uniforms
+// sampling_uniform(seed, first_draw + j), one per accept test, then one for
+// the bonus token.
+struct DraftCheck {
+  int64_t logits_row = 0;
+  const SamplingParams* params = nullptr;
+  std::span<const int32_t> drafts;
+  std::span<const float> q_at_draft;
+  std::span<const uint32_t> allowed;
+  uint64_t seed = 0, first_draw = 0;
+};
+
+// Drafts that passed (k: all), and with all passed the bonus token drawn from
+// row k; -1 when one was rejected (its residual needs the draft's whole
+// distribution, which the caller holds: it asks for that row's
+// DistributionQuery).
+struct DraftVerdict {
+  int64_t accepted = 0;
+  int32_t bonus = -1;
+};
+
+// One row's distribution as DraftCheck computes it (`allowed`: one mask or empty).
+struct DistributionQuery {
+  int64_t logits_row = 0;
+  const SamplingParams* params = nullptr;
+  std::span<const uint32_t> allowed;
+};
+
 class Sampler {
  public:
   virtual ~Sampler() = default;
+  // Rejection-sampling verification where the rows are (DraftCheck,
+  // DistributionQuery); the defaults compute on the host from rows_on_host.
+  virtual void check_drafts(const Tensor& logits, std::span<const DraftCheck> checks,
+                            std::span<DraftVerdict> verdicts);
+  virtual void distributions(const Tensor& logits, std::span<const DistributionQuery> queries,
+                             std::span<std::vector<float>> out);
+  // Rows `rows` of `logits` as host float32 [rows.size(), vocab]; the default
+  // copies them from a host tensor.
+  virtual Tensor rows_on_host(const Tensor& logits, std::span<const int64_t> rows);
   // log_softmax of the unmodified logits row at the query's token (and the
   // top alternatives); results[i] for queries[i]. Only scoring requests
   // (logprob_start_len >= 0) call it; the default says it is unsupported.

@@ -282,9 +282,13 @@ void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
   argmax_rows_.clear();
   argmax_.clear();
   argmax_used_ = 0;
+  rank_verifications_.clear();
+  rank_verifications_used_ = 0;
   argmax_verification_ = logits.device() != Device::CPU || rows_at_ranks;
   rows_at_ranks_ = rows_at_ranks;
   if (!argmax_verification_) return;
+  if (rows_at_ranks_ && !target_only_sampled())
+    check_drafts_at_ranks(plan, logits, outputs, sampler);
   // Rows of greedy verifications through the sampler on the device (or on
   // their ranks): the host gets k + 1 token ids per request instead of k + 1
   // logits rows. Target-only verification of sampled drafts likewise: its
@@ -324,6 +328,98 @@ void Speculator::begin_verification(const StepPlan& plan, const Tensor& logits,
   if (!argmax_rows_.empty()) sampler.sample(logits, argmax_rows_, argmax_);
 }
 
+void Speculator::check_drafts_at_ranks(const StepPlan& plan, const Tensor& logits,
+                                       const StepOutputs& outputs, Sampler& sampler) {
+  // Sampled requests verified by rejection sampling, their rows with their
+  // ranks: each rank runs the accept tests of its requests (the drafts'
+  // target probabilities against q_i(d_i), which go with the check), and the
+  // bonus draw when every draft passes; the row of a rejected draft comes
+  // back as its distribution, whose residual against q (which only rank 0
+  // holds) verify_chunk draws. The same uniforms in the same order as
+  // verify_on_host: the same tokens.
+  std::vector<DraftCheck> checks;
+  std::vector<std::vector<float>> q_at_draft;
+  std::vector<std::vector<uint32_t>> allowed;
+  std::vector<const RequestState*> requests;
+  int64_t row = 0;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const RequestState& request = *chunk.request;
+    const int64_t rows = chunk.logits_rows();
+    if (request.spec.verifying && !is_greedy(request.request.sampling) &&
+        !outputs.grammar_failed_for(request)) {
+      const SpeculationState& spec = request.spec;
+      const int64_t k = request.num_draft_tokens;
+      const int64_t verified = request.matcher ? std::min(spec.grammar_drafts + 1, k) : k;
+      const std::span<const int32_t> drafts(request.tokens.data() + spec.verify_start + 1,
+                                            static_cast<size_t>(verified));
+      std::vector<float>& q = q_at_draft.emplace_back();
+      for (int64_t i = 0; i < verified; ++i) {
+        const std::vector<float>& qi = spec.q[static_cast<size_t>(i)];
+        const int32_t draft = drafts[static_cast<size_t>(i)];
+        MEGACTX_CHECK(qi.empty() || (draft >= 0 && static_cast<size_t>(draft) < qi.size()),
+                      "verify: draft {} outside [0, {})", draft, qi.size());
+        q.push_back(qi.empty() ? 1.0f : qi[static_cast<size_t>(draft)]);
+      }
+      std::vector<uint32_t>& mask = allowed.emplace_back();
+      if (request.matcher) {
+        // The rows' masks, all-allowed where the grammar gave none (rows past
+        // the first rejected draft are never reached).
+        const auto words = static_cast<size_t>(request.matcher->mask_words());
+        const std::vector<const uint32_t*> masks = row_masks(request);
+        for (int64_t r = 0; r <= verified; ++r) {
+          const uint32_t* m = masks[static_cast<size_t>(r)];
+          if (m != nullptr)
+            mask.insert(mask.end(), m, m + words);
+          else
+            mask.insert(mask.end(), words, ~0u);
+        }
+      }
+      DraftCheck check;
+      check.logits_row = row;
+      check.params = &request.request.sampling;
+      check.drafts = drafts;
+      check.seed = request.seed ^ kSpeculationSeedSalt;
+      check.first_draw = spec.draws;
+      checks.push_back(check);
+      requests.push_back(&request);
+      RankVerification& v = rank_verifications_.emplace_back();
+      v.first_row = row;
+      v.first_draw = spec.draws;
+    }
+    row += rows;
+  }
+  if (checks.empty()) return;
+  // The spans into q_at_draft and allowed are taken once those vectors stopped growing.
+  for (size_t i = 0; i < checks.size(); ++i) {
+    checks[i].q_at_draft = q_at_draft[i];
+    checks[i].allowed = allowed[i];
+  }
+  std::vector<DraftVerdict> verdicts(checks.size());
+  sampler.check_drafts(logits, checks, verdicts);
+  std::vector<DistributionQuery> queries;
+  std::vector<size_t> rejecting;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    rank_verifications_[i].verdict = verdicts[i];
+    const auto k = static_cast<int64_t>(checks[i].drafts.size());
+    if (verdicts[i].accepted >= k) continue;
+    DistributionQuery query;
+    query.logits_row = checks[i].logits_row + verdicts[i].accepted;
+    query.params = checks[i].params;
+    if (!allowed[i].empty()) {
+      const size_t words = allowed[i].size() / static_cast<size_t>(k + 1);
+      query.allowed = std::span<const uint32_t>(allowed[i])
+                          .subspan(static_cast<size_t>(verdicts[i].accepted) * words, words);
+    }
+    queries.push_back(query);
+    rejecting.push_back(i);
+  }
+  if (queries.empty()) return;
+  std::vector<std::vector<float>> rows(queries.size());
+  sampler.distributions(logits, queries, rows);
+  for (size_t j = 0; j < rejecting.size(); ++j)
+    rank_verifications_[rejecting[j]].rejecting_row = std::move(rows[j]);
+}
+
 void Speculator::verify_chunk(RequestState& request, const Tensor& logits, int64_t first_row,
                               Sampler& sampler) {
   SpeculationState& spec = request.spec;
@@ -356,6 +452,31 @@ void Speculator::verify_chunk(RequestState& request, const Tensor& logits, int64
     spec.result = verify_greedy_argmax(target, drafts);
     // The uniforms verify_target_only would have used: one per examined row.
     if (!greedy) spec.draws += spec.result.tokens.size();
+  } else if (rows_at_ranks_) {
+    // Rejection sampling checked at the ranks (check_drafts_at_ranks).
+    MEGACTX_CHECK(rank_verifications_used_ < rank_verifications_.size() &&
+                      rank_verifications_[rank_verifications_used_].first_row == first_row,
+                  "engine: verification rows out of step");
+    const RankVerification& checked = rank_verifications_[rank_verifications_used_++];
+    const int64_t accepted = checked.verdict.accepted;
+    MEGACTX_CHECK(accepted >= 0 && accepted <= verified, "engine: {} of {} drafts accepted",
+                  accepted, verified);
+    VerifyResult result;
+    result.accepted = accepted;
+    result.tokens.assign(drafts.begin(), drafts.begin() + accepted);
+    // The uniforms: one per accept test, then the final draw's.
+    if (accepted == verified) {
+      result.tokens.push_back(checked.verdict.bonus);
+      spec.draws = checked.first_draw + static_cast<uint64_t>(verified + 1);
+    } else {
+      uint64_t draw = checked.first_draw + static_cast<uint64_t>(accepted + 1);
+      const std::vector<float>& q = spec.q[static_cast<size_t>(accepted)];
+      result.tokens.push_back(rejection_final_token(
+          checked.rejecting_row, q, drafts[static_cast<size_t>(accepted)], true,
+          [&] { return sampling_uniform(request.seed ^ kSpeculationSeedSalt, draw++); }));
+      spec.draws = draw;
+    }
+    spec.result = std::move(result);
   } else {
     spec.result = verify_on_host(request, logits, first_row, drafts);
   }

@@ -128,6 +128,19 @@ class Speculator {
   bool rows_at_ranks_ = false;        // this step's logits are not all on rank 0
   std::vector<SampleResult> argmax_;  // their argmax, in row order
   size_t argmax_used_ = 0;
+  // Rejection-sampling verification of sampled drafts whose rows stayed with
+  // their ranks (begin_verification: Sampler::check_drafts, then the
+  // distribution of each rejecting row), one per such request in chunk order.
+  struct RankVerification {
+    int64_t first_row = 0;
+    uint64_t first_draw = 0;
+    DraftVerdict verdict;
+    std::vector<float> rejecting_row;  // p of the first rejected draft's row
+  };
+  std::vector<RankVerification> rank_verifications_;
+  size_t rank_verifications_used_ = 0;
+  void check_drafts_at_ranks(const StepPlan& plan, const Tensor& logits, const StepOutputs& outputs,
+                             Sampler& sampler);
 
   int64_t accepted_total_ = 0;
   int64_t verify_total_ = 0;

@@ -193,7 +193,8 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
         text = metrics(server)
         # Greedy verification takes each row's argmax on its rank: no step gathered logits.
         gathered_greedy = metric(text, "megactx_dp_gathered_logit_steps_total")
-        # A sampled request's verification (rejection sampling) reads its rows on rank 0.
+        # A sampled request's verification (rejection sampling) checks its drafts on its rank
+        # too: nothing gathered.
         response = requests.post(server.url + "/generate", json={
             "input_ids": prompts[1], "sampling_params": {
                 "temperature": 0.8, "sampling_seed": 5, "max_new_tokens": new_tokens,
@@ -206,7 +207,7 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
     admissions = rank_series(text, "megactx_dp_rank_admissions_total")
     both = len(admissions) == 2 and all(admissions[r] > 0 for r in range(2))
     ok = same and worst <= 1e-4 and verify > 0 and alone_accepted > 0 and accepted > \
-        alone_accepted and both and gathered_greedy == 0 and gathered_sampled > 0 and \
+        alone_accepted and both and gathered_greedy == 0 and gathered_sampled == 0 and \
         sampled_tokens == new_tokens
     return ok, (f"{' '.join(layout)} --speculative-steps 3, 1 then 4 requests: greedy ids "
                 f"{'equal to' if same else 'DIFFERENT from'} one process without MTP (steps "
@@ -218,41 +219,67 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
                 f"rank {admissions}")
 
 
-def target_only_over_two_ranks(megactx, model):
-    """Sampled requests verified target-only (`--spec-verify target-only`) with data-parallel
-    attention over 2 ranks: the target's own draws come from each row's rank (no step gathers
-    logits on rank 0) and give one process's tokens, seeded draw for seeded draw. (ok, message)."""
+def sampled_over_two_ranks(megactx, model, flags, params_of, label):
+    """Four sampled requests at once (params_of(i): request i's sampling parameters) through
+    one process and through data-parallel attention over 2 ranks, both with `flags`: the same
+    ids, no step gathering logits on rank 0, drafts verified and accepted. (ok, message)."""
     ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
                             "passkey_8k_ids.txt")
     text = [int(token) for token in open(ids_file).read().replace(",", " ").split()]
     prompts = [text[100 * i:100 * i + 40 + 9 * i] for i in range(4)]
-    flags = ("--speculative-steps", "3", "--spec-verify", "target-only")
 
     def sampled(server):
         def one(i):
             response = requests.post(server.url + "/generate", json={
-                "input_ids": prompts[i], "sampling_params": {
-                    "temperature": 0.7, "top_p": 0.9, "sampling_seed": 11 + i,
-                    "max_new_tokens": 24, "ignore_eos": True}}, timeout=300)
+                "input_ids": prompts[i], "sampling_params": params_of(i)}, timeout=300)
             response.raise_for_status()
             return response.json()["output_ids"]
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             return list(pool.map(one, range(len(prompts))))
 
-    with MegactxServer(megactx, model, *COMMON, *flags, name="target-only-one") as server:
+    with MegactxServer(megactx, model, *flags, name="sampled-one") as server:
         want = sampled(server)
-    with MegactxServer(megactx, model, *COMMON, *dp(2), *flags, name="target-only-dp2") as server:
+    with MegactxServer(megactx, model, *dp(2), *flags, name="sampled-dp2") as server:
         got = sampled(server)
         text = metrics(server)
     gathered = metric(text, "megactx_dp_gathered_logit_steps_total")
     verify = metric(text, "megactx_spec_verify_steps_total") or 0
     accepted = metric(text, "megactx_spec_accepted_tokens_total") or 0
     same = got == want
-    ok = same and gathered == 0 and verify > 0 and accepted > 0
-    return ok, (f"2 ranks --spec-verify target-only, 4 sampled requests: ids "
-                f"{'equal to' if same else 'DIFFERENT from'} one process's, steps that gathered "
-                f"logits on rank 0: {gathered}, {accepted:.0f} drafts accepted in {verify:.0f} "
-                f"verifications")
+    ok = same and gathered == 0 and verify > 0 and accepted > 0 and all(got)
+    return ok, (f"2 ranks, {label}: ids {'equal to' if same else 'DIFFERENT from'} one "
+                f"process's, steps that gathered logits on rank 0: {gathered}, {accepted:.0f} "
+                f"drafts accepted in {verify:.0f} verifications")
+
+
+def rejection_over_two_ranks(megactx, model):
+    """Rejection sampling (the default --spec-verify) with data-parallel attention: each rank
+    checks its requests' drafts (the accept tests from the drafts' probabilities, one
+    distribution row back per rejected draft), uniform for uniform as one process does; one
+    request under a regex grammar (its rows' masks go with the checks)."""
+    def params_of(i):
+        params = {"temperature": 0.8, "top_k": 40 if i % 2 else -1, "sampling_seed": 21 + i,
+                  "max_new_tokens": 24, "ignore_eos": True}
+        if i == 3:  # a grammar ends the output itself (no ignore_eos with it)
+            params["regex"] = "[a-z ]{1,80}"
+            del params["ignore_eos"]
+        return params
+    # The tokenizer stays (COMMON skips it): the regex grammar is compiled over its tokens.
+    flags = tuple(f for f in COMMON if f != "--skip-tokenizer-init") + ("--speculative-steps", "3")
+    return sampled_over_two_ranks(megactx, model, flags, params_of,
+                                  "rejection sampling, 4 sampled requests (one under a regex)")
+
+
+def target_only_over_two_ranks(megactx, model):
+    """Target-only verification (`--spec-verify target-only`) with data-parallel attention: the
+    target's own draws come from each row's rank and give one process's tokens, seeded draw for
+    seeded draw."""
+    def params_of(i):
+        return {"temperature": 0.7, "top_p": 0.9, "sampling_seed": 11 + i, "max_new_tokens": 24,
+                "ignore_eos": True}
+    return sampled_over_two_ranks(
+        megactx, model, COMMON + ("--speculative-steps", "3", "--spec-verify", "target-only"),
+        params_of, "--spec-verify target-only, 4 sampled requests")
 
 
 def live_host_tier_over_two_ranks(megactx, model):
@@ -561,6 +588,8 @@ def main():
     ok, message = speculation_over_two_ranks(args.megactx, args.default_model)
     failures = check(failures, ok, message)
 
+    ok, message = rejection_over_two_ranks(args.megactx, args.default_model)
+    failures = check(failures, ok, message)
     ok, message = target_only_over_two_ranks(args.megactx, args.default_model)
     failures = check(failures, ok, message)
 

@@ -7,7 +7,10 @@
 // exactly what one CpuSampler gives over every row's logits in one tensor:
 // the same tokens and bit-equal logprobs, in the rows' order (and the same
 // for input logprobs, RankSampler::score: top alternatives, asked-for ids, a
-// logprob temperature), with rows on
+// logprob temperature; and the rejection-sampling checks of requests over
+// runs of rows on one rank, with and without grammar masks, and the
+// distributions of their rejecting rows: Sampler::check_drafts and
+// distributions, bit-equal verdicts and rows), with rows on
 // rank 0 only (no exchange), a rank with no rows, rows of data-parallel
 // replicas held by tensor rank 0 of each share (ranks 1 and 3 of 4 hold
 // none), and many rounds in a row. Rows a worker cannot sample (it holds no
@@ -192,6 +195,7 @@ bool leader(parallel::Communicator& group, int tensor) {
   bool ok = true;
   const std::vector<Round> all = rounds(shares);
   std::vector<int64_t> sampled_per_rank;
+  int64_t checked = 0, rejected = 0;  // draft checks made, and rejecting rows among them
   for (size_t index = 0; index < all.size(); ++index) {
     const Round& round = all[index];
     rank_rows.round = static_cast<int64_t>(index);
@@ -236,6 +240,96 @@ bool leader(parallel::Communicator& group, int tensor) {
         ok = false;
       }
     }
+    // Rejection-sampling verification where the rows are: a request per run
+    // of consecutive rows on one rank (k = the run's length - 1, at most 3),
+    // with and without a grammar mask; then each rejecting row's distribution.
+    std::vector<DraftCheck> checks;
+    std::vector<std::vector<int32_t>> drafts;
+    std::vector<std::vector<float>> q_at;
+    std::vector<std::vector<uint32_t>> masks;
+    std::vector<SamplingParams> check_params;
+    check_params.reserve(static_cast<size_t>(total));
+    for (int64_t g = 0; g < total;) {
+      int64_t end = g + 1;
+      while (end < total && end - g < 4 && round.row_ranks[end] == round.row_ranks[g]) ++end;
+      const int64_t k = end - g - 1;
+      if (k >= 1) {
+        SamplingParams& params = check_params.emplace_back();
+        params.temperature = 0.6 + 0.2 * static_cast<double>(g % 3);
+        params.top_k = g % 2 ? 40 : 0;
+        params.top_p = g % 3 == 2 ? 0.9 : 1.0;
+        std::vector<int32_t>& d = drafts.emplace_back();
+        std::vector<float>& q = q_at.emplace_back();
+        for (int64_t i = 0; i < k; ++i) {
+          // The row's argmax with a small q (likely accepted: every draft of
+          // a third of the requests), or another token (likely rejected).
+          const bool favourite = g % 3 == 0 || i % 2 == 0;
+          d.push_back(favourite ? argmax(row_logits(static_cast<int>(index), g + i))
+                                : static_cast<int32_t>((3 * g + 11 * i) % kVocab));
+          q.push_back(favourite ? 0.01f : 0.05f + 0.3f * static_cast<float>((g + i) % 3));
+        }
+        std::vector<uint32_t>& mask = masks.emplace_back();
+        if (g % 2 == 0) {
+          // Every token but those of t % 5 == 3 (the drafts may be among them).
+          const int64_t words = (kVocab + 31) / 32;
+          mask.assign(static_cast<size_t>((k + 1) * words), 0);
+          for (int64_t r = 0; r <= k; ++r)
+            for (int64_t t = 0; t < kVocab; ++t)
+              if (t % 5 != 3) mask[static_cast<size_t>(r * words + t / 32)] |= 1u << (t % 32);
+        }
+        DraftCheck check;
+        check.logits_row = g;
+        check.params = &params;
+        check.seed = 77 + static_cast<uint64_t>(g);
+        check.first_draw = static_cast<uint64_t>(index) * 10;
+        checks.push_back(check);
+      }
+      g = end;
+    }
+    for (size_t c = 0; c < checks.size(); ++c) {
+      checks[c].drafts = drafts[c];
+      checks[c].q_at_draft = q_at[c];
+      checks[c].allowed = masks[c];
+    }
+    std::vector<DraftVerdict> verdicts(checks.size()), want_verdicts(checks.size());
+    local.check_drafts(whole, checks, want_verdicts);
+    sampler.check_drafts(local, own, round.row_ranks, checks, verdicts);
+    std::vector<DistributionQuery> rejecting;
+    for (size_t c = 0; c < checks.size(); ++c) {
+      if (verdicts[c].accepted != want_verdicts[c].accepted ||
+          verdicts[c].bonus != want_verdicts[c].bonus) {
+        std::printf(
+            "round %zu check %zu (rows from %lld): %lld accepted, bonus %d; want %lld, %d\n", index,
+            c, static_cast<long long>(checks[c].logits_row),
+            static_cast<long long>(verdicts[c].accepted), verdicts[c].bonus,
+            static_cast<long long>(want_verdicts[c].accepted), want_verdicts[c].bonus);
+        ok = false;
+      }
+      const auto k = static_cast<int64_t>(checks[c].drafts.size());
+      if (want_verdicts[c].accepted < k) {
+        DistributionQuery query;
+        query.logits_row = checks[c].logits_row + want_verdicts[c].accepted;
+        query.params = checks[c].params;
+        if (!masks[c].empty()) {
+          const size_t words = masks[c].size() / static_cast<size_t>(k + 1);
+          query.allowed = std::span<const uint32_t>(masks[c]).subspan(
+              static_cast<size_t>(want_verdicts[c].accepted) * words, words);
+        }
+        rejecting.push_back(query);
+      }
+    }
+    std::vector<std::vector<float>> rows_got(rejecting.size()), rows_want(rejecting.size());
+    local.distributions(whole, rejecting, rows_want);
+    sampler.distributions(local, own, round.row_ranks, rejecting, rows_got);
+    for (size_t q = 0; q < rejecting.size(); ++q)
+      if (rows_got[q].size() != rows_want[q].size() ||
+          std::memcmp(rows_got[q].data(), rows_want[q].data(), rows_want[q].size() * 4) != 0) {
+        std::printf("round %zu: the distribution of row %lld differs\n", index,
+                    static_cast<long long>(rejecting[q].logits_row));
+        ok = false;
+      }
+    checked += static_cast<int64_t>(checks.size());
+    rejected += static_cast<int64_t>(rejecting.size());
     bool others = false;
     for (const int64_t g : round.sampled) others |= round.row_ranks[g] != 0;
     // Input logprobs of every row (scoring), in reverse order, with top
@@ -274,6 +368,13 @@ bool leader(parallel::Communicator& group, int tensor) {
     }
   }
   rank_rows.stop();
+  // (Three ranks leave one run of rows on a rank: one check; the others
+  // make both outcomes.)
+  if (checked == 0 || (checked > 1 && (rejected == 0 || rejected == checked))) {
+    std::printf("%lld draft checks, %lld rejecting: the rounds test too little\n",
+                static_cast<long long>(checked), static_cast<long long>(rejected));
+    ok = false;
+  }
   // Every round's sampled rows counted on their ranks, the failed round's not.
   int64_t counted = 0;
   for (const int64_t n : sampled_per_rank) counted += n;
