@@ -5,7 +5,8 @@
 // logprobs with top alternatives, a grammar mask) and rows it leaves to the
 // host (penalties, logit_bias, asked-for ids), and score input logprobs.
 // Rank 0 must get exactly what one CudaSampler gives over every row in one
-// device tensor (a row's result does not depend on the rows beside it).
+// device tensor (a row's result does not depend on the rows beside it). And
+// the rejection-sampling checks of requests whose rows are on one rank each.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include "../parallel/test_rank_rows.h"
 #include "core/error.h"
 #include "cuda_group_helpers.h"
+#include "engine/cpu_sampler.h"
 #include "engine/cuda_sampler.h"
 #include "engine/rank_sampler.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -183,6 +185,116 @@ bool worker(parallel::Communicator& group) {
     serve_own_rows(own, payload, local, group);
   });
   return true;
+}
+
+// Rejection-sampling checks where the rows are (Sampler::check_drafts and
+// distributions through CudaSampler::rows_on_host): two requests of 4 rows,
+// rows 0-3 on rank 0 and 4-7 on rank 1, with and without a grammar mask;
+// verdicts and the rejecting rows' distributions bit-equal to the
+// CpuSampler's over the same rows on the host.
+constexpr int64_t kCheckRows = 8;
+
+std::vector<int64_t> check_rows_of_rank(int rank) {
+  std::vector<int64_t> out;
+  for (int64_t g = 4 * rank; g < 4 * rank + 4; ++g) out.push_back(g);
+  return out;
+}
+
+bool check_leader(parallel::Communicator& group) {
+  CudaSampler local(0);
+  TestRankRows rank_rows(group, 1);
+  RankSampler sampler(rank_rows);
+  const std::vector<int> row_ranks = {0, 0, 0, 0, 1, 1, 1, 1};
+  Tensor whole = Tensor::empty({kCheckRows, kVocab}, DType::F32);
+  for (int64_t g = 0; g < kCheckRows; ++g) {
+    const std::vector<float> values = row_logits(g);
+    std::memcpy(whole.data<float>() + g * kVocab, values.data(), kVocab * sizeof(float));
+  }
+  const Tensor own = device_logits(check_rows_of_rank(0));
+  SamplingParams params;
+  params.temperature = 0.7;
+  params.top_k = 64;
+  const int64_t words = (kVocab + 31) / 32;
+  std::vector<uint32_t> mask(static_cast<size_t>(4 * words), 0xffffffffu);
+  for (int64_t r = 0; r < 4; ++r) mask[static_cast<size_t>(r * words)] = 0xfffffff0u;
+  bool ok = true;
+  for (int round = 0; round < 4; ++round) {
+    // Each request's drafts: its rows' argmax (likely accepted), or another token.
+    std::vector<std::vector<int32_t>> drafts(2);
+    std::vector<std::vector<float>> q(2);
+    for (int c = 0; c < 2; ++c)
+      for (int64_t i = 0; i < 3; ++i) {
+        const int64_t g = 4 * c + i;
+        const bool favourite = (round + i) % 3 != 2;
+        const std::vector<float> logits = row_logits(g);
+        drafts[c].push_back(favourite ? megactx::argmax(std::span<const float>(logits))
+                                      : static_cast<int32_t>((97 * g + 13 * round) % kVocab));
+        q[c].push_back(favourite ? 0.02f : 0.4f);
+      }
+    std::vector<DraftCheck> checks(2);
+    for (int c = 0; c < 2; ++c) {
+      checks[c].logits_row = 4 * c;
+      checks[c].params = &params;
+      checks[c].drafts = drafts[c];
+      checks[c].q_at_draft = q[c];
+      if ((round + c) % 2) checks[c].allowed = mask;
+      checks[c].seed = 1234 + static_cast<uint64_t>(c);
+      checks[c].first_draw = static_cast<uint64_t>(round) * 8;
+    }
+    CpuSampler reference;
+    std::vector<DraftVerdict> want(2), got(2);
+    reference.check_drafts(whole, checks, want);
+    rank_rows.round = 2 * round;
+    sampler.check_drafts(local, own, row_ranks, checks, got);
+    std::vector<DistributionQuery> rejecting;
+    for (int c = 0; c < 2; ++c) {
+      if (got[c].accepted != want[c].accepted || got[c].bonus != want[c].bonus) {
+        std::printf("round %d request %d: %lld accepted, bonus %d; one sampler %lld, %d\n", round,
+                    c, static_cast<long long>(got[c].accepted), got[c].bonus,
+                    static_cast<long long>(want[c].accepted), want[c].bonus);
+        ok = false;
+      }
+      if (want[c].accepted < 3) {
+        DistributionQuery query;
+        query.logits_row = 4 * c + want[c].accepted;
+        query.params = &params;
+        if (!checks[c].allowed.empty())
+          query.allowed = std::span<const uint32_t>(mask).subspan(
+              static_cast<size_t>(want[c].accepted * words), static_cast<size_t>(words));
+        rejecting.push_back(query);
+      }
+    }
+    std::vector<std::vector<float>> want_rows(rejecting.size()), got_rows(rejecting.size());
+    reference.distributions(whole, rejecting, want_rows);
+    rank_rows.round = 2 * round + 1;
+    sampler.distributions(local, own, row_ranks, rejecting, got_rows);
+    for (size_t r = 0; r < rejecting.size(); ++r)
+      if (got_rows[r] != want_rows[r]) {
+        std::printf("round %d: the distribution of row %lld differs\n", round,
+                    static_cast<long long>(rejecting[r].logits_row));
+        ok = false;
+      }
+  }
+  rank_rows.stop();
+  std::printf("2 ranks on one GPU, each checking its requests' drafts: %s\n",
+              ok ? "equal to one sampler" : "DIFFERENT");
+  return ok;
+}
+
+bool check_worker(parallel::Communicator& group) {
+  CudaSampler local(0);
+  const Tensor own = device_logits(check_rows_of_rank(group.rank()));
+  serve_test_commands(group, [&](int64_t, std::span<const int64_t> payload) {
+    serve_own_rows(own, payload, local, group);
+  });
+  return true;
+}
+
+TEST(RankSamplerCuda, RanksCheckTheirRequestsDraftsAsOneSampler) {
+  if (gpus_by_nvidia_smi() < 1) GTEST_SKIP() << "no GPU (nvidia-smi lists none)";
+  parallel::run_forked_group(2, [](parallel::Communicator& group) {
+    return group.rank() == 0 ? check_leader(group) : check_worker(group);
+  });
 }
 
 TEST(RankSamplerCuda, RanksSampleTheirDeviceRowsAsOneSampler) {
