@@ -28,6 +28,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+from dp_attention_serve_test import rejection_over_two_ranks  # noqa: E402
 from tensor_parallel_serve_test import run, speculation_over_two_ranks  # noqa: E402
 
 # MegactxServer passes --kv-memory (256 MiB per rank): two ranks on one GPU
@@ -152,6 +153,14 @@ def main():
                  "--cuda-collectives", collectives))
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    # Sampled drafts verified by rejection sampling at the data-parallel ranks (each rank's
+    # rows to the host there: CudaSampler::rows_on_host) against one CUDA process, uniform
+    # for uniform (the ranks' logits equal one process's exactly).
+    ok, message = rejection_over_two_ranks(
+        args.megactx, args.mtp_model, device_flags=("--device", "cuda"),
+        group_flags=("--gpu-id-step", "0", "--cuda-collectives", "nccl"))
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} CUDA, {message}")
     return 1 if failures else 0
 
 

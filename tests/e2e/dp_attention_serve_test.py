@@ -219,7 +219,7 @@ def speculation_over_two_ranks(megactx, model, layout=dp(2)):
                 f"rank {admissions}")
 
 
-def sampled_over_two_ranks(megactx, model, flags, params_of, label):
+def sampled_over_two_ranks(megactx, model, flags, params_of, label, group_flags=()):
     """Four sampled requests at once (params_of(i): request i's sampling parameters) through
     one process and through data-parallel attention over 2 ranks, both with `flags`: the same
     ids, no step gathering logits on rank 0, drafts verified and accepted. (ok, message)."""
@@ -239,7 +239,8 @@ def sampled_over_two_ranks(megactx, model, flags, params_of, label):
 
     with MegactxServer(megactx, model, *flags, name="sampled-one") as server:
         want = sampled(server)
-    with MegactxServer(megactx, model, *dp(2), *flags, name="sampled-dp2") as server:
+    with MegactxServer(megactx, model, *dp(2), *flags, *group_flags,
+                       name="sampled-dp2") as server:
         got = sampled(server)
         text = metrics(server)
     gathered = metric(text, "megactx_dp_gathered_logit_steps_total")
@@ -252,11 +253,13 @@ def sampled_over_two_ranks(megactx, model, flags, params_of, label):
                 f"drafts accepted in {verify:.0f} verifications")
 
 
-def rejection_over_two_ranks(megactx, model):
+def rejection_over_two_ranks(megactx, model, device_flags=(), group_flags=()):
     """Rejection sampling (the default --spec-verify) with data-parallel attention: each rank
     checks its requests' drafts (the accept tests from the drafts' probabilities, one
     distribution row back per rejected draft), uniform for uniform as one process does; one
-    request under a regex grammar (its rows' masks go with the checks)."""
+    request under a regex grammar (its rows' masks go with the checks). `device_flags` go to
+    both servers (a CUDA run: tests/cuda_engine/cuda_group_serve_test.py), `group_flags` to the
+    group's."""
     def params_of(i):
         params = {"temperature": 0.8, "top_k": 40 if i % 2 else -1, "sampling_seed": 21 + i,
                   "max_new_tokens": 24, "ignore_eos": True}
@@ -266,8 +269,9 @@ def rejection_over_two_ranks(megactx, model):
         return params
     # The tokenizer stays (COMMON skips it): the regex grammar is compiled over its tokens.
     flags = tuple(f for f in COMMON if f != "--skip-tokenizer-init") + ("--speculative-steps", "3")
-    return sampled_over_two_ranks(megactx, model, flags, params_of,
-                                  "rejection sampling, 4 sampled requests (one under a regex)")
+    return sampled_over_two_ranks(megactx, model, flags + tuple(device_flags), params_of,
+                                  "rejection sampling, 4 sampled requests (one under a regex)",
+                                  group_flags)
 
 
 def target_only_over_two_ranks(megactx, model):
