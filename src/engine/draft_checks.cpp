@@ -52,21 +52,30 @@ void Sampler::check_drafts(const Tensor& logits, std::span<const DraftCheck> che
                            std::span<DraftVerdict> verdicts) {
   MEGACTX_CHECK(verdicts.size() >= checks.size(), "sampler: {} verdicts for {} checks",
                 verdicts.size(), checks.size());
+  // Every check's k + 1 rows to the host in one call (a device sampler
+  // synchronises once); check c's rows start at first[c].
+  std::vector<int64_t> rows, first;
   for (size_t c = 0; c < checks.size(); ++c) {
     const DraftCheck& check = checks[c];
     MEGACTX_CHECK(check.params != nullptr, "sampler: draft check {} has no parameters", c);
-    const auto k = static_cast<int64_t>(check.drafts.size());
     MEGACTX_CHECK(check.q_at_draft.size() == check.drafts.size(),
-                  "sampler: {} draft probabilities for {} drafts", check.q_at_draft.size(), k);
-    std::vector<int64_t> rows(static_cast<size_t>(k + 1));
-    for (int64_t r = 0; r <= k; ++r) rows[static_cast<size_t>(r)] = check.logits_row + r;
-    const Tensor host = rows_on_host(logits, rows);
-    const int64_t vocab = host.dim(1), words = mask_words(vocab);
+                  "sampler: {} draft probabilities for {} drafts", check.q_at_draft.size(),
+                  check.drafts.size());
+    first.push_back(static_cast<int64_t>(rows.size()));
+    for (size_t r = 0; r <= check.drafts.size(); ++r)
+      rows.push_back(check.logits_row + static_cast<int64_t>(r));
+  }
+  if (checks.empty()) return;
+  const Tensor host = rows_on_host(logits, rows);
+  const int64_t vocab = host.dim(1), words = mask_words(vocab);
+  for (size_t c = 0; c < checks.size(); ++c) {
+    const DraftCheck& check = checks[c];
+    const auto k = static_cast<int64_t>(check.drafts.size());
     MEGACTX_CHECK(
         check.allowed.empty() || static_cast<int64_t>(check.allowed.size()) == (k + 1) * words,
         "sampler: {} mask words for {} rows of {} tokens", check.allowed.size(), k + 1, vocab);
     auto distribution = [&](int64_t r) {
-      const std::span<const float> logits_row(host.data<float>() + r * vocab,
+      const std::span<const float> logits_row(host.data<float>() + (first[c] + r) * vocab,
                                               static_cast<size_t>(vocab));
       return row_distribution(
           *check.params, logits_row,
@@ -93,17 +102,23 @@ void Sampler::distributions(const Tensor& logits, std::span<const DistributionQu
                             std::span<std::vector<float>> out) {
   MEGACTX_CHECK(out.size() >= queries.size(), "sampler: {} distributions for {} rows", out.size(),
                 queries.size());
+  if (queries.empty()) return;
+  std::vector<int64_t> rows;
+  for (size_t q = 0; q < queries.size(); ++q) {
+    MEGACTX_CHECK(queries[q].params != nullptr, "sampler: distribution {} has no parameters", q);
+    rows.push_back(queries[q].logits_row);
+  }
+  const Tensor host = rows_on_host(logits, rows);  // one call for every query's row
+  const int64_t vocab = host.dim(1);
   for (size_t q = 0; q < queries.size(); ++q) {
     const DistributionQuery& query = queries[q];
-    MEGACTX_CHECK(query.params != nullptr, "sampler: distribution {} has no parameters", q);
-    const int64_t row = query.logits_row;
-    const Tensor host = rows_on_host(logits, std::span<const int64_t>(&row, 1));
-    const int64_t vocab = host.dim(1);
     MEGACTX_CHECK(
         query.allowed.empty() || static_cast<int64_t>(query.allowed.size()) == mask_words(vocab),
         "sampler: {} mask words for {} tokens", query.allowed.size(), vocab);
     out[q] = row_distribution(
-        *query.params, std::span<const float>(host.data<float>(), static_cast<size_t>(vocab)),
+        *query.params,
+        std::span<const float>(host.data<float>() + static_cast<int64_t>(q) * vocab,
+                               static_cast<size_t>(vocab)),
         query.allowed);
   }
 }

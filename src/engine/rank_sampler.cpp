@@ -88,6 +88,21 @@ TokenPairs get_pairs(Reader& in) {
   return out;
 }
 
+// The parameters sampling_distribution reads (temperature, top-k / top-p /
+// min-p), first in every row that carries a transform.
+void put_transform(Writer& out, const SamplingParams& p) {
+  out.put<double>(p.temperature);
+  out.put<double>(p.top_p);
+  out.put<int64_t>(p.top_k);
+  out.put<double>(p.min_p);
+}
+void get_transform(Reader& in, SamplingParams& p) {
+  p.temperature = in.get<double>();
+  p.top_p = in.get<double>();
+  p.top_k = in.get<int64_t>();
+  p.min_p = in.get<double>();
+}
+
 // One row: what the samplers read of a SamplingRow and its parameters
 // (engine/sampler.h). `logits_row` is the row's index among its rank's rows.
 // The prompt's distinct tokens go only with a repetition penalty, the only
@@ -95,10 +110,7 @@ TokenPairs get_pairs(Reader& in) {
 void put_row(Writer& out, const SamplingRow& row, int64_t logits_row) {
   const SamplingParams& p = *row.params;
   out.put<int64_t>(logits_row);
-  out.put<double>(p.temperature);
-  out.put<double>(p.top_p);
-  out.put<int64_t>(p.top_k);
-  out.put<double>(p.min_p);
+  put_transform(out, p);
   out.put<double>(p.presence_penalty);
   out.put<double>(p.frequency_penalty);
   out.put<double>(p.repetition_penalty);
@@ -149,10 +161,7 @@ void get_row(Reader& in, HeldRow& held) {
   SamplingRow& row = held.row;
   row = SamplingRow{};
   row.logits_row = in.get<int64_t>();
-  p.temperature = in.get<double>();
-  p.top_p = in.get<double>();
-  p.top_k = in.get<int64_t>();
-  p.min_p = in.get<double>();
+  get_transform(in, p);
   p.presence_penalty = in.get<double>();
   p.frequency_penalty = in.get<double>();
   p.repetition_penalty = in.get<double>();
@@ -243,21 +252,7 @@ void get_query(Reader& in, HeldQuery& held) {
 }
 
 // A draft check (DraftCheck) and a distribution query (DistributionQuery),
-// `logits_row` their rank's row: the parameters sampling_distribution reads,
-// then their lists.
-void put_transform(Writer& out, const SamplingParams& p) {
-  out.put<double>(p.temperature);
-  out.put<double>(p.top_p);
-  out.put<int64_t>(p.top_k);
-  out.put<double>(p.min_p);
-}
-void get_transform(Reader& in, SamplingParams& p) {
-  p.temperature = in.get<double>();
-  p.top_p = in.get<double>();
-  p.top_k = in.get<int64_t>();
-  p.min_p = in.get<double>();
-}
-
+// `logits_row` their rank's row: the transform, then their lists.
 void put_check(Writer& out, const DraftCheck& check, int64_t logits_row) {
   out.put<int64_t>(logits_row);
   put_transform(out, *check.params);

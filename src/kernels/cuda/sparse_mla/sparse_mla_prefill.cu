@@ -355,39 +355,9 @@ __device__ __forceinline__ void sparse_mla_prefill_consumer(const SparseMlaParam
   wgmma_wait_all();
 #pragma unroll
   for (int i = 0; i < 128; ++i) fence_operand(o[i]);
-
-    // Finalise: the row sums of both warpgroups, then out = O / sum and the lse.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 1);
-    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 2);
-    if (t == 0) misc.row_sum[c][head_low + 8 * r] = running_sum[r];
-  }
-  named_barrier(kExchangeBarrier, kConsumerThreads);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head_low + 8 * r;
-    const float total = misc.row_sum[0][head] + misc.row_sum[1][head];
-    const float inverse = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
-    if (p.num_splits == 1) {
-      uint16_t* out = p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(out + 8 * j) =
-            pack_bf16x2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-      if (c == 0 && t == 0) p.lse[row * p.heads + head0 + head] = lse;
-    } else {
-      // The split's normalised state for the merge (sparse_mla_attention.cu's layout).
-      const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head;
-      float* out = p.partial_out + state * kLatentRank + 256 * c + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(out + 8 * j) =
-            make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-      if (c == 0 && t == 0) p.partial_lse[state] = lse;
-    }
-  }
+  // Finalise: out = O / (both warpgroups' row sums), and the lse.
+  store_consumer_rows(p, o, running_sum, running_max, misc.row_sum, kExchangeBarrier, row, head0,
+                      head_low, c, t);
 }
 
 // kTiered: slots may be past pool_slots (a host tier's entries).

@@ -58,10 +58,10 @@ namespace {
 using sparse_mla_prefill::kChunks;
 using sparse_mla_prefill::kDim;
 using sparse_mla_prefill::kHeads;
-using sparse_mla_prefill::kLn2;
 using sparse_mla_prefill::kLog2e;
 using sparse_mla_prefill::kQChunkBytes;
 using sparse_mla_prefill::kQueryPrescale;
+using sparse_mla_prefill::store_consumer_rows;
 using sparse_mla_prefill::store_e4m3x16_swizzled;
 using sparse_mla_prefill::store_query_tile;
 using sparse_mla_prefill::swizzled;
@@ -527,51 +527,9 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
   wgmma_wait_all();
 #pragma unroll
   for (int i = 0; i < 128; ++i) fence_operand(o[i]);
-
-    // Finalise: the row sums of both consumers, then out = O / sum and the lse.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 1);
-    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 2);
-    if (t == 0) misc.row_sum[C][head_low + 8 * r] = running_sum[r];
-  }
-  named_barrier(kEpilogueBarrier, kConsumerThreads);
-  float inverse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head_low + 8 * r;
-    const float total = misc.row_sum[0][head] + misc.row_sum[1][head];
-    inverse[r] = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? (running_max[r] + log2f(total)) * kLn2 : -INFINITY;
-    if (C == 0 && t == 0) {
-      if (p.num_splits == 1)
-        p.lse[row * p.heads + head0 + head] = lse;
-      else
-        p.partial_lse[(row * p.num_splits + blockIdx.z) * p.heads + head0 + head] = lse;
-    }
-  }
-  // Rows head_low and head_low + 8: columns 256 C + 8 j + 2 t, + 1.
-  if (p.num_splits == 1) {
-    uint16_t* out = p.out + (row * p.heads + head0 + head_low) * kLatentRank + 256 * C + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<uint32_t*>(out + 8 * j) =
-          pack_bf16x2(o[4 * j] * inverse[0], o[4 * j + 1] * inverse[0]);
-      *reinterpret_cast<uint32_t*>(out + 8 * kLatentRank + 8 * j) =
-          pack_bf16x2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
-    }
-  } else {
-    // The split's normalised state for the merge (sparse_mla_attention.cu's layout).
-    const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head_low;
-    float* out = p.partial_out + state * kLatentRank + 256 * C + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(out + 8 * j) =
-          make_float2(o[4 * j] * inverse[0], o[4 * j + 1] * inverse[0]);
-      *reinterpret_cast<float2*>(out + 8 * kLatentRank + 8 * j) =
-          make_float2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
-    }
-  }
+  // Finalise: out = O / (both warpgroups' row sums), and the lse.
+  store_consumer_rows(p, o, running_sum, running_max, misc.row_sum, kEpilogueBarrier, row, head0,
+                      head_low, C, t);
 }
 
 template <bool kTiered>

@@ -117,6 +117,55 @@ __device__ __forceinline__ void store_query_tile(const SparseMlaParams& p, int64
   }
 }
 
+// A consumer warpgroup's epilogue: its rows head_low and head_low + 8 (of 64
+// heads from head0) of O, o[4j + 2r + e] = O[row r][256 c + 8j + 2t + e]
+// (fp32, not normalised), divided by the rows' softmax sums (each thread's
+// running_sum over its columns, added over the quad and over both
+// warpgroups in `row_sum` [warpgroup][head], behind named barrier `barrier`
+// of both warpgroups), with their lse from the log2-domain running max: to
+// out / lse with one split, else the split's (blockIdx.z) normalised state
+// for the merge (sparse_mla_attention.cu's layout).
+__device__ __forceinline__ void store_consumer_rows(const SparseMlaParams& p, const float* o,
+                                                    float (&running_sum)[2],
+                                                    const float (&running_max)[2],
+                                                    float (&row_sum)[2][kHeads], int barrier,
+                                                    int64_t row, int head0, int head_low, int c,
+                                                    int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 1);
+    running_sum[r] += __shfl_xor_sync(0xffffffffu, running_sum[r], 2);
+    if (t == 0) row_sum[c][head_low + 8 * r] = running_sum[r];
+  }
+  named_barrier(barrier, 256);
+  float total[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    total[r] = row_sum[0][head_low + 8 * r] + row_sum[1][head_low + 8 * r];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head_low + 8 * r;
+    const float inverse = total[r] > 0.f ? 1.f / total[r] : 0.f;
+    const float lse = total[r] > 0.f ? (running_max[r] + log2f(total[r])) * kLn2 : -INFINITY;
+    if (p.num_splits == 1) {
+      uint16_t* out = p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) =
+            pack_bf16x2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      if (c == 0 && t == 0) p.lse[row * p.heads + head0 + head] = lse;
+    } else {
+      const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head;
+      float* out = p.partial_out + state * kLatentRank + 256 * c + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(out + 8 * j) =
+            make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      if (c == 0 && t == 0) p.partial_lse[state] = lse;
+    }
+  }
+}
+
 // 16 e4m3 (latent dims 8 u .. 8 u + 16 of a chunk, u even) times `scale` as
 // f16 into units u and u + 1 of row `key` of a swizzled chunk. With `odd`
 // (lanes of odd chunks: first_unit = u + 1) the word's high half is stored
