@@ -10,7 +10,8 @@
 //   [--skip-tokenizer-init] [--load-format auto|dummy]
 //   [--tensor-parallel-size N [--expert-parallel-size N]
 //   [--enable-layer-split | --split-indexer |
-//    --enable-dp-attention [--data-parallel-size D] [--load-balance-method M]]]
+//    --enable-dp-attention [--data-parallel-size D] [--load-balance-method M]
+//    [--moe-dispatch auto|all-to-all|gathered]]]
 //   [--context-parallel-size N [--expert-parallel-size N |
 //                               --tensor-parallel-size T [--expert-parallel-size T | N x T]]]
 //   [--speculative-steps K [--speculative-no-share] [--spec-verify rejection|target-only]]
@@ -127,7 +128,8 @@ struct ServeOptions {
   int data_parallel_size = 1;
   bool enable_layer_split = false;
   bool enable_dp_attention = false;
-  std::string load_balance_method;  // --load-balance-method (DP attention; "": cache_aware)
+  std::string load_balance_method;    // --load-balance-method (DP attention; "": cache_aware)
+  std::string moe_dispatch = "auto";  // --moe-dispatch (DP attention)
   bool split_indexer = false;
   std::string weight_update_python = "python3";
   double weight_update_timeout = 600;
@@ -242,7 +244,14 @@ int run_serve(const ServeOptions& options) {
     // A bad method name is a start-up error before the group forks.
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
+    load.load.moe_dispatch = parse_moe_dispatch(options.moe_dispatch);
+    MEGACTX_CHECK(load.load.moe_dispatch == MoeDispatch::automatic || replicas == n,
+                  "--moe-dispatch: for data-parallel attention of one rank per replica "
+                  "(replicas of tensor-parallel ranks take the all-to-all)");
   } else {
+    MEGACTX_CHECK(options.moe_dispatch == "auto",
+                  "--moe-dispatch chooses how data-parallel attention's MoE layers reach the "
+                  "experts: it needs --enable-dp-attention");
     MEGACTX_CHECK(options.load_balance_method.empty(),
                   "--load-balance-method picks a data-parallel rank for each request: it needs "
                   "--enable-dp-attention");
@@ -375,6 +384,7 @@ int run_serve(const ServeOptions& options) {
       {"enable_layer_split", options.enable_layer_split},
       {"enable_dp_attention", options.enable_dp_attention},
       {"load_balance_method", dp_load_balance_name(engine_config.dp_load_balance)},
+      {"moe_dispatch", options.enable_dp_attention ? options.moe_dispatch : "none"},
       {"dp_size", !options.enable_dp_attention     ? 1
                   : options.data_parallel_size > 1 ? options.data_parallel_size
                                                    : options.tensor_parallel_size}};
@@ -541,6 +551,14 @@ CommandRegistration registration{
                          "longest prefix, then the fewest running requests), round_robin, "
                          "shortest_queue (fewest running requests) or minimum_tokens (fewest "
                          "tokens of running requests)");
+      command
+          .add_option("--moe-dispatch", options->moe_dispatch,
+                      "With --enable-dp-attention: how the MoE layers reach the routed experts: "
+                      "all-to-all (each routed row to its expert's rank, exact sizes read on "
+                      "the host), gathered (every rank's rows padded to one size and gathered "
+                      "by every rank: no host read, so CUDA Graphs can hold the step) or auto "
+                      "(gathered in the decode steps CUDA Graphs run, else all-to-all)")
+          ->capture_default_str();
       command
           .add_option("--data-parallel-size,--dp-size", options->data_parallel_size,
                       "With --enable-dp-attention: the attention replicas (default "

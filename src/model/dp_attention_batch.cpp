@@ -1,5 +1,6 @@
 #include "model/dp_attention_batch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -101,11 +102,34 @@ std::vector<int> sequence_ranks(const ForwardBatch& batch, const RankPages& layo
   return out;
 }
 
+ForwardBatch::DataParallelStep data_parallel_step(const ForwardBatch& whole,
+                                                  const std::vector<int>& ranks) {
+  MEGACTX_CHECK(ranks.size() == whole.sequences.size(),
+                "data-parallel attention: {} ranks for {} sequences", ranks.size(),
+                whole.sequences.size());
+  ForwardBatch::DataParallelStep step;
+  std::vector<int64_t> sequences, rows;
+  for (size_t s = 0; s < ranks.size(); ++s) {
+    const auto share = static_cast<size_t>(std::max(ranks[s], 0));
+    if (share >= sequences.size()) {
+      sequences.resize(share + 1, 0);
+      rows.resize(share + 1, 0);
+    }
+    const auto tokens = static_cast<int64_t>(whole.sequences[s].tokens.size());
+    step.max_sequences = std::max(step.max_sequences, ++sequences[share]);
+    step.max_rows = std::max(step.max_rows, rows[share] += tokens);
+    if (s == 0) step.tokens_per_sequence = tokens;
+    if (tokens != step.tokens_per_sequence) step.tokens_per_sequence = 0;
+  }
+  return step;
+}
+
 void rank_share(const ForwardBatch& whole, const std::vector<int>& ranks, int rank,
                 const RankPages& layout, RankBatch& out) {
   out.batch = ForwardBatch{};
   out.batch.want_hidden_states = whole.want_hidden_states;
   out.batch.want_routed_experts = whole.want_routed_experts;
+  out.batch.dp_step = data_parallel_step(whole, ranks);
   out.pages.clear();
   for (size_t s = 0; s < whole.sequences.size(); ++s)
     if (ranks[s] == rank) out.pages.emplace_back();  // sized first: the spans point into it

@@ -34,8 +34,14 @@ int page_table_rank(std::span<const int32_t> pages, const RankPages& layout, siz
 // sequence's pages span two ranks' ranges.
 std::vector<int> sequence_ranks(const ForwardBatch& batch, const RankPages& layout);
 
+// The shape of a step whose sequence s runs on rank ranks[s], the same on
+// every rank (ForwardBatch::dp_step).
+ForwardBatch::DataParallelStep data_parallel_step(const ForwardBatch& whole,
+                                                  const std::vector<int>& ranks);
+
 // One rank's share of a step: its sequences in batch order, their page
-// tables local to its cache (the spans of `batch` point into `pages`).
+// tables local to its cache (the spans of `batch` point into `pages`), and
+// the whole step's shape (data_parallel_step).
 struct RankBatch {
   ForwardBatch batch;
   std::vector<std::vector<int32_t>> pages;

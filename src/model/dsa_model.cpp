@@ -182,6 +182,7 @@ ModelPlan rank_model_plan(const ModelConfig& config, const DsaModelOptions& opti
                         .context_parallel = options.context_parallel,
                         .context_parallel_size = options.context_parallel_size,
                         .experts_over_group = options.experts_over_group,
+                        .moe_dispatch = options.moe_dispatch,
                         .layer_split = options.layer_split,
                         .split_indexer = options.split_indexer});
 }
@@ -220,6 +221,14 @@ void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache)
 ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
   check_batch(batch, cache);
   drop_prefetch();  // one a failed forward may have left
+  // The MoE dispatch of this step, the same on every rank (a failed forward
+  // leaves it set, and the next forward sets it again; the MTP layer's runs,
+  // which reach the experts through this model too, take the all-to-all).
+  gathered_rows_ = gathered_dispatch_rows(plan_, batch);
+  struct ResetDispatch {
+    int64_t& rows;
+    ~ResetDispatch() { rows = 0; }
+  } reset_dispatch{gathered_rows_};
   const int64_t hidden = config_.hidden_size;
   Step step;
   step.page_size = cache.spec().page_size;
@@ -875,7 +884,9 @@ void DsaModel::moe_routed(const MoeWeights& w, const float* h, int64_t rows, flo
 
   std::fill(out, out + rows * hidden, 0.0f);
   std::vector<float> input, result;
-  if (plan_.expert_all_to_all) {
+  if (plan_.expert_all_to_all && gathered_rows_ > 0) {
+    routed_experts_gathered(w, h, rows, ids, gates, out);
+  } else if (plan_.expert_all_to_all) {
     routed_experts_all_to_all(w, h, rows, ids, gates, out);
   } else {
     // Expert parallel over tensor-parallel attention: every rank has every
@@ -961,6 +972,76 @@ void DsaModel::routed_experts_all_to_all(const MoeWeights& w, const float* h, in
     float* target = out + (pair / top_k) * hidden;
     const float* source = rows_out.data() + at * hidden;
     for (int64_t d = 0; d < hidden; ++d) target[d] += gates[pair] * source[d];
+  }
+}
+
+void DsaModel::routed_experts_gathered(const MoeWeights& w, const float* h, int64_t rows,
+                                       const std::vector<int32_t>& ids,
+                                       const std::vector<float>& gates, float* out) {
+  const int64_t hidden = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  const int64_t padded = gathered_rows_;
+  const int size = group_->size();
+  MEGACTX_CHECK(rows <= padded, "gathered MoE dispatch: {} rows past the step's {}", rows, padded);
+  // 1. This rank's rows and routing padded to `padded` rows (padding: zero
+  // rows, expert -1), gathered from every rank: x [size * padded, H] and
+  // routing [size * padded, top_k].
+  std::vector<float> mine(static_cast<size_t>(padded * hidden), 0.0f);
+  std::copy_n(h, rows * hidden, mine.begin());
+  std::vector<int32_t> my_ids(static_cast<size_t>(padded * top_k), -1);
+  std::vector<float> my_gates(my_ids.size(), 0.0f);
+  std::copy_n(ids.begin(), rows * top_k, my_ids.begin());
+  std::copy_n(gates.begin(), rows * top_k, my_gates.begin());
+  const int64_t all_rows = size * padded;
+  std::vector<float> x(static_cast<size_t>(all_rows * hidden));
+  std::vector<int32_t> all_ids(static_cast<size_t>(all_rows * top_k));
+  std::vector<float> all_gates(all_ids.size());
+  const auto word = static_cast<int64_t>(sizeof(float));
+  group_->all_gather(mine.data(), x.data(), padded * hidden * word);
+  group_->all_gather(my_ids.data(), all_ids.data(), padded * top_k * word);
+  group_->all_gather(my_gates.data(), all_gates.data(), padded * top_k * word);
+  // 2. This rank's experts over every gathered row: partial [size * padded,
+  // H], each row's local slots gate-weighted in slot order.
+  const int64_t first = plan_.first_expert, local = plan_.local_experts;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> assigned(static_cast<size_t>(local));
+  for (int64_t r = 0; r < all_rows; ++r) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t e = all_ids[r * top_k + j] - first;
+      if (e >= 0 && e < local) assigned[e].push_back({r, j});
+    }
+  }
+  std::vector<float> results(static_cast<size_t>(all_rows * top_k * hidden), 0.0f);
+  std::vector<float> input, result;
+  for (int64_t e = 0; e < local; ++e) {
+    const auto& list = assigned[e];
+    if (list.empty()) continue;
+    const auto m = static_cast<int64_t>(list.size());
+    input.resize(static_cast<size_t>(m * hidden));
+    result.resize(input.size());
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(x.data() + list[i].first * hidden, hidden, input.data() + i * hidden);
+    mlp(w.experts[e], input.data(), m, result.data());
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(result.data() + i * hidden, hidden,
+                  results.data() + (list[i].first * top_k + list[i].second) * hidden);
+  }
+  std::vector<float> partial(static_cast<size_t>(all_rows * hidden), 0.0f);
+  for (int64_t r = 0; r < all_rows; ++r) {
+    float* target = partial.data() + r * hidden;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t e = all_ids[r * top_k + j] - first;
+      if (e < 0 || e >= local) continue;
+      const float gate = all_gates[r * top_k + j];
+      const float* source = results.data() + (r * top_k + j) * hidden;
+      for (int64_t d = 0; d < hidden; ++d) target[d] += gate * source[d];
+    }
+  }
+  // 3. Rank q's rows' partials to rank q, from every rank, summed in rank order.
+  const std::vector<int64_t> chunk(static_cast<size_t>(size), padded * hidden * word);
+  std::vector<float> received(partial.size());
+  group_->all_to_all(partial.data(), chunk, received.data(), chunk);
+  for (int q = 0; q < size; ++q) {
+    const float* source = received.data() + q * padded * hidden;
+    for (int64_t i = 0; i < rows * hidden; ++i) out[i] += source[i];
   }
 }
 

@@ -35,7 +35,8 @@ struct DsaModelOptions {
   bool context_parallel = false;
   int context_parallel_size = 0;    // ParallelLayout's: 0 = the whole group
   bool experts_over_group = false;  // ParallelLayout's (ModelPlan::experts_over_shares)
-  bool split_indexer = false;       // ModelPlan::indexer_split
+  MoeDispatch moe_dispatch = MoeDispatch::automatic;  // ParallelLayout's
+  bool split_indexer = false;                         // ModelPlan::indexer_split
   // LayerSplit over the tensor-parallel group (ModelPlan::kv_owner).
   bool layer_split = false;
 };
@@ -148,6 +149,15 @@ class DsaModel final : public LanguageModel {
   void routed_experts_all_to_all(const MoeWeights& w, const float* h, int64_t rows,
                                  const std::vector<int32_t>& ids, const std::vector<float>& gates,
                                  float* out);
+  // The gathered dispatch (expert_dispatch.h) of the same: this rank's rows
+  // padded to gathered_rows_, every rank's gathered, this rank's experts
+  // over all of them, each rank's partial sums back to it and added into out.
+  void routed_experts_gathered(const MoeWeights& w, const float* h, int64_t rows,
+                               const std::vector<int32_t>& ids, const std::vector<float>& gates,
+                               float* out);
+  // The forward's gathered dispatch rows (gathered_dispatch_rows; 0: the
+  // all-to-all, as for the MTP layer's runs).
+  int64_t gathered_rows_ = 0;
 
   ModelConfig config_;
   DsaWeights weights_;

@@ -4,6 +4,16 @@
 
 namespace megactx {
 
+bool gathered_dispatch_layout(const ModelPlan& plan) {
+  return plan.expert_all_to_all && plan.tensor_parallel_size == 1 &&
+         plan.context_parallel_size == 1 && plan.data_parallel_size == 1 && plan.local_experts > 0;
+}
+
+int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch) {
+  if (plan.moe_dispatch != MoeDispatch::gathered || !gathered_dispatch_layout(plan)) return 0;
+  return batch.dp_step.max_rows;
+}
+
 ExpertSends plan_expert_sends(std::span<const int32_t> ids, int64_t top_k, int64_t experts,
                               int ranks) {
   MEGACTX_CHECK(ranks >= 1 && experts % ranks == 0 && top_k >= 1 &&

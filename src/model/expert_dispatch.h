@@ -1,16 +1,51 @@
-// The host bookkeeping of one MoE layer's expert all-to-all (data-parallel
-// attention, ModelPlan::expert_all_to_all): which of this rank's (row, slot)
-// pairs go to which rank and in what order, and how the pairs a rank
-// received group by its local experts. Written once for the CPU model
-// (DsaModel::routed_experts_all_to_all) and the CUDA model
-// (CudaDsaModel::moe_all_to_all), which move the rows themselves.
+// How a MoE layer of data-parallel attention (ModelPlan::expert_all_to_all)
+// reaches the routed experts, sharded over the ranks while each rank holds
+// its own rows; written once for the CPU model (DsaModel) and the CUDA model
+// (model/cuda/dsa_expert_all_to_all.cpp), which move the rows themselves.
+// Two dispatches (ModelPlan::moe_dispatch):
+//
+// - The all-to-all: each routed (row, slot) pair goes to its expert's rank
+//   and its result comes back, both by all_to_all with the exact pair counts
+//   (plan_expert_sends, group_by_expert below). Traffic per rank: rows x
+//   top_k hidden rows each way. The counts depend on the routing, and NCCL
+//   takes its sizes from the host: the host reads the routing every layer,
+//   so no CUDA Graph can hold the step.
+// - Gathered: every rank pads its rows to R rows that all ranks agree on
+//   without a collective (the step's longest share, or the CUDA Graph bucket
+//   of the step: ForwardBatch::dp_step), then
+//     1. all_gather of the rows x [S x R, H] and of their routing (ids and
+//        gates [S x R, top_k]; padding rows' ids -1),
+//     2. every rank applies its own experts to every gathered row: partial
+//        [S x R, H] = sum over the row's slots whose expert is local of
+//        gate x expert(row), slot order,
+//     3. all_to_all of equal chunks: rank q gets the partials of its R rows
+//        from every rank and adds them up in rank order.
+//   Every size is fixed by R, so a CUDA Graph can hold it; the traffic is S
+//   x R hidden rows each way per rank (as much as the all-to-all's when top_k
+//   = S and the ranks hold as many rows), and each rank's experts see every
+//   row (the padding's too, on the GPU).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "model/language_model.h"
+#include "model/model_plan.h"
+
 namespace megactx {
+
+// The rows every rank pads to when `plan` asks for the gathered dispatch on
+// every step (MoeDispatch::gathered) and `batch` is a rank's share of a
+// data-parallel step: the step's longest share. 0: the all-to-all (another
+// dispatch or layout, or not a share). The same on every rank of the step.
+// (The CUDA model also takes it, with R the step's graph bucket, for the
+// steps its CUDA Graphs run under MoeDispatch::automatic.)
+int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch);
+
+// Whether `plan`'s layout can take the gathered dispatch at all (one rank per
+// replica of data-parallel attention with the experts sharded over the ranks).
+bool gathered_dispatch_layout(const ModelPlan& plan);
 
 // Pairs are numbered row * top_k + slot. The sends go to rank 0 first, each
 // rank's in pair order; results come back in the same order.

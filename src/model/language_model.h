@@ -44,6 +44,17 @@ struct ForwardBatch {
   // (engine/rank_sampler.h), instead of every row going to rank 0. Ignored
   // by a model without rank_rows.
   bool logits_at_ranks = false;
+  // Data-parallel attention: the whole step's shape, which every rank's share
+  // carries (rank_share sets it) so that all ranks make the same choices
+  // though their own sequences differ: the MoE layers' dispatch and the rows
+  // it pads to, a CUDA Graph's batch bucket (expert_dispatch.h). Zeros: not
+  // a data-parallel share.
+  struct DataParallelStep {
+    int64_t max_sequences = 0;        // the most sequences of any rank's share
+    int64_t max_rows = 0;             // the most new tokens of any rank's share
+    int64_t tokens_per_sequence = 0;  // every sequence's new tokens; 0 when they differ
+  };
+  DataParallelStep dp_step;
 };
 
 struct ForwardOutput {

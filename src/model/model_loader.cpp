@@ -34,6 +34,7 @@ DsaModelOptions dsa_model_options(const ModelLoadOptions& options) {
   model_options.context_parallel = options.context_parallel;
   model_options.context_parallel_size = options.context_parallel_size;
   model_options.experts_over_group = options.experts_over_group;
+  model_options.moe_dispatch = options.moe_dispatch;
   model_options.split_indexer = options.split_indexer;
   model_options.layer_split = options.layer_split;
   return model_options;

@@ -12,6 +12,7 @@
 #include "model/cuda/memory_plan.h"
 #include "model/cuda/options.h"
 #include "model/language_model.h"
+#include "model/model_plan.h"
 
 #include "parallel/communicator.h"
 
@@ -68,6 +69,8 @@ struct ModelLoadOptions {
   // experts sharded over the whole group (ModelPlan::experts_over_shares)
   // instead of over each share's tensor-parallel ranks.
   bool experts_over_group = false;
+  // Data-parallel attention's MoE dispatch (ModelPlan::moe_dispatch, --moe-dispatch).
+  MoeDispatch moe_dispatch = MoeDispatch::automatic;
   // LayerSplit over the tensor-parallel group: each decoder layer's KV
   // caches on one rank (model_plan.h: ModelPlan::kv_owner); make_kv_cache
   // then allocates this rank's layers only.

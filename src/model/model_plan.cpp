@@ -166,6 +166,12 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.experts_over_shares = true;
     }
   }
+  MEGACTX_CHECK(layout.moe_dispatch == MoeDispatch::automatic ||
+                    (layout.data_parallel_attention && !replicas_of_tensor && experts),
+                "--moe-dispatch: the MoE dispatch of data-parallel attention with expert "
+                "parallelism over one rank per replica (--enable-dp-attention "
+                "--expert-parallel-size {}, no --data-parallel-size below it)",
+                size);
   if (replicas_of_tensor) {
     MEGACTX_CHECK(experts,
                   "data-parallel attention over shares of tensor-parallel ranks: the routed "
@@ -207,9 +213,18 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.attention.index_heads = whole.attention.index_heads / tensor_size;
     }
   }
-  if (experts && !plan.experts_over_shares && !replicas_of_tensor)
+  if (experts && !plan.experts_over_shares && !replicas_of_tensor) {
     shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
+    if (layout.data_parallel_attention) plan.moe_dispatch = layout.moe_dispatch;
+  }
   return plan;
+}
+
+MoeDispatch parse_moe_dispatch(const std::string& name) {
+  if (name == "auto") return MoeDispatch::automatic;
+  if (name == "all-to-all") return MoeDispatch::all_to_all;
+  if (name == "gathered") return MoeDispatch::gathered;
+  fail("--moe-dispatch {}: expected auto, all-to-all or gathered", name);
 }
 
 std::vector<int> layer_split_owners(const std::vector<LayerPlan>& layers,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,16 @@ struct LayerPlan {
   int64_t indexer_source = 0;
   bool moe = false;  // routed (+ shared) experts, else the dense SwiGLU MLP
 };
+
+// How data-parallel attention's MoE layers reach the routed experts
+// (ModelPlan::moe_dispatch, expert_dispatch.h).
+enum class MoeDispatch {
+  automatic,   // gathered in the steps a CUDA Graph holds, else the all-to-all
+  all_to_all,  // each routed (row, slot) pair to its expert's rank and back
+  gathered,    // every rank's rows, padded to one size, gathered by every rank
+};
+// "auto" | "all-to-all" | "gathered"; anything else is an Error.
+MoeDispatch parse_moe_dispatch(const std::string& name);
 
 struct ModelPlan {
   AttentionDims attention;
@@ -93,6 +104,12 @@ struct ModelPlan {
   int expert_parallel_rank = 0;
   int expert_parallel_size = 1;
   bool expert_all_to_all = false;
+  //   How they get there (data-parallel attention of one rank per replica;
+  //   expert_dispatch.h): the all-to-all of the routed pairs (exact sizes,
+  //   which the host reads), or gathered (fixed sizes: a CUDA Graph can hold
+  //   it). Replicas of tensor ranks and context parallelism take the
+  //   all-to-all.
+  MoeDispatch moe_dispatch = MoeDispatch::all_to_all;
   // * experts over the shares (experts_over_shares: context shares of
   //   tensor-parallel ranks with the routed experts sharded over the whole
   //   group, expert rank = rank): a MoE layer gathers every share's rows,
@@ -166,6 +183,9 @@ struct ParallelLayout {
   // experts sharded over the whole group (ModelPlan::experts_over_shares)
   // instead of over each share's tensor-parallel ranks.
   bool experts_over_group = false;
+  // Data-parallel attention of one rank per replica: ModelPlan::moe_dispatch
+  // (an Error for another value than automatic in other layouts).
+  MoeDispatch moe_dispatch = MoeDispatch::automatic;
   // LayerSplit over the tensor-parallel group (not with data-parallel
   // attention or context parallelism): see ModelPlan::kv_owner.
   bool layer_split = false;

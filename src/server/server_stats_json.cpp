@@ -64,10 +64,10 @@ nlohmann::json server_stats_json(const ServerMetrics& metrics, const EngineStats
       {"time_per_output_token", histogram_json(metrics.time_per_output_token.snapshot())},
       {"e2e_request_latency", histogram_json(metrics.end_to_end_latency.snapshot())}};
   nlohmann::json server = nlohmann::json::object();
-  for (const char* key :
-       {"device", "kv_dtype", "kv_memory", "host_kv_memory", "host_latent_memory",
-        "max_running_requests", "speculative_steps", "tensor_parallel_size", "expert_parallel_size",
-        "context_parallel_size", "enable_layer_split", "enable_dp_attention", "dp_size"})
+  for (const char* key : {"device", "kv_dtype", "kv_memory", "host_kv_memory", "host_latent_memory",
+                          "max_running_requests", "speculative_steps", "tensor_parallel_size",
+                          "expert_parallel_size", "context_parallel_size", "enable_layer_split",
+                          "enable_dp_attention", "dp_size", "moe_dispatch"})
     if (server_info.contains(key)) server[key] = server_info[key];
   return {{"monotonic_ms", monotonic_ms},        {"time", unix_seconds},
           {"engine", std::move(engine)},         {"counters", std::move(counters)},

@@ -4,12 +4,13 @@
 // host dispatch the model used before; determinism and batch invariance; and
 // the whole model (HF fixtures, fp32 mode) with device_moe on vs off: prefill,
 // decode and batched multi-token logits within 1e-5 relative, greedy tokens
-// equal.
+// equal. The gathered dispatch's two device steps against host loops.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/moe/gathered_dispatch.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/device_buffer.h"
@@ -408,6 +410,55 @@ TEST(CudaMoe, BadShapesAreErrors) {
       grouped_moe(data.x_d.as<float>(), data.ids_d.as<int32_t>(), data.gates_d.as<float>(),
                   data.shape, bf16_weights, nullptr, buffers, out.get<float>(2 * 64), nullptr),
       Error);
+}
+
+// ---- the gathered dispatch's device steps (kernels/cuda/moe/gathered_dispatch.h) ----
+
+TEST(CudaMoe, GatheredRoutingIsMadeLocalToThisRanksExperts) {
+  // 3 ranks x 2 rows x top-2 over 8 experts; this rank holds experts [2, 4).
+  const int64_t ranks = 3, pairs = 4;
+  const std::vector<int32_t> ids = {2, 5, 3, 0, /**/ 7, 4, 1, 2, /**/ 3, 3, -1, -1};
+  const std::vector<float> gates = {0.5f, 0.25f, 1.0f, 2.0f, 3.0f, 4.0f,
+                                    5.0f, 6.0f,  7.0f, 8.0f, 0.0f, 0.0f};
+  std::vector<int32_t> words;  // [ranks, 2, pairs]: ids, then gates' bits
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (int64_t p = 0; p < pairs; ++p) words.push_back(ids[r * pairs + p]);
+    for (int64_t p = 0; p < pairs; ++p) {
+      int32_t bits = 0;
+      std::memcpy(&bits, &gates[r * pairs + p], 4);
+      words.push_back(bits);
+    }
+  }
+  DeviceBuffer words_d, local_d, gates_d;
+  to_device(words_d, words);
+  localize_gathered_routing(words_d.as<int32_t>(), ranks, pairs, /*first_expert=*/2,
+                            /*local_experts=*/2, local_d.get<int32_t>(ranks * pairs),
+                            gates_d.get<float>(ranks * pairs), nullptr);
+  MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(to_host(local_d.as<int32_t>(), ranks * pairs),
+            (std::vector<int32_t>{0, -1, 1, -1, -1, -1, -1, 0, 1, 1, -1, -1}));
+  EXPECT_EQ(to_host(gates_d.as<float>(), ranks * pairs), gates);
+}
+
+TEST(CudaMoe, RankChunksAddUpInRankOrder) {
+  const int64_t ranks = 4, chunk = 1000, count = 777;
+  const std::vector<float> chunks = random_values(ranks * chunk, 1.0f, 11);
+  const std::vector<float> shared = random_values(count, 1.0f, 12);
+  DeviceBuffer chunks_d, shared_d, out_d;
+  to_device(chunks_d, chunks);
+  to_device(shared_d, shared);
+  for (const bool with_shared : {false, true}) {
+    sum_rank_chunks(chunks_d.as<float>(), ranks, chunk, count,
+                    with_shared ? shared_d.as<float>() : nullptr, out_d.get<float>(count), nullptr);
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = to_host(out_d.as<float>(), count);
+    for (int64_t i = 0; i < count; ++i) {
+      float want = chunks[i];
+      for (int64_t q = 1; q < ranks; ++q) want += chunks[q * chunk + i];
+      if (with_shared) want += shared[i];
+      ASSERT_EQ(got[i], want) << i;  // the same additions in the same order
+    }
+  }
 }
 
 // ---- the whole model: device_moe on vs off -------------------------------------

@@ -45,6 +45,7 @@ struct Layout {
   bool context_parallel = false;         // every step's rows split over the ranks
   int context_parallel_size = 0;         // context shares (0: one per rank)
   bool layer_split = false;              // each layer's KV on one rank
+  MoeDispatch moe_dispatch = MoeDispatch::automatic;  // data-parallel attention's
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -64,6 +65,7 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.context_parallel = group != nullptr && layout.context_parallel;
   options.context_parallel_size = group != nullptr ? layout.context_parallel_size : 0;
   options.layer_split = group != nullptr && layout.layer_split;
+  options.moe_dispatch = group != nullptr ? layout.moe_dispatch : MoeDispatch::automatic;
   return load_language_model(fixture_dir(fixture), options);
 }
 
@@ -72,7 +74,9 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
 // rows at all: a prefill of half the prompt on both, the rest on replica 0
 // while replica 1 has none, then on replica 1 while replica 0 has none, then
 // `steps` greedy decode steps on both. `alone` (no group): the same steps of this rank's sequence,
-// without the empty ones. Every logit of this rank's rows, in order.
+// without the empty ones. Every logit of this rank's rows, in order. In the
+// group each step carries the whole step's shape (ForwardBatch::dp_step, as
+// the serving group's leader sends it): both replicas' rows.
 std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f, int replica,
                                        int64_t steps, bool alone) {
   std::vector<int32_t> prompt = f.input_ids;
@@ -85,9 +89,11 @@ std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f,
   for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(p));
   std::vector<float> out;
   int32_t next = 0;
-  auto step = [&](std::span<const int32_t> tokens, int64_t start) {
+  // `longest`: the rows of the step's sequences (one per replica, each as long).
+  auto step = [&](std::span<const int32_t> tokens, int64_t start, int64_t longest) {
     ForwardBatch batch;
     if (!tokens.empty()) batch.sequences.push_back({tokens, start, table, 0});
+    batch.dp_step = {.max_sequences = 1, .max_rows = longest, .tokens_per_sequence = longest};
     if (batch.sequences.empty() && alone) return;
     const Tensor logits = model.to_host(model.forward(batch, *cache).logits);
     if (tokens.empty()) return;
@@ -97,12 +103,13 @@ std::vector<float> data_parallel_steps(LanguageModel& model, const HfFixture& f,
   const int64_t half = length / 2;
   const std::span<const int32_t> first(prompt.data(), static_cast<size_t>(half));
   const std::span<const int32_t> rest(prompt.data() + half, static_cast<size_t>(length - half));
-  step(first, 0);
-  step(replica == 0 ? rest : std::span<const int32_t>(), half);
-  step(replica == 1 ? rest : std::span<const int32_t>(), half);
+  const auto rest_rows = static_cast<int64_t>(rest.size());
+  step(first, 0, half);
+  step(replica == 0 ? rest : std::span<const int32_t>(), half, rest_rows);
+  step(replica == 1 ? rest : std::span<const int32_t>(), half, rest_rows);
   for (int64_t i = 0; i < steps; ++i) {
     const std::vector<int32_t> token = {next};
-    step(token, length + i);
+    step(token, length + i, 1);
   }
   return out;
 }
@@ -129,9 +136,11 @@ bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const
   const double error = relative_error(got.data(), expected.data(), got.size());
   if (error > 1e-5) print_row_errors(fixture, got, expected, f.vocab);
   std::printf(
-      "%s, data-parallel attention%s, rank %d of %d (%d replicas) on one GPU, %s collectives: "
+      "%s, data-parallel attention%s%s, rank %d of %d (%d replicas) on one GPU, %s collectives: "
       "relative error %.3g\n",
-      fixture, layout.layer_split ? " with LayerSplit" : "", group.rank(), group.size(), replicas,
+      fixture, layout.layer_split ? " with LayerSplit" : "",
+      layout.moe_dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "", group.rank(),
+      group.size(), replicas,
       layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error);
   return error <= 1e-5;
 }
@@ -221,7 +230,9 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverHostCollectivesMatchOneProcess) {
   }
 }
 
-TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
+// Data-parallel attention over 2 ranks, host collectives and NCCL, the MoE
+// layers by `dispatch`.
+void expect_data_parallel_ranks_match(MoeDispatch dispatch) {
   for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
     for (const auto collectives :
          {CudaModelOptions::Collectives::host, CudaModelOptions::Collectives::nccl}) {
@@ -231,10 +242,22 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
       Layout layout;
       layout.expert_parallel = true;
       layout.data_parallel_attention = true;
+      layout.moe_dispatch = dispatch;
       layout.collectives = collectives;
       expect_group_matches(2, fixture, layout, data_parallel_rank_matches_one_process);
     }
   }
+}
+
+TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
+  expect_data_parallel_ranks_match(MoeDispatch::automatic);  // eager here: the all-to-all
+}
+
+// The gathered MoE dispatch (model/expert_dispatch.h; what CUDA Graphs of
+// data-parallel steps run), here eagerly on every step: each rank's rows
+// padded to the step's longest share, a rank with no rows in two steps.
+TEST_F(CudaModelGroup, DataParallelAttentionGatheredDispatchMatchesOneProcessEach) {
+  expect_data_parallel_ranks_match(MoeDispatch::gathered);
 }
 
 // LayerSplit over 2 tensor-parallel ranks on one GPU: each layer's pools on

@@ -39,6 +39,9 @@ out), over 2 and 4 ranks:
   experts and hidden states, weight updates (a trainer's group of 4 + 1 ranks too) and MTP
   speculation as one process gives them; with LayerSplit inside each replica, more pages from
   the same budget and the same outputs;
+- --moe-dispatch gathered (every rank's rows padded to the step's longest share and gathered by
+  every rank: the dispatch CUDA Graphs can hold) over 2 and 4 ranks gives one process's greedy
+  and sampled outputs, and with MTP one process's greedy ids;
 - what it cannot combine with yet is a start-up error.
 
     python3 dp_attention_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
@@ -377,6 +380,33 @@ def replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt
     return check(failures, ok, message)
 
 
+def gathered_dispatch(args, failures, prompts, plain, plain_sampled, new_tokens):
+    """--moe-dispatch gathered (every rank's rows padded to the step's longest share and
+    gathered by every rank, instead of the all-to-all of routed pairs) over 2 and 4 ranks: the
+    concurrent greedy and sampled requests give one process's outputs; with MTP (whose runs take
+    the all-to-all) one process's greedy ids without MTP."""
+    for ranks in (2, 4):
+        layout = (*dp(ranks), "--moe-dispatch", "gathered")
+        with MegactxServer(args.megactx, args.fixture, *COMMON, *layout,
+                           name=f"dp{ranks}-gathered") as server:
+            outputs = concurrent_outputs(server, prompts, new_tokens)
+            outputs_sampled = concurrent_sampled(server, prompts, new_tokens)
+            info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        same, worst = compare(outputs, plain)
+        same_sampled, worst_sampled = compare(outputs_sampled, plain_sampled)
+        ok = same and same_sampled and max(worst, worst_sampled) <= 1e-4 and \
+            info.get("moe_dispatch") == "gathered"
+        failures = check(failures, ok,
+                         f"{' '.join(layout)}: {len(prompts)} concurrent greedy and sampled "
+                         f"requests {'equal to' if same and same_sampled else 'DIFFERENT from'} "
+                         f"one process's, max |logprob difference| "
+                         f"{max(worst, worst_sampled):.2e}; server info moe_dispatch "
+                         f"{info.get('moe_dispatch')}")
+    ok, message = speculation_over_two_ranks(args.megactx, args.default_model,
+                                             (*dp(2), "--moe-dispatch", "gathered"))
+    return check(failures, ok, message)
+
+
 def check(failures, ok, message):
     print(f"{'ok  ' if ok else 'FAIL'} {message}", flush=True)
     return failures + (not ok)
@@ -602,6 +632,7 @@ def main():
 
     failures = replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt,
                                         new_tokens)
+    failures = gathered_dispatch(args, failures, prompts, plain, plain_sampled, new_tokens)
 
     # Not served yet: start-up errors naming the flag, not hangs or fallbacks.
     for extra, named in ((("--tensor-parallel-size", "2", "--enable-dp-attention"),
@@ -618,6 +649,10 @@ def main():
                            "--device", "cuda", "--host-latent-memory", "1GiB"),
                           "--enable-layer-split"),
                          (("--load-balance-method", "round_robin"), "--enable-dp-attention"),
+                         (("--moe-dispatch", "gathered"), "--enable-dp-attention"),
+                         ((*dp(4), "--data-parallel-size", "2", "--moe-dispatch", "gathered"),
+                          "--moe-dispatch"),
+                         ((*dp(2), "--moe-dispatch", "deepep"), "gathered"),
                          ((*dp(2), "--load-balance-method", "random"), "round_robin")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",
                                  *COMMON, *extra], capture_output=True, text=True, timeout=120)

@@ -1,10 +1,17 @@
 // The expert all-to-all's host bookkeeping (model/expert_dispatch.h) on a
 // hand-checked case: 3 rows of top-2 over 6 experts on 3 ranks (2 each).
+// The gathered dispatch's choice: the rows every rank pads to come from the
+// whole step's shape, which every rank's share carries (a share with no
+// sequences too), and only the layouts it serves take it.
 #include "model/expert_dispatch.h"
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "hf_fixture.h"
+#include "io/model_config.h"
+#include "model/dp_attention_batch.h"
+#include "model/model_plan.h"
 
 namespace megactx {
 namespace {
@@ -43,6 +50,78 @@ TEST(ExpertDispatch, RefusesIdsOutsideTheExperts) {
   EXPECT_THROW(plan_expert_sends(std::vector<int32_t>{-1, 0}, 2, 6, 3), Error);
   EXPECT_THROW(group_by_expert(std::vector<int32_t>{2}, 2), Error);
   EXPECT_THROW(plan_expert_sends(std::vector<int32_t>{0, 1}, 2, 7, 3), Error);  // 7 over 3
+}
+
+// Four sequences on ranks 1, 0, 1, 1 of 3 (rank 2 holds none).
+ForwardBatch four_sequences(const std::vector<int32_t>& tokens, std::vector<int64_t> counts,
+                            const std::vector<std::vector<int32_t>>& pages) {
+  ForwardBatch batch;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    SequenceInput in;
+    in.tokens = std::span<const int32_t>(tokens).first(static_cast<size_t>(counts[s]));
+    in.page_table = pages[s];
+    batch.sequences.push_back(in);
+  }
+  return batch;
+}
+
+TEST(ExpertDispatch, EveryShareCarriesTheWholeStepsShape) {
+  const std::vector<int32_t> tokens(8, 5);
+  const std::vector<std::vector<int32_t>> pages = {{4}, {0}, {5}, {6}};  // 4 pages per rank
+  const RankPages layout{4, 0, 3};
+  const ForwardBatch decode = four_sequences(tokens, {1, 1, 1, 1}, pages);
+  const std::vector<int> ranks = sequence_ranks(decode, layout);
+  EXPECT_EQ(ranks, (std::vector<int>{1, 0, 1, 1}));
+  for (int rank = 0; rank < 3; ++rank) {
+    RankBatch share;
+    rank_share(decode, ranks, rank, layout, share);
+    EXPECT_EQ(share.batch.sequences.size(), rank == 1 ? 3u : rank == 0 ? 1u : 0u);
+    EXPECT_EQ(share.batch.dp_step.max_sequences, 3);
+    EXPECT_EQ(share.batch.dp_step.max_rows, 3);
+    EXPECT_EQ(share.batch.dp_step.tokens_per_sequence, 1);
+  }
+  // MTP verification rows (4 each), and a ragged step (prefill beside decode).
+  const auto verify = data_parallel_step(four_sequences(tokens, {4, 4, 4, 4}, pages), ranks);
+  EXPECT_EQ(verify.max_rows, 12);
+  EXPECT_EQ(verify.tokens_per_sequence, 4);
+  const auto ragged = data_parallel_step(four_sequences(tokens, {1, 8, 2, 1}, pages), ranks);
+  EXPECT_EQ(ragged.max_sequences, 3);
+  EXPECT_EQ(ragged.max_rows, 8);  // rank 0's prefill of 8 against rank 1's 4 rows
+  EXPECT_EQ(ragged.tokens_per_sequence, 0);
+}
+
+TEST(ExpertDispatch, TheGatheredDispatchServesDataParallelAttentionOfOneRankPerReplica) {
+  const ModelConfig config = load_model_config(testing::fixture_dir("glm_schedule"));
+  const ModelPlan whole = plan_model(config);
+  ForwardBatch share;
+  share.dp_step = {.max_sequences = 3, .max_rows = 7, .tokens_per_sequence = 0};
+  const auto plan = [&](MoeDispatch dispatch, int size = 2, int replicas = 0) {
+    return parallel_plan(whole, config,
+                         {.rank = 1,
+                          .size = size,
+                          .expert_parallel = true,
+                          .data_parallel_attention = true,
+                          .data_parallel_size = replicas,
+                          .moe_dispatch = dispatch});
+  };
+  EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::gathered), share), 7);
+  EXPECT_TRUE(gathered_dispatch_layout(plan(MoeDispatch::automatic)));
+  EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::automatic), share), 0);
+  EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::all_to_all), share), 0);
+  EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::gathered), ForwardBatch{}), 0);
+  // Replicas of tensor ranks (their MoE goes by tensor slices) and the layouts
+  // without data-parallel attention: a clear error for anything but automatic.
+  EXPECT_FALSE(gathered_dispatch_layout(plan(MoeDispatch::automatic, 4, 2)));
+  EXPECT_THROW(plan(MoeDispatch::gathered, 4, 2), Error);
+  EXPECT_THROW(
+      parallel_plan(
+          whole, config,
+          {.rank = 0, .size = 2, .expert_parallel = true, .moe_dispatch = MoeDispatch::gathered}),
+      Error);
+  EXPECT_EQ(parse_moe_dispatch("auto"), MoeDispatch::automatic);
+  EXPECT_EQ(parse_moe_dispatch("all-to-all"), MoeDispatch::all_to_all);
+  EXPECT_EQ(parse_moe_dispatch("gathered"), MoeDispatch::gathered);
+  EXPECT_THROW(parse_moe_dispatch("deepep"), Error);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 // rank moves its own sequences' pages to its own offload pages and decodes
 // from them as one process does; a move across ranks is refused. Two
 // replicas of two tensor-parallel ranks each (SGLang's --dp-size below
-// --tp-size) run the same steps and MTP runs as one process.
+// --tp-size) run the same steps and MTP runs as one process. The gathered
+// MoE dispatch (every rank's rows padded and gathered, no all-to-all of
+// routed pairs) gives the same steps as one process over 2 and 4 ranks.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -114,12 +116,14 @@ struct DpModels {
 };
 // `replicas` below the group's size: replicas of tensor-parallel ranks.
 std::optional<DpModels> load_dp_models(const std::string& dir, parallel::Communicator& group,
-                                       int replicas = 0, bool layer_split = false) {
+                                       int replicas = 0, bool layer_split = false,
+                                       MoeDispatch dispatch = MoeDispatch::automatic) {
   ModelLoadOptions options;
   options.group = &group;
   options.expert_parallel = options.data_parallel_attention = true;
   options.data_parallel_size = replicas;
   options.layer_split = layer_split;
+  options.moe_dispatch = dispatch;
   auto model = load_language_model(dir, options);
   if (group.rank() != 0) {
     run_group_worker(*model, group, replicas);
@@ -138,9 +142,10 @@ std::vector<int32_t> fixture_tokens(const HfFixture& f, size_t offset, size_t le
 }
 
 bool dp_steps_match_one_process(const std::string& name, parallel::Communicator& group,
-                                int replicas = 0, bool layer_split = false) {
+                                int replicas = 0, bool layer_split = false,
+                                MoeDispatch dispatch = MoeDispatch::automatic) {
   const HfFixture f = load_fixture(name);
-  auto models = load_dp_models(f.dir, group, replicas, layer_split);
+  auto models = load_dp_models(f.dir, group, replicas, layer_split, dispatch);
   if (!models) return true;
   auto& [leader, whole] = *models;
   const int size = replicas > 0 ? replicas : group.size();  // the replicas ("ranks" below)
@@ -172,9 +177,11 @@ bool dp_steps_match_one_process(const std::string& name, parallel::Communicator&
                              {tokens(13, 100), pages(size - 1, 2)},
                              {tokens(29, 70), pages(size > 2 ? 2 : 0, 2)}};
   const std::string label =
-      replicas > 0 ? fmt::format("{}, {} replicas of {} ranks{}", name, size, group.size() / size,
-                                 layer_split ? " (LayerSplit)" : "")
-                   : fmt::format("{}, {} ranks", name, size);
+      replicas > 0
+          ? fmt::format("{}, {} replicas of {} ranks{}", name, size, group.size() / size,
+                        layer_split ? " (LayerSplit)" : "")
+          : fmt::format("{}, {} ranks{}", name, size,
+                        dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "");
   bool ok = true;
   // Only rank 1 has rows: the leader forwards none.
   ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 64}}, false,
@@ -481,6 +488,19 @@ TEST(DataParallelAttentionGroup, ReplicasOfTensorRanksMatchOneProcess) {
 TEST(DataParallelAttentionGroup, FourRanksMatchOneProcess) {
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return dp_steps_match_one_process("glm_pattern", group);
+  });
+}
+
+// The gathered MoE dispatch (model/expert_dispatch.h): every rank's rows
+// padded to the step's longest share and gathered by every rank, the same
+// steps (a rank with no rows, ragged prefill and decode shares).
+TEST(DataParallelAttentionGroup, GatheredDispatchMatchesOneProcess) {
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return dp_steps_match_one_process(name, group, 0, false, MoeDispatch::gathered);
+    });
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return dp_steps_match_one_process("glm_pattern", group, 0, false, MoeDispatch::gathered);
   });
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
+#include "model/expert_dispatch.h"
 #include "parallel/host_staged_communicator.h"
 #include "parallel/nccl_communicator.h"
 
@@ -178,24 +179,44 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
   MEGACTX_CHECK(weights_ != nullptr,
                 "the model's weights are released (resume_memory_occupation brings them back)");
   check_cache_layout(plan_, cache, Device::CUDA);
-  MEGACTX_CHECK(!batch.sequences.empty(), "forward: empty batch");
+  // A rank of data-parallel attention may have no sequences in a step.
+  MEGACTX_CHECK(!batch.sequences.empty() || plan_.expert_all_to_all, "forward: empty batch");
   check_sequence_inputs(batch, cache.spec(), config_.vocab_size);
 }
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
-  // A rank of data-parallel attention without rows in this step still
-  // serves the other ranks' expert pairs.
-  if (batch.sequences.empty() && plan_.expert_all_to_all) return forward_no_rows();
+  std::optional<DecodeGraphKey> key = graph_key(batch, cache);
+  // Data-parallel attention's MoE dispatch for this step, decided from what
+  // every rank knows alike (model/expert_dispatch.h): gathered over the
+  // graph bucket's rows in a step that runs as a graph (on this rank or
+  // not: a failed capture runs eagerly with the same collectives), gathered
+  // over the longest share when asked for on every step, else the
+  // all-to-all. The MTP layer's runs take the all-to-all.
+  gathered_rows_ = key && gathered_dispatch_layout(plan_) ? key->rows() : 0;
+  if (gathered_rows_ == 0 && plan_.expert_all_to_all && weights_ != nullptr) {
+    const int64_t rows = gathered_dispatch_rows(plan_, batch);
+    bool served = rows > 0;
+    for (const DeviceLayer& w : weights_->layers)
+      served = served && (!w.is_moe || gathered_on_device(w, rows));
+    if (served) gathered_rows_ = rows;
+  }
+  struct ResetDispatch {
+    int64_t& rows;
+    ~ResetDispatch() { rows = 0; }
+  } reset_dispatch{gathered_rows_};
+  // A rank of data-parallel attention without rows in an eager step still
+  // serves the other ranks' experts.
+  if (batch.sequences.empty() && plan_.expert_all_to_all && !key) return forward_no_rows();
   const auto wall_start = std::chrono::steady_clock::now();
   bool decode_step = true;
   for (const SequenceInput& in : batch.sequences) decode_step &= in.tokens.size() == 1;
   timer_.begin_forward(decode_step);
   timer_.mark("host prep + uploads", stream_);
   check_batch(batch, cache);
-  std::optional<DecodeGraphKey> key = graph_key(batch, cache);
   // A key whose capture failed runs unpadded until the graphs are next
   // dropped (then its capture is tried again).
   if (key && graphs_.failed(*key)) key.reset();
+  if (!key && batch.sequences.empty()) return forward_no_rows();
   ForwardOutput output = key ? forward_graph(batch, cache, *key) : forward_eager(batch, cache);
   read_back_offload_counters();
   timer_.collect(stream_);

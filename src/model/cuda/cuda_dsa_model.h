@@ -173,6 +173,11 @@ class CudaDsaModel final : public LanguageModel {
     // Replicas of tensor ranks: this rank's slice of the MoE output and of
     // the routing record, and every slice of the replica (gathered).
     DeviceBuffer a2a_slice, a2a_slices, a2a_slice_ids, a2a_slices_ids;
+    // The gathered dispatch (moe_gathered): this rank's padded rows and
+    // routing, every rank's, the local ids and gates, the partial sums and
+    // the partials received.
+    DeviceBuffer gather_mine, gather_routing, gather_rows, gather_every_routing;
+    DeviceBuffer gather_local_ids, gather_gates, gather_partial, gather_received;
     // Context parallelism: this rank's rows packed, and every rank's.
     DeviceBuffer context_mine, context_all;
   };
@@ -332,10 +337,25 @@ class CudaDsaModel final : public LanguageModel {
   // the config's.
   void grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids, const float* gates,
                        const float* shared, int64_t rows, float* out, int64_t top_k = 0);
-  // Whether the (row, expert) pairs an expert all-to-all brought this rank
-  // run as one grouped device call (each pair a row of one expert, gate 1)
-  // instead of a GEMM chain per expert over ids read on the host.
-  bool received_pairs_on_device(const DeviceLayer& w, int64_t pairs) const;
+  // Whether one grouped device call serves `rows` rows of `top_k` slots of
+  // layer `w` (the pairs an expert all-to-all brought this rank: each a row
+  // of one expert, gate 1, else a GEMM chain per expert over ids read on the
+  // host; the gathered dispatch's rows of every rank).
+  bool grouped_call_on_device(const DeviceLayer& w, int64_t rows, int64_t top_k) const;
+  // Data-parallel attention's MoE layer by the gathered dispatch
+  // (model/expert_dispatch.h; model/cuda/dsa_expert_gathered.cpp): this
+  // rank's rows h [rows, H] (rows <= gathered_rows_, 0 allowed) padded to
+  // gathered_rows_, every rank's gathered, this rank's experts over all of
+  // them, the partial sums back to their ranks, out [rows, H] with the
+  // shared expert. No host sync: CUDA Graphs hold it.
+  void moe_gathered(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // Whether the gathered dispatch serves layer `w` with `padded_rows` rows a
+  // rank: its layout (gathered_dispatch_layout) and one grouped call over
+  // every rank's rows.
+  bool gathered_on_device(const DeviceLayer& w, int64_t padded_rows) const;
+  // The rows every rank pads to in this forward's gathered dispatch; 0: the
+  // all-to-all (set by forward(), 0 for the MTP layer's runs).
+  int64_t gathered_rows_ = 0;
   // The routed-expert capture of the running forward: moe() copies its ids
   // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
   // outside forwards that want them (the MTP layer never records).

@@ -16,7 +16,7 @@
 // The routed ids (to size the sends) and the received counts are read on
 // the host (one sync each; NCCL takes its sizes from the host), so these
 // layers run eagerly, never inside a CUDA Graph; the received pairs run as
-// one grouped call planned on the device (received_pairs_on_device; else
+// one grouped call planned on the device (grouped_call_on_device; else
 // their expert ids are read back too and each expert runs its GEMM chain).
 // Why not a fixed-size device dispatch (DeepEP's low-latency mode,
 // graph-capturable): NCCL's sizes would then be the capacity, not the
@@ -108,7 +108,7 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   // the received ids, no third host sync), or one GEMM chain per expert
   // over its rows (gathered, then scattered back in place with gate 1).
   float* results = sc.a2a_results.get<float>(received * hidden);
-  if (received > 0 && received_pairs_on_device(w, received)) {
+  if (received > 0 && grouped_call_on_device(w, received, /*top_k=*/1)) {
     timer_.mark("moe routed experts", stream_);
     const float* d_ones =
         upload(sc.a2a_ones, std::vector<float>(static_cast<size_t>(received), 1.0f), stream_);
@@ -155,7 +155,9 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
 
 void CudaDsaModel::data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows,
                                      float* out) {
-  if (moe_over_slices())
+  if (gathered_rows_ > 0)
+    moe_gathered(w, h, rows, out);
+  else if (moe_over_slices())
     moe_over_tensor_slices(w, h, rows, out);
   else
     moe_all_to_all(w, h, rows, out);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_dsa_model.h"
+#include "model/expert_dispatch.h"
 
 namespace megactx {
 namespace cuda {
@@ -63,18 +64,25 @@ bool CudaDsaModel::moe_on_device(const DeviceLayer& w, int64_t rows) const {
   return grouped_moe_supported(grouped_shape(config_, w, rows));
 }
 
-bool CudaDsaModel::received_pairs_on_device(const DeviceLayer& w, int64_t pairs) const {
+bool CudaDsaModel::grouped_call_on_device(const DeviceLayer& w, int64_t rows, int64_t top_k) const {
   if (!options_.device_moe || !stacked_experts(w)) return false;
-  GroupedMoeShape shape = grouped_shape(config_, w, pairs);
-  shape.top_k = 1;
+  GroupedMoeShape shape = grouped_shape(config_, w, rows);
+  shape.top_k = top_k;
   return grouped_moe_supported(shape);
 }
 
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
-  // Data-parallel attention's expert all-to-all reads its counts on the
-  // host; context parallelism's row shares and LayerSplit's exchanges are
-  // not captured either (eager first).
-  if (plan_.expert_all_to_all || plan_.context_parallel_size > 1 || plan_.layer_split) return false;
+  // Context parallelism's row shares and LayerSplit's exchanges are not
+  // captured (eager first).
+  if (plan_.context_parallel_size > 1 || plan_.layer_split) return false;
+  if (plan_.expert_all_to_all) {
+    // Data-parallel attention: the gathered dispatch (fixed sizes; the
+    // all-to-all reads its counts on the host), every rank padded to `rows`.
+    if (plan_.moe_dispatch == MoeDispatch::all_to_all) return false;
+    for (const DeviceLayer& w : weights_->layers)
+      if (w.is_moe && !gathered_on_device(w, rows)) return false;
+    return true;
+  }
   // The host dispatch reads expert ids back and cannot be captured. (A
   // capture that still hits a sync fails cleanly and the key runs eagerly
   // from then on: DecodeGraphCache::capture.)
@@ -89,8 +97,17 @@ bool CudaDsaModel::ffn_capturable(int64_t rows) const {
 std::optional<DecodeGraphKey> CudaDsaModel::graph_key(const ForwardBatch& batch,
                                                       const PagedKvCache& cache) const {
   // The phase timer records events between phases and reads them per step.
-  if (!options_.cuda_graphs || timer_.enabled() || batch.sequences.empty()) return std::nullopt;
-  const int64_t per_sequence = static_cast<int64_t>(batch.sequences.front().tokens.size());
+  if (!options_.cuda_graphs || timer_.enabled()) return std::nullopt;
+  // Data-parallel attention: whether the step runs as a graph and its bucket
+  // come from the whole step's shape (ForwardBatch::dp_step), the same on
+  // every rank, so all ranks pad to the same rows (the gathered dispatch's)
+  // and a rank with no sequences replays a graph of padding rows.
+  const bool data_parallel = plan_.expert_all_to_all && plan_.context_parallel_size == 1;
+  if (data_parallel ? batch.dp_step.max_sequences == 0 : batch.sequences.empty())
+    return std::nullopt;
+  const int64_t per_sequence = data_parallel
+                                   ? batch.dp_step.tokens_per_sequence
+                                   : static_cast<int64_t>(batch.sequences.front().tokens.size());
   if (per_sequence < 1 || per_sequence > kMaxGraphTokensPerSequence) return std::nullopt;
   int64_t max_context = 0;
   for (const SequenceInput& in : batch.sequences) {
@@ -98,7 +115,8 @@ std::optional<DecodeGraphKey> CudaDsaModel::graph_key(const ForwardBatch& batch,
     max_context = std::max(max_context, in.start_position + per_sequence);
   }
   const int64_t sequences =
-      batch_bucket(graph_buckets_, static_cast<int64_t>(batch.sequences.size()));
+      batch_bucket(graph_buckets_, data_parallel ? batch.dp_step.max_sequences
+                                                 : static_cast<int64_t>(batch.sequences.size()));
   if (sequences == 0 || !ffn_capturable(sequences * per_sequence)) return std::nullopt;
   DecodeGraphKey key;
   key.sequences = sequences;

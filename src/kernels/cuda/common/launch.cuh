@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -45,6 +46,14 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
     config.numAttrs = 1;
   }
   MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Blocks of `threads` threads for a grid-stride loop over `count` items: one
+// item per thread up to 65535 x 16 blocks (the loop covers the rest), at
+// least one block.
+inline int grid_stride_blocks(int64_t count, int threads) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
 }
 
 }  // namespace megactx::cuda

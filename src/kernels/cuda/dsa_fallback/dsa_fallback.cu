@@ -671,10 +671,7 @@ bool plain_fallback() {
   return plain;
 }
 
-int blocks_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
-}
+int blocks_for(int64_t count) { return grid_stride_blocks(count, kThreads); }
 
 }  // namespace
 

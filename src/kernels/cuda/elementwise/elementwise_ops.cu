@@ -17,10 +17,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int blocks_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
-}
+int blocks_for(int64_t count) { return grid_stride_blocks(count, kThreads); }
 
 // On row_launch (common/row_launch.cuh).
 __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
