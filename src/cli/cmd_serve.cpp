@@ -129,7 +129,7 @@ struct ServeOptions {
   bool enable_layer_split = false;
   bool enable_dp_attention = false;
   std::string load_balance_method;    // --load-balance-method (DP attention; "": cache_aware)
-  std::string moe_dispatch = "auto";  // --moe-dispatch (DP attention)
+  std::string moe_dispatch = "auto";  // --moe-dispatch (DP attention, CP with experts split)
   bool split_indexer = false;
   std::string weight_update_python = "python3";
   double weight_update_timeout = 600;
@@ -217,7 +217,8 @@ int run_serve(const ServeOptions& options) {
                   "replica's tensor ranks with --enable-dp-attention) only so far (with "
                   "--context-parallel-size or --host-latent-memory it runs on the CPU)");
   }
-  DpLoadBalance load_balance = DpLoadBalance::CacheAware;  // --load-balance-method
+  DpLoadBalance load_balance = DpLoadBalance::CacheAware;             // --load-balance-method
+  load.load.moe_dispatch = parse_moe_dispatch(options.moe_dispatch);  // a bad name: an Error first
   if (options.enable_dp_attention) {
     // Data-parallel attention is the tensor-parallel group's ranks each with
     // their own requests: what it cannot combine with yet is refused here.
@@ -244,14 +245,16 @@ int run_serve(const ServeOptions& options) {
     // A bad method name is a start-up error before the group forks.
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
-    load.load.moe_dispatch = parse_moe_dispatch(options.moe_dispatch);
-    MEGACTX_CHECK(load.load.moe_dispatch == MoeDispatch::automatic || replicas == n,
+    MEGACTX_CHECK(options.moe_dispatch == "auto" || replicas == n,
                   "--moe-dispatch: for data-parallel attention of one rank per replica "
                   "(replicas of tensor-parallel ranks take the all-to-all)");
   } else {
-    MEGACTX_CHECK(options.moe_dispatch == "auto",
-                  "--moe-dispatch chooses how data-parallel attention's MoE layers reach the "
-                  "experts: it needs --enable-dp-attention");
+    MEGACTX_CHECK(options.moe_dispatch == "auto" ||
+                      (options.context_parallel_size > 1 && options.tensor_parallel_size == 1 &&
+                       options.expert_parallel_size == options.context_parallel_size),
+                  "--moe-dispatch chooses how the MoE layers reach experts sharded over the "
+                  "ranks by all-to-all: it needs --enable-dp-attention, or "
+                  "--context-parallel-size N --expert-parallel-size N");
     MEGACTX_CHECK(options.load_balance_method.empty(),
                   "--load-balance-method picks a data-parallel rank for each request: it needs "
                   "--enable-dp-attention");
@@ -384,7 +387,12 @@ int run_serve(const ServeOptions& options) {
       {"enable_layer_split", options.enable_layer_split},
       {"enable_dp_attention", options.enable_dp_attention},
       {"load_balance_method", dp_load_balance_name(engine_config.dp_load_balance)},
-      {"moe_dispatch", options.enable_dp_attention ? options.moe_dispatch : "none"},
+      // The experts' all-to-all or its gathered form (none without it).
+      {"moe_dispatch", options.enable_dp_attention || (options.context_parallel_size > 1 &&
+                                                       options.tensor_parallel_size == 1 &&
+                                                       options.expert_parallel_size > 1)
+                           ? options.moe_dispatch
+                           : "none"},
       {"dp_size", !options.enable_dp_attention     ? 1
                   : options.data_parallel_size > 1 ? options.data_parallel_size
                                                    : options.tensor_parallel_size}};
@@ -553,7 +561,8 @@ CommandRegistration registration{
                          "tokens of running requests)");
       command
           .add_option("--moe-dispatch", options->moe_dispatch,
-                      "With --enable-dp-attention: how the MoE layers reach the routed experts: "
+                      "With --enable-dp-attention (or --context-parallel-size N "
+                      "--expert-parallel-size N): how the MoE layers reach the routed experts: "
                       "all-to-all (each routed row to its expert's rank, exact sizes read on "
                       "the host), gathered (every rank's rows padded to one size and gathered "
                       "by every rank: no host read, so CUDA Graphs can hold the step) or auto "

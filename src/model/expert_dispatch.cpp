@@ -5,12 +5,22 @@
 namespace megactx {
 
 bool gathered_dispatch_layout(const ModelPlan& plan) {
-  return plan.expert_all_to_all && plan.tensor_parallel_size == 1 &&
-         plan.context_parallel_size == 1 && plan.data_parallel_size == 1 && plan.local_experts > 0;
+  return plan.expert_all_to_all && plan.tensor_parallel_size == 1 && plan.data_parallel_size == 1 &&
+         plan.local_experts > 0;
+}
+
+int64_t context_share_rows(const ModelPlan& plan, int64_t rows) {
+  const int size = plan.context_parallel_size;
+  return rows >= size ? share_rows(rows, 0, size).second : rows;
 }
 
 int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch) {
   if (plan.moe_dispatch != MoeDispatch::gathered || !gathered_dispatch_layout(plan)) return 0;
+  if (plan.context_parallel_size > 1) {
+    int64_t rows = 0;  // every rank has the whole step
+    for (const SequenceInput& in : batch.sequences) rows += static_cast<int64_t>(in.tokens.size());
+    return context_share_rows(plan, rows);
+  }
   return batch.dp_step.max_rows;
 }
 

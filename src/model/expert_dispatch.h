@@ -1,8 +1,8 @@
-// How a MoE layer of data-parallel attention (ModelPlan::expert_all_to_all)
-// reaches the routed experts, sharded over the ranks while each rank holds
-// its own rows; written once for the CPU model (DsaModel) and the CUDA model
-// (model/cuda/dsa_expert_all_to_all.cpp), which move the rows themselves.
-// Two dispatches (ModelPlan::moe_dispatch):
+// How a MoE layer of data-parallel attention or context parallelism
+// (ModelPlan::expert_all_to_all) reaches the routed experts, sharded over
+// the ranks while each rank holds its own rows; written once for the CPU model (DsaModel) and the
+// CUDA model (model/cuda/dsa_expert_all_to_all.cpp), which move the rows themselves. Two dispatches
+// (ModelPlan::moe_dispatch):
 //
 // - The all-to-all: each routed (row, slot) pair goes to its expert's rank
 //   and its result comes back, both by all_to_all with the exact pair counts
@@ -12,7 +12,8 @@
 //   so no CUDA Graph can hold the step.
 // - Gathered: every rank pads its rows to R rows that all ranks agree on
 //   without a collective (the step's longest share, or the CUDA Graph bucket
-//   of the step: ForwardBatch::dp_step), then
+//   of the step: ForwardBatch::dp_step; under context parallelism, where
+//   the rows are shares of one step every rank holds, the longest share), then
 //     1. all_gather of the rows x [S x R, H] and of their routing (ids and
 //        gates [S x R, top_k]; padding rows' ids -1),
 //     2. every rank applies its own experts to every gathered row: partial
@@ -36,16 +37,24 @@
 namespace megactx {
 
 // The rows every rank pads to when `plan` asks for the gathered dispatch on
-// every step (MoeDispatch::gathered) and `batch` is a rank's share of a
-// data-parallel step: the step's longest share. 0: the all-to-all (another
-// dispatch or layout, or not a share). The same on every rank of the step.
-// (The CUDA model also takes it, with R the step's graph bucket, for the
-// steps its CUDA Graphs run under MoeDispatch::automatic.)
+// every step (MoeDispatch::gathered): with data-parallel attention (`batch`
+// a rank's share) the step's longest share, with context parallelism (every
+// rank the whole `batch`) the longest context share of its rows
+// (context_share_rows). 0: the all-to-all (another dispatch or layout, or
+// not a share). The same on every rank of the step. (The CUDA model also
+// takes the gathered dispatch, over the rows of the step's graph bucket, for
+// the steps its CUDA Graphs run under MoeDispatch::automatic.)
 int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch);
 
-// Whether `plan`'s layout can take the gathered dispatch at all (one rank per
-// replica of data-parallel attention with the experts sharded over the ranks).
+// Whether `plan`'s layout can take the gathered dispatch at all: the
+// experts sharded over the ranks and reached by the all-to-all, one rank per
+// replica of data-parallel attention or per context share.
 bool gathered_dispatch_layout(const ModelPlan& plan);
+
+// Context parallelism: the most rows a rank computes of a step of `rows`
+// rows (the first share; all of them when the step has fewer rows than
+// ranks, which then runs whole on every rank).
+int64_t context_share_rows(const ModelPlan& plan, int64_t rows);
 
 // Pairs are numbered row * top_k + slot. The sends go to rank 0 first, each
 // rank's in pair order; results come back in the same order.

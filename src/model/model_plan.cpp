@@ -131,6 +131,17 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   bool dense = false, moe = false;
   for (const LayerPlan& layer : whole.layers) (layer.moe ? moe : dense) = true;
   const bool experts = layout.expert_parallel && moe;
+  // The MoE dispatch: where the routed rows reach their experts' ranks by
+  // the all-to-all, one rank per replica of data-parallel attention or per
+  // context share.
+  const bool dispatches = experts && ((layout.data_parallel_attention && !replicas_of_tensor) ||
+                                      (layout.context_parallel && tensor_size == 1));
+  MEGACTX_CHECK(layout.moe_dispatch == MoeDispatch::automatic || dispatches,
+                "--moe-dispatch: the MoE dispatch of data-parallel attention (one rank per "
+                "replica) or context parallelism over the whole group, with the experts sharded "
+                "over the ranks (--expert-parallel-size {})",
+                size);
+  if (dispatches) plan.moe_dispatch = layout.moe_dispatch;
   // Routed experts [r * E / n, ...) on expert rank r of n; with all_to_all
   // the rows this rank holds (its own requests, or its share of a step's
   // rows) go to their experts' ranks and back, else every rank applies its
@@ -166,12 +177,6 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.experts_over_shares = true;
     }
   }
-  MEGACTX_CHECK(layout.moe_dispatch == MoeDispatch::automatic ||
-                    (layout.data_parallel_attention && !replicas_of_tensor && experts),
-                "--moe-dispatch: the MoE dispatch of data-parallel attention with expert "
-                "parallelism over one rank per replica (--enable-dp-attention "
-                "--expert-parallel-size {}, no --data-parallel-size below it)",
-                size);
   if (replicas_of_tensor) {
     MEGACTX_CHECK(experts,
                   "data-parallel attention over shares of tensor-parallel ranks: the routed "
@@ -213,10 +218,8 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
       plan.attention.index_heads = whole.attention.index_heads / tensor_size;
     }
   }
-  if (experts && !plan.experts_over_shares && !replicas_of_tensor) {
+  if (experts && !plan.experts_over_shares && !replicas_of_tensor)
     shard_experts(tensor_rank, tensor_size, /*all_to_all=*/layout.data_parallel_attention);
-    if (layout.data_parallel_attention) plan.moe_dispatch = layout.moe_dispatch;
-  }
   return plan;
 }
 

@@ -104,11 +104,10 @@ struct ModelPlan {
   int expert_parallel_rank = 0;
   int expert_parallel_size = 1;
   bool expert_all_to_all = false;
-  //   How they get there (data-parallel attention of one rank per replica;
-  //   expert_dispatch.h): the all-to-all of the routed pairs (exact sizes,
-  //   which the host reads), or gathered (fixed sizes: a CUDA Graph can hold
-  //   it). Replicas of tensor ranks and context parallelism take the
-  //   all-to-all.
+  //   How they get there (one rank per replica of data-parallel attention or
+  //   per context share; expert_dispatch.h): the all-to-all of the routed
+  //   pairs (exact sizes, which the host reads), or gathered (fixed sizes: a
+  //   CUDA Graph can hold it). Replicas of tensor ranks take the all-to-all.
   MoeDispatch moe_dispatch = MoeDispatch::all_to_all;
   // * experts over the shares (experts_over_shares: context shares of
   //   tensor-parallel ranks with the routed experts sharded over the whole
@@ -183,8 +182,10 @@ struct ParallelLayout {
   // experts sharded over the whole group (ModelPlan::experts_over_shares)
   // instead of over each share's tensor-parallel ranks.
   bool experts_over_group = false;
-  // Data-parallel attention of one rank per replica: ModelPlan::moe_dispatch
-  // (an Error for another value than automatic in other layouts).
+  // With the experts sharded and reached by the all-to-all (data-parallel
+  // attention of one rank per replica, context parallelism over the whole
+  // group): ModelPlan::moe_dispatch (an Error for another value than
+  // automatic in other layouts).
   MoeDispatch moe_dispatch = MoeDispatch::automatic;
   // LayerSplit over the tensor-parallel group (not with data-parallel
   // attention or context parallelism): see ModelPlan::kv_owner.

@@ -312,6 +312,10 @@ def main():
                            (("--tensor-parallel-size", "4", "--enable-layer-split"), 3),
                            (("--context-parallel-size", "2"), 1),
                            (("--context-parallel-size", "2", "--expert-parallel-size", "2"), 1),
+                           # The experts' rows gathered from every rank's padded share, not
+                           # sent pair by pair (expert_dispatch.h).
+                           (("--context-parallel-size", "2", "--expert-parallel-size", "2",
+                             "--moe-dispatch", "gathered"), 1),
                            (("--context-parallel-size", "3"), 2),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2"), 3),
                            (("--context-parallel-size", "2", "--tensor-parallel-size", "2",

@@ -70,6 +70,7 @@ struct Layout {
   int context_parallel_size = 0;    // with context_parallel: shares of tensor-parallel ranks
   bool split_indexer = false;       // the indexer's heads over the tensor-parallel ranks
   bool experts_over_group = false;  // shares' experts over the whole group, not each share
+  MoeDispatch moe_dispatch = MoeDispatch::automatic;  // with the experts' all-to-all
 };
 
 // The fixture's prompt through the group (every rank the same prompt with
@@ -91,6 +92,7 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
   options.context_parallel_size = layout.context_parallel_size;
   options.split_indexer = layout.split_indexer;
   options.experts_over_group = layout.experts_over_group;
+  options.moe_dispatch = layout.moe_dispatch;
   auto model = load_language_model(f.dir, options);
   if (layout.split_indexer) {
     // Each rank scores with its share of the indexer's heads.
@@ -131,9 +133,10 @@ bool matches_the_whole_model(const std::string& name, parallel::Communicator& gr
       skip == 0 ? relative_error(split.data(), f.prefill_logits.data(), f.prefill_logits.size())
                 : 0.0;
   std::printf(
-      "%s, rank %d of %d%s%s%s: max relative logit difference %.3g against one process, "
+      "%s, rank %d of %d%s%s%s%s: max relative logit difference %.3g against one process, "
       "%.3g against HF's prefill\n",
       name.c_str(), group.rank(), group.size(),
+      layout.moe_dispatch == MoeDispatch::gathered ? ", gathered MoE dispatch" : "",
       !layout.expert_parallel     ? ""
       : layout.experts_over_group ? ", experts split over the whole group"
                                   : ", experts split",
@@ -298,6 +301,21 @@ TEST(TensorParallelModel, ExpertParallelOverContextParallelPrefill) {
     });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return matches_the_whole_model("glm_pattern", group, {true, false, true});
+  });
+}
+
+// The same with the gathered MoE dispatch (model/expert_dispatch.h): every
+// rank's share of a prefill padded to the longest and gathered by every
+// rank; a decode row, whole on every rank, gathered from each.
+TEST(TensorParallelModel, GatheredDispatchOverContextParallelPrefill) {
+  Layout gathered{.expert_parallel = true, .context_parallel = true};
+  gathered.moe_dispatch = MoeDispatch::gathered;
+  for (const char* name : {"glm_schedule", "dsv32_yarn"})
+    parallel::run_forked_group(2, [&](parallel::Communicator& group) {
+      return matches_the_whole_model(name, group, gathered);
+    });
+  parallel::run_forked_group(4, [&](parallel::Communicator& group) {
+    return matches_the_whole_model("glm_pattern", group, gathered);
   });
 }
 

@@ -186,13 +186,14 @@ void CudaDsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& ca
 
 ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
   std::optional<DecodeGraphKey> key = graph_key(batch, cache);
-  // Data-parallel attention's MoE dispatch for this step, decided from what
-  // every rank knows alike (model/expert_dispatch.h): gathered over the
-  // graph bucket's rows in a step that runs as a graph (on this rank or
-  // not: a failed capture runs eagerly with the same collectives), gathered
-  // over the longest share when asked for on every step, else the
+  // The MoE dispatch of this step (data-parallel attention, context
+  // parallelism with the experts split), decided from what every rank knows
+  // alike (model/expert_dispatch.h): gathered over the graph bucket's rows
+  // (their longest context share) in a step that runs as a graph (on this
+  // rank or not: a failed capture runs eagerly with the same collectives),
+  // gathered over the longest share when asked for on every step, else the
   // all-to-all. The MTP layer's runs take the all-to-all.
-  gathered_rows_ = key && gathered_dispatch_layout(plan_) ? key->rows() : 0;
+  gathered_rows_ = key ? graph_gathered_rows(key->rows()) : 0;
   if (gathered_rows_ == 0 && plan_.expert_all_to_all && weights_ != nullptr) {
     const int64_t rows = gathered_dispatch_rows(plan_, batch);
     bool served = rows > 0;

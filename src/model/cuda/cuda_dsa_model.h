@@ -356,6 +356,10 @@ class CudaDsaModel final : public LanguageModel {
   // The rows every rank pads to in this forward's gathered dispatch; 0: the
   // all-to-all (set by forward(), 0 for the MTP layer's runs).
   int64_t gathered_rows_ = 0;
+  // The gathered dispatch's rows in a graph step of `rows` rows (their
+  // longest context share under context parallelism); 0 where the experts
+  // are not reached by all-to-all or --moe-dispatch all-to-all keeps them so.
+  int64_t graph_gathered_rows(int64_t rows) const;
   // The routed-expert capture of the running forward: moe() copies its ids
   // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
   // outside forwards that want them (the MTP layer never records).

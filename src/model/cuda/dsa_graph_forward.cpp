@@ -71,16 +71,22 @@ bool CudaDsaModel::grouped_call_on_device(const DeviceLayer& w, int64_t rows, in
   return grouped_moe_supported(shape);
 }
 
+int64_t CudaDsaModel::graph_gathered_rows(int64_t rows) const {
+  if (!gathered_dispatch_layout(plan_) || plan_.moe_dispatch == MoeDispatch::all_to_all) return 0;
+  return plan_.context_parallel_size > 1 ? context_share_rows(plan_, rows) : rows;
+}
+
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
-  // Context parallelism's row shares and LayerSplit's exchanges are not
-  // captured (eager first).
-  if (plan_.context_parallel_size > 1 || plan_.layer_split) return false;
+  // LayerSplit's exchanges are not captured (eager first).
+  if (plan_.layer_split) return false;
   if (plan_.expert_all_to_all) {
-    // Data-parallel attention: the gathered dispatch (fixed sizes; the
-    // all-to-all reads its counts on the host), every rank padded to `rows`.
-    if (plan_.moe_dispatch == MoeDispatch::all_to_all) return false;
+    // The experts sharded and reached by all-to-all (data-parallel attention,
+    // context parallelism): the gathered dispatch (fixed sizes; the
+    // all-to-all reads its counts on the host), every rank's rows padded.
+    const int64_t padded = graph_gathered_rows(rows);
+    if (padded == 0) return false;
     for (const DeviceLayer& w : weights_->layers)
-      if (w.is_moe && !gathered_on_device(w, rows)) return false;
+      if (w.is_moe && !gathered_on_device(w, padded)) return false;
     return true;
   }
   // The host dispatch reads expert ids back and cannot be captured. (A
