@@ -245,9 +245,6 @@ int run_serve(const ServeOptions& options) {
     // A bad method name is a start-up error before the group forks.
     if (!options.load_balance_method.empty())
       load_balance = parse_dp_load_balance(options.load_balance_method);
-    MEGACTX_CHECK(options.moe_dispatch == "auto" || replicas == n,
-                  "--moe-dispatch: for data-parallel attention of one rank per replica "
-                  "(replicas of tensor-parallel ranks take the all-to-all)");
   } else {
     MEGACTX_CHECK(options.moe_dispatch == "auto" ||
                       (options.context_parallel_size > 1 && options.tensor_parallel_size == 1 &&

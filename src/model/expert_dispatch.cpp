@@ -5,8 +5,7 @@
 namespace megactx {
 
 bool gathered_dispatch_layout(const ModelPlan& plan) {
-  return plan.expert_all_to_all && plan.tensor_parallel_size == 1 && plan.data_parallel_size == 1 &&
-         plan.local_experts > 0;
+  return plan.expert_all_to_all && plan.local_experts > 0;
 }
 
 int64_t context_share_rows(const ModelPlan& plan, int64_t rows) {
@@ -14,14 +13,21 @@ int64_t context_share_rows(const ModelPlan& plan, int64_t rows) {
   return rows >= size ? share_rows(rows, 0, size).second : rows;
 }
 
+int64_t gathered_rows_of(const ModelPlan& plan, int64_t rows) {
+  if (plan.context_parallel_size > 1) return context_share_rows(plan, rows);
+  // Replicas of tensor ranks: each tensor rank sends its slice of the rows.
+  if (plan.tensor_parallel_size > 1) return share_rows(rows, 0, plan.tensor_parallel_size).second;
+  return rows;
+}
+
 int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch) {
   if (plan.moe_dispatch != MoeDispatch::gathered || !gathered_dispatch_layout(plan)) return 0;
   if (plan.context_parallel_size > 1) {
     int64_t rows = 0;  // every rank has the whole step
     for (const SequenceInput& in : batch.sequences) rows += static_cast<int64_t>(in.tokens.size());
-    return context_share_rows(plan, rows);
+    return gathered_rows_of(plan, rows);
   }
-  return batch.dp_step.max_rows;
+  return gathered_rows_of(plan, batch.dp_step.max_rows);
 }
 
 ExpertSends plan_expert_sends(std::span<const int32_t> ids, int64_t top_k, int64_t experts,

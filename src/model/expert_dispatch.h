@@ -37,19 +37,24 @@
 namespace megactx {
 
 // The rows every rank pads to when `plan` asks for the gathered dispatch on
-// every step (MoeDispatch::gathered): with data-parallel attention (`batch`
-// a rank's share) the step's longest share, with context parallelism (every
-// rank the whole `batch`) the longest context share of its rows
-// (context_share_rows). 0: the all-to-all (another dispatch or layout, or
-// not a share). The same on every rank of the step. (The CUDA model also
+// every step (MoeDispatch::gathered): gathered_rows_of the step's longest
+// share with data-parallel attention (`batch` a rank's share), of the whole
+// step with context parallelism (every rank holds all of `batch`). 0: the all-to-all (another
+// dispatch or layout, or not a share). The same on every rank of the step. (The CUDA model also
 // takes the gathered dispatch, over the rows of the step's graph bucket, for
 // the steps its CUDA Graphs run under MoeDispatch::automatic.)
 int64_t gathered_dispatch_rows(const ModelPlan& plan, const ForwardBatch& batch);
 
 // Whether `plan`'s layout can take the gathered dispatch at all: the
-// experts sharded over the ranks and reached by the all-to-all, one rank per
-// replica of data-parallel attention or per context share.
+// experts sharded over the ranks and reached by the all-to-all
+// (data-parallel attention, context parallelism over the whole group).
 bool gathered_dispatch_layout(const ModelPlan& plan);
+
+// The rows a rank pads to in a step whose longest share (data-parallel
+// attention) or whole (context parallelism) is `rows` rows: the longest
+// context share of them, the longest tensor rank's slice of a replica of
+// tensor ranks (each sends its slice), or all of them.
+int64_t gathered_rows_of(const ModelPlan& plan, int64_t rows);
 
 // Context parallelism: the most rows a rank computes of a step of `rows`
 // rows (the first share; all of them when the step has fewer rows than

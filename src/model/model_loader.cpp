@@ -181,6 +181,13 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
   scratch.fast_attention = options.cuda.fast_attention;
   scratch.device_moe = options.cuda.device_moe;
   scratch.cuda_graphs = options.cuda.cuda_graphs;
+  // The layouts whose experts are reached by all-to-all, unless kept so.
+  if (options.group != nullptr && options.group->size() > 1 && options.expert_parallel &&
+      (options.data_parallel_attention ||
+       (options.context_parallel && (options.context_parallel_size == 0 ||
+                                     options.context_parallel_size == options.group->size()))) &&
+      options.moe_dispatch != MoeDispatch::all_to_all)
+    scratch.gathered_dispatch_ranks = options.group->size();
 #if !MEGACTX_HAVE_CUDA
   (void)model;
 #endif

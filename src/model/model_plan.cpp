@@ -134,12 +134,12 @@ ModelPlan parallel_plan(const ModelPlan& whole, const ModelConfig& config,
   // The MoE dispatch: where the routed rows reach their experts' ranks by
   // the all-to-all, one rank per replica of data-parallel attention or per
   // context share.
-  const bool dispatches = experts && ((layout.data_parallel_attention && !replicas_of_tensor) ||
-                                      (layout.context_parallel && tensor_size == 1));
+  const bool dispatches =
+      experts && (layout.data_parallel_attention || (layout.context_parallel && tensor_size == 1));
   MEGACTX_CHECK(layout.moe_dispatch == MoeDispatch::automatic || dispatches,
-                "--moe-dispatch: the MoE dispatch of data-parallel attention (one rank per "
-                "replica) or context parallelism over the whole group, with the experts sharded "
-                "over the ranks (--expert-parallel-size {})",
+                "--moe-dispatch: the MoE dispatch of data-parallel attention or context "
+                "parallelism over the whole group, with the experts sharded over the ranks "
+                "(--expert-parallel-size {})",
                 size);
   if (dispatches) plan.moe_dispatch = layout.moe_dispatch;
   // Routed experts [r * E / n, ...) on expert rank r of n; with all_to_all

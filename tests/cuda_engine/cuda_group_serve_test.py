@@ -11,9 +11,12 @@ plain greedy ids, drafts accepted; with data-parallel attention every replica sa
 own rows (/metrics). The partial sums travel through host memory over the CPU
 group (`--cuda-collectives host`, eager steps) and over NCCL with each rank
 named a host of its own (the default `nccl`; eager too: ranks that share a
-GPU run without CUDA Graphs, whose first capture hung there). On a machine
-with several GPUs the same layouts run one rank per GPU (`--gpu-id-step 1`,
-the default); that case runs where `nvidia-smi` lists two GPUs.
+GPU run without CUDA Graphs, whose first capture hung there); data-parallel
+attention also with `--moe-dispatch gathered` (the dispatch its graph steps
+take) on every step. On a machine with several GPUs tensor, expert,
+data-parallel attention, LayerSplit and context-parallel layouts run one rank
+per GPU (`--gpu-id-step 1`, the default) and must replay CUDA Graphs (NCCL
+inside them); that case runs where `nvidia-smi` lists two GPUs.
 
     python3 tests/cuda_engine/cuda_group_serve_test.py --megactx build/megactx \
         --fixture tests/fixtures/hf/glm_schedule
@@ -79,7 +82,10 @@ def main():
     layouts = []
     for collectives in ("host", "nccl"):
         for experts in ((), ("--expert-parallel-size", "2"),
-                        ("--expert-parallel-size", "2", "--enable-dp-attention")):
+                        ("--expert-parallel-size", "2", "--enable-dp-attention"),
+                        # The gathered MoE dispatch (what graph steps take) on every step.
+                        ("--expert-parallel-size", "2", "--enable-dp-attention",
+                         "--moe-dispatch", "gathered")):
             layouts.append(("--tensor-parallel-size", "2", *experts, "--gpu-id-step", "0",
                             "--cuda-collectives", collectives))
         # LayerSplit: each layer's KV cache on one of the 2 ranks.
@@ -103,8 +109,13 @@ def main():
                         "--enable-layer-split", "--gpu-id-step", "0",
                         "--cuda-collectives", collectives))
     if count >= 2:
+        # Ranks on GPUs of their own: NCCL inside their CUDA Graphs.
         layouts.append(("--tensor-parallel-size", "2"))
         layouts.append(("--tensor-parallel-size", "2", "--expert-parallel-size", "2"))
+        layouts.append(("--tensor-parallel-size", "2", "--expert-parallel-size", "2",
+                        "--enable-dp-attention"))
+        layouts.append(("--tensor-parallel-size", "2", "--enable-layer-split"))
+        layouts.append(("--context-parallel-size", "2", "--expert-parallel-size", "2"))
     for layout in layouts:
         try:
             outputs, info, workers = run(args.megactx, args.fixture, CUDA + layout, prompts,
@@ -131,12 +142,13 @@ def main():
         # CUDA Graphs: none through host collectives (each waits for the
         # stream) nor for NCCL ranks that share a GPU (their first capture
         # hung: they run eagerly); ranks on GPUs of their own replay them where
-        # the layout captures at all (not data-parallel attention's MoE,
-        # context parallelism or LayerSplit).
+        # the layout captures at all (every layout but replicas of tensor
+        # ranks, whose MoE takes the all-to-all: data-parallel attention's
+        # steps take the gathered dispatch, LayerSplit's send the selected
+        # entries).
         replays = graph_replays(info)
         shared_gpu = "--gpu-id-step" in layout
-        captures = not any(flag in layout for flag in (
-            "--enable-dp-attention", "--context-parallel-size", "--enable-layer-split"))
+        captures = "--data-parallel-size" not in layout
         ok = ok and (replays > 0 if captures and not shared_gpu else replays == 0)
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {' '.join(layout)}: {workers} workers, greedy ids "

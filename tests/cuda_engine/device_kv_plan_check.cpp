@@ -6,6 +6,7 @@
 // device_samples_row).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -192,6 +193,17 @@ TEST(DeviceKvPlan, ModelOptionsScratchIsPlannedAndNamed) {
   EngineConfig speculative = engine;
   speculative.speculative_steps = 3;
   EXPECT_EQ(plan_device_kv(with_mtp, speculative, request).memory.scratch.graph_rows, 32);
+  // The gathered MoE dispatch over 8 ranks (data-parallel attention): its
+  // graph steps' grouped calls take every rank's rows, and its buffers count.
+  DeviceKvRequest gathered = request;
+  gathered.options.gathered_dispatch_ranks = 8;
+  const DeviceKvPlan over_ranks = plan_device_kv(config, engine, gathered);
+  EXPECT_EQ(over_ranks.memory.scratch.device_moe,
+            std::max(cuda_device_moe_scratch_bytes(config, tokens),
+                     cuda_device_moe_scratch_bytes(config, 8 * 8)) +
+                cuda_gathered_dispatch_bytes(config));
+  EXPECT_GT(cuda_gathered_dispatch_bytes(config), 0);
+  EXPECT_LT(over_ranks.memory.kv_pages, plan.memory.kv_pages);
   // --no-cuda-graphs / --cuda-host-moe: no bucket, no grouped MoE workspace.
   request.options.cuda_graphs = false;
   EXPECT_EQ(plan_device_kv(config, engine, request).memory.scratch.graph_rows, 0);

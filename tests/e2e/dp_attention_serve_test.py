@@ -40,8 +40,8 @@ out), over 2 and 4 ranks:
   speculation as one process gives them; with LayerSplit inside each replica, more pages from
   the same budget and the same outputs;
 - --moe-dispatch gathered (every rank's rows padded to the step's longest share and gathered by
-  every rank: the dispatch CUDA Graphs can hold) over 2 and 4 ranks gives one process's greedy
-  and sampled outputs, and with MTP one process's greedy ids;
+  every rank: the dispatch CUDA Graphs can hold) over 2 and 4 ranks and 2 replicas of 2 tensor
+  ranks gives one process's greedy and sampled outputs, and with MTP one process's greedy ids;
 - what it cannot combine with yet is a start-up error.
 
     python3 dp_attention_serve_test.py --megactx build/megactx --fixture tests/fixtures/hf/glm_schedule
@@ -382,13 +382,14 @@ def replicas_of_tensor_ranks(args, failures, prompts, plain, plain_pages, prompt
 
 def gathered_dispatch(args, failures, prompts, plain, plain_sampled, new_tokens):
     """--moe-dispatch gathered (every rank's rows padded to the step's longest share and
-    gathered by every rank, instead of the all-to-all of routed pairs) over 2 and 4 ranks: the
-    concurrent greedy and sampled requests give one process's outputs; with MTP (whose runs take
-    the all-to-all) one process's greedy ids without MTP."""
-    for ranks in (2, 4):
-        layout = (*dp(ranks), "--moe-dispatch", "gathered")
+    gathered by every rank, instead of the all-to-all of routed pairs) over 2 and 4 ranks and 2
+    replicas of 2 tensor ranks: the concurrent greedy and sampled requests give one process's
+    outputs; with MTP (whose runs take the all-to-all) one process's greedy ids without MTP."""
+    for layout in ((*dp(2), "--moe-dispatch", "gathered"), (*dp(4), "--moe-dispatch", "gathered"),
+                   # Replicas of tensor ranks: each sends its slice of its replica's rows.
+                   (*dp(4), "--data-parallel-size", "2", "--moe-dispatch", "gathered")):
         with MegactxServer(args.megactx, args.fixture, *COMMON, *layout,
-                           name=f"dp{ranks}-gathered") as server:
+                           name="dp-gathered") as server:
             outputs = concurrent_outputs(server, prompts, new_tokens)
             outputs_sampled = concurrent_sampled(server, prompts, new_tokens)
             info = requests.get(server.url + "/get_server_info", timeout=30).json()
@@ -650,8 +651,6 @@ def main():
                           "--enable-layer-split"),
                          (("--load-balance-method", "round_robin"), "--enable-dp-attention"),
                          (("--moe-dispatch", "gathered"), "--enable-dp-attention"),
-                         ((*dp(4), "--data-parallel-size", "2", "--moe-dispatch", "gathered"),
-                          "--moe-dispatch"),
                          ((*dp(2), "--moe-dispatch", "deepep"), "gathered"),
                          ((*dp(2), "--load-balance-method", "random"), "round_robin")):
         result = subprocess.run([args.megactx, "serve", "--model", args.fixture, "--port", "0",

@@ -90,7 +90,7 @@ TEST(ExpertDispatch, EveryShareCarriesTheWholeStepsShape) {
   EXPECT_EQ(ragged.tokens_per_sequence, 0);
 }
 
-TEST(ExpertDispatch, TheGatheredDispatchServesDataParallelAttentionOfOneRankPerReplica) {
+TEST(ExpertDispatch, TheGatheredDispatchServesTheLayoutsOfTheExpertAllToAll) {
   const ModelConfig config = load_model_config(testing::fixture_dir("glm_schedule"));
   const ModelPlan whole = plan_model(config);
   ForwardBatch share;
@@ -109,10 +109,12 @@ TEST(ExpertDispatch, TheGatheredDispatchServesDataParallelAttentionOfOneRankPerR
   EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::automatic), share), 0);
   EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::all_to_all), share), 0);
   EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::gathered), ForwardBatch{}), 0);
-  // Replicas of tensor ranks (their MoE goes by tensor slices) and the layouts
-  // without data-parallel attention: a clear error for anything but automatic.
-  EXPECT_FALSE(gathered_dispatch_layout(plan(MoeDispatch::automatic, 4, 2)));
-  EXPECT_THROW(plan(MoeDispatch::gathered, 4, 2), Error);
+  // Replicas of tensor ranks: each tensor rank sends its slice of the rows,
+  // padded to the longest slice of the longest replica's.
+  EXPECT_TRUE(gathered_dispatch_layout(plan(MoeDispatch::automatic, 4, 2)));
+  EXPECT_EQ(gathered_dispatch_rows(plan(MoeDispatch::gathered, 4, 2), share), 4);
+  // Tensor parallelism with the experts split (every rank has every row, the
+  // sum adds the experts): a clear error for anything but automatic.
   EXPECT_THROW(
       parallel_plan(
           whole, config,

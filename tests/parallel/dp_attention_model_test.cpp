@@ -177,11 +177,10 @@ bool dp_steps_match_one_process(const std::string& name, parallel::Communicator&
                              {tokens(13, 100), pages(size - 1, 2)},
                              {tokens(29, 70), pages(size > 2 ? 2 : 0, 2)}};
   const std::string label =
-      replicas > 0
-          ? fmt::format("{}, {} replicas of {} ranks{}", name, size, group.size() / size,
-                        layer_split ? " (LayerSplit)" : "")
-          : fmt::format("{}, {} ranks{}", name, size,
-                        dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "");
+      (replicas > 0 ? fmt::format("{}, {} replicas of {} ranks{}", name, size, group.size() / size,
+                                  layer_split ? " (LayerSplit)" : "")
+                    : fmt::format("{}, {} ranks", name, size)) +
+      (dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "");
   bool ok = true;
   // Only rank 1 has rows: the leader forwards none.
   ok &= same_step(*leader, *group_cache, *whole, *whole_cache, s, {{0, 64}}, false,
@@ -493,7 +492,8 @@ TEST(DataParallelAttentionGroup, FourRanksMatchOneProcess) {
 
 // The gathered MoE dispatch (model/expert_dispatch.h): every rank's rows
 // padded to the step's longest share and gathered by every rank, the same
-// steps (a rank with no rows, ragged prefill and decode shares).
+// steps (a rank with no rows, ragged prefill and decode shares), also over
+// replicas of tensor ranks.
 TEST(DataParallelAttentionGroup, GatheredDispatchMatchesOneProcess) {
   for (const char* name : {"glm_schedule", "dsv32_yarn"})
     parallel::run_forked_group(2, [&](parallel::Communicator& group) {
@@ -501,6 +501,11 @@ TEST(DataParallelAttentionGroup, GatheredDispatchMatchesOneProcess) {
     });
   parallel::run_forked_group(4, [](parallel::Communicator& group) {
     return dp_steps_match_one_process("glm_pattern", group, 0, false, MoeDispatch::gathered);
+  });
+  // Two replicas of two tensor ranks: each rank's slice of its replica's
+  // rows, padded to the longest slice.
+  parallel::run_forked_group(4, [](parallel::Communicator& group) {
+    return dp_steps_match_one_process("glm_schedule", group, 2, false, MoeDispatch::gathered);
   });
 }
 

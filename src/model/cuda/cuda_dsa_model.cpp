@@ -367,7 +367,8 @@ void CudaDsaModel::run_layers(Step& step, const int32_t* ids, const int32_t* log
     decoder_layer(weights_->layers[layer], layer, step, cache, x, /*input_normed=*/layer > 0,
                   layer + 1 < layers ? weights_->layers[layer + 1].input_norm : nullptr);
   }
-  join_offload_fills();  // the live host tier's side stream, back before the end
+  join_offload_fills();     // the live host tier's side stream, back before the end
+  join_layer_split_side();  // LayerSplit's side stream likewise
   timer_.mark("final norm + lm_head", stream_);
   const int64_t m = logit_count;
   float* normed = sc.normed.get<float>(m * hidden);

@@ -287,7 +287,11 @@ class CudaDsaModel final : public LanguageModel {
   // on a side stream and communicator of their own, into one of two dense
   // slots that successive layers take in turn; the attention of a rank that
   // does not own the layer reads them (borrowed_entries) once they are in.
-  bool sends_selected_entries(const Step& step, const PagedKvCache& cache);
+  bool sends_selected_entries(const Step& step, const PagedKvCache& cache) const;
+  // The end of a step's layers: the compute stream waits for every side-stream
+  // exchange of this step (a captured graph must end joined; the next step
+  // then needs no wait on this one's events).
+  void join_layer_split_side();
   void share_selected_entries(int64_t layer, int owner, const Step& step, PagedKvCache& cache);
   struct BorrowedEntries {
     const uint8_t* rows = nullptr;   // [rows x top_k, 656]
@@ -347,8 +351,10 @@ class CudaDsaModel final : public LanguageModel {
   // rank's rows h [rows, H] (rows <= gathered_rows_, 0 allowed) padded to
   // gathered_rows_, every rank's gathered, this rank's experts over all of
   // them, the partial sums back to their ranks, out [rows, H] with the
-  // shared expert. No host sync: CUDA Graphs hold it.
-  void moe_gathered(const DeviceLayer& w, const float* h, int64_t rows, float* out);
+  // shared expert (with_shared: off for a replica of tensor ranks, as
+  // moe_all_to_all). No host sync: CUDA Graphs hold it.
+  void moe_gathered(const DeviceLayer& w, const float* h, int64_t rows, float* out,
+                    bool with_shared = true);
   // Whether the gathered dispatch serves layer `w` with `padded_rows` rows a
   // rank: its layout (gathered_dispatch_layout) and one grouped call over
   // every rank's rows.
@@ -356,9 +362,9 @@ class CudaDsaModel final : public LanguageModel {
   // The rows every rank pads to in this forward's gathered dispatch; 0: the
   // all-to-all (set by forward(), 0 for the MTP layer's runs).
   int64_t gathered_rows_ = 0;
-  // The gathered dispatch's rows in a graph step of `rows` rows (their
-  // longest context share under context parallelism); 0 where the experts
-  // are not reached by all-to-all or --moe-dispatch all-to-all keeps them so.
+  // The gathered dispatch's rows in a graph step of `rows` rows
+  // (gathered_rows_of); 0 where the experts are not reached by all-to-all or
+  // --moe-dispatch all-to-all keeps them so.
   int64_t graph_gathered_rows(int64_t rows) const;
   // The routed-expert capture of the running forward: moe() copies its ids
   // into routed_ids_ [rows, layers, top_k] at layer routed_layer_; null
@@ -535,6 +541,9 @@ class CudaDsaModel final : public LanguageModel {
     cudaEvent_t gathered[2] = {nullptr, nullptr};
     cudaEvent_t received[2] = {nullptr, nullptr};
     bool made = false;
+    // received[s] was recorded in this step (waits are on this step's records
+    // only: a graph's capture may not wait on an event from outside it).
+    bool received_pending[2] = {false, false};
     int next = 0;        // the slot the next layer takes
     int64_t layer = -1;  // the layer a non-owner's attention reads from slot `slot`
     int slot = 0;

@@ -155,10 +155,11 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
 
 void CudaDsaModel::data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows,
                                      float* out) {
-  if (gathered_rows_ > 0)
-    moe_gathered(w, h, rows, out);
-  else if (moe_over_slices())
+  // Replicas of tensor ranks send slices (gathered or all-to-all inside).
+  if (moe_over_slices())
     moe_over_tensor_slices(w, h, rows, out);
+  else if (gathered_rows_ > 0)
+    moe_gathered(w, h, rows, out);
   else
     moe_all_to_all(w, h, rows, out);
 }
@@ -182,8 +183,11 @@ void CudaDsaModel::moe_over_tensor_slices(const DeviceLayer& w, const float* h, 
   int32_t* const capture = routed_ids_;
   const int64_t words = config_.num_hidden_layers * top_k;  // a capture row
   if (capture != nullptr) routed_ids_ = capture + first * words;
-  moe_all_to_all(w, h != nullptr ? h + first * hidden : nullptr, slice, routed,
-                 /*with_shared=*/false);
+  const float* mine = h != nullptr ? h + first * hidden : nullptr;
+  if (gathered_rows_ > 0)
+    moe_gathered(w, mine, slice, routed, /*with_shared=*/false);
+  else
+    moe_all_to_all(w, mine, slice, routed, /*with_shared=*/false);
   routed_ids_ = capture;
   if (longest == 0) return;  // the replica has no rows: every tensor rank of it stops here
   // The replica's rows back from its tensor ranks' slices.

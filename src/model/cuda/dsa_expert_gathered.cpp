@@ -26,7 +26,8 @@ bool CudaDsaModel::gathered_on_device(const DeviceLayer& w, int64_t padded_rows)
   return grouped_call_on_device(w, group_->size() * padded_rows, config_.num_experts_per_tok);
 }
 
-void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t rows, float* out) {
+void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t rows, float* out,
+                                bool with_shared) {
   Scratch& sc = scratch_;
   const int64_t hidden = config_.hidden_size, top_k = config_.num_experts_per_tok;
   const int64_t padded = gathered_rows_;
@@ -65,7 +66,7 @@ void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t ro
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(routing, ids, bytes, cudaMemcpyDeviceToDevice, stream_));
     MEGACTX_CUDA_CHECK(
         cudaMemcpyAsync(routing + padded * top_k, gates, bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (config_.n_shared_experts > 0) {
+    if (config_.n_shared_experts > 0 && with_shared) {
       timer_.mark("moe shared expert", stream_);
       float* result = sc.a2a_shared.get<float>(rows * hidden);
       mlp(w.shared, h, rows, result);

@@ -73,12 +73,10 @@ bool CudaDsaModel::grouped_call_on_device(const DeviceLayer& w, int64_t rows, in
 
 int64_t CudaDsaModel::graph_gathered_rows(int64_t rows) const {
   if (!gathered_dispatch_layout(plan_) || plan_.moe_dispatch == MoeDispatch::all_to_all) return 0;
-  return plan_.context_parallel_size > 1 ? context_share_rows(plan_, rows) : rows;
+  return gathered_rows_of(plan_, rows);
 }
 
 bool CudaDsaModel::ffn_capturable(int64_t rows) const {
-  // LayerSplit's exchanges are not captured (eager first).
-  if (plan_.layer_split) return false;
   if (plan_.expert_all_to_all) {
     // The experts sharded and reached by all-to-all (data-parallel attention,
     // context parallelism): the gathered dispatch (fixed sizes; the
@@ -131,6 +129,17 @@ std::optional<DecodeGraphKey> CudaDsaModel::graph_key(const ForwardBatch& batch,
   key.kv_dtype = static_cast<int>(cache.spec().dtype);
   key.cache = cache_fingerprint(cache, config_.num_hidden_layers);
   key.routed_experts = batch.want_routed_experts;
+  if (plan_.layer_split) {
+    // LayerSplit: the selected entries' form only, whose sizes the key fixes
+    // (the pool form sends the pages in use). In a graph step no page is
+    // counted as in use: every rank decides from the key alone.
+    Step probe;
+    probe.tokens = key.rows();
+    probe.max_context = key.context;
+    probe.latent = cache_layouts(cache.spec()).latent;
+    probe.rows.page_size = cache.spec().page_size;
+    if (!sends_selected_entries(probe, cache)) return std::nullopt;
+  }
   return key;
 }
 
@@ -182,6 +191,7 @@ ForwardOutput CudaDsaModel::forward_graph(const ForwardBatch& batch, PagedKvCach
   // (the fast path's token tables) that a capture must record again.
   auto record = [&] {
     Step fresh = step;
+    if (plan_.layer_split) begin_layer_split_step({});  // no pool form in a graph step
     if (key.routed_experts) begin_routed_capture(rows);
     run_layers(fresh, ids, logit_rows, rows, cache, logits);
     routed_ids_ = nullptr;

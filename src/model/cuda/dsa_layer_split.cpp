@@ -26,7 +26,11 @@
 //   step, or every layer with MEGACTX_LAYER_SPLIT_PREFETCH=0, sends its pool
 //   at its own turn.
 //
-// Eager steps (no graphs).
+// Decode steps run as CUDA Graphs when they send the selected entries (the
+// key's rows and context fix the form and every size; a step whose entries
+// outgrow its pool sends the pool, eagerly): every exchange of a step on the
+// side stream is joined back at its end (join_layer_split_side), and waits
+// only on events recorded in the same step.
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
 #include <cstdlib>
@@ -166,7 +170,7 @@ void CudaDsaModel::before_layer_split_write(int64_t layer) {
     MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.prefetched[slot], 0));
 }
 
-bool CudaDsaModel::sends_selected_entries(const Step& step, const PagedKvCache& cache) {
+bool CudaDsaModel::sends_selected_entries(const Step& step, const PagedKvCache& cache) const {
   // MEGACTX_LAYER_SPLIT_ENTRIES=0: every step sends the pool (A/B runs; read once).
   static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_LAYER_SPLIT_ENTRIES");
@@ -188,8 +192,10 @@ void CudaDsaModel::share_selected_entries(int64_t layer, int owner, const Step& 
   const int64_t entries = step.tokens * selected.top_k;
   const int slot = e.next;
   e.next ^= 1;
-  // The slot's last broadcast (two layers ago) is over before it is refilled.
-  MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.received[slot], 0));
+  // The slot's last broadcast (two layers ago) is over before it is refilled
+  // (one of an earlier step was joined at its end: join_layer_split_side).
+  if (e.received_pending[slot])
+    MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.received[slot], 0));
   uint8_t* rows = e.rows[slot].get<uint8_t>(entries * kLatentBytes);
   GatherEntriesParams gather;
   gather.slots = selected.slots;
@@ -212,9 +218,22 @@ void CudaDsaModel::share_selected_entries(int64_t layer, int owner, const Step& 
     tensor_group_->broadcast(rows, bytes, owner);
     MEGACTX_CUDA_CHECK(cudaEventRecord(e.received[slot], stream_));
   }
+  e.received_pending[slot] = true;
   if (!mine) {
     e.layer = layer;
     e.slot = slot;
+  }
+}
+
+void CudaDsaModel::join_layer_split_side() {
+  SplitEntries& e = split_entries_;
+  if (!plan_.layer_split || !e.made) return;
+  for (int s = 0; s < 2; ++s) {
+    if (e.received_pending[s]) MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.received[s], 0));
+    if (e.prefetched_layer[s] >= 0)
+      MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.prefetched[s], 0));
+    e.received_pending[s] = false;
+    e.prefetched_layer[s] = -1;
   }
 }
 

@@ -105,10 +105,12 @@ int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
                                                           const PagedKvCache& cache,
                                                           int64_t chain) const {
-  // Data-parallel attention's expert all-to-all reads its counts on the
-  // host; context parallelism's row shares are not captured either.
+  // Data-parallel attention's MTP runs take the expert all-to-all, which
+  // reads its counts on the host; context parallelism's MTP runs are not
+  // captured either. (LayerSplit keeps the MTP layer's pools on every rank:
+  // its runs exchange nothing but the tensor-parallel sums.)
   if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all ||
-      plan_.context_parallel_size > 1 || plan_.layer_split)
+      plan_.context_parallel_size > 1)
     return std::nullopt;
   const int64_t count = sequences.front().count;
   for (const MtpLayer::Rows& r : sequences) {

@@ -127,6 +127,15 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
   return bytes;
 }
 
+int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config) {
+  if (!has_moe_layers(config)) return 0;
+  const int64_t rows = kMoeMaxRows, hidden = config.hidden_size;
+  const int64_t words = rows * config.num_experts_per_tok;
+  // x, partial, received, mine [rows, H]; routing 2 x words twice, local ids
+  // and gates words each.
+  return 4 * rows * hidden * 4 + 6 * words * 4;
+}
+
 int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows, bool fp8_experts) {
   if (!has_moe_layers(config)) return 0;
   // The largest call the grouped path takes (buffers grow to it and stay).
@@ -222,6 +231,15 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
   }
   if (o.device_moe) {
     parts.device_moe = cuda_device_moe_scratch_bytes(config, tokens, o.fp8_gemm_inputs);
+    if (o.gathered_dispatch_ranks > 1 && graph_rows > 0) {
+      // Graph steps take the gathered dispatch: one grouped call over every
+      // rank's rows (up to the grouped path's bound).
+      parts.device_moe =
+          std::max(parts.device_moe,
+                   cuda_device_moe_scratch_bytes(config, o.gathered_dispatch_ranks * graph_rows,
+                                                 o.fp8_gemm_inputs)) +
+          cuda_gathered_dispatch_bytes(config);
+    }
   }
   if (graph_rows > 0) {
     DecodeGraphKey key;

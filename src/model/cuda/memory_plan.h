@@ -50,6 +50,12 @@ struct CudaScratchOptions {
   // staging of offload-page entries (cuda_offload_staging_bytes), and the
   // fewer device pages one sequence of the whole context needs beside them.
   int64_t offload_tokens = 0;
+  // The ranks of the gathered MoE dispatch (model/expert_dispatch.h;
+  // data-parallel attention or context parallelism with the experts reached
+  // by all-to-all; 0: none): its grouped calls run over every rank's rows,
+  // so the device MoE's workspace counts the grouped path's largest call,
+  // and its own buffers (cuda_gathered_dispatch_bytes) count too.
+  int64_t gathered_dispatch_ranks = 0;
 };
 
 struct CudaMemoryRequest {
@@ -105,6 +111,14 @@ inline constexpr int64_t kCudaCublasWorkspaceBytes = int64_t{32} << 20;
 // the attention core and feed-forward in blocks of `row_block` rows.
 int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64_t max_context,
                                 int64_t logit_rows, int64_t index_topk, int64_t row_block = 0);
+
+// The gathered MoE dispatch's buffers beside the grouped MoE's
+// (CudaDsaModel::moe_gathered) at its largest: every rank's rows of one
+// grouped call (the grouped path's row bound) as gathered rows, partial sums
+// and received partials [rows, H] float32, a rank's padded rows, and the
+// routing words (ids and gates, this rank's and every rank's, and the local
+// ids and gates). 0 without MoE layers.
+int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config);
 
 // The grouped device MoE's workspaces (kernels/cuda/moe/grouped_moe.h
 // grouped_moe_layout: plan ints, [pairs, I] activations, [rows, top_k, H]
