@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/scoped_value.h"
 #include "io/checkpoint.h"
 #include "model/batch_checks.h"
 #include "model/expert_dispatch.h"
@@ -221,14 +222,10 @@ void DsaModel::check_batch(const ForwardBatch& batch, const PagedKvCache& cache)
 ForwardOutput DsaModel::forward(const ForwardBatch& batch, PagedKvCache& cache) {
   check_batch(batch, cache);
   drop_prefetch();  // one a failed forward may have left
-  // The MoE dispatch of this step, the same on every rank (a failed forward
-  // leaves it set, and the next forward sets it again; the MTP layer's runs,
-  // which reach the experts through this model too, take the all-to-all).
-  gathered_rows_ = gathered_dispatch_rows(plan_, batch);
-  struct ResetDispatch {
-    int64_t& rows;
-    ~ResetDispatch() { rows = 0; }
-  } reset_dispatch{gathered_rows_};
+  // The MoE dispatch of this step, the same on every rank (the MTP layer's
+  // runs, which reach the experts through this model too, take the
+  // all-to-all).
+  const ScopedValue<int64_t> dispatch(gathered_rows_, gathered_dispatch_rows(plan_, batch));
   const int64_t hidden = config_.hidden_size;
   Step step;
   step.page_size = cache.spec().page_size;

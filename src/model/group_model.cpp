@@ -397,7 +397,7 @@ MtpLayer::Output run_mtp_share(MtpLayer& mtp, std::span<const MtpLayer::Rows> wh
     r.greedy_drafts = 0;
     own.push_back(r);
   }
-  MtpLayer::Output mine = mtp.run(own, cache);
+  MtpLayer::Output mine = mtp.run_share(own, group_run_shape(whole, shares_of), cache);
   if (!reports) {
     // Another rank of this share reports its rows.
     own.clear();

@@ -177,6 +177,26 @@ CpuMtpLayer::CpuMtpLayer(DsaModel& target, MtpWeights weights, MtpHandOff hand_o
   MEGACTX_CHECK(weights_.layer.attention.has_indexer, "the MTP layer needs its indexer weights");
 }
 
+MtpLayer::GroupRun group_run_shape(std::span<const MtpLayer::Rows> whole,
+                                   const std::vector<int>& ranks) {
+  MEGACTX_CHECK(ranks.size() == whole.size(), "MTP group run: {} ranks for {} sequences",
+                ranks.size(), whole.size());
+  MtpLayer::GroupRun shape;
+  std::vector<int64_t> sequences;
+  for (size_t s = 0; s < whole.size(); ++s) {
+    const auto share = static_cast<size_t>(std::max(ranks[s], 0));
+    if (share >= sequences.size()) sequences.resize(share + 1, 0);
+    shape.max_sequences = std::max(shape.max_sequences, ++sequences[share]);
+    if (s == 0) {
+      shape.rows_per_sequence = whole[s].count;
+      shape.shared = whole[s].shared;
+      shape.target_hidden = whole[s].target_hidden;
+    }
+    if (whole[s].count != shape.rows_per_sequence) shape.rows_per_sequence = 0;
+  }
+  return shape;
+}
+
 MtpLayer::Output CpuMtpLayer::run(std::span<const Rows> sequences, PagedKvCache& cache) {
   Backend& backend = target_.backend();
   const int64_t H = hidden_size();

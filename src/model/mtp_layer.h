@@ -134,6 +134,22 @@ class MtpLayer {
   };
   // One MTP application over every sequence's rows (batched).
   virtual Output run(std::span<const Rows> sequences, PagedKvCache& cache) = 0;
+  // Data-parallel attention: the shape of a whole group run, the same on
+  // every rank (group_run_shape), beside each rank's share of its rows.
+  struct GroupRun {
+    int64_t max_sequences = 0;      // the most sequences of any rank's share
+    int64_t rows_per_sequence = 0;  // every sequence's rows; 0 when they differ
+    bool shared = false;            // draft steps with sharing (Rows::shared)
+    bool target_hidden = true;      // step 0 (Rows::target_hidden)
+  };
+  // One rank's share `own` (maybe empty) of a group run shaped `whole`
+  // (run_mtp_share). A layer that pads runs to a shape all ranks agree on (a
+  // device layer's CUDA Graphs, whose MoE exchanges must meet) reads `whole`;
+  // by default the share runs alone.
+  virtual Output run_share(std::span<const Rows> own, const GroupRun& whole, PagedKvCache& cache) {
+    (void)whole;
+    return run(own, cache);
+  }
   // Whether a run costs less when every sequence has the same row count (a
   // device layer replays one CUDA Graph per shape), so the caller may give
   // placeholder rows (Rows::output_row) instead of fewer rows.
@@ -155,6 +171,11 @@ class MtpLayer {
   int64_t vocab_ = 0;
   int64_t index_topk_ = 0;
 };
+
+// The shape of a group run of `whole`'s sequences, sequence s on rank
+// (share) ranks[s].
+MtpLayer::GroupRun group_run_shape(std::span<const MtpLayer::Rows> whole,
+                                   const std::vector<int>& ranks);
 
 // The MTP layer on the CPU: DsaModel::run_layer on the target's backend.
 class CpuMtpLayer final : public MtpLayer {

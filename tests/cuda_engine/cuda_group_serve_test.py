@@ -165,6 +165,15 @@ def main():
                  "--cuda-collectives", collectives))
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {message}")
+    if count >= 2:
+        # One rank per GPU: the MTP layer's runs replay CUDA Graphs too (under data-parallel
+        # attention padded to the whole run's shape, the MoE by the gathered dispatch).
+        for dp in ((), ("--expert-parallel-size", "2", "--enable-dp-attention")):
+            ok, message = speculation_over_two_ranks(
+                args.megactx, args.mtp_model,
+                ("--device", "cuda", "--tensor-parallel-size", "2", *dp), mtp_graphs=True)
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Sampled drafts verified by rejection sampling at the data-parallel ranks (each rank's
     # rows to the host there: CudaSampler::rows_on_host) against one CUDA process, uniform
     # for uniform (the ranks' logits equal one process's exactly).

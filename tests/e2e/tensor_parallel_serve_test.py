@@ -79,9 +79,10 @@ def metric(text, name):
     return None
 
 
-def speculation_over_two_ranks(megactx, model, layout=("--tensor-parallel-size", "2")):
+def speculation_over_two_ranks(megactx, model, layout=("--tensor-parallel-size", "2"),
+                               mtp_graphs=False):
     """MTP over two ranks (tensor or context parallel) against one process without MTP:
-    (ok, message)."""
+    (ok, message). mtp_graphs: the MTP layer's runs must replay CUDA Graphs too."""
     ids_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "default_model",
                             "passkey_8k_ids.txt")
     prompt = [int(token) for token in open(ids_file).read().replace(",", " ").split()[:48]]
@@ -93,12 +94,14 @@ def speculation_over_two_ranks(megactx, model, layout=("--tensor-parallel-size",
         metrics = requests.get(server.url + "/metrics", timeout=30).text
     verify = metric(metrics, "megactx_spec_verify_steps_total") or 0
     accepted = metric(metrics, "megactx_spec_accepted_tokens_total") or 0
+    mtp_replays = metric(metrics, 'megactx_cuda_graph_replays_total{graphs="mtp"}') or 0
     worst = max(abs(a - b) for a, b in zip(logprobs, want_logprobs))
-    ok = ids == want_ids and worst <= 1e-4 and verify > 0 and accepted > 0
+    ok = ids == want_ids and worst <= 1e-4 and verify > 0 and accepted > 0 and \
+        (mtp_replays > 0 or not mtp_graphs)
     return ok, (f"{' '.join(layout)} --speculative-steps 3: greedy ids "
                 f"{'equal to' if ids == want_ids else 'DIFFERENT from'} one process without MTP, "
                 f"max |logprob difference| {worst:.2e}, {accepted:.0f} drafts accepted in "
-                f"{verify:.0f} verifications")
+                f"{verify:.0f} verifications, {mtp_replays:.0f} MTP graph replays")
 
 
 def fixture_tensor(fixture, name):

@@ -456,6 +456,31 @@ TEST(DataParallelAttentionGroup, OffloadPagesOfEachRankMatchOneProcess) {
   });
 }
 
+// The shape of a group MTP run every rank's share carries
+// (MtpLayer::run_share): the most sequences of a rank, their common row
+// count (0 when they differ), and the run's kind.
+TEST(DataParallelAttentionGroup, MtpGroupRunShapeIsTheWholeRuns) {
+  std::vector<MtpLayer::Rows> rows(4);
+  for (MtpLayer::Rows& r : rows) r.count = 4;  // verification refills of k + 1 = 4 rows
+  MtpLayer::GroupRun shape = group_run_shape(rows, {1, 0, 1, 1});
+  EXPECT_EQ(shape.max_sequences, 3);
+  EXPECT_EQ(shape.rows_per_sequence, 4);
+  EXPECT_FALSE(shape.shared);
+  EXPECT_TRUE(shape.target_hidden);
+  for (MtpLayer::Rows& r : rows) {
+    r.count = 1;
+    r.shared = true;
+    r.target_hidden = false;
+  }
+  rows[2].count = 2;
+  shape = group_run_shape(rows, {0, 2, 2, 0});
+  EXPECT_EQ(shape.max_sequences, 2);
+  EXPECT_EQ(shape.rows_per_sequence, 0);
+  EXPECT_TRUE(shape.shared);
+  EXPECT_FALSE(shape.target_hidden);
+  EXPECT_THROW(group_run_shape(rows, {0, 1}), Error);
+}
+
 TEST(DataParallelAttentionGroup, MtpRunsMatchOneProcess) {
   for (const char* name : {"glm_schedule", "dsv32_yarn"})
     parallel::run_forked_group(

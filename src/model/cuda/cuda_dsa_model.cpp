@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/scoped_value.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
 #include "model/expert_dispatch.h"
@@ -192,19 +193,16 @@ ForwardOutput CudaDsaModel::forward(const ForwardBatch& batch, PagedKvCache& cac
   // (their longest context share) in a step that runs as a graph (on this
   // rank or not: a failed capture runs eagerly with the same collectives),
   // gathered over the longest share when asked for on every step, else the
-  // all-to-all. The MTP layer's runs take the all-to-all.
-  gathered_rows_ = key ? graph_gathered_rows(key->rows()) : 0;
-  if (gathered_rows_ == 0 && plan_.expert_all_to_all && weights_ != nullptr) {
+  // all-to-all. (The MTP layer's runs decide their own: run_mtp.)
+  int64_t gathered = key ? graph_gathered_rows(key->rows()) : 0;
+  if (gathered == 0 && plan_.expert_all_to_all && weights_ != nullptr) {
     const int64_t rows = gathered_dispatch_rows(plan_, batch);
     bool served = rows > 0;
     for (const DeviceLayer& w : weights_->layers)
       served = served && (!w.is_moe || gathered_on_device(w, rows));
-    if (served) gathered_rows_ = rows;
+    if (served) gathered = rows;
   }
-  struct ResetDispatch {
-    int64_t& rows;
-    ~ResetDispatch() { rows = 0; }
-  } reset_dispatch{gathered_rows_};
+  const ScopedValue<int64_t> dispatch(gathered_rows_, gathered);
   // A rank of data-parallel attention without rows in an eager step still
   // serves the other ranks' experts.
   if (batch.sequences.empty() && plan_.expert_all_to_all && !key) return forward_no_rows();

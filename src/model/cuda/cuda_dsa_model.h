@@ -77,8 +77,12 @@ class CudaDsaModel final : public LanguageModel {
   void load_mtp(const MtpWeights& host, MtpHandOff hand_off);
   bool has_mtp() const { return mtp_ != nullptr; }
   // MtpLayer::run on the GPU (see model/mtp_layer.h), over cache layer
-  // num_hidden_layers of `cache`.
-  MtpLayer::Output run_mtp(std::span<const MtpLayer::Rows> sequences, PagedKvCache& cache);
+  // num_hidden_layers of `cache`. `group`: data-parallel attention's whole
+  // run, of which `sequences` is this rank's share (maybe empty): a run of a
+  // shape every rank can pad to replays a CUDA Graph of that shape, its MoE
+  // by the gathered dispatch (MtpLayer::run_share).
+  MtpLayer::Output run_mtp(std::span<const MtpLayer::Rows> sequences, PagedKvCache& cache,
+                           const MtpLayer::GroupRun* group = nullptr);
   // Data-parallel attention: a run in which this rank has no rows still
   // answers the other ranks' expert pairs (the MTP layer's MoE all-to-all);
   // empty host outputs.
@@ -360,7 +364,7 @@ class CudaDsaModel final : public LanguageModel {
   // every rank's rows.
   bool gathered_on_device(const DeviceLayer& w, int64_t padded_rows) const;
   // The rows every rank pads to in this forward's gathered dispatch; 0: the
-  // all-to-all (set by forward(), 0 for the MTP layer's runs).
+  // all-to-all (set by forward() and run_mtp for their call).
   int64_t gathered_rows_ = 0;
   // The gathered dispatch's rows in a graph step of `rows` rows
   // (gathered_rows_of); 0 where the experts are not reached by all-to-all or
@@ -502,9 +506,12 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer chain_topk, chain_counts, hand0, embedded, link_logits, drafts;
   };
   // The graph key of an MTP run (every sequence the same row count, a bucket
-  // fits, the layer's MoE on the device path), else nullopt.
+  // fits, the layer's MoE on the device path), else nullopt. Data-parallel
+  // attention: from the whole run's shape `group` (none: no graph), the MoE
+  // by the gathered dispatch.
   std::optional<DecodeGraphKey> mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
-                                              const PagedKvCache& cache, int64_t chain) const;
+                                              const PagedKvCache& cache, int64_t chain,
+                                              const MtpLayer::GroupRun* group) const;
 
   ModelConfig config_;
   CudaModelOptions options_;

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/scoped_value.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "model/batch_checks.h"
 #include "model/cuda/cuda_dsa_model.h"
@@ -103,28 +104,41 @@ int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
 }  // namespace
 
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
-                                                          const PagedKvCache& cache,
-                                                          int64_t chain) const {
-  // Data-parallel attention's MTP runs take the expert all-to-all, which
-  // reads its counts on the host; context parallelism's MTP runs are not
-  // captured either. (LayerSplit keeps the MTP layer's pools on every rank:
-  // its runs exchange nothing but the tensor-parallel sums.)
-  if (!options_.cuda_graphs || timer_.enabled() || plan_.expert_all_to_all ||
-      plan_.context_parallel_size > 1)
+                                                          const PagedKvCache& cache, int64_t chain,
+                                                          const MtpLayer::GroupRun* group) const {
+  // Context parallelism's MTP runs are not captured. (LayerSplit keeps the
+  // MTP layer's pools on every rank: its runs exchange nothing but the
+  // tensor-parallel sums.)
+  if (!options_.cuda_graphs || timer_.enabled() || plan_.context_parallel_size > 1)
     return std::nullopt;
-  const int64_t count = sequences.front().count;
+  // Data-parallel attention: the whole run's shape decides, the same on
+  // every rank (a rank with no rows replays a graph of padding rows), and
+  // the MoE takes the gathered dispatch (the all-to-all reads its counts on
+  // the host). Its runs chain no drafts on the device (the leader chains
+  // them, one group run per draft step).
+  const bool data_parallel = plan_.expert_all_to_all;
+  if (data_parallel && (group == nullptr || chain > 0)) return std::nullopt;
+  if (!data_parallel && sequences.empty()) return std::nullopt;
+  const int64_t count = data_parallel ? group->rows_per_sequence : sequences.front().count;
   for (const MtpLayer::Rows& r : sequences) {
     if (r.count != count) return std::nullopt;
   }
-  if (count > kMaxGraphTokensPerSequence) return std::nullopt;
-  const int64_t padded = batch_bucket(graph_buckets_, static_cast<int64_t>(sequences.size()));
+  if (count < 1 || count > kMaxGraphTokensPerSequence) return std::nullopt;
+  const int64_t padded =
+      batch_bucket(graph_buckets_,
+                   data_parallel ? group->max_sequences : static_cast<int64_t>(sequences.size()));
   if (padded == 0) return std::nullopt;
+  if (data_parallel && mtp_->layer.is_moe) {
+    const int64_t gathered = graph_gathered_rows(padded * count);
+    if (gathered == 0 || !gathered_on_device(mtp_->layer, gathered)) return std::nullopt;
+  }
   // As ffn_capturable: one grouped call per MoE layer (the deterministic
   // mode's chunked steps run eagerly).
   const auto one_call = [&](int64_t rows) {
     return moe_on_device(mtp_->layer, rows) && grouped_moe_rows(mtp_->layer, rows) >= rows;
   };
-  if (mtp_->layer.is_moe && (!one_call(padded * count) || (chain > 1 && !one_call(padded)))) {
+  if (!data_parallel && mtp_->layer.is_moe &&
+      (!one_call(padded * count) || (chain > 1 && !one_call(padded)))) {
     return std::nullopt;
   }
   DecodeGraphKey key;
@@ -133,7 +147,7 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
   key.context = context_bucket(mtp_context(sequences, chain));
   key.kv_dtype = static_cast<int>(cache.spec().dtype);
   key.cache = cache_fingerprint(cache, config_.num_hidden_layers + 1);
-  key.mtp_shared = sequences.front().shared;
+  key.mtp_shared = data_parallel ? group->shared : sequences.front().shared;
   key.mtp_drafts = chain;
   return key;
 }
@@ -151,17 +165,19 @@ MtpLayer::Output CudaDsaModel::run_mtp_no_rows() {
 }
 
 MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences,
-                                       PagedKvCache& cache) {
+                                       PagedKvCache& cache, const MtpLayer::GroupRun* group) {
   MEGACTX_CHECK(mtp_ != nullptr, "CUDA model: no MTP layer loaded (load_mtp)");
-  MEGACTX_CHECK(!sequences.empty(), "MTP: no sequences");
+  MEGACTX_CHECK(!sequences.empty() || group != nullptr, "MTP: no sequences");
   const KvCacheSpec& spec = cache.spec();
   const int64_t layer = config_.num_hidden_layers;
   MEGACTX_CHECK(spec.device == Device::CUDA && cache.has_latent(layer) && cache.has_indexer(layer),
                 "MTP: the device KV cache has no pools for the MTP layer {} "
                 "(make_kv_cache_spec with_mtp_layer)",
                 layer);
-  const bool shared = sequences.front().shared;
-  const bool target_hidden = sequences.front().target_hidden;
+  // A data-parallel rank's share may be empty: the whole run's kind then.
+  const bool shared = sequences.empty() ? group->shared : sequences.front().shared;
+  const bool target_hidden =
+      sequences.empty() ? group->target_hidden : sequences.front().target_hidden;
   int64_t chain = 0;  // greedy drafts chained after this step 0
   bool want_logits = false;
   for (const MtpLayer::Rows& r : sequences) {
@@ -183,15 +199,21 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   const int64_t half = config_.qk_rope_head_dim / 2;
   const float eps = plan_.rms_norm_eps;
   MtpScratch& sc = mtp_scratch_;
+  // The shape: as given (eager), or padded to a batch bucket of sequences of
+  // `count` rows each (a CUDA Graph; padding rows have position -1, so they
+  // write no cache entry and attend to nothing).
+  const std::optional<DecodeGraphKey> key = mtp_graph_key(sequences, cache, chain, group);
+  // Data-parallel attention: an empty share without a graph makes the MoE
+  // exchange alone; a graph run's MoE takes the gathered dispatch over the
+  // rows every rank pads to (a capture that failed runs the same padded
+  // shape eagerly).
+  if (sequences.empty() && !key) return run_mtp_no_rows();
+  const ScopedValue<int64_t> dispatch(
+      gathered_rows_, key && plan_.expert_all_to_all ? graph_gathered_rows(key->rows()) : 0);
   bool one_row_each = true;
   for (const MtpLayer::Rows& r : sequences) one_row_each &= r.count == 1;
   timer_.begin_forward(one_row_each);  // MEGACTX_CUDA_PHASE_TIMES: "mtp ..." phases
   timer_.mark("mtp host prep + upload", stream_);
-
-  // The shape: as given (eager), or padded to a batch bucket of sequences of
-  // `count` rows each (a CUDA Graph; padding rows have position -1, so they
-  // write no cache entry and attend to nothing).
-  const std::optional<DecodeGraphKey> key = mtp_graph_key(sequences, cache, chain);
   const int64_t real = static_cast<int64_t>(sequences.size());
   const int64_t s = key ? key->sequences : real;
   int64_t n = 0;
@@ -441,6 +463,12 @@ class CudaMtpLayer final : public MtpLayer {
     if (sequences.empty() && model_.expert_all_to_all()) return model_.run_mtp_no_rows();
     check_rows(sequences);
     return model_.run_mtp(sequences, cache);
+  }
+  // Data-parallel attention: padded to the whole run's shape where every
+  // rank can replay one graph of it (CudaDsaModel::mtp_graph_key).
+  Output run_share(std::span<const Rows> own, const GroupRun& whole, PagedKvCache& cache) override {
+    if (!own.empty()) check_rows(own);
+    return model_.run_mtp(own, cache, &whole);
   }
   bool prefers_uniform_rows() const override { return true; }
 
