@@ -188,6 +188,7 @@ CudaScratchOptions cuda_scratch_options(const ModelLoadOptions& options,
                                      options.context_parallel_size == options.group->size()))) &&
       options.moe_dispatch != MoeDispatch::all_to_all)
     scratch.gathered_dispatch_ranks = options.group->size();
+  scratch.gathered_dispatch_pairs = options.deterministic;
 #if !MEGACTX_HAVE_CUDA
   (void)model;
 #endif

@@ -203,6 +203,8 @@ TEST(DeviceKvPlan, ModelOptionsScratchIsPlannedAndNamed) {
                      cuda_device_moe_scratch_bytes(config, 8 * 8)) +
                 cuda_gathered_dispatch_bytes(config));
   EXPECT_GT(cuda_gathered_dispatch_bytes(config), 0);
+  EXPECT_GT(cuda_gathered_dispatch_bytes(config, /*pair_outputs=*/true),
+            cuda_gathered_dispatch_bytes(config));
   EXPECT_LT(over_ranks.memory.kv_pages, plan.memory.kv_pages);
   // --no-cuda-graphs / --cuda-host-moe: no bucket, no grouped MoE workspace.
   request.options.cuda_graphs = false;

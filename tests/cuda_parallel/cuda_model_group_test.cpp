@@ -46,6 +46,7 @@ struct Layout {
   int context_parallel_size = 0;         // context shares (0: one per rank)
   bool layer_split = false;              // each layer's KV on one rank
   MoeDispatch moe_dispatch = MoeDispatch::automatic;  // data-parallel attention's
+  bool deterministic = false;                         // batch-invariant kernels (--deterministic)
   bool bf16 = false;
   CudaModelOptions::Collectives collectives = CudaModelOptions::Collectives::host;
 };
@@ -66,6 +67,7 @@ std::unique_ptr<LanguageModel> load(const std::string& fixture, parallel::Commun
   options.context_parallel_size = group != nullptr ? layout.context_parallel_size : 0;
   options.layer_split = group != nullptr && layout.layer_split;
   options.moe_dispatch = group != nullptr ? layout.moe_dispatch : MoeDispatch::automatic;
+  options.deterministic = layout.deterministic;
   return load_language_model(fixture_dir(fixture), options);
 }
 
@@ -134,15 +136,18 @@ bool data_parallel_rank_matches_one_process(parallel::Communicator& group, const
     return false;
   }
   const double error = relative_error(got.data(), expected.data(), got.size());
-  if (error > 1e-5) print_row_errors(fixture, got, expected, f.vocab);
+  // The deterministic mode: one process's bits (rollout logprobs equal to
+  // scoring's), whichever dispatch.
+  const double bound = layout.deterministic ? 0.0 : 1e-5;
+  if (error > bound) print_row_errors(fixture, got, expected, f.vocab);
   std::printf(
-      "%s, data-parallel attention%s%s, rank %d of %d (%d replicas) on one GPU, %s collectives: "
-      "relative error %.3g\n",
+      "%s, data-parallel attention%s%s%s, rank %d of %d (%d replicas) on one GPU, %s "
+      "collectives: relative error %.3g (bound %.0e)\n",
       fixture, layout.layer_split ? " with LayerSplit" : "",
-      layout.moe_dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "", group.rank(),
-      group.size(), replicas,
-      layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error);
-  return error <= 1e-5;
+      layout.moe_dispatch == MoeDispatch::gathered ? " (gathered MoE dispatch)" : "",
+      layout.deterministic ? ", deterministic" : "", group.rank(), group.size(), replicas,
+      layout.collectives == CudaModelOptions::Collectives::nccl ? "NCCL" : "host", error, bound);
+  return error <= bound;
 }
 
 // One rank's side: its logits; rank 0 compares them with one process's.
@@ -232,7 +237,7 @@ TEST_F(CudaModelGroup, TwoRanksOnOneGpuOverHostCollectivesMatchOneProcess) {
 
 // Data-parallel attention over 2 ranks, host collectives and NCCL, the MoE
 // layers by `dispatch`.
-void expect_data_parallel_ranks_match(MoeDispatch dispatch) {
+void expect_data_parallel_ranks_match(MoeDispatch dispatch, bool deterministic = false) {
   for (const char* fixture : {"glm_schedule", "dsv32_yarn"}) {
     for (const auto collectives :
          {CudaModelOptions::Collectives::host, CudaModelOptions::Collectives::nccl}) {
@@ -243,6 +248,7 @@ void expect_data_parallel_ranks_match(MoeDispatch dispatch) {
       layout.expert_parallel = true;
       layout.data_parallel_attention = true;
       layout.moe_dispatch = dispatch;
+      layout.deterministic = deterministic;
       layout.collectives = collectives;
       expect_group_matches(2, fixture, layout, data_parallel_rank_matches_one_process);
     }
@@ -258,6 +264,14 @@ TEST_F(CudaModelGroup, DataParallelAttentionRanksMatchOneProcessEach) {
 // padded to the step's longest share, a rank with no rows in two steps.
 TEST_F(CudaModelGroup, DataParallelAttentionGatheredDispatchMatchesOneProcessEach) {
   expect_data_parallel_ranks_match(MoeDispatch::gathered);
+}
+
+// The deterministic mode's gathered dispatch sends each pair's expert output
+// back and combines in slot order: one process's logits bit for bit, as the
+// all-to-all gives them.
+TEST_F(CudaModelGroup, DeterministicDataParallelAttentionIsOneProcessBitForBit) {
+  expect_data_parallel_ranks_match(MoeDispatch::gathered, /*deterministic=*/true);
+  expect_data_parallel_ranks_match(MoeDispatch::all_to_all, /*deterministic=*/true);
 }
 
 // LayerSplit over 2 tensor-parallel ranks on one GPU: each layer's pools on

@@ -20,6 +20,7 @@
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/indexer/indexer.h"
 #include "kernels/cuda/kv_copy/stage_offload.h"
+#include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/decode_graph.h"
 #include "model/cuda/device_buffer.h"
@@ -345,6 +346,19 @@ class CudaDsaModel final : public LanguageModel {
   // the config's.
   void grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids, const float* gates,
                        const float* shared, int64_t rows, float* out, int64_t top_k = 0);
+  // The same call without the combine: every pair's expert output
+  // [rows, top_k, H] (zeros for pairs whose id is outside [0, E)), in
+  // scratch (moe_pair_out) until the next grouped call.
+  const float* grouped_pair_outputs(const DeviceLayer& w, const float* h, const int32_t* ids,
+                                    int64_t rows);
+  // One grouped call's shape, workspaces (scratch) and stacked weights of
+  // layer `w`; top_k 0: the config's.
+  struct GroupedCall {
+    GroupedMoeShape shape;
+    GroupedMoeBuffers buffers;
+    StackedExperts stacked;
+  };
+  GroupedCall grouped_call(const DeviceLayer& w, int64_t rows, int64_t top_k);
   // Whether one grouped device call serves `rows` rows of `top_k` slots of
   // layer `w` (the pairs an expert all-to-all brought this rank: each a row
   // of one expert, gate 1, else a GEMM chain per expert over ids read on the

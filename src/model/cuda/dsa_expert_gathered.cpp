@@ -12,6 +12,9 @@
 //     slot order) -> partial [S * R, H]
 //     -> all_to_all of equal chunks [R, H] -> received [S, R, H]
 //   sum_rank_chunks (+ the shared expert) -> out [rows, H].
+// The deterministic mode sends every pair's expert output back instead
+// ([S, R, k, H]), summed exactly (one rank's is not zero) and combined in
+// slot order: one process's bits.
 #if MEGACTX_HAVE_CUDA
 #include "core/error.h"
 #include "kernels/cuda/moe/gathered_dispatch.h"
@@ -51,6 +54,8 @@ void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t ro
   }
   int32_t* routing = sc.gather_routing.get<int32_t>(2 * padded * top_k);
   const float* shared = nullptr;
+  int32_t* ids = nullptr;  // this rank's routing [rows, top_k] (global ids)
+  float* gates = nullptr;
   if (rows < padded) {
     // Padding: ids -1 (all bits set), gates 0.
     MEGACTX_CUDA_CHECK(
@@ -59,8 +64,6 @@ void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t ro
                                        static_cast<size_t>(padded * top_k) * 4, stream_));
   }
   if (rows > 0) {
-    int32_t* ids = nullptr;
-    float* gates = nullptr;
     route(w, h, rows, &ids, &gates);
     const size_t bytes = static_cast<size_t>(rows * top_k) * 4;
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(routing, ids, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -85,6 +88,30 @@ void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t ro
   float* all_gates = sc.gather_gates.get<float>(all_rows * top_k);
   localize_gathered_routing(every_routing, size, padded * top_k, plan_.first_expert,
                             plan_.local_experts, local_ids, all_gates, stream_);
+
+  if (options_.batch_invariant) {
+    // The deterministic mode: one process's bits. Each pair's expert output
+    // (zeros where another rank holds the expert) goes back to its row's
+    // rank, where exactly one rank's is not zero, so their sum is exact; the
+    // combine then runs in slot order with the shared expert last, as one
+    // process's does (the same kernels on the same inputs). top_k times the
+    // traffic of the partial sums below.
+    timer_.mark("moe routed experts", stream_);
+    const float* pairs = grouped_pair_outputs(w, x, local_ids, all_rows);
+    timer_.mark("moe gathered dispatch", stream_);
+    const int64_t pair_floats = padded * top_k * hidden;
+    float* received = sc.gather_received.get<float>(size * pair_floats);
+    const std::vector<int64_t> chunk(static_cast<size_t>(size), pair_floats * word);
+    group_->all_to_all(pairs, chunk, received, chunk);
+    if (rows == 0) return;
+    float* own_pairs = sc.gather_partial.get<float>(pair_floats);
+    sum_rank_chunks(received, size, pair_floats, rows * top_k * hidden, nullptr, own_pairs,
+                    stream_);
+    GroupedMoeShape shape{rows, hidden, w.experts.front().intermediate, config_.n_routed_experts,
+                          top_k};
+    grouped_moe_combine(ids, gates, shape, own_pairs, shared, out, stream_);
+    return;
+  }
 
   // 2. This rank's experts over every gathered row.
   timer_.mark("moe routed experts", stream_);

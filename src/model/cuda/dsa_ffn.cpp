@@ -47,33 +47,52 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   blas_->unshare_input(act);
 }
 
+CudaDsaModel::GroupedCall CudaDsaModel::grouped_call(const DeviceLayer& w, int64_t rows,
+                                                     int64_t top_k) {
+  Scratch& sc = scratch_;
+  GroupedCall call;
+  call.shape = {rows, config_.hidden_size, w.experts.front().intermediate, config_.n_routed_experts,
+                top_k > 0 ? top_k : config_.num_experts_per_tok};
+  call.shape.bf16 = w.experts_gate_up.bf16;
+  call.shape.fp8 = w.experts_gate_up.fp8();
+  const GroupedMoeLayout layout = grouped_moe_layout(call.shape);
+  call.buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
+  call.buffers.act = sc.moe_act.get<float>(layout.act_floats);
+  call.buffers.pair_out = sc.moe_pair_out.get<float>(layout.pair_out_floats);
+  call.stacked.gate_up = w.experts_gate_up.data;
+  call.stacked.down = w.experts_down.data;
+  call.stacked.bf16 = w.experts_gate_up.bf16;
+  if (call.shape.fp8) {
+    // e4m3 experts as shipped: the kernels quantise their inputs per 1x128
+    // group into this workspace, as Blas::linear_fp8 does.
+    call.buffers.fp8 = sc.moe_fp8.get<uint8_t>(static_cast<int64_t>(layout.fp8_bytes));
+    call.stacked.fp8 = true;
+    call.stacked.gate_up_scale = w.experts_gate_up.scale;
+    call.stacked.down_scale = w.experts_down.scale;
+    call.stacked.gate_up_scale_split = w.experts_gate_up.scale_split;
+  }
+  return call;
+}
+
 void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids,
                                    const float* gates, const float* shared, int64_t rows,
                                    float* out, int64_t top_k) {
-  Scratch& sc = scratch_;
-  GroupedMoeShape shape{rows, config_.hidden_size, w.experts.front().intermediate,
-                        config_.n_routed_experts, top_k > 0 ? top_k : config_.num_experts_per_tok};
-  shape.bf16 = w.experts_gate_up.bf16;
-  shape.fp8 = w.experts_gate_up.fp8();
-  const GroupedMoeLayout layout = grouped_moe_layout(shape);
-  GroupedMoeBuffers buffers;
-  buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
-  buffers.act = sc.moe_act.get<float>(layout.act_floats);
-  buffers.pair_out = sc.moe_pair_out.get<float>(layout.pair_out_floats);
-  StackedExperts stacked;
-  stacked.gate_up = w.experts_gate_up.data;
-  stacked.down = w.experts_down.data;
-  stacked.bf16 = w.experts_gate_up.bf16;
-  if (shape.fp8) {
-    // e4m3 experts as shipped: the kernels quantise their inputs per 1x128
-    // group into this workspace, as Blas::linear_fp8 does.
-    buffers.fp8 = sc.moe_fp8.get<uint8_t>(static_cast<int64_t>(layout.fp8_bytes));
-    stacked.fp8 = true;
-    stacked.gate_up_scale = w.experts_gate_up.scale;
-    stacked.down_scale = w.experts_down.scale;
-    stacked.gate_up_scale_split = w.experts_gate_up.scale_split;
-  }
-  grouped_moe(h, ids, gates, shape, stacked, shared, buffers, out, stream_);
+  const GroupedCall call = grouped_call(w, rows, top_k);
+  grouped_moe(h, ids, gates, call.shape, call.stacked, shared, call.buffers, out, stream_);
+}
+
+const float* CudaDsaModel::grouped_pair_outputs(const DeviceLayer& w, const float* h,
+                                                const int32_t* ids, int64_t rows) {
+  const GroupedCall call = grouped_call(w, rows, 0);
+  // Pairs the plan leaves out (ids outside [0, E)) are not written: zeros.
+  MEGACTX_CUDA_CHECK(cudaMemsetAsync(
+      call.buffers.pair_out, 0,
+      static_cast<size_t>(grouped_moe_layout(call.shape).pair_out_floats) * sizeof(float),
+      stream_));
+  check_grouped_moe_inputs(h, call.shape, call.stacked, call.buffers);
+  grouped_moe_plan(ids, call.shape, call.buffers.plan, stream_);
+  grouped_moe_experts(h, call.shape, call.stacked, call.buffers, stream_);
+  return call.buffers.pair_out;
 }
 
 void CudaDsaModel::route(const DeviceLayer& w, const float* h, int64_t rows, int32_t** ids_out,

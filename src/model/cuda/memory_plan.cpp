@@ -127,13 +127,15 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
   return bytes;
 }
 
-int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config) {
+int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config, bool pair_outputs) {
   if (!has_moe_layers(config)) return 0;
   const int64_t rows = kMoeMaxRows, hidden = config.hidden_size;
   const int64_t words = rows * config.num_experts_per_tok;
-  // x, partial, received, mine [rows, H]; routing 2 x words twice, local ids
-  // and gates words each.
-  return 4 * rows * hidden * 4 + 6 * words * 4;
+  // x, mine [rows, H]; partial (summed) and received [rows, H] or, pair by
+  // pair, [rows, top_k, H]; routing 2 x words twice, local ids and gates
+  // words each.
+  const int64_t returned = pair_outputs ? words * hidden : rows * hidden;
+  return (2 * rows * hidden + 2 * returned) * 4 + 6 * words * 4;
 }
 
 int64_t cuda_device_moe_scratch_bytes(const ModelConfig& config, int64_t rows, bool fp8_experts) {
@@ -238,7 +240,7 @@ CudaScratchBreakdown cuda_scratch_breakdown(const ModelConfig& config,
           std::max(parts.device_moe,
                    cuda_device_moe_scratch_bytes(config, o.gathered_dispatch_ranks * graph_rows,
                                                  o.fp8_gemm_inputs)) +
-          cuda_gathered_dispatch_bytes(config);
+          cuda_gathered_dispatch_bytes(config, o.gathered_dispatch_pairs);
     }
   }
   if (graph_rows > 0) {

@@ -56,6 +56,9 @@ struct CudaScratchOptions {
   // so the device MoE's workspace counts the grouped path's largest call,
   // and its own buffers (cuda_gathered_dispatch_bytes) count too.
   int64_t gathered_dispatch_ranks = 0;
+  // The deterministic mode's gathered dispatch sends every pair's expert
+  // output back ([rows, top_k, H] instead of [rows, H]).
+  bool gathered_dispatch_pairs = false;
 };
 
 struct CudaMemoryRequest {
@@ -117,8 +120,9 @@ int64_t cuda_step_scratch_bytes(const ModelConfig& config, int64_t tokens, int64
 // grouped call (the grouped path's row bound) as gathered rows, partial sums
 // and received partials [rows, H] float32, a rank's padded rows, and the
 // routing words (ids and gates, this rank's and every rank's, and the local
-// ids and gates). 0 without MoE layers.
-int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config);
+// ids and gates); with `pair_outputs` (the deterministic mode) the received
+// and summed buffers are [rows, top_k, H]. 0 without MoE layers.
+int64_t cuda_gathered_dispatch_bytes(const ModelConfig& config, bool pair_outputs = false);
 
 // The grouped device MoE's workspaces (kernels/cuda/moe/grouped_moe.h
 // grouped_moe_layout: plan ints, [pairs, I] activations, [rows, top_k, H]
