@@ -167,11 +167,14 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {message}")
     if count >= 2:
         # One rank per GPU: the MTP layer's runs replay CUDA Graphs too (under data-parallel
-        # attention padded to the whole run's shape, the MoE by the gathered dispatch).
-        for dp in ((), ("--expert-parallel-size", "2", "--enable-dp-attention")):
+        # attention padded to the whole run's shape; with the experts split by all-to-all, the
+        # MoE by the gathered dispatch).
+        for layout in (("--tensor-parallel-size", "2"),
+                       ("--tensor-parallel-size", "2", "--expert-parallel-size", "2",
+                        "--enable-dp-attention"),
+                       ("--context-parallel-size", "2", "--expert-parallel-size", "2")):
             ok, message = speculation_over_two_ranks(
-                args.megactx, args.mtp_model,
-                ("--device", "cuda", "--tensor-parallel-size", "2", *dp), mtp_graphs=True)
+                args.megactx, args.mtp_model, ("--device", "cuda", *layout), mtp_graphs=True)
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {message}")
     # Sampled drafts verified by rejection sampling at the data-parallel ranks (each rank's

@@ -15,9 +15,10 @@
 //     longest) before the residual add, so x stays the same on every rank
 //     and every rank computes the logits itself.
 // A step of fewer rows than ranks runs whole on every rank (decode of small
-// batches), as on the CPU. Decode steps run as CUDA Graphs like any others
-// (the shares of the padded rows; the gathers' sizes depend on them only),
-// with the experts split by the gathered dispatch (expert_dispatch.h).
+// batches), as on the CPU. Decode steps and MTP runs run as CUDA Graphs like
+// any others (the shares of the padded rows; the gathers' sizes depend on
+// them only), with the experts split by the gathered dispatch
+// (expert_dispatch.h).
 #if MEGACTX_HAVE_CUDA
 #include <algorithm>
 

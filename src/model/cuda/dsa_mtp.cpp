@@ -106,17 +106,15 @@ int64_t mtp_context(std::span<const MtpLayer::Rows> sequences, int64_t chain) {
 std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLayer::Rows> sequences,
                                                           const PagedKvCache& cache, int64_t chain,
                                                           const MtpLayer::GroupRun* group) const {
-  // Context parallelism's MTP runs are not captured. (LayerSplit keeps the
-  // MTP layer's pools on every rank: its runs exchange nothing but the
-  // tensor-parallel sums.)
-  if (!options_.cuda_graphs || timer_.enabled() || plan_.context_parallel_size > 1)
-    return std::nullopt;
+  // (LayerSplit keeps the MTP layer's pools on every rank: its runs exchange
+  // nothing but the tensor-parallel sums. Context parallelism's runs are the
+  // same on every rank: the shares of the padded rows have fixed sizes.)
+  if (!options_.cuda_graphs || timer_.enabled()) return std::nullopt;
   // Data-parallel attention: the whole run's shape decides, the same on
-  // every rank (a rank with no rows replays a graph of padding rows), and
-  // the MoE takes the gathered dispatch (the all-to-all reads its counts on
-  // the host). Its runs chain no drafts on the device (the leader chains
-  // them, one group run per draft step).
-  const bool data_parallel = plan_.expert_all_to_all;
+  // every rank (a rank with no rows replays a graph of padding rows). Its
+  // runs chain no drafts on the device (the leader chains them, one group
+  // run per draft step).
+  const bool data_parallel = plan_.expert_all_to_all && plan_.context_parallel_size == 1;
   if (data_parallel && (group == nullptr || chain > 0)) return std::nullopt;
   if (!data_parallel && sequences.empty()) return std::nullopt;
   const int64_t count = data_parallel ? group->rows_per_sequence : sequences.front().count;
@@ -128,19 +126,20 @@ std::optional<DecodeGraphKey> CudaDsaModel::mtp_graph_key(std::span<const MtpLay
       batch_bucket(graph_buckets_,
                    data_parallel ? group->max_sequences : static_cast<int64_t>(sequences.size()));
   if (padded == 0) return std::nullopt;
-  if (data_parallel && mtp_->layer.is_moe) {
-    const int64_t gathered = graph_gathered_rows(padded * count);
-    if (gathered == 0 || !gathered_on_device(mtp_->layer, gathered)) return std::nullopt;
-  }
-  // As ffn_capturable: one grouped call per MoE layer (the deterministic
-  // mode's chunked steps run eagerly).
-  const auto one_call = [&](int64_t rows) {
+  // The MoE of step 0 (padded x count rows) and of the chain's draft steps
+  // (padded rows): with the experts reached by all-to-all the gathered
+  // dispatch (the all-to-all reads its counts on the host), else as
+  // ffn_capturable one grouped call per MoE layer (the deterministic mode's
+  // chunked steps run eagerly).
+  const auto capturable = [&](int64_t rows) {
+    if (!mtp_->layer.is_moe) return true;
+    if (plan_.expert_all_to_all) {
+      const int64_t gathered = graph_gathered_rows(rows);
+      return gathered > 0 && gathered_on_device(mtp_->layer, gathered);
+    }
     return moe_on_device(mtp_->layer, rows) && grouped_moe_rows(mtp_->layer, rows) >= rows;
   };
-  if (!data_parallel && mtp_->layer.is_moe &&
-      (!one_call(padded * count) || (chain > 1 && !one_call(padded)))) {
-    return std::nullopt;
-  }
+  if (!capturable(padded * count) || (chain > 1 && !capturable(padded))) return std::nullopt;
   DecodeGraphKey key;
   key.sequences = padded;
   key.tokens_per_sequence = count;
@@ -208,8 +207,11 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
   // rows every rank pads to (a capture that failed runs the same padded
   // shape eagerly).
   if (sequences.empty() && !key) return run_mtp_no_rows();
-  const ScopedValue<int64_t> dispatch(
-      gathered_rows_, key && plan_.expert_all_to_all ? graph_gathered_rows(key->rows()) : 0);
+  // The gathered dispatch's rows of a decoder-layer pass of `rows` rows (step
+  // 0's, the chain's draft steps') in a graph run; 0: the all-to-all.
+  const auto gathered_of = [&](int64_t rows) {
+    return key && plan_.expert_all_to_all ? graph_gathered_rows(rows) : int64_t{0};
+  };
   bool one_row_each = true;
   for (const MtpLayer::Rows& r : sequences) one_row_each &= r.count == 1;
   timer_.begin_forward(one_row_each);  // MEGACTX_CUDA_PHASE_TIMES: "mtp ..." phases
@@ -348,7 +350,10 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
     timer_.mark("mtp decoder layer", stream_);
     timer_.set_muted(true);  // one phase, not the target's attention/MoE phases
     Step fresh = step;
-    decoder_layer(mtp_->layer, layer, fresh, cache, x);
+    {
+      const ScopedValue<int64_t> dispatch(gathered_rows_, gathered_of(n));
+      decoder_layer(mtp_->layer, layer, fresh, cache, x);
+    }
     timer_.set_muted(false);
     timer_.mark("mtp head", stream_);
     // The output row of each sequence: shared_head.norm, lm_head, hand-off.
@@ -376,7 +381,10 @@ MtpLayer::Output CudaDsaModel::run_mtp(std::span<const MtpLayer::Rows> sequences
       rmsnorm(hand, s, H, H, mtp_->hnorm, eps, cat + H, 2 * H, stream_);
       blas_->linear(cat, s, 2 * H, mtp_->eh_proj, H, x);
       timer_.set_muted(true);
-      decoder_layer(mtp_->layer, layer, draft, cache, x);
+      {
+        const ScopedValue<int64_t> dispatch(gathered_rows_, gathered_of(s));
+        decoder_layer(mtp_->layer, layer, draft, cache, x);
+      }
       timer_.set_muted(false);
       head(x, link_logits);
       argmax_rows(link_logits, s, vocab, drafts + j * s, 1, stream_);
