@@ -46,10 +46,12 @@ void CudaDsaModel::load_mtp(const MtpWeights& host, MtpHandOff hand_off) {
   // GLM shares the target's embedding and head (no upload); DeepSeek has copies.
   mtp->embed = host.embed.defined() ? weights_->upload(host.embed) : weights_->embed;
   mtp->lm_head = host.lm_head.defined() ? weights_->upload_matrix(host.lm_head) : weights_->lm_head;
-  // A rank of a tensor-parallel group keeps its share of the layer, as of
-  // every decoder layer (decoder_layer adds the group's partial sums).
-  mtp->layer = weights_->upload_layer(
-      plan_.tensor_parallel_size > 1 ? parallel_shard_layer(host.layer, plan_) : host.layer);
+  // A rank of a tensor- or expert-parallel group keeps its share of the
+  // layer, as of every decoder layer (decoder_layer adds the group's partial
+  // sums; the expert all-to-all of data-parallel attention and context
+  // parallelism sends each rank the pairs of its own experts, by local index).
+  const bool share = plan_.tensor_parallel_size > 1 || plan_.expert_parallel_size > 1;
+  mtp->layer = weights_->upload_layer(share ? parallel_shard_layer(host.layer, plan_) : host.layer);
   mtp->hand_off = hand_off;
   mtp_ = std::move(mtp);
 }
