@@ -64,7 +64,7 @@ inline bool same_mtp_run(MtpLayer& group_mtp, PagedKvCache& group_cache, MtpLaye
   const MtpLayer::Output group = group_mtp.run(rows, group_cache);
   const MtpLayer::Output one = whole_mtp.run(rows, whole_cache);
   const auto n = static_cast<int64_t>(rows.size());
-  const int64_t vocab = one.logits.dim(1), hidden = one.hand_off.dim(1);
+  const int64_t vocab = whole_mtp.vocab_size(), hidden = whole_mtp.hidden_size();
   // Logits of the sequences that want them (the group's rows are in run order).
   double logits_error = 0.0;
   bool ok = group.hand_off.shape() == one.hand_off.shape();
