@@ -326,6 +326,9 @@ class CudaDsaModel final : public LanguageModel {
   // replica of tensor ranks, whose shared expert is split over them.
   void moe_all_to_all(const DeviceLayer& w, const float* h, int64_t rows, float* out,
                       bool with_shared = true);
+  // The shared experts of this rank's `rows` rows h [rows, H] whole, into
+  // scratch (the combine adds them last); null for a model without them.
+  const float* shared_expert(const DeviceLayer& w, const float* h, int64_t rows);
   // Data-parallel attention's MoE layer for this rank's replica's `rows`
   // rows: moe_all_to_all, or with replicas of tensor-parallel ranks
   // (moe_over_slices) moe_over_tensor_slices. rows may be 0.

@@ -64,12 +64,7 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   std::vector<int32_t> host_ids;
   if (rows > 0) {
     route(w, h, rows, &ids, &gates);
-    if (config_.n_shared_experts > 0 && with_shared) {
-      timer_.mark("moe shared expert", stream_);
-      float* result = sc.a2a_shared.get<float>(rows * hidden);
-      mlp(w.shared, h, rows, result);
-      shared = result;
-    }
+    if (with_shared) shared = shared_expert(w, h, rows);
     timer_.mark("moe all-to-all", stream_);
     host_ids = download(ids, rows * top_k, stream_);
   }
@@ -151,6 +146,14 @@ void CudaDsaModel::moe_all_to_all(const DeviceLayer& w, const float* h, int64_t 
   GroupedMoeShape shape{rows, hidden, config_.moe_intermediate_size, config_.n_routed_experts,
                         top_k};
   grouped_moe_combine(ids, gates, shape, pair_out, shared, out, stream_);
+}
+
+const float* CudaDsaModel::shared_expert(const DeviceLayer& w, const float* h, int64_t rows) {
+  if (config_.n_shared_experts == 0) return nullptr;
+  timer_.mark("moe shared expert", stream_);
+  float* result = scratch_.a2a_shared.get<float>(rows * config_.hidden_size);
+  mlp(w.shared, h, rows, result);
+  return result;
 }
 
 void CudaDsaModel::data_parallel_moe(const DeviceLayer& w, const float* h, int64_t rows,

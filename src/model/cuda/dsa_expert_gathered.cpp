@@ -69,12 +69,7 @@ void CudaDsaModel::moe_gathered(const DeviceLayer& w, const float* h, int64_t ro
     MEGACTX_CUDA_CHECK(cudaMemcpyAsync(routing, ids, bytes, cudaMemcpyDeviceToDevice, stream_));
     MEGACTX_CUDA_CHECK(
         cudaMemcpyAsync(routing + padded * top_k, gates, bytes, cudaMemcpyDeviceToDevice, stream_));
-    if (config_.n_shared_experts > 0 && with_shared) {
-      timer_.mark("moe shared expert", stream_);
-      float* result = sc.a2a_shared.get<float>(rows * hidden);
-      mlp(w.shared, h, rows, result);
-      shared = result;
-    }
+    if (with_shared) shared = shared_expert(w, h, rows);
   }
 
   // 1. Every rank's rows and routing.
