@@ -11,14 +11,34 @@ Writes:
                     validation/evaluation filler never occurs in train.jsonl.xz, so it stays held out
   other.jsonl.xz    every non-retrieval training document (chat, tools, arithmetic, copy, letters,
                     plain text), unchanged; the old passkey/multikey documents are dropped
-  val.jsonl.xz, passkey_eval.jsonl.xz, gen_prompts.jsonl.xz   copied unchanged"""
+  val.jsonl.xz, passkey_eval.jsonl.xz, gen_prompts.jsonl.xz   copied unchanged
+
+Run 4 options (defaults keep run 3's output):
+  --chat-frac F / --text-frac F / --filler-frac F   keep that share of the chat documents / plain-text
+      documents / filler paragraphs (sampled with --seed), so the folder stays under the GPU call's
+      carry limit (~12 MB); e.g. --chat-frac 0.35 --text-frac 1 --filler-frac 0.6
+  --filler-from-text   no filler.jsonl.xz: pipeline.py then takes the filler paragraphs from the
+      "packages" documents of other.jsonl.xz (the same paragraphs when --text-frac is 1; saves ~3 MB)
+  --long-passkey 65536,131072   also write passkey_eval_long.jsonl.xz: 16 passkey prompts per nominal
+      length in the evaluation's format (synth.passkey, the template, "(tokens - 64) * 4" characters of
+      filler), the filler from the held-out validation package paragraphs of val.jsonl.xz
+
+    /usr/bin/python3 tools/data/make_r3.py --src .train-data --out .train-data-r4 \
+        --chat-frac 0.35 --filler-frac 0.6 --long-passkey 65536,131072"""
 import argparse
 import json
 import lzma
 import os
+import random
 import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 RETRIEVAL_KINDS = {"passkey", "multikey"}
+PLAIN_KINDS = {"packages", "dictionary", "fortunes"}  # as tools/train/curriculum.py
 
 
 def read_jsonl(path):
@@ -33,24 +53,81 @@ def write_jsonl(path, rows):
     print("wrote {} ({} rows, {:.2f} MB)".format(path, len(rows), os.path.getsize(path) / 1e6))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--src", default=".train-data")
-    ap.add_argument("--out", default=".train-data-r3")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    docs = read_jsonl(os.path.join(args.src, "train.jsonl.xz"))
-    paragraphs = set()
+def paragraphs_of(docs):
+    """Filler paragraphs of "packages" documents: 80-1500 characters, one line (as prepare.py's)."""
+    out = set()
     for d in docs:
         if d["kind"] != "packages":
             continue
         for p in d["text"].split("\n\n"):
             if 80 <= len(p) <= 1500 and "\n" not in p:
-                paragraphs.add(p)
-    write_jsonl(os.path.join(args.out, "filler.jsonl.xz"), [{"text": p} for p in sorted(paragraphs)])
-    write_jsonl(os.path.join(args.out, "other.jsonl.xz"), [d for d in docs if d["kind"] not in RETRIEVAL_KINDS])
+                out.add(p)
+    return sorted(out)
+
+
+def subsample(rows, frac, rng):
+    if frac >= 1.0:
+        return rows
+    return [r for r in rows if rng.random() < frac]
+
+
+def long_passkey(val_docs, lengths, seed, per_length=16):
+    """Passkey prompts like prepare.py's passkey_eval.jsonl.xz, at longer nominal lengths."""
+    import synth
+    from render import ChatRenderer
+
+    renderer = ChatRenderer.from_file(os.path.join(REPO, "models", "default", "chat_template.jinja"))
+    paragraphs = paragraphs_of(val_docs)
+    rng = random.Random(seed)
+    rows = []
+    for tokens in lengths:
+        for _ in range(per_length):
+            chars = int((tokens - 64) * 4.0)  # prepare.py's CHARS_PER_TOKEN
+            request, key = synth.passkey(rng, paragraphs, chars)
+            answer = request["messages"].pop()["content"]
+            prompt = renderer.render(request["messages"], add_generation_prompt=True, enable_thinking=False)
+            rows.append({"tokens": tokens, "prompt": prompt, "answer": "\n" + answer, "key": key})
+    print("long passkey prompts: {} held-out filler paragraphs, lengths {}".format(len(paragraphs), lengths))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--src", default=".train-data")
+    ap.add_argument("--out", default=".train-data-r3")
+    ap.add_argument("--chat-frac", type=float, default=1.0, help="share of the chat documents kept")
+    ap.add_argument("--text-frac", type=float, default=1.0, help="share of the plain-text documents kept")
+    ap.add_argument("--filler-frac", type=float, default=1.0, help="share of the filler paragraphs kept")
+    ap.add_argument("--filler-from-text", action="store_true",
+                    help="write no filler.jsonl.xz (the pipeline derives it from other.jsonl.xz)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--long-passkey", default="", help="e.g. 65536,131072: passkey_eval_long.jsonl.xz")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rng = random.Random(args.seed)
+    docs = read_jsonl(os.path.join(args.src, "train.jsonl.xz"))
+    if args.filler_from_text:
+        if os.path.exists(os.path.join(args.out, "filler.jsonl.xz")):
+            os.remove(os.path.join(args.out, "filler.jsonl.xz"))
+    else:
+        paragraphs = subsample(paragraphs_of(docs), args.filler_frac, rng)
+        write_jsonl(os.path.join(args.out, "filler.jsonl.xz"), [{"text": p} for p in paragraphs])
+    other = []
+    for d in docs:
+        if d["kind"] in RETRIEVAL_KINDS:
+            continue
+        frac = args.text_frac if d["kind"] in PLAIN_KINDS else args.chat_frac
+        if frac >= 1.0 or rng.random() < frac:
+            other.append(d)
+    write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:
         shutil.copyfile(os.path.join(args.src, name), os.path.join(args.out, name))
+    if args.long_passkey:
+        lengths = [int(x) for x in args.long_passkey.split(",")]
+        val_docs = read_jsonl(os.path.join(args.src, "val.jsonl.xz"))
+        write_jsonl(os.path.join(args.out, "passkey_eval_long.jsonl.xz"), long_passkey(val_docs, lengths, args.seed + 100))
+    total = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
+    print("{}: {:.2f} MB in all".format(args.out, total / 1e6))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,27 @@ import data  # noqa: E402
 
 RETRIEVAL, OTHER, TEXT, PAD = 2, 1, 3, 0
 PLAIN_KINDS = {"packages", "dictionary", "fortunes"}
-# Token shares of each phase's atomic documents (the plain text only fills gaps).
+# Token shares of each phase's atomic documents (the plain text only fills gaps). Run 4 passes --mix
+# with a "text" share: plain-text documents packed whole like the others (cut to a row when longer).
 MIX = {"passkey": 0.26, "multikey_turns": 0.30, "kv_list": 0.10, "other": 0.34}
+MIX_KINDS = ("passkey", "multikey_turns", "kv_list", "other", "text")
+
+
+def parse_mix(spec):
+    """"passkey:0.12,multikey_turns:0.13,kv_list:0.05,other:0.3,text:0.4" -> dict normalized to 1
+    (kinds left out get 0); "" -> MIX."""
+    if not spec:
+        return dict(MIX)
+    mix = {}
+    for part in spec.split(","):
+        kind, share = part.split(":")
+        if kind not in MIX_KINDS or float(share) < 0:
+            raise ValueError("bad --mix entry {!r} (kinds {})".format(part, MIX_KINDS))
+        mix[kind] = float(share)
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError("bad --mix {!r}".format(spec))
+    return {k: v / total for k, v in mix.items()}
 CHARS_PER_TOKEN = 4.0  # filler text under the shipped tokenizer is ~4.15; aiming low keeps docs in rows
 
 
@@ -153,7 +172,8 @@ def phase_weights(rows, codes, ids, assistant_weight, retrieval_weight):
 
 
 def build_phase(tok, ids, seq_len, target_tokens, other_docs, text_docs, seed, pool, log, assistant_weight,
-                retrieval_weight):
+                retrieval_weight, mix=None):
+    mix = mix or MIX
     t0 = time.time()
     rng = random.Random(seed)
     row_len = seq_len + 1
@@ -168,22 +188,31 @@ def build_phase(tok, ids, seq_len, target_tokens, other_docs, text_docs, seed, p
         else:
             lo, hi = 300, max(max_chars, 301)
             mean_chars = 0.5 * (hi - lo) / np.log(hi / lo) + 0.5 * 0.75 * hi
-        n = max(8, int(MIX[kind] * target_tokens * CHARS_PER_TOKEN / mean_chars))
+        if mix.get(kind, 0) <= 0:
+            continue
+        n = max(8, int(mix[kind] * target_tokens * CHARS_PER_TOKEN / mean_chars))
         got = synthesize(kind, n, max_chars, seed * 7 + len(counts), pool)
         counts[kind] = len(got)
         texts += got
         kinds += [RETRIEVAL] * len(got)
-    # Other chat tasks: cycle through the carried documents from a phase-dependent offset.
-    other_chars = MIX["other"] * target_tokens * CHARS_PER_TOKEN
-    start = rng.randrange(len(other_docs)) if other_docs else 0
-    taken, i = 0.0, 0
-    while taken < other_chars and other_docs and i < 10 * len(other_docs):
-        t = other_docs[(start + i) % len(other_docs)]
-        texts.append(t)
-        kinds.append(OTHER)
-        taken += len(t)
-        i += 1
-    counts["other"] = i
+    def cycle(docs, share, kind):
+        """Documents from a phase-dependent offset, whole, until `share` of the phase's characters."""
+        wanted = share * target_tokens * CHARS_PER_TOKEN
+        start = rng.randrange(len(docs)) if docs else 0
+        taken, i = 0.0, 0
+        while taken < wanted and docs and i < 10 * len(docs):
+            t = docs[(start + i) % len(docs)]
+            texts.append(t)
+            kinds.append(kind)
+            taken += len(t)
+            i += 1
+        return i
+
+    # Other chat tasks, then plain-text documents packed whole (--mix text:...).
+    counts["other"] = cycle(other_docs, mix.get("other", 0), OTHER)
+    text_count = cycle(text_docs, mix.get("text", 0), TEXT)
+    if text_count:
+        counts["text"] = text_count
     enc = data.encode_all(tok, texts)
     atomic, atomic_kinds, dropped = [], [], 0
     for e, k in zip(enc, kinds):
@@ -192,7 +221,7 @@ def build_phase(tok, ids, seq_len, target_tokens, other_docs, text_docs, seed, p
             if k == RETRIEVAL:
                 dropped += 1  # never cut a retrieval document: its needle could be lost
                 continue
-            d = d[-row_len:]
+            d = d[:row_len] if k == TEXT else d[-row_len:]
         atomic.append(d)
         atomic_kinds.append(k)
     # Plain text to fill row ends: more than the gaps need (1K rows leave ~10% gaps), so no padding.
@@ -232,6 +261,7 @@ class CurriculumBatches:
             batch = max(1, tokens_per_batch // seq_len)
             self.phases.append((end, data.Batches(rows, weights, batch, seed=seed + i), seq_len))
         self.current = len(self.phases) - 1
+        self.dropped = set()
 
     @property
     def epoch(self):
@@ -246,7 +276,18 @@ class CurriculumBatches:
             self.current = len(self.phases) - 1
         else:
             self.current = next((i for i, (end, _, _) in enumerate(self.phases) if f < end), len(self.phases) - 1)
+        while self.current in self.dropped and self.current > 0:
+            self.current -= 1  # a phase whose step ran out of memory: the previous phase takes its time
         return self.phases[self.current][1].next()
+
+    def drop_current(self):
+        """After an out-of-memory step: give the current phase's time to the one before it. Returns
+        False when there is no earlier phase left."""
+        remaining = [i for i in range(self.current) if i not in self.dropped]
+        if not remaining:
+            return False
+        self.dropped.add(self.current)
+        return True
 
 
 def make_pool(template_text, filler, words, workers):

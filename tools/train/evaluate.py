@@ -27,38 +27,66 @@ def val_loss(model, rows, mode, device, batch=2):
 
 
 @torch.no_grad()
-def passkey(model, tok, items, mode, device, eos_id):
+def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None):
     """items: {"tokens", "prompt", "answer", "key"}. A sample passes when greedy decoding reproduces the
-    whole answer ("\\nThe pass key is K.") token by token after the prompt (teacher-forced argmax)."""
+    whole answer ("\\nThe pass key is K.") token by token after the prompt (teacher-forced argmax).
+    Logits are computed only over the answer span (a 128K prompt would need 2 GB of logits). A length
+    whose turn comes after `deadline` (time.time()) is recorded as skipped; an out-of-memory error is
+    recorded for its length, the others still run."""
+    import time
+
     model.eval()
     by_len = {}
     for it in items:
         by_len.setdefault(it["tokens"], []).append(it)
     results = {}
     for nominal, group in sorted(by_len.items()):
+        if deadline is not None and time.time() > deadline:
+            results[nominal] = {"skipped": "time", "n": len(group)}
+            continue
+        t0 = time.time()
         batch = max(1, 16384 // nominal)
-        correct, lengths = 0, []
-        for i in range(0, len(group), batch):
-            chunk = group[i:i + batch]
-            seqs, spans = [], []
-            for it in chunk:
-                p = tok.encode(it["prompt"], add_special_tokens=False).ids
-                a = tok.encode(it["prompt"] + it["answer"], add_special_tokens=False).ids
-                assert a[:len(p)] == p, "prompt tokens change when the answer is appended"
-                seqs.append(a)
-                spans.append((len(p), len(a)))
-                lengths.append(len(a))
-            T = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), T), eos_id, dtype=torch.long)
-            for b, s in enumerate(seqs):
-                ids[b, :len(s)] = torch.tensor(s)
-            ids = ids.to(device)
-            with _autocast(device):
-                logits = model.logits(model(ids, mode=mode))
-            pred = logits.argmax(-1)
-            for b, (p0, p1) in enumerate(spans):
-                correct += int(torch.equal(pred[b, p0 - 1:p1 - 1], ids[b, p0:p1]))
-        results[nominal] = {"accuracy": correct / len(group), "n": len(group), "mean_tokens": float(np.mean(lengths))}
+        correct, lengths, done = 0, [], 0
+        try:
+            for i in range(0, len(group), batch):
+                if deadline is not None and time.time() > deadline:
+                    break  # partial: the accuracy of the prompts evaluated so far
+                chunk = group[i:i + batch]
+                seqs, spans = [], []
+                for it in chunk:
+                    p = tok.encode(it["prompt"], add_special_tokens=False).ids
+                    a = tok.encode(it["prompt"] + it["answer"], add_special_tokens=False).ids
+                    assert a[:len(p)] == p, "prompt tokens change when the answer is appended"
+                    seqs.append(a)
+                    spans.append((len(p), len(a)))
+                    lengths.append(len(a))
+                T = max(len(s) for s in seqs)
+                ids = torch.full((len(seqs), T), eos_id, dtype=torch.long)
+                for b, s in enumerate(seqs):
+                    ids[b, :len(s)] = torch.tensor(s)
+                ids = ids.to(device)
+                with _autocast(device):
+                    h = model(ids, mode=mode)
+                for b, (p0, p1) in enumerate(spans):
+                    with _autocast(device):
+                        pred = model.logits(h[b, p0 - 1:p1 - 1]).argmax(-1)
+                    correct += int(torch.equal(pred, ids[b, p0:p1]))
+                done += len(chunk)
+                del h
+        except torch.cuda.OutOfMemoryError as e:
+            results[nominal] = {"error": "out of memory: " + str(e).split("\n")[0][:160], "n": len(group)}
+            torch.cuda.empty_cache()
+            continue
+        if done == 0:
+            results[nominal] = {"skipped": "time", "n": len(group)}
+            continue
+        results[nominal] = {"accuracy": correct / max(1, done), "n": done, "mean_tokens": float(np.mean(lengths[:done])),
+                            "seconds": round(time.time() - t0, 1)}
+        if done < len(group):
+            results[nominal]["partial"] = "{} of {} prompts (time)".format(done, len(group))
+        if log is not None:
+            log("passkey {} {}: {}/{} ({:.0f} tokens, {:.1f}s)".format(mode, nominal, correct, done,
+                                                                      np.mean(lengths[:done]), time.time() - t0))
     return results
 
 

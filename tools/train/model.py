@@ -4,7 +4,10 @@ LayerNorm key and a ReLU-weighted head sum, IndexShare, sigmoid-routed MoE with 
 bias and a shared expert) plus one MTP layer (HF ignores it).
 
 Attention modes: "dense" (causal softmax over every earlier token) and "sparse" (each query
-attends only to the top-k tokens its layer's indexer, or the last full layer's, selected).
+attends only to the top-k tokens its layer's indexer, or the last full layer's, selected). Sparse
+attention gathers each query's k selected latents (MLA's absorbed form: q_nope is mapped into the
+kv_lora space, keys and values stay latent until the output), in checkpointed chunks of query rows,
+so its memory is O(T x k), not O(T^2) (run 4: rows of 32K-64K tokens).
 RoPE is split-half (rotate_half) on the rope slice, as transformers' glm_moe_dsa applies it;
 export.py can permute the rope weights into interleaved order when a consumer needs that.
 
@@ -14,6 +17,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
@@ -102,18 +106,24 @@ class Indexer(nn.Module):
             return torch.einsum("brht,brh->brt", s, w.float())
 
     @torch.no_grad()
-    def topk(self, qi, ki, w, k, chunk=1024):
+    def topk(self, qi, ki, w, k, chunk=None):
         """Top-k token positions per query, causal: [B, T, min(k, T)] int64 (HF semantics: the -inf
-        future columns fill the set when fewer than k are visible; the causal mask drops them)."""
-        B, T, _, _ = qi.shape
+        future columns fill the set when fewer than k are visible; the causal mask drops them).
+        A chunk of query rows [a, b) scores only the columns [0, max(b, k)): the later ones are masked
+        anyway (half the work of scoring all T columns); chunk rows keep the fp32 scores near 1 GiB."""
+        B, T, HI, _ = qi.shape
         kk = min(k, T)
         out = torch.empty(B, T, kk, dtype=torch.long, device=qi.device)
-        cols = torch.arange(T, device=qi.device)
+        if chunk is None:
+            chunk = max(64, min(T, (1 << 28) // max(1, B * T * HI)))
         for start in range(0, T, chunk):
-            rows = torch.arange(start, min(T, start + chunk), device=qi.device)
-            s = self.scores(qi, ki, w, rows)
+            end = min(T, start + chunk)
+            width = max(end, kk)
+            rows = torch.arange(start, end, device=qi.device)
+            cols = torch.arange(width, device=qi.device)
+            s = self.scores(qi, ki[:, :width], w, rows)
             s = s.masked_fill(cols[None, None, :] > rows[None, :, None], float("-inf"))
-            out[:, rows] = s.topk(kk, dim=-1).indices
+            out[:, start:end] = s.topk(kk, dim=-1).indices
         return out
 
 
@@ -124,6 +134,76 @@ def allowed_from_topk(topk, T):
     allowed.scatter_(-1, topk, True)
     allowed &= torch.ones(T, T, dtype=torch.bool, device=topk.device).tril()
     return allowed[:, None]
+
+
+def allowed_rows_from_topk(topk, rows, T):
+    """Rows `rows` [R] of allowed_from_topk without building [T, T]: bool [B, R, T]."""
+    B = topk.shape[0]
+    allowed = torch.zeros(B, rows.shape[0], T, dtype=torch.bool, device=topk.device)
+    allowed.scatter_(-1, topk[:, rows], True)
+    return allowed & (torch.arange(T, device=topk.device)[None, :] <= rows[:, None])[None]
+
+
+def _sparse_chunk(q_cat, kv_cat, idx, rows, scale, v_dim):
+    """Query rows `rows` [C] against their selected latents. q_cat [B,C,H,Dc], kv_cat [B,T,Dc]
+    (normed latent | roped k_pe), idx [B,C,K] -> latent outputs [B,C,H,v_dim]. Scores and softmax in
+    fp32 (as flash attention accumulates), the probabilities cast back for the value sum."""
+    B, T, Dc = kv_cat.shape
+    offsets = (torch.arange(B, device=idx.device) * T)[:, None, None]
+    g = F.embedding(idx + offsets, kv_cat.reshape(B * T, Dc))  # [B,C,K,Dc]
+    with torch.autocast(device_type=q_cat.device.type, enabled=False):
+        s = torch.matmul(q_cat.float(), g.float().transpose(-1, -2)) * scale  # [B,C,H,K]
+        s = s.masked_fill((idx > rows[None, :, None])[:, :, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1).to(g.dtype)
+        return torch.matmul(p, g[..., :v_dim])
+
+
+def _sparse_chunk_sdpa(q_cat, kv_cat, idx, scale, v_dim):
+    """_sparse_chunk for rows whose k selected columns are all visible (row >= k - 1: top-k of at
+    least k finite scores never picks a -inf future column), through SDPA (flash on the GPU: fp32
+    scores inside, no [rows, k] fp32 copies): each row is one batch entry with the H heads as its
+    queries and its k gathered latents as keys and values (MLA absorbed = one shared KV head); the
+    value is the whole latent row, its k_pe tail is dropped from the output."""
+    B, T, Dc = kv_cat.shape
+    C, H, K = q_cat.shape[1], q_cat.shape[2], idx.shape[-1]
+    offsets = (torch.arange(B, device=idx.device) * T)[:, None, None]
+    g = F.embedding(idx + offsets, kv_cat.reshape(B * T, Dc)).reshape(B * C, 1, K, Dc)
+    o = F.scaled_dot_product_attention(q_cat.reshape(B * C, 1, H, Dc), g, g, scale=scale)
+    return o.reshape(B, C, H, Dc)[..., :v_dim]
+
+
+def sparse_attention(q_cat, kv_cat, topk, scale, v_dim, chunk=None, sdpa=False):
+    """Top-k attention with O(T x k) memory: each query row attends to its selected columns that are
+    not in its future (the same set as allowed_from_topk). q_cat [B,T,H,Dc], kv_cat [B,T,Dc],
+    topk [B,T,K] -> [B,T,H,v_dim]. With autograd on, every chunk of rows is checkpointed: only its
+    inputs are kept, the gathered latents are recomputed in the backward pass. With sdpa=True (not yet
+    measured on the GPU: tools/train/bench_step.py check:1024x2 compares it with the mask path) rows
+    >= K - 1 go through SDPA on the GPU (no mask needed), the first K - 1 rows through the masked fp32
+    path; else every row takes the masked fp32 path."""
+    B, T = q_cat.shape[:2]
+    K = topk.shape[-1]
+    if chunk is None:
+        chunk = max(256, 8192 // B)
+    rows_all = torch.arange(T, device=q_cat.device)
+    fast = sdpa and HAS_SDPA and q_cat.is_cuda
+    bounds = []
+    head = min(T, K - 1) if fast else 0
+    if head > 0:
+        bounds.append((0, head, False))
+    bounds += [(a, min(T, a + chunk), fast) for a in range(head, T, chunk)]
+    outs = []
+    grad = torch.is_grad_enabled() and (q_cat.requires_grad or kv_cat.requires_grad)
+    for start, end, use_sdpa in bounds:
+        if use_sdpa:
+            fn, args = _sparse_chunk_sdpa, (q_cat[:, start:end], kv_cat, topk[:, start:end], scale, v_dim)
+        else:
+            fn, args = _sparse_chunk, (q_cat[:, start:end], kv_cat, topk[:, start:end], rows_all[start:end], scale,
+                                       v_dim)
+        if grad:
+            outs.append(torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False))
+        else:
+            outs.append(fn(*args))
+    return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
 
 class MLAttention(nn.Module):
@@ -150,27 +230,72 @@ class MLAttention(nn.Module):
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         return torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1), q_resid
 
-    def keys_values(self, h, cos, sin):
-        """h [B,T,hidden] -> k [B,H,T,Dqk], v [B,H,T,Dv] (expanded from the latent)."""
+    def latent(self, h, cos, sin):
+        """h [B,T,hidden] -> normed latent c [B,T,kv_lora] and roped k_pe [B,T,r] (shared by the heads)."""
         cfg = self.cfg
-        B, T, _ = h.shape
         c_kv, k_pe = self.kv_a_proj_with_mqa(h).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv)).view(B, T, cfg.num_attention_heads, -1).transpose(1, 2)
+        return self.kv_a_layernorm(c_kv), apply_rope(k_pe, cos, sin)
+
+    def expand(self, c, k_pe):
+        """Latent -> k [B,H,T,Dqk], v [B,H,T,Dv]."""
+        cfg = self.cfg
+        B, T, _ = c.shape
+        kv = self.kv_b_proj(c).view(B, T, cfg.num_attention_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
-        k_pe = apply_rope(k_pe[:, None], cos, sin).expand(-1, cfg.num_attention_heads, -1, -1)
+        k_pe = k_pe[:, None].expand(-1, cfg.num_attention_heads, -1, -1)
         return torch.cat([k_nope, k_pe], dim=-1), v
 
+    def keys_values(self, h, cos, sin):
+        """h [B,T,hidden] -> k [B,H,T,Dqk], v [B,H,T,Dv] (expanded from the latent)."""
+        return self.expand(*self.latent(h, cos, sin))
+
+    def _kv_b(self):
+        cfg = self.cfg
+        w = self.kv_b_proj.weight.view(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim,
+                                       cfg.kv_lora_rank)
+        return w[:, :cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim:]  # [H,dn,L], [H,dv,L]
+
+    def absorbed_q(self, q):
+        """Absorbed MLA query: q_cat [B,T,H,L+r] = [q_nope W_k | q_pe], so that q_cat . [c | k_pe] equals
+        q . k of the expanded form (W_k: the key rows of kv_b_proj)."""
+        cfg = self.cfg
+        w_k, _ = self._kv_b()
+        q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        q_lat = torch.einsum("bhtn,hnc->bthc", q_nope, w_k)
+        return torch.cat([q_lat, q_pe.transpose(1, 2).to(q_lat.dtype)], dim=-1)
+
+    @staticmethod
+    def absorbed_kv(c, k_pe, dtype):
+        """kv_cat [B,T,L+r] = [normed latent | roped k_pe] in the activation dtype."""
+        return torch.cat([c.to(dtype), k_pe.to(dtype)], dim=-1)
+
+    def sparse(self, q_cat, kv_cat, topk, sdpa=False):
+        """Top-k attention in the latent space -> [B,H,T,Dv] (as causal_attention returns)."""
+        _, w_v = self._kv_b()
+        o_lat = sparse_attention(q_cat, kv_cat, topk, self.scale, self.cfg.kv_lora_rank, sdpa=sdpa)  # [B,T,H,L]
+        return torch.einsum("bthc,hvc->bhtv", o_lat, w_v)
+
     def head_mean_probs(self, q, k, rows, allowed=None):
-        """Main attention of query rows, summed over heads and L1-normalized: [B, R, T] fp32 (no grad)."""
+        """Main attention of query rows, summed over heads and L1-normalized: [B, R, T] fp32 (no grad).
+        allowed: None, bool [B,1,T,T] (allowed_from_topk) or its rows [B,R,T]."""
         with torch.no_grad():
             s = torch.matmul(q[:, :, rows].float(), k.float().transpose(-1, -2)) * self.scale  # [B,H,R,T]
-            T = k.shape[2]
-            mask = torch.arange(T, device=q.device)[None, :] <= rows[:, None]  # [R,T]
-            mask = mask[None, None]
-            if allowed is not None:
-                mask = mask & allowed[:, :, rows]
-            p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).mean(dim=1)
-        return p
+            return self._mean_probs(s, rows, allowed)
+
+    def head_mean_probs_latent(self, q_cat, kv_cat, rows, allowed_rows):
+        """head_mean_probs from the absorbed operands (sparse mode: no expanded keys)."""
+        with torch.no_grad():
+            with torch.autocast(device_type=q_cat.device.type, enabled=False):
+                s = torch.einsum("brhc,btc->bhrt", q_cat[:, rows].float(), kv_cat.float()) * self.scale
+            return self._mean_probs(s, rows, allowed_rows)
+
+    @staticmethod
+    def _mean_probs(s, rows, allowed):
+        T = s.shape[-1]
+        mask = (torch.arange(T, device=s.device)[None, :] <= rows[:, None])[None, None]  # [1,1,R,T]
+        if allowed is not None:
+            mask = mask & (allowed[:, :, rows] if allowed.dim() == 4 else allowed[:, None])
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).mean(dim=1)
 
     def output(self, attn):
         B, H, T, Dv = attn.shape
@@ -283,6 +408,12 @@ class GlmMoeDsa(nn.Module):
         self.mtp_eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.mtp_layer = DecoderLayer(cfg, L, True, L >= cfg.first_k_dense_replace)
         self.mtp_head_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # "auto" (default): the [B,T,T] mask and masked attention of runs 1-3 while B*T*T <= auto_mask_max
+        # (8K x 4 rows; faster on the GPU there), above it "gather": O(T x k) top-k attention in the
+        # latent space (same math, equal to fp32 rounding); "mask" / "gather" force one of them.
+        self.sparse_impl = "auto"
+        self.auto_mask_max = 1 << 28
+        self.sparse_sdpa = False  # gather rows through SDPA (sparse_attention; opt-in until measured on the GPU)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -305,9 +436,14 @@ class GlmMoeDsa(nn.Module):
         """One attention block. Returns (output [B,T,hidden], topk for the next layers, extras)."""
         attn = layer.self_attn
         q, q_resid = attn.query(h_normed, cos, sin)
-        k, v = attn.keys_values(h_normed, cos, sin)
+        c, k_pe = attn.latent(h_normed, cos, sin)
         T = h_normed.shape[1]
-        extras = {"k": k, "v": v}
+        B = h_normed.shape[0]
+        gather = mode == "sparse" and (self.sparse_impl == "gather" or
+                                       (self.sparse_impl == "auto" and B * T * T > self.auto_mask_max))
+        extras = {}
+        if not gather:
+            extras["k"], extras["v"] = attn.expand(c, k_pe)
         if attn.indexer is not None:
             qi, ki, w = attn.indexer.project(h_normed.detach(), q_resid.detach(), cos, sin)
             extras["index"] = (qi, ki, w)
@@ -316,11 +452,22 @@ class GlmMoeDsa(nn.Module):
             if index_loss is not None:
                 kl_group.clear()
                 kl_group.append(Indexer.scores(qi, ki, w, kl_rows))
-        allowed = allowed_from_topk(topk, T) if mode == "sparse" else None
-        extras["topk"], extras["allowed"] = topk, allowed
-        if index_loss is not None:
-            kl_group.append(attn.head_mean_probs(q, k, kl_rows, allowed))
-        out = causal_attention(q, k, v, attn.scale, allowed)
+        extras["topk"] = topk
+        extras["allowed_rows"] = allowed_rows_from_topk(topk, kl_rows, T) \
+            if (mode == "sparse" and kl_rows is not None) else None
+        if gather:
+            q_cat = attn.absorbed_q(q)
+            kv_cat = attn.absorbed_kv(c, k_pe, q_cat.dtype)
+            extras["kv_cat"] = kv_cat
+            if index_loss is not None:
+                kl_group.append(attn.head_mean_probs_latent(q_cat, kv_cat, kl_rows, extras["allowed_rows"]))
+            out = attn.sparse(q_cat, kv_cat, topk, self.sparse_sdpa)
+        else:
+            allowed = allowed_from_topk(topk, T) if mode == "sparse" else None
+            extras["allowed"] = allowed
+            if index_loss is not None:
+                kl_group.append(attn.head_mean_probs(q, extras["k"], kl_rows, allowed))
+            out = causal_attention(q, extras["k"], extras["v"], attn.scale, allowed)
         return attn.output(out), topk, extras
 
     @staticmethod
@@ -349,10 +496,8 @@ class GlmMoeDsa(nn.Module):
                 self._flush_index_loss(index_loss, kl_group, kl_rows, T, group_allowed)
             a, topk, extras = self._attend(layer, layer.input_layernorm(x), cos, sin, mode, topk, index_loss, kl_rows,
                                            kl_group)
-            if layer.self_attn.indexer is not None and extras["allowed"] is not None and kl_rows is not None:
-                group_allowed = extras["allowed"][:, 0, kl_rows]
-            elif layer.self_attn.indexer is not None:
-                group_allowed = None
+            if layer.self_attn.indexer is not None:
+                group_allowed = extras["allowed_rows"]
             x = layer.mlp_block(x + a)
         self._flush_index_loss(index_loss, kl_group, kl_rows, T, group_allowed)
         return self.norm(x)
@@ -380,7 +525,7 @@ class GlmMoeDsa(nn.Module):
         cos0, sin0 = rope_cos_sin(positions, self.cfg.qk_rope_head_dim, self.cfg.rope_theta, torch.float32)
         outs = []
         h_prev = h_target
-        k0 = v0 = allowed0 = None
+        ext0 = None
         for j in range(steps):
             nxt = torch.zeros_like(ids)
             if j + 1 < T:
@@ -392,13 +537,15 @@ class GlmMoeDsa(nn.Module):
                 a, _, extras = self._attend(layer, hn, cos0, sin0, mode, None, index_loss if j == 0 else None,
                                             kl_rows, kl_group)
                 if j == 0:
-                    k0, v0, allowed0 = extras["k"], extras["v"], extras["allowed"]
-                    allowed_rows = allowed0[:, 0, kl_rows] if (allowed0 is not None and kl_rows is not None) else None
-                    self._flush_index_loss(index_loss, kl_group, kl_rows, T, allowed_rows)
+                    ext0 = extras
+                    self._flush_index_loss(index_loss, kl_group, kl_rows, T, extras["allowed_rows"])
             else:
                 cos, sin = rope_cos_sin(positions + j, self.cfg.qk_rope_head_dim, self.cfg.rope_theta, torch.float32)
                 q, _ = attn.query(hn, cos, sin)
-                a = attn.output(causal_attention(q, k0, v0, attn.scale, allowed0))
+                if "kv_cat" in ext0:
+                    a = attn.output(attn.sparse(attn.absorbed_q(q), ext0["kv_cat"], ext0["topk"], self.sparse_sdpa))
+                else:
+                    a = attn.output(causal_attention(q, ext0["k"], ext0["v"], attn.scale, ext0.get("allowed")))
             x = layer.mlp_block(x + a)
             h_prev = self.mtp_head_norm(x)
             outs.append(h_prev)

@@ -56,11 +56,38 @@ def main():
                          "come from DATA/other.jsonl.xz; batch = --batch * --seq-len tokens in every phase")
     ap.add_argument("--retrieval-weight", type=float, default=8.0,
                     help="with --curriculum: loss weight of assistant tokens of retrieval documents")
-    ap.add_argument("--tokens-per-s", type=float, default=110000,
-                    help="with --curriculum: expected training throughput, sizes each phase's data")
+    ap.add_argument("--tokens-per-s", default="110000",
+                    help="with --curriculum: expected training throughput, sizes each phase's data; one number "
+                         "or per row length 'LEN:TOKENS_PER_S,...' (run 4: long rows train slower)")
     ap.add_argument("--max-phase-tokens", type=float, default=14e6, help="with --curriculum: cap per phase")
     ap.add_argument("--prep-s", type=float, default=30, help="with --curriculum: expected data synthesis time")
     ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    ap.add_argument("--mix", default="",
+                    help="with --curriculum: token shares of a phase's documents, e.g. run 4's "
+                         "passkey:0.12,multikey_turns:0.13,kv_list:0.05,other:0.3,text:0.4 (text = plain-text "
+                         "documents packed whole; default run 3's mix: plain text only fills row ends)")
+    ap.add_argument("--rope-theta", type=float, default=None,
+                    help="RoPE base of MLA and the indexer (config.json rope_theta and rope_parameters); "
+                         "default the config's 1e5, also when continuing from --init-from")
+    ap.add_argument("--max-position", type=int, default=None,
+                    help="max_position_embeddings written to config.json (default 32768)")
+    ap.add_argument("--head-chunk", type=int, default=0,
+                    help="LM/MTP heads and losses over checkpointed chunks of this many tokens (0: whole "
+                         "logits as in runs 1-3); needed for rows of 64K+ tokens")
+    ap.add_argument("--sparse-impl", default="auto", choices=["gather", "mask", "auto"],
+                    help="sparse attention in training and evaluation: auto (runs 1-3's [B,T,T] mask while "
+                         "B*T*T <= 2^28, e.g. 8K x 4 rows; above it the gather), gather (O(T x k) memory), mask; "
+                         "same math")
+    ap.add_argument("--sparse-sdpa", action="store_true",
+                    help="gather path: rows with k visible columns through SDPA (faster; check it first with "
+                         "bench_step.py check:1024x2 on the GPU)")
+    ap.add_argument("--kl-answer-rows", type=int, default=0,
+                    help="add up to this many indexer-KL query rows at retrieval-answer targets (weight above "
+                         "--assistant-weight) to the 256 random ones, so the indexer learns what answering attends to")
+    ap.add_argument("--passkey-dense-max", type=int, default=0,
+                    help="evaluate dense-attention passkey only up to this nominal length (0: every length)")
+    ap.add_argument("--baseline-eval", action="store_true",
+                    help="validation loss of the initial weights before training (same rows as the final one)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="CPU machine check of the code path: no CUDA, byte tokenizer stand-in, tiny sets")
     args = ap.parse_args()
@@ -92,11 +119,21 @@ def main():
     # ---------------------------------------------------------------- data + tokenizer
     if args.curriculum:
         train_docs = data.read_jsonl(os.path.join(args.data, "other.jsonl.xz"))
-        filler = [d["text"] for d in data.read_jsonl(os.path.join(args.data, "filler.jsonl.xz"))]
+        filler_path = os.path.join(args.data, "filler.jsonl.xz")
+        if os.path.exists(filler_path):
+            filler = [d["text"] for d in data.read_jsonl(filler_path)]
+        else:  # make_r3.py --filler-from-text: the same paragraphs, from the carried package documents
+            import curriculum  # noqa: F401  (puts tools/data on the path)
+            from make_r3 import paragraphs_of
+
+            filler = paragraphs_of(train_docs)
     else:
         train_docs = data.read_jsonl(os.path.join(args.data, "train.jsonl.xz"))
     val_docs = data.read_jsonl(os.path.join(args.data, "val.jsonl.xz"))
     passkey_items = data.read_jsonl(os.path.join(args.data, "passkey_eval.jsonl.xz"))
+    long_path = os.path.join(args.data, "passkey_eval_long.jsonl.xz")
+    if os.path.exists(long_path):  # run 4: 64K and 128K prompts (make_r3.py --long-passkey)
+        passkey_items += data.read_jsonl(long_path)
     log("read {} train / {} val documents".format(len(train_docs), len(val_docs)))
     tok_path = os.path.join(REPO, "models", "default", "tokenizer.json")
     if args.cpu_smoke:
@@ -138,7 +175,12 @@ def main():
         batches = data.Batches(rows, weights, args.batch, seed=3)
 
     # ---------------------------------------------------------------- model + training
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size())
+    overrides = {}
+    if args.rope_theta is not None:
+        overrides["rope_theta"] = float(args.rope_theta)
+    if args.max_position is not None:
+        overrides["max_position_embeddings"] = int(args.max_position)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), **overrides)
     torch.manual_seed(0)
     model = GlmMoeDsa(cfg)
     if args.init_from:
@@ -146,20 +188,40 @@ def main():
             hf = json.load(f)
         tensors = export.read_safetensors(os.path.join(args.init_from, "model.safetensors"))
         export.load_hub_into(model, tensors, hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
-        log("initialized from {}".format(args.init_from))
+        log("initialized from {} (its rope_theta {}, max_position_embeddings {})".format(
+            args.init_from, hf.get("rope_theta"), hf.get("max_position_embeddings")))
+    log("rope_theta {}, max_position_embeddings {}".format(cfg.rope_theta, cfg.max_position_embeddings))
+    results["config"] = {"rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings}
+    model.sparse_impl = args.sparse_impl
+    model.sparse_sdpa = args.sparse_sdpa
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
     log("params {:.2f}M (MTP layer {:.2f}M), indexer_types {}".format(n_params / 1e6, n_mtp / 1e6, cfg.indexer_types))
     results["params"] = {"total": n_params, "mtp": n_mtp}
+    if args.baseline_eval:
+        ts = time.time()
+        vr0 = val_rows[: (2 if args.smoke else 8)]
+        if args.init_from and args.rope_theta is not None and float(hf.get("rope_theta", cfg.rope_theta)) != cfg.rope_theta:
+            # The initial weights as shipped (their own theta) and under the new theta, before training.
+            shipped_theta, cfg.rope_theta = cfg.rope_theta, float(hf.get("rope_theta"))
+            results["val_loss_init"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+            cfg.rope_theta = shipped_theta
+            results["val_loss_init_new_theta"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+        else:
+            results["val_loss_init"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+        model.train()
+        log("baseline val_loss ({:.0f}s): {} {}".format(time.time() - ts, json.dumps(results["val_loss_init"]),
+                                                        json.dumps(results.get("val_loss_init_new_theta", ""))))
     train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
     log("training budget {:.0f}s".format(train_s))
     sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until)
     ckpt = os.path.join(args.work, "ckpt.pt")
     state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,
-                        amp=not args.cpu_smoke, kl_rows=32 if args.cpu_smoke else 256)
+                        amp=not args.cpu_smoke, kl_rows=32 if args.cpu_smoke else 256, head_chunk=args.head_chunk,
+                        kl_answer_rows=args.kl_answer_rows, kl_answer_min_weight=args.assistant_weight)
     results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
-                        "tokens_seen": state["step"] * args.batch * args.seq_len}  # same tokens per batch in every phase
+                        "tokens_seen": state["tokens"], "oom_dropped_phases": state.get("oom_dropped", [])}
     log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
 
     # ---------------------------------------------------------------- export + parity
@@ -205,14 +267,42 @@ def main():
     pk = [it for i, it in enumerate(passkey_items) if i % 16 < (2 if args.smoke else args.passkey_n)]
     if args.cpu_smoke:
         pk = [it for it in pk if it["tokens"] <= 1024][:1]
-    short = [it for it in pk if it["tokens"] <= cfg_len(args)]
-    long_ = [it for it in pk if it["tokens"] > cfg_len(args)]
+    trained = cfg_len(args)
+    short = [it for it in pk if it["tokens"] <= trained]
+    long_ = [it for it in pk if it["tokens"] > trained]
     if args.cpu_smoke:
         short, long_ = pk, []
-    stage("passkey", lambda: {m: evaluate.passkey(model, tok, short, m, device, ids["<|endoftext|>"])
-                              for m in ("sparse", "dense")}, 20)
-    stage("passkey_beyond", lambda: {m: evaluate.passkey(model, tok, long_, m, device, ids["<|endoftext|>"])
-                                     for m in ("sparse", "dense")}, 40)
+    dense_max = args.passkey_dense_max or float("inf")
+
+    def passkey_all():
+        # Sparse attention (as megactx runs the model) at every length first, up to the longest; then
+        # dense up to --passkey-dense-max. A length whose turn comes too late is recorded as skipped.
+        deadline = t0 + args.total_s - 5
+        out = {"passkey": {}, "passkey_beyond": {}}
+        for mode in ("sparse", "dense"):
+            for name, items in (("passkey", short), ("passkey_beyond", long_)):
+                if mode == "dense":
+                    items = [it for it in items if it["tokens"] <= dense_max]
+                out[name][mode] = evaluate.passkey(model, tok, items, mode, device, ids["<|endoftext|>"], deadline,
+                                                   log)
+        above = sorted({it["tokens"] for it in short + long_ if it["tokens"] > dense_max})
+        if above:
+            out["passkey_beyond"]["dense_not_run"] = "lengths {} (above --passkey-dense-max)".format(above)
+        return out
+
+    if left() < 20:
+        log("skip passkey ({:.0f}s left)".format(left()))
+        results["not_run"] += ["passkey", "passkey_beyond"]
+    else:
+        try:
+            ts = time.time()
+            pk_res = passkey_all()
+            results.update(pk_res)
+            log("passkey ({:.0f}s): {}".format(time.time() - ts, json.dumps(pk_res)))
+        except Exception as e:  # noqa: BLE001
+            log("passkey failed: {!r}".format(e))
+            results["not_run"].append("passkey: {!r}".format(e))
+        dump(args.out, results)
     stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
     prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 256 if args.cpu_smoke else 512,
                                          16 if args.smoke else 32, seed=5)
@@ -263,24 +353,39 @@ def curriculum_batches(args, tok, ids, train_docs, filler, left, log, results):
     text = [d["text"] for d in train_docs if d["kind"] in curriculum.PLAIN_KINDS]
     template = open(os.path.join(REPO, "models", "default", "chat_template.jinja")).read()
     words = curriculum.words_of(filler)
-    log("curriculum {}; {} filler paragraphs, {} words, {} chat documents, {} text documents".format(
-        phases, len(filler), len(words), len(other), len(text)))
+    mix = curriculum.parse_mix(args.mix)
+    log("curriculum {}; mix {}; {} filler paragraphs, {} words, {} chat documents, {} text documents".format(
+        phases, {k: round(v, 3) for k, v in mix.items()}, len(filler), len(words), len(other), len(text)))
     built, info = [], {}
     with curriculum.make_pool(template, filler, words, args.workers) as pool:
         for i, (seq_len, frac) in enumerate(phases):
-            target = min(args.max_phase_tokens, frac * est_train_s * args.tokens_per_s)
+            target = min(args.max_phase_tokens, frac * est_train_s * phase_tokens_per_s(args.tokens_per_s, seq_len))
             if args.cpu_smoke:
                 target = min(target, 40 * seq_len)
             rows, weights, phase_info = curriculum.build_phase(
-                tok, ids, seq_len, target, other, text, 11 + i, pool, log, args.assistant_weight, args.retrieval_weight)
+                tok, ids, seq_len, target, other, text, 11 + i, pool, log, args.assistant_weight, args.retrieval_weight,
+                mix)
             built.append((seq_len, frac, rows, weights))
             info[seq_len] = phase_info
-    results["data"] = {"curriculum": phases, "phases": info, "retrieval_weight": args.retrieval_weight,
+    results["data"] = {"curriculum": phases, "mix": mix, "phases": info, "retrieval_weight": args.retrieval_weight,
                        "tokens_per_batch": args.batch * args.seq_len}
     return curriculum.CurriculumBatches(built, args.batch * args.seq_len)
 
 
+def phase_tokens_per_s(spec, seq_len):
+    """--tokens-per-s: "110000" or "8192:90000,32768:60000" (a length not listed takes the nearest)."""
+    if ":" not in str(spec):
+        return float(spec)
+    table = {int(a): float(b) for a, b in (part.split(":") for part in str(spec).split(","))}
+    return table[min(table, key=lambda n: abs(n - seq_len))]
+
+
 def cfg_len(args):
+    """The longest trained row: --seq-len, or the longest curriculum phase."""
+    if args.curriculum:
+        import curriculum
+
+        return max(n for n, _ in curriculum.parse_curriculum(args.curriculum, args.seq_len))
     return args.seq_len
 
 

@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from model import IndexerLoss
 
@@ -63,6 +64,67 @@ def mtp_losses(model, h, logits, inp, full, weights, steps, mode, share, tv_weig
     return total / len(outs), ces
 
 
+def _head_chunk(model, h_c, hp_c, outs_c, tgt_c, w_c, full_c, wm_c, tv_weight):
+    """Loss sums of rows [a, b) (see head_losses): main CE; per MTP step j CE and TV. h_c [B,C,hidden];
+    hp_c = h of rows shifted by 1 + j for step j ([B,C+steps,hidden], detached: p of the TV term);
+    outs_c[j] [B,C,hidden]; full_c [B,C+steps+1] the tokens from row a + 1; wm_c [B,C+steps] the weights
+    from row a. Returns a tensor [1 + 2 * steps]."""
+    C = h_c.shape[1]
+    logits = model.logits(h_c)
+    sums = [(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt_c.reshape(-1), reduction="none")
+             * w_c.reshape(-1)).sum()]
+    for j, hj in enumerate(outs_c):
+        n = hj.shape[1]
+        q_logits = model.logits(hj)
+        tgt = full_c[:, 1 + j:1 + j + n]
+        w = wm_c[:, 1 + j:1 + j + n]
+        ce = F.cross_entropy(q_logits.float().reshape(-1, q_logits.shape[-1]), tgt.reshape(-1), reduction="none")
+        sums.append((ce * w.reshape(-1)).sum())
+        if tv_weight > 0:
+            with torch.no_grad():
+                p = torch.softmax(model.logits(hp_c[:, 1 + j:1 + j + n]).float(), dim=-1)
+            q = torch.softmax(q_logits.float(), dim=-1)
+            tv = 0.5 * (p - q).abs().sum(-1)
+            sums.append((tv * w).sum())
+        else:
+            sums.append(q_logits.new_zeros((), dtype=torch.float32))
+    return torch.stack(sums)
+
+
+def head_losses(model, h, inp, full, weights, steps, mode, share, tv_weight, index_loss=None, kl_rows=None,
+                chunk=4096):
+    """weighted_ce + mtp_losses with the lm_head, softmaxes and the TV term computed over chunks of
+    rows, each chunk checkpointed: the [T, vocab] logits of the four heads are never kept for the
+    backward pass (~300 KB per token less; run 4's 64K-128K rows). Same values as
+    weighted_ce(logits, ...) and mtp_losses(...). Returns (lm, mtp, per-step CE)."""
+    T = inp.shape[1]
+    outs = model.mtp_forward(h, inp, steps, mode=mode, share=share, index_loss=index_loss, kl_rows=kl_rows)
+    outs = [o for j, o in enumerate(outs) if T - 1 - j > 0]
+    hd = h.detach()
+    total = None
+    grad = torch.is_grad_enabled()
+    for a in range(0, T, chunk):
+        b = min(T, a + chunk)
+        outs_c = [o[:, a:min(b, T - 1 - j)] for j, o in enumerate(outs)]
+        outs_c = [o for o in outs_c if o.shape[1] > 0]
+        args = (model, h[:, a:b], hd[:, a:b + len(outs_c)], outs_c, full[:, a + 1:b + 1], weights[:, a:b],
+                full[:, a + 1:b + 1 + len(outs_c) + 1], weights[:, a:b + len(outs_c)], tv_weight)
+        if grad:
+            sums = torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            sums = _head_chunk(*args)
+        sums = F.pad(sums, (0, 1 + 2 * len(outs) - sums.shape[0]))
+        total = sums if total is None else total + sums
+    lm = total[0] / weights.sum()
+    mtp, ces = 0.0, []
+    for j in range(len(outs)):
+        wsum = weights[:, 1 + j:T].sum()
+        ce = total[1 + 2 * j] / wsum
+        ces.append(ce.detach())
+        mtp = mtp + ce + (tv_weight * total[2 + 2 * j] / wsum if tv_weight > 0 else 0.0)
+    return lm, mtp / len(outs), ces
+
+
 def update_router_bias(model, rate=1e-3):
     """Aux-loss-free balancing (DeepSeek-V3): raise the choice bias of underloaded experts."""
     with torch.no_grad():
@@ -100,17 +162,42 @@ def make_optimizer(params, lr, weight_decay=0.1):
                              lr=lr, betas=(0.9, 0.95), eps=1e-8, **kwargs)
 
 
+def step_loss(model, full, w, mode, rows, device, amp=True, mtp_steps=3, mtp_weight=0.3, tv_weight=1.0, head_chunk=0):
+    """Forward pass and losses of one training batch: full [B, T+1] tokens, w [B, T] target weights,
+    rows the KL query rows. Returns (loss, lm, per-step MTP CE, indexer KL or None)."""
+    inp, tgt = full[:, :-1], full[:, 1:]
+    index_loss = IndexerLoss()
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+        h = model(inp, mode=mode, index_loss=index_loss, kl_rows=rows)
+        if head_chunk > 0:
+            lm, mtp, mtp_ces = head_losses(model, h, inp, full, w, mtp_steps, mode, True, tv_weight, index_loss,
+                                           rows, chunk=max(1, head_chunk // inp.shape[0]))
+        else:
+            logits = model.logits(h)
+            lm = weighted_ce(logits, tgt, w)
+            mtp, mtp_ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, mode, True, tv_weight,
+                                      index_loss, rows)
+        kl = index_loss.total()
+        loss = lm + mtp_weight * mtp + (kl if kl is not None else 0.0)
+    return loss, lm, mtp_ces, kl
+
+
 def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, mtp_steps=3, mtp_weight=0.3,
-          tv_weight=1.0, kl_rows=256, ckpt_every_s=90.0, amp=True):
+          tv_weight=1.0, kl_rows=256, ckpt_every_s=90.0, amp=True, head_chunk=0, kl_answer_rows=0,
+          kl_answer_min_weight=3.0):
+    """head_chunk > 0: the LM/MTP heads and their losses over checkpointed chunks of that many rows
+    (head_losses; run 4's long rows), else the whole [B, T, vocab] logits as in runs 1-3.
+    kl_answer_rows > 0: the indexer KL also takes up to that many query rows whose target weight is
+    above kl_answer_min_weight (retrieval answers), where the attention should sit on the needle."""
     opt = make_optimizer([p for p in model.parameters()], schedule.lr)
-    state = {"step": 0, "elapsed": 0.0}
+    state = {"step": 0, "elapsed": 0.0, "tokens": 0}
     if resume and ckpt_path and os.path.exists(ckpt_path):
         state = load_checkpoint(ckpt_path, model, opt)
         log("resumed from {} at step {} ({:.0f}s)".format(ckpt_path, state["step"], state["elapsed"]))
     gen = torch.Generator().manual_seed(1234 + state["step"])
     start = time.time() - state["elapsed"]
     last_ckpt = time.time()
-    last_len = None
+    last_len = last_mode = None
     model.train()
     while True:
         elapsed = time.time() - start
@@ -118,29 +205,55 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
         if f >= 1.0:
             break
         mode = schedule.mode(f)
+        if mode != last_mode:
+            log("step {} t={:.0f}s: {} attention".format(state["step"] + 1, elapsed, mode))
+            last_mode = mode
         for g in opt.param_groups:
             g["lr"] = schedule.learning_rate(f)
         # Curriculum batches pick their phase (row length) from the time fraction.
         tokens, weights = batches.next(f) if hasattr(batches, "phases") else batches.next()
         full = torch.from_numpy(tokens).to(device, non_blocking=True).long()
         w = torch.from_numpy(weights).to(device, non_blocking=True)
-        inp, tgt = full[:, :-1], full[:, 1:]
+        inp = full[:, :-1]
         rows = sample_rows(inp.shape[1], kl_rows, device, gen)
-        index_loss = IndexerLoss()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            h = model(inp, mode=mode, index_loss=index_loss, kl_rows=rows)
-            logits = model.logits(h)
-            lm = weighted_ce(logits, tgt, w)
-            mtp, mtp_ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, mode, True, tv_weight, index_loss, rows)
-            kl = index_loss.total()
-            loss = lm + mtp_weight * mtp + (kl if kl is not None else 0.0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if kl_answer_rows > 0:
+            answer = (weights > kl_answer_min_weight).any(0).nonzero()[0]  # weights: numpy [B, T]
+            if len(answer) > 0:
+                pick = torch.from_numpy(answer.astype("int64"))
+                pick = pick[torch.randperm(len(pick), generator=gen)[:kl_answer_rows]].to(device)
+                rows = torch.cat([rows, pick]).unique()
+        oom = None
+        try:
+            loss, lm, mtp_ces, kl = step_loss(model, full, w, mode, rows, device, amp, mtp_steps, mtp_weight,
+                                              tv_weight, head_chunk)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        except torch.cuda.OutOfMemoryError as e:
+            # A curriculum phase whose rows do not fit: drop it (its time goes to the phase before) rather
+            # than lose the run; without an earlier phase the error stands.
+            if not (hasattr(batches, "drop_current") and batches.drop_current()):
+                raise
+            oom = str(e).split("\n")[0][:160]
+        if oom is not None:
+            loss = lm = mtp_ces = kl = None
+            opt.zero_grad(set_to_none=True)
+            log("step {}: out of memory with rows of {} x {}; that phase is dropped ({})".format(
+                state["step"] + 1, inp.shape[1], inp.shape[0], oom))
+            state.setdefault("oom_dropped", []).append(int(inp.shape[1]))
+            full = w = inp = rows = None
+            torch.cuda.empty_cache()
+            continue
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         update_router_bias(model)
         state["step"] += 1
+        state["tokens"] = state.get("tokens", 0) + inp.numel()
         if inp.shape[1] != last_len:
+            if last_len is not None:
+                log("phase of rows of {} done: {} steps, {:.1f}M tokens, {:.0f} tokens/s".format(
+                    last_len, state["step"] - 1 - phase[0], (state["tokens"] - inp.numel() - phase[1]) / 1e6,
+                    (state["tokens"] - inp.numel() - phase[1]) / max(1e-9, elapsed - phase[2])))
+            phase = (state["step"] - 1, state["tokens"] - inp.numel(), elapsed)
             log("step {} t={:.0f}s: rows of {} tokens x {}".format(state["step"], elapsed, inp.shape[1], inp.shape[0]))
             last_len = inp.shape[1]
         if state["step"] % 25 == 1:
@@ -153,6 +266,10 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
             save_checkpoint(ckpt_path, model, opt, state)
             last_ckpt = time.time()
     state["elapsed"] = time.time() - start
+    if last_len is not None:
+        log("phase of rows of {} done: {} steps, {:.1f}M tokens, {:.0f} tokens/s".format(
+            last_len, state["step"] - phase[0], (state["tokens"] - phase[1]) / 1e6,
+            (state["tokens"] - phase[1]) / max(1e-9, state["elapsed"] - phase[2])))
     if ckpt_path:
         save_checkpoint(ckpt_path, model, opt, state)
     return state

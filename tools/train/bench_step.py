@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Step time and peak GPU memory of the training step (train.step_loss + backward + AdamW) by row
+length, attention mode and head chunking, on random tokens; plus no-grad forward passes of the
+evaluation and the indexer's top-k alone. For planning a run's curriculum (run 4: rows up to 64K-128K).
+
+    python3 tools/train/bench_step.py --init-from models/default --out $OUT/bench.json \
+        --configs sparse:8192x4:0,sparse:32768x1:8192,dense:32768x1:8192,eval-sparse:131072,topk:65536
+
+A config is MODE:TxB:HEAD_CHUNK (a training step, MODE dense, sparse (gather), sparse-sdpa, mask
+(sparse with the [B,T,T] mask of runs 1-3) or auto; HEAD_CHUNK 0 = whole logits as in runs 1-3),
+eval-MODE:T (forward, no grad), topk:T (one Indexer.topk), or check:TxB / check-sdpa:TxB (loss and
+gradients of the gather path against the mask path, fp32 and bf16 autocast). An out-of-memory error
+is recorded, not fatal.
+
+Measured on an H100 80GB (torch 2.11, models/default weights, random tokens, head chunk 8192; gather
+without SDPA): dense 8192x4 0.31 s/step (105K tokens/s, 12.8 GiB), 16384x2 0.33 s (99K), 32768x1
+0.36 s (90K, 13.0 GiB); sparse 8192x4 0.75 s (44K, 13.4 GiB), 32768x1 0.72 s (45K, 13.6 GiB),
+65536x1 1.59 s (41K, 23.6 GiB; 46.3 GiB without head chunking), 131072x1 4.26 s (31K, 43.7 GiB);
+runs 1-3's mask path 8192x4 0.39 s (85K, 28.1 GiB without head chunking); Indexer.topk at 131072
+tokens 0.45 s; a sparse no-grad forward of 131072 tokens 2.07 s, dense of 65536 0.11 s."""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import export  # noqa: E402
+import train  # noqa: E402
+from config import ModelConfig  # noqa: E402
+from model import GlmMoeDsa  # noqa: E402
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def run_config(model, opt, spec, steps, device):
+    kind, rest = spec.split(":", 1)
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(0)
+    if kind == "topk":
+        T = int(rest)
+        ix = model.layers[0].self_attn.indexer
+        qi = torch.randn(1, T, cfg.index_n_heads, cfg.index_head_dim, device=device)
+        ki = torch.randn(1, T, cfg.index_head_dim, device=device)
+        w = torch.randn(1, T, cfg.index_n_heads, device=device)
+        times = []
+        for _ in range(steps + 1):
+            sync()
+            t0 = time.time()
+            ix.topk(qi, ki, w, cfg.index_topk)
+            sync()
+            times.append(time.time() - t0)
+        return {"s_per_call": min(times[1:])}
+    if kind in ("check", "check-sdpa"):
+        sdpa = kind == "check-sdpa"
+        # gather (SDPA on the GPU) vs the [B,T,T] mask path: forward, MTP and gradients, fp32 and bf16 autocast
+        T, B = (int(x) for x in rest.split("x"))
+        full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
+        w = torch.ones(B, T, device=device)
+        rows = train.sample_rows(T, 64, device, gen)
+        out = {}
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            for amp in (False, True):
+                res = {}
+                for impl in ("mask", "gather"):
+                    model.sparse_impl = impl
+                    model.sparse_sdpa = sdpa
+                    loss, lm, ces, kl = train.step_loss(model, full, w, "sparse", rows, device, amp, 3, 0.3, 1.0, 512)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    res[impl] = (loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                               if p.grad is not None})
+                    opt.zero_grad(set_to_none=True)
+                ga, gb = res["mask"][1], res["gather"][1]
+                out["amp" if amp else "fp32"] = {
+                    "loss_mask": res["mask"][0], "loss_gather": res["gather"][0],
+                    "max_rel_grad_diff": max(((ga[n] - gb[n]).abs().max() / (ga[n].abs().max() + 1e-30)).item()
+                                             for n in ga),
+                    "same_grad_set": sorted(ga) == sorted(gb)}
+        finally:
+            model.sparse_impl = "auto"
+            model.sparse_sdpa = False
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        return out
+    if kind.startswith("eval-"):
+        T = int(rest)
+        mode = kind[5:]
+        ids = torch.randint(0, cfg.vocab_size, (1, T), generator=gen).to(device)
+        model.eval()
+        times = []
+        with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            for _ in range(steps + 1):
+                sync()
+                t0 = time.time()
+                h = model(ids, mode=mode)
+                model.logits(h[:, -16:]).float().argmax(-1)
+                sync()
+                times.append(time.time() - t0)
+        model.train()
+        return {"s_per_forward": min(times[1:])}
+    shape, head_chunk = rest.split(":")
+    T, B = (int(x) for x in shape.split("x"))
+    mode = "sparse" if kind in ("sparse", "sparse-sdpa", "mask", "auto") else "dense"
+    model.sparse_impl = {"mask": "mask", "auto": "auto"}.get(kind, "gather")  # dense ignores it
+    model.sparse_sdpa = kind == "sparse-sdpa"
+    full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
+    w = torch.ones(B, T, device=device)
+    times = []
+    try:
+        for i in range(steps + 1):
+            sync()
+            t0 = time.time()
+            rows = train.sample_rows(T, 256, device, gen)
+            loss, lm, ces, kl = train.step_loss(model, full, w, mode, rows, device, True, 3, 0.3, 1.0,
+                                                int(head_chunk))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            train.update_router_bias(model)
+            sync()
+            times.append(time.time() - t0)
+    finally:
+        model.sparse_impl = "auto"
+        model.sparse_sdpa = False
+    s = min(times[1:]) if len(times) > 1 else times[0]
+    return {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": times[0], "lm": lm.item()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--init-from", default=None)
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--budget-s", type=float, default=400, help="skip the remaining configs after this")
+    args = ap.parse_args()
+    t_start = time.time()
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    cfg = ModelConfig()
+    model = GlmMoeDsa(cfg)
+    if args.init_from:
+        with open(os.path.join(args.init_from, "config.json")) as f:
+            hf = json.load(f)
+        export.load_hub_into(model, export.read_safetensors(os.path.join(args.init_from, "model.safetensors")),
+                             hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
+    model = model.to(device)
+    opt = train.make_optimizer(list(model.parameters()), 1e-5)
+    print("torch {} on {}".format(torch.__version__, torch.cuda.get_device_name(0)), flush=True)
+    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "configs": {}}
+    for spec in args.configs.split(","):
+        if time.time() - t_start > args.budget_s:
+            results["configs"][spec] = {"skipped": "budget"}
+            continue
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.time()
+        try:
+            r = run_config(model, opt, spec, args.steps, device)
+        except torch.cuda.OutOfMemoryError as e:  # noqa: PERF203
+            r = {"error": "OOM: " + str(e).split("\n")[0][:200]}
+        except Exception as e:  # noqa: BLE001
+            r = {"error": repr(e)[:300]}
+        opt.zero_grad(set_to_none=True)
+        r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        r["wall_s"] = time.time() - t0
+        results["configs"][spec] = r
+        print(spec, json.dumps(r), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
