@@ -142,12 +142,14 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=400, help="skip the remaining configs after this")
+    ap.add_argument("--index-topk", type=int, default=None,
+                    help="index_topk of the sparse configs (run 5's pipeline.py --index-topk; default 128)")
     args = ap.parse_args()
     t_start = time.time()
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    cfg = ModelConfig()
+    cfg = ModelConfig(**({"index_topk": args.index_topk} if args.index_topk else {}))
     model = GlmMoeDsa(cfg)
     if args.init_from:
         with open(os.path.join(args.init_from, "config.json")) as f:

@@ -1,6 +1,7 @@
 """Evaluation of the default model with the PyTorch implementation (model.py):
-validation loss (sparse vs dense), passkey retrieval by context length, indexer recall against the
-dense attention's own top-k, and MTP accepted lengths (chained drafts verified against the target)."""
+validation loss (sparse vs dense), passkey retrieval by context length (with the needle recall of each
+indexer, from the same forward pass), indexer recall against the dense attention's own top-k, and MTP
+accepted lengths (chained drafts verified against the target)."""
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -26,16 +27,64 @@ def val_loss(model, rows, mode, device, batch=2):
     return total / count
 
 
+class NeedleProbe(IndexerLoss):
+    """Needle recall inside a passkey forward pass. targets: (batch index, index into the query rows,
+    needle column) for each key token of each prompt: the row that predicts the answer's key token i and
+    the prompt position of the needle's key token i (what that row has to copy). For each indexer group
+    (the target's full layers in order) it records whether that column is among the row's top-k index
+    scores (what the sparse layers attend to) and among the top-k of the dense attention the group's
+    layers would compute (head-summed, as the KL's target: what a perfectly fitted indexer would pick)."""
+
+    def __init__(self, k, targets):
+        super().__init__(dense_target=True)
+        self.k, self.targets, self.groups = k, targets, []
+
+    def add(self, p, logits, support):
+        lg = logits.masked_fill(~support, float("-inf"))
+        pm = p.masked_fill(~support, -1.0)
+        out = []
+        for b, r, col in self.targets:
+            out.append((int((lg[b, r] > lg[b, r, col]).sum().item() < self.k),
+                        int((pm[b, r] > pm[b, r, col]).sum().item() < self.k)))
+        self.groups.append(out)
+
+
+def needle_targets(tok, ids, p0, p1):
+    """Rows predicting the key tokens of the answer ids[p0:p1] and the needle's key-token columns: the
+    last occurrence in the prompt ids[:p0] of the answer's key tokens (tokens holding a digit). Returns
+    [(row, column)] or [] when the needle's tokens differ from the answer's."""
+    key_pos = [j for j in range(p0, p1) if any(ch.isdigit() for ch in (tok.id_to_token(ids[j]) or ""))]
+    if not key_pos:
+        return []
+    key_ids = [ids[j] for j in key_pos]
+    n = len(key_ids)
+    arr = np.asarray(ids[:p0])
+    cand = np.nonzero(arr[:p0 - n + 1] == key_ids[0])[0] if p0 >= n else []
+    for start in cand[::-1]:
+        if list(arr[start:start + n]) == key_ids:
+            return [(j - 1, int(start) + i) for i, j in enumerate(key_pos)]
+    return []
+
+
+def _full_layers(model):
+    return [i for i, t in enumerate(model.cfg.indexer_types) if t == "full"]
+
+
 @torch.no_grad()
-def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None):
+def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None, needle=False):
     """items: {"tokens", "prompt", "answer", "key"}. A sample passes when greedy decoding reproduces the
     whole answer ("\\nThe pass key is K.") token by token after the prompt (teacher-forced argmax).
     Logits are computed only over the answer span (a 128K prompt would need 2 GB of logits). A length
     whose turn comes after `deadline` (time.time()) is recorded as skipped; an out-of-memory error is
-    recorded for its length, the others still run."""
+    recorded for its length, the others still run.
+    needle=True: also the needle recall of each indexer (NeedleProbe) from the same forward pass, by
+    length: "index" the share of key tokens whose needle token is in the top-k of the row predicting
+    it, "dense" the same for the dense attention's top-k, "first" the index share for the first key
+    token alone (no earlier key digit to follow)."""
     import time
 
     model.eval()
+    full_layers = _full_layers(model)
     by_len = {}
     for it in items:
         by_len.setdefault(it["tokens"], []).append(it)
@@ -47,6 +96,8 @@ def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None):
         t0 = time.time()
         batch = max(1, 16384 // nominal)
         correct, lengths, done = 0, [], 0
+        hits = [[] for _ in full_layers]  # per indexer: (index hit, dense hit, first key token) per target
+        no_needle = 0
         try:
             for i in range(0, len(group), batch):
                 if deadline is not None and time.time() > deadline:
@@ -65,8 +116,22 @@ def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None):
                 for b, s in enumerate(seqs):
                     ids[b, :len(s)] = torch.tensor(s)
                 ids = ids.to(device)
+                probe, rows = None, None
+                if needle:
+                    per_b = [needle_targets(tok, s, p0, p1) for s, (p0, p1) in zip(seqs, spans)]
+                    no_needle += sum(1 for t in per_b if not t)
+                    all_rows = sorted({r for t in per_b for r, _ in t})
+                    if all_rows:
+                        where = {r: i for i, r in enumerate(all_rows)}
+                        targets = [(b, where[r], c) for b, t in enumerate(per_b) for r, c in t]
+                        firsts = [i == 0 for t in per_b for i in range(len(t))]
+                        probe = NeedleProbe(model.cfg.index_topk, targets)
+                        rows = torch.tensor(all_rows, device=device)
                 with _autocast(device):
-                    h = model(ids, mode=mode)
+                    h = model(ids, mode=mode, index_loss=probe, kl_rows=rows)
+                if probe is not None:
+                    for g, out in enumerate(probe.groups[:len(full_layers)]):
+                        hits[g] += [(a, d, first) for (a, d), first in zip(out, firsts)]
                 for b, (p0, p1) in enumerate(spans):
                     with _autocast(device):
                         pred = model.logits(h[b, p0 - 1:p1 - 1]).argmax(-1)
@@ -84,9 +149,25 @@ def passkey(model, tok, items, mode, device, eos_id, deadline=None, log=None):
                             "seconds": round(time.time() - t0, 1)}
         if done < len(group):
             results[nominal]["partial"] = "{} of {} prompts (time)".format(done, len(group))
+        recall_txt = ""
+        if needle and any(hits):
+            rec = {}
+            for layer, hs in zip(full_layers, hits):
+                if hs:
+                    rec["L{}".format(layer)] = {"index": float(np.mean([a for a, _, _ in hs])),
+                                                "dense": float(np.mean([d for _, d, _ in hs])),
+                                                "first": float(np.mean([a for a, _, f in hs if f]))}
+            rec["key_tokens"] = len(hits[0])
+            if no_needle:
+                rec["needle_not_found"] = no_needle
+            results[nominal]["needle_recall"] = rec
+            recall_txt = "; needle in top-{} index/dense/first: ".format(model.cfg.index_topk) + " ".join(
+                "{} {:.2f}/{:.2f}/{:.2f}".format(n, v["index"], v["dense"], v["first"])
+                for n, v in rec.items() if isinstance(v, dict))
         if log is not None:
-            log("passkey {} {}: {}/{} ({:.0f} tokens, {:.1f}s)".format(mode, nominal, correct, done,
-                                                                      np.mean(lengths[:done]), time.time() - t0))
+            log("passkey {} {}: {}/{} ({:.0f} tokens, {:.1f}s){}".format(mode, nominal, correct, done,
+                                                                        np.mean(lengths[:done]), time.time() - t0,
+                                                                        recall_txt))
     return results
 
 

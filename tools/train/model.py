@@ -377,16 +377,30 @@ class DecoderLayer(nn.Module):
 
 
 class IndexerLoss:
-    """Collects the KL(p || softmax(index scores)) terms of one forward pass."""
+    """Collects the KL(p || softmax(index scores)) terms of one forward pass.
 
-    def __init__(self):
+    dense_target: in sparse mode, p is the main attention over every causal column (the dense
+    attention the layers would compute, from the sparse forward's hidden states) and the KL's support
+    is every causal column. Without it (runs 1-4), sparse mode restricts p and the indexer's softmax to
+    the selected set: the loss can then only re-rank keys the indexer already selected, never raise one
+    it missed (the needle 60K tokens back). Dense mode is the same either way.
+    row_weights: None (every query row weighs the same, runs 1-4) or [B, R] weights of the rows."""
+
+    def __init__(self, dense_target=False, row_weights=None):
         self.terms = []
+        self.dense_target = dense_target
+        self.row_weights = row_weights
 
     def add(self, p, logits, support):
         # p, logits, support: [B, R, T]; support marks the columns both distributions live on.
         logq = torch.log_softmax(logits.masked_fill(~support, float("-inf")), dim=-1)
         kl = torch.where(support & (p > 0), p * (torch.log(p.clamp_min(1e-30)) - logq), torch.zeros_like(p))
-        self.terms.append(kl.sum(-1).mean())
+        per_row = kl.sum(-1)  # [B, R]
+        if self.row_weights is None:
+            self.terms.append(per_row.mean())
+        else:
+            rw = self.row_weights.to(per_row.dtype)
+            self.terms.append((per_row * rw).sum() / rw.sum().clamp_min(1e-12))
 
     def total(self):
         return sum(self.terms) / len(self.terms) if self.terms else None
@@ -453,8 +467,9 @@ class GlmMoeDsa(nn.Module):
                 kl_group.clear()
                 kl_group.append(Indexer.scores(qi, ki, w, kl_rows))
         extras["topk"] = topk
+        dense_target = getattr(index_loss, "dense_target", False)
         extras["allowed_rows"] = allowed_rows_from_topk(topk, kl_rows, T) \
-            if (mode == "sparse" and kl_rows is not None) else None
+            if (mode == "sparse" and kl_rows is not None and not dense_target) else None
         if gather:
             q_cat = attn.absorbed_q(q)
             kv_cat = attn.absorbed_kv(c, k_pe, q_cat.dtype)
@@ -466,7 +481,7 @@ class GlmMoeDsa(nn.Module):
             allowed = allowed_from_topk(topk, T) if mode == "sparse" else None
             extras["allowed"] = allowed
             if index_loss is not None:
-                kl_group.append(attn.head_mean_probs(q, extras["k"], kl_rows, allowed))
+                kl_group.append(attn.head_mean_probs(q, extras["k"], kl_rows, None if dense_target else allowed))
             out = causal_attention(q, extras["k"], extras["v"], attn.scale, allowed)
         return attn.output(out), topk, extras
 
@@ -484,7 +499,8 @@ class GlmMoeDsa(nn.Module):
 
     def forward(self, ids, mode="dense", index_loss=None, kl_rows=None, positions=None):
         """ids [B,T] -> final hidden after model.norm [B,T,hidden]. index_loss collects indexer KL terms
-        on query rows kl_rows [R] (sparse mode: restricted to each row's selected set)."""
+        on query rows kl_rows [R] (sparse mode: restricted to each row's selected set unless
+        index_loss.dense_target)."""
         B, T = ids.shape
         if positions is None:
             positions = torch.arange(T, device=ids.device)

@@ -84,6 +84,39 @@ def main():
     ap.add_argument("--kl-answer-rows", type=int, default=0,
                     help="add up to this many indexer-KL query rows at retrieval-answer targets (weight above "
                          "--assistant-weight) to the 256 random ones, so the indexer learns what answering attends to")
+    ap.add_argument("--sparse-from", type=int, default=0,
+                    help="run 5: sparse attention in every batch whose rows have at least this many tokens (e.g. "
+                         "16384: the curriculum's 16K phase on), besides the time fraction --dense-until (pass "
+                         "--dense-until 1 to decide by row length alone); 0: by --dense-until only (runs 1-4)")
+    ap.add_argument("--kl-rows", type=int, default=None,
+                    help="random indexer-KL query rows per step (default 256; 32 with --cpu-smoke)")
+    ap.add_argument("--index-kl-weight", type=float, default=1.0,
+                    help="factor of the indexer KL in the loss (runs 1-4: 1). The indexers learn from the KL alone "
+                         "(detached inputs), so under AdamW this mostly matters through the joint gradient clip; "
+                         "see --index-clip, --kl-answer-weight, --index-lr-mult")
+    ap.add_argument("--kl-answer-weight", type=float, default=1.0,
+                    help="weight of a retrieval-answer query row (see --kl-answer-rows) in the KL's mean over rows, "
+                         "a random row weighing 1 (runs 1-4: 1)")
+    ap.add_argument("--kl-dense-target", action="store_true",
+                    help="sparse steps: the indexer KL's target is the dense attention over every causal column, not "
+                         "the attention over the selected set (runs 1-4), so the indexer can learn to select a key it "
+                         "missed; costs nothing extra (the same [rows, T] scores were computed and then masked)")
+    ap.add_argument("--index-lr-mult", type=float, default=1.0,
+                    help="the indexers' learning rate over --lr's schedule (runs 1-4: 1)")
+    ap.add_argument("--index-clip", type=float, default=0.0,
+                    help=">0: clip the indexers' gradients to this norm on their own, the other parameters' to 1.0 "
+                         "(runs 1-4, 0: one clip to 1.0 over all)")
+    ap.add_argument("--index-topk", type=int, default=None,
+                    help="index_topk of the model (config.json index_topk, read by megactx and transformers) for "
+                         "training and evaluation; default the config's 128, also when continuing from --init-from")
+    ap.add_argument("--baseline-passkey", default="4096,8192",
+                    help="with --baseline-eval: nominal passkey lengths evaluated with sparse attention (and the "
+                         "needle recall) on the initial weights before training; '' for none")
+    ap.add_argument("--alt-topk", type=int, default=0,
+                    help="also evaluate sparse passkey (and the needle recall) with this index_topk, in the baseline "
+                         "(--baseline-passkey lengths) and after training (lengths up to --alt-topk-max): what "
+                         "serving the same weights with another top-k would give (0: not run)")
+    ap.add_argument("--alt-topk-max", type=int, default=32768, help="longest nominal passkey length for --alt-topk")
     ap.add_argument("--passkey-dense-max", type=int, default=0,
                     help="evaluate dense-attention passkey only up to this nominal length (0: every length)")
     ap.add_argument("--baseline-eval", action="store_true",
@@ -180,6 +213,8 @@ def main():
         overrides["rope_theta"] = float(args.rope_theta)
     if args.max_position is not None:
         overrides["max_position_embeddings"] = int(args.max_position)
+    if args.index_topk is not None:
+        overrides["index_topk"] = int(args.index_topk)
     cfg = ModelConfig(vocab_size=tok.get_vocab_size(), **overrides)
     torch.manual_seed(0)
     model = GlmMoeDsa(cfg)
@@ -188,10 +223,12 @@ def main():
             hf = json.load(f)
         tensors = export.read_safetensors(os.path.join(args.init_from, "model.safetensors"))
         export.load_hub_into(model, tensors, hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
-        log("initialized from {} (its rope_theta {}, max_position_embeddings {})".format(
-            args.init_from, hf.get("rope_theta"), hf.get("max_position_embeddings")))
-    log("rope_theta {}, max_position_embeddings {}".format(cfg.rope_theta, cfg.max_position_embeddings))
-    results["config"] = {"rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings}
+        log("initialized from {} (its rope_theta {}, max_position_embeddings {}, index_topk {})".format(
+            args.init_from, hf.get("rope_theta"), hf.get("max_position_embeddings"), hf.get("index_topk")))
+    log("rope_theta {}, max_position_embeddings {}, index_topk {}".format(cfg.rope_theta, cfg.max_position_embeddings,
+                                                                       cfg.index_topk))
+    results["config"] = {"rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
+                         "index_topk": cfg.index_topk}
     model.sparse_impl = args.sparse_impl
     model.sparse_sdpa = args.sparse_sdpa
     model = model.to(device)
@@ -210,16 +247,40 @@ def main():
             results["val_loss_init_new_theta"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
         else:
             results["val_loss_init"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
-        model.train()
         log("baseline val_loss ({:.0f}s): {} {}".format(time.time() - ts, json.dumps(results["val_loss_init"]),
                                                         json.dumps(results.get("val_loss_init_new_theta", ""))))
+        lens0 = {int(x) for x in args.baseline_passkey.split(",") if x.strip()}
+        if lens0:
+            # Run 5: sparse passkey and the needle recall of the initial weights (same prompts as the final one).
+            ts = time.time()
+            items0 = [it for i, it in enumerate(passkey_items)
+                      if i % 16 < (2 if args.smoke else args.passkey_n) and it["tokens"] in lens0]
+            if args.cpu_smoke:
+                items0 = items0[:1]
+            try:
+                results["passkey_init"] = {"index_topk": cfg.index_topk,
+                                           "sparse": evaluate.passkey(model, tok, items0, "sparse", device,
+                                                                      ids["<|endoftext|>"], None, log, needle=True)}
+                if args.alt_topk:
+                    results["passkey_init"]["sparse_topk{}".format(args.alt_topk)] = with_topk(
+                        cfg, args.alt_topk, lambda: evaluate.passkey(model, tok, items0, "sparse", device,
+                                                                     ids["<|endoftext|>"], None, log, needle=True))
+            except Exception as e:  # noqa: BLE001
+                log("baseline passkey failed: {!r}".format(e))
+                results["not_run"].append("passkey_init: {!r}".format(e))
+            log("baseline passkey ({:.0f}s)".format(time.time() - ts))
+        model.train()
     train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
     log("training budget {:.0f}s".format(train_s))
-    sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until)
+    sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until, sparse_from=args.sparse_from)
     ckpt = os.path.join(args.work, "ckpt.pt")
+    kl_rows = args.kl_rows if args.kl_rows is not None else (32 if args.cpu_smoke else 256)
     state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,
-                        amp=not args.cpu_smoke, kl_rows=32 if args.cpu_smoke else 256, head_chunk=args.head_chunk,
-                        kl_answer_rows=args.kl_answer_rows, kl_answer_min_weight=args.assistant_weight)
+                        amp=not args.cpu_smoke, kl_rows=kl_rows, head_chunk=args.head_chunk,
+                        kl_answer_rows=args.kl_answer_rows, kl_answer_min_weight=args.assistant_weight,
+                        index_kl_weight=args.index_kl_weight, kl_answer_weight=args.kl_answer_weight,
+                        kl_dense_target=args.kl_dense_target, index_lr_mult=args.index_lr_mult,
+                        index_clip=args.index_clip)
     results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
                         "tokens_seen": state["tokens"], "oom_dropped_phases": state.get("oom_dropped", [])}
     log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
@@ -284,10 +345,15 @@ def main():
                 if mode == "dense":
                     items = [it for it in items if it["tokens"] <= dense_max]
                 out[name][mode] = evaluate.passkey(model, tok, items, mode, device, ids["<|endoftext|>"], deadline,
-                                                   log)
+                                                   log, needle=True)
         above = sorted({it["tokens"] for it in short + long_ if it["tokens"] > dense_max})
         if above:
             out["passkey_beyond"]["dense_not_run"] = "lengths {} (above --passkey-dense-max)".format(above)
+        if args.alt_topk:
+            items = [it for it in short + long_ if it["tokens"] <= args.alt_topk_max]
+            out["passkey_alt_topk"] = {"index_topk": args.alt_topk, "sparse": with_topk(
+                cfg, args.alt_topk, lambda: evaluate.passkey(model, tok, items, "sparse", device, ids["<|endoftext|>"],
+                                                             deadline, log, needle=True))}
         return out
 
     if left() < 20:
@@ -370,6 +436,15 @@ def curriculum_batches(args, tok, ids, train_docs, filler, left, log, results):
     results["data"] = {"curriculum": phases, "mix": mix, "phases": info, "retrieval_weight": args.retrieval_weight,
                        "tokens_per_batch": args.batch * args.seq_len}
     return curriculum.CurriculumBatches(built, args.batch * args.seq_len)
+
+
+def with_topk(cfg, k, fn):
+    """fn() with the model's index_topk set to k (the config object the model reads at every forward)."""
+    old, cfg.index_topk = cfg.index_topk, int(k)
+    try:
+        return fn()
+    finally:
+        cfg.index_topk = old
 
 
 def phase_tokens_per_s(spec, seq_len):

@@ -30,6 +30,11 @@ class ByteTokenizer:
     def token_to_id(self, token):
         return self.vocab.get(token)
 
+    def id_to_token(self, i):
+        if not hasattr(self, "_inverse"):
+            self._inverse = {v: k for k, v in self.vocab.items()}
+        return self._inverse.get(i)
+
     def encode(self, text, add_special_tokens=False):
         ids = []
         for part in self.split.split(text):

@@ -5,7 +5,9 @@ indexer learns KL(p || softmax(index scores)) on sampled query rows, p = the mai
 over heads and L1-normalized, averaged over the layers the indexer serves (IndexShare); the
 indexer's inputs are detached, so this loss moves only the indexer.
 Phase "sparse": top-k selected attention everywhere (as at inference), same losses, the KL restricted
-to the selected set."""
+to the selected set (runs 1-4) or, with kl_dense_target (run 5), against the dense attention over every
+causal column, so the indexer also learns about keys it did not select.
+Sparse from a time fraction (dense_until) or, run 5, from a row length on (sparse_from)."""
 import math
 import os
 import time
@@ -18,13 +20,20 @@ from model import IndexerLoss
 
 
 class Schedule:
-    """Time-based: fraction f of the budget decides the phase and the learning rate."""
+    """Time-based: fraction f of the budget decides the phase and the learning rate. Attention is
+    sparse from fraction dense_until on, and also (sparse_from > 0) in every batch whose rows have at
+    least sparse_from tokens (run 5: sparse from the 16K phase of the curriculum on)."""
 
-    def __init__(self, budget_s, lr, dense_until=0.6, warmup=0.03, final=0.1):
+    def __init__(self, budget_s, lr, dense_until=0.6, warmup=0.03, final=0.1, sparse_from=0):
         self.budget_s, self.lr, self.dense_until, self.warmup, self.final = budget_s, lr, dense_until, warmup, final
+        self.sparse_from = sparse_from
 
-    def mode(self, f):
-        return "dense" if f < self.dense_until else "sparse"
+    def mode(self, f, seq_len=None):
+        if f >= self.dense_until:
+            return "sparse"
+        if self.sparse_from and seq_len is not None and seq_len >= self.sparse_from:
+            return "sparse"
+        return "dense"
 
     def learning_rate(self, f):
         if f < self.warmup:
@@ -154,19 +163,45 @@ def load_checkpoint(path, model, opt):
     return ck["state"]
 
 
-def make_optimizer(params, lr, weight_decay=0.1):
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+def make_optimizer(params, lr, weight_decay=0.1, index_params=(), index_lr_mult=1.0):
+    """AdamW; index_params (the indexers' parameters, when given) get their own groups whose learning
+    rate is index_lr_mult times the schedule's (the groups' "lr_mult")."""
+    index_ids = {id(p) for p in index_params}
+    groups = []
+    for members, mult in (([p for p in params if id(p) not in index_ids], 1.0), (list(index_params), index_lr_mult)):
+        decay = [p for p in members if p.dim() >= 2]
+        no_decay = [p for p in members if p.dim() < 2]
+        groups += [{"params": decay, "weight_decay": weight_decay, "lr_mult": mult},
+                   {"params": no_decay, "weight_decay": 0.0, "lr_mult": mult}]
+    groups = [g for g in groups if g["params"]]
     kwargs = {"fused": True} if torch.cuda.is_available() else {}
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), eps=1e-8, **kwargs)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, **kwargs)
 
 
-def step_loss(model, full, w, mode, rows, device, amp=True, mtp_steps=3, mtp_weight=0.3, tv_weight=1.0, head_chunk=0):
+def indexer_parameters(model):
+    """The DSA indexers' parameters (the target's full layers and the MTP layer's): only the indexer KL
+    moves them (their inputs are detached)."""
+    return [p for n, p in model.named_parameters() if ".indexer." in n]
+
+
+def kl_row_weights(weights, rows, answer_weight, min_weight):
+    """[B, R] weights of the KL query rows: answer_weight where the row's target is a retrieval answer
+    (target weight above min_weight), 1 elsewhere. weights: numpy [B, T]; rows: tensor [R]."""
+    import numpy as np
+
+    ans = weights[:, rows.cpu().numpy()] > min_weight
+    return torch.from_numpy(np.where(ans, answer_weight, 1.0).astype("float32"))
+
+
+def step_loss(model, full, w, mode, rows, device, amp=True, mtp_steps=3, mtp_weight=0.3, tv_weight=1.0, head_chunk=0,
+              index_loss=None, index_kl_weight=1.0):
     """Forward pass and losses of one training batch: full [B, T+1] tokens, w [B, T] target weights,
-    rows the KL query rows. Returns (loss, lm, per-step MTP CE, indexer KL or None)."""
+    rows the KL query rows; index_loss an IndexerLoss (its dense_target and row_weights options) or
+    None for the default one; the indexer KL enters the loss times index_kl_weight. Returns (loss, lm,
+    per-step MTP CE, indexer KL or None), the KL unweighted."""
     inp, tgt = full[:, :-1], full[:, 1:]
-    index_loss = IndexerLoss()
+    if index_loss is None:
+        index_loss = IndexerLoss()
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
         h = model(inp, mode=mode, index_loss=index_loss, kl_rows=rows)
         if head_chunk > 0:
@@ -178,18 +213,35 @@ def step_loss(model, full, w, mode, rows, device, amp=True, mtp_steps=3, mtp_wei
             mtp, mtp_ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, mode, True, tv_weight,
                                       index_loss, rows)
         kl = index_loss.total()
-        loss = lm + mtp_weight * mtp + (kl if kl is not None else 0.0)
+        loss = lm + mtp_weight * mtp + (index_kl_weight * kl if kl is not None else 0.0)
     return loss, lm, mtp_ces, kl
 
 
 def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, mtp_steps=3, mtp_weight=0.3,
           tv_weight=1.0, kl_rows=256, ckpt_every_s=90.0, amp=True, head_chunk=0, kl_answer_rows=0,
-          kl_answer_min_weight=3.0):
+          kl_answer_min_weight=3.0, index_kl_weight=1.0, kl_answer_weight=1.0, kl_dense_target=False,
+          index_lr_mult=1.0, index_clip=0.0):
     """head_chunk > 0: the LM/MTP heads and their losses over checkpointed chunks of that many rows
     (head_losses; run 4's long rows), else the whole [B, T, vocab] logits as in runs 1-3.
     kl_answer_rows > 0: the indexer KL also takes up to that many query rows whose target weight is
-    above kl_answer_min_weight (retrieval answers), where the attention should sit on the needle."""
-    opt = make_optimizer([p for p in model.parameters()], schedule.lr)
+    above kl_answer_min_weight (retrieval answers), where the attention should sit on the needle.
+    Run 5 options (the defaults are runs 1-4's behaviour):
+    index_kl_weight: the KL's factor in the loss. The indexers learn from the KL alone, so under AdamW
+      this factor barely changes their steps; what it changes is the joint gradient-norm clip (a large
+      KL gradient shrinks the LM's step) unless index_clip > 0.
+    kl_answer_weight: weight of an answer row (kl_answer_min_weight) in the KL's mean over rows, against
+      1 for a random row: this changes the direction of the indexers' steps.
+    kl_dense_target: in sparse steps the KL target is the dense attention over every causal column
+      (IndexerLoss.dense_target), not the attention over the selected set.
+    index_lr_mult: the indexers' learning rate over the schedule's.
+    index_clip > 0: the indexers' gradients are clipped to this norm on their own, the rest to 1.0
+      (default: one clip to 1.0 over all parameters)."""
+    index_params = indexer_parameters(model)
+    separate = index_lr_mult != 1.0 or index_clip > 0
+    opt = make_optimizer([p for p in model.parameters()], schedule.lr,
+                         index_params=index_params if separate else (), index_lr_mult=index_lr_mult)
+    index_ids = {id(p) for p in index_params}
+    main_params = [p for p in model.parameters() if id(p) not in index_ids]
     state = {"step": 0, "elapsed": 0.0, "tokens": 0}
     if resume and ckpt_path and os.path.exists(ckpt_path):
         state = load_checkpoint(ckpt_path, model, opt)
@@ -204,14 +256,14 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
         f = elapsed / schedule.budget_s
         if f >= 1.0:
             break
-        mode = schedule.mode(f)
+        for g in opt.param_groups:
+            g["lr"] = schedule.learning_rate(f) * g.get("lr_mult", 1.0)
+        # Curriculum batches pick their phase (row length) from the time fraction.
+        tokens, weights = batches.next(f) if hasattr(batches, "phases") else batches.next()
+        mode = schedule.mode(f, tokens.shape[1] - 1)
         if mode != last_mode:
             log("step {} t={:.0f}s: {} attention".format(state["step"] + 1, elapsed, mode))
             last_mode = mode
-        for g in opt.param_groups:
-            g["lr"] = schedule.learning_rate(f)
-        # Curriculum batches pick their phase (row length) from the time fraction.
-        tokens, weights = batches.next(f) if hasattr(batches, "phases") else batches.next()
         full = torch.from_numpy(tokens).to(device, non_blocking=True).long()
         w = torch.from_numpy(weights).to(device, non_blocking=True)
         inp = full[:, :-1]
@@ -222,10 +274,13 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
                 pick = torch.from_numpy(answer.astype("int64"))
                 pick = pick[torch.randperm(len(pick), generator=gen)[:kl_answer_rows]].to(device)
                 rows = torch.cat([rows, pick]).unique()
+        row_w = kl_row_weights(weights, rows, kl_answer_weight, kl_answer_min_weight).to(device) \
+            if kl_answer_weight != 1.0 else None
+        index_loss = IndexerLoss(dense_target=kl_dense_target, row_weights=row_w)
         oom = None
         try:
             loss, lm, mtp_ces, kl = step_loss(model, full, w, mode, rows, device, amp, mtp_steps, mtp_weight,
-                                              tv_weight, head_chunk)
+                                              tv_weight, head_chunk, index_loss, index_kl_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         except torch.cuda.OutOfMemoryError as e:
@@ -243,7 +298,12 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
             full = w = inp = rows = None
             torch.cuda.empty_cache()
             continue
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if index_clip > 0:
+            gnorm = torch.nn.utils.clip_grad_norm_(main_params, 1.0)
+            gnorm_ix = torch.nn.utils.clip_grad_norm_(index_params, index_clip)
+        else:
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gnorm_ix = None
         opt.step()
         update_router_bias(model)
         state["step"] += 1
@@ -257,9 +317,10 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
             log("step {} t={:.0f}s: rows of {} tokens x {}".format(state["step"], elapsed, inp.shape[1], inp.shape[0]))
             last_len = inp.shape[1]
         if state["step"] % 25 == 1:
-            log("step {} t={:.0f}s {} T={} lr={:.2e} lm={:.3f} mtp={} kl={:.3f} epoch={}".format(
+            log("step {} t={:.0f}s {} T={} lr={:.2e} lm={:.3f} mtp={} kl={:.3f} gnorm={:.2f}{} epoch={}".format(
                 state["step"], elapsed, mode, inp.shape[1], opt.param_groups[0]["lr"], lm.item(),
                 "/".join("{:.2f}".format(c.item()) for c in mtp_ces), kl.item() if kl is not None else 0.0,
+                gnorm.item(), "" if gnorm_ix is None else " (indexers {:.2f})".format(gnorm_ix.item()),
                 batches.epoch))
         if ckpt_path and time.time() - last_ckpt > ckpt_every_s:
             state["elapsed"] = time.time() - start
