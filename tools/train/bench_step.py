@@ -6,14 +6,14 @@ evaluation and the indexer's top-k alone. For planning a run's curriculum (run 4
     python3 tools/train/bench_step.py --init-from models/default --out $OUT/bench.json \
         --configs sparse:8192x4:0,sparse:32768x1:8192,dense:32768x1:8192,eval-sparse:131072,topk:65536
 
-A config is MODE:TxB:HEAD_CHUNK (a training step, MODE dense, sparse (gather), sparse-sdpa, mask
+A config is MODE:TxB:HEAD_CHUNK (a training step, MODE dense, sparse (gather), mask
 (sparse with the [B,T,T] mask of runs 1-3) or auto; HEAD_CHUNK 0 = whole logits as in runs 1-3),
-eval-MODE:T (forward, no grad), topk:T (one Indexer.topk), or check:TxB / check-sdpa:TxB (loss and
+eval-MODE:T (forward, no grad), topk:T (one Indexer.topk), or check:TxB (loss and
 gradients of the gather path against the mask path, fp32 and bf16 autocast). An out-of-memory error
 is recorded, not fatal.
 
 Measured on an H100 80GB (torch 2.11, models/default weights, random tokens, head chunk 8192; gather
-without SDPA): dense 8192x4 0.31 s/step (105K tokens/s, 12.8 GiB), 16384x2 0.33 s (99K), 32768x1
+path): dense 8192x4 0.31 s/step (105K tokens/s, 12.8 GiB), 16384x2 0.33 s (99K), 32768x1
 0.36 s (90K, 13.0 GiB); sparse 8192x4 0.75 s (44K, 13.4 GiB), 32768x1 0.72 s (45K, 13.6 GiB),
 65536x1 1.59 s (41K, 23.6 GiB; 46.3 GiB without head chunking), 131072x1 4.26 s (31K, 43.7 GiB);
 runs 1-3's mask path 8192x4 0.39 s (85K, 28.1 GiB without head chunking); Indexer.topk at 131072
@@ -57,9 +57,8 @@ def run_config(model, opt, spec, steps, device):
             sync()
             times.append(time.time() - t0)
         return {"s_per_call": min(times[1:])}
-    if kind in ("check", "check-sdpa"):
-        sdpa = kind == "check-sdpa"
-        # gather (SDPA on the GPU) vs the [B,T,T] mask path: forward, MTP and gradients, fp32 and bf16 autocast
+    if kind == "check":
+        # gather vs the [B,T,T] mask path: forward, MTP and gradients, fp32 and bf16 autocast
         T, B = (int(x) for x in rest.split("x"))
         full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
         w = torch.ones(B, T, device=device)
@@ -72,7 +71,6 @@ def run_config(model, opt, spec, steps, device):
                 res = {}
                 for impl in ("mask", "gather"):
                     model.sparse_impl = impl
-                    model.sparse_sdpa = sdpa
                     loss, lm, ces, kl = train.step_loss(model, full, w, "sparse", rows, device, amp, 3, 0.3, 1.0, 512)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -87,7 +85,6 @@ def run_config(model, opt, spec, steps, device):
                     "same_grad_set": sorted(ga) == sorted(gb)}
         finally:
             model.sparse_impl = "auto"
-            model.sparse_sdpa = False
             torch.backends.cuda.matmul.allow_tf32 = tf32
         return out
     if kind.startswith("eval-"):
@@ -108,9 +105,8 @@ def run_config(model, opt, spec, steps, device):
         return {"s_per_forward": min(times[1:])}
     shape, head_chunk = rest.split(":")
     T, B = (int(x) for x in shape.split("x"))
-    mode = "sparse" if kind in ("sparse", "sparse-sdpa", "mask", "auto") else "dense"
+    mode = "sparse" if kind in ("sparse", "mask", "auto") else "dense"
     model.sparse_impl = {"mask": "mask", "auto": "auto"}.get(kind, "gather")  # dense ignores it
-    model.sparse_sdpa = kind == "sparse-sdpa"
     full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
     w = torch.ones(B, T, device=device)
     times = []
@@ -130,7 +126,6 @@ def run_config(model, opt, spec, steps, device):
             times.append(time.time() - t0)
     finally:
         model.sparse_impl = "auto"
-        model.sparse_sdpa = False
     s = min(times[1:]) if len(times) > 1 else times[0]
     return {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": times[0], "lm": lm.item()}
 

@@ -158,51 +158,24 @@ def _sparse_chunk(q_cat, kv_cat, idx, rows, scale, v_dim):
         return torch.matmul(p, g[..., :v_dim])
 
 
-def _sparse_chunk_sdpa(q_cat, kv_cat, idx, scale, v_dim):
-    """_sparse_chunk for rows whose k selected columns are all visible (row >= k - 1: top-k of at
-    least k finite scores never picks a -inf future column), through SDPA (flash on the GPU: fp32
-    scores inside, no [rows, k] fp32 copies): each row is one batch entry with the H heads as its
-    queries and its k gathered latents as keys and values (MLA absorbed = one shared KV head); the
-    value is the whole latent row, its k_pe tail is dropped from the output."""
-    B, T, Dc = kv_cat.shape
-    C, H, K = q_cat.shape[1], q_cat.shape[2], idx.shape[-1]
-    offsets = (torch.arange(B, device=idx.device) * T)[:, None, None]
-    g = F.embedding(idx + offsets, kv_cat.reshape(B * T, Dc)).reshape(B * C, 1, K, Dc)
-    o = F.scaled_dot_product_attention(q_cat.reshape(B * C, 1, H, Dc), g, g, scale=scale)
-    return o.reshape(B, C, H, Dc)[..., :v_dim]
-
-
-def sparse_attention(q_cat, kv_cat, topk, scale, v_dim, chunk=None, sdpa=False):
+def sparse_attention(q_cat, kv_cat, topk, scale, v_dim, chunk=None):
     """Top-k attention with O(T x k) memory: each query row attends to its selected columns that are
     not in its future (the same set as allowed_from_topk). q_cat [B,T,H,Dc], kv_cat [B,T,Dc],
     topk [B,T,K] -> [B,T,H,v_dim]. With autograd on, every chunk of rows is checkpointed: only its
-    inputs are kept, the gathered latents are recomputed in the backward pass. With sdpa=True (not yet
-    measured on the GPU: tools/train/bench_step.py check:1024x2 compares it with the mask path) rows
-    >= K - 1 go through SDPA on the GPU (no mask needed), the first K - 1 rows through the masked fp32
-    path; else every row takes the masked fp32 path."""
+    inputs are kept, the gathered latents are recomputed in the backward pass."""
     B, T = q_cat.shape[:2]
-    K = topk.shape[-1]
     if chunk is None:
         chunk = max(256, 8192 // B)
     rows_all = torch.arange(T, device=q_cat.device)
-    fast = sdpa and HAS_SDPA and q_cat.is_cuda
-    bounds = []
-    head = min(T, K - 1) if fast else 0
-    if head > 0:
-        bounds.append((0, head, False))
-    bounds += [(a, min(T, a + chunk), fast) for a in range(head, T, chunk)]
     outs = []
     grad = torch.is_grad_enabled() and (q_cat.requires_grad or kv_cat.requires_grad)
-    for start, end, use_sdpa in bounds:
-        if use_sdpa:
-            fn, args = _sparse_chunk_sdpa, (q_cat[:, start:end], kv_cat, topk[:, start:end], scale, v_dim)
-        else:
-            fn, args = _sparse_chunk, (q_cat[:, start:end], kv_cat, topk[:, start:end], rows_all[start:end], scale,
-                                       v_dim)
+    for start in range(0, T, chunk):
+        end = min(T, start + chunk)
+        args = (q_cat[:, start:end], kv_cat, topk[:, start:end], rows_all[start:end], scale, v_dim)
         if grad:
-            outs.append(torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False))
+            outs.append(torch.utils.checkpoint.checkpoint(_sparse_chunk, *args, use_reentrant=False))
         else:
-            outs.append(fn(*args))
+            outs.append(_sparse_chunk(*args))
     return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
 
@@ -269,10 +242,10 @@ class MLAttention(nn.Module):
         """kv_cat [B,T,L+r] = [normed latent | roped k_pe] in the activation dtype."""
         return torch.cat([c.to(dtype), k_pe.to(dtype)], dim=-1)
 
-    def sparse(self, q_cat, kv_cat, topk, sdpa=False):
+    def sparse(self, q_cat, kv_cat, topk):
         """Top-k attention in the latent space -> [B,H,T,Dv] (as causal_attention returns)."""
         _, w_v = self._kv_b()
-        o_lat = sparse_attention(q_cat, kv_cat, topk, self.scale, self.cfg.kv_lora_rank, sdpa=sdpa)  # [B,T,H,L]
+        o_lat = sparse_attention(q_cat, kv_cat, topk, self.scale, self.cfg.kv_lora_rank)  # [B,T,H,L]
         return torch.einsum("bthc,hvc->bhtv", o_lat, w_v)
 
     def head_mean_probs(self, q, k, rows, allowed=None):
@@ -427,7 +400,6 @@ class GlmMoeDsa(nn.Module):
         # latent space (same math, equal to fp32 rounding); "mask" / "gather" force one of them.
         self.sparse_impl = "auto"
         self.auto_mask_max = 1 << 28
-        self.sparse_sdpa = False  # gather rows through SDPA (sparse_attention; opt-in until measured on the GPU)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -476,7 +448,7 @@ class GlmMoeDsa(nn.Module):
             extras["kv_cat"] = kv_cat
             if index_loss is not None:
                 kl_group.append(attn.head_mean_probs_latent(q_cat, kv_cat, kl_rows, extras["allowed_rows"]))
-            out = attn.sparse(q_cat, kv_cat, topk, self.sparse_sdpa)
+            out = attn.sparse(q_cat, kv_cat, topk)
         else:
             allowed = allowed_from_topk(topk, T) if mode == "sparse" else None
             extras["allowed"] = allowed
@@ -559,7 +531,7 @@ class GlmMoeDsa(nn.Module):
                 cos, sin = rope_cos_sin(positions + j, self.cfg.qk_rope_head_dim, self.cfg.rope_theta, torch.float32)
                 q, _ = attn.query(hn, cos, sin)
                 if "kv_cat" in ext0:
-                    a = attn.output(attn.sparse(attn.absorbed_q(q), ext0["kv_cat"], ext0["topk"], self.sparse_sdpa))
+                    a = attn.output(attn.sparse(attn.absorbed_q(q), ext0["kv_cat"], ext0["topk"]))
                 else:
                     a = attn.output(causal_attention(q, ext0["k"], ext0["v"], attn.scale, ext0.get("allowed")))
             x = layer.mlp_block(x + a)

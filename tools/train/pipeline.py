@@ -78,9 +78,6 @@ def main():
                     help="sparse attention in training and evaluation: auto (runs 1-3's [B,T,T] mask while "
                          "B*T*T <= 2^28, e.g. 8K x 4 rows; above it the gather), gather (O(T x k) memory), mask; "
                          "same math")
-    ap.add_argument("--sparse-sdpa", action="store_true",
-                    help="gather path: rows with k visible columns through SDPA (faster; check it first with "
-                         "bench_step.py check:1024x2 on the GPU)")
     ap.add_argument("--kl-answer-rows", type=int, default=0,
                     help="add up to this many indexer-KL query rows at retrieval-answer targets (weight above "
                          "--assistant-weight) to the 256 random ones, so the indexer learns what answering attends to")
@@ -230,7 +227,6 @@ def main():
     results["config"] = {"rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
                          "index_topk": cfg.index_topk}
     model.sparse_impl = args.sparse_impl
-    model.sparse_sdpa = args.sparse_sdpa
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
