@@ -213,6 +213,7 @@ struct FusedRun {
   bool ping_pong = false;        // wgmma, fp32 head sum: the warpgroups take turns issuing MMAs
   bool tensor_head_sum = true;   // wgmma: the head sum on the tensor cores (bf16)
   int consumer_warpgroups = 0;   // 0: the kernel's choice (4 with the bf16 head sum)
+  bool newest_first = true;      // the order each tile streams its key pages in
 };
 
 bool bf16_head_sum(const FusedRun& run) {
@@ -237,18 +238,17 @@ std::string run_name(const FusedRun& run) {
          (bf16_head_sum(run) ? ", bf16 head sum" : ", fp32 head sum") +
          (run.consumer_warpgroups ? ", " + std::to_string(run.consumer_warpgroups) + " warpgroups"
                                   : "") +
-         ", ctas " + std::to_string(run.ctas);
+         (run.newest_first ? "" : ", oldest page first") + ", ctas " + std::to_string(run.ctas);
 }
 
 // wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
 // (bf16 head sum on the tensor cores, four consumer warpgroups; twice on one
-// workspace), the same with two warpgroups, wgmma free-running with the fp32
-// head sum, mma.sync (fp32 head sum).
-const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
-                                            {true, 0, 2, false, false},
-                                            {true, 0, 1, false, false, true, 2},
-                                            {true, 0, 1, false, false, false},
-                                            {false, 0, 1, false, false}};
+// workspace; once streaming pages oldest first), the same with two warpgroups,
+// wgmma free-running with the fp32 head sum, mma.sync (fp32 head sum).
+const std::vector<FusedRun> kBothEngines = {
+    {true, 0, 1, false, true, false},           {true, 0, 2, false, false},
+    {true, 0, 1, false, false, true, 0, false}, {true, 0, 1, false, false, true, 2},
+    {true, 0, 1, false, false, false},          {false, 0, 1, false, false}};
 
 std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& device,
                                const FusedRun& run, std::vector<int32_t>* counts = nullptr) {
@@ -289,6 +289,7 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.ping_pong = run.ping_pong;
     params.tensor_head_sum = run.tensor_head_sum;
     params.consumer_warpgroups = run.consumer_warpgroups;
+    params.newest_first = run.newest_first;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -432,6 +433,7 @@ void check_scores(int heads, uint32_t seed) {
     params.ping_pong = run.ping_pong;
     params.tensor_head_sum = run.tensor_head_sum;
     params.consumer_warpgroups = run.consumer_warpgroups;
+    params.newest_first = run.newest_first;
     params.debug_scores = debug.get();
     params.debug_stride = problem.max_visible;
     cuda::fused_indexer_topk(params, nullptr);
@@ -570,8 +572,10 @@ TEST(FusedIndexerTopk, TiesZeroAndNegativeScores) {
 }
 
 TEST(FusedIndexerTopk, RisingAndFallingScoresCompactMany) {
-  // Rising: every key beats the threshold, buffers compact every ~6000 keys
-  // and the result is the last k positions; falling: the first k.
+  // Rising scores streamed oldest first, or falling ones streamed newest
+  // first (the default): every key beats the threshold and the buffers
+  // compact every ~6000 keys. The result: the last k positions when rising,
+  // the first k when falling.
   for (Keys keys : {Keys::Rising, Keys::Falling}) {
     SCOPED_TRACE(keys == Keys::Rising ? "rising" : "falling");
     FusedProblem problem;

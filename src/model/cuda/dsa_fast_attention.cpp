@@ -146,6 +146,13 @@ int indexer_warpgroups_forced() {
   return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : 0;
 }
 
+// MEGACTX_CUDA_INDEXER_OLDEST_FIRST=1: the fused indexer streams each tile's
+// key pages oldest first instead of newest first (A/B runs; read per call).
+bool indexer_oldest_first_forced() {
+  const char* value = std::getenv("MEGACTX_CUDA_INDEXER_OLDEST_FIRST");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
@@ -258,6 +265,7 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weig
     select.ctas = fast_multiprocessors_;
     select.tensor_head_sum = !fp32_head_sum_forced();
     if (select.tensor_head_sum) select.consumer_warpgroups = indexer_warpgroups_forced();
+    select.newest_first = !indexer_oldest_first_forced();
     select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
     select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
     fused_indexer_topk(select, stream_);

@@ -434,6 +434,11 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
     return true;
   };
 
+  // The i-th page a tile streams: its newest first by default (newest_first),
+  // so that a row whose scores favour recent keys (an indexer's usual recency
+  // bias) raises its threshold early and appends, and compacts, less.
+  auto page_order = [&](int i) { return p.newest_first ? pages - 1 - i : i; };
+
   // The bulk copy of the tile's page `page_id` into the ring slot of the
   // ring-th page streamed (once the slot's previous page has been read by all).
   auto issue_page = [&](uint32_t ring, int page_id) {
@@ -453,10 +458,10 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
       if (tid >= kConsumers + 32) continue;
       // Page ids 32 at a time (one per lane), the next 32 loaded a block ahead.
       const int32_t* table = p.page_tables + p.row_table[row0];
-      int next_id = lane < pages ? table[lane] : 0;
+      int next_id = lane < pages ? table[page_order(lane)] : 0;
       for (int base = 0; base < pages; base += 32) {
         const int ids = next_id;
-        if (base + 32 + lane < pages) next_id = table[base + 32 + lane];
+        if (base + 32 + lane < pages) next_id = table[page_order(base + 32 + lane)];
         const int count = min(32, pages - base);
         for (int i = 0; i < count; ++i, ++ring) {
           const int page_id = __shfl_sync(kFullMask, ids, i);
@@ -626,13 +631,13 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
         int pending_id = 0;
         if (issuer) {
           const int ahead = min(kStages - 1, pages);
-          for (int q = 0; q < ahead; ++q) issue_page(ring + q, table[q]);
-          if (ahead < pages) pending_id = table[ahead];
+          for (int q = 0; q < ahead; ++q) issue_page(ring + q, table[page_order(q)]);
+          if (ahead < pages) pending_id = table[page_order(ahead)];
         }
         for (int page = 0; page < pages; ++page, ++ring) {
           if (issuer && page + kStages - 1 < pages) {
             issue_page(ring + kStages - 1, pending_id);
-            if (page + kStages < pages) pending_id = table[page + kStages];
+            if (page + kStages < pages) pending_id = table[page_order(page + kStages)];
           }
           __syncwarp();
           const int stage = static_cast<int>(ring % kStages);
@@ -777,7 +782,8 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
           for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i)
-              append(page, page, r, score[r][i], my_row[i], my_visible[i], my_threshold[i]);
+              append(page_order(page), page, r, score[r][i], my_row[i], my_visible[i],
+                     my_threshold[i]);
           if (compact(page)) {
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i) my_threshold[i] = misc.threshold[my_row[i]];
