@@ -32,6 +32,7 @@ struct MlaCase {
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
   bool pingpong = false;  // the ping-pong layout of the wgmma prefill kernel (one split)
+  bool fp8ring = false;   // the fp8-ring layout of the wgmma prefill kernel
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -60,7 +61,8 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.pingpong ? " (ping-pong)" : "") + (c.split_pool ? " (offload pool)" : ""));
+               (c.pingpong ? " (ping-pong)" : "") + (c.fp8ring ? " (fp8 ring)" : "") +
+               (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -111,6 +113,8 @@ void run_case(const MlaCase& c) {
   }
   if (c.pingpong)
     cuda::detail::launch_sparse_mla_prefill_pingpong(params, nullptr);
+  else if (c.fp8ring)
+    cuda::detail::launch_sparse_mla_prefill_fp8ring(params, nullptr);
   else if (c.wgmma)
     cuda::detail::launch_sparse_mla_prefill(params, nullptr);
   else
@@ -188,15 +192,16 @@ TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
 }
 
-// The wgmma prefill kernel in both layouts (the default: two K blocks of 32
-// per stage; the ping-pong layout: bunches of two 64-key blocks): full,
+// The wgmma prefill kernel in its layouts (the default: two K blocks of 32
+// per stage; the ping-pong and fp8-ring layouts: bunches of two 64-key blocks): full,
 // partial, holed and empty rows; top_k not a multiple of a stage or bunch
 // (the last one partly or wholly past top_k), a single block, 128 heads (two
 // head blocks), an offload pool and a million-token pool.
-enum class Prefill { kDefault, kPingPong };
+enum class Prefill { kDefault, kPingPong, kFp8Ring };
 void run_prefill_case(MlaCase c, Prefill layout) {
   c.wgmma = layout == Prefill::kDefault;
   c.pingpong = layout == Prefill::kPingPong;
+  c.fp8ring = layout == Prefill::kFp8Ring;
   run_case(c);
 }
 void prefill_matches_the_reference(Prefill layout) {
@@ -281,6 +286,26 @@ TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
 // runs 8, 7 runs 6 of 3 (the last 1), 5 over one bunch (top_k 97) runs 1.
 TEST(SparseMla, PingPongDecodeSplitsMatchTheReference) {
   decode_splits_match_the_reference(Prefill::kPingPong);
+}
+// The fp8-ring layout: the ping-pong layout's bunches and splits, its own
+// fragments (permuted k orders), running max vote and epilogue.
+TEST(SparseMla, Fp8RingPrefillMatchesTheReference) {
+  prefill_matches_the_reference(Prefill::kFp8Ring);
+}
+TEST(SparseMla, Fp8RingPrefillOddTopK) {
+  prefill_odd_top_k(Prefill::kFp8Ring);
+}
+TEST(SparseMla, Fp8RingPrefillOneHundredTwentyEightHeads) {
+  prefill_one_hundred_twenty_eight_heads(Prefill::kFp8Ring);
+}
+TEST(SparseMla, Fp8RingPrefillWithAnOffloadPool) {
+  prefill_with_an_offload_pool(Prefill::kFp8Ring);
+}
+TEST(SparseMla, Fp8RingPrefillOverAMillionTokenPool) {
+  prefill_over_a_million_token_pool(Prefill::kFp8Ring);
+}
+TEST(SparseMla, Fp8RingDecodeSplitsMatchTheReference) {
+  decode_splits_match_the_reference(Prefill::kFp8Ring);
 }
 TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each

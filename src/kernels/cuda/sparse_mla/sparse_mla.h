@@ -137,6 +137,14 @@ bool sparse_mla_pingpong_enabled();
 // The split count the ping-pong layout uses for `num_splits` requested over
 // top_k: at most num_splits, each split at least one 128-key bunch, none empty.
 int sparse_mla_pingpong_splits(int num_splits, int top_k);
+// The fp8-ring layout of the wgmma prefill kernel (sparse_mla_prefill_fp8ring.cu:
+// the ring holds the pool's e4m3 entries, the consumers convert them into
+// their wgmma fragments), and the merge after it when num_splits > 1 (whole
+// 128-key bunches per split, as the ping-pong layout); launch_sparse_mla_prefill
+// takes it instead of the default layout when the environment sets
+// MEGACTX_SPARSE_MLA_FP8RING=1 (an experiment).
+void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream);
+bool sparse_mla_fp8ring_enabled();
 // The split merge of partial_out / partial_lse into out / lse.
 void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
 void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,

@@ -388,6 +388,10 @@ void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t st
     launch_sparse_mla_prefill_pingpong(requested, stream);
     return;
   }
+  if (sparse_mla_fp8ring_enabled()) {
+    launch_sparse_mla_prefill_fp8ring(requested, stream);
+    return;
+  }
   // Whole 64-key stages per split, none empty (fewer splits than asked for
   // when they do not divide; the partial buffers hold num_splits).
   SparseMlaParams params = requested;

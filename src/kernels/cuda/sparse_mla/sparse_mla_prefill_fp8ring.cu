@@ -1,0 +1,603 @@
+// Sparse MLA prefill, the fp8-ring layout (wgmma, sm_90a): one CTA = one query
+// row x 64 heads x one split of its slots in whole bunches of 128 keys, beside
+// sparse_mla_prefill.cu (the default), chosen with MEGACTX_SPARSE_MLA_FP8RING=1
+// (written after bench/cuda/sparse_mla_fragment_probe.cu measured its consumer
+// loop at 590 TFLOP/s on an H100 against ~430 for the f16 layouts' consumers;
+// docs/benchmarks.md, twenty-eighth session). What it changes, and why:
+//
+// The f16 layouts convert the gathered e4m3 entries to f16 in shared memory
+// before their SS wgmmas read them; the conversion needs registers, registers
+// cap the gathers in flight, and the f16 ring leaves no room for a deeper one.
+// Here the ring holds the pool's 656-byte entries as they are, and the
+// consumers convert while they build their wgmma A fragments in registers:
+//
+//   warpgroup 2, the producer (40 registers): cp.async of every entry of a
+//     64-key block (zero bytes for a missing slot) into a ring of three
+//     blocks (126 KB), completing on the block's `full` mbarrier; no
+//     conversion, so a whole block is in flight per SM;
+//   warpgroups 0 and 1, the consumers (232 registers), per bunch of two
+//     blocks, consumer c:
+//       S^T_c[64 keys][64 heads] = K_c . Q^T    36 x wgmma m64n64k16, A = the
+//           keys of block c from registers (one 4-byte load of e4m3 per row
+//           and k-step, converted and scaled; the rope dims from bf16), B = Q
+//           [64 heads][576] f16 in shared memory (K-major)
+//       one running max per head for both consumers: a vote per bunch
+//           (bar.red.or) whether any score passed it by kRescaleSlack, and
+//           the full reduction over keys only then (the first bunch, rarely
+//           later); P^T_c = exp2(S^T_c - max) into shared memory [64 keys][64
+//           heads] f16, MN-major
+//       O^T_c[256 dims][64 heads] += V^T . P^T over both blocks: 4 dim tiles x
+//           8 key steps of wgmma m64n64k16, A = V^T from registers (a 2-byte
+//           load of two adjacent dims per key, converted, keys paired with
+//           prmt, scaled), B = P^T; block 0's steps first, so that its ring
+//           slot is released half a bunch early
+//     (consumer c: the scores of the bunch's block c, the output dims
+//     256c .. 256c + 256 over both blocks: each MMA is done once).
+//
+// Orders inside a 16-wide k step, chosen for conflict-free 4- and 2-byte loads
+// at the 656-byte pitch and mirrored in the B operands: score k-slot 2t + e
+// (e < 2) is dim 4t + e, slot 2t + 8 + e is dim 4t + 2 + e (the Q tile is
+// stored in that order); output k-slot 2t / 2t + 1 / 2t + 8 / 2t + 9 is key t
+// / t + 4 / t + 8 / t + 12 of the step (P^T rows in that order), and
+// accumulator rows g / g + 8 of a dim tile are dims 2g / 2g + 1.
+//
+// Q is stored as f16 times 2^-6 as in the default kernel; the online softmax
+// runs in the log2 domain. Results: the general kernel's up to summation order.
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <type_traits>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
+
+namespace megactx::cuda {
+namespace {
+
+using sparse_mla_prefill::kDim;
+using sparse_mla_prefill::kHeads;
+using sparse_mla_prefill::kLn2;
+using sparse_mla_prefill::kLog2e;
+using sparse_mla_prefill::kQChunkBytes;
+using sparse_mla_prefill::kQueryPrescale;
+using sparse_mla_prefill::kRescaleSlack;
+
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kConsumerRegisters = 232;
+constexpr int kProducerRegisters = 40;
+static_assert(kConsumerThreads * kConsumerRegisters +
+                      (kThreads - kConsumerThreads) * kProducerRegisters <=
+                  65536,
+              "setmaxnreg would ask for more registers than the launch holds");
+
+constexpr int kBlockKeys = 64;
+constexpr int kBunchKeys = 2 * kBlockKeys;
+constexpr int kSlots = 3;                              // ring slots of one block each
+constexpr int kSlotBytes = kBlockKeys * kLatentBytes;  // 41984
+constexpr int kPTileBytes = kBlockKeys * 128;          // [64 keys][64 heads] f16
+
+// Shared memory from a 1024-byte aligned base.
+constexpr int kQOffset = 0;                               // [9][64 heads][128 B]
+constexpr int kRingOffset = kQOffset + 9 * kQChunkBytes;  // [3][64 keys][656 B]
+constexpr int kPOffset = (kRingOffset + kSlots * kSlotBytes + 1023) / 1024 * 1024;  // [2] P^T
+constexpr int kMiscOffset = kPOffset + 2 * kPTileBytes;
+
+struct Misc {
+  uint64_t full[kSlots];         // the producer's 128 threads arrive when their copies land
+  uint64_t empty[kSlots];        // the 256 consumer threads arrive when no MMA reads the block
+  float row_max[kHeads];         // the running max of both consumers (log2 units)
+  float exchange[2][4][kHeads];  // [consumer][warp][head]: block maxima, then row sums
+};
+constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
+static_assert(kSharedBytes <= 227 * 1024, "sparse MLA fp8 ring: shared memory");
+
+// Named barriers (1..15; 0 is __syncthreads), all between the 256 consumer threads.
+constexpr int kQueryBarrier = 1;
+constexpr int kVoteBarrier = 2;
+constexpr int kMaxBarrier = 3;
+constexpr int kPBarrier = 4;
+constexpr int kSumBarrier = 5;
+
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]: A from registers (f16 pairs: rows g
+// / g + 8 x k-slots 2t.. / 2t + 8..), B from shared memory, K-major (kTransB
+// 0) or MN-major (1). Thread (warp w, lane g*4+t): d[4j + 2r + e] = D[16w + g
+// + 8r][8j + 2t + e].
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float* d, const uint32_t (&a)[4], uint64_t b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MEGACTX_WGMMA_D32_TEXT
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : MEGACTX_WGMMA_D32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+
+// True on every participating thread when `value` is on any of the `threads`
+// threads reaching barrier `id` (non-aligned: safe from any code).
+__device__ __forceinline__ bool any_thread(bool value, int id, int threads) {
+  int result;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.b32 q, %1, 0;\n"
+      "barrier.cta.red.or.pred p, %2, %3, q;\nselp.b32 %0, 1, 0, p;\n}\n"
+      : "=r"(result)
+      : "r"(static_cast<int>(value)), "r"(id), "r"(threads)
+      : "memory");
+  return result != 0;
+}
+
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t destination, const void* source,
+                                                    bool copy) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+               "r"(copy ? 16 : 0)
+               : "memory");
+}
+// Arrives on `barrier` once every cp.async this thread issued has landed.
+__device__ __forceinline__ void cp_async_arrive(uint64_t* barrier) {
+  asm volatile(
+      "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier))
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
+  const __half2 r =
+      __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
+  return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
+// Byte offset of 16-byte unit `unit` (0..7) of 128-byte row `row` in the 128-byte swizzle.
+__device__ __forceinline__ int swizzled(int row, int unit) {
+  return row * 128 + ((unit ^ (row & 7)) << 4);
+}
+
+// This CTA's split (blockIdx.z of num_splits): bunches [first, first + count)
+// of the row's slots (the ping-pong layout's rule: sparse_mla_pingpong_splits).
+struct BunchRange {
+  int first, count;
+};
+__device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p) {
+  const int all = (p.top_k + kBunchKeys - 1) / kBunchKeys;
+  const int per_split = (all + p.num_splits - 1) / p.num_splits;
+  const int first = static_cast<int>(blockIdx.z) * per_split;
+  return {first, min(per_split, all - first)};
+}
+
+// ---- The producer -----------------------------------------------------------
+// Warp w copies keys 16w .. 16w + 15 of every block: lane l the 16-byte chunks
+// l and 32 + l (l < 9) of each entry (41 chunks of 656 bytes).
+template <typename Addressing>
+__device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8_t* shared) {
+  set_max_registers_dec<kProducerRegisters>();
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int warp = producer_thread / 32, lane = producer_thread % 32;
+  const BunchRange range = bunch_range(p);
+  const int begin = range.first * kBunchKeys;
+  const int blocks = 2 * range.count;
+  const int32_t* row_slots = p.slots + static_cast<int64_t>(blockIdx.x) * p.top_k;
+  const Addressing entry(p);
+  const uint32_t ring = shared_address(shared + kRingOffset);
+  auto key_slot = [&](int block) -> int32_t {
+    const int index = begin + block * kBlockKeys + 16 * warp + lane % 16;
+    return block < blocks && index < p.top_k ? row_slots[index] : -1;
+  };
+  int32_t slots = key_slot(0);
+  int32_t next = key_slot(1);
+#pragma unroll 1
+  for (int block = 0; block < blocks; ++block) {
+    const int slot = block % kSlots;
+    // The entries of the block after next into L2 while this one is copied.
+    const int32_t far = key_slot(block + 2);
+    if (lane < 16 && far >= 0) prefetch_l2_bulk(entry(far), kLatentBytes);
+    if (block >= kSlots) mbarrier_wait(&misc.empty[slot], ((block / kSlots) - 1) & 1);
+    const uint32_t base = ring + slot * kSlotBytes + 16 * warp * kLatentBytes;
+#pragma unroll 4
+    for (int k = 0; k < 16; ++k) {
+      const int32_t s = __shfl_sync(0xffffffffu, slots, k);
+      const uint8_t* source = s >= 0 ? entry(s) : p.kv_pool;
+      const uint32_t destination = base + k * kLatentBytes;
+      cp_async_16_or_zero(destination + 16 * lane, source + 16 * lane, s >= 0);
+      if (lane < 9)
+        cp_async_16_or_zero(destination + 512 + 16 * lane, source + 512 + 16 * lane, s >= 0);
+    }
+    cp_async_arrive(&misc.full[slot]);
+    slots = next;
+    next = far;
+  }
+}
+
+// ---- The consumers ----------------------------------------------------------
+__device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8_t* shared) {
+  set_max_registers_inc<kConsumerRegisters>();
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row = blockIdx.x;
+  const int head0 = static_cast<int>(blockIdx.y) * kHeads;
+  const BunchRange range = bunch_range(p);
+  const int begin = range.first * kBunchKeys;
+  const int32_t* row_slots = p.slots + row * p.top_k;
+  const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
+  uint8_t* ring = shared + kRingOffset;
+  uint8_t* p_tiles = shared + kPOffset;
+
+  // Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
+  // group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4,
+  // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...).
+  {
+    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+    for (int item = tid; item < kHeads * (kDim / 16); item += kConsumerThreads) {
+      const int head = item / (kDim / 16), group = item % (kDim / 16);
+      const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
+      const uint4 low = source[0], high = source[1];
+      const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        h[i] = pack_half2(__uint_as_float(pair[i] << 16) * kQueryPrescale,
+                          __uint_as_float(pair[i] & 0xffff0000u) * kQueryPrescale);
+      uint8_t* chunk = shared + kQOffset + (group / 4) * kQChunkBytes;
+      const int unit = 2 * (group % 4);
+      *reinterpret_cast<uint4*>(chunk + swizzled(head, unit)) = make_uint4(h[0], h[2], h[4], h[6]);
+      *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
+          make_uint4(h[1], h[3], h[5], h[7]);
+    }
+    for (int head = tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = -INFINITY;
+    fence_proxy_async_shared();
+    named_barrier(kQueryBarrier, kConsumerThreads);
+  }
+
+  const uint32_t q_address = shared_address(shared + kQOffset);
+  const uint32_t p_address = shared_address(p_tiles);
+  float s[32];
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float row_sum[16];  // this thread's keys' share of heads 8j + 2t + e, [2j + e]
+#pragma unroll
+  for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
+
+  for (int bunch = 0; bunch < range.count; ++bunch) {
+    const int own_block = 2 * bunch + c;
+    const int own_slot = own_block % kSlots;
+    mbarrier_wait(&misc.full[own_slot], (own_block / kSlots) & 1);
+
+    // ---- S^T_c = K_c . Q^T ---------------------------------------------------
+    const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
+    const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
+    auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
+      if (ks < 32) {
+        const int group = ks / 8;
+        const float f0 = *reinterpret_cast<const float*>(key_row0 + kLatentScaleOffset + 4 * group);
+        const float f1 = *reinterpret_cast<const float*>(key_row1 + kLatentScaleOffset + 4 * group);
+        const uint32_t s0 = pack_half2(f0, f0), s1 = pack_half2(f1, f1);
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(key_row0 + 16 * ks + 4 * t);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(key_row1 + 16 * ks + 4 * t);
+        a[0] = hmul2_bits(e4m3x2_to_half2(w0), s0);
+        a[2] = hmul2_bits(e4m3x2_to_half2(w0 >> 16), s0);
+        a[1] = hmul2_bits(e4m3x2_to_half2(w1), s1);
+        a[3] = hmul2_bits(e4m3x2_to_half2(w1 >> 16), s1);
+      } else {
+        const int offset = kLatentRopeOffset + 2 * (16 * (ks - 32) + 4 * t);
+        const uint2 r0 = *reinterpret_cast<const uint2*>(key_row0 + offset);
+        const uint2 r1 = *reinterpret_cast<const uint2*>(key_row1 + offset);
+        a[0] = bf16x2_to_half2(r0.x);
+        a[2] = bf16x2_to_half2(r0.y);
+        a[1] = bf16x2_to_half2(r1.x);
+        a[3] = bf16x2_to_half2(r1.y);
+      }
+    };
+    {
+      uint32_t a[3][4];
+      score_fragment(0, a[0]);
+      score_fragment(1, a[1]);
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        wgmma_fence();
+        uint32_t q_low = swizzle128_descriptor_low(q_address);
+        asm volatile("" : "+r"(q_low));
+        q_low += ((ks / 4) * kQChunkBytes + (ks % 4) * 32) >> 4;
+        wgmma_m64n64k16_rs<0>(s, a[ks % 3], descriptor_from_words(q_low, kSwizzle128DescriptorHigh),
+                              ks > 0);
+        wgmma_commit();
+        if (ks + 2 < kDim / 16) {
+          wgmma_wait<1>();
+          score_fragment(ks + 2, a[(ks + 2) % 3]);
+        }
+      }
+      wgmma_wait_all();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) fence_operand(s[i]);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+    }
+
+    // ---- The running max and P^T_c -------------------------------------------
+    // Scale to log2 units; missing slots (-1, past top_k) -inf. Rows r: keys
+    // 16w + g + 8r of the block.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int index = begin + own_block * kBlockKeys + 16 * warp + g + 8 * r;
+      const bool valid = index < p.top_k && row_slots[index] >= 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& value = s[4 * j + 2 * r + e];
+          value = valid ? value * scale_log2 : -INFINITY;
+        }
+    }
+    bool passes = false;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float limit = misc.row_max[8 * j + 2 * t + e] + kRescaleSlack;
+        passes |= s[4 * j + e] > limit || s[4 * j + 2 + e] > limit;
+      }
+    // Every consumer has finished the last bunch's output MMAs here (each waits
+    // for them before its scores), so the P^T tiles are free.
+    if (any_thread(passes, kVoteBarrier, kConsumerThreads)) {
+      // The block maxima per head over both consumers' keys: the thread's two
+      // rows, the 8 g lanes, the 4 warps, the 2 consumers.
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float m = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+          if (g == 0) misc.exchange[c][warp][8 * j + 2 * t + e] = m;
+        }
+      named_barrier(kMaxBarrier, kConsumerThreads);
+      float factor[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int head = 8 * j + 2 * t + e;
+          const float old_max = misc.row_max[head];
+          float m = old_max;
+#pragma unroll
+          for (int x = 0; x < 2; ++x)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
+          factor[2 * j + e] = m == -INFINITY ? 1.f : exp2f(old_max - m);  // -inf - m: 0
+          row_sum[2 * j + e] *= factor[2 * j + e];
+          s[4 * j + e] -= m;  // stays -inf where nothing is valid (checked below)
+          s[4 * j + 2 + e] -= m;
+          if (m == -INFINITY) s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
+        }
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) o[32 * m + 4 * j + 2 * r + e] *= factor[2 * j + e];
+      // Everyone has read row_max and the exchange: the new max replaces it.
+      named_barrier(kMaxBarrier, kConsumerThreads);
+      if (c == 0 && warp == 0 && g == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int head = 8 * j + 2 * t + e;
+            float m = misc.row_max[head];
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+#pragma unroll
+              for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
+            misc.row_max[head] = m;
+          }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // No valid key yet (m = -inf): every score here is -inf too (else
+          // it would have passed the vote), and stays so.
+          const float m = misc.row_max[8 * j + 2 * t + e];
+          s[4 * j + e] = m == -INFINITY ? -INFINITY : s[4 * j + e] - m;
+          s[4 * j + 2 + e] = m == -INFINITY ? -INFINITY : s[4 * j + 2 + e] - m;
+        }
+    }
+    // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
+    // 8r at its output k-slot row 16w + slot(g + 8r), heads 8j + 2t, + 1.
+    uint8_t* p_tile = p_tiles + c * kPTileBytes;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int local = g + 8 * r;
+      const int key_row = 16 * warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p0 = exp2f(s[4 * j + 2 * r]), p1 = exp2f(s[4 * j + 2 * r + 1]);
+        row_sum[2 * j] += p0;
+        row_sum[2 * j + 1] += p1;
+        *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * t) = pack_half2(p0, p1);
+      }
+    }
+    fence_proxy_async_shared();  // st.shared -> the output MMAs' reads (async proxy)
+    named_barrier(kPBarrier, kConsumerThreads);
+
+    // ---- O^T_c += V^T . P^T over both blocks ---------------------------------
+    const int slot0 = (2 * bunch) % kSlots, slot1 = (2 * bunch + 1) % kSlots;
+    if (c == 1)  // consumer 0 waited for block 2 * bunch already
+      mbarrier_wait(&misc.full[slot0], ((2 * bunch) / kSlots) & 1);
+    else
+      mbarrier_wait(&misc.full[slot1], ((2 * bunch + 1) / kSlots) & 1);
+    // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4.
+    auto output_fragment = [&](int i, uint32_t(&a)[4]) {
+      const int ks = i / 4, m = i % 4;
+      const int slot = ks < 4 ? slot0 : slot1;
+      const int key0 = 16 * (ks % 4) + t;
+      const uint8_t* base = ring + slot * kSlotBytes + key0 * kLatentBytes;
+      const int dim = 256 * c + 64 * m + 16 * warp + 2 * g;
+      const int group = dim / kLatentGroup;
+      uint32_t x[4];
+      float f[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint8_t* key = base + 4 * e * kLatentBytes;
+        x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(key + dim));
+        f[e] = *reinterpret_cast<const float*>(key + kLatentScaleOffset + 4 * group);
+      }
+      const uint32_t pair01 = pack_half2(f[0], f[1]), pair23 = pack_half2(f[2], f[3]);
+      a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pair01);
+      a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pair01);
+      a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pair23);
+      a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pair23);
+    };
+    {
+      uint32_t a[3][4];
+      output_fragment(0, a[0]);
+      output_fragment(1, a[1]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int ks = i / 4, m = i % 4;
+        wgmma_fence();
+        uint32_t p_low = swizzle128_mn_descriptor_low(p_address, kPTileBytes);
+        asm volatile("" : "+r"(p_low));
+        p_low += ((ks / 4) * kPTileBytes + (ks % 4) * 16 * 128) >> 4;
+        wgmma_m64n64k16_rs<1>(o + 32 * m, a[i % 3],
+                              descriptor_from_words(p_low, kSwizzle128DescriptorHigh), 1);
+        wgmma_commit();
+        if (i + 2 < 32) {
+          wgmma_wait<1>();
+          output_fragment(i + 2, a[(i + 2) % 3]);
+        }
+        // Block 0's steps (i < 16) are done once step 16 is the only one pending.
+        if (i == 16) mbarrier_arrive(&misc.empty[slot0]);
+      }
+      wgmma_wait_all();
+#pragma unroll
+      for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+      mbarrier_arrive(&misc.empty[slot1]);
+    }
+  }
+
+  // ---- Epilogue: the row sums over every key, out = O / sum, the lse --------
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float v = row_sum[i];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    row_sum[i] = v;
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);  // the exchange's last maxima are read
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int head = 8 * j + 2 * t + e;
+      float total = 0.f;
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][head];
+      const float inverse = total > 0.f ? 1.f / total : 0.f;
+      const float lse = total > 0.f ? (misc.row_max[head] + log2f(total)) * kLn2 : -INFINITY;
+      // Thread's values of this head: dims 256c + 64m + 16w + 2g (+1), o[32m + 4j + 2r + e].
+      if (p.num_splits == 1) {
+        uint16_t* out =
+            p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+          *reinterpret_cast<uint32_t*>(out + 64 * m) =
+              pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+        if (c == 0 && warp == 0 && g == 0) p.lse[row * p.heads + head0 + head] = lse;
+      } else {
+        const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head;
+        float* out = p.partial_out + state * kLatentRank + 256 * c + 16 * warp + 2 * g;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+          *reinterpret_cast<float2*>(out + 64 * m) =
+              make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+        if (c == 0 && warp == 0 && g == 0) p.partial_lse[state] = lse;
+      }
+    }
+}
+
+template <bool kTiered>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseMlaParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023);
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  if (threadIdx.x == 0) {
+    for (int slot = 0; slot < kSlots; ++slot) {
+      mbarrier_init(&misc.full[slot], kThreads - kConsumerThreads);
+      mbarrier_init(&misc.empty[slot], kConsumerThreads);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumerThreads)
+    fp8ring_producer<std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p,
+                                                                                            shared);
+  else
+    fp8ring_consumer(p, shared);
+}
+
+}  // namespace
+
+namespace detail {
+
+bool sparse_mla_fp8ring_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_FP8RING");
+    return value != nullptr && value[0] == '1';
+  }();
+  return enabled;
+}
+
+void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& requested, cudaStream_t stream) {
+  if (requested.rows == 0) return;
+  // Whole 128-key bunches per split, none empty (the ping-pong layout's rule).
+  SparseMlaParams params = requested;
+  params.num_splits = sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
+  static const bool configured = [] {
+    for (auto kernel : {sparse_mla_fp8ring_kernel<false>, sparse_mla_fp8ring_kernel<true>})
+      MEGACTX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
+                  static_cast<unsigned>(params.num_splits));
+  const bool tiered = params.pool_slots != INT64_MAX;
+  launch_kernel(tiered ? sparse_mla_fp8ring_kernel<true> : sparse_mla_fp8ring_kernel<false>, grid,
+                kThreads, kSharedBytes, stream, params);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+  if (params.num_splits > 1) launch_sparse_mla_merge(params, stream);
+}
+
+}  // namespace detail
+}  // namespace megactx::cuda
