@@ -218,6 +218,8 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
     slots = next;
     next = far;
   }
+  // The last copies land before the warp exits.
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // ---- The consumers ----------------------------------------------------------
