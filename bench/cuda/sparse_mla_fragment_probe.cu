@@ -40,6 +40,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
+#include "kernels/cuda/sparse_mla/fp8_fragments.cuh"
 
 using namespace megactx::cuda;
 
@@ -58,39 +59,6 @@ constexpr int kPOffset = kRingOffset + 2 * kBlockKeys * kEntry + 512;  // 1024-a
 constexpr int kPBytes = kBlockKeys * 128;                              // [64 keys][64 heads] f16
 constexpr int kScaleTableOffset = kPOffset + 2 * kPBytes + 1024;
 constexpr int kSharedBytes = kScaleTableOffset + 2 * 4 * 32 * 4 + 2048;
-
-// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], A (four f16 pairs: rows g / g + 8
-// x k 2t.. / 2t + 8..) from registers, B from shared memory; kTransB: B
-// MN-major.
-template <int kTransB>
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float* d, const uint32_t (&a)[4], uint64_t b,
-                                                   int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MEGACTX_WGMMA_D32_TEXT
-      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : MEGACTX_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
-  const __half2 r =
-      __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
-  return r;
-}
-__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
-  return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
-}
 
 // kParts: 1 scores, 2 output, 3 both.
 template <int kParts>

@@ -50,11 +50,14 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/sparse_mla/fp8_fragments.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
 
 namespace megactx::cuda {
 namespace {
 
+using sparse_mla_prefill::bunch_range;
+using sparse_mla_prefill::BunchRange;
 using sparse_mla_prefill::kDim;
 using sparse_mla_prefill::kHeads;
 using sparse_mla_prefill::kLn2;
@@ -62,6 +65,7 @@ using sparse_mla_prefill::kLog2e;
 using sparse_mla_prefill::kQChunkBytes;
 using sparse_mla_prefill::kQueryPrescale;
 using sparse_mla_prefill::kRescaleSlack;
+using sparse_mla_prefill::swizzled;
 
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
@@ -100,21 +104,6 @@ constexpr int kMaxBarrier = 3;
 constexpr int kPBarrier = 4;
 constexpr int kSumBarrier = 5;
 
-// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]: A from registers (f16 pairs: rows g
-// / g + 8 x k-slots 2t.. / 2t + 8..), B from shared memory, K-major (kTransB
-// 0) or MN-major (1). Thread (warp w, lane g*4+t): d[4j + 2r + e] = D[16w + g
-// + 8r][8j + 2t + e].
-template <int kTransB>
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float* d, const uint32_t (&a)[4], uint64_t b,
-                                                   int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MEGACTX_WGMMA_D32_TEXT
-      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : MEGACTX_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
-}
-
 // True on every participating thread when `value` is on any of the `threads`
 // threads reaching barrier `id` (non-aligned: safe from any code).
 __device__ __forceinline__ bool any_thread(bool value, int id, int threads) {
@@ -141,41 +130,6 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* barrier) {
       : "memory");
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
-  const __half2 r =
-      __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
-  return r;
-}
-__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
-  return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
-}
-// Byte offset of 16-byte unit `unit` (0..7) of 128-byte row `row` in the 128-byte swizzle.
-__device__ __forceinline__ int swizzled(int row, int unit) {
-  return row * 128 + ((unit ^ (row & 7)) << 4);
-}
-
-// This CTA's split (blockIdx.z of num_splits): bunches [first, first + count)
-// of the row's slots (the ping-pong layout's rule: sparse_mla_pingpong_splits).
-struct BunchRange {
-  int first, count;
-};
-__device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p) {
-  const int all = (p.top_k + kBunchKeys - 1) / kBunchKeys;
-  const int per_split = (all + p.num_splits - 1) / p.num_splits;
-  const int first = static_cast<int>(blockIdx.z) * per_split;
-  return {first, min(per_split, all - first)};
-}
-
 // ---- The producer -----------------------------------------------------------
 // Warp w copies keys 16w .. 16w + 15 of every block: lane l the 16-byte chunks
 // l and 32 + l (l < 9) of each entry (41 chunks of 656 bytes).
@@ -185,7 +139,7 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
   const int warp = producer_thread / 32, lane = producer_thread % 32;
-  const BunchRange range = bunch_range(p);
+  const BunchRange range = bunch_range(p, kBunchKeys);
   const int begin = range.first * kBunchKeys;
   const int blocks = 2 * range.count;
   const int32_t* row_slots = p.slots + static_cast<int64_t>(blockIdx.x) * p.top_k;
@@ -231,7 +185,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
   const int g = lane / 4, t = lane % 4;
   const int64_t row = blockIdx.x;
   const int head0 = static_cast<int>(blockIdx.y) * kHeads;
-  const BunchRange range = bunch_range(p);
+  const BunchRange range = bunch_range(p, kBunchKeys);
   const int begin = range.first * kBunchKeys;
   const int32_t* row_slots = p.slots + row * p.top_k;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;

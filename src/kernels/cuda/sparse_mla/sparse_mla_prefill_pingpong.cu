@@ -55,6 +55,8 @@
 namespace megactx::cuda {
 namespace {
 
+using sparse_mla_prefill::bunch_range;
+using sparse_mla_prefill::BunchRange;
 using sparse_mla_prefill::kChunks;
 using sparse_mla_prefill::kDim;
 using sparse_mla_prefill::kHeads;
@@ -132,19 +134,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16_rs_tb(float (&d)[128], cons
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
       : MEGACTX_WGMMA_D128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-// This CTA's split (blockIdx.z of num_splits): bunches [first, first + count)
-// of the row's slots, ceil(bunches / num_splits) each (the host launches no
-// split without a bunch: sparse_mla_pingpong_splits).
-struct BunchRange {
-  int first, count;
-};
-__device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p) {
-  const int all = (p.top_k + kBunchKeys - 1) / kBunchKeys;
-  const int per_split = (all + p.num_splits - 1) / p.num_splits;
-  const int first = static_cast<int>(blockIdx.z) * per_split;
-  return {first, min(per_split, all - first)};
 }
 
 // ---- The producer -----------------------------------------------------------
@@ -230,7 +219,7 @@ __device__ __forceinline__ void pingpong_producer(const SparseMlaParams& p, uint
   const int producer_thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
   const int warp = producer_thread / 32, lane = producer_thread % 32;
   const int64_t row = blockIdx.x;
-  const BunchRange range = bunch_range(p);
+  const BunchRange range = bunch_range(p, kBunchKeys);
   const int32_t* row_slots = p.slots + row * p.top_k + range.first * kBunchKeys;
   const int bunches = range.count;
   const int top_k = p.top_k - range.first * kBunchKeys;  // the split's slots from its first
@@ -300,7 +289,7 @@ __device__ __forceinline__ void pingpong_consumer(const SparseMlaParams& p, uint
   const int head_low = 16 * warp + g;  // rows head_low and head_low + 8
   const int64_t row = blockIdx.x;
   const int head0 = static_cast<int>(blockIdx.y) * kHeads;
-  const int bunches = bunch_range(p).count;
+  const int bunches = bunch_range(p, kBunchKeys).count;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
 
   store_query_tile<kConsumerThreads>(p, row, head0, q_tile, tid);

@@ -86,6 +86,20 @@ __device__ __forceinline__ int swizzled(int row, int unit) {
   return row * 128 + ((unit ^ (row & 7)) << 4);
 }
 
+// The split of the layouts that take a row's slots in bunches of
+// `bunch_keys` (the ping-pong and fp8-ring layouts): this CTA (blockIdx.z of
+// num_splits) takes bunches [first, first + count), ceil(bunches / num_splits)
+// each (the host launches no split without a bunch: sparse_mla_pingpong_splits).
+struct BunchRange {
+  int first, count;
+};
+__device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p, int bunch_keys) {
+  const int all = (p.top_k + bunch_keys - 1) / bunch_keys;
+  const int per_split = (all + p.num_splits - 1) / p.num_splits;
+  const int first = static_cast<int>(blockIdx.z) * per_split;
+  return {first, min(per_split, all - first)};
+}
+
 // Q [64 heads][576] of (row, head0) as f16 times kQueryPrescale into the 9
 // swizzled chunks of `q_tile` ([9][64 heads][128 B]), by threads 0 .. kThreads
 // - 1 (tid): 4608 16-byte units, loaded in two batches so that half of each

@@ -1,0 +1,56 @@
+// Register-operand helpers of the sparse MLA kernels that build wgmma A
+// fragments from the cache's e4m3 entries themselves (the fp8-ring prefill
+// layout, sparse_mla_prefill_fp8ring.cu, and its probe,
+// bench/cuda/sparse_mla_fragment_probe.cu): the m64n64k16 MMA with A from
+// registers, and the f16 pair conversions. Only for .cu files.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/wgmma.cuh"
+
+namespace megactx::cuda {
+
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]: A from registers (f16 pairs: rows g
+// / g + 8 x k-slots 2t.. / 2t + 8..), B from shared memory, K-major (kTransB
+// 0) or MN-major (1). Thread (warp w, lane g*4+t): d[4j + 2r + e] = D[16w + g
+// + 8r][8j + 2t + e].
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float* d, const uint32_t (&a)[4], uint64_t b,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MEGACTX_WGMMA_D32_TEXT
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : MEGACTX_WGMMA_D32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+
+// Two e4m3 (the low 16 bits) -> an f16 pair, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
+  const __half2 r =
+      __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// Bytes of {b, a} picked by `selector` (PTX prmt): 0x5410 pairs the low
+// halves of a and b, 0x7632 the high halves.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+// A bf16 pair -> an f16 pair (round to nearest).
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
+  return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
+
+}  // namespace megactx::cuda
