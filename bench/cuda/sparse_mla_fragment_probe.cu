@@ -1,9 +1,11 @@
-// The ceiling of a sparse MLA prefill design not yet written: the K ring kept
+// The ceiling of the fp8-ring sparse MLA prefill layout
+// (src/kernels/cuda/sparse_mla/sparse_mla_prefill_fp8ring.cu): the K ring kept
 // in fp8 (the pool's 656-byte entries, so a producer fills it with cp.async and
 // no registers) and converted by the consumers straight into wgmma A fragments
 // (docs/benchmarks.md, twenty-eighth session). This probe times only the
-// consumers of that design: two warpgroups, one CTA per query row, per bunch of
-// 128 keys (two 64-key blocks) consumer c
+// consumers' MMA loops, with the kernel's own fragment builders: two
+// warpgroups, one CTA per query row, per bunch of 128 keys (two 64-key blocks)
+// consumer c
 //
 //   S^T_c[64 keys][64 heads] = K_c . Q^T   36 x wgmma m64n64k16, A = K_c from
 //       registers (a 4-byte load of e4m3 per row and k-step, converted and
@@ -14,9 +16,9 @@
 //   O^T_c[256 dims][64 heads] += V^T . P^T over both blocks
 //       4 dim tiles x 8 key steps of wgmma m64n64k16, A = V^T from registers
 //       (a 2-byte load of two adjacent dims per key, converted, keys paired with
-//       prmt, scaled by per-key f16 pairs from a table), B = P^T
+//       prmt, scaled by each key's group scale), B = P^T
 //
-// over a ring that is never refilled (no producer, no row max: the design's
+// over a ring that is never refilled (no producer, no row max: the kernel's
 // softmax adds a vote per bunch and is not timed here). The key order inside a
 // 16-key step is permuted (slot 2t + e <-> key t + 4e..) so that the 2-byte
 // loads of a warp hit 32 distinct banks at the 656-byte pitch; what the
@@ -27,8 +29,8 @@
 // Prints TFLOP/s of the whole consumer loop, of the scores alone and of the
 // output alone (2 x 64 heads x 1088 x keys per row, as dsa_attention_bench
 // counts), beside the committed kernel's consumers with a stubbed producer
-// (421-433 TFLOP/s on an H100 in the same session's probe). The design is worth
-// writing if the whole loop clears ~500.
+// (421-434 TFLOP/s on an H100 in the same session's probe). Its first version
+// (scales kept in registers and a table) measured 590 on an H100.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -57,8 +59,7 @@ constexpr int kQChunkBytes = kHeads * 128;                // 8192
 constexpr int kRingOffset = kQOffset + 9 * kQChunkBytes;  // [2 blocks][64 keys][656 B]
 constexpr int kPOffset = kRingOffset + 2 * kBlockKeys * kEntry + 512;  // 1024-aligned below
 constexpr int kPBytes = kBlockKeys * 128;                              // [64 keys][64 heads] f16
-constexpr int kScaleTableOffset = kPOffset + 2 * kPBytes + 1024;
-constexpr int kSharedBytes = kScaleTableOffset + 2 * 4 * 32 * 4 + 2048;
+constexpr int kSharedBytes = kPOffset + 2 * kPBytes + 2048;
 
 // kParts: 1 scores, 2 output, 3 both.
 template <int kParts>
@@ -70,7 +71,6 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
   const int g = lane / 4, t = lane % 4;
   uint8_t* ring = shared + kRingOffset;
   uint8_t* p_tiles = shared + ((kPOffset + 1023) / 1024) * 1024;
-  uint32_t* scale_table = reinterpret_cast<uint32_t*>(shared + kScaleTableOffset);
 
   // Deterministic contents: e4m3 bytes of small magnitude, scales 2^-4, rope
   // bf16 0.5; Q f16 0.25 (values do not matter to the timing, NaNs might).
@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
     if (byte >= kRopeOffset) word = 0x3f003f00u;
     reinterpret_cast<uint32_t*>(ring)[i] = word;
   }
-  for (int i = tid; i < 2 * 4 * 32; i += kThreads) scale_table[i] = 0x2c002c00u;  // f16 0.0625
   fence_proxy_async_shared();
   __syncthreads();
 
@@ -96,52 +95,17 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  // Score fragments of k-step ks (dims 16 ks + 4t .. + 4 of key rows 16w + g
-  // and + 8 of block c): a0 / a2 row g, a1 / a3 row g + 8.
+  // The kernel's own fragment builders (fp8_fragments.cuh): score rows 16w + g
+  // and + 8 of block c; output dims 256c + 64m + 16w + 2g (+ 1) of keys t + 4e
+  // of key step ks (block ks / 4).
   const uint8_t* key_row0 = ring + c * kBlockKeys * kEntry + (16 * warp + g) * kEntry;
   const uint8_t* key_row1 = key_row0 + 8 * kEntry;
-  uint32_t row_scale[2][4];
-#pragma unroll
-  for (int group = 0; group < 4; ++group) {
-    const float s0 = *reinterpret_cast<const float*>(key_row0 + kScaleOffset + 4 * group);
-    const float s1 = *reinterpret_cast<const float*>(key_row1 + kScaleOffset + 4 * group);
-    row_scale[0][group] = pack_half2(s0, s0);
-    row_scale[1][group] = pack_half2(s1, s1);
-  }
   auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-    if (ks < 32) {
-      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(key_row0 + 16 * ks + 4 * t);
-      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(key_row1 + 16 * ks + 4 * t);
-      a[0] = hmul2_bits(e4m3x2_to_half2(w0), row_scale[0][ks / 8]);
-      a[2] = hmul2_bits(e4m3x2_to_half2(w0 >> 16), row_scale[0][ks / 8]);
-      a[1] = hmul2_bits(e4m3x2_to_half2(w1), row_scale[1][ks / 8]);
-      a[3] = hmul2_bits(e4m3x2_to_half2(w1 >> 16), row_scale[1][ks / 8]);
-    } else {
-      const int offset = kRopeOffset + 2 * (16 * (ks - 32) + 4 * t);
-      const uint2 r0 = *reinterpret_cast<const uint2*>(key_row0 + offset);
-      const uint2 r1 = *reinterpret_cast<const uint2*>(key_row1 + offset);
-      a[0] = bf16x2_to_half2(r0.x);
-      a[2] = bf16x2_to_half2(r0.y);
-      a[1] = bf16x2_to_half2(r1.x);
-      a[3] = bf16x2_to_half2(r1.y);
-    }
+    entry_score_fragment(key_row0, key_row1, ks, t, a);
   };
-  // Output fragments of dim tile m (dims 256c + 64m + 16w + 2g, + 1 as rows g,
-  // g + 8) and key step ks (block ks / 4, keys t + 4e of its 16).
   auto output_fragment = [&](int m, int ks, uint32_t(&a)[4]) {
-    const int block = ks / 4, key0 = 16 * (ks % 4) + t;
-    const uint8_t* base =
-        ring + (block * kBlockKeys + key0) * kEntry + 256 * c + 64 * m + 16 * warp + 2 * g;
-    uint32_t x[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(base + 4 * e * kEntry));
-    const uint2 pairs = *reinterpret_cast<const uint2*>(
-        scale_table + (block * 4 + 2 * c + m / 2) * 32 + 8 * (ks % 4) + 2 * t);
-    a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pairs.x);
-    a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pairs.x);
-    a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pairs.y);
-    a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pairs.y);
+    entry_output_fragment(ring + ((ks / 4) * kBlockKeys + 16 * (ks % 4) + t) * kEntry,
+                          256 * c + 64 * m + 16 * warp + 2 * g, a);
   };
 
   for (int bunch = 0; bunch < bunches; ++bunch) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/dsa_layout.h"
 #include "kernels/cuda/common/wgmma.cuh"
 
 namespace megactx::cuda {
@@ -51,6 +52,57 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t select
 // A bf16 pair -> an f16 pair (round to nearest).
 __device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
   return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
+
+// The score A fragment of k-step ks (of 36) for S^T = K . Q^T: key rows
+// `row0` and `row1` (two 656-byte entries, rows g and g + 8 of the thread's
+// warp), k-slots 2t + e / 2t + 8 + e = dims 16 ks + 4t + e / + 2 + e (one
+// 4-byte load per row; the Q tile is stored in that order): e4m3 times the
+// group scale, or bf16 rope (ks >= 32).
+__device__ __forceinline__ void entry_score_fragment(const uint8_t* row0, const uint8_t* row1,
+                                                     int ks, int t, uint32_t (&a)[4]) {
+  if (ks < 32) {
+    const int group = ks / 8;
+    const float f0 = *reinterpret_cast<const float*>(row0 + kLatentScaleOffset + 4 * group);
+    const float f1 = *reinterpret_cast<const float*>(row1 + kLatentScaleOffset + 4 * group);
+    const uint32_t s0 = pack_half2(f0, f0), s1 = pack_half2(f1, f1);
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(row0 + 16 * ks + 4 * t);
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(row1 + 16 * ks + 4 * t);
+    a[0] = hmul2_bits(e4m3x2_to_half2(w0), s0);
+    a[2] = hmul2_bits(e4m3x2_to_half2(w0 >> 16), s0);
+    a[1] = hmul2_bits(e4m3x2_to_half2(w1), s1);
+    a[3] = hmul2_bits(e4m3x2_to_half2(w1 >> 16), s1);
+  } else {
+    const int offset = kLatentRopeOffset + 2 * (16 * (ks - 32) + 4 * t);
+    const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + offset);
+    const uint2 r1 = *reinterpret_cast<const uint2*>(row1 + offset);
+    a[0] = bf16x2_to_half2(r0.x);
+    a[2] = bf16x2_to_half2(r0.y);
+    a[1] = bf16x2_to_half2(r1.x);
+    a[3] = bf16x2_to_half2(r1.y);
+  }
+}
+
+// The output A fragment of V^T for O^T = V^T . P^T: dims `dim`, `dim` + 1 (rows
+// g, g + 8) of the four keys at `key0` + 4e x 656 bytes (k-slots 2t, 2t + 1,
+// 2t + 8, 2t + 9: P^T's rows in that order), e4m3 times each key's scale of
+// the dims' group (one 2-byte load per key, keys paired with prmt).
+__device__ __forceinline__ void entry_output_fragment(const uint8_t* key0, int dim,
+                                                      uint32_t (&a)[4]) {
+  const int group = dim / kLatentGroup;
+  uint32_t x[4];
+  float f[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint8_t* key = key0 + 4 * e * kLatentBytes;
+    x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(key + dim));
+    f[e] = *reinterpret_cast<const float*>(key + kLatentScaleOffset + 4 * group);
+  }
+  const uint32_t pair01 = pack_half2(f[0], f[1]), pair23 = pack_half2(f[2], f[3]);
+  a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pair01);
+  a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pair01);
+  a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pair23);
+  a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pair23);
 }
 
 }  // namespace megactx::cuda

@@ -237,26 +237,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
     const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
     const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
     auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-      if (ks < 32) {
-        const int group = ks / 8;
-        const float f0 = *reinterpret_cast<const float*>(key_row0 + kLatentScaleOffset + 4 * group);
-        const float f1 = *reinterpret_cast<const float*>(key_row1 + kLatentScaleOffset + 4 * group);
-        const uint32_t s0 = pack_half2(f0, f0), s1 = pack_half2(f1, f1);
-        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(key_row0 + 16 * ks + 4 * t);
-        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(key_row1 + 16 * ks + 4 * t);
-        a[0] = hmul2_bits(e4m3x2_to_half2(w0), s0);
-        a[2] = hmul2_bits(e4m3x2_to_half2(w0 >> 16), s0);
-        a[1] = hmul2_bits(e4m3x2_to_half2(w1), s1);
-        a[3] = hmul2_bits(e4m3x2_to_half2(w1 >> 16), s1);
-      } else {
-        const int offset = kLatentRopeOffset + 2 * (16 * (ks - 32) + 4 * t);
-        const uint2 r0 = *reinterpret_cast<const uint2*>(key_row0 + offset);
-        const uint2 r1 = *reinterpret_cast<const uint2*>(key_row1 + offset);
-        a[0] = bf16x2_to_half2(r0.x);
-        a[2] = bf16x2_to_half2(r0.y);
-        a[1] = bf16x2_to_half2(r1.x);
-        a[3] = bf16x2_to_half2(r1.y);
-      }
+      entry_score_fragment(key_row0, key_row1, ks, t, a);
     };
     {
       uint32_t a[3][4];
@@ -403,24 +384,9 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
     // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4.
     auto output_fragment = [&](int i, uint32_t(&a)[4]) {
       const int ks = i / 4, m = i % 4;
-      const int slot = ks < 4 ? slot0 : slot1;
-      const int key0 = 16 * (ks % 4) + t;
-      const uint8_t* base = ring + slot * kSlotBytes + key0 * kLatentBytes;
-      const int dim = 256 * c + 64 * m + 16 * warp + 2 * g;
-      const int group = dim / kLatentGroup;
-      uint32_t x[4];
-      float f[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint8_t* key = base + 4 * e * kLatentBytes;
-        x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(key + dim));
-        f[e] = *reinterpret_cast<const float*>(key + kLatentScaleOffset + 4 * group);
-      }
-      const uint32_t pair01 = pack_half2(f[0], f[1]), pair23 = pack_half2(f[2], f[3]);
-      a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pair01);
-      a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pair01);
-      a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pair23);
-      a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pair23);
+      const uint8_t* block = ring + (ks < 4 ? slot0 : slot1) * kSlotBytes;
+      entry_output_fragment(block + (16 * (ks % 4) + t) * kLatentBytes,
+                            256 * c + 64 * m + 16 * warp + 2 * g, a);
     };
     {
       uint32_t a[3][4];
@@ -534,25 +500,10 @@ bool sparse_mla_fp8ring_enabled() {
   return enabled;
 }
 
-void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& requested, cudaStream_t stream) {
-  if (requested.rows == 0) return;
-  // Whole 128-key bunches per split, none empty (the ping-pong layout's rule).
-  SparseMlaParams params = requested;
-  params.num_splits = sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
-  static const bool configured = [] {
-    for (auto kernel : {sparse_mla_fp8ring_kernel<false>, sparse_mla_fp8ring_kernel<true>})
-      MEGACTX_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
-                  static_cast<unsigned>(params.num_splits));
-  const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(tiered ? sparse_mla_fp8ring_kernel<true> : sparse_mla_fp8ring_kernel<false>, grid,
-                kThreads, kSharedBytes, stream, params);
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
-  if (params.num_splits > 1) launch_sparse_mla_merge(params, stream);
+void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
+  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false>,
+                                          sparse_mla_fp8ring_kernel<true>>(params, kThreads,
+                                                                           kSharedBytes, stream);
 }
 
 }  // namespace detail

@@ -564,26 +564,10 @@ int sparse_mla_pingpong_splits(int num_splits, int top_k) {
   return (bunches + per_split - 1) / per_split;
 }
 
-void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& requested, cudaStream_t stream) {
-  if (requested.rows == 0) return;
-  // Whole bunches per split, none empty (fewer splits than asked for when
-  // they do not divide; the partial buffers hold num_splits).
-  SparseMlaParams params = requested;
-  params.num_splits = sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
-  static const bool configured = [] {
-    for (auto kernel : {sparse_mla_pingpong_kernel<false>, sparse_mla_pingpong_kernel<true>})
-      MEGACTX_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
-                  static_cast<unsigned>(params.num_splits));
-  const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(tiered ? sparse_mla_pingpong_kernel<true> : sparse_mla_pingpong_kernel<false>, grid,
-                kThreads, kSharedBytes, stream, params);
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
-  if (params.num_splits > 1) launch_sparse_mla_merge(params, stream);
+void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStream_t stream) {
+  sparse_mla_prefill::launch_bunch_layout<sparse_mla_pingpong_kernel<false>,
+                                          sparse_mla_pingpong_kernel<true>>(params, kThreads,
+                                                                            kSharedBytes, stream);
 }
 
 }  // namespace detail

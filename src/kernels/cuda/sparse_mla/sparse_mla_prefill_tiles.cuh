@@ -5,7 +5,11 @@
 // an f16 K block. Only for .cu files.
 #pragma once
 
+#include <climits>
+
+#include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/sparse_mla/latent_convert.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
@@ -98,6 +102,32 @@ __device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p, int 
   const int per_split = (all + p.num_splits - 1) / p.num_splits;
   const int first = static_cast<int>(blockIdx.z) * per_split;
   return {first, min(per_split, all - first)};
+}
+
+// The launch of a bunch layout's kernel, kDevice (a device pool) or kTiered
+// (slots past pool_slots: a host tier), `threads` x `shared_bytes` per CTA,
+// grid rows x head blocks x splits (whole bunches per split, none empty:
+// fewer splits than asked for when they do not divide; the partial buffers
+// hold num_splits), then the split merge.
+template <auto kDevice, auto kTiered>
+void launch_bunch_layout(const SparseMlaParams& requested, int threads, int shared_bytes,
+                         cudaStream_t stream) {
+  if (requested.rows == 0) return;
+  SparseMlaParams params = requested;
+  params.num_splits = detail::sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
+  static const bool configured = [shared_bytes] {
+    for (auto kernel : {kDevice, kTiered})
+      MEGACTX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
+                  static_cast<unsigned>(params.num_splits));
+  const bool tiered = params.pool_slots != INT64_MAX;
+  launch_kernel(tiered ? kTiered : kDevice, grid, threads, shared_bytes, stream, params);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+  if (params.num_splits > 1) detail::launch_sparse_mla_merge(params, stream);
 }
 
 // Q [64 heads][576] of (row, head0) as f16 times kQueryPrescale into the 9
