@@ -1,8 +1,9 @@
 // The tiles of the wgmma sparse MLA prefill kernel (sparse_mla_prefill.cu):
 // the wgmma shapes, the shared-memory layout of a CTA (one query row x 64
 // heads: Q, a ring of two stages of two K blocks of 32 keys, P, the row
-// statistics), and the gather of a warp's keys from the paged fp8 pool into
-// an f16 K block. Only for .cu files.
+// statistics), the gather of a warp's keys from the paged fp8 pool into an
+// f16 K block, and the split rule and launch that the layouts working in
+// 128-key bunches share (ping-pong, fp8 ring). Only for .cu files.
 #pragma once
 
 #include <climits>
