@@ -12,7 +12,6 @@
 // Times are medians of CUDA-graph replays (events); a graph holds the kernel
 // for every layer that has its own cache (21 or 78 distinct pools), so
 // nothing is served from L2 that would not be in a real decode step.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "bench/cuda/support/attention_stack.h"
+#include "bench/cuda/support/gemm_ceiling.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -113,29 +113,7 @@ Ceilings measure_ceilings(cudaStream_t stream) {
   c.read_gbs = read.read_gbs;
   c.copy_gbs = read.copy_gbs;
 
-  const int n = 8192;
-  uint16_t* x = device_alloc<uint16_t>(size_t{n} * n);
-  uint16_t* y = device_alloc<uint16_t>(size_t{n} * n);
-  uint16_t* z = device_alloc<uint16_t>(size_t{n} * n);
-  fill_random_bf16(x, int64_t{n} * n, 1.f, 1, stream);
-  fill_random_bf16(y, int64_t{n} * n, 1.f, 2, stream);
-  cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return c;
-  cublasSetStream(handle, stream);
-  const float one = 1.f, zero = 0.f;
-  const double gemm_ms = stream_median_ms(
-      stream,
-      [&] {
-        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, x, CUDA_R_16BF, n, y,
-                     CUDA_R_16BF, n, &zero, z, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT);
-      },
-      10);
-  c.bf16_tflops = 2.0 * n * n * double(n) / (gemm_ms * 1e-3) / 1e12;
-  cublasDestroy(handle);
-  MEGACTX_CUDA_CHECK(cudaFree(x));
-  MEGACTX_CUDA_CHECK(cudaFree(y));
-  MEGACTX_CUDA_CHECK(cudaFree(z));
+  c.bf16_tflops = measure_bf16_gemm_tflops(10, stream);
   return c;
 }
 

@@ -28,7 +28,8 @@
 //
 // Prints TFLOP/s of the whole consumer loop, of the scores alone and of the
 // output alone (2 x 64 heads x 1088 x keys per row, as dsa_attention_bench
-// counts), beside the committed kernel's consumers with a stubbed producer
+// counts) and their share of cuBLAS's bf16 GEMM measured in the same run
+// (the f16 wgmma rate), beside the committed kernel's consumers with a stubbed producer
 // (421-434 TFLOP/s on an H100 in the same session's probe). Its first version
 // (scales kept in registers and a table) measured 590 on an H100.
 #include <cuda_fp16.h>
@@ -39,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bench/cuda/support/gemm_ceiling.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
@@ -221,13 +223,17 @@ int main(int argc, char** argv) {
     const double output = time_ms<2>(rows, bunches, sink);
     std::printf("# sparse MLA fragment probe (%s, %d SMs): %d rows x %d keys, 64 heads\n\n",
                 prop.name, prop.multiProcessorCount, rows, bunches * 2 * kBlockKeys);
-    std::printf("| part | ms | TFLOP/s |\n|---|---|---|\n");
-    std::printf("| scores + output (the consumer loop) | %.2f | %.0f |\n", both,
-                (score_flops + output_flops) / (both * 1e-3) / 1e12);
-    std::printf("| scores alone (S^T = K Q^T, K converted) | %.2f | %.0f |\n", scores,
-                score_flops / (scores * 1e-3) / 1e12);
-    std::printf("| output alone (O^T = V^T P^T, V converted) | %.2f | %.0f |\n", output,
-                output_flops / (output * 1e-3) / 1e12);
+    const double ceiling = measure_bf16_gemm_tflops();
+    std::printf("ceiling measured in this run: cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s\n\n", ceiling);
+    std::printf("| part | ms | TFLOP/s | of the ceiling |\n|---|---|---|---|\n");
+    const auto row = [&](const char* name, double ms, double flops) {
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      std::printf("| %s | %.2f | %.0f | %.0f%% |\n", name, ms, tflops,
+                  ceiling > 0 ? 100.0 * tflops / ceiling : 0.0);
+    };
+    row("scores + output (the consumer loop)", both, score_flops + output_flops);
+    row("scores alone (S^T = K Q^T, K converted)", scores, score_flops);
+    row("output alone (O^T = V^T P^T, V converted)", output, output_flops);
     MEGACTX_CUDA_CHECK(cudaFree(sink));
   } catch (const std::exception& error) {
     std::fprintf(stderr, "sparse_mla_fragment_probe: %s\n", error.what());
