@@ -104,7 +104,7 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   done
   sanitize racecheck "$pack/bin/sparse_mla_test" '*ManySplitsSingleRow*' >"$out/racecheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
-  sanitize racecheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*WgmmaPrefillOneHundred*:*PingPongPrefillOddTopK*' \
+  sanitize racecheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*WgmmaPrefillOneHundred*:*Fp8RingPrefillOddTopK*' \
     >"$out/racecheck_mla_wgmma.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/indexer_topk_test" '*MtpVerification*:*Ties*' >"$out/racecheck_indexer.sanitizer" 2>&1 &
@@ -120,7 +120,7 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
     sanitize synccheck "$pack/bin/fused_indexer_topk_test" '*FewCtas*:*SixtyFourHeads*' \
       >"$out/synccheck_fused_indexer.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
-  sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*PingPongPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
+  sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*Fp8RingPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
     >"$out/racecheck_position_topk.sanitizer" 2>&1 &
@@ -220,12 +220,12 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   grep '^\[  FAILED  \] [A-Za-z]' "$out/tests.log" | sort -u | head -20 | tee -a "$summary"
   # What failed, in the summary itself (the logs may not come back from a device call).
   grep -A6 ': Failure$' "$out/tests.log" | head -40 | tee -a "$summary"
-  # The opt-in ping-pong layout of the sparse MLA kernel through the model's
+  # The opt-in fp8-ring layout of the sparse MLA kernel through the model's
   # fast path (prefill chunks and decode splits) against its reference paths.
   if [[ -x "$pack/bin/cuda_fast_attention_test" ]]; then
-    MEGACTX_SPARSE_MLA_PINGPONG=1 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_fast_attention_test" \
-      --gtest_color=no >"$out/pingpong_fast_attention.log" 2>&1
-    note "cuda_fast_attention_test with MEGACTX_SPARSE_MLA_PINGPONG=1 exit $?"
+    MEGACTX_SPARSE_MLA_FP8RING=1 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_fast_attention_test" \
+      --gtest_color=no >"$out/fp8ring_fast_attention.log" 2>&1
+    note "cuda_fast_attention_test with MEGACTX_SPARSE_MLA_FP8RING=1 exit $?"
   fi
 fi
 wait "${sanitizer_pids[@]}"

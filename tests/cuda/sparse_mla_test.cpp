@@ -31,8 +31,7 @@ struct MlaCase {
   // The pool's second half addressed as a host tier's offload pool (slots past
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
-  bool pingpong = false;  // the ping-pong layout of the wgmma prefill kernel (one split)
-  bool fp8ring = false;   // the fp8-ring layout of the wgmma prefill kernel
+  bool fp8ring = false;  // the fp8-ring layout of the wgmma prefill kernel
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -61,8 +60,7 @@ void run_case(const MlaCase& c) {
   SCOPED_TRACE("rows " + std::to_string(c.rows) + " heads " + std::to_string(c.heads) + " top_k " +
                std::to_string(c.top_k) + " splits " + std::to_string(c.num_splits) +
                (c.cluster ? " (cluster)" : "") + (c.wgmma ? " (wgmma prefill)" : "") +
-               (c.pingpong ? " (ping-pong)" : "") + (c.fp8ring ? " (fp8 ring)" : "") +
-               (c.split_pool ? " (offload pool)" : ""));
+               (c.fp8ring ? " (fp8 ring)" : "") + (c.split_pool ? " (offload pool)" : ""));
   std::mt19937 rng(c.seed);
   std::vector<uint8_t> pool =
       c.sparse_pool
@@ -111,9 +109,7 @@ void run_case(const MlaCase& c) {
     params.offload_pool =
         device_pool.get() + static_cast<size_t>(params.pool_slots) * reference::kLatentEntryBytes;
   }
-  if (c.pingpong)
-    cuda::detail::launch_sparse_mla_prefill_pingpong(params, nullptr);
-  else if (c.fp8ring)
+  if (c.fp8ring)
     cuda::detail::launch_sparse_mla_prefill_fp8ring(params, nullptr);
   else if (c.wgmma)
     cuda::detail::launch_sparse_mla_prefill(params, nullptr);
@@ -193,14 +189,13 @@ TEST(SparseMla, PrefillSplitOddK) {
 }
 
 // The wgmma prefill kernel in its layouts (the default: two K blocks of 32
-// per stage; the ping-pong and fp8-ring layouts: bunches of two 64-key blocks): full,
+// per stage; the fp8-ring layout: bunches of two 64-key blocks): full,
 // partial, holed and empty rows; top_k not a multiple of a stage or bunch
 // (the last one partly or wholly past top_k), a single block, 128 heads (two
 // head blocks), an offload pool and a million-token pool.
-enum class Prefill { kDefault, kPingPong, kFp8Ring };
+enum class Prefill { kDefault, kFp8Ring };
 void run_prefill_case(MlaCase c, Prefill layout) {
   c.wgmma = layout == Prefill::kDefault;
-  c.pingpong = layout == Prefill::kPingPong;
   c.fp8ring = layout == Prefill::kFp8Ring;
   run_case(c);
 }
@@ -239,21 +234,6 @@ TEST(SparseMla, WgmmaPrefillWithAnOffloadPool) {
 TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
   prefill_over_a_million_token_pool(Prefill::kDefault);
 }
-TEST(SparseMla, PingPongPrefillMatchesTheReference) {
-  prefill_matches_the_reference(Prefill::kPingPong);
-}
-TEST(SparseMla, PingPongPrefillOddTopK) {
-  prefill_odd_top_k(Prefill::kPingPong);
-}
-TEST(SparseMla, PingPongPrefillOneHundredTwentyEightHeads) {
-  prefill_one_hundred_twenty_eight_heads(Prefill::kPingPong);
-}
-TEST(SparseMla, PingPongPrefillWithAnOffloadPool) {
-  prefill_with_an_offload_pool(Prefill::kPingPong);
-}
-TEST(SparseMla, PingPongPrefillOverAMillionTokenPool) {
-  prefill_over_a_million_token_pool(Prefill::kPingPong);
-}
 // Decode and MTP batches on the wgmma kernel: the slots split in whole 64-key
 // stages and merged. Even and uneven splits (7 asked over 32 stages runs 7 of
 // 5 stages, the last 2; 5 over 2 stages runs 2), top_k off the stage, rows
@@ -282,13 +262,9 @@ void decode_splits_match_the_reference(Prefill layout) {
 TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
   decode_splits_match_the_reference(Prefill::kDefault);
 }
-// The ping-pong layout splits in 128-key bunches: 8 asked over 16 bunches
-// runs 8, 7 runs 6 of 3 (the last 1), 5 over one bunch (top_k 97) runs 1.
-TEST(SparseMla, PingPongDecodeSplitsMatchTheReference) {
-  decode_splits_match_the_reference(Prefill::kPingPong);
-}
-// The fp8-ring layout: the ping-pong layout's bunches and splits, its own
-// fragments (permuted k orders), running max vote and epilogue.
+// The fp8-ring layout: bunches of 128 keys (its splits: 8 asked over 16
+// bunches runs 8, 7 runs 6 of 3 (the last 1), 5 over one bunch (top_k 97)
+// runs 1), fragments in permuted k orders, the running max vote, the epilogue.
 TEST(SparseMla, Fp8RingPrefillMatchesTheReference) {
   prefill_matches_the_reference(Prefill::kFp8Ring);
 }
@@ -313,13 +289,13 @@ TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(12, 2048), 11);  // 3 each: 11 splits
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(5, 97), 2);      // 2 stages
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(1, 7), 1);
-  // The ping-pong layout's 128-key bunches.
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(8, 2048), 8);   // 16 bunches, 2 each
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(7, 2048), 6);   // 3 each, the last 1
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(12, 2048), 8);  // 2 each
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(20, 2048), 16);
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(5, 97), 1);
-  EXPECT_EQ(cuda::detail::sparse_mla_pingpong_splits(1, 7), 1);
+  // The fp8-ring layout's 128-key bunches.
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(8, 2048), 8);   // 16 bunches, 2 each
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(7, 2048), 6);   // 3 each, the last 1
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(12, 2048), 8);  // 2 each
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(20, 2048), 16);
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(5, 97), 1);
+  EXPECT_EQ(cuda::detail::sparse_mla_bunch_splits(1, 7), 1);
 }
 
 // The policy sends many one-split rows to the wgmma kernel, and the few rows

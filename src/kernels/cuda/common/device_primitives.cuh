@@ -80,7 +80,7 @@ __device__ __forceinline__ void bulk_copy_to_cluster(unsigned destination, unsig
 // that never lands traps (a launch error) instead of hanging the GPU. The
 // poll counter and the trap live inside the asm: as C++ (a 64-bit counter and
 // __trap()) they cost warp-specialised kernels a stack frame and spills
-// around every wait (the sparse MLA ping-pong consumers spilled 2.7 KB of
+// around every wait (a sparse MLA layout's consumers spilled 2.7 KB of
 // accumulators; the fused indexer's four-warpgroup layout 100 bytes).
 __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, unsigned phase) {
   asm volatile(

@@ -127,20 +127,14 @@ void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t strea
 // takes whole 64-key stages, and num_splits must leave none without a slot
 // (sparse_mla_prefill_splits).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
-// The ping-pong layout of the wgmma prefill kernel (sparse_mla_prefill_pingpong.cu),
-// and the merge after it when num_splits > 1 (each split whole 128-key
-// bunches, as many as sparse_mla_pingpong_splits allows);
-// launch_sparse_mla_prefill takes it instead of the default layout when the
-// environment sets MEGACTX_SPARSE_MLA_PINGPONG=1 (an experiment).
-void launch_sparse_mla_prefill_pingpong(const SparseMlaParams& params, cudaStream_t stream);
-bool sparse_mla_pingpong_enabled();
-// The split count the ping-pong layout uses for `num_splits` requested over
-// top_k: at most num_splits, each split at least one 128-key bunch, none empty.
-int sparse_mla_pingpong_splits(int num_splits, int top_k);
+// The split count of the layouts that take a row's slots in 128-key bunches
+// (the fp8-ring layout) for `num_splits` requested over top_k: at most
+// num_splits, each split at least one bunch, none empty.
+int sparse_mla_bunch_splits(int num_splits, int top_k);
 // The fp8-ring layout of the wgmma prefill kernel (sparse_mla_prefill_fp8ring.cu:
 // the ring holds the pool's e4m3 entries, the consumers convert them into
 // their wgmma fragments), and the merge after it when num_splits > 1 (whole
-// 128-key bunches per split, as the ping-pong layout); launch_sparse_mla_prefill
+// 128-key bunches per split, sparse_mla_bunch_splits); launch_sparse_mla_prefill
 // takes it instead of the default layout when the environment sets
 // MEGACTX_SPARSE_MLA_FP8RING=1 (an experiment).
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream);

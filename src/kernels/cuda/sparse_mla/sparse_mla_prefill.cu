@@ -384,10 +384,6 @@ namespace detail {
 
 void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t stream) {
   if (requested.rows == 0) return;
-  if (sparse_mla_pingpong_enabled()) {
-    launch_sparse_mla_prefill_pingpong(requested, stream);
-    return;
-  }
   if (sparse_mla_fp8ring_enabled()) {
     launch_sparse_mla_prefill_fp8ring(requested, stream);
     return;

@@ -1,5 +1,6 @@
 // Sparse MLA prefill, the fp8-ring layout (wgmma, sm_90a): one CTA = one query
-// row x 64 heads x one split of its slots in whole bunches of 128 keys, beside
+// row x 64 heads x one split of its slots in whole bunches of 128 keys (the
+// split rule: sparse_mla_bunch_splits), beside
 // sparse_mla_prefill.cu (the default), chosen with MEGACTX_SPARSE_MLA_FP8RING=1
 // (written after bench/cuda/sparse_mla_fragment_probe.cu measured its consumer
 // loop at 590 TFLOP/s on an H100 against ~430 for the f16 layouts' consumers;
@@ -491,6 +492,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseM
 }  // namespace
 
 namespace detail {
+
+int sparse_mla_bunch_splits(int num_splits, int top_k) {
+  const int bunches = std::max(1, (top_k + kBunchKeys - 1) / kBunchKeys);
+  const int per_split = (bunches + std::max(1, num_splits) - 1) / std::max(1, num_splits);
+  return (bunches + per_split - 1) / per_split;
+}
 
 bool sparse_mla_fp8ring_enabled() {
   static const bool enabled = [] {

@@ -3,7 +3,7 @@
 // heads: Q, a ring of two stages of two K blocks of 32 keys, P, the row
 // statistics), the gather of a warp's keys from the paged fp8 pool into an
 // f16 K block, and the split rule and launch that the layouts working in
-// 128-key bunches share (ping-pong, fp8 ring). Only for .cu files.
+// 128-key bunches share (the fp8 ring). Only for .cu files.
 #pragma once
 
 #include <climits>
@@ -92,9 +92,9 @@ __device__ __forceinline__ int swizzled(int row, int unit) {
 }
 
 // The split of the layouts that take a row's slots in bunches of
-// `bunch_keys` (the ping-pong and fp8-ring layouts): this CTA (blockIdx.z of
+// `bunch_keys` (the fp8-ring layout): this CTA (blockIdx.z of
 // num_splits) takes bunches [first, first + count), ceil(bunches / num_splits)
-// each (the host launches no split without a bunch: sparse_mla_pingpong_splits).
+// each (the host launches no split without a bunch: sparse_mla_bunch_splits).
 struct BunchRange {
   int first, count;
 };
@@ -115,7 +115,7 @@ void launch_bunch_layout(const SparseMlaParams& requested, int threads, int shar
                          cudaStream_t stream) {
   if (requested.rows == 0) return;
   SparseMlaParams params = requested;
-  params.num_splits = detail::sparse_mla_pingpong_splits(requested.num_splits, requested.top_k);
+  params.num_splits = detail::sparse_mla_bunch_splits(requested.num_splits, requested.top_k);
   static const bool configured = [shared_bytes] {
     for (auto kernel : {kDevice, kTiered})
       MEGACTX_CUDA_CHECK(
