@@ -35,8 +35,8 @@
 // row's result. A tile streams its pages newest first: scores that favour
 // recent keys (an indexer's usual recency bias) raise the threshold at once,
 // so few older keys become candidates (32K prompt of rising scores: 593
-// against 389 TFLOP/s oldest first; random scores alike). Scratch: O(SMs x tile rows x kFusedCandidates) plus O(rows),
-// independent of the context length.
+// against 389 TFLOP/s oldest first; random scores alike). Scratch: O(SMs x
+// tile rows x kFusedCandidates) plus O(rows), independent of the context length.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -45,7 +45,6 @@
 // Q is stored as f16 times 2^-6 as in the default kernel; the online softmax
 // runs in the log2 domain. Results: the general kernel's up to summation order.
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <type_traits>
 
@@ -229,6 +228,12 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 #pragma unroll
   for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
 
+  // A score relative to its head's max; with no valid key yet (max -inf) every
+  // score is -inf too (else it would have passed the vote) and stays so.
+  auto below_max = [](float score, float max) {
+    return max == -INFINITY ? -INFINITY : score - max;
+  };
+
   for (int bunch = 0; bunch < range.count; ++bunch) {
     const int own_block = 2 * bunch + c;
     const int own_slot = own_block % kSlots;
@@ -304,7 +309,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
           if (g == 0) misc.exchange[c][warp][8 * j + 2 * t + e] = m;
         }
       named_barrier(kMaxBarrier, kConsumerThreads);
-      float factor[16];
+      float factor[16], new_max[16];
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -316,11 +321,11 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
           for (int x = 0; x < 2; ++x)
 #pragma unroll
             for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
+          new_max[2 * j + e] = m;
           factor[2 * j + e] = m == -INFINITY ? 1.f : exp2f(old_max - m);  // -inf - m: 0
           row_sum[2 * j + e] *= factor[2 * j + e];
-          s[4 * j + e] -= m;  // stays -inf where nothing is valid (checked below)
-          s[4 * j + 2 + e] -= m;
-          if (m == -INFINITY) s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
+          s[4 * j + e] = below_max(s[4 * j + e], m);
+          s[4 * j + 2 + e] = below_max(s[4 * j + 2 + e], m);
         }
 #pragma unroll
       for (int m = 0; m < 4; ++m)
@@ -336,26 +341,16 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int head = 8 * j + 2 * t + e;
-            float m = misc.row_max[head];
-#pragma unroll
-            for (int x = 0; x < 2; ++x)
-#pragma unroll
-              for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
-            misc.row_max[head] = m;
-          }
+          for (int e = 0; e < 2; ++e) misc.row_max[8 * j + 2 * t + e] = new_max[2 * j + e];
       }
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          // No valid key yet (m = -inf): every score here is -inf too (else
-          // it would have passed the vote), and stays so.
           const float m = misc.row_max[8 * j + 2 * t + e];
-          s[4 * j + e] = m == -INFINITY ? -INFINITY : s[4 * j + e] - m;
-          s[4 * j + 2 + e] = m == -INFINITY ? -INFINITY : s[4 * j + 2 + e] - m;
+          s[4 * j + e] = below_max(s[4 * j + e], m);
+          s[4 * j + 2 + e] = below_max(s[4 * j + 2 + e], m);
         }
     }
     // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
