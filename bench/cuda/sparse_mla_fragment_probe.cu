@@ -102,12 +102,17 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
   // of key step ks (block ks / 4).
   const uint8_t* key_row0 = ring + c * kBlockKeys * kEntry + (16 * warp + g) * kEntry;
   const uint8_t* key_row1 = key_row0 + 8 * kEntry;
+  const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
   auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-    entry_score_fragment(key_row0, key_row1, ks, t, a);
+    entry_score_fragment(key_row0, key_row1, ks, t, score_scales, a);
   };
+  // Built in order, key step ks-major as in the kernel: the step's scales of
+  // both groups, loaded at m = 0, serve its four fragments.
+  OutputScales output_scales;
   auto output_fragment = [&](int m, int ks, uint32_t(&a)[4]) {
-    entry_output_fragment(ring + ((ks / 4) * kBlockKeys + 16 * (ks % 4) + t) * kEntry,
-                          256 * c + 64 * m + 16 * warp + 2 * g, a);
+    const uint8_t* keys = ring + ((ks / 4) * kBlockKeys + 16 * (ks % 4) + t) * kEntry;
+    if (m == 0) output_scales = entry_output_scales(keys, 2 * c);
+    entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2], a);
   };
 
   for (int bunch = 0; bunch < bunches; ++bunch) {
@@ -148,10 +153,10 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
     if constexpr (kParts & 2) {
       uint32_t a[3][4];
       output_fragment(0, 0, a[0]);
-      output_fragment(0, 1, a[1]);
+      output_fragment(1, 0, a[1]);
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const int m = i / 8, ks = i % 8;
+        const int m = i % 4, ks = i / 4;
         wgmma_fence();
         const uint32_t p_low =
             swizzle128_mn_descriptor_low(p_address + (ks / 4) * kPBytes, kPBytes) +
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(int bunches, float* 
         wgmma_commit();
         if (i + 2 < 32) {
           wgmma_wait<1>();
-          output_fragment((i + 2) / 8, (i + 2) % 8, a[(i + 2) % 3]);
+          output_fragment((i + 2) % 4, (i + 2) / 4, a[(i + 2) % 3]);
         }
       }
       wgmma_wait_all();

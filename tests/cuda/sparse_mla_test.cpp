@@ -27,7 +27,7 @@ struct MlaCase {
   // Only the selected slots hold random entries (the rest zero bytes): a pool
   // of a million-token context without encoding a million entries.
   bool sparse_pool = false;
-  bool wgmma = false;  // the wgmma prefill kernel, whatever the policy would pick
+  bool wgmma = false;  // the wgmma prefill kernel's f16-ring layout, whatever the policy picks
   // The pool's second half addressed as a host tier's offload pool (slots past
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
@@ -112,7 +112,7 @@ void run_case(const MlaCase& c) {
   if (c.fp8ring)
     cuda::detail::launch_sparse_mla_prefill_fp8ring(params, nullptr);
   else if (c.wgmma)
-    cuda::detail::launch_sparse_mla_prefill(params, nullptr);
+    cuda::detail::launch_sparse_mla_prefill_f16ring(params, nullptr);
   else
     cuda::sparse_mla_attention(params, nullptr);
   MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
@@ -188,14 +188,15 @@ TEST(SparseMla, PrefillSplitOddK) {
   run_case({7, 64, 1000, 3, 2000, 6});
 }
 
-// The wgmma prefill kernel in its layouts (the default: two K blocks of 32
-// per stage; the fp8-ring layout: bunches of two 64-key blocks): full,
+// The wgmma prefill kernel in its layouts (the f16-ring layout, decode's
+// splits: two K blocks of 32 per stage; the fp8-ring layout, one split's:
+// bunches of two 64-key blocks): full,
 // partial, holed and empty rows; top_k not a multiple of a stage or bunch
 // (the last one partly or wholly past top_k), a single block, 128 heads (two
 // head blocks), an offload pool and a million-token pool.
-enum class Prefill { kDefault, kFp8Ring };
+enum class Prefill { kF16Ring, kFp8Ring };
 void run_prefill_case(MlaCase c, Prefill layout) {
-  c.wgmma = layout == Prefill::kDefault;
+  c.wgmma = layout == Prefill::kF16Ring;
   c.fp8ring = layout == Prefill::kFp8Ring;
   run_case(c);
 }
@@ -220,19 +221,19 @@ void prefill_over_a_million_token_pool(Prefill layout) {
   run_prefill_case(c, layout);
 }
 TEST(SparseMla, WgmmaPrefillMatchesTheReference) {
-  prefill_matches_the_reference(Prefill::kDefault);
+  prefill_matches_the_reference(Prefill::kF16Ring);
 }
 TEST(SparseMla, WgmmaPrefillOddTopK) {
-  prefill_odd_top_k(Prefill::kDefault);
+  prefill_odd_top_k(Prefill::kF16Ring);
 }
 TEST(SparseMla, WgmmaPrefillOneHundredTwentyEightHeads) {
-  prefill_one_hundred_twenty_eight_heads(Prefill::kDefault);
+  prefill_one_hundred_twenty_eight_heads(Prefill::kF16Ring);
 }
 TEST(SparseMla, WgmmaPrefillWithAnOffloadPool) {
-  prefill_with_an_offload_pool(Prefill::kDefault);
+  prefill_with_an_offload_pool(Prefill::kF16Ring);
 }
 TEST(SparseMla, WgmmaPrefillOverAMillionTokenPool) {
-  prefill_over_a_million_token_pool(Prefill::kDefault);
+  prefill_over_a_million_token_pool(Prefill::kF16Ring);
 }
 // Decode and MTP batches on the wgmma kernel: the slots split in whole 64-key
 // stages and merged. Even and uneven splits (7 asked over 32 stages runs 7 of
@@ -260,7 +261,7 @@ void decode_splits_match_the_reference(Prefill layout) {
   run_prefill_case(few_heads, layout);
 }
 TEST(SparseMla, WgmmaDecodeSplitsMatchTheReference) {
-  decode_splits_match_the_reference(Prefill::kDefault);
+  decode_splits_match_the_reference(Prefill::kF16Ring);
 }
 // The fp8-ring layout: bunches of 128 keys (its splits: 8 asked over 16
 // bunches runs 8, 7 runs 6 of 3 (the last 1), 5 over one bunch (top_k 97)

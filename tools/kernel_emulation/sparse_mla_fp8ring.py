@@ -174,7 +174,10 @@ def place_a(A, w, g, t, a):
 
 
 scale_log2 = softmax_scale * LOG2E / PRESCALE
-row_max = np.full(H, -np.inf)
+# The kernel's kNoMax: a finite running max before any valid key, so that a
+# score minus it needs no test and exp2(it - a real max) is 0.
+NO_MAX = -1e30
+row_max = np.full(H, NO_MAX)
 bunches = (TOPK + 127) // 128
 # o[c][thread (w, g, t)] as a full O^T [256 dims][64 heads] per consumer (rows = M index)
 O = [np.zeros((4, 64, 64)), np.zeros((4, 64, 64))]  # [m][M row][head]
@@ -203,7 +206,7 @@ for bunch in range(bunches):
     passes = any((S[c] > row_max[None, :] + SLACK).any() for c in range(2))
     if passes:
         m = np.maximum(row_max, np.maximum(S[0].max(axis=0), S[1].max(axis=0)))
-        factor = np.where(m == -np.inf, 1.0, np.exp2(row_max - m))
+        factor = np.exp2(row_max - m)
         for c in range(2):
             O[c] *= factor[None, None, :]
             # row sums: per thread heads 8j + 2t + e at [2j + e]
@@ -211,11 +214,11 @@ for bunch in range(bunches):
                 for j in range(8):
                     for e in range(2):
                         row_sum[c][:, :, t, 2 * j + e] *= factor[8 * j + 2 * t + e]
-            S[c] = np.where(m[None, :] == -np.inf, -np.inf, S[c] - m[None, :])
+            S[c] = S[c] - m[None, :]
         row_max = m
     else:
         for c in range(2):
-            S[c] = np.where(row_max[None, :] == -np.inf, -np.inf, S[c] - row_max[None, :])
+            S[c] = S[c] - row_max[None, :]
     # P^T tiles via the thread writes
     ptile = [np.zeros((64, 64), dtype=np.float16), np.zeros((64, 64), dtype=np.float16)]  # physical
     for c in range(2):
@@ -255,9 +258,18 @@ for bunch in range(bunches):
                         place_a(A, w, g, t, fragment)
             O[c][m] += A.astype(np.float64) @ PB[ks // 4][16 * (ks % 4):16 * (ks % 4) + 16]
 
-# epilogue
-out = np.zeros((H, LAT))
-lse = np.zeros(H)
+# epilogue: one thread per head its total, 1 / total and lse; every thread
+# writes its values scaled into the staged rows [64 heads][1024 bytes]
+# (16-byte unit u of head h at unit u ^ (h & 7)), read back in 16-byte units.
+total = np.zeros(H)
+for x in range(2):
+    for t in range(4):
+        for j in range(8):
+            for e in range(2):
+                total[8 * j + 2 * t + e] += row_sum[x][:, :, t, 2 * j + e].sum()
+inverse = np.where(total > 0, 1 / np.where(total > 0, total, 1), 0)
+lse = np.where(total > 0, (row_max + np.log2(np.where(total > 0, total, 1))) * np.log(2), -np.inf)
+staged = np.full(64 * 512, np.nan)  # bf16 positions, as values
 for c in range(2):
     for w in range(4):
         for g in range(8):
@@ -265,15 +277,17 @@ for c in range(2):
                 for j in range(8):
                     for e in range(2):
                         head = 8 * j + 2 * t + e
-                        total = sum(row_sum[x][ww, gg, t, 2 * j + e] for x in range(2)
-                                    for ww in range(4) for gg in range(8))
-                        inv = 1 / total if total > 0 else 0
-                        lse[head] = ((row_max[head] + np.log2(total)) * np.log(2)
-                                     if total > 0 else -np.inf)
                         for m in range(4):
-                            dim = 256 * c + 64 * m + 16 * w + 2 * g
-                            out[head, dim] = O[c][m][16 * w + g, head] * inv
-                            out[head, dim + 1] = O[c][m][16 * w + g + 8, head] * inv
+                            byte = 2 * (256 * c + 64 * m + 16 * w + 2 * g)
+                            at = head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 + (byte & 15)
+                            assert np.isnan(staged[at // 2]) and np.isnan(staged[at // 2 + 1])
+                            staged[at // 2] = O[c][m][16 * w + g, head] * inverse[head]
+                            staged[at // 2 + 1] = O[c][m][16 * w + g + 8, head] * inverse[head]
+out = np.zeros((H, LAT))
+for unit in range(64 * 64):
+    head, u = unit // 64, unit % 64
+    at = (head * 1024 + (u ^ (head & 7)) * 16) // 2
+    out[head, 8 * u:8 * u + 8] = staged[at:at + 8]
 
 err = np.abs(out - ref_out).max() / np.abs(ref_out).max()
 print("top_k", TOPK, "max rel out error", err, "lse max abs error", np.abs(lse - ref_lse).max())

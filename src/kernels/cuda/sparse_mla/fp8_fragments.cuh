@@ -54,18 +54,31 @@ __device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t pair) {
   return pack_half2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
 }
 
+// The four 128-dim group scales of score rows `row0` / `row1` as f16 pairs
+// (s, s), loaded once per block (16 bytes per row) rather than per k-step.
+struct ScoreScales {
+  uint32_t row0[4], row1[4];  // [group]
+};
+__device__ __forceinline__ ScoreScales entry_score_scales(const uint8_t* row0,
+                                                          const uint8_t* row1) {
+  const float4 f0 = *reinterpret_cast<const float4*>(row0 + kLatentScaleOffset);
+  const float4 f1 = *reinterpret_cast<const float4*>(row1 + kLatentScaleOffset);
+  return {{pack_half2(f0.x, f0.x), pack_half2(f0.y, f0.y), pack_half2(f0.z, f0.z),
+           pack_half2(f0.w, f0.w)},
+          {pack_half2(f1.x, f1.x), pack_half2(f1.y, f1.y), pack_half2(f1.z, f1.z),
+           pack_half2(f1.w, f1.w)}};
+}
+
 // The score A fragment of k-step ks (of 36) for S^T = K . Q^T: key rows
 // `row0` and `row1` (two 656-byte entries, rows g and g + 8 of the thread's
 // warp), k-slots 2t + e / 2t + 8 + e = dims 16 ks + 4t + e / + 2 + e (one
 // 4-byte load per row; the Q tile is stored in that order): e4m3 times the
-// group scale, or bf16 rope (ks >= 32).
+// group scale (`scales`, of the same rows), or bf16 rope (ks >= 32).
 __device__ __forceinline__ void entry_score_fragment(const uint8_t* row0, const uint8_t* row1,
-                                                     int ks, int t, uint32_t (&a)[4]) {
+                                                     int ks, int t, const ScoreScales& scales,
+                                                     uint32_t (&a)[4]) {
   if (ks < 32) {
-    const int group = ks / 8;
-    const float f0 = *reinterpret_cast<const float*>(row0 + kLatentScaleOffset + 4 * group);
-    const float f1 = *reinterpret_cast<const float*>(row1 + kLatentScaleOffset + 4 * group);
-    const uint32_t s0 = pack_half2(f0, f0), s1 = pack_half2(f1, f1);
+    const uint32_t s0 = scales.row0[ks / 8], s1 = scales.row1[ks / 8];
     const uint32_t w0 = *reinterpret_cast<const uint32_t*>(row0 + 16 * ks + 4 * t);
     const uint32_t w1 = *reinterpret_cast<const uint32_t*>(row1 + 16 * ks + 4 * t);
     a[0] = hmul2_bits(e4m3x2_to_half2(w0), s0);
@@ -83,26 +96,39 @@ __device__ __forceinline__ void entry_score_fragment(const uint8_t* row0, const 
   }
 }
 
+// The scales of one output key step (the four keys at `key0` + 4e x 656
+// bytes) for two adjacent groups `group` (even) and `group` + 1, as the f16
+// pairs entry_output_fragment takes: [group - `group`][keys (0, 1) / (2, 3)].
+// One 8-byte load per key, shared by the step's fragments of both groups.
+struct OutputScales {
+  uint32_t pair[2][2];
+};
+__device__ __forceinline__ OutputScales entry_output_scales(const uint8_t* key0, int group) {
+  float2 f[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    f[e] = *reinterpret_cast<const float2*>(key0 + 4 * e * kLatentBytes + kLatentScaleOffset +
+                                            4 * group);
+  return {{{pack_half2(f[0].x, f[1].x), pack_half2(f[2].x, f[3].x)},
+           {pack_half2(f[0].y, f[1].y), pack_half2(f[2].y, f[3].y)}}};
+}
+
 // The output A fragment of V^T for O^T = V^T . P^T: dims `dim`, `dim` + 1 (rows
 // g, g + 8) of the four keys at `key0` + 4e x 656 bytes (k-slots 2t, 2t + 1,
 // 2t + 8, 2t + 9: P^T's rows in that order), e4m3 times each key's scale of
-// the dims' group (one 2-byte load per key, keys paired with prmt).
+// the dims' group (`pairs`: OutputScales::pair of that group; one 2-byte load
+// per key, keys paired with prmt).
 __device__ __forceinline__ void entry_output_fragment(const uint8_t* key0, int dim,
+                                                      const uint32_t (&pairs)[2],
                                                       uint32_t (&a)[4]) {
-  const int group = dim / kLatentGroup;
   uint32_t x[4];
-  float f[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const uint8_t* key = key0 + 4 * e * kLatentBytes;
-    x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(key + dim));
-    f[e] = *reinterpret_cast<const float*>(key + kLatentScaleOffset + 4 * group);
-  }
-  const uint32_t pair01 = pack_half2(f[0], f[1]), pair23 = pack_half2(f[2], f[3]);
-  a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pair01);
-  a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pair01);
-  a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pair23);
-  a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pair23);
+  for (int e = 0; e < 4; ++e)
+    x[e] = e4m3x2_to_half2(*reinterpret_cast<const uint16_t*>(key0 + 4 * e * kLatentBytes + dim));
+  a[0] = hmul2_bits(prmt(x[0], x[1], 0x5410), pairs[0]);
+  a[1] = hmul2_bits(prmt(x[0], x[1], 0x7632), pairs[0]);
+  a[2] = hmul2_bits(prmt(x[2], x[3], 0x5410), pairs[1]);
+  a[3] = hmul2_bits(prmt(x[2], x[3], 0x7632), pairs[1]);
 }
 
 }  // namespace megactx::cuda

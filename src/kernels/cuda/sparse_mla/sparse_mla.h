@@ -123,22 +123,26 @@ void launch_sparse_mla(const SparseMlaParams& params, cudaStream_t stream);
 void launch_sparse_mla(const SparseMlaParams& params, bool prefetch_merge, cudaStream_t stream);
 void launch_sparse_mla_cluster(const SparseMlaParams& params, cudaStream_t stream);
 // The wgmma prefill kernel whatever the policy (tests compare it with the
-// general kernel), and the merge after it when num_splits > 1: each split
-// takes whole 64-key stages, and num_splits must leave none without a slot
-// (sparse_mla_prefill_splits).
+// general kernel), in the layout for the split count: one split (prefill, and
+// the batch-invariant mode at every row count) the fp8-ring layout, several
+// (decode's splits) the f16-ring layout, whose 64-key stages split finer;
+// MEGACTX_SPARSE_MLA_FP8RING=0 in the environment: the f16-ring layout always
+// (A/B runs).
 void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream);
+// The f16-ring layout (sparse_mla_prefill.cu: producers gather and convert the
+// entries to f16 in shared memory for SS wgmmas), and the merge after it when
+// num_splits > 1: each split takes whole 64-key stages, and num_splits must
+// leave none without a slot (sparse_mla_prefill_splits).
+void launch_sparse_mla_prefill_f16ring(const SparseMlaParams& params, cudaStream_t stream);
 // The split count of the layouts that take a row's slots in 128-key bunches
 // (the fp8-ring layout) for `num_splits` requested over top_k: at most
 // num_splits, each split at least one bunch, none empty.
 int sparse_mla_bunch_splits(int num_splits, int top_k);
-// The fp8-ring layout of the wgmma prefill kernel (sparse_mla_prefill_fp8ring.cu:
-// the ring holds the pool's e4m3 entries, the consumers convert them into
-// their wgmma fragments), and the merge after it when num_splits > 1 (whole
-// 128-key bunches per split, sparse_mla_bunch_splits); launch_sparse_mla_prefill
-// takes it instead of the default layout when the environment sets
-// MEGACTX_SPARSE_MLA_FP8RING=1 (an experiment).
+// The fp8-ring layout (sparse_mla_prefill_fp8ring.cu: the ring holds the
+// pool's e4m3 entries, the consumers convert them into their wgmma
+// fragments), and the merge after it when num_splits > 1 (whole 128-key
+// bunches per split, sparse_mla_bunch_splits).
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream);
-bool sparse_mla_fp8ring_enabled();
 // The split merge of partial_out / partial_lse into out / lse.
 void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
 void launch_sparse_mla_merge(const SparseMlaParams& params, bool prefetch_merge,

@@ -382,12 +382,22 @@ __global__ void __launch_bounds__(Layout::kThreads, 1)
 
 namespace detail {
 
-void launch_sparse_mla_prefill(const SparseMlaParams& requested, cudaStream_t stream) {
+void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t stream) {
+  // The fp8-ring layout for one split: 1.04-1.13x the f16-ring layout's rate
+  // on an H100 (dsa_attention_bench, docs/benchmarks.md, twenty-ninth
+  // session); its 128-key bunches split decode's rows coarser. Read once.
+  static const bool fp8ring = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_FP8RING");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  if (fp8ring && params.num_splits == 1)
+    launch_sparse_mla_prefill_fp8ring(params, stream);
+  else
+    launch_sparse_mla_prefill_f16ring(params, stream);
+}
+
+void launch_sparse_mla_prefill_f16ring(const SparseMlaParams& requested, cudaStream_t stream) {
   if (requested.rows == 0) return;
-  if (sparse_mla_fp8ring_enabled()) {
-    launch_sparse_mla_prefill_fp8ring(requested, stream);
-    return;
-  }
   // Whole 64-key stages per split, none empty (fewer splits than asked for
   // when they do not divide; the partial buffers hold num_splits).
   SparseMlaParams params = requested;

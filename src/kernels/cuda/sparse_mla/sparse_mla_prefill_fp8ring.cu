@@ -1,10 +1,10 @@
 // Sparse MLA prefill, the fp8-ring layout (wgmma, sm_90a): one CTA = one query
 // row x 64 heads x one split of its slots in whole bunches of 128 keys (the
-// split rule: sparse_mla_bunch_splits), beside
-// sparse_mla_prefill.cu (the default), chosen with MEGACTX_SPARSE_MLA_FP8RING=1
-// (written after bench/cuda/sparse_mla_fragment_probe.cu measured its consumer
-// loop at 590 TFLOP/s on an H100 against ~430 for the f16 layouts' consumers;
-// docs/benchmarks.md, twenty-eighth session). What it changes, and why:
+// split rule: sparse_mla_bunch_splits). launch_sparse_mla_prefill takes it for
+// one split, beside the f16-ring layout (sparse_mla_prefill.cu) for decode's
+// splits: on an H100 it runs at 378 / 331 / 318 TFLOP/s against 335 / 317 / 307
+// (dsa_attention_bench: 32K and 128K prompts, 16K rows over a 1M pool;
+// docs/benchmarks.md, twenty-ninth session). What it changes, and why:
 //
 // The f16 layouts convert the gathered e4m3 entries to f16 in shared memory
 // before their SS wgmmas read them; the conversion needs registers, registers
@@ -78,7 +78,11 @@ static_assert(kConsumerThreads * kConsumerRegisters +
 
 constexpr int kBlockKeys = 64;
 constexpr int kBunchKeys = 2 * kBlockKeys;
-constexpr int kSlots = 3;                              // ring slots of one block each
+constexpr int kSlots = 3;  // ring slots of one block each
+// How far ahead of its copies the producer prefetches blocks into L2: 3, 4 or
+// 6 ran 2-17% slower over 128K and 1M pools on an H100 (more of L2 held
+// for the prefetches than they save).
+constexpr int kPrefetchBlocks = 2;
 constexpr int kSlotBytes = kBlockKeys * kLatentBytes;  // 41984
 constexpr int kPTileBytes = kBlockKeys * 128;          // [64 keys][64 heads] f16
 
@@ -93,6 +97,7 @@ struct Misc {
   uint64_t empty[kSlots];        // the 256 consumer threads arrive when no MMA reads the block
   float row_max[kHeads];         // the running max of both consumers (log2 units)
   float exchange[2][4][kHeads];  // [consumer][warp][head]: block maxima, then row sums
+  float inverse[kHeads];         // the epilogue's 1 / row sum per head
 };
 constexpr int kSharedBytes = kMiscOffset + static_cast<int>(sizeof(Misc)) + 1024;
 static_assert(kSharedBytes <= 227 * 1024, "sparse MLA fp8 ring: shared memory");
@@ -103,6 +108,19 @@ constexpr int kVoteBarrier = 2;
 constexpr int kMaxBarrier = 3;
 constexpr int kPBarrier = 4;
 constexpr int kSumBarrier = 5;
+
+// The running max before any valid key: finite, so that a score minus it
+// needs no test (a missing key's -inf stays -inf, a valid key passes the
+// vote), and exp2 of (it - a real max) is 0.
+constexpr float kNoMax = -1e30f;
+
+// 2^x by the SFU (ex2.approx.ftz: 2^-inf = 0; the P values it makes are
+// rounded to f16 next).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // True on every participating thread when `value` is on any of the `threads`
 // threads reaching barrier `id` (non-aligned: safe from any code).
@@ -149,19 +167,22 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
     const int index = begin + block * kBlockKeys + 16 * warp + lane % 16;
     return block < blocks && index < p.top_k ? row_slots[index] : -1;
   };
-  int32_t slots = key_slot(0);
-  int32_t next = key_slot(1);
+  // Blocks 1 .. kPrefetchBlocks - 1 into L2 now, block + kPrefetchBlocks with block.
+  for (int ahead = 1; ahead < kPrefetchBlocks; ++ahead) {
+    const int32_t slot = key_slot(ahead);
+    if (lane < 16 && slot >= 0) prefetch_l2_bulk(entry(slot), kLatentBytes);
+  }
 #pragma unroll 1
   for (int block = 0; block < blocks; ++block) {
     const int slot = block % kSlots;
-    // The entries of the block after next into L2 while this one is copied.
-    const int32_t far = key_slot(block + 2);
+    const int32_t near = key_slot(block);
+    const int32_t far = key_slot(block + kPrefetchBlocks);
     if (lane < 16 && far >= 0) prefetch_l2_bulk(entry(far), kLatentBytes);
     if (block >= kSlots) mbarrier_wait(&misc.empty[slot], ((block / kSlots) - 1) & 1);
     const uint32_t base = ring + slot * kSlotBytes + 16 * warp * kLatentBytes;
 #pragma unroll 4
     for (int k = 0; k < 16; ++k) {
-      const int32_t s = __shfl_sync(0xffffffffu, slots, k);
+      const int32_t s = __shfl_sync(0xffffffffu, near, k);
       const uint8_t* source = s >= 0 ? entry(s) : p.kv_pool;
       const uint32_t destination = base + k * kLatentBytes;
       cp_async_16_or_zero(destination + 16 * lane, source + 16 * lane, s >= 0);
@@ -169,8 +190,6 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
         cp_async_16_or_zero(destination + 512 + 16 * lane, source + 512 + 16 * lane, s >= 0);
     }
     cp_async_arrive(&misc.full[slot]);
-    slots = next;
-    next = far;
   }
   // The last copies land before the warp exits.
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -194,13 +213,27 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 
   // Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
   // group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4,
-  // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...).
+  // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...). Every
+  // load of a thread is issued before the first is used (the tile is 72 KB and
+  // is the CTA's first wait; 9 dependent rounds cost ~8% of the kernel).
   {
+    constexpr int kItems = kHeads * (kDim / 16) / kConsumerThreads;  // 9 groups of 16 dims
+    static_assert(kItems * kConsumerThreads == kHeads * (kDim / 16));
     const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    for (int item = tid; item < kHeads * (kDim / 16); item += kConsumerThreads) {
+    uint4 loaded[kItems][2];
+#pragma unroll
+    for (int n = 0; n < kItems; ++n) {
+      const int item = tid + n * kConsumerThreads;
       const int head = item / (kDim / 16), group = item % (kDim / 16);
       const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
-      const uint4 low = source[0], high = source[1];
+      loaded[n][0] = source[0];
+      loaded[n][1] = source[1];
+    }
+#pragma unroll
+    for (int n = 0; n < kItems; ++n) {
+      const int item = tid + n * kConsumerThreads;
+      const int head = item / (kDim / 16), group = item % (kDim / 16);
+      const uint4 low = loaded[n][0], high = loaded[n][1];
       const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
       uint32_t h[8];
 #pragma unroll
@@ -213,7 +246,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
           make_uint4(h[1], h[3], h[5], h[7]);
     }
-    for (int head = tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = -INFINITY;
+    for (int head = tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = kNoMax;
     fence_proxy_async_shared();
     named_barrier(kQueryBarrier, kConsumerThreads);
   }
@@ -228,12 +261,6 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 #pragma unroll
   for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
 
-  // A score relative to its head's max; with no valid key yet (max -inf) every
-  // score is -inf too (else it would have passed the vote) and stays so.
-  auto below_max = [](float score, float max) {
-    return max == -INFINITY ? -INFINITY : score - max;
-  };
-
   for (int bunch = 0; bunch < range.count; ++bunch) {
     const int own_block = 2 * bunch + c;
     const int own_slot = own_block % kSlots;
@@ -242,8 +269,9 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
     // ---- S^T_c = K_c . Q^T ---------------------------------------------------
     const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
     const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
+    const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
     auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-      entry_score_fragment(key_row0, key_row1, ks, t, a);
+      entry_score_fragment(key_row0, key_row1, ks, t, score_scales, a);
     };
     {
       uint32_t a[3][4];
@@ -322,10 +350,10 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 #pragma unroll
             for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
           new_max[2 * j + e] = m;
-          factor[2 * j + e] = m == -INFINITY ? 1.f : exp2f(old_max - m);  // -inf - m: 0
+          factor[2 * j + e] = fast_exp2(old_max - m);  // kNoMax - m: 0
           row_sum[2 * j + e] *= factor[2 * j + e];
-          s[4 * j + e] = below_max(s[4 * j + e], m);
-          s[4 * j + 2 + e] = below_max(s[4 * j + 2 + e], m);
+          s[4 * j + e] -= m;
+          s[4 * j + 2 + e] -= m;
         }
 #pragma unroll
       for (int m = 0; m < 4; ++m)
@@ -349,8 +377,8 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float m = misc.row_max[8 * j + 2 * t + e];
-          s[4 * j + e] = below_max(s[4 * j + e], m);
-          s[4 * j + 2 + e] = below_max(s[4 * j + 2 + e], m);
+          s[4 * j + e] -= m;
+          s[4 * j + 2 + e] -= m;
         }
     }
     // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
@@ -362,7 +390,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       const int key_row = 16 * warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float p0 = exp2f(s[4 * j + 2 * r]), p1 = exp2f(s[4 * j + 2 * r + 1]);
+        const float p0 = fast_exp2(s[4 * j + 2 * r]), p1 = fast_exp2(s[4 * j + 2 * r + 1]);
         row_sum[2 * j] += p0;
         row_sum[2 * j + 1] += p1;
         *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * t) = pack_half2(p0, p1);
@@ -377,12 +405,17 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       mbarrier_wait(&misc.full[slot0], ((2 * bunch) / kSlots) & 1);
     else
       mbarrier_wait(&misc.full[slot1], ((2 * bunch + 1) / kSlots) & 1);
-    // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4.
+    // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4 (group
+    // 2c + m / 2). The fragments are built in order, so the step's scales of
+    // both groups, loaded at m = 0, serve its four.
+    OutputScales output_scales;
     auto output_fragment = [&](int i, uint32_t(&a)[4]) {
       const int ks = i / 4, m = i % 4;
-      const uint8_t* block = ring + (ks < 4 ? slot0 : slot1) * kSlotBytes;
-      entry_output_fragment(block + (16 * (ks % 4) + t) * kLatentBytes,
-                            256 * c + 64 * m + 16 * warp + 2 * g, a);
+      const uint8_t* keys =
+          ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
+      if (m == 0) output_scales = entry_output_scales(keys, 2 * c);
+      entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2],
+                            a);
     };
     {
       uint32_t a[3][4];
@@ -413,6 +446,9 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
   }
 
   // ---- Epilogue: the row sums over every key, out = O / sum, the lse --------
+  // One thread per head finishes its sum, lse and 1 / sum (the lse's log2 and
+  // the reciprocal once per head, not on all 256 threads: inlined 16 times they
+  // were most of the epilogue's instruction-cache misses).
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     float v = row_sum[i];
@@ -429,37 +465,63 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
   }
   named_barrier(kSumBarrier, kConsumerThreads);
+  const bool whole = p.num_splits == 1;
+  const int64_t state =
+      whole ? row * p.heads + head0 : (row * p.num_splits + blockIdx.z) * p.heads + head0;
+  if (tid < kHeads) {
+    float total = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+    for (int x = 0; x < 2; ++x)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int head = 8 * j + 2 * t + e;
-      float total = 0.f;
+      for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][tid];
+    misc.inverse[tid] = total > 0.f ? 1.f / total : 0.f;
+    const float lse = total > 0.f ? (misc.row_max[tid] + log2f(total)) * kLn2 : -INFINITY;
+    (whole ? p.lse : p.partial_lse)[state + tid] = lse;
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);
+  // Thread's values: O^T[dims 256c + 64m + 16w + 2g + r][head 8j + 2t + e] =
+  // o[32m + 4j + 2r + e].
+  if (whole) {
+    // bf16 rows [64 heads][512] staged in the ring (every block is consumed
+    // and every copy has landed), 16-byte unit u of head h at unit u ^ (h & 7)
+    // (the 8 g lanes x 4 t heads of a store hit 32 banks), then copied out in
+    // 16-byte units.
+    uint8_t* staged = ring;
 #pragma unroll
-      for (int x = 0; x < 2; ++x)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][head];
-      const float inverse = total > 0.f ? 1.f / total : 0.f;
-      const float lse = total > 0.f ? (misc.row_max[head] + log2f(total)) * kLn2 : -INFINITY;
-      // Thread's values of this head: dims 256c + 64m + 16w + 2g (+1), o[32m + 4j + 2r + e].
-      if (p.num_splits == 1) {
-        uint16_t* out =
-            p.out + (row * p.heads + head0 + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
+      for (int e = 0; e < 2; ++e) {
+        const int head = 8 * j + 2 * t + e;
+        const float inverse = misc.inverse[head];
 #pragma unroll
-        for (int m = 0; m < 4; ++m)
-          *reinterpret_cast<uint32_t*>(out + 64 * m) =
+        for (int m = 0; m < 4; ++m) {
+          const int byte = 2 * (256 * c + 64 * m + 16 * warp + 2 * g);
+          *reinterpret_cast<uint32_t*>(staged + head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 +
+                                       (byte & 15)) =
               pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
-        if (c == 0 && warp == 0 && g == 0) p.lse[row * p.heads + head0 + head] = lse;
-      } else {
-        const int64_t state = (row * p.num_splits + blockIdx.z) * p.heads + head0 + head;
-        float* out = p.partial_out + state * kLatentRank + 256 * c + 16 * warp + 2 * g;
+        }
+      }
+    named_barrier(kSumBarrier, kConsumerThreads);
+    uint4* out = reinterpret_cast<uint4*>(p.out + state * kLatentRank);
+#pragma unroll 4
+    for (int unit = tid; unit < kHeads * 64; unit += kConsumerThreads) {
+      const int head = unit / 64, u = unit % 64;
+      out[unit] = *reinterpret_cast<const uint4*>(staged + head * 1024 + (u ^ (head & 7)) * 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int head = 8 * j + 2 * t + e;
+        const float inverse = misc.inverse[head];
+        float* out = p.partial_out + (state + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
 #pragma unroll
         for (int m = 0; m < 4; ++m)
           *reinterpret_cast<float2*>(out + 64 * m) =
               make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
-        if (c == 0 && warp == 0 && g == 0) p.partial_lse[state] = lse;
       }
-    }
+  }
 }
 
 template <bool kTiered>
@@ -492,14 +554,6 @@ int sparse_mla_bunch_splits(int num_splits, int top_k) {
   const int bunches = std::max(1, (top_k + kBunchKeys - 1) / kBunchKeys);
   const int per_split = (bunches + std::max(1, num_splits) - 1) / std::max(1, num_splits);
   return (bunches + per_split - 1) / per_split;
-}
-
-bool sparse_mla_fp8ring_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MEGACTX_SPARSE_MLA_FP8RING");
-    return value != nullptr && value[0] == '1';
-  }();
-  return enabled;
 }
 
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
