@@ -29,9 +29,10 @@
 // Prints TFLOP/s of the whole consumer loop, of the scores alone and of the
 // output alone (2 x 64 heads x 1088 x keys per row, as dsa_attention_bench
 // counts) and their share of cuBLAS's bf16 GEMM measured in the same run
-// (the f16 wgmma rate), beside the committed kernel's consumers with a stubbed producer
-// (421-434 TFLOP/s on an H100 in the same session's probe). Its first version
-// (scales kept in registers and a table) measured 590 on an H100.
+// (the f16 wgmma rate). On an H100 (docs/benchmarks.md, twenty-ninth session):
+// 576 TFLOP/s with the group scales hoisted (504 with a scale load per
+// fragment); the f16-ring layout's consumers with a stubbed producer ran at
+// 421-434, the whole fp8-ring kernel at 369-378 over a 32K prompt.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
