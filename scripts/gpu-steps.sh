@@ -16,8 +16,14 @@ shift
 out=${OUT:-$PWD/gpu-steps-out}
 mkdir -p "$out"
 export OUT=$out B=/tmp/megactx-pack/bin
-if [[ ! -x $B/megactx && -f $pack/pack.tar.xz ]]; then
-  mkdir -p /tmp/megactx-pack && tar -C /tmp/megactx-pack -xJf "$pack/pack.tar.xz"
+# Unpacked again whenever the pack differs from the one unpacked last (a warm
+# machine keeps /tmp between calls, and a pack may hold only some binaries).
+if [[ -f $pack/pack.tar.xz ]]; then
+  stamp=$(sha256sum "$pack/pack.tar.xz" | cut -d' ' -f1)
+  if [[ "$(cat /tmp/megactx-pack/.stamp 2>/dev/null)" != "$stamp" ]]; then
+    rm -rf /tmp/megactx-pack && mkdir -p /tmp/megactx-pack &&
+      tar -C /tmp/megactx-pack -xJf "$pack/pack.tar.xz" && echo "$stamp" >/tmp/megactx-pack/.stamp
+  fi
 fi
 export LD_LIBRARY_PATH=/tmp/megactx-pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 # NCCL from PyTorch's wheels (the CUDA toolkit has none), as scripts/gpu-check.sh finds it.
