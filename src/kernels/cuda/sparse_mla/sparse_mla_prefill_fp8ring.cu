@@ -6,8 +6,8 @@
 // (dsa_attention_bench: 32K and 128K prompts, 16K rows over a 1M pool;
 // docs/benchmarks.md, twenty-ninth session). What it changes, and why:
 //
-// The f16 layouts convert the gathered e4m3 entries to f16 in shared memory
-// before their SS wgmmas read them; the conversion needs registers, registers
+// The f16-ring layout converts the gathered e4m3 entries to f16 in shared memory
+// before its SS wgmmas read them; the conversion needs registers, registers
 // cap the gathers in flight, and the f16 ring leaves no room for a deeper one.
 // Here the ring holds the pool's 656-byte entries as they are, and the
 // consumers convert while they build their wgmma A fragments in registers:
