@@ -70,16 +70,22 @@ def token_count(url, text):
 
 def build_prompt(paragraphs, counts, length, depth, key, rng):
     """Paragraphs in a shuffled order up to `length` tokens, the key sentence after the
-    paragraph that ends at `depth` of them."""
-    order = list(range(len(paragraphs)))
-    rng.shuffle(order)
+    paragraph that ends at `depth` of them. A pool shorter than the length is walked again in a
+    new order as often as it takes (the filler repeats; the key sentence stays unique)."""
     chosen, total = [], 0
-    for i in order:
-        if total + counts[i] > length:
-            continue
-        chosen.append(i)
-        total += counts[i]
-        if total > 0.98 * length:
+    while total <= 0.98 * length:
+        order = list(range(len(paragraphs)))
+        rng.shuffle(order)
+        added = False
+        for i in order:
+            if total + counts[i] > length:
+                continue
+            chosen.append(i)
+            total += counts[i]
+            added = True
+            if total > 0.98 * length:
+                break
+        if not added:  # no paragraph fits the rest
             break
     at, before = 0, 0
     while at < len(chosen) and before + counts[chosen[at]] <= depth * total:
@@ -156,6 +162,8 @@ def main():
                        *args.serve_args, kv_memory=args.kv_memory, name="passkey") as server:
         counts = [token_count(server.url, p + "\n") for p in paragraphs]
         print(f"{len(paragraphs)} filler paragraphs, {sum(counts):,} tokens", flush=True)
+        if sum(counts) < max(lengths):
+            print(f"the filler repeats in prompts longer than {sum(counts):,} tokens", flush=True)
         rng = random.Random(args.seed)
         for length in lengths:
             for depth in depths:
@@ -180,15 +188,17 @@ def main():
                     print(f"{row['prompt_tokens']:>8} tokens, depth {actual_depth:.2f}: "
                           f"{'ok  ' if row['correct'] else 'miss'} {key} -> {row['answer']!r} "
                           f"({row['seconds']} s)", flush=True)
-    print("\n| length | " + " | ".join(f"depth {d:g}" for d in depths) + " | all |")
-    print("|---|" + "---|" * (len(depths) + 1))
+    print("\n| length | mean prompt tokens | " + " | ".join(f"depth {d:g}" for d in depths) +
+          " | all |")
+    print("|---|---|" + "---|" * (len(depths) + 1))
     for length in lengths:
         cells = []
         for depth in depths:
             cell = [r for r in rows if r["length"] == length and r["depth"] == depth]
             cells.append(f"{sum(r['correct'] for r in cell)}/{len(cell)}")
         line = [r for r in rows if r["length"] == length]
-        print(f"| {length} | " + " | ".join(cells) +
+        mean = sum(r["prompt_tokens"] for r in line) / max(len(line), 1)
+        print(f"| {length} | {mean:,.0f} | " + " | ".join(cells) +
               f" | {sum(r['correct'] for r in line)}/{len(line)} |")
     if args.json:
         with open(args.json, "w") as out:
