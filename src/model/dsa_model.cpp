@@ -576,6 +576,26 @@ void DsaModel::attention(const LayerWeights& lw, int64_t layer, const float* h, 
   std::vector<float> o_latent(static_cast<size_t>(n * heads * lora));
   for (size_t i = 0; i < sequences; ++i) {
     const Step::Sequence& s = step.sequences[i];
+    if (attention_probe_ && owner < 0 && step.whole == nullptr && !s.shared) {
+      AttentionProbeLayer view;
+      view.layer = layer;
+      view.indexer_source = plan_.layer(layer).indexer_source;
+      view.heads = heads;
+      view.kv_lora = lora;
+      view.rope = rope;
+      view.scale = plan_.attention.softmax_scale;
+      view.start = s.start;
+      view.rows = s.count;
+      view.q_latent = q_latent.data() + s.offset * heads * lora;
+      view.q_rope = q_rope.data() + s.offset * heads * rope;
+      view.topk = s.topk.data();
+      view.counts = s.counts.data();
+      view.index_topk = plan_.attention.index_topk;
+      view.read_entry = [&](int64_t position, float* e) {
+        cache.read_latent(layer, step.slot(s, position), e, e + lora);
+      };
+      attention_probe_(view);
+    }
     MlaAttentionOp op;
     op.q_latent = q_latent.data() + s.offset * heads * lora;
     op.q_rope = q_rope.data() + s.offset * heads * rope;

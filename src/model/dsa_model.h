@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "model/attention_probe.h"
 #include "model/backend.h"
 #include "model/dsa_weights.h"
 #include "model/language_model.h"
@@ -68,6 +69,10 @@ class DsaModel final : public LanguageModel {
   const ModelPlan& plan() const { return plan_; }
   const DsaWeights& weights() const { return weights_; }
   Backend& backend() { return *backend_; }
+  // Called per layer and sequence of every forward with the rows' queries and
+  // selection (evaluation tools; not with LayerSplit or context parallelism,
+  // whose latents live on other ranks). An empty function removes it.
+  void set_attention_probe(AttentionProbe probe) { attention_probe_ = std::move(probe); }
 
   // One decoder layer on its own, for the MTP layer (model/mtp_layer.h): the
   // rows of every sequence, in batch order, run through `w` with the cache
@@ -194,6 +199,7 @@ class DsaModel final : public LanguageModel {
   };
   EntryPrefetch prefetch_;
   int64_t prefetched_entries_ = 0;
+  AttentionProbe attention_probe_;
   // Starts the prefetch of layer `next`'s entries of `selected` (the
   // positions before each sequence's new rows) when it applies.
   void prefetch_entries(int64_t next, const Step& step,
