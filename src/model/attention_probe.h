@@ -1,5 +1,5 @@
 // A look at the CPU model's sparse attention as it runs, for evaluation tools
-// (the indexer's recall against the dense attention: eval/indexer_recall.h):
+// (the indexer's recall against the dense attention: model/indexer_recall.h):
 // per layer and sequence, the rows' absorbed queries, the selection they
 // attend through and a way to read any cached latent of the sequence.
 // DsaModel::set_attention_probe installs one; it costs nothing when unset.
