@@ -14,7 +14,7 @@ new tokens. It reports
   * accepted length: megactx_spec_accept_length from /metrics (tokens per
     verification, accepted drafts + 1).
 
-  python3 tools/bench/mtp_serve_bench.py --megactx build/megactx --model models/default \
+  python3 tools/bench/mtp_serve_bench.py --megactx build/megactx --model models/default [--temperature 1] \
       --steps 0,1,3,7 --concurrency 1,16 -- --device cuda --cuda-bf16
 
 Arguments after `--` go to every `megactx serve`. Stdlib only.
@@ -32,11 +32,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", 
 from megactx_server import MegactxServer  # noqa: E402
 
 
-def stream_one(port, ids, new_tokens):
-    """One streamed /generate: (completion tokens, seconds to first token, seconds in all)."""
-    body = json.dumps({"input_ids": ids, "stream": True,
-                       "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens,
-                                           "ignore_eos": True}})
+def stream_one(port, ids, new_tokens, temperature=0.0):
+    """One streamed /generate: (completion tokens, seconds to first token, seconds in all).
+    Above temperature 0 the request is seeded from its prompt (the same samples in every run)."""
+    sampling = {"temperature": temperature, "max_new_tokens": new_tokens, "ignore_eos": True}
+    if temperature > 0:
+        sampling["sampling_seed"] = sum(ids[:16]) % 1000003
+    body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": sampling})
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     start = time.perf_counter()
     connection.request("POST", "/generate", body, {"Content-Type": "application/json"})
@@ -70,17 +72,17 @@ def stream_args(args):
     return stream_one(*args)
 
 
-def run_round(port, prompts, new_tokens, pool=None):
+def run_round(port, prompts, new_tokens, pool=None, temperature=0.0):
     """One round of len(prompts) concurrent streams. With `pool` (a process pool of at least
     len(prompts) workers) every stream has a process of its own: a thread per stream shares
     one interpreter, which parses at most ~15-20K events/s in all and so capped the measured
     tok/s at 64 requests."""
     start = time.perf_counter()
     if pool is not None:
-        results = list(pool.map(stream_args, [(port, ids, new_tokens) for ids in prompts]))
+        results = list(pool.map(stream_args, [(port, ids, new_tokens, temperature) for ids in prompts]))
     else:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as threads:
-            results = list(threads.map(lambda ids: stream_one(port, ids, new_tokens), prompts))
+            results = list(threads.map(lambda ids: stream_one(port, ids, new_tokens, temperature), prompts))
     wall = time.perf_counter() - start
     tokens = sum(r[0] for r in results)
     # Decode: tokens after each request's first, over the time after the last first token.
@@ -100,6 +102,9 @@ def main():
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (above 0: seeded per prompt; drafts verified by "
+                             "rejection sampling)")
     parser.add_argument("--kv-memory", default="2GiB")
     parser.add_argument("--json", default="", help="also write the rows here")
     parser.add_argument("serve_args", nargs="*", help="after --: passed to megactx serve")
@@ -110,7 +115,9 @@ def main():
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
     print(f"serve args: {' '.join(args.serve_args) or '(none)'}; prompts of {args.prompt_tokens} "
-          f"tokens, {args.new_tokens} new tokens, greedy, best of {args.rounds} rounds")
+          f"tokens, {args.new_tokens} new tokens, "
+          f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}, "
+          f"best of {args.rounds} rounds")
     print("| k | concurrency | output tok/s | decode tok/s | vs k=0 (decode) | accepted length |")
     print("|---|---|---|---|---|---|")
     baseline = {}
@@ -131,7 +138,8 @@ def main():
                     accepted0 = metric(port, "megactx_spec_accepted_tokens_total")
                     best_output = best_decode = 0.0
                     for _ in range(args.rounds):
-                        output, decode = run_round(port, prompts, args.new_tokens, pool)
+                        output, decode = run_round(port, prompts, args.new_tokens, pool,
+                                                   args.temperature)
                         best_output = max(best_output, output)
                         best_decode = max(best_decode, decode)
                 verify = metric(port, "megactx_spec_verify_steps_total") - verify0
@@ -142,7 +150,8 @@ def main():
                 ratio = best_decode / baseline[c] if c in baseline else float("nan")
                 print(f"| {k} | {c} | {best_output:.0f} | {best_decode:.0f} | {ratio:.2f}x | "
                       f"{'-' if length is None else f'{length:.2f}'} |", flush=True)
-                rows.append({"k": k, "concurrency": c, "output_tok_s": best_output,
+                rows.append({"k": k, "concurrency": c, "temperature": args.temperature,
+                             "output_tok_s": best_output,
                              "decode_tok_s": best_decode, "accepted_length": length})
     if args.json:
         with open(args.json, "w") as f:

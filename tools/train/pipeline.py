@@ -38,6 +38,12 @@ def main():
     ap.add_argument("--total-s", type=float, default=360)
     ap.add_argument("--reserve-s", type=float, default=110, help="kept for export, check and evaluation")
     ap.add_argument("--ablation-s", type=float, default=45, help="MTP ablation training, all variants together")
+    ap.add_argument("--ablation-seeds", type=int, default=1,
+                    help="MTP ablation: runs per variant, each from its own initialisation and batches (the "
+                         "spread between them is the run-to-run noise the variants' differences must exceed)")
+    ap.add_argument("--ablation-only", action="store_true",
+                    help="with --init-from: no training of the target; the initial weights, as they are, are "
+                         "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation/)")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -266,20 +272,26 @@ def main():
                 results["not_run"].append("passkey_init: {!r}".format(e))
             log("baseline passkey ({:.0f}s)".format(time.time() - ts))
         model.train()
-    train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
-    log("training budget {:.0f}s".format(train_s))
-    sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until, sparse_from=args.sparse_from)
-    ckpt = os.path.join(args.work, "ckpt.pt")
-    kl_rows = args.kl_rows if args.kl_rows is not None else (32 if args.cpu_smoke else 256)
-    state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,
-                        amp=not args.cpu_smoke, kl_rows=kl_rows, head_chunk=args.head_chunk,
-                        kl_answer_rows=args.kl_answer_rows, kl_answer_min_weight=args.assistant_weight,
-                        index_kl_weight=args.index_kl_weight, kl_answer_weight=args.kl_answer_weight,
-                        kl_dense_target=args.kl_dense_target, index_lr_mult=args.index_lr_mult,
-                        index_clip=args.index_clip)
-    results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
-                        "tokens_seen": state["tokens"], "oom_dropped_phases": state.get("oom_dropped", [])}
-    log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
+    if args.ablation_only:
+        if not args.init_from:
+            raise SystemExit("--ablation-only needs --init-from (the frozen target)")
+        results["train"] = {"steps": 0, "seconds": 0.0, "skipped": "--ablation-only"}
+        log("no training (--ablation-only): the initial weights are the target")
+    else:
+        train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
+        log("training budget {:.0f}s".format(train_s))
+        sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until, sparse_from=args.sparse_from)
+        ckpt = os.path.join(args.work, "ckpt.pt")
+        kl_rows = args.kl_rows if args.kl_rows is not None else (32 if args.cpu_smoke else 256)
+        state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,
+                            amp=not args.cpu_smoke, kl_rows=kl_rows, head_chunk=args.head_chunk,
+                            kl_answer_rows=args.kl_answer_rows, kl_answer_min_weight=args.assistant_weight,
+                            index_kl_weight=args.index_kl_weight, kl_answer_weight=args.kl_answer_weight,
+                            kl_dense_target=args.kl_dense_target, index_lr_mult=args.index_lr_mult,
+                            index_clip=args.index_clip)
+        results["train"] = {"steps": state["step"], "seconds": state["elapsed"], "epochs": batches.epoch,
+                            "tokens_seen": state["tokens"], "oom_dropped_phases": state.get("oom_dropped", [])}
+        log("trained {} steps, {:.1f}M tokens".format(state["step"], results["train"]["tokens_seen"] / 1e6))
 
     # ---------------------------------------------------------------- export + parity
     # Evaluate what ships: round the weights to bf16 in place (the router bias stays fp32).
@@ -302,7 +314,8 @@ def main():
     except Exception as e:  # noqa: BLE001
         log("HF check failed: {!r}".format(e))
         results["not_run"].append("hf_parity: {!r}".format(e))
-    bundle(args.out, model_dir, "model", log)
+    if not args.ablation_only:  # the target is the initial weights: nothing new to return
+        bundle(args.out, model_dir, "model", log)
 
     # ---------------------------------------------------------------- evaluation
     def stage(name, fn, need_s):
@@ -380,17 +393,37 @@ def main():
         for p in model.parameters():
             p.requires_grad_(False)
         variants = [("no_share_ce", False, 0.0), ("share_ce", True, 0.0), ("share_ce_tv", True, 1.0)]
+        seeds = max(1, args.ablation_seeds)
+        mtp_prefix = "model.layers.{}.".format(cfg.num_hidden_layers)
+        os.makedirs(os.path.join(args.out, "ablation"), exist_ok=True)
         for name, share, tv in variants:
-            fresh = GlmMoeDsa(cfg)
-            with torch.no_grad():
+            for seed in range(seeds):
+                torch.manual_seed(1000 + seed)
+                fresh = GlmMoeDsa(cfg)
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        if n.startswith("mtp_"):
+                            p.copy_(dict(fresh.named_parameters())[n].to(device))
+                            p.requires_grad_(True)
+                train.train_mtp_variant(model, batches, args.ablation_s / (len(variants) * seeds), device, log,
+                                        share, tv)
+                run = name if seeds == 1 else "{}_seed{}".format(name, seed)
+                out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
+                # The run's MTP layer as HF names it, for the C++ engine's measurement
+                # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
+                with torch.no_grad():
+                    mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
+                           if k.startswith(mtp_prefix)}
+                export.write_safetensors(os.path.join(args.out, "ablation", run + ".safetensors"), mtp)
+                log("mtp ablation {}: {}".format(run, json.dumps(out[run])))
                 for n, p in model.named_parameters():
-                    if n.startswith("mtp_"):
-                        p.copy_(dict(fresh.named_parameters())[n].to(device))
-                        p.requires_grad_(True)
-            train.train_mtp_variant(model, batches, args.ablation_s / 3, device, log, share, tv)
-            out[name] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
-            for n, p in model.named_parameters():
-                p.requires_grad_(False)
+                    p.requires_grad_(False)
+        if seeds > 1:
+            # Per variant and metric: mean and spread (max - min) over the seeds.
+            for name, _, _ in variants:
+                runs = [out["{}_seed{}".format(name, k)] for k in range(seeds)]
+                out[name] = {m: {"mean": sum(r[m] for r in runs) / seeds,
+                                 "spread": max(r[m] for r in runs) - min(r[m] for r in runs)} for m in runs[0]}
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n in shipped:
@@ -410,7 +443,8 @@ def curriculum_batches(args, tok, ids, train_docs, filler, left, log, results):
     import curriculum
 
     phases = curriculum.parse_curriculum(args.curriculum, args.seq_len)
-    est_train_s = max(15.0, left() - args.prep_s - args.reserve_s - args.ablation_s)
+    # --ablation-only: the MTP ablation's runs are the training that reads these rows.
+    est_train_s = max(15.0, left() - args.prep_s - args.reserve_s - (0 if args.ablation_only else args.ablation_s))
     other = [d["text"] for d in train_docs if d["kind"] not in curriculum.PLAIN_KINDS]
     text = [d["text"] for d in train_docs if d["kind"] in curriculum.PLAIN_KINDS]
     template = open(os.path.join(REPO, "models", "default", "chat_template.jinja")).read()
