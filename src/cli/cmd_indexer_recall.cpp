@@ -49,12 +49,15 @@ std::vector<int32_t> read_ids(const std::string& value) {
 
 int run_indexer_recall(const RecallOptions& options) {
   const std::vector<int32_t> ids = read_ids(options.input_ids);
-  std::vector<int64_t> lengths;
-  for (const int32_t length : parse_token_ids(options.lengths)) {
+  std::vector<int32_t> lengths;
+  try {
+    lengths = parse_token_ids(options.lengths);
+  } catch (const Error&) {
+    fail("--lengths '{}': expected comma-separated token counts", options.lengths);
+  }
+  for (const int32_t length : lengths)
     MEGACTX_CHECK(length > 0 && length <= static_cast<int64_t>(ids.size()),
                   "--lengths {}: the prompt has {} ids", length, ids.size());
-    lengths.push_back(length);
-  }
   MEGACTX_CHECK(options.rows > 0, "--rows must be positive");
   ModelLoadOptions load;
   load.kv_dtype = parse_kv_dtype(options.kv_dtype);
@@ -75,16 +78,19 @@ int run_indexer_recall(const RecallOptions& options) {
                 /*all_logits=*/false, options.chunk);
     dsa->set_attention_probe({});
     // Per indexer: the mean over the layers that attend through its selection.
-    std::map<int64_t, std::pair<IndexerRecall::Layer, int64_t>> groups;
+    struct Group {
+      double recall = 0.0, mass = 0.0;
+      int64_t layers = 0;
+    };
+    std::map<int64_t, Group> groups;
     for (const IndexerRecall::Layer& layer : recall.layers()) {
       std::printf("| %lld | %lld | %lld | %lld | %.4f | %.4f |\n", static_cast<long long>(length),
                   static_cast<long long>(layer.layer), static_cast<long long>(layer.indexer_source),
                   static_cast<long long>(layer.rows), layer.recall, layer.mass);
-      auto& [sum, layers] = groups[layer.indexer_source];
-      sum.recall += layer.recall;
-      sum.mass += layer.mass;
-      sum.rows = layer.rows;
-      ++layers;
+      Group& group = groups[layer.indexer_source];
+      group.recall += layer.recall;
+      group.mass += layer.mass;
+      ++group.layers;
       report.push_back({{"length", length},
                         {"layer", layer.layer},
                         {"indexer_source", layer.indexer_source},
@@ -96,8 +102,8 @@ int run_indexer_recall(const RecallOptions& options) {
       std::fprintf(stderr,
                    "length %lld, indexer of layer %lld (%lld layers): recall %.4f, mass %.4f\n",
                    static_cast<long long>(length), static_cast<long long>(source),
-                   static_cast<long long>(group.second), group.first.recall / group.second,
-                   group.first.mass / group.second);
+                   static_cast<long long>(group.layers), group.recall / group.layers,
+                   group.mass / group.layers);
   }
   if (!options.json.empty()) {
     std::ofstream file(options.json);

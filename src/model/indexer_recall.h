@@ -39,7 +39,6 @@ class IndexerRecall {
   };
   // Measured layers in layer order.
   std::vector<Layer> layers() const;
-  void clear() { sums_.clear(); }
 
  private:
   int64_t first_position_;

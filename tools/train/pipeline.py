@@ -127,6 +127,8 @@ def main():
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="CPU machine check of the code path: no CUDA, byte tokenizer stand-in, tiny sets")
     args = ap.parse_args()
+    if args.ablation_only and (not args.init_from or args.ablation_s <= 0):
+        ap.error("--ablation-only needs --init-from (the frozen target) and --ablation-s > 0")
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
@@ -273,8 +275,6 @@ def main():
             log("baseline passkey ({:.0f}s)".format(time.time() - ts))
         model.train()
     if args.ablation_only:
-        if not args.init_from:
-            raise SystemExit("--ablation-only needs --init-from (the frozen target)")
         results["train"] = {"steps": 0, "seconds": 0.0, "skipped": "--ablation-only"}
         log("no training (--ablation-only): the initial weights are the target")
     else:
@@ -399,11 +399,11 @@ def main():
         for name, share, tv in variants:
             for seed in range(seeds):
                 torch.manual_seed(1000 + seed)
-                fresh = GlmMoeDsa(cfg)
+                fresh = dict(GlmMoeDsa(cfg).named_parameters())
                 with torch.no_grad():
                     for n, p in model.named_parameters():
                         if n.startswith("mtp_"):
-                            p.copy_(dict(fresh.named_parameters())[n].to(device))
+                            p.copy_(fresh[n].to(device))
                             p.requires_grad_(True)
                 train.train_mtp_variant(model, batches, args.ablation_s / (len(variants) * seeds), device, log,
                                         share, tv)
