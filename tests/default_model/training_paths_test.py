@@ -3,7 +3,8 @@
 the gather sparse attention (O(T x k)) against the [B,T,T] mask path, and the chunked LM/MTP head
 losses against the whole-logits losses: forward, MTP drafts, indexer KL and every gradient, fp32;
 also with run 5's indexer KL options (dense target in sparse mode, weighted rows), and that the
-dense target's KL covers every causal column while the default covers only the selected set.
+dense target's KL covers every causal column while the default covers only the selected set; and the
+learning-rate schedules (cosine, warmup-stable-decay) against their closed forms.
 The indexer's top-k selections of the mask run are replayed in the others: a near-tie in the index
 scores can flip under fp32 rounding differences of the layers before (a different selected set, not
 a different computation).
@@ -101,9 +102,26 @@ def check_support(worst):
     return max(worst, bad)
 
 
+def check_schedule(worst):
+    """--decay-frac: 1 keeps runs 1-6's cosine (written out here as the closed form); 0.2 holds the
+    rate after the warmup until 80% of the budget, then the same cosine's shape to the same end."""
+    import math
+    lr, warm, final = 1e-3, 0.03, 0.1
+    cosine, wsd = tr.Schedule(100, lr), tr.Schedule(100, lr, decay_frac=0.2)
+    bad = 0.0
+    for f in [0.0, 0.01, 0.03, 0.2, 0.5, 0.79, 0.8, 0.9, 1.0]:
+        want = lr * (0.1 + 0.9 * f / warm) if f < warm else \
+            lr * (final + (1 - final) * 0.5 * (1 + math.cos(math.pi * (f - warm) / (1 - warm))))
+        want_wsd = want if f < warm else lr if f <= 0.8 else \
+            lr * (final + (1 - final) * 0.5 * (1 + math.cos(math.pi * (f - 0.8) / 0.2)))
+        bad = max(bad, abs(cosine.learning_rate(f) - want) / lr, abs(wsd.learning_rate(f) - want_wsd) / lr)
+    print("schedule: cosine and warmup-stable-decay against their closed forms, worst {:.1e}".format(bad))
+    return max(worst, bad)
+
+
 def main():
     torch.set_num_threads(2)
-    worst = check_support(0.0)
+    worst = check_schedule(check_support(0.0))
     for B, T, k in [(2, 200, 16), (1, 300, 128)]:
         torch.manual_seed(0)
         m = M.GlmMoeDsa(ModelConfig(vocab_size=512, index_topk=k))

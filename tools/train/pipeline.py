@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--decay-frac", type=float, default=1.0,
+                    help="the cosine decay over the last fraction of training only, the rate held at --lr "
+                         "before it (warmup-stable-decay); 1 (runs 1-6): cosine over the whole budget")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--train-tokenizer", action="store_true")
     ap.add_argument("--resume", action="store_true", help="continue from --work/ckpt.pt (same machine)")
@@ -129,6 +132,8 @@ def main():
     args = ap.parse_args()
     if args.ablation_only and (not args.init_from or args.ablation_s <= 0):
         ap.error("--ablation-only needs --init-from (the frozen target) and --ablation-s > 0")
+    if not 0.0 < args.decay_frac <= 1.0:
+        ap.error("--decay-frac must be in (0, 1], got {}".format(args.decay_frac))
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
@@ -280,7 +285,8 @@ def main():
     else:
         train_s = max(15.0, left() - args.reserve_s - args.ablation_s)
         log("training budget {:.0f}s".format(train_s))
-        sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until, sparse_from=args.sparse_from)
+        sched = train.Schedule(train_s, args.lr, dense_until=args.dense_until, sparse_from=args.sparse_from,
+                               decay_frac=args.decay_frac)
         ckpt = os.path.join(args.work, "ckpt.pt")
         kl_rows = args.kl_rows if args.kl_rows is not None else (32 if args.cpu_smoke else 256)
         state = train.train(model, batches, sched, device, log, ckpt_path=ckpt, resume=args.resume,

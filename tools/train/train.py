@@ -24,9 +24,13 @@ class Schedule:
     sparse from fraction dense_until on, and also (sparse_from > 0) in every batch whose rows have at
     least sparse_from tokens (run 5: sparse from the 16K phase of the curriculum on)."""
 
-    def __init__(self, budget_s, lr, dense_until=0.6, warmup=0.03, final=0.1, sparse_from=0):
+    def __init__(self, budget_s, lr, dense_until=0.6, warmup=0.03, final=0.1, sparse_from=0, decay_frac=1.0):
         self.budget_s, self.lr, self.dense_until, self.warmup, self.final = budget_s, lr, dense_until, warmup, final
         self.sparse_from = sparse_from
+        # decay_frac < 1: warmup-stable-decay. The rate holds at lr after the warmup and the cosine
+        # runs over the last decay_frac of the budget only, so a curriculum's last (longest) phase
+        # is not trained at the cosine's tail (run 6: its 128K rows at 0.6-1.3e-4 of 5e-4).
+        self.decay_frac = decay_frac
 
     def mode(self, f, seq_len=None):
         if f >= self.dense_until:
@@ -38,7 +42,8 @@ class Schedule:
     def learning_rate(self, f):
         if f < self.warmup:
             return self.lr * (0.1 + 0.9 * f / self.warmup)
-        p = min(1.0, (f - self.warmup) / (1 - self.warmup))
+        start = max(self.warmup, 1.0 - self.decay_frac)
+        p = min(1.0, max(0.0, f - start) / max(1e-9, 1.0 - start))
         return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
