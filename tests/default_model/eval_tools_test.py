@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The evaluation tools' own logic (tools/eval), without a server: the passkey prompt builder
 reaches the asked length from a filler pool shorter than it (and places the one key sentence at
-the asked depth), and the behaviour judge counts a tool call only for a tool the prompt declares
+the asked depth), and in multi-key mode places one asked fact at the depth among distinct others, and the behaviour judge counts a tool call only for a tool the prompt declares
 and an answer as ended only when it stopped."""
 import os
 import random
@@ -19,8 +19,9 @@ class PasskeyPrompt(unittest.TestCase):
     def build(self, pool_paragraphs, length, depth):
         paragraphs = ["paragraph {} ".format(i) * 20 for i in range(pool_paragraphs)]
         counts = [90 + i % 21 for i in range(pool_paragraphs)]  # tokens of each paragraph
-        prompt, actual = passkey_serve_eval.build_prompt(paragraphs, counts, length, depth, 12345,
-                                                         random.Random(3))
+        prompt, actual, others = passkey_serve_eval.build_prompt(paragraphs, counts, length, depth, 12345,
+                                                                 random.Random(3))
+        self.assertEqual(others, [])
         body = prompt[:-len(passkey_serve_eval.QUESTION)].split("\n")
         keyed = [i for i, part in enumerate(body) if part == "The pass key is 12345."]
         self.assertEqual(len(keyed), 1)
@@ -39,6 +40,31 @@ class PasskeyPrompt(unittest.TestCase):
         self.assertGreater(tokens, 0.98 * 20000)
         self.assertLessEqual(tokens, 20000)
         self.assertAlmostEqual(actual, 0.9, delta=0.03)
+
+    def test_multi_key(self):
+        paragraphs = ["paragraph {} ".format(i) * 20 for i in range(400)]
+        counts = [90 + i % 21 for i in range(400)]
+        prompt, actual, others = passkey_serve_eval.build_prompt(paragraphs, counts, 8000, 0.3, 12345,
+                                                                 random.Random(5), others=4)
+        body, question = prompt.rsplit("\n\n", 1)
+        facts = [part for part in body.split("\n") if part.startswith("The secret number of ")]
+        self.assertEqual(len(facts), 5)
+        self.assertEqual(len(set(others)), 4)
+        self.assertNotIn(12345, others)
+        asked = [f for f in facts if f.endswith(" is 12345.")]
+        self.assertEqual(len(asked), 1)
+        name = asked[0][len("The secret number of "):-len(" is 12345.")]
+        self.assertEqual(question, "What is the secret number of {}?".format(name))
+        for fact in facts:
+            if fact not in asked:
+                self.assertNotIn(" {} ".format(name), fact)  # the other facts are about others
+        self.assertEqual(sorted(int(f.rsplit(" ", 1)[1][:-1]) for f in facts if f not in asked), sorted(others))
+        # The asked fact sits after the filler that ends at the asked depth.
+        parts = body.split("\n")
+        before = sum(counts[paragraphs.index(p)] for p in parts[:parts.index(asked[0])] if p in paragraphs)
+        total = sum(counts[paragraphs.index(p)] for p in parts if p in paragraphs)
+        self.assertAlmostEqual(before / total, 0.3, delta=0.03)
+        self.assertAlmostEqual(actual, 0.3, delta=0.03)
 
 
 TOOLS_PROMPT = ('<tools>\n{"type": "function", "function": {"name": "get_weather", "parameters": {}}}\n'

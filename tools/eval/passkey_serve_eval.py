@@ -14,7 +14,10 @@ prompt lengths are the model's tokens (the answer's usage.prompt_tokens is repor
         --lengths 1024,2048,4096 --depths 0.1,0.3,0.5,0.7,0.9 --json out.json --plot out.svg \\
         -- --device cpu
 
-Arguments after `--` go to `megactx serve` (e.g. --device cuda --kv-dtype fp8).
+Arguments after `--` go to `megactx serve` (e.g. --device cuda --kv-dtype fp8). `--keys N` (N > 1)
+asks multi-key prompts instead: N facts "The secret number of NAME is K." (the training's multi-key
+format), the asked one at the cell's depth and the others at random depths, and the question
+"What is the secret number of NAME?"; an answer giving another fact's number is counted apart.
 """
 import argparse
 import json
@@ -30,6 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from megactx_server import MegactxServer  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
+import synth  # noqa: E402  (the names of the training's multi-key facts)
 
 QUESTION = "\n\nWhich pass key was hidden in the text?"
 
@@ -68,10 +74,15 @@ def token_count(url, text):
     return response.json()["count"]
 
 
-def build_prompt(paragraphs, counts, length, depth, key, rng):
+def build_prompt(paragraphs, counts, length, depth, key, rng, others=0):
     """Paragraphs in a shuffled order up to `length` tokens, the key sentence after the
     paragraph that ends at `depth` of them. A pool shorter than the length is walked again in a
-    new order as often as it takes (the filler repeats; the key sentence stays unique)."""
+    new order as often as it takes (the filler repeats; the key sentence stays unique).
+
+    others > 0 (multi-key): the asked sentence is "The secret number of NAME is KEY." and `others`
+    more of that form, other names and numbers, go after paragraphs at random depths; the question
+    asks for NAME's number (the training's multi-key format, tools/data/synth.py). Returns the
+    prompt, the asked sentence's actual depth and the other sentences' numbers."""
     chosen, total = [], 0
     while total <= 0.98 * length:
         order = list(range(len(paragraphs)))
@@ -92,8 +103,23 @@ def build_prompt(paragraphs, counts, length, depth, key, rng):
         before += counts[chosen[at]]
         at += 1
     parts = [paragraphs[i] for i in chosen]
-    parts.insert(at, f"The pass key is {key}.")
-    return "\n".join(parts) + QUESTION, before / max(total, 1)
+    if not others:
+        parts.insert(at, f"The pass key is {key}.")
+        return "\n".join(parts) + QUESTION, before / max(total, 1), []
+    names = rng.sample(synth.NAMES, others + 1)
+    other_keys = []
+    while len(other_keys) < others:
+        candidate = rng.randrange(10000, 100000)
+        if candidate != key and candidate not in other_keys:
+            other_keys.append(candidate)
+    # Insert from the back so the earlier positions (and the asked one's) stay where they were.
+    inserts = [(at, f"The secret number of {names[0]} is {key}.")]
+    inserts += [(rng.randint(0, len(parts)), f"The secret number of {name} is {number}.")
+                for name, number in zip(names[1:], other_keys)]
+    for position, sentence in sorted(inserts, key=lambda item: item[0], reverse=True):
+        parts.insert(position, sentence)
+    question = f"\n\nWhat is the secret number of {names[0]}?"
+    return "\n".join(parts) + question, before / max(total, 1), other_keys
 
 
 def heat_map(path, rows, lengths, depths, title):
@@ -143,6 +169,9 @@ def main():
     parser.add_argument("--lengths", default="1024,2048,4096", help="prompt lengths in tokens")
     parser.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9")
     parser.add_argument("--per-cell", type=int, default=1, help="prompts per length and depth")
+    parser.add_argument("--keys", type=int, default=1,
+                        help="facts per prompt: 1, the pass key; N > 1, N 'secret number of NAME' "
+                             "facts and a question about the one at the cell's depth")
     parser.add_argument("--filler", default="", help="paragraphs file (default: dpkg status)")
     parser.add_argument("--kv-memory", default="2GiB")
     parser.add_argument("--seed", type=int, default=0)
@@ -153,6 +182,8 @@ def main():
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     depths = [float(x) for x in args.depths.split(",")]
+    if not 1 <= args.keys <= len(synth.NAMES):
+        sys.exit(f"--keys must be 1 to {len(synth.NAMES)}, got {args.keys}")
     paragraphs = file_paragraphs(args.filler) if args.filler else dpkg_paragraphs()
     if not paragraphs:
         sys.exit("no filler paragraphs (give --filler FILE)")
@@ -169,7 +200,8 @@ def main():
             for depth in depths:
                 for _ in range(args.per_cell):
                     key = rng.randrange(10000, 100000)
-                    prompt, actual_depth = build_prompt(paragraphs, counts, length, depth, key, rng)
+                    prompt, actual_depth, other_keys = build_prompt(
+                        paragraphs, counts, length, depth, key, rng, others=args.keys - 1)
                     started = time.time()
                     response = requests.post(server.url + "/v1/chat/completions", timeout=3600, json={
                         "model": "passkey", "messages": [{"role": "user", "content": prompt}],
@@ -179,15 +211,17 @@ def main():
                     body = response.json()
                     answer = body["choices"][0]["message"].get("content") or ""
                     found = re.search(r"\d+", answer)
+                    number = int(found.group()) if found else None
                     row = {"length": length, "depth": depth, "key_depth": round(actual_depth, 3),
                            "prompt_tokens": body["usage"]["prompt_tokens"], "key": key,
-                           "answer": answer.strip(), "correct": bool(found and int(found.group())
-                                                                    == key),
+                           "keys": args.keys, "answer": answer.strip(), "correct": number == key,
+                           "gave_another_key": number in other_keys,
                            "seconds": round(time.time() - started, 2)}
                     rows.append(row)
                     print(f"{row['prompt_tokens']:>8} tokens, depth {actual_depth:.2f}: "
                           f"{'ok  ' if row['correct'] else 'miss'} {key} -> {row['answer']!r} "
-                          f"({row['seconds']} s)", flush=True)
+                          f"({row['seconds']} s){' another fact' if row['gave_another_key'] else ''}",
+                          flush=True)
     print("\n| length | mean prompt tokens | " + " | ".join(f"depth {d:g}" for d in depths) +
           " | all |")
     print("|---|---|" + "---|" * (len(depths) + 1))
@@ -200,6 +234,9 @@ def main():
         mean = sum(r["prompt_tokens"] for r in line) / max(len(line), 1)
         print(f"| {length} | {mean:,.0f} | " + " | ".join(cells) +
               f" | {sum(r['correct'] for r in line)}/{len(line)} |")
+    if args.keys > 1:
+        print(f"\n{args.keys} facts per prompt; answers naming another fact's number: "
+              f"{sum(r['gave_another_key'] for r in rows)} of {len(rows)}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"serve_args": args.serve_args, "rows": rows}, out, indent=1)
