@@ -147,8 +147,9 @@ def main():
                 length = 1 + accepted / verify if k > 0 and verify > 0 else None
                 if k == 0:
                     baseline[c] = best_decode
-                ratio = best_decode / baseline[c] if c in baseline else float("nan")
-                print(f"| {k} | {c} | {best_output:.0f} | {best_decode:.0f} | {ratio:.2f}x | "
+                # Without k = 0 in --steps there is no baseline to divide by.
+                ratio = f"{best_decode / baseline[c]:.2f}x" if c in baseline else "-"
+                print(f"| {k} | {c} | {best_output:.0f} | {best_decode:.0f} | {ratio} | "
                       f"{'-' if length is None else f'{length:.2f}'} |", flush=True)
                 rows.append({"k": k, "concurrency": c, "temperature": args.temperature,
                              "output_tok_s": best_output,
