@@ -29,7 +29,7 @@ class Schedule:
         self.sparse_from = sparse_from
         # decay_frac < 1: warmup-stable-decay. The rate holds at lr after the warmup and the cosine
         # runs over the last decay_frac of the budget only, so a curriculum's last (longest) phase
-        # is not trained at the cosine's tail (run 6: its 128K rows at 0.6-1.3e-4 of 5e-4).
+        # is not trained at the cosine's tail (run 6: its 128K rows at 0.5-1.3e-4 of 5e-4).
         self.decay_frac = decay_frac
 
     def mode(self, f, seq_len=None):
