@@ -113,8 +113,9 @@ def build_prompt(paragraphs, counts, length, depth, key, rng, others=0):
         if candidate != key and candidate not in other_keys:
             other_keys.append(candidate)
     # Insert from the back so the earlier positions (and the asked one's) stay where they were.
-    inserts = [(at, f"The secret number of {names[0]} is {key}.")]
-    inserts += [(rng.randint(0, len(parts)), f"The secret number of {name} is {number}.")
+    fact = "The secret number of {} is {}."
+    inserts = [(at, fact.format(names[0], key))]
+    inserts += [(rng.randint(0, len(parts)), fact.format(name, number))
                 for name, number in zip(names[1:], other_keys)]
     for position, sentence in sorted(inserts, key=lambda item: item[0], reverse=True):
         parts.insert(position, sentence)
