@@ -113,8 +113,10 @@ struct DeviceIndexer {
     params.max_visible = problem.max_visible;
     return params;
   }
-  cuda::TopkParams topk_params(const IndexerProblem& problem) const {
+  cuda::TopkParams topk_params(const IndexerProblem& problem,
+                               cuda::TopkPath path = cuda::TopkPath::Auto) const {
     cuda::TopkParams params;
+    params.path = path;
     params.scores = scores.get();
     params.score_stride = problem.score_stride;
     params.row_visible = visible.get();
@@ -147,6 +149,18 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
     score += problem.weights[static_cast<size_t>(row) * problem.heads + h] * std::max(dot, 0.f);
   }
   return score;
+}
+
+// The kernel families that serve a problem's selection: the one-CTA kernel or
+// the multi-CTA passes always, the one-cluster-per-row kernel where it fits.
+std::vector<cuda::TopkPath> topk_paths(const cuda::TopkParams& params) {
+  std::vector<cuda::TopkPath> paths = {cuda::TopkPath::Passes};
+  if (cuda::topk_cluster_serves(params)) paths.push_back(cuda::TopkPath::Cluster);
+  return paths;
+}
+
+const char* path_name(cuda::TopkPath path) {
+  return path == cuda::TopkPath::Cluster ? "cluster kernel" : "passes";
 }
 
 // Checks that `slots` [top_k] is a valid top-k of `scores` [visible]: right
@@ -205,40 +219,50 @@ void check_engine(IndexerProblem& problem, DeviceIndexer& device, bool bulk_copi
   cuda::IndexerScoreParams params = device.score_params(problem);
   params.bulk_copies = bulk_copies;
   cuda::indexer_scores(params, nullptr);
-  cuda::radix_topk(device.topk_params(problem), nullptr);
   const std::vector<float> scores = device.scores.download();
-  const std::vector<int32_t> slots = device.slots.download();
+  std::vector<std::vector<float>> expected(static_cast<size_t>(problem.rows));
+  std::vector<float> largest(static_cast<size_t>(problem.rows), 1e-30f);
   for (int row = 0; row < problem.rows; ++row) {
     const float* row_scores = scores.data() + static_cast<size_t>(row) * problem.score_stride;
     const int64_t visible = problem.row_visible[row];
-    std::vector<float> expected(static_cast<size_t>(visible));
+    expected[row].resize(static_cast<size_t>(visible));
     reference::indexer_scores_reference(
         problem.query_values.data() + static_cast<size_t>(row) * problem.heads * kIndexerDim,
         problem.weights.data() + static_cast<size_t>(row) * problem.heads, problem.heads,
-        problem.pool.data(), problem.table(row), visible, expected.data());
-    float largest = 1e-30f;
-    for (float e : expected) largest = std::max(largest, std::fabs(e));
+        problem.pool.data(), problem.table(row), visible, expected[row].data());
+    for (float e : expected[row]) largest[row] = std::max(largest[row], std::fabs(e));
     for (int64_t p = 0; p < visible && check_all_scores; ++p)
-      ASSERT_NEAR(row_scores[p], expected[p], kScoreTolerance * largest)
+      ASSERT_NEAR(row_scores[p], expected[row][p], kScoreTolerance * largest[row])
           << "row " << row << " position " << p;
     for (int64_t p = visible; p < problem.score_stride; ++p)
       ASSERT_TRUE(std::isnan(row_scores[p]))
           << "row " << row << " wrote past its visible keys at " << p;
-    expect_valid_topk(
-        row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
-        slots.data() + static_cast<size_t>(row) * problem.top_k, "row " + std::to_string(row));
-    // The selection is also a top-k of the reference scores, up to rounding at the threshold.
-    if (visible > problem.top_k) {
-      std::vector<float> sorted = expected;
-      std::nth_element(sorted.begin(), sorted.begin() + (problem.top_k - 1), sorted.end(),
-                       std::greater<float>());
-      const float kth = sorted[problem.top_k - 1];
-      std::vector<int64_t> logical(static_cast<size_t>(problem.layout.num_pages), -1);
-      for (int64_t p = 0; p < (visible + 63) / 64; ++p) logical[problem.table(row)[p]] = p;
-      for (int i = 0; i < problem.top_k; ++i) {
-        const int32_t slot = slots[static_cast<size_t>(row) * problem.top_k + i];
-        const int64_t position = logical[slot / 64] * 64 + slot % 64;
-        ASSERT_GE(expected[position], kth - 2 * kScoreTolerance * largest) << "row " << row;
+  }
+  for (cuda::TopkPath path : topk_paths(device.topk_params(problem))) {
+    SCOPED_TRACE(path_name(path));
+    device.slots.fill_bytes(0x5a);
+    cuda::radix_topk(device.topk_params(problem, path), nullptr);
+    const std::vector<int32_t> slots = device.slots.download();
+    for (int row = 0; row < problem.rows; ++row) {
+      const float* row_scores = scores.data() + static_cast<size_t>(row) * problem.score_stride;
+      const int64_t visible = problem.row_visible[row];
+      expect_valid_topk(
+          row_scores, visible, problem.top_k, problem.table(row), problem.layout.num_pages,
+          slots.data() + static_cast<size_t>(row) * problem.top_k, "row " + std::to_string(row));
+      // The selection is also a top-k of the reference scores, up to rounding at the threshold.
+      if (visible > problem.top_k) {
+        std::vector<float> sorted = expected[row];
+        std::nth_element(sorted.begin(), sorted.begin() + (problem.top_k - 1), sorted.end(),
+                         std::greater<float>());
+        const float kth = sorted[problem.top_k - 1];
+        std::vector<int64_t> logical(static_cast<size_t>(problem.layout.num_pages), -1);
+        for (int64_t p = 0; p < (visible + 63) / 64; ++p) logical[problem.table(row)[p]] = p;
+        for (int i = 0; i < problem.top_k; ++i) {
+          const int32_t slot = slots[static_cast<size_t>(row) * problem.top_k + i];
+          const int64_t position = logical[slot / 64] * 64 + slot % 64;
+          ASSERT_GE(expected[row][position], kth - 2 * kScoreTolerance * largest[row])
+              << "row " << row;
+        }
       }
     }
   }
@@ -330,18 +354,21 @@ void check_ties(const std::vector<int64_t>& lengths, uint32_t seed) {
     for (int64_t p = 0; p < problem.row_visible[row]; ++p)
       scores[row * problem.score_stride + p] = row == 1 ? 4.f : values[rng() % 7];
   device.scores.upload(scores);
-  cuda::radix_topk(device.topk_params(problem), nullptr);
-  cuda::radix_topk(device.topk_params(problem), nullptr);  // the workspace is left reusable
-  const auto slots = device.slots.download();
-  for (int row = 0; row < problem.rows; ++row)
-    expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
-                      problem.top_k, problem.table(row), problem.layout.num_pages,
-                      slots.data() + row * problem.top_k, "tie row " + std::to_string(row));
+  for (cuda::TopkPath path : topk_paths(device.topk_params(problem))) {
+    SCOPED_TRACE(path_name(path));
+    cuda::radix_topk(device.topk_params(problem, path), nullptr);
+    cuda::radix_topk(device.topk_params(problem, path), nullptr);  // the workspace is reusable
+    const auto slots = device.slots.download();
+    for (int row = 0; row < problem.rows; ++row)
+      expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
+                        problem.top_k, problem.table(row), problem.layout.num_pages,
+                        slots.data() + row * problem.top_k, "tie row " + std::to_string(row));
+  }
 }
 
 TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
-  check_ties({10000, 4097, 300000}, 61);  // multi-CTA passes
-  check_ties({10000, 4097, 30000}, 62);   // one CTA per row
+  check_ties({10000, 4097, 300000}, 61);  // multi-CTA passes; the cluster kernel
+  check_ties({10000, 4097, 30000}, 62);   // one CTA per row; the cluster kernel
 }
 
 TEST(IndexerTopk, LongBatchUsesTheMultiBlockSelectForEveryRow) {
@@ -394,6 +421,9 @@ TEST(IndexerTopk, OneMillionKeys) {
 // as slots mode, written as positions. Both the one-CTA rows and the
 // multi-CTA passes; random scores (no ties: the two sets must be equal) and
 // heavy ties (any valid set).
+void check_positions_mode_path(const IndexerProblem& problem, DeviceIndexer& device,
+                               const std::vector<float>& scores, bool ties, cuda::TopkPath path);
+
 void check_positions_mode(const std::vector<int64_t>& lengths, bool ties, uint32_t seed) {
   std::mt19937 rng(seed);
   IndexerProblem problem;
@@ -408,9 +438,17 @@ void check_positions_mode(const std::vector<int64_t>& lengths, bool ties, uint32
     for (int64_t p = 0; p < problem.row_visible[row]; ++p)
       scores[row * problem.score_stride + p] = ties ? values[rng() % 4] : normal(rng);
   device.scores.upload(scores);
-  cuda::radix_topk(device.topk_params(problem), nullptr);
+  for (cuda::TopkPath path : topk_paths(device.topk_params(problem))) {
+    SCOPED_TRACE(path_name(path));
+    check_positions_mode_path(problem, device, scores, ties, path);
+  }
+}
+
+void check_positions_mode_path(const IndexerProblem& problem, DeviceIndexer& device,
+                               const std::vector<float>& scores, bool ties, cuda::TopkPath path) {
+  cuda::radix_topk(device.topk_params(problem, path), nullptr);
   const auto slots = device.slots.download();
-  cuda::TopkParams positions_mode = device.topk_params(problem);
+  cuda::TopkParams positions_mode = device.topk_params(problem, path);
   positions_mode.block_table = nullptr;
   positions_mode.row_request = nullptr;
   positions_mode.block_table_stride = 0;
@@ -453,6 +491,13 @@ TEST(IndexerTopk, PositionsModeSelectsTheSameSetAsSlots) {
   check_positions_mode({4097, 300000}, true, 84);
 }
 
+TEST(IndexerTopk, ClusterKernelAtItsLongestRows) {
+  // Rows of up to 48 keys per thread: every key slot of the shared-memory
+  // array in use, rows ending mid-warp, one row with every key taken.
+  check_positions_mode({cuda::kTopkClusterMaxVisible, 200001, 2048, 131072 + 17}, false, 85);
+  check_positions_mode({cuda::kTopkClusterMaxVisible - 5, 65536}, true, 86);
+}
+
 TEST(IndexerTopk, RejectsBadShapes) {
   cuda::IndexerScoreParams params;
   params.heads = 48;
@@ -485,6 +530,13 @@ TEST(IndexerTopk, RejectsBadShapes) {
   topk.block_table_stride = 0;
   EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
   EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));  // no visible key
+  topk.path = cuda::TopkPath::Cluster;
+  out.fill_bytes(0x5a);
+  EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
+  EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));
+  topk.max_visible = cuda::kTopkClusterMaxVisible + 1;  // past what the cluster kernel holds
+  topk.score_stride = topk.max_visible;
+  EXPECT_THROW(cuda::radix_topk(topk, nullptr), Error);
 }
 
 }  // namespace

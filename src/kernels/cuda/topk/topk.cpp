@@ -1,9 +1,31 @@
 // Parameter checks for the radix top-k (host side: formats messages).
 #include "kernels/cuda/topk/topk.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace megactx::cuda {
+
+bool topk_cluster_serves(const TopkParams& params) {
+  return params.rows <= kTopkClusterMaxRows && params.max_visible <= kTopkClusterMaxVisible;
+}
+
+bool topk_cluster_chosen(const TopkParams& params) {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_TOPK_CLUSTER");
+    return value == nullptr || *value == '\0' || value[0] != '0';
+  }();
+  switch (params.path) {
+    case TopkPath::Passes:
+      return false;
+    case TopkPath::Cluster:
+      return true;
+    case TopkPath::Auto:
+      break;
+  }
+  return on && topk_cluster_serves(params);
+}
 
 void radix_topk(const TopkParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.top_k >= 1, "top-k: k must be positive, got {}", params.top_k);
@@ -22,6 +44,13 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
                   "top-k: a required pointer is null");
     MEGACTX_CHECK(!slots_mode || params.row_request,
                   "top-k: a block table needs row_request (or pass no table for positions)");
+  }
+  if (topk_cluster_chosen(params)) {
+    MEGACTX_CHECK(topk_cluster_serves(params),
+                  "top-k: the cluster kernel takes at most {} rows of {} keys, got {} rows of {}",
+                  kTopkClusterMaxRows, kTopkClusterMaxVisible, params.rows, params.max_visible);
+    detail::launch_cluster_topk(params, stream);
+    return;
   }
   detail::launch_radix_topk(params, stream);
 }

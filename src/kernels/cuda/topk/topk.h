@@ -21,6 +21,14 @@
 // When every row has at most kTopkSmallRow scores, one CTA per row does the
 // same passes with the row held in shared memory, in a single launch.
 //
+// A few rows of at most kTopkClusterMaxVisible scores (a decode step's, an
+// MTP verification's) take one thread-block cluster per row instead
+// (cluster_topk.cu): the same digits and collect in one launch, the row's
+// keys in the registers of kTopkClusterCtas CTAs and the histograms summed
+// through distributed shared memory. TopkParams::path picks a kernel family
+// explicitly (tests, benchmarks); MEGACTX_TOPK_CLUSTER=0 turns the cluster
+// kernel off for the automatic choice (A/B runs).
+//
 // The workspace (histograms, counters) must be zero before the first call; the
 // kernels leave it zero again, so the calls can be replayed in a CUDA graph.
 #pragma once
@@ -36,7 +44,17 @@ namespace megactx::cuda {
 inline constexpr int kTopkChunk = 8192;      // scores per CTA in each pass
 inline constexpr int kTopkSmallRow = 32768;  // rows up to this long: one CTA each, keys in smem
 inline constexpr int kTopkHistogramBins = 4096;
-inline constexpr int kTopkRowState = 8;  // int32 counters per row
+inline constexpr int kTopkRowState = 8;     // int32 counters per row
+inline constexpr int kTopkClusterCtas = 8;  // CTAs per row in the cluster kernel
+inline constexpr int kTopkClusterThreads = 1024;
+inline constexpr int kTopkClusterMaxVisible = 48 * kTopkClusterCtas * kTopkClusterThreads;  // 384K
+inline constexpr int kTopkClusterMaxRows = 64;  // more rows: the passes fill the GPU as well
+
+enum class TopkPath : uint8_t {
+  Auto,     // the cluster kernel where it serves (and is not switched off), else the passes
+  Passes,   // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
+  Cluster,  // one cluster per row: rows <= kTopkClusterMaxRows of <= kTopkClusterMaxVisible keys
+};
 
 struct TopkParams {
   const float* scores = nullptr;  // [rows, score_stride]; entries p < row_visible[row] are read
@@ -52,13 +70,19 @@ struct TopkParams {
   // Workspace (zeroed once with cudaMemset; left zeroed):
   uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
   int32_t* row_state = nullptr;   // [rows, kTopkRowState]
+  TopkPath path = TopkPath::Auto;
 };
+
+// Whether the cluster kernel serves this shape, and whether Auto takes it.
+bool topk_cluster_serves(const TopkParams& params);
+bool topk_cluster_chosen(const TopkParams& params);
 
 // Validates (megactx::Error) and launches the four passes on `stream`.
 void radix_topk(const TopkParams& params, cudaStream_t stream);
 
 namespace detail {
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
-}
+void launch_cluster_topk(const TopkParams& params, cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace megactx::cuda
