@@ -217,6 +217,14 @@ IndexerScoreParams score_params(const Stack& s, int layer, int rows, int64_t con
   return p;
 }
 
+// "12.3", or "-" for a case a kernel does not serve (0).
+std::string one_decimal_or_dash(double value) {
+  if (value <= 0) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
 TopkParams topk_params(const Stack& s, int rows, int64_t context, TopkPath path = TopkPath::Auto) {
   TopkParams p;
   p.path = path;
@@ -297,8 +305,9 @@ int main(int argc, char** argv) {
           "\n## Indexer + top-k decode (batch 1, per layer, %zu layers' caches rotated)\n\n",
           full_layers.size());
       std::printf(
-          "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us, passes | "
-          "both us | key bytes MB | byte floor us | both / floor | score TFLOP/s | key GB/s |\n");
+          "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
+          "cluster, keys in shared memory / cluster, streamed | both us | key bytes MB | byte "
+          "floor us | both / floor | score TFLOP/s | key GB/s |\n");
       std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
       for (int64_t context : contexts)
         for (int tokens : {1, 2}) {
@@ -333,16 +342,21 @@ int main(int argc, char** argv) {
                                      },
                                      reps) /
                                  n;
-          // The one-CTA kernel or multi-CTA passes where the default is the cluster kernel.
-          const double topk_passes_ms =
-              graph_median_ms(
-                  stream,
-                  [&] {
-                    for (size_t i = 0; i < full_layers.size(); ++i)
-                      radix_topk(topk_params(s, tokens, context, TopkPath::Passes), stream);
-                  },
-                  reps) /
-              n;
+          // Each kernel family forced (the default above is topk_path_chosen's).
+          auto topk_path_us = [&](TopkPath path) {
+            TopkParams params = topk_params(s, tokens, context, path);
+            if (path == TopkPath::Cluster && !topk_cluster_serves(params)) return 0.0;
+            return graph_median_ms(
+                       stream,
+                       [&] {
+                         for (size_t i = 0; i < full_layers.size(); ++i) radix_topk(params, stream);
+                       },
+                       reps) /
+                   n * 1e3;
+          };
+          const double passes_us = topk_path_us(TopkPath::Passes);
+          const double cluster_us = topk_path_us(TopkPath::Cluster);
+          const double streamed_us = topk_path_us(TopkPath::ClusterStreamed);
           const double both_ms =
               graph_median_ms(
                   stream,
@@ -358,12 +372,12 @@ int main(int argc, char** argv) {
           const double floor_us = key_bytes / bw * 1e6;
           const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
           std::printf(
-              "| %lldK | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f "
-              "|\n",
+              "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s / %.1f | %.1f | %.1f | %.1f | %.2fx | "
+              "%.0f | %.0f |\n",
               (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
-              topk_ms * 1e3, topk_passes_ms * 1e3, both_ms * 1e3, key_bytes / 1e6, floor_us,
-              both_ms * 1e3 / floor_us, flops / (score_ms * 1e-3) / 1e12,
-              key_bytes / (score_ms * 1e-3) / 1e9);
+              topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), streamed_us,
+              both_ms * 1e3, key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
+              flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
         }
 
       // ---- 2. Sparse MLA decode --------------------------------------------------------

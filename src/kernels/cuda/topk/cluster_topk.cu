@@ -1,20 +1,32 @@
-// The radix select of topk.h for a few rows of up to kTopkClusterMaxVisible
-// scores, in one launch: one thread-block cluster of kTopkClusterCtas CTAs
-// per row holds the row's ordered keys in shared memory (read from global
-// memory once; up to 48 per thread, 192 KB per CTA) and runs the digit
-// levels with cluster barriers instead of kernel boundaries. (Registers
-// would hold 16 keys per thread before spilling at 1024 threads.)
+// The radix select of topk.h for a few rows, in one launch: one thread-block
+// cluster per row runs the digit levels with cluster barriers instead of
+// kernel boundaries.
 //
 // Why: a decode step selects one row per request, and the multi-CTA passes
 // of radix_topk.cu cost four dependent launches, each with a global
 // histogram flush and a ticket (~21 us per row at 128K-1M keys on an H100,
 // whatever the length); the one-CTA kernel pulls a 32K row through one SM
-// (15 us). Here a level is: histogram in each CTA's shared memory; every CTA
-// sums the bins it owns (kTopkHistogramBins / kTopkClusterCtas, descending)
-// over the cluster's CTAs through distributed shared memory and scans them;
-// the CTA whose segment holds the k-th key picks the digit and writes the
-// decision into every CTA. The collect takes output positions from two
-// counters in CTA 0's shared memory (one atomic per warp and outcome).
+// (15 us).
+//
+// A level (decide_digit): a histogram in each CTA's shared memory; every CTA
+// sums the bins it owns (a 1 / C share of them, descending) over the
+// cluster's CTAs through distributed shared memory and scans them; the CTA
+// whose segment holds the k-th key picks the digit and writes the decision
+// into every CTA. The collect takes output positions from two counters in
+// CTA 0's shared memory (one atomic per warp and outcome).
+//
+// Two kernels:
+//  - topk_cluster_rows (rows up to kTopkClusterMaxVisible keys, 8 CTAs): the
+//    row's ordered keys in shared memory (read from global memory once; up
+//    to 48 per thread, 192 KB per CTA). Registers would hold 16 keys per
+//    thread before spilling at 1024 threads.
+//  - topk_cluster_streamed (any length, 16 CTAs where a GPC has them free,
+//    else 8): the first digit from the scores in global memory (L2: the
+//    score kernel has just written them); a second read writes the keys
+//    above the threshold digit at once and keeps the ones in its bin (a few
+//    thousand of 1M for scores without heavy ties) as candidates in shared
+//    memory for the other two digits. Should a CTA's candidates overflow
+//    (heavy ties), the cluster reads the scores again per digit instead.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -32,7 +44,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = kTopkClusterThreads;
-constexpr int kCtas = kTopkClusterCtas;
+constexpr int kCandidates = 16384;  // per CTA of the streamed kernel: keys + positions, 128 KB
+using BlockScan = cub::BlockScan<int, kThreads>;
 
 // What the selection holds for `position`: its physical slot through the
 // row's block table, or the position itself in positions mode.
@@ -43,9 +56,9 @@ __device__ __forceinline__ int32_t cluster_slot(const TopkParams& p, int row, in
   return table[position / kPageTokens] * kPageTokens + static_cast<int32_t>(position % kPageTokens);
 }
 
-// Writes `slot` for every lane whose `take` is set at consecutive output
-// indices from *counter (a distributed shared memory counter): one atomic per
-// warp. Returns the lane's index (meaningful where take is set).
+// Index of this lane's item among the lanes of its warp whose `take` is set,
+// counted on from *counter (shared or distributed shared memory): one atomic
+// per warp. Every lane of the warp must call it. Meaningful where take is set.
 __device__ __forceinline__ int warp_claim(bool take, int* counter) {
   const unsigned lanes = __ballot_sync(0xffffffffu, take);
   if (lanes == 0) return 0;
@@ -57,19 +70,79 @@ __device__ __forceinline__ int warp_claim(bool take, int* counter) {
   return base + __popc(lanes & ((1u << lane) - 1u));
 }
 
-constexpr int kPerPass = kCtas * kThreads;  // keys a cluster holds per key slot of a thread
+// Shared memory of one CTA for the levels.
+template <int kCtas>
+struct LevelShared {
+  uint32_t histogram[kTopkHistogramBins];  // this CTA's counts of the level's digit
+  typename BlockScan::TempStorage scan;
+  int segment_total[kCtas];  // [owner rank] candidates in its bins (every CTA's copy)
+  int decision[3];           // digit, need left in its bin, whether the bin is taken whole
+  int counters[2];           // CTA 0's: slots above the threshold, ties seen
+};
 
+struct Digit {
+  uint32_t prefix;  // the threshold's digits so far
+  int need;         // keys of the threshold bin still to take
+  bool whole;       // the bin's keys are exactly those: the lower digits decide nothing
+};
+
+// The level's digit from the CTAs' complete local histograms (of `bins` bins;
+// the caller has filled them since its last barrier). Ends with the decision
+// in every CTA and the histograms free for the next level.
+template <int kCtas>
+__device__ Digit decide_digit(cg::cluster_group& cluster, LevelShared<kCtas>& s, int rank, int bins,
+                              int bits, uint32_t prefix, int need) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int owned = bins / kCtas;
+  cluster.sync();  // every CTA's histogram is complete and visible to the cluster
+  // Thread t < owned sums bin (rank + 1) * owned - 1 - t over the cluster:
+  // this CTA's bins from the top, so the scan counts the candidates above.
+  const int bin = (rank + 1) * owned - 1 - tid;
+  int own = 0;
+  if (tid < owned)
+#pragma unroll
+    for (int c = 0; c < kCtas; ++c)
+      own += static_cast<int>(cluster.map_shared_rank(s.histogram, c)[bin]);
+  int above_here = 0, segment = 0;
+  BlockScan(s.scan).ExclusiveSum(own, above_here, segment);
+  if (tid < kCtas) cluster.map_shared_rank(s.segment_total, tid)[rank] = segment;
+  cluster.sync();  // segment totals everywhere; the histograms may be reused
+
+  int above = above_here;  // candidates in the bins of the higher-ranked CTAs come first
+  for (int c = rank + 1; c < kCtas; ++c) above += s.segment_total[c];
+  if (tid < owned && above < need && above + own >= need) {
+    const int left = need - above;
+    for (int c = 0; c < kCtas; ++c) {
+      int* remote = cluster.map_shared_rank(s.decision, c);
+      remote[0] = bin;
+      remote[1] = left;
+      remote[2] = own == left;
+    }
+  }
+  cluster.sync();  // the decision is in every CTA
+  Digit digit;
+  digit.prefix = (prefix << bits) | static_cast<uint32_t>(s.decision[0]);
+  digit.need = s.decision[1];
+  digit.whole = s.decision[2] != 0;
+  __syncthreads();  // decision is rewritten by the next level
+  return digit;
+}
+
+constexpr int level_shift(int level) {
+  return level == 0 ? 20 : (level == 1 ? 8 : 0);
+}
+constexpr int level_bits(int level) {
+  return level == 2 ? 8 : 12;
+}
+
+// Rows whose keys fit the CTAs' shared memory: the keys are read once.
+template <int kCtas>
 __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  using BlockScan = cub::BlockScan<int, kThreads>;
-  constexpr int kOwned = kTopkHistogramBins / kCtas;  // bins a CTA sums at the 12-bit levels
-  __shared__ uint32_t histogram[kTopkHistogramBins];  // this CTA's counts of the level's digit
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int segment_total[kCtas];  // [owner rank] candidates in its bins (every CTA's copy)
-  __shared__ int decision[3];           // digit, need left in it, whether it is taken whole
-  __shared__ int counters[2];           // CTA 0's: slots above the threshold, ties seen
-  extern __shared__ uint32_t keys[];    // [per_thread][kThreads] ordered images of the scores
+  constexpr int kPerPass = kCtas * kThreads;  // keys a cluster holds per key slot of a thread
+  __shared__ LevelShared<kCtas> s;
+  extern __shared__ uint32_t keys[];  // [per_thread][kThreads] ordered images of the scores
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -80,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
   const int tid = static_cast<int>(threadIdx.x);
 
   if (visible <= k) {  // every key is taken (row-uniform: the whole cluster returns here)
-    for (int i = rank * kThreads + tid; i < k; i += kCtas * kThreads)
+    for (int i = rank * kThreads + tid; i < k; i += kPerPass)
       out[i] = i < visible ? cluster_slot(p, row, i) : -1;
     return;
   }
@@ -96,111 +169,265 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
     keys[j * kThreads + tid] =
         position < visible ? float_to_ordered(__ldg(row_scores + position)) : 0u;
   }
-  if (rank == 0 && tid < 2) counters[tid] = 0;  // visible to the cluster after the first barrier
+  if (rank == 0 && tid < 2) s.counters[tid] = 0;  // visible to the cluster after a barrier
 
-  uint32_t prefix = 0;
-  int need = k;
+  Digit digit{0u, k, false};
   int settled_shift = 0;  // as in radix_topk.cu: the digits below it decide nothing
 #pragma unroll
   for (int level = 0; level < 3; ++level) {
-    const int shift = level == 0 ? 20 : (level == 1 ? 8 : 0);
-    const int bits = level == 2 ? 8 : 12;
-    const int bins = 1 << bits;
-    const int owned = level == 2 ? (256 / kCtas) : kOwned;
-    for (int i = tid; i < bins; i += kThreads) histogram[i] = 0;
+    const int shift = level_shift(level), bits = level_bits(level), bins = 1 << bits;
+    for (int i = tid; i < bins; i += kThreads) s.histogram[i] = 0;
     __syncthreads();
 #pragma unroll 4
     for (int j = 0; j < per_thread; ++j) {
       const int position = (j * kCtas + rank) * kThreads + tid;
       const uint32_t key = keys[j * kThreads + tid];
-      if (position < visible && (level == 0 || (key >> (shift + bits)) == prefix))
-        atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
+      if (position < visible && (level == 0 || (key >> (shift + bits)) == digit.prefix))
+        atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
     }
-    cluster.sync();  // every CTA's histogram is complete and visible to the cluster
-
-    // Thread t < owned sums bin (rank + 1) * owned - 1 - t over the cluster:
-    // this CTA's bins from the top, so the scan counts the candidates above.
-    const int bin = (rank + 1) * owned - 1 - tid;
-    int own = 0;
-    if (tid < owned)
-#pragma unroll
-      for (int c = 0; c < kCtas; ++c)
-        own += static_cast<int>(cluster.map_shared_rank(histogram, c)[bin]);
-    int above_here = 0, segment = 0;
-    BlockScan(scan_storage).ExclusiveSum(own, above_here, segment);
-    if (tid < kCtas) cluster.map_shared_rank(segment_total, tid)[rank] = segment;
-    cluster.sync();  // segment totals everywhere; the histograms may be reused
-
-    int above = above_here;  // candidates in the bins of the higher-ranked CTAs come first
-    for (int c = rank + 1; c < kCtas; ++c) above += segment_total[c];
-    if (tid < owned && above < need && above + own >= need) {
-      const int left = need - above;
-      for (int c = 0; c < kCtas; ++c) {
-        int* remote = cluster.map_shared_rank(decision, c);
-        remote[0] = bin;
-        remote[1] = left;
-        remote[2] = own == left;
-      }
-    }
-    cluster.sync();  // the decision is in every CTA
-    prefix = level == 0 ? static_cast<uint32_t>(decision[0])
-                        : ((prefix << bits) | static_cast<uint32_t>(decision[0]));
-    need = decision[1];
-    const bool whole = decision[2] != 0;
-    __syncthreads();  // decision is rewritten by the next level
-    if (whole) {      // every key of the threshold bin is taken
+    digit = decide_digit<kCtas>(cluster, s, rank, bins, bits, digit.prefix, digit.need);
+    if (digit.whole) {  // every key of the threshold bin is taken
       settled_shift = shift;
       break;
     }
   }
 
-  int* above_counter = cluster.map_shared_rank(&counters[0], 0);
-  int* tie_counter = cluster.map_shared_rank(&counters[1], 0);
-  const int above_total = k - need;
+  int* above_counter = cluster.map_shared_rank(&s.counters[0], 0);
+  int* tie_counter = cluster.map_shared_rank(&s.counters[1], 0);
+  const int above_total = k - digit.need;
   for (int j = 0; j < per_thread; ++j) {  // warp-uniform: claims are warp collectives
     const int position = (j * kCtas + rank) * kThreads + tid;
     const bool valid = position < visible;
     const uint32_t key = keys[j * kThreads + tid] >> settled_shift;
-    const bool is_above = valid && key > prefix;
-    const bool is_tie = valid && key == prefix;
+    const bool is_above = valid && key > digit.prefix;
+    const bool is_tie = valid && key == digit.prefix;
     const int above_index = warp_claim(is_above, above_counter);
     if (is_above) out[above_index] = cluster_slot(p, row, position);
     const int tie_index = warp_claim(is_tie, tie_counter);
-    if (is_tie && tie_index < need) out[above_total + tie_index] = cluster_slot(p, row, position);
+    if (is_tie && tie_index < digit.need)
+      out[above_total + tie_index] = cluster_slot(p, row, position);
   }
   cluster.sync();  // CTA 0's counters stay alive until every CTA has claimed its slots
 }
 
-}  // namespace
+// Rows of any length: the scores are read from global memory per pass.
+template <int kCtas>
+__global__ void __launch_bounds__(kThreads, 1) topk_cluster_streamed(TopkParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  constexpr int kPerPass = kCtas * kThreads;
+  __shared__ LevelShared<kCtas> s;
+  __shared__ int candidate_count;
+  extern __shared__ uint32_t candidate_keys[];  // [kCandidates], then kCandidates positions
+  int32_t* candidate_positions = reinterpret_cast<int32_t*>(candidate_keys + kCandidates);
 
-namespace detail {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row = static_cast<int>(blockIdx.x) / kCtas;
+  const int visible = p.row_visible[row];
+  const int k = p.top_k;
+  int32_t* out = p.out_slots + static_cast<int64_t>(row) * k;
+  const int tid = static_cast<int>(threadIdx.x);
 
-void launch_cluster_topk(const TopkParams& params, cudaStream_t stream) {
-  if (params.rows == 0) return;
-  constexpr int kMaxShared = kTopkClusterMaxVisible / kCtas * 4;
-  static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-        topk_cluster_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxShared));
-    return true;
-  }();
-  (void)configured;
-  const int per_thread = (std::max(params.max_visible, 1) + kPerPass - 1) / kPerPass;
+  if (visible <= k) {
+    for (int i = rank * kThreads + tid; i < k; i += kPerPass)
+      out[i] = i < visible ? cluster_slot(p, row, i) : -1;
+    return;
+  }
+  const float* row_scores = p.scores + static_cast<int64_t>(row) * p.score_stride;
+  const int per_thread = (visible + kPerPass - 1) / kPerPass;
+  // Position of this thread's key j (as in topk_cluster_rows); scores past
+  // `visible` read as the lowest key and are masked by the callers.
+  auto key_at = [&](int j, int& position) {
+    position = (j * kCtas + rank) * kThreads + tid;
+    return position < visible ? float_to_ordered(__ldg(row_scores + position)) : 0u;
+  };
+  if (rank == 0 && tid < 2) s.counters[tid] = 0;
+  if (tid == 0) candidate_count = 0;
+  for (int i = tid; i < kTopkHistogramBins; i += kThreads) s.histogram[i] = 0;
+  __syncthreads();
+
+  // Digit 0 from the scores.
+#pragma unroll 8
+  for (int j = 0; j < per_thread; ++j) {
+    int position;
+    const uint32_t key = key_at(j, position);
+    if (position < visible) atomicAdd(&s.histogram[key >> 20], 1u);
+  }
+  Digit digit = decide_digit<kCtas>(cluster, s, rank, kTopkHistogramBins, 12, 0u, k);
+  const uint32_t first = digit.prefix;
+  int* above_counter = cluster.map_shared_rank(&s.counters[0], 0);
+  int* tie_counter = cluster.map_shared_rank(&s.counters[1], 0);
+
+  // Second read: keys above the first digit's bin are taken now (its whole
+  // bin too when it settles the row); the bin's keys become candidates.
+  for (int j = 0; j < per_thread; ++j) {  // warp-uniform: claims are warp collectives
+    int position;
+    const uint32_t key = key_at(j, position);
+    const bool valid = position < visible;
+    const uint32_t top = key >> 20;
+    const bool is_above = valid && (top > first || (digit.whole && top == first));
+    const bool is_candidate = valid && !digit.whole && top == first;
+    const int above_index = warp_claim(is_above, above_counter);
+    if (is_above) out[above_index] = cluster_slot(p, row, position);
+    const int slot = warp_claim(is_candidate, &candidate_count);
+    if (is_candidate && slot < kCandidates) {
+      candidate_keys[slot] = key;
+      candidate_positions[slot] = position;
+    }
+  }
+  if (digit.whole) {
+    cluster.sync();  // CTA 0's counters stay alive until every CTA has claimed its slots
+    return;
+  }
+  cluster.sync();  // every CTA's candidate count is final
+  bool overflow = false;
+#pragma unroll
+  for (int c = 0; c < kCtas; ++c)
+    overflow |= *cluster.map_shared_rank(&candidate_count, c) > kCandidates;
+  const int candidates = min(candidate_count, kCandidates);
+
+  int settled_shift = 0;
+#pragma unroll
+  for (int level = 1; level < 3; ++level) {
+    const int shift = level_shift(level), bits = level_bits(level), bins = 1 << bits;
+    for (int i = tid; i < bins; i += kThreads) s.histogram[i] = 0;
+    __syncthreads();
+    if (!overflow) {
+      for (int i = tid; i < candidates; i += kThreads) {
+        const uint32_t key = candidate_keys[i];
+        if ((key >> (shift + bits)) == digit.prefix)
+          atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
+      }
+    } else {  // heavy ties: read the scores again for this digit
+#pragma unroll 8
+      for (int j = 0; j < per_thread; ++j) {
+        int position;
+        const uint32_t key = key_at(j, position);
+        if (position < visible && (key >> (shift + bits)) == digit.prefix)
+          atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
+      }
+    }
+    digit = decide_digit<kCtas>(cluster, s, rank, bins, bits, digit.prefix, digit.need);
+    if (digit.whole) {
+      settled_shift = shift;
+      break;
+    }
+  }
+
+  // The first digit's bin: keys above the threshold and the ties it needs.
+  const int above_total = k - digit.need;
+  const int rounds = overflow ? per_thread : (candidates + kThreads - 1) / kThreads;
+  for (int j = 0; j < rounds; ++j) {  // warp-uniform
+    int position = 0;
+    uint32_t key = 0;
+    bool valid;
+    if (!overflow) {
+      const int i = j * kThreads + tid;
+      valid = i < candidates;
+      if (valid) {
+        key = candidate_keys[i];
+        position = candidate_positions[i];
+      }
+    } else {
+      key = key_at(j, position);
+      valid = position < visible && (key >> 20) == first;
+    }
+    key >>= settled_shift;
+    const bool is_above = valid && key > digit.prefix;
+    const bool is_tie = valid && key == digit.prefix;
+    const int above_index = warp_claim(is_above, above_counter);
+    if (is_above) out[above_index] = cluster_slot(p, row, position);
+    const int tie_index = warp_claim(is_tie, tie_counter);
+    if (is_tie && tie_index < digit.need)
+      out[above_total + tie_index] = cluster_slot(p, row, position);
+  }
+  cluster.sync();  // CTA 0's counters and the candidate counts stay alive until the end
+}
+
+template <typename Kernel>
+void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t shared_bytes,
+                    cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(params.rows * kCtas));
+  config.gridDim = dim3(static_cast<unsigned>(params.rows * ctas));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(per_thread) * kThreads * 4;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
   attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kCtas;
+  attributes[0].val.clusterDim.x = static_cast<unsigned>(ctas);
   attributes[0].val.clusterDim.y = 1;
   attributes[0].val.clusterDim.z = 1;
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attributes;
   config.numAttrs = programmatic_launch() ? 2 : 1;
-  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, topk_cluster_rows, params));
+  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+constexpr size_t kStreamedShared = size_t{kCandidates} * 8;
+
+// 16 CTAs for the streamed kernel where a cluster of them can be resident
+// (16 SMs of one GPC with a CTA's shared memory free), else 8.
+int streamed_ctas() {
+  static const int ctas = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<16>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStreamedShared)));
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<16>,
+                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<8>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStreamedShared)));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(16);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kStreamedShared;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 16;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_streamed<16>, &config) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      clusters = 0;
+    }
+    return clusters > 0 ? 16 : 8;
+  }();
+  return ctas;
+}
+
+}  // namespace
+
+namespace detail {
+
+void launch_cluster_topk(const TopkParams& params, bool streamed, cudaStream_t stream) {
+  if (params.rows == 0) return;
+  if (streamed) {
+    if (streamed_ctas() == 16) {
+      launch_cluster(topk_cluster_streamed<16>, 16, params, kStreamedShared, stream);
+    } else {
+      launch_cluster(topk_cluster_streamed<8>, 8, params, kStreamedShared, stream);
+    }
+    return;
+  }
+  constexpr int kCtas = kTopkClusterCtas;
+  constexpr int kPerPass = kCtas * kThreads;
+  static const bool configured = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_rows<kCtas>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kTopkClusterMaxVisible / kCtas * 4));
+    return true;
+  }();
+  (void)configured;
+  const int per_thread = (std::max(params.max_visible, 1) + kPerPass - 1) / kPerPass;
+  launch_cluster(topk_cluster_rows<kCtas>, kCtas, params,
+                 static_cast<size_t>(per_thread) * kThreads * 4, stream);
 }
 
 }  // namespace detail

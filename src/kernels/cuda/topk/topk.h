@@ -21,16 +21,15 @@
 // When every row has at most kTopkSmallRow scores, one CTA per row does the
 // same passes with the row held in shared memory, in a single launch.
 //
-// A few rows of at most kTopkClusterMaxVisible scores (a decode step's, an
-// MTP verification's) take one thread-block cluster per row instead
-// (cluster_topk.cu): the same digits and collect in one launch, the row's
-// keys in the registers of kTopkClusterCtas CTAs and the histograms summed
-// through distributed shared memory. TopkParams::path picks a kernel family
-// explicitly (tests, benchmarks); MEGACTX_TOPK_CLUSTER=0 turns the cluster
-// kernel off for the automatic choice (A/B runs).
-//
-// The workspace (histograms, counters) must be zero before the first call; the
-// kernels leave it zero again, so the calls can be replayed in a CUDA graph.
+// A few rows (at most kTopkClusterMaxRows: a decode step's, an MTP
+// verification's) can take one thread-block cluster per row instead
+// (cluster_topk.cu): the same digits and collect in one launch, the
+// histograms summed through distributed shared memory; rows of at most
+// kTopkClusterMaxVisible keys keep them in the CTAs' shared memory, longer
+// ones read the scores twice and keep the threshold digit's candidates.
+// TopkParams::path picks a kernel family explicitly (tests, benchmarks);
+// MEGACTX_TOPK_CLUSTER=1 lets the automatic choice take the cluster kernels
+// (off by default until they have run on a GPU).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,9 +50,10 @@ inline constexpr int kTopkClusterMaxVisible = 48 * kTopkClusterCtas * kTopkClust
 inline constexpr int kTopkClusterMaxRows = 64;  // more rows: the passes fill the GPU as well
 
 enum class TopkPath : uint8_t {
-  Auto,     // the cluster kernel where it serves (and is not switched off), else the passes
-  Passes,   // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
-  Cluster,  // one cluster per row: rows <= kTopkClusterMaxRows of <= kTopkClusterMaxVisible keys
+  Auto,             // a cluster kernel where one serves (and is switched on), else the passes
+  Passes,           // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
+  Cluster,          // keys in shared memory: <= kTopkClusterMaxRows of <= kTopkClusterMaxVisible
+  ClusterStreamed,  // scores read per pass: <= kTopkClusterMaxRows rows of any length
 };
 
 struct TopkParams {
@@ -73,16 +73,17 @@ struct TopkParams {
   TopkPath path = TopkPath::Auto;
 };
 
-// Whether the cluster kernel serves this shape, and whether Auto takes it.
-bool topk_cluster_serves(const TopkParams& params);
-bool topk_cluster_chosen(const TopkParams& params);
+// Whether a cluster kernel serves this shape (TopkPath::Cluster, or
+// ClusterStreamed when `streamed`), and which family a call takes.
+bool topk_cluster_serves(const TopkParams& params, bool streamed = false);
+TopkPath topk_path_chosen(const TopkParams& params);
 
 // Validates (megactx::Error) and launches the four passes on `stream`.
 void radix_topk(const TopkParams& params, cudaStream_t stream);
 
 namespace detail {
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
-void launch_cluster_topk(const TopkParams& params, cudaStream_t stream);
+void launch_cluster_topk(const TopkParams& params, bool streamed, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace megactx::cuda
