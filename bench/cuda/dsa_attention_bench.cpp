@@ -306,8 +306,8 @@ int main(int argc, char** argv) {
           full_layers.size());
       std::printf(
           "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
-          "cluster, keys in shared memory / cluster, streamed | both us | key bytes MB | byte "
-          "floor us | both / floor | score TFLOP/s | key GB/s |\n");
+          "cluster kernel | both us | key bytes MB | byte floor us | both / floor | score TFLOP/s "
+          "| key GB/s |\n");
       std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
       for (int64_t context : contexts)
         for (int tokens : {1, 2}) {
@@ -356,7 +356,6 @@ int main(int argc, char** argv) {
           };
           const double passes_us = topk_path_us(TopkPath::Passes);
           const double cluster_us = topk_path_us(TopkPath::Cluster);
-          const double streamed_us = topk_path_us(TopkPath::ClusterStreamed);
           const double both_ms =
               graph_median_ms(
                   stream,
@@ -372,12 +371,12 @@ int main(int argc, char** argv) {
           const double floor_us = key_bytes / bw * 1e6;
           const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
           std::printf(
-              "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s / %.1f | %.1f | %.1f | %.1f | %.2fx | "
+              "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %.1f | %.1f | %.2fx | "
               "%.0f | %.0f |\n",
               (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
-              topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), streamed_us,
-              both_ms * 1e3, key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
-              flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
+              topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), both_ms * 1e3,
+              key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us, flops / (score_ms * 1e-3) / 1e12,
+              key_bytes / (score_ms * 1e-3) / 1e9);
         }
 
       // ---- 2. Sparse MLA decode --------------------------------------------------------

@@ -156,20 +156,11 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
 std::vector<cuda::TopkPath> topk_paths(const cuda::TopkParams& params) {
   std::vector<cuda::TopkPath> paths = {cuda::TopkPath::Passes};
   if (cuda::topk_cluster_serves(params)) paths.push_back(cuda::TopkPath::Cluster);
-  if (cuda::topk_cluster_serves(params, /*streamed=*/true))
-    paths.push_back(cuda::TopkPath::ClusterStreamed);
   return paths;
 }
 
 const char* path_name(cuda::TopkPath path) {
-  switch (path) {
-    case cuda::TopkPath::Cluster:
-      return "cluster kernel, keys in shared memory";
-    case cuda::TopkPath::ClusterStreamed:
-      return "cluster kernel, streamed";
-    default:
-      return "passes";
-  }
+  return path == cuda::TopkPath::Cluster ? "cluster kernel" : "passes";
 }
 
 // Checks that `slots` [top_k] is a valid top-k of `scores` [visible]: right
@@ -514,33 +505,6 @@ TEST(IndexerTopk, ClusterKernelAtItsLongestRows) {
   check_positions_mode({cuda::kTopkClusterMaxVisible - 5, 65536}, true, 86);
 }
 
-TEST(IndexerTopk, StreamedClusterKernelWithTiesPastItsCandidates) {
-  // One score everywhere in a 1M row: every key is a candidate of the first
-  // digit, past the kernel's shared memory, so it reads the scores per digit.
-  // The second row's ties fit: one value in 4 of 600K keys is the threshold.
-  std::mt19937 rng(87);
-  IndexerProblem problem;
-  problem.lengths = {1048576, 600000};
-  problem.build(rng, /*fast_pool=*/true);
-  DeviceIndexer device(problem);
-  std::vector<float> scores(static_cast<size_t>(problem.rows) * problem.score_stride, 0.f);
-  const float values[] = {-1.f, 0.5f, 0.5f, 3.f};
-  for (int row = 0; row < problem.rows; ++row)
-    for (int64_t p = 0; p < problem.row_visible[row]; ++p)
-      scores[row * problem.score_stride + p] = row == 0 ? 2.f : values[rng() % 4];
-  device.scores.upload(scores);
-  for (cuda::TopkPath path : {cuda::TopkPath::ClusterStreamed, cuda::TopkPath::Passes}) {
-    SCOPED_TRACE(path_name(path));
-    device.slots.fill_bytes(0x5a);
-    cuda::radix_topk(device.topk_params(problem, path), nullptr);
-    const auto slots = device.slots.download();
-    for (int row = 0; row < problem.rows; ++row)
-      expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
-                        problem.top_k, problem.table(row), problem.layout.num_pages,
-                        slots.data() + row * problem.top_k, "row " + std::to_string(row));
-  }
-}
-
 TEST(IndexerTopk, RejectsBadShapes) {
   cuda::IndexerScoreParams params;
   params.heads = 48;
@@ -573,13 +537,10 @@ TEST(IndexerTopk, RejectsBadShapes) {
   topk.block_table_stride = 0;
   EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
   EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));  // no visible key
-  for (cuda::TopkPath path : {cuda::TopkPath::Cluster, cuda::TopkPath::ClusterStreamed}) {
-    topk.path = path;
-    out.fill_bytes(0x5a);
-    EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
-    EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));
-  }
   topk.path = cuda::TopkPath::Cluster;
+  out.fill_bytes(0x5a);
+  EXPECT_NO_THROW(cuda::radix_topk(topk, nullptr));
+  EXPECT_EQ(out.download(), (std::vector<int32_t>{-1, -1, -1, -1}));
   topk.max_visible = cuda::kTopkClusterMaxVisible + 1;  // past what the cluster kernel holds
   topk.score_stride = topk.max_visible;
   EXPECT_THROW(cuda::radix_topk(topk, nullptr), Error);

@@ -15,18 +15,14 @@
 // into every CTA. The collect takes output positions from two counters in
 // CTA 0's shared memory (one atomic per warp and outcome).
 //
-// Two kernels:
-//  - topk_cluster_rows (rows up to kTopkClusterMaxVisible keys, 8 CTAs): the
-//    row's ordered keys in shared memory (read from global memory once; up
-//    to 48 per thread, 192 KB per CTA). Registers would hold 16 keys per
-//    thread before spilling at 1024 threads.
-//  - topk_cluster_streamed (any length, 16 CTAs where a GPC has them free,
-//    else 8): the first digit from the scores in global memory (L2: the
-//    score kernel has just written them); a second read writes the keys
-//    above the threshold digit at once and keeps the ones in its bin (a few
-//    thousand of 1M for scores without heavy ties) as candidates in shared
-//    memory for the other two digits. Should a CTA's candidates overflow
-//    (heavy ties), the cluster reads the scores again per digit instead.
+// The row's ordered keys live in the CTAs' shared memory (read from global
+// memory once; up to 48 per thread, 192 KB per CTA). Registers would hold 16
+// keys per thread before spilling at 1024 threads. A streamed variant for
+// longer rows (the first digit from the scores in global memory, its bin's
+// keys as shared-memory candidates) was measured on the H200 and not kept:
+// 29.5 / 45.5 us at 512K / 1M keys against the passes' 19.3 / 19.2, one SM's
+// share of the L2 bandwidth per CTA being too little for 1M scores
+// (docs/benchmarks.md).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -44,7 +40,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = kTopkClusterThreads;
-constexpr int kCandidates = 16384;  // per CTA of the streamed kernel: keys + positions, 128 KB
 using BlockScan = cub::BlockScan<int, kThreads>;
 
 // What the selection holds for `position`: its physical slot through the
@@ -210,141 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
   cluster.sync();  // CTA 0's counters stay alive until every CTA has claimed its slots
 }
 
-// Rows of any length: the scores are read from global memory per pass.
-template <int kCtas>
-__global__ void __launch_bounds__(kThreads, 1) topk_cluster_streamed(TopkParams p) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  constexpr int kPerPass = kCtas * kThreads;
-  __shared__ LevelShared<kCtas> s;
-  __shared__ int candidate_count;
-  extern __shared__ uint32_t candidate_keys[];  // [kCandidates], then kCandidates positions
-  int32_t* candidate_positions = reinterpret_cast<int32_t*>(candidate_keys + kCandidates);
-
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int row = static_cast<int>(blockIdx.x) / kCtas;
-  const int visible = p.row_visible[row];
-  const int k = p.top_k;
-  int32_t* out = p.out_slots + static_cast<int64_t>(row) * k;
-  const int tid = static_cast<int>(threadIdx.x);
-
-  if (visible <= k) {
-    for (int i = rank * kThreads + tid; i < k; i += kPerPass)
-      out[i] = i < visible ? cluster_slot(p, row, i) : -1;
-    return;
-  }
-  const float* row_scores = p.scores + static_cast<int64_t>(row) * p.score_stride;
-  const int per_thread = (visible + kPerPass - 1) / kPerPass;
-  // Position of this thread's key j (as in topk_cluster_rows); scores past
-  // `visible` read as the lowest key and are masked by the callers.
-  auto key_at = [&](int j, int& position) {
-    position = (j * kCtas + rank) * kThreads + tid;
-    return position < visible ? float_to_ordered(__ldg(row_scores + position)) : 0u;
-  };
-  if (rank == 0 && tid < 2) s.counters[tid] = 0;
-  if (tid == 0) candidate_count = 0;
-  for (int i = tid; i < kTopkHistogramBins; i += kThreads) s.histogram[i] = 0;
-  __syncthreads();
-
-  // Digit 0 from the scores.
-#pragma unroll 8
-  for (int j = 0; j < per_thread; ++j) {
-    int position;
-    const uint32_t key = key_at(j, position);
-    if (position < visible) atomicAdd(&s.histogram[key >> 20], 1u);
-  }
-  Digit digit = decide_digit<kCtas>(cluster, s, rank, kTopkHistogramBins, 12, 0u, k);
-  const uint32_t first = digit.prefix;
-  int* above_counter = cluster.map_shared_rank(&s.counters[0], 0);
-  int* tie_counter = cluster.map_shared_rank(&s.counters[1], 0);
-
-  // Second read: keys above the first digit's bin are taken now (its whole
-  // bin too when it settles the row); the bin's keys become candidates.
-  for (int j = 0; j < per_thread; ++j) {  // warp-uniform: claims are warp collectives
-    int position;
-    const uint32_t key = key_at(j, position);
-    const bool valid = position < visible;
-    const uint32_t top = key >> 20;
-    const bool is_above = valid && (top > first || (digit.whole && top == first));
-    const bool is_candidate = valid && !digit.whole && top == first;
-    const int above_index = warp_claim(is_above, above_counter);
-    if (is_above) out[above_index] = cluster_slot(p, row, position);
-    const int slot = warp_claim(is_candidate, &candidate_count);
-    if (is_candidate && slot < kCandidates) {
-      candidate_keys[slot] = key;
-      candidate_positions[slot] = position;
-    }
-  }
-  if (digit.whole) {
-    cluster.sync();  // CTA 0's counters stay alive until every CTA has claimed its slots
-    return;
-  }
-  cluster.sync();  // every CTA's candidate count is final
-  bool overflow = false;
-#pragma unroll
-  for (int c = 0; c < kCtas; ++c)
-    overflow |= *cluster.map_shared_rank(&candidate_count, c) > kCandidates;
-  const int candidates = min(candidate_count, kCandidates);
-
-  int settled_shift = 0;
-#pragma unroll
-  for (int level = 1; level < 3; ++level) {
-    const int shift = level_shift(level), bits = level_bits(level), bins = 1 << bits;
-    for (int i = tid; i < bins; i += kThreads) s.histogram[i] = 0;
-    __syncthreads();
-    if (!overflow) {
-      for (int i = tid; i < candidates; i += kThreads) {
-        const uint32_t key = candidate_keys[i];
-        if ((key >> (shift + bits)) == digit.prefix)
-          atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
-      }
-    } else {  // heavy ties: read the scores again for this digit
-#pragma unroll 8
-      for (int j = 0; j < per_thread; ++j) {
-        int position;
-        const uint32_t key = key_at(j, position);
-        if (position < visible && (key >> (shift + bits)) == digit.prefix)
-          atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
-      }
-    }
-    digit = decide_digit<kCtas>(cluster, s, rank, bins, bits, digit.prefix, digit.need);
-    if (digit.whole) {
-      settled_shift = shift;
-      break;
-    }
-  }
-
-  // The first digit's bin: keys above the threshold and the ties it needs.
-  const int above_total = k - digit.need;
-  const int rounds = overflow ? per_thread : (candidates + kThreads - 1) / kThreads;
-  for (int j = 0; j < rounds; ++j) {  // warp-uniform
-    int position = 0;
-    uint32_t key = 0;
-    bool valid;
-    if (!overflow) {
-      const int i = j * kThreads + tid;
-      valid = i < candidates;
-      if (valid) {
-        key = candidate_keys[i];
-        position = candidate_positions[i];
-      }
-    } else {
-      key = key_at(j, position);
-      valid = position < visible && (key >> 20) == first;
-    }
-    key >>= settled_shift;
-    const bool is_above = valid && key > digit.prefix;
-    const bool is_tie = valid && key == digit.prefix;
-    const int above_index = warp_claim(is_above, above_counter);
-    if (is_above) out[above_index] = cluster_slot(p, row, position);
-    const int tie_index = warp_claim(is_tie, tie_counter);
-    if (is_tie && tie_index < digit.need)
-      out[above_total + tie_index] = cluster_slot(p, row, position);
-  }
-  cluster.sync();  // CTA 0's counters and the candidate counts stay alive until the end
-}
-
 template <typename Kernel>
 void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t shared_bytes,
                     cudaStream_t stream) {
@@ -366,56 +226,12 @@ void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t sh
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
-constexpr size_t kStreamedShared = size_t{kCandidates} * 8;
-
-// 16 CTAs for the streamed kernel where a cluster of them can be resident
-// (16 SMs of one GPC with a CTA's shared memory free), else 8.
-int streamed_ctas() {
-  static const int ctas = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<16>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStreamedShared)));
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<16>,
-                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_streamed<8>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStreamedShared)));
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(16);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kStreamedShared;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 16;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_streamed<16>, &config) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      clusters = 0;
-    }
-    return clusters > 0 ? 16 : 8;
-  }();
-  return ctas;
-}
-
 }  // namespace
 
 namespace detail {
 
-void launch_cluster_topk(const TopkParams& params, bool streamed, cudaStream_t stream) {
+void launch_cluster_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
-  if (streamed) {
-    if (streamed_ctas() == 16) {
-      launch_cluster(topk_cluster_streamed<16>, 16, params, kStreamedShared, stream);
-    } else {
-      launch_cluster(topk_cluster_streamed<8>, 8, params, kStreamedShared, stream);
-    }
-    return;
-  }
   constexpr int kCtas = kTopkClusterCtas;
   constexpr int kPerPass = kCtas * kThreads;
   static const bool configured = [] {

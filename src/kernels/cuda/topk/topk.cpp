@@ -2,25 +2,24 @@
 #include "kernels/cuda/topk/topk.h"
 
 #include <cstdlib>
-#include <string>
 
 #include "core/error.h"
 
 namespace megactx::cuda {
 
-bool topk_cluster_serves(const TopkParams& params, bool streamed) {
-  return params.rows <= kTopkClusterMaxRows &&
-         (streamed || params.max_visible <= kTopkClusterMaxVisible);
+bool topk_cluster_serves(const TopkParams& params) {
+  return params.rows <= kTopkClusterMaxRows && params.max_visible <= kTopkClusterMaxVisible;
 }
 
 TopkPath topk_path_chosen(const TopkParams& params) {
   static const bool on = [] {
     const char* value = std::getenv("MEGACTX_TOPK_CLUSTER");
-    return value != nullptr && value[0] == '1';
+    return value == nullptr || value[0] != '0';
   }();
   if (params.path != TopkPath::Auto) return params.path;
-  if (!on || !topk_cluster_serves(params, /*streamed=*/true)) return TopkPath::Passes;
-  return topk_cluster_serves(params) ? TopkPath::Cluster : TopkPath::ClusterStreamed;
+  return on && topk_cluster_serves(params) && params.max_visible > kTopkClusterMinVisible
+             ? TopkPath::Cluster
+             : TopkPath::Passes;
 }
 
 void radix_topk(const TopkParams& params, cudaStream_t stream) {
@@ -41,15 +40,11 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
     MEGACTX_CHECK(!slots_mode || params.row_request,
                   "top-k: a block table needs row_request (or pass no table for positions)");
   }
-  const TopkPath path = topk_path_chosen(params);
-  if (path == TopkPath::Cluster || path == TopkPath::ClusterStreamed) {
-    const bool streamed = path == TopkPath::ClusterStreamed;
-    MEGACTX_CHECK(topk_cluster_serves(params, streamed),
-                  "top-k: the {} cluster kernel takes at most {} rows{}, got {} rows of {} keys",
-                  streamed ? "streamed" : "shared-memory", kTopkClusterMaxRows,
-                  streamed ? "" : " of " + std::to_string(kTopkClusterMaxVisible) + " keys",
-                  params.rows, params.max_visible);
-    detail::launch_cluster_topk(params, streamed, stream);
+  if (topk_path_chosen(params) == TopkPath::Cluster) {
+    MEGACTX_CHECK(topk_cluster_serves(params),
+                  "top-k: the cluster kernel takes at most {} rows of {} keys, got {} rows of {}",
+                  kTopkClusterMaxRows, kTopkClusterMaxVisible, params.rows, params.max_visible);
+    detail::launch_cluster_topk(params, stream);
     return;
   }
   detail::launch_radix_topk(params, stream);

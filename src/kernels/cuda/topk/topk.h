@@ -22,14 +22,15 @@
 // same passes with the row held in shared memory, in a single launch.
 //
 // A few rows (at most kTopkClusterMaxRows: a decode step's, an MTP
-// verification's) can take one thread-block cluster per row instead
-// (cluster_topk.cu): the same digits and collect in one launch, the
-// histograms summed through distributed shared memory; rows of at most
-// kTopkClusterMaxVisible keys keep them in the CTAs' shared memory, longer
-// ones read the scores twice and keep the threshold digit's candidates.
-// TopkParams::path picks a kernel family explicitly (tests, benchmarks);
-// MEGACTX_TOPK_CLUSTER=1 lets the automatic choice take the cluster kernels
-// (off by default until they have run on a GPU).
+// verification's) of kTopkClusterMinVisible to kTopkClusterMaxVisible keys
+// take one thread-block cluster per row instead (cluster_topk.cu): the same
+// digits and collect in one launch, the row's keys in the CTAs' shared
+// memory, the histograms summed through distributed shared memory. On the
+// H200 it selects from 32K / 128K keys in 10.0 / 15.0 us against 15.6 /
+// 20.9 for the one-CTA kernel and the passes; at 8K the one-CTA kernel is
+// as fast, from 512K the passes are faster. TopkParams::path picks a kernel
+// family explicitly (tests, benchmarks); MEGACTX_TOPK_CLUSTER=0 keeps the
+// automatic choice off the cluster kernel (A/B runs).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,13 +48,13 @@ inline constexpr int kTopkRowState = 8;     // int32 counters per row
 inline constexpr int kTopkClusterCtas = 8;  // CTAs per row in the cluster kernel
 inline constexpr int kTopkClusterThreads = 1024;
 inline constexpr int kTopkClusterMaxVisible = 48 * kTopkClusterCtas * kTopkClusterThreads;  // 384K
-inline constexpr int kTopkClusterMaxRows = 64;  // more rows: the passes fill the GPU as well
+inline constexpr int kTopkClusterMinVisible = 16384;  // shorter rows: the one-CTA kernel
+inline constexpr int kTopkClusterMaxRows = 64;        // more rows: the passes fill the GPU as well
 
 enum class TopkPath : uint8_t {
-  Auto,             // a cluster kernel where one serves (and is switched on), else the passes
-  Passes,           // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
-  Cluster,          // keys in shared memory: <= kTopkClusterMaxRows of <= kTopkClusterMaxVisible
-  ClusterStreamed,  // scores read per pass: <= kTopkClusterMaxRows rows of any length
+  Auto,     // the cluster kernel where it is chosen (see above), else the passes
+  Passes,   // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
+  Cluster,  // one cluster per row: <= kTopkClusterMaxRows rows of <= kTopkClusterMaxVisible keys
 };
 
 struct TopkParams {
@@ -73,9 +74,8 @@ struct TopkParams {
   TopkPath path = TopkPath::Auto;
 };
 
-// Whether a cluster kernel serves this shape (TopkPath::Cluster, or
-// ClusterStreamed when `streamed`), and which family a call takes.
-bool topk_cluster_serves(const TopkParams& params, bool streamed = false);
+// Whether the cluster kernel serves this shape, and which family a call takes.
+bool topk_cluster_serves(const TopkParams& params);
 TopkPath topk_path_chosen(const TopkParams& params);
 
 // Validates (megactx::Error) and launches the four passes on `stream`.
@@ -83,7 +83,7 @@ void radix_topk(const TopkParams& params, cudaStream_t stream);
 
 namespace detail {
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
-void launch_cluster_topk(const TopkParams& params, bool streamed, cudaStream_t stream);
+void launch_cluster_topk(const TopkParams& params, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace megactx::cuda
