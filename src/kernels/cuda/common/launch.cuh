@@ -48,6 +48,29 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// The configuration of a launch of `grid` CTAs in thread-block clusters of
+// `cluster_size` CTAs along x, with PDL where launch_kernel would use it (the
+// kernel keeps launch_kernel's contract). config.attrs points into
+// `attributes`, which must outlive the launch.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t shared_bytes,
+                                                cudaStream_t stream, unsigned cluster_size,
+                                                cudaLaunchAttribute (&attributes)[2]) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster_size;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = programmatic_launch() ? 2 : 1;
+  return config;
+}
+
 // Blocks of `threads` threads for a grid-stride loop over `count` items: one
 // item per thread up to 65535 x 16 blocks (the loop covers the rest), at
 // least one block.

@@ -369,22 +369,11 @@ void configure(int shared_bytes) {
 template <int kSplits>
 cudaLaunchConfig_t cluster_config(const SparseMlaParams& params,
                                   cudaLaunchAttribute (&attributes)[2], cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
   const int heads = params.active_heads > 0 ? params.active_heads : params.heads;
-  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(params.rows) * kSplits),
-                        static_cast<unsigned>(heads / kHeads));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = sizeof(ClusterShared);
-  config.stream = stream;
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kSplits;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = programmatic_launch() ? 2 : 1;
-  return config;
+  return cluster_launch_config(
+      dim3(static_cast<unsigned>(static_cast<int64_t>(params.rows) * kSplits),
+           static_cast<unsigned>(heads / kHeads)),
+      dim3(kThreads), sizeof(ClusterShared), stream, kSplits, attributes);
 }
 
 template <int kSplits>

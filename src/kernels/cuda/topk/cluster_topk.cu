@@ -208,20 +208,10 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
 template <typename Kernel>
 void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t shared_bytes,
                     cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(params.rows * ctas));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
   cudaLaunchAttribute attributes[2];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = programmatic_launch() ? 2 : 1;
+  const cudaLaunchConfig_t config =
+      cluster_launch_config(dim3(static_cast<unsigned>(params.rows * ctas)), dim3(kThreads),
+                            shared_bytes, stream, static_cast<unsigned>(ctas), attributes);
   MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
