@@ -122,6 +122,9 @@ if [[ "${GPU_CHECK_SANITIZER:-1}" == 1 ]]; then
   sanitizer_pids+=($!)
   sanitize synccheck "$pack/bin/sparse_mla_test" '*WgmmaPrefillOddTopK*:*Fp8RingPrefillOddTopK*' >"$out/synccheck_mla.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
+  # The cluster top-k's warp-collective claims and cluster barriers (not yet run under synccheck).
+  sanitize synccheck "$pack/bin/indexer_topk_test" '*Ties*:*LongestRows*' >"$out/synccheck_indexer.sanitizer" 2>&1 &
+  sanitizer_pids+=($!)
   sanitize racecheck "$pack/bin/position_topk_test" '*Ragged*:*TiesAtTheThreshold*:*SharedMemoryLimit*' \
     >"$out/racecheck_position_topk.sanitizer" 2>&1 &
   sanitizer_pids+=($!)
