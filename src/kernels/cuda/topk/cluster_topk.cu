@@ -216,23 +216,50 @@ void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t sh
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
+constexpr int kClusterCtas = kTopkClusterCtas;
+constexpr int kMaxDynamicShared = kTopkClusterMaxVisible / kClusterCtas * 4;
+
+// The kernel's shared-memory limit raised once, before any launch or probe.
+void configure() {
+  static const bool configured = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_rows<kClusterCtas>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kMaxDynamicShared));
+    return true;
+  }();
+  (void)configured;
+}
+
 }  // namespace
 
 namespace detail {
 
+bool cluster_topk_resident() {
+  // Whether one cluster of 8 CTAs with the largest rows' shared memory can be
+  // resident on this GPU (8 SMs of one GPC with ~213 KB free each; a MIG
+  // slice or another part may have none).
+  static const bool resident = [] {
+    configure();
+    cudaLaunchAttribute attributes[2];
+    const cudaLaunchConfig_t config = cluster_launch_config(
+        dim3(kClusterCtas), dim3(kThreads), kMaxDynamicShared, nullptr, kClusterCtas, attributes);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_rows<kClusterCtas>, &config) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      clusters = 0;
+    }
+    return clusters > 0;
+  }();
+  return resident;
+}
+
 void launch_cluster_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
-  constexpr int kCtas = kTopkClusterCtas;
-  constexpr int kPerPass = kCtas * kThreads;
-  static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_rows<kCtas>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kTopkClusterMaxVisible / kCtas * 4));
-    return true;
-  }();
-  (void)configured;
+  configure();
+  constexpr int kPerPass = kClusterCtas * kThreads;
   const int per_thread = (std::max(params.max_visible, 1) + kPerPass - 1) / kPerPass;
-  launch_cluster(topk_cluster_rows<kCtas>, kCtas, params,
+  launch_cluster(topk_cluster_rows<kClusterCtas>, kClusterCtas, params,
                  static_cast<size_t>(per_thread) * kThreads * 4, stream);
 }
 

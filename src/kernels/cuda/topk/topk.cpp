@@ -17,7 +17,8 @@ TopkPath topk_path_chosen(const TopkParams& params) {
     return value == nullptr || value[0] != '0';
   }();
   if (params.path != TopkPath::Auto) return params.path;
-  return on && topk_cluster_serves(params) && params.max_visible > kTopkClusterMinVisible
+  return on && topk_cluster_serves(params) && params.max_visible > kTopkClusterMinVisible &&
+                 detail::cluster_topk_resident()
              ? TopkPath::Cluster
              : TopkPath::Passes;
 }
@@ -44,6 +45,9 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
     MEGACTX_CHECK(topk_cluster_serves(params),
                   "top-k: the cluster kernel takes at most {} rows of {} keys, got {} rows of {}",
                   kTopkClusterMaxRows, kTopkClusterMaxVisible, params.rows, params.max_visible);
+    MEGACTX_CHECK(detail::cluster_topk_resident(),
+                  "top-k: this GPU cannot hold a cluster of {} CTAs of the cluster kernel",
+                  kTopkClusterCtas);
     detail::launch_cluster_topk(params, stream);
     return;
   }

@@ -84,6 +84,7 @@ void radix_topk(const TopkParams& params, cudaStream_t stream);
 namespace detail {
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
 void launch_cluster_topk(const TopkParams& params, cudaStream_t stream);
+bool cluster_topk_resident();  // a cluster of the kernel fits this GPU
 }  // namespace detail
 
 }  // namespace megactx::cuda
