@@ -22,6 +22,10 @@ Run 4 options (defaults keep run 3's output):
   --long-passkey 65536,131072   also write passkey_eval_long.jsonl.xz: 16 passkey prompts per nominal
       length in the evaluation's format (synth.passkey, the template, "(tokens - 64) * 4" characters of
       filler), the filler from the held-out validation package paragraphs of val.jsonl.xz
+  --json-answers N   append N chat documents whose answer is one JSON object (synth.json_answer,
+      kind "json") to other.jsonl.xz, from this machine's sources on prepare.py's training side of the
+      split (--sources-seed, its --seed), minus every package and word val.jsonl.xz names (the
+      sources may have changed since .train-data was made)
 
     /usr/bin/python3 tools/data/make_r3.py --src .train-data --out .train-data-r4 \
         --chat-frac 0.35 --filler-frac 0.6 --long-passkey 65536,131072"""
@@ -30,6 +34,7 @@ import json
 import lzma
 import os
 import random
+import re
 import shutil
 import sys
 
@@ -71,6 +76,37 @@ def subsample(rows, frac, rng):
     return [r for r in rows if rng.random() < frac]
 
 
+def held_out_names(val_docs):
+    """The package names and dictionary words the validation documents mention: (tokens of every
+    validation text, lower-cased dictionary headwords and quoted words)."""
+    tokens, words = set(), set()
+    for d in val_docs:
+        tokens.update(re.findall(r"[A-Za-z0-9][A-Za-z0-9+.\-]*", d["text"]))
+        for m in re.finditer(r"^(.+?) \((?:noun|verb|adjective|adverb|adjective satellite)\):", d["text"], re.M):
+            words.add(m.group(1).lower())
+        words.update(w.lower() for w in re.findall(r"'([^'\n]{1,60})'", d["text"]))
+    return tokens, words
+
+
+def json_answer_docs(count, seed, sources_seed, val_docs):
+    """`count` rendered synth.json_answer documents ({"kind": "json", "text"}) from the training side
+    of prepare.py's split of the sources, without what the validation set names."""
+    import prepare  # noqa: E402  (the system sources and the chat template; only for this option)
+    import synth  # noqa: E402
+
+    (packages, wordnet, _), _ = prepare.split_sources(random.Random(sources_seed))
+    tokens, words = held_out_names(val_docs)
+    packages = [p for p in packages if p[0] not in tokens]
+    wordnet = [w for w in wordnet if w[0].lower() not in words]
+    renderer = prepare.ChatRenderer.from_file(prepare.TEMPLATE)
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(count):
+        request = synth.json_answer(rng, wordnet, packages)
+        docs.append({"kind": "json", "text": renderer.render(request["messages"], **request.get("kwargs", {}))})
+    return docs
+
+
 def long_passkey(val_docs, lengths, seed, per_length=16):
     """Passkey prompts like prepare.py's passkey_eval.jsonl.xz, at longer nominal lengths."""
     import synth
@@ -102,6 +138,8 @@ def main():
                     help="write no filler.jsonl.xz (the pipeline derives it from other.jsonl.xz)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--long-passkey", default="", help="e.g. 65536,131072: passkey_eval_long.jsonl.xz")
+    ap.add_argument("--json-answers", type=int, default=0, help="append N JSON-answer chat documents")
+    ap.add_argument("--sources-seed", type=int, default=1234, help="prepare.py's --seed (its split)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
@@ -119,6 +157,11 @@ def main():
         frac = args.text_frac if d["kind"] in PLAIN_KINDS else args.chat_frac
         if frac >= 1.0 or rng.random() < frac:
             other.append(d)
+    if args.json_answers > 0:
+        val_docs = read_jsonl(os.path.join(args.src, "val.jsonl.xz"))
+        json_docs = json_answer_docs(args.json_answers, args.seed + 200, args.sources_seed, val_docs)
+        other += json_docs
+        rng.shuffle(other)
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:
         shutil.copyfile(os.path.join(args.src, name), os.path.join(args.out, name))

@@ -128,6 +128,20 @@ def write_fixture(renderer, val_paragraphs):
     print("wrote", path, len(prompt), "chars")
 
 
+def split_sources(rng):
+    """The sources, shuffled by `rng` (the --seed generator, before any other use) and split into
+    (training, held-out) triples of (packages, wordnet, fortunes): validation text and the filler of
+    evaluation prompts never occur in training. make_r3.py's --json-answers takes the same training
+    side by calling it with the same seed."""
+    packages = sources.load_package_descriptions()
+    wordnet = sources.load_wordnet()
+    fortunes = sources.load_fortunes()
+    rng.shuffle(packages)
+    rng.shuffle(wordnet)
+    held_out = (packages[:1500], wordnet[:3000], fortunes[:300])
+    return (packages[1500:], wordnet[3000:], fortunes[300:]), held_out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(REPO, ".train-data"))
@@ -140,15 +154,7 @@ def main():
     rng = random.Random(args.seed)
     renderer = ChatRenderer.from_file(TEMPLATE)
 
-    packages = sources.load_package_descriptions()
-    wordnet = sources.load_wordnet()
-    fortunes = sources.load_fortunes()
-    rng.shuffle(packages)
-    rng.shuffle(wordnet)
-    # Held-out slices: validation text and the filler of evaluation prompts never occur in training.
-    val_packages, packages = packages[:1500], packages[1500:]
-    val_wordnet, wordnet = wordnet[:3000], wordnet[3000:]
-    val_fortunes, fortunes = fortunes[:300], fortunes[300:]
+    (packages, wordnet, fortunes), (val_packages, val_wordnet, val_fortunes) = split_sources(rng)
 
     def paragraphs_of(pkgs):
         out = []

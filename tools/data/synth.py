@@ -1,5 +1,5 @@
 """Synthetic chat tasks that show what megactx is for: retrieval in long contexts, copying,
-arithmetic with reasoning, multi-turn chat, tool calls with tool responses.
+arithmetic with reasoning, multi-turn chat, tool calls with tool responses, answers as JSON objects.
 
 Every generator returns a chat request dict {"messages", "tools"?, "kwargs"?} that the
 caller renders through the model's chat template. Randomness comes only from the passed
@@ -287,3 +287,64 @@ def tool_prompt_only(rng, wordnet, packages):
     request = tool_use(rng, wordnet, packages)
     cut = next(i for i, m in enumerate(request["messages"]) if m.get("tool_calls"))
     return request, request["messages"][cut]
+
+
+# ---------------------------------------------------------------- JSON answers
+
+
+def _json_text(value):
+    return json.dumps(value, ensure_ascii=False)
+
+
+def json_answer(rng, wordnet, packages):
+    """A question whose answer is one short JSON object on a line of its own: what a client using
+    response_format json_object expects, and what teaches the model to close its strings, braces
+    and brackets. The phrasings never give the object to echo back (the structured-output e2e test
+    asks "Return {...} as JSON." and checks that the unconstrained answer is prose)."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        word, pos, definition, _, _ = rng.choice(wordnet)
+        q = rng.choice([
+            "Give the word '{w}' and its meaning as a JSON object.",
+            "Describe the {p} '{w}' in JSON with the keys \"word\", \"part_of_speech\" and \"meaning\".",
+            "As a JSON object: what does '{w}' mean?",
+            "Answer in JSON: the definition of '{w}'.",
+        ]).format(w=word, p=pos)
+        a = {"word": word, "part_of_speech": pos, "meaning": definition}
+    elif kind == 1:
+        name, short, _ = rng.choice(packages)
+        q = rng.choice([
+            "Return the Debian package {n} as a JSON object with its name and summary.",
+            "Describe {n} in JSON (keys: name, summary).",
+            "What is {n}? Answer with a JSON object.",
+        ]).format(n=name)
+        a = {"name": name, "summary": short}
+    elif kind == 2:
+        x, y = rng.randint(2, 999), rng.randint(2, 999)
+        op, sign, value = rng.choice([("plus", "+", x + y), ("minus", "-", x - y), ("times", "*", x * y)])
+        q = rng.choice([
+            "What is {x} {op} {y}? Answer in JSON.",
+            "Compute {x} {sign} {y} and give the result as a JSON object.",
+            "As JSON, with the keys \"expression\" and \"result\": {x} {sign} {y}.",
+        ]).format(x=x, y=y, op=op, sign=sign)
+        a = {"expression": "{} {} {}".format(x, sign, y), "result": value}
+    elif kind == 3:
+        word, _, _, _, synonyms = rng.choice([w for w in wordnet[:5000] if w[4]] or wordnet)
+        q = rng.choice([
+            "List synonyms of '{w}' as a JSON object.",
+            "Give '{w}' and a few words with the same meaning, in JSON.",
+        ]).format(w=word)
+        a = {"word": word, "synonyms": list(synonyms[:rng.randint(1, 4)])}
+    else:
+        name, city = rng.choice(NAMES), rng.choice(CITIES)
+        age = rng.randint(18, 90)
+        q = rng.choice([
+            "Make a JSON record for {n}, who is {a} and lives in {c}.",
+            "{n} is {a} years old and lives in {c}. Write that as a JSON object.",
+            "Put this in JSON: name {n}, age {a}, city {c}.",
+        ]).format(n=name, a=age, c=city)
+        a = {"name": name, "age": age, "city": city}
+        if rng.random() < 0.3:
+            a["active"] = rng.random() < 0.5
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": _json_text(a)}],
+            "kwargs": _thinking_kwargs(rng, 0.7)}

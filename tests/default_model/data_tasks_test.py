@@ -1,0 +1,66 @@
+"""The JSON-answer training task (tools/data/synth.py json_answer) and make_r3.py's filter of
+held-out names, on made-up sources: every answer is one JSON object that Python's json module
+parses, rendered through the shipped chat template it ends the assistant turn, no prompt hands
+the model an object to echo (the structured-output e2e test's "Return {...} as JSON." must stay
+out of the data), and packages and words the validation set names never reach the task. < 1 s."""
+import json
+import os
+import random
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
+
+import make_r3  # noqa: E402
+import synth  # noqa: E402
+from render import ChatRenderer  # noqa: E402
+
+WORDNET = [
+    ("khanate", "noun", "the position of a khan", ["the khanate of Kazan"], ["khanat"]),
+    ("parlay", "noun", "a series of wagers", [], ["parley"]),
+    ("brown rat", "noun", "common domestic rat", [], ["Norway rat", "Rattus norvegicus"]),
+    ("quote", "verb", "repeat a passage from", [], []),
+    ("say \"hi\"", "verb", "greet with a \\ backslash", [], ["greet"]),
+]
+PACKAGES = [
+    ("git", "fast, scalable, distributed revision control system", ["Git is popular."]),
+    ("lbzip2", "parallel bzip2 utility", ["lbzip2 is an independent implementation."]),
+    ("fcitx5-keyman", "Fcitx5 wrapper for Keyman", ["A wrapper."]),
+]
+
+
+def check_answers():
+    rng = random.Random(5)
+    renderer = ChatRenderer.from_file(os.path.join(ROOT, "models", "default", "chat_template.jinja"))
+    kinds = set()
+    for i in range(600):
+        request = synth.json_answer(rng, WORDNET, PACKAGES)
+        user, assistant = request["messages"]
+        assert user["role"] == "user" and assistant["role"] == "assistant", request
+        value = json.loads(assistant["content"])
+        assert isinstance(value, dict) and value, assistant["content"]
+        assert "\n" not in assistant["content"], assistant["content"]
+        assert "{" not in user["content"], "a prompt hands the model an object: " + user["content"]
+        kinds.add(tuple(sorted(value)))
+        text = renderer.render(request["messages"], **request.get("kwargs", {}))
+        assert text.endswith(assistant["content"]), (text[-200:], assistant["content"])
+    # word, package, arithmetic, synonyms and record answers all occur.
+    assert {("meaning", "part_of_speech", "word"), ("name", "summary"), ("expression", "result"),
+            ("synonyms", "word"), ("age", "city", "name")} <= kinds, kinds
+    print("json_answer: 600 answers parse as JSON objects and end their rendered turns")
+
+
+def check_held_out_filter():
+    val = [{"kind": "packages", "text": "git: fast revision control\n\nGit is popular."},
+           {"kind": "dictionary", "text": "parlay (noun): a series of wagers.\nbrown rat (noun): a rat."},
+           {"kind": "chat", "text": "<|user|>\nWhat does 'Khanate' mean?<|assistant|>"}]
+    tokens, words = make_r3.held_out_names(val)
+    assert "git" in tokens and "lbzip2" not in tokens, tokens
+    assert {"parlay", "brown rat", "khanate"} <= words and "quote" not in words, words
+    print("held_out_names: validation packages and words found")
+
+
+if __name__ == "__main__":
+    check_answers()
+    check_held_out_filter()
