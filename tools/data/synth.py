@@ -329,7 +329,12 @@ def json_answer(rng, wordnet, packages):
         ]).format(x=x, y=y, op=op, sign=sign)
         a = {"expression": "{} {} {}".format(x, sign, y), "result": value}
     elif kind == 3:
-        word, _, _, _, synonyms = rng.choice([w for w in wordnet[:5000] if w[4]] or wordnet)
+        word, _, _, _, synonyms = rng.choice(wordnet)
+        for _ in range(20):  # most entries have synonyms: draw again until one does
+            if synonyms:
+                break
+            word, _, _, _, synonyms = rng.choice(wordnet)
+        synonyms = synonyms or [word]
         q = rng.choice([
             "List synonyms of '{w}' as a JSON object.",
             "Give '{w}' and a few words with the same meaning, in JSON.",

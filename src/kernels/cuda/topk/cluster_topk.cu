@@ -33,6 +33,7 @@
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/topk/topk.h"
+#include "kernels/cuda/topk/topk_slots.cuh"
 
 namespace megactx::cuda {
 namespace {
@@ -40,16 +41,10 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = kTopkClusterThreads;
+constexpr int kCtas = kTopkClusterCtas;
+constexpr int kPerPass = kCtas * kThreads;  // keys a cluster holds per key slot of a thread
+constexpr int kMaxDynamicShared = kTopkClusterMaxVisible / kCtas * 4;
 using BlockScan = cub::BlockScan<int, kThreads>;
-
-// What the selection holds for `position`: its physical slot through the
-// row's block table, or the position itself in positions mode.
-__device__ __forceinline__ int32_t cluster_slot(const TopkParams& p, int row, int64_t position) {
-  if (p.block_table == nullptr) return static_cast<int32_t>(position);
-  const int32_t* table =
-      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
-  return table[position / kPageTokens] * kPageTokens + static_cast<int32_t>(position % kPageTokens);
-}
 
 // Index of this lane's item among the lanes of its warp whose `take` is set,
 // counted on from *counter (shared or distributed shared memory): one atomic
@@ -66,7 +61,6 @@ __device__ __forceinline__ int warp_claim(bool take, int* counter) {
 }
 
 // Shared memory of one CTA for the levels.
-template <int kCtas>
 struct LevelShared {
   uint32_t histogram[kTopkHistogramBins];  // this CTA's counts of the level's digit
   typename BlockScan::TempStorage scan;
@@ -84,8 +78,7 @@ struct Digit {
 // The level's digit from the CTAs' complete local histograms (of `bins` bins;
 // the caller has filled them since its last barrier). Ends with the decision
 // in every CTA and the histograms free for the next level.
-template <int kCtas>
-__device__ Digit decide_digit(cg::cluster_group& cluster, LevelShared<kCtas>& s, int rank, int bins,
+__device__ Digit decide_digit(cg::cluster_group& cluster, LevelShared& s, int rank, int bins,
                               int bits, uint32_t prefix, int need) {
   const int tid = static_cast<int>(threadIdx.x);
   const int owned = bins / kCtas;
@@ -131,12 +124,10 @@ constexpr int level_bits(int level) {
 }
 
 // Rows whose keys fit the CTAs' shared memory: the keys are read once.
-template <int kCtas>
 __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
-  constexpr int kPerPass = kCtas * kThreads;  // keys a cluster holds per key slot of a thread
-  __shared__ LevelShared<kCtas> s;
+  __shared__ LevelShared s;
   extern __shared__ uint32_t keys[];  // [per_thread][kThreads] ordered images of the scores
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -145,11 +136,12 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
   const int visible = p.row_visible[row];
   const int k = p.top_k;
   int32_t* out = p.out_slots + static_cast<int64_t>(row) * k;
+  const int32_t* table = row_table(p, row);
   const int tid = static_cast<int>(threadIdx.x);
 
   if (visible <= k) {  // every key is taken (row-uniform: the whole cluster returns here)
     for (int i = rank * kThreads + tid; i < k; i += kPerPass)
-      out[i] = i < visible ? cluster_slot(p, row, i) : -1;
+      out[i] = i < visible ? position_to_slot(table, i) : -1;
     return;
   }
 
@@ -180,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
       if (position < visible && (level == 0 || (key >> (shift + bits)) == digit.prefix))
         atomicAdd(&s.histogram[(key >> shift) & (bins - 1)], 1u);
     }
-    digit = decide_digit<kCtas>(cluster, s, rank, bins, bits, digit.prefix, digit.need);
+    digit = decide_digit(cluster, s, rank, bins, bits, digit.prefix, digit.need);
     if (digit.whole) {  // every key of the threshold bin is taken
       settled_shift = shift;
       break;
@@ -197,34 +189,19 @@ __global__ void __launch_bounds__(kThreads, 1) topk_cluster_rows(TopkParams p) {
     const bool is_above = valid && key > digit.prefix;
     const bool is_tie = valid && key == digit.prefix;
     const int above_index = warp_claim(is_above, above_counter);
-    if (is_above) out[above_index] = cluster_slot(p, row, position);
+    if (is_above) out[above_index] = position_to_slot(table, position);
     const int tie_index = warp_claim(is_tie, tie_counter);
     if (is_tie && tie_index < digit.need)
-      out[above_total + tie_index] = cluster_slot(p, row, position);
+      out[above_total + tie_index] = position_to_slot(table, position);
   }
   cluster.sync();  // CTA 0's counters stay alive until every CTA has claimed its slots
 }
 
-template <typename Kernel>
-void launch_cluster(Kernel kernel, int ctas, const TopkParams& params, size_t shared_bytes,
-                    cudaStream_t stream) {
-  cudaLaunchAttribute attributes[2];
-  const cudaLaunchConfig_t config =
-      cluster_launch_config(dim3(static_cast<unsigned>(params.rows * ctas)), dim3(kThreads),
-                            shared_bytes, stream, static_cast<unsigned>(ctas), attributes);
-  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
-}
-
-constexpr int kClusterCtas = kTopkClusterCtas;
-constexpr int kMaxDynamicShared = kTopkClusterMaxVisible / kClusterCtas * 4;
-
 // The kernel's shared-memory limit raised once, before any launch or probe.
 void configure() {
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_rows<kClusterCtas>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kMaxDynamicShared));
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
+        topk_cluster_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared));
     return true;
   }();
   (void)configured;
@@ -242,10 +219,9 @@ bool cluster_topk_resident() {
     configure();
     cudaLaunchAttribute attributes[2];
     const cudaLaunchConfig_t config = cluster_launch_config(
-        dim3(kClusterCtas), dim3(kThreads), kMaxDynamicShared, nullptr, kClusterCtas, attributes);
+        dim3(kCtas), dim3(kThreads), kMaxDynamicShared, nullptr, kCtas, attributes);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_rows<kClusterCtas>, &config) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_rows, &config) != cudaSuccess) {
       (void)cudaGetLastError();
       clusters = 0;
     }
@@ -257,10 +233,13 @@ bool cluster_topk_resident() {
 void launch_cluster_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   configure();
-  constexpr int kPerPass = kClusterCtas * kThreads;
   const int per_thread = (std::max(params.max_visible, 1) + kPerPass - 1) / kPerPass;
-  launch_cluster(topk_cluster_rows<kClusterCtas>, kClusterCtas, params,
-                 static_cast<size_t>(per_thread) * kThreads * 4, stream);
+  cudaLaunchAttribute attributes[2];
+  const cudaLaunchConfig_t config = cluster_launch_config(
+      dim3(static_cast<unsigned>(params.rows * kCtas)), dim3(kThreads),
+      static_cast<size_t>(per_thread) * kThreads * 4, stream, kCtas, attributes);
+  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, topk_cluster_rows, params));
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace detail

@@ -15,24 +15,12 @@
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/topk/topk.h"
+#include "kernels/cuda/topk/topk_slots.cuh"
 
 namespace megactx::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-// What the selection holds for `position`: its physical slot through the
-// row's block table, or the position itself in positions mode (table null).
-__device__ __forceinline__ int32_t position_to_slot(const int32_t* table, int64_t position) {
-  if (table == nullptr) return static_cast<int32_t>(position);
-  return table[position / kPageTokens] * kPageTokens + static_cast<int32_t>(position % kPageTokens);
-}
-
-// Row `row`'s block table, or null in positions mode (row_request unused then).
-__device__ __forceinline__ const int32_t* row_table(const TopkParams& p, int row) {
-  if (p.block_table == nullptr) return nullptr;
-  return p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
-}
 
 // Level 0: digit = bits 31..20 of all scores; level 1: bits 19..8 of those whose
 // bits 31..20 equal the prefix; level 2: bits 7..0 of those matching bits 31..8.

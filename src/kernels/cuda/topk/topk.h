@@ -31,6 +31,10 @@
 // as fast, from 512K the passes are faster. TopkParams::path picks a kernel
 // family explicitly (tests, benchmarks); MEGACTX_TOPK_CLUSTER=0 keeps the
 // automatic choice off the cluster kernel (A/B runs).
+//
+// The workspace (histograms, counters) must be zero before the first call; the
+// kernels leave it zero again, so the calls can be replayed in a CUDA graph
+// (the cluster kernel does not use it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,7 +82,7 @@ struct TopkParams {
 bool topk_cluster_serves(const TopkParams& params);
 TopkPath topk_path_chosen(const TopkParams& params);
 
-// Validates (megactx::Error) and launches the four passes on `stream`.
+// Validates (megactx::Error) and launches the chosen kernel family on `stream`.
 void radix_topk(const TopkParams& params, cudaStream_t stream);
 
 namespace detail {
