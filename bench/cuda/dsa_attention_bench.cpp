@@ -4,10 +4,14 @@
 // cache at 8K..1M tokens. Every number is printed beside the ceilings measured
 // in the same run (read-only bandwidth, cuBLAS bf16 GEMM).
 //
-//   dsa_attention_bench [--quick] [--max-context N] [--prefill-only]
+//   dsa_attention_bench [--quick] [--min-context N] [--max-context N] [--prefill-only]
+//                       [--decode-section 1|2|3]
 //
 // --prefill-only: only section 4 (prefill throughput of the indexer + top-k
-// and of sparse MLA).
+// and of sparse MLA). --decode-section S: only decode section S (1 top-k,
+// 2 sparse MLA with its split sweep, 3 the attention side), no prefill: what
+// a profiler (ncu --kernel-name ...) runs, with --min-context / --max-context
+// picking the contexts.
 //
 // Times are medians of CUDA-graph replays (events); a graph holds the kernel
 // for every layer that has its own cache (21 or 78 distinct pools), so
@@ -270,11 +274,15 @@ void print_rule() {
 
 int main(int argc, char** argv) {
   bool quick = false, prefill_only = false;
-  int64_t max_context = 1 << 20;
+  int64_t min_context = 0, max_context = 1 << 20;
+  int decode_section = 0;  // 0: every section
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--prefill-only")) prefill_only = true;
     if (!std::strcmp(argv[i], "--max-context") && i + 1 < argc) max_context = std::atoll(argv[++i]);
+    if (!std::strcmp(argv[i], "--min-context") && i + 1 < argc) min_context = std::atoll(argv[++i]);
+    if (!std::strcmp(argv[i], "--decode-section") && i + 1 < argc)
+      decode_section = std::atoi(argv[++i]);
   }
   const int reps = quick ? 5 : 15;
   try {
@@ -293,7 +301,12 @@ int main(int argc, char** argv) {
 
     std::vector<int64_t> contexts;
     for (int64_t c : {8192LL, 32768LL, 131072LL, 524288LL, 1048576LL})
-      if (c <= max_context) contexts.push_back(c);
+      if (c >= min_context && c <= max_context) contexts.push_back(c);
+    if (contexts.empty()) {
+      std::fprintf(stderr, "no context of 8K, 32K, 128K, 512K, 1M within the limits\n");
+      return 2;
+    }
+    auto runs = [&](int section) { return decode_section == 0 || decode_section == section; };
     Stack s = build_stack(contexts.back(), stream);
     std::vector<int> full_layers;
     for (int l = 0; l < kLayers; ++l)
@@ -301,242 +314,251 @@ int main(int argc, char** argv) {
 
     if (!prefill_only) {  // sections 1-3: decode
       // ---- 1. Indexer + top-k, decode ------------------------------------------------
-      std::printf(
-          "\n## Indexer + top-k decode (batch 1, per layer, %zu layers' caches rotated)\n\n",
-          full_layers.size());
-      std::printf(
-          "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
-          "cluster kernel | both us | key bytes MB | byte floor us | both / floor | score TFLOP/s "
-          "| key GB/s |\n");
-      std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-      for (int64_t context : contexts)
-        for (int tokens : {1, 2}) {
-          set_rows_visible(s, tokens, context);
-          const double n = double(full_layers.size());
-          const double score_ms =
-              graph_median_ms(
-                  stream,
-                  [&] {
-                    for (int l : full_layers)
-                      indexer_scores(score_params(s, l, tokens, context), stream);
-                  },
-                  reps) /
-              n;
-          const double score_cp_async_ms = graph_median_ms(
-                                               stream,
-                                               [&] {
-                                                 for (int l : full_layers) {
-                                                   IndexerScoreParams params =
-                                                       score_params(s, l, tokens, context);
-                                                   params.bulk_copies = false;
-                                                   indexer_scores(params, stream);
-                                                 }
-                                               },
-                                               reps) /
-                                           n;
-          const double topk_ms = graph_median_ms(
-                                     stream,
-                                     [&] {
-                                       for (size_t i = 0; i < full_layers.size(); ++i)
-                                         radix_topk(topk_params(s, tokens, context), stream);
-                                     },
-                                     reps) /
-                                 n;
-          // Each kernel family forced (the default above is topk_path_chosen's).
-          auto topk_path_us = [&](TopkPath path) {
-            TopkParams params = topk_params(s, tokens, context, path);
-            if (path == TopkPath::Cluster && !topk_cluster_serves(params)) return 0.0;
-            return graph_median_ms(
-                       stream,
-                       [&] {
-                         for (size_t i = 0; i < full_layers.size(); ++i) radix_topk(params, stream);
-                       },
-                       reps) /
-                   n * 1e3;
-          };
-          const double passes_us = topk_path_us(TopkPath::Passes);
-          const double cluster_us = topk_path_us(TopkPath::Cluster);
-          const double both_ms =
-              graph_median_ms(
-                  stream,
-                  [&] {
-                    for (int l : full_layers) {
-                      indexer_scores(score_params(s, l, tokens, context), stream);
-                      radix_topk(topk_params(s, tokens, context), stream);
-                    }
-                  },
-                  reps) /
-              n;
-          const double key_bytes = double(context) * kIndexerKeyBytes;
-          const double floor_us = key_bytes / bw * 1e6;
-          const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
-          std::printf(
-              "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %.1f | %.1f | %.2fx | "
-              "%.0f | %.0f |\n",
-              (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
-              topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), both_ms * 1e3,
-              key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us, flops / (score_ms * 1e-3) / 1e12,
-              key_bytes / (score_ms * 1e-3) / 1e9);
-        }
-
-      // ---- 2. Sparse MLA decode --------------------------------------------------------
-      std::printf(
-          "\n## Sparse MLA decode (top-k 2048, random slots over %lldK tokens, %d layers "
-          "rotated)\n\n",
-          (long long)(contexts.back() / 1024), kLayers);
-      std::printf(
-          "| batch x tokens | heads | splits | us/layer | bytes MB | FLOP G | TFLOP/s | GB/s | "
-          "byte "
-          "floor us | FLOP floor us | time / max(floor) |\n");
-      std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-      struct MlaShape {
-        int batch, tokens, heads;
-      };
-      // The general kernel, then for the few-row shapes the cluster kernel
-      // ("splits" ends in "c": that many CTAs of a cluster, merged in DSMEM).
-      for (MlaShape shape : {MlaShape{64, 2, 64}, MlaShape{64, 2, 128}, MlaShape{1, 1, 64},
-                             MlaShape{1, 2, 64}, MlaShape{4, 1, 64}, MlaShape{16, 2, 64}})
-        for (bool cluster : {false, true}) {
-          const int rows = shape.batch * shape.tokens;
-          const int cluster_splits = sparse_mla_cluster_splits(rows, shape.heads, kTopK);
-          if (cluster && cluster_splits == 0) continue;
-          fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
-          const int splits =
-              cluster
-                  ? cluster_splits
-                  : std::min(sparse_mla_splits(rows, shape.heads, kTopK, props.multiProcessorCount),
-                             (2 * Stack::kMaxRows) / rows);
-          auto params_for = [&](int layer) {
-            SparseMlaParams p = mla_params(s, layer, rows, shape.heads, splits);
-            p.cluster_merge = cluster;
-            return p;
-          };
-          const double ms = graph_median_ms(
-                                stream,
-                                [&] {
-                                  for (int l = 0; l < kLayers; ++l)
-                                    sparse_mla_attention(params_for(l), stream);
-                                },
-                                reps) /
-                            kLayers;
-          const double bytes =
-              double(rows) * kTopK * kLatentBytes + double(rows) * shape.heads * (576 + 512) * 2;
-          const double flops = 2.0 * rows * shape.heads * double(kTopK) * (576 + 512);
-          const double byte_floor = bytes / bw * 1e6,
-                       flop_floor = flops / (ceil.bf16_tflops * 1e12) * 1e6;
-          std::printf(
-              "| %dx%d | %d | %d%s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.2fx |\n",
-              shape.batch, shape.tokens, shape.heads, splits, cluster ? "c" : "", ms * 1e3,
-              bytes / 1e6, flops / 1e9, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9,
-              byte_floor, flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
-        }
-
-      // ---- 2b. The wgmma kernel's split count at decode row counts ---------------------
-      // The wgmma kernel splits in whole 64-key stages, and a split also loads its 72 KB
-      // of queries: sparse_mla_splits is fitted to this sweep.
-      std::printf(
-          "\n## Sparse MLA decode on the wgmma kernel: us per layer by split count (top-k %d, "
-          "64 heads, %d layers rotated; * = the count the policy asks for)\n\n",
-          kTopK, kLayers);
-      const std::vector<int> sweep = {1, 2, 4, 8, 16, 32};
-      std::printf("| batch x tokens |");
-      for (int splits : sweep) std::printf(" %d |", splits);
-      std::printf("\n|---|");
-      for (size_t i = 0; i < sweep.size(); ++i) std::printf("---|");
-      std::printf("\n");
-      struct SweepShape {
-        int batch, tokens;
-      };
-      for (SweepShape shape :
-           {SweepShape{4, 1}, SweepShape{8, 1}, SweepShape{16, 1}, SweepShape{16, 2},
-            SweepShape{32, 4}, SweepShape{64, 1}, SweepShape{64, 2}}) {
-        const int rows = shape.batch * shape.tokens;
-        fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 700 + rows, stream);
-        const int asked = sparse_mla_splits(rows, kHeads, kTopK, props.multiProcessorCount);
-        std::printf("| %dx%d |", shape.batch, shape.tokens);
-        for (int splits : sweep) {
-          if (rows * splits > 4 * Stack::kMaxRows) {  // the partial buffers hold 512 at 64 heads
-            std::printf(" - |");
-            continue;
+      if (runs(1)) {
+        std::printf(
+            "\n## Indexer + top-k decode (batch 1, per layer, %zu layers' caches rotated)\n\n",
+            full_layers.size());
+        std::printf(
+            "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
+            "cluster kernel | both us | key bytes MB | byte floor us | both / floor | score "
+            "TFLOP/s "
+            "| key GB/s |\n");
+        std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int64_t context : contexts)
+          for (int tokens : {1, 2}) {
+            set_rows_visible(s, tokens, context);
+            const double n = double(full_layers.size());
+            const double score_ms =
+                graph_median_ms(
+                    stream,
+                    [&] {
+                      for (int l : full_layers)
+                        indexer_scores(score_params(s, l, tokens, context), stream);
+                    },
+                    reps) /
+                n;
+            const double score_cp_async_ms = graph_median_ms(
+                                                 stream,
+                                                 [&] {
+                                                   for (int l : full_layers) {
+                                                     IndexerScoreParams params =
+                                                         score_params(s, l, tokens, context);
+                                                     params.bulk_copies = false;
+                                                     indexer_scores(params, stream);
+                                                   }
+                                                 },
+                                                 reps) /
+                                             n;
+            const double topk_ms = graph_median_ms(
+                                       stream,
+                                       [&] {
+                                         for (size_t i = 0; i < full_layers.size(); ++i)
+                                           radix_topk(topk_params(s, tokens, context), stream);
+                                       },
+                                       reps) /
+                                   n;
+            // Each kernel family forced (the default above is topk_path_chosen's).
+            auto topk_path_us = [&](TopkPath path) {
+              TopkParams params = topk_params(s, tokens, context, path);
+              if (path == TopkPath::Cluster && !topk_cluster_serves(params)) return 0.0;
+              return graph_median_ms(
+                         stream,
+                         [&] {
+                           for (size_t i = 0; i < full_layers.size(); ++i)
+                             radix_topk(params, stream);
+                         },
+                         reps) /
+                     n * 1e3;
+            };
+            const double passes_us = topk_path_us(TopkPath::Passes);
+            const double cluster_us = topk_path_us(TopkPath::Cluster);
+            const double both_ms =
+                graph_median_ms(
+                    stream,
+                    [&] {
+                      for (int l : full_layers) {
+                        indexer_scores(score_params(s, l, tokens, context), stream);
+                        radix_topk(topk_params(s, tokens, context), stream);
+                      }
+                    },
+                    reps) /
+                n;
+            const double key_bytes = double(context) * kIndexerKeyBytes;
+            const double floor_us = key_bytes / bw * 1e6;
+            const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
+            std::printf(
+                "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %.1f | %.1f | %.2fx | "
+                "%.0f | %.0f |\n",
+                (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
+                topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), both_ms * 1e3,
+                key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
+                flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
           }
-          auto params_for = [&](int layer) { return mla_params(s, layer, rows, kHeads, splits); };
-          const double ms = graph_median_ms(
-                                stream,
-                                [&] {
-                                  for (int l = 0; l < kLayers; ++l)
-                                    detail::launch_sparse_mla_prefill(params_for(l), stream);
-                                },
-                                reps) /
-                            kLayers;
-          std::printf(" %.1f%s |", ms * 1e3, splits == asked ? "*" : "");
-        }
-        std::printf("\n");
       }
+      // ---- 2. Sparse MLA decode --------------------------------------------------------
+      if (runs(2)) {
+        std::printf(
+            "\n## Sparse MLA decode (top-k 2048, random slots over %lldK tokens, %d layers "
+            "rotated)\n\n",
+            (long long)(contexts.back() / 1024), kLayers);
+        std::printf(
+            "| batch x tokens | heads | splits | us/layer | bytes MB | FLOP G | TFLOP/s | GB/s | "
+            "byte "
+            "floor us | FLOP floor us | time / max(floor) |\n");
+        std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        struct MlaShape {
+          int batch, tokens, heads;
+        };
+        // The general kernel, then for the few-row shapes the cluster kernel
+        // ("splits" ends in "c": that many CTAs of a cluster, merged in DSMEM).
+        for (MlaShape shape : {MlaShape{64, 2, 64}, MlaShape{64, 2, 128}, MlaShape{1, 1, 64},
+                               MlaShape{1, 2, 64}, MlaShape{4, 1, 64}, MlaShape{16, 2, 64}})
+          for (bool cluster : {false, true}) {
+            const int rows = shape.batch * shape.tokens;
+            const int cluster_splits = sparse_mla_cluster_splits(rows, shape.heads, kTopK);
+            if (cluster && cluster_splits == 0) continue;
+            fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 900 + rows, stream);
+            const int splits = cluster ? cluster_splits
+                                       : std::min(sparse_mla_splits(rows, shape.heads, kTopK,
+                                                                    props.multiProcessorCount),
+                                                  (2 * Stack::kMaxRows) / rows);
+            auto params_for = [&](int layer) {
+              SparseMlaParams p = mla_params(s, layer, rows, shape.heads, splits);
+              p.cluster_merge = cluster;
+              return p;
+            };
+            const double ms = graph_median_ms(
+                                  stream,
+                                  [&] {
+                                    for (int l = 0; l < kLayers; ++l)
+                                      sparse_mla_attention(params_for(l), stream);
+                                  },
+                                  reps) /
+                              kLayers;
+            const double bytes =
+                double(rows) * kTopK * kLatentBytes + double(rows) * shape.heads * (576 + 512) * 2;
+            const double flops = 2.0 * rows * shape.heads * double(kTopK) * (576 + 512);
+            const double byte_floor = bytes / bw * 1e6,
+                         flop_floor = flops / (ceil.bf16_tflops * 1e12) * 1e6;
+            std::printf(
+                "| %dx%d | %d | %d%s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.2fx |\n",
+                shape.batch, shape.tokens, shape.heads, splits, cluster ? "c" : "", ms * 1e3,
+                bytes / 1e6, flops / 1e9, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9,
+                byte_floor, flop_floor, ms * 1e3 / std::max(byte_floor, flop_floor));
+          }
 
+        // ---- 2b. The wgmma kernel's split count at decode row counts ---------------------
+        // The wgmma kernel splits in whole 64-key stages, and a split also loads its 72 KB
+        // of queries: sparse_mla_splits is fitted to this sweep.
+        std::printf(
+            "\n## Sparse MLA decode on the wgmma kernel: us per layer by split count (top-k %d, "
+            "64 heads, %d layers rotated; * = the count the policy asks for)\n\n",
+            kTopK, kLayers);
+        const std::vector<int> sweep = {1, 2, 4, 8, 16, 32};
+        std::printf("| batch x tokens |");
+        for (int splits : sweep) std::printf(" %d |", splits);
+        std::printf("\n|---|");
+        for (size_t i = 0; i < sweep.size(); ++i) std::printf("---|");
+        std::printf("\n");
+        struct SweepShape {
+          int batch, tokens;
+        };
+        for (SweepShape shape :
+             {SweepShape{4, 1}, SweepShape{8, 1}, SweepShape{16, 1}, SweepShape{16, 2},
+              SweepShape{32, 4}, SweepShape{64, 1}, SweepShape{64, 2}}) {
+          const int rows = shape.batch * shape.tokens;
+          fill_random_slots(s.slots, int64_t(rows) * kTopK, s.max_tokens, 700 + rows, stream);
+          const int asked = sparse_mla_splits(rows, kHeads, kTopK, props.multiProcessorCount);
+          std::printf("| %dx%d |", shape.batch, shape.tokens);
+          for (int splits : sweep) {
+            if (rows * splits > 4 * Stack::kMaxRows) {  // the partial buffers hold 512 at 64 heads
+              std::printf(" - |");
+              continue;
+            }
+            auto params_for = [&](int layer) { return mla_params(s, layer, rows, kHeads, splits); };
+            const double ms = graph_median_ms(
+                                  stream,
+                                  [&] {
+                                    for (int l = 0; l < kLayers; ++l)
+                                      detail::launch_sparse_mla_prefill(params_for(l), stream);
+                                  },
+                                  reps) /
+                              kLayers;
+            std::printf(" %.1f%s |", ms * 1e3, splits == asked ? "*" : "");
+          }
+          std::printf("\n");
+        }
+      }
       // ---- 3. Decode step, attention side: IndexShare vs indexer on every layer ----------
-      std::printf(
-          "\n## Decode step, attention side (batch 1, 1 token, 78 layers; projections "
-          "excluded)\n\n");
-      std::printf(
-          "| context | IndexShare ms | all-full ms | speed-up | IndexShare byte floor ms | ratio | "
-          "GLM-5.2 GFLOP/token all-full | IndexShare | FLOP ratio |\n");
-      std::printf("|---|---|---|---|---|---|---|---|---|\n");
-      for (int64_t context : contexts) {
-        set_rows_visible(s, 1, context);
-        AttentionStackShape shape;
-        shape.rows = 1;
-        shape.rows_per_group = 1;
-        shape.heads = kHeads;
-        shape.index_heads = kIndexHeads;
-        shape.top_k = kTopK;
-        // As the model plans a decode step: the cluster kernel where it applies.
-        const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
-        shape.cluster_merge = cluster_splits > 0;
-        shape.num_splits = shape.cluster_merge
-                               ? cluster_splits
-                               : sparse_mla_splits(1, kHeads, kTopK, props.multiProcessorCount);
-        shape.softmax_scale = 1.f / std::sqrt(256.f);
-        shape.block_table = s.block_table;
-        shape.block_table_stride = s.block_table_stride;
-        shape.row_request = s.row_request;
-        shape.row_visible = s.row_visible;
-        shape.max_visible = static_cast<int>(context);
-        AttentionStackWorkspace workspace{s.scores, s.score_stride, s.histogram,  s.row_state,
-                                          s.slots,  s.partial_out,  s.partial_lse};
-        std::vector<AttentionLayerBuffers> layers(kLayers);
-        for (int l = 0; l < kLayers; ++l)
-          layers[l] = {s.indexer_q[l], s.indexer_weights[l], s.indexer[l],
-                       s.q[l],         s.latent[l],          s.out[l],
-                       s.lse[l]};
-        auto shared_layers = layers;
-        for (int l = 0; l < kLayers; ++l)
-          if (!s.share_schedule[l])
-            shared_layers[l].indexer_pool = shared_layers[l].indexer_queries = nullptr,
-            shared_layers[l].indexer_weights = nullptr;
-        const double share_ms = graph_median_ms(
-            stream,
-            [&] { run_attention_stack(shape, s.share_schedule, shared_layers, workspace, stream); },
-            reps);
-        const double full_ms = graph_median_ms(
-            stream, [&] { run_attention_stack(shape, s.all_full, layers, workspace, stream); },
-            reps);
-        const double share_bytes = double(full_layers.size()) * context * kIndexerKeyBytes +
-                                   double(kLayers) * kTopK * kLatentBytes;
-        const double floor_ms = share_bytes / bw * 1e3;
-        // Whole-model per-token FLOPs of the real GLM-5.2: ~80 GFLOP of weights
-        // (40B active parameters) + sparse attention + indexer scoring.
-        const double weights = 80e9;
-        const double attention = double(kLayers) * 2.0 * kHeads * kTopK * (576 + 512);
-        const double indexer_layer = 2.0 * kIndexHeads * 128 * double(context);
-        const double all_full = weights + attention + kLayers * indexer_layer;
-        const double shared = weights + attention + double(full_layers.size()) * indexer_layer;
-        std::printf("| %lldK | %.3f | %.3f | %.2fx | %.3f | %.2fx | %.0f | %.0f | %.2fx |\n",
-                    (long long)(context / 1024), share_ms, full_ms, full_ms / share_ms, floor_ms,
-                    share_ms / floor_ms, all_full / 1e9, shared / 1e9, all_full / shared);
+      if (runs(3)) {
+        std::printf(
+            "\n## Decode step, attention side (batch 1, 1 token, 78 layers; projections "
+            "excluded)\n\n");
+        std::printf(
+            "| context | IndexShare ms | all-full ms | speed-up | IndexShare byte floor ms | ratio "
+            "| "
+            "GLM-5.2 GFLOP/token all-full | IndexShare | FLOP ratio |\n");
+        std::printf("|---|---|---|---|---|---|---|---|---|\n");
+        for (int64_t context : contexts) {
+          set_rows_visible(s, 1, context);
+          AttentionStackShape shape;
+          shape.rows = 1;
+          shape.rows_per_group = 1;
+          shape.heads = kHeads;
+          shape.index_heads = kIndexHeads;
+          shape.top_k = kTopK;
+          // As the model plans a decode step: the cluster kernel where it applies.
+          const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
+          shape.cluster_merge = cluster_splits > 0;
+          shape.num_splits = shape.cluster_merge
+                                 ? cluster_splits
+                                 : sparse_mla_splits(1, kHeads, kTopK, props.multiProcessorCount);
+          shape.softmax_scale = 1.f / std::sqrt(256.f);
+          shape.block_table = s.block_table;
+          shape.block_table_stride = s.block_table_stride;
+          shape.row_request = s.row_request;
+          shape.row_visible = s.row_visible;
+          shape.max_visible = static_cast<int>(context);
+          AttentionStackWorkspace workspace{s.scores, s.score_stride, s.histogram,  s.row_state,
+                                            s.slots,  s.partial_out,  s.partial_lse};
+          std::vector<AttentionLayerBuffers> layers(kLayers);
+          for (int l = 0; l < kLayers; ++l)
+            layers[l] = {s.indexer_q[l], s.indexer_weights[l], s.indexer[l],
+                         s.q[l],         s.latent[l],          s.out[l],
+                         s.lse[l]};
+          auto shared_layers = layers;
+          for (int l = 0; l < kLayers; ++l)
+            if (!s.share_schedule[l])
+              shared_layers[l].indexer_pool = shared_layers[l].indexer_queries = nullptr,
+              shared_layers[l].indexer_weights = nullptr;
+          const double share_ms = graph_median_ms(
+              stream,
+              [&] {
+                run_attention_stack(shape, s.share_schedule, shared_layers, workspace, stream);
+              },
+              reps);
+          const double full_ms = graph_median_ms(
+              stream, [&] { run_attention_stack(shape, s.all_full, layers, workspace, stream); },
+              reps);
+          const double share_bytes = double(full_layers.size()) * context * kIndexerKeyBytes +
+                                     double(kLayers) * kTopK * kLatentBytes;
+          const double floor_ms = share_bytes / bw * 1e3;
+          // Whole-model per-token FLOPs of the real GLM-5.2: ~80 GFLOP of weights
+          // (40B active parameters) + sparse attention + indexer scoring.
+          const double weights = 80e9;
+          const double attention = double(kLayers) * 2.0 * kHeads * kTopK * (576 + 512);
+          const double indexer_layer = 2.0 * kIndexHeads * 128 * double(context);
+          const double all_full = weights + attention + kLayers * indexer_layer;
+          const double shared = weights + attention + double(full_layers.size()) * indexer_layer;
+          std::printf("| %lldK | %.3f | %.3f | %.2fx | %.3f | %.2fx | %.0f | %.0f | %.2fx |\n",
+                      (long long)(context / 1024), share_ms, full_ms, full_ms / share_ms, floor_ms,
+                      share_ms / floor_ms, all_full / 1e9, shared / 1e9, all_full / shared);
+        }
       }
     }
 
     // ---- 4. Prefill throughput ----------------------------------------------------------
+    if (decode_section != 0) return 0;
     std::printf("\n## Prefill, one layer (causal, every prompt token gets its own top-k 2048)\n\n");
     std::printf(
         "| prompt | two-kernel indexer+top-k ms | tokens/s | indexer TFLOP/s | sparse MLA ms | "
