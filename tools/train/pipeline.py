@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import data  # noqa: E402
+from ablation import ABLATION_VARIANTS, ablation_runs, ablation_summary  # noqa: E402
 import evaluate  # noqa: E402
 import export  # noqa: E402
 import train  # noqa: E402
@@ -41,6 +42,11 @@ def main():
     ap.add_argument("--ablation-seeds", type=int, default=1,
                     help="MTP ablation: runs per variant, each from its own initialisation and batches (the "
                          "spread between them is the run-to-run noise the variants' differences must exceed)")
+    ap.add_argument("--ablation-runs", default="",
+                    help="MTP ablation: only these runs, a comma list of VARIANT:SEED (no_share_ce, share_ce, "
+                         "share_ce_tv; seeds from 0), sharing --ablation-s among them, so that a budget too long "
+                         "for one device call is spread over several (tools/train/ablation_table.py merges their "
+                         "results); default every variant with seeds 0 .. --ablation-seeds - 1")
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
                          "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation/)")
@@ -132,6 +138,10 @@ def main():
     args = ap.parse_args()
     if args.ablation_only and (not args.init_from or args.ablation_s <= 0):
         ap.error("--ablation-only needs --init-from (the frozen target) and --ablation-s > 0")
+    try:
+        ablation_runs(args.ablation_runs, args.ablation_seeds)
+    except ValueError as e:
+        ap.error(str(e))
     if not 0.0 < args.decay_frac <= 1.0:
         ap.error("--decay-frac must be in (0, 1], got {}".format(args.decay_frac))
     t0 = time.time()
@@ -398,38 +408,31 @@ def main():
         shipped = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp_")}
         for p in model.parameters():
             p.requires_grad_(False)
-        variants = [("no_share_ce", False, 0.0), ("share_ce", True, 0.0), ("share_ce_tv", True, 1.0)]
-        seeds = max(1, args.ablation_seeds)
+        runs = ablation_runs(args.ablation_runs, args.ablation_seeds)
         mtp_prefix = "model.layers.{}.".format(cfg.num_hidden_layers)
         os.makedirs(os.path.join(args.out, "ablation"), exist_ok=True)
-        for name, share, tv in variants:
-            for seed in range(seeds):
-                torch.manual_seed(1000 + seed)
-                fresh = dict(GlmMoeDsa(cfg).named_parameters())
-                with torch.no_grad():
-                    for n, p in model.named_parameters():
-                        if n.startswith("mtp_"):
-                            p.copy_(fresh[n].to(device))
-                            p.requires_grad_(True)
-                train.train_mtp_variant(model, batches, args.ablation_s / (len(variants) * seeds), device, log,
-                                        share, tv)
-                run = name if seeds == 1 else "{}_seed{}".format(name, seed)
-                out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
-                # The run's MTP layer as HF names it, for the C++ engine's measurement
-                # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
-                with torch.no_grad():
-                    mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
-                           if k.startswith(mtp_prefix)}
-                export.write_safetensors(os.path.join(args.out, "ablation", run + ".safetensors"), mtp)
-                log("mtp ablation {}: {}".format(run, json.dumps(out[run])))
+        for name, seed in runs:
+            share, tv = ABLATION_VARIANTS[name]
+            torch.manual_seed(1000 + seed)
+            fresh = dict(GlmMoeDsa(cfg).named_parameters())
+            with torch.no_grad():
                 for n, p in model.named_parameters():
-                    p.requires_grad_(False)
-        if seeds > 1:
-            # Per variant and metric: mean and spread (max - min) over the seeds.
-            for name, _, _ in variants:
-                runs = [out["{}_seed{}".format(name, k)] for k in range(seeds)]
-                out[name] = {m: {"mean": sum(r[m] for r in runs) / seeds,
-                                 "spread": max(r[m] for r in runs) - min(r[m] for r in runs)} for m in runs[0]}
+                    if n.startswith("mtp_"):
+                        p.copy_(fresh[n].to(device))
+                        p.requires_grad_(True)
+            train.train_mtp_variant(model, batches, args.ablation_s / len(runs), device, log, share, tv)
+            run = "{}_seed{}".format(name, seed)
+            out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
+            # The run's MTP layer as HF names it, for the C++ engine's measurement
+            # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
+            with torch.no_grad():
+                mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
+                       if k.startswith(mtp_prefix)}
+            export.write_safetensors(os.path.join(args.out, "ablation", run + ".safetensors"), mtp)
+            log("mtp ablation {}: {}".format(run, json.dumps(out[run])))
+            for n, p in model.named_parameters():
+                p.requires_grad_(False)
+        out.update(ablation_summary(out))
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n in shipped:
