@@ -159,19 +159,34 @@ std::vector<float> sampling_distribution(const SamplingParams& params,
       normalize(kept);
     }
     if (use_top_p) {
-      std::sort(order.begin(), order.end(), BetterFirst{probs.data()});
+      // Keep tokens in order while the mass before them is at most top_p.
+      // Only the kept prefix needs sorting: the best `sorted` candidates are
+      // selected and sorted (O(V + m log m)), four times more until their
+      // mass passes top_p, instead of sorting the whole vocabulary per row
+      // (an 8K-vocabulary sort per draft and verified position was a quarter
+      // of a sampled MTP step on the CPU). Same order, same sums: the same
+      // distribution as a full sort.
+      const BetterFirst better{probs.data()};
+      size_t sorted = 0;
+      size_t cut = order.size();  // first candidate dropped
       double before = 0.0;
-      double kept = 0.0;
-      for (const int32_t id : order) {
-        float& p = probs[static_cast<size_t>(id)];
+      while (sorted < order.size()) {
+        const size_t next = std::min(order.size(), std::max<size_t>(256, sorted * 4));
+        const auto first = order.begin() + static_cast<std::ptrdiff_t>(sorted);
+        const auto last = order.begin() + static_cast<std::ptrdiff_t>(next);
+        if (next < order.size()) std::nth_element(first, last - 1, order.end(), better);
+        std::sort(first, last, better);
+        for (; sorted < next; ++sorted) {
+          if (before > params.top_p) break;
+          before += probs[static_cast<size_t>(order[sorted])];
+        }
         if (before > params.top_p) {
-          p = 0.0f;
-        } else {
-          before += p;
-          kept += p;
+          cut = sorted;
+          break;
         }
       }
-      normalize(kept);
+      for (size_t i = cut; i < order.size(); ++i) probs[static_cast<size_t>(order[i])] = 0.0f;
+      normalize(before);
     }
   }
   if (params.min_p > 0.0) {

@@ -2,8 +2,11 @@
 // semantics as documented in engine/sampler.h) and its randomness.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "engine/cpu_sampler.h"
 
@@ -58,6 +61,56 @@ TEST(Sampler, TopPKeepsTokensWhileTheMassBeforeThemIsWithinP) {
                {0, 0.5 / 0.8, 0, 0.3 / 0.8});
   p.top_p = 0.4;  // only the best token
   expect_probs(sampling_distribution(p, log_of({0.15, 0.5, 0.05, 0.3})), {0, 1, 0, 0});
+}
+
+// top-p over a whole vocabulary, as the sampler defines it: every token in
+// (probability desc, id asc) order, kept while the mass before it is at most
+// top_p, from one full sort (what sampling_distribution computes from a
+// partial one).
+std::vector<float> top_p_by_full_sort(std::vector<float> probs, double top_p) {
+  std::vector<int32_t> order(probs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return probs[a] != probs[b] ? probs[a] > probs[b] : a < b;
+  });
+  double before = 0.0;
+  for (const int32_t id : order) {
+    if (before > top_p) {
+      probs[id] = 0.0f;
+    } else {
+      before += probs[id];
+    }
+  }
+  const auto scale = static_cast<float>(1.0 / before);
+  for (float& p : probs) p *= scale;
+  return probs;
+}
+
+TEST(Sampler, TopPOverALargeVocabularyEqualsAFullSortBitForBit) {
+  // Peaked, flat and tied rows of 8K and 150K tokens: the kept prefix ends
+  // inside the first 256 candidates, after several rounds of widening, or
+  // at the very end (top-p 0.9999 of a flat row).
+  std::mt19937 rng(7);
+  for (const size_t vocab : {size_t{8192}, size_t{151552}}) {
+    for (const double spread : {8.0, 1.0, 0.05}) {
+      std::normal_distribution<float> normal(0.0f, static_cast<float>(spread));
+      std::vector<float> logits(vocab);
+      for (float& x : logits) x = normal(rng);
+      for (size_t i = 0; i < vocab; i += 7) logits[i] = logits[0];  // ties across the cut
+      for (const double top_p : {0.1, 0.5, 0.95, 0.9999}) {
+        SamplingParams p = params();
+        p.top_p = top_p;
+        SamplingParams plain = params();
+        const std::vector<float> expected =
+            top_p_by_full_sort(sampling_distribution(plain, logits), top_p);
+        const std::vector<float> actual = sampling_distribution(p, logits);
+        ASSERT_EQ(actual.size(), expected.size());
+        for (size_t i = 0; i < vocab; ++i)
+          ASSERT_EQ(actual[i], expected[i])
+              << "vocab " << vocab << " spread " << spread << " top_p " << top_p << " token " << i;
+      }
+    }
+  }
 }
 
 TEST(Sampler, MinPIsRelativeToTheBestToken) {

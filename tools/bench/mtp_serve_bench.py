@@ -32,10 +32,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", 
 from megactx_server import MegactxServer  # noqa: E402
 
 
-def stream_one(port, ids, new_tokens, temperature=0.0):
+def stream_one(port, ids, new_tokens, temperature=0.0, top_p=None):
     """One streamed /generate: (completion tokens, seconds to first token, seconds in all).
-    Above temperature 0 the request is seeded from its prompt (the same samples in every run)."""
+    Above temperature 0 the request is seeded from its prompt (the same samples in every run).
+    top_p None: the server's default (the model's generation_config.json)."""
     sampling = {"temperature": temperature, "max_new_tokens": new_tokens, "ignore_eos": True}
+    if top_p is not None:
+        sampling["top_p"] = top_p
     if temperature > 0:
         sampling["sampling_seed"] = sum(ids[:16]) % 1000003
     body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": sampling})
@@ -72,17 +75,17 @@ def stream_args(args):
     return stream_one(*args)
 
 
-def run_round(port, prompts, new_tokens, pool=None, temperature=0.0):
+def run_round(port, prompts, new_tokens, pool=None, temperature=0.0, top_p=None):
     """One round of len(prompts) concurrent streams. With `pool` (a process pool of at least
     len(prompts) workers) every stream has a process of its own: a thread per stream shares
     one interpreter, which parses at most ~15-20K events/s in all and so capped the measured
     tok/s at 64 requests."""
     start = time.perf_counter()
     if pool is not None:
-        results = list(pool.map(stream_args, [(port, ids, new_tokens, temperature) for ids in prompts]))
+        results = list(pool.map(stream_args, [(port, ids, new_tokens, temperature, top_p) for ids in prompts]))
     else:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as threads:
-            results = list(threads.map(lambda ids: stream_one(port, ids, new_tokens, temperature), prompts))
+            results = list(threads.map(lambda ids: stream_one(port, ids, new_tokens, temperature, top_p), prompts))
     wall = time.perf_counter() - start
     tokens = sum(r[0] for r in results)
     # Decode: tokens after each request's first, over the time after the last first token.
@@ -105,6 +108,9 @@ def main():
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature (above 0: seeded per prompt; drafts verified by "
                              "rejection sampling)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="top-p of every request (default: the server's, from the model's "
+                             "generation_config.json; 1 for the full softmax the trainer evaluates)")
     parser.add_argument("--kv-memory", default="2GiB")
     parser.add_argument("--json", default="", help="also write the rows here")
     parser.add_argument("serve_args", nargs="*", help="after --: passed to megactx serve")
@@ -116,7 +122,8 @@ def main():
     rows = []
     print(f"serve args: {' '.join(args.serve_args) or '(none)'}; prompts of {args.prompt_tokens} "
           f"tokens, {args.new_tokens} new tokens, "
-          f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}, "
+          f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}"
+          f"{'' if args.top_p is None else f', top-p {args.top_p:g}'}, "
           f"best of {args.rounds} rounds")
     print("| k | concurrency | output tok/s | decode tok/s | vs k=0 (decode) | accepted length |")
     print("|---|---|---|---|---|---|")
@@ -139,7 +146,7 @@ def main():
                     best_output = best_decode = 0.0
                     for _ in range(args.rounds):
                         output, decode = run_round(port, prompts, args.new_tokens, pool,
-                                                   args.temperature)
+                                                   args.temperature, args.top_p)
                         best_output = max(best_output, output)
                         best_decode = max(best_decode, decode)
                 verify = metric(port, "megactx_spec_verify_steps_total") - verify0
