@@ -410,7 +410,10 @@ def main():
             p.requires_grad_(False)
         runs = ablation_runs(args.ablation_runs, args.ablation_seeds)
         mtp_prefix = "model.layers.{}.".format(cfg.num_hidden_layers)
-        os.makedirs(os.path.join(args.out, "ablation"), exist_ok=True)
+        # The runs' MTP layers, bundled into OUT/ablation.tar.part* at the end (a device call
+        # returns only a few files): `cat OUT/ablation.tar.part* | tar -x -C OUT`.
+        tensors_dir = os.path.join(args.work, "ablation")
+        os.makedirs(tensors_dir, exist_ok=True)
         for name, seed in runs:
             share, tv = ABLATION_VARIANTS[name]
             torch.manual_seed(1000 + seed)
@@ -428,11 +431,12 @@ def main():
             with torch.no_grad():
                 mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
                        if k.startswith(mtp_prefix)}
-            export.write_safetensors(os.path.join(args.out, "ablation", run + ".safetensors"), mtp)
+            export.write_safetensors(os.path.join(tensors_dir, run + ".safetensors"), mtp)
             log("mtp ablation {}: {}".format(run, json.dumps(out[run])))
             for n, p in model.named_parameters():
                 p.requires_grad_(False)
         out.update(ablation_summary(out))
+        bundle(args.out, tensors_dir, "ablation", log)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n in shipped:
@@ -509,7 +513,7 @@ def dump(out, results):
 
 
 def bundle(out, model_dir, name, log):
-    """The run's file return allows 16 MiB a file: tar the model folder and split it."""
+    """The run's file return allows 16 MiB a file and a few files: tar the folder and split it."""
     tar = os.path.join("/tmp", name + ".tar")
     subprocess.run(["tar", "cf", tar, "-C", os.path.dirname(model_dir), os.path.basename(model_dir)], check=True)
     subprocess.run(["split", "-b", "15m", "-d", tar, os.path.join(out, name + ".tar.part")], check=True)
