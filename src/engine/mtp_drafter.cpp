@@ -84,7 +84,8 @@ void run_mtp_drafts(MtpLayer& mtp, PagedKvCache& cache, bool share,
                   "MTP drafts: state of row {} for {} cached positions, {} steps",
                   r.state ? r.state->row : -1, r.cached, r.steps);
     r.drafts.clear();
-    if (is_greedy(*r.params) && !r.mask && static_cast<int64_t>(r.state->drafts.size()) >= r.steps) {
+    if (is_greedy(*r.params) && !r.mask &&
+        static_cast<int64_t>(r.state->drafts.size()) >= r.steps) {
       // Made on the device by the refill (one-hot q).
       r.drafts.assign(r.state->drafts.begin(), r.state->drafts.begin() + r.steps);
       r.q.assign(static_cast<size_t>(r.steps), {});
@@ -147,11 +148,18 @@ VerifyResult verify_drafts(const SamplingParams& params, VerifyMode sampled_mode
   for (size_t i = 0; i < masks.size() && i < rows.size(); ++i)
     rows[i] = masked(rows[i], masks[i], scratch[i]);
   if (is_greedy(params)) return verify_greedy(rows, drafts);
-  std::vector<std::vector<float>> p;
-  p.reserve(rows.size());
-  for (const auto& logits : rows) p.push_back(sampling_distribution(params, logits));
-  return sampled_mode == VerifyMode::TargetOnly ? verify_target_only(p, drafts, uniform)
-                                                : verify_rejection(p, q, drafts, uniform);
+  MEGACTX_CHECK(rows.size() == drafts.size() + 1,
+                "verify: {} target rows for {} drafts (need k + 1)", rows.size(), drafts.size());
+  // Each target row is transformed (softmax, top-k / top-p) only when the
+  // verification reaches it: rows after the first rejection are never read.
+  std::vector<float> p;
+  const TargetRow p_row = [&](size_t i) -> const std::vector<float>& {
+    p = sampling_distribution(params, rows[i]);
+    return p;
+  };
+  return sampled_mode == VerifyMode::TargetOnly
+             ? verify_target_only_rows(p_row, drafts, uniform)
+             : verify_rejection_rows(rows.empty() ? 0 : rows[0].size(), p_row, q, drafts, uniform);
 }
 
 }  // namespace megactx

@@ -96,24 +96,45 @@ VerifyResult verify_rejection(std::span<const std::vector<float>> p,
                               std::span<const int32_t> drafts,
                               const std::function<double()>& uniform) {
   check_shapes(p.size(), q.size(), drafts.size());
-  std::vector<float> p_at_draft, q_at_draft;
+  const size_t vocab = p.empty() ? 0 : p[0].size();
+  for (const auto& row : p)
+    MEGACTX_CHECK(row.size() == vocab, "verify: target rows of {} and {} entries", vocab,
+                  row.size());
+  return verify_rejection_rows(
+      vocab, [&](size_t i) -> const std::vector<float>& { return p[i]; }, q, drafts, uniform);
+}
+
+VerifyResult verify_rejection_rows(size_t vocab, const TargetRow& p_row,
+                                   std::span<const std::vector<float>> q,
+                                   std::span<const int32_t> drafts,
+                                   const std::function<double()>& uniform) {
+  MEGACTX_CHECK(q.size() == drafts.size(), "verify: {} draft distributions for {} drafts", q.size(),
+                drafts.size());
   for (size_t i = 0; i < drafts.size(); ++i) {
-    const int32_t d = drafts[i];
-    MEGACTX_CHECK(d >= 0 && static_cast<size_t>(d) < p[i].size(),
-                  "verify: draft {} outside [0, {})", d, p[i].size());
-    MEGACTX_CHECK(q[i].empty() || q[i].size() == p[i].size(), "verify: q has {} entries, p {}",
-                  q[i].size(), p[i].size());
-    p_at_draft.push_back(p[i][static_cast<size_t>(d)]);
-    q_at_draft.push_back(q[i].empty() ? 1.0f : q[i][static_cast<size_t>(d)]);
+    MEGACTX_CHECK(drafts[i] >= 0 && static_cast<size_t>(drafts[i]) < vocab,
+                  "verify: draft {} outside [0, {})", drafts[i], vocab);
+    MEGACTX_CHECK(q[i].empty() || q[i].size() == vocab, "verify: q has {} entries, p {}",
+                  q[i].size(), vocab);
   }
+  // The accept tests in order, one uniform each (as rejection_accepted): p_i
+  // is computed only once d_1..d_{i-1} have passed.
   VerifyResult result;
-  result.accepted = rejection_accepted(p_at_draft, q_at_draft, uniform);
-  const auto at = static_cast<size_t>(result.accepted);
-  result.tokens.assign(drafts.begin(), drafts.begin() + result.accepted);
-  const bool rejected = at < drafts.size();
-  result.tokens.push_back(rejection_final_token(
-      p[at], rejected ? std::span<const float>(q[at]) : std::span<const float>(),
-      rejected ? drafts[at] : -1, rejected, uniform));
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const std::vector<float>& p = p_row(i);
+    const auto d = static_cast<size_t>(drafts[i]);
+    const double qd = q[i].empty() ? 1.0 : q[i][d];
+    MEGACTX_CHECK(qd > 0.0, "verify: draft {} has q = 0 (not drawn from q)", i);
+    if (!(uniform() * qd < p[d])) {
+      result.tokens.assign(drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(i));
+      result.accepted = static_cast<int64_t>(i);
+      result.tokens.push_back(rejection_final_token(p, q[i], drafts[i], true, uniform));
+      return result;
+    }
+  }
+  result.accepted = static_cast<int64_t>(drafts.size());
+  result.tokens.assign(drafts.begin(), drafts.end());
+  result.tokens.push_back(
+      rejection_final_token(p_row(drafts.size()), std::span<const float>(), -1, false, uniform));
   return result;
 }
 
@@ -121,9 +142,15 @@ VerifyResult verify_target_only(std::span<const std::vector<float>> p,
                                 std::span<const int32_t> drafts,
                                 const std::function<double()>& uniform) {
   check_shapes(p.size(), drafts.size(), drafts.size());
+  return verify_target_only_rows([&](size_t i) -> const std::vector<float>& { return p[i]; },
+                                 drafts, uniform);
+}
+
+VerifyResult verify_target_only_rows(const TargetRow& p_row, std::span<const int32_t> drafts,
+                                     const std::function<double()>& uniform) {
   VerifyResult result;
   for (size_t i = 0; i <= drafts.size(); ++i) {
-    const int32_t own = draw_from(p[i], uniform());
+    const int32_t own = draw_from(p_row(i), uniform());
     result.tokens.push_back(own);
     if (i == drafts.size() || own != drafts[i]) break;
     ++result.accepted;

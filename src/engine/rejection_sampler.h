@@ -73,6 +73,19 @@ VerifyResult verify_target_only(std::span<const std::vector<float>> p,
                                 std::span<const int32_t> drafts,
                                 const std::function<double()>& uniform);
 
+// The two verifications with the target's rows made on demand: p_row(i) is
+// called only for the rows the verification reads (p_0 .. p_a, a the first
+// rejection or k), in order, so a verification that rejects early transforms
+// one or two rows instead of k + 1 (the same uniforms in the same order, the
+// same result). `vocab`: the rows' length, for checking the drafts up front.
+using TargetRow = std::function<const std::vector<float>&(size_t)>;
+VerifyResult verify_rejection_rows(size_t vocab, const TargetRow& p_row,
+                                   std::span<const std::vector<float>> q,
+                                   std::span<const int32_t> drafts,
+                                   const std::function<double()>& uniform);
+VerifyResult verify_target_only_rows(const TargetRow& p_row, std::span<const int32_t> drafts,
+                                     const std::function<double()>& uniform);
+
 // One draw from `weights` (non-negative, any positive total) by inverse CDF in
 // id order; Error when the total is not positive.
 int32_t draw_from(std::span<const float> weights, double u);

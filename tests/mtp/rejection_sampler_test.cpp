@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "core/error.h"
@@ -248,6 +249,71 @@ TEST(RejectionSampling, TheTwoPartsFromScalarsAndOneRow) {
   EXPECT_EQ(rejection_final_token(row, {}, -1, false, last), 2);  // bonus: inverse CDF of p
   const std::vector<float> zero_q{1.0f, 0.0f};
   EXPECT_THROW(rejection_accepted(greedy, zero_q, u), Error);
+}
+
+// Target rows made on demand (what the engine's verification passes): the
+// same tokens as the two parts above from the same uniforms, and only the
+// rows up to the first rejection (or the bonus row) are asked for, in order.
+TEST(RejectionSampling, RowsOnDemandGiveTheSameResultAndReadOnlyTheRowsNeeded) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
+  constexpr int kVocab = 6;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int k = 1 + trial % 7;
+    auto row = [&] {
+      std::vector<float> r(kVocab);
+      double total = 0.0;
+      for (float& w : r) total += (w = weight(rng) * weight(rng));
+      for (float& w : r) w = static_cast<float>(w / total);
+      return r;
+    };
+    std::vector<std::vector<float>> p, q;
+    std::vector<int32_t> drafts;
+    for (int i = 0; i <= k; ++i) p.push_back(row());
+    for (int i = 0; i < k; ++i) {
+      q.push_back(trial % 5 == 0 ? std::vector<float>() : row());  // some greedy (one-hot) drafts
+      drafts.push_back(q.back().empty() ? static_cast<int32_t>(rng() % kVocab)
+                                        : draw_from(q.back(), weight(rng)));
+    }
+    const uint32_t seed = rng();
+    std::mt19937 stream_a(seed), stream_b(seed);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    auto u_a = [&] { return unit(stream_a); };
+    auto u_b = [&] { return unit(stream_b); };
+    // Reference: the split parts over every row.
+    std::vector<float> p_at, q_at;
+    for (int i = 0; i < k; ++i) {
+      p_at.push_back(p[i][drafts[i]]);
+      q_at.push_back(q[i].empty() ? 1.0f : q[i][drafts[i]]);
+    }
+    const int64_t accepted = rejection_accepted(p_at, q_at, u_a);
+    const bool rejected = accepted < k;
+    const int32_t last =
+        rejection_final_token(p[accepted], rejected ? q[accepted] : std::vector<float>(),
+                              rejected ? drafts[accepted] : -1, rejected, u_a);
+    std::vector<size_t> asked;
+    const TargetRow p_row = [&](size_t i) -> const std::vector<float>& {
+      asked.push_back(i);
+      return p[i];
+    };
+    const VerifyResult result = verify_rejection_rows(kVocab, p_row, q, drafts, u_b);
+    ASSERT_EQ(result.accepted, accepted) << "trial " << trial;
+    ASSERT_EQ(result.tokens.size(), static_cast<size_t>(accepted) + 1);
+    EXPECT_EQ(result.tokens.back(), last) << "trial " << trial;
+    std::vector<size_t> expected(static_cast<size_t>(accepted) + 1);
+    std::iota(expected.begin(), expected.end(), size_t{0});
+    EXPECT_EQ(asked, expected) << "trial " << trial;
+    // Target-only from rows on demand against the same rows given whole.
+    std::mt19937 stream_c(seed), stream_d(seed);
+    auto u_c = [&] { return unit(stream_c); };
+    auto u_d = [&] { return unit(stream_d); };
+    asked.clear();
+    const VerifyResult own = verify_target_only_rows(p_row, drafts, u_c);
+    const VerifyResult whole = verify_target_only(p, drafts, u_d);
+    EXPECT_EQ(own.accepted, whole.accepted);
+    EXPECT_EQ(own.tokens, whole.tokens);
+    EXPECT_EQ(asked.size(), static_cast<size_t>(own.accepted) + 1);
+  }
 }
 
 TEST(RejectionSampling, BadInputIsAnError) {
