@@ -159,7 +159,7 @@ VerifyResult verify_drafts(const SamplingParams& params, VerifyMode sampled_mode
   };
   return sampled_mode == VerifyMode::TargetOnly
              ? verify_target_only_rows(p_row, drafts, uniform)
-             : verify_rejection_rows(rows.empty() ? 0 : rows[0].size(), p_row, q, drafts, uniform);
+             : verify_rejection_rows(rows[0].size(), p_row, q, drafts, uniform);
 }
 
 }  // namespace megactx

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ def main():
                          "results); default every variant with seeds 0 .. --ablation-seeds - 1")
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
-                         "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation/)")
+                         "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation.tar.part*)")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -413,7 +414,8 @@ def main():
         # The runs' MTP layers, bundled into OUT/ablation.tar.part* at the end (a device call
         # returns only a few files): `cat OUT/ablation.tar.part* | tar -x -C OUT`.
         tensors_dir = os.path.join(args.work, "ablation")
-        os.makedirs(tensors_dir, exist_ok=True)
+        shutil.rmtree(tensors_dir, ignore_errors=True)  # no earlier call's runs in this call's bundle
+        os.makedirs(tensors_dir)
         for name, seed in runs:
             share, tv = ABLATION_VARIANTS[name]
             torch.manual_seed(1000 + seed)
