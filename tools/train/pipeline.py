@@ -48,6 +48,10 @@ def main():
                          "share_ce_tv; seeds from 0), sharing --ablation-s among them, so that a budget too long "
                          "for one device call is spread over several (tools/train/ablation_table.py merges their "
                          "results); default every variant with seeds 0 .. --ablation-seeds - 1")
+    ap.add_argument("--ablation-steps", type=int, default=0,
+                    help="MTP ablation: each run trains this many steps (its schedule over steps; --ablation-s "
+                         "only caps the time), so runs that share a device (tools/train/ablation_parallel.py) "
+                         "train alike; 0: each run trains for its share of --ablation-s")
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
                          "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation.tar.part*)")
@@ -143,6 +147,8 @@ def main():
         ablation_runs(args.ablation_runs, args.ablation_seeds)
     except ValueError as e:
         ap.error(str(e))
+    if args.ablation_steps < 0:
+        ap.error("--ablation-steps must be >= 0, got {}".format(args.ablation_steps))
     if not 0.0 < args.decay_frac <= 1.0:
         ap.error("--decay-frac must be in (0, 1], got {}".format(args.decay_frac))
     t0 = time.time()
@@ -416,8 +422,11 @@ def main():
         tensors_dir = os.path.join(args.work, "ablation")
         shutil.rmtree(tensors_dir, ignore_errors=True)  # no earlier call's runs in this call's bundle
         os.makedirs(tensors_dir)
-        for name, seed in runs:
+        for i, (name, seed) in enumerate(runs):
             share, tv = ABLATION_VARIANTS[name]
+            cap_s = args.ablation_s / len(runs)
+            if args.ablation_steps > 0:  # the time left, less ~25 s per run for its evaluation and export
+                cap_s = min(cap_s, max(10.0, (left() - 25.0 * (len(runs) - i)) / (len(runs) - i)))
             torch.manual_seed(1000 + seed)
             fresh = dict(GlmMoeDsa(cfg).named_parameters())
             with torch.no_grad():
@@ -425,9 +434,11 @@ def main():
                     if n.startswith("mtp_"):
                         p.copy_(fresh[n].to(device))
                         p.requires_grad_(True)
-            train.train_mtp_variant(model, batches, args.ablation_s / len(runs), device, log, share, tv)
+            steps = train.train_mtp_variant(model, batches, cap_s, device, log, share, tv,
+                                            max_steps=args.ablation_steps)
             run = "{}_seed{}".format(name, seed)
             out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
+            out[run]["train_steps"] = steps
             # The run's MTP layer as HF names it, for the C++ engine's measurement
             # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
             with torch.no_grad():
@@ -446,7 +457,9 @@ def main():
         return out
 
     if args.ablation_s > 0:
-        stage("mtp_ablation", ablation, args.ablation_s + 15)
+        # A step budget trains within whatever time is left (each run's cap below); a time budget
+        # needs all of it.
+        stage("mtp_ablation", ablation, 45 if args.ablation_steps > 0 else args.ablation_s + 15)
     else:
         results["not_run"].append("mtp_ablation (--ablation-s 0)")
     dump(args.out, results)

@@ -341,14 +341,17 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
     return state
 
 
-def train_mtp_variant(model, batches, budget_s, device, log, share, tv_weight, mtp_steps=3, lr=2e-3, amp=True):
-    """MTP ablation: the target is frozen; only the MTP layer (re-initialized by the caller) learns."""
+def train_mtp_variant(model, batches, budget_s, device, log, share, tv_weight, mtp_steps=3, lr=2e-3, amp=True,
+                      max_steps=0):
+    """MTP ablation: the target is frozen; only the MTP layer (re-initialized by the caller) learns.
+    max_steps > 0: the budget is that many steps (the schedule runs over steps, so runs that share a
+    device at different speeds still train alike), budget_s only a cap; returns the steps taken."""
     mtp_params = [p for n, p in model.named_parameters() if n.startswith("mtp_")]
     opt = make_optimizer(mtp_params, lr)
     sched = Schedule(budget_s, lr, dense_until=0.0)
     start, step = time.time(), 0
-    while time.time() - start < budget_s:
-        f = (time.time() - start) / budget_s
+    while time.time() - start < budget_s and (max_steps <= 0 or step < max_steps):
+        f = step / max_steps if max_steps > 0 else (time.time() - start) / budget_s
         for g in opt.param_groups:
             g["lr"] = sched.learning_rate(f)
         tokens, weights = batches.next()
@@ -367,5 +370,7 @@ def train_mtp_variant(model, batches, budget_s, device, log, share, tv_weight, m
         loss.backward()
         opt.step()
         step += 1
-    log("mtp variant share={} tv={}: {} steps, last CE {}".format(share, tv_weight, step,
-                                                                  "/".join("{:.2f}".format(c.item()) for c in ces)))
+    log("mtp variant share={} tv={}: {} steps{} in {:.0f}s, last CE {}".format(
+        share, tv_weight, step, " of {}".format(max_steps) if max_steps > 0 else "", time.time() - start,
+        "/".join("{:.2f}".format(c.item()) for c in ces)))
+    return step
