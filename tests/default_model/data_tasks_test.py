@@ -1,4 +1,4 @@
-"""The JSON-answer training task (tools/data/synth.py json_answer) and make_r3.py's filter of
+"""The JSON-answer and unneeded-tools training tasks (tools/data/synth.py json_answer, tool_not_needed) and make_r3.py's filter of
 held-out names, on made-up sources: every answer is one JSON object that Python's json module
 parses, rendered through the shipped chat template it ends the assistant turn, no prompt hands
 the model an object to echo (the structured-output e2e test's "Return {...} as JSON." must stay
@@ -61,6 +61,30 @@ def check_held_out_filter():
     print("held_out_names: validation packages and words found")
 
 
+FORTUNES = ["A clean desk is a sign of a full drawer.", "Today is the tomorrow you worried about."]
+
+
+def check_tool_not_needed():
+    """Chats with tools offered that no question needs: one to three of the unneeded tools, no call
+    in any assistant turn, and no call markup past the template's tool instructions."""
+    rng = random.Random(9)
+    renderer = ChatRenderer.from_file(os.path.join(ROOT, "models", "default", "chat_template.jinja"))
+    offered = set()
+    for _ in range(300):
+        request = synth.tool_not_needed(rng, WORDNET, FORTUNES, PACKAGES)
+        names = [t["function"]["name"] for t in request["tools"]]
+        assert 1 <= len(names) <= 3 and set(names) <= set(synth.UNNEEDED_TOOLS), names
+        offered.update(names)
+        assistants = [m for m in request["messages"] if m["role"] == "assistant"]
+        assert assistants and all(not m.get("tool_calls") and m["content"] for m in assistants), request
+        text = renderer.render(request["messages"], tools=request["tools"], **request.get("kwargs", {}))
+        conversation = text[text.index("<|user|>"):]
+        assert "<tools>" in text and "<tool_call>" not in conversation, conversation[:300]
+    assert offered == set(synth.UNNEEDED_TOOLS), offered
+    print("tool_not_needed: 300 chats with tools offered, answered in text")
+
+
 if __name__ == "__main__":
     check_answers()
     check_held_out_filter()
+    check_tool_not_needed()

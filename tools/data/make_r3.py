@@ -26,6 +26,8 @@ Run 4 options (defaults keep run 3's output):
       kind "json") to other.jsonl.xz, from this machine's sources on prepare.py's training side of the
       split (--sources-seed, its --seed), minus every package and word val.jsonl.xz names (the
       sources may have changed since .train-data was made)
+  --tools-unused N   append N chats with one to three tools offered that none of their questions needs,
+      answered in text (synth.tool_not_needed, kind "tools_unused"), from the same side of the split
 
     /usr/bin/python3 tools/data/make_r3.py --src .train-data --out .train-data-r4 \
         --chat-frac 0.35 --filler-frac 0.6 --long-passkey 65536,131072"""
@@ -107,6 +109,27 @@ def json_answer_docs(count, seed, sources_seed, val_docs):
     return docs
 
 
+def tool_not_needed_docs(count, seed, sources_seed, val_docs):
+    """`count` rendered synth.tool_not_needed documents ({"kind": "tools_unused", "text"}): chats with
+    tools offered and answered in text, from the same training side of the sources as
+    json_answer_docs, without what the validation set names."""
+    import prepare  # noqa: E402
+    import synth  # noqa: E402
+
+    (packages, wordnet, fortunes), _ = prepare.split_sources(random.Random(sources_seed))
+    tokens, words = held_out_names(val_docs)
+    packages = [p for p in packages if p[0] not in tokens]
+    wordnet = [w for w in wordnet if w[0].lower() not in words]
+    renderer = prepare.ChatRenderer.from_file(prepare.TEMPLATE)
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(count):
+        request = synth.tool_not_needed(rng, wordnet, fortunes, packages)
+        docs.append({"kind": "tools_unused", "text": renderer.render(request["messages"], tools=request["tools"],
+                                                                     **request.get("kwargs", {}))})
+    return docs
+
+
 def long_passkey(val_docs, lengths, seed, per_length=16):
     """Passkey prompts like prepare.py's passkey_eval.jsonl.xz, at longer nominal lengths."""
     import synth
@@ -139,6 +162,8 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--long-passkey", default="", help="e.g. 65536,131072: passkey_eval_long.jsonl.xz")
     ap.add_argument("--json-answers", type=int, default=0, help="append N JSON-answer chat documents")
+    ap.add_argument("--tools-unused", type=int, default=0,
+                    help="append N chats with tools offered that no question needs (answered in text)")
     ap.add_argument("--sources-seed", type=int, default=1234, help="prepare.py's --seed (its split)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -157,10 +182,12 @@ def main():
         frac = args.text_frac if d["kind"] in PLAIN_KINDS else args.chat_frac
         if frac >= 1.0 or rng.random() < frac:
             other.append(d)
-    if args.json_answers > 0:
+    if args.json_answers > 0 or args.tools_unused > 0:
         val_docs = read_jsonl(os.path.join(args.src, "val.jsonl.xz"))
-        json_docs = json_answer_docs(args.json_answers, args.seed + 200, args.sources_seed, val_docs)
-        other += json_docs
+        if args.json_answers > 0:
+            other += json_answer_docs(args.json_answers, args.seed + 200, args.sources_seed, val_docs)
+        if args.tools_unused > 0:
+            other += tool_not_needed_docs(args.tools_unused, args.seed + 300, args.sources_seed, val_docs)
         rng.shuffle(other)
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:

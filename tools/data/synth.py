@@ -282,6 +282,20 @@ def tool_use(rng, wordnet, packages):
     return {"messages": messages, "tools": tools}
 
 
+# Tools that no question of synth.chat needs (it asks for definitions, fortunes, packages, the
+# model's identity and small talk; define_word and package_info would fit some of those).
+UNNEEDED_TOOLS = ("get_weather", "calculator", "set_timer")
+
+
+def tool_not_needed(rng, wordnet, fortunes, packages):
+    """A synth.chat conversation with one to three tools offered that none of its questions needs: the
+    answers stay text. Every tool conversation of the data before (tool_use) called a tool, and the
+    models trained on it (runs 3-7) call an offered tool for most prompts, "Hello!" included."""
+    request = chat(rng, wordnet, fortunes, packages)
+    names = rng.sample(UNNEEDED_TOOLS, rng.randint(1, len(UNNEEDED_TOOLS)))
+    return {"messages": request["messages"], "tools": [TOOLS[n] for n in names], "kwargs": request["kwargs"]}
+
+
 def tool_prompt_only(rng, wordnet, packages):
     """A tool conversation cut before the call: what a client sends when the model must call a tool."""
     request = tool_use(rng, wordnet, packages)
