@@ -90,43 +90,26 @@ def held_out_names(val_docs):
     return tokens, words
 
 
-def json_answer_docs(count, seed, sources_seed, val_docs):
-    """`count` rendered synth.json_answer documents ({"kind": "json", "text"}) from the training side
-    of prepare.py's split of the sources, without what the validation set names."""
-    import prepare  # noqa: E402  (the system sources and the chat template; only for this option)
-    import synth  # noqa: E402
-
-    (packages, wordnet, _), _ = prepare.split_sources(random.Random(sources_seed))
-    tokens, words = held_out_names(val_docs)
-    packages = [p for p in packages if p[0] not in tokens]
-    wordnet = [w for w in wordnet if w[0].lower() not in words]
-    renderer = prepare.ChatRenderer.from_file(prepare.TEMPLATE)
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(count):
-        request = synth.json_answer(rng, wordnet, packages)
-        docs.append({"kind": "json", "text": renderer.render(request["messages"], **request.get("kwargs", {}))})
-    return docs
-
-
-def tool_not_needed_docs(count, seed, sources_seed, val_docs):
-    """`count` rendered synth.tool_not_needed documents ({"kind": "tools_unused", "text"}): chats with
-    tools offered and answered in text, from the same training side of the sources as
-    json_answer_docs, without what the validation set names."""
-    import prepare  # noqa: E402
+def synthetic_docs(task, kind, count, seed, sources_seed, val_docs):
+    """`count` rendered documents ({"kind": kind, "text"}) of a synth task (json_answer: an answer that
+    is one JSON object; tool_not_needed: tools offered that no question needs) from the training side
+    of prepare.py's split of the sources, without the packages and words the validation set names."""
+    import prepare  # noqa: E402  (the system sources and the chat template; only for these options)
     import synth  # noqa: E402
 
     (packages, wordnet, fortunes), _ = prepare.split_sources(random.Random(sources_seed))
     tokens, words = held_out_names(val_docs)
     packages = [p for p in packages if p[0] not in tokens]
     wordnet = [w for w in wordnet if w[0].lower() not in words]
+    make = {"json_answer": lambda rng: synth.json_answer(rng, wordnet, packages),
+            "tool_not_needed": lambda rng: synth.tool_not_needed(rng, wordnet, fortunes, packages)}[task]
     renderer = prepare.ChatRenderer.from_file(prepare.TEMPLATE)
     rng = random.Random(seed)
     docs = []
     for _ in range(count):
-        request = synth.tool_not_needed(rng, wordnet, fortunes, packages)
-        docs.append({"kind": "tools_unused", "text": renderer.render(request["messages"], tools=request["tools"],
-                                                                     **request.get("kwargs", {}))})
+        request = make(rng)
+        text = renderer.render(request["messages"], tools=request.get("tools"), **request.get("kwargs", {}))
+        docs.append({"kind": kind, "text": text})
     return docs
 
 
@@ -185,9 +168,11 @@ def main():
     if args.json_answers > 0 or args.tools_unused > 0:
         val_docs = read_jsonl(os.path.join(args.src, "val.jsonl.xz"))
         if args.json_answers > 0:
-            other += json_answer_docs(args.json_answers, args.seed + 200, args.sources_seed, val_docs)
+            other += synthetic_docs("json_answer", "json", args.json_answers, args.seed + 200, args.sources_seed,
+                                    val_docs)
         if args.tools_unused > 0:
-            other += tool_not_needed_docs(args.tools_unused, args.seed + 300, args.sources_seed, val_docs)
+            other += synthetic_docs("tool_not_needed", "tools_unused", args.tools_unused, args.seed + 300,
+                                    args.sources_seed, val_docs)
         rng.shuffle(other)
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:
