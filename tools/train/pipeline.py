@@ -425,8 +425,9 @@ def main():
         for i, (name, seed) in enumerate(runs):
             share, tv = ABLATION_VARIANTS[name]
             cap_s = args.ablation_s / len(runs)
-            if args.ablation_steps > 0:  # the time left, less ~25 s per run for its evaluation and export
-                cap_s = min(cap_s, max(10.0, (left() - 25.0 * (len(runs) - i)) / (len(runs) - i)))
+            if args.ablation_steps > 0:  # the time left, less ~60 s per run for its evaluation and export
+                # (~10 s alone, several times that beside other runs on the device)
+                cap_s = min(cap_s, max(10.0, (left() - 60.0 * (len(runs) - i)) / (len(runs) - i)))
             torch.manual_seed(1000 + seed)
             fresh = dict(GlmMoeDsa(cfg).named_parameters())
             with torch.no_grad():
