@@ -88,9 +88,10 @@ def main():
                          "documents packed whole; default run 3's mix: plain text only fills row ends)")
     ap.add_argument("--rope-theta", type=float, default=None,
                     help="RoPE base of MLA and the indexer (config.json rope_theta and rope_parameters); "
-                         "default the config's 1e5, also when continuing from --init-from")
+                         "default the --init-from folder's, else the config's 1e5")
     ap.add_argument("--max-position", type=int, default=None,
-                    help="max_position_embeddings written to config.json (default 32768)")
+                    help="max_position_embeddings written to config.json (default the --init-from folder's, "
+                         "else 32768)")
     ap.add_argument("--head-chunk", type=int, default=0,
                     help="LM/MTP heads and losses over checkpointed chunks of this many tokens (0: whole "
                          "logits as in runs 1-3); needed for rows of 64K+ tokens")
@@ -236,6 +237,15 @@ def main():
 
     # ---------------------------------------------------------------- model + training
     overrides = {}
+    if args.init_from:
+        # Continuing: the folder's RoPE base and length unless the flags change them (before, the
+        # defaults 1e5 / 32768 replaced a 1e6 folder's silently, so a frozen ablation target of runs
+        # 4-7 ran at the wrong base without the flags).
+        with open(os.path.join(args.init_from, "config.json")) as f:
+            folder = json.load(f)
+        for key in ("rope_theta", "max_position_embeddings"):
+            if key in folder:
+                overrides[key] = type(getattr(ModelConfig, key))(folder[key])
     if args.rope_theta is not None:
         overrides["rope_theta"] = float(args.rope_theta)
     if args.max_position is not None:
