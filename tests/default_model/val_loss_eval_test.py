@@ -4,7 +4,8 @@ is tokenized, packed and scored by `megactx serve` on the CPU; the same rows' me
 from the training code's model (tools/train/model.py, fp32, dense) must agree within 1e-4 relative.
 Rows of 100 tokens stay within the model's top-k of 128 keys, so the served sparse attention sees
 every key and equals the dense one. Also checks the packing (data.pack with seed 2 on the server's
-tokens: every row holds seq-len + 1 tokens) and that --rows caps the rows.
+tokens: every row holds seq-len + 1 tokens), that --rows caps the rows, and that a bad --rows or a
+folder without val.jsonl.xz is refused before any server starts.
 
     /usr/bin/python3 tests/default_model/val_loss_eval_test.py --megactx build-cpu/megactx
 
@@ -48,6 +49,11 @@ def main():
                         "--megactx", args.megactx, "--data", tmp, "--seq-len", "100", "--rows", "3",
                         "--save-rows", rows_path, "--json", out_path, args.model, "--", "--device", "cpu"],
                        check=True)
+        for bad, words in ((["--rows", "0"], "--rows at least 1"), (["--data", ROOT], "no val.jsonl.xz")):
+            refused = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "eval", "val_loss_eval.py"),
+                                      "--megactx", args.megactx, "--data", tmp, *bad, args.model],
+                                     capture_output=True, text=True)
+            assert refused.returncode == 2 and words in refused.stderr, (bad, refused.stderr)
         rows = np.load(rows_path)
         with open(out_path) as f:
             served = json.load(f)[args.model]

@@ -845,9 +845,7 @@ class TrainerLoop(unittest.TestCase):
         prompt = (self.probe * 10)[:100]
         body = post(POLICY, "/generate", {
             "input_ids": prompt, "return_hidden_states": True,
-            # ignore_eos: twelve tokens whatever the weights sample (an end of text would
-            # shorten the list the format check counts).
-            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0,  # 12 tokens, EOS or not
                                 "sampling_seed": 9, "ignore_eos": True}}).json()
         hidden = body["meta_info"]["hidden_states"]
         self.assertEqual(len(hidden), 12)  # SGLang's: max_new_tokens entries

@@ -32,32 +32,19 @@ sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 import numpy as np  # noqa: E402
 import requests  # noqa: E402
 
+import data  # noqa: E402  (tools/train/data.py: its reader and packing; tokenizers only when training one)
 from megactx_server import MegactxServer  # noqa: E402
-
-
-def read_jsonl_xz(path):
-    import lzma
-
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def pack(docs, seq_len, eos_id, rng):
-    # tools/train/data.py's pack, imported lazily: it needs numpy only.
-    import data
-
-    return data.pack(docs, seq_len, eos_id, rng)
 
 
 def val_rows(url, eos_id, data_dir, seq_len, count):
     """The pipeline's val_rows[:count] (data.build_rows(tok, texts, seq_len, seed=2))."""
     encoded = []
-    for doc in read_jsonl_xz(os.path.join(data_dir, "val.jsonl.xz")):
+    for doc in data.read_jsonl(os.path.join(data_dir, "val.jsonl.xz")):
         response = requests.post(url + "/tokenize", json={"prompt": doc["text"], "add_special_tokens": False},
                                  timeout=120)
         response.raise_for_status()
         encoded.append(np.asarray(response.json()["tokens"], dtype=np.int32))
-    return pack(encoded, seq_len, eos_id, random.Random(2))[:count]
+    return data.pack(encoded, seq_len, eos_id, random.Random(2))[:count]
 
 
 def row_loss(url, row):
@@ -87,6 +74,13 @@ def main():
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     serve_args = argv[split + 1:]
+    if args.seq_len < 2 or args.rows < 1:
+        parser.error("--seq-len must be at least 2 and --rows at least 1")
+    if not os.path.isfile(os.path.join(args.data, "val.jsonl.xz")):
+        parser.error("{} holds no val.jsonl.xz".format(args.data))
+    for model_dir in args.models:
+        if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+            parser.error("{} is not a model folder (no tokenizer.json)".format(model_dir))
     tokenizers = set()
     for model_dir in args.models:
         with open(os.path.join(model_dir, "tokenizer.json"), "rb") as f:

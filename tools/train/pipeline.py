@@ -236,16 +236,16 @@ def main():
         batches = data.Batches(rows, weights, args.batch, seed=3)
 
     # ---------------------------------------------------------------- model + training
-    overrides = {}
+    overrides, hf = {}, {}
     if args.init_from:
         # Continuing: the folder's RoPE base and length unless the flags change them (before, the
         # defaults 1e5 / 32768 replaced a 1e6 folder's silently, so a frozen ablation target of runs
         # 4-7 ran at the wrong base without the flags).
         with open(os.path.join(args.init_from, "config.json")) as f:
-            folder = json.load(f)
+            hf = json.load(f)
         for key in ("rope_theta", "max_position_embeddings"):
-            if key in folder:
-                overrides[key] = type(getattr(ModelConfig, key))(folder[key])
+            if key in hf:
+                overrides[key] = type(getattr(ModelConfig, key))(hf[key])
     if args.rope_theta is not None:
         overrides["rope_theta"] = float(args.rope_theta)
     if args.max_position is not None:
@@ -256,8 +256,6 @@ def main():
     torch.manual_seed(0)
     model = GlmMoeDsa(cfg)
     if args.init_from:
-        with open(os.path.join(args.init_from, "config.json")) as f:
-            hf = json.load(f)
         tensors = export.read_safetensors(os.path.join(args.init_from, "model.safetensors"))
         export.load_hub_into(model, tensors, hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
         log("initialized from {} (its rope_theta {}, max_position_embeddings {}, index_topk {})".format(
