@@ -81,46 +81,7 @@ def check_table():
     print("ablation_table.py: two calls merged, separation judged against the spreads")
 
 
-def check_parallel_launcher():
-    """ablation_parallel.py --dry-run: one pipeline.py per run with the same step budget, each in its own
-    folders, the launcher's own flags refused after --."""
-    tool = os.path.join(TOOLS, "ablation_parallel.py")
-    with tempfile.TemporaryDirectory() as tmp:
-        base = [sys.executable, tool, "--out", tmp, "--work", os.path.join(tmp, "work"), "--total-s", "500",
-                "--dry-run"]
-        out = subprocess.run(base + ["--runs", "share_ce:0,no_share_ce:1", "--steps", "900", "--", "--data", "D",
-                                     "--init-from", "M"], capture_output=True, text=True, check=True).stdout
-        lines = [line for line in out.splitlines() if line.startswith("wave 0 run ")]
-        assert len(lines) == 2, out
-        for line, run, key in zip(lines, ("share_ce:0", "no_share_ce:1"), ("share_ce_seed0", "no_share_ce_seed1")):
-            words = line.split()
-            assert words[words.index("--total-s") + 1] == "475.0", line  # all of it less the bundle's 25 s
-            assert words[words.index("--ablation-runs") + 1] == run, line
-            assert words[words.index("--ablation-steps") + 1] == "900", line
-            assert words[words.index("--out") + 1] == os.path.join(tmp, key), line
-            assert words[words.index("--work") + 1] == os.path.join(tmp, "work", key), line
-            assert "--ablation-only" in words and words[words.index("--data") + 1] == "D", line
-        assert not os.path.exists(os.path.join(tmp, "share_ce_seed0")), "a dry run started something"
-        # --parallel 2 over three runs: two waves, each with half the time.
-        out = subprocess.run(base + ["--runs", "share_ce:0,share_ce:1,share_ce_tv:0", "--steps", "9",
-                                     "--parallel", "2"], capture_output=True, text=True, check=True).stdout
-        waves = [line.split()[1] for line in out.splitlines() if line.startswith("wave ")]
-        assert waves == ["0", "0", "1"], out
-        assert all(line.split()[line.split().index("--total-s") + 1] == "237.5"
-                   for line in out.splitlines() if line.startswith("wave ")), out
-        for extra, words in ((["--runs", "share_ce:0", "--steps", "9", "--", "--ablation-steps", "3"], "set by the launcher"),
-                             (["--runs", "share:0", "--steps", "9"], "unknown"),
-                             (["--runs", "share_ce:0", "--steps", "0"], "--steps"),
-                             (["--runs", "share_ce:0", "--steps", "9", "--total-s", "60"], "no time"),
-                             (["--runs", "share_ce:0,share_ce:1", "--steps", "9", "--total-s", "250",
-                               "--parallel", "1"], "no time")):
-            bad = subprocess.run(base + extra, capture_output=True, text=True)
-            assert bad.returncode != 0 and words in bad.stderr, (extra, bad.stderr)
-    print("ablation_parallel.py: one worker per run, one step budget, the launcher's flags its own")
-
-
 if __name__ == "__main__":
     check_runs()
     check_summary()
     check_table()
-    check_parallel_launcher()

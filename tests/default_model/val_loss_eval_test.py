@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """tools/eval/val_loss_eval.py against PyTorch: a made-up validation file (paragraphs of the README)
 is tokenized, packed and scored by `megactx serve` on the CPU; the same rows' mean next-token loss
-from the training code's model (tools/train/model.py, fp32, dense) must agree within 1e-4 relative.
+from the training code's model (tools/train/model.py, fp32, dense) must agree within 1e-4 relative,
+padding targets excluded in both (data.real_targets, also checked on made-up rows).
 Rows of 100 tokens stay within the model's top-k of 128 keys, so the served sparse attention sees
 every key and equals the dense one. Also checks the packing (data.pack with seed 2 on the server's
-tokens: every row holds seq-len + 1 tokens), that --rows caps the rows, and that a bad --rows or a
-folder without val.jsonl.xz is refused before any server starts.
+tokens: every row holds seq-len + 1 tokens), that --rows caps the rows, that --by-kind scores the same
+documents alike from the validation and the training file, and that a bad --rows, a folder without
+val.jsonl.xz or a --train-file without --by-kind or not in the folder is refused before any server
+starts.
 
     /usr/bin/python3 tests/default_model/val_loss_eval_test.py --megactx build-cpu/megactx
 
@@ -30,6 +33,7 @@ except ImportError as error:
     print("SKIPPED: {}".format(error))
     sys.exit(77)
 
+import data  # noqa: E402
 import export  # noqa: E402
 
 
@@ -45,11 +49,17 @@ def main():
             for text in paragraphs:
                 f.write(json.dumps({"text": text, "kind": "text"}) + "\n")
         rows_path, out_path = os.path.join(tmp, "rows.npy"), os.path.join(tmp, "out.json")
+        with lzma.open(os.path.join(tmp, "train.jsonl.xz"), "wt", encoding="utf-8") as f:
+            for text in paragraphs[:2] + paragraphs[-3:]:
+                f.write(json.dumps({"text": text, "kind": "text"}) + "\n")
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "eval", "val_loss_eval.py"),
                         "--megactx", args.megactx, "--data", tmp, "--seq-len", "100", "--rows", "3",
+                        "--by-kind", "2", "--train-file", "train.jsonl.xz",
                         "--save-rows", rows_path, "--json", out_path, args.model, "--", "--device", "cpu"],
                        check=True)
-        for bad, words in ((["--rows", "0"], "--rows at least 1"), (["--data", ROOT], "no val.jsonl.xz")):
+        for bad, words in ((["--rows", "0"], "--rows at least 1"), (["--data", ROOT], "no val.jsonl.xz"),
+                           (["--train-file", "train.jsonl.xz"], "needs --by-kind"),
+                           (["--by-kind", "2", "--train-file", "none.jsonl.xz"], "holds no none.jsonl.xz")):
             refused = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "eval", "val_loss_eval.py"),
                                       "--megactx", args.megactx, "--data", tmp, *bad, args.model],
                                      capture_output=True, text=True)
@@ -58,7 +68,18 @@ def main():
         with open(out_path) as f:
             served = json.load(f)[args.model]
     assert rows.shape == (3, 101), rows.shape
-    assert served["tokens"] == 3 * 100, served
+    # Padding: every eos after an eos; the first eos after a document is text (the document's end).
+    with open(os.path.join(args.model, "tokenizer.json"), encoding="utf-8") as f:
+        eos = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}["<|endoftext|>"]
+    assert data.real_targets(np.array([[5, 7, eos, eos, eos], [eos, 4, eos, 9, eos]]), eos).tolist() == [
+        [True, True, False, False], [True, True, True, True]]
+    real = data.real_targets(rows, eos)
+    assert served["tokens"] == real.sum() and served["padding_tokens"] == (~real).sum(), served
+    assert served["tokens"] + served["padding_tokens"] == 3 * 100, served
+    # --by-kind: the first 2 documents of each kind, one by one; the training file starts with the same
+    # two documents, so both splits score exactly the same tokens.
+    val_kind, train_kind = served["by_kind"]["val"]["text"], served["by_kind"]["train"]["text"]
+    assert val_kind == train_kind and val_kind["tokens"] > 0, served["by_kind"]
     torch.manual_seed(0)
     model = export.load_model_dir(args.model)
     model.eval()
@@ -67,9 +88,10 @@ def main():
         for row in rows:
             full = torch.from_numpy(row[None].astype(np.int64))
             logits = model.logits(model(full[:, :-1], mode="dense"))
-            total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), full[:, 1:].reshape(-1),
-                                     reduction="sum").item()
-    reference = total / (rows.shape[0] * (rows.shape[1] - 1))
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), full[:, 1:].reshape(-1),
+                                 reduction="none")
+            total += ce[torch.from_numpy(data.real_targets(row[None], eos).reshape(-1))].sum().item()
+    reference = total / real.sum()
     difference = abs(served["loss"] - reference) / reference
     print("val loss: megactx {:.6f}, PyTorch {:.6f}, relative difference {:.2e}".format(
         served["loss"], reference, difference))

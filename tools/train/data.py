@@ -66,6 +66,15 @@ def assistant_weights(rows, ids, assistant_weight):
     return np.where(inside, assistant_weight, 1.0).astype(np.float32)
 
 
+def real_targets(rows, eos_id):
+    """[N, L-1] bool: which targets rows[:, 1:] are text rather than padding. pack() fills a row's end
+    with eos: the first eos after a document is the document's real end, every eos after an eos is
+    padding. A loss over padding measures whether a model learned to repeat eos (runs 1-2 trained on
+    it, runs 3 on never saw it), not text: 31% of the 8 validation rows of 8K are padding, where run 2
+    scores 0.00 nats and run 7 6.4."""
+    return ~((rows[:, 1:] == eos_id) & (rows[:, :-1] == eos_id))
+
+
 def pack(docs, seq_len, eos_id, rng, long_threshold=1024):
     """Packs token documents (each followed by eos) into rows of seq_len + 1 tokens. Long documents
     (retrieval tasks) are never split: each opens a row; short documents fill the gaps and the rest.

@@ -1,11 +1,12 @@
 """Evaluation of the default model with the PyTorch implementation (model.py):
-validation loss (sparse vs dense), passkey retrieval by context length (with the needle recall of each
+validation loss (sparse vs dense; padding excluded), passkey retrieval by context length (with the needle recall of each
 indexer, from the same forward pass), indexer recall against the dense attention's own top-k, and MTP
 accepted lengths (chained drafts verified against the target)."""
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data import real_targets
 from model import IndexerLoss
 
 
@@ -14,16 +15,18 @@ def _autocast(device):
 
 
 @torch.no_grad()
-def val_loss(model, rows, mode, device, batch=2):
+def val_loss(model, rows, mode, device, eos_id, batch=2):
+    """Mean next-token loss over rows [N, T+1] (numpy), padding targets excluded (data.real_targets)."""
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(rows), batch):
         full = torch.from_numpy(rows[i:i + batch]).to(device).long()
+        real = torch.from_numpy(real_targets(rows[i:i + batch], eos_id)).to(device).reshape(-1)
         with _autocast(device):
             logits = model.logits(model(full[:, :-1], mode=mode))
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), full[:, 1:].reshape(-1), reduction="sum")
-        total += ce.item()
-        count += full[:, 1:].numel()
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), full[:, 1:].reshape(-1), reduction="none")
+        total += ce[real].sum().item()
+        count += int(real.sum().item())
     return total / count
 
 

@@ -41,17 +41,18 @@ def main():
     ap.add_argument("--reserve-s", type=float, default=110, help="kept for export, check and evaluation")
     ap.add_argument("--ablation-s", type=float, default=45, help="MTP ablation training, all variants together")
     ap.add_argument("--ablation-seeds", type=int, default=1,
-                    help="MTP ablation: runs per variant, each from its own initialisation and batches (the "
-                         "spread between them is the run-to-run noise the variants' differences must exceed)")
+                    help="MTP ablation: runs per variant, each seed from its own initialisation and batches (the "
+                         "spread between them is the run-to-run noise the variants' differences must exceed; the "
+                         "variants of one seed share its batches)")
     ap.add_argument("--ablation-runs", default="",
                     help="MTP ablation: only these runs, a comma list of VARIANT:SEED (no_share_ce, share_ce, "
-                         "share_ce_tv; seeds from 0), sharing --ablation-s among them, so that a budget too long "
+                         "share_ce_tv; seeds from 0), trained together, so that a budget too long "
                          "for one device call is spread over several (tools/train/ablation_table.py merges their "
                          "results); default every variant with seeds 0 .. --ablation-seeds - 1")
     ap.add_argument("--ablation-steps", type=int, default=0,
-                    help="MTP ablation: each run trains this many steps (its schedule over steps; --ablation-s "
-                         "only caps the time), so runs that share a device (tools/train/ablation_parallel.py) "
-                         "train alike; 0: each run trains for its share of --ablation-s")
+                    help="MTP ablation: every run trains this many steps (the schedule runs over steps; the time "
+                         "left, less ~15 s per run for its evaluation, only caps it); 0: the runs train for "
+                         "--ablation-s")
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
                          "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation.tar.part*)")
@@ -270,17 +271,20 @@ def main():
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp_"))
     log("params {:.2f}M (MTP layer {:.2f}M), indexer_types {}".format(n_params / 1e6, n_mtp / 1e6, cfg.indexer_types))
     results["params"] = {"total": n_params, "mtp": n_mtp}
+    def val_losses(rows):  # padding targets excluded (data.real_targets)
+        return {m: evaluate.val_loss(model, rows, m, device, ids["<|endoftext|>"]) for m in ("dense", "sparse")}
+
     if args.baseline_eval:
         ts = time.time()
         vr0 = val_rows[: (2 if args.smoke else 8)]
         if args.init_from and args.rope_theta is not None and float(hf.get("rope_theta", cfg.rope_theta)) != cfg.rope_theta:
             # The initial weights as shipped (their own theta) and under the new theta, before training.
             shipped_theta, cfg.rope_theta = cfg.rope_theta, float(hf.get("rope_theta"))
-            results["val_loss_init"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+            results["val_loss_init"] = val_losses(vr0)
             cfg.rope_theta = shipped_theta
-            results["val_loss_init_new_theta"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+            results["val_loss_init_new_theta"] = val_losses(vr0)
         else:
-            results["val_loss_init"] = {m: evaluate.val_loss(model, vr0, m, device) for m in ("dense", "sparse")}
+            results["val_loss_init"] = val_losses(vr0)
         log("baseline val_loss ({:.0f}s): {} {}".format(time.time() - ts, json.dumps(results["val_loss_init"]),
                                                         json.dumps(results.get("val_loss_init_new_theta", ""))))
         lens0 = {int(x) for x in args.baseline_passkey.split(",") if x.strip()}
@@ -336,15 +340,18 @@ def main():
     fixture_ids = tok.encode(fixture["prompt"], add_special_tokens=False).ids
     with open(os.path.join(model_dir, "passkey_8k_ids.txt"), "w") as f:
         f.write(",".join(map(str, fixture_ids)) + "\n")
-    try:
-        import check_hf
+    if args.ablation_only:  # the target is a folder whose parity was checked when it was made
+        results["not_run"].append("hf_parity (--ablation-only)")
+    else:
+        try:
+            import check_hf
 
-        sample = torch.from_numpy(val_rows[0, :700]).long()[None].to(device)
-        results["hf_parity"] = check_hf.compare(model, tok, template, model_dir, sample, device, log)
-        results["tokenizer_check"] = check_hf.check_tokenizer(model_dir, tok, fixture, log)
-    except Exception as e:  # noqa: BLE001
-        log("HF check failed: {!r}".format(e))
-        results["not_run"].append("hf_parity: {!r}".format(e))
+            sample = torch.from_numpy(val_rows[0, :700]).long()[None].to(device)
+            results["hf_parity"] = check_hf.compare(model, tok, template, model_dir, sample, device, log)
+            results["tokenizer_check"] = check_hf.check_tokenizer(model_dir, tok, fixture, log)
+        except Exception as e:  # noqa: BLE001
+            log("HF check failed: {!r}".format(e))
+            results["not_run"].append("hf_parity: {!r}".format(e))
     if not args.ablation_only:  # the target is the initial weights: nothing new to return
         bundle(args.out, model_dir, "model", log)
 
@@ -364,7 +371,13 @@ def main():
         dump(args.out, results)
 
     vr = val_rows[: (2 if args.smoke else 8)]
-    stage("val_loss", lambda: {m: evaluate.val_loss(model, vr, m, device) for m in ("dense", "sparse")}, 15)
+    if args.ablation_only:
+        # The frozen target's own measures are its folder's (pipeline run that made it); only the
+        # shipped MTP layer's acceptance stays, as the ablation table's reference row.
+        log("--ablation-only: the target's validation loss, passkey and indexer recall not measured")
+        results["not_run"] += ["val_loss", "passkey", "indexer_recall"]
+    else:
+        stage("val_loss", lambda: val_losses(vr), 15)
     pk = [it for i, it in enumerate(passkey_items) if i % 16 < (2 if args.smoke else args.passkey_n)]
     if args.cpu_smoke:
         pk = [it for it in pk if it["tokens"] <= 1024][:1]
@@ -396,7 +409,9 @@ def main():
                                                              deadline, log, needle=True))}
         return out
 
-    if left() < 20:
+    if args.ablation_only:
+        pass
+    elif left() < 20:
         log("skip passkey ({:.0f}s left)".format(left()))
         results["not_run"] += ["passkey", "passkey_beyond"]
     else:
@@ -409,7 +424,8 @@ def main():
             log("passkey failed: {!r}".format(e))
             results["not_run"].append("passkey: {!r}".format(e))
         dump(args.out, results)
-    stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
+    if not args.ablation_only:
+        stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
     prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 256 if args.cpu_smoke else 512,
                                          16 if args.smoke else 32, seed=5)
     new_tokens = 24 if args.smoke else 64
@@ -420,7 +436,6 @@ def main():
     # ---------------------------------------------------------------- MTP ablation (frozen target)
     def ablation():
         out = {}
-        shipped = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp_")}
         for p in model.parameters():
             p.requires_grad_(False)
         runs = ablation_runs(args.ablation_runs, args.ablation_seeds)
@@ -430,45 +445,48 @@ def main():
         tensors_dir = os.path.join(args.work, "ablation")
         shutil.rmtree(tensors_dir, ignore_errors=True)  # no earlier call's runs in this call's bundle
         os.makedirs(tensors_dir)
-        for i, (name, seed) in enumerate(runs):
+        # Every run at once (train.train_mtp_variants): the variants of one seed share its batches and
+        # one target pass per step. The time cap leaves ~15 s per run for its evaluation and export.
+        members = []
+        for name, seed in runs:
             share, tv = ABLATION_VARIANTS[name]
-            cap_s = args.ablation_s / len(runs)
-            if args.ablation_steps > 0:  # the time left, less ~60 s per run for its evaluation and export
-                # (~10 s alone, several times that beside other runs on the device)
-                cap_s = min(cap_s, max(10.0, (left() - 60.0 * (len(runs) - i)) / (len(runs) - i)))
             torch.manual_seed(1000 + seed)
-            fresh = dict(GlmMoeDsa(cfg).named_parameters())
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if n.startswith("mtp_"):
-                        p.copy_(fresh[n].to(device))
-                        p.requires_grad_(True)
-            steps = train.train_mtp_variant(model, batches, cap_s, device, log, share, tv,
-                                            max_steps=args.ablation_steps)
-            run = "{}_seed{}".format(name, seed)
-            out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens, share=share)
-            out[run]["train_steps"] = steps
-            # The run's MTP layer as HF names it, for the C++ engine's measurement
-            # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
-            with torch.no_grad():
-                mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
-                       if k.startswith(mtp_prefix)}
-            export.write_safetensors(os.path.join(tensors_dir, run + ".safetensors"), mtp)
+            modules = train.mtp_modules(GlmMoeDsa(cfg))  # the same draws as the shipped layer's init
+            for m in modules.values():
+                m.to(device).requires_grad_(True)
+            members.append({"name": "{}_seed{}".format(name, seed), "modules": modules, "share": share,
+                            "tv": tv, "group": seed})
+        cap_s = max(10.0, left() - 15.0 * len(runs) - 20.0)
+        if args.ablation_steps <= 0:
+            cap_s = min(cap_s, args.ablation_s)
+        steps = train.train_mtp_variants(model, batches, members, cap_s, device, log,
+                                         max_steps=args.ablation_steps)
+        original = train.mtp_modules(model)
+        for member in members:
+            run = member["name"]
+            train.use_mtp(model, member["modules"])
+            try:
+                out[run] = evaluate.mtp_acceptance(model, prompts, device, new_tokens=new_tokens,
+                                                   share=member["share"])
+                out[run]["train_steps"] = steps
+                # The run's MTP layer as HF names it, for the C++ engine's measurement
+                # (tools/train/mtp_variant_model.py puts it into a copy of the target's folder).
+                with torch.no_grad():
+                    mtp = {k: v.detach().cpu() for k, v in export.hub_state_dict(model).items()
+                           if k.startswith(mtp_prefix)}
+                export.write_safetensors(os.path.join(tensors_dir, run + ".safetensors"), mtp)
+            finally:
+                train.use_mtp(model, original)
             log("mtp ablation {}: {}".format(run, json.dumps(out[run])))
-            for n, p in model.named_parameters():
-                p.requires_grad_(False)
         out.update(ablation_summary(out))
         bundle(args.out, tensors_dir, "ablation", log)
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if n in shipped:
-                    p.copy_(shipped[n])
         return out
 
     if args.ablation_s > 0:
-        # A step budget trains within whatever time is left (each run's cap below); a time budget
-        # needs all of it.
-        stage("mtp_ablation", ablation, 45 if args.ablation_steps > 0 else args.ablation_s + 15)
+        # A step budget, or --ablation-only (whose whole call is the ablation), trains within whatever
+        # time is left (the cap in ablation()); after training a target, the time budget needs all of it.
+        need_s = 45 if args.ablation_steps > 0 or args.ablation_only else args.ablation_s + 15
+        stage("mtp_ablation", ablation, need_s)
     else:
         results["not_run"].append("mtp_ablation (--ablation-s 0)")
     dump(args.out, results)

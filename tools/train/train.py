@@ -341,36 +341,69 @@ def train(model, batches, schedule, device, log, ckpt_path=None, resume=False, m
     return state
 
 
-def train_mtp_variant(model, batches, budget_s, device, log, share, tv_weight, mtp_steps=3, lr=2e-3, amp=True,
-                      max_steps=0):
-    """MTP ablation: the target is frozen; only the MTP layer (re-initialized by the caller) learns.
-    max_steps > 0: the budget is that many steps (the schedule runs over steps, so runs that share a
-    device at different speeds still train alike), budget_s only a cap; returns the steps taken."""
-    mtp_params = [p for n, p in model.named_parameters() if n.startswith("mtp_")]
-    opt = make_optimizer(mtp_params, lr)
+MTP_MODULES = ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_layer", "mtp_head_norm")
+
+
+def mtp_modules(model):
+    """{name: module} of the MTP layer's parts (its parameters are the model's "mtp_*" ones)."""
+    return {name: getattr(model, name) for name in MTP_MODULES}
+
+
+def use_mtp(model, modules):
+    """Puts an MTP ablation run's own modules (mtp_modules' names) into the model."""
+    for name, module in modules.items():
+        setattr(model, name, module)
+
+
+def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3, lr=2e-3, amp=True, max_steps=0):
+    """MTP ablation: the target is frozen; every run learns its own MTP layer, all runs together.
+
+    runs: [{"name", "modules" (mtp_modules of its own, initialised by the caller), "share" (IndexShare +
+    KVShare across draft steps), "tv" (weight of the TV loss), "group"}]. Each step, every group reads
+    a batch of its own; the runs of one group (the variants of one seed) share that batch and one
+    forward pass of the target, so the variants are compared on the same rows and the target costs one
+    pass per group rather than one per run. max_steps > 0: the schedule runs over that many steps and
+    budget_s only caps the time; else over budget_s. Returns the steps taken (the same for every run)."""
+    original = mtp_modules(model)
+    opts = [make_optimizer([p for m in run["modules"].values() for p in m.parameters()], lr) for run in runs]
+    groups = sorted({run["group"] for run in runs})
     sched = Schedule(budget_s, lr, dense_until=0.0)
-    start, step = time.time(), 0
-    while time.time() - start < budget_s and (max_steps <= 0 or step < max_steps):
-        f = step / max_steps if max_steps > 0 else (time.time() - start) / budget_s
-        for g in opt.param_groups:
-            g["lr"] = sched.learning_rate(f)
-        tokens, weights = batches.next()
-        full = torch.from_numpy(tokens).to(device).long()
-        w = torch.from_numpy(weights).to(device)
-        inp = full[:, :-1]
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            with torch.no_grad():
-                h = model(inp, mode="sparse")
-                logits = model.logits(h)
-            rows = sample_rows(inp.shape[1], 128, device, torch.Generator().manual_seed(step))
-            index_loss = IndexerLoss()
-            mtp, ces = mtp_losses(model, h, logits, inp, full, w, mtp_steps, "sparse", share, tv_weight, index_loss, rows)
-            loss = mtp + index_loss.total()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-    log("mtp variant share={} tv={}: {} steps{} in {:.0f}s, last CE {}".format(
-        share, tv_weight, step, " of {}".format(max_steps) if max_steps > 0 else "", time.time() - start,
-        "/".join("{:.2f}".format(c.item()) for c in ces)))
+    start, step, ces = time.time(), 0, {}
+    try:
+        while time.time() - start < budget_s and (max_steps <= 0 or step < max_steps):
+            f = step / max_steps if max_steps > 0 else (time.time() - start) / budget_s
+            for group in groups:
+                tokens, weights = batches.next()
+                full = torch.from_numpy(tokens).to(device).long()
+                w = torch.from_numpy(weights).to(device)
+                inp = full[:, :-1]
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                    with torch.no_grad():
+                        h = model(inp, mode="sparse")
+                        logits = model.logits(h)
+                rows = sample_rows(inp.shape[1], 128, device, torch.Generator().manual_seed(step))
+                for run, opt in zip(runs, opts):
+                    if run["group"] != group:
+                        continue
+                    use_mtp(model, run["modules"])
+                    for g in opt.param_groups:
+                        g["lr"] = sched.learning_rate(f)
+                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                        index_loss = IndexerLoss()
+                        mtp, ces[run["name"]] = mtp_losses(model, h, logits, inp, full, w, mtp_steps, "sparse",
+                                                           run["share"], run["tv"], index_loss, rows)
+                        loss = mtp + index_loss.total()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            step += 1
+            if step % 100 == 0:
+                log("mtp ablation step {}: CE {}".format(step, ", ".join(
+                    "{} {:.2f}".format(name, c[0].item()) for name, c in sorted(ces.items()))))
+    finally:
+        use_mtp(model, original)
+    log("mtp ablation: {} runs in {} groups, {} steps{} in {:.0f}s, last CE {}".format(
+        len(runs), len(groups), step, " of {}".format(max_steps) if max_steps > 0 else "", time.time() - start,
+        "; ".join("{} {}".format(name, "/".join("{:.2f}".format(c.item()) for c in c3))
+                  for name, c3 in sorted(ces.items()))))
     return step
