@@ -2,7 +2,10 @@
 held-out names, on made-up sources: every answer is one JSON object that Python's json module
 parses, rendered through the shipped chat template it ends the assistant turn, no prompt hands
 the model an object to echo (the structured-output e2e test's "Return {...} as JSON." must stay
-out of the data), and packages and words the validation set names never reach the task. < 1 s."""
+out of the data), and packages and words the validation set names never reach the task. Also the
+manuals' prose extraction (sources.rst_paragraphs, pod_paragraphs; make_r3.group) on made-up
+pages: prose kept and unwrapped, markup reduced to its text, headings, directives, code and
+verbatim blocks left out. < 1 s."""
 import json
 import os
 import random
@@ -13,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
 
 import make_r3  # noqa: E402
+import sources  # noqa: E402
 import synth  # noqa: E402
 from render import ChatRenderer  # noqa: E402
 
@@ -84,7 +88,77 @@ def check_tool_not_needed():
     print("tool_not_needed: 300 chats with tools offered, answered in text")
 
 
+RST = """:mod:`json` --- JSON encoder and decoder
+========================================
+
+.. module:: json
+   :synopsis: Encode and decode the JSON format.
+
+The :mod:`json` module exposes an API familiar to users of the standard library
+:mod:`marshal` module, see `the RFC <https://json.org>`_ and ``dumps`` for **details**.
+
+Encoding basic objects::
+
+    >>> import json
+    >>> json.dumps(['foo', {'bar': ('baz', None)}])
+
+Back at the margin, this paragraph follows the literal block and reads as ordinary prose here.
+
+.. function:: dumps(obj)
+
+   Serialize *obj* to a string in JSON format using this conversion table, returning the result.
+
+=====  ======
+JSON   Python
+=====  ======
+"""
+
+POD = """=head1 NAME
+
+perlintro - a brief introduction
+
+=head1 DESCRIPTION
+
+You are I<strongly> advised to read L<the manual|perltoc> and use the C<perldoc> command, since
+C<< $x->method >> calls are explained in L<perlobj/"Methods"> as well.
+
+    my $x = 1;   # verbatim code
+    print $x;
+
+=begin html
+
+<p>This HTML block is for another formatter and is not prose for us at all.</p>
+
+=end html
+
+=item * an item line
+
+Comparisons with E<lt> and E<gt> are written as words in this paragraph of the manual page.
+"""
+
+
+def check_manuals():
+    rst = sources.rst_paragraphs(RST)
+    assert rst == [
+        "The json module exposes an API familiar to users of the standard library marshal module, see the "
+        "RFC and dumps for details.",
+        "Back at the margin, this paragraph follows the literal block and reads as ordinary prose here.",
+        "Serialize obj to a string in JSON format using this conversion table, returning the result.",
+    ], rst
+    pod = sources.pod_paragraphs(POD)
+    assert pod == [
+        "You are strongly advised to read the manual and use the perldoc command, since $x->method calls are "
+        "explained in perlobj as well.",
+        "Comparisons with < and > are written as words in this paragraph of the manual page.",
+    ], pod
+    assert not sources.prose("x = foo(bar); y = {1: 2}; print(x[0], y) # code, not prose.")
+    assert make_r3.group(["a" * 10, "b" * 10, "c" * 30, "d" * 5], 25) == ["a" * 10 + "\n\n" + "b" * 10, "c" * 30,
+                                                                        "d" * 5]
+    print("manuals: rst and pod prose extracted, markup and code left out")
+
+
 if __name__ == "__main__":
+    check_manuals()
     check_answers()
     check_held_out_filter()
     check_tool_not_needed()

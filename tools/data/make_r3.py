@@ -28,6 +28,9 @@ Run 4 options (defaults keep run 3's output):
       sources may have changed since .train-data was made)
   --tools-unused N   append N chats with one to three tools offered that none of their questions needs,
       answered in text (synth.tool_not_needed, kind "tools_unused"), from the same side of the split
+  --manuals   append the prose of this machine's Python and Perl manuals (sources.load_manuals:
+      python3.11-doc, perl-doc; ~8M characters) as plain-text documents of kind "manuals", each up to
+      --manual-chars of one page's consecutive paragraphs; the validation set stays as it was
 
     /usr/bin/python3 tools/data/make_r3.py --src .train-data --out .train-data-r4 \
         --chat-frac 0.35 --filler-frac 0.6 --long-passkey 65536,131072"""
@@ -44,8 +47,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import sources  # noqa: E402
+
 RETRIEVAL_KINDS = {"passkey", "multikey"}
-PLAIN_KINDS = {"packages", "dictionary", "fortunes"}  # as tools/train/curriculum.py
 
 
 def read_jsonl(path):
@@ -70,6 +74,20 @@ def paragraphs_of(docs):
             if 80 <= len(p) <= 1500 and "\n" not in p:
                 out.add(p)
     return sorted(out)
+
+
+def group(paragraphs, max_chars):
+    """Consecutive paragraphs joined by blank lines into documents of at most max_chars (a longer
+    paragraph is a document of its own)."""
+    out, current = [], []
+    for paragraph in paragraphs:
+        if current and len("\n\n".join(current + [paragraph])) > max_chars:
+            out.append("\n\n".join(current))
+            current = []
+        current.append(paragraph)
+    if current:
+        out.append("\n\n".join(current))
+    return out
 
 
 def subsample(rows, frac, rng):
@@ -148,6 +166,8 @@ def main():
     ap.add_argument("--tools-unused", type=int, default=0,
                     help="append N chats with tools offered that no question needs (answered in text)")
     ap.add_argument("--sources-seed", type=int, default=1234, help="prepare.py's --seed (its split)")
+    ap.add_argument("--manuals", action="store_true", help="append the Python and Perl manuals' prose")
+    ap.add_argument("--manual-chars", type=int, default=3000, help="characters per manual document at most")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
@@ -162,7 +182,7 @@ def main():
     for d in docs:
         if d["kind"] in RETRIEVAL_KINDS:
             continue
-        frac = args.text_frac if d["kind"] in PLAIN_KINDS else args.chat_frac
+        frac = args.text_frac if d["kind"] in sources.PLAIN_KINDS else args.chat_frac
         if frac >= 1.0 or rng.random() < frac:
             other.append(d)
     if args.json_answers > 0 or args.tools_unused > 0:
@@ -173,6 +193,13 @@ def main():
         if args.tools_unused > 0:
             other += synthetic_docs("tool_not_needed", "tools_unused", args.tools_unused, args.seed + 300,
                                     args.sources_seed, val_docs)
+        rng.shuffle(other)
+    if args.manuals:
+        manuals = [{"kind": "manuals", "text": text}
+                   for _, paragraphs in sources.load_manuals() for text in group(paragraphs, args.manual_chars)]
+        print("manuals: {} documents, {:.1f}M characters".format(
+            len(manuals), sum(len(d["text"]) for d in manuals) / 1e6))
+        other += manuals
         rng.shuffle(other)
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:

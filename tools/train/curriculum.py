@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
 import data  # noqa: E402
 
 RETRIEVAL, OTHER, TEXT, PAD = 2, 1, 3, 0
-PLAIN_KINDS = {"packages", "dictionary", "fortunes"}
 # Token shares of each phase's atomic documents (the plain text only fills gaps). Run 4 passes --mix
 # with a "text" share: plain-text documents packed whole like the others (cut to a row when longer).
 MIX = {"passkey": 0.26, "multikey_turns": 0.30, "kv_list": 0.10, "other": 0.34}

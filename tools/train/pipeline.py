@@ -496,12 +496,13 @@ def main():
 def curriculum_batches(args, tok, ids, train_docs, filler, left, log, results):
     """Run 3: per-phase rows (curriculum.py) sized from the expected training time and throughput."""
     import curriculum
+    from sources import PLAIN_KINDS  # tools/data, on the path once curriculum is imported
 
     phases = curriculum.parse_curriculum(args.curriculum, args.seq_len)
     # --ablation-only: the MTP ablation's runs are the training that reads these rows.
     est_train_s = max(15.0, left() - args.prep_s - args.reserve_s - (0 if args.ablation_only else args.ablation_s))
-    other = [d["text"] for d in train_docs if d["kind"] not in curriculum.PLAIN_KINDS]
-    text = [d["text"] for d in train_docs if d["kind"] in curriculum.PLAIN_KINDS]
+    other = [d["text"] for d in train_docs if d["kind"] not in PLAIN_KINDS]
+    text = [d["text"] for d in train_docs if d["kind"] in PLAIN_KINDS]
     template = open(os.path.join(REPO, "models", "default", "chat_template.jinja")).read()
     words = curriculum.words_of(filler)
     mix = curriculum.parse_mix(args.mix)
