@@ -46,10 +46,12 @@ def merge(paths):
 
 
 def cell(summary, runs, variant, metric):
-    if variant in summary:
+    """(mean, spread) over the variant's seeds; (value, None) for one seed; (None, None) when no run
+    has the metric (e.g. a measurement without k = 7)."""
+    if variant in summary and metric in summary[variant]:
         value = summary[variant][metric]
         return value["mean"], value["spread"]
-    single = [m[metric] for k, m in runs.items() if split_run(k)[0] == variant]
+    single = [m[metric] for k, m in runs.items() if split_run(k)[0] == variant and metric in m]
     return (single[0], None) if single else (None, None)
 
 
