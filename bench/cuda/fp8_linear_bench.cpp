@@ -112,6 +112,12 @@ int main(int argc, char** argv) {
 
   const std::vector<Shape> shapes = {
       {"glm_1b q_a 2048->768", 2048, 768},
+      // glm_1b's other small weights (0.8-3.1M elements): at 33-64 rows fp8_lt_rows (gemm.cpp)
+      // keeps them on the few-row kernel, where its fp8 decode at batch 64 trails bf16.
+      {"glm_1b kv_a 2048->576", 2048, 576},
+      {"glm_1b q_b 768->3072", 768, 3072},
+      {"glm_1b shared expert gate_up 2048->1536", 2048, 1536},
+      {"glm_1b shared expert down 768->2048", 768, 2048},
       {"glm_1b dense MLP down 5632->2048", 5632, 2048},
       {"GLM-5.2 q_b 2048->16384", 2048, 16384},
       {"GLM-5.2 o_proj 16384->6144", 16384, 6144},
