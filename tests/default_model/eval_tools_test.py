@@ -15,6 +15,26 @@ import behaviour_serve_eval  # noqa: E402
 import passkey_serve_eval  # noqa: E402
 
 
+class Filler(unittest.TestCase):
+    def test_a_dpkg_status_file_gives_its_descriptions(self):
+        import tempfile
+
+        status = ("Package: a\nStatus: install ok installed\nDescription: first short line of a package\n"
+                  " Its long description, wrapped over\n two lines of the stanza.\n .\n A second paragraph.\n"
+                  "Version: 1\n\nPackage: b\nDescription: b's summary line, long enough to be kept here\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "status")
+            with open(path, "w") as f:
+                f.write(status)
+            self.assertEqual(passkey_serve_eval.file_paragraphs(path), passkey_serve_eval.dpkg_paragraphs(path))
+            self.assertEqual(passkey_serve_eval.file_paragraphs(path), [
+                "first short line of a package Its long description, wrapped over two lines of the stanza. "
+                "A second paragraph.", "b's summary line, long enough to be kept here"])
+            with open(path, "w") as f:
+                f.write("One paragraph\nover two lines.\n\nAnother.\n")
+            self.assertEqual(passkey_serve_eval.file_paragraphs(path), ["One paragraph\nover two lines.", "Another."])
+
+
 class PasskeyPrompt(unittest.TestCase):
     def build(self, pool_paragraphs, length, depth):
         paragraphs = ["paragraph {} ".format(i) * 20 for i in range(pool_paragraphs)]

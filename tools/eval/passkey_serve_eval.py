@@ -3,7 +3,7 @@
 with a heat map.
 
 Each prompt is filler text (Debian package descriptions: this machine's /var/lib/dpkg/status by
-default, or --filler FILE with one paragraph per blank-line-separated block) with the sentence
+default, or --filler FILE: one paragraph per blank-line-separated block, or a dpkg status file) with the sentence
 "The pass key is K." inserted at a depth (the fraction of the filler's tokens before it), then the
 question the default model was trained to answer ("Which pass key was hidden in the text?"), sent
 as one user message to /v1/chat/completions (thinking off, greedy). A prompt passes when the first
@@ -63,8 +63,14 @@ def dpkg_paragraphs(path="/var/lib/dpkg/status"):
 
 
 def file_paragraphs(path):
+    """A --filler file's paragraphs: blank-line-separated blocks, or, for a copy of a dpkg status
+    file (stanzas of "Package:" fields; another machine's /var/lib/dpkg/status carried along), its
+    Description fields as dpkg_paragraphs reads them, so both give the same prompts."""
     with open(path, encoding="utf-8", errors="replace") as source:
-        return [p.strip() for p in source.read().split("\n\n") if p.strip()]
+        text = source.read()
+    if text.startswith("Package: ") and "\nDescription: " in text:
+        return dpkg_paragraphs(path)
+    return [p.strip() for p in text.split("\n\n") if p.strip()]
 
 
 def token_count(url, text):
