@@ -169,6 +169,8 @@ def main():
     ap.add_argument("--manuals", action="store_true", help="append the Python and Perl manuals' prose")
     ap.add_argument("--manual-chars", type=int, default=3000, help="characters per manual document at most")
     args = ap.parse_args()
+    if args.manual_chars < 1:
+        ap.error("--manual-chars must be at least 1, got {}".format(args.manual_chars))
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
     docs = read_jsonl(os.path.join(args.src, "train.jsonl.xz"))
@@ -193,14 +195,14 @@ def main():
         if args.tools_unused > 0:
             other += synthetic_docs("tool_not_needed", "tools_unused", args.tools_unused, args.seed + 300,
                                     args.sources_seed, val_docs)
-        rng.shuffle(other)
     if args.manuals:
         manuals = [{"kind": "manuals", "text": text}
                    for _, paragraphs in sources.load_manuals() for text in group(paragraphs, args.manual_chars)]
         print("manuals: {} documents, {:.1f}M characters".format(
             len(manuals), sum(len(d["text"]) for d in manuals) / 1e6))
         other += manuals
-        rng.shuffle(other)
+    if args.json_answers > 0 or args.tools_unused > 0 or args.manuals:
+        rng.shuffle(other)  # the appended documents among the others
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:
         shutil.copyfile(os.path.join(args.src, name), os.path.join(args.out, name))

@@ -12,8 +12,9 @@ import os
 import re
 import subprocess
 
-# The kinds of plain-text documents (no chat turns): packed whole as "text" by the curriculum
-# (tools/train/curriculum.py) and subsampled as text by make_r3.py.
+# The kinds of plain-text documents (no chat turns): the curriculum's "text" share
+# (tools/train/pipeline.py hands them to tools/train/curriculum.py apart from the chat documents)
+# and what make_r3.py's --text-frac subsamples.
 PLAIN_KINDS = frozenset({"packages", "dictionary", "fortunes", "manuals"})
 
 FORTUNE_DIR = "/usr/share/games/fortunes"

@@ -42,31 +42,29 @@ import data  # noqa: E402  (tools/train/data.py: its reader and packing; tokeniz
 from megactx_server import MegactxServer  # noqa: E402
 
 
-def val_rows(url, eos_id, data_dir, seq_len, count):
+def tokenize(url, text):
+    """The server's token ids of a document, as int32."""
+    response = requests.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=120)
+    response.raise_for_status()
+    return np.asarray(response.json()["tokens"], dtype=np.int32)
+
+
+def val_rows(url, eos_id, val_docs, seq_len, count):
     """The pipeline's val_rows[:count] (data.build_rows(tok, texts, seq_len, seed=2))."""
-    encoded = []
-    for doc in data.read_jsonl(os.path.join(data_dir, "val.jsonl.xz")):
-        response = requests.post(url + "/tokenize", json={"prompt": doc["text"], "add_special_tokens": False},
-                                 timeout=120)
-        response.raise_for_status()
-        encoded.append(np.asarray(response.json()["tokens"], dtype=np.int32))
+    encoded = [tokenize(url, doc["text"]) for doc in val_docs]
     return data.pack(encoded, seq_len, eos_id, random.Random(2))[:count]
 
 
-def kind_documents(url, path, per_kind, seq_len):
-    """{kind: [token arrays]}: the first per_kind documents of each kind in path, each cut to
-    seq_len + 1 tokens (documents of fewer than 2 tokens are skipped)."""
+def kind_documents(url, docs, per_kind, seq_len):
+    """{kind: [token arrays]}: the first per_kind documents of each kind, each cut to seq_len + 1
+    tokens (documents of fewer than 2 tokens are skipped)."""
     out = {}
-    for doc in data.read_jsonl(path):
-        docs = out.setdefault(doc.get("kind", "?"), [])
-        if len(docs) >= per_kind:
-            continue
-        response = requests.post(url + "/tokenize", json={"prompt": doc["text"], "add_special_tokens": False},
-                                 timeout=120)
-        response.raise_for_status()
-        tokens = response.json()["tokens"][:seq_len + 1]
-        if len(tokens) >= 2:
-            docs.append(np.asarray(tokens, dtype=np.int32))
+    for doc in docs:
+        kept = out.setdefault(doc.get("kind", "?"), [])
+        if len(kept) < per_kind:
+            tokens = tokenize(url, doc["text"])[:seq_len + 1]
+            if len(tokens) >= 2:
+                kept.append(tokens)
     return out
 
 
@@ -148,6 +146,7 @@ def main():
         parser.error("the folders' tokenizers differ: their losses would not compare")
     with open(os.path.join(args.models[0], "tokenizer.json"), encoding="utf-8") as f:
         eos_id = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}["<|endoftext|>"]
+    val_docs = data.read_jsonl(os.path.join(args.data, "val.jsonl.xz"))
     rows, by_kind, results = None, None, {}
     for model_dir in args.models:
         # The rows must fit whatever context the folder's config.json allows.
@@ -155,22 +154,22 @@ def main():
                            kv_memory="1GiB", name="val") as server:
             if rows is None:
                 start = time.time()
-                rows = val_rows(server.url, eos_id, args.data, args.seq_len, args.rows)
+                rows = val_rows(server.url, eos_id, val_docs, args.seq_len, args.rows)
                 print("{} rows of {} tokens ({:.0f} s to tokenize and pack)".format(
                     len(rows), rows.shape[1] - 1, time.time() - start), flush=True)
             if args.by_kind and by_kind is None:
-                by_kind = {"val": kind_documents(server.url, os.path.join(args.data, "val.jsonl.xz"), args.by_kind,
-                                                 args.seq_len)}
+                by_kind = {"val": kind_documents(server.url, val_docs, args.by_kind, args.seq_len)}
                 if train_path:
-                    by_kind["train"] = kind_documents(server.url, train_path, args.by_kind, args.seq_len)
+                    by_kind["train"] = kind_documents(server.url, data.read_jsonl(train_path), args.by_kind,
+                                                      args.seq_len)
             start = time.time()
             losses = np.stack([row_losses(server.url, row) for row in rows])
             real = data.real_targets(rows, eos_id)
             results[model_dir] = {"loss": float(losses[real].mean()), "tokens": int(real.sum()),
                                   "loss_with_padding": float(losses.mean()), "padding_tokens": int((~real).sum())}
-            print("{}: {:.4f} nats/token over {} tokens; {:.4f} counting the rows' {} padding targets ({:.0f} s)".format(
-                model_dir, losses[real].mean(), real.sum(), losses.mean(), (~real).sum(), time.time() - start),
-                flush=True)
+            print("{}: {:.4f} nats/token over {} tokens; {:.4f} counting the rows' {} padding targets "
+                  "({:.0f} s)".format(model_dir, losses[real].mean(), real.sum(), losses.mean(), (~real).sum(),
+                                      time.time() - start), flush=True)
             if by_kind:
                 results[model_dir]["by_kind"] = {split: {kind: {"loss": loss, "tokens": n} for kind, (loss, n)
                                                          in kind_losses(server.url, docs).items()}

@@ -50,9 +50,9 @@ def measure(args, model_dir, share, serve_args):
             command = [sys.executable, BENCH, "--megactx", args.megactx, "--model", model_dir, "--steps", ks,
                        "--concurrency", str(args.concurrency), "--prompt-tokens", str(args.prompt_tokens),
                        "--new-tokens", str(args.new_tokens), "--rounds", "1", "--temperature", str(temperature),
-                       "--top-p", str(args.top_p), "--kv-memory", args.kv_memory, "--json", rows_path]
-            command += ["--text", args.text]
-            command += ["--", "--spec-verify", verify, *([] if share else ["--speculative-no-share"]), *serve_args]
+                       "--top-p", str(args.top_p), "--kv-memory", args.kv_memory, "--json", rows_path,
+                       "--text", args.text, "--", "--spec-verify", verify,
+                       *([] if share else ["--speculative-no-share"]), *serve_args]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError("{} failed:\n{}{}".format(" ".join(command), done.stdout[-2000:],
