@@ -102,7 +102,7 @@ const productRequest = {
 };
 
 test('response_format json_object: the content parses as a JSON object', async () => {
-  const request = { model: NAME, messages: [user('Return {"ok": true} as JSON.')], temperature: 0,
+  const request = { model: NAME, messages: [user('Give me an object that says ok is true.')], temperature: 0,
     max_tokens: 64 };
   // Unconstrained, the default model answers this prompt in prose.
   const free = await client.chat.completions.create(request);
