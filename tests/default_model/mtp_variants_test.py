@@ -7,13 +7,18 @@ train_mtp_variants), on a tiny model of the default recipe:
   optimizer state or their gradients;
 - the runs of one group (one seed's variants) read the same batches and each group its own, in turn
   (group g of G reads batches g, g + G, ...);
-- the model's own MTP layer is back in place, unchanged, afterwards, and the target is never updated.
+- the model's own MTP layer is back in place, unchanged, afterwards, and the target is never updated;
+- a budget trained over two calls through a state file (the device-call split of pipeline.py
+  --ablation-state) ends exactly where one call ends: fresh modules in the second call get every
+  run's layer and optimizer state from the file and the stream is advanced past the batches read;
+  the first call reports its span incomplete, and a state of other runs is refused.
 
     /usr/bin/python3 tests/default_model/mtp_variants_test.py
 
 CTest `default_model_mtp_variants`; without PyTorch it exits 77 (skipped). ~10 s."""
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "train"))
 
@@ -64,9 +69,34 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def train(target, runs, batches, steps):
+def train(target, runs, batches, steps, **kwargs):
     return tr.train_mtp_variants(target, batches, runs, 1e9, torch.device("cpu"), lambda msg: None, amp=False,
-                                 max_steps=steps)
+                                 max_steps=steps, **kwargs)
+
+
+def check_resume(target, batches, variants, together):
+    """Three steps as two calls through a state file equal the three steps of one call."""
+    def fresh_runs():
+        return [{"name": "{}_seed{}".format(name, seed), "modules": fresh_modules(seed), "share": share, "tv": tv,
+                 "group": seed} for seed in (0, 1) for name, share, tv in variants]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "state", "state.pt")
+        first = Replay(batches)
+        steps, _, complete = train(target, fresh_runs(), first, 3, state_path=path, stop_after=2)
+        assert (steps, complete, first.given) == (2, False, [0, 1, 2, 3]), (steps, complete, first.given)
+        runs, second = fresh_runs(), Replay(batches)
+        steps, _, complete = train(target, runs, second, 3, state_path=path)
+        assert (steps, complete, second.given) == (3, True, [0, 1, 2, 3, 4, 5]), (steps, complete, second.given)
+        worst = max(max_diff(params(run["modules"]), together[run["name"]]) for run in runs)
+        print("two calls through a state file vs one call: max |difference| {:.2e}".format(worst))
+        assert worst == 0.0, "a run resumed from the state file differs from the run trained in one call"
+        try:
+            train(target, fresh_runs()[:3], Replay(batches), 3, state_path=path)
+        except ValueError as error:
+            assert "this call trains" in str(error), error
+        else:
+            raise AssertionError("a state of other runs was taken")
 
 
 def main():
@@ -86,7 +116,7 @@ def main():
              "group": seed} for seed in (0, 1) for name, share, tv in variants]
     initial = {run["name"]: params(run["modules"]) for run in runs}
     stream = Replay(batches)
-    assert train(target, runs, stream, 3) == 3
+    assert train(target, runs, stream, 3)[::2] == (3, True)
     # Two groups, three steps: group 0 reads batches 0, 2, 4 and group 1 reads 1, 3, 5.
     assert stream.given == [0, 1, 2, 3, 4, 5], stream.given
     print("batches: 2 groups x 3 steps read {} in turn".format(stream.given))
@@ -104,6 +134,7 @@ def main():
     if worst > 1e-6:
         print("FAILED: a run trained together differs from the same run trained alone")
         return 1
+    check_resume(target, batches, variants, {run["name"]: params(run["modules"]) for run in runs})
     for name, module in own.items():
         assert getattr(target, name) is module, name + " was not put back"
     after = {n: p.detach() for n, p in target.named_parameters()}

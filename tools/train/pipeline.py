@@ -53,6 +53,12 @@ def main():
                     help="MTP ablation: every run trains this many steps (the schedule runs over steps; the time "
                          "left, less ~15 s per run for its evaluation, only caps it); 0: the runs train for "
                          "--ablation-s")
+    ap.add_argument("--ablation-state", default="",
+                    help="MTP ablation over several device calls: a folder (e.g. .ablation-state, ignored by git, "
+                         "so a warm device machine keeps it between calls) that holds every run's MTP layer and "
+                         "optimizer, read at the start when there and written after the call's training. "
+                         "--ablation-s (or --ablation-steps) is then the whole span; a call that ends before it "
+                         "skips the evaluation, and the same command, run again, goes on")
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
                          "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation.tar.part*)")
@@ -145,6 +151,8 @@ def main():
     args = ap.parse_args()
     if args.ablation_only and (not args.init_from or args.ablation_s <= 0):
         ap.error("--ablation-only needs --init-from (the frozen target) and --ablation-s > 0")
+    if args.ablation_state and not args.ablation_only:
+        ap.error("--ablation-state needs --ablation-only (a call that also trains the target has no time to go on)")
     try:
         ablation_runs(args.ablation_runs, args.ablation_seeds)
     except ValueError as e:
@@ -455,10 +463,16 @@ def main():
             members.append({"name": "{}_seed{}".format(name, seed), "modules": modules, "share": share,
                             "tv": tv, "group": seed})
         cap_s = max(10.0, left() - 15.0 * len(runs) - 20.0)
-        if args.ablation_steps <= 0:
+        if args.ablation_steps <= 0 and not args.ablation_state:
             cap_s = min(cap_s, args.ablation_s)
-        steps = train.train_mtp_variants(model, batches, members, cap_s, device, log,
-                                         max_steps=args.ablation_steps)
+        state_path = os.path.join(args.ablation_state, "state.pt") if args.ablation_state else ""
+        steps, seconds, complete = train.train_mtp_variants(
+            model, batches, members, cap_s, device, log, max_steps=args.ablation_steps, span_s=args.ablation_s,
+            state_path=state_path)
+        if not complete:
+            log("mtp ablation: {} steps, {:.0f}s trained, state in {}; the same command again goes on".format(
+                steps, seconds, state_path))
+            return {"state": state_path, "steps": steps, "seconds": seconds, "complete": False}
         original = train.mtp_modules(model)
         for member in members:
             run = member["name"]

@@ -355,23 +355,59 @@ def use_mtp(model, modules):
         setattr(model, name, module)
 
 
-def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3, lr=2e-3, amp=True, max_steps=0):
+def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3, lr=2e-3, amp=True, max_steps=0,
+                       span_s=0.0, state_path="", stop_after=0):
     """MTP ablation: the target is frozen; every run learns its own MTP layer, all runs together.
 
     runs: [{"name", "modules" (mtp_modules of its own, initialised by the caller), "share" (IndexShare +
     KVShare across draft steps), "tv" (weight of the TV loss), "group"}]. Each step, every group reads
     a batch of its own; the runs of one group (the variants of one seed) share that batch and one
     forward pass of the target, so the variants are compared on the same rows and the target costs one
-    pass per group rather than one per run. max_steps > 0: the schedule runs over that many steps and
-    budget_s only caps the time; else over budget_s. Returns the steps taken (the same for every run)."""
+    pass per group rather than one per run. max_steps > 0: the schedule runs over that many steps; else
+    over span_s seconds of training (0: budget_s). budget_s caps this call's time, stop_after > 0 its
+    steps.
+
+    state_path: a budget longer than one device call, trained over several. When the file exists, every
+    run's MTP layer and optimizer state, the steps and the seconds trained are read from it and the
+    batch stream is advanced past the batches already read, so the runs go on exactly where they
+    stopped; the state is written back at the end. Returns (steps, seconds trained in all, whether the
+    schedule's span is complete)."""
     original = mtp_modules(model)
     opts = [make_optimizer([p for m in run["modules"].values() for p in m.parameters()], lr) for run in runs]
     groups = sorted({run["group"] for run in runs})
-    sched = Schedule(budget_s, lr, dense_until=0.0)
-    start, step, ces = time.time(), 0, {}
+    span_s = span_s or budget_s
+    sched = Schedule(span_s, lr, dense_until=0.0)
+    step, before_s, ces = 0, 0.0, {}
+    if state_path and os.path.exists(state_path):
+        state = torch.load(state_path, map_location=device)
+        names = sorted(run["name"] for run in runs)
+        if sorted(state["runs"]) != names:
+            raise ValueError("{} holds the runs {}, this call trains {}".format(state_path, sorted(state["runs"]),
+                                                                                names))
+        for run, opt in zip(runs, opts):
+            saved = state["runs"][run["name"]]
+            for key, module in run["modules"].items():
+                module.load_state_dict(saved["modules"][key])
+            opt.load_state_dict(saved["optimizer"])
+        step, before_s = state["step"], state["seconds"]
+        for _ in range(step * len(groups)):
+            batches.next()
+        log("mtp ablation: resumed from {} at step {} ({:.0f}s trained)".format(state_path, step, before_s))
+    first, start = step, time.time()
+
+    def trained_s():
+        return before_s + time.time() - start
+
     try:
-        while time.time() - start < budget_s and (max_steps <= 0 or step < max_steps):
-            f = step / max_steps if max_steps > 0 else (time.time() - start) / budget_s
+        while time.time() - start < budget_s and not (stop_after > 0 and step - first >= stop_after):
+            if max_steps > 0:
+                if step >= max_steps:
+                    break
+                f = step / max_steps
+            else:
+                if trained_s() >= span_s:
+                    break
+                f = trained_s() / span_s
             for group in groups:
                 tokens, weights = batches.next()
                 full = torch.from_numpy(tokens).to(device).long()
@@ -402,8 +438,18 @@ def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3,
                     "{} {:.2f}".format(name, c[0].item()) for name, c in sorted(ces.items()))))
     finally:
         use_mtp(model, original)
-    log("mtp ablation: {} runs in {} groups, {} steps{} in {:.0f}s, last CE {}".format(
-        len(runs), len(groups), step, " of {}".format(max_steps) if max_steps > 0 else "", time.time() - start,
+    seconds = trained_s()
+    complete = step >= max_steps if max_steps > 0 else seconds >= span_s
+    if state_path:
+        runs_state = {run["name"]: {"modules": {k: m.state_dict() for k, m in run["modules"].items()},
+                                    "optimizer": opt.state_dict()} for run, opt in zip(runs, opts)}
+        os.makedirs(os.path.dirname(os.path.abspath(state_path)), exist_ok=True)
+        torch.save({"step": step, "seconds": seconds, "runs": runs_state}, state_path + ".tmp")
+        os.replace(state_path + ".tmp", state_path)  # a call killed while writing keeps the last state
+    log("mtp ablation: {} runs in {} groups, {} steps{} ({} this call) in {:.0f}s of training{}, last CE {}".format(
+        len(runs), len(groups), step, " of {}".format(max_steps) if max_steps > 0 else "", step - first, seconds,
+        "" if complete else " (span not complete: {})".format(
+            "{} steps".format(max_steps) if max_steps > 0 else "{:.0f}s".format(span_s)),
         "; ".join("{} {}".format(name, "/".join("{:.2f}".format(c.item()) for c in c3))
                   for name, c3 in sorted(ces.items()))))
-    return step
+    return step, seconds, complete
