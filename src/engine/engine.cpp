@@ -379,9 +379,12 @@ bool Engine::step_locked() {
     }
     worked = true;
   }
+  // The stats first: a client that reads /metrics as soon as its last token
+  // arrives sees the step that produced it (mtp_serve_bench's accepted length
+  // once missed a final verification that way).
+  update_stats();
   deliver_updates();
   if (config_.check_integrity_every_step) check_integrity_locked();
-  update_stats();
   return worked || (runnable && !requests_.empty());
 }
 

@@ -27,8 +27,8 @@ void Engine::pause(PauseMode mode) {
     for (auto& [rid, request] : requests_) Speculator::drop_drafts(*request);
     scheduler_->retract_all();
   }
+  update_stats();  // before the updates, as in a step
   deliver_updates();
-  update_stats();
 }
 
 void Engine::resume() {

@@ -4,7 +4,8 @@
 // those of plain decoding, penalties fall back to one token per step, and
 // min_new_tokens holds; each compared with the Engine without speculation.
 // Aborting speculating requests frees every page; configurations that cannot
-// speculate are clear errors at start-up.
+// speculate are clear errors at start-up; the stats a finishing update sees
+// include the step that finished it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,8 +154,8 @@ TEST(SpeculativeSemantics, SpeculationTurnsOffForLargeBatches) {
   // speculate; the output is plain decoding's either way.
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 3; ++i) {
-    requests.push_back(make_request("r" + std::to_string(i), prompt_at(200 + 300 * i, 48),
-                                    12 + 12 * i));
+    requests.push_back(
+        make_request("r" + std::to_string(i), prompt_at(200 + 300 * i, 48), 12 + 12 * i));
     requests.back().sampling.ignore_eos = true;
   }
   std::map<std::string, SpecResult> plain;
@@ -177,6 +178,33 @@ TEST(SpeculativeSemantics, SpeculationTurnsOffForLargeBatches) {
   const EngineStats stats = engine.engine->stats();
   EXPECT_GT(stats.spec_off_steps, 0);
   EXPECT_GT(stats.spec_verify_steps, 0);  // once the batch is below 3
+}
+
+TEST(SpeculativeSemantics, StatsCountAStepBeforeItsTokensAreDelivered) {
+  // A client that reads the stats (/metrics) as soon as its last token
+  // arrives must see the step that produced it: the last request to finish
+  // sees the final counters in its finishing update.
+  SpecEngineOptions options;
+  options.steps = 3;
+  options.real_tokenizer = true;
+  SpecEngine engine(kModel, options);
+  std::vector<std::pair<std::string, EngineStats>> finishes;
+  for (int i = 0; i < 2; ++i) {
+    const std::string rid = "r" + std::to_string(i);
+    engine.engine->submit(make_request(rid, prompt_at(300 + 500 * i, 40), 10 + 9 * i),
+                          [&, rid](const RequestUpdate& update) {
+                            if (update.finish != FinishReason::None)
+                              finishes.emplace_back(rid, engine.engine->stats());
+                          });
+  }
+  engine.run();
+  ASSERT_EQ(finishes.size(), 2u);
+  const EngineStats& seen = finishes.back().second;
+  const EngineStats final_stats = engine.engine->stats();
+  EXPECT_GT(final_stats.spec_verify_steps, 0);
+  EXPECT_EQ(seen.steps, final_stats.steps);
+  EXPECT_EQ(seen.spec_verify_steps, final_stats.spec_verify_steps);
+  EXPECT_EQ(seen.spec_accepted_tokens, final_stats.spec_accepted_tokens);
 }
 
 TEST(SpeculativeSemantics, AbortFreesEveryPage) {
