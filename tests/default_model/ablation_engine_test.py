@@ -3,10 +3,10 @@
 CPU, with two "runs" whose MTP tensors are the shipped layer's own: both runs and the shipped model
 must measure exactly alike in every mode (greedy, rejection sampling, strict matching; requests are
 seeded and the servers batch-invariant, --deterministic, so that which requests share a step cannot
-move a sample). One request at a time: with two, how their steps fall depends on when each arrives,
-and under the full suite's load a greedy accepted length once moved from 46/29 to 43/27 tokens per
-verification. Every accepted length lies in [1, k + 1], ablation_table.py lays the file out, and bad
-arguments (an unknown run, a draft length past 7, tensors of the wrong shape) are refused.
+move a sample; the engine publishes a step's counters before it delivers the step's tokens, so
+/metrics read after a round holds the round's last verification). Every accepted length lies in
+[1, k + 1], ablation_table.py lays the file out, and bad arguments (an unknown run, a draft length
+past 7, tensors of the wrong shape) are refused.
 
     /usr/bin/python3 tests/default_model/ablation_engine_test.py --megactx build-cpu/megactx
 
@@ -51,7 +51,7 @@ def main():
             export.write_safetensors(os.path.join(bundle, run + ".safetensors"), mtp)
         out = os.path.join(tmp, "engine.json")
         base = [sys.executable, tool, "--megactx", args.megactx, "--target", args.model, "--tensors", bundle]
-        subprocess.run(base + ["--ks", "1,3", "--concurrency", "1", "--prompt-tokens", "64", "--new-tokens", "48",
+        subprocess.run(base + ["--ks", "1,3", "--concurrency", "2", "--prompt-tokens", "64", "--new-tokens", "24",
                                "--kv-memory", "256MiB", "--json", out, "--", "--deterministic"], check=True)
         with open(out) as f:
             results = json.load(f)["mtp_ablation"]
