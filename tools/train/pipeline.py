@@ -466,10 +466,11 @@ def main():
         if args.ablation_steps <= 0 and not args.ablation_state:
             cap_s = min(cap_s, args.ablation_s)
         state_path = os.path.join(args.ablation_state, "state.pt") if args.ablation_state else ""
+        # Without a state the schedule spans this call's cap, and whatever it trained is evaluated.
         steps, seconds, complete = train.train_mtp_variants(
-            model, batches, members, cap_s, device, log, max_steps=args.ablation_steps, span_s=args.ablation_s,
-            state_path=state_path)
-        if not complete:
+            model, batches, members, cap_s, device, log, max_steps=args.ablation_steps,
+            span_s=args.ablation_s if state_path else 0.0, state_path=state_path)
+        if state_path and not complete:
             log("mtp ablation: {} steps, {:.0f}s trained, state in {}; the same command again goes on".format(
                 steps, seconds, state_path))
             return {"state": state_path, "steps": steps, "seconds": seconds, "complete": False}

@@ -154,10 +154,15 @@ def sample_rows(T, count, device, generator):
     return rows.to(device)
 
 
-def save_checkpoint(path, model, opt, state):
+def save_atomic(path, payload):
+    """torch.save through a temporary file, so a process killed while writing keeps the last file."""
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
+    torch.save(payload, tmp)
     os.replace(tmp, path)
+
+
+def save_checkpoint(path, model, opt, state):
+    save_atomic(path, {"model": model.state_dict(), "opt": opt.state_dict(), "state": state})
 
 
 def load_checkpoint(path, model, opt):
@@ -395,19 +400,14 @@ def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3,
         log("mtp ablation: resumed from {} at step {} ({:.0f}s trained)".format(state_path, step, before_s))
     first, start = step, time.time()
 
-    def trained_s():
-        return before_s + time.time() - start
+    def progress():  # the schedule's fraction done, over steps or seconds trained in all calls
+        return step / max_steps if max_steps > 0 else (before_s + time.time() - start) / span_s
 
     try:
         while time.time() - start < budget_s and not (stop_after > 0 and step - first >= stop_after):
-            if max_steps > 0:
-                if step >= max_steps:
-                    break
-                f = step / max_steps
-            else:
-                if trained_s() >= span_s:
-                    break
-                f = trained_s() / span_s
+            f = progress()
+            if f >= 1.0:
+                break
             for group in groups:
                 tokens, weights = batches.next()
                 full = torch.from_numpy(tokens).to(device).long()
@@ -438,14 +438,12 @@ def train_mtp_variants(model, batches, runs, budget_s, device, log, mtp_steps=3,
                     "{} {:.2f}".format(name, c[0].item()) for name, c in sorted(ces.items()))))
     finally:
         use_mtp(model, original)
-    seconds = trained_s()
-    complete = step >= max_steps if max_steps > 0 else seconds >= span_s
+    seconds, complete = before_s + time.time() - start, progress() >= 1.0
     if state_path:
         runs_state = {run["name"]: {"modules": {k: m.state_dict() for k, m in run["modules"].items()},
                                     "optimizer": opt.state_dict()} for run, opt in zip(runs, opts)}
         os.makedirs(os.path.dirname(os.path.abspath(state_path)), exist_ok=True)
-        torch.save({"step": step, "seconds": seconds, "runs": runs_state}, state_path + ".tmp")
-        os.replace(state_path + ".tmp", state_path)  # a call killed while writing keeps the last state
+        save_atomic(state_path, {"step": step, "seconds": seconds, "runs": runs_state})
     log("mtp ablation: {} runs in {} groups, {} steps{} ({} this call) in {:.0f}s of training{}, last CE {}".format(
         len(runs), len(groups), step, " of {}".format(max_steps) if max_steps > 0 else "", step - first, seconds,
         "" if complete else " (span not complete: {})".format(
