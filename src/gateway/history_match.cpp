@@ -86,7 +86,11 @@ Alignment align_history(std::string_view rendered, std::string_view recorded, si
   stop_chars = std::min(stop_chars, recorded.size());
   const size_t hi = std::min(upper, rendered.size());
   const size_t window_start = hi > kSearchWindow ? hi - kSearchWindow : 0;
-  const size_t lo = std::min(std::max(alignment.diverges_at, window_start), hi);
+  // The first difference can lie inside the stop token's text when the
+  // rendering goes on with markup of the same start ("<|endoftext|>" against
+  // "<|user|>"), past where the text without it ends: search from there.
+  const size_t first = std::min(alignment.diverges_at, recorded.size() - stop_chars);
+  const size_t lo = std::min(std::max(first, window_start), hi);
   // Enough of the generated text must match to trust the place: a few
   // characters, or everything the rendering has between the first
   // difference and the cut (a template that re-rendered the span's start).

@@ -131,6 +131,22 @@ TEST(AlignHistory, StopTokenTheTemplateDoesNotWrite) {
   EXPECT_EQ(rendered.substr(alignment.cut), "<|user|>\nnext<|assistant|>");
 }
 
+TEST(AlignHistory, StopTokenTheTemplateDoesNotWriteAfterAnEmptyThinkBlock) {
+  // The model wrote an empty think block itself, so the rendering repeats the
+  // recorded text up to the stop token, and the next turn's "<|user|>" shares
+  // the stop text's first characters "<|": the first difference lies inside
+  // the stop token's text, past the end of the answer, and the search must
+  // still reach back to it.
+  const std::string recorded = "<|assistant|>\n<think></think>\nthe answer<|endoftext|>";
+  const std::string rendered =
+      "<|assistant|>\n<think></think>\nthe answer<|user|>\nnext<|assistant|>";
+  const Alignment alignment = align_history(rendered, recorded, std::string("<|endoftext|>").size(),
+                                            10, rendered.find("next"));
+  ASSERT_TRUE(alignment.aligned);
+  EXPECT_FALSE(alignment.exact);
+  EXPECT_EQ(rendered.substr(alignment.cut), "<|user|>\nnext<|assistant|>");
+}
+
 TEST(AlignHistory, NothingToAlignWith) {
   const std::string recorded = "<|assistant|>completely different text that was generated";
   const std::string rendered = "<|system|>summary of the work so far<|user|>go on<|assistant|>";
