@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "../model/hf_fixture.h"  // sorted_row_errors, quantile
 #include "core/dtype.h"
 #include "io/checkpoint.h"
 #include "model/backend.h"
@@ -41,28 +42,6 @@ constexpr double kFp8DenseRow90 = 0.12;
 constexpr double kFp8DenseArgmaxAgreement = 0.9;
 constexpr double kFp8SparseRowMedian = 0.15;
 constexpr double kFp8SparseArgmaxAgreement = 0.75;
-
-// Per row of two [rows, vocab] logits: max |a - b| / max |b| of that row,
-// sorted ascending (quantiles of how far each position moved).
-inline std::vector<double> sorted_row_errors(const float* a, const float* b, int64_t rows,
-                                             int64_t vocab) {
-  std::vector<double> errors;
-  for (int64_t r = 0; r < rows; ++r) {
-    double diff = 0.0, scale = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      diff = std::max(diff, std::fabs(static_cast<double>(a[r * vocab + v]) - b[r * vocab + v]));
-      scale = std::max(scale, std::fabs(static_cast<double>(b[r * vocab + v])));
-    }
-    errors.push_back(diff / scale);
-  }
-  std::sort(errors.begin(), errors.end());
-  return errors;
-}
-
-// The q-quantile (0..1) of sorted values.
-inline double quantile(const std::vector<double>& sorted, double q) {
-  return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5)];
-}
 
 // x [rows, in] (row stride x_stride) -> q [rows, in] e4m3 bits, scale [rows,
 // ceil(in / 128)].

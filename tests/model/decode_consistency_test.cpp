@@ -84,24 +84,34 @@ TEST(DecodeConsistency, QuantizedCachesReadTheSameLayoutInPrefillAndDecode) {
 
 TEST(DecodeConsistency, QuantizedCachesStayNearF32OnTheTrainedModel) {
   // What the KV dtype costs (docs/benchmarks.md, "KV dtype deviation"), on the
-  // trained default model: the relative logit error of every position of a
-  // 600-token prompt against the F32 cache, and the greedy argmax agreement.
-  // (The random HF fixtures are no measure of this: there a rounded key swaps
-  // a top-16 choice and their logits move by 0.4-0.9 relative.)
+  // trained default model: how far each position of a 600-token prompt moves
+  // against the F32 cache (max |diff| / max |logit| of its row), and the
+  // greedy argmax agreement. Quantiles of the positions, not their maximum: a
+  // rounded key at a near tie of the indexer's top-128 swaps a selected key
+  // and moves that one row by ~0.35 (run 10 in bf16: max 0.37 with the
+  // indexer, 0.006 with every key selected), which says nothing about the
+  // cache. (The random HF fixtures are no measure at all: there swaps are
+  // everywhere and their logits move by 0.4-0.9 relative.)
   const std::vector<int32_t> ids = default_model_prompt(600);
   auto model = load_language_model(std::string(MEGACTX_SOURCE_DIR) + "/models/default", {});
   const int64_t vocab = model->config().vocab_size;
   const std::vector<float> exact = all_logits(*model, ids, KvDType::F32);
   for (KvDType dtype : {KvDType::BF16, KvDType::FP8}) {
     const std::vector<float> got = all_logits(*model, ids, dtype);
-    const double error = relative_error(got.data(), exact.data(), exact.size());
+    const std::vector<double> rows =
+        sorted_row_errors(got.data(), exact.data(), static_cast<int64_t>(ids.size()), vocab);
     const double agreement =
         argmax_agreement(got.data(), exact.data(), static_cast<int64_t>(ids.size()), vocab);
-    std::printf("KV %s vs F32: relative logit error %.3g, argmax agreement %.4f\n",
-                dtype == KvDType::BF16 ? "bf16" : "fp8", error, agreement);
-    // Measured 0.054 / 0.99 (bf16) and 0.17 / 0.97 (fp8); a misread cache
-    // gives errors near 1 and agreement near 0.
-    EXPECT_LE(error, dtype == KvDType::BF16 ? 0.1 : 0.3);
+    std::printf(
+        "KV %s vs F32, per position: median %.4f, 90%% %.4f, 99%% %.4f, max %.4f; argmax "
+        "agreement %.4f\n",
+        dtype == KvDType::BF16 ? "bf16" : "fp8", quantile(rows, 0.5), quantile(rows, 0.9),
+        quantile(rows, 0.99), rows.back(), agreement);
+    // Measured on runs 9 / 10: bf16 median 0.0025 / 0.0027, 90% 0.0045 /
+    // 0.0044, agreement 0.990 / 0.995; fp8 0.0085 / 0.0081, 0.023 / 0.015,
+    // 0.977 / 0.987. A misread cache moves every position by ~1.
+    EXPECT_LE(quantile(rows, 0.5), dtype == KvDType::BF16 ? 0.01 : 0.03);
+    EXPECT_LE(quantile(rows, 0.9), dtype == KvDType::BF16 ? 0.02 : 0.08);
     EXPECT_GE(agreement, dtype == KvDType::BF16 ? 0.97 : 0.94);
   }
 }

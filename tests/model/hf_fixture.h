@@ -81,6 +81,28 @@ inline double argmax_agreement(const float* a, const float* b, int64_t rows, int
   return static_cast<double>(agree) / static_cast<double>(rows);
 }
 
+// Per row of two [rows, vocab] logits: max |a - b| / max |b| of that row,
+// sorted ascending (quantiles of how far each position moved).
+inline std::vector<double> sorted_row_errors(const float* a, const float* b, int64_t rows,
+                                             int64_t vocab) {
+  std::vector<double> errors;
+  for (int64_t r = 0; r < rows; ++r) {
+    double diff = 0.0, scale = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      diff = std::max(diff, std::fabs(static_cast<double>(a[r * vocab + v]) - b[r * vocab + v]));
+      scale = std::max(scale, std::fabs(static_cast<double>(b[r * vocab + v])));
+    }
+    errors.push_back(diff / scale);
+  }
+  std::sort(errors.begin(), errors.end());
+  return errors;
+}
+
+// The q-quantile (0..1) of sorted values.
+inline double quantile(const std::vector<double>& sorted, double q) {
+  return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5)];
+}
+
 // The first `count` ids of the passkey prompt of tests/default_model (the
 // HF tokenizer's ids of the shipped model's chat prompt).
 inline std::vector<int32_t> default_model_prompt(size_t count) {
