@@ -671,10 +671,12 @@ std::vector<float> logits_of(LanguageModel& model, const std::vector<int32_t>& i
 }
 
 std::unique_ptr<LanguageModel> native_model(const std::string& dir, bool bf16,
-                                            std::optional<int64_t> topk) {
+                                            std::optional<int64_t> topk,
+                                            bool fp8_norm_copy = false) {
   const std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(dir);
   CudaModelOptions options;
   options.bf16_weights = bf16;
+  options.fp8_norm_copy = fp8_norm_copy;
   DsaModelOptions model_options;
   model_options.index_topk_override = topk;
   return make_cuda_dsa_model_from_checkpoint(*checkpoint, options, model_options);
@@ -748,6 +750,31 @@ TEST(CudaFp8Model, GlmFp8NativeWeightsMatchEmulationAndOracle) {
         quantile(vs_oracle, 0.5), quantile(vs_oracle, 0.9), vs_oracle.back(), agree);
     EXPECT_LE(quantile(vs_oracle, 0.5), kFp8SparseRowMedian);
     EXPECT_GE(agree, kFp8SparseArgmaxAgreement);
+  }
+}
+
+// The norms' e4m3 copy replaces the per-linear quantisation of their
+// outputs with the same codes and scales (the kernels' own tests above), so
+// the model's logits are bit-identical with and without it: prefill, chunked
+// prefill and decode (steps of up to kFp8NormCopyMaxRows rows take the copy),
+// fp32 and bf16 modes, sparse selection (a different bit would move keys).
+TEST(CudaFp8Model, NormCopyGivesBitIdenticalLogits) {
+  if (std::getenv("MEGACTX_CUDA_FP8_NORM_COPY") != nullptr)
+    GTEST_SKIP() << "MEGACTX_CUDA_FP8_NORM_COPY is set: both models would take the same path";
+  const HfFixture f = load_fixture("glm_fp8");
+  std::vector<int32_t> ids = f.input_ids;
+  ids.insert(ids.end(), f.greedy_ids.begin(), f.greedy_ids.end());
+  for (const bool bf16 : {false, true}) {
+    auto plain = native_model(f.dir, bf16, std::nullopt, /*fp8_norm_copy=*/false);
+    auto copied = native_model(f.dir, bf16, std::nullopt, /*fp8_norm_copy=*/true);
+    for (const int64_t chunk : {0, 16, 1}) {
+      const std::vector<float> want = logits_of(*plain, ids, chunk);
+      const std::vector<float> got = logits_of(*copied, ids, chunk);
+      ASSERT_EQ(got.size(), want.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0) << "bf16 " << bf16 << ", chunk " << chunk;
+    }
   }
 }
 

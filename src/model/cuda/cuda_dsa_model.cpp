@@ -431,10 +431,12 @@ bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {
 
 Fp8Copy CudaDsaModel::fp8_copy(DeviceBuffer& codes, DeviceBuffer& scales, int64_t n, int64_t width,
                                bool fp8_readers, bool norm) {
-  static const bool enabled = [] {
+  static const int forced = [] {  // -1: not set
     const char* value = std::getenv("MEGACTX_CUDA_FP8_NORM_COPY");
-    return value != nullptr && value[0] == '1';
+    if (value == nullptr || *value == '\0') return -1;
+    return value[0] == '1' ? 1 : 0;
   }();
+  const bool enabled = forced < 0 ? options_.fp8_norm_copy : forced == 1;
   if (!enabled || !fp8_readers || n > kFp8NormCopyMaxRows || (norm && width > kFp8CopyMaxWidth))
     return {};
   const int64_t groups = (width + 127) / 128;

@@ -225,11 +225,9 @@ class CudaDsaModel final : public LanguageModel {
                      bool input_normed = false, const float* next_norm = nullptr);
   // The e4m3 copy of scratch h [n, hidden] that its norm writes for the fp8
   // linears reading it (Fp8Copy, Blas::share_fp8_input), when `fp8_readers`
-  // and MEGACTX_CUDA_FP8_NORM_COPY=1 (opt-in: measured neutral inside CUDA
-  // Graphs on the H200, where a quantisation launch costs about what the
-  // norm's extra work does; docs/benchmarks.md) and n <= kFp8NormCopyMaxRows
-  // (decode and MTP steps: the buffers stay small enough to leave out of the
-  // memory plan); else none.
+  // and CudaModelOptions::fp8_norm_copy (or MEGACTX_CUDA_FP8_NORM_COPY) and
+  // n <= kFp8NormCopyMaxRows (decode and MTP steps: the buffers stay small
+  // enough to leave out of the memory plan); else none.
   static constexpr int64_t kFp8NormCopyMaxRows = 256;
   Fp8Copy h_fp8_copy(int64_t n, bool fp8_readers);
   // The same for any [n, width] output, in `codes` and `scales`; a norm's

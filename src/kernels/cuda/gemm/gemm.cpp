@@ -202,11 +202,24 @@ namespace {
 // 33.5M at 8 rows 16.2 against 18.6); from 33 rows for 4M+ (glm_1b's MLP
 // down 11.5M at 64 rows: 14.8 against 22.7 us; at 16 rows the few-row
 // kernel wins, 12.2 against 14.2). Small matrices stay on the few-row kernel
-// (glm_1b's q_a, 1.5M: 7.9 against 10.1 us at 64 rows).
+// (glm_1b's q_a, 1.5M: 7.9 against 10.1 us at 64 rows). Between 1.6M and 4M
+// it depends on K more than on size (H100, 64 rows: q_b 768 x 3072 6.9
+// against 8.4 us, the shared expert's 2048 x 1536 10.2 against 11.4, but its
+// 768 x 2048 down 7.2 against 5.9). MEGACTX_FP8_LT_MIN_ELEMENTS moves the
+// 33-64-row bound, in weight elements, for A/B runs.
+int64_t fp8_lt_min_elements_33_64() {
+  static const int64_t elements = [] {
+    const char* value = std::getenv("MEGACTX_FP8_LT_MIN_ELEMENTS");
+    if (value == nullptr || *value == '\0') return int64_t{4} << 20;
+    return std::max<int64_t>(0, std::atoll(value));
+  }();
+  return elements;
+}
+
 bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
   const int64_t elements = in * out;
   return rows > 64 || (rows >= 8 && elements >= (int64_t{16} << 20)) ||
-         (rows > 32 && elements >= (int64_t{4} << 20));
+         (rows > 32 && elements >= fp8_lt_min_elements_33_64());
 }
 
 }  // namespace
