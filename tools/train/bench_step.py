@@ -8,9 +8,14 @@ evaluation and the indexer's top-k alone. For planning a run's curriculum (run 4
 
 A config is MODE:TxB:HEAD_CHUNK (a training step, MODE dense, sparse (gather), mask
 (sparse with the [B,T,T] mask of runs 1-3) or auto; HEAD_CHUNK 0 = whole logits as in runs 1-3),
-eval-MODE:T (forward, no grad), topk:T (one Indexer.topk), or check:TxB (loss and
-gradients of the gather path against the mask path, fp32 and bf16 autocast). An out-of-memory error
-is recorded, not fatal.
+eval-MODE:T (forward, no grad), topk:T (one Indexer.topk), check:TxB (loss and
+gradients of the gather path against the mask path, fp32 and bf16 autocast), or mtp-VARIANT:TxB:IMPL
+(one run's step of the MTP ablation, `train.train_mtp_variants`: the frozen target's sparse forward,
+then the MTP layer's losses, backward and AdamW; VARIANT no_share_ce, share_ce or share_ce_tv, IMPL
+gather or mask), or moecheck:N (the grouped-GEMM experts against the per-expert loop on N
+tokens: outputs and gradients). An out-of-memory error is recorded, not fatal. --profile N: N more steps of every
+training config under torch.profiler, printing the kernels that take the most device time and the
+share of the wall time the device was busy (a host-bound step is mostly idle).
 
 Measured on an H100 80GB (torch 2.11, models/default weights, random tokens, head chunk 8192; gather
 path): dense 8192x4 0.31 s/step (105K tokens/s, 12.8 GiB), 16384x2 0.33 s (99K), 32768x1
@@ -31,6 +36,7 @@ import torch  # noqa: E402
 
 import export  # noqa: E402
 import train  # noqa: E402
+from ablation import ABLATION_VARIANTS  # noqa: E402
 from config import ModelConfig  # noqa: E402
 from model import GlmMoeDsa  # noqa: E402
 
@@ -39,7 +45,38 @@ def sync():
     torch.cuda.synchronize()
 
 
-def run_config(model, opt, spec, steps, device):
+def timed_steps(step, steps, profile):
+    """Runs step() steps + 1 times (the first one warms up) and profile more under torch.profiler.
+    Returns (seconds per step, the first step's seconds, the profile summary or None)."""
+    times = []
+    for _ in range(steps + 1):
+        sync()
+        t0 = time.time()
+        step()
+        sync()
+        times.append(time.time() - t0)
+    summary = None
+    if profile > 0:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+        sync()
+        t0 = time.time()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(profile):
+                step()
+            sync()
+        wall = time.time() - t0
+        events = prof.key_averages()
+        device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+        print(events.table(sort_by=key, row_limit=30), flush=True)
+        summary = {"profiled_steps": profile, "wall_s_per_step": wall / profile,
+                   "device_busy_s_per_step": device_us / 1e6 / profile,
+                   "device_busy_fraction": device_us / 1e6 / wall}
+    return (min(times[1:]) if len(times) > 1 else times[0]), times[0], summary
+
+
+def run_config(model, opt, spec, steps, device, profile=0):
     kind, rest = spec.split(":", 1)
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)
@@ -87,6 +124,29 @@ def run_config(model, opt, spec, steps, device):
             model.sparse_impl = "auto"
             torch.backends.cuda.matmul.allow_tf32 = tf32
         return out
+    if kind == "moecheck":
+        # the grouped-GEMM experts against the per-expert loop: outputs and gradients, bf16 autocast
+        n = int(rest)
+        moe = model.layers[1].mlp
+        was_grouped = moe.grouped
+        x = torch.randn(n, cfg.hidden_size, device=device, generator=None)
+        res = {}
+        for grouped in (False, True):
+            moe.grouped = grouped
+            xg = x.clone().requires_grad_(True)
+            moe.zero_grad(set_to_none=True)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                y = moe(xg)
+            (y.float() * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum().backward()
+            res[grouped] = (y.float(), xg.grad, {name: p.grad.clone() for name, p in moe.named_parameters()
+                                                 if p.grad is not None})
+        moe.grouped = was_grouped
+
+        def rel(a, b):
+            return ((a - b).abs().max() / (b.abs().max() + 1e-30)).item()
+        return {"y_rel": rel(res[True][0], res[False][0]), "dx_rel": rel(res[True][1], res[False][1]),
+                "dw_rel": max(rel(res[True][2][k], res[False][2][k]) for k in res[False][2]),
+                "same_grad_set": sorted(res[True][2]) == sorted(res[False][2])}
     if kind.startswith("eval-"):
         T = int(rest)
         mode = kind[5:]
@@ -103,31 +163,66 @@ def run_config(model, opt, spec, steps, device):
                 times.append(time.time() - t0)
         model.train()
         return {"s_per_forward": min(times[1:])}
+    if kind.startswith("mtp-"):
+        share, tv = ABLATION_VARIANTS[kind[4:]]
+        shape, impl = rest.split(":")
+        T, B = (int(x) for x in shape.split("x"))
+        model.sparse_impl = impl
+        full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
+        w = torch.ones(B, T, device=device)
+        inp = full[:, :-1]
+        mtp_params = [p for m in train.mtp_modules(model).values() for p in m.parameters()]
+        mtp_opt = train.make_optimizer(mtp_params, 1e-5)
+        out = {}
+
+        def step():
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                with torch.no_grad():
+                    h = model(inp, mode="sparse")
+                    logits = model.logits(h)
+                rows = train.sample_rows(T, 128, device, gen)
+                index_loss = train.IndexerLoss()
+                mtp, _ = train.mtp_losses(model, h, logits, inp, full, w, 3, "sparse", share, tv, index_loss, rows)
+                loss = mtp + index_loss.total()
+            mtp_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            mtp_opt.step()
+            out["loss"] = loss
+
+        try:
+            s, first, prof = timed_steps(step, steps, profile)
+        finally:
+            model.sparse_impl = "auto"
+        r = {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": first, "loss": out["loss"].item()}
+        if prof:
+            r["profile"] = prof
+        return r
     shape, head_chunk = rest.split(":")
     T, B = (int(x) for x in shape.split("x"))
     mode = "sparse" if kind in ("sparse", "mask", "auto") else "dense"
     model.sparse_impl = {"mask": "mask", "auto": "auto"}.get(kind, "gather")  # dense ignores it
     full = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(device)
     w = torch.ones(B, T, device=device)
-    times = []
+    out = {}
+
+    def step():
+        rows = train.sample_rows(T, 256, device, gen)
+        loss, lm, ces, kl = train.step_loss(model, full, w, mode, rows, device, True, 3, 0.3, 1.0, int(head_chunk))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        train.update_router_bias(model)
+        out["lm"] = lm
+
     try:
-        for i in range(steps + 1):
-            sync()
-            t0 = time.time()
-            rows = train.sample_rows(T, 256, device, gen)
-            loss, lm, ces, kl = train.step_loss(model, full, w, mode, rows, device, True, 3, 0.3, 1.0,
-                                                int(head_chunk))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            train.update_router_bias(model)
-            sync()
-            times.append(time.time() - t0)
+        s, first, prof = timed_steps(step, steps, profile)
     finally:
         model.sparse_impl = "auto"
-    s = min(times[1:]) if len(times) > 1 else times[0]
-    return {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": times[0], "lm": lm.item()}
+    r = {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": first, "lm": out["lm"].item()}
+    if prof:
+        r["profile"] = prof
+    return r
 
 
 def main():
@@ -136,6 +231,10 @@ def main():
     ap.add_argument("--configs", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--moe-grouped", action="store_true", help="the experts as grouped GEMMs (MoE.grouped) "
+                    "in every config, not one GEMM chain per expert")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="this many more steps of every training config under torch.profiler (a kernel table)")
     ap.add_argument("--budget-s", type=float, default=400, help="skip the remaining configs after this")
     ap.add_argument("--index-topk", type=int, default=None,
                     help="index_topk of the sparse configs (run 5's pipeline.py --index-topk; default 128)")
@@ -152,6 +251,8 @@ def main():
         export.load_hub_into(model, export.read_safetensors(os.path.join(args.init_from, "model.safetensors")),
                              hf.get("rope_interleave", False), hf.get("indexer_rope_interleave", False))
     model = model.to(device)
+    for moe in model.moe_layers():
+        moe.grouped = args.moe_grouped
     opt = train.make_optimizer(list(model.parameters()), 1e-5)
     print("torch {} on {}".format(torch.__version__, torch.cuda.get_device_name(0)), flush=True)
     results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "configs": {}}
@@ -163,7 +264,7 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         t0 = time.time()
         try:
-            r = run_config(model, opt, spec, args.steps, device)
+            r = run_config(model, opt, spec, args.steps, device, args.profile)
         except torch.cuda.OutOfMemoryError as e:  # noqa: PERF203
             r = {"error": "OOM: " + str(e).split("\n")[0][:200]}
         except Exception as e:  # noqa: BLE001

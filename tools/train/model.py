@@ -301,6 +301,9 @@ class MoE(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, Hd, I))
         self.shared_experts = DenseMLP(Hd, I * cfg.n_shared_experts)
         self.last_load = None
+        # True: under bf16 autocast on the GPU the experts run as grouped GEMMs (_experts_grouped);
+        # False (default until measured on a GPU): the per-expert loop everywhere
+        self.grouped = False
 
     def route(self, x):
         cfg = self.cfg
@@ -320,7 +323,17 @@ class MoE(nn.Module):
         token = order // k
         counts = torch.bincount(flat, minlength=self.cfg.n_routed_experts)
         self.last_load = counts.detach()
-        xs = x2[token]
+        xs = x2[token]  # [N*k, hidden], the (token, expert) pairs in expert order
+        if self.grouped and xs.is_cuda and torch.is_autocast_enabled() and hasattr(torch, "_grouped_mm"):
+            ys = self._experts_grouped(xs, counts)
+        else:
+            ys = self._experts_loop(xs, counts)
+        ys = ys * w.reshape(-1)[order][:, None].to(ys.dtype)
+        y = torch.zeros(x2.shape[0], shape[-1], dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
+        return (y.to(x.dtype) + self.shared_experts(x2)).reshape(shape)
+
+    def _experts_loop(self, xs, counts):
+        """One GEMM chain per expert: the host reads the counts (a device sync per MoE layer)."""
         outs = []
         start = 0
         for e, n in enumerate(counts.tolist()):
@@ -330,9 +343,18 @@ class MoE(nn.Module):
             he = F.silu(xe @ self.gate_proj[e].t().to(xe.dtype)) * (xe @ self.up_proj[e].t().to(xe.dtype))
             outs.append(he @ self.down_proj[e].t().to(xe.dtype))
             start += n
-        ys = torch.cat(outs, dim=0) * w.reshape(-1)[order][:, None].to(outs[0].dtype)
-        y = torch.zeros(x2.shape[0], shape[-1], dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
-        return (y.to(x.dtype) + self.shared_experts(x2)).reshape(shape)
+        return torch.cat(outs, dim=0)
+
+    def _experts_grouped(self, xs, counts):
+        """The same products as _experts_loop in three bf16 grouped GEMMs (torch._grouped_mm, sm90+)
+        whose group ends are read on the device: no sync, no launch per expert. xs [N*k, hidden] in
+        expert order, counts [E] -> [N*k, hidden] bf16."""
+        ends = torch.cumsum(counts, 0, dtype=torch.int32)
+        a = xs.to(torch.bfloat16)
+        gate = torch._grouped_mm(a, self.gate_proj.to(torch.bfloat16).transpose(1, 2), offs=ends)  # [N*k, I]
+        up = torch._grouped_mm(a, self.up_proj.to(torch.bfloat16).transpose(1, 2), offs=ends)
+        h = F.silu(gate) * up
+        return torch._grouped_mm(h, self.down_proj.to(torch.bfloat16).transpose(1, 2), offs=ends)
 
 
 class DecoderLayer(nn.Module):

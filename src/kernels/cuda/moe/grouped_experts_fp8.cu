@@ -15,6 +15,8 @@
 // 16 neurons. Input rows are read straight from global memory (L1 / L2 hits:
 // every warp of the tile reads them), weights once per tile.
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
@@ -33,27 +35,13 @@ constexpr int kColumnGroups = kTileRows / 8;
 
 static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  const int tile = static_cast<int>(blockIdx.y);
-  if (tile >= *a.tile_count) return;  // the routing left this tile empty
-  const int expert = a.tiles[3 * tile];
-  const int start = a.tiles[3 * tile + 1];
-  const int m = a.tiles[3 * tile + 2];  // 1..kTileRows
-
-  __shared__ int64_t source[kTileRows];  // input row (of input_q / input_scale) per tile row
-  if (threadIdx.x < kTileRows) {
-    int64_t row = 0;
-    if (static_cast<int>(threadIdx.x) < m) {
-      const int position = start + static_cast<int>(threadIdx.x);
-      row = kGateUp ? a.pair_of[position] / a.top_k : position;
-    }
-    source[threadIdx.x] = row;
-  }
-  __syncthreads();
-
+// One tile's product with kGroups column groups of 8 tile rows (m <= 8 *
+// kGroups): fewer groups leave registers for more weight groups in flight
+// (kFp8GroupsInFlight: 4 at up to 16 rows, 2 at 32), and a tile of few rows
+// is bound by the memory round trip per group, not by its MMAs.
+template <bool kGateUp, int kGroups>
+__device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64_t* source,
+                                                int expert, int start, int m) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int gq = lane / 4, t = lane % 4;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * (kGateUp ? 8 : 16);
@@ -68,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   const float* expert_scales =
       a.weight_scale + static_cast<int64_t>(expert) * a.weight_scale_rows * groups;
 
-  Fp8WeightRows<kColumnGroups> rows;
+  Fp8WeightRows<kGroups> rows;
   rows.in = a.in;
   if (low_valid) {
     rows.low = expert_weights + low_row * a.in;
@@ -80,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   }
   rows.active_groups = (m + 7) / 8;
 #pragma unroll
-  for (int q = 0; q < kColumnGroups; ++q) {
+  for (int q = 0; q < kGroups; ++q) {
     if (8 * q + gq < m) rows.input[q] = a.input_q + source[8 * q + gq] * a.in;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -89,15 +77,15 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
     }
   }
 
-  float acc[kColumnGroups][4];
+  float acc[kGroups][4];
 #pragma unroll
-  for (int q = 0; q < kColumnGroups; ++q)
+  for (int q = 0; q < kGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma(rows, 0, (rows.in + kFp8MmaGroup - 1) / kFp8MmaGroup, acc);
+  fp8_weight_rows_mma(rows, 0, groups, acc);
 
 #pragma unroll
-  for (int q = 0; q < kColumnGroups; ++q) {
+  for (int q = 0; q < kGroups; ++q) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = 8 * q + 2 * t + i;  // tile row of acc[q][i] and acc[q][2 + i]
@@ -118,12 +106,55 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   }
 }
 
+// kSmallTiles: tiles of up to 16 rows take the two-group path, else every
+// tile the four-group one. Opt-in (MEGACTX_FP8_EXPERT_SMALL_TILES=1) until it
+// has run on a GPU: written in a session whose device calls found no machine.
+template <bool kGateUp, bool kSmallTiles>
+__global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int tile = static_cast<int>(blockIdx.y);
+  if (tile >= *a.tile_count) return;  // the routing left this tile empty
+  const int expert = a.tiles[3 * tile];
+  const int start = a.tiles[3 * tile + 1];
+  const int m = a.tiles[3 * tile + 2];  // 1..kTileRows
+
+  __shared__ int64_t source[kTileRows];  // input row (of input_q / input_scale) per tile row
+  if (threadIdx.x < kTileRows) {
+    int64_t row = 0;
+    if (static_cast<int>(threadIdx.x) < m) {
+      const int position = start + static_cast<int>(threadIdx.x);
+      row = kGateUp ? a.pair_of[position] / a.top_k : position;
+    }
+    source[threadIdx.x] = row;
+  }
+  __syncthreads();
+  // m is uniform over the CTA. Batched decode spreads few rows over each
+  // expert (glm_1b at batch 64: ~16 pairs per expert).
+  if (kSmallTiles && m <= 16) {
+    expert_fp8_tile<kGateUp, 2>(a, source, expert, start, m);
+  } else {
+    expert_fp8_tile<kGateUp, kColumnGroups>(a, source, expert, start, m);
+  }
+}
+
+bool small_tiles() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_FP8_EXPERT_SMALL_TILES");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return enabled;
+}
+
 template <bool kGateUp>
 void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  launch_kernel(expert_fp8_mma_kernel<kGateUp>, grid, kThreads, 0, stream, args);
+  if (small_tiles())
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, true>, grid, kThreads, 0, stream, args);
+  else
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, false>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
