@@ -39,7 +39,7 @@ static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 // kGroups): fewer groups leave registers for more weight groups in flight
 // (kFp8GroupsInFlight: 4 at up to 16 rows, 2 at 32), and a tile of few rows
 // is bound by the memory round trip per group, not by its MMAs.
-template <bool kGateUp, int kGroups>
+template <bool kGateUp, int kGroups, int kStages = kFp8GroupsInFlight<kGroups>>
 __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64_t* source,
                                                 int expert, int start, int m) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
   for (int q = 0; q < kGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma(rows, 0, groups, acc);
+  fp8_weight_rows_mma<kGroups, kStages>(rows, 0, groups, acc);
 
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
@@ -106,10 +106,12 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
   }
 }
 
-// kSmallTiles: tiles of up to 16 rows take the two-group path, else every
-// tile the four-group one. Opt-in (MEGACTX_FP8_EXPERT_SMALL_TILES=1) until it
-// has run on a GPU: written in a session whose device calls found no machine.
-template <bool kGateUp, bool kSmallTiles>
+// kSmall: 0, every tile on the four-group path; 1, tiles of up to 16 rows
+// on the two-group one (four groups in flight); 2, also tiles of up to 8
+// rows on a one-group path with six in flight. Opt-in
+// (MEGACTX_FP8_EXPERT_SMALL_TILES=1|2) until measured on a GPU: written in a
+// session whose device calls found no machine.
+template <bool kGateUp, int kSmall>
 __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -131,19 +133,23 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   __syncthreads();
   // m is uniform over the CTA. Batched decode spreads few rows over each
   // expert (glm_1b at batch 64: ~16 pairs per expert).
-  if (kSmallTiles && m <= 16) {
+  if (kSmall >= 2 && m <= 8) {
+    expert_fp8_tile<kGateUp, 1, 6>(a, source, expert, start, m);
+  } else if (kSmall >= 1 && m <= 16) {
     expert_fp8_tile<kGateUp, 2>(a, source, expert, start, m);
   } else {
     expert_fp8_tile<kGateUp, kColumnGroups>(a, source, expert, start, m);
   }
 }
 
-bool small_tiles() {
-  static const bool enabled = [] {
+int small_tiles() {
+  static const int level = [] {
     const char* value = std::getenv("MEGACTX_FP8_EXPERT_SMALL_TILES");
-    return value != nullptr && std::string_view(value) == "1";
+    if (value == nullptr) return 0;
+    const std::string_view v(value);
+    return v == "2" ? 2 : v == "1" ? 1 : 0;
   }();
-  return enabled;
+  return level;
 }
 
 template <bool kGateUp>
@@ -151,10 +157,16 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  if (small_tiles())
-    launch_kernel(expert_fp8_mma_kernel<kGateUp, true>, grid, kThreads, 0, stream, args);
-  else
-    launch_kernel(expert_fp8_mma_kernel<kGateUp, false>, grid, kThreads, 0, stream, args);
+  switch (small_tiles()) {
+    case 2:
+      launch_kernel(expert_fp8_mma_kernel<kGateUp, 2>, grid, kThreads, 0, stream, args);
+      break;
+    case 1:
+      launch_kernel(expert_fp8_mma_kernel<kGateUp, 1>, grid, kThreads, 0, stream, args);
+      break;
+    default:
+      launch_kernel(expert_fp8_mma_kernel<kGateUp, 0>, grid, kThreads, 0, stream, args);
+  }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
