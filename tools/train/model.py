@@ -301,9 +301,9 @@ class MoE(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, Hd, I))
         self.shared_experts = DenseMLP(Hd, I * cfg.n_shared_experts)
         self.last_load = None
-        # True: under bf16 autocast on the GPU the experts run as grouped GEMMs (_experts_grouped);
-        # False (default until measured on a GPU): the per-expert loop everywhere
-        self.grouped = False
+        # Under bf16 autocast on the GPU the experts run as grouped GEMMs (_experts_grouped; H100: 9-28%
+        # faster training steps, bench_step.py); False: the per-expert loop everywhere
+        self.grouped = True
 
     def route(self, x):
         cfg = self.cfg

@@ -39,7 +39,7 @@ static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 // kGroups): fewer groups leave registers for more weight groups in flight
 // (kFp8GroupsInFlight: 4 at up to 16 rows, 2 at 32), and a tile of few rows
 // is bound by the memory round trip per group, not by its MMAs.
-template <bool kGateUp, int kGroups, int kStages = kFp8GroupsInFlight<kGroups>>
+template <bool kGateUp, int kGroups>
 __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64_t* source,
                                                 int expert, int start, int m) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
   for (int q = 0; q < kGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma<kGroups, kStages>(rows, 0, groups, acc);
+  fp8_weight_rows_mma(rows, 0, groups, acc);
 
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
@@ -106,12 +106,13 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
   }
 }
 
-// kSmall: 0, every tile on the four-group path; 1, tiles of up to 16 rows
-// on the two-group one (four groups in flight); 2, also tiles of up to 8
-// rows on a one-group path with six in flight. Opt-in
-// (MEGACTX_FP8_EXPERT_SMALL_TILES=1|2) until measured on a GPU: written in a
-// session whose device calls found no machine.
-template <bool kGateUp, int kSmall>
+// kSmallTiles: tiles of up to 16 rows take the two-column-group path (four
+// weight groups in flight), larger ones the four-group path (two in flight).
+// glm_1b on an H100, fp8 decode steps: 3-4% faster at batches 1-32 and 2% at
+// 64 (docs/benchmarks.md); a third, one-group path with six in flight for
+// tiles of up to 8 rows was 8% slower at batch 16 and was dropped.
+// MEGACTX_FP8_EXPERT_SMALL_TILES=0: every tile on the four-group path (A/B).
+template <bool kGateUp, bool kSmallTiles>
 __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -133,23 +134,19 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   __syncthreads();
   // m is uniform over the CTA. Batched decode spreads few rows over each
   // expert (glm_1b at batch 64: ~16 pairs per expert).
-  if (kSmall >= 2 && m <= 8) {
-    expert_fp8_tile<kGateUp, 1, 6>(a, source, expert, start, m);
-  } else if (kSmall >= 1 && m <= 16) {
+  if (kSmallTiles && m <= 16) {
     expert_fp8_tile<kGateUp, 2>(a, source, expert, start, m);
   } else {
     expert_fp8_tile<kGateUp, kColumnGroups>(a, source, expert, start, m);
   }
 }
 
-int small_tiles() {
-  static const int level = [] {
+bool small_tiles() {
+  static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_FP8_EXPERT_SMALL_TILES");
-    if (value == nullptr) return 0;
-    const std::string_view v(value);
-    return v == "2" ? 2 : v == "1" ? 1 : 0;
+    return value == nullptr || std::string_view(value) != "0";
   }();
-  return level;
+  return enabled;
 }
 
 template <bool kGateUp>
@@ -157,16 +154,10 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  switch (small_tiles()) {
-    case 2:
-      launch_kernel(expert_fp8_mma_kernel<kGateUp, 2>, grid, kThreads, 0, stream, args);
-      break;
-    case 1:
-      launch_kernel(expert_fp8_mma_kernel<kGateUp, 1>, grid, kThreads, 0, stream, args);
-      break;
-    default:
-      launch_kernel(expert_fp8_mma_kernel<kGateUp, 0>, grid, kThreads, 0, stream, args);
-  }
+  if (small_tiles())
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, true>, grid, kThreads, 0, stream, args);
+  else
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, false>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
