@@ -25,7 +25,9 @@ out), over 2 and 4 ranks:
 - the live host tier (--host-latent-memory, offload pages per rank) over 2 ranks with device
   pages too few for any one request (the default model): four concurrent requests on both ranks
   move their full pages to their own rank's offload pages and give one process's greedy ids,
-  logprobs within 1e-4; /metrics counts the moves per rank and in all, and every offload page is
+  logprobs within 1e-6 (both servers --deterministic: the trained model has near ties in its
+  routing and top-k, so without batch-invariant kernels the batches that timing forms move
+  logprobs by ~1e-4); /metrics counts the moves per rank and in all, and every offload page is
   free again at the end;
 - MTP speculation (--speculative-steps 3, the default model) over 2 ranks: one request alone
   (the other rank runs every MTP step with no rows) and four at once on both ranks give the
@@ -300,9 +302,12 @@ def live_host_tier_over_two_ranks(megactx, model):
 
     prompts = [vocab_ids(300 + 20 * i, 80 + i) for i in range(4)]
     new_tokens = 40
-    with MegactxServer(megactx, model, *COMMON, name="live-plain") as server:
+    # Batch-invariant kernels on both sides: which requests share a step depends on timing, and
+    # on the default model's near ties (a router choice, a top-k boundary) that moved logprobs
+    # by 1.2e-4 under a loaded machine. A page the tier misplaces moves them by far more.
+    with MegactxServer(megactx, model, *COMMON, "--deterministic", name="live-plain") as server:
         want = concurrent_outputs(server, prompts, new_tokens)
-    with MegactxServer(megactx, model, *COMMON, *dp(2), "--check-integrity",
+    with MegactxServer(megactx, model, *COMMON, *dp(2), "--deterministic", "--check-integrity",
                        "--host-latent-memory", "16MiB", kv_memory=LIVE_TIER_KV_MEMORY,
                        name="live-dp") as server:
         got = concurrent_outputs(server, prompts, new_tokens)
@@ -323,7 +328,7 @@ def live_host_tier_over_two_ranks(megactx, model):
     total = rank_series(text, "megactx_dp_rank_host_latent_pages_total")
     moved_all = metric(text, "megactx_host_latent_moved_pages_total") or 0
     total_all = metric(text, "megactx_host_latent_pages_total") or 0
-    ok = same and worst <= 1e-4 and pages == 2 * LIVE_TIER_PAGES_PER_RANK and \
+    ok = same and worst <= 1e-6 and pages == 2 * LIVE_TIER_PAGES_PER_RANK and \
         all(admissions.get(r, 0) > 0 and moved.get(r, 0) > 0 for r in range(2)) and \
         sum(moved.values()) == moved_all and used == {0: 0, 1: 0} and \
         len(total) == 2 and total[0] == total[1] > 0 and sum(total.values()) == total_all and \
