@@ -48,9 +48,17 @@ def sync():
     torch.cuda.synchronize()
 
 
-def timed_steps(step, steps, profile):
-    """Runs step() steps + 1 times (the first one warms up) and profile more under torch.profiler.
-    Returns (seconds per step, the first step's seconds, the profile summary or None)."""
+def timed_steps(model, step, steps, profile, tokens):
+    """Runs step() steps + 1 times (the first one warms up) and profile more under torch.profiler,
+    then puts model.sparse_impl back to "auto". tokens: a step's tokens. Returns {s_per_step,
+    tokens_per_s, first_step_s[, profile]}."""
+    try:
+        return _timed_steps(step, steps, profile, tokens)
+    finally:
+        model.sparse_impl = "auto"
+
+
+def _timed_steps(step, steps, profile, tokens):
     times = []
     for _ in range(steps + 1):
         sync()
@@ -58,7 +66,8 @@ def timed_steps(step, steps, profile):
         step()
         sync()
         times.append(time.time() - t0)
-    summary = None
+    s = min(times[1:]) if len(times) > 1 else times[0]
+    r = {"s_per_step": s, "tokens_per_s": tokens / s, "first_step_s": times[0]}
     if profile > 0:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
@@ -73,10 +82,10 @@ def timed_steps(step, steps, profile):
         device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
         key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
         print(events.table(sort_by=key, row_limit=30), flush=True)
-        summary = {"profiled_steps": profile, "wall_s_per_step": wall / profile,
-                   "device_busy_s_per_step": device_us / 1e6 / profile,
-                   "device_busy_fraction": device_us / 1e6 / wall}
-    return (min(times[1:]) if len(times) > 1 else times[0]), times[0], summary
+        r["profile"] = {"profiled_steps": profile, "wall_s_per_step": wall / profile,
+                        "device_busy_s_per_step": device_us / 1e6 / profile,
+                        "device_busy_fraction": device_us / 1e6 / wall}
+    return r
 
 
 def run_config(model, opt, spec, steps, device, profile=0):
@@ -192,13 +201,8 @@ def run_config(model, opt, spec, steps, device, profile=0):
             mtp_opt.step()
             out["loss"] = loss
 
-        try:
-            s, first, prof = timed_steps(step, steps, profile)
-        finally:
-            model.sparse_impl = "auto"
-        r = {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": first, "loss": out["loss"].item()}
-        if prof:
-            r["profile"] = prof
+        r = timed_steps(model, step, steps, profile, B * T)
+        r["loss"] = out["loss"].item()
         return r
     shape, head_chunk = rest.split(":")
     T, B = (int(x) for x in shape.split("x"))
@@ -218,13 +222,8 @@ def run_config(model, opt, spec, steps, device, profile=0):
         train.update_router_bias(model)
         out["lm"] = lm
 
-    try:
-        s, first, prof = timed_steps(step, steps, profile)
-    finally:
-        model.sparse_impl = "auto"
-    r = {"s_per_step": s, "tokens_per_s": B * T / s, "first_step_s": first, "lm": out["lm"].item()}
-    if prof:
-        r["profile"] = prof
+    r = timed_steps(model, step, steps, profile, B * T)
+    r["lm"] = out["lm"].item()
     return r
 
 
