@@ -13,6 +13,7 @@
 
 #include "../server/fake_channel.h"
 #include "../server/fake_engine.h"
+#include "../server/router_calls.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_routes.h"
 #include "server/endpoints.h"
@@ -90,23 +91,12 @@ struct GatewayFixture {
   std::shared_ptr<RecordingChannel> start(const std::string& method, const std::string& path,
                                           const std::string& body,
                                           std::map<std::string, std::string> headers = {}) {
-    server::HttpRequest request;
-    request.method = method;
-    request.target = path;
-    request.path = path.substr(0, path.find('?'));
-    request.body = body;
-    request.headers = std::move(headers);
-    auto channel = std::make_shared<RecordingChannel>();
-    router.handle(request, channel);
-    return channel;
+    return server::testing::start_request(router, method, path, body, std::move(headers));
   }
   std::shared_ptr<RecordingChannel> call(const std::string& method, const std::string& path,
                                          const nlohmann::json& body = nullptr,
                                          std::map<std::string, std::string> headers = {}) {
-    auto channel = start(method, path, body.is_null() ? std::string() : body.dump(), headers);
-    EXPECT_TRUE(channel->wait()) << method << " " << path << " did not complete";
-    EXPECT_EQ(channel->misuse, 0);
-    return channel;
+    return server::testing::call_request(router, method, path, body, std::move(headers));
   }
   // A chat turn of `session` (and, when given, its parent).
   std::shared_ptr<RecordingChannel> turn(const std::string& session, const nlohmann::json& body,

@@ -8,6 +8,7 @@
 
 #include "fake_channel.h"
 #include "fake_engine.h"
+#include "router_calls.h"
 #include "server/endpoints.h"
 
 namespace megactx::server::testing {
@@ -44,23 +45,12 @@ struct ServerFixture {
   std::shared_ptr<RecordingChannel> start(const std::string& method, const std::string& path,
                                           const std::string& body = {},
                                           std::map<std::string, std::string> headers = {}) {
-    HttpRequest request;
-    request.method = method;
-    request.target = path;
-    request.path = path.substr(0, path.find('?'));
-    request.body = body;
-    request.headers = std::move(headers);
-    auto channel = std::make_shared<RecordingChannel>();
-    router.handle(request, channel);
-    return channel;
+    return testing::start_request(router, method, path, body, std::move(headers));
   }
   std::shared_ptr<RecordingChannel> call(const std::string& method, const std::string& path,
                                          const nlohmann::json& body = nullptr,
                                          std::map<std::string, std::string> headers = {}) {
-    auto channel = start(method, path, body.is_null() ? std::string() : body.dump(), headers);
-    EXPECT_TRUE(channel->wait()) << method << " " << path << " did not complete";
-    EXPECT_EQ(channel->misuse, 0);
-    return channel;
+    return testing::call_request(router, method, path, body, std::move(headers));
   }
 
   FakeEngine engine;  // declared first: outlives the state's workers
