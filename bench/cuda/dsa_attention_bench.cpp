@@ -31,6 +31,7 @@
 #include "bench/cuda/support/attention_stack.h"
 #include "bench/cuda/support/gemm_ceiling.h"
 #include "bench/cuda/support/read_bandwidth.h"
+#include "bench/cuda/support/stream_timing.h"
 #include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/indexer/indexer.h"
@@ -77,28 +78,6 @@ double graph_median_ms(cudaStream_t stream, const std::function<void()>& body, i
   }
   MEGACTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
   MEGACTX_CUDA_CHECK(cudaGraphDestroy(graph));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-// Median of plain stream launches (for long runs where graphs add nothing).
-double stream_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps) {
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  body();
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
-    body();
-    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
   MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
   MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(times.begin(), times.end());

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench/cuda/support/read_bandwidth.h"
+#include "bench/cuda/support/stream_timing.h"
 #include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/indexer/indexer.h"
@@ -53,28 +54,6 @@ T* device_alloc(size_t count) {
   T* pointer = nullptr;
   MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
   return pointer;
-}
-
-double median_ms(cudaStream_t stream, const std::function<void()>& body, int reps) {
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  body();
-  MEGACTX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
-    body();
-    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 // One request's key cache over shuffled pages, and `rows` query rows: row i
@@ -325,23 +304,23 @@ int main(int argc, char** argv) {
       p.rising = c.rising;
       p.build(stream, 7 + static_cast<uint32_t>(c.keys % 97));
       const int reps = c.keys >= 131072 ? 3 : 5;
-      const double fused_ms = median_ms(
+      const double fused_ms = stream_median_ms(
           stream, [&] { run_fused(p, w, true, stream); }, reps);
-      const double oldest_ms = median_ms(
+      const double oldest_ms = stream_median_ms(
           stream, [&] { run_fused(p, w, true, stream, false, true, 0, false); }, reps);
-      const double two_wg_ms = median_ms(
+      const double two_wg_ms = stream_median_ms(
           stream, [&] { run_fused(p, w, true, stream, false, true, 2); }, reps);
       const double pong_ms =
           fused_only ? 0
-                     : median_ms(
+                     : stream_median_ms(
                            stream, [&] { run_fused(p, w, true, stream, true, false); }, reps);
-      const double fp32_sum_ms = median_ms(
+      const double fp32_sum_ms = stream_median_ms(
           stream, [&] { run_fused(p, w, true, stream, false, false); }, reps);
-      const double mma_ms = mma ? median_ms(
+      const double mma_ms = mma ? stream_median_ms(
                                       stream, [&] { run_fused(p, w, false, stream); }, reps)
                                 : 0;
       const double old_ms =
-          compare ? median_ms(
+          compare ? stream_median_ms(
                         stream, [&] { run_two_kernel(p, w, stream); }, c.keys >= 131072 ? 1 : 3)
                   : 0;
       const double agree = compare ? agreement(p, w, stream, 64) : 0;
