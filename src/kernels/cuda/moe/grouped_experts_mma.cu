@@ -10,7 +10,19 @@
 // 2t+9 of each 16-wide step -- is mapped to physical k 8t + 4s + 0..3 of a
 // 32-wide block (s = step 0 or 1). The mapping depends on t and k only, so
 // weights and inputs agree on it.
+//
+// kSplit > 1 (MEGACTX_BF16_EXPERT_SPLIT_K=4, off by default until measured):
+// kSplit warps share each weight-row warp's work along k, each taking every
+// kSplit-th step of 4 k blocks, and shared memory sums their accumulators in
+// part order. Why: at one row per expert (decode at batch 1) a gate/up launch
+// has ~100 CTAs of 4 warps, under 1 MB of weight loads in flight where the
+// GPU needs ~3 MB to stream at its read rate (glm_1b on an H100: the experts
+// read at 31% of it, docs/benchmarks.md). The partition depends on k only,
+// so a row's result does not depend on the tile it shares (batch-invariant).
 #include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -21,8 +33,7 @@
 namespace megactx::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = 4;  // weight-row warps per CTA (each times kSplit along k)
 constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsBf16);
 constexpr int kColumnGroups = kTileRows / 8;  // n = 8 MMAs per k step
 constexpr int kChunk = 512;                   // input values per row staged per pass
@@ -33,8 +44,9 @@ constexpr int kBlocksPerStep = 4;  // 32-wide k blocks of weights loaded before 
 
 static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
+template <bool kGateUp, int kSplit>
+__global__ void __launch_bounds__(32 * kWarps * kSplit) expert_mma_kernel(ExpertArgs a) {
+  constexpr int kThreads = 32 * kWarps * kSplit;
   grid_dependency_wait();
   grid_dependency_trigger();
   const int tile = static_cast<int>(blockIdx.y);
@@ -57,7 +69,9 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
   // Lane (g, t) holds weight rows g and g + 8 of the warp's 16: gate_up pairs
   // gate row j with up row I + j (neurons first .. first + 7), down takes
   // neurons first .. first + 15.
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32 % kWarps,
+            lane = static_cast<int>(threadIdx.x) % 32;
+  const int part = static_cast<int>(threadIdx.x) / (32 * kWarps);  // this warp's share of k
   const int g = lane / 4, t = lane % 4;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * (kGateUp ? 8 : 16);
   const int64_t low_row = first + g;
@@ -96,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
       *reinterpret_cast<uint2*>(&staged[r * kStagedStride + 4 * v]) = packed;
     }
     __syncthreads();
-    for (int kb = 0; kb < length; kb += 32 * kBlocksPerStep) {
+    for (int kb = 32 * kBlocksPerStep * part; kb < length; kb += 32 * kBlocksPerStep * kSplit) {
       uint4 w_low[kBlocksPerStep], w_high[kBlocksPerStep];
 #pragma unroll
       for (int b = 0; b < kBlocksPerStep; ++b) {
@@ -127,6 +141,30 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
     }
   }
 
+  if constexpr (kSplit > 1) {
+    // The parts' sums, in part order, in the staging space:
+    // partial[part - 1][warp][q * 4 + i][lane] (lanes consecutive: no bank conflicts).
+    static_assert((kSplit - 1) * kWarps * kColumnGroups * 4 * 32 * 4 <= sizeof(staged));
+    float* partial = reinterpret_cast<float*>(staged);
+    auto at = [&](int p, int q, int i) {
+      return ((((p - 1) * kWarps + warp) * kColumnGroups + q) * 4 + i) * 32 + lane;
+    };
+    __syncthreads();  // every part is done with the staged inputs
+    if (part > 0) {
+#pragma unroll
+      for (int q = 0; q < kColumnGroups; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[at(part, q, i)] = c[q][i];
+    }
+    __syncthreads();
+    if (part > 0) return;
+    for (int p = 1; p < kSplit; ++p)
+#pragma unroll
+      for (int q = 0; q < kColumnGroups; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[q][i] += partial[at(p, q, i)];
+  }
+
 #pragma unroll
   for (int q = 0; q < kColumnGroups; ++q) {
 #pragma unroll
@@ -149,12 +187,25 @@ __global__ void __launch_bounds__(kThreads) expert_mma_kernel(ExpertArgs a) {
   }
 }
 
+// MEGACTX_BF16_EXPERT_SPLIT_K=4: four warps along k per weight-row warp (A/B
+// switch; not yet measured or run on a GPU, so off by default).
+int split_k() {
+  static const int split = [] {
+    const char* value = std::getenv("MEGACTX_BF16_EXPERT_SPLIT_K");
+    return value != nullptr && std::string_view(value) == "4" ? 4 : 1;
+  }();
+  return split;
+}
+
 template <bool kGateUp>
 void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  launch_kernel(expert_mma_kernel<kGateUp>, grid, kThreads, 0, stream, args);
+  if (split_k() == 4)
+    launch_kernel(expert_mma_kernel<kGateUp, 4>, grid, 32 * kWarps * 4, 0, stream, args);
+  else
+    launch_kernel(expert_mma_kernel<kGateUp, 1>, grid, 32 * kWarps, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
