@@ -231,12 +231,17 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
       --gtest_color=no >"$out/f16ring_fast_attention.log" 2>&1
     note "cuda_fast_attention_test with MEGACTX_SPARSE_MLA_FP8RING=0 exit $?"
   fi
-  # The bf16 routed experts with four warps along k per weight-row warp
-  # (MEGACTX_BF16_EXPERT_SPLIT_K=4, the A/B side that is not yet the default).
+  # The routed experts split along k inside the CTA (MEGACTX_BF16_EXPERT_SPLIT_K=4,
+  # MEGACTX_FP8_EXPERT_SPLIT_K=2: the A/B sides that are not yet the default).
   if [[ -x "$pack/bin/cuda_moe_test" ]]; then
     MEGACTX_BF16_EXPERT_SPLIT_K=4 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_test" \
       --gtest_color=no >"$out/split_k_moe.log" 2>&1
     note "cuda_moe_test with MEGACTX_BF16_EXPERT_SPLIT_K=4 exit $?"
+  fi
+  if [[ -x "$pack/bin/cuda_moe_fp8_test" ]]; then
+    MEGACTX_FP8_EXPERT_SPLIT_K=2 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_fp8_test" \
+      --gtest_color=no >"$out/split_k_moe_fp8.log" 2>&1
+    note "cuda_moe_fp8_test with MEGACTX_FP8_EXPERT_SPLIT_K=2 exit $?"
   fi
 fi
 wait "${sanitizer_pids[@]}"

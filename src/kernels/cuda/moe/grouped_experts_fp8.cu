@@ -24,12 +24,12 @@
 #include "kernels/cuda/gemm/fp8_weight_rows_mma.cuh"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
+#include "kernels/cuda/moe/split_k_parts.cuh"
 
 namespace megactx::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = 4;  // weight-row warps per CTA (each times kSplit along k)
 constexpr int kTileRows = static_cast<int>(kGroupedMoeTileRowsFp8);
 constexpr int kColumnGroups = kTileRows / 8;
 
@@ -39,10 +39,15 @@ static_assert(kTileRows % 8 == 0, "tile rows come in n = 8 MMA column groups");
 // kGroups): fewer groups leave registers for more weight groups in flight
 // (kFp8GroupsInFlight: 4 at up to 16 rows, 2 at 32), and a tile of few rows
 // is bound by the memory round trip per group, not by its MMAs.
-template <bool kGateUp, int kGroups>
+// kSplit > 1: the CTA's kSplit parts (of kWarps warps each) take contiguous
+// shares of the 128-column groups, and part 0 adds the others' sums in part
+// order from `partial` ([kSplit - 1][kWarps][kGroups * 4][32] floats).
+template <bool kGateUp, int kGroups, int kSplit>
 __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64_t* source,
-                                                int expert, int start, int m) {
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+                                                int expert, int start, int m, float* partial) {
+  const int warp = static_cast<int>(threadIdx.x) / 32 % kWarps,
+            lane = static_cast<int>(threadIdx.x) % 32;
+  const int part = static_cast<int>(threadIdx.x) / (32 * kWarps);
   const int gq = lane / 4, t = lane % 4;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * (kGateUp ? 8 : 16);
   const int64_t low_row = first + gq;
@@ -82,7 +87,13 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
   for (int q = 0; q < kGroups; ++q)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
-  fp8_weight_rows_mma(rows, 0, groups, acc);
+  fp8_weight_rows_mma(rows, groups * part / kSplit, groups * (part + 1) / kSplit, acc);
+  if constexpr (kSplit > 1) {
+    // m, and so kGroups, is uniform over the CTA: every thread gets here.
+    if (!sum_split_parts<kSplit, kWarps, kGroups>(acc, partial, part, warp, lane)) return;
+  } else {
+    (void)partial;
+  }
 
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
@@ -112,8 +123,12 @@ __device__ __forceinline__ void expert_fp8_tile(const ExpertArgs& a, const int64
 // 64 (docs/benchmarks.md); a third, one-group path with six in flight for
 // tiles of up to 8 rows was 8% slower at batch 16 and was dropped.
 // MEGACTX_FP8_EXPERT_SMALL_TILES=0: every tile on the four-group path (A/B).
-template <bool kGateUp, bool kSmallTiles>
-__global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) {
+// kSplit (MEGACTX_FP8_EXPERT_SPLIT_K=2; not yet run on a GPU, so off): two
+// parts along k per weight-row warp, for twice the weight loads in flight
+// when a launch has few CTAs (decode at batch 1); 256 threads keep the tile
+// path's ~250 registers.
+template <bool kGateUp, bool kSmallTiles, int kSplit>
+__global__ void __launch_bounds__(32 * kWarps * kSplit) expert_fp8_mma_kernel(ExpertArgs a) {
   grid_dependency_wait();
   grid_dependency_trigger();
   const int tile = static_cast<int>(blockIdx.y);
@@ -123,6 +138,7 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   const int m = a.tiles[3 * tile + 2];  // 1..kTileRows
 
   __shared__ int64_t source[kTileRows];  // input row (of input_q / input_scale) per tile row
+  __shared__ float partial[kSplit > 1 ? (kSplit - 1) * kWarps * kColumnGroups * 4 * 32 : 1];
   if (threadIdx.x < kTileRows) {
     int64_t row = 0;
     if (static_cast<int>(threadIdx.x) < m) {
@@ -135,9 +151,9 @@ __global__ void __launch_bounds__(kThreads) expert_fp8_mma_kernel(ExpertArgs a) 
   // m is uniform over the CTA. Batched decode spreads few rows over each
   // expert (glm_1b at batch 64: ~16 pairs per expert).
   if (kSmallTiles && m <= 16) {
-    expert_fp8_tile<kGateUp, 2>(a, source, expert, start, m);
+    expert_fp8_tile<kGateUp, 2, kSplit>(a, source, expert, start, m, partial);
   } else {
-    expert_fp8_tile<kGateUp, kColumnGroups>(a, source, expert, start, m);
+    expert_fp8_tile<kGateUp, kColumnGroups, kSplit>(a, source, expert, start, m, partial);
   }
 }
 
@@ -149,15 +165,26 @@ bool small_tiles() {
   return enabled;
 }
 
+int split_k() {
+  static const int split = [] {
+    const char* value = std::getenv("MEGACTX_FP8_EXPERT_SPLIT_K");
+    return value != nullptr && std::string_view(value) == "2" ? 2 : 1;
+  }();
+  return split;
+}
+
 template <bool kGateUp>
 void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  if (small_tiles())
-    launch_kernel(expert_fp8_mma_kernel<kGateUp, true>, grid, kThreads, 0, stream, args);
+  constexpr int kThreads = 32 * kWarps;
+  if (small_tiles() && split_k() == 2)
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, true, 2>, grid, 2 * kThreads, 0, stream, args);
+  else if (small_tiles())
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, true, 1>, grid, kThreads, 0, stream, args);
   else
-    launch_kernel(expert_fp8_mma_kernel<kGateUp, false>, grid, kThreads, 0, stream, args);
+    launch_kernel(expert_fp8_mma_kernel<kGateUp, false, 1>, grid, kThreads, 0, stream, args);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,6 +29,7 @@
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
+#include "kernels/cuda/moe/split_k_parts.cuh"
 
 namespace megactx::cuda {
 namespace {
@@ -142,27 +143,12 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) expert_mma_kernel(Expert
   }
 
   if constexpr (kSplit > 1) {
-    // The parts' sums, in part order, in the staging space:
-    // partial[part - 1][warp][q * 4 + i][lane] (lanes consecutive: no bank conflicts).
+    // The parts' sums go through the staging space.
     static_assert((kSplit - 1) * kWarps * kColumnGroups * 4 * 32 * 4 <= sizeof(staged));
-    float* partial = reinterpret_cast<float*>(staged);
-    auto at = [&](int p, int q, int i) {
-      return ((((p - 1) * kWarps + warp) * kColumnGroups + q) * 4 + i) * 32 + lane;
-    };
     __syncthreads();  // every part is done with the staged inputs
-    if (part > 0) {
-#pragma unroll
-      for (int q = 0; q < kColumnGroups; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partial[at(part, q, i)] = c[q][i];
-    }
-    __syncthreads();
-    if (part > 0) return;
-    for (int p = 1; p < kSplit; ++p)
-#pragma unroll
-      for (int q = 0; q < kColumnGroups; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[q][i] += partial[at(p, q, i)];
+    if (!sum_split_parts<kSplit, kWarps, kColumnGroups>(c, reinterpret_cast<float*>(staged), part,
+                                                        warp, lane))
+      return;
   }
 
 #pragma unroll
