@@ -62,26 +62,12 @@ double graph_median_ms(cudaStream_t stream, const std::function<void()>& body, i
   body();
   MEGACTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   MEGACTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 2; ++i) MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
-    MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
+  MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // a second warm-up: the graph's first replay
+  const double ms = stream_median_ms(
+      stream, [&] { MEGACTX_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, reps);
   MEGACTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
   MEGACTX_CUDA_CHECK(cudaGraphDestroy(graph));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return ms;
 }
 
 struct Ceilings {

@@ -10,9 +10,11 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../model/hf_fixture.h"
@@ -21,6 +23,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/gathered_dispatch.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/cuda_model.h"
@@ -465,6 +468,24 @@ TEST(CudaMoe, RankChunksAddUpInRankOrder) {
 
 using testing::HfFixture;
 using testing::load_fixture;
+
+// The split-K A/B switches: unset, empty or 1 is no split, the kernel's split
+// is itself, and any other value is an error rather than a silent default.
+TEST(CudaMoe, ExpertSplitSwitchRejectsOtherValues) {
+  const char* variable = "MEGACTX_TEST_EXPERT_SPLIT";
+  ::unsetenv(variable);
+  EXPECT_EQ(expert_split_from_env(variable, 4), 1);
+  for (const auto& [value, want] :
+       std::vector<std::pair<const char*, int>>{{"", 1}, {"1", 1}, {"4", 4}}) {
+    ::setenv(variable, value, 1);
+    EXPECT_EQ(expert_split_from_env(variable, 4), want) << value;
+  }
+  for (const char* value : {"2", "0", "four", "44"}) {
+    ::setenv(variable, value, 1);
+    EXPECT_THROW(expert_split_from_env(variable, 4), Error) << value;
+  }
+  ::unsetenv(variable);
+}
 
 TEST(CudaMoe, StackedExpertsAreTheOnlyDeviceCopy) {
   // The per-expert DeviceMlp are views into the stacked buffers: uploading

@@ -44,4 +44,9 @@ void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_t
 void launch_fp8_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                         cudaStream_t stream);
 
+// The split of k inside an expert kernel's CTA that `variable` asks for (an
+// A/B switch read once per process): 1 when unset, empty or "1", `split` when
+// it names that number; any other value is an error, not a silent default.
+int expert_split_from_env(const char* variable, int split);
+
 }  // namespace megactx::cuda

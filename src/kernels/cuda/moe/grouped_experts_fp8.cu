@@ -166,10 +166,7 @@ bool small_tiles() {
 }
 
 int split_k() {
-  static const int split = [] {
-    const char* value = std::getenv("MEGACTX_FP8_EXPERT_SPLIT_K");
-    return value != nullptr && std::string_view(value) == "2" ? 2 : 1;
-  }();
+  static const int split = expert_split_from_env("MEGACTX_FP8_EXPERT_SPLIT_K", 2);
   return split;
 }
 

@@ -21,9 +21,6 @@
 // so a row's result does not depend on the tile it shares (batch-invariant).
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
@@ -176,10 +173,7 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) expert_mma_kernel(Expert
 // MEGACTX_BF16_EXPERT_SPLIT_K=4: four warps along k per weight-row warp (A/B
 // switch; not yet measured or run on a GPU, so off by default).
 int split_k() {
-  static const int split = [] {
-    const char* value = std::getenv("MEGACTX_BF16_EXPERT_SPLIT_K");
-    return value != nullptr && std::string_view(value) == "4" ? 4 : 1;
-  }();
+  static const int split = expert_split_from_env("MEGACTX_BF16_EXPERT_SPLIT_K", 4);
   return split;
 }
 

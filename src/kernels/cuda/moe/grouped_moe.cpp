@@ -3,10 +3,13 @@
 // machine without a GPU).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
+#include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 
 namespace megactx::cuda {
@@ -131,6 +134,15 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
     layout.fp8_bytes = layout.fp8_act_scale + bytes(4 * pairs * groups(shape.intermediate));
   }
   return layout;
+}
+
+int expert_split_from_env(const char* variable, int split) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return 1;
+  const std::string_view text(value);
+  MEGACTX_CHECK(text == "1" || text == std::to_string(split), "{}={}: expected 1 or {}", variable,
+                text, split);
+  return text == "1" ? 1 : split;
 }
 
 }  // namespace megactx::cuda
