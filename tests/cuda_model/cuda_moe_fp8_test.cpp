@@ -43,6 +43,7 @@
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
+#include "kernels/cuda/moe/router.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "model/cuda/checkpoint_matrix.h"

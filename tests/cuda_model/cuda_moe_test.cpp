@@ -22,6 +22,7 @@
 #include "device_test_util.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
+#include "kernels/cuda/moe/router.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/gathered_dispatch.h"

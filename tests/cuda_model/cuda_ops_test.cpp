@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
+#include "kernels/cuda/moe/router.h"
 #include "kernels/reference/dense_ops.h"
 #include "kernels/reference/sparse_attention.h"
 #include "model/rope.h"
@@ -308,6 +309,77 @@ TEST(CudaOps, MoeRouteMatchesTheReferenceRouter) {
       }
     }
   }
+}
+
+// The fused router: its logits match a float64 product, its choice is the
+// reference router's on those logits, a row's logits do not depend on its
+// batch (bit for bit), and the per-row counts are back at zero after each
+// launch (the second launch routes as the first).
+TEST(CudaOps, FusedRouterMatchesTheProductAndTheReferenceRouter) {
+  struct Case {
+    int64_t experts, hidden, n_group, topk_group, top_k, rows;
+  };
+  for (const Case c : {Case{16, 2048, 1, 1, 4, 5}, Case{256, 6144, 8, 4, 8, 16},
+                       Case{64, 132, 8, 4, 6, 64}, Case{7, 12, 1, 1, 2, 3}}) {
+    const auto h = random_values(static_cast<size_t>(c.rows * c.hidden), 21);
+    const auto router = random_values(static_cast<size_t>(c.experts * c.hidden), 22, 0.05f);
+    const auto bias = random_values(static_cast<size_t>(c.experts), 23, 0.1f);
+    DeviceArray<float> d_h(h), d_router(router), d_bias(bias),
+        d_logits(static_cast<size_t>(c.rows * c.experts)),
+        d_weights(static_cast<size_t>(c.rows * c.top_k));
+    DeviceArray<int32_t> d_ids(static_cast<size_t>(c.rows * c.top_k)),
+        d_done(static_cast<size_t>(kFusedRouterMaxRows));
+    const RouteParams params{c.experts, c.n_group, c.topk_group, c.top_k, true, 2.5f};
+    ASSERT_TRUE(moe_router_fused(d_h.data, c.rows, c.hidden, d_router.data, d_bias.data, params,
+                                 d_logits.data, d_done.data, d_ids.data, d_weights.data, nullptr));
+    const auto logits = d_logits.host();
+    const auto ids = d_ids.host();
+    const auto weights = d_weights.host();
+    std::vector<float> want_logits(logits.size());
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t e = 0; e < c.experts; ++e) {
+        double sum = 0.0;
+        for (int64_t k = 0; k < c.hidden; ++k)
+          sum += double{h[r * c.hidden + k]} * router[e * c.hidden + k];
+        want_logits[r * c.experts + e] = static_cast<float>(sum);
+      }
+    EXPECT_LT(max_error(logits, want_logits), 1e-5) << c.experts << " experts";
+    const reference::RouterSpec spec{c.experts, c.n_group, c.topk_group, c.top_k, true, 2.5f};
+    std::vector<int32_t> want_ids(static_cast<size_t>(c.top_k));
+    std::vector<float> want_weights(static_cast<size_t>(c.top_k));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      reference::moe_route(logits.data() + r * c.experts, bias.data(), spec, want_ids.data(),
+                           want_weights.data());
+      for (int64_t j = 0; j < c.top_k; ++j) {
+        EXPECT_EQ(ids[r * c.top_k + j], want_ids[j]) << c.experts << " experts, row " << r;
+        EXPECT_NEAR(weights[r * c.top_k + j], want_weights[j], 1e-6);
+      }
+    }
+    EXPECT_EQ(d_done.host(), std::vector<int32_t>(d_done.count, 0));
+    // The last row alone: the same bits as in the batch, and the same choice.
+    const int64_t last = c.rows - 1;
+    ASSERT_TRUE(moe_router_fused(d_h.data + last * c.hidden, 1, c.hidden, d_router.data,
+                                 d_bias.data, params, d_logits.data, d_done.data, d_ids.data,
+                                 d_weights.data, nullptr));
+    const auto alone = d_logits.host();
+    const auto alone_ids = d_ids.host();
+    for (int64_t e = 0; e < c.experts; ++e)
+      EXPECT_EQ(alone[e], logits[last * c.experts + e]) << c.experts << " experts, expert " << e;
+    for (int64_t j = 0; j < c.top_k; ++j) EXPECT_EQ(alone_ids[j], ids[last * c.top_k + j]);
+  }
+}
+
+TEST(CudaOps, FusedRouterLeavesShapesItDoesNotServe) {
+  DeviceArray<float> d_h(std::vector<float>(130 * 80, 1.0f)), d_router(std::vector<float>(8 * 130));
+  DeviceArray<float> d_logits(std::vector<float>(80 * 8)), d_weights(std::vector<float>(80 * 2));
+  DeviceArray<int32_t> d_ids(std::vector<int32_t>(80 * 2)), d_done(std::vector<int32_t>(80));
+  const RouteParams params{8, 1, 1, 2, true, 1.0f};
+  // hidden not a multiple of 4; more rows than decode batches.
+  EXPECT_FALSE(moe_router_fused(d_h.data, 1, 130, d_router.data, nullptr, params, d_logits.data,
+                                d_done.data, d_ids.data, d_weights.data, nullptr));
+  EXPECT_FALSE(moe_router_fused(d_h.data, kFusedRouterMaxRows + 1, 128, d_router.data, nullptr,
+                                params, d_logits.data, d_done.data, d_ids.data, d_weights.data,
+                                nullptr));
 }
 
 }  // namespace

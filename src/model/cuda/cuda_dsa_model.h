@@ -162,6 +162,9 @@ class CudaDsaModel final : public LanguageModel {
     DeviceBuffer q_resid, q, kv, q_latent, o_latent, o;
     DeviceBuffer iq, k_raw, k, iw, scores, topk, counts;
     DeviceBuffer gate_up, act, router_logits, route_ids, route_gates;
+    // The fused router's per-row CTA counts [kFusedRouterMaxRows], zero
+    // between launches (moe_router_fused).
+    DeviceBuffer router_done;
     DeviceBuffer expert_rows, expert_gates, expert_in, expert_out, moe_out;
     // Routed experts of the step [rows, layers, top_k] (want_routed_experts).
     DeviceBuffer routed;
@@ -315,6 +318,8 @@ class CudaDsaModel final : public LanguageModel {
   // [rows, top_k] into scratch, copied into the routed-expert capture when
   // one runs. rows > 0.
   void route(const DeviceLayer& w, const float* h, int64_t rows, int32_t** ids, float** gates);
+  // Scratch::router_done, zeroed when first made.
+  int32_t* router_done_counts();
   // Data-parallel attention's MoE layer (ModelPlan::expert_all_to_all;
   // model/cuda/dsa_expert_all_to_all.cpp): this rank's rows h [rows, H]
   // (rows may be 0: a rank without rows still serves the others' pairs)

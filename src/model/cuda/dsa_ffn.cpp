@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
+#include "kernels/cuda/moe/router.h"
 #include "model/cuda/cuda_dsa_model.h"
 
 namespace megactx::cuda {
@@ -103,13 +104,21 @@ void CudaDsaModel::route(const DeviceLayer& w, const float* h, int64_t rows, int
   const int64_t top_k = config_.num_experts_per_tok;
   timer_.mark("moe router", stream_);
   float* logits = sc.router_logits.get<float>(rows * experts);
-  blas_->linear(h, rows, hidden, w.router, experts, logits);
   int32_t* ids = sc.route_ids.get<int32_t>(rows * top_k);
   float* gates = sc.route_gates.get<float>(rows * top_k);
   RouteParams params{
       experts, config_.n_group,        config_.topk_group,
       top_k,   config_.norm_topk_prob, static_cast<float>(config_.routed_scaling_factor)};
-  moe_route(logits, w.bias, rows, params, ids, gates, stream_);
+  // Decode batches: logits and routing in one launch (router.h), outside the
+  // deterministic mode, whose router is the batch-invariant GEMM at every
+  // row count.
+  const bool fused = !blas_->batch_invariant() && fused_router_enabled() &&
+                     moe_router_fused(h, rows, hidden, w.router, w.bias, params, logits,
+                                      router_done_counts(), ids, gates, stream_);
+  if (!fused) {
+    blas_->linear(h, rows, hidden, w.router, experts, logits);
+    moe_route(logits, w.bias, rows, params, ids, gates, stream_);
+  }
   if (routed_ids_ != nullptr) {
     // ids [rows, top_k] -> routed [rows, layers, top_k] at this layer.
     const size_t row_bytes = static_cast<size_t>(top_k) * sizeof(int32_t);
@@ -120,6 +129,16 @@ void CudaDsaModel::route(const DeviceLayer& w, const float* h, int64_t rows, int
   }
   *ids_out = ids;
   *gates_out = gates;
+}
+
+int32_t* CudaDsaModel::router_done_counts() {
+  DeviceBuffer& counts = scratch_.router_done;
+  if (counts.bytes() == 0) {
+    counts.get<int32_t>(kFusedRouterMaxRows);
+    MEGACTX_CUDA_CHECK(
+        cudaMemsetAsync(counts.as<void>(), 0, kFusedRouterMaxRows * sizeof(int32_t), stream_));
+  }
+  return counts.as<int32_t>();
 }
 
 void CudaDsaModel::moe(const DeviceLayer& w, const float* h, int64_t rows, float* out) {

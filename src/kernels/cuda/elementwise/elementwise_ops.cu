@@ -17,7 +17,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int blocks_for(int64_t count) { return grid_stride_blocks(count, kThreads); }
+int blocks_for(int64_t count) {
+  return grid_stride_blocks(count, kThreads);
+}
 
 // On row_launch (common/row_launch.cuh).
 __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int64_t n,
@@ -356,88 +358,13 @@ __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, con
   }
 }
 
-__global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t first,
-                                           int64_t local) {
+__global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t first, int64_t local) {
   grid_dependency_wait();
   grid_dependency_trigger();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t e = static_cast<int64_t>(ids[i]) - first;
     ids[i] = e >= 0 && e < local ? static_cast<int32_t>(e) : -1;
-  }
-}
-
-// True when a ranks above b: larger value, ties to the lower index (the CPU
-// reference's topk_indices order).
-__device__ bool ranks_above(float va, int64_t a, float vb, int64_t b) {
-  return va > vb || (va == vb && a < b);
-}
-
-// One block per row. Shared: choice[experts], masked[experts], flags.
-__global__ void moe_route_kernel(const float* logits, const float* bias, RouteParams p,
-                                 int32_t* ids, float* weights) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  extern __shared__ float smem[];
-  float* choice = smem;              // [experts]
-  float* masked = smem + p.experts;  // [experts]
-  __shared__ int group_selected[64];
-  const float* lr = logits + blockIdx.x * p.experts;
-  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    const float score = 1.0f / (1.0f + expf(-lr[e]));
-    choice[e] = score + (bias != nullptr ? bias[e] : 0.0f);
-  }
-  __syncthreads();
-  const int64_t group_size = p.experts / p.n_group;
-  if (threadIdx.x == 0) {
-    float group_score[64];
-    for (int64_t g = 0; g < p.n_group; ++g) {
-      float best = -FLT_MAX, second = -FLT_MAX;
-      for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
-        if (choice[e] > best) {
-          second = best;
-          best = choice[e];
-        } else if (choice[e] > second) {
-          second = choice[e];
-        }
-      }
-      group_score[g] = best + (group_size > 1 ? second : 0.0f);
-    }
-    for (int64_t g = 0; g < p.n_group; ++g) {
-      int64_t rank = 0;
-      for (int64_t o = 0; o < p.n_group; ++o)
-        rank += ranks_above(group_score[o], o, group_score[g], g) ? 1 : 0;
-      group_selected[g] = rank < p.topk_group ? 1 : 0;
-    }
-  }
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x)
-    masked[e] = group_selected[e / group_size] ? choice[e] : -INFINITY;
-  __syncthreads();
-  // flags reuse choice[]: 1 when expert e is among the top_k of masked.
-  for (int64_t e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    int64_t rank = 0;
-    for (int64_t o = 0; o < p.experts && rank < p.top_k; ++o)
-      rank += ranks_above(masked[o], o, masked[e], e) ? 1 : 0;
-    choice[e] = rank < p.top_k ? 1.0f : 0.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t* out_ids = ids + blockIdx.x * p.top_k;
-    float* out_w = weights + blockIdx.x * p.top_k;
-    int64_t count = 0;
-    double sum = 0.0;
-    for (int64_t e = 0; e < p.experts && count < p.top_k; ++e) {
-      if (choice[e] != 0.0f) {
-        out_ids[count++] = static_cast<int32_t>(e);
-        sum += 1.0f / (1.0f + expf(-lr[e]));
-      }
-    }
-    for (int64_t i = 0; i < p.top_k; ++i) {
-      float w = 1.0f / (1.0f + expf(-lr[out_ids[i]]));
-      if (p.norm_topk_prob) w = static_cast<float>(w / (sum + 1e-20));
-      out_w[i] = w * p.routed_scaling_factor;
-    }
   }
 }
 
@@ -570,16 +497,6 @@ void localize_expert_ids(int32_t* ids, int64_t n, int64_t first, int64_t local,
   if (n == 0) return;
   launch_kernel(localize_expert_ids_kernel, blocks_for(n), kThreads, 0, stream, ids, n, first,
                 local);
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
-}
-
-void moe_route(const float* logits, const float* bias, int64_t rows, const RouteParams& params,
-               int32_t* ids, float* weights, cudaStream_t stream) {
-  if (rows == 0) return;
-  // n_group <= 64 is checked by the caller (cuda model), experts fit in shared memory.
-  const size_t shared = 2 * static_cast<size_t>(params.experts) * sizeof(float);
-  launch_kernel(moe_route_kernel, static_cast<unsigned>(rows), kThreads, shared, stream, logits,
-                bias, params, ids, weights);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -91,18 +91,7 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, int64_t 
 void scatter_add_rows(const float* y, const int32_t* rows, const float* gates, int64_t n,
                       int64_t hidden, float* out, cudaStream_t stream);
 
-// Group-limited sigmoid routing (DeepSeek-V3 noaux_tc), one row per thread
-// block: logits [rows, experts] -> ids [rows, top_k] (increasing expert id,
-// as the CPU reference), weights [rows, top_k].
-struct RouteParams {
-  int64_t experts = 0, n_group = 1, topk_group = 1, top_k = 1;
-  bool norm_topk_prob = true;
-  float routed_scaling_factor = 1.0f;
-};
-void moe_route(const float* logits, const float* bias, int64_t rows, const RouteParams& params,
-               int32_t* ids, float* weights, cudaStream_t stream);
-
-// Expert parallelism: ids [n] (moe_route's, global expert indices) become
+// Expert parallelism: ids [n] (moe_route's, global expert indices; moe/router.h) become
 // this rank's local indices, id - first for first <= id < first + local, and
 // -1 for the other ranks' experts (which the grouped MoE leaves out). In place.
 void localize_expert_ids(int32_t* ids, int64_t n, int64_t first, int64_t local,
