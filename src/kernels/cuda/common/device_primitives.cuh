@@ -12,6 +12,23 @@
 
 namespace megactx::cuda {
 
+// ---- L2 prefetch -------------------------------------------------------------
+// Asks L2 for the whole 16-byte units inside [p, p + bytes): bulk prefetches of
+// at most 32 KB each, nothing to wait for, no registers held. A hint: the
+// data is loaded again by the caller. Decode kernels issue it for their
+// weights before grid_dependency_wait (launch.cuh), so the stream from DRAM
+// overlaps the tail of the kernel before them.
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uintptr_t begin = (address + 15) & ~uintptr_t{15};
+  const uintptr_t end = (address + static_cast<uintptr_t>(bytes)) & ~uintptr_t{15};
+  constexpr uintptr_t kChunk = 32 * 1024;
+  for (; begin < end; begin += kChunk) {
+    const auto size = static_cast<uint32_t>(end - begin < kChunk ? end - begin : kChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(begin), "r"(size) : "memory");
+  }
+}
+
 // ---- integer hash (MurmurHash3's 64-bit finaliser, high bits kept) ---------
 __device__ __forceinline__ uint32_t hash_mix(uint64_t x) {
   x ^= x >> 33;

@@ -40,6 +40,9 @@ struct Fp8BlockGemm {
   ActType y_type = ActType::F32;
   int64_t y_stride = 0;
   int64_t rows = 0, in = 0, out = 0;
+  // The decode kernels (GEMV, skinny) prefetch their weight rows into L2
+  // before waiting for the kernel before them (Blas::set_weight_prefetch).
+  bool prefetch_weights = false;
 };
 
 void fp8_block_gemm(const Fp8BlockGemm& g, cudaStream_t stream);

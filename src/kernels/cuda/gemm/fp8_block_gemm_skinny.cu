@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/fp8_weight_rows_mma.cuh"
@@ -29,13 +30,23 @@ constexpr int kWarps = kThreads / 32;
 
 template <int kColumnGroups, int kSplitK, int kStages>
 __global__ void __launch_bounds__(kThreads) fp8_skinny_kernel(Fp8BlockGemm g) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
   constexpr int kRowBlocks = kWarps / kSplitK;  // 16-row weight blocks per CTA
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int gq = lane / 4, t = lane % 4;
   const int block = warp % kRowBlocks, split = warp / kRowBlocks;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kRowBlocks + block) * 16;
+  // The CTA's weight rows, contiguous, asked for before the wait by its first
+  // input tile's CTA (weights are never written by a step's kernels).
+  if (g.prefetch_weights && threadIdx.x == 0 && blockIdx.y == 0) {
+    const int64_t cta_first = static_cast<int64_t>(blockIdx.x) * kRowBlocks * 16;
+    if (cta_first < g.out) {
+      const int64_t rows =
+          g.out - cta_first < kRowBlocks * 16 ? g.out - cta_first : kRowBlocks * 16;
+      prefetch_l2(g.w + cta_first * g.in, rows * g.in);
+    }
+  }
+  grid_dependency_wait();
+  grid_dependency_trigger();
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 8 * kColumnGroups;
   const int64_t groups = (g.in + kFp8MmaGroup - 1) / kFp8MmaGroup;
   const auto* x = static_cast<const uint8_t*>(g.x);

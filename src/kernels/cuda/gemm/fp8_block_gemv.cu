@@ -71,10 +71,13 @@ __device__ __forceinline__ void for_each_weight_load(const Fp8BlockGemm& g, int6
 // (a warp's 512 bytes in flight per step are too few to cover the latency).
 template <int kRows, int kUnroll>
 __global__ void fp8_block_gemv_kernel(Fp8BlockGemm g) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  // Weights are never written by a step's kernels: they may be asked for
+  // before the wait.
+  if (g.prefetch_weights && lane == 0 && col < g.out) prefetch_l2(g.w + col * g.in, g.in);
+  grid_dependency_wait();
+  grid_dependency_trigger();
   if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
   const int64_t groups = (g.in + kBlockScale - 1) / kBlockScale;
   const auto* x = static_cast<const uint8_t*>(g.x);  // [kRows, x_stride]
@@ -131,6 +134,15 @@ __device__ __forceinline__ int row_x_index(int64_t k) {
 template <int kUnroll>
 __global__ void __launch_bounds__(kRowWarps * 32) fp8_block_gemv_row_kernel(Fp8BlockGemm g) {
   extern __shared__ float xs[];  // [round_up(in, 512)], the layout above
+  {
+    // The block's kRowWarps weight rows are contiguous: one prefetch, before
+    // the wait (weights are never written by a step's kernels).
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowWarps;
+    if (g.prefetch_weights && threadIdx.x == 0 && first < g.out) {
+      const int64_t cols = g.out - first < kRowWarps ? g.out - first : kRowWarps;
+      prefetch_l2(g.w + first * g.in, cols * g.in);
+    }
+  }
   grid_dependency_wait();
   grid_dependency_trigger();
   const auto* x = static_cast<const uint8_t*>(g.x);

@@ -75,6 +75,8 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   lt_ = std::make_unique<LtGemm>(stream);
   lt_->set_reduction(lt_reduction("MEGACTX_FP8_LT_REDUCTION", LtReduction::Any),
                      lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
+  const char* prefetch = std::getenv("MEGACTX_WEIGHT_PREFETCH");
+  weight_prefetch_ = prefetch != nullptr && std::string_view(prefetch) == "1";
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
@@ -339,6 +341,7 @@ void Blas::linear_fp8(const float* x, int64_t rows, int64_t in, int64_t x_stride
   }
   g.out = out;
   g.rows = rows;
+  g.prefetch_weights = weight_prefetch_;
   if (copy != nullptr) {
     g.x = copy->fp8 + copy_row * in;
     g.x_scale = copy->fp8_scale_rows + copy_row * groups;

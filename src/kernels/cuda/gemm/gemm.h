@@ -161,6 +161,12 @@ class Blas {
   // Linears cuBLASLt ran so far (tests: the path was taken).
   int64_t fp8_cublaslt_runs() const;
   int64_t bf16_cublaslt_runs() const;
+  // The fp8 decode kernels (the GEMV, the skinny tensor-core kernel) ask L2
+  // for their weight rows before waiting for the kernel ahead of them
+  // (programmatic dependent launch), so the weights stream while it finishes.
+  // Same results either way. Off by default until measured;
+  // MEGACTX_WEIGHT_PREFETCH=1 turns it on for every Blas created afterwards.
+  void set_weight_prefetch(bool on) { weight_prefetch_ = on; }
   // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
   // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
   // block-scaled kernel at every row count.
@@ -222,6 +228,7 @@ class Blas {
   bool fp8_tensor_cores_ = true;
   bool fp8_cublaslt_ = true;
   bool bf16_cublaslt_ = false;
+  bool weight_prefetch_ = false;
   std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
 };
