@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/small_batched_linear.h"
@@ -317,6 +318,90 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
 // its plans autotuned): the same sums as double loops over the bf16 inputs,
 // every row count up to Blas::kBf16LtMaxRows on that path, and every
 // candidate of each plan (the ones the benchmark and autotuning time) right.
+// The bf16 decode GEMV: every row count it serves, strided x and y, float32
+// and bf16 outputs, against double loops; a row's bits do not depend on the
+// rows beside it or on the weight prefetch; shapes it does not serve are left
+// to the caller. Through Blas with set_bf16_gemv too.
+TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
+  struct Shape {
+    int64_t in, out;
+  };
+  for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
+    const int64_t in = shape.in, out = shape.out, x_stride = in + 8, y_stride = out + 3;
+    const int64_t max_rows = kBf16GemvMaxRows;
+    auto x = random_values(static_cast<size_t>(max_rows * x_stride), 41);
+    auto w = random_values(static_cast<size_t>(out * in), 42);
+    const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
+    std::vector<float> x_dense(static_cast<size_t>(max_rows * in));
+    for (int64_t r = 0; r < max_rows; ++r)
+      for (int64_t i = 0; i < in; ++i) x_dense[r * in + i] = x[r * x_stride + i];
+    const auto want = reference(x_dense, w, max_rows, in, out);
+    uint16_t* dx = to_device(xb);
+    uint16_t* dw = to_device(wb);
+    float* dy = nullptr;
+    MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(max_rows * y_stride) * sizeof(float)));
+    std::vector<float> last_row_alone;
+    for (int64_t rows = 1; rows <= max_rows; ++rows) {
+      SCOPED_TRACE("in " + std::to_string(in) + ", out " + std::to_string(out) + ", rows " +
+                   std::to_string(rows));
+      for (const bool prefetch : {false, true}) {
+        Bf16Gemv g;
+        g.x = dx;
+        g.x_stride = x_stride;
+        g.w = dw;
+        g.y = dy;
+        g.y_stride = y_stride;
+        g.rows = rows;
+        g.in = in;
+        g.out = out;
+        g.prefetch_weights = prefetch;
+        ASSERT_TRUE(bf16_gemv(g, nullptr));
+        const auto y = to_host(dy, static_cast<size_t>(rows * y_stride));
+        std::vector<float> got(static_cast<size_t>(rows * out));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = 0; o < out; ++o) got[r * out + o] = y[r * y_stride + o];
+        EXPECT_LE(max_relative(got, {want.begin(), want.begin() + rows * out}), 1e-5);
+        // Row 0's bits: the same with any rows beside it, prefetch or not.
+        const std::vector<float> row0(got.begin(), got.begin() + out);
+        if (last_row_alone.empty()) last_row_alone = row0;
+        EXPECT_EQ(row0, last_row_alone);
+        g.y_f32 = false;
+        ASSERT_TRUE(bf16_gemv(g, nullptr));
+        const auto yb =
+            to_host(reinterpret_cast<const uint16_t*>(dy), static_cast<size_t>(rows * y_stride));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = 0; o < out; ++o)
+            EXPECT_EQ(yb[r * y_stride + o], float_to_bf16(got[r * out + o]));
+      }
+    }
+    Bf16Gemv other;
+    other.x = dx;
+    other.x_stride = x_stride;
+    other.w = dw;
+    other.y = dy;
+    other.y_stride = y_stride;
+    other.in = in;
+    other.out = out;
+    other.rows = max_rows + 1;
+    EXPECT_FALSE(bf16_gemv(other, nullptr));  // too many rows
+    other.rows = 1;
+    other.x = dx + 1;
+    EXPECT_FALSE(bf16_gemv(other, nullptr));  // x not 16-byte aligned
+    other.x = dx;
+    other.in = in - 4;
+    EXPECT_FALSE(bf16_gemv(other, nullptr));  // in not a multiple of 8
+    // Through Blas: the same bits as the kernel called directly.
+    Blas blas(nullptr);
+    blas.set_bf16_gemv(true);
+    blas.linear_bf16(dx, 1, in, x_stride, dw, out, dy, y_stride, /*y_f32=*/true);
+    const auto y = to_host(dy, static_cast<size_t>(out));
+    EXPECT_EQ(y, last_row_alone);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dy);
+  }
+}
+
 TEST(CudaGemm, Bf16LinearsOfDecodeSizesOnCublasLtMatchDoubleLoops) {
   const int64_t in = 6144, out = 384, max_rows = 80;
   auto x = random_values(static_cast<size_t>(max_rows * in), 31);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/batch_invariant_gemm.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/small_batched_linear.h"
 
@@ -75,6 +76,8 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   lt_ = std::make_unique<LtGemm>(stream);
   lt_->set_reduction(lt_reduction("MEGACTX_FP8_LT_REDUCTION", LtReduction::Any),
                      lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
+  const char* bf16_gemv_switch = std::getenv("MEGACTX_BF16_GEMV");
+  bf16_gemv_ = bf16_gemv_switch != nullptr && std::string_view(bf16_gemv_switch) == "1";
   const char* prefetch = std::getenv("MEGACTX_WEIGHT_PREFETCH");
   weight_prefetch_ = prefetch != nullptr && std::string_view(prefetch) == "1";
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
@@ -222,6 +225,23 @@ bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
   const int64_t elements = in * out;
   return rows > 64 || (rows >= 8 && elements >= (int64_t{16} << 20)) ||
          (rows > 32 && elements >= fp8_lt_min_elements_33_64());
+}
+
+// The fields of a bf16 product that bf16_gemv and cuBLASLt take alike.
+template <typename Product>
+Product bf16_product(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
+                     int64_t out, void* y, int64_t y_stride, bool y_f32) {
+  Product g;
+  g.x = x;
+  g.x_stride = x_stride;
+  g.w = w;
+  g.y = y;
+  g.y_stride = y_stride;
+  g.y_f32 = y_f32;
+  g.rows = rows;
+  g.in = in;
+  g.out = out;
+  return g;
 }
 
 }  // namespace
@@ -493,17 +513,14 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     batch_invariant_gemm(g, stream_);
     return;
   }
+  if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
+    Bf16Gemv g = bf16_product<Bf16Gemv>(x, rows, in, x_stride, w, out, y, y_stride, y_f32);
+    g.prefetch_weights = weight_prefetch_;
+    if (bf16_gemv(g, stream_)) return;
+  }
   if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
-    Bf16LtGemm g;
-    g.x = x;
-    g.x_stride = x_stride;
-    g.w = w;
-    g.y = y;
-    g.y_stride = y_stride;
-    g.y_f32 = y_f32;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
+    const Bf16LtGemm g =
+        bf16_product<Bf16LtGemm>(x, rows, in, x_stride, w, out, y, y_stride, y_f32);
     if (lt_->supports(g)) {
       lt_->run(g);
       return;

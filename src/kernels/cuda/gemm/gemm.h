@@ -161,9 +161,15 @@ class Blas {
   // Linears cuBLASLt ran so far (tests: the path was taken).
   int64_t fp8_cublaslt_runs() const;
   int64_t bf16_cublaslt_runs() const;
+  // bf16 linears of up to kBf16GemvMaxRows rows on bf16_gemv (bf16_gemv.h)
+  // instead of cuBLAS: a kernel that takes part in programmatic dependent
+  // launch. Off by default until measured; MEGACTX_BF16_GEMV=1 turns it on
+  // for every Blas created afterwards.
+  void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
   // The fp8 decode kernels (the GEMV, the skinny tensor-core kernel) ask L2
   // for their weight rows before waiting for the kernel ahead of them
-  // (programmatic dependent launch), so the weights stream while it finishes.
+  // (programmatic dependent launch), so the weights stream while it finishes;
+  // so does bf16_gemv.
   // Same results either way. Off by default until measured;
   // MEGACTX_WEIGHT_PREFETCH=1 turns it on for every Blas created afterwards.
   void set_weight_prefetch(bool on) { weight_prefetch_ = on; }
@@ -229,6 +235,7 @@ class Blas {
   bool fp8_cublaslt_ = true;
   bool bf16_cublaslt_ = false;
   bool weight_prefetch_ = false;
+  bool bf16_gemv_ = false;
   std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
 };

@@ -1,0 +1,124 @@
+// The bf16 decode GEMV; see bf16_gemv.h.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_primitives.cuh"
+#include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/gemm/bf16_gemv.h"
+
+namespace megactx::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kChunk = 8;               // bf16 values per 16-byte load
+constexpr int kWarpStep = 32 * kChunk;  // k a warp covers per load
+
+// 8 bf16 values (4 words, low half first) as floats.
+__device__ __forceinline__ void unpack8(uint4 packed, float out[8]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// Lane `lane` of column col's warp reads k = 8 lane, + 256, ...: kUnroll
+// weight loads in flight before their products.
+template <int kRows, int kUnroll>
+__global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(Bf16Gemv g) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const auto* w = static_cast<const uint16_t*>(g.w);
+  {
+    // The block's weight rows are contiguous: one prefetch before the wait
+    // (weights are never written by a step's kernels).
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps;
+    if (g.prefetch_weights && threadIdx.x == 0) {
+      const int64_t cols = g.out - first < kWarps ? g.out - first : kWarps;
+      prefetch_l2(w + first * g.in, cols * g.in * 2);
+    }
+  }
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
+  const uint16_t* w_row = w + col * g.in;
+  const auto* x = static_cast<const uint16_t*>(g.x);
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int64_t k0 = static_cast<int64_t>(lane) * kChunk; k0 < g.in; k0 += kUnroll * kWarpStep) {
+    uint4 packed[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      packed[u] =
+          k < g.in ? __ldg(reinterpret_cast<const uint4*>(w_row + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kWarpStep;
+      if (k >= g.in) break;
+      float wv[8];
+      unpack8(packed[u], wv);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= g.rows) break;  // kRows rounds rows up to 4 or 8
+        float xv[8];
+        unpack8(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k), xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r] = fmaf(xv[j], wv[j], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    for (int offset = 16; offset > 0; offset /= 2)
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= g.rows) break;
+    const int64_t index = r * g.y_stride + col;
+    if (g.y_f32) {
+      static_cast<float*>(g.y)[index] = acc[r];
+    } else {
+      static_cast<__nv_bfloat16*>(g.y)[index] = __float2bfloat16_rn(acc[r]);
+    }
+  }
+}
+
+template <int kRows>
+void launch(const Bf16Gemv& g, cudaStream_t stream) {
+  // Up to 4 rows: 4 loads in flight (more rows hold more x registers per load).
+  constexpr int kUnroll = kRows <= 4 ? 4 : 2;
+  const auto blocks = static_cast<unsigned>((g.out + kWarps - 1) / kWarps);
+  launch_kernel(bf16_gemv_kernel<kRows, kUnroll>, blocks, kWarps * 32, 0, stream, g);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+bool aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+}  // namespace
+
+bool bf16_gemv(const Bf16Gemv& g, cudaStream_t stream) {
+  if (g.rows < 1 || g.rows > kBf16GemvMaxRows || g.in % kChunk != 0 || g.x_stride % kChunk != 0 ||
+      !aligned16(g.x) || !aligned16(g.w) || g.out < 1)
+    return false;
+  if (g.rows == 1) {
+    launch<1>(g, stream);
+  } else if (g.rows == 2) {
+    launch<2>(g, stream);
+  } else if (g.rows <= 4) {
+    launch<4>(g, stream);
+  } else {
+    launch<8>(g, stream);
+  }
+  return true;
+}
+
+}  // namespace megactx::cuda

@@ -1,0 +1,39 @@
+// bf16 linears of decode batches (1..kBf16GemvMaxRows rows): y [rows, out] =
+// x [rows, in] . w [out, in]^T, x and w bf16, float32 accumulation, y float32
+// or bf16 (rounded to nearest even). One warp per output column streams its
+// weight row in 16-byte loads, several in flight per lane; each lane sums its
+// share of k for every row in k order, then the warp reduces: a row's result
+// does not depend on how many rows came with it.
+//
+// Why not cuBLAS at these sizes: its kernels take no part in programmatic
+// dependent launch (launch.cuh), so each linear of a decode step waits out
+// the launch of the next and the tail of the last; this kernel can also ask
+// L2 for its weights before the wait (prefetch_weights), so a 1-8 MB weight
+// streams while the kernel ahead finishes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megactx::cuda {
+
+inline constexpr int64_t kBf16GemvMaxRows = 8;
+
+struct Bf16Gemv {
+  const void* x = nullptr;  // bf16 [rows, x_stride]
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // bf16 [out, in]
+  void* y = nullptr;        // float32 or bf16 [rows, y_stride]
+  int64_t y_stride = 0;
+  bool y_f32 = true;
+  int64_t rows = 0, in = 0, out = 0;
+  bool prefetch_weights = false;
+};
+
+// Launches it when it serves the shape: 1..kBf16GemvMaxRows rows, `in` and
+// x_stride multiples of 8, x and w 16-byte aligned; false otherwise,
+// launching nothing (the caller runs cuBLAS).
+bool bf16_gemv(const Bf16Gemv& g, cudaStream_t stream);
+
+}  // namespace megactx::cuda
