@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# A/B of the decode switches that are off by default: model_decode_bench on glm_1b once per set of
+# switches, each in its own process (the switches are read once per process), on one machine.
+#
+#   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES]
+#
+# Prints each run's table rows (ms per step and the share of the read floor) under its switches.
+set -uo pipefail
+bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
+batches=${2:-1,16,64}
+runs=(
+  ""
+  "MEGACTX_FUSED_ROUTER=1"
+  "MEGACTX_WEIGHT_PREFETCH=1"
+  "MEGACTX_BF16_GEMV=1"
+  "MEGACTX_BF16_GEMV=1 MEGACTX_WEIGHT_PREFETCH=1"
+  "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
+  "MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
+  ""
+)
+for switches in "${runs[@]}"; do
+  echo "== ${switches:-defaults}"
+  env $switches timeout 120 "$bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
+    --kv-dtype fp8 --precision bf16,fp8 --attention fast --graphs on --batches "$batches" 2>&1 |
+    grep -E "^\| (bf16|fp8) |^read-only|model_decode_bench:"
+done
