@@ -244,12 +244,13 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
     note "cuda_moe_fp8_test with MEGACTX_FP8_EXPERT_SPLIT_K=2 exit $?"
   fi
   # The decode switches that are not yet the default (docs/development.md): the fused router,
-  # the weight prefetch and the bf16 GEMV, together, through the model tests they change.
+  # the weight prefetch, the bf16 GEMV and the experts reading the norm's fp8 copy, together,
+  # through the model tests they change.
   for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
     [[ -x "$pack/bin/$test" ]] || continue
-    MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 \
+    MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 \
       timeout "${TEST_TIMEOUT:-300}" "$pack/bin/$test" --gtest_color=no >"$out/switches_$test.log" 2>&1
-    note "$test with the fused router, weight prefetch and bf16 GEMV exit $?"
+    note "$test with the decode switches on exit $?"
   done
 fi
 wait "${sanitizer_pids[@]}"

@@ -43,9 +43,9 @@
 #include "io/checkpoint.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
-#include "kernels/cuda/moe/router.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/grouped_moe.h"
+#include "kernels/cuda/moe/router.h"
 #include "model/cuda/checkpoint_matrix.h"
 #include "model/cuda/cuda_dsa_model.h"
 #include "model/cuda/cuda_model.h"
@@ -206,9 +206,12 @@ struct Fp8Data {
     int64_t placed = 0;  // bucket positions in use
   };
 
-  Grouped grouped() {
+  // x_q / x_scale: an e4m3 copy of x handed to the experts (GroupedMoeBuffers::x_q).
+  Grouped grouped(const uint8_t* x_q = nullptr, const float* x_scale = nullptr) {
     const GroupedMoeLayout layout = grouped_moe_layout(shape);
     GroupedMoeBuffers buffers;
+    buffers.x_q = x_q;
+    buffers.x_scale = x_scale;
     buffers.plan = plan_d.get<int32_t>(layout.plan_ints);
     buffers.act = act_d.get<float>(layout.act_floats);
     buffers.pair_out = pair_out_d.get<float>(layout.pair_out_floats);
@@ -432,6 +435,34 @@ TEST(CudaMoeFp8, DeterministicAndBatchInvariant) {
   to_device(subset.ids_d, subset.routing.ids);
   to_device(subset.gates_d, subset.routing.gates);
   EXPECT_EQ(subset.grouped().out, std::vector<float>(first.begin(), first.begin() + 5 * 256));
+}
+
+// An e4m3 copy of x made as the norms make theirs (quantize_e4m3_groups) gives
+// the bits of the experts' own quantisation, and it is what they read: a
+// copy of other values gives those values' result.
+TEST(CudaMoeFp8, ExpertsReadTheProducersFp8CopyOfTheirInput) {
+  const Fp8Case c{"12 rows", 12, 256, 128, 16, 4, 4, 2};
+  Fp8Data data(c, 1350);
+  const int64_t rows = c.rows, hidden = data.shape.hidden, groups = (hidden + 127) / 128;
+  DeviceBuffer q, scale;
+  auto copy_of = [&](const float* x) {
+    quantize_e4m3_groups(x, rows, hidden, hidden, q.get<uint8_t>(rows * hidden),
+                         scale.get<float>(rows * groups), nullptr);
+  };
+  const std::vector<float> own = data.grouped().out;
+  copy_of(data.x_d.as<float>());
+  EXPECT_EQ(data.grouped(q.as<uint8_t>(), scale.as<float>()).out, own);
+  // Other values in the copy: the result of running on them.
+  std::vector<float> other = to_host(data.x_d.as<float>(), rows * hidden);
+  for (float& v : other) v = -0.5f * v;
+  DeviceBuffer other_d;
+  copy_of(to_device(other_d, other));
+  const std::vector<float> from_copy = data.grouped(q.as<uint8_t>(), scale.as<float>()).out;
+  EXPECT_NE(from_copy, own);
+  to_device(data.x_d, other);
+  EXPECT_EQ(data.grouped().out, from_copy);
+  // A copy without its scales is an error.
+  EXPECT_THROW(data.grouped(q.as<uint8_t>(), nullptr), Error);
 }
 
 TEST(CudaMoeFp8, MissingScalesOrWorkspaceAreErrors) {

@@ -78,7 +78,17 @@ CudaDsaModel::GroupedCall CudaDsaModel::grouped_call(const DeviceLayer& w, int64
 void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const int32_t* ids,
                                    const float* gates, const float* shared, int64_t rows,
                                    float* out, int64_t top_k) {
-  const GroupedCall call = grouped_call(w, rows, top_k);
+  GroupedCall call = grouped_call(w, rows, top_k);
+  if (call.shape.fp8 && shared_fp8_moe_input()) {
+    // The post-attention norm's e4m3 copy of h (written for the shared
+    // expert's fp8 linears): the experts read it instead of quantising h.
+    const Blas::Fp8Input copy =
+        blas_->fp8_copy_of(h, rows, config_.hidden_size, config_.hidden_size);
+    if (copy.q != nullptr && reinterpret_cast<uintptr_t>(copy.q) % 16 == 0) {
+      call.buffers.x_q = copy.q;
+      call.buffers.x_scale = copy.scale_rows;
+    }
+  }
   grouped_moe(h, ids, gates, call.shape, call.stacked, shared, call.buffers, out, stream_);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/batch_invariant_gemm.h"
@@ -76,10 +77,8 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   lt_ = std::make_unique<LtGemm>(stream);
   lt_->set_reduction(lt_reduction("MEGACTX_FP8_LT_REDUCTION", LtReduction::Any),
                      lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
-  const char* bf16_gemv_switch = std::getenv("MEGACTX_BF16_GEMV");
-  bf16_gemv_ = bf16_gemv_switch != nullptr && std::string_view(bf16_gemv_switch) == "1";
-  const char* prefetch = std::getenv("MEGACTX_WEIGHT_PREFETCH");
-  weight_prefetch_ = prefetch != nullptr && std::string_view(prefetch) == "1";
+  bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", false);
+  weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
@@ -158,6 +157,14 @@ const Blas::SharedInput* Blas::shared_copy(const float* x, int64_t rows, int64_t
     if (row + rows <= shared.rows) return &shared;
   }
   return nullptr;
+}
+
+Blas::Fp8Input Blas::fp8_copy_of(const float* x, int64_t rows, int64_t in, int64_t x_stride) const {
+  int64_t row = 0;
+  const SharedInput* copy = shared_copy(x, rows, in, x_stride, /*fp8=*/true, row);
+  if (copy == nullptr) return {};
+  const int64_t groups = (in + 127) / 128;
+  return {copy->fp8 + row * in, copy->fp8_scale_rows + row * groups};
 }
 
 void Blas::unshare_input(const float* x) {

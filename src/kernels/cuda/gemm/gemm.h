@@ -122,6 +122,15 @@ class Blas {
                        const float* scale_rows, const float* scale_groups);
   void unshare_input(const float* x);
   void clear_shared_inputs();
+  // x's e4m3 copy (share_fp8_input) when one holds x [rows, in] (row stride
+  // x_stride): its codes [rows, in] (dense) and group scales [rows, groups];
+  // both null otherwise. For kernels that quantise their inputs themselves
+  // (the grouped fp8 experts).
+  struct Fp8Input {
+    const uint8_t* q = nullptr;
+    const float* scale_rows = nullptr;
+  };
+  Fp8Input fp8_copy_of(const float* x, int64_t rows, int64_t in, int64_t x_stride) const;
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
   void linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
                    int64_t out, void* y, int64_t y_stride, bool y_f32);

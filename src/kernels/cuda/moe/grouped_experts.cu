@@ -231,9 +231,14 @@ void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
     auto* x_scale = reinterpret_cast<float*>(workspace + layout.fp8_x_scale);
     auto* act_q = workspace + layout.fp8_act_q;
     auto* act_scale = reinterpret_cast<float*>(workspace + layout.fp8_act_scale);
-    quantize_e4m3_groups(x, shape.rows, shape.hidden, shape.hidden, x_q, x_scale, stream);
-    args.input_q = x_q;
-    args.input_scale = x_scale;
+    if (buffers.x_q != nullptr) {
+      args.input_q = buffers.x_q;
+      args.input_scale = buffers.x_scale;
+    } else {
+      quantize_e4m3_groups(x, shape.rows, shape.hidden, shape.hidden, x_q, x_scale, stream);
+      args.input_q = x_q;
+      args.input_scale = x_scale;
+    }
     args.weights = weights.gate_up;
     args.weight_scale = weights.gate_up_scale;
     args.weight_scale_rows =

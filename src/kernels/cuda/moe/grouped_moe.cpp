@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
@@ -101,6 +102,8 @@ void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
         weights.gate_up_scale_split, shape.intermediate);
     MEGACTX_CHECK(buffers.fp8 != nullptr && aligned(buffers.fp8),
                   "grouped MoE: fp8 experts need the 16-byte aligned fp8 workspace");
+    MEGACTX_CHECK((buffers.x_q == nullptr) == (buffers.x_scale == nullptr) && aligned(buffers.x_q),
+                  "grouped MoE: x's e4m3 copy needs its scales and 16-byte alignment");
   }
   MEGACTX_CHECK(
       aligned(x) && aligned(weights.gate_up) && aligned(weights.down) && aligned(buffers.act),
@@ -134,6 +137,11 @@ GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {
     layout.fp8_bytes = layout.fp8_act_scale + bytes(4 * pairs * groups(shape.intermediate));
   }
   return layout;
+}
+
+bool shared_fp8_moe_input() {
+  static const bool on = env_switch("MEGACTX_MOE_SHARED_FP8_INPUT", kSharedFp8MoeInput);
+  return on;
 }
 
 int expert_split_from_env(const char* variable, int split) {

@@ -117,7 +117,20 @@ struct GroupedMoeBuffers {
   float* act = nullptr;       // [layout.act_floats]
   float* pair_out = nullptr;  // [layout.pair_out_floats]
   void* fp8 = nullptr;        // fp8 weights only: [layout.fp8_bytes], 16-byte aligned
+  // fp8 weights, optional: an e4m3 copy of x that its producer wrote with
+  // quantize_e4m3_groups's codes and scales (the norm's Fp8Copy): x_q [rows,
+  // hidden] dense, 16-byte aligned, x_scale [rows, ceil(hidden / 128)]. The
+  // gate / up kernel then reads it instead of quantising x again (the same bits).
+  const uint8_t* x_q = nullptr;
+  const float* x_scale = nullptr;
 };
+
+// Whether the model hands the grouped fp8 experts the norm's e4m3 copy of
+// their input (GroupedMoeBuffers::x_q): kSharedFp8MoeInput, or
+// MEGACTX_MOE_SHARED_FP8_INPUT=0 / 1 for A/B runs (other values are an error).
+// Off until it has run on a GPU.
+inline constexpr bool kSharedFp8MoeInput = false;
+bool shared_fp8_moe_input();
 
 // Errors for missing weights or buffers, weights of another kind than
 // shape.bf16 / shape.fp8 say, fp8 weights without scales, and inputs not 16-byte aligned (the

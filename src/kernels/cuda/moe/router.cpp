@@ -1,21 +1,11 @@
-// The fused router's A/B switch (router.h), host side: .cu files do not
-// format messages.
-#include <cstdlib>
-#include <string_view>
-
-#include "core/error.h"
+// The fused router's A/B switch (router.h), host side.
 #include "kernels/cuda/moe/router.h"
+#include "core/env_switch.h"
 
 namespace megactx::cuda {
 
 bool fused_router_enabled() {
-  static const bool on = [] {
-    const char* value = std::getenv("MEGACTX_FUSED_ROUTER");
-    if (value == nullptr || *value == '\0') return kFusedRouter;
-    const std::string_view text(value);
-    MEGACTX_CHECK(text == "0" || text == "1", "MEGACTX_FUSED_ROUTER={}: expected 0 or 1", text);
-    return text == "1";
-  }();
+  static const bool on = env_switch("MEGACTX_FUSED_ROUTER", kFusedRouter);
   return on;
 }
 
