@@ -2,12 +2,14 @@
 # A/B of the decode switches that are off by default: model_decode_bench on glm_1b once per set of
 # switches, each in its own process (the switches are read once per process), on one machine.
 #
-#   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES]
+#   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES] [quick]
 #
+# quick: only the defaults and every switch on, twice each in turn (when device time is short).
 # Prints each run's table rows (ms per step and the share of the read floor) under its switches.
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
 batches=${2:-1,16,64}
+all_on="MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
 runs=(
   ""
   "MEGACTX_FUSED_ROUTER=1"
@@ -16,9 +18,10 @@ runs=(
   "MEGACTX_BF16_GEMV=1 MEGACTX_WEIGHT_PREFETCH=1"
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
-  "MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
+  "$all_on"
   ""
 )
+[[ "${3:-}" == quick ]] && runs=("" "$all_on" "" "$all_on")
 for switches in "${runs[@]}"; do
   echo "== ${switches:-defaults}"
   env $switches timeout 120 "$bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
