@@ -5,7 +5,8 @@ the model an object to echo (the structured-output e2e test's "Return {...} as J
 out of the data), and packages and words the validation set names never reach the task. Also the
 manuals' prose extraction (sources.rst_paragraphs, pod_paragraphs; make_r3.group) on made-up
 pages: prose kept and unwrapped, markup reduced to its text, headings, directives, code and
-verbatim blocks left out. < 1 s."""
+verbatim blocks left out; the kernel documentation's pages (sources._rst_pages, make_r3.kernel_documents)
+on a made-up tree. < 1 s."""
 import json
 import os
 import random
@@ -157,7 +158,35 @@ def check_manuals():
     print("manuals: rst and pod prose extracted, markup and code left out")
 
 
+def check_kernel_docs():
+    """The kernel documentation's pages: Sphinx sources of the newest tree, its translations left
+    out; make_r3.kernel_documents takes whole pages in a seeded order up to its cap."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for version in ("6.0", "6.1"):
+            root = os.path.join(tmp, "linux-doc-" + version, "html", "_sources")
+            for name in ("PCI/pci.rst.txt", "translations/it_IT/intro.rst.txt", "admin.rst.txt"):
+                os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+                with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+                    f.write(RST if version == "6.1" else "Old tree: this paragraph must never be read here.\n")
+        pages = sources._rst_pages(os.path.join(tmp, "linux-doc-*", "html", "_sources"), "linux:",
+                                   skip=("translations",))
+    assert [name for name, _ in pages] == ["linux:PCI/pci.rst.txt", "linux:admin.rst.txt"], pages
+    assert all(paragraphs == sources.rst_paragraphs(RST) for _, paragraphs in pages)
+    made_up = [("p{}".format(i), ["x" * 40 + str(i), "y" * 50]) for i in range(10)]
+    docs = make_r3.kernel_documents(made_up, 250, 100, random.Random(3))
+    assert all(d["kind"] == "manuals" for d in docs)
+    total = sum(len(d["text"]) for d in docs)
+    # Whole pages until the cap is reached: 3 pages of 93 characters pass 250.
+    assert len(docs) == 3 and 250 <= total < 250 + 93, (len(docs), total)
+    again = make_r3.kernel_documents(made_up, 250, 100, random.Random(3))
+    assert again == docs
+    assert make_r3.kernel_documents(made_up, 0, 100, random.Random(3)) == []
+    print("kernel documentation: newest tree, translations left out, whole pages up to the cap")
+
+
 if __name__ == "__main__":
+    check_kernel_docs()
     check_manuals()
     check_answers()
     check_held_out_filter()

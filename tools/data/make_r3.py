@@ -31,6 +31,10 @@ Run 4 options (defaults keep run 3's output):
   --manuals   append the prose of this machine's Python and Perl manuals (sources.load_manuals:
       python3.11-doc, perl-doc; ~8M characters) as plain-text documents of kind "manuals", each up to
       --manual-chars of one page's consecutive paragraphs; the validation set stays as it was
+  --kernel-docs-chars N   append up to N characters of the Linux kernel documentation's prose
+      (sources.load_kernel_docs: linux-doc; ~10M characters in all) as more "manuals" documents, whole
+      pages in a --seed order until N is reached: more distinct English prose for the text loss, sized
+      to keep the folder under the carry limit (~2.7 MB of xz per 10M characters)
 
     /usr/bin/python3 tools/data/make_r3.py --src .train-data --out .train-data-r4 \
         --chat-frac 0.35 --filler-frac 0.6 --long-passkey 65536,131072"""
@@ -151,6 +155,22 @@ def long_passkey(val_docs, lengths, seed, per_length=16):
     return rows
 
 
+def kernel_documents(pages, max_chars, doc_chars, rng):
+    """"manuals" documents of up to doc_chars characters (group) from whole pages taken in rng's
+    order until max_chars characters are reached: a cap samples the whole tree, not its first
+    folders."""
+    order = list(range(len(pages)))
+    rng.shuffle(order)
+    docs, total = [], 0
+    for i in order:
+        if total >= max_chars:
+            break
+        for text in group(pages[i][1], doc_chars):
+            docs.append({"kind": "manuals", "text": text})
+            total += len(text)
+    return docs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", default=".train-data")
@@ -168,9 +188,13 @@ def main():
     ap.add_argument("--sources-seed", type=int, default=1234, help="prepare.py's --seed (its split)")
     ap.add_argument("--manuals", action="store_true", help="append the Python and Perl manuals' prose")
     ap.add_argument("--manual-chars", type=int, default=3000, help="characters per manual document at most")
+    ap.add_argument("--kernel-docs-chars", type=int, default=0,
+                    help="append up to N characters of the Linux kernel documentation's prose")
     args = ap.parse_args()
     if args.manual_chars < 1:
         ap.error("--manual-chars must be at least 1, got {}".format(args.manual_chars))
+    if args.kernel_docs_chars < 0:
+        ap.error("--kernel-docs-chars must be at least 0, got {}".format(args.kernel_docs_chars))
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
     docs = read_jsonl(os.path.join(args.src, "train.jsonl.xz"))
@@ -201,7 +225,13 @@ def main():
         print("manuals: {} documents, {:.1f}M characters".format(
             len(manuals), sum(len(d["text"]) for d in manuals) / 1e6))
         other += manuals
-    if args.json_answers > 0 or args.tools_unused > 0 or args.manuals:
+    if args.kernel_docs_chars > 0:
+        kernel = kernel_documents(sources.load_kernel_docs(), args.kernel_docs_chars, args.manual_chars,
+                                  random.Random(args.seed + 400))
+        print("kernel documentation: {} documents, {:.1f}M characters".format(
+            len(kernel), sum(len(d["text"]) for d in kernel) / 1e6))
+        other += kernel
+    if args.json_answers > 0 or args.tools_unused > 0 or args.manuals or args.kernel_docs_chars > 0:
         rng.shuffle(other)  # the appended documents among the others
     write_jsonl(os.path.join(args.out, "other.jsonl.xz"), other)
     for name in ["val.jsonl.xz", "passkey_eval.jsonl.xz", "gen_prompts.jsonl.xz"]:

@@ -20,6 +20,7 @@ PLAIN_KINDS = frozenset({"packages", "dictionary", "fortunes", "manuals"})
 FORTUNE_DIR = "/usr/share/games/fortunes"
 PYTHON_DOC_GLOB = "/usr/share/doc/python3*/html/_sources"
 PERL_POD_GLOB = "/usr/share/perl/5*/pod"
+KERNEL_DOC_GLOB = "/usr/share/doc/linux-doc-*/html/_sources"
 WORDNET_DIR = "/usr/share/wordnet"
 APT_LISTS = "/var/lib/apt/lists"
 
@@ -201,14 +202,24 @@ def pod_paragraphs(text):
     return out
 
 
+def _rst_pages(root_glob, prefix, skip=()):
+    """[(prefix + page path, [prose paragraphs])] of the newest tree root_glob names: its Sphinx
+    sources (*.rst.txt), pages under a `skip` folder left out, in a fixed order."""
+    pages = []
+    for root in sorted(glob.glob(root_glob))[-1:]:
+        for path in sorted(glob.glob(os.path.join(root, "**", "*.rst.txt"), recursive=True)):
+            name = os.path.relpath(path, root)
+            if name.split(os.sep, 1)[0] in skip:
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                pages.append((prefix + name, rst_paragraphs(f.read())))
+    return pages
+
+
 def load_manuals():
     """Returns [(page name, [prose paragraphs])] from Python's and Perl's documentation on this
     machine (pages without prose left out), in a fixed order."""
-    pages = []
-    for root in sorted(glob.glob(PYTHON_DOC_GLOB))[-1:]:
-        for path in sorted(glob.glob(os.path.join(root, "**", "*.rst.txt"), recursive=True)):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                pages.append(("python:" + os.path.relpath(path, root), rst_paragraphs(f.read())))
+    pages = _rst_pages(PYTHON_DOC_GLOB, "python:")
     for root in sorted(glob.glob(PERL_POD_GLOB))[-1:]:
         for path in sorted(glob.glob(os.path.join(root, "*.pod"))):
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -216,4 +227,16 @@ def load_manuals():
     pages = [(name, paragraphs) for name, paragraphs in pages if paragraphs]
     if not pages:
         raise SystemExit("no manuals: apt-get install python3.11-doc perl-doc")
+    return pages
+
+
+def load_kernel_docs():
+    """Returns [(page name, [prose paragraphs])] from the Linux kernel's documentation on this
+    machine (linux-doc: the reStructuredText sources beside its HTML; ~10M characters of prose in
+    6.1), its translations left out (other languages), pages without prose left out, in a fixed
+    order."""
+    pages = [(name, paragraphs) for name, paragraphs in _rst_pages(KERNEL_DOC_GLOB, "linux:", skip=("translations",))
+             if paragraphs]
+    if not pages:
+        raise SystemExit("no kernel documentation: apt-get install linux-doc")
     return pages
