@@ -1,9 +1,8 @@
 #include "bench/cuda/support/read_bandwidth.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <vector>
 
+#include "bench/cuda/support/stream_timing.h"
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
@@ -32,11 +31,6 @@ __global__ void read_reduce(const uint4* __restrict__ data, size_t vectors,
   }
 }
 
-double median(std::vector<float> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace
 
 ReadBandwidth measure_read_bandwidth(size_t bytes, int runs, cudaStream_t stream) {
@@ -52,35 +46,23 @@ ReadBandwidth measure_read_bandwidth(size_t bytes, int runs, cudaStream_t stream
   MEGACTX_CUDA_CHECK(cudaMalloc(&data, result.bytes));
   MEGACTX_CUDA_CHECK(cudaMalloc(&sums, sizeof(uint32_t) * blocks));
   MEGACTX_CUDA_CHECK(cudaMemsetAsync(data, 1, result.bytes, stream));
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  const auto time_ms = [&](auto&& launch) {
-    std::vector<float> ms;
-    for (int i = 0; i <= runs; ++i) {
-      MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
-      launch();
-      MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
-      MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      if (i > 0) ms.push_back(t);  // the first run warms up
-    }
-    return median(std::move(ms));
-  };
-  const double read_ms = time_ms([&] {
-    read_reduce<<<blocks, kThreads, 0, stream>>>(data, vectors, sums);
-    MEGACTX_CUDA_CHECK(cudaGetLastError());
-  });
+  const double read_ms = stream_median_ms(
+      stream,
+      [&] {
+        read_reduce<<<blocks, kThreads, 0, stream>>>(data, vectors, sums);
+        MEGACTX_CUDA_CHECK(cudaGetLastError());
+      },
+      runs);
   result.read_gbs = static_cast<double>(result.bytes) / (read_ms * 1e-3) / 1e9;
   const size_t half = result.bytes / 2;
-  const double copy_ms = time_ms([&] {
-    MEGACTX_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(data) + half, data, half,
-                                       cudaMemcpyDeviceToDevice, stream));
-  });
+  const double copy_ms = stream_median_ms(
+      stream,
+      [&] {
+        MEGACTX_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(data) + half, data, half,
+                                           cudaMemcpyDeviceToDevice, stream));
+      },
+      runs);
   result.copy_gbs = 2.0 * static_cast<double>(half) / (copy_ms * 1e-3) / 1e9;
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
   MEGACTX_CUDA_CHECK(cudaFree(sums));
   MEGACTX_CUDA_CHECK(cudaFree(data));
   return result;

@@ -41,11 +41,13 @@ int narrow(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
-// The batch-invariant product of one shape, float32 everywhere; callers set
-// the element types they differ in.
-InvariantGemm invariant_gemm(const void* x, int64_t x_stride, const void* w, void* y,
-                             int64_t y_stride, int64_t rows, int64_t in, int64_t out) {
-  InvariantGemm g;
+// The shape and operands of one product y = x . w^T, which every product
+// struct (InvariantGemm, Bf16Gemv, Bf16LtGemm) names alike; callers set the
+// fields they differ in (element types, y_f32, ...).
+template <typename Product>
+Product product(const void* x, int64_t x_stride, const void* w, void* y, int64_t y_stride,
+                int64_t rows, int64_t in, int64_t out) {
+  Product g;
   g.x = x;
   g.x_stride = x_stride;
   g.w = w;
@@ -55,6 +57,12 @@ InvariantGemm invariant_gemm(const void* x, int64_t x_stride, const void* w, voi
   g.in = in;
   g.out = out;
   return g;
+}
+
+// The batch-invariant product of one shape, float32 everywhere unless the caller says otherwise.
+InvariantGemm invariant_gemm(const void* x, int64_t x_stride, const void* w, void* y,
+                             int64_t y_stride, int64_t rows, int64_t in, int64_t out) {
+  return product<InvariantGemm>(x, x_stride, w, y, y_stride, rows, in, out);
 }
 
 }  // namespace
@@ -232,23 +240,6 @@ bool fp8_lt_rows(int64_t rows, int64_t in, int64_t out) {
   const int64_t elements = in * out;
   return rows > 64 || (rows >= 8 && elements >= (int64_t{16} << 20)) ||
          (rows > 32 && elements >= fp8_lt_min_elements_33_64());
-}
-
-// The fields of a bf16 product that bf16_gemv and cuBLASLt take alike.
-template <typename Product>
-Product bf16_product(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
-                     int64_t out, void* y, int64_t y_stride, bool y_f32) {
-  Product g;
-  g.x = x;
-  g.x_stride = x_stride;
-  g.w = w;
-  g.y = y;
-  g.y_stride = y_stride;
-  g.y_f32 = y_f32;
-  g.rows = rows;
-  g.in = in;
-  g.out = out;
-  return g;
 }
 
 }  // namespace
@@ -521,13 +512,14 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     return;
   }
   if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
-    Bf16Gemv g = bf16_product<Bf16Gemv>(x, rows, in, x_stride, w, out, y, y_stride, y_f32);
+    Bf16Gemv g = product<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
+    g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;
     if (bf16_gemv(g, stream_)) return;
   }
   if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
-    const Bf16LtGemm g =
-        bf16_product<Bf16LtGemm>(x, rows, in, x_stride, w, out, y, y_stride, y_f32);
+    Bf16LtGemm g = product<Bf16LtGemm>(x, x_stride, w, y, y_stride, rows, in, out);
+    g.y_f32 = y_f32;
     if (lt_->supports(g)) {
       lt_->run(g);
       return;

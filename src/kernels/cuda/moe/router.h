@@ -37,7 +37,8 @@ inline constexpr int64_t kFusedRouterMaxRows = 64;
 // a row to finish (an atomic count in done[row]) routes the row and sets
 // done[row] back to 0. `done` [rows] must be zero before the first call.
 // Returns false, launching nothing, when the shape does not suit it (rows
-// over kFusedRouterMaxRows, hidden not a multiple of 4, n_group over 64):
+// over kFusedRouterMaxRows, hidden not a multiple of 4, h or router not
+// 16-byte aligned, n_group over 64):
 // the caller then runs the GEMV and moe_route.
 //
 // Used outside the deterministic mode (whose linears are batch-invariant
