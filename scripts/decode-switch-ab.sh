@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A/B of the decode switches that are off by default: model_decode_bench on glm_1b once per set of
-# switches, each in its own process (the switches are read once per process), on one machine.
+# A/B of the decode switches: model_decode_bench on glm_1b once per set of switches, each in its
+# own process (the switches are read once per process), on one machine. The defaults; the ones
+# still off (the weight prefetch, the experts reading the norm's fp8 copy); the expert split-K
+# forced on and off (by default it follows the grid size); and the earlier defaults (cuBLAS for
+# the router's logits and the bf16 linears of decode, no split-K).
 #
 #   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES] [quick]
 #
@@ -9,15 +12,14 @@
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
 batches=${2:-1,16,64}
-all_on="MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
+all_on="MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1"
 runs=(
   ""
-  "MEGACTX_FUSED_ROUTER=1"
   "MEGACTX_WEIGHT_PREFETCH=1"
-  "MEGACTX_BF16_GEMV=1"
-  "MEGACTX_BF16_GEMV=1 MEGACTX_WEIGHT_PREFETCH=1"
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
+  "MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
+  "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0 MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
   "$all_on"
   ""
 )

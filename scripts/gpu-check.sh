@@ -231,26 +231,32 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
       --gtest_color=no >"$out/f16ring_fast_attention.log" 2>&1
     note "cuda_fast_attention_test with MEGACTX_SPARSE_MLA_FP8RING=0 exit $?"
   fi
-  # The routed experts split along k inside the CTA (MEGACTX_BF16_EXPERT_SPLIT_K=4,
-  # MEGACTX_FP8_EXPERT_SPLIT_K=2: the A/B sides that are not yet the default).
-  if [[ -x "$pack/bin/cuda_moe_test" ]]; then
-    MEGACTX_BF16_EXPERT_SPLIT_K=4 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_test" \
-      --gtest_color=no >"$out/split_k_moe.log" 2>&1
-    note "cuda_moe_test with MEGACTX_BF16_EXPERT_SPLIT_K=4 exit $?"
-  fi
-  if [[ -x "$pack/bin/cuda_moe_fp8_test" ]]; then
-    MEGACTX_FP8_EXPERT_SPLIT_K=2 timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_fp8_test" \
-      --gtest_color=no >"$out/split_k_moe_fp8.log" 2>&1
-    note "cuda_moe_fp8_test with MEGACTX_FP8_EXPERT_SPLIT_K=2 exit $?"
-  fi
-  # The decode switches that are not yet the default (docs/development.md): the fused router,
-  # the weight prefetch, the bf16 GEMV and the experts reading the norm's fp8 copy, together,
-  # through the model tests they change.
-  for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
-    [[ -x "$pack/bin/$test" ]] || continue
-    MEGACTX_FUSED_ROUTER=1 MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_BF16_GEMV=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 \
-      timeout "${TEST_TIMEOUT:-300}" "$pack/bin/$test" --gtest_color=no >"$out/switches_$test.log" 2>&1
-    note "$test with the decode switches on exit $?"
+  # The routed experts' split along k forced on at every grid size (by default
+  # only small grids split: expert_kernels.h), and forced off.
+  for split in on off; do
+    [[ $split == on ]] && bf16_split=4 fp8_split=2 || bf16_split=1 fp8_split=1
+    if [[ -x "$pack/bin/cuda_moe_test" ]]; then
+      MEGACTX_BF16_EXPERT_SPLIT_K=$bf16_split timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_test" \
+        --gtest_color=no >"$out/split_k_${split}_moe.log" 2>&1
+      note "cuda_moe_test with MEGACTX_BF16_EXPERT_SPLIT_K=$bf16_split exit $?"
+    fi
+    if [[ -x "$pack/bin/cuda_moe_fp8_test" ]]; then
+      MEGACTX_FP8_EXPERT_SPLIT_K=$fp8_split timeout "${TEST_TIMEOUT:-300}" "$pack/bin/cuda_moe_fp8_test" \
+        --gtest_color=no >"$out/split_k_${split}_moe_fp8.log" 2>&1
+      note "cuda_moe_fp8_test with MEGACTX_FP8_EXPERT_SPLIT_K=$fp8_split exit $?"
+    fi
+  done
+  # The decode switches that are not the default (docs/development.md): the weight prefetch and
+  # the experts reading the norm's fp8 copy, together, through the model tests they change; and
+  # the fused router and the bf16 GEMV switched off (their cuBLAS fallbacks).
+  for switches in "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1" \
+    "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
+    for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
+      [[ -x "$pack/bin/$test" ]] || continue
+      env $switches timeout "${TEST_TIMEOUT:-300}" "$pack/bin/$test" --gtest_color=no \
+        >"$out/switches_${switches%%=*}_$test.log" 2>&1
+      note "$test with $switches exit $?"
+    done
   done
 fi
 wait "${sanitizer_pids[@]}"

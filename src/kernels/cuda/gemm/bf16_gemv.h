@@ -20,6 +20,11 @@ namespace megactx::cuda {
 
 inline constexpr int64_t kBf16GemvMaxRows = 8;
 
+// Blas's default for bf16 linears of up to kBf16GemvMaxRows rows. On: its
+// test passes on the H200, and it took glm_1b's bf16 batch-1 decode step from
+// 1.50 to 1.27 ms against cuBLAS (docs/benchmarks.md).
+inline constexpr bool kBf16Gemv = true;
+
 struct Bf16Gemv {
   const void* x = nullptr;  // bf16 [rows, x_stride]
   int64_t x_stride = 0;

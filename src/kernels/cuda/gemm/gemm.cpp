@@ -85,7 +85,7 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   lt_ = std::make_unique<LtGemm>(stream);
   lt_->set_reduction(lt_reduction("MEGACTX_FP8_LT_REDUCTION", LtReduction::Any),
                      lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
-  bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", false);
+  bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", kBf16Gemv);
   weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");

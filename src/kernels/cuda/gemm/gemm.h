@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/cublaslt_gemm.h"
 
 namespace megactx::cuda {
@@ -172,8 +173,8 @@ class Blas {
   int64_t bf16_cublaslt_runs() const;
   // bf16 linears of up to kBf16GemvMaxRows rows on bf16_gemv (bf16_gemv.h)
   // instead of cuBLAS: a kernel that takes part in programmatic dependent
-  // launch. Off by default until measured; MEGACTX_BF16_GEMV=1 turns it on
-  // for every Blas created afterwards.
+  // launch. On by default (kBf16Gemv); MEGACTX_BF16_GEMV=0 / 1 sets it for
+  // every Blas created afterwards.
   void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
   // The fp8 decode kernels (the GEMV, the skinny tensor-core kernel) ask L2
   // for their weight rows before waiting for the kernel ahead of them
@@ -244,7 +245,7 @@ class Blas {
   bool fp8_cublaslt_ = true;
   bool bf16_cublaslt_ = false;
   bool weight_prefetch_ = false;
-  bool bf16_gemv_ = false;
+  bool bf16_gemv_ = kBf16Gemv;
   std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
 };

@@ -44,9 +44,20 @@ void launch_bf16_mma_experts(const ExpertArgs& args, bool gate_up, int64_t max_t
 void launch_fp8_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
                         cudaStream_t stream);
 
-// The split of k inside an expert kernel's CTA that `variable` asks for (an
-// A/B switch read once per process): 1 when unset, empty or "1", `split` when
-// it names that number; any other value is an error, not a silent default.
+// Whether an expert kernel's CTA splits k over `split` warps per weight-row
+// warp. Split-K adds warps where the grid alone cannot fill the GPU: on the
+// H200, glm_1b's batch-1 step (96 and 128 CTAs per expert launch) went from
+// 1.50 to 1.40 ms (bf16) and 1.21 to 1.18 ms (fp8) with it, while batch 16
+// (432 and 576 CTAs) went from 2.05 to 2.27 and 2.08 to 2.13 ms
+// (docs/benchmarks.md). So by default it splits when the grid has at most two
+// CTAs per multiprocessor. `variable` (an A/B switch read once per process)
+// forces it: "1" never splits, the number `split` always does; any other value
+// is an error, not a silent default. expert_split_from_env returns the forced
+// split, or 0 when unset (automatic); callers read it once per process.
 int expert_split_from_env(const char* variable, int split);
+bool expert_split_k(int forced, int64_t grid_ctas);
+
+// The grids the automatic choice splits: at most this many CTAs per multiprocessor.
+inline constexpr int64_t kExpertSplitMaxCtasPerSm = 2;
 
 }  // namespace megactx::cuda

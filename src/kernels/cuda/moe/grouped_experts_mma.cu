@@ -170,11 +170,11 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) expert_mma_kernel(Expert
   }
 }
 
-// MEGACTX_BF16_EXPERT_SPLIT_K=4: four warps along k per weight-row warp (A/B
-// switch; not yet measured or run on a GPU, so off by default).
-int split_k() {
-  static const int split = expert_split_from_env("MEGACTX_BF16_EXPERT_SPLIT_K", 4);
-  return split;
+// Four warps along k per weight-row warp on small grids (expert_split_k);
+// MEGACTX_BF16_EXPERT_SPLIT_K=1 or 4 forces it off or on.
+bool split_k(const dim3& grid) {
+  static const int forced = expert_split_from_env("MEGACTX_BF16_EXPERT_SPLIT_K", 4);
+  return expert_split_k(forced, static_cast<int64_t>(grid.x) * grid.y);
 }
 
 template <bool kGateUp>
@@ -182,7 +182,7 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  if (split_k() == 4)
+  if (split_k(grid))
     launch_kernel(expert_mma_kernel<kGateUp, 4>, grid, 32 * kWarps * 4, 0, stream, args);
   else
     launch_kernel(expert_mma_kernel<kGateUp, 1>, grid, 32 * kWarps, 0, stream, args);

@@ -9,6 +9,7 @@
 
 #include "core/env_switch.h"
 #include "core/error.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/grouped_moe.h"
@@ -146,11 +147,16 @@ bool shared_fp8_moe_input() {
 
 int expert_split_from_env(const char* variable, int split) {
   const char* value = std::getenv(variable);
-  if (value == nullptr || *value == '\0') return 1;
+  if (value == nullptr || *value == '\0') return 0;
   const std::string_view text(value);
   MEGACTX_CHECK(text == "1" || text == std::to_string(split), "{}={}: expected 1 or {}", variable,
                 text, split);
   return text == "1" ? 1 : split;
+}
+
+bool expert_split_k(int forced, int64_t grid_ctas) {
+  if (forced > 0) return forced > 1;
+  return grid_ctas <= kExpertSplitMaxCtasPerSm * current_device_multiprocessors();
 }
 
 }  // namespace megactx::cuda
