@@ -8,22 +8,25 @@
 #   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES] [quick]
 #
 # quick: only the defaults and every switch on, twice each in turn (when device time is short).
+# split: the defaults, the expert split-K forced on, forced off, and the earlier defaults.
 # Prints each run's table rows (ms per step and the share of the read floor) under its switches.
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
 batches=${2:-1,16,64}
 all_on="MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1"
+old_defaults="MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0 MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
 runs=(
   ""
   "MEGACTX_WEIGHT_PREFETCH=1"
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
   "MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
-  "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0 MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
+  "$old_defaults"
   "$all_on"
   ""
 )
 [[ "${3:-}" == quick ]] && runs=("" "$all_on" "" "$all_on")
+[[ "${3:-}" == split ]] && runs=("" "${runs[3]}" "${runs[4]}" "$old_defaults")
 for switches in "${runs[@]}"; do
   echo "== ${switches:-defaults}"
   env $switches timeout 120 "$bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
