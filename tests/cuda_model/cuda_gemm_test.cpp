@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
@@ -399,6 +400,95 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
     cudaFree(dx);
     cudaFree(dw);
     cudaFree(dy);
+  }
+}
+
+// The SwiGLU GEMV (Bf16Gemv::swiglu) against the plain GEMV into bf16 followed
+// by silu_mul_bf16: the same bits, at 1..8 rows, with and without the weight
+// prefetch; then through Blas::linear_swiglu_bf16 (on and off).
+TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
+  struct Shape {
+    int64_t in, inter;
+  };
+  for (const Shape shape : {Shape{2048, 768}, Shape{768, 1000}, Shape{5632, 2048}, Shape{72, 6}}) {
+    const int64_t in = shape.in, inter = shape.inter, rows_max = kBf16GemvMaxRows;
+    SCOPED_TRACE("in " + std::to_string(in) + ", inter " + std::to_string(inter));
+    auto x = random_values(static_cast<size_t>(rows_max * in), 51);
+    // Gate and up rows scaled so that silu sees both signs and large values.
+    auto w = random_values(static_cast<size_t>(2 * inter * in), 52);
+    for (float& v : w) v *= 4.0f;
+    const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
+    uint16_t* dx = to_device(xb);
+    uint16_t* dw = to_device(wb);
+    uint16_t *gate_up = nullptr, *want = nullptr, *got = nullptr;
+    const auto bytes = [](int64_t n) { return static_cast<size_t>(n) * sizeof(uint16_t); };
+    MEGACTX_CUDA_CHECK(cudaMalloc(&gate_up, bytes(rows_max * 2 * inter)));
+    MEGACTX_CUDA_CHECK(cudaMalloc(&want, bytes(rows_max * inter)));
+    MEGACTX_CUDA_CHECK(cudaMalloc(&got, bytes(rows_max * inter)));
+    for (int64_t rows = 1; rows <= rows_max; ++rows) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      Bf16Gemv plain;
+      plain.x = dx;
+      plain.x_stride = in;
+      plain.w = dw;
+      plain.y = gate_up;
+      plain.y_stride = 2 * inter;
+      plain.y_f32 = false;
+      plain.rows = rows;
+      plain.in = in;
+      plain.out = 2 * inter;
+      ASSERT_TRUE(bf16_gemv(plain, nullptr));
+      silu_mul_bf16(gate_up, gate_up + inter, rows, inter, 2 * inter, want, nullptr);
+      const auto expected = to_host(want, static_cast<size_t>(rows * inter));
+      // Not a test that passes on zeros: the activations vary.
+      int64_t nonzero = 0;
+      for (const uint16_t v : expected) nonzero += (v & 0x7fff) != 0;
+      EXPECT_GT(nonzero, rows * inter / 2);
+      for (const bool prefetch : {false, true}) {
+        Bf16Gemv fused = plain;
+        fused.y = got;
+        fused.y_stride = inter;
+        fused.out = inter;
+        fused.swiglu = true;
+        fused.prefetch_weights = prefetch;
+        MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
+        ASSERT_TRUE(bf16_gemv(fused, nullptr));
+        EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)), expected);
+      }
+    }
+    // Through Blas: float32 x holding bf16 values (so its bf16 copy is xb).
+    Blas blas(nullptr);
+    DeviceMatrix matrix;
+    matrix.data = dw;
+    matrix.bf16 = true;
+    float* dxf = to_device(x);
+    const int64_t rows = 3;
+    blas.set_bf16_gemv_swiglu(false);
+    EXPECT_FALSE(blas.linear_swiglu_bf16(dxf, rows, in, in, matrix, inter, got));
+    blas.set_bf16_gemv_swiglu(true);
+    MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
+    ASSERT_TRUE(blas.linear_swiglu_bf16(dxf, rows, in, in, matrix, inter, got));
+    Bf16Gemv plain;
+    plain.x = dx;
+    plain.x_stride = in;
+    plain.w = dw;
+    plain.y = gate_up;
+    plain.y_stride = 2 * inter;
+    plain.y_f32 = false;
+    plain.rows = rows;
+    plain.in = in;
+    plain.out = 2 * inter;
+    ASSERT_TRUE(bf16_gemv(plain, nullptr));
+    silu_mul_bf16(gate_up, gate_up + inter, rows, inter, 2 * inter, want, nullptr);
+    EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)),
+              to_host(want, static_cast<size_t>(rows * inter)));
+    EXPECT_FALSE(blas.linear_swiglu_bf16(dxf, rows_max + 1, in, in, matrix, inter, got));
+    cudaFree(dxf);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(gate_up);
+    cudaFree(want);
+    cudaFree(got);
   }
 }
 

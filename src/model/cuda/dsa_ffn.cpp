@@ -25,10 +25,13 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   if (bf16_activations(rows, w.gate_up) && w.down.bf16 && !w.down.fp8() && inter % 2 == 0) {
     // gate / up [rows, 2 * inter] and the activation [rows, inter] in bf16
     // only: down reads bf16 anyway (CudaModelOptions::bf16_activations).
-    auto* gate_up16 = scratch_.gate_up.get<uint16_t>(rows * 2 * inter);
+    // Decode batches: both in one launch (Blas::linear_swiglu_bf16, the same bits).
     auto* act16 = scratch_.act_bf16.get<uint16_t>(rows * inter);
-    blas_->linear_to_bf16(h, rows, hidden, hidden, w.gate_up, 2 * inter, gate_up16, 2 * inter);
-    silu_mul_bf16(gate_up16, gate_up16 + inter, rows, inter, 2 * inter, act16, stream_);
+    if (!blas_->linear_swiglu_bf16(h, rows, hidden, hidden, w.gate_up, inter, act16)) {
+      auto* gate_up16 = scratch_.gate_up.get<uint16_t>(rows * 2 * inter);
+      blas_->linear_to_bf16(h, rows, hidden, hidden, w.gate_up, 2 * inter, gate_up16, 2 * inter);
+      silu_mul_bf16(gate_up16, gate_up16 + inter, rows, inter, 2 * inter, act16, stream_);
+    }
     blas_->linear_bf16(act16, rows, inter, inter, w.down.data, hidden, out, hidden,
                        /*y_f32=*/true);
     return;

@@ -26,76 +26,104 @@ __device__ __forceinline__ void unpack8(uint4 packed, float out[8]) {
 }
 
 // Lane `lane` of column col's warp reads k = 8 lane, + 256, ...: kUnroll
-// weight loads in flight before their products.
-template <int kRows, int kUnroll>
+// weight loads per matrix row in flight before their products. kMats = 2
+// (swiglu): the warp reads gate row col and up row out + col of w and writes
+// silu(gate) * up. Either way a row's sum runs in the same order, so gate and
+// up have the bits of the plain GEMV's columns col and out + col.
+template <int kRows, int kUnroll, int kMats>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(Bf16Gemv g) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const auto* w = static_cast<const uint16_t*>(g.w);
   {
-    // The block's weight rows are contiguous: one prefetch before the wait
-    // (weights are never written by a step's kernels).
+    // The block's weight rows are contiguous (per matrix): one prefetch each
+    // before the wait (weights are never written by a step's kernels).
     const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps;
     if (g.prefetch_weights && threadIdx.x == 0) {
       const int64_t cols = g.out - first < kWarps ? g.out - first : kWarps;
-      prefetch_l2(w + first * g.in, cols * g.in * 2);
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) prefetch_l2(w + (m * g.out + first) * g.in, cols * g.in * 2);
     }
   }
   grid_dependency_wait();
   grid_dependency_trigger();
   if (col >= g.out) return;  // the whole warp: no shuffle below is left half-empty
-  const uint16_t* w_row = w + col * g.in;
   const auto* x = static_cast<const uint16_t*>(g.x);
-  float acc[kRows];
+  float acc[kMats][kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
   for (int64_t k0 = static_cast<int64_t>(lane) * kChunk; k0 < g.in; k0 += kUnroll * kWarpStep) {
-    uint4 packed[kUnroll];
+    uint4 packed[kMats][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * kWarpStep;
-      packed[u] =
-          k < g.in ? __ldg(reinterpret_cast<const uint4*>(w_row + k)) : make_uint4(0, 0, 0, 0);
+    for (int m = 0; m < kMats; ++m) {
+      const uint16_t* w_row = w + (m * g.out + col) * g.in;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = k0 + u * kWarpStep;
+        packed[m][u] =
+            k < g.in ? __ldg(reinterpret_cast<const uint4*>(w_row + k)) : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kWarpStep;
       if (k >= g.in) break;
-      float wv[8];
-      unpack8(packed[u], wv);
+      float wv[kMats][8];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) unpack8(packed[m][u], wv[m]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (r >= g.rows) break;  // kRows rounds rows up to 4 or 8
         float xv[8];
         unpack8(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k), xv);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r] = fmaf(xv[j], wv[j], acc[r]);
+        for (int m = 0; m < kMats; ++m)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(xv[j], wv[m][j], acc[m][r]);
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    for (int offset = 16; offset > 0; offset /= 2)
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      for (int offset = 16; offset > 0; offset /= 2)
+        acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], offset);
   if (lane != 0) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (r >= g.rows) break;
     const int64_t index = r * g.y_stride + col;
-    if (g.y_f32) {
-      static_cast<float*>(g.y)[index] = acc[r];
+    if constexpr (kMats == 2) {
+      // silu_mul_bf16's expression on the bf16-rounded gate and up: the bits
+      // of linear_to_bf16 followed by silu_mul_bf16.
+      const float gate = __bfloat162float(__float2bfloat16_rn(acc[0][r]));
+      const float up = __bfloat162float(__float2bfloat16_rn(acc[1][r]));
+      static_cast<__nv_bfloat16*>(g.y)[index] =
+          __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+    } else if (g.y_f32) {
+      static_cast<float*>(g.y)[index] = acc[0][r];
     } else {
-      static_cast<__nv_bfloat16*>(g.y)[index] = __float2bfloat16_rn(acc[r]);
+      static_cast<__nv_bfloat16*>(g.y)[index] = __float2bfloat16_rn(acc[0][r]);
     }
   }
 }
 
 template <int kRows>
 void launch(const Bf16Gemv& g, cudaStream_t stream) {
-  // Up to 4 rows: 4 loads in flight (more rows hold more x registers per load).
-  constexpr int kUnroll = kRows <= 4 ? 4 : 2;
   const auto blocks = static_cast<unsigned>((g.out + kWarps - 1) / kWarps);
-  launch_kernel(bf16_gemv_kernel<kRows, kUnroll>, blocks, kWarps * 32, 0, stream, g);
+  if (g.swiglu) {
+    // Two weight rows per warp: half the unroll keeps the loads in flight
+    // (and the registers) of the plain kernel.
+    constexpr int kUnroll = kRows <= 4 ? 2 : 1;
+    launch_kernel(bf16_gemv_kernel<kRows, kUnroll, 2>, blocks, kWarps * 32, 0, stream, g);
+  } else {
+    // Up to 4 rows: 4 loads in flight (more rows hold more x registers per load).
+    constexpr int kUnroll = kRows <= 4 ? 4 : 2;
+    launch_kernel(bf16_gemv_kernel<kRows, kUnroll, 1>, blocks, kWarps * 32, 0, stream, g);
+  }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 

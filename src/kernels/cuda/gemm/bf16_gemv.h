@@ -25,6 +25,12 @@ inline constexpr int64_t kBf16GemvMaxRows = 8;
 // 1.50 to 1.27 ms against cuBLAS (docs/benchmarks.md).
 inline constexpr bool kBf16Gemv = true;
 
+// Blas::linear_swiglu_bf16's default: the dense SwiGLU MLPs' gate_up
+// projection and silu_mul in one launch (Bf16Gemv::swiglu) for 1..8 rows.
+// Off until it has run on a GPU (CudaGemm.Bf16GemvSwigluEqualsTheGemvAndSiluMul);
+// MEGACTX_BF16_GEMV_SWIGLU=0 / 1 sets it for every Blas created afterwards.
+inline constexpr bool kBf16GemvSwiglu = false;
+
 struct Bf16Gemv {
   const void* x = nullptr;  // bf16 [rows, x_stride]
   int64_t x_stride = 0;
@@ -33,6 +39,11 @@ struct Bf16Gemv {
   int64_t y_stride = 0;
   bool y_f32 = true;
   int64_t rows = 0, in = 0, out = 0;
+  // SwiGLU: w is [2 out, in] (gate rows, then up rows, as a fused gate_up
+  // projection) and y bf16 [rows, y_stride] = silu(gate) * up, gate and up
+  // rounded to bf16 first: the bits of the plain GEMV into bf16 followed by
+  // silu_mul_bf16 (elementwise_ops.h), in one launch. y_f32 is ignored.
+  bool swiglu = false;
   bool prefetch_weights = false;
 };
 

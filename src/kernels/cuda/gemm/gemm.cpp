@@ -87,6 +87,7 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
                      lt_reduction("MEGACTX_BF16_LT_REDUCTION", LtReduction::InKernel));
   bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", kBf16Gemv);
   weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
+  bf16_gemv_swiglu_ = env_switch("MEGACTX_BF16_GEMV_SWIGLU", kBf16GemvSwiglu);
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
@@ -278,6 +279,21 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
   }
   linear_bf16(bf16_input(x, rows, in, x_stride), rows, in, in, w.data, out, y, y_stride,
               /*y_f32=*/false);
+}
+
+bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                              DeviceMatrix w, int64_t inter, void* act) {
+  // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
+  // every row 16-byte aligned); the weights must be too.
+  if (!bf16_gemv_swiglu_ || batch_invariant_ || !w.bf16 || w.fp8() || rows < 1 ||
+      rows > kBf16GemvMaxRows || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+    return false;
+  Bf16Gemv g =
+      product<Bf16Gemv>(bf16_input(x, rows, in, x_stride), in, w.data, act, inter, rows, in, inter);
+  g.swiglu = true;
+  g.prefetch_weights = weight_prefetch_;
+  MEGACTX_CHECK(bf16_gemv(g, stream_), "linear_swiglu_bf16: bf16_gemv declined a checked shape");
+  return true;
 }
 
 const void* Blas::bf16_input(const float* x, int64_t rows, int64_t in, int64_t x_stride) {

@@ -83,6 +83,14 @@ class Blas {
   // (fp8: the block-scaled GEMM writes bf16), not in the deterministic mode.
   void linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride, DeviceMatrix w,
                       int64_t out, void* y, int64_t y_stride);
+  // A SwiGLU MLP's first half in one launch when it can: act [rows, inter]
+  // bf16 = silu(gate) * up of the bf16 gate_up projection (w [2 inter, in],
+  // bf16), the bits of linear_to_bf16 into [rows, 2 inter] followed by
+  // silu_mul_bf16. Only with the switch on (kBf16GemvSwiglu), 1..8 rows, bf16
+  // weights, outside the deterministic mode, and shapes bf16_gemv serves;
+  // otherwise returns false having launched nothing.
+  bool linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
+                          DeviceMatrix w, int64_t inter, void* act);
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
   // w_batch_stride, y_b = y + b * y_batch_stride (per-head MLA absorption).
   // Up to small_batched_linear_rows() rows on small_batched_linear.h's kernel.
@@ -183,6 +191,7 @@ class Blas {
   // Same results either way. Off by default until measured;
   // MEGACTX_WEIGHT_PREFETCH=1 turns it on for every Blas created afterwards.
   void set_weight_prefetch(bool on) { weight_prefetch_ = on; }
+  void set_bf16_gemv_swiglu(bool on) { bf16_gemv_swiglu_ = on; }
   // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
   // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
   // block-scaled kernel at every row count.
@@ -245,6 +254,7 @@ class Blas {
   bool fp8_cublaslt_ = true;
   bool bf16_cublaslt_ = false;
   bool weight_prefetch_ = false;
+  bool bf16_gemv_swiglu_ = kBf16GemvSwiglu;
   bool bf16_gemv_ = kBf16Gemv;
   std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
