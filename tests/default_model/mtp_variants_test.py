@@ -11,7 +11,9 @@ train_mtp_variants), on a tiny model of the default recipe:
 - a budget trained over two calls through a state file (the device-call split of pipeline.py
   --ablation-state) ends exactly where one call ends: fresh modules in the second call get every
   run's layer and optimizer state from the file and the stream is advanced past the batches read;
-  the first call reports its span incomplete, and a state of other runs is refused.
+  the first call reports its span incomplete, and a state of other runs is refused;
+- the PyTorch acceptance's text prompts (evaluate.text_prompts, `pipeline.py --mtp-prompts text`) are
+  windows of the packed short documents: after the row's first eos, free of padding, seeded.
 
     /usr/bin/python3 tests/default_model/mtp_variants_test.py
 
@@ -29,6 +31,7 @@ except ImportError as error:
     print("SKIPPED: needs PyTorch and numpy (Debian: apt-get install python3-torch):", error)
     sys.exit(77)
 
+import evaluate  # noqa: E402
 import model as M  # noqa: E402
 import train as tr  # noqa: E402
 from config import ModelConfig  # noqa: E402
@@ -99,7 +102,36 @@ def check_resume(target, batches, variants, together):
             raise AssertionError("a state of other runs was taken")
 
 
+def check_text_prompts():
+    eos, length = 0, 8
+    rng = np.random.default_rng(1)
+    # Row 0: a long document (40 tokens), eos, short documents to the end. Row 1: short documents,
+    # then padding from position 50. Row 2: no eos at all (one document filling the row).
+    row0 = np.concatenate([rng.integers(1, 50, 40), [eos], rng.integers(1, 50, 59)])
+    row1 = np.concatenate([rng.integers(1, 50, 20), [eos], rng.integers(1, 50, 28), [eos], [eos] * 50])
+    row2 = rng.integers(1, 50, 100)
+    rows = np.stack([row0, row1, row2])
+    got = evaluate.text_prompts(rows, eos, length, 100, seed=3, room=4)
+    again = evaluate.text_prompts(rows, eos, length, 100, seed=3, room=4)
+    assert torch.equal(got, again) and got.shape[1] == length and got.shape[0] > 0
+    found = 0
+    for window in got.numpy():
+        for r, row in enumerate(rows):
+            first_eos = np.nonzero(row == eos)[0]
+            for start in range(len(row) - length + 1):
+                if np.array_equal(row[start:start + length], window):
+                    assert r != 2, "a window from a row without an eos"
+                    assert start > first_eos[0], "a window inside the row's opening document"
+                    assert start + length + 4 <= (50 if r == 1 else 100), "a window reaching padding"
+                    found += 1
+    assert found >= got.shape[0], "a window that is not in the rows"
+    assert evaluate.text_prompts(rows, eos, length, 2, seed=3, room=4).shape == (2, length)
+    assert evaluate.text_prompts(rows[2:], eos, length, 5, seed=3).shape == (0, length)
+    print("text prompts: {} windows after the opening document, none reaching padding".format(got.shape[0]))
+
+
 def main():
+    check_text_prompts()
     torch.manual_seed(0)
     target = M.GlmMoeDsa(ModelConfig(**CFG))
     target.sparse_impl = "gather"

@@ -245,6 +245,28 @@ def assistant_prompts(rows, assistant_id, length, count, seed):
     return torch.from_numpy(np.stack([rows[spots[i][0], spots[i][1] + 1 - length:spots[i][1] + 1] for i in pick])).long()
 
 
+def text_prompts(rows, eos_id, length, count, seed, room=200):
+    """Windows of validation rows anywhere in their packed short documents: [count, length]. What the
+    engine's MTP measurement serves (tools/bench/mtp_serve_bench.py: windows of a document stream),
+    where assistant_prompts' chat turns follow a few templates. A window starts after its row's first
+    eos (so a row's opening long retrieval document is left out), and it and the `room` tokens after it
+    hold no padding (an eos after an eos). Fewer than `count` when the rows have too few spots."""
+    rng = np.random.default_rng(seed)
+    spots = []
+    for r in range(len(rows)):
+        row = np.asarray(rows[r])
+        eos = np.nonzero(row == eos_id)[0]
+        if len(eos) == 0:
+            continue
+        pad = np.nonzero((row[1:] == eos_id) & (row[:-1] == eos_id))[0] + 1  # padding positions
+        end = int(pad[0]) if len(pad) else len(row)  # the first padding token, or the row's end
+        for start in range(int(eos[0]) + 1, end - length - room + 1, length // 2):
+            spots.append((r, start))
+    pick = rng.choice(len(spots), size=min(count, len(spots)), replace=False) if spots else []
+    windows = [np.asarray(rows[spots[i][0]])[spots[i][1]:spots[i][1] + length] for i in pick]
+    return torch.from_numpy(np.stack(windows) if windows else np.zeros((0, length), np.int64)).long()
+
+
 @torch.no_grad()
 def mtp_acceptance(model, prompts, device, ks=(1, 3, 7), new_tokens=96, share=True, seed=0):
     """Accepted length (tokens emitted per target verification, the bonus token included).

@@ -62,6 +62,10 @@ def main():
     ap.add_argument("--ablation-only", action="store_true",
                     help="with --init-from: no training of the target; the initial weights, as they are, are "
                          "the frozen target of the MTP ablation (its runs' MTP tensors go to OUT/ablation.tar.part*)")
+    ap.add_argument("--mtp-prompts", choices=("chat", "text"), default="chat",
+                    help="the PyTorch MTP acceptance's prompts: chat turns ending at <|assistant|> (the default), "
+                         "or windows of the validation documents (evaluate.text_prompts), what the engine's "
+                         "measurement serves")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -432,8 +436,11 @@ def main():
                 results["not_run"].append("passkey: {!r}".format(e))
             dump(args.out, results)
         stage("indexer_recall", lambda: evaluate.indexer_recall(model, val_rows[:2], device, cfg.index_topk), 10)
-    prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], 256 if args.cpu_smoke else 512,
-                                         16 if args.smoke else 32, seed=5)
+    prompt_len, prompt_count = 256 if args.cpu_smoke else 512, 16 if args.smoke else 32
+    if args.mtp_prompts == "text":
+        prompts = evaluate.text_prompts(val_rows, ids["<|endoftext|>"], prompt_len, prompt_count, seed=5)
+    else:
+        prompts = evaluate.assistant_prompts(val_rows, ids["<|assistant|>"], prompt_len, prompt_count, seed=5)
     new_tokens = 24 if args.smoke else 64
     if args.cpu_smoke:
         prompts, new_tokens = prompts[:2], 8
