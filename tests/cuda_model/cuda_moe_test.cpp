@@ -22,11 +22,11 @@
 #include "device_test_util.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
-#include "kernels/cuda/moe/router.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
 #include "kernels/cuda/moe/gathered_dispatch.h"
 #include "kernels/cuda/moe/grouped_moe.h"
+#include "kernels/cuda/moe/router.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/weights.h"
@@ -369,15 +369,19 @@ TEST(CudaMoe, Bf16GroupedExpertsMatchCublasBf16Dispatch) {
 TEST(CudaMoe, DeterministicAndBatchInvariant) {
   // Twice the same call gives the same bits; a row's output does not depend
   // on which other rows share its experts' tiles (the first 5 rows of a 64-row
-  // batch alone give the same bits as inside the batch).
+  // batch alone give the same bits as inside the batch). The deterministic
+  // mode's shape: 5 rows alone make a grid small enough for the automatic
+  // split-K, which batch_invariant turns off.
   for (bool bf16 : {false, true}) {
     const ExpertCase big{"64 rows", 64, 256, 128, 256, 8, 8, 4};
     ExpertData data(big, 300);
+    data.shape.batch_invariant = true;
     const StackedExperts w = data.upload(bf16);
     const std::vector<float> first = data.grouped(w);
     EXPECT_EQ(first, data.grouped(w)) << "bf16 " << bf16;
     ExpertData subset(big, 300);
     subset.shape.rows = 5;
+    subset.shape.batch_invariant = true;
     subset.routing.ids.resize(5 * 8);
     subset.routing.gates.resize(5 * 8);
     const StackedExperts ws = subset.upload(bf16);

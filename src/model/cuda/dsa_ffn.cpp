@@ -59,6 +59,7 @@ CudaDsaModel::GroupedCall CudaDsaModel::grouped_call(const DeviceLayer& w, int64
                 top_k > 0 ? top_k : config_.num_experts_per_tok};
   call.shape.bf16 = w.experts_gate_up.bf16;
   call.shape.fp8 = w.experts_gate_up.fp8();
+  call.shape.batch_invariant = options_.batch_invariant;
   const GroupedMoeLayout layout = grouped_moe_layout(call.shape);
   call.buffers.plan = sc.moe_plan.get<int32_t>(layout.plan_ints);
   call.buffers.act = sc.moe_act.get<float>(layout.act_floats);

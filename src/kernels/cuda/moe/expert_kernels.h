@@ -29,6 +29,7 @@ struct ExpertArgs {
   const float* weight_scale = nullptr;
   int64_t weight_scale_rows = 0;
   int64_t scale_split = 0;
+  bool batch_invariant = false;  // GroupedMoeShape::batch_invariant
 };
 
 // bf16 weights on tensor cores (mma.sync m16n8k16, fp32 accumulation): a
@@ -55,7 +56,9 @@ void launch_fp8_experts(const ExpertArgs& args, bool gate_up, int64_t max_tiles,
 // is an error, not a silent default. expert_split_from_env returns the forced
 // split, or 0 when unset (automatic); callers read it once per process.
 int expert_split_from_env(const char* variable, int split);
-bool expert_split_k(int forced, int64_t grid_ctas);
+// In the deterministic mode (batch_invariant) only the forced split applies:
+// the automatic one would make a row's bits depend on its batch.
+bool expert_split_k(int forced, int64_t grid_ctas, bool batch_invariant);
 
 // The grids the automatic choice splits: at most this many CTAs per multiprocessor.
 inline constexpr int64_t kExpertSplitMaxCtasPerSm = 2;

@@ -217,6 +217,7 @@ void grouped_moe_experts(const float* x, const GroupedMoeShape& shape,
   check_grouped_moe_inputs(x, shape, weights, buffers);
   ExpertArgs args;
   args.top_k = shape.top_k;
+  args.batch_invariant = shape.batch_invariant;
   args.tile_count = buffers.plan + layout.tile_count;
   args.tiles = buffers.plan + layout.tiles;
   args.pair_of = buffers.plan + layout.pair_of;

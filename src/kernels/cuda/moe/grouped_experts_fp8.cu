@@ -167,9 +167,9 @@ bool small_tiles() {
 
 // Two warps along k per weight-row warp on small grids (expert_split_k);
 // MEGACTX_FP8_EXPERT_SPLIT_K=1 or 2 forces it off or on.
-bool split_k(const dim3& grid) {
+bool split_k(const dim3& grid, bool batch_invariant) {
   static const int forced = expert_split_from_env("MEGACTX_FP8_EXPERT_SPLIT_K", 2);
-  return expert_split_k(forced, static_cast<int64_t>(grid.x) * grid.y);
+  return expert_split_k(forced, static_cast<int64_t>(grid.x) * grid.y, batch_invariant);
 }
 
 template <bool kGateUp>
@@ -178,7 +178,7 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
   constexpr int kThreads = 32 * kWarps;
-  if (small_tiles() && split_k(grid))
+  if (small_tiles() && split_k(grid, args.batch_invariant))
     launch_kernel(expert_fp8_mma_kernel<kGateUp, true, 2>, grid, 2 * kThreads, 0, stream, args);
   else if (small_tiles())
     launch_kernel(expert_fp8_mma_kernel<kGateUp, true, 1>, grid, kThreads, 0, stream, args);

@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) expert_mma_kernel(Expert
 
 // Four warps along k per weight-row warp on small grids (expert_split_k);
 // MEGACTX_BF16_EXPERT_SPLIT_K=1 or 4 forces it off or on.
-bool split_k(const dim3& grid) {
+bool split_k(const dim3& grid, bool batch_invariant) {
   static const int forced = expert_split_from_env("MEGACTX_BF16_EXPERT_SPLIT_K", 4);
-  return expert_split_k(forced, static_cast<int64_t>(grid.x) * grid.y);
+  return expert_split_k(forced, static_cast<int64_t>(grid.x) * grid.y, batch_invariant);
 }
 
 template <bool kGateUp>
@@ -182,7 +182,7 @@ void launch(const ExpertArgs& args, int64_t max_tiles, cudaStream_t stream) {
   constexpr int64_t kNeuronsPerCta = kWarps * (kGateUp ? 8 : 16);
   const dim3 grid(static_cast<unsigned>((args.neurons + kNeuronsPerCta - 1) / kNeuronsPerCta),
                   static_cast<unsigned>(max_tiles));
-  if (split_k(grid))
+  if (split_k(grid, args.batch_invariant))
     launch_kernel(expert_mma_kernel<kGateUp, 4>, grid, 32 * kWarps * 4, 0, stream, args);
   else
     launch_kernel(expert_mma_kernel<kGateUp, 1>, grid, 32 * kWarps, 0, stream, args);

@@ -154,9 +154,10 @@ int expert_split_from_env(const char* variable, int split) {
   return text == "1" ? 1 : split;
 }
 
-bool expert_split_k(int forced, int64_t grid_ctas) {
+bool expert_split_k(int forced, int64_t grid_ctas, bool batch_invariant) {
   if (forced > 0) return forced > 1;
-  return grid_ctas <= kExpertSplitMaxCtasPerSm * current_device_multiprocessors();
+  return !batch_invariant &&
+         grid_ctas <= kExpertSplitMaxCtasPerSm * current_device_multiprocessors();
 }
 
 }  // namespace megactx::cuda

@@ -53,6 +53,10 @@ struct GroupedMoeShape {
   int64_t top_k = 0;         // experts per token
   bool bf16 = false;         // the weights' kind (StackedExperts::bf16): sets the tile rows
   bool fp8 = false;          // e4m3 weights (StackedExperts::fp8); bf16 must then be false
+  // The deterministic mode: a row's bits must not depend on the rows beside
+  // it, so no kernel choice may follow the grid size (the experts' split-K
+  // stays at its forced or unsplit form: expert_split_k).
+  bool batch_invariant = false;
   int64_t pairs() const { return rows * top_k; }
   int64_t tile_rows() const {
     if (fp8) return kGroupedMoeTileRowsFp8;
