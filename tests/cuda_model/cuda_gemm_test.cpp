@@ -391,12 +391,16 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
     other.x = dx;
     other.in = in - 4;
     EXPECT_FALSE(bf16_gemv(other, nullptr));  // in not a multiple of 8
-    // Through Blas: the same bits as the kernel called directly.
+    // Through Blas: the same bits as the kernel called directly; 9-16 rows
+    // only with MEGACTX_BF16_GEMV_16_ROWS (else cuBLAS: other bits).
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
     blas.linear_bf16(dx, 1, in, x_stride, dw, out, dy, y_stride, /*y_f32=*/true);
     const auto y = to_host(dy, static_cast<size_t>(out));
     EXPECT_EQ(y, last_row_alone);
+    blas.set_bf16_gemv_16_rows(true);
+    blas.linear_bf16(dx, max_rows, in, x_stride, dw, out, dy, y_stride, /*y_f32=*/true);
+    EXPECT_EQ(to_host(dy, static_cast<size_t>(out)), last_row_alone);
     cudaFree(dx);
     cudaFree(dw);
     cudaFree(dy);

@@ -1,9 +1,10 @@
 // bf16 linears of decode batches (1..kBf16GemvMaxRows rows): y [rows, out] =
 // x [rows, in] . w [out, in]^T, x and w bf16, float32 accumulation, y float32
-// or bf16 (rounded to nearest even). One warp per output column streams its
-// weight row in 16-byte loads, several in flight per lane; each lane sums its
-// share of k for every row in k order, then the warp reduces: a row's result
-// does not depend on how many rows came with it.
+// or bf16 (rounded to nearest even). One warp per output column (two past 8
+// rows, so that each load of x serves two weight rows) streams its weight row
+// in 16-byte loads, several in flight per lane; each lane sums its share of k
+// for every row in k order, then the warp reduces: a row's result does not
+// depend on how many rows came with it.
 //
 // Why not cuBLAS at these sizes: its kernels take no part in programmatic
 // dependent launch (launch.cuh), so each linear of a decode step waits out
@@ -18,15 +19,21 @@
 
 namespace megactx::cuda {
 
-inline constexpr int64_t kBf16GemvMaxRows = 8;
+// Rows bf16_gemv serves; Blas sends it up to kBf16GemvBlasRows by default,
+// up to kBf16GemvMaxRows with MEGACTX_BF16_GEMV_16_ROWS=1 (kBf16Gemv16Rows:
+// off until measured against cuBLAS at batches 9-16).
+inline constexpr int64_t kBf16GemvMaxRows = 16;
+inline constexpr int64_t kBf16GemvBlasRows = 8;
+inline constexpr bool kBf16Gemv16Rows = false;
 
-// Blas's default for bf16 linears of up to kBf16GemvMaxRows rows. On: its
+// Blas's default for bf16 linears of up to kBf16GemvBlasRows rows. On: its
 // test passes on the H200, and it took glm_1b's bf16 batch-1 decode step from
 // 1.50 to 1.27 ms against cuBLAS (docs/benchmarks.md).
 inline constexpr bool kBf16Gemv = true;
 
 // Blas::linear_swiglu_bf16's default: the dense SwiGLU MLPs' gate_up
-// projection and silu_mul in one launch (Bf16Gemv::swiglu) for 1..8 rows.
+// projection and silu_mul in one launch (Bf16Gemv::swiglu) for the rows
+// Blas sends to bf16_gemv.
 // Off until it has run on a GPU (CudaGemm.Bf16GemvSwigluEqualsTheGemvAndSiluMul);
 // MEGACTX_BF16_GEMV_SWIGLU=0 / 1 sets it for every Blas created afterwards.
 inline constexpr bool kBf16GemvSwiglu = false;

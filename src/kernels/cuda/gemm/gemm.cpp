@@ -88,6 +88,7 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", kBf16Gemv);
   weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
   bf16_gemv_swiglu_ = env_switch("MEGACTX_BF16_GEMV_SWIGLU", kBf16GemvSwiglu);
+  set_bf16_gemv_16_rows(env_switch("MEGACTX_BF16_GEMV_16_ROWS", kBf16Gemv16Rows));
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
@@ -286,7 +287,7 @@ bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t 
   // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
   // every row 16-byte aligned); the weights must be too.
   if (!bf16_gemv_swiglu_ || batch_invariant_ || !w.bf16 || w.fp8() || rows < 1 ||
-      rows > kBf16GemvMaxRows || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+      rows > bf16_gemv_rows_ || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
     return false;
   Bf16Gemv g =
       product<Bf16Gemv>(bf16_input(x, rows, in, x_stride), in, w.data, act, inter, rows, in, inter);
@@ -527,7 +528,7 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     batch_invariant_gemm(g, stream_);
     return;
   }
-  if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
+  if (bf16_gemv_ && rows <= bf16_gemv_rows_) {
     Bf16Gemv g = product<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;
