@@ -467,6 +467,7 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
     }
     // Through Blas: float32 x holding bf16 values (so its bf16 copy is xb).
     Blas blas(nullptr);
+    blas.set_bf16_gemv(true);
     DeviceMatrix matrix;
     matrix.data = dw;
     matrix.bf16 = true;

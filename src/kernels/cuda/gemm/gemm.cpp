@@ -286,7 +286,7 @@ bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t 
                               DeviceMatrix w, int64_t inter, void* act) {
   // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
   // every row 16-byte aligned); the weights must be too.
-  if (!bf16_gemv_swiglu_ || batch_invariant_ || !w.bf16 || w.fp8() || rows < 1 ||
+  if (!bf16_gemv_swiglu_ || !bf16_gemv_ || batch_invariant_ || !w.bf16 || w.fp8() || rows < 1 ||
       rows > bf16_gemv_rows_ || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
     return false;
   Bf16Gemv g =
