@@ -2,7 +2,7 @@
 # A/B of the decode switches: model_decode_bench on glm_1b once per set of switches, each in its
 # own process (the switches are read once per process), on one machine. The defaults; the ones
 # still off (the weight prefetch, the experts reading the norm's fp8 copy, the SwiGLU GEMV, the
-# GEMV at 9-16 rows); the expert split-K forced on and off (by default it follows the grid size);
+# GEMV at 9-16 rows, the tensor-core bf16 linear at 9-64 rows); the expert split-K forced on and off (by default it follows the grid size);
 # and the earlier defaults (cuBLAS for the router's logits and the bf16 linears of decode, no
 # split-K).
 #
@@ -14,7 +14,7 @@
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
 batches=${2:-1,16,64}
-all_on="MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1 MEGACTX_BF16_GEMV_16_ROWS=1"
+all_on="MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1 MEGACTX_BF16_SKINNY=1"
 old_defaults="MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0 MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
 runs=(
   ""
@@ -22,6 +22,7 @@ runs=(
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_GEMV_SWIGLU=1"
   "MEGACTX_BF16_GEMV_16_ROWS=1"
+  "MEGACTX_BF16_SKINNY=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
   "MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
   "$old_defaults"
@@ -29,7 +30,7 @@ runs=(
   ""
 )
 [[ "${3:-}" == quick ]] && runs=("" "$all_on" "" "$all_on")
-[[ "${3:-}" == split ]] && runs=("" "${runs[5]}" "${runs[6]}" "$old_defaults")
+[[ "${3:-}" == split ]] && runs=("" "${runs[6]}" "${runs[7]}" "$old_defaults")
 for switches in "${runs[@]}"; do
   echo "== ${switches:-defaults}"
   env $switches timeout 120 "$bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \

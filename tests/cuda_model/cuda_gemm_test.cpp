@@ -13,6 +13,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
+#include "kernels/cuda/gemm/bf16_skinny.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/small_batched_linear.h"
@@ -73,6 +74,71 @@ double max_relative(const std::vector<float>& got, const std::vector<double>& wa
   }
   return diff / scale;
 }
+
+// A bf16 linear's operands on the device with strides that are not the
+// widths: x [max_rows, in + 8] and w [out, in] rounded to bf16, y [max_rows,
+// out + 3] float32; and the double-loop product of every row.
+struct StridedBf16Case {
+  int64_t in, out, max_rows, x_stride, y_stride;
+  std::vector<double> want;  // [max_rows, out]
+  uint16_t* dx = nullptr;
+  uint16_t* dw = nullptr;
+  float* dy = nullptr;
+
+  StridedBf16Case(int64_t in_, int64_t out_, int64_t rows, uint32_t seed)
+      : in(in_), out(out_), max_rows(rows), x_stride(in_ + 8), y_stride(out_ + 3) {
+    auto x = random_values(static_cast<size_t>(max_rows * x_stride), seed);
+    auto w = random_values(static_cast<size_t>(out * in), seed + 1);
+    const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
+    std::vector<float> x_dense(static_cast<size_t>(max_rows * in));
+    for (int64_t r = 0; r < max_rows; ++r)
+      for (int64_t i = 0; i < in; ++i) x_dense[r * in + i] = x[r * x_stride + i];
+    want = reference(x_dense, w, max_rows, in, out);
+    dx = to_device(xb);
+    dw = to_device(wb);
+    MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(max_rows * y_stride) * sizeof(float)));
+  }
+  ~StridedBf16Case() {
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dy);
+  }
+  StridedBf16Case(const StridedBf16Case&) = delete;
+  StridedBf16Case& operator=(const StridedBf16Case&) = delete;
+  // y's first `rows` float32 rows without the stride's padding.
+  std::vector<float> dense_y(int64_t rows) const {
+    const auto y = to_host(dy, static_cast<size_t>(rows * y_stride));
+    std::vector<float> got(static_cast<size_t>(rows * out));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) got[r * out + o] = y[r * y_stride + o];
+    return got;
+  }
+  // The same rows' bf16 outputs are got rounded, element for element.
+  void expect_bf16_y(int64_t rows, const std::vector<float>& got) const {
+    const auto yb =
+        to_host(reinterpret_cast<const uint16_t*>(dy), static_cast<size_t>(rows * y_stride));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o)
+        EXPECT_EQ(yb[r * y_stride + o], float_to_bf16(got[r * out + o]));
+  }
+  std::vector<double> want_rows(int64_t rows) const {
+    return {want.begin(), want.begin() + rows * out};
+  }
+  // The operands of `rows` rows as a decode kernel takes them (Bf16Product).
+  template <typename Product>
+  Product operands(int64_t rows) const {
+    Product g;
+    g.x = dx;
+    g.x_stride = x_stride;
+    g.w = dw;
+    g.y = dy;
+    g.y_stride = y_stride;
+    g.rows = rows;
+    g.in = in;
+    g.out = out;
+    return g;
+  }
+};
 
 TEST(CudaGemm, Fp32LinearAndBatchedMatchDoubleLoops) {
   const int64_t rows = 37, in = 300, out = 129, heads = 3;
@@ -328,82 +394,44 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
     int64_t in, out;
   };
   for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
-    const int64_t in = shape.in, out = shape.out, x_stride = in + 8, y_stride = out + 3;
-    const int64_t max_rows = kBf16GemvMaxRows;
-    auto x = random_values(static_cast<size_t>(max_rows * x_stride), 41);
-    auto w = random_values(static_cast<size_t>(out * in), 42);
-    const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
-    std::vector<float> x_dense(static_cast<size_t>(max_rows * in));
-    for (int64_t r = 0; r < max_rows; ++r)
-      for (int64_t i = 0; i < in; ++i) x_dense[r * in + i] = x[r * x_stride + i];
-    const auto want = reference(x_dense, w, max_rows, in, out);
-    uint16_t* dx = to_device(xb);
-    uint16_t* dw = to_device(wb);
-    float* dy = nullptr;
-    MEGACTX_CUDA_CHECK(cudaMalloc(&dy, static_cast<size_t>(max_rows * y_stride) * sizeof(float)));
+    const StridedBf16Case c(shape.in, shape.out, kBf16GemvMaxRows, 41);
     std::vector<float> last_row_alone;
-    for (int64_t rows = 1; rows <= max_rows; ++rows) {
-      SCOPED_TRACE("in " + std::to_string(in) + ", out " + std::to_string(out) + ", rows " +
+    for (int64_t rows = 1; rows <= c.max_rows; ++rows) {
+      SCOPED_TRACE("in " + std::to_string(c.in) + ", out " + std::to_string(c.out) + ", rows " +
                    std::to_string(rows));
       for (const bool prefetch : {false, true}) {
-        Bf16Gemv g;
-        g.x = dx;
-        g.x_stride = x_stride;
-        g.w = dw;
-        g.y = dy;
-        g.y_stride = y_stride;
-        g.rows = rows;
-        g.in = in;
-        g.out = out;
+        Bf16Gemv g = c.operands<Bf16Gemv>(rows);
         g.prefetch_weights = prefetch;
         ASSERT_TRUE(bf16_gemv(g, nullptr));
-        const auto y = to_host(dy, static_cast<size_t>(rows * y_stride));
-        std::vector<float> got(static_cast<size_t>(rows * out));
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t o = 0; o < out; ++o) got[r * out + o] = y[r * y_stride + o];
-        EXPECT_LE(max_relative(got, {want.begin(), want.begin() + rows * out}), 1e-5);
+        const std::vector<float> got = c.dense_y(rows);
+        EXPECT_LE(max_relative(got, c.want_rows(rows)), 1e-5);
         // Row 0's bits: the same with any rows beside it, prefetch or not.
-        const std::vector<float> row0(got.begin(), got.begin() + out);
+        const std::vector<float> row0(got.begin(), got.begin() + c.out);
         if (last_row_alone.empty()) last_row_alone = row0;
         EXPECT_EQ(row0, last_row_alone);
         g.y_f32 = false;
         ASSERT_TRUE(bf16_gemv(g, nullptr));
-        const auto yb =
-            to_host(reinterpret_cast<const uint16_t*>(dy), static_cast<size_t>(rows * y_stride));
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t o = 0; o < out; ++o)
-            EXPECT_EQ(yb[r * y_stride + o], float_to_bf16(got[r * out + o]));
+        c.expect_bf16_y(rows, got);
       }
     }
-    Bf16Gemv other;
-    other.x = dx;
-    other.x_stride = x_stride;
-    other.w = dw;
-    other.y = dy;
-    other.y_stride = y_stride;
-    other.in = in;
-    other.out = out;
-    other.rows = max_rows + 1;
+    Bf16Gemv other = c.operands<Bf16Gemv>(c.max_rows + 1);
     EXPECT_FALSE(bf16_gemv(other, nullptr));  // too many rows
     other.rows = 1;
-    other.x = dx + 1;
+    other.x = c.dx + 1;
     EXPECT_FALSE(bf16_gemv(other, nullptr));  // x not 16-byte aligned
-    other.x = dx;
-    other.in = in - 4;
+    other.x = c.dx;
+    other.in = c.in - 4;
     EXPECT_FALSE(bf16_gemv(other, nullptr));  // in not a multiple of 8
     // Through Blas: the same bits as the kernel called directly; 9-16 rows
     // only with MEGACTX_BF16_GEMV_16_ROWS (else cuBLAS: other bits).
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
-    blas.linear_bf16(dx, 1, in, x_stride, dw, out, dy, y_stride, /*y_f32=*/true);
-    const auto y = to_host(dy, static_cast<size_t>(out));
-    EXPECT_EQ(y, last_row_alone);
+    blas.linear_bf16(c.dx, 1, c.in, c.x_stride, c.dw, c.out, c.dy, c.y_stride, /*y_f32=*/true);
+    EXPECT_EQ(to_host(c.dy, static_cast<size_t>(c.out)), last_row_alone);
     blas.set_bf16_gemv_16_rows(true);
-    blas.linear_bf16(dx, max_rows, in, x_stride, dw, out, dy, y_stride, /*y_f32=*/true);
-    EXPECT_EQ(to_host(dy, static_cast<size_t>(out)), last_row_alone);
-    cudaFree(dx);
-    cudaFree(dw);
-    cudaFree(dy);
+    blas.linear_bf16(c.dx, c.max_rows, c.in, c.x_stride, c.dw, c.out, c.dy, c.y_stride,
+                     /*y_f32=*/true);
+    EXPECT_EQ(to_host(c.dy, static_cast<size_t>(c.out)), last_row_alone);
   }
 }
 
@@ -488,6 +516,62 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
     cudaFree(gate_up);
     cudaFree(want);
     cudaFree(got);
+  }
+}
+
+// The few-row tensor-core bf16 linear (bf16_skinny.h) against double loops:
+// 1-64 rows (one or two 32-row tiles, partial column groups), outputs that
+// are not multiples of 16, strided x and y, float32 and bf16 outputs, the
+// split along k forced off and on (same sums within rounding; a row's bits
+// independent of its batch at a fixed split), shapes it declines, and the
+// Blas path with the switch.
+TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
+  struct Shape {
+    int64_t in, out;
+  };
+  for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
+    const StridedBf16Case c(shape.in, shape.out, kBf16SkinnyMaxRows, 61);
+    for (const int split : {1, 4}) {
+      std::vector<float> row0_alone;
+      for (const int64_t rows : {1, 3, 8, 9, 16, 17, 31, 32, 33, 64}) {
+        SCOPED_TRACE("in " + std::to_string(c.in) + ", out " + std::to_string(c.out) + ", rows " +
+                     std::to_string(rows) + ", split " + std::to_string(split));
+        Bf16Skinny g = c.operands<Bf16Skinny>(rows);
+        g.split = split;
+        MEGACTX_CUDA_CHECK(
+            cudaMemset(c.dy, 0xff, static_cast<size_t>(c.max_rows * c.y_stride) * sizeof(float)));
+        ASSERT_TRUE(bf16_skinny(g, nullptr));
+        const std::vector<float> got = c.dense_y(rows);
+        EXPECT_LE(max_relative(got, c.want_rows(rows)), 1e-5);
+        const std::vector<float> row0(got.begin(), got.begin() + c.out);
+        if (row0_alone.empty()) row0_alone = row0;
+        EXPECT_EQ(row0, row0_alone);
+        // The padding after row 0 is left alone.
+        EXPECT_TRUE(std::isnan(to_host(c.dy, static_cast<size_t>(c.y_stride))[c.y_stride - 1]));
+        g.y_f32 = false;
+        ASSERT_TRUE(bf16_skinny(g, nullptr));
+        c.expect_bf16_y(rows, got);
+      }
+    }
+    Bf16Skinny other = c.operands<Bf16Skinny>(c.max_rows + 1);
+    EXPECT_FALSE(bf16_skinny(other, nullptr));  // too many rows
+    other.rows = 2;
+    other.x = c.dx + 1;
+    EXPECT_FALSE(bf16_skinny(other, nullptr));  // x not 16-byte aligned
+    other.x = c.dx;
+    other.in = c.in - 4;
+    EXPECT_FALSE(bf16_skinny(other, nullptr));  // in not a multiple of 8
+    other.in = c.in;
+    other.split = 2;
+    EXPECT_FALSE(bf16_skinny(other, nullptr));  // not a split it has
+    // Through Blas past the GEMV's rows: within rounding of double loops.
+    Blas blas(nullptr);
+    blas.set_bf16_gemv(true);
+    blas.set_bf16_skinny(true);
+    const int64_t rows = 24;
+    blas.linear_bf16(c.dx, rows, c.in, c.x_stride, c.dw, c.out, c.dy, c.out, /*y_f32=*/true);
+    EXPECT_LE(max_relative(to_host(c.dy, static_cast<size_t>(rows * c.out)), c.want_rows(rows)),
+              1e-5);
   }
 }
 

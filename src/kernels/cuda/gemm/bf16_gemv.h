@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/gemm/bf16_product.h"
+
 namespace megactx::cuda {
 
 // Rows bf16_gemv serves; Blas sends it up to kBf16GemvBlasRows by default,
@@ -38,14 +40,7 @@ inline constexpr bool kBf16Gemv = true;
 // MEGACTX_BF16_GEMV_SWIGLU=0 / 1 sets it for every Blas created afterwards.
 inline constexpr bool kBf16GemvSwiglu = false;
 
-struct Bf16Gemv {
-  const void* x = nullptr;  // bf16 [rows, x_stride]
-  int64_t x_stride = 0;
-  const void* w = nullptr;  // bf16 [out, in]
-  void* y = nullptr;        // float32 or bf16 [rows, y_stride]
-  int64_t y_stride = 0;
-  bool y_f32 = true;
-  int64_t rows = 0, in = 0, out = 0;
+struct Bf16Gemv : Bf16Product {
   // SwiGLU: w is [2 out, in] (gate rows, then up rows, as a fused gate_up
   // projection) and y bf16 [rows, y_stride] = silu(gate) * up, gate and up
   // rounded to bf16 first: the bits of the plain GEMV into bf16 followed by

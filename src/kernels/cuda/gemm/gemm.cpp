@@ -42,7 +42,7 @@ int narrow(int64_t value, const char* what) {
 }
 
 // The shape and operands of one product y = x . w^T, which every product
-// struct (InvariantGemm, Bf16Gemv, Bf16LtGemm) names alike; callers set the
+// struct (InvariantGemm, Bf16Gemv, Bf16Skinny, Bf16LtGemm) names alike; callers set the
 // fields they differ in (element types, y_f32, ...).
 template <typename Product>
 Product product(const void* x, int64_t x_stride, const void* w, void* y, int64_t y_stride,
@@ -89,6 +89,7 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
   bf16_gemv_swiglu_ = env_switch("MEGACTX_BF16_GEMV_SWIGLU", kBf16GemvSwiglu);
   set_bf16_gemv_16_rows(env_switch("MEGACTX_BF16_GEMV_16_ROWS", kBf16Gemv16Rows));
+  bf16_skinny_ = env_switch("MEGACTX_BF16_SKINNY", kBf16Skinny);
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
 }
@@ -533,6 +534,11 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;
     if (bf16_gemv(g, stream_)) return;
+  }
+  if (bf16_skinny_ && rows <= kBf16SkinnyMaxRows) {
+    Bf16Skinny g = product<Bf16Skinny>(x, x_stride, w, y, y_stride, rows, in, out);
+    g.y_f32 = y_f32;
+    if (bf16_skinny(g, stream_)) return;
   }
   if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
     Bf16LtGemm g = product<Bf16LtGemm>(x, x_stride, w, y, y_stride, rows, in, out);

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "kernels/cuda/gemm/bf16_gemv.h"
+#include "kernels/cuda/gemm/bf16_skinny.h"
 #include "kernels/cuda/gemm/cublaslt_gemm.h"
 
 namespace megactx::cuda {
@@ -193,6 +194,10 @@ class Blas {
   // MEGACTX_WEIGHT_PREFETCH=1 turns it on for every Blas created afterwards.
   void set_weight_prefetch(bool on) { weight_prefetch_ = on; }
   void set_bf16_gemv_swiglu(bool on) { bf16_gemv_swiglu_ = on; }
+  // bf16 linears past bf16_gemv's rows, up to kBf16SkinnyMaxRows, on the
+  // few-row tensor-core kernel (bf16_skinny.h) instead of cuBLAS: kBf16Skinny,
+  // MEGACTX_BF16_SKINNY=0 / 1.
+  void set_bf16_skinny(bool on) { bf16_skinny_ = on; }
   // bf16_gemv for up to kBf16GemvMaxRows (16) rows instead of
   // kBf16GemvBlasRows (8): kBf16Gemv16Rows, MEGACTX_BF16_GEMV_16_ROWS=0 / 1.
   void set_bf16_gemv_16_rows(bool on) {
@@ -261,6 +266,7 @@ class Blas {
   bool bf16_cublaslt_ = false;
   bool weight_prefetch_ = false;
   bool bf16_gemv_swiglu_ = kBf16GemvSwiglu;
+  bool bf16_skinny_ = kBf16Skinny;
   int64_t bf16_gemv_rows_ = kBf16Gemv16Rows ? kBf16GemvMaxRows : kBf16GemvBlasRows;
   bool bf16_gemv_ = kBf16Gemv;
   std::unique_ptr<LtGemm> lt_;

@@ -1,0 +1,43 @@
+// bf16 linears of 1..kBf16SkinnyMaxRows rows on tensor cores: y [rows, out]
+// = x [rows, in] . w [out, in]^T, x and w bf16, float32 accumulation
+// (mma.sync m16n8k16), y float32 or bf16. For decode batches and MTP
+// verifications past the bf16 GEMV's rows (bf16_gemv.h), where cuBLAS's
+// kernels read the weights at a fraction of the read bandwidth and take no
+// part in programmatic dependent launch.
+//
+// A warp owns 16 weight rows (the MMA's M) and a tile of up to 32 input rows
+// (four N = 8 column groups), read straight from global memory (L1 serves
+// the tile to every warp). Grid (out / 64, row tiles); 4 weight-row warps per
+// CTA, times kSplit warps along k where the grid alone cannot fill the GPU,
+// their sums added in shared memory in part order: the result does not
+// depend on timing, and a row's bits depend only on the split.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/gemm/bf16_product.h"
+
+namespace megactx::cuda {
+
+inline constexpr int64_t kBf16SkinnyMaxRows = 64;
+
+// Blas's default for bf16 linears of kBf16GemvBlasRows + 1 ..
+// kBf16SkinnyMaxRows rows. Off until it has run on a GPU
+// (CudaGemm.Bf16SkinnyMatchesDoubleLoops) and been measured against cuBLAS;
+// MEGACTX_BF16_SKINNY=0 / 1 sets it for every Blas created afterwards.
+inline constexpr bool kBf16Skinny = false;
+
+struct Bf16Skinny : Bf16Product {
+  // Warps along k per weight-row warp: 0 chooses (4 when the grid has at
+  // most two CTAs per multiprocessor, else 1); 1 or 4 forces it (tests).
+  int split = 0;
+};
+
+// Launches it when it serves the shape: 1..kBf16SkinnyMaxRows rows, `in` and
+// x_stride multiples of 8, x and w 16-byte aligned, split 0, 1 or 4; false
+// otherwise, launching nothing (the caller runs cuBLAS).
+bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream);
+
+}  // namespace megactx::cuda
