@@ -531,7 +531,7 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
   };
   for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
     const StridedBf16Case c(shape.in, shape.out, kBf16SkinnyMaxRows, 61);
-    for (const int split : {1, 4}) {
+    for (const int split : {1, 8}) {
       std::vector<float> row0_alone;
       for (const int64_t rows : {1, 3, 8, 9, 16, 17, 31, 32, 33, 64}) {
         SCOPED_TRACE("in " + std::to_string(c.in) + ", out " + std::to_string(c.out) + ", rows " +
@@ -562,7 +562,7 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
     other.in = c.in - 4;
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // in not a multiple of 8
     other.in = c.in;
-    other.split = 2;
+    other.split = 4;
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // not a split it has
     // Through Blas past the GEMV's rows: within rounding of double loops.
     Blas blas(nullptr);

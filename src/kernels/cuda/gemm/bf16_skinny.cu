@@ -20,11 +20,11 @@
 namespace megactx::cuda {
 namespace {
 
-constexpr int kWarps = 4;          // weight-row warps per CTA (each times kSplit along k)
 constexpr int kBlocksPerStep = 4;  // 32-wide k blocks of weights loaded before their MMAs
 
-// Grid (ceil(out / 64), ceil(rows / (8 kGroups))).
-template <int kGroups, int kSplit>
+// kWarps weight-row warps per CTA, each times kSplit warps along k. Grid
+// (ceil(out / (16 kWarps)), ceil(rows / (8 kGroups))).
+template <int kGroups, int kWarps, int kSplit>
 __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16Skinny g) {
   // Other parts' sums: [kSplit - 1][kWarps][kGroups * 4][32] (sum_split_parts).
   __shared__ float partial[kSplit > 1 ? (kSplit - 1) * kWarps * kGroups * 4 * 32 : 1];
@@ -112,17 +112,24 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16S
   }
 }
 
+// Large grids: 4 weight-row warps per CTA, no split. Small ones (at most two
+// CTAs per multiprocessor that way): one weight-row warp per CTA, times 8
+// along k, so that the CTAs spread over every SM and 8 times the loads are
+// in flight.
 template <int kGroups>
 void launch(const Bf16Skinny& g, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((g.out + 16 * kWarps - 1) / (16 * kWarps)),
-                  static_cast<unsigned>((g.rows + 8 * kGroups - 1) / (8 * kGroups)));
-  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y;
+  const auto grid = [&](int warps) {
+    return dim3(static_cast<unsigned>((g.out + 16 * warps - 1) / (16 * warps)),
+                static_cast<unsigned>((g.rows + 8 * kGroups - 1) / (8 * kGroups)));
+  };
+  const dim3 wide = grid(4);
+  const int64_t ctas = static_cast<int64_t>(wide.x) * wide.y;
   const bool split =
-      g.split == 4 || (g.split == 0 && ctas <= 2 * int64_t{current_device_multiprocessors()});
+      g.split == 8 || (g.split == 0 && ctas <= 2 * int64_t{current_device_multiprocessors()});
   if (split)
-    launch_kernel(bf16_skinny_kernel<kGroups, 4>, grid, 32 * kWarps * 4, 0, stream, g);
+    launch_kernel(bf16_skinny_kernel<kGroups, 1, 8>, grid(1), 32 * 8, 0, stream, g);
   else
-    launch_kernel(bf16_skinny_kernel<kGroups, 1>, grid, 32 * kWarps, 0, stream, g);
+    launch_kernel(bf16_skinny_kernel<kGroups, 4, 1>, wide, 32 * 4, 0, stream, g);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -135,7 +142,7 @@ bool aligned16(const void* pointer) {
 bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream) {
   if (g.rows < 1 || g.rows > kBf16SkinnyMaxRows || g.in < 8 || g.in % 8 != 0 ||
       g.x_stride % 8 != 0 || !aligned16(g.x) || !aligned16(g.w) || g.out < 1 ||
-      (g.split != 0 && g.split != 1 && g.split != 4))
+      (g.split != 0 && g.split != 1 && g.split != 8))
     return false;
   if (g.rows <= 8) {
     launch<1>(g, stream);

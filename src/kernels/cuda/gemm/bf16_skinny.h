@@ -7,8 +7,8 @@
 //
 // A warp owns 16 weight rows (the MMA's M) and a tile of up to 32 input rows
 // (four N = 8 column groups), read straight from global memory (L1 serves
-// the tile to every warp). Grid (out / 64, row tiles); 4 weight-row warps per
-// CTA, times kSplit warps along k where the grid alone cannot fill the GPU,
+// the tile to every warp). 4 weight-row warps per CTA; where that grid
+// cannot fill the GPU, one weight-row warp per CTA times 8 warps along k,
 // their sums added in shared memory in part order: the result does not
 // depend on timing, and a row's bits depend only on the split.
 #pragma once
@@ -30,13 +30,13 @@ inline constexpr int64_t kBf16SkinnyMaxRows = 64;
 inline constexpr bool kBf16Skinny = false;
 
 struct Bf16Skinny : Bf16Product {
-  // Warps along k per weight-row warp: 0 chooses (4 when the grid has at
-  // most two CTAs per multiprocessor, else 1); 1 or 4 forces it (tests).
+  // Warps along k per weight-row warp: 0 chooses (8 when the unsplit grid
+  // has at most two CTAs per multiprocessor, else 1); 1 or 8 forces it.
   int split = 0;
 };
 
 // Launches it when it serves the shape: 1..kBf16SkinnyMaxRows rows, `in` and
-// x_stride multiples of 8, x and w 16-byte aligned, split 0, 1 or 4; false
+// x_stride multiples of 8, x and w 16-byte aligned, split 0, 1 or 8; false
 // otherwise, launching nothing (the caller runs cuBLAS).
 bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream);
 
