@@ -436,14 +436,17 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
 }
 
 // The SwiGLU GEMV (Bf16Gemv::swiglu) against the plain GEMV into bf16 followed
-// by silu_mul_bf16: the same bits, at 1..8 rows, with and without the weight
-// prefetch; then through Blas::linear_swiglu_bf16 (on and off).
+// by silu_mul_bf16: the same bits, at 1..16 rows, with and without the weight
+// prefetch; bf16_skinny's SwiGLU form the same way at 1-64 rows and both
+// splits; then through Blas::linear_swiglu_bf16 (on and off, GEMV and
+// bf16_skinny rows).
 TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
   struct Shape {
     int64_t in, inter;
   };
   for (const Shape shape : {Shape{2048, 768}, Shape{768, 1000}, Shape{5632, 2048}, Shape{72, 6}}) {
-    const int64_t in = shape.in, inter = shape.inter, rows_max = kBf16GemvMaxRows;
+    // The GEMV's rows, then the few-row tensor-core kernel's (bf16_skinny).
+    const int64_t in = shape.in, inter = shape.inter, rows_max = kBf16SkinnyMaxRows;
     SCOPED_TRACE("in " + std::to_string(in) + ", inter " + std::to_string(inter));
     auto x = random_values(static_cast<size_t>(rows_max * in), 51);
     // Gate and up rows scaled so that silu sees both signs and large values.
@@ -473,7 +476,7 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
       silu_mul_bf16(gate_up, gate_up + inter, rows, inter, 2 * inter, want, nullptr);
       return plain;
     };
-    for (int64_t rows = 1; rows <= rows_max; ++rows) {
+    for (int64_t rows = 1; rows <= kBf16GemvMaxRows; ++rows) {
       SCOPED_TRACE("rows " + std::to_string(rows));
       const Bf16Gemv plain = two_launches(rows);
       const auto expected = to_host(want, static_cast<size_t>(rows * inter));
@@ -493,6 +496,39 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
         EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)), expected);
       }
     }
+    // bf16_skinny's SwiGLU form against its plain form into bf16 and
+    // silu_mul_bf16, at each split.
+    const auto skinny_two_launches = [&](int64_t rows, int split) {
+      Bf16Skinny plain;
+      plain.x = dx;
+      plain.x_stride = in;
+      plain.w = dw;
+      plain.y = gate_up;
+      plain.y_stride = 2 * inter;
+      plain.y_f32 = false;
+      plain.rows = rows;
+      plain.in = in;
+      plain.out = 2 * inter;
+      plain.split = split;
+      EXPECT_TRUE(bf16_skinny(plain, nullptr));
+      silu_mul_bf16(gate_up, gate_up + inter, rows, inter, 2 * inter, want, nullptr);
+      return plain;
+    };
+    for (const int split : {1, 8}) {
+      for (const int64_t rows : {1, 9, 16, 17, 33, 64}) {
+        SCOPED_TRACE("bf16_skinny, rows " + std::to_string(rows) + ", split " +
+                     std::to_string(split));
+        Bf16Skinny fused = skinny_two_launches(rows, split);
+        fused.y = got;
+        fused.y_stride = inter;
+        fused.out = inter;
+        fused.swiglu = true;
+        MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
+        ASSERT_TRUE(bf16_skinny(fused, nullptr));
+        EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)),
+                  to_host(want, static_cast<size_t>(rows * inter)));
+      }
+    }
     // Through Blas: float32 x holding bf16 values (so its bf16 copy is xb).
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
@@ -509,6 +545,14 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
     two_launches(rows);
     EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)),
               to_host(want, static_cast<size_t>(rows * inter)));
+    // Past the GEMV's rows only with bf16_skinny on, on its automatic split.
+    EXPECT_FALSE(blas.linear_swiglu_bf16(dxf, 24, in, in, matrix, inter, got));
+    blas.set_bf16_skinny(true);
+    MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
+    ASSERT_TRUE(blas.linear_swiglu_bf16(dxf, 24, in, in, matrix, inter, got));
+    skinny_two_launches(24, 0);
+    EXPECT_EQ(to_host(got, static_cast<size_t>(24 * inter)),
+              to_host(want, static_cast<size_t>(24 * inter)));
     EXPECT_FALSE(blas.linear_swiglu_bf16(dxf, rows_max + 1, in, in, matrix, inter, got));
     cudaFree(dxf);
     cudaFree(dx);

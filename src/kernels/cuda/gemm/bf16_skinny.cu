@@ -23,8 +23,10 @@ namespace {
 constexpr int kBlocksPerStep = 4;  // 32-wide k blocks of weights loaded before their MMAs
 
 // kWarps weight-row warps per CTA, each times kSplit warps along k. Grid
-// (ceil(out / (16 kWarps)), ceil(rows / (8 kGroups))).
-template <int kGroups, int kWarps, int kSplit>
+// (ceil(out / (16 kWarps)), ceil(rows / (8 kGroups))); with kSwiglu a warp
+// takes gate rows j .. j + 7 and up rows out + j .. out + j + 7 as its 16
+// (the grid is the same: out / 8 such warps).
+template <int kGroups, int kWarps, int kSplit, bool kSwiglu>
 __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16Skinny g) {
   // Other parts' sums: [kSplit - 1][kWarps][kGroups * 4][32] (sum_split_parts).
   __shared__ float partial[kSplit > 1 ? (kSplit - 1) * kWarps * kGroups * 4 * 32 : 1];
@@ -34,10 +36,11 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16S
             lane = static_cast<int>(threadIdx.x) % 32;
   const int part = static_cast<int>(threadIdx.x) / (32 * kWarps);  // this warp's share of k
   const int gq = lane / 4, t = lane % 4;
-  // Lane (gq, t) holds weight rows first + gq and first + gq + 8.
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
-  const int64_t low_row = first + gq, high_row = first + gq + 8;
-  const bool low_valid = low_row < g.out, high_valid = high_row < g.out;
+  // Lane (gq, t) holds weight rows first + gq and first + gq + 8 (kSwiglu:
+  // gate row first + gq and up row out + first + gq).
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * (kSwiglu ? 8 : 16);
+  const int64_t low_row = first + gq, high_row = kSwiglu ? g.out + first + gq : first + gq + 8;
+  const bool low_valid = low_row < g.out, high_valid = kSwiglu ? low_valid : high_row < g.out;
   const auto* w = static_cast<const __nv_bfloat16*>(g.w);
   const __nv_bfloat16* low = w + (low_valid ? low_row : 0) * g.in;
   const __nv_bfloat16* high = w + (high_valid ? high_row : 0) * g.in;
@@ -99,7 +102,15 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16S
       const int64_t r = row0 + 8 * q + 2 * t + i;  // input row of c[q][i] and c[q][2 + i]
       if (r >= g.rows) continue;
       const int64_t base = r * g.y_stride;
-      if (g.y_f32) {
+      if constexpr (kSwiglu) {
+        // silu_mul_bf16's expression on the bf16-rounded gate and up: the
+        // bits of the plain kernel into bf16 followed by silu_mul_bf16.
+        const float gate = __bfloat162float(__float2bfloat16_rn(c[q][i]));
+        const float up = __bfloat162float(__float2bfloat16_rn(c[q][2 + i]));
+        if (low_valid)
+          static_cast<__nv_bfloat16*>(g.y)[base + low_row] =
+              __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+      } else if (g.y_f32) {
         auto* y = static_cast<float*>(g.y);
         if (low_valid) y[base + low_row] = c[q][i];
         if (high_valid) y[base + high_row] = c[q][2 + i];
@@ -116,10 +127,12 @@ __global__ void __launch_bounds__(32 * kWarps * kSplit) bf16_skinny_kernel(Bf16S
 // CTAs per multiprocessor that way): one weight-row warp per CTA, times 8
 // along k, so that the CTAs spread over every SM and 8 times the loads are
 // in flight.
-template <int kGroups>
+template <int kGroups, bool kSwiglu>
 void launch(const Bf16Skinny& g, cudaStream_t stream) {
+  // Output columns per weight-row warp: 16, or 8 gate / up pairs.
+  constexpr int kColumns = kSwiglu ? 8 : 16;
   const auto grid = [&](int warps) {
-    return dim3(static_cast<unsigned>((g.out + 16 * warps - 1) / (16 * warps)),
+    return dim3(static_cast<unsigned>((g.out + kColumns * warps - 1) / (kColumns * warps)),
                 static_cast<unsigned>((g.rows + 8 * kGroups - 1) / (8 * kGroups)));
   };
   const dim3 wide = grid(4);
@@ -127,10 +140,18 @@ void launch(const Bf16Skinny& g, cudaStream_t stream) {
   const bool split =
       g.split == 8 || (g.split == 0 && ctas <= 2 * int64_t{current_device_multiprocessors()});
   if (split)
-    launch_kernel(bf16_skinny_kernel<kGroups, 1, 8>, grid(1), 32 * 8, 0, stream, g);
+    launch_kernel(bf16_skinny_kernel<kGroups, 1, 8, kSwiglu>, grid(1), 32 * 8, 0, stream, g);
   else
-    launch_kernel(bf16_skinny_kernel<kGroups, 4, 1>, wide, 32 * 4, 0, stream, g);
+    launch_kernel(bf16_skinny_kernel<kGroups, 4, 1, kSwiglu>, wide, 32 * 4, 0, stream, g);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kGroups>
+void launch(const Bf16Skinny& g, cudaStream_t stream) {
+  if (g.swiglu)
+    launch<kGroups, true>(g, stream);
+  else
+    launch<kGroups, false>(g, stream);
 }
 
 bool aligned16(const void* pointer) {

@@ -30,6 +30,11 @@ inline constexpr int64_t kBf16SkinnyMaxRows = 64;
 inline constexpr bool kBf16Skinny = false;
 
 struct Bf16Skinny : Bf16Product {
+  // SwiGLU (as Bf16Gemv::swiglu): w is [2 out, in] (gate rows, then up
+  // rows) and y bf16 [rows, y_stride] = silu(gate) * up with gate and up
+  // rounded to bf16 first, the bits of this kernel into bf16 [rows, 2 out]
+  // followed by silu_mul_bf16 (the same split: the grids are the same).
+  bool swiglu = false;
   // Warps along k per weight-row warp: 0 chooses (8 when the unsplit grid
   // has at most two CTAs per multiprocessor, else 1); 1 or 8 forces it.
   int split = 0;

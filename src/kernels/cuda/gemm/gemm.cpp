@@ -285,13 +285,23 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
 
 bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                               DeviceMatrix w, int64_t inter, void* act) {
+  // Which kernel would run the plain gate_up product of these rows.
+  const bool gemv = bf16_gemv_ && rows <= bf16_gemv_rows_;
+  const bool skinny = !gemv && bf16_skinny_ && rows <= kBf16SkinnyMaxRows;
   // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
   // every row 16-byte aligned); the weights must be too.
-  if (!bf16_gemv_swiglu_ || !bf16_gemv_ || batch_invariant_ || !w.bf16 || w.fp8() || rows < 1 ||
-      rows > bf16_gemv_rows_ || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+  if (!bf16_gemv_swiglu_ || !(gemv || skinny) || batch_invariant_ || !w.bf16 || w.fp8() ||
+      rows < 1 || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
     return false;
-  Bf16Gemv g =
-      product<Bf16Gemv>(bf16_input(x, rows, in, x_stride), in, w.data, act, inter, rows, in, inter);
+  const void* x16 = bf16_input(x, rows, in, x_stride);
+  if (skinny) {
+    Bf16Skinny g = product<Bf16Skinny>(x16, in, w.data, act, inter, rows, in, inter);
+    g.swiglu = true;
+    MEGACTX_CHECK(bf16_skinny(g, stream_),
+                  "linear_swiglu_bf16: bf16_skinny declined a checked shape");
+    return true;
+  }
+  Bf16Gemv g = product<Bf16Gemv>(x16, in, w.data, act, inter, rows, in, inter);
   g.swiglu = true;
   g.prefetch_weights = weight_prefetch_;
   MEGACTX_CHECK(bf16_gemv(g, stream_), "linear_swiglu_bf16: bf16_gemv declined a checked shape");

@@ -87,10 +87,10 @@ class Blas {
   // A SwiGLU MLP's first half in one launch when it can: act [rows, inter]
   // bf16 = silu(gate) * up of the bf16 gate_up projection (w [2 inter, in],
   // bf16), the bits of linear_to_bf16 into [rows, 2 inter] followed by
-  // silu_mul_bf16. Only with the switch on (kBf16GemvSwiglu) and the bf16
-  // GEMV too, the rows Blas sends to it, bf16 weights, outside the
-  // deterministic mode, and shapes bf16_gemv serves; otherwise returns false
-  // having launched nothing.
+  // silu_mul_bf16. Only with the switch on (kBf16GemvSwiglu), for the rows
+  // Blas sends to bf16_gemv or bf16_skinny (their SwiGLU forms), bf16
+  // weights, outside the deterministic mode, and shapes they serve;
+  // otherwise returns false having launched nothing.
   bool linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                           DeviceMatrix w, int64_t inter, void* act);
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
