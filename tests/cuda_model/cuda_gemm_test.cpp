@@ -381,10 +381,6 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   cudaFree(dy);
 }
 
-// Decode sizes (a few rows, a long `in`) on cuBLASLt (Blas's opt-in path,
-// its plans autotuned): the same sums as double loops over the bf16 inputs,
-// every row count up to Blas::kBf16LtMaxRows on that path, and every
-// candidate of each plan (the ones the benchmark and autotuning time) right.
 // The bf16 decode GEMV: every row count it serves, strided x and y, float32
 // and bf16 outputs, against double loops; a row's bits do not depend on the
 // rows beside it or on the weight prefetch; shapes it does not serve are left
@@ -619,6 +615,10 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
   }
 }
 
+// Decode sizes (a few rows, a long `in`) on cuBLASLt (Blas's opt-in path,
+// its plans autotuned): the same sums as double loops over the bf16 inputs,
+// every row count up to Blas::kBf16LtMaxRows on that path, and every
+// candidate of each plan (the ones the benchmark and autotuning time) right.
 TEST(CudaGemm, Bf16LinearsOfDecodeSizesOnCublasLtMatchDoubleLoops) {
   const int64_t in = 6144, out = 384, max_rows = 80;
   auto x = random_values(static_cast<size_t>(max_rows * in), 31);
