@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/moe/grouped_moe.h"
 #include "kernels/cuda/moe/router.h"
@@ -88,7 +89,7 @@ void CudaDsaModel::grouped_experts(const DeviceLayer& w, const float* h, const i
     // expert's fp8 linears): the experts read it instead of quantising h.
     const Blas::Fp8Input copy =
         blas_->fp8_copy_of(h, rows, config_.hidden_size, config_.hidden_size);
-    if (copy.q != nullptr && reinterpret_cast<uintptr_t>(copy.q) % 16 == 0) {
+    if (copy.q != nullptr && aligned16(copy.q)) {
       call.buffers.x_q = copy.q;
       call.buffers.x_scale = copy.scale_rows;
     }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
@@ -153,10 +154,6 @@ void launch(const Bf16Gemv& g, cudaStream_t stream) {
                   g);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
-}
-
-bool aligned16(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
 }  // namespace

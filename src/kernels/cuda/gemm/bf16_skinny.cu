@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -21,6 +22,9 @@ namespace megactx::cuda {
 namespace {
 
 constexpr int kBlocksPerStep = 4;  // 32-wide k blocks of weights loaded before their MMAs
+// Grids of at most this many CTAs per multiprocessor (4 weight-row warps per
+// CTA) take the split along k.
+constexpr int64_t kSplitMaxCtasPerSm = 2;
 
 // kWarps weight-row warps per CTA, each times kSplit warps along k. Grid
 // (ceil(out / (16 kWarps)), ceil(rows / (8 kGroups))); with kSwiglu a warp
@@ -137,8 +141,8 @@ void launch(const Bf16Skinny& g, cudaStream_t stream) {
   };
   const dim3 wide = grid(4);
   const int64_t ctas = static_cast<int64_t>(wide.x) * wide.y;
-  const bool split =
-      g.split == 8 || (g.split == 0 && ctas <= 2 * int64_t{current_device_multiprocessors()});
+  const bool split = g.split == 8 || (g.split == 0 && ctas <= kSplitMaxCtasPerSm *
+                                                                  current_device_multiprocessors());
   if (split)
     launch_kernel(bf16_skinny_kernel<kGroups, 1, 8, kSwiglu>, grid(1), 32 * 8, 0, stream, g);
   else
@@ -152,10 +156,6 @@ void launch(const Bf16Skinny& g, cudaStream_t stream) {
     launch<kGroups, true>(g, stream);
   else
     launch<kGroups, false>(g, stream);
-}
-
-bool aligned16(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
 }  // namespace

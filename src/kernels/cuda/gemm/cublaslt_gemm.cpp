@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "kernels/cuda/common/alignment.h"
 
 namespace megactx::cuda {
 namespace {
@@ -17,10 +18,6 @@ namespace {
 void check(cublasStatus_t status, const char* what) {
   MEGACTX_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt GEMM: {} failed (status {})", what,
                 static_cast<int>(status));
-}
-
-bool aligned(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
 // The largest power of two up to 256 that divides every pointer of the call:
@@ -274,7 +271,8 @@ bool LtGemm::supports(const Fp8BlockGemm& g) {
   // The scale tensors too: a per-expert view of small stacked experts can
   // start its scales at an 8-byte offset (cuda_moe_fp8_test's down matrices,
   // 2 scales per expert), which cuBLASLt refused at matmul time (status 15).
-  if (!aligned(g.x) || !aligned(g.w) || !aligned(g.y) || !aligned(g.scale) || !aligned(g.x_scale))
+  if (!aligned16(g.x) || !aligned16(g.w) || !aligned16(g.y) || !aligned16(g.scale) ||
+      !aligned16(g.x_scale))
     return false;
   return plan(g)->found();
 }
@@ -282,7 +280,7 @@ bool LtGemm::supports(const Fp8BlockGemm& g) {
 bool LtGemm::supports(const Bf16LtGemm& g) {
   const int64_t y_element = g.y_f32 ? 4 : 2;
   if (g.rows <= 0 || g.in % 8 != 0 || g.x_stride % 8 != 0 || (g.y_stride * y_element) % 16 != 0 ||
-      !aligned(g.x) || !aligned(g.w) || !aligned(g.y))
+      !aligned16(g.x) || !aligned16(g.w) || !aligned16(g.y))
     return false;
   return plan(g)->found();
 }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 
@@ -155,10 +156,6 @@ __global__ void __launch_bounds__(kThreads) fp8_block_gemm_mma_kernel(Fp8BlockGe
       }
     }
   }
-}
-
-bool aligned16(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
 }  // namespace

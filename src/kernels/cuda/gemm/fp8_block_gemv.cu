@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
@@ -186,10 +187,6 @@ __global__ void __launch_bounds__(kRowWarps * 32) fp8_block_gemv_row_kernel(Fp8B
 size_t row_kernel_shared_bytes(int64_t in) {
   const int64_t bytes = (in + kWarpStep - 1) / kWarpStep * kWarpStep * 4;
   return bytes <= 200 * 1024 ? static_cast<size_t>(bytes) : 0;
-}
-
-bool aligned16(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
 // MEGACTX_FP8_GEMV_FAST=0: the per-element kernel with one load in flight per

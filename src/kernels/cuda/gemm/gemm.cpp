@@ -9,6 +9,7 @@
 
 #include "core/env_switch.h"
 #include "core/error.h"
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/batch_invariant_gemm.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
@@ -291,7 +292,7 @@ bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t 
   // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
   // every row 16-byte aligned); the weights must be too.
   if (!bf16_gemv_swiglu_ || !(gemv || skinny) || batch_invariant_ || !w.bf16 || w.fp8() ||
-      rows < 1 || in % 8 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+      rows < 1 || in % 8 != 0 || !aligned16(w.data))
     return false;
   const void* x16 = bf16_input(x, rows, in, x_stride);
   if (skinny) {

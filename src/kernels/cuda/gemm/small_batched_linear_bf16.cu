@@ -17,6 +17,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/gemm/small_batched_linear.h"
@@ -152,10 +153,6 @@ void launch(const SmallBatchedLinearBf16& g, cudaStream_t stream) {
 template <int kMTiles>
 void launch_rows(const SmallBatchedLinearBf16& g, cudaStream_t stream) {
   g.y_f32 ? launch<kMTiles, true>(g, stream) : launch<kMTiles, false>(g, stream);
-}
-
-bool aligned16(const void* pointer) {
-  return (reinterpret_cast<uintptr_t>(pointer) & 15u) == 0;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "core/env_switch.h"
 #include "core/error.h"
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
@@ -81,9 +82,6 @@ void check_grouped_moe(const GroupedMoeShape& shape) {
 
 void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
                               const StackedExperts& weights, const GroupedMoeBuffers& buffers) {
-  const auto aligned = [](const void* pointer) {
-    return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
-  };
   MEGACTX_CHECK(weights.gate_up != nullptr && weights.down != nullptr,
                 "grouped MoE: stacked expert weights missing");
   const auto kind = [](bool bf16, bool fp8) {
@@ -101,14 +99,15 @@ void check_grouped_moe_inputs(const float* x, const GroupedMoeShape& shape,
         weights.gate_up_scale_split == 0 || weights.gate_up_scale_split == shape.intermediate,
         "grouped MoE: gate_up scale_split {} must be 0 or the intermediate size {}",
         weights.gate_up_scale_split, shape.intermediate);
-    MEGACTX_CHECK(buffers.fp8 != nullptr && aligned(buffers.fp8),
+    MEGACTX_CHECK(buffers.fp8 != nullptr && aligned16(buffers.fp8),
                   "grouped MoE: fp8 experts need the 16-byte aligned fp8 workspace");
-    MEGACTX_CHECK((buffers.x_q == nullptr) == (buffers.x_scale == nullptr) && aligned(buffers.x_q),
-                  "grouped MoE: x's e4m3 copy needs its scales and 16-byte alignment");
+    MEGACTX_CHECK(
+        (buffers.x_q == nullptr) == (buffers.x_scale == nullptr) && aligned16(buffers.x_q),
+        "grouped MoE: x's e4m3 copy needs its scales and 16-byte alignment");
   }
-  MEGACTX_CHECK(
-      aligned(x) && aligned(weights.gate_up) && aligned(weights.down) && aligned(buffers.act),
-      "grouped MoE: inputs, weights and activations must be 16-byte aligned");
+  MEGACTX_CHECK(aligned16(x) && aligned16(weights.gate_up) && aligned16(weights.down) &&
+                    aligned16(buffers.act),
+                "grouped MoE: inputs, weights and activations must be 16-byte aligned");
 }
 
 GroupedMoeLayout grouped_moe_layout(const GroupedMoeShape& shape) {

@@ -2,6 +2,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/moe/router.h"
@@ -168,7 +169,7 @@ bool moe_router_fused(const float* h, int64_t rows, int64_t hidden, const float*
                       const float* bias, const RouteParams& params, float* logits, int32_t* done,
                       int32_t* ids, float* weights, cudaStream_t stream) {
   if (rows > kFusedRouterMaxRows || hidden % 4 != 0 || params.n_group > 64 || params.experts <= 0 ||
-      reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(router) % 16 != 0)
+      !aligned16(h) || !aligned16(router))
     return false;
   if (rows == 0) return true;
   const auto ctas = static_cast<unsigned>((params.experts + kExpertsPerCta - 1) / kExpertsPerCta);
