@@ -2,7 +2,8 @@
 # A/B of the decode switches: model_decode_bench on glm_1b once per set of switches, each in its
 # own process (the switches are read once per process), on one machine. The defaults; the ones
 # still off (the weight prefetch, the experts reading the norm's fp8 copy, the SwiGLU GEMV, the
-# GEMV at 9-16 rows, the tensor-core bf16 linear at 9-64 rows); the expert split-K forced on and off (by default it follows the grid size);
+# tensor-core bf16 linear at 9-64 rows); the expert split-K forced on and off (by default it follows
+# the grid size);
 # and the earlier defaults (cuBLAS for the router's logits and the bf16 linears of decode, no
 # split-K).
 #
@@ -21,7 +22,6 @@ runs=(
   "MEGACTX_WEIGHT_PREFETCH=1"
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_GEMV_SWIGLU=1"
-  "MEGACTX_BF16_GEMV_16_ROWS=1"
   "MEGACTX_BF16_SKINNY=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
   "MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"

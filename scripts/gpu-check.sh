@@ -247,10 +247,11 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
     fi
   done
   # The decode switches that are not the default (docs/development.md): the weight prefetch, the
-  # experts reading the norm's fp8 copy, the SwiGLU GEMV and the GEMV at 9-16 rows, together; the
-  # tensor-core bf16 linear at 9-64 rows; through the model tests they change; and the fused router and the bf16 GEMV switched off (their cuBLAS fallbacks).
+  # experts reading the norm's fp8 copy, the SwiGLU GEMV, together;
+  # the tensor-core bf16 linear at 9-64 rows; through the model tests they change; and the fused
+  # router and the bf16 GEMV switched off (their cuBLAS fallbacks).
   for switches in \
-    "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1 MEGACTX_BF16_GEMV_16_ROWS=1" \
+    "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
     for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do

@@ -418,13 +418,12 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
     other.x = c.dx;
     other.in = c.in - 4;
     EXPECT_FALSE(bf16_gemv(other, nullptr));  // in not a multiple of 8
-    // Through Blas: the same bits as the kernel called directly; 9-16 rows
-    // only with MEGACTX_BF16_GEMV_16_ROWS (else cuBLAS: other bits).
+    // Through Blas: the same bits as the kernel called directly, at 1 and at
+    // kBf16GemvMaxRows rows.
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
     blas.linear_bf16(c.dx, 1, c.in, c.x_stride, c.dw, c.out, c.dy, c.y_stride, /*y_f32=*/true);
     EXPECT_EQ(to_host(c.dy, static_cast<size_t>(c.out)), last_row_alone);
-    blas.set_bf16_gemv_16_rows(true);
     blas.linear_bf16(c.dx, c.max_rows, c.in, c.x_stride, c.dw, c.out, c.dy, c.y_stride,
                      /*y_f32=*/true);
     EXPECT_EQ(to_host(c.dy, static_cast<size_t>(c.out)), last_row_alone);
@@ -432,7 +431,7 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
 }
 
 // The SwiGLU GEMV (Bf16Gemv::swiglu) against the plain GEMV into bf16 followed
-// by silu_mul_bf16: the same bits, at 1..16 rows, with and without the weight
+// by silu_mul_bf16: the same bits, at 1..8 rows, with and without the weight
 // prefetch; bf16_skinny's SwiGLU form the same way at 1-64 rows and both
 // splits; then through Blas::linear_swiglu_bf16 (on and off, GEMV and
 // bf16_skinny rows).

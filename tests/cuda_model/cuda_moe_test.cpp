@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "device_test_util.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/moe/expert_kernels.h"
@@ -474,14 +475,15 @@ TEST(CudaMoe, RankChunksAddUpInRankOrder) {
 using testing::HfFixture;
 using testing::load_fixture;
 
-// The split-K A/B switches: unset, empty or 1 is no split, the kernel's split
-// is itself, and any other value is an error rather than a silent default.
+// The split-K A/B switches: unset or empty is automatic (0: split when the grid
+// is small), 1 never splits, the kernel's split always does, and any other value
+// is an error rather than a silent default.
 TEST(CudaMoe, ExpertSplitSwitchRejectsOtherValues) {
   const char* variable = "MEGACTX_TEST_EXPERT_SPLIT";
   ::unsetenv(variable);
-  EXPECT_EQ(expert_split_from_env(variable, 4), 1);
+  EXPECT_EQ(expert_split_from_env(variable, 4), 0);
   for (const auto& [value, want] :
-       std::vector<std::pair<const char*, int>>{{"", 1}, {"1", 1}, {"4", 4}}) {
+       std::vector<std::pair<const char*, int>>{{"", 0}, {"1", 1}, {"4", 4}}) {
     ::setenv(variable, value, 1);
     EXPECT_EQ(expert_split_from_env(variable, 4), want) << value;
   }
@@ -490,6 +492,19 @@ TEST(CudaMoe, ExpertSplitSwitchRejectsOtherValues) {
     EXPECT_THROW(expert_split_from_env(variable, 4), Error) << value;
   }
   ::unsetenv(variable);
+}
+
+// Automatic split-K follows the grid (at most two CTAs per multiprocessor),
+// a forced value wins, and the deterministic mode never splits on its own.
+TEST(CudaMoe, ExpertSplitFollowsTheGridUnlessForcedOrDeterministic) {
+  const int64_t sms = current_device_multiprocessors();
+  EXPECT_TRUE(expert_split_k(0, sms, false));
+  EXPECT_TRUE(expert_split_k(0, 2 * sms, false));
+  EXPECT_FALSE(expert_split_k(0, 2 * sms + 1, false));
+  EXPECT_FALSE(expert_split_k(0, sms, true));
+  EXPECT_TRUE(expert_split_k(4, 100 * sms, false));
+  EXPECT_TRUE(expert_split_k(4, sms, true));
+  EXPECT_FALSE(expert_split_k(1, 1, false));
 }
 
 TEST(CudaMoe, StackedExpertsAreTheOnlyDeviceCopy) {

@@ -28,8 +28,7 @@ __device__ __forceinline__ void unpack8(uint4 packed, float out[8]) {
 
 // A warp takes kMats weight rows: with kSwiglu, gate row u and up row
 // out + u of w for output column u (silu(gate) * up); otherwise the kMats
-// adjacent rows u kMats .. u kMats + kMats - 1, one output column each (more
-// than one when x has many rows: each x load then serves kMats weight rows).
+// adjacent rows u kMats .. u kMats + kMats - 1, one output column each.
 // Lane `lane` reads k = 8 lane, + 256, ...: kUnroll loads per weight row in
 // flight before their products. A column's sum runs in the same order for
 // any kRows, kMats and kUnroll, so its bits do not depend on them.
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(Bf16Gemv g) {
       for (int m = 0; m < kMats; ++m) unpack8(packed[m][u], wv[m]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        if (r >= g.rows) break;  // kRows rounds rows up to 4, 8 or 16
+        if (r >= g.rows) break;  // kRows rounds rows up to 4 or 8
         float xv[8];
         unpack8(*reinterpret_cast<const uint4*>(x + r * g.x_stride + k), xv);
 #pragma unroll
@@ -143,10 +142,6 @@ void launch(const Bf16Gemv& g, cudaStream_t stream) {
     constexpr int kUnroll = kRows <= 4 ? 2 : 1;
     launch_kernel(bf16_gemv_kernel<kRows, kUnroll, 2, true>, blocks(g.out), kWarps * 32, 0, stream,
                   g);
-  } else if constexpr (kRows > 8) {
-    // Many rows: two weight rows per warp halve the reads of x per weight byte.
-    launch_kernel(bf16_gemv_kernel<kRows, 1, 2, false>, blocks((g.out + 1) / 2), kWarps * 32, 0,
-                  stream, g);
   } else {
     // Up to 4 rows: 4 loads in flight (more rows hold more x registers per load).
     constexpr int kUnroll = kRows <= 4 ? 4 : 2;
@@ -168,10 +163,8 @@ bool bf16_gemv(const Bf16Gemv& g, cudaStream_t stream) {
     launch<2>(g, stream);
   } else if (g.rows <= 4) {
     launch<4>(g, stream);
-  } else if (g.rows <= 8) {
-    launch<8>(g, stream);
   } else {
-    launch<16>(g, stream);
+    launch<8>(g, stream);
   }
   return true;
 }

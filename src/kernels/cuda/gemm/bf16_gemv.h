@@ -1,7 +1,6 @@
 // bf16 linears of decode batches (1..kBf16GemvMaxRows rows): y [rows, out] =
 // x [rows, in] . w [out, in]^T, x and w bf16, float32 accumulation, y float32
-// or bf16 (rounded to nearest even). One warp per output column (two past 8
-// rows, so that each load of x serves two weight rows) streams its weight row
+// or bf16 (rounded to nearest even). One warp per output column streams its weight row
 // in 16-byte loads, several in flight per lane; each lane sums its share of k
 // for every row in k order, then the warp reduces: a row's result does not
 // depend on how many rows came with it.
@@ -21,14 +20,13 @@
 
 namespace megactx::cuda {
 
-// Rows bf16_gemv serves; Blas sends it up to kBf16GemvBlasRows by default,
-// up to kBf16GemvMaxRows with MEGACTX_BF16_GEMV_16_ROWS=1 (kBf16Gemv16Rows:
-// off until measured against cuBLAS at batches 9-16).
-inline constexpr int64_t kBf16GemvMaxRows = 16;
-inline constexpr int64_t kBf16GemvBlasRows = 8;
-inline constexpr bool kBf16Gemv16Rows = false;
+// Rows bf16_gemv serves. Past 8, x's reads per weight byte make it L1- and
+// FMA-bound: a 9-16-row form (two weight rows per warp) took glm_1b's bf16
+// batch-16 step from 1.99 to 3.59 ms against cuBLAS on the H200 and was
+// removed (docs/benchmarks.md).
+inline constexpr int64_t kBf16GemvMaxRows = 8;
 
-// Blas's default for bf16 linears of up to kBf16GemvBlasRows rows. On: its
+// Blas's default for bf16 linears of up to kBf16GemvMaxRows rows. On: its
 // test passes on the H200, and it took glm_1b's bf16 batch-1 decode step from
 // 1.50 to 1.27 ms against cuBLAS (docs/benchmarks.md).
 inline constexpr bool kBf16Gemv = true;

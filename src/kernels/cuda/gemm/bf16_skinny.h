@@ -23,7 +23,7 @@ namespace megactx::cuda {
 
 inline constexpr int64_t kBf16SkinnyMaxRows = 64;
 
-// Blas's default for bf16 linears of kBf16GemvBlasRows + 1 ..
+// Blas's default for bf16 linears of kBf16GemvMaxRows + 1 ..
 // kBf16SkinnyMaxRows rows. Off until it has run on a GPU
 // (CudaGemm.Bf16SkinnyMatchesDoubleLoops) and been measured against cuBLAS;
 // MEGACTX_BF16_SKINNY=0 / 1 sets it for every Blas created afterwards.

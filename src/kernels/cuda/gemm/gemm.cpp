@@ -89,7 +89,6 @@ Blas::Blas(cudaStream_t stream) : stream_(stream) {
   bf16_gemv_ = env_switch("MEGACTX_BF16_GEMV", kBf16Gemv);
   weight_prefetch_ = env_switch("MEGACTX_WEIGHT_PREFETCH", false);
   bf16_gemv_swiglu_ = env_switch("MEGACTX_BF16_GEMV_SWIGLU", kBf16GemvSwiglu);
-  set_bf16_gemv_16_rows(env_switch("MEGACTX_BF16_GEMV_16_ROWS", kBf16Gemv16Rows));
   bf16_skinny_ = env_switch("MEGACTX_BF16_SKINNY", kBf16Skinny);
   const char* autotune = std::getenv("MEGACTX_LT_AUTOTUNE");
   lt_->set_autotune(autotune == nullptr || std::string_view(autotune) != "0");
@@ -287,7 +286,7 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
 bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                               DeviceMatrix w, int64_t inter, void* act) {
   // Which kernel would run the plain gate_up product of these rows.
-  const bool gemv = bf16_gemv_ && rows <= bf16_gemv_rows_;
+  const bool gemv = bf16_gemv_ && rows <= kBf16GemvMaxRows;
   const bool skinny = !gemv && bf16_skinny_ && rows <= kBf16SkinnyMaxRows;
   // bf16_input's copy is [rows, in] at an aligned base (in % 8 == 0 keeps
   // every row 16-byte aligned); the weights must be too.
@@ -540,7 +539,7 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     batch_invariant_gemm(g, stream_);
     return;
   }
-  if (bf16_gemv_ && rows <= bf16_gemv_rows_) {
+  if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
     Bf16Gemv g = product<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;

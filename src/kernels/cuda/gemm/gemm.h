@@ -181,7 +181,7 @@ class Blas {
   // Linears cuBLASLt ran so far (tests: the path was taken).
   int64_t fp8_cublaslt_runs() const;
   int64_t bf16_cublaslt_runs() const;
-  // bf16 linears of up to kBf16GemvBlasRows rows on bf16_gemv (bf16_gemv.h)
+  // bf16 linears of up to kBf16GemvMaxRows rows on bf16_gemv (bf16_gemv.h)
   // instead of cuBLAS: a kernel that takes part in programmatic dependent
   // launch. On by default (kBf16Gemv); MEGACTX_BF16_GEMV=0 / 1 sets it for
   // every Blas created afterwards.
@@ -198,11 +198,6 @@ class Blas {
   // few-row tensor-core kernel (bf16_skinny.h) instead of cuBLAS: kBf16Skinny,
   // MEGACTX_BF16_SKINNY=0 / 1.
   void set_bf16_skinny(bool on) { bf16_skinny_ = on; }
-  // bf16_gemv for up to kBf16GemvMaxRows (16) rows instead of
-  // kBf16GemvBlasRows (8): kBf16Gemv16Rows, MEGACTX_BF16_GEMV_16_ROWS=0 / 1.
-  void set_bf16_gemv_16_rows(bool on) {
-    bf16_gemv_rows_ = on ? kBf16GemvMaxRows : kBf16GemvBlasRows;
-  }
   // The deterministic mode: float32 and bf16 linears on batch_invariant_gemm
   // (batch_invariant_gemm.h) instead of cuBLAS; fp8 weights on the tiled
   // block-scaled kernel at every row count.
@@ -267,7 +262,6 @@ class Blas {
   bool weight_prefetch_ = false;
   bool bf16_gemv_swiglu_ = kBf16GemvSwiglu;
   bool bf16_skinny_ = kBf16Skinny;
-  int64_t bf16_gemv_rows_ = kBf16Gemv16Rows ? kBf16GemvMaxRows : kBf16GemvBlasRows;
   bool bf16_gemv_ = kBf16Gemv;
   std::unique_ptr<LtGemm> lt_;
   bool batch_invariant_ = false;
