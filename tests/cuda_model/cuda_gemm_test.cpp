@@ -140,6 +140,37 @@ struct StridedBf16Case {
   }
 };
 
+// bf16_skinny's split-K scratch for shapes up to weight_rows weight rows: the
+// parts, and the per-tile counters zeroed once (each launch leaves them zero).
+struct SkinnyScratch {
+  float* parts = nullptr;
+  int32_t* done = nullptr;
+  int64_t parts_floats = 0, tiles = 0;
+  explicit SkinnyScratch(int64_t weight_rows)
+      : parts_floats(kBf16SkinnyMaxSplit * kBf16SkinnyMaxRows * weight_rows),
+        tiles(weight_rows / 64 + 1) {
+    MEGACTX_CUDA_CHECK(cudaMalloc(&parts, static_cast<size_t>(parts_floats) * sizeof(float)));
+    MEGACTX_CUDA_CHECK(cudaMalloc(&done, static_cast<size_t>(tiles) * sizeof(int32_t)));
+    MEGACTX_CUDA_CHECK(cudaMemset(done, 0, static_cast<size_t>(tiles) * sizeof(int32_t)));
+  }
+  ~SkinnyScratch() {
+    cudaFree(parts);
+    cudaFree(done);
+  }
+  SkinnyScratch(const SkinnyScratch&) = delete;
+  SkinnyScratch& operator=(const SkinnyScratch&) = delete;
+  void attach(Bf16Skinny& g) const {
+    g.parts = parts;
+    g.parts_capacity = parts_floats;
+    g.done = done;
+    g.done_capacity = tiles;
+  }
+  // Every counter back at zero after the launches.
+  void expect_counters_clear() const {
+    for (const int32_t v : to_host(done, static_cast<size_t>(tiles))) EXPECT_EQ(v, 0);
+  }
+};
+
 TEST(CudaGemm, Fp32LinearAndBatchedMatchDoubleLoops) {
   const int64_t rows = 37, in = 300, out = 129, heads = 3;
   const auto x = random_values(static_cast<size_t>(rows * in), 1);
@@ -492,7 +523,8 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
       }
     }
     // bf16_skinny's SwiGLU form against its plain form into bf16 and
-    // silu_mul_bf16, at each split.
+    // silu_mul_bf16, at each split (0: its own choice, the same for both forms).
+    const SkinnyScratch skinny_scratch(2 * inter);
     const auto skinny_two_launches = [&](int64_t rows, int split) {
       Bf16Skinny plain;
       plain.x = dx;
@@ -505,11 +537,12 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
       plain.in = in;
       plain.out = 2 * inter;
       plain.split = split;
+      skinny_scratch.attach(plain);
       EXPECT_TRUE(bf16_skinny(plain, nullptr));
       silu_mul_bf16(gate_up, gate_up + inter, rows, inter, 2 * inter, want, nullptr);
       return plain;
     };
-    for (const int split : {1, 8}) {
+    for (const int split : {0, 1, 3, 16}) {
       for (const int64_t rows : {1, 9, 16, 17, 33, 64}) {
         SCOPED_TRACE("bf16_skinny, rows " + std::to_string(rows) + ", split " +
                      std::to_string(split));
@@ -524,6 +557,7 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
                   to_host(want, static_cast<size_t>(rows * inter)));
       }
     }
+    skinny_scratch.expect_counters_clear();
     // Through Blas: float32 x holding bf16 values (so its bf16 copy is xb).
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
@@ -559,24 +593,31 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
 }
 
 // The few-row tensor-core bf16 linear (bf16_skinny.h) against double loops:
-// 1-64 rows (one or two 32-row tiles, partial column groups), outputs that
-// are not multiples of 16, strided x and y, float32 and bf16 outputs, the
-// split along k forced off and on (same sums within rounding; a row's bits
-// independent of its batch at a fixed split), shapes it declines, and the
-// Blas path with the switch.
+// 1-64 rows (partial column groups), outputs that are not multiples of 16,
+// strided x and y, float32 and bf16 outputs, the split along k chosen (0) or
+// forced to 1, 3 and 16 parts (within rounding of each other; a row's bits
+// independent of its batch at every split, the counters back at zero),
+// shapes it declines, a split without scratch, and the Blas path.
 TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
   struct Shape {
     int64_t in, out;
   };
   for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
     const StridedBf16Case c(shape.in, shape.out, kBf16SkinnyMaxRows, 61);
-    for (const int split : {1, 8}) {
+    const SkinnyScratch scratch(c.out);
+    for (const int split : {0, 1, 3, 16}) {
       std::vector<float> row0_alone;
       for (const int64_t rows : {1, 3, 8, 9, 16, 17, 31, 32, 33, 64}) {
         SCOPED_TRACE("in " + std::to_string(c.in) + ", out " + std::to_string(c.out) + ", rows " +
                      std::to_string(rows) + ", split " + std::to_string(split));
         Bf16Skinny g = c.operands<Bf16Skinny>(rows);
         g.split = split;
+        scratch.attach(g);
+        // A forced split takes that many parts where `in` has the chunks.
+        const int64_t chunks = (c.in + 127) / 128;
+        if (split > 1 && split <= chunks / 2) {
+          EXPECT_GT(bf16_skinny_plan(g).split, 1);
+        }
         MEGACTX_CUDA_CHECK(
             cudaMemset(c.dy, 0xff, static_cast<size_t>(c.max_rows * c.y_stride) * sizeof(float)));
         ASSERT_TRUE(bf16_skinny(g, nullptr));
@@ -592,6 +633,7 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
         c.expect_bf16_y(rows, got);
       }
     }
+    scratch.expect_counters_clear();
     Bf16Skinny other = c.operands<Bf16Skinny>(c.max_rows + 1);
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // too many rows
     other.rows = 2;
@@ -601,16 +643,21 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
     other.in = c.in - 4;
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // in not a multiple of 8
     other.in = c.in;
-    other.split = 4;
-    EXPECT_FALSE(bf16_skinny(other, nullptr));  // not a split it has
-    // Through Blas past the GEMV's rows: within rounding of double loops.
+    other.split = kBf16SkinnyMaxSplit + 1;
+    EXPECT_FALSE(bf16_skinny(other, nullptr));  // more parts than it takes
+    other.split = 2;
+    if (bf16_skinny_plan(other).split > 1) {
+      EXPECT_THROW(bf16_skinny(other, nullptr), Error);  // a split without scratch
+    }
+    // Through Blas past the GEMV's rows (its own scratch): within rounding of double loops.
     Blas blas(nullptr);
     blas.set_bf16_gemv(true);
     blas.set_bf16_skinny(true);
-    const int64_t rows = 24;
-    blas.linear_bf16(c.dx, rows, c.in, c.x_stride, c.dw, c.out, c.dy, c.out, /*y_f32=*/true);
-    EXPECT_LE(max_relative(to_host(c.dy, static_cast<size_t>(rows * c.out)), c.want_rows(rows)),
-              1e-5);
+    for (const int64_t rows : {int64_t{24}, kBf16SkinnyMaxRows}) {
+      blas.linear_bf16(c.dx, rows, c.in, c.x_stride, c.dw, c.out, c.dy, c.out, /*y_f32=*/true);
+      EXPECT_LE(max_relative(to_host(c.dy, static_cast<size_t>(rows * c.out)), c.want_rows(rows)),
+                1e-5);
+    }
   }
 }
 

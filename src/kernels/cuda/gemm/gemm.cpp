@@ -99,6 +99,8 @@ Blas::~Blas() {
   if (x_bf16_ != nullptr) cudaFree(x_bf16_);
   if (x_fp8_ != nullptr) cudaFree(x_fp8_);
   if (x_scale_ != nullptr) cudaFree(x_scale_);
+  if (skinny_parts_ != nullptr) cudaFree(skinny_parts_);
+  if (skinny_done_ != nullptr) cudaFree(skinny_done_);
 }
 
 Blas::SharedInput* Blas::slot_for(const float* x, const char* caller) {
@@ -283,6 +285,20 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
               /*y_f32=*/false);
 }
 
+void Blas::skinny_scratch(Bf16Skinny& g) {
+  const Bf16SkinnyPlan plan = bf16_skinny_plan(g);
+  if (plan.split <= 1) return;
+  g.parts = static_cast<float*>(grow(skinny_parts_, skinny_parts_bytes_,
+                                     static_cast<size_t>(plan.parts_floats) * sizeof(float)));
+  g.parts_capacity = static_cast<int64_t>(skinny_parts_bytes_ / sizeof(float));
+  const size_t had = skinny_done_bytes_;
+  g.done = static_cast<int32_t*>(
+      grow(skinny_done_, skinny_done_bytes_, static_cast<size_t>(plan.tiles) * sizeof(int32_t)));
+  if (skinny_done_bytes_ != had)
+    MEGACTX_CUDA_CHECK(cudaMemsetAsync(g.done, 0, skinny_done_bytes_, stream_));
+  g.done_capacity = static_cast<int64_t>(skinny_done_bytes_ / sizeof(int32_t));
+}
+
 bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                               DeviceMatrix w, int64_t inter, void* act) {
   // Which kernel would run the plain gate_up product of these rows.
@@ -297,6 +313,7 @@ bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t 
   if (skinny) {
     Bf16Skinny g = product<Bf16Skinny>(x16, in, w.data, act, inter, rows, in, inter);
     g.swiglu = true;
+    skinny_scratch(g);
     MEGACTX_CHECK(bf16_skinny(g, stream_),
                   "linear_swiglu_bf16: bf16_skinny declined a checked shape");
     return true;
@@ -548,6 +565,7 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
   if (bf16_skinny_ && rows <= kBf16SkinnyMaxRows) {
     Bf16Skinny g = product<Bf16Skinny>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
+    skinny_scratch(g);
     if (bf16_skinny(g, stream_)) return;
   }
   if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {

@@ -251,6 +251,13 @@ class Blas {
   // written (share_input's f32_written = false).
   void check_f32_written(const float* x) const;
   SharedInput shared_[kSharedInputs];
+  // bf16_skinny's split-K scratch (its plan's sizes): parts float32, and the
+  // per-tile counters, zeroed when allocated (each launch leaves them zero).
+  void skinny_scratch(Bf16Skinny& g);
+  void* skinny_parts_ = nullptr;
+  size_t skinny_parts_bytes_ = 0;
+  void* skinny_done_ = nullptr;
+  size_t skinny_done_bytes_ = 0;
   void* x_fp8_ = nullptr;  // [rows, in] e4m3 inputs of the last fp8 linear
   size_t x_fp8_bytes_ = 0;
   void* x_scale_ = nullptr;  // [rows, ceil(in / 128)] their group scales
