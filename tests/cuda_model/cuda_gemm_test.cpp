@@ -614,7 +614,7 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
         g.split = split;
         scratch.attach(g);
         // A forced split takes that many parts where `in` has the chunks.
-        const int64_t chunks = (c.in + 127) / 128;
+        const int64_t chunks = (c.in + kBf16SkinnyChunk - 1) / kBf16SkinnyChunk;
         if (split > 1 && split <= chunks / 2) {
           EXPECT_GT(bf16_skinny_plan(g).split, 1);
         }

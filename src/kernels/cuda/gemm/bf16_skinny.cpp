@@ -29,11 +29,12 @@ Bf16SkinnyPlan bf16_skinny_plan(const Bf16Skinny& g) {
   const int64_t chunks = chunks_of(g);
   int64_t split = g.split;
   if (split == 0) {
-    // Enough CTAs for kCtasPerSm per multiprocessor, each at least two chunks
-    // (one in flight while the other is multiplied).
-    const int64_t want = kCtasPerSm * current_device_multiprocessors();
-    split = std::min<int64_t>({(want + plan.tiles - 1) / std::max<int64_t>(plan.tiles, 1),
-                               kBf16SkinnyMaxSplit, std::max<int64_t>(chunks / 2, 1)});
+    // At most the CTAs kCtasPerSm per multiprocessor hold (one wave: a
+    // second, partly filled wave would cost a whole one), each at least four
+    // chunks (the stages in flight).
+    const int64_t resident = kCtasPerSm * current_device_multiprocessors();
+    split = std::min<int64_t>({resident / std::max<int64_t>(plan.tiles, 1), kBf16SkinnyMaxSplit,
+                               std::max<int64_t>(chunks / 4, 1)});
     split = std::max<int64_t>(split, 1);
   }
   split = std::min(split, chunks);

@@ -1,11 +1,10 @@
 // The bf16 few-row tensor-core linear; see bf16_skinny.h.
 //
-// Operand layout (as the bf16 routed experts, moe/grouped_experts_mma.cu):
-// the order of the k terms in a dot product is free, so each lane loads 16
-// contiguous bytes (8 k values) of its two weight rows and of its input row,
-// and the MMA's logical k of lane (g, t) -- 2t, 2t+1, 2t+8, 2t+9 of each
-// 16-wide step -- is physical k 8t + 4s + 0..3 of a 32-wide block (s = step
-// 0 or 1). The mapping depends on t and k only, so weights and inputs agree.
+// Both operands go through shared memory: every cp.async of a warp copies
+// whole 128-byte lines of a row (the weights' loads straight into registers,
+// in the MMA fragment's order, touched 16 rows' half lines per instruction and
+// ran at ~60% of the read rate on the H100), and ldmatrix builds the
+// fragments (A: 16 weight rows x 16 k; B: 8 input rows x 16 k, k contiguous).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -21,114 +20,148 @@ namespace {
 
 constexpr int kWarps = kBf16SkinnyWarps;  // weight-row warps per CTA, 16 weight rows each
 constexpr int kThreads = 32 * kWarps;
-constexpr int kChunk = kBf16SkinnyChunk;  // k per pipeline step
-constexpr int kBlocks = kChunk / 32;      // 32-wide k blocks per chunk (one 16-byte load per lane)
-constexpr int kSegments = kChunk / 8;     // 16-byte segments of an x row per chunk
-constexpr int kRowBytes = 2 * kChunk + 64;  // staged x row: 64 bytes of padding keep
-                                            // the 8 lanes of a load phase on distinct banks
+constexpr int kTileRows = 16 * kWarps;    // weight rows staged per CTA
+constexpr int kChunk = kBf16SkinnyChunk;  // k per pipeline stage: one 128-byte line per row
+constexpr int kSegments = kChunk / 8;     // 16-byte segments of a staged row
+constexpr int kStages = 4;                // chunks in flight or in use
+static_assert(kSegments == 8, "the swizzle below assumes 8 segments per staged row");
 
-// Grid (tiles, split). With kSwiglu a warp takes gate rows j .. j + 7 and up
-// rows out + j .. out + j + 7 as its 16 (a tile is 64 output columns);
-// otherwise 16 adjacent weight rows (a tile is 128 output columns). Part
-// blockIdx.y takes chunks [y chunks_per_part, (y + 1) chunks_per_part).
+// Byte offset of segment `segment` of staged row `row`: the segment index is
+// XOR-ed with the row's low 3 bits, so the 8 rows an ldmatrix phase reads at
+// one k sit on 8 different 16-byte bank groups.
+__device__ __forceinline__ int swizzled(int row, int segment) {
+  return row * (2 * kChunk) + ((segment ^ (row & 7)) * 16);
+}
+
+template <int kGroups>
+constexpr size_t stage_bytes() {
+  return static_cast<size_t>(kTileRows + 8 * kGroups) * 2 * kChunk;
+}
+
+// Grid (tiles, split). A CTA stages its 128 weight rows (kSwiglu: gate rows
+// 64 tile .. + 63, then the same up rows) and every input row, kChunk of k at
+// a time through kStages buffers (cp.async); warp w multiplies staged rows
+// 16w .. 16w + 15 (kSwiglu: gate rows 8w .. 8w + 7 and their up rows) with
+// ldmatrix fragments. Part blockIdx.y takes chunks [y chunks_per_part,
+// (y + 1) chunks_per_part).
 template <int kGroups, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads)
     bf16_skinny_kernel(Bf16Skinny g, int split, int64_t chunks_per_part) {
-  constexpr int kRows = 8 * kGroups;  // input rows a CTA stages (the batch rounded up to 8)
-  __shared__ __align__(16) uint8_t x_tile[2][kRows * kRowBytes];
+  constexpr int kRows = 8 * kGroups;  // input rows staged (the batch rounded up to 8)
+  extern __shared__ __align__(128) uint8_t shared[];
   __shared__ bool last;
+  // Stage s: weights [kTileRows][kChunk] then x [kRows][kChunk], swizzled.
+  const auto weights_of = [&](int stage) { return shared + stage * stage_bytes<kGroups>(); };
+  const auto x_of = [&](int stage) { return weights_of(stage) + kTileRows * 2 * kChunk; };
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int gq = lane / 4, t = lane % 4;
   const int64_t tile = blockIdx.x;
-  // Lane (gq, t) holds weight rows first + gq and first + gq + 8 (kSwiglu:
-  // gate row first + gq and up row out + first + gq).
-  const int64_t first = (tile * kWarps + warp) * (kSwiglu ? 8 : 16);
-  const int64_t low_row = first + gq, high_row = kSwiglu ? g.out + first + gq : first + gq + 8;
-  const bool low_valid = low_row < g.out, high_valid = kSwiglu ? low_valid : high_row < g.out;
-  const auto* w = static_cast<const __nv_bfloat16*>(g.w);
-  const __nv_bfloat16* low = w + (low_valid ? low_row : 0) * g.in;
-  const __nv_bfloat16* high = w + (high_valid ? high_row : 0) * g.in;
-  const auto* x = static_cast<const __nv_bfloat16*>(g.x);
+  // The weight row of staged row r (negative: past the matrix, staged as zeros).
+  const auto weight_row_of = [&](int r) -> int64_t {
+    if constexpr (kSwiglu) {
+      const int64_t column = tile * (kTileRows / 2) + r % (kTileRows / 2);
+      return column < g.out ? (r < kTileRows / 2 ? column : g.out + column) : -1;
+    } else {
+      const int64_t row = tile * kTileRows + r;
+      return row < g.out ? row : -1;
+    }
+  };
+  // This lane's output entries: weight rows low_row (MMA rows gq) and
+  // high_row (gq + 8), staged rows low_staged / high_staged.
+  const int low_staged = kSwiglu ? 8 * warp + gq : 16 * warp + gq;
+  const int high_staged = kSwiglu ? kTileRows / 2 + 8 * warp + gq : 16 * warp + gq + 8;
+  const int64_t low_row = weight_row_of(low_staged), high_row = weight_row_of(high_staged);
+  const bool low_valid = low_row >= 0, high_valid = high_row >= 0;
+  const auto* w = static_cast<const uint8_t*>(g.w);
+  const auto* x = static_cast<const uint8_t*>(g.x);
   const int groups = static_cast<int>((g.rows + 7) / 8);  // <= kGroups
   const int64_t chunks = (g.in + kChunk - 1) / kChunk;
   const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * chunks_per_part;
   const int64_t chunk_end =
       chunk_begin + chunks_per_part < chunks ? chunk_begin + chunks_per_part : chunks;
+  const int64_t steps = chunk_end - chunk_begin;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  const auto load_weights = [&](int64_t chunk, uint4(&w_low)[kBlocks], uint4(&w_high)[kBlocks]) {
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      const int64_t k = chunk * kChunk + 32 * b + 8 * t;  // this lane's 8 values of block b
-      const bool in_range = k < g.in;                     // whole segments: in % 8 == 0
-      w_low[b] = in_range && low_valid ? __ldg(reinterpret_cast<const uint4*>(low + k)) : zero;
-      w_high[b] = in_range && high_valid ? __ldg(reinterpret_cast<const uint4*>(high + k)) : zero;
-    }
-  };
-  // x [kRows, kChunk] of `chunk` into x_tile[buffer]; rows past the batch
-  // and k past `in` are zeros, so their products add nothing.
-  const auto stage_x = [&](int64_t chunk, int buffer) {
-    for (int i = static_cast<int>(threadIdx.x); i < kRows * kSegments; i += kThreads) {
-      const int r = i / kSegments, s = i % kSegments;
-      const int64_t k = chunk * kChunk + 8 * s;
-      uint8_t* destination = x_tile[buffer] + r * kRowBytes + 16 * s;
-      if (r < g.rows && k < g.in)
-        cp_async_16(destination, x + r * g.x_stride + k);
+  // Segments past `in` (whole: in % 8 == 0) and rows past the matrix or the
+  // batch are zeros, so their products add nothing.
+  const auto stage_weights = [&](int64_t step) {
+    if (step >= steps) return;
+    const int64_t k0 = (chunk_begin + step) * kChunk;
+    uint8_t* base = weights_of(static_cast<int>(step % kStages));
+    for (int i = static_cast<int>(threadIdx.x); i < kTileRows * kSegments; i += kThreads) {
+      const int r = i / kSegments, segment = i % kSegments;
+      const int64_t k = k0 + 8 * segment, row = weight_row_of(r);
+      uint8_t* destination = base + swizzled(r, segment);
+      if (row >= 0 && k < g.in)
+        cp_async_16(destination, w + (row * g.in + k) * 2);
       else
         *reinterpret_cast<uint4*>(destination) = zero;
     }
-    cp_async_commit();
+  };
+  const auto stage_x = [&](int64_t step) {
+    if (step >= steps) return;
+    const int64_t k0 = (chunk_begin + step) * kChunk;
+    uint8_t* base = x_of(static_cast<int>(step % kStages));
+    for (int i = static_cast<int>(threadIdx.x); i < kRows * kSegments; i += kThreads) {
+      const int r = i / kSegments, segment = i % kSegments;
+      const int64_t k = k0 + 8 * segment;
+      uint8_t* destination = base + swizzled(r, segment);
+      if (r < g.rows && k < g.in)
+        cp_async_16(destination, x + (r * g.x_stride + k) * 2);
+      else
+        *reinterpret_cast<uint4*>(destination) = zero;
+    }
   };
 
-  uint4 w_low[kBlocks], w_high[kBlocks];
-  // Weights are never written by a step: the first chunk's loads need not wait.
-  if (chunk_begin < chunk_end) load_weights(chunk_begin, w_low, w_high);
+  // Weights are never written by a step: the first stages' copies need not wait.
+  for (int s = 0; s < kStages - 1; ++s) stage_weights(s);
   grid_dependency_wait();
   grid_dependency_trigger();
+  for (int s = 0; s < kStages - 1; ++s) {
+    stage_x(s);
+    cp_async_commit();  // group s: x of stage s (and, in group 0, the weights above)
+  }
 
-  // c[q]: weight rows gq (c[q][0..1]) and gq + 8 (c[q][2..3]) at input rows
+  // c[q]: MMA rows gq (c[q][0..1]) and gq + 8 (c[q][2..3]) at input rows
   // 8q + 2t, + 1.
   float c[kGroups][4];
 #pragma unroll
   for (int q = 0; q < kGroups; ++q)
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[q][i] = 0.0f;
-  if (chunk_begin < chunk_end) stage_x(chunk_begin, 0);
-  for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-    const int buffer = static_cast<int>((chunk - chunk_begin) & 1);
-    const bool more = chunk + 1 < chunk_end;
-    uint4 next_low[kBlocks], next_high[kBlocks];
-    if (more) {
-      // The other buffer was last read before the barrier ending the previous step.
-      stage_x(chunk + 1, buffer ^ 1);
-      load_weights(chunk + 1, next_low, next_high);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this chunk's x is in shared memory
-    const uint8_t* staged = x_tile[buffer] + gq * kRowBytes + 16 * t;
+  // ldmatrix rows of this lane: A (16 MMA rows x 16 k) as four 8x8 matrices
+  // (rows 0-7 / 8-15 at k 0-7, then at k 8-15), B (8 input rows x 32 k).
+  const int a_mma_row = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const int a_staged =
+      kSwiglu ? (a_mma_row < 8 ? 8 * warp + a_mma_row : kTileRows / 2 + 8 * warp + a_mma_row - 8)
+              : 16 * warp + a_mma_row;
+  const int a_segment = lane >> 4;                    // + 2 per 16-wide k step
+  const int b_row = lane & 7, b_segment = lane >> 3;  // + 4 per 32-wide k pair of steps
+
+  for (int64_t step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage `step` landed; every warp is done with stage step - 1
+    stage_weights(step + kStages - 1);
+    stage_x(step + kStages - 1);
+    cp_async_commit();
+    const uint8_t* weights = weights_of(static_cast<int>(step % kStages));
+    const uint8_t* staged_x = x_of(static_cast<int>(step % kStages));
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      const uint32_t step0[4] = {w_low[b].x, w_high[b].x, w_low[b].y, w_high[b].y};
-      const uint32_t step1[4] = {w_low[b].z, w_high[b].z, w_low[b].w, w_high[b].w};
+    for (int pair = 0; pair < kChunk / 32; ++pair) {
+      uint32_t a0[4], a1[4];
+      ldmatrix_x4(a0, weights + swizzled(a_staged, a_segment + 4 * pair));
+      ldmatrix_x4(a1, weights + swizzled(a_staged, a_segment + 4 * pair + 2));
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         if (q >= groups) break;  // uniform over the CTA
-        const uint4 xv = *reinterpret_cast<const uint4*>(staged + 8 * q * kRowBytes + 64 * b);
-        mma_bf16_16x8x16(c[q], step0, xv.x, xv.y);
-        mma_bf16_16x8x16(c[q], step1, xv.z, xv.w);
-      }
-    }
-    __syncthreads();  // every warp is done with this buffer before it is staged again
-    if (more) {
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) {
-        w_low[b] = next_low[b];
-        w_high[b] = next_high[b];
+        uint32_t b[4];  // k 0-7, 8-15 (step one), 16-23, 24-31 (step two) of input rows 8q ..
+        ldmatrix_x4(b, staged_x + swizzled(8 * q + b_row, b_segment + 4 * pair));
+        mma_bf16_16x8x16(c[q], a0, b[0], b[1]);
+        mma_bf16_16x8x16(c[q], a1, b[2], b[3]);
       }
     }
   }
+  cp_async_wait<0>();
 
   if (split > 1) {
     // Store this part's sums; the tile's last CTA adds the parts in order.
@@ -196,23 +229,41 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <int kGroups, bool kSwiglu>
+void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, cudaStream_t stream) {
+  constexpr size_t kShared = kStages * stage_bytes<kGroups>();
+  static const bool attribute_set = [] {
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(bf16_skinny_kernel<kGroups, kSwiglu>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kShared)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(static_cast<unsigned>(bf16_skinny_tiles(g)), static_cast<unsigned>(split));
+  launch_kernel(bf16_skinny_kernel<kGroups, kSwiglu>, grid, kThreads, kShared, stream, g, split,
+                chunks_per_part);
+}
+
+template <int kGroups>
+void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, cudaStream_t stream) {
+  if (g.swiglu)
+    launch<kGroups, true>(g, split, chunks_per_part, stream);
+  else
+    launch<kGroups, false>(g, split, chunks_per_part, stream);
+}
+
 }  // namespace
 
 void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part,
                         cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(bf16_skinny_tiles(g)), static_cast<unsigned>(split));
-  const auto launch = [&](auto kernel) {
-    launch_kernel(kernel, grid, kThreads, 0, stream, g, split, chunks_per_part);
-  };
-  const bool sw = g.swiglu;
   if (g.rows <= 8) {
-    sw ? launch(bf16_skinny_kernel<1, true>) : launch(bf16_skinny_kernel<1, false>);
+    launch<1>(g, split, chunks_per_part, stream);
   } else if (g.rows <= 16) {
-    sw ? launch(bf16_skinny_kernel<2, true>) : launch(bf16_skinny_kernel<2, false>);
+    launch<2>(g, split, chunks_per_part, stream);
   } else if (g.rows <= 32) {
-    sw ? launch(bf16_skinny_kernel<4, true>) : launch(bf16_skinny_kernel<4, false>);
+    launch<4>(g, split, chunks_per_part, stream);
   } else {
-    sw ? launch(bf16_skinny_kernel<8, true>) : launch(bf16_skinny_kernel<8, false>);
+    launch<8>(g, split, chunks_per_part, stream);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }

@@ -6,15 +6,14 @@
 // adds a reduction launch per linear.
 //
 // A CTA owns 128 weight rows (8 warps of 16, the MMA's M) and every input
-// row (up to 64: eight N = 8 column groups). Each warp streams its weight
-// rows from global memory into registers, 128 k at a time, the next chunk's
-// loads in flight while the MMAs of this one run; x's chunk is staged once
-// per CTA in shared memory (cp.async, double-buffered) and read by all eight
-// warps. So the weights are read once, and x's traffic is rows / 128 of
-// theirs. (A first form read x per warp from global memory, rows / 16 of the
-// weights' bytes from L2, and lost to cuBLAS: docs/benchmarks.md.) The first
-// chunk's weights are loaded before the grid-dependency wait: weights are
-// never written by a step, so they stream while the kernel ahead finishes.
+// row (up to 64: eight N = 8 column groups). Weights and x go through shared
+// memory 64 k at a time (one 128-byte line per row), four stages of cp.async
+// in flight, and ldmatrix gives each warp its fragments: the weights are read
+// once, in whole lines, and x's traffic is rows / 128 of theirs. (A first
+// form read x per warp from global memory, rows / 16 of the weights' bytes
+// from L2, and lost to cuBLAS: docs/benchmarks.md.) The first stages' weights
+// are requested before the grid-dependency wait: weights are never written
+// by a step, so they stream while the kernel ahead finishes.
 //
 // Where the weight-row tiles cannot fill the GPU, `split` CTAs share a tile
 // along k; each stores its float32 sums in `parts`, and the tile's last CTA
@@ -33,8 +32,8 @@ namespace megactx::cuda {
 
 inline constexpr int64_t kBf16SkinnyMaxRows = 64;
 inline constexpr int kBf16SkinnyMaxSplit = 16;
-inline constexpr int kBf16SkinnyWarps = 8;    // weight-row warps per CTA (16 rows each)
-inline constexpr int kBf16SkinnyChunk = 128;  // k per pipeline step
+inline constexpr int kBf16SkinnyWarps = 8;   // weight-row warps per CTA (16 rows each)
+inline constexpr int kBf16SkinnyChunk = 64;  // k per pipeline stage
 
 // Blas's default for bf16 linears of kBf16GemvMaxRows + 1 ..
 // kBf16SkinnyMaxRows rows. Off until it has run on a GPU
@@ -49,7 +48,7 @@ struct Bf16Skinny : Bf16Product {
   // followed by silu_mul_bf16 (the same tiles and split).
   bool swiglu = false;
   // CTAs along k per weight-row tile: 0 chooses (bf16_skinny_plan), 1 ..
-  // kBf16SkinnyMaxSplit forces it (fewer when `in` has fewer 128-wide chunks).
+  // kBf16SkinnyMaxSplit forces it (fewer when `in` has fewer 64-wide chunks).
   int split = 0;
   // Scratch for a split over k, sized by bf16_skinny_plan: parts float32
   // [split, rows, weight rows], done int32 [tiles], zero before the first
@@ -68,7 +67,8 @@ struct Bf16SkinnyPlan {
 };
 int64_t bf16_skinny_tiles(const Bf16Skinny& g);
 // The split bf16_skinny would take for g (g.split, or its own choice when 0:
-// enough CTAs for two per multiprocessor, at least two chunks of k each).
+// as many CTAs as two per multiprocessor hold, at least four chunks of k
+// each).
 Bf16SkinnyPlan bf16_skinny_plan(const Bf16Skinny& g);
 
 // Launches it when it serves the shape: 1..kBf16SkinnyMaxRows rows, `in` and
