@@ -184,16 +184,28 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // Every part's value of an entry is requested before any is added: one
+    // L2 round trip per entry, not one per part (a loop that adds as it loads
+    // waits for each load in turn).
 #pragma unroll
     for (int q = 0; q < kGroups; ++q)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int64_t r = 8 * q + 2 * t + i;
         if (r >= g.rows) continue;
+        float low_parts[kBf16SkinnyMaxSplit], high_parts[kBf16SkinnyMaxSplit];
+#pragma unroll
+        for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+          if (part >= split) break;
+          low_parts[part] = low_valid ? __ldcg(g.parts + at(part, r, low_row)) : 0.0f;
+          high_parts[part] = high_valid ? __ldcg(g.parts + at(part, r, high_row)) : 0.0f;
+        }
         float low_sum = 0.0f, high_sum = 0.0f;
-        for (int part = 0; part < split; ++part) {
-          if (low_valid) low_sum += __ldcg(g.parts + at(part, r, low_row));
-          if (high_valid) high_sum += __ldcg(g.parts + at(part, r, high_row));
+#pragma unroll
+        for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+          if (part >= split) break;
+          low_sum += low_parts[part];
+          high_sum += high_parts[part];
         }
         c[q][i] = low_sum;
         c[q][2 + i] = high_sum;
