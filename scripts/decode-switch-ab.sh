@@ -7,10 +7,12 @@
 # and the earlier defaults (cuBLAS for the router's logits and the bf16 linears of decode, no
 # split-K).
 #
-#   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES] [quick|split]
+#   (device) bash scripts/decode-switch-ab.sh BIN_DIR [BATCHES] [quick|split|skinny]
 #
 # quick: only the defaults and every switch on, twice each in turn (when device time is short).
 # split: the defaults, the expert split-K forced on, forced off, and the earlier defaults.
+# skinny: the defaults, bf16_skinny, and bf16_skinny with the deep pipeline, twice each, bf16
+# weights, on glm_1b and on the GLM-5.2 attention config.
 # Prints each run's table rows (ms per step and the share of the read floor) under its switches.
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
@@ -23,6 +25,7 @@ runs=(
   "MEGACTX_MOE_SHARED_FP8_INPUT=1"
   "MEGACTX_BF16_GEMV_SWIGLU=1"
   "MEGACTX_BF16_SKINNY=1"
+  "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1"
   "MEGACTX_BF16_EXPERT_SPLIT_K=4 MEGACTX_FP8_EXPERT_SPLIT_K=2"
   "MEGACTX_BF16_EXPERT_SPLIT_K=1 MEGACTX_FP8_EXPERT_SPLIT_K=1"
   "$old_defaults"
@@ -31,9 +34,18 @@ runs=(
 )
 [[ "${3:-}" == quick ]] && runs=("" "$all_on" "" "$all_on")
 [[ "${3:-}" == split ]] && runs=("" "${runs[6]}" "${runs[7]}" "$old_defaults")
-for switches in "${runs[@]}"; do
-  echo "== ${switches:-defaults}"
-  env $switches timeout 120 "$bin/model_decode_bench" --config bench/cuda/configs/glm_1b.json \
-    --kv-dtype fp8 --precision bf16,fp8 --attention fast --graphs on --batches "$batches" 2>&1 |
-    grep -E "^\| (bf16|fp8) |^read-only|model_decode_bench:"
+configs=glm_1b
+precisions=bf16,fp8
+if [[ "${3:-}" == skinny ]]; then
+  runs=("" "${runs[4]}" "${runs[5]}" "" "${runs[4]}" "${runs[5]}")
+  configs="glm_1b glm52_attention"
+  precisions=bf16
+fi
+for config in $configs; do
+  for switches in "${runs[@]}"; do
+    echo "== $config: ${switches:-defaults}"
+    env $switches timeout 120 "$bin/model_decode_bench" --config "bench/cuda/configs/$config.json" \
+      --kv-dtype fp8 --precision "$precisions" --attention fast --graphs on --batches "$batches" 2>&1 |
+      grep -E "^\| (bf16|fp8) |^read-only|model_decode_bench:"
+  done
 done

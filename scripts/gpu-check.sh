@@ -253,6 +253,7 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   for switches in \
     "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
     "MEGACTX_BF16_SKINNY=1" \
+    "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
     for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
       [[ -x "$pack/bin/$test" ]] || continue

@@ -596,7 +596,8 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
 // 1-64 rows (partial column groups), outputs that are not multiples of 16,
 // strided x and y, float32 and bf16 outputs, the split along k chosen (0) or
 // forced to 1, 3 and 16 parts (within rounding of each other; a row's bits
-// independent of its batch at every split, the counters back at zero),
+// independent of its batch at every split, the counters back at zero), four
+// stages and the deep pipeline (the same bits),
 // shapes it declines, a split without scratch, and the Blas path.
 TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
   struct Shape {
@@ -620,9 +621,14 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
         }
         MEGACTX_CUDA_CHECK(
             cudaMemset(c.dy, 0xff, static_cast<size_t>(c.max_rows * c.y_stride) * sizeof(float)));
+        g.pipeline = Bf16SkinnyPipeline::FourStages;
         ASSERT_TRUE(bf16_skinny(g, nullptr));
         const std::vector<float> got = c.dense_y(rows);
         EXPECT_LE(max_relative(got, c.want_rows(rows)), 1e-5);
+        // The deeper pipeline stages the same chunks: the same bits.
+        g.pipeline = Bf16SkinnyPipeline::Deep;
+        ASSERT_TRUE(bf16_skinny(g, nullptr));
+        EXPECT_EQ(c.dense_y(rows), got);
         const std::vector<float> row0(got.begin(), got.begin() + c.out);
         if (row0_alone.empty()) row0_alone = row0;
         EXPECT_EQ(row0, row0_alone);

@@ -10,6 +10,8 @@ bracket their timed steps with cudaProfilerStart/Stop) and summarise:
     python3 tools/bench/ncu_kernel_summary.py ncu.csv --per 16 --title "glm_1b batch 1"
 
 --per N divides the totals by N (the timed steps), so the table reads per step.
+--timeline also lists the last step's launches in order (kernel, grid, us): how two
+runs of the same model with different kernels compare linear by linear.
 Kernels are grouped by their base name (template arguments and parameters cut);
 ncu serialises the kernels, so the sum is the device time without overlap.
 """
@@ -67,6 +69,8 @@ def main() -> int:
     parser.add_argument("--per", type=float, default=1.0, help="divide totals by this (steps)")
     parser.add_argument("--title", default="")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--timeline", action="store_true",
+                        help="also list the last step's launches in order")
     args = parser.parse_args()
     launches = read(args.csv)
     if not launches:
@@ -84,6 +88,12 @@ def main() -> int:
     for name, (count, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"| `{name}` | {count / args.per:.1f} | {us / args.per:.1f} | {us / count:.2f} | "
               f"{100.0 * us / total:.1f}% |")
+    if args.timeline:
+        step = launches[-round(len(launches) / args.per):]
+        print("\n| # | kernel | grid | us |")
+        print("|---|---|---|---|")
+        for i, (name, grid, us) in enumerate(step):
+            print(f"| {i} | `{name}` | {grid} | {us:.1f} |")
     return 0
 
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "kernels/cuda/common/alignment.h"
 #include "kernels/cuda/common/device_info.h"
@@ -58,7 +59,10 @@ bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream) {
                 "(given {} and {})",
                 plan.split, plan.tiles, plan.parts_floats, plan.tiles, g.parts_capacity,
                 g.done_capacity);
-  launch_bf16_skinny(g, plan.split, plan.chunks_per_part, stream);
+  static const bool deep_default = env_switch("MEGACTX_BF16_SKINNY_DEEP", kBf16SkinnyDeep);
+  const bool deep = g.pipeline == Bf16SkinnyPipeline::Deep ||
+                    (g.pipeline == Bf16SkinnyPipeline::ProcessDefault && deep_default);
+  launch_bf16_skinny(g, plan.split, plan.chunks_per_part, deep, stream);
   return true;
 }
 

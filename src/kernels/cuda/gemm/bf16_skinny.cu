@@ -23,7 +23,9 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kTileRows = 16 * kWarps;    // weight rows staged per CTA
 constexpr int kChunk = kBf16SkinnyChunk;  // k per pipeline stage: one 128-byte line per row
 constexpr int kSegments = kChunk / 8;     // 16-byte segments of a staged row
-constexpr int kStages = 4;                // chunks in flight or in use
+// Shared memory per CTA that keeps two CTAs on a multiprocessor (228 KB, 1 KB of it reserved per
+// CTA).
+constexpr size_t kSharedPerCta = 113 * 1024;
 static_assert(kSegments == 8, "the swizzle below assumes 8 segments per staged row");
 
 // Byte offset of segment `segment` of staged row `row`: the segment index is
@@ -37,14 +39,21 @@ template <int kGroups>
 constexpr size_t stage_bytes() {
   return static_cast<size_t>(kTileRows + 8 * kGroups) * 2 * kChunk;
 }
+// Bf16SkinnyPipeline::Deep: as many stages as two CTAs per multiprocessor
+// allow, up to 6 (6 / 6 / 5 / 4 for 1 / 2 / 4 / 8 column groups).
+template <int kGroups>
+constexpr int deep_stages() {
+  const size_t fit = kSharedPerCta / stage_bytes<kGroups>();
+  return fit < 6 ? static_cast<int>(fit) : 6;
+}
 
 // Grid (tiles, split). A CTA stages its 128 weight rows (kSwiglu: gate rows
 // 64 tile .. + 63, then the same up rows) and every input row, kChunk of k at
-// a time through kStages buffers (cp.async); warp w multiplies staged rows
+// a time through kStages buffers (cp.async, kStages - 1 in flight); warp w multiplies staged rows
 // 16w .. 16w + 15 (kSwiglu: gate rows 8w .. 8w + 7 and their up rows) with
 // ldmatrix fragments. Part blockIdx.y takes chunks [y chunks_per_part,
 // (y + 1) chunks_per_part).
-template <int kGroups, bool kSwiglu>
+template <int kGroups, bool kSwiglu, int kStages>
 __global__ void __launch_bounds__(kThreads)
     bf16_skinny_kernel(Bf16Skinny g, int split, int64_t chunks_per_part) {
   constexpr int kRows = 8 * kGroups;  // input rows staged (the batch rounded up to 8)
@@ -241,41 +250,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kGroups, bool kSwiglu>
+template <int kGroups, bool kSwiglu, int kStages>
 void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, cudaStream_t stream) {
   constexpr size_t kShared = kStages * stage_bytes<kGroups>();
+  static_assert(kShared <= kSharedPerCta, "two CTAs per multiprocessor");
   static const bool attribute_set = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(bf16_skinny_kernel<kGroups, kSwiglu>,
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(bf16_skinny_kernel<kGroups, kSwiglu, kStages>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kShared)));
     return true;
   }();
   (void)attribute_set;
   const dim3 grid(static_cast<unsigned>(bf16_skinny_tiles(g)), static_cast<unsigned>(split));
-  launch_kernel(bf16_skinny_kernel<kGroups, kSwiglu>, grid, kThreads, kShared, stream, g, split,
-                chunks_per_part);
+  launch_kernel(bf16_skinny_kernel<kGroups, kSwiglu, kStages>, grid, kThreads, kShared, stream, g,
+                split, chunks_per_part);
 }
 
 template <int kGroups>
-void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, cudaStream_t stream) {
-  if (g.swiglu)
-    launch<kGroups, true>(g, split, chunks_per_part, stream);
-  else
-    launch<kGroups, false>(g, split, chunks_per_part, stream);
+void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
+            cudaStream_t stream) {
+  constexpr int kDeep = deep_stages<kGroups>();
+  if (g.swiglu) {
+    if (deep)
+      launch<kGroups, true, kDeep>(g, split, chunks_per_part, stream);
+    else
+      launch<kGroups, true, 4>(g, split, chunks_per_part, stream);
+  } else {
+    if (deep)
+      launch<kGroups, false, kDeep>(g, split, chunks_per_part, stream);
+    else
+      launch<kGroups, false, 4>(g, split, chunks_per_part, stream);
+  }
 }
 
 }  // namespace
 
-void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part,
+void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
                         cudaStream_t stream) {
   if (g.rows <= 8) {
-    launch<1>(g, split, chunks_per_part, stream);
+    launch<1>(g, split, chunks_per_part, deep, stream);
   } else if (g.rows <= 16) {
-    launch<2>(g, split, chunks_per_part, stream);
+    launch<2>(g, split, chunks_per_part, deep, stream);
   } else if (g.rows <= 32) {
-    launch<4>(g, split, chunks_per_part, stream);
+    launch<4>(g, split, chunks_per_part, deep, stream);
   } else {
-    launch<8>(g, split, chunks_per_part, stream);
+    launch<8>(g, split, chunks_per_part, deep, stream);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }

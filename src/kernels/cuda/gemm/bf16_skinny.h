@@ -41,6 +41,13 @@ inline constexpr int kBf16SkinnyChunk = 64;  // k per pipeline stage
 // MEGACTX_BF16_SKINNY=0 / 1 sets it for every Blas created afterwards.
 inline constexpr bool kBf16Skinny = false;
 
+// How deep the cp.async pipeline runs: four stages (three 64-k chunks of
+// every weight row in flight), or as many as two CTAs per multiprocessor fit
+// (up to six: longer runs of each row in flight, as cuBLAS's 8-16-stage
+// kernels keep). ProcessDefault: kBf16SkinnyDeep, or MEGACTX_BF16_SKINNY_DEEP=0 / 1.
+enum class Bf16SkinnyPipeline { ProcessDefault, FourStages, Deep };
+inline constexpr bool kBf16SkinnyDeep = false;
+
 struct Bf16Skinny : Bf16Product {
   // SwiGLU (as Bf16Gemv::swiglu): w is [2 out, in] (gate rows, then up
   // rows) and y bf16 [rows, y_stride] = silu(gate) * up with gate and up
@@ -50,6 +57,7 @@ struct Bf16Skinny : Bf16Product {
   // CTAs along k per weight-row tile: 0 chooses (bf16_skinny_plan), 1 ..
   // kBf16SkinnyMaxSplit forces it (fewer when `in` has fewer 64-wide chunks).
   int split = 0;
+  Bf16SkinnyPipeline pipeline = Bf16SkinnyPipeline::ProcessDefault;
   // Scratch for a split over k, sized by bf16_skinny_plan: parts float32
   // [split, rows, weight rows], done int32 [tiles], zero before the first
   // call (each call leaves it zero).
@@ -78,7 +86,7 @@ Bf16SkinnyPlan bf16_skinny_plan(const Bf16Skinny& g);
 bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream);
 
 // The kernel's launch (bf16_skinny.cu), after bf16_skinny's checks and plan.
-void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part,
+void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
                         cudaStream_t stream);
 
 }  // namespace megactx::cuda
