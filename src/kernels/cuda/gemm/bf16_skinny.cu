@@ -91,35 +91,36 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t steps = chunk_end - chunk_begin;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // Segments past `in` (whole: in % 8 == 0) and rows past the matrix or the
-  // batch are zeros, so their products add nothing.
-  const auto stage_weights = [&](int64_t step) {
-    if (step >= steps) return;
+  // Copies `rows` staged rows of chunk `step` into `base`: row r from
+  // source(r) (its element 0; null past the matrix or the batch). Segments
+  // past `in` (whole: in % 8 == 0) and null rows are zeros, so their products
+  // add nothing.
+  const auto stage_rows = [&](int64_t step, uint8_t* base, int rows, auto source) {
     const int64_t k0 = (chunk_begin + step) * kChunk;
-    uint8_t* base = weights_of(static_cast<int>(step % kStages));
-    for (int i = static_cast<int>(threadIdx.x); i < kTileRows * kSegments; i += kThreads) {
+    for (int i = static_cast<int>(threadIdx.x); i < rows * kSegments; i += kThreads) {
       const int r = i / kSegments, segment = i % kSegments;
-      const int64_t k = k0 + 8 * segment, row = weight_row_of(r);
+      const int64_t k = k0 + 8 * segment;
+      const uint8_t* row = source(r);
       uint8_t* destination = base + swizzled(r, segment);
-      if (row >= 0 && k < g.in)
-        cp_async_16(destination, w + (row * g.in + k) * 2);
+      if (row != nullptr && k < g.in)
+        cp_async_16(destination, row + k * 2);
       else
         *reinterpret_cast<uint4*>(destination) = zero;
     }
   };
+  const auto stage_weights = [&](int64_t step) {
+    if (step >= steps) return;
+    stage_rows(step, weights_of(static_cast<int>(step % kStages)), kTileRows,
+               [&](int r) -> const uint8_t* {
+                 const int64_t row = weight_row_of(r);
+                 return row >= 0 ? w + row * g.in * 2 : nullptr;
+               });
+  };
   const auto stage_x = [&](int64_t step) {
     if (step >= steps) return;
-    const int64_t k0 = (chunk_begin + step) * kChunk;
-    uint8_t* base = x_of(static_cast<int>(step % kStages));
-    for (int i = static_cast<int>(threadIdx.x); i < kRows * kSegments; i += kThreads) {
-      const int r = i / kSegments, segment = i % kSegments;
-      const int64_t k = k0 + 8 * segment;
-      uint8_t* destination = base + swizzled(r, segment);
-      if (r < g.rows && k < g.in)
-        cp_async_16(destination, x + (r * g.x_stride + k) * 2);
-      else
-        *reinterpret_cast<uint4*>(destination) = zero;
-    }
+    stage_rows(step, x_of(static_cast<int>(step % kStages)), kRows, [&](int r) -> const uint8_t* {
+      return r < g.rows ? x + r * g.x_stride * 2 : nullptr;
+    });
   };
 
   // Weights are never written by a step: the first stages' copies need not wait.
@@ -172,21 +173,28 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();
 
+  // fn(q, i, r) for each of this lane's entries in the batch: c[q][i] and
+  // c[q][2 + i] at input row r = 8q + 2t + i.
+  const auto for_entries = [&](auto fn) {
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t r = 8 * q + 2 * t + i;
+        if (r < g.rows) fn(q, i, r);
+      }
+  };
+
   if (split > 1) {
     // Store this part's sums; the tile's last CTA adds the parts in order.
     const int64_t weight_rows = kSwiglu ? 2 * g.out : g.out;
     const auto at = [&](int64_t part, int64_t r, int64_t weight_row) {
       return (part * g.rows + r) * weight_rows + weight_row;
     };
-#pragma unroll
-    for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t r = 8 * q + 2 * t + i;
-        if (r >= g.rows) continue;
-        if (low_valid) g.parts[at(blockIdx.y, r, low_row)] = c[q][i];
-        if (high_valid) g.parts[at(blockIdx.y, r, high_row)] = c[q][2 + i];
-      }
+    for_entries([&](int q, int i, int64_t r) {
+      if (low_valid) g.parts[at(blockIdx.y, r, low_row)] = c[q][i];
+      if (high_valid) g.parts[at(blockIdx.y, r, high_row)] = c[q][2 + i];
+    });
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(g.done + tile, 1) == split - 1;
@@ -196,58 +204,47 @@ __global__ void __launch_bounds__(kThreads)
     // Every part's value of an entry is requested before any is added: one
     // L2 round trip per entry, not one per part (a loop that adds as it loads
     // waits for each load in turn).
+    for_entries([&](int q, int i, int64_t r) {
+      float low_parts[kBf16SkinnyMaxSplit], high_parts[kBf16SkinnyMaxSplit];
 #pragma unroll
-    for (int q = 0; q < kGroups; ++q)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t r = 8 * q + 2 * t + i;
-        if (r >= g.rows) continue;
-        float low_parts[kBf16SkinnyMaxSplit], high_parts[kBf16SkinnyMaxSplit];
-#pragma unroll
-        for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
-          if (part >= split) break;
-          low_parts[part] = low_valid ? __ldcg(g.parts + at(part, r, low_row)) : 0.0f;
-          high_parts[part] = high_valid ? __ldcg(g.parts + at(part, r, high_row)) : 0.0f;
-        }
-        float low_sum = 0.0f, high_sum = 0.0f;
-#pragma unroll
-        for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
-          if (part >= split) break;
-          low_sum += low_parts[part];
-          high_sum += high_parts[part];
-        }
-        c[q][i] = low_sum;
-        c[q][2 + i] = high_sum;
+      for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+        if (part >= split) break;
+        low_parts[part] = low_valid ? __ldcg(g.parts + at(part, r, low_row)) : 0.0f;
+        high_parts[part] = high_valid ? __ldcg(g.parts + at(part, r, high_row)) : 0.0f;
       }
+      float low_sum = 0.0f, high_sum = 0.0f;
+#pragma unroll
+      for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+        if (part >= split) break;
+        low_sum += low_parts[part];
+        high_sum += high_parts[part];
+      }
+      c[q][i] = low_sum;
+      c[q][2 + i] = high_sum;
+    });
     if (threadIdx.x == 0) g.done[tile] = 0;
   }
 
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t r = 8 * q + 2 * t + i;  // input row of c[q][i] and c[q][2 + i]
-      if (r >= g.rows) continue;
-      const int64_t base = r * g.y_stride;
-      if constexpr (kSwiglu) {
-        // silu_mul_bf16's expression on the bf16-rounded gate and up: the
-        // bits of the plain kernel into bf16 followed by silu_mul_bf16.
-        const float gate = __bfloat162float(__float2bfloat16_rn(c[q][i]));
-        const float up = __bfloat162float(__float2bfloat16_rn(c[q][2 + i]));
-        if (low_valid)
-          static_cast<__nv_bfloat16*>(g.y)[base + low_row] =
-              __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
-      } else if (g.y_f32) {
-        auto* y = static_cast<float*>(g.y);
-        if (low_valid) y[base + low_row] = c[q][i];
-        if (high_valid) y[base + high_row] = c[q][2 + i];
-      } else {
-        auto* y = static_cast<__nv_bfloat16*>(g.y);
-        if (low_valid) y[base + low_row] = __float2bfloat16_rn(c[q][i]);
-        if (high_valid) y[base + high_row] = __float2bfloat16_rn(c[q][2 + i]);
-      }
+  for_entries([&](int q, int i, int64_t r) {
+    const int64_t base = r * g.y_stride;
+    if constexpr (kSwiglu) {
+      // silu_mul_bf16's expression on the bf16-rounded gate and up: the
+      // bits of the plain kernel into bf16 followed by silu_mul_bf16.
+      const float gate = __bfloat162float(__float2bfloat16_rn(c[q][i]));
+      const float up = __bfloat162float(__float2bfloat16_rn(c[q][2 + i]));
+      if (low_valid)
+        static_cast<__nv_bfloat16*>(g.y)[base + low_row] =
+            __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+    } else if (g.y_f32) {
+      auto* y = static_cast<float*>(g.y);
+      if (low_valid) y[base + low_row] = c[q][i];
+      if (high_valid) y[base + high_row] = c[q][2 + i];
+    } else {
+      auto* y = static_cast<__nv_bfloat16*>(g.y);
+      if (low_valid) y[base + low_row] = __float2bfloat16_rn(c[q][i]);
+      if (high_valid) y[base + high_row] = __float2bfloat16_rn(c[q][2 + i]);
     }
-  }
+  });
 }
 
 template <int kGroups, bool kSwiglu, int kStages>
