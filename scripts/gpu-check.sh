@@ -346,7 +346,8 @@ fi
 #    against concurrency and prompt length, MTP k = 0/1/3/7, with charts), "ttft" (long-context
 #    prefill: time to first token through serve from 4K to 1M tokens on GLM-5.2's attention
 #    config, against its FLOP floor and transformers, with a chart), "fp8linear" (the fp8
-#    linears at decode row counts against cuBLAS bf16 and the read floor), "longdecode" (decode
+#    linears at decode row counts against cuBLAS bf16 and the read floor), "bf16linear" (the
+#    bf16 GEMV and bf16_skinny against cuBLAS and the read floor), "longdecode" (decode
 #    tok/s through serve at 1K to 1M tokens of context and 1 / 4 / 16 requests on that config,
 #    against its memory-read floor, with a chart), "weightsync" (a whole-model push of the
 #    default model through every weight transport into a --device cuda server, CUDA tensors by
@@ -389,6 +390,11 @@ if [[ "$benches" == *fp8linear* ]]; then
   # The fp8 linears at decode row counts: GEMV, few-row MMA, 64x64 MMA, cuBLAS bf16, read floor.
   timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/fp8_linear_bench" "${bench_args[@]}" >"$out/fp8_linear.md" 2>&1
   note "fp8 linear bench exit $?"
+fi
+if [[ "$benches" == *bf16linear* ]]; then
+  # The bf16 linears at decode row counts: the GEMV, bf16_skinny (four stages and deep), cuBLAS.
+  timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/bf16_linear_bench" "${bench_args[@]}" >"$out/bf16_linear.md" 2>&1
+  note "bf16 linear bench exit $?"
 fi
 if [[ "$benches" == *prefill* ]]; then
   # Indexer prefill: the fused indexer + top-k against the two-kernel path.

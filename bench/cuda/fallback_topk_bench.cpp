@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/support/bench_args.h"
 #include "bench/cuda/support/position_topk_quadratic.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -68,15 +69,7 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: fallback_topk_bench [--quick]\n");
-      return 2;
-    }
-  }
+  const bool quick = quick_flag(argc, argv, "fallback_topk_bench");
   cudaStream_t stream;
   MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaDeviceProp prop;

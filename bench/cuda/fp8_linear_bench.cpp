@@ -26,7 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/support/bench_args.h"
+#include "bench/cuda/support/linear_bench.h"
 #include "bench/cuda/support/read_bandwidth.h"
+#include "bench/cuda/support/stream_timing.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/gemm/cublaslt_gemm.h"
@@ -53,45 +56,10 @@ void fill_random(T* device, size_t count, uint32_t seed,
   MEGACTX_CUDA_CHECK(cudaMemcpy(device, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
 }
 
-// Median us per call of body(copy) over `calls` calls cycling through the copies.
-double median_us(cudaStream_t stream, int copies, int calls, const std::function<void(int)>& body) {
-  cudaEvent_t start, stop;
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
-  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < copies; ++i) body(i);  // warm-up
-  std::vector<double> times;
-  for (int round = 0; round < 5; ++round) {
-    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < calls; ++i) body(i % copies);
-    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(1000.0 * ms / calls);
-  }
-  std::sort(times.begin(), times.end());
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
-  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
-  return times[times.size() / 2];
-}
-
-struct Shape {
-  const char* name;
-  int64_t in, out;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: fp8_linear_bench [--quick]\n");
-      return 2;
-    }
-  }
+  const bool quick = quick_flag(argc, argv, "fp8_linear_bench");
   cudaStream_t stream;
   MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
   const ReadBandwidth floor = measure_read_bandwidth(size_t{4} << 30, 5, stream);
@@ -110,7 +78,7 @@ int main(int argc, char** argv) {
   lt_in_kernel.set_workspace(lt_workspace, lt_workspace_bytes);
   lt_in_kernel.set_reduction(LtReduction::InKernel, LtReduction::InKernel);
 
-  const std::vector<Shape> shapes = {
+  const std::vector<LinearShape> shapes = {
       {"glm_1b q_a 2048->768", 2048, 768},
       // glm_1b's other small weights (0.8-3.1M elements): at 33-64 rows fp8_lt_rows (gemm.cpp)
       // keeps them on the few-row kernel, where its fp8 decode at batch 64 trails bf16.
@@ -134,12 +102,10 @@ int main(int argc, char** argv) {
       "best fp8 GB/s | of floor | k split | cuBLAS bf16 us | cuBLASLt bf16 in-kernel us (f32 / "
       "bf16 out) | fastest bf16 candidate us (split, reduction) | bf16 GB/s | of floor |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Shape& s : shapes) {
+  for (const LinearShape& s : shapes) {
     const int64_t groups = (s.in + 127) / 128, scale_rows = (s.out + 127) / 128;
     const size_t weight_bytes = static_cast<size_t>(s.in * s.out);
-    // Copies totalling at least 256 MiB (> 4x the 60 MB L2 of an H200).
-    const int copies =
-        static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / weight_bytes + 1));
+    const int copies = hbm_copies(weight_bytes);
     std::vector<uint8_t*> w(copies);
     std::vector<float*> w_scale(copies);
     std::vector<__nv_bfloat16*> w_bf16(copies);
@@ -186,11 +152,12 @@ int main(int argc, char** argv) {
       const int calls = 4 * copies;
       double gemv = -1, skinny = -1, tiles = -1;
       if (rows <= kFp8GemvMaxRows)
-        gemv = median_us(stream, copies, calls, [&](int c) { fp8_block_gemv(gemm_of(c), stream); });
-      skinny = median_us(stream, copies, calls,
-                         [&](int c) { fp8_block_gemm_skinny(gemm_of(c), stream); });
-      tiles = median_us(stream, copies, calls,
-                        [&](int c) { fp8_block_gemm_tensor_cores(gemm_of(c), stream); });
+        gemv = cycled_median_us(stream, copies, calls,
+                                [&](int c) { fp8_block_gemv(gemm_of(c), stream); });
+      skinny = cycled_median_us(stream, copies, calls,
+                                [&](int c) { fp8_block_gemm_skinny(gemm_of(c), stream); });
+      tiles = cycled_median_us(stream, copies, calls,
+                               [&](int c) { fp8_block_gemm_tensor_cores(gemm_of(c), stream); });
       // cuBLASLt reads the activations' scales by group ([groups, rows]).
       double cublaslt = -1;
       quantize_e4m3_groups(x, rows, s.in, s.in, xq, xs_by_group, stream, /*scales_by_group=*/true);
@@ -201,16 +168,12 @@ int main(int argc, char** argv) {
       };
       double cublaslt_in_kernel = -1;
       if (lt.supports(lt_gemm_of(0)))
-        cublaslt = median_us(stream, copies, calls, [&](int c) { lt.run(lt_gemm_of(c)); });
+        cublaslt = cycled_median_us(stream, copies, calls, [&](int c) { lt.run(lt_gemm_of(c)); });
       if (lt_in_kernel.supports(lt_gemm_of(0)))
-        cublaslt_in_kernel =
-            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(lt_gemm_of(c)); });
-      const float one = 1.f, zero = 0.f;
-      const double bf16 = median_us(stream, copies, calls, [&](int c) {
-        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.out),
-                     static_cast<int>(rows), static_cast<int>(s.in), &one, w_bf16[c], CUDA_R_16BF,
-                     static_cast<int>(s.in), xb, CUDA_R_16BF, static_cast<int>(s.in), &zero, y,
-                     CUDA_R_32F, static_cast<int>(s.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublaslt_in_kernel = cycled_median_us(stream, copies, calls,
+                                              [&](int c) { lt_in_kernel.run(lt_gemm_of(c)); });
+      const double bf16 = cycled_median_us(stream, copies, calls, [&](int c) {
+        cublas_bf16_linear(handle, rows, s.in, s.out, w_bf16[c], xb, y);
       });
       auto bf16_gemm_of = [&](int c) {
         Bf16LtGemm g;
@@ -231,19 +194,19 @@ int main(int argc, char** argv) {
         return g;
       };
       if (lt_in_kernel.supports(bf16_out_gemm_of(0)))
-        bf16_out_in_kernel =
-            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(bf16_out_gemm_of(c)); });
+        bf16_out_in_kernel = cycled_median_us(
+            stream, copies, calls, [&](int c) { lt_in_kernel.run(bf16_out_gemm_of(c)); });
       std::string fastest_is = "-";
       if (lt_in_kernel.supports(bf16_gemm_of(0)))
-        bf16_in_kernel =
-            median_us(stream, copies, calls, [&](int c) { lt_in_kernel.run(bf16_gemm_of(c)); });
+        bf16_in_kernel = cycled_median_us(stream, copies, calls,
+                                          [&](int c) { lt_in_kernel.run(bf16_gemm_of(c)); });
       for (LtGemm* planner : {&lt, &lt_in_kernel}) {
         if (!planner->supports(bf16_gemm_of(0))) continue;
         for (int i = 0; i < planner->candidates(bf16_gemm_of(0)); ++i) {
           // The plan is per shape and alignment, the same for every copy.
           planner->choose(bf16_gemm_of(0), i);
-          const double us =
-              median_us(stream, copies, calls, [&](int c) { planner->run(bf16_gemm_of(c)); });
+          const double us = cycled_median_us(stream, copies, calls,
+                                             [&](int c) { planner->run(bf16_gemm_of(c)); });
           if (bf16_fastest < 0 || us < bf16_fastest) {
             bf16_fastest = us;
             fastest_is = planner->describe(bf16_gemm_of(0), i);
@@ -261,21 +224,16 @@ int main(int argc, char** argv) {
       double best_bf16 = bf16;
       if (bf16_in_kernel > 0) best_bf16 = std::min(best_bf16, bf16_in_kernel);
       const double bf16_gbs = 2.0 * static_cast<double>(weight_bytes) / (best_bf16 * 1e-6) / 1e9;
-      auto text = [](double us) {
-        char buffer[32] = "-";
-        if (us > 0) std::snprintf(buffer, sizeof(buffer), "%.2f", us);
-        return std::string(buffer);
-      };
       std::printf(
           "| %s | %lld | %s | %.2f | %.2f | %s / %s | %.0f | %.0f%% | %d | %.2f | %s / %s | %s "
           "(%s) "
           "| %.0f | %.0f%% |\n",
-          s.name, static_cast<long long>(rows), text(gemv).c_str(), skinny, tiles,
-          text(cublaslt).c_str(), text(cublaslt_in_kernel).c_str(), gbs,
+          s.name, static_cast<long long>(rows), us_or_dash(gemv).c_str(), skinny, tiles,
+          us_or_dash(cublaslt).c_str(), us_or_dash(cublaslt_in_kernel).c_str(), gbs,
           100.0 * gbs / floor.read_gbs,
           fp8_block_gemm_skinny_split(rows, s.in, s.out, current_device_multiprocessors()), bf16,
-          text(bf16_in_kernel).c_str(), text(bf16_out_in_kernel).c_str(),
-          text(bf16_fastest).c_str(), fastest_is.c_str(), bf16_gbs,
+          us_or_dash(bf16_in_kernel).c_str(), us_or_dash(bf16_out_in_kernel).c_str(),
+          us_or_dash(bf16_fastest).c_str(), fastest_is.c_str(), bf16_gbs,
           100.0 * bf16_gbs / floor.read_gbs);
     }
     for (int c = 0; c < copies; ++c) {

@@ -29,4 +29,26 @@ double stream_median_ms(cudaStream_t stream, const std::function<void()>& body, 
   return times[times.size() / 2];
 }
 
+double cycled_median_us(cudaStream_t stream, int copies, int calls,
+                        const std::function<void(int)>& body) {
+  cudaEvent_t start, stop;
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&start));
+  MEGACTX_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < copies; ++i) body(i);  // warm-up
+  std::vector<double> times;
+  for (int round = 0; round < 5; ++round) {
+    MEGACTX_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < calls; ++i) body(i % copies);
+    MEGACTX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MEGACTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    MEGACTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(1000.0 * ms / calls);
+  }
+  std::sort(times.begin(), times.end());
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(start));
+  MEGACTX_CUDA_CHECK(cudaEventDestroy(stop));
+  return times[times.size() / 2];
+}
+
 }  // namespace megactx::cuda

@@ -12,4 +12,11 @@ namespace megactx::cuda {
 // median, in ms.
 double stream_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps);
 
+// Median us per call of body(copy) over 5 rounds of `calls` calls cycling
+// through `copies` (after one untimed pass over them): the per-call time of
+// a kernel whose weights come from HBM, as in a decode step, when the copies
+// together exceed L2.
+double cycled_median_us(cudaStream_t stream, int copies, int calls,
+                        const std::function<void(int)>& body);
+
 }  // namespace megactx::cuda
