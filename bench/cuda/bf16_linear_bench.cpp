@@ -25,6 +25,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/bf16_skinny.h"
+#include "kernels/cuda/gemm/linear_operands.h"
 
 using namespace megactx::cuda;
 
@@ -93,15 +94,7 @@ int main(int argc, char** argv) {
     const int calls = 4 * copies;
     for (const int64_t rows : row_counts) {
       const auto product = [&](auto g, int c) {
-        g.x = x;
-        g.x_stride = s.in;
-        g.w = w[c];
-        g.y = y;
-        g.y_stride = s.out;
-        g.rows = rows;
-        g.in = s.in;
-        g.out = s.out;
-        return g;
+        return linear_operands<decltype(g)>(x, s.in, w[c], y, s.out, rows, s.in, s.out);
       };
       const double cublas = cycled_median_us(stream, copies, calls, [&](int c) {
         cublas_bf16_linear(handle, rows, s.in, s.out, w[c], x, y);

@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm/bf16_skinny.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/linear_operands.h"
 #include "kernels/cuda/gemm/small_batched_linear.h"
 
 namespace megactx::cuda {
@@ -75,6 +76,13 @@ double max_relative(const std::vector<float>& got, const std::vector<double>& wa
   return diff / scale;
 }
 
+// The decode kernels' test shapes: glm_1b-sized weights, an output that is
+// not a multiple of 16 or 128, a long `in`, and a tiny one (a partial k chunk).
+struct LinearShape {
+  int64_t in, out;
+};
+constexpr LinearShape kDecodeLinearShapes[] = {{2048, 1344}, {768, 3075}, {5632, 2048}, {72, 5}};
+
 // A bf16 linear's operands on the device with strides that are not the
 // widths: x [max_rows, in + 8] and w [out, in] rounded to bf16, y [max_rows,
 // out + 3] float32; and the double-loop product of every row.
@@ -124,19 +132,33 @@ struct StridedBf16Case {
   std::vector<double> want_rows(int64_t rows) const {
     return {want.begin(), want.begin() + rows * out};
   }
+  // got (the first `rows` float32 rows) is within rounding of the double
+  // loops, and its row 0 has the bits of the first call's (row0_alone, set
+  // by that call): a row's result does not depend on the rows beside it.
+  void expect_product(int64_t rows, const std::vector<float>& got,
+                      std::vector<float>& row0_alone) const {
+    EXPECT_LE(max_relative(got, want_rows(rows)), 1e-5);
+    const std::vector<float> row0(got.begin(), got.begin() + out);
+    if (row0_alone.empty()) row0_alone = row0;
+    EXPECT_EQ(row0, row0_alone);
+  }
+  // kernel(g) declines (false) more rows than max_rows, an x that is not
+  // 16-byte aligned and an `in` that is not a multiple of 8.
+  template <typename Product, typename Kernel>
+  void expect_declines(Kernel kernel) const {
+    Product other = operands<Product>(max_rows + 1);
+    EXPECT_FALSE(kernel(other));  // too many rows
+    other.rows = 2;
+    other.x = dx + 1;
+    EXPECT_FALSE(kernel(other));  // x not 16-byte aligned
+    other.x = dx;
+    other.in = in - 4;
+    EXPECT_FALSE(kernel(other));  // in not a multiple of 8
+  }
   // The operands of `rows` rows as a decode kernel takes them (Bf16Product).
   template <typename Product>
   Product operands(int64_t rows) const {
-    Product g;
-    g.x = dx;
-    g.x_stride = x_stride;
-    g.w = dw;
-    g.y = dy;
-    g.y_stride = y_stride;
-    g.rows = rows;
-    g.in = in;
-    g.out = out;
-    return g;
+    return linear_operands<Product>(dx, x_stride, dw, dy, y_stride, rows, in, out);
   }
 };
 
@@ -417,10 +439,7 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
 // rows beside it or on the weight prefetch; shapes it does not serve are left
 // to the caller. Through Blas with set_bf16_gemv too.
 TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
-  struct Shape {
-    int64_t in, out;
-  };
-  for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
+  for (const LinearShape shape : kDecodeLinearShapes) {
     const StridedBf16Case c(shape.in, shape.out, kBf16GemvMaxRows, 41);
     std::vector<float> last_row_alone;
     for (int64_t rows = 1; rows <= c.max_rows; ++rows) {
@@ -431,24 +450,14 @@ TEST(CudaGemm, Bf16GemvMatchesDoubleLoops) {
         g.prefetch_weights = prefetch;
         ASSERT_TRUE(bf16_gemv(g, nullptr));
         const std::vector<float> got = c.dense_y(rows);
-        EXPECT_LE(max_relative(got, c.want_rows(rows)), 1e-5);
         // Row 0's bits: the same with any rows beside it, prefetch or not.
-        const std::vector<float> row0(got.begin(), got.begin() + c.out);
-        if (last_row_alone.empty()) last_row_alone = row0;
-        EXPECT_EQ(row0, last_row_alone);
+        c.expect_product(rows, got, last_row_alone);
         g.y_f32 = false;
         ASSERT_TRUE(bf16_gemv(g, nullptr));
         c.expect_bf16_y(rows, got);
       }
     }
-    Bf16Gemv other = c.operands<Bf16Gemv>(c.max_rows + 1);
-    EXPECT_FALSE(bf16_gemv(other, nullptr));  // too many rows
-    other.rows = 1;
-    other.x = c.dx + 1;
-    EXPECT_FALSE(bf16_gemv(other, nullptr));  // x not 16-byte aligned
-    other.x = c.dx;
-    other.in = c.in - 4;
-    EXPECT_FALSE(bf16_gemv(other, nullptr));  // in not a multiple of 8
+    c.expect_declines<Bf16Gemv>([](const Bf16Gemv& g) { return bf16_gemv(g, nullptr); });
     // Through Blas: the same bits as the kernel called directly, at 1 and at
     // kBf16GemvMaxRows rows.
     Blas blas(nullptr);
@@ -600,10 +609,7 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
 // stages and the deep pipeline (the same bits),
 // shapes it declines, a split without scratch, and the Blas path.
 TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
-  struct Shape {
-    int64_t in, out;
-  };
-  for (const Shape shape : {Shape{2048, 1344}, Shape{768, 3075}, Shape{5632, 2048}, Shape{72, 5}}) {
+  for (const LinearShape shape : kDecodeLinearShapes) {
     const StridedBf16Case c(shape.in, shape.out, kBf16SkinnyMaxRows, 61);
     const SkinnyScratch scratch(c.out);
     for (const int split : {0, 1, 3, 16}) {
@@ -624,14 +630,11 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
         g.pipeline = Bf16SkinnyPipeline::FourStages;
         ASSERT_TRUE(bf16_skinny(g, nullptr));
         const std::vector<float> got = c.dense_y(rows);
-        EXPECT_LE(max_relative(got, c.want_rows(rows)), 1e-5);
+        c.expect_product(rows, got, row0_alone);
         // The deeper pipeline stages the same chunks: the same bits.
         g.pipeline = Bf16SkinnyPipeline::Deep;
         ASSERT_TRUE(bf16_skinny(g, nullptr));
         EXPECT_EQ(c.dense_y(rows), got);
-        const std::vector<float> row0(got.begin(), got.begin() + c.out);
-        if (row0_alone.empty()) row0_alone = row0;
-        EXPECT_EQ(row0, row0_alone);
         // The padding after row 0 is left alone.
         EXPECT_TRUE(std::isnan(to_host(c.dy, static_cast<size_t>(c.y_stride))[c.y_stride - 1]));
         g.y_f32 = false;
@@ -640,15 +643,8 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
       }
     }
     scratch.expect_counters_clear();
-    Bf16Skinny other = c.operands<Bf16Skinny>(c.max_rows + 1);
-    EXPECT_FALSE(bf16_skinny(other, nullptr));  // too many rows
-    other.rows = 2;
-    other.x = c.dx + 1;
-    EXPECT_FALSE(bf16_skinny(other, nullptr));  // x not 16-byte aligned
-    other.x = c.dx;
-    other.in = c.in - 4;
-    EXPECT_FALSE(bf16_skinny(other, nullptr));  // in not a multiple of 8
-    other.in = c.in;
+    c.expect_declines<Bf16Skinny>([](const Bf16Skinny& g) { return bf16_skinny(g, nullptr); });
+    Bf16Skinny other = c.operands<Bf16Skinny>(2);
     other.split = kBf16SkinnyMaxSplit + 1;
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // more parts than it takes
     other.split = 2;

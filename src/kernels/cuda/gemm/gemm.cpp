@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm/batch_invariant_gemm.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
+#include "kernels/cuda/gemm/linear_operands.h"
 #include "kernels/cuda/gemm/small_batched_linear.h"
 
 namespace megactx::cuda {
@@ -42,28 +43,10 @@ int narrow(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
-// The shape and operands of one product y = x . w^T, which every product
-// struct (InvariantGemm, Bf16Gemv, Bf16Skinny, Bf16LtGemm) names alike; callers set the
-// fields they differ in (element types, y_f32, ...).
-template <typename Product>
-Product product(const void* x, int64_t x_stride, const void* w, void* y, int64_t y_stride,
-                int64_t rows, int64_t in, int64_t out) {
-  Product g;
-  g.x = x;
-  g.x_stride = x_stride;
-  g.w = w;
-  g.y = y;
-  g.y_stride = y_stride;
-  g.rows = rows;
-  g.in = in;
-  g.out = out;
-  return g;
-}
-
 // The batch-invariant product of one shape, float32 everywhere unless the caller says otherwise.
 InvariantGemm invariant_gemm(const void* x, int64_t x_stride, const void* w, void* y,
                              int64_t y_stride, int64_t rows, int64_t in, int64_t out) {
-  return product<InvariantGemm>(x, x_stride, w, y, y_stride, rows, in, out);
+  return linear_operands<InvariantGemm>(x, x_stride, w, y, y_stride, rows, in, out);
 }
 
 }  // namespace
@@ -311,14 +294,14 @@ bool Blas::linear_swiglu_bf16(const float* x, int64_t rows, int64_t in, int64_t 
     return false;
   const void* x16 = bf16_input(x, rows, in, x_stride);
   if (skinny) {
-    Bf16Skinny g = product<Bf16Skinny>(x16, in, w.data, act, inter, rows, in, inter);
+    Bf16Skinny g = linear_operands<Bf16Skinny>(x16, in, w.data, act, inter, rows, in, inter);
     g.swiglu = true;
     skinny_scratch(g);
     MEGACTX_CHECK(bf16_skinny(g, stream_),
                   "linear_swiglu_bf16: bf16_skinny declined a checked shape");
     return true;
   }
-  Bf16Gemv g = product<Bf16Gemv>(x16, in, w.data, act, inter, rows, in, inter);
+  Bf16Gemv g = linear_operands<Bf16Gemv>(x16, in, w.data, act, inter, rows, in, inter);
   g.swiglu = true;
   g.prefetch_weights = weight_prefetch_;
   MEGACTX_CHECK(bf16_gemv(g, stream_), "linear_swiglu_bf16: bf16_gemv declined a checked shape");
@@ -557,19 +540,19 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     return;
   }
   if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
-    Bf16Gemv g = product<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
+    Bf16Gemv g = linear_operands<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;
     if (bf16_gemv(g, stream_)) return;
   }
   if (bf16_skinny_ && rows <= kBf16SkinnyMaxRows) {
-    Bf16Skinny g = product<Bf16Skinny>(x, x_stride, w, y, y_stride, rows, in, out);
+    Bf16Skinny g = linear_operands<Bf16Skinny>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     skinny_scratch(g);
     if (bf16_skinny(g, stream_)) return;
   }
   if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
-    Bf16LtGemm g = product<Bf16LtGemm>(x, x_stride, w, y, y_stride, rows, in, out);
+    Bf16LtGemm g = linear_operands<Bf16LtGemm>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     if (lt_->supports(g)) {
       lt_->run(g);
