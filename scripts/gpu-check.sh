@@ -254,11 +254,12 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
     "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
+    "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_CLUSTER=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
     for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
       [[ -x "$pack/bin/$test" ]] || continue
       env $switches timeout "${TEST_TIMEOUT:-300}" "$pack/bin/$test" --gtest_color=no \
-        >"$out/switches_${switches%%=*}_$test.log" 2>&1
+        >"$out/switches_${switches//[ =]/_}_$test.log" 2>&1
       note "$test with $switches exit $?"
     done
   done
