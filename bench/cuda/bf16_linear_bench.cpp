@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/cuda/support/bench_args.h"
+#include "bench/cuda/support/device_alloc.h"
 #include "bench/cuda/support/linear_bench.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/stream_timing.h"
@@ -32,14 +33,6 @@ using namespace megactx::cuda;
 
 namespace {
 
-template <typename T>
-T* device_zeros(size_t count) {
-  T* pointer = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
-  MEGACTX_CUDA_CHECK(cudaMemset(pointer, 0, std::max<size_t>(count, 1) * sizeof(T)));
-  return pointer;
-}
-
 // The kernels decline shapes they do not serve (false): every shape here is served.
 void require(bool launched, const char* kernel) {
   if (launched) return;
@@ -51,15 +44,10 @@ void require(bool launched, const char* kernel) {
 
 int main(int argc, char** argv) {
   const bool quick = quick_flag(argc, argv, "bf16_linear_bench");
-  cudaStream_t stream;
-  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
-  const ReadBandwidth floor = measure_read_bandwidth(size_t{4} << 30, 5, stream);
-  std::printf("# bf16 linears at decode row counts\n\n");
-  std::printf("read-only bandwidth (floor): %.0f GB/s\n\n", floor.read_gbs);
-  cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
-  cublasSetStream(handle, stream);
-  cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH);
+  const LinearBenchRun run("# bf16 linears at decode row counts");
+  cudaStream_t stream = run.stream;
+  const ReadBandwidth& floor = run.floor;
+  cublasHandle_t handle = run.cublas;
 
   const std::vector<LinearShape> shapes = {
       {"GLM-5.2 q_a|kv_a 6144->2624", 6144, 2624},
@@ -150,7 +138,5 @@ int main(int argc, char** argv) {
     cudaFree(parts);
     cudaFree(done);
   }
-  cublasDestroy(handle);
-  MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

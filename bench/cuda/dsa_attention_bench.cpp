@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/cuda/support/attention_stack.h"
+#include "bench/cuda/support/device_alloc.h"
 #include "bench/cuda/support/gemm_ceiling.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/stream_timing.h"
@@ -44,13 +45,6 @@ namespace {
 
 constexpr int kLayers = 78, kHeads = 64, kIndexHeads = 32, kTopK = 2048;
 constexpr int kFreq = 4, kOffset = 3;
-
-template <typename T>
-T* device_alloc(size_t count) {
-  T* pointer = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
-  return pointer;
-}
 
 // Median time in ms of `body` captured once into a CUDA graph and replayed.
 double graph_median_ms(cudaStream_t stream, const std::function<void()>& body, int reps) {

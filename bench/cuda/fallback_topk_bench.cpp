@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/cuda/support/bench_args.h"
+#include "bench/cuda/support/device_alloc.h"
 #include "bench/cuda/support/position_topk_quadratic.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -27,13 +28,6 @@
 using namespace megactx::cuda;
 
 namespace {
-
-template <typename T>
-T* device_alloc(size_t count) {
-  T* pointer = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
-  return pointer;
-}
 
 // Median ms of `body` over enough repetitions for ~budget_ms (3..max_reps).
 double median_ms(cudaStream_t stream, const std::function<void()>& body, double budget_ms,

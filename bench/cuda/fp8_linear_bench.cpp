@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bench/cuda/support/bench_args.h"
+#include "bench/cuda/support/device_alloc.h"
 #include "bench/cuda/support/linear_bench.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/stream_timing.h"
@@ -41,13 +42,6 @@ using namespace megactx::cuda;
 namespace {
 
 template <typename T>
-T* device_alloc(size_t count) {
-  T* pointer = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
-  return pointer;
-}
-
-template <typename T>
 void fill_random(T* device, size_t count, uint32_t seed,
                  const std::function<T(std::mt19937&)>& make) {
   std::mt19937 rng(seed);
@@ -60,14 +54,10 @@ void fill_random(T* device, size_t count, uint32_t seed,
 
 int main(int argc, char** argv) {
   const bool quick = quick_flag(argc, argv, "fp8_linear_bench");
-  cudaStream_t stream;
-  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
-  const ReadBandwidth floor = measure_read_bandwidth(size_t{4} << 30, 5, stream);
-  std::printf("# fp8 block-scaled linears at decode row counts\n\n");
-  std::printf("read-only bandwidth (floor): %.0f GB/s\n\n", floor.read_gbs);
-  cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
-  cublasSetStream(handle, stream);
+  const LinearBenchRun run("# fp8 block-scaled linears at decode row counts");
+  cudaStream_t stream = run.stream;
+  const ReadBandwidth& floor = run.floor;
+  cublasHandle_t handle = run.cublas;
   // Two planners: the heuristic's choice of split-K reduction, and only
   // algorithms that sum in their own kernel.
   LtGemm lt(stream), lt_in_kernel(stream);
@@ -248,7 +238,5 @@ int main(int argc, char** argv) {
     cudaFree(xb);
     cudaFree(y);
   }
-  cublasDestroy(handle);
-  MEGACTX_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

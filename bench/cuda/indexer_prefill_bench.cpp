@@ -33,6 +33,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "bench/cuda/support/device_alloc.h"
 #include "bench/cuda/support/read_bandwidth.h"
 #include "bench/cuda/support/stream_timing.h"
 #include "bench/cuda/support/synthetic_cache.h"
@@ -48,13 +49,6 @@ namespace {
 constexpr int kTopK = 2048;
 constexpr int64_t kChunkRows = 16384;               // fused: rows per call (a prefill chunk)
 constexpr int64_t kScoreFloats = int64_t{8} << 20;  // two-kernel path: scores workspace
-
-template <typename T>
-T* device_alloc(size_t count) {
-  T* pointer = nullptr;
-  MEGACTX_CUDA_CHECK(cudaMalloc(&pointer, std::max<size_t>(count, 1) * sizeof(T)));
-  return pointer;
-}
 
 // One request's key cache over shuffled pages, and `rows` query rows: row i
 // at position first_position + i (visible first_position + i + 1), or, with

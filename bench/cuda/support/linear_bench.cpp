@@ -2,8 +2,28 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace megactx::cuda {
+
+LinearBenchRun::LinearBenchRun(const char* title) {
+  MEGACTX_CUDA_CHECK(cudaStreamCreate(&stream));
+  floor = measure_read_bandwidth(size_t{4} << 30, 5, stream);
+  std::printf("%s\n\nread-only bandwidth (floor): %.0f GB/s\n\n", title, floor.read_gbs);
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuBLAS could not start\n");
+    std::exit(1);
+  }
+  cublasSetStream(cublas, stream);
+  cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH);
+}
+
+LinearBenchRun::~LinearBenchRun() {
+  cublasDestroy(cublas);
+  cudaStreamDestroy(stream);
+}
 
 int hbm_copies(size_t bytes) {
   return static_cast<int>(

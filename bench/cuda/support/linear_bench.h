@@ -1,16 +1,33 @@
 // What the decode-linear benchmarks (fp8_linear_bench, bf16_linear_bench)
-// share: the number of weight copies that keeps every timed call reading
-// HBM, the cuBLAS bf16 peer, and the table's empty cells.
+// share: their stream, read floor and cuBLAS handle, the number of weight
+// copies that keeps every timed call reading HBM, the cuBLAS bf16 peer, and
+// the table's empty cells.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "bench/cuda/support/read_bandwidth.h"
+
 namespace megactx::cuda {
+
+// A run of one: its stream, the read floor measured on it (printed under
+// `title`), and a cuBLAS handle on the stream for the bf16 peer; exits with
+// an error when cuBLAS cannot start.
+struct LinearBenchRun {
+  explicit LinearBenchRun(const char* title);
+  ~LinearBenchRun();
+  LinearBenchRun(const LinearBenchRun&) = delete;
+  LinearBenchRun& operator=(const LinearBenchRun&) = delete;
+  cudaStream_t stream = nullptr;
+  ReadBandwidth floor;
+  cublasHandle_t cublas = nullptr;
+};
 
 struct LinearShape {
   const char* name;

@@ -62,7 +62,6 @@ __global__ void __launch_bounds__(kThreads)
     bf16_skinny_kernel(Bf16Skinny g, int split, int64_t chunks_per_part) {
   constexpr int kRows = 8 * kGroups;  // input rows staged (the batch rounded up to 8)
   extern __shared__ __align__(128) uint8_t shared[];
-  __shared__ bool last;
   // Stage s: weights [kTileRows][kChunk] then x [kRows][kChunk], swizzled.
   const auto weights_of = [&](int stage) { return shared + stage * stage_bytes<kGroups>(); };
   const auto x_of = [&](int stage) { return weights_of(stage) + kTileRows * 2 * kChunk; };
@@ -80,14 +79,19 @@ __global__ void __launch_bounds__(kThreads)
       return row < g.out ? row : -1;
     }
   };
+  // The staged row of MMA row m (0-15) of warp warp_of (kSwiglu: rows 0-7
+  // gate, 8-15 the same columns' up rows).
+  const auto staged_row_of = [](int warp_of, int m) {
+    if constexpr (kSwiglu) return m < 8 ? 8 * warp_of + m : kTileRows / 2 + 8 * warp_of + m - 8;
+    return 16 * warp_of + m;
+  };
   // The output entries of lane `lane_of` in warp `warp_of`: weight rows low
   // (MMA rows gq) and high (gq + 8).
   const auto low_row_of = [&](int warp_of, int lane_of) {
-    return weight_row_of(kSwiglu ? 8 * warp_of + lane_of / 4 : 16 * warp_of + lane_of / 4);
+    return weight_row_of(staged_row_of(warp_of, lane_of / 4));
   };
   const auto high_row_of = [&](int warp_of, int lane_of) {
-    return weight_row_of(kSwiglu ? kTileRows / 2 + 8 * warp_of + lane_of / 4
-                                 : 16 * warp_of + lane_of / 4 + 8);
+    return weight_row_of(staged_row_of(warp_of, lane_of / 4 + 8));
   };
   const int64_t low_row = low_row_of(warp, lane), high_row = high_row_of(warp, lane);
   const bool low_valid = low_row >= 0, high_valid = high_row >= 0;
@@ -152,9 +156,7 @@ __global__ void __launch_bounds__(kThreads)
   // ldmatrix rows of this lane: A (16 MMA rows x 16 k) as four 8x8 matrices
   // (rows 0-7 / 8-15 at k 0-7, then at k 8-15), B (8 input rows x 32 k).
   const int a_mma_row = (lane & 7) + 8 * ((lane >> 3) & 1);
-  const int a_staged =
-      kSwiglu ? (a_mma_row < 8 ? 8 * warp + a_mma_row : kTileRows / 2 + 8 * warp + a_mma_row - 8)
-              : 16 * warp + a_mma_row;
+  const int a_staged = staged_row_of(warp, a_mma_row);
   const int a_segment = lane >> 4;                    // + 2 per 16-wide k step
   const int b_row = lane & 7, b_segment = lane >> 3;  // + 4 per 32-wide k pair of steps
 
@@ -273,6 +275,7 @@ __global__ void __launch_bounds__(kThreads)
     });
     __threadfence();
     __syncthreads();
+    __shared__ bool last;  // this CTA is the tile's last part to finish
     if (threadIdx.x == 0) last = atomicAdd(g.done + tile, 1) == split - 1;
     __syncthreads();
     if (!last) return;
