@@ -77,6 +77,7 @@ int run_attention_stack(const AttentionStackShape& shape, const std::vector<bool
     attention.top_k = shape.top_k;
     attention.num_splits = shape.num_splits;
     attention.cluster_merge = shape.cluster_merge;
+    attention.inputs_ready_at_launch = shape.early_inputs && !full_layers[layer];
     attention.softmax_scale = shape.softmax_scale;
     sparse_mla_attention(attention, stream);
   }

@@ -25,6 +25,10 @@ struct AttentionStackShape {
   int top_k = 2048;
   int num_splits = 1;          // sparse MLA key splits
   bool cluster_merge = false;  // SparseMlaParams::cluster_merge (num_splits 8 or 16)
+  // SparseMlaParams::inputs_ready_at_launch on the shared layers (the full
+  // layers' top-k runs right before their sparse MLA here, unlike in the model,
+  // where the query pack stands between).
+  bool early_inputs = false;
   float softmax_scale = 0;
   const int32_t* block_table = nullptr;  // [requests, block_table_stride]
   int block_table_stride = 0;

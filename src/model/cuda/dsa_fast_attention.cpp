@@ -590,11 +590,19 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   SparseMlaParams attend;
   attend.q = pack.q;
   attend.slots = selected.slots;
+  // The slots (the top-k of this or an earlier layer) and the entries (the
+  // latent write) come from kernels at least two launches back, the query
+  // pack above being the one right before: the cluster kernel may load them
+  // before its grid-dependency wait. Not so for a LayerSplit borrow or the
+  // host tier's staging, whose kernels run right before it.
+  attend.inputs_ready_at_launch =
+      sparse_mla_early_inputs_enabled() && cache.spec().offload_pages == 0;
   if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
     // LayerSplit, a layer this rank does not hold: the owner's entries of
     // this step's selection, dense.
     attend.kv_pool = borrowed->rows;
     attend.slots = borrowed->slots;
+    attend.inputs_ready_at_launch = false;
   } else {
     attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
   }

@@ -28,6 +28,14 @@ bool sparse_mla_cluster_enabled() {
   return enabled;
 }
 
+bool sparse_mla_early_inputs_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_EARLY_INPUTS");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return enabled;
+}
+
 int sparse_mla_cluster_splits(int rows, int heads, int top_k) {
   if (!sparse_mla_cluster_enabled() || rows < 1 || heads % kSparseMlaClusterHeads != 0) return 0;
   const int64_t groups = int64_t{rows} * (heads / kSparseMlaClusterHeads);

@@ -75,6 +75,14 @@ struct SparseMlaParams {
   // result may not depend on the rows launched with it), so one-split launches
   // always take the wgmma prefill kernel while it is enabled.
   bool fixed_kernel = false;
+  // The caller's promise that the kernel launched right before this one (in
+  // the stream) writes neither the slots nor the entries they select, and
+  // that every producer of those follows launch.cuh's wait-then-trigger
+  // contract (or is an ordinary launch): the cluster kernel then loads them
+  // before its grid-dependency wait, overlapping its predecessor's tail
+  // (sparse_mla_cluster.cu). The other kernels ignore it. Set by the decode
+  // path when sparse_mla_early_inputs_enabled() (off by default).
+  bool inputs_ready_at_launch = false;
 };
 
 // Splits that fill `multiprocessors` SMs for this many rows x head blocks
@@ -92,6 +100,10 @@ int sparse_mla_splits(int rows, int heads, int top_k, int multiprocessors);
 // MEGACTX_SPARSE_MLA_CLUSTER=0 (A/B runs).
 int sparse_mla_cluster_splits(int rows, int heads, int top_k);
 bool sparse_mla_cluster_enabled();
+// Whether callers that can promise SparseMlaParams::inputs_ready_at_launch
+// should: the environment sets MEGACTX_SPARSE_MLA_EARLY_INPUTS=1 (A/B runs;
+// off until measured).
+bool sparse_mla_early_inputs_enabled();
 
 // Whether sparse_mla_attention runs these params on the wgmma prefill kernel:
 // no cluster merge and the environment does not set MEGACTX_SPARSE_MLA_WGMMA=0

@@ -33,6 +33,17 @@
 // a CTA waits only for the bytes it merges, and the one cluster barrier left,
 // arrived at once its bytes are in and waited on at exit, keeps each sender
 // alive until its copies have read their source.
+//
+// Early inputs (SparseMlaParams::inputs_ready_at_launch, the kEarly kernels):
+// the slot ids and the entries are loaded before the programmatic-dependent-
+// launch wait, so the slot id -> entry chain (~3.3 us of a ~10 us layer at 8K)
+// overlaps the tail of the kernel before (the query pack); only Q waits. Safe
+// because every kernel of the stream waits for its predecessor before it
+// triggers its successor (launch.cuh): when this kernel starts, all kernels
+// two or more launches back have completed, and those wrote the slots (the
+// top-k, or for IndexShare layers an earlier layer's) and the entries (the
+// latent write). The early loads go to L2 only (ld.global.cg): this SM's L1
+// may still hold lines from before those writes.
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -85,7 +96,18 @@ __device__ __forceinline__ uint32_t cluster_address(const void* local, int rank)
                : "r"(shared_address(local)), "r"(rank));
   return remote;
 }
-template <int kSplits>
+// A load of the slot ids or the entries: through L2 only when it may run
+// before the grid-dependency wait (see the file comment).
+template <bool kEarly, typename T>
+__device__ __forceinline__ T load_input(const T* address) {
+  if constexpr (kEarly) {
+    return __ldcg(address);
+  } else {
+    return *address;
+  }
+}
+
+template <int kSplits, bool kEarly>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
   static_assert(kSplits <= kSparseMlaClusterMaxSplits && kKeys == 16 * (kThreads / 32));
   constexpr int kSlice = kLatentRank / kSplits;         // output dims each CTA merges: 32 or 64
@@ -94,8 +116,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   constexpr unsigned kExpectedBytes = (kSplits - 1) * kBlockBytes;  // the other splits' copies
   static_assert(kSplits * kBlockBytes <= kIncomingBytes && kBlockBytes % 16 == 0);
   static_assert(kSplits * kBlockBytes <= kKeys * kStride * 2);  // the staging fits in K
-  grid_dependency_wait();
-  grid_dependency_trigger();
+  if constexpr (!kEarly) {
+    grid_dependency_wait();
+    grid_dependency_trigger();
+  }
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   ClusterShared& sh = *reinterpret_cast<ClusterShared*>(shared_bytes);
   cg::cluster_group cluster = cg::this_cluster();
@@ -126,21 +150,25 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   int32_t my_slot = -1;
   if (lane < 16) {
     const int key = warp + 8 * lane;
-    if (key < keys) my_slot = p.slots[row * p.top_k + key_begin + key];
+    if (key < keys) my_slot = load_input<kEarly>(&p.slots[row * p.top_k + key_begin + key]);
   }
-  // Q's loads go out with the slot ids'; it is converted while the entries
+  // Q's loads go out with the slot ids' (after the entries' with early
+  // inputs: Q is the predecessor's output); it is converted while the entries
   // are in flight.
   const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
   constexpr int kQueryPieces = kHeads * (kDim / 8);                          // 1152 of 16 bytes
   constexpr int kQueryPerThread = (kQueryPieces + kThreads - 1) / kThreads;  // 5
   uint4 query[kQueryPerThread];
+  auto load_query = [&] {
 #pragma unroll
-  for (int r = 0; r < kQueryPerThread; ++r) {
-    const int i = tid + r * kThreads;
-    if (i < kQueryPieces)
-      query[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
-                                                 (i % (kDim / 8)) * 8);
-  }
+    for (int r = 0; r < kQueryPerThread; ++r) {
+      const int i = tid + r * kThreads;
+      if (i < kQueryPieces)
+        query[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
+                                                   (i % (kDim / 8)) * 8);
+    }
+  };
+  if constexpr (!kEarly) load_query();
 
   // 2. Entries, a warp's 16 at once: lane l loads e4m3 bytes [8l, 8l + 8) and
   //    [256 + 8l, 256 + 8l + 8), the scales of their groups (l / 16 and
@@ -153,17 +181,23 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     const int32_t slot = __shfl_sync(0xffffffffu, my_slot, i);
     if (slot >= 0) {
       const uint8_t* entry = latent_entry(p, slot);
-      low[i] = *reinterpret_cast<const uint2*>(entry + 8 * lane);
-      high[i] = *reinterpret_cast<const uint2*>(entry + 256 + 8 * lane);
+      low[i] = load_input<kEarly>(reinterpret_cast<const uint2*>(entry + 8 * lane));
+      high[i] = load_input<kEarly>(reinterpret_cast<const uint2*>(entry + 256 + 8 * lane));
       const float* scales = reinterpret_cast<const float*>(entry + kLatentScaleOffset);
-      scale_low[i] = scales[lane / 16];
-      scale_high[i] = scales[2 + lane / 16];
-      rope[i] = *reinterpret_cast<const uint32_t*>(entry + kLatentRopeOffset + 4 * lane);
+      scale_low[i] = load_input<kEarly>(&scales[lane / 16]);
+      scale_high[i] = load_input<kEarly>(&scales[2 + lane / 16]);
+      rope[i] = load_input<kEarly>(
+          reinterpret_cast<const uint32_t*>(entry + kLatentRopeOffset + 4 * lane));
     } else {
       low[i] = high[i] = make_uint2(0, 0);
       scale_low[i] = scale_high[i] = 0.f;
       rope[i] = 0;
     }
+  }
+  if constexpr (kEarly) {
+    grid_dependency_wait();
+    grid_dependency_trigger();
+    load_query();
   }
 #pragma unroll
   for (int r = 0; r < kQueryPerThread; ++r) {
@@ -356,13 +390,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <int kSplits>
+template <int kSplits, bool kEarly>
 void configure(int shared_bytes) {
-  MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits>,
+  MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits, kEarly>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           shared_bytes));
   if constexpr (kSplits > 8)
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits>,
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits, kEarly>,
                                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
@@ -376,16 +410,26 @@ cudaLaunchConfig_t cluster_config(const SparseMlaParams& params,
       dim3(kThreads), sizeof(ClusterShared), stream, kSplits, attributes);
 }
 
-template <int kSplits>
+template <int kSplits, bool kEarly>
 void launch(const SparseMlaParams& params, cudaStream_t stream) {
   static const bool configured = [] {
-    configure<kSplits>(static_cast<int>(sizeof(ClusterShared)));
+    configure<kSplits, kEarly>(static_cast<int>(sizeof(ClusterShared)));
     return true;
   }();
   (void)configured;
   cudaLaunchAttribute attributes[2];
   const cudaLaunchConfig_t config = cluster_config<kSplits>(params, attributes, stream);
-  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, sparse_mla_cluster_kernel<kSplits>, params));
+  MEGACTX_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, sparse_mla_cluster_kernel<kSplits, kEarly>, params));
+}
+
+template <int kSplits>
+void launch(const SparseMlaParams& params, cudaStream_t stream) {
+  if (params.inputs_ready_at_launch) {
+    launch<kSplits, true>(params, stream);
+  } else {
+    launch<kSplits, false>(params, stream);
+  }
 }
 
 }  // namespace
@@ -396,14 +440,14 @@ int sparse_mla_cluster_max_splits() {
   // Whether a cluster of 16 CTAs (each a whole SM's worth of shared memory)
   // can be resident on this GPU: it needs 16 SMs of one GPC free.
   static const int most = [] {
-    configure<16>(static_cast<int>(sizeof(ClusterShared)));
+    configure<16, false>(static_cast<int>(sizeof(ClusterShared)));
     SparseMlaParams probe;
     probe.rows = 1;
     probe.heads = kHeads;
     cudaLaunchAttribute attributes[2];
     const cudaLaunchConfig_t config = cluster_config<16>(probe, attributes, nullptr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_cluster_kernel<16>, &config) !=
+    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_cluster_kernel<16, false>, &config) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       clusters = 0;
