@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "dsa_test_support.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 
 namespace megactx::test {
@@ -393,6 +394,102 @@ TEST(SparseMla, ClusterMergeMatchesTheGeneralKernelsPlan) {
   const int splits = cuda::sparse_mla_cluster_splits(4, 16, 2048);  // glm_1b's 16 heads
   EXPECT_EQ(splits, 16);
   run_case({4, 64, 2048, splits, 4000, 17, true, 16});
+}
+
+// The cluster kernel turning Q's rope columns itself (q_rope_bf16, the decode
+// path without a query pack) gives the bits of the pack followed by the
+// kernel, with and without early inputs; the packed buffer's own rope
+// columns are NaN, so a read of them shows.
+TEST(SparseMla, ClusterRotatesTheRopeColumnsAsThePackDoes) {
+  const int rows = 3, heads = 64, top_k = 1024, splits = 8, nope = 192, qk = nope + 64;
+  std::mt19937 rng(61);
+  const int64_t num_slots = 4000;
+  const std::vector<uint8_t> pool = random_latent_pool(num_slots, rng);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> angle(-3.1f, 3.1f);
+  std::vector<uint16_t> source(static_cast<size_t>(rows) * heads * qk);  // q_b's bf16 output
+  for (uint16_t& v : source) v = float_to_bf16(normal(rng));
+  std::vector<uint16_t> packed(static_cast<size_t>(rows) * heads * kQueryDim);
+  for (uint16_t& v : packed) v = float_to_bf16(normal(rng));  // W_UK's latent columns
+  std::vector<float> cos(static_cast<size_t>(rows) * 32), sin(cos.size());
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const float a = angle(rng);
+    cos[i] = std::cos(a);
+    sin[i] = std::sin(a);
+  }
+  std::vector<int32_t> slots(static_cast<size_t>(rows) * top_k);
+  for (size_t i = 0; i < slots.size(); ++i)
+    slots[i] = i % 13 == 5 ? -1 : static_cast<int32_t>(rng() % num_slots);
+  DeviceBuffer<uint8_t> device_pool(pool);
+  DeviceBuffer<uint16_t> device_source(source), device_packed(packed);
+  DeviceBuffer<float> device_cos(cos), device_sin(sin);
+  DeviceBuffer<int32_t> device_slots(slots);
+  DeviceBuffer<float> unused(1);
+
+  cuda::MlaQueryPackParams pack;
+  pack.q_rope_bf16 = device_source.get() + nope;
+  pack.cos = device_cos.get();
+  pack.sin = device_sin.get();
+  pack.interleaved = true;
+  pack.rope_row_stride = heads * qk;
+  pack.rope_head_stride = qk;
+  pack.tokens = rows;
+  pack.heads = heads;
+  pack.padded_heads = heads;
+  pack.lora = kRank;
+  pack.rope = 64;
+  pack.q = device_packed.get();
+  cuda::pack_mla_queries(pack, nullptr);
+  const std::vector<uint16_t> rotated = device_packed.download();
+
+  auto attend = [&](const DeviceBuffer<uint16_t>& q, bool rope_in_kernel, bool early) {
+    DeviceBuffer<uint16_t> out(static_cast<size_t>(rows) * heads * kRank);
+    DeviceBuffer<float> lse(static_cast<size_t>(rows) * heads);
+    cuda::SparseMlaParams params =
+        make_params(q, device_slots, device_pool, unused, unused,
+                    {rows, heads, top_k, splits, num_slots, 0, /*cluster=*/true});
+    params.out = out.get();
+    params.lse = lse.get();
+    params.inputs_ready_at_launch = early;
+    if (rope_in_kernel) {
+      params.q_rope_bf16 = pack.q_rope_bf16;
+      params.rope_row_stride = pack.rope_row_stride;
+      params.rope_head_stride = pack.rope_head_stride;
+      params.rope_cos = pack.cos;
+      params.rope_sin = pack.sin;
+    }
+    cuda::sparse_mla_attention(params, nullptr);
+    MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::make_pair(out.download(), lse.download());
+  };
+  const auto expected = attend(device_packed, false, false);
+  // The latent columns as W_UK left them, the rope columns NaN.
+  std::vector<uint16_t> unrotated = rotated;
+  for (size_t i = 0; i < unrotated.size(); ++i)
+    if (static_cast<int>(i % kQueryDim) >= kRank) unrotated[i] = 0x7fc0;
+  const DeviceBuffer<uint16_t> device_unrotated(unrotated);
+  for (const bool early : {false, true}) {
+    SCOPED_TRACE(early ? "early inputs" : "inputs after the wait");
+    const auto got = attend(device_unrotated, true, early);
+    EXPECT_EQ(got.first, expected.first);
+    ASSERT_EQ(got.second.size(), expected.second.size());
+    EXPECT_EQ(
+        std::memcmp(got.second.data(), expected.second.data(), got.second.size() * sizeof(float)),
+        0);
+  }
+  // Rope columns without the cluster kernel, or misaligned, are refused.
+  cuda::SparseMlaParams bad = make_params(device_unrotated, device_slots, device_pool, unused,
+                                          unused, {rows, heads, top_k, 1, num_slots, 0});
+  bad.out = device_packed.get();
+  bad.lse = unused.get();
+  bad.q_rope_bf16 = pack.q_rope_bf16;
+  bad.rope_cos = pack.cos;
+  bad.rope_sin = pack.sin;
+  EXPECT_THROW(cuda::sparse_mla_attention(bad, nullptr), Error);
+  bad.cluster_merge = true;
+  bad.num_splits = splits;
+  bad.rope_row_stride = heads * qk + 1;
+  EXPECT_THROW(cuda::sparse_mla_attention(bad, nullptr), Error);
 }
 
 TEST(SparseMla, PrefetchMergeEqualsThePlainMergeBitForBit) {

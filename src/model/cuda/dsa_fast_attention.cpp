@@ -585,16 +585,38 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   pack.lora = kLatentRank;
   pack.rope = kLatentRope;
   pack.q = fs.q_bf16.get<uint16_t>(n * padded * kSparseMlaQueryDim);
-  pack_mla_queries(pack, stream_);
+  // Split-K merges change the rounding, and the split count follows the row
+  // count: one split in the deterministic mode. Few rows (decode at small
+  // batches): the cluster kernel, its splits merged in distributed shared memory.
+  const int active_heads = static_cast<int>(round_up(heads, kSparseMlaClusterHeads));
+  const int cluster_splits =
+      options_.batch_invariant
+          ? 0
+          : sparse_mla_cluster_splits(static_cast<int>(n), active_heads, static_cast<int>(top_k));
+  // With early inputs the cluster kernel turns Q's rope columns itself when
+  // W_UK's bf16 product wrote the latent ones and no head is padding (the
+  // pack would zero those): no pack launch.
+  const bool rope_in_kernel = sparse_mla_early_inputs_enabled() && cluster_splits > 0 &&
+                              pack.q_latent == nullptr && pack.q_rope_bf16 != nullptr &&
+                              pack.interleaved && heads % kSparseMlaClusterHeads == 0 &&
+                              config_.qk_nope_head_dim % 8 == 0 && qk % 8 == 0;
+  if (!rope_in_kernel) pack_mla_queries(pack, stream_);
 
   SparseMlaParams attend;
   attend.q = pack.q;
+  if (rope_in_kernel) {
+    attend.q_rope_bf16 = pack.q_rope_bf16;
+    attend.rope_row_stride = pack.rope_row_stride;
+    attend.rope_head_stride = pack.rope_head_stride;
+    attend.rope_cos = pack.cos;
+    attend.rope_sin = pack.sin;
+  }
   attend.slots = selected.slots;
   // The slots (the top-k of this or an earlier layer) and the entries (the
   // latent write) come from kernels at least two launches back, the query
-  // pack above being the one right before: the cluster kernel may load them
-  // before its grid-dependency wait. Not so for a LayerSplit borrow or the
-  // host tier's staging, whose kernels run right before it.
+  // pack or W_UK's product being the one right before: the cluster kernel may
+  // load them before its grid-dependency wait. Not so for a LayerSplit borrow
+  // or the host tier's staging, whose kernels run right before it.
   attend.inputs_ready_at_launch =
       sparse_mla_early_inputs_enabled() && cache.spec().offload_pages == 0;
   if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
@@ -650,13 +672,6 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   attend.rows = static_cast<int>(n);
   attend.heads = static_cast<int>(padded);
   attend.top_k = static_cast<int>(top_k);
-  // Split-K merges change the rounding, and the split count follows the row
-  // count: one split in the deterministic mode. Few rows (decode at small
-  // batches): the cluster kernel, its splits merged in distributed shared memory.
-  const int active_heads = static_cast<int>(round_up(heads, kSparseMlaClusterHeads));
-  const int cluster_splits =
-      options_.batch_invariant ? 0
-                               : sparse_mla_cluster_splits(attend.rows, active_heads, attend.top_k);
   attend.cluster_merge = cluster_splits > 0;
   attend.active_heads = active_heads;  // the cluster kernel and the split merge skip the padding
   attend.num_splits =

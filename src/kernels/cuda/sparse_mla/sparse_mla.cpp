@@ -155,6 +155,16 @@ void sparse_mla_attention(const SparseMlaParams& params, cudaStream_t stream) {
         "sparse MLA: slots past staging_slots {} but no aligned staging pool",
         params.staging_slots);
   }
+  if (params.q_rope_bf16 != nullptr) {
+    MEGACTX_CHECK(params.cluster_merge,
+                  "sparse MLA: unrotated rope columns need the cluster kernel");
+    MEGACTX_CHECK(params.rope_cos != nullptr && params.rope_sin != nullptr &&
+                      reinterpret_cast<uintptr_t>(params.q_rope_bf16) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(params.rope_cos) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(params.rope_sin) % 16 == 0 &&
+                      params.rope_row_stride % 8 == 0 && params.rope_head_stride % 8 == 0,
+                  "sparse MLA: unrotated rope columns need cos / sin and 16-byte aligned rows");
+  }
   if (params.cluster_merge) {
     detail::launch_sparse_mla_cluster(params, stream);
   } else if (sparse_mla_prefill_selected(params)) {

@@ -83,6 +83,16 @@ struct SparseMlaParams {
   // (sparse_mla_cluster.cu). The other kernels ignore it. Set by the decode
   // path when sparse_mla_early_inputs_enabled() (off by default).
   bool inputs_ready_at_launch = false;
+  // The cluster kernel only: Q's rope columns (512..575 of each head) rotated
+  // in the kernel from this unrotated bf16 source (row t, head h at
+  // q_rope_bf16 + t * rope_row_stride + h * rope_head_stride, 64 values),
+  // with interleaved pairs (2i, 2i + 1) and the rows' rope_cos / rope_sin
+  // ([rows, 32] fp32), instead of read from q: the query pack's rotation, the
+  // same bits, without its launch. Null: q holds them rotated.
+  const uint16_t* q_rope_bf16 = nullptr;
+  int64_t rope_row_stride = 0, rope_head_stride = 0;
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
 };
 
 // Splits that fill `multiprocessors` SMs for this many rows x head blocks
@@ -101,8 +111,9 @@ int sparse_mla_splits(int rows, int heads, int top_k, int multiprocessors);
 int sparse_mla_cluster_splits(int rows, int heads, int top_k);
 bool sparse_mla_cluster_enabled();
 // Whether callers that can promise SparseMlaParams::inputs_ready_at_launch
-// should: the environment sets MEGACTX_SPARSE_MLA_EARLY_INPUTS=1 (A/B runs;
-// off until measured).
+// should, and hand the cluster kernel Q's rope columns unrotated
+// (q_rope_bf16) instead of launching the query pack: the environment sets
+// MEGACTX_SPARSE_MLA_EARLY_INPUTS=1 (A/B runs; off until measured).
 bool sparse_mla_early_inputs_enabled();
 
 // Whether sparse_mla_attention runs these params on the wgmma prefill kernel:

@@ -44,11 +44,18 @@
 // top-k, or for IndexShare layers an earlier layer's) and the entries (the
 // latent write). The early loads go to L2 only (ld.global.cg): this SM's L1
 // may still hold lines from before those writes.
+//
+// Q's rope columns may come unrotated (SparseMlaParams::q_rope_bf16): the
+// kernel turns them as the query pack would, and the decode path launches no
+// pack, so the kernel right before this one is W_UK's product, which writes
+// Q's latent columns (one launch fewer per layer, and the early loads overlap
+// that product instead of the pack).
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
+#include "kernels/cuda/common/row_ops.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/sparse_mla/latent_convert.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
@@ -107,6 +114,28 @@ __device__ __forceinline__ T load_input(const T* address) {
   }
 }
 
+// Q's rope columns [column, column + 8) of (row, head) from the unrotated
+// bf16 source, turned by the row's (cos, sin) as interleaved pairs (2i, 2i + 1)
+// and rounded to bf16 as the query pack does (pack_mla_queries): the same bits.
+__device__ __forceinline__ uint4 rotated_rope_piece(const SparseMlaParams& p, int64_t row, int head,
+                                                    int column) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p.q_rope_bf16 + row * p.rope_row_stride +
+                                                    head * p.rope_head_stride + column);
+  const int64_t pair = row * (kLatentRope / 2) + column / 2;
+  const float4 c = *reinterpret_cast<const float4*>(p.rope_cos + pair);
+  const float4 s = *reinterpret_cast<const float4*>(p.rope_sin + pair);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+  uint32_t out[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float x1 = __uint_as_float(words[w] << 16), x2 = __uint_as_float(words[w] & 0xffff0000u);
+    out[w] = uint32_t{float_to_bf16_bits(rope_first(x1, x2, cs[w], sn[w]))} |
+             (uint32_t{float_to_bf16_bits(rope_second(x1, x2, cs[w], sn[w]))} << 16);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 template <int kSplits, bool kEarly>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
   static_assert(kSplits <= kSparseMlaClusterMaxSplits && kKeys == 16 * (kThreads / 32));
@@ -163,9 +192,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
 #pragma unroll
     for (int r = 0; r < kQueryPerThread; ++r) {
       const int i = tid + r * kThreads;
-      if (i < kQueryPieces)
-        query[r] = *reinterpret_cast<const uint4*>(q_source + (i / (kDim / 8)) * kDim +
-                                                   (i % (kDim / 8)) * 8);
+      if (i >= kQueryPieces) continue;
+      const int head = i / (kDim / 8), column = (i % (kDim / 8)) * 8;
+      if (p.q_rope_bf16 != nullptr && column >= kLatentRank) {
+        query[r] = rotated_rope_piece(p, row, head0 + head, column - kLatentRank);
+      } else {
+        query[r] = *reinterpret_cast<const uint4*>(q_source + head * kDim + column);
+      }
     }
   };
   if constexpr (!kEarly) load_query();
