@@ -446,8 +446,11 @@ class CudaDsaModel final : public LanguageModel {
   // slots to the union's rows. false: the step stages per step (decode
   // sizes) or reads its offload entries straight from host memory.
   bool stage_offload_union(int64_t layer, const Step& step, PagedKvCache& cache);
-  // A full layer's assignment right after its indexer (decode-sized steps).
-  void assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache);
+  // A full layer's slots right after its indexer (decode-sized steps): with
+  // the host tier, its hot-line assignment; with early inputs, the mapping of
+  // its positions to slots, so that it is not the launch right before the
+  // attention (SparseMlaParams::inputs_ready_at_launch).
+  void map_slots_after_indexer(int64_t layer, const Step& step, PagedKvCache& cache);
   // The sparse MLA of the fast path. q_latent = fp32 [n, heads, lora], or
   // null: w_uk_bf16 has written the latent half of the packed queries
   // (fast_scratch_.q_bf16). The rope columns: q = fp32 [n, heads, nope |

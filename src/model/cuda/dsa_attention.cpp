@@ -104,7 +104,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   if (runs_indexer && owner) {
     timer_.mark("indexer proj + cache", stream_);
     indexer(w, layer, h, q_resid, q_stride, step, cache, own_first, own_last);
-    assign_offload_early(layer, step, cache);
+    map_slots_after_indexer(layer, step, cache);
   }
   if (plan_.layer_split && !step.shared) share_layer_kv(layer, runs_indexer, step, cache);
 

@@ -406,10 +406,15 @@ CudaDsaModel::LayerSlots CudaDsaModel::layer_slots(const Step& step) {
   return {map.slots, top_k, new_selection};
 }
 
-void CudaDsaModel::assign_offload_early(int64_t layer, const Step& step, PagedKvCache& cache) {
-  if (cache.spec().offload_pages == 0 || !use_fast_attention(step) ||
-      row_block(step.tokens) < step.tokens)
+void CudaDsaModel::map_slots_after_indexer(int64_t layer, const Step& step, PagedKvCache& cache) {
+  if (!use_fast_attention(step) || row_block(step.tokens) < step.tokens) return;
+  if (cache.spec().offload_pages == 0) {
+    // Early inputs: the attention may read its slots before its grid-
+    // dependency wait, so their mapping must not be the launch right before it
+    // (with the query pack folded into the attention it would be).
+    if (sparse_mla_early_inputs_enabled()) layer_slots(step);
     return;
+  }
   // The full layer's slots and hot-line assignment right after its indexer:
   // the side stream's copies of its own misses then run beside this layer's
   // query projections instead of before its attention.
@@ -612,13 +617,17 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
     attend.rope_sin = pack.sin;
   }
   attend.slots = selected.slots;
-  // The slots (the top-k of this or an earlier layer) and the entries (the
-  // latent write) come from kernels at least two launches back, the query
-  // pack or W_UK's product being the one right before: the cluster kernel may
-  // load them before its grid-dependency wait. Not so for a LayerSplit borrow
-  // or the host tier's staging, whose kernels run right before it.
-  attend.inputs_ready_at_launch =
-      sparse_mla_early_inputs_enabled() && cache.spec().offload_pages == 0;
+  // The slots (the top-k of this or an earlier layer, mapped to slots by
+  // layer_slots: map_slots_after_indexer does that right after the indexer)
+  // and the entries (the latent write) come from kernels at least two
+  // launches back, the query pack or W_UK's product being the one right
+  // before: the cluster kernel may load them before its grid-dependency wait.
+  // Not so when layer_slots mapped them just now without a pack after it, nor
+  // for a LayerSplit borrow or the host tier's staging, whose kernels run
+  // right before the attention.
+  attend.inputs_ready_at_launch = sparse_mla_early_inputs_enabled() &&
+                                  cache.spec().offload_pages == 0 &&
+                                  (!rope_in_kernel || !selected.new_selection);
   if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
     // LayerSplit, a layer this rank does not hold: the owner's entries of
     // this step's selection, dense.
