@@ -491,52 +491,6 @@ void check_positions_mode_path(const IndexerProblem& problem, DeviceIndexer& dev
   }
 }
 
-// The one-CTA select with its shared atomics aggregated per warp: the same set
-// as without on distinct scores, a valid set under heavy ties, at row lengths
-// that end inside a warp and at a settled first digit.
-TEST(IndexerTopk, OneCtaSelectAggregatedPerWarpSelectsTheSameSet) {
-  for (const bool ties : {false, true}) {
-    SCOPED_TRACE(ties ? "ties" : "distinct scores");
-    std::mt19937 rng(ties ? 91 : 92);
-    IndexerProblem problem;
-    problem.top_k = 2048;
-    problem.lengths = {1, 2049, 4097, 8192, 10001, 32768};
-    problem.build(rng);
-    DeviceIndexer device(problem);
-    std::vector<float> scores(static_cast<size_t>(problem.rows) * problem.score_stride, 0.f);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    const float values[] = {-1.f, 0.f, 0.f, 2.f, 2.f, 3.f};
-    for (int row = 0; row < problem.rows; ++row)
-      for (int64_t p = 0; p < problem.row_visible[row]; ++p)
-        scores[row * problem.score_stride + p] = ties ? values[rng() % 6] : normal(rng);
-    device.scores.upload(scores);
-    std::vector<std::vector<int32_t>> selected;
-    for (const cuda::TopkAggregate aggregate :
-         {cuda::TopkAggregate::Off, cuda::TopkAggregate::On}) {
-      cuda::TopkParams params = device.topk_params(problem, cuda::TopkPath::Passes);
-      params.aggregate = aggregate;
-      ASSERT_EQ(cuda::topk_warp_aggregate(params), aggregate == cuda::TopkAggregate::On);
-      device.slots.fill_bytes(0x5a);
-      cuda::radix_topk(params, nullptr);
-      selected.push_back(device.slots.download());
-    }
-    for (int row = 0; row < problem.rows; ++row) {
-      const size_t first = static_cast<size_t>(row) * problem.top_k;
-      expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
-                        problem.top_k, problem.table(row), problem.layout.num_pages,
-                        selected[1].data() + first, "aggregated row " + std::to_string(row));
-      if (ties) continue;
-      std::vector<int32_t> plain(selected[0].begin() + first,
-                                 selected[0].begin() + first + problem.top_k);
-      std::vector<int32_t> aggregated(selected[1].begin() + first,
-                                      selected[1].begin() + first + problem.top_k);
-      std::sort(plain.begin(), plain.end());
-      std::sort(aggregated.begin(), aggregated.end());
-      ASSERT_EQ(aggregated, plain) << "row " << row;
-    }
-  }
-}
-
 TEST(IndexerTopk, PositionsModeSelectsTheSameSetAsSlots) {
   check_positions_mode({1, 64, 2047, 2048, 2049, 10000, 30000}, false, 81);  // one CTA per row
   check_positions_mode({5, 3000, 40000, 70001}, false, 82);                  // multi-CTA passes

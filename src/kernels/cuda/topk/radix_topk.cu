@@ -142,17 +142,8 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
 // Rows of at most kTopkSmallRow scores: one CTA per row keeps the row's
 // ordered keys in shared memory and runs the same three digit passes and the
 // collect there, in one launch.
-//
-// kAggregate (MEGACTX_TOPK_WARP_AGGREGATE=1, off until measured): each warp
-// takes 32 consecutive keys per step and adds to shared memory once per
-// distinct bin (__match_any_sync) in the histograms and once per warp in the
-// collect (ballot + popc ranks), instead of one shared atomic per key: the
-// level-0 bins of similar scores and the collect's two counters otherwise
-// serialise up to 32 same-address atomics per warp instruction. The same
-// selection; the order of a row's entries may differ (unspecified either way).
 constexpr int kSmallThreads = 1024;
 
-template <bool kAggregate>
 __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -188,24 +179,10 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
     const int bins = 1 << bits;
     for (int i = threadIdx.x; i < bins; i += kSmallThreads) histogram[i] = 0;
     __syncthreads();
-    if constexpr (kAggregate) {
-      const int lane = static_cast<int>(threadIdx.x) % 32;
-      for (int base = static_cast<int>(threadIdx.x) - lane; base < visible;
-           base += kSmallThreads) {  // warp-uniform: the whole warp takes keys base..base + 31
-        const int position = base + lane;
-        const uint32_t key = position < visible ? keys[position] : 0u;
-        const bool counts = position < visible && (level == 0 || (key >> (shift + bits)) == prefix);
-        if (__ballot_sync(0xffffffffu, counts) == 0) continue;
-        const uint32_t bin = counts ? (key >> shift) & (bins - 1) : 0xffffffffu;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (counts && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
-      }
-    } else {
-      for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
-        const uint32_t key = keys[position];
-        if (level == 0 || (key >> (shift + bits)) == prefix)
-          atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
-      }
+    for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+      const uint32_t key = keys[position];
+      if (level == 0 || (key >> (shift + bits)) == prefix)
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
     }
     __syncthreads();
     const int per_thread = bins >= kSmallThreads ? bins / kSmallThreads : 1;
@@ -243,39 +220,13 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   if (threadIdx.x == 0) above_count = tie_count = 0;
   __syncthreads();
   const int above_total = taken - need;
-  if constexpr (kAggregate) {
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    const unsigned lower = (1u << lane) - 1u;  // the lanes before this one
-    for (int base = static_cast<int>(threadIdx.x) - lane; base < visible; base += kSmallThreads) {
-      const int position = base + lane;
-      const uint32_t key = position < visible ? keys[position] >> settled_shift : 0u;
-      const bool above = position < visible && key > prefix;
-      const bool tie = position < visible && key == prefix;
-      const unsigned above_lanes = __ballot_sync(0xffffffffu, above);
-      const unsigned tie_lanes = __ballot_sync(0xffffffffu, tie);
-      int above_first = 0, tie_first = 0;
-      if (lane == 0) {
-        if (above_lanes != 0) above_first = atomicAdd(&above_count, __popc(above_lanes));
-        if (tie_lanes != 0) tie_first = atomicAdd(&tie_count, __popc(tie_lanes));
-      }
-      above_first = __shfl_sync(0xffffffffu, above_first, 0);
-      tie_first = __shfl_sync(0xffffffffu, tie_first, 0);
-      if (above) {
-        out[above_first + __popc(above_lanes & lower)] = position_to_slot(table, position);
-      } else if (tie) {
-        const int rank = tie_first + __popc(tie_lanes & lower);
-        if (rank < need) out[above_total + rank] = position_to_slot(table, position);
-      }
-    }
-  } else {
-    for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
-      const uint32_t key = keys[position] >> settled_shift;
-      if (key > prefix) {
-        out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
-      } else if (key == prefix) {
-        const int tie = atomicAdd(&tie_count, 1);
-        if (tie < need) out[above_total + tie] = position_to_slot(table, position);
-      }
+  for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+    const uint32_t key = keys[position] >> settled_shift;
+    if (key > prefix) {
+      out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
+    } else if (key == prefix) {
+      const int tie = atomicAdd(&tie_count, 1);
+      if (tie < need) out[above_total + tie] = position_to_slot(table, position);
     }
   }
 }
@@ -289,14 +240,13 @@ void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.max_visible <= kTopkSmallRow) {
     const int shared_bytes = std::max(1, params.max_visible) * 4;
     static const bool configured = [] {
-      for (auto kernel : {topk_small_rows<false>, topk_small_rows<true>})
-        MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                kTopkSmallRow * 4));
+      MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
+          topk_small_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kTopkSmallRow * 4));
       return true;
     }();
     (void)configured;
-    launch_kernel(topk_warp_aggregate(params) ? topk_small_rows<true> : topk_small_rows<false>,
-                  static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes, stream, params);
+    launch_kernel(topk_small_rows, static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes,
+                  stream, params);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -23,14 +23,6 @@ TopkPath topk_path_chosen(const TopkParams& params) {
              : TopkPath::Passes;
 }
 
-bool topk_warp_aggregate(const TopkParams& params) {
-  static const bool on = [] {
-    const char* value = std::getenv("MEGACTX_TOPK_WARP_AGGREGATE");
-    return value != nullptr && value[0] == '1';
-  }();
-  return params.aggregate == TopkAggregate::Default ? on : params.aggregate == TopkAggregate::On;
-}
-
 void radix_topk(const TopkParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.top_k >= 1, "top-k: k must be positive, got {}", params.top_k);
   MEGACTX_CHECK(params.rows >= 0, "top-k: negative row count {}", params.rows);

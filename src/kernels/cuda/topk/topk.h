@@ -61,8 +61,6 @@ enum class TopkPath : uint8_t {
   Cluster,  // one cluster per row: <= kTopkClusterMaxRows rows of <= kTopkClusterMaxVisible keys
 };
 
-enum class TopkAggregate : uint8_t { Default, Off, On };
-
 struct TopkParams {
   const float* scores = nullptr;  // [rows, score_stride]; entries p < row_visible[row] are read
   int64_t score_stride = 0;
@@ -78,13 +76,7 @@ struct TopkParams {
   uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
   int32_t* row_state = nullptr;   // [rows, kTopkRowState]
   TopkPath path = TopkPath::Auto;
-  // The one-CTA kernel's warp-aggregated shared atomics (radix_topk.cu):
-  // Default follows MEGACTX_TOPK_WARP_AGGREGATE=1 (off until measured).
-  TopkAggregate aggregate = TopkAggregate::Default;
 };
-
-// Whether the one-CTA kernel aggregates its shared atomics per warp for params.
-bool topk_warp_aggregate(const TopkParams& params);
 
 // Whether the cluster kernel serves this shape, and which family a call takes.
 bool topk_cluster_serves(const TopkParams& params);
