@@ -250,10 +250,10 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   # experts reading the norm's fp8 copy, the SwiGLU GEMV, together;
   # the tensor-core bf16 linear at 9-64 rows; through the model tests they change; and the fused
   # router and the bf16 GEMV switched off (their cuBLAS fallbacks); and the decode sparse MLA
-  # loading its slots and entries before the grid-dependency wait (the graph-vs-eager tests).
+  # loading its slots and entries after the grid-dependency wait, behind a query pack (as before).
   for switches in \
     "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
-    "MEGACTX_SPARSE_MLA_EARLY_INPUTS=1" \
+    "MEGACTX_SPARSE_MLA_EARLY_INPUTS=0" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_CLUSTER=1" \

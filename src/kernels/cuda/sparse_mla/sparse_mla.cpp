@@ -31,7 +31,7 @@ bool sparse_mla_cluster_enabled() {
 bool sparse_mla_early_inputs_enabled() {
   static const bool enabled = [] {
     const char* value = std::getenv("MEGACTX_SPARSE_MLA_EARLY_INPUTS");
-    return value != nullptr && std::string_view(value) == "1";
+    return value == nullptr || std::string_view(value) != "0";
   }();
   return enabled;
 }
