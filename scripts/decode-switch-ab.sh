@@ -11,9 +11,8 @@
 #
 # quick: only the defaults and every switch on, twice each in turn (when device time is short).
 # split: the defaults, the expert split-K forced on, forced off, and the earlier defaults.
-# skinny: the defaults and bf16_skinny with its parts summed in a cluster (four stages, deep), twice
-# each, then bf16_skinny through scratch (four stages, deep) once; bf16 weights, on glm_1b and on
-# the GLM-5.2 attention config.
+# skinny: the defaults, bf16_skinny, and bf16_skinny with the deep pipeline, twice each, bf16
+# weights, on glm_1b and on the GLM-5.2 attention config.
 # Prints each run's table rows (ms per step and the share of the read floor) under its switches.
 set -uo pipefail
 bin=${1:?usage: scripts/decode-switch-ab.sh BIN_DIR [BATCHES]}
@@ -38,9 +37,7 @@ runs=(
 configs=glm_1b
 precisions=bf16,fp8
 if [[ "${3:-}" == skinny ]]; then
-  cluster="${runs[4]} MEGACTX_BF16_SKINNY_CLUSTER=1"
-  deep_cluster="${runs[5]} MEGACTX_BF16_SKINNY_CLUSTER=1"
-  runs=("" "$cluster" "$deep_cluster" "" "$cluster" "$deep_cluster" "${runs[4]}" "${runs[5]}")
+  runs=("" "${runs[4]}" "${runs[5]}" "" "${runs[4]}" "${runs[5]}")
   configs="glm_1b glm52_attention"
   precisions=bf16
 fi

@@ -256,7 +256,6 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
     "MEGACTX_SPARSE_MLA_EARLY_INPUTS=0" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
-    "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_CLUSTER=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
     for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
       [[ -x "$pack/bin/$test" ]] || continue

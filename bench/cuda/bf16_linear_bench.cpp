@@ -1,8 +1,7 @@
 // The bf16 linears of decode (kernels/cuda/gemm/) at the row counts of decode
 // batches and MTP verifications, one kernel at a time: the bf16 GEMV (<= 8
-// rows), bf16_skinny with four cp.async stages and with the deep pipeline,
-// each with its split's parts summed through scratch and in a cluster (its
-// own split along k, the parts it chose printed), and cuBLAS
+// rows), bf16_skinny with four cp.async stages and with the deep pipeline
+// (its own split along k, the parts it chose printed), and cuBLAS
 // (cublasGemmEx, what Blas runs past the GEMV's rows: the peer), beside the
 // read-only bandwidth measured in the same run. Each timed call reads a
 // different copy of the weight (copies totalling > 4x L2), so weights come
@@ -66,9 +65,8 @@ int main(int argc, char** argv) {
       quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 8, 9, 16, 32, 64};
   const int64_t max_rows = row_counts.back();
   std::printf(
-      "| shape | rows | cuBLAS us | GEMV us | skinny us (4 stages) | skinny us (deep) | 4 stages, "
-      "cluster sum | deep, cluster sum | parts | best GB/s | of floor | cuBLAS of floor "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | rows | cuBLAS us | GEMV us | skinny us (4 stages) | skinny us (deep) | parts | "
+      "best GB/s | of floor | cuBLAS of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const LinearShape& s : shapes) {
     const size_t weight_bytes = static_cast<size_t>(s.in * s.out) * 2;
     const int copies = hbm_copies(weight_bytes);
@@ -94,11 +92,9 @@ int main(int argc, char** argv) {
         gemv = cycled_median_us(stream, copies, calls, [&](int c) {
           require(bf16_gemv(product(Bf16Gemv{}, c), stream), "bf16_gemv");
         });
-      const auto skinny_of = [&](int c, Bf16SkinnyPipeline pipeline,
-                                 Bf16SkinnySum sum = Bf16SkinnySum::Scratch) {
+      const auto skinny_of = [&](int c, Bf16SkinnyPipeline pipeline) {
         Bf16Skinny g = product(Bf16Skinny{}, c);
         g.pipeline = pipeline;
-        g.sum = sum;
         g.parts = parts;
         g.parts_capacity = parts_floats;
         g.done = done;
@@ -111,26 +107,16 @@ int main(int argc, char** argv) {
       const double deep = cycled_median_us(stream, copies, calls, [&](int c) {
         require(bf16_skinny(skinny_of(c, Bf16SkinnyPipeline::Deep), stream), "bf16_skinny");
       });
-      const double four_cluster = cycled_median_us(stream, copies, calls, [&](int c) {
-        require(bf16_skinny(skinny_of(c, Bf16SkinnyPipeline::FourStages, Bf16SkinnySum::Cluster),
-                            stream),
-                "bf16_skinny");
-      });
-      const double deep_cluster = cycled_median_us(stream, copies, calls, [&](int c) {
-        require(bf16_skinny(skinny_of(c, Bf16SkinnyPipeline::Deep, Bf16SkinnySum::Cluster), stream),
-                "bf16_skinny");
-      });
-      double best = std::min({cublas, four, deep, four_cluster, deep_cluster});
+      double best = std::min({cublas, four, deep});
       if (gemv > 0) best = std::min(best, gemv);
       const auto share = [&](double us) {
         return 100.0 * static_cast<double>(weight_bytes) / (us * 1e-6) / 1e9 / floor.read_gbs;
       };
-      std::printf(
-          "| %s | %lld | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %d | %.0f | %.0f%% | %.0f%% |\n",
-          s.name, static_cast<long long>(rows), cublas, us_or_dash(gemv).c_str(), four, deep,
-          four_cluster, deep_cluster,
-          bf16_skinny_plan(skinny_of(0, Bf16SkinnyPipeline::FourStages)).split,
-          static_cast<double>(weight_bytes) / (best * 1e-6) / 1e9, share(best), share(cublas));
+      std::printf("| %s | %lld | %.2f | %s | %.2f | %.2f | %d | %.0f | %.0f%% | %.0f%% |\n", s.name,
+                  static_cast<long long>(rows), cublas, us_or_dash(gemv).c_str(), four, deep,
+                  bf16_skinny_plan(skinny_of(0, Bf16SkinnyPipeline::FourStages)).split,
+                  static_cast<double>(weight_bytes) / (best * 1e-6) / 1e9, share(best),
+                  share(cublas));
     }
     for (auto* copy : w) cudaFree(copy);
     cudaFree(x);

@@ -531,9 +531,8 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
         EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)), expected);
       }
     }
-    // bf16_skinny's SwiGLU form (parts summed through scratch and in a
-    // cluster) against its plain form into bf16 and silu_mul_bf16, at each
-    // split (0: its own choice, the same for both forms).
+    // bf16_skinny's SwiGLU form against its plain form into bf16 and
+    // silu_mul_bf16, at each split (0: its own choice, the same for both forms).
     const SkinnyScratch skinny_scratch(2 * inter);
     const auto skinny_two_launches = [&](int64_t rows, int split) {
       Bf16Skinny plain;
@@ -561,13 +560,10 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
         fused.y_stride = inter;
         fused.out = inter;
         fused.swiglu = true;
-        for (const auto sum : {Bf16SkinnySum::Scratch, Bf16SkinnySum::Cluster}) {
-          fused.sum = sum;
-          MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
-          ASSERT_TRUE(bf16_skinny(fused, nullptr));
-          EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)),
-                    to_host(want, static_cast<size_t>(rows * inter)));
-        }
+        MEGACTX_CUDA_CHECK(cudaMemset(got, 0xff, bytes(rows_max * inter)));
+        ASSERT_TRUE(bf16_skinny(fused, nullptr));
+        EXPECT_EQ(to_host(got, static_cast<size_t>(rows * inter)),
+                  to_host(want, static_cast<size_t>(rows * inter)));
       }
     }
     skinny_scratch.expect_counters_clear();
@@ -610,8 +606,7 @@ TEST(CudaGemm, Bf16GemvSwigluEqualsTheGemvAndSiluMul) {
 // strided x and y, float32 and bf16 outputs, the split along k chosen (0) or
 // forced to 1, 3 and 16 parts (within rounding of each other; a row's bits
 // independent of its batch at every split, the counters back at zero), four
-// stages and the deep pipeline, the parts summed through scratch and in a
-// cluster (the same bits),
+// stages and the deep pipeline (the same bits),
 // shapes it declines, a split without scratch, and the Blas path.
 TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
   for (const LinearShape shape : kDecodeLinearShapes) {
@@ -624,7 +619,6 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
                      std::to_string(rows) + ", split " + std::to_string(split));
         Bf16Skinny g = c.operands<Bf16Skinny>(rows);
         g.split = split;
-        g.sum = Bf16SkinnySum::Scratch;
         scratch.attach(g);
         // A forced split takes that many parts where `in` has the chunks.
         const int64_t chunks = (c.in + kBf16SkinnyChunk - 1) / kBf16SkinnyChunk;
@@ -637,20 +631,10 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
         ASSERT_TRUE(bf16_skinny(g, nullptr));
         const std::vector<float> got = c.dense_y(rows);
         c.expect_product(rows, got, row0_alone);
-        // The deeper pipeline stages the same chunks, and the cluster adds
-        // the parts in the same order: the same bits.
+        // The deeper pipeline stages the same chunks: the same bits.
         g.pipeline = Bf16SkinnyPipeline::Deep;
         ASSERT_TRUE(bf16_skinny(g, nullptr));
         EXPECT_EQ(c.dense_y(rows), got);
-        g.sum = Bf16SkinnySum::Cluster;
-        for (const auto pipeline : {Bf16SkinnyPipeline::FourStages, Bf16SkinnyPipeline::Deep}) {
-          g.pipeline = pipeline;
-          MEGACTX_CUDA_CHECK(
-              cudaMemset(c.dy, 0xff, static_cast<size_t>(c.max_rows * c.y_stride) * sizeof(float)));
-          ASSERT_TRUE(bf16_skinny(g, nullptr));
-          EXPECT_EQ(c.dense_y(rows), got);
-        }
-        g.sum = Bf16SkinnySum::Scratch;
         // The padding after row 0 is left alone.
         EXPECT_TRUE(std::isnan(to_host(c.dy, static_cast<size_t>(c.y_stride))[c.y_stride - 1]));
         g.y_f32 = false;
@@ -664,13 +648,8 @@ TEST(CudaGemm, Bf16SkinnyMatchesDoubleLoops) {
     other.split = kBf16SkinnyMaxSplit + 1;
     EXPECT_FALSE(bf16_skinny(other, nullptr));  // more parts than it takes
     other.split = 2;
-    other.sum = Bf16SkinnySum::Scratch;
     if (bf16_skinny_plan(other).split > 1) {
-      EXPECT_TRUE(bf16_skinny_needs_scratch(other));
       EXPECT_THROW(bf16_skinny(other, nullptr), Error);  // a split without scratch
-      other.sum = Bf16SkinnySum::Cluster;                // needs none
-      EXPECT_FALSE(bf16_skinny_needs_scratch(other));
-      EXPECT_TRUE(bf16_skinny(other, nullptr));
     }
     // Through Blas past the GEMV's rows (its own scratch): within rounding of double loops.
     Blas blas(nullptr);

@@ -17,12 +17,6 @@ int64_t chunks_of(const Bf16Skinny& g) {
   return std::max<int64_t>((g.in + kBf16SkinnyChunk - 1) / kBf16SkinnyChunk, 1);
 }
 
-bool cluster_sum(const Bf16Skinny& g) {
-  static const bool cluster_default = env_switch("MEGACTX_BF16_SKINNY_CLUSTER", kBf16SkinnyCluster);
-  return g.sum == Bf16SkinnySum::Cluster ||
-         (g.sum == Bf16SkinnySum::ProcessDefault && cluster_default);
-}
-
 }  // namespace
 
 int64_t bf16_skinny_tiles(const Bf16Skinny& g) {
@@ -53,20 +47,14 @@ Bf16SkinnyPlan bf16_skinny_plan(const Bf16Skinny& g) {
   return plan;
 }
 
-bool bf16_skinny_needs_scratch(const Bf16Skinny& g) {
-  return !cluster_sum(g) && bf16_skinny_plan(g).split > 1;
-}
-
 bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream) {
   if (g.rows < 1 || g.rows > kBf16SkinnyMaxRows || g.in < 8 || g.in % 8 != 0 ||
       g.x_stride % 8 != 0 || !aligned16(g.x) || !aligned16(g.w) || g.out < 1 || g.split < 0 ||
       g.split > kBf16SkinnyMaxSplit)
     return false;
   const Bf16SkinnyPlan plan = bf16_skinny_plan(g);
-  const bool cluster = cluster_sum(g);
-  MEGACTX_CHECK(plan.split == 1 || cluster ||
-                    (g.parts != nullptr && g.parts_capacity >= plan.parts_floats &&
-                     g.done != nullptr && g.done_capacity >= plan.tiles),
+  MEGACTX_CHECK(plan.split == 1 || (g.parts != nullptr && g.parts_capacity >= plan.parts_floats &&
+                                    g.done != nullptr && g.done_capacity >= plan.tiles),
                 "bf16_skinny: a split of {} over {} tiles needs {} floats of parts and {} counters "
                 "(given {} and {})",
                 plan.split, plan.tiles, plan.parts_floats, plan.tiles, g.parts_capacity,
@@ -74,7 +62,7 @@ bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream) {
   static const bool deep_default = env_switch("MEGACTX_BF16_SKINNY_DEEP", kBf16SkinnyDeep);
   const bool deep = g.pipeline == Bf16SkinnyPipeline::Deep ||
                     (g.pipeline == Bf16SkinnyPipeline::ProcessDefault && deep_default);
-  launch_bf16_skinny(g, plan.split, plan.chunks_per_part, deep, cluster, stream);
+  launch_bf16_skinny(g, plan.split, plan.chunks_per_part, deep, stream);
   return true;
 }
 

@@ -5,7 +5,6 @@
 // in the MMA fragment's order, touched 16 rows' half lines per instruction and
 // ran at ~60% of the read rate on the H100), and ldmatrix builds the
 // fragments (A: 16 weight rows x 16 k; B: 8 input rows x 16 k, k contiguous).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -18,8 +17,6 @@
 
 namespace megactx::cuda {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kWarps = kBf16SkinnyWarps;  // weight-row warps per CTA, 16 weight rows each
 constexpr int kThreads = 32 * kWarps;
@@ -50,14 +47,13 @@ constexpr int deep_stages() {
   return fit < 6 ? static_cast<int>(fit) : 6;
 }
 
-// Grid (tiles, split), or (split, tiles) in clusters of split CTAs along x
-// when kCluster. A CTA stages its 128 weight rows (kSwiglu: gate rows
+// Grid (tiles, split). A CTA stages its 128 weight rows (kSwiglu: gate rows
 // 64 tile .. + 63, then the same up rows) and every input row, kChunk of k at
 // a time through kStages buffers (cp.async, kStages - 1 in flight); warp w multiplies staged rows
 // 16w .. 16w + 15 (kSwiglu: gate rows 8w .. 8w + 7 and their up rows) with
-// ldmatrix fragments. Part p takes chunks [p chunks_per_part,
-// (p + 1) chunks_per_part).
-template <int kGroups, bool kSwiglu, int kStages, bool kCluster>
+// ldmatrix fragments. Part blockIdx.y takes chunks [y chunks_per_part,
+// (y + 1) chunks_per_part).
+template <int kGroups, bool kSwiglu, int kStages>
 __global__ void __launch_bounds__(kThreads)
     bf16_skinny_kernel(Bf16Skinny g, int split, int64_t chunks_per_part) {
   constexpr int kRows = 8 * kGroups;  // input rows staged (the batch rounded up to 8)
@@ -67,8 +63,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto x_of = [&](int stage) { return weights_of(stage) + kTileRows * 2 * kChunk; };
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int gq = lane / 4, t = lane % 4;
-  const int64_t tile = kCluster ? blockIdx.y : blockIdx.x;
-  const int part = static_cast<int>(kCluster ? blockIdx.x : blockIdx.y);
+  const int64_t tile = blockIdx.x;
   // The weight row of staged row r (negative: past the matrix, staged as zeros).
   const auto weight_row_of = [&](int r) -> int64_t {
     if constexpr (kSwiglu) {
@@ -85,21 +80,16 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kSwiglu) return m < 8 ? 8 * warp_of + m : kTileRows / 2 + 8 * warp_of + m - 8;
     return 16 * warp_of + m;
   };
-  // The output entries of lane `lane_of` in warp `warp_of`: weight rows low
-  // (MMA rows gq) and high (gq + 8).
-  const auto low_row_of = [&](int warp_of, int lane_of) {
-    return weight_row_of(staged_row_of(warp_of, lane_of / 4));
-  };
-  const auto high_row_of = [&](int warp_of, int lane_of) {
-    return weight_row_of(staged_row_of(warp_of, lane_of / 4 + 8));
-  };
-  const int64_t low_row = low_row_of(warp, lane), high_row = high_row_of(warp, lane);
+  // This lane's output entries: weight rows low_row (MMA rows gq) and
+  // high_row (gq + 8).
+  const int64_t low_row = weight_row_of(staged_row_of(warp, gq)),
+                high_row = weight_row_of(staged_row_of(warp, gq + 8));
   const bool low_valid = low_row >= 0, high_valid = high_row >= 0;
   const auto* w = static_cast<const uint8_t*>(g.w);
   const auto* x = static_cast<const uint8_t*>(g.x);
   const int groups = static_cast<int>((g.rows + 7) / 8);  // <= kGroups
   const int64_t chunks = (g.in + kChunk - 1) / kChunk;
-  const int64_t chunk_begin = static_cast<int64_t>(part) * chunks_per_part;
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * chunks_per_part;
   const int64_t chunk_end =
       chunk_begin + chunks_per_part < chunks ? chunk_begin + chunks_per_part : chunks;
   const int64_t steps = chunk_end - chunk_begin;
@@ -196,82 +186,16 @@ __global__ void __launch_bounds__(kThreads)
         if (r < g.rows) fn(q, i, r);
       }
   };
-  // y's entries of input row r: `low` at weight row low_of, `high` at
-  // high_of (either negative: past the matrix). SwiGLU: gate and up of
-  // column low_of.
-  const auto store = [&](int64_t r, int64_t low_of, int64_t high_of, float low, float high) {
-    const int64_t base = r * g.y_stride;
-    if constexpr (kSwiglu) {
-      // silu_mul_bf16's expression on the bf16-rounded gate and up: the
-      // bits of the plain kernel into bf16 followed by silu_mul_bf16.
-      const float gate = __bfloat162float(__float2bfloat16_rn(low));
-      const float up = __bfloat162float(__float2bfloat16_rn(high));
-      if (low_of >= 0)
-        static_cast<__nv_bfloat16*>(g.y)[base + low_of] =
-            __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
-    } else if (g.y_f32) {
-      auto* y = static_cast<float*>(g.y);
-      if (low_of >= 0) y[base + low_of] = low;
-      if (high_of >= 0) y[base + high_of] = high;
-    } else {
-      auto* y = static_cast<__nv_bfloat16*>(g.y);
-      if (low_of >= 0) y[base + low_of] = __float2bfloat16_rn(low);
-      if (high_of >= 0) y[base + high_of] = __float2bfloat16_rn(high);
-    }
-  };
 
-  if constexpr (kCluster) {
-    // The split's CTAs are one cluster: each leaves its sums in its own
-    // shared memory, float4 slot q * kThreads + thread = c[q][0..3], and CTA
-    // p adds the p-th share of the slots over the cluster's CTAs in rank
-    // order (the scratch path's order: the same bits), with no global
-    // scratch, counters or L2 round trip.
-    cg::cluster_group cluster = cg::this_cluster();
-    __syncthreads();  // every warp is done with the stages
-    auto* own = reinterpret_cast<float4*>(shared);
-#pragma unroll
-    for (int q = 0; q < kGroups; ++q)
-      if (q < groups)
-        own[q * kThreads + threadIdx.x] = make_float4(c[q][0], c[q][1], c[q][2], c[q][3]);
-    cluster.sync();  // every CTA's slots written and visible
-    const int slots = groups * kThreads;
-    const int share = (slots + split - 1) / split;
-    const int end = min(slots, (part + 1) * share);
-    for (int slot = part * share + static_cast<int>(threadIdx.x); slot < end; slot += kThreads) {
-      float4 parts[kBf16SkinnyMaxSplit];
-#pragma unroll
-      for (int p = 0; p < kBf16SkinnyMaxSplit; ++p) {
-        if (p >= split) break;
-        parts[p] = *cluster.map_shared_rank(own + slot, p);
-      }
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int p = 0; p < kBf16SkinnyMaxSplit; ++p) {
-        if (p >= split) break;
-        sum.x += parts[p].x;
-        sum.y += parts[p].y;
-        sum.z += parts[p].z;
-        sum.w += parts[p].w;
-      }
-      const int owner = slot % kThreads, q = slot / kThreads;
-      const int owner_lane = owner % 32;
-      const int64_t low_of = low_row_of(owner / 32, owner_lane);
-      const int64_t high_of = high_row_of(owner / 32, owner_lane);
-      const int64_t r = 8 * q + 2 * (owner_lane % 4);
-      if (r < g.rows) store(r, low_of, high_of, sum.x, sum.z);
-      if (r + 1 < g.rows) store(r + 1, low_of, high_of, sum.y, sum.w);
-    }
-    cluster.sync();  // no CTA leaves while another reads its slots
-    return;
-  } else if (split > 1) {
+  if (split > 1) {
     // Store this part's sums; the tile's last CTA adds the parts in order.
     const int64_t weight_rows = kSwiglu ? 2 * g.out : g.out;
-    const auto at = [&](int64_t p, int64_t r, int64_t weight_row) {
-      return (p * g.rows + r) * weight_rows + weight_row;
+    const auto at = [&](int64_t part, int64_t r, int64_t weight_row) {
+      return (part * g.rows + r) * weight_rows + weight_row;
     };
     for_entries([&](int q, int i, int64_t r) {
-      if (low_valid) g.parts[at(part, r, low_row)] = c[q][i];
-      if (high_valid) g.parts[at(part, r, high_row)] = c[q][2 + i];
+      if (low_valid) g.parts[at(blockIdx.y, r, low_row)] = c[q][i];
+      if (high_valid) g.parts[at(blockIdx.y, r, high_row)] = c[q][2 + i];
     });
     __threadfence();
     __syncthreads();
@@ -286,17 +210,17 @@ __global__ void __launch_bounds__(kThreads)
     for_entries([&](int q, int i, int64_t r) {
       float low_parts[kBf16SkinnyMaxSplit], high_parts[kBf16SkinnyMaxSplit];
 #pragma unroll
-      for (int p = 0; p < kBf16SkinnyMaxSplit; ++p) {
-        if (p >= split) break;
-        low_parts[p] = low_valid ? __ldcg(g.parts + at(p, r, low_row)) : 0.0f;
-        high_parts[p] = high_valid ? __ldcg(g.parts + at(p, r, high_row)) : 0.0f;
+      for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+        if (part >= split) break;
+        low_parts[part] = low_valid ? __ldcg(g.parts + at(part, r, low_row)) : 0.0f;
+        high_parts[part] = high_valid ? __ldcg(g.parts + at(part, r, high_row)) : 0.0f;
       }
       float low_sum = 0.0f, high_sum = 0.0f;
 #pragma unroll
-      for (int p = 0; p < kBf16SkinnyMaxSplit; ++p) {
-        if (p >= split) break;
-        low_sum += low_parts[p];
-        high_sum += high_parts[p];
+      for (int part = 0; part < kBf16SkinnyMaxSplit; ++part) {
+        if (part >= split) break;
+        low_sum += low_parts[part];
+        high_sum += high_parts[part];
       }
       c[q][i] = low_sum;
       c[q][2 + i] = high_sum;
@@ -304,78 +228,73 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) g.done[tile] = 0;
   }
 
-  for_entries([&](int q, int i, int64_t r) { store(r, low_row, high_row, c[q][i], c[q][2 + i]); });
+  for_entries([&](int q, int i, int64_t r) {
+    const int64_t base = r * g.y_stride;
+    if constexpr (kSwiglu) {
+      // silu_mul_bf16's expression on the bf16-rounded gate and up: the
+      // bits of the plain kernel into bf16 followed by silu_mul_bf16.
+      const float gate = __bfloat162float(__float2bfloat16_rn(c[q][i]));
+      const float up = __bfloat162float(__float2bfloat16_rn(c[q][2 + i]));
+      if (low_valid)
+        static_cast<__nv_bfloat16*>(g.y)[base + low_row] =
+            __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up);
+    } else if (g.y_f32) {
+      auto* y = static_cast<float*>(g.y);
+      if (low_valid) y[base + low_row] = c[q][i];
+      if (high_valid) y[base + high_row] = c[q][2 + i];
+    } else {
+      auto* y = static_cast<__nv_bfloat16*>(g.y);
+      if (low_valid) y[base + low_row] = __float2bfloat16_rn(c[q][i]);
+      if (high_valid) y[base + high_row] = __float2bfloat16_rn(c[q][2 + i]);
+    }
+  });
 }
 
-template <int kGroups, bool kSwiglu, int kStages, bool kCluster>
+template <int kGroups, bool kSwiglu, int kStages>
 void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, cudaStream_t stream) {
-  constexpr auto kernel = bf16_skinny_kernel<kGroups, kSwiglu, kStages, kCluster>;
   constexpr size_t kShared = kStages * stage_bytes<kGroups>();
   static_assert(kShared <= kSharedPerCta, "two CTAs per multiprocessor");
-  static_assert(!kCluster || kGroups * kThreads * sizeof(float4) <= kShared,
-                "the cluster sum's slots fit in the stages");
   static const bool attribute_set = [] {
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(bf16_skinny_kernel<kGroups, kSwiglu, kStages>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kShared)));
-    // Clusters of up to kBf16SkinnyMaxSplit (16) CTAs: past the portable 8.
-    if constexpr (kCluster)
-      MEGACTX_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     return true;
   }();
   (void)attribute_set;
-  const auto tiles = static_cast<unsigned>(bf16_skinny_tiles(g));
-  if constexpr (kCluster) {
-    cudaLaunchAttribute attributes[2];
-    const cudaLaunchConfig_t config =
-        cluster_launch_config(dim3(static_cast<unsigned>(split), tiles), dim3(kThreads), kShared,
-                              stream, static_cast<unsigned>(split), attributes);
-    MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, g, split, chunks_per_part));
-  } else {
-    launch_kernel(kernel, dim3(tiles, static_cast<unsigned>(split)), kThreads, kShared, stream, g,
-                  split, chunks_per_part);
-  }
-}
-
-template <int kGroups, bool kSwiglu>
-void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep, bool cluster,
-            cudaStream_t stream) {
-  constexpr int kDeep = deep_stages<kGroups>();
-  // A split of one has nothing to sum: the plain grid.
-  if (cluster && split > 1) {
-    if (deep)
-      launch<kGroups, kSwiglu, kDeep, true>(g, split, chunks_per_part, stream);
-    else
-      launch<kGroups, kSwiglu, 4, true>(g, split, chunks_per_part, stream);
-  } else {
-    if (deep)
-      launch<kGroups, kSwiglu, kDeep, false>(g, split, chunks_per_part, stream);
-    else
-      launch<kGroups, kSwiglu, 4, false>(g, split, chunks_per_part, stream);
-  }
+  const dim3 grid(static_cast<unsigned>(bf16_skinny_tiles(g)), static_cast<unsigned>(split));
+  launch_kernel(bf16_skinny_kernel<kGroups, kSwiglu, kStages>, grid, kThreads, kShared, stream, g,
+                split, chunks_per_part);
 }
 
 template <int kGroups>
-void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep, bool cluster,
+void launch(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
             cudaStream_t stream) {
-  if (g.swiglu)
-    launch<kGroups, true>(g, split, chunks_per_part, deep, cluster, stream);
-  else
-    launch<kGroups, false>(g, split, chunks_per_part, deep, cluster, stream);
+  constexpr int kDeep = deep_stages<kGroups>();
+  if (g.swiglu) {
+    if (deep)
+      launch<kGroups, true, kDeep>(g, split, chunks_per_part, stream);
+    else
+      launch<kGroups, true, 4>(g, split, chunks_per_part, stream);
+  } else {
+    if (deep)
+      launch<kGroups, false, kDeep>(g, split, chunks_per_part, stream);
+    else
+      launch<kGroups, false, 4>(g, split, chunks_per_part, stream);
+  }
 }
 
 }  // namespace
 
 void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
-                        bool cluster, cudaStream_t stream) {
+                        cudaStream_t stream) {
   if (g.rows <= 8) {
-    launch<1>(g, split, chunks_per_part, deep, cluster, stream);
+    launch<1>(g, split, chunks_per_part, deep, stream);
   } else if (g.rows <= 16) {
-    launch<2>(g, split, chunks_per_part, deep, cluster, stream);
+    launch<2>(g, split, chunks_per_part, deep, stream);
   } else if (g.rows <= 32) {
-    launch<4>(g, split, chunks_per_part, deep, cluster, stream);
+    launch<4>(g, split, chunks_per_part, deep, stream);
   } else {
-    launch<8>(g, split, chunks_per_part, deep, cluster, stream);
+    launch<8>(g, split, chunks_per_part, deep, stream);
   }
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }

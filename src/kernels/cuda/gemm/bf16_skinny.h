@@ -48,15 +48,6 @@ inline constexpr bool kBf16Skinny = false;
 enum class Bf16SkinnyPipeline { ProcessDefault, FourStages, Deep };
 inline constexpr bool kBf16SkinnyDeep = false;
 
-// How a split's parts are added: through global scratch by each tile's last
-// CTA (parts and done below), or with the split's CTAs launched as one
-// thread-block cluster, each adding a share of the tile's entries straight
-// from the others' shared memory (no scratch, counters or L2 round trip; the
-// same order, so the same bits). ProcessDefault: kBf16SkinnyCluster, or
-// MEGACTX_BF16_SKINNY_CLUSTER=0 / 1.
-enum class Bf16SkinnySum { ProcessDefault, Scratch, Cluster };
-inline constexpr bool kBf16SkinnyCluster = false;
-
 struct Bf16Skinny : Bf16Product {
   // SwiGLU (as Bf16Gemv::swiglu): w is [2 out, in] (gate rows, then up
   // rows) and y bf16 [rows, y_stride] = silu(gate) * up with gate and up
@@ -67,11 +58,9 @@ struct Bf16Skinny : Bf16Product {
   // kBf16SkinnyMaxSplit forces it (fewer when `in` has fewer 64-wide chunks).
   int split = 0;
   Bf16SkinnyPipeline pipeline = Bf16SkinnyPipeline::ProcessDefault;
-  Bf16SkinnySum sum = Bf16SkinnySum::ProcessDefault;
-  // Scratch for a split over k summed through it (bf16_skinny_needs_scratch),
-  // sized by bf16_skinny_plan: parts float32 [split, rows, weight rows],
-  // done int32 [tiles], zero before the first call (each call leaves it
-  // zero).
+  // Scratch for a split over k, sized by bf16_skinny_plan: parts float32
+  // [split, rows, weight rows], done int32 [tiles], zero before the first
+  // call (each call leaves it zero).
   float* parts = nullptr;
   int64_t parts_capacity = 0;  // floats
   int32_t* done = nullptr;
@@ -89,18 +78,15 @@ int64_t bf16_skinny_tiles(const Bf16Skinny& g);
 // as many CTAs as two per multiprocessor hold, at least four chunks of k
 // each).
 Bf16SkinnyPlan bf16_skinny_plan(const Bf16Skinny& g);
-// Whether g's plan splits k and adds the parts through scratch (not a cluster).
-bool bf16_skinny_needs_scratch(const Bf16Skinny& g);
 
 // Launches it when it serves the shape: 1..kBf16SkinnyMaxRows rows, `in` and
 // x_stride multiples of 8, x and w 16-byte aligned, split 0 ..
 // kBf16SkinnyMaxSplit; false otherwise, launching nothing (the caller runs
-// cuBLAS). A split summed through scratch without scratch of the plan's
-// size is an error.
+// cuBLAS). A split without scratch of the plan's size is an error.
 bool bf16_skinny(const Bf16Skinny& g, cudaStream_t stream);
 
 // The kernel's launch (bf16_skinny.cu), after bf16_skinny's checks and plan.
 void launch_bf16_skinny(const Bf16Skinny& g, int split, int64_t chunks_per_part, bool deep,
-                        bool cluster, cudaStream_t stream);
+                        cudaStream_t stream);
 
 }  // namespace megactx::cuda

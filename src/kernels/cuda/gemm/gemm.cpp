@@ -269,8 +269,8 @@ void Blas::linear_to_bf16(const float* x, int64_t rows, int64_t in, int64_t x_st
 }
 
 void Blas::skinny_scratch(Bf16Skinny& g) {
-  if (!bf16_skinny_needs_scratch(g)) return;
   const Bf16SkinnyPlan plan = bf16_skinny_plan(g);
+  if (plan.split <= 1) return;
   g.parts = static_cast<float*>(grow(skinny_parts_, skinny_parts_bytes_,
                                      static_cast<size_t>(plan.parts_floats) * sizeof(float)));
   g.parts_capacity = static_cast<int64_t>(skinny_parts_bytes_ / sizeof(float));
