@@ -37,7 +37,8 @@
 // Early inputs (SparseMlaParams::inputs_ready_at_launch, the kEarly kernels):
 // the slot ids and the entries are loaded before the programmatic-dependent-
 // launch wait, so the slot id -> entry chain (~3.3 us of a ~10 us layer at 8K)
-// overlaps the tail of the kernel before (the query pack); only Q waits. Safe
+// overlaps the kernel before (W_UK's product, or the query pack); only Q
+// waits (10.1 -> 8.5 us per layer on the H100, docs/benchmarks.md). Safe
 // because every kernel of the stream waits for its predecessor before it
 // triggers its successor (launch.cuh): when this kernel starts, all kernels
 // two or more launches back have completed, and those wrote the slots (the
