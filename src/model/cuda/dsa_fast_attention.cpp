@@ -598,10 +598,19 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
       options_.batch_invariant
           ? 0
           : sparse_mla_cluster_splits(static_cast<int>(n), active_heads, static_cast<int>(top_k));
-  // With early inputs the cluster kernel turns Q's rope columns itself when
-  // W_UK's bf16 product wrote the latent ones and no head is padding (the
-  // pack would zero those): no pack launch.
-  const bool rope_in_kernel = sparse_mla_early_inputs_enabled() && cluster_splits > 0 &&
+  // Early inputs: the slots (the top-k of this or an earlier layer, mapped
+  // to slots by layer_slots) and the entries (the latent write) come from
+  // kernels at least two launches back, so the cluster kernel may load them
+  // before its grid-dependency wait. Not with the host tier's staging or a
+  // LayerSplit borrow (below), whose kernels run right before the attention.
+  bool early = sparse_mla_early_inputs_enabled() && cache.spec().offload_pages == 0;
+  // With early inputs the cluster kernel also turns Q's rope columns itself
+  // when W_UK's bf16 product wrote the latent ones and no head is padding (the
+  // pack would zero those): no pack launch, so W_UK's product is the launch
+  // before the attention. Not when layer_slots mapped the slots just now
+  // (map_slots_after_indexer usually does it earlier): the pack keeps that
+  // mapping two launches back.
+  const bool rope_in_kernel = early && !selected.new_selection && cluster_splits > 0 &&
                               pack.q_latent == nullptr && pack.q_rope_bf16 != nullptr &&
                               pack.interleaved && heads % kSparseMlaClusterHeads == 0 &&
                               config_.qk_nope_head_dim % 8 == 0 && qk % 8 == 0;
@@ -617,23 +626,12 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
     attend.rope_sin = pack.sin;
   }
   attend.slots = selected.slots;
-  // The slots (the top-k of this or an earlier layer, mapped to slots by
-  // layer_slots: map_slots_after_indexer does that right after the indexer)
-  // and the entries (the latent write) come from kernels at least two
-  // launches back, the query pack or W_UK's product being the one right
-  // before: the cluster kernel may load them before its grid-dependency wait.
-  // Not so when layer_slots mapped them just now without a pack after it, nor
-  // for a LayerSplit borrow or the host tier's staging, whose kernels run
-  // right before the attention.
-  attend.inputs_ready_at_launch = sparse_mla_early_inputs_enabled() &&
-                                  cache.spec().offload_pages == 0 &&
-                                  (!rope_in_kernel || !selected.new_selection);
   if (const std::optional<BorrowedEntries> borrowed = borrowed_entries(layer)) {
     // LayerSplit, a layer this rank does not hold: the owner's entries of
     // this step's selection, dense.
     attend.kv_pool = borrowed->rows;
     attend.slots = borrowed->slots;
-    attend.inputs_ready_at_launch = false;
+    early = false;
   } else {
     attend.kv_pool = static_cast<const uint8_t*>(latent_pool_of(cache, layer));
   }
@@ -682,6 +680,7 @@ void CudaDsaModel::fast_sparse_mla(const float* q_latent, const float* q, const 
   attend.heads = static_cast<int>(padded);
   attend.top_k = static_cast<int>(top_k);
   attend.cluster_merge = cluster_splits > 0;
+  attend.inputs_ready_at_launch = early;
   attend.active_heads = active_heads;  // the cluster kernel and the split merge skip the padding
   attend.num_splits =
       attend.cluster_merge ? cluster_splits

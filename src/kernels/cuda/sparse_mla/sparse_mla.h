@@ -88,7 +88,9 @@ struct SparseMlaParams {
   // q_rope_bf16 + t * rope_row_stride + h * rope_head_stride, 64 values),
   // with interleaved pairs (2i, 2i + 1) and the rows' rope_cos / rope_sin
   // ([rows, 32] fp32), instead of read from q: the query pack's rotation, the
-  // same bits, without its launch. Null: q holds them rotated.
+  // same bits, without its launch. Null: q holds them rotated. Meant with
+  // inputs_ready_at_launch: otherwise Q's loads and their rotation come
+  // before the entries' loads (correct, slower).
   const uint16_t* q_rope_bf16 = nullptr;
   int64_t rope_row_stride = 0, rope_head_stride = 0;
   const float* rope_cos = nullptr;
