@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <unordered_set>
 
@@ -152,15 +153,23 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
 }
 
 // The kernel families that serve a problem's selection: the one-CTA kernel or
-// the multi-CTA passes always, the cluster kernels where they fit.
+// the multi-CTA passes always, the cluster and range-binned kernels where they fit.
 std::vector<cuda::TopkPath> topk_paths(const cuda::TopkParams& params) {
   std::vector<cuda::TopkPath> paths = {cuda::TopkPath::Passes};
   if (cuda::topk_cluster_serves(params)) paths.push_back(cuda::TopkPath::Cluster);
+  if (cuda::topk_range_bins_serves(params)) paths.push_back(cuda::TopkPath::RangeBins);
   return paths;
 }
 
 const char* path_name(cuda::TopkPath path) {
-  return path == cuda::TopkPath::Cluster ? "cluster kernel" : "passes";
+  switch (path) {
+    case cuda::TopkPath::Cluster:
+      return "cluster kernel";
+    case cuda::TopkPath::RangeBins:
+      return "range-binned kernel";
+    default:
+      return "passes";
+  }
 }
 
 // Checks that `slots` [top_k] is a valid top-k of `scores` [visible]: right
@@ -369,6 +378,71 @@ void check_ties(const std::vector<int64_t>& lengths, uint32_t seed) {
 TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
   check_ties({10000, 4097, 300000}, 61);  // multi-CTA passes; the cluster kernel
   check_ties({10000, 4097, 30000}, 62);   // one CTA per row; the cluster kernel
+  check_ties({10000, 4097, 16384}, 63);   // the range-binned kernel too
+}
+
+// The range-binned kernel's levels on rows whose keys crowd or stretch its
+// ranges: scores within one octave, infinities and denormals beside ordinary
+// values, scores a few ulps apart, all equal but one, ordinary; rows ending
+// mid-warp and at every key slot; top-k 2048 and 1. Its selection and order
+// are the same on every run.
+TEST(IndexerTopk, RangeBinnedKernelOnCrowdedAndStretchedRows) {
+  for (int top_k : {2048, 1, 100}) {
+    SCOPED_TRACE("top-k " + std::to_string(top_k));
+    std::mt19937 rng(90 + top_k);
+    IndexerProblem problem;
+    problem.top_k = top_k;
+    problem.lengths = {
+        cuda::kTopkRangeMaxVisible, cuda::kTopkRangeMaxVisible - 1, 9001, 2049, 3000, 1025};
+    problem.build(rng);
+    DeviceIndexer device(problem);
+    std::vector<float> scores(static_cast<size_t>(problem.rows) * problem.score_stride, 0.f);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const float extremes[] = {std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              0.f,
+                              -0.f,
+                              std::numeric_limits<float>::denorm_min(),
+                              -std::numeric_limits<float>::denorm_min(),
+                              3e38f,
+                              -3e38f,
+                              1e-30f};
+    for (int row = 0; row < problem.rows; ++row)
+      for (int64_t p = 0; p < problem.row_visible[row]; ++p) {
+        float& score = scores[row * problem.score_stride + p];
+        switch (row) {
+          case 0:
+            score = 5.f + 1e-3f * normal(rng);
+            break;
+          case 1:
+            score = rng() % 4 == 0 ? extremes[rng() % 9] : normal(rng);
+            break;
+          case 2:
+            score = std::nextafter(1.f, 2.f) + static_cast<float>(rng() % 40) * 1.1920929e-7f;
+            break;
+          case 3:
+            score = p == 1234 ? 4.5f : 4.f;
+            break;
+          default:
+            score = normal(rng);
+            break;
+        }
+      }
+    device.scores.upload(scores);
+    const cuda::TopkParams params = device.topk_params(problem, cuda::TopkPath::RangeBins);
+    ASSERT_TRUE(cuda::topk_range_bins_serves(params));
+    device.slots.fill_bytes(0x5a);
+    cuda::radix_topk(params, nullptr);
+    const auto first = device.slots.download();
+    for (int row = 0; row < problem.rows; ++row)
+      expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
+                        problem.top_k, problem.table(row), problem.layout.num_pages,
+                        first.data() + static_cast<size_t>(row) * problem.top_k,
+                        "range row " + std::to_string(row));
+    device.slots.fill_bytes(0x33);
+    cuda::radix_topk(params, nullptr);
+    EXPECT_EQ(device.slots.download(), first) << "a second run chose other slots or another order";
+  }
 }
 
 TEST(IndexerTopk, LongBatchUsesTheMultiBlockSelectForEveryRow) {
