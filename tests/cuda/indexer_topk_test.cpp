@@ -446,6 +446,25 @@ TEST(IndexerTopk, RangeBinnedKernelOnCrowdedAndStretchedRows) {
     device.slots.fill_bytes(0x33);
     cuda::radix_topk(params, nullptr);
     EXPECT_EQ(device.slots.download(), first) << "a second run chose other slots or another order";
+    // With the positions written beside the slots: the same slots, and each
+    // position is its slot's through the row's table (-1 beside -1).
+    DeviceBuffer<int32_t> positions(static_cast<size_t>(problem.rows) * problem.top_k);
+    positions.fill_bytes(0x5a);
+    cuda::TopkParams both = params;
+    both.out_positions = positions.get();
+    device.slots.fill_bytes(0x33);
+    cuda::radix_topk(both, nullptr);
+    EXPECT_EQ(device.slots.download(), first) << "slots with positions beside them";
+    const auto got = positions.download();
+    for (int row = 0; row < problem.rows; ++row)
+      for (int i = 0; i < problem.top_k; ++i) {
+        const size_t at = static_cast<size_t>(row) * problem.top_k + i;
+        const int32_t position = got[at];
+        const int32_t slot = position < 0 ? -1
+                                          : problem.table(row)[position / 64] * 64 +
+                                                static_cast<int32_t>(position % 64);
+        ASSERT_EQ(slot, first[at]) << "row " << row << " entry " << i;
+      }
   }
 }
 
@@ -581,6 +600,22 @@ TEST(IndexerTopk, ClusterKernelAtItsLongestRows) {
   // array in use, rows ending mid-warp, one row with every key taken.
   check_positions_mode({cuda::kTopkClusterMaxVisible, 200001, 2048, 131072 + 17}, false, 85);
   check_positions_mode({cuda::kTopkClusterMaxVisible - 5, 65536}, true, 86);
+}
+
+TEST(IndexerTopk, PositionsBesideSlotsOnlyFromTheRangeBinnedKernel) {
+  std::mt19937 rng(95);
+  IndexerProblem problem;
+  problem.lengths = {3000};
+  problem.build(rng);
+  DeviceIndexer device(problem);
+  DeviceBuffer<int32_t> positions(static_cast<size_t>(problem.top_k));
+  cuda::TopkParams params = device.topk_params(problem, cuda::TopkPath::Passes);
+  params.out_positions = positions.get();
+  EXPECT_THROW(cuda::radix_topk(params, nullptr), Error);
+  params.path = cuda::TopkPath::RangeBins;
+  params.block_table = nullptr;  // positions mode: nothing to write beside
+  params.row_request = nullptr;
+  EXPECT_THROW(cuda::radix_topk(params, nullptr), Error);
 }
 
 TEST(IndexerTopk, RejectsBadShapes) {

@@ -63,11 +63,20 @@ __global__ void __launch_bounds__(kThreads) topk_range_bins(TopkParams p) {
   const int k = p.top_k;
   const int taken = min(k, visible);
   int32_t* out = p.out_slots + row * k;
+  int32_t* out_positions = p.out_positions != nullptr ? p.out_positions + row * k : nullptr;
   const int32_t* table = row_table(p, static_cast<int>(row));
-  for (int i = taken + tid; i < k; i += kThreads) out[i] = -1;
+  // Entry i of the selection is `position`.
+  auto put = [&](uint32_t i, int position) {
+    out[i] = position_to_slot(table, position);
+    if (out_positions != nullptr) out_positions[i] = position;
+  };
+  for (int i = taken + tid; i < k; i += kThreads) {
+    out[i] = -1;
+    if (out_positions != nullptr) out_positions[i] = -1;
+  }
   if (visible <= k) {  // every position is taken
     for (int position = tid; position < visible; position += kThreads)
-      out[position] = position_to_slot(table, position);
+      put(static_cast<uint32_t>(position), position);
     return;
   }
 
@@ -156,9 +165,9 @@ __global__ void __launch_bounds__(kThreads) topk_range_bins(TopkParams p) {
     if (!valid(j)) continue;
     const int position = j * kThreads + tid;
     if (key[j] > hi) {
-      out[above_at++] = position_to_slot(table, position);
+      put(above_at++, position);
     } else if (key[j] >= lo) {
-      if (tie_at < need) out[above_total + tie_at] = position_to_slot(table, position);
+      if (tie_at < need) put(above_total + tie_at, position);
       ++tie_at;
     }
   }

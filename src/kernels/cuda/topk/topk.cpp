@@ -51,6 +51,9 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
                   "top-k: a block table needs row_request (or pass no table for positions)");
   }
   const TopkPath path = topk_path_chosen(params);
+  MEGACTX_CHECK(params.out_positions == nullptr || (path == TopkPath::RangeBins && slots_mode),
+                "top-k: positions beside the slots come only from the range-binned kernel in "
+                "slots mode");
   if (path == TopkPath::RangeBins) {
     MEGACTX_CHECK(topk_range_bins_serves(params),
                   "top-k: the range-binned kernel takes rows of at most {} keys, got {}",

@@ -81,6 +81,9 @@ struct TopkParams {
   int top_k = 0;
   int max_visible = 0;           // >= every row_visible; sizes the grid
   int32_t* out_slots = nullptr;  // [rows, top_k] out: physical slots (or positions), -1 padding
+  // Optional, range-binned kernel with a block table only: [rows, top_k] out,
+  // the positions of out_slots' entries (-1 padding), written beside them.
+  int32_t* out_positions = nullptr;
   // Workspace (zeroed once with cudaMemset; left zeroed):
   uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
   int32_t* row_state = nullptr;   // [rows, kTopkRowState]
