@@ -281,8 +281,7 @@ int main(int argc, char** argv) {
             full_layers.size());
         std::printf(
             "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
-            "cluster kernel / range bins | both us | key bytes MB | byte floor us | both / floor | "
-            "score "
+            "cluster kernel | both us | key bytes MB | byte floor us | both / floor | score "
             "TFLOP/s "
             "| key GB/s |\n");
         std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -323,7 +322,6 @@ int main(int argc, char** argv) {
             auto topk_path_us = [&](TopkPath path) {
               TopkParams params = topk_params(s, tokens, context, path);
               if (path == TopkPath::Cluster && !topk_cluster_serves(params)) return 0.0;
-              if (path == TopkPath::RangeBins && !topk_range_bins_serves(params)) return 0.0;
               return graph_median_ms(
                          stream,
                          [&] {
@@ -335,7 +333,6 @@ int main(int argc, char** argv) {
             };
             const double passes_us = topk_path_us(TopkPath::Passes);
             const double cluster_us = topk_path_us(TopkPath::Cluster);
-            const double range_us = topk_path_us(TopkPath::RangeBins);
             const double both_ms =
                 graph_median_ms(
                     stream,
@@ -351,13 +348,12 @@ int main(int argc, char** argv) {
             const double floor_us = key_bytes / bw * 1e6;
             const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
             std::printf(
-                "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s / %s | %.1f | %.1f | %.1f | %.2fx | "
+                "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %.1f | %.1f | %.2fx | "
                 "%.0f | %.0f |\n",
                 (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
-                topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(),
-                one_decimal_or_dash(range_us).c_str(), both_ms * 1e3, key_bytes / 1e6, floor_us,
-                both_ms * 1e3 / floor_us, flops / (score_ms * 1e-3) / 1e12,
-                key_bytes / (score_ms * 1e-3) / 1e9);
+                topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), both_ms * 1e3,
+                key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
+                flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
           }
       }
       // ---- 2. Sparse MLA decode --------------------------------------------------------

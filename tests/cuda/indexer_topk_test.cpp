@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <numeric>
 #include <unordered_set>
 
@@ -153,23 +152,15 @@ float reference_score(const IndexerProblem& problem, int row, int64_t position) 
 }
 
 // The kernel families that serve a problem's selection: the one-CTA kernel or
-// the multi-CTA passes always, the cluster and range-binned kernels where they fit.
+// the multi-CTA passes always, the cluster kernels where they fit.
 std::vector<cuda::TopkPath> topk_paths(const cuda::TopkParams& params) {
   std::vector<cuda::TopkPath> paths = {cuda::TopkPath::Passes};
   if (cuda::topk_cluster_serves(params)) paths.push_back(cuda::TopkPath::Cluster);
-  if (cuda::topk_range_bins_serves(params)) paths.push_back(cuda::TopkPath::RangeBins);
   return paths;
 }
 
 const char* path_name(cuda::TopkPath path) {
-  switch (path) {
-    case cuda::TopkPath::Cluster:
-      return "cluster kernel";
-    case cuda::TopkPath::RangeBins:
-      return "range-binned kernel";
-    default:
-      return "passes";
-  }
+  return path == cuda::TopkPath::Cluster ? "cluster kernel" : "passes";
 }
 
 // Checks that `slots` [top_k] is a valid top-k of `scores` [visible]: right
@@ -382,90 +373,6 @@ void check_ties(const std::vector<int64_t>& lengths, uint32_t seed) {
 TEST(IndexerTopk, TiesAndNegativeScoresSelectAValidSet) {
   check_ties({10000, 4097, 300000}, 61);  // multi-CTA passes; the cluster kernel
   check_ties({10000, 4097, 30000}, 62);   // one CTA per row; the cluster kernel
-  check_ties({10000, 4097, 16384}, 63);   // the range-binned kernel too
-}
-
-// The range-binned kernel's levels on rows whose keys crowd or stretch its
-// ranges: scores within one octave, infinities and denormals beside ordinary
-// values, scores a few ulps apart, all equal but one, ordinary; rows ending
-// mid-warp and at every key slot; top-k 2048 and 1. Its selection and order
-// are the same on every run.
-TEST(IndexerTopk, RangeBinnedKernelOnCrowdedAndStretchedRows) {
-  for (int top_k : {2048, 1, 100}) {
-    SCOPED_TRACE("top-k " + std::to_string(top_k));
-    std::mt19937 rng(90 + top_k);
-    IndexerProblem problem;
-    problem.top_k = top_k;
-    problem.lengths = {
-        cuda::kTopkRangeMaxVisible, cuda::kTopkRangeMaxVisible - 1, 9001, 2049, 3000, 1025};
-    problem.build(rng);
-    DeviceIndexer device(problem);
-    std::vector<float> scores(static_cast<size_t>(problem.rows) * problem.score_stride, 0.f);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    const float extremes[] = {std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity(),
-                              0.f,
-                              -0.f,
-                              std::numeric_limits<float>::denorm_min(),
-                              -std::numeric_limits<float>::denorm_min(),
-                              3e38f,
-                              -3e38f,
-                              1e-30f};
-    for (int row = 0; row < problem.rows; ++row)
-      for (int64_t p = 0; p < problem.row_visible[row]; ++p) {
-        float& score = scores[row * problem.score_stride + p];
-        switch (row) {
-          case 0:
-            score = 5.f + 1e-3f * normal(rng);
-            break;
-          case 1:
-            score = rng() % 4 == 0 ? extremes[rng() % 9] : normal(rng);
-            break;
-          case 2:
-            score = std::nextafter(1.f, 2.f) + static_cast<float>(rng() % 40) * 1.1920929e-7f;
-            break;
-          case 3:
-            score = p == 1234 ? 4.5f : 4.f;
-            break;
-          default:
-            score = normal(rng);
-            break;
-        }
-      }
-    device.scores.upload(scores);
-    const cuda::TopkParams params = device.topk_params(problem, cuda::TopkPath::RangeBins);
-    ASSERT_TRUE(cuda::topk_range_bins_serves(params));
-    device.slots.fill_bytes(0x5a);
-    cuda::radix_topk(params, nullptr);
-    const auto first = device.slots.download();
-    for (int row = 0; row < problem.rows; ++row)
-      expect_valid_topk(scores.data() + row * problem.score_stride, problem.row_visible[row],
-                        problem.top_k, problem.table(row), problem.layout.num_pages,
-                        first.data() + static_cast<size_t>(row) * problem.top_k,
-                        "range row " + std::to_string(row));
-    device.slots.fill_bytes(0x33);
-    cuda::radix_topk(params, nullptr);
-    EXPECT_EQ(device.slots.download(), first) << "a second run chose other slots or another order";
-    // With the positions written beside the slots: the same slots, and each
-    // position is its slot's through the row's table (-1 beside -1).
-    DeviceBuffer<int32_t> positions(static_cast<size_t>(problem.rows) * problem.top_k);
-    positions.fill_bytes(0x5a);
-    cuda::TopkParams both = params;
-    both.out_positions = positions.get();
-    device.slots.fill_bytes(0x33);
-    cuda::radix_topk(both, nullptr);
-    EXPECT_EQ(device.slots.download(), first) << "slots with positions beside them";
-    const auto got = positions.download();
-    for (int row = 0; row < problem.rows; ++row)
-      for (int i = 0; i < problem.top_k; ++i) {
-        const size_t at = static_cast<size_t>(row) * problem.top_k + i;
-        const int32_t position = got[at];
-        const int32_t slot = position < 0 ? -1
-                                          : problem.table(row)[position / 64] * 64 +
-                                                static_cast<int32_t>(position % 64);
-        ASSERT_EQ(slot, first[at]) << "row " << row << " entry " << i;
-      }
-  }
 }
 
 TEST(IndexerTopk, LongBatchUsesTheMultiBlockSelectForEveryRow) {
@@ -600,22 +507,6 @@ TEST(IndexerTopk, ClusterKernelAtItsLongestRows) {
   // array in use, rows ending mid-warp, one row with every key taken.
   check_positions_mode({cuda::kTopkClusterMaxVisible, 200001, 2048, 131072 + 17}, false, 85);
   check_positions_mode({cuda::kTopkClusterMaxVisible - 5, 65536}, true, 86);
-}
-
-TEST(IndexerTopk, PositionsBesideSlotsOnlyFromTheRangeBinnedKernel) {
-  std::mt19937 rng(95);
-  IndexerProblem problem;
-  problem.lengths = {3000};
-  problem.build(rng);
-  DeviceIndexer device(problem);
-  DeviceBuffer<int32_t> positions(static_cast<size_t>(problem.top_k));
-  cuda::TopkParams params = device.topk_params(problem, cuda::TopkPath::Passes);
-  params.out_positions = positions.get();
-  EXPECT_THROW(cuda::radix_topk(params, nullptr), Error);
-  params.path = cuda::TopkPath::RangeBins;
-  params.block_table = nullptr;  // positions mode: nothing to write beside
-  params.row_request = nullptr;
-  EXPECT_THROW(cuda::radix_topk(params, nullptr), Error);
 }
 
 TEST(IndexerTopk, RejectsBadShapes) {

@@ -297,25 +297,6 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weig
   select.histogram =
       zeroed_workspace<uint32_t>(fs.topk_histogram, workspace_rows * kTopkHistogramBins, stream_);
   select.row_state = zeroed_workspace<int32_t>(fs.topk_state, n * kTopkRowState, stream_);
-  // The range-binned kernel writes the slots the attention reads beside the
-  // positions (one launch fewer per full layer): layer_slots then finds them
-  // in place. Only where its mapping would give the same array: the whole
-  // step's rows, a selection as wide as index_topk, and no host tier (whose
-  // staging keys on the mapping launch).
-  const bool map_in_select =
-      topk_path_chosen(select) == TopkPath::RangeBins && step.max_context >= index_topk_ &&
-      selection_top_k(step) == index_topk_ && cache.spec().offload_pages == 0;
-  if (map_in_select) {
-    int32_t* slots = fs.slots.get<int32_t>(n * index_topk_);
-    select.block_table = step.token_tables;
-    select.block_table_stride = static_cast<int>(step.table_stride);
-    select.row_request = step.row_ids;
-    select.out_slots = slots;
-    select.out_positions = step.topk;
-    radix_topk(select, stream_);
-    fs.slots_key = selection_key(step, index_topk_, slots);
-    return;
-  }
   radix_topk(select, stream_);
 }
 

@@ -11,21 +11,12 @@ bool topk_cluster_serves(const TopkParams& params) {
   return params.rows <= kTopkClusterMaxRows && params.max_visible <= kTopkClusterMaxVisible;
 }
 
-bool topk_range_bins_serves(const TopkParams& params) {
-  return params.max_visible <= kTopkRangeMaxVisible;
-}
-
 TopkPath topk_path_chosen(const TopkParams& params) {
   static const bool on = [] {
     const char* value = std::getenv("MEGACTX_TOPK_CLUSTER");
     return value == nullptr || value[0] != '0';
   }();
-  static const bool range_bins = [] {
-    const char* value = std::getenv("MEGACTX_TOPK_RANGE_BINS");
-    return value != nullptr && value[0] == '1';
-  }();
   if (params.path != TopkPath::Auto) return params.path;
-  if (range_bins && topk_range_bins_serves(params)) return TopkPath::RangeBins;
   return on && topk_cluster_serves(params) && params.max_visible > kTopkClusterMinVisible &&
                  detail::cluster_topk_resident()
              ? TopkPath::Cluster
@@ -50,18 +41,7 @@ void radix_topk(const TopkParams& params, cudaStream_t stream) {
     MEGACTX_CHECK(!slots_mode || params.row_request,
                   "top-k: a block table needs row_request (or pass no table for positions)");
   }
-  const TopkPath path = topk_path_chosen(params);
-  MEGACTX_CHECK(params.out_positions == nullptr || (path == TopkPath::RangeBins && slots_mode),
-                "top-k: positions beside the slots come only from the range-binned kernel in "
-                "slots mode");
-  if (path == TopkPath::RangeBins) {
-    MEGACTX_CHECK(topk_range_bins_serves(params),
-                  "top-k: the range-binned kernel takes rows of at most {} keys, got {}",
-                  kTopkRangeMaxVisible, params.max_visible);
-    detail::launch_range_topk(params, stream);
-    return;
-  }
-  if (path == TopkPath::Cluster) {
+  if (topk_path_chosen(params) == TopkPath::Cluster) {
     MEGACTX_CHECK(topk_cluster_serves(params),
                   "top-k: the cluster kernel takes at most {} rows of {} keys, got {} rows of {}",
                   kTopkClusterMaxRows, kTopkClusterMaxVisible, params.rows, params.max_visible);

@@ -32,13 +32,6 @@
 // family explicitly (tests, benchmarks); MEGACTX_TOPK_CLUSTER=0 keeps the
 // automatic choice off the cluster kernel (A/B runs).
 //
-// Rows of at most kTopkRangeMaxVisible keys can take the range-binned kernel
-// instead (range_topk.cu, TopkPath::RangeBins): one CTA per row, each level's
-// bins spread linearly over the range of the keys still in play (so that a
-// row of similar scores does not crowd a few bins), and a collect without
-// atomics that gives the same selection and order on every run.
-// MEGACTX_TOPK_RANGE_BINS=1 lets the automatic choice take it (off until measured).
-//
 // The workspace (histograms, counters) must be zero before the first call; the
 // kernels leave it zero again, so the calls can be replayed in a CUDA graph
 // (the cluster kernel does not use it).
@@ -61,13 +54,11 @@ inline constexpr int kTopkClusterThreads = 1024;
 inline constexpr int kTopkClusterMaxVisible = 48 * kTopkClusterCtas * kTopkClusterThreads;  // 384K
 inline constexpr int kTopkClusterMinVisible = 16384;  // shorter rows: the one-CTA kernel
 inline constexpr int kTopkClusterMaxRows = 64;        // more rows: the passes fill the GPU as well
-inline constexpr int kTopkRangeMaxVisible = 16384;    // the range-binned kernel's longest row
 
 enum class TopkPath : uint8_t {
-  Auto,       // the cluster kernel where it is chosen (see above), else the passes
-  Passes,     // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
-  Cluster,    // one cluster per row: <= kTopkClusterMaxRows rows of <= kTopkClusterMaxVisible keys
-  RangeBins,  // one CTA per row, range-binned levels: rows of <= kTopkRangeMaxVisible keys
+  Auto,     // the cluster kernel where it is chosen (see above), else the passes
+  Passes,   // the one-CTA kernel (rows up to kTopkSmallRow) or the multi-CTA passes
+  Cluster,  // one cluster per row: <= kTopkClusterMaxRows rows of <= kTopkClusterMaxVisible keys
 };
 
 struct TopkParams {
@@ -81,9 +72,6 @@ struct TopkParams {
   int top_k = 0;
   int max_visible = 0;           // >= every row_visible; sizes the grid
   int32_t* out_slots = nullptr;  // [rows, top_k] out: physical slots (or positions), -1 padding
-  // Optional, range-binned kernel with a block table only: [rows, top_k] out,
-  // the positions of out_slots' entries (-1 padding), written beside them.
-  int32_t* out_positions = nullptr;
   // Workspace (zeroed once with cudaMemset; left zeroed):
   uint32_t* histogram = nullptr;  // [rows, kTopkHistogramBins]
   int32_t* row_state = nullptr;   // [rows, kTopkRowState]
@@ -92,7 +80,6 @@ struct TopkParams {
 
 // Whether the cluster kernel serves this shape, and which family a call takes.
 bool topk_cluster_serves(const TopkParams& params);
-bool topk_range_bins_serves(const TopkParams& params);
 TopkPath topk_path_chosen(const TopkParams& params);
 
 // Validates (megactx::Error) and launches the chosen kernel family on `stream`.
@@ -101,7 +88,6 @@ void radix_topk(const TopkParams& params, cudaStream_t stream);
 namespace detail {
 void launch_radix_topk(const TopkParams& params, cudaStream_t stream);
 void launch_cluster_topk(const TopkParams& params, cudaStream_t stream);
-void launch_range_topk(const TopkParams& params, cudaStream_t stream);
 bool cluster_topk_resident();  // a cluster of the kernel fits this GPU
 }  // namespace detail
 
