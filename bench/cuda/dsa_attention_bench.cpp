@@ -177,8 +177,6 @@ IndexerScoreParams score_params(const Stack& s, int layer, int rows, int64_t con
   p.heads = kIndexHeads;
   p.rows_per_group = rows;
   p.max_visible = static_cast<int>(context);
-  // A/B from the environment: the pools and tables do not change between launches here.
-  p.pages_ready_at_launch = indexer_early_pages_enabled();
   return p;
 }
 
@@ -481,7 +479,6 @@ int main(int argc, char** argv) {
           const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
           shape.cluster_merge = cluster_splits > 0;
           shape.early_inputs = sparse_mla_early_inputs_enabled();  // A/B: the environment
-          shape.early_indexer_pages = indexer_early_pages_enabled();
           shape.num_splits = shape.cluster_merge
                                  ? cluster_splits
                                  : sparse_mla_splits(1, kHeads, kTopK, props.multiProcessorCount);

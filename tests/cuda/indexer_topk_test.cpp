@@ -199,29 +199,25 @@ void expect_valid_topk(const float* scores, int64_t visible, int top_k, const in
 }
 
 void check_engine(IndexerProblem& problem, DeviceIndexer& device, bool bulk_copies,
-                  bool early_pages, bool check_all_scores);
+                  bool check_all_scores);
 
-// Scores and selects with both page-copy engines (TMA bulk copies, cp.async),
-// each with its first pages requested after and before the launch's wait.
+// Scores and selects with both page-copy engines (TMA bulk copies, cp.async).
 void run_and_check(IndexerProblem& problem, uint32_t seed, bool check_all_scores = true) {
   std::mt19937 rng(seed);
   problem.build(rng);
   DeviceIndexer device(problem);
-  for (bool bulk_copies : {true, false})
-    for (bool early_pages : {false, true}) {
-      SCOPED_TRACE(std::string(bulk_copies ? "bulk copies" : "cp.async") +
-                   (early_pages ? ", early pages" : ""));
-      device.scores.fill_bytes(0xff);
-      device.slots.fill_bytes(0x5a);
-      check_engine(problem, device, bulk_copies, early_pages, check_all_scores);
-    }
+  for (bool bulk_copies : {true, false}) {
+    SCOPED_TRACE(bulk_copies ? "bulk copies" : "cp.async");
+    device.scores.fill_bytes(0xff);
+    device.slots.fill_bytes(0x5a);
+    check_engine(problem, device, bulk_copies, check_all_scores);
+  }
 }
 
 void check_engine(IndexerProblem& problem, DeviceIndexer& device, bool bulk_copies,
-                  bool early_pages, bool check_all_scores) {
+                  bool check_all_scores) {
   cuda::IndexerScoreParams params = device.score_params(problem);
   params.bulk_copies = bulk_copies;
-  params.pages_ready_at_launch = early_pages;
   cuda::indexer_scores(params, nullptr);
   const std::vector<float> scores = device.scores.download();
   std::vector<std::vector<float>> expected(static_cast<size_t>(problem.rows));

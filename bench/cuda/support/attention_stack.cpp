@@ -46,7 +46,6 @@ int run_attention_stack(const AttentionStackShape& shape, const std::vector<bool
       scoring.heads = shape.index_heads;
       scoring.rows_per_group = shape.rows_per_group;
       scoring.max_visible = shape.max_visible;
-      scoring.pages_ready_at_launch = shape.early_indexer_pages;
       indexer_scores(scoring, stream);
 
       TopkParams selection;

@@ -29,9 +29,6 @@ struct AttentionStackShape {
   // layers' top-k runs right before their sparse MLA here, unlike in the model,
   // where the query pack stands between).
   bool early_inputs = false;
-  // IndexerScoreParams::pages_ready_at_launch on the full layers (the pools do
-  // not change inside the stack).
-  bool early_indexer_pages = false;
   float softmax_scale = 0;
   const int32_t* block_table = nullptr;  // [requests, block_table_stride]
   int block_table_stride = 0;

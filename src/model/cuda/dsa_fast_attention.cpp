@@ -322,9 +322,6 @@ IndexerScoreParams CudaDsaModel::indexer_score_rows(const uint8_t* queries_fp8,
   score.heads = static_cast<int>(padded);
   score.rows_per_group = 1;
   score.max_visible = static_cast<int>(step.max_context);
-  // Every caller launches the query quantisation right before the scores, and
-  // the key write, the token tables and the pages are further back (indexer()).
-  score.pages_ready_at_launch = indexer_early_pages_enabled();
   return score;
 }
 

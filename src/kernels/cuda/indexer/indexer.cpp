@@ -1,19 +1,9 @@
 // Parameter checks for the indexer kernels (host side: formats messages).
 #include "kernels/cuda/indexer/indexer.h"
 
-#include <cstdlib>
-
 #include "core/error.h"
 
 namespace megactx::cuda {
-
-bool indexer_early_pages_enabled() {
-  static const bool on = [] {
-    const char* value = std::getenv("MEGACTX_INDEXER_EARLY_PAGES");
-    return value != nullptr && value[0] == '1';
-  }();
-  return on;
-}
 
 void indexer_scores(const IndexerScoreParams& params, cudaStream_t stream) {
   MEGACTX_CHECK(params.heads == 32 || params.heads == 64, "indexer: {} heads (supported: 32, 64)",

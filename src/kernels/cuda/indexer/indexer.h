@@ -39,16 +39,7 @@ struct IndexerScoreParams {
   // How pages reach shared memory: TMA bulk copies (one request per 8448-byte
   // page) or cp.async (one per 16 bytes). Both are tested; the benchmark times both.
   bool bulk_copies = true;
-  // The block table, row_visible and the key pages were written two or more
-  // launches back on this stream (complete when the kernel starts, by the
-  // launch contract of launch.cuh): the first pages are requested before the
-  // programmatic-dependent-launch wait. Only the queries and weights need it.
-  bool pages_ready_at_launch = false;
 };
-
-// MEGACTX_INDEXER_EARLY_PAGES=1: the model sets pages_ready_at_launch on its
-// decode and deterministic scoring (off until measured; read once).
-bool indexer_early_pages_enabled();
 
 // Quantises bf16 indexer queries to e4m3 per (row, head) (scale = amax / 448)
 // and folds that scale and `softmax_scale` into the head weights.

@@ -33,14 +33,8 @@ constexpr int kSharedBytes = kStages * kStagePages * kPageBytes;
 template <int MTiles, bool Bulk>  // MTiles = heads / 16
 __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
     indexer_scores_kernel(IndexerScoreParams p) {
-  // Early pages: the block table, the row lengths and the key pages were
-  // written two or more launches back (complete: see launch.cuh), so their
-  // loads go out before the wait; only the queries and weights wait for it.
-  const bool early = p.pages_ready_at_launch;
-  if (!early) {
-    grid_dependency_wait();
-    grid_dependency_trigger();
-  }
+  grid_dependency_wait();
+  grid_dependency_trigger();
   extern __shared__ __align__(16) uint8_t pages_shared[];  // [kStages][kStagePages][64 keys][132 B]
   __shared__ uint64_t stage_full[kStages];  // Bulk: completes when a stage's pages landed
   const int rows_per_group = p.rows_per_group;
@@ -54,13 +48,7 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
   const int64_t pages_visible =
       (static_cast<int64_t>(group_visible) + kPageTokens - 1) / kPageTokens;
   const int64_t chunks = (pages_visible + kStagePages - 1) / kStagePages;
-  if (blockIdx.x >= chunks) {
-    if (early) {  // still the contract: no exit (an implicit trigger) before the wait
-      grid_dependency_wait();
-      grid_dependency_trigger();
-    }
-    return;
-  }
+  if (blockIdx.x >= chunks) return;
   const int32_t* table =
       p.block_table + static_cast<int64_t>(p.row_request[row0]) * p.block_table_stride;
 
@@ -118,10 +106,6 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
     issue(next_ids, stage);
   }
   load_page_ids(kStages - 1, next_ids);
-  if (early) {
-    grid_dependency_wait();
-    grid_dependency_trigger();
-  }
 
   // Warps per row: 8 for one row, 4 for two, 2 for 3..4, 1 for 5..8.
   const int warps_per_row = rows_per_group >= kWarps ? 1 : kWarps / rows_per_group;
