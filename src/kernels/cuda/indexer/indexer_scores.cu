@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
           stage_pages + min(tiles[0], kTiles - 1) * 8 * kIndexerKeyBytes,
           stage_pages + min(tiles[1], kTiles - 1) * 8 * kIndexerKeyBytes};
       float score[2][2];  // [tile][key 2t or 2t+1], summed over heads
-      indexer_tiles::score_tile_pair<MTiles>(a, weight, tile_keys, g, t, score);
+      indexer_tiles::score_tiles<MTiles, 2>(a, weight, tile_keys, g, t, score);
       if (g == 0) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {

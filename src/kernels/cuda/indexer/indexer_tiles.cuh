@@ -44,17 +44,18 @@ __device__ __forceinline__ void load_query(const uint8_t* queries, const float* 
   }
 }
 
-// Scores of two 8-key tiles before the key scales: score[u][e] is key 2t + e
-// of tile u, summed over all heads (every lane of a t column holds the same
-// sums). tile_keys[u] points at the tile's first key in shared memory; two
-// tiles at a time so that their MMA chains overlap.
-template <int MTiles>
-__device__ __forceinline__ void score_tile_pair(const uint32_t (&a)[MTiles][4][4],
-                                                const float (&weight)[MTiles][2],
-                                                const uint8_t* const (&tile_keys)[2], int g, int t,
-                                                float (&score)[2][2]) {
+// Scores of Tiles 8-key tiles before the key scales: score[u][e] is key
+// 2t + e of tile u, summed over all heads (every lane of a t column holds the
+// same sums). tile_keys[u] points at the tile's first key in shared memory;
+// several tiles at a time so that their MMA chains overlap. A key's sum is
+// the same for any Tiles.
+template <int MTiles, int Tiles>
+__device__ __forceinline__ void score_tiles(const uint32_t (&a)[MTiles][4][4],
+                                            const float (&weight)[MTiles][2],
+                                            const uint8_t* const (&tile_keys)[Tiles], int g, int t,
+                                            float (&score)[Tiles][2]) {
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
+  for (int u = 0; u < Tiles; ++u) {
     const uint8_t* key = tile_keys[u] + g * kIndexerKeyBytes + t * 32;
     uint32_t b[8];
 #pragma unroll
@@ -75,7 +76,7 @@ __device__ __forceinline__ void score_tile_pair(const uint32_t (&a)[MTiles][4][4
 #pragma unroll
   for (int mask = 4; mask < 32; mask <<= 1)  // sum over g: the heads
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < Tiles; ++u) {
       score[u][0] += __shfl_xor_sync(0xffffffffu, score[u][0], mask);
       score[u][1] += __shfl_xor_sync(0xffffffffu, score[u][1], mask);
     }

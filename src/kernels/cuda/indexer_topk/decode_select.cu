@@ -17,12 +17,14 @@
 // splits the bins among the CTAs and needs three cluster barriers per level;
 // with 256 bins the 16 remote loads per thread cost less than two barriers.
 #include <cooperative_groups.h>
+#include <cstdlib>  // PROBE
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/indexer/indexer_tiles.cuh"
 #include "kernels/cuda/indexer_topk/decode_select.h"
+#include "kernels/cuda/topk/warp_counts.cuh"
 
 namespace megactx::cuda {
 namespace {
@@ -40,12 +42,11 @@ constexpr int kDigitBits = 8;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kLevels = 32 / kDigitBits;
 constexpr int kMaxDynamicShared = kMaxPages * kPageBytes + kMaxKeys * 4;
-static_assert(kBins == kThreads, "one bin per thread in the decision");
+static_assert(kBins == kThreads && kBins == 32 * 8, "one bin per thread to clear, 8 per lane of warp 0");
 static_assert(kMaxPages <= kThreads && kCtas <= kThreads);
 
 struct SelectShared {
   uint32_t histogram[2][kBins];  // [level parity] this CTA's counts of the level's digit
-  int warp_sums[kWarps];         // the decision's suffix sums per warp
   int decision[3];               // digit, ties still needed in its bin, whether taken whole
   int warp_counts[kWarps];       // the collect's packed counts per warp
   int cta_counts[kCtas];         // [rank] packed (above | ties << 16), written by each CTA
@@ -70,11 +71,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
   const int64_t row = blockIdx.x / kCtas;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
+  const int share = pages_per_cta(p.max_visible);
+  // Every load that does not depend on the row's length goes out first: the
+  // page ids (within the pages of max_visible) and the queries.
+  const int32_t* table =
+      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
+  const int max_pages = (p.max_visible + kPageTokens - 1) / kPageTokens;
+  const int32_t page_id =
+      tid < share && rank * share + tid < max_pages ? table[rank * share + tid] : 0;
+  uint32_t a[MTiles][4][4];
+  float weight[MTiles][2];
+  indexer_tiles::load_query<MTiles>(p.queries, p.weights, row, p.heads, g, t, a, weight);
   const int visible = p.row_visible[row];
   const int k = p.top_k;
   int32_t* out = p.out + row * k;
-  const int32_t* table =
-      p.block_table + static_cast<int64_t>(p.row_request[row]) * p.block_table_stride;
 
   if (visible <= k) {  // every key is taken (row-uniform: the whole cluster returns here)
     for (int i = rank * kThreads + tid; i < k; i += kCtas * kThreads) {
@@ -86,16 +96,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
     return;
   }
 
-  const int share = pages_per_cta(p.max_visible);
   const int base = rank * share * kPageTokens;  // the position of this CTA's first key
   const int my_keys = max(0, min(visible - base, share * kPageTokens));
   const int my_pages = (my_keys + kPageTokens - 1) / kPageTokens;
   uint8_t* pages = dynamic_shared;  // [share][8448]
-  uint32_t* keys =
-      reinterpret_cast<uint32_t*>(dynamic_shared + share * kPageBytes);  // [share * 64]
+  uint32_t* keys = reinterpret_cast<uint32_t*>(dynamic_shared + share * kPageBytes);  // [share * 64]
 
-  // 1. Pages, queries, scores.
-  const int32_t page_id = tid < my_pages ? table[rank * share + tid] : 0;
+  // 1. Pages and scores.
   if (tid < my_pages) {
     mbarrier_init(&s.page_full[tid], 1);
     mbarrier_init_fence();
@@ -103,9 +110,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
   }
   s.histogram[0][tid] = 0;
   s.histogram[1][tid] = 0;
-  uint32_t a[MTiles][4][4];
-  float weight[MTiles][2];
-  indexer_tiles::load_query<MTiles>(p.queries, p.weights, row, p.heads, g, t, a, weight);
   __syncthreads();  // the page barriers are initialised
   if (tid < my_pages) {
     mbarrier_arrive_expect_bytes(&s.page_full[tid], kPageBytes);
@@ -115,18 +119,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
   }
   for (int page = warp; page < my_pages; page += kWarps) {
     mbarrier_wait(&s.page_full[page], 0);
-    const uint8_t* page_keys = pages + page * kPageBytes;
+    const uint8_t* page_keys = pages + page * kPageTokens * kIndexerKeyBytes;
     const int page_position = base + page * kPageTokens;
+    constexpr int kTiles = 4;  // per step: four MMA chains in flight
 #pragma unroll 1
-    for (int first = 0; first < kPageTokens / 8; first += 2) {
+    for (int first = 0; first < kPageTokens / 8; first += kTiles) {
       if (page_position + first * 8 >= visible) break;  // warp-uniform
-      const uint8_t* const tile_keys[2] = {page_keys + first * 8 * kIndexerKeyBytes,
-                                           page_keys + (first + 1) * 8 * kIndexerKeyBytes};
-      float score[2][2];  // [tile][key 2t or 2t + 1]
-      indexer_tiles::score_tile_pair<MTiles>(a, weight, tile_keys, g, t, score);
+      const uint8_t* tile_keys[kTiles];
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) tile_keys[u] = page_keys + (first + u) * 8 * kIndexerKeyBytes;
+      float score[kTiles][2];  // [tile][key 2t or 2t + 1]
+      indexer_tiles::score_tiles<MTiles, kTiles>(a, weight, tile_keys, g, t, score);
       if (g == 0) {
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < kTiles; ++u)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int local = (first + u) * 8 + 2 * t + e;  // key within the page
@@ -140,6 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
     }
   }
   __syncthreads();  // keys[] is complete
+  if ((p.probe_stage & 15) == 1) { cluster.sync(); return; }  // PROBE
 
   uint32_t key[kKeysPerThread];
   bool valid[kKeysPerThread];
@@ -153,6 +160,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
   // 2. The levels. A CTA reads the other CTAs' histogram of level L between
   // the barriers of levels L and L + 1, so each CTA may clear the buffer of
   // level L + 1 (last read at level L - 1) once level L's barrier is passed.
+  // Warp 0 decides: lane l sums bins 8l .. 8l + 7 over the cluster (two
+  // 16-byte loads per CTA) and the warp finds the bin of the k-th key by a
+  // suffix scan, bins ascending with the lane.
   uint32_t prefix = 0;  // the threshold's digits so far
   int need = k;         // keys of the threshold prefix still to take
   int settled_shift = 0;
@@ -162,38 +172,73 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
     uint32_t* histogram = s.histogram[level & 1];
 #pragma unroll
     for (int m = 0; m < kKeysPerThread; ++m)
-      if (valid[m] && (level == 0 || (key[m] >> (shift + kDigitBits)) == prefix))
-        atomicAdd(&histogram[(key[m] >> shift) & (kBins - 1)], 1u);
+      warp_count_digit(histogram,
+                  valid[m] && (level == 0 || (key[m] >> (shift + kDigitBits)) == prefix),
+                  (key[m] >> shift) & (kBins - 1));
     cluster.sync();  // every CTA's histogram is complete and visible to the cluster
-    int total = 0;   // bin tid over the cluster, in rank order (the same sum in every CTA)
-#pragma unroll
-    for (int c = 0; c < kCtas; ++c)
-      total += static_cast<int>(cluster.map_shared_rank(histogram, c)[tid]);
     s.histogram[(level + 1) & 1][tid] = 0;
-    // Candidates in the bins above tid: a suffix scan, bins ascending with tid.
-    int suffix = total;
+    if (p.probe_stage & 16) {  // PROBE: version 1's decision by every thread
+      int total = 0;
 #pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int other = __shfl_down_sync(0xffffffffu, suffix, offset);
-      if (lane + offset < 32) suffix += other;
-    }
-    if (lane == 0) s.warp_sums[warp] = suffix;
-    __syncthreads();
-    int above = suffix - total;
-    for (int w = warp + 1; w < kWarps; ++w) above += s.warp_sums[w];
-    if (above < need && above + total >= need) {  // exactly one bin
-      s.decision[0] = tid;
-      s.decision[1] = need - above;
-      s.decision[2] = total == need - above;
+      for (int c = 0; c < kCtas; ++c)
+        total += static_cast<int>(cluster.map_shared_rank(histogram, c)[tid]);
+      int suffix = total;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int other = __shfl_down_sync(0xffffffffu, suffix, offset);
+        if (lane + offset < 32) suffix += other;
+      }
+      if (lane == 0) s.warp_counts[warp] = suffix;
+      __syncthreads();
+      int above = suffix - total;
+      for (int w = warp + 1; w < kWarps; ++w) above += s.warp_counts[w];
+      if (above < need && above + total >= need) {
+        s.decision[0] = tid;
+        s.decision[1] = need - above;
+        s.decision[2] = total == need - above;
+      }
+    } else if (warp == 0) {
+      int bins[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // bins 8 lane .. 8 lane + 7, in rank order
+#pragma unroll
+      for (int c = 0; c < kCtas; ++c) {
+        const uint4* remote =
+            reinterpret_cast<const uint4*>(cluster.map_shared_rank(histogram, c)) + 2 * lane;
+        const uint4 low = remote[0], high = remote[1];
+        bins[0] += low.x, bins[1] += low.y, bins[2] += low.z, bins[3] += low.w;
+        bins[4] += high.x, bins[5] += high.y, bins[6] += high.z, bins[7] += high.w;
+      }
+      int own = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) own += bins[b];
+      int suffix = own;  // candidates in this lane's bins and the lanes above
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int other = __shfl_down_sync(0xffffffffu, suffix, offset);
+        if (lane + offset < 32) suffix += other;
+      }
+      int above = suffix - own;  // candidates in the bins above this lane's
+      if (above < need && above + own >= need) {  // exactly one lane, then one bin
+#pragma unroll
+        for (int b = 7; b >= 0; --b) {
+          if (above < need && above + bins[b] >= need) {
+            s.decision[0] = 8 * lane + b;
+            s.decision[1] = need - above;
+            s.decision[2] = bins[b] == need - above;
+          }
+          above += bins[b];
+        }
+      }
     }
     __syncthreads();
     prefix = (prefix << kDigitBits) | static_cast<uint32_t>(s.decision[0]);
     need = s.decision[1];
+    if ((p.probe_stage & 15) == 3 + level) { cluster.sync(); return; }  // PROBE
     if (s.decision[2] != 0) {  // every key of the bin is taken: the lower digits decide nothing
       settled_shift = shift;
       break;  // cluster-uniform: every CTA made the same decision
     }
   }
+  if ((p.probe_stage & 15) == 2) { cluster.sync(); return; }  // PROBE
 
   // 3. The collect: counts packed as above | ties << 16 (at most 1024 each per CTA).
   bool is_above[kKeysPerThread], is_tie[kKeysPerThread];
@@ -231,9 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_select_kernel(DecodeSelect
   for (int m = 0; m < kKeysPerThread; ++m) {
     const int local = tid + m * kThreads;
     const int position = base + local;
-    const int32_t value = p.write_slots
-                              ? s.page_ids[local / kPageTokens] * kPageTokens + local % kPageTokens
-                              : position;
+    const int32_t value =
+        p.write_slots ? s.page_ids[local / kPageTokens] * kPageTokens + local % kPageTokens
+                      : position;
     if (is_above[m]) {
       out[above_index++] = value;
     } else if (is_tie[m]) {
@@ -274,6 +319,8 @@ bool resident() {
 template <int MTiles>
 void launch(const DecodeSelectParams& params, cudaStream_t stream) {
   configure<MTiles>();
+  static const int probe = [] { const char* v = std::getenv("MEGACTX_DECODE_SELECT_PROBE"); return v ? std::atoi(v) : 0; }();  // PROBE
+  const_cast<DecodeSelectParams&>(params).probe_stage = probe;  // PROBE
   const int share = pages_per_cta(params.max_visible);
   const size_t shared_bytes = static_cast<size_t>(share) * (kPageBytes + kPageTokens * 4);
   cudaLaunchAttribute attributes[2];

@@ -63,6 +63,7 @@ struct DecodeSelectParams {
   // p < row_visible of the rows with more than top_k visible keys.
   float* scores = nullptr;
   int64_t score_stride = 0;
+  int probe_stage = 0;  // PROBE
 };
 
 // Whether the kernel serves this shape on this GPU.
