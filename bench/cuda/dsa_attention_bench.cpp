@@ -36,7 +36,6 @@
 #include "bench/cuda/support/synthetic_cache.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/indexer/indexer.h"
-#include "kernels/cuda/indexer_topk/decode_select.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 
@@ -181,25 +180,6 @@ IndexerScoreParams score_params(const Stack& s, int layer, int rows, int64_t con
   return p;
 }
 
-// The same scoring and top-k of layer `layer` in one launch (decode_select.h).
-DecodeSelectParams select_params(const Stack& s, int layer, int rows, int64_t context) {
-  DecodeSelectParams p;
-  p.queries = s.indexer_q[layer];
-  p.weights = s.indexer_weights[layer];
-  p.key_pool = s.indexer[layer];
-  p.block_table = s.block_table;
-  p.block_table_stride = s.block_table_stride;
-  p.row_request = s.row_request;
-  p.row_visible = s.row_visible;
-  p.rows = rows;
-  p.heads = kIndexHeads;
-  p.top_k = kTopK;
-  p.max_visible = static_cast<int>(context);
-  p.out = s.slots;
-  p.write_slots = true;
-  return p;
-}
-
 // "12.3", or "-" for a case a kernel does not serve (0).
 std::string one_decimal_or_dash(double value) {
   if (value <= 0) return "-";
@@ -299,11 +279,10 @@ int main(int argc, char** argv) {
             full_layers.size());
         std::printf(
             "| context | q tokens | score us | score us (cp.async) | top-k us | top-k us: passes / "
-            "cluster kernel | both us | one launch us | key bytes MB | byte floor us | both / "
-            "floor | score "
+            "cluster kernel | both us | key bytes MB | byte floor us | both / floor | score "
             "TFLOP/s "
             "| key GB/s |\n");
-        std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int64_t context : contexts)
           for (int tokens : {1, 2}) {
             set_rows_visible(s, tokens, context);
@@ -363,29 +342,16 @@ int main(int argc, char** argv) {
                     },
                     reps) /
                 n;
-            // Scores and selection in one launch, where that kernel serves.
-            const double one_launch_us =
-                decode_select_serves(tokens, kIndexHeads, static_cast<int>(context))
-                    ? graph_median_ms(
-                          stream,
-                          [&] {
-                            for (int l : full_layers)
-                              decode_indexer_select(select_params(s, l, tokens, context), stream);
-                          },
-                          reps) /
-                          n * 1e3
-                    : 0.0;
             const double key_bytes = double(context) * kIndexerKeyBytes;
             const double floor_us = key_bytes / bw * 1e6;
             const double flops = 2.0 * kIndexHeads * 128 * double(context) * tokens;
             std::printf(
-                "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %s | %.1f | %.1f | %.2fx | "
+                "| %lldK | %d | %.1f | %.1f | %.1f | %.1f / %s | %.1f | %.1f | %.1f | %.2fx | "
                 "%.0f | %.0f |\n",
                 (long long)(context / 1024), tokens, score_ms * 1e3, score_cp_async_ms * 1e3,
                 topk_ms * 1e3, passes_us, one_decimal_or_dash(cluster_us).c_str(), both_ms * 1e3,
-                one_decimal_or_dash(one_launch_us).c_str(), key_bytes / 1e6, floor_us,
-                both_ms * 1e3 / floor_us, flops / (score_ms * 1e-3) / 1e12,
-                key_bytes / (score_ms * 1e-3) / 1e9);
+                key_bytes / 1e6, floor_us, both_ms * 1e3 / floor_us,
+                flops / (score_ms * 1e-3) / 1e12, key_bytes / (score_ms * 1e-3) / 1e9);
           }
       }
       // ---- 2. Sparse MLA decode --------------------------------------------------------
@@ -513,7 +479,6 @@ int main(int argc, char** argv) {
           const int cluster_splits = sparse_mla_cluster_splits(1, kHeads, kTopK);
           shape.cluster_merge = cluster_splits > 0;
           shape.early_inputs = sparse_mla_early_inputs_enabled();  // A/B: the environment
-          shape.decode_select = decode_select_enabled();           // likewise
           shape.num_splits = shape.cluster_merge
                                  ? cluster_splits
                                  : sparse_mla_splits(1, kHeads, kTopK, props.multiProcessorCount);

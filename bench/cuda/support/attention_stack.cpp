@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "kernels/cuda/indexer/indexer.h"
-#include "kernels/cuda/indexer_topk/decode_select.h"
 #include "kernels/cuda/sparse_mla/sparse_mla.h"
 #include "kernels/cuda/topk/topk.h"
 
@@ -33,55 +32,36 @@ int run_attention_stack(const AttentionStackShape& shape, const std::vector<bool
     if (full_layers[layer]) {
       MEGACTX_CHECK(buffers.indexer_queries && buffers.indexer_weights && buffers.indexer_pool,
                     "attention stack: full layer {} has no indexer buffers", layer);
-      if (shape.decode_select &&
-          decode_select_serves(shape.rows, shape.index_heads, shape.max_visible)) {
-        DecodeSelectParams select;
-        select.queries = buffers.indexer_queries;
-        select.weights = buffers.indexer_weights;
-        select.key_pool = buffers.indexer_pool;
-        select.block_table = shape.block_table;
-        select.block_table_stride = shape.block_table_stride;
-        select.row_request = shape.row_request;
-        select.row_visible = shape.row_visible;
-        select.rows = shape.rows;
-        select.heads = shape.index_heads;
-        select.top_k = shape.top_k;
-        select.max_visible = shape.max_visible;
-        select.out = workspace.slots;
-        select.write_slots = true;
-        decode_indexer_select(select, stream);
-      } else {
-        IndexerScoreParams scoring;
-        scoring.queries = buffers.indexer_queries;
-        scoring.weights = buffers.indexer_weights;
-        scoring.key_pool = buffers.indexer_pool;
-        scoring.block_table = shape.block_table;
-        scoring.block_table_stride = shape.block_table_stride;
-        scoring.row_request = shape.row_request;
-        scoring.row_visible = shape.row_visible;
-        scoring.scores = workspace.scores;
-        scoring.score_stride = workspace.score_stride;
-        scoring.rows = shape.rows;
-        scoring.heads = shape.index_heads;
-        scoring.rows_per_group = shape.rows_per_group;
-        scoring.max_visible = shape.max_visible;
-        indexer_scores(scoring, stream);
+      IndexerScoreParams scoring;
+      scoring.queries = buffers.indexer_queries;
+      scoring.weights = buffers.indexer_weights;
+      scoring.key_pool = buffers.indexer_pool;
+      scoring.block_table = shape.block_table;
+      scoring.block_table_stride = shape.block_table_stride;
+      scoring.row_request = shape.row_request;
+      scoring.row_visible = shape.row_visible;
+      scoring.scores = workspace.scores;
+      scoring.score_stride = workspace.score_stride;
+      scoring.rows = shape.rows;
+      scoring.heads = shape.index_heads;
+      scoring.rows_per_group = shape.rows_per_group;
+      scoring.max_visible = shape.max_visible;
+      indexer_scores(scoring, stream);
 
-        TopkParams selection;
-        selection.scores = workspace.scores;
-        selection.score_stride = workspace.score_stride;
-        selection.row_visible = shape.row_visible;
-        selection.row_request = shape.row_request;
-        selection.block_table = shape.block_table;
-        selection.block_table_stride = shape.block_table_stride;
-        selection.rows = shape.rows;
-        selection.top_k = shape.top_k;
-        selection.max_visible = shape.max_visible;
-        selection.out_slots = workspace.slots;
-        selection.histogram = workspace.histogram;
-        selection.row_state = workspace.row_state;
-        radix_topk(selection, stream);
-      }
+      TopkParams selection;
+      selection.scores = workspace.scores;
+      selection.score_stride = workspace.score_stride;
+      selection.row_visible = shape.row_visible;
+      selection.row_request = shape.row_request;
+      selection.block_table = shape.block_table;
+      selection.block_table_stride = shape.block_table_stride;
+      selection.rows = shape.rows;
+      selection.top_k = shape.top_k;
+      selection.max_visible = shape.max_visible;
+      selection.out_slots = workspace.slots;
+      selection.histogram = workspace.histogram;
+      selection.row_state = workspace.row_state;
+      radix_topk(selection, stream);
       ++indexer_runs;
     }
     SparseMlaParams attention;

@@ -29,9 +29,6 @@ struct AttentionStackShape {
   // layers' top-k runs right before their sparse MLA here, unlike in the model,
   // where the query pack stands between).
   bool early_inputs = false;
-  // Full layers score and select in one launch (indexer_topk/decode_select.h)
-  // where that kernel serves the shape; otherwise indexer_scores + radix_topk.
-  bool decode_select = false;
   float softmax_scale = 0;
   const int32_t* block_table = nullptr;  // [requests, block_table_stride]
   int block_table_stride = 0;

@@ -34,7 +34,6 @@
 #include "kernels/cuda/dsa_fallback/position_topk.h"
 #include "kernels/cuda/dsa_glue/dsa_fast_inputs.h"
 #include "kernels/cuda/indexer/indexer.h"
-#include "kernels/cuda/indexer_topk/decode_select.h"
 #include "kernels/cuda/indexer_topk/fused_indexer_topk.h"
 #include "kernels/cuda/kv_copy/offload_union.h"
 #include "kernels/cuda/kv_copy/stage_offload.h"
@@ -275,26 +274,6 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weig
 
   if (options_.batch_invariant) {
     invariant_indexer_topk(quantize.queries_fp8, quantize.weights, layer, step, cache);
-    return;
-  }
-  // A few rows of short contexts: the scores and their top-k in one launch,
-  // the same selection as below (MEGACTX_DECODE_SELECT=1; decode_select.h).
-  if (decode_select_enabled() && decode_select_serves(static_cast<int>(n), static_cast<int>(padded),
-                                                      static_cast<int>(step.max_context))) {
-    DecodeSelectParams select;
-    select.queries = quantize.queries_fp8;
-    select.weights = quantize.weights;
-    select.key_pool = static_cast<const uint8_t*>(cache.indexer_pool(layer).raw());
-    select.block_table = step.token_tables;
-    select.block_table_stride = static_cast<int>(step.table_stride);
-    select.row_request = step.row_ids;
-    select.row_visible = step.row_visible;
-    select.rows = static_cast<int>(n);
-    select.heads = static_cast<int>(padded);
-    select.top_k = static_cast<int>(index_topk_);
-    select.max_visible = static_cast<int>(step.max_context);
-    select.out = step.topk;  // positions, -1 past counts
-    decode_indexer_select(select, stream_);
     return;
   }
   // scores [n, max_context]: row t filled for p < position_t + 1.

@@ -4,14 +4,16 @@
 // CTAs per group (two resident per SM in total), each streaming chunks of
 // kStagePages pages (64 keys x 132 B each, contiguous in the pool) through a
 // kStages-deep cp.async pipeline into shared memory. Each warp scores n-tiles
-// of 8 keys for one row with the steps of indexer_tiles.cuh (fp8 MMA, ReLU,
-// head weights, key scale).
+// of 8 keys for one row:
+//   acc[head, key] = q8[row, head, :] . k8[key, :]      (mma m16n8k32 e4m3)
+//   score[key]     = key_scale * sum_head w[head] * relu(acc[head, key])
+// The 128-dim dot product is summed in a permuted k order so that each thread
+// reads 32 contiguous bytes of a key (the sum does not care about order).
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/indexer/indexer.h"
-#include "kernels/cuda/indexer/indexer_tiles.cuh"
 
 #include <algorithm>
 
@@ -113,9 +115,27 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
   const int row = row0 + (has_row ? row_in_group : 0);
   const int visible = p.row_visible[row];
 
+  // Query fragments in registers, k permuted: k-step s of thread t covers bytes
+  // t*32 + s*8 + [0, 8) of the 128-byte head vector.
   uint32_t a[MTiles][4][4];
   float weight[MTiles][2];
-  indexer_tiles::load_query<MTiles>(p.queries, p.weights, row, p.heads, g, t, a, weight);
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt) {
+    const int head = mt * 16 + g;
+    const uint8_t* q_low =
+        p.queries + (static_cast<int64_t>(row) * p.heads + head) * kIndexerHeadDim;
+    const uint8_t* q_high = q_low + 8 * kIndexerHeadDim;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int offset = t * 32 + s * 8;
+      a[mt][s][0] = *reinterpret_cast<const uint32_t*>(q_low + offset);
+      a[mt][s][1] = *reinterpret_cast<const uint32_t*>(q_high + offset);
+      a[mt][s][2] = *reinterpret_cast<const uint32_t*>(q_low + offset + 4);
+      a[mt][s][3] = *reinterpret_cast<const uint32_t*>(q_high + offset + 4);
+    }
+    weight[mt][0] = p.weights[static_cast<int64_t>(row) * p.heads + head];
+    weight[mt][1] = p.weights[static_cast<int64_t>(row) * p.heads + head + 8];
+  }
   float* row_scores = p.scores + static_cast<int64_t>(row) * p.score_stride;
 
   const int64_t steps = (chunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
@@ -138,19 +158,44 @@ __global__ void __launch_bounds__(kThreads, MTiles == 2 ? 2 : 1)
     for (int first = sub_warp; first < kTiles; first += 2 * warps_per_row) {
       if (chunk_position + first * 8 >= visible) break;  // uniform across the warp
       const int tiles[2] = {first, first + warps_per_row};
-      // A second tile past the chunk is computed on stale data and not stored.
-      const uint8_t* const tile_keys[2] = {
-          stage_pages + min(tiles[0], kTiles - 1) * 8 * kIndexerKeyBytes,
-          stage_pages + min(tiles[1], kTiles - 1) * 8 * kIndexerKeyBytes};
-      float score[2][2];  // [tile][key 2t or 2t+1], summed over heads
-      indexer_tiles::score_tiles<MTiles, 2>(a, weight, tile_keys, g, t, score);
+      float score[2][2];  // [tile][key 2t or 2t+1], partial over heads
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        // A second tile past the chunk is computed on stale data and not stored.
+        const uint8_t* key =
+            stage_pages + (min(tiles[u], kTiles - 1) * 8 + g) * kIndexerKeyBytes + t * 32;
+        uint32_t b[8];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          b[2 * s] = *reinterpret_cast<const uint32_t*>(key + s * 8);
+          b[2 * s + 1] = *reinterpret_cast<const uint32_t*>(key + s * 8 + 4);
+        }
+        score[u][0] = score[u][1] = 0.f;
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt) {
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) mma_e4m3_16x8x32(c, a[mt][s], b[2 * s], b[2 * s + 1]);
+          score[u][0] += weight[mt][0] * fmaxf(c[0], 0.f) + weight[mt][1] * fmaxf(c[2], 0.f);
+          score[u][1] += weight[mt][0] * fmaxf(c[1], 0.f) + weight[mt][1] * fmaxf(c[3], 0.f);
+        }
+      }
+#pragma unroll
+      for (int mask = 4; mask < 32; mask <<= 1)  // sum over g: the heads
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          score[u][0] += __shfl_xor_sync(0xffffffffu, score[u][0], mask);
+          score[u][1] += __shfl_xor_sync(0xffffffffu, score[u][1], mask);
+        }
       if (g == 0) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           if (tiles[u] >= kTiles) continue;
           const int local = tiles[u] * 8 + 2 * t;  // key index within the chunk
-          const float scale0 = indexer_tiles::key_scale(stage_pages, local);
-          const float scale1 = indexer_tiles::key_scale(stage_pages, local + 1);
+          const float scale0 = *reinterpret_cast<const float*>(
+              stage_pages + local * kIndexerKeyBytes + kIndexerHeadDim);
+          const float scale1 = *reinterpret_cast<const float*>(
+              stage_pages + (local + 1) * kIndexerKeyBytes + kIndexerHeadDim);
           const int64_t position = chunk_position + local;
           if (position < visible) row_scores[position] = score[u][0] * scale0;
           if (position + 1 < visible) row_scores[position + 1] = score[u][1] * scale1;

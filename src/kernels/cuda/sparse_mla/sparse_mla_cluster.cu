@@ -35,10 +35,12 @@
 // alive until its copies have read their source.
 //
 // Early inputs (SparseMlaParams::inputs_ready_at_launch, the kEarly kernels):
-// the slot ids and the entries are loaded before the programmatic-dependent-
-// launch wait, so the slot id -> entry chain (~3.3 us of a ~10 us layer at 8K)
-// overlaps the kernel before (W_UK's product, or the query pack); only Q
-// waits (10.1 -> 8.5 us per layer on the H100, docs/benchmarks.md). Safe
+// the slot ids and the entries are loaded, and dequantised into K, before the
+// programmatic-dependent-launch wait, so the slot id -> entry chain (~3.3 us
+// of a ~10 us layer at 8K) and K's conversion overlap the kernel before
+// (W_UK's product, or the query pack); only Q waits (10.1 -> 8.5 us per layer
+// on the H100 for the loads, 8.5 -> 8.2-8.3 for K's conversion;
+// docs/benchmarks.md). Safe
 // because every kernel of the stream waits for its predecessor before it
 // triggers its successor (launch.cuh): when this kernel starts, all kernels
 // two or more launches back have completed, and those wrote the slots (the
@@ -228,18 +230,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
       rope[i] = 0;
     }
   }
-  if constexpr (kEarly) {
-    grid_dependency_wait();
-    grid_dependency_trigger();
-    load_query();
-  }
-#pragma unroll
-  for (int r = 0; r < kQueryPerThread; ++r) {
-    const int i = tid + r * kThreads;
-    if (i < kQueryPieces)
-      store_bf16x8_as_half(query[r], kQueryPrescale,
-                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
-  }
   if (lane < 16) sh.slot_ids[warp + 8 * lane] = my_slot;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -255,6 +245,20 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
     *reinterpret_cast<uint4*>(destination + 256 + 8 * lane) = make_uint4(h[0], h[1], h[2], h[3]);
     *reinterpret_cast<uint32_t*>(destination + kLatentRank + 2 * lane) =
         pack_half2(__uint_as_float(rope[i] << 16), __uint_as_float(rope[i] & 0xffff0000u));
+  }
+  // With early inputs K is in shared memory before the wait: only Q's loads
+  // and conversion follow it.
+  if constexpr (kEarly) {
+    grid_dependency_wait();
+    grid_dependency_trigger();
+    load_query();
+  }
+#pragma unroll
+  for (int r = 0; r < kQueryPerThread; ++r) {
+    const int i = tid + r * kThreads;
+    if (i < kQueryPieces)
+      store_bf16x8_as_half(query[r], kQueryPrescale,
+                           &sh.q[(i / (kDim / 8)) * kStride + (i % (kDim / 8)) * 8]);
   }
   __syncthreads();  // K, Q and the slot ids complete
 

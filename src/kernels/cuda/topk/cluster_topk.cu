@@ -38,7 +38,6 @@
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/topk/topk.h"
 #include "kernels/cuda/topk/topk_slots.cuh"
-#include "kernels/cuda/topk/warp_counts.cuh"
 
 namespace megactx::cuda {
 namespace {
@@ -50,6 +49,20 @@ constexpr int kCtas = kTopkClusterCtas;
 constexpr int kPerPass = kCtas * kThreads;  // keys a cluster holds per key slot of a thread
 constexpr int kMaxDynamicShared = kTopkClusterMaxVisible / kCtas * 4;
 using BlockScan = cub::BlockScan<int, kThreads>;
+
+// Index of this lane's item among the lanes of its warp whose `take` is set,
+// counted on from *counter (shared or distributed shared memory): one atomic
+// per warp. Every lane of the warp must call it. Meaningful where take is set.
+__device__ __forceinline__ int warp_claim(bool take, int* counter) {
+  const unsigned lanes = __ballot_sync(0xffffffffu, take);
+  if (lanes == 0) return 0;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int leader = __ffs(lanes) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(lanes));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  return base + __popc(lanes & ((1u << lane) - 1u));
+}
 
 // Shared memory of one CTA for the levels.
 struct LevelShared {

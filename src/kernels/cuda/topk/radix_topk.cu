@@ -9,8 +9,6 @@
 //       still needed (every one of them is taken, so the lower digits'
 //       passes return at once and the collect compares key >> shift); 0 while
 //       open. With distinct scores that is usually the second pass.
-#include <cstdlib>
-
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -18,7 +16,6 @@
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/topk/topk.h"
 #include "kernels/cuda/topk/topk_slots.cuh"
-#include "kernels/cuda/topk/warp_counts.cuh"
 
 namespace megactx::cuda {
 namespace {
@@ -147,7 +144,6 @@ __global__ void __launch_bounds__(kThreads) topk_collect(TopkParams p) {
 // collect there, in one launch.
 constexpr int kSmallThreads = 1024;
 
-template <bool kWarpCounts>  // A/B (MEGACTX_TOPK_WARP_COUNTS): warp_counts.cuh's adds and claims
 __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -183,20 +179,10 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
     const int bins = 1 << bits;
     for (int i = threadIdx.x; i < bins; i += kSmallThreads) histogram[i] = 0;
     __syncthreads();
-    if constexpr (kWarpCounts) {
-      for (int first = 0; first < visible; first += kSmallThreads) {  // whole warps: collectives
-        const int position = first + static_cast<int>(threadIdx.x);
-        const uint32_t key = position < visible ? keys[position] : 0u;
-        warp_count_digit(histogram,
-                         position < visible && (level == 0 || (key >> (shift + bits)) == prefix),
-                         (key >> shift) & (bins - 1));
-      }
-    } else {
-      for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
-        const uint32_t key = keys[position];
-        if (level == 0 || (key >> (shift + bits)) == prefix)
-          atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
-      }
+    for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+      const uint32_t key = keys[position];
+      if (level == 0 || (key >> (shift + bits)) == prefix)
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], 1u);
     }
     __syncthreads();
     const int per_thread = bins >= kSmallThreads ? bins / kSmallThreads : 1;
@@ -234,26 +220,13 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   if (threadIdx.x == 0) above_count = tie_count = 0;
   __syncthreads();
   const int above_total = taken - need;
-  if constexpr (kWarpCounts) {
-    for (int first = 0; first < visible; first += kSmallThreads) {  // whole warps: collectives
-      const int position = first + static_cast<int>(threadIdx.x);
-      const uint32_t key = position < visible ? keys[position] >> settled_shift : 0u;
-      const bool is_above = position < visible && key > prefix;
-      const bool is_tie = position < visible && key == prefix;
-      const int above_index = warp_claim(is_above, &above_count);
-      if (is_above) out[above_index] = position_to_slot(table, position);
-      const int tie = warp_claim(is_tie, &tie_count);
-      if (is_tie && tie < need) out[above_total + tie] = position_to_slot(table, position);
-    }
-  } else {
-    for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
-      const uint32_t key = keys[position] >> settled_shift;
-      if (key > prefix) {
-        out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
-      } else if (key == prefix) {
-        const int tie = atomicAdd(&tie_count, 1);
-        if (tie < need) out[above_total + tie] = position_to_slot(table, position);
-      }
+  for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
+    const uint32_t key = keys[position] >> settled_shift;
+    if (key > prefix) {
+      out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
+    } else if (key == prefix) {
+      const int tie = atomicAdd(&tie_count, 1);
+      if (tie < need) out[above_total + tie] = position_to_slot(table, position);
     }
   }
 }
@@ -266,16 +239,14 @@ void launch_radix_topk(const TopkParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   if (params.max_visible <= kTopkSmallRow) {
     const int shared_bytes = std::max(1, params.max_visible) * 4;
-    static const bool warp_counts = [] {
+    static const bool configured = [] {
       MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-          topk_small_rows<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTopkSmallRow * 4));
-      MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-          topk_small_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTopkSmallRow * 4));
-      const char* value = std::getenv("MEGACTX_TOPK_WARP_COUNTS");
-      return value != nullptr && value[0] == '1';
+          topk_small_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kTopkSmallRow * 4));
+      return true;
     }();
-    launch_kernel(warp_counts ? topk_small_rows<true> : topk_small_rows<false>,
-                  static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes, stream, params);
+    (void)configured;
+    launch_kernel(topk_small_rows, static_cast<unsigned>(params.rows), kSmallThreads, shared_bytes,
+                  stream, params);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
     return;
   }
