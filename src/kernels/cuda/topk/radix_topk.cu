@@ -165,9 +165,21 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
       out[position] = position_to_slot(table, position);
     return;
   }
+  // Slots mode: the row's page ids in shared memory, read with the scores, so
+  // that the collect maps a position without a dependent global load.
+  __shared__ int32_t page_ids[kTopkSmallRow / kPageTokens];
+  if (table != nullptr)
+    for (int page = threadIdx.x; page < (visible + kPageTokens - 1) / kPageTokens;
+         page += kSmallThreads)
+      page_ids[page] = table[page];
   const float* row_scores = p.scores + row * p.score_stride;
   for (int position = threadIdx.x; position < visible; position += kSmallThreads)
     keys[position] = float_to_ordered(row_scores[position]);
+  auto slot_of = [&](int position) {  // position_to_slot through page_ids
+    return table == nullptr
+               ? position
+               : page_ids[position / kPageTokens] * kPageTokens + position % kPageTokens;
+  };
 
   uint32_t prefix = 0;
   int need = k;
@@ -223,10 +235,10 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
     const uint32_t key = keys[position] >> settled_shift;
     if (key > prefix) {
-      out[atomicAdd(&above_count, 1)] = position_to_slot(table, position);
+      out[atomicAdd(&above_count, 1)] = slot_of(position);
     } else if (key == prefix) {
       const int tie = atomicAdd(&tie_count, 1);
-      if (tie < need) out[above_total + tie] = position_to_slot(table, position);
+      if (tie < need) out[above_total + tie] = slot_of(position);
     }
   }
 }
