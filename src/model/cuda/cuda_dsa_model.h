@@ -658,6 +658,24 @@ class CudaDsaModel final : public LanguageModel {
   };
   OffloadUnion offload_union_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
+  // The indexer branch (CudaModelOptions::indexer_branch): `side` runs a full
+  // layer's indexer kernels from `forked` (recorded on the compute stream
+  // after the indexer's GEMMs) to `joined`, which the layer's sparse MLA
+  // waits for. While the branch is open, stream_ is `side` (the indexer's
+  // kernels launch on stream_) and `compute` holds the compute stream; Blas
+  // stays on the compute stream, so no GEMM may run inside the branch.
+  // Made at first use.
+  struct IndexerBranch {
+    cudaStream_t side = nullptr;
+    cudaStream_t compute = nullptr;  // non-null while the branch is open
+    cudaEvent_t forked = nullptr, joined = nullptr;
+    bool pending = false;  // `joined` recorded and not waited for yet
+  };
+  IndexerBranch indexer_branch_;
+  bool indexer_branch_applies(const Step& step, int64_t own, PagedKvCache& cache) const;
+  void open_indexer_branch();   // the rest of the indexer goes to the side stream
+  void close_indexer_branch();  // back to the compute stream; `joined` recorded
+  void join_indexer_branch();   // the compute stream waits for `joined`, once
   // Advanced whenever a selection may change: every Step made (a forward, an
   // MTP step) and every indexer run (SlotsKey).
   uint64_t selection_epoch_ = 0;
