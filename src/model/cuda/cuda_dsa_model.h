@@ -660,8 +660,8 @@ class CudaDsaModel final : public LanguageModel {
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
   // The indexer branch (CudaModelOptions::indexer_branch): `side` runs a full
   // layer's indexer kernels from `forked` (recorded on the compute stream
-  // after the indexer's GEMMs) to `joined`, which the layer's sparse MLA
-  // waits for. While the branch is open, stream_ is `side` (the indexer's
+  // after the indexer's GEMMs) to `joined`, which the compute stream waits
+  // for after q_b. While the branch is open, stream_ is `side` (the indexer's
   // kernels launch on stream_) and `compute` holds the compute stream; Blas
   // stays on the compute stream, so no GEMM may run inside the branch.
   // Made at first use.

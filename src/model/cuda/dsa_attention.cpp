@@ -152,6 +152,11 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
       cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
                  stream_);
     }
+    // The indexer branch ran beside q_b. Joined here, before W_UK's product,
+    // so that the sparse MLA still follows that product in stream order
+    // (programmatic dependent launch: its early-input loads overlap it) and
+    // its slots, two launches back, are complete.
+    join_indexer_branch();
     timer_.mark("attn absorb W_UK", stream_);
     // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
     // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora]; in bf16 straight
@@ -171,7 +176,6 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     // Sparse attention over the selected positions, read from the paged pool.
     if (fast) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
       timer_.mark("attn sparse MLA", stream_);
-      join_indexer_branch();  // q_b and W_UK ran beside the indexer
       fast_sparse_mla(bf16_products ? nullptr : q_latent, bf16_q ? nullptr : q,
                       bf16_q ? q16 : nullptr, layer, part, cache,
                       bf16_products ? nullptr : o_latent);
@@ -325,9 +329,8 @@ void CudaDsaModel::close_indexer_branch() {
 }
 
 void CudaDsaModel::join_indexer_branch() {
-  // A full edge into the next kernel (the sparse MLA or its query pack):
-  // its early-input loads before the grid-dependency wait find the slots
-  // written, whatever its programmatic predecessor on this stream is.
+  // A full edge into the next kernel (W_UK's product): every kernel after it
+  // finds the selection and slots written.
   if (!indexer_branch_.pending) return;
   MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, indexer_branch_.joined, 0));
   indexer_branch_.pending = false;
