@@ -453,6 +453,9 @@ TEST(CudaFastAttention, IndexerBranchBesideQbGivesTheSameBits) {
       auto branched = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
       const Outcome want = run(*one_stream, KvDType::FP8);
       const Outcome got = run(*branched, KvDType::FP8);
+      EXPECT_EQ(dynamic_cast<const cuda::CudaDsaModel&>(*one_stream).indexer_branches(), 0);
+      EXPECT_GT(dynamic_cast<const cuda::CudaDsaModel&>(*branched).indexer_branches(), 0)
+          << "the branch never opened";
       ASSERT_EQ(got.logits.size(), want.logits.size());
       EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
       EXPECT_EQ(

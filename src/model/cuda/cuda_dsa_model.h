@@ -90,6 +90,8 @@ class CudaDsaModel final : public LanguageModel {
   MtpLayer::Output run_mtp_no_rows();
   bool expert_all_to_all() const { return plan_.expert_all_to_all; }
 
+  // Indexer branches opened so far (CudaModelOptions::indexer_branch; tests).
+  int64_t indexer_branches() const { return indexer_branch_.opened; }
   // Tests: the selection the latest full layer of the last forward() of
   // `tokens` tokens left (positions [tokens, top_k], -1 past counts; in no
   // particular order on the fast path), copied to the host.
@@ -670,6 +672,7 @@ class CudaDsaModel final : public LanguageModel {
     cudaStream_t compute = nullptr;  // non-null while the branch is open
     cudaEvent_t forked = nullptr, joined = nullptr;
     bool pending = false;  // `joined` recorded and not waited for yet
+    int64_t opened = 0;    // branches opened (eager forwards and graph captures)
   };
   IndexerBranch indexer_branch_;
   bool indexer_branch_applies(const Step& step, int64_t own, PagedKvCache& cache) const;

@@ -318,6 +318,7 @@ void CudaDsaModel::open_indexer_branch() {
   MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(branch.side, branch.forked, 0));
   branch.compute = stream_;
   stream_ = branch.side;
+  ++branch.opened;
 }
 
 void CudaDsaModel::close_indexer_branch() {
