@@ -429,12 +429,8 @@ TEST(CudaFastAttention, PrefillAndDecodeReadTheCacheTheSameWay) {
             0.95);
 }
 
-// The live host tier: full pages moved to offload pages (latents in pinned
-// host memory, indexer keys in the device pools past the device pages) are
-// read by the sparse MLA kernels, staged into device memory by one copy
-// kernel per layer or straight over the bus. The same prefill, then decode
 // The indexer branch (CudaModelOptions::indexer_branch: a full layer's
-// indexer kernels on a side stream beside q_b and W_UK) runs the same kernels
+// indexer kernels on a side stream beside q_b) runs the same kernels
 // on the same data. In the deterministic mode (the selection and its order
 // fixed) with top-64 over ~300 keys, every full layer selects its own keys,
 // so an attention that read its slots before the branch joined, or a branch
@@ -464,6 +460,10 @@ TEST(CudaFastAttention, IndexerBranchBesideQbGivesTheSameBits) {
     }
 }
 
+// The live host tier: full pages moved to offload pages (latents in pinned
+// host memory, indexer keys in the device pools past the device pages) are
+// read by the sparse MLA kernels, staged into device memory by one copy
+// kernel per layer or straight over the bus. The same prefill, then decode
 // steps of the two sequences with their full pages on offload pages (decode
 // rows of 1, the general and cluster kernels) and a 15-row chunk: every logit
 // equals the all-device run's bit for bit (the same bytes are read).

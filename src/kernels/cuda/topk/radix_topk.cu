@@ -175,11 +175,7 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   const float* row_scores = p.scores + row * p.score_stride;
   for (int position = threadIdx.x; position < visible; position += kSmallThreads)
     keys[position] = float_to_ordered(row_scores[position]);
-  auto slot_of = [&](int position) {  // position_to_slot through page_ids
-    return table == nullptr
-               ? position
-               : page_ids[position / kPageTokens] * kPageTokens + position % kPageTokens;
-  };
+  const int32_t* row_pages = table != nullptr ? page_ids : nullptr;  // null: positions mode
 
   uint32_t prefix = 0;
   int need = k;
@@ -235,10 +231,10 @@ __global__ void __launch_bounds__(kSmallThreads) topk_small_rows(TopkParams p) {
   for (int position = threadIdx.x; position < visible; position += kSmallThreads) {
     const uint32_t key = keys[position] >> settled_shift;
     if (key > prefix) {
-      out[atomicAdd(&above_count, 1)] = slot_of(position);
+      out[atomicAdd(&above_count, 1)] = position_to_slot(row_pages, position);
     } else if (key == prefix) {
       const int tie = atomicAdd(&tie_count, 1);
-      if (tie < need) out[above_total + tie] = slot_of(position);
+      if (tie < need) out[above_total + tie] = position_to_slot(row_pages, position);
     }
   }
 }
