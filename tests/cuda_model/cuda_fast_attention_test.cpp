@@ -429,37 +429,6 @@ TEST(CudaFastAttention, PrefillAndDecodeReadTheCacheTheSameWay) {
             0.95);
 }
 
-// The indexer branch (CudaModelOptions::indexer_branch: a full layer's
-// indexer kernels on a side stream beside q_b) runs the same kernels
-// on the same data. In the deterministic mode (the selection and its order
-// fixed) with top-64 over ~300 keys, every full layer selects its own keys,
-// so an attention that read its slots before the branch joined, or a branch
-// that started before its inputs, would change logits. Prefill, eager decode
-// steps and their CUDA graphs: the same bits. Also the default mode's
-// kernels with top-2048 (every key taken, in order: deterministic as well).
-TEST(CudaFastAttention, IndexerBranchBesideQbGivesTheSameBits) {
-  for (const Shape& shape : {kShapes[1], kShapes[2]})
-    for (const bool deterministic : {true, false}) {
-      SCOPED_TRACE(shape_name(shape) + (deterministic ? ", top-64, deterministic" : ", top-2048"));
-      auto host = host_model(shape, deterministic ? 64 : 2048);
-      auto one_stream = cuda_model(*host, true, 1024, deterministic);
-      CudaModelOptions options;
-      options.batch_invariant = deterministic;
-      options.indexer_branch = true;
-      auto branched = make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
-      const Outcome want = run(*one_stream, KvDType::FP8);
-      const Outcome got = run(*branched, KvDType::FP8);
-      EXPECT_EQ(dynamic_cast<const cuda::CudaDsaModel&>(*one_stream).indexer_branches(), 0);
-      EXPECT_GT(dynamic_cast<const cuda::CudaDsaModel&>(*branched).indexer_branches(), 0)
-          << "the branch never opened";
-      ASSERT_EQ(got.logits.size(), want.logits.size());
-      EXPECT_EQ(got.prefill_selection.positions, want.prefill_selection.positions);
-      EXPECT_EQ(
-          std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
-          << "the indexer branch changed the logits";
-    }
-}
-
 // The live host tier: full pages moved to offload pages (latents in pinned
 // host memory, indexer keys in the device pools past the device pages) are
 // read by the sparse MLA kernels, staged into device memory by one copy

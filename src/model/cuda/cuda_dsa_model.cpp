@@ -57,8 +57,6 @@ CudaDsaModel::CudaDsaModel(ModelConfig config, int64_t index_topk,
       rope_(make_rope_table(config_)),
       softmax_scale_(attention_softmax_scale(config_)) {
   prepare_device(config_, index_topk_, options);
-  if (const char* value = std::getenv("MEGACTX_INDEXER_BRANCH"))  // A/B runs through serve
-    options_.indexer_branch = value[0] == '1';
   MEGACTX_CHECK(weights != nullptr &&
                     static_cast<int64_t>(weights->layers.size()) == config_.num_hidden_layers,
                 "CUDA model: weights for {} layers, the config has {}",
@@ -169,12 +167,6 @@ CudaDsaModel::~CudaDsaModel() {
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
-  }
-  if (indexer_branch_.side != nullptr) {
-    cudaStreamSynchronize(indexer_branch_.side);
-    cudaStreamDestroy(indexer_branch_.side);
-    cudaEventDestroy(indexer_branch_.forked);
-    cudaEventDestroy(indexer_branch_.joined);
   }
   if (offload_hot_.side != nullptr) {
     cudaStreamSynchronize(offload_hot_.side);

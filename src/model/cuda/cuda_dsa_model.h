@@ -90,8 +90,6 @@ class CudaDsaModel final : public LanguageModel {
   MtpLayer::Output run_mtp_no_rows();
   bool expert_all_to_all() const { return plan_.expert_all_to_all; }
 
-  // Indexer branches opened so far (CudaModelOptions::indexer_branch; tests).
-  int64_t indexer_branches() const { return indexer_branch_.opened; }
   // Tests: the selection the latest full layer of the last forward() of
   // `tokens` tokens left (positions [tokens, top_k], -1 past counts; in no
   // particular order on the fast path), copied to the host.
@@ -660,25 +658,6 @@ class CudaDsaModel final : public LanguageModel {
   };
   OffloadUnion offload_union_;
   int fast_multiprocessors_ = 0;  // SMs of the device, for the split-K plan
-  // The indexer branch (CudaModelOptions::indexer_branch): `side` runs a full
-  // layer's indexer kernels from `forked` (recorded on the compute stream
-  // after the indexer's GEMMs) to `joined`, which the compute stream waits
-  // for after q_b. While the branch is open, stream_ is `side` (the indexer's
-  // kernels launch on stream_) and `compute` holds the compute stream; Blas
-  // stays on the compute stream, so no GEMM may run inside the branch.
-  // Made at first use.
-  struct IndexerBranch {
-    cudaStream_t side = nullptr;
-    cudaStream_t compute = nullptr;  // non-null while the branch is open
-    cudaEvent_t forked = nullptr, joined = nullptr;
-    bool pending = false;  // `joined` recorded and not waited for yet
-    int64_t opened = 0;    // branches opened (eager forwards and graph captures)
-  };
-  IndexerBranch indexer_branch_;
-  bool indexer_branch_applies(const Step& step, int64_t own, PagedKvCache& cache) const;
-  void open_indexer_branch();   // the rest of the indexer goes to the side stream
-  void close_indexer_branch();  // back to the compute stream; `joined` recorded
-  void join_indexer_branch();   // the compute stream waits for `joined`, once
   // Advanced whenever a selection may change: every Step made (a forward, an
   // MTP step) and every indexer run (SlotsKey).
   uint64_t selection_epoch_ = 0;

@@ -103,17 +103,8 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   const bool runs_indexer = w.has_indexer && !step.shared;
   if (runs_indexer && owner) {
     timer_.mark("indexer proj + cache", stream_);
-    try {  // indexer() may open the indexer branch after its GEMMs
-      indexer(w, layer, h, q_resid, q_stride, step, cache, own_first, own_last);
-      map_slots_after_indexer(layer, step, cache);
-    } catch (...) {
-      if (indexer_branch_.compute != nullptr) {  // leave the model on its compute stream
-        stream_ = indexer_branch_.compute;
-        indexer_branch_.compute = nullptr;
-      }
-      throw;
-    }
-    if (indexer_branch_.compute != nullptr) close_indexer_branch();
+    indexer(w, layer, h, q_resid, q_stride, step, cache, own_first, own_last);
+    map_slots_after_indexer(layer, step, cache);
   }
   if (plan_.layer_split && !step.shared) share_layer_kv(layer, runs_indexer, step, cache);
 
@@ -152,11 +143,6 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
       cuda::rope(q + nope, rows, heads, heads * qk, qk, rope, part.cos, part.sin, d.rope_interleave,
                  stream_);
     }
-    // The indexer branch ran beside q_b. Joined here, before W_UK's product,
-    // so that the sparse MLA still follows that product in stream order
-    // (programmatic dependent launch: its early-input loads overlap it) and
-    // its slots, two launches back, are complete.
-    join_indexer_branch();
     timer_.mark("attn absorb W_UK", stream_);
     // Absorbed queries, per head: q_latent[t, head] = q_nope[t, head] . W_UK[head]
     // (w_uk_t [heads, lora, nope]) -> [rows, heads, lora]; in bf16 straight
@@ -210,7 +196,6 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
       blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
     }
   }
-  join_indexer_branch();  // a captured graph ends with the side stream joined
   if (q_resid != nullptr) blas_->unshare_input(q_resid);
 }
 
@@ -233,22 +218,15 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   if (own != n) share = step.rows_of(own_first, own, rope / 2, index_topk_);
   Step& part = own == n ? step : share;
   // Heads are [rope | nope] (rope first, unlike MLA).
-  // The three GEMMs first: the indexer branch (indexer_branch_applies) runs
-  // the kernels after them on the side stream, where Blas does not launch.
   float* q = sc.iq.get<float>(own * heads * dim);
   blas_->linear(q_resid + own_first * q_resid_stride, own, q_lora, q_resid_stride, w.wq_b,
                 heads * dim, q, heads * dim);
-  float* k_raw = sc.k_raw.get<float>(n * dim);
-  float* k = sc.k.get<float>(n * dim);
-  blas_->linear(h, n, hidden, w.wk, dim, k_raw);
-  // weights [n, heads] = weights_proj(h) * heads^-0.5; the fast path's
-  // quantisation applies the factor itself (one launch fewer).
-  float* weights = sc.iw.get<float>(own * heads);
-  blas_->linear(h + own_first * hidden, own, hidden, w.weights_proj, heads, weights);
-  if (indexer_branch_applies(part, own, cache)) open_indexer_branch();
   cuda::rope(q, own, heads, heads * dim, dim, rope, part.cos, part.sin, interleaved, stream_);
   // The key: LayerNorm, RoPE on its first `rope` values, into the cache (one
   // launch, or the three with MEGACTX_FUSED_LATENT_WRITE=0).
+  float* k_raw = sc.k_raw.get<float>(n * dim);
+  float* k = sc.k.get<float>(n * dim);
+  blas_->linear(h, n, hidden, w.wk, dim, k_raw);
   IndexerKeyWriteParams key;
   key.k_raw = k_raw;
   key.k = k;
@@ -269,6 +247,10 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   } else {
     detail::norm_rope_write_indexer_key_separately(key, stream_);
   }
+  // weights [n, heads] = weights_proj(h) * heads^-0.5; the fast path's
+  // quantisation applies the factor itself (one launch fewer).
+  float* weights = sc.iw.get<float>(own * heads);
+  blas_->linear(h + own_first * hidden, own, hidden, w.weights_proj, heads, weights);
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   if (use_fast_attention(part)) {  // fp8 DSA kernels: model/cuda/dsa_fast_attention.cpp
     timer_.mark("indexer scores + top-k", stream_);
@@ -294,47 +276,6 @@ void CudaDsaModel::indexer(const DeviceLayer& w, int64_t layer, const float* h,
   p.counts = part.counts;
   timer_.mark("indexer scores + top-k", stream_);
   indexer_topk_fallback(p, stream_);
-}
-
-bool CudaDsaModel::indexer_branch_applies(const Step& step, int64_t own,
-                                          PagedKvCache& cache) const {
-  // The deterministic mode keeps it: the same kernels on the same data.
-  return options_.indexer_branch && !timer_.enabled() && !plan_.layer_split && own == step.tokens &&
-         cache.spec().offload_pages == 0 && use_fast_attention(step) &&
-         row_block(step.tokens) >= step.tokens;
-}
-
-void CudaDsaModel::open_indexer_branch() {
-  IndexerBranch& branch = indexer_branch_;
-  if (branch.side == nullptr) {
-    MEGACTX_CUDA_CHECK(cudaStreamCreateWithFlags(&branch.side, cudaStreamNonBlocking));
-    MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&branch.forked, cudaEventDisableTiming));
-    MEGACTX_CUDA_CHECK(cudaEventCreateWithFlags(&branch.joined, cudaEventDisableTiming));
-  }
-  // The side stream starts after everything the compute stream has so far
-  // (the indexer's GEMMs, and the previous layers' reads of the slots and
-  // selections it rewrites); under capture it joins the graph here.
-  MEGACTX_CUDA_CHECK(cudaEventRecord(branch.forked, stream_));
-  MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(branch.side, branch.forked, 0));
-  branch.compute = stream_;
-  stream_ = branch.side;
-  ++branch.opened;
-}
-
-void CudaDsaModel::close_indexer_branch() {
-  IndexerBranch& branch = indexer_branch_;
-  MEGACTX_CUDA_CHECK(cudaEventRecord(branch.joined, stream_));
-  stream_ = branch.compute;
-  branch.compute = nullptr;
-  branch.pending = true;
-}
-
-void CudaDsaModel::join_indexer_branch() {
-  // A full edge into the next kernel (W_UK's product): every kernel after it
-  // finds the selection and slots written.
-  if (!indexer_branch_.pending) return;
-  MEGACTX_CUDA_CHECK(cudaStreamWaitEvent(stream_, indexer_branch_.joined, 0));
-  indexer_branch_.pending = false;
 }
 
 }  // namespace megactx::cuda

@@ -60,15 +60,6 @@ struct CudaModelOptions {
   // (CudaModel.RowBlocksMatchCpuModel; in the batch-invariant mode the blocked
   // step is bit-identical to the whole one: CudaFastAttention.RowBlocksMatchTheWholeStep).
   int64_t row_block = 1024;
-  // The indexer branch beside q_b: in a step of one attention block on the
-  // fast path (no LayerSplit, context shares, host KV tier or phase timer),
-  // a full layer's indexer kernels after its three GEMMs (RoPE, key write,
-  // scores, top-k, slot mapping) run on a side stream while the compute
-  // stream runs q_b, and W_UK's product waits for them. At batch 1 GLM-5.2's
-  // q_b streams 67 MB (~21 us) beside an indexer chain of ~12-17 us
-  // (docs/benchmarks.md). Off until measured on a GPU; MEGACTX_INDEXER_BRANCH=1
-  // turns it on.
-  bool indexer_branch = false;
   // The bf16 mode, fast attention: attention blocks of at least this many
   // rows run the absorbed per-head products on bf16 tensor cores with bf16
   // outputs where the next kernel reads bf16: W_UK writes the latent half of
