@@ -27,13 +27,14 @@ bool stacked_qkv_a() {
 }  // namespace
 
 void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
-                             PagedKvCache& cache, float* out, int64_t own_first, int64_t own_last) {
+                             PagedKvCache& cache, float* out, int64_t own_first, int64_t own_last,
+                             bool accumulate) {
   Scratch& sc = scratch_;
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
   const int64_t qk = d.qk, lora = d.kv_lora, value = d.value, entry = d.entry, q_lora = d.q_lora;
 
-  timer_.mark("attn projections", stream_);
+  timer_.mark("attn q_a | kv_a", stream_);
   // h (shared by decoder_layer) feeds q_a, kv_a and the indexer's wk /
   // weights_proj; q_resid feeds q_b and wq_b: the bf16 linears read the copies
   // their norms wrote (Blas::share_input) instead of converting them each.
@@ -54,6 +55,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
   }
+  timer_.mark("attn q_a norm + latent", stream_);
   if (q_lora > 0) {
     void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
     // q_b's (and the indexer's wq_b's) e4m3 input, when they are fp8 (fp8_copy).
@@ -123,7 +125,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   for (int64_t first = own_first; first < own_last; first += block) {
     const int64_t rows = std::min(block, own_last - first);
     const Step part = rows == n ? step : step.rows_of(first, rows, rope / 2, index_topk_);
-    timer_.mark("attn projections", stream_);
+    timer_.mark("attn q_b", stream_);
     const bool fast = use_fast_attention(part);
     const bool bf16_products = fast && bf16_absorbed(rows) && w.w_uk_t_bf16 != nullptr;
     // The bf16 absorbed products with bf16 q_b weights take q in bf16 straight
@@ -189,11 +191,11 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
     if (bf16_products) {
-      w_uv_bf16(w, rows, o, out + first * hidden);
+      w_uv_bf16(w, rows, o, out + first * hidden, accumulate);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
                             o, heads * value, value, heads);
-      blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
+      output_linear(o, rows, heads * value, w.o, hidden, out + first * hidden, accumulate);
     }
   }
   if (q_resid != nullptr) blas_->unshare_input(q_resid);

@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
             if constexpr (PingPong) named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumers);
             wgmma_wait_all();
 #pragma unroll
-            for (int i = 0; i < 128; ++i) fence_operand(d[i]);
+            for (int i = 0; i < C::kAccumulators; ++i) fence_operand(d[i]);
           } else {
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
