@@ -311,6 +311,13 @@ TEST(SparseMla, Fp8RingPrefillOverAMillionTokenPool) {
 TEST(SparseMla, Fp8RingDecodeSplitsMatchTheReference) {
   decode_splits_match_the_reference(Prefill::kFp8Ring);
 }
+// More (row, head block) items than an H100 or H200 has SMs (132): with
+// MEGACTX_SPARSE_MLA_PERSISTENT=1 each CTA runs two or three rows, its ring
+// streaming on from one row into the next.
+TEST(SparseMla, Fp8RingPrefillMoreRowsThanMultiprocessors) {
+  run_prefill_case({270, 64, 200, 1, 3000, 41}, Prefill::kFp8Ring);
+  run_prefill_case({140, 128, 130, 1, 3000, 42}, Prefill::kFp8Ring);
+}
 TEST(SparseMla, WgmmaSplitsNeverEmpty) {
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(8, 2048), 8);    // 32 stages, 4 each
   EXPECT_EQ(cuda::sparse_mla_prefill_splits(7, 2048), 7);    // 5 each, the last 2

@@ -44,11 +44,17 @@
 //
 // Q is stored as f16 times 2^-6 as in the default kernel; the online softmax
 // runs in the log2 domain. Results: the general kernel's up to summation order.
+//
+// Persistent (MEGACTX_SPARSE_MLA_PERSISTENT=1, one split; off until measured):
+// one CTA per SM runs every gridDim.x-th (row, head block); the producer
+// streams from one row's last block into the next row's first while the
+// consumers finish the row (its epilogue staged in the Q tile's space).
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/common/launch.cuh"
 #include "kernels/cuda/sparse_mla/fp8_fragments.cuh"
 #include "kernels/cuda/sparse_mla/sparse_mla_prefill_tiles.cuh"
@@ -148,10 +154,39 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* barrier) {
       : "memory");
 }
 
+// ---- Work items -------------------------------------------------------------
+// One CTA runs one (row, head block, split) of the grid, or, persistent (one
+// split only), every gridDim.x-th (row, head block) from blockIdx.x: the ring
+// then streams on from one row's last block into the next row's first (the
+// producer does not wait for the consumers' epilogue), and a row's first
+// gathers and the CTA's launch are paid once per SM instead of once per row.
+struct WorkItem {
+  int64_t row;
+  int head0;
+};
+// The k-th item of this CTA, false past its last; everything but k is
+// recomputed from the parameters and the special registers (the consumers
+// keep no more live state across a row than before).
+template <bool kPersistent>
+__device__ __forceinline__ bool work_item(const SparseMlaParams& p, int k, WorkItem& item) {
+  if constexpr (kPersistent) {
+    const int head_blocks = p.heads / kHeads;
+    const int index = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
+    if (index >= p.rows * head_blocks) return false;
+    item.row = index / head_blocks;
+    item.head0 = (index % head_blocks) * kHeads;
+    return true;
+  } else {
+    item.row = blockIdx.x;
+    item.head0 = static_cast<int>(blockIdx.y) * kHeads;
+    return k == 0;
+  }
+}
+
 // ---- The producer -----------------------------------------------------------
 // Warp w copies keys 16w .. 16w + 15 of every block: lane l the 16-byte chunks
 // l and 32 + l (l < 9) of each entry (41 chunks of 656 bytes).
-template <typename Addressing>
+template <typename Addressing, bool kPersistent>
 __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8_t* shared) {
   set_max_registers_dec<kProducerRegisters>();
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
@@ -160,371 +195,395 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
   const BunchRange range = bunch_range(p, kBunchKeys);
   const int begin = range.first * kBunchKeys;
   const int blocks = 2 * range.count;
-  const int32_t* row_slots = p.slots + static_cast<int64_t>(blockIdx.x) * p.top_k;
   const Addressing entry(p);
   const uint32_t ring = shared_address(shared + kRingOffset);
-  auto key_slot = [&](int block) -> int32_t {
-    const int index = begin + block * kBlockKeys + 16 * warp + lane % 16;
-    return block < blocks && index < p.top_k ? row_slots[index] : -1;
-  };
-  // Blocks 1 .. kPrefetchBlocks - 1 into L2 now, block + kPrefetchBlocks with block.
-  for (int ahead = 1; ahead < kPrefetchBlocks; ++ahead) {
-    const int32_t slot = key_slot(ahead);
-    if (lane < 16 && slot >= 0) prefetch_l2_bulk(entry(slot), kLatentBytes);
-  }
-#pragma unroll 1
-  for (int block = 0; block < blocks; ++block) {
-    const int slot = block % kSlots;
-    const int32_t near = key_slot(block);
-    const int32_t far = key_slot(block + kPrefetchBlocks);
-    if (lane < 16 && far >= 0) prefetch_l2_bulk(entry(far), kLatentBytes);
-    if (block >= kSlots) mbarrier_wait(&misc.empty[slot], ((block / kSlots) - 1) & 1);
-    const uint32_t base = ring + slot * kSlotBytes + 16 * warp * kLatentBytes;
-#pragma unroll 4
-    for (int k = 0; k < 16; ++k) {
-      const int32_t s = __shfl_sync(0xffffffffu, near, k);
-      const uint8_t* source = s >= 0 ? entry(s) : p.kv_pool;
-      const uint32_t destination = base + k * kLatentBytes;
-      cp_async_16_or_zero(destination + 16 * lane, source + 16 * lane, s >= 0);
-      if (lane < 9)
-        cp_async_16_or_zero(destination + 512 + 16 * lane, source + 512 + 16 * lane, s >= 0);
+  WorkItem item;
+  for (int k = 0; work_item<kPersistent>(p, k, item); ++k) {
+    // Blocks issued for earlier items: the ring's position goes on from them.
+    const int filled = k * blocks;
+    const int32_t* row_slots = p.slots + item.row * p.top_k;
+    auto key_slot = [&](int block) -> int32_t {
+      const int index = begin + block * kBlockKeys + 16 * warp + lane % 16;
+      return block < blocks && index < p.top_k ? row_slots[index] : -1;
+    };
+    // Blocks 1 .. kPrefetchBlocks - 1 into L2 now, block + kPrefetchBlocks with block.
+    for (int ahead = 1; ahead < kPrefetchBlocks; ++ahead) {
+      const int32_t slot = key_slot(ahead);
+      if (lane < 16 && slot >= 0) prefetch_l2_bulk(entry(slot), kLatentBytes);
     }
-    cp_async_arrive(&misc.full[slot]);
+#pragma unroll 1
+    for (int block = 0; block < blocks; ++block) {
+      const int ringed = filled + block;
+      const int slot = ringed % kSlots;
+      const int32_t near = key_slot(block);
+      const int32_t far = key_slot(block + kPrefetchBlocks);
+      if (lane < 16 && far >= 0) prefetch_l2_bulk(entry(far), kLatentBytes);
+      if (ringed >= kSlots) mbarrier_wait(&misc.empty[slot], ((ringed / kSlots) - 1) & 1);
+      const uint32_t base = ring + slot * kSlotBytes + 16 * warp * kLatentBytes;
+#pragma unroll 4
+      for (int k = 0; k < 16; ++k) {
+        const int32_t s = __shfl_sync(0xffffffffu, near, k);
+        const uint8_t* source = s >= 0 ? entry(s) : p.kv_pool;
+        const uint32_t destination = base + k * kLatentBytes;
+        cp_async_16_or_zero(destination + 16 * lane, source + 16 * lane, s >= 0);
+        if (lane < 9)
+          cp_async_16_or_zero(destination + 512 + 16 * lane, source + 512 + 16 * lane, s >= 0);
+      }
+      cp_async_arrive(&misc.full[slot]);
+    }
   }
   // The last copies land before the warp exits.
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // ---- The consumers ----------------------------------------------------------
+template <bool kPersistent>
 __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8_t* shared) {
   set_max_registers_inc<kConsumerRegisters>();
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int tid = static_cast<int>(threadIdx.x);
   const int c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t row = blockIdx.x;
-  const int head0 = static_cast<int>(blockIdx.y) * kHeads;
   const BunchRange range = bunch_range(p, kBunchKeys);
   const int begin = range.first * kBunchKeys;
-  const int32_t* row_slots = p.slots + row * p.top_k;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
   uint8_t* ring = shared + kRingOffset;
   uint8_t* p_tiles = shared + kPOffset;
+  WorkItem item;
+  for (int k = 0; work_item<kPersistent>(p, k, item); ++k) {
+    // Blocks of earlier items: the ring's position and phases go on from them.
+    const int done = k * 2 * range.count;
+    const int64_t row = item.row;
+    const int head0 = item.head0;
+    const int32_t* row_slots = p.slots + row * p.top_k;
 
-  // Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
-  // group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4,
-  // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...). Every
-  // load of a thread is issued before the first is used (the tile is 72 KB and
-  // is the CTA's first wait; 9 dependent rounds cost ~8% of the kernel).
-  {
-    constexpr int kItems = kHeads * (kDim / 16) / kConsumerThreads;  // 9 groups of 16 dims
-    static_assert(kItems * kConsumerThreads == kHeads * (kDim / 16));
-    const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-    uint4 loaded[kItems][2];
-#pragma unroll
-    for (int n = 0; n < kItems; ++n) {
-      const int item = tid + n * kConsumerThreads;
-      const int head = item / (kDim / 16), group = item % (kDim / 16);
-      const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
-      loaded[n][0] = source[0];
-      loaded[n][1] = source[1];
-    }
-#pragma unroll
-    for (int n = 0; n < kItems; ++n) {
-      const int item = tid + n * kConsumerThreads;
-      const int head = item / (kDim / 16), group = item % (kDim / 16);
-      const uint4 low = loaded[n][0], high = loaded[n][1];
-      const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-      uint32_t h[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        h[i] = pack_half2(__uint_as_float(pair[i] << 16) * kQueryPrescale,
-                          __uint_as_float(pair[i] & 0xffff0000u) * kQueryPrescale);
-      uint8_t* chunk = shared + kQOffset + (group / 4) * kQChunkBytes;
-      const int unit = 2 * (group % 4);
-      *reinterpret_cast<uint4*>(chunk + swizzled(head, unit)) = make_uint4(h[0], h[2], h[4], h[6]);
-      *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
-          make_uint4(h[1], h[3], h[5], h[7]);
-    }
-    for (int head = tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = kNoMax;
-    fence_proxy_async_shared();
-    named_barrier(kQueryBarrier, kConsumerThreads);
-  }
-
-  const uint32_t q_address = shared_address(shared + kQOffset);
-  const uint32_t p_address = shared_address(p_tiles);
-  float s[32];
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float row_sum[16];  // this thread's keys' share of heads 8j + 2t + e, [2j + e]
-#pragma unroll
-  for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
-
-  for (int bunch = 0; bunch < range.count; ++bunch) {
-    const int own_block = 2 * bunch + c;
-    const int own_slot = own_block % kSlots;
-    mbarrier_wait(&misc.full[own_slot], (own_block / kSlots) & 1);
-
-    // ---- S^T_c = K_c . Q^T ---------------------------------------------------
-    const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
-    const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
-    const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
-    auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-      entry_score_fragment(key_row0, key_row1, ks, t, score_scales, a);
-    };
+    // Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
+    // group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4,
+    // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...). Every
+    // load of a thread is issued before the first is used (the tile is 72 KB and
+    // is the CTA's first wait; 9 dependent rounds cost ~8% of the kernel).
     {
-      uint32_t a[3][4];
-      score_fragment(0, a[0]);
-      score_fragment(1, a[1]);
+      constexpr int kItems = kHeads * (kDim / 16) / kConsumerThreads;  // 9 groups of 16 dims
+      static_assert(kItems * kConsumerThreads == kHeads * (kDim / 16));
+      const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+      // tid made opaque per item: otherwise ptxas keeps the 27 addresses
+      // below, invariant over the items, live through the whole row loop
+      // (120 bytes of spills in the persistent variant).
+      int q_tid = tid;
+      asm volatile("" : "+r"(q_tid));
+      uint4 loaded[kItems][2];
 #pragma unroll
-      for (int ks = 0; ks < kDim / 16; ++ks) {
-        wgmma_fence();
-        uint32_t q_low = swizzle128_descriptor_low(q_address);
-        asm volatile("" : "+r"(q_low));
-        q_low += ((ks / 4) * kQChunkBytes + (ks % 4) * 32) >> 4;
-        wgmma_m64n64k16_rs<0>(s, a[ks % 3], descriptor_from_words(q_low, kSwizzle128DescriptorHigh),
-                              ks > 0);
-        wgmma_commit();
-        if (ks + 2 < kDim / 16) {
-          wgmma_wait<1>();
-          score_fragment(ks + 2, a[(ks + 2) % 3]);
-        }
+      for (int n = 0; n < kItems; ++n) {
+        const int item = q_tid + n * kConsumerThreads;
+        const int head = item / (kDim / 16), group = item % (kDim / 16);
+        const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
+        loaded[n][0] = source[0];
+        loaded[n][1] = source[1];
       }
-      wgmma_wait_all();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) fence_operand(s[i]);
+      for (int n = 0; n < kItems; ++n) {
+        const int item = q_tid + n * kConsumerThreads;
+        const int head = item / (kDim / 16), group = item % (kDim / 16);
+        const uint4 low = loaded[n][0], high = loaded[n][1];
+        const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+        uint32_t h[8];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+        for (int i = 0; i < 8; ++i)
+          h[i] = pack_half2(__uint_as_float(pair[i] << 16) * kQueryPrescale,
+                            __uint_as_float(pair[i] & 0xffff0000u) * kQueryPrescale);
+        uint8_t* chunk = shared + kQOffset + (group / 4) * kQChunkBytes;
+        const int unit = 2 * (group % 4);
+        *reinterpret_cast<uint4*>(chunk + swizzled(head, unit)) =
+            make_uint4(h[0], h[2], h[4], h[6]);
+        *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
+            make_uint4(h[1], h[3], h[5], h[7]);
+      }
+      for (int head = q_tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = kNoMax;
+      fence_proxy_async_shared();
+      named_barrier(kQueryBarrier, kConsumerThreads);
     }
 
-    // ---- The running max and P^T_c -------------------------------------------
-    // Scale to log2 units; missing slots (-1, past top_k) -inf. Rows r: keys
-    // 16w + g + 8r of the block.
+    const uint32_t q_address = shared_address(shared + kQOffset);
+    const uint32_t p_address = shared_address(p_tiles);
+    float s[32];
+    float o[128];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int index = begin + own_block * kBlockKeys + 16 * warp + g + 8 * r;
-      const bool valid = index < p.top_k && row_slots[index] >= 0;
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float row_sum[16];  // this thread's keys' share of heads 8j + 2t + e, [2j + e]
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
+
+    for (int bunch = 0; bunch < range.count; ++bunch) {
+      const int own_block = 2 * bunch + c;  // of this item; done + own_block in the ring
+      const int own_slot = (done + own_block) % kSlots;
+      mbarrier_wait(&misc.full[own_slot], ((done + own_block) / kSlots) & 1);
+
+      // ---- S^T_c = K_c . Q^T ---------------------------------------------------
+      const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
+      const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
+      const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
+      auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
+        entry_score_fragment(key_row0, key_row1, ks, t, score_scales, a);
+      };
+      {
+        uint32_t a[3][4];
+        score_fragment(0, a[0]);
+        score_fragment(1, a[1]);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& value = s[4 * j + 2 * r + e];
-          value = valid ? value * scale_log2 : -INFINITY;
+        for (int ks = 0; ks < kDim / 16; ++ks) {
+          wgmma_fence();
+          uint32_t q_low = swizzle128_descriptor_low(q_address);
+          asm volatile("" : "+r"(q_low));
+          q_low += ((ks / 4) * kQChunkBytes + (ks % 4) * 32) >> 4;
+          wgmma_m64n64k16_rs<0>(s, a[ks % 3],
+                                descriptor_from_words(q_low, kSwizzle128DescriptorHigh), ks > 0);
+          wgmma_commit();
+          if (ks + 2 < kDim / 16) {
+            wgmma_wait<1>();
+            score_fragment(ks + 2, a[(ks + 2) % 3]);
+          }
         }
-    }
-    bool passes = false;
+        wgmma_wait_all();
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 32; ++i) fence_operand(s[i]);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float limit = misc.row_max[8 * j + 2 * t + e] + kRescaleSlack;
-        passes |= s[4 * j + e] > limit || s[4 * j + 2 + e] > limit;
+        for (int i = 0; i < 128; ++i) fence_operand(o[i]);
       }
-    // Every consumer has finished the last bunch's output MMAs here (each waits
-    // for them before its scores), so the P^T tiles are free.
-    if (any_thread(passes, kVoteBarrier, kConsumerThreads)) {
-      // The block maxima per head over both consumers' keys: the thread's two
-      // rows, the 8 g lanes, the 4 warps, the 2 consumers.
+
+      // ---- The running max and P^T_c -------------------------------------------
+      // Scale to log2 units; missing slots (-1, past top_k) -inf. Rows r: keys
+      // 16w + g + 8r of the block.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int index = begin + own_block * kBlockKeys + 16 * warp + g + 8 * r;
+        const bool valid = index < p.top_k && row_slots[index] >= 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& value = s[4 * j + 2 * r + e];
+            value = valid ? value * scale_log2 : -INFINITY;
+          }
+      }
+      bool passes = false;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float m = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-          if (g == 0) misc.exchange[c][warp][8 * j + 2 * t + e] = m;
+          const float limit = misc.row_max[8 * j + 2 * t + e] + kRescaleSlack;
+          passes |= s[4 * j + e] > limit || s[4 * j + 2 + e] > limit;
         }
-      named_barrier(kMaxBarrier, kConsumerThreads);
-      float factor[16], new_max[16];
+      // Every consumer has finished the last bunch's output MMAs here (each waits
+      // for them before its scores), so the P^T tiles are free.
+      if (any_thread(passes, kVoteBarrier, kConsumerThreads)) {
+        // The block maxima per head over both consumers' keys: the thread's two
+        // rows, the 8 g lanes, the 4 warps, the 2 consumers.
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float m = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+            if (g == 0) misc.exchange[c][warp][8 * j + 2 * t + e] = m;
+          }
+        named_barrier(kMaxBarrier, kConsumerThreads);
+        float factor[16], new_max[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int head = 8 * j + 2 * t + e;
+            const float old_max = misc.row_max[head];
+            float m = old_max;
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+#pragma unroll
+              for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
+            new_max[2 * j + e] = m;
+            factor[2 * j + e] = fast_exp2(old_max - m);  // kNoMax - m: 0
+            row_sum[2 * j + e] *= factor[2 * j + e];
+            s[4 * j + e] -= m;
+            s[4 * j + 2 + e] -= m;
+          }
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) o[32 * m + 4 * j + 2 * r + e] *= factor[2 * j + e];
+        // Everyone has read row_max and the exchange: the new max replaces it.
+        named_barrier(kMaxBarrier, kConsumerThreads);
+        if (c == 0 && warp == 0 && g == 0) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) misc.row_max[8 * j + 2 * t + e] = new_max[2 * j + e];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float m = misc.row_max[8 * j + 2 * t + e];
+            s[4 * j + e] -= m;
+            s[4 * j + 2 + e] -= m;
+          }
+      }
+      // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
+      // 8r at its output k-slot row 16w + slot(g + 8r), heads 8j + 2t, + 1.
+      uint8_t* p_tile = p_tiles + c * kPTileBytes;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int local = g + 8 * r;
+        const int key_row = 16 * warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float p0 = fast_exp2(s[4 * j + 2 * r]), p1 = fast_exp2(s[4 * j + 2 * r + 1]);
+          row_sum[2 * j] += p0;
+          row_sum[2 * j + 1] += p1;
+          *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * t) = pack_half2(p0, p1);
+        }
+      }
+      fence_proxy_async_shared();  // st.shared -> the output MMAs' reads (async proxy)
+      named_barrier(kPBarrier, kConsumerThreads);
+
+      // ---- O^T_c += V^T . P^T over both blocks ---------------------------------
+      const int block0 = done + 2 * bunch;  // the bunch's blocks in the ring
+      const int slot0 = block0 % kSlots, slot1 = (block0 + 1) % kSlots;
+      if (c == 1)  // consumer 0 waited for block 2 * bunch already
+        mbarrier_wait(&misc.full[slot0], (block0 / kSlots) & 1);
+      else
+        mbarrier_wait(&misc.full[slot1], ((block0 + 1) / kSlots) & 1);
+      // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4 (group
+      // 2c + m / 2). The fragments are built in order, so the step's scales of
+      // both groups, loaded at m = 0, serve its four.
+      OutputScales output_scales;
+      auto output_fragment = [&](int i, uint32_t(&a)[4]) {
+        const int ks = i / 4, m = i % 4;
+        const uint8_t* keys =
+            ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
+        if (m == 0) output_scales = entry_output_scales(keys, 2 * c);
+        entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2],
+                              a);
+      };
+      {
+        uint32_t a[3][4];
+        output_fragment(0, a[0]);
+        output_fragment(1, a[1]);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int ks = i / 4, m = i % 4;
+          wgmma_fence();
+          uint32_t p_low = swizzle128_mn_descriptor_low(p_address, kPTileBytes);
+          asm volatile("" : "+r"(p_low));
+          p_low += ((ks / 4) * kPTileBytes + (ks % 4) * 16 * 128) >> 4;
+          wgmma_m64n64k16_rs<1>(o + 32 * m, a[i % 3],
+                                descriptor_from_words(p_low, kSwizzle128DescriptorHigh), 1);
+          wgmma_commit();
+          if (i + 2 < 32) {
+            wgmma_wait<1>();
+            output_fragment(i + 2, a[(i + 2) % 3]);
+          }
+          // Block 0's steps (i < 16) are done once step 16 is the only one pending.
+          if (i == 16) mbarrier_arrive(&misc.empty[slot0]);
+        }
+        wgmma_wait_all();
+#pragma unroll
+        for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+        mbarrier_arrive(&misc.empty[slot1]);
+      }
+    }
+
+    // ---- Epilogue: the row sums over every key, out = O / sum, the lse --------
+    // One thread per head finishes its sum, lse and 1 / sum (the lse's log2 and
+    // the reciprocal once per head, not on all 256 threads: inlined 16 times they
+    // were most of the epilogue's instruction-cache misses).
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float v = row_sum[i];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      row_sum[i] = v;
+    }
+    named_barrier(kSumBarrier, kConsumerThreads);  // the exchange's last maxima are read
+    if (g == 0) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
+    }
+    named_barrier(kSumBarrier, kConsumerThreads);
+    const bool whole = p.num_splits == 1;
+    const int64_t state =
+        whole ? row * p.heads + head0 : (row * p.num_splits + blockIdx.z) * p.heads + head0;
+    if (tid < kHeads) {
+      float total = 0.f;
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][tid];
+      misc.inverse[tid] = total > 0.f ? 1.f / total : 0.f;
+      const float lse = total > 0.f ? (misc.row_max[tid] + log2f(total)) * kLn2 : -INFINITY;
+      (whole ? p.lse : p.partial_lse)[state + tid] = lse;
+    }
+    named_barrier(kSumBarrier, kConsumerThreads);
+    // Thread's values: O^T[dims 256c + 64m + 16w + 2g + r][head 8j + 2t + e] =
+    // o[32m + 4j + 2r + e].
+    if (whole) {
+      // bf16 rows [64 heads][512] staged in the ring (every block is consumed
+      // and every copy has landed) or, persistent, where Q was (64 of its 72
+      // KB: every score MMA has read it, and the ring may already hold the next
+      // row's blocks); 16-byte unit u of head h at unit u ^ (h & 7) (the 8 g
+      // lanes x 4 t heads of a store hit 32 banks), then copied out in 16-byte
+      // units.
+      static_assert(kHeads * 1024 <= 9 * kQChunkBytes, "the staged rows fit the Q tile's space");
+      uint8_t* staged = kPersistent ? shared + kQOffset : ring;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int head = 8 * j + 2 * t + e;
-          const float old_max = misc.row_max[head];
-          float m = old_max;
+          const float inverse = misc.inverse[head];
 #pragma unroll
-          for (int x = 0; x < 2; ++x)
-#pragma unroll
-            for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
-          new_max[2 * j + e] = m;
-          factor[2 * j + e] = fast_exp2(old_max - m);  // kNoMax - m: 0
-          row_sum[2 * j + e] *= factor[2 * j + e];
-          s[4 * j + e] -= m;
-          s[4 * j + 2 + e] -= m;
+          for (int m = 0; m < 4; ++m) {
+            const int byte = 2 * (256 * c + 64 * m + 16 * warp + 2 * g);
+            *reinterpret_cast<uint32_t*>(staged + head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 +
+                                         (byte & 15)) =
+                pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+          }
         }
-#pragma unroll
-      for (int m = 0; m < 4; ++m)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) o[32 * m + 4 * j + 2 * r + e] *= factor[2 * j + e];
-      // Everyone has read row_max and the exchange: the new max replaces it.
-      named_barrier(kMaxBarrier, kConsumerThreads);
-      if (c == 0 && warp == 0 && g == 0) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) misc.row_max[8 * j + 2 * t + e] = new_max[2 * j + e];
+      named_barrier(kSumBarrier, kConsumerThreads);
+      uint4* out = reinterpret_cast<uint4*>(p.out + state * kLatentRank);
+#pragma unroll 4
+      for (int unit = tid; unit < kHeads * 64; unit += kConsumerThreads) {
+        const int head = unit / 64, u = unit % 64;
+        out[unit] = *reinterpret_cast<const uint4*>(staged + head * 1024 + (u ^ (head & 7)) * 16);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float m = misc.row_max[8 * j + 2 * t + e];
-          s[4 * j + e] -= m;
-          s[4 * j + 2 + e] -= m;
+          const int head = 8 * j + 2 * t + e;
+          const float inverse = misc.inverse[head];
+          float* out = p.partial_out + (state + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
+#pragma unroll
+          for (int m = 0; m < 4; ++m)
+            *reinterpret_cast<float2*>(out + 64 * m) =
+                make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
         }
     }
-    // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
-    // 8r at its output k-slot row 16w + slot(g + 8r), heads 8j + 2t, + 1.
-    uint8_t* p_tile = p_tiles + c * kPTileBytes;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = g + 8 * r;
-      const int key_row = 16 * warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float p0 = fast_exp2(s[4 * j + 2 * r]), p1 = fast_exp2(s[4 * j + 2 * r + 1]);
-        row_sum[2 * j] += p0;
-        row_sum[2 * j + 1] += p1;
-        *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * t) = pack_half2(p0, p1);
-      }
-    }
-    fence_proxy_async_shared();  // st.shared -> the output MMAs' reads (async proxy)
-    named_barrier(kPBarrier, kConsumerThreads);
-
-    // ---- O^T_c += V^T . P^T over both blocks ---------------------------------
-    const int slot0 = (2 * bunch) % kSlots, slot1 = (2 * bunch + 1) % kSlots;
-    if (c == 1)  // consumer 0 waited for block 2 * bunch already
-      mbarrier_wait(&misc.full[slot0], ((2 * bunch) / kSlots) & 1);
-    else
-      mbarrier_wait(&misc.full[slot1], ((2 * bunch + 1) / kSlots) & 1);
-    // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4 (group
-    // 2c + m / 2). The fragments are built in order, so the step's scales of
-    // both groups, loaded at m = 0, serve its four.
-    OutputScales output_scales;
-    auto output_fragment = [&](int i, uint32_t(&a)[4]) {
-      const int ks = i / 4, m = i % 4;
-      const uint8_t* keys =
-          ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
-      if (m == 0) output_scales = entry_output_scales(keys, 2 * c);
-      entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2],
-                            a);
-    };
-    {
-      uint32_t a[3][4];
-      output_fragment(0, a[0]);
-      output_fragment(1, a[1]);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int ks = i / 4, m = i % 4;
-        wgmma_fence();
-        uint32_t p_low = swizzle128_mn_descriptor_low(p_address, kPTileBytes);
-        asm volatile("" : "+r"(p_low));
-        p_low += ((ks / 4) * kPTileBytes + (ks % 4) * 16 * 128) >> 4;
-        wgmma_m64n64k16_rs<1>(o + 32 * m, a[i % 3],
-                              descriptor_from_words(p_low, kSwizzle128DescriptorHigh), 1);
-        wgmma_commit();
-        if (i + 2 < 32) {
-          wgmma_wait<1>();
-          output_fragment(i + 2, a[(i + 2) % 3]);
-        }
-        // Block 0's steps (i < 16) are done once step 16 is the only one pending.
-        if (i == 16) mbarrier_arrive(&misc.empty[slot0]);
-      }
-      wgmma_wait_all();
-#pragma unroll
-      for (int i = 0; i < 128; ++i) fence_operand(o[i]);
-      mbarrier_arrive(&misc.empty[slot1]);
-    }
-  }
-
-  // ---- Epilogue: the row sums over every key, out = O / sum, the lse --------
-  // One thread per head finishes its sum, lse and 1 / sum (the lse's log2 and
-  // the reciprocal once per head, not on all 256 threads: inlined 16 times they
-  // were most of the epilogue's instruction-cache misses).
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    float v = row_sum[i];
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-    row_sum[i] = v;
-  }
-  named_barrier(kSumBarrier, kConsumerThreads);  // the exchange's last maxima are read
-  if (g == 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
-  }
-  named_barrier(kSumBarrier, kConsumerThreads);
-  const bool whole = p.num_splits == 1;
-  const int64_t state =
-      whole ? row * p.heads + head0 : (row * p.num_splits + blockIdx.z) * p.heads + head0;
-  if (tid < kHeads) {
-    float total = 0.f;
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-#pragma unroll
-      for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][tid];
-    misc.inverse[tid] = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? (misc.row_max[tid] + log2f(total)) * kLn2 : -INFINITY;
-    (whole ? p.lse : p.partial_lse)[state + tid] = lse;
-  }
-  named_barrier(kSumBarrier, kConsumerThreads);
-  // Thread's values: O^T[dims 256c + 64m + 16w + 2g + r][head 8j + 2t + e] =
-  // o[32m + 4j + 2r + e].
-  if (whole) {
-    // bf16 rows [64 heads][512] staged in the ring (every block is consumed
-    // and every copy has landed), 16-byte unit u of head h at unit u ^ (h & 7)
-    // (the 8 g lanes x 4 t heads of a store hit 32 banks), then copied out in
-    // 16-byte units.
-    uint8_t* staged = ring;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int head = 8 * j + 2 * t + e;
-        const float inverse = misc.inverse[head];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int byte = 2 * (256 * c + 64 * m + 16 * warp + 2 * g);
-          *reinterpret_cast<uint32_t*>(staged + head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 +
-                                       (byte & 15)) =
-              pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
-        }
-      }
-    named_barrier(kSumBarrier, kConsumerThreads);
-    uint4* out = reinterpret_cast<uint4*>(p.out + state * kLatentRank);
-#pragma unroll 4
-    for (int unit = tid; unit < kHeads * 64; unit += kConsumerThreads) {
-      const int head = unit / 64, u = unit % 64;
-      out[unit] = *reinterpret_cast<const uint4*>(staged + head * 1024 + (u ^ (head & 7)) * 16);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int head = 8 * j + 2 * t + e;
-        const float inverse = misc.inverse[head];
-        float* out = p.partial_out + (state + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-          *reinterpret_cast<float2*>(out + 64 * m) =
-              make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
-      }
+    // The next item's Q overwrites the staged rows: every copy-out has read them.
+    if constexpr (kPersistent) named_barrier(kSumBarrier, kConsumerThreads);
   }
 }
 
-template <bool kTiered>
+template <bool kTiered, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseMlaParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -540,10 +599,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseM
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads)
-    fp8ring_producer<std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>>(p,
-                                                                                            shared);
+    fp8ring_producer<std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>,
+                     kPersistent>(p, shared);
   else
-    fp8ring_consumer(p, shared);
+    fp8ring_consumer<kPersistent>(p, shared);
 }
 
 }  // namespace
@@ -556,10 +615,43 @@ int sparse_mla_bunch_splits(int num_splits, int top_k) {
   return (bunches + per_split - 1) / per_split;
 }
 
+bool sparse_mla_fp8ring_persistent() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_PERSISTENT");
+    return value != nullptr && value[0] == '1';
+  }();
+  return on;
+}
+
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
-  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false>,
-                                          sparse_mla_fp8ring_kernel<true>>(params, kThreads,
-                                                                           kSharedBytes, stream);
+  const bool persistent = sparse_mla_fp8ring_persistent() &&
+                          sparse_mla_bunch_splits(params.num_splits, params.top_k) == 1;
+  if (!persistent || params.rows == 0) {
+    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false>,
+                                            sparse_mla_fp8ring_kernel<true, false>>(
+        params, kThreads, kSharedBytes, stream);
+    return;
+  }
+  // One CTA per SM (the ring and Q take its shared memory), each running
+  // every gridDim.x-th (row, head block).
+  static const bool configured = [] {
+    for (auto kernel :
+         {sparse_mla_fp8ring_kernel<false, true>, sparse_mla_fp8ring_kernel<true, true>})
+      MEGACTX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    return true;
+  }();
+  (void)configured;
+  SparseMlaParams one = params;
+  one.num_splits = 1;
+  const int64_t items = int64_t{params.rows} * (params.heads / kHeads);
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(items, current_device_multiprocessors()));
+  const bool tiered = params.pool_slots != INT64_MAX;
+  launch_kernel(
+      tiered ? sparse_mla_fp8ring_kernel<true, true> : sparse_mla_fp8ring_kernel<false, true>,
+      dim3(grid, 1, 1), kThreads, kSharedBytes, stream, one);
+  MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace detail
