@@ -483,7 +483,10 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(float));
   // One GPU, a prefill-sized step: o_proj (and a dense MLP's down) add into x
   // themselves, and the norms after them only read x.
-  const bool in_gemm = residual_in_gemm(n);
+  // A projection with fp8 or float32 weights keeps the branch and the fused
+  // add + norm: its GEMM cannot add.
+  const bool step_in_gemm = residual_in_gemm(n);
+  const bool in_gemm = step_in_gemm && w.o.bf16 && !w.o.fp8();
   residual_in_gemm_layers_ += in_gemm ? 1 : 0;
   attention(w, layer, h, step, cache, in_gemm ? x : branch, own_first, own_last, in_gemm);
   if (own < n) gather_context_rows(branch, row_bytes, row_bytes, n, own_first, own_last);
@@ -510,7 +513,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   // row count.
   const bool one_call = w.is_moe && plan_.expert_all_to_all;
   // The MoE layers write their branch as before.
-  const bool mlp_in_gemm = in_gemm && !w.is_moe;
+  const bool mlp_in_gemm = step_in_gemm && !w.is_moe && w.dense.down.bf16 && !w.dense.down.fp8();
   if (one_call) {
     if (routed != nullptr) routed_ids_ = routed + own_first * routed_row_words;
     data_parallel_moe(w, h + own_first * hidden, own, branch + own_first * hidden);
