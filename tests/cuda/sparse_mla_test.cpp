@@ -311,9 +311,9 @@ TEST(SparseMla, Fp8RingPrefillOverAMillionTokenPool) {
 TEST(SparseMla, Fp8RingDecodeSplitsMatchTheReference) {
   decode_splits_match_the_reference(Prefill::kFp8Ring);
 }
-// More (row, head block) items than an H100 or H200 has SMs (132): with
-// MEGACTX_SPARSE_MLA_PERSISTENT=1 each CTA runs two or three rows, its ring
-// streaming on from one row into the next.
+// More (row, head block) items than an H100 or H200 has SMs (132): the
+// persistent launch (the default for one split) runs two or three rows per
+// CTA, its ring streaming on from one row into the next.
 TEST(SparseMla, Fp8RingPrefillMoreRowsThanMultiprocessors) {
   run_prefill_case({270, 64, 200, 1, 3000, 41}, Prefill::kFp8Ring);
   run_prefill_case({140, 128, 130, 1, 3000, 42}, Prefill::kFp8Ring);

@@ -186,43 +186,6 @@ TEST(CudaFastAttention, DenseSelectionMatchesFallbackWithinBf16Rounding) {
   }
 }
 
-// The residual stream added to by o_proj and the dense MLP's down in their
-// GEMMs (CudaModelOptions::residual_in_gemm: cuBLAS with beta 1, the norms
-// after them reading x alone) against the branch written and added by the
-// fused add + norm: the same float32 sums (x + the GEMM's float32 result), so
-// equal up to cuBLAS's choice of kernel for beta 1. The 470-row prefill takes
-// it, the 2-row decode steps do not.
-TEST(CudaFastAttention, ResidualInGemmMatchesTheBranchAdd) {
-  for (const Shape& shape : kShapes) {
-    SCOPED_TRACE(shape_name(shape));
-    auto host = host_model(shape, 4096);
-    auto model = [&](bool in_gemm) {
-      CudaModelOptions options;
-      options.bf16_weights = true;
-      options.residual_in_gemm = in_gemm;
-      return make_cuda_dsa_model(static_cast<const DsaModel&>(*host), options);
-    };
-    auto branch = model(false);
-    auto in_gemm = model(true);
-    const Outcome want = run(*branch, KvDType::FP8);
-    const Outcome got = run(*in_gemm, KvDType::FP8);
-    EXPECT_EQ(dynamic_cast<cuda::CudaDsaModel&>(*branch).residual_in_gemm_layers(), 0);
-    EXPECT_EQ(dynamic_cast<cuda::CudaDsaModel&>(*in_gemm).residual_in_gemm_layers(),
-              host->config().num_hidden_layers)
-        << "only the prefill step adds in its GEMMs";
-    ASSERT_EQ(got.logits.size(), want.logits.size());
-    const double error = relative_error(got.logits.data(), want.logits.data(), want.logits.size());
-    const double agreement = argmax_agreement(got.logits.data(), want.logits.data(), want.rows,
-                                              host->config().vocab_size);
-    std::printf(
-        "residual in the GEMMs against the branch add, %s: relative logit error %.3g, "
-        "argmax agreement %.4f\n",
-        shape_name(shape).c_str(), error, agreement);
-    EXPECT_LE(error, 2e-3);
-    EXPECT_GE(agreement, 0.99);
-  }
-}
-
 TEST(CudaFastAttention, Bf16AbsorbedProductsMatchTheTf32Ones) {
   // The bf16 mode's absorbed products in bf16 (here from blocks of one row
   // on: W_UK into the packed bf16 queries, W_UV from the sparse MLA's bf16

@@ -434,31 +434,6 @@ TEST(CudaGemm, Bf16LinearMatchesRoundedInputs) {
   cudaFree(dy);
 }
 
-// accumulate: y += x . w^T (the residual stream's add in o_proj / down), at
-// row counts the few-row kernels would otherwise take (1, 8, 64) and past
-// them, against the same double loops plus the y it started from.
-TEST(CudaGemm, Bf16LinearAccumulatesIntoY) {
-  const int64_t in = 256, out = 96;
-  for (const int64_t rows : {1, 8, 64, 200}) {
-    SCOPED_TRACE(rows);
-    auto x = random_values(static_cast<size_t>(rows * in), 5);
-    auto w = random_values(static_cast<size_t>(out * in), 6);
-    const auto y0 = random_values(static_cast<size_t>(rows * out), 7);
-    const std::vector<uint16_t> xb = round_to_bf16(x), wb = round_to_bf16(w);
-    uint16_t* dx = to_device(xb);
-    uint16_t* dw = to_device(wb);
-    float* dy = to_device(y0);
-    Blas blas(nullptr);
-    blas.linear_bf16(dx, rows, in, in, dw, out, dy, out, /*y_f32=*/true, /*accumulate=*/true);
-    auto want = reference(x, w, rows, in, out);
-    for (size_t i = 0; i < want.size(); ++i) want[i] += y0[i];
-    EXPECT_LE(max_relative(to_host(dy, static_cast<size_t>(rows * out)), want), 1e-5);
-    cudaFree(dx);
-    cudaFree(dw);
-    cudaFree(dy);
-  }
-}
-
 // The bf16 decode GEMV: every row count it serves, strided x and y, float32
 // and bf16 outputs, against double loops; a row's bits do not depend on the
 // rows beside it or on the weight prefetch; shapes it does not serve are left

@@ -11,7 +11,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/env_switch.h"
 #include "core/error.h"
 #include "core/scoped_value.h"
 #include "kernels/cuda/elementwise/elementwise_ops.h"
@@ -481,26 +480,14 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   const auto [own_first, own_last] = context_rows(n);
   const int64_t own = own_last - own_first;
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(float));
-  // One GPU, a prefill-sized step: o_proj (and a dense MLP's down) add into x
-  // themselves, and the norms after them only read x.
-  // A projection with fp8 or float32 weights keeps the branch and the fused
-  // add + norm: its GEMM cannot add.
-  const bool step_in_gemm = residual_in_gemm(n);
-  const bool in_gemm = step_in_gemm && w.o.bf16 && !w.o.fp8();
-  residual_in_gemm_layers_ += in_gemm ? 1 : 0;
-  attention(w, layer, h, step, cache, in_gemm ? x : branch, own_first, own_last, in_gemm);
+  attention(w, layer, h, step, cache, branch, own_first, own_last);
   if (own < n) gather_context_rows(branch, row_bytes, row_bytes, n, own_first, own_last);
   reduce_partial(branch, n * hidden);  // tensor parallel: each rank's heads' share of o_proj
   timer_.mark("norms + residual", stream_);
   const bool mlp_f32 = reads_f32_norm(w, /*attention=*/false);
   const Fp8Copy mlp_fp8 = h_fp8_copy(n, reads_fp8_norm(w, /*attention=*/false));
-  if (in_gemm) {
-    rmsnorm(x, n, hidden, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, hidden, stream_, h_bf16,
-            mlp_fp8);
-  } else {
-    add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, stream_, h_bf16,
-                mlp_fp8);
-  }
+  add_rmsnorm(x, branch, n, hidden, w.post_norm, eps, mlp_f32 ? h : nullptr, stream_, h_bf16,
+              mlp_fp8);
   blas_->share_input(h, n, hidden, hidden, h_bf16, mlp_f32);
   blas_->share_fp8_input(h, n, hidden, hidden, mlp_fp8.q, mlp_fp8.scale_rows, mlp_fp8.scale_groups);
   // The feed-forward in blocks of row_block(n) rows, as attention's core: its
@@ -512,8 +499,6 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
   // the rows, since every rank must make the same collectives whatever its
   // row count.
   const bool one_call = w.is_moe && plan_.expert_all_to_all;
-  // The MoE layers write their branch as before.
-  const bool mlp_in_gemm = step_in_gemm && !w.is_moe && w.dense.down.bf16 && !w.dense.down.fp8();
   if (one_call) {
     if (routed != nullptr) routed_ids_ = routed + own_first * routed_row_words;
     data_parallel_moe(w, h + own_first * hidden, own, branch + own_first * hidden);
@@ -526,8 +511,7 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
       moe(w, h + first * hidden, rows, branch + first * hidden);
     } else {
       timer_.mark("dense mlp", stream_);
-      mlp(w.dense, h + first * hidden, rows, (mlp_in_gemm ? x : branch) + first * hidden,
-          mlp_in_gemm);
+      mlp(w.dense, h + first * hidden, rows, branch + first * hidden);
     }
   }
   routed_ids_ = routed;
@@ -550,28 +534,12 @@ void CudaDsaModel::decoder_layer(const DeviceLayer& w, int64_t layer, Step& step
     // The next layer's input norm, read by its attention.
     const DeviceLayer& next = weights_->layers[layer + 1];
     const bool next_f32 = reads_f32_norm(next, /*attention=*/true);
-    const Fp8Copy next_fp8 = h_fp8_copy(n, reads_fp8_norm(next, /*attention=*/true));
-    if (mlp_in_gemm) {
-      rmsnorm(x, n, hidden, hidden, next_norm, eps, next_f32 ? h : nullptr, hidden, stream_, h_bf16,
-              next_fp8);
-    } else {
-      add_rmsnorm(x, branch, n, hidden, next_norm, eps, next_f32 ? h : nullptr, stream_, h_bf16,
-                  next_fp8);
-    }
+    add_rmsnorm(x, branch, n, hidden, next_norm, eps, next_f32 ? h : nullptr, stream_, h_bf16,
+                h_fp8_copy(n, reads_fp8_norm(next, /*attention=*/true)));
   } else {
-    if (!mlp_in_gemm) add_into(x, branch, n * hidden, stream_);
+    add_into(x, branch, n * hidden, stream_);
     blas_->unshare_input(h);
   }
-}
-
-bool CudaDsaModel::residual_in_gemm(int64_t n) const {
-  // Read per step (a getenv per layer): tests build models either way in one process.
-  const bool enabled = env_switch("MEGACTX_CUDA_RESIDUAL_IN_GEMM", options_.residual_in_gemm);
-  // Past every few-row kernel's rows (they write, they do not add); one GPU
-  // (a tensor-parallel branch is summed over the ranks before the add).
-  const int64_t few_rows = std::max({kBf16GemvMaxRows, kBf16SkinnyMaxRows, Blas::kBf16LtMaxRows});
-  return enabled && group_ == nullptr && !options_.batch_invariant && options_.bf16_weights &&
-         n > few_rows;
 }
 
 }  // namespace cuda

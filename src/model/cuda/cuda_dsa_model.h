@@ -98,9 +98,6 @@ class CudaDsaModel final : public LanguageModel {
     std::vector<int32_t> positions, counts;
   };
   Selection last_selection(int64_t tokens) const;
-  // Decoder layers so far whose o_proj added into the residual stream
-  // (CudaModelOptions::residual_in_gemm), for tests.
-  int64_t residual_in_gemm_layers() const { return residual_in_gemm_layers_; }
   // Bytes the fast attention path's workspaces hold now (grow-only), for the
   // check of cuda_fast_attention_scratch_bytes (model/cuda/fast_attention_plan.h).
   int64_t fast_scratch_bytes() const;
@@ -259,10 +256,8 @@ class CudaDsaModel final : public LanguageModel {
   // indexer key are written to the cache; the queries, the indexer's scores
   // and the sparse attention are computed for this rank's rows only, into
   // out [n, H] at their places.
-  // accumulate: out += the attention output instead (residual_in_gemm).
   void attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
-                 PagedKvCache& cache, float* out, int64_t first, int64_t last,
-                 bool accumulate = false);
+                 PagedKvCache& cache, float* out, int64_t first, int64_t last);
   // q_resid: [n, q_lora] with row stride q_resid_stride (the stacked q_a | kv_a
   // output). Keys for all n rows, scores and top-k for rows [first, last).
   void indexer(const DeviceLayer& w, int64_t layer, const float* h, const float* q_resid,
@@ -316,17 +311,8 @@ class CudaDsaModel final : public LanguageModel {
   // rank's copy (one all_gather of the longest share, padded).
   void gather_context_rows(void* data, int64_t row_bytes, int64_t pitch, int64_t n, int64_t first,
                            int64_t last);
-  // out[rows, H] = down(silu(gate(h)) * up(h)) (+= when accumulate); uses
-  // scratch gate_up/act.
-  void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out, bool accumulate = false);
-  // Whether a step of n rows adds o_proj's and the dense MLP's outputs into
-  // the residual stream in their GEMMs (CudaModelOptions::residual_in_gemm).
-  bool residual_in_gemm(int64_t n) const;
-  // y [rows, out] = (or += when accumulate) x [rows, in] . w^T with a float32
-  // x: where the GEMM cannot add (fp8 or float32 weights) it writes
-  // scratch_.branch (unused by a layer that accumulates) and adds that.
-  void output_linear(const float* x, int64_t rows, int64_t in, const DeviceMatrix& w, int64_t out,
-                     float* y, bool accumulate);
+  // out[rows, H] = down(silu(gate(h)) * up(h)); uses scratch gate_up/act.
+  void mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out);
   void moe(const DeviceLayer& w, const float* h, int64_t rows, float* out);
   // The router of a MoE layer: ids (global expert indices) and gates
   // [rows, top_k] into scratch, copied into the routed-expert capture when
@@ -489,7 +475,7 @@ class CudaDsaModel final : public LanguageModel {
   void w_uk_bf16(const DeviceLayer& w, const uint16_t* q16, int64_t rows, int64_t head_stride);
   // fast_scratch_.absorb_q_bf16 for `rows` rows: [rows, heads, max(qk, value)] bf16.
   uint16_t* absorb_bf16(int64_t rows);
-  void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out, bool accumulate);
+  void w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out);
   // Workspaces of the fast path (grow-only; the top-k ones zeroed when grown).
   // fused: the fused indexer + top-k's (kernels/cuda/indexer_topk), for steps
   // too large for the scores matrix (cuda_fused_indexer_chosen).
@@ -675,7 +661,6 @@ class CudaDsaModel final : public LanguageModel {
   // Advanced whenever a selection may change: every Step made (a forward, an
   // MTP step) and every indexer run (SlotsKey).
   uint64_t selection_epoch_ = 0;
-  int64_t residual_in_gemm_layers_ = 0;
 };
 
 }  // namespace megactx::cuda

@@ -27,8 +27,7 @@ bool stacked_qkv_a() {
 }  // namespace
 
 void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h, Step& step,
-                             PagedKvCache& cache, float* out, int64_t own_first, int64_t own_last,
-                             bool accumulate) {
+                             PagedKvCache& cache, float* out, int64_t own_first, int64_t own_last) {
   Scratch& sc = scratch_;
   const AttentionDims& d = plan_.attention;
   const int64_t n = step.tokens, hidden = d.hidden, heads = d.heads, nope = d.nope, rope = d.rope;
@@ -191,11 +190,11 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     timer_.mark("attn W_UV + o_proj", stream_);
     // Expand per head with W_UV ([heads, value, lora]) -> [rows, heads * value]; then o_proj.
     if (bf16_products) {
-      w_uv_bf16(w, rows, o, out + first * hidden, accumulate);
+      w_uv_bf16(w, rows, o, out + first * hidden);
     } else {
       blas_->linear_batched(o_latent, rows, lora, heads * lora, lora, w.w_uv, value, value * lora,
                             o, heads * value, value, heads);
-      output_linear(o, rows, heads * value, w.o, hidden, out + first * hidden, accumulate);
+      blas_->linear(o, rows, heads * value, w.o, hidden, out + first * hidden);
     }
   }
   if (q_resid != nullptr) blas_->unshare_input(q_resid);

@@ -754,8 +754,7 @@ void CudaDsaModel::w_uk_bf16(const DeviceLayer& w, const uint16_t* q16, int64_t 
                              /*y_f32=*/false);
 }
 
-void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out,
-                             bool accumulate) {
+void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float* out) {
   FastScratch& fs = fast_scratch_;
   const int64_t heads = plan_.attention.heads;
   const int64_t padded = round_up(heads, kSparseMlaHeadBlock);
@@ -771,9 +770,9 @@ void CudaDsaModel::w_uv_bf16(const DeviceLayer& w, int64_t rows, float* o, float
                              value, heads, /*y_f32=*/!bf16_o);
   if (bf16_o) {
     blas_->linear_bf16(y, rows, heads * value, heads * value, o_proj.data, hidden, out, hidden,
-                       /*y_f32=*/true, accumulate);
+                       /*y_f32=*/true);
   } else {
-    output_linear(o, rows, heads * value, o_proj, hidden, out, accumulate);
+    blas_->linear(o, rows, heads * value, o_proj, hidden, out);
   }
 }
 

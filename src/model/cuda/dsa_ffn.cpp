@@ -20,8 +20,7 @@
 
 namespace megactx::cuda {
 
-void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out,
-                       bool accumulate) {
+void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* out) {
   const int64_t hidden = config_.hidden_size;
   const int64_t inter = w.intermediate;
   if (bf16_activations(rows, w.gate_up) && w.down.bf16 && !w.down.fp8() && inter % 2 == 0) {
@@ -35,7 +34,7 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
       silu_mul_bf16(gate_up16, gate_up16 + inter, rows, inter, 2 * inter, act16, stream_);
     }
     blas_->linear_bf16(act16, rows, inter, inter, w.down.data, hidden, out, hidden,
-                       /*y_f32=*/true, accumulate);
+                       /*y_f32=*/true);
     return;
   }
   float* gate_up = scratch_.gate_up.get<float>(rows * 2 * inter);
@@ -49,19 +48,8 @@ void CudaDsaModel::mlp(const DeviceMlp& w, const float* h, int64_t rows, float* 
   blas_->share_input(act, rows, inter, inter, act_bf16);
   blas_->share_fp8_input(act, rows, inter, inter, act_fp8.q, act_fp8.scale_rows,
                          act_fp8.scale_groups);
-  output_linear(act, rows, inter, w.down, hidden, out, accumulate);
+  blas_->linear(act, rows, inter, w.down, hidden, out);
   blas_->unshare_input(act);
-}
-
-void CudaDsaModel::output_linear(const float* x, int64_t rows, int64_t in, const DeviceMatrix& w,
-                                 int64_t out, float* y, bool accumulate) {
-  if (!accumulate) {
-    blas_->linear(x, rows, in, w, out, y);
-    return;
-  }
-  float* result = scratch_.branch.get<float>(rows * out);
-  blas_->linear(x, rows, in, w, out, result);
-  add_into(y, result, rows * out, stream_);
 }
 
 CudaDsaModel::GroupedCall CudaDsaModel::grouped_call(const DeviceLayer& w, int64_t rows,

@@ -93,14 +93,6 @@ struct CudaModelOptions {
   // (docs/benchmarks.md).
   // MEGACTX_CUDA_FP8_NORM_COPY=1 or =0 overrides it (A/B runs through serve).
   bool fp8_norm_copy = true;
-  // Steps of more rows than the few-row GEMM kernels take (prefill chunks),
-  // on one GPU, outside the deterministic mode: o_proj and the dense MLP's
-  // down projection add their outputs straight into the float32 residual
-  // stream (cuBLAS with beta 1), and the norms after them only read it,
-  // instead of writing a branch that a fused add + norm reads back (8 bytes
-  // less per hidden value and projection). MEGACTX_CUDA_RESIDUAL_IN_GEMM=0 /
-  // 1 overrides it (A/B runs through serve).
-  bool residual_in_gemm = false;
   int device_ordinal = 0;
   // Tensor parallelism on GPUs (model_plan.h): this process's CPU group, one
   // rank per GPU. The model joins an NCCL communicator of the same ranks on

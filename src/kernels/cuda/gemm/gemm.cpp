@@ -529,10 +529,8 @@ void Blas::linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t 
 }
 
 void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
-                       int64_t out, void* y, int64_t y_stride, bool y_f32, bool accumulate) {
+                       int64_t out, void* y, int64_t y_stride, bool y_f32) {
   if (rows == 0 || out == 0) return;
-  MEGACTX_CHECK(!accumulate || (y_f32 && !batch_invariant_),
-                "Blas::linear_bf16: accumulate needs a float32 y, outside the deterministic mode");
   if (batch_invariant_) {
     InvariantGemm g = invariant_gemm(x, x_stride, w, y, y_stride, rows, in, out);
     g.x_type = GemmElement::BF16;
@@ -541,19 +539,19 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
     batch_invariant_gemm(g, stream_);
     return;
   }
-  if (bf16_gemv_ && !accumulate && rows <= kBf16GemvMaxRows) {
+  if (bf16_gemv_ && rows <= kBf16GemvMaxRows) {
     Bf16Gemv g = linear_operands<Bf16Gemv>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     g.prefetch_weights = weight_prefetch_;
     if (bf16_gemv(g, stream_)) return;
   }
-  if (bf16_skinny_ && !accumulate && rows <= kBf16SkinnyMaxRows) {
+  if (bf16_skinny_ && rows <= kBf16SkinnyMaxRows) {
     Bf16Skinny g = linear_operands<Bf16Skinny>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     skinny_scratch(g);
     if (bf16_skinny(g, stream_)) return;
   }
-  if (bf16_cublaslt_ && !accumulate && rows <= kBf16LtMaxRows) {
+  if (bf16_cublaslt_ && rows <= kBf16LtMaxRows) {
     Bf16LtGemm g = linear_operands<Bf16LtGemm>(x, x_stride, w, y, y_stride, rows, in, out);
     g.y_f32 = y_f32;
     if (lt_->supports(g)) {
@@ -565,11 +563,11 @@ void Blas::linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride
   const float one = 1.0f, zero = 0.0f;
   // Tensor cores for bf16; the handle stays pedantic for the fp32 calls.
   check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");
-  const cublasStatus_t status = cublasGemmEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"), narrow(rows, "rows"), narrow(in, "in"),
-      &one, w, CUDA_R_16BF, narrow(in, "ldw"), x, CUDA_R_16BF, narrow(x_stride, "ldx"),
-      accumulate ? &one : &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, narrow(y_stride, "ldy"),
-      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t status =
+      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"), narrow(rows, "rows"),
+                   narrow(in, "in"), &one, w, CUDA_R_16BF, narrow(in, "ldw"), x, CUDA_R_16BF,
+                   narrow(x_stride, "ldx"), &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                   narrow(y_stride, "ldy"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   check(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "set math mode");
   check(status, "gemm bf16");
 }

@@ -143,11 +143,8 @@ class Blas {
   };
   Fp8Input fp8_copy_of(const float* x, int64_t rows, int64_t in, int64_t x_stride) const;
   // bf16 x [rows, in] . bf16 w [out, in]^T -> y (bf16, or float32 when y_f32).
-  // accumulate: y += x . w^T instead (float32 y; cuBLAS with beta 1 at every
-  // row count; not in the deterministic mode): a decoder layer's output
-  // projections adding straight into the residual stream.
   void linear_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride, const void* w,
-                   int64_t out, void* y, int64_t y_stride, bool y_f32, bool accumulate = false);
+                   int64_t out, void* y, int64_t y_stride, bool y_f32);
   // fp8 w (w.fp8()): x quantised per 1x128 group into this Blas's grow-only
   // scratch, then the block-scaled GEMM; y float32. Any shape: the ragged last
   // group / block is handled by the kernels (no padding, no dequantised copy).

@@ -167,7 +167,9 @@ int sparse_mla_bunch_splits(int num_splits, int top_k);
 // The fp8-ring layout (sparse_mla_prefill_fp8ring.cu: the ring holds the
 // pool's e4m3 entries, the consumers convert them into their wgmma
 // fragments), and the merge after it when num_splits > 1 (whole 128-key
-// bunches per split, sparse_mla_bunch_splits).
+// bunches per split, sparse_mla_bunch_splits). One split runs persistent: a
+// CTA per SM over every gridDim.x-th row (MEGACTX_SPARSE_MLA_PERSISTENT=0: a
+// CTA per row).
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream);
 // The split merge of partial_out / partial_lse into out / lse.
 void launch_sparse_mla_merge(const SparseMlaParams& params, cudaStream_t stream);
