@@ -634,6 +634,12 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
           for (int q = 0; q < ahead; ++q) issue_page(ring + q, table[page_order(q)]);
           if (ahead < pages) pending_id = table[page_order(ahead)];
         }
+        // The wgmma descriptors' low words, once per tile: built from the
+        // addresses inside the loop they cost ~50 uniform instructions per
+        // page (of ~250), recomputed for each of the twelve MMAs.
+        const uint32_t q_descriptor = swizzle128_descriptor_low(shared_address(q_tile));
+        const uint32_t w_descriptor =
+            swizzle128_descriptor_low(shared_address(weight_tiles + wg * kHeadSumTileBytes));
         for (int page = 0; page < pages; ++page, ++ring) {
           if (issuer && page + kStages - 1 < pages) {
             issue_page(ring + kStages - 1, pending_id);
@@ -672,14 +678,17 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
           // acc[key, column] for this warp's 16 keys (rows g, g + 8) x 256 columns.
           float d[C::kAccumulators];
           if constexpr (Wgmma) {
-            const uint32_t q_address = shared_address(q_tile);
             wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < 4; ++s)
+            for (int s = 0; s < 4; ++s) {
+              // k-step s starts 32 bytes further: 2 in the address field.
+              const uint64_t q =
+                  descriptor_from_words(q_descriptor + 2 * s, kSwizzle128DescriptorHigh);
               if constexpr (Wgs == 2)
-                wgmma_m64n256k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
+                wgmma_m64n256k32_e4m3(d, a[s], q, s);
               else
-                wgmma_m64n128k32_e4m3(d, a[s], swizzle128_descriptor(q_address + 32 * s), s);
+                wgmma_m64n128k32_e4m3(d, a[s], q, s);
+            }
             wgmma_commit();
             // The other warpgroup's MMAs queue behind these and run during this
             // one's epilogue.
@@ -711,13 +720,14 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
             for (int i = 0; i < C::kAccumulators / 2; ++i)
               relu_pairs[i] = relu_bf16x2(d[2 * i], d[2 * i + 1]);
             float sums[8];
-            const uint32_t w_address = shared_address(weight_tiles + wg * kHeadSumTileBytes);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kWgColumns / 16; ++kk)
-              wgmma_m64n16k16_bf16(
-                  sums, relu_pairs + 4 * kk,
-                  swizzle128_descriptor(w_address + (kk / 4) * 2048 + (kk % 4) * 32), kk);
+              wgmma_m64n16k16_bf16(sums, relu_pairs + 4 * kk,
+                                   descriptor_from_words(
+                                       w_descriptor + (kk / 4) * (2048 >> 4) + (kk % 4) * (32 >> 4),
+                                       kSwizzle128DescriptorHigh),
+                                   kk);
             wgmma_commit();
             wgmma_wait_all();
 #pragma unroll
