@@ -353,7 +353,11 @@ fi
 #    tok/s through serve at 1K to 1M tokens of context and 1 / 4 / 16 requests on that config,
 #    against its memory-read floor, with a chart), "weightsync" (a whole-model push of the
 #    default model through every weight transport into a --device cuda server, CUDA tensors by
-#    IPC handle for the tensor transport), any comma list, or 0. "decode" is matched as
+#    IPC handle for the tensor transport), "sass" (cuobjdump -sass of the kernels whose names
+#    match SASS_KERNELS (default the fused indexer and the fp8-ring sparse MLA) in SASS_BINARY
+#    (default megactx), xz-compressed, and what each of their loops issues per iteration:
+#    tools/bench/sass_loops.py; the build machine's CUDA has no cuobjdump), any comma list, or
+#    0. "decode" is matched as
 #    a whole word of the list, so that "longdecode" does not run the default-model sweep too.
 benches=${GPU_CHECK_BENCH:-dsa,model}
 [[ "$benches" == 1 ]] && benches=dsa,model
@@ -459,6 +463,17 @@ if [[ "$benches" == *hostlatent* ]]; then
     --checkpoint /tmp/glm52_attention_ckpt --json "$out/host_latent.json" --plot "$out/host_latent.svg" \
     ${HOST_LATENT_ARGS:-} >"$out/host_latent.md" 2>&1
   note "hostlatent (the live host tier through serve) exit $?"
+fi
+if [[ "$benches" == *sass* ]]; then
+  # SASS of the named kernels out of one packed binary (every binary links them all; SASS_BINARY,
+  # default megactx), and what each of their loops issues per iteration.
+  sass="$out/${SASS_BINARY:-megactx}.sass"
+  cuobjdump -sass "$pack/bin/${SASS_BINARY:-megactx}" |
+    awk -v pattern="${SASS_KERNELS:-fused_indexer_topk_kernel|sparse_mla_fp8ring_kernel}" \
+      '/Function : /{keep = ($0 ~ pattern)} keep' >"$sass"
+  python3 tools/bench/sass_loops.py "$sass" --min-instructions 100 >"$out/sass_loops.md" 2>&1
+  note "sass (kernel SASS and per-loop instruction counts) exit $?"
+  xz -f "$sass"
 fi
 if [[ "$benches" == *weightsync* ]]; then
   # Weight sync through every transport (disk, body, shm, distributed on gloo, tensor by CUDA IPC:
