@@ -30,9 +30,10 @@ BRANCH = re.compile(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)")
 # First matching prefix wins; the opcode is the instruction's first word after a predicate.
 KINDS = [
     ("mma", ("HGMMA", "QGMMA", "IGMMA", "BGMMA", "HMMA", "IMMA", "QMMA")),
+    # Global and local (spill) memory, bulk copies included (before "U": UBLKCP, UTMALDG).
+    ("global", ("LDG", "STG", "ATOMG", "RED.", "LDGSTS", "UBLKCP", "UTMA", "LDL", "STL")),
     ("uniform", ("R2UR", "S2UR", "U")),
     ("shared", ("LDS", "STS", "ATOMS", "LDSM")),
-    ("global", ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "UBLKCP", "LDL", "STL")),
     ("convert", ("F2FP", "F2F", "F2I", "I2F", "FRND")),
     ("float", ("FADD", "FMUL", "FFMA", "FMNMX", "HADD2", "HMUL2", "HFMA2", "HMNMX2", "MUFU", "FSEL",
                "FSETP")),

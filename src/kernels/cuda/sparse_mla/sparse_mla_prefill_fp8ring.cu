@@ -626,34 +626,17 @@ bool sparse_mla_fp8ring_persistent() {
 }
 
 void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
-  const bool persistent = sparse_mla_fp8ring_persistent() &&
-                          sparse_mla_bunch_splits(params.num_splits, params.top_k) == 1;
-  if (!persistent || params.rows == 0) {
-    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false>,
-                                            sparse_mla_fp8ring_kernel<true, false>>(
-        params, kThreads, kSharedBytes, stream);
+  if (sparse_mla_fp8ring_persistent() &&
+      sparse_mla_bunch_splits(params.num_splits, params.top_k) == 1) {
+    // One CTA per SM (the ring and Q take its shared memory).
+    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, true>,
+                                            sparse_mla_fp8ring_kernel<true, true>>(
+        params, kThreads, kSharedBytes, stream, current_device_multiprocessors());
     return;
   }
-  // One CTA per SM (the ring and Q take its shared memory), each running
-  // every gridDim.x-th (row, head block).
-  static const bool configured = [] {
-    for (auto kernel :
-         {sparse_mla_fp8ring_kernel<false, true>, sparse_mla_fp8ring_kernel<true, true>})
-      MEGACTX_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    return true;
-  }();
-  (void)configured;
-  SparseMlaParams one = params;
-  one.num_splits = 1;
-  const int64_t items = int64_t{params.rows} * (params.heads / kHeads);
-  const unsigned grid =
-      static_cast<unsigned>(std::min<int64_t>(items, current_device_multiprocessors()));
-  const bool tiered = params.pool_slots != INT64_MAX;
-  launch_kernel(
-      tiered ? sparse_mla_fp8ring_kernel<true, true> : sparse_mla_fp8ring_kernel<false, true>,
-      dim3(grid, 1, 1), kThreads, kSharedBytes, stream, one);
-  MEGACTX_CUDA_CHECK(cudaGetLastError());
+  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false>,
+                                          sparse_mla_fp8ring_kernel<true, false>>(
+      params, kThreads, kSharedBytes, stream);
 }
 
 }  // namespace detail

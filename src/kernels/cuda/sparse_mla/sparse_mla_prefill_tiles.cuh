@@ -6,7 +6,9 @@
 // 128-key bunches share (the fp8 ring). Only for .cu files.
 #pragma once
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -109,10 +111,12 @@ __device__ __forceinline__ BunchRange bunch_range(const SparseMlaParams& p, int 
 // (slots past pool_slots: a host tier), `threads` x `shared_bytes` per CTA,
 // grid rows x head blocks x splits (whole bunches per split, none empty:
 // fewer splits than asked for when they do not divide; the partial buffers
-// hold num_splits), then the split merge.
+// hold num_splits), then the split merge. persistent_ctas > 0 (persistent
+// kernels, one split): a grid of at most that many CTAs over the rows x head
+// blocks instead, each CTA taking every gridDim.x-th.
 template <auto kDevice, auto kTiered>
 void launch_bunch_layout(const SparseMlaParams& requested, int threads, int shared_bytes,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, int persistent_ctas = 0) {
   if (requested.rows == 0) return;
   SparseMlaParams params = requested;
   params.num_splits = detail::sparse_mla_bunch_splits(requested.num_splits, requested.top_k);
@@ -123,8 +127,12 @@ void launch_bunch_layout(const SparseMlaParams& requested, int threads, int shar
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
-                  static_cast<unsigned>(params.num_splits));
+  const int64_t items = int64_t{params.rows} * (params.heads / kHeads);
+  const dim3 grid =
+      persistent_ctas > 0
+          ? dim3(static_cast<unsigned>(std::min<int64_t>(items, persistent_ctas)), 1, 1)
+          : dim3(static_cast<unsigned>(params.rows), static_cast<unsigned>(params.heads / kHeads),
+                 static_cast<unsigned>(params.num_splits));
   const bool tiered = params.pool_slots != INT64_MAX;
   launch_kernel(tiered ? kTiered : kDevice, grid, threads, shared_bytes, stream, params);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
