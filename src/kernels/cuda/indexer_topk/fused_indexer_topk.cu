@@ -575,8 +575,12 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
       auto append = [&](int page, int check, int r, float score, int row, int visible,
                         uint32_t threshold) {
         const int position = page * kPageTokens + 16 * warp + g + 8 * r;
-        if (debug && position < visible)
-          p.debug_scores[static_cast<int64_t>(row0 + row) * p.debug_stride + position] = score;
+        // A branch, not a predicated store: the 64-bit address stays off the
+        // page loop when there are no debug scores (every real run).
+        if (debug) [[unlikely]] {
+          if (position < visible)
+            p.debug_scores[static_cast<int64_t>(row0 + row) * p.debug_stride + position] = score;
+        }
         const uint32_t key = float_to_ordered(score);
         const bool pass = position < visible && key > threshold;
         const unsigned mask = __ballot_sync(kFullMask, pass);
