@@ -70,7 +70,16 @@ constexpr int kTurnBarrier = kTileBarrier + 1;
 constexpr int kStages = 4;                                  // key pages in flight per CTA
 constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448
 constexpr int kBins = 2048;                                 // radix digits of 11 bits
-constexpr int kHighWater = kFusedCandidates - kPageTokens;  // compact past this many entries
+// The consumers look for rows to compact after every 2^kCheckShift pages (a
+// warpgroup barrier each time), so a row's buffer is compacted once it passed
+// kFusedCandidates less the entries that many pages can append. A constant:
+// as a kernel parameter it costs the page loop registers (88 B of spills
+// against 68).
+#ifndef MEGACTX_INDEXER_CHECK_SHIFT
+#define MEGACTX_INDEXER_CHECK_SHIFT 0
+#endif
+constexpr int kCheckShift = MEGACTX_INDEXER_CHECK_SHIFT;
+constexpr int kHighWater = kFusedCandidates - (kPageTokens << kCheckShift);
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms);
@@ -570,8 +579,8 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
       // The score of key 16 * warp + g + 8r of `page` for tile row `row` (keys
       // visible to it: `visible`, 0 for a lane without a row) joins the row's
       // candidates when above its threshold: one shared atomic per (warp, row)
-      // through ballots (every lane calls it). `check`: the page whose
-      // high-water flags it sets (the compaction after that page looks).
+      // through ballots (every lane calls it). `check`: the check interval
+      // whose high-water flags it sets (the compaction after its last page looks).
       auto append = [&](int page, int check, int r, float score, int row, int visible,
                         uint32_t threshold) {
         const int position = page * kPageTokens + 16 * warp + g + 8 * r;
@@ -796,9 +805,9 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
           for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i)
-              append(page_order(page), page, r, score[r][i], my_row[i], my_visible[i],
-                     my_threshold[i]);
-          if (compact(page)) {
+              append(page_order(page), page >> kCheckShift, r, score[r][i], my_row[i],
+                     my_visible[i], my_threshold[i]);
+          if (((page + 1) & ((1 << kCheckShift) - 1)) == 0 && compact(page >> kCheckShift)) {
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i) my_threshold[i] = misc.threshold[my_row[i]];
           }
