@@ -214,6 +214,7 @@ struct FusedRun {
   bool tensor_head_sum = true;   // wgmma: the head sum on the tensor cores (bf16)
   int consumer_warpgroups = 0;   // 0: the kernel's choice (4 with the bf16 head sum)
   bool newest_first = true;      // the order each tile streams its key pages in
+  int check_pages = 0;           // pages between compaction checks (0: every page)
 };
 
 bool bf16_head_sum(const FusedRun& run) {
@@ -238,17 +239,23 @@ std::string run_name(const FusedRun& run) {
          (bf16_head_sum(run) ? ", bf16 head sum" : ", fp32 head sum") +
          (run.consumer_warpgroups ? ", " + std::to_string(run.consumer_warpgroups) + " warpgroups"
                                   : "") +
-         (run.newest_first ? "" : ", oldest page first") + ", ctas " + std::to_string(run.ctas);
+         (run.newest_first ? "" : ", oldest page first") +
+         (run.check_pages ? ", checks every " + std::to_string(run.check_pages) + " pages" : "") +
+         ", ctas " + std::to_string(run.ctas);
 }
 
 // wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
 // (bf16 head sum on the tensor cores, four consumer warpgroups; twice on one
-// workspace; once streaming pages oldest first), the same with two warpgroups,
-// wgmma free-running with the fp32 head sum, mma.sync (fp32 head sum).
-const std::vector<FusedRun> kBothEngines = {
-    {true, 0, 1, false, true, false},           {true, 0, 2, false, false},
-    {true, 0, 1, false, false, true, 0, false}, {true, 0, 1, false, false, true, 2},
-    {true, 0, 1, false, false, false},          {false, 0, 1, false, false}};
+// workspace; once streaming pages oldest first; once checking for compactions
+// every other page), the same with two warpgroups, wgmma free-running with the
+// fp32 head sum, mma.sync (fp32 head sum).
+const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
+                                            {true, 0, 2, false, false},
+                                            {true, 0, 1, false, false, true, 0, false},
+                                            {true, 0, 1, false, false, true, 0, true, 2},
+                                            {true, 0, 1, false, false, true, 2},
+                                            {true, 0, 1, false, false, false},
+                                            {false, 0, 1, false, false}};
 
 std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& device,
                                const FusedRun& run, std::vector<int32_t>* counts = nullptr) {
@@ -290,6 +297,7 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.tensor_head_sum = run.tensor_head_sum;
     params.consumer_warpgroups = run.consumer_warpgroups;
     params.newest_first = run.newest_first;
+    params.check_pages = run.check_pages;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -634,6 +642,11 @@ TEST(FusedIndexerTopk, RejectsBadShapes) {
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
   params.tensor_head_sum = true;
   EXPECT_NO_THROW(cuda::fused_indexer_topk(params, nullptr));
+  params.check_pages = 4;  // 0, 1 or 2
+  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
+  params.check_pages = 2;  // only with four warpgroups
+  params.consumer_warpgroups = 2;
+  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
 }
 
 }  // namespace

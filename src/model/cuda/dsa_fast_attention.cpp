@@ -153,6 +153,14 @@ bool indexer_oldest_first_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
+// MEGACTX_CUDA_INDEXER_CHECK_PAGES=2: the fused indexer looks for candidate
+// buffers to compact every other key page instead of every page (A/B runs;
+// read per call).
+int indexer_check_pages_forced() {
+  const char* value = std::getenv("MEGACTX_CUDA_INDEXER_CHECK_PAGES");
+  return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : 0;
+}
+
 }  // namespace
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
@@ -266,6 +274,8 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weig
     select.tensor_head_sum = !fp32_head_sum_forced();
     if (select.tensor_head_sum) select.consumer_warpgroups = indexer_warpgroups_forced();
     select.newest_first = !indexer_oldest_first_forced();
+    if (select.tensor_head_sum && select.consumer_warpgroups != 2)
+      select.check_pages = indexer_check_pages_forced();
     select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
     select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
     fused_indexer_topk(select, stream_);

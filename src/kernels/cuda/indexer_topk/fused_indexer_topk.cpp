@@ -35,6 +35,13 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
   MEGACTX_CHECK(
       params.consumer_warpgroups != 4 || (params.wgmma && params.tensor_head_sum),
       "fused indexer top-k: four consumer warpgroups need the wgmma tensor-core head sum");
+  MEGACTX_CHECK(params.check_pages >= 0 && params.check_pages <= 2,
+                "fused indexer top-k: a compaction check every {} pages (supported: 0 = 1, 1, 2)",
+                params.check_pages);
+  MEGACTX_CHECK(params.check_pages != 2 ||
+                    (params.wgmma && params.tensor_head_sum && params.consumer_warpgroups != 2),
+                "fused indexer top-k: a compaction check every 2 pages needs the four-warpgroup "
+                "tensor-core head sum");
   if (params.rows == 0) return;
   MEGACTX_CHECK(params.queries && params.weights && params.key_pool && params.page_tables &&
                     params.row_table && (params.row_visible || params.row_positions) &&

@@ -70,16 +70,13 @@ constexpr int kTurnBarrier = kTileBarrier + 1;
 constexpr int kStages = 4;                                  // key pages in flight per CTA
 constexpr int kPageBytes = kPageTokens * kIndexerKeyBytes;  // 8448
 constexpr int kBins = 2048;                                 // radix digits of 11 bits
-// The consumers look for rows to compact after every 2^kCheckShift pages (a
+// The consumers look for rows to compact after every 2^CheckShift pages (a
 // warpgroup barrier each time), so a row's buffer is compacted once it passed
-// kFusedCandidates less the entries that many pages can append. A constant:
-// as a kernel parameter it costs the page loop registers (88 B of spills
-// against 68).
-#ifndef MEGACTX_INDEXER_CHECK_SHIFT
-#define MEGACTX_INDEXER_CHECK_SHIFT 0
-#endif
-constexpr int kCheckShift = MEGACTX_INDEXER_CHECK_SHIFT;
-constexpr int kHighWater = kFusedCandidates - (kPageTokens << kCheckShift);
+// kFusedCandidates less the entries that many pages can append. A template
+// parameter: as a kernel argument it costs the page loop registers (88 B of
+// spills against 68).
+template <int CheckShift>
+constexpr int kHighWater = kFusedCandidates - (kPageTokens << CheckShift);
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms);
@@ -367,7 +364,7 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   named_barrier_aligned(barrier, 128);
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs>
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs, int CheckShift>
 __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
     fused_indexer_topk_kernel(KernelParams kp) {
   static_assert(Wgmma || !PingPong, "ping-pong needs asynchronous MMAs");
@@ -600,7 +597,7 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
         if (pass && lane == leader) {
           const int added = __popc(group);
           base = atomicAdd(&misc.count[row], added);
-          if (base <= kHighWater && base + added > kHighWater)
+          if (base <= kHighWater<CheckShift> && base + added > kHighWater<CheckShift>)
             atomicOr(&misc.need[wg][check & 1], 1u << (row - wg * kRowsPerWg));
         }
         base = __shfl_sync(kFullMask, base, leader);
@@ -805,9 +802,9 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
           for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i)
-              append(page_order(page), page >> kCheckShift, r, score[r][i], my_row[i],
-                     my_visible[i], my_threshold[i]);
-          if (((page + 1) & ((1 << kCheckShift) - 1)) == 0 && compact(page >> kCheckShift)) {
+              append(page_order(page), page >> CheckShift, r, score[r][i], my_row[i], my_visible[i],
+                     my_threshold[i]);
+          if (((page + 1) & ((1 << CheckShift) - 1)) == 0 && compact(page >> CheckShift)) {
 #pragma unroll
             for (int i = 0; i < kRowsPerLane; ++i) my_threshold[i] = misc.threshold[my_row[i]];
           }
@@ -840,12 +837,12 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
   }
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs = 2>
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs = 2, int CheckShift = 0>
 void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream) {
   static const bool configured = [] {
-    MEGACTX_CUDA_CHECK(
-        cudaFuncSetAttribute(fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
+        fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
   (void)configured;
@@ -873,7 +870,7 @@ void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream)
   kernel.keys = reinterpret_cast<uint32_t*>(workspace + layout.keys);
   kernel.positions = reinterpret_cast<int32_t*>(workspace + layout.positions);
   const unsigned grid = static_cast<unsigned>(std::min(ctas, params.rows));
-  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs>
+  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift>
       <<<grid, Cta<Wgs>::kThreads, kSharedBytes, stream>>>(kernel);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -891,6 +888,8 @@ void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
     if (tensor_sum)
       return params.consumer_warpgroups == 2
                  ? launch<Heads, true, false, true, 2>(params, ctas, stream)
+             : params.check_pages == 2
+                 ? launch<Heads, true, false, true, 4, 1>(params, ctas, stream)
                  : launch<Heads, true, false, true, 4>(params, ctas, stream);
     ping_pong ? launch<Heads, true, true, false>(params, ctas, stream)
               : launch<Heads, true, false, false>(params, ctas, stream);
