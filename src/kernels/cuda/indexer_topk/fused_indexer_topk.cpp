@@ -40,8 +40,9 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
                 params.check_pages);
   MEGACTX_CHECK(params.check_pages != 2 ||
                     (params.wgmma && params.tensor_head_sum && params.consumer_warpgroups != 2),
-                "fused indexer top-k: a compaction check every 2 pages needs the four-warpgroup "
-                "tensor-core head sum");
+                "fused indexer top-k: a compaction check every {} pages needs the four-warpgroup "
+                "tensor-core head sum",
+                params.check_pages);
   if (params.rows == 0) return;
   MEGACTX_CHECK(params.queries && params.weights && params.key_pool && params.page_tables &&
                     params.row_table && (params.row_visible || params.row_positions) &&

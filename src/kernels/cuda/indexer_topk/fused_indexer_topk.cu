@@ -581,12 +581,8 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
       auto append = [&](int page, int check, int r, float score, int row, int visible,
                         uint32_t threshold) {
         const int position = page * kPageTokens + 16 * warp + g + 8 * r;
-        // A branch, not a predicated store: the 64-bit address stays off the
-        // page loop when there are no debug scores (every real run).
-        if (debug) [[unlikely]] {
-          if (position < visible)
-            p.debug_scores[static_cast<int64_t>(row0 + row) * p.debug_stride + position] = score;
-        }
+        if (debug && position < visible)
+          p.debug_scores[static_cast<int64_t>(row0 + row) * p.debug_stride + position] = score;
         const uint32_t key = float_to_ordered(score);
         const bool pass = position < visible && key > threshold;
         const unsigned mask = __ballot_sync(kFullMask, pass);
@@ -885,12 +881,15 @@ void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
   const bool ping_pong = params.wgmma && params.ping_pong;
   const bool tensor_sum = params.wgmma && params.tensor_head_sum;  // never with ping_pong
   auto wgmma = [&]<int Heads>() {
-    if (tensor_sum)
-      return params.consumer_warpgroups == 2
-                 ? launch<Heads, true, false, true, 2>(params, ctas, stream)
-             : params.check_pages == 2
-                 ? launch<Heads, true, false, true, 4, 1>(params, ctas, stream)
-                 : launch<Heads, true, false, true, 4>(params, ctas, stream);
+    if (tensor_sum) {
+      if (params.consumer_warpgroups == 2)
+        return launch<Heads, true, false, true, 2>(params, ctas, stream);
+      if (params.check_pages == 4)
+        return launch<Heads, true, false, true, 4, 2>(params, ctas, stream);
+      if (params.check_pages == 2)
+        return launch<Heads, true, false, true, 4, 1>(params, ctas, stream);
+      return launch<Heads, true, false, true, 4>(params, ctas, stream);
+    }
     ping_pong ? launch<Heads, true, true, false>(params, ctas, stream)
               : launch<Heads, true, false, false>(params, ctas, stream);
   };

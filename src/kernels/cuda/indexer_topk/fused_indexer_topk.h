@@ -110,7 +110,7 @@ struct FusedIndexerTopkParams {
   // How often (in key pages) each consumer warpgroup looks for rows whose
   // candidate buffer passed its high-water mark (a warpgroup barrier each
   // time; the mark sits that many pages below the buffer's end): 0 or 1 every
-  // page, 2 every other page (the four-warpgroup tensor-core head sum only).
+  // page, 2 or 4 (the four-warpgroup tensor-core head sum only).
   int check_pages = 0;
   // Tests only: when set, every score the kernel computes for a visible key is
   // also written here ([rows, debug_stride] fp32), to tell scoring from selection.
