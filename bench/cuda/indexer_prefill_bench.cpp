@@ -5,10 +5,11 @@
 // synthesised fp8 key cache of one request over shuffled pages.
 //
 //   indexer_prefill_bench [--quick] [--fp8-ceiling TFLOPS] [--case SUBSTRING] [--fused-only]
-//                         [--check-pages N]
+//                         [--check-pages N] [--first-compaction]
 //
 // --check-pages sets the default kernel's compaction-check interval
-// (FusedIndexerTopkParams::check_pages).
+// (FusedIndexerTopkParams::check_pages), --first-compaction its early first
+// compaction (first_compaction = kFusedFirstCompaction).
 // --case runs only the cases whose name contains SUBSTRING, --fused-only
 // times only the default fused kernel, none of its variants or the two-kernel
 // path (both for ncu and quick A/B runs).
@@ -144,7 +145,8 @@ struct Workspaces {
   int64_t select_rows = 1024;
 };
 
-int g_check_pages = 0;  // --check-pages: the default kernel's (variants: 0)
+int g_check_pages = 0;            // --check-pages: the default kernel's (variants: 0)
+bool g_first_compaction = false;  // --first-compaction: the default kernel's
 
 void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream,
                bool ping_pong = false, bool tensor_head_sum = true, int consumer_warpgroups = 0,
@@ -169,7 +171,10 @@ void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream,
     f.tensor_head_sum = tensor_head_sum;
     f.consumer_warpgroups = consumer_warpgroups;
     f.newest_first = newest_first;
-    if (wgmma && tensor_head_sum && consumer_warpgroups != 2) f.check_pages = g_check_pages;
+    if (wgmma && tensor_head_sum && consumer_warpgroups != 2) {
+      f.check_pages = g_check_pages;
+      if (g_first_compaction) f.first_compaction = kFusedFirstCompaction;
+    }
     fused_indexer_topk(f, stream);
   }
 }
@@ -246,6 +251,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--fp8-ceiling") && i + 1 < argc) fp8_ceiling = std::atof(argv[++i]);
+    if (!std::strcmp(argv[i], "--first-compaction")) g_first_compaction = true;
     if (!std::strcmp(argv[i], "--check-pages") && i + 1 < argc)
       g_check_pages = std::atoi(argv[++i]);
   }
