@@ -5,11 +5,10 @@
 // synthesised fp8 key cache of one request over shuffled pages.
 //
 //   indexer_prefill_bench [--quick] [--fp8-ceiling TFLOPS] [--case SUBSTRING] [--fused-only]
-//                         [--check-pages N] [--first-compaction]
+//                         [--check-pages N]
 //
 // --check-pages sets the default kernel's compaction-check interval
-// (FusedIndexerTopkParams::check_pages), --first-compaction its early first
-// compaction (first_compaction = kFusedFirstCompaction).
+// (FusedIndexerTopkParams::check_pages).
 // --case runs only the cases whose name contains SUBSTRING, --fused-only
 // times only the default fused kernel, none of its variants or the two-kernel
 // path (both for ncu and quick A/B runs).
@@ -145,8 +144,7 @@ struct Workspaces {
   int64_t select_rows = 1024;
 };
 
-int g_check_pages = 0;            // --check-pages: the default kernel's (variants: 0)
-bool g_first_compaction = false;  // --first-compaction: the default kernel's
+int g_check_pages = 0;  // --check-pages: the default kernel's (variants: 0)
 
 void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream,
                bool ping_pong = false, bool tensor_head_sum = true, int consumer_warpgroups = 0,
@@ -171,10 +169,7 @@ void run_fused(const Problem& p, Workspaces& w, bool wgmma, cudaStream_t stream,
     f.tensor_head_sum = tensor_head_sum;
     f.consumer_warpgroups = consumer_warpgroups;
     f.newest_first = newest_first;
-    if (wgmma && tensor_head_sum && consumer_warpgroups != 2) {
-      f.check_pages = g_check_pages;
-      if (g_first_compaction) f.first_compaction = kFusedFirstCompaction;
-    }
+    if (wgmma && tensor_head_sum && consumer_warpgroups != 2) f.check_pages = g_check_pages;
     fused_indexer_topk(f, stream);
   }
 }
@@ -251,7 +246,6 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--fp8-ceiling") && i + 1 < argc) fp8_ceiling = std::atof(argv[++i]);
-    if (!std::strcmp(argv[i], "--first-compaction")) g_first_compaction = true;
     if (!std::strcmp(argv[i], "--check-pages") && i + 1 < argc)
       g_check_pages = std::atoi(argv[++i]);
   }

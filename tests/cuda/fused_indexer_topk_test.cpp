@@ -215,7 +215,6 @@ struct FusedRun {
   int consumer_warpgroups = 0;   // 0: the kernel's choice (4 with the bf16 head sum)
   bool newest_first = true;      // the order each tile streams its key pages in
   int check_pages = 0;           // pages between compaction checks (0: every page)
-  int first_compaction = 0;      // 0 or kFusedFirstCompaction
 };
 
 bool bf16_head_sum(const FusedRun& run) {
@@ -242,8 +241,7 @@ std::string run_name(const FusedRun& run) {
                                   : "") +
          (run.newest_first ? "" : ", oldest page first") +
          (run.check_pages ? ", checks every " + std::to_string(run.check_pages) + " pages" : "") +
-         (run.first_compaction ? ", first compaction early" : "") + ", ctas " +
-         std::to_string(run.ctas);
+         ", ctas " + std::to_string(run.ctas);
 }
 
 // wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
@@ -251,17 +249,14 @@ std::string run_name(const FusedRun& run) {
 // workspace; once streaming pages oldest first; checking for compactions every
 // 2 and every 4 pages), the same with two warpgroups, wgmma free-running with the
 // fp32 head sum, mma.sync (fp32 head sum).
-const std::vector<FusedRun> kBothEngines = {
-    {true, 0, 1, false, true, false},
-    {true, 0, 2, false, false},
-    {true, 0, 1, false, false, true, 0, false},
-    {true, 0, 1, false, false, true, 0, true, 2},
-    {true, 0, 1, false, false, true, 0, true, 4},
-    {true, 0, 1, false, false, true, 0, true, 0, cuda::kFusedFirstCompaction},
-    {true, 0, 1, false, false, true, 0, true, 2, cuda::kFusedFirstCompaction},
-    {true, 0, 1, false, false, true, 2},
-    {true, 0, 1, false, false, false},
-    {false, 0, 1, false, false}};
+const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
+                                            {true, 0, 2, false, false},
+                                            {true, 0, 1, false, false, true, 0, false},
+                                            {true, 0, 1, false, false, true, 0, true, 2},
+                                            {true, 0, 1, false, false, true, 0, true, 4},
+                                            {true, 0, 1, false, false, true, 2},
+                                            {true, 0, 1, false, false, false},
+                                            {false, 0, 1, false, false}};
 
 std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& device,
                                const FusedRun& run, std::vector<int32_t>* counts = nullptr) {
@@ -304,7 +299,6 @@ std::vector<int32_t> run_fused(const FusedProblem& problem, DeviceProblem& devic
     params.consumer_warpgroups = run.consumer_warpgroups;
     params.newest_first = run.newest_first;
     params.check_pages = run.check_pages;
-    params.first_compaction = run.first_compaction;
     cuda::fused_indexer_topk(params, nullptr);
     MEGACTX_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> got = device.out.download();
@@ -653,12 +647,6 @@ TEST(FusedIndexerTopk, RejectsBadShapes) {
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
   params.check_pages = 2;  // only with four warpgroups
   params.consumer_warpgroups = 2;
-  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
-  params.check_pages = 0;
-  params.first_compaction = cuda::kFusedFirstCompaction;  // likewise
-  EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
-  params.consumer_warpgroups = 0;
-  params.first_compaction = 3000;  // 0 or kFusedFirstCompaction
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
 }
 

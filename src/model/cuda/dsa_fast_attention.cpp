@@ -162,13 +162,6 @@ int indexer_check_pages_forced() {
   return pages == 1 || pages == 2 || pages == 4 ? pages : 0;
 }
 
-// MEGACTX_CUDA_INDEXER_FIRST_COMPACTION=1: the fused indexer compacts a row's
-// candidates first at kFusedFirstCompaction entries (A/B runs; read per call).
-bool indexer_first_compaction_forced() {
-  const char* value = std::getenv("MEGACTX_CUDA_INDEXER_FIRST_COMPACTION");
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
 }  // namespace
 
 bool CudaDsaModel::use_fast_attention(const Step& step) const {
@@ -282,10 +275,8 @@ void CudaDsaModel::fast_indexer(const float* q, const float* weights, float weig
     select.tensor_head_sum = !fp32_head_sum_forced();
     if (select.tensor_head_sum) select.consumer_warpgroups = indexer_warpgroups_forced();
     select.newest_first = !indexer_oldest_first_forced();
-    if (select.tensor_head_sum && select.consumer_warpgroups != 2) {
+    if (select.tensor_head_sum && select.consumer_warpgroups != 2)
       select.check_pages = indexer_check_pages_forced();
-      if (indexer_first_compaction_forced()) select.first_compaction = cuda::kFusedFirstCompaction;
-    }
     select.workspace_bytes = fused_indexer_topk_workspace_bytes(n, select.ctas);
     select.workspace = fs.fused.get<uint8_t>(static_cast<int64_t>(select.workspace_bytes));
     fused_indexer_topk(select, stream_);

@@ -43,12 +43,6 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
                 "fused indexer top-k: a compaction check every {} pages needs the four-warpgroup "
                 "tensor-core head sum",
                 params.check_pages);
-  MEGACTX_CHECK(params.first_compaction == 0 ||
-                    (params.first_compaction == kFusedFirstCompaction && params.wgmma &&
-                     params.tensor_head_sum && params.consumer_warpgroups != 2),
-                "fused indexer top-k: a first compaction at {} entries (supported: 0, or {} with "
-                "the four-warpgroup tensor-core head sum)",
-                params.first_compaction, kFusedFirstCompaction);
   if (params.rows == 0) return;
   MEGACTX_CHECK(params.queries && params.weights && params.key_pool && params.page_tables &&
                     params.row_table && (params.row_visible || params.row_positions) &&

@@ -77,11 +77,6 @@ constexpr int kBins = 2048;                                 // radix digits of 1
 // spills against 68).
 template <int CheckShift>
 constexpr int kHighWater = kFusedCandidates - (kPageTokens << CheckShift);
-// FirstMark > 0: a row whose buffer was never compacted (threshold still 0)
-// is compacted once it holds FirstMark entries instead, so that its threshold
-// rises after ~2 top_k keys rather than kHighWater: random scores append
-// ~FirstMark + top_k ln(visible / FirstMark) keys per row, a fifth of a 64K
-// row's keys with kHighWater.
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Shared memory, offsets from a 1024-byte aligned base (the swizzle atoms);
@@ -369,8 +364,7 @@ __device__ void select_top_k(int wg, int row, int bit, int top_k, uint32_t* keys
   named_barrier_aligned(barrier, 128);
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs, int CheckShift,
-          int FirstMark>
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs, int CheckShift>
 __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
     fused_indexer_topk_kernel(KernelParams kp) {
   static_assert(Wgmma || !PingPong, "ping-pong needs asynchronous MMAs");
@@ -599,8 +593,7 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
         if (pass && lane == leader) {
           const int added = __popc(group);
           base = atomicAdd(&misc.count[row], added);
-          const int mark = FirstMark > 0 && threshold == 0 ? FirstMark : kHighWater<CheckShift>;
-          if (base <= mark && base + added > mark)
+          if (base <= kHighWater<CheckShift> && base + added > kHighWater<CheckShift>)
             atomicOr(&misc.need[wg][check & 1], 1u << (row - wg * kRowsPerWg));
         }
         base = __shfl_sync(kFullMask, base, leader);
@@ -840,12 +833,11 @@ __global__ void __launch_bounds__(Cta<Wgs>::kThreads, 1)
   }
 }
 
-template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs = 2, int CheckShift = 0,
-          int FirstMark = 0>
+template <int Heads, bool Wgmma, bool PingPong, bool TensorSum, int Wgs = 2, int CheckShift = 0>
 void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream) {
   static const bool configured = [] {
     MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(
-        fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift, FirstMark>,
+        fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
     return true;
   }();
@@ -874,7 +866,7 @@ void launch(const FusedIndexerTopkParams& params, int ctas, cudaStream_t stream)
   kernel.keys = reinterpret_cast<uint32_t*>(workspace + layout.keys);
   kernel.positions = reinterpret_cast<int32_t*>(workspace + layout.positions);
   const unsigned grid = static_cast<unsigned>(std::min(ctas, params.rows));
-  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift, FirstMark>
+  fused_indexer_topk_kernel<Heads, Wgmma, PingPong, TensorSum, Wgs, CheckShift>
       <<<grid, Cta<Wgs>::kThreads, kSharedBytes, stream>>>(kernel);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -892,15 +884,10 @@ void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
     if (tensor_sum) {
       if (params.consumer_warpgroups == 2)
         return launch<Heads, true, false, true, 2>(params, ctas, stream);
-      constexpr int kFirst = kFusedFirstCompaction;
-      const bool early = params.first_compaction > 0;
       if (params.check_pages == 4)
-        return early ? launch<Heads, true, false, true, 4, 2, kFirst>(params, ctas, stream)
-                     : launch<Heads, true, false, true, 4, 2>(params, ctas, stream);
+        return launch<Heads, true, false, true, 4, 2>(params, ctas, stream);
       if (params.check_pages == 2)
-        return early ? launch<Heads, true, false, true, 4, 1, kFirst>(params, ctas, stream)
-                     : launch<Heads, true, false, true, 4, 1>(params, ctas, stream);
-      if (early) return launch<Heads, true, false, true, 4, 0, kFirst>(params, ctas, stream);
+        return launch<Heads, true, false, true, 4, 1>(params, ctas, stream);
       return launch<Heads, true, false, true, 4>(params, ctas, stream);
     }
     ping_pong ? launch<Heads, true, true, false>(params, ctas, stream)

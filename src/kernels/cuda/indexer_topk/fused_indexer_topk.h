@@ -51,8 +51,6 @@ namespace megactx::cuda {
 inline constexpr int kFusedMaxTopk = 2048;
 inline constexpr int kFusedCandidates = 8192;  // candidate entries per row of an active tile
 inline constexpr int kFusedMaxTileRows = 16;
-// FusedIndexerTopkParams::first_compaction's one supported mark (2 x kFusedMaxTopk).
-inline constexpr int kFusedFirstCompaction = 4096;
 
 // Rows per tile: 256 tensor-core columns per warpgroup / heads, two warpgroups.
 constexpr int fused_tile_rows(int heads) {
@@ -114,12 +112,6 @@ struct FusedIndexerTopkParams {
   // time; the mark sits that many pages below the buffer's end): 0 or 1 every
   // page, 2 or 4 (the four-warpgroup tensor-core head sum only).
   int check_pages = 0;
-  // 0, or kFusedFirstCompaction (the four-warpgroup tensor-core head sum
-  // only): a row's first compaction comes once its candidate buffer holds that
-  // many entries instead of at the high-water mark, so that its threshold
-  // rises early and fewer keys are appended (random scores: a fifth of a 64K
-  // row's keys at the high-water mark, an eighth at 4096).
-  int first_compaction = 0;
   // Tests only: when set, every score the kernel computes for a visible key is
   // also written here ([rows, debug_stride] fp32), to tell scoring from selection.
   float* debug_scores = nullptr;
