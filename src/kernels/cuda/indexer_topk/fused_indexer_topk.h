@@ -51,6 +51,9 @@ namespace megactx::cuda {
 inline constexpr int kFusedMaxTopk = 2048;
 inline constexpr int kFusedCandidates = 8192;  // candidate entries per row of an active tile
 inline constexpr int kFusedMaxTileRows = 16;
+// The four-warpgroup kernel's default compaction-check interval in key pages
+// (FusedIndexerTopkParams::check_pages; measured in docs/benchmarks.md).
+inline constexpr int kFusedCheckPages = 4;
 
 // Rows per tile: 256 tensor-core columns per warpgroup / heads, two warpgroups.
 constexpr int fused_tile_rows(int heads) {
@@ -109,8 +112,9 @@ struct FusedIndexerTopkParams {
   bool newest_first = true;
   // How often (in key pages) each consumer warpgroup looks for rows whose
   // candidate buffer passed its high-water mark (a warpgroup barrier each
-  // time; the mark sits that many pages below the buffer's end): 0 or 1 every
-  // page, 2 or 4 (the four-warpgroup tensor-core head sum only).
+  // time; the mark sits that many pages below the buffer's end): 1 or 4 (4:
+  // the four-warpgroup tensor-core head sum only), or 0 for the default:
+  // kFusedCheckPages with that layout, 1 with the others.
   int check_pages = 0;
   // Tests only: when set, every score the kernel computes for a visible key is
   // also written here ([rows, debug_stride] fp32), to tell scoring from selection.
