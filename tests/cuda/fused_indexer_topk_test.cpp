@@ -246,14 +246,13 @@ std::string run_name(const FusedRun& run) {
 
 // wgmma with the warpgroups taking turns (fp32 head sum), the default kernel
 // (bf16 head sum on the tensor cores, four consumer warpgroups; twice on one
-// workspace; once streaming pages oldest first; checking for compactions every
-// page and every 8 instead of every 4), the same with two warpgroups, wgmma free-running with the
+// workspace; once streaming pages oldest first; once checking for compactions
+// every page instead of every 4), the same with two warpgroups, wgmma free-running with the
 // fp32 head sum, mma.sync (fp32 head sum).
 const std::vector<FusedRun> kBothEngines = {{true, 0, 1, false, true, false},
                                             {true, 0, 2, false, false},
                                             {true, 0, 1, false, false, true, 0, false},
                                             {true, 0, 1, false, false, true, 0, true, 1},
-                                            {true, 0, 1, false, false, true, 0, true, 8},
                                             {true, 0, 1, false, false, true, 2},
                                             {true, 0, 1, false, false, false},
                                             {false, 0, 1, false, false}};
@@ -643,7 +642,7 @@ TEST(FusedIndexerTopk, RejectsBadShapes) {
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
   params.tensor_head_sum = true;
   EXPECT_NO_THROW(cuda::fused_indexer_topk(params, nullptr));
-  params.check_pages = 2;  // 0, 1, 4 or 8
+  params.check_pages = 2;  // 0, 1 or 4
   EXPECT_THROW(cuda::fused_indexer_topk(params, nullptr), Error);
   params.check_pages = 4;  // only with four warpgroups
   params.consumer_warpgroups = 2;

@@ -153,13 +153,13 @@ bool indexer_oldest_first_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// MEGACTX_CUDA_INDEXER_CHECK_PAGES=1, 4 or 8: how often (in key pages) the fused
+// MEGACTX_CUDA_INDEXER_CHECK_PAGES=1 or 4: how often (in key pages) the fused
 // indexer looks for candidate buffers to compact (A/B runs; read per call).
 int indexer_check_pages_forced() {
   const char* value = std::getenv("MEGACTX_CUDA_INDEXER_CHECK_PAGES");
   if (value == nullptr) return 0;
   const int pages = std::atoi(value);
-  return pages == 1 || pages == 4 || pages == 8 ? pages : 0;
+  return pages == 1 || pages == 4 ? pages : 0;
 }
 
 }  // namespace

@@ -35,12 +35,11 @@ void fused_indexer_topk(const FusedIndexerTopkParams& params, cudaStream_t strea
   MEGACTX_CHECK(
       params.consumer_warpgroups != 4 || (params.wgmma && params.tensor_head_sum),
       "fused indexer top-k: four consumer warpgroups need the wgmma tensor-core head sum");
-  MEGACTX_CHECK(params.check_pages == 0 || params.check_pages == 1 || params.check_pages == 4 ||
-                    params.check_pages == 8,
+  MEGACTX_CHECK(params.check_pages == 0 || params.check_pages == 1 || params.check_pages == 4,
                 "fused indexer top-k: a compaction check every {} pages (supported: 0 = the "
-                "default, 1, 4, 8)",
+                "default, 1, 4)",
                 params.check_pages);
-  MEGACTX_CHECK(params.check_pages <= 1 ||
+  MEGACTX_CHECK(params.check_pages != 4 ||
                     (params.wgmma && params.tensor_head_sum && params.consumer_warpgroups != 2),
                 "fused indexer top-k: a compaction check every {} pages needs the four-warpgroup "
                 "tensor-core head sum",

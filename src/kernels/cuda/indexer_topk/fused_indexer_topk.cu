@@ -886,7 +886,6 @@ void launch_fused_indexer_topk(const FusedIndexerTopkParams& params, int ctas,
         return launch<Heads, true, false, true, 2>(params, ctas, stream);
       const int check_pages = params.check_pages > 0 ? params.check_pages : kFusedCheckPages;
       if (check_pages == 4) return launch<Heads, true, false, true, 4, 2>(params, ctas, stream);
-      if (check_pages == 8) return launch<Heads, true, false, true, 4, 3>(params, ctas, stream);
       return launch<Heads, true, false, true, 4>(params, ctas, stream);
     }
     ping_pong ? launch<Heads, true, true, false>(params, ctas, stream)

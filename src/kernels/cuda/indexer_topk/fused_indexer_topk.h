@@ -112,8 +112,8 @@ struct FusedIndexerTopkParams {
   bool newest_first = true;
   // How often (in key pages) each consumer warpgroup looks for rows whose
   // candidate buffer passed its high-water mark (a warpgroup barrier each
-  // time; the mark sits that many pages below the buffer's end): 1, 4 or 8
-  // (4 and 8: the four-warpgroup tensor-core head sum only), or 0 for the default:
+  // time; the mark sits that many pages below the buffer's end): 1 or 4 (4:
+  // the four-warpgroup tensor-core head sum only), or 0 for the default:
   // kFusedCheckPages with that layout, 1 with the others.
   int check_pages = 0;
   // Tests only: when set, every score the kernel computes for a visible key is
