@@ -29,7 +29,10 @@ In one run the script
 
 It prints a markdown table (length, TTFT, prefill tok/s, floor and its
 parts, TTFT / floor, transformers), the ceilings and the server's device
-memory plan (its "CUDA memory plan" log line).
+memory plan (its "CUDA memory plan" log line), and the SM clock, power and
+temperature nvidia-smi sampled while the ceilings were measured and during
+each request (gpu_clocks.py): a long prefill may run at lower clocks than
+the seconds-long GEMMs that set the floor.
 
   python3 tools/bench/prefill_serve_bench.py --megactx build/megactx \\
       --checkpoint /tmp/glm52_attention_ckpt --json ttft.json --plot ttft.svg
@@ -58,6 +61,7 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, HERE)
 from megactx_server import MegactxServer  # noqa: E402
+from gpu_clocks import ClockSampler, summary_text  # noqa: E402
 from svg_plot import line_chart  # noqa: E402
 
 DEFAULT_LENGTHS = "4096,16384,65536,131072,524288,1048576"
@@ -383,7 +387,9 @@ def run_server(args, lengths, vocab):
                 request(port, "POST", "/flush_cache")
                 sum0 = metric(port, "megactx_time_to_first_token_seconds_sum")
                 count0 = metric(port, "megactx_time_to_first_token_seconds_count")
-                ttft, meta = first_token(port, ids, new_tokens, args.request_timeout)
+                with ClockSampler() as clocks:
+                    ttft, meta = first_token(port, ids, new_tokens, args.request_timeout)
+                row["clocks"] = clocks.summary()
                 sum1 = metric(port, "megactx_time_to_first_token_seconds_sum")
                 count1 = metric(port, "megactx_time_to_first_token_seconds_count")
                 # One request at a time: the histogram's sum grew by this request's TTFT.
@@ -391,7 +397,8 @@ def run_server(args, lengths, vocab):
                 row.update(ttft_s=ttft, prefill_tok_s=length / ttft, server_ttft_s=server_ttft,
                            cached_tokens=meta.get("cached_tokens"))
                 print(f"{length}: TTFT {ttft:.3f} s (server {seconds_text(server_ttft)} s), "
-                      f"{length / ttft:,.0f} tok/s, cached {row['cached_tokens']}", flush=True)
+                      f"{length / ttft:,.0f} tok/s, cached {row['cached_tokens']}; "
+                      f"{summary_text(row['clocks'])}", flush=True)
             except Exception as error:  # noqa: BLE001 - keep the lengths measured so far
                 row["error"] = str(error)[:300]
                 print(f"{length}: failed: {row['error']}", flush=True)
@@ -500,6 +507,11 @@ def print_table(rows, ceilings, plan):
           f"fp8 e4m3 GEMM {ceilings['fp8_tflops']:.0f} TFLOP/s (8192^3, torch)"
           + (f"; fp8 failed ({ceilings['fp8_error']}), the indexer floor uses bf16"
              if ceilings["fp8_error"] else ""))
+    print(f"clocks: ceilings {summary_text(ceilings.get('clocks'))}")
+    for row in rows:
+        if "clocks" in row:
+            print(f"clocks: {row['length']} {summary_text(row['clocks'])}"
+                  + (f"; with {ab} {summary_text(row.get('ab_clocks'))}" if ab else ""))
     for line in plan:
         print(f"plan: {line}")
 
@@ -553,9 +565,12 @@ def main():
 
     if not has_checkpoint(args.checkpoint):
         make_checkpoint(args.config, args.checkpoint)
-    ceilings = measure_ceilings()
+    with ClockSampler() as clocks:
+        ceilings = measure_ceilings()
+    ceilings["clocks"] = clocks.summary()
     print(f"measured GEMM ceilings: bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 "
-          f"{ceilings['fp8_tflops']:.0f} TFLOP/s {ceilings['fp8_error']}", flush=True)
+          f"{ceilings['fp8_tflops']:.0f} TFLOP/s {ceilings['fp8_error']}; "
+          f"{summary_text(ceilings['clocks'])}", flush=True)
 
     rows = []
     for length in lengths:
@@ -594,6 +609,7 @@ def main():
         for row in rows:
             row["ab_env"] = " ".join(args.ab_env)
             row["ab_ttft_s"] = measured_b.get(row["length"], {}).get("ttft_s")
+            row["ab_clocks"] = measured_b.get(row["length"], {}).get("clocks")
         write_json(serve, plan)
 
     if not args.no_hf:
