@@ -32,7 +32,8 @@ parts, TTFT / floor, transformers), the ceilings and the server's device
 memory plan (its "CUDA memory plan" log line), and the SM clock, power and
 temperature nvidia-smi sampled while the ceilings were measured and during
 each request (gpu_clocks.py): a long prefill may run at lower clocks than
-the seconds-long GEMMs that set the floor.
+the seconds-long GEMMs that set the floor. --sustained-seconds N also runs
+each ceiling GEMM back to back for N seconds and prints the rate it holds.
 
   python3 tools/bench/prefill_serve_bench.py --megactx build/megactx \\
       --checkpoint /tmp/glm52_attention_ckpt --json ttft.json --plot ttft.svg
@@ -140,30 +141,72 @@ def best_seconds(fn, repeats=10, inner=5, warmup=3):
     return best
 
 
-def measure_ceilings(size=8192):
-    """bf16 and fp8 e4m3 dense GEMM TFLOP/s on this GPU (torch's cuBLAS / cuBLASLt)."""
+def sustained_seconds(fn, seconds, batch=50):
+    """Mean seconds per call of `fn` run back to back for about `seconds` (CUDA events around
+    batches of `batch` calls): the rate a GPU holds under load, which may sit below the burst
+    that best_seconds sees once power or temperature caps the clocks."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    calls, elapsed = 0, 0.0
+    while elapsed < seconds:
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            fn()
+        stop.record()
+        stop.synchronize()
+        elapsed += start.elapsed_time(stop) / 1e3
+        calls += batch
+    return elapsed / calls
+
+
+def measure_ceilings(size=8192, sustained=0.0):
+    """bf16 and fp8 e4m3 dense GEMM TFLOP/s on this GPU (torch's cuBLAS / cuBLASLt), the best
+    of short bursts; with `sustained` > 0 also each GEMM's mean rate over that many seconds of
+    back-to-back calls (bf16_sustained_tflops, fp8_sustained_tflops) and the clocks meanwhile."""
+    import torch
+
+    out = gemm_rates(size, sustained)  # its operands are freed when it returns
+    torch.cuda.empty_cache()
+    return out
+
+
+def gemm_rates(size, sustained):
     import torch
 
     flops = 2.0 * size ** 3
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    bf16 = flops / best_seconds(lambda: torch.matmul(a, b)) / 1e12
+    bf16_fn = lambda: torch.matmul(a, b)  # noqa: E731
+    fp8_fn = None  # set once the fp8 GEMM ran
     fp8 = float("nan")
     fp8_error = ""
-    try:
-        a8 = a.to(torch.float8_e4m3fn)
-        # _scaled_mm wants b column-major: the transpose of a row-major [N, K] tensor.
-        b8 = b.to(torch.float8_e4m3fn).t()
-        one = torch.ones((), device="cuda", dtype=torch.float32)
-        fp8 = flops / best_seconds(lambda: torch._scaled_mm(
-            a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)) / 1e12
-        del a8, b8
-    except Exception as error:  # noqa: BLE001 - the floor falls back to bf16 for the indexer
-        fp8_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-    del a, b
-    torch.cuda.empty_cache()
-    return {"gpu": torch.cuda.get_device_name(), "bf16_tflops": bf16, "fp8_tflops": fp8,
-            "fp8_error": fp8_error}
+    with ClockSampler() as clocks:
+        bf16 = flops / best_seconds(bf16_fn) / 1e12
+        try:
+            a8 = a.to(torch.float8_e4m3fn)
+            # _scaled_mm wants b column-major: the transpose of a row-major [N, K] tensor.
+            b8 = b.to(torch.float8_e4m3fn).t()
+            one = torch.ones((), device="cuda", dtype=torch.float32)
+            scaled = lambda: torch._scaled_mm(  # noqa: E731
+                a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            fp8 = flops / best_seconds(scaled) / 1e12
+            fp8_fn = scaled
+        except Exception as error:  # noqa: BLE001 - the floor falls back to bf16 for the indexer
+            fp8_error = str(error).splitlines()[0] if str(error) else type(error).__name__
+    out = {"gpu": torch.cuda.get_device_name(), "bf16_tflops": bf16, "fp8_tflops": fp8,
+           "fp8_error": fp8_error, "clocks": clocks.summary()}
+    if sustained > 0:
+        out["sustained_s"] = sustained
+        with ClockSampler() as clocks:
+            out["bf16_sustained_tflops"] = flops / sustained_seconds(bf16_fn, sustained) / 1e12
+            if fp8_fn is not None:
+                out["fp8_sustained_tflops"] = flops / sustained_seconds(fp8_fn, sustained) / 1e12
+        out["sustained_clocks"] = clocks.summary()
+    return out
 
 
 def layer_kinds(config):
@@ -484,6 +527,15 @@ def seconds_text(value):
     return f"{value:.3g}" if value < 10 else f"{value:.1f}"
 
 
+def sustained_text(ceilings):
+    """The sustained GEMM rates (measure_ceilings with sustained > 0) as one line."""
+    fp8 = ceilings.get("fp8_sustained_tflops")
+    return (f"sustained: bf16 GEMM {ceilings['bf16_sustained_tflops']:.0f} TFLOP/s"
+            + (f", fp8 {fp8:.0f} TFLOP/s" if fp8 is not None else "")
+            + f" over {ceilings.get('sustained_s', 0):.0f} s each; "
+            + summary_text(ceilings.get("sustained_clocks")))
+
+
 def print_table(rows, ceilings, plan):
     print()
     ab = rows[0].get("ab_env") if rows else None
@@ -508,6 +560,8 @@ def print_table(rows, ceilings, plan):
           + (f"; fp8 failed ({ceilings['fp8_error']}), the indexer floor uses bf16"
              if ceilings["fp8_error"] else ""))
     print(f"clocks: ceilings {summary_text(ceilings.get('clocks'))}")
+    if "bf16_sustained_tflops" in ceilings:
+        print(sustained_text(ceilings))
     for row in rows:
         if "clocks" in row:
             print(f"clocks: {row['length']} {summary_text(row['clocks'])}"
@@ -549,6 +603,9 @@ def main():
     parser.add_argument("--json", default="", help="also write every number here")
     parser.add_argument("--server-log", default="", help="write the server's whole log here")
     parser.add_argument("--plot", default="", help="also write a log-log SVG chart here")
+    parser.add_argument("--sustained-seconds", type=float, default=0.0,
+                        help="also run each ceiling GEMM back to back for this long and print its "
+                             "mean rate and clocks (the floor keeps the burst ceilings)")
     parser.add_argument("--ab-env", action="append", default=[], metavar="KEY=VALUE",
                         help="also run every length through a second server with this "
                              "environment variable set (an A/B in one run; repeatable)")
@@ -565,12 +622,12 @@ def main():
 
     if not has_checkpoint(args.checkpoint):
         make_checkpoint(args.config, args.checkpoint)
-    with ClockSampler() as clocks:
-        ceilings = measure_ceilings()
-    ceilings["clocks"] = clocks.summary()
+    ceilings = measure_ceilings(sustained=args.sustained_seconds)
     print(f"measured GEMM ceilings: bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 "
           f"{ceilings['fp8_tflops']:.0f} TFLOP/s {ceilings['fp8_error']}; "
           f"{summary_text(ceilings['clocks'])}", flush=True)
+    if args.sustained_seconds > 0:
+        print(sustained_text(ceilings), flush=True)
 
     rows = []
     for length in lengths:
