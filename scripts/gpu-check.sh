@@ -435,7 +435,8 @@ fi
 if [[ "$benches" == *ttft* ]]; then
   # Time to first token through serve on the GLM-5.2 attention config (the checkpoint is made once
   # by transformers and kept in /tmp), beside the FLOP floor at this GPU's measured GEMM ceilings
-  # and transformers' own forward pass. TTFT_ARGS: more arguments, e.g. --lengths 4096,16384.
+  # and transformers' own forward pass, with the clocks sampled meanwhile. TTFT_ARGS: more
+  # arguments, e.g. --lengths 4096,16384 or --sustained-seconds 20 (the GEMM rate held under load).
   # shellcheck disable=SC2086  # $TTFT_ARGS is a list of arguments
   timeout "${TTFT_TIMEOUT:-540}" python3 tools/bench/prefill_serve_bench.py --megactx "$pack/bin/megactx" \
     --checkpoint /tmp/glm52_attention_ckpt --json "$out/ttft.json" --plot "$out/ttft.svg" \
@@ -558,7 +559,7 @@ fi
 [[ -f "$out/fp8_linear.md" ]] && grep -E '^\| [A-Zg]' "$out/fp8_linear.md"
 [[ -f "$out/indexer_prefill.md" ]] && grep -E '^\| [0-9d]' "$out/indexer_prefill.md"
 [[ -f "$out/profile.md" ]] && grep -v '^$' "$out/profile.md" | head -60
-[[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|plan): ' "$out/ttft.md"
+[[ -f "$out/ttft.md" ]] && grep -E '^\| [0-9]+ \||^(ceilings|clocks|sustained|plan): ' "$out/ttft.md"
 [[ -f "$out/long_decode.md" ]] && grep -E '^\| [0-9]+ \| [0-9]+ \||^(read bandwidth|plan): ' "$out/long_decode.md"
 # A device call brings back at most 8 files from $OUT: past that, every log
 # but the summary goes into one archive.
