@@ -120,6 +120,20 @@ def make_checkpoint(config_path, directory):
 # Ceilings and the floor
 
 
+def event_seconds(fn, calls):
+    """Seconds of `calls` back-to-back calls of `fn`, between two CUDA events."""
+    import torch
+
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3
+
+
 def best_seconds(fn, repeats=10, inner=5, warmup=3):
     """Best of `repeats` CUDA-event timings of `inner` back-to-back calls, per call: several
     calls per timing keep the launch gaps out of a ~1.5 ms GEMM."""
@@ -128,17 +142,7 @@ def best_seconds(fn, repeats=10, inner=5, warmup=3):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        stop.record()
-        stop.synchronize()
-        best = min(best, start.elapsed_time(stop) / 1e3 / inner)
-    return best
+    return min(event_seconds(fn, inner) / inner for _ in range(repeats))
 
 
 def sustained_seconds(fn, seconds, batch=50):
@@ -151,14 +155,7 @@ def sustained_seconds(fn, seconds, batch=50):
     torch.cuda.synchronize()
     calls, elapsed = 0, 0.0
     while elapsed < seconds:
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            fn()
-        stop.record()
-        stop.synchronize()
-        elapsed += start.elapsed_time(stop) / 1e3
+        elapsed += event_seconds(fn, batch)
         calls += batch
     return elapsed / calls
 
