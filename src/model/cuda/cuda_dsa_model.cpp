@@ -424,6 +424,12 @@ bool CudaDsaModel::reads_f32_norm(const DeviceLayer& w, bool attention) const {
   return w.is_moe || !bf16(w.dense.gate_up);
 }
 
+bool CudaDsaModel::reads_f32_q_resid(const DeviceLayer& w) const {
+  if (!options_.bf16_weights || options_.batch_invariant) return true;
+  auto bf16 = [](const DeviceMatrix& m) { return m.bf16 && !m.fp8(); };
+  return !(bf16(w.q_b) && (!w.has_indexer || bf16(w.wq_b)));
+}
+
 bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {
   if (attention) return w.qkv_a ? w.qkv_a.fp8() : (w.q_a ? w.q_a.fp8() : w.q_b.fp8());
   return !w.is_moe && w.dense.gate_up.fp8();

@@ -247,6 +247,8 @@ class CudaDsaModel final : public LanguageModel {
   // attention (attention) or its MLP / MoE (otherwise); if not, the norm
   // writes only the bf16 copy (Blas::share_input's f32_written).
   bool reads_f32_norm(const DeviceLayer& w, bool attention) const;
+  // The same for the q_a norm's output (q_resid): q_b and the indexer's wq_b read it.
+  bool reads_f32_q_resid(const DeviceLayer& w) const;
   // data [count] on the device: this rank's partial sum of an attention or
   // feed-forward output, summed over the tensor-parallel group in place (on
   // stream_; nothing without a group).

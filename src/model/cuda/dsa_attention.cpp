@@ -54,15 +54,17 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     q_resid = sc.q_resid.get<float>(n * q_lora);
     blas_->linear(h, n, hidden, w.q_a, q_lora, q_resid);
   }
-  timer_.mark("attn q_a norm + latent", stream_);
+  timer_.mark("attn q_a norm", stream_);
   if (q_lora > 0) {
     void* q_resid_bf16 = gemm_input_copy(sc.q_resid_bf16, n * q_lora);
     // q_b's (and the indexer's wq_b's) e4m3 input, when they are fp8 (fp8_copy).
     const Fp8Copy q_resid_fp8 =
         fp8_copy(sc.q_resid_fp8, sc.q_resid_fp8_scales, n, q_lora, w.q_b.fp8());
-    rmsnorm(q_resid, n, q_lora, q_stride, w.q_a_norm, kLatentNormEps, q_resid, q_stride, stream_,
-            q_resid_bf16, q_resid_fp8);
-    blas_->share_input(q_resid, n, q_lora, q_stride, q_resid_bf16);
+    // In place; only the bf16 copy when every reader is a bf16 linear.
+    const bool f32 = q_resid_bf16 == nullptr || reads_f32_q_resid(w);
+    rmsnorm(q_resid, n, q_lora, q_stride, w.q_a_norm, kLatentNormEps, f32 ? q_resid : nullptr,
+            q_stride, stream_, q_resid_bf16, q_resid_fp8);
+    blas_->share_input(q_resid, n, q_lora, q_stride, q_resid_bf16, f32);
     blas_->share_fp8_input(q_resid, n, q_lora, q_stride, q_resid_fp8.q, q_resid_fp8.scale_rows,
                            q_resid_fp8.scale_groups);
   }
@@ -73,6 +75,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
   // weight their kv columns are computed and left unused).
   // LayerSplit: only the layer's owner holds its pools and writes them
   // (share_layer_kv then hands them to the others).
+  timer_.mark("attn latent write", stream_);
   const bool owner = plan_.holds_kv(layer);
   if (!step.shared && owner && plan_.layer_split) before_layer_split_write(layer);
   if (!step.shared && owner) {
