@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace megactx::cuda {
 
@@ -24,5 +25,13 @@ struct ReadBandwidth {
 // frees the buffer; an Error when it does not fit.
 ReadBandwidth measure_read_bandwidth(size_t bytes = size_t{8} << 30, int runs = 10,
                                      cudaStream_t stream = nullptr);
+
+// The gather floor of a sparse attention kernel: milliseconds (median of
+// `runs` after one warm-up) to read `count` entries of `entry_bytes` (a
+// multiple of 16) at pool + slots[i] * entry_bytes (slots < 0 skipped), in the
+// slots' order, with 16-byte loads that keep the entries in L2 as the kernels'
+// gathers do, and nothing computed: what the same selections cost in reads alone.
+double measure_gather_read_ms(const void* pool, size_t entry_bytes, const int32_t* slots,
+                              size_t count, int runs = 3, cudaStream_t stream = nullptr);
 
 }  // namespace megactx::cuda
