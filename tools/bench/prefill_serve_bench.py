@@ -33,7 +33,9 @@ memory plan (its "CUDA memory plan" log line), and the SM clock, power and
 temperature nvidia-smi sampled while the ceilings were measured and during
 each request (gpu_clocks.py): a long prefill may run at lower clocks than
 the seconds-long GEMMs that set the floor. --sustained-seconds N also runs
-each ceiling GEMM back to back for N seconds and prints the rate it holds.
+each ceiling GEMM back to back for N seconds and prints the rate it holds,
+and the floor at those rates under the table (the table keeps the burst
+floor).
 
   python3 tools/bench/prefill_serve_bench.py --megactx build/megactx \\
       --checkpoint /tmp/glm52_attention_ckpt --json ttft.json --plot ttft.svg
@@ -563,6 +565,11 @@ def print_table(rows, ceilings, plan):
         if "clocks" in row:
             print(f"clocks: {row['length']} {summary_text(row['clocks'])}"
                   + (f"; with {ab} {summary_text(row.get('ab_clocks'))}" if ab else ""))
+    for row in rows:
+        if "sustained_floor_s" in row and row.get("ttft_s"):
+            print(f"floor at the sustained rates: {row['length']} "
+                  f"{seconds_text(row['sustained_floor_s'])} s, TTFT / it "
+                  f"{row['ttft_s'] / row['sustained_floor_s']:.2f}x")
     for line in plan:
         print(f"plan: {line}")
 
@@ -630,6 +637,12 @@ def main():
     for length in lengths:
         floor = flop_floor(config, length, ceilings["bf16_tflops"], ceilings["fp8_tflops"])
         rows.append({"length": length, **floor})
+        if "bf16_sustained_tflops" in ceilings:
+            # The floor again at the rates the GEMMs hold for --sustained-seconds (a lower
+            # clock under the power cap): printed beside the burst floor, which the table keeps.
+            rows[-1]["sustained_floor_s"] = flop_floor(
+                config, length, ceilings["bf16_sustained_tflops"],
+                ceilings.get("fp8_sustained_tflops", ceilings["fp8_tflops"]))["floor_s"]
         print(f"{length}: floor {floor['floor_s']:.3f} s = GEMMs {floor['gemm_flops'] / 1e15:.3f} "
               f"PFLOP {floor['gemm_s']:.3f} s + indexer {floor['indexer_flops'] / 1e15:.3f} PFLOP "
               f"{floor['indexer_s']:.3f} s + sparse MLA {floor['mla_flops'] / 1e15:.3f} PFLOP "
