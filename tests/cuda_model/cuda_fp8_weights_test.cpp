@@ -229,7 +229,8 @@ void expect_the_quantisers_copy(const float* y, int64_t rows, int64_t n, int64_t
 // row stride, add_rmsnorm, a width off 128 and the widest row held in registers.
 TEST(CudaFp8Gemm, NormsWriteTheQuantisersFp8Copy) {
   for (const bool add : {false, true})
-    for (const int64_t n : {int64_t{160}, int64_t{2048}, int64_t{6144}, cuda::kFp8CopyMaxWidth})
+    for (const int64_t n : {int64_t{160}, int64_t{2048}, int64_t{2049}, int64_t{6144},
+                            int64_t{6145}, cuda::kFp8CopyMaxWidth})
       for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{70}}) {
         const int64_t stride = add ? n : n + 8, groups = (n + 127) / 128;
         std::vector<float> x = normal_values(static_cast<size_t>(rows * stride), 21, 2.0f);

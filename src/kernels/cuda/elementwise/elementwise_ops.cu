@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include <cfloat>
+#include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.cuh"
@@ -38,7 +39,15 @@ __global__ void embed_gather_kernel(const float* table, const int32_t* ids, int6
 // flight at once (a loop that adds each load before issuing the next waits a
 // memory round trip per element: ~6.5 us per launch at batch 1 on a
 // 2048-wide row, ncu). The sum runs in the same order either way (same bits).
+// Rows up to kNarrowCached x 256 wide take an instantiation that holds only
+// that many: the 32-value one needs ~130 registers, two blocks per SM, and
+// so few bytes in flight that GLM-5.2's 2048-wide q_a norm ran at ~0.8 TB/s
+// in a 16K-row prefill chunk (H100; the 6144-wide norms ~2.7).
 constexpr int kCachedPerThread = 32;
+constexpr int kNarrowCached = 8;
+// And up to 24 x 256 (GLM-5.2's 6144-wide hidden norms): ~100 registers, two
+// blocks per SM instead of one.
+constexpr int kMediumCached = 24;
 
 static_assert(kCachedPerThread * kThreads == kFp8CopyMaxWidth);
 
@@ -59,13 +68,14 @@ struct Fp8GroupScales {
   float inverse[kFp8CopyMaxWidth / 128];
 };
 
-__device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCachedPerThread], int64_t n,
+template <int kCached>
+__device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCached], int64_t n,
                                                const Fp8Copy& fp8,
-                                               float (&warp_max)[kCachedPerThread][kThreads / 32],
+                                               float (&warp_max)[kCached][kThreads / 32],
                                                Fp8GroupScales& groups_shared) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 #pragma unroll
-  for (int k = 0; k < kCachedPerThread; ++k) {
+  for (int k = 0; k < kCached; ++k) {
     if (int64_t{k} * kThreads >= n) break;  // uniform: the rest of the row is padding
     float m = fabsf(outs[k]);               // 0 past n, as the quantiser's padding
     for (int offset = 16; offset > 0; offset /= 2)
@@ -87,7 +97,7 @@ __device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCachedPerThr
   __syncthreads();
   const int half = static_cast<int>(threadIdx.x) / 128;  // which group of the 256 at k
 #pragma unroll
-  for (int k = 0; k < kCachedPerThread; ++k) {
+  for (int k = 0; k < kCached; ++k) {
     const int64_t i = threadIdx.x + int64_t{k} * kThreads;
     if (int64_t{k} * kThreads >= n) break;
     if (i >= n) continue;
@@ -102,25 +112,27 @@ __device__ __forceinline__ void write_fp8_copy(const float (&outs)[kCachedPerThr
 
 // kFp8: write fp8's copy too (a separate instantiation: the plain norm keeps
 // its registers).
-template <bool kAdd, bool kFp8>
+// kCached: values held per thread (kCachedPerThread, or kNarrowCached for
+// rows that fit it).
+template <bool kAdd, bool kFp8, int kCached>
 __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t x_stride,
                                const float* weight, float eps, float* y, int64_t y_stride,
                                __nv_bfloat16* y_bf16, Fp8Copy fp8) {
   grid_dependency_wait();
   grid_dependency_trigger();
   __shared__ float shared[kThreads / 32];
-  __shared__ float warp_max[kCachedPerThread][kThreads / 32];  // fp8 copies only
-  __shared__ Fp8GroupScales fp8_groups;                        // fp8 copies only
+  __shared__ float warp_max[kCached][kThreads / 32];  // fp8 copies only
+  __shared__ Fp8GroupScales fp8_groups;               // fp8 copies only
   float* xr = x + blockIdx.x * x_stride;
   float* yr = y != nullptr ? y + blockIdx.x * y_stride : nullptr;
   float sum = 0.0f;
-  if (n <= kCachedPerThread * kThreads) {
+  if (n <= kCached * kThreads) {
     // The weights too, with the row's loads: at decode sizes (a block or a
     // few per launch) the launch is a chain of memory round trips, and
     // loading them after the sum would add one.
-    float values[kCachedPerThread], weights[kCachedPerThread];
+    float values[kCached], weights[kCached];
 #pragma unroll
-    for (int k = 0; k < kCachedPerThread; ++k) {
+    for (int k = 0; k < kCached; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
       values[k] = i < n ? xr[i] : 0.0f;
       weights[k] = i < n ? weight[i] : 0.0f;
@@ -129,7 +141,7 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
       }
     }
 #pragma unroll
-    for (int k = 0; k < kCachedPerThread; ++k) {
+    for (int k = 0; k < kCached; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
       if (i < n) {
         if constexpr (kAdd) xr[i] = values[k];
@@ -137,9 +149,9 @@ __global__ void rmsnorm_kernel(float* x, const float* branch, int64_t n, int64_t
       }
     }
     const float inv = rsqrtf(block_sum<kThreads>(sum, shared) / static_cast<float>(n) + eps);
-    float outs[kCachedPerThread];
+    float outs[kCached];
 #pragma unroll
-    for (int k = 0; k < kCachedPerThread; ++k) {
+    for (int k = 0; k < kCached; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * kThreads;
       outs[k] = 0.0f;
       if (i < n) {
@@ -368,6 +380,32 @@ __global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t firs
   }
 }
 
+using RmsnormKernel = void (*)(float*, const float*, int64_t, int64_t, const float*, float, float*,
+                               int64_t, __nv_bfloat16*, Fp8Copy);
+
+// The instantiation for a row of n values (narrow rows hold fewer per thread).
+// MEGACTX_CUDA_NORM_ROWS_CACHED=32: every row on the 32-value instantiation (A/B runs; read once).
+bool fitted_norms() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_NORM_ROWS_CACHED");
+    return !(value != nullptr && std::atoi(value) == kCachedPerThread);
+  }();
+  return on;
+}
+
+template <bool kAdd>
+RmsnormKernel rmsnorm_variant(int64_t n, const Fp8Copy& fp8) {
+  if (!fitted_norms()) n = kCachedPerThread * kThreads;
+  if (n <= kNarrowCached * kThreads)
+    return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kNarrowCached>
+                            : rmsnorm_kernel<kAdd, false, kNarrowCached>;
+  if (n <= kMediumCached * kThreads)
+    return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kMediumCached>
+                            : rmsnorm_kernel<kAdd, false, kMediumCached>;
+  return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kCachedPerThread>
+                          : rmsnorm_kernel<kAdd, false, kCachedPerThread>;
+}
+
 }  // namespace
 
 void embed_gather(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* out,
@@ -383,18 +421,17 @@ void rmsnorm(const float* x, int64_t rows, int64_t n, int64_t x_stride, const fl
              Fp8Copy fp8) {
   if (rows == 0) return;
   // kAdd false: x is only read.
-  launch_kernel(fp8.q != nullptr ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>,
-                static_cast<unsigned>(rows), kThreads, 0, stream, const_cast<float*>(x), nullptr, n,
-                x_stride, weight, eps, y, y_stride, static_cast<__nv_bfloat16*>(y_bf16), fp8);
+  launch_kernel(rmsnorm_variant<false>(n, fp8), static_cast<unsigned>(rows), kThreads, 0, stream,
+                const_cast<float*>(x), nullptr, n, x_stride, weight, eps, y, y_stride,
+                static_cast<__nv_bfloat16*>(y_bf16), fp8);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rmsnorm(float* x, const float* branch, int64_t rows, int64_t n, const float* weight,
                  float eps, float* y, cudaStream_t stream, void* y_bf16, Fp8Copy fp8) {
   if (rows == 0) return;
-  launch_kernel(fp8.q != nullptr ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>,
-                static_cast<unsigned>(rows), kThreads, 0, stream, x, branch, n, n, weight, eps, y,
-                n, static_cast<__nv_bfloat16*>(y_bf16), fp8);
+  launch_kernel(rmsnorm_variant<true>(n, fp8), static_cast<unsigned>(rows), kThreads, 0, stream, x,
+                branch, n, n, weight, eps, y, n, static_cast<__nv_bfloat16*>(y_bf16), fp8);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
