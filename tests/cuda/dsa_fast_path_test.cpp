@@ -148,32 +148,36 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
   }
 
   // Positions -> slots: counts cut the row, anything outside [0, position] is
-  // -1, and only the first 48 of 64 columns are written.
-  const int64_t stride = 64, width = 48;
+  // -1, and only the first 48 (four per thread) or 47 (one per thread) of 64
+  // columns are written.
+  const int64_t stride = 64;
   std::vector<int32_t> selected(n * stride), select_counts(n);
   for (int64_t i = 0; i < n; ++i) {
     select_counts[i] = static_cast<int32_t>(rng() % 60);
     for (int64_t k = 0; k < stride; ++k)
       selected[i * stride + k] = static_cast<int32_t>(rng() % (b.positions[i] + 10)) - 3;
   }
-  DeviceBuffer<int32_t> d_selected(selected), d_select_counts(select_counts), slots(n * width);
-  cuda::PositionsToSlotsParams map;
-  map.selected = d_selected.get();
-  map.counts = d_select_counts.get();
-  map.rows = rows.rows();
-  map.tokens = n;
-  map.selected_stride = stride;
-  map.top_k = width;
-  map.slots = slots.get();
-  cuda::positions_to_slots(map, nullptr);
-  const auto got_slots = slots.download();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < width; ++k) {
-      const int32_t p = selected[i * stride + k];
-      const bool valid = k < select_counts[i] && p >= 0 && p <= b.positions[i];
-      ASSERT_EQ(got_slots[i * width + k], valid ? b.slot(i, p) : -1)
-          << "token " << i << " entry " << k << " position " << p;
-    }
+  DeviceBuffer<int32_t> d_selected(selected), d_select_counts(select_counts);
+  for (const int64_t width : {int64_t{48}, int64_t{47}}) {
+    DeviceBuffer<int32_t> slots(n * width);
+    cuda::PositionsToSlotsParams map;
+    map.selected = d_selected.get();
+    map.counts = d_select_counts.get();
+    map.rows = rows.rows();
+    map.tokens = n;
+    map.selected_stride = stride;
+    map.top_k = width;
+    map.slots = slots.get();
+    cuda::positions_to_slots(map, nullptr);
+    const auto got_slots = slots.download();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < width; ++k) {
+        const int32_t p = selected[i * stride + k];
+        const bool valid = k < select_counts[i] && p >= 0 && p <= b.positions[i];
+        ASSERT_EQ(got_slots[i * width + k], valid ? b.slot(i, p) : -1)
+            << "width " << width << " token " << i << " entry " << k << " position " << p;
+      }
+  }
 
   // Indexer queries: 8 heads -> 32, bf16 (round to nearest even) and zeros.
   const int64_t heads = 8, padded = 32, dim = 128;
@@ -308,6 +312,14 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
           ASSERT_EQ(rotated[at], want) << "interleaved " << interleaved << " token " << i
                                        << " head " << h << " column " << c;
         }
+    // Into a q that is not 16-byte aligned: the one-column kernel instead of
+    // the four-pair one, the same bytes.
+    DeviceBuffer<uint16_t> d_offset(std::vector<uint16_t>(marked.size() + 1, 0x1234));
+    pack.q = d_offset.get() + 1;
+    cuda::pack_mla_queries(pack, nullptr);
+    const auto offset = d_offset.download();
+    ASSERT_EQ(std::memcmp(offset.data() + 1, rotated.data(), rotated.size() * 2), 0)
+        << "interleaved " << interleaved;
   }
   pack.q_rope_bf16 = nullptr;
   std::vector<uint16_t> attention(n * mla_padded * lora);

@@ -1,5 +1,7 @@
 // Element-wise glue kernels of the fast DSA path (see dsa_fast_inputs.h):
 // one grid-stride loop each over the output elements.
+#include <cstdlib>
+
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
 #include "kernels/cuda/common/launch.cuh"
@@ -12,6 +14,16 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
+
+// MEGACTX_CUDA_GLUE_VECTORS=0: the one-column kernels of positions_to_slots
+// and the bf16 query pack everywhere (A/B runs; read once).
+bool glue_vectors() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_CUDA_GLUE_VECTORS");
+    return !(value != nullptr && value[0] == '0');
+  }();
+  return on;
+}
 
 unsigned blocks_for(int64_t total) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
@@ -82,6 +94,34 @@ __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
   }
 }
 
+// Four columns per thread (int4 loads and stores), for rows of whole 16-byte
+// units: the one-column kernel above is latency-bound at a prefill chunk's
+// sizes (one dependent table load per 4-byte column: 22 us per 1024-row
+// block of 2048 columns on an H100, ncu).
+__global__ void positions_to_slots_x4_kernel(PositionsToSlotsParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int32_t page_size = static_cast<int32_t>(p.rows.page_size);
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];
+    const int64_t count = p.counts[t], last = p.rows.positions[t];
+    for (ROW_LAUNCH_COLUMNS(u, p.top_k / 4)) {
+      const int4 positions = reinterpret_cast<const int4*>(p.selected + t * p.selected_stride)[u];
+      const int32_t position[4] = {positions.x, positions.y, positions.z, positions.w};
+      int32_t slot[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t k = 4 * u + e;
+        slot[e] = -1;
+        if (k < count && position[e] >= 0 && position[e] <= last)
+          slot[e] = table[position[e] / page_size] * page_size + position[e] % page_size;
+      }
+      reinterpret_cast<int4*>(p.slots + t * p.top_k)[u] =
+          make_int4(slot[0], slot[1], slot[2], slot[3]);
+    }
+  }
+}
+
 // Columns along x: the real heads' rope columns, then (with q_latent) their
 // latent columns, then the padded heads' zeros: with kVectorZeros in
 // 16-byte units (their columns are contiguous; glm_1b's 48 padded heads of
@@ -145,6 +185,87 @@ __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
   }
 }
 
+// The bf16 absorbed products' pack (q_latent null, unrotated bf16 rope
+// columns): a thread per 4 rotated pairs of a head (8-byte loads of each
+// half, or one 16-byte load of 4 interleaved pairs; 16-byte cos / sin), then
+// the padded heads' zeros in 16-byte units. The same arithmetic as the
+// one-column kernel (same bits); that one, a thread per 2-byte column, took
+// 43 us per 1024-row block of GLM-5.2's 64 heads on an H100 (ncu).
+constexpr int kRopePairsPerThread = 4;
+
+__global__ void pack_mla_rope_bf16_kernel(MlaQueryPackParams p) {
+  grid_dependency_wait();
+  grid_dependency_trigger();
+  const int32_t lora = static_cast<int32_t>(p.lora), rope = static_cast<int32_t>(p.rope);
+  const int32_t width = lora + rope, heads = static_cast<int32_t>(p.heads);
+  const int32_t half = rope / 2, units_per_head = half / kRopePairsPerThread;
+  const int64_t rope_units = p.heads * units_per_head;
+  const int64_t columns = rope_units + (p.padded_heads - p.heads) * width / kZeroUnit;
+  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
+    uint16_t* out = p.q + t * p.padded_heads * width;
+    for (ROW_LAUNCH_COLUMNS(j, columns)) {
+      if (j >= rope_units) {
+        reinterpret_cast<uint4*>(out + heads * width)[j - rope_units] = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      const int32_t h = static_cast<int32_t>(j) / units_per_head;
+      const int32_t i0 = (static_cast<int32_t>(j) - h * units_per_head) * kRopePairsPerThread;
+      const uint16_t* head = p.q_rope_bf16 + t * p.rope_row_stride + h * p.rope_head_stride;
+      const float4 cs = *reinterpret_cast<const float4*>(p.cos + t * half + i0);
+      const float4 sn = *reinterpret_cast<const float4*>(p.sin + t * half + i0);
+      const float c[4] = {cs.x, cs.y, cs.z, cs.w}, s[4] = {sn.x, sn.y, sn.z, sn.w};
+      uint16_t* row = out + h * width + lora;
+      if (p.interleaved) {  // pairs (2i, 2i + 1): 8 adjacent values
+        const uint4 v = *reinterpret_cast<const uint4*>(head + 2 * i0);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        uint32_t rotated[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x1 = bf16_bits_to_float(static_cast<uint16_t>(words[e] & 0xffffu));
+          const float x2 = bf16_bits_to_float(static_cast<uint16_t>(words[e] >> 16));
+          rotated[e] = static_cast<uint32_t>(float_to_bf16_bits(rope_first(x1, x2, c[e], s[e]))) |
+                       static_cast<uint32_t>(float_to_bf16_bits(rope_second(x1, x2, c[e], s[e])))
+                           << 16;
+        }
+        *reinterpret_cast<uint4*>(row + 2 * i0) =
+            make_uint4(rotated[0], rotated[1], rotated[2], rotated[3]);
+      } else {  // pairs (i, i + rope / 2): 4 values of each half
+        const uint2 a = *reinterpret_cast<const uint2*>(head + i0);
+        const uint2 b = *reinterpret_cast<const uint2*>(head + half + i0);
+        const uint32_t first_words[2] = {a.x, a.y}, second_words[2] = {b.x, b.y};
+        uint32_t first[2] = {0, 0}, second[2] = {0, 0};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int shift = 16 * (e % 2);
+          const float x1 = bf16_bits_to_float(static_cast<uint16_t>(first_words[e / 2] >> shift));
+          const float x2 = bf16_bits_to_float(static_cast<uint16_t>(second_words[e / 2] >> shift));
+          first[e / 2] |= static_cast<uint32_t>(float_to_bf16_bits(rope_first(x1, x2, c[e], s[e])))
+                          << shift;
+          second[e / 2] |=
+              static_cast<uint32_t>(float_to_bf16_bits(rope_second(x1, x2, c[e], s[e]))) << shift;
+        }
+        *reinterpret_cast<uint2*>(row + i0) = make_uint2(first[0], first[1]);
+        *reinterpret_cast<uint2*>(row + half + i0) = make_uint2(second[0], second[1]);
+      }
+    }
+  }
+}
+
+// Whether pack_mla_rope_bf16_kernel can take p: the bf16 rope path without
+// q_latent, whole 4-pair units, and every vector access aligned (16 bytes
+// for the interleaved loads, 8 for the halves, 16 for cos / sin and q).
+bool rope_bf16_vectors(const MlaQueryPackParams& p) {
+  const int64_t half = p.rope / 2;
+  const int64_t load_elements = p.interleaved ? 8 : 4;  // bf16 per aligned load
+  auto aligned = [](const void* x, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(x) % bytes == 0;
+  };
+  return p.q_latent == nullptr && p.q_rope_bf16 != nullptr && p.rope % 2 == 0 &&
+         half % kRopePairsPerThread == 0 && vector_zeros(p) && p.lora % 8 == 0 &&
+         aligned(p.q_rope_bf16, 2 * load_elements) && p.rope_row_stride % load_elements == 0 &&
+         p.rope_head_stride % load_elements == 0 && aligned(p.cos, 16) && aligned(p.sin, 16);
+}
+
 __global__ void unpack_mla_output_kernel(MlaOutputUnpackParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -176,6 +297,15 @@ void pad_indexer_queries(const IndexerQueryPadParams& p, cudaStream_t stream) {
 
 void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
   if (p.tokens * p.top_k == 0) return;
+  const bool x4 = glue_vectors() && p.top_k % 4 == 0 && p.selected_stride % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(p.selected) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(p.slots) % 16 == 0;
+  if (x4) {
+    const RowLaunch shape = row_launch(p.tokens, p.top_k / 4);
+    launch_kernel(positions_to_slots_x4_kernel, shape.grid, shape.block, 0, stream, p);
+    MEGACTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const RowLaunch shape = row_launch(p.tokens, p.top_k);
   launch_kernel(positions_to_slots_kernel, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
@@ -183,11 +313,19 @@ void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
 
 void pack_mla_queries(const MlaQueryPackParams& p, cudaStream_t stream) {
   if (p.tokens * p.padded_heads == 0) return;
+  if (glue_vectors() && rope_bf16_vectors(p)) {
+    const int64_t units = p.heads * (p.rope / 2 / kRopePairsPerThread) +
+                          (p.padded_heads - p.heads) * (p.lora + p.rope) / kZeroUnit;
+    const RowLaunch shape = row_launch(p.tokens, units);
+    launch_kernel(pack_mla_rope_bf16_kernel, shape.grid, shape.block, 0, stream, p);
+    MEGACTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const bool vector = vector_zeros(p);
   // The columns one token's thread row covers (pack_mla_queries_kernel).
   const RowLaunch shape = row_launch(p.tokens, pack_columns(p, vector));
-  launch_kernel(vector ? pack_mla_queries_kernel<true> : pack_mla_queries_kernel<false>,
-                shape.grid, shape.block, 0, stream, p);
+  launch_kernel(vector ? pack_mla_queries_kernel<true> : pack_mla_queries_kernel<false>, shape.grid,
+                shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
