@@ -77,6 +77,19 @@ __global__ void pad_indexer_queries_kernel(IndexerQueryPadParams p) {
   }
 }
 
+// The pool slot of selected entry k (position `position`) of a row whose page
+// table is `table`: -1 past the row's count or outside [0, last].
+__device__ __forceinline__ int32_t selected_slot(const int32_t* table, int32_t page_size, int64_t k,
+                                                 int64_t count, int32_t position, int64_t last) {
+  if (k >= count || position < 0 || position > last) return -1;
+  return table[position / page_size] * page_size + position % page_size;
+}
+
+// kWidth columns per thread: 1, or 4 with int4 loads and stores (rows of
+// whole 16-byte units). One column per thread is latency-bound at a prefill
+// chunk's sizes (a dependent page-table load per 4-byte column: 22 us per
+// 1024-row block of 2048 columns on an H100, ncu; four: 9.6 us).
+template <int kWidth>
 __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -84,40 +97,20 @@ __global__ void positions_to_slots_kernel(PositionsToSlotsParams p) {
   for (ROW_LAUNCH_ROWS(t, p.tokens)) {
     const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];
     const int64_t count = p.counts[t], last = p.rows.positions[t];
-    for (ROW_LAUNCH_COLUMNS(k, p.top_k)) {
-      const int32_t position = p.selected[t * p.selected_stride + k];
-      int32_t slot = -1;
-      if (k < count && position >= 0 && position <= last)
-        slot = table[position / page_size] * page_size + position % page_size;
-      p.slots[t * p.top_k + k] = slot;
-    }
-  }
-}
-
-// Four columns per thread (int4 loads and stores), for rows of whole 16-byte
-// units: the one-column kernel above is latency-bound at a prefill chunk's
-// sizes (one dependent table load per 4-byte column: 22 us per 1024-row
-// block of 2048 columns on an H100, ncu).
-__global__ void positions_to_slots_x4_kernel(PositionsToSlotsParams p) {
-  grid_dependency_wait();
-  grid_dependency_trigger();
-  const int32_t page_size = static_cast<int32_t>(p.rows.page_size);
-  for (ROW_LAUNCH_ROWS(t, p.tokens)) {
-    const int32_t* table = p.rows.page_tables + p.rows.table_offset[t];
-    const int64_t count = p.counts[t], last = p.rows.positions[t];
-    for (ROW_LAUNCH_COLUMNS(u, p.top_k / 4)) {
-      const int4 positions = reinterpret_cast<const int4*>(p.selected + t * p.selected_stride)[u];
-      const int32_t position[4] = {positions.x, positions.y, positions.z, positions.w};
-      int32_t slot[4];
+    const int32_t* selected = p.selected + t * p.selected_stride;
+    int32_t* slots = p.slots + t * p.top_k;
+    for (ROW_LAUNCH_COLUMNS(u, p.top_k / kWidth)) {
+      if constexpr (kWidth == 4) {
+        const int4 at = reinterpret_cast<const int4*>(selected)[u];
+        const int32_t position[4] = {at.x, at.y, at.z, at.w};
+        int32_t slot[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t k = 4 * u + e;
-        slot[e] = -1;
-        if (k < count && position[e] >= 0 && position[e] <= last)
-          slot[e] = table[position[e] / page_size] * page_size + position[e] % page_size;
+        for (int e = 0; e < 4; ++e)
+          slot[e] = selected_slot(table, page_size, 4 * u + e, count, position[e], last);
+        reinterpret_cast<int4*>(slots)[u] = make_int4(slot[0], slot[1], slot[2], slot[3]);
+      } else {
+        slots[u] = selected_slot(table, page_size, u, count, selected[u], last);
       }
-      reinterpret_cast<int4*>(p.slots + t * p.top_k)[u] =
-          make_int4(slot[0], slot[1], slot[2], slot[3]);
     }
   }
 }
@@ -302,12 +295,12 @@ void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
                   reinterpret_cast<uintptr_t>(p.slots) % 16 == 0;
   if (x4) {
     const RowLaunch shape = row_launch(p.tokens, p.top_k / 4);
-    launch_kernel(positions_to_slots_x4_kernel, shape.grid, shape.block, 0, stream, p);
+    launch_kernel(positions_to_slots_kernel<4>, shape.grid, shape.block, 0, stream, p);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const RowLaunch shape = row_launch(p.tokens, p.top_k);
-  launch_kernel(positions_to_slots_kernel, shape.grid, shape.block, 0, stream, p);
+  launch_kernel(positions_to_slots_kernel<1>, shape.grid, shape.block, 0, stream, p);
   MEGACTX_CUDA_CHECK(cudaGetLastError());
 }
 
