@@ -49,8 +49,8 @@ __global__ void gather_reduce(const uint8_t* __restrict__ pool, int chunks_per_e
 #pragma unroll
     for (int e = 0; e < kGatherEntries; ++e) {
       const int32_t slot = first + e < count ? slots[first + e] : -1;
-      const uint4* entry =
-          reinterpret_cast<const uint4*>(pool + static_cast<size_t>(slot) * entry_bytes);
+      const uint4* entry = reinterpret_cast<const uint4*>(
+          pool + static_cast<size_t>(slot < 0 ? 0 : slot) * entry_bytes);
 #pragma unroll
       for (int c = 0; c < kGatherChunks; ++c) {
         const int chunk = lane + 32 * c;

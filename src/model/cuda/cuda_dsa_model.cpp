@@ -410,24 +410,29 @@ void* CudaDsaModel::gemm_input_copy(DeviceBuffer& buffer, int64_t count) {
   return options_.bf16_weights ? buffer.get<uint16_t>(count) : nullptr;
 }
 
+namespace {
+// A bf16 matrix that the bf16 linears read (not an fp8 one).
+bool bf16_only(const DeviceMatrix& m) {
+  return m.bf16 && !m.fp8();
+}
+}  // namespace
+
 bool CudaDsaModel::reads_f32_norm(const DeviceLayer& w, bool attention) const {
   // Only bf16 linears (outside the deterministic mode) read the bf16 copy
   // alone; fp8 and float32 weights quantise / read the float32 values, and so
   // does the MoE's router.
   if (!options_.bf16_weights || options_.batch_invariant) return true;
-  auto bf16 = [](const DeviceMatrix& m) { return m.bf16 && !m.fp8(); };
   if (attention) {
-    const bool q = plan_.attention.q_lora > 0 ? bf16(w.q_a) : bf16(w.q_b);
-    const bool indexer = !w.has_indexer || (bf16(w.wk) && bf16(w.weights_proj));
-    return !(q && bf16(w.kv_a) && indexer);
+    const bool q = plan_.attention.q_lora > 0 ? bf16_only(w.q_a) : bf16_only(w.q_b);
+    const bool indexer = !w.has_indexer || (bf16_only(w.wk) && bf16_only(w.weights_proj));
+    return !(q && bf16_only(w.kv_a) && indexer);
   }
-  return w.is_moe || !bf16(w.dense.gate_up);
+  return w.is_moe || !bf16_only(w.dense.gate_up);
 }
 
 bool CudaDsaModel::reads_f32_q_resid(const DeviceLayer& w) const {
   if (!options_.bf16_weights || options_.batch_invariant) return true;
-  auto bf16 = [](const DeviceMatrix& m) { return m.bf16 && !m.fp8(); };
-  return !(bf16(w.q_b) && (!w.has_indexer || bf16(w.wq_b)));
+  return !(bf16_only(w.q_b) && (!w.has_indexer || bf16_only(w.wq_b)));
 }
 
 bool CudaDsaModel::reads_fp8_norm(const DeviceLayer& w, bool attention) {

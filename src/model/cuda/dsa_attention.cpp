@@ -61,7 +61,7 @@ void CudaDsaModel::attention(const DeviceLayer& w, int64_t layer, const float* h
     const Fp8Copy q_resid_fp8 =
         fp8_copy(sc.q_resid_fp8, sc.q_resid_fp8_scales, n, q_lora, w.q_b.fp8());
     // In place; only the bf16 copy when every reader is a bf16 linear.
-    const bool f32 = q_resid_bf16 == nullptr || reads_f32_q_resid(w);
+    const bool f32 = reads_f32_q_resid(w);
     rmsnorm(q_resid, n, q_lora, q_stride, w.q_a_norm, kLatentNormEps, f32 ? q_resid : nullptr,
             q_stride, stream_, q_resid_bf16, q_resid_fp8);
     blas_->share_input(q_resid, n, q_lora, q_stride, q_resid_bf16, f32);

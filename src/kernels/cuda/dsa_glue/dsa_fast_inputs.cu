@@ -186,6 +186,13 @@ __global__ void pack_mla_queries_kernel(MlaQueryPackParams p) {
 // 43 us per 1024-row block of GLM-5.2's 64 heads on an H100 (ncu).
 constexpr int kRopePairsPerThread = 4;
 
+// The units one token's thread row covers: 4-pair rope units of the real
+// heads, then the padded heads' 16-byte zero units.
+__host__ __device__ int64_t rope_pack_units(const MlaQueryPackParams& p) {
+  return p.heads * (p.rope / 2 / kRopePairsPerThread) +
+         (p.padded_heads - p.heads) * (p.lora + p.rope) / kZeroUnit;
+}
+
 __global__ void pack_mla_rope_bf16_kernel(MlaQueryPackParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -193,7 +200,7 @@ __global__ void pack_mla_rope_bf16_kernel(MlaQueryPackParams p) {
   const int32_t width = lora + rope, heads = static_cast<int32_t>(p.heads);
   const int32_t half = rope / 2, units_per_head = half / kRopePairsPerThread;
   const int64_t rope_units = p.heads * units_per_head;
-  const int64_t columns = rope_units + (p.padded_heads - p.heads) * width / kZeroUnit;
+  const int64_t columns = rope_pack_units(p);
   for (ROW_LAUNCH_ROWS(t, p.tokens)) {
     uint16_t* out = p.q + t * p.padded_heads * width;
     for (ROW_LAUNCH_COLUMNS(j, columns)) {
@@ -246,7 +253,9 @@ __global__ void pack_mla_rope_bf16_kernel(MlaQueryPackParams p) {
 
 // Whether pack_mla_rope_bf16_kernel can take p: the bf16 rope path without
 // q_latent, whole 4-pair units, and every vector access aligned (16 bytes
-// for the interleaved loads, 8 for the halves, 16 for cos / sin and q).
+// for the interleaved loads, 8 for the halves, 16 for cos / sin and q; a
+// rope of whole 4-pair units and vector_zeros' whole rows make lora a
+// multiple of 8, so the rope columns' stores are aligned too).
 bool rope_bf16_vectors(const MlaQueryPackParams& p) {
   const int64_t half = p.rope / 2;
   const int64_t load_elements = p.interleaved ? 8 : 4;  // bf16 per aligned load
@@ -254,7 +263,7 @@ bool rope_bf16_vectors(const MlaQueryPackParams& p) {
     return reinterpret_cast<uintptr_t>(x) % bytes == 0;
   };
   return p.q_latent == nullptr && p.q_rope_bf16 != nullptr && p.rope % 2 == 0 &&
-         half % kRopePairsPerThread == 0 && vector_zeros(p) && p.lora % 8 == 0 &&
+         half % kRopePairsPerThread == 0 && vector_zeros(p) &&
          aligned(p.q_rope_bf16, 2 * load_elements) && p.rope_row_stride % load_elements == 0 &&
          p.rope_head_stride % load_elements == 0 && aligned(p.cos, 16) && aligned(p.sin, 16);
 }
@@ -307,9 +316,7 @@ void positions_to_slots(const PositionsToSlotsParams& p, cudaStream_t stream) {
 void pack_mla_queries(const MlaQueryPackParams& p, cudaStream_t stream) {
   if (p.tokens * p.padded_heads == 0) return;
   if (glue_vectors() && rope_bf16_vectors(p)) {
-    const int64_t units = p.heads * (p.rope / 2 / kRopePairsPerThread) +
-                          (p.padded_heads - p.heads) * (p.lora + p.rope) / kZeroUnit;
-    const RowLaunch shape = row_launch(p.tokens, units);
+    const RowLaunch shape = row_launch(p.tokens, rope_pack_units(p));
     launch_kernel(pack_mla_rope_bf16_kernel, shape.grid, shape.block, 0, stream, p);
     MEGACTX_CUDA_CHECK(cudaGetLastError());
     return;

@@ -393,17 +393,19 @@ bool fitted_norms() {
   return on;
 }
 
+template <bool kAdd, int kCached>
+RmsnormKernel rmsnorm_instance(const Fp8Copy& fp8) {
+  return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kCached>
+                          : rmsnorm_kernel<kAdd, false, kCached>;
+}
+
 template <bool kAdd>
 RmsnormKernel rmsnorm_variant(int64_t n, const Fp8Copy& fp8) {
-  if (!fitted_norms()) n = kCachedPerThread * kThreads;
-  if (n <= kNarrowCached * kThreads)
-    return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kNarrowCached>
-                            : rmsnorm_kernel<kAdd, false, kNarrowCached>;
-  if (n <= kMediumCached * kThreads)
-    return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kMediumCached>
-                            : rmsnorm_kernel<kAdd, false, kMediumCached>;
-  return fp8.q != nullptr ? rmsnorm_kernel<kAdd, true, kCachedPerThread>
-                          : rmsnorm_kernel<kAdd, false, kCachedPerThread>;
+  if (fitted_norms() && n <= kNarrowCached * kThreads)
+    return rmsnorm_instance<kAdd, kNarrowCached>(fp8);
+  if (fitted_norms() && n <= kMediumCached * kThreads)
+    return rmsnorm_instance<kAdd, kMediumCached>(fp8);
+  return rmsnorm_instance<kAdd, kCachedPerThread>(fp8);
 }
 
 }  // namespace
