@@ -485,7 +485,8 @@ CommandRegistration registration{
           ->capture_default_str();
       command
           .add_option("--context-length", options->context_length,
-                      "Longest context (0: the model's)")
+                      "Longest context (0: the model's, or on CUDA what the KV budget holds "
+                      "for one sequence where that is less)")
           ->capture_default_str();
       command
           .add_option("--index-topk", options->index_topk,

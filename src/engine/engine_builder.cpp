@@ -108,6 +108,13 @@ LoadedEngine load_engine(const EngineLoadOptions& options) {
     loaded.device_kv_plan = plan.summary();
     spdlog::info("{}", loaded.device_kv_plan);
     engine.kv_memory_bytes = plan.kv_bytes();
+    if (plan.context_fitted) {
+      spdlog::warn(
+          "context length {} (the model's is {}): what the KV budget holds for one sequence; "
+          "raise --kv-memory or --gpu-memory-utilization for more",
+          plan.context, model->config().max_position_embeddings);
+      engine.context_length = plan.context;
+    }
   } else {
     model = load_language_model(options.model_dir, load);
     if (engine.kv_memory_bytes <= 0) engine.kv_memory_bytes = int64_t{2} << 30;

@@ -185,6 +185,30 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
                   "reserve",
                   request.gpu_memory_utilization, mib(device.total_bytes), mib(plan.reserve_bytes));
   }
+  if (engine.context_length <= 0 && memory.options.offload_tokens == 0) {
+    // The context is the model's max_position_embeddings, a default rather
+    // than a request: where the KV budget cannot hold one sequence of it,
+    // the context shrinks to what the pages hold (a shorter context also
+    // needs less step scratch, so a few rounds settle it), as SGLang and
+    // llama.cpp fit their default context to memory. An explicit
+    // --context-length that does not fit stays an error (plan_cuda_memory).
+    for (int round = 0; round < 4; ++round) {
+      const int64_t scratch = cuda_scratch_breakdown(model, memory).device_total();
+      if (request.kv_memory_bytes > 0)
+        memory.budget_bytes = request.model_bytes + scratch + request.kv_memory_bytes;
+      const int64_t room = memory.budget_bytes - memory.weight_bytes - scratch;
+      const int64_t pages = room > 0 ? room / memory.kv.bytes_per_page() : 0;
+      const int64_t fits = pages * memory.kv.page_size;
+      if (pages <= 0 || fits >= memory.max_context) break;
+      memory.max_context = fits;
+    }
+    if (request.kv_memory_bytes > 0)  // the scratch of the context settled on
+      memory.budget_bytes = request.model_bytes +
+                            cuda_scratch_breakdown(model, memory).device_total() +
+                            request.kv_memory_bytes;
+    plan.context_fitted = memory.max_context < plan.context;
+    plan.context = memory.max_context;
+  }
   plan.memory = plan_cuda_memory(model, memory);
   plan.budget_bytes =
       plan.memory.weight_bytes + plan.memory.scratch_bytes + plan.reserve_bytes + plan.kv_bytes();

@@ -72,6 +72,10 @@ struct DeviceKvPlan {
   int64_t reserve_bytes = 0;  // cuBLAS workspace, sampler, allocation rounding
   int64_t max_step_tokens = 0;
   int64_t context = 0;
+  // True when `context` is less than the model's max_position_embeddings
+  // because the KV budget holds no longer sequence (only where no
+  // --context-length was given; the engine then takes `context`).
+  bool context_fitted = false;
   DeviceMemoryInfo device;  // as measured after the model was loaded
   int64_t kv_bytes() const { return memory.kv_pages * memory.kv_bytes_per_page; }
   std::string summary() const;  // one log line

@@ -106,8 +106,36 @@ TEST(DeviceKvPlan, ExplicitKvBudgetGivesExactlyItsPages) {
   request.kv_memory_bytes = 3 * page;
   EXPECT_NE(error_of(config, engine, request).find("needs 4"), std::string::npos)
       << error_of(config, engine, request);
+  // ... and says what would fit it.
+  EXPECT_NE(error_of(config, engine, request).find("lower --context-length"), std::string::npos)
+      << error_of(config, engine, request);
   request.kv_memory_bytes = 4 * page;
   EXPECT_EQ(plan_device_kv(config, engine, request).memory.kv_pages, 4);
+}
+
+TEST(DeviceKvPlan, TheModelsDefaultContextShrinksToWhatTheKvHolds) {
+  const ModelConfig config = fixture_config();  // max_position_embeddings 256: 4 pages of 64
+  EngineConfig engine = engine_config();
+  DeviceKvRequest request = device_request(1024 * kMiB, 1000 * kMiB, 10 * kMiB);
+  const int64_t page = make_kv_cache_spec(config, 0, KvDType::BF16, 64, false).bytes_per_page();
+  // Room for 2.5 pages: no --context-length, so the context becomes the 2
+  // pages' 128 tokens.
+  request.kv_memory_bytes = 2 * page + page / 2;
+  DeviceKvPlan plan = plan_device_kv(config, engine, request);
+  EXPECT_TRUE(plan.context_fitted);
+  EXPECT_EQ(plan.context, 128);
+  EXPECT_EQ(plan.memory.kv_pages, 2);
+  EXPECT_NE(plan.summary().find("context 128"), std::string::npos) << plan.summary();
+  // Room for the whole context: the model's.
+  request.kv_memory_bytes = 5 * page;
+  plan = plan_device_kv(config, engine, request);
+  EXPECT_FALSE(plan.context_fitted);
+  EXPECT_EQ(plan.context, config.max_position_embeddings);
+  // The same room with the context asked for explicitly: an error, as before.
+  engine.context_length = config.max_position_embeddings;
+  request.kv_memory_bytes = 2 * page + page / 2;
+  EXPECT_NE(error_of(config, engine, request).find("needs 4"), std::string::npos)
+      << error_of(config, engine, request);
 }
 
 TEST(DeviceKvPlan, WhatDoesNotFitIsAnErrorNamingTheNumbers) {

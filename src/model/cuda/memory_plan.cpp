@@ -309,7 +309,8 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaMemoryReque
   MEGACTX_CHECK(
       plan.kv_pages >= pages_needed,
       "CUDA model: {} MiB left after weights and scratch hold {} KV pages, one sequence "
-      "of {} tokens needs {}{}",
+      "of {} tokens needs {}{}; lower --context-length, or raise --kv-memory or "
+      "--gpu-memory-utilization",
       (request.budget_bytes - fixed) >> 20, plan.kv_pages, request.max_context, pages_needed,
       offload_pages > 0 ? fmt::format(" beside {} pages of the live host tier", offload_pages)
                         : std::string{});
