@@ -250,14 +250,17 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   # experts reading the norm's fp8 copy, the SwiGLU GEMV, together;
   # the tensor-core bf16 linear at 9-64 rows; through the model tests they change; and the fused
   # router and the bf16 GEMV switched off (their cuBLAS fallbacks); and the decode sparse MLA
-  # loading its slots and entries after the grid-dependency wait, behind a query pack (as before).
+  # loading its slots and entries after the grid-dependency wait, behind a query pack (as before);
+  # and its scores kept in registers (not yet measured).
   for switches in \
     "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
     "MEGACTX_SPARSE_MLA_EARLY_INPUTS=0" \
+    "MEGACTX_SPARSE_MLA_REGISTER_SCORES=1" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
-    for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test; do
+    for test in cuda_moe_test cuda_moe_fp8_test cuda_fp8_weights_test cuda_model_test \
+      sparse_mla_test; do
       [[ -x "$pack/bin/$test" ]] || continue
       env $switches timeout "${TEST_TIMEOUT:-300}" "$pack/bin/$test" --gtest_color=no \
         >"$out/switches_${switches//[ =]/_}_$test.log" 2>&1

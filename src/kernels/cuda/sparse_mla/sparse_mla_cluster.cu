@@ -21,6 +21,9 @@
 //   3. S[16 heads][128] = Q K^T    warp w: keys 32*(w%4).., dims 288*(w/4)..
 //      (the two dim halves summed in a fixed order);
 //   4. softmax (log2 domain), 16 threads per head row, one pass;
+//   (3 and 4 with MEGACTX_SPARSE_MLA_REGISTER_SCORES=1, not yet measured:
+//   register_scores_softmax, each warp's scores over all 576 dims kept in
+//   registers and only per-warp maxima and sums through shared memory);
 //   5. O[16][512] = P V            warp w: dims 64*w..
 // Then every CTA pushes O / sum as f16, slice by slice with its lse, into the
 // CTA that merges the slice (one bulk copy per merger into its shared memory,
@@ -54,6 +57,8 @@
 // Q's latent columns (one launch fewer per layer, and the early loads overlap
 // that product instead of the pack).
 #include <cooperative_groups.h>
+
+#include <cstdlib>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_primitives.cuh"
@@ -94,9 +99,14 @@ struct ClusterShared {
   alignas(16) uint8_t incoming[kIncomingBytes];
   int32_t slot_ids[kKeys];
   float row_sum[kHeads];
-  float state_lse[kHeads];    // log2 domain (includes the softmax scale)
+  float state_lse[kHeads];  // log2 domain (includes the softmax scale)
+  // Scores kept in registers (kRegisterScores): each warp's maximum and sum
+  // of its keys' scores per head.
+  float part_max[kThreads / 32][kHeads];
+  float part_sum[kThreads / 32][kHeads];
   uint64_t incoming_barrier;  // completes when every other split's block has landed
 };
+static_assert(sizeof(ClusterShared) <= 227 * 1024, "sparse MLA cluster: shared memory");
 
 // The address of `local` (this CTA's shared memory) in CTA `rank` of the cluster.
 __device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
@@ -139,7 +149,175 @@ __device__ __forceinline__ uint4 rotated_rope_piece(const SparseMlaParams& p, in
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-template <int kSplits, bool kEarly>
+// Stages 3 and 4 as first built: S's two dim halves summed and normalised
+// through shared memory.
+__device__ __forceinline__ void shared_scores_softmax(ClusterShared& sh, int warp, int lane,
+                                                      float scale_log2) {
+  const int tid = warp * 32 + lane, g = lane / 4, t = lane % 4;
+  // 3. S = Q K^T: 16 heads x 32 keys x 288 dims per warp (18 k-steps, four
+  //    independent accumulator chains).
+  {
+    const int key_tile = warp % 4, dim_half = warp / 4;
+    float s_acc[4][4] = {};
+    const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8 + dim_half * kHalfDim];
+    const __half* b_row = &sh.k[(key_tile * 32 + lane % 8 + (lane / 16) * 8) * kStride +
+                                ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
+#pragma unroll 6
+    for (int ks = 0; ks < kHalfDim / 16; ++ks) {
+      uint32_t a[4], b[4], c[4];
+      ldmatrix_x4(a, a_row + ks * 16);
+      ldmatrix_x4(b, b_row + ks * 16);
+      ldmatrix_x4(c, b_row + 16 * kStride + ks * 16);
+      mma_f16_16x8x16(s_acc[0], a, b[0], b[1]);
+      mma_f16_16x8x16(s_acc[1], a, b[2], b[3]);
+      mma_f16_16x8x16(s_acc[2], a, c[0], c[1]);
+      mma_f16_16x8x16(s_acc[3], a, c[2], c[3]);
+    }
+    float* s = sh.s[dim_half];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int key = key_tile * 32 + nt * 8 + 2 * t;
+      s[g * kScoreStride + key] = s_acc[nt][0];
+      s[g * kScoreStride + key + 1] = s_acc[nt][1];
+      s[(g + 8) * kScoreStride + key] = s_acc[nt][2];
+      s[(g + 8) * kScoreStride + key + 1] = s_acc[nt][3];
+    }
+  }
+  __syncthreads();
+
+  // 4. Softmax: 16 threads per head row (a half-warp), 8 keys each.
+  float row_max = -INFINITY;  // of this thread's head (valid in every lane of its half-warp)
+  {
+    const int head = tid / 16, part = tid % 16;
+    float values[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int key = part * 8 + i;
+      const float sum = sh.s[0][head * kScoreStride + key] + sh.s[1][head * kScoreStride + key];
+      values[i] = sh.slot_ids[key] >= 0 ? sum * scale_log2 : -INFINITY;
+      row_max = fmaxf(row_max, values[i]);
+    }
+#pragma unroll
+    for (int offset = 1; offset < 16; offset *= 2)
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+    const bool empty = row_max == -INFINITY;  // no valid slot: avoid inf - inf
+    float sum = 0.f;
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const float p0 = empty ? 0.f : exp2f(values[i] - row_max);
+      const float p1 = empty ? 0.f : exp2f(values[i + 1] - row_max);
+      sum += p0 + p1;
+      packed[i / 2] = pack_half2(p0, p1);
+    }
+    *reinterpret_cast<uint4*>(&sh.prob[head * kProbStride + part * 8]) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+    for (int offset = 1; offset < 16; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (part == 0) {
+      sh.row_sum[head] = sum;
+      sh.state_lse[head] = sum > 0.f ? row_max + log2f(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+}
+
+// Stages 3 and 4 with the scores in registers: warp w computes S for all 16
+// heads x its keys 16w .. 16w + 15 over all 576 dims (36 k-steps, the even
+// and odd ones in separate accumulators: four chains of 18, as the two-half
+// layout has), so no partial S goes through shared memory. The softmax then
+// needs only each warp's per-head maximum and sum there: one barrier after
+// the maxima, one after P (f16, [16 heads][128 keys], as the PV stage reads
+// it) and the sums. Thread (g, t) holds heads g / g + 8 x keys 16w + 8n + 2t
+// + e. The sums over the 8 warps go in warp order (deterministic).
+__device__ __forceinline__ void register_scores_softmax(ClusterShared& sh, int warp, int lane,
+                                                        float scale_log2) {
+  const int g = lane / 4, t = lane % 4;
+  float acc[2][2][4] = {};  // [k-step parity][key tile n][fragment]
+  const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8];
+  const __half* b_row =
+      &sh.k[(warp * 16 + lane % 8 + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8];
+#pragma unroll 6
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    uint32_t a[4], b[4];
+    ldmatrix_x4(a, a_row + ks * 16);
+    ldmatrix_x4(b, b_row + ks * 16);
+    mma_f16_16x8x16(acc[ks % 2][0], a, b[0], b[1]);
+    mma_f16_16x8x16(acc[ks % 2][1], a, b[2], b[3]);
+  }
+  // values[n][r][e]: head g + 8r, key 16w + 8n + 2t + e, log2 units; -inf
+  // for a missing slot.
+  float values[2][2][2];
+  float max_of[2] = {-INFINITY, -INFINITY};  // [r]
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool valid = sh.slot_ids[warp * 16 + 8 * n + 2 * t + e] >= 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float sum = acc[0][n][2 * r + e] + acc[1][n][2 * r + e];
+        values[n][r][e] = valid ? sum * scale_log2 : -INFINITY;
+        max_of[r] = fmaxf(max_of[r], values[n][r][e]);
+      }
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    max_of[r] = fmaxf(max_of[r], __shfl_xor_sync(0xffffffffu, max_of[r], 1));
+    max_of[r] = fmaxf(max_of[r], __shfl_xor_sync(0xffffffffu, max_of[r], 2));
+  }
+  if (t == 0) {
+    sh.part_max[warp][g] = max_of[0];
+    sh.part_max[warp][g + 8] = max_of[1];
+  }
+  __syncthreads();
+  float row_max[2], sum_of[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w)
+      row_max[r] = fmaxf(row_max[r], sh.part_max[w][g + 8 * r]);
+    sum_of[r] = 0.f;
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool empty = row_max[r] == -INFINITY;  // no valid slot: avoid inf - inf
+      const float p0 = empty ? 0.f : exp2f(values[n][r][0] - row_max[r]);
+      const float p1 = empty ? 0.f : exp2f(values[n][r][1] - row_max[r]);
+      sum_of[r] += p0 + p1;
+      *reinterpret_cast<uint32_t*>(
+          &sh.prob[(g + 8 * r) * kProbStride + warp * 16 + 8 * n + 2 * t]) = pack_half2(p0, p1);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum_of[r] += __shfl_xor_sync(0xffffffffu, sum_of[r], 1);
+    sum_of[r] += __shfl_xor_sync(0xffffffffu, sum_of[r], 2);
+  }
+  if (t == 0) {
+    sh.part_sum[warp][g] = sum_of[0];
+    sh.part_sum[warp][g + 8] = sum_of[1];
+  }
+  __syncthreads();
+  if (const int tid = warp * 32 + lane; tid < kHeads) {
+    float max = -INFINITY, sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) {
+      max = fmaxf(max, sh.part_max[w][tid]);
+      sum += sh.part_sum[w][tid];
+    }
+    sh.row_sum[tid] = sum;
+    sh.state_lse[tid] = sum > 0.f ? max + log2f(sum) : -INFINITY;
+  }
+  // row_sum and state_lse are read after the barrier that ends PV.
+}
+
+// kRegisterScores (MEGACTX_SPARSE_MLA_REGISTER_SCORES=1, off until measured):
+// stages 3 and 4 with each warp's scores kept in registers (below) instead of
+// two dim halves summed and normalised through shared memory.
+template <int kSplits, bool kEarly, bool kRegisterScores>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseMlaParams p) {
   static_assert(kSplits <= kSparseMlaClusterMaxSplits && kKeys == 16 * (kThreads / 32));
   constexpr int kSlice = kLatentRank / kSplits;         // output dims each CTA merges: 32 or 64
@@ -262,72 +440,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   }
   __syncthreads();  // K, Q and the slot ids complete
 
-  // 3. S = Q K^T: 16 heads x 32 keys x 288 dims per warp (18 k-steps, four
-  //    independent accumulator chains).
-  {
-    const int key_tile = warp % 4, dim_half = warp / 4;
-    float s_acc[4][4] = {};
-    const __half* a_row = &sh.q[(lane % 16) * kStride + (lane / 16) * 8 + dim_half * kHalfDim];
-    const __half* b_row = &sh.k[(key_tile * 32 + lane % 8 + (lane / 16) * 8) * kStride +
-                                ((lane / 8) % 2) * 8 + dim_half * kHalfDim];
-#pragma unroll 6
-    for (int ks = 0; ks < kHalfDim / 16; ++ks) {
-      uint32_t a[4], b[4], c[4];
-      ldmatrix_x4(a, a_row + ks * 16);
-      ldmatrix_x4(b, b_row + ks * 16);
-      ldmatrix_x4(c, b_row + 16 * kStride + ks * 16);
-      mma_f16_16x8x16(s_acc[0], a, b[0], b[1]);
-      mma_f16_16x8x16(s_acc[1], a, b[2], b[3]);
-      mma_f16_16x8x16(s_acc[2], a, c[0], c[1]);
-      mma_f16_16x8x16(s_acc[3], a, c[2], c[3]);
-    }
-    float* s = sh.s[dim_half];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int key = key_tile * 32 + nt * 8 + 2 * t;
-      s[g * kScoreStride + key] = s_acc[nt][0];
-      s[g * kScoreStride + key + 1] = s_acc[nt][1];
-      s[(g + 8) * kScoreStride + key] = s_acc[nt][2];
-      s[(g + 8) * kScoreStride + key + 1] = s_acc[nt][3];
-    }
-  }
-  __syncthreads();
-
-  // 4. Softmax: 16 threads per head row (a half-warp), 8 keys each.
-  float row_max = -INFINITY;  // of this thread's head (valid in every lane of its half-warp)
-  {
-    const int head = tid / 16, part = tid % 16;
-    float values[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int key = part * 8 + i;
-      const float sum = sh.s[0][head * kScoreStride + key] + sh.s[1][head * kScoreStride + key];
-      values[i] = sh.slot_ids[key] >= 0 ? sum * scale_log2 : -INFINITY;
-      row_max = fmaxf(row_max, values[i]);
-    }
-#pragma unroll
-    for (int offset = 1; offset < 16; offset *= 2)
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
-    const bool empty = row_max == -INFINITY;  // no valid slot: avoid inf - inf
-    float sum = 0.f;
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const float p0 = empty ? 0.f : exp2f(values[i] - row_max);
-      const float p1 = empty ? 0.f : exp2f(values[i + 1] - row_max);
-      sum += p0 + p1;
-      packed[i / 2] = pack_half2(p0, p1);
-    }
-    *reinterpret_cast<uint4*>(&sh.prob[head * kProbStride + part * 8]) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-#pragma unroll
-    for (int offset = 1; offset < 16; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (part == 0) {
-      sh.row_sum[head] = sum;
-      sh.state_lse[head] = sum > 0.f ? row_max + log2f(sum) : -INFINITY;
-    }
-  }
-  __syncthreads();
+  if constexpr (kRegisterScores)
+    register_scores_softmax(sh, warp, lane, scale_log2);
+  else
+    shared_scores_softmax(sh, warp, lane, scale_log2);
 
   // 5. O = P V: 16 heads x 64 dims per warp, k = 128 keys (8 k-steps).
   float acc[8][4] = {};  // heads g, g + 8 x dims 64 * warp + 8 n + 2 t ..
@@ -428,14 +544,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_cluster_kernel(SparseM
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <int kSplits, bool kEarly>
+template <int kSplits, bool kEarly, bool kRegisterScores = false>
 void configure(int shared_bytes) {
-  MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits, kEarly>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          shared_bytes));
+  auto kernel = sparse_mla_cluster_kernel<kSplits, kEarly, kRegisterScores>;
+  MEGACTX_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   if constexpr (kSplits > 8)
-    MEGACTX_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_cluster_kernel<kSplits, kEarly>,
-                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    MEGACTX_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 template <int kSplits>
@@ -448,26 +564,43 @@ cudaLaunchConfig_t cluster_config(const SparseMlaParams& params,
       dim3(kThreads), sizeof(ClusterShared), stream, kSplits, attributes);
 }
 
-template <int kSplits, bool kEarly>
-void launch(const SparseMlaParams& params, cudaStream_t stream) {
+template <int kSplits, bool kEarly, bool kRegisterScores>
+void launch_variant(const SparseMlaParams& params, cudaStream_t stream) {
   static const bool configured = [] {
-    configure<kSplits, kEarly>(static_cast<int>(sizeof(ClusterShared)));
+    configure<kSplits, kEarly, kRegisterScores>(static_cast<int>(sizeof(ClusterShared)));
     return true;
   }();
   (void)configured;
   cudaLaunchAttribute attributes[2];
   const cudaLaunchConfig_t config = cluster_config<kSplits>(params, attributes, stream);
-  MEGACTX_CUDA_CHECK(
-      cudaLaunchKernelEx(&config, sparse_mla_cluster_kernel<kSplits, kEarly>, params));
+  MEGACTX_CUDA_CHECK(cudaLaunchKernelEx(
+      &config, sparse_mla_cluster_kernel<kSplits, kEarly, kRegisterScores>, params));
+}
+
+// Temporary A/B switch until measured on a GPU: MEGACTX_SPARSE_MLA_REGISTER_SCORES=1.
+bool register_scores() {
+  static const bool on = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_REGISTER_SCORES");
+    return value != nullptr && value[0] == '1';
+  }();
+  return on;
+}
+
+template <int kSplits, bool kRegisterScores>
+void launch_inputs(const SparseMlaParams& params, cudaStream_t stream) {
+  if (params.inputs_ready_at_launch) {
+    launch_variant<kSplits, true, kRegisterScores>(params, stream);
+  } else {
+    launch_variant<kSplits, false, kRegisterScores>(params, stream);
+  }
 }
 
 template <int kSplits>
 void launch(const SparseMlaParams& params, cudaStream_t stream) {
-  if (params.inputs_ready_at_launch) {
-    launch<kSplits, true>(params, stream);
-  } else {
-    launch<kSplits, false>(params, stream);
-  }
+  if (register_scores())
+    launch_inputs<kSplits, true>(params, stream);
+  else
+    launch_inputs<kSplits, false>(params, stream);
 }
 
 }  // namespace
@@ -485,8 +618,8 @@ int sparse_mla_cluster_max_splits() {
     cudaLaunchAttribute attributes[2];
     const cudaLaunchConfig_t config = cluster_config<16>(probe, attributes, nullptr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_cluster_kernel<16, false>, &config) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_mla_cluster_kernel<16, false, false>,
+                                       &config) != cudaSuccess) {
       (void)cudaGetLastError();
       clusters = 0;
     }
