@@ -21,8 +21,8 @@
 #include "core/error.h"
 #include "engine/cuda_sampler.h"
 #include "engine/kv_capacity.h"
-#include "model/cuda/memory_plan.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/memory_plan.h"
 #include "model/model_loader.h"
 
 namespace megactx::testing {
@@ -318,11 +318,19 @@ TEST(CudaEngineMemory, TooSmallBudgetsAreErrors) {
   engine.kv_dtype = KvDType::F32;
   engine.max_prefill_tokens = 64;
   engine.max_running_requests = 4;
-  // Context 256 needs 4 pages; one page of KV is not enough.
+  // Context 256, asked for, needs 4 pages; one page of KV is not enough.
   const int64_t page =
       make_kv_cache_spec(model->config(), 0, KvDType::F32, 64, false).bytes_per_page();
   request.kv_memory_bytes = page;
+  engine.context_length = 256;
   EXPECT_THROW(plan_device_kv(model->config(), engine, request), Error);
+  // The model's own 256 (no context asked for) shrinks to the page's 64 tokens.
+  engine.context_length = 0;
+  const DeviceKvPlan fitted = plan_device_kv(model->config(), engine, request);
+  EXPECT_TRUE(fitted.context_fitted);
+  EXPECT_EQ(fitted.context, 64);
+  EXPECT_EQ(fitted.memory.kv_pages, 1);
+  engine.context_length = 256;
   request.kv_memory_bytes = 4 * page;
   const DeviceKvPlan plan = plan_device_kv(model->config(), engine, request);
   EXPECT_EQ(plan.memory.kv_pages, 4);
