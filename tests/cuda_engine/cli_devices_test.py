@@ -177,8 +177,13 @@ def main():
                                     "--gpu-memory-utilization", "0.0001")
         check(code == 1 and "error:" in text,
               f"{name}: tiny --gpu-memory-utilization is a start-up error: {text[-300:]}")
-        code, text = start_up_error(args.megactx, model, "--device", "cuda", "--kv-memory", "64KiB")
-        check(code == 1 and "needs" in text,
+        # An explicit --context-length the KV budget cannot hold for one sequence is an
+        # error (without it the model's context would shrink to what the pages hold).
+        with open(os.path.join(model, "config.json")) as handle:
+            context = json.load(handle)["max_position_embeddings"]
+        code, text = start_up_error(args.megactx, model, "--device", "cuda", "--kv-memory", "64KiB",
+                                    "--context-length", str(context))
+        check(code == 1 and "needs" in text and "--context-length" in text,
               f"{name}: --kv-memory below one full-context sequence is an error: {text[-300:]}")
     print("FAILED" if failures else "PASSED", flush=True)
     return 1 if failures else 0
