@@ -17,7 +17,12 @@ An instruction belongs to the loop when it ran at least --loop-fraction (0.45) t
 execution count among the instructions matching --reference (a regex on the SASS text, e.g. the
 loop's MMA). Each profiled launch in the export is reported on its own. The file may be xz
 compressed. The numbers in docs/benchmarks.md ("The fused indexer prefill's selection, profiled")
-came from it.
+came from it. --ranges 'name:first-last,...' then breaks named ranges down by stall reason
+(--top N adds each range's hottest instructions): the fifty-first session's table of the fp8-ring
+sparse MLA consumers came from
+
+    python3 tools/bench/ncu_source_regions.py src.csv.xz --reference HGMMA --top 10 \\
+        --ranges 'pre:0-971,scores:971-1809,softmax:2444-2685,output:2685-3411,producer:4435-4572'
 """
 import argparse
 import collections
@@ -93,6 +98,47 @@ def report(name, rows, reference, loop_fraction, min_share):
     print()
 
 
+def report_ranges(rows, ranges, top):
+    """Named instruction ranges (from the table above or the SASS): each one's share of the
+    samples, its instructions executed, its leading stall reasons and its hottest instructions."""
+    total = sum(number(row[SAMPLES]) for row in rows)
+    stalls = [key for key in rows[0] if key.startswith("stall_") and "Not Issued" not in key]
+    print("  | range | instructions | samples | executed | leading stalls |")
+    print("  |---|---|---|---|---|")
+    for label, first, last in ranges:
+        part = rows[first:last]
+        samples = sum(number(row[SAMPLES]) for row in part)
+        by_stall = collections.Counter()
+        for row in part:
+            for key in stalls:
+                by_stall[key] += number(row[key])
+        leading = ", ".join(f"{key[6:]} {100 * value / max(samples, 1):.0f}%"
+                            for key, value in by_stall.most_common(5))
+        executed = sum(number(row[EXECUTED]) for row in part)
+        print(f"  | {label} | {first}-{last} | {100 * samples / max(total, 1):.1f}% | {executed} | "
+              f"{leading} |")
+    for label, first, last in ranges if top > 0 else []:
+        print(f"\n  {label}: the {top} instructions with the most samples")
+        hottest = sorted(range(first, min(last, len(rows))),
+                         key=lambda i: -number(rows[i][SAMPLES]))[:top]
+        for i in sorted(hottest):
+            row = rows[i]
+            reason = max(stalls, key=lambda key: number(row[key]))
+            print(f"    {i:5d} {100 * number(row[SAMPLES]) / max(total, 1):5.2f}% "
+                  f"x{number(row[EXECUTED])} {reason[6:]:>16}  {row['Source'].strip()[:72]}")
+    print()
+
+
+def parse_ranges(text):
+    """'scores:971-1809,output:2685-3411' -> [(label, first, last)]."""
+    ranges = []
+    for item in filter(None, text.split(",")):
+        label, span = item.rsplit(":", 1)
+        first, last = (int(x) for x in span.split("-"))
+        ranges.append((label, first, last))
+    return ranges
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("export", help="ncu --page source --csv --print-source sass output (.xz ok)")
@@ -101,6 +147,11 @@ def main():
     parser.add_argument("--loop-fraction", type=float, default=0.45)
     parser.add_argument("--min-share", type=float, default=0.01,
                         help="regions below this share of the samples are not listed")
+    parser.add_argument("--ranges", default="",
+                        help="named instruction ranges to break down, e.g. "
+                             "'scores:971-1809,output:2685-3411' (indices as the table prints them)")
+    parser.add_argument("--top", type=int, default=0,
+                        help="with --ranges: list each range's N instructions with the most samples")
     args = parser.parse_args()
     reference = re.compile(args.reference)
     found = launches(args.export)
@@ -109,6 +160,8 @@ def main():
     for index, (name, rows) in enumerate(found):
         report(f"launch {index}: {name[:100]}", rows, reference, args.loop_fraction,
                args.min_share)
+        if args.ranges:
+            report_ranges(rows, parse_ranges(args.ranges), args.top)
 
 
 if __name__ == "__main__":
