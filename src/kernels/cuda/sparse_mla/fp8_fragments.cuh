@@ -103,14 +103,26 @@ __device__ __forceinline__ void entry_score_fragment(const uint8_t* row0, const 
 struct OutputScales {
   uint32_t pair[2][2];
 };
-__device__ __forceinline__ OutputScales entry_output_scales(const uint8_t* key0, int group) {
+// The same scales as loaded (the four keys' float pairs), so that a kernel can
+// load them ahead of their packing; entry_output_scales does both at once.
+struct OutputScaleWords {
   float2 f[4];
+};
+__device__ __forceinline__ OutputScaleWords entry_output_scale_words(const uint8_t* key0,
+                                                                     int group) {
+  OutputScaleWords w;
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    f[e] = *reinterpret_cast<const float2*>(key0 + 4 * e * kLatentBytes + kLatentScaleOffset +
-                                            4 * group);
-  return {{{pack_half2(f[0].x, f[1].x), pack_half2(f[2].x, f[3].x)},
-           {pack_half2(f[0].y, f[1].y), pack_half2(f[2].y, f[3].y)}}};
+    w.f[e] = *reinterpret_cast<const float2*>(key0 + 4 * e * kLatentBytes + kLatentScaleOffset +
+                                              4 * group);
+  return w;
+}
+__device__ __forceinline__ OutputScales pack_output_scales(const OutputScaleWords& w) {
+  return {{{pack_half2(w.f[0].x, w.f[1].x), pack_half2(w.f[2].x, w.f[3].x)},
+           {pack_half2(w.f[0].y, w.f[1].y), pack_half2(w.f[2].y, w.f[3].y)}}};
+}
+__device__ __forceinline__ OutputScales entry_output_scales(const uint8_t* key0, int group) {
+  return pack_output_scales(entry_output_scale_words(key0, group));
 }
 
 // The output A fragment of V^T for O^T = V^T . P^T: dims `dim`, `dim` + 1 (rows

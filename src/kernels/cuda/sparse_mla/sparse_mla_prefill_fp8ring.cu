@@ -253,7 +253,11 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
 }
 
 // ---- The consumers ----------------------------------------------------------
-template <bool kPersistent>
+// kScalesAhead (MEGACTX_SPARSE_MLA_SCALES_AHEAD=1, off until measured): the
+// output steps' group scales loaded half a key step before they are packed;
+// ncu put the packs' wait on those shared loads among the output loop's
+// largest stalls (fifty-first session).
+template <bool kPersistent, bool kScalesAhead>
 __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8_t* shared) {
   set_max_registers_inc<kConsumerRegisters>();
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
@@ -478,11 +482,23 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       // 2c + m / 2). The fragments are built in order, so the step's scales of
       // both groups, loaded at m = 0, serve its four.
       OutputScales output_scales;
+      OutputScaleWords next_scales;
+      auto step_keys = [&](int ks) {
+        return ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
+      };
       auto output_fragment = [&](int i, uint32_t(&a)[4]) {
         const int ks = i / 4, m = i % 4;
-        const uint8_t* keys =
-            ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
-        if (m == 0) output_scales = entry_output_scales(keys, 2 * c);
+        const uint8_t* keys = step_keys(ks);
+        if constexpr (kScalesAhead) {
+          // Step ks + 1's scales loaded half a step before they are packed.
+          if (m == 0)
+            output_scales =
+                pack_output_scales(ks == 0 ? entry_output_scale_words(keys, 2 * c) : next_scales);
+          if (m == 2 && ks + 1 < 8)
+            next_scales = entry_output_scale_words(step_keys(ks + 1), 2 * c);
+        } else if (m == 0) {
+          output_scales = entry_output_scales(keys, 2 * c);
+        }
         entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2],
                               a);
       };
@@ -599,7 +615,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
   }
 }
 
-template <bool kTiered, bool kPersistent>
+template <bool kTiered, bool kPersistent, bool kScalesAhead>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseMlaParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -618,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseM
     fp8ring_producer<std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>,
                      kPersistent>(p, shared);
   else
-    fp8ring_consumer<kPersistent>(p, shared);
+    fp8ring_consumer<kPersistent, kScalesAhead>(p, shared);
 }
 
 }  // namespace
@@ -639,18 +655,30 @@ bool sparse_mla_fp8ring_persistent() {
   return on;
 }
 
-void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
+template <bool kScalesAhead>
+static void launch_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
   if (sparse_mla_fp8ring_persistent() &&
       sparse_mla_bunch_splits(params.num_splits, params.top_k) == 1) {
     // One CTA per SM (the ring and Q take its shared memory).
-    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, true>,
-                                            sparse_mla_fp8ring_kernel<true, true>>(
+    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, true, kScalesAhead>,
+                                            sparse_mla_fp8ring_kernel<true, true, kScalesAhead>>(
         params, kThreads, kSharedBytes, stream, current_device_multiprocessors());
     return;
   }
-  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false>,
-                                          sparse_mla_fp8ring_kernel<true, false>>(
+  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false, kScalesAhead>,
+                                          sparse_mla_fp8ring_kernel<true, false, kScalesAhead>>(
       params, kThreads, kSharedBytes, stream);
+}
+
+void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
+  static const bool scales_ahead = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_SCALES_AHEAD");
+    return value != nullptr && value[0] == '1';
+  }();
+  if (scales_ahead)
+    launch_fp8ring<true>(params, stream);
+  else
+    launch_fp8ring<false>(params, stream);
 }
 
 }  // namespace detail
