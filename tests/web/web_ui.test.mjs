@@ -259,14 +259,19 @@ test('dashboard: plots move while the server is under load', async () => {
   await page.waitForFunction(() => Number(document.querySelector('[data-testid="chart-outputTokensPerSecond"]')?.dataset.samples) >= 2);
   const samplesBefore = Number(await chart.getAttribute('data-samples'));
   const finishedBefore = Number(await page.getByTestId('tile-finished').locator('.tile-value').innerText());
-  // Load from outside the page: four streams of 160 tokens each.
+  // Load from outside the page: four streams of 480 tokens each, long enough that the
+  // once-a-second poll sees them running (at 160 tokens an idle machine could finish them
+  // between two polls, and the running series would never leave 0).
   const load = Array.from({ length: 4 }, (_, i) => fetch(baseURL + '/v1/completions', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ prompt: `Load ${i}: the Debian project`, max_tokens: 160, ignore_eos: true, temperature: 0.8 }),
+    body: JSON.stringify({ prompt: `Load ${i}: the Debian project`, max_tokens: 480, ignore_eos: true, temperature: 0.8 }),
   }).then((response) => response.json()));
-  // The newest point of the tokens/s series rises above 0 while the load runs.
+  // The newest point of the tokens/s series rises above 0 while the load runs, and a poll
+  // sees requests running and KV pages held.
   await page.waitForFunction(() => Number(document.querySelector('[data-testid="tile-tps"] .tile-value')?.textContent) > 0);
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="chart-running"]')?.dataset.max) >= 1
+    && Number(document.querySelector('[data-testid="chart-kvUsed"]')?.dataset.max) >= 1);
   await page.screenshot({ path: join(shots, 'dashboard.png') });
   await Promise.all(load);
   await page.waitForFunction((n) => Number(document.querySelector('[data-testid="tile-finished"] .tile-value')?.textContent) >= n + 4, finishedBefore);
