@@ -171,12 +171,7 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   }
   memory.weights_include_workspace = true;
   plan.reserve_bytes = device_reserve_bytes(memory.kv);
-  if (request.kv_memory_bytes > 0) {
-    // Exactly the asked KV budget beside the model and the scratch.
-    memory.budget_bytes = request.model_bytes +
-                          cuda_scratch_breakdown(model, memory).device_total() +
-                          request.kv_memory_bytes;
-  } else {
+  if (request.kv_memory_bytes <= 0) {
     memory.budget_bytes = static_cast<int64_t>(request.gpu_memory_utilization *
                                                static_cast<double>(device.total_bytes)) -
                           plan.reserve_bytes;
@@ -188,26 +183,29 @@ DeviceKvPlan plan_device_kv(const ModelConfig& model, const EngineConfig& engine
   if (engine.context_length <= 0 && memory.options.offload_tokens == 0) {
     // The context is the model's max_position_embeddings, a default rather
     // than a request: where the KV budget cannot hold one sequence of it,
-    // the context shrinks to what the pages hold (a shorter context also
-    // needs less step scratch, so a few rounds settle it), as SGLang and
-    // llama.cpp fit their default context to memory. An explicit
-    // --context-length that does not fit stays an error (plan_cuda_memory).
+    // the context shrinks to what the pages hold, as SGLang and llama.cpp
+    // fit their default context to memory (with the fraction, a shorter
+    // context also needs less step scratch, so a few rounds settle it). An
+    // explicit --context-length that does not fit stays an error
+    // (plan_cuda_memory).
     for (int round = 0; round < 4; ++round) {
-      const int64_t scratch = cuda_scratch_breakdown(model, memory).device_total();
-      if (request.kv_memory_bytes > 0)
-        memory.budget_bytes = request.model_bytes + scratch + request.kv_memory_bytes;
-      const int64_t room = memory.budget_bytes - memory.weight_bytes - scratch;
+      const int64_t room = request.kv_memory_bytes > 0
+                               ? request.kv_memory_bytes
+                               : memory.budget_bytes - memory.weight_bytes -
+                                     cuda_scratch_breakdown(model, memory).device_total();
       const int64_t pages = room > 0 ? room / memory.kv.bytes_per_page() : 0;
       const int64_t fits = pages * memory.kv.page_size;
       if (pages <= 0 || fits >= memory.max_context) break;
       memory.max_context = fits;
     }
-    if (request.kv_memory_bytes > 0)  // the scratch of the context settled on
-      memory.budget_bytes = request.model_bytes +
-                            cuda_scratch_breakdown(model, memory).device_total() +
-                            request.kv_memory_bytes;
     plan.context_fitted = memory.max_context < plan.context;
     plan.context = memory.max_context;
+  }
+  if (request.kv_memory_bytes > 0) {
+    // Exactly the asked KV budget beside the model and the scratch.
+    memory.budget_bytes = request.model_bytes +
+                          cuda_scratch_breakdown(model, memory).device_total() +
+                          request.kv_memory_bytes;
   }
   plan.memory = plan_cuda_memory(model, memory);
   plan.budget_bytes =

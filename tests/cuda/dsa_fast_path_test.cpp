@@ -160,15 +160,14 @@ TEST(DsaFastPath, GlueKernelsMatchHostReferences) {
   DeviceBuffer<int32_t> d_selected(selected), d_select_counts(select_counts);
   for (const int64_t width : {int64_t{48}, int64_t{47}}) {
     DeviceBuffer<int32_t> slots(n * width);
-    cuda::PositionsToSlotsParams map;
-    map.selected = d_selected.get();
-    map.counts = d_select_counts.get();
-    map.rows = rows.rows();
-    map.tokens = n;
-    map.selected_stride = stride;
-    map.top_k = width;
-    map.slots = slots.get();
-    cuda::positions_to_slots(map, nullptr);
+    cuda::positions_to_slots({.selected = d_selected.get(),
+                              .counts = d_select_counts.get(),
+                              .rows = rows.rows(),
+                              .tokens = n,
+                              .selected_stride = stride,
+                              .top_k = width,
+                              .slots = slots.get()},
+                             nullptr);
     const auto got_slots = slots.download();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t k = 0; k < width; ++k) {
@@ -598,15 +597,14 @@ void check_mla(int64_t heads, int64_t top_k, int splits, uint32_t seed) {
   // Fast chain, as CudaDsaModel::fast_sparse_mla.
   const int64_t width = std::min(top_k, b.max_context);
   DeviceBuffer<int32_t> slots(n * width);
-  cuda::PositionsToSlotsParams map;
-  map.selected = d_selection.get();
-  map.counts = d_counts.get();
-  map.rows = rows.rows();
-  map.tokens = n;
-  map.selected_stride = top_k;
-  map.top_k = width;
-  map.slots = slots.get();
-  cuda::positions_to_slots(map, nullptr);
+  cuda::positions_to_slots({.selected = d_selection.get(),
+                            .counts = d_counts.get(),
+                            .rows = rows.rows(),
+                            .tokens = n,
+                            .selected_stride = top_k,
+                            .top_k = width,
+                            .slots = slots.get()},
+                           nullptr);
   DeviceBuffer<uint16_t> packed(n * padded * (lora + rope)), attention(n * padded * lora);
   cuda::MlaQueryPackParams pack;
   pack.q_latent = d_latent.get();
