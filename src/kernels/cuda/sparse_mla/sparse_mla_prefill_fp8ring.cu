@@ -104,8 +104,18 @@ constexpr int kPOffset = (kRingOffset + kSlots * kSlotBytes + 1023) / 1024 * 102
 constexpr int kMiscOffset = kPOffset + 2 * kPTileBytes;
 
 struct Misc {
-  uint64_t full[kSlots];         // the producer's 128 threads arrive when their copies land
-  uint64_t empty[kSlots];        // the 256 consumer threads arrive when no MMA reads the block
+  uint64_t full[kSlots];   // the producer's 128 threads arrive when their copies land
+  uint64_t empty[kSlots];  // the 256 consumer threads arrive when no MMA reads the block
+  // Ping-pong consumers (per consumer, 128 arrivals of its threads, or of the
+  // other's for free): vote[c] its flag (and maxima) are out, tile[c] its P^T
+  // is written, released[c] the other consumer is done with both.
+  uint64_t vote[2];
+  uint64_t tile[2];
+  uint64_t released[2];
+  int flag[2];  // [consumer]: its scores passed the running max this bunch
+  // [consumer][warp][head]: the running max as each ping-pong warp holds it
+  // (the same in all eight; a warp's own copy, written by its g = 0 lanes).
+  float warp_max[2][4][kHeads];
   float row_max[kHeads];         // the running max of both consumers (log2 units)
   float exchange[2][4][kHeads];  // [consumer][warp][head]: block maxima, then row sums
   float inverse[kHeads];         // the epilogue's 1 / row sum per head
@@ -119,6 +129,11 @@ constexpr int kVoteBarrier = 2;
 constexpr int kMaxBarrier = 3;
 constexpr int kPBarrier = 4;
 constexpr int kSumBarrier = 5;
+// The ping-pong consumers' own barriers, + c: between one consumer's 128
+// threads, and the turns of the alternating score loops (128 sync + 128 arrive).
+constexpr int kOwnVoteBarrier = 6;
+constexpr int kOwnMaxBarrier = 8;
+constexpr int kTurnBarrier = 10;
 
 // The running max before any valid key: finite, so that a score minus it
 // needs no test (a missing key's -inf stays -inf, a valid key passes the
@@ -252,84 +267,345 @@ __device__ __forceinline__ void fp8ring_producer(const SparseMlaParams& p, uint8
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// ---- The consumers ----------------------------------------------------------
-// kScalesAhead (MEGACTX_SPARSE_MLA_SCALES_AHEAD=1, off until measured): the
-// output steps' group scales loaded half a key step before they are packed;
-// ncu put the packs' wait on those shared loads among the output loop's
-// largest stalls (fifty-first session).
+// ---- The consumers' stages ----------------------------------------------------
+// Thread (consumer c, warp w, lane 4g + t) of a consumer warpgroup. Its score
+// accumulators s[4j + 2r + e] are S^T_c[key 16w + g + 8r][head 8j + 2t + e];
+// its output accumulators o[32m + 4j + 2r + e] are O^T[dim 256c + 64m + 16w +
+// 2g + r][head 8j + 2t + e]; row_sum[2j + e] its keys' share of head 8j + 2t + e.
+struct ConsumerThread {
+  int tid, c, warp, g, t;
+};
+
+// Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
+// group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4, 5,
+// 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...). Every load
+// of a thread is issued before the first is used (the tile is 72 KB and is the
+// CTA's first wait; 9 dependent rounds cost ~8% of the kernel). Ends with a
+// barrier of both consumers.
+__device__ __forceinline__ void load_query_tile(const SparseMlaParams& p, uint8_t* shared,
+                                                int64_t row, int head0, int tid) {
+  constexpr int kItems = kHeads * (kDim / 16) / kConsumerThreads;  // 9 groups of 16 dims
+  static_assert(kItems * kConsumerThreads == kHeads * (kDim / 16));
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
+  // tid made opaque per item: otherwise ptxas keeps the 27 addresses below,
+  // invariant over the items, live through the whole row loop (120 bytes of
+  // spills in the persistent variant).
+  int q_tid = tid;
+  asm volatile("" : "+r"(q_tid));
+  uint4 loaded[kItems][2];
+#pragma unroll
+  for (int n = 0; n < kItems; ++n) {
+    const int item = q_tid + n * kConsumerThreads;
+    const int head = item / (kDim / 16), group = item % (kDim / 16);
+    const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
+    loaded[n][0] = source[0];
+    loaded[n][1] = source[1];
+  }
+#pragma unroll
+  for (int n = 0; n < kItems; ++n) {
+    const int item = q_tid + n * kConsumerThreads;
+    const int head = item / (kDim / 16), group = item % (kDim / 16);
+    const uint4 low = loaded[n][0], high = loaded[n][1];
+    const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      h[i] = pack_half2(__uint_as_float(pair[i] << 16) * kQueryPrescale,
+                        __uint_as_float(pair[i] & 0xffff0000u) * kQueryPrescale);
+    uint8_t* chunk = shared + kQOffset + (group / 4) * kQChunkBytes;
+    const int unit = 2 * (group % 4);
+    *reinterpret_cast<uint4*>(chunk + swizzled(head, unit)) = make_uint4(h[0], h[2], h[4], h[6]);
+    *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
+        make_uint4(h[1], h[3], h[5], h[7]);
+  }
+  for (int head = q_tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = kNoMax;
+  fence_proxy_async_shared();
+  named_barrier(kQueryBarrier, kConsumerThreads);
+}
+
+// S^T_c = K_c . Q^T for the block in `slot`: 36 wgmma m64n64k16, A built from
+// the ring's entries in registers three k-steps deep.
+__device__ __forceinline__ void score_mmas(float (&s)[32], float (&o)[128], const uint8_t* ring,
+                                           int slot, uint32_t q_address, const ConsumerThread& th) {
+  const uint8_t* key_row0 = ring + slot * kSlotBytes + (16 * th.warp + th.g) * kLatentBytes;
+  const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
+  const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
+  auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
+    entry_score_fragment(key_row0, key_row1, ks, th.t, score_scales, a);
+  };
+  uint32_t a[3][4];
+  score_fragment(0, a[0]);
+  score_fragment(1, a[1]);
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    wgmma_fence();
+    uint32_t q_low = swizzle128_descriptor_low(q_address);
+    asm volatile("" : "+r"(q_low));
+    q_low += ((ks / 4) * kQChunkBytes + (ks % 4) * 32) >> 4;
+    wgmma_m64n64k16_rs<0>(s, a[ks % 3], descriptor_from_words(q_low, kSwizzle128DescriptorHigh),
+                          ks > 0);
+    wgmma_commit();
+    if (ks + 2 < kDim / 16) {
+      wgmma_wait<1>();
+      score_fragment(ks + 2, a[(ks + 2) % 3]);
+    }
+  }
+  wgmma_wait_all();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) fence_operand(s[i]);
+#pragma unroll
+  for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+}
+
+// Scores to log2 units; missing slots (-1, past top_k) -inf. `first_key`:
+// the block's first key in the row's slots.
+__device__ __forceinline__ void scale_and_mask(float (&s)[32], const SparseMlaParams& p,
+                                               const int32_t* row_slots, int first_key,
+                                               float scale_log2, const ConsumerThread& th) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int index = first_key + 16 * th.warp + th.g + 8 * r;
+    const bool valid = index < p.top_k && row_slots[index] >= 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& value = s[4 * j + 2 * r + e];
+        value = valid ? value * scale_log2 : -INFINITY;
+      }
+  }
+}
+
+// This thread's block maxima of heads 8j + 2t + e over its warp's 16 keys,
+// into exchange[warp][head] (lanes g = 0).
+__device__ __forceinline__ void publish_warp_maxima(const float (&s)[32], float (*exchange)[kHeads],
+                                                    const ConsumerThread& th) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float m = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      if (th.g == 0) exchange[th.warp][8 * j + 2 * th.t + e] = m;
+    }
+}
+
+// P = exp2(s) (s already relative to the max; exp2(-inf) = 0), its sums, and
+// P^T_c: key 16w + g + 8r at its output k-slot row 16w + slot(g + 8r), heads
+// 8j + 2t, + 1.
+__device__ __forceinline__ void write_p_tile(const float (&s)[32], float (&row_sum)[16],
+                                             uint8_t* p_tile, const ConsumerThread& th) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int local = th.g + 8 * r;
+    const int key_row = 16 * th.warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float p0 = fast_exp2(s[4 * j + 2 * r]), p1 = fast_exp2(s[4 * j + 2 * r + 1]);
+      row_sum[2 * j] += p0;
+      row_sum[2 * j + 1] += p1;
+      *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * th.t) = pack_half2(p0, p1);
+    }
+  }
+}
+
+// O^T_c += V^T . P^T over kBlocks blocks of 64 keys: block b's keys in ring
+// slot slots[b], its P^T in tile tiles[b]. Step i: block i / 16, key step
+// (i % 16) / 4 of it, dim tile m = i % 4 (group 2c + m / 2). The fragments are
+// built in order, so the step's scales of both groups, loaded at m = 0, serve
+// its four. With two blocks, `release_first` gets this thread's arrival once
+// the first block's MMAs are done (step 16 the only one pending).
+template <int kBlocks, bool kScalesAhead>
+__device__ __forceinline__ void output_mmas(float (&o)[128], const uint8_t* ring,
+                                            uint32_t p_address, const int (&slots)[2],
+                                            const int (&tiles)[2], uint64_t* release_first,
+                                            const ConsumerThread& th) {
+  constexpr int kSteps = 16 * kBlocks;
+  OutputScales output_scales;
+  OutputScaleWords next_scales;
+  auto step_keys = [&](int ks) {  // ks: key step over the blocks, 0 .. 4 kBlocks
+    return ring + slots[ks / 4] * kSlotBytes + (16 * (ks % 4) + th.t) * kLatentBytes;
+  };
+  auto output_fragment = [&](int i, uint32_t(&a)[4]) {
+    const int ks = i / 4, m = i % 4;
+    const uint8_t* keys = step_keys(ks);
+    if constexpr (kScalesAhead) {
+      // Step ks + 1's scales loaded half a step before they are packed.
+      if (m == 0)
+        output_scales =
+            pack_output_scales(ks == 0 ? entry_output_scale_words(keys, 2 * th.c) : next_scales);
+      if (m == 2 && ks + 1 < kSteps / 4)
+        next_scales = entry_output_scale_words(step_keys(ks + 1), 2 * th.c);
+    } else if (m == 0) {
+      output_scales = entry_output_scales(keys, 2 * th.c);
+    }
+    entry_output_fragment(keys, 256 * th.c + 64 * m + 16 * th.warp + 2 * th.g,
+                          output_scales.pair[m / 2], a);
+  };
+  uint32_t a[3][4];
+  output_fragment(0, a[0]);
+  output_fragment(1, a[1]);
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const int ks = i / 4, m = i % 4;
+    wgmma_fence();
+    uint32_t p_low = swizzle128_mn_descriptor_low(p_address, kPTileBytes);
+    asm volatile("" : "+r"(p_low));
+    p_low += (tiles[ks / 4] * kPTileBytes + (ks % 4) * 16 * 128) >> 4;
+    wgmma_m64n64k16_rs<1>(o + 32 * m, a[i % 3],
+                          descriptor_from_words(p_low, kSwizzle128DescriptorHigh), 1);
+    wgmma_commit();
+    if (i + 2 < kSteps) {
+      wgmma_wait<1>();
+      output_fragment(i + 2, a[(i + 2) % 3]);
+    }
+    if (kBlocks == 2 && i == 16) mbarrier_arrive(release_first);
+  }
+  wgmma_wait_all();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) fence_operand(o[i]);
+}
+
+// o times exp2(old - new) per head (the running max moved from old to new;
+// kNoMax - new: 0).
+__device__ __forceinline__ void rescale_output(float (&o)[128], const float (&factor)[16]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) o[32 * m + 4 * j + 2 * r + e] *= factor[2 * j + e];
+}
+
+// The row sums over every key, out = O / sum, the lse (misc.row_max holds the
+// final max). One thread per head finishes its sum, lse and 1 / sum (the lse's
+// log2 and the reciprocal once per head, not on all 256 threads: inlined 16
+// times they were most of the epilogue's instruction-cache misses).
+template <bool kPersistent>
+__device__ __forceinline__ void consumer_epilogue(const SparseMlaParams& p, uint8_t* shared,
+                                                  float (&o)[128], float (&row_sum)[16],
+                                                  int64_t row, int head0,
+                                                  const ConsumerThread& th) {
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int c = th.c, warp = th.warp, g = th.g, t = th.t, tid = th.tid;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float v = row_sum[i];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    row_sum[i] = v;
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);  // the exchange's last maxima are read
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);
+  const bool whole = p.num_splits == 1;
+  const int64_t state =
+      whole ? row * p.heads + head0 : (row * p.num_splits + blockIdx.z) * p.heads + head0;
+  if (tid < kHeads) {
+    float total = 0.f;
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][tid];
+    misc.inverse[tid] = total > 0.f ? 1.f / total : 0.f;
+    const float lse = total > 0.f ? (misc.row_max[tid] + log2f(total)) * kLn2 : -INFINITY;
+    (whole ? p.lse : p.partial_lse)[state + tid] = lse;
+  }
+  named_barrier(kSumBarrier, kConsumerThreads);
+  // Thread's values: O^T[dims 256c + 64m + 16w + 2g + r][head 8j + 2t + e] =
+  // o[32m + 4j + 2r + e].
+  if (whole) {
+    // bf16 rows [64 heads][512] staged in the ring (every block is consumed
+    // and every copy has landed) or, persistent, where Q was (64 of its 72
+    // KB: every score MMA has read it, and the ring may already hold the next
+    // row's blocks); 16-byte unit u of head h at unit u ^ (h & 7) (the 8 g
+    // lanes x 4 t heads of a store hit 32 banks), then copied out in 16-byte
+    // units.
+    static_assert(kHeads * 1024 <= 9 * kQChunkBytes, "the staged rows fit the Q tile's space");
+    uint8_t* staged = kPersistent ? shared + kQOffset : shared + kRingOffset;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int head = 8 * j + 2 * t + e;
+        const float inverse = misc.inverse[head];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int byte = 2 * (256 * c + 64 * m + 16 * warp + 2 * g);
+          *reinterpret_cast<uint32_t*>(staged + head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 +
+                                       (byte & 15)) =
+              pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+        }
+      }
+    named_barrier(kSumBarrier, kConsumerThreads);
+    uint4* out = reinterpret_cast<uint4*>(p.out + state * kLatentRank);
+#pragma unroll 4
+    for (int unit = tid; unit < kHeads * 64; unit += kConsumerThreads) {
+      const int head = unit / 64, u = unit % 64;
+      out[unit] = *reinterpret_cast<const uint4*>(staged + head * 1024 + (u ^ (head & 7)) * 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int head = 8 * j + 2 * t + e;
+        const float inverse = misc.inverse[head];
+        float* out = p.partial_out + (state + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+          *reinterpret_cast<float2*>(out + 64 * m) =
+              make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+      }
+  }
+  // The next item's Q overwrites the staged rows: every copy-out has read them.
+  if constexpr (kPersistent) named_barrier(kSumBarrier, kConsumerThreads);
+}
+
+// ---- The consumers in lockstep ----------------------------------------------
+// Per bunch, both consumers: scores of their own block, one vote over both
+// whether the shared running max must move, P^T_c, a barrier, the output MMAs
+// over both blocks. kScalesAhead (MEGACTX_SPARSE_MLA_SCALES_AHEAD=1, off until
+// measured): the output steps' group scales loaded half a step before they
+// are packed; ncu put the packs' wait on those shared loads among the output
+// loop's largest stalls (fifty-first session).
 template <bool kPersistent, bool kScalesAhead>
 __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8_t* shared) {
   set_max_registers_inc<kConsumerRegisters>();
   Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
   const int tid = static_cast<int>(threadIdx.x);
-  const int c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
+  const ConsumerThread th{tid, tid / 128, (tid % 128) / 32, (tid % 32) / 4, tid % 4};
+  const int c = th.c, warp = th.warp, g = th.g, t = th.t;
   const BunchRange range = bunch_range(p, kBunchKeys);
   const int begin = range.first * kBunchKeys;
   const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
-  uint8_t* ring = shared + kRingOffset;
+  const uint8_t* ring = shared + kRingOffset;
   uint8_t* p_tiles = shared + kPOffset;
+  const uint32_t q_address = shared_address(shared + kQOffset);
+  const uint32_t p_address = shared_address(p_tiles);
   WorkItem item;
   for (int k = 0; work_item<kPersistent>(p, k, item); ++k) {
     // Blocks of earlier items: the ring's position and phases go on from them.
     const int done = k * 2 * range.count;
-    const int64_t row = item.row;
-    const int head0 = item.head0;
-    const int32_t* row_slots = p.slots + row * p.top_k;
+    const int32_t* row_slots = p.slots + item.row * p.top_k;
+    load_query_tile(p, shared, item.row, item.head0, tid);
 
-    // Q [64 heads][576] as f16 x 2^-6 into the 9 swizzled chunks, each 16-dim
-    // group in the score k-slot order: unit 2u of a chunk holds dims (0, 1, 4,
-    // 5, 8, 9, 12, 13) of its group u, unit 2u + 1 dims (2, 3, 6, 7, ...). Every
-    // load of a thread is issued before the first is used (the tile is 72 KB and
-    // is the CTA's first wait; 9 dependent rounds cost ~8% of the kernel).
-    {
-      constexpr int kItems = kHeads * (kDim / 16) / kConsumerThreads;  // 9 groups of 16 dims
-      static_assert(kItems * kConsumerThreads == kHeads * (kDim / 16));
-      const uint16_t* q_source = p.q + (row * p.heads + head0) * kDim;
-      // tid made opaque per item: otherwise ptxas keeps the 27 addresses
-      // below, invariant over the items, live through the whole row loop
-      // (120 bytes of spills in the persistent variant).
-      int q_tid = tid;
-      asm volatile("" : "+r"(q_tid));
-      uint4 loaded[kItems][2];
-#pragma unroll
-      for (int n = 0; n < kItems; ++n) {
-        const int item = q_tid + n * kConsumerThreads;
-        const int head = item / (kDim / 16), group = item % (kDim / 16);
-        const uint4* source = reinterpret_cast<const uint4*>(q_source + head * kDim + 16 * group);
-        loaded[n][0] = source[0];
-        loaded[n][1] = source[1];
-      }
-#pragma unroll
-      for (int n = 0; n < kItems; ++n) {
-        const int item = q_tid + n * kConsumerThreads;
-        const int head = item / (kDim / 16), group = item % (kDim / 16);
-        const uint4 low = loaded[n][0], high = loaded[n][1];
-        const uint32_t pair[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-        uint32_t h[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          h[i] = pack_half2(__uint_as_float(pair[i] << 16) * kQueryPrescale,
-                            __uint_as_float(pair[i] & 0xffff0000u) * kQueryPrescale);
-        uint8_t* chunk = shared + kQOffset + (group / 4) * kQChunkBytes;
-        const int unit = 2 * (group % 4);
-        *reinterpret_cast<uint4*>(chunk + swizzled(head, unit)) =
-            make_uint4(h[0], h[2], h[4], h[6]);
-        *reinterpret_cast<uint4*>(chunk + swizzled(head, unit + 1)) =
-            make_uint4(h[1], h[3], h[5], h[7]);
-      }
-      for (int head = q_tid; head < kHeads; head += kConsumerThreads) misc.row_max[head] = kNoMax;
-      fence_proxy_async_shared();
-      named_barrier(kQueryBarrier, kConsumerThreads);
-    }
-
-    const uint32_t q_address = shared_address(shared + kQOffset);
-    const uint32_t p_address = shared_address(p_tiles);
     float s[32];
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    float row_sum[16];  // this thread's keys' share of heads 8j + 2t + e, [2j + e]
+    float row_sum[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
 
@@ -337,54 +613,10 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       const int own_block = 2 * bunch + c;  // of this item; done + own_block in the ring
       const int own_slot = (done + own_block) % kSlots;
       mbarrier_wait(&misc.full[own_slot], ((done + own_block) / kSlots) & 1);
-
-      // ---- S^T_c = K_c . Q^T ---------------------------------------------------
-      const uint8_t* key_row0 = ring + own_slot * kSlotBytes + (16 * warp + g) * kLatentBytes;
-      const uint8_t* key_row1 = key_row0 + 8 * kLatentBytes;
-      const ScoreScales score_scales = entry_score_scales(key_row0, key_row1);
-      auto score_fragment = [&](int ks, uint32_t(&a)[4]) {
-        entry_score_fragment(key_row0, key_row1, ks, t, score_scales, a);
-      };
-      {
-        uint32_t a[3][4];
-        score_fragment(0, a[0]);
-        score_fragment(1, a[1]);
-#pragma unroll
-        for (int ks = 0; ks < kDim / 16; ++ks) {
-          wgmma_fence();
-          uint32_t q_low = swizzle128_descriptor_low(q_address);
-          asm volatile("" : "+r"(q_low));
-          q_low += ((ks / 4) * kQChunkBytes + (ks % 4) * 32) >> 4;
-          wgmma_m64n64k16_rs<0>(s, a[ks % 3],
-                                descriptor_from_words(q_low, kSwizzle128DescriptorHigh), ks > 0);
-          wgmma_commit();
-          if (ks + 2 < kDim / 16) {
-            wgmma_wait<1>();
-            score_fragment(ks + 2, a[(ks + 2) % 3]);
-          }
-        }
-        wgmma_wait_all();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) fence_operand(s[i]);
-#pragma unroll
-        for (int i = 0; i < 128; ++i) fence_operand(o[i]);
-      }
+      score_mmas(s, o, ring, own_slot, q_address, th);
+      scale_and_mask(s, p, row_slots, begin + own_block * kBlockKeys, scale_log2, th);
 
       // ---- The running max and P^T_c -------------------------------------------
-      // Scale to log2 units; missing slots (-1, past top_k) -inf. Rows r: keys
-      // 16w + g + 8r of the block.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int index = begin + own_block * kBlockKeys + 16 * warp + g + 8 * r;
-        const bool valid = index < p.top_k && row_slots[index] >= 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& value = s[4 * j + 2 * r + e];
-            value = valid ? value * scale_log2 : -INFINITY;
-          }
-      }
       bool passes = false;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -398,16 +630,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
       if (any_thread(passes, kVoteBarrier, kConsumerThreads)) {
         // The block maxima per head over both consumers' keys: the thread's two
         // rows, the 8 g lanes, the 4 warps, the 2 consumers.
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float m = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (g == 0) misc.exchange[c][warp][8 * j + 2 * t + e] = m;
-          }
+        publish_warp_maxima(s, misc.exchange[c], th);
         named_barrier(kMaxBarrier, kConsumerThreads);
         float factor[16], new_max[16];
 #pragma unroll
@@ -423,18 +646,12 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
               for (int w = 0; w < 4; ++w) m = fmaxf(m, misc.exchange[x][w][head]);
             new_max[2 * j + e] = m;
             factor[2 * j + e] = fast_exp2(old_max - m);  // kNoMax - m: 0
-            row_sum[2 * j + e] *= factor[2 * j + e];
             s[4 * j + e] -= m;
             s[4 * j + 2 + e] -= m;
           }
 #pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) o[32 * m + 4 * j + 2 * r + e] *= factor[2 * j + e];
+        for (int i = 0; i < 16; ++i) row_sum[i] *= factor[i];
+        rescale_output(o, factor);
         // Everyone has read row_max and the exchange: the new max replaces it.
         named_barrier(kMaxBarrier, kConsumerThreads);
         if (c == 0 && warp == 0 && g == 0) {
@@ -453,21 +670,7 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
             s[4 * j + 2 + e] -= m;
           }
       }
-      // P = exp2(s - max) (exp2(-inf) = 0), its sums, and P^T_c: key 16w + g +
-      // 8r at its output k-slot row 16w + slot(g + 8r), heads 8j + 2t, + 1.
-      uint8_t* p_tile = p_tiles + c * kPTileBytes;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int local = g + 8 * r;
-        const int key_row = 16 * warp + 2 * (local % 4) + (local / 4) % 2 + 8 * (local / 8);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float p0 = fast_exp2(s[4 * j + 2 * r]), p1 = fast_exp2(s[4 * j + 2 * r + 1]);
-          row_sum[2 * j] += p0;
-          row_sum[2 * j + 1] += p1;
-          *reinterpret_cast<uint32_t*>(p_tile + swizzled(key_row, j) + 4 * t) = pack_half2(p0, p1);
-        }
-      }
+      write_p_tile(s, row_sum, p_tiles + c * kPTileBytes, th);
       fence_proxy_async_shared();  // st.shared -> the output MMAs' reads (async proxy)
       named_barrier(kPBarrier, kConsumerThreads);
 
@@ -478,144 +681,219 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
         mbarrier_wait(&misc.full[slot0], (block0 / kSlots) & 1);
       else
         mbarrier_wait(&misc.full[slot1], ((block0 + 1) / kSlots) & 1);
-      // Step i: key step ks = i / 4 (block ks / 4), dim tile m = i % 4 (group
-      // 2c + m / 2). The fragments are built in order, so the step's scales of
-      // both groups, loaded at m = 0, serve its four.
-      OutputScales output_scales;
-      OutputScaleWords next_scales;
-      auto step_keys = [&](int ks) {
-        return ring + (ks < 4 ? slot0 : slot1) * kSlotBytes + (16 * (ks % 4) + t) * kLatentBytes;
-      };
-      auto output_fragment = [&](int i, uint32_t(&a)[4]) {
-        const int ks = i / 4, m = i % 4;
-        const uint8_t* keys = step_keys(ks);
-        if constexpr (kScalesAhead) {
-          // Step ks + 1's scales loaded half a step before they are packed.
-          if (m == 0)
-            output_scales =
-                pack_output_scales(ks == 0 ? entry_output_scale_words(keys, 2 * c) : next_scales);
-          if (m == 2 && ks + 1 < 8)
-            next_scales = entry_output_scale_words(step_keys(ks + 1), 2 * c);
-        } else if (m == 0) {
-          output_scales = entry_output_scales(keys, 2 * c);
-        }
-        entry_output_fragment(keys, 256 * c + 64 * m + 16 * warp + 2 * g, output_scales.pair[m / 2],
-                              a);
-      };
-      {
-        uint32_t a[3][4];
-        output_fragment(0, a[0]);
-        output_fragment(1, a[1]);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int ks = i / 4, m = i % 4;
-          wgmma_fence();
-          uint32_t p_low = swizzle128_mn_descriptor_low(p_address, kPTileBytes);
-          asm volatile("" : "+r"(p_low));
-          p_low += ((ks / 4) * kPTileBytes + (ks % 4) * 16 * 128) >> 4;
-          wgmma_m64n64k16_rs<1>(o + 32 * m, a[i % 3],
-                                descriptor_from_words(p_low, kSwizzle128DescriptorHigh), 1);
-          wgmma_commit();
-          if (i + 2 < 32) {
-            wgmma_wait<1>();
-            output_fragment(i + 2, a[(i + 2) % 3]);
-          }
-          // Block 0's steps (i < 16) are done once step 16 is the only one pending.
-          if (i == 16) mbarrier_arrive(&misc.empty[slot0]);
-        }
-        wgmma_wait_all();
-#pragma unroll
-        for (int i = 0; i < 128; ++i) fence_operand(o[i]);
-        mbarrier_arrive(&misc.empty[slot1]);
-      }
+      const int slots[2] = {slot0, slot1}, tiles[2] = {0, 1};
+      output_mmas<2, kScalesAhead>(o, ring, p_address, slots, tiles, &misc.empty[slot0], th);
+      mbarrier_arrive(&misc.empty[slot1]);
     }
+    consumer_epilogue<kPersistent>(p, shared, o, row_sum, item.row, item.head0, th);
+  }
+}
 
-    // ---- Epilogue: the row sums over every key, out = O / sum, the lse --------
-    // One thread per head finishes its sum, lse and 1 / sum (the lse's log2 and
-    // the reciprocal once per head, not on all 256 threads: inlined 16 times they
-    // were most of the epilogue's instruction-cache misses).
+// ---- The consumers half a phase apart (ping-pong) --------------------------
+// MEGACTX_SPARSE_MLA_PINGPONG=1 (off until measured): the lockstep's vote, P
+// and max barriers of both consumers (with the softmax between them, ~19% of
+// a consumer's time in the fifty-first session's ncu profile) replaced by
+// mbarriers that carry only the data each consumer needs from the other, so
+// one consumer's softmax can overlap the other's MMAs. Both consumers keep
+// the same running max per head (`ref`: each warp its own copy in shared
+// memory, 16 registers fewer than in registers, where the consumers spilled), which moves only in a
+// bunch where a consumer's scores pass it by kRescaleSlack. Consumer c, per
+// bunch n (counted over the CTA's items, for the mbarrier phases):
+//
+//   scores of its block; a vote among its own 128 threads: `pass`;
+//   wait released[c] (the other consumer is done with c's P^T tile, flag and
+//     maxima of bunch n - 1);
+//   no pass: P^T_c relative to ref; flag 0; arrive vote[c] and tile[c];
+//     output MMAs over its own block; wait vote[1 - c]; if the other passed,
+//     move ref to max(ref, its maxima) and rescale o and row_sum (its own
+//     block's part included: it was relative to the old ref); wait tile[1 - c];
+//     output MMAs over the other block; arrive released[1 - c];
+//   pass: its block maxima into exchange[c]; flag 1; arrive vote[c]; wait
+//     vote[1 - c]; if the other did not pass, its P^T (relative to the old
+//     ref) goes into o first: wait tile[1 - c], output MMAs over the other
+//     block, arrive released[1 - c]; then new = max(ref, own maxima, the other's
+//     if it passed); rescale; P^T_c relative to new; arrive tile[c]; output
+//     MMAs over its own block; if the other passed: wait tile[1 - c], output
+//     MMAs over the other block, arrive released[1 - c].
+//
+// Both consumers compute the same new max from the same shared maxima. A
+// barrier phase cannot be overrun: c arrives vote[c] / tile[c] of bunch n + 1
+// only after released[c] of bunch n, which the other consumer arrives after its
+// last read of c's bunch-n data. kAlternate (MEGACTX_SPARSE_MLA_PINGPONG=2):
+// the score loops of the two consumers also take turns (consumer 0 first), as
+// FlashAttention-3's warp scheduler barriers do, so that one consumer's
+// softmax and output MMAs run beside the other's scores.
+template <bool kPersistent, bool kAlternate>
+__device__ __forceinline__ void fp8ring_pingpong_consumer(const SparseMlaParams& p,
+                                                          uint8_t* shared) {
+  set_max_registers_inc<kConsumerRegisters>();
+  Misc& misc = *reinterpret_cast<Misc*>(shared + kMiscOffset);
+  const int tid = static_cast<int>(threadIdx.x);
+  const ConsumerThread th{tid, tid / 128, (tid % 128) / 32, (tid % 32) / 4, tid % 4};
+  const int c = th.c, other = 1 - c, warp = th.warp, g = th.g, t = th.t;
+  const BunchRange range = bunch_range(p, kBunchKeys);
+  const int begin = range.first * kBunchKeys;
+  const float scale_log2 = p.softmax_scale * kLog2e / kQueryPrescale;
+  const uint8_t* ring = shared + kRingOffset;
+  const uint32_t q_address = shared_address(shared + kQOffset);
+  const uint32_t p_address = shared_address(shared + kPOffset);
+  float* ref = misc.warp_max[c][warp];  // [head]
+  // Consumer 0's first score loop goes first.
+  if (kAlternate && c == 1) named_barrier_arrive(kTurnBarrier, kConsumerThreads);
+  WorkItem item;
+  for (int k = 0; work_item<kPersistent>(p, k, item); ++k) {
+    const int done = k * 2 * range.count;  // blocks of earlier items
+    const int32_t* row_slots = p.slots + item.row * p.top_k;
+    load_query_tile(p, shared, item.row, item.head0, tid);
+
+    float s[32];
+    float o[128];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      float v = row_sum[i];
-      v += __shfl_xor_sync(0xffffffffu, v, 4);
-      v += __shfl_xor_sync(0xffffffffu, v, 8);
-      v += __shfl_xor_sync(0xffffffffu, v, 16);
-      row_sum[i] = v;
-    }
-    named_barrier(kSumBarrier, kConsumerThreads);  // the exchange's last maxima are read
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float row_sum[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) row_sum[i] = 0.f;
+    // The previous item's epilogue (its barriers) has read this warp's max.
     if (g == 0) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) misc.exchange[c][warp][8 * j + 2 * t + e] = row_sum[2 * j + e];
+        for (int e = 0; e < 2; ++e) ref[8 * j + 2 * t + e] = kNoMax;
     }
-    named_barrier(kSumBarrier, kConsumerThreads);
-    const bool whole = p.num_splits == 1;
-    const int64_t state =
-        whole ? row * p.heads + head0 : (row * p.num_splits + blockIdx.z) * p.heads + head0;
-    if (tid < kHeads) {
-      float total = 0.f;
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-#pragma unroll
-        for (int w = 0; w < 4; ++w) total += misc.exchange[x][w][tid];
-      misc.inverse[tid] = total > 0.f ? 1.f / total : 0.f;
-      const float lse = total > 0.f ? (misc.row_max[tid] + log2f(total)) * kLn2 : -INFINITY;
-      (whole ? p.lse : p.partial_lse)[state + tid] = lse;
-    }
-    named_barrier(kSumBarrier, kConsumerThreads);
-    // Thread's values: O^T[dims 256c + 64m + 16w + 2g + r][head 8j + 2t + e] =
-    // o[32m + 4j + 2r + e].
-    if (whole) {
-      // bf16 rows [64 heads][512] staged in the ring (every block is consumed
-      // and every copy has landed) or, persistent, where Q was (64 of its 72
-      // KB: every score MMA has read it, and the ring may already hold the next
-      // row's blocks); 16-byte unit u of head h at unit u ^ (h & 7) (the 8 g
-      // lanes x 4 t heads of a store hit 32 banks), then copied out in 16-byte
-      // units.
-      static_assert(kHeads * 1024 <= 9 * kQChunkBytes, "the staged rows fit the Q tile's space");
-      uint8_t* staged = kPersistent ? shared + kQOffset : ring;
+    __syncwarp();
+
+    for (int bunch = 0; bunch < range.count; ++bunch) {
+      const int n = done / 2 + bunch;  // this bunch over the CTA's items
+      const int own_block = done + 2 * bunch + c, other_block = done + 2 * bunch + other;
+      const int own_slot = own_block % kSlots, other_slot = other_block % kSlots;
+      mbarrier_wait(&misc.full[own_slot], (own_block / kSlots) & 1);
+      if (kAlternate) named_barrier(kTurnBarrier + c, kConsumerThreads);
+      score_mmas(s, o, ring, own_slot, q_address, th);
+      if (kAlternate) named_barrier_arrive(kTurnBarrier + other, kConsumerThreads);
+      scale_and_mask(s, p, row_slots, begin + (2 * bunch + c) * kBlockKeys, scale_log2, th);
+      bool passes = false;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int head = 8 * j + 2 * t + e;
-          const float inverse = misc.inverse[head];
+          const float limit = ref[8 * j + 2 * t + e] + kRescaleSlack;
+          passes |= s[4 * j + e] > limit || s[4 * j + 2 + e] > limit;
+        }
+      const bool pass = any_thread(passes, kOwnVoteBarrier + c, 128);
+      if (n > 0) mbarrier_wait(&misc.released[c], (n - 1) & 1);
+
+      // The other consumer's block: its output MMAs, then this thread's
+      // arrival that c's tile, flag and maxima are read.
+      auto other_block_mmas = [&] {
+        mbarrier_wait(&misc.tile[other], n & 1);
+        mbarrier_wait(&misc.full[other_slot], (other_block / kSlots) & 1);
+        const int slots[2] = {other_slot, other_slot}, tiles[2] = {other, other};
+        output_mmas<1, false>(o, ring, p_address, slots, tiles, nullptr, th);
+        mbarrier_arrive(&misc.empty[other_slot]);
+        mbarrier_arrive(&misc.released[other]);
+      };
+      auto own_block_mmas = [&] {
+        const int slots[2] = {own_slot, own_slot}, tiles[2] = {c, c};
+        output_mmas<1, false>(o, ring, p_address, slots, tiles, nullptr, th);
+        mbarrier_arrive(&misc.empty[own_slot]);
+      };
+      // ref = max(ref, the passing consumers' maxima); factor = exp2(old - new).
+      auto move_max = [&](bool own_passed, bool other_passed, float(&factor)[16]) {
+        float new_max[16];
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const int byte = 2 * (256 * c + 64 * m + 16 * warp + 2 * g);
-            *reinterpret_cast<uint32_t*>(staged + head * 1024 + ((byte >> 4) ^ (head & 7)) * 16 +
-                                         (byte & 15)) =
-                pack_bf16x2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int head = 8 * j + 2 * t + e;
+            float m = ref[head];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              if (own_passed) m = fmaxf(m, misc.exchange[c][w][head]);
+              if (other_passed) m = fmaxf(m, misc.exchange[other][w][head]);
+            }
+            factor[2 * j + e] = fast_exp2(ref[head] - m);  // kNoMax - m: 0
+            new_max[2 * j + e] = m;
           }
+        __syncwarp();  // every lane has read the old max
+        if (g == 0) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) ref[8 * j + 2 * t + e] = new_max[2 * j + e];
         }
-      named_barrier(kSumBarrier, kConsumerThreads);
-      uint4* out = reinterpret_cast<uint4*>(p.out + state * kLatentRank);
-#pragma unroll 4
-      for (int unit = tid; unit < kHeads * 64; unit += kConsumerThreads) {
-        const int head = unit / 64, u = unit % 64;
-        out[unit] = *reinterpret_cast<const uint4*>(staged + head * 1024 + (u ^ (head & 7)) * 16);
+        __syncwarp();
+      };
+      // P^T_c relative to ref, announced on tile[c] (and visible to every warp
+      // of this consumer's MMAs).
+      auto own_tile_relative_to_ref = [&] {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float m = ref[8 * j + 2 * t + e];
+            s[4 * j + e] -= m;
+            s[4 * j + 2 + e] -= m;
+          }
+        write_p_tile(s, row_sum, shared + kPOffset + c * kPTileBytes, th);
+        fence_proxy_async_shared();  // st.shared -> both consumers' MMAs (async proxy)
+        mbarrier_arrive(&misc.tile[c]);
+      };
+
+      if (!pass) {
+        if (tid % 128 == 0) misc.flag[c] = 0;
+        own_tile_relative_to_ref();
+        mbarrier_arrive(&misc.vote[c]);
+        named_barrier(kOwnMaxBarrier + c, 128);  // every warp's rows of the tile
+        own_block_mmas();
+        mbarrier_wait(&misc.vote[other], n & 1);
+        if (misc.flag[other] != 0) {
+          // The other consumer moved the max: this consumer's o and sums (its
+          // own block's share included) follow.
+          float factor[16];
+          move_max(false, true, factor);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) row_sum[i] *= factor[i];
+          rescale_output(o, factor);
+        }
+        other_block_mmas();
+      } else {
+        publish_warp_maxima(s, misc.exchange[c], th);
+        if (tid % 128 == 0) misc.flag[c] = 1;
+        named_barrier(kOwnMaxBarrier + c, 128);  // exchange[c] complete for c's threads
+        mbarrier_arrive(&misc.vote[c]);
+        mbarrier_wait(&misc.vote[other], n & 1);
+        const bool other_passed = misc.flag[other] != 0;
+        float factor[16];
+        move_max(true, other_passed, factor);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) row_sum[i] *= factor[i];
+        own_tile_relative_to_ref();
+        named_barrier(kOwnMaxBarrier + c, 128);
+        // o is still relative to the old max, as is the P^T of an other
+        // consumer that did not pass: its block goes into o before the rescale.
+        if (!other_passed) other_block_mmas();
+        rescale_output(o, factor);
+        own_block_mmas();
+        if (other_passed) other_block_mmas();
       }
-    } else {
+    }
+    // The final max for the epilogue's lse (both consumers hold the same).
+    if (c == 0 && warp == 0 && g == 0) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int head = 8 * j + 2 * t + e;
-          const float inverse = misc.inverse[head];
-          float* out = p.partial_out + (state + head) * kLatentRank + 256 * c + 16 * warp + 2 * g;
-#pragma unroll
-          for (int m = 0; m < 4; ++m)
-            *reinterpret_cast<float2*>(out + 64 * m) =
-                make_float2(o[32 * m + 4 * j + e] * inverse, o[32 * m + 4 * j + 2 + e] * inverse);
-        }
+        for (int e = 0; e < 2; ++e) misc.row_max[8 * j + 2 * t + e] = ref[8 * j + 2 * t + e];
     }
-    // The next item's Q overwrites the staged rows: every copy-out has read them.
-    if constexpr (kPersistent) named_barrier(kSumBarrier, kConsumerThreads);
+    consumer_epilogue<kPersistent>(p, shared, o, row_sum, item.row, item.head0, th);
   }
+  // Consumer 1's last turn is taken, so that no arrival is left pending at exit.
+  if (kAlternate && c == 0) named_barrier(kTurnBarrier, kConsumerThreads);
 }
 
-template <bool kTiered, bool kPersistent, bool kScalesAhead>
+// kConsumers: the consumers' form (launch_sparse_mla_prefill_fp8ring).
+enum Consumers { kLockstep, kLockstepScalesAhead, kPingPong, kPingPongAlternate };
+
+template <bool kTiered, bool kPersistent, int kConsumers>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseMlaParams p) {
   grid_dependency_wait();
   grid_dependency_trigger();
@@ -627,14 +905,21 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_fp8ring_kernel(SparseM
       mbarrier_init(&misc.full[slot], kThreads - kConsumerThreads);
       mbarrier_init(&misc.empty[slot], kConsumerThreads);
     }
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(&misc.vote[c], kConsumerThreads / 2);
+      mbarrier_init(&misc.tile[c], kConsumerThreads / 2);
+      mbarrier_init(&misc.released[c], kConsumerThreads / 2);
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads)
     fp8ring_producer<std::conditional_t<kTiered, LatentAddressing, DeviceLatentAddressing>,
                      kPersistent>(p, shared);
+  else if constexpr (kConsumers == kPingPong || kConsumers == kPingPongAlternate)
+    fp8ring_pingpong_consumer<kPersistent, kConsumers == kPingPongAlternate>(p, shared);
   else
-    fp8ring_consumer<kPersistent, kScalesAhead>(p, shared);
+    fp8ring_consumer<kPersistent, kConsumers == kLockstepScalesAhead>(p, shared);
 }
 
 }  // namespace
@@ -655,30 +940,47 @@ bool sparse_mla_fp8ring_persistent() {
   return on;
 }
 
-template <bool kScalesAhead>
+template <int kConsumers>
 static void launch_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
   if (sparse_mla_fp8ring_persistent() &&
       sparse_mla_bunch_splits(params.num_splits, params.top_k) == 1) {
     // One CTA per SM (the ring and Q take its shared memory).
-    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, true, kScalesAhead>,
-                                            sparse_mla_fp8ring_kernel<true, true, kScalesAhead>>(
+    sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, true, kConsumers>,
+                                            sparse_mla_fp8ring_kernel<true, true, kConsumers>>(
         params, kThreads, kSharedBytes, stream, current_device_multiprocessors());
     return;
   }
-  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false, kScalesAhead>,
-                                          sparse_mla_fp8ring_kernel<true, false, kScalesAhead>>(
+  sparse_mla_prefill::launch_bunch_layout<sparse_mla_fp8ring_kernel<false, false, kConsumers>,
+                                          sparse_mla_fp8ring_kernel<true, false, kConsumers>>(
       params, kThreads, kSharedBytes, stream);
 }
 
-void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
-  static const bool scales_ahead = [] {
-    const char* value = std::getenv("MEGACTX_SPARSE_MLA_SCALES_AHEAD");
-    return value != nullptr && value[0] == '1';
+// The consumers' form, from the environment (A/B switches, off until
+// measured): MEGACTX_SPARSE_MLA_PINGPONG=1 ping-pong, =2 ping-pong with
+// alternating score loops; else MEGACTX_SPARSE_MLA_SCALES_AHEAD=1 the lockstep
+// with its output scales loaded ahead; else the lockstep.
+static int fp8ring_consumers() {
+  static const int consumers = [] {
+    const char* pingpong = std::getenv("MEGACTX_SPARSE_MLA_PINGPONG");
+    if (pingpong != nullptr && pingpong[0] == '1') return int{kPingPong};
+    if (pingpong != nullptr && pingpong[0] == '2') return int{kPingPongAlternate};
+    const char* ahead = std::getenv("MEGACTX_SPARSE_MLA_SCALES_AHEAD");
+    return ahead != nullptr && ahead[0] == '1' ? int{kLockstepScalesAhead} : int{kLockstep};
   }();
-  if (scales_ahead)
-    launch_fp8ring<true>(params, stream);
-  else
-    launch_fp8ring<false>(params, stream);
+  return consumers;
+}
+
+void launch_sparse_mla_prefill_fp8ring(const SparseMlaParams& params, cudaStream_t stream) {
+  switch (fp8ring_consumers()) {
+    case kPingPong:
+      return launch_fp8ring<kPingPong>(params, stream);
+    case kPingPongAlternate:
+      return launch_fp8ring<kPingPongAlternate>(params, stream);
+    case kLockstepScalesAhead:
+      return launch_fp8ring<kLockstepScalesAhead>(params, stream);
+    default:
+      return launch_fp8ring<kLockstep>(params, stream);
+  }
 }
 
 }  // namespace detail
