@@ -722,7 +722,11 @@ __device__ __forceinline__ void fp8ring_consumer(const SparseMlaParams& p, uint8
 // last read of c's bunch-n data. kAlternate (MEGACTX_SPARSE_MLA_PINGPONG=2):
 // the score loops of the two consumers also take turns (consumer 0 first), as
 // FlashAttention-3's warp scheduler barriers do, so that one consumer's
-// softmax and output MMAs run beside the other's scores.
+// softmax and output MMAs run beside the other's scores. Desk checks (CTest,
+// pure Python): tools/kernel_emulation/sparse_mla_pingpong_protocol.py
+// model-checks these waits and arrivals over random interleavings (no
+// deadlock, overrun or stale read); sparse_mla_pingpong_max.py the max's
+// arithmetic against a float64 softmax.
 template <bool kPersistent, bool kAlternate>
 __device__ __forceinline__ void fp8ring_pingpong_consumer(const SparseMlaParams& p,
                                                           uint8_t* shared) {
