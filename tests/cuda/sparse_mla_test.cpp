@@ -34,6 +34,12 @@ struct MlaCase {
   // pool_slots): the kernels' tiered addressing, with the same entries.
   bool split_pool = false;
   bool fp8ring = false;  // the fp8-ring layout of the wgmma prefill kernel
+  // Keys per row, spread over its later slots, whose entries are head 0's own
+  // query times a growing factor: each scores ~18 log2 units above the last
+  // (random keys stay within ~5 of each other), so the running max moves in
+  // the middle of a row, in one consumer's block and not the other's, after
+  // output has accumulated (random rows move it only in their first bunch).
+  int hot_keys = 0;
 };
 
 // The launch parameters of a case (out and lse set by the caller).
@@ -92,6 +98,29 @@ void run_case(const MlaCase& c) {
       const std::vector<uint8_t> fresh = random_latent_pool(1, rng);
       std::memcpy(pool.data() + static_cast<size_t>(slot) * reference::kLatentEntryBytes,
                   fresh.data(), reference::kLatentEntryBytes);
+    }
+  }
+  if (c.hot_keys > 0) {
+    // Appended after the pool's slots, c.hot_keys per row.
+    std::vector<float> c_kv(reference::kLatentRankDim), k_rope(reference::kLatentRopeDim);
+    for (int row = 0; row < c.rows; ++row) {
+      int32_t* row_slots = slots.data() + static_cast<size_t>(row) * c.top_k;
+      int valid = c.top_k;  // past the row's last visible slot (holes before it are kept)
+      while (valid > 0 && row_slots[valid - 1] < 0) --valid;
+      const float* head0 = q_values.data() + static_cast<size_t>(row) * c.heads * kQueryDim;
+      for (int h = 0; h < c.hot_keys; ++h) {
+        const int j = std::min(valid - 1, c.top_k * (h + 1) / (c.hot_keys + 1) + row % 7);
+        if (j < 0) continue;
+        const float factor = 0.35f * static_cast<float>(h + 1);
+        for (int i = 0; i < reference::kLatentRankDim; ++i) c_kv[i] = factor * head0[i];
+        for (int i = 0; i < reference::kLatentRopeDim; ++i)
+          k_rope[i] = factor * head0[reference::kLatentRankDim + i];
+        const size_t slot = pool.size() / reference::kLatentEntryBytes;
+        pool.resize(pool.size() + reference::kLatentEntryBytes);
+        reference::encode_latent_fp8(c_kv.data(), k_rope.data(),
+                                     pool.data() + slot * reference::kLatentEntryBytes);
+        row_slots[j] = static_cast<int32_t>(slot);
+      }
     }
   }
   DeviceBuffer<uint8_t> device_pool(pool);
@@ -307,6 +336,23 @@ TEST(SparseMla, Fp8RingPrefillWithAnOffloadPool) {
 }
 TEST(SparseMla, Fp8RingPrefillOverAMillionTokenPool) {
   prefill_over_a_million_token_pool(Prefill::kFp8Ring);
+}
+// The running max moving mid-row (hot keys), and rows with more heads than a
+// head block, for both layouts (the fp8 ring's ping-pong consumers hand the
+// max between them only then).
+void prefill_with_a_rising_max(Prefill layout) {
+  MlaCase c{12, 64, 2048, 1, 20000, 31};
+  c.hot_keys = 3;
+  run_prefill_case(c, layout);
+  MlaCase wide{5, 128, 1000, 1, 9000, 32};
+  wide.hot_keys = 2;
+  run_prefill_case(wide, layout);
+}
+TEST(SparseMla, Fp8RingPrefillWithARisingMax) {
+  prefill_with_a_rising_max(Prefill::kFp8Ring);
+}
+TEST(SparseMla, WgmmaPrefillWithARisingMax) {
+  prefill_with_a_rising_max(Prefill::kF16Ring);
 }
 TEST(SparseMla, Fp8RingDecodeSplitsMatchTheReference) {
   decode_splits_match_the_reference(Prefill::kFp8Ring);
