@@ -40,8 +40,10 @@ if [[ "${1:-}" == "--pack" ]]; then
   done
   # OpenBLAS alone is 36 MB: binaries and libraries travel xz-compressed (the carry limit is
   # 64 MiB together with the tree).
-  # xz -9: a 64 MiB window compresses the shared code of the statically linked binaries once.
-  XZ_OPT=-9 tar -C "$pack" -cJf "$pack/pack.tar.xz" bin lib && rm -rf "${pack:?}/bin" "${pack:?}/lib"
+  # A 256 MiB window spans all the statically linked binaries, so their shared code is stored
+  # once (xz -9's 64 MiB window spans two or three: 19 against 15 MB for seven binaries).
+  XZ_OPT='--lzma2=preset=9,dict=256MiB' tar -C "$pack" -cJf "$pack/pack.tar.xz" bin lib &&
+    rm -rf "${pack:?}/bin" "${pack:?}/lib"
   du -sh "$pack"
   exit 0
 fi
