@@ -6,8 +6,10 @@
 #   prefill (dsa_attention_bench --prefill-only; sparse_mla_test's fp8-ring and rising-max cases):
 #     the ping-pong consumers, free-running (1) and alternating (2); the same with a CTA per row
 #     (their spill-free build); the output scales loaded ahead.
-#   decode (dsa_attention_bench --quick --decode-section 2 at 8K and --decode-section 3 at 8K;
-#     all of sparse_mla_test): the cluster kernel's scores kept in registers.
+#   decode (dsa_attention_bench --quick --decode-section 2 at 8K and --decode-section 3 at 8K,
+#     model_decode_bench on the GLM-5.2 attention config at batch 4 and 16 where BIN_DIR has it;
+#     all of sparse_mla_test): the cluster kernel's scores kept in registers; decode's splits on
+#     the fp8-ring layout.
 #
 #   (device) bash scripts/sparse-mla-switch-ab.sh BIN_DIR [ROUNDS] [prefill|decode]
 #
@@ -16,6 +18,8 @@ set -uo pipefail
 bin=${1:?usage: scripts/sparse-mla-switch-ab.sh BIN_DIR [ROUNDS] [prefill|decode]}
 rounds=${2:-2}
 only=${3:-}
+bin=$(cd "$bin" && pwd)
+cd "$(dirname "$0")/.."  # the benchmark configs
 log=${OUT:-/tmp}/sparse-mla-switch-test.log
 
 # tested FILTER SWITCHES...: the sets whose tests pass, one per line.
@@ -52,7 +56,8 @@ if [[ "$only" != decode ]]; then
 fi
 
 if [[ "$only" != prefill ]]; then
-  mapfile -t passing < <(tested '*' "MEGACTX_SPARSE_MLA_REGISTER_SCORES=1")
+  mapfile -t passing < <(tested '*' "MEGACTX_SPARSE_MLA_REGISTER_SCORES=1" \
+    "MEGACTX_SPARSE_MLA_FP8RING_SPLITS=1")
   for round in $(seq "$rounds"); do
     for switches in "" "${passing[@]}"; do
       echo "== decode, round $round: ${switches:-defaults}"
@@ -60,6 +65,12 @@ if [[ "$only" != prefill ]]; then
         --max-context 8192 2>&1 | grep -E '^\| |dsa_attention_bench:' | grep -v '^|---'
       env $switches timeout 100 "$bin/dsa_attention_bench" --quick --decode-section 3 \
         --min-context 8192 --max-context 8192 2>&1 | grep -E '^\| |dsa_attention_bench:' |
+        grep -v '^|---'
+      # The few-row batches whose splits the fp8-ring switch moves, in the whole model.
+      [[ -x "$bin/model_decode_bench" ]] &&
+        env $switches timeout 100 "$bin/model_decode_bench" \
+          --config bench/cuda/configs/glm52_attention.json --kv-dtype fp8 --precision bf16 \
+          --attention fast --graphs on --batches 4,16 2>&1 | grep -E '^\| [0-9a-z]|read' |
         grep -v '^|---'
     done
   done

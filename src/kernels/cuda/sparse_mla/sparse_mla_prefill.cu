@@ -390,7 +390,17 @@ void launch_sparse_mla_prefill(const SparseMlaParams& params, cudaStream_t strea
     const char* value = std::getenv("MEGACTX_SPARSE_MLA_FP8RING");
     return !(value != nullptr && value[0] == '0');
   }();
-  if (fp8ring && params.num_splits == 1)
+  // MEGACTX_SPARSE_MLA_FP8RING_SPLITS=1 (off until measured): decode's splits
+  // on the fp8-ring layout too. Up to 16 splits of top-k 2048 (all that
+  // sparse_mla_splits asks for) its 128-key bunches split a row as finely as
+  // the f16 ring's 64-key stage pairs, and one split runs 1.04-1.13x faster
+  // there; whether short splits do (Q tile, ring fill, epilogue) is measured by
+  // scripts/sparse-mla-switch-ab.sh. Read once.
+  static const bool fp8ring_splits = [] {
+    const char* value = std::getenv("MEGACTX_SPARSE_MLA_FP8RING_SPLITS");
+    return value != nullptr && value[0] == '1';
+  }();
+  if (fp8ring && (params.num_splits == 1 || fp8ring_splits))
     launch_sparse_mla_prefill_fp8ring(params, stream);
   else
     launch_sparse_mla_prefill_f16ring(params, stream);
