@@ -254,7 +254,8 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
   # router and the bf16 GEMV switched off (their cuBLAS fallbacks); and the decode sparse MLA
   # loading its slots and entries after the grid-dependency wait, behind a query pack (as before);
   # and its scores kept in registers; the fp8-ring prefill's output scales loaded ahead, and its
-  # ping-pong consumers, free-running and alternating (not yet measured).
+  # ping-pong consumers, free-running and alternating; decode's splits on the fp8 ring (not yet
+  # measured).
   for switches in \
     "MEGACTX_WEIGHT_PREFETCH=1 MEGACTX_MOE_SHARED_FP8_INPUT=1 MEGACTX_BF16_GEMV_SWIGLU=1" \
     "MEGACTX_SPARSE_MLA_EARLY_INPUTS=0" \
@@ -262,6 +263,7 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]]; then
     "MEGACTX_SPARSE_MLA_SCALES_AHEAD=1" \
     "MEGACTX_SPARSE_MLA_PINGPONG=1" \
     "MEGACTX_SPARSE_MLA_PINGPONG=2" \
+    "MEGACTX_SPARSE_MLA_FP8RING_SPLITS=1" \
     "MEGACTX_BF16_SKINNY=1" \
     "MEGACTX_BF16_SKINNY=1 MEGACTX_BF16_SKINNY_DEEP=1" \
     "MEGACTX_FUSED_ROUTER=0 MEGACTX_BF16_GEMV=0"; do
