@@ -15,7 +15,6 @@
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/fp8_block_gemm.h"
 #include "kernels/cuda/gemm/linear_operands.h"
-#include "kernels/cuda/gemm/small_batched_linear.h"
 
 namespace megactx::cuda {
 namespace {
@@ -427,19 +426,6 @@ void Blas::linear(const float* x, int64_t rows, int64_t in, int64_t x_stride, co
       "sgemm");
 }
 
-// Rows up to which linear_batched takes the small kernel:
-// kSmallBatchedLinearMaxRows when kSmallBatchedLinear, else none; or
-// MEGACTX_SMALL_BATCHED_LINEAR_ROWS (0: never), either way, for A/B runs.
-int64_t small_batched_linear_rows() {
-  static const int64_t rows = [] {
-    const char* value = std::getenv("MEGACTX_SMALL_BATCHED_LINEAR_ROWS");
-    if (value == nullptr || *value == '\0')
-      return kSmallBatchedLinear ? kSmallBatchedLinearMaxRows : 0;
-    return std::clamp<int64_t>(std::atoll(value), 0, kSmallBatchedLinearMaxRows);
-  }();
-  return rows;
-}
-
 void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                           int64_t x_batch_stride, const float* w, int64_t out,
                           int64_t w_batch_stride, float* y, int64_t y_stride,
@@ -456,15 +442,6 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
     g.y_batch_stride = y_batch_stride;
     batch_invariant_gemm(g, stream_);
     return;
-  }
-  if (rows <= small_batched_linear_rows()) {
-    SmallBatchedLinear g;
-    static_cast<BatchedLinearShape&>(g) = {
-        rows, in, out, batch, x_stride, x_batch_stride, w_batch_stride, y_stride, y_batch_stride};
-    g.x = x;
-    g.w = w;
-    g.y = y;
-    if (small_batched_linear(g, stream_)) return;
   }
   const float one = 1.0f, zero = 0.0f;
   if (batched_tf32_) {
@@ -485,36 +462,12 @@ void Blas::linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_st
         "sgemm batched");
 }
 
-// Rows up to which linear_batched_bf16 takes the few-row tensor-core kernel:
-// none unless MEGACTX_SMALL_BATCHED_BF16_ROWS=N (up to
-// kSmallBatchedLinearBf16MaxRows). Off by default: its first version measured
-// slower than cuBLAS's batched GEMM through the model (GLM-5.2 attention config
-// bf16, batch 16 / 64: 1.60 / 2.12 ms against 1.57 / 2.03; docs/benchmarks.md).
-int64_t small_batched_linear_bf16_rows() {
-  static const int64_t rows = [] {
-    const char* value = std::getenv("MEGACTX_SMALL_BATCHED_BF16_ROWS");
-    if (value == nullptr || *value == '\0') return int64_t{0};
-    return std::clamp<int64_t>(std::atoll(value), 0, kSmallBatchedLinearBf16MaxRows);
-  }();
-  return rows;
-}
-
 void Blas::linear_batched_bf16(const void* x, int64_t rows, int64_t in, int64_t x_stride,
                                int64_t x_batch_stride, const void* w, int64_t out,
                                int64_t w_batch_stride, void* y, int64_t y_stride,
                                int64_t y_batch_stride, int64_t batch, bool y_f32) {
   if (rows == 0 || out == 0 || batch == 0) return;
   MEGACTX_CHECK(!batch_invariant_, "linear_batched_bf16: not in the deterministic mode");
-  if (rows <= small_batched_linear_bf16_rows()) {
-    SmallBatchedLinearBf16 g;
-    static_cast<BatchedLinearShape&>(g) = {
-        rows, in, out, batch, x_stride, x_batch_stride, w_batch_stride, y_stride, y_batch_stride};
-    g.x = x;
-    g.w = w;
-    g.y = y;
-    g.y_f32 = y_f32;
-    if (small_batched_linear_bf16(g, stream_)) return;
-  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;
   check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");

@@ -48,16 +48,6 @@ void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_st
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
                         cudaStream_t stream);
 
-// Whether Blas::linear_batched runs few-row calls on small_batched_linear.h's
-// kernel instead of cuBLAS (CudaGemm.SmallBatchedLinearMatchesDouble passes):
-// off, measured slower on the H200 at every batch (glm_1b decode 2.02 / 2.27 /
-// 3.25 ms at batch 1 / 4 / 16 against 1.95 / 2.09 / 2.67 with cuBLAS; its
-// per-row warp reductions dominate). Kept for the next attempt (bf16 tensor
-// cores for these products).
-inline constexpr bool kSmallBatchedLinear = false;
-// The most rows it takes there: 16 when kSmallBatchedLinear, else 0, unless
-// MEGACTX_SMALL_BATCHED_LINEAR_ROWS says otherwise (gemm.cpp).
-int64_t small_batched_linear_rows();
 
 class Blas {
  public:
@@ -95,7 +85,6 @@ class Blas {
                           DeviceMatrix w, int64_t inter, void* act);
   // `batch` independent linears: x_b = x + b * x_batch_stride, w_b = w + b *
   // w_batch_stride, y_b = y + b * y_batch_stride (per-head MLA absorption).
-  // Up to small_batched_linear_rows() rows on small_batched_linear.h's kernel.
   void linear_batched(const float* x, int64_t rows, int64_t in, int64_t x_stride,
                       int64_t x_batch_stride, const float* w, int64_t out, int64_t w_batch_stride,
                       float* y, int64_t y_stride, int64_t y_batch_stride, int64_t batch);
