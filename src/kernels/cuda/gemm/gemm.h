@@ -48,7 +48,6 @@ void quantize_e4m3_groups(const float* x, int64_t rows, int64_t in, int64_t x_st
 void float_to_bf16_rows(const float* x, int64_t rows, int64_t n, int64_t x_stride, void* y,
                         cudaStream_t stream);
 
-
 class Blas {
  public:
   explicit Blas(cudaStream_t stream);
