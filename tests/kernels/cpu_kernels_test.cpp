@@ -55,7 +55,8 @@ TEST(CpuKernels, BatchInvariantLinearGivesEveryRowTheSameBitsInEveryBatch) {
       }
     }
     EXPECT_LT(worst, 1e-4 * std::sqrt(in));
-    for (auto [first, count] : std::vector<std::pair<int, int>>{{0, 1}, {37, 1}, {5, 3}, {40, 110}}) {
+    for (auto [first, count] :
+         std::vector<std::pair<int, int>>{{0, 1}, {37, 1}, {5, 3}, {40, 110}}) {
       std::vector<float> part(static_cast<size_t>(count * (out + 2)), -1.0f);
       cpu::linear_batch_invariant(x.data() + first * stride, count, in, stride, w.data(), out,
                                   part.data(), out + 2);
@@ -133,6 +134,27 @@ TEST(ReferenceKernels, TopkPrefersHigherScoresThenLowerIndices) {
   EXPECT_EQ(std::vector<int32_t>(out, out + 4), (std::vector<int32_t>{0, 1, 2, 4}));
   ASSERT_EQ(reference::topk_indices(scores, 2, 4, out), 2);  // fewer visible than k
   EXPECT_EQ(std::vector<int32_t>(out, out + 2), (std::vector<int32_t>{0, 1}));
+}
+
+// The selection the CPU indexer uses (nth_element and one ordered pass)
+// against the reference's sort, on rows with many ties (values drawn from a
+// few levels, signed zeros among them), infinities, fewer or as many
+// positions as k, k = 0, and a NaN (the reference's own order then).
+TEST(CpuKernels, TopkEqualsTheReferenceSelection) {
+  std::mt19937 rng(7);
+  const float levels[] = {-0.0f, 0.0f, 1.5f, -2.0f, 3.25f, INFINITY, -INFINITY, 1e-30f};
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = static_cast<int64_t>(rng() % 700);
+    const int64_t k = static_cast<int64_t>(rng() % 260);
+    std::vector<float> scores(static_cast<size_t>(n));
+    std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+    for (float& v : scores) v = trial % 3 == 0 ? uniform(rng) : levels[rng() % 8];
+    if (trial % 50 == 49 && n > 0) scores[rng() % n] = NAN;
+    std::vector<int32_t> expected(static_cast<size_t>(k) + 1, -7), got(expected);
+    const int64_t want = reference::topk_indices(scores.data(), n, k, expected.data());
+    ASSERT_EQ(cpu::topk_indices(scores.data(), n, k, got.data()), want) << trial;
+    EXPECT_EQ(got, expected) << "trial " << trial << ": n " << n << ", k " << k;
+  }
 }
 
 TEST(ReferenceKernels, GroupLimitedRoutingKeepsOnlyTheBestGroups) {

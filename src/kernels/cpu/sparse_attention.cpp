@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -28,13 +29,39 @@ float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
+int64_t topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
+  const int64_t count = std::max<int64_t>(0, std::min(k, n));
+  if (count == 0) return 0;
+  if (count == n) {  // every position, in order
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
+    return count;
+  }
+  thread_local std::vector<float> values;
+  values.assign(scores, scores + n);
+  for (float v : values)
+    if (std::isnan(v)) return reference::topk_indices(scores, n, k, out);
+  // threshold: the count-th largest value; every score above it is taken, and
+  // of those equal to it the lowest-indexed `ties` (as the reference's order).
+  std::nth_element(values.begin(), values.begin() + (count - 1), values.end(),
+                   std::greater<float>());
+  const float threshold = values[static_cast<size_t>(count - 1)];
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += scores[i] > threshold;
+  int64_t ties = count - above, written = 0;
+  for (int64_t i = 0; i < n && written < count; ++i) {
+    const float v = scores[i];
+    if (v > threshold || (v == threshold && ties-- > 0)) out[written++] = static_cast<int32_t>(i);
+  }
+  return count;
+}
+
 void indexer_topk(const IndexerTopkArgs& a) {
   if (a.scores_in != nullptr) {
     ThreadPool::global().parallel_for(a.queries, [&](int64_t begin, int64_t end) {
       for (int64_t query = begin; query < end; ++query) {
         int32_t* out = a.indices + query * a.topk;
-        const int64_t count = reference::topk_indices(a.scores_in + query * a.keys_count,
-                                                      a.visible[query], a.topk, out);
+        const int64_t count =
+            topk_indices(a.scores_in + query * a.keys_count, a.visible[query], a.topk, out);
         std::fill(out + count, out + a.topk, -1);
         a.counts[query] = count;
       }
@@ -61,9 +88,18 @@ void indexer_topk(const IndexerTopkArgs& a) {
         for (int64_t h = 0; h < a.heads; ++h) {
           const float w = a.weights[query * a.heads + h];
           const float* row = logits.data() + (i * a.heads + h) * max_visible;
-          for (int64_t s = 0; s < n; ++s) {
-            const float v = row[s] * a.scale;
-            if (v > 0.0f) scores[s] += w * v;
+          if (std::isfinite(w)) {
+            // A select instead of a branch, so that the loop vectorizes: w * 0
+            // adds a signed zero, which leaves every sum as the branch does.
+            for (int64_t s = 0; s < n; ++s) {
+              const float v = row[s] * a.scale;
+              scores[s] += w * (v > 0.0f ? v : 0.0f);
+            }
+          } else {
+            for (int64_t s = 0; s < n; ++s) {
+              const float v = row[s] * a.scale;
+              if (v > 0.0f) scores[s] += w * v;
+            }
           }
         }
         if (a.scores_out != nullptr) {
@@ -73,7 +109,7 @@ void indexer_topk(const IndexerTopkArgs& a) {
           continue;
         }
         int32_t* out = a.indices + query * a.topk;
-        const int64_t count = reference::topk_indices(scores.data(), n, a.topk, out);
+        const int64_t count = topk_indices(scores.data(), n, a.topk, out);
         std::fill(out + count, out + a.topk, -1);
         a.counts[query] = count;
       }

@@ -30,6 +30,12 @@ struct IndexerTopkArgs {
 };
 void indexer_topk(const IndexerTopkArgs& args);
 
+// reference::topk_indices' result (the min(k, n) highest scores, ties to the
+// lower index, written in increasing index order) in O(n): the k-th largest
+// value by selection, then one pass in index order. Rows holding a NaN, for
+// which that order is not defined, take the reference's own sort.
+int64_t topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out);
+
 struct MlaAttentionArgs {
   const float* q_latent = nullptr;   // [queries, heads, kv_lora]
   const float* q_rope = nullptr;     // [queries, heads, rope]
