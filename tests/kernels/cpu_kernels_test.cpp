@@ -155,6 +155,37 @@ TEST(CpuKernels, TopkEqualsTheReferenceSelection) {
     ASSERT_EQ(cpu::topk_indices(scores.data(), n, k, got.data()), want) << trial;
     EXPECT_EQ(got, expected) << "trial " << trial << ": n " << n << ", k " << k;
   }
+  // Long rows (the sampled threshold): random, a few levels, rising and
+  // falling (the sample's floor misses and the whole row decides), a NaN.
+  for (int trial = 0; trial < 120; ++trial) {
+    const int64_t n = 1024 + static_cast<int64_t>(rng() % 20000);
+    const int64_t k = 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<float> scores(static_cast<size_t>(n));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (trial % 5) {
+        case 0:
+          scores[i] = normal(rng);
+          break;
+        case 1:
+          scores[i] = levels[rng() % 8];
+          break;
+        case 2:
+          scores[i] = static_cast<float>(i);
+          break;  // the top is off the sample
+        case 3:
+          scores[i] = static_cast<float>(n - i) * 1e-3f;
+          break;
+        default:
+          scores[i] = (i % 97 == 5) ? 10.0f + static_cast<float>(i % 7) : normal(rng);
+      }
+    }
+    if (trial % 40 == 39) scores[rng() % n] = NAN;
+    std::vector<int32_t> expected(static_cast<size_t>(k), -7), got(expected);
+    const int64_t want = reference::topk_indices(scores.data(), n, k, expected.data());
+    ASSERT_EQ(cpu::topk_indices(scores.data(), n, k, got.data()), want) << trial;
+    EXPECT_EQ(got, expected) << "long trial " << trial << ": n " << n << ", k " << k;
+  }
 }
 
 TEST(ReferenceKernels, GroupLimitedRoutingKeepsOnlyTheBestGroups) {

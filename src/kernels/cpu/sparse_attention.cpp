@@ -36,17 +36,49 @@ int64_t topk_indices(const float* scores, int64_t n, int64_t k, int32_t* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
     return count;
   }
+  // The count-th largest value: every score above it is taken, and of those
+  // equal to it the lowest-indexed `ties` (the reference's order).
   thread_local std::vector<float> values;
-  values.assign(scores, scores + n);
-  for (float v : values)
-    if (std::isnan(v)) return reference::topk_indices(scores, n, k, out);
-  // threshold: the count-th largest value; every score above it is taken, and
-  // of those equal to it the lowest-indexed `ties` (as the reference's order).
-  std::nth_element(values.begin(), values.begin() + (count - 1), values.end(),
-                   std::greater<float>());
-  const float threshold = values[static_cast<size_t>(count - 1)];
+  float threshold = 0.0f;
+  bool found = false;
+  if (n >= 8 * count && n >= 1024) {
+    // A long row: a value below the threshold from every 16th score (its
+    // rank in the sample set a few places past the count's share), then the
+    // exact threshold among the scores at or above it; the whole row when
+    // fewer than `count` are.
+    constexpr int64_t kStride = 16;
+    const int64_t samples = n / kStride;
+    values.resize(static_cast<size_t>(samples));
+    for (int64_t i = 0; i < samples; ++i) values[i] = scores[i * kStride];
+    const int64_t rank = std::min(samples, count * samples / n + 8);
+    std::nth_element(values.begin(), values.begin() + (rank - 1), values.end(),
+                     std::greater<float>());
+    const float floor = values[static_cast<size_t>(rank - 1)];
+    values.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = scores[i];
+      if (v != v) return reference::topk_indices(scores, n, k, out);  // NaN
+      if (v >= floor) values.push_back(v);
+    }
+    if (static_cast<int64_t>(values.size()) >= count) {
+      std::nth_element(values.begin(), values.begin() + (count - 1), values.end(),
+                       std::greater<float>());
+      threshold = values[static_cast<size_t>(count - 1)];
+      found = true;
+    }
+  }
+  if (!found) {
+    values.assign(scores, scores + n);
+    for (float v : values)
+      if (std::isnan(v)) return reference::topk_indices(scores, n, k, out);
+    std::nth_element(values.begin(), values.begin() + (count - 1), values.end(),
+                     std::greater<float>());
+    threshold = values[static_cast<size_t>(count - 1)];
+  }
+  // Every score above the threshold is in `values` (at or above the sample's
+  // floor, or the whole row).
   int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += scores[i] > threshold;
+  for (float v : values) above += v > threshold;
   int64_t ties = count - above, written = 0;
   for (int64_t i = 0; i < n && written < count; ++i) {
     const float v = scores[i];
