@@ -15,7 +15,7 @@ namespace {
 
 // Dot product with independent partial sums, so the compiler can vectorize it
 // without reassociation flags.
-float dot(const float* a, const float* b, int64_t n) {
+inline __attribute__((always_inline)) float dot(const float* a, const float* b, int64_t n) {
   float partial[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -149,36 +149,49 @@ void indexer_topk(const IndexerTopkArgs& a) {
   }
 }
 
-void mla_attention(const MlaAttentionArgs& a) {
+namespace {
+
+// One (query, head) of mla_attention, compiled for AVX-512 and AVX2 beside the
+// baseline and picked at load time (the 16 partial sums of `dot` are one
+// AVX-512 register). This file is built without FMA contraction
+// (CMakeLists.txt), so every clone rounds as the baseline does: the same bits
+// on every machine.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void mla_query_head(
+    const MlaAttentionArgs& a, int64_t query, int64_t head, float* logits) {
   const int64_t row = a.kv_lora + a.rope;
+  const float* ql = a.q_latent + (query * a.heads + head) * a.kv_lora;
+  const float* qr = a.q_rope + (query * a.heads + head) * a.rope;
+  const int32_t* selected = a.indices + query * a.index_stride;
+  const int64_t count = a.counts[query];
+  float* out = a.out + (query * a.heads + head) * a.kv_lora;
+  std::fill(out, out + a.kv_lora, 0.0f);
+  if (count == 0) return;
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < count; ++j) {
+    const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
+    logits[j] = (dot(ql, entry, a.kv_lora) + dot(qr, entry + a.kv_lora, a.rope)) * a.scale;
+    max_logit = std::max(max_logit, logits[j]);
+  }
+  float denominator = 0.0f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float p = std::exp(logits[j] - max_logit);
+    denominator += p;
+    const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
+    for (int64_t d = 0; d < a.kv_lora; ++d) out[d] += p * entry[d];
+  }
+  const float inv = 1.0f / denominator;
+  for (int64_t d = 0; d < a.kv_lora; ++d) out[d] *= inv;
+}
+
+}  // namespace
+
+void mla_attention(const MlaAttentionArgs& a) {
   ThreadPool::global().parallel_for(a.queries * a.heads, [&](int64_t begin, int64_t end) {
     std::vector<float> logits;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t query = item / a.heads;
-      const int64_t head = item % a.heads;
-      const float* ql = a.q_latent + (query * a.heads + head) * a.kv_lora;
-      const float* qr = a.q_rope + (query * a.heads + head) * a.rope;
-      const int32_t* selected = a.indices + query * a.index_stride;
-      const int64_t count = a.counts[query];
-      float* out = a.out + (query * a.heads + head) * a.kv_lora;
-      std::fill(out, out + a.kv_lora, 0.0f);
-      if (count == 0) continue;
-      logits.resize(static_cast<size_t>(count));
-      float max_logit = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < count; ++j) {
-        const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
-        logits[j] = (dot(ql, entry, a.kv_lora) + dot(qr, entry + a.kv_lora, a.rope)) * a.scale;
-        max_logit = std::max(max_logit, logits[j]);
-      }
-      float denominator = 0.0f;
-      for (int64_t j = 0; j < count; ++j) {
-        const float p = std::exp(logits[j] - max_logit);
-        denominator += p;
-        const float* entry = a.latents + static_cast<int64_t>(selected[j]) * row;
-        for (int64_t d = 0; d < a.kv_lora; ++d) out[d] += p * entry[d];
-      }
-      const float inv = 1.0f / denominator;
-      for (int64_t d = 0; d < a.kv_lora; ++d) out[d] *= inv;
+      logits.resize(static_cast<size_t>(std::max<int64_t>(1, a.counts[query])));
+      mla_query_head(a, query, item % a.heads, logits.data());
     }
   });
 }
