@@ -156,8 +156,13 @@ namespace {
 // AVX-512 register). This file is built without FMA contraction
 // (CMakeLists.txt), so every clone rounds as the baseline does: the same bits
 // on every machine.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void mla_query_head(
-    const MlaAttentionArgs& a, int64_t query, int64_t head, float* logits) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MEGACTX_X86_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MEGACTX_X86_CLONES  // other architectures: the baseline build only
+#endif
+MEGACTX_X86_CLONES void mla_query_head(const MlaAttentionArgs& a, int64_t query, int64_t head,
+                                       float* logits) {
   const int64_t row = a.kv_lora + a.rope;
   const float* ql = a.q_latent + (query * a.heads + head) * a.kv_lora;
   const float* qr = a.q_rope + (query * a.heads + head) * a.rope;
